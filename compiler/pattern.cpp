@@ -1,0 +1,201 @@
+// Pattern: shape-independent validation, shape checks, equality and the builder.
+#include "compiler/pattern.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "compiler/error.hpp"
+#include "compiler/pattern_validate.hpp"
+
+namespace attnjit {
+
+bool Layout::operator==(const Layout& o) const {
+  return kind == o.kind && bq == o.bq && bk == o.bk && local == o.local && blocks == o.blocks &&
+         stride == o.stride && phase == o.phase && density == o.density && seed == o.seed &&
+         explicit_blocks == o.explicit_blocks && per_head == o.per_head && children == o.children;
+}
+
+bool Branch::operator==(const Branch& o) const {
+  return segment == o.segment && dilation == o.dilation && offset == o.offset && heads == o.heads &&
+         causal == o.causal && window == o.window && layout == o.layout;
+}
+
+bool Pattern::operator==(const Pattern& o) const {
+  return combine == o.combine && group_scale == o.group_scale && scale == o.scale && branches == o.branches;
+}
+
+static bool layout_has_dynamic(const Layout& l) {
+  if (l.kind == Layout::Kind::Dynamic) return true;
+  return std::any_of(l.children.begin(), l.children.end(), layout_has_dynamic);
+}
+
+bool Pattern::has_dynamic_layout() const {
+  return std::any_of(branches.begin(), branches.end(),
+                     [](const Branch& b) { return b.layout && layout_has_dynamic(*b.layout); });
+}
+
+const char* to_string(Combine c) { return c == Combine::Softmax ? "softmax" : "head_groups"; }
+
+const char* to_string(OffsetRule r) {
+  switch (r) {
+    case OffsetRule::HeadMod: return "head_mod";
+    case OffsetRule::HeadBlock: return "head_block";
+    case OffsetRule::Group: return "group";
+    case OffsetRule::Fixed: return "fixed";
+  }
+  return "?";
+}
+
+const char* to_string(Layout::Kind k) {
+  switch (k) {
+    case Layout::Kind::Local: return "local";
+    case Layout::Kind::Global: return "global";
+    case Layout::Kind::Strided: return "strided";
+    case Layout::Kind::Offsets: return "offsets";
+    case Layout::Kind::Random: return "random";
+    case Layout::Kind::Explicit: return "explicit";
+    case Layout::Kind::Union: return "union";
+    case Layout::Kind::Intersect: return "intersect";
+    case Layout::Kind::Dynamic: return "dynamic";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks that need the shape.
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static void check_layout_fits(const Layout& l, const Shape& s) {
+  // Blocks are numbered on global positions, so the last block a call touches is set by the end
+  // of the chunk (offset + length), not by its length alone.
+  const int64_t q_blocks = ceil_div(s.q_offset + s.seq_q, l.bq);
+  const int64_t k_blocks = ceil_div(s.k_offset + s.seq_k, l.bk);
+  auto check_pairs = [&](const std::vector<Layout::BlockPair>& pairs, const std::string& where) {
+    for (size_t n = 0; n < pairs.size(); ++n) {
+      const auto [qb, kb] = pairs[n];
+      if (qb >= q_blocks || kb >= k_blocks) {
+        throw UserError(where, "block [" + std::to_string(qb) + ", " + std::to_string(kb) +
+                                   "] lies outside the sequence: with block " + std::to_string(l.bq) + "x" +
+                                   std::to_string(l.bk) + " there are " + std::to_string(q_blocks) +
+                                   " query blocks and " + std::to_string(k_blocks) +
+                                   " key blocks; remove the block or use a longer sequence");
+      }
+    }
+  };
+  if (l.kind == Layout::Kind::Explicit) {
+    if (l.per_head.empty()) {
+      check_pairs(l.explicit_blocks, l.path + "/explicit/blocks");
+    } else {
+      if (static_cast<int64_t>(l.per_head.size()) != s.heads_q) {
+        throw UserError(l.path + "/explicit/per_head",
+                        "has " + std::to_string(l.per_head.size()) + " lists but the call has " +
+                            std::to_string(s.heads_q) + " query heads; give one list per query head");
+      }
+      for (size_t h = 0; h < l.per_head.size(); ++h)
+        check_pairs(l.per_head[h], l.path + "/explicit/per_head/" + std::to_string(h));
+    }
+  }
+  for (const Layout& c : l.children) check_layout_fits(c, s);
+}
+
+void check_pattern_fits(const Pattern& p, const Shape& s) {
+  auto positive = [](int64_t v, const char* name) {
+    if (v < 1) throw UserError(name, "must be at least 1, got " + std::to_string(v));
+  };
+  positive(s.batch, "batch");
+  positive(s.seq_q, "seq_q");
+  positive(s.seq_k, "seq_k");
+  positive(s.heads_q, "heads_q");
+  positive(s.heads_kv, "heads_kv");
+  positive(s.head_dim, "head_dim");
+  positive(s.head_dim_v, "head_dim_v");
+  if (s.q_offset < 0) throw UserError("q_offset", "must be >= 0, got " + std::to_string(s.q_offset));
+  if (s.k_offset < 0) throw UserError("k_offset", "must be >= 0, got " + std::to_string(s.k_offset));
+  if (s.heads_q % s.heads_kv != 0) {
+    throw UserError("heads_kv", std::to_string(s.heads_kv) + " does not divide heads_q " + std::to_string(s.heads_q) +
+                                    "; each key/value head must serve the same number of query heads");
+  }
+  if (p.combine == Combine::HeadGroups && static_cast<int64_t>(p.branches.size()) > s.heads_q) {
+    throw UserError("/branches", "head_groups needs one query head per branch at least, but there are " +
+                                     std::to_string(p.branches.size()) + " branches and " +
+                                     std::to_string(s.heads_q) + " query heads; use fewer branches or more heads");
+  }
+  for (const Branch& b : p.branches) {
+    if (b.heads) {
+      for (size_t n = 0; n < b.heads->size(); ++n) {
+        const int64_t h = (*b.heads)[n];
+        if (h >= s.heads_q) {
+          throw UserError(b.path + "/heads/" + std::to_string(n),
+                          "head " + std::to_string(h) + " is out of range: the call has " + std::to_string(s.heads_q) +
+                              " query heads (0.." + std::to_string(s.heads_q - 1) + ")");
+        }
+      }
+    }
+    if (b.layout) check_layout_fits(*b.layout, s);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Builder.
+
+namespace layouts {
+static Layout make(Layout::Kind k, int64_t bq, int64_t bk) {
+  Layout l;
+  l.kind = k;
+  l.bq = bq;
+  l.bk = bk;
+  return l;
+}
+Layout local(int64_t d, int64_t bq, int64_t bk) { Layout l = make(Layout::Kind::Local, bq, bk); l.local = d; return l; }
+Layout global(std::vector<int64_t> b, int64_t bq, int64_t bk) {
+  Layout l = make(Layout::Kind::Global, bq, bk); l.blocks = std::move(b); return l;
+}
+Layout strided(int64_t stride, int64_t phase, int64_t bq, int64_t bk) {
+  Layout l = make(Layout::Kind::Strided, bq, bk); l.stride = stride; l.phase = phase; return l;
+}
+Layout offsets(std::vector<int64_t> d, int64_t bq, int64_t bk) {
+  Layout l = make(Layout::Kind::Offsets, bq, bk); l.blocks = std::move(d); return l;
+}
+Layout random(double density, uint64_t seed, int64_t bq, int64_t bk) {
+  Layout l = make(Layout::Kind::Random, bq, bk); l.density = density; l.seed = seed; return l;
+}
+Layout explicit_blocks(std::vector<Layout::BlockPair> b, int64_t bq, int64_t bk) {
+  Layout l = make(Layout::Kind::Explicit, bq, bk); l.explicit_blocks = std::move(b); return l;
+}
+Layout explicit_per_head(std::vector<std::vector<Layout::BlockPair>> ph, int64_t bq, int64_t bk) {
+  Layout l = make(Layout::Kind::Explicit, bq, bk); l.per_head = std::move(ph); return l;
+}
+Layout union_of(std::vector<Layout> c, int64_t bq, int64_t bk) {
+  Layout l = make(Layout::Kind::Union, bq, bk); l.children = std::move(c); return l;
+}
+Layout intersect_of(std::vector<Layout> c, int64_t bq, int64_t bk) {
+  Layout l = make(Layout::Kind::Intersect, bq, bk); l.children = std::move(c); return l;
+}
+Layout dynamic(int64_t bq, int64_t bk) { return make(Layout::Kind::Dynamic, bq, bk); }
+}  // namespace layouts
+
+Pattern PatternBuilder::build() const {
+  UnresolvedPattern u;
+  u.combine = combine_;
+  u.group_scale = group_scale_;
+  u.scale = scale_;
+  u.causal = causal_;
+  u.window = window_;
+  u.layout = layout_;
+  for (const BranchSpec& b : branches_) {
+    UnresolvedBranch ub;
+    ub.segment = b.segment_;
+    ub.dilation = b.dilation_;
+    ub.offset = b.offset_;
+    ub.heads = b.heads_;
+    ub.causal = b.causal_;
+    ub.window = b.window_;
+    ub.layout = b.layout_;
+    u.branches.push_back(std::move(ub));
+  }
+  return resolve_and_validate(std::move(u));
+}
+
+}  // namespace attnjit

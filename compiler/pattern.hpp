@@ -1,0 +1,168 @@
+// The Pattern: attnjit's validated semantic IR (DESIGN.md section 1).
+//
+// A Pattern is what a spec means, with every default resolved: each branch carries its own causal
+// flag, window, layout and offset rule, so two specs that mean the same thing build equal Patterns
+// and print the same canonical text. Patterns are built by parse_spec() (JSON) or PatternBuilder.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace attnjit {
+
+constexpr int kSpecVersion = 1;
+constexpr int64_t kDefaultBlock = 128;
+
+enum class Combine { Softmax, HeadGroups };
+enum class GroupScale { Mean, None };
+enum class OffsetRule { HeadMod, HeadBlock, Group, Fixed };
+
+struct Offset {
+  OffsetRule rule = OffsetRule::HeadMod;
+  int64_t value = 0;  // only for OffsetRule::Fixed
+  bool operator==(const Offset&) const = default;
+};
+
+// Token window around the query position: key p_k is allowed iff
+// p_q - left <= p_k <= p_q + right; -1 means unbounded on that side.
+struct Window {
+  int64_t left = -1;
+  int64_t right = -1;
+  bool unbounded() const { return left < 0 && right < 0; }
+  bool operator==(const Window&) const = default;
+};
+
+// One node of the block-sparse layout algebra. Blocks are on global positions:
+// query block qb = floor(p_q / bq), key block kb = floor(p_k / bk).
+struct Layout {
+  enum class Kind { Local, Global, Strided, Offsets, Random, Explicit, Union, Intersect, Dynamic };
+  using BlockPair = std::pair<int64_t, int64_t>;  // (qb, kb)
+
+  Kind kind = Kind::Local;
+  int64_t bq = kDefaultBlock;
+  int64_t bk = kDefaultBlock;
+  int64_t local = 0;                        // Local: |kb - qb| <= local
+  std::vector<int64_t> blocks;              // Global: block indices; Offsets: kb - qb values (sorted, unique)
+  int64_t stride = 1, phase = 0;            // Strided: kb % stride == phase
+  double density = 0.0;                     // Random
+  uint64_t seed = 0;                        // Random
+  std::vector<BlockPair> explicit_blocks;   // Explicit (shared by all heads), sorted, unique
+  std::vector<std::vector<BlockPair>> per_head;  // Explicit per query head, each sorted, unique
+  std::vector<Layout> children;             // Union / Intersect
+  std::string path;                         // JSON pointer of this node in the spec, for errors
+
+  bool operator==(const Layout& o) const;  // semantic equality (ignores path)
+};
+
+struct Branch {
+  std::optional<int64_t> segment;  // nullopt: the whole sequence is one segment
+  int64_t dilation = 1;
+  Offset offset;
+  std::optional<std::vector<int64_t>> heads;  // query heads this branch applies to (sorted, unique)
+  bool causal = false;
+  Window window;
+  std::optional<Layout> layout;
+  std::string path;  // JSON pointer ("/branches/2"), for errors found once a shape is known
+
+  bool operator==(const Branch& o) const;
+};
+
+struct Pattern {
+  Combine combine = Combine::Softmax;
+  GroupScale group_scale = GroupScale::Mean;
+  std::optional<double> scale;  // nullopt: 1/sqrt(head_dim)
+  std::vector<Branch> branches;
+
+  bool operator==(const Pattern& o) const;
+  bool has_dynamic_layout() const;
+};
+
+// Sizes of one call. Positions are global: query row i sits at q_offset + i, key row j at k_offset + j.
+struct Shape {
+  int64_t batch = 1;
+  int64_t seq_q = 0, seq_k = 0;
+  int64_t heads_q = 1, heads_kv = 1;
+  int64_t head_dim = 64, head_dim_v = 64;
+  int64_t q_offset = 0, k_offset = 0;
+};
+
+// Checks what can only be checked once the shape is known (heads in range, enough heads for the
+// head groups, explicit blocks inside the sequence, GQA divisibility, lengths >= 1).
+// Throws UserError naming the JSON pointer or the shape field and the fix.
+void check_pattern_fits(const Pattern& p, const Shape& s);
+
+// The canonical text of a pattern: stable across versions of the spec that mean the same thing,
+// used by dumps, tests and cache keys. pattern_hash is the first 16 hex digits of its SHA-256.
+std::string canonical_text(const Pattern& p);
+std::string pattern_hash(const Pattern& p);
+
+const char* to_string(Combine c);
+const char* to_string(OffsetRule r);
+const char* to_string(Layout::Kind k);
+
+// Builds Patterns from C++ with the same defaults and checks as the JSON parser.
+//   Pattern p = PatternBuilder().causal().branch(BranchSpec().segment(2048).dilation(2)).build();
+class BranchSpec {
+public:
+  BranchSpec& segment(int64_t w) { segment_ = w; return *this; }
+  BranchSpec& full() { segment_.reset(); return *this; }
+  BranchSpec& dilation(int64_t r) { dilation_ = r; return *this; }
+  BranchSpec& offset(OffsetRule rule) { offset_ = Offset{rule, 0}; return *this; }
+  BranchSpec& offset(int64_t fixed) { offset_ = Offset{OffsetRule::Fixed, fixed}; return *this; }
+  BranchSpec& heads(std::vector<int64_t> h) { heads_ = std::move(h); return *this; }
+  BranchSpec& causal(bool c = true) { causal_ = c; return *this; }
+  BranchSpec& window(int64_t left, int64_t right) { window_ = Window{left, right}; return *this; }
+  BranchSpec& layout(Layout l) { layout_ = std::move(l); return *this; }
+
+private:
+  friend class PatternBuilder;
+  std::optional<int64_t> segment_;
+  int64_t dilation_ = 1;
+  std::optional<Offset> offset_;
+  std::optional<std::vector<int64_t>> heads_;
+  std::optional<bool> causal_;
+  std::optional<Window> window_;
+  std::optional<Layout> layout_;
+};
+
+class PatternBuilder {
+public:
+  PatternBuilder& combine(Combine c) { combine_ = c; return *this; }
+  PatternBuilder& group_scale(GroupScale g) { group_scale_ = g; return *this; }
+  PatternBuilder& scale(double s) { scale_ = s; return *this; }
+  PatternBuilder& causal(bool c = true) { causal_ = c; return *this; }
+  PatternBuilder& window(int64_t left, int64_t right) { window_ = Window{left, right}; return *this; }
+  PatternBuilder& layout(Layout l) { layout_ = std::move(l); return *this; }
+  PatternBuilder& branch(BranchSpec b) { branches_.push_back(std::move(b)); return *this; }
+  Pattern build() const;  // validates; throws UserError
+
+private:
+  Combine combine_ = Combine::Softmax;
+  GroupScale group_scale_ = GroupScale::Mean;
+  std::optional<double> scale_;
+  bool causal_ = false;
+  Window window_;
+  std::optional<Layout> layout_;
+  std::vector<BranchSpec> branches_;
+};
+
+// Layout constructors for the builder; `block` is (bq, bk).
+namespace layouts {
+Layout local(int64_t max_block_distance, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
+Layout global(std::vector<int64_t> blocks, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
+Layout strided(int64_t stride, int64_t phase, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
+Layout offsets(std::vector<int64_t> kb_minus_qb, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
+Layout random(double density, uint64_t seed, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
+Layout explicit_blocks(std::vector<Layout::BlockPair> blocks, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
+Layout explicit_per_head(std::vector<std::vector<Layout::BlockPair>> per_head, int64_t bq = kDefaultBlock,
+                         int64_t bk = kDefaultBlock);
+Layout union_of(std::vector<Layout> children, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
+Layout intersect_of(std::vector<Layout> children, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
+Layout dynamic(int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
+}  // namespace layouts
+
+}  // namespace attnjit

@@ -1,0 +1,162 @@
+// Default resolution and shape-independent checks for Patterns.
+#include "compiler/pattern_validate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "compiler/error.hpp"
+
+namespace attnjit {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+template <typename T>
+void sort_unique(std::vector<T>& v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+}
+
+void check_window(const Window& w, const std::string& path) {
+  if (w.left < -1) throw UserError(path + "/0", "left extent " + str(w.left) + " is below -1; use -1 for unbounded or a value >= 0");
+  if (w.right < -1) throw UserError(path + "/1", "right extent " + str(w.right) + " is below -1; use -1 for unbounded or a value >= 0");
+}
+
+void check_block_pairs(std::vector<Layout::BlockPair>& pairs, const std::string& path) {
+  for (size_t n = 0; n < pairs.size(); ++n) {
+    if (pairs[n].first < 0 || pairs[n].second < 0) {
+      throw UserError(path + "/" + std::to_string(n), "block indices must be >= 0, got [" + str(pairs[n].first) +
+                                                          ", " + str(pairs[n].second) + "]");
+    }
+  }
+  sort_unique(pairs);
+}
+
+// Fills in missing paths (builder-made layouts) and checks the node and its children.
+void validate_layout(Layout& l, const std::string& path) {
+  if (l.path.empty()) l.path = path;
+  const std::string& p = l.path;
+  if (l.bq < 1 || l.bk < 1) {
+    throw UserError(p + "/block", "block sizes must be positive, got " + str(l.bq) + "x" + str(l.bk) +
+                                      "; use e.g. 128 or [64, 128]");
+  }
+  switch (l.kind) {
+    case Layout::Kind::Local:
+      if (l.local < 0) throw UserError(p + "/local", "max block distance must be >= 0, got " + str(l.local));
+      break;
+    case Layout::Kind::Global:
+    case Layout::Kind::Offsets: {
+      const bool global = l.kind == Layout::Kind::Global;
+      if (global) {
+        for (size_t n = 0; n < l.blocks.size(); ++n)
+          if (l.blocks[n] < 0)
+            throw UserError(p + "/global/" + std::to_string(n), "block index must be >= 0, got " + str(l.blocks[n]));
+      }
+      sort_unique(l.blocks);
+      break;
+    }
+    case Layout::Kind::Strided:
+      if (l.stride < 1) throw UserError(p + "/strided/stride", "stride must be >= 1, got " + str(l.stride));
+      if (l.phase < 0 || l.phase >= l.stride) {
+        throw UserError(p + "/strided/phase", "phase " + str(l.phase) + " is out of range; it must lie in [0, " +
+                                                  str(l.stride) + ") for stride " + str(l.stride));
+      }
+      break;
+    case Layout::Kind::Random:
+      if (!(l.density >= 0.0 && l.density <= 1.0)) {
+        throw UserError(p + "/random/density", "density must lie in [0, 1], got " + std::to_string(l.density));
+      }
+      break;
+    case Layout::Kind::Explicit:
+      check_block_pairs(l.explicit_blocks, p + "/explicit/blocks");
+      for (size_t h = 0; h < l.per_head.size(); ++h)
+        check_block_pairs(l.per_head[h], p + "/explicit/per_head/" + std::to_string(h));
+      break;
+    case Layout::Kind::Union:
+    case Layout::Kind::Intersect: {
+      const std::string key = to_string(l.kind);
+      if (l.children.empty()) throw UserError(p + "/" + key, "needs at least one layout in the list");
+      for (size_t n = 0; n < l.children.size(); ++n) validate_layout(l.children[n], p + "/" + key + "/" + std::to_string(n));
+      break;
+    }
+    case Layout::Kind::Dynamic:
+      break;
+  }
+}
+
+Offset resolve_offset(const UnresolvedBranch& ub, Combine combine, size_t index, const std::string& path) {
+  Offset off = ub.offset.value_or(Offset{combine == Combine::Softmax ? OffsetRule::HeadMod : OffsetRule::Group, 0});
+  if (off.rule == OffsetRule::Fixed && (off.value < 0 || off.value >= ub.dilation)) {
+    throw UserError(path + "/offset", "offset " + str(off.value) + " is out of range; it must lie in [0, " +
+                                          str(ub.dilation) + ") for dilation " + str(ub.dilation));
+  }
+  // The group rule and dilation 1 do not depend on the head: resolving them here makes equal
+  // meanings print equal canonical text (and share cache entries).
+  if (off.rule == OffsetRule::Group) off = Offset{OffsetRule::Fixed, static_cast<int64_t>(index) % ub.dilation};
+  if (ub.dilation == 1) off = Offset{OffsetRule::Fixed, 0};
+  return off;
+}
+
+Branch resolve_branch(UnresolvedBranch& ub, const UnresolvedPattern& u, size_t index) {
+  const std::string path = "/branches/" + std::to_string(index);
+  Branch b;
+  b.path = path;
+  if (ub.segment && *ub.segment < 1) {
+    throw UserError(path + "/segment", "segment length must be a positive integer or \"full\", got " + str(*ub.segment));
+  }
+  if (ub.dilation < 1) throw UserError(path + "/dilation", "dilation must be >= 1, got " + str(ub.dilation));
+  if (ub.segment && ub.dilation > *ub.segment) {
+    throw UserError(path + "/dilation", "dilation " + str(ub.dilation) + " is larger than the segment " +
+                                            str(*ub.segment) + "; use a dilation between 1 and " + str(*ub.segment) +
+                                            " or a longer segment");
+  }
+  b.segment = ub.segment;
+  b.dilation = ub.dilation;
+  b.offset = resolve_offset(ub, u.combine, index, path);
+  if (ub.heads) {
+    if (u.combine == Combine::HeadGroups) {
+      throw UserError(path + "/heads", "under combine \"head_groups\" the heads of a branch are its group; "
+                                       "remove \"heads\" or use combine \"softmax\"");
+    }
+    std::vector<int64_t> heads = *ub.heads;
+    for (size_t n = 0; n < heads.size(); ++n) {
+      if (heads[n] < 0) throw UserError(path + "/heads/" + std::to_string(n), "head index must be >= 0, got " + str(heads[n]));
+    }
+    std::sort(heads.begin(), heads.end());
+    if (std::adjacent_find(heads.begin(), heads.end()) != heads.end()) {
+      throw UserError(path + "/heads", "lists a head twice; list each query head once");
+    }
+    b.heads = std::move(heads);
+  }
+  b.causal = ub.causal.value_or(u.causal);
+  if (ub.window) check_window(*ub.window, path + "/window");
+  b.window = ub.window.value_or(u.window);
+  if (ub.layout) {
+    b.layout = std::move(ub.layout);
+    validate_layout(*b.layout, path + "/layout");
+  } else if (u.layout) {
+    b.layout = u.layout;  // validated once at pattern level; keeps the "/layout" path
+  }
+  return b;
+}
+
+}  // namespace
+
+Pattern resolve_and_validate(UnresolvedPattern u) {
+  if (u.branches.empty()) throw UserError("/branches", "needs at least one branch, e.g. [{\"segment\": \"full\"}]");
+  if (u.scale && !(std::isfinite(*u.scale) && *u.scale > 0.0)) {
+    throw UserError("/scale", "must be a positive finite number, got " + std::to_string(*u.scale) +
+                                  "; leave it out for 1/sqrt(head_dim)");
+  }
+  check_window(u.window, "/window");
+  if (u.layout) validate_layout(*u.layout, "/layout");
+  Pattern p;
+  p.combine = u.combine;
+  p.group_scale = u.group_scale;
+  p.scale = u.scale;
+  for (size_t n = 0; n < u.branches.size(); ++n) p.branches.push_back(resolve_branch(u.branches[n], u, n));
+  return p;
+}
+
+}  // namespace attnjit

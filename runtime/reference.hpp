@@ -1,0 +1,27 @@
+// The dense CPU reference: attention exactly as DESIGN.md section 1 defines it, accumulated in
+// float64. It is the oracle for the plan executor and the GPU kernels, so it is written to be
+// obviously right, not fast.
+#pragma once
+
+#include <vector>
+
+#include "compiler/mask.hpp"
+#include "compiler/pattern.hpp"
+
+namespace attnjit {
+
+struct ReferenceOutput {
+  std::vector<double> o;    // [batch, seq_q, heads_q, head_dim_v]
+  std::vector<double> lse;  // [batch, heads_q, seq_q]; -inf for rows that attend nothing
+};
+
+// q [batch, seq_q, heads_q, head_dim], k [batch, seq_k, heads_kv, head_dim],
+// v [batch, seq_k, heads_kv, head_dim_v], all contiguous. Checks the shape against the pattern
+// (and the dynamic table, if any) first. Uses up to `threads` threads (0: hardware concurrency).
+ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const float* q, const float* k, const float* v,
+                                    const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
+
+// The softmax scale a pattern uses for a head dimension: its `scale`, or 1/sqrt(head_dim).
+double softmax_scale(const Pattern& p, const Shape& s);
+
+}  // namespace attnjit

@@ -1,0 +1,31 @@
+// Pieces shared by the `attnjit` subcommands: shape options, loading inputs, error reporting.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "compiler/mask.hpp"
+#include "compiler/pattern.hpp"
+
+namespace attnjit::cli {
+
+// --seq/--seq-q, --seq-k, --heads-q, --heads-kv, --q-offset, --k-offset (and optionally batch and head dims).
+struct ShapeOptions {
+  int64_t seq_q = 0, seq_k = 0, heads_q = 8, heads_kv = 0, q_offset = 0, k_offset = 0;
+  int64_t batch = 1, head_dim = 64, head_dim_v = 0;
+  void add_to(CLI::App* app, bool with_dims);
+  bool has_seq() const { return seq_q > 0; }
+  Shape shape() const;  // seq_k defaults to seq_q, heads_kv to heads_q, head_dim_v to head_dim
+};
+
+// Reads a dynamic layout table: JSON {"heads": 1, "row_offsets": [...], "col_indices": [...]}.
+DynamicLayout load_dynamic_layout(const std::string& path);
+
+// Runs a subcommand body; a UserError (or any other error) prints "error: ..." and exits 1.
+int guarded(const std::function<int()>& body);
+
+std::string human_count(double n);
+
+}  // namespace attnjit::cli

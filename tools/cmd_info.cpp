@@ -1,0 +1,33 @@
+// attnjit info: versions, driver and GPUs.
+#include <iostream>
+
+#include "runtime/cuda_probe.hpp"
+#include "tools/cli_common.hpp"
+#include "tools/commands.hpp"
+
+namespace attnjit::cli {
+
+void register_info(CLI::App& app, int& rc) {
+  CLI::App* sub = app.add_subcommand("info", "versions, CUDA driver and GPUs");
+  sub->callback([&rc] {
+    rc = guarded([] {
+      std::cout << "attnjit " << ATTNJIT_VERSION << "\n";
+      std::cout << "spec format: " << kSpecVersion << "\n";
+      std::cout << "nvrtc: " << nvrtc_version_string() << "\n";
+      const DriverProbe d = probe_cuda_driver();
+      if (!d.loaded) {
+        std::cout << "cuda driver: none\n  " << d.problem << "\n";
+        return 0;
+      }
+      std::cout << "cuda driver: " << d.driver_version / 1000 << "." << d.driver_version % 1000 / 10 << "\n";
+      if (d.gpus.empty()) std::cout << "  " << d.problem << "\n";
+      for (const GpuInfo& g : d.gpus) {
+        std::cout << "gpu " << g.index << ": " << g.name << " (sm_" << g.cc_major << g.cc_minor << ", " << g.sm_count
+                  << " SMs)\n";
+      }
+      return 0;
+    });
+  });
+}
+
+}  // namespace attnjit::cli

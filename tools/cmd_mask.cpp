@@ -1,0 +1,87 @@
+// attnjit mask SPEC --seq-q N ... --out FILE(.npy|.svg): the mask as data or as a picture.
+#include <algorithm>
+#include <iostream>
+#include <memory>
+
+#include "compiler/error.hpp"
+#include "compiler/spec_json.hpp"
+#include "runtime/npy.hpp"
+#include "tools/cli_common.hpp"
+#include "tools/commands.hpp"
+#include "tools/mask_svg.hpp"
+
+namespace attnjit::cli {
+
+namespace {
+struct MaskOptions {
+  std::string spec, out, dynamic;
+  ShapeOptions shape;
+  int64_t max_bytes = int64_t{1} << 30;
+  int64_t max_heads = 4;
+};
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+void write_mask_npy(const MaskContext& c, const MaskOptions& o) {
+  const Shape& s = c.shape;
+  // Check the size before allocating: a long sequence makes heads * S^2 bytes absurd quickly.
+  const double bytes = static_cast<double>(s.heads_q) * static_cast<double>(s.seq_q) * static_cast<double>(s.seq_k);
+  if (bytes > static_cast<double>(o.max_bytes)) {
+    throw UserError("--out " + o.out, "the dense mask would take " + std::to_string(static_cast<int64_t>(bytes)) +
+                                          " bytes (heads_q * seq_q * seq_k), over the limit of " +
+                                          std::to_string(o.max_bytes) +
+                                          "; use a shorter sequence, a .svg picture, or raise --max-bytes");
+  }
+  if (c.pattern.branches.size() > 255) throw UserError(o.spec, "more than 255 branches do not fit a uint8 mask count");
+  std::vector<uint8_t> mask(static_cast<size_t>(bytes), 0);
+  for (int64_t h = 0; h < s.heads_q; ++h) {
+    for (int64_t i = 0; i < s.seq_q; ++i) {
+      uint8_t* row = mask.data() + (h * s.seq_q + i) * s.seq_k;
+      for (size_t b = 0; b < c.pattern.branches.size(); ++b) for_each_branch_key(c, b, h, i, [&](int64_t j) { ++row[j]; });
+    }
+  }
+  write_npy(o.out, NpyDtype::U8, {s.heads_q, s.seq_q, s.seq_k}, mask.data());
+}
+
+int run_mask(const MaskOptions& o) {
+  const Pattern p = load_spec_file(o.spec);
+  if (!o.shape.has_seq()) throw UserError("--seq-q", "is required: the mask depends on the sequence length");
+  const Shape s = o.shape.shape();
+  check_pattern_fits(p, s);
+  std::optional<DynamicLayout> dyn;
+  if (!o.dynamic.empty()) {
+    dyn = load_dynamic_layout(o.dynamic);
+    check_dynamic_layout(p, s, *dyn, o.dynamic);
+  } else if (p.has_dynamic_layout()) {
+    throw UserError("--dynamic", "the pattern has a dynamic layout; give its CSR table with --dynamic FILE");
+  }
+  const MaskContext c{p, s, dyn ? &*dyn : nullptr};
+  if (ends_with(o.out, ".npy")) {
+    write_mask_npy(c, o);
+  } else if (ends_with(o.out, ".svg")) {
+    std::vector<int64_t> heads;
+    for (int64_t h = 0; h < std::min(s.heads_q, o.max_heads); ++h) heads.push_back(h);
+    write_mask_svg(c, heads, o.out);
+  } else {
+    throw UserError("--out " + o.out, "unknown format; name the file .npy (uint8 [heads_q, seq_q, seq_k]) or .svg (a picture)");
+  }
+  std::cout << "wrote " << o.out << "\n";
+  return 0;
+}
+}  // namespace
+
+void register_mask(CLI::App& app, int& rc) {
+  auto o = std::make_shared<MaskOptions>();
+  CLI::App* sub = app.add_subcommand("mask", "write a pattern's mask as .npy (counts) or .svg (a picture)");
+  sub->add_option("spec", o->spec, "pattern spec (JSON)")->required();
+  o->shape.add_to(sub, false);
+  sub->add_option("--out", o->out, "output file: .npy or .svg")->required();
+  sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
+  sub->add_option("--max-bytes", o->max_bytes, "largest dense .npy mask to write")->capture_default_str();
+  sub->add_option("--max-heads", o->max_heads, "heads drawn in a .svg")->capture_default_str();
+  sub->callback([o, &rc] { rc = guarded([&] { return run_mask(*o); }); });
+}
+
+}  // namespace attnjit::cli

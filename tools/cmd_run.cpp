@@ -1,0 +1,137 @@
+// attnjit run SPEC: attention on the CPU reference, from .npy inputs or random ones.
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <random>
+
+#include "compiler/error.hpp"
+#include "compiler/spec_json.hpp"
+#include "runtime/npy.hpp"
+#include "runtime/reference.hpp"
+#include "tools/cli_common.hpp"
+#include "tools/commands.hpp"
+
+namespace attnjit::cli {
+
+namespace {
+struct RunOptions {
+  std::string spec, q, k, v, out, lse, dynamic, device = "cpu";
+  ShapeOptions shape;
+  std::optional<uint64_t> random_seed;
+  unsigned threads = 0;
+};
+
+struct Inputs {
+  Shape shape;
+  std::vector<float> q, k, v;
+};
+
+std::vector<float> load_4d(const std::string& path, const char* option, std::vector<int64_t>& dims) {
+  const NpyArray a = read_npy(path);
+  if (a.shape.size() != 4) {
+    throw UserError(std::string(option) + " " + path, "has " + std::to_string(a.shape.size()) +
+                                                          " dimensions; attnjit expects [batch, seq, heads, head_dim]");
+  }
+  dims = a.shape;
+  return npy_to_float(a);
+}
+
+void expect_equal(int64_t got, int64_t want, const std::string& what) {
+  if (got != want) throw UserError(what, "is " + std::to_string(got) + " but must be " + std::to_string(want) + " to match");
+}
+
+Inputs load_inputs(const RunOptions& o) {
+  if (o.shape.has_seq()) throw UserError("--seq", "cannot be combined with --q/--k/--v: the shapes come from the .npy files");
+  if (o.k.empty() || o.v.empty()) throw UserError("--k/--v", "give all three of --q, --k and --v (or --random SEED)");
+  Inputs in;
+  std::vector<int64_t> qd, kd, vd;
+  in.q = load_4d(o.q, "--q", qd);
+  in.k = load_4d(o.k, "--k", kd);
+  in.v = load_4d(o.v, "--v", vd);
+  const std::string kname = "--k " + o.k, vname = "--v " + o.v;
+  expect_equal(kd[0], qd[0], kname + " batch (dim 0), --q's batch");
+  expect_equal(vd[0], qd[0], vname + " batch (dim 0), --q's batch");
+  expect_equal(vd[1], kd[1], vname + " sequence length (dim 1), --k's");
+  expect_equal(vd[2], kd[2], vname + " heads (dim 2), --k's");
+  expect_equal(kd[3], qd[3], kname + " head dim (dim 3), --q's");
+  Shape& s = in.shape;
+  s.batch = qd[0];
+  s.seq_q = qd[1];
+  s.heads_q = qd[2];
+  s.head_dim = qd[3];
+  s.seq_k = kd[1];
+  s.heads_kv = kd[2];
+  s.head_dim_v = vd[3];
+  s.q_offset = o.shape.q_offset;
+  s.k_offset = o.shape.k_offset;
+  return in;
+}
+
+Inputs random_inputs(const RunOptions& o, const Pattern& p) {
+  if (!o.shape.has_seq()) throw UserError("--random", "needs --seq N (and optionally --heads-q, --head-dim, --batch)");
+  Inputs in;
+  in.shape = o.shape.shape();
+  check_pattern_fits(p, in.shape);  // before allocating anything of that shape
+  const Shape& s = in.shape;
+  std::mt19937_64 rng(*o.random_seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto fill = [&](std::vector<float>& t, int64_t n) {
+    t.resize(static_cast<size_t>(n));
+    for (float& x : t) x = normal(rng);
+  };
+  fill(in.q, s.batch * s.seq_q * s.heads_q * s.head_dim);
+  fill(in.k, s.batch * s.seq_k * s.heads_kv * s.head_dim);
+  fill(in.v, s.batch * s.seq_k * s.heads_kv * s.head_dim_v);
+  return in;
+}
+
+int run_attention(const RunOptions& o) {
+  const Pattern p = load_spec_file(o.spec);
+  if (o.random_seed && !o.q.empty()) throw UserError("--random", "cannot be combined with --q; use one or the other");
+  if (!o.random_seed && o.q.empty()) throw UserError("--q", "give input tensors (--q, --k, --v as .npy) or --random SEED");
+  const Inputs in = o.random_seed ? random_inputs(o, p) : load_inputs(o);
+  const Shape& s = in.shape;
+  check_pattern_fits(p, s);
+  std::optional<DynamicLayout> dyn;
+  if (!o.dynamic.empty()) dyn = load_dynamic_layout(o.dynamic);
+  const auto t0 = std::chrono::steady_clock::now();
+  const ReferenceOutput r = reference_attention(p, s, in.q.data(), in.k.data(), in.v.data(), dyn ? &*dyn : nullptr, o.threads);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::vector<float> of(r.o.begin(), r.o.end()), lf(r.lse.begin(), r.lse.end());
+  if (!o.out.empty()) write_npy(o.out, NpyDtype::F32, {s.batch, s.seq_q, s.heads_q, s.head_dim_v}, of.data());
+  if (!o.lse.empty()) write_npy(o.lse, NpyDtype::F32, {s.batch, s.heads_q, s.seq_q}, lf.data());
+  int64_t empty = 0;
+  double mean_abs = 0.0;
+  for (double x : r.lse) empty += std::isinf(x);
+  for (double x : r.o) mean_abs += std::abs(x);
+  mean_abs /= static_cast<double>(r.o.size());
+  std::cout << "ran " << pattern_hash(p) << " on the cpu reference: batch=" << s.batch << " seq_q=" << s.seq_q
+            << " seq_k=" << s.seq_k << " heads_q=" << s.heads_q << " heads_kv=" << s.heads_kv << " head_dim=" << s.head_dim
+            << " head_dim_v=" << s.head_dim_v << " in " << secs << " s\n";
+  std::cout << "  mean |O| = " << mean_abs << ", rows with no keys: " << empty << " of " << r.lse.size() << "\n";
+  if (!o.out.empty()) std::cout << "  wrote O to " << o.out << "\n";
+  if (!o.lse.empty()) std::cout << "  wrote LSE to " << o.lse << "\n";
+  return 0;
+}
+}  // namespace
+
+void register_run(CLI::App& app, int& rc) {
+  auto o = std::make_shared<RunOptions>();
+  CLI::App* sub = app.add_subcommand("run", "run attention on inputs (.npy, [batch, seq, heads, head_dim])");
+  sub->add_option("spec", o->spec, "pattern spec (JSON)")->required();
+  sub->add_option("--q", o->q, "queries .npy (float32 or float16)");
+  sub->add_option("--k", o->k, "keys .npy");
+  sub->add_option("--v", o->v, "values .npy");
+  sub->add_option("--out,-o", o->out, "write O (float32 [batch, seq_q, heads_q, head_dim_v]) here");
+  sub->add_option("--lse", o->lse, "write LSE (float32 [batch, heads_q, seq_q]) here");
+  sub->add_option("--random", o->random_seed, "use random normal inputs with this seed (needs --seq)");
+  o->shape.add_to(sub, true);
+  sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
+  sub->add_option("--device", o->device, "where to run")->check(CLI::IsMember({"cpu"}))->capture_default_str();
+  sub->add_option("--threads", o->threads, "CPU threads (0: all)");
+  sub->callback([o, &rc] { rc = guarded([&] { return run_attention(*o); }); });
+}
+
+}  // namespace attnjit::cli

@@ -1,0 +1,61 @@
+// attnjit validate SPEC: canonical form, hash and (with --seq) statistics.
+#include <iostream>
+#include <memory>
+
+#include "compiler/pattern_stats.hpp"
+#include "compiler/spec_json.hpp"
+#include "tools/cli_common.hpp"
+#include "tools/commands.hpp"
+
+namespace attnjit::cli {
+
+namespace {
+struct ValidateOptions {
+  std::string spec;
+  ShapeOptions shape;
+  std::string dynamic;
+};
+
+int run_validate(const ValidateOptions& o) {
+  const Pattern p = load_spec_file(o.spec);
+  std::cout << "spec: " << o.spec << "\nhash: " << pattern_hash(p) << "\ncanonical:\n";
+  std::istringstream lines(canonical_text(p));
+  for (std::string line; std::getline(lines, line);) std::cout << "  " << line << "\n";
+  if (!o.shape.has_seq()) {
+    std::cout << "statistics: give --seq N (and --heads-q H) to count attended pairs\n";
+    return 0;
+  }
+  const Shape s = o.shape.shape();
+  check_pattern_fits(p, s);
+  std::optional<DynamicLayout> dyn;
+  if (!o.dynamic.empty()) {
+    dyn = load_dynamic_layout(o.dynamic);
+    check_dynamic_layout(p, s, *dyn, o.dynamic);
+  } else if (p.has_dynamic_layout()) {
+    std::cout << "statistics: the pattern has a dynamic layout; give --dynamic FILE to count attended pairs\n";
+    return 0;
+  }
+  const PatternStats st = pattern_stats(MaskContext{p, s, dyn ? &*dyn : nullptr});
+  std::cout << "statistics (seq_q=" << s.seq_q << " seq_k=" << s.seq_k << " heads_q=" << s.heads_q
+            << " q_offset=" << s.q_offset << " k_offset=" << s.k_offset << "):\n";
+  std::cout << "  branches: " << p.branches.size() << "\n";
+  std::cout << "  attended pairs: " << st.attended_pairs << " (" << human_count(static_cast<double>(st.attended_pairs))
+            << ", counted once per branch)\n";
+  std::cout << "  density: " << st.density * 100.0 << "% of heads_q * seq_q * seq_k\n";
+  for (size_t b = 0; b < st.pairs_per_branch.size(); ++b)
+    std::cout << "  branch " << b << ": " << st.pairs_per_branch[b] << " pairs\n";
+  std::cout << "  empty rows: " << st.empty_rows << " of " << s.heads_q * s.seq_q << " (head, query row) pairs\n";
+  return 0;
+}
+}  // namespace
+
+void register_validate(CLI::App& app, int& rc) {
+  auto o = std::make_shared<ValidateOptions>();
+  CLI::App* sub = app.add_subcommand("validate", "check a spec; print its canonical form, hash and statistics");
+  sub->add_option("spec", o->spec, "pattern spec (JSON)")->required();
+  o->shape.add_to(sub, false);
+  sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
+  sub->callback([o, &rc] { rc = guarded([&] { return run_validate(*o); }); });
+}
+
+}  // namespace attnjit::cli
