@@ -1,6 +1,7 @@
 // The canonical text of a Pattern and its hash. The text is a contract: dumps, FileCheck tests and
 // cache keys read it, so change it only together with the version line.
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "compiler/pattern.hpp"
@@ -9,9 +10,11 @@
 namespace attnjit {
 namespace {
 
+// Shortest of %.15g / %.17g that reads back to the same double: exact, and 0.025 stays "0.025".
 std::string num(double v) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::snprintf(buf, sizeof buf, "%.15g", v);
+  if (std::strtod(buf, nullptr) != v) std::snprintf(buf, sizeof buf, "%.17g", v);
   return buf;
 }
 

@@ -177,8 +177,11 @@ void check_dynamic_layout(const Pattern& p, const Shape& s, const DynamicLayout&
                                   std::to_string(d.col_indices.size()) + ")");
     }
     for (int64_t r = 0; r < rows; ++r) {
+      if (d.row_offsets[r + 1] < d.row_offsets[r])
+        throw UserError(source, "row_offsets decreases at row " + std::to_string(r) + "; offsets must be non-decreasing");
+    }
+    for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = d.row_offsets[r], e = d.row_offsets[r + 1];
-      if (e < b) throw UserError(source, "row_offsets decreases at row " + std::to_string(r) + "; offsets must be non-decreasing");
       for (int64_t n = b; n < e; ++n) {
         const int64_t kb = d.col_indices[n];
         if (kb < 0 || kb >= k_blocks) {

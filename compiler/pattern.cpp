@@ -67,14 +67,20 @@ const char* to_string(Layout::Kind k) {
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-static void check_layout_fits(const Layout& l, const Shape& s) {
-  // Blocks are numbered on global positions, so the last block a call touches is set by the end
-  // of the chunk (offset + length), not by its length alone.
-  const int64_t q_blocks = ceil_div(s.q_offset + s.seq_q, l.bq);
-  const int64_t k_blocks = ceil_div(s.k_offset + s.seq_k, l.bk);
+// Explicit per_head lists must match the number of query heads.
+static void check_layout_heads(const Layout& l, const Shape& s) {
+  if (l.kind == Layout::Kind::Explicit && !l.per_head.empty() && static_cast<int64_t>(l.per_head.size()) != s.heads_q) {
+    throw UserError(l.path + "/explicit/per_head", "has " + std::to_string(l.per_head.size()) +
+                                                       " lists but the call has " + std::to_string(s.heads_q) +
+                                                       " query heads; give one list per query head");
+  }
+  for (const Layout& c : l.children) check_layout_heads(c, s);
+}
+
+static void check_layout_blocks(const Layout& l, int64_t seq_q, int64_t seq_k) {
+  const int64_t q_blocks = ceil_div(seq_q, l.bq), k_blocks = ceil_div(seq_k, l.bk);
   auto check_pairs = [&](const std::vector<Layout::BlockPair>& pairs, const std::string& where) {
-    for (size_t n = 0; n < pairs.size(); ++n) {
-      const auto [qb, kb] = pairs[n];
+    for (const auto& [qb, kb] : pairs) {
       if (qb >= q_blocks || kb >= k_blocks) {
         throw UserError(where, "block [" + std::to_string(qb) + ", " + std::to_string(kb) +
                                    "] lies outside the sequence: with block " + std::to_string(l.bq) + "x" +
@@ -85,19 +91,16 @@ static void check_layout_fits(const Layout& l, const Shape& s) {
     }
   };
   if (l.kind == Layout::Kind::Explicit) {
-    if (l.per_head.empty()) {
-      check_pairs(l.explicit_blocks, l.path + "/explicit/blocks");
-    } else {
-      if (static_cast<int64_t>(l.per_head.size()) != s.heads_q) {
-        throw UserError(l.path + "/explicit/per_head",
-                        "has " + std::to_string(l.per_head.size()) + " lists but the call has " +
-                            std::to_string(s.heads_q) + " query heads; give one list per query head");
-      }
-      for (size_t h = 0; h < l.per_head.size(); ++h)
-        check_pairs(l.per_head[h], l.path + "/explicit/per_head/" + std::to_string(h));
-    }
+    check_pairs(l.explicit_blocks, l.path + "/explicit/blocks");
+    for (size_t h = 0; h < l.per_head.size(); ++h)
+      check_pairs(l.per_head[h], l.path + "/explicit/per_head/" + std::to_string(h));
   }
-  for (const Layout& c : l.children) check_layout_fits(c, s);
+  for (const Layout& c : l.children) check_layout_blocks(c, seq_q, seq_k);
+}
+
+void check_blocks_inside_sequence(const Pattern& p, int64_t seq_q, int64_t seq_k) {
+  for (const Branch& b : p.branches)
+    if (b.layout) check_layout_blocks(*b.layout, seq_q, seq_k);
 }
 
 void check_pattern_fits(const Pattern& p, const Shape& s) {
@@ -133,7 +136,7 @@ void check_pattern_fits(const Pattern& p, const Shape& s) {
         }
       }
     }
-    if (b.layout) check_layout_fits(*b.layout, s);
+    if (b.layout) check_layout_heads(*b.layout, s);
   }
 }
 

@@ -91,9 +91,14 @@ struct Shape {
 };
 
 // Checks what can only be checked once the shape is known (heads in range, enough heads for the
-// head groups, explicit blocks inside the sequence, GQA divisibility, lengths >= 1).
+// head groups, one explicit list per head, GQA divisibility, lengths >= 1).
 // Throws UserError naming the JSON pointer or the shape field and the fix.
 void check_pattern_fits(const Pattern& p, const Shape& s);
+
+// Explicit blocks must lie inside a whole sequence of seq_q queries and seq_k keys. Not part of
+// check_pattern_fits: a call may be one chunk of a longer sequence (a ring step), and blocks
+// outside the chunk are legitimate there; they simply attend nothing in it.
+void check_blocks_inside_sequence(const Pattern& p, int64_t seq_q, int64_t seq_k);
 
 // The canonical text of a pattern: stable across versions of the spec that mean the same thing,
 // used by dumps, tests and cache keys. pattern_hash is the first 16 hex digits of its SHA-256.

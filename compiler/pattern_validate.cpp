@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "compiler/error.hpp"
@@ -11,6 +13,14 @@ namespace attnjit {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
+
+// Shortest round-trip form of a double, as written in JSON ("1.5", "-0.1", "1e-09"), not to_string's "1.500000".
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.15g", v);
+  if (std::strtod(buf, nullptr) != v) std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
 
 template <typename T>
 void sort_unique(std::vector<T>& v) {
@@ -65,7 +75,7 @@ void validate_layout(Layout& l, const std::string& path) {
       break;
     case Layout::Kind::Random:
       if (!(l.density >= 0.0 && l.density <= 1.0)) {
-        throw UserError(p + "/random/density", "density must lie in [0, 1], got " + std::to_string(l.density));
+        throw UserError(p + "/random/density", "density must lie in [0, 1], got " + num(l.density));
       }
       break;
     case Layout::Kind::Explicit:
@@ -123,9 +133,13 @@ Branch resolve_branch(UnresolvedBranch& ub, const UnresolvedPattern& u, size_t i
     for (size_t n = 0; n < heads.size(); ++n) {
       if (heads[n] < 0) throw UserError(path + "/heads/" + std::to_string(n), "head index must be >= 0, got " + str(heads[n]));
     }
+    if (heads.empty()) {
+      throw UserError(path + "/heads", "is empty, so the branch applies to no head; list at least one query head, "
+                                       "or remove \"heads\" for all heads");
+    }
     std::sort(heads.begin(), heads.end());
-    if (std::adjacent_find(heads.begin(), heads.end()) != heads.end()) {
-      throw UserError(path + "/heads", "lists a head twice; list each query head once");
+    if (const auto dup = std::adjacent_find(heads.begin(), heads.end()); dup != heads.end()) {
+      throw UserError(path + "/heads", "lists head " + str(*dup) + " twice; list each query head once");
     }
     b.heads = std::move(heads);
   }
@@ -146,7 +160,7 @@ Branch resolve_branch(UnresolvedBranch& ub, const UnresolvedPattern& u, size_t i
 Pattern resolve_and_validate(UnresolvedPattern u) {
   if (u.branches.empty()) throw UserError("/branches", "needs at least one branch, e.g. [{\"segment\": \"full\"}]");
   if (u.scale && !(std::isfinite(*u.scale) && *u.scale > 0.0)) {
-    throw UserError("/scale", "must be a positive finite number, got " + std::to_string(*u.scale) +
+    throw UserError("/scale", "must be a positive finite number, got " + num(*u.scale) +
                                   "; leave it out for 1/sqrt(head_dim)");
   }
   check_window(u.window, "/window");

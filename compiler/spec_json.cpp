@@ -4,6 +4,7 @@
 #include "compiler/spec_json.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -74,6 +75,10 @@ void check_fields(const json& obj, const std::string& path, const std::vector<st
 }
 
 int64_t get_int(const json& j, const std::string& path) {
+  // Above INT64_MAX nlohmann stores an unsigned value, which get<int64_t>() would wrap to a negative one.
+  if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    throw UserError(path, j.dump() + " is too large; the largest value accepted is " + std::to_string(INT64_MAX));
+  }
   if (j.is_number_integer()) return j.get<int64_t>();
   wrong_type(j, path, "an integer");
 }
@@ -133,7 +138,7 @@ Layout parse_layout(const json& j, const std::string& path, std::pair<int64_t, i
       l.bq = get_int(b[0], path + "/block/0");
       l.bk = get_int(b[1], path + "/block/1");
     } else if (b.is_number_integer()) {
-      l.bq = l.bk = b.get<int64_t>();
+      l.bq = l.bk = get_int(b, path + "/block");
     } else {
       wrong_type(b, path + "/block", "an integer or [query_block, key_block]");
     }
@@ -223,9 +228,46 @@ UnresolvedBranch parse_branch(const json& j, const std::string& path) {
   return b;
 }
 
+// Rejects a field given twice in one object: nlohmann keeps the last one silently, which hides
+// copy-paste and merge mistakes. Tracks the JSON pointer of the current value for the message.
+class DuplicateKeyCheck {
+public:
+  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
+    using E = json::parse_event_t;
+    if (event == E::object_start || event == E::array_start || event == E::value) {
+      if (!stack_.empty() && !stack_.back().object) ++stack_.back().index;
+    }
+    if (event == E::object_start || event == E::array_start) stack_.push_back(Frame{event == E::object_start, {}, {}, 0});
+    if (event == E::object_end || event == E::array_end) stack_.pop_back();
+    if (event == E::key) {
+      Frame& f = stack_.back();
+      f.key = parsed.get<std::string>();
+      if (!f.keys.insert(f.key).second) {
+        throw UserError(pointer(), "field \"" + f.key + "\" is given twice in the same object; keep one (JSON "
+                                   "readers disagree on which one wins)");
+      }
+    }
+    return true;
+  }
+
+private:
+  struct Frame {
+    bool object;
+    std::set<std::string> keys;
+    std::string key;    // objects: the current field
+    size_t index = 0;   // arrays: the number of elements started
+  };
+  std::string pointer() const {
+    std::string p;
+    for (const Frame& f : stack_) p += "/" + (f.object ? f.key : std::to_string(f.index - 1));
+    return p;
+  }
+  std::vector<Frame> stack_;
+};
+
 json parse_text(const std::string& text, const std::string& source) {
   try {
-    return json::parse(text);
+    return json::parse(text, DuplicateKeyCheck());
   } catch (const json::parse_error& e) {
     std::string msg = e.what();
     const size_t close = msg.find("] ");
@@ -240,7 +282,8 @@ Pattern parse_spec(const std::string& text, const std::string& source) {
   const json j = parse_text(text, source);
   check_fields(j, "", {"attnjit", "description", "combine", "group_scale", "causal", "window", "scale", "layout", "branches"});
   if (!j.contains("attnjit")) throw UserError("/attnjit", "missing; add \"attnjit\": 1 (the spec format version)");
-  if (!j["attnjit"].is_number_integer() || j["attnjit"].get<int64_t>() != kSpecVersion) {
+  if (!j["attnjit"].is_number_integer()) wrong_type(j["attnjit"], "/attnjit", "the integer " + std::to_string(kSpecVersion));
+  if (j["attnjit"].get<int64_t>() != kSpecVersion) {
     throw UserError("/attnjit", "unsupported spec version " + j["attnjit"].dump() + "; this attnjit reads version " +
                                     std::to_string(kSpecVersion));
   }

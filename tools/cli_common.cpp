@@ -1,5 +1,6 @@
 #include "tools/cli_common.hpp"
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -47,18 +48,40 @@ DynamicLayout load_dynamic_layout(const std::string& path) {
   try {
     j = nlohmann::json::parse(ss.str());
   } catch (const nlohmann::json::parse_error& e) {
-    throw UserError(path, std::string("invalid JSON: ") + e.what());
+    std::string msg = e.what();  // drop nlohmann's "[json.exception.parse_error.101] " prefix
+    const size_t close = msg.find("] ");
+    if (close != std::string::npos) msg = msg.substr(close + 2);
+    throw UserError(path, "invalid JSON: " + msg);
   }
   const char* shape_hint = "expected {\"heads\": 1, \"row_offsets\": [...], \"col_indices\": [...]}";
   if (!j.is_object() || !j.contains("row_offsets") || !j.contains("col_indices")) throw UserError(path, shape_hint);
-  DynamicLayout d;
-  try {
-    d.heads = j.value("heads", int64_t{1});
-    d.row_offsets = j["row_offsets"].get<std::vector<int64_t>>();
-    d.col_indices = j["col_indices"].get<std::vector<int32_t>>();
-  } catch (const nlohmann::json::exception&) {
-    throw UserError(path, std::string(shape_hint) + ", all integers");
+  for (const auto& [key, value] : j.items()) {
+    if (key != "heads" && key != "row_offsets" && key != "col_indices") {
+      throw UserError(path + ": /" + key, "unknown field \"" + key + "\"; valid fields are heads, row_offsets, col_indices");
+    }
   }
+  // nlohmann's get<> would truncate 2.5 to 2 and wrap 2^32 to 0: check each number first.
+  auto integers = [&](const char* key, int64_t max) {
+    const nlohmann::json& a = j[key];
+    if (!a.is_array()) throw UserError(path + ": /" + key, "expected an array of integers, got " + a.dump());
+    std::vector<int64_t> out;
+    for (size_t n = 0; n < a.size(); ++n) {
+      // Non-negative integers are stored unsigned by nlohmann.
+      if (!a[n].is_number_unsigned() || a[n].get<uint64_t>() > static_cast<uint64_t>(max)) {
+        throw UserError(path + ": /" + key + "/" + std::to_string(n),
+                        "expected an integer in [0, " + std::to_string(max) + "], got " + a[n].dump());
+      }
+      out.push_back(a[n].get<int64_t>());
+    }
+    return out;
+  };
+  DynamicLayout d;
+  if (j.contains("heads")) {
+    if (!j["heads"].is_number_integer()) throw UserError(path + ": /heads", "expected an integer, got " + j["heads"].dump());
+    d.heads = j["heads"].get<int64_t>();
+  }
+  d.row_offsets = integers("row_offsets", INT64_MAX);
+  for (int64_t kb : integers("col_indices", INT32_MAX)) d.col_indices.push_back(static_cast<int32_t>(kb));
   if (d.row_offsets.empty()) throw UserError(path, "row_offsets is empty; it needs heads * query_blocks + 1 entries");
   if (d.heads < 1) throw UserError(path, "heads must be >= 1");
   return d;

@@ -50,6 +50,7 @@ int run_mask(const MaskOptions& o) {
   if (!o.shape.has_seq()) throw UserError("--seq-q", "is required: the mask depends on the sequence length");
   const Shape s = o.shape.shape();
   check_pattern_fits(p, s);
+  check_blocks_inside_sequence(p, s.q_offset + s.seq_q, s.k_offset + s.seq_k);
   std::optional<DynamicLayout> dyn;
   if (!o.dynamic.empty()) {
     dyn = load_dynamic_layout(o.dynamic);

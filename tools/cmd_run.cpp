@@ -29,9 +29,12 @@ struct Inputs {
 
 std::vector<float> load_4d(const std::string& path, const char* option, std::vector<int64_t>& dims) {
   const NpyArray a = read_npy(path);
-  if (a.shape.size() != 4) {
-    throw UserError(std::string(option) + " " + path, "has " + std::to_string(a.shape.size()) +
-                                                          " dimensions; attnjit expects [batch, seq, heads, head_dim]");
+  if (a.shape.size() != 4 || a.dtype == NpyDtype::U8) {
+    std::string dims;
+    for (int64_t d : a.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+    throw UserError(std::string(option) + " " + path,
+                    "is a " + std::to_string(a.shape.size()) + "-D '" + npy_descr(a.dtype) + "' array of shape (" + dims +
+                        "); attnjit expects a 4-D float array [batch, seq, heads, head_dim] of '<f2', '<f4' or '<f8'");
   }
   dims = a.shape;
   return npy_to_float(a);
@@ -88,13 +91,23 @@ Inputs random_inputs(const RunOptions& o, const Pattern& p) {
 
 int run_attention(const RunOptions& o) {
   const Pattern p = load_spec_file(o.spec);
-  if (o.random_seed && !o.q.empty()) throw UserError("--random", "cannot be combined with --q; use one or the other");
+  if (o.random_seed && !(o.q.empty() && o.k.empty() && o.v.empty())) {
+    throw UserError("--random", "cannot be combined with --q/--k/--v; use one or the other");
+  }
   if (!o.random_seed && o.q.empty()) throw UserError("--q", "give input tensors (--q, --k, --v as .npy) or --random SEED");
   const Inputs in = o.random_seed ? random_inputs(o, p) : load_inputs(o);
   const Shape& s = in.shape;
   check_pattern_fits(p, s);
+  // Without offsets the call is taken to be the whole sequence; with offsets it may be one chunk
+  // of a longer one, where explicit blocks outside the chunk legitimately attend nothing.
+  if (s.q_offset == 0 && s.k_offset == 0) check_blocks_inside_sequence(p, s.seq_q, s.seq_k);
   std::optional<DynamicLayout> dyn;
-  if (!o.dynamic.empty()) dyn = load_dynamic_layout(o.dynamic);
+  if (!o.dynamic.empty()) {
+    dyn = load_dynamic_layout(o.dynamic);
+    check_dynamic_layout(p, s, *dyn, o.dynamic);
+  } else if (p.has_dynamic_layout()) {
+    throw UserError("--dynamic", "the pattern has a dynamic layout; give its CSR table with --dynamic FILE");
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const ReferenceOutput r = reference_attention(p, s, in.q.data(), in.k.data(), in.v.data(), dyn ? &*dyn : nullptr, o.threads);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

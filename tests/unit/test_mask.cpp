@@ -1,1 +1,192 @@
+// The mask: enumeration and counting agree with the pairwise definition, layout generators mean
+// what the spec says, and the random layout's hash is the documented one.
 #include <catch2/catch.hpp>
+#include <cmath>
+
+#include "compiler/error.hpp"
+#include "compiler/pattern_stats.hpp"
+#include "compiler/random_layout.hpp"
+#include "tests/unit/random_patterns.hpp"
+
+using namespace attnjit;
+using attnjit::testing::CaseGenerator;
+
+TEST_CASE("key enumeration and counting equal the pairwise definition on random patterns", "[mask][property]") {
+  CaseGenerator gen(1234);
+  for (int n = 0; n < 400; ++n) {
+    const auto c = gen.next();
+    const MaskContext ctx{c.pattern, c.shape, c.dynamic ? &*c.dynamic : nullptr};
+    INFO("case " << n << "\n" << canonical_text(c.pattern) << "seq_q=" << c.shape.seq_q << " seq_k=" << c.shape.seq_k
+                 << " heads_q=" << c.shape.heads_q << " q_offset=" << c.shape.q_offset << " k_offset=" << c.shape.k_offset);
+    int64_t total = 0;
+    for (int64_t h = 0; h < c.shape.heads_q; ++h) {
+      for (int64_t i = 0; i < c.shape.seq_q; ++i) {
+        for (size_t b = 0; b < c.pattern.branches.size(); ++b) {
+          std::vector<int64_t> listed, defined;
+          for_each_branch_key(ctx, b, h, i, [&](int64_t j) { listed.push_back(j); });
+          for (int64_t j = 0; j < c.shape.seq_k; ++j)
+            if (branch_attends(ctx, b, h, i, j)) defined.push_back(j);
+          INFO("head " << h << " row " << i << " branch " << b);
+          REQUIRE(listed == defined);
+          REQUIRE(branch_key_count(ctx, b, h, i) == static_cast<int64_t>(defined.size()));
+          total += static_cast<int64_t>(defined.size());
+        }
+      }
+    }
+    REQUIRE(pattern_stats(ctx).attended_pairs == total);
+  }
+}
+
+TEST_CASE("selection follows seg = floor(p / w), l = p - seg*w, l mod r == off(h)", "[mask]") {
+  const Pattern p = PatternBuilder().branch(BranchSpec().segment(6).dilation(4)).build();  // head_mod offsets
+  Shape s;
+  s.seq_q = s.seq_k = 14;
+  s.heads_q = s.heads_kv = 4;
+  const MaskContext c{p, s};
+  // head 1: offset 1. Segments [0,6), [6,12), [12,14). Selected: 1, 5, 7, 11, 13.
+  std::vector<int64_t> keys;
+  for_each_branch_key(c, 0, 1, 5, [&](int64_t j) { keys.push_back(j); });
+  CHECK(keys == std::vector<int64_t>{1, 5});
+  keys.clear();
+  for_each_branch_key(c, 0, 1, 13, [&](int64_t j) { keys.push_back(j); });
+  CHECK(keys == std::vector<int64_t>{13});  // the last segment is shorter, not padded
+  CHECK(branch_key_count(c, 0, 1, 6) == 0);  // row 6 has l = 0: not selected for offset 1
+  CHECK(branch_key_count(c, 0, 3, 12) == 0);  // head 3 offset 3: segment [12,14) has no l = 3
+}
+
+TEST_CASE("offset rules", "[mask]") {
+  Branch b;
+  b.dilation = 4;
+  b.offset = {OffsetRule::HeadMod, 0};
+  CHECK(branch_offset(b, 6, 8) == 2);
+  b.offset = {OffsetRule::HeadBlock, 0};
+  CHECK(branch_offset(b, 6, 8) == 3);  // floor(6 * 4 / 8)
+  CHECK(branch_offset(b, 1, 8) == 0);
+  b.offset = {OffsetRule::Fixed, 3};
+  CHECK(branch_offset(b, 6, 8) == 3);
+  const Pattern p = PatternBuilder()
+                        .combine(Combine::HeadGroups)
+                        .branch(BranchSpec().segment(8).dilation(2))
+                        .branch(BranchSpec().segment(8).dilation(3))
+                        .branch(BranchSpec().segment(8).dilation(3))
+                        .build();
+  CHECK(p.branches[1].offset == Offset{OffsetRule::Fixed, 1});  // group: branch index mod dilation
+  CHECK(p.branches[2].offset == Offset{OffsetRule::Fixed, 2});
+}
+
+TEST_CASE("head groups: contiguous, the first heads_q mod k one larger", "[mask]") {
+  // 8 heads in 3 groups: sizes 3, 3, 2.
+  const std::vector<int64_t> expect = {0, 0, 0, 1, 1, 1, 2, 2};
+  for (int64_t h = 0; h < 8; ++h) CHECK(head_group(h, 8, 3) == expect[static_cast<size_t>(h)]);
+  for (int64_t heads = 1; heads <= 20; ++heads) {
+    for (int64_t k = 1; k <= heads; ++k) {
+      std::vector<int64_t> size(static_cast<size_t>(k), 0);
+      int64_t prev = 0;
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t g = head_group(h, heads, k);
+        REQUIRE(g >= prev);
+        prev = g;
+        ++size[static_cast<size_t>(g)];
+      }
+      for (int64_t g = 0; g < k; ++g) REQUIRE(size[static_cast<size_t>(g)] == heads / k + (g < heads % k ? 1 : 0));
+    }
+  }
+}
+
+TEST_CASE("layout generators on block coordinates", "[mask][layout]") {
+  auto allows = [](const Layout& l, int64_t h, int64_t qb, int64_t kb) {
+    return layout_allows(l, h, qb * l.bq, kb * l.bk, nullptr);
+  };
+  const Layout local = layouts::local(1, 4, 4);
+  CHECK(allows(local, 0, 5, 4));
+  CHECK(allows(local, 0, 5, 6));
+  CHECK_FALSE(allows(local, 0, 5, 7));
+  const Layout global = layouts::global({2}, 4, 4);
+  CHECK(allows(global, 0, 2, 9));
+  CHECK(allows(global, 0, 9, 2));
+  CHECK_FALSE(allows(global, 0, 9, 3));
+  const Layout strided = layouts::strided(3, 1, 4, 4);
+  CHECK(allows(strided, 0, 0, 4));
+  CHECK_FALSE(allows(strided, 0, 0, 5));
+  const Layout offsets = layouts::offsets({-2, 0}, 4, 4);
+  CHECK(allows(offsets, 0, 5, 3));
+  CHECK(allows(offsets, 0, 5, 5));
+  CHECK_FALSE(allows(offsets, 0, 5, 4));
+  const Layout ex = layouts::explicit_per_head({{{0, 1}}, {{1, 0}}}, 4, 4);
+  CHECK(allows(ex, 0, 0, 1));
+  CHECK_FALSE(allows(ex, 1, 0, 1));
+  CHECK(allows(ex, 1, 1, 0));
+  const Layout u = layouts::union_of({layouts::local(0, 4, 4), layouts::strided(2, 0, 4, 4)}, 4, 4);
+  const Layout x = layouts::intersect_of({layouts::local(2, 4, 4), layouts::strided(2, 0, 4, 4)}, 4, 4);
+  CHECK(allows(u, 0, 3, 3));
+  CHECK(allows(u, 0, 3, 8));
+  CHECK_FALSE(allows(x, 0, 3, 3));
+  CHECK(allows(x, 0, 3, 2));
+  // Rectangular blocks: query blocks of 2 positions, key blocks of 8.
+  const Layout rect = layouts::local(0, 2, 8);
+  CHECK(layout_allows(rect, 0, 3, 9, nullptr));      // qb 1, kb 1
+  CHECK_FALSE(layout_allows(rect, 0, 3, 1, nullptr));  // qb 1, kb 0
+}
+
+TEST_CASE("random layout: the documented splitmix64 hash", "[mask][layout][random]") {
+  // Values computed from the README's definition by an independent implementation.
+  CHECK(splitmix64(0) == 0xe220a8397b1dcdafull);
+  CHECK(splitmix64(1) == 0x910a2dec89025cc1ull);
+  CHECK(splitmix64(0xdeadbeef) == 0x4adfb90f68c9eb9bull);
+  CHECK(random_block_uniform(0, 0, 0, 0) == 0.13870941014555427);
+  CHECK(random_block_uniform(2020, 3, 17, 5) == 0.8245490624933912);
+  CHECK(random_block_uniform(42, 1, 0, 9) == 0.19884187918759066);
+  CHECK(random_block_uniform(uint64_t{1} << 63, 7, 1000, 999) == 0.6104324920504901);
+}
+
+TEST_CASE("random layout reaches its density within statistical bounds, the same every run", "[mask][layout][random]") {
+  for (double density : {0.01, 0.1, 0.5, 0.9}) {
+    const Layout l = layouts::random(density, 77, 1, 1);
+    const int64_t n = 400;
+    int64_t kept = 0, kept_again = 0;
+    for (int64_t h = 0; h < 4; ++h)
+      for (int64_t qb = 0; qb < n; ++qb)
+        for (int64_t kb = 0; kb < n; ++kb) {
+          kept += layout_allows(l, h, qb, kb, nullptr);
+          kept_again += layout_allows(l, h, qb, kb, nullptr);
+        }
+    const double trials = 4.0 * n * n, mean = density * trials, sd = std::sqrt(trials * density * (1 - density));
+    INFO("density " << density << " kept " << kept << " of " << trials);
+    CHECK(std::abs(static_cast<double>(kept) - mean) < 5 * sd);
+    CHECK(kept_again == kept);
+  }
+  CHECK_FALSE(layout_allows(layouts::random(0.0, 1, 1, 1), 0, 0, 0, nullptr));
+  CHECK(layout_allows(layouts::random(1.0, 1, 1, 1), 0, 0, 0, nullptr));
+}
+
+TEST_CASE("dynamic layouts are read from the CSR table and checked", "[mask][layout][dynamic]") {
+  const Pattern p = PatternBuilder().branch(BranchSpec().full().layout(layouts::dynamic(4, 4))).build();
+  Shape s;
+  s.seq_q = s.seq_k = 8;  // 2 query blocks, 2 key blocks
+  DynamicLayout d;
+  d.row_offsets = {0, 1, 3};
+  d.col_indices = {1, 0, 1};
+  REQUIRE_NOTHROW(check_dynamic_layout(p, s, d, "t"));
+  const MaskContext c{p, s, &d};
+  CHECK_FALSE(branch_attends(c, 0, 0, 0, 0));
+  CHECK(branch_attends(c, 0, 0, 0, 4));
+  CHECK(branch_attends(c, 0, 0, 5, 0));
+  const MaskContext missing{p, s, nullptr};
+  CHECK_THROWS_AS(branch_attends(missing, 0, 0, 0, 0), UserError);
+
+  auto rejects = [&](DynamicLayout bad, const std::string& words) {
+    try {
+      check_dynamic_layout(p, s, bad, "t");
+      FAIL("accepted a bad table; expected: " << words);
+    } catch (const UserError& e) {
+      CHECK_THAT(e.what(), Catch::Contains(words));
+    }
+  };
+  rejects({1, {0, 2, 3}, {1, 0, 1}}, "not sorted");
+  rejects({1, {0, 1, 3}, {1, 0, 2}}, "outside [0, 2)");
+  rejects({1, {0, 1}, {1}}, "needs heads * query_blocks + 1");
+  rejects({1, {0, 2, 1}, {0, 1}}, "must start at 0 and end");
+  rejects({1, {0, 2, 1, 3}, {0, 1, 1}}, "row_offsets has 4 entries");
+  rejects({1, {0, 3, 2}, {0, 1}}, "decreases at row 1");
+  rejects({3, {0, 0, 0, 0, 0, 0, 0}, {}}, "tables for 3 heads");
+}

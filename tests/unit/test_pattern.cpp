@@ -1,1 +1,137 @@
+// The Pattern IR: the parser and the builder agree, defaults resolve as the spec says, the
+// canonical text is stable, and bad values are UserErrors naming the JSON pointer.
 #include <catch2/catch.hpp>
+
+#include "compiler/error.hpp"
+#include "compiler/spec_json.hpp"
+
+using namespace attnjit;
+
+namespace {
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+}  // namespace
+
+TEST_CASE("the JSON parser and the builder build the same Pattern", "[pattern]") {
+  const Pattern from_json = parse_spec(R"({
+    "attnjit": 1, "causal": true, "window": [64, -1],
+    "layout": {"block": [32, 64], "union": [{"local": 2}, {"global": [0]}, {"random": {"density": 0.25, "seed": 9}}]},
+    "branches": [
+      {"segment": 256, "dilation": 2},
+      {"segment": "full", "dilation": 3, "offset": "head_block", "causal": false, "heads": [3, 1]},
+      {"segment": 512, "dilation": 4, "offset": 1, "layout": {"explicit": {"blocks": [[1, 0], [0, 0]]}}}
+    ]})");
+  const Pattern from_builder =
+      PatternBuilder()
+          .causal()
+          .window(64, -1)
+          .layout(layouts::union_of({layouts::local(2, 32, 64), layouts::global({0}, 32, 64), layouts::random(0.25, 9, 32, 64)},
+                                    32, 64))
+          .branch(BranchSpec().segment(256).dilation(2))
+          .branch(BranchSpec().full().dilation(3).offset(OffsetRule::HeadBlock).causal(false).heads({1, 3}))
+          .branch(BranchSpec().segment(512).dilation(4).offset(1).layout(layouts::explicit_blocks({{0, 0}, {1, 0}})))
+          .build();
+  CHECK(from_json == from_builder);
+  CHECK(canonical_text(from_json) == canonical_text(from_builder));
+  CHECK(pattern_hash(from_json) == pattern_hash(from_builder));
+}
+
+TEST_CASE("defaults resolve: pattern-level masks, offsets per combine rule", "[pattern]") {
+  const Pattern p = parse_spec(R"({"attnjit": 1, "causal": true, "window": [8, 0],
+    "branches": [{"segment": 16, "dilation": 2}, {"segment": 16, "causal": false, "window": [-1, -1]}]})");
+  CHECK(p.branches[0].causal);
+  CHECK(p.branches[0].window == Window{8, 0});
+  CHECK(p.branches[0].offset.rule == OffsetRule::HeadMod);
+  CHECK_FALSE(p.branches[1].causal);
+  CHECK(p.branches[1].window.unbounded());
+  CHECK(p.branches[1].offset == Offset{OffsetRule::Fixed, 0});  // dilation 1: every position is selected
+  CHECK_FALSE(p.scale.has_value());
+
+  const Pattern g = parse_spec(R"({"attnjit": 1, "combine": "head_groups",
+    "branches": [{"segment": 8, "dilation": 2}, {"segment": 8, "dilation": 2}, {"segment": 8, "dilation": 2, "offset": "head_mod"}]})");
+  CHECK(g.group_scale == GroupScale::Mean);
+  CHECK(g.branches[0].offset == Offset{OffsetRule::Fixed, 0});
+  CHECK(g.branches[1].offset == Offset{OffsetRule::Fixed, 1});
+  CHECK(g.branches[2].offset.rule == OffsetRule::HeadMod);
+}
+
+TEST_CASE("layout children inherit the block size; a branch layout replaces the pattern's", "[pattern]") {
+  const Pattern p = parse_spec(R"({"attnjit": 1, "layout": {"block": 64, "union": [{"local": 1}, {"block": [8, 16], "global": [2]}]},
+    "branches": [{"segment": "full"}, {"segment": "full", "layout": {"strided": {"stride": 4}}}]})");
+  const Layout& u = *p.branches[0].layout;
+  CHECK(u.children[0].bq == 64);
+  CHECK(u.children[0].bk == 64);
+  CHECK(u.children[1].bq == 8);
+  CHECK(u.children[1].bk == 16);
+  const Layout& s = *p.branches[1].layout;
+  CHECK(s.kind == Layout::Kind::Strided);
+  CHECK(s.bq == kDefaultBlock);
+  CHECK(s.phase == 0);
+}
+
+TEST_CASE("canonical text is pinned", "[pattern][golden]") {
+  const Pattern p = parse_spec(R"({"attnjit": 1, "combine": "head_groups", "group_scale": "none", "scale": 0.125,
+    "branches": [{"segment": 2048, "dilation": 1}, {"segment": 4096, "dilation": 2, "window": [100, 0],
+      "layout": {"block": [64, 128], "intersect": [{"offsets": [0, -1]}, {"random": {"density": 0.025, "seed": 7}}]}}]})");
+  CHECK(canonical_text(p) ==
+        "attnjit-pattern v1\n"
+        "combine head_groups group_scale none\n"
+        "scale 0.125\n"
+        "branch 0: segment=2048 dilation=1 offset=0 heads=all causal=false window=[-1,-1] layout=none\n"
+        "branch 1: segment=4096 dilation=2 offset=1 heads=all causal=false window=[100,0] "
+        "layout=intersect<64x128>(offsets<64x128>(-1,0),random<64x128>(density=0.025,seed=7))\n");
+  // The hash is the first 16 hex digits of the SHA-256 of that text; it changes when the meaning does.
+  CHECK(pattern_hash(p).size() == 16);
+  const Pattern q = parse_spec(R"({"attnjit": 1, "combine": "head_groups", "group_scale": "none", "scale": 0.125,
+    "branches": [{"segment": 2048, "dilation": 1}, {"segment": 4096, "dilation": 2, "window": [101, 0],
+      "layout": {"block": [64, 128], "intersect": [{"offsets": [0, -1]}, {"random": {"density": 0.025, "seed": 7}}]}}]})");
+  CHECK(pattern_hash(p) != pattern_hash(q));
+}
+
+TEST_CASE("bad values name the JSON pointer, from JSON and from the builder alike", "[pattern][errors]") {
+  CHECK_THAT(error_of([] { parse_spec(R"({"attnjit": 1, "branches": [{"segment": 4, "dilation": 8}]})"); }),
+             Catch::StartsWith("/branches/0/dilation: dilation 8 is larger than the segment 4"));
+  CHECK_THAT(error_of([] { PatternBuilder().branch(BranchSpec().segment(4).dilation(8)).build(); }),
+             Catch::StartsWith("/branches/0/dilation: dilation 8 is larger than the segment 4"));
+  CHECK_THAT(error_of([] { PatternBuilder().branch(BranchSpec().segment(8).dilation(2).offset(2)).build(); }),
+             Catch::StartsWith("/branches/0/offset"));
+  CHECK_THAT(error_of([] { PatternBuilder().build(); }), Catch::StartsWith("/branches"));
+  CHECK_THAT(error_of([] { PatternBuilder().branch(BranchSpec().full().layout(layouts::local(1, 0, 4))).build(); }),
+             Catch::StartsWith("/branches/0/layout/block"));
+  CHECK_THAT(error_of([] { parse_spec(R"({"attnjit": 1, "branches": [{"segment": 8, "dilaton": 2}]})"); }),
+             Catch::Contains("did you mean \"dilation\""));
+  CHECK_THAT(error_of([] { parse_spec("{\"attnjit\": 1,\n \"branches\": [}", "s.json"); }),
+             Catch::Contains("line 2, column"));
+}
+
+TEST_CASE("shape checks: heads, groups, explicit blocks, GQA", "[pattern][errors]") {
+  const Pattern p = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "heads": [0, 5],
+    "layout": {"block": 16, "explicit": {"blocks": [[3, 0]]}}}]})");
+  Shape s;
+  s.seq_q = s.seq_k = 64;
+  s.heads_q = s.heads_kv = 8;
+  CHECK_NOTHROW(check_pattern_fits(p, s));
+  s.heads_q = s.heads_kv = 4;
+  CHECK_THAT(error_of([&] { check_pattern_fits(p, s); }), Catch::StartsWith("/branches/0/heads/1: head 5 is out of range"));
+  s.heads_q = s.heads_kv = 8;
+  // 3 query blocks of 16: block 3 is past the end of a whole sequence of 48...
+  CHECK_THAT(error_of([&] { check_blocks_inside_sequence(p, 48, 64); }),
+             Catch::StartsWith("/branches/0/layout/explicit/blocks: block [3, 0] lies outside the sequence"));
+  CHECK_NOTHROW(check_blocks_inside_sequence(p, 64, 64));
+  // ...but a chunk of 48 rows is a legitimate call: the block attends nothing in it.
+  s.seq_q = 48;
+  CHECK_NOTHROW(check_pattern_fits(p, s));
+  s.heads_kv = 3;
+  CHECK_THAT(error_of([&] { check_pattern_fits(p, s); }), Catch::StartsWith("heads_kv: 3 does not divide heads_q 8"));
+  const Pattern g = parse_spec(R"({"attnjit": 1, "combine": "head_groups", "branches": [{"segment": 4}, {"segment": 8}, {"segment": 16}]})");
+  Shape two;
+  two.seq_q = two.seq_k = 4;
+  two.heads_q = two.heads_kv = 2;
+  CHECK_THAT(error_of([&] { check_pattern_fits(g, two); }), Catch::Contains("3 branches and 2 query heads"));
+}
