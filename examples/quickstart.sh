@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The main job on a bundled example: install what is missing, build, then validate
+# examples/longnet.json, print its canonical form and statistics, draw its mask, and run it on
+# the CPU reference on random inputs.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+spec="${1:-$root/examples/longnet.json}"
+out="${OUT_DIR:-$root/build/quickstart}"
+bash "$root/tools/setup_deps.sh"
+bash "$root/tools/build.sh"
+attnjit="${BUILD_DIR:-$root/build}/attnjit"
+mkdir -p "$out"
+
+echo; echo "== attnjit validate: canonical form and statistics"
+"$attnjit" validate "$spec" --seq 4096 --heads-q 8
+echo; echo "== attnjit mask: a picture of the mask (first 4 heads)"
+"$attnjit" mask "$spec" --seq-q 4096 --heads-q 8 --out "$out/mask.svg"
+echo; echo "== attnjit run: the CPU reference on random inputs"
+"$attnjit" run "$spec" --random 1 --batch 1 --seq 2048 --heads-q 8 --head-dim 64 \
+  --out "$out/o.npy" --lse "$out/lse.npy"
+echo; echo "outputs are in $out"

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what attnjit needs to build and test, if it is missing: Debian packages (compiler,
+# CMake, header-only libraries, lit + FileCheck) and numpy for the contract tests.
+# Idempotent: a machine that has everything is left alone.
+set -euo pipefail
+
+packages=(g++ cmake make python3 nlohmann-json3-dev libcli11-dev catch2 llvm-19-tools)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "attnjit: installing Debian packages: ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ! python3 -c "import numpy" 2>/dev/null; then
+  echo "attnjit: installing numpy (used by the contract tests)"
+  python3 -m pip install -q numpy
+fi
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -d /usr/local/cuda ]; then
+  echo "attnjit: note: no CUDA toolkit found; building without NVRTC (GPU code generation needs it)"
+fi
