@@ -62,6 +62,10 @@ const char* to_string(Layout::Kind k) {
   return "?";
 }
 
+double softmax_scale(const Pattern& p, const Shape& s) {
+  return p.scale ? *p.scale : 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Checks that need the shape.
 

@@ -90,6 +90,9 @@ struct Shape {
   int64_t q_offset = 0, k_offset = 0;
 };
 
+// The softmax scale of a call: the pattern's `scale`, or 1/sqrt(head_dim).
+double softmax_scale(const Pattern& p, const Shape& s);
+
 // Checks what can only be checked once the shape is known (heads in range, enough heads for the
 // head groups, one explicit list per head, GQA divisibility, lengths >= 1).
 // Throws UserError naming the JSON pointer or the shape field and the fix.

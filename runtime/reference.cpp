@@ -10,10 +10,6 @@
 
 namespace attnjit {
 
-double softmax_scale(const Pattern& p, const Shape& s) {
-  return p.scale ? *p.scale : 1.0 / std::sqrt(static_cast<double>(s.head_dim));
-}
-
 namespace {
 
 struct Row {

@@ -21,7 +21,4 @@ struct ReferenceOutput {
 ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const float* q, const float* k, const float* v,
                                     const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
 
-// The softmax scale a pattern uses for a head dimension: its `scale`, or 1/sqrt(head_dim).
-double softmax_scale(const Pattern& p, const Shape& s);
-
 }  // namespace attnjit

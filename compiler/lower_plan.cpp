@@ -1,0 +1,190 @@
+// Lowering: Pattern + Shape + TileConfig -> Plan. See plan.hpp for the structure and the choice
+// of one fused online softmax per query tile.
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <numeric>
+
+#include "compiler/error.hpp"
+#include "compiler/plan.hpp"
+#include "compiler/plan_geometry.hpp"
+
+namespace attnjit {
+namespace {
+
+constexpr int64_t kMaxResidues = 4096;  // larger lcm(dilations): rows are grouped one residue at a time
+
+struct HeadBranch {
+  int32_t index;
+  const Branch* branch;
+  int64_t offset;  // off_b(h)
+};
+
+// The global positions selected by a branch in the segment holding `pos`, clipped to [lo, hi).
+Prog segment_keys(const HeadBranch& hb, int64_t pos, int64_t lo, int64_t hi) {
+  const Branch& b = *hb.branch;
+  const int64_t seg = b.segment ? pos / *b.segment * *b.segment : 0;
+  const int64_t end = b.segment ? std::min(hi, seg + *b.segment) : hi;
+  const int64_t base = seg + hb.offset;
+  const int64_t first = base + std::max<int64_t>(0, ceil_div(std::max(lo, seg) - base, b.dilation)) * b.dilation;
+  if (first >= end) return Prog{first, b.dilation, 0};
+  return Prog{first, b.dilation, (end - 1 - first) / b.dilation + 1};
+}
+
+bool selected(const HeadBranch& hb, int64_t pos) {
+  const Branch& b = *hb.branch;
+  const int64_t seg = b.segment ? pos / *b.segment * *b.segment : 0;
+  return (pos - seg) % b.dilation == hb.offset;
+}
+
+// Rows of a cell that share a branch set: positions first + k*stride, k < count.
+struct RowGroup {
+  Prog rows;
+  std::vector<int32_t> branches;  // indices into the head's branch list
+};
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t k = 1; k * k <= n; ++k) {
+    if (n % k) continue;
+    d.push_back(k);
+    if (k * k != n) d.push_back(n / k);
+  }
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+class PlanBuilder {
+public:
+  PlanBuilder(const Pattern& p, const Shape& s, const TileConfig& t, const DynamicLayout* d)
+      : pattern_(p), shape_(s), tiles_(t), dynamic_(d), geometry_(p, d) {}
+
+  void lower_head(int32_t h, Plan& plan) {
+    std::vector<HeadBranch> active;
+    int64_t lcm = 1;
+    for (size_t b = 0; b < pattern_.branches.size(); ++b) {
+      if (!branch_has_head(pattern_, b, h, shape_.heads_q)) continue;
+      const Branch& br = pattern_.branches[b];
+      active.push_back({static_cast<int32_t>(b), &br, branch_offset(br, h, shape_.heads_q)});
+      lcm = std::min<int64_t>(std::lcm(lcm, br.dilation), std::numeric_limits<int32_t>::max());
+    }
+    const int64_t q0 = shape_.q_offset, q1 = shape_.q_offset + shape_.seq_q;
+    for (int64_t pos = q0; pos < q1;) {
+      // A cell ends at the next segment boundary of any branch: inside it every branch's
+      // segment, and so its key list, is fixed.
+      int64_t end = q1;
+      for (const HeadBranch& hb : active)
+        if (hb.branch->segment) end = std::min(end, (pos / *hb.branch->segment + 1) * *hb.branch->segment);
+      for (const RowGroup& g : group_rows(active, pos, end, lcm)) emit_group(h, active, g, plan);
+      pos = end;
+    }
+  }
+
+private:
+  // Groups the rows of the cell [c0, c1) by branch set. A row's set depends only on its residue
+  // modulo lcm; classes modulo a divisor d of lcm whose residues all share a set become one
+  // progression of stride d (coarsest first), the rest stay at stride lcm.
+  std::vector<RowGroup> group_rows(const std::vector<HeadBranch>& active, int64_t c0, int64_t c1, int64_t lcm) {
+    const int64_t n = c1 - c0;
+    auto branch_set = [&](int64_t pos) {
+      std::vector<int32_t> set;
+      for (size_t k = 0; k < active.size(); ++k)
+        if (selected(active[k], pos)) set.push_back(static_cast<int32_t>(k));
+      return set;
+    };
+    auto rows_from = [&](int64_t first, int64_t stride) { return Prog{first, stride, (c1 - 1 - first) / stride + 1}; };
+    std::vector<RowGroup> groups;
+    if (lcm > kMaxResidues || n <= 1) {
+      const int64_t stride = std::min(lcm, std::max<int64_t>(n, 1));
+      for (int64_t p = c0; p < c0 + std::min(n, lcm); ++p) groups.push_back({rows_from(p, stride), branch_set(p)});
+      return groups;
+    }
+    // Residue r stands for the rows c0 + r, c0 + r + lcm, ... (those with r < n exist).
+    const int64_t present = std::min(n, lcm);
+    std::vector<std::vector<int32_t>> sets(static_cast<size_t>(present));
+    for (int64_t r = 0; r < present; ++r) sets[static_cast<size_t>(r)] = branch_set(c0 + r);
+    std::vector<char> done(static_cast<size_t>(present), 0);
+    for (int64_t d : divisors(lcm)) {
+      for (int64_t c = 0; c < std::min(d, present); ++c) {
+        bool whole = true;
+        for (int64_t r = c; r < present && whole; r += d)
+          whole = !done[static_cast<size_t>(r)] && sets[static_cast<size_t>(r)] == sets[static_cast<size_t>(c)];
+        if (!whole) continue;
+        for (int64_t r = c; r < present; r += d) done[static_cast<size_t>(r)] = 1;
+        groups.push_back({rows_from(c0 + c, std::min(d, n)), sets[static_cast<size_t>(c)]});
+      }
+    }
+    return groups;
+  }
+
+  void emit_group(int32_t h, const std::vector<HeadBranch>& active, const RowGroup& g, Plan& plan) {
+    const int64_t k0 = shape_.k_offset, k1 = shape_.k_offset + shape_.seq_k;
+    std::vector<std::pair<const HeadBranch*, Prog>> keys;
+    bool per_tile = false;  // do the spans depend on the query tile (causal, window, layout)?
+    for (int32_t k : g.branches) {
+      const Prog kp = segment_keys(active[static_cast<size_t>(k)], g.rows.first, k0, k1);
+      if (kp.count == 0) continue;
+      keys.emplace_back(&active[static_cast<size_t>(k)], kp);
+      const Branch& b = *active[static_cast<size_t>(k)].branch;
+      per_tile |= b.causal || !b.window.unbounded() || b.layout.has_value();
+    }
+    int64_t shared_begin = -1, shared_end = -1;
+    for (int64_t t = 0; t * tiles_.tile_q < g.rows.count; ++t) {
+      WorkItem item;
+      item.head = h;
+      const Prog q = g.rows.slice(t * tiles_.tile_q, std::min<int64_t>(tiles_.tile_q, g.rows.count - t * tiles_.tile_q));
+      item.rows = RowMap{q.first - shape_.q_offset, q.stride, q.count};
+      if (!per_tile && shared_begin >= 0) {
+        item.span_begin = shared_begin;
+        item.span_end = shared_end;
+      } else {
+        item.span_begin = static_cast<int64_t>(plan.spans.size());
+        for (const auto& [hb, kp] : keys) geometry_.add_span(h, hb->index, q, kp, tiles_, shape_, plan);
+        item.span_end = static_cast<int64_t>(plan.spans.size());
+        shared_begin = item.span_begin;
+        shared_end = item.span_end;
+      }
+      for (int64_t s = item.span_begin; s < item.span_end; ++s) {
+        item.cost += span_tile_count(plan, plan.spans[static_cast<size_t>(s)]) * int64_t{tiles_.tile_q} * tiles_.tile_k;
+      }
+      plan.items.push_back(item);
+    }
+  }
+
+  const Pattern& pattern_;
+  const Shape& shape_;
+  const TileConfig& tiles_;
+  const DynamicLayout* dynamic_;
+  SpanGeometry geometry_;
+};
+
+}  // namespace
+
+Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, const DynamicLayout* dynamic) {
+  check_pattern_fits(p, s);
+  if (tiles.tile_q < 1 || tiles.tile_k < 1 || tiles.tile_q > 1024 || tiles.tile_k > 1024) {
+    throw UserError("--tile", "tile sizes must lie in [1, 1024], got " + std::to_string(tiles.tile_q) + "x" +
+                                  std::to_string(tiles.tile_k));
+  }
+  if (p.has_dynamic_layout() && !dynamic) {
+    throw UserError("dynamic layout", "the pattern has a \"dynamic\" layout; supply its CSR table (CLI: --dynamic FILE)");
+  }
+  if (dynamic) check_dynamic_layout(p, s, *dynamic, "dynamic layout");
+  Plan plan;
+  plan.shape = s;
+  plan.tiles = tiles;
+  plan.combine = p.combine;
+  plan.softmax_scale = softmax_scale(p, s);
+  if (p.combine == Combine::HeadGroups && p.group_scale == GroupScale::Mean) plan.output_scale = 1.0 / double(p.branches.size());
+  const double widest = std::max({double(s.batch) * s.seq_q * s.heads_q * std::max(s.head_dim, s.head_dim_v),
+                                  double(s.batch) * s.seq_k * s.heads_kv * std::max(s.head_dim, s.head_dim_v)});
+  plan.wide_index = widest > double(std::numeric_limits<int32_t>::max());
+  PlanBuilder builder(p, s, tiles, dynamic);
+  for (int32_t h = 0; h < s.heads_q; ++h) builder.lower_head(h, plan);
+  // Heaviest first, so the last wave of a launch is short; ties keep (head, row) order.
+  std::stable_sort(plan.items.begin(), plan.items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
+  fill_structural_stats(plan);
+  return plan;
+}
+
+}  // namespace attnjit
