@@ -11,17 +11,32 @@
 
 namespace attnjit::cli {
 
+// A given size must be at least `min`: 0 or a negative value is never read as "not given"
+// (seq_k, heads_kv and head_dim_v use 0 internally for that).
+static CLI::Validator at_least(int64_t min) {
+  return CLI::Validator(
+      [min](std::string& v) {
+        try {
+          size_t used = 0;
+          if (std::stoll(v, &used) >= min && used == v.size()) return std::string();
+        } catch (const std::exception&) {
+        }
+        return "must be an integer >= " + std::to_string(min) + ", got " + v;
+      },
+      ">=" + std::to_string(min));
+}
+
 void ShapeOptions::add_to(CLI::App* app, bool with_dims) {
-  app->add_option("--seq,--seq-q", seq_q, "query sequence length");
-  app->add_option("--seq-k", seq_k, "key sequence length (default: --seq)");
-  app->add_option("--heads-q,--heads", heads_q, "query heads")->capture_default_str();
-  app->add_option("--heads-kv", heads_kv, "key/value heads (default: --heads-q)");
-  app->add_option("--q-offset", q_offset, "global position of query row 0")->capture_default_str();
-  app->add_option("--k-offset", k_offset, "global position of key row 0")->capture_default_str();
+  app->add_option("--seq,--seq-q", seq_q, "query sequence length")->check(at_least(1));
+  app->add_option("--seq-k", seq_k, "key sequence length (default: --seq)")->check(at_least(1));
+  app->add_option("--heads-q,--heads", heads_q, "query heads")->capture_default_str()->check(at_least(1));
+  app->add_option("--heads-kv", heads_kv, "key/value heads (default: --heads-q)")->check(at_least(1));
+  app->add_option("--q-offset", q_offset, "global position of query row 0")->capture_default_str()->check(at_least(0));
+  app->add_option("--k-offset", k_offset, "global position of key row 0")->capture_default_str()->check(at_least(0));
   if (with_dims) {
-    app->add_option("--batch", batch, "batch size")->capture_default_str();
-    app->add_option("--head-dim", head_dim, "head dimension of q and k")->capture_default_str();
-    app->add_option("--head-dim-v", head_dim_v, "head dimension of v (default: --head-dim)");
+    app->add_option("--batch", batch, "batch size")->capture_default_str()->check(at_least(1));
+    app->add_option("--head-dim", head_dim, "head dimension of q and k")->capture_default_str()->check(at_least(1));
+    app->add_option("--head-dim-v", head_dim_v, "head dimension of v (default: --head-dim)")->check(at_least(1));
   }
 }
 
@@ -84,6 +99,16 @@ DynamicLayout load_dynamic_layout(const std::string& path) {
   for (int64_t kb : integers("col_indices", INT32_MAX)) d.col_indices.push_back(static_cast<int32_t>(kb));
   if (d.row_offsets.empty()) throw UserError(path, "row_offsets is empty; it needs heads * query_blocks + 1 entries");
   if (d.heads < 1) throw UserError(path, "heads must be >= 1");
+  return d;
+}
+
+std::optional<DynamicLayout> dynamic_table_for(const Pattern& p, const Shape& s, const std::string& path) {
+  if (path.empty()) {
+    if (p.has_dynamic_layout()) throw UserError("--dynamic", "the pattern has a dynamic layout; give its CSR table with --dynamic FILE");
+    return std::nullopt;
+  }
+  DynamicLayout d = load_dynamic_layout(path);
+  check_dynamic_layout(p, s, d, path);
   return d;
 }
 

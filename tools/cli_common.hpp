@@ -23,6 +23,10 @@ struct ShapeOptions {
 // Reads a dynamic layout table: JSON {"heads": 1, "row_offsets": [...], "col_indices": [...]}.
 DynamicLayout load_dynamic_layout(const std::string& path);
 
+// The dynamic table for a call: read from `path` and checked against the pattern and shape, or
+// nothing when the pattern has no dynamic layout. A missing table for a dynamic pattern is an error.
+std::optional<DynamicLayout> dynamic_table_for(const Pattern& p, const Shape& s, const std::string& path);
+
 // Runs a subcommand body; a UserError (or any other error) prints "error: ..." and exits 1.
 int guarded(const std::function<int()>& body);
 

@@ -51,13 +51,7 @@ int run_mask(const MaskOptions& o) {
   const Shape s = o.shape.shape();
   check_pattern_fits(p, s);
   check_blocks_inside_sequence(p, s.q_offset + s.seq_q, s.k_offset + s.seq_k);
-  std::optional<DynamicLayout> dyn;
-  if (!o.dynamic.empty()) {
-    dyn = load_dynamic_layout(o.dynamic);
-    check_dynamic_layout(p, s, *dyn, o.dynamic);
-  } else if (p.has_dynamic_layout()) {
-    throw UserError("--dynamic", "the pattern has a dynamic layout; give its CSR table with --dynamic FILE");
-  }
+  const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
   const MaskContext c{p, s, dyn ? &*dyn : nullptr};
   if (ends_with(o.out, ".npy")) {
     write_mask_npy(c, o);

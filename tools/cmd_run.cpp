@@ -8,6 +8,8 @@
 #include "compiler/error.hpp"
 #include "compiler/spec_json.hpp"
 #include "runtime/npy.hpp"
+#include "compiler/plan.hpp"
+#include "runtime/plan_executor.hpp"
 #include "runtime/reference.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
@@ -16,7 +18,7 @@ namespace attnjit::cli {
 
 namespace {
 struct RunOptions {
-  std::string spec, q, k, v, out, lse, dynamic, device = "cpu";
+  std::string spec, q, k, v, out, lse, dynamic, device = "cpu", executor = "reference", tile = "64x64";
   ShapeOptions shape;
   std::optional<uint64_t> random_seed;
   unsigned threads = 0;
@@ -101,29 +103,33 @@ int run_attention(const RunOptions& o) {
   // Without offsets the call is taken to be the whole sequence; with offsets it may be one chunk
   // of a longer one, where explicit blocks outside the chunk legitimately attend nothing.
   if (s.q_offset == 0 && s.k_offset == 0) check_blocks_inside_sequence(p, s.seq_q, s.seq_k);
-  std::optional<DynamicLayout> dyn;
-  if (!o.dynamic.empty()) {
-    dyn = load_dynamic_layout(o.dynamic);
-    check_dynamic_layout(p, s, *dyn, o.dynamic);
-  } else if (p.has_dynamic_layout()) {
-    throw UserError("--dynamic", "the pattern has a dynamic layout; give its CSR table with --dynamic FILE");
-  }
+  const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
+  const DynamicLayout* table = dyn ? &*dyn : nullptr;
   const auto t0 = std::chrono::steady_clock::now();
-  const ReferenceOutput r = reference_attention(p, s, in.q.data(), in.k.data(), in.v.data(), dyn ? &*dyn : nullptr, o.threads);
+  std::vector<float> of, lf;
+  if (o.executor == "plan") {
+    const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table);
+    ExecutorOutput r = execute_plan(plan, p, in.q.data(), in.k.data(), in.v.data(), table, o.threads);
+    of = std::move(r.o);
+    lf = std::move(r.lse);
+  } else {
+    const ReferenceOutput r = reference_attention(p, s, in.q.data(), in.k.data(), in.v.data(), table, o.threads);
+    of.assign(r.o.begin(), r.o.end());
+    lf.assign(r.lse.begin(), r.lse.end());
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  std::vector<float> of(r.o.begin(), r.o.end()), lf(r.lse.begin(), r.lse.end());
   if (!o.out.empty()) write_npy(o.out, NpyDtype::F32, {s.batch, s.seq_q, s.heads_q, s.head_dim_v}, of.data());
   if (!o.lse.empty()) write_npy(o.lse, NpyDtype::F32, {s.batch, s.heads_q, s.seq_q}, lf.data());
   int64_t empty = 0;
   double mean_abs = 0.0;
-  for (double x : r.lse) empty += std::isinf(x);
-  for (double x : r.o) mean_abs += std::abs(x);
-  mean_abs /= static_cast<double>(r.o.size());
-  std::cout << "ran " << pattern_hash(p) << " on the cpu reference: batch=" << s.batch << " seq_q=" << s.seq_q
+  for (float x : lf) empty += std::isinf(x);
+  for (float x : of) mean_abs += std::abs(x);
+  mean_abs /= static_cast<double>(of.size());
+  std::cout << "ran " << pattern_hash(p) << " on the cpu " << o.executor << " executor: batch=" << s.batch << " seq_q=" << s.seq_q
             << " seq_k=" << s.seq_k << " heads_q=" << s.heads_q << " heads_kv=" << s.heads_kv << " head_dim=" << s.head_dim
             << " head_dim_v=" << s.head_dim_v << " in " << secs << " s\n";
-  std::cout << "  mean |O| = " << mean_abs << ", rows with no keys: " << empty << " of " << r.lse.size() << "\n";
+  std::cout << "  mean |O| = " << mean_abs << ", rows with no keys: " << empty << " of " << lf.size() << "\n";
   if (!o.out.empty()) std::cout << "  wrote O to " << o.out << "\n";
   if (!o.lse.empty()) std::cout << "  wrote LSE to " << o.lse << "\n";
   return 0;
@@ -144,6 +150,10 @@ void register_run(CLI::App& app, int& rc) {
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
   sub->add_option("--device", o->device, "where to run")->check(CLI::IsMember({"cpu"}))->capture_default_str();
   sub->add_option("--threads", o->threads, "CPU threads (0: all)");
+  sub->add_option("--executor", o->executor, "on the CPU: the float64 reference, or the plan executor (float32, tile by tile)")
+      ->check(CLI::IsMember({"reference", "plan"}))
+      ->capture_default_str();
+  sub->add_option("--tile", o->tile, "tile size for --executor plan")->capture_default_str();
   sub->callback([o, &rc] { rc = guarded([&] { return run_attention(*o); }); });
 }
 

@@ -28,14 +28,11 @@ int run_validate(const ValidateOptions& o) {
   const Shape s = o.shape.shape();
   check_pattern_fits(p, s);
   check_blocks_inside_sequence(p, s.q_offset + s.seq_q, s.k_offset + s.seq_k);
-  std::optional<DynamicLayout> dyn;
-  if (!o.dynamic.empty()) {
-    dyn = load_dynamic_layout(o.dynamic);
-    check_dynamic_layout(p, s, *dyn, o.dynamic);
-  } else if (p.has_dynamic_layout()) {
+  if (p.has_dynamic_layout() && o.dynamic.empty()) {
     std::cout << "statistics: the pattern has a dynamic layout; give --dynamic FILE to count attended pairs\n";
     return 0;
   }
+  const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
   const PatternStats st = pattern_stats(MaskContext{p, s, dyn ? &*dyn : nullptr});
   std::cout << "statistics (seq_q=" << s.seq_q << " seq_k=" << s.seq_k << " heads_q=" << s.heads_q
             << " q_offset=" << s.q_offset << " k_offset=" << s.k_offset << "):\n";

@@ -9,5 +9,6 @@ void register_validate(CLI::App& app, int& rc);
 void register_mask(CLI::App& app, int& rc);
 void register_run(CLI::App& app, int& rc);
 void register_info(CLI::App& app, int& rc);
+void register_dump(CLI::App& app, int& rc);
 
 }  // namespace attnjit::cli

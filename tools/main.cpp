@@ -1,5 +1,6 @@
 // attnjit: the command-line front end. One subcommand per pipeline job.
 #include <CLI/CLI.hpp>
+#include <iostream>
 
 #include "tools/commands.hpp"
 
@@ -11,7 +12,17 @@ int main(int argc, char** argv) {
   attnjit::cli::register_validate(app, rc);
   attnjit::cli::register_mask(app, rc);
   attnjit::cli::register_run(app, rc);
+  attnjit::cli::register_dump(app, rc);
   attnjit::cli::register_info(app, rc);
+  // CLI11 answers a mistyped subcommand with "A subcommand is required"; name it and the choices instead.
+  const CLI::App& defined = app;
+  if (argc > 1 && argv[1][0] != '-' &&
+      defined.get_subcommands([&](const CLI::App* s) { return s->check_name(argv[1]); }).empty()) {
+    std::string names;
+    for (const CLI::App* s : defined.get_subcommands({})) names += (names.empty() ? "" : ", ") + s->get_name();
+    std::cerr << "error: unknown subcommand \"" << argv[1] << "\"; the subcommands are " << names << "\n";
+    return 1;
+  }
   CLI11_PARSE(app, argc, argv);
   return rc;
 }

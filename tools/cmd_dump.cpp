@@ -1,0 +1,49 @@
+// attnjit dump SPEC --stage pattern|plan: the pipeline's values, printed.
+#include <iostream>
+#include <memory>
+
+#include "compiler/error.hpp"
+#include "compiler/pattern_stats.hpp"
+#include "compiler/plan.hpp"
+#include "compiler/spec_json.hpp"
+#include "tools/cli_common.hpp"
+#include "tools/commands.hpp"
+
+namespace attnjit::cli {
+
+namespace {
+struct DumpOptions {
+  std::string spec, stage = "pattern", tile = "64x64", dynamic;
+  ShapeOptions shape;
+  bool full = false;
+};
+
+int run_dump(const DumpOptions& o) {
+  const Pattern p = load_spec_file(o.spec);
+  if (o.stage == "pattern") {
+    std::cout << "; pattern " << pattern_hash(p) << "\n" << canonical_text(p);
+    return 0;
+  }
+  if (!o.shape.has_seq()) throw UserError("--seq", "is required for --stage plan: a plan is made for one shape");
+  const Shape s = o.shape.shape();
+  const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
+  Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), dyn ? &*dyn : nullptr);
+  plan.stats.attended_pairs = pattern_stats(MaskContext{p, s, dyn ? &*dyn : nullptr}).attended_pairs;
+  std::cout << "; pattern " << pattern_hash(p) << "\n" << print_plan(plan, o.full ? -1 : 8);
+  return 0;
+}
+}  // namespace
+
+void register_dump(CLI::App& app, int& rc) {
+  auto o = std::make_shared<DumpOptions>();
+  CLI::App* sub = app.add_subcommand("dump", "print a stage of the pipeline: the canonical pattern or the plan");
+  sub->add_option("spec", o->spec, "pattern spec (JSON)")->required();
+  sub->add_option("--stage", o->stage, "what to print")->check(CLI::IsMember({"pattern", "plan"}))->capture_default_str();
+  o->shape.add_to(sub, true);
+  sub->add_option("--tile", o->tile, "query x key tile size")->capture_default_str();
+  sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
+  sub->add_flag("--full", o->full, "print every work item (default: the first 8)");
+  sub->callback([o, &rc] { rc = guarded([&] { return run_dump(*o); }); });
+}
+
+}  // namespace attnjit::cli
