@@ -4,6 +4,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <unordered_map>
 
 #include "compiler/error.hpp"
 #include "compiler/plan.hpp"
@@ -40,7 +41,7 @@ bool selected(const HeadBranch& hb, int64_t pos) {
 // Rows of a cell that share a branch set: positions first + k*stride, k < count.
 struct RowGroup {
   Prog rows;
-  std::vector<int32_t> branches;  // indices into the head's branch list
+  uint64_t branches;  // bit k: the head's k-th active branch (validation allows at most 64 branches)
 };
 
 std::vector<int64_t> divisors(int64_t n) {
@@ -68,6 +69,7 @@ public:
       active.push_back({static_cast<int32_t>(b), &br, branch_offset(br, h, shape_.heads_q)});
       lcm = std::min<int64_t>(std::lcm(lcm, br.dilation), std::numeric_limits<int32_t>::max());
     }
+    divisors_of_lcm_ = lcm <= kMaxResidues ? divisors(lcm) : std::vector<int64_t>{};
     const int64_t q0 = shape_.q_offset, q1 = shape_.q_offset + shape_.seq_q;
     for (int64_t pos = q0; pos < q1;) {
       // A cell ends at the next segment boundary of any branch: inside it every branch's
@@ -87,9 +89,9 @@ private:
   std::vector<RowGroup> group_rows(const std::vector<HeadBranch>& active, int64_t c0, int64_t c1, int64_t lcm) {
     const int64_t n = c1 - c0;
     auto branch_set = [&](int64_t pos) {
-      std::vector<int32_t> set;
+      uint64_t set = 0;
       for (size_t k = 0; k < active.size(); ++k)
-        if (selected(active[k], pos)) set.push_back(static_cast<int32_t>(k));
+        if (selected(active[k], pos)) set |= uint64_t{1} << k;
       return set;
     };
     auto rows_from = [&](int64_t first, int64_t stride) { return Prog{first, stride, (c1 - 1 - first) / stride + 1}; };
@@ -101,10 +103,10 @@ private:
     }
     // Residue r stands for the rows c0 + r, c0 + r + lcm, ... (those with r < n exist).
     const int64_t present = std::min(n, lcm);
-    std::vector<std::vector<int32_t>> sets(static_cast<size_t>(present));
+    std::vector<uint64_t> sets(static_cast<size_t>(present));
     for (int64_t r = 0; r < present; ++r) sets[static_cast<size_t>(r)] = branch_set(c0 + r);
     std::vector<char> done(static_cast<size_t>(present), 0);
-    for (int64_t d : divisors(lcm)) {
+    for (int64_t d : divisors_of_lcm_) {
       for (int64_t c = 0; c < std::min(d, present); ++c) {
         bool whole = true;
         for (int64_t r = c; r < present && whole; r += d)
@@ -119,36 +121,65 @@ private:
 
   void emit_group(int32_t h, const std::vector<HeadBranch>& active, const RowGroup& g, Plan& plan) {
     const int64_t k0 = shape_.k_offset, k1 = shape_.k_offset + shape_.seq_k;
-    std::vector<std::pair<const HeadBranch*, Prog>> keys;
+    keys_.clear();
     bool per_tile = false;  // do the spans depend on the query tile (causal, window, layout)?
-    for (int32_t k : g.branches) {
+    for (int32_t k = 0; k < static_cast<int32_t>(active.size()); ++k) {
+      if (!(g.branches >> k & 1)) continue;
       const Prog kp = segment_keys(active[static_cast<size_t>(k)], g.rows.first, k0, k1);
       if (kp.count == 0) continue;
-      keys.emplace_back(&active[static_cast<size_t>(k)], kp);
+      keys_.emplace_back(&active[static_cast<size_t>(k)], kp);
       const Branch& b = *active[static_cast<size_t>(k)].branch;
       per_tile |= b.causal || !b.window.unbounded() || b.layout.has_value();
     }
-    int64_t shared_begin = -1, shared_end = -1;
+    SpanTotals totals;
+    int64_t span_begin = -1, span_end = -1;
+    PlanStats& st = plan.stats;
     for (int64_t t = 0; t * tiles_.tile_q < g.rows.count; ++t) {
       WorkItem item;
       item.head = h;
       const Prog q = g.rows.slice(t * tiles_.tile_q, std::min<int64_t>(tiles_.tile_q, g.rows.count - t * tiles_.tile_q));
       item.rows = RowMap{q.first - shape_.q_offset, q.stride, q.count};
-      if (!per_tile && shared_begin >= 0) {
-        item.span_begin = shared_begin;
-        item.span_end = shared_end;
-      } else {
-        item.span_begin = static_cast<int64_t>(plan.spans.size());
-        for (const auto& [hb, kp] : keys) geometry_.add_span(h, hb->index, q, kp, tiles_, shape_, plan);
-        item.span_end = static_cast<int64_t>(plan.spans.size());
-        shared_begin = item.span_begin;
-        shared_end = item.span_end;
+      // Query tiles of a group share their spans unless a mask makes them depend on the rows.
+      if (per_tile || span_begin < 0) {
+        span_begin = static_cast<int64_t>(plan.spans.size());
+        for (const auto& [hb, kp] : keys_) geometry_.add_span(h, hb->index, q, kp, tiles_, shape_, plan);
+        span_end = static_cast<int64_t>(plan.spans.size());
+        totals = span_totals(plan, span_begin, span_end);
       }
-      for (int64_t s = item.span_begin; s < item.span_end; ++s) {
-        item.cost += span_tile_count(plan, plan.spans[static_cast<size_t>(s)]) * int64_t{tiles_.tile_q} * tiles_.tile_k;
-      }
+      item.span_begin = span_begin;
+      item.span_end = span_end;
+      item.cost = totals.visited * tiles_.tile_q * tiles_.tile_k;
+      st.full_tiles += totals.full;
+      st.partial_tiles += totals.visited - totals.full;
+      st.computed_pairs += item.cost;
+      st.computed_real_pairs += q.count * totals.keys;
+      st.empty_items += span_begin == span_end;
       plan.items.push_back(item);
     }
+  }
+
+  // Visited tiles, full tiles and keys in visited tiles over a range of spans.
+  struct SpanTotals {
+    int64_t visited = 0, full = 0, keys = 0;
+  };
+  SpanTotals span_totals(const Plan& plan, int64_t begin, int64_t end) const {
+    SpanTotals t;
+    const int64_t tk = tiles_.tile_k;
+    for (int64_t s = begin; s < end; ++s) {
+      const KeySpan& span = plan.spans[static_cast<size_t>(s)];
+      t.visited += span_tile_count(plan, span);
+      if (span.listed()) {
+        for (int64_t e = span.entry_begin; e < span.entry_end; ++e) {
+          const TileEntry& te = plan.tile_entries[static_cast<size_t>(e)];
+          t.full += te.full;
+          t.keys += tile_keys(span, te.tile, tiles_.tile_k).count;
+        }
+      } else {
+        t.full += std::max(0, std::min(span.full_end, span.tile_end) - std::max(span.full_begin, span.tile_begin));
+        t.keys += std::min<int64_t>(int64_t{span.tile_end} * tk, span.keys.count) - int64_t{span.tile_begin} * tk;
+      }
+    }
+    return t;
   }
 
   const Pattern& pattern_;
@@ -156,7 +187,28 @@ private:
   const TileConfig& tiles_;
   const DynamicLayout* dynamic_;
   SpanGeometry geometry_;
+  std::vector<int64_t> divisors_of_lcm_;
+  std::vector<std::pair<const HeadBranch*, Prog>> keys_;  // reused across groups
 };
+
+// Heaviest first, so the last wave of a launch is short; equal costs keep (head, row) order.
+// Costs take few distinct values, so a stable bucket placement beats a comparison sort.
+void schedule_heavy_first(std::vector<WorkItem>& items) {
+  std::unordered_map<int64_t, int64_t> count;
+  for (const WorkItem& it : items) ++count[it.cost];
+  std::vector<int64_t> costs;
+  for (const auto& [c, n] : count) costs.push_back(c);
+  std::sort(costs.begin(), costs.end(), std::greater<>());
+  std::unordered_map<int64_t, int64_t> next;
+  int64_t at = 0;
+  for (int64_t c : costs) {
+    next[c] = at;
+    at += count[c];
+  }
+  std::vector<WorkItem> sorted(items.size());
+  for (const WorkItem& it : items) sorted[static_cast<size_t>(next[it.cost]++)] = it;
+  items.swap(sorted);
+}
 
 }  // namespace
 
@@ -180,10 +232,16 @@ Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, co
                                   double(s.batch) * s.seq_k * s.heads_kv * std::max(s.head_dim, s.head_dim_v)});
   plan.wide_index = widest > double(std::numeric_limits<int32_t>::max());
   PlanBuilder builder(p, s, tiles, dynamic);
+  plan.items.reserve(static_cast<size_t>(s.heads_q * (s.seq_q / tiles.tile_q + 16) * 2));
+  plan.spans.reserve(plan.items.capacity());
   for (int32_t h = 0; h < s.heads_q; ++h) builder.lower_head(h, plan);
-  // Heaviest first, so the last wave of a launch is short; ties keep (head, row) order.
-  std::stable_sort(plan.items.begin(), plan.items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
-  fill_structural_stats(plan);
+  schedule_heavy_first(plan.items);
+  PlanStats& st = plan.stats;
+  st.work_items = static_cast<int64_t>(plan.items.size());
+  st.spans = static_cast<int64_t>(plan.spans.size());
+  st.tile_entries = static_cast<int64_t>(plan.tile_entries.size());
+  st.table_bytes = static_cast<int64_t>(plan.items.size() * sizeof(WorkItem) + plan.spans.size() * sizeof(KeySpan) +
+                                        plan.tile_entries.size() * sizeof(TileEntry));
   return plan;
 }
 

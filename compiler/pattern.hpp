@@ -16,6 +16,7 @@ namespace attnjit {
 
 constexpr int kSpecVersion = 1;
 constexpr int64_t kDefaultBlock = 128;
+constexpr size_t kMaxBranches = 64;  // branch sets are 64-bit masks in the lowering
 
 enum class Combine { Softmax, HeadGroups };
 enum class GroupScale { Mean, None };

@@ -159,6 +159,10 @@ Branch resolve_branch(UnresolvedBranch& ub, const UnresolvedPattern& u, size_t i
 
 Pattern resolve_and_validate(UnresolvedPattern u) {
   if (u.branches.empty()) throw UserError("/branches", "needs at least one branch, e.g. [{\"segment\": \"full\"}]");
+  if (u.branches.size() > kMaxBranches) {
+    throw UserError("/branches", "has " + std::to_string(u.branches.size()) + " branches; at most " +
+                                     std::to_string(kMaxBranches) + " are supported");
+  }
   if (u.scale && !(std::isfinite(*u.scale) && *u.scale > 0.0)) {
     throw UserError("/scale", "must be a positive finite number, got " + num(*u.scale) +
                                   "; leave it out for 1/sqrt(head_dim)");

@@ -132,37 +132,4 @@ void SpanGeometry::add_span(int32_t head, int32_t branch, const Prog& q, const P
   if (span.entry_end > span.entry_begin) plan.spans.push_back(span);
 }
 
-void fill_structural_stats(Plan& plan) {
-  PlanStats& st = plan.stats;
-  st = PlanStats{};
-  const int64_t tq = plan.tiles.tile_q, tk = plan.tiles.tile_k;
-  for (const WorkItem& item : plan.items) {
-    ++st.work_items;
-    st.empty_items += item.span_begin == item.span_end;
-    for (int64_t s = item.span_begin; s < item.span_end; ++s) {
-      const KeySpan& span = plan.spans[static_cast<size_t>(s)];
-      const int64_t visited = span_tile_count(plan, span);
-      int64_t full = 0, keys = 0;
-      if (span.listed()) {
-        for (int64_t e = span.entry_begin; e < span.entry_end; ++e) {
-          const TileEntry& te = plan.tile_entries[static_cast<size_t>(e)];
-          full += te.full;
-          keys += tile_keys(span, te.tile, plan.tiles.tile_k).count;
-        }
-      } else {
-        full = std::max(0, std::min(span.full_end, span.tile_end) - std::max(span.full_begin, span.tile_begin));
-        keys = std::min<int64_t>(int64_t{span.tile_end} * tk, span.keys.count) - int64_t{span.tile_begin} * tk;
-      }
-      st.full_tiles += full;
-      st.partial_tiles += visited - full;
-      st.computed_pairs += visited * tq * tk;
-      st.computed_real_pairs += item.rows.count * keys;
-    }
-  }
-  st.spans = static_cast<int64_t>(plan.spans.size());
-  st.tile_entries = static_cast<int64_t>(plan.tile_entries.size());
-  st.table_bytes = static_cast<int64_t>(plan.items.size() * sizeof(WorkItem) + plan.spans.size() * sizeof(KeySpan) +
-                                        plan.tile_entries.size() * sizeof(TileEntry));
-}
-
 }  // namespace attnjit

@@ -48,7 +48,4 @@ private:
   const DynamicLayout* dynamic_;
 };
 
-// Counts items, spans, tiles and computed pairs (attended pairs need the mask: plan_stats.cpp).
-void fill_structural_stats(Plan& plan);
-
 }  // namespace attnjit

@@ -60,7 +60,9 @@ const char* type_name(const json& j) {
 }
 
 [[noreturn]] void wrong_type(const json& j, const std::string& path, const std::string& expected) {
-  throw UserError(path, "expected " + expected + ", got " + type_name(j) + " (" + j.dump() + ")");
+  std::string value = j.dump();  // safe: parse_text() bounds the nesting depth
+  if (value.size() > 80) value = value.substr(0, 77) + "...";
+  throw UserError(path, "expected " + expected + ", got " + type_name(j) + " (" + value + ")");
 }
 
 // Rejects fields outside `allowed`, naming the nearest valid one (typos are the usual cause).
@@ -230,12 +232,20 @@ UnresolvedBranch parse_branch(const json& j, const std::string& path) {
 
 // Rejects a field given twice in one object: nlohmann keeps the last one silently, which hides
 // copy-paste and merge mistakes. Tracks the JSON pointer of the current value for the message.
+// Also bounds the nesting depth: dump(), the layout parser and the printers recurse, and a
+// pathological spec ([[[[...]]]] 100000 deep) would otherwise overflow the stack.
 class DuplicateKeyCheck {
 public:
-  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
+  static constexpr int kMaxDepth = 200;
+
+  bool operator()(int depth, json::parse_event_t event, json& parsed) {
     using E = json::parse_event_t;
     if (event == E::object_start || event == E::array_start || event == E::value) {
       if (!stack_.empty() && !stack_.back().object) ++stack_.back().index;
+    }
+    if (depth > kMaxDepth) {
+      throw UserError(pointer(), "nests deeper than " + std::to_string(kMaxDepth) +
+                                     " levels; no spec needs that, check how it was generated");
     }
     if (event == E::object_start || event == E::array_start) stack_.push_back(Frame{event == E::object_start, {}, {}, 0});
     if (event == E::object_end || event == E::array_end) stack_.pop_back();
