@@ -76,15 +76,17 @@ DynamicLayout load_dynamic_layout(const std::string& path) {
     }
   }
   // nlohmann's get<> would truncate 2.5 to 2 and wrap 2^32 to 0: check each number first.
+  // Only scalars are printed: dump() of a deeply nested value would recurse without bound.
+  auto shown = [](const nlohmann::json& v) { return v.is_primitive() ? v.dump() : std::string("an ") + v.type_name(); };
   auto integers = [&](const char* key, int64_t max) {
     const nlohmann::json& a = j[key];
-    if (!a.is_array()) throw UserError(path + ": /" + key, "expected an array of integers, got " + a.dump());
+    if (!a.is_array()) throw UserError(path + ": /" + key, "expected an array of integers, got " + shown(a));
     std::vector<int64_t> out;
     for (size_t n = 0; n < a.size(); ++n) {
       // Non-negative integers are stored unsigned by nlohmann.
       if (!a[n].is_number_unsigned() || a[n].get<uint64_t>() > static_cast<uint64_t>(max)) {
         throw UserError(path + ": /" + key + "/" + std::to_string(n),
-                        "expected an integer in [0, " + std::to_string(max) + "], got " + a[n].dump());
+                        "expected an integer in [0, " + std::to_string(max) + "], got " + shown(a[n]));
       }
       out.push_back(a[n].get<int64_t>());
     }
@@ -92,7 +94,7 @@ DynamicLayout load_dynamic_layout(const std::string& path) {
   };
   DynamicLayout d;
   if (j.contains("heads")) {
-    if (!j["heads"].is_number_integer()) throw UserError(path + ": /heads", "expected an integer, got " + j["heads"].dump());
+    if (!j["heads"].is_number_integer()) throw UserError(path + ": /heads", "expected an integer, got " + shown(j["heads"]));
     d.heads = j["heads"].get<int64_t>();
   }
   d.row_offsets = integers("row_offsets", INT64_MAX);
