@@ -1,0 +1,139 @@
+// Rendering kernels from templates: the instantiation header, the mask predicate, the entry point.
+#include "compiler/codegen.hpp"
+
+#include <cmath>
+#include <sstream>
+
+#include "compiler/error.hpp"
+#include "compiler/sha256.hpp"
+
+namespace attnjit {
+
+const char* to_string(DType d) { return d == DType::F32 ? "fp32" : d == DType::F16 ? "fp16" : "bf16"; }
+int dtype_bytes(DType d) { return d == DType::F32 ? 4 : 2; }
+const char* to_string(KernelPath p) { return p == KernelPath::Simt ? "simt" : "sm80"; }
+
+DType parse_dtype(const std::string& s) {
+  if (s == "fp32" || s == "float32" || s == "f32") return DType::F32;
+  if (s == "fp16" || s == "float16" || s == "f16" || s == "half") return DType::F16;
+  if (s == "bf16" || s == "bfloat16") return DType::BF16;
+  throw UserError("--dtype " + s, "unknown dtype; use fp32, fp16 or bf16");
+}
+
+namespace {
+
+// Shared memory a block may use on each arch (bytes, with the opt-in above 48 KB where it exists).
+int shared_limit(int arch) {
+  if (arch >= 90) return 227 * 1024;
+  if (arch == 80 || arch == 87) return 163 * 1024;
+  if (arch >= 86) return 99 * 1024;
+  if (arch == 75) return 64 * 1024;
+  return 48 * 1024;
+}
+
+std::string arch_name(int arch) { return "sm_" + std::to_string(arch); }
+
+int smem_bytes(KernelPath path, const KernelRequest& r, const KernelConfig& c) {
+  if (path == KernelPath::Simt) return 0;  // static shared memory, checked by its own limit
+  const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
+  return 2 * (c.tile_q * dp + c.stages * c.tile_k * (dp + dvp));
+}
+
+void require(bool ok, const std::string& where, const std::string& message) {
+  if (!ok) throw UserError(where, message);
+}
+
+}  // namespace
+
+KernelPath choose_path(const KernelRequest& r) {
+  require(r.arch >= 60, "--arch " + arch_name(r.arch), "attnjit needs sm_60 or newer");
+  require(r.head_dim >= 1 && r.head_dim_v >= 1, "--head-dim", "head dims must be positive");
+  if (r.dtype == DType::BF16) {
+    require(r.arch >= 80, "--dtype bf16", "bfloat16 needs sm_80 or newer; use fp16 or fp32 on " + arch_name(r.arch));
+  }
+  if (r.dtype != DType::F32 && r.arch >= 80) {
+    require(r.head_dim % 16 == 0 && r.head_dim_v % 16 == 0 && r.head_dim <= 256 && r.head_dim_v <= 256, "--head-dim",
+            "the tensor-core path needs head dims that are multiples of 16 up to 256 (got " +
+                std::to_string(r.head_dim) + " and " + std::to_string(r.head_dim_v) + "); pad the head dim");
+    return KernelPath::Sm80;
+  }
+  require(r.head_dim % 4 == 0 && r.head_dim_v % 4 == 0 && r.head_dim <= 256 && r.head_dim_v <= 256, "--head-dim",
+          "the SIMT path needs head dims that are multiples of 4 up to 256 (got " + std::to_string(r.head_dim) +
+              " and " + std::to_string(r.head_dim_v) + ")");
+  return KernelPath::Simt;
+}
+
+KernelConfig resolve_config(const KernelRequest& r) {
+  const KernelPath path = choose_path(r);
+  KernelConfig c = r.config;
+  if (path == KernelPath::Sm80) {
+    if (!c.tile_q) c.tile_q = 64;
+    if (!c.tile_k) c.tile_k = std::max(r.head_dim, r.head_dim_v) > 128 ? 32 : 64;
+    if (!c.stages) c.stages = 2;
+    require(c.tile_q % 16 == 0 && c.tile_q >= 16 && c.tile_q <= 128, "tile_q",
+            "the tensor-core path needs tile_q in {16, 32, ..., 128} (16 rows per warp), got " + std::to_string(c.tile_q));
+    require(c.tile_k % 16 == 0 && c.tile_k >= 16 && c.tile_k <= 128, "tile_k",
+            "the tensor-core path needs tile_k in {16, 32, ..., 128}, got " + std::to_string(c.tile_k));
+    require(c.stages >= 2 && c.stages <= 4, "stages", "cp.async pipelines have 2 to 4 stages, got " + std::to_string(c.stages));
+    const int bytes = smem_bytes(path, r, c);
+    require(bytes <= shared_limit(r.arch), "config",
+            "tile " + std::to_string(c.tile_q) + "x" + std::to_string(c.tile_k) + " with " + std::to_string(c.stages) +
+                " stages needs " + std::to_string(bytes) + " bytes of shared memory, over " + arch_name(r.arch) +
+                "'s " + std::to_string(shared_limit(r.arch)) + "; use smaller tiles or fewer stages");
+  } else {
+    if (!c.tile_q) c.tile_q = 32;
+    if (!c.tile_k) {
+      c.tile_k = 32;
+      while (c.tile_k > 1 && c.tile_k * (r.head_dim + r.head_dim_v) * 4 > 48 * 1024) c.tile_k /= 2;
+    }
+    c.stages = 1;
+    require(c.tile_q >= 8 && c.tile_q <= 64 && c.tile_q % 8 == 0, "tile_q",
+            "the SIMT path needs tile_q in {8, 16, ..., 64}, got " + std::to_string(c.tile_q));
+    require(c.tile_k >= 1 && c.tile_k <= 64, "tile_k", "the SIMT path needs tile_k in [1, 64], got " + std::to_string(c.tile_k));
+    require(c.tile_k * (r.head_dim + r.head_dim_v) * 4 <= 48 * 1024, "tile_k",
+            "K and V tiles of " + std::to_string(c.tile_k) + " keys exceed 48 KB of static shared memory; use a smaller tile_k");
+  }
+  return c;
+}
+
+KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const TemplateSet& templates) {
+  KernelSource k;
+  k.path = choose_path(r);
+  k.config = resolve_config(r);
+  k.arch = arch_name(r.arch);
+  k.threads = k.path == KernelPath::Sm80 ? k.config.tile_q * 2 : k.config.tile_q * 4;
+  k.shared_bytes = smem_bytes(k.path, r, k.config);
+  k.template_hash = templates.hash();
+  const std::string predicate = generate_mask_predicate(p);
+  k.has_mask = predicate.find("return true;") == std::string::npos;
+
+  std::ostringstream os;
+  os << "// attnjit generated kernel: path=" << to_string(k.path) << " arch=" << k.arch << " dtype=" << to_string(r.dtype)
+     << " head_dim=" << r.head_dim << " head_dim_v=" << r.head_dim_v << " tile=" << k.config.tile_q << "x"
+     << k.config.tile_k << " stages=" << k.config.stages << "\n";
+  os << "// Sequence lengths, strides, offsets and the plan tables are kernel arguments (AjParams).\n";
+  os << "#define AJ_HEAD_DIM " << r.head_dim << "\n#define AJ_HEAD_DIM_V " << r.head_dim_v << "\n";
+  os << "#define AJ_TILE_Q " << k.config.tile_q << "\n#define AJ_TILE_K " << k.config.tile_k << "\n";
+  os << "#define AJ_STAGES " << k.config.stages << "\n";
+  os << "#define AJ_DTYPE " << (r.dtype == DType::F32 ? 0 : r.dtype == DType::F16 ? 1 : 2) << "\n";
+  os << "#define AJ_ARCH " << r.arch << "\n";
+  auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
+  include("common.cuh");
+  include("mask_lib.cuh");
+  os << "\n// ---- generated: mask predicate of partial tiles\n" << predicate;
+  const std::string body = k.path == KernelPath::Sm80 ? "fwd_sm80.cuh" : "fwd_simt.cuh";
+  include(body);
+  os << "\n// ---- generated: entry point\n";
+  // Minimum one block per SM: lets ptxas use every register it needs rather than spill.
+  os << "extern \"C\" __global__ void __launch_bounds__(" << k.threads << ", 1) AJ_KERNEL_NAME(const AjParams p) {\n  "
+     << (k.path == KernelPath::Sm80 ? "aj_fwd_sm80(p);" : "aj_fwd_simt(p);") << "\n}\n";
+  std::string source = os.str();
+  // The name is the source's own hash, so equal sources share a name and different ones never do.
+  k.name = "attnjit_fwd_" + sha256_hex(source).substr(0, 12);
+  const std::string placeholder = "AJ_KERNEL_NAME";
+  source.replace(source.rfind(placeholder), placeholder.size(), k.name);
+  k.source = std::move(source);
+  return k;
+}
+
+}  // namespace attnjit

@@ -1,0 +1,61 @@
+// Code generation: a Pattern's masks plus a kernel configuration -> CUDA source, rendered from the
+// embedded templates. What varies per call (lengths, pointers, strides, offsets, the plan tables)
+// is a kernel argument; what is fixed here (head dims, dtype, tiles, stages, arch, the mask
+// predicates) is a compile-time constant. A new sequence length never recompiles.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "compiler/pattern.hpp"
+#include "compiler/templates.hpp"
+
+namespace attnjit {
+
+enum class DType { F32, F16, BF16 };
+const char* to_string(DType d);
+DType parse_dtype(const std::string& s);  // "fp32|float32|f32", "fp16|float16|f16", "bf16|bfloat16"; UserError otherwise
+int dtype_bytes(DType d);
+
+enum class KernelPath { Simt, Sm80 };  // an sm_90a path (wgmma + TMA) slots in beside Sm80
+const char* to_string(KernelPath p);
+
+struct KernelConfig {
+  int tile_q = 0, tile_k = 0, stages = 0;  // 0: the default for the path and head dim
+  bool operator==(const KernelConfig&) const = default;
+};
+
+struct KernelRequest {
+  int head_dim = 128, head_dim_v = 128;
+  DType dtype = DType::BF16;
+  int arch = 80;  // compute capability as 10 * major + minor
+  KernelConfig config;
+};
+
+struct KernelSource {
+  std::string name;           // attnjit_fwd_<12 hex of the source>
+  std::string source;         // complete, self-contained CUDA text
+  std::string arch;           // "sm_80"
+  KernelPath path = KernelPath::Simt;
+  KernelConfig config;        // resolved (no zeros)
+  int threads = 0;            // block size
+  int shared_bytes = 0;       // dynamic shared memory the launch needs
+  bool has_mask = false;      // some branch has a causal, window or layout predicate
+  std::string template_hash;  // of the templates it was rendered from
+};
+
+// The path a request takes: tensor cores for fp16/bf16 on sm_80+, SIMT otherwise. Rejects what no
+// path supports (head dims that are not multiples of 16 on the tensor path, bf16 before sm_80,
+// archs below sm_60) with a UserError naming the fix.
+KernelPath choose_path(const KernelRequest& r);
+KernelConfig resolve_config(const KernelRequest& r);
+
+// Renders the kernel. Deterministic: the same pattern masks, request and templates give the same
+// bytes (and so the same name and cache key).
+KernelSource generate_kernel(const Pattern& p, const KernelRequest& r,
+                             const TemplateSet& templates = TemplateSet::embedded());
+
+// The mask predicate alone (the generated part between the templates), for tests and dumps.
+std::string generate_mask_predicate(const Pattern& p);
+
+}  // namespace attnjit

@@ -1,0 +1,44 @@
+// Every environment variable attnjit reads, in one place (Triton's knobs.py). Code elsewhere asks
+// knobs() and never calls getenv itself, so `attnjit info` can show the whole configuration.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace attnjit {
+
+enum class LogLevel { Error = 0, Warn = 1, Info = 2, Debug = 3 };
+
+struct Knobs {
+  // ATTNJIT_CACHE_DIR; default $XDG_CACHE_HOME/attnjit, else $HOME/.cache/attnjit, else /tmp/attnjit-cache.
+  std::string cache_dir;
+  bool disable_cache = false;           // ATTNJIT_DISABLE_CACHE=1: no disk cache (memory only)
+  bool always_compile = false;          // ATTNJIT_ALWAYS_COMPILE=1: ignore cache hits, recompile and overwrite
+  bool no_jit = false;                  // ATTNJIT_NO_JIT=1: a cache miss is an error listing the missing kernels
+  std::string dump_dir;                 // ATTNJIT_DUMP_DIR: every compiled kernel's source, options and log go there
+  LogLevel log_level = LogLevel::Warn;  // ATTNJIT_LOG_LEVEL=error|warn|info|debug
+  int64_t cache_max_bytes = int64_t{1} << 30;  // ATTNJIT_CACHE_MAX_BYTES: LRU eviction above it
+  bool print_autotuning = false;        // ATTNJIT_PRINT_AUTOTUNING=1
+  bool tune = false;                    // ATTNJIT_TUNE=1: tune on a tuning-database miss
+
+  // Reads the environment now. Booleans take 1/0/true/false/yes/no/on/off (any case); a variable
+  // that is set but empty counts as unset. A malformed value, or a contradictory combination
+  // (ATTNJIT_NO_JIT=1 with ATTNJIT_ALWAYS_COMPILE=1 or ATTNJIT_DISABLE_CACHE=1), is a UserError
+  // whose where() is the variable's name and whose message lists the valid values.
+  static Knobs from_environment();
+
+  // One "NAME=value" line per knob, in a fixed order, for `attnjit info`.
+  std::string describe() const;
+};
+
+// The process-wide knobs, read from the environment on first use (a thread-safe static). If the
+// environment is malformed, every call throws the UserError again.
+const Knobs& knobs();
+
+// Writes "attnjit: warning: <message>" (error/info/debug likewise) to stderr as one line when
+// level <= knobs().log_level. Never throws: with a malformed environment it logs at the default level.
+void log(LogLevel level, const std::string& message);
+
+const char* log_level_name(LogLevel level);  // "error", "warn", "info", "debug"
+
+}  // namespace attnjit

@@ -1,0 +1,173 @@
+// attnjit kernel templates: shared pieces. Self-contained (no includes), so NVRTC needs no
+// include path and the source of a kernel is exactly what `attnjit dump --stage cuda` prints.
+//
+// The generated instantiation defines, before this file:
+//   AJ_HEAD_DIM, AJ_HEAD_DIM_V   head dims of q/k and of v
+//   AJ_TILE_Q, AJ_TILE_K         query rows and keys per tile
+//   AJ_STAGES                    cp.async pipeline depth (sm_80 path)
+//   AJ_DTYPE                     0 = float32, 1 = float16, 2 = bfloat16 (storage of q, k, v, o)
+//   AJ_ARCH                      e.g. 80 for sm_80
+// and, after it, aj_branch_allows() (the mask predicate of partial tiles).
+
+typedef unsigned short aj_u16;
+typedef unsigned int aj_u32;
+typedef unsigned long long aj_u64;
+typedef long long aj_i64;
+
+// ---- the plan tables, as packed by compiler/device_plan.cpp (layouts must match) ----------
+
+struct AjItem {         // one query tile of one head
+  aj_i64 rows_start;    // local query rows start + k * rows_stride, k < rows_count
+  aj_i64 rows_stride;
+  int rows_count;
+  int head;
+  int span_begin;       // key spans [span_begin, span_end) in AjParams::spans
+  int span_end;
+};
+
+struct AjSpan {         // the keys one branch offers the item, cut into tiles of AJ_TILE_K
+  aj_i64 keys_start;
+  aj_i64 keys_stride;
+  int keys_count;
+  int branch;
+  int tile_begin, tile_end;    // range form: visited tiles
+  int full_begin, full_end;    // range form: tiles needing no mask
+  int entry_begin, entry_end;  // list form when entry_begin >= 0: entries[e] = tile << 1 | full
+};
+
+struct AjParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // may be null
+  aj_i64 q_batch_stride, q_row_stride, q_head_stride;  // in elements
+  aj_i64 k_batch_stride, k_row_stride, k_head_stride;
+  aj_i64 v_batch_stride, v_row_stride, v_head_stride;
+  aj_i64 o_batch_stride, o_row_stride, o_head_stride;
+  aj_i64 lse_batch_stride, lse_head_stride;  // lse[b, h, i] at b*batch + h*head + i
+  aj_i64 q_offset, k_offset;                 // global positions of row 0
+  int heads_per_kv;                          // heads_q / heads_kv
+  int num_items;
+  float scale_log2;                          // softmax scale * log2(e): scores live in the exp2 domain
+  float output_scale;                        // 1, or 1 / groups under head_groups "mean"
+  const AjItem* items;
+  const AjSpan* spans;
+  const int* entries;
+  const aj_i64* dyn_row_offsets;             // dynamic layout CSR (null when the pattern has none)
+  const int* dyn_cols;
+  aj_i64 dyn_q_blocks;
+  int dyn_heads;
+};
+
+// ---- walking a work item's key tiles in order ----------------------------------------------
+
+struct AjTile {
+  aj_i64 first;   // local key row of the tile's first key
+  aj_i64 stride;  // key rows between consecutive keys (the dilation)
+  int count;      // keys in the tile (<= AJ_TILE_K)
+  int branch;
+  bool full;      // every pair attended: no mask
+};
+
+// A cursor over (span, visited tile) pairs. Every thread of a block walks the same sequence.
+struct AjTileCursor {
+  const AjParams* p;
+  int span, span_end, visit;
+
+  __device__ void begin(const AjParams& params, const AjItem& item) {
+    p = &params;
+    span = item.span_begin;
+    span_end = item.span_end;
+    visit = 0;
+    skip_empty();
+  }
+  __device__ bool done() const { return span >= span_end; }
+  __device__ int visits(const AjSpan& s) const {
+    return s.entry_begin >= 0 ? s.entry_end - s.entry_begin : s.tile_end - s.tile_begin;
+  }
+  __device__ void skip_empty() {
+    while (span < span_end && visit >= visits(p->spans[span])) {
+      ++span;
+      visit = 0;
+    }
+  }
+  __device__ AjTile tile() const {
+    const AjSpan& s = p->spans[span];
+    int t;
+    bool full;
+    if (s.entry_begin >= 0) {
+      const int e = p->entries[s.entry_begin + visit];
+      t = e >> 1;
+      full = (e & 1) != 0;
+    } else {
+      t = s.tile_begin + visit;
+      full = t >= s.full_begin && t < s.full_end;
+    }
+    AjTile out;
+    const aj_i64 from = (aj_i64)t * AJ_TILE_K;
+    out.first = s.keys_start + from * s.keys_stride;
+    out.stride = s.keys_stride;
+    const aj_i64 left = s.keys_count - from;
+    out.count = left < AJ_TILE_K ? (int)left : AJ_TILE_K;
+    out.branch = s.branch;
+    out.full = full;
+    return out;
+  }
+  __device__ void next() {
+    ++visit;
+    skip_empty();
+  }
+};
+
+// ---- conversions between storage types and float, without cuda_fp16.h --------------------
+
+__device__ __forceinline__ float aj_half_to_float(aj_u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ aj_u16 aj_float_to_half(float f) {
+  aj_u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float aj_bf16_to_float(aj_u16 h) { return __uint_as_float(((aj_u32)h) << 16); }
+__device__ __forceinline__ aj_u16 aj_float_to_bf16(float f) {
+  // Round to nearest even; NaN stays NaN.
+  aj_u32 u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (aj_u16)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (aj_u16)(u >> 16);
+}
+
+#if AJ_DTYPE == 0
+typedef float aj_elem;
+__device__ __forceinline__ float aj_load(const aj_elem* p) { return *p; }
+__device__ __forceinline__ void aj_store(aj_elem* p, float v) { *p = v; }
+#else
+typedef aj_u16 aj_elem;
+__device__ __forceinline__ float aj_load(const aj_elem* p) {
+#if AJ_DTYPE == 1
+  return aj_half_to_float(*p);
+#else
+  return aj_bf16_to_float(*p);
+#endif
+}
+__device__ __forceinline__ void aj_store(aj_elem* p, float v) {
+#if AJ_DTYPE == 1
+  *p = aj_float_to_half(v);
+#else
+  *p = aj_float_to_bf16(v);
+#endif
+}
+#endif
+
+__device__ __forceinline__ float aj_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+#define AJ_NEG_INF (__int_as_float(0xff800000))
+#define AJ_LN2 0.6931471805599453f

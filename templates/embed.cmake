@@ -1,0 +1,15 @@
+# Embeds the CUDA templates into the library: writes a C++ file that holds each template's text.
+# Invoked by CMake with -DOUT=<file> -DSRC_DIR=<templates dir> -DFILES=<name,name,...>.
+string(REPLACE "," ";" FILES "${FILES}")
+set(body "// Generated from templates/ by templates/embed.cmake. Do not edit.\n#include \"compiler/templates.hpp\"\n\nnamespace attnjit {\n\nconst std::vector<TemplateFile>& embedded_template_files() {\n  static const std::vector<TemplateFile> files = {\n")
+foreach(name ${FILES})
+  file(READ "${SRC_DIR}/${name}" text)
+  string(FIND "${text}" ")ajtmpl\"" clash)
+  if(NOT clash EQUAL -1)
+    message(FATAL_ERROR "templates/${name} contains the raw-string delimiter )ajtmpl\"")
+  endif()
+  string(APPEND body "      {\"${name}\", R\"ajtmpl(${text})ajtmpl\"},\n")
+endforeach()
+string(APPEND body "  };\n  return files;\n}\n\n}  // namespace attnjit\n")
+file(WRITE "${OUT}.tmp" "${body}")
+execute_process(COMMAND ${CMAKE_COMMAND} -E copy_if_different "${OUT}.tmp" "${OUT}")

@@ -1,0 +1,96 @@
+// The SIMT forward kernel (sm_60 and newer; the fp32 path everywhere): four threads per query row,
+// each owning every fourth head dimension, float32 arithmetic, online softmax per key tile.
+
+#define AJ_SIMT_LANES 4
+#define AJ_SIMT_THREADS (AJ_TILE_Q * AJ_SIMT_LANES)
+#define AJ_QD (AJ_HEAD_DIM / AJ_SIMT_LANES)
+#define AJ_VD (AJ_HEAD_DIM_V / AJ_SIMT_LANES)
+
+// K and V tiles, converted to float on load (every query row of the block reads every key).
+struct AjSimtShared {
+  float k[AJ_TILE_K][AJ_HEAD_DIM];
+  float v[AJ_TILE_K][AJ_HEAD_DIM_V];
+};
+
+__device__ __forceinline__ void aj_simt_load_tile(const AjParams& p, AjSimtShared& sh, const AjTile& t, aj_i64 b,
+                                                  int kvh) {
+  const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
+  const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
+  for (int x = threadIdx.x; x < AJ_TILE_K * AJ_HEAD_DIM; x += AJ_SIMT_THREADS) {
+    const int r = x / AJ_HEAD_DIM, d = x % AJ_HEAD_DIM;
+    sh.k[r][d] = r < t.count ? aj_load(kb + (t.first + r * t.stride) * p.k_row_stride + d) : 0.0f;
+  }
+  for (int x = threadIdx.x; x < AJ_TILE_K * AJ_HEAD_DIM_V; x += AJ_SIMT_THREADS) {
+    const int r = x / AJ_HEAD_DIM_V, d = x % AJ_HEAD_DIM_V;
+    sh.v[r][d] = r < t.count ? aj_load(vb + (t.first + r * t.stride) * p.v_row_stride + d) : 0.0f;
+  }
+}
+
+__device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
+  __shared__ AjSimtShared sh;
+  const AjItem item = p.items[blockIdx.x];
+  const aj_i64 b = blockIdx.y;
+  const int row = threadIdx.x / AJ_SIMT_LANES, lane = threadIdx.x % AJ_SIMT_LANES;
+  const bool live = row < item.rows_count;
+  const aj_i64 i = item.rows_start + (aj_i64)(live ? row : 0) * item.rows_stride;
+  const aj_i64 qpos = p.q_offset + i;
+  const int kvh = item.head / p.heads_per_kv;
+
+  float q[AJ_QD];
+  const aj_elem* qrow = (const aj_elem*)p.q + b * p.q_batch_stride + i * p.q_row_stride + item.head * p.q_head_stride;
+#pragma unroll
+  for (int x = 0; x < AJ_QD; ++x) q[x] = live ? aj_load(qrow + lane + AJ_SIMT_LANES * x) : 0.0f;
+
+  float acc[AJ_VD];
+#pragma unroll
+  for (int x = 0; x < AJ_VD; ++x) acc[x] = 0.0f;
+  float m = AJ_NEG_INF, l = 0.0f;
+
+  AjTileCursor cursor;
+  cursor.begin(p, item);
+  for (; !cursor.done(); cursor.next()) {
+    const AjTile t = cursor.tile();
+    __syncthreads();  // the previous tile is no longer read
+    aj_simt_load_tile(p, sh, t, b, kvh);
+    __syncthreads();
+
+    // Scores of this row against the tile, in the exp2 domain; masked keys are -inf.
+    float s[AJ_TILE_K];
+    float tile_max = AJ_NEG_INF;
+#pragma unroll
+    for (int c = 0; c < AJ_TILE_K; ++c) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int x = 0; x < AJ_QD; ++x) dot += q[x] * sh.k[c][lane + AJ_SIMT_LANES * x];
+      dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+      dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+      bool ok = live && c < t.count;
+      if (ok && !t.full) ok = aj_branch_allows(p, t.branch, item.head, qpos, p.k_offset + t.first + c * t.stride);
+      s[c] = ok ? dot * p.scale_log2 : AJ_NEG_INF;
+      tile_max = fmaxf(tile_max, s[c]);
+    }
+    const float m_new = fmaxf(m, tile_max);
+    if (m_new == AJ_NEG_INF) continue;  // nothing attended yet in this row
+    const float rescale = aj_exp2(m - m_new);
+    l *= rescale;
+#pragma unroll
+    for (int x = 0; x < AJ_VD; ++x) acc[x] *= rescale;
+#pragma unroll
+    for (int c = 0; c < AJ_TILE_K; ++c) {
+      const float pr = aj_exp2(s[c] - m_new);  // exp2(-inf) = 0 for masked keys
+      l += pr;
+#pragma unroll
+      for (int x = 0; x < AJ_VD; ++x) acc[x] += pr * sh.v[c][lane + AJ_SIMT_LANES * x];
+    }
+    m = m_new;
+  }
+
+  if (!live) return;
+  aj_elem* orow = (aj_elem*)p.o + b * p.o_batch_stride + i * p.o_row_stride + item.head * p.o_head_stride;
+  const float inv = l > 0.0f ? p.output_scale / l : 0.0f;
+#pragma unroll
+  for (int x = 0; x < AJ_VD; ++x) aj_store(orow + lane + AJ_SIMT_LANES * x, acc[x] * inv);
+  if (lane == 0 && p.lse) {
+    p.lse[b * p.lse_batch_stride + item.head * p.lse_head_stride + i] = l > 0.0f ? (m + __log2f(l)) * AJ_LN2 : AJ_NEG_INF;
+  }
+}

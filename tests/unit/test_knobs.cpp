@@ -1,0 +1,254 @@
+// Knobs: defaults, every variable parsed, malformed values rejected with the variable's name.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compiler/error.hpp"
+#include "compiler/knobs.hpp"
+
+using attnjit::Knobs;
+using attnjit::LogLevel;
+using attnjit::UserError;
+
+namespace {
+
+const std::vector<std::string> kAllVariables = {
+    "ATTNJIT_CACHE_DIR", "ATTNJIT_DISABLE_CACHE",   "ATTNJIT_ALWAYS_COMPILE",  "ATTNJIT_NO_JIT", "ATTNJIT_DUMP_DIR",
+    "ATTNJIT_LOG_LEVEL", "ATTNJIT_CACHE_MAX_BYTES", "ATTNJIT_PRINT_AUTOTUNING", "ATTNJIT_TUNE",  "XDG_CACHE_HOME",
+    "HOME"};
+
+// Clears every variable the knobs read and restores the caller's environment afterwards.
+class CleanEnvironment {
+public:
+  CleanEnvironment() {
+    for (const std::string& name : kAllVariables) {
+      if (const char* v = std::getenv(name.c_str())) saved_[name] = v;
+      ::unsetenv(name.c_str());
+    }
+  }
+  ~CleanEnvironment() {
+    for (const std::string& name : kAllVariables) {
+      auto it = saved_.find(name);
+      if (it == saved_.end()) ::unsetenv(name.c_str());
+      else ::setenv(name.c_str(), it->second.c_str(), 1);
+    }
+  }
+  void set(const std::string& name, const std::string& value) { ::setenv(name.c_str(), value.c_str(), 1); }
+
+private:
+  std::map<std::string, std::string> saved_;
+};
+
+// The UserError that from_environment() throws, or nullopt.
+std::optional<UserError> parse_error() {
+  try {
+    Knobs::from_environment();
+  } catch (const UserError& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("knobs defaults", "[knobs]") {
+  CleanEnvironment env;
+  env.set("HOME", "/home/someone");
+  const Knobs k = Knobs::from_environment();
+  CHECK(k.cache_dir == "/home/someone/.cache/attnjit");
+  CHECK_FALSE(k.disable_cache);
+  CHECK_FALSE(k.always_compile);
+  CHECK_FALSE(k.no_jit);
+  CHECK(k.dump_dir.empty());
+  CHECK(k.log_level == LogLevel::Warn);
+  CHECK(k.cache_max_bytes == (int64_t{1} << 30));
+  CHECK_FALSE(k.print_autotuning);
+  CHECK_FALSE(k.tune);
+}
+
+TEST_CASE("knobs default cache dir follows XDG, then HOME, then /tmp", "[knobs]") {
+  CleanEnvironment env;
+  CHECK(Knobs::from_environment().cache_dir == "/tmp/attnjit-cache");
+  env.set("HOME", "/h");
+  CHECK(Knobs::from_environment().cache_dir == "/h/.cache/attnjit");
+  env.set("XDG_CACHE_HOME", "/xdg");
+  CHECK(Knobs::from_environment().cache_dir == "/xdg/attnjit");
+  env.set("XDG_CACHE_HOME", "relative/dir");  // invalid per the XDG spec, so ignored
+  CHECK(Knobs::from_environment().cache_dir == "/h/.cache/attnjit");
+  env.set("ATTNJIT_CACHE_DIR", "/explicit");
+  CHECK(Knobs::from_environment().cache_dir == "/explicit");
+}
+
+TEST_CASE("knobs parse every variable", "[knobs]") {
+  CleanEnvironment env;
+  env.set("ATTNJIT_CACHE_DIR", "/c");
+  env.set("ATTNJIT_DISABLE_CACHE", "1");
+  env.set("ATTNJIT_DUMP_DIR", "/d");
+  env.set("ATTNJIT_LOG_LEVEL", "debug");
+  env.set("ATTNJIT_CACHE_MAX_BYTES", "12345");
+  env.set("ATTNJIT_PRINT_AUTOTUNING", "yes");
+  env.set("ATTNJIT_TUNE", "on");
+  Knobs k = Knobs::from_environment();
+  CHECK(k.cache_dir == "/c");
+  CHECK(k.disable_cache);
+  CHECK(k.dump_dir == "/d");
+  CHECK(k.log_level == LogLevel::Debug);
+  CHECK(k.cache_max_bytes == 12345);
+  CHECK(k.print_autotuning);
+  CHECK(k.tune);
+
+  env.set("ATTNJIT_DISABLE_CACHE", "0");
+  env.set("ATTNJIT_ALWAYS_COMPILE", "TRUE");
+  k = Knobs::from_environment();
+  CHECK_FALSE(k.disable_cache);
+  CHECK(k.always_compile);
+  CHECK_FALSE(k.no_jit);
+
+  env.set("ATTNJIT_ALWAYS_COMPILE", "off");
+  env.set("ATTNJIT_NO_JIT", "1");
+  CHECK(Knobs::from_environment().no_jit);
+
+  env.set("ATTNJIT_CACHE_MAX_BYTES", "0");
+  CHECK(Knobs::from_environment().cache_max_bytes == 0);
+}
+
+TEST_CASE("knobs booleans take every spelling in any case", "[knobs]") {
+  CleanEnvironment env;
+  for (const char* yes : {"1", "true", "True", "YES", "on", "On"}) {
+    env.set("ATTNJIT_TUNE", yes);
+    CHECK(Knobs::from_environment().tune);
+  }
+  for (const char* no : {"0", "false", "FALSE", "no", "off", "OFF"}) {
+    env.set("ATTNJIT_TUNE", no);
+    CHECK_FALSE(Knobs::from_environment().tune);
+  }
+  env.set("ATTNJIT_TUNE", "");  // empty counts as unset
+  CHECK_FALSE(Knobs::from_environment().tune);
+}
+
+TEST_CASE("knobs log levels in any case", "[knobs]") {
+  CleanEnvironment env;
+  const std::pair<const char*, LogLevel> cases[] = {
+      {"error", LogLevel::Error}, {"WARN", LogLevel::Warn}, {"Info", LogLevel::Info}, {"debug", LogLevel::Debug}};
+  for (const auto& [text, level] : cases) {
+    env.set("ATTNJIT_LOG_LEVEL", text);
+    CHECK(Knobs::from_environment().log_level == level);
+  }
+}
+
+TEST_CASE("knobs reject malformed values naming the variable and the valid values", "[knobs]") {
+  CleanEnvironment env;
+  struct Case {
+    const char* name;
+    const char* value;
+    const char* hint;
+  };
+  const Case cases[] = {
+      {"ATTNJIT_LOG_LEVEL", "loud", "error, warn, info, debug"},
+      {"ATTNJIT_LOG_LEVEL", "3", "error, warn, info, debug"},
+      {"ATTNJIT_CACHE_MAX_BYTES", "-3", "non-negative number of bytes"},
+      {"ATTNJIT_CACHE_MAX_BYTES", "abc", "non-negative number of bytes"},
+      {"ATTNJIT_CACHE_MAX_BYTES", "12abc", "non-negative number of bytes"},
+      {"ATTNJIT_CACHE_MAX_BYTES", "1.5", "non-negative number of bytes"},
+      {"ATTNJIT_CACHE_MAX_BYTES", "99999999999999999999", "too large"},
+      {"ATTNJIT_DISABLE_CACHE", "maybe", "1/0, true/false, yes/no or on/off"},
+      {"ATTNJIT_ALWAYS_COMPILE", "2", "1/0, true/false, yes/no or on/off"},
+      {"ATTNJIT_NO_JIT", "y", "1/0, true/false, yes/no or on/off"},
+      {"ATTNJIT_PRINT_AUTOTUNING", "enabled", "1/0, true/false, yes/no or on/off"},
+      {"ATTNJIT_TUNE", " 1", "1/0, true/false, yes/no or on/off"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name << "=" << c.value);
+    env.set(c.name, c.value);
+    std::optional<UserError> e = parse_error();
+    REQUIRE(e.has_value());
+    CHECK(e->where() == c.name);
+    CHECK_THAT(e->what(), Catch::Contains(c.name) && Catch::Contains(c.value) && Catch::Contains(c.hint));
+    ::unsetenv(c.name);
+  }
+}
+
+TEST_CASE("knobs reject contradictory settings", "[knobs]") {
+  CleanEnvironment env;
+  env.set("ATTNJIT_NO_JIT", "1");
+  env.set("ATTNJIT_ALWAYS_COMPILE", "1");
+  std::optional<UserError> e = parse_error();
+  REQUIRE(e.has_value());
+  CHECK_THAT(e->what(), Catch::Contains("ATTNJIT_NO_JIT") && Catch::Contains("ATTNJIT_ALWAYS_COMPILE"));
+
+  env.set("ATTNJIT_ALWAYS_COMPILE", "0");
+  env.set("ATTNJIT_DISABLE_CACHE", "1");
+  e = parse_error();
+  REQUIRE(e.has_value());
+  CHECK_THAT(e->what(), Catch::Contains("ATTNJIT_NO_JIT") && Catch::Contains("ATTNJIT_DISABLE_CACHE"));
+}
+
+TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
+  CleanEnvironment env;
+  env.set("ATTNJIT_CACHE_DIR", "/c");
+  env.set("ATTNJIT_LOG_LEVEL", "info");
+  env.set("ATTNJIT_TUNE", "yes");
+  const std::string text = Knobs::from_environment().describe();
+  CHECK(text ==
+        "ATTNJIT_CACHE_DIR=/c\n"
+        "ATTNJIT_DISABLE_CACHE=0\n"
+        "ATTNJIT_ALWAYS_COMPILE=0\n"
+        "ATTNJIT_NO_JIT=0\n"
+        "ATTNJIT_DUMP_DIR=\n"
+        "ATTNJIT_LOG_LEVEL=info\n"
+        "ATTNJIT_CACHE_MAX_BYTES=1073741824\n"
+        "ATTNJIT_PRINT_AUTOTUNING=0\n"
+        "ATTNJIT_TUNE=1\n");
+}
+
+TEST_CASE("knobs describe round-trips through the environment", "[knobs]") {
+  CleanEnvironment env;
+  env.set("ATTNJIT_CACHE_DIR", "/c");
+  env.set("ATTNJIT_DUMP_DIR", "/d");
+  env.set("ATTNJIT_LOG_LEVEL", "error");
+  env.set("ATTNJIT_CACHE_MAX_BYTES", "77");
+  env.set("ATTNJIT_ALWAYS_COMPILE", "1");
+  env.set("ATTNJIT_PRINT_AUTOTUNING", "1");
+  const std::string first = Knobs::from_environment().describe();
+  // Setting each printed line back as a variable gives the same knobs.
+  CleanEnvironment again;
+  size_t start = 0;
+  while (start < first.size()) {
+    const size_t end = first.find('\n', start);
+    const std::string line = first.substr(start, end - start);
+    const size_t eq = line.find('=');
+    again.set(line.substr(0, eq), line.substr(eq + 1));
+    start = end + 1;
+  }
+  CHECK(Knobs::from_environment().describe() == first);
+}
+
+TEST_CASE("knobs log filters by level and prefixes the line", "[knobs]") {
+  // knobs() is read once per process, so compare against whatever level it holds.
+  const LogLevel level = attnjit::knobs().log_level;
+  std::FILE* capture = std::tmpfile();
+  REQUIRE(capture != nullptr);
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  ::dup2(::fileno(capture), 2);
+  attnjit::log(LogLevel::Error, "first message");
+  attnjit::log(LogLevel::Warn, "second message");
+  attnjit::log(LogLevel::Debug, "third message");
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::string text;
+  std::rewind(capture);
+  for (int c; (c = std::fgetc(capture)) != EOF;) text += static_cast<char>(c);
+  std::fclose(capture);
+  CHECK_THAT(text, Catch::Contains("attnjit: error: first message\n"));
+  CHECK((text.find("attnjit: warning: second message\n") != std::string::npos) == (level >= LogLevel::Warn));
+  CHECK((text.find("attnjit: debug: third message\n") != std::string::npos) == (level >= LogLevel::Debug));
+}
