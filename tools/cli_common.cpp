@@ -4,10 +4,14 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "compiler/error.hpp"
+#include "compiler/jit.hpp"
+#include "compiler/knobs.hpp"
+#include "compiler/plan.hpp"
 
 namespace attnjit::cli {
 
@@ -137,6 +141,64 @@ std::string human_count(double n) {
   char buf[32];
   std::snprintf(buf, sizeof buf, u ? "%.2f%s" : "%.0f%s", n, units[u]);
   return buf;
+}
+
+}  // namespace attnjit::cli
+
+namespace attnjit::cli {
+
+void KernelOptions::add_to(CLI::App* app, bool with_head_dim) {
+  if (with_head_dim) {
+    app->add_option("--head-dim", head_dim, "head dimension of q and k")->capture_default_str();
+    app->add_option("--head-dim-v", head_dim_v, "head dimension of v (default: --head-dim)");
+  }
+  app->add_option("--dtype", dtype, "fp16, bf16 or fp32")->capture_default_str();
+  app->add_option("--arch", archs, "target archs, comma separated (sm_75, sm_80, sm_86, sm_90, ...)")->capture_default_str();
+  app->add_option("--kernel-tile", tile, "kernel tile QxK, or default")->capture_default_str();
+  app->add_option("--stages", stages, "cp.async stages (0: default)");
+}
+
+int parse_arch(const std::string& text) {
+  int arch = 0;
+  char tail = 0;
+  if (std::sscanf(text.c_str(), "sm_%d%c", &arch, &tail) != 1 || arch < 10) {
+    throw UserError("--arch " + text, "expected sm_XX, e.g. sm_80 or sm_90");
+  }
+  return arch;
+}
+
+KernelConfig parse_kernel_tile(const std::string& text) {
+  KernelConfig c;
+  if (text == "default") return c;
+  const TileConfig t = parse_tile_config(text);
+  c.tile_q = t.tile_q;
+  c.tile_k = t.tile_k;
+  return c;
+}
+
+std::vector<KernelRequest> KernelOptions::requests() const {
+  std::vector<KernelRequest> out;
+  std::stringstream ss(archs);
+  for (std::string a; std::getline(ss, a, ',');) {
+    if (a.empty()) continue;
+    KernelRequest r;
+    r.head_dim = head_dim;
+    r.head_dim_v = head_dim_v > 0 ? head_dim_v : head_dim;
+    r.dtype = parse_dtype(dtype);
+    r.arch = parse_arch(a);
+    r.config = parse_kernel_tile(tile);
+    r.config.stages = stages;
+    out.push_back(r);
+  }
+  if (out.empty()) throw UserError("--arch", "name at least one arch, e.g. sm_80");
+  return out;
+}
+
+KernelCache& command_cache(const std::string& cache_dir) {
+  if (cache_dir.empty()) return default_kernel_cache();
+  static std::unique_ptr<KernelCache> own;
+  own = std::make_unique<KernelCache>(cache_dir, knobs().cache_max_bytes, true);
+  return *own;
 }
 
 }  // namespace attnjit::cli

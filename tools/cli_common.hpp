@@ -6,6 +6,8 @@
 #include <optional>
 #include <string>
 
+#include "compiler/codegen.hpp"
+#include "compiler/kernel_cache.hpp"
 #include "compiler/mask.hpp"
 #include "compiler/pattern.hpp"
 
@@ -31,5 +33,23 @@ std::optional<DynamicLayout> dynamic_table_for(const Pattern& p, const Shape& s,
 int guarded(const std::function<int()>& body);
 
 std::string human_count(double n);
+
+}  // namespace attnjit::cli
+
+namespace attnjit::cli {
+
+// --head-dim, --head-dim-v, --dtype, --arch (comma list), --kernel-tile, --stages: which kernels.
+struct KernelOptions {
+  int head_dim = 128, head_dim_v = 0, stages = 0;
+  std::string dtype = "bf16", archs = "sm_80", tile = "default";
+  void add_to(CLI::App* app, bool with_head_dim);
+  std::vector<KernelRequest> requests() const;  // one per arch
+};
+
+int parse_arch(const std::string& text);                  // "sm_80" -> 80; UserError otherwise
+KernelConfig parse_kernel_tile(const std::string& text);  // "default" or "QxK"
+
+// The kernel cache for a command: --cache-dir if given, else the knobs'.
+KernelCache& command_cache(const std::string& cache_dir);
 
 }  // namespace attnjit::cli

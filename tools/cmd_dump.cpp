@@ -2,7 +2,9 @@
 #include <iostream>
 #include <memory>
 
+#include "compiler/cubin_info.hpp"
 #include "compiler/error.hpp"
+#include "compiler/jit.hpp"
 #include "compiler/pattern_stats.hpp"
 #include "compiler/plan.hpp"
 #include "compiler/spec_json.hpp"
@@ -15,8 +17,33 @@ namespace {
 struct DumpOptions {
   std::string spec, stage = "pattern", tile = "64x64", dynamic;
   ShapeOptions shape;
+  KernelOptions kernel;
   bool full = false;
 };
+
+// --stage cuda|ptx|sass: the generated kernel for each --arch, as text.
+int dump_kernel(const Pattern& p, const DumpOptions& o) {
+  for (KernelRequest r : o.kernel.requests()) {
+    r.head_dim = static_cast<int>(o.shape.head_dim);
+    r.head_dim_v = static_cast<int>(o.shape.head_dim_v > 0 ? o.shape.head_dim_v : o.shape.head_dim);
+    const KernelSource k = generate_kernel(p, r);
+    if (o.stage == "cuda") {
+      std::cout << k.source;
+      continue;
+    }
+    CompileRequest req;
+    req.name = k.name;
+    req.source = k.source;
+    req.arch = k.arch;
+    if (o.stage == "ptx") {
+      std::cout << compile_ptx(req);
+    } else {
+      KernelCompiler compiler(default_kernel_cache(), knobs());
+      std::cout << disassemble_cubin(compiler.get(k).cubin);
+    }
+  }
+  return 0;
+}
 
 int run_dump(const DumpOptions& o) {
   const Pattern p = load_spec_file(o.spec);
@@ -24,6 +51,7 @@ int run_dump(const DumpOptions& o) {
     std::cout << "; pattern " << pattern_hash(p) << "\n" << canonical_text(p);
     return 0;
   }
+  if (o.stage != "plan") return dump_kernel(p, o);
   if (!o.shape.has_seq()) throw UserError("--seq", "is required for --stage plan: a plan is made for one shape");
   const Shape s = o.shape.shape();
   const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
@@ -36,11 +64,12 @@ int run_dump(const DumpOptions& o) {
 
 void register_dump(CLI::App& app, int& rc) {
   auto o = std::make_shared<DumpOptions>();
-  CLI::App* sub = app.add_subcommand("dump", "print a stage of the pipeline: the canonical pattern or the plan");
+  CLI::App* sub = app.add_subcommand("dump", "print a stage of the pipeline: pattern, plan, cuda, ptx or sass");
   sub->add_option("spec", o->spec, "pattern spec (JSON)")->required();
-  sub->add_option("--stage", o->stage, "what to print")->check(CLI::IsMember({"pattern", "plan"}))->capture_default_str();
+  sub->add_option("--stage", o->stage, "what to print")->check(CLI::IsMember({"pattern", "plan", "cuda", "ptx", "sass"}))->capture_default_str();
   o->shape.add_to(sub, true);
-  sub->add_option("--tile", o->tile, "query x key tile size")->capture_default_str();
+  sub->add_option("--tile", o->tile, "query x key tile size of the plan")->capture_default_str();
+  o->kernel.add_to(sub, false);
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
   sub->add_flag("--full", o->full, "print every work item (default: the first 8)");
   sub->callback([o, &rc] { rc = guarded([&] { return run_dump(*o); }); });

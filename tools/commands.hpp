@@ -10,5 +10,7 @@ void register_mask(CLI::App& app, int& rc);
 void register_run(CLI::App& app, int& rc);
 void register_info(CLI::App& app, int& rc);
 void register_dump(CLI::App& app, int& rc);
+void register_compile(CLI::App& app, int& rc);  // compile and precompile
+void register_cache(CLI::App& app, int& rc);
 
 }  // namespace attnjit::cli

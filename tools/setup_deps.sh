@@ -20,6 +20,20 @@ if ! python3 -c "import numpy" 2>/dev/null; then
   echo "attnjit: installing numpy (used by the contract tests)"
   python3 -m pip install -q numpy
 fi
+# SASS (attnjit dump --stage sass, the HMMA checks in the tests) needs nvdisasm or cuobjdump; a
+# toolkit installed from pip lacks them, so fetch NVIDIA's own wheels and put them on PATH.
+if ! command -v nvdisasm >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvdisasm ]; then
+  echo "attnjit: installing nvdisasm and cuobjdump (NVIDIA's wheels, for SASS)"
+  tools_dir=/opt/attnjit-cuda-tools
+  [ -w /opt ] || tools_dir="$HOME/.local/attnjit-cuda-tools"
+  python3 -m pip install -q --target "$tools_dir" nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump
+  bin_dir=$(dirname "$(find "$tools_dir" -type f -name nvdisasm | head -n 1)")
+  link_dir=/usr/local/bin
+  [ -w "$link_dir" ] || link_dir="$HOME/.local/bin"
+  mkdir -p "$link_dir"
+  ln -sf "$bin_dir/nvdisasm" "$link_dir/nvdisasm"
+  ln -sf "$bin_dir/cuobjdump" "$link_dir/cuobjdump"
+fi
 if ! command -v nvcc >/dev/null 2>&1 && [ ! -d /usr/local/cuda ]; then
   echo "attnjit: note: no CUDA toolkit found; building without NVRTC (GPU code generation needs it)"
 fi

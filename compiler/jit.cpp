@@ -1,0 +1,127 @@
+#include "compiler/jit.hpp"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <variant>
+
+#include "compiler/error.hpp"
+#include "compiler/nvrtc_compiler.hpp"
+#include "compiler/sha256.hpp"
+
+namespace attnjit {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : " ") + x;
+  return s;
+}
+
+// Kernels are compiled for speed: fast math for exp2/log2, and line info for profilers.
+const std::vector<std::string> kKernelOptions = {"--use_fast_math", "-lineinfo"};
+
+}  // namespace
+
+KernelCache& default_kernel_cache() {
+  static KernelCache cache(knobs().cache_dir, knobs().cache_max_bytes, !knobs().disable_cache);
+  return cache;
+}
+
+KernelCompiler::KernelCompiler(KernelCache& cache, Knobs knobs) : cache_(cache), knobs_(std::move(knobs)) {}
+
+CompileRequest KernelCompiler::request_for(const KernelSource& k) const {
+  CompileRequest r;
+  r.name = k.name;
+  r.source = k.source;
+  r.arch = k.arch;
+  r.options = kKernelOptions;
+  return r;
+}
+
+CacheKey KernelCompiler::key_for(const KernelSource& k) const {
+  CacheKeyParts parts;
+  parts.attnjit_version = ATTNJIT_VERSION;
+  parts.template_hash = k.template_hash;
+  parts.source_hash = sha256_hex(k.source);
+  parts.options = join(canonical_options(request_for(k)));
+  parts.nvrtc_version = nvrtc_version();
+  parts.arch = k.arch;
+  return make_cache_key(parts);
+}
+
+void KernelCompiler::dump(const KernelSource& k, const std::vector<std::string>& options, const std::string& log) const {
+  if (knobs_.dump_dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(knobs_.dump_dir, ec);
+  const std::string base = knobs_.dump_dir + "/" + k.name + "." + k.arch;
+  std::ofstream(base + ".cu") << k.source;
+  std::ofstream(base + ".options") << join(options) << "\n";
+  std::ofstream(base + ".log") << log;
+  if (!std::filesystem::exists(base + ".cu")) attnjit::log(LogLevel::Warn, "cannot write kernel dumps to " + knobs_.dump_dir);
+}
+
+CompiledKernel KernelCompiler::get(const KernelSource& k) {
+  std::vector<std::string> errors;
+  std::vector<CompiledKernel> out = get_many({k}, 1, errors);
+  if (!errors[0].empty()) throw UserError(k.name + " (" + k.arch + ")", errors[0]);
+  return std::move(out[0]);
+}
+
+std::vector<CompiledKernel> KernelCompiler::get_many(const std::vector<KernelSource>& kernels, int jobs,
+                                                     std::vector<std::string>& errors,
+                                                     const std::function<void(size_t, size_t)>& progress) {
+  std::vector<CompiledKernel> out(kernels.size());
+  errors.assign(kernels.size(), "");
+  std::vector<size_t> misses;
+  for (size_t n = 0; n < kernels.size(); ++n) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CompiledKernel& c = out[n];
+    c.name = kernels[n].name;
+    c.arch = kernels[n].arch;
+    c.key = key_for(kernels[n]);
+    if (!knobs_.always_compile) {
+      if (auto bin = cache_.get(c.key)) {
+        c.cubin = std::move(*bin);
+        c.cache_hit = true;
+        c.usage = inspect_cubin(c.cubin);
+        c.seconds = seconds_since(t0);
+        continue;
+      }
+    }
+    misses.push_back(n);
+  }
+  if (knobs_.no_jit && !misses.empty()) {
+    std::string list;
+    for (size_t n : misses) list += "\n  " + kernels[n].name + " for " + kernels[n].arch + " (key " + out[n].key.hex + ")";
+    throw UserError("ATTNJIT_NO_JIT", std::to_string(misses.size()) + " kernel(s) are not in the cache at " +
+                                          cache_.dir() + " and JIT is off:" + list +
+                                          "\nprecompile them (attnjit precompile) or unset ATTNJIT_NO_JIT");
+  }
+  std::vector<CompileRequest> requests;
+  for (size_t n : misses) requests.push_back(request_for(kernels[n]));
+  const auto results = compile_many(requests, jobs, progress);
+  for (size_t m = 0; m < misses.size(); ++m) {
+    const size_t n = misses[m];
+    if (const auto* err = std::get_if<std::string>(&results[m])) {
+      errors[n] = *err;
+      dump(kernels[n], canonical_options(requests[m]), *err);
+      continue;
+    }
+    const CompileResult& r = std::get<CompileResult>(results[m]);
+    CompiledKernel& c = out[n];
+    c.cubin = r.cubin;
+    c.seconds = r.seconds;
+    c.usage = r.usage;
+    c.spills_known = true;
+    cache_.put(c.key, c.cubin, c.name, c.arch);
+    dump(kernels[n], r.options, r.log);
+  }
+  return out;
+}
+
+}  // namespace attnjit

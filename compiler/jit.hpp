@@ -1,0 +1,55 @@
+// The JIT front: a KernelSource -> a loadable CUBIN, from the in-memory layer, the disk cache or
+// NVRTC, following the knobs (always compile, no JIT, dump dir).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "compiler/codegen.hpp"
+#include "compiler/cubin_info.hpp"
+#include "compiler/kernel_cache.hpp"
+#include "compiler/knobs.hpp"
+#include "compiler/nvrtc_compiler.hpp"
+
+namespace attnjit {
+
+struct CompiledKernel {
+  std::string name, arch;
+  std::vector<uint8_t> cubin;
+  CacheKey key;
+  bool cache_hit = false;
+  double seconds = 0;                // compile time on a miss, lookup time on a hit
+  std::vector<ResourceUsage> usage;  // from the CUBIN (and ptxas' spill counts when compiled now)
+  bool spills_known = false;         // ptxas reported spills (only when compiled in this process)
+};
+
+class KernelCompiler {
+public:
+  KernelCompiler(KernelCache& cache, Knobs knobs);
+
+  // Everything that changes the bytes: attnjit version, templates, source, options, NVRTC, arch.
+  CacheKey key_for(const KernelSource& k) const;
+
+  CompiledKernel get(const KernelSource& k);
+
+  // Compiles misses in parallel (`jobs` threads). With no-JIT, every miss is listed in one error.
+  // Failures come back as error text in `errors` (same index), never aborting the others.
+  std::vector<CompiledKernel> get_many(const std::vector<KernelSource>& kernels, int jobs,
+                                       std::vector<std::string>& errors,
+                                       const std::function<void(size_t, size_t)>& progress = {});
+
+  KernelCache& cache() { return cache_; }
+
+private:
+  CompileRequest request_for(const KernelSource& k) const;
+  void dump(const KernelSource& k, const std::vector<std::string>& options, const std::string& log) const;
+
+  KernelCache& cache_;
+  Knobs knobs_;
+};
+
+// The process-wide cache built from the knobs (directory, size cap, disabled).
+KernelCache& default_kernel_cache();
+
+}  // namespace attnjit

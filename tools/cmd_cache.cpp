@@ -1,0 +1,56 @@
+// attnjit cache ls|stats|verify|clear: look after the kernel cache.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "tools/cli_common.hpp"
+#include "tools/commands.hpp"
+
+namespace attnjit::cli {
+
+namespace {
+struct CacheOptions {
+  std::string action, cache_dir;
+};
+
+int run_cache(const CacheOptions& o) {
+  KernelCache& cache = command_cache(o.cache_dir);
+  if (!cache.disk_enabled()) {
+    std::cout << "cache: disk cache disabled (" << (cache.dir().empty() ? "no directory" : cache.dir()) << ")\n";
+    return o.action == "verify" ? 1 : 0;
+  }
+  if (o.action == "ls") {
+    for (const CacheEntryInfo& e : cache.list()) {
+      std::printf("%s %8lld B %-32s %-7s %s\n", e.hex.substr(0, 16).c_str(), static_cast<long long>(e.bytes),
+                  e.kernel_name.c_str(), e.arch.c_str(), e.valid ? "ok" : ("BAD: " + e.problem).c_str());
+    }
+  } else if (o.action == "stats") {
+    const CacheStats s = cache.stats();
+    std::printf("cache: %s\nentries: %lld\nbytes: %lld (limit %lld)\n", cache.dir().c_str(),
+                static_cast<long long>(s.entries), static_cast<long long>(s.bytes),
+                static_cast<long long>(cache.max_bytes()));
+  } else if (o.action == "verify") {
+    std::vector<CacheEntryInfo> bad;
+    const int64_t n = cache.verify_all(&bad);
+    for (const CacheEntryInfo& e : bad) std::printf("BAD %s: %s\n", e.hex.c_str(), e.problem.c_str());
+    std::printf("%lld bad entries in %s\n", static_cast<long long>(n), cache.dir().c_str());
+    return n ? 1 : 0;
+  } else {
+    cache.clear();
+    std::printf("cleared %s\n", cache.dir().c_str());
+  }
+  return 0;
+}
+}  // namespace
+
+void register_cache(CLI::App& app, int& rc) {
+  auto o = std::make_shared<CacheOptions>();
+  CLI::App* sub = app.add_subcommand("cache", "list, count, verify or clear the kernel cache");
+  sub->add_option("action", o->action, "ls, stats, verify or clear")
+      ->required()
+      ->check(CLI::IsMember({"ls", "stats", "verify", "clear"}));
+  sub->add_option("--cache-dir", o->cache_dir, "kernel cache directory (default: ATTNJIT_CACHE_DIR or ~/.cache/attnjit)");
+  sub->callback([o, &rc] { rc = guarded([&] { return run_cache(*o); }); });
+}
+
+}  // namespace attnjit::cli

@@ -1,0 +1,179 @@
+// attnjit compile SPEC: build (or find in the cache) the kernels of a spec and report them.
+// attnjit precompile MANIFEST: fill a cache directory ahead of deployment.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "compiler/error.hpp"
+#include "compiler/jit.hpp"
+#include "compiler/spec_json.hpp"
+#include "tools/cli_common.hpp"
+#include "tools/commands.hpp"
+
+namespace attnjit::cli {
+
+namespace {
+
+struct CompileOptions {
+  std::string spec, cache_dir;
+  KernelOptions kernel;
+  int jobs = 1;
+};
+
+// One line per kernel: where it came from and what it costs on the chip.
+void report(const KernelSource& k, const CompiledKernel& c) {
+  const ResourceUsage* u = nullptr;
+  for (const ResourceUsage& x : c.usage)
+    if (x.kernel == k.name) u = &x;
+  char line[512];
+  std::snprintf(line, sizeof line, "%s %s key=%s %s %.3fs registers=%d spills=%s shared=%dB+%dB threads=%d\n",
+                k.name.c_str(), k.arch.c_str(), c.key.hex.substr(0, 16).c_str(), c.cache_hit ? "hit" : "miss",
+                c.seconds, u ? u->registers : -1,
+                c.spills_known && u ? std::to_string(u->spill_store_bytes + u->spill_load_bytes).append("B").c_str()
+                                    : "n/a(cached)",
+                u ? u->shared_bytes : 0, k.shared_bytes, k.threads);
+  std::cout << line;
+}
+
+int run_compile(const CompileOptions& o) {
+  const Pattern p = load_spec_file(o.spec);
+  std::vector<KernelSource> kernels;
+  for (const KernelRequest& r : o.kernel.requests()) kernels.push_back(generate_kernel(p, r));
+  KernelCompiler compiler(command_cache(o.cache_dir), knobs());
+  std::vector<std::string> errors;
+  const std::vector<CompiledKernel> out = compiler.get_many(kernels, o.jobs, errors);
+  int failed = 0;
+  for (size_t n = 0; n < kernels.size(); ++n) {
+    if (!errors[n].empty()) {
+      std::cerr << "error: " << errors[n] << "\n";
+      ++failed;
+      continue;
+    }
+    report(kernels[n], out[n]);
+  }
+  return failed ? 1 : 0;
+}
+
+// ---- precompile ----------------------------------------------------------------------------
+
+struct PrecompileOptions {
+  std::string manifest, cache_dir, archs = "sm_80";
+  int jobs = 1;
+};
+
+// A manifest: {"attnjit_manifest": 1, "entries": [{"patterns": [...], "head_dims": [...],
+// "dtypes": [...], "tiles": ["default", "64x64"]}]}; pattern paths are relative to the manifest.
+std::vector<KernelSource> manifest_kernels(const std::string& path, const std::vector<int>& archs) {
+  std::ifstream in(path);
+  if (!in) throw UserError(path, "cannot open the manifest; check the path");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(path, std::string("invalid JSON: ") + e.what());
+  }
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (!j.is_object() || j.value("attnjit_manifest", 0) != 1 || !j.contains("entries") || !j["entries"].is_array()) {
+    throw UserError(path, "expected {\"attnjit_manifest\": 1, \"entries\": [{\"patterns\": [...], \"head_dims\": [...], "
+                          "\"dtypes\": [...], \"tiles\": [\"default\"]}]}");
+  }
+  std::vector<KernelSource> kernels;
+  for (size_t e = 0; e < j["entries"].size(); ++e) {
+    const nlohmann::json& entry = j["entries"][e];
+    const std::string where = path + ": /entries/" + std::to_string(e);
+    std::vector<std::string> patterns, dtypes, tiles = {"default"};
+    std::vector<int> head_dims;
+    try {
+      patterns = entry.at("patterns").get<std::vector<std::string>>();
+      head_dims = entry.at("head_dims").get<std::vector<int>>();
+      dtypes = entry.at("dtypes").get<std::vector<std::string>>();
+      if (entry.contains("tiles")) tiles = entry["tiles"].get<std::vector<std::string>>();
+    } catch (const nlohmann::json::exception&) {
+      throw UserError(where, "needs \"patterns\" (paths), \"head_dims\" (integers), \"dtypes\" (strings) and optionally "
+                             "\"tiles\" (\"default\" or \"QxK\")");
+    }
+    for (const std::string& spec : patterns) {
+      const Pattern p = load_spec_file((dir / spec).string());
+      for (int d : head_dims)
+        for (const std::string& dt : dtypes)
+          for (const std::string& t : tiles)
+            for (int arch : archs) {
+              KernelRequest r;
+              r.head_dim = r.head_dim_v = d;
+              r.dtype = parse_dtype(dt);
+              r.arch = arch;
+              r.config = parse_kernel_tile(t);
+              if (r.dtype == DType::BF16 && arch < 80) continue;  // no such kernel; not a failure
+              kernels.push_back(generate_kernel(p, r));
+            }
+    }
+  }
+  // Patterns that share their masks share kernels: compile each once.
+  std::vector<KernelSource> unique;
+  for (KernelSource& k : kernels) {
+    bool seen = false;
+    for (const KernelSource& u : unique) seen |= u.name == k.name && u.arch == k.arch;
+    if (!seen) unique.push_back(std::move(k));
+  }
+  return unique;
+}
+
+void progress_bar(size_t done, size_t total) {
+  const int width = 30, filled = total ? static_cast<int>(width * done / total) : width;
+  std::fprintf(stderr, "\r[%s%s] %zu/%zu kernels", std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+               done, total);
+  if (done == total) std::fprintf(stderr, "\n");
+}
+
+int run_precompile(const PrecompileOptions& o) {
+  std::vector<int> archs;
+  std::stringstream ss(o.archs);
+  for (std::string a; std::getline(ss, a, ',');)
+    if (!a.empty()) archs.push_back(parse_arch(a));
+  const std::vector<KernelSource> kernels = manifest_kernels(o.manifest, archs);
+  KernelCache& cache = command_cache(o.cache_dir);
+  KernelCompiler compiler(cache, knobs());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string> errors;
+  const std::vector<CompiledKernel> out = compiler.get_many(kernels, o.jobs, errors, progress_bar);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int hits = 0, compiled = 0, failed = 0;
+  for (size_t n = 0; n < kernels.size(); ++n) {
+    if (!errors[n].empty()) {
+      std::cerr << "error: " << kernels[n].name << " for " << kernels[n].arch << ": " << errors[n] << "\n";
+      ++failed;
+    } else {
+      (out[n].cache_hit ? hits : compiled)++;
+    }
+  }
+  std::printf("precompiled %zu kernels into %s in %.1f s: %d compiled, %d already cached, %d failed\n", kernels.size(),
+              cache.dir().c_str(), secs, compiled, hits, failed);
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+
+void register_compile(CLI::App& app, int& rc) {
+  auto o = std::make_shared<CompileOptions>();
+  CLI::App* sub = app.add_subcommand("compile", "compile a spec's kernels (or find them in the cache) and report them");
+  sub->add_option("spec", o->spec, "pattern spec (JSON)")->required();
+  o->kernel.add_to(sub, true);
+  sub->add_option("--cache-dir", o->cache_dir, "kernel cache directory (default: ATTNJIT_CACHE_DIR or ~/.cache/attnjit)");
+  sub->add_option("-j,--jobs", o->jobs, "parallel compiles")->capture_default_str();
+  sub->callback([o, &rc] { rc = guarded([&] { return run_compile(*o); }); });
+
+  auto m = std::make_shared<PrecompileOptions>();
+  CLI::App* pre = app.add_subcommand("precompile", "fill a kernel cache from a manifest, ahead of deployment");
+  pre->add_option("manifest", m->manifest, "manifest (JSON)")->required();
+  pre->add_option("--arch", m->archs, "target archs, comma separated")->capture_default_str();
+  pre->add_option("--cache-dir", m->cache_dir, "cache directory to fill");
+  pre->add_option("-j,--jobs", m->jobs, "parallel compiles")->capture_default_str();
+  pre->callback([m, &rc] { rc = guarded([&] { return run_precompile(*m); }); });
+}
+
+}  // namespace attnjit::cli
