@@ -1,0 +1,187 @@
+// Code generation: every template variant compiles with NVRTC for every arch it targets, without
+// spills and within shared memory; tensor-core variants use HMMA; codegen is deterministic; a
+// changed template changes the key; a broken template shows numbered source and the log.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+
+#include "compiler/codegen.hpp"
+#include "compiler/cubin_info.hpp"
+#include "compiler/error.hpp"
+#include "compiler/jit.hpp"
+#include "compiler/nvrtc_compiler.hpp"
+#include "compiler/spec_json.hpp"
+
+using namespace attnjit;
+
+namespace {
+
+// One branch per mask kind, so one kernel carries every predicate the templates can generate.
+Pattern every_mask_kind() {
+  return parse_spec(R"({"attnjit": 1, "branches": [
+    {"segment": "full", "causal": true},
+    {"segment": 1024, "dilation": 2, "window": [100, 20]},
+    {"segment": "full", "layout": {"block": 64, "local": 2}},
+    {"segment": "full", "layout": {"block": [64, 32], "global": [0, 3, 5, 7, 9, 11, 13, 15, 17, 19]}},
+    {"segment": "full", "layout": {"strided": {"stride": 4, "phase": 1}}},
+    {"segment": "full", "layout": {"offsets": [-1, 0, 2]}},
+    {"segment": "full", "layout": {"random": {"density": 0.1, "seed": 7}}},
+    {"segment": "full", "layout": {"explicit": {"blocks": [[0, 0], [3, 1]]}}},
+    {"segment": "full", "layout": {"explicit": {"per_head": [[[0, 1]], [], [[2, 2]], [[1, 0]]]}}},
+    {"segment": "full", "layout": {"union": [{"dynamic": true}, {"intersect": [{"local": 1}, {"strided": {"stride": 2}}]}]}}
+  ]})");
+}
+
+Pattern no_mask() {
+  return parse_spec(R"({"attnjit": 1, "branches": [{"segment": 2048}, {"segment": 4096, "dilation": 2}]})");
+}
+
+int shared_limit(int arch) { return arch >= 90 ? 227 * 1024 : arch == 80 ? 163 * 1024 : arch >= 86 ? 99 * 1024 : 64 * 1024; }
+
+bool have_disassembler() {
+  try {
+    disassemble_cubin({});
+  } catch (const UserError& e) {
+    return std::string(e.what()).find("neither nvdisasm nor cuobjdump") == std::string::npos;
+  } catch (...) {
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("every template variant compiles for every arch: no spills, shared memory in budget, HMMA on tensor cores",
+          "[codegen][nvrtc]") {
+  if (!nvrtc_available()) {
+    WARN("SKIPPED: NVRTC is not built in; the codegen matrix cannot run");
+    return;
+  }
+  std::vector<KernelSource> kernels;
+  const Pattern masks = every_mask_kind(), plain = no_mask();
+  for (int arch : {75, 80, 86, 90})
+    for (DType dt : {DType::F16, DType::BF16, DType::F32})
+      for (int d : {32, 64, 96, 128, 256}) {
+        if (dt == DType::BF16 && arch < 80) continue;
+        KernelRequest r;
+        r.head_dim = r.head_dim_v = d;
+        r.dtype = dt;
+        r.arch = arch;
+        kernels.push_back(generate_kernel(masks, r));
+        if (d == 64 || d == 128) kernels.push_back(generate_kernel(plain, r));
+      }
+  std::vector<CompileRequest> requests;
+  for (const KernelSource& k : kernels) requests.push_back({k.name, k.source, k.arch, {"--use_fast_math"}, 0});
+  const auto results = compile_many(requests, 2);
+  const bool sass = have_disassembler();
+  if (!sass) WARN("SKIPPED (HMMA check only): no nvdisasm or cuobjdump; run tools/setup_deps.sh");
+  for (size_t n = 0; n < kernels.size(); ++n) {
+    const KernelSource& k = kernels[n];
+    INFO(k.name << " " << k.arch << " " << to_string(k.path) << " tile " << k.config.tile_q << "x" << k.config.tile_k
+                << "\n" << k.source.substr(0, 200));
+    if (const auto* err = std::get_if<std::string>(&results[n])) FAIL(*err);
+    const CompileResult& r = std::get<CompileResult>(results[n]);
+    bool found = false;
+    for (const ResourceUsage& u : r.usage) {
+      if (u.kernel != k.name) continue;
+      found = true;
+      CHECK(u.registers > 0);
+      CHECK(u.registers <= 255);
+      CHECK(u.spill_store_bytes == 0);
+      CHECK(u.spill_load_bytes == 0);
+      CHECK(u.shared_bytes + k.shared_bytes <= shared_limit(std::stoi(k.arch.substr(3))));
+    }
+    CHECK(found);
+    if (sass && k.path == KernelPath::Sm80) CHECK(disassemble_cubin(r.cubin).find("HMMA") != std::string::npos);
+  }
+}
+
+TEST_CASE("archs NVRTC cannot target are refused clearly", "[codegen][nvrtc]") {
+  if (!nvrtc_available()) {
+    WARN("SKIPPED: NVRTC is not built in");
+    return;
+  }
+  KernelRequest r;
+  r.dtype = DType::F32;
+  r.arch = 60;
+  const KernelSource k = generate_kernel(no_mask(), r);  // the SIMT path is written for sm_60
+  const auto archs = supported_archs();
+  if (std::find(archs.begin(), archs.end(), "sm_60") != archs.end()) {
+    CHECK_NOTHROW(compile_cubin({k.name, k.source, k.arch, {}, 0}));
+  } else {
+    WARN("NVRTC " << nvrtc_version() << " cannot target sm_60 (CUDA 13 dropped it); checking the error instead");
+    CHECK_THROWS_WITH(compile_cubin({k.name, k.source, k.arch, {}, 0}), Catch::Contains("cannot compile for sm_60"));
+  }
+}
+
+TEST_CASE("codegen is deterministic; the name and key follow the source and the templates", "[codegen]") {
+  const Pattern p = every_mask_kind();
+  KernelRequest r;
+  // A second pattern built from scratch: same meaning, so the same bytes.
+  const KernelSource a = generate_kernel(p, r), b = generate_kernel(every_mask_kind(), r);
+  CHECK(a.source == b.source);
+  CHECK(a.name == b.name);
+  // Segments and dilations live in the plan, not the kernel: patterns with the same masks share it.
+  const Pattern other_segments = parse_spec(R"({"attnjit": 1, "branches": [{"segment": 512}, {"segment": 8192, "dilation": 4}]})");
+  CHECK(generate_kernel(no_mask(), r).source == generate_kernel(other_segments, r).source);
+
+  KernelCache cache("", 0, false);
+  KernelCompiler compiler(cache, Knobs{});
+  CHECK(compiler.key_for(a).hex == compiler.key_for(b).hex);
+  TemplateSet changed = TemplateSet::embedded();
+  changed.replace("fwd_sm80.cuh", changed.text("fwd_sm80.cuh") + "\n// a change\n");
+  const KernelSource c = generate_kernel(p, r, changed);
+  CHECK(c.template_hash != a.template_hash);
+  CHECK(c.name != a.name);
+  CHECK(compiler.key_for(c).hex != compiler.key_for(a).hex);
+  KernelRequest other = r;
+  other.arch = 90;
+  CHECK(compiler.key_for(generate_kernel(p, other)).hex != compiler.key_for(a).hex);
+}
+
+TEST_CASE("a broken template shows numbered source, the NVRTC log and the options", "[codegen][nvrtc]") {
+  if (!nvrtc_available()) {
+    WARN("SKIPPED: NVRTC is not built in");
+    return;
+  }
+  TemplateSet broken = TemplateSet::embedded();
+  broken.replace("fwd_sm80.cuh", broken.text("fwd_sm80.cuh") + "\n__device__ int aj_broken() { return undefined_name; }\n");
+  KernelRequest r;
+  const KernelSource k = generate_kernel(no_mask(), r, broken);
+  try {
+    compile_cubin({k.name, k.source, k.arch, {}, 0});
+    FAIL("the broken template compiled");
+  } catch (const CompileError& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Catch::Contains("NVRTC failed to compile " + k.name));
+    CHECK_THAT(what, Catch::Contains("undefined_name"));
+    CHECK_THAT(what, Catch::Contains("--gpu-architecture=sm_80"));
+    CHECK_THAT(what, Catch::Contains("| __device__ int aj_broken() { return undefined_name; }"));
+  }
+}
+
+TEST_CASE("with JIT off a cache miss is an error listing the missing kernels", "[codegen][cache]") {
+  KernelCache cache("", 0, false);
+  Knobs k;
+  k.no_jit = true;
+  KernelCompiler compiler(cache, k);
+  KernelRequest r;
+  const KernelSource src = generate_kernel(no_mask(), r);
+  CHECK_THROWS_WITH(compiler.get(src), Catch::Contains("not in the cache") && Catch::Contains(src.name) &&
+                                           Catch::Contains("attnjit precompile"));
+}
+
+TEST_CASE("unsupported requests are user errors naming the fix", "[codegen]") {
+  KernelRequest r;
+  r.head_dim = 72;
+  CHECK_THROWS_WITH(generate_kernel(no_mask(), r), Catch::Contains("multiples of 16"));
+  r.head_dim = 64;
+  r.arch = 75;
+  CHECK_THROWS_WITH(generate_kernel(no_mask(), r), Catch::Contains("bfloat16 needs sm_80"));
+  r.arch = 80;
+  r.config.tile_q = 48 + 1;
+  CHECK_THROWS_WITH(generate_kernel(no_mask(), r), Catch::Contains("tile_q"));
+  r.config = KernelConfig{128, 128, 4};
+  r.head_dim = r.head_dim_v = 256;
+  CHECK_THROWS_WITH(generate_kernel(no_mask(), r), Catch::Contains("shared memory"));
+  CHECK_THROWS_WITH(parse_dtype("int8"), Catch::Contains("use fp32, fp16 or bf16"));
+}
