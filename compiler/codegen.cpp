@@ -133,6 +133,7 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const Tem
   const std::string placeholder = "AJ_KERNEL_NAME";
   source.replace(source.rfind(placeholder), placeholder.size(), k.name);
   k.source = std::move(source);
+  k.source_hash = sha256_hex(k.source);
   return k;
 }
 

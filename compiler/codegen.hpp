@@ -42,6 +42,7 @@ struct KernelSource {
   int shared_bytes = 0;       // dynamic shared memory the launch needs
   bool has_mask = false;      // some branch has a causal, window or layout predicate
   std::string template_hash;  // of the templates it was rendered from
+  std::string source_hash;    // sha256 of `source` (part of the cache key)
 };
 
 // The path a request takes: tensor cores for fp16/bf16 on sm_80+, SIMT otherwise. Rejects what no

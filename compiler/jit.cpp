@@ -32,7 +32,8 @@ KernelCache& default_kernel_cache() {
   return cache;
 }
 
-KernelCompiler::KernelCompiler(KernelCache& cache, Knobs knobs) : cache_(cache), knobs_(std::move(knobs)) {}
+KernelCompiler::KernelCompiler(KernelCache& cache, Knobs knobs)
+    : cache_(cache), knobs_(std::move(knobs)), nvrtc_version_(nvrtc_available() ? nvrtc_version() : "none") {}
 
 CompileRequest KernelCompiler::request_for(const KernelSource& k) const {
   CompileRequest r;
@@ -47,9 +48,9 @@ CacheKey KernelCompiler::key_for(const KernelSource& k) const {
   CacheKeyParts parts;
   parts.attnjit_version = ATTNJIT_VERSION;
   parts.template_hash = k.template_hash;
-  parts.source_hash = sha256_hex(k.source);
+  parts.source_hash = k.source_hash;
   parts.options = join(canonical_options(request_for(k)));
-  parts.nvrtc_version = nvrtc_version();
+  parts.nvrtc_version = nvrtc_version_;
   parts.arch = k.arch;
   return make_cache_key(parts);
 }
@@ -65,11 +66,18 @@ void KernelCompiler::dump(const KernelSource& k, const std::vector<std::string>&
   if (!std::filesystem::exists(base + ".cu")) attnjit::log(LogLevel::Warn, "cannot write kernel dumps to " + knobs_.dump_dir);
 }
 
-CompiledKernel KernelCompiler::get(const KernelSource& k) {
+std::shared_ptr<const CompiledKernel> KernelCompiler::get(const KernelSource& k) {
+  const std::string id = k.source_hash + "/" + k.arch;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = loaded_.find(id); it != loaded_.end()) return it->second;
+  }
   std::vector<std::string> errors;
   std::vector<CompiledKernel> out = get_many({k}, 1, errors);
   if (!errors[0].empty()) throw UserError(k.name + " (" + k.arch + ")", errors[0]);
-  return std::move(out[0]);
+  auto compiled = std::make_shared<const CompiledKernel>(std::move(out[0]));
+  std::lock_guard<std::mutex> lock(mutex_);
+  return loaded_.emplace(id, std::move(compiled)).first->second;
 }
 
 std::vector<CompiledKernel> KernelCompiler::get_many(const std::vector<KernelSource>& kernels, int jobs,

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -31,7 +34,8 @@ public:
   // Everything that changes the bytes: attnjit version, templates, source, options, NVRTC, arch.
   CacheKey key_for(const KernelSource& k) const;
 
-  CompiledKernel get(const KernelSource& k);
+  // Memoised: a kernel found or compiled once is handed out again without touching the cache.
+  std::shared_ptr<const CompiledKernel> get(const KernelSource& k);
 
   // Compiles misses in parallel (`jobs` threads). With no-JIT, every miss is listed in one error.
   // Failures come back as error text in `errors` (same index), never aborting the others.
@@ -47,6 +51,9 @@ private:
 
   KernelCache& cache_;
   Knobs knobs_;
+  std::string nvrtc_version_;
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<const CompiledKernel>> loaded_;  // by source hash + arch
 };
 
 // The process-wide cache built from the knobs (directory, size cap, disabled).

@@ -39,7 +39,7 @@ int dump_kernel(const Pattern& p, const DumpOptions& o) {
       std::cout << compile_ptx(req);
     } else {
       KernelCompiler compiler(default_kernel_cache(), knobs());
-      std::cout << disassemble_cubin(compiler.get(k).cubin);
+      std::cout << disassemble_cubin(compiler.get(k)->cubin);
     }
   }
   return 0;
