@@ -60,6 +60,10 @@ struct AjParams {
   int dyn_heads;
 };
 
+// The host packs these structs byte for byte (compiler/device_plan.hpp); a mismatch must not compile.
+static_assert(sizeof(AjItem) == 32 && sizeof(AjSpan) == 48 && sizeof(AjParams) == 240,
+              "plan table layout differs from compiler/device_plan.hpp");
+
 // ---- walking a work item's key tiles in order ----------------------------------------------
 
 struct AjTile {

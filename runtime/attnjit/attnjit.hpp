@@ -1,0 +1,106 @@
+// attnjit: the public C++ API.
+//
+//   attnjit::Runtime rt(attnjit::RuntimeOptions{attnjit::Device::cuda(0)});
+//   attnjit::Pattern pattern = attnjit::load_spec_file("examples/longnet.json");
+//   attnjit::Attention op = rt.prepare(pattern, {.batch = 1, .seq_q = 32768, .seq_k = 32768,
+//                                                .heads_q = 16, .heads_kv = 16, .head_dim = 128,
+//                                                .head_dim_v = 128, .dtype = attnjit::DType::BF16});
+//   op.forward(q, k, v, o, &lse, {.stream = my_stream});
+//
+// Tensors are views: [B, S, H, D] logically, any strides with a contiguous last dimension (so
+// [B, H, S, D] memory works through strides). On a CUDA device the pointers are device memory; on
+// the CPU device they are host memory and the plan executor runs the same plan.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compiler/codegen.hpp"
+#include "compiler/mask.hpp"
+#include "compiler/pattern.hpp"
+#include "compiler/spec_json.hpp"
+
+namespace attnjit {
+
+enum class DeviceKind { CPU, CUDA };
+
+struct Device {
+  DeviceKind kind = DeviceKind::CPU;
+  int index = 0;
+  static Device cpu() { return {DeviceKind::CPU, 0}; }
+  static Device cuda(int index = 0) { return {DeviceKind::CUDA, index}; }
+  std::string describe() const;
+};
+
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;    // [B, S, H, D] for q/k/v/o; [B, H, S] for lse
+  std::vector<int64_t> strides;  // in elements, one per dimension
+  // Row-major strides for `shape`.
+  static TensorView contiguous(void* data, DType dtype, std::vector<int64_t> shape);
+};
+
+struct Problem {
+  int64_t batch = 1, seq_q = 0, seq_k = 0, heads_q = 1, heads_kv = 1, head_dim = 64, head_dim_v = 64;
+  DType dtype = DType::BF16;
+};
+
+struct ForwardOptions {
+  int64_t q_offset = 0, k_offset = 0;              // global positions of row 0 (chunks, ring steps)
+  void* stream = nullptr;                          // CUstream of the caller (CUDA device)
+  const DynamicLayout* dynamic_layout = nullptr;   // host CSR table, for patterns with a dynamic layout
+};
+
+struct RuntimeOptions {
+  Device device = Device::cpu();
+  std::string cache_dir;  // empty: the ATTNJIT_CACHE_DIR knob (or ~/.cache/attnjit)
+  KernelConfig config;    // zeros: the default for the path
+};
+
+class Runtime;
+struct PreparedState;  // the plan(s), device tables and loaded kernel of one (pattern, problem)
+
+// A prepared attention: the plan (one per offsets/dynamic table, made on first use and kept), its
+// device tables (uploaded once), and the loaded kernel. Copies share the same state.
+class Attention {
+public:
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView* lse = nullptr, const ForwardOptions& options = {});
+  const Pattern& pattern() const;
+  const Problem& problem() const;
+  // The generated kernel's name, or "cpu plan executor".
+  std::string kernel_name() const;
+
+private:
+  friend class Runtime;
+  std::shared_ptr<PreparedState> state_;
+};
+
+class Runtime {
+public:
+  explicit Runtime(RuntimeOptions options = {});
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Validates the problem against the pattern and the device, plans, compiles or loads the
+  // kernel. Thread-safe.
+  Attention prepare(const Pattern& pattern, const Problem& problem);
+  const Device& device() const;
+
+  struct Impl;
+
+private:
+  friend void attention(Runtime&, const Pattern&, const TensorView&, const TensorView&, const TensorView&,
+                        const TensorView&, const TensorView*, const ForwardOptions&);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One call: prepare (cached by pattern hash and problem) and forward.
+void attention(Runtime& rt, const Pattern& pattern, const TensorView& q, const TensorView& k, const TensorView& v,
+               const TensorView& o, const TensorView* lse = nullptr, const ForwardOptions& options = {});
+
+}  // namespace attnjit

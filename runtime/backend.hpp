@@ -1,0 +1,47 @@
+// What a device does with a prepared attention. The CPU runs the plan executor; a CUDA device
+// uploads the plan tables and launches the generated kernel.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "attnjit/attnjit.hpp"
+#include "compiler/plan.hpp"
+
+namespace attnjit {
+
+// A plan for one (offsets, dynamic table) of a prepared attention, plus what the backend keeps
+// with it (device tables).
+struct PlanEntry {
+  Plan plan;
+  std::shared_ptr<void> device_state;  // backend-specific, e.g. uploaded tables
+};
+
+class Backend {
+public:
+  virtual ~Backend() = default;
+  // Called once per plan entry, before its first forward.
+  virtual void upload(PlanEntry& entry, const DynamicLayout* dynamic) = 0;
+  virtual void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& o, const TensorView* lse, const ForwardOptions& options) = 0;
+  virtual std::string kernel_name() const = 0;
+  virtual TileConfig tiles() const = 0;   // the plan's tiles must be the kernel's
+  virtual int alignment() const = 0;      // bytes the kernel's loads need
+};
+
+struct PreparedState {
+  Pattern pattern;
+  Problem problem;
+  std::unique_ptr<Backend> backend;
+  std::mutex mutex;
+  std::map<std::tuple<int64_t, int64_t, std::string>, std::shared_ptr<PlanEntry>> plans;  // by offsets, table hash
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const Pattern& p, const Problem& pb);
+std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
+                                           const KernelConfig& config);
+
+}  // namespace attnjit

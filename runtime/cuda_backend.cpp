@@ -1,0 +1,150 @@
+// A CUDA device: generate and load the kernel once, upload each plan's tables once, launch on the
+// caller's stream. Every pointer is checked to be device memory of this device before a launch.
+#include <cmath>
+
+#include "compiler/device_plan.hpp"
+#include "compiler/error.hpp"
+#include "compiler/jit.hpp"
+#include "runtime/backend.hpp"
+#include "runtime/cuda_driver.hpp"
+
+namespace attnjit {
+namespace {
+
+// The uploaded tables of one plan.
+struct GpuTables {
+  DeviceBuffer items, spans, entries, dyn_rows, dyn_cols;
+  int32_t num_items = 0;
+  int64_t dyn_q_blocks = 0;
+  int32_t dyn_heads = 1;
+};
+
+DeviceBuffer upload_bytes(const void* data, size_t bytes) {
+  DeviceBuffer b(std::max<size_t>(bytes, 16));  // never a zero-size allocation
+  if (bytes) copy_to_device(b.get(), data, bytes);
+  return b;
+}
+
+class CudaBackend final : public Backend {
+public:
+  CudaBackend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir, const KernelConfig& config)
+      : problem_(pb), device_(device), context_(shared_context(device)) {
+    context_.make_current();
+    const DeviceInfo info = device_info(device);
+    KernelRequest r;
+    r.head_dim = static_cast<int>(pb.head_dim);
+    r.head_dim_v = static_cast<int>(pb.head_dim_v);
+    r.dtype = pb.dtype;
+    r.arch = info.cc_major * 10 + info.cc_minor;
+    r.config = config;
+    source_ = generate_kernel(p, r);
+    KernelCache& cache = cache_dir.empty() ? default_kernel_cache() : own_cache(cache_dir);
+    KernelCompiler compiler(cache, knobs());
+    kernel_ = compiler.get(source_);
+    context_.make_current();
+    module_ = std::make_unique<Module>(kernel_->cubin);
+    function_ = module_->function(source_.name);
+    if (source_.shared_bytes > 48 * 1024) {
+      if (source_.shared_bytes > info.max_shared_per_block_optin) {
+        throw UserError(source_.name, "needs " + std::to_string(source_.shared_bytes) + " bytes of shared memory; " +
+                                          info.name + " allows " + std::to_string(info.max_shared_per_block_optin) +
+                                          "; use a smaller kernel tile (RuntimeOptions::config)");
+      }
+      module_->set_max_dynamic_shared(function_, source_.shared_bytes);
+    }
+  }
+
+  void upload(PlanEntry& entry, const DynamicLayout* dynamic) override {
+    context_.make_current();
+    const DevicePlan d = pack_plan(entry.plan);
+    auto t = std::make_shared<GpuTables>();
+    t->items = upload_bytes(d.items.data(), d.items.size() * sizeof(DeviceItem));
+    t->spans = upload_bytes(d.spans.data(), d.spans.size() * sizeof(DeviceSpan));
+    t->entries = upload_bytes(d.entries.data(), d.entries.size() * sizeof(int32_t));
+    t->num_items = static_cast<int32_t>(d.items.size());
+    if (dynamic) {
+      t->dyn_rows = upload_bytes(dynamic->row_offsets.data(), dynamic->row_offsets.size() * sizeof(int64_t));
+      t->dyn_cols = upload_bytes(dynamic->col_indices.data(), dynamic->col_indices.size() * sizeof(int32_t));
+      t->dyn_heads = static_cast<int32_t>(dynamic->heads);
+      t->dyn_q_blocks = (static_cast<int64_t>(dynamic->row_offsets.size()) - 1) / dynamic->heads;
+    }
+    entry.device_state = t;
+  }
+
+  void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView* lse, const ForwardOptions& options) override {
+    context_.make_current();
+    for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", lse}}) {
+      if (!t) continue;
+      const PointerInfo pi = pointer_info(t->data);
+      if (!pi.is_device_memory || pi.device_ordinal != device_) {
+        throw UserError(name, std::string("is not device memory of cuda:") + std::to_string(device_) +
+                                  "; copy it to the runtime's GPU (or use a Runtime on the CPU device for host tensors)");
+      }
+    }
+    const auto& t = *static_cast<const GpuTables*>(entry.device_state.get());
+    if (t.num_items == 0) return;
+    KernelParams kp{};
+    kp.q = q.data;
+    kp.k = k.data;
+    kp.v = v.data;
+    kp.o = o.data;
+    kp.lse = lse ? static_cast<float*>(lse->data) : nullptr;
+    kp.q_batch_stride = q.strides[0], kp.q_row_stride = q.strides[1], kp.q_head_stride = q.strides[2];
+    kp.k_batch_stride = k.strides[0], kp.k_row_stride = k.strides[1], kp.k_head_stride = k.strides[2];
+    kp.v_batch_stride = v.strides[0], kp.v_row_stride = v.strides[1], kp.v_head_stride = v.strides[2];
+    kp.o_batch_stride = o.strides[0], kp.o_row_stride = o.strides[1], kp.o_head_stride = o.strides[2];
+    kp.lse_batch_stride = lse ? lse->strides[0] : 0;
+    kp.lse_head_stride = lse ? lse->strides[1] : 0;
+    kp.q_offset = options.q_offset;
+    kp.k_offset = options.k_offset;
+    kp.heads_per_kv = static_cast<int32_t>(problem_.heads_q / problem_.heads_kv);
+    kp.num_items = t.num_items;
+    kp.scale_log2 = static_cast<float>(entry.plan.softmax_scale * 1.4426950408889634);
+    kp.output_scale = static_cast<float>(entry.plan.output_scale);
+    kp.items = reinterpret_cast<const DeviceItem*>(t.items.get());
+    kp.spans = reinterpret_cast<const DeviceSpan*>(t.spans.get());
+    kp.entries = reinterpret_cast<const int32_t*>(t.entries.get());
+    kp.dyn_row_offsets = reinterpret_cast<const int64_t*>(t.dyn_rows.get());
+    kp.dyn_cols = reinterpret_cast<const int32_t*>(t.dyn_cols.get());
+    kp.dyn_q_blocks = t.dyn_q_blocks;
+    kp.dyn_heads = t.dyn_heads;
+    void* args[] = {&kp};
+    launch(function_, static_cast<unsigned>(t.num_items), static_cast<unsigned>(problem_.batch), 1,
+           static_cast<unsigned>(source_.threads), static_cast<unsigned>(source_.shared_bytes),
+           static_cast<CUstream>(options.stream), args,
+           source_.name + " grid=(" + std::to_string(t.num_items) + "," + std::to_string(problem_.batch) +
+               ") block=" + std::to_string(source_.threads) + " smem=" + std::to_string(source_.shared_bytes));
+  }
+
+  std::string kernel_name() const override { return source_.name; }
+  TileConfig tiles() const override { return TileConfig{source_.config.tile_q, source_.config.tile_k}; }
+  int alignment() const override { return source_.path == KernelPath::Sm80 ? 16 : dtype_bytes(problem_.dtype); }
+
+private:
+  static KernelCache& own_cache(const std::string& dir) {
+    static std::mutex m;
+    static std::map<std::string, std::unique_ptr<KernelCache>> caches;
+    std::lock_guard<std::mutex> lock(m);
+    auto& c = caches[dir];
+    if (!c) c = std::make_unique<KernelCache>(dir, knobs().cache_max_bytes, true);
+    return *c;
+  }
+
+  Problem problem_;
+  int device_;
+  Context& context_;
+  KernelSource source_;
+  std::shared_ptr<const CompiledKernel> kernel_;
+  std::unique_ptr<Module> module_;
+  CUfunction function_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
+                                           const KernelConfig& config) {
+  return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config);
+}
+
+}  // namespace attnjit

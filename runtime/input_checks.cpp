@@ -1,0 +1,103 @@
+#include "runtime/input_checks.hpp"
+
+#include <algorithm>
+
+#include "compiler/error.hpp"
+
+namespace attnjit {
+namespace {
+
+std::string dims(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t n = 0; n < v.size(); ++n) s += (n ? ", " : "") + std::to_string(v[n]);
+  return s + "]";
+}
+
+void check_view(const char* name, const TensorView& t, const std::vector<int64_t>& want, DType dtype, int align) {
+  if (!t.data) throw UserError(name, "is a null pointer");
+  if (t.shape != want) {
+    throw UserError(name, "has shape " + dims(t.shape) + " but the problem needs " + dims(want) +
+                              (want.size() == 4 ? " ([batch, seq, heads, head_dim])" : " ([batch, heads_q, seq_q])"));
+  }
+  if (t.strides.size() != t.shape.size()) {
+    throw UserError(name, "has " + std::to_string(t.strides.size()) + " strides for " + std::to_string(t.shape.size()) +
+                              " dimensions; give one stride per dimension");
+  }
+  if (t.dtype != dtype) {
+    throw UserError(name, std::string("has dtype ") + to_string(t.dtype) + " but must be " + to_string(dtype));
+  }
+  if (t.strides.back() != 1) {
+    throw UserError(name, "last dimension has stride " + std::to_string(t.strides.back()) +
+                              "; it must be contiguous (stride 1); make the tensor contiguous in its last dimension");
+  }
+  for (size_t d = 0; d + 1 < t.strides.size(); ++d) {
+    if (t.strides[d] < 0) throw UserError(name, "has a negative stride in dimension " + std::to_string(d));
+  }
+  if (align > 1) {
+    const int64_t bytes = dtype_bytes(t.dtype);
+    if (reinterpret_cast<uintptr_t>(t.data) % static_cast<uintptr_t>(align) != 0) {
+      throw UserError(name, "data pointer is not " + std::to_string(align) +
+                                "-byte aligned; the kernel loads 16-byte chunks (allocate with the CUDA allocator or "
+                                "pad the tensor)");
+    }
+    for (size_t d = 0; d + 1 < t.strides.size(); ++d) {
+      if (t.strides[d] * bytes % align != 0) {
+        throw UserError(name, "stride of dimension " + std::to_string(d) + " (" + std::to_string(t.strides[d]) +
+                                  " elements) is not a multiple of " + std::to_string(align) +
+                                  " bytes; pad the head dimension or make the tensor contiguous");
+      }
+    }
+  }
+}
+
+// The byte range a view can touch.
+std::pair<uintptr_t, uintptr_t> extent(const TensorView& t) {
+  int64_t last = 0;
+  for (size_t d = 0; d < t.shape.size(); ++d) last += (t.shape[d] - 1) * t.strides[d];
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data);
+  return {begin, begin + static_cast<uintptr_t>((last + 1) * dtype_bytes(t.dtype))};
+}
+
+bool overlap(const TensorView& a, const TensorView& b) {
+  const auto [a0, a1] = extent(a);
+  const auto [b0, b1] = extent(b);
+  return a0 < b1 && b0 < a1;
+}
+
+}  // namespace
+
+void check_problem(const Problem& pb) {
+  auto positive = [](int64_t v, const char* name) {
+    if (v < 1) throw UserError(std::string("problem.") + name, "must be at least 1, got " + std::to_string(v));
+  };
+  positive(pb.batch, "batch");
+  positive(pb.seq_q, "seq_q");
+  positive(pb.seq_k, "seq_k");
+  positive(pb.heads_q, "heads_q");
+  positive(pb.heads_kv, "heads_kv");
+  positive(pb.head_dim, "head_dim");
+  positive(pb.head_dim_v, "head_dim_v");
+  if (pb.heads_q % pb.heads_kv != 0) {
+    throw UserError("problem.heads_kv", std::to_string(pb.heads_kv) + " does not divide heads_q " +
+                                            std::to_string(pb.heads_q));
+  }
+}
+
+void check_forward_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& o, const TensorView* lse, int align_bytes) {
+  check_view("q", q, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim}, pb.dtype, align_bytes);
+  check_view("k", k, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim}, pb.dtype, align_bytes);
+  check_view("v", v, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim_v}, pb.dtype, align_bytes);
+  check_view("o", o, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim_v}, pb.dtype, 1);
+  for (const auto* in : {&q, &k, &v}) {
+    if (overlap(o, *in)) throw UserError("o", "overlaps an input (q, k or v); the output must alias nothing");
+  }
+  if (lse) {
+    check_view("lse", *lse, {pb.batch, pb.heads_q, pb.seq_q}, DType::F32, 1);
+    if (overlap(*lse, o) || overlap(*lse, q) || overlap(*lse, k) || overlap(*lse, v)) {
+      throw UserError("lse", "overlaps another tensor; give it its own memory");
+    }
+  }
+}
+
+}  // namespace attnjit

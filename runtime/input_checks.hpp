@@ -1,0 +1,17 @@
+// Every input of a forward call is checked before anything runs: shapes against the problem and
+// each other, dtypes, a contiguous last dimension, alignment the kernel relies on, aliasing.
+#pragma once
+
+#include "attnjit/attnjit.hpp"
+
+namespace attnjit {
+
+// `align_bytes` > 1: base pointers and every stride (in bytes) must be multiples of it (the
+// tensor-core path loads 16-byte chunks).
+void check_forward_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& o, const TensorView* lse, int align_bytes);
+
+// The problem itself: sizes >= 1, heads_kv divides heads_q.
+void check_problem(const Problem& pb);
+
+}  // namespace attnjit

@@ -1,0 +1,136 @@
+// Runtime and Attention: prepare (validate, choose a backend, plan), then forward (check inputs,
+// find or make the plan for these offsets, run).
+#include <sstream>
+
+#include "attnjit/attnjit.hpp"
+#include "compiler/error.hpp"
+#include "compiler/sha256.hpp"
+#include "runtime/backend.hpp"
+#include "runtime/input_checks.hpp"
+
+namespace attnjit {
+
+std::string Device::describe() const { return kind == DeviceKind::CPU ? "cpu" : "cuda:" + std::to_string(index); }
+
+TensorView TensorView::contiguous(void* data, DType dtype, std::vector<int64_t> shape) {
+  TensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  t.strides.assign(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) t.strides[d - 1] = t.strides[d] * shape[d];
+  t.shape = std::move(shape);
+  return t;
+}
+
+struct Runtime::Impl {
+  RuntimeOptions options;
+  std::mutex mutex;
+  std::map<std::string, Attention> prepared;  // attention(): by pattern hash and problem
+};
+
+namespace {
+
+Shape shape_of(const Problem& pb, int64_t q_offset, int64_t k_offset) {
+  Shape s;
+  s.batch = pb.batch;
+  s.seq_q = pb.seq_q;
+  s.seq_k = pb.seq_k;
+  s.heads_q = pb.heads_q;
+  s.heads_kv = pb.heads_kv;
+  s.head_dim = pb.head_dim;
+  s.head_dim_v = pb.head_dim_v;
+  s.q_offset = q_offset;
+  s.k_offset = k_offset;
+  return s;
+}
+
+std::string table_hash(const DynamicLayout* d) {
+  if (!d) return "";
+  Sha256 h;
+  h.update(&d->heads, sizeof d->heads);
+  h.update(d->row_offsets.data(), d->row_offsets.size() * sizeof(int64_t));
+  h.update(d->col_indices.data(), d->col_indices.size() * sizeof(int32_t));
+  return h.hex_digest();
+}
+
+// The plan for these offsets and this table: made and uploaded on first use, then reused.
+std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) {
+  const auto key = std::make_tuple(o.q_offset, o.k_offset, table_hash(o.dynamic_layout));
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (auto it = st.plans.find(key); it != st.plans.end()) return it->second;
+  auto entry = std::make_shared<PlanEntry>();
+  entry->plan = lower_to_plan(st.pattern, shape_of(st.problem, o.q_offset, o.k_offset), st.backend->tiles(),
+                              o.dynamic_layout);
+  st.backend->upload(*entry, o.dynamic_layout);
+  st.plans.emplace(key, entry);
+  return entry;
+}
+
+}  // namespace
+
+Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<Impl>()) { impl_->options = std::move(options); }
+Runtime::~Runtime() = default;
+const Device& Runtime::device() const { return impl_->options.device; }
+
+Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
+  check_problem(problem);
+  check_pattern_fits(pattern, shape_of(problem, 0, 0));
+  auto st = std::make_shared<PreparedState>();
+  st->pattern = pattern;
+  st->problem = problem;
+  const RuntimeOptions& o = impl_->options;
+  st->backend = o.device.kind == DeviceKind::CPU
+                    ? make_cpu_backend(st->pattern, problem)
+                    : make_cuda_backend(st->pattern, problem, o.device.index, o.cache_dir, o.config);
+  // Plan the common case now (offsets 0), so forward() only launches.
+  if (!pattern.has_dynamic_layout()) plan_for(*st, ForwardOptions{});
+  Attention a;
+  a.state_ = std::move(st);
+  return a;
+}
+
+const Pattern& Attention::pattern() const { return state_->pattern; }
+const Problem& Attention::problem() const { return state_->problem; }
+std::string Attention::kernel_name() const { return state_->backend->kernel_name(); }
+
+void Attention::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                        const TensorView* lse, const ForwardOptions& options) {
+  if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
+  check_forward_inputs(state_->problem, q, k, v, o, lse, state_->backend->alignment());
+  if (options.q_offset < 0 || options.k_offset < 0) throw UserError("ForwardOptions", "offsets must be >= 0");
+  if (state_->pattern.has_dynamic_layout() && !options.dynamic_layout) {
+    throw UserError("ForwardOptions.dynamic_layout", "the pattern has a dynamic layout; pass its CSR table");
+  }
+  const std::shared_ptr<PlanEntry> entry = plan_for(*state_, options);
+  state_->backend->forward(*entry, q, k, v, o, lse, options);
+}
+
+void attention(Runtime& rt, const Pattern& pattern, const TensorView& q, const TensorView& k, const TensorView& v,
+               const TensorView& o, const TensorView* lse, const ForwardOptions& options) {
+  Problem pb;
+  if (q.shape.size() != 4 || k.shape.size() != 4 || v.shape.size() != 4) {
+    throw UserError("q/k/v", "must be 4-D views [batch, seq, heads, head_dim]");
+  }
+  pb.batch = q.shape[0];
+  pb.seq_q = q.shape[1];
+  pb.heads_q = q.shape[2];
+  pb.head_dim = q.shape[3];
+  pb.seq_k = k.shape[1];
+  pb.heads_kv = k.shape[2];
+  pb.head_dim_v = v.shape[3];
+  pb.dtype = q.dtype;
+  std::ostringstream key;
+  key << pattern_hash(pattern) << "/" << pb.batch << "," << pb.seq_q << "," << pb.seq_k << "," << pb.heads_q << ","
+      << pb.heads_kv << "," << pb.head_dim << "," << pb.head_dim_v << "," << to_string(pb.dtype);
+  Attention op;
+  {
+    Runtime::Impl& impl = *rt.impl_;
+    std::lock_guard<std::mutex> lock(impl.mutex);
+    auto it = impl.prepared.find(key.str());
+    if (it == impl.prepared.end()) it = impl.prepared.emplace(key.str(), rt.prepare(pattern, pb)).first;
+    op = it->second;
+  }
+  op.forward(q, k, v, o, lse, options);
+}
+
+}  // namespace attnjit

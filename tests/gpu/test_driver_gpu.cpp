@@ -1,0 +1,220 @@
+// The CUDA driver layer on a real GPU: device info, memory round trips (plain and stream-ordered),
+// a CUBIN compiled by NVRTC at test time loaded, launched and checked, event timing, pointer
+// checks and the errors a bad launch gives. Without a driver every test says SKIPPED and passes.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "compiler/error.hpp"
+#include "compiler/nvrtc_compiler.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/cuda_probe.hpp"
+
+using namespace attnjit;
+
+#define SKIP_WITHOUT_GPU()                                 \
+  do {                                                     \
+    std::string why_;                                      \
+    if (!CudaDriver::available(&why_)) {                   \
+      WARN("SKIPPED: no CUDA driver/GPU: " + why_);        \
+      return;                                              \
+    }                                                      \
+    if (device_count() == 0) {                             \
+      WARN("SKIPPED: no CUDA driver/GPU: the driver reports no GPUs"); \
+      return;                                              \
+    }                                                      \
+  } while (0)
+
+namespace {
+
+const char* kPatternSource = R"(
+extern "C" __global__ void fill_pattern(unsigned* out, unsigned n, unsigned seed) {
+  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = i * 2654435761u + seed;
+}
+
+// Goes through dynamic shared memory, so a launch with more than 48 KiB needs the opt-in.
+extern "C" __global__ void through_shared(unsigned* out, unsigned words) {
+  extern __shared__ unsigned smem[];
+  for (unsigned i = threadIdx.x; i < words; i += blockDim.x) smem[i] = i ^ 0x5a5a5a5au;
+  __syncthreads();
+  for (unsigned i = threadIdx.x; i < words; i += blockDim.x) out[i] = smem[words - 1 - i];
+}
+)";
+
+unsigned expected_pattern(unsigned i, unsigned seed) { return i * 2654435761u + seed; }
+
+std::string arch_of(const DeviceInfo& d) { return "sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor); }
+
+Module load_pattern_module(const DeviceInfo& d) {
+  const CompileResult c = compile_cubin(CompileRequest{"driver_gpu_test", kPatternSource, arch_of(d), {}, 0});
+  return Module(c.cubin, "driver_gpu_test");
+}
+
+}  // namespace
+
+TEST_CASE("device info is sane", "[gpu]") {
+  SKIP_WITHOUT_GPU();
+  CHECK(driver_version() >= 11020);
+  const int n = device_count();
+  REQUIRE(n >= 1);
+  for (int i = 0; i < n; ++i) {
+    const DeviceInfo d = device_info(i);
+    INFO(d.name << " " << arch_of(d));
+    CHECK(d.ordinal == i);
+    CHECK_FALSE(d.name.empty());
+    CHECK(d.cc_major >= 3);
+    CHECK(d.cc_minor >= 0);
+    CHECK(d.sm_count > 0);
+    CHECK(d.max_threads_per_block >= 512);
+    CHECK(d.max_shared_per_block_optin >= 48 * 1024);
+    CHECK(d.total_memory > (size_t(1) << 30));
+    CHECK(d.uuid_or_empty.rfind("GPU-", 0) == 0);
+    CHECK(d.uuid_or_empty.size() == 40);
+  }
+  CHECK_THROWS_AS(device_info(n), UserError);
+  CHECK_THROWS_AS(device_info(-1), UserError);
+  const DriverProbe p = probe_cuda_driver();
+  CHECK(p.loaded);
+  CHECK(static_cast<int>(p.gpus.size()) == n);
+  CHECK(p.driver_version == driver_version());
+}
+
+TEST_CASE("memory round trips: plain, stream-ordered, memset", "[gpu]") {
+  SKIP_WITHOUT_GPU();
+  Context& ctx = shared_context(0);
+  ctx.make_current();
+  std::vector<uint8_t> host(1 << 20);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 7 + 3);
+
+  DeviceBuffer buf(host.size(), "round trip");
+  REQUIRE(buf.get() != 0);
+  CHECK(buf.size() == host.size());
+  copy_to_device(buf.get(), host.data(), host.size());
+  std::vector<uint8_t> back(host.size());
+  copy_to_host(back.data(), buf.get(), back.size());
+  CHECK(back == host);
+
+  DeviceBuffer moved = std::move(buf);
+  CHECK(buf.get() == 0);
+  CHECK(moved.size() == host.size());
+
+  CUstream s = create_stream();
+  keep_pool_memory(0);
+  CUdeviceptr p = alloc_async(host.size(), s, "workspace");
+  REQUIRE(p != 0);
+  copy_to_device_async(p, host.data(), host.size(), s);
+  memset_d8_async(p + 100, 0xab, 50, s);
+  std::vector<uint8_t> back2(host.size());
+  copy_to_host_async(back2.data(), p, back2.size(), s);
+  free_async(p, s);
+  synchronize(s);
+  std::vector<uint8_t> want = host;
+  std::memset(want.data() + 100, 0xab, 50);
+  CHECK(back2 == want);
+  destroy_stream(s);
+}
+
+TEST_CASE("a CUBIN compiled by NVRTC loads, launches and writes its pattern", "[gpu]") {
+  SKIP_WITHOUT_GPU();
+  if (!nvrtc_available()) {
+    WARN("SKIPPED: attnjit was built without NVRTC");
+    return;
+  }
+  const DeviceInfo d = device_info(0);
+  Context ctx(0);
+  ctx.make_current();
+  Module m = load_pattern_module(d);
+  CUfunction f = m.function("fill_pattern");
+  REQUIRE(f != nullptr);
+
+  const unsigned n = 100003, seed = 12345, block = 256;
+  DeviceBuffer out(n * sizeof(unsigned));
+  CUstream s = create_stream();
+  memset_d8_async(out.get(), 0, out.size(), s);
+  CUdeviceptr out_ptr = out.get();
+  unsigned n_arg = n, seed_arg = seed;
+  void* params[] = {&out_ptr, &n_arg, &seed_arg};
+  EventTimer timer;
+  timer.record_start(s);
+  launch(f, (n + block - 1) / block, 1, 1, block, 0, s, params, "fill_pattern");
+  timer.record_stop(s);
+  std::vector<unsigned> host(n);
+  copy_to_host_async(host.data(), out.get(), out.size(), s);
+  synchronize(s, "fill_pattern");
+  const float ms = timer.elapsed_ms();
+  CHECK(ms > 0.0f);
+  size_t wrong = 0;
+  for (unsigned i = 0; i < n; ++i) wrong += host[i] != expected_pattern(i, seed);
+  CHECK(wrong == 0);
+
+  // More than 48 KiB of dynamic shared memory, after the opt-in.
+  const int smem = std::min(d.max_shared_per_block_optin, 96 * 1024);
+  const unsigned words = static_cast<unsigned>(smem) / 4;
+  CUfunction g = m.function("through_shared");
+  m.set_max_dynamic_shared(g, smem);
+  DeviceBuffer out2(words * sizeof(unsigned));
+  CUdeviceptr out2_ptr = out2.get();
+  unsigned words_arg = words;
+  void* params2[] = {&out2_ptr, &words_arg};
+  launch(g, 1, 1, 1, 256, static_cast<unsigned>(smem), s, params2, "through_shared");
+  synchronize(s, "through_shared");
+  std::vector<unsigned> host2(words);
+  copy_to_host(host2.data(), out2.get(), out2.size());
+  size_t wrong2 = 0;
+  for (unsigned i = 0; i < words; ++i) wrong2 += host2[i] != ((words - 1 - i) ^ 0x5a5a5a5au);
+  CHECK(wrong2 == 0);
+
+  // Errors name the call, the driver's error and what we were doing.
+  try {
+    m.function("no_such_kernel");
+    FAIL("no error");
+  } catch (const CudaError& e) {
+    CHECK(e.call() == "cuModuleGetFunction");
+    CHECK(e.result() == cu::CUDA_ERROR_NOT_FOUND);
+    CHECK_THAT(std::string(e.what()), Catch::Contains("CUDA_ERROR_NOT_FOUND") && Catch::Contains("no_such_kernel"));
+  }
+  try {
+    // Far more dynamic shared memory than any GPU has: the driver refuses the launch.
+    launch(f, 1, 1, 1, block, 16u << 20, s, params, "fill_pattern_too_much_smem");
+    synchronize(s);
+    FAIL("no error");
+  } catch (const CudaError& e) {
+    CHECK(e.call() == "cuLaunchKernel");
+    CHECK_THAT(std::string(e.what()), Catch::Contains("fill_pattern_too_much_smem") && Catch::Contains("grid (1, 1, 1)") &&
+                                          Catch::Contains("CUDA_ERROR_"));
+  }
+  CHECK_THROWS_AS(launch(f, 1, 70000, 1, block, 0, s, params, "fill_pattern"), UserError);
+  destroy_stream(s);
+  CHECK_THROWS_AS(Module(std::vector<uint8_t>(64, 0xff), "garbage"), CudaError);
+}
+
+TEST_CASE("pointer_info tells device memory from host memory", "[gpu]") {
+  SKIP_WITHOUT_GPU();
+  shared_context(0).make_current();
+  DeviceBuffer buf(4096);
+  const PointerInfo dev = pointer_info(reinterpret_cast<const void*>(static_cast<uintptr_t>(buf.get())));
+  CHECK(dev.is_device_memory);
+  CHECK(dev.device_ordinal == 0);
+  const PointerInfo inner = pointer_info(reinterpret_cast<const void*>(static_cast<uintptr_t>(buf.get() + 100)));
+  CHECK(inner.is_device_memory);
+
+  CUstream s = create_stream();
+  CUdeviceptr p = alloc_async(1 << 16, s);
+  synchronize(s);
+  CHECK(pointer_info(reinterpret_cast<const void*>(static_cast<uintptr_t>(p))).is_device_memory);
+  free_async(p, s);
+  synchronize(s);
+  destroy_stream(s);
+
+  std::vector<float> host(1024);
+  int on_stack = 0;
+  const PointerInfo h = pointer_info(host.data());
+  CHECK_FALSE(h.is_device_memory);
+  CHECK(h.device_ordinal == -1);
+  CHECK_FALSE(pointer_info(&on_stack).is_device_memory);
+  CHECK_FALSE(pointer_info(nullptr).is_device_memory);
+}

@@ -1,0 +1,175 @@
+// The runtime API on the CPU device: same answers as the reference through any strides and
+// dtypes; every input check is a clear error; a CUDA device without a GPU says so.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+
+#include "attnjit/attnjit.hpp"
+#include "compiler/error.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/input_checks.hpp"
+#include "runtime/npy.hpp"
+#include "runtime/reference.hpp"
+#include "tests/unit/random_patterns.hpp"
+
+using namespace attnjit;
+using attnjit::testing::CaseGenerator;
+using attnjit::testing::random_tensor;
+
+namespace {
+
+// A [B, S, H, D] tensor stored either row-major or as [B, H, S, D] (through strides).
+struct HostTensor {
+  std::vector<float> f32;
+  std::vector<uint16_t> f16;
+  TensorView view;
+
+  HostTensor(const std::vector<float>& values, std::vector<int64_t> shape, DType dt, bool bhsd) {
+    const int64_t B = shape[0], S = shape[1], H = shape[2], D = shape[3];
+    std::vector<int64_t> strides = bhsd ? std::vector<int64_t>{H * S * D, D, S * D, 1}
+                                        : std::vector<int64_t>{S * H * D, H * D, D, 1};
+    if (dt == DType::F32) f32.assign(values.size(), 0.0f); else f16.assign(values.size(), 0);
+    size_t n = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t d = 0; d < D; ++d) {
+            const int64_t at = b * strides[0] + s * strides[1] + h * strides[2] + d;
+            if (dt == DType::F32) f32[static_cast<size_t>(at)] = values[n++];
+            else f16[static_cast<size_t>(at)] = float_to_half(values[n++]);
+          }
+    view.data = dt == DType::F32 ? static_cast<void*>(f32.data()) : static_cast<void*>(f16.data());
+    view.dtype = dt;
+    view.shape = std::move(shape);
+    view.strides = strides;
+  }
+  float at(int64_t b, int64_t s, int64_t h, int64_t d) const {
+    const int64_t i = b * view.strides[0] + s * view.strides[1] + h * view.strides[2] + d;
+    return view.dtype == DType::F32 ? f32[static_cast<size_t>(i)] : half_to_float(f16[static_cast<size_t>(i)]);
+  }
+};
+
+std::vector<float> rounded_to_half(std::vector<float> v) {
+  for (float& x : v) x = half_to_float(float_to_half(x));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("the CPU device matches the reference through any layout and dtype", "[runtime][property]") {
+  CaseGenerator gen(9090);
+  Runtime rt;  // the CPU device
+  for (int n = 0; n < 120; ++n) {
+    const auto c = gen.next();
+    const Shape& s = c.shape;
+    const DType dt = n % 3 == 0 ? DType::F16 : DType::F32;
+    const bool bhsd = n % 2 == 1;
+    auto qv = random_tensor(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim), 3 * n);
+    auto kv = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 3 * n + 1);
+    auto vv = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 3 * n + 2);
+    if (dt == DType::F16) {  // the reference sees exactly the values the runtime reads
+      qv = rounded_to_half(qv);
+      kv = rounded_to_half(kv);
+      vv = rounded_to_half(vv);
+    }
+    HostTensor q(qv, {s.batch, s.seq_q, s.heads_q, s.head_dim}, dt, bhsd);
+    HostTensor k(kv, {s.batch, s.seq_k, s.heads_kv, s.head_dim}, dt, bhsd);
+    HostTensor v(vv, {s.batch, s.seq_k, s.heads_kv, s.head_dim_v}, dt, bhsd);
+    HostTensor o(std::vector<float>(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v), NAN),
+                 {s.batch, s.seq_q, s.heads_q, s.head_dim_v}, dt, bhsd);
+    std::vector<float> lse(static_cast<size_t>(s.batch * s.heads_q * s.seq_q), NAN);
+    TensorView lse_view = TensorView::contiguous(lse.data(), DType::F32, {s.batch, s.heads_q, s.seq_q});
+    Problem pb{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt};
+    ForwardOptions fo;
+    fo.q_offset = s.q_offset;
+    fo.k_offset = s.k_offset;
+    fo.dynamic_layout = c.dynamic ? &*c.dynamic : nullptr;
+    INFO("case " << n << "\n" << canonical_text(c.pattern));
+    rt.prepare(c.pattern, pb).forward(q.view, k.view, v.view, o.view, &lse_view, fo);
+    const ReferenceOutput want = reference_attention(c.pattern, s, qv.data(), kv.data(), vv.data(), fo.dynamic_layout, 1);
+    const double tol = dt == DType::F16 ? 2e-3 : 1e-5;  // fp16 output rounding
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t i = 0; i < s.seq_q; ++i)
+        for (int64_t h = 0; h < s.heads_q; ++h) {
+          const double wl = want.lse[static_cast<size_t>((b * s.heads_q + h) * s.seq_q + i)];
+          const float gl = lse[static_cast<size_t>((b * s.heads_q + h) * s.seq_q + i)];
+          if (std::isinf(wl)) REQUIRE(gl == -INFINITY); else REQUIRE(gl == Approx(wl).epsilon(1e-5).margin(1e-5));
+          for (int64_t d = 0; d < s.head_dim_v; ++d) {
+            const double w = want.o[static_cast<size_t>(((b * s.seq_q + i) * s.heads_q + h) * s.head_dim_v + d)];
+            REQUIRE(o.at(b, i, h, d) == Approx(w).epsilon(tol).margin(tol));
+          }
+        }
+  }
+}
+
+TEST_CASE("attention() prepares once per pattern and problem", "[runtime]") {
+  Runtime rt;
+  const Pattern p = PatternBuilder().causal().branch(BranchSpec().full()).build();
+  auto qv = random_tensor(2 * 8 * 2 * 4, 1);
+  std::vector<float> o(qv.size());
+  const TensorView t = TensorView::contiguous(qv.data(), DType::F32, {2, 8, 2, 4});
+  const TensorView ov = TensorView::contiguous(o.data(), DType::F32, {2, 8, 2, 4});
+  attention(rt, p, t, t, t, ov);
+  // Row 0 attends only key 0: O equals V's row 0.
+  for (int d = 0; d < 4; ++d) CHECK(o[static_cast<size_t>(d)] == Approx(qv[static_cast<size_t>(d)]));
+  std::vector<float> o2(qv.size());
+  attention(rt, p, t, t, t, TensorView::contiguous(o2.data(), DType::F32, {2, 8, 2, 4}));
+  CHECK(o == o2);
+}
+
+TEST_CASE("every bad input is a clear error before anything runs", "[runtime][errors]") {
+  Runtime rt;
+  const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
+  const Problem pb{1, 8, 8, 2, 1, 16, 16, DType::F32};
+  Attention op = rt.prepare(p, pb);
+  std::vector<float> q(8 * 2 * 16), k(8 * 16), v(8 * 16), o(8 * 2 * 16), lse(2 * 8);
+  auto Q = TensorView::contiguous(q.data(), DType::F32, {1, 8, 2, 16});
+  auto K = TensorView::contiguous(k.data(), DType::F32, {1, 8, 1, 16});
+  auto V = TensorView::contiguous(v.data(), DType::F32, {1, 8, 1, 16});
+  auto O = TensorView::contiguous(o.data(), DType::F32, {1, 8, 2, 16});
+  auto L = TensorView::contiguous(lse.data(), DType::F32, {1, 2, 8});
+  CHECK_NOTHROW(op.forward(Q, K, V, O, &L));
+
+  auto bad = [&](auto mutate, const std::string& words) {
+    TensorView q2 = Q, k2 = K, v2 = V, o2 = O, l2 = L;
+    mutate(q2, k2, v2, o2, l2);
+    CHECK_THROWS_WITH(op.forward(q2, k2, v2, o2, &l2), Catch::Contains(words));
+  };
+  bad([](TensorView& q2, auto&, auto&, auto&, auto&) { q2.shape[1] = 7; }, "q: has shape [1, 7, 2, 16] but the problem needs [1, 8, 2, 16]");
+  bad([](auto&, TensorView& k2, auto&, auto&, auto&) { k2.shape[3] = 8; }, "k: has shape");
+  bad([](auto&, auto&, TensorView& v2, auto&, auto&) { v2.dtype = DType::F16; }, "v: has dtype fp16 but must be fp32");
+  bad([](TensorView& q2, auto&, auto&, auto&, auto&) { q2.strides[3] = 2; }, "q: last dimension has stride 2");
+  bad([](TensorView& q2, auto&, auto&, auto&, auto&) { q2.data = nullptr; }, "q: is a null pointer");
+  bad([](TensorView& q2, auto&, auto&, TensorView& o2, auto&) { o2.data = q2.data; }, "o: overlaps an input");
+  bad([](auto&, auto&, auto&, auto&, TensorView& l2) { l2.shape = {1, 8, 2}; }, "lse: has shape [1, 8, 2]");
+  bad([](auto&, auto&, auto&, auto&, TensorView& l2) { l2.strides.pop_back(); }, "lse: has 2 strides for 3 dimensions");
+
+  // Alignment the tensor-core kernel needs (checked the same way on a GPU).
+  auto misaligned = Q;
+  misaligned.data = reinterpret_cast<char*>(q.data()) + 4;
+  CHECK_THROWS_WITH(check_forward_inputs(pb, misaligned, K, V, O, &L, 16), Catch::Contains("q: data pointer is not 16-byte aligned"));
+  auto odd_stride = Q;
+  odd_stride.strides = {8 * 2 * 18, 2 * 18, 18, 1};
+  CHECK_THROWS_WITH(check_forward_inputs(pb, odd_stride, K, V, O, &L, 16), Catch::Contains("q: stride of dimension 2 (18 elements) is not a multiple of 16 bytes"));
+
+  CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 0, 8, 2, 1, 16, 16, DType::F32}), Catch::Contains("problem.seq_q: must be at least 1"));
+  CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 8, 8, 3, 2, 16, 16, DType::F32}), Catch::Contains("problem.heads_kv: 2 does not divide"));
+  ForwardOptions neg;
+  neg.q_offset = -1;
+  CHECK_THROWS_WITH(op.forward(Q, K, V, O, &L, neg), Catch::Contains("offsets must be >= 0"));
+  const Pattern dyn = PatternBuilder().branch(BranchSpec().full().layout(layouts::dynamic(4, 4))).build();
+  CHECK_THROWS_WITH(rt.prepare(dyn, pb).forward(Q, K, V, O, &L), Catch::Contains("pass its CSR table"));
+}
+
+TEST_CASE("a CUDA device on a machine without a GPU is a clear error", "[runtime][errors]") {
+  std::string why;
+  if (CudaDriver::available(&why)) {
+    WARN("SKIPPED: this machine has a CUDA driver; the no-GPU error cannot be shown here");
+    return;
+  }
+  RuntimeOptions options;
+  options.device = Device::cuda(0);
+  Runtime rt(options);
+  const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
+  CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 8, 8, 1, 1, 64, 64, DType::BF16}), Catch::Contains("no GPU"));
+}
