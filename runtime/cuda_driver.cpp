@@ -79,7 +79,8 @@ CUdevice device_handle(int ordinal) {
   X(cuDeviceGetCount, "cuDeviceGetCount", nullptr) X(cuDeviceGet, "cuDeviceGet", nullptr) \
   X(cuDeviceGetName, "cuDeviceGetName", nullptr) X(cuDeviceGetAttribute, "cuDeviceGetAttribute", nullptr) \
   X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", nullptr) X(cuDeviceGetUuid, "cuDeviceGetUuid_v2", "cuDeviceGetUuid") \
-  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", nullptr) X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", nullptr) \
+  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", nullptr) \
+  X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", nullptr) \
   X(cuCtxSetCurrent, "cuCtxSetCurrent", nullptr) X(cuCtxGetCurrent, "cuCtxGetCurrent", nullptr) \
   X(cuModuleLoadData, "cuModuleLoadData", nullptr) X(cuModuleUnload, "cuModuleUnload", nullptr) \
   X(cuModuleGetFunction, "cuModuleGetFunction", nullptr) X(cuFuncSetAttribute, "cuFuncSetAttribute", nullptr) \
@@ -92,7 +93,8 @@ CUdevice device_handle(int ordinal) {
   X(cuStreamCreate, "cuStreamCreate", nullptr) X(cuStreamDestroy, "cuStreamDestroy_v2", nullptr) \
   X(cuStreamSynchronize, "cuStreamSynchronize", nullptr) X(cuEventCreate, "cuEventCreate", nullptr) \
   X(cuEventDestroy, "cuEventDestroy_v2", nullptr) X(cuEventRecord, "cuEventRecord", nullptr) \
-  X(cuEventSynchronize, "cuEventSynchronize", nullptr) X(cuEventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime") \
+  X(cuEventSynchronize, "cuEventSynchronize", nullptr) \
+  X(cuEventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime") \
   X(cuPointerGetAttribute, "cuPointerGetAttribute", nullptr)
 
 
@@ -159,11 +161,8 @@ bool CudaDriver::available(std::string* why) noexcept {
     DriverLoader& l = loader();
     if (why) *why = l.ok ? std::string() : l.why;
     return l.ok;
-  } catch (const std::exception& e) {
-    if (why) *why = std::string("loading the CUDA driver failed: ") + e.what();
-    return false;
-  } catch (...) {
-    if (why) *why = "loading the CUDA driver failed";
+  } catch (...) {  // std::bad_alloc: the loader itself never throws
+    if (why) *why = "loading the CUDA driver failed (out of memory)";
     return false;
   }
 }
@@ -262,16 +261,9 @@ Context& shared_context(int ordinal) {
   static std::mutex mu;
   static auto* contexts = new std::map<int, std::unique_ptr<Context>>;  // never destroyed, on purpose
   std::lock_guard<std::mutex> lock(mu);
-  std::unique_ptr<Context>& c = (*contexts)[ordinal];
-  if (!c) {
-    try {
-      c = std::make_unique<Context>(ordinal);
-    } catch (...) {
-      contexts->erase(ordinal);
-      throw;
-    }
-  }
-  return *c;
+  auto it = contexts->find(ordinal);
+  if (it == contexts->end()) it = contexts->emplace(ordinal, std::make_unique<Context>(ordinal)).first;
+  return *it->second;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -315,9 +307,8 @@ CUfunction Module::function(const std::string& name) const {
 }
 
 void Module::set_max_dynamic_shared(CUfunction f, int bytes) const {
-  check(api().cuFuncSetAttribute(f, cu::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes),
-          "cuFuncSetAttribute",
-          with_context("CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = " + std::to_string(bytes), context_));
+  check(api().cuFuncSetAttribute(f, cu::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes), "cuFuncSetAttribute",
+        with_context("CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = " + std::to_string(bytes), context_));
 }
 
 void launch(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x, unsigned shared_bytes,
@@ -333,12 +324,11 @@ void launch(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z, uns
   limit("grid_y", grid_y, 65535u, "blocks in grid dimension y");
   limit("grid_z", grid_z, 65535u, "blocks in grid dimension z");
   limit("block_x", block_x, 1024u, "threads per block");
-  const CudaDriver& d = CudaDriver::get();
   const std::string config = "grid (" + std::to_string(grid_x) + ", " + std::to_string(grid_y) + ", " +
                              std::to_string(grid_z) + "), block (" + std::to_string(block_x) + ", 1, 1), " +
                              std::to_string(shared_bytes) + " B dynamic shared memory";
-  d.check(d.api().cuLaunchKernel(f, grid_x, grid_y, grid_z, block_x, 1, 1, shared_bytes, stream, params, nullptr),
-          "cuLaunchKernel", context.empty() ? config : context + ": " + config);
+  check(api().cuLaunchKernel(f, grid_x, grid_y, grid_z, block_x, 1, 1, shared_bytes, stream, params, nullptr),
+        "cuLaunchKernel", context.empty() ? config : context + ": " + config);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -394,7 +384,8 @@ void copy_to_device_async(CUdeviceptr dst, const void* src, size_t bytes, CUstre
 
 void copy_to_host(void* dst, CUdeviceptr src, size_t bytes, const std::string& context) {
   if (bytes) {
-    check(api().cuMemcpyDtoH(dst, src, bytes), "cuMemcpyDtoH_v2", bytes_context("copying", bytes, " to the host", context));
+    check(api().cuMemcpyDtoH(dst, src, bytes), "cuMemcpyDtoH_v2",
+          bytes_context("copying", bytes, " to the host", context));
   }
 }
 
@@ -421,7 +412,9 @@ DeviceBuffer::DeviceBuffer(size_t bytes, const std::string& context) : bytes_(by
 DeviceBuffer::~DeviceBuffer() { reset(); }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : ptr_(std::exchange(other.ptr_, 0)), bytes_(std::exchange(other.bytes_, 0)), ctx_(std::exchange(other.ctx_, nullptr)) {}
+    : ptr_(std::exchange(other.ptr_, 0)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      ctx_(std::exchange(other.ctx_, nullptr)) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
@@ -449,14 +442,12 @@ void DeviceBuffer::reset() {
 
 CUstream create_stream(bool non_blocking) {
   CUstream s = nullptr;
-  check(api().cuStreamCreate(&s, non_blocking ? cu::CU_STREAM_NON_BLOCKING : cu::CU_STREAM_DEFAULT),
-          "cuStreamCreate");
+  check(api().cuStreamCreate(&s, non_blocking ? cu::CU_STREAM_NON_BLOCKING : cu::CU_STREAM_DEFAULT), "cuStreamCreate");
   return s;
 }
 
 void destroy_stream(CUstream stream) {
-  if (!stream) return;
-  check(api().cuStreamDestroy(stream), "cuStreamDestroy_v2");
+  if (stream) check(api().cuStreamDestroy(stream), "cuStreamDestroy_v2");
 }
 
 void synchronize(CUstream stream, const std::string& context) {

@@ -1,5 +1,9 @@
 // attnjit info: versions, driver and GPUs.
 #include <iostream>
+#include <sstream>
+
+#include "compiler/jit.hpp"
+#include "compiler/knobs.hpp"
 
 #include "runtime/cuda_probe.hpp"
 #include "tools/cli_common.hpp"
@@ -14,6 +18,13 @@ void register_info(CLI::App& app, int& rc) {
       std::cout << "attnjit " << ATTNJIT_VERSION << "\n";
       std::cout << "spec format: " << kSpecVersion << "\n";
       std::cout << "nvrtc: " << nvrtc_version_string() << "\n";
+      const KernelCache& cache = default_kernel_cache();
+      const CacheStats cs = cache.stats();
+      std::cout << "kernel cache: " << (cache.disk_enabled() ? cache.dir() : "memory only") << " (" << cs.entries
+                << " entries, " << cs.bytes << " bytes)\n";
+      std::cout << "knobs:\n";
+      std::istringstream lines(knobs().describe());
+      for (std::string line; std::getline(lines, line);) std::cout << "  " << line << "\n";
       const DriverProbe d = probe_cuda_driver();
       if (!d.loaded) {
         std::cout << "cuda driver: none\n  " << d.problem << "\n";

@@ -10,6 +10,7 @@
 #include "runtime/npy.hpp"
 #include "compiler/plan.hpp"
 #include "runtime/plan_executor.hpp"
+#include "tools/run_gpu.hpp"
 #include "runtime/reference.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
@@ -18,7 +19,8 @@ namespace attnjit::cli {
 
 namespace {
 struct RunOptions {
-  std::string spec, q, k, v, out, lse, dynamic, device = "cpu", executor = "reference", tile = "64x64";
+  std::string spec, q, k, v, out, lse, dynamic, device = "cpu", executor = "reference", tile = "64x64",
+              dtype = "fp32";
   ShapeOptions shape;
   std::optional<uint64_t> random_seed;
   unsigned threads = 0;
@@ -107,7 +109,9 @@ int run_attention(const RunOptions& o) {
   const DynamicLayout* table = dyn ? &*dyn : nullptr;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<float> of, lf;
-  if (o.executor == "plan") {
+  if (o.device == "gpu") {
+    run_on_gpu(p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), of, lf);
+  } else if (o.executor == "plan") {
     const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table);
     ExecutorOutput r = execute_plan(plan, p, in.q.data(), in.k.data(), in.v.data(), table, o.threads);
     of = std::move(r.o);
@@ -126,7 +130,8 @@ int run_attention(const RunOptions& o) {
   for (float x : lf) empty += std::isinf(x);
   for (float x : of) mean_abs += std::abs(x);
   mean_abs /= static_cast<double>(of.size());
-  std::cout << "ran " << pattern_hash(p) << " on the cpu " << o.executor << " executor: batch=" << s.batch << " seq_q=" << s.seq_q
+  std::cout << "ran " << pattern_hash(p) << " on " << (o.device == "gpu" ? "the gpu (" + o.dtype + ")" : "the cpu " + o.executor + " executor")
+            << ": batch=" << s.batch << " seq_q=" << s.seq_q
             << " seq_k=" << s.seq_k << " heads_q=" << s.heads_q << " heads_kv=" << s.heads_kv << " head_dim=" << s.head_dim
             << " head_dim_v=" << s.head_dim_v << " in " << secs << " s\n";
   std::cout << "  mean |O| = " << mean_abs << ", rows with no keys: " << empty << " of " << lf.size() << "\n";
@@ -148,7 +153,9 @@ void register_run(CLI::App& app, int& rc) {
   sub->add_option("--random", o->random_seed, "use random normal inputs with this seed (needs --seq)");
   o->shape.add_to(sub, true);
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
-  sub->add_option("--device", o->device, "where to run")->check(CLI::IsMember({"cpu"}))->capture_default_str();
+  sub->add_option("--device", o->device, "where to run")->check(CLI::IsMember({"cpu", "gpu"}))->capture_default_str();
+  sub->add_option("--dtype", o->dtype, "with --device gpu: the dtype the inputs are converted to (fp32, fp16, bf16)")
+      ->capture_default_str();
   sub->add_option("--threads", o->threads, "CPU threads (0: all)");
   sub->add_option("--executor", o->executor, "on the CPU: the float64 reference, or the plan executor (float32, tile by tile)")
       ->check(CLI::IsMember({"reference", "plan"}))

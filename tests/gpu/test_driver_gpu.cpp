@@ -184,8 +184,8 @@ TEST_CASE("a CUBIN compiled by NVRTC loads, launches and writes its pattern", "[
     FAIL("no error");
   } catch (const CudaError& e) {
     CHECK(e.call() == "cuLaunchKernel");
-    CHECK_THAT(std::string(e.what()), Catch::Contains("fill_pattern_too_much_smem") && Catch::Contains("grid (1, 1, 1)") &&
-                                          Catch::Contains("CUDA_ERROR_"));
+    CHECK_THAT(std::string(e.what()), Catch::Contains("fill_pattern_too_much_smem") &&
+                                          Catch::Contains("grid (1, 1, 1)") && Catch::Contains("CUDA_ERROR_"));
   }
   CHECK_THROWS_AS(launch(f, 1, 70000, 1, block, 0, s, params, "fill_pattern"), UserError);
   destroy_stream(s);

@@ -1,0 +1,89 @@
+#include "tools/run_gpu.hpp"
+
+#include <attnjit/attnjit.hpp>
+#include <cstring>
+
+#include "runtime/cuda_driver.hpp"
+#include "runtime/npy.hpp"
+
+namespace attnjit::cli {
+namespace {
+
+std::vector<uint8_t> encode(const std::vector<float>& x, DType dt) {
+  std::vector<uint8_t> out(x.size() * static_cast<size_t>(dtype_bytes(dt)));
+  for (size_t n = 0; n < x.size(); ++n) {
+    if (dt == DType::F32) {
+      std::memcpy(out.data() + 4 * n, &x[n], 4);
+      continue;
+    }
+    uint16_t h;
+    if (dt == DType::F16) {
+      h = float_to_half(x[n]);
+    } else {
+      uint32_t bits;
+      std::memcpy(&bits, &x[n], 4);
+      bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even (inputs are finite)
+      h = static_cast<uint16_t>(bits >> 16);
+    }
+    std::memcpy(out.data() + 2 * n, &h, 2);
+  }
+  return out;
+}
+
+std::vector<float> decode(const std::vector<uint8_t>& b, DType dt) {
+  std::vector<float> out(b.size() / static_cast<size_t>(dtype_bytes(dt)));
+  for (size_t n = 0; n < out.size(); ++n) {
+    if (dt == DType::F32) {
+      std::memcpy(&out[n], b.data() + 4 * n, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, b.data() + 2 * n, 2);
+      if (dt == DType::F16) {
+        out[n] = half_to_float(h);
+      } else {
+        const uint32_t bits = uint32_t{h} << 16;
+        std::memcpy(&out[n], &bits, 4);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void run_on_gpu(const Pattern& p, const Shape& s, const std::vector<float>& q, const std::vector<float>& k,
+                const std::vector<float>& v, const DynamicLayout* dynamic, DType dtype, std::vector<float>& o,
+                std::vector<float>& lse) {
+  RuntimeOptions ro;
+  ro.device = Device::cuda(0);
+  Runtime rt(ro);
+  const Problem pb{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dtype};
+  Attention op = rt.prepare(p, pb);
+  auto upload = [&](const std::vector<float>& x) {
+    const std::vector<uint8_t> bytes = encode(x, dtype);
+    DeviceBuffer b(bytes.size());
+    copy_to_device(b.get(), bytes.data(), bytes.size());
+    return b;
+  };
+  DeviceBuffer dq = upload(q), dk = upload(k), dv = upload(v);
+  const std::vector<int64_t> os{s.batch, s.seq_q, s.heads_q, s.head_dim_v};
+  std::vector<uint8_t> obytes(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v * dtype_bytes(dtype)));
+  DeviceBuffer dout(obytes.size()), dlse(static_cast<size_t>(s.batch * s.heads_q * s.seq_q) * sizeof(float));
+  auto view = [&](const DeviceBuffer& b, DType dt, std::vector<int64_t> shape) {
+    return TensorView::contiguous(reinterpret_cast<void*>(b.get()), dt, std::move(shape));
+  };
+  const TensorView lse_view = view(dlse, DType::F32, {s.batch, s.heads_q, s.seq_q});
+  ForwardOptions fo;
+  fo.q_offset = s.q_offset;
+  fo.k_offset = s.k_offset;
+  fo.dynamic_layout = dynamic;
+  op.forward(view(dq, dtype, {s.batch, s.seq_q, s.heads_q, s.head_dim}), view(dk, dtype, {s.batch, s.seq_k, s.heads_kv, s.head_dim}),
+             view(dv, dtype, {s.batch, s.seq_k, s.heads_kv, s.head_dim_v}), view(dout, dtype, os), &lse_view, fo);
+  synchronize(nullptr);
+  copy_to_host(obytes.data(), dout.get(), obytes.size());
+  o = decode(obytes, dtype);
+  lse.resize(static_cast<size_t>(s.batch * s.heads_q * s.seq_q));
+  copy_to_host(lse.data(), dlse.get(), lse.size() * sizeof(float));
+}
+
+}  // namespace attnjit::cli
