@@ -107,9 +107,9 @@ void check_blocks_inside_sequence(const Pattern& p, int64_t seq_q, int64_t seq_k
     if (b.layout) check_layout_blocks(*b.layout, seq_q, seq_k);
 }
 
-void check_pattern_fits(const Pattern& p, const Shape& s) {
-  auto positive = [](int64_t v, const char* name) {
-    if (v < 1) throw UserError(name, "must be at least 1, got " + std::to_string(v));
+void check_shape(const Shape& s, const std::string& prefix) {
+  auto positive = [&](int64_t v, const char* name) {
+    if (v < 1) throw UserError(prefix + name, "must be at least 1, got " + std::to_string(v));
   };
   positive(s.batch, "batch");
   positive(s.seq_q, "seq_q");
@@ -118,12 +118,17 @@ void check_pattern_fits(const Pattern& p, const Shape& s) {
   positive(s.heads_kv, "heads_kv");
   positive(s.head_dim, "head_dim");
   positive(s.head_dim_v, "head_dim_v");
-  if (s.q_offset < 0) throw UserError("q_offset", "must be >= 0, got " + std::to_string(s.q_offset));
-  if (s.k_offset < 0) throw UserError("k_offset", "must be >= 0, got " + std::to_string(s.k_offset));
+  if (s.q_offset < 0) throw UserError(prefix + "q_offset", "must be >= 0, got " + std::to_string(s.q_offset));
+  if (s.k_offset < 0) throw UserError(prefix + "k_offset", "must be >= 0, got " + std::to_string(s.k_offset));
   if (s.heads_q % s.heads_kv != 0) {
-    throw UserError("heads_kv", std::to_string(s.heads_kv) + " does not divide heads_q " + std::to_string(s.heads_q) +
-                                    "; each key/value head must serve the same number of query heads");
+    throw UserError(prefix + "heads_kv", std::to_string(s.heads_kv) + " does not divide heads_q " +
+                                             std::to_string(s.heads_q) +
+                                             "; each key/value head must serve the same number of query heads");
   }
+}
+
+void check_pattern_fits(const Pattern& p, const Shape& s) {
+  check_shape(s, "");
   if (p.combine == Combine::HeadGroups && static_cast<int64_t>(p.branches.size()) > s.heads_q) {
     throw UserError("/branches", "head_groups needs one query head per branch at least, but there are " +
                                      std::to_string(p.branches.size()) + " branches and " +

@@ -94,6 +94,9 @@ struct Shape {
 // The softmax scale of a call: the pattern's `scale`, or 1/sqrt(head_dim).
 double softmax_scale(const Pattern& p, const Shape& s);
 
+// Sizes >= 1, offsets >= 0, heads_kv dividing heads_q; errors name `prefix` + the field.
+void check_shape(const Shape& s, const std::string& prefix);
+
 // Checks what can only be checked once the shape is known (heads in range, enough heads for the
 // head groups, one explicit list per head, GQA divisibility, lengths >= 1).
 // Throws UserError naming the JSON pointer or the shape field and the fix.

@@ -66,22 +66,21 @@ bool overlap(const TensorView& a, const TensorView& b) {
 
 }  // namespace
 
-void check_problem(const Problem& pb) {
-  auto positive = [](int64_t v, const char* name) {
-    if (v < 1) throw UserError(std::string("problem.") + name, "must be at least 1, got " + std::to_string(v));
-  };
-  positive(pb.batch, "batch");
-  positive(pb.seq_q, "seq_q");
-  positive(pb.seq_k, "seq_k");
-  positive(pb.heads_q, "heads_q");
-  positive(pb.heads_kv, "heads_kv");
-  positive(pb.head_dim, "head_dim");
-  positive(pb.head_dim_v, "head_dim_v");
-  if (pb.heads_q % pb.heads_kv != 0) {
-    throw UserError("problem.heads_kv", std::to_string(pb.heads_kv) + " does not divide heads_q " +
-                                            std::to_string(pb.heads_q));
-  }
+Shape problem_shape(const Problem& pb, int64_t q_offset, int64_t k_offset) {
+  Shape s;
+  s.batch = pb.batch;
+  s.seq_q = pb.seq_q;
+  s.seq_k = pb.seq_k;
+  s.heads_q = pb.heads_q;
+  s.heads_kv = pb.heads_kv;
+  s.head_dim = pb.head_dim;
+  s.head_dim_v = pb.head_dim_v;
+  s.q_offset = q_offset;
+  s.k_offset = k_offset;
+  return s;
 }
+
+void check_problem(const Problem& pb) { check_shape(problem_shape(pb, 0, 0), "problem."); }
 
 void check_forward_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& o, const TensorView* lse, int align_bytes) {

@@ -11,6 +11,9 @@ namespace attnjit {
 void check_forward_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& o, const TensorView* lse, int align_bytes);
 
+// The Shape of a call of this problem at these offsets.
+Shape problem_shape(const Problem& pb, int64_t q_offset, int64_t k_offset);
+
 // The problem itself: sizes >= 1, heads_kv divides heads_q.
 void check_problem(const Problem& pb);
 

@@ -30,20 +30,6 @@ struct Runtime::Impl {
 
 namespace {
 
-Shape shape_of(const Problem& pb, int64_t q_offset, int64_t k_offset) {
-  Shape s;
-  s.batch = pb.batch;
-  s.seq_q = pb.seq_q;
-  s.seq_k = pb.seq_k;
-  s.heads_q = pb.heads_q;
-  s.heads_kv = pb.heads_kv;
-  s.head_dim = pb.head_dim;
-  s.head_dim_v = pb.head_dim_v;
-  s.q_offset = q_offset;
-  s.k_offset = k_offset;
-  return s;
-}
-
 std::string table_hash(const DynamicLayout* d) {
   if (!d) return "";
   Sha256 h;
@@ -59,7 +45,7 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
   std::lock_guard<std::mutex> lock(st.mutex);
   if (auto it = st.plans.find(key); it != st.plans.end()) return it->second;
   auto entry = std::make_shared<PlanEntry>();
-  entry->plan = lower_to_plan(st.pattern, shape_of(st.problem, o.q_offset, o.k_offset), st.backend->tiles(),
+  entry->plan = lower_to_plan(st.pattern, problem_shape(st.problem, o.q_offset, o.k_offset), st.backend->tiles(),
                               o.dynamic_layout);
   st.backend->upload(*entry, o.dynamic_layout);
   st.plans.emplace(key, entry);
@@ -74,7 +60,7 @@ const Device& Runtime::device() const { return impl_->options.device; }
 
 Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   check_problem(problem);
-  check_pattern_fits(pattern, shape_of(problem, 0, 0));
+  check_pattern_fits(pattern, problem_shape(problem, 0, 0));
   auto st = std::make_shared<PreparedState>();
   st->pattern = pattern;
   st->problem = problem;
