@@ -42,7 +42,7 @@ public:
     KernelCompiler compiler(cache, knobs());
     kernel_ = compiler.get(source_);
     context_.make_current();
-    module_ = std::make_unique<Module>(kernel_->cubin);
+    module_ = load_module(device, *kernel_);
     function_ = module_->function(source_.name);
     if (source_.shared_bytes > 48 * 1024) {
       if (source_.shared_bytes > info.max_shared_per_block_optin) {
@@ -122,6 +122,16 @@ public:
   int alignment() const override { return source_.path == KernelPath::Sm80 ? 16 : dtype_bytes(problem_.dtype); }
 
 private:
+  // A CUBIN is loaded once per device and shared by every prepared attention that uses it.
+  static std::shared_ptr<Module> load_module(int device, const CompiledKernel& k) {
+    static std::mutex m;
+    static std::map<std::pair<int, std::string>, std::shared_ptr<Module>> modules;
+    std::lock_guard<std::mutex> lock(m);
+    auto& slot = modules[{device, k.key.hex}];
+    if (!slot) slot = std::make_shared<Module>(k.cubin, k.name);
+    return slot;
+  }
+
   static KernelCache& own_cache(const std::string& dir) {
     static std::mutex m;
     static std::map<std::string, std::unique_ptr<KernelCache>> caches;
@@ -136,7 +146,7 @@ private:
   Context& context_;
   KernelSource source_;
   std::shared_ptr<const CompiledKernel> kernel_;
-  std::unique_ptr<Module> module_;
+  std::shared_ptr<Module> module_;
   CUfunction function_ = nullptr;
 };
 
