@@ -125,9 +125,10 @@ private:
   // A CUBIN is loaded once per device and shared by every prepared attention that uses it.
   static std::shared_ptr<Module> load_module(int device, const CompiledKernel& k) {
     static std::mutex m;
-    static std::map<std::pair<int, std::string>, std::shared_ptr<Module>> modules;
+    // Never destroyed: unloading at exit could run after the driver itself is gone.
+    static auto* modules = new std::map<std::pair<int, std::string>, std::shared_ptr<Module>>;
     std::lock_guard<std::mutex> lock(m);
-    auto& slot = modules[{device, k.key.hex}];
+    auto& slot = (*modules)[{device, k.key.hex}];
     if (!slot) slot = std::make_shared<Module>(k.cubin, k.name);
     return slot;
   }
