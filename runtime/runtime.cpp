@@ -5,7 +5,11 @@
 #include "attnjit/attnjit.hpp"
 #include "compiler/error.hpp"
 #include "compiler/sha256.hpp"
+#include "compiler/autotune.hpp"
+#include "compiler/knobs.hpp"
+#include "compiler/tuning_db.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/gpu_timer.hpp"
 #include "runtime/input_checks.hpp"
 
 namespace attnjit {
@@ -52,6 +56,30 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
   return entry;
 }
 
+// The kernel configuration for a CUDA problem: the caller's, else the tuning database's (exact key,
+// nearest bucket, or the heuristic default), tuning first on a miss when tuning is on.
+KernelConfig tuned_config(const Pattern& pattern, const Problem& problem, const RuntimeOptions& o) {
+  if (!(o.config == KernelConfig{})) return o.config;
+  const TuningGpu gpu = tuning_gpu(o.device.index);
+  const TuneKey key = tune_key_for(gpu, pattern, problem);
+  TuningDb db(default_db_files(knobs(), gpu.name));
+  if ((o.tune || knobs().tune) && db.needs_retune(key) && !pattern.has_dynamic_layout()) {
+    log(LogLevel::Warn, "tuning " + key.describe() + " on first use (tuning is on); the result goes to " + db.files()[0].path);
+    GpuTuneOptions to;
+    to.device = o.device.index;
+    to.cache_dir = o.cache_dir;
+    const GpuTuneOutcome out = tune_on_gpu(pattern, problem, TuneBudget{}, to);
+    db.record(db.files()[0].path, out.key, out.result, out.metadata);
+    return out.result.best;
+  }
+  const LookupResult r = db.lookup(key);
+  if (knobs().print_autotuning) {
+    log(LogLevel::Warn, "autotune: " + key.describe() + " -> " + describe(r.config) + " (" + to_string(r.source) + ": " +
+                            r.why + ")");
+  }
+  return r.config;
+}
+
 }  // namespace
 
 Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<Impl>()) { impl_->options = std::move(options); }
@@ -67,7 +95,7 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   const RuntimeOptions& o = impl_->options;
   st->backend = o.device.kind == DeviceKind::CPU
                     ? make_cpu_backend(st->pattern, problem)
-                    : make_cuda_backend(st->pattern, problem, o.device.index, o.cache_dir, o.config);
+                    : make_cuda_backend(st->pattern, problem, o.device.index, o.cache_dir, tuned_config(pattern, problem, o));
   // Plan the common case now (offsets 0), so forward() only launches.
   if (!pattern.has_dynamic_layout()) plan_for(*st, ForwardOptions{});
   Attention a;

@@ -12,5 +12,6 @@ void register_info(CLI::App& app, int& rc);
 void register_dump(CLI::App& app, int& rc);
 void register_compile(CLI::App& app, int& rc);  // compile and precompile
 void register_cache(CLI::App& app, int& rc);
+void register_tune(CLI::App& app, int& rc);
 
 }  // namespace attnjit::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   attnjit::cli::register_dump(app, rc);
   attnjit::cli::register_compile(app, rc);
   attnjit::cli::register_cache(app, rc);
+  attnjit::cli::register_tune(app, rc);
   attnjit::cli::register_info(app, rc);
   // CLI11 answers a mistyped subcommand with "A subcommand is required"; name it and the choices instead.
   const CLI::App& defined = app;

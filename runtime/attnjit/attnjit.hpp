@@ -57,7 +57,8 @@ struct ForwardOptions {
 struct RuntimeOptions {
   Device device = Device::cpu();
   std::string cache_dir;  // empty: the ATTNJIT_CACHE_DIR knob (or ~/.cache/attnjit)
-  KernelConfig config;    // zeros: the default for the path
+  KernelConfig config;    // zeros: the tuning database's choice (or the path's default)
+  bool tune = false;      // tune on a database miss (also the ATTNJIT_TUNE knob)
 };
 
 class Runtime;

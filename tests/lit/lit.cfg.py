@@ -54,6 +54,10 @@ config.substitutions.append(("%examples", examples))
 for tool, path in [("attnjit", attnjit)] + [(t, os.path.join(llvm_tools, t)) for t in ("FileCheck", "not", "split-file")]:
     config.substitutions.append((r"(?<![-_./%%\w])%s(?![-_./\w])" % tool, path))
 
+# Some tests are about a machine without a GPU (the errors users see there).
+if not os.path.exists("/dev/nvidia0") and not os.path.exists("/dev/nvidiactl"):
+    config.available_features.add("no-gpu")
+
 # The tests must not depend on the caller's locale or attnjit settings.
 config.environment["LC_ALL"] = "C"
 for name in list(config.environment):

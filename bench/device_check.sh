@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# The one script a GPU machine runs (DESIGN.md section 4): build, GPU tests, unit tests,
+# compute-sanitizer, benchmarks; one report.
+#
+#   bash bench/device_check.sh OUTDIR      (from the repository root, with .deps/ carried along:
+#                                           tools/stage_deps.sh makes it on a machine with the packages)
+#
+# Steps: versions, configure + build (Release, build-device/, -DATTNJIT_LIT_TESTS=OFF, .deps),
+# nvidia-smi, attnjit info, ctest -L gpu, the unit tests, compute-sanitizer memcheck and racecheck
+# on the GPU tests' [sanitize] subset, attnjit_gpu_bench over examples/*.json at seq 4096 and 16384
+# (16 heads, head dim 128, bf16). Each step runs under `timeout` within an overall budget
+# (ATTNJIT_DC_BUDGET seconds, default 540; later steps keep a reserve); a failing step does not
+# stop the others. After every step OUTDIR/report.md and OUTDIR/report.json are rewritten, so a
+# run cut short still leaves a report. Logs: OUTDIR/logs/. Exit status: 1 if any step failed or
+# timed out, else 0 (steps skipped for want of a GPU or a tool do not fail the run).
+#
+# Environment: BUILD_DIR (build-device), JOBS (nproc), ATTNJIT_DC_BUDGET (540),
+# ATTNJIT_DC_FULL_UNIT=1 also runs the NVRTC matrix unit test (about 4 minutes of compiles that
+# do not need a GPU and run on every CPU machine; left out by default to keep this under 10 minutes).
+set -uo pipefail
+[ $# -ge 1 ] || { echo "usage: bash bench/device_check.sh OUTDIR" >&2; exit 2; }
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mkdir -p "$1/logs" || exit 2
+out="$(cd "$1" && pwd)"
+cd "$root" || exit 2
+build="${BUILD_DIR:-$root/build-device}"
+jobs="${JOBS:-$(nproc)}"
+budget="${ATTNJIT_DC_BUDGET:-540}"
+t_start=$(date +%s)
+steps="$out/steps.tsv"
+: > "$steps"
+rm -f "$out/gpu_cases.jsonl" "$out/bench.json"
+export ATTNJIT_CACHE_DIR="$build/kernel-cache"  # kernels compiled by the GPU tests are reused by the sanitizer runs
+export PATH="$PATH:/usr/local/cuda/bin:/usr/local/cuda/compute-sanitizer"
+
+elapsed() { echo $(( $(date +%s) - t_start )); }
+
+# step NAME TIMEOUT RESERVE COMMAND: runs COMMAND (a bash string) with its output in logs/NAME.log,
+# for at most min(TIMEOUT, what is left of the budget after RESERVE seconds kept for later steps).
+# Status: pass, fail, timeout, skipped (exit 77, or a SKIPPED line from a tool that degrades).
+step() {
+  local name="$1" limit="$2" reserve="$3" cmd="$4" log="$out/logs/$1.log"
+  local left=$(( budget - $(elapsed) - reserve ))
+  (( left < limit )) && limit=$left
+  if (( limit < 10 )); then
+    echo "skipped: out of time (budget ${budget}s)" > "$log"
+    record "$name" skipped 0 - "out of time: the ${budget}s budget is spent"
+    return
+  fi
+  echo "== [$(elapsed)s] $name (limit ${limit}s): $(echo "$cmd" | grep -m1 . | cut -c1-160)"
+  local t0=$(date +%s)
+  timeout -k 10 "$limit" bash -c "$cmd" > "$log" 2>&1
+  local rc=$? secs=$(( $(date +%s) - t0 )) status=pass note=""
+  if (( rc == 124 || rc == 137 )); then status=timeout; note="killed after ${limit}s"
+  elif (( rc != 0 && rc != 77 )); then status=fail; note="exit status $rc"
+  elif (( rc == 77 )) || grep -qE '^SKIPPED|\*\*\*Skipped|^skipped:' "$log"; then
+    status=skipped; note="$(grep -m1 -E 'SKIPPED|Skipped|skipped:' "$log" | cut -c1-200)"
+  fi
+  record "$name" "$status" "$secs" "$rc" "$note"
+  echo "   -> $status (${secs}s) $note"
+  tail -n 5 "$log" | sed 's/^/   | /'
+}
+record() {  # NAME STATUS SECONDS RC NOTE
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$(echo "$5" | tr '\t\n' '  ')" >> "$steps"
+  write_report
+}
+skip() { echo "skipped: $2" > "$out/logs/$1.log"; record "$1" skipped 0 - "$2"; echo "== $1: skipped: $2"; }
+
+write_report() {
+  command -v python3 > /dev/null || { cp "$steps" "$out/report.md"; return; }
+  OUT="$out" ROOT="$root" BUDGET="$budget" ELAPSED="$(elapsed)" python3 - <<'PY' || echo "device_check: report generation failed" >&2
+import json, os, re, time
+out, root = os.environ["OUT"], os.environ["ROOT"]
+def read(p, default=""):
+    try:
+        with open(p, errors="replace") as f: return f.read()
+    except OSError: return default
+def tail(text, n=40): return "\n".join(text.rstrip("\n").split("\n")[-n:])
+steps = []
+for line in read(f"{out}/steps.tsv").splitlines():
+    name, status, secs, rc, note = (line.split("\t") + [""] * 5)[:5]
+    log = read(f"{out}/logs/{name}.log")
+    steps.append({"name": name, "status": status, "seconds": int(secs or 0), "exit_code": None if rc in ("-", "") else int(rc),
+                  "note": note, "log": f"logs/{name}.log", "log_tail": tail(log)})
+logs = {s["name"]: read(f"{out}/logs/{s['name']}.log") for s in steps}
+junit = {}  # every test of the JUnit files (ctest per test, Catch2 per test case)
+import glob, xml.etree.ElementTree as ET
+for path in sorted(glob.glob(f"{out}/*.xml")):
+    try:
+        cases_xml = ET.parse(path).getroot().iter("testcase")
+    except (ET.ParseError, OSError):
+        continue
+    rows = []
+    for tc in cases_xml:
+        st = "failed" if tc.find("failure") is not None or tc.find("error") is not None else \
+             "skipped" if tc.find("skipped") is not None or tc.get("status") in ("notrun", "disabled") else "passed"
+        rows.append({"name": tc.get("name"), "classname": tc.get("classname"), "time_s": float(tc.get("time") or 0), "status": st})
+    junit[os.path.basename(path)] = rows
+cases = [json.loads(l) for l in read(f"{out}/gpu_cases.jsonl").splitlines() if l.strip()]
+suites = {}
+for c in cases:
+    s = suites.setdefault(c["suite"], {"cases": 0, "passed": 0, "max_err_o": {}, "max_err_lse": {}})
+    s["cases"] += 1; s["passed"] += bool(c["ok"])
+    for k in ("max_err_o", "max_err_lse"):
+        v = c[k] if isinstance(c[k], (int, float)) else float("inf")
+        s[k][c["dtype"]] = max(s[k].get(c["dtype"], 0.0), v)
+bench = None
+for line in logs.get("gpu_bench", "").splitlines():
+    if line.startswith("JSON "):
+        bench = json.loads(line[5:])
+if bench is not None:
+    with open(f"{out}/bench.json", "w") as f: json.dump(bench, f, indent=1)
+def grab(name, pattern):
+    return [m.group(0) for m in re.finditer(pattern, logs.get(name, ""), re.M)]
+versions = {}
+for line in logs.get("versions", "").splitlines():
+    if ": " in line and not line.startswith(" "):
+        k, v = line.split(": ", 1); versions.setdefault(k.strip(), v.strip())
+smi = {}
+for line in logs.get("nvidia_smi", "").splitlines():
+    if line.startswith("QUERY "):
+        keys = ["gpu_name", "driver_version", "memory_total", "sm_clock_max", "power_limit", "compute_cap"]
+        smi = dict(zip(keys, [x.strip() for x in line[6:].split(",")]))
+failed = [s["name"] for s in steps if s["status"] in ("fail", "timeout")]
+report = {"generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "root": root,
+          "budget_s": int(os.environ["BUDGET"]), "elapsed_s": int(os.environ["ELAPSED"]),
+          "ok": not failed, "failed_steps": failed, "versions": versions, "nvidia_smi": smi,
+          "device": (bench or {}).get("device"), "steps": steps,
+          "gpu_tests": {"catch_summary": grab("gpu_tests", r"^(test cases|assertions|All tests passed).*$"),
+                        "suite_lines": grab("gpu_tests", r"^\w+: \d+/\d+ cases passed.*$"),
+                        "suites": suites, "cases": cases},
+          "unit_tests": {"summary": grab("unit_tests", r"^\d+% tests passed.*$"),
+                         "failed": grab("unit_tests", r"^\s+\d+ - .*\((Failed|Timeout|SEGFAULT|Not Run|Exception).*$")},
+          "sanitizers": {n: grab(n, r"^=+ ERROR SUMMARY.*$|^=+ RACECHECK SUMMARY.*$") for n in ("memcheck", "racecheck")},
+          "junit": junit, "bench": bench}
+with open(f"{out}/report.json", "w") as f: json.dump(report, f, indent=1)
+md = [f"# attnjit device check", "",
+      f"- result: **{'PASS' if not failed else 'FAIL: ' + ', '.join(failed)}** ({report['elapsed_s']} s of a {report['budget_s']} s budget, {report['generated_utc']})",
+      f"- device: {smi.get('gpu_name') or (bench or {}).get('device', {}).get('name', 'none found')}"
+      f" (driver {smi.get('driver_version', '?')}, {smi.get('memory_total', '?')}, compute capability {smi.get('compute_cap', '?')})"]
+md += [f"- {k}: {v}" for k, v in versions.items()]
+md += ["", "## Steps", "", "| step | status | seconds | note |", "| --- | --- | --- | --- |"]
+md += [f"| {s['name']} | {s['status']} | {s['seconds']} | {s['note'].replace('|', '/')} |" for s in steps]
+if suites:
+    md += ["", "## GPU correctness (max error = \\|got - want\\| / (1 + \\|want\\|))", "", "| suite | passed | max error o | max error lse |", "| --- | --- | --- | --- |"]
+    for name, s in suites.items():
+        fmt = lambda d: ", ".join(f"{k} {v:.2g}" for k, v in sorted(d.items()))
+        md.append(f"| {name} | {s['passed']}/{s['cases']} | {fmt(s['max_err_o'])} | {fmt(s['max_err_lse'])} |")
+    bad = [c for c in cases if not c["ok"]]
+    if bad:
+        md += ["", f"{len(bad)} failing case(s) (first 20):", ""]
+        md += [f"- `{c['case']}` {c['dtype']} d={c['head_dim']}/{c['head_dim_v']} seq={c['seq_q']}x{c['seq_k']} "
+               f"heads={c['heads_q']}/{c['heads_kv']} {c['layout']}: {c['error'] or c['first_mismatch']}" for c in bad[:20]]
+if bench and bench.get("results"):
+    md += ["", "## Bench (useful TFLOP/s = 4 * d * attended pairs * batch / median time; L2 flushed before each run)", "",
+           "| spec | seq | pairs | density | median ms | min ms | TFLOP/s | TTFR cold ms | TTFR warm disk ms | TTFR warm memory ms | kernel |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in bench["results"]:
+        if not r.get("ok"):
+            md.append(f"| {r['name']} | {r['seq']} | error: {r.get('error', '')[:150]} | | | | | | | | |"); continue
+        t = r.get("ttfr", {}); f = lambda x, p=3: "-" if x is None else f"{x:.{p}f}"
+        md.append(f"| {r['name']} | {r['seq']} | {r['attended_pairs']} | {r['density']:.4f} | {f(r.get('median_ms'))} | {f(r.get('min_ms'))} | "
+                  f"{f(r.get('tflops'), 1)} | {f(t.get('cold_ms'), 1)} | {f(t.get('warm_disk_ms'), 1)} | {f(t.get('warm_memory_ms'), 1)} | {r.get('kernel', '-')} |")
+for name, rows in junit.items():
+    bad = [r["name"] for r in rows if r["status"] == "failed"]
+    md += ["", f"- {name}: {sum(r['status'] == 'passed' for r in rows)} passed, {len(bad)} failed, "
+               f"{sum(r['status'] == 'skipped' for r in rows)} skipped" + (": " + "; ".join(bad[:10]) if bad else "")]
+md += ["", "## Logs (last 40 lines of each; full logs in logs/)"]
+for s in steps:
+    md += ["", f"### {s['name']}: {s['status']}", "", "```", s["log_tail"].replace("```", "'''"), "```"]
+with open(f"{out}/report.md", "w") as f: f.write("\n".join(md) + "\n")
+PY
+}
+
+# ---- the steps ----------------------------------------------------------------------------------
+
+step versions 30 500 '
+echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"; echo "host: $(hostname)"; echo "kernel: $(uname -sr)"
+echo "cpus: $(nproc)"; echo "cpu: $(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed "s/^ //")"
+echo "memory: $(grep MemTotal /proc/meminfo | tr -s " " | cut -d" " -f2-)"
+echo "g++: $(g++ --version | head -n1)"; echo "cmake: $(cmake --version | head -n1)"
+echo "nvcc: $(nvcc --version 2>/dev/null | grep -m1 release || echo none)"
+echo "compute-sanitizer: $(compute-sanitizer --version 2>/dev/null | grep -m1 -i version || echo none)"
+echo "python: $(python3 --version 2>&1)"
+echo "torch: $(timeout 20 python3 -c "import torch; print(torch.__version__, \"cuda\", torch.version.cuda)" 2>/dev/null || echo none)"
+echo "git: $(git -C "'"$root"'" rev-parse --short HEAD 2>/dev/null || echo "no .git in this copy")"
+echo "deps: $(head -n1 "'"$root"'/.deps/STAGED.txt" 2>/dev/null || echo "no .deps/ (system packages, if any)")"
+'
+step configure 180 420 "cmake -S '$root' -B '$build' -DCMAKE_BUILD_TYPE=Release -DATTNJIT_LIT_TESTS=OFF \
+  -DATTNJIT_DEPS_DIR='$root/.deps' && grep -E '^(Catch2|CLI11|nlohmann_json|CUDAToolkit_NVCC_EXECUTABLE)[_A-Za-z]*:' '$build/CMakeCache.txt'"
+step build 420 330 "cmake --build '$build' -j $jobs"
+if command -v nvidia-smi > /dev/null; then
+  step nvidia_smi 30 320 "nvidia-smi; echo; echo \"QUERY \$(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit,compute_cap --format=csv,noheader | head -n1)\""
+else
+  skip nvidia_smi "nvidia-smi is not on this machine"
+fi
+step attnjit_info 30 320 "'$build/attnjit' info"
+
+have_gpu=0
+if [ -x "$build/tests/attnjit_gpu_tests" ]; then
+  timeout 60 "$build/tests/attnjit_gpu_tests" --list-test-names-only > "$out/logs/gpu_probe.log" 2>&1 && have_gpu=1
+fi
+ctest_help="$(ctest --help 2>/dev/null)"
+junit() { [[ "$ctest_help" == *--output-junit* ]] && echo "--output-junit '$out/$1'"; }
+# ctest runs the whole GPU executable as one test; each attention case lands in gpu_cases.jsonl, and
+# a second, quick run of the other GPU tests (the driver layer) gives their results one by one.
+driver_cases=""
+(( have_gpu )) && driver_cases="; '$build/tests/attnjit_gpu_tests' '~[attention]' -r junit -o '$out/catch_gpu_driver.xml' > /dev/null 2>&1"
+step gpu_tests 300 210 "cd '$build' && ATTNJIT_GPU_TEST_REPORT='$out/gpu_cases.jsonl' ctest -L gpu --output-on-failure -V \
+  --timeout 280 $(junit ctest_gpu.xml); rc=\$? $driver_cases; exit \$rc"
+unit_filter="-E 'every template variant compiles'"
+[ "${ATTNJIT_DC_FULL_UNIT:-0}" = 1 ] && unit_filter=""
+step unit_tests 240 150 "cd '$build' && ctest -LE gpu $unit_filter -j $jobs --output-on-failure --timeout 230 $(junit ctest_unit.xml)"
+
+sanitizer="$(command -v compute-sanitizer || true)"
+san_args="--error-exitcode 1 --print-limit 20 '$build/tests/attnjit_gpu_tests' '[sanitize]'"
+if (( ! have_gpu )); then
+  skip memcheck "no GPU ($(head -c 200 "$out/logs/gpu_probe.log" 2>/dev/null))"
+  skip racecheck "no GPU"
+elif [ -z "$sanitizer" ]; then
+  skip memcheck "compute-sanitizer not found (PATH, /usr/local/cuda/bin)"
+  skip racecheck "compute-sanitizer not found"
+else
+  step memcheck 150 100 "'$sanitizer' --tool memcheck $san_args"
+  step racecheck 150 70 "'$sanitizer' --tool racecheck $san_args"
+fi
+
+specs=()
+for f in "$root"/examples/*.json; do grep -q '"attnjit_manifest"' "$f" || specs+=("$f"); done
+step gpu_bench 240 5 "'$build/bench/attnjit_gpu_bench' --seq 4096,16384 --heads 16 --head-dim 128 --dtype bf16 --batch 1 ${specs[*]}"
+
+write_report
+echo "== [$(elapsed)s] done: $out/report.md, $out/report.json"
+if grep -qP '\t(fail|timeout)\t' "$steps"; then
+  echo "FAILED steps: $(awk -F'\t' '$2=="fail"||$2=="timeout"{printf "%s ", $1}' "$steps")"
+  exit 1
+fi
+exit 0

@@ -1,0 +1,495 @@
+// The autotuner and the tuning database, offline: candidates, pruning, the search with an injected
+// timer (ties, failures), keys and bucket fallback, metadata, corrupt files, concurrent writers,
+// user-over-shipped precedence, and `attnjit tune` without a GPU.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "compiler/autotune.hpp"
+#include "compiler/error.hpp"
+#include "compiler/knobs.hpp"
+#include "compiler/tuning_db.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/gpu_timer.hpp"
+
+using namespace attnjit;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char pattern[] = "/tmp/attnjit-tune-test-XXXXXX";
+    REQUIRE(::mkdtemp(pattern) != nullptr);
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+// Captures what is written to stderr (fd 2) between construction and text().
+class StderrCapture {
+public:
+  StderrCapture() : file_(std::tmpfile()) {
+    std::fflush(stderr);
+    saved_ = ::dup(2);
+    ::dup2(::fileno(file_), 2);
+  }
+  ~StderrCapture() {
+    restore();
+    std::fclose(file_);
+  }
+  std::string text() {
+    restore();
+    std::string out;
+    std::rewind(file_);
+    for (int c; (c = std::fgetc(file_)) != EOF;) out += static_cast<char>(c);
+    return out;
+  }
+
+private:
+  void restore() {
+    if (saved_ < 0) return;
+    std::fflush(stderr);
+    ::dup2(saved_, 2);
+    ::close(saved_);
+    saved_ = -1;
+  }
+  std::FILE* file_;
+  int saved_ = -1;
+};
+
+bool warnings_shown() { return knobs().log_level >= LogLevel::Warn; }
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  REQUIRE(out.good());
+}
+
+// Samples per config (by describe()), or a throw for configs in `fail`.
+class FakeTimer : public CandidateTimer {
+public:
+  std::map<std::string, std::vector<double>> samples;
+  std::map<std::string, std::string> fail;
+  std::vector<KernelConfig> timed;
+  int last_warmup = -1, last_iterations = -1;
+  std::vector<double> time_ms(const KernelConfig& c, int warmup, int iterations) override {
+    timed.push_back(c);
+    last_warmup = warmup, last_iterations = iterations;
+    if (fail.count(describe(c))) throw std::runtime_error(fail[describe(c)]);
+    return samples.at(describe(c));
+  }
+};
+
+const KernelConfig kA{64, 64, 2}, kB{64, 32, 2}, kC{128, 64, 2};
+
+TuneKey key_for(int64_t bucket, const std::string& sig = "0123456789abcdef") {
+  return TuneKey{"NVIDIA H100 80GB HBM3", 132, 90, sig, 128, 128, DType::BF16, bucket};
+}
+
+TuneResult result_for(const KernelConfig& best, double ms = 1.0) {
+  TuneResult r;
+  r.candidates = {{KernelConfig{64, 64, 2}, "ok", 1.5, 1.4, 1.6}, {best, "ok", ms, ms, ms},
+                  {KernelConfig{128, 128, 3}, "pruned: spills 8B stores, 8B loads"}};
+  r.best = best;
+  r.best_ms = ms;
+  r.default_ms = 1.5;
+  return r;
+}
+
+DbMetadata meta(const std::string& version = ATTNJIT_VERSION) {
+  DbMetadata m = running_metadata();
+  m.attnjit_version = version;
+  m.gpu = "NVIDIA H100 80GB HBM3", m.sm_count = 132, m.arch = 90, m.driver_version = 13000;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("sequence buckets and pattern signatures key the results", "[autotune]") {
+  CHECK(seq_bucket_of(1) == 1);
+  CHECK(seq_bucket_of(4096) == 4096);
+  CHECK(seq_bucket_of(4097) == 8192);
+  CHECK(seq_bucket_of(3000) == 4096);
+  CHECK(seq_bucket_of(3000, {1024, 8192, 32768}) == 8192);
+  CHECK(seq_bucket_of(100000, {1024, 8192, 32768}) == 32768);
+  CHECK_THROWS_AS(seq_bucket_of(0), UserError);
+  CHECK_THROWS_AS(seq_bucket_of(10, {8192, 1024}), UserError);
+
+  const Pattern a = PatternBuilder().branch(BranchSpec().segment(2048).dilation(1)).build();
+  const Pattern b = PatternBuilder().branch(BranchSpec().segment(4096).dilation(1)).build();
+  const Pattern c = PatternBuilder().branch(BranchSpec().segment(2048).dilation(2)).build();
+  CHECK(pattern_signature(a) != pattern_signature(b));
+  CHECK(pattern_signature(a) != pattern_signature(c));
+  CHECK(pattern_signature(a) == pattern_signature(PatternBuilder().branch(BranchSpec().segment(2048)).build()));
+  CHECK(key_for(4096).describe() == "NVIDIA H100 80GB HBM3 (132 SMs, sm_90) pattern 0123456789abcdef d=128/128 bf16 seq<=4096");
+}
+
+TEST_CASE("candidates come in a fixed order with the default first", "[autotune]") {
+  KernelRequest r;  // bf16, d=128, sm_80: the tensor-core path
+  r.config = {128, 128, 4};  // ignored
+  const std::vector<KernelConfig> c = candidate_configs(r);
+  KernelRequest d = r;
+  d.config = {};
+  REQUIRE(!c.empty());
+  CHECK(c[0] == resolve_config(d));
+  CHECK(c == candidate_configs(r));
+  std::vector<std::string> names;
+  for (const KernelConfig& k : c) names.push_back(describe(k));
+  // 64x128 s3 and 128x128 need more than sm_80's 163 KB of shared memory at d=128.
+  CHECK(names == std::vector<std::string>{"64x64 s2", "64x32 s2", "64x32 s3", "64x64 s3", "64x128 s2", "128x32 s2",
+                                          "128x32 s3", "128x64 s2", "128x64 s3"});
+  for (const KernelConfig& k : c) {
+    d.config = k;
+    CHECK(resolve_config(d) == k);
+  }
+
+  KernelRequest simt;
+  simt.dtype = DType::F16;
+  simt.arch = 70;
+  const std::vector<KernelConfig> s = candidate_configs(simt);
+  REQUIRE(choose_path(simt) == KernelPath::Simt);
+  CHECK(describe(s[0]) == "32x32 s1");
+  CHECK(s.size() == 6);
+}
+
+TEST_CASE("ties within the tolerance go to the earlier candidate, every run", "[autotune]") {
+  FakeTimer t;
+  t.samples["64x64 s2"] = {1.00, 1.01, 0.99};
+  t.samples["64x32 s2"] = {0.99, 0.99, 0.99};  // 1% faster: a tie
+  t.samples["128x64 s2"] = {1.2};
+  TuneBudget budget;
+  budget.warmup = 4, budget.max_iterations = 7;
+  const TuneResult r = tune({kA, kB, kC}, t, budget);
+  CHECK(r.best == kA);
+  CHECK(r.best_ms == Approx(1.00));
+  CHECK(r.default_ms == Approx(1.00));
+  CHECK(t.last_warmup == 4);
+  CHECK(t.last_iterations == 7);
+  REQUIRE(r.candidates.size() == 3);
+  CHECK(r.candidates[1].status == "ok");
+  CHECK(r.candidates[2].p20_ms == Approx(1.2));
+
+  // Swapping the order swaps the winner: the order, not the noise, decides.
+  FakeTimer t2 = t;
+  CHECK(tune({kB, kA, kC}, t2, budget).best == kB);
+
+  // A clear win (10%) is taken whatever the order.
+  t.samples["64x32 s2"] = {0.90};
+  CHECK(tune({kA, kB, kC}, t, budget).best == kB);
+
+  // Repeated runs with noise well inside the tolerance pick the same winner.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> noise(-0.004, 0.004);
+  for (int run = 0; run < 20; ++run) {
+    FakeTimer n;
+    for (const auto& [name, ms] : std::map<std::string, double>{{"64x64 s2", 1.0}, {"64x32 s2", 0.995}, {"128x64 s2", 1.3}}) {
+      for (int i = 0; i < 9; ++i) n.samples[name].push_back(ms * (1 + noise(rng)));
+    }
+    CHECK(tune({kA, kB, kC}, n, budget).best == kA);
+  }
+}
+
+TEST_CASE("median and percentiles come from the samples", "[autotune]") {
+  FakeTimer t;
+  t.samples["64x64 s2"] = {5, 1, 4, 2, 3, 1e9 /* outlier */, -1 /* invalid, dropped */};
+  const TuneResult r = tune({kA}, t, TuneBudget{});
+  CHECK(r.candidates[0].median_ms == Approx(3.5));
+  CHECK(r.candidates[0].p20_ms == Approx(2.0));
+  CHECK(r.candidates[0].p80_ms == Approx(5.0));
+}
+
+TEST_CASE("a failing candidate scores +inf and tuning goes on", "[autotune]") {
+  FakeTimer t;
+  t.samples["64x64 s2"] = {1.0};
+  t.fail["64x32 s2"] = "cuLaunchKernel failed: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES";
+  t.samples["128x64 s2"] = {0.8};
+  std::vector<std::pair<size_t, size_t>> seen;
+  const TuneResult r = tune({kA, kB, kC}, t, TuneBudget{}, [&](size_t d, size_t n) { seen.push_back({d, n}); });
+  CHECK(t.timed.size() == 3);
+  CHECK(r.candidates[1].status == "failed: cuLaunchKernel failed: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES");
+  CHECK(std::isinf(r.candidates[1].median_ms));
+  CHECK(std::isinf(r.candidates[1].p80_ms));
+  CHECK(r.best == kC);
+  CHECK(seen.back() == std::pair<size_t, size_t>{3, 3});
+  const std::string table = format_tune_table(r);
+  CHECK(table.find("* 128x64 s2") != std::string::npos);  // the winner is marked
+  CHECK(table.find("inf  failed: cuLaunchKernel failed") != std::string::npos);
+  CHECK(table.find("ok (default)") != std::string::npos);
+
+  // Nothing runs: no winner, the default stays the answer.
+  FakeTimer all;
+  all.fail["64x64 s2"] = "boom";
+  const TuneResult none = tune({kA}, all, TuneBudget{});
+  CHECK_FALSE(none.found());
+  CHECK(none.best == kA);
+  CHECK(none.candidates[0].status == "failed: boom");
+}
+
+TEST_CASE("the compile check prunes before timing", "[autotune]") {
+  FakeTimer t;
+  t.samples["64x64 s2"] = {1.0};
+  t.samples["128x64 s2"] = {0.5};
+  const CompileCheck check = [](const KernelConfig& c) -> std::optional<std::string> {
+    if (c == kB) return std::string("spills 64B stores, 64B loads");
+    if (c == kC) throw std::runtime_error("NVRTC failed to compile");
+    return std::nullopt;
+  };
+  const std::vector<std::string> skip = prune_candidates({kA, kB, kC}, {}, check);
+  CHECK(skip == std::vector<std::string>{"", "pruned: spills 64B stores, 64B loads", "failed: NVRTC failed to compile"});
+  const TuneResult r = tune({kA, kB, kC}, skip, t, TuneBudget{});
+  CHECK(t.timed == std::vector<KernelConfig>{kA});
+  CHECK(r.candidates[1].status == "pruned: spills 64B stores, 64B loads");
+  CHECK(std::isinf(r.candidates[1].median_ms));
+  CHECK(r.best == kA);
+}
+
+TEST_CASE("the cost model prunes configs computing over 1.5x the leanest one's pairs", "[autotune]") {
+  // Injected costs: the default is kept whatever it costs; exactly 1.5x is kept.
+  const std::map<std::string, int64_t> pairs{{"64x64 s2", 400}, {"64x32 s2", 100}, {"128x64 s2", 150}, {"128x32 s2", 151}};
+  const CostModel cost = [&](const KernelConfig& c) { return pairs.at(describe(c)); };
+  const std::vector<std::string> skip = prune_candidates({kA, kB, kC, KernelConfig{128, 32, 2}}, cost, {});
+  CHECK(skip[0].empty());
+  CHECK(skip[1].empty());
+  CHECK(skip[2].empty());
+  CHECK(skip[3] == "pruned: computes 151 pairs, over 1.5x the leanest candidate's 100 (cost model)");
+
+  // Planned for real: a 32-token causal window wastes most of a 128x128 tile.
+  const Pattern p = PatternBuilder().causal().window(32, 0).branch(BranchSpec().full()).build();
+  const Shape s{1, 4096, 4096, 1, 1, 128, 128};
+  const int64_t small = planned_pairs(p, s, KernelConfig{64, 32, 2});
+  const int64_t big = planned_pairs(p, s, KernelConfig{128, 128, 2});
+  CHECK(static_cast<double>(big) > 1.5 * static_cast<double>(small));
+  const std::vector<std::string> real = prune_candidates(
+      {kB, KernelConfig{128, 128, 2}}, [&](const KernelConfig& c) { return planned_pairs(p, s, c); }, {});
+  CHECK(real[0].empty());
+  CHECK(real[1].rfind("pruned: computes ", 0) == 0);
+}
+
+TEST_CASE("lookup: exact key, then the nearest bucket, then the heuristic", "[autotune]") {
+  TempDir tmp;
+  const std::string file = tmp.file("gpu.json");
+  {
+    TuningDb writer({});
+    writer.record(file, key_for(4096), result_for(kB), meta());
+    writer.record(file, key_for(65536), result_for(kC), meta());
+  }
+  const TuningDb db({file}, meta());
+  LookupResult r = db.lookup(key_for(4096));
+  CHECK(r.source == LookupResult::Source::Exact);
+  CHECK(r.config == kB);
+  CHECK(r.file == file);
+  CHECK_FALSE(db.needs_retune(key_for(4096)));
+
+  r = db.lookup(key_for(8192));  // 2x from 4096, 8x from 65536
+  CHECK(r.source == LookupResult::Source::NearestBucket);
+  CHECK(r.config == kB);
+  CHECK(r.why.find("nearest tuned bucket 4096") != std::string::npos);
+  CHECK(db.needs_retune(key_for(8192)));
+  CHECK(db.lookup(key_for(32768)).config == kC);  // 2x from 65536, 8x from 4096
+  CHECK(db.lookup(key_for(16384)).config == kB);  // 4x either way: the smaller bucket
+
+  for (TuneKey other : {key_for(4096, "fedcba9876543210"), key_for(4096)}) {
+    if (other.pattern_signature == "0123456789abcdef") other.dtype = DType::F16;
+    r = db.lookup(other);
+    CHECK(r.source == LookupResult::Source::Heuristic);
+    CHECK(r.config == KernelConfig{});
+    CHECK(r.file.empty());
+    CHECK(r.why.find("using the default config") != std::string::npos);
+  }
+  CHECK(std::string(to_string(LookupResult::Source::NearestBucket)) == "nearest bucket");
+}
+
+TEST_CASE("the database keeps every candidate and writes +inf as null", "[autotune]") {
+  TempDir tmp;
+  const std::string file = tmp.file("sub/dir/gpu.json");
+  TuningDb db({file});
+  db.record(file, key_for(4096), result_for(kB, 0.75), meta());
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  CHECK(text.str().find("\"attnjit_tuning_db\": 1") != std::string::npos);
+  CHECK(text.str().find("\"median_ms\": null") != std::string::npos);
+  CHECK(text.str().find("\"tuned_at\": \"20") != std::string::npos);
+  const DbFile f = parse_tuning_db(file, text.str(), meta());
+  REQUIRE(f.problem.empty());
+  CHECK(f.trusted);
+  CHECK(f.metadata.gpu == "NVIDIA H100 80GB HBM3");
+  CHECK(f.metadata.driver_version == 13000);
+  REQUIRE(f.entries.size() == 1);
+  const TuneResult& r = f.entries[0].result;
+  REQUIRE(r.candidates.size() == 3);
+  CHECK(r.candidates[2].status == "pruned: spills 8B stores, 8B loads");
+  CHECK(std::isinf(r.candidates[2].median_ms));
+  CHECK(r.candidates[0].p20_ms == 1.4);
+  CHECK(r.best_ms == 0.75);
+  CHECK(db.lookup(key_for(4096)).config == kB);  // the in-memory copy is refreshed by record()
+  // Recording the same key again replaces it.
+  db.record(file, key_for(4096), result_for(kC), meta());
+  CHECK(TuningDb({file}).files()[0].entries.size() == 1);
+  CHECK(TuningDb({file}).lookup(key_for(4096)).config == kC);
+}
+
+TEST_CASE("entries tuned with another attnjit or NVRTC version are ignored", "[autotune]") {
+  TempDir tmp;
+  const std::string file = tmp.file("gpu.json");
+  write_text(file, serialize_tuning_db(meta("0.0.1-old"), {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z"}}));
+  const TuningDb db({file}, meta());
+  CHECK(db.files()[0].present);
+  CHECK_FALSE(db.files()[0].trusted);
+  const LookupResult r = db.lookup(key_for(4096));
+  CHECK(r.source == LookupResult::Source::Heuristic);
+  CHECK(r.why.find("ignored " + file) != std::string::npos);
+  CHECK(r.why.find("0.0.1-old") != std::string::npos);
+  CHECK(db.needs_retune(key_for(4096)));
+
+  DbMetadata nvrtc = meta();
+  nvrtc.nvrtc_version = "1.0";
+  write_text(file, serialize_tuning_db(nvrtc, {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z"}}));
+  CHECK(TuningDb({file}, meta()).lookup(key_for(4096)).source == LookupResult::Source::Heuristic);
+  // Recording with today's versions starts the file afresh.
+  TuningDb({file}).record(file, key_for(8192), result_for(kC), meta());
+  const TuningDb fresh({file}, meta());
+  CHECK(fresh.files()[0].trusted);
+  CHECK(fresh.files()[0].entries.size() == 1);
+}
+
+TEST_CASE("a corrupt database file is one warning, then ignored", "[autotune]") {
+  TempDir tmp;
+  const std::string file = tmp.file("gpu.json");
+  const std::string good = serialize_tuning_db(meta(), {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z"}});
+  std::string wrong_type = good;
+  wrong_type.replace(wrong_type.find("\"head_dim\": 128"), 15, "\"head_dim\": \"x\"");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"attnjit_tuning_db\": 1, \"entr", "invalid JSON"},
+      {good.substr(0, good.size() / 2), "invalid JSON"},
+      {"[1, 2, 3]", "not an attnjit tuning database"},
+      {"{\"attnjit_tuning_db\": 7}", "/attnjit_tuning_db: format 7"},
+      {wrong_type, "/entries/0/key/head_dim: expected an integer"},
+      {std::string("\0\x01\xff garbage", 11), "invalid JSON"}};
+  for (const auto& [text, problem] : cases) {
+    write_text(file, text);
+    StderrCapture err;
+    std::optional<TuningDb> db;
+    REQUIRE_NOTHROW(db.emplace(std::vector<std::string>{file}, meta()));
+    const LookupResult r = db->lookup(key_for(4096));
+    const std::string out = err.text();
+    CHECK(r.source == LookupResult::Source::Heuristic);
+    CHECK(db->files()[0].problem.find(problem) != std::string::npos);
+    if (warnings_shown()) {
+      CHECK(out.find("attnjit: warning: tuning database " + file + " is malformed") != std::string::npos);
+      CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+    }
+  }
+  // Recording over it moves the bad file aside and starts anew.
+  {
+    StderrCapture err;
+    TuningDb({}).record(file, key_for(4096), result_for(kC), meta());
+  }
+  CHECK(fs::exists(file + ".corrupt"));
+  CHECK(TuningDb({file}, meta()).lookup(key_for(4096)).config == kC);
+}
+
+TEST_CASE("concurrent processes recording into one file lose nothing", "[autotune]") {
+  TempDir tmp;
+  const std::string file = tmp.file("shared.json");
+  constexpr int kChildren = 4, kKeys = 10;
+  int go[2];
+  REQUIRE(::pipe(go) == 0);
+  std::vector<pid_t> children;
+  for (int c = 0; c < kChildren; ++c) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int status = 0;  // the child reports through its exit status only
+      try {
+        ::close(go[1]);
+        char byte;
+        if (::read(go[0], &byte, 1) != 0) status = 9;  // EOF once the parent closes: all start together
+        TuningDb db({file});
+        for (int k = 0; k < kKeys; ++k) db.record(file, key_for(int64_t{1} << (c * kKeys + k)), result_for(kB), meta());
+      } catch (...) {
+        status = 4;
+      }
+      ::_exit(status);
+    }
+    children.push_back(pid);
+  }
+  ::close(go[0]);
+  ::close(go[1]);
+  for (pid_t pid : children) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  const TuningDb db({file}, meta());
+  REQUIRE(db.files()[0].problem.empty());
+  CHECK(db.files()[0].entries.size() == kChildren * kKeys);
+  for (int n = 0; n < kChildren * kKeys; ++n) CHECK(db.lookup(key_for(int64_t{1} << n)).source == LookupResult::Source::Exact);
+  for (const auto& e : fs::directory_iterator(tmp.path))  // no temp files left behind
+    CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
+}
+
+TEST_CASE("the user's database takes precedence over the shipped one", "[autotune]") {
+  TempDir tmp;
+  const std::string user = tmp.file("user/gpu.json"), shipped = tmp.file("shipped/gpu.json");
+  TuningDb({}).record(user, key_for(4096), result_for(kB), meta());
+  TuningDb({}).record(shipped, key_for(4096), result_for(kC), meta());
+  TuningDb({}).record(shipped, key_for(8192), result_for(kC), meta());
+  TuningDb({}).record(user, key_for(65536), result_for(kB), meta());
+  const TuningDb db({user, shipped}, meta());
+  LookupResult r = db.lookup(key_for(4096));
+  CHECK(r.config == kB);
+  CHECK(r.file == user);
+  r = db.lookup(key_for(8192));  // shipped exact beats the user's nearest
+  CHECK(r.source == LookupResult::Source::Exact);
+  CHECK(r.file == shipped);
+  CHECK(TuningDb({shipped, user}, meta()).lookup(key_for(4096)).config == kC);
+  // The same bucket in both files: the earlier file's entry is the nearest.
+  r = db.lookup(key_for(2048));
+  CHECK(r.source == LookupResult::Source::NearestBucket);
+  CHECK(r.file == user);
+
+  Knobs k;
+  k.cache_dir = "/home/u/.cache/attnjit";
+  CHECK(default_db_files(k, "NVIDIA H100 80GB HBM3", "/src/autotune_db") ==
+        std::vector<std::string>{"/home/u/.cache/attnjit/tuning/NVIDIA_H100_80GB_HBM3.json",
+                                 "/src/autotune_db/NVIDIA_H100_80GB_HBM3.json"});
+  CHECK(sanitize_gpu_name("NVIDIA A100-SXM4-40GB (MIG 1g.5gb)") == "NVIDIA_A100-SXM4-40GB_MIG_1g.5gb");
+  CHECK(fs::path(shipped_db_dir()).filename() == "autotune_db");
+}
+
+TEST_CASE("attnjit tune without a GPU fails with a clear error", "[autotune]") {
+  if (CudaDriver::available() && device_count() > 0) {
+    WARN("SKIPPED: this machine has a GPU");
+    return;
+  }
+  const Pattern p = PatternBuilder().branch(BranchSpec().segment(2048)).build();
+  const Problem pb{1, 4096, 4096, 16, 16, 128, 128, DType::BF16};
+  try {
+    tune_on_gpu(p, pb, TuneBudget{});
+    FAIL("tune_on_gpu ran without a GPU");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).rfind("attnjit tune: tuning needs a GPU: ", 0) == 0);
+    CHECK(e.message().size() > std::string("tuning needs a GPU: ").size());  // says why
+  }
+  CHECK_THROWS_WITH(GpuCandidateTimer(p, pb), Catch::Contains("tuning needs a GPU"));
+}
