@@ -23,57 +23,16 @@
 #include "compiler/tuning_db.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/gpu_timer.hpp"
+#include "tests/unit/test_support.hpp"
 
 using namespace attnjit;
 namespace fs = std::filesystem;
+using attnjit::testing::StderrCapture;
+using attnjit::testing::TempDir;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char pattern[] = "/tmp/attnjit-tune-test-XXXXXX";
-    REQUIRE(::mkdtemp(pattern) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
 
-// Captures what is written to stderr (fd 2) between construction and text().
-class StderrCapture {
-public:
-  StderrCapture() : file_(std::tmpfile()) {
-    std::fflush(stderr);
-    saved_ = ::dup(2);
-    ::dup2(::fileno(file_), 2);
-  }
-  ~StderrCapture() {
-    restore();
-    std::fclose(file_);
-  }
-  std::string text() {
-    restore();
-    std::string out;
-    std::rewind(file_);
-    for (int c; (c = std::fgetc(file_)) != EOF;) out += static_cast<char>(c);
-    return out;
-  }
-
-private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    ::dup2(saved_, 2);
-    ::close(saved_);
-    saved_ = -1;
-  }
-  std::FILE* file_;
-  int saved_ = -1;
-};
 
 bool warnings_shown() { return knobs().log_level >= LogLevel::Warn; }
 

@@ -14,29 +14,15 @@
 
 #include "compiler/error.hpp"
 #include "runtime/npy.hpp"
+#include "tests/unit/test_support.hpp"
 
 using namespace attnjit;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
+using attnjit::testing::TempDir;
 
 namespace {
 
-// A fresh directory per test case, removed afterwards, so tests can run in parallel.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    std::random_device rd;
-    path = fs::temp_directory_path() /
-           ("attnjit_test_npy_" + std::to_string(rd()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
@@ -245,7 +231,7 @@ TEST_CASE("every half survives half -> float -> half", "[npy][half]") {
 TEST_CASE("read_npy errors: missing file, directory, bad magic", "[npy][errors]") {
   TempDir dir;
   CHECK_THAT(read_error(dir.file("nope.npy")), Contains("not found"));
-  CHECK_THAT(read_error(dir.path.string()), Contains("directory"));
+  CHECK_THAT(read_error(dir.path), Contains("directory"));
   CHECK_THAT(error_for_bytes(dir, "PK\x03\x04 this is a zip"), Contains("not a .npy file"));
   CHECK_THAT(error_for_bytes(dir, ""), Contains("not a .npy file"));
 }
