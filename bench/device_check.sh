@@ -12,7 +12,7 @@
 # (ATTNJIT_DC_BUDGET seconds, default 540; later steps keep a reserve); a failing step does not
 # stop the others. After every step OUTDIR/report.md and OUTDIR/report.json are rewritten, so a
 # run cut short still leaves a report. Logs: OUTDIR/logs/. Exit status: 1 if any step failed or
-# timed out, else 0 (steps skipped for want of a GPU or a tool do not fail the run).
+# timed out or found no time left, else 0 (steps skipped for want of a GPU or a tool do not fail the run).
 #
 # Environment: BUILD_DIR (build-device), JOBS (nproc), ATTNJIT_DC_BUDGET (540),
 # ATTNJIT_DC_FULL_UNIT=1 also runs the NVRTC matrix unit test (about 4 minutes of compiles that
@@ -37,14 +37,15 @@ elapsed() { echo $(( $(date +%s) - t_start )); }
 
 # step NAME TIMEOUT RESERVE COMMAND: runs COMMAND (a bash string) with its output in logs/NAME.log,
 # for at most min(TIMEOUT, what is left of the budget after RESERVE seconds kept for later steps).
-# Status: pass, fail, timeout, skipped (exit 77, or a SKIPPED line from a tool that degrades).
+# Status: pass, fail, timeout, no_time (budget spent), skipped (exit 77, or a SKIPPED line from a
+# tool that degrades).
 step() {
   local name="$1" limit="$2" reserve="$3" cmd="$4" log="$out/logs/$1.log"
   local left=$(( budget - $(elapsed) - reserve ))
   (( left < limit )) && limit=$left
   if (( limit < 10 )); then
-    echo "skipped: out of time (budget ${budget}s)" > "$log"
-    record "$name" skipped 0 - "out of time: the ${budget}s budget is spent"
+    echo "not run: out of time (budget ${budget}s)" > "$log"
+    record "$name" no_time 0 - "not run: the ${budget}s budget is spent"
     return
   fi
   echo "== [$(elapsed)s] $name (limit ${limit}s): $(echo "$cmd" | grep -m1 . | cut -c1-160)"
@@ -121,7 +122,7 @@ for line in logs.get("nvidia_smi", "").splitlines():
     if line.startswith("QUERY "):
         keys = ["gpu_name", "driver_version", "memory_total", "sm_clock_max", "power_limit", "compute_cap"]
         smi = dict(zip(keys, [x.strip() for x in line[6:].split(",")]))
-failed = [s["name"] for s in steps if s["status"] in ("fail", "timeout")]
+failed = [s["name"] for s in steps if s["status"] in ("fail", "timeout", "no_time")]
 report = {"generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "root": root,
           "budget_s": int(os.environ["BUDGET"]), "elapsed_s": int(os.environ["ELAPSED"]),
           "ok": not failed, "failed_steps": failed, "versions": versions, "nvidia_smi": smi,
@@ -231,8 +232,9 @@ step gpu_bench 240 5 "'$build/bench/attnjit_gpu_bench' --seq 4096,16384 --heads 
 
 write_report
 echo "== [$(elapsed)s] done: $out/report.md, $out/report.json"
-if grep -qP '\t(fail|timeout)\t' "$steps"; then
-  echo "FAILED steps: $(awk -F'\t' '$2=="fail"||$2=="timeout"{printf "%s ", $1}' "$steps")"
+failed="$(awk -F'\t' '$2=="fail"||$2=="timeout"||$2=="no_time"{printf "%s ", $1}' "$steps")"
+if [ -n "$failed" ]; then
+  echo "FAILED steps: $failed"
   exit 1
 fi
 exit 0

@@ -3,9 +3,10 @@
 //     before every run, median (and min) of N runs; useful TFLOP/s = 4 * head_dim * attended
 //     pairs (all heads, compiler/pattern_stats.hpp) * batch / time;
 //   - time to first result for a fresh pattern: a new Runtime, prepare (codegen + NVRTC or cache,
-//     plan, table upload) + the first forward + synchronize, with an empty kernel cache (cold), a
-//     cache filled on disk by another process (warm disk: a copy of the cold cache read by a new
-//     cache object) and one already in memory (warm memory).
+//     plan, table upload) + the first forward + synchronize, with an empty kernel cache (cold:
+//     NVRTC and the module load), a cache filled on disk by another process (warm disk: a copy of
+//     the cold cache read and verified by a new cache object; the runtime keeps CUBINs loaded per
+//     device, so no module load here) and one already in memory (warm memory).
 // One line per (spec, seq), then `JSON {...}` with every number. Without a GPU it prints
 // "SKIPPED: no GPU: <why>" and exits 0; --dry-run only counts pairs (no GPU needed).
 // Usage: attnjit_gpu_bench [--seq 4096,16384] [--heads 16] [--heads-kv H] [--head-dim 128]

@@ -68,6 +68,9 @@ public:
       t->dyn_heads = static_cast<int32_t>(dynamic->heads);
       t->dyn_q_blocks = (static_cast<int64_t>(dynamic->row_offsets.size()) - 1) / dynamic->heads;
     }
+    // A copy from pageable memory may return before the DMA lands, and a launch on a
+    // non-blocking stream is not ordered after it: wait here (once per plan).
+    synchronize(nullptr, "uploading the plan tables of " + source_.name);
     entry.device_state = t;
   }
 

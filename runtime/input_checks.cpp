@@ -37,8 +37,8 @@ void check_view(const char* name, const TensorView& t, const std::vector<int64_t
     const int64_t bytes = dtype_bytes(t.dtype);
     if (reinterpret_cast<uintptr_t>(t.data) % static_cast<uintptr_t>(align) != 0) {
       throw UserError(name, "data pointer is not " + std::to_string(align) +
-                                "-byte aligned; the kernel loads 16-byte chunks (allocate with the CUDA allocator or "
-                                "pad the tensor)");
+                                "-byte aligned, which the kernel's loads and stores need (allocate with the CUDA "
+                                "allocator or pad the tensor)");
     }
     for (size_t d = 0; d + 1 < t.strides.size(); ++d) {
       if (t.strides[d] * bytes % align != 0) {
@@ -87,12 +87,13 @@ void check_forward_inputs(const Problem& pb, const TensorView& q, const TensorVi
   check_view("q", q, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim}, pb.dtype, align_bytes);
   check_view("k", k, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim}, pb.dtype, align_bytes);
   check_view("v", v, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim_v}, pb.dtype, align_bytes);
-  check_view("o", o, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim_v}, pb.dtype, 1);
+  // The epilogue writes single elements: o needs element alignment, lse float alignment.
+  check_view("o", o, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim_v}, pb.dtype, align_bytes > 1 ? dtype_bytes(pb.dtype) : 1);
   for (const auto* in : {&q, &k, &v}) {
     if (overlap(o, *in)) throw UserError("o", "overlaps an input (q, k or v); the output must alias nothing");
   }
   if (lse) {
-    check_view("lse", *lse, {pb.batch, pb.heads_q, pb.seq_q}, DType::F32, 1);
+    check_view("lse", *lse, {pb.batch, pb.heads_q, pb.seq_q}, DType::F32, align_bytes > 1 ? 4 : 1);
     if (overlap(*lse, o) || overlap(*lse, q) || overlap(*lse, k) || overlap(*lse, v)) {
       throw UserError("lse", "overlaps another tensor; give it its own memory");
     }

@@ -151,6 +151,13 @@ TEST_CASE("every bad input is a clear error before anything runs", "[runtime][er
   auto odd_stride = Q;
   odd_stride.strides = {8 * 2 * 18, 2 * 18, 18, 1};
   CHECK_THROWS_WITH(check_forward_inputs(pb, odd_stride, K, V, O, &L, 16), Catch::Contains("q: stride of dimension 2 (18 elements) is not a multiple of 16 bytes"));
+  // Outputs are written element by element: element alignment for o, float alignment for lse.
+  auto odd_lse = L;
+  odd_lse.data = reinterpret_cast<char*>(lse.data()) + 2;
+  CHECK_THROWS_WITH(check_forward_inputs(pb, Q, K, V, O, &odd_lse, 16), Catch::Contains("lse: data pointer is not 4-byte aligned"));
+  auto odd_o = O;
+  odd_o.data = reinterpret_cast<char*>(o.data()) + 1;
+  CHECK_THROWS_WITH(check_forward_inputs(pb, Q, K, V, odd_o, &L, 16), Catch::Contains("o: data pointer is not 4-byte aligned"));
 
   CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 0, 8, 2, 1, 16, 16, DType::F32}), Catch::Contains("problem.seq_q: must be at least 1"));
   CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 8, 8, 3, 2, 16, 16, DType::F32}), Catch::Contains("problem.heads_kv: 2 does not divide"));
