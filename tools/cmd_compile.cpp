@@ -1,5 +1,6 @@
 // attnjit compile SPEC: build (or find in the cache) the kernels of a spec and report them.
 // attnjit precompile MANIFEST: fill a cache directory ahead of deployment.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -11,7 +12,9 @@
 
 #include "compiler/error.hpp"
 #include "compiler/jit.hpp"
+#include "compiler/knobs.hpp"
 #include "compiler/spec_json.hpp"
+#include "compiler/tuning_db.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
 
@@ -63,12 +66,50 @@ int run_compile(const CompileOptions& o) {
 
 struct PrecompileOptions {
   std::string manifest, cache_dir, archs = "sm_80";
-  int jobs = 1;
+  int jobs = 1, top_k = 1;
 };
+
+// Every tuning database on this machine: the user's (<cache dir>/tuning/*.json) and the shipped
+// ones (autotune_db/*.json), for any GPU: the build machine need not be the one that runs.
+TuningDb all_tuning_dbs() {
+  std::vector<std::string> files;
+  for (const std::string& dir : {knobs().cache_dir + "/tuning", shipped_db_dir()}) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+      if (e.path().extension() == ".json") files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  return TuningDb(files);
+}
+
+// "default" in a manifest: the default configuration plus what the tuning databases selected
+// for this pattern, head dims, dtype and arch (their best, or their `top_k` fastest).
+std::vector<KernelConfig> selected_configs(const TuningDb& db, const Pattern& p, const KernelRequest& r, int top_k) {
+  std::vector<KernelConfig> out{KernelConfig{}};
+  const std::string signature = pattern_signature(p);
+  for (const DbFile& f : db.files()) {
+    if (!f.trusted) continue;
+    for (const DbEntry& e : f.entries) {
+      const TuneKey& k = e.key;
+      if (k.arch != r.arch || k.pattern_signature != signature || k.head_dim != r.head_dim ||
+          k.head_dim_v != r.head_dim_v || k.dtype != r.dtype) {
+        continue;
+      }
+      std::vector<CandidateResult> ok;
+      for (const CandidateResult& c : e.result.candidates)
+        if (c.status == "ok") ok.push_back(c);
+      std::stable_sort(ok.begin(), ok.end(), [](const auto& a, const auto& b) { return a.median_ms < b.median_ms; });
+      out.push_back(e.result.best);
+      for (int n = 0; n < top_k && n < static_cast<int>(ok.size()); ++n) out.push_back(ok[static_cast<size_t>(n)].config);
+    }
+  }
+  return out;
+}
 
 // A manifest: {"attnjit_manifest": 1, "entries": [{"patterns": [...], "head_dims": [...],
 // "dtypes": [...], "tiles": ["default", "64x64"]}]}; pattern paths are relative to the manifest.
-std::vector<KernelSource> manifest_kernels(const std::string& path, const std::vector<int>& archs) {
+std::vector<KernelSource> manifest_kernels(const std::string& path, const std::vector<int>& archs, int top_k) {
+  const TuningDb db = all_tuning_dbs();
   std::ifstream in(path);
   if (!in) throw UserError(path, "cannot open the manifest; check the path");
   nlohmann::json j;
@@ -107,9 +148,13 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
               r.head_dim = r.head_dim_v = d;
               r.dtype = parse_dtype(dt);
               r.arch = arch;
-              r.config = parse_kernel_tile(t);
               if (r.dtype == DType::BF16 && arch < 80) continue;  // no such kernel; not a failure
-              kernels.push_back(generate_kernel(p, r));
+              const std::vector<KernelConfig> configs =
+                  t == "default" ? selected_configs(db, p, r, top_k) : std::vector<KernelConfig>{parse_kernel_tile(t)};
+              for (const KernelConfig& c : configs) {
+                r.config = c;
+                kernels.push_back(generate_kernel(p, r));
+              }
             }
     }
   }
@@ -135,7 +180,7 @@ int run_precompile(const PrecompileOptions& o) {
   std::stringstream ss(o.archs);
   for (std::string a; std::getline(ss, a, ',');)
     if (!a.empty()) archs.push_back(parse_arch(a));
-  const std::vector<KernelSource> kernels = manifest_kernels(o.manifest, archs);
+  const std::vector<KernelSource> kernels = manifest_kernels(o.manifest, archs, o.top_k);
   KernelCache& cache = command_cache(o.cache_dir);
   KernelCompiler compiler(cache, knobs());
   const auto t0 = std::chrono::steady_clock::now();
@@ -173,6 +218,8 @@ void register_compile(CLI::App& app, int& rc) {
   pre->add_option("--arch", m->archs, "target archs, comma separated")->capture_default_str();
   pre->add_option("--cache-dir", m->cache_dir, "cache directory to fill");
   pre->add_option("-j,--jobs", m->jobs, "parallel compiles")->capture_default_str();
+  pre->add_option("--top-k", m->top_k, "for \"default\" tiles: also the k fastest tuned configurations")
+      ->capture_default_str();
   pre->callback([m, &rc] { rc = guarded([&] { return run_precompile(*m); }); });
 }
 
