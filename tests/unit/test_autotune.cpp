@@ -370,35 +370,11 @@ TEST_CASE("concurrent processes recording into one file lose nothing", "[autotun
   TempDir tmp;
   const std::string file = tmp.file("shared.json");
   constexpr int kChildren = 4, kKeys = 10;
-  int go[2];
-  REQUIRE(::pipe(go) == 0);
-  std::vector<pid_t> children;
-  for (int c = 0; c < kChildren; ++c) {
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      int status = 0;  // the child reports through its exit status only
-      try {
-        ::close(go[1]);
-        char byte;
-        if (::read(go[0], &byte, 1) != 0) status = 9;  // EOF once the parent closes: all start together
-        TuningDb db({file});
-        for (int k = 0; k < kKeys; ++k) db.record(file, key_for(int64_t{1} << (c * kKeys + k)), result_for(kB), meta());
-      } catch (...) {
-        status = 4;
-      }
-      ::_exit(status);
-    }
-    children.push_back(pid);
-  }
-  ::close(go[0]);
-  ::close(go[1]);
-  for (pid_t pid : children) {
-    int status = 0;
-    REQUIRE(::waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-  }
+  attnjit::testing::run_processes_at_once(kChildren, [&](int c) {
+    TuningDb db({file});
+    for (int k = 0; k < kKeys; ++k) db.record(file, key_for(int64_t{1} << (c * kKeys + k)), result_for(kB), meta());
+    return 0;
+  });
   const TuningDb db({file}, meta());
   REQUIRE(db.files()[0].problem.empty());
   CHECK(db.files()[0].entries.size() == kChildren * kKeys);

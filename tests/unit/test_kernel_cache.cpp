@@ -290,44 +290,20 @@ TEST_CASE("kernel cache evicts least recently used entries above its cap", "[cac
 TEST_CASE("kernel cache shared by concurrent processes stays valid", "[cache]") {
   TempDir tmp;
   constexpr int kChildren = 6, kKeys = 3, kRounds = 20;
-  int go[2];
-  REQUIRE(::pipe(go) == 0);
-  std::vector<pid_t> children;
-  for (int c = 0; c < kChildren; ++c) {
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      // The child never returns into Catch: it reports through its exit status only.
-      int status = 0;
-      try {
-        ::close(go[1]);
-        char byte;
-        if (::read(go[0], &byte, 1) != 0) status = 9;  // EOF once the parent closes: everyone starts together
-        KernelCache writer(tmp.path, 1 << 30);
-        for (int r = 0; r < kRounds; ++r) {
-          for (int k = 0; k < kKeys; ++k) {
-            writer.put(key_for(k), payload_for(k), "attn_fwd", "sm_90a");
-            KernelCache reader(tmp.path, 1 << 30);  // fresh memory: this get reads the disk
-            if (reader.get(key_for(k)) != payload_for(k)) status = 1;
-            if (reader.stats().corrupt != 0) status = 2;
-          }
-        }
-        if (!writer.disk_writable()) status = 3;
-      } catch (...) {
-        status = 4;
-      }
-      ::_exit(status);
-    }
-    children.push_back(pid);
-  }
-  ::close(go[0]);
-  ::close(go[1]);
-  for (pid_t pid : children) {
+  attnjit::testing::run_processes_at_once(kChildren, [&](int) {
     int status = 0;
-    REQUIRE(::waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-  }
+    KernelCache writer(tmp.path, 1 << 30);
+    for (int r = 0; r < kRounds; ++r) {
+      for (int k = 0; k < kKeys; ++k) {
+        writer.put(key_for(k), payload_for(k), "attn_fwd", "sm_90a");
+        KernelCache reader(tmp.path, 1 << 30);  // fresh memory: this get reads the disk
+        if (reader.get(key_for(k)) != payload_for(k)) status = 1;
+        if (reader.stats().corrupt != 0) status = 2;
+      }
+    }
+    if (!writer.disk_writable()) status = 3;
+    return status;
+  });
   std::vector<std::string> expected;
   for (int k = 0; k < kKeys; ++k) expected.push_back(key_for(k).hex + ".ajk");
   std::sort(expected.begin(), expected.end());

@@ -3,11 +3,14 @@
 
 #include <catch2/catch.hpp>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace attnjit::testing {
 
@@ -63,5 +66,39 @@ private:
   std::FILE* file_;
   int saved_ = -1;
 };
+
+// Forks `children` processes that all start `body(child)` at the same moment (released together
+// through a pipe) and requires each to exit 0. A child reports only through its exit status
+// (body's return value; 4 if it throws), never returning into Catch.
+inline void run_processes_at_once(int children, const std::function<int(int)>& body) {
+  int go[2];
+  REQUIRE(::pipe(go) == 0);
+  std::vector<pid_t> pids;
+  for (int c = 0; c < children; ++c) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int status = 0;
+      try {
+        ::close(go[1]);
+        char byte;
+        if (::read(go[0], &byte, 1) != 0) status = 9;  // EOF once the parent closes: all start together
+        if (status == 0) status = body(c);
+      } catch (...) {
+        status = 4;
+      }
+      ::_exit(status);
+    }
+    pids.push_back(pid);
+  }
+  ::close(go[0]);
+  ::close(go[1]);
+  for (pid_t pid : pids) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+}
 
 }  // namespace attnjit::testing
