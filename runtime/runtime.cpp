@@ -9,6 +9,7 @@
 #include "compiler/knobs.hpp"
 #include "compiler/tuning_db.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/cuda_driver.hpp"
 #include "runtime/gpu_timer.hpp"
 #include "runtime/input_checks.hpp"
 
@@ -60,6 +61,7 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
 // nearest bucket, or the heuristic default), tuning first on a miss when tuning is on.
 KernelConfig tuned_config(const Pattern& pattern, const Problem& problem, const RuntimeOptions& o) {
   if (!(o.config == KernelConfig{})) return o.config;
+  CudaDriver::get();  // without a driver, the plain "no GPU" error rather than a tuning one
   const TuningGpu gpu = tuning_gpu(o.device.index);
   const TuneKey key = tune_key_for(gpu, pattern, problem);
   TuningDb db(default_db_files(knobs(), gpu.name));
