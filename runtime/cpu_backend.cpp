@@ -1,6 +1,4 @@
 // The CPU device: the plan executor on host tensors of any strides and dtype (converted to float).
-#include <cstring>
-
 #include "compiler/error.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/npy.hpp"
@@ -13,12 +11,7 @@ float load_element(const void* base, DType dt, int64_t index) {
   switch (dt) {
     case DType::F32: return static_cast<const float*>(base)[index];
     case DType::F16: return half_to_float(static_cast<const uint16_t*>(base)[index]);
-    case DType::BF16: {
-      const uint32_t bits = uint32_t{static_cast<const uint16_t*>(base)[index]} << 16;
-      float f;
-      std::memcpy(&f, &bits, sizeof f);
-      return f;
-    }
+    case DType::BF16: return bfloat16_to_float(static_cast<const uint16_t*>(base)[index]);
   }
   return 0.0f;
 }
@@ -27,17 +20,7 @@ void store_element(void* base, DType dt, int64_t index, float value) {
   switch (dt) {
     case DType::F32: static_cast<float*>(base)[index] = value; return;
     case DType::F16: static_cast<uint16_t*>(base)[index] = float_to_half(value); return;
-    case DType::BF16: {
-      uint32_t bits;
-      std::memcpy(&bits, &value, sizeof bits);
-      if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        bits |= 0x400000u;  // keep NaN a NaN
-      } else {
-        bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-      }
-      static_cast<uint16_t*>(base)[index] = static_cast<uint16_t>(bits >> 16);
-      return;
-    }
+    case DType::BF16: static_cast<uint16_t*>(base)[index] = float_to_bfloat16(value); return;
   }
 }
 

@@ -4,10 +4,6 @@
 
 #include "runtime/cuda_driver.hpp"
 
-#if defined(ATTNJIT_HAVE_NVRTC)
-#include <nvrtc.h>
-#endif
-
 namespace attnjit {
 
 DriverProbe probe_cuda_driver() {
@@ -33,16 +29,6 @@ DriverProbe probe_cuda_driver() {
   }
   if (p.gpus.empty()) p.problem = "the CUDA driver is loaded but reports no GPUs";
   return p;
-}
-
-std::string nvrtc_version_string() {
-#if defined(ATTNJIT_HAVE_NVRTC)
-  int major = 0, minor = 0;
-  if (nvrtcVersion(&major, &minor) == NVRTC_SUCCESS) return std::to_string(major) + "." + std::to_string(minor);
-  return "unknown (nvrtcVersion failed)";
-#else
-  return "not built in (the CUDA toolkit was not found at build time)";
-#endif
 }
 
 }  // namespace attnjit

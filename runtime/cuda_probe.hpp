@@ -23,7 +23,4 @@ struct DriverProbe {
 
 DriverProbe probe_cuda_driver();
 
-// "13.0" for NVRTC when linked in, or an explanation.
-std::string nvrtc_version_string();
-
 }  // namespace attnjit

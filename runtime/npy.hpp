@@ -39,4 +39,8 @@ void write_npy(const std::string& path, NpyDtype dtype, const std::vector<int64_
 float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);
 
+// bfloat16 (the top half of a binary32) <-> binary32; rounds to nearest even, NaN stays NaN.
+float bfloat16_to_float(uint16_t b);
+uint16_t float_to_bfloat16(float f);
+
 }  // namespace attnjit

@@ -4,6 +4,7 @@
 
 #include "compiler/jit.hpp"
 #include "compiler/knobs.hpp"
+#include "compiler/nvrtc_compiler.hpp"
 
 #include "runtime/cuda_probe.hpp"
 #include "tools/cli_common.hpp"
@@ -17,7 +18,7 @@ void register_info(CLI::App& app, int& rc) {
     rc = guarded([] {
       std::cout << "attnjit " << ATTNJIT_VERSION << "\n";
       std::cout << "spec format: " << kSpecVersion << "\n";
-      std::cout << "nvrtc: " << nvrtc_version_string() << "\n";
+      std::cout << "nvrtc: " << (nvrtc_available() ? nvrtc_version() : "not built in (no CUDA toolkit at build time)") << "\n";
       const KernelCache& cache = default_kernel_cache();
       const CacheStats cs = cache.stats();
       std::cout << "kernel cache: " << (cache.disk_enabled() ? cache.dir() : "memory only") << " (" << cs.entries

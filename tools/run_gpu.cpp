@@ -16,15 +16,7 @@ std::vector<uint8_t> encode(const std::vector<float>& x, DType dt) {
       std::memcpy(out.data() + 4 * n, &x[n], 4);
       continue;
     }
-    uint16_t h;
-    if (dt == DType::F16) {
-      h = float_to_half(x[n]);
-    } else {
-      uint32_t bits;
-      std::memcpy(&bits, &x[n], 4);
-      bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even (inputs are finite)
-      h = static_cast<uint16_t>(bits >> 16);
-    }
+    const uint16_t h = dt == DType::F16 ? float_to_half(x[n]) : float_to_bfloat16(x[n]);
     std::memcpy(out.data() + 2 * n, &h, 2);
   }
   return out;
@@ -38,12 +30,7 @@ std::vector<float> decode(const std::vector<uint8_t>& b, DType dt) {
     } else {
       uint16_t h;
       std::memcpy(&h, b.data() + 2 * n, 2);
-      if (dt == DType::F16) {
-        out[n] = half_to_float(h);
-      } else {
-        const uint32_t bits = uint32_t{h} << 16;
-        std::memcpy(&out[n], &bits, 4);
-      }
+      out[n] = dt == DType::F16 ? half_to_float(h) : bfloat16_to_float(h);
     }
   }
   return out;

@@ -293,3 +293,23 @@ TEST_CASE("write_npy errors", "[npy][errors]") {
   CHECK_THROWS_AS(write_npy(dir.file("a.npy"), NpyDtype::F32, {-1}, &x), UserError);
   CHECK_THROWS_AS(write_npy(dir.file("a.npy"), NpyDtype::F32, {1LL << 40, 1LL << 40}, &x), UserError);
 }
+
+TEST_CASE("bfloat16 conversions round to nearest even and keep NaN", "[npy]") {
+  auto from_bits = [](uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, sizeof f);
+    return f;
+  };
+  CHECK(float_to_bfloat16(1.0f) == 0x3f80);
+  CHECK(bfloat16_to_float(0x3f80) == 1.0f);
+  CHECK(float_to_bfloat16(from_bits(0x3f808000u)) == 0x3f80);  // tie: to the even 0x3f80
+  CHECK(float_to_bfloat16(from_bits(0x3f818000u)) == 0x3f82);  // tie: to the even 0x3f82
+  CHECK(float_to_bfloat16(from_bits(0x3f808001u)) == 0x3f81);  // above the tie: up
+  CHECK(float_to_bfloat16(std::numeric_limits<float>::infinity()) == 0x7f80);
+  CHECK(std::isnan(bfloat16_to_float(float_to_bfloat16(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(std::isnan(bfloat16_to_float(float_to_bfloat16(from_bits(0x7f800001u)))));  // a NaN that rounding would make inf
+  for (uint32_t b = 0; b < 0x10000; b += 7) {
+    const uint16_t x = static_cast<uint16_t>(b);
+    if (!std::isnan(bfloat16_to_float(x))) REQUIRE(float_to_bfloat16(bfloat16_to_float(x)) == x);
+  }
+}
