@@ -32,6 +32,16 @@ KernelCache& default_kernel_cache() {
   return cache;
 }
 
+KernelCache& kernel_cache_for(const std::string& dir) {
+  if (dir.empty()) return default_kernel_cache();
+  static std::mutex m;
+  static std::map<std::string, std::unique_ptr<KernelCache>> caches;
+  std::lock_guard<std::mutex> lock(m);
+  std::unique_ptr<KernelCache>& c = caches[dir];
+  if (!c) c = std::make_unique<KernelCache>(dir, knobs().cache_max_bytes, true);
+  return *c;
+}
+
 KernelCompiler::KernelCompiler(KernelCache& cache, Knobs knobs)
     : cache_(cache), knobs_(std::move(knobs)), nvrtc_version_(nvrtc_available() ? nvrtc_version() : "none") {}
 

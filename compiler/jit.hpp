@@ -59,4 +59,8 @@ private:
 // The process-wide cache built from the knobs (directory, size cap, disabled).
 KernelCache& default_kernel_cache();
 
+// The process-wide cache of a directory (created on first use, kept for the process); an empty
+// `dir` is default_kernel_cache().
+KernelCache& kernel_cache_for(const std::string& dir);
+
 }  // namespace attnjit

@@ -38,8 +38,7 @@ public:
     r.arch = info.cc_major * 10 + info.cc_minor;
     r.config = config;
     source_ = generate_kernel(p, r);
-    KernelCache& cache = cache_dir.empty() ? default_kernel_cache() : own_cache(cache_dir);
-    KernelCompiler compiler(cache, knobs());
+    KernelCompiler compiler(kernel_cache_for(cache_dir), knobs());
     kernel_ = compiler.get(source_);
     context_.make_current();
     module_ = load_module(device, *kernel_);
@@ -136,14 +135,6 @@ private:
     return slot;
   }
 
-  static KernelCache& own_cache(const std::string& dir) {
-    static std::mutex m;
-    static std::map<std::string, std::unique_ptr<KernelCache>> caches;
-    std::lock_guard<std::mutex> lock(m);
-    auto& c = caches[dir];
-    if (!c) c = std::make_unique<KernelCache>(dir, knobs().cache_max_bytes, true);
-    return *c;
-  }
 
   Problem problem_;
   int device_;

@@ -194,11 +194,5 @@ std::vector<KernelRequest> KernelOptions::requests() const {
   return out;
 }
 
-KernelCache& command_cache(const std::string& cache_dir) {
-  if (cache_dir.empty()) return default_kernel_cache();
-  static std::unique_ptr<KernelCache> own;
-  own = std::make_unique<KernelCache>(cache_dir, knobs().cache_max_bytes, true);
-  return *own;
-}
 
 }  // namespace attnjit::cli

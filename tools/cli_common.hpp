@@ -49,7 +49,4 @@ struct KernelOptions {
 int parse_arch(const std::string& text);                  // "sm_80" -> 80; UserError otherwise
 KernelConfig parse_kernel_tile(const std::string& text);  // "default" or "QxK"
 
-// The kernel cache for a command: --cache-dir if given, else the knobs'.
-KernelCache& command_cache(const std::string& cache_dir);
-
 }  // namespace attnjit::cli

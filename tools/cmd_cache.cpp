@@ -3,6 +3,7 @@
 #include <iostream>
 #include <memory>
 
+#include "compiler/jit.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
 
@@ -14,7 +15,7 @@ struct CacheOptions {
 };
 
 int run_cache(const CacheOptions& o) {
-  KernelCache& cache = command_cache(o.cache_dir);
+  KernelCache& cache = kernel_cache_for(o.cache_dir);
   if (!cache.disk_enabled()) {
     std::cout << "cache: disk cache disabled (" << (cache.dir().empty() ? "no directory" : cache.dir()) << ")\n";
     return o.action == "verify" ? 1 : 0;

@@ -47,7 +47,7 @@ int run_compile(const CompileOptions& o) {
   const Pattern p = load_spec_file(o.spec);
   std::vector<KernelSource> kernels;
   for (const KernelRequest& r : o.kernel.requests()) kernels.push_back(generate_kernel(p, r));
-  KernelCompiler compiler(command_cache(o.cache_dir), knobs());
+  KernelCompiler compiler(kernel_cache_for(o.cache_dir), knobs());
   std::vector<std::string> errors;
   const std::vector<CompiledKernel> out = compiler.get_many(kernels, o.jobs, errors);
   int failed = 0;
@@ -181,7 +181,7 @@ int run_precompile(const PrecompileOptions& o) {
   for (std::string a; std::getline(ss, a, ',');)
     if (!a.empty()) archs.push_back(parse_arch(a));
   const std::vector<KernelSource> kernels = manifest_kernels(o.manifest, archs, o.top_k);
-  KernelCache& cache = command_cache(o.cache_dir);
+  KernelCache& cache = kernel_cache_for(o.cache_dir);
   KernelCompiler compiler(cache, knobs());
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::string> errors;
