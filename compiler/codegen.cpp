@@ -118,6 +118,7 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const Tem
   os << "#define AJ_DTYPE " << (r.dtype == DType::F32 ? 0 : r.dtype == DType::F16 ? 1 : 2) << "\n";
   os << "#define AJ_ARCH " << r.arch << "\n";
   auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
+  include("gpu_blocks.cuh");
   include("common.cuh");
   include("mask_lib.cuh");
   os << "\n// ---- generated: mask predicate of partial tiles\n" << predicate;

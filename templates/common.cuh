@@ -1,18 +1,13 @@
 // attnjit kernel templates: shared pieces. Self-contained (no includes), so NVRTC needs no
 // include path and the source of a kernel is exactly what `attnjit dump --stage cuda` prints.
 //
-// The generated instantiation defines, before this file:
+// The generated instantiation defines, before this file and templates/gpu_blocks.cuh:
 //   AJ_HEAD_DIM, AJ_HEAD_DIM_V   head dims of q/k and of v
 //   AJ_TILE_Q, AJ_TILE_K         query rows and keys per tile
 //   AJ_STAGES                    cp.async pipeline depth (sm_80 path)
 //   AJ_DTYPE                     0 = float32, 1 = float16, 2 = bfloat16 (storage of q, k, v, o)
 //   AJ_ARCH                      e.g. 80 for sm_80
 // and, after it, aj_branch_allows() (the mask predicate of partial tiles).
-
-typedef unsigned short aj_u16;
-typedef unsigned int aj_u32;
-typedef unsigned long long aj_u64;
-typedef long long aj_i64;
 
 // ---- the plan tables, as packed by compiler/device_plan.cpp (layouts must match) ----------
 
@@ -126,20 +121,12 @@ struct AjTileCursor {
 
 // ---- conversions between storage types and float, without cuda_fp16.h --------------------
 
-__device__ __forceinline__ float aj_half_to_float(aj_u16 h) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  return f;
-}
-__device__ __forceinline__ aj_u16 aj_float_to_half(float f) {
-  aj_u16 h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
-}
-__device__ __forceinline__ float aj_bf16_to_float(aj_u16 h) { return __uint_as_float(((aj_u32)h) << 16); }
+__device__ __forceinline__ float aj_half_to_float(aj_u16 h) { return aj_cvt_f32_f16(h); }
+__device__ __forceinline__ aj_u16 aj_float_to_half(float f) { return aj_cvt_f16_f32(f); }
+__device__ __forceinline__ float aj_bf16_to_float(aj_u16 h) { return aj_uint_as_float(((aj_u32)h) << 16); }
 __device__ __forceinline__ aj_u16 aj_float_to_bf16(float f) {
   // Round to nearest even; NaN stays NaN.
-  aj_u32 u = __float_as_uint(f);
+  aj_u32 u = aj_float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (aj_u16)((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return (aj_u16)(u >> 16);
@@ -167,11 +154,5 @@ __device__ __forceinline__ void aj_store(aj_elem* p, float v) {
 }
 #endif
 
-__device__ __forceinline__ float aj_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-#define AJ_NEG_INF (__int_as_float(0xff800000))
+#define AJ_NEG_INF (aj_int_as_float((int)0xff800000u))
 #define AJ_LN2 0.6931471805599453f

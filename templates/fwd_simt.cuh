@@ -16,21 +16,21 @@ __device__ __forceinline__ void aj_simt_load_tile(const AjParams& p, AjSimtShare
                                                   int kvh) {
   const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
   const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
-  for (int x = threadIdx.x; x < AJ_TILE_K * AJ_HEAD_DIM; x += AJ_SIMT_THREADS) {
+  for (int x = aj_thread_idx(); x < AJ_TILE_K * AJ_HEAD_DIM; x += AJ_SIMT_THREADS) {
     const int r = x / AJ_HEAD_DIM, d = x % AJ_HEAD_DIM;
     sh.k[r][d] = r < t.count ? aj_load(kb + (t.first + r * t.stride) * p.k_row_stride + d) : 0.0f;
   }
-  for (int x = threadIdx.x; x < AJ_TILE_K * AJ_HEAD_DIM_V; x += AJ_SIMT_THREADS) {
+  for (int x = aj_thread_idx(); x < AJ_TILE_K * AJ_HEAD_DIM_V; x += AJ_SIMT_THREADS) {
     const int r = x / AJ_HEAD_DIM_V, d = x % AJ_HEAD_DIM_V;
     sh.v[r][d] = r < t.count ? aj_load(vb + (t.first + r * t.stride) * p.v_row_stride + d) : 0.0f;
   }
 }
 
 __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
-  __shared__ AjSimtShared sh;
-  const AjItem item = p.items[blockIdx.x];
-  const aj_i64 b = blockIdx.y;
-  const int row = threadIdx.x / AJ_SIMT_LANES, lane = threadIdx.x % AJ_SIMT_LANES;
+  AJ_STATIC_SHARED(AjSimtShared, sh);
+  const AjItem item = p.items[aj_block_idx_x()];
+  const aj_i64 b = aj_block_idx_y();
+  const int row = aj_thread_idx() / AJ_SIMT_LANES, lane = aj_thread_idx() % AJ_SIMT_LANES;
   const bool live = row < item.rows_count;
   const aj_i64 i = item.rows_start + (aj_i64)(live ? row : 0) * item.rows_stride;
   const aj_i64 qpos = p.q_offset + i;
@@ -50,9 +50,9 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
   cursor.begin(p, item);
   for (; !cursor.done(); cursor.next()) {
     const AjTile t = cursor.tile();
-    __syncthreads();  // the previous tile is no longer read
+    aj_syncthreads();  // the previous tile is no longer read
     aj_simt_load_tile(p, sh, t, b, kvh);
-    __syncthreads();
+    aj_syncthreads();
 
     // Scores of this row against the tile, in the exp2 domain; masked keys are -inf.
     float s[AJ_TILE_K];
@@ -62,8 +62,8 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
       float dot = 0.0f;
 #pragma unroll
       for (int x = 0; x < AJ_QD; ++x) dot += q[x] * sh.k[c][lane + AJ_SIMT_LANES * x];
-      dot += __shfl_xor_sync(0xffffffffu, dot, 1);
-      dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+      dot += aj_shfl_xor(dot, 1);
+      dot += aj_shfl_xor(dot, 2);
       bool ok = live && c < t.count;
       if (ok && !t.full) ok = aj_branch_allows(p, t.branch, item.head, qpos, p.k_offset + t.first + c * t.stride);
       s[c] = ok ? dot * p.scale_log2 : AJ_NEG_INF;
@@ -71,13 +71,13 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
     }
     const float m_new = fmaxf(m, tile_max);
     if (m_new == AJ_NEG_INF) continue;  // nothing attended yet in this row
-    const float rescale = aj_exp2(m - m_new);
+    const float rescale = aj_ex2(m - m_new);
     l *= rescale;
 #pragma unroll
     for (int x = 0; x < AJ_VD; ++x) acc[x] *= rescale;
 #pragma unroll
     for (int c = 0; c < AJ_TILE_K; ++c) {
-      const float pr = aj_exp2(s[c] - m_new);  // exp2(-inf) = 0 for masked keys
+      const float pr = aj_ex2(s[c] - m_new);  // exp2(-inf) = 0 for masked keys
       l += pr;
 #pragma unroll
       for (int x = 0; x < AJ_VD; ++x) acc[x] += pr * sh.v[c][lane + AJ_SIMT_LANES * x];
@@ -91,6 +91,6 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
 #pragma unroll
   for (int x = 0; x < AJ_VD; ++x) aj_store(orow + lane + AJ_SIMT_LANES * x, acc[x] * inv);
   if (lane == 0 && p.lse) {
-    p.lse[b * p.lse_batch_stride + item.head * p.lse_head_stride + i] = l > 0.0f ? (m + __log2f(l)) * AJ_LN2 : AJ_NEG_INF;
+    p.lse[b * p.lse_batch_stride + item.head * p.lse_head_stride + i] = l > 0.0f ? (m + aj_lg2(l)) * AJ_LN2 : AJ_NEG_INF;
   }
 }

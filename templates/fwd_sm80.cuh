@@ -10,54 +10,22 @@
 #define AJ_DVP (AJ_HEAD_DIM_V + 8)  // rows on distinct banks
 #define AJ_Q_IN_REGS (AJ_HEAD_DIM <= 128)
 
-// ---- PTX building blocks ---------------------------------------------------------------------
-
-__device__ __forceinline__ aj_u32 aj_smem_addr(const void* p) {
-  aj_u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
-
-// 16-byte asynchronous copy; `valid` false zero-fills the destination (rows past the tile's end).
-__device__ __forceinline__ void aj_cp_async16(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(aj_smem_addr(smem)), "l"(gmem),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void aj_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void aj_cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-
-__device__ __forceinline__ void aj_ldmatrix_x4(aj_u32 (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(aj_smem_addr(smem)));
-}
-__device__ __forceinline__ void aj_ldmatrix_x4_trans(aj_u32 (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(aj_smem_addr(smem)));
-}
-
-// D += A * B for one m16n8k16 tile.
+// D += A * B for one m16n8k16 tile in the kernel's input type.
 __device__ __forceinline__ void aj_mma(float (&d)[4], const aj_u32 (&a)[4], aj_u32 b0, aj_u32 b1) {
 #if AJ_DTYPE == 2
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+  aj_mma_bf16(d, a, b0, b1);
 #else
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+  aj_mma_f16(d, a, b0, b1);
 #endif
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Two floats to one register of two 16-bit values, `lo` in the low half (the lower column).
 __device__ __forceinline__ aj_u32 aj_pack2(float lo, float hi) {
-  aj_u32 r;
 #if AJ_DTYPE == 2
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return aj_cvt_bf16x2(hi, lo);
 #else
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return aj_cvt_f16x2(hi, lo);
 #endif
-  return r;
 }
 
 // ---- tile loads through row maps --------------------------------------------------------------
@@ -67,7 +35,7 @@ template <int ROWS, int D, int PITCH>
 __device__ __forceinline__ void aj_load_rows(aj_elem* dst, const aj_elem* base, aj_i64 row_stride, aj_i64 first,
                                              aj_i64 stride, int count) {
   constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
-  for (int x = threadIdx.x; x < ROWS * CHUNKS; x += AJ_THREADS) {
+  for (int x = aj_thread_idx(); x < ROWS * CHUNKS; x += AJ_THREADS) {
     const int r = x / CHUNKS, c = x % CHUNKS;
     const bool valid = r < count;
     const aj_elem* src = valid ? base + (first + (aj_i64)r * stride) * row_stride + c * 8 : base;
@@ -94,15 +62,15 @@ __device__ __forceinline__ void aj_sm80_load_kv(const AjParams& p, const AjSm80S
 // ---- the kernel body -------------------------------------------------------------------------
 
 __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
-  extern __shared__ __align__(16) unsigned char aj_smem[];
+  AJ_DYNAMIC_SHARED(aj_smem);
   AjSm80Shared sh;
   sh.q = (aj_elem*)aj_smem;
   sh.k = sh.q + AJ_TILE_Q * AJ_DP;
   sh.v = sh.k + AJ_STAGES * AJ_TILE_K * AJ_DP;
 
-  const AjItem item = p.items[blockIdx.x];
-  const aj_i64 b = blockIdx.y;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const AjItem item = p.items[aj_block_idx_x()];
+  const aj_i64 b = aj_block_idx_y();
+  const int warp = aj_thread_idx() / 32, lane = aj_thread_idx() % 32;
   const int g = lane / 4, quad = lane % 4;  // accumulator row within 8, column pair within 8
   const int kvh = item.head / p.heads_per_kv;
 
@@ -147,7 +115,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
     }
     aj_cp_async_commit();
     aj_cp_async_wait<AJ_STAGES - 1>();
-    __syncthreads();
+    aj_syncthreads();
     if (AJ_Q_IN_REGS && iter == 0) {
 #pragma unroll
       for (int ks = 0; ks < (AJ_Q_IN_REGS ? AJ_HEAD_DIM / 16 : 0); ++ks)
@@ -197,14 +165,14 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
       mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
     }
     // The four threads of a quad share a row.
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    mx0 = fmaxf(mx0, aj_shfl_xor(mx0, 1));
+    mx0 = fmaxf(mx0, aj_shfl_xor(mx0, 2));
+    mx1 = fmaxf(mx1, aj_shfl_xor(mx1, 1));
+    mx1 = fmaxf(mx1, aj_shfl_xor(mx1, 2));
     const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
     // A row that has seen nothing keeps base 0, so exp2(-inf - 0) = 0 and never NaN.
     const float base0 = n0 == AJ_NEG_INF ? 0.0f : n0, base1 = n1 == AJ_NEG_INF ? 0.0f : n1;
-    const float c0 = aj_exp2(m0 - base0), c1 = aj_exp2(m1 - base1);
+    const float c0 = aj_ex2(m0 - base0), c1 = aj_ex2(m1 - base1);
     m0 = n0;
     m1 = n1;
     l0 *= c0;
@@ -218,10 +186,10 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
     }
 #pragma unroll
     for (int j = 0; j < AJ_TILE_K / 8; ++j) {
-      s[j][0] = aj_exp2(s[j][0] - base0);
-      s[j][1] = aj_exp2(s[j][1] - base0);
-      s[j][2] = aj_exp2(s[j][2] - base1);
-      s[j][3] = aj_exp2(s[j][3] - base1);
+      s[j][0] = aj_ex2(s[j][0] - base0);
+      s[j][1] = aj_ex2(s[j][1] - base0);
+      s[j][2] = aj_ex2(s[j][2] - base1);
+      s[j][3] = aj_ex2(s[j][3] - base1);
       l0 += s[j][0] + s[j][1];
       l1 += s[j][2] + s[j][3];
     }
@@ -242,15 +210,15 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
         aj_mma(acc[2 * dp + 1], pa, vf[2], vf[3]);
       }
     }
-    __syncthreads();  // this stage is overwritten by a later prefetch
+    aj_syncthreads();  // this stage is overwritten by a later prefetch
   }
   aj_cp_async_wait<0>();
 
   // Epilogue: finish the row sums across the quad, then O = acc / l (scaled) and LSE.
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  l0 += aj_shfl_xor(l0, 1);
+  l0 += aj_shfl_xor(l0, 2);
+  l1 += aj_shfl_xor(l1, 1);
+  l1 += aj_shfl_xor(l1, 2);
   const float inv0 = l0 > 0.0f ? p.output_scale / l0 : 0.0f, inv1 = l1 > 0.0f ? p.output_scale / l1 : 0.0f;
   aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
   const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
@@ -268,7 +236,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   }
   if (quad == 0 && p.lse) {
     float* lb = p.lse + b * p.lse_batch_stride + item.head * p.lse_head_stride;
-    if (r0 < item.rows_count) lb[i0] = l0 > 0.0f ? (m0 + __log2f(l0)) * AJ_LN2 : AJ_NEG_INF;
-    if (r1 < item.rows_count) lb[i1] = l1 > 0.0f ? (m1 + __log2f(l1)) * AJ_LN2 : AJ_NEG_INF;
+    if (r0 < item.rows_count) lb[i0] = l0 > 0.0f ? (m0 + aj_lg2(l0)) * AJ_LN2 : AJ_NEG_INF;
+    if (r1 < item.rows_count) lb[i1] = l1 > 0.0f ? (m1 + aj_lg2(l1)) * AJ_LN2 : AJ_NEG_INF;
   }
 }
