@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -62,6 +64,38 @@ void parse_bytes(const char* name, const std::string& value, int64_t& out) {
   out = v;
 }
 
+void parse_u64(const char* name, const std::string& value, uint64_t& out) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
+  if (value.empty() || !std::isdigit(static_cast<unsigned char>(value[0])) || *end != '\0' || errno == ERANGE) {
+    throw UserError(name, "'" + value + "' is not a non-negative integer; use e.g. 0 or 12345");
+  }
+  out = v;
+}
+
+void parse_count(const char* name, const std::string& value, int& out) {
+  uint64_t v = 0;
+  parse_u64(name, value, v);
+  if (v > 4096) throw UserError(name, "'" + value + "' is too large; use 0 (one per core) up to 4096");
+  out = static_cast<int>(v);
+}
+
+void parse_seconds(const char* name, const std::string& value, double& out) {
+  char* end = nullptr;
+  const double v = std::strtod(value.c_str(), &end);
+  if (*end != '\0' || !(v > 0) || !std::isfinite(v)) {
+    throw UserError(name, "'" + value + "' is not a positive number of seconds; use e.g. 300 or 0.5");
+  }
+  out = v;
+}
+
+std::string print_double(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
 std::string default_cache_dir() {
   // The XDG base directory spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
   if (auto xdg = env("XDG_CACHE_HOME"); xdg && (*xdg)[0] == '/') return *xdg + "/attnjit";
@@ -98,6 +132,14 @@ const KnobSpec kKnobs[] = {
      [](const Knobs& k) { return print_bool(k.print_autotuning); }},
     {"ATTNJIT_TUNE", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.tune); },
      [](const Knobs& k) { return print_bool(k.tune); }},
+    {"ATTNJIT_EMU_CXX", [](const char*, const std::string& v, Knobs& k) { k.emu_cxx = v; },
+     [](const Knobs& k) { return k.emu_cxx; }},
+    {"ATTNJIT_EMU_SEED", [](const char* n, const std::string& v, Knobs& k) { parse_u64(n, v, k.emu_seed); },
+     [](const Knobs& k) { return std::to_string(k.emu_seed); }},
+    {"ATTNJIT_EMU_THREADS", [](const char* n, const std::string& v, Knobs& k) { parse_count(n, v, k.emu_threads); },
+     [](const Knobs& k) { return std::to_string(k.emu_threads); }},
+    {"ATTNJIT_EMU_TIMEOUT", [](const char* n, const std::string& v, Knobs& k) { parse_seconds(n, v, k.emu_timeout_s); },
+     [](const Knobs& k) { return print_double(k.emu_timeout_s); }},
 };
 
 }  // namespace

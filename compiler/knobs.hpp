@@ -20,6 +20,11 @@ struct Knobs {
   int64_t cache_max_bytes = int64_t{1} << 30;  // ATTNJIT_CACHE_MAX_BYTES: LRU eviction above it
   bool print_autotuning = false;        // ATTNJIT_PRINT_AUTOTUNING=1
   bool tune = false;                    // ATTNJIT_TUNE=1: tune on a tuning-database miss
+  // The CPU emulator (Device::emu()):
+  std::string emu_cxx = "c++";          // ATTNJIT_EMU_CXX: the host C++ compiler (g++ or clang++) kernels are built with
+  uint64_t emu_seed = 0;                // ATTNJIT_EMU_SEED: 0 runs threads in index order; else shuffles them between barriers
+  int emu_threads = 0;                  // ATTNJIT_EMU_THREADS: OS threads running blocks (0: one per core)
+  double emu_timeout_s = 300;           // ATTNJIT_EMU_TIMEOUT: seconds one block may run before it is called runaway
 
   // Reads the environment now. Booleans take 1/0/true/false/yes/no/on/off (any case); a variable
   // that is set but empty counts as unset. A malformed value, or a contradictory combination

@@ -1,5 +1,5 @@
 // What a device does with a prepared attention. The CPU runs the plan executor; a CUDA device
-// uploads the plan tables and launches the generated kernel.
+// uploads the plan tables and launches the generated kernel; the emulator runs that kernel on the CPU.
 #pragma once
 
 #include <map>
@@ -41,6 +41,9 @@ struct PreparedState {
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const Pattern& p, const Problem& pb);
+// The emulator: `arch` is the GPU it stands in for; `config` zeros mean the path's default tiles.
+std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, int arch, const std::string& cache_dir,
+                                          const KernelConfig& config);
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
                                            const KernelConfig& config);
 

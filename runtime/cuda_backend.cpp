@@ -7,6 +7,7 @@
 #include "compiler/jit.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "runtime/kernel_params.hpp"
 
 namespace attnjit {
 namespace {
@@ -86,31 +87,10 @@ public:
     }
     const auto& t = *static_cast<const GpuTables*>(entry.device_state.get());
     if (t.num_items == 0) return;
-    KernelParams kp{};
-    kp.q = q.data;
-    kp.k = k.data;
-    kp.v = v.data;
-    kp.o = o.data;
-    kp.lse = lse ? static_cast<float*>(lse->data) : nullptr;
-    kp.q_batch_stride = q.strides[0], kp.q_row_stride = q.strides[1], kp.q_head_stride = q.strides[2];
-    kp.k_batch_stride = k.strides[0], kp.k_row_stride = k.strides[1], kp.k_head_stride = k.strides[2];
-    kp.v_batch_stride = v.strides[0], kp.v_row_stride = v.strides[1], kp.v_head_stride = v.strides[2];
-    kp.o_batch_stride = o.strides[0], kp.o_row_stride = o.strides[1], kp.o_head_stride = o.strides[2];
-    kp.lse_batch_stride = lse ? lse->strides[0] : 0;
-    kp.lse_head_stride = lse ? lse->strides[1] : 0;
-    kp.q_offset = options.q_offset;
-    kp.k_offset = options.k_offset;
-    kp.heads_per_kv = static_cast<int32_t>(problem_.heads_q / problem_.heads_kv);
-    kp.num_items = t.num_items;
-    kp.scale_log2 = static_cast<float>(entry.plan.softmax_scale * 1.4426950408889634);
-    kp.output_scale = static_cast<float>(entry.plan.output_scale);
-    kp.items = reinterpret_cast<const DeviceItem*>(t.items.get());
-    kp.spans = reinterpret_cast<const DeviceSpan*>(t.spans.get());
-    kp.entries = reinterpret_cast<const int32_t*>(t.entries.get());
-    kp.dyn_row_offsets = reinterpret_cast<const int64_t*>(t.dyn_rows.get());
-    kp.dyn_cols = reinterpret_cast<const int32_t*>(t.dyn_cols.get());
-    kp.dyn_q_blocks = t.dyn_q_blocks;
-    kp.dyn_heads = t.dyn_heads;
+    const KernelTables tables{reinterpret_cast<const DeviceItem*>(t.items.get()), reinterpret_cast<const DeviceSpan*>(t.spans.get()),
+                              reinterpret_cast<const int32_t*>(t.entries.get()), reinterpret_cast<const int64_t*>(t.dyn_rows.get()),
+                              reinterpret_cast<const int32_t*>(t.dyn_cols.get()), t.num_items, t.dyn_q_blocks, t.dyn_heads};
+    KernelParams kp = kernel_params(entry.plan, problem_, tables, q, k, v, o, lse, options);
     void* args[] = {&kp};
     launch(function_, static_cast<unsigned>(t.num_items), static_cast<unsigned>(problem_.batch), 1,
            static_cast<unsigned>(source_.threads), static_cast<unsigned>(source_.shared_bytes),

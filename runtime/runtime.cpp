@@ -15,7 +15,14 @@
 
 namespace attnjit {
 
-std::string Device::describe() const { return kind == DeviceKind::CPU ? "cpu" : "cuda:" + std::to_string(index); }
+std::string Device::describe() const {
+  switch (kind) {
+    case DeviceKind::CPU: return "cpu";
+    case DeviceKind::CUDA: return "cuda:" + std::to_string(index);
+    case DeviceKind::EMU: return "emu:sm_" + std::to_string(index);
+  }
+  return "?";
+}
 
 TensorView TensorView::contiguous(void* data, DType dtype, std::vector<int64_t> shape) {
   TensorView t;
@@ -95,9 +102,13 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   st->pattern = pattern;
   st->problem = problem;
   const RuntimeOptions& o = impl_->options;
-  st->backend = o.device.kind == DeviceKind::CPU
-                    ? make_cpu_backend(st->pattern, problem)
-                    : make_cuda_backend(st->pattern, problem, o.device.index, o.cache_dir, tuned_config(pattern, problem, o));
+  switch (o.device.kind) {
+    case DeviceKind::CPU: st->backend = make_cpu_backend(st->pattern, problem); break;
+    case DeviceKind::EMU: st->backend = make_emu_backend(st->pattern, problem, o.device.index, o.cache_dir, o.config); break;
+    case DeviceKind::CUDA:
+      st->backend = make_cuda_backend(st->pattern, problem, o.device.index, o.cache_dir, tuned_config(pattern, problem, o));
+      break;
+  }
   // Plan the common case now (offsets 0), so forward() only launches.
   if (!pattern.has_dynamic_layout()) plan_for(*st, ForwardOptions{});
   Attention a;

@@ -1,4 +1,5 @@
-// attnjit run SPEC: attention on the CPU reference, from .npy inputs or random ones.
+// attnjit run SPEC: attention from .npy inputs or random ones, on the CPU (the float64 reference or
+// the plan executor), on a GPU, or on the emulator (the GPU kernel run on the CPU).
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -10,7 +11,7 @@
 #include "runtime/npy.hpp"
 #include "compiler/plan.hpp"
 #include "runtime/plan_executor.hpp"
-#include "tools/run_gpu.hpp"
+#include "tools/run_device.hpp"
 #include "runtime/reference.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
@@ -20,7 +21,8 @@ namespace attnjit::cli {
 namespace {
 struct RunOptions {
   std::string spec, q, k, v, out, lse, dynamic, device = "cpu", executor = "reference", tile = "64x64",
-              dtype = "fp32";
+              dtype = "fp32", arch = "sm_80", kernel_tile = "default";
+  int stages = 0;
   ShapeOptions shape;
   std::optional<uint64_t> random_seed;
   unsigned threads = 0;
@@ -109,8 +111,11 @@ int run_attention(const RunOptions& o) {
   const DynamicLayout* table = dyn ? &*dyn : nullptr;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<float> of, lf;
-  if (o.device == "gpu") {
-    run_on_gpu(p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), of, lf);
+  if (o.device == "gpu" || o.device == "emu") {
+    KernelConfig config = parse_kernel_tile(o.kernel_tile);
+    config.stages = o.stages;
+    const Device d = o.device == "gpu" ? Device::cuda(0) : Device::emu(parse_arch(o.arch));
+    run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), config, of, lf);
   } else if (o.executor == "plan") {
     const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table);
     ExecutorOutput r = execute_plan(plan, p, in.q.data(), in.k.data(), in.v.data(), table, o.threads);
@@ -130,7 +135,10 @@ int run_attention(const RunOptions& o) {
   for (float x : lf) empty += std::isinf(x);
   for (float x : of) mean_abs += std::abs(x);
   mean_abs /= static_cast<double>(of.size());
-  std::cout << "ran " << pattern_hash(p) << " on " << (o.device == "gpu" ? "the gpu (" + o.dtype + ")" : "the cpu " + o.executor + " executor")
+  const std::string where = o.device == "gpu"   ? "the gpu (" + o.dtype + ")"
+                            : o.device == "emu" ? "the emulator (" + o.arch + ", " + o.dtype + ")"
+                                                : "the cpu " + o.executor + " executor";
+  std::cout << "ran " << pattern_hash(p) << " on " << where
             << ": batch=" << s.batch << " seq_q=" << s.seq_q
             << " seq_k=" << s.seq_k << " heads_q=" << s.heads_q << " heads_kv=" << s.heads_kv << " head_dim=" << s.head_dim
             << " head_dim_v=" << s.head_dim_v << " in " << secs << " s\n";
@@ -153,9 +161,16 @@ void register_run(CLI::App& app, int& rc) {
   sub->add_option("--random", o->random_seed, "use random normal inputs with this seed (needs --seq)");
   o->shape.add_to(sub, true);
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
-  sub->add_option("--device", o->device, "where to run")->check(CLI::IsMember({"cpu", "gpu"}))->capture_default_str();
-  sub->add_option("--dtype", o->dtype, "with --device gpu: the dtype the inputs are converted to (fp32, fp16, bf16)")
+  sub->add_option("--device", o->device,
+                  "where to run: cpu (reference or plan executor), gpu, or emu (the GPU kernel in the CPU emulator)")
+      ->check(CLI::IsMember({"cpu", "gpu", "emu"}))
       ->capture_default_str();
+  sub->add_option("--dtype", o->dtype, "with --device gpu|emu: the dtype the inputs are converted to (fp32, fp16, bf16)")
+      ->capture_default_str();
+  sub->add_option("--arch", o->arch, "with --device emu: the GPU arch whose kernel is emulated (sm_75, sm_80, ...)")
+      ->capture_default_str();
+  sub->add_option("--kernel-tile", o->kernel_tile, "with --device gpu|emu: kernel tile QxK, or default")->capture_default_str();
+  sub->add_option("--stages", o->stages, "with --device gpu|emu: cp.async stages (0: default)");
   sub->add_option("--threads", o->threads, "CPU threads (0: all)");
   sub->add_option("--executor", o->executor, "on the CPU: the float64 reference, or the plan executor (float32, tile by tile)")
       ->check(CLI::IsMember({"reference", "plan"}))

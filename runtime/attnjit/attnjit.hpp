@@ -9,7 +9,8 @@
 //
 // Tensors are views: [B, S, H, D] logically, any strides with a contiguous last dimension (so
 // [B, H, S, D] memory works through strides). On a CUDA device the pointers are device memory; on
-// the CPU device they are host memory and the plan executor runs the same plan.
+// the CPU device they are host memory and the plan executor runs the same plan; on the emu device
+// they are host memory and the CPU emulator runs the kernel a GPU would.
 #pragma once
 
 #include <cstdint>
@@ -24,14 +25,17 @@
 
 namespace attnjit {
 
-enum class DeviceKind { CPU, CUDA };
+// CPU: the plan executor. CUDA: a GPU. EMU: the generated kernel of a GPU of compute capability
+// `arch` (80: sm_80), run by the CPU emulator of the CUDA execution model (emulator/) on host memory.
+enum class DeviceKind { CPU, CUDA, EMU };
 
 struct Device {
   DeviceKind kind = DeviceKind::CPU;
-  int index = 0;
+  int index = 0;  // CUDA: the device ordinal; EMU: the emulated arch (10 * major + minor)
   static Device cpu() { return {DeviceKind::CPU, 0}; }
   static Device cuda(int index = 0) { return {DeviceKind::CUDA, index}; }
-  std::string describe() const;
+  static Device emu(int arch = 80) { return {DeviceKind::EMU, arch}; }
+  std::string describe() const;  // "cpu", "cuda:0", "emu:sm_80"
 };
 
 struct TensorView {

@@ -1,4 +1,4 @@
-#include "tools/run_gpu.hpp"
+#include "tools/run_device.hpp"
 
 #include <attnjit/attnjit.hpp>
 #include <cstring>
@@ -36,29 +36,52 @@ std::vector<float> decode(const std::vector<uint8_t>& b, DType dt) {
   return out;
 }
 
+// The tensors' memory on the device: GPU memory through the driver, host memory for the emulator.
+class DeviceBytes {
+public:
+  DeviceBytes(bool gpu, size_t bytes) : gpu_(gpu) {
+    if (gpu_) dev_ = DeviceBuffer(bytes);
+    else host_.resize(bytes);
+  }
+  void* data() { return gpu_ ? reinterpret_cast<void*>(dev_.get()) : static_cast<void*>(host_.data()); }
+  void upload(const std::vector<uint8_t>& b) {
+    if (gpu_) copy_to_device(dev_.get(), b.data(), b.size());
+    else host_ = b;
+  }
+  void download(void* out, size_t bytes) {
+    if (gpu_) copy_to_host(out, dev_.get(), bytes);
+    else std::memcpy(out, host_.data(), bytes);
+  }
+
+private:
+  bool gpu_;
+  DeviceBuffer dev_;
+  std::vector<uint8_t> host_;
+};
+
 }  // namespace
 
-void run_on_gpu(const Pattern& p, const Shape& s, const std::vector<float>& q, const std::vector<float>& k,
-                const std::vector<float>& v, const DynamicLayout* dynamic, DType dtype, std::vector<float>& o,
-                std::vector<float>& lse) {
+void run_on_device(const Device& device, const Pattern& p, const Shape& s, const std::vector<float>& q,
+                   const std::vector<float>& k, const std::vector<float>& v, const DynamicLayout* dynamic, DType dtype,
+                   const KernelConfig& config, std::vector<float>& o, std::vector<float>& lse) {
+  const bool gpu = device.kind == DeviceKind::CUDA;
   RuntimeOptions ro;
-  ro.device = Device::cuda(0);
+  ro.device = device;
+  ro.config = config;
   Runtime rt(ro);
   const Problem pb{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dtype};
   Attention op = rt.prepare(p, pb);
   auto upload = [&](const std::vector<float>& x) {
     const std::vector<uint8_t> bytes = encode(x, dtype);
-    DeviceBuffer b(bytes.size());
-    copy_to_device(b.get(), bytes.data(), bytes.size());
+    DeviceBytes b(gpu, bytes.size());
+    b.upload(bytes);
     return b;
   };
-  DeviceBuffer dq = upload(q), dk = upload(k), dv = upload(v);
+  DeviceBytes dq = upload(q), dk = upload(k), dv = upload(v);
   const std::vector<int64_t> os{s.batch, s.seq_q, s.heads_q, s.head_dim_v};
   std::vector<uint8_t> obytes(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v * dtype_bytes(dtype)));
-  DeviceBuffer dout(obytes.size()), dlse(static_cast<size_t>(s.batch * s.heads_q * s.seq_q) * sizeof(float));
-  auto view = [&](const DeviceBuffer& b, DType dt, std::vector<int64_t> shape) {
-    return TensorView::contiguous(reinterpret_cast<void*>(b.get()), dt, std::move(shape));
-  };
+  DeviceBytes dout(gpu, obytes.size()), dlse(gpu, static_cast<size_t>(s.batch * s.heads_q * s.seq_q) * sizeof(float));
+  auto view = [&](DeviceBytes& b, DType dt, std::vector<int64_t> shape) { return TensorView::contiguous(b.data(), dt, std::move(shape)); };
   const TensorView lse_view = view(dlse, DType::F32, {s.batch, s.heads_q, s.seq_q});
   ForwardOptions fo;
   fo.q_offset = s.q_offset;
@@ -66,11 +89,11 @@ void run_on_gpu(const Pattern& p, const Shape& s, const std::vector<float>& q, c
   fo.dynamic_layout = dynamic;
   op.forward(view(dq, dtype, {s.batch, s.seq_q, s.heads_q, s.head_dim}), view(dk, dtype, {s.batch, s.seq_k, s.heads_kv, s.head_dim}),
              view(dv, dtype, {s.batch, s.seq_k, s.heads_kv, s.head_dim_v}), view(dout, dtype, os), &lse_view, fo);
-  synchronize(nullptr);
-  copy_to_host(obytes.data(), dout.get(), obytes.size());
+  if (gpu) synchronize(nullptr);
+  dout.download(obytes.data(), obytes.size());
   o = decode(obytes, dtype);
   lse.resize(static_cast<size_t>(s.batch * s.heads_q * s.seq_q));
-  copy_to_host(lse.data(), dlse.get(), lse.size() * sizeof(float));
+  dlse.download(lse.data(), lse.size() * sizeof(float));
 }
 
 }  // namespace attnjit::cli

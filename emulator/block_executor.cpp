@@ -1,0 +1,346 @@
+// The block executor: scheduling, barriers, warp collectives and cp.async (memory checks live in
+// emulator/memory_check.cpp).
+#include "emulator/block_executor.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "compiler/error.hpp"
+#include "emulator/ptx_semantics.hpp"
+
+namespace attnjit::emu {
+namespace {
+
+thread_local BlockExecutor* tls_current = nullptr;
+constexpr size_t kFiberStackBytes = 256 * 1024;
+
+std::string hex(const void* p) {
+  std::ostringstream os;
+  os << p;
+  return os.str();
+}
+
+}  // namespace
+
+BlockExecutor* BlockExecutor::current() { return tls_current; }
+
+BlockExecutor::BlockExecutor(const BlockLaunch& launch)
+    : launch_(launch),
+      buffers_(launch.buffers),
+      threads_(launch.block_threads),
+      stacks_(launch.block_threads, kFiberStackBytes),
+      rng_(launch.seed),
+      warp_arrived_((launch.block_threads + 31) / 32, 0) {
+  std::sort(buffers_.begin(), buffers_.end(),
+            [](const GlobalBuffer& a, const GlobalBuffer& b) { return a.data < b.data; });
+  static_base_ = (launch.dynamic_shared + 127) / 128 * 128;
+  arena_.resize(static_base_ + kStaticSharedBytes);
+  shadow_.resize(arena_.size());
+  for (size_t i = 0; i < threads_.size(); ++i) {
+    threads_[i].tid = static_cast<int>(i);
+    order_.push_back(static_cast<int>(i));
+  }
+}
+
+BlockExecutor::~BlockExecutor() = default;
+
+std::string BlockExecutor::block_name() const {
+  return "block (" + std::to_string(block_[0]) + "," + std::to_string(block_[1]) + "," + std::to_string(block_[2]) + ")";
+}
+
+std::string BlockExecutor::who(int tid) const {
+  return "thread " + std::to_string(tid) + " (warp " + std::to_string(tid / 32) + ", lane " + std::to_string(tid % 32) + ")";
+}
+
+std::string BlockExecutor::where(const void* pc) const {
+  if (!pc) return "?";
+  return launch_.symbolize ? launch_.symbolize(pc) : hex(pc);
+}
+
+void BlockExecutor::fiber_main(void* arg) {
+  Thread& t = *static_cast<Thread*>(arg);
+  BlockExecutor& ex = *tls_current;
+  ex.launch_.entry(ex.launch_.args);
+  t.state = State::Done;
+  ++ex.done_;
+  switch_to_scheduler();  // never resumed
+  ATTNJIT_CHECK(false, "a finished emulated thread was resumed");
+}
+
+std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
+  block_[0] = x, block_[1] = y, block_[2] = z;
+  tls_current = this;
+  error_.clear();
+  ++epoch_;
+  barrier_arrived_ = 0, done_ = 0;
+  std::fill(warp_arrived_.begin(), warp_arrived_.end(), 0);
+  // Uninitialised shared memory reads as NaN in every float type, as garbage would on hardware.
+  std::memset(arena_.data(), 0xFF, arena_.size());
+  static_used_ = 0;
+  static_slots_.clear();
+  deadline_ = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                      std::chrono::duration<double>(launch_.timeout_s));
+  for (size_t i = 0; i < threads_.size(); ++i) {
+    Thread& t = threads_[i];
+    t.state = State::Ready;
+    t.open.clear();
+    t.committed.clear();
+    t.op = Op::None;
+    t.ctx = make_fiber(stacks_.top(i), stacks_.usable(), fiber_main);
+  }
+  const int n = static_cast<int>(threads_.size());
+  while (done_ < n) {
+    if (launch_.seed) std::shuffle(order_.begin(), order_.end(), rng_);
+    bool ran = false;
+    for (int tid : order_) {
+      Thread& t = threads_[size_t(tid)];
+      if (t.state != State::Ready) continue;
+      ran = true;
+      current_ = &t;
+      t.state = State::Running;
+      t.ctx = switch_to_fiber(t.ctx, &t);
+      current_ = nullptr;
+      if (!error_.empty()) break;
+    }
+    if (!error_.empty()) break;
+    if (!ran && done_ < n) {
+      error_ = deadlock_report();
+      break;
+    }
+  }
+  tls_current = nullptr;
+  return error_;
+}
+
+void BlockExecutor::fail(std::string message) {
+  if (error_.empty()) error_ = block_name() + ": " + message;
+  current_->state = State::Aborted;
+  switch_to_scheduler();
+  ATTNJIT_CHECK(false, "an aborted emulated thread was resumed");
+}
+
+void BlockExecutor::tick() {
+  if ((++ticks_ & 0xffff) == 0 && std::chrono::steady_clock::now() > deadline_) {
+    std::ostringstream os;
+    os << "ran longer than " << launch_.timeout_s
+       << " s (ATTNJIT_EMU_TIMEOUT): a runaway loop? The last thread running was " << who(current_->tid);
+    fail(os.str());
+  }
+}
+
+void BlockExecutor::block_until_released(Thread& t) {
+  switch_to_scheduler();
+  ATTNJIT_CHECK(t.state == State::Running, "an emulated thread resumed while still blocked");
+}
+
+unsigned BlockExecutor::thread_idx(int dim) const { return dim == 0 ? static_cast<unsigned>(current_->tid) : 0u; }
+
+// ---- barriers --------------------------------------------------------------------------------
+
+void BlockExecutor::syncthreads(const void* pc) {
+  Thread& t = *current_;
+  t.state = State::AtBarrier;
+  t.wait_pc = pc;
+  if (++barrier_arrived_ < static_cast<int>(threads_.size())) {
+    block_until_released(t);
+    return;
+  }
+  for (const Thread& o : threads_)
+    if (o.wait_pc != pc) {
+      const std::string msg = "threads wait at different __syncthreads(): " + who(o.tid) + " at " + where(o.wait_pc) +
+                              ", " + who(t.tid) + " at " + where(pc) + " (a barrier in divergent code)";
+      fail(msg);
+    }
+  barrier_arrived_ = 0;
+  ++epoch_;  // a new barrier interval: shared-memory accesses before it no longer race
+  for (Thread& o : threads_) o.state = State::Ready;
+  t.state = State::Running;
+}
+
+// ---- warp collectives ------------------------------------------------------------------------
+
+void BlockExecutor::arrive_collective(Thread& t, Op op, const void* pc) {
+  const int warp = t.tid / 32;
+  const int lanes = std::min(32, static_cast<int>(threads_.size()) - warp * 32);
+  if (lanes != 32) fail(who(t.tid) + " runs a warp-collective instruction in a warp of " + std::to_string(lanes) + " threads; the block size must be a multiple of 32");
+  t.op = op;
+  t.wait_pc = pc;
+  t.state = State::AtCollective;
+  if (++warp_arrived_[size_t(warp)] < 32) {
+    block_until_released(t);
+    return;
+  }
+  warp_arrived_[size_t(warp)] = 0;
+  for (int l = 0; l < 32; ++l) {
+    const Thread& o = threads_[size_t(warp * 32 + l)];
+    if (o.op != op || o.wait_pc != pc) {
+      fail("the lanes of warp " + std::to_string(warp) + " are at different warp-collective instructions: " + who(o.tid) +
+           " at " + where(o.wait_pc) + ", " + who(t.tid) + " at " + where(pc));
+    }
+  }
+  execute_collective(warp);
+  for (int l = 0; l < 32; ++l) threads_[size_t(warp * 32 + l)].state = State::Ready;
+  t.state = State::Running;
+}
+
+void BlockExecutor::execute_collective(int warp) {
+  Thread* lane = &threads_[size_t(warp * 32)];
+  const Op op = lane[0].op;
+  if (op == Op::Shfl) {
+    for (int l = 0; l < 32; ++l) lane[l].result = lane[(l ^ lane[l].lane_mask) & 31].value;
+  } else if (op == Op::Ldmatrix) {
+    const int num = lane[0].num;
+    const uint16_t* rows[4][8];
+    for (int j = 0; j < num; ++j)
+      for (int r = 0; r < 8; ++r) {
+        const Thread& src = lane[8 * j + r];
+        const void* a = src.addr;
+        if (reinterpret_cast<uintptr_t>(a) % 16 != 0) {
+          fail("ldmatrix: " + who(src.tid) + " gives row address " + hex(a) + " of matrix " + std::to_string(j) +
+               ", which is not 16-byte aligned (at " + where(src.wait_pc) + ")");
+        }
+        const size_t off = shared_offset(a, 16, "ldmatrix", src.wait_pc);
+        shared_read(off, 16, src.tid, src.wait_pc);
+        rows[j][r] = reinterpret_cast<const uint16_t*>(arena_.data() + off);
+      }
+    uint32_t out[32][4];
+    attnjit::emu::ldmatrix(rows, num, lane[0].trans != 0, out);
+    for (int l = 0; l < 32; ++l)
+      for (int j = 0; j < num; ++j) lane[l].regs[j] = out[l][j];
+  } else if (op == Op::Mma) {
+    uint32_t a[32][4], b[32][2];
+    float d[32][4];
+    for (int l = 0; l < 32; ++l) {
+      if (lane[l].type != lane[0].type) fail("mma: the lanes of warp " + std::to_string(warp) + " disagree on the input type");
+      std::memcpy(a[l], lane[l].a, sizeof a[l]);
+      std::memcpy(b[l], lane[l].b, sizeof b[l]);
+      std::memcpy(d[l], lane[l].d, sizeof d[l]);
+    }
+    attnjit::emu::mma_m16n8k16(a, b, d, lane[0].type);
+    for (int l = 0; l < 32; ++l) std::memcpy(lane[l].d, d[l], sizeof d[l]);
+  }
+  for (int l = 0; l < 32; ++l) lane[l].op = Op::None;
+}
+
+unsigned BlockExecutor::shfl_xor(unsigned value, int lane_mask, const void* pc) {
+  tick();
+  Thread& t = *current_;
+  t.value = value;
+  t.lane_mask = lane_mask;
+  arrive_collective(t, Op::Shfl, pc);
+  return t.result;
+}
+
+void BlockExecutor::ldmatrix(unsigned* regs, const void* smem, int num, int trans, const void* pc) {
+  tick();
+  Thread& t = *current_;
+  t.regs = regs;
+  t.addr = smem;
+  t.num = num;
+  t.trans = trans;
+  arrive_collective(t, Op::Ldmatrix, pc);
+}
+
+void BlockExecutor::mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, int type, const void* pc) {
+  tick();
+  Thread& t = *current_;
+  t.d = d;
+  t.a = a;
+  t.b = b;
+  t.type = type;
+  arrive_collective(t, Op::Mma, pc);
+}
+
+// ---- cp.async --------------------------------------------------------------------------------
+
+void BlockExecutor::cp_async(void* smem, const void* gmem, unsigned cp_size, unsigned src_size, const void* pc) {
+  tick();
+  Thread& t = *current_;
+  if (cp_size != 4 && cp_size != 8 && cp_size != 16) fail("cp.async: cp-size must be 4, 8 or 16 bytes, got " + std::to_string(cp_size));
+  if (src_size > cp_size) fail("cp.async: src-size " + std::to_string(src_size) + " exceeds cp-size " + std::to_string(cp_size));
+  if (reinterpret_cast<uintptr_t>(smem) % cp_size || (src_size && reinterpret_cast<uintptr_t>(gmem) % cp_size)) {
+    fail("cp.async: " + who(t.tid) + " copies " + std::to_string(cp_size) + " bytes from " + hex(gmem) + " to " + hex(smem) +
+         "; both addresses must be aligned to the copy size (at " + where(pc) + ")");
+  }
+  const size_t off = shared_offset(smem, cp_size, "cp.async destination", pc);
+  PendingCopy c{arena_.data() + off, cp_size, pc, {}};
+  if (src_size) {
+    check_global(gmem, src_size, false, "cp.async source", pc);
+    std::memcpy(c.data, gmem, src_size);
+  }
+  // The destination holds garbage until the group completes: poison it now, so a read before the
+  // wait (or before the barrier after it) sees NaN.
+  shared_write(off, cp_size, t.tid, pc);
+  std::memset(c.dst, 0xFF, cp_size);
+  t.open.push_back(c);
+}
+
+void BlockExecutor::cp_async_commit(const void*) {
+  Thread& t = *current_;
+  t.committed.push_back(std::move(t.open));
+  t.open.clear();
+}
+
+void BlockExecutor::cp_async_wait(int n, const void* pc) {
+  tick();
+  Thread& t = *current_;
+  while (static_cast<int>(t.committed.size()) > n) {
+    for (const PendingCopy& c : t.committed.front()) {
+      shared_write(static_cast<size_t>(c.dst - arena_.data()), c.bytes, t.tid, c.pc);
+      std::memcpy(c.dst, c.data, c.bytes);
+    }
+    t.committed.pop_front();
+  }
+}
+
+// ---- shared memory allocation --------------------------------------------------------------
+
+void* BlockExecutor::dynamic_shared() { return arena_.data(); }
+
+void* BlockExecutor::static_shared(const void* key, size_t bytes, size_t align, const void* pc) {
+  for (const auto& [k, off] : static_slots_)
+    if (k == key) return arena_.data() + off;
+  const size_t off = (static_base_ + static_used_ + align - 1) / align * align;
+  if (off + bytes > arena_.size()) {
+    fail("static shared memory of " + std::to_string(off + bytes - static_base_) + " bytes exceeds the " +
+         std::to_string(kStaticSharedBytes) + " bytes a block may declare statically (at " + where(pc) + ")");
+  }
+  static_used_ = off + bytes - static_base_;
+  static_slots_.emplace_back(key, off);
+  return arena_.data() + off;
+}
+
+// ---- reports ---------------------------------------------------------------------------------
+
+std::string BlockExecutor::deadlock_report() const {
+  // Group threads by what they wait at.
+  std::map<std::string, std::vector<int>> groups;
+  for (const Thread& t : threads_) {
+    std::string what;
+    switch (t.state) {
+      case State::Done: what = "exited"; break;
+      case State::AtBarrier: what = "wait at __syncthreads() at " + where(t.wait_pc); break;
+      case State::AtCollective: what = "wait for their warp at a warp-collective instruction at " + where(t.wait_pc); break;
+      default: what = "are blocked"; break;
+    }
+    groups[what].push_back(t.tid);
+  }
+  std::ostringstream os;
+  os << block_name() << ": the block can never finish: a __syncthreads() or a warp-collective instruction is not reached "
+     << "by every thread it needs (on a GPU: a hang or undefined behaviour).";
+  for (const auto& [what, tids] : groups) {
+    os << "\n  threads ";
+    for (size_t i = 0; i < tids.size();) {  // ranges a-b
+      size_t j = i;
+      while (j + 1 < tids.size() && tids[j + 1] == tids[j] + 1) ++j;
+      os << (i ? "," : "") << tids[i];
+      if (j > i) os << "-" << tids[j];
+      i = j + 1;
+    }
+    os << " " << what;
+  }
+  return os.str();
+}
+
+}  // namespace attnjit::emu

@@ -1,0 +1,150 @@
+// One thread block of an emulated launch: a fiber per GPU thread, a scheduler that runs each fiber
+// until it blocks, block barriers, warp-collective instructions (the 32 lanes rendezvous and the
+// last to arrive executes the instruction for all), per-thread cp.async groups, and the checks the
+// hardware does not make: bounds of every global and shared access, races on shared memory, a
+// barrier or a collective that not every thread reaches, runaway blocks.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "emulator/fiber.hpp"
+
+namespace attnjit::emu {
+
+// A global-memory buffer a launch may touch (`name` appears in reports).
+struct GlobalBuffer {
+  std::string name;
+  const void* data = nullptr;
+  size_t bytes = 0;
+  int elem_bytes = 1;
+  bool writable = false;
+};
+
+// Address ranges any thread may read without being a buffer (the kernel's own object file).
+struct ReadOnlyRange {
+  uintptr_t lo = 0, hi = 0;
+};
+
+struct BlockLaunch {
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block_threads = 1;
+  size_t dynamic_shared = 0;
+  void (*entry)(void**) = nullptr;  // the kernel's aj_emu_entry
+  void** args = nullptr;
+  std::vector<GlobalBuffer> buffers;
+  std::vector<ReadOnlyRange> readable;
+  uint64_t seed = 0;          // 0: threads run in index order; else shuffled between barriers
+  double timeout_s = 600;     // per block
+  std::function<std::string(const void* pc)> symbolize;  // "file:line (function)" of a code address
+};
+
+class BlockExecutor {
+public:
+  explicit BlockExecutor(const BlockLaunch& launch);
+  ~BlockExecutor();
+  BlockExecutor(const BlockExecutor&) = delete;
+  BlockExecutor& operator=(const BlockExecutor&) = delete;
+
+  // Runs block (x, y, z) to its end. Returns the first error found, empty when none.
+  std::string run(unsigned x, unsigned y, unsigned z);
+
+  // ---- what the kernel calls (emulator/emu_api.cpp), always on one of this block's fibers ----
+  static BlockExecutor* current();
+  void access(const void* addr, size_t bytes, bool write, const void* pc);
+  unsigned thread_idx(int dim) const;
+  unsigned block_idx(int dim) const { return block_[dim]; }
+  void syncthreads(const void* pc);
+  unsigned shfl_xor(unsigned value, int lane_mask, const void* pc);
+  void* dynamic_shared();
+  void* static_shared(const void* key, size_t bytes, size_t align, const void* pc);
+  void cp_async(void* smem, const void* gmem, unsigned cp_size, unsigned src_size, const void* pc);
+  void cp_async_commit(const void* pc);
+  void cp_async_wait(int n, const void* pc);
+  void ldmatrix(unsigned* regs, const void* smem, int num, int trans, const void* pc);
+  void mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, int type, const void* pc);
+
+private:
+  enum class State : uint8_t { Ready, Running, AtBarrier, AtCollective, Done, Aborted };
+  enum class Op : uint8_t { None, Shfl, Ldmatrix, Mma };
+  struct PendingCopy {
+    uint8_t* dst;
+    unsigned bytes;
+    const void* pc;
+    uint8_t data[16];
+  };
+  struct Thread {
+    int tid = 0;
+    State state = State::Ready;
+    FiberContext ctx = nullptr;
+    const void* wait_pc = nullptr;
+    // cp.async: the open group and the committed ones, oldest first
+    std::vector<PendingCopy> open;
+    std::deque<std::vector<PendingCopy>> committed;
+    // operands of the collective this thread waits at
+    Op op = Op::None;
+    unsigned value = 0, result = 0;
+    int lane_mask = 0, num = 0, trans = 0, type = 0;
+    const void* addr = nullptr;
+    unsigned* regs = nullptr;
+    const unsigned* a = nullptr;
+    const unsigned* b = nullptr;
+    float* d = nullptr;
+  };
+  struct Shadow {  // per byte of shared memory: last writer and reader within a barrier interval
+    uint32_t write_epoch = 0, read_epoch = 0;
+    uint16_t writer = 0, reader = 0;
+    const void* write_pc = nullptr;
+    const void* read_pc = nullptr;
+  };
+  static constexpr uint16_t kManyReaders = 0xffff;
+  static constexpr size_t kStaticSharedBytes = 48 * 1024;
+
+  static void fiber_main(void* thread);
+  [[noreturn]] void fail(std::string message);
+  void tick();
+  void block_until_released(Thread& t);
+  void arrive_collective(Thread& t, Op op, const void* pc);
+  void execute_collective(int warp);
+  std::string deadlock_report() const;
+  std::string where(const void* pc) const;
+  std::string who(int tid) const;
+  std::string block_name() const;
+
+  // memory checks
+  enum class Space { Shared, Global, Private };
+  Space classify(const void* addr) const;
+  size_t shared_offset(const void* addr, size_t bytes, const char* what, const void* pc);
+  void check_global(const void* addr, size_t bytes, bool write, const char* what, const void* pc);
+  void shared_read(size_t off, size_t bytes, int tid, const void* pc);
+  void shared_write(size_t off, size_t bytes, int tid, const void* pc);
+  std::string race_report(const char* kind, size_t off, int tid, const void* pc, int other, const void* other_pc) const;
+
+  const BlockLaunch& launch_;
+  std::vector<GlobalBuffer> buffers_;  // sorted by address
+  unsigned block_[3] = {0, 0, 0};
+  std::vector<Thread> threads_;
+  FiberStacks stacks_;
+  Thread* current_ = nullptr;
+  std::vector<int> order_;
+  std::mt19937_64 rng_;
+  int barrier_arrived_ = 0, done_ = 0;
+  std::vector<int> warp_arrived_;
+  uint32_t epoch_ = 0;
+  uint64_t ticks_ = 0;
+  std::chrono::steady_clock::time_point deadline_;
+  std::string error_;
+
+  std::vector<uint8_t> arena_;   // dynamic shared memory, then the static region
+  size_t static_base_ = 0, static_used_ = 0;
+  std::vector<std::pair<const void*, size_t>> static_slots_;  // key -> offset, this block
+  std::vector<Shadow> shadow_;
+};
+
+}  // namespace attnjit::emu

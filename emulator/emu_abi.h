@@ -1,0 +1,43 @@
+// The boundary between a kernel compiled for the emulator and the emulator's runtime: a table of
+// C functions the runtime hands to the kernel's shared object when it loads it. This header is
+// compiled into the library and is also the first part of every emulated kernel's source (see
+// emulator/prelude.h), so the two sides share one definition. Plain C types only.
+#ifndef ATTNJIT_EMU_ABI_H
+#define ATTNJIT_EMU_ABI_H
+
+#define AJ_EMU_ABI_VERSION 1
+#define AJ_EMU_F16 1
+#define AJ_EMU_BF16 2
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct AjEmuApi {
+  unsigned version;  // AJ_EMU_ABI_VERSION
+  // Every memory access the compiler instrumented (plain loads and stores of the kernel): bounds
+  // checks for global memory, bounds and race checks for shared memory.
+  void (*access)(const void* addr, unsigned long long bytes, int is_write, const void* pc);
+  unsigned (*thread_idx)(int dim);
+  unsigned (*block_idx)(int dim);
+  void (*syncthreads)(const void* pc);
+  unsigned (*shfl_xor)(unsigned value, int lane_mask, const void* pc);
+  void* (*dynamic_shared)(void);
+  void* (*static_shared)(const void* key, unsigned long long bytes, unsigned long long align, const void* pc);
+  void (*cp_async)(void* smem, const void* gmem, unsigned cp_size, unsigned src_size, const void* pc);
+  void (*cp_async_commit)(const void* pc);
+  void (*cp_async_wait)(int n, const void* pc);
+  void (*ldmatrix)(unsigned* regs, const void* smem, int num, int trans, const void* pc);
+  void (*mma_m16n8k16)(float* d, const unsigned* a, const unsigned* b, int in_type, const void* pc);
+  unsigned (*cvt_rn_x2)(float hi, float lo, int type);
+  float (*cvt_f32_f16)(unsigned short h);
+  unsigned short (*cvt_rn_f16_f32)(float f);
+  float (*ex2_approx_ftz)(float x);
+  float (*lg2_approx_ftz)(float x);
+} AjEmuApi;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,46 @@
+// The table of emulator functions a kernel's shared object calls (emulator/emu_abi.h): each entry
+// forwards to the block executor running on this OS thread, or to a PTX semantic function.
+#include "emulator/emu_api.hpp"
+
+#include "emulator/block_executor.hpp"
+#include "emulator/ptx_semantics.hpp"
+
+namespace attnjit::emu {
+namespace {
+
+BlockExecutor& ex() { return *BlockExecutor::current(); }
+
+void api_access(const void* addr, unsigned long long bytes, int is_write, const void* pc) {
+  // Outside a launch (the object's own initialisers) there is nothing to check.
+  if (BlockExecutor* e = BlockExecutor::current()) e->access(addr, bytes, is_write != 0, pc);
+}
+unsigned api_thread_idx(int d) { return ex().thread_idx(d); }
+unsigned api_block_idx(int d) { return ex().block_idx(d); }
+void api_syncthreads(const void* pc) { ex().syncthreads(pc); }
+unsigned api_shfl_xor(unsigned v, int m, const void* pc) { return ex().shfl_xor(v, m, pc); }
+void* api_dynamic_shared() { return ex().dynamic_shared(); }
+void* api_static_shared(const void* key, unsigned long long bytes, unsigned long long align, const void* pc) {
+  return ex().static_shared(key, bytes, align, pc);
+}
+void api_cp_async(void* s, const void* g, unsigned cp, unsigned src, const void* pc) { ex().cp_async(s, g, cp, src, pc); }
+void api_cp_async_commit(const void* pc) { ex().cp_async_commit(pc); }
+void api_cp_async_wait(int n, const void* pc) { ex().cp_async_wait(n, pc); }
+void api_ldmatrix(unsigned* r, const void* s, int num, int trans, const void* pc) { ex().ldmatrix(r, s, num, trans, pc); }
+void api_mma(float* d, const unsigned* a, const unsigned* b, int type, const void* pc) { ex().mma_m16n8k16(d, a, b, type, pc); }
+unsigned api_cvt_rn_x2(float hi, float lo, int type) { return cvt_rn_x2(hi, lo, type); }
+float api_cvt_f32_f16(unsigned short h) { return cvt_f32_f16(h); }
+unsigned short api_cvt_rn_f16_f32(float f) { return cvt_rn_f16_f32(f); }
+
+}  // namespace
+
+const AjEmuApi& emu_api() {
+  static const AjEmuApi api = {
+      AJ_EMU_ABI_VERSION, api_access,          api_thread_idx,       api_block_idx,     api_syncthreads,
+      api_shfl_xor,       api_dynamic_shared,  api_static_shared,    api_cp_async,      api_cp_async_commit,
+      api_cp_async_wait,  api_ldmatrix,        api_mma,              api_cvt_rn_x2,     api_cvt_f32_f16,
+      api_cvt_rn_f16_f32, ex2_approx_ftz,      lg2_approx_ftz,
+  };
+  return api;
+}
+
+}  // namespace attnjit::emu

@@ -1,0 +1,115 @@
+// The checks the hardware does not make, on every access an emulated kernel makes: global accesses
+// must fall inside a buffer of the launch (and stores inside a writable one); shared accesses
+// inside the block's shared memory; and no byte of shared memory may be written by one thread and
+// read or written by another within one barrier interval.
+#include <cstring>
+#include <sstream>
+
+#include "emulator/block_executor.hpp"
+
+namespace attnjit::emu {
+
+BlockExecutor::Space BlockExecutor::classify(const void* addr) const {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr), lo = reinterpret_cast<uintptr_t>(arena_.data());
+  if (a - lo < arena_.size()) return Space::Shared;
+  if (stacks_.contains(addr)) return Space::Private;
+  return Space::Global;
+}
+
+void BlockExecutor::access(const void* addr, size_t bytes, bool write, const void* pc) {
+  tick();
+  switch (classify(addr)) {
+    case Space::Private: return;
+    case Space::Shared: {
+      const size_t off = shared_offset(addr, bytes, write ? "shared store" : "shared load", pc);
+      if (write) shared_write(off, bytes, current_->tid, pc);
+      else shared_read(off, bytes, current_->tid, pc);
+      return;
+    }
+    case Space::Global: {
+      const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+      if (!write)
+        for (const ReadOnlyRange& r : launch_.readable)
+          if (a >= r.lo && a + bytes <= r.hi) return;
+      check_global(addr, bytes, write, write ? "global store" : "global load", pc);
+      return;
+    }
+  }
+}
+
+size_t BlockExecutor::shared_offset(const void* addr, size_t bytes, const char* what, const void* pc) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr), lo = reinterpret_cast<uintptr_t>(arena_.data());
+  const size_t off = a - lo;
+  const bool in_dynamic = a >= lo && off + bytes <= launch_.dynamic_shared;
+  const bool in_static = a >= lo && off >= static_base_ && off + bytes <= static_base_ + static_used_;
+  if (in_dynamic || in_static) return off;
+  std::ostringstream os;
+  os << what << " of " << bytes << " bytes at shared offset " << static_cast<int64_t>(off) << " by " << who(current_->tid)
+     << " is outside the block's shared memory (" << launch_.dynamic_shared << " dynamic bytes";
+  if (static_used_) os << ", " << static_used_ << " static bytes at offset " << static_base_;
+  os << ") at " << where(pc);
+  fail(os.str());
+}
+
+void BlockExecutor::check_global(const void* addr, size_t bytes, bool write, const char* what, const void* pc) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  const GlobalBuffer* nearest = nullptr;
+  uintptr_t best = UINTPTR_MAX;
+  for (const GlobalBuffer& b : buffers_) {
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(b.data), hi = lo + b.bytes;
+    if (a >= lo && a + bytes <= hi) {
+      if (!write || b.writable) return;
+      fail(std::string(what) + " by " + who(current_->tid) + " writes the read-only buffer '" + b.name + "' at element " +
+           std::to_string((a - lo) / size_t(b.elem_bytes)) + " (at " + where(pc) + ")");
+    }
+    const uintptr_t dist = a < lo ? lo - a : a >= hi ? a - hi : 0;
+    if (dist < best) best = dist, nearest = &b;
+  }
+  std::ostringstream os;
+  os << what << " of " << bytes << " bytes by " << who(current_->tid) << " at " << addr
+     << " is outside every buffer of the launch";
+  if (nearest) {
+    const intptr_t lo = reinterpret_cast<intptr_t>(nearest->data);
+    const intptr_t elem = (static_cast<intptr_t>(a) - lo) / nearest->elem_bytes;
+    os << ": it is element " << elem << " of '" << nearest->name << "', which has "
+       << nearest->bytes / size_t(nearest->elem_bytes) << " elements (a too-short buffer, or an index out of range)";
+  }
+  os << " at " << where(pc);
+  fail(os.str());
+}
+
+void BlockExecutor::shared_read(size_t off, size_t bytes, int tid, const void* pc) {
+  for (size_t i = off; i < off + bytes; ++i) {
+    Shadow& s = shadow_[i];
+    if (s.write_epoch == epoch_ && s.writer != tid) fail(race_report("read after write", i, tid, pc, s.writer, s.write_pc));
+    if (s.read_epoch == epoch_) {
+      if (s.reader != tid) s.reader = kManyReaders;
+    } else {
+      s.read_epoch = epoch_;
+      s.reader = static_cast<uint16_t>(tid);
+      s.read_pc = pc;
+    }
+  }
+}
+
+void BlockExecutor::shared_write(size_t off, size_t bytes, int tid, const void* pc) {
+  for (size_t i = off; i < off + bytes; ++i) {
+    Shadow& s = shadow_[i];
+    if (s.write_epoch == epoch_ && s.writer != tid) fail(race_report("write after write", i, tid, pc, s.writer, s.write_pc));
+    if (s.read_epoch == epoch_ && s.reader != tid) fail(race_report("write after read", i, tid, pc, s.reader, s.read_pc));
+    s.write_epoch = epoch_;
+    s.writer = static_cast<uint16_t>(tid);
+    s.write_pc = pc;
+  }
+}
+
+std::string BlockExecutor::race_report(const char* kind, size_t off, int tid, const void* pc, int other,
+                                       const void* other_pc) const {
+  std::ostringstream os;
+  os << "shared-memory race (" << kind << ") on byte " << off << " within one barrier interval:\n  " << who(tid) << " at "
+     << where(pc) << "\n  " << (other == kManyReaders ? std::string("several threads (the first)") : who(other)) << " at "
+     << where(other_pc) << "\n  a __syncthreads() (or a cp.async wait before it) is missing between them";
+  return os.str();
+}
+
+}  // namespace attnjit::emu

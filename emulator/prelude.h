@@ -1,0 +1,87 @@
+// The emulation prelude: what the host C++ compiler needs, besides emulator/emu_abi.h, to compile
+// a kernel's CUDA text unchanged. It maps the CUDA keywords to C++, declares the aj_emu_* shims
+// the emulation twins of templates/gpu_blocks.cuh call, and defines the hooks through which the
+// compiler's instrumentation (-fsanitize=thread, without its runtime) reports every memory access
+// of the kernel to the emulator. Embedded in the library; its hash is part of the cache key.
+#define AJ_EMULATE 1
+#include <math.h>
+#include <stddef.h>
+#include <type_traits>
+#include <utility>
+
+#define __device__
+#define __host__
+#define __global__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define __restrict__ __restrict
+
+// The runtime's table, set by aj_emu_bind() when the emulator loads this object.
+static const AjEmuApi* aj_emu_api = nullptr;
+extern "C" __attribute__((visibility("default"), no_sanitize_thread)) int aj_emu_bind(const AjEmuApi* api) {
+  aj_emu_api = api;
+  return AJ_EMU_ABI_VERSION;
+}
+
+// Shims: not instrumented, never inlined, so __builtin_return_address(0) is the kernel's call site.
+#define AJ_EMU_SHIM static __attribute__((noinline, no_sanitize_thread, used))
+#define AJ_EMU_PC __builtin_return_address(0)
+AJ_EMU_SHIM unsigned aj_emu_thread_idx(int d) { return aj_emu_api->thread_idx(d); }
+AJ_EMU_SHIM unsigned aj_emu_block_idx(int d) { return aj_emu_api->block_idx(d); }
+AJ_EMU_SHIM void aj_emu_syncthreads() { aj_emu_api->syncthreads(AJ_EMU_PC); }
+AJ_EMU_SHIM unsigned aj_emu_shfl_xor(unsigned v, int m) { return aj_emu_api->shfl_xor(v, m, AJ_EMU_PC); }
+AJ_EMU_SHIM void* aj_emu_dynamic_shared() { return aj_emu_api->dynamic_shared(); }
+AJ_EMU_SHIM void* aj_emu_static_shared(const void* key, unsigned long long bytes, unsigned long long align) {
+  return aj_emu_api->static_shared(key, bytes, align, AJ_EMU_PC);
+}
+AJ_EMU_SHIM void aj_emu_cp_async(void* smem, const void* gmem, unsigned cp_size, unsigned src_size) {
+  aj_emu_api->cp_async(smem, gmem, cp_size, src_size, AJ_EMU_PC);
+}
+AJ_EMU_SHIM void aj_emu_cp_async_commit() { aj_emu_api->cp_async_commit(AJ_EMU_PC); }
+AJ_EMU_SHIM void aj_emu_cp_async_wait(int n) { aj_emu_api->cp_async_wait(n, AJ_EMU_PC); }
+AJ_EMU_SHIM void aj_emu_ldmatrix(unsigned* regs, const void* smem, int num, int trans) {
+  aj_emu_api->ldmatrix(regs, smem, num, trans, AJ_EMU_PC);
+}
+AJ_EMU_SHIM void aj_emu_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, int in_type) {
+  aj_emu_api->mma_m16n8k16(d, a, b, in_type, AJ_EMU_PC);
+}
+AJ_EMU_SHIM unsigned aj_emu_cvt_rn_x2(float hi, float lo, int type) { return aj_emu_api->cvt_rn_x2(hi, lo, type); }
+AJ_EMU_SHIM float aj_emu_cvt_f32_f16(unsigned short h) { return aj_emu_api->cvt_f32_f16(h); }
+AJ_EMU_SHIM unsigned short aj_emu_cvt_rn_f16_f32(float f) { return aj_emu_api->cvt_rn_f16_f32(f); }
+AJ_EMU_SHIM float aj_emu_ex2_approx_ftz(float x) { return aj_emu_api->ex2_approx_ftz(x); }
+AJ_EMU_SHIM float aj_emu_lg2_approx_ftz(float x) { return aj_emu_api->lg2_approx_ftz(x); }
+
+// The instrumentation's entry points (the ThreadSanitizer ABI that GCC and Clang emit), hidden so
+// that they bind inside this object even in a process that loaded the real sanitizer runtime.
+#define AJ_EMU_HOOK extern "C" __attribute__((no_sanitize_thread, visibility("hidden")))
+#define AJ_EMU_ACCESS(n)                                                                                           \
+  AJ_EMU_HOOK void __tsan_read##n(void* a) { aj_emu_api->access(a, n, 0, AJ_EMU_PC); }                            \
+  AJ_EMU_HOOK void __tsan_write##n(void* a) { aj_emu_api->access(a, n, 1, AJ_EMU_PC); }                           \
+  AJ_EMU_HOOK void __tsan_unaligned_read##n(void* a) { aj_emu_api->access(a, n, 0, AJ_EMU_PC); }                  \
+  AJ_EMU_HOOK void __tsan_unaligned_write##n(void* a) { aj_emu_api->access(a, n, 1, AJ_EMU_PC); }                 \
+  AJ_EMU_HOOK void __tsan_volatile_read##n(void* a) { aj_emu_api->access(a, n, 0, AJ_EMU_PC); }                   \
+  AJ_EMU_HOOK void __tsan_volatile_write##n(void* a) { aj_emu_api->access(a, n, 1, AJ_EMU_PC); }
+AJ_EMU_ACCESS(1)
+AJ_EMU_ACCESS(2)
+AJ_EMU_ACCESS(4)
+AJ_EMU_ACCESS(8)
+AJ_EMU_ACCESS(16)
+AJ_EMU_HOOK void __tsan_read_range(void* a, unsigned long n) { aj_emu_api->access(a, n, 0, AJ_EMU_PC); }
+AJ_EMU_HOOK void __tsan_write_range(void* a, unsigned long n) { aj_emu_api->access(a, n, 1, AJ_EMU_PC); }
+AJ_EMU_HOOK void __tsan_init() {}
+AJ_EMU_HOOK void __tsan_func_entry(void*) {}
+AJ_EMU_HOOK void __tsan_func_exit() {}
+AJ_EMU_HOOK void __tsan_vptr_update(void**, void*) {}
+AJ_EMU_HOOK void __tsan_vptr_read(void**) {}
+
+// Launches pass kernel arguments as cuLaunchKernel does: an array of pointers to each argument.
+// Not instrumented: the argument blocks belong to the launcher, not to the kernel's memory.
+template <typename... P, size_t... I>
+static __attribute__((no_sanitize_thread)) void aj_emu_call(void (*kernel)(P...), void** args, std::index_sequence<I...>) {
+  kernel(*static_cast<std::remove_cv_t<std::remove_reference_t<P>>*>(args[I])...);
+}
+template <typename... P>
+static __attribute__((no_sanitize_thread)) void aj_emu_call(void (*kernel)(P...), void** args) {
+  aj_emu_call(kernel, args, std::index_sequence_for<P...>{});
+}

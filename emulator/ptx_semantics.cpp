@@ -1,0 +1,97 @@
+// PTX instruction semantics (see the header for the ISA sections and the models).
+#include "emulator/ptx_semantics.hpp"
+
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include "emulator/emu_abi.h"
+#include "runtime/npy.hpp"
+
+namespace attnjit::emu {
+namespace {
+
+constexpr uint16_t kCanonicalNaN16 = 0x7fff;
+
+bool is_nan(float f) { return std::isnan(f); }
+
+// .ftz: a subnormal fp32 reads as a zero of the same sign.
+float flush_input(float x) {
+  return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x;
+}
+
+}  // namespace
+
+uint16_t cvt_rn_f16_f32(float f) { return is_nan(f) ? kCanonicalNaN16 : float_to_half(f); }
+uint16_t cvt_rn_bf16_f32(float f) { return is_nan(f) ? kCanonicalNaN16 : float_to_bfloat16(f); }
+float cvt_f32_f16(uint16_t h) { return half_to_float(h); }
+float cvt_f32_bf16(uint16_t h) { return bfloat16_to_float(h); }
+
+float cvt_f32_of_type(uint16_t h, int type) { return type == AJ_EMU_BF16 ? cvt_f32_bf16(h) : cvt_f32_f16(h); }
+
+uint32_t cvt_rn_x2(float a, float b, int type) {
+  const auto one = type == AJ_EMU_BF16 ? cvt_rn_bf16_f32 : cvt_rn_f16_f32;
+  return static_cast<uint32_t>(one(a)) << 16 | one(b);
+}
+
+float ex2_approx_ftz(float x) {
+  x = flush_input(x);
+  if (std::isnan(x)) return std::numeric_limits<float>::quiet_NaN();
+  const float y = static_cast<float>(std::exp2(static_cast<double>(x)));
+  return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
+}
+
+float lg2_approx_ftz(float x) {
+  x = flush_input(x);
+  if (std::isnan(x) || x < 0.0f) return std::numeric_limits<float>::quiet_NaN();
+  if (x == 0.0f) return -std::numeric_limits<float>::infinity();
+  return static_cast<float>(std::log2(static_cast<double>(x)));  // never subnormal for normal x
+}
+
+MmaRowCol mma_a_element(int lane, int reg, int half) {
+  const int g = lane / 4, t = lane % 4;
+  return {g + (reg & 1) * 8, 2 * t + half + (reg >> 1) * 8};
+}
+MmaRowCol mma_b_element(int lane, int reg, int half) {
+  const int g = lane / 4, t = lane % 4;
+  return {2 * t + half + reg * 8, g};
+}
+MmaRowCol mma_cd_element(int lane, int index) {
+  const int g = lane / 4, t = lane % 4;
+  return {g + (index >> 1) * 8, 2 * t + (index & 1)};
+}
+
+void mma_m16n8k16(const uint32_t (*a)[4], const uint32_t (*b)[2], float (*d)[4], int type) {
+  double A[16][16], B[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int reg = 0; reg < 4; ++reg)
+      for (int half = 0; half < 2; ++half) {
+        const MmaRowCol e = mma_a_element(lane, reg, half);
+        A[e.row][e.col] = cvt_f32_of_type(static_cast<uint16_t>(a[lane][reg] >> (16 * half)), type);
+      }
+    for (int reg = 0; reg < 2; ++reg)
+      for (int half = 0; half < 2; ++half) {
+        const MmaRowCol e = mma_b_element(lane, reg, half);
+        B[e.row][e.col] = cvt_f32_of_type(static_cast<uint16_t>(b[lane][reg] >> (16 * half)), type);
+      }
+  }
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 4; ++i) {
+      const MmaRowCol e = mma_cd_element(lane, i);
+      double sum = d[lane][i];
+      for (int k = 0; k < 16; ++k) sum += A[e.row][k] * B[k][e.col];
+      d[lane][i] = static_cast<float>(sum);
+    }
+}
+
+void ldmatrix(const uint16_t* const (*rows)[8], int num, bool trans, uint32_t (*out)[4]) {
+  for (int j = 0; j < num; ++j)
+    for (int lane = 0; lane < 32; ++lane) {
+      const int r = lane / 4, c = 2 * (lane % 4);
+      const uint16_t lo = trans ? rows[j][c][r] : rows[j][r][c];
+      const uint16_t hi = trans ? rows[j][c + 1][r] : rows[j][r][c + 1];
+      out[lane][j] = static_cast<uint32_t>(hi) << 16 | lo;
+    }
+}
+
+}  // namespace attnjit::emu

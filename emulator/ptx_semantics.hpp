@@ -1,0 +1,66 @@
+// The emulator's reading of the PTX ISA: each instruction the kernels use, as a pure function of
+// its operands. No fibers, no memory: the block executor gathers a warp's operands and calls
+// these. Section titles below are those of the PTX ISA (version 8.x/9.x).
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace attnjit::emu {
+
+// ---- "Data Movement and Conversion Instructions: cvt" ----------------------------------------
+// cvt.rn.f16.f32: round to nearest even; overflow gives inf; f16 subnormals are kept; a NaN gives
+// the canonical NaN 0x7fff.
+uint16_t cvt_rn_f16_f32(float f);
+// cvt.rn.bf16.f32: the same rules for bfloat16 (canonical NaN 0x7fff).
+uint16_t cvt_rn_bf16_f32(float f);
+// cvt.f32.f16 and cvt.f32.bf16: exact.
+float cvt_f32_f16(uint16_t h);
+float cvt_f32_bf16(uint16_t h);
+// cvt.rn.f16x2.f32 d, a, b / cvt.rn.bf16x2.f32 d, a, b: "a" goes to the upper half of d, "b" to
+// the lower half. `type` is AJ_EMU_F16 or AJ_EMU_BF16.
+uint32_t cvt_rn_x2(float a, float b, int type);
+float cvt_f32_of_type(uint16_t h, int type);
+
+// ---- "Floating Point Instructions: ex2" / "lg2" (.approx.ftz.f32) ----------------------------
+// The hardware computes an approximation (PTX ISA: max relative error 2^-22 for ex2, 2^-22 absolute
+// near 1 for lg2); the emulator returns the correctly rounded value, with .ftz: subnormal inputs
+// are read as zero and subnormal results are flushed to +0. Special values follow the ISA's tables
+// exactly (ex2: -inf -> +0, +inf -> +inf; lg2: +-0 -> -inf, negative -> NaN, +inf -> +inf; NaN ->
+// NaN).
+float ex2_approx_ftz(float x);
+float lg2_approx_ftz(float x);
+
+// ---- "Warp-level Matrix Fragments: Matrix Fragments for mma.m16n8k16 with floating point type" -
+// Lane l: group g = l / 4, thread-in-group t = l % 4.
+//   A (16x16, row): a[0] = (row g,   cols 2t, 2t+1), a[1] = (row g+8, cols 2t, 2t+1),
+//                   a[2] = (row g,   cols 2t+8, 2t+9), a[3] = (row g+8, cols 2t+8, 2t+9)
+//   B (16x8, col):  b[0] = (rows 2t, 2t+1; col g),     b[1] = (rows 2t+8, 2t+9; col g)
+//   C/D (16x8 f32): d[0], d[1] = (row g, cols 2t, 2t+1); d[2], d[3] = (row g+8, cols 2t, 2t+1)
+// In each 32-bit register the lower-numbered element sits in the lower 16 bits.
+struct MmaRowCol {
+  int row, col;
+};
+MmaRowCol mma_a_element(int lane, int reg, int half);  // element `half` (0 low, 1 high) of a[reg]
+MmaRowCol mma_b_element(int lane, int reg, int half);  // row = k, col = n
+MmaRowCol mma_cd_element(int lane, int index);
+
+// One warp's mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32, D = A * B + C, with
+// C = D on entry (the kernels accumulate in place). Operands per lane: a[lane][4], b[lane][2],
+// d[lane][4].
+//
+// Accumulation model: every product is exact (a 11- or 8-bit significand squared fits a double),
+// the sum of C and the 16 products is formed in double precision and rounded once to fp32 (round
+// to nearest even). Tensor cores align the products to the largest exponent and truncate; where
+// the products of one output span many binades the hardware result can differ from this model in
+// the last bits of the fp32 result. Inputs made of small integers are exact in both.
+void mma_m16n8k16(const uint32_t (*a)[4], const uint32_t (*b)[2], float (*d)[4], int type);
+
+// ---- "Data Movement and Conversion Instructions: ldmatrix" (.m8n8 .b16) -----------------------
+// For matrix j of an .x1/.x2/.x4, lanes 8j..8j+7 give the addresses of its rows 0..7 (16 bytes
+// each). Without .trans, lane l receives in register j the elements (row l/4, cols 2*(l%4) and +1);
+// with .trans, the elements (rows 2*(l%4) and +1, col l/4), i.e. the same positions of the
+// transposed matrix. `rows[j][r]` points at row r of matrix j; `out[lane][j]`.
+void ldmatrix(const uint16_t* const (*rows)[8], int num, bool trans, uint32_t (*out)[4]);
+
+}  // namespace attnjit::emu

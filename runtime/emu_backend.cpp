@@ -1,0 +1,161 @@
+// The emu device: the kernel a GPU of the chosen arch would run, generated from the same templates,
+// compiled for the CPU emulator and launched there. Each forward copies its tensors and the plan
+// tables into a private "device memory" image, every buffer in its own region with poisoned gaps,
+// so that an access past one tensor is reported as such instead of landing in its neighbour.
+#include <cstring>
+
+#include "compiler/device_plan.hpp"
+#include "compiler/error.hpp"
+#include "compiler/jit.hpp"
+#include "emulator/emu_module.hpp"
+#include "runtime/backend.hpp"
+#include "runtime/kernel_params.hpp"
+
+namespace attnjit {
+namespace {
+
+struct HostTables {
+  DevicePlan plan;
+  std::vector<int64_t> dyn_rows;
+  std::vector<int32_t> dyn_cols;
+  int64_t dyn_q_blocks = 0;
+  int32_t dyn_heads = 1;
+};
+
+int64_t extent_bytes(const TensorView& t) {
+  int64_t last = 0;
+  for (size_t d = 0; d < t.shape.size(); ++d) last += (t.shape[d] - 1) * t.strides[d];
+  return (last + 1) * dtype_bytes(t.dtype);
+}
+
+// The launch's global memory: regions placed 256-byte aligned (keeping the caller's alignment
+// modulo 256), separated by 256 poisoned bytes.
+class DeviceImage {
+public:
+  struct Region {
+    std::string name;
+    size_t offset, bytes;
+    const void* host;
+    int elem_bytes;
+    bool writable;
+  };
+  size_t add(std::string name, const void* host, size_t bytes, int elem_bytes, bool writable) {
+    size_t at = (end_ + kGap + 255) / 256 * 256 + reinterpret_cast<uintptr_t>(host) % 256;
+    regions_.push_back({std::move(name), at, bytes, host, elem_bytes, writable});
+    end_ = at + bytes;
+    return regions_.size() - 1;
+  }
+  void materialise() {
+    memory_.assign(end_ + kGap + 256, 0xFF);
+    base_ = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(memory_.data()) + 255) / 256 * 256);
+    for (const Region& r : regions_)
+      if (r.host && r.bytes) std::memcpy(base_ + r.offset, r.host, r.bytes);
+  }
+  void* at(size_t region) { return base_ + regions_[region].offset; }
+  void copy_back(size_t region, void* host) { std::memcpy(host, at(region), regions_[region].bytes); }
+  std::vector<emu::GlobalBuffer> buffers() {
+    std::vector<emu::GlobalBuffer> out;
+    for (size_t i = 0; i < regions_.size(); ++i) {
+      const Region& r = regions_[i];
+      out.push_back({r.name, at(i), r.bytes, r.elem_bytes, r.writable});
+    }
+    return out;
+  }
+
+private:
+  static constexpr size_t kGap = 256;
+  std::vector<Region> regions_;
+  size_t end_ = 0;
+  std::vector<uint8_t> memory_;
+  uint8_t* base_ = nullptr;
+};
+
+class EmuBackend final : public Backend {
+public:
+  EmuBackend(const Pattern& p, const Problem& pb, int arch, const std::string& cache_dir, const KernelConfig& config)
+      : problem_(pb) {
+    KernelRequest r;
+    r.head_dim = static_cast<int>(pb.head_dim);
+    r.head_dim_v = static_cast<int>(pb.head_dim_v);
+    r.dtype = pb.dtype;
+    r.arch = arch;
+    r.config = config;
+    source_ = generate_kernel(p, r);
+    module_ = emu::load_emu_module(emu::compile_for_emulator(emu::emu_source_of(source_), kernel_cache_for(cache_dir), knobs()));
+  }
+
+  void upload(PlanEntry& entry, const DynamicLayout* dynamic) override {
+    auto t = std::make_shared<HostTables>();
+    t->plan = pack_plan(entry.plan);
+    if (dynamic) {
+      t->dyn_rows = dynamic->row_offsets;
+      t->dyn_cols = dynamic->col_indices;
+      t->dyn_heads = static_cast<int32_t>(dynamic->heads);
+      t->dyn_q_blocks = (static_cast<int64_t>(dynamic->row_offsets.size()) - 1) / dynamic->heads;
+    }
+    entry.device_state = t;
+  }
+
+  void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView* lse, const ForwardOptions& options) override {
+    const auto& t = *static_cast<const HostTables*>(entry.device_state.get());
+    if (t.plan.items.empty()) return;
+    DeviceImage img;
+    auto tensor = [&](const char* name, const TensorView& view, bool writable) {
+      return img.add(name, view.data, size_t(extent_bytes(view)), dtype_bytes(view.dtype), writable);
+    };
+    auto table = [&](const char* name, const auto& vec) {
+      using T = typename std::decay_t<decltype(vec)>::value_type;
+      return img.add(name, vec.data(), vec.size() * sizeof(T), sizeof(T), false);
+    };
+    const size_t iq = tensor("q", q, false), ik = tensor("k", k, false), iv = tensor("v", v, false), io = tensor("o", o, true);
+    const size_t il = lse ? tensor("lse", *lse, true) : 0;
+    const size_t items = table("plan items", t.plan.items), spans = table("plan spans", t.plan.spans);
+    const size_t entries = table("plan entries", t.plan.entries);
+    const size_t rows = table("dynamic row_offsets", t.dyn_rows), cols = table("dynamic col_indices", t.dyn_cols);
+    img.materialise();
+
+    auto rebased = [&](const TensorView& view, size_t region) {
+      TensorView r = view;
+      r.data = img.at(region);
+      return r;
+    };
+    const TensorView lse_dev = lse ? rebased(*lse, il) : TensorView{};
+    const KernelTables tables{static_cast<const DeviceItem*>(img.at(items)), static_cast<const DeviceSpan*>(img.at(spans)),
+                              t.plan.entries.empty() ? nullptr : static_cast<const int32_t*>(img.at(entries)),
+                              t.dyn_rows.empty() ? nullptr : static_cast<const int64_t*>(img.at(rows)),
+                              t.dyn_cols.empty() ? nullptr : static_cast<const int32_t*>(img.at(cols)),
+                              static_cast<int32_t>(t.plan.items.size()), t.dyn_q_blocks, t.dyn_heads};
+    KernelParams kp = kernel_params(entry.plan, problem_, tables, rebased(q, iq), rebased(k, ik), rebased(v, iv),
+                                    rebased(o, io), lse ? &lse_dev : nullptr, options);
+    void* args[] = {&kp};
+    emu::LaunchRequest r;
+    r.grid[0] = static_cast<unsigned>(t.plan.items.size());
+    r.grid[1] = static_cast<unsigned>(problem_.batch);
+    r.block_threads = static_cast<unsigned>(source_.threads);
+    r.dynamic_shared = static_cast<size_t>(source_.shared_bytes);
+    r.args = args;
+    r.buffers = img.buffers();
+    module_->launch(r);
+    img.copy_back(io, o.data);
+    if (lse) img.copy_back(il, lse->data);
+  }
+
+  std::string kernel_name() const override { return source_.name + " (emulated " + source_.arch + ")"; }
+  TileConfig tiles() const override { return TileConfig{source_.config.tile_q, source_.config.tile_k}; }
+  int alignment() const override { return source_.path == KernelPath::Sm80 ? 16 : dtype_bytes(problem_.dtype); }
+
+private:
+  Problem problem_;
+  KernelSource source_;
+  std::shared_ptr<const emu::EmuModule> module_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, int arch, const std::string& cache_dir,
+                                          const KernelConfig& config) {
+  return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config);
+}
+
+}  // namespace attnjit
