@@ -22,10 +22,13 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// Kernels are compiled for speed: fast math for exp2/log2, and line info for profilers.
-const std::vector<std::string> kKernelOptions = {"--use_fast_math", "-lineinfo"};
-
 }  // namespace
+
+// Kernels are compiled for speed: fast math for exp2/log2, and line info for profilers.
+const std::vector<std::string>& kernel_compile_options() {
+  static const std::vector<std::string> options = {"--use_fast_math", "-lineinfo"};
+  return options;
+}
 
 KernelCache& default_kernel_cache() {
   static KernelCache cache(knobs().cache_dir, knobs().cache_max_bytes, !knobs().disable_cache);
@@ -50,7 +53,7 @@ CompileRequest KernelCompiler::request_for(const KernelSource& k) const {
   r.name = k.name;
   r.source = k.source;
   r.arch = k.arch;
-  r.options = kKernelOptions;
+  r.options = kernel_compile_options();
   return r;
 }
 

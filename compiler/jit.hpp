@@ -56,6 +56,10 @@ private:
   std::map<std::string, std::shared_ptr<const CompiledKernel>> loaded_;  // by source hash + arch
 };
 
+// The NVRTC options every kernel is compiled with (the emulator follows their semantics:
+// --use_fast_math flushes fp32 subnormals and contracts a * b + c to fma).
+const std::vector<std::string>& kernel_compile_options();
+
 // The process-wide cache built from the knobs (directory, size cap, disabled).
 KernelCache& default_kernel_cache();
 

@@ -113,6 +113,7 @@ std::string EmuModule::symbolize(const void* pc) const {
         std::string loc = lines[i + 1];
         if (const size_t p = loc.find(" (discriminator"); p != std::string::npos) loc.erase(p);
         if (loc.rfind("??", 0) == 0) continue;
+        if (const size_t slash = loc.rfind('/'); slash != std::string::npos) loc.erase(0, slash + 1);  // the compile directory
         chain += (chain.empty() ? "" : " <- ") + loc + " in " + lines[i];
       }
       if (!chain.empty()) result = chain;
@@ -132,8 +133,8 @@ void EmuModule::launch(const LaunchRequest& r) const {
   bl.args = r.args;
   bl.buffers = r.buffers;
   bl.readable = readable_;
-  bl.seed = k.emu_seed;
-  bl.timeout_s = k.emu_timeout_s;
+  bl.seed = r.seed.value_or(k.emu_seed);
+  bl.timeout_s = r.timeout_s.value_or(k.emu_timeout_s);
   bl.symbolize = [this](const void* pc) { return symbolize(pc); };
   if (r.block_threads == 0 || r.block_threads > 1024) {
     throw UserError(name(), "block size " + std::to_string(r.block_threads) + " is outside 1..1024");

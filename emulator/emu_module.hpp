@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -25,6 +26,8 @@ struct LaunchRequest {
   size_t dynamic_shared = 0;
   void** args = nullptr;                // as cuLaunchKernel: one pointer per kernel parameter
   std::vector<GlobalBuffer> buffers;    // every global buffer the kernel may touch
+  std::optional<uint64_t> seed;         // thread order; default: the ATTNJIT_EMU_SEED knob
+  std::optional<double> timeout_s;      // per block; default: the ATTNJIT_EMU_TIMEOUT knob
 };
 
 class EmuModule {

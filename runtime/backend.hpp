@@ -43,8 +43,8 @@ struct PreparedState {
 std::unique_ptr<Backend> make_cpu_backend(const Pattern& p, const Problem& pb);
 // The emulator: `arch` is the GPU it stands in for; `config` zeros mean the path's default tiles.
 std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, int arch, const std::string& cache_dir,
-                                          const KernelConfig& config);
+                                          const KernelConfig& config, const TemplateSet& templates);
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
-                                           const KernelConfig& config);
+                                           const KernelConfig& config, const TemplateSet& templates);
 
 }  // namespace attnjit

@@ -28,7 +28,8 @@ DeviceBuffer upload_bytes(const void* data, size_t bytes) {
 
 class CudaBackend final : public Backend {
 public:
-  CudaBackend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir, const KernelConfig& config)
+  CudaBackend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir, const KernelConfig& config,
+              const TemplateSet& templates)
       : problem_(pb), device_(device), context_(shared_context(device)) {
     context_.make_current();
     const DeviceInfo info = device_info(device);
@@ -38,7 +39,7 @@ public:
     r.dtype = pb.dtype;
     r.arch = info.cc_major * 10 + info.cc_minor;
     r.config = config;
-    source_ = generate_kernel(p, r);
+    source_ = generate_kernel(p, r, templates);
     KernelCompiler compiler(kernel_cache_for(cache_dir), knobs());
     kernel_ = compiler.get(source_);
     context_.make_current();
@@ -128,8 +129,8 @@ private:
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
-                                           const KernelConfig& config) {
-  return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config);
+                                           const KernelConfig& config, const TemplateSet& templates) {
+  return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config, templates);
 }
 
 }  // namespace attnjit

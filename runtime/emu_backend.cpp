@@ -72,7 +72,8 @@ private:
 
 class EmuBackend final : public Backend {
 public:
-  EmuBackend(const Pattern& p, const Problem& pb, int arch, const std::string& cache_dir, const KernelConfig& config)
+  EmuBackend(const Pattern& p, const Problem& pb, int arch, const std::string& cache_dir, const KernelConfig& config,
+             const TemplateSet& templates)
       : problem_(pb) {
     KernelRequest r;
     r.head_dim = static_cast<int>(pb.head_dim);
@@ -80,7 +81,7 @@ public:
     r.dtype = pb.dtype;
     r.arch = arch;
     r.config = config;
-    source_ = generate_kernel(p, r);
+    source_ = generate_kernel(p, r, templates);
     module_ = emu::load_emu_module(emu::compile_for_emulator(emu::emu_source_of(source_), kernel_cache_for(cache_dir), knobs()));
   }
 
@@ -154,8 +155,8 @@ private:
 }  // namespace
 
 std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, int arch, const std::string& cache_dir,
-                                          const KernelConfig& config) {
-  return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config);
+                                          const KernelConfig& config, const TemplateSet& templates) {
+  return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config, templates);
 }
 
 }  // namespace attnjit

@@ -102,11 +102,15 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   st->pattern = pattern;
   st->problem = problem;
   const RuntimeOptions& o = impl_->options;
+  const TemplateSet& templates = o.templates ? *o.templates : TemplateSet::embedded();
   switch (o.device.kind) {
     case DeviceKind::CPU: st->backend = make_cpu_backend(st->pattern, problem); break;
-    case DeviceKind::EMU: st->backend = make_emu_backend(st->pattern, problem, o.device.index, o.cache_dir, o.config); break;
+    case DeviceKind::EMU:
+      st->backend = make_emu_backend(st->pattern, problem, o.device.index, o.cache_dir, o.config, templates);
+      break;
     case DeviceKind::CUDA:
-      st->backend = make_cuda_backend(st->pattern, problem, o.device.index, o.cache_dir, tuned_config(pattern, problem, o));
+      st->backend = make_cuda_backend(st->pattern, problem, o.device.index, o.cache_dir, tuned_config(pattern, problem, o),
+                                      templates);
       break;
   }
   // Plan the common case now (offsets 0), so forward() only launches.

@@ -23,7 +23,8 @@ __device__ __forceinline__ void aj_syncthreads() { __syncthreads(); }
 // Every lane of the warp takes part; lane i receives `v` of lane i ^ lane_mask.
 __device__ __forceinline__ float aj_shfl_xor(float v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
 
-// Dynamic shared memory (its size is a launch parameter) and a statically sized shared variable.
+// Dynamic shared memory (its size is a launch parameter) and a statically sized shared variable
+// (of a class or scalar type: wrap arrays in a struct).
 #define AJ_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
 #define AJ_STATIC_SHARED(type, name) __shared__ type name
 

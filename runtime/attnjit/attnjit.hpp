@@ -63,6 +63,9 @@ struct RuntimeOptions {
   std::string cache_dir;  // empty: the ATTNJIT_CACHE_DIR knob (or ~/.cache/attnjit)
   KernelConfig config;    // zeros: the tuning database's choice (or the path's default)
   bool tune = false;      // tune on a database miss (also the ATTNJIT_TUNE knob)
+  // Kernels are rendered from these templates instead of the embedded ones (tests render
+  // deliberately broken kernels this way; a changed template changes the kernel's cache key).
+  std::shared_ptr<const TemplateSet> templates;
 };
 
 class Runtime;
