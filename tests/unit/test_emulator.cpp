@@ -1,0 +1,239 @@
+// The emulator's execution model and the checks the hardware does not make, each shown by a small
+// kernel written in the building-block vocabulary (templates/gpu_blocks.cuh).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+
+#include "compiler/error.hpp"
+#include "compiler/jit.hpp"
+#include "compiler/templates.hpp"
+#include "emulator/emu_compiler.hpp"
+#include "emulator/emu_module.hpp"
+
+using namespace attnjit;
+
+namespace {
+
+// A kernel `name(aj_u32* a, aj_u32* b, int n)` from `body`, compiled once per text.
+std::shared_ptr<const emu::EmuModule> kernel(const std::string& name, const std::string& body) {
+  const std::string source = TemplateSet::embedded().text("gpu_blocks.cuh") + "\nextern \"C\" __global__ void " + name +
+                             "(aj_u32* a, aj_u32* b, int n) {\n" + body + "\n}\n";
+  return emu::load_emu_module(emu::compile_for_emulator({name, source, "sm_80", ""}, default_kernel_cache(), knobs()));
+}
+
+struct Run {
+  std::vector<uint32_t> a, b;
+  int n = 0;
+  unsigned threads = 64, grid = 1;
+  size_t shared = 0;
+  uint64_t seed = 0;
+  double timeout = 60;
+  bool a_writable = true;
+  size_t b_words = 0;  // 0: all of b is a buffer of the launch
+
+  void operator()(const emu::EmuModule& m) {
+    uint32_t *pa = a.data(), *pb = b.data();
+    void* args[] = {&pa, &pb, &n};
+    emu::LaunchRequest r;
+    r.grid[0] = grid;
+    r.block_threads = threads;
+    r.dynamic_shared = shared;
+    r.args = args;
+    r.seed = seed;
+    r.timeout_s = timeout;
+    r.buffers = {{"a", a.data(), a.size() * 4, 4, a_writable}, {"b", b.data(), (b_words ? b_words : b.size()) * 4, 4, true}};
+    m.launch(r);
+  }
+};
+
+std::string fault(const emu::EmuModule& m, Run run) {
+  try {
+    run(m);
+  } catch (const emu::KernelFault& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("threads, blocks, barriers and shuffles behave as on a GPU", "[emu]") {
+  auto m = kernel("emu_basic", R"(
+  AJ_DYNAMIC_SHARED(sm);
+  aj_u32* s = (aj_u32*)sm;
+  const int t = aj_thread_idx();
+  s[t] = a[aj_block_idx_x() * 64 + t];
+  aj_syncthreads();
+  const float v = (float)s[63 - t];
+  b[aj_block_idx_x() * 64 + t] = (aj_u32)(v + aj_shfl_xor(v, 5));)");
+  for (uint64_t seed : {0ull, 1ull, 99ull}) {
+    Run r;
+    r.a.resize(128);
+    for (size_t i = 0; i < 128; ++i) r.a[i] = uint32_t(i * 3);
+    r.b.assign(128, 0);
+    r.grid = 2, r.shared = 256, r.seed = seed;
+    r(*m);
+    for (uint32_t blk = 0; blk < 2; ++blk)
+      for (uint32_t t = 0; t < 64; ++t) {
+        INFO("seed " << seed << " block " << blk << " thread " << t);
+        CHECK(r.b[blk * 64 + t] == r.a[blk * 64 + 63 - t] + r.a[blk * 64 + 63 - (t ^ 5)]);
+      }
+  }
+}
+
+TEST_CASE("a missing barrier is a shared-memory race naming both threads and lines", "[emu][race]") {
+  auto m = kernel("emu_race_raw", R"(
+  AJ_DYNAMIC_SHARED(sm);
+  aj_u32* s = (aj_u32*)sm;
+  const int t = aj_thread_idx();
+  s[t] = 1;
+  b[t] = s[(t + 1) % 64];)");
+  Run r;
+  r.a.assign(1, 0), r.b.assign(64, 0), r.shared = 256;
+  const std::string e = fault(*m, r);
+  CHECK_THAT(e, Catch::Contains("shared-memory race") && Catch::Contains("thread 0 (warp 0, lane 0)") &&
+                    Catch::Contains("emu_race_raw.cu:") && Catch::Contains("__syncthreads() (or a cp.async wait"));
+  // Reading a neighbour's word before it is written is a race too (write after read).
+  auto war = kernel("emu_race_war", R"(
+  AJ_DYNAMIC_SHARED(sm);
+  aj_u32* s = (aj_u32*)sm;
+  const int t = aj_thread_idx();
+  b[t] = s[(t + 1) % 64];
+  s[t] = 1;)");
+  CHECK_THAT(fault(*war, r), Catch::Contains("race (write after read)"));
+}
+
+TEST_CASE("global accesses outside the launch's buffers name the buffer and the element", "[emu][bounds]") {
+  auto m = kernel("emu_bounds", R"(
+  const int t = aj_thread_idx();
+  if (t < n) b[t] = a[0];)");
+  Run r;
+  r.a.assign(4, 7), r.b.assign(64, 0), r.n = 40, r.b_words = 32;  // the launch says b has 32 words
+  CHECK_THAT(fault(*m, r), Catch::Contains("global store of 4 bytes") && Catch::Contains("element 32 of 'b', which has 32 elements") &&
+                               Catch::Contains("emu_bounds.cu:"));
+  r.b_words = 0;
+  CHECK(fault(*m, r).empty());
+  auto ro = kernel("emu_read_only", "a[aj_thread_idx()] = 1;");
+  r.a.assign(64, 0), r.a_writable = false;
+  CHECK_THAT(fault(*ro, r), Catch::Contains("writes the read-only buffer 'a' at element 0"));
+}
+
+TEST_CASE("shared accesses past the block's shared memory are reported", "[emu][bounds]") {
+  auto m = kernel("emu_shared_bounds", R"(
+  AJ_DYNAMIC_SHARED(sm);
+  ((aj_u32*)sm)[aj_thread_idx()] = 1;)");
+  Run r;
+  r.a.assign(1, 0), r.b.assign(1, 0), r.shared = 128;  // 32 words for 64 threads
+  CHECK_THAT(fault(*m, r), Catch::Contains("shared store of 4 bytes at shared offset 128") &&
+                               Catch::Contains("outside the block's shared memory (128 dynamic bytes"));
+}
+
+TEST_CASE("a barrier or a warp collective that not every thread reaches is an error, never a hang", "[emu][divergence]") {
+  Run r;
+  r.a.assign(1, 0), r.b.assign(64, 0);
+  auto early_exit = kernel("emu_exit_before_barrier", R"(
+  if (aj_thread_idx() >= 40) return;
+  aj_syncthreads();)");
+  CHECK_THAT(fault(*early_exit, r), Catch::Contains("can never finish") && Catch::Contains("threads 0-39 wait at __syncthreads()") &&
+                                        Catch::Contains("threads 40-63 exited"));
+  auto two_barriers = kernel("emu_two_barriers", R"(
+  const int t = aj_thread_idx();
+  if (t % 2) { b[t] = 1; aj_syncthreads(); } else { aj_syncthreads(); b[t] = 2; })");
+  CHECK_THAT(fault(*two_barriers, r), Catch::Contains("threads wait at different __syncthreads()"));
+  auto half_warp = kernel("emu_half_warp_shfl", R"(
+  if (aj_thread_idx() % 32 < 16) b[aj_thread_idx()] = (aj_u32)aj_shfl_xor(1.0f, 1);)");
+  CHECK_THAT(fault(*half_warp, r), Catch::Contains("wait for their warp at a warp-collective instruction") &&
+                                       Catch::Contains("threads 16-31,48-63 exited"));
+  auto two_sites = kernel("emu_two_shfl_sites", R"(
+  const int t = aj_thread_idx();
+  if (t % 2) { b[t] = 1; b[t] += (aj_u32)aj_shfl_xor(1.0f, 1); } else { b[t] = (aj_u32)aj_shfl_xor(2.0f, 2); b[t] *= 3; })");
+  CHECK_THAT(fault(*two_sites, r), Catch::Contains("are at different warp-collective instructions"));
+}
+
+TEST_CASE("cp.async: the destination is poisoned until its group completes; src-size 0 zero-fills", "[emu][cp.async]") {
+  auto m = kernel("emu_cp_async", R"(
+  AJ_DYNAMIC_SHARED(sm);
+  aj_u32* s = (aj_u32*)sm;
+  const int t = aj_thread_idx();
+  aj_cp_async16(s + 8 * t, a + 8 * t, true);
+  aj_cp_async_commit();
+  aj_cp_async16(s + 8 * t + 4, a + 8 * t + 4, n == 0);
+  aj_cp_async_commit();
+  b[3 * t] = s[8 * t];          // before any wait: poison
+  aj_cp_async_wait<1>();        // the first group only
+  b[3 * t + 1] = s[8 * t];
+  aj_cp_async_wait<0>();
+  b[3 * t + 2] = s[8 * t + 4];)");
+  Run r;
+  r.threads = 32, r.shared = 1024;
+  r.a.resize(256);
+  for (size_t i = 0; i < 256; ++i) r.a[i] = uint32_t(i + 1);
+  r.b.assign(96, 0);
+  for (int n : {0, 1}) {
+    r.n = n;
+    r(*m);
+    for (int t = 0; t < 32; ++t) {
+      INFO("thread " << t << " n " << n);
+      CHECK(r.b[size_t(3 * t)] == 0xffffffffu);
+      CHECK(r.b[size_t(3 * t + 1)] == r.a[size_t(8 * t)]);
+      CHECK(r.b[size_t(3 * t + 2)] == (n == 0 ? r.a[size_t(8 * t + 4)] : 0u));
+    }
+  }
+  // A missing wait leaves another thread reading the poisoned destination: a race and NaN.
+  auto no_wait = kernel("emu_cp_async_no_wait", R"(
+  AJ_DYNAMIC_SHARED(sm);
+  aj_u32* s = (aj_u32*)sm;
+  const int t = aj_thread_idx();
+  aj_cp_async16(s + 4 * t, a + 4 * t, true);
+  aj_cp_async_commit();
+  aj_syncthreads();
+  b[t] = s[4 * ((t + 1) % 32)];
+  aj_cp_async_wait<0>();)");
+  r.b.assign(32, 0);
+  CHECK_THAT(fault(*no_wait, r), Catch::Contains("shared-memory race"));
+}
+
+TEST_CASE("a runaway block is stopped by the watchdog", "[emu][watchdog]") {
+  auto m = kernel("emu_runaway", R"(
+  while (a[0] == 0) b[aj_thread_idx()] += 1;)");
+  Run r;
+  r.a.assign(1, 0), r.b.assign(64, 0), r.timeout = 0.3;
+  CHECK_THAT(fault(*m, r), Catch::Contains("ran longer than 0.3 s (ATTNJIT_EMU_TIMEOUT): a runaway loop?"));
+}
+
+TEST_CASE("fp32 arithmetic follows NVRTC's fast-math options: contraction to fma, subnormals flushed", "[emu][ptx]") {
+  auto m = kernel("emu_fp32", R"(
+  const float x = aj_uint_as_float(a[0]), y = aj_uint_as_float(a[1]), z = aj_uint_as_float(a[2]);
+  b[0] = aj_float_as_uint(x * y + z);
+  b[1] = aj_float_as_uint(x * aj_uint_as_float(a[3]));)");
+  const float e = std::ldexp(1.0f, -12);
+  Run r;
+  r.threads = 1;
+  auto u = [](float f) { uint32_t x; std::memcpy(&x, &f, 4); return x; };
+  r.a = {u(1 + e), u(1 + e), u(-1.0f), u(std::ldexp(1.0f, -140))};
+  r.b.assign(2, 0);
+  r(*m);
+  CHECK(r.b[0] == u(std::ldexp(1.0f, -11) + std::ldexp(1.0f, -24)));  // unfused: 2^-11
+  CHECK(r.b[1] == 0u);  // (1 + 2^-12) * 2^-140 is subnormal: flushed to +0
+}
+
+TEST_CASE("the emulator's host compiler: clear errors for a broken kernel and a missing compiler", "[emu][compile]") {
+  const std::string src = TemplateSet::embedded().text("gpu_blocks.cuh") +
+                          "\nextern \"C\" __global__ void emu_broken(aj_u32* a) {\n  a[0] = no_such_thing;\n}\n";
+  try {
+    emu::compile_for_emulator({"emu_broken", src, "sm_80", ""}, default_kernel_cache(), knobs());
+    FAIL("a broken kernel compiled");
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Catch::Contains("the host compiler failed to build emu_broken") && Catch::Contains("-fsanitize=thread") &&
+                         Catch::Contains("emu_broken.cu:"));
+    // The source is listed with line numbers, the line the log names marked with '>'.
+    const size_t line = what.find("|   a[0] = no_such_thing;");
+    REQUIRE(line != std::string::npos);
+    CHECK(what[what.rfind('\n', line) + 1] == '>');
+  }
+  Knobs k = knobs();
+  k.emu_cxx = "attnjit-no-such-compiler";
+  CHECK_THROWS_WITH(emu::host_compiler(k), Catch::Contains("ATTNJIT_EMU_CXX") && Catch::Contains("was not found"));
+}

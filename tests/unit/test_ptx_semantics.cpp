@@ -1,0 +1,160 @@
+// The emulator's reading of the PTX ISA, instruction by instruction, against expectations written
+// here from the ISA's own text (section titles cited), with small integers so results are exact.
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "emulator/emu_abi.h"
+#include "emulator/ptx_semantics.hpp"
+#include "runtime/npy.hpp"
+
+using namespace attnjit;
+using namespace attnjit::emu;
+
+namespace {
+
+uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
+float from_bits(uint32_t u) { return std::bit_cast<float>(u); }
+
+}  // namespace
+
+// PTX ISA, "Warp-level Matrix Fragments: Matrix Fragments for mma.m16n8k16 with floating point
+// type": groupID = laneid >> 2, threadID_in_group = laneid % 4;
+//   A: row = groupID for a_i with 0 <= i < 2 || 4 <= i < 6, else groupID + 8;
+//      col = threadID_in_group * 2 + (i & 1) for i < 4, else + 8.
+//   B: row = threadID_in_group * 2 + (i & 1) for b_i with i < 2, else + 8; col = groupID.
+//   C/D: row = groupID for c_i with i < 2, else groupID + 8; col = threadID_in_group * 2 + (i & 1).
+// Element a_i sits in register i / 2, the lower-numbered element in the lower 16 bits.
+TEST_CASE("mma.m16n8k16 fragments follow the PTX ISA figures and D = A * B + C exactly", "[emu][ptx]") {
+  for (int type : {AJ_EMU_F16, AJ_EMU_BF16}) {
+    INFO((type == AJ_EMU_F16 ? "f16" : "bf16"));
+    auto enc = [&](float v) { return type == AJ_EMU_F16 ? float_to_half(v) : float_to_bfloat16(v); };
+    float A[16][16], B[16][8], C[16][8];
+    for (int r = 0; r < 16; ++r)
+      for (int c = 0; c < 16; ++c) A[r][c] = float((r * 7 + c * 3) % 9 - 4);
+    for (int r = 0; r < 16; ++r)
+      for (int c = 0; c < 8; ++c) B[r][c] = float((r * 5 + c * 11) % 7 - 3);
+    for (int r = 0; r < 16; ++r)
+      for (int c = 0; c < 8; ++c) C[r][c] = float(r * 8 + c);
+    uint32_t a[32][4] = {}, b[32][2] = {};
+    float d[32][4];
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane >> 2, t = lane % 4;
+      for (int i = 0; i < 8; ++i) {
+        const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+        const int col = t * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+        a[lane][i / 2] |= uint32_t(enc(A[row][col])) << (16 * (i & 1));
+      }
+      for (int i = 0; i < 4; ++i) {
+        const int row = t * 2 + (i & 1) + (i >= 2 ? 8 : 0);
+        b[lane][i / 2] |= uint32_t(enc(B[row][g])) << (16 * (i & 1));
+      }
+      for (int i = 0; i < 4; ++i) d[lane][i] = C[i < 2 ? g : g + 8][t * 2 + (i & 1)];
+    }
+    mma_m16n8k16(a, b, d, type);
+    for (int lane = 0; lane < 32; ++lane)
+      for (int i = 0; i < 4; ++i) {
+        const int row = i < 2 ? lane / 4 : lane / 4 + 8, col = (lane % 4) * 2 + (i & 1);
+        float want = C[row][col];
+        for (int k = 0; k < 16; ++k) want += A[row][k] * B[k][col];
+        INFO("lane " << lane << " d" << i << " (row " << row << ", col " << col << ")");
+        CHECK(d[lane][i] == want);
+      }
+  }
+}
+
+TEST_CASE("mma accumulates exact products and rounds the sum once to fp32", "[emu][ptx]") {
+  // Row 0 of A = (1 + 2^-10) repeated, column 0 of B = (1 + 2^-10): each product 1 + 2^-9 + 2^-20
+  // is exact in the model (and not in fp16); sixteen of them plus C = 2^24 round once.
+  uint32_t a[32][4] = {}, b[32][2] = {};
+  float d[32][4] = {};
+  const uint16_t x = float_to_half(1.0f + 1.0f / 1024);
+  for (int lane = 0; lane < 4; ++lane) {  // group 0 holds row 0 of A and column 0 of B
+    a[lane][0] = a[lane][2] = uint32_t(x) | uint32_t(x) << 16;
+    b[lane][0] = b[lane][1] = uint32_t(x) | uint32_t(x) << 16;
+  }
+  d[0][0] = 16777216.0f;
+  mma_m16n8k16(a, b, d, AJ_EMU_F16);
+  const double exact = 16777216.0 + 16 * (1 + 1.0 / 1024) * (1 + 1.0 / 1024);
+  CHECK(d[0][0] == static_cast<float>(exact));
+  CHECK(d[1][0] == 0.0f);
+}
+
+// PTX ISA, "Data Movement and Conversion Instructions: ldmatrix": for .m8n8 each matrix's eight
+// rows come from the addresses of threads 8j..8j+7; without .trans thread l receives row l / 4,
+// elements 2 * (l % 4) and + 1 of each matrix; .trans delivers the transpose (the same positions
+// of the column-major matrix).
+TEST_CASE("ldmatrix x1/x2/x4, with and without .trans, deliver the ISA's lane map", "[emu][ptx]") {
+  uint16_t m[4][8][8];
+  for (int j = 0; j < 4; ++j)
+    for (int r = 0; r < 8; ++r)
+      for (int c = 0; c < 8; ++c) m[j][r][c] = uint16_t(j * 1000 + r * 10 + c);
+  const uint16_t* rows[4][8];
+  for (int j = 0; j < 4; ++j)
+    for (int r = 0; r < 8; ++r) rows[j][r] = m[j][7 - r];  // rows come from anywhere: reversed here
+  for (int num : {1, 2, 4})
+    for (bool trans : {false, true}) {
+      INFO("x" << num << (trans ? ".trans" : ""));
+      uint32_t out[32][4] = {};
+      ldmatrix(rows, num, trans, out);
+      for (int lane = 0; lane < 32; ++lane)
+        for (int j = 0; j < num; ++j) {
+          const int r = lane / 4, c = 2 * (lane % 4);
+          // Row r of the loaded matrix is m[j][7 - r].
+          const uint16_t lo = trans ? m[j][7 - c][r] : m[j][7 - r][c];
+          const uint16_t hi = trans ? m[j][7 - (c + 1)][r] : m[j][7 - r][c + 1];
+          INFO("lane " << lane << " matrix " << j);
+          CHECK(out[lane][j] == (uint32_t(hi) << 16 | lo));
+        }
+    }
+}
+
+// PTX ISA, "cvt": for .f16x2 / .bf16x2 destinations "the result of converting a is stored in the
+// upper half of d and b in the lower half"; .rn rounds to nearest even.
+TEST_CASE("cvt.rn.{f16,bf16}x2.f32 puts its first source in the upper half", "[emu][ptx]") {
+  CHECK(cvt_rn_x2(1.0f, 2.0f, AJ_EMU_F16) == (0x3c00u << 16 | 0x4000u));
+  CHECK(cvt_rn_x2(1.0f, 2.0f, AJ_EMU_BF16) == (0x3f80u << 16 | 0x4000u));
+  CHECK(cvt_rn_x2(-3.0f, 0.5f, AJ_EMU_F16) == (0xc200u << 16 | 0x3800u));
+}
+
+TEST_CASE("cvt.rn.f16.f32 and cvt.rn.bf16.f32 round to nearest even and keep NaN a NaN", "[emu][ptx]") {
+  // f16 has 10 fraction bits: 1 + 2^-11 is a tie between 1 and 1 + 2^-10 (even: 1).
+  CHECK(cvt_rn_f16_f32(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);
+  CHECK(cvt_rn_f16_f32(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);
+  CHECK(cvt_rn_f16_f32(65504.0f) == 0x7bff);
+  CHECK(cvt_rn_f16_f32(65520.0f) == 0x7c00);           // rounds past the largest finite half: inf
+  CHECK(cvt_rn_f16_f32(std::ldexp(1.0f, -24)) == 0x0001);  // the smallest subnormal half is kept
+  CHECK(cvt_rn_f16_f32(std::ldexp(1.0f, -25)) == 0x0000);  // a tie with zero rounds to even
+  CHECK(cvt_rn_f16_f32(-0.0f) == 0x8000);
+  // bf16 has 7 fraction bits.
+  CHECK(cvt_rn_bf16_f32(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);
+  CHECK(cvt_rn_bf16_f32(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3f82);
+  CHECK(cvt_rn_bf16_f32(std::numeric_limits<float>::infinity()) == 0x7f80);
+  for (uint32_t nan : {0x7fc00000u, 0xffc00000u, 0x7f800001u}) {
+    const uint16_t h = cvt_rn_f16_f32(from_bits(nan)), b = cvt_rn_bf16_f32(from_bits(nan));
+    CHECK(((h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0));
+    CHECK(((b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0));
+  }
+  CHECK(cvt_f32_f16(0x0001) == std::ldexp(1.0f, -24));
+  CHECK(cvt_f32_bf16(0xc040) == -3.0f);
+}
+
+// PTX ISA, "ex2" / "lg2": .approx.ftz.f32; subnormal inputs and results are flushed to sign-
+// preserving zero; ex2(-inf) = +0, ex2(+inf) = +inf; lg2(+-0) = -inf, lg2(negative) = NaN.
+TEST_CASE("ex2.approx.ftz and lg2.approx.ftz: exact on powers of two, special values, flushing", "[emu][ptx]") {
+  CHECK(ex2_approx_ftz(3.0f) == 8.0f);
+  CHECK(ex2_approx_ftz(-126.0f) == std::ldexp(1.0f, -126));
+  CHECK(bits(ex2_approx_ftz(-127.0f)) == 0u);  // 2^-127 is subnormal: flushed
+  CHECK(ex2_approx_ftz(from_bits(1)) == 1.0f);  // a subnormal input reads as 0
+  CHECK(bits(ex2_approx_ftz(-std::numeric_limits<float>::infinity())) == 0u);
+  CHECK(ex2_approx_ftz(std::numeric_limits<float>::infinity()) == std::numeric_limits<float>::infinity());
+  CHECK(ex2_approx_ftz(128.0f) == std::numeric_limits<float>::infinity());
+  CHECK(std::isnan(ex2_approx_ftz(std::nanf(""))));
+  CHECK(lg2_approx_ftz(1024.0f) == 10.0f);
+  CHECK(lg2_approx_ftz(0.0f) == -std::numeric_limits<float>::infinity());
+  CHECK(lg2_approx_ftz(from_bits(5)) == -std::numeric_limits<float>::infinity());  // subnormal: 0
+  CHECK(std::isnan(lg2_approx_ftz(-1.0f)));
+}
