@@ -53,8 +53,8 @@ size_t BlockExecutor::shared_offset(const void* addr, size_t bytes, const char* 
 
 void BlockExecutor::check_global(const void* addr, size_t bytes, bool write, const char* what, const void* pc) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-  const GlobalBuffer* nearest = nullptr;
-  uintptr_t best = UINTPTR_MAX;
+  const GlobalBuffer* before = nullptr;  // the buffer ending at or below the address (an overflow)
+  const GlobalBuffer* after = nullptr;   // the buffer starting above it (an underflow)
   for (const GlobalBuffer& b : buffers_) {
     const uintptr_t lo = reinterpret_cast<uintptr_t>(b.data), hi = lo + b.bytes;
     if (a >= lo && a + bytes <= hi) {
@@ -62,19 +62,19 @@ void BlockExecutor::check_global(const void* addr, size_t bytes, bool write, con
       fail(std::string(what) + " by " + who(current_->tid) + " writes the read-only buffer '" + b.name + "' at element " +
            std::to_string((a - lo) / size_t(b.elem_bytes)) + " (at " + where(pc) + ")");
     }
-    const uintptr_t dist = a < lo ? lo - a : a >= hi ? a - hi : 0;
-    if (dist < best) best = dist, nearest = &b;
+    if (lo <= a) before = &b;  // buffers_ is sorted by address
+    if (lo > a && !after) after = &b;
   }
+  auto element_of = [&](const GlobalBuffer& b) {
+    const intptr_t elem = (static_cast<intptr_t>(a) - reinterpret_cast<intptr_t>(b.data)) / b.elem_bytes;
+    return "element " + std::to_string(elem) + " of '" + b.name + "', which has " + std::to_string(b.bytes / size_t(b.elem_bytes)) +
+           " elements";
+  };
   std::ostringstream os;
-  os << what << " of " << bytes << " bytes by " << who(current_->tid) << " at " << addr
-     << " is outside every buffer of the launch";
-  if (nearest) {
-    const intptr_t lo = reinterpret_cast<intptr_t>(nearest->data);
-    const intptr_t elem = (static_cast<intptr_t>(a) - lo) / nearest->elem_bytes;
-    os << ": it is element " << elem << " of '" << nearest->name << "', which has "
-       << nearest->bytes / size_t(nearest->elem_bytes) << " elements (a too-short buffer, or an index out of range)";
-  }
-  os << " at " << where(pc);
+  os << what << " of " << bytes << " bytes by " << who(current_->tid) << " at " << addr << " is outside every buffer of the launch";
+  if (before) os << ": it would be " << element_of(*before) << (after ? ", or " + element_of(*after) : std::string());
+  else if (after) os << ": it would be " << element_of(*after);
+  os << " (a too-short buffer, or an index out of range) at " << where(pc);
   fail(os.str());
 }
 
