@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "compiler/error.hpp"
@@ -22,7 +23,7 @@ namespace {
 const std::vector<std::string> kAllVariables = {
     "ATTNJIT_CACHE_DIR", "ATTNJIT_DISABLE_CACHE",   "ATTNJIT_ALWAYS_COMPILE",  "ATTNJIT_NO_JIT", "ATTNJIT_DUMP_DIR",
     "ATTNJIT_LOG_LEVEL", "ATTNJIT_CACHE_MAX_BYTES", "ATTNJIT_PRINT_AUTOTUNING", "ATTNJIT_TUNE",  "XDG_CACHE_HOME",
-    "HOME"};
+    "HOME", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT"};
 
 // Clears every variable the knobs read and restores the caller's environment afterwards.
 class CleanEnvironment {
@@ -205,7 +206,42 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_LOG_LEVEL=info\n"
         "ATTNJIT_CACHE_MAX_BYTES=1073741824\n"
         "ATTNJIT_PRINT_AUTOTUNING=0\n"
-        "ATTNJIT_TUNE=1\n");
+        "ATTNJIT_TUNE=1\n"
+        "ATTNJIT_EMU_CXX=c++\n"
+        "ATTNJIT_EMU_SEED=0\n"
+        "ATTNJIT_EMU_THREADS=0\n"
+        "ATTNJIT_EMU_TIMEOUT=300\n");
+}
+
+TEST_CASE("the emulator's knobs parse, and malformed values name the variable and the fix", "[knobs]") {
+  CleanEnvironment env;
+  env.set("ATTNJIT_EMU_CXX", "clang++");
+  env.set("ATTNJIT_EMU_SEED", "18446744073709551615");
+  env.set("ATTNJIT_EMU_THREADS", "3");
+  env.set("ATTNJIT_EMU_TIMEOUT", "0.5");
+  const Knobs k = Knobs::from_environment();
+  CHECK(k.emu_cxx == "clang++");
+  CHECK(k.emu_seed == 18446744073709551615ull);
+  CHECK(k.emu_threads == 3);
+  CHECK(k.emu_timeout_s == 0.5);
+  const std::vector<std::tuple<const char*, const char*, const char*>> bad = {
+      {"ATTNJIT_EMU_SEED", "-1", "not a non-negative integer"},
+      {"ATTNJIT_EMU_SEED", "12x", "not a non-negative integer"},
+      {"ATTNJIT_EMU_SEED", "99999999999999999999999", "not a non-negative integer"},
+      {"ATTNJIT_EMU_THREADS", "5000", "too large"},
+      {"ATTNJIT_EMU_TIMEOUT", "0", "not a positive number of seconds"},
+      {"ATTNJIT_EMU_TIMEOUT", "soon", "not a positive number of seconds"},
+      {"ATTNJIT_EMU_TIMEOUT", "inf", "not a positive number of seconds"},
+  };
+  for (const auto& [name, value, why] : bad) {
+    CleanEnvironment one;
+    one.set(name, value);
+    const auto e = parse_error();
+    INFO(name << "=" << value);
+    REQUIRE(e.has_value());
+    CHECK(e->where() == name);
+    CHECK_THAT(e->what(), Catch::Contains(why));
+  }
 }
 
 TEST_CASE("knobs describe round-trips through the environment", "[knobs]") {
