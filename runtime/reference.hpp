@@ -21,4 +21,16 @@ struct ReferenceOutput {
 ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const float* q, const float* k, const float* v,
                                     const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
 
+// The gradients of the forward above with respect to q, k and v, given dO
+// [batch, seq_q, heads_q, head_dim_v] (LSE's gradient is not taken): the exact gradient of the
+// single softmax over every branch's keys (a key two branches attend counts twice), the
+// head_groups "mean" factor included, dK/dV of a kv head summed over the query heads that read it,
+// nothing from rows that attend nothing. Float64 throughout; same layouts as the inputs.
+struct ReferenceGradients {
+  std::vector<double> dq, dk, dv;
+};
+ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const float* q, const float* k,
+                                                const float* v, const float* dout, const DynamicLayout* dynamic = nullptr,
+                                                unsigned threads = 0);
+
 }  // namespace attnjit
