@@ -19,4 +19,17 @@ struct ExecutorOutput {
 ExecutorOutput execute_plan(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* v,
                             const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
 
+struct ExecutorGradients {
+  std::vector<float> dq, dk, dv;  // layouts of q, k, v
+};
+
+// The backward pass over the same plan, as a FlashAttention-2 kernel computes it, in float32:
+// D = rowsum(dO * O); per visited tile, P = exp(S - LSE) recomputed from Q, K and the forward's
+// LSE, dP = f dO V^T, dS = P (dP - D), dQ += scale dS K, dK += scale dS^T Q, dV += f P^T dO, where
+// f is the plan's output scale. `o` and `lse` are the forward's outputs (as execute_plan writes
+// them). dK and dV of a kv head sum over the query heads that read it.
+ExecutorGradients execute_plan_backward(const Plan& plan, const Pattern& pattern, const float* q, const float* k,
+                                        const float* v, const float* o, const float* lse, const float* dout,
+                                        const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
+
 }  // namespace attnjit

@@ -109,6 +109,37 @@ TEST_CASE("the plan executor matches the reference (float32 tolerance)", "[plan]
   }
 }
 
+TEST_CASE("the plan executor's backward matches the reference gradients (float32 tolerance)", "[plan][executor][grad][property]") {
+  CaseGenerator gen(777);
+  for (int n = 0; n < 200; ++n) {
+    const auto c = gen.next();
+    const TileConfig tiles = random_tiles(gen);
+    const DynamicLayout* dyn = c.dynamic ? &*c.dynamic : nullptr;
+    INFO("case " << n << "\n" << describe(c, tiles));
+    const Shape& s = c.shape;
+    const auto q = random_tensor(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim), 10 * n + 1);
+    const auto k = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 10 * n + 2);
+    const auto v = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 10 * n + 3);
+    const auto dout = random_tensor(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v), 10 * n + 4);
+    const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn);
+    const ExecutorOutput fwd = execute_plan(plan, c.pattern, q.data(), k.data(), v.data(), dyn, 1);
+    const ExecutorGradients got = execute_plan_backward(plan, c.pattern, q.data(), k.data(), v.data(), fwd.o.data(),
+                                                        fwd.lse.data(), dout.data(), dyn, 2);
+    const ReferenceGradients want = reference_attention_backward(c.pattern, s, q.data(), k.data(), v.data(), dout.data(), dyn, 1);
+    auto compare = [](const char* name, const std::vector<float>& g, const std::vector<double>& w) {
+      REQUIRE(g.size() == w.size());
+      for (size_t x = 0; x < w.size(); ++x) {
+        INFO(name << " index " << x);
+        REQUIRE_FALSE(std::isnan(g[x]));
+        REQUIRE(g[x] == Approx(w[x]).epsilon(1e-4).margin(1e-4));
+      }
+    };
+    compare("dq", got.dq, want.dq);
+    compare("dk", got.dk, want.dk);
+    compare("dv", got.dv, want.dv);
+  }
+}
+
 TEST_CASE("dilated rows are gathered into full tiles: LongNet waste stays small", "[plan]") {
   const Pattern p = PatternBuilder()
                         .branch(BranchSpec().segment(256).dilation(1))
