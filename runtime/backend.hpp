@@ -27,6 +27,10 @@ public:
   virtual void upload(PlanEntry& entry, const DynamicLayout* dynamic) = 0;
   virtual void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& o, const TensorView* lse, const ForwardOptions& options) = 0;
+  // The backward pass; devices without one throw a UserError saying so.
+  virtual void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
+                        const TensorView& dk, const TensorView& dv, const ForwardOptions& options);
   virtual std::string kernel_name() const = 0;
   virtual TileConfig tiles() const = 0;   // the plan's tiles must be the kernel's
   virtual int alignment() const = 0;      // bytes the kernel's loads need

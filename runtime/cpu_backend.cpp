@@ -24,16 +24,30 @@ void store_element(void* base, DType dt, int64_t index, float value) {
   }
 }
 
-// [B, S, H, D] view -> contiguous float.
+// Calls f(n, offset) for every element of a view in row-major order (n counts, offset is in the view).
+template <typename F>
+void for_each_element(const TensorView& t, F&& f) {
+  std::vector<int64_t> idx(t.shape.size(), 0);
+  const int64_t total = [&] { int64_t n = 1; for (int64_t d : t.shape) n *= d; return n; }();
+  for (int64_t n = 0; n < total; ++n) {
+    int64_t off = 0;
+    for (size_t d = 0; d < idx.size(); ++d) off += idx[d] * t.strides[d];
+    f(static_cast<size_t>(n), off);
+    for (size_t d = idx.size(); d-- > 0;) {
+      if (++idx[d] < t.shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+// A view -> contiguous float, and back.
 std::vector<float> gather(const TensorView& t) {
-  std::vector<float> out(static_cast<size_t>(t.shape[0] * t.shape[1] * t.shape[2] * t.shape[3]));
-  size_t n = 0;
-  for (int64_t b = 0; b < t.shape[0]; ++b)
-    for (int64_t s = 0; s < t.shape[1]; ++s)
-      for (int64_t h = 0; h < t.shape[2]; ++h)
-        for (int64_t d = 0; d < t.shape[3]; ++d)
-          out[n++] = load_element(t.data, t.dtype, b * t.strides[0] + s * t.strides[1] + h * t.strides[2] + d);
+  std::vector<float> out;
+  for_each_element(t, [&](size_t, int64_t off) { out.push_back(load_element(t.data, t.dtype, off)); });
   return out;
+}
+void scatter(const TensorView& t, const std::vector<float>& values) {
+  for_each_element(t, [&](size_t n, int64_t off) { store_element(t.data, t.dtype, off, values[n]); });
 }
 
 class CpuBackend final : public Backend {
@@ -44,19 +58,19 @@ public:
                const TensorView* lse, const ForwardOptions& options) override {
     const std::vector<float> qf = gather(q), kf = gather(k), vf = gather(v);
     const ExecutorOutput r = execute_plan(entry.plan, pattern_, qf.data(), kf.data(), vf.data(), options.dynamic_layout);
-    size_t n = 0;
-    for (int64_t b = 0; b < o.shape[0]; ++b)
-      for (int64_t s = 0; s < o.shape[1]; ++s)
-        for (int64_t h = 0; h < o.shape[2]; ++h)
-          for (int64_t d = 0; d < o.shape[3]; ++d)
-            store_element(o.data, o.dtype, b * o.strides[0] + s * o.strides[1] + h * o.strides[2] + d, r.o[n++]);
-    if (lse) {
-      n = 0;
-      for (int64_t b = 0; b < lse->shape[0]; ++b)
-        for (int64_t h = 0; h < lse->shape[1]; ++h)
-          for (int64_t s = 0; s < lse->shape[2]; ++s)
-            static_cast<float*>(lse->data)[b * lse->strides[0] + h * lse->strides[1] + s] = r.lse[n++];
-    }
+    scatter(o, r.o);
+    if (lse) scatter(*lse, r.lse);
+  }
+  void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, const ForwardOptions& options) override {
+    const std::vector<float> qf = gather(q), kf = gather(k), vf = gather(v), of = gather(o), lf = gather(lse),
+                             df = gather(dout);
+    const ExecutorGradients g = execute_plan_backward(entry.plan, pattern_, qf.data(), kf.data(), vf.data(), of.data(),
+                                                      lf.data(), df.data(), options.dynamic_layout);
+    scatter(dq, g.dq);
+    scatter(dk, g.dk);
+    scatter(dv, g.dv);
   }
   std::string kernel_name() const override { return "cpu plan executor"; }
   TileConfig tiles() const override { return TileConfig{64, 64}; }

@@ -11,6 +11,12 @@ namespace attnjit {
 void check_forward_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& o, const TensorView* lse, int align_bytes);
 
+// A backward call: the forward's inputs and outputs (lse required), dout shaped like o, and the
+// gradients dq, dk, dv shaped like q, k, v, aliasing nothing else.
+void check_backward_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& v,
+                           const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
+                           const TensorView& dk, const TensorView& dv, int align_bytes);
+
 // The Shape of a call of this problem at these offsets.
 Shape problem_shape(const Problem& pb, int64_t q_offset, int64_t k_offset);
 

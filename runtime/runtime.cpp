@@ -53,6 +53,10 @@ std::string table_hash(const DynamicLayout* d) {
 
 // The plan for these offsets and this table: made and uploaded on first use, then reused.
 std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) {
+  if (o.q_offset < 0 || o.k_offset < 0) throw UserError("ForwardOptions", "offsets must be >= 0");
+  if (st.pattern.has_dynamic_layout() && !o.dynamic_layout) {
+    throw UserError("ForwardOptions.dynamic_layout", "the pattern has a dynamic layout; pass its CSR table");
+  }
   const auto key = std::make_tuple(o.q_offset, o.k_offset, table_hash(o.dynamic_layout));
   std::lock_guard<std::mutex> lock(st.mutex);
   if (auto it = st.plans.find(key); it != st.plans.end()) return it->second;
@@ -120,6 +124,13 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   return a;
 }
 
+void Backend::backward(const PlanEntry&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                       const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                       const ForwardOptions&) {
+  throw UserError("Attention::backward", "the backward pass runs on the CPU device only so far (" + kernel_name() +
+                                             " has no backward kernel yet); prepare the attention on Device::cpu()");
+}
+
 const Pattern& Attention::pattern() const { return state_->pattern; }
 const Problem& Attention::problem() const { return state_->problem; }
 std::string Attention::kernel_name() const { return state_->backend->kernel_name(); }
@@ -128,12 +139,17 @@ void Attention::forward(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView* lse, const ForwardOptions& options) {
   if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
   check_forward_inputs(state_->problem, q, k, v, o, lse, state_->backend->alignment());
-  if (options.q_offset < 0 || options.k_offset < 0) throw UserError("ForwardOptions", "offsets must be >= 0");
-  if (state_->pattern.has_dynamic_layout() && !options.dynamic_layout) {
-    throw UserError("ForwardOptions.dynamic_layout", "the pattern has a dynamic layout; pass its CSR table");
-  }
   const std::shared_ptr<PlanEntry> entry = plan_for(*state_, options);
   state_->backend->forward(*entry, q, k, v, o, lse, options);
+}
+
+void Attention::backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                         const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                         const TensorView& dv, const ForwardOptions& options) {
+  if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
+  check_backward_inputs(state_->problem, q, k, v, o, lse, dout, dq, dk, dv, state_->backend->alignment());
+  const std::shared_ptr<PlanEntry> entry = plan_for(*state_, options);
+  state_->backend->backward(*entry, q, k, v, o, lse, dout, dq, dk, dv, options);
 }
 
 void attention(Runtime& rt, const Pattern& pattern, const TensorView& q, const TensorView& k, const TensorView& v,

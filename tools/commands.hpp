@@ -8,6 +8,7 @@ namespace attnjit::cli {
 void register_validate(CLI::App& app, int& rc);
 void register_mask(CLI::App& app, int& rc);
 void register_run(CLI::App& app, int& rc);
+void register_grad(CLI::App& app, int& rc);
 void register_info(CLI::App& app, int& rc);
 void register_dump(CLI::App& app, int& rc);
 void register_compile(CLI::App& app, int& rc);  // compile and precompile

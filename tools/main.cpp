@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   attnjit::cli::register_validate(app, rc);
   attnjit::cli::register_mask(app, rc);
   attnjit::cli::register_run(app, rc);
+  attnjit::cli::register_grad(app, rc);
   attnjit::cli::register_dump(app, rc);
   attnjit::cli::register_compile(app, rc);
   attnjit::cli::register_cache(app, rc);

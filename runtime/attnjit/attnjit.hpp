@@ -77,6 +77,12 @@ class Attention {
 public:
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView* lse = nullptr, const ForwardOptions& options = {});
+  // The gradients of forward() with respect to q, k and v, given dout = dL/dO: `o` and `lse` are
+  // what forward() returned for these inputs and options; dq, dk, dv are written (same shapes and
+  // dtype as q, k, v). Today on the CPU device (the plan executor); other devices say so.
+  void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
+                const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                const ForwardOptions& options = {});
   const Pattern& pattern() const;
   const Problem& problem() const;
   // The generated kernel's name, or "cpu plan executor".

@@ -181,3 +181,79 @@ TEST_CASE("a CUDA device on a machine without a GPU is a clear error", "[runtime
   CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 8, 8, 1, 1, 64, 64, DType::BF16}),
                     Catch::Contains("no CUDA driver (libcuda.so.1) on this machine: no GPU is available; use the CPU device"));
 }
+
+TEST_CASE("backward on the CPU device matches the reference gradients through any layout and dtype", "[runtime][grad][property]") {
+  CaseGenerator gen(5151);
+  Runtime rt;
+  for (int n = 0; n < 60; ++n) {
+    const auto c = gen.next();
+    const Shape& s = c.shape;
+    const DType dt = n % 2 ? DType::F16 : DType::F32;
+    const bool bhsd = n % 3 == 1;
+    auto values = [&](int64_t seq, int64_t heads, int64_t d, uint64_t seed) {
+      std::vector<float> v = random_tensor(size_t(s.batch * seq * heads * d), seed);
+      return dt == DType::F16 ? rounded_to_half(v) : v;
+    };
+    const auto q = values(s.seq_q, s.heads_q, s.head_dim, 4 * n), k = values(s.seq_k, s.heads_kv, s.head_dim, 4 * n + 1),
+               v = values(s.seq_k, s.heads_kv, s.head_dim_v, 4 * n + 2), dout = values(s.seq_q, s.heads_q, s.head_dim_v, 4 * n + 3);
+    const DynamicLayout* dyn = c.dynamic ? &*c.dynamic : nullptr;
+    INFO("case " << n << " " << to_string(dt) << (bhsd ? " bhsd" : " bshd") << "\n" << canonical_text(c.pattern));
+    const ReferenceGradients want = reference_attention_backward(c.pattern, s, q.data(), k.data(), v.data(), dout.data(), dyn, 1);
+    const std::vector<int64_t> qs{s.batch, s.seq_q, s.heads_q, s.head_dim}, ks{s.batch, s.seq_k, s.heads_kv, s.head_dim},
+        vs{s.batch, s.seq_k, s.heads_kv, s.head_dim_v}, os{s.batch, s.seq_q, s.heads_q, s.head_dim_v};
+    HostTensor tq(q, qs, dt, bhsd), tk(k, ks, dt, bhsd), tv(v, vs, dt, bhsd), tdo(dout, os, dt, bhsd);
+    HostTensor to(std::vector<float>(dout.size()), os, dt, bhsd), tdq(q, qs, dt, bhsd), tdk(k, ks, dt, bhsd), tdv(v, vs, dt, bhsd);
+    std::vector<float> lse(size_t(s.batch * s.heads_q * s.seq_q));
+    const TensorView lv = TensorView::contiguous(lse.data(), DType::F32, {s.batch, s.heads_q, s.seq_q});
+    Attention op = rt.prepare(c.pattern, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt});
+    ForwardOptions fo;
+    fo.q_offset = s.q_offset, fo.k_offset = s.k_offset, fo.dynamic_layout = dyn;
+    op.forward(tq.view, tk.view, tv.view, to.view, &lv, fo);
+    op.backward(tq.view, tk.view, tv.view, to.view, lv, tdo.view, tdq.view, tdk.view, tdv.view, fo);
+    // fp16: O (an input of backward) is rounded, and so are the stored gradients.
+    const double tol = dt == DType::F16 ? 1e-2 : 1e-4;
+    auto compare = [&](const char* name, const HostTensor& got, const std::vector<double>& w, int64_t seq, int64_t heads, int64_t d) {
+      size_t i = 0;
+      for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t x = 0; x < seq; ++x)
+          for (int64_t h = 0; h < heads; ++h)
+            for (int64_t e = 0; e < d; ++e, ++i) {
+              INFO(name << "[" << b << "," << x << "," << h << "," << e << "]");
+              REQUIRE(got.at(b, x, h, e) == Approx(w[i]).epsilon(tol).margin(tol));
+            }
+    };
+    compare("dq", tdq, want.dq, s.seq_q, s.heads_q, s.head_dim);
+    compare("dk", tdk, want.dk, s.seq_k, s.heads_kv, s.head_dim);
+    compare("dv", tdv, want.dv, s.seq_k, s.heads_kv, s.head_dim_v);
+  }
+}
+
+TEST_CASE("backward: every bad input is a clear error", "[runtime][grad][errors]") {
+  Runtime rt;
+  const Pattern p = PatternBuilder().branch(BranchSpec().full().causal()).build();
+  Attention op = rt.prepare(p, Problem{1, 16, 16, 2, 1, 8, 8, DType::F32});
+  std::vector<float> q(16 * 2 * 8), k(16 * 8), v(16 * 8), o(16 * 2 * 8), dout(16 * 2 * 8), dq(q.size()), dk(k.size()),
+      dv(v.size()), lse(2 * 16);
+  auto t = [](std::vector<float>& x, std::vector<int64_t> shape) { return TensorView::contiguous(x.data(), DType::F32, std::move(shape)); };
+  const TensorView Q = t(q, {1, 16, 2, 8}), K = t(k, {1, 16, 1, 8}), V = t(v, {1, 16, 1, 8}), O = t(o, {1, 16, 2, 8}),
+                   L = t(lse, {1, 2, 16}), DO = t(dout, {1, 16, 2, 8}), DQ = t(dq, {1, 16, 2, 8}), DK = t(dk, {1, 16, 1, 8}),
+                   DV = t(dv, {1, 16, 1, 8});
+  op.forward(Q, K, V, O, &L);
+  CHECK_NOTHROW(op.backward(Q, K, V, O, L, DO, DQ, DK, DV));
+  CHECK_THROWS_WITH(op.backward(Q, K, V, O, L, t(dout, {1, 8, 2, 8}), DQ, DK, DV),
+                    Catch::Contains("dout: has shape [1, 8, 2, 8] but the problem needs [1, 16, 2, 8]"));
+  CHECK_THROWS_WITH(op.backward(Q, K, V, O, L, DO, DQ, t(dk, {1, 16, 2, 4}), DV), Catch::Contains("dk: has shape [1, 16, 2, 4]"));
+  CHECK_THROWS_WITH(op.backward(Q, K, V, O, L, DO, Q, DK, DV), Catch::Contains("dq: overlaps q; each gradient needs its own memory"));
+  CHECK_THROWS_WITH(op.backward(Q, K, V, O, L, DO, DQ, DK, DK), Catch::Contains("dk: overlaps dv"));
+  CHECK_THROWS_WITH(op.backward(Q, K, V, O, t(lse, {1, 1, 16}), DO, DQ, DK, DV), Catch::Contains("lse: has shape [1, 1, 16]"));
+  ForwardOptions bad;
+  bad.q_offset = -1;
+  CHECK_THROWS_WITH(op.backward(Q, K, V, O, L, DO, DQ, DK, DV, bad), Catch::Contains("offsets must be >= 0"));
+  CHECK_THROWS_WITH(Attention().backward(Q, K, V, O, L, DO, DQ, DK, DV), Catch::Contains("is empty"));
+  // A device without a backward kernel says so.
+  RuntimeOptions emu;
+  emu.device = Device::emu(80);
+  Runtime ert(emu);
+  Attention eop = ert.prepare(p, Problem{1, 16, 16, 2, 1, 8, 8, DType::F32});
+  CHECK_THROWS_WITH(eop.backward(Q, K, V, O, L, DO, DQ, DK, DV), Catch::Contains("the backward pass runs on the CPU device only so far"));
+}

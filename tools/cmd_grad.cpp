@@ -1,0 +1,122 @@
+// attnjit grad SPEC: the gradients dQ, dK, dV of attention given dO, on the float64 reference or
+// the plan executor (float32, tile by tile over the forward plan), from .npy inputs or random ones.
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <memory>
+
+#include "compiler/error.hpp"
+#include "compiler/plan.hpp"
+#include "compiler/spec_json.hpp"
+#include "runtime/npy.hpp"
+#include "runtime/plan_executor.hpp"
+#include "runtime/reference.hpp"
+#include "tools/cli_common.hpp"
+#include "tools/commands.hpp"
+#include "tools/run_inputs.hpp"
+
+namespace attnjit::cli {
+
+namespace {
+struct GradOptions {
+  std::string spec, dout, o, lse, dq, dk, dv, dynamic, device = "cpu", executor = "reference", tile = "64x64";
+  InputOptions in;
+  unsigned threads = 0;
+};
+
+void write(const std::string& path, const std::vector<int64_t>& dims, const std::vector<float>& x) {
+  if (!path.empty()) write_npy(path, NpyDtype::F32, dims, x.data());
+}
+
+double mean_abs(const std::vector<float>& x) {
+  double s = 0;
+  for (float v : x) s += std::abs(v);
+  return x.empty() ? 0 : s / double(x.size());
+}
+
+int run_grad(const GradOptions& o) {
+  const Pattern p = load_spec_file(o.spec);
+  if (o.o.empty() != o.lse.empty()) {
+    throw UserError(o.o.empty() ? "--lse" : "--o", "give the forward's O and LSE together (--o O.npy --lse LSE.npy), or "
+                                                   "neither and grad runs the forward first");
+  }
+  if (o.device != "cpu") {
+    throw UserError("--device " + o.device, "the backward pass runs on the CPU so far (--device cpu with --executor "
+                                            "reference or plan); the generated backward kernels are not built yet");
+  }
+  const Inputs in = load_or_random_inputs(o.in, p);
+  const Shape& s = in.shape;
+  check_pattern_fits(p, s);
+  if (s.q_offset == 0 && s.k_offset == 0) check_blocks_inside_sequence(p, s.seq_q, s.seq_k);
+  const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
+  const DynamicLayout* table = dyn ? &*dyn : nullptr;
+  const std::vector<int64_t> odims{s.batch, s.seq_q, s.heads_q, s.head_dim_v};
+  std::vector<float> dout;
+  if (!o.dout.empty()) dout = load_array(o.dout, "--do", odims);
+  else if (o.in.random_seed) dout = random_normal(size_t(s.batch * s.seq_q * s.heads_q * s.head_dim_v), *o.in.random_seed + 1);
+  else throw UserError("--do", "give dO, the gradient of the loss with respect to O, as a .npy file [batch, seq_q, heads_q, head_dim_v]");
+
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> dq, dk, dv;
+  if (o.executor == "plan") {
+    const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table);
+    std::vector<float> of, lf;
+    if (!o.o.empty()) {
+      of = load_array(o.o, "--o", odims);
+      const NpyArray l = read_npy(o.lse);
+      if (l.shape != std::vector<int64_t>{s.batch, s.heads_q, s.seq_q}) {
+        throw UserError("--lse " + o.lse, "must have shape (batch, heads_q, seq_q) = (" + std::to_string(s.batch) + ", " +
+                                              std::to_string(s.heads_q) + ", " + std::to_string(s.seq_q) + ")");
+      }
+      lf = npy_to_float(l);
+    } else {
+      ExecutorOutput f = execute_plan(plan, p, in.q.data(), in.k.data(), in.v.data(), table, o.threads);
+      of = std::move(f.o);
+      lf = std::move(f.lse);
+    }
+    ExecutorGradients g = execute_plan_backward(plan, p, in.q.data(), in.k.data(), in.v.data(), of.data(), lf.data(),
+                                                dout.data(), table, o.threads);
+    dq = std::move(g.dq), dk = std::move(g.dk), dv = std::move(g.dv);
+  } else {
+    // The reference recomputes the softmax itself: --o/--lse are not needed (and not read).
+    const ReferenceGradients g = reference_attention_backward(p, s, in.q.data(), in.k.data(), in.v.data(), dout.data(), table, o.threads);
+    dq.assign(g.dq.begin(), g.dq.end()), dk.assign(g.dk.begin(), g.dk.end()), dv.assign(g.dv.begin(), g.dv.end());
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  write(o.dq, {s.batch, s.seq_q, s.heads_q, s.head_dim}, dq);
+  write(o.dk, {s.batch, s.seq_k, s.heads_kv, s.head_dim}, dk);
+  write(o.dv, {s.batch, s.seq_k, s.heads_kv, s.head_dim_v}, dv);
+  std::cout << "grad " << pattern_hash(p) << " on the cpu " << o.executor << " executor: batch=" << s.batch
+            << " seq_q=" << s.seq_q << " seq_k=" << s.seq_k << " heads_q=" << s.heads_q << " heads_kv=" << s.heads_kv
+            << " head_dim=" << s.head_dim << " head_dim_v=" << s.head_dim_v << " in " << secs << " s\n";
+  std::cout << "  mean |dQ| = " << mean_abs(dq) << ", mean |dK| = " << mean_abs(dk) << ", mean |dV| = " << mean_abs(dv) << "\n";
+  for (const auto& [name, path] : {std::pair<const char*, std::string>{"dQ", o.dq}, {"dK", o.dk}, {"dV", o.dv}})
+    if (!path.empty()) std::cout << "  wrote " << name << " to " << path << "\n";
+  return 0;
+}
+}  // namespace
+
+void register_grad(CLI::App& app, int& rc) {
+  auto o = std::make_shared<GradOptions>();
+  CLI::App* sub = app.add_subcommand("grad", "gradients dQ, dK, dV of attention given dO (.npy, [batch, seq, heads, head_dim])");
+  sub->add_option("spec", o->spec, "pattern spec (JSON)")->required();
+  o->in.add_to(sub);
+  sub->add_option("--do", o->dout, "dO .npy [batch, seq_q, heads_q, head_dim_v] (random with --random)");
+  sub->add_option("--o", o->o, "the forward's O .npy (with --lse; default: the forward runs first)");
+  sub->add_option("--lse", o->lse, "the forward's LSE .npy [batch, heads_q, seq_q] (with --o)");
+  sub->add_option("--dq", o->dq, "write dQ (float32 [batch, seq_q, heads_q, head_dim]) here");
+  sub->add_option("--dk", o->dk, "write dK (float32 [batch, seq_k, heads_kv, head_dim]) here");
+  sub->add_option("--dv", o->dv, "write dV (float32 [batch, seq_k, heads_kv, head_dim_v]) here");
+  sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
+  sub->add_option("--device", o->device, "where to run (the backward pass runs on the cpu so far)")
+      ->check(CLI::IsMember({"cpu", "gpu", "emu"}))
+      ->capture_default_str();
+  sub->add_option("--executor", o->executor, "the float64 reference, or the plan executor (float32, tile by tile)")
+      ->check(CLI::IsMember({"reference", "plan"}))
+      ->capture_default_str();
+  sub->add_option("--tile", o->tile, "tile size for --executor plan")->capture_default_str();
+  sub->add_option("--threads", o->threads, "CPU threads (0: all)");
+  sub->callback([o, &rc] { rc = guarded([&] { return run_grad(*o); }); });
+}
+
+}  // namespace attnjit::cli
