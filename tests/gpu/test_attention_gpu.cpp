@@ -5,10 +5,13 @@
 // (0xFF = NaN) first, so unwritten rows show; bytes outside the output views must stay poisoned.
 // fp16/bf16 inputs are rounded on the host and the reference sees the rounded values.
 //
+// The device under test is ATTNJIT_GPU_TESTS_DEVICE: gpu (default; CUDA device 0), emu (the same
+// generated kernels in the CPU emulator, host memory: the "[emu]" cases at small shapes run in CI)
+// or cpu (the plan executor; ATTNJIT_GPU_TESTS_ON_CPU=1 is the same), to dry-run this file.
+//
 // Knobs: ATTNJIT_GPU_TEST_REPORT=FILE appends one JSON line per case (bench/device_check.sh);
 // ATTNJIT_GPU_TESTS_RANDOM=N random cases (240); ATTNJIT_GPU_TESTS_SCALE=x scales the example
-// lengths (1); ATTNJIT_GPU_TESTS_ON_CPU=1 runs the same checks on the CPU device with host memory,
-// to dry-run this file without a GPU (link it with a main that does not skip).
+// lengths (1).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -27,6 +30,7 @@
 #include <thread>
 
 #include "attnjit/attnjit.hpp"
+#include "compiler/autotune.hpp"
 #include "compiler/error.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/npy.hpp"
@@ -37,16 +41,25 @@ using namespace attnjit;
 
 namespace {
 
-bool on_cpu() {
-  static const bool cpu = [] { const char* e = std::getenv("ATTNJIT_GPU_TESTS_ON_CPU"); return e && *e == '1'; }();
-  return cpu;
+enum class Target { Gpu, Emu, Cpu };
+Target target() {
+  static const Target t = [] {
+    const char* on_cpu = std::getenv("ATTNJIT_GPU_TESTS_ON_CPU");
+    if (on_cpu && *on_cpu == '1') return Target::Cpu;
+    const char* e = std::getenv("ATTNJIT_GPU_TESTS_DEVICE");
+    const std::string d = e ? e : "gpu";
+    return d == "emu" ? Target::Emu : d == "cpu" ? Target::Cpu : Target::Gpu;
+  }();
+  return t;
 }
+// The emulator and the CPU device take host memory; a GPU takes device memory.
+bool on_host() { return target() != Target::Gpu; }
 double env_number(const char* name, double fallback) {
   const char* e = std::getenv(name);
   return e && *e ? std::atof(e) : fallback;
 }
 std::string no_gpu_reason() {
-  if (on_cpu()) return "";
+  if (on_host()) return "";
   std::string why;
   if (!CudaDriver::available(&why)) return why;
   return device_count() == 0 ? "the driver reports no GPUs" : "";
@@ -60,20 +73,20 @@ std::string no_gpu_reason() {
 class Buf {
 public:
   explicit Buf(size_t bytes) : bytes_(bytes) {
-    if (on_cpu()) host_.reset(static_cast<unsigned char*>(std::aligned_alloc(256, (bytes + 255) / 256 * 256)));
+    if (on_host()) host_.reset(static_cast<unsigned char*>(std::aligned_alloc(256, (bytes + 255) / 256 * 256)));
     else dev_ = DeviceBuffer(bytes);
   }
-  void* data() const { return on_cpu() ? static_cast<void*>(host_.get()) : reinterpret_cast<void*>(dev_.get()); }
+  void* data() const { return on_host() ? static_cast<void*>(host_.get()) : reinterpret_cast<void*>(dev_.get()); }
   void upload(const std::vector<unsigned char>& b) {
-    if (on_cpu()) std::memcpy(host_.get(), b.data(), b.size()); else copy_to_device(dev_.get(), b.data(), b.size());
+    if (on_host()) std::memcpy(host_.get(), b.data(), b.size()); else copy_to_device(dev_.get(), b.data(), b.size());
   }
   std::vector<unsigned char> download() const {
     std::vector<unsigned char> b(bytes_);
-    if (on_cpu()) std::memcpy(b.data(), host_.get(), bytes_); else copy_to_host(b.data(), dev_.get(), bytes_);
+    if (on_host()) std::memcpy(b.data(), host_.get(), bytes_); else copy_to_host(b.data(), dev_.get(), bytes_);
     return b;
   }
   void poison(CUstream s) {  // 0xFF bytes: NaN in fp32, fp16 and bf16
-    if (on_cpu()) std::memset(host_.get(), 0xFF, bytes_); else memset_d8_async(dev_.get(), 0xFF, bytes_, s);
+    if (on_host()) std::memset(host_.get(), 0xFF, bytes_); else memset_d8_async(dev_.get(), 0xFF, bytes_, s);
   }
 
 private:
@@ -169,6 +182,8 @@ struct Case {
   DType dtype = DType::BF16;
   Mem mem = Mem::BSHD;
   bool lse = true, own_stream = false;
+  int arch = 80;         // emu: the arch whose kernel runs (75: the SIMT path for fp16 too)
+  KernelConfig config;   // zeros: the default (or the tuning database's choice on a GPU)
   std::optional<DynamicLayout> dynamic;
   uint64_t seed = 0;
   unsigned ref_threads = 1;
@@ -181,7 +196,11 @@ std::string describe(const Case& c) {
      << " batch=" << s.batch << " seq_q=" << s.seq_q << " seq_k=" << s.seq_k << " heads_q=" << s.heads_q
      << " heads_kv=" << s.heads_kv << " q_offset=" << s.q_offset << " k_offset=" << s.k_offset << " layout=" << to_string(c.mem)
      << " lse=" << (c.lse ? "yes" : "nullptr") << " stream=" << (c.own_stream ? "non-blocking" : "default")
-     << (c.dynamic ? " dynamic_table_heads=" + std::to_string(c.dynamic->heads) : "") << "\npattern:\n" << canonical_text(c.pattern);
+     << (c.dynamic ? " dynamic_table_heads=" + std::to_string(c.dynamic->heads) : "")
+     << (target() == Target::Emu ? " arch=sm_" + std::to_string(c.arch) : "")
+     << (c.config == KernelConfig{} ? "" : " config=" + std::to_string(c.config.tile_q) + "x" + std::to_string(c.config.tile_k) +
+                                               " stages " + std::to_string(c.config.stages))
+     << "\npattern:\n" << canonical_text(c.pattern);
   return os.str();
 }
 
@@ -216,6 +235,7 @@ struct Outcome {
   std::string error, first_mismatch, kernel;
   int64_t mismatches = 0;
   double err_o = 0, err_lse = 0, forward_ms = 0;  // errors: max |got - want| / (1 + |want|)
+  double frobenius = 0;                            // ||got - want|| / ||want|| over O
 };
 
 Outcome run_case(const Case& c, Prepared& p, CUstream own) {
@@ -238,19 +258,19 @@ Outcome run_case(const Case& c, Prepared& p, CUstream own) {
     fo.q_offset = s.q_offset;
     fo.k_offset = s.k_offset;
     fo.dynamic_layout = c.dynamic ? &*c.dynamic : nullptr;
-    if (!on_cpu() && c.own_stream && (c.dynamic || s.q_offset || s.k_offset)) {
+    if (!on_host() && c.own_stream && (c.dynamic || s.q_offset || s.k_offset)) {
       // Such a plan is made and uploaded (cuMemcpyHtoD on the legacy stream) inside the first
       // forward; a kernel on a non-blocking stream is not ordered after that copy. Make the plan
       // on the legacy stream first, so this case tests the stream and not that race.
       p.op.forward(q.view, k.view, v.view, o.view, c.lse ? &lse : nullptr, fo);
     }
     fo.stream = stream;
-    if (!on_cpu()) synchronize(nullptr);  // the uploads above went through the legacy stream
+    if (!on_host()) synchronize(nullptr);  // the uploads above went through the legacy stream
     o.buf.poison(stream);
     lse_buf.poison(stream);
     const auto t0 = std::chrono::steady_clock::now();
     p.op.forward(q.view, k.view, v.view, o.view, c.lse ? &lse : nullptr, fo);
-    if (!on_cpu()) synchronize(stream, "after forward");
+    if (!on_host()) synchronize(stream, "after forward");
     r.forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const std::vector<unsigned char> ob = o.buf.download(), lb = lse_buf.download();
 
@@ -266,9 +286,12 @@ Outcome run_case(const Case& c, Prepared& p, CUstream own) {
     };
     const int eb = dtype_bytes(c.dtype);
     std::vector<char> covered(ob.size(), 0);
+    double diff2 = 0, want2 = 0;  // relative Frobenius error of O
     for_each_element(o.view.shape, o.view.strides, [&](size_t n, int64_t at) {
       std::memset(&covered[size_t(at * eb)], 1, size_t(eb));
       const double g = load(&ob[size_t(at * eb)], c.dtype), w = p.want.o[n];
+      diff2 += (g - w) * (g - w);
+      want2 += w * w;
       const double err = std::abs(g - w) / (1 + std::abs(w));
       r.err_o = std::max(r.err_o, std::isnan(g) ? INFINITY : err);
       if (!(err <= tol)) {
@@ -277,6 +300,8 @@ Outcome run_case(const Case& c, Prepared& p, CUstream own) {
         note("o[b=" + std::to_string(b) + ", i=" + std::to_string(i) + ", h=" + std::to_string(h) + ", d=" + std::to_string(d) + "]", g, w);
       }
     });
+    r.frobenius = want2 > 0 ? std::sqrt(diff2 / want2) : std::sqrt(diff2);
+    if (!(r.frobenius <= tol)) note("o: relative Frobenius error", r.frobenius, tol);
     for (size_t at = 0; at < ob.size(); ++at)
       if (!covered[at] && ob[at] != 0xFF) { note("o: byte " + std::to_string(at) + " outside the view was written", ob[at], 0xFF); break; }
     for (int64_t b = 0; c.lse && b < s.batch; ++b)
@@ -308,7 +333,7 @@ void record(const std::string& suite, const Case& c, const Outcome& r, double pr
       {"head_dim", s.head_dim}, {"head_dim_v", s.head_dim_v}, {"batch", s.batch}, {"seq_q", s.seq_q}, {"seq_k", s.seq_k},
       {"heads_q", s.heads_q}, {"heads_kv", s.heads_kv}, {"q_offset", s.q_offset}, {"k_offset", s.k_offset},
       {"layout", to_string(c.mem)}, {"lse", c.lse}, {"own_stream", c.own_stream}, {"dynamic", c.dynamic.has_value()},
-      {"kernel", r.kernel}, {"max_err_o", finite(r.err_o)}, {"max_err_lse", finite(r.err_lse)}, {"mismatches", r.mismatches},
+      {"kernel", r.kernel}, {"max_err_o", finite(r.err_o)}, {"frobenius_o", finite(r.frobenius)}, {"max_err_lse", finite(r.err_lse)}, {"mismatches", r.mismatches},
       {"prepare_s", prepare_s}, {"forward_ms", r.forward_ms}, {"error", r.error}, {"first_mismatch", r.first_mismatch}};
   static std::mutex m;
   std::lock_guard<std::mutex> lock(m);
@@ -320,6 +345,37 @@ RuntimeOptions options_for(Device d) {
   o.device = d;
   return o;
 }
+
+Device device_for(const Case& c) {
+  switch (target()) {
+    case Target::Gpu: return Device::cuda(0);
+    case Target::Emu: return Device::emu(c.arch);
+    case Target::Cpu: return Device::cpu();
+  }
+  return Device::cpu();
+}
+
+// One runtime per device and kernel configuration the cases ask for.
+class Runtimes {
+public:
+  Runtime& operator()(const Case& c) {
+    const Device d = device_for(c);
+    const std::string key = d.describe() + "/" + std::to_string(c.config.tile_q) + "x" + std::to_string(c.config.tile_k) + "s" +
+                            std::to_string(c.config.stages);
+    std::lock_guard<std::mutex> lock(m_);
+    std::unique_ptr<Runtime>& rt = map_[key];
+    if (!rt) {
+      RuntimeOptions o = options_for(d);
+      o.config = c.config;
+      rt = std::make_unique<Runtime>(o);
+    }
+    return *rt;
+  }
+
+private:
+  std::mutex m_;
+  std::map<std::string, std::unique_ptr<Runtime>> map_;
+};
 
 template <typename F>
 void parallel_for(size_t n, F&& f) {
@@ -333,21 +389,25 @@ void parallel_for(size_t n, F&& f) {
 
 // Prepares every case in parallel (reference, plan, kernel compile), then runs them one by one.
 void check_cases(const std::string& suite, const std::vector<Case>& cases) {
-  Runtime rt(options_for(on_cpu() ? Device::cpu() : Device::cuda(0)));
+  // Streams and buffers are made on this thread: the GPU's context must be current here.
+  if (target() == Target::Gpu) shared_context(0).make_current();
+  Runtimes runtimes;
   std::vector<Prepared> prep(cases.size());
   const auto t0 = std::chrono::steady_clock::now();
-  parallel_for(cases.size(), [&](size_t n) { prep[n] = prepare_case(rt, cases[n]); });
+  parallel_for(cases.size(), [&](size_t n) { prep[n] = prepare_case(runtimes(cases[n]), cases[n]); });
   const double prep_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   struct StreamGuard {
-    CUstream s = on_cpu() ? nullptr : create_stream();
+    CUstream s = on_host() ? nullptr : create_stream();
     ~StreamGuard() { if (s) destroy_stream(s); }
   } own;
   size_t passed = 0, cuda_errors = 0;
   std::map<std::string, std::pair<double, double>> worst;  // dtype -> max err (o, lse) over passing cases
+  double worst_frobenius = 0;
   for (size_t n = 0; n < cases.size(); ++n) {
     const Outcome r = run_case(cases[n], prep[n], own.s);
     record(suite, cases[n], r, prep[n].prepare_s);
     prep[n] = Prepared{};
+    worst_frobenius = std::max(worst_frobenius, r.frobenius);
     if (r.ok) {
       auto& w = worst[to_string(cases[n].dtype)];
       w = {std::max(w.first, r.err_o), std::max(w.second, r.err_lse)};
@@ -363,6 +423,7 @@ void check_cases(const std::string& suite, const std::vector<Case>& cases) {
   std::printf("%s: %zu/%zu cases passed (prepared in %.1f s on %u threads)\n", suite.c_str(), passed, cases.size(), prep_s,
               std::max(1u, std::thread::hardware_concurrency()));
   for (const auto& [dt, w] : worst) std::printf("  %s: max error o %.3g, lse %.3g (|got-want|/(1+|want|))\n", dt.c_str(), w.first, w.second);
+  std::printf("  worst relative Frobenius error of O: %.3g\n", worst_frobenius);
   std::fflush(stdout);
   CHECK(passed == cases.size());
 }
@@ -447,7 +508,77 @@ std::vector<Case> random_cases(uint64_t seed, int count, bool scale_lengths) {
   return cases;
 }
 
+// Small shapes for the emulator: every example at each dtype, head dims 32..256, GQA, offsets,
+// three heads at least (seed_dilated has a group per branch),
+// [B, H, S, D] and padded layouts, lengths that are no multiple of any tile, and the SIMT path
+// for fp16 through sm_75.
+std::vector<Case> emu_example_cases() {
+  std::vector<Case> cases;
+  uint64_t seed = 7000;
+  for (const auto& [name, p] : example_patterns()) {
+    auto add = [&](const std::string& tag, Shape s, DType dt, Mem m, int arch = 80) {
+      Case c;
+      c.name = name + "/" + tag;
+      c.pattern = p, c.shape = s, c.dtype = dt, c.mem = m, c.arch = arch, c.seed = seed++;
+      c.lse = seed % 5 != 0;
+      cases.push_back(std::move(c));
+    };
+    add("bf16-d64-gqa", make_shape(1, 200, 200, 4, 2, 64), DType::BF16, Mem::BSHD);
+    add("fp16-d128-bhsd", make_shape(2, 150, 150, 3, 3, 128), DType::F16, Mem::BHSD);
+    add("bf16-d256", make_shape(1, 97, 97, 3, 1, 256), DType::BF16, Mem::Padded);
+    add("fp16-d96-chunk", make_shape(1, 130, 260, 3, 3, 96, 130, 0), DType::F16, Mem::BSHD);
+    add("fp32-d32-chunk", make_shape(1, 111, 211, 4, 1, 32, 100, 0), DType::F32, Mem::Padded);
+    add("fp16-d32-sm75", make_shape(1, 120, 120, 3, 1, 32), DType::F16, Mem::BSHD, 75);
+  }
+  return cases;
+}
+
+// Every configuration the autotuner can choose (compiler/autotune.cpp), plus a 4-stage pipeline,
+// on a pattern with causal and dilated branches at lengths that are no multiple of any tile.
+std::vector<Case> config_cases(int64_t seq) {
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(128).dilation(1).causal())
+                        .branch(BranchSpec().segment(256).dilation(2).offset(OffsetRule::HeadMod))
+                        .build();
+  std::vector<Case> cases;
+  for (const auto& [dt, d] : std::vector<std::pair<DType, int>>{{DType::BF16, 64}, {DType::F16, 128}, {DType::F32, 64}}) {
+    KernelRequest r;
+    r.head_dim = r.head_dim_v = d;
+    r.dtype = dt;
+    r.arch = 80;
+    std::vector<KernelConfig> configs = candidate_configs(r);
+    if (dt == DType::BF16) configs.push_back({128, 64, 4});  // fits at head dim 64
+    for (const KernelConfig& k : configs) {
+      Case c;
+      c.name = std::string("config/") + to_string(dt) + "-d" + std::to_string(d) + "/" + describe(k);
+      c.pattern = p, c.dtype = dt, c.config = k, c.seed = 31 + cases.size();
+      c.shape = make_shape(1, seq, seq, 2, 1, d, 7, 0);
+      cases.push_back(std::move(c));
+    }
+  }
+  return cases;
+}
+
 }  // namespace
+
+TEST_CASE("every example pattern matches the float64 reference in the emulator", "[emu][attention][examples]") {
+  if (target() != Target::Emu) { WARN("SKIPPED: an emulator case (ATTNJIT_GPU_TESTS_DEVICE=emu)"); return; }
+  check_cases("emu-examples", emu_example_cases());
+}
+
+TEST_CASE("random patterns match the float64 reference in the emulator", "[emu][attention][random]") {
+  if (target() != Target::Emu) { WARN("SKIPPED: an emulator case (ATTNJIT_GPU_TESTS_DEVICE=emu)"); return; }
+  std::vector<Case> cases = random_cases(2026, int(env_number("ATTNJIT_GPU_TESTS_RANDOM", 200)), true);
+  for (size_t n = 0; n < cases.size(); n += 5)
+    if (cases[n].dtype == DType::F16) cases[n].arch = 75;  // the SIMT path for half too
+  check_cases("emu-random", cases);
+}
+
+TEST_CASE("every tile configuration the autotuner can choose matches the reference", "[gpu][emu][attention][configs]") {
+  SKIP_WITHOUT_GPU();
+  if (target() == Target::Cpu) { WARN("SKIPPED on the CPU device: it has no kernel configurations"); return; }
+  check_cases("configs", config_cases(target() == Target::Emu ? 203 : 1999));
+}
 
 TEST_CASE("every example pattern matches the float64 reference on the GPU", "[gpu][attention][examples]") {
   SKIP_WITHOUT_GPU();
@@ -489,7 +620,8 @@ TEST_CASE("layouts, optional lse and streams do not change the answer", "[gpu][a
 
 TEST_CASE("host memory and misaligned device pointers are rejected before launch", "[gpu][attention][errors]") {
   SKIP_WITHOUT_GPU();
-  if (on_cpu()) { WARN("SKIPPED in CPU mode: host memory is what the CPU device takes"); return; }
+  if (on_host()) { WARN("SKIPPED on the emulator and the CPU device: host memory is what they take"); return; }
+  shared_context(0).make_current();
   Runtime rt(options_for(Device::cuda(0)));
   const Pattern p = PatternBuilder().branch(BranchSpec().full().causal()).build();
   for (DType dt : {DType::BF16, DType::F32}) {
