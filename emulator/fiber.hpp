@@ -1,6 +1,7 @@
-// Fibers: one per emulated GPU thread, switched in user space (Boost.Context's fcontext: a few
-// register moves, no system call). A fiber runs until it blocks (a barrier, a warp-collective
-// instruction) or ends, then control returns to its block's scheduler.
+// Fibers: one per emulated GPU thread, switched in user space (on x86-64 a few register moves and
+// no system call, as Boost.Context's fcontext does; swapcontext elsewhere). A fiber runs until it
+// blocks (a barrier, a warp-collective instruction) or ends, then control returns to its block's
+// scheduler.
 #pragma once
 
 #include <cstddef>

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what attnjit needs to build and test, if it is missing: Debian packages (compiler,
-# CMake, header-only libraries, Boost.Context for the emulator's fibers, lit + FileCheck) and numpy for the contract tests.
+# CMake, header-only libraries, binutils (addr2line for the emulator's reports), lit + FileCheck)
+# and numpy for the contract tests.
 # Idempotent: a machine that has everything is left alone.
 set -euo pipefail
 
-packages=(g++ cmake make python3 binutils nlohmann-json3-dev libcli11-dev catch2 llvm-19-tools libboost-context-dev)
+packages=(g++ cmake make python3 binutils nlohmann-json3-dev libcli11-dev catch2 llvm-19-tools)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
