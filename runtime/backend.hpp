@@ -10,6 +10,7 @@
 
 #include "attnjit/attnjit.hpp"
 #include "compiler/plan.hpp"
+#include "compiler/plan_backward.hpp"
 
 namespace attnjit {
 
@@ -18,6 +19,12 @@ namespace attnjit {
 struct PlanEntry {
   Plan plan;
   std::shared_ptr<void> device_state;  // backend-specific, e.g. uploaded tables
+  // The key-major plan of the backward pass, made on the first backward call.
+  const BackwardPlan& backward_plan() const;
+
+private:
+  mutable std::once_flag backward_once_;
+  mutable std::unique_ptr<BackwardPlan> backward_;
 };
 
 class Backend {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "compiler/plan.hpp"
+#include "compiler/plan_backward.hpp"
 
 namespace attnjit {
 
@@ -23,13 +24,13 @@ struct ExecutorGradients {
   std::vector<float> dq, dk, dv;  // layouts of q, k, v
 };
 
-// The backward pass over the same plan, as a FlashAttention-2 kernel computes it, in float32:
-// D = rowsum(dO * O); per visited tile, P = exp(S - LSE) recomputed from Q, K and the forward's
-// LSE, dP = f dO V^T, dS = P (dP - D), dQ += scale dS K, dK += scale dS^T Q, dV += f P^T dO, where
-// f is the plan's output scale. `o` and `lse` are the forward's outputs (as execute_plan writes
-// them). dK and dV of a kv head sum over the query heads that read it.
-ExecutorGradients execute_plan_backward(const Plan& plan, const Pattern& pattern, const float* q, const float* k,
-                                        const float* v, const float* o, const float* lse, const float* dout,
-                                        const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
+// The backward pass as the backward kernels compute it, in float32: D = rowsum(dO * O); P =
+// exp(S - LSE) recomputed from Q, K and the forward's LSE, dP = f dO V^T, dS = P (dP - D), with f
+// the plan's output scale; dQ += scale dS K over the forward plan (query tiles), dK += scale dS^T Q
+// and dV += f P^T dO over the key-major plan `bwd` (lower_to_backward_plan(plan)). `o` and `lse` are
+// the forward's outputs. dK and dV of a kv head sum over the query heads that read it.
+ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bwd, const Pattern& pattern, const float* q,
+                                        const float* k, const float* v, const float* o, const float* lse,
+                                        const float* dout, const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
 
 }  // namespace attnjit

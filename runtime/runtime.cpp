@@ -124,6 +124,11 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   return a;
 }
 
+const BackwardPlan& PlanEntry::backward_plan() const {
+  std::call_once(backward_once_, [&] { backward_ = std::make_unique<BackwardPlan>(lower_to_backward_plan(plan)); });
+  return *backward_;
+}
+
 void Backend::backward(const PlanEntry&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                        const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                        const ForwardOptions&) {

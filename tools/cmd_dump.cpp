@@ -1,4 +1,4 @@
-// attnjit dump SPEC --stage pattern|plan: the pipeline's values, printed.
+// attnjit dump SPEC --stage pattern|plan|plan-bwd: the pipeline's values, printed.
 #include <iostream>
 #include <memory>
 
@@ -7,6 +7,7 @@
 #include "compiler/jit.hpp"
 #include "compiler/pattern_stats.hpp"
 #include "compiler/plan.hpp"
+#include "compiler/plan_backward.hpp"
 #include "compiler/spec_json.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
@@ -51,22 +52,29 @@ int run_dump(const DumpOptions& o) {
     std::cout << "; pattern " << pattern_hash(p) << "\n" << canonical_text(p);
     return 0;
   }
-  if (o.stage != "plan") return dump_kernel(p, o);
-  if (!o.shape.has_seq()) throw UserError("--seq", "is required for --stage plan: a plan is made for one shape");
+  if (o.stage != "plan" && o.stage != "plan-bwd") return dump_kernel(p, o);
+  if (!o.shape.has_seq()) throw UserError("--seq", "is required for --stage " + o.stage + ": a plan is made for one shape");
   const Shape s = o.shape.shape();
   const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
   Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), dyn ? &*dyn : nullptr);
+  std::cout << "; pattern " << pattern_hash(p) << "\n";
+  if (o.stage == "plan-bwd") {
+    std::cout << print_backward_plan(lower_to_backward_plan(plan), o.full ? -1 : 8);
+    return 0;
+  }
   plan.stats.attended_pairs = pattern_stats(MaskContext{p, s, dyn ? &*dyn : nullptr}).attended_pairs;
-  std::cout << "; pattern " << pattern_hash(p) << "\n" << print_plan(plan, o.full ? -1 : 8);
+  std::cout << print_plan(plan, o.full ? -1 : 8);
   return 0;
 }
 }  // namespace
 
 void register_dump(CLI::App& app, int& rc) {
   auto o = std::make_shared<DumpOptions>();
-  CLI::App* sub = app.add_subcommand("dump", "print a stage of the pipeline: pattern, plan, cuda, ptx or sass");
+  CLI::App* sub = app.add_subcommand("dump", "print a stage of the pipeline: pattern, plan, plan-bwd, cuda, ptx or sass");
   sub->add_option("spec", o->spec, "pattern spec (JSON)")->required();
-  sub->add_option("--stage", o->stage, "what to print")->check(CLI::IsMember({"pattern", "plan", "cuda", "ptx", "sass"}))->capture_default_str();
+  sub->add_option("--stage", o->stage, "what to print (plan-bwd: the key-major plan of the backward pass)")
+      ->check(CLI::IsMember({"pattern", "plan", "plan-bwd", "cuda", "ptx", "sass"}))
+      ->capture_default_str();
   o->shape.add_to(sub, true);
   sub->add_option("--tile", o->tile, "query x key tile size of the plan")->capture_default_str();
   o->kernel.add_to(sub, false);

@@ -74,8 +74,8 @@ int run_grad(const GradOptions& o) {
       of = std::move(f.o);
       lf = std::move(f.lse);
     }
-    ExecutorGradients g = execute_plan_backward(plan, p, in.q.data(), in.k.data(), in.v.data(), of.data(), lf.data(),
-                                                dout.data(), table, o.threads);
+    ExecutorGradients g = execute_plan_backward(plan, lower_to_backward_plan(plan), p, in.q.data(), in.k.data(), in.v.data(),
+                                                of.data(), lf.data(), dout.data(), table, o.threads);
     dq = std::move(g.dq), dk = std::move(g.dk), dv = std::move(g.dv);
   } else {
     // The reference recomputes the softmax itself: --o/--lse are not needed (and not read).

@@ -1,10 +1,12 @@
 // The Plan: its tiles cover exactly the mask (with multiplicity), every row is written once,
 // no visited tile is empty, and the plan executor matches the reference.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 
 #include "compiler/error.hpp"
 #include "compiler/plan.hpp"
+#include "compiler/plan_backward.hpp"
 #include "runtime/plan_executor.hpp"
 #include "runtime/reference.hpp"
 #include "tests/unit/random_patterns.hpp"
@@ -81,6 +83,52 @@ TEST_CASE("plan tiles cover exactly the mask, with multiplicity; every row once;
   }
 }
 
+TEST_CASE("the key-major backward plan covers exactly the mask, with multiplicity", "[plan][grad][property]") {
+  CaseGenerator gen(1717);
+  int overlapping = 0;
+  for (int n = 0; n < 300; ++n) {
+    const auto c = gen.next();
+    const TileConfig tiles = random_tiles(gen);
+    const DynamicLayout* dyn = c.dynamic ? &*c.dynamic : nullptr;
+    INFO("case " << n << "\n" << describe(c, tiles));
+    const Plan plan = lower_to_plan(c.pattern, c.shape, tiles, dyn);
+    const BackwardPlan bwd = lower_to_backward_plan(plan);
+    const Shape& s = c.shape;
+    std::vector<int> count(static_cast<size_t>(s.heads_q * s.seq_q * s.seq_k), 0);
+    std::vector<int> key_cover(static_cast<size_t>(s.heads_kv * s.seq_k), 0);
+    int64_t pairs = 0;
+    for (const KeyItem& k : bwd.items) {
+      REQUIRE(k.keys.count >= 1);
+      REQUIRE(k.keys.count <= tiles.tile_k);
+      REQUIRE(k.entry_end > k.entry_begin);
+      for (int64_t kc = 0; kc < k.keys.count; ++kc) ++key_cover[static_cast<size_t>(k.kv_head * s.seq_k + k.keys.at(kc))];
+      for (int64_t e = k.entry_begin; e < k.entry_end; ++e) {
+        const QueryEntry& q = bwd.entries[static_cast<size_t>(e)];
+        REQUIRE(q.head / (s.heads_q / s.heads_kv) == k.kv_head);
+        ++pairs;
+        for (int64_t r = 0; r < q.rows.count; ++r)
+          for (int64_t kc = 0; kc < k.keys.count; ++kc) {
+            const int64_t i = q.rows.at(r), j = k.keys.at(kc);
+            if (q.full || partial_tile_allows(c.pattern, q.branch, q.head, s.q_offset + i, s.k_offset + j, dyn))
+              ++count[static_cast<size_t>((q.head * s.seq_q + i) * s.seq_k + j)];
+          }
+      }
+    }
+    CHECK(pairs == bwd.pairs);
+    const bool disjoint = std::all_of(key_cover.begin(), key_cover.end(), [](int v) { return v <= 1; });
+    CHECK(bwd.keys_disjoint == disjoint);
+    overlapping += !disjoint;
+    const MaskContext ctx{c.pattern, s, dyn};
+    for (int64_t h = 0; h < s.heads_q; ++h)
+      for (int64_t i = 0; i < s.seq_q; ++i)
+        for (int64_t j = 0; j < s.seq_k; ++j) {
+          INFO("head " << h << " row " << i << " key " << j);
+          REQUIRE(count[static_cast<size_t>((h * s.seq_q + i) * s.seq_k + j)] == attend_count(ctx, h, i, j));
+        }
+  }
+  CHECK(overlapping > 0);  // the generator made patterns whose key tiles overlap
+}
+
 TEST_CASE("the plan executor matches the reference (float32 tolerance)", "[plan][executor][property]") {
   CaseGenerator gen(4242);
   for (int n = 0; n < 300; ++n) {
@@ -123,7 +171,8 @@ TEST_CASE("the plan executor's backward matches the reference gradients (float32
     const auto dout = random_tensor(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v), 10 * n + 4);
     const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn);
     const ExecutorOutput fwd = execute_plan(plan, c.pattern, q.data(), k.data(), v.data(), dyn, 1);
-    const ExecutorGradients got = execute_plan_backward(plan, c.pattern, q.data(), k.data(), v.data(), fwd.o.data(),
+    const BackwardPlan bwd = lower_to_backward_plan(plan);
+    const ExecutorGradients got = execute_plan_backward(plan, bwd, c.pattern, q.data(), k.data(), v.data(), fwd.o.data(),
                                                         fwd.lse.data(), dout.data(), dyn, 2);
     const ReferenceGradients want = reference_attention_backward(c.pattern, s, q.data(), k.data(), v.data(), dout.data(), dyn, 1);
     auto compare = [](const char* name, const std::vector<float>& g, const std::vector<double>& w) {
