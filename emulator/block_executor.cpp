@@ -3,6 +3,7 @@
 #include "emulator/block_executor.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <sstream>
 
@@ -250,6 +251,16 @@ void BlockExecutor::mma_m16n8k16(float* d, const unsigned* a, const unsigned* b,
   t.b = b;
   t.type = type;
   arrive_collective(t, Op::Mma, pc);
+}
+
+// ---- global atomics --------------------------------------------------------------------------
+
+void BlockExecutor::red_add_f32(float* addr, float value, const void* pc) {
+  tick();
+  if (reinterpret_cast<uintptr_t>(addr) % 4) fail("red.global.add.f32 by " + who(current_->tid) + " at an address that is not 4-byte aligned (at " + where(pc) + ")");
+  check_global(addr, 4, true, "red.global.add.f32", pc);
+  // Blocks run on several OS threads: a real atomic (the workers' FTZ/DAZ flush subnormals, as .f32 red does).
+  std::atomic_ref<float>(*addr).fetch_add(value);
 }
 
 // ---- cp.async --------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ struct BlockLaunch {
   unsigned grid[3] = {1, 1, 1};
   unsigned block_threads = 1;
   size_t dynamic_shared = 0;
-  void (*entry)(void**) = nullptr;  // the kernel's aj_emu_entry
+  void (*entry)(void**) = nullptr;  // the kernel's aj_emu_entry_<name>
   void** args = nullptr;
   std::vector<GlobalBuffer> buffers;
   std::vector<ReadOnlyRange> readable;
@@ -69,6 +69,7 @@ public:
   void cp_async_wait(int n, const void* pc);
   void ldmatrix(unsigned* regs, const void* smem, int num, int trans, const void* pc);
   void mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, int type, const void* pc);
+  void red_add_f32(float* addr, float value, const void* pc);
 
 private:
   enum class State : uint8_t { Ready, Running, AtBarrier, AtCollective, Done, Aborted };

@@ -5,7 +5,7 @@
 #ifndef ATTNJIT_EMU_ABI_H
 #define ATTNJIT_EMU_ABI_H
 
-#define AJ_EMU_ABI_VERSION 1
+#define AJ_EMU_ABI_VERSION 2
 #define AJ_EMU_F16 1
 #define AJ_EMU_BF16 2
 
@@ -34,6 +34,7 @@ typedef struct AjEmuApi {
   unsigned short (*cvt_rn_f16_f32)(float f);
   float (*ex2_approx_ftz)(float x);
   float (*lg2_approx_ftz)(float x);
+  void (*red_add_f32)(float* addr, float value, const void* pc);
 } AjEmuApi;
 
 #ifdef __cplusplus

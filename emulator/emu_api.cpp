@@ -27,6 +27,7 @@ void api_cp_async_commit(const void* pc) { ex().cp_async_commit(pc); }
 void api_cp_async_wait(int n, const void* pc) { ex().cp_async_wait(n, pc); }
 void api_ldmatrix(unsigned* r, const void* s, int num, int trans, const void* pc) { ex().ldmatrix(r, s, num, trans, pc); }
 void api_mma(float* d, const unsigned* a, const unsigned* b, int type, const void* pc) { ex().mma_m16n8k16(d, a, b, type, pc); }
+void api_red_add_f32(float* p, float v, const void* pc) { ex().red_add_f32(p, v, pc); }
 unsigned api_cvt_rn_x2(float hi, float lo, int type) { return cvt_rn_x2(hi, lo, type); }
 float api_cvt_f32_f16(unsigned short h) { return cvt_f32_f16(h); }
 unsigned short api_cvt_rn_f16_f32(float f) { return cvt_rn_f16_f32(f); }
@@ -38,7 +39,7 @@ const AjEmuApi& emu_api() {
       AJ_EMU_ABI_VERSION, api_access,          api_thread_idx,       api_block_idx,     api_syncthreads,
       api_shfl_xor,       api_dynamic_shared,  api_static_shared,    api_cp_async,      api_cp_async_commit,
       api_cp_async_wait,  api_ldmatrix,        api_mma,              api_cvt_rn_x2,     api_cvt_f32_f16,
-      api_cvt_rn_f16_f32, ex2_approx_ftz,      lg2_approx_ftz,
+      api_cvt_rn_f16_f32, ex2_approx_ftz,      lg2_approx_ftz,       api_red_add_f32,
   };
   return api;
 }

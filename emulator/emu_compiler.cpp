@@ -79,7 +79,7 @@ std::vector<int> lines_in_log(const std::string& log, const std::string& file) {
 
 }  // namespace
 
-EmuSource emu_source_of(const KernelSource& k) { return EmuSource{k.name, k.source, k.arch, k.template_hash}; }
+EmuSource emu_source_of(const KernelSource& k) { return EmuSource{k.name, k.source, k.arch, k.template_hash, {}}; }
 
 const HostCompiler& host_compiler(const Knobs& k) {
   static std::mutex m;
@@ -114,9 +114,11 @@ std::string emulation_unit(const EmuSource& s) {
   std::ostringstream os;
   os << embedded("emu_abi.h") << "\n" << embedded("prelude.h") << "\n#line 1 \"" << s.name << ".cu\"\n" << s.source;
   if (!s.source.empty() && s.source.back() != '\n') os << "\n";
-  os << "#line 1 \"attnjit_emulator_entry\"\n"
-     << "extern \"C\" __attribute__((visibility(\"default\"), no_sanitize_thread)) void aj_emu_entry(void** args) {\n"
-     << "  aj_emu_call(&" << s.name << ", args);\n}\n";
+  os << "#line 1 \"attnjit_emulator_entry\"\n";
+  for (const std::string& k : s.kernels.empty() ? std::vector<std::string>{s.name} : s.kernels) {
+    os << "extern \"C\" __attribute__((visibility(\"default\"), no_sanitize_thread)) void aj_emu_entry_" << k
+       << "(void** args) {\n  aj_emu_call(&" << k << ", args);\n}\n";
+  }
   return os.str();
 }
 

@@ -22,6 +22,7 @@ struct EmuSource {
   std::string source;         // CUDA text (as NVRTC would get it)
   std::string arch = "sm_80";  // the arch the text was generated for (part of the key)
   std::string template_hash;  // of the templates it was rendered from, if any
+  std::vector<std::string> kernels;  // the __global__ functions to launch; empty: one, called `name`
 };
 EmuSource emu_source_of(const KernelSource& k);
 
@@ -43,7 +44,7 @@ struct HostCompiler {
 const HostCompiler& host_compiler(const Knobs& k);
 
 // The full translation unit handed to the host compiler: ABI, prelude, `#line 1 "<name>.cu"`, the
-// kernel text, and the entry point aj_emu_entry(void** args) that calls the kernel.
+// kernel text, and per kernel K an entry point aj_emu_entry_K(void** args) that calls it.
 std::string emulation_unit(const EmuSource& s);
 
 // Memory layer, then the disk cache, then the host compiler. A compile error is a UserError that

@@ -64,8 +64,7 @@ EmuModule::EmuModule(std::shared_ptr<const EmuBinary> binary) : binary_(std::mov
   handle_ = dlopen(path_.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle_) throw UserError(binary_->name, std::string("the emulator cannot load its kernel object: ") + dlerror());
   auto bind = reinterpret_cast<int (*)(const AjEmuApi*)>(dlsym(handle_, "aj_emu_bind"));
-  entry_ = reinterpret_cast<void (*)(void**)>(dlsym(handle_, "aj_emu_entry"));
-  if (!bind || !entry_) throw UserError(binary_->name, "the kernel object lacks aj_emu_bind or aj_emu_entry (not built by the emulator?)");
+  if (!bind) throw UserError(binary_->name, "the kernel object lacks aj_emu_bind (not built by the emulator?)");
   if (bind(&emu_api()) != AJ_EMU_ABI_VERSION) throw UserError(binary_->name, "the kernel object was built for another emulator ABI");
   PhdrSearch search{path_, &readable_};
   dl_iterate_phdr(
@@ -83,7 +82,14 @@ EmuModule::EmuModule(std::shared_ptr<const EmuBinary> binary) : binary_(std::mov
       &search);
 }
 
-EmuModule::~EmuModule() = default;  // never unloaded: a process keeps its modules (as the CUDA device does)
+EmuModule::~EmuModule() = default;
+
+EmuModule::Entry EmuModule::entry(const std::string& kernel) const {
+  const std::string k = kernel.empty() ? binary_->name : kernel;
+  auto e = reinterpret_cast<Entry>(dlsym(handle_, ("aj_emu_entry_" + k).c_str()));
+  if (!e) throw UserError(binary_->name, "the kernel object has no kernel '" + k + "'");
+  return e;
+}  // never unloaded: a process keeps its modules (as the CUDA device does)
 
 std::string EmuModule::symbolize(const void* pc) const {
   static std::mutex m;
@@ -129,7 +135,7 @@ void EmuModule::launch(const LaunchRequest& r) const {
   std::copy(r.grid, r.grid + 3, bl.grid);
   bl.block_threads = r.block_threads;
   bl.dynamic_shared = r.dynamic_shared;
-  bl.entry = entry_;
+  bl.entry = entry(r.kernel);
   bl.args = r.args;
   bl.buffers = r.buffers;
   bl.readable = readable_;

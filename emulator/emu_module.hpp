@@ -21,6 +21,7 @@ public:
 };
 
 struct LaunchRequest {
+  std::string kernel;                   // the __global__ function; empty: the module's own name
   unsigned grid[3] = {1, 1, 1};
   unsigned block_threads = 1;
   size_t dynamic_shared = 0;
@@ -48,8 +49,9 @@ public:
 private:
   std::shared_ptr<const EmuBinary> binary_;
   std::string path_;
+  using Entry = void (*)(void**);
+  Entry entry(const std::string& kernel) const;  // UserError when the module has no such kernel
   void* handle_ = nullptr;
-  void (*entry_)(void**) = nullptr;
   std::vector<ReadOnlyRange> readable_;
 };
 

@@ -51,6 +51,7 @@ AJ_EMU_SHIM float aj_emu_cvt_f32_f16(unsigned short h) { return aj_emu_api->cvt_
 AJ_EMU_SHIM unsigned short aj_emu_cvt_rn_f16_f32(float f) { return aj_emu_api->cvt_rn_f16_f32(f); }
 AJ_EMU_SHIM float aj_emu_ex2_approx_ftz(float x) { return aj_emu_api->ex2_approx_ftz(x); }
 AJ_EMU_SHIM float aj_emu_lg2_approx_ftz(float x) { return aj_emu_api->lg2_approx_ftz(x); }
+AJ_EMU_SHIM void aj_emu_red_add_f32(float* p, float v) { aj_emu_api->red_add_f32(p, v, AJ_EMU_PC); }
 
 // The instrumentation's entry points (the ThreadSanitizer ABI that GCC and Clang emit), hidden so
 // that they bind inside this object even in a process that loaded the real sanitizer runtime.

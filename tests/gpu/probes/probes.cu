@@ -103,6 +103,12 @@ extern "C" __global__ void probe_ex2_lg2(const aj_u32* in, aj_u32* out) {
   out[2 * t + 1] = aj_float_as_uint(aj_lg2(x));
 }
 
+// red.global.add.f32 from every thread of two blocks into 8 words (small integers: any order is exact).
+extern "C" __global__ void probe_red_add(const aj_u32* in, aj_u32* out) {
+  const int t = aj_thread_idx();
+  aj_red_add_f32((float*)out + (t + aj_block_idx_x()) % 8, aj_probe_f(in[t]));
+}
+
 // fp32 arithmetic as NVRTC compiles it (--use_fast_math: contraction to fma, subnormals flushed):
 // out[2t] = a * b + c, out[2t+1] = a * b (in[3t..3t+2] = a, b, c).
 extern "C" __global__ void probe_fp32_arith(const aj_u32* in, aj_u32* out) {

@@ -122,6 +122,13 @@ std::vector<uint32_t> arith_inputs() {
   return w;
 }
 
+std::vector<uint32_t> small_integer_floats() {
+  Rng r{11};
+  std::vector<uint32_t> w(64);
+  for (auto& x : w) x = bits(float(r.small_int(-100, 100)));
+  return w;
+}
+
 const std::vector<Probe>& probes() {
   static const std::vector<Probe> p = {
       {"probe_index", 3, 2, 64, 0, 6 * 64, Compare::Exact, [] { return std::vector<uint32_t>(1, 0); }},
@@ -139,9 +146,13 @@ const std::vector<Probe>& probes() {
       {"probe_cvt", 1, 1, 64, 0, 256, Compare::Exact, cvt_inputs},
       {"probe_ex2_lg2", 1, 1, 64, 0, 128, Compare::Approx, ex2_lg2_inputs},
       {"probe_fp32_arith", 1, 1, 64, 0, 128, Compare::Exact, arith_inputs},
+      {"probe_red_add", 2, 1, 64, 0, 8, Compare::Exact, small_integer_floats},
   };
   return p;
 }
+
+// Outputs start poisoned, so a word a probe forgets shows; the accumulating probe starts at 0.0f.
+uint32_t initial_word(const Probe& p) { return std::string(p.name) == "probe_red_add" ? 0u : 0xDEADBEEFu; }
 
 std::string probe_source() {
   std::ifstream in(ATTNJIT_PROBES_CU);
@@ -161,12 +172,15 @@ struct Runner {
 struct EmuRunner : Runner {
   std::string source = probe_source();
   std::vector<uint32_t> run(const Probe& p, const std::vector<uint32_t>& in) override {
-    auto module = emu::load_emu_module(emu::compile_for_emulator({p.name, source, "sm_80", ""}, default_kernel_cache(), knobs()));
-    std::vector<uint32_t> out(p.out_words, 0xDEADBEEFu);
+    std::vector<std::string> names;
+    for (const Probe& q : probes()) names.push_back(q.name);
+    auto module = emu::load_emu_module(emu::compile_for_emulator({"probes", source, "sm_80", "", names}, default_kernel_cache(), knobs()));
+    std::vector<uint32_t> out(p.out_words, initial_word(p));
     const uint32_t* pin = in.data();
     uint32_t* pout = out.data();
     void* args[] = {&pin, &pout};
     emu::LaunchRequest r;
+    r.kernel = p.name;
     r.grid[0] = p.grid_x, r.grid[1] = p.grid_y;
     r.block_threads = p.threads;
     r.dynamic_shared = p.shared_bytes;
@@ -196,7 +210,7 @@ struct GpuRunner : Runner {
     Module m(c.cubin, p.name);
     DeviceBuffer din(in.size() * 4), dout(p.out_words * 4);
     copy_to_device(din.get(), in.data(), in.size() * 4);
-    std::vector<uint32_t> out(p.out_words, 0xDEADBEEFu);
+    std::vector<uint32_t> out(p.out_words, initial_word(p));
     copy_to_device(dout.get(), out.data(), out.size() * 4);
     CUdeviceptr pin = din.get(), pout = dout.get();
     void* args[] = {&pin, &pout};
