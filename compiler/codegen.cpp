@@ -43,6 +43,54 @@ void require(bool ok, const std::string& where, const std::string& message) {
   if (!ok) throw UserError(where, message);
 }
 
+KernelConfig resolve_simt_config(const KernelRequest& r, KernelConfig c) {
+  if (!c.tile_q) c.tile_q = 32;
+  if (!c.tile_k) {
+    c.tile_k = 32;
+    while (c.tile_k > 1 && c.tile_k * (r.head_dim + r.head_dim_v) * 4 > 48 * 1024) c.tile_k /= 2;
+  }
+  c.stages = 1;
+  require(c.tile_q >= 8 && c.tile_q <= 64 && c.tile_q % 8 == 0, "tile_q",
+          "the SIMT path needs tile_q in {8, 16, ..., 64}, got " + std::to_string(c.tile_q));
+  require(c.tile_k >= 1 && c.tile_k <= 64, "tile_k", "the SIMT path needs tile_k in [1, 64], got " + std::to_string(c.tile_k));
+  require(c.tile_k * (r.head_dim + r.head_dim_v) * 4 <= 48 * 1024, "tile_k",
+          "K and V tiles of " + std::to_string(c.tile_k) + " keys exceed 48 KB of static shared memory; use a smaller tile_k");
+  return c;
+}
+
+// The instantiation header (head dims, dtype, tiles, stages, arch as constants) and the shared
+// templates with the mask predicate, then `bodies`.
+std::string render_prefix(const char* kind, const KernelSource& k, const KernelRequest& r, const std::string& predicate,
+                          const TemplateSet& templates, const std::vector<std::string>& bodies) {
+  std::ostringstream os;
+  os << "// attnjit generated " << kind << ": path=" << to_string(k.path) << " arch=" << k.arch << " dtype=" << to_string(r.dtype)
+     << " head_dim=" << r.head_dim << " head_dim_v=" << r.head_dim_v << " tile=" << k.config.tile_q << "x"
+     << k.config.tile_k << " stages=" << k.config.stages << "\n";
+  os << "// Sequence lengths, strides, offsets and the plan tables are kernel arguments (AjParams).\n";
+  os << "#define AJ_HEAD_DIM " << r.head_dim << "\n#define AJ_HEAD_DIM_V " << r.head_dim_v << "\n";
+  os << "#define AJ_TILE_Q " << k.config.tile_q << "\n#define AJ_TILE_K " << k.config.tile_k << "\n";
+  os << "#define AJ_STAGES " << k.config.stages << "\n";
+  os << "#define AJ_DTYPE " << (r.dtype == DType::F32 ? 0 : r.dtype == DType::F16 ? 1 : 2) << "\n";
+  os << "#define AJ_ARCH " << r.arch << "\n";
+  auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
+  include("gpu_blocks.cuh");
+  include("common.cuh");
+  include("mask_lib.cuh");
+  os << "\n// ---- generated: mask predicate of partial tiles\n" << predicate;
+  for (const std::string& b : bodies) include(b);
+  return os.str();
+}
+
+// Names the kernel after the hash of its text: AJ_KERNEL_NAME becomes `prefix` + 12 hex digits
+// everywhere, so equal sources share a name and different ones never do.
+void name_by_hash(KernelSource& k, std::string source, const std::string& prefix) {
+  k.name = prefix + sha256_hex(source).substr(0, 12);
+  const std::string placeholder = "AJ_KERNEL_NAME";
+  for (size_t at; (at = source.find(placeholder)) != std::string::npos;) source.replace(at, placeholder.size(), k.name);
+  k.source = std::move(source);
+  k.source_hash = sha256_hex(k.source);
+}
+
 }  // namespace
 
 KernelPath choose_path(const KernelRequest& r) {
@@ -81,17 +129,7 @@ KernelConfig resolve_config(const KernelRequest& r) {
                 " stages needs " + std::to_string(bytes) + " bytes of shared memory, over " + arch_name(r.arch) +
                 "'s " + std::to_string(shared_limit(r.arch)) + "; use smaller tiles or fewer stages");
   } else {
-    if (!c.tile_q) c.tile_q = 32;
-    if (!c.tile_k) {
-      c.tile_k = 32;
-      while (c.tile_k > 1 && c.tile_k * (r.head_dim + r.head_dim_v) * 4 > 48 * 1024) c.tile_k /= 2;
-    }
-    c.stages = 1;
-    require(c.tile_q >= 8 && c.tile_q <= 64 && c.tile_q % 8 == 0, "tile_q",
-            "the SIMT path needs tile_q in {8, 16, ..., 64}, got " + std::to_string(c.tile_q));
-    require(c.tile_k >= 1 && c.tile_k <= 64, "tile_k", "the SIMT path needs tile_k in [1, 64], got " + std::to_string(c.tile_k));
-    require(c.tile_k * (r.head_dim + r.head_dim_v) * 4 <= 48 * 1024, "tile_k",
-            "K and V tiles of " + std::to_string(c.tile_k) + " keys exceed 48 KB of static shared memory; use a smaller tile_k");
+    c = resolve_simt_config(r, c);
   }
   return c;
 }
@@ -108,34 +146,43 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const Tem
   k.has_mask = predicate.find("return true;") == std::string::npos;
 
   std::ostringstream os;
-  os << "// attnjit generated kernel: path=" << to_string(k.path) << " arch=" << k.arch << " dtype=" << to_string(r.dtype)
-     << " head_dim=" << r.head_dim << " head_dim_v=" << r.head_dim_v << " tile=" << k.config.tile_q << "x"
-     << k.config.tile_k << " stages=" << k.config.stages << "\n";
-  os << "// Sequence lengths, strides, offsets and the plan tables are kernel arguments (AjParams).\n";
-  os << "#define AJ_HEAD_DIM " << r.head_dim << "\n#define AJ_HEAD_DIM_V " << r.head_dim_v << "\n";
-  os << "#define AJ_TILE_Q " << k.config.tile_q << "\n#define AJ_TILE_K " << k.config.tile_k << "\n";
-  os << "#define AJ_STAGES " << k.config.stages << "\n";
-  os << "#define AJ_DTYPE " << (r.dtype == DType::F32 ? 0 : r.dtype == DType::F16 ? 1 : 2) << "\n";
-  os << "#define AJ_ARCH " << r.arch << "\n";
-  auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
-  include("gpu_blocks.cuh");
-  include("common.cuh");
-  include("mask_lib.cuh");
-  os << "\n// ---- generated: mask predicate of partial tiles\n" << predicate;
-  const std::string body = k.path == KernelPath::Sm80 ? "fwd_sm80.cuh" : "fwd_simt.cuh";
-  include(body);
+  os << render_prefix("kernel", k, r, predicate, templates, {k.path == KernelPath::Sm80 ? "fwd_sm80.cuh" : "fwd_simt.cuh"});
   os << "\n// ---- generated: entry point\n";
   // Minimum one block per SM: lets ptxas use every register it needs rather than spill.
   os << "extern \"C\" __global__ void __launch_bounds__(" << k.threads << ", 1) AJ_KERNEL_NAME(const AjParams p) {\n  "
      << (k.path == KernelPath::Sm80 ? "aj_fwd_sm80(p);" : "aj_fwd_simt(p);") << "\n}\n";
-  std::string source = os.str();
-  // The name is the source's own hash, so equal sources share a name and different ones never do.
-  k.name = "attnjit_fwd_" + sha256_hex(source).substr(0, 12);
-  const std::string placeholder = "AJ_KERNEL_NAME";
-  source.replace(source.rfind(placeholder), placeholder.size(), k.name);
-  k.source = std::move(source);
-  k.source_hash = sha256_hex(k.source);
+  name_by_hash(k, os.str(), "attnjit_fwd_");
   return k;
+}
+
+}  // namespace attnjit
+
+namespace attnjit {
+
+BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest& r, const TemplateSet& templates) {
+  choose_path(r);  // what no path supports (head dims, bf16 before sm_80) is refused as for the forward
+  BackwardKernels out;
+  KernelSource& k = out.source;
+  k.path = KernelPath::Simt;
+  k.config = resolve_simt_config(r, KernelConfig{});
+  k.arch = arch_name(r.arch);
+  k.template_hash = templates.hash();
+  const std::string predicate = generate_mask_predicate(p);
+  k.has_mask = predicate.find("return true;") == std::string::npos;
+  out.dq_threads = k.threads = k.config.tile_q * 4;
+  out.dkdv_threads = k.config.tile_k * 4;
+  std::ostringstream os;
+  os << render_prefix("backward kernels", k, r, predicate, templates, {"fwd_simt.cuh", "bwd_simt.cuh"});
+  os << "\n// ---- generated: entry points\n";
+  const std::pair<const char*, int> entries[] = {
+      {"pre", out.aux_threads}, {"dq", out.dq_threads}, {"dkdv", out.dkdv_threads}, {"cvt", out.aux_threads}};
+  for (const auto& [suffix, threads] : entries) {
+    os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ", 1) AJ_KERNEL_NAME_" << suffix
+       << "(const AjBwdParams p) {\n  aj_bwd_" << suffix << "(p);\n}\n";
+  }
+  name_by_hash(k, os.str(), "attnjit_bwd_");
+  out.pre = k.name + "_pre", out.dq = k.name + "_dq", out.dkdv = k.name + "_dkdv", out.cvt = k.name + "_cvt";
+  return out;
 }
 
 }  // namespace attnjit

@@ -56,6 +56,19 @@ KernelConfig resolve_config(const KernelRequest& r);
 KernelSource generate_kernel(const Pattern& p, const KernelRequest& r,
                              const TemplateSet& templates = TemplateSet::embedded());
 
+// The backward pass: one source with four entry points (templates/bwd_simt.cuh): `pre` (D =
+// rowsum(dO * O)), `dq` (over the forward plan, `dq_threads` per block), `dkdv` (over the
+// key-major plan, `dkdv_threads` per block) and `cvt` (fp32 workspaces to dK, dV); `pre` and `cvt`
+// run `aux_threads` per block. The SIMT path for every dtype (fp32 arithmetic); its tiles are the
+// SIMT path's defaults, and the plans of a backward call are made with them (`source.config`).
+struct BackwardKernels {
+  KernelSource source;
+  std::string pre, dq, dkdv, cvt;
+  int dq_threads = 0, dkdv_threads = 0, aux_threads = 128;
+};
+BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest& r,
+                                          const TemplateSet& templates = TemplateSet::embedded());
+
 // The mask predicate alone (the generated part between the templates), for tests and dumps.
 std::string generate_mask_predicate(const Pattern& p);
 

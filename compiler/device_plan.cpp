@@ -33,4 +33,20 @@ DevicePlan pack_plan(const Plan& plan) {
   return d;
 }
 
+DeviceBackwardPlan pack_backward_plan(const BackwardPlan& plan) {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (static_cast<int64_t>(plan.entries.size()) > kMax || static_cast<int64_t>(plan.items.size()) > kMax) {
+    throw UserError("plan", "the backward plan has more than 2^31 entries; split the sequence into chunks with offsets");
+  }
+  DeviceBackwardPlan d;
+  for (const KeyItem& k : plan.items) {
+    d.items.push_back({k.keys.start, k.keys.stride, static_cast<int32_t>(k.keys.count), k.kv_head,
+                       static_cast<int32_t>(k.entry_begin), static_cast<int32_t>(k.entry_end)});
+  }
+  for (const QueryEntry& q : plan.entries) {
+    d.entries.push_back({q.rows.start, q.rows.stride, static_cast<int32_t>(q.rows.count), q.head, q.branch, q.full ? 1 : 0});
+  }
+  return d;
+}
+
 }  // namespace attnjit

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "compiler/plan.hpp"
+#include "compiler/plan_backward.hpp"
 
 namespace attnjit {
 
@@ -45,6 +46,46 @@ struct KernelParams {
   int32_t dyn_heads;
 };
 static_assert(sizeof(KernelParams) == 240, "must match AjParams in templates/common.cuh");
+
+// = AjKeyItem and AjQueryEntry (templates/bwd_simt.cuh): the key-major plan of the backward pass.
+struct DeviceKeyItem {
+  int64_t keys_start, keys_stride;
+  int32_t keys_count, kv_head, entry_begin, entry_end;
+};
+struct DeviceQueryEntry {
+  int64_t rows_start, rows_stride;
+  int32_t rows_count, head, branch, full;
+};
+static_assert(sizeof(DeviceKeyItem) == 32 && sizeof(DeviceQueryEntry) == 32, "must match templates/bwd_simt.cuh");
+
+// = AjBwdParams, passed to the backward kernels by value.
+struct KernelBwdParams {
+  KernelParams fwd;
+  const void* dout;
+  void* dq;
+  void* dk;
+  void* dv;
+  float* delta;
+  float* dk_acc;
+  float* dv_acc;
+  const DeviceKeyItem* key_items;
+  const DeviceQueryEntry* query_entries;
+  int64_t do_batch_stride, do_row_stride, do_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+  int64_t batch, seq_q, seq_k;
+  int32_t heads_q, heads_kv;
+  float scale;
+  int32_t num_key_items;
+};
+static_assert(sizeof(KernelBwdParams) == 448, "must match AjBwdParams in templates/bwd_simt.cuh");
+
+struct DeviceBackwardPlan {
+  std::vector<DeviceKeyItem> items;
+  std::vector<DeviceQueryEntry> entries;
+};
+DeviceBackwardPlan pack_backward_plan(const BackwardPlan& plan);
 
 struct DevicePlan {
   std::vector<DeviceItem> items;

@@ -16,15 +16,22 @@ namespace attnjit {
 
 // A plan for one (offsets, dynamic table) of a prepared attention, plus what the backend keeps
 // with it (device tables).
+// The plans of the backward pass: the forward plan made with the backward kernels' tiles (dQ walks
+// it) and its key-major transpose (dK and dV walk that).
+struct BackwardPlans {
+  Plan query_major;
+  BackwardPlan key_major;
+};
+
 struct PlanEntry {
   Plan plan;
   std::shared_ptr<void> device_state;  // backend-specific, e.g. uploaded tables
-  // The key-major plan of the backward pass, made on the first backward call.
-  const BackwardPlan& backward_plan() const;
+  // Made on the first backward call, for `tiles` (the same on every call of a backend).
+  const BackwardPlans& backward_plans(const Pattern& p, const DynamicLayout* dynamic, const TileConfig& tiles) const;
 
 private:
   mutable std::once_flag backward_once_;
-  mutable std::unique_ptr<BackwardPlan> backward_;
+  mutable std::unique_ptr<BackwardPlans> backward_;
 };
 
 class Backend {

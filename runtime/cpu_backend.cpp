@@ -66,7 +66,8 @@ public:
                 const TensorView& dv, const ForwardOptions& options) override {
     const std::vector<float> qf = gather(q), kf = gather(k), vf = gather(v), of = gather(o), lf = gather(lse),
                              df = gather(dout);
-    const ExecutorGradients g = execute_plan_backward(entry.plan, entry.backward_plan(), pattern_, qf.data(), kf.data(),
+    const BackwardPlans& plans = entry.backward_plans(pattern_, options.dynamic_layout, entry.plan.tiles);
+    const ExecutorGradients g = execute_plan_backward(plans.query_major, plans.key_major, pattern_, qf.data(), kf.data(),
                                                       vf.data(), of.data(), lf.data(), df.data(), options.dynamic_layout);
     scatter(dq, g.dq);
     scatter(dk, g.dk);

@@ -3,6 +3,7 @@
 // tables into a private "device memory" image, every buffer in its own region with poisoned gaps,
 // so that an access past one tensor is reported as such instead of landing in its neighbour.
 #include <cstring>
+#include <mutex>
 
 #include "compiler/device_plan.hpp"
 #include "compiler/error.hpp"
@@ -45,11 +46,18 @@ public:
     end_ = at + bytes;
     return regions_.size() - 1;
   }
+  // A workspace of `bytes` that starts zeroed (others without host data start poisoned).
+  size_t add_zeroed(std::string name, size_t bytes, int elem_bytes) {
+    const size_t r = add(std::move(name), nullptr, bytes, elem_bytes, true);
+    zeroed_.push_back(r);
+    return r;
+  }
   void materialise() {
     memory_.assign(end_ + kGap + 256, 0xFF);
     base_ = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(memory_.data()) + 255) / 256 * 256);
     for (const Region& r : regions_)
       if (r.host && r.bytes) std::memcpy(base_ + r.offset, r.host, r.bytes);
+    for (size_t r : zeroed_) std::memset(base_ + regions_[r].offset, 0, regions_[r].bytes);
   }
   void* at(size_t region) { return base_ + regions_[region].offset; }
   void copy_back(size_t region, void* host) { std::memcpy(host, at(region), regions_[region].bytes); }
@@ -65,6 +73,7 @@ public:
 private:
   static constexpr size_t kGap = 256;
   std::vector<Region> regions_;
+  std::vector<size_t> zeroed_;
   size_t end_ = 0;
   std::vector<uint8_t> memory_;
   uint8_t* base_ = nullptr;
@@ -74,7 +83,7 @@ class EmuBackend final : public Backend {
 public:
   EmuBackend(const Pattern& p, const Problem& pb, int arch, const std::string& cache_dir, const KernelConfig& config,
              const TemplateSet& templates)
-      : problem_(pb) {
+      : pattern_(p), problem_(pb), cache_dir_(cache_dir) {
     KernelRequest r;
     r.head_dim = static_cast<int>(pb.head_dim);
     r.head_dim_v = static_cast<int>(pb.head_dim_v);
@@ -83,6 +92,7 @@ public:
     r.config = config;
     source_ = generate_kernel(p, r, templates);
     module_ = emu::load_emu_module(emu::compile_for_emulator(emu::emu_source_of(source_), kernel_cache_for(cache_dir), knobs()));
+    bwd_ = generate_backward_kernels(p, r, templates);  // text only: compiled on the first backward call
   }
 
   void upload(PlanEntry& entry, const DynamicLayout* dynamic) override {
@@ -142,14 +152,113 @@ public:
     if (lse) img.copy_back(il, lse->data);
   }
 
+  void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, const ForwardOptions& options) override {
+    std::call_once(bwd_once_, [&] {
+      emu::EmuSource s = emu::emu_source_of(bwd_.source);
+      s.kernels = {bwd_.pre, bwd_.dq, bwd_.dkdv, bwd_.cvt};
+      bwd_module_ = emu::load_emu_module(emu::compile_for_emulator(s, kernel_cache_for(cache_dir_), knobs()));
+    });
+    const TileConfig tiles{bwd_.source.config.tile_q, bwd_.source.config.tile_k};
+    const BackwardPlans& plans = entry.backward_plans(pattern_, options.dynamic_layout, tiles);
+    const DevicePlan fp = pack_plan(plans.query_major);
+    const DeviceBackwardPlan kp = pack_backward_plan(plans.key_major);
+    const Problem& pb = problem_;
+    DeviceImage img;
+    auto tensor = [&](const char* name, const TensorView& view, bool writable) {
+      return img.add(name, view.data, size_t(extent_bytes(view)), dtype_bytes(view.dtype), writable);
+    };
+    auto table = [&](const char* name, const auto& vec) {
+      using T = typename std::decay_t<decltype(vec)>::value_type;
+      return img.add(name, vec.data(), vec.size() * sizeof(T), sizeof(T), false);
+    };
+    const size_t iq = tensor("q", q, false), ik = tensor("k", k, false), iv = tensor("v", v, false), io = tensor("o", o, false);
+    const size_t il = tensor("lse", lse, false), ido = tensor("dout", dout, false);
+    const size_t idq = tensor("dq", dq, true), idk = tensor("dk", dk, true), idv = tensor("dv", dv, true);
+    const size_t idelta = img.add("D workspace", nullptr, size_t(pb.batch * pb.heads_q * pb.seq_q) * 4, 4, true);
+    const size_t idka = img.add_zeroed("dK workspace", size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim) * 4, 4);
+    const size_t idva = img.add_zeroed("dV workspace", size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim_v) * 4, 4);
+    const size_t items = table("plan items", fp.items), spans = table("plan spans", fp.spans), entries = table("plan entries", fp.entries);
+    const size_t kitems = table("backward key items", kp.items), qentries = table("backward query entries", kp.entries);
+    const DynamicLayout* dyn = options.dynamic_layout;
+    const std::vector<int64_t> no_rows;
+    const std::vector<int32_t> no_cols;
+    const size_t rows = table("dynamic row_offsets", dyn ? dyn->row_offsets : no_rows);
+    const size_t cols = table("dynamic col_indices", dyn ? dyn->col_indices : no_cols);
+    img.materialise();
+    auto rebased = [&](const TensorView& view, size_t region) {
+      TensorView r = view;
+      r.data = img.at(region);
+      return r;
+    };
+    auto ptr = [&](size_t region, bool present) { return present ? img.at(region) : nullptr; };
+    const KernelTables tables{static_cast<const DeviceItem*>(img.at(items)), static_cast<const DeviceSpan*>(img.at(spans)),
+                              static_cast<const int32_t*>(ptr(entries, !fp.entries.empty())),
+                              static_cast<const int64_t*>(ptr(rows, dyn != nullptr)),
+                              static_cast<const int32_t*>(ptr(cols, dyn != nullptr)), static_cast<int32_t>(fp.items.size()),
+                              dyn ? (static_cast<int64_t>(dyn->row_offsets.size()) - 1) / dyn->heads : 0,
+                              dyn ? static_cast<int32_t>(dyn->heads) : 1};
+    const TensorView lse_dev = rebased(lse, il);
+    KernelBwdParams bp{};
+    bp.fwd = kernel_params(plans.query_major, pb, tables, rebased(q, iq), rebased(k, ik), rebased(v, iv), rebased(o, io),
+                           &lse_dev, options);
+    bp.dout = img.at(ido), bp.dq = img.at(idq), bp.dk = img.at(idk), bp.dv = img.at(idv);
+    bp.delta = static_cast<float*>(img.at(idelta));
+    bp.dk_acc = static_cast<float*>(img.at(idka)), bp.dv_acc = static_cast<float*>(img.at(idva));
+    bp.key_items = static_cast<const DeviceKeyItem*>(img.at(kitems));
+    bp.query_entries = static_cast<const DeviceQueryEntry*>(img.at(qentries));
+    bp.do_batch_stride = dout.strides[0], bp.do_row_stride = dout.strides[1], bp.do_head_stride = dout.strides[2];
+    bp.dq_batch_stride = dq.strides[0], bp.dq_row_stride = dq.strides[1], bp.dq_head_stride = dq.strides[2];
+    bp.dk_batch_stride = dk.strides[0], bp.dk_row_stride = dk.strides[1], bp.dk_head_stride = dk.strides[2];
+    bp.dv_batch_stride = dv.strides[0], bp.dv_row_stride = dv.strides[1], bp.dv_head_stride = dv.strides[2];
+    bp.batch = pb.batch, bp.seq_q = pb.seq_q, bp.seq_k = pb.seq_k;
+    bp.heads_q = static_cast<int32_t>(pb.heads_q), bp.heads_kv = static_cast<int32_t>(pb.heads_kv);
+    bp.scale = static_cast<float>(plans.query_major.softmax_scale);
+    bp.num_key_items = static_cast<int32_t>(kp.items.size());
+    void* args[] = {&bp};
+    auto launch = [&](const std::string& kernel, uint64_t grid_x, unsigned threads) {
+      if (grid_x == 0) return;
+      emu::LaunchRequest r;
+      r.kernel = kernel;
+      r.grid[0] = static_cast<unsigned>(grid_x);
+      r.grid[1] = static_cast<unsigned>(pb.batch);
+      r.block_threads = threads;
+      r.args = args;
+      r.buffers = img.buffers();
+      bwd_module_->launch(r);
+    };
+    const unsigned aux = static_cast<unsigned>(bwd_.aux_threads);
+    launch(bwd_.pre, (uint64_t(pb.seq_q * pb.heads_q) + aux - 1) / aux, aux);
+    launch(bwd_.dq, fp.items.size(), static_cast<unsigned>(bwd_.dq_threads));
+    launch(bwd_.dkdv, kp.items.size(), static_cast<unsigned>(bwd_.dkdv_threads));
+    // _cvt covers every batch itself: one grid row.
+    const uint64_t elements = uint64_t(pb.batch * pb.seq_k * pb.heads_kv * (pb.head_dim + pb.head_dim_v));
+    emu::LaunchRequest r;
+    r.kernel = bwd_.cvt;
+    r.grid[0] = static_cast<unsigned>((elements + aux - 1) / aux);
+    r.block_threads = aux;
+    r.args = args;
+    r.buffers = img.buffers();
+    bwd_module_->launch(r);
+    img.copy_back(idq, dq.data);
+    img.copy_back(idk, dk.data);
+    img.copy_back(idv, dv.data);
+  }
+
   std::string kernel_name() const override { return source_.name + " (emulated " + source_.arch + ")"; }
   TileConfig tiles() const override { return TileConfig{source_.config.tile_q, source_.config.tile_k}; }
   int alignment() const override { return source_.path == KernelPath::Sm80 ? 16 : dtype_bytes(problem_.dtype); }
 
 private:
+  Pattern pattern_;
   Problem problem_;
+  std::string cache_dir_;
   KernelSource source_;
   std::shared_ptr<const emu::EmuModule> module_;
+  BackwardKernels bwd_;
+  std::once_flag bwd_once_;
+  std::shared_ptr<const emu::EmuModule> bwd_module_;
 };
 
 }  // namespace

@@ -124,8 +124,14 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   return a;
 }
 
-const BackwardPlan& PlanEntry::backward_plan() const {
-  std::call_once(backward_once_, [&] { backward_ = std::make_unique<BackwardPlan>(lower_to_backward_plan(plan)); });
+const BackwardPlans& PlanEntry::backward_plans(const Pattern& p, const DynamicLayout* dynamic, const TileConfig& tiles) const {
+  std::call_once(backward_once_, [&] {
+    auto b = std::make_unique<BackwardPlans>();
+    b->query_major = tiles.tile_q == plan.tiles.tile_q && tiles.tile_k == plan.tiles.tile_k ? plan
+                                                                                              : lower_to_plan(p, plan.shape, tiles, dynamic);
+    b->key_major = lower_to_backward_plan(b->query_major);
+    backward_ = std::move(b);
+  });
   return *backward_;
 }
 

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <tuple>
 
 #include "attnjit/attnjit.hpp"
 #include "emulator/emu_module.hpp"
@@ -23,6 +24,7 @@ struct Mutation {
   const char* from;
   const char* to;
   DType dtype;  // bf16: the tensor-core path; fp32: the SIMT path
+  bool backward = false;  // checks the gradients (forward and backward run)
 };
 
 const Mutation kMutations[] = {
@@ -41,10 +43,19 @@ const Mutation kMutations[] = {
      DType::BF16},
     {"SIMT: no barrier before the next tile is loaded", "fwd_simt.cuh",
      "    aj_syncthreads();  // the previous tile is no longer read\n", "\n", DType::F32},
+    {"backward: dK without the softmax scale", "bwd_simt.cuh", "aj_red_add_f32(dka + lane + AJ_SIMT_LANES * x, dk[x] * bp.scale);",
+     "aj_red_add_f32(dka + lane + AJ_SIMT_LANES * x, dk[x]);", DType::F32, true},
+    {"backward: no barrier before the next query chunk is staged", "bwd_simt.cuh",
+     "      aj_syncthreads();  // the previous chunk is no longer read\n", "\n", DType::F32, true},
+    {"backward: dS without D = rowsum(dO * O)", "bwd_simt.cuh", "      const float ds = pr * (f * dp - delta);",
+     "      const float ds = pr * f * dp;", DType::BF16, true},
+    {"backward: the dK/dV workspace stored instead of accumulated", "bwd_simt.cuh",
+     "aj_red_add_f32(dva + lane + AJ_SIMT_LANES * x, dv[x]);", "dva[lane + AJ_SIMT_LANES * x] = dv[x];", DType::F32, true},
 };
 
-// Runs `templates`' kernel on the emulator; "" when it matches the reference, else what went wrong.
-std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DType dt) {
+// Runs `templates`' kernels on the emulator; "" when they match the reference (O and LSE, and with
+// `backward` dQ, dK, dV too), else what went wrong.
+std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DType dt, bool backward = false) {
   const Pattern p = PatternBuilder()
                         .branch(BranchSpec().segment(128).dilation(1).causal())
                         .branch(BranchSpec().segment(256).dilation(2).offset(OffsetRule::HeadMod))
@@ -95,6 +106,35 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   if (rel > tol) return "relative Frobenius error of O " + std::to_string(rel);
   for (size_t i = 0; i < lse.size(); ++i)
     if (!(std::abs(lse[i] - want.lse[i]) <= tol * (1 + std::abs(want.lse[i])))) return "LSE differs at " + std::to_string(i);
+  if (!backward) return "";
+  // The gradients: dO random, the forward's O and LSE as computed above.
+  const std::vector<float> dout = rounded(testing::random_tensor(nq, 4));
+  const ReferenceGradients g = reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data(), nullptr, 1);
+  std::vector<float> dq(nq), dk(nk), dv(nk);
+  std::vector<uint16_t> doh = store(dout), dqh(nq), dkh(nk), dvh(nk);
+  try {
+    Attention op = rt.prepare(p, Problem{1, s.seq_q, s.seq_k, 2, 1, 64, 64, dt});
+    op.backward(view(f32 ? (void*)q.data() : qh.data(), s.seq_q, 2), view(f32 ? (void*)k.data() : kh.data(), s.seq_k, 1),
+                view(f32 ? (void*)v.data() : vh.data(), s.seq_k, 1), view(f32 ? (void*)o.data() : oh.data(), s.seq_q, 2), lv,
+                view(f32 ? (void*)dout.data() : doh.data(), s.seq_q, 2), view(f32 ? (void*)dq.data() : dqh.data(), s.seq_q, 2),
+                view(f32 ? (void*)dk.data() : dkh.data(), s.seq_k, 1), view(f32 ? (void*)dv.data() : dvh.data(), s.seq_k, 1));
+  } catch (const emu::KernelFault& e) {
+    return std::string("fault in backward: ") + e.what();
+  }
+  for (const auto& [name, got, half, want_g] :
+       {std::tuple<const char*, std::vector<float>*, std::vector<uint16_t>*, const std::vector<double>*>{"dQ", &dq, &dqh, &g.dq},
+        {"dK", &dk, &dkh, &g.dk}, {"dV", &dv, &dvh, &g.dv}}) {
+    if (!f32)
+      for (size_t i = 0; i < got->size(); ++i) (*got)[i] = bfloat16_to_float((*half)[i]);
+    double n2 = 0, d2 = 0;
+    for (size_t i = 0; i < got->size(); ++i) {
+      if (std::isnan((*got)[i])) return std::string("NaN in ") + name;
+      n2 += ((*got)[i] - (*want_g)[i]) * ((*got)[i] - (*want_g)[i]);
+      d2 += (*want_g)[i] * (*want_g)[i];
+    }
+    const double e = std::sqrt(n2 / d2), gtol = f32 ? 1e-5 : 3e-2;
+    if (e > gtol) return std::string("relative Frobenius error of ") + name + " " + std::to_string(e);
+  }
   return "";
 }
 
@@ -102,8 +142,8 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
 
 TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu][mutation]") {
   const auto embedded = std::make_shared<const TemplateSet>(TemplateSet::embedded());
-  CHECK(check_kernel(embedded, DType::BF16) == "");
-  CHECK(check_kernel(embedded, DType::F32) == "");
+  CHECK(check_kernel(embedded, DType::BF16, true) == "");
+  CHECK(check_kernel(embedded, DType::F32, true) == "");
 }
 
 TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutation]") {
@@ -115,7 +155,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     REQUIRE(at != std::string::npos);  // the template changed: update the mutation
     text.replace(at, std::string(m.from).size(), m.to);
     t->replace(m.file, text);
-    const std::string outcome = check_kernel(t, m.dtype);
+    const std::string outcome = check_kernel(t, m.dtype, m.backward);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }

@@ -1,0 +1,228 @@
+// The SIMT backward kernels (fp32 arithmetic for every storage type), FlashAttention-2's
+// structure on CUDA cores. Four launches:
+//   _pre   D = rowsum(dO * O) per query row;
+//   _dq    over the forward plan: each query tile recomputes P = exp(S - LSE) tile by tile and
+//          accumulates dQ = scale * dS K in registers (a query tile owns its rows: no atomics);
+//   _dkdv  over the key-major plan: each key tile keeps dK, dV in registers while it walks the
+//          query tiles that attend it, then adds them to fp32 workspaces (key tiles of different
+//          branches may share rows, so the add is atomic);
+//   _cvt   the workspaces to dK, dV in the storage type.
+// Four threads per row, each owning every fourth head dimension, as in fwd_simt.cuh.
+
+struct AjKeyItem {      // one key tile of one kv head (compiler/device_plan.hpp: DeviceKeyItem)
+  aj_i64 keys_start, keys_stride;
+  int keys_count, kv_head;
+  int entry_begin, entry_end;  // AjBwdParams::query_entries
+};
+struct AjQueryEntry {   // one query tile that attends it
+  aj_i64 rows_start, rows_stride;
+  int rows_count, head, branch, full;
+};
+
+struct AjBwdParams {
+  AjParams fwd;                           // q, k, v, o, lse (required), their strides, the forward plan
+  const void* dout;
+  void* dq;
+  void* dk;
+  void* dv;
+  float* delta;                           // [batch, heads_q, seq_q]: D
+  float* dk_acc;                          // [batch, seq_k, heads_kv, head_dim], zeroed
+  float* dv_acc;                          // [batch, seq_k, heads_kv, head_dim_v], zeroed
+  const AjKeyItem* key_items;
+  const AjQueryEntry* query_entries;
+  aj_i64 do_batch_stride, do_row_stride, do_head_stride;
+  aj_i64 dq_batch_stride, dq_row_stride, dq_head_stride;
+  aj_i64 dk_batch_stride, dk_row_stride, dk_head_stride;
+  aj_i64 dv_batch_stride, dv_row_stride, dv_head_stride;
+  aj_i64 batch, seq_q, seq_k;
+  int heads_q, heads_kv;
+  float scale;                            // softmax scale (fwd.scale_log2 = scale * log2 e)
+  int num_key_items;
+};
+static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(AjBwdParams) == 448,
+              "backward table layout differs from compiler/device_plan.hpp");
+
+#define AJ_LOG2E 1.4426950408889634f
+#define AJ_BWD_THREADS 128
+
+// The natural-log LSE of a row in the exp2 domain; -inf for a row that attends nothing.
+__device__ __forceinline__ float aj_bwd_lse2(const AjParams& p, aj_i64 b, int h, aj_i64 i) {
+  return p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] * AJ_LOG2E;
+}
+
+// ---- _pre: D = rowsum(dO * O) --------------------------------------------------------------
+
+__device__ __forceinline__ void aj_bwd_pre(const AjBwdParams& bp) {
+  const AjParams& p = bp.fwd;
+  const aj_i64 b = aj_block_idx_y();
+  const aj_i64 x = (aj_i64)aj_block_idx_x() * AJ_BWD_THREADS + aj_thread_idx();
+  if (x >= bp.seq_q * bp.heads_q) return;
+  const int h = (int)(x / bp.seq_q);
+  const aj_i64 i = x % bp.seq_q;
+  const aj_elem* o = (const aj_elem*)p.o + b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
+  const aj_elem* d = (const aj_elem*)bp.dout + b * bp.do_batch_stride + i * bp.do_row_stride + h * bp.do_head_stride;
+  float sum = 0.0f;
+  for (int c = 0; c < AJ_HEAD_DIM_V; ++c) sum += aj_load(o + c) * aj_load(d + c);
+  bp.delta[(b * bp.heads_q + h) * bp.seq_q + i] = sum;
+}
+
+// ---- _dq: over the forward plan -------------------------------------------------------------
+
+__device__ __forceinline__ void aj_bwd_dq(const AjBwdParams& bp) {
+  const AjParams& p = bp.fwd;
+  AJ_STATIC_SHARED(AjSimtShared, sh);
+  const AjItem item = p.items[aj_block_idx_x()];
+  const aj_i64 b = aj_block_idx_y();
+  const int row = aj_thread_idx() / AJ_SIMT_LANES, lane = aj_thread_idx() % AJ_SIMT_LANES;
+  const aj_i64 i = item.rows_start + (aj_i64)(row < item.rows_count ? row : 0) * item.rows_stride;
+  const float lse2 = row < item.rows_count ? aj_bwd_lse2(p, b, item.head, i) : AJ_NEG_INF;
+  const bool live = lse2 != AJ_NEG_INF;  // a row that attends nothing has no gradient
+  const aj_i64 qpos = p.q_offset + i;
+  const int kvh = item.head / p.heads_per_kv;
+  const float f = p.output_scale, delta = live ? bp.delta[(b * bp.heads_q + item.head) * bp.seq_q + i] : 0.0f;
+
+  float q[AJ_QD], dq[AJ_QD], dout[AJ_VD];
+  const aj_elem* qrow = (const aj_elem*)p.q + b * p.q_batch_stride + i * p.q_row_stride + item.head * p.q_head_stride;
+  const aj_elem* drow = (const aj_elem*)bp.dout + b * bp.do_batch_stride + i * bp.do_row_stride + item.head * bp.do_head_stride;
+#pragma unroll
+  for (int x = 0; x < AJ_QD; ++x) q[x] = live ? aj_load(qrow + lane + AJ_SIMT_LANES * x) : 0.0f, dq[x] = 0.0f;
+#pragma unroll
+  for (int x = 0; x < AJ_VD; ++x) dout[x] = live ? aj_load(drow + lane + AJ_SIMT_LANES * x) : 0.0f;
+
+  AjTileCursor cursor;
+  cursor.begin(p, item);
+  for (; !cursor.done(); cursor.next()) {
+    const AjTile t = cursor.tile();
+    aj_syncthreads();  // the previous tile is no longer read
+    aj_simt_load_tile(p, sh, t, b, kvh);
+    aj_syncthreads();
+    for (int c = 0; c < AJ_TILE_K; ++c) {
+      float dot = 0.0f, dp = 0.0f;
+#pragma unroll
+      for (int x = 0; x < AJ_QD; ++x) dot += q[x] * sh.k[c][lane + AJ_SIMT_LANES * x];
+#pragma unroll
+      for (int x = 0; x < AJ_VD; ++x) dp += dout[x] * sh.v[c][lane + AJ_SIMT_LANES * x];
+      dot += aj_shfl_xor(dot, 1);
+      dot += aj_shfl_xor(dot, 2);
+      dp += aj_shfl_xor(dp, 1);
+      dp += aj_shfl_xor(dp, 2);
+      bool ok = live && c < t.count;
+      if (ok && !t.full) ok = aj_branch_allows(p, t.branch, item.head, qpos, p.k_offset + t.first + c * t.stride);
+      if (!ok) continue;
+      const float pr = aj_ex2(dot * p.scale_log2 - lse2);
+      const float ds = pr * (f * dp - delta);
+#pragma unroll
+      for (int x = 0; x < AJ_QD; ++x) dq[x] += ds * sh.k[c][lane + AJ_SIMT_LANES * x];
+    }
+  }
+  if (row >= item.rows_count) return;
+  aj_elem* out = (aj_elem*)bp.dq + b * bp.dq_batch_stride + i * bp.dq_row_stride + item.head * bp.dq_head_stride;
+#pragma unroll
+  for (int x = 0; x < AJ_QD; ++x) aj_store(out + lane + AJ_SIMT_LANES * x, dq[x] * bp.scale);
+}
+
+// ---- _dkdv: over the key-major plan ---------------------------------------------------------
+
+// Query rows are staged in chunks that fit static shared memory (48 KB) at any head dim.
+#define AJ_BWD_QCHUNK_FIT(n) ((n) * (AJ_HEAD_DIM + AJ_HEAD_DIM_V + 2) * 4 <= 40 * 1024)
+#define AJ_BWD_QCHUNK (AJ_BWD_QCHUNK_FIT(AJ_TILE_Q) ? AJ_TILE_Q : AJ_BWD_QCHUNK_FIT(16) ? 16 : 8)
+#define AJ_BWD_KV_THREADS (AJ_TILE_K * AJ_SIMT_LANES)
+
+struct AjBwdQueryShared {
+  float q[AJ_BWD_QCHUNK][AJ_HEAD_DIM];
+  float dout[AJ_BWD_QCHUNK][AJ_HEAD_DIM_V];
+  float lse2[AJ_BWD_QCHUNK];
+  float delta[AJ_BWD_QCHUNK];
+};
+
+__device__ __forceinline__ void aj_bwd_dkdv(const AjBwdParams& bp) {
+  const AjParams& p = bp.fwd;
+  AJ_STATIC_SHARED(AjBwdQueryShared, sh);
+  const AjKeyItem ki = bp.key_items[aj_block_idx_x()];
+  const aj_i64 b = aj_block_idx_y();
+  const int krow = aj_thread_idx() / AJ_SIMT_LANES, lane = aj_thread_idx() % AJ_SIMT_LANES;
+  const bool live = krow < ki.keys_count;
+  const aj_i64 j = ki.keys_start + (aj_i64)(live ? krow : 0) * ki.keys_stride;
+  const aj_i64 kpos = p.k_offset + j;
+  const float f = p.output_scale;
+
+  float k[AJ_QD], v[AJ_VD], dk[AJ_QD], dv[AJ_VD];
+  const aj_elem* kr = (const aj_elem*)p.k + b * p.k_batch_stride + j * p.k_row_stride + ki.kv_head * p.k_head_stride;
+  const aj_elem* vr = (const aj_elem*)p.v + b * p.v_batch_stride + j * p.v_row_stride + ki.kv_head * p.v_head_stride;
+#pragma unroll
+  for (int x = 0; x < AJ_QD; ++x) k[x] = live ? aj_load(kr + lane + AJ_SIMT_LANES * x) : 0.0f, dk[x] = 0.0f;
+#pragma unroll
+  for (int x = 0; x < AJ_VD; ++x) v[x] = live ? aj_load(vr + lane + AJ_SIMT_LANES * x) : 0.0f, dv[x] = 0.0f;
+
+  for (int e = ki.entry_begin; e < ki.entry_end; ++e) {
+    const AjQueryEntry qe = bp.query_entries[e];
+    for (int r0 = 0; r0 < qe.rows_count; r0 += AJ_BWD_QCHUNK) {
+      const int rows = qe.rows_count - r0 < AJ_BWD_QCHUNK ? qe.rows_count - r0 : AJ_BWD_QCHUNK;
+      aj_syncthreads();  // the previous chunk is no longer read
+      for (int x = aj_thread_idx(); x < AJ_BWD_QCHUNK * AJ_HEAD_DIM; x += AJ_BWD_KV_THREADS) {
+        const int r = x / AJ_HEAD_DIM, d = x % AJ_HEAD_DIM;
+        const aj_i64 i = qe.rows_start + (aj_i64)(r0 + r) * qe.rows_stride;
+        sh.q[r][d] = r < rows ? aj_load((const aj_elem*)p.q + b * p.q_batch_stride + i * p.q_row_stride + qe.head * p.q_head_stride + d) : 0.0f;
+      }
+      for (int x = aj_thread_idx(); x < AJ_BWD_QCHUNK * AJ_HEAD_DIM_V; x += AJ_BWD_KV_THREADS) {
+        const int r = x / AJ_HEAD_DIM_V, d = x % AJ_HEAD_DIM_V;
+        const aj_i64 i = qe.rows_start + (aj_i64)(r0 + r) * qe.rows_stride;
+        sh.dout[r][d] = r < rows ? aj_load((const aj_elem*)bp.dout + b * bp.do_batch_stride + i * bp.do_row_stride + qe.head * bp.do_head_stride + d) : 0.0f;
+      }
+      for (int r = aj_thread_idx(); r < AJ_BWD_QCHUNK; r += AJ_BWD_KV_THREADS) {
+        const aj_i64 i = qe.rows_start + (aj_i64)(r0 + r) * qe.rows_stride;
+        sh.lse2[r] = r < rows ? aj_bwd_lse2(p, b, qe.head, i) : AJ_NEG_INF;
+        sh.delta[r] = r < rows ? bp.delta[(b * bp.heads_q + qe.head) * bp.seq_q + i] : 0.0f;
+      }
+      aj_syncthreads();
+      for (int r = 0; r < rows; ++r) {
+        float dot = 0.0f, dp = 0.0f;
+#pragma unroll
+        for (int x = 0; x < AJ_QD; ++x) dot += k[x] * sh.q[r][lane + AJ_SIMT_LANES * x];
+#pragma unroll
+        for (int x = 0; x < AJ_VD; ++x) dp += v[x] * sh.dout[r][lane + AJ_SIMT_LANES * x];
+        dot += aj_shfl_xor(dot, 1);
+        dot += aj_shfl_xor(dot, 2);
+        dp += aj_shfl_xor(dp, 1);
+        dp += aj_shfl_xor(dp, 2);
+        const float lse2 = sh.lse2[r];
+        bool ok = live && lse2 != AJ_NEG_INF;
+        if (ok && !qe.full) {
+          const aj_i64 qpos = p.q_offset + qe.rows_start + (aj_i64)(r0 + r) * qe.rows_stride;
+          ok = aj_branch_allows(p, qe.branch, qe.head, qpos, kpos);
+        }
+        if (!ok) continue;
+        const float pr = aj_ex2(dot * p.scale_log2 - lse2);
+        const float ds = pr * (f * dp - sh.delta[r]);
+#pragma unroll
+        for (int x = 0; x < AJ_VD; ++x) dv[x] += f * pr * sh.dout[r][lane + AJ_SIMT_LANES * x];
+#pragma unroll
+        for (int x = 0; x < AJ_QD; ++x) dk[x] += ds * sh.q[r][lane + AJ_SIMT_LANES * x];
+      }
+    }
+  }
+  if (!live) return;
+  float* dka = bp.dk_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM;
+  float* dva = bp.dv_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM_V;
+#pragma unroll
+  for (int x = 0; x < AJ_QD; ++x) aj_red_add_f32(dka + lane + AJ_SIMT_LANES * x, dk[x] * bp.scale);
+#pragma unroll
+  for (int x = 0; x < AJ_VD; ++x) aj_red_add_f32(dva + lane + AJ_SIMT_LANES * x, dv[x]);
+}
+
+// ---- _cvt: the workspaces to dK, dV in the storage type ------------------------------------
+
+__device__ __forceinline__ void aj_bwd_cvt(const AjBwdParams& bp) {
+  const aj_i64 rows = bp.batch * bp.seq_k * bp.heads_kv;
+  const aj_i64 x = (aj_i64)aj_block_idx_x() * AJ_BWD_THREADS + aj_thread_idx();
+  const aj_i64 n_dk = rows * AJ_HEAD_DIM;
+  if (x < n_dk) {
+    const aj_i64 row = x / AJ_HEAD_DIM, d = x % AJ_HEAD_DIM;
+    const aj_i64 b = row / (bp.seq_k * bp.heads_kv), j = row / bp.heads_kv % bp.seq_k, h = row % bp.heads_kv;
+    aj_store((aj_elem*)bp.dk + b * bp.dk_batch_stride + j * bp.dk_row_stride + h * bp.dk_head_stride + d, bp.dk_acc[x]);
+  } else if (x < n_dk + rows * AJ_HEAD_DIM_V) {
+    const aj_i64 y = x - n_dk, row = y / AJ_HEAD_DIM_V, d = y % AJ_HEAD_DIM_V;
+    const aj_i64 b = row / (bp.seq_k * bp.heads_kv), j = row / bp.heads_kv % bp.seq_k, h = row % bp.heads_kv;
+    aj_store((aj_elem*)bp.dv + b * bp.dv_batch_stride + j * bp.dv_row_stride + h * bp.dv_head_stride + d, bp.dv_acc[y]);
+  }
+}
