@@ -1,5 +1,5 @@
-// attnjit grad SPEC: the gradients dQ, dK, dV of attention given dO, on the float64 reference or
-// the plan executor (float32, tile by tile over the forward plan), from .npy inputs or random ones.
+// attnjit grad SPEC: the gradients dQ, dK, dV of attention given dO, on the float64 reference, the
+// plan executor (float32, tile by tile), a GPU or the emulator, from .npy inputs or random ones.
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -13,13 +13,15 @@
 #include "runtime/reference.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
+#include "tools/run_device.hpp"
 #include "tools/run_inputs.hpp"
 
 namespace attnjit::cli {
 
 namespace {
 struct GradOptions {
-  std::string spec, dout, o, lse, dq, dk, dv, dynamic, device = "cpu", executor = "reference", tile = "64x64";
+  std::string spec, dout, o, lse, dq, dk, dv, dynamic, device = "cpu", executor = "reference", tile = "64x64",
+              dtype = "fp32", arch = "sm_80";
   InputOptions in;
   unsigned threads = 0;
 };
@@ -34,15 +36,20 @@ double mean_abs(const std::vector<float>& x) {
   return x.empty() ? 0 : s / double(x.size());
 }
 
+std::vector<float> load_lse(const std::string& path, const Shape& s) {
+  const NpyArray l = read_npy(path);
+  if (l.shape != std::vector<int64_t>{s.batch, s.heads_q, s.seq_q}) {
+    throw UserError("--lse " + path, "must have shape (batch, heads_q, seq_q) = (" + std::to_string(s.batch) + ", " +
+                                         std::to_string(s.heads_q) + ", " + std::to_string(s.seq_q) + ")");
+  }
+  return npy_to_float(l);
+}
+
 int run_grad(const GradOptions& o) {
   const Pattern p = load_spec_file(o.spec);
   if (o.o.empty() != o.lse.empty()) {
     throw UserError(o.o.empty() ? "--lse" : "--o", "give the forward's O and LSE together (--o O.npy --lse LSE.npy), or "
                                                    "neither and grad runs the forward first");
-  }
-  if (o.device != "cpu") {
-    throw UserError("--device " + o.device, "the backward pass runs on the CPU so far (--device cpu with --executor "
-                                            "reference or plan); the generated backward kernels are not built yet");
   }
   const Inputs in = load_or_random_inputs(o.in, p);
   const Shape& s = in.shape;
@@ -58,17 +65,26 @@ int run_grad(const GradOptions& o) {
 
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<float> dq, dk, dv;
-  if (o.executor == "plan") {
+  std::string where = "the cpu " + o.executor + " executor";
+  if (o.device != "cpu") {
+    DeviceBackward bwd;
+    bwd.dout = dout;
+    std::vector<float> of, lf;
+    if (!o.o.empty()) {
+      of = load_array(o.o, "--o", odims);
+      lf = load_lse(o.lse, s);
+      bwd.forward_given = true;
+    }
+    const Device d = o.device == "gpu" ? Device::cuda(0) : Device::emu(parse_arch(o.arch));
+    run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), KernelConfig{}, of, lf, &bwd);
+    dq = std::move(bwd.dq), dk = std::move(bwd.dk), dv = std::move(bwd.dv);
+    where = o.device == "gpu" ? "the gpu (" + o.dtype + ")" : "the emulator (" + o.arch + ", " + o.dtype + ")";
+  } else if (o.executor == "plan") {
     const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table);
     std::vector<float> of, lf;
     if (!o.o.empty()) {
       of = load_array(o.o, "--o", odims);
-      const NpyArray l = read_npy(o.lse);
-      if (l.shape != std::vector<int64_t>{s.batch, s.heads_q, s.seq_q}) {
-        throw UserError("--lse " + o.lse, "must have shape (batch, heads_q, seq_q) = (" + std::to_string(s.batch) + ", " +
-                                              std::to_string(s.heads_q) + ", " + std::to_string(s.seq_q) + ")");
-      }
-      lf = npy_to_float(l);
+      lf = load_lse(o.lse, s);
     } else {
       ExecutorOutput f = execute_plan(plan, p, in.q.data(), in.k.data(), in.v.data(), table, o.threads);
       of = std::move(f.o);
@@ -86,7 +102,7 @@ int run_grad(const GradOptions& o) {
   write(o.dq, {s.batch, s.seq_q, s.heads_q, s.head_dim}, dq);
   write(o.dk, {s.batch, s.seq_k, s.heads_kv, s.head_dim}, dk);
   write(o.dv, {s.batch, s.seq_k, s.heads_kv, s.head_dim_v}, dv);
-  std::cout << "grad " << pattern_hash(p) << " on the cpu " << o.executor << " executor: batch=" << s.batch
+  std::cout << "grad " << pattern_hash(p) << " on " << where << ": batch=" << s.batch
             << " seq_q=" << s.seq_q << " seq_k=" << s.seq_k << " heads_q=" << s.heads_q << " heads_kv=" << s.heads_kv
             << " head_dim=" << s.head_dim << " head_dim_v=" << s.head_dim_v << " in " << secs << " s\n";
   std::cout << "  mean |dQ| = " << mean_abs(dq) << ", mean |dK| = " << mean_abs(dk) << ", mean |dV| = " << mean_abs(dv) << "\n";
@@ -108,9 +124,12 @@ void register_grad(CLI::App& app, int& rc) {
   sub->add_option("--dk", o->dk, "write dK (float32 [batch, seq_k, heads_kv, head_dim]) here");
   sub->add_option("--dv", o->dv, "write dV (float32 [batch, seq_k, heads_kv, head_dim_v]) here");
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
-  sub->add_option("--device", o->device, "where to run (the backward pass runs on the cpu so far)")
+  sub->add_option("--device", o->device, "where to run: cpu (reference or plan executor), gpu, or emu (the generated kernels in the CPU emulator)")
       ->check(CLI::IsMember({"cpu", "gpu", "emu"}))
       ->capture_default_str();
+  sub->add_option("--dtype", o->dtype, "with --device gpu|emu: the dtype the inputs are converted to (fp32, fp16, bf16)")
+      ->capture_default_str();
+  sub->add_option("--arch", o->arch, "with --device emu: the GPU arch whose kernels are emulated")->capture_default_str();
   sub->add_option("--executor", o->executor, "the float64 reference, or the plan executor (float32, tile by tile)")
       ->check(CLI::IsMember({"reference", "plan"}))
       ->capture_default_str();

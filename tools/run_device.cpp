@@ -63,7 +63,7 @@ private:
 
 void run_on_device(const Device& device, const Pattern& p, const Shape& s, const std::vector<float>& q,
                    const std::vector<float>& k, const std::vector<float>& v, const DynamicLayout* dynamic, DType dtype,
-                   const KernelConfig& config, std::vector<float>& o, std::vector<float>& lse) {
+                   const KernelConfig& config, std::vector<float>& o, std::vector<float>& lse, DeviceBackward* backward) {
   const bool gpu = device.kind == DeviceKind::CUDA;
   RuntimeOptions ro;
   ro.device = device;
@@ -87,13 +87,38 @@ void run_on_device(const Device& device, const Pattern& p, const Shape& s, const
   fo.q_offset = s.q_offset;
   fo.k_offset = s.k_offset;
   fo.dynamic_layout = dynamic;
-  op.forward(view(dq, dtype, {s.batch, s.seq_q, s.heads_q, s.head_dim}), view(dk, dtype, {s.batch, s.seq_k, s.heads_kv, s.head_dim}),
-             view(dv, dtype, {s.batch, s.seq_k, s.heads_kv, s.head_dim_v}), view(dout, dtype, os), &lse_view, fo);
+  const std::vector<int64_t> qs{s.batch, s.seq_q, s.heads_q, s.head_dim}, ks{s.batch, s.seq_k, s.heads_kv, s.head_dim},
+      vs{s.batch, s.seq_k, s.heads_kv, s.head_dim_v};
+  if (backward && backward->forward_given) {
+    dout.upload(encode(o, dtype));
+    std::vector<uint8_t> lb(lse.size() * sizeof(float));
+    std::memcpy(lb.data(), lse.data(), lb.size());
+    dlse.upload(lb);
+  } else {
+    op.forward(view(dq, dtype, qs), view(dk, dtype, ks), view(dv, dtype, vs), view(dout, dtype, os), &lse_view, fo);
+    if (gpu) synchronize(nullptr);
+    dout.download(obytes.data(), obytes.size());
+    o = decode(obytes, dtype);
+    lse.resize(static_cast<size_t>(s.batch * s.heads_q * s.seq_q));
+    dlse.download(lse.data(), lse.size() * sizeof(float));
+  }
+  if (!backward) return;
+  DeviceBytes ddo = upload(backward->dout);
+  auto zeros = [&](const std::vector<int64_t>& shape) {
+    return DeviceBytes(gpu, static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3] * dtype_bytes(dtype)));
+  };
+  DeviceBytes gq = zeros(qs), gk = zeros(ks), gv = zeros(vs);
+  op.backward(view(dq, dtype, qs), view(dk, dtype, ks), view(dv, dtype, vs), view(dout, dtype, os), lse_view,
+              view(ddo, dtype, os), view(gq, dtype, qs), view(gk, dtype, ks), view(gv, dtype, vs), fo);
   if (gpu) synchronize(nullptr);
-  dout.download(obytes.data(), obytes.size());
-  o = decode(obytes, dtype);
-  lse.resize(static_cast<size_t>(s.batch * s.heads_q * s.seq_q));
-  dlse.download(lse.data(), lse.size() * sizeof(float));
+  auto fetch = [&](DeviceBytes& b, const std::vector<int64_t>& shape) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3] * dtype_bytes(dtype)));
+    b.download(bytes.data(), bytes.size());
+    return decode(bytes, dtype);
+  };
+  backward->dq = fetch(gq, qs);
+  backward->dk = fetch(gk, ks);
+  backward->dv = fetch(gv, vs);
 }
 
 }  // namespace attnjit::cli

@@ -1,5 +1,5 @@
-// `attnjit run --device gpu|emu`: the host float32 inputs, converted to the requested dtype, through
-// the runtime on GPU 0 or on the emulator; O comes back as float32.
+// `attnjit run|grad --device gpu|emu`: the host float32 inputs, converted to the requested dtype,
+// through the runtime on GPU 0 or on the emulator; results come back as float32.
 #pragma once
 
 #include <string>
@@ -9,8 +9,17 @@
 
 namespace attnjit::cli {
 
+// The backward pass of `attnjit grad`: dO in, the gradients out (float32, layouts of q, k, v).
+struct DeviceBackward {
+  std::vector<float> dout;
+  bool forward_given = false;  // o and lse hold the forward's outputs: do not run the forward
+  std::vector<float> dq, dk, dv;
+};
+
+// The forward (into o, lse), then with `backward` the gradients.
 void run_on_device(const Device& device, const Pattern& p, const Shape& s, const std::vector<float>& q,
                    const std::vector<float>& k, const std::vector<float>& v, const DynamicLayout* dynamic, DType dtype,
-                   const KernelConfig& config, std::vector<float>& o, std::vector<float>& lse);
+                   const KernelConfig& config, std::vector<float>& o, std::vector<float>& lse,
+                   DeviceBackward* backward = nullptr);
 
 }  // namespace attnjit::cli
