@@ -143,6 +143,12 @@ std::string human_count(double n) {
   return buf;
 }
 
+std::string shape_summary(const Shape& s) {
+  return "batch=" + std::to_string(s.batch) + " seq_q=" + std::to_string(s.seq_q) + " seq_k=" + std::to_string(s.seq_k) +
+         " heads_q=" + std::to_string(s.heads_q) + " heads_kv=" + std::to_string(s.heads_kv) + " head_dim=" +
+         std::to_string(s.head_dim) + " head_dim_v=" + std::to_string(s.head_dim_v);
+}
+
 }  // namespace attnjit::cli
 
 namespace attnjit::cli {

@@ -34,6 +34,9 @@ int guarded(const std::function<int()>& body);
 
 std::string human_count(double n);
 
+// "batch=1 seq_q=... head_dim_v=..." for the one-line summaries of run and grad.
+std::string shape_summary(const Shape& s);
+
 }  // namespace attnjit::cli
 
 namespace attnjit::cli {

@@ -102,9 +102,7 @@ int run_grad(const GradOptions& o) {
   write(o.dq, {s.batch, s.seq_q, s.heads_q, s.head_dim}, dq);
   write(o.dk, {s.batch, s.seq_k, s.heads_kv, s.head_dim}, dk);
   write(o.dv, {s.batch, s.seq_k, s.heads_kv, s.head_dim_v}, dv);
-  std::cout << "grad " << pattern_hash(p) << " on " << where << ": batch=" << s.batch
-            << " seq_q=" << s.seq_q << " seq_k=" << s.seq_k << " heads_q=" << s.heads_q << " heads_kv=" << s.heads_kv
-            << " head_dim=" << s.head_dim << " head_dim_v=" << s.head_dim_v << " in " << secs << " s\n";
+  std::cout << "grad " << pattern_hash(p) << " on " << where << ": " << shape_summary(s) << " in " << secs << " s\n";
   std::cout << "  mean |dQ| = " << mean_abs(dq) << ", mean |dK| = " << mean_abs(dk) << ", mean |dV| = " << mean_abs(dv) << "\n";
   for (const auto& [name, path] : {std::pair<const char*, std::string>{"dQ", o.dq}, {"dK", o.dk}, {"dV", o.dv}})
     if (!path.empty()) std::cout << "  wrote " << name << " to " << path << "\n";

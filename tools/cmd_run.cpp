@@ -67,10 +67,7 @@ int run_attention(const RunOptions& o) {
   const std::string where = o.device == "gpu"   ? "the gpu (" + o.dtype + ")"
                             : o.device == "emu" ? "the emulator (" + o.arch + ", " + o.dtype + ")"
                                                 : "the cpu " + o.executor + " executor";
-  std::cout << "ran " << pattern_hash(p) << " on " << where
-            << ": batch=" << s.batch << " seq_q=" << s.seq_q
-            << " seq_k=" << s.seq_k << " heads_q=" << s.heads_q << " heads_kv=" << s.heads_kv << " head_dim=" << s.head_dim
-            << " head_dim_v=" << s.head_dim_v << " in " << secs << " s\n";
+  std::cout << "ran " << pattern_hash(p) << " on " << where << ": " << shape_summary(s) << " in " << secs << " s\n";
   std::cout << "  mean |O| = " << mean_abs << ", rows with no keys: " << empty << " of " << lf.size() << "\n";
   if (!o.out.empty()) std::cout << "  wrote O to " << o.out << "\n";
   if (!o.lse.empty()) std::cout << "  wrote LSE to " << o.lse << "\n";
