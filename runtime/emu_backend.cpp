@@ -199,48 +199,29 @@ public:
                               static_cast<const int32_t*>(ptr(cols, dyn != nullptr)), static_cast<int32_t>(fp.items.size()),
                               dyn ? (static_cast<int64_t>(dyn->row_offsets.size()) - 1) / dyn->heads : 0,
                               dyn ? static_cast<int32_t>(dyn->heads) : 1};
-    const TensorView lse_dev = rebased(lse, il);
-    KernelBwdParams bp{};
-    bp.fwd = kernel_params(plans.query_major, pb, tables, rebased(q, iq), rebased(k, ik), rebased(v, iv), rebased(o, io),
-                           &lse_dev, options);
-    bp.dout = img.at(ido), bp.dq = img.at(idq), bp.dk = img.at(idk), bp.dv = img.at(idv);
-    bp.delta = static_cast<float*>(img.at(idelta));
-    bp.dk_acc = static_cast<float*>(img.at(idka)), bp.dv_acc = static_cast<float*>(img.at(idva));
-    bp.key_items = static_cast<const DeviceKeyItem*>(img.at(kitems));
-    bp.query_entries = static_cast<const DeviceQueryEntry*>(img.at(qentries));
-    bp.do_batch_stride = dout.strides[0], bp.do_row_stride = dout.strides[1], bp.do_head_stride = dout.strides[2];
-    bp.dq_batch_stride = dq.strides[0], bp.dq_row_stride = dq.strides[1], bp.dq_head_stride = dq.strides[2];
-    bp.dk_batch_stride = dk.strides[0], bp.dk_row_stride = dk.strides[1], bp.dk_head_stride = dk.strides[2];
-    bp.dv_batch_stride = dv.strides[0], bp.dv_row_stride = dv.strides[1], bp.dv_head_stride = dv.strides[2];
-    bp.batch = pb.batch, bp.seq_q = pb.seq_q, bp.seq_k = pb.seq_k;
-    bp.heads_q = static_cast<int32_t>(pb.heads_q), bp.heads_kv = static_cast<int32_t>(pb.heads_kv);
-    bp.scale = static_cast<float>(plans.query_major.softmax_scale);
-    bp.num_key_items = static_cast<int32_t>(kp.items.size());
+    const BackwardTables bt{static_cast<const DeviceKeyItem*>(img.at(kitems)), static_cast<const DeviceQueryEntry*>(img.at(qentries)),
+                            static_cast<int32_t>(kp.items.size()), static_cast<float*>(img.at(idelta)),
+                            static_cast<float*>(img.at(idka)), static_cast<float*>(img.at(idva))};
+    KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, rebased(q, iq), rebased(k, ik), rebased(v, iv),
+                                         rebased(o, io), rebased(lse, il), rebased(dout, ido), rebased(dq, idq),
+                                         rebased(dk, idk), rebased(dv, idv), options);
     void* args[] = {&bp};
-    auto launch = [&](const std::string& kernel, uint64_t grid_x, unsigned threads) {
+    auto launch = [&](const std::string& kernel, uint64_t grid_x, uint64_t grid_y, int threads) {
       if (grid_x == 0) return;
       emu::LaunchRequest r;
       r.kernel = kernel;
       r.grid[0] = static_cast<unsigned>(grid_x);
-      r.grid[1] = static_cast<unsigned>(pb.batch);
-      r.block_threads = threads;
+      r.grid[1] = static_cast<unsigned>(grid_y);
+      r.block_threads = static_cast<unsigned>(threads);
       r.args = args;
       r.buffers = img.buffers();
       bwd_module_->launch(r);
     };
-    const unsigned aux = static_cast<unsigned>(bwd_.aux_threads);
-    launch(bwd_.pre, (uint64_t(pb.seq_q * pb.heads_q) + aux - 1) / aux, aux);
-    launch(bwd_.dq, fp.items.size(), static_cast<unsigned>(bwd_.dq_threads));
-    launch(bwd_.dkdv, kp.items.size(), static_cast<unsigned>(bwd_.dkdv_threads));
-    // _cvt covers every batch itself: one grid row.
-    const uint64_t elements = uint64_t(pb.batch * pb.seq_k * pb.heads_kv * (pb.head_dim + pb.head_dim_v));
-    emu::LaunchRequest r;
-    r.kernel = bwd_.cvt;
-    r.grid[0] = static_cast<unsigned>((elements + aux - 1) / aux);
-    r.block_threads = aux;
-    r.args = args;
-    r.buffers = img.buffers();
-    bwd_module_->launch(r);
+    const BackwardGrids g = backward_grids(pb, bwd_, fp.items.size(), kp.items.size());
+    launch(bwd_.pre, g.pre, pb.batch, bwd_.aux_threads);
+    launch(bwd_.dq, g.dq, pb.batch, bwd_.dq_threads);
+    launch(bwd_.dkdv, g.dkdv, pb.batch, bwd_.dkdv_threads);
+    launch(bwd_.cvt, g.cvt, 1, bwd_.aux_threads);  // covers every batch itself
     img.copy_back(idq, dq.data);
     img.copy_back(idk, dk.data);
     img.copy_back(idv, dv.data);

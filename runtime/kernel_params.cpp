@@ -33,4 +33,34 @@ KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTabl
   return kp;
 }
 
+BackwardGrids backward_grids(const Problem& pb, const BackwardKernels& k, size_t items, size_t key_items) {
+  const uint64_t aux = static_cast<uint64_t>(k.aux_threads);
+  BackwardGrids g;
+  g.pre = (static_cast<uint64_t>(pb.seq_q * pb.heads_q) + aux - 1) / aux;
+  g.dq = items;
+  g.dkdv = key_items;
+  g.cvt = (static_cast<uint64_t>(pb.batch * pb.seq_k * pb.heads_kv * (pb.head_dim + pb.head_dim_v)) + aux - 1) / aux;
+  return g;
+}
+
+KernelBwdParams backward_params(const Plan& plan, const Problem& pb, const KernelTables& t, const BackwardTables& bt,
+                                const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                                const TensorView& dv, const ForwardOptions& options) {
+  KernelBwdParams bp{};
+  bp.fwd = kernel_params(plan, pb, t, q, k, v, o, &lse, options);
+  bp.dout = dout.data, bp.dq = dq.data, bp.dk = dk.data, bp.dv = dv.data;
+  bp.delta = bt.delta, bp.dk_acc = bt.dk_acc, bp.dv_acc = bt.dv_acc;
+  bp.key_items = bt.key_items, bp.query_entries = bt.query_entries;
+  bp.do_batch_stride = dout.strides[0], bp.do_row_stride = dout.strides[1], bp.do_head_stride = dout.strides[2];
+  bp.dq_batch_stride = dq.strides[0], bp.dq_row_stride = dq.strides[1], bp.dq_head_stride = dq.strides[2];
+  bp.dk_batch_stride = dk.strides[0], bp.dk_row_stride = dk.strides[1], bp.dk_head_stride = dk.strides[2];
+  bp.dv_batch_stride = dv.strides[0], bp.dv_row_stride = dv.strides[1], bp.dv_head_stride = dv.strides[2];
+  bp.batch = pb.batch, bp.seq_q = pb.seq_q, bp.seq_k = pb.seq_k;
+  bp.heads_q = static_cast<int32_t>(pb.heads_q), bp.heads_kv = static_cast<int32_t>(pb.heads_kv);
+  bp.scale = static_cast<float>(plan.softmax_scale);
+  bp.num_key_items = bt.num_key_items;
+  return bp;
+}
+
 }  // namespace attnjit

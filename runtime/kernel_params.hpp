@@ -3,6 +3,7 @@
 #pragma once
 
 #include "attnjit/attnjit.hpp"
+#include "compiler/codegen.hpp"
 #include "compiler/device_plan.hpp"
 
 namespace attnjit {
@@ -22,5 +23,28 @@ struct KernelTables {
 KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTables& t, const TensorView& q,
                            const TensorView& k, const TensorView& v, const TensorView& o, const TensorView* lse,
                            const ForwardOptions& options);
+
+// The argument block of the backward kernels (AjBwdParams): the forward's over `plan` (the
+// backward's query-major plan), the key-major tables, the gradient tensors and the workspaces
+// (delta [batch, heads_q, seq_q]; dk_acc, dv_acc contiguous [batch, seq_k, heads_kv, d], zeroed).
+struct BackwardTables {
+  const DeviceKeyItem* key_items = nullptr;
+  const DeviceQueryEntry* query_entries = nullptr;
+  int32_t num_key_items = 0;
+  float* delta = nullptr;
+  float* dk_acc = nullptr;
+  float* dv_acc = nullptr;
+};
+KernelBwdParams backward_params(const Plan& plan, const Problem& pb, const KernelTables& t, const BackwardTables& bt,
+                                const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                                const TensorView& dv, const ForwardOptions& options);
+
+// The grids of the four backward launches (x dimension; pre, dq and dkdv have `batch` rows of
+// blocks, cvt one). A zero means the launch has nothing to do.
+struct BackwardGrids {
+  uint64_t pre = 0, dq = 0, dkdv = 0, cvt = 0;
+};
+BackwardGrids backward_grids(const Problem& pb, const BackwardKernels& k, size_t items, size_t key_items);
 
 }  // namespace attnjit
