@@ -2,6 +2,7 @@
 // uploads the plan tables and launches the generated kernel; the emulator runs that kernel on the CPU.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,8 +29,15 @@ struct PlanEntry {
   std::shared_ptr<void> device_state;  // backend-specific, e.g. uploaded tables
   // Made on the first backward call, for `tiles` (the same on every call of a backend).
   const BackwardPlans& backward_plans(const Pattern& p, const DynamicLayout* dynamic, const TileConfig& tiles) const;
+  // What a backend keeps with the backward plans (uploaded tables), made once by `make`.
+  const void* backward_device_state(const std::function<std::shared_ptr<void>()>& make) const {
+    std::call_once(backward_state_once_, [&] { backward_state_ = make(); });
+    return backward_state_.get();
+  }
 
 private:
+  mutable std::once_flag backward_state_once_;
+  mutable std::shared_ptr<void> backward_state_;
   mutable std::once_flag backward_once_;
   mutable std::unique_ptr<BackwardPlans> backward_;
 };
@@ -41,10 +49,10 @@ public:
   virtual void upload(PlanEntry& entry, const DynamicLayout* dynamic) = 0;
   virtual void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& o, const TensorView* lse, const ForwardOptions& options) = 0;
-  // The backward pass; devices without one throw a UserError saying so.
+  // The backward pass: dq, dk, dv from the forward's inputs and outputs and dout.
   virtual void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
-                        const TensorView& dk, const TensorView& dv, const ForwardOptions& options);
+                        const TensorView& dk, const TensorView& dv, const ForwardOptions& options) = 0;
   virtual std::string kernel_name() const = 0;
   virtual TileConfig tiles() const = 0;   // the plan's tiles must be the kernel's
   virtual int alignment() const = 0;      // bytes the kernel's loads need

@@ -1,5 +1,7 @@
 // A CUDA device: generate and load the kernel once, upload each plan's tables once, launch on the
 // caller's stream. Every pointer is checked to be device memory of this device before a launch.
+// The backward kernels are compiled and their tables uploaded on the first backward call; their
+// workspaces come from the stream-ordered pool.
 #include <cmath>
 
 #include "compiler/device_plan.hpp"
@@ -26,11 +28,36 @@ DeviceBuffer upload_bytes(const void* data, size_t bytes) {
   return b;
 }
 
+template <typename T>
+DeviceBuffer upload_vector(const std::vector<T>& v) { return upload_bytes(v.data(), v.size() * sizeof(T)); }
+
+// The uploaded tables of the backward plans: the query-major plan (the backward kernels' tiles)
+// and the key-major plan.
+struct GpuBackwardTables {
+  GpuTables query_major;
+  DeviceBuffer key_items, query_entries;
+  int32_t num_key_items = 0;
+};
+
+// Stream-ordered workspace, freed on the same stream when it goes out of scope.
+class Workspace {
+public:
+  Workspace(size_t bytes, CUstream s, const std::string& what) : stream_(s), ptr_(alloc_async(std::max<size_t>(bytes, 16), s, what)) {}
+  ~Workspace() { free_async(ptr_, stream_); }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  float* get() const { return reinterpret_cast<float*>(ptr_); }
+
+private:
+  CUstream stream_;
+  CUdeviceptr ptr_;
+};
+
 class CudaBackend final : public Backend {
 public:
   CudaBackend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir, const KernelConfig& config,
               const TemplateSet& templates)
-      : problem_(pb), device_(device), context_(shared_context(device)) {
+      : pattern_(p), problem_(pb), device_(device), cache_dir_(cache_dir), context_(shared_context(device)) {
     context_.make_current();
     const DeviceInfo info = device_info(device);
     KernelRequest r;
@@ -53,39 +80,75 @@ public:
       }
       module_->set_max_dynamic_shared(function_, source_.shared_bytes);
     }
+    bwd_ = generate_backward_kernels(p, r, templates);
   }
 
   void upload(PlanEntry& entry, const DynamicLayout* dynamic) override {
     context_.make_current();
-    const DevicePlan d = pack_plan(entry.plan);
     auto t = std::make_shared<GpuTables>();
-    t->items = upload_bytes(d.items.data(), d.items.size() * sizeof(DeviceItem));
-    t->spans = upload_bytes(d.spans.data(), d.spans.size() * sizeof(DeviceSpan));
-    t->entries = upload_bytes(d.entries.data(), d.entries.size() * sizeof(int32_t));
-    t->num_items = static_cast<int32_t>(d.items.size());
-    if (dynamic) {
-      t->dyn_rows = upload_bytes(dynamic->row_offsets.data(), dynamic->row_offsets.size() * sizeof(int64_t));
-      t->dyn_cols = upload_bytes(dynamic->col_indices.data(), dynamic->col_indices.size() * sizeof(int32_t));
-      t->dyn_heads = static_cast<int32_t>(dynamic->heads);
-      t->dyn_q_blocks = (static_cast<int64_t>(dynamic->row_offsets.size()) - 1) / dynamic->heads;
-    }
+    upload_tables(*t, entry.plan, dynamic);
     // A copy from pageable memory may return before the DMA lands, and a launch on a
     // non-blocking stream is not ordered after it: wait here (once per plan).
     synchronize(nullptr, "uploading the plan tables of " + source_.name);
     entry.device_state = t;
   }
 
+  void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, const ForwardOptions& options) override {
+    context_.make_current();
+    check_device_memory({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
+    std::call_once(bwd_once_, [&] {
+      KernelCompiler compiler(kernel_cache_for(cache_dir_), knobs());
+      bwd_kernel_ = compiler.get(bwd_.source);
+      context_.make_current();
+      bwd_module_ = load_module(device_, *bwd_kernel_);
+    });
+    const BackwardPlans& plans = entry.backward_plans(pattern_, options.dynamic_layout,
+                                                      TileConfig{bwd_.source.config.tile_q, bwd_.source.config.tile_k});
+    const auto& t = *static_cast<const GpuBackwardTables*>(entry.backward_device_state([&] {
+      auto bt = std::make_shared<GpuBackwardTables>();
+      upload_tables(bt->query_major, plans.query_major, options.dynamic_layout);
+      const DeviceBackwardPlan kp = pack_backward_plan(plans.key_major);
+      bt->key_items = upload_vector(kp.items);
+      bt->query_entries = upload_vector(kp.entries);
+      bt->num_key_items = static_cast<int32_t>(kp.items.size());
+      synchronize(nullptr, "uploading the backward plan tables of " + bwd_.source.name);
+      return std::shared_ptr<void>(bt);
+    }));
+    const Problem& pb = problem_;
+    const CUstream stream = static_cast<CUstream>(options.stream);
+    const size_t dk_bytes = size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim) * 4;
+    const size_t dv_bytes = size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim_v) * 4;
+    Workspace delta(size_t(pb.batch * pb.heads_q * pb.seq_q) * 4, stream, "backward D workspace");
+    Workspace dk_acc(dk_bytes, stream, "backward dK workspace"), dv_acc(dv_bytes, stream, "backward dV workspace");
+    memset_d8_async(reinterpret_cast<CUdeviceptr>(dk_acc.get()), 0, dk_bytes, stream);
+    memset_d8_async(reinterpret_cast<CUdeviceptr>(dv_acc.get()), 0, dv_bytes, stream);
+    const GpuTables& f = t.query_major;
+    const KernelTables tables{reinterpret_cast<const DeviceItem*>(f.items.get()), reinterpret_cast<const DeviceSpan*>(f.spans.get()),
+                              reinterpret_cast<const int32_t*>(f.entries.get()), reinterpret_cast<const int64_t*>(f.dyn_rows.get()),
+                              reinterpret_cast<const int32_t*>(f.dyn_cols.get()), f.num_items, f.dyn_q_blocks, f.dyn_heads};
+    const BackwardTables bt{reinterpret_cast<const DeviceKeyItem*>(t.key_items.get()),
+                            reinterpret_cast<const DeviceQueryEntry*>(t.query_entries.get()), t.num_key_items, delta.get(),
+                            dk_acc.get(), dv_acc.get()};
+    KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, q, k, v, o, lse, dout, dq, dk, dv, options);
+    void* args[] = {&bp};
+    const BackwardGrids g = backward_grids(pb, bwd_, size_t(f.num_items), size_t(t.num_key_items));
+    auto run = [&](const std::string& kernel, uint64_t gx, uint64_t gy, int threads) {
+      if (gx == 0) return;
+      launch(bwd_module_->function(kernel), static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1, static_cast<unsigned>(threads), 0,
+             stream, args, kernel + " grid=(" + std::to_string(gx) + "," + std::to_string(gy) + ") block=" + std::to_string(threads));
+    };
+    run(bwd_.pre, g.pre, pb.batch, bwd_.aux_threads);
+    run(bwd_.dq, g.dq, pb.batch, bwd_.dq_threads);
+    run(bwd_.dkdv, g.dkdv, pb.batch, bwd_.dkdv_threads);
+    run(bwd_.cvt, g.cvt, 1, bwd_.aux_threads);
+  }
+
   void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView* lse, const ForwardOptions& options) override {
     context_.make_current();
-    for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", lse}}) {
-      if (!t) continue;
-      const PointerInfo pi = pointer_info(t->data);
-      if (!pi.is_device_memory || pi.device_ordinal != device_) {
-        throw UserError(name, std::string("is not device memory of cuda:") + std::to_string(device_) +
-                                  "; copy it to the runtime's GPU (or use a Runtime on the CPU device for host tensors)");
-      }
-    }
+    check_device_memory({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", lse}});
     const auto& t = *static_cast<const GpuTables*>(entry.device_state.get());
     if (t.num_items == 0) return;
     const KernelTables tables{reinterpret_cast<const DeviceItem*>(t.items.get()), reinterpret_cast<const DeviceSpan*>(t.spans.get()),
@@ -105,6 +168,31 @@ public:
   int alignment() const override { return source_.path == KernelPath::Sm80 ? 16 : dtype_bytes(problem_.dtype); }
 
 private:
+  void check_device_memory(std::initializer_list<std::pair<const char*, const TensorView*>> tensors) const {
+    for (const auto& [name, t] : tensors) {
+      if (!t) continue;
+      const PointerInfo pi = pointer_info(t->data);
+      if (!pi.is_device_memory || pi.device_ordinal != device_) {
+        throw UserError(name, std::string("is not device memory of cuda:") + std::to_string(device_) +
+                                  "; copy it to the runtime's GPU (or use a Runtime on the CPU device for host tensors)");
+      }
+    }
+  }
+
+  static void upload_tables(GpuTables& t, const Plan& plan, const DynamicLayout* dynamic) {
+    const DevicePlan d = pack_plan(plan);
+    t.items = upload_vector(d.items);
+    t.spans = upload_vector(d.spans);
+    t.entries = upload_vector(d.entries);
+    t.num_items = static_cast<int32_t>(d.items.size());
+    if (dynamic) {
+      t.dyn_rows = upload_vector(dynamic->row_offsets);
+      t.dyn_cols = upload_vector(dynamic->col_indices);
+      t.dyn_heads = static_cast<int32_t>(dynamic->heads);
+      t.dyn_q_blocks = (static_cast<int64_t>(dynamic->row_offsets.size()) - 1) / dynamic->heads;
+    }
+  }
+
   // A CUBIN is loaded once per device and shared by every prepared attention that uses it.
   static std::shared_ptr<Module> load_module(int device, const CompiledKernel& k) {
     static std::mutex m;
@@ -117,13 +205,19 @@ private:
   }
 
 
+  Pattern pattern_;
   Problem problem_;
   int device_;
+  std::string cache_dir_;
   Context& context_;
   KernelSource source_;
   std::shared_ptr<const CompiledKernel> kernel_;
   std::shared_ptr<Module> module_;
   CUfunction function_ = nullptr;
+  BackwardKernels bwd_;  // rendered in the constructor, compiled on the first backward call
+  std::once_flag bwd_once_;
+  std::shared_ptr<const CompiledKernel> bwd_kernel_;
+  std::shared_ptr<Module> bwd_module_;
 };
 
 }  // namespace

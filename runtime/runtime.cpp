@@ -135,13 +135,6 @@ const BackwardPlans& PlanEntry::backward_plans(const Pattern& p, const DynamicLa
   return *backward_;
 }
 
-void Backend::backward(const PlanEntry&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                       const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                       const ForwardOptions&) {
-  throw UserError("Attention::backward", "the backward pass runs on the CPU device only so far (" + kernel_name() +
-                                             " has no backward kernel yet); prepare the attention on Device::cpu()");
-}
-
 const Pattern& Attention::pattern() const { return state_->pattern; }
 const Problem& Attention::problem() const { return state_->problem; }
 std::string Attention::kernel_name() const { return state_->backend->kernel_name(); }

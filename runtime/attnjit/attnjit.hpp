@@ -79,7 +79,8 @@ public:
                const TensorView* lse = nullptr, const ForwardOptions& options = {});
   // The gradients of forward() with respect to q, k and v, given dout = dL/dO: `o` and `lse` are
   // what forward() returned for these inputs and options; dq, dk, dv are written (same shapes and
-  // dtype as q, k, v). Today on the CPU device (the plan executor); other devices say so.
+  // dtype as q, k, v). The CPU device runs the plan executor; the emu and CUDA devices the
+  // generated backward kernels (dK, dV accumulate in fp32 workspaces from the stream's pool).
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
                 const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                 const ForwardOptions& options = {});

@@ -1,0 +1,158 @@
+// The generated backward kernels against the float64 reference gradients: every example pattern
+// and random patterns, in every dtype, on the device under test (ATTNJIT_GPU_TESTS_DEVICE: gpu, or
+// emu in CI). Gradients start poisoned (0xFF = NaN), so an unwritten element shows; the tolerance
+// is a relative Frobenius error of 3e-2 for fp16/bf16 and 1e-5 for fp32 (the SIMT kernels compute
+// in fp32 for every storage type).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <tuple>
+
+#include "attnjit/attnjit.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/npy.hpp"
+#include "runtime/reference.hpp"
+#include "tests/unit/random_patterns.hpp"
+
+using namespace attnjit;
+
+namespace {
+
+bool on_gpu() {
+  const char* e = std::getenv("ATTNJIT_GPU_TESTS_DEVICE");
+  return !e || std::string(e) == "gpu";
+}
+
+// Memory of the device under test: device memory on a GPU, host memory for the emulator.
+class Mem {
+public:
+  explicit Mem(size_t bytes) : bytes_(bytes) {
+    if (on_gpu()) dev_ = DeviceBuffer(bytes);
+    else host_.assign(bytes, 0xFF);
+  }
+  void* data() { return on_gpu() ? reinterpret_cast<void*>(dev_.get()) : static_cast<void*>(host_.data()); }
+  void upload(const std::vector<uint8_t>& b) {
+    if (on_gpu()) copy_to_device(dev_.get(), b.data(), b.size());
+    else host_ = b;
+  }
+  std::vector<uint8_t> download() {
+    if (!on_gpu()) return host_;
+    std::vector<uint8_t> b(bytes_);
+    copy_to_host(b.data(), dev_.get(), bytes_);
+    return b;
+  }
+
+private:
+  size_t bytes_;
+  DeviceBuffer dev_;
+  std::vector<uint8_t> host_;
+};
+
+std::vector<uint8_t> encode(const std::vector<float>& x, DType dt) {
+  std::vector<uint8_t> out(x.size() * size_t(dtype_bytes(dt)));
+  for (size_t n = 0; n < x.size(); ++n) {
+    if (dt == DType::F32) std::memcpy(&out[4 * n], &x[n], 4);
+    else {
+      const uint16_t h = dt == DType::F16 ? float_to_half(x[n]) : float_to_bfloat16(x[n]);
+      std::memcpy(&out[2 * n], &h, 2);
+    }
+  }
+  return out;
+}
+std::vector<float> decode(const std::vector<uint8_t>& b, DType dt) {
+  std::vector<float> out(b.size() / size_t(dtype_bytes(dt)));
+  for (size_t n = 0; n < out.size(); ++n) {
+    if (dt == DType::F32) std::memcpy(&out[n], &b[4 * n], 4);
+    else {
+      uint16_t h;
+      std::memcpy(&h, &b[2 * n], 2);
+      out[n] = dt == DType::F16 ? half_to_float(h) : bfloat16_to_float(h);
+    }
+  }
+  return out;
+}
+std::vector<float> rounded(std::vector<float> x, DType dt) { return decode(encode(x, dt), dt); }
+
+// "" when dQ, dK, dV match the reference, else the first problem.
+std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType dt, const DynamicLayout* dyn, uint64_t seed) {
+  const size_t nq = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim), nk = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim),
+               nv = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), no = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim_v);
+  const std::vector<float> q = rounded(testing::random_tensor(nq, seed), dt), k = rounded(testing::random_tensor(nk, seed + 1), dt),
+                           v = rounded(testing::random_tensor(nv, seed + 2), dt), dout = rounded(testing::random_tensor(no, seed + 3), dt);
+  const ReferenceGradients want = reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data(), dyn, 0);
+  Attention op = rt.prepare(p, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt});
+  auto make = [&](const std::vector<float>* x, size_t n) {
+    auto m = std::make_unique<Mem>(n * size_t(dtype_bytes(dt)));
+    if (x) m->upload(encode(*x, dt));
+    return m;
+  };
+  auto mq = make(&q, nq), mk = make(&k, nk), mv = make(&v, nv), mdo = make(&dout, no), mo = make(nullptr, no);
+  auto mdq = make(nullptr, nq), mdk = make(nullptr, nk), mdv = make(nullptr, nv);
+  Mem mlse(size_t(s.batch * s.heads_q * s.seq_q) * 4);
+  auto view = [&](Mem& m, DType t, std::vector<int64_t> shape) { return TensorView::contiguous(m.data(), t, std::move(shape)); };
+  const std::vector<int64_t> qs{s.batch, s.seq_q, s.heads_q, s.head_dim}, ks{s.batch, s.seq_k, s.heads_kv, s.head_dim},
+      vs{s.batch, s.seq_k, s.heads_kv, s.head_dim_v}, os{s.batch, s.seq_q, s.heads_q, s.head_dim_v};
+  const TensorView lse = view(mlse, DType::F32, {s.batch, s.heads_q, s.seq_q});
+  ForwardOptions fo;
+  fo.q_offset = s.q_offset, fo.k_offset = s.k_offset, fo.dynamic_layout = dyn;
+  op.forward(view(*mq, dt, qs), view(*mk, dt, ks), view(*mv, dt, vs), view(*mo, dt, os), &lse, fo);
+  op.backward(view(*mq, dt, qs), view(*mk, dt, ks), view(*mv, dt, vs), view(*mo, dt, os), lse, view(*mdo, dt, os),
+              view(*mdq, dt, qs), view(*mdk, dt, ks), view(*mdv, dt, vs), fo);
+  if (on_gpu()) synchronize(nullptr, "after backward");
+  const double tol = dt == DType::F32 ? 1e-5 : 3e-2;
+  for (const auto& [name, m, w] : {std::tuple<const char*, Mem*, const std::vector<double>*>{"dq", mdq.get(), &want.dq},
+                                   {"dk", mdk.get(), &want.dk}, {"dv", mdv.get(), &want.dv}}) {
+    const std::vector<float> got = decode(m->download(), dt);
+    double d2 = 0, w2 = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::isnan(got[i])) return std::string(name) + " is NaN at element " + std::to_string(i) + " (unwritten?)";
+      d2 += (got[i] - (*w)[i]) * (got[i] - (*w)[i]);
+      w2 += (*w)[i] * (*w)[i];
+    }
+    const double rel = w2 > 0 ? std::sqrt(d2 / w2) : std::sqrt(d2);
+    if (!(rel <= tol)) return std::string(name) + ": relative Frobenius error " + std::to_string(rel) + " > " + std::to_string(tol);
+  }
+  return "";
+}
+
+Device device_under_test() { return on_gpu() ? Device::cuda(0) : Device::emu(80); }
+
+}  // namespace
+
+TEST_CASE("backward: every example pattern matches the reference gradients", "[gpu][emu][grad][examples]") {
+  if (on_gpu()) shared_context(0).make_current();
+  RuntimeOptions ro;
+  ro.device = device_under_test();
+  Runtime rt(ro);
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(ATTNJIT_EXAMPLES_DIR)) {
+    if (e.path().extension() != ".json" || e.path().stem() == "manifest") continue;
+    const Pattern p = load_spec_file(e.path().string());
+    for (const auto& [dt, d] : std::vector<std::pair<DType, int64_t>>{{DType::F32, 32}, {DType::F16, 64}, {DType::BF16, 128}}) {
+      Shape s;
+      s.batch = 1, s.seq_q = s.seq_k = on_gpu() ? 1537 : 150, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = d;
+      s.q_offset = dt == DType::F16 ? 37 : 0;
+      INFO(e.path().filename().string() << " " << to_string(dt) << " head_dim " << d);
+      CHECK(check_backward(rt, p, s, dt, nullptr, 100 + n++) == "");
+    }
+  }
+}
+
+TEST_CASE("backward: random patterns match the reference gradients", "[gpu][emu][grad][random]") {
+  if (on_gpu()) shared_context(0).make_current();
+  RuntimeOptions ro;
+  ro.device = device_under_test();
+  Runtime rt(ro);
+  testing::CaseGenerator gen(31337);
+  for (int n = 0; n < 40; ++n) {
+    auto c = gen.next();
+    const DType dt = n % 3 == 0 ? DType::F32 : n % 3 == 1 ? DType::F16 : DType::BF16;
+    c.shape.head_dim = 16 * (1 + c.shape.head_dim % 4);
+    c.shape.head_dim_v = 16 * (1 + c.shape.head_dim_v % 4);
+    INFO("case " << n << " " << to_string(dt) << "\n" << canonical_text(c.pattern));
+    CHECK(check_backward(rt, c.pattern, c.shape, dt, c.dynamic ? &*c.dynamic : nullptr, 1000 + 10 * n) == "");
+  }
+}
