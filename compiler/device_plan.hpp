@@ -78,8 +78,10 @@ struct KernelBwdParams {
   int32_t heads_q, heads_kv;
   float scale;
   int32_t num_key_items;
+  int32_t key_item_base;
+  int32_t plain_add;
 };
-static_assert(sizeof(KernelBwdParams) == 448, "must match AjBwdParams in templates/bwd_simt.cuh");
+static_assert(sizeof(KernelBwdParams) == 456, "must match AjBwdParams in templates/bwd_simt.cuh");
 
 struct DeviceBackwardPlan {
   std::vector<DeviceKeyItem> items;

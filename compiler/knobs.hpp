@@ -20,6 +20,7 @@ struct Knobs {
   int64_t cache_max_bytes = int64_t{1} << 30;  // ATTNJIT_CACHE_MAX_BYTES: LRU eviction above it
   bool print_autotuning = false;        // ATTNJIT_PRINT_AUTOTUNING=1
   bool tune = false;                    // ATTNJIT_TUNE=1: tune on a tuning-database miss
+  bool deterministic = false;           // ATTNJIT_DETERMINISTIC=1: every backward is bitwise reproducible
   // The CPU emulator (Device::emu()):
   std::string emu_cxx = "c++";          // ATTNJIT_EMU_CXX: the host C++ compiler (g++ or clang++) kernels are built with
   uint64_t emu_seed = 0;                // ATTNJIT_EMU_SEED: 0 runs threads in index order; else shuffles them between barriers

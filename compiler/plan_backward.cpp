@@ -45,21 +45,32 @@ BackwardPlan lower_to_backward_plan(const Plan& fwd) {
   std::vector<size_t> order(items.size());
   for (size_t n = 0; n < order.size(); ++n) order[n] = n;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return items[a].cost > items[b].cost; });
+  // Layers, greedily: each item goes to the first layer none of whose items has one of its key rows.
+  std::vector<std::vector<char>> taken;  // per layer: kv_head * seq_k + key row
+  std::vector<int> layer_of(items.size());
   for (size_t n : order) {
+    const KeyItem& k = items[n];
+    size_t layer = 0;
+    for (;; ++layer) {
+      if (layer == taken.size()) taken.emplace_back(static_cast<size_t>(s.heads_kv * s.seq_k), 0);
+      bool free = true;
+      for (int64_t c = 0; c < k.keys.count && free; ++c) free = !taken[layer][static_cast<size_t>(k.kv_head * s.seq_k + k.keys.at(c))];
+      if (free) break;
+    }
+    for (int64_t c = 0; c < k.keys.count; ++c) taken[layer][static_cast<size_t>(k.kv_head * s.seq_k + k.keys.at(c))] = 1;
+    layer_of[n] = static_cast<int>(layer);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return layer_of[a] < layer_of[b]; });
+  for (size_t n : order) {
+    if (out.layers.size() <= static_cast<size_t>(layer_of[n])) out.layers.push_back(static_cast<int64_t>(out.items.size()));
     KeyItem k = items[n];
     k.entry_begin = static_cast<int64_t>(out.entries.size());
     out.entries.insert(out.entries.end(), buckets[n].begin(), buckets[n].end());
     k.entry_end = static_cast<int64_t>(out.entries.size());
     out.items.push_back(k);
   }
-  // Do the key tiles of a kv head overlap?
-  std::vector<char> seen(static_cast<size_t>(s.heads_kv * s.seq_k), 0);
-  for (const KeyItem& k : out.items)
-    for (int64_t c = 0; c < k.keys.count && out.keys_disjoint; ++c) {
-      char& mark = seen[static_cast<size_t>(k.kv_head * s.seq_k + k.keys.at(c))];
-      if (mark) out.keys_disjoint = false;
-      mark = 1;
-    }
+  out.layers.push_back(static_cast<int64_t>(out.items.size()));
+  out.keys_disjoint = out.layers.size() <= 2;
   return out;
 }
 
@@ -78,7 +89,7 @@ std::string print_backward_plan(const BackwardPlan& plan, int64_t max_items) {
   os << "key items: " << plan.items.size() << ", query entries: " << plan.entries.size() << " (= the forward plan's "
      << plan.pairs << " visited tiles)\n";
   os << "key tiles: " << (plan.keys_disjoint ? "disjoint (dK, dV stored directly)" : "overlapping (dK, dV accumulated)")
-     << "\n";
+     << ", " << plan.layers.size() - 1 << " layer(s) of disjoint key tiles\n";
   const int64_t total = static_cast<int64_t>(plan.items.size());
   const int64_t n = max_items < 0 ? total : std::min(max_items, total);
   os << "items (" << n << " of " << total << ", heaviest first):\n";

@@ -6,7 +6,7 @@
 // appears once here, under the key tile with exactly the same row map. Dilation stays addressing
 // (key and query tiles are affine row maps). Key tiles of different branches may share key rows
 // (a dense branch and a dilated one): `keys_disjoint` says whether any kv head's key tiles
-// overlap, which decides whether a kernel may store dK/dV directly or must accumulate them.
+// overlap, and `layers` groups the items into sets whose key tiles do not.
 #pragma once
 
 #include <cstdint>
@@ -37,9 +37,13 @@ struct BackwardPlan {
   Shape shape;
   TileConfig tiles;
   double softmax_scale = 1.0, output_scale = 1.0;
-  std::vector<KeyItem> items;  // heaviest first
+  // Items come in layers: no two items of one layer share a key row of the same kv head, so a
+  // layer's dK/dV can be added without atomics, and layers run in order give bitwise-reproducible
+  // sums (the deterministic mode). Layer L is items[layers[L], layers[L + 1]); heaviest first within.
+  std::vector<KeyItem> items;
+  std::vector<int64_t> layers;  // layer boundaries; {0, items.size()} when the key tiles are disjoint
   std::vector<QueryEntry> entries;
-  bool keys_disjoint = true;   // no key row is in two key items of the same kv head
+  bool keys_disjoint = true;   // no key row is in two key items of the same kv head (one layer)
   int64_t pairs = 0;           // (query tile, key tile) pairs: the forward plan's visited tiles, summed over heads
 };
 

@@ -133,7 +133,7 @@ public:
                             dk_acc.get(), dv_acc.get()};
     KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, q, k, v, o, lse, dout, dq, dk, dv, options);
     void* args[] = {&bp};
-    const BackwardGrids g = backward_grids(pb, bwd_, size_t(f.num_items), size_t(t.num_key_items));
+    const BackwardGrids g = backward_grids(pb, bwd_, size_t(f.num_items), plans.key_major, options.deterministic);
     auto run = [&](const std::string& kernel, uint64_t gx, uint64_t gy, int threads) {
       if (gx == 0) return;
       launch(bwd_module_->function(kernel), static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1, static_cast<unsigned>(threads), 0,
@@ -141,7 +141,10 @@ public:
     };
     run(bwd_.pre, g.pre, pb.batch, bwd_.aux_threads);
     run(bwd_.dq, g.dq, pb.batch, bwd_.dq_threads);
-    run(bwd_.dkdv, g.dkdv, pb.batch, bwd_.dkdv_threads);
+    for (const DkdvLaunch& d : g.dkdv) {  // the launch copies the arguments: bp may change after it
+      bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add;
+      run(bwd_.dkdv, d.blocks, pb.batch, bwd_.dkdv_threads);
+    }
     run(bwd_.cvt, g.cvt, 1, bwd_.aux_threads);
   }
 

@@ -217,10 +217,13 @@ public:
       r.buffers = img.buffers();
       bwd_module_->launch(r);
     };
-    const BackwardGrids g = backward_grids(pb, bwd_, fp.items.size(), kp.items.size());
+    const BackwardGrids g = backward_grids(pb, bwd_, fp.items.size(), plans.key_major, options.deterministic);
     launch(bwd_.pre, g.pre, pb.batch, bwd_.aux_threads);
     launch(bwd_.dq, g.dq, pb.batch, bwd_.dq_threads);
-    launch(bwd_.dkdv, g.dkdv, pb.batch, bwd_.dkdv_threads);
+    for (const DkdvLaunch& d : g.dkdv) {
+      bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add;
+      launch(bwd_.dkdv, d.blocks, pb.batch, bwd_.dkdv_threads);
+    }
     launch(bwd_.cvt, g.cvt, 1, bwd_.aux_threads);  // covers every batch itself
     img.copy_back(idq, dq.data);
     img.copy_back(idk, dk.data);

@@ -33,13 +33,21 @@ KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTabl
   return kp;
 }
 
-BackwardGrids backward_grids(const Problem& pb, const BackwardKernels& k, size_t items, size_t key_items) {
+BackwardGrids backward_grids(const Problem& pb, const BackwardKernels& k, size_t items, const BackwardPlan& key_major,
+                             bool deterministic) {
   const uint64_t aux = static_cast<uint64_t>(k.aux_threads);
   BackwardGrids g;
   g.pre = (static_cast<uint64_t>(pb.seq_q * pb.heads_q) + aux - 1) / aux;
   g.dq = items;
-  g.dkdv = key_items;
   g.cvt = (static_cast<uint64_t>(pb.batch * pb.seq_k * pb.heads_kv * (pb.head_dim + pb.head_dim_v)) + aux - 1) / aux;
+  if (key_major.keys_disjoint || deterministic) {
+    for (size_t l = 0; l + 1 < key_major.layers.size(); ++l) {
+      g.dkdv.push_back({static_cast<int32_t>(key_major.layers[l]),
+                        static_cast<uint64_t>(key_major.layers[l + 1] - key_major.layers[l]), 1});
+    }
+  } else if (!key_major.items.empty()) {
+    g.dkdv.push_back({0, key_major.items.size(), 0});
+  }
   return g;
 }
 

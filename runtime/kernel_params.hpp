@@ -40,11 +40,20 @@ KernelBwdParams backward_params(const Plan& plan, const Problem& pb, const Kerne
                                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                                 const TensorView& dv, const ForwardOptions& options);
 
-// The grids of the four backward launches (x dimension; pre, dq and dkdv have `batch` rows of
-// blocks, cvt one). A zero means the launch has nothing to do.
-struct BackwardGrids {
-  uint64_t pre = 0, dq = 0, dkdv = 0, cvt = 0;
+// The grids of the backward launches (x dimension; pre, dq and dkdv have `batch` rows of blocks,
+// cvt one). A zero means the launch has nothing to do. dK/dV take one launch per layer of disjoint
+// key tiles (plain adds, bitwise reproducible) when the key tiles are disjoint or `deterministic`
+// asks for it, else one launch of every key tile with atomic adds.
+struct DkdvLaunch {
+  int32_t key_item_base = 0;
+  uint64_t blocks = 0;
+  int32_t plain_add = 0;
 };
-BackwardGrids backward_grids(const Problem& pb, const BackwardKernels& k, size_t items, size_t key_items);
+struct BackwardGrids {
+  uint64_t pre = 0, dq = 0, cvt = 0;
+  std::vector<DkdvLaunch> dkdv;
+};
+BackwardGrids backward_grids(const Problem& pb, const BackwardKernels& k, size_t items, const BackwardPlan& key_major,
+                             bool deterministic);
 
 }  // namespace attnjit

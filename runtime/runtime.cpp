@@ -153,7 +153,9 @@ void Attention::backward(const TensorView& q, const TensorView& k, const TensorV
   if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
   check_backward_inputs(state_->problem, q, k, v, o, lse, dout, dq, dk, dv, state_->backend->alignment());
   const std::shared_ptr<PlanEntry> entry = plan_for(*state_, options);
-  state_->backend->backward(*entry, q, k, v, o, lse, dout, dq, dk, dv, options);
+  ForwardOptions o2 = options;
+  o2.deterministic = options.deterministic || knobs().deterministic;
+  state_->backend->backward(*entry, q, k, v, o, lse, dout, dq, dk, dv, o2);
 }
 
 void attention(Runtime& rt, const Pattern& pattern, const TensorView& q, const TensorView& k, const TensorView& v,

@@ -4,8 +4,9 @@
 //   _dq    over the forward plan: each query tile recomputes P = exp(S - LSE) tile by tile and
 //          accumulates dQ = scale * dS K in registers (a query tile owns its rows: no atomics);
 //   _dkdv  over the key-major plan: each key tile keeps dK, dV in registers while it walks the
-//          query tiles that attend it, then adds them to fp32 workspaces (key tiles of different
-//          branches may share rows, so the add is atomic);
+//          query tiles that attend it, then adds them to fp32 workspaces: atomically when key
+//          tiles of the launch may share rows, plainly when the launch is one layer of disjoint
+//          key tiles (the deterministic mode runs the layers one launch each);
 //   _cvt   the workspaces to dK, dV in the storage type.
 // Four threads per row, each owning every fourth head dimension, as in fwd_simt.cuh.
 
@@ -38,8 +39,10 @@ struct AjBwdParams {
   int heads_q, heads_kv;
   float scale;                            // softmax scale (fwd.scale_log2 = scale * log2 e)
   int num_key_items;
+  int key_item_base;                      // _dkdv: block x runs key_items[key_item_base + x]
+  int plain_add;                          // _dkdv: no two blocks of this launch share a key row: add without atomics
 };
-static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(AjBwdParams) == 448,
+static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(AjBwdParams) == 456,
               "backward table layout differs from compiler/device_plan.hpp");
 
 #define AJ_LOG2E 1.4426950408889634f
@@ -138,7 +141,7 @@ struct AjBwdQueryShared {
 __device__ __forceinline__ void aj_bwd_dkdv(const AjBwdParams& bp) {
   const AjParams& p = bp.fwd;
   AJ_STATIC_SHARED(AjBwdQueryShared, sh);
-  const AjKeyItem ki = bp.key_items[aj_block_idx_x()];
+  const AjKeyItem ki = bp.key_items[bp.key_item_base + aj_block_idx_x()];
   const aj_i64 b = aj_block_idx_y();
   const int krow = aj_thread_idx() / AJ_SIMT_LANES, lane = aj_thread_idx() % AJ_SIMT_LANES;
   const bool live = krow < ki.keys_count;
@@ -204,6 +207,13 @@ __device__ __forceinline__ void aj_bwd_dkdv(const AjBwdParams& bp) {
   if (!live) return;
   float* dka = bp.dk_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM;
   float* dva = bp.dv_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM_V;
+  if (bp.plain_add) {  // one layer of disjoint key tiles: reproducible bit for bit
+#pragma unroll
+    for (int x = 0; x < AJ_QD; ++x) dka[lane + AJ_SIMT_LANES * x] += dk[x] * bp.scale;
+#pragma unroll
+    for (int x = 0; x < AJ_VD; ++x) dva[lane + AJ_SIMT_LANES * x] += dv[x];
+    return;
+  }
 #pragma unroll
   for (int x = 0; x < AJ_QD; ++x) aj_red_add_f32(dka + lane + AJ_SIMT_LANES * x, dk[x] * bp.scale);
 #pragma unroll

@@ -24,6 +24,7 @@ struct GradOptions {
               dtype = "fp32", arch = "sm_80";
   InputOptions in;
   unsigned threads = 0;
+  bool deterministic = false;
 };
 
 void write(const std::string& path, const std::vector<int64_t>& dims, const std::vector<float>& x) {
@@ -76,6 +77,7 @@ int run_grad(const GradOptions& o) {
       bwd.forward_given = true;
     }
     const Device d = o.device == "gpu" ? Device::cuda(0) : Device::emu(parse_arch(o.arch));
+    bwd.deterministic = o.deterministic;
     run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), KernelConfig{}, of, lf, &bwd);
     dq = std::move(bwd.dq), dk = std::move(bwd.dk), dv = std::move(bwd.dv);
     where = o.device == "gpu" ? "the gpu (" + o.dtype + ")" : "the emulator (" + o.arch + ", " + o.dtype + ")";
@@ -133,6 +135,8 @@ void register_grad(CLI::App& app, int& rc) {
       ->capture_default_str();
   sub->add_option("--tile", o->tile, "tile size for --executor plan")->capture_default_str();
   sub->add_option("--threads", o->threads, "CPU threads (0: all)");
+  sub->add_flag("--deterministic", o->deterministic,
+                "with --device gpu|emu: bitwise-reproducible gradients (the CPU executors always are)");
   sub->callback([o, &rc] { rc = guarded([&] { return run_grad(*o); }); });
 }
 

@@ -103,6 +103,7 @@ void run_on_device(const Device& device, const Pattern& p, const Shape& s, const
     dlse.download(lse.data(), lse.size() * sizeof(float));
   }
   if (!backward) return;
+  fo.deterministic = backward->deterministic;
   DeviceBytes ddo = upload(backward->dout);
   auto zeros = [&](const std::vector<int64_t>& shape) {
     return DeviceBytes(gpu, static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3] * dtype_bytes(dtype)));

@@ -13,6 +13,7 @@ namespace attnjit::cli {
 struct DeviceBackward {
   std::vector<float> dout;
   bool forward_given = false;  // o and lse hold the forward's outputs: do not run the forward
+  bool deterministic = false;  // ForwardOptions::deterministic
   std::vector<float> dq, dk, dv;
 };
 

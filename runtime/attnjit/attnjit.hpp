@@ -56,6 +56,9 @@ struct ForwardOptions {
   int64_t q_offset = 0, k_offset = 0;              // global positions of row 0 (chunks, ring steps)
   void* stream = nullptr;                          // CUstream of the caller (CUDA device)
   const DynamicLayout* dynamic_layout = nullptr;   // host CSR table, for patterns with a dynamic layout
+  // backward(): bitwise-reproducible gradients (dK/dV added layer by layer, no atomics). Also the
+  // ATTNJIT_DETERMINISTIC knob. dQ never uses atomics.
+  bool deterministic = false;
 };
 
 struct RuntimeOptions {

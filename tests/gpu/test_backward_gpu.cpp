@@ -76,8 +76,10 @@ std::vector<float> decode(const std::vector<uint8_t>& b, DType dt) {
 }
 std::vector<float> rounded(std::vector<float> x, DType dt) { return decode(encode(x, dt), dt); }
 
-// "" when dQ, dK, dV match the reference, else the first problem.
-std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType dt, const DynamicLayout* dyn, uint64_t seed) {
+// "" when dQ, dK, dV match the reference, else the first problem. `bytes` receives the gradients'
+// bytes (dq, dk, dv in turn) when given.
+std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType dt, const DynamicLayout* dyn, uint64_t seed,
+                           bool deterministic = false, std::vector<uint8_t>* bytes = nullptr) {
   const size_t nq = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim), nk = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim),
                nv = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), no = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim_v);
   const std::vector<float> q = rounded(testing::random_tensor(nq, seed), dt), k = rounded(testing::random_tensor(nk, seed + 1), dt),
@@ -97,7 +99,7 @@ std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType 
       vs{s.batch, s.seq_k, s.heads_kv, s.head_dim_v}, os{s.batch, s.seq_q, s.heads_q, s.head_dim_v};
   const TensorView lse = view(mlse, DType::F32, {s.batch, s.heads_q, s.seq_q});
   ForwardOptions fo;
-  fo.q_offset = s.q_offset, fo.k_offset = s.k_offset, fo.dynamic_layout = dyn;
+  fo.q_offset = s.q_offset, fo.k_offset = s.k_offset, fo.dynamic_layout = dyn, fo.deterministic = deterministic;
   op.forward(view(*mq, dt, qs), view(*mk, dt, ks), view(*mv, dt, vs), view(*mo, dt, os), &lse, fo);
   op.backward(view(*mq, dt, qs), view(*mk, dt, ks), view(*mv, dt, vs), view(*mo, dt, os), lse, view(*mdo, dt, os),
               view(*mdq, dt, qs), view(*mdk, dt, ks), view(*mdv, dt, vs), fo);
@@ -105,7 +107,9 @@ std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType 
   const double tol = dt == DType::F32 ? 1e-5 : 3e-2;
   for (const auto& [name, m, w] : {std::tuple<const char*, Mem*, const std::vector<double>*>{"dq", mdq.get(), &want.dq},
                                    {"dk", mdk.get(), &want.dk}, {"dv", mdv.get(), &want.dv}}) {
-    const std::vector<float> got = decode(m->download(), dt);
+    const std::vector<uint8_t> raw = m->download();
+    if (bytes) bytes->insert(bytes->end(), raw.begin(), raw.end());
+    const std::vector<float> got = decode(raw, dt);
     double d2 = 0, w2 = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       if (std::isnan(got[i])) return std::string(name) + " is NaN at element " + std::to_string(i) + " (unwritten?)";
@@ -154,5 +158,27 @@ TEST_CASE("backward: random patterns match the reference gradients", "[gpu][emu]
     c.shape.head_dim_v = 16 * (1 + c.shape.head_dim_v % 4);
     INFO("case " << n << " " << to_string(dt) << "\n" << canonical_text(c.pattern));
     CHECK(check_backward(rt, c.pattern, c.shape, dt, c.dynamic ? &*c.dynamic : nullptr, 1000 + 10 * n) == "");
+  }
+}
+
+TEST_CASE("backward: the deterministic mode gives the same bits every time, overlapping key tiles included", "[gpu][emu][grad][deterministic]") {
+  if (on_gpu()) shared_context(0).make_current();
+  RuntimeOptions ro;
+  ro.device = device_under_test();
+  Runtime rt(ro);
+  // A dense and a dilated branch: their key tiles overlap, so dK/dV take several layers.
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(64).dilation(1))
+                        .branch(BranchSpec().segment(128).dilation(2).offset(OffsetRule::HeadMod))
+                        .branch(BranchSpec().segment(256).dilation(4).offset(OffsetRule::HeadMod))
+                        .build();
+  Shape s;
+  s.seq_q = s.seq_k = on_gpu() ? 4099 : 300, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 32;
+  std::vector<uint8_t> first, again;
+  REQUIRE(check_backward(rt, p, s, DType::F32, nullptr, 5, true, &first) == "");
+  for (int run = 0; run < 3; ++run) {
+    again.clear();
+    REQUIRE(check_backward(rt, p, s, DType::F32, nullptr, 5, true, &again) == "");
+    CHECK(again == first);
   }
 }

@@ -23,7 +23,7 @@ namespace {
 const std::vector<std::string> kAllVariables = {
     "ATTNJIT_CACHE_DIR", "ATTNJIT_DISABLE_CACHE",   "ATTNJIT_ALWAYS_COMPILE",  "ATTNJIT_NO_JIT", "ATTNJIT_DUMP_DIR",
     "ATTNJIT_LOG_LEVEL", "ATTNJIT_CACHE_MAX_BYTES", "ATTNJIT_PRINT_AUTOTUNING", "ATTNJIT_TUNE",  "XDG_CACHE_HOME",
-    "HOME", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT"};
+    "HOME", "ATTNJIT_DETERMINISTIC", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT"};
 
 // Clears every variable the knobs read and restores the caller's environment afterwards.
 class CleanEnvironment {
@@ -207,6 +207,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_CACHE_MAX_BYTES=1073741824\n"
         "ATTNJIT_PRINT_AUTOTUNING=0\n"
         "ATTNJIT_TUNE=1\n"
+        "ATTNJIT_DETERMINISTIC=0\n"
         "ATTNJIT_EMU_CXX=c++\n"
         "ATTNJIT_EMU_SEED=0\n"
         "ATTNJIT_EMU_THREADS=0\n"

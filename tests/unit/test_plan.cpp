@@ -115,8 +115,26 @@ TEST_CASE("the key-major backward plan covers exactly the mask, with multiplicit
       }
     }
     CHECK(pairs == bwd.pairs);
+    // Layers partition the items, and no two items of a layer share a key row of a kv head.
+    REQUIRE(bwd.layers.size() >= 1);
+    CHECK(bwd.layers.front() == 0);
+    CHECK(bwd.layers.back() == static_cast<int64_t>(bwd.items.size()));
+    for (size_t l = 0; l + 1 < bwd.layers.size(); ++l) {
+      CHECK(bwd.layers[l] < bwd.layers[l + 1]);
+      std::vector<char> taken(static_cast<size_t>(s.heads_kv * s.seq_k), 0);
+      for (int64_t it = bwd.layers[l]; it < bwd.layers[l + 1]; ++it) {
+        const KeyItem& k = bwd.items[static_cast<size_t>(it)];
+        for (int64_t kc = 0; kc < k.keys.count; ++kc) {
+          char& t = taken[static_cast<size_t>(k.kv_head * s.seq_k + k.keys.at(kc))];
+          INFO("layer " << l << " item " << it << " key " << k.keys.at(kc));
+          CHECK(t == 0);
+          t = 1;
+        }
+      }
+    }
     const bool disjoint = std::all_of(key_cover.begin(), key_cover.end(), [](int v) { return v <= 1; });
     CHECK(bwd.keys_disjoint == disjoint);
+    CHECK(bwd.keys_disjoint == (bwd.layers.size() <= 2));
     overlapping += !disjoint;
     const MaskContext ctx{c.pattern, s, dyn};
     for (int64_t h = 0; h < s.heads_q; ++h)
