@@ -332,3 +332,42 @@ def attention(spec, q, k, v, q_offset=0, k_offset=0, dynamic=None):
     if spec.get("combine", "softmax") == "head_groups" and spec.get("group_scale", "mean") == "mean":
         o = o / len(spec["branches"])
     return o.transpose(0, 2, 1, 3).copy(), lse
+
+
+# --------------------------------------------------------------------------
+# gradients (README "Training: the backward pass"), dense, from the same counts
+# --------------------------------------------------------------------------
+def attention_grad(spec, q, k, v, dout, q_offset=0, k_offset=0, dynamic=None):
+    """dQ, dK, dV of attention() given dO: P = counts * exp(S) / sum, O = f P V; the exact
+    gradient, dK/dV of a kv head summed over the query heads that read it."""
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    do = np.asarray(dout, dtype=np.float64)
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    counts = mask_counts(spec, Sq, Sk, Hq, Hkv, q_offset, k_offset, dynamic)
+    scale = float(spec["scale"]) if "scale" in spec else 1.0 / math.sqrt(D)
+    f = 1.0
+    if spec.get("combine", "softmax") == "head_groups" and spec.get("group_scale", "mean") == "mean":
+        f = 1.0 / len(spec["branches"])
+    rep = Hq // Hkv
+    kk = np.repeat(k, rep, axis=2)
+    vv = np.repeat(v, rep, axis=2)
+    c = counts[None].astype(np.float64)
+    s = scale * np.einsum("bqhd,bkhd->bhqk", q, kk)
+    s_m = np.where(c > 0, s, -np.inf)
+    mx = s_m.max(axis=-1, keepdims=True)
+    mx = np.where(np.isfinite(mx), mx, 0.0)
+    e = c * np.exp(np.where(c > 0, s - mx, -np.inf))
+    den = e.sum(axis=-1, keepdims=True)
+    p = np.where(den > 0, e / np.where(den > 0, den, 1.0), 0.0)  # [B, Hq, Sq, Sk]
+    dob = do.transpose(0, 2, 1, 3)  # [B, Hq, Sq, Dv]
+    dp = f * np.einsum("bhqd,bkhd->bhqk", dob, vv)
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) * scale
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, kk)
+    dk_rep = np.einsum("bhqk,bqhd->bkhd", ds, q)
+    dv_rep = f * np.einsum("bhqk,bhqd->bkhd", p, dob)
+    dk = dk_rep.reshape(B, Sk, Hkv, rep, D).sum(axis=3)
+    dv = dv_rep.reshape(B, Sk, Hkv, rep, -1).sum(axis=3)
+    return dq, dk, dv
