@@ -107,7 +107,8 @@ std::vector<KernelConfig> selected_configs(const TuningDb& db, const Pattern& p,
 }
 
 // A manifest: {"attnjit_manifest": 1, "entries": [{"patterns": [...], "head_dims": [...],
-// "dtypes": [...], "tiles": ["default", "64x64"]}]}; pattern paths are relative to the manifest.
+// "dtypes": [...], "tiles": ["default", "64x64"], "backward": true}]}; pattern paths are relative
+// to the manifest; "backward" (default false) adds the backward kernels for training.
 std::vector<KernelSource> manifest_kernels(const std::string& path, const std::vector<int>& archs, int top_k) {
   const TuningDb db = all_tuning_dbs();
   std::ifstream in(path);
@@ -129,14 +130,16 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
     const std::string where = path + ": /entries/" + std::to_string(e);
     std::vector<std::string> patterns, dtypes, tiles = {"default"};
     std::vector<int> head_dims;
+    bool backward = false;
     try {
       patterns = entry.at("patterns").get<std::vector<std::string>>();
       head_dims = entry.at("head_dims").get<std::vector<int>>();
       dtypes = entry.at("dtypes").get<std::vector<std::string>>();
       if (entry.contains("tiles")) tiles = entry["tiles"].get<std::vector<std::string>>();
+      if (entry.contains("backward")) backward = entry["backward"].get<bool>();
     } catch (const nlohmann::json::exception&) {
       throw UserError(where, "needs \"patterns\" (paths), \"head_dims\" (integers), \"dtypes\" (strings) and optionally "
-                             "\"tiles\" (\"default\" or \"QxK\")");
+                             "\"tiles\" (\"default\" or \"QxK\") and \"backward\" (true or false)");
     }
     for (const std::string& spec : patterns) {
       const Pattern p = load_spec_file((dir / spec).string());
@@ -155,6 +158,8 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
                 r.config = c;
                 kernels.push_back(generate_kernel(p, r));
               }
+              // Training: the backward kernels of this pattern, head dim, dtype and arch (one set).
+              if (backward) kernels.push_back(generate_backward_kernels(p, r).source);
             }
     }
   }
