@@ -25,6 +25,7 @@ struct Mutation {
   const char* to;
   DType dtype;  // bf16: the tensor-core path; fp32: the SIMT path
   bool backward = false;  // checks the gradients (forward and backward run)
+  bool deterministic = false;  // the backward in deterministic mode (dK/dV added layer by layer)
 };
 
 const Mutation kMutations[] = {
@@ -51,11 +52,15 @@ const Mutation kMutations[] = {
      "      const float ds = pr * f * dp;", DType::BF16, true},
     {"backward: the dK/dV workspace stored instead of accumulated", "bwd_simt.cuh",
      "aj_red_add_f32(dva + lane + AJ_SIMT_LANES * x, dv[x]);", "dva[lane + AJ_SIMT_LANES * x] = dv[x];", DType::F32, true},
+    {"backward, deterministic: the layered dV add stores instead of adding", "bwd_simt.cuh",
+     "for (int x = 0; x < AJ_VD; ++x) dva[lane + AJ_SIMT_LANES * x] += dv[x];",
+     "for (int x = 0; x < AJ_VD; ++x) dva[lane + AJ_SIMT_LANES * x] = dv[x];", DType::F32, true, true},
 };
 
 // Runs `templates`' kernels on the emulator; "" when they match the reference (O and LSE, and with
 // `backward` dQ, dK, dV too), else what went wrong.
-std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DType dt, bool backward = false) {
+std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DType dt, bool backward = false,
+                         bool deterministic = false) {
   const Pattern p = PatternBuilder()
                         .branch(BranchSpec().segment(128).dilation(1).causal())
                         .branch(BranchSpec().segment(256).dilation(2).offset(OffsetRule::HeadMod))
@@ -117,7 +122,8 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
     op.backward(view(f32 ? (void*)q.data() : qh.data(), s.seq_q, 2), view(f32 ? (void*)k.data() : kh.data(), s.seq_k, 1),
                 view(f32 ? (void*)v.data() : vh.data(), s.seq_k, 1), view(f32 ? (void*)o.data() : oh.data(), s.seq_q, 2), lv,
                 view(f32 ? (void*)dout.data() : doh.data(), s.seq_q, 2), view(f32 ? (void*)dq.data() : dqh.data(), s.seq_q, 2),
-                view(f32 ? (void*)dk.data() : dkh.data(), s.seq_k, 1), view(f32 ? (void*)dv.data() : dvh.data(), s.seq_k, 1));
+                view(f32 ? (void*)dk.data() : dkh.data(), s.seq_k, 1), view(f32 ? (void*)dv.data() : dvh.data(), s.seq_k, 1),
+                ForwardOptions{.deterministic = deterministic});
   } catch (const emu::KernelFault& e) {
     return std::string("fault in backward: ") + e.what();
   }
@@ -144,6 +150,7 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   const auto embedded = std::make_shared<const TemplateSet>(TemplateSet::embedded());
   CHECK(check_kernel(embedded, DType::BF16, true) == "");
   CHECK(check_kernel(embedded, DType::F32, true) == "");
+  CHECK(check_kernel(embedded, DType::F32, true, true) == "");
 }
 
 TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutation]") {
@@ -155,7 +162,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     REQUIRE(at != std::string::npos);  // the template changed: update the mutation
     text.replace(at, std::string(m.from).size(), m.to);
     t->replace(m.file, text);
-    const std::string outcome = check_kernel(t, m.dtype, m.backward);
+    const std::string outcome = check_kernel(t, m.dtype, m.backward, m.deterministic);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }
