@@ -1,6 +1,7 @@
 // The GPU tests' entry point. Without a GPU the whole suite is skipped, and says so: ctest shows
 // it as "Skipped" (exit code 77, SKIP_RETURN_CODE in tests/CMakeLists.txt) with the reason. With
-// ATTNJIT_GPU_TESTS_DEVICE=emu the same tests run on the emulator (ctest emu_suite).
+// ATTNJIT_GPU_TESTS_DEVICE=emu the same tests run on the emulator (ctest emu_suite), with =cpu
+// (or ATTNJIT_GPU_TESTS_ON_CPU=1 when the former is unset) on the CPU device: neither needs a GPU.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -8,12 +9,15 @@
 #include <string>
 
 #include "runtime/cuda_driver.hpp"
+#include "tests/gpu/test_target.hpp"
 
 int main(int argc, char** argv) {
-  // On the emulator or the CPU device (ATTNJIT_GPU_TESTS_DEVICE=emu|cpu) nothing needs a GPU.
-  const char* device = std::getenv("ATTNJIT_GPU_TESTS_DEVICE");
-  const char* on_cpu = std::getenv("ATTNJIT_GPU_TESTS_ON_CPU");
-  if ((device && std::string(device) != "gpu") || (on_cpu && *on_cpu == '1')) return Catch::Session().run(argc, argv);
+  const std::string target = attnjit::gputest::target_name();
+  if (!attnjit::gputest::target_name_valid(target)) {
+    std::fprintf(stderr, "ATTNJIT_GPU_TESTS_DEVICE=%s: expected gpu, emu or cpu\n", target.c_str());
+    return 2;
+  }
+  if (target != "gpu") return Catch::Session().run(argc, argv);
   std::string why;
   if (!attnjit::CudaDriver::available(&why)) {
     std::printf("SKIPPED: the GPU tests need a CUDA GPU: %s\n", why.c_str());

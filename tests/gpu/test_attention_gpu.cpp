@@ -26,6 +26,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -35,25 +36,16 @@
 #include "runtime/cuda_driver.hpp"
 #include "runtime/npy.hpp"
 #include "runtime/reference.hpp"
+#include "tests/gpu/test_target.hpp"
 #include "tests/unit/random_patterns.hpp"
 
 using namespace attnjit;
 
 namespace {
 
-enum class Target { Gpu, Emu, Cpu };
-Target target() {
-  static const Target t = [] {
-    const char* on_cpu = std::getenv("ATTNJIT_GPU_TESTS_ON_CPU");
-    if (on_cpu && *on_cpu == '1') return Target::Cpu;
-    const char* e = std::getenv("ATTNJIT_GPU_TESTS_DEVICE");
-    const std::string d = e ? e : "gpu";
-    return d == "emu" ? Target::Emu : d == "cpu" ? Target::Cpu : Target::Gpu;
-  }();
-  return t;
-}
-// The emulator and the CPU device take host memory; a GPU takes device memory.
-bool on_host() { return target() != Target::Gpu; }
+using gputest::Target;
+using gputest::target;
+using gputest::on_host;
 double env_number(const char* name, double fallback) {
   const char* e = std::getenv(name);
   return e && *e ? std::atof(e) : fallback;
@@ -387,6 +379,41 @@ void parallel_for(size_t n, F&& f) {
   for (auto& t : pool) t.join();
 }
 
+// What a suite exercised, printed after it: the emulator suite's requirements (dtypes, head dims,
+// GQA, offsets, rows that attend nothing, dynamic tables, ragged lengths, kernel configurations)
+// are met by the cases the generators produce, and this line shows that they still are.
+struct Coverage {
+  std::set<std::string> dtypes, configs;
+  std::set<int64_t> head_dims;
+  std::set<int> archs;
+  size_t gqa = 0, offsets = 0, dynamic = 0, empty_rows = 0, ragged = 0, no_lse = 0;
+  void add(const Case& c, const Prepared& p) {
+    const Shape& s = c.shape;
+    dtypes.insert(to_string(c.dtype));
+    head_dims.insert(s.head_dim), head_dims.insert(s.head_dim_v);
+    archs.insert(c.arch);
+    configs.insert(c.config == KernelConfig{} ? "default" : describe(c.config));
+    gqa += s.heads_q != s.heads_kv;
+    offsets += s.q_offset != 0 || s.k_offset != 0;
+    dynamic += c.dynamic.has_value();
+    empty_rows += std::any_of(p.want.lse.begin(), p.want.lse.end(), [](double x) { return std::isinf(x); });
+    ragged += s.seq_q % 64 != 0 || s.seq_k % 64 != 0;
+    no_lse += !c.lse;
+  }
+  std::string str() const {
+    std::ostringstream os;
+    auto list = [&](const auto& set) { for (const auto& x : set) os << (&x == &*set.begin() ? "" : ",") << x; };
+    os << "dtypes ";
+    list(dtypes);
+    os << "; head dims ";
+    list(head_dims);
+    if (target() == Target::Emu) { os << "; sm_"; list(archs); }
+    os << "; cases with GQA " << gqa << ", offsets " << offsets << ", rows that attend nothing " << empty_rows << ", dynamic tables "
+       << dynamic << ", lengths no multiple of 64 " << ragged << ", no lse " << no_lse << "; " << configs.size() << " kernel configs";
+    return os.str();
+  }
+};
+
 // Prepares every case in parallel (reference, plan, kernel compile), then runs them one by one.
 void check_cases(const std::string& suite, const std::vector<Case>& cases) {
   // Streams and buffers are made on this thread: the GPU's context must be current here.
@@ -403,7 +430,9 @@ void check_cases(const std::string& suite, const std::vector<Case>& cases) {
   size_t passed = 0, cuda_errors = 0;
   std::map<std::string, std::pair<double, double>> worst;  // dtype -> max err (o, lse) over passing cases
   double worst_frobenius = 0;
+  Coverage coverage;
   for (size_t n = 0; n < cases.size(); ++n) {
+    if (prep[n].error.empty()) coverage.add(cases[n], prep[n]);
     const Outcome r = run_case(cases[n], prep[n], own.s);
     record(suite, cases[n], r, prep[n].prepare_s);
     prep[n] = Prepared{};
@@ -423,7 +452,7 @@ void check_cases(const std::string& suite, const std::vector<Case>& cases) {
   std::printf("%s: %zu/%zu cases passed (prepared in %.1f s on %u threads)\n", suite.c_str(), passed, cases.size(), prep_s,
               std::max(1u, std::thread::hardware_concurrency()));
   for (const auto& [dt, w] : worst) std::printf("  %s: max error o %.3g, lse %.3g (|got-want|/(1+|want|))\n", dt.c_str(), w.first, w.second);
-  std::printf("  worst relative Frobenius error of O: %.3g\n", worst_frobenius);
+  std::printf("  worst relative Frobenius error of O: %.3g\n  covered: %s\n", worst_frobenius, coverage.str().c_str());
   std::fflush(stdout);
   CHECK(passed == cases.size());
 }
@@ -485,7 +514,7 @@ std::vector<Case> random_cases(uint64_t seed, int count, bool scale_lengths) {
     Case c;
     c.name = "random" + std::to_string(seed) + "#" + std::to_string(n);
     c.dtype = n % 3 == 0 ? DType::F16 : n % 3 == 1 ? DType::BF16 : DType::F32;
-    const std::vector<int64_t> dims = c.dtype == DType::F32 ? std::vector<int64_t>{32, 64, 128} : std::vector<int64_t>{32, 64, 96, 128, 256};
+    const std::vector<int64_t> dims = {32, 64, 96, 128, 256};
     Shape s = rc.shape;
     const bool same_dv = s.head_dim_v == s.head_dim;
     s.head_dim = pick(dims);
@@ -533,26 +562,33 @@ std::vector<Case> emu_example_cases() {
   return cases;
 }
 
-// Every configuration the autotuner can choose (compiler/autotune.cpp), plus a 4-stage pipeline,
-// on a pattern with causal and dilated branches at lengths that are no multiple of any tile.
-std::vector<Case> config_cases(int64_t seq) {
+// Every configuration the autotuner can choose (compiler/autotune.cpp's candidate_configs for
+// `arch`: tensor-core tiles 64/128 x 32/64/128 with 2 or 3 stages that fit, SIMT tiles
+// 16/32/64 x 16/32), plus a 4-stage pipeline, on a pattern with causal and dilated branches at
+// lengths that are no multiple of any tile. Head dim 256 has its own, smaller set; on the emulator
+// fp16 also runs the SIMT candidates of sm_75.
+std::vector<Case> config_cases(int64_t seq, int arch) {
   const Pattern p = PatternBuilder()
                         .branch(BranchSpec().segment(128).dilation(1).causal())
                         .branch(BranchSpec().segment(256).dilation(2).offset(OffsetRule::HeadMod))
                         .build();
+  struct Kind { DType dtype; int head_dim, arch; };
+  std::vector<Kind> kinds = {{DType::BF16, 64, arch}, {DType::F16, 128, arch}, {DType::F32, 64, arch}, {DType::BF16, 256, arch}};
+  if (target() == Target::Emu) kinds.push_back({DType::F16, 64, 75});
   std::vector<Case> cases;
-  for (const auto& [dt, d] : std::vector<std::pair<DType, int>>{{DType::BF16, 64}, {DType::F16, 128}, {DType::F32, 64}}) {
+  for (const Kind& kind : kinds) {
     KernelRequest r;
-    r.head_dim = r.head_dim_v = d;
-    r.dtype = dt;
-    r.arch = 80;
+    r.head_dim = r.head_dim_v = kind.head_dim;
+    r.dtype = kind.dtype;
+    r.arch = kind.arch;
     std::vector<KernelConfig> configs = candidate_configs(r);
-    if (dt == DType::BF16) configs.push_back({128, 64, 4});  // fits at head dim 64
+    if (kind.dtype == DType::BF16 && kind.head_dim == 64) configs.push_back({128, 64, 4});  // fits at head dim 64
     for (const KernelConfig& k : configs) {
       Case c;
-      c.name = std::string("config/") + to_string(dt) + "-d" + std::to_string(d) + "/" + describe(k);
-      c.pattern = p, c.dtype = dt, c.config = k, c.seed = 31 + cases.size();
-      c.shape = make_shape(1, seq, seq, 2, 1, d, 7, 0);
+      c.name = std::string("config/") + to_string(kind.dtype) + "-d" + std::to_string(kind.head_dim) + "-sm_" +
+               std::to_string(kind.arch) + "/" + describe(k);
+      c.pattern = p, c.dtype = kind.dtype, c.config = k, c.arch = kind.arch, c.seed = 31 + cases.size();
+      c.shape = make_shape(1, seq, seq, 2, 1, kind.head_dim, 7, 0);
       cases.push_back(std::move(c));
     }
   }
@@ -577,7 +613,9 @@ TEST_CASE("random patterns match the float64 reference in the emulator", "[emu][
 TEST_CASE("every tile configuration the autotuner can choose matches the reference", "[gpu][emu][attention][configs]") {
   SKIP_WITHOUT_GPU();
   if (target() == Target::Cpu) { WARN("SKIPPED on the CPU device: it has no kernel configurations"); return; }
-  check_cases("configs", config_cases(target() == Target::Emu ? 203 : 1999));
+  // A GPU's candidates are those of its own arch (more shared memory on sm_90); the emulator's, sm_80's.
+  const int arch = target() == Target::Gpu ? device_info(0).cc_major * 10 + device_info(0).cc_minor : 80;
+  check_cases("configs", config_cases(target() == Target::Emu ? 203 : 1999, arch));
 }
 
 TEST_CASE("every example pattern matches the float64 reference on the GPU", "[gpu][attention][examples]") {

@@ -1,6 +1,7 @@
 // The generated backward kernels against the float64 reference gradients: every example pattern
-// and random patterns, in every dtype, on the device under test (ATTNJIT_GPU_TESTS_DEVICE: gpu, or
-// emu in CI). Gradients start poisoned (0xFF = NaN), so an unwritten element shows; the tolerance
+// and random patterns, in every dtype, on the device under test (ATTNJIT_GPU_TESTS_DEVICE: gpu;
+// emu in CI; cpu for the plan executor). Gradients start poisoned (0xFF = NaN), so an unwritten
+// element shows; the tolerance
 // is a relative Frobenius error of 3e-2 for fp16/bf16 and 1e-5 for fp32 (the SIMT kernels compute
 // in fp32 for every storage type).
 #include <catch2/catch.hpp>
@@ -15,16 +16,15 @@
 #include "runtime/cuda_driver.hpp"
 #include "runtime/npy.hpp"
 #include "runtime/reference.hpp"
+#include "tests/gpu/test_target.hpp"
 #include "tests/unit/random_patterns.hpp"
 
 using namespace attnjit;
 
 namespace {
 
-bool on_gpu() {
-  const char* e = std::getenv("ATTNJIT_GPU_TESTS_DEVICE");
-  return !e || std::string(e) == "gpu";
-}
+// The device under test as main.cpp reads it (tests/gpu/test_target.hpp).
+bool on_gpu() { return gputest::target() == gputest::Target::Gpu; }
 
 // Memory of the device under test: device memory on a GPU, host memory for the emulator.
 class Mem {
@@ -122,7 +122,14 @@ std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType 
   return "";
 }
 
-Device device_under_test() { return on_gpu() ? Device::cuda(0) : Device::emu(80); }
+Device device_under_test() {
+  switch (gputest::target()) {
+    case gputest::Target::Gpu: return Device::cuda(0);
+    case gputest::Target::Emu: return Device::emu(80);
+    case gputest::Target::Cpu: break;
+  }
+  return Device::cpu();
+}
 
 }  // namespace
 
