@@ -1,7 +1,9 @@
 // Rendering kernels from templates: the instantiation header, the mask predicate, the entry point.
 #include "compiler/codegen.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <sstream>
 
 #include "compiler/error.hpp"
@@ -55,6 +57,34 @@ KernelConfig resolve_simt_config(const KernelRequest& r, KernelConfig c) {
   require(c.tile_k >= 1 && c.tile_k <= 64, "tile_k", "the SIMT path needs tile_k in [1, 64], got " + std::to_string(c.tile_k));
   require(c.tile_k * (r.head_dim + r.head_dim_v) * 4 <= 48 * 1024, "tile_k",
           "K and V tiles of " + std::to_string(c.tile_k) + " keys exceed 48 KB of static shared memory; use a smaller tile_k");
+  return c;
+}
+
+// Dynamic shared memory of the tensor-core backward kernels (templates/bwd_sm80.cuh): _dq holds Q
+// and dO of its query tile and `stages` K/V tiles; _dkdv its K/V tile and two stages of Q, dO
+// (with each row's LSE and D as floats).
+int backward_dq_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
+  const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
+  return 2 * (c.tile_q * (dp + dvp) + c.stages * c.tile_k * (dp + dvp));
+}
+int backward_dkdv_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
+  const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
+  return 2 * (c.tile_k + 2 * c.tile_q) * (dp + dvp) + 2 * 2 * c.tile_q * 4;
+}
+
+// Tiles of the tensor-core backward: 64 x 64 with two stages, halved (keys first) until both
+// kernels fit the arch's shared memory.
+KernelConfig resolve_backward_sm80_config(const KernelRequest& r) {
+  KernelConfig c;
+  c.tile_q = 64, c.tile_k = 64, c.stages = 2;
+  auto bytes = [&] { return std::max(backward_dq_smem_bytes(r, c), backward_dkdv_smem_bytes(r, c)); };
+  while (bytes() > shared_limit(r.arch) && (c.tile_k > 16 || c.tile_q > 16)) {
+    if (c.tile_k >= c.tile_q && c.tile_k > 16) c.tile_k /= 2;
+    else c.tile_q /= 2;
+  }
+  require(bytes() <= shared_limit(r.arch), "config",
+          "the backward kernels need " + std::to_string(bytes()) + " bytes of shared memory at their smallest tiles, over " +
+              arch_name(r.arch) + "'s " + std::to_string(shared_limit(r.arch)));
   return c;
 }
 
@@ -160,25 +190,44 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const Tem
 namespace attnjit {
 
 BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest& r, const TemplateSet& templates) {
-  choose_path(r);  // what no path supports (head dims, bf16 before sm_80) is refused as for the forward
+  const KernelPath forward_path = choose_path(r);  // what no path supports is refused as for the forward
   BackwardKernels out;
   KernelSource& k = out.source;
-  k.path = KernelPath::Simt;
-  k.config = resolve_simt_config(r, KernelConfig{});
+  // The tensor-core kernels keep a 16-row slice of dK and dV (or of dQ) in registers per warp;
+  // past head dim 128 that no longer fits, and the SIMT kernels take over.
+  k.path = forward_path == KernelPath::Sm80 && std::max(r.head_dim, r.head_dim_v) <= 128 ? KernelPath::Sm80 : KernelPath::Simt;
+  k.config = k.path == KernelPath::Sm80 ? resolve_backward_sm80_config(r) : resolve_simt_config(r, KernelConfig{});
   k.arch = arch_name(r.arch);
   k.template_hash = templates.hash();
   const std::string predicate = generate_mask_predicate(p);
   k.has_mask = predicate.find("return true;") == std::string::npos;
-  out.dq_threads = k.threads = k.config.tile_q * 4;
-  out.dkdv_threads = k.config.tile_k * 4;
+  const char* body;
+  std::vector<std::string> bodies;
+  if (k.path == KernelPath::Sm80) {
+    out.dq_threads = k.config.tile_q * 2;
+    out.dkdv_threads = k.config.tile_k * 2;
+    out.dq_shared_bytes = backward_dq_smem_bytes(r, k.config);
+    out.dkdv_shared_bytes = backward_dkdv_smem_bytes(r, k.config);
+    bodies = {"fwd_sm80.cuh", "bwd_common.cuh", "bwd_sm80.cuh"};
+    body = "_sm80";
+  } else {
+    out.dq_threads = k.config.tile_q * 4;
+    out.dkdv_threads = k.config.tile_k * 4;
+    bodies = {"fwd_simt.cuh", "bwd_common.cuh", "bwd_simt.cuh"};
+    body = "";
+  }
+  k.threads = out.dq_threads;
+  k.shared_bytes = std::max(out.dq_shared_bytes, out.dkdv_shared_bytes);
   std::ostringstream os;
-  os << render_prefix("backward kernels", k, r, predicate, templates, {"fwd_simt.cuh", "bwd_simt.cuh"});
+  os << render_prefix("backward kernels", k, r, predicate, templates, bodies);
   os << "\n// ---- generated: entry points\n";
-  const std::pair<const char*, int> entries[] = {
-      {"pre", out.aux_threads}, {"dq", out.dq_threads}, {"dkdv", out.dkdv_threads}, {"cvt", out.aux_threads}};
-  for (const auto& [suffix, threads] : entries) {
+  const std::tuple<const char*, int, const char*> entries[] = {{"pre", out.aux_threads, ""},
+                                                               {"dq", out.dq_threads, body},
+                                                               {"dkdv", out.dkdv_threads, body},
+                                                               {"cvt", out.aux_threads, ""}};
+  for (const auto& [suffix, threads, impl] : entries) {
     os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ", 1) AJ_KERNEL_NAME_" << suffix
-       << "(const AjBwdParams p) {\n  aj_bwd_" << suffix << "(p);\n}\n";
+       << "(const AjBwdParams p) {\n  aj_bwd_" << suffix << impl << "(p);\n}\n";
   }
   name_by_hash(k, os.str(), "attnjit_bwd_");
   out.pre = k.name + "_pre", out.dq = k.name + "_dq", out.dkdv = k.name + "_dkdv", out.cvt = k.name + "_cvt";

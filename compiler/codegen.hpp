@@ -56,15 +56,19 @@ KernelConfig resolve_config(const KernelRequest& r);
 KernelSource generate_kernel(const Pattern& p, const KernelRequest& r,
                              const TemplateSet& templates = TemplateSet::embedded());
 
-// The backward pass: one source with four entry points (templates/bwd_simt.cuh): `pre` (D =
-// rowsum(dO * O)), `dq` (over the forward plan, `dq_threads` per block), `dkdv` (over the
-// key-major plan, `dkdv_threads` per block) and `cvt` (fp32 workspaces to dK, dV); `pre` and `cvt`
-// run `aux_threads` per block. The SIMT path for every dtype (fp32 arithmetic); its tiles are the
-// SIMT path's defaults, and the plans of a backward call are made with them (`source.config`).
+// The backward pass: one source with four entry points: `pre` (D = rowsum(dO * O)), `dq` (over
+// the forward plan, `dq_threads` per block), `dkdv` (over the key-major plan, `dkdv_threads` per
+// block) and `cvt` (fp32 workspaces to dK, dV); `pre` and `cvt` run `aux_threads` per block
+// (templates/bwd_common.cuh). `source.path` says which gradient kernels: the tensor-core ones
+// (templates/bwd_sm80.cuh) for fp16/bf16 on sm_80+ up to head dim 128, with dynamic shared memory
+// (`dq_shared_bytes`, `dkdv_shared_bytes`), else the SIMT ones (templates/bwd_simt.cuh, fp32
+// arithmetic, static shared memory). Its tiles are the backward's own (`source.config`), and the
+// plans of a backward call are made with them.
 struct BackwardKernels {
   KernelSource source;
   std::string pre, dq, dkdv, cvt;
   int dq_threads = 0, dkdv_threads = 0, aux_threads = 128;
+  int dq_shared_bytes = 0, dkdv_shared_bytes = 0;
 };
 BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest& r,
                                           const TemplateSet& templates = TemplateSet::embedded());

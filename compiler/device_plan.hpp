@@ -47,7 +47,7 @@ struct KernelParams {
 };
 static_assert(sizeof(KernelParams) == 240, "must match AjParams in templates/common.cuh");
 
-// = AjKeyItem and AjQueryEntry (templates/bwd_simt.cuh): the key-major plan of the backward pass.
+// = AjKeyItem and AjQueryEntry (templates/bwd_common.cuh): the key-major plan of the backward pass.
 struct DeviceKeyItem {
   int64_t keys_start, keys_stride;
   int32_t keys_count, kv_head, entry_begin, entry_end;
@@ -56,7 +56,7 @@ struct DeviceQueryEntry {
   int64_t rows_start, rows_stride;
   int32_t rows_count, head, branch, full;
 };
-static_assert(sizeof(DeviceKeyItem) == 32 && sizeof(DeviceQueryEntry) == 32, "must match templates/bwd_simt.cuh");
+static_assert(sizeof(DeviceKeyItem) == 32 && sizeof(DeviceQueryEntry) == 32, "must match templates/bwd_common.cuh");
 
 // = AjBwdParams, passed to the backward kernels by value.
 struct KernelBwdParams {
@@ -81,7 +81,7 @@ struct KernelBwdParams {
   int32_t key_item_base;
   int32_t plain_add;
 };
-static_assert(sizeof(KernelBwdParams) == 456, "must match AjBwdParams in templates/bwd_simt.cuh");
+static_assert(sizeof(KernelBwdParams) == 456, "must match AjBwdParams in templates/bwd_common.cuh");
 
 struct DeviceBackwardPlan {
   std::vector<DeviceKeyItem> items;

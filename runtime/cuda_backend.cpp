@@ -103,6 +103,16 @@ public:
       bwd_kernel_ = compiler.get(bwd_.source);
       context_.make_current();
       bwd_module_ = load_module(device_, *bwd_kernel_);
+      // The tensor-core gradient kernels may need the opt-in above 48 KB of shared memory.
+      const DeviceInfo info = device_info(device_);
+      for (const auto& [kernel, bytes] : {std::pair<const std::string&, int>{bwd_.dq, bwd_.dq_shared_bytes}, {bwd_.dkdv, bwd_.dkdv_shared_bytes}}) {
+        if (bytes <= 48 * 1024) continue;
+        if (bytes > info.max_shared_per_block_optin) {
+          throw UserError(kernel, "needs " + std::to_string(bytes) + " bytes of shared memory; " + info.name + " allows " +
+                                      std::to_string(info.max_shared_per_block_optin));
+        }
+        bwd_module_->set_max_dynamic_shared(bwd_module_->function(kernel), bytes);
+      }
     });
     const BackwardPlans& plans = entry.backward_plans(pattern_, options.dynamic_layout,
                                                       TileConfig{bwd_.source.config.tile_q, bwd_.source.config.tile_k});
@@ -134,18 +144,18 @@ public:
     KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, q, k, v, o, lse, dout, dq, dk, dv, options);
     void* args[] = {&bp};
     const BackwardGrids g = backward_grids(pb, bwd_, size_t(f.num_items), plans.key_major, options.deterministic);
-    auto run = [&](const std::string& kernel, uint64_t gx, uint64_t gy, int threads) {
+    auto run = [&](const std::string& kernel, uint64_t gx, uint64_t gy, int threads, int shared_bytes) {
       if (gx == 0) return;
-      launch(bwd_module_->function(kernel), static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1, static_cast<unsigned>(threads), 0,
-             stream, args, kernel + " grid=(" + std::to_string(gx) + "," + std::to_string(gy) + ") block=" + std::to_string(threads));
+      launch(bwd_module_->function(kernel), static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1, static_cast<unsigned>(threads),
+             static_cast<unsigned>(shared_bytes), stream, args, kernel + " grid=(" + std::to_string(gx) + "," + std::to_string(gy) + ") block=" + std::to_string(threads));
     };
-    run(bwd_.pre, g.pre, pb.batch, bwd_.aux_threads);
-    run(bwd_.dq, g.dq, pb.batch, bwd_.dq_threads);
+    run(bwd_.pre, g.pre, pb.batch, bwd_.aux_threads, 0);
+    run(bwd_.dq, g.dq, pb.batch, bwd_.dq_threads, bwd_.dq_shared_bytes);
     for (const DkdvLaunch& d : g.dkdv) {  // the launch copies the arguments: bp may change after it
       bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add;
-      run(bwd_.dkdv, d.blocks, pb.batch, bwd_.dkdv_threads);
+      run(bwd_.dkdv, d.blocks, pb.batch, bwd_.dkdv_threads, bwd_.dkdv_shared_bytes);
     }
-    run(bwd_.cvt, g.cvt, 1, bwd_.aux_threads);
+    run(bwd_.cvt, g.cvt, 1, bwd_.aux_threads, 0);
   }
 
   void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,

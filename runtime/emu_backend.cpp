@@ -206,25 +206,26 @@ public:
                                          rebased(o, io), rebased(lse, il), rebased(dout, ido), rebased(dq, idq),
                                          rebased(dk, idk), rebased(dv, idv), options);
     void* args[] = {&bp};
-    auto launch = [&](const std::string& kernel, uint64_t grid_x, uint64_t grid_y, int threads) {
+    auto launch = [&](const std::string& kernel, uint64_t grid_x, uint64_t grid_y, int threads, int shared_bytes) {
       if (grid_x == 0) return;
       emu::LaunchRequest r;
       r.kernel = kernel;
       r.grid[0] = static_cast<unsigned>(grid_x);
       r.grid[1] = static_cast<unsigned>(grid_y);
       r.block_threads = static_cast<unsigned>(threads);
+      r.dynamic_shared = static_cast<size_t>(shared_bytes);
       r.args = args;
       r.buffers = img.buffers();
       bwd_module_->launch(r);
     };
     const BackwardGrids g = backward_grids(pb, bwd_, fp.items.size(), plans.key_major, options.deterministic);
-    launch(bwd_.pre, g.pre, pb.batch, bwd_.aux_threads);
-    launch(bwd_.dq, g.dq, pb.batch, bwd_.dq_threads);
+    launch(bwd_.pre, g.pre, pb.batch, bwd_.aux_threads, 0);
+    launch(bwd_.dq, g.dq, pb.batch, bwd_.dq_threads, bwd_.dq_shared_bytes);
     for (const DkdvLaunch& d : g.dkdv) {
       bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add;
-      launch(bwd_.dkdv, d.blocks, pb.batch, bwd_.dkdv_threads);
+      launch(bwd_.dkdv, d.blocks, pb.batch, bwd_.dkdv_threads, bwd_.dkdv_shared_bytes);
     }
-    launch(bwd_.cvt, g.cvt, 1, bwd_.aux_threads);  // covers every batch itself
+    launch(bwd_.cvt, g.cvt, 1, bwd_.aux_threads, 0);  // covers every batch itself
     img.copy_back(idq, dq.data);
     img.copy_back(idk, dk.data);
     img.copy_back(idv, dv.data);

@@ -30,12 +30,13 @@ __device__ __forceinline__ aj_u32 aj_pack2(float lo, float hi) {
 
 // ---- tile loads through row maps --------------------------------------------------------------
 
-// Rows first + r * stride (r < count) of a [.., D] tensor into a [rows][pitch] shared tile.
-template <int ROWS, int D, int PITCH>
+// Rows first + r * stride (r < count) of a [.., D] tensor into a [rows][pitch] shared tile, by a
+// block of THREADS threads; rows past `count` are zero-filled.
+template <int ROWS, int D, int PITCH, int THREADS = AJ_THREADS>
 __device__ __forceinline__ void aj_load_rows(aj_elem* dst, const aj_elem* base, aj_i64 row_stride, aj_i64 first,
                                              aj_i64 stride, int count) {
   constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
-  for (int x = aj_thread_idx(); x < ROWS * CHUNKS; x += AJ_THREADS) {
+  for (int x = aj_thread_idx(); x < ROWS * CHUNKS; x += THREADS) {
     const int r = x / CHUNKS, c = x % CHUNKS;
     const bool valid = r < count;
     const aj_elem* src = valid ? base + (first + (aj_i64)r * stride) * row_stride + c * 8 : base;

@@ -1,4 +1,4 @@
-// attnjit dump SPEC --stage pattern|plan|plan-bwd: the pipeline's values, printed.
+// attnjit dump SPEC --stage pattern|plan|plan-bwd|cuda|ptx|sass [--backward]: the pipeline's values, printed.
 #include <iostream>
 #include <memory>
 
@@ -19,7 +19,7 @@ struct DumpOptions {
   std::string spec, stage = "pattern", tile = "64x64", dynamic;
   ShapeOptions shape;
   KernelOptions kernel;
-  bool full = false;
+  bool full = false, backward = false;
 };
 
 // --stage cuda|ptx|sass: the generated kernel for each --arch, as text.
@@ -27,7 +27,7 @@ int dump_kernel(const Pattern& p, const DumpOptions& o) {
   for (KernelRequest r : o.kernel.requests()) {
     r.head_dim = static_cast<int>(o.shape.head_dim);
     r.head_dim_v = static_cast<int>(o.shape.head_dim_v > 0 ? o.shape.head_dim_v : o.shape.head_dim);
-    const KernelSource k = generate_kernel(p, r);
+    const KernelSource k = o.backward ? generate_backward_kernels(p, r).source : generate_kernel(p, r);
     if (o.stage == "cuda") {
       std::cout << k.source;
       continue;
@@ -53,6 +53,7 @@ int run_dump(const DumpOptions& o) {
     return 0;
   }
   if (o.stage != "plan" && o.stage != "plan-bwd") return dump_kernel(p, o);
+  if (o.backward) throw UserError("--backward", "applies to --stage cuda, ptx and sass; the key-major plan is --stage plan-bwd");
   if (!o.shape.has_seq()) throw UserError("--seq", "is required for --stage " + o.stage + ": a plan is made for one shape");
   const Shape s = o.shape.shape();
   const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
@@ -80,6 +81,7 @@ void register_dump(CLI::App& app, int& rc) {
   o->kernel.add_to(sub, false);
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
   sub->add_flag("--full", o->full, "print every work item (default: the first 8)");
+  sub->add_flag("--backward", o->backward, "--stage cuda|ptx|sass: the backward kernels (pre, dq, dkdv, cvt) instead of the forward");
   sub->callback([o, &rc] { rc = guarded([&] { return run_dump(*o); }); });
 }
 

@@ -189,3 +189,23 @@ TEST_CASE("backward: the deterministic mode gives the same bits every time, over
     CHECK(again == first);
   }
 }
+
+TEST_CASE("backward: rows that attend nothing give and get no gradient (never NaN)", "[gpu][emu][grad][empty]") {
+  if (on_gpu()) shared_context(0).make_current();
+  RuntimeOptions ro;
+  ro.device = device_under_test();
+  Runtime rt(ro);
+  // Causal with the keys starting 70 positions after the queries: query rows 0..69 attend nothing
+  // (their LSE is -inf), and a window leaves more rows empty inside a dilated branch.
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(64).dilation(1).causal())
+                        .branch(BranchSpec().segment(128).dilation(2).offset(OffsetRule::HeadMod).causal())
+                        .build();
+  for (const auto& [dt, d] : std::vector<std::pair<DType, int64_t>>{{DType::F32, 32}, {DType::F16, 64}, {DType::BF16, 128}}) {
+    Shape s;
+    s.seq_q = s.seq_k = on_gpu() ? 1000 : 200, s.heads_q = 4, s.heads_kv = 1, s.head_dim = s.head_dim_v = d;
+    s.k_offset = 70;
+    INFO(to_string(dt) << " head_dim " << d);
+    CHECK(check_backward(rt, p, s, dt, nullptr, 77) == "");
+  }
+}

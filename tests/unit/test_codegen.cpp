@@ -36,6 +36,14 @@ Pattern no_mask() {
   return parse_spec(R"({"attnjit": 1, "branches": [{"segment": 2048}, {"segment": 4096, "dilation": 2}]})");
 }
 
+// Registers and spills of one entry point, for a failure message.
+std::string u_info(const CompileResult& r, const std::string& entry) {
+  for (const ResourceUsage& u : r.usage)
+    if (u.kernel == entry)
+      return std::to_string(u.registers) + " registers, " + std::to_string(u.spill_store_bytes) + " bytes spill stores";
+  return "not found";
+}
+
 int shared_limit(int arch) { return arch >= 90 ? 227 * 1024 : arch == 80 ? 163 * 1024 : arch >= 86 ? 99 * 1024 : 64 * 1024; }
 
 bool have_disassembler() {
@@ -95,7 +103,7 @@ TEST_CASE("every template variant compiles for every arch: no spills, shared mem
   }
 }
 
-TEST_CASE("the backward kernels compile with NVRTC: four entry points, no spills, static shared memory in budget",
+TEST_CASE("the backward kernels compile with NVRTC: four entry points, no spills, shared memory in budget, HMMA on the tensor path",
           "[codegen][nvrtc][grad]") {
   if (!nvrtc_available()) {
     WARN("SKIPPED: NVRTC is not built in; the backward kernels cannot be compiled");
@@ -121,11 +129,14 @@ TEST_CASE("the backward kernels compile with NVRTC: four entry points, no spills
     INFO(k.source.name << " " << k.source.arch << "\n" << k.source.source.substr(0, 200));
     if (const auto* err = std::get_if<std::string>(&results[n])) FAIL(*err);
     const CompileResult& r = std::get<CompileResult>(results[n]);
-    for (const std::string& entry : {k.pre, k.dq, k.dkdv, k.cvt}) {
-      INFO(entry);
+    if (k.source.path == KernelPath::Sm80) CHECK(disassemble_cubin(r.cubin).find("HMMA") != std::string::npos);
+    for (const auto& [entry, dynamic_bytes] : {std::pair<std::string, int>{k.pre, 0}, {k.dq, k.dq_shared_bytes},
+                                              {k.dkdv, k.dkdv_shared_bytes}, {k.cvt, 0}}) {
+      INFO(entry << " " << u_info(r, entry));
       const auto u = std::find_if(r.usage.begin(), r.usage.end(), [&](const ResourceUsage& x) { return x.kernel == entry; });
       REQUIRE(u != r.usage.end());
       CHECK(u->shared_bytes <= 48 * 1024);
+      CHECK(u->shared_bytes + dynamic_bytes <= shared_limit(std::stoi(k.source.arch.substr(3))));
       // Four threads per row hold a quarter of each head vector: at head dim 256 the dQ and dK/dV
       // kernels keep 192-256 floats per thread and spill (known; eight threads per row will fix it).
       if (k.source.source.find("#define AJ_HEAD_DIM 256") != std::string::npos) continue;

@@ -49,12 +49,28 @@ const Mutation kMutations[] = {
     {"backward: no barrier before the next query chunk is staged", "bwd_simt.cuh",
      "      aj_syncthreads();  // the previous chunk is no longer read\n", "\n", DType::F32, true},
     {"backward: dS without D = rowsum(dO * O)", "bwd_simt.cuh", "      const float ds = pr * (f * dp - delta);",
-     "      const float ds = pr * f * dp;", DType::BF16, true},
+     "      const float ds = pr * f * dp;", DType::F32, true},
     {"backward: the dK/dV workspace stored instead of accumulated", "bwd_simt.cuh",
      "aj_red_add_f32(dva + lane + AJ_SIMT_LANES * x, dv[x]);", "dva[lane + AJ_SIMT_LANES * x] = dv[x];", DType::F32, true},
     {"backward, deterministic: the layered dV add stores instead of adding", "bwd_simt.cuh",
      "for (int x = 0; x < AJ_VD; ++x) dva[lane + AJ_SIMT_LANES * x] += dv[x];",
      "for (int x = 0; x < AJ_VD; ++x) dva[lane + AJ_SIMT_LANES * x] = dv[x];", DType::F32, true, true},
+    {"tensor-core backward: dS^T without D = rowsum(dO * O)", "bwd_sm80.cuh",
+     "          s[j][x] = pr * (f * dp[j][x] - st.delta[col]);", "          s[j][x] = pr * f * dp[j][x];", DType::BF16, true},
+    {"tensor-core backward: no barrier before the prefetch overwrites a query stage", "bwd_sm80.cuh",
+     "    aj_syncthreads();  // this stage is overwritten by the prefetch two tiles on\n", "\n", DType::BF16, true},
+    {"tensor-core backward: no cp.async wait before a query stage is read", "bwd_sm80.cuh", "    aj_cp_async_wait<1>();\n",
+     "\n", DType::BF16, true},
+    {"tensor-core backward: the B operand of dQ += dS K and dK += dS^T Q not transposed", "bwd_sm80.cuh",
+     "aj_ldmatrix_x4_trans(bf, b + (kk * 16 + b_row) * BPITCH + n * 16 + b_col);",
+     "aj_ldmatrix_x4(bf, b + (kk * 16 + b_row) * BPITCH + n * 16 + b_col);", DType::BF16, true},
+    {"tensor-core backward: dK/dV of key rows past the key tile added too", "bwd_sm80.cuh",
+     "    if (kr >= ki.keys_count) continue;\n", "\n", DType::BF16, true},
+    {"tensor-core backward: dQ of the row's second accumulator half from the first's LSE", "bwd_sm80.cuh",
+     "aj_ex2(s[j][e] * p.scale_log2 - (e < 2 ? lse0 : lse1))", "aj_ex2(s[j][e] * p.scale_log2 - lse0)", DType::BF16, true},
+    {"tensor-core backward, deterministic: the layered dV add stores instead of adding", "bwd_sm80.cuh",
+     "if (bp.plain_add) dva[c * 8] += x0, dva[c * 8 + 1] += x1;", "if (bp.plain_add) dva[c * 8] = x0, dva[c * 8 + 1] = x1;",
+     DType::BF16, true, true},
 };
 
 // Runs `templates`' kernels on the emulator; "" when they match the reference (O and LSE, and with
@@ -151,6 +167,7 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   CHECK(check_kernel(embedded, DType::BF16, true) == "");
   CHECK(check_kernel(embedded, DType::F32, true) == "");
   CHECK(check_kernel(embedded, DType::F32, true, true) == "");
+  CHECK(check_kernel(embedded, DType::BF16, true, true) == "");
 }
 
 TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutation]") {

@@ -1,0 +1,82 @@
+// What every backward kernel shares, whatever the path: the key-major plan's tables, the argument
+// block (AjBwdParams, = KernelBwdParams in compiler/device_plan.hpp) and the two element-wise
+// launches of the pass:
+//   _pre   D = rowsum(dO * O) per query row (before the gradient kernels);
+//   _cvt   the fp32 dK, dV workspaces to dK, dV in the storage type (after them).
+// The gradient kernels themselves (_dq, _dkdv) are in bwd_simt.cuh and bwd_sm80.cuh.
+
+struct AjKeyItem {      // one key tile of one kv head (compiler/device_plan.hpp: DeviceKeyItem)
+  aj_i64 keys_start, keys_stride;
+  int keys_count, kv_head;
+  int entry_begin, entry_end;  // AjBwdParams::query_entries
+};
+struct AjQueryEntry {   // one query tile that attends it
+  aj_i64 rows_start, rows_stride;
+  int rows_count, head, branch, full;
+};
+
+struct AjBwdParams {
+  AjParams fwd;                           // q, k, v, o, lse (required), their strides, the forward plan
+  const void* dout;
+  void* dq;
+  void* dk;
+  void* dv;
+  float* delta;                           // [batch, heads_q, seq_q]: D
+  float* dk_acc;                          // [batch, seq_k, heads_kv, head_dim], zeroed
+  float* dv_acc;                          // [batch, seq_k, heads_kv, head_dim_v], zeroed
+  const AjKeyItem* key_items;
+  const AjQueryEntry* query_entries;
+  aj_i64 do_batch_stride, do_row_stride, do_head_stride;
+  aj_i64 dq_batch_stride, dq_row_stride, dq_head_stride;
+  aj_i64 dk_batch_stride, dk_row_stride, dk_head_stride;
+  aj_i64 dv_batch_stride, dv_row_stride, dv_head_stride;
+  aj_i64 batch, seq_q, seq_k;
+  int heads_q, heads_kv;
+  float scale;                            // softmax scale (fwd.scale_log2 = scale * log2 e)
+  int num_key_items;
+  int key_item_base;                      // _dkdv: block x runs key_items[key_item_base + x]
+  int plain_add;                          // _dkdv: no two blocks of this launch share a key row: add without atomics
+};
+static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(AjBwdParams) == 456,
+              "backward table layout differs from compiler/device_plan.hpp");
+
+#define AJ_LOG2E 1.4426950408889634f
+#define AJ_BWD_THREADS 128  // threads of _pre and _cvt blocks
+
+// The natural-log LSE of a row in the exp2 domain; -inf for a row that attends nothing.
+__device__ __forceinline__ float aj_bwd_lse2(const AjParams& p, aj_i64 b, int h, aj_i64 i) {
+  return p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] * AJ_LOG2E;
+}
+
+// ---- _pre: D = rowsum(dO * O) --------------------------------------------------------------
+
+__device__ __forceinline__ void aj_bwd_pre(const AjBwdParams& bp) {
+  const AjParams& p = bp.fwd;
+  const aj_i64 b = aj_block_idx_y();
+  const aj_i64 x = (aj_i64)aj_block_idx_x() * AJ_BWD_THREADS + aj_thread_idx();
+  if (x >= bp.seq_q * bp.heads_q) return;
+  const int h = (int)(x / bp.seq_q);
+  const aj_i64 i = x % bp.seq_q;
+  const aj_elem* o = (const aj_elem*)p.o + b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
+  const aj_elem* d = (const aj_elem*)bp.dout + b * bp.do_batch_stride + i * bp.do_row_stride + h * bp.do_head_stride;
+  float sum = 0.0f;
+  for (int c = 0; c < AJ_HEAD_DIM_V; ++c) sum += aj_load(o + c) * aj_load(d + c);
+  bp.delta[(b * bp.heads_q + h) * bp.seq_q + i] = sum;
+}
+
+// ---- _cvt: the workspaces to dK, dV in the storage type ------------------------------------
+
+__device__ __forceinline__ void aj_bwd_cvt(const AjBwdParams& bp) {
+  const aj_i64 rows = bp.batch * bp.seq_k * bp.heads_kv;
+  const aj_i64 x = (aj_i64)aj_block_idx_x() * AJ_BWD_THREADS + aj_thread_idx();
+  const aj_i64 n_dk = rows * AJ_HEAD_DIM;
+  if (x < n_dk) {
+    const aj_i64 row = x / AJ_HEAD_DIM, d = x % AJ_HEAD_DIM;
+    const aj_i64 b = row / (bp.seq_k * bp.heads_kv), j = row / bp.heads_kv % bp.seq_k, h = row % bp.heads_kv;
+    aj_store((aj_elem*)bp.dk + b * bp.dk_batch_stride + j * bp.dk_row_stride + h * bp.dk_head_stride + d, bp.dk_acc[x]);
+  } else if (x < n_dk + rows * AJ_HEAD_DIM_V) {
+    const aj_i64 y = x - n_dk, row = y / AJ_HEAD_DIM_V, d = y % AJ_HEAD_DIM_V;
+    const aj_i64 b = row / (bp.seq_k * bp.heads_kv), j = row / bp.heads_kv % bp.seq_k, h = row % bp.heads_kv;
+    aj_store((aj_elem*)bp.dv + b * bp.dv_batch_stride + j * bp.dv_row_stride + h * bp.dv_head_stride + d, bp.dv_acc[y]);
+  }
+}

@@ -1,0 +1,321 @@
+// The tensor-core backward kernels for sm_80 and newer (fp16/bf16 in, fp32 accumulate), in the
+// style of FlashAttention-2's backward, between bwd_common.cuh's _pre and _cvt. Every GEMM is an
+// mma.sync m16n8k16 on fragments from ldmatrix; tiles come through the plans' row maps, so
+// dilated rows are gathered by the cp.async loads, never copied.
+//   _dq    over the forward plan, one query tile per block, 16 query rows per warp (as
+//          fwd_sm80.cuh): for each key tile, S = Q K^T, dP = dO V^T, P = exp2(S - LSE),
+//          dS = P (dP - D), dQ += dS K. A query tile owns its rows: dQ needs no atomics and is
+//          the same bits on every run.
+//   _dkdv  over the key-major plan, one key tile per block, 16 key rows per warp: the K and V
+//          tiles stay in shared memory while the query tiles that attend them stream through
+//          (double-buffered with cp.async); S^T = K Q^T, dP^T = V dO^T, dV += P^T dO,
+//          dK += dS^T Q in registers; then dK, dV are added to the fp32 workspaces, atomically
+//          or, for a layer of disjoint key tiles, plainly (bwd_simt.cuh's rule).
+// The output scale f of the forward (O = f softmax(S) V) enters as dP -> f dP and dV -> f dV;
+// the softmax scale as dQ, dK -> scale dQ, scale dK. A query row that attends nothing has
+// LSE = -inf: its P is 0 (its LSE is read as +inf), so it gives and gets no gradient.
+
+// _dq blocks have fwd_sm80.cuh's AJ_THREADS (16 query rows per warp); _dkdv blocks 16 key rows per warp.
+#define AJ_BWD_KV_THREADS (AJ_TILE_K / 16 * 32)
+// Columns of S (and dP) a warp holds at once: a 64-wide tile is taken in two halves past head
+// dim 64, so 16 x 32 S and dP fit beside the 16 x head-dim accumulators without spilling.
+#define AJ_BWD_WIDE (AJ_HEAD_DIM > 64 || AJ_HEAD_DIM_V > 64)
+#define AJ_BWD_SUB_K (AJ_BWD_WIDE && AJ_TILE_K > 32 ? 32 : AJ_TILE_K)
+#define AJ_BWD_SUB_Q (AJ_BWD_WIDE && AJ_TILE_Q > 32 ? 32 : AJ_TILE_Q)
+
+// LSE of a row in the exp2 domain, +inf where P must be 0: past the tile's rows, or a row that
+// attends nothing (exp2(s - inf) = 0 for every finite s, and never NaN).
+__device__ __forceinline__ float aj_bwd_lse2_or_inf(const AjParams& p, aj_i64 b, int h, aj_i64 i, bool valid) {
+  const float inf = -AJ_NEG_INF;
+  if (!valid) return inf;
+  const float l = aj_bwd_lse2(p, b, h, i);
+  return l == AJ_NEG_INF ? inf : l;
+}
+
+// acc[ROWS=16][COLS] += A[16][K] B[K][COLS] where A comes row-major from shared memory (pitch
+// APITCH, this warp's 16 rows at `a`) and B^T row-major (B's columns are rows of `bt`, pitch
+// BPITCH): the S = Q K^T shape. K and COLS are multiples of 16.
+template <int K, int COLS, int APITCH, int BPITCH>
+__device__ __forceinline__ void aj_mma_abt(float (&acc)[COLS / 8][4], const aj_elem* a, const aj_elem* bt, int lane) {
+  const int a_row = lane % 16, a_col = (lane / 16) * 8;
+  const int b_row = (lane & 7) + ((lane >> 4) << 3), b_col = ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int ks = 0; ks < K / 16; ++ks) {
+    aj_u32 af[4];
+    aj_ldmatrix_x4(af, a + a_row * APITCH + ks * 16 + a_col);
+#pragma unroll
+    for (int n = 0; n < COLS / 16; ++n) {
+      aj_u32 bf[4];
+      aj_ldmatrix_x4(bf, bt + (n * 16 + b_row) * BPITCH + ks * 16 + b_col);
+      aj_mma(acc[2 * n], af, bf[0], bf[1]);
+      aj_mma(acc[2 * n + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// acc[16][COLS] += X[16][K] B[K][COLS] where X is this warp's accumulator tile (x[K / 8][4], the
+// S/P layout, rounded to the input type) and B row-major in shared memory (pitch BPITCH): the
+// O += P V shape.
+template <int K, int COLS, int BPITCH>
+__device__ __forceinline__ void aj_mma_xb(float (&acc)[COLS / 8][4], const float (&x)[K / 8][4], const aj_elem* b, int lane) {
+  const int b_row = (lane & 7) + ((lane >> 3) & 1) * 8, b_col = (lane >> 4) * 8;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    aj_u32 xa[4];
+    xa[0] = aj_pack2(x[2 * kk][0], x[2 * kk][1]);
+    xa[1] = aj_pack2(x[2 * kk][2], x[2 * kk][3]);
+    xa[2] = aj_pack2(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+    xa[3] = aj_pack2(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+#pragma unroll
+    for (int n = 0; n < COLS / 16; ++n) {
+      aj_u32 bf[4];
+      aj_ldmatrix_x4_trans(bf, b + (kk * 16 + b_row) * BPITCH + n * 16 + b_col);
+      aj_mma(acc[2 * n], xa, bf[0], bf[1]);
+      aj_mma(acc[2 * n + 1], xa, bf[2], bf[3]);
+    }
+  }
+}
+
+template <int COLS>
+__device__ __forceinline__ void aj_zero(float (&acc)[COLS / 8][4]) {
+#pragma unroll
+  for (int j = 0; j < COLS / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+}
+
+// ---- _dq: over the forward plan -------------------------------------------------------------
+
+// Dynamic shared memory: Q [AJ_TILE_Q][AJ_DP], dO [AJ_TILE_Q][AJ_DVP], then AJ_STAGES stages of
+// K [AJ_TILE_K][AJ_DP] and V [AJ_TILE_K][AJ_DVP] (compiler/codegen.cpp: backward_smem_bytes).
+__device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
+  const AjParams& p = bp.fwd;
+  AJ_DYNAMIC_SHARED(aj_smem);
+  aj_elem* const sq = (aj_elem*)aj_smem;
+  aj_elem* const sdo = sq + AJ_TILE_Q * AJ_DP;
+  AjSm80Shared sh;
+  sh.q = sq;
+  sh.k = sdo + AJ_TILE_Q * AJ_DVP;
+  sh.v = sh.k + AJ_STAGES * AJ_TILE_K * AJ_DP;
+
+  const AjItem item = p.items[aj_block_idx_x()];
+  const aj_i64 b = aj_block_idx_y();
+  const int warp = aj_thread_idx() / 32, lane = aj_thread_idx() % 32;
+  const int g = lane / 4, quad = lane % 4;
+  const int kvh = item.head / p.heads_per_kv;
+
+  // Q and dO of the tile (one cp.async group), then the first AJ_STAGES - 1 key tiles.
+  aj_load_rows<AJ_TILE_Q, AJ_HEAD_DIM, AJ_DP>(sq, (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride,
+                                              p.q_row_stride, item.rows_start, item.rows_stride, item.rows_count);
+  aj_load_rows<AJ_TILE_Q, AJ_HEAD_DIM_V, AJ_DVP>(
+      sdo, (const aj_elem*)bp.dout + b * bp.do_batch_stride + item.head * bp.do_head_stride, bp.do_row_stride,
+      item.rows_start, item.rows_stride, item.rows_count);
+  aj_cp_async_commit();
+  AjTileCursor cur, pre;
+  cur.begin(p, item);
+  pre.begin(p, item);
+#pragma unroll
+  for (int s = 0; s < AJ_STAGES - 1; ++s) {
+    if (!pre.done()) {
+      aj_sm80_load_kv(p, sh, s, pre.tile(), b, kvh);
+      pre.next();
+    }
+    aj_cp_async_commit();
+  }
+
+  // This thread's two rows of the accumulator tiles: their positions, LSE and D.
+  const int r0 = warp * 16 + g, r1 = r0 + 8;
+  const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
+  const aj_i64 qpos0 = p.q_offset + i0, qpos1 = p.q_offset + i1;
+  const bool valid0 = r0 < item.rows_count, valid1 = r1 < item.rows_count;
+  const float lse0 = aj_bwd_lse2_or_inf(p, b, item.head, i0, valid0), lse1 = aj_bwd_lse2_or_inf(p, b, item.head, i1, valid1);
+  const float* drow = bp.delta + (b * bp.heads_q + item.head) * bp.seq_q;
+  const float delta0 = valid0 ? drow[i0] : 0.0f, delta1 = valid1 ? drow[i1] : 0.0f;
+  const float f = p.output_scale;
+
+  float dq[AJ_HEAD_DIM / 8][4];
+  aj_zero<AJ_HEAD_DIM>(dq);
+  for (int iter = 0; !cur.done(); ++iter, cur.next()) {
+    const int stage = iter % AJ_STAGES;
+    if (!pre.done()) {
+      aj_sm80_load_kv(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), b, kvh);
+      pre.next();
+    }
+    aj_cp_async_commit();
+    aj_cp_async_wait<AJ_STAGES - 1>();
+    aj_syncthreads();
+    const AjTile t = cur.tile();
+    const aj_elem* ks = sh.k + stage * AJ_TILE_K * AJ_DP;
+    const aj_elem* vs = sh.v + stage * AJ_TILE_K * AJ_DVP;
+
+    for (int c0 = 0; c0 < t.count; c0 += AJ_BWD_SUB_K) {  // the tile's keys, AJ_BWD_SUB_K at a time
+      float s[AJ_BWD_SUB_K / 8][4], dp[AJ_BWD_SUB_K / 8][4];
+      aj_zero<AJ_BWD_SUB_K>(s);
+      aj_zero<AJ_BWD_SUB_K>(dp);
+      aj_mma_abt<AJ_HEAD_DIM, AJ_BWD_SUB_K, AJ_DP, AJ_DP>(s, sq + warp * 16 * AJ_DP, ks + c0 * AJ_DP, lane);  // S = Q K^T
+      aj_mma_abt<AJ_HEAD_DIM_V, AJ_BWD_SUB_K, AJ_DVP, AJ_DVP>(dp, sdo + warp * 16 * AJ_DVP, vs + c0 * AJ_DVP, lane);  // dP = dO V^T
+      // dS = P (f dP - D), P = exp2(S scale_log2 - LSE) where the pair is attended, else 0.
+#pragma unroll
+      for (int j = 0; j < AJ_BWD_SUB_K / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = c0 + j * 8 + quad * 2 + (e & 1);
+          bool ok = col < t.count;
+          if (ok && !t.full)
+            ok = aj_branch_allows(p, t.branch, item.head, e < 2 ? qpos0 : qpos1, p.k_offset + t.first + (aj_i64)col * t.stride);
+          const float pr = ok ? aj_ex2(s[j][e] * p.scale_log2 - (e < 2 ? lse0 : lse1)) : 0.0f;
+          s[j][e] = pr * (f * dp[j][e] - (e < 2 ? delta0 : delta1));
+        }
+      }
+      aj_mma_xb<AJ_BWD_SUB_K, AJ_HEAD_DIM, AJ_DP>(dq, s, ks + c0 * AJ_DP, lane);  // dQ += dS K
+    }
+    aj_syncthreads();  // this stage is overwritten by a later prefetch
+  }
+  aj_cp_async_wait<0>();
+
+  aj_elem* out = (aj_elem*)bp.dq + b * bp.dq_batch_stride + item.head * bp.dq_head_stride;
+#pragma unroll
+  for (int j = 0; j < AJ_HEAD_DIM / 8; ++j) {
+    const int col = j * 8 + quad * 2;
+    if (valid0) {
+      aj_store(out + i0 * bp.dq_row_stride + col, dq[j][0] * bp.scale);
+      aj_store(out + i0 * bp.dq_row_stride + col + 1, dq[j][1] * bp.scale);
+    }
+    if (valid1) {
+      aj_store(out + i1 * bp.dq_row_stride + col, dq[j][2] * bp.scale);
+      aj_store(out + i1 * bp.dq_row_stride + col + 1, dq[j][3] * bp.scale);
+    }
+  }
+}
+
+// ---- _dkdv: over the key-major plan ---------------------------------------------------------
+
+// One stage of the query stream: a query tile's Q and dO rows, with each row's LSE and D.
+struct AjBwdQueryStage {
+  aj_elem* q;     // [AJ_TILE_Q][AJ_DP]
+  aj_elem* dout;  // [AJ_TILE_Q][AJ_DVP]
+  float* lse2;    // [AJ_TILE_Q]: exp2-domain LSE, +inf where P is 0
+  float* delta;   // [AJ_TILE_Q]
+};
+
+// Dynamic shared memory: K [AJ_TILE_K][AJ_DP], V [AJ_TILE_K][AJ_DVP], then two AjBwdQueryStages.
+__device__ __forceinline__ AjBwdQueryStage aj_bwd_query_stage(unsigned char* smem, int stage) {
+  constexpr int elems = AJ_TILE_Q * (AJ_DP + AJ_DVP), floats = 2 * AJ_TILE_Q;
+  aj_elem* base = (aj_elem*)smem + AJ_TILE_K * (AJ_DP + AJ_DVP);
+  AjBwdQueryStage s;
+  s.q = base + stage * elems;
+  s.dout = s.q + AJ_TILE_Q * AJ_DP;
+  s.lse2 = (float*)(base + 2 * elems) + stage * floats;
+  s.delta = s.lse2 + AJ_TILE_Q;
+  return s;
+}
+
+// Stages query entry `qe`: Q and dO through cp.async (the caller commits), LSE and D by plain
+// loads (visible after the next barrier).
+__device__ __forceinline__ void aj_bwd_stage_queries(const AjBwdParams& bp, const AjBwdQueryStage& st, const AjQueryEntry& qe,
+                                                     aj_i64 b) {
+  const AjParams& p = bp.fwd;
+  aj_load_rows<AJ_TILE_Q, AJ_HEAD_DIM, AJ_DP, AJ_BWD_KV_THREADS>(
+      st.q, (const aj_elem*)p.q + b * p.q_batch_stride + qe.head * p.q_head_stride, p.q_row_stride, qe.rows_start,
+      qe.rows_stride, qe.rows_count);
+  aj_load_rows<AJ_TILE_Q, AJ_HEAD_DIM_V, AJ_DVP, AJ_BWD_KV_THREADS>(
+      st.dout, (const aj_elem*)bp.dout + b * bp.do_batch_stride + qe.head * bp.do_head_stride, bp.do_row_stride,
+      qe.rows_start, qe.rows_stride, qe.rows_count);
+  const float* drow = bp.delta + (b * bp.heads_q + qe.head) * bp.seq_q;
+  for (int r = aj_thread_idx(); r < AJ_TILE_Q; r += AJ_BWD_KV_THREADS) {
+    const bool valid = r < qe.rows_count;
+    const aj_i64 i = qe.rows_start + (aj_i64)(valid ? r : 0) * qe.rows_stride;
+    st.lse2[r] = aj_bwd_lse2_or_inf(p, b, qe.head, i, valid);
+    st.delta[r] = valid ? drow[i] : 0.0f;
+  }
+}
+
+__device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
+  const AjParams& p = bp.fwd;
+  AJ_DYNAMIC_SHARED(aj_smem);
+  aj_elem* const sk = (aj_elem*)aj_smem;
+  aj_elem* const sv = sk + AJ_TILE_K * AJ_DP;
+  const AjKeyItem ki = bp.key_items[bp.key_item_base + aj_block_idx_x()];
+  const aj_i64 b = aj_block_idx_y();
+  const int warp = aj_thread_idx() / 32, lane = aj_thread_idx() % 32;
+  const int g = lane / 4, quad = lane % 4;
+
+  // K and V of the key tile with the first query tile (one cp.async group).
+  aj_load_rows<AJ_TILE_K, AJ_HEAD_DIM, AJ_DP, AJ_BWD_KV_THREADS>(
+      sk, (const aj_elem*)p.k + b * p.k_batch_stride + ki.kv_head * p.k_head_stride, p.k_row_stride, ki.keys_start,
+      ki.keys_stride, ki.keys_count);
+  aj_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V, AJ_DVP, AJ_BWD_KV_THREADS>(
+      sv, (const aj_elem*)p.v + b * p.v_batch_stride + ki.kv_head * p.v_head_stride, p.v_row_stride, ki.keys_start,
+      ki.keys_stride, ki.keys_count);
+  if (ki.entry_begin < ki.entry_end) aj_bwd_stage_queries(bp, aj_bwd_query_stage(aj_smem, 0), bp.query_entries[ki.entry_begin], b);
+  aj_cp_async_commit();
+
+  // This thread's two key rows (of the accumulator tiles) as global positions.
+  const int kr0 = warp * 16 + g, kr1 = kr0 + 8;
+  const aj_i64 kpos0 = p.k_offset + ki.keys_start + (aj_i64)kr0 * ki.keys_stride;
+  const aj_i64 kpos1 = p.k_offset + ki.keys_start + (aj_i64)kr1 * ki.keys_stride;
+  const float f = p.output_scale;
+
+  float dk[AJ_HEAD_DIM / 8][4], dv[AJ_HEAD_DIM_V / 8][4];
+  aj_zero<AJ_HEAD_DIM>(dk);
+  aj_zero<AJ_HEAD_DIM_V>(dv);
+  for (int e = ki.entry_begin, it = 0; e < ki.entry_end; ++e, ++it) {
+    const AjBwdQueryStage st = aj_bwd_query_stage(aj_smem, it & 1);
+    // Prefetch the next query tile into the other stage: its readers passed the last barrier.
+    if (e + 1 < ki.entry_end) aj_bwd_stage_queries(bp, aj_bwd_query_stage(aj_smem, (it + 1) & 1), bp.query_entries[e + 1], b);
+    aj_cp_async_commit();
+    aj_cp_async_wait<1>();
+    aj_syncthreads();
+    const AjQueryEntry qe = bp.query_entries[e];
+
+    for (int c0 = 0; c0 < qe.rows_count; c0 += AJ_BWD_SUB_Q) {  // the query rows, AJ_BWD_SUB_Q at a time
+      float s[AJ_BWD_SUB_Q / 8][4], dp[AJ_BWD_SUB_Q / 8][4];
+      aj_zero<AJ_BWD_SUB_Q>(s);
+      aj_zero<AJ_BWD_SUB_Q>(dp);
+      aj_mma_abt<AJ_HEAD_DIM, AJ_BWD_SUB_Q, AJ_DP, AJ_DP>(s, sk + warp * 16 * AJ_DP, st.q + c0 * AJ_DP, lane);  // S^T = K Q^T
+      aj_mma_abt<AJ_HEAD_DIM_V, AJ_BWD_SUB_Q, AJ_DVP, AJ_DVP>(dp, sv + warp * 16 * AJ_DVP, st.dout + c0 * AJ_DVP, lane);  // dP^T = V dO^T
+      // P^T where the pair is attended (else 0), f folded in for dV; dS^T = P^T (f dP^T - D).
+#pragma unroll
+      for (int j = 0; j < AJ_BWD_SUB_Q / 8; ++j) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int col = c0 + j * 8 + quad * 2 + (x & 1);
+          bool ok = true;
+          if (!qe.full) {
+            const int kr = x < 2 ? kr0 : kr1;
+            ok = col < qe.rows_count && kr < ki.keys_count &&
+                 aj_branch_allows(p, qe.branch, qe.head, p.q_offset + qe.rows_start + (aj_i64)col * qe.rows_stride,
+                                  x < 2 ? kpos0 : kpos1);
+          }
+          const float pr = ok ? aj_ex2(s[j][x] * p.scale_log2 - st.lse2[col]) : 0.0f;
+          s[j][x] = pr * (f * dp[j][x] - st.delta[col]);
+          dp[j][x] = f * pr;
+        }
+      }
+      aj_mma_xb<AJ_BWD_SUB_Q, AJ_HEAD_DIM_V, AJ_DVP>(dv, dp, st.dout + c0 * AJ_DVP, lane);  // dV += f P^T dO
+      aj_mma_xb<AJ_BWD_SUB_Q, AJ_HEAD_DIM, AJ_DP>(dk, s, st.q + c0 * AJ_DP, lane);         // dK += dS^T Q
+    }
+    aj_syncthreads();  // this stage is overwritten by the prefetch two tiles on
+  }
+  aj_cp_async_wait<0>();
+
+  // Add to the workspaces: plainly when no other block of this launch has these key rows.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int kr = half ? kr1 : kr0;
+    if (kr >= ki.keys_count) continue;
+    const aj_i64 j = ki.keys_start + (aj_i64)kr * ki.keys_stride;
+    float* dka = bp.dk_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM + quad * 2;
+    float* dva = bp.dv_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM_V + quad * 2;
+#pragma unroll
+    for (int c = 0; c < AJ_HEAD_DIM / 8; ++c) {
+      const float x0 = dk[c][2 * half] * bp.scale, x1 = dk[c][2 * half + 1] * bp.scale;
+      if (bp.plain_add) dka[c * 8] += x0, dka[c * 8 + 1] += x1;
+      else aj_red_add_f32(dka + c * 8, x0), aj_red_add_f32(dka + c * 8 + 1, x1);
+    }
+#pragma unroll
+    for (int c = 0; c < AJ_HEAD_DIM_V / 8; ++c) {
+      const float x0 = dv[c][2 * half], x1 = dv[c][2 * half + 1];
+      if (bp.plain_add) dva[c * 8] += x0, dva[c * 8 + 1] += x1;
+      else aj_red_add_f32(dva + c * 8, x0), aj_red_add_f32(dva + c * 8 + 1, x1);
+    }
+  }
+}
