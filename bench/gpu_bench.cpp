@@ -7,11 +7,13 @@
 //     NVRTC and the module load), a cache filled on disk by another process (warm disk: a copy of
 //     the cold cache read and verified by a new cache object; the runtime keeps CUBINs loaded per
 //     device, so no module load here) and one already in memory (warm memory).
+//   - backward (unless --no-backward): Attention::backward timed the same way (dO random, O and
+//     LSE from the forward), useful TFLOP/s = 2.5 x the forward's useful FLOP / time;
 // One line per (spec, seq), then `JSON {...}` with every number. Without a GPU it prints
 // "SKIPPED: no GPU: <why>" and exits 0; --dry-run only counts pairs (no GPU needed).
 // Usage: attnjit_gpu_bench [--seq 4096,16384] [--heads 16] [--heads-kv H] [--head-dim 128]
 //          [--dtype bf16] [--batch 1] [--runs 20] [--warmup 3] [--flush-mb 256] [--device 0]
-//          [--no-ttfr] [--dry-run] SPEC...
+//          [--no-ttfr] [--no-backward] [--dry-run] SPEC...
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -41,7 +43,7 @@ struct Options {
   DType dtype = DType::BF16;
   int runs = 20, warmup = 3, device = 0;
   size_t flush_bytes = size_t{256} << 20;
-  bool ttfr = true, dry_run = false;
+  bool ttfr = true, backward = true, dry_run = false;
   std::vector<std::string> specs;
 };
 
@@ -80,10 +82,12 @@ Options parse(int argc, char** argv) {
     else if (arg == "--flush-mb") o.flush_bytes = size_t(std::stoll(value())) << 20;
     else if (arg == "--device") o.device = std::stoi(value());
     else if (arg == "--no-ttfr") o.ttfr = false;
+    else if (arg == "--no-backward") o.backward = false;
     else if (arg == "--dry-run") o.dry_run = true;
     else if (arg == "-h" || arg == "--help") {
       std::printf("usage: attnjit_gpu_bench [--seq 4096,16384] [--heads 16] [--heads-kv H] [--head-dim 128] [--dtype bf16]\n"
-                  "         [--batch 1] [--runs 20] [--warmup 3] [--flush-mb 256] [--device 0] [--no-ttfr] [--dry-run] SPEC...\n");
+                  "         [--batch 1] [--runs 20] [--warmup 3] [--flush-mb 256] [--device 0] [--no-ttfr] [--no-backward]\n"
+                  "         [--dry-run] SPEC...\n");
       std::exit(0);
     } else if (arg.rfind("--", 0) == 0) throw UserError(arg, "unknown option (see --help)");
     else o.specs.push_back(arg);
@@ -120,10 +124,10 @@ DeviceBuffer random_device_tensor(size_t elements, DType dt, uint64_t seed) {
   return b;
 }
 
-// q, k, v, o, lse of one problem on the device.
+// q, k, v, o, lse of one problem on the device; dO and the gradients once `with_backward` is called.
 struct Tensors {
-  DeviceBuffer q, k, v, o, lse;
-  TensorView qv, kv, vv, ov, lv;
+  DeviceBuffer q, k, v, o, lse, dout, dq, dk, dv;
+  TensorView qv, kv, vv, ov, lv, dov, dqv, dkv, dvv;
   Tensors(const Problem& pb, uint64_t seed) {
     const size_t nq = size_t(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim);
     const size_t nk = size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim);
@@ -141,11 +145,34 @@ struct Tensors {
     ov = TensorView::contiguous(ptr(o), pb.dtype, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim_v});
     lv = TensorView::contiguous(ptr(lse), DType::F32, {pb.batch, pb.heads_q, pb.seq_q});
   }
+  void with_backward(const Problem& pb, uint64_t seed) {
+    const size_t eb = size_t(dtype_bytes(pb.dtype));
+    dout = random_device_tensor(size_t(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim_v), pb.dtype, seed);
+    dq = DeviceBuffer(size_t(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim) * eb);
+    dk = DeviceBuffer(size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim) * eb);
+    dv = DeviceBuffer(size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim_v) * eb);
+    auto ptr = [](const DeviceBuffer& b) { return reinterpret_cast<void*>(b.get()); };
+    dov = TensorView::contiguous(ptr(dout), pb.dtype, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim_v});
+    dqv = TensorView::contiguous(ptr(dq), pb.dtype, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim});
+    dkv = TensorView::contiguous(ptr(dk), pb.dtype, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim});
+    dvv = TensorView::contiguous(ptr(dv), pb.dtype, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim_v});
+  }
   void forward(Attention& op, CUstream s) {
     ForwardOptions fo;
     fo.stream = s;
     op.forward(qv, kv, vv, ov, &lv, fo);
   }
+  void backward(Attention& op, CUstream s) {
+    ForwardOptions fo;
+    fo.stream = s;
+    op.backward(qv, kv, vv, ov, lv, dov, dqv, dkv, dvv, fo);
+  }
+};
+
+// The runs of one timed body (time_runs) and their median and minimum, in ms.
+struct Timing {
+  std::vector<double> times;
+  double median = NAN, best = NAN;
 };
 
 RuntimeOptions on_device(int device, const std::string& cache_dir) {
@@ -176,6 +203,23 @@ double median(std::vector<double> v) {
 }
 
 json num(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
+
+// `opt.warmup` untimed runs of `body`, then `opt.runs` timed by CUDA events, the L2 flushed before each.
+template <class Body>
+Timing time_runs(const Options& opt, const DeviceBuffer& flush, EventTimer& timer, CUstream stream, Body body) {
+  for (int w = 0; w < opt.warmup; ++w) body();
+  Timing t;
+  for (int n = 0; n < opt.runs; ++n) {
+    memset_d8_async(flush.get(), static_cast<unsigned char>(n), flush.size(), stream, "L2 flush");
+    timer.record_start(stream);
+    body();
+    timer.record_stop(stream);
+    t.times.push_back(timer.elapsed_ms());
+  }
+  t.median = median(t.times);
+  t.best = *std::min_element(t.times.begin(), t.times.end());
+  return t;
+}
 
 }  // namespace
 
@@ -222,8 +266,9 @@ int main(int argc, char** argv) {
       first_result(opt, tmp + "/warmup", warm, wpb, wt, stream);
       out["warmup_ms"] = ms_since(t0);
     }
-    std::printf("%-16s %6s %5s %-5s %4s %14s %8s %10s %10s %8s %11s %11s %11s  %s\n", "spec", "seq", "heads", "dtype", "d",
-                "pairs", "density", "median_ms", "min_ms", "TFLOP/s", "ttfr_cold", "ttfr_disk", "ttfr_mem", "kernel");
+    std::printf("%-16s %6s %5s %-5s %4s %14s %8s %10s %10s %8s %11s %11s %11s %10s %8s  %s\n", "spec", "seq", "heads", "dtype",
+                "d", "pairs", "density", "median_ms", "min_ms", "TFLOP/s", "ttfr_cold", "ttfr_disk", "ttfr_mem", "bwd_ms",
+                "bwd_TF/s", "kernel");
     int index = 0;
     for (const std::string& path : opt.specs) {
       const std::string name = std::filesystem::path(path).stem().string();
@@ -244,7 +289,7 @@ int main(int argc, char** argv) {
           const double flop = 4.0 * double(opt.head_dim) * double(st.attended_pairs) * double(opt.batch);
           r["useful_flop"] = flop;
           std::string kernel = "-";
-          double med = NAN, best = NAN, tflops = NAN, cold = NAN, disk = NAN, mem = NAN;
+          double med = NAN, best = NAN, tflops = NAN, cold = NAN, disk = NAN, mem = NAN, bwd_med = NAN, bwd_tflops = NAN;
           if (!opt.dry_run) {
             const Problem pb{opt.batch, seq, seq, opt.heads, opt.heads_kv, opt.head_dim, opt.head_dim, opt.dtype};
             Tensors t(pb, 17 + uint64_t(index));
@@ -262,28 +307,28 @@ int main(int argc, char** argv) {
               first_result(opt, "", p, pb, t, stream, &op);
             }
             kernel = op.kernel_name();
-            for (int w = 0; w < opt.warmup; ++w) t.forward(op, stream);
-            std::vector<double> times;
-            for (int n = 0; n < opt.runs; ++n) {
-              memset_d8_async(flush.get(), static_cast<unsigned char>(n), flush.size(), stream, "L2 flush");
-              timer->record_start(stream);
-              t.forward(op, stream);
-              timer->record_stop(stream);
-              times.push_back(timer->elapsed_ms());
-            }
-            med = median(times);
-            best = *std::min_element(times.begin(), times.end());
+            const Timing fwd = time_runs(opt, flush, *timer, stream, [&] { t.forward(op, stream); });
+            med = fwd.median, best = fwd.best;
             tflops = flop / (med * 1e-3) / 1e12;
-            r["times_ms"] = times;
+            r["times_ms"] = fwd.times;
+            if (opt.backward) {
+              t.with_backward(pb, 99 + uint64_t(index));
+              const Timing bwd = time_runs(opt, flush, *timer, stream, [&] { t.backward(op, stream); });
+              bwd_med = bwd.median;
+              bwd_tflops = 2.5 * flop / (bwd.median * 1e-3) / 1e12;
+              r["backward"] = {{"times_ms", bwd.times}, {"median_ms", bwd.median}, {"min_ms", bwd.best},
+                               {"useful_flop", 2.5 * flop}, {"tflops", num(bwd_tflops)}};
+            }
             r["median_ms"] = med;
             r["min_ms"] = best;
             r["tflops"] = num(tflops);
             r["tflops_best"] = num(flop / (best * 1e-3) / 1e12);
             r["kernel"] = kernel;
           }
-          std::printf("%-16s %6lld %5lld %-5s %4lld %14lld %8.4f %10.3f %10.3f %8.1f %11.1f %11.1f %11.1f  %s\n",
+          std::printf("%-16s %6lld %5lld %-5s %4lld %14lld %8.4f %10.3f %10.3f %8.1f %11.1f %11.1f %11.1f %10.3f %8.1f  %s\n",
                       name.c_str(), (long long)seq, (long long)opt.heads, to_string(opt.dtype), (long long)opt.head_dim,
-                      (long long)st.attended_pairs, st.density, med, best, tflops, cold, disk, mem, kernel.c_str());
+                      (long long)st.attended_pairs, st.density, med, best, tflops, cold, disk, mem, bwd_med, bwd_tflops,
+                      kernel.c_str());
           r["ok"] = true;
         } catch (const std::exception& e) {
           ++failures;

@@ -17,7 +17,7 @@ namespace attnjit {
 std::string TuneKey::describe() const {
   std::ostringstream os;
   os << gpu << " (" << sm_count << " SMs, sm_" << arch << ") pattern " << pattern_signature << " d=" << head_dim << "/"
-     << head_dim_v << " " << to_string(dtype) << " seq<=" << seq_bucket;
+     << head_dim_v << " " << to_string(dtype) << " seq<=" << seq_bucket << (backward ? " backward" : "");
   return os.str();
 }
 
@@ -43,20 +43,25 @@ std::string describe(const KernelConfig& c) {
   return std::to_string(c.tile_q) + "x" + std::to_string(c.tile_k) + " s" + std::to_string(c.stages);
 }
 
-std::vector<KernelConfig> candidate_configs(const KernelRequest& base) {
+namespace {
+std::vector<KernelConfig> candidates_of(const KernelRequest& base, bool backward) {
+  const auto resolve = backward ? resolve_backward_config : resolve_config;
   KernelRequest r = base;
   r.config = {};
-  std::vector<KernelConfig> out = {resolve_config(r)};  // the default first; throws what no path supports
+  std::vector<KernelConfig> out = {resolve(r)};  // the default first; throws what no path supports
   auto add = [&](int tq, int tk, int stages) {
     r.config = {tq, tk, stages};
     try {
-      const KernelConfig c = resolve_config(r);
+      const KernelConfig c = resolve(r);
       if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
     } catch (const UserError&) {
       // Does not fit this arch's shared memory (or the path's limits): not a candidate.
     }
   };
-  if (choose_path(r) == KernelPath::Sm80) {
+  if (backward && choose_backward_path(r) == KernelPath::Sm80) {
+    for (int tq : {32, 64, 128})
+      for (int tk : {32, 64, 128}) add(tq, tk, 2);
+  } else if (!backward && choose_path(r) == KernelPath::Sm80) {
     for (int tq : {64, 128})
       for (int tk : {32, 64, 128})
         for (int stages : {2, 3}) add(tq, tk, stages);
@@ -66,6 +71,10 @@ std::vector<KernelConfig> candidate_configs(const KernelRequest& base) {
   }
   return out;
 }
+}  // namespace
+
+std::vector<KernelConfig> candidate_configs(const KernelRequest& base) { return candidates_of(base, false); }
+std::vector<KernelConfig> candidate_backward_configs(const KernelRequest& base) { return candidates_of(base, true); }
 
 int64_t planned_pairs(const Pattern& p, const Shape& s, const KernelConfig& c, const DynamicLayout* dynamic) {
   Shape one = s;
@@ -114,11 +123,19 @@ std::vector<std::string> prune_candidates(const std::vector<KernelConfig>& candi
 }
 
 CompileCheck kernel_compile_check(const Pattern& p, const KernelRequest& base, KernelCompiler& compiler,
-                                  double timeout_s) {
-  return [&p, base, &compiler, timeout_s](const KernelConfig& c) -> std::optional<std::string> {
+                                  double timeout_s, bool backward) {
+  return [&p, base, &compiler, timeout_s, backward](const KernelConfig& c) -> std::optional<std::string> {
     KernelRequest r = base;
     r.config = c;
-    const KernelSource k = generate_kernel(p, r);
+    // The backward source holds four entry points named after it; the largest block bounds registers.
+    KernelSource k;
+    if (backward) {
+      const BackwardKernels b = generate_backward_kernels(p, r);
+      k = b.source;
+      k.threads = std::max({b.dq_threads, b.dkdv_threads, b.aux_threads});
+    } else {
+      k = generate_kernel(p, r);
+    }
     const std::shared_ptr<const CompiledKernel> ck = compiler.get(k);
     for (const ResourceUsage& u : ck->usage) {
       if (!u.is_kernel || u.kernel.find(k.name) == std::string::npos) {

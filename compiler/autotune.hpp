@@ -32,8 +32,9 @@ struct TuneKey {
   int head_dim = 0, head_dim_v = 0;
   DType dtype = DType::BF16;
   int64_t seq_bucket = 0;  // seq_bucket_of(seq_q)
+  bool backward = false;   // the backward kernels' tiles (they are tuned apart from the forward's)
   bool operator==(const TuneKey&) const = default;
-  // "NVIDIA H100 (132 SMs, sm_90) pattern 0123456789abcdef d=128/128 bf16 seq<=16384"
+  // "NVIDIA H100 (132 SMs, sm_90) pattern 0123456789abcdef d=128/128 bf16 seq<=16384" (+ " backward")
   std::string describe() const;
 };
 
@@ -50,6 +51,9 @@ std::string pattern_signature(const Pattern& p);
 // {32, 64, 128} x stages {2, 3}; SIMT path: tile_q {16, 32, 64} x tile_k {16, 32}. Configs that
 // resolve_config rejects (over the arch's shared memory) are left out.
 std::vector<KernelConfig> candidate_configs(const KernelRequest& base);
+// The same for the backward kernels (resolve_backward_config's default first): tensor-core path
+// tile_q x tile_k in {32, 64, 128}^2, 2 stages; SIMT path as the forward's.
+std::vector<KernelConfig> candidate_backward_configs(const KernelRequest& base);
 
 std::string describe(const KernelConfig& c);  // "64x64 s2"
 
@@ -81,8 +85,9 @@ std::vector<std::string> prune_candidates(const std::vector<KernelConfig>& candi
 // frame), needs more than 65536 registers per block, or compiled for longer than timeout_s (NVRTC
 // cannot be interrupted, so that is judged afterwards). Compile errors throw (the candidate fails).
 // `p` and `compiler` are held by reference: keep them alive while the check is used.
+// With `backward`, the backward kernels' four entry points are checked instead.
 CompileCheck kernel_compile_check(const Pattern& p, const KernelRequest& base, KernelCompiler& compiler,
-                                  double timeout_s);
+                                  double timeout_s, bool backward = false);
 
 // ---- the search ---------------------------------------------------------------------------
 

@@ -72,18 +72,32 @@ int backward_dkdv_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
   return 2 * (c.tile_k + 2 * c.tile_q) * (dp + dvp) + 2 * 2 * c.tile_q * 4;
 }
 
-// Tiles of the tensor-core backward: 64 x 64 with two stages, halved (keys first) until both
-// kernels fit the arch's shared memory.
+// Tiles of the tensor-core backward: the request's when set (powers of two 16..128, 2-4 stages,
+// within the arch's shared memory), else 64 x 64 with two stages, halved (keys first) until both
+// kernels fit.
 KernelConfig resolve_backward_sm80_config(const KernelRequest& r) {
-  KernelConfig c;
+  auto bytes = [&](const KernelConfig& c) { return std::max(backward_dq_smem_bytes(r, c), backward_dkdv_smem_bytes(r, c)); };
+  const auto pow2 = [](int t) { return t == 16 || t == 32 || t == 64 || t == 128; };
+  KernelConfig c = r.config;
+  if (!(c == KernelConfig{})) {
+    if (!c.stages) c.stages = 2;
+    require(pow2(c.tile_q) && pow2(c.tile_k), "backward tile",
+            "the tensor-core backward needs tile_q and tile_k in {16, 32, 64, 128}, got " + std::to_string(c.tile_q) + "x" +
+                std::to_string(c.tile_k));
+    require(c.stages >= 2 && c.stages <= 4, "backward stages", "cp.async pipelines have 2 to 4 stages, got " + std::to_string(c.stages));
+    require(bytes(c) <= shared_limit(r.arch), "backward tile",
+            "backward tile " + std::to_string(c.tile_q) + "x" + std::to_string(c.tile_k) + " with " + std::to_string(c.stages) +
+                " stages needs " + std::to_string(bytes(c)) + " bytes of shared memory, over " + arch_name(r.arch) + "'s " +
+                std::to_string(shared_limit(r.arch)) + "; use smaller tiles");
+    return c;
+  }
   c.tile_q = 64, c.tile_k = 64, c.stages = 2;
-  auto bytes = [&] { return std::max(backward_dq_smem_bytes(r, c), backward_dkdv_smem_bytes(r, c)); };
-  while (bytes() > shared_limit(r.arch) && (c.tile_k > 16 || c.tile_q > 16)) {
+  while (bytes(c) > shared_limit(r.arch) && (c.tile_k > 16 || c.tile_q > 16)) {
     if (c.tile_k >= c.tile_q && c.tile_k > 16) c.tile_k /= 2;
     else c.tile_q /= 2;
   }
-  require(bytes() <= shared_limit(r.arch), "config",
-          "the backward kernels need " + std::to_string(bytes()) + " bytes of shared memory at their smallest tiles, over " +
+  require(bytes(c) <= shared_limit(r.arch), "config",
+          "the backward kernels need " + std::to_string(bytes(c)) + " bytes of shared memory at their smallest tiles, over " +
               arch_name(r.arch) + "'s " + std::to_string(shared_limit(r.arch)));
   return c;
 }
@@ -189,14 +203,22 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const Tem
 
 namespace attnjit {
 
-BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest& r, const TemplateSet& templates) {
-  const KernelPath forward_path = choose_path(r);  // what no path supports is refused as for the forward
-  BackwardKernels out;
-  KernelSource& k = out.source;
+KernelPath choose_backward_path(const KernelRequest& r) {
   // The tensor-core kernels keep a 16-row slice of dK and dV (or of dQ) in registers per warp;
   // past head dim 128 that no longer fits, and the SIMT kernels take over.
-  k.path = forward_path == KernelPath::Sm80 && std::max(r.head_dim, r.head_dim_v) <= 128 ? KernelPath::Sm80 : KernelPath::Simt;
-  k.config = k.path == KernelPath::Sm80 ? resolve_backward_sm80_config(r) : resolve_simt_config(r, KernelConfig{});
+  const KernelPath forward_path = choose_path(r);  // what no path supports is refused as for the forward
+  return forward_path == KernelPath::Sm80 && std::max(r.head_dim, r.head_dim_v) <= 128 ? KernelPath::Sm80 : KernelPath::Simt;
+}
+
+KernelConfig resolve_backward_config(const KernelRequest& r) {
+  return choose_backward_path(r) == KernelPath::Sm80 ? resolve_backward_sm80_config(r) : resolve_simt_config(r, r.config);
+}
+
+BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest& r, const TemplateSet& templates) {
+  BackwardKernels out;
+  KernelSource& k = out.source;
+  k.path = choose_backward_path(r);
+  k.config = resolve_backward_config(r);
   k.arch = arch_name(r.arch);
   k.template_hash = templates.hash();
   const std::string predicate = generate_mask_predicate(p);

@@ -62,14 +62,18 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r,
 // (templates/bwd_common.cuh). `source.path` says which gradient kernels: the tensor-core ones
 // (templates/bwd_sm80.cuh) for fp16/bf16 on sm_80+ up to head dim 128, with dynamic shared memory
 // (`dq_shared_bytes`, `dkdv_shared_bytes`), else the SIMT ones (templates/bwd_simt.cuh, fp32
-// arithmetic, static shared memory). Its tiles are the backward's own (`source.config`), and the
-// plans of a backward call are made with them.
+// arithmetic, static shared memory). Its tiles are the backward's own (`source.config`: the
+// request's config when set, else the path's default), and the plans of a backward call are made
+// with them.
 struct BackwardKernels {
   KernelSource source;
   std::string pre, dq, dkdv, cvt;
   int dq_threads = 0, dkdv_threads = 0, aux_threads = 128;
   int dq_shared_bytes = 0, dkdv_shared_bytes = 0;
 };
+KernelPath choose_backward_path(const KernelRequest& r);
+// r.config for the backward kernels validated (a UserError naming the fix), or their default.
+KernelConfig resolve_backward_config(const KernelRequest& r);
 BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest& r,
                                           const TemplateSet& templates = TemplateSet::embedded());
 

@@ -86,7 +86,7 @@ KernelConfig read_config(const json& j, const std::string& at) {
 json key_json(const TuneKey& k) {
   return {{"gpu", k.gpu},           {"sm_count", k.sm_count},     {"arch", k.arch},
           {"pattern_signature", k.pattern_signature}, {"head_dim", k.head_dim}, {"head_dim_v", k.head_dim_v},
-          {"dtype", to_string(k.dtype)}, {"seq_bucket", k.seq_bucket}};
+          {"dtype", to_string(k.dtype)}, {"seq_bucket", k.seq_bucket}, {"pass", k.backward ? "backward" : "forward"}};
 }
 TuneKey read_key(const json& j, const std::string& at) {
   TuneKey k;
@@ -102,6 +102,10 @@ TuneKey read_key(const json& j, const std::string& at) {
     throw Malformed{at + "/dtype", "expected fp32, fp16 or bf16"};
   }
   k.seq_bucket = get_int(j, "seq_bucket", at);
+  // "pass" came with the backward kernels; entries written before it are the forward's.
+  const std::string pass = j.contains("pass") ? get_string(j, "pass", at) : "forward";
+  if (pass != "forward" && pass != "backward") throw Malformed{at + "/pass", "expected \"forward\" or \"backward\""};
+  k.backward = pass == "backward";
   return k;
 }
 
@@ -141,7 +145,7 @@ DbEntry read_entry(const json& j, const std::string& at) {
 }
 
 auto key_order(const TuneKey& k) {
-  return std::tie(k.gpu, k.sm_count, k.arch, k.pattern_signature, k.head_dim, k.head_dim_v, k.dtype, k.seq_bucket);
+  return std::tie(k.gpu, k.sm_count, k.arch, k.pattern_signature, k.head_dim, k.head_dim_v, k.dtype, k.backward, k.seq_bucket);
 }
 
 bool same_versions(const DbMetadata& a, const DbMetadata& b) {

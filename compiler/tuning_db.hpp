@@ -6,7 +6,7 @@
 //   {"attnjit_tuning_db": 1,
 //    "metadata": {"attnjit_version", "nvrtc_version", "driver_version", "gpu", "sm_count", "arch"},
 //    "entries": [{"key": {"gpu", "sm_count", "arch", "pattern_signature", "head_dim", "head_dim_v",
-//                         "dtype", "seq_bucket"},
+//                         "dtype", "seq_bucket", "pass": "forward" | "backward" (absent: forward)},
 //                 "best": {"tile_q", "tile_k", "stages"}, "best_ms", "default_ms",
 //                 "candidates": [{"config": {...}, "status", "median_ms", "p20_ms", "p80_ms"}],
 //                 "tuned_at": "2025-01-31T12:00:00Z"}]}

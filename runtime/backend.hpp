@@ -67,10 +67,13 @@ struct PreparedState {
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const Pattern& p, const Problem& pb);
-// The emulator: `arch` is the GPU it stands in for; `config` zeros mean the path's default tiles.
+// The emulator: `arch` is the GPU it stands in for. `config` (forward) and `backward_config`:
+// zeros mean the path's default tiles; others are validated here (a UserError naming the fix).
 std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, int arch, const std::string& cache_dir,
-                                          const KernelConfig& config, const TemplateSet& templates);
+                                          const KernelConfig& config, const KernelConfig& backward_config,
+                                          const TemplateSet& templates);
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
-                                           const KernelConfig& config, const TemplateSet& templates);
+                                           const KernelConfig& config, const KernelConfig& backward_config,
+                                           const TemplateSet& templates);
 
 }  // namespace attnjit

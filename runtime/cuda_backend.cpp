@@ -56,7 +56,7 @@ private:
 class CudaBackend final : public Backend {
 public:
   CudaBackend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir, const KernelConfig& config,
-              const TemplateSet& templates)
+              const KernelConfig& backward_config, const TemplateSet& templates)
       : pattern_(p), problem_(pb), device_(device), cache_dir_(cache_dir), context_(shared_context(device)) {
     context_.make_current();
     const DeviceInfo info = device_info(device);
@@ -80,6 +80,7 @@ public:
       }
       module_->set_max_dynamic_shared(function_, source_.shared_bytes);
     }
+    r.config = backward_config;
     bwd_ = generate_backward_kernels(p, r, templates);
   }
 
@@ -236,8 +237,9 @@ private:
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
-                                           const KernelConfig& config, const TemplateSet& templates) {
-  return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config, templates);
+                                           const KernelConfig& config, const KernelConfig& backward_config,
+                                           const TemplateSet& templates) {
+  return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config, backward_config, templates);
 }
 
 }  // namespace attnjit

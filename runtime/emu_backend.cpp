@@ -82,7 +82,7 @@ private:
 class EmuBackend final : public Backend {
 public:
   EmuBackend(const Pattern& p, const Problem& pb, int arch, const std::string& cache_dir, const KernelConfig& config,
-             const TemplateSet& templates)
+             const KernelConfig& backward_config, const TemplateSet& templates)
       : pattern_(p), problem_(pb), cache_dir_(cache_dir) {
     KernelRequest r;
     r.head_dim = static_cast<int>(pb.head_dim);
@@ -92,6 +92,7 @@ public:
     r.config = config;
     source_ = generate_kernel(p, r, templates);
     module_ = emu::load_emu_module(emu::compile_for_emulator(emu::emu_source_of(source_), kernel_cache_for(cache_dir), knobs()));
+    r.config = backward_config;
     bwd_ = generate_backward_kernels(p, r, templates);  // text only: compiled on the first backward call
   }
 
@@ -249,8 +250,9 @@ private:
 }  // namespace
 
 std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, int arch, const std::string& cache_dir,
-                                          const KernelConfig& config, const TemplateSet& templates) {
-  return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config, templates);
+                                          const KernelConfig& config, const KernelConfig& backward_config,
+                                          const TemplateSet& templates) {
+  return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config, backward_config, templates);
 }
 
 }  // namespace attnjit

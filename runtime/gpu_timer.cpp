@@ -24,7 +24,8 @@ TuningGpu tuning_gpu(int ordinal) {
   return TuningGpu{ordinal, g.name, g.sm_count, g.cc_major * 10 + g.cc_minor, probe.driver_version};
 }
 
-TuneKey tune_key_for(const TuningGpu& gpu, const Pattern& p, const Problem& pb, const std::vector<int64_t>& buckets) {
+TuneKey tune_key_for(const TuningGpu& gpu, const Pattern& p, const Problem& pb, const std::vector<int64_t>& buckets,
+                     bool backward) {
   TuneKey k;
   k.gpu = gpu.name;
   k.sm_count = gpu.sm_count;
@@ -34,6 +35,7 @@ TuneKey tune_key_for(const TuningGpu& gpu, const Pattern& p, const Problem& pb, 
   k.head_dim_v = static_cast<int>(pb.head_dim_v);
   k.dtype = pb.dtype;
   k.seq_bucket = seq_bucket_of(pb.seq_q, buckets);
+  k.backward = backward;
   return k;
 }
 
@@ -98,6 +100,13 @@ GpuCandidateTimer::GpuCandidateTimer(const Pattern& p, const Problem& pb, GpuTim
   o_ = DeviceBuffer(static_cast<size_t>(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim_v * dtype_bytes(pb.dtype)), "tuning O");
   lse_ = DeviceBuffer(static_cast<size_t>(pb.batch * pb.heads_q * pb.seq_q) * sizeof(float), "tuning LSE");
   flush_ = DeviceBuffer(options_.l2_flush_bytes, "L2 flush buffer");
+  if (options_.backward) {
+    const size_t eb = static_cast<size_t>(dtype_bytes(pb.dtype));
+    dout_ = random_device_buffer(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim_v, pb.dtype, options_.seed * 16 + 15);
+    dq_ = DeviceBuffer(static_cast<size_t>(q_elems) * eb, "tuning dQ");
+    dk_ = DeviceBuffer(static_cast<size_t>(k_elems) * eb, "tuning dK");
+    dv_ = DeviceBuffer(static_cast<size_t>(v_elems) * eb, "tuning dV");
+  }
   stream_ = create_stream();
 }
 
@@ -116,7 +125,7 @@ std::vector<double> GpuCandidateTimer::time_ms(const KernelConfig& c, int warmup
   RuntimeOptions ro;
   ro.device = Device::cuda(options_.device);
   ro.cache_dir = options_.cache_dir;
-  ro.config = c;
+  (options_.backward ? ro.backward_config : ro.config) = c;
   Runtime rt(ro);
   Attention op = rt.prepare(pattern_, problem_);  // compiles or loads the kernel, uploads the tables
   shared_context(options_.device).make_current();
@@ -129,11 +138,21 @@ std::vector<double> GpuCandidateTimer::time_ms(const KernelConfig& c, int warmup
   const TensorView lse = view(lse_, DType::F32, {pb.batch, pb.heads_q, pb.seq_q});
   ForwardOptions fo;
   fo.stream = stream_;
-  auto run = [&](size_t n) {
+  auto forward = [&](size_t n) {
     const InputSet& in = inputs_[n % inputs_.size()];
     op.forward(view(in.q, pb.dtype, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim}),
                view(in.k, pb.dtype, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim}),
                view(in.v, pb.dtype, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim_v}), o, &lse, fo);
+  };
+  // The backward reads O and LSE of the first input set's forward (any finite values time the same).
+  if (options_.backward) forward(0);
+  auto run = [&](size_t n) {
+    if (!options_.backward) return forward(n);
+    const InputSet& in = inputs_[n % inputs_.size()];
+    const std::vector<int64_t> qs{pb.batch, pb.seq_q, pb.heads_q, pb.head_dim}, ks{pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim},
+        vs{pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim_v}, os{pb.batch, pb.seq_q, pb.heads_q, pb.head_dim_v};
+    op.backward(view(in.q, pb.dtype, qs), view(in.k, pb.dtype, ks), view(in.v, pb.dtype, vs), o, lse, view(dout_, pb.dtype, os),
+                view(dq_, pb.dtype, qs), view(dk_, pb.dtype, ks), view(dv_, pb.dtype, vs), fo);
   };
 
   for (int n = 0; n < warmup; ++n) run(static_cast<size_t>(n));
@@ -169,21 +188,21 @@ GpuTuneOutcome tune_on_gpu(const Pattern& p, const Problem& pb, const TuneBudget
   check_pattern_fits(p, shape);
 
   GpuTuneOutcome out;
-  out.key = tune_key_for(gpu, p, pb, options.buckets);
+  out.key = tune_key_for(gpu, p, pb, options.buckets, options.backward);
   out.metadata = tuning_metadata(gpu);
   KernelRequest base;
   base.head_dim = static_cast<int>(pb.head_dim);
   base.head_dim_v = static_cast<int>(pb.head_dim_v);
   base.dtype = pb.dtype;
   base.arch = gpu.arch;
-  const std::vector<KernelConfig> candidates = candidate_configs(base);
+  const std::vector<KernelConfig> candidates = options.backward ? candidate_backward_configs(base) : candidate_configs(base);
 
   std::unique_ptr<KernelCache> own;
   if (!options.cache_dir.empty()) own = std::make_unique<KernelCache>(options.cache_dir, knobs().cache_max_bytes, true);
   KernelCompiler compiler(own ? *own : default_kernel_cache(), knobs());
   const std::vector<std::string> skip = prune_candidates(
       candidates, [&](const KernelConfig& c) { return planned_pairs(p, shape, c); },
-      kernel_compile_check(p, base, compiler, budget.compile_timeout_s),
+      kernel_compile_check(p, base, compiler, budget.compile_timeout_s, options.backward),
       [&](size_t done, size_t total) {
         if (progress) progress("compiling", done, total);
       });
@@ -192,6 +211,7 @@ GpuTuneOutcome tune_on_gpu(const Pattern& p, const Problem& pb, const TuneBudget
   to.device = options.device;
   to.cache_dir = options.cache_dir;
   to.seconds_per_candidate = budget.seconds_per_candidate;
+  to.backward = options.backward;
   GpuCandidateTimer timer(p, pb, to);
   out.result = tune(candidates, skip, timer, budget, [&](size_t done, size_t total) {
     if (progress) progress("timing", done, total);

@@ -29,7 +29,8 @@ TuningGpu tuning_gpu(int ordinal = 0);
 
 // The key of a problem on a GPU (the bucket of seq_q: the query length sets the number of work
 // items, which is what the tile choice trades against).
-TuneKey tune_key_for(const TuningGpu& gpu, const Pattern& p, const Problem& pb, const std::vector<int64_t>& buckets = {});
+TuneKey tune_key_for(const TuningGpu& gpu, const Pattern& p, const Problem& pb, const std::vector<int64_t>& buckets = {},
+                     bool backward = false);
 DbMetadata tuning_metadata(const TuningGpu& gpu);  // running_metadata() plus the GPU fields
 
 struct GpuTimerOptions {
@@ -38,9 +39,11 @@ struct GpuTimerOptions {
   double seconds_per_candidate = 2.0;  // stop sampling after this (at least 5 samples when allowed)
   uint64_t seed = 1;                   // of the random inputs
   size_t l2_flush_bytes = size_t{256} << 20;
+  bool backward = false;               // time Attention::backward (RuntimeOptions::backward_config)
 };
 
-// Runs each candidate through a Runtime (RuntimeOptions::config) on random device inputs,
+// Runs each candidate through a Runtime (RuntimeOptions::config, or with `backward` the
+// backward_config, timing backward() after one forward) on random device inputs,
 // rotating between up to 3 input sets, flushing L2 before every timed launch, one event pair per
 // launch on its own stream. A compile or launch failure throws (tune() records it as failed).
 class GpuCandidateTimer : public CandidateTimer {
@@ -62,12 +65,14 @@ private:
   CUstream stream_ = nullptr;
   std::vector<InputSet> inputs_;
   DeviceBuffer o_, lse_, flush_;
+  DeviceBuffer dout_, dq_, dk_, dv_;  // with `backward`
 };
 
 struct GpuTuneOptions {
   int device = 0;
   std::string cache_dir;          // kernel cache; empty: the knobs'
   std::vector<int64_t> buckets;   // sequence buckets; empty: powers of two
+  bool backward = false;          // tune the backward kernels (candidate_backward_configs)
 };
 
 struct GpuTuneOutcome {
@@ -79,7 +84,7 @@ struct GpuTuneOutcome {
 // (phase, done, total); phase is "compiling" or "timing".
 using TuneProgress = std::function<void(const std::string& phase, size_t done, size_t total)>;
 
-// The whole search for one problem: candidate_configs for the GPU's arch, pruning by the cost model
+// The whole search for one problem: candidate_configs (or candidate_backward_configs) for the GPU's arch, pruning by the cost model
 // and kernel_compile_check, then tune() with a GpuCandidateTimer. Checks the GPU first: UserError
 // "tuning needs a GPU: ..." without one. Patterns with a dynamic layout are a UserError (their
 // tables change per call, so there is no fixed problem to time).

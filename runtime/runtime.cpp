@@ -93,6 +93,21 @@ KernelConfig tuned_config(const Pattern& pattern, const Problem& problem, const 
   return r.config;
 }
 
+// The backward kernels' configuration: the caller's, else the tuning database's backward entry
+// (exact key or nearest bucket; filled by `attnjit tune --backward`), else the path's default.
+KernelConfig tuned_backward_config(const Pattern& pattern, const Problem& problem, const RuntimeOptions& o) {
+  if (!(o.backward_config == KernelConfig{})) return o.backward_config;
+  CudaDriver::get();  // without a driver, the plain "no GPU" error rather than a tuning one
+  const TuningGpu gpu = tuning_gpu(o.device.index);
+  const TuneKey key = tune_key_for(gpu, pattern, problem, {}, true);
+  const LookupResult r = TuningDb(default_db_files(knobs(), gpu.name)).lookup(key);
+  if (knobs().print_autotuning) {
+    log(LogLevel::Warn, "autotune: " + key.describe() + " -> " + describe(r.config) + " (" + to_string(r.source) + ": " +
+                            r.why + ")");
+  }
+  return r.config;
+}
+
 }  // namespace
 
 Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<Impl>()) { impl_->options = std::move(options); }
@@ -110,11 +125,11 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   switch (o.device.kind) {
     case DeviceKind::CPU: st->backend = make_cpu_backend(st->pattern, problem); break;
     case DeviceKind::EMU:
-      st->backend = make_emu_backend(st->pattern, problem, o.device.index, o.cache_dir, o.config, templates);
+      st->backend = make_emu_backend(st->pattern, problem, o.device.index, o.cache_dir, o.config, o.backward_config, templates);
       break;
     case DeviceKind::CUDA:
       st->backend = make_cuda_backend(st->pattern, problem, o.device.index, o.cache_dir, tuned_config(pattern, problem, o),
-                                      templates);
+                                      tuned_backward_config(pattern, problem, o), templates);
       break;
   }
   // Plan the common case now (offsets 0), so forward() only launches.

@@ -26,27 +26,39 @@ struct CompileOptions {
   std::string spec, cache_dir;
   KernelOptions kernel;
   int jobs = 1;
+  bool backward = false;
 };
 
-// One line per kernel: where it came from and what it costs on the chip.
-void report(const KernelSource& k, const CompiledKernel& c) {
+// One line per kernel (entry point `entry`, by default the kernel's name): where it came from and
+// what it costs on the chip.
+void report(const KernelSource& k, const CompiledKernel& c, const std::string& entry = "", int shared_bytes = -1,
+            int threads = -1) {
+  const std::string name = entry.empty() ? k.name : entry;
   const ResourceUsage* u = nullptr;
   for (const ResourceUsage& x : c.usage)
-    if (x.kernel == k.name) u = &x;
+    if (x.kernel == name) u = &x;
   char line[512];
   std::snprintf(line, sizeof line, "%s %s key=%s %s %.3fs registers=%d spills=%s shared=%dB+%dB threads=%d\n",
-                k.name.c_str(), k.arch.c_str(), c.key.hex.substr(0, 16).c_str(), c.cache_hit ? "hit" : "miss",
+                name.c_str(), k.arch.c_str(), c.key.hex.substr(0, 16).c_str(), c.cache_hit ? "hit" : "miss",
                 c.seconds, u ? u->registers : -1,
                 c.spills_known && u ? std::to_string(u->spill_store_bytes + u->spill_load_bytes).append("B").c_str()
                                     : "n/a(cached)",
-                u ? u->shared_bytes : 0, k.shared_bytes, k.threads);
+                u ? u->shared_bytes : 0, shared_bytes >= 0 ? shared_bytes : k.shared_bytes, threads >= 0 ? threads : k.threads);
   std::cout << line;
 }
 
 int run_compile(const CompileOptions& o) {
   const Pattern p = load_spec_file(o.spec);
   std::vector<KernelSource> kernels;
-  for (const KernelRequest& r : o.kernel.requests()) kernels.push_back(generate_kernel(p, r));
+  std::vector<BackwardKernels> backward;
+  for (const KernelRequest& r : o.kernel.requests()) {
+    if (o.backward) {
+      backward.push_back(generate_backward_kernels(p, r));
+      kernels.push_back(backward.back().source);
+    } else {
+      kernels.push_back(generate_kernel(p, r));
+    }
+  }
   KernelCompiler compiler(kernel_cache_for(o.cache_dir), knobs());
   std::vector<std::string> errors;
   const std::vector<CompiledKernel> out = compiler.get_many(kernels, o.jobs, errors);
@@ -57,7 +69,15 @@ int run_compile(const CompileOptions& o) {
       ++failed;
       continue;
     }
-    report(kernels[n], out[n]);
+    if (!o.backward) {
+      report(kernels[n], out[n]);
+      continue;
+    }
+    const BackwardKernels& b = backward[n];
+    report(kernels[n], out[n], b.pre, 0, b.aux_threads);
+    report(kernels[n], out[n], b.dq, b.dq_shared_bytes, b.dq_threads);
+    report(kernels[n], out[n], b.dkdv, b.dkdv_shared_bytes, b.dkdv_threads);
+    report(kernels[n], out[n], b.cvt, 0, b.aux_threads);
   }
   return failed ? 1 : 0;
 }
@@ -83,8 +103,10 @@ TuningDb all_tuning_dbs() {
 }
 
 // "default" in a manifest: the default configuration plus what the tuning databases selected
-// for this pattern, head dims, dtype and arch (their best, or their `top_k` fastest).
-std::vector<KernelConfig> selected_configs(const TuningDb& db, const Pattern& p, const KernelRequest& r, int top_k) {
+// for this pattern, head dims, dtype and arch (their best, or their `top_k` fastest), for the
+// forward kernel or, with `backward`, the backward kernels.
+std::vector<KernelConfig> selected_configs(const TuningDb& db, const Pattern& p, const KernelRequest& r, int top_k,
+                                           bool backward = false) {
   std::vector<KernelConfig> out{KernelConfig{}};
   const std::string signature = pattern_signature(p);
   for (const DbFile& f : db.files()) {
@@ -92,7 +114,7 @@ std::vector<KernelConfig> selected_configs(const TuningDb& db, const Pattern& p,
     for (const DbEntry& e : f.entries) {
       const TuneKey& k = e.key;
       if (k.arch != r.arch || k.pattern_signature != signature || k.head_dim != r.head_dim ||
-          k.head_dim_v != r.head_dim_v || k.dtype != r.dtype) {
+          k.head_dim_v != r.head_dim_v || k.dtype != r.dtype || k.backward != backward) {
         continue;
       }
       std::vector<CandidateResult> ok;
@@ -158,8 +180,13 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
                 r.config = c;
                 kernels.push_back(generate_kernel(p, r));
               }
-              // Training: the backward kernels of this pattern, head dim, dtype and arch (one set).
-              if (backward) kernels.push_back(generate_backward_kernels(p, r).source);
+              // Training: the backward kernels of this pattern, head dim, dtype and arch, with the
+              // tiles the tuning databases selected for them (and the default).
+              if (!backward) continue;
+              for (const KernelConfig& c : selected_configs(db, p, r, top_k, true)) {
+                r.config = c;
+                kernels.push_back(generate_backward_kernels(p, r).source);
+              }
             }
     }
   }
@@ -215,6 +242,7 @@ void register_compile(CLI::App& app, int& rc) {
   o->kernel.add_to(sub, true);
   sub->add_option("--cache-dir", o->cache_dir, "kernel cache directory (default: ATTNJIT_CACHE_DIR or ~/.cache/attnjit)");
   sub->add_option("-j,--jobs", o->jobs, "parallel compiles")->capture_default_str();
+  sub->add_flag("--backward", o->backward, "the backward kernels (one line per entry point; --kernel-tile is their tile)");
   sub->callback([o, &rc] { rc = guarded([&] { return run_compile(*o); }); });
 
   auto m = std::make_shared<PrecompileOptions>();

@@ -29,7 +29,7 @@ struct TuneOptions {
   int head_dim = 128, head_dim_v = 0, warmup = 3, iterations = 50;
   int64_t heads = 16;
   double seconds = 2.0;
-  bool show = false;
+  bool show = false, backward = false;
 };
 
 struct TuneJob {
@@ -119,12 +119,13 @@ int run_tune(const TuneOptions& o) {
   budget.seconds_per_candidate = o.seconds;
   GpuTuneOptions go;
   go.cache_dir = o.cache_dir;
+  go.backward = o.backward;
   int failed = 0;
   for (const TuneJob& job : jobs) {
     for (int64_t seq : seqs) {
       const Problem pb{1, seq, seq, o.heads, o.heads, job.head_dim, job.head_dim_v, job.dtype};
       std::cout << "tuning " << job.name << " seq=" << seq << " heads=" << o.heads << " d=" << job.head_dim << " "
-                << to_string(job.dtype) << " on " << gpu.name << "\n"
+                << to_string(job.dtype) << (o.backward ? " backward" : "") << " on " << gpu.name << "\n"
                 << std::flush;
       const GpuTuneOutcome out = tune_on_gpu(job.pattern, pb, budget, go, progress_bar);
       std::cout << format_tune_table(out.result);
@@ -205,6 +206,7 @@ void register_tune(CLI::App& app, int& rc) {
   sub->add_option("--warmup", o->warmup, "untimed runs per candidate")->capture_default_str();
   sub->add_option("--iterations", o->iterations, "timed runs per candidate, at most")->capture_default_str();
   sub->add_option("--seconds", o->seconds, "timing budget per candidate")->capture_default_str();
+  sub->add_flag("--backward", o->backward, "tune the backward kernels' tiles (recorded under their own key)");
   sub->add_flag("--show", o->show, "print what the tuning databases hold for this GPU (all entries without a GPU)");
   sub->callback([o, &rc] { rc = guarded([&] { return o->show ? run_show(*o) : run_tune(*o); }); });
 }

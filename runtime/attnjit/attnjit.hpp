@@ -65,6 +65,9 @@ struct RuntimeOptions {
   Device device = Device::cpu();
   std::string cache_dir;  // empty: the ATTNJIT_CACHE_DIR knob (or ~/.cache/attnjit)
   KernelConfig config;    // zeros: the tuning database's choice (or the path's default)
+  // The backward kernels' tiles; zeros: the tuning database's backward entry (`attnjit tune
+  // --backward`), else the path's default. Tuning on a miss covers the forward only.
+  KernelConfig backward_config;
   bool tune = false;      // tune on a database miss (also the ATTNJIT_TUNE knob)
   // Kernels are rendered from these templates instead of the embedded ones (tests render
   // deliberately broken kernels this way; a changed template changes the kernel's cache key).

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "attnjit/attnjit.hpp"
+#include "compiler/autotune.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/npy.hpp"
 #include "runtime/reference.hpp"
@@ -208,4 +209,50 @@ TEST_CASE("backward: rows that attend nothing give and get no gradient (never Na
     INFO(to_string(dt) << " head_dim " << d);
     CHECK(check_backward(rt, p, s, dt, nullptr, 77) == "");
   }
+}
+
+TEST_CASE("backward: every tile configuration the tuner can pick matches the reference", "[gpu][emu][grad][configs]") {
+  if (gputest::target() == gputest::Target::Cpu) {
+    WARN("SKIPPED on the CPU device: it has no kernel configurations");
+    return;
+  }
+  if (on_gpu()) shared_context(0).make_current();
+  const int arch = on_gpu() ? device_info(0).cc_major * 10 + device_info(0).cc_minor : 80;
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(64).dilation(1).causal())
+                        .branch(BranchSpec().segment(256).dilation(4).offset(OffsetRule::HeadMod))
+                        .build();
+  // The emulator takes one head dim per path (each config is a compile); a GPU takes both.
+  std::vector<std::pair<DType, int>> kinds = {{DType::BF16, 64}, {DType::F32, 32}};
+  if (on_gpu()) kinds.push_back({DType::F16, 128});
+  int n = 0;
+  for (const auto& [dt, d] : kinds) {
+    KernelRequest r;
+    r.head_dim = r.head_dim_v = d, r.dtype = dt, r.arch = arch;
+    for (const KernelConfig& c : candidate_backward_configs(r)) {
+      RuntimeOptions ro;
+      ro.device = device_under_test();
+      ro.backward_config = c;
+      Runtime rt(ro);
+      Shape s;
+      s.seq_q = s.seq_k = on_gpu() ? 2000 : 300, s.heads_q = 2, s.heads_kv = 1, s.head_dim = s.head_dim_v = d;
+      INFO(to_string(dt) << " d=" << d << " backward config " << describe(c));
+      CHECK(check_backward(rt, p, s, dt, nullptr, 500 + n++) == "");
+    }
+  }
+}
+
+TEST_CASE("backward: a tile configuration no kernel supports is a clear error", "[gpu][emu][grad][configs]") {
+  if (gputest::target() == gputest::Target::Cpu) {
+    WARN("SKIPPED on the CPU device: it has no kernel configurations");
+    return;
+  }
+  if (on_gpu()) shared_context(0).make_current();
+  RuntimeOptions ro;
+  ro.device = device_under_test();
+  ro.backward_config = KernelConfig{48, 64, 2};
+  Runtime rt(ro);
+  const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
+  CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 128, 128, 2, 2, 64, 64, DType::BF16}),
+                    Catch::Contains("backward tile") && Catch::Contains("{16, 32, 64, 128}"));
 }

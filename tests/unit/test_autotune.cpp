@@ -242,6 +242,68 @@ TEST_CASE("the cost model prunes configs computing over 1.5x the leanest one's p
   CHECK(real[1].rfind("pruned: computes ", 0) == 0);
 }
 
+TEST_CASE("backward candidates: the backward default first, powers-of-two tiles, SIMT past head dim 128", "[autotune][grad]") {
+  KernelRequest r;  // bf16, d=128, sm_80
+  const std::vector<KernelConfig> c = candidate_backward_configs(r);
+  KernelRequest d = r;
+  REQUIRE(!c.empty());
+  CHECK(c[0] == resolve_backward_config(d));
+  CHECK(describe(c[0]) == "64x64 s2");
+  CHECK(c == candidate_backward_configs(r));
+  for (const KernelConfig& k : c) {
+    INFO(describe(k));
+    d.config = k;
+    CHECK(resolve_backward_config(d) == k);
+    CHECK((k.tile_q == 32 || k.tile_q == 64 || k.tile_q == 128));
+    CHECK((k.tile_k == 32 || k.tile_k == 64 || k.tile_k == 128));
+    CHECK(k.stages == 2);
+  }
+  CHECK(c.size() > 3);
+  KernelRequest wide = r;
+  wide.head_dim = wide.head_dim_v = 256;  // the SIMT backward
+  REQUIRE(choose_backward_path(wide) == KernelPath::Simt);
+  // Static shared memory holds K and V of 16 keys at most at d=256: tile_q {16, 32, 64} x 16.
+  CHECK(candidate_backward_configs(wide).size() == 3);
+}
+
+TEST_CASE("backward tuning results are keyed apart from the forward's", "[autotune][grad]") {
+  TempDir tmp;
+  const std::string file = tmp.file("gpu.json");
+  TuneKey bwd = key_for(4096);
+  bwd.backward = true;
+  CHECK(bwd.describe().find(" backward") != std::string::npos);
+  CHECK(key_for(4096).describe().find("backward") == std::string::npos);
+  {
+    TuningDb writer({});
+    writer.record(file, key_for(4096), result_for(kB), meta());
+    writer.record(file, bwd, result_for(kC), meta());
+  }
+  const TuningDb db({file}, meta());
+  CHECK(db.lookup(key_for(4096)).config == kB);
+  CHECK(db.lookup(bwd).config == kC);
+  TuneKey bwd_other = bwd;
+  bwd_other.seq_bucket = 8192;  // the nearest backward bucket, never the forward's entry
+  CHECK(db.lookup(bwd_other).config == kC);
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  CHECK(text.str().find("\"pass\": \"backward\"") != std::string::npos);
+  // Files written before the backward existed have no "pass": their entries are the forward's.
+  std::string old = text.str();
+  for (size_t at; (at = old.find("\"pass\": \"forward\",")) != std::string::npos;) old.erase(at, 19);
+  for (size_t at; (at = old.find(",\n          \"pass\": \"forward\"")) != std::string::npos;) old.erase(at, 30);
+  REQUIRE(old.find("\"forward\"") == std::string::npos);
+  const DbFile f = parse_tuning_db(file, old, meta());
+  REQUIRE(f.problem.empty());
+  REQUIRE(f.entries.size() == 2);
+  CHECK(f.entries[0].key.backward != f.entries[1].key.backward);
+  // Any other pass is a malformed file, named as such.
+  std::string bad = text.str();
+  bad.replace(bad.find("\"backward\""), 10, "\"sideways\"");
+  const DbFile g = parse_tuning_db(file, bad, meta());
+  CHECK(g.problem.find("pass") != std::string::npos);
+}
+
 TEST_CASE("lookup: exact key, then the nearest bucket, then the heuristic", "[autotune]") {
   TempDir tmp;
   const std::string file = tmp.file("gpu.json");
