@@ -21,16 +21,17 @@ struct Row {
 // One (batch, head, query row): one softmax over the keys of every branch the row takes part in,
 // a key counted once per branch that attends it. Leaves the probabilities in row.p (empty when the
 // row attends nothing; lse is then -inf).
-void row_softmax(const MaskContext& c, const float* q, const float* k, int64_t bi, int64_t h, int64_t i, double scale,
+template <class T>
+void row_softmax(const MaskContext& c, const T* q, const T* k, int64_t bi, int64_t h, int64_t i, double scale,
                  Row& row) {
   const Shape& s = c.shape;
   const int64_t kvh = h / (s.heads_q / s.heads_kv);
-  const float* qrow = q + ((bi * s.seq_q + i) * s.heads_q + h) * s.head_dim;
+  const T* qrow = q + ((bi * s.seq_q + i) * s.heads_q + h) * s.head_dim;
   row.p.clear();
   row.keys.clear();
   for (size_t b = 0; b < c.pattern.branches.size(); ++b) {
     for_each_branch_key(c, b, h, i, [&](int64_t j) {
-      const float* krow = k + ((bi * s.seq_k + j) * s.heads_kv + kvh) * s.head_dim;
+      const T* krow = k + ((bi * s.seq_k + j) * s.heads_kv + kvh) * s.head_dim;
       double dot = 0.0;
       for (int64_t d = 0; d < s.head_dim; ++d) dot += static_cast<double>(qrow[d]) * krow[d];
       row.p.push_back(scale * dot);
@@ -55,7 +56,8 @@ double output_factor(const Pattern& p) {
                                                                                  : 1.0;
 }
 
-void reference_row(const MaskContext& c, const float* q, const float* k, const float* v, int64_t bi, int64_t h,
+template <class T>
+void reference_row(const MaskContext& c, const T* q, const T* k, const T* v, int64_t bi, int64_t h,
                    int64_t i, double scale, Row& row, ReferenceOutput& out) {
   const Shape& s = c.shape;
   const int64_t kvh = h / (s.heads_q / s.heads_kv);
@@ -65,7 +67,7 @@ void reference_row(const MaskContext& c, const float* q, const float* k, const f
   out.lse[(bi * s.heads_q + h) * s.seq_q + i] = row.lse;
   const double f = output_factor(c.pattern);
   for (size_t n = 0; n < row.p.size(); ++n) {
-    const float* vrow = v + ((bi * s.seq_k + row.keys[n]) * s.heads_kv + kvh) * s.head_dim_v;
+    const T* vrow = v + ((bi * s.seq_k + row.keys[n]) * s.heads_kv + kvh) * s.head_dim_v;
     for (int64_t d = 0; d < s.head_dim_v; ++d) orow[d] += f * row.p[n] * vrow[d];
   }
 }
@@ -93,10 +95,9 @@ void check_reference_inputs(const Pattern& p, const Shape& s, const DynamicLayou
   if (dynamic) check_dynamic_layout(p, s, *dynamic, "dynamic layout");
 }
 
-}  // namespace
-
-ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const float* q, const float* k, const float* v,
-                                    const DynamicLayout* dynamic, unsigned threads) {
+template <class T>
+ReferenceOutput reference_forward(const Pattern& p, const Shape& s, const T* q, const T* k, const T* v,
+                                  const DynamicLayout* dynamic, unsigned threads) {
   check_reference_inputs(p, s, dynamic);
   const MaskContext c{p, s, dynamic};
   ReferenceOutput out;
@@ -111,9 +112,9 @@ ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const floa
   return out;
 }
 
-ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const float* q, const float* k,
-                                                const float* v, const float* dout, const DynamicLayout* dynamic,
-                                                unsigned threads) {
+template <class T>
+ReferenceGradients reference_backward(const Pattern& p, const Shape& s, const T* q, const T* k, const T* v, const T* dout,
+                                      const DynamicLayout* dynamic, unsigned threads) {
   check_reference_inputs(p, s, dynamic);
   const MaskContext c{p, s, dynamic};
   ReferenceGradients g;
@@ -131,14 +132,14 @@ ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s
       for (int64_t i = 0; i < s.seq_q; ++i) {
         row_softmax(c, q, k, bi, h, i, scale, row);
         if (row.p.empty()) continue;  // attends nothing: O = 0, no gradient
-        const float* qrow = q + ((bi * s.seq_q + i) * s.heads_q + h) * s.head_dim;
-        const float* dorow = dout + ((bi * s.seq_q + i) * s.heads_q + h) * s.head_dim_v;
+        const T* qrow = q + ((bi * s.seq_q + i) * s.heads_q + h) * s.head_dim;
+        const T* dorow = dout + ((bi * s.seq_q + i) * s.heads_q + h) * s.head_dim_v;
         double* dqrow = g.dq.data() + ((bi * s.seq_q + i) * s.heads_q + h) * s.head_dim;
         // O = f * sum_n P_n V_n: dP_n = f * dO . V_n, dS_n = P_n (dP_n - sum_m P_m dP_m).
         dp.assign(row.p.size(), 0.0);
         double dot_pdp = 0.0;
         for (size_t n = 0; n < row.p.size(); ++n) {
-          const float* vrow = v + ((bi * s.seq_k + row.keys[n]) * s.heads_kv + kvh) * s.head_dim_v;
+          const T* vrow = v + ((bi * s.seq_k + row.keys[n]) * s.heads_kv + kvh) * s.head_dim_v;
           double x = 0.0;
           for (int64_t d = 0; d < s.head_dim_v; ++d) x += static_cast<double>(dorow[d]) * vrow[d];
           dp[n] = f * x;
@@ -146,7 +147,7 @@ ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s
         }
         for (size_t n = 0; n < row.p.size(); ++n) {
           const int64_t j = row.keys[n];
-          const float* krow = k + ((bi * s.seq_k + j) * s.heads_kv + kvh) * s.head_dim;
+          const T* krow = k + ((bi * s.seq_k + j) * s.heads_kv + kvh) * s.head_dim;
           double* dkrow = g.dk.data() + ((bi * s.seq_k + j) * s.heads_kv + kvh) * s.head_dim;
           double* dvrow = g.dv.data() + ((bi * s.seq_k + j) * s.heads_kv + kvh) * s.head_dim_v;
           const double ds = row.p[n] * (dp[n] - dot_pdp) * scale;
@@ -159,6 +160,27 @@ ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s
       }
   });
   return g;
+}
+
+}  // namespace
+
+ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const float* q, const float* k, const float* v,
+                                    const DynamicLayout* dynamic, unsigned threads) {
+  return reference_forward(p, s, q, k, v, dynamic, threads);
+}
+ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const double* q, const double* k, const double* v,
+                                    const DynamicLayout* dynamic, unsigned threads) {
+  return reference_forward(p, s, q, k, v, dynamic, threads);
+}
+ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const float* q, const float* k,
+                                                const float* v, const float* dout, const DynamicLayout* dynamic,
+                                                unsigned threads) {
+  return reference_backward(p, s, q, k, v, dout, dynamic, threads);
+}
+ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const double* q, const double* k,
+                                                const double* v, const double* dout, const DynamicLayout* dynamic,
+                                                unsigned threads) {
+  return reference_backward(p, s, q, k, v, dout, dynamic, threads);
 }
 
 }  // namespace attnjit

@@ -20,6 +20,9 @@ struct ReferenceOutput {
 // (and the dynamic table, if any) first. Uses up to `threads` threads (0: hardware concurrency).
 ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const float* q, const float* k, const float* v,
                                     const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
+// The same on float64 inputs (finite-difference gradient checks perturb below float32's precision).
+ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const double* q, const double* k, const double* v,
+                                    const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
 
 // The gradients of the forward above with respect to q, k and v, given dO
 // [batch, seq_q, heads_q, head_dim_v] (LSE's gradient is not taken): the exact gradient of the
@@ -31,6 +34,9 @@ struct ReferenceGradients {
 };
 ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const float* q, const float* k,
                                                 const float* v, const float* dout, const DynamicLayout* dynamic = nullptr,
+                                                unsigned threads = 0);
+ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const double* q, const double* k,
+                                                const double* v, const double* dout, const DynamicLayout* dynamic = nullptr,
                                                 unsigned threads = 0);
 
 }  // namespace attnjit

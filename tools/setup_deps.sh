@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what attnjit needs to build and test, if it is missing: Debian packages (compiler,
 # CMake, header-only libraries, binutils (addr2line for the emulator's reports), lit + FileCheck)
-# and numpy for the contract tests.
+# numpy for the contract tests, and what the Python package builds and tests with.
 # Idempotent: a machine that has everything is left alone.
 set -euo pipefail
 
@@ -20,6 +20,11 @@ fi
 if ! python3 -c "import numpy" 2>/dev/null; then
   echo "attnjit: installing numpy (used by the contract tests)"
   python3 -m pip install -q numpy
+fi
+# The Python package: nanobind and scikit-build-core build it, PyTorch and pytest test it.
+if ! python3 -c "import nanobind, scikit_build_core, pytest, torch" 2>/dev/null; then
+  echo "attnjit: installing nanobind, scikit-build-core, pytest and PyTorch (the Python package and its tests)"
+  python3 -m pip install -q nanobind scikit-build-core pytest torch
 fi
 # SASS (attnjit dump --stage sass, the HMMA checks in the tests) needs nvdisasm or cuobjdump; a
 # toolkit installed from pip lacks them, so fetch NVIDIA's own wheels and put them on PATH.

@@ -1,0 +1,105 @@
+"""attnjit.attention: one call, numpy arrays or torch tensors in, the same kind out."""
+import os
+
+import numpy as np
+
+from . import _attnjit
+from ._pattern import as_pattern
+
+_NUMPY_DTYPES = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16"}
+
+
+def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_lse=False, dynamic_layout=None):
+    """Attention of `pattern` over q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv].
+
+    Returns o [B, Sq, Hq, Dv] in the inputs' dtype, or (o, lse) with lse fp32 [B, Hq, Sq] (the
+    natural log of each row's softmax denominator; -inf for rows that attend nothing).
+
+    `pattern`: an attnjit.Pattern, a dict or a path. `scale` replaces the softmax scale.
+    `q_offset`/`k_offset`: global positions of row 0. `dynamic_layout`: the CSR table of a
+    pattern with a `dynamic` layout, a dict {"row_offsets", "col_indices", "heads"}.
+
+    torch tensors (fp32, fp16, bf16; any strides with a contiguous last dimension): CUDA tensors
+    run the generated kernels on PyTorch's current stream; CPU tensors the plan executor
+    (ATTNJIT_CPU_DEVICE=emu runs the generated kernels in the CPU emulator instead); float64 CPU
+    tensors the float64 reference (for gradcheck). Differentiable in q, k and v.
+    numpy arrays (fp32, fp16; CPU, no autograd) are accepted too.
+    """
+    p = as_pattern(pattern)
+    if scale is not None:
+        p = p.with_scale(scale)
+    dyn = _dynamic_arg(dynamic_layout)
+    if isinstance(q, np.ndarray) or isinstance(k, np.ndarray) or isinstance(v, np.ndarray):
+        o, lse = _numpy_attention(q, k, v, p.spec, int(q_offset), int(k_offset), dyn)
+    else:
+        from . import _torch_ops
+
+        o, lse = _torch_ops.attention(q, k, v, p.spec, int(q_offset), int(k_offset), dyn)
+    return (o, lse) if return_lse else o
+
+
+def _dynamic_arg(d):
+    if d is None:
+        return None
+    if not isinstance(d, dict) or not {"row_offsets", "col_indices"} <= set(d):
+        raise TypeError('dynamic_layout: expected a dict {"row_offsets": [...], "col_indices": [...], "heads": H}')
+    return (
+        int(d.get("heads", 1)),
+        [int(x) for x in np.asarray(d["row_offsets"]).ravel()],
+        [int(x) for x in np.asarray(d["col_indices"]).ravel()],
+    )
+
+
+def cpu_device():
+    """The device CPU tensors run on: the plan executor, or the emulator (ATTNJIT_CPU_DEVICE=emu)."""
+    d = os.environ.get("ATTNJIT_CPU_DEVICE", "cpu")
+    if d not in ("cpu", "emu"):
+        raise ValueError(f"ATTNJIT_CPU_DEVICE={d}: expected cpu or emu")
+    return d
+
+
+def check_shapes(q_shape, k_shape, v_shape):
+    """ValueError naming the argument when q, k, v are not [B, S, H, D] tensors that fit together."""
+    for name, s in (("q", q_shape), ("k", k_shape), ("v", v_shape)):
+        if len(s) != 4:
+            raise ValueError(f"{name}: expected a [batch, seq, heads, head_dim] tensor, got shape {tuple(s)}")
+    if q_shape[0] != k_shape[0] or k_shape[0] != v_shape[0]:
+        raise ValueError(f"q, k, v: batch sizes differ ({q_shape[0]}, {k_shape[0]}, {v_shape[0]})")
+    if tuple(k_shape[:3]) != tuple(v_shape[:3]):
+        raise ValueError(f"k, v: [batch, seq, heads] differ ({tuple(k_shape[:3])} and {tuple(v_shape[:3])})")
+    if q_shape[3] != k_shape[3]:
+        raise ValueError(f"q, k: head dims differ ({q_shape[3]} and {k_shape[3]})")
+    if k_shape[2] == 0 or q_shape[2] % k_shape[2]:
+        raise ValueError(f"q, k: query heads ({q_shape[2]}) must be a multiple of key/value heads ({k_shape[2]})")
+
+
+def _numpy_attention(q, k, v, spec, q_offset, k_offset, dyn):
+    arrays = []
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{name}: numpy and torch inputs cannot be mixed; got {type(x).__name__}")
+        arrays.append(x)
+    q, k, v = arrays
+    check_shapes(q.shape, k.shape, v.shape)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v: dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+    b, sq, hq, _ = q.shape
+    dv = v.shape[3]
+    if q.dtype == np.float64:
+        dims = [b, sq, k.shape[1], hq, k.shape[2], q.shape[3], dv]
+        q, k, v = (np.ascontiguousarray(x) for x in (q, k, v))
+        return _attnjit.reference_forward(spec, q.ctypes.data, k.ctypes.data, v.ctypes.data, dims, q_offset, k_offset, dyn)
+    if q.dtype not in _NUMPY_DTYPES:
+        raise TypeError(f"q: dtype {q.dtype} is not supported; use float32, float16 or float64")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.strides[3] != x.itemsize:
+            raise ValueError(f"{name}: the last dimension must be contiguous (stride 1)")
+    o = np.empty((b, sq, hq, dv), dtype=q.dtype)
+    lse = np.empty((b, hq, sq), dtype=np.float32)
+
+    def desc(x):
+        return (x.ctypes.data, list(x.shape), [s // x.itemsize for s in x.strides])
+
+    _attnjit.forward(spec, cpu_device(), 0, _NUMPY_DTYPES[q.dtype], desc(q), desc(k), desc(v), desc(o), desc(lse),
+                     q_offset, k_offset, 0, dyn)
+    return o, lse

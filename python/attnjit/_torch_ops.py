@@ -1,0 +1,129 @@
+"""attnjit's PyTorch operators: attnjit::attention and attnjit::attention_backward, registered with
+torch.library (fake implementations included, so torch.compile(fullgraph=True) traces them) and
+differentiable in q, k and v through the backward kernels."""
+from typing import Optional
+
+import torch
+
+from . import _attnjit
+from ._attention import check_shapes, cpu_device
+
+_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor (or numpy arrays for all three), got {type(x).__name__}")
+    check_shapes(q.shape, k.shape, v.shape)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v: dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+    if q.dtype not in _DTYPES and q.dtype != torch.float64:
+        raise TypeError(f"q: dtype {q.dtype} is not supported; use float32, float16, bfloat16 (or float64 on the CPU)")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v: devices differ ({q.device}, {k.device}, {v.device})")
+    if q.dtype == torch.float64 and q.device.type != "cpu":
+        raise TypeError("q: float64 runs the CPU reference only; use float32, float16 or bfloat16 on a GPU")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() == 4 and x.stride(3) != 1:
+            raise ValueError(f"{name}: the last dimension must be contiguous (stride 1); call .contiguous()")
+    heads, rows, cols = (0, None, None) if dyn is None else (
+        dyn[0], torch.tensor(dyn[1], dtype=torch.int64), torch.tensor(dyn[2], dtype=torch.int32))
+    return torch.ops.attnjit.attention(q, k, v, spec, q_offset, k_offset, heads, rows, cols)
+
+
+def _desc(x):
+    return (x.data_ptr(), list(x.shape), list(x.stride()))
+
+
+def _device(x):
+    if x.device.type == "cuda":
+        return "cuda", x.device.index or 0, torch.cuda.current_stream(x.device).cuda_stream
+    if x.device.type == "cpu":
+        return cpu_device(), 0, 0
+    raise ValueError(f"q: device {x.device} is not supported; use a CPU or CUDA tensor")
+
+
+def _dyn(heads, rows, cols):
+    return None if rows is None else (heads, rows.tolist(), cols.tolist())
+
+
+def _out_shapes(q, v):
+    b, sq, hq, _ = q.shape
+    return (b, sq, hq, v.shape[3]), (b, hq, sq)
+
+
+@torch.library.custom_op("attnjit::attention", mutates_args=())
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: str, q_offset: int, k_offset: int,
+               dyn_heads: int, dyn_rows: Optional[torch.Tensor], dyn_cols: Optional[torch.Tensor]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    o_shape, lse_shape = _out_shapes(q, v)
+    dyn = _dyn(dyn_heads, dyn_rows, dyn_cols)
+    if q.dtype == torch.float64:  # the float64 reference (exact; for gradcheck)
+        dims = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]]
+        qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
+        o, lse = _attnjit.reference_forward(spec, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), dims, q_offset, k_offset, dyn)
+        return torch.from_numpy(o), torch.from_numpy(lse)
+    o = torch.empty(o_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    device, index, stream = _device(q)
+    _attnjit.forward(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v), _desc(o), _desc(lse), q_offset,
+                     k_offset, stream, dyn)
+    return o, lse
+
+
+@_attention.register_fake
+def _(q, k, v, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols):
+    o_shape, lse_shape = _out_shapes(q, v)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return q.new_empty(o_shape), q.new_empty(lse_shape, dtype=lse_dtype)
+
+
+@torch.library.custom_op("attnjit::attention_backward", mutates_args=())
+def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                        dout: torch.Tensor, spec: str, q_offset: int, k_offset: int, dyn_heads: int,
+                        dyn_rows: Optional[torch.Tensor], dyn_cols: Optional[torch.Tensor]
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dyn = _dyn(dyn_heads, dyn_rows, dyn_cols)
+    if q.dtype == torch.float64:
+        dims = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]]
+        qc, kc, vc, dc = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
+        dq, dk, dv = _attnjit.reference_backward(spec, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), dc.data_ptr(), dims,
+                                                 q_offset, k_offset, dyn)
+        return torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv)
+    if dout.stride(3) != 1:
+        dout = dout.contiguous()
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    device, index, stream = _device(q)
+    _attnjit.backward(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v), _desc(o), _desc(lse),
+                      _desc(dout), _desc(dq), _desc(dk), _desc(dv), q_offset, k_offset, stream, False, dyn)
+    return dq, dk, dv
+
+
+@_attention_backward.register_fake
+def _(q, k, v, o, lse, dout, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.args = (spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols)
+    ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    if dlse is not None:
+        raise NotImplementedError("attnjit.attention: the gradient through lse is not taken (LSE is an output for "
+                                  "merging partial results); use lse.detach() in the loss")
+    if dout is None:
+        dout = torch.zeros_like(o)
+    dq, dk, dv = _attention_backward(q, k, v, o, lse, dout, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+_attention.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,147 @@
+"""Drop-in attention modules: LongNet's dilated attention (as the seed project and torchscale name
+them) and block-sparse attention, on attnjit.attention. Inputs are batch-first [B, S, H, D] (the
+attention modules) or [B, S, E] (the multi-head module)."""
+import json
+
+import numpy as np
+import torch
+from torch import nn
+
+from ._attention import attention
+from ._pattern import Pattern, as_pattern
+
+
+def dilated_spec(segment_lengths, dilation_rates, *, combine="softmax", offset=None, causal=False, scale=None) -> dict:
+    """The spec of LongNet dilated attention: one branch per (segment length, dilation rate)."""
+    segment_lengths, dilation_rates = list(segment_lengths), list(dilation_rates)
+    if len(segment_lengths) != len(dilation_rates) or not segment_lengths:
+        raise ValueError(f"segment_lengths and dilation_rates: expected equal, non-empty lists, got "
+                         f"{len(segment_lengths)} and {len(dilation_rates)}")
+    spec = {"attnjit": 1, "combine": combine,
+            "branches": [{"segment": int(w), "dilation": int(r)} for w, r in zip(segment_lengths, dilation_rates)]}
+    if offset is not None:
+        for b in spec["branches"]:
+            b["offset"] = offset
+    if causal:
+        spec["causal"] = True
+    if scale is not None:
+        spec["scale"] = float(scale)
+    return spec
+
+
+def _causal_variant(p: Pattern) -> Pattern:
+    d = json.loads(p.spec)
+    d["causal"] = True
+    return Pattern.from_json(d)
+
+
+class _PatternAttention(nn.Module):
+    """Attention of a fixed pattern over q, k, v [B, S, H, D]; `is_causal=True` at call time adds a
+    causal mask to a pattern that has none."""
+
+    def __init__(self, pattern):
+        super().__init__()
+        self.pattern = as_pattern(pattern)
+        self._causal = None
+
+    @classmethod
+    def from_pattern(cls, pattern):
+        m = _PatternAttention.__new__(cls)
+        _PatternAttention.__init__(m, pattern)
+        return m
+
+    def forward(self, q, k, v, is_causal=None):
+        p = self.pattern
+        if is_causal:
+            if self._causal is None:
+                self._causal = _causal_variant(p)
+            p = self._causal
+        return attention(q, k, v, p)
+
+    def extra_repr(self):
+        return f"pattern={self.pattern.hash}"
+
+
+class DilatedAttention(_PatternAttention):
+    """LongNet dilated attention over q, k, v [B, S, H, D] -> [B, S, H, D].
+
+    combine="softmax": one softmax over every branch's keys (LongNet's mixing, with exact
+    gradients); "head_groups": heads split into one group per branch, outputs divided by the number
+    of groups (the seed project's DilatedAttention). `offset`: which residue a head selects
+    ("head_mod", "head_block", "group" or an integer; default per combine rule).
+    """
+
+    def __init__(self, segment_lengths, dilation_rates, *, combine="softmax", offset=None, causal=False, scale=None):
+        super().__init__(Pattern.from_json(dilated_spec(segment_lengths, dilation_rates, combine=combine, offset=offset,
+                                                        causal=causal, scale=scale)))
+
+
+class BlockSparseAttention(_PatternAttention):
+    """Block-sparse attention over q, k, v [B, S, H, D]: `layout` is a boolean [Qb, Kb] (every head)
+    or [H, Qb, Kb] (per head) array of kept (query block, key block) pairs, `block` tokens a side."""
+
+    def __init__(self, layout, *, block=128, causal=False):
+        lay = np.asarray(layout.cpu() if isinstance(layout, torch.Tensor) else layout).astype(bool)
+        if lay.ndim == 2:
+            explicit = {"blocks": [[int(a), int(b)] for a, b in np.argwhere(lay)]}
+        elif lay.ndim == 3:
+            explicit = {"per_head": [[[int(a), int(b)] for a, b in np.argwhere(h)] for h in lay]}
+        else:
+            raise ValueError(f"layout: expected a [Qb, Kb] or [H, Qb, Kb] boolean array, got shape {lay.shape}")
+        spec = {"attnjit": 1, "layout": {"block": int(block), "explicit": explicit}, "branches": [{"segment": "full"}]}
+        if causal:
+            spec["causal"] = True
+        super().__init__(Pattern.from_json(spec))
+
+
+class MultiheadDilatedAttention(nn.Module):
+    """LongNet's multi-head dilated attention on batch-first [B, S, E] inputs: q/k/v projections,
+    DilatedAttention, a sub-layer LayerNorm before the output projection (as in torchscale), the
+    output projection. forward(query, key, value, is_causal=None) returns (output, None), as the
+    seed project's module and torch.nn.MultiheadAttention do.
+
+    `num_kv_heads` < num_heads gives grouped-query attention. `dropout` applies to the attention
+    output in training (the fused kernels have no dropout on the probabilities).
+    """
+
+    def __init__(self, embed_dim, num_heads, segment_lengths, dilation_rates, *, dropout=0.0, bias=True,
+                 layer_norm=True, causal=False, num_kv_heads=None, combine="softmax", offset=None, device=None,
+                 dtype=None, pattern=None):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.head_dim = embed_dim // num_heads
+        kw = {"device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **kw)
+        self.k_proj = nn.Linear(embed_dim, num_kv_heads * self.head_dim, bias=bias, **kw)
+        self.v_proj = nn.Linear(embed_dim, num_kv_heads * self.head_dim, bias=bias, **kw)
+        self.attention = (_PatternAttention.from_pattern(pattern) if pattern is not None else
+                          DilatedAttention(segment_lengths, dilation_rates, combine=combine, offset=offset, causal=causal))
+        self.dropout = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(embed_dim, **kw) if layer_norm else None
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **kw)
+        for lin in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.xavier_normal_(lin.weight)
+        nn.init.xavier_normal_(self.out_proj.weight, gain=0.5)
+        for lin in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+
+    @classmethod
+    def from_pattern(cls, embed_dim, num_heads, pattern, **kwargs):
+        return cls(embed_dim, num_heads, [], [], pattern=pattern, **kwargs)
+
+    def forward(self, query, key, value, is_causal=None):
+        b, s, _ = query.shape
+        q = self.q_proj(query).view(b, s, self.num_heads, self.head_dim)
+        k = self.k_proj(key).view(b, key.shape[1], self.num_kv_heads, self.head_dim)
+        v = self.v_proj(value).view(b, value.shape[1], self.num_kv_heads, self.head_dim)
+        x = self.attention(q, k, v, is_causal=is_causal).reshape(b, s, self.embed_dim)
+        x = self.dropout(x)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.out_proj(x), None

@@ -1,0 +1,277 @@
+// The Python extension (attnjit._attnjit): the runtime behind the Python package, on raw tensor
+// descriptions (address, shape, strides in elements) so that no PyTorch header is needed to
+// build it; python/attnjit/ turns torch tensors and numpy arrays into these and back.
+//
+// Prepared attentions are kept per (spec text, device, problem), so a training loop that calls
+// attention() every step plans and compiles once. The GIL is released while kernels run.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "attnjit/attnjit.hpp"
+#include "compiler/error.hpp"
+#include "compiler/nvrtc_compiler.hpp"
+#include "compiler/knobs.hpp"
+#include "compiler/mask.hpp"
+#include "compiler/pattern_stats.hpp"
+#include "compiler/spec_json.hpp"
+#include "runtime/cuda_probe.hpp"
+#include "runtime/reference.hpp"
+
+namespace nb = nanobind;
+using namespace attnjit;
+
+namespace {
+
+// A spec the user gave that does not parse or validate (Python: attnjit.PatternError).
+struct SpecError : UserError {
+  using UserError::UserError;
+};
+
+// A tensor as Python describes it: address, shape, strides in elements.
+using Tensor = std::tuple<uintptr_t, std::vector<int64_t>, std::vector<int64_t>>;
+
+TensorView view(const Tensor& t, DType dt) {
+  TensorView v;
+  v.data = reinterpret_cast<void*>(std::get<0>(t));
+  v.dtype = dt;
+  v.shape = std::get<1>(t);
+  v.strides = std::get<2>(t);
+  return v;
+}
+
+// Patterns by spec text: parsed once.
+Pattern pattern_of(const std::string& spec) {
+  static std::mutex mu;
+  static std::map<std::string, Pattern> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(spec); it != cache.end()) return it->second;
+  Pattern p;
+  try {
+    p = parse_spec(spec, "pattern");
+  } catch (const UserError& e) {
+    throw SpecError(e.where(), e.message());
+  }
+  return cache.emplace(spec, p).first->second;
+}
+
+Device device_of(const std::string& kind, int index) {
+  if (kind == "cpu") return Device::cpu();
+  if (kind == "cuda") return Device::cuda(index);
+  if (kind == "emu") return Device::emu(index > 0 ? index : 80);
+  throw UserError("device", "expected cpu, cuda or emu, got " + kind);
+}
+
+// Prepared attentions, by spec, device and problem.
+Attention prepared(const std::string& spec, const Device& device, const Problem& pb) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, std::unique_ptr<Runtime>> runtimes;
+  static std::map<std::tuple<std::string, int, int, std::vector<int64_t>>, Attention> ops;
+  const std::vector<int64_t> dims{pb.batch, pb.seq_q, pb.seq_k, pb.heads_q, pb.heads_kv, pb.head_dim, pb.head_dim_v,
+                                  static_cast<int64_t>(pb.dtype)};
+  const auto key = std::make_tuple(spec, static_cast<int>(device.kind), device.index, dims);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = ops.find(key); it != ops.end()) return it->second;
+  auto& rt = runtimes[{static_cast<int>(device.kind), device.index}];
+  if (!rt) {
+    RuntimeOptions o;
+    o.device = device;
+    rt = std::make_unique<Runtime>(o);
+  }
+  Attention op = rt->prepare(pattern_of(spec), pb);
+  ops.emplace(key, op);
+  return op;
+}
+
+Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, DType dt) {
+  const auto& qs = std::get<1>(q);
+  const auto& ks = std::get<1>(k);
+  const auto& vs = std::get<1>(v);
+  if (qs.size() != 4 || ks.size() != 4 || vs.size() != 4) throw UserError("q, k, v", "expected [B, S, H, D] tensors");
+  return Problem{qs[0], qs[1], ks[1], qs[2], ks[2], qs[3], vs[3], dt};
+}
+
+std::optional<DynamicLayout> dynamic_of(const std::optional<std::tuple<int64_t, std::vector<int64_t>, std::vector<int32_t>>>& d) {
+  if (!d) return std::nullopt;
+  DynamicLayout l;
+  l.heads = std::get<0>(*d);
+  l.row_offsets = std::get<1>(*d);
+  l.col_indices = std::get<2>(*d);
+  return l;
+}
+
+using DynamicArg = std::optional<std::tuple<int64_t, std::vector<int64_t>, std::vector<int32_t>>>;
+
+void forward(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
+             const Tensor& k, const Tensor& v, const Tensor& o, const std::optional<Tensor>& lse, int64_t q_offset,
+             int64_t k_offset, uintptr_t stream, const DynamicArg& dynamic) {
+  const DType dt = parse_dtype(dtype);
+  const Problem pb = problem_of(q, k, v, dt);
+  const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
+  Attention op = prepared(spec, device_of(device, index), pb);
+  ForwardOptions fo;
+  fo.q_offset = q_offset, fo.k_offset = k_offset, fo.stream = reinterpret_cast<void*>(stream);
+  fo.dynamic_layout = dyn ? &*dyn : nullptr;
+  const TensorView lv = lse ? view(*lse, DType::F32) : TensorView{};
+  nb::gil_scoped_release release;
+  op.forward(view(q, dt), view(k, dt), view(v, dt), view(o, dt), lse ? &lv : nullptr, fo);
+}
+
+void backward(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
+              const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+              const Tensor& dk, const Tensor& dv, int64_t q_offset, int64_t k_offset, uintptr_t stream,
+              bool deterministic, const DynamicArg& dynamic) {
+  const DType dt = parse_dtype(dtype);
+  const Problem pb = problem_of(q, k, v, dt);
+  const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
+  Attention op = prepared(spec, device_of(device, index), pb);
+  ForwardOptions fo;
+  fo.q_offset = q_offset, fo.k_offset = k_offset, fo.stream = reinterpret_cast<void*>(stream);
+  fo.dynamic_layout = dyn ? &*dyn : nullptr;
+  fo.deterministic = deterministic;
+  nb::gil_scoped_release release;
+  op.backward(view(q, dt), view(k, dt), view(v, dt), view(o, dt), view(lse, DType::F32), view(dout, dt), view(dq, dt),
+              view(dk, dt), view(dv, dt), fo);
+}
+
+Shape shape_of(int64_t batch, int64_t seq_q, int64_t seq_k, int64_t heads_q, int64_t heads_kv, int64_t d, int64_t dv,
+               int64_t q_offset, int64_t k_offset) {
+  Shape s;
+  s.batch = batch, s.seq_q = seq_q, s.seq_k = seq_k, s.heads_q = heads_q, s.heads_kv = heads_kv;
+  s.head_dim = d, s.head_dim_v = dv, s.q_offset = q_offset, s.k_offset = k_offset;
+  return s;
+}
+
+template <class T>
+nb::ndarray<nb::numpy, T> numpy_of(std::vector<T>&& data, std::vector<size_t> shape) {
+  auto* owned = new std::vector<T>(std::move(data));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T>(owned->data(), shape.size(), shape.data(), owner);
+}
+
+// The float64 reference on contiguous float64 inputs: (o, lse) as numpy arrays.
+std::tuple<nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>> reference_forward(
+    const std::string& spec, uintptr_t q, uintptr_t k, uintptr_t v, const std::vector<int64_t>& dims, int64_t q_offset,
+    int64_t k_offset, const DynamicArg& dynamic) {
+  const Shape s = shape_of(dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], q_offset, k_offset);
+  const Pattern p = pattern_of(spec);
+  const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
+  ReferenceOutput r;
+  {
+    nb::gil_scoped_release release;
+    r = reference_attention(p, s, reinterpret_cast<const double*>(q), reinterpret_cast<const double*>(k),
+                            reinterpret_cast<const double*>(v), dyn ? &*dyn : nullptr);
+  }
+  const auto u = [](int64_t x) { return static_cast<size_t>(x); };
+  return {numpy_of(std::move(r.o), {u(s.batch), u(s.seq_q), u(s.heads_q), u(s.head_dim_v)}),
+          numpy_of(std::move(r.lse), {u(s.batch), u(s.heads_q), u(s.seq_q)})};
+}
+
+std::tuple<nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>> reference_backward(
+    const std::string& spec, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t dout, const std::vector<int64_t>& dims,
+    int64_t q_offset, int64_t k_offset, const DynamicArg& dynamic) {
+  const Shape s = shape_of(dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], q_offset, k_offset);
+  const Pattern p = pattern_of(spec);
+  const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
+  ReferenceGradients g;
+  {
+    nb::gil_scoped_release release;
+    g = reference_attention_backward(p, s, reinterpret_cast<const double*>(q), reinterpret_cast<const double*>(k),
+                                     reinterpret_cast<const double*>(v), reinterpret_cast<const double*>(dout),
+                                     dyn ? &*dyn : nullptr);
+  }
+  const auto u = [](int64_t x) { return static_cast<size_t>(x); };
+  return {numpy_of(std::move(g.dq), {u(s.batch), u(s.seq_q), u(s.heads_q), u(s.head_dim)}),
+          numpy_of(std::move(g.dk), {u(s.batch), u(s.seq_k), u(s.heads_kv), u(s.head_dim)}),
+          numpy_of(std::move(g.dv), {u(s.batch), u(s.seq_k), u(s.heads_kv), u(s.head_dim_v)})};
+}
+
+nb::dict stats(const std::string& spec, int64_t seq_q, int64_t heads_q, int64_t seq_k, int64_t heads_kv, int64_t q_offset,
+               int64_t k_offset) {
+  const Shape s = shape_of(1, seq_q, seq_k, heads_q, heads_kv, 64, 64, q_offset, k_offset);
+  const Pattern p = pattern_of(spec);
+  check_pattern_fits(p, s);
+  const PatternStats st = pattern_stats(MaskContext{p, s, nullptr});
+  nb::dict d;
+  d["attended_pairs"] = st.attended_pairs;
+  d["pairs_per_head"] = st.pairs_per_head;
+  d["pairs_per_branch"] = st.pairs_per_branch;
+  d["empty_rows"] = st.empty_rows;
+  d["density"] = st.density;
+  return d;
+}
+
+// How many branches attend each (query head, query row, key row): uint8 [Hq, Sq, Sk].
+nb::ndarray<nb::numpy, uint8_t> mask(const std::string& spec, int64_t seq_q, int64_t heads_q, int64_t seq_k, int64_t heads_kv,
+                                     int64_t q_offset, int64_t k_offset) {
+  const Shape s = shape_of(1, seq_q, seq_k, heads_q, heads_kv, 64, 64, q_offset, k_offset);
+  const Pattern p = pattern_of(spec);
+  check_pattern_fits(p, s);
+  if (heads_q * seq_q * seq_k > (int64_t{1} << 30)) {
+    throw UserError("mask", "heads_q * seq_q * seq_k = " + std::to_string(heads_q * seq_q * seq_k) +
+                                " entries is over 2^30; ask for fewer heads or shorter sequences (or use stats())");
+  }
+  std::vector<uint8_t> m(static_cast<size_t>(heads_q * seq_q * seq_k));
+  const MaskContext c{p, s, nullptr};
+  {
+    nb::gil_scoped_release release;
+    for (int64_t h = 0; h < heads_q; ++h)
+      for (int64_t i = 0; i < seq_q; ++i)
+        for (int64_t j = 0; j < seq_k; ++j)
+          m[static_cast<size_t>((h * seq_q + i) * seq_k + j)] = static_cast<uint8_t>(attend_count(c, h, i, j));
+  }
+  return numpy_of(std::move(m), {static_cast<size_t>(heads_q), static_cast<size_t>(seq_q), static_cast<size_t>(seq_k)});
+}
+
+nb::dict info() {
+  nb::dict d;
+  d["version"] = ATTNJIT_VERSION;
+  d["nvrtc_version"] = nvrtc_available() ? nvrtc_version() : std::string("none");
+  d["cache_dir"] = knobs().cache_dir;
+  const DriverProbe probe = probe_cuda_driver();
+  d["cuda_driver"] = probe.loaded ? std::to_string(probe.driver_version) : std::string("none: ") + probe.problem;
+  nb::list gpus;
+  for (const GpuInfo& g : probe.gpus) gpus.append(g.name + " (sm_" + std::to_string(g.cc_major) + std::to_string(g.cc_minor) + ")");
+  d["gpus"] = gpus;
+  return d;
+}
+
+}  // namespace
+
+NB_MODULE(_attnjit, m) {
+  m.doc() = "attnjit's runtime; use the attnjit package, not this module";
+  static nb::object attnjit_error = nb::steal(PyErr_NewException("attnjit.AttnjitError", PyExc_ValueError, nullptr));
+  static nb::object pattern_error = nb::steal(PyErr_NewException("attnjit.PatternError", attnjit_error.ptr(), nullptr));
+  m.attr("AttnjitError") = attnjit_error;
+  m.attr("PatternError") = pattern_error;
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const SpecError& e) {
+      PyErr_SetString(pattern_error.ptr(), e.what());
+    } catch (const UserError& e) {
+      PyErr_SetString(attnjit_error.ptr(), e.what());
+    }
+  });
+
+  m.def("validate", [](const std::string& spec) {
+    const Pattern p = pattern_of(spec);
+    return std::make_tuple(canonical_text(p), pattern_hash(p));
+  }, "(canonical text, hash) of a spec; raises PatternError naming what is wrong");
+  m.def("forward", &forward);
+  m.def("backward", &backward);
+  m.def("reference_forward", &reference_forward);
+  m.def("reference_backward", &reference_backward);
+  m.def("stats", &stats);
+  m.def("mask", &mask);
+  m.def("info", &info);
+}

@@ -1,0 +1,58 @@
+"""Shared pieces of the Python tests: the examples, and the contract (DESIGN.md section 1) written
+again in PyTorch, dense, in float64, from the pattern's mask counts."""
+import json
+import os
+import pathlib
+
+import pytest
+import torch
+
+import attnjit
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+
+
+def example_specs():
+    return sorted(p for p in EXAMPLES.glob("*.json") if p.name != "manifest.json")
+
+
+def output_factor(pattern):
+    spec = json.loads(pattern.spec)
+    if spec.get("combine") == "head_groups" and spec.get("group_scale", "mean") == "mean":
+        return 1.0 / len(spec["branches"])
+    return 1.0
+
+
+def dense_attention(q, k, v, pattern, q_offset=0, k_offset=0, scale=None):
+    """The contract, dense: one softmax per (head, row) over the keys weighted by how many branches
+    attend them; rows that attend nothing give O = 0 and LSE = -inf. Differentiable."""
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    counts = torch.from_numpy(pattern.mask(sq, hq, sk, hkv, q_offset, k_offset)).to(torch.float64)  # [H, Sq, Sk]
+    spec = json.loads(pattern.spec)
+    if scale is None:
+        scale = spec.get("scale", 1.0 / d ** 0.5)
+    group = hq // hkv
+    kk = k.to(torch.float64).repeat_interleave(group, dim=2)
+    vv = v.to(torch.float64).repeat_interleave(group, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.to(torch.float64), kk) * scale
+    live = counts > 0
+    s = s.masked_fill(~live, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w = counts * torch.exp(s - m)
+    den = w.sum(dim=-1, keepdim=True)
+    p = torch.where(den > 0, w / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(w))
+    o = torch.einsum("bhqk,bkhd->bqhd", p, vv) * output_factor(pattern)
+    lse = torch.where(den[..., 0] > 0, torch.log(torch.where(den[..., 0] > 0, den[..., 0], torch.ones_like(den[..., 0]))) + m[..., 0],
+                      torch.full_like(m[..., 0], float("-inf")))
+    return o, lse
+
+
+def rel_error(got, want):
+    got, want = got.detach().to(torch.float64), want.detach().to(torch.float64)
+    den = torch.linalg.vector_norm(want)
+    return float(torch.linalg.vector_norm(got - want) / (den if den > 0 else 1.0))
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the GPU subset is skipped")

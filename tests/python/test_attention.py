@@ -1,0 +1,170 @@
+"""attnjit.attention on torch tensors and numpy arrays against the dense contract; gradients
+(gradcheck in float64 through the reference, the plan executor's and the emulated kernels'
+against autograd of the dense contract); torch.compile; errors; the GPU subset."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import attnjit
+from conftest import EXAMPLES, dense_attention, example_specs, needs_gpu, rel_error
+
+
+def inputs(b, sq, sk, hq, hkv, d, dtype=torch.float32, seed=0, requires_grad=False, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    t = [torch.randn(b, s, h, d, generator=g, dtype=torch.float64).to(dtype).to(device)
+         for s, h in ((sq, hq), (sk, hkv), (sk, hkv))]
+    for x in t:
+        x.requires_grad_(requires_grad)
+    return t
+
+
+@pytest.mark.parametrize("path", example_specs(), ids=lambda p: p.stem)
+def test_every_example_matches_the_dense_contract(path):
+    p = attnjit.Pattern.load(path)
+    q, k, v = inputs(2, 200, 200, 4, 2, 32, seed=1)
+    o, lse = attnjit.attention(q, k, v, p, q_offset=5, return_lse=True)
+    want_o, want_lse = dense_attention(q, k, v, p, q_offset=5)
+    assert o.dtype == torch.float32 and lse.dtype == torch.float32 and o.shape == (2, 200, 4, 32)
+    assert rel_error(o, want_o) <= 1e-5
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert rel_error(lse[finite], want_lse[finite]) <= 1e-5
+
+
+def test_float64_runs_the_exact_reference():
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    q, k, v = inputs(1, 150, 150, 4, 4, 16, dtype=torch.float64)
+    o, lse = attnjit.attention(q, k, v, p, return_lse=True)
+    want_o, want_lse = dense_attention(q, k, v, p)
+    assert o.dtype == torch.float64 and rel_error(o, want_o) <= 1e-12
+    assert torch.allclose(lse, want_lse, rtol=1e-12, atol=0)
+
+
+def test_numpy_arrays_and_strided_tensors():
+    p = attnjit.Pattern.load(EXAMPLES / "causal_local.json")
+    q, k, v = inputs(1, 130, 130, 2, 1, 16)
+    want, _ = dense_attention(q, k, v, p)
+    o = attnjit.attention(q.numpy(), k.numpy(), v.numpy(), p)
+    assert isinstance(o, np.ndarray) and rel_error(torch.from_numpy(o), want) <= 1e-5
+    # [B, H, S, D] storage seen as [B, S, H, D]: strided, last dimension contiguous.
+    qt, kt, vt = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    assert not qt.is_contiguous()
+    assert rel_error(attnjit.attention(qt, kt, vt, p), want) <= 1e-5
+
+
+def test_scale_and_pattern_forms():
+    spec = {"attnjit": 1, "branches": [{"segment": 32, "dilation": 2}]}
+    q, k, v = inputs(1, 64, 64, 2, 2, 16)
+    p = attnjit.Pattern.from_json(spec)
+    want, _ = dense_attention(q, k, v, p, scale=0.3)
+    for form in (p, spec, json.dumps(spec)):
+        assert rel_error(attnjit.attention(q, k, v, form, scale=0.3), want) <= 1e-5
+
+
+GRAD_PATTERNS = {
+    "softmax": ({"attnjit": 1, "branches": [{"segment": 8, "dilation": 1}, {"segment": 16, "dilation": 2}]}, 2, 2, 0, 0),
+    "head_groups": ({"attnjit": 1, "combine": "head_groups",
+                     "branches": [{"segment": 8, "dilation": 1}, {"segment": 16, "dilation": 2}]}, 4, 4, 0, 0),
+    "gqa_offsets": ({"attnjit": 1, "branches": [{"segment": 12, "dilation": 3}], "causal": True}, 4, 2, 5, 2),
+    "empty_rows": ({"attnjit": 1, "branches": [{"segment": "full"}], "causal": True}, 2, 1, 0, 9),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRAD_PATTERNS))
+def test_gradcheck_in_float64(name):
+    spec, hq, hkv, q_offset, k_offset = GRAD_PATTERNS[name]
+    p = attnjit.Pattern.from_json(spec)
+    q, k, v = inputs(1, 20, 20, hq, hkv, 4, dtype=torch.float64, seed=3, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c: attnjit.attention(a, b, c, p, q_offset=q_offset, k_offset=k_offset),
+                                    (q, k, v), eps=1e-6, atol=1e-7)
+
+
+def grads(fn, q, k, v, seed=9):
+    out = fn(q, k, v)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(out.dtype)
+    return torch.autograd.grad(out, (q, k, v), dout)
+
+
+@pytest.mark.parametrize("path", example_specs(), ids=lambda p: p.stem)
+def test_plan_executor_gradients_match_the_dense_contract(path):
+    p = attnjit.Pattern.load(path)
+    q, k, v = inputs(1, 160, 160, 4, 2, 16, seed=4, requires_grad=True)
+    got = grads(lambda a, b, c: attnjit.attention(a, b, c, p, q_offset=3), q, k, v)
+    want = grads(lambda a, b, c: dense_attention(a, b, c, p, q_offset=3)[0], q, k, v)
+    for name, g, w in zip("qkv", got, want):
+        assert g.dtype == torch.float32, name
+        assert rel_error(g, w) <= 1e-4, f"d{name}"
+
+
+def test_emulated_kernels_forward_and_backward(monkeypatch):
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu")
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    q, k, v = inputs(1, 150, 150, 2, 1, 64, dtype=torch.bfloat16, seed=5, requires_grad=True)
+    got_o = attnjit.attention(q, k, v, p)
+    want_o, _ = dense_attention(q, k, v, p)
+    assert got_o.dtype == torch.bfloat16 and rel_error(got_o, want_o) <= 2e-2
+    got = grads(lambda a, b, c: attnjit.attention(a, b, c, p), q, k, v)
+    want = grads(lambda a, b, c: dense_attention(a, b, c, p)[0], q, k, v)
+    for name, g, w in zip("qkv", got, want):
+        assert rel_error(g, w) <= 3e-2, f"d{name}"
+
+
+def test_torch_compile_traces_without_graph_breaks():
+    p = attnjit.Pattern.load(EXAMPLES / "sliding_window.json")
+    q, k, v = inputs(1, 96, 96, 2, 2, 16, seed=6, requires_grad=True)
+
+    def f(a, b, c):
+        return (attnjit.attention(a, b, c, p) * 2).sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    loss = compiled(q, k, v)
+    loss.backward()
+    want = f(*(x.detach().requires_grad_() for x in (q, k, v)))
+    assert torch.allclose(loss, want)
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_bad_inputs_name_the_argument():
+    p = attnjit.Pattern.load(EXAMPLES / "causal_local.json")
+    q, k, v = inputs(1, 64, 64, 2, 2, 16)
+    with pytest.raises(ValueError, match=r"^q: expected a \[batch, seq, heads, head_dim\] tensor"):
+        attnjit.attention(q[0], k, v, p)
+    with pytest.raises(TypeError, match="q, k, v: dtypes differ"):
+        attnjit.attention(q, k.half(), v, p)
+    with pytest.raises(ValueError, match="k: the last dimension must be contiguous"):
+        attnjit.attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, p)
+    with pytest.raises(TypeError, match="numpy and torch inputs cannot be mixed"):
+        attnjit.attention(q.numpy(), k, v, p)
+    with pytest.raises(ValueError, match="query heads \\(2\\) must be a multiple of key/value heads \\(3\\)"):
+        attnjit.attention(q, *inputs(1, 64, 64, 3, 3, 16)[1:], p)
+    with pytest.raises(TypeError, match="dtype torch.int32 is not supported"):
+        attnjit.attention(q.int(), k.int(), v.int(), p)
+    with pytest.raises(attnjit.PatternError, match="/branches/0/segment"):
+        attnjit.attention(q, k, v, {"attnjit": 1, "branches": [{"segment": -4}]})
+    with pytest.raises(TypeError, match="pattern: expected an attnjit.Pattern, a dict or a path"):
+        attnjit.attention(q, k, v, 42)
+
+
+def test_the_lse_gradient_is_refused_not_ignored():
+    p = attnjit.Pattern.load(EXAMPLES / "causal_local.json")
+    q, k, v = inputs(1, 64, 64, 2, 2, 16, requires_grad=True)
+    o, lse = attnjit.attention(q, k, v, p, return_lse=True)
+    with pytest.raises(NotImplementedError, match="gradient through lse"):
+        (o.sum() + lse.sum()).backward()
+
+
+@needs_gpu
+def test_gpu_examples_forward_and_backward():
+    for path in example_specs():
+        p = attnjit.Pattern.load(path)
+        q, k, v = inputs(1, 1000, 1000, 4, 2, 128, dtype=torch.bfloat16, seed=7, device="cuda", requires_grad=True)
+        o = attnjit.attention(q, k, v, p)
+        want, _ = dense_attention(q.cpu(), k.cpu(), v.cpu(), p)
+        assert rel_error(o.cpu(), want) <= 2e-2, path.stem
+        got = grads(lambda a, b, c: attnjit.attention(a, b, c, p), q, k, v)
+        qc, kc, vc = (x.detach().cpu().requires_grad_() for x in (q, k, v))
+        want_g = grads(lambda a, b, c: dense_attention(a, b, c, p)[0], qc, kc, vc)
+        for name, g, w in zip("qkv", got, want_g):
+            assert rel_error(g.cpu(), w) <= 3e-2, f"{path.stem} d{name}"

@@ -1,0 +1,62 @@
+"""attnjit.Pattern: loading, validation errors, canonical form and hash, stats and masks."""
+import json
+
+import numpy as np
+import pytest
+
+import attnjit
+from conftest import EXAMPLES, example_specs
+
+
+@pytest.mark.parametrize("path", example_specs(), ids=lambda p: p.stem)
+def test_load_and_from_json_agree(path):
+    a = attnjit.Pattern.load(path)
+    b = attnjit.Pattern.from_json(json.loads(path.read_text()))
+    c = attnjit.Pattern.from_json(path.read_text())
+    assert a == b == c and a.hash == b.hash and len(a.hash) == 16
+    assert a.canonical.startswith("attnjit-pattern v1")
+
+
+def test_equal_meanings_hash_equally():
+    a = attnjit.Pattern.from_json({"attnjit": 1, "branches": [{"segment": 64, "dilation": 1}]})
+    b = attnjit.Pattern.from_json({"attnjit": 1, "description": "same", "branches": [{"segment": 64}]})
+    assert a == b and hash(a) == hash(b)
+
+
+def test_a_bad_spec_names_the_field():
+    with pytest.raises(attnjit.PatternError, match=r"/branches/1/dilation: dilation must be >= 1, got 0"):
+        attnjit.Pattern.from_json({"attnjit": 1, "branches": [{"segment": 64}, {"segment": 64, "dilation": 0}]})
+    assert issubclass(attnjit.PatternError, ValueError)
+    with pytest.raises(TypeError, match="expected a str or a dict"):
+        attnjit.Pattern.from_json(3)
+    with pytest.raises(FileNotFoundError):
+        attnjit.Pattern.load(EXAMPLES / "no_such_pattern.json")
+
+
+def test_mask_counts_and_stats_agree():
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    m = p.mask(300, 4, q_offset=7)
+    assert m.dtype == np.uint8 and m.shape == (4, 300, 300)
+    st = p.stats(300, 4, q_offset=7)
+    assert int(m.sum()) == st["attended_pairs"] == sum(st["pairs_per_head"]) == sum(st["pairs_per_branch"])
+    assert st["empty_rows"] == int((m.sum(axis=2) == 0).sum())
+    # Dense branch 0 (segment 2048): every query of a segment attends every key of it at least once.
+    assert (m[:, :, :] >= 1)[0, 10, :290].all()
+
+
+def test_dilated_mask_by_hand():
+    # One branch, segment 8, dilation 2, offset head_mod: head h selects positions with l mod 2 == h mod 2.
+    p = attnjit.Pattern.from_json({"attnjit": 1, "branches": [{"segment": 8, "dilation": 2}]})
+    m = p.mask(16, 2)
+    want = np.zeros((2, 16, 16), dtype=np.uint8)
+    for h in range(2):
+        for i in range(16):
+            for j in range(16):
+                want[h, i, j] = i // 8 == j // 8 and i % 8 % 2 == h and j % 8 % 2 == h
+    np.testing.assert_array_equal(m, want)
+
+
+def test_a_huge_mask_is_refused_clearly():
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    with pytest.raises(attnjit.AttnjitError, match="over 2\\^30"):
+        p.mask(65536, 16)
