@@ -7,10 +7,11 @@
 #
 # Steps: versions, configure + build (Release, build-device/, -DATTNJIT_LIT_TESTS=OFF, .deps),
 # nvidia-smi, attnjit info, the probe kernels against the emulator's golden files (every GPU
-# building block, bit for bit: attnjit_probes --device gpu), ctest -L gpu, the unit tests (the
-# emulator suite among them), compute-sanitizer memcheck and racecheck
-# on the GPU tests' [sanitize] subset, attnjit_gpu_bench over examples/*.json at seq 4096 and 16384
-# (16 heads, head dim 128, bf16). Each step runs under `timeout` within an overall budget
+# building block, bit for bit: attnjit_probes --device gpu), the GPU tests (forward, backward,
+# driver layer and CUDA graphs, each its own step), the Python package's tests (its GPU subset),
+# compute-sanitizer memcheck, racecheck and synccheck on the GPU tests' [sanitize] subset,
+# attnjit_gpu_bench over examples/*.json at seq 4096 and 16384 (16 heads, head dim 128, bf16),
+# then the CPU-side unit tests with what time is left. Each step runs under `timeout` within an overall budget
 # (ATTNJIT_DC_BUDGET seconds, default 540; later steps keep a reserve); a failing step does not
 # stop the others. After every step OUTDIR/report.md and OUTDIR/report.json are rewritten, so a
 # run cut short still leaves a report. Logs: OUTDIR/logs/. Exit status: 1 if any step failed or
@@ -132,12 +133,12 @@ report = {"generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "
           "budget_s": int(os.environ["BUDGET"]), "elapsed_s": int(os.environ["ELAPSED"]),
           "ok": not failed, "failed_steps": failed, "versions": versions, "nvidia_smi": smi,
           "device": (bench or {}).get("device"), "steps": steps,
-          "gpu_tests": {"catch_summary": grab("gpu_tests", r"^(test cases|assertions|All tests passed).*$"),
-                        "suite_lines": grab("gpu_tests", r"^\w+: \d+/\d+ cases passed.*$"),
+          "gpu_tests": {"catch_summary": {n: grab(n, r"^(test cases|assertions|All tests passed).*$") for n in ("gpu_forward", "gpu_backward", "gpu_driver")},
+                        "suite_lines": grab("gpu_forward", r"^\w+: \d+/\d+ cases passed.*$"),
                         "suites": suites, "cases": cases},
           "unit_tests": {"summary": grab("unit_tests", r"^\d+% tests passed.*$"),
                          "failed": grab("unit_tests", r"^\s+\d+ - .*\((Failed|Timeout|SEGFAULT|Not Run|Exception).*$")},
-          "sanitizers": {n: grab(n, r"^=+ ERROR SUMMARY.*$|^=+ RACECHECK SUMMARY.*$") for n in ("memcheck", "racecheck")},
+          "sanitizers": {n: grab(n, r"^=+ ERROR SUMMARY.*$|^=+ RACECHECK SUMMARY.*$") for n in ("memcheck", "racecheck", "synccheck")},
           "probes": [dict(zip(("probe", "result", "words", "mismatches"), l.split())) for l in read(f"{out}/probes.txt").splitlines() if l.strip()],
           "junit": junit, "bench": bench}
 with open(f"{out}/report.json", "w") as f: json.dump(report, f, indent=1)
@@ -197,7 +198,10 @@ echo "torch: $(timeout 20 python3 -c "import torch; print(torch.__version__, \"c
 echo "git: $(git -C "'"$root"'" rev-parse --short HEAD 2>/dev/null || echo "no .git in this copy")"
 echo "deps: $(head -n1 "'"$root"'/.deps/STAGED.txt" 2>/dev/null || echo "no .deps/ (system packages, if any)")"
 '
-step configure 180 420 "cmake -S '$root' -B '$build' -DCMAKE_BUILD_TYPE=Release -DATTNJIT_LIT_TESTS=OFF \
+# The Python package too, where the machine's python3 has nanobind (the GPU machine's image does).
+py_opt="-DATTNJIT_PYTHON=OFF"
+timeout 20 python3 -m nanobind --cmake_dir > /dev/null 2>&1 && py_opt="-DATTNJIT_PYTHON=ON -DPython_EXECUTABLE=$(command -v python3)"
+step configure 180 420 "cmake -S '$root' -B '$build' -DCMAKE_BUILD_TYPE=Release -DATTNJIT_LIT_TESTS=OFF $py_opt \
   -DATTNJIT_DEPS_DIR='$root/.deps' && grep -E '^(Catch2|CLI11|nlohmann_json|CUDAToolkit_NVCC_EXECUTABLE)[_A-Za-z]*:' '$build/CMakeCache.txt'"
 step build 420 330 "cmake --build '$build' -j $jobs"
 if command -v nvidia-smi > /dev/null; then
@@ -221,32 +225,49 @@ fi
 step probes 120 300 "'$build/tests/attnjit_probes' --device gpu --report '$out/probes.txt'"
 ctest_help="$(ctest --help 2>/dev/null)"
 junit() { [[ "$ctest_help" == *--output-junit* ]] && echo "--output-junit '$out/$1'"; }
-# ctest runs the whole GPU executable as one test; each attention case lands in gpu_cases.jsonl, and
-# a second, quick run of the other GPU tests (the driver layer) gives their results one by one.
-driver_cases=""
-(( have_gpu )) && driver_cases="; '$build/tests/attnjit_gpu_tests' '~[attention]' -r junit -o '$out/catch_gpu_driver.xml' > /dev/null 2>&1"
-step gpu_tests 300 210 "cd '$build' && ATTNJIT_GPU_TEST_REPORT='$out/gpu_cases.jsonl' ctest -L gpu --output-on-failure -V \
-  --timeout 280 $(junit ctest_gpu.xml); rc=\$? $driver_cases; exit \$rc"
-unit_filter="-E 'every template variant compiles'"
-[ "${ATTNJIT_DC_FULL_UNIT:-0}" = 1 ] && unit_filter=""
-step unit_tests 240 150 "cd '$build' && ctest -LE gpu $unit_filter -j $jobs --output-on-failure --timeout 230 $(junit ctest_unit.xml)"
+# The GPU tests in three runs of the executable (forward, backward, the driver layer and graphs),
+# each with its own time and JUnit file; every forward case also lands in gpu_cases.jsonl.
+gpu_run() {  # STEP TIMEOUT RESERVE FILTER
+  step "$1" "$2" "$3" "cd '$build' && ATTNJIT_GPU_TEST_REPORT='$out/gpu_cases.jsonl' ./tests/attnjit_gpu_tests '$4' \
+    -r junit -o '$out/catch_$1.xml'"
+}
+if (( have_gpu )); then
+  gpu_run gpu_forward 300 280 '[attention]~[graph]'
+  gpu_run gpu_backward 200 230 '[grad]'
+  gpu_run gpu_driver 60 220 '~[attention]~[grad],[graph]'
+else
+  skip gpu_forward "no GPU ($(head -c 200 "$out/logs/gpu_probe.log" 2>/dev/null))"
+  skip gpu_backward "no GPU"
+  skip gpu_driver "no GPU"
+fi
+# The Python package on the GPU (its GPU subset: examples forward and backward, side streams, CUDA
+# graphs, torch.compile with inductor), when the build made it.
+if [ -d "$build/python/attnjit" ]; then
+  step python_tests 150 190 "cd '$build' && ctest -L python -E python_wheel --output-on-failure --timeout 140 $(junit ctest_python.xml)"
+else
+  skip python_tests "the build made no Python package (python3 -m nanobind not found)"
+fi
 
 sanitizer="$(command -v compute-sanitizer || true)"
 san_args="--error-exitcode 1 --print-limit 20 '$build/tests/attnjit_gpu_tests' '[sanitize]'"
 if (( ! have_gpu )); then
-  skip memcheck "no GPU ($(head -c 200 "$out/logs/gpu_probe.log" 2>/dev/null))"
-  skip racecheck "no GPU"
+  for tool in memcheck racecheck synccheck; do skip $tool "no GPU"; done
 elif [ -z "$sanitizer" ]; then
-  skip memcheck "compute-sanitizer not found (PATH, /usr/local/cuda/bin)"
-  skip racecheck "compute-sanitizer not found"
+  for tool in memcheck racecheck synccheck; do skip $tool "compute-sanitizer not found (PATH, /usr/local/cuda/bin)"; done
 else
-  step memcheck 150 100 "'$sanitizer' --tool memcheck $san_args"
-  step racecheck 150 70 "'$sanitizer' --tool racecheck $san_args"
+  step memcheck 150 140 "'$sanitizer' --tool memcheck $san_args"
+  step racecheck 150 110 "'$sanitizer' --tool racecheck $san_args"
+  step synccheck 150 90 "'$sanitizer' --tool synccheck $san_args"
 fi
 
 specs=()
 for f in "$root"/examples/*.json; do grep -q '"attnjit_manifest"' "$f" || specs+=("$f"); done
-step gpu_bench 240 5 "'$build/bench/attnjit_gpu_bench' --seq 4096,16384 --heads 16 --head-dim 128 --dtype bf16 --batch 1 ${specs[*]}"
+step gpu_bench 240 60 "'$build/bench/attnjit_gpu_bench' --seq 4096,16384 --heads 16 --head-dim 128 --dtype bf16 --batch 1 ${specs[*]}"
+# Last, with what is left: the CPU-side tests (CI runs them on every push; here they show the GPU
+# machine's toolchain builds and passes them too).
+unit_filter="-E 'every template variant compiles'"
+[ "${ATTNJIT_DC_FULL_UNIT:-0}" = 1 ] && unit_filter=""
+step unit_tests 240 0 "cd '$build' && ctest -LE 'gpu|python' $unit_filter -j $jobs --output-on-failure --timeout 230 $(junit ctest_unit.xml)"
 
 write_report
 echo "== [$(elapsed)s] done: $out/report.md, $out/report.json"

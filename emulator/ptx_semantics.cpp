@@ -12,6 +12,8 @@ namespace attnjit::emu {
 namespace {
 
 constexpr uint16_t kCanonicalNaN16 = 0x7fff;
+constexpr uint32_t kCanonicalNaN32 = 0x7fffffff;  // the PTX ISA's canonical fp32 NaN
+float canonical_nan32() { return std::bit_cast<float>(kCanonicalNaN32); }
 
 bool is_nan(float f) { return std::isnan(f); }
 
@@ -24,7 +26,7 @@ float flush_input(float x) {
 
 uint16_t cvt_rn_f16_f32(float f) { return is_nan(f) ? kCanonicalNaN16 : float_to_half(f); }
 uint16_t cvt_rn_bf16_f32(float f) { return is_nan(f) ? kCanonicalNaN16 : float_to_bfloat16(f); }
-float cvt_f32_f16(uint16_t h) { return half_to_float(h); }
+float cvt_f32_f16(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x03ff) ? canonical_nan32() : half_to_float(h); }
 float cvt_f32_bf16(uint16_t h) { return bfloat16_to_float(h); }
 
 float cvt_f32_of_type(uint16_t h, int type) { return type == AJ_EMU_BF16 ? cvt_f32_bf16(h) : cvt_f32_f16(h); }
@@ -36,14 +38,14 @@ uint32_t cvt_rn_x2(float a, float b, int type) {
 
 float ex2_approx_ftz(float x) {
   x = flush_input(x);
-  if (std::isnan(x)) return std::numeric_limits<float>::quiet_NaN();
+  if (std::isnan(x)) return canonical_nan32();
   const float y = static_cast<float>(std::exp2(static_cast<double>(x)));
   return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
 }
 
 float lg2_approx_ftz(float x) {
   x = flush_input(x);
-  if (std::isnan(x) || x < 0.0f) return std::numeric_limits<float>::quiet_NaN();
+  if (std::isnan(x) || x < 0.0f) return canonical_nan32();
   if (x == 0.0f) return -std::numeric_limits<float>::infinity();
   return static_cast<float>(std::log2(static_cast<double>(x)));  // never subnormal for normal x
 }

@@ -14,7 +14,9 @@ namespace attnjit::emu {
 uint16_t cvt_rn_f16_f32(float f);
 // cvt.rn.bf16.f32: the same rules for bfloat16 (canonical NaN 0x7fff).
 uint16_t cvt_rn_bf16_f32(float f);
-// cvt.f32.f16 and cvt.f32.bf16: exact.
+// cvt.f32.f16: exact, except that every NaN (quiet or signalling, any payload) gives the
+// canonical fp32 NaN 0x7fffffff, as an H100 does (probe_cvt). cvt.f32.bf16: exact (the kernels'
+// bf16 -> f32 is a 16-bit shift, which keeps a NaN's payload).
 float cvt_f32_f16(uint16_t h);
 float cvt_f32_bf16(uint16_t h);
 // cvt.rn.f16x2.f32 d, a, b / cvt.rn.bf16x2.f32 d, a, b: "a" goes to the upper half of d, "b" to
@@ -27,7 +29,7 @@ float cvt_f32_of_type(uint16_t h, int type);
 // near 1 for lg2); the emulator returns the correctly rounded value, with .ftz: subnormal inputs
 // are read as zero and subnormal results are flushed to +0. Special values follow the ISA's tables
 // exactly (ex2: -inf -> +0, +inf -> +inf; lg2: +-0 -> -inf, negative -> NaN, +inf -> +inf; NaN ->
-// NaN).
+// NaN). Every NaN result is the canonical 0x7fffffff, as an H100 gives (probe_ex2_lg2).
 float ex2_approx_ftz(float x);
 float lg2_approx_ftz(float x);
 

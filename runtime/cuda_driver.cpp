@@ -95,7 +95,10 @@ CUdevice device_handle(int ordinal) {
   X(cuEventDestroy, "cuEventDestroy_v2", nullptr) X(cuEventRecord, "cuEventRecord", nullptr) \
   X(cuEventSynchronize, "cuEventSynchronize", nullptr) \
   X(cuEventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime") \
-  X(cuPointerGetAttribute, "cuPointerGetAttribute", nullptr)
+  X(cuPointerGetAttribute, "cuPointerGetAttribute", nullptr) \
+  X(cuStreamBeginCapture, "cuStreamBeginCapture_v2", nullptr) X(cuStreamEndCapture, "cuStreamEndCapture", nullptr) \
+  X(cuGraphInstantiate, "cuGraphInstantiateWithFlags", nullptr) X(cuGraphLaunch, "cuGraphLaunch", nullptr) \
+  X(cuGraphExecDestroy, "cuGraphExecDestroy", nullptr) X(cuGraphDestroy, "cuGraphDestroy", nullptr)
 
 
 struct DriverLoader {
@@ -453,6 +456,32 @@ void destroy_stream(CUstream stream) {
 void synchronize(CUstream stream, const std::string& context) {
   check(api().cuStreamSynchronize(stream), "cuStreamSynchronize", context);
 }
+
+CapturedGraph::CapturedGraph(CUstream stream, const std::function<void()>& enqueue) {
+  const DriverApi& a = api();
+  check(a.cuStreamBeginCapture(stream, cu::CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture_v2");
+  try {
+    enqueue();
+  } catch (...) {
+    CUgraph broken = nullptr;  // end the capture so the stream is usable again; the error is enqueue's
+    if (a.cuStreamEndCapture(stream, &broken) == cu::CUDA_SUCCESS && broken) a.cuGraphDestroy(broken);
+    throw;
+  }
+  check(a.cuStreamEndCapture(stream, &graph_), "cuStreamEndCapture", "the work enqueued during the capture");
+  const CUresult r = a.cuGraphInstantiate(&exec_, graph_, 0);
+  if (r != cu::CUDA_SUCCESS) {
+    a.cuGraphDestroy(graph_);
+    check(r, "cuGraphInstantiateWithFlags");
+  }
+}
+
+CapturedGraph::~CapturedGraph() {
+  const DriverApi& a = api();
+  if (exec_) a.cuGraphExecDestroy(exec_);
+  if (graph_) a.cuGraphDestroy(graph_);
+}
+
+void CapturedGraph::launch(CUstream stream) { check(api().cuGraphLaunch(exec_, stream), "cuGraphLaunch"); }
 
 EventTimer::EventTimer() {
   const CudaDriver& d = CudaDriver::get();

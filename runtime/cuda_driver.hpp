@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,8 @@ struct CUfunc_st;
 struct CUstream_st;
 struct CUevent_st;
 struct CUmemPoolHandle_st;
+struct CUgraph_st;
+struct CUgraphExec_st;
 
 namespace attnjit {
 
@@ -36,6 +39,8 @@ using CUfunction = ::CUfunc_st*;
 using CUstream = ::CUstream_st*;
 using CUevent = ::CUevent_st*;
 using CUmemoryPool = ::CUmemPoolHandle_st*;
+using CUgraph = ::CUgraph_st*;
+using CUgraphExec = ::CUgraphExec_st*;
 
 // Constants from cuda.h (CUDA 13.0), same names, in their own namespace so they never clash with it.
 namespace cu {
@@ -71,6 +76,8 @@ constexpr int CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4;  // value: cuuint64_t
 constexpr unsigned CU_STREAM_DEFAULT = 0;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 1;
 constexpr unsigned CU_EVENT_DEFAULT = 0;
+// CUstreamCaptureMode
+constexpr int CU_STREAM_CAPTURE_MODE_GLOBAL = 0;
 }  // namespace cu
 
 // A driver call that returned an error. what():
@@ -133,6 +140,12 @@ struct DriverApi {
   CUresult (*cuEventSynchronize)(CUevent);
   CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent);        // cuEventElapsedTime_v2, else cuEventElapsedTime
   CUresult (*cuPointerGetAttribute)(void*, int, CUdeviceptr);
+  CUresult (*cuStreamBeginCapture)(CUstream, int /* CUstreamCaptureMode */);  // cuStreamBeginCapture_v2
+  CUresult (*cuStreamEndCapture)(CUstream, CUgraph*);
+  CUresult (*cuGraphInstantiate)(CUgraphExec*, CUgraph, unsigned long long);  // cuGraphInstantiateWithFlags
+  CUresult (*cuGraphLaunch)(CUgraphExec, CUstream);
+  CUresult (*cuGraphExecDestroy)(CUgraphExec);
+  CUresult (*cuGraphDestroy)(CUgraph);
 };
 
 // (DriverApi member, the symbol looked up for it) for every entry point, e.g. ("cuMemAlloc",
@@ -285,6 +298,23 @@ private:
   CUevent start_ = nullptr, stop_ = nullptr;
   CUcontext ctx_ = nullptr;
   bool started_ = false, stopped_ = false;
+};
+
+// The work `enqueue` puts on `stream`, captured once as a CUDA graph (global capture mode: a call
+// that may not be captured, such as a synchronous copy, fails the capture with the driver's error)
+// and replayed by launch(). What the work reads and writes is fixed at capture: replays see new
+// contents of the same buffers.
+class CapturedGraph {
+public:
+  CapturedGraph(CUstream stream, const std::function<void()>& enqueue);
+  ~CapturedGraph();
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void launch(CUstream stream);
+
+private:
+  CUgraph graph_ = nullptr;
+  CUgraphExec exec_ = nullptr;
 };
 
 struct PointerInfo {

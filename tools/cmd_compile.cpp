@@ -130,7 +130,9 @@ std::vector<KernelConfig> selected_configs(const TuningDb& db, const Pattern& p,
 
 // A manifest: {"attnjit_manifest": 1, "entries": [{"patterns": [...], "head_dims": [...],
 // "dtypes": [...], "tiles": ["default", "64x64"], "backward": true}]}; pattern paths are relative
-// to the manifest; "backward" (default false) adds the backward kernels for training.
+// to the manifest; "backward" (default false) adds the backward kernels for training. The tile
+// "candidates" stands for every configuration the autotuner may time (forward, and backward with
+// "backward"): a cache filled so, in parallel, lets `attnjit tune` time without compiling.
 std::vector<KernelSource> manifest_kernels(const std::string& path, const std::vector<int>& archs, int top_k) {
   const TuningDb db = all_tuning_dbs();
   std::ifstream in(path);
@@ -161,7 +163,7 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
       if (entry.contains("backward")) backward = entry["backward"].get<bool>();
     } catch (const nlohmann::json::exception&) {
       throw UserError(where, "needs \"patterns\" (paths), \"head_dims\" (integers), \"dtypes\" (strings) and optionally "
-                             "\"tiles\" (\"default\" or \"QxK\") and \"backward\" (true or false)");
+                             "\"tiles\" (\"default\", \"candidates\" or \"QxK\") and \"backward\" (true or false)");
     }
     for (const std::string& spec : patterns) {
       const Pattern p = load_spec_file((dir / spec).string());
@@ -174,16 +176,18 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
               r.dtype = parse_dtype(dt);
               r.arch = arch;
               if (r.dtype == DType::BF16 && arch < 80) continue;  // no such kernel; not a failure
-              const std::vector<KernelConfig> configs =
-                  t == "default" ? selected_configs(db, p, r, top_k) : std::vector<KernelConfig>{parse_kernel_tile(t)};
+              const std::vector<KernelConfig> configs = t == "default"      ? selected_configs(db, p, r, top_k)
+                                                        : t == "candidates" ? candidate_configs(r)
+                                                                            : std::vector<KernelConfig>{parse_kernel_tile(t)};
               for (const KernelConfig& c : configs) {
                 r.config = c;
                 kernels.push_back(generate_kernel(p, r));
               }
               // Training: the backward kernels of this pattern, head dim, dtype and arch, with the
-              // tiles the tuning databases selected for them (and the default).
+              // tiles the tuning databases selected for them (and the default), or every candidate.
               if (!backward) continue;
-              for (const KernelConfig& c : selected_configs(db, p, r, top_k, true)) {
+              r.config = {};
+              for (const KernelConfig& c : t == "candidates" ? candidate_backward_configs(r) : selected_configs(db, p, r, top_k, true)) {
                 r.config = c;
                 kernels.push_back(generate_backward_kernels(p, r).source);
               }

@@ -30,11 +30,11 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
         p = p.with_scale(scale)
     dyn = _dynamic_arg(dynamic_layout)
     if isinstance(q, np.ndarray) or isinstance(k, np.ndarray) or isinstance(v, np.ndarray):
-        o, lse = _numpy_attention(q, k, v, p.spec, int(q_offset), int(k_offset), dyn)
+        o, lse = _numpy_attention(q, k, v, p.op_spec, int(q_offset), int(k_offset), dyn)
     else:
         from . import _torch_ops
 
-        o, lse = _torch_ops.attention(q, k, v, p.spec, int(q_offset), int(k_offset), dyn)
+        o, lse = _torch_ops.attention(q, k, v, p.op_spec, int(q_offset), int(k_offset), dyn)
     return (o, lse) if return_lse else o
 
 

@@ -19,6 +19,9 @@ class Pattern:
             raise TypeError(f"Pattern(spec): expected the JSON text of a spec, got {type(spec).__name__}")
         self._spec = spec
         self._canonical, self._hash = _attnjit.validate(spec)  # PatternError naming what is wrong
+        # One line of JSON with the same meaning: what the custom ops carry. A graph compiler that
+        # writes the op's arguments into generated source (Inductor) then never meets a newline.
+        self._op_spec = json.dumps(json.loads(spec), separators=(",", ":"))
 
     @classmethod
     def load(cls, path):
@@ -46,6 +49,11 @@ class Pattern:
     @property
     def spec(self) -> str:
         return self._spec
+
+    @property
+    def op_spec(self) -> str:
+        """The spec as one line of JSON (what attnjit.attention passes to its custom ops)."""
+        return self._op_spec
 
     def with_scale(self, scale: float) -> "Pattern":
         """The same pattern with softmax scale `scale` instead of its own (1/sqrt(head_dim) by default)."""

@@ -656,6 +656,59 @@ TEST_CASE("layouts, optional lse and streams do not change the answer", "[gpu][a
   check_cases("layouts", cases);
 }
 
+// A forward() captured in a CUDA graph (after one eager call, as PyTorch's graph capture also
+// asks) and replayed: the replays give the eager call's bits, and read the buffers' current
+// contents (new inputs, a new answer).
+TEST_CASE("a forward() captured in a CUDA graph and replayed gives the eager answer", "[gpu][attention][graph]") {
+  SKIP_WITHOUT_GPU();
+  if (on_host()) { WARN("SKIPPED on the emulator and the CPU device: CUDA graphs need a GPU"); return; }
+  shared_context(0).make_current();
+  Runtime rt(options_for(Device::cuda(0)));
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(256).dilation(1).causal())
+                        .branch(BranchSpec().segment(512).dilation(2).offset(OffsetRule::HeadMod))
+                        .build();
+  for (DType dt : {DType::BF16, DType::F32}) {
+    INFO(to_string(dt));
+    const std::vector<int64_t> shape{1, 1000, 4, 64};
+    Attention op = rt.prepare(p, Problem{1, 1000, 1000, 4, 4, 64, 64, dt});
+    const std::vector<float> x1 = testing::random_tensor(1000 * 4 * 64, 11), x2 = testing::random_tensor(1000 * 4 * 64, 12);
+    Tensor q(&x1, shape, dt, Mem::BSHD), k(&x1, shape, dt, Mem::BSHD), v(&x1, shape, dt, Mem::BSHD);
+    Tensor q2(&x2, shape, dt, Mem::BSHD), o(nullptr, shape, dt, Mem::BSHD);
+    Buf lse_buf(4 * 1000 * 4);
+    const TensorView lse{lse_buf.data(), DType::F32, {1, 4, 1000}, {4000, 1000, 1}};
+    CUstream stream = create_stream();
+    ForwardOptions fo;
+    fo.stream = stream;
+    auto eager = [&](Tensor& query) {
+      o.buf.poison(stream);
+      op.forward(query.view, k.view, v.view, o.view, &lse, fo);
+      synchronize(stream);
+      return std::make_pair(o.buf.download(), lse_buf.download());
+    };
+    const auto want1 = eager(q), want2 = eager(q2);
+    // The graph reads q's buffer; q2's contents are copied into it between replays.
+    o.buf.poison(stream);
+    synchronize(stream);
+    {
+      CapturedGraph graph(stream, [&] { op.forward(q.view, k.view, v.view, o.view, &lse, fo); });
+      for (int replay = 0; replay < 2; ++replay) {
+        o.buf.poison(stream);
+        graph.launch(stream);
+        synchronize(stream);
+        CHECK(o.buf.download() == want1.first);
+        CHECK(lse_buf.download() == want1.second);
+      }
+      q.buf.upload(q2.buf.download());
+      graph.launch(stream);
+      synchronize(stream);
+      CHECK(o.buf.download() == want2.first);
+      CHECK(lse_buf.download() == want2.second);
+    }
+    destroy_stream(stream);
+  }
+}
+
 TEST_CASE("host memory and misaligned device pointers are rejected before launch", "[gpu][attention][errors]") {
   SKIP_WITHOUT_GPU();
   if (on_host()) { WARN("SKIPPED on the emulator and the CPU device: host memory is what they take"); return; }

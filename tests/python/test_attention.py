@@ -83,7 +83,8 @@ def test_gradcheck_in_float64(name):
 
 def grads(fn, q, k, v, seed=9):
     out = fn(q, k, v)
-    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(out.dtype)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    dout = dout.to(device=out.device, dtype=out.dtype)
     return torch.autograd.grad(out, (q, k, v), dout)
 
 
@@ -168,3 +169,43 @@ def test_gpu_examples_forward_and_backward():
         want_g = grads(lambda a, b, c: dense_attention(a, b, c, p)[0], qc, kc, vc)
         for name, g, w in zip("qkv", got, want_g):
             assert rel_error(g.cpu(), w) <= 3e-2, f"{path.stem} d{name}"
+
+
+@needs_gpu
+def test_gpu_side_stream_and_cuda_graph_give_the_eager_answer():
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    q, k, v = inputs(2, 777, 777, 4, 2, 64, dtype=torch.bfloat16, seed=3, device="cuda")
+    want = attnjit.attention(q, k, v, p)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the work goes on PyTorch's current stream: the side stream
+        got = attnjit.attention(q, k, v, p)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got, want)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = attnjit.attention(q, k, v, p)
+    for _ in range(2):
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, want)
+    q2 = torch.randn_like(q)
+    q.copy_(q2)  # the graph reads q's memory: new contents, the eager answer for them
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, attnjit.attention(q2, k, v, p))
+
+
+@needs_gpu
+def test_gpu_torch_compile_fullgraph_with_inductor():
+    p = attnjit.Pattern.load(EXAMPLES / "bigbird.json")
+    q, k, v = inputs(1, 512, 512, 2, 2, 64, dtype=torch.bfloat16, seed=5, device="cuda")
+
+    def f(a, b, c):
+        return attnjit.attention(a * 1.0, b, c, p) * 2.0
+
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True)(q, k, v)
+    assert torch.equal(got, f(q, k, v))

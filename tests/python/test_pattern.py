@@ -60,3 +60,9 @@ def test_a_huge_mask_is_refused_clearly():
     p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
     with pytest.raises(attnjit.AttnjitError, match="over 2\\^30"):
         p.mask(65536, 16)
+
+
+def test_the_ops_carry_the_spec_on_one_line():
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    assert "\n" in p.spec and "\n" not in p.op_spec
+    assert attnjit.Pattern.from_json(p.op_spec) == p

@@ -24,7 +24,9 @@
   X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuDeviceGetDefaultMemPool)               \
   X(cuMemPoolSetAttribute) X(cuMemcpyHtoD) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoH) X(cuMemcpyDtoHAsync)         \
   X(cuMemsetD8Async) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuEventCreate)            \
-  X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuPointerGetAttribute)
+  X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuPointerGetAttribute)     \
+  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)  \
+  X(cuGraphDestroy)
 
 namespace ours {
 #define ATTNJIT_MEMBER_TYPE(api) using api##_t = decltype(attnjit::DriverApi::api);
@@ -104,6 +106,9 @@ static_assert(std::is_same_v<attnjit::CUfunction, ::CUfunction>);
 static_assert(std::is_same_v<attnjit::CUstream, ::CUstream>);
 static_assert(std::is_same_v<attnjit::CUevent, ::CUevent>);
 static_assert(std::is_same_v<attnjit::CUmemoryPool, ::CUmemoryPool>);
+static_assert(std::is_same_v<attnjit::CUgraph, ::CUgraph>);
+static_assert(std::is_same_v<attnjit::CUgraphExec, ::CUgraphExec>);
+static_assert(cu::CU_STREAM_CAPTURE_MODE_GLOBAL == ::CU_STREAM_CAPTURE_MODE_GLOBAL);
 static_assert(std::is_same_v<attnjit::CUdevice, ::CUdevice>);
 static_assert(std::is_same_v<attnjit::CUdeviceptr, ::CUdeviceptr>);
 static_assert(sizeof(attnjit::CUresult) == sizeof(::CUresult));

@@ -140,6 +140,10 @@ TEST_CASE("cvt.rn.f16.f32 and cvt.rn.bf16.f32 round to nearest even and keep NaN
   }
   CHECK(cvt_f32_f16(0x0001) == std::ldexp(1.0f, -24));
   CHECK(cvt_f32_bf16(0xc040) == -3.0f);
+  // An f16 NaN of any sign, payload or kind becomes the canonical fp32 NaN (seen on an H100:
+  // 0x7dcd gave 0x7fffffff, not the payload-keeping 0x7fb9a000).
+  for (uint16_t nan : {0x7dcd, 0x7e00, 0xfe01, 0x7c01, 0x7fff}) CHECK(bits(cvt_f32_f16(nan)) == 0x7fffffffu);
+  CHECK(bits(cvt_f32_f16(0x7c00)) == 0x7f800000u);  // infinity stays infinity
 }
 
 // PTX ISA, "ex2" / "lg2": .approx.ftz.f32; subnormal inputs and results are flushed to sign-
@@ -152,9 +156,11 @@ TEST_CASE("ex2.approx.ftz and lg2.approx.ftz: exact on powers of two, special va
   CHECK(bits(ex2_approx_ftz(-std::numeric_limits<float>::infinity())) == 0u);
   CHECK(ex2_approx_ftz(std::numeric_limits<float>::infinity()) == std::numeric_limits<float>::infinity());
   CHECK(ex2_approx_ftz(128.0f) == std::numeric_limits<float>::infinity());
-  CHECK(std::isnan(ex2_approx_ftz(std::nanf(""))));
+  CHECK(bits(ex2_approx_ftz(std::nanf(""))) == 0x7fffffffu);  // the canonical NaN (H100)
+  CHECK(bits(ex2_approx_ftz(from_bits(0xffc01234u))) == 0x7fffffffu);
   CHECK(lg2_approx_ftz(1024.0f) == 10.0f);
   CHECK(lg2_approx_ftz(0.0f) == -std::numeric_limits<float>::infinity());
   CHECK(lg2_approx_ftz(from_bits(5)) == -std::numeric_limits<float>::infinity());  // subnormal: 0
-  CHECK(std::isnan(lg2_approx_ftz(-1.0f)));
+  CHECK(bits(lg2_approx_ftz(-1.0f)) == 0x7fffffffu);
+  CHECK(bits(lg2_approx_ftz(std::nanf(""))) == 0x7fffffffu);
 }

@@ -93,7 +93,11 @@ std::vector<uint32_t> cvt_inputs() {
       0x80000000u,                0x00000001u,                 0x807fffffu,                 0x7f800000u,
       0xff800000u,                0x7fc00000u,                 0xffc00000u,                 0x7f800001u,
       0x7fa12345u,                bits(3.3895314e38f),         bits(-0.333333343f),         bits(0.1f),
-      0x00003c00u,                0x00007c00u,                 0x00007e01u,                 0x000003ffu};
+      0x00003c00u,                0x00007c00u,                 0x00007e01u,                 0x000003ffu,
+      // f16 NaNs in the low half of odd words (cvt.f32.f16 reads in[2t+1]): quiet, quiet with a
+      // payload and a sign, signalling, all ones.
+      bits(2.5f),                 0x00007e00u,                 bits(-2.5f),                 0x0000fe01u,
+      bits(0.75f),                0x00007c01u,                 bits(-0.75f),                0x00007fffu};
   std::vector<uint32_t> w = special;
   Rng r{77};
   while (w.size() < 128) w.push_back(bits(r.uniform(-70000.0f, 70000.0f)));
