@@ -134,6 +134,8 @@ const KnobSpec kKnobs[] = {
      [](const Knobs& k) { return print_bool(k.tune); }},
     {"ATTNJIT_DETERMINISTIC", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.deterministic); },
      [](const Knobs& k) { return print_bool(k.deterministic); }},
+    {"ATTNJIT_SHIPPED_DB_DIR", [](const char*, const std::string& v, Knobs& k) { k.shipped_db_dir = v; },
+     [](const Knobs& k) { return k.shipped_db_dir; }},
     {"ATTNJIT_EMU_CXX", [](const char*, const std::string& v, Knobs& k) { k.emu_cxx = v; },
      [](const Knobs& k) { return k.emu_cxx; }},
     {"ATTNJIT_EMU_SEED", [](const char* n, const std::string& v, Knobs& k) { parse_u64(n, v, k.emu_seed); },

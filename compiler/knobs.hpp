@@ -9,6 +9,15 @@ namespace attnjit {
 
 enum class LogLevel { Error = 0, Warn = 1, Info = 2, Debug = 3 };
 
+// The shipped tuning databases' folder compiled in (ATTNJIT_AUTOTUNE_DB_DIR), or "none".
+inline std::string default_shipped_db_dir() {
+#ifdef ATTNJIT_AUTOTUNE_DB_DIR
+  return ATTNJIT_AUTOTUNE_DB_DIR;
+#else
+  return "none";
+#endif
+}
+
 struct Knobs {
   // ATTNJIT_CACHE_DIR; default $XDG_CACHE_HOME/attnjit, else $HOME/.cache/attnjit, else /tmp/attnjit-cache.
   std::string cache_dir;
@@ -21,6 +30,9 @@ struct Knobs {
   bool print_autotuning = false;        // ATTNJIT_PRINT_AUTOTUNING=1
   bool tune = false;                    // ATTNJIT_TUNE=1: tune on a tuning-database miss
   bool deterministic = false;           // ATTNJIT_DETERMINISTIC=1: every backward is bitwise reproducible
+  // ATTNJIT_SHIPPED_DB_DIR: the shipped tuning databases (default: the source tree's autotune_db/,
+  // compiled in; "none": no shipped databases, only the user's).
+  std::string shipped_db_dir = default_shipped_db_dir();
   // The CPU emulator (Device::emu()):
   std::string emu_cxx = "c++";          // ATTNJIT_EMU_CXX: the host C++ compiler (g++ or clang++) kernels are built with
   uint64_t emu_seed = 0;                // ATTNJIT_EMU_SEED: 0 runs threads in index order; else shuffles them between barriers

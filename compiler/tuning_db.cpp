@@ -409,11 +409,8 @@ std::string sanitize_gpu_name(const std::string& gpu) {
 }
 
 std::string shipped_db_dir() {
-#ifdef ATTNJIT_AUTOTUNE_DB_DIR
-  return ATTNJIT_AUTOTUNE_DB_DIR;
-#else
-  return "";
-#endif
+  const std::string& dir = knobs().shipped_db_dir;
+  return dir == "none" ? "" : dir;
 }
 
 std::vector<std::string> default_db_files(const Knobs& knobs, const std::string& gpu, const std::string& shipped_dir) {

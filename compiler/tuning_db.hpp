@@ -98,7 +98,8 @@ std::string serialize_tuning_db(const DbMetadata& metadata, const std::vector<Db
 // "NVIDIA H100 80GB HBM3" -> "NVIDIA_H100_80GB_HBM3": a file name for a GPU model.
 std::string sanitize_gpu_name(const std::string& gpu);
 
-// The repository's autotune_db/ (the ATTNJIT_AUTOTUNE_DB_DIR compile definition).
+// The shipped tuning databases' folder: the ATTNJIT_SHIPPED_DB_DIR knob (default the repository's
+// autotune_db/, the ATTNJIT_AUTOTUNE_DB_DIR compile definition); "" for "none".
 std::string shipped_db_dir();
 
 // The files to consult for a GPU: <cache_dir>/tuning/<gpu>.json (the user's, written by

@@ -63,3 +63,6 @@ config.environment["LC_ALL"] = "C"
 for name in list(config.environment):
     if name.startswith("ATTNJIT_"):
         del config.environment[name]
+# Nor on what tuning databases the repository ships (tests that want them name the folder).
+config.environment["ATTNJIT_SHIPPED_DB_DIR"] = "none"
+config.substitutions.append(("%autotune_db", os.path.join(os.path.dirname(os.path.abspath(examples)), "autotune_db")))

@@ -191,11 +191,22 @@ TEST_CASE("knobs reject contradictory settings", "[knobs]") {
   CHECK_THAT(e->what(), Catch::Contains("ATTNJIT_NO_JIT") && Catch::Contains("ATTNJIT_DISABLE_CACHE"));
 }
 
+TEST_CASE("the shipped tuning databases' folder: compiled in, replaced, or none", "[knobs]") {
+  CleanEnvironment env;
+  CHECK(Knobs::from_environment().shipped_db_dir == attnjit::default_shipped_db_dir());
+  CHECK(attnjit::default_shipped_db_dir() != "none");  // this build compiles in the repository's autotune_db/
+  env.set("ATTNJIT_SHIPPED_DB_DIR", "/opt/dbs");
+  CHECK(Knobs::from_environment().shipped_db_dir == "/opt/dbs");
+  env.set("ATTNJIT_SHIPPED_DB_DIR", "none");
+  CHECK(Knobs::from_environment().shipped_db_dir == "none");
+}
+
 TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
   CleanEnvironment env;
   env.set("ATTNJIT_CACHE_DIR", "/c");
   env.set("ATTNJIT_LOG_LEVEL", "info");
   env.set("ATTNJIT_TUNE", "yes");
+  env.set("ATTNJIT_SHIPPED_DB_DIR", "none");
   const std::string text = Knobs::from_environment().describe();
   CHECK(text ==
         "ATTNJIT_CACHE_DIR=/c\n"
@@ -208,6 +219,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_PRINT_AUTOTUNING=0\n"
         "ATTNJIT_TUNE=1\n"
         "ATTNJIT_DETERMINISTIC=0\n"
+        "ATTNJIT_SHIPPED_DB_DIR=none\n"
         "ATTNJIT_EMU_CXX=c++\n"
         "ATTNJIT_EMU_SEED=0\n"
         "ATTNJIT_EMU_THREADS=0\n"
