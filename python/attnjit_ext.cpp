@@ -15,14 +15,19 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <tuple>
 
 #include "attnjit/attnjit.hpp"
+#include "compiler/codegen.hpp"
 #include "compiler/error.hpp"
-#include "compiler/nvrtc_compiler.hpp"
 #include "compiler/knobs.hpp"
+#include "compiler/manifest.hpp"
 #include "compiler/mask.hpp"
+#include "compiler/nvrtc_compiler.hpp"
 #include "compiler/pattern_stats.hpp"
+#include "compiler/plan.hpp"
+#include "compiler/plan_backward.hpp"
 #include "compiler/spec_json.hpp"
 #include "runtime/cuda_probe.hpp"
 #include "runtime/reference.hpp"
@@ -232,6 +237,64 @@ nb::ndarray<nb::numpy, uint8_t> mask(const std::string& spec, int64_t seq_q, int
   return numpy_of(std::move(m), {static_cast<size_t>(heads_q), static_cast<size_t>(seq_q), static_cast<size_t>(seq_k)});
 }
 
+// attnjit.dump: one stage of the pipeline as `attnjit dump` prints it. dims = {batch, seq_q,
+// seq_k, heads_q, heads_kv, head_dim, head_dim_v}; the plans need seq_q > 0, the kernels only the
+// head dims, dtype and arch.
+std::string dump(const std::string& spec, const std::string& stage, const std::vector<int64_t>& dims, int64_t q_offset,
+                 int64_t k_offset, int tile_q, int tile_k, int arch, const std::string& dtype, bool backward, int64_t max_items) {
+  const Pattern p = pattern_of(spec);
+  std::ostringstream os;
+  if (stage == "pattern") {
+    os << "; pattern " << pattern_hash(p) << "\n" << canonical_text(p);
+  } else if (stage == "plan" || stage == "plan-bwd") {
+    if (dims.size() != 7 || dims[1] <= 0) throw UserError("seq", "is required for stage " + stage + ": a plan is made for one shape");
+    Shape s;
+    s.batch = dims[0], s.seq_q = dims[1], s.seq_k = dims[2], s.heads_q = dims[3], s.heads_kv = dims[4];
+    s.head_dim = dims[5], s.head_dim_v = dims[6], s.q_offset = q_offset, s.k_offset = k_offset;
+    check_shape(s, "");
+    Plan plan = lower_to_plan(p, s, TileConfig{tile_q, tile_k});
+    os << "; pattern " << pattern_hash(p) << "\n";
+    if (stage == "plan-bwd") {
+      os << print_backward_plan(lower_to_backward_plan(plan), max_items);
+    } else {
+      plan.stats.attended_pairs = pattern_stats(MaskContext{p, s, nullptr}).attended_pairs;
+      os << print_plan(plan, max_items);
+    }
+  } else if (stage == "cuda" || stage == "ptx") {
+    KernelRequest r;
+    r.head_dim = static_cast<int>(dims.at(5)), r.head_dim_v = static_cast<int>(dims.at(6));
+    r.dtype = parse_dtype(dtype), r.arch = arch;
+    const KernelSource k = backward ? generate_backward_kernels(p, r).source : generate_kernel(p, r);
+    if (stage == "cuda") return k.source;
+    CompileRequest req;
+    req.name = k.name, req.source = k.source, req.arch = k.arch;
+    nb::gil_scoped_release release;
+    return compile_ptx(req);
+  } else {
+    throw UserError("stage", "expected pattern, plan, plan-bwd, cuda or ptx, got \"" + stage + "\"");
+  }
+  return os.str();
+}
+
+// attnjit.precompile: a manifest's kernels into a kernel cache (the CLI's `precompile`).
+nb::dict precompile(const std::string& manifest, const std::vector<int>& archs, const std::string& cache_dir, int jobs,
+                    int top_k) {
+  PrecompileReport r;
+  {
+    nb::gil_scoped_release release;
+    r = precompile_manifest(manifest, archs, cache_dir, jobs, top_k);
+  }
+  nb::dict d;
+  d["kernels"] = r.kernels;
+  d["compiled"] = r.compiled;
+  d["cached"] = r.cached;
+  d["failed"] = r.failed;
+  d["seconds"] = r.seconds;
+  d["cache_dir"] = r.cache_dir;
+  d["errors"] = r.errors;
+  return d;
+}
+
 nb::dict info() {
   nb::dict d;
   d["version"] = ATTNJIT_VERSION;
@@ -274,4 +337,6 @@ NB_MODULE(_attnjit, m) {
   m.def("stats", &stats);
   m.def("mask", &mask);
   m.def("info", &info);
+  m.def("dump", &dump);
+  m.def("precompile", &precompile);
 }

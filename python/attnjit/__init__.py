@@ -12,10 +12,11 @@ float64 reference.
 from ._attnjit import AttnjitError, PatternError
 from ._pattern import Pattern
 from ._attention import attention
+from ._tools import dump, precompile
 from . import _attnjit
 
 __version__ = _attnjit.info()["version"]
-__all__ = ["AttnjitError", "PatternError", "Pattern", "attention", "info", "nn"]
+__all__ = ["AttnjitError", "PatternError", "Pattern", "attention", "dump", "info", "nn", "precompile"]
 
 
 def info():

@@ -66,3 +66,57 @@ def test_the_ops_carry_the_spec_on_one_line():
     p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
     assert "\n" in p.spec and "\n" not in p.op_spec
     assert attnjit.Pattern.from_json(p.op_spec) == p
+
+
+def _cli():
+    """The attnjit CLI next to the package in a build tree (build/python/attnjit -> build/attnjit)."""
+    import pathlib
+    exe = pathlib.Path(attnjit.__file__).resolve().parent.parent.parent / "attnjit"
+    return exe if exe.is_file() else None
+
+
+@pytest.mark.parametrize("stage,args,cli", [
+    ("pattern", {}, []),
+    ("plan", {"seq": 300, "heads": 4, "heads_kv": 2, "q_offset": 5, "head_dim": 96},
+     ["--seq", "300", "--heads-q", "4", "--heads-kv", "2", "--q-offset", "5", "--head-dim", "96"]),
+    ("plan-bwd", {"seq": 300, "heads": 2, "tile": (32, 64), "head_dim": 64}, ["--seq", "300", "--heads-q", "2", "--tile", "32x64"]),
+    ("cuda", {"head_dim": 64, "dtype": "fp16", "arch": "sm_90"}, ["--head-dim", "64", "--dtype", "fp16", "--arch", "sm_90"]),
+    ("cuda", {"head_dim": 64, "backward": True}, ["--head-dim", "64", "--backward"]),
+])
+def test_dump_prints_what_the_cli_prints(stage, args, cli):
+    import subprocess
+    exe = _cli()
+    if exe is None:
+        pytest.skip("no attnjit CLI beside the package (an installed wheel): nothing to compare with")
+    path = EXAMPLES / "longnet.json"
+    want = subprocess.run([str(exe), "dump", str(path), "--stage", stage, *cli], capture_output=True, text=True, check=True).stdout
+    assert attnjit.dump(path, stage, **args) == want
+
+
+def test_dump_stages_and_errors():
+    p = attnjit.Pattern.load(EXAMPLES / "causal_local.json")
+    assert attnjit.dump(p).startswith(f"; pattern {p.hash}\n")
+    assert "work items:" in attnjit.dump(p, "plan", seq=512, heads=2)
+    assert ".entry attnjit_fwd_" in attnjit.dump(p, "ptx", head_dim=64, arch="sm_80")
+    with pytest.raises(attnjit.AttnjitError, match="seq: is required for stage plan"):
+        attnjit.dump(p, "plan")
+    with pytest.raises(attnjit.AttnjitError, match='stage: expected pattern, plan, plan-bwd, cuda or ptx, got "sass"'):
+        attnjit.dump(p, "sass")
+    with pytest.raises(ValueError, match="arch: expected"):
+        attnjit.dump(p, "cuda", arch="ampere")
+
+
+def test_precompile_fills_a_cache_and_reports(tmp_path):
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"attnjit_manifest": 1, "entries": [
+        {"patterns": [str(EXAMPLES / "causal_local.json")], "head_dims": [32], "dtypes": ["fp32"], "tiles": ["default", "16x16"]}]}))
+    first = attnjit.precompile(manifest, ["sm_80"], cache_dir=tmp_path / "cache", jobs=2)
+    assert (first["kernels"], first["compiled"], first["cached"], first["failed"]) == (2, 2, 0, 0)
+    assert first["cache_dir"] == str(tmp_path / "cache")
+    again = attnjit.precompile(manifest, "sm_80", cache_dir=tmp_path / "cache")
+    assert (again["compiled"], again["cached"]) == (0, 2)
+    manifest.write_text(json.dumps({"attnjit_manifest": 1, "entries": [{"patterns": ["x.json"]}]}))
+    with pytest.raises(attnjit.AttnjitError, match="/entries/0: needs \"patterns\""):
+        attnjit.precompile(manifest, ["sm_80"], cache_dir=tmp_path / "cache")
+    with pytest.raises(ValueError, match="arch: expected"):
+        attnjit.precompile(manifest, ["ampere"])
