@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "compiler/error.hpp"
+#include "compiler/plan.hpp"
 #include "compiler/sha256.hpp"
 
 namespace attnjit {
@@ -153,6 +154,15 @@ KernelPath choose_path(const KernelRequest& r) {
           "the SIMT path needs head dims that are multiples of 4 up to 256 (got " + std::to_string(r.head_dim) +
               " and " + std::to_string(r.head_dim_v) + ")");
   return KernelPath::Simt;
+}
+
+KernelConfig parse_kernel_tile(const std::string& text) {
+  KernelConfig c;
+  if (text == "default") return c;
+  const TileConfig t = parse_tile_config(text);
+  c.tile_q = t.tile_q;
+  c.tile_k = t.tile_k;
+  return c;
 }
 
 KernelConfig resolve_config(const KernelRequest& r) {

@@ -25,6 +25,10 @@ struct KernelConfig {
   bool operator==(const KernelConfig&) const = default;
 };
 
+// "QxK" (that tile, the path's default stages) or "default" (all zeros), as the CLI's
+// --kernel-tile and a manifest's "tiles" write it; UserError if malformed.
+KernelConfig parse_kernel_tile(const std::string& text);
+
 struct KernelRequest {
   int head_dim = 128, head_dim_v = 128;
   DType dtype = DType::BF16;

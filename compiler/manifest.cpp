@@ -11,21 +11,11 @@
 #include "compiler/error.hpp"
 #include "compiler/jit.hpp"
 #include "compiler/knobs.hpp"
-#include "compiler/plan.hpp"
 #include "compiler/spec_json.hpp"
 #include "compiler/tuning_db.hpp"
 
 namespace attnjit {
 namespace {
-
-// "QxK" in a manifest: that tile, with the path's default stages.
-KernelConfig tile_config(const std::string& text) {
-  const TileConfig t = parse_tile_config(text);
-  KernelConfig c;
-  c.tile_q = t.tile_q;
-  c.tile_k = t.tile_k;
-  return c;
-}
 
 // Every tuning database on this machine: the user's (<cache dir>/tuning/*.json) and the shipped
 // ones (autotune_db/*.json), for any GPU: the build machine need not be the one that runs.
@@ -113,7 +103,7 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
               if (r.dtype == DType::BF16 && arch < 80) continue;  // no such kernel; not a failure
               const std::vector<KernelConfig> configs = t == "default"      ? selected_configs(db, p, r, top_k)
                                                         : t == "candidates" ? candidate_configs(r)
-                                                                            : std::vector<KernelConfig>{tile_config(t)};
+                                                                            : std::vector<KernelConfig>{parse_kernel_tile(t)};
               for (const KernelConfig& c : configs) {
                 r.config = c;
                 kernels.push_back(generate_kernel(p, r));

@@ -173,15 +173,6 @@ int parse_arch(const std::string& text) {
   return arch;
 }
 
-KernelConfig parse_kernel_tile(const std::string& text) {
-  KernelConfig c;
-  if (text == "default") return c;
-  const TileConfig t = parse_tile_config(text);
-  c.tile_q = t.tile_q;
-  c.tile_k = t.tile_k;
-  return c;
-}
-
 std::vector<KernelRequest> KernelOptions::requests() const {
   std::vector<KernelRequest> out;
   std::stringstream ss(archs);

@@ -50,6 +50,5 @@ struct KernelOptions {
 };
 
 int parse_arch(const std::string& text);                  // "sm_80" -> 80; UserError otherwise
-KernelConfig parse_kernel_tile(const std::string& text);  // "default" or "QxK"
 
 }  // namespace attnjit::cli

@@ -1,0 +1,323 @@
+"""The peers of bench/peers.py, in PyTorch: the attention contract (README, "What it means") read
+from a spec, a PyTorch implementation of it as the seed project computes it (gather each branch,
+flash attention, merge by LSE; exact gradients), FlexAttention's masks for the same patterns, and
+an fp64 reference on sampled rows from attnjit's own mask. Imported by bench/peers.py after it has
+pointed the kernel caches where it wants them."""
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+
+# ---------------------------------------------------------------------------------------------
+# The pattern, read as the README's "What it means" defines it.
+
+def dilated_terms(spec, H):
+    """[(segment, dilation, off)] per branch: off[h] is the residue head h selects, -1 where the branch
+    does not apply to h. Offsets: head_mod h % r, head_block h*r // H, group branch % r, or the integer
+    (default head_mod under softmax, group under head_groups); head_groups: group g runs branch g only."""
+    branches = spec["branches"]
+    for key, none in (("causal", False), ("window", [-1, -1]), ("layout", None)):
+        if any(x.get(key, none) != none for x in [spec, *branches]):
+            raise NotImplementedError(f"the PyTorch and Flex dilated implementations here take no '{key}'")
+    groups = spec.get("combine", "softmax") == "head_groups"
+    group_of = head_groups(len(branches), H) if groups else None
+    terms = []
+    for b, br in enumerate(branches):
+        r = int(br.get("dilation", 1))
+        rule = br.get("offset", "group" if groups else "head_mod")
+        off = []
+        for h in range(H):
+            applies = group_of[h] == b if groups else h in br.get("heads", range(H))
+            if not applies:
+                off.append(-1)
+            else:
+                off.append({"head_mod": h % r, "head_block": h * r // H, "group": b % r}.get(rule, rule))
+        terms.append((br["segment"], r, [int(o) for o in off]))
+    return terms
+
+
+def head_groups(k, H):
+    """Group of each head: k contiguous groups, sizes floor(H/k), the first H mod k one larger."""
+    sizes = [H // k + (g < H % k) for g in range(k)]
+    return [g for g, n in enumerate(sizes) for _ in range(n)]
+
+
+def group_divisor(spec):
+    combine, scale = spec.get("combine", "softmax"), spec.get("group_scale", "mean")
+    return len(spec["branches"]) if combine == "head_groups" and scale == "mean" else 1
+
+
+def softmax_scale(spec, D):
+    return float(spec.get("scale", 1.0 / math.sqrt(D)))
+
+
+def segment_length(w, S):
+    return S if w == "full" else int(w)
+
+
+def mask_rows(pattern, rows, H, S):
+    """uint8 [H, len(rows), S]: attnjit's own mask for a few query rows (seq_q = 1 at q_offset = row)."""
+    return np.stack([pattern.mask(1, H, seq_k=S, q_offset=int(i))[:, 0] for i in rows], axis=1)
+
+
+def reference_rows(q, k, v, counts, heads, rows, scale, divisor):
+    """fp64 O [B, len(heads), len(rows), D] of the contract from mask counts (q, k, v [B, H, S, D]):
+    each key weighted by how many branches attend it; rows that attend nothing give 0."""
+    qs = q[:, heads][:, :, rows].double()
+    ks, vs = k[:, heads].double(), v[:, heads].double()
+    c = torch.as_tensor(counts[heads]).to(q.device, torch.float64)
+    s = (qs @ ks.transpose(-1, -2)) * scale
+    s = s.masked_fill(c == 0, -math.inf)
+    m = s.amax(-1, keepdim=True).clamp_min(-1e300)
+    p = c * torch.exp(s - m)
+    den = p.sum(-1, keepdim=True)
+    return torch.where(den > 0, (p @ vs) / den.clamp_min(1e-300), 0.0) / divisor
+
+
+def max_err(x, ref):
+    """max |x - ref| / (1 + |ref|), in fp64."""
+    x, ref = x.double(), ref.double()
+    return ((x - ref).abs() / (1 + ref.abs())).max().item() if ref.numel() else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# torch-dilated: the contract in PyTorch (gather, flash, LSE merge), with an exact backward.
+
+# The CUDA flash ops take any non-CPU tensor here, so --smoke runs their argument plumbing on meta tensors.
+def _flash_fwd(q, k, v, scale):
+    if q.device.type != "cpu":
+        r = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)
+        return r[0], r[1], tuple(r[2:8])
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, scale=scale)
+    return o, lse, ()
+
+
+def _flash_bwd(do, q, k, v, o, lse, extra, scale):
+    if q.device.type != "cpu":
+        cum_q, cum_k, max_q, max_k, seed, offset = extra
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            do, q, k, v, o, lse, cum_q, cum_k, max_q, max_k, 0.0, False, seed, offset, scale=scale)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, o, lse, 0.0, False,
+                                                                               scale=scale)
+
+
+def dilated_pieces(terms, H, S, device):
+    """One piece per (branch, offset): the heads that select that residue and, per run of equal-length
+    segments (the whole ones, then the shorter last one), the selected rows [nseg, n]."""
+    pieces = []
+    for w, r, off in terms:
+        w = segment_length(w, S)
+        nfull, rem = divmod(S, w)
+        for o in sorted(set(off) - {-1}):
+            heads = torch.tensor([h for h in range(H) if off[h] == o], device=device)
+            n, n_tail = len(range(o, w, r)), len(range(o, rem, r))
+            if nfull and n:
+                rows = torch.arange(nfull, device=device)[:, None] * w + o + r * torch.arange(n, device=device)
+                pieces.append((heads, rows))
+            if n_tail:
+                pieces.append((heads, nfull * w + o + r * torch.arange(n_tail, device=device)[None, :]))
+    return pieces
+
+
+def _gather(x, heads, rows):
+    """[B, H, S, ...] -> [B * nseg, len(heads), n, ...]: one batch entry per segment."""
+    B, nseg, n = x.shape[0], rows.shape[0], rows.shape[1]
+    g = x[:, heads[:, None], rows.reshape(1, -1)]
+    return g.view(B, len(heads), nseg, n, *x.shape[3:]).transpose(1, 2).reshape(B * nseg, len(heads), n, *x.shape[3:])
+
+
+def _ungather(y, B):
+    """Inverse of _gather's reshaping: [B * nseg, h, n, ...] -> [B, h, nseg * n, ...]."""
+    return y.view(B, -1, *y.shape[1:]).transpose(1, 2).flatten(2, 3)
+
+
+class DilatedSDPA(torch.autograd.Function):
+    """Every piece by the flash kernel on its gathered rows, merged into one softmax by the LSEs.
+
+    Backward: each piece's flash backward given the *merged* O and LSE. With the merged LSE the kernel
+    recomputes the merged probabilities, with the merged O its row term D = rowsum(dO * O), so the sum
+    over pieces is the exact gradient of the single softmax (the ring-attention identity). Autograd
+    through the flash op alone would not do: its LSE output has no derivative."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pieces, scale):
+        B = q.shape[0]
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        o = torch.zeros(q.shape, dtype=acc, device=q.device)
+        lse = torch.full(q.shape[:3], -math.inf, dtype=acc, device=q.device)
+        extras = []
+        for heads, rows in pieces:
+            at = (slice(None), heads[:, None], rows.reshape(1, -1))
+            op, lp, extra = _flash_fwd(_gather(q, heads, rows), _gather(k, heads, rows), _gather(v, heads, rows), scale)
+            extras.append((extra, lp.shape))
+            lp = _ungather(lp[..., :rows.shape[1]].to(acc), B)
+            old = lse[at]
+            new = torch.logaddexp(old, lp)
+            o[at] = o[at] * torch.exp(old - new)[..., None] + _ungather(op.to(acc), B) * torch.exp(lp - new)[..., None]
+            lse[at] = new
+        out = o.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.pieces, ctx.extras, ctx.scale = pieces, extras, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        acc = lse.dtype
+        grads = [torch.zeros(x.shape, dtype=acc, device=x.device) for x in (q, k, v)]
+        for (heads, rows), (extra, lse_shape) in zip(ctx.pieces, ctx.extras):
+            at = (slice(None), heads[:, None], rows.reshape(1, -1))
+            lp = _gather(lse[..., None], heads, rows)[..., 0]
+            if lp.shape != lse_shape:  # the kernel's LSE may be padded past the rows
+                lp = F.pad(lp, (0, lse_shape[-1] - lp.shape[-1]))
+            parts = _flash_bwd(_gather(dout, heads, rows), _gather(q, heads, rows), _gather(k, heads, rows),
+                               _gather(v, heads, rows), _gather(out, heads, rows), lp.contiguous(),
+                               extra, ctx.scale)
+            for g, part in zip(grads, parts):
+                g[at] += _ungather(part.to(acc), q.shape[0])
+        return grads[0].to(q.dtype), grads[1].to(k.dtype), grads[2].to(v.dtype), None, None
+
+
+def torch_dilated(spec, H, S, D, device):
+    """fwd(q, k, v) on [B, H, S, D] tensors."""
+    pieces = dilated_pieces(dilated_terms(spec, H), H, S, device)
+    scale, divisor = softmax_scale(spec, D), group_divisor(spec)
+
+    def fwd(q, k, v):
+        o = DilatedSDPA.apply(q, k, v, pieces, scale)
+        return o / divisor if divisor != 1 else o
+    return fwd
+
+
+# ---------------------------------------------------------------------------------------------
+# FlexAttention: mask_mod / score_mod from the branches, BlockMasks built once.
+
+def branch_count_fn(terms, H, S, device):
+    """count(b, h, q, kv): how many branches attend (q, kv) for head h, from the indices alone."""
+    terms = [(segment_length(w, S), r, torch.tensor(off, device=device)) for w, r, off in terms if max(off) >= 0]
+
+    def count(b, h, q, kv):
+        n = None
+        for w, r, off in terms:
+            o = off[h]
+            hit = o >= 0
+            if w < S:
+                hit = hit & (q // w == kv // w)
+            if r > 1:
+                hit = hit & ((q % w) % r == o) & ((kv % w) % r == o)
+            n = hit.to(torch.int32) if n is None else n + hit.to(torch.int32)
+        return n
+    return count
+
+
+def dilated_mods(terms, H, S, device):
+    """(mask_mod, score_mod): the union of the branches, and log(count) added to the score so that a
+    key attended by k branches counts k times; score_mod is None where no pair counts twice."""
+    count = branch_count_fn(terms, H, S, device)
+
+    def mask_mod(b, h, q, kv):
+        return count(b, h, q, kv) > 0
+
+    def score_mod(score, b, h, q, kv):
+        return score + torch.log(count(b, h, q, kv).clamp(min=1).to(score.dtype))
+    overlapping = any(sum(off[h] >= 0 for _, _, off in terms) > 1 for h in range(H))
+    return mask_mod, (score_mod if overlapping else None)
+
+
+def dilated_block_layout(terms, H, S, block):
+    """bool [H, Qb, Kb] (any pair attended, full: every pair attended), computed from the branches:
+    a block pair is touched by a branch when both blocks hold selected rows of one segment; it is full
+    when a dilation-1 branch holds both blocks whole inside one segment."""
+    nb = -(-S // block)
+    pos = np.arange(S)
+    first, last = np.arange(nb) * block, np.minimum(np.arange(nb) * block + block, S) - 1
+    touched, full = np.zeros((H, nb, nb), bool), np.zeros((H, nb, nb), bool)
+    for w, r, off in terms:
+        w = segment_length(w, S)
+        seg = pos // w
+        for o in set(off) - {-1}:
+            heads = [h for h in range(H) if off[h] == o]
+            sel = (pos % w) % r == o
+            a = np.zeros((nb, seg[-1] + 1), np.float32)
+            a[pos[sel] // block, seg[sel]] = 1
+            touched[heads] |= (a @ a.T) > 0
+            if r == 1:
+                inside = seg[first] == seg[last]
+                full[heads] |= inside[:, None] & inside[None, :] & (seg[first][:, None] == seg[first][None, :])
+    return touched, full & touched
+
+
+def layout_block_layout(pattern, spec, H, S):
+    """bool [H, Qb, Kb] of a layout pattern from attnjit's mask: one query row per block row, every
+    block-th key. Exact only when the mask is uniform per block (no causal/window/dilation), which is
+    checked: kept blocks x block area must equal the attended pairs."""
+    block = spec["layout"].get("block", 128)
+    if not isinstance(block, int) or S % block:
+        raise NotImplementedError(f"layout block {block} at S={S}: square blocks dividing S only")
+    layout = mask_rows(pattern, range(0, S, block), H, S)[:, :, ::block] > 0
+    pairs = pattern.stats(S, H)["attended_pairs"]
+    if int(layout.sum()) * block * block != pairs:
+        raise ValueError(f"the layout is not uniform per {block}x{block} block ({pairs} attended pairs)")
+    return layout, block
+
+
+def _ordered(dense):
+    """bool [H, Qb, Kb] -> (int32 [1, H, Qb] counts, int32 [1, H, Qb, Kb] kept key blocks first, ascending)."""
+    dense = torch.as_tensor(dense)
+    num = dense.sum(-1, dtype=torch.int32)
+    idx = torch.argsort((~dense).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return num[None].contiguous(), idx[None].contiguous()
+
+
+def make_block_mask(partial, full, block, S, mask_mod, device):
+    num, idx = (t.to(device) for t in _ordered(partial))
+    fnum, fidx = (t.to(device) for t in _ordered(full))
+    try:
+        return BlockMask.from_kv_blocks(num, idx, fnum, fidx, BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(S, S))
+    except TypeError:  # a torch without seq_lengths
+        return BlockMask.from_kv_blocks(num, idx, fnum, fidx, BLOCK_SIZE=block, mask_mod=mask_mod)
+
+
+_COMPILED_FLEX = None
+
+
+def flex_fn(device):
+    """Compiled FlexAttention on CUDA; eager on the CPU (--smoke: a fused CPU compile takes ~15 s)."""
+    global _COMPILED_FLEX
+    if device.type != "cuda":
+        return flex_attention
+    if _COMPILED_FLEX is None:
+        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 256)
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX
+
+
+def flex_setup(case, pattern, device, block=128):
+    """(block_mask, score_mod, divisor) for a case; the block mask exact per block."""
+    spec, S, H = case["spec"], case["S"], case["H"]
+    if case["family"] == "layout":
+        layout, block = layout_block_layout(pattern, spec, H, S)
+        lay = torch.as_tensor(layout, device=device)
+
+        def mask_mod(b, h, q, kv):
+            return lay[h, q // block, kv // block]
+        return make_block_mask(np.zeros_like(layout), layout, block, S, mask_mod, device), None, 1
+    terms = dilated_terms(spec, H)
+    mask_mod, score_mod = dilated_mods(terms, H, S, device)
+    touched, full = dilated_block_layout(terms, H, S, block)
+    return make_block_mask(touched & ~full, full, block, S, mask_mod, device), score_mod, group_divisor(spec)
+
+
+def flex_system(case, pattern, device, block=128):
+    block_mask, score_mod, divisor = flex_setup(case, pattern, device, block)
+    run, scale = flex_fn(device), softmax_scale(case["spec"], case["D"])
+
+    def fwd(q, k, v):
+        o = run(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        return o / divisor if divisor != 1 else o
+    return fwd
