@@ -120,3 +120,20 @@ def test_precompile_fills_a_cache_and_reports(tmp_path):
         attnjit.precompile(manifest, ["sm_80"], cache_dir=tmp_path / "cache")
     with pytest.raises(ValueError, match="arch: expected"):
         attnjit.precompile(manifest, ["ampere"])
+
+
+def test_the_extension_exports_no_library_symbols():
+    """attnjit's own functions and its nlohmann::json instantiations stay inside the extension: a
+    process that loaded PyTorch (which exports nlohmann::json with RTLD_GLOBAL) once bound the
+    extension's calls to those and crashed."""
+    import shutil
+    import subprocess
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm (binutils) to list the extension's dynamic symbols")
+    out = subprocess.run([nm, "-D", "--defined-only", "-C", attnjit._attnjit.__file__], capture_output=True, text=True,
+                         check=True).stdout
+    names = [line.split(" ", 2)[-1] for line in out.splitlines() if line.strip()]
+    assert "PyInit__attnjit" in names
+    leaked = [n for n in names if n.startswith("attnjit::") or "nlohmann" in n]
+    assert leaked == [], leaked[:5]
