@@ -50,6 +50,17 @@ void parse_log_level(const char* name, const std::string& value, LogLevel& out) 
   throw UserError(name, "'" + value + "' is not a log level; use one of error, warn, info, debug");
 }
 
+void parse_cpu_simd(const char* name, const std::string& value, CpuSimd& out) {
+  const std::string v = lower(value);
+  for (CpuSimd simd : {CpuSimd::Auto, CpuSimd::Generic, CpuSimd::Avx2}) {
+    if (v == cpu_simd_name(simd)) {
+      out = simd;
+      return;
+    }
+  }
+  throw UserError(name, "'" + value + "' is not an instruction set; use one of auto, generic, avx2");
+}
+
 void parse_bytes(const char* name, const std::string& value, int64_t& out) {
   const std::string hint = "; use a non-negative number of bytes, e.g. 1073741824 for 1 GiB";
   if (!std::all_of(value.begin(), value.end(), [](unsigned char c) { return std::isdigit(c); })) {
@@ -136,6 +147,8 @@ const KnobSpec kKnobs[] = {
      [](const Knobs& k) { return print_bool(k.deterministic); }},
     {"ATTNJIT_SHIPPED_DB_DIR", [](const char*, const std::string& v, Knobs& k) { k.shipped_db_dir = v; },
      [](const Knobs& k) { return k.shipped_db_dir; }},
+    {"ATTNJIT_CPU_SIMD", [](const char* n, const std::string& v, Knobs& k) { parse_cpu_simd(n, v, k.cpu_simd); },
+     [](const Knobs& k) { return std::string(cpu_simd_name(k.cpu_simd)); }},
     {"ATTNJIT_EMU_CXX", [](const char*, const std::string& v, Knobs& k) { k.emu_cxx = v; },
      [](const Knobs& k) { return k.emu_cxx; }},
     {"ATTNJIT_EMU_SEED", [](const char* n, const std::string& v, Knobs& k) { parse_u64(n, v, k.emu_seed); },
@@ -156,6 +169,15 @@ const char* log_level_name(LogLevel level) {
     case LogLevel::Debug: return "debug";
   }
   internal_error(__FILE__, __LINE__, "unknown LogLevel");
+}
+
+const char* cpu_simd_name(CpuSimd simd) {
+  switch (simd) {
+    case CpuSimd::Auto: return "auto";
+    case CpuSimd::Generic: return "generic";
+    case CpuSimd::Avx2: return "avx2";
+  }
+  internal_error(__FILE__, __LINE__, "unknown CpuSimd");
 }
 
 Knobs Knobs::from_environment() {

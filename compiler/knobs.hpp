@@ -9,6 +9,10 @@ namespace attnjit {
 
 enum class LogLevel { Error = 0, Warn = 1, Info = 2, Debug = 3 };
 
+// The CPU plan executor's instruction set (runtime/plan_executor.hpp): Auto picks the best this
+// CPU runs; Generic is the baseline build (SSE2 on x86-64); Avx2 needs AVX2 and FMA.
+enum class CpuSimd { Auto, Generic, Avx2 };
+
 // The shipped tuning databases' folder compiled in (ATTNJIT_AUTOTUNE_DB_DIR), or "none".
 inline std::string default_shipped_db_dir() {
 #ifdef ATTNJIT_AUTOTUNE_DB_DIR
@@ -33,6 +37,7 @@ struct Knobs {
   // ATTNJIT_SHIPPED_DB_DIR: the shipped tuning databases (default: the source tree's autotune_db/,
   // compiled in; "none": no shipped databases, only the user's).
   std::string shipped_db_dir = default_shipped_db_dir();
+  CpuSimd cpu_simd = CpuSimd::Auto;     // ATTNJIT_CPU_SIMD=auto|generic|avx2: the CPU device's tile arithmetic
   // The CPU emulator (Device::emu()):
   std::string emu_cxx = "c++";          // ATTNJIT_EMU_CXX: the host C++ compiler (g++ or clang++) kernels are built with
   uint64_t emu_seed = 0;                // ATTNJIT_EMU_SEED: 0 runs threads in index order; else shuffles them between barriers
@@ -58,5 +63,6 @@ const Knobs& knobs();
 void log(LogLevel level, const std::string& message);
 
 const char* log_level_name(LogLevel level);  // "error", "warn", "info", "debug"
+const char* cpu_simd_name(CpuSimd simd);     // "auto", "generic", "avx2"
 
 }  // namespace attnjit

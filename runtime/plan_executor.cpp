@@ -1,140 +1,139 @@
+// The plan executor's driver: outputs, threads, and the choice of instruction set. The arithmetic
+// is in plan_executor_tiles.cpp, compiled once per instruction set.
 #include "runtime/plan_executor.hpp"
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <limits>
 #include <thread>
+
+#include "compiler/error.hpp"
+#include "compiler/knobs.hpp"
+#include "runtime/plan_executor_tiles.hpp"
 
 namespace attnjit {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using Worker = void (*)(const ExecutorJob&, std::atomic<int64_t>&);
 
-// The running state of one query tile: per row the max, the sum of exp, and the weighted values.
-struct TileState {
-  std::vector<float> m, l, acc, scores;
-  void reset(int64_t rows, int64_t dv, int64_t tile_k) {
-    m.assign(static_cast<size_t>(rows), kNegInf);
-    l.assign(static_cast<size_t>(rows), 0.0f);
-    acc.assign(static_cast<size_t>(rows * dv), 0.0f);
-    scores.resize(static_cast<size_t>(rows * tile_k));
-  }
+struct Workers {
+  Worker forward, dq, dkdv;
 };
 
-class Executor {
-public:
-  Executor(const Plan& plan, const Pattern& p, const float* q, const float* k, const float* v, const DynamicLayout* d,
-           ExecutorOutput& out)
-      : plan_(plan), pattern_(p), s_(plan.shape), q_(q), k_(k), v_(v), dynamic_(d), out_(out) {}
+bool cpu_has_avx2() {
+#if defined(ATTNJIT_HAVE_CPU_AVX2)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
 
-  void run_item(const WorkItem& item, int64_t b, TileState& st) const {
-    const int64_t rows = item.rows.count, dv = s_.head_dim_v;
-    st.reset(rows, dv, plan_.tiles.tile_k);
-    const int64_t kvh = item.head / (s_.heads_q / s_.heads_kv);
-    for (int64_t sp = item.span_begin; sp < item.span_end; ++sp) {
-      const KeySpan& span = plan_.spans[static_cast<size_t>(sp)];
-      for_each_visited_tile(plan_, span, [&](int32_t t, bool full) {
-        visit_tile(item, b, kvh, span.branch, tile_keys(span, t, plan_.tiles.tile_k), full, st);
-      });
-    }
-    write_rows(item, b, st);
+Workers workers_for(CpuSimd simd) {
+  if (simd == CpuSimd::Auto) simd = knobs().cpu_simd;
+  if (simd == CpuSimd::Auto) simd = cpu_has_avx2() ? CpuSimd::Avx2 : CpuSimd::Generic;
+  if (simd == CpuSimd::Avx2) {
+#if defined(ATTNJIT_HAVE_CPU_AVX2)
+    if (cpu_has_avx2()) return {cpu_avx2::forward_worker, cpu_avx2::dq_worker, cpu_avx2::dkdv_worker};
+#endif
+    throw UserError("ATTNJIT_CPU_SIMD", std::string("avx2 was asked for but ") +
+                                            (cpu_simd_available(CpuSimd::Avx2) ? "this CPU lacks AVX2 and FMA"
+                                                                               : "this build has no AVX2 variant") +
+                                            "; use auto or generic");
   }
+  return {cpu_generic::forward_worker, cpu_generic::dq_worker, cpu_generic::dkdv_worker};
+}
 
-private:
-  // S = scale * Q K^T for the tile, the mask on partial tiles, then the online-softmax update.
-  void visit_tile(const WorkItem& item, int64_t b, int64_t kvh, int32_t branch, const RowMap& keys, bool full,
-                  TileState& st) const {
-    const int64_t rows = item.rows.count, d = s_.head_dim, dv = s_.head_dim_v;
-    const float scale = static_cast<float>(plan_.softmax_scale);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = item.rows.at(r);
-      const float* qrow = q_ + ((b * s_.seq_q + i) * s_.heads_q + item.head) * d;
-      float* srow = st.scores.data() + r * keys.count;
-      float row_max = kNegInf;
-      for (int64_t c = 0; c < keys.count; ++c) {
-        const int64_t j = keys.at(c);
-        if (!full && !partial_tile_allows(pattern_, branch, item.head, s_.q_offset + i, s_.k_offset + j, dynamic_)) {
-          srow[c] = kNegInf;
-          continue;
-        }
-        const float* krow = k_ + ((b * s_.seq_k + j) * s_.heads_kv + kvh) * d;
-        float dot = 0.0f;
-        for (int64_t x = 0; x < d; ++x) dot += qrow[x] * krow[x];
-        srow[c] = scale * dot;
-        row_max = std::max(row_max, srow[c]);
-      }
-      const float m_new = std::max(st.m[static_cast<size_t>(r)], row_max);
-      if (m_new == kNegInf) continue;  // nothing seen yet in this row: keep the empty state
-      const float rescale = std::exp(st.m[static_cast<size_t>(r)] - m_new);
-      float* acc = st.acc.data() + r * dv;
-      float sum = 0.0f;
-      for (int64_t x = 0; x < dv; ++x) acc[x] *= rescale;
-      for (int64_t c = 0; c < keys.count; ++c) {
-        if (srow[c] == kNegInf) continue;
-        const float p = std::exp(srow[c] - m_new);
-        sum += p;
-        const float* vrow = v_ + ((b * s_.seq_k + keys.at(c)) * s_.heads_kv + kvh) * dv;
-        for (int64_t x = 0; x < dv; ++x) acc[x] += p * vrow[x];
-      }
-      st.l[static_cast<size_t>(r)] = st.l[static_cast<size_t>(r)] * rescale + sum;
-      st.m[static_cast<size_t>(r)] = m_new;
-    }
+// Runs `worker` on up to `threads` threads (0: one per core), never more threads than units.
+void run_workers(Worker worker, const ExecutorJob& job, int64_t units, unsigned threads) {
+  std::atomic<int64_t> next{0};
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads && t < units; ++t) pool.emplace_back([&] { worker(job, next); });
+  worker(job, next);
+  for (auto& t : pool) t.join();
+}
+
+ExecutorJob job_for(const Plan& plan, ExecutorOrder order) {
+  const Shape& s = plan.shape;
+  ExecutorJob job;
+  job.plan = &plan;
+  if (order == ExecutorOrder::SeqMajor) {
+    job.q_layout = {s.seq_q * s.heads_q, s.heads_q, 1};
+    job.k_layout = {s.seq_k * s.heads_kv, s.heads_kv, 1};
+  } else {
+    job.q_layout = {s.heads_q * s.seq_q, 1, s.seq_q};
+    job.k_layout = {s.heads_kv * s.seq_k, 1, s.seq_k};
   }
-
-  // The epilogue: O = acc / l (scaled under head_groups), LSE = m + log l; empty rows 0 and -inf.
-  void write_rows(const WorkItem& item, int64_t b, const TileState& st) const {
-    const int64_t dv = s_.head_dim_v;
-    for (int64_t r = 0; r < item.rows.count; ++r) {
-      const int64_t i = item.rows.at(r);
-      const float l = st.l[static_cast<size_t>(r)];
-      float* orow = out_.o.data() + ((b * s_.seq_q + i) * s_.heads_q + item.head) * dv;
-      float& lse = out_.lse[static_cast<size_t>((b * s_.heads_q + item.head) * s_.seq_q + i)];
-      if (l == 0.0f) {
-        std::fill(orow, orow + dv, 0.0f);
-        lse = kNegInf;
-        continue;
-      }
-      const float inv = static_cast<float>(plan_.output_scale) / l;
-      for (int64_t x = 0; x < dv; ++x) orow[x] = st.acc[static_cast<size_t>(r * dv + x)] * inv;
-      lse = st.m[static_cast<size_t>(r)] + std::log(l);
-    }
-  }
-
-  const Plan& plan_;
-  const Pattern& pattern_;
-  const Shape& s_;
-  const float *q_, *k_, *v_;
-  const DynamicLayout* dynamic_;
-  ExecutorOutput& out_;
-};
+  return job;
+}
 
 }  // namespace
 
+bool cpu_simd_available(CpuSimd simd) {
+  switch (simd) {
+    case CpuSimd::Auto:
+    case CpuSimd::Generic: return true;
+    case CpuSimd::Avx2:
+#if defined(ATTNJIT_HAVE_CPU_AVX2)
+      return true;
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
+bool cpu_simd_runs_here(CpuSimd simd) { return simd == CpuSimd::Avx2 ? cpu_has_avx2() : true; }
+
 ExecutorOutput execute_plan(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* v,
-                            const DynamicLayout* dynamic, unsigned threads) {
+                            const DynamicLayout* dynamic, const ExecutorOptions& options) {
   const Shape& s = plan.shape;
+  const Workers w = workers_for(options.simd);
   ExecutorOutput out;
+  // Outputs start poisoned, so a row the plan forgets shows.
   const float nan = std::numeric_limits<float>::quiet_NaN();
   out.o.assign(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v), nan);
   out.lse.assign(static_cast<size_t>(s.batch * s.heads_q * s.seq_q), nan);
-  const Executor ex(plan, pattern, q, k, v, dynamic, out);
-  // Work items write disjoint rows, so threads take (batch, item) units from a shared counter.
-  const int64_t units = s.batch * static_cast<int64_t>(plan.items.size());
-  std::atomic<int64_t> next{0};
-  auto worker = [&] {
-    TileState st;
-    for (int64_t u; (u = next++) < units;) {
-      ex.run_item(plan.items[static_cast<size_t>(u % static_cast<int64_t>(plan.items.size()))],
-                  u / static_cast<int64_t>(plan.items.size()), st);
-    }
-  };
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads && t < units; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
+  ExecutorJob job = job_for(plan, options.order);
+  job.pattern = &pattern;
+  job.dynamic = dynamic;
+  job.q = q, job.k = k, job.v = v;
+  job.o = out.o.data(), job.lse_out = out.lse.data();
+  // Work items write disjoint rows, so workers take (batch, item) units from a shared counter.
+  run_workers(w.forward, job, s.batch * static_cast<int64_t>(plan.items.size()), options.threads);
   return out;
+}
+
+ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bwd, const Pattern& pattern, const float* q,
+                                        const float* k, const float* v, const float* o, const float* lse,
+                                        const float* dout, const DynamicLayout* dynamic, const ExecutorOptions& options) {
+  const Shape& s = plan.shape;
+  const Workers w = workers_for(options.simd);
+  ExecutorGradients g;
+  g.dq.assign(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim), 0.0f);
+  g.dk.assign(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 0.0f);
+  g.dv.assign(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 0.0f);
+  ExecutorJob job = job_for(plan, options.order);
+  // D = rowsum(dO * O), [batch, heads_q, seq_q] like the LSE.
+  std::vector<float> delta(static_cast<size_t>(s.batch * s.heads_q * s.seq_q), 0.0f);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t i = 0; i < s.seq_q; ++i)
+      for (int64_t h = 0; h < s.heads_q; ++h) {
+        const int64_t off = (b * job.q_layout.batch + i * job.q_layout.pos + h * job.q_layout.head) * s.head_dim_v;
+        float sum = 0.0f;
+        for (int64_t x = 0; x < s.head_dim_v; ++x) sum += dout[off + x] * o[off + x];
+        delta[static_cast<size_t>((b * s.heads_q + h) * s.seq_q + i)] = sum;
+      }
+  job.bwd = &bwd;
+  job.pattern = &pattern;
+  job.dynamic = dynamic;
+  job.q = q, job.k = k, job.v = v;
+  job.lse = lse, job.dout = dout, job.delta = delta.data();
+  job.dq = g.dq.data(), job.dk = g.dk.data(), job.dv = g.dv.data();
+  run_workers(w.dq, job, s.batch * static_cast<int64_t>(plan.items.size()), options.threads);
+  // A (batch, kv head) unit adds the key tiles of that head one after another (they may overlap).
+  run_workers(w.dkdv, job, s.batch * s.heads_kv, options.threads);
+  return g;
 }
 
 }  // namespace attnjit

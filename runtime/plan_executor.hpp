@@ -1,27 +1,42 @@
 // The CPU plan executor: runs a Plan exactly as a kernel would, tile by tile, with the kernel's
-// float32 online softmax (running max, running sum, rescale). It shares nothing with the
+// float32 online softmax (running max, running sum, rescale); each tile pair is two small matrix
+// products (Eigen, vectorised for the CPU it runs on) and one vectorised softmax step. It shares nothing with the
 // reference beyond tensor layout, so a lowering bug shows up as a mismatch with the reference.
 #pragma once
 
 #include <vector>
 
+#include "compiler/knobs.hpp"
 #include "compiler/plan.hpp"
 #include "compiler/plan_backward.hpp"
 
 namespace attnjit {
 
 struct ExecutorOutput {
-  std::vector<float> o;    // [batch, seq_q, heads_q, head_dim_v]
+  std::vector<float> o;    // [batch, seq_q, heads_q, head_dim_v] (HeadMajor: [batch, heads_q, seq_q, head_dim_v])
   std::vector<float> lse;  // [batch, heads_q, seq_q]
 };
 
-// Inputs as for reference_attention (contiguous [B, S, H, D]). Outputs start poisoned (NaN), so a
-// row the plan forgets shows. `pattern` and `dynamic` supply the partial-tile predicate.
+// How the executor's tensors are laid out: the contract's [B, S, H, D] (q, k, v, O, dO and the
+// gradients alike), or [B, H, S, D], where each head's rows are contiguous (faster tile loads; the
+// CPU device converts to it). The LSE is [B, H, S] either way.
+enum class ExecutorOrder { SeqMajor, HeadMajor };
+
+struct ExecutorOptions {
+  unsigned threads = 0;             // 0: one per core
+  CpuSimd simd = CpuSimd::Auto;     // the compiled variant of the tile arithmetic (Auto: ATTNJIT_CPU_SIMD,
+                                    // by default the best this CPU runs); one this build or CPU lacks is a UserError
+  ExecutorOrder order = ExecutorOrder::SeqMajor;
+};
+
+// Inputs as for reference_attention (contiguous [B, S, H, D], or [B, H, S, D] by `options`).
+// Outputs start poisoned (NaN), so a row the plan forgets shows. `pattern` and `dynamic` supply
+// the partial-tile predicate.
 ExecutorOutput execute_plan(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* v,
-                            const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
+                            const DynamicLayout* dynamic = nullptr, const ExecutorOptions& options = {});
 
 struct ExecutorGradients {
-  std::vector<float> dq, dk, dv;  // layouts of q, k, v
+  std::vector<float> dq, dk, dv;  // layouts of q, k, v (the options' order)
 };
 
 // The backward pass as the backward kernels compute it, in float32: D = rowsum(dO * O); P =
@@ -31,6 +46,11 @@ struct ExecutorGradients {
 // the forward's outputs. dK and dV of a kv head sum over the query heads that read it.
 ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bwd, const Pattern& pattern, const float* q,
                                         const float* k, const float* v, const float* o, const float* lse,
-                                        const float* dout, const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
+                                        const float* dout, const DynamicLayout* dynamic = nullptr,
+                                        const ExecutorOptions& options = {});
+
+// Was the variant compiled into this build (Auto and Generic always are)? Does this CPU run it?
+bool cpu_simd_available(CpuSimd simd);
+bool cpu_simd_runs_here(CpuSimd simd);
 
 }  // namespace attnjit

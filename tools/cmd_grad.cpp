@@ -88,12 +88,12 @@ int run_grad(const GradOptions& o) {
       of = load_array(o.o, "--o", odims);
       lf = load_lse(o.lse, s);
     } else {
-      ExecutorOutput f = execute_plan(plan, p, in.q.data(), in.k.data(), in.v.data(), table, o.threads);
+      ExecutorOutput f = execute_plan(plan, p, in.q.data(), in.k.data(), in.v.data(), table, {.threads = o.threads});
       of = std::move(f.o);
       lf = std::move(f.lse);
     }
     ExecutorGradients g = execute_plan_backward(plan, lower_to_backward_plan(plan), p, in.q.data(), in.k.data(), in.v.data(),
-                                                of.data(), lf.data(), dout.data(), table, o.threads);
+                                                of.data(), lf.data(), dout.data(), table, {.threads = o.threads});
     dq = std::move(g.dq), dk = std::move(g.dk), dv = std::move(g.dv);
   } else {
     // The reference recomputes the softmax itself: --o/--lse are not needed (and not read).

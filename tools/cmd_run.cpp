@@ -47,7 +47,7 @@ int run_attention(const RunOptions& o) {
     run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), config, of, lf);
   } else if (o.executor == "plan") {
     const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table);
-    ExecutorOutput r = execute_plan(plan, p, in.q.data(), in.k.data(), in.v.data(), table, o.threads);
+    ExecutorOutput r = execute_plan(plan, p, in.q.data(), in.k.data(), in.v.data(), table, {.threads = o.threads});
     of = std::move(r.o);
     lf = std::move(r.lse);
   } else {

@@ -5,7 +5,7 @@
 # Idempotent: a machine that has everything is left alone.
 set -euo pipefail
 
-packages=(g++ cmake make python3 binutils nlohmann-json3-dev libcli11-dev catch2 llvm-19-tools)
+packages=(g++ cmake make python3 binutils nlohmann-json3-dev libcli11-dev catch2 libeigen3-dev llvm-19-tools)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

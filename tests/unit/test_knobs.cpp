@@ -23,7 +23,8 @@ namespace {
 const std::vector<std::string> kAllVariables = {
     "ATTNJIT_CACHE_DIR", "ATTNJIT_DISABLE_CACHE",   "ATTNJIT_ALWAYS_COMPILE",  "ATTNJIT_NO_JIT", "ATTNJIT_DUMP_DIR",
     "ATTNJIT_LOG_LEVEL", "ATTNJIT_CACHE_MAX_BYTES", "ATTNJIT_PRINT_AUTOTUNING", "ATTNJIT_TUNE",  "XDG_CACHE_HOME",
-    "HOME", "ATTNJIT_DETERMINISTIC", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT"};
+    "HOME", "ATTNJIT_DETERMINISTIC", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT",
+    "ATTNJIT_CPU_SIMD"};
 
 // Clears every variable the knobs read and restores the caller's environment afterwards.
 class CleanEnvironment {
@@ -220,10 +221,25 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_TUNE=1\n"
         "ATTNJIT_DETERMINISTIC=0\n"
         "ATTNJIT_SHIPPED_DB_DIR=none\n"
+        "ATTNJIT_CPU_SIMD=auto\n"
         "ATTNJIT_EMU_CXX=c++\n"
         "ATTNJIT_EMU_SEED=0\n"
         "ATTNJIT_EMU_THREADS=0\n"
         "ATTNJIT_EMU_TIMEOUT=300\n");
+}
+
+TEST_CASE("ATTNJIT_CPU_SIMD picks the CPU executor's instruction set, in any case; others are rejected", "[knobs]") {
+  CleanEnvironment env;
+  CHECK(Knobs::from_environment().cpu_simd == attnjit::CpuSimd::Auto);
+  for (const auto& [text, want] : std::vector<std::pair<const char*, attnjit::CpuSimd>>{
+           {"generic", attnjit::CpuSimd::Generic}, {"AVX2", attnjit::CpuSimd::Avx2}, {"Auto", attnjit::CpuSimd::Auto}}) {
+    CleanEnvironment one;
+    one.set("ATTNJIT_CPU_SIMD", text);
+    CHECK(Knobs::from_environment().cpu_simd == want);
+  }
+  env.set("ATTNJIT_CPU_SIMD", "avx512");
+  CHECK_THROWS_WITH(Knobs::from_environment(),
+                    Catch::Contains("'avx512' is not an instruction set; use one of auto, generic, avx2"));
 }
 
 TEST_CASE("the emulator's knobs parse, and malformed values name the variable and the fix", "[knobs]") {

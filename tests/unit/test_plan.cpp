@@ -147,63 +147,169 @@ TEST_CASE("the key-major backward plan covers exactly the mask, with multiplicit
   CHECK(overlapping > 0);  // the generator made patterns whose key tiles overlap
 }
 
+namespace {
+
+// Every compiled variant of the executor's tile arithmetic that this CPU runs; the one it cannot
+// run is reported, not silently dropped.
+std::vector<CpuSimd> simd_variants() {
+  std::vector<CpuSimd> out{CpuSimd::Generic};
+  if (cpu_simd_available(CpuSimd::Avx2) && cpu_simd_runs_here(CpuSimd::Avx2)) out.push_back(CpuSimd::Avx2);
+  else WARN("the AVX2 variant of the plan executor is not tested: " << (cpu_simd_available(CpuSimd::Avx2) ? "this CPU lacks AVX2/FMA" : "not in this build"));
+  return out;
+}
+
+// [B, S, H, D] <-> [B, H, S, D] (`to_head_major` false: the inverse).
+std::vector<float> permute(const std::vector<float>& x, int64_t batch, int64_t seq, int64_t heads, int64_t width,
+                           bool to_head_major) {
+  std::vector<float> out(x.size());
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < seq; ++i)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t d = 0; d < width; ++d) {
+          const size_t sm = static_cast<size_t>(((b * seq + i) * heads + h) * width + d);
+          const size_t hm = static_cast<size_t>(((b * heads + h) * seq + i) * width + d);
+          if (to_head_major) out[hm] = x[sm];
+          else out[sm] = x[hm];
+        }
+  return out;
+}
+
+}  // namespace
+
 TEST_CASE("the plan executor matches the reference (float32 tolerance)", "[plan][executor][property]") {
+  const auto variants = simd_variants();
   CaseGenerator gen(4242);
   for (int n = 0; n < 300; ++n) {
     const auto c = gen.next();
     const TileConfig tiles = random_tiles(gen);
     const DynamicLayout* dyn = c.dynamic ? &*c.dynamic : nullptr;
-    INFO("case " << n << "\n" << describe(c, tiles));
     const Shape& s = c.shape;
     const auto q = random_tensor(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim), 10 * n + 1);
     const auto k = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 10 * n + 2);
     const auto v = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 10 * n + 3);
     const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn);
-    const ExecutorOutput got = execute_plan(plan, c.pattern, q.data(), k.data(), v.data(), dyn, 1);
     const ReferenceOutput want = reference_attention(c.pattern, s, q.data(), k.data(), v.data(), dyn, 1);
-    for (size_t x = 0; x < want.lse.size(); ++x) {
-      INFO("lse index " << x);
-      REQUIRE_FALSE(std::isnan(got.lse[x]));
-      if (std::isinf(want.lse[x])) REQUIRE(got.lse[x] == want.lse[x]);
-      else REQUIRE(got.lse[x] == Approx(want.lse[x]).epsilon(1e-5).margin(1e-5));
-    }
-    for (size_t x = 0; x < want.o.size(); ++x) {
-      INFO("o index " << x);
-      REQUIRE_FALSE(std::isnan(got.o[x]));
-      REQUIRE(got.o[x] == Approx(want.o[x]).epsilon(1e-5).margin(1e-5));
+    // Each variant, in both orders (cases alternate between them), on 1 or 2 threads.
+    for (const CpuSimd simd : variants) {
+      const bool head_major = n % 2 == 1;
+      INFO("case " << n << " (" << cpu_simd_name(simd) << (head_major ? ", head-major" : ", seq-major") << ")\n"
+                   << describe(c, tiles));
+      const ExecutorOptions opts{.threads = 1u + static_cast<unsigned>(n % 3 == 0), .simd = simd,
+                                 .order = head_major ? ExecutorOrder::HeadMajor : ExecutorOrder::SeqMajor};
+      ExecutorOutput got;
+      if (head_major) {
+        got = execute_plan(plan, c.pattern, permute(q, s.batch, s.seq_q, s.heads_q, s.head_dim, true).data(),
+                           permute(k, s.batch, s.seq_k, s.heads_kv, s.head_dim, true).data(),
+                           permute(v, s.batch, s.seq_k, s.heads_kv, s.head_dim_v, true).data(), dyn, opts);
+        got.o = permute(got.o, s.batch, s.seq_q, s.heads_q, s.head_dim_v, false);
+      } else {
+        got = execute_plan(plan, c.pattern, q.data(), k.data(), v.data(), dyn, opts);
+      }
+      for (size_t x = 0; x < want.lse.size(); ++x) {
+        INFO("lse index " << x);
+        REQUIRE_FALSE(std::isnan(got.lse[x]));
+        if (std::isinf(want.lse[x])) REQUIRE(got.lse[x] == want.lse[x]);
+        else REQUIRE(got.lse[x] == Approx(want.lse[x]).epsilon(1e-5).margin(1e-5));
+      }
+      for (size_t x = 0; x < want.o.size(); ++x) {
+        INFO("o index " << x);
+        REQUIRE_FALSE(std::isnan(got.o[x]));
+        REQUIRE(got.o[x] == Approx(want.o[x]).epsilon(1e-5).margin(1e-5));
+      }
     }
   }
 }
 
 TEST_CASE("the plan executor's backward matches the reference gradients (float32 tolerance)", "[plan][executor][grad][property]") {
+  const auto variants = simd_variants();
   CaseGenerator gen(777);
   for (int n = 0; n < 200; ++n) {
     const auto c = gen.next();
     const TileConfig tiles = random_tiles(gen);
     const DynamicLayout* dyn = c.dynamic ? &*c.dynamic : nullptr;
-    INFO("case " << n << "\n" << describe(c, tiles));
     const Shape& s = c.shape;
     const auto q = random_tensor(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim), 10 * n + 1);
     const auto k = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 10 * n + 2);
     const auto v = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 10 * n + 3);
     const auto dout = random_tensor(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v), 10 * n + 4);
     const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn);
-    const ExecutorOutput fwd = execute_plan(plan, c.pattern, q.data(), k.data(), v.data(), dyn, 1);
     const BackwardPlan bwd = lower_to_backward_plan(plan);
-    const ExecutorGradients got = execute_plan_backward(plan, bwd, c.pattern, q.data(), k.data(), v.data(), fwd.o.data(),
-                                                        fwd.lse.data(), dout.data(), dyn, 2);
     const ReferenceGradients want = reference_attention_backward(c.pattern, s, q.data(), k.data(), v.data(), dout.data(), dyn, 1);
-    auto compare = [](const char* name, const std::vector<float>& g, const std::vector<double>& w) {
-      REQUIRE(g.size() == w.size());
-      for (size_t x = 0; x < w.size(); ++x) {
-        INFO(name << " index " << x);
-        REQUIRE_FALSE(std::isnan(g[x]));
-        REQUIRE(g[x] == Approx(w[x]).epsilon(1e-4).margin(1e-4));
+    for (const CpuSimd simd : variants) {
+      const bool head_major = n % 2 == 1;
+      INFO("case " << n << " (" << cpu_simd_name(simd) << (head_major ? ", head-major" : ", seq-major") << ")\n"
+                   << describe(c, tiles));
+      const ExecutorOptions opts{.threads = 1u + static_cast<unsigned>(n % 2), .simd = simd,
+                                 .order = head_major ? ExecutorOrder::HeadMajor : ExecutorOrder::SeqMajor};
+      ExecutorGradients got;
+      if (head_major) {
+        const auto qh = permute(q, s.batch, s.seq_q, s.heads_q, s.head_dim, true);
+        const auto kh = permute(k, s.batch, s.seq_k, s.heads_kv, s.head_dim, true);
+        const auto vh = permute(v, s.batch, s.seq_k, s.heads_kv, s.head_dim_v, true);
+        const auto dh = permute(dout, s.batch, s.seq_q, s.heads_q, s.head_dim_v, true);
+        const ExecutorOutput fwd = execute_plan(plan, c.pattern, qh.data(), kh.data(), vh.data(), dyn, opts);
+        got = execute_plan_backward(plan, bwd, c.pattern, qh.data(), kh.data(), vh.data(), fwd.o.data(), fwd.lse.data(),
+                                    dh.data(), dyn, opts);
+        got.dq = permute(got.dq, s.batch, s.seq_q, s.heads_q, s.head_dim, false);
+        got.dk = permute(got.dk, s.batch, s.seq_k, s.heads_kv, s.head_dim, false);
+        got.dv = permute(got.dv, s.batch, s.seq_k, s.heads_kv, s.head_dim_v, false);
+      } else {
+        const ExecutorOutput fwd = execute_plan(plan, c.pattern, q.data(), k.data(), v.data(), dyn, opts);
+        got = execute_plan_backward(plan, bwd, c.pattern, q.data(), k.data(), v.data(), fwd.o.data(), fwd.lse.data(),
+                                    dout.data(), dyn, opts);
       }
-    };
-    compare("dq", got.dq, want.dq);
-    compare("dk", got.dk, want.dk);
-    compare("dv", got.dv, want.dv);
+      auto compare = [](const char* name, const std::vector<float>& g, const std::vector<double>& w) {
+        REQUIRE(g.size() == w.size());
+        for (size_t x = 0; x < w.size(); ++x) {
+          INFO(name << " index " << x);
+          REQUIRE_FALSE(std::isnan(g[x]));
+          REQUIRE(g[x] == Approx(w[x]).epsilon(1e-4).margin(1e-4));
+        }
+      };
+      compare("dq", got.dq, want.dq);
+      compare("dk", got.dk, want.dk);
+      compare("dv", got.dv, want.dv);
+    }
+  }
+}
+
+TEST_CASE("the plan executor: a masked pair contributes exactly nothing, whatever its value", "[plan][executor]") {
+  // Causal, 4x4 tiles: key 3 is masked for rows 0-2 inside the first (partial) tile. Its value is
+  // huge, so a masked probability that were merely tiny (exp clamps -inf to about 3e-39) would show.
+  const Pattern p = PatternBuilder().causal().branch(BranchSpec().full()).build();
+  Shape s;
+  s.seq_q = s.seq_k = 8;
+  s.heads_q = s.heads_kv = 1;
+  s.head_dim = s.head_dim_v = 4;
+  const Plan plan = lower_to_plan(p, s, TileConfig{4, 4});
+  std::vector<float> q(32, 0.25f), k(32, 0.5f), v(32, 1.0f);
+  for (int x = 0; x < 4; ++x) v[static_cast<size_t>(3 * 4 + x)] = 1e38f;
+  for (const CpuSimd simd : simd_variants()) {
+    INFO(cpu_simd_name(simd));
+    const ExecutorOutput got = execute_plan(plan, p, q.data(), k.data(), v.data(), nullptr, {.simd = simd});
+    for (size_t x = 0; x < 3 * 4; ++x) REQUIRE(got.o[x] == 1.0f);  // rows 0-2 average values that are all 1
+    const ExecutorGradients g = execute_plan_backward(plan, lower_to_backward_plan(plan), p, q.data(), k.data(), v.data(),
+                                                      got.o.data(), got.lse.data(), q.data(), nullptr, {.simd = simd});
+    for (float x : g.dq) REQUIRE(std::isfinite(x));
+  }
+}
+
+TEST_CASE("the plan executor's instruction-set choice: the knob, and a clear error for a missing variant", "[plan][executor][errors]") {
+  CHECK(cpu_simd_available(CpuSimd::Generic));
+  CHECK(cpu_simd_runs_here(CpuSimd::Generic));
+  const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
+  Shape s;
+  s.seq_q = s.seq_k = 8;
+  const Plan plan = lower_to_plan(p, s, TileConfig{4, 4});
+  const std::vector<float> x(static_cast<size_t>(8 * s.heads_q * s.head_dim), 0.5f);
+  if (!(cpu_simd_available(CpuSimd::Avx2) && cpu_simd_runs_here(CpuSimd::Avx2))) {
+    CHECK_THROWS_WITH(execute_plan(plan, p, x.data(), x.data(), x.data(), nullptr, {.simd = CpuSimd::Avx2}),
+                      Catch::Contains("ATTNJIT_CPU_SIMD") && Catch::Contains("use auto or generic"));
+  } else {
+    // Both variants give the same output on the same plan (to float32 rounding).
+    const ExecutorOutput a = execute_plan(plan, p, x.data(), x.data(), x.data(), nullptr, {.simd = CpuSimd::Generic});
+    const ExecutorOutput b = execute_plan(plan, p, x.data(), x.data(), x.data(), nullptr, {.simd = CpuSimd::Avx2});
+    for (size_t i = 0; i < a.o.size(); ++i) REQUIRE(a.o[i] == Approx(b.o[i]).epsilon(1e-6));
   }
 }
 

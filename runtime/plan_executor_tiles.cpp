@@ -1,0 +1,222 @@
+// The plan executor's tile arithmetic (plan_executor_tiles.hpp): each visited (query tile, key
+// tile) pair is two small matrix products and a vectorised softmax step, done with Eigen on
+// strided views of the [B, S, H, D] tensors (a tile's rows are affine, so a row stride describes
+// them and nothing is gathered). The order of operations is the kernels': scores, the mask on
+// partial tiles, the online-softmax update (running max, running sum, rescale) in float32.
+//
+// This file is compiled once per instruction set, with ATTNJIT_CPU_NS naming the namespace and
+// `Eigen` renamed on the command line (-DEigen=attnjit_eigen_<isa>): Eigen's templates are then
+// distinct symbols per variant, so the linker cannot hand the generic path an AVX2 instantiation.
+// Nothing here instantiates a standard-library template out of line (no containers, no threads):
+// buffers are Eigen objects, threads belong to plan_executor.cpp.
+#include <Eigen/Core>
+#include <cmath>
+#include <limits>
+
+#include "runtime/plan_executor_tiles.hpp"
+
+#ifndef ATTNJIT_CPU_NS
+#error "ATTNJIT_CPU_NS names the instruction-set variant (CMakeLists.txt)"
+#endif
+
+namespace attnjit {
+namespace ATTNJIT_CPU_NS {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Rows = Eigen::Map<const Matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
+using MutableRows = Eigen::Map<Matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
+using Column = Eigen::Map<const Eigen::ArrayXf, Eigen::Unaligned, Eigen::InnerStride<>>;
+
+// The rows `map` of head `head`, batch b, as a (rows x width) matrix.
+template <typename View, typename T>
+View rows_of(T* base, const RowLayout& at, int64_t b, int64_t head, int64_t width, const RowMap& map) {
+  T* first = base + (b * at.batch + map.start * at.pos + head * at.head) * width;
+  return View(first, map.count, width, Eigen::OuterStride<>(map.stride * at.pos * width));
+}
+
+// A per-row statistic of `map` in a [B, heads, seq] tensor (the LSE, D).
+Column row_values(const float* base, int64_t b, int64_t seq, int64_t heads, int64_t head, const RowMap& map) {
+  return Column(base + (b * heads + head) * seq + map.start, map.count, Eigen::InnerStride<>(map.stride));
+}
+
+// The mask of a partial tile: keep(r, c) = 1 where the pair is attended, else 0, and the score of
+// a removed pair becomes -inf (so the row max ignores it). Eigen's exp clamps its argument (exp(-inf)
+// comes out as about 3e-39, not 0), so probabilities are multiplied by `keep` after the exp.
+void apply_mask(const ExecutorJob& job, int32_t branch, int32_t head, const RowMap& rows, const RowMap& keys, Matrix& s,
+                Matrix& keep) {
+  const Shape& sh = job.plan->shape;
+  keep.resize(rows.count, keys.count);
+  for (int64_t r = 0; r < rows.count; ++r) {
+    const int64_t qpos = sh.q_offset + rows.at(r);
+    for (int64_t c = 0; c < keys.count; ++c) {
+      const bool allowed = partial_tile_allows(*job.pattern, branch, head, qpos, sh.k_offset + keys.at(c), job.dynamic);
+      keep(r, c) = allowed ? 1.0f : 0.0f;
+      if (!allowed) s(r, c) = kNegInf;
+    }
+  }
+}
+
+// One query tile's running state and its scratch, reused across the units a worker takes.
+struct ForwardState {
+  Matrix scores, keep, acc;
+  Eigen::ArrayXf m, l;
+};
+
+void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, ForwardState& st) {
+  const Plan& plan = *job.plan;
+  const Shape& s = plan.shape;
+  const int64_t n = item.rows.count, kvh = item.head / (s.heads_q / s.heads_kv);
+  const float scale = static_cast<float>(plan.softmax_scale);
+  const Rows q = rows_of<Rows>(job.q, job.q_layout, b, item.head, s.head_dim, item.rows);
+  st.acc.setZero(n, s.head_dim_v);
+  st.m.setConstant(n, kNegInf);
+  st.l.setZero(n);
+  for (int64_t sp = item.span_begin; sp < item.span_end; ++sp) {
+    const KeySpan& span = plan.spans[static_cast<size_t>(sp)];
+    for_each_visited_tile(plan, span, [&](int32_t t, bool full) {
+      const RowMap keys = tile_keys(span, t, plan.tiles.tile_k);
+      const Rows k = rows_of<Rows>(job.k, job.k_layout, b, kvh, s.head_dim, keys);
+      const Rows v = rows_of<Rows>(job.v, job.k_layout, b, kvh, s.head_dim_v, keys);
+      st.scores.resize(n, keys.count);
+      st.scores.noalias() = q * k.transpose();  // unscaled: the scale is applied inside the exp
+      if (!full) apply_mask(job, span.branch, item.head, item.rows, keys, st.scores, st.keep);
+      // The online-softmax step, a row at a time (rows are contiguous, so Eigen vectorises exp). A
+      // row that has seen no key yet (max -inf) keeps its empty state. scale > 0, so max(scale s)
+      // = scale max(s).
+      for (int64_t r = 0; r < n; ++r) {
+        auto row = st.scores.row(r).array();
+        const float tile_max = scale * row.maxCoeff();
+        const float m_new = st.m(r) > tile_max ? st.m(r) : tile_max;
+        if (m_new == kNegInf) {
+          row.setZero();
+          continue;
+        }
+        row = (row * scale - m_new).exp();
+        if (!full) row *= st.keep.row(r).array();
+        if (m_new != st.m(r)) {
+          const float alpha = std::exp(st.m(r) - m_new);
+          st.l(r) *= alpha;
+          st.acc.row(r) *= alpha;
+          st.m(r) = m_new;
+        }
+        st.l(r) += row.sum();
+      }
+      st.acc.noalias() += st.scores * v;
+    });
+  }
+  // The epilogue: O = acc / l (scaled under head_groups), LSE = m + log l; empty rows 0 and -inf.
+  MutableRows o = rows_of<MutableRows>(job.o, job.q_layout, b, item.head, s.head_dim_v, item.rows);
+  float* lse = job.lse_out + (b * s.heads_q + item.head) * s.seq_q;
+  for (int64_t r = 0; r < n; ++r) {
+    const float l = st.l(r);
+    if (l == 0.0f) {
+      o.row(r).setZero();
+      lse[item.rows.at(r)] = kNegInf;
+    } else {
+      o.row(r) = st.acc.row(r) * (static_cast<float>(plan.output_scale) / l);
+      lse[item.rows.at(r)] = st.m(r) + std::log(l);
+    }
+  }
+}
+
+// P and dS of one (query rows, key rows) pair of tiles: S = scale Q K^T (masked), P = exp(S - LSE)
+// (0 where masked or where the row attends nothing), dP = dO V^T, dS = scale P (f dP - D).
+struct BackwardScratch {
+  Matrix p, ds, keep;
+};
+
+void probabilities_and_ds(const ExecutorJob& job, int64_t b, int32_t head, int64_t kvh, int32_t branch, const RowMap& rows,
+                          const RowMap& keys, bool full, BackwardScratch& sc) {
+  const Plan& plan = *job.plan;
+  const Shape& s = plan.shape;
+  const float scale = static_cast<float>(plan.softmax_scale), f = static_cast<float>(plan.output_scale);
+  const Rows q = rows_of<Rows>(job.q, job.q_layout, b, head, s.head_dim, rows);
+  const Rows dout = rows_of<Rows>(job.dout, job.q_layout, b, head, s.head_dim_v, rows);
+  const Rows k = rows_of<Rows>(job.k, job.k_layout, b, kvh, s.head_dim, keys);
+  const Rows v = rows_of<Rows>(job.v, job.k_layout, b, kvh, s.head_dim_v, keys);
+  const Column lse = row_values(job.lse, b, s.seq_q, s.heads_q, head, rows);
+  const Column delta = row_values(job.delta, b, s.seq_q, s.heads_q, head, rows);
+  sc.p.resize(rows.count, keys.count);
+  sc.p.noalias() = q * k.transpose();  // unscaled: the scale is applied inside the exp
+  if (!full) apply_mask(job, branch, head, rows, keys, sc.p, sc.keep);
+  for (int64_t r = 0; r < rows.count; ++r) {
+    auto row = sc.p.row(r).array();
+    if (lse(r) == kNegInf) {
+      row.setZero();  // the row attends nothing
+      continue;
+    }
+    row = (row * scale - lse(r)).exp();
+    if (!full) row *= sc.keep.row(r).array();
+  }
+  sc.ds.resize(rows.count, keys.count);
+  sc.ds.noalias() = dout * v.transpose();
+  for (int64_t r = 0; r < rows.count; ++r) {
+    sc.ds.row(r).array() = sc.p.row(r).array() * (sc.ds.row(r).array() * f - delta(r)) * scale;
+  }
+}
+
+}  // namespace
+
+void forward_worker(const ExecutorJob& job, std::atomic<int64_t>& next) {
+  const Plan& plan = *job.plan;
+  const int64_t n_items = static_cast<int64_t>(plan.items.size()), units = plan.shape.batch * n_items;
+  ForwardState st;
+  for (int64_t u; (u = next++) < units;) forward_item(job, plan.items[static_cast<size_t>(u % n_items)], u / n_items, st);
+}
+
+void dq_worker(const ExecutorJob& job, std::atomic<int64_t>& next) {
+  const Plan& plan = *job.plan;
+  const Shape& s = plan.shape;
+  const int64_t n_items = static_cast<int64_t>(plan.items.size()), units = s.batch * n_items;
+  BackwardScratch sc;
+  Matrix dq_tile;
+  for (int64_t u; (u = next++) < units;) {
+    const WorkItem& item = plan.items[static_cast<size_t>(u % n_items)];
+    const int64_t b = u / n_items, kvh = item.head / (s.heads_q / s.heads_kv);
+    dq_tile.setZero(item.rows.count, s.head_dim);
+    for (int64_t sp = item.span_begin; sp < item.span_end; ++sp) {
+      const KeySpan& span = plan.spans[static_cast<size_t>(sp)];
+      for_each_visited_tile(plan, span, [&](int32_t t, bool full) {
+        const RowMap keys = tile_keys(span, t, plan.tiles.tile_k);
+        probabilities_and_ds(job, b, item.head, kvh, span.branch, item.rows, keys, full, sc);
+        dq_tile.noalias() += sc.ds * rows_of<Rows>(job.k, job.k_layout, b, kvh, s.head_dim, keys);
+      });
+    }
+    // A query tile owns its rows: no other unit writes them.
+    rows_of<MutableRows>(job.dq, job.q_layout, b, item.head, s.head_dim, item.rows) += dq_tile;
+  }
+}
+
+void dkdv_worker(const ExecutorJob& job, std::atomic<int64_t>& next) {
+  const Plan& plan = *job.plan;
+  const BackwardPlan& bwd = *job.bwd;
+  const Shape& s = plan.shape;
+  const float f = static_cast<float>(plan.output_scale);
+  const int64_t units = s.batch * s.heads_kv;
+  BackwardScratch sc;
+  Matrix dk_tile, dv_tile;
+  for (int64_t u; (u = next++) < units;) {
+    const int64_t b = u / s.heads_kv, kvh = u % s.heads_kv;
+    // Key items of one kv head may share rows (overlapping branches): this unit adds them in order.
+    for (const KeyItem& item : bwd.items) {
+      if (item.kv_head != kvh) continue;
+      dk_tile.setZero(item.keys.count, s.head_dim);
+      dv_tile.setZero(item.keys.count, s.head_dim_v);
+      for (int64_t e = item.entry_begin; e < item.entry_end; ++e) {
+        const QueryEntry& qe = bwd.entries[static_cast<size_t>(e)];
+        probabilities_and_ds(job, b, qe.head, kvh, qe.branch, qe.rows, item.keys, qe.full, sc);
+        dk_tile.noalias() += sc.ds.transpose() * rows_of<Rows>(job.q, job.q_layout, b, qe.head, s.head_dim, qe.rows);
+        dv_tile.noalias() +=
+            f * (sc.p.transpose() * rows_of<Rows>(job.dout, job.q_layout, b, qe.head, s.head_dim_v, qe.rows));
+      }
+      rows_of<MutableRows>(job.dk, job.k_layout, b, kvh, s.head_dim, item.keys) += dk_tile;
+      rows_of<MutableRows>(job.dv, job.k_layout, b, kvh, s.head_dim_v, item.keys) += dv_tile;
+    }
+  }
+}
+
+}  // namespace ATTNJIT_CPU_NS
+}  // namespace attnjit

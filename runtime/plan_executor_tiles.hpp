@@ -1,0 +1,51 @@
+// The plan executor's tile arithmetic, compiled once per CPU instruction set (CMakeLists.txt:
+// runtime/plan_executor_tiles.cpp becomes attnjit::cpu_generic and, on x86-64, attnjit::cpu_avx2
+// with -mavx2 -mfma). plan_executor.cpp owns the outputs and the threads and picks the variant at
+// run time (ATTNJIT_CPU_SIMD); a worker takes work units from the shared counter until none is left.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "compiler/plan.hpp"
+#include "compiler/plan_backward.hpp"
+
+namespace attnjit {
+
+// Where row (batch b, position i, head h) of a tensor starts, in rows of its width (head_dim or
+// head_dim_v): b * batch + i * pos + h * head. [B, S, H, D] is {S * H, H, 1}; [B, H, S, D] is {H * S, 1, S}.
+struct RowLayout {
+  int64_t batch = 0, pos = 0, head = 0;
+};
+
+// Everything a worker reads and writes. q/o/dout/dq follow `q_layout`, k/v/dk/dv `k_layout`;
+// lse/delta are [B, Hq, Sq].
+struct ExecutorJob {
+  RowLayout q_layout, k_layout;
+  const Plan* plan = nullptr;
+  const BackwardPlan* bwd = nullptr;  // backward only
+  const Pattern* pattern = nullptr;
+  const DynamicLayout* dynamic = nullptr;
+  const float *q = nullptr, *k = nullptr, *v = nullptr;
+  const float *lse = nullptr, *dout = nullptr, *delta = nullptr;  // backward inputs
+  float *o = nullptr, *lse_out = nullptr;                         // forward outputs
+  float *dq = nullptr, *dk = nullptr, *dv = nullptr;              // backward outputs (zeroed by the caller)
+};
+
+#define ATTNJIT_DECLARE_EXECUTOR_TILES(NS)                                                          \
+  namespace NS {                                                                                    \
+  /* Units (batch, work item): u = b * items + item. Writes O and the LSE of the item's rows. */    \
+  void forward_worker(const ExecutorJob& job, std::atomic<int64_t>& next);                          \
+  /* Units (batch, work item) of the forward plan: dQ of the item's rows. */                        \
+  void dq_worker(const ExecutorJob& job, std::atomic<int64_t>& next);                               \
+  /* Units (batch, kv head): adds dK and dV of that head's key items, one item after another. */    \
+  void dkdv_worker(const ExecutorJob& job, std::atomic<int64_t>& next);                             \
+  }
+
+ATTNJIT_DECLARE_EXECUTOR_TILES(cpu_generic)
+#if defined(ATTNJIT_HAVE_CPU_AVX2)
+ATTNJIT_DECLARE_EXECUTOR_TILES(cpu_avx2)
+#endif
+#undef ATTNJIT_DECLARE_EXECUTOR_TILES
+
+}  // namespace attnjit
