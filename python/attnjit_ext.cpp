@@ -29,7 +29,9 @@
 #include "compiler/plan.hpp"
 #include "compiler/plan_backward.hpp"
 #include "compiler/spec_json.hpp"
+#include "compiler/tuning_db.hpp"
 #include "runtime/cuda_probe.hpp"
+#include "runtime/plan_executor.hpp"
 #include "runtime/reference.hpp"
 
 namespace nb = nanobind;
@@ -134,7 +136,7 @@ void forward(const std::string& spec, const std::string& device, int index, cons
 void backward(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
               const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq,
               const Tensor& dk, const Tensor& dv, int64_t q_offset, int64_t k_offset, uintptr_t stream,
-              bool deterministic, const DynamicArg& dynamic) {
+              bool deterministic, const DynamicArg& dynamic, uintptr_t workspace, size_t workspace_bytes) {
   const DType dt = parse_dtype(dtype);
   const Problem pb = problem_of(q, k, v, dt);
   const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
@@ -143,9 +145,17 @@ void backward(const std::string& spec, const std::string& device, int index, con
   fo.q_offset = q_offset, fo.k_offset = k_offset, fo.stream = reinterpret_cast<void*>(stream);
   fo.dynamic_layout = dyn ? &*dyn : nullptr;
   fo.deterministic = deterministic;
+  fo.workspace = reinterpret_cast<void*>(workspace), fo.workspace_bytes = workspace_bytes;
   nb::gil_scoped_release release;
   op.backward(view(q, dt), view(k, dt), view(v, dt), view(o, dt), view(lse, DType::F32), view(dout, dt), view(dq, dt),
               view(dk, dt), view(dv, dt), fo);
+}
+
+// The scratch bytes backward() needs on this device (0 on the CPU): Python allocates them from
+// PyTorch's caching allocator and passes them as `workspace`.
+size_t backward_workspace_bytes(const std::string& spec, const std::string& device, int index, const std::string& dtype,
+                                const Tensor& q, const Tensor& k, const Tensor& v) {
+  return prepared(spec, device_of(device, index), problem_of(q, k, v, parse_dtype(dtype))).backward_workspace_bytes();
 }
 
 Shape shape_of(int64_t batch, int64_t seq_q, int64_t seq_k, int64_t heads_q, int64_t heads_kv, int64_t d, int64_t dv,
@@ -300,6 +310,8 @@ nb::dict info() {
   d["version"] = ATTNJIT_VERSION;
   d["nvrtc_version"] = nvrtc_available() ? nvrtc_version() : std::string("none");
   d["cache_dir"] = knobs().cache_dir;
+  d["shipped_db_dir"] = shipped_db_dir();  // "" when ATTNJIT_SHIPPED_DB_DIR=none
+  d["cpu_executor"] = std::string(cpu_simd_name(cpu_simd_selected()));
   const DriverProbe probe = probe_cuda_driver();
   d["cuda_driver"] = probe.loaded ? std::to_string(probe.driver_version) : std::string("none: ") + probe.problem;
   nb::list gpus;
@@ -337,6 +349,7 @@ NB_MODULE(_attnjit, m) {
   m.def("stats", &stats);
   m.def("mask", &mask);
   m.def("info", &info);
+  m.def("backward_workspace_bytes", &backward_workspace_bytes);
   m.def("dump", &dump);
   m.def("precompile", &precompile);
 }

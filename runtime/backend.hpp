@@ -56,6 +56,7 @@ public:
   virtual std::string kernel_name() const = 0;
   virtual TileConfig tiles() const = 0;   // the plan's tiles must be the kernel's
   virtual int alignment() const = 0;      // bytes the kernel's loads need
+  virtual size_t backward_workspace_bytes() const { return 0; }  // scratch of one backward (ForwardOptions::workspace)
 };
 
 struct PreparedState {

@@ -1,7 +1,7 @@
 // A CUDA device: generate and load the kernel once, upload each plan's tables once, launch on the
 // caller's stream. Every pointer is checked to be device memory of this device before a launch.
 // The backward kernels are compiled and their tables uploaded on the first backward call; their
-// workspaces come from the stream-ordered pool.
+// workspaces come from the caller (ForwardOptions::workspace) or the stream-ordered pool.
 #include <cmath>
 
 #include "compiler/device_plan.hpp"
@@ -39,18 +39,38 @@ struct GpuBackwardTables {
   int32_t num_key_items = 0;
 };
 
-// Stream-ordered workspace, freed on the same stream when it goes out of scope.
+// The backward's scratch: D [B, Hq, Sq], then the fp32 dK and dV accumulators, each region
+// 256-byte aligned.
+struct BackwardScratch {
+  size_t delta = 0, dk = 0, dv = 0;  // region offsets
+  size_t dk_bytes = 0, dv_bytes = 0, total = 0;
+  explicit BackwardScratch(const Problem& pb) {
+    auto round = [](size_t n) { return (n + 255) / 256 * 256; };
+    dk_bytes = size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim) * 4;
+    dv_bytes = size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim_v) * 4;
+    dk = round(size_t(pb.batch * pb.heads_q * pb.seq_q) * 4);
+    dv = dk + round(dk_bytes);
+    total = dv + round(dv_bytes);
+  }
+};
+
+// Stream-ordered workspace, freed on the same stream when it goes out of scope; or the caller's.
 class Workspace {
 public:
-  Workspace(size_t bytes, CUstream s, const std::string& what) : stream_(s), ptr_(alloc_async(std::max<size_t>(bytes, 16), s, what)) {}
-  ~Workspace() { free_async(ptr_, stream_); }
+  Workspace(size_t bytes, CUstream s, void* caller)
+      : stream_(s), ptr_(caller ? reinterpret_cast<CUdeviceptr>(caller) : alloc_async(std::max<size_t>(bytes, 16), s, "backward workspace")),
+        owned_(caller == nullptr) {}
+  ~Workspace() {
+    if (owned_) free_async(ptr_, stream_);
+  }
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
-  float* get() const { return reinterpret_cast<float*>(ptr_); }
+  float* at(size_t offset) const { return reinterpret_cast<float*>(ptr_ + offset); }
 
 private:
   CUstream stream_;
   CUdeviceptr ptr_;
+  bool owned_;
 };
 
 class CudaBackend final : public Backend {
@@ -129,19 +149,25 @@ public:
     }));
     const Problem& pb = problem_;
     const CUstream stream = static_cast<CUstream>(options.stream);
-    const size_t dk_bytes = size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim) * 4;
-    const size_t dv_bytes = size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim_v) * 4;
-    Workspace delta(size_t(pb.batch * pb.heads_q * pb.seq_q) * 4, stream, "backward D workspace");
-    Workspace dk_acc(dk_bytes, stream, "backward dK workspace"), dv_acc(dv_bytes, stream, "backward dV workspace");
-    memset_d8_async(reinterpret_cast<CUdeviceptr>(dk_acc.get()), 0, dk_bytes, stream);
-    memset_d8_async(reinterpret_cast<CUdeviceptr>(dv_acc.get()), 0, dv_bytes, stream);
+    const BackwardScratch layout(pb);
+    if (options.workspace) {
+      TensorView w;
+      w.data = options.workspace;
+      check_device_memory({{"workspace", &w}});
+    }
+    const Workspace ws(layout.total, stream, options.workspace);
+    float* const delta = ws.at(layout.delta);
+    float* const dk_acc = ws.at(layout.dk);
+    float* const dv_acc = ws.at(layout.dv);
+    memset_d8_async(reinterpret_cast<CUdeviceptr>(dk_acc), 0, layout.dk_bytes, stream);
+    memset_d8_async(reinterpret_cast<CUdeviceptr>(dv_acc), 0, layout.dv_bytes, stream);
     const GpuTables& f = t.query_major;
     const KernelTables tables{reinterpret_cast<const DeviceItem*>(f.items.get()), reinterpret_cast<const DeviceSpan*>(f.spans.get()),
                               reinterpret_cast<const int32_t*>(f.entries.get()), reinterpret_cast<const int64_t*>(f.dyn_rows.get()),
                               reinterpret_cast<const int32_t*>(f.dyn_cols.get()), f.num_items, f.dyn_q_blocks, f.dyn_heads};
     const BackwardTables bt{reinterpret_cast<const DeviceKeyItem*>(t.key_items.get()),
-                            reinterpret_cast<const DeviceQueryEntry*>(t.query_entries.get()), t.num_key_items, delta.get(),
-                            dk_acc.get(), dv_acc.get()};
+                            reinterpret_cast<const DeviceQueryEntry*>(t.query_entries.get()), t.num_key_items, delta, dk_acc,
+                            dv_acc};
     KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, q, k, v, o, lse, dout, dq, dk, dv, options);
     void* args[] = {&bp};
     const BackwardGrids g = backward_grids(pb, bwd_, size_t(f.num_items), plans.key_major, options.deterministic);
@@ -180,6 +206,7 @@ public:
   std::string kernel_name() const override { return source_.name; }
   TileConfig tiles() const override { return TileConfig{source_.config.tile_q, source_.config.tile_k}; }
   int alignment() const override { return source_.path == KernelPath::Sm80 ? 16 : dtype_bytes(problem_.dtype); }
+  size_t backward_workspace_bytes() const override { return BackwardScratch(problem_).total; }
 
 private:
   void check_device_memory(std::initializer_list<std::pair<const char*, const TensorView*>> tensors) const {

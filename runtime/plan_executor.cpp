@@ -28,18 +28,24 @@ bool cpu_has_avx2() {
 #endif
 }
 
-Workers workers_for(CpuSimd simd) {
+CpuSimd resolve(CpuSimd simd) {
   if (simd == CpuSimd::Auto) simd = knobs().cpu_simd;
   if (simd == CpuSimd::Auto) simd = cpu_has_avx2() ? CpuSimd::Avx2 : CpuSimd::Generic;
-  if (simd == CpuSimd::Avx2) {
-#if defined(ATTNJIT_HAVE_CPU_AVX2)
-    if (cpu_has_avx2()) return {cpu_avx2::forward_worker, cpu_avx2::dq_worker, cpu_avx2::dkdv_worker};
-#endif
+  if (simd == CpuSimd::Avx2 && !cpu_has_avx2()) {
     throw UserError("ATTNJIT_CPU_SIMD", std::string("avx2 was asked for but ") +
                                             (cpu_simd_available(CpuSimd::Avx2) ? "this CPU lacks AVX2 and FMA"
                                                                                : "this build has no AVX2 variant") +
                                             "; use auto or generic");
   }
+  return simd;
+}
+
+Workers workers_for(CpuSimd simd) {
+#if defined(ATTNJIT_HAVE_CPU_AVX2)
+  if (resolve(simd) == CpuSimd::Avx2) return {cpu_avx2::forward_worker, cpu_avx2::dq_worker, cpu_avx2::dkdv_worker};
+#else
+  resolve(simd);  // throws if Avx2 was asked for
+#endif
   return {cpu_generic::forward_worker, cpu_generic::dq_worker, cpu_generic::dkdv_worker};
 }
 
@@ -84,6 +90,8 @@ bool cpu_simd_available(CpuSimd simd) {
 }
 
 bool cpu_simd_runs_here(CpuSimd simd) { return simd == CpuSimd::Avx2 ? cpu_has_avx2() : true; }
+
+CpuSimd cpu_simd_selected() { return resolve(CpuSimd::Auto); }
 
 ExecutorOutput execute_plan(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* v,
                             const DynamicLayout* dynamic, const ExecutorOptions& options) {

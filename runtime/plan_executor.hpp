@@ -52,5 +52,8 @@ ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bw
 // Was the variant compiled into this build (Auto and Generic always are)? Does this CPU run it?
 bool cpu_simd_available(CpuSimd simd);
 bool cpu_simd_runs_here(CpuSimd simd);
+// The variant CpuSimd::Auto runs (ATTNJIT_CPU_SIMD resolved against the build and this CPU); a
+// UserError if the knob asks for one that is missing.
+CpuSimd cpu_simd_selected();
 
 }  // namespace attnjit

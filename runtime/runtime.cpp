@@ -154,6 +154,31 @@ const Pattern& Attention::pattern() const { return state_->pattern; }
 const Problem& Attention::problem() const { return state_->problem; }
 std::string Attention::kernel_name() const { return state_->backend->kernel_name(); }
 
+size_t Attention::backward_workspace_bytes() const {
+  if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
+  return state_->backend->backward_workspace_bytes();
+}
+
+namespace {
+
+// A caller's workspace: both fields or neither, aligned, large enough for this device.
+void check_workspace(const ForwardOptions& o, size_t needed) {
+  if (o.workspace == nullptr && o.workspace_bytes == 0) return;
+  if (o.workspace == nullptr) {
+    throw UserError("workspace", "is null but workspace_bytes is " + std::to_string(o.workspace_bytes) +
+                                     "; pass both (or neither, for the stream-ordered pool)");
+  }
+  if (reinterpret_cast<uintptr_t>(o.workspace) % 256 != 0) {
+    throw UserError("workspace", "must be 256-byte aligned (device allocations are); offset it or allocate it anew");
+  }
+  if (o.workspace_bytes < needed) {
+    throw UserError("workspace", "has " + std::to_string(o.workspace_bytes) + " bytes but this backward needs " +
+                                     std::to_string(needed) + " (Attention::backward_workspace_bytes())");
+  }
+}
+
+}  // namespace
+
 void Attention::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                         const TensorView* lse, const ForwardOptions& options) {
   if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
@@ -167,6 +192,7 @@ void Attention::backward(const TensorView& q, const TensorView& k, const TensorV
                          const TensorView& dv, const ForwardOptions& options) {
   if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
   check_backward_inputs(state_->problem, q, k, v, o, lse, dout, dq, dk, dv, state_->backend->alignment());
+  check_workspace(options, state_->backend->backward_workspace_bytes());
   const std::shared_ptr<PlanEntry> entry = plan_for(*state_, options);
   ForwardOptions o2 = options;
   o2.deterministic = options.deterministic || knobs().deterministic;

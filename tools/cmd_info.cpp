@@ -7,6 +7,7 @@
 #include "compiler/nvrtc_compiler.hpp"
 
 #include "runtime/cuda_probe.hpp"
+#include "runtime/plan_executor.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
 
@@ -23,6 +24,7 @@ void register_info(CLI::App& app, int& rc) {
       const CacheStats cs = cache.stats();
       std::cout << "kernel cache: " << (cache.disk_enabled() ? cache.dir() : "memory only") << " (" << cs.entries
                 << " entries, " << cs.bytes << " bytes)\n";
+      std::cout << "cpu executor: " << cpu_simd_name(cpu_simd_selected()) << "\n";
       std::cout << "knobs:\n";
       std::istringstream lines(knobs().describe());
       for (std::string line; std::getline(lines, line);) std::cout << "  " << line << "\n";

@@ -9,18 +9,28 @@ Importing needs no GPU, no CUDA driver and no PyTorch (numpy arrays work on the 
 tensors run the generated kernels, CPU tensors the plan executor, float64 CPU tensors the exact
 float64 reference.
 """
-from ._attnjit import AttnjitError, PatternError
-from ._pattern import Pattern
-from ._attention import attention
-from ._tools import dump, precompile
-from . import _attnjit
+import os as _os
+
+# A wheel carries the shipped tuning databases in attnjit/autotune_db/; the folder compiled into
+# the extension is the build's source tree, which an installed package no longer has. Set before
+# the extension first reads its knobs; an explicit ATTNJIT_SHIPPED_DB_DIR wins.
+_shipped = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "autotune_db")
+if not _os.environ.get("ATTNJIT_SHIPPED_DB_DIR") and _os.path.isdir(_shipped):
+    _os.environ["ATTNJIT_SHIPPED_DB_DIR"] = _shipped
+
+from ._attnjit import AttnjitError, PatternError  # noqa: E402
+from ._pattern import Pattern  # noqa: E402
+from ._attention import attention  # noqa: E402
+from ._tools import dump, precompile  # noqa: E402
+from . import _attnjit  # noqa: E402
 
 __version__ = _attnjit.info()["version"]
 __all__ = ["AttnjitError", "PatternError", "Pattern", "attention", "dump", "info", "nn", "precompile"]
 
 
 def info():
-    """The version, the NVRTC version, the kernel cache directory and the CUDA driver and GPUs seen."""
+    """The version, the NVRTC version, the kernel cache directory, the shipped tuning databases'
+    folder, the CPU executor's instruction set, and the CUDA driver and GPUs seen."""
     return _attnjit.info()
 
 

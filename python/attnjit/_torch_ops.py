@@ -97,8 +97,13 @@ def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: to
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     device, index, stream = _device(q)
+    # CUDA: the backward's scratch (D and the fp32 dK/dV accumulators) comes from PyTorch's caching
+    # allocator on the current stream, like any other op's, so CUDA graphs and memory stats see it.
+    ws_bytes = _attnjit.backward_workspace_bytes(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v))
+    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device) if ws_bytes else None
     _attnjit.backward(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v), _desc(o), _desc(lse),
-                      _desc(dout), _desc(dq), _desc(dk), _desc(dv), q_offset, k_offset, stream, False, dyn)
+                      _desc(dout), _desc(dq), _desc(dk), _desc(dv), q_offset, k_offset, stream, False, dyn,
+                      ws.data_ptr() if ws is not None else 0, ws_bytes)
     return dq, dk, dv
 
 

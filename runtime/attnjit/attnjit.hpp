@@ -59,6 +59,12 @@ struct ForwardOptions {
   // backward(): bitwise-reproducible gradients (dK/dV added layer by layer, no atomics). Also the
   // ATTNJIT_DETERMINISTIC knob. dQ never uses atomics.
   bool deterministic = false;
+  // backward() scratch memory from the caller (e.g. PyTorch's caching allocator) instead of the
+  // driver's stream-ordered pool: device memory of the runtime's GPU, 256-byte aligned, at least
+  // Attention::backward_workspace_bytes() bytes, not used by other work on the stream until the
+  // backward's kernels have run. Null: the pool. The CPU and emu devices need none.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 struct RuntimeOptions {
@@ -94,6 +100,9 @@ public:
   const Problem& problem() const;
   // The generated kernel's name, or "cpu plan executor".
   std::string kernel_name() const;
+  // The scratch bytes backward() needs on this device (0 on the CPU and emu devices): the size of
+  // ForwardOptions::workspace when the caller supplies it.
+  size_t backward_workspace_bytes() const;
 
 private:
   friend class Runtime;

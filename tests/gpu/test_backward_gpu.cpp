@@ -80,7 +80,7 @@ std::vector<float> rounded(std::vector<float> x, DType dt) { return decode(encod
 // "" when dQ, dK, dV match the reference, else the first problem. `bytes` receives the gradients'
 // bytes (dq, dk, dv in turn) when given.
 std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType dt, const DynamicLayout* dyn, uint64_t seed,
-                           bool deterministic = false, std::vector<uint8_t>* bytes = nullptr) {
+                           bool deterministic = false, std::vector<uint8_t>* bytes = nullptr, bool caller_workspace = false) {
   const size_t nq = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim), nk = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim),
                nv = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), no = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim_v);
   const std::vector<float> q = rounded(testing::random_tensor(nq, seed), dt), k = rounded(testing::random_tensor(nk, seed + 1), dt),
@@ -102,6 +102,11 @@ std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType 
   ForwardOptions fo;
   fo.q_offset = s.q_offset, fo.k_offset = s.k_offset, fo.dynamic_layout = dyn, fo.deterministic = deterministic;
   op.forward(view(*mq, dt, qs), view(*mk, dt, ks), view(*mv, dt, vs), view(*mo, dt, os), &lse, fo);
+  std::unique_ptr<Mem> workspace;
+  if (caller_workspace && op.backward_workspace_bytes() > 0) {
+    workspace = std::make_unique<Mem>(op.backward_workspace_bytes());
+    fo.workspace = workspace->data(), fo.workspace_bytes = op.backward_workspace_bytes();
+  }
   op.backward(view(*mq, dt, qs), view(*mk, dt, ks), view(*mv, dt, vs), view(*mo, dt, os), lse, view(*mdo, dt, os),
               view(*mdq, dt, qs), view(*mdk, dt, ks), view(*mdv, dt, vs), fo);
   if (on_gpu()) synchronize(nullptr, "after backward");
@@ -208,6 +213,49 @@ TEST_CASE("backward: rows that attend nothing give and get no gradient (never Na
     s.k_offset = 70;
     INFO(to_string(dt) << " head_dim " << d);
     CHECK(check_backward(rt, p, s, dt, nullptr, 77) == "");
+  }
+}
+
+TEST_CASE("backward: a caller's workspace gives the same bits as the pool's; a wrong one is a clear error", "[gpu][emu][grad][workspace]") {
+  if (on_gpu()) shared_context(0).make_current();
+  RuntimeOptions ro;
+  ro.device = device_under_test();
+  Runtime rt(ro);
+  const Pattern p = load_spec_file(std::string(ATTNJIT_EXAMPLES_DIR) + "/longnet.json");
+  Shape s;
+  s.seq_q = s.seq_k = on_gpu() ? 4096 : 256, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 64;
+  std::vector<uint8_t> pool, caller;
+  CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 5, true, &pool) == "");
+  CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 5, true, &caller, true) == "");
+  CHECK(pool == caller);
+  Attention op = rt.prepare(p, Problem{1, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, 64, 64, DType::BF16});
+  const size_t need = op.backward_workspace_bytes();
+  if (on_gpu()) CHECK(need >= size_t(s.seq_k * s.heads_kv * 64) * 8);  // at least the fp32 dK and dV accumulators
+  else CHECK(need == 0);                                                // the emulator and the CPU need none
+  // The errors are checked before anything runs, so the tensors may be anything of the right shape.
+  std::vector<std::unique_ptr<Mem>> mems;
+  auto tensor = [&](DType t, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    mems.push_back(std::make_unique<Mem>(size_t(n) * size_t(dtype_bytes(t))));
+    return TensorView::contiguous(mems.back()->data(), t, std::move(shape));
+  };
+  const std::vector<int64_t> qs{1, s.seq_q, s.heads_q, 64}, ks{1, s.seq_k, s.heads_kv, 64};
+  const TensorView q = tensor(DType::BF16, qs), k = tensor(DType::BF16, ks), v = tensor(DType::BF16, ks),
+                   o = tensor(DType::BF16, qs), dout = tensor(DType::BF16, qs), dq = tensor(DType::BF16, qs),
+                   dk = tensor(DType::BF16, ks), dv = tensor(DType::BF16, ks),
+                   lse = tensor(DType::F32, {1, s.heads_q, s.seq_q});
+  Mem ws(need + 512);
+  ForwardOptions fo;
+  fo.workspace_bytes = 1024;
+  CHECK_THROWS_WITH(op.backward(q, k, v, o, lse, dout, dq, dk, dv, fo), Catch::Contains("workspace: is null but workspace_bytes is 1024"));
+  char* const base = static_cast<char*>(ws.data());
+  char* const aligned = base + (256 - reinterpret_cast<uintptr_t>(base) % 256) % 256;
+  fo.workspace = aligned + 16;
+  CHECK_THROWS_WITH(op.backward(q, k, v, o, lse, dout, dq, dk, dv, fo), Catch::Contains("workspace: must be 256-byte aligned"));
+  if (on_gpu()) {
+    fo.workspace = aligned, fo.workspace_bytes = need - 1;
+    CHECK_THROWS_WITH(op.backward(q, k, v, o, lse, dout, dq, dk, dv, fo), Catch::Contains("bytes but this backward needs " + std::to_string(need)));
   }
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `pip wheel .` from the repository root builds a wheel (C++ library + extension) that installs on
-# its own and imports without a GPU, a CUDA driver or PyTorch; one numpy call runs through it.
+# its own and imports without a GPU, a CUDA driver or PyTorch; one numpy call runs through it, and
+# the shipped tuning databases inside it are the ones the package uses.
 # Usage: check_wheel.sh ROOT [PYTHON]
 set -euo pipefail
 root="$1"
@@ -21,5 +22,13 @@ p = attnjit.Pattern.load(sys.argv[1] + "/examples/longnet.json")
 q = np.random.default_rng(0).standard_normal((1, 64, 2, 16)).astype(np.float32)
 o = attnjit.attention(q, q, q, p)
 assert o.shape == (1, 64, 2, 16) and np.isfinite(o).all()
+# The shipped tuning databases came with the wheel and are the ones in use.
+import os
+info = attnjit.info()
+shipped = os.path.join(os.path.dirname(attnjit.__file__), "autotune_db")
+assert info["shipped_db_dir"] == shipped, (info["shipped_db_dir"], shipped)
+want = sorted(f for f in os.listdir(sys.argv[1] + "/autotune_db") if f.endswith(".json"))
+assert want and sorted(os.listdir(shipped)) == want, (os.listdir(shipped), want)
+assert info["cpu_executor"] in ("generic", "avx2"), info
 print("wheel ok:", attnjit.__file__, attnjit.__version__)
 PY

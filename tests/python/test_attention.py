@@ -148,6 +148,15 @@ def test_bad_inputs_name_the_argument():
         attnjit.attention(q, k, v, 42)
 
 
+def test_cpu_backward_needs_no_workspace():
+    from attnjit import _attnjit
+    from attnjit._attention import cpu_device
+    from attnjit._torch_ops import _DTYPES, _desc
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    q, k, v = inputs(1, 64, 64, 2, 2, 16)
+    assert _attnjit.backward_workspace_bytes(p.op_spec, cpu_device(), 0, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v)) == 0
+
+
 def test_the_lse_gradient_is_refused_not_ignored():
     p = attnjit.Pattern.load(EXAMPLES / "causal_local.json")
     q, k, v = inputs(1, 64, 64, 2, 2, 16, requires_grad=True)
@@ -196,6 +205,28 @@ def test_gpu_side_stream_and_cuda_graph_give_the_eager_answer():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, attnjit.attention(q2, k, v, p))
+
+
+@needs_gpu
+def test_gpu_backward_workspace_comes_from_the_caching_allocator():
+    # The backward's scratch (D and the fp32 dK/dV accumulators) is a PyTorch allocation: the peak
+    # PyTorch sees during backward covers it on top of the three gradients, and a captured
+    # backward replays to the eager gradients.
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    q, k, v = inputs(1, 2048, 2048, 4, 2, 64, dtype=torch.bfloat16, seed=9, device="cuda", requires_grad=True)
+    o = attnjit.attention(q, k, v, p)
+    do = torch.randn_like(o)
+    from attnjit import _attnjit
+    from attnjit._torch_ops import _DTYPES, _desc
+    need = _attnjit.backward_workspace_bytes(p.op_spec, "cuda", 0, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v))
+    assert need >= 2 * 2048 * 2 * 64 * 4  # fp32 dK and dV at least
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    want = torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    torch.cuda.synchronize()
+    grads_bytes = sum(g.numel() * g.element_size() for g in want)
+    assert torch.cuda.max_memory_allocated() - before >= need + grads_bytes
 
 
 @needs_gpu

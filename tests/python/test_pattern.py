@@ -1,5 +1,6 @@
 """attnjit.Pattern: loading, validation errors, canonical form and hash, stats and masks."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -137,3 +138,16 @@ def test_the_extension_exports_no_library_symbols():
     assert "PyInit__attnjit" in names
     leaked = [n for n in names if n.startswith("attnjit::") or "nlohmann" in n]
     assert leaked == [], leaked[:5]
+
+
+def test_info_names_the_shipped_databases_and_the_cpu_executor():
+    info = attnjit.info()
+    assert info["version"] == attnjit.__version__
+    assert info["cpu_executor"] in ("generic", "avx2")
+    # In the build tree the shipped databases are the source tree's autotune_db/ (compiled in),
+    # unless ATTNJIT_SHIPPED_DB_DIR says otherwise ("none": no shipped databases).
+    env = os.environ.get("ATTNJIT_SHIPPED_DB_DIR")
+    if env == "none":
+        assert info["shipped_db_dir"] == ""
+    else:
+        assert os.path.isfile(os.path.join(info["shipped_db_dir"], "NVIDIA_H100_80GB_HBM3.json")), info
