@@ -17,7 +17,7 @@ namespace {
 using Worker = void (*)(const ExecutorJob&, std::atomic<int64_t>&);
 
 struct Workers {
-  Worker forward, dq, dkdv;
+  Worker forward, dq, dkdv, fused;
 };
 
 bool cpu_has_avx2() {
@@ -42,17 +42,19 @@ CpuSimd resolve(CpuSimd simd) {
 
 Workers workers_for(CpuSimd simd) {
 #if defined(ATTNJIT_HAVE_CPU_AVX2)
-  if (resolve(simd) == CpuSimd::Avx2) return {cpu_avx2::forward_worker, cpu_avx2::dq_worker, cpu_avx2::dkdv_worker};
+  if (resolve(simd) == CpuSimd::Avx2) return {cpu_avx2::forward_worker, cpu_avx2::dq_worker, cpu_avx2::dkdv_worker, cpu_avx2::fused_worker};
 #else
   resolve(simd);  // throws if Avx2 was asked for
 #endif
-  return {cpu_generic::forward_worker, cpu_generic::dq_worker, cpu_generic::dkdv_worker};
+  return {cpu_generic::forward_worker, cpu_generic::dq_worker, cpu_generic::dkdv_worker, cpu_generic::fused_worker};
 }
+
+unsigned thread_count(unsigned threads) { return threads ? threads : std::max(1u, std::thread::hardware_concurrency()); }
 
 // Runs `worker` on up to `threads` threads (0: one per core), never more threads than units.
 void run_workers(Worker worker, const ExecutorJob& job, int64_t units, unsigned threads) {
   std::atomic<int64_t> next{0};
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = thread_count(threads);
   std::vector<std::thread> pool;
   for (unsigned t = 1; t < threads && t < units; ++t) pool.emplace_back([&] { worker(job, next); });
   worker(job, next);
@@ -138,9 +140,16 @@ ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bw
   job.q = q, job.k = k, job.v = v;
   job.lse = lse, job.dout = dout, job.delta = delta.data();
   job.dq = g.dq.data(), job.dk = g.dk.data(), job.dv = g.dv.data();
-  run_workers(w.dq, job, s.batch * static_cast<int64_t>(plan.items.size()), options.threads);
   // A (batch, kv head) unit adds the key tiles of that head one after another (they may overlap).
-  run_workers(w.dkdv, job, s.batch * s.heads_kv, options.threads);
+  const int64_t kv_units = s.batch * s.heads_kv;
+  const bool fused = options.schedule == BackwardSchedule::Fused ||
+                     (options.schedule == BackwardSchedule::Auto && kv_units >= thread_count(options.threads));
+  if (fused) {
+    run_workers(w.fused, job, kv_units, options.threads);
+  } else {
+    run_workers(w.dq, job, s.batch * static_cast<int64_t>(plan.items.size()), options.threads);
+    run_workers(w.dkdv, job, kv_units, options.threads);
+  }
   return g;
 }
 

@@ -22,11 +22,18 @@ struct ExecutorOutput {
 // CPU device converts to it). The LSE is [B, H, S] either way.
 enum class ExecutorOrder { SeqMajor, HeadMajor };
 
+// How the backward is split into parallel work: Split runs dQ over the forward plan's query tiles
+// and then dK/dV over (batch, kv head) units, as the kernels do; Fused adds dQ in the dK/dV units
+// (a unit owns every query head that reads its kv head), computing P and dS once instead of twice.
+// Auto: Fused when there are at least as many (batch, kv head) units as threads.
+enum class BackwardSchedule { Auto, Fused, Split };
+
 struct ExecutorOptions {
   unsigned threads = 0;             // 0: one per core
   CpuSimd simd = CpuSimd::Auto;     // the compiled variant of the tile arithmetic (Auto: ATTNJIT_CPU_SIMD,
                                     // by default the best this CPU runs); one this build or CPU lacks is a UserError
   ExecutorOrder order = ExecutorOrder::SeqMajor;
+  BackwardSchedule schedule = BackwardSchedule::Auto;
 };
 
 // Inputs as for reference_attention (contiguous [B, S, H, D], or [B, H, S, D] by `options`).

@@ -190,33 +190,45 @@ void dq_worker(const ExecutorJob& job, std::atomic<int64_t>& next) {
   }
 }
 
-void dkdv_worker(const ExecutorJob& job, std::atomic<int64_t>& next) {
+namespace {
+
+// dK and dV (and, with `with_dq`, dQ) of one (batch, kv head) unit.
+void dkdv_unit(const ExecutorJob& job, int64_t b, int64_t kvh, bool with_dq, BackwardScratch& sc, Matrix& dk_tile,
+               Matrix& dv_tile) {
   const Plan& plan = *job.plan;
   const BackwardPlan& bwd = *job.bwd;
   const Shape& s = plan.shape;
   const float f = static_cast<float>(plan.output_scale);
-  const int64_t units = s.batch * s.heads_kv;
-  BackwardScratch sc;
-  Matrix dk_tile, dv_tile;
-  for (int64_t u; (u = next++) < units;) {
-    const int64_t b = u / s.heads_kv, kvh = u % s.heads_kv;
-    // Key items of one kv head may share rows (overlapping branches): this unit adds them in order.
-    for (const KeyItem& item : bwd.items) {
-      if (item.kv_head != kvh) continue;
-      dk_tile.setZero(item.keys.count, s.head_dim);
-      dv_tile.setZero(item.keys.count, s.head_dim_v);
-      for (int64_t e = item.entry_begin; e < item.entry_end; ++e) {
-        const QueryEntry& qe = bwd.entries[static_cast<size_t>(e)];
-        probabilities_and_ds(job, b, qe.head, kvh, qe.branch, qe.rows, item.keys, qe.full, sc);
-        dk_tile.noalias() += sc.ds.transpose() * rows_of<Rows>(job.q, job.q_layout, b, qe.head, s.head_dim, qe.rows);
-        dv_tile.noalias() +=
-            f * (sc.p.transpose() * rows_of<Rows>(job.dout, job.q_layout, b, qe.head, s.head_dim_v, qe.rows));
-      }
-      rows_of<MutableRows>(job.dk, job.k_layout, b, kvh, s.head_dim, item.keys) += dk_tile;
-      rows_of<MutableRows>(job.dv, job.k_layout, b, kvh, s.head_dim_v, item.keys) += dv_tile;
+  // Key items of one kv head may share rows (overlapping branches): this unit adds them in order.
+  for (const KeyItem& item : bwd.items) {
+    if (item.kv_head != kvh) continue;
+    dk_tile.setZero(item.keys.count, s.head_dim);
+    dv_tile.setZero(item.keys.count, s.head_dim_v);
+    const Rows k = rows_of<Rows>(job.k, job.k_layout, b, kvh, s.head_dim, item.keys);
+    for (int64_t e = item.entry_begin; e < item.entry_end; ++e) {
+      const QueryEntry& qe = bwd.entries[static_cast<size_t>(e)];
+      probabilities_and_ds(job, b, qe.head, kvh, qe.branch, qe.rows, item.keys, qe.full, sc);
+      dk_tile.noalias() += sc.ds.transpose() * rows_of<Rows>(job.q, job.q_layout, b, qe.head, s.head_dim, qe.rows);
+      dv_tile.noalias() += f * (sc.p.transpose() * rows_of<Rows>(job.dout, job.q_layout, b, qe.head, s.head_dim_v, qe.rows));
+      if (with_dq) rows_of<MutableRows>(job.dq, job.q_layout, b, qe.head, s.head_dim, qe.rows).noalias() += sc.ds * k;
     }
+    rows_of<MutableRows>(job.dk, job.k_layout, b, kvh, s.head_dim, item.keys) += dk_tile;
+    rows_of<MutableRows>(job.dv, job.k_layout, b, kvh, s.head_dim_v, item.keys) += dv_tile;
   }
 }
+
+template <bool WithDq>
+void kv_head_units(const ExecutorJob& job, std::atomic<int64_t>& next) {
+  const Shape& s = job.plan->shape;
+  BackwardScratch sc;
+  Matrix dk_tile, dv_tile;
+  for (int64_t u; (u = next++) < s.batch * s.heads_kv;) dkdv_unit(job, u / s.heads_kv, u % s.heads_kv, WithDq, sc, dk_tile, dv_tile);
+}
+
+}  // namespace
+
+void dkdv_worker(const ExecutorJob& job, std::atomic<int64_t>& next) { kv_head_units<false>(job, next); }
+void fused_worker(const ExecutorJob& job, std::atomic<int64_t>& next) { kv_head_units<true>(job, next); }
 
 }  // namespace ATTNJIT_CPU_NS
 }  // namespace attnjit

@@ -40,6 +40,8 @@ struct ExecutorJob {
   void dq_worker(const ExecutorJob& job, std::atomic<int64_t>& next);                               \
   /* Units (batch, kv head): adds dK and dV of that head's key items, one item after another. */    \
   void dkdv_worker(const ExecutorJob& job, std::atomic<int64_t>& next);                             \
+  /* As dkdv_worker, and adds dQ too (a unit owns every query head that reads its kv head). */       \
+  void fused_worker(const ExecutorJob& job, std::atomic<int64_t>& next);                            \
   }
 
 ATTNJIT_DECLARE_EXECUTOR_TILES(cpu_generic)

@@ -239,8 +239,12 @@ TEST_CASE("the plan executor's backward matches the reference gradients (float32
       const bool head_major = n % 2 == 1;
       INFO("case " << n << " (" << cpu_simd_name(simd) << (head_major ? ", head-major" : ", seq-major") << ")\n"
                    << describe(c, tiles));
+      // Both schedules (cases alternate, independently of the order).
+      const BackwardSchedule schedule = n % 4 < 2 ? BackwardSchedule::Fused : BackwardSchedule::Split;
+      INFO((schedule == BackwardSchedule::Fused ? "fused" : "split") << " schedule");
       const ExecutorOptions opts{.threads = 1u + static_cast<unsigned>(n % 2), .simd = simd,
-                                 .order = head_major ? ExecutorOrder::HeadMajor : ExecutorOrder::SeqMajor};
+                                 .order = head_major ? ExecutorOrder::HeadMajor : ExecutorOrder::SeqMajor,
+                                 .schedule = schedule};
       ExecutorGradients got;
       if (head_major) {
         const auto qh = permute(q, s.batch, s.seq_q, s.heads_q, s.head_dim, true);
