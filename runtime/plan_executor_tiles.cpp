@@ -13,6 +13,7 @@
 #include <cmath>
 #include <limits>
 
+#include "runtime/plan_executor_exp.hpp"
 #include "runtime/plan_executor_tiles.hpp"
 
 #ifndef ATTNJIT_CPU_NS
@@ -94,15 +95,14 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
           row.setZero();
           continue;
         }
-        row = (row * scale - m_new).exp();
-        if (!full) row *= st.keep.row(r).array();
+        const float sum = exp_row(row.data(), full ? nullptr : st.keep.row(r).data(), keys.count, scale, m_new);
         if (m_new != st.m(r)) {
           const float alpha = std::exp(st.m(r) - m_new);
           st.l(r) *= alpha;
           st.acc.row(r) *= alpha;
           st.m(r) = m_new;
         }
-        st.l(r) += row.sum();
+        st.l(r) += sum;
       }
       st.acc.noalias() += st.scores * v;
     });
@@ -148,8 +148,7 @@ void probabilities_and_ds(const ExecutorJob& job, int64_t b, int32_t head, int64
       row.setZero();  // the row attends nothing
       continue;
     }
-    row = (row * scale - lse(r)).exp();
-    if (!full) row *= sc.keep.row(r).array();
+    exp_row(row.data(), full ? nullptr : sc.keep.row(r).data(), keys.count, scale, lse(r));
   }
   sc.ds.resize(rows.count, keys.count);
   sc.ds.noalias() = dout * v.transpose();

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "compiler/error.hpp"
 #include "compiler/plan.hpp"
@@ -295,6 +296,26 @@ TEST_CASE("the plan executor: a masked pair contributes exactly nothing, whateve
     const ExecutorGradients g = execute_plan_backward(plan, lower_to_backward_plan(plan), p, q.data(), k.data(), v.data(),
                                                       got.o.data(), got.lse.data(), q.data(), nullptr, {.simd = simd});
     for (float x : g.dq) REQUIRE(std::isfinite(x));
+  }
+}
+
+TEST_CASE("the plan executor: a NaN input shows in the output rows it reaches, never hidden", "[plan][executor]") {
+  // The vectorised exp clamps its argument; a NaN must come through it (and through the row max).
+  const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
+  Shape s;
+  s.seq_q = s.seq_k = 24;  // keys not a multiple of the packet width: the scalar tail too
+  s.heads_q = s.heads_kv = 1;
+  s.head_dim = s.head_dim_v = 8;
+  const Plan plan = lower_to_plan(p, s, TileConfig{8, 16});
+  std::vector<float> q(24 * 8, 0.25f), k(24 * 8, 0.5f), v(24 * 8, 1.0f);
+  q[5 * 8 + 3] = std::numeric_limits<float>::quiet_NaN();  // query row 5
+  for (const CpuSimd simd : simd_variants()) {
+    INFO(cpu_simd_name(simd));
+    const ExecutorOutput got = execute_plan(plan, p, q.data(), k.data(), v.data(), nullptr, {.simd = simd});
+    for (int64_t i = 0; i < 24; ++i) {
+      INFO("row " << i);
+      CHECK(std::isnan(got.o[static_cast<size_t>(i * 8)]) == (i == 5));
+    }
   }
 }
 
