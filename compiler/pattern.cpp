@@ -74,7 +74,7 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Explicit per_head lists must match the number of query heads.
 static void check_layout_heads(const Layout& l, const Shape& s) {
   if (l.kind == Layout::Kind::Explicit && !l.per_head.empty() && static_cast<int64_t>(l.per_head.size()) != s.heads_q) {
-    throw UserError(l.path + "/explicit/per_head", "has " + std::to_string(l.per_head.size()) +
+    throw UserError(l.path + (l.from_bitmap ? "/explicit/per_head_bitmap" : "/explicit/per_head"), "has " + std::to_string(l.per_head.size()) +
                                                        " lists but the call has " + std::to_string(s.heads_q) +
                                                        " query heads; give one list per query head");
   }
@@ -95,9 +95,9 @@ static void check_layout_blocks(const Layout& l, int64_t seq_q, int64_t seq_k) {
     }
   };
   if (l.kind == Layout::Kind::Explicit) {
-    check_pairs(l.explicit_blocks, l.path + "/explicit/blocks");
+    check_pairs(l.explicit_blocks, l.path + (l.from_bitmap ? "/explicit/bitmap" : "/explicit/blocks"));
     for (size_t h = 0; h < l.per_head.size(); ++h)
-      check_pairs(l.per_head[h], l.path + "/explicit/per_head/" + std::to_string(h));
+      check_pairs(l.per_head[h], l.path + (l.from_bitmap ? "/explicit/per_head_bitmap/" : "/explicit/per_head/") + std::to_string(h));
   }
   for (const Layout& c : l.children) check_layout_blocks(c, seq_q, seq_k);
 }
@@ -152,6 +152,24 @@ void check_pattern_fits(const Pattern& p, const Shape& s) {
 // ---------------------------------------------------------------------------------------------
 // Builder.
 
+std::vector<Layout::BlockPair> blocks_from_bitmap(const std::vector<std::string>& rows, const std::string& where) {
+  std::vector<Layout::BlockPair> out;
+  for (size_t qb = 0; qb < rows.size(); ++qb) {
+    const std::string& row = rows[qb];
+    for (size_t kb = 0; kb < row.size(); ++kb) {
+      if (row[kb] == '1') {
+        out.emplace_back(static_cast<int64_t>(qb), static_cast<int64_t>(kb));
+      } else if (row[kb] != '0') {
+        const unsigned char c = static_cast<unsigned char>(row[kb]);
+        const std::string shown = c >= 0x20 && c < 0x7f ? "'" + std::string(1, row[kb]) + "'" : "byte " + std::to_string(c);
+        throw UserError(where + "/" + std::to_string(qb), "character " + std::to_string(kb) + " is " + shown +
+                                                              "; a bitmap row has '1' (block kept) and '0' (not kept) only");
+      }
+    }
+  }
+  return out;
+}
+
 namespace layouts {
 static Layout make(Layout::Kind k, int64_t bq, int64_t bk) {
   Layout l;
@@ -178,6 +196,18 @@ Layout explicit_blocks(std::vector<Layout::BlockPair> b, int64_t bq, int64_t bk)
 }
 Layout explicit_per_head(std::vector<std::vector<Layout::BlockPair>> ph, int64_t bq, int64_t bk) {
   Layout l = make(Layout::Kind::Explicit, bq, bk); l.per_head = std::move(ph); return l;
+}
+Layout explicit_bitmap(const std::vector<std::string>& rows, int64_t bq, int64_t bk) {
+  Layout l = make(Layout::Kind::Explicit, bq, bk);
+  l.explicit_blocks = blocks_from_bitmap(rows, "bitmap");
+  l.from_bitmap = true;
+  return l;
+}
+Layout explicit_per_head_bitmap(const std::vector<std::vector<std::string>>& ph, int64_t bq, int64_t bk) {
+  Layout l = make(Layout::Kind::Explicit, bq, bk);
+  for (size_t h = 0; h < ph.size(); ++h) l.per_head.push_back(blocks_from_bitmap(ph[h], "per_head_bitmap/" + std::to_string(h)));
+  l.from_bitmap = true;
+  return l;
 }
 Layout union_of(std::vector<Layout> c, int64_t bq, int64_t bk) {
   Layout l = make(Layout::Kind::Union, bq, bk); l.children = std::move(c); return l;

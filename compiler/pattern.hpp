@@ -53,6 +53,9 @@ struct Layout {
   uint64_t seed = 0;                        // Random
   std::vector<BlockPair> explicit_blocks;   // Explicit (shared by all heads), sorted, unique
   std::vector<std::vector<BlockPair>> per_head;  // Explicit per query head, each sorted, unique
+  // Explicit, written as "bitmap" / "per_head_bitmap": names those fields in errors. Not part of
+  // the meaning (a bitmap and the same blocks as pairs are equal and hash equally).
+  bool from_bitmap = false;
   std::vector<Layout> children;             // Union / Intersect
   std::string path;                         // JSON pointer of this node in the spec, for errors
 
@@ -162,6 +165,11 @@ private:
   std::vector<BranchSpec> branches_;
 };
 
+// The blocks of a bitmap: character kb of row qb is '1' (block (qb, kb) kept) or '0'; blocks
+// past a row's end are not kept. Any other character is a UserError at `where`/qb naming it.
+// Sorted and unique, like explicit blocks.
+std::vector<Layout::BlockPair> blocks_from_bitmap(const std::vector<std::string>& rows, const std::string& where);
+
 // Layout constructors for the builder; `block` is (bq, bk).
 namespace layouts {
 Layout local(int64_t max_block_distance, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
@@ -172,6 +180,10 @@ Layout random(double density, uint64_t seed, int64_t bq = kDefaultBlock, int64_t
 Layout explicit_blocks(std::vector<Layout::BlockPair> blocks, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
 Layout explicit_per_head(std::vector<std::vector<Layout::BlockPair>> per_head, int64_t bq = kDefaultBlock,
                          int64_t bk = kDefaultBlock);
+// Explicit layouts from bitmaps (blocks_from_bitmap): one for every head, or one per query head.
+Layout explicit_bitmap(const std::vector<std::string>& rows, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
+Layout explicit_per_head_bitmap(const std::vector<std::vector<std::string>>& per_head, int64_t bq = kDefaultBlock,
+                                int64_t bk = kDefaultBlock);
 Layout union_of(std::vector<Layout> children, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
 Layout intersect_of(std::vector<Layout> children, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
 Layout dynamic(int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);

@@ -108,6 +108,16 @@ std::vector<int64_t> get_int_list(const json& j, const std::string& path) {
   return out;
 }
 
+std::vector<std::string> get_string_list(const json& j, const std::string& path) {
+  if (!j.is_array()) wrong_type(j, path, "an array of strings of '0' and '1' (one per query block)");
+  std::vector<std::string> out;
+  for (size_t n = 0; n < j.size(); ++n) {
+    if (!j[n].is_string()) wrong_type(j[n], path + "/" + std::to_string(n), "a string of '0' and '1' (one per key block)");
+    out.push_back(j[n].get<std::string>());
+  }
+  return out;
+}
+
 Window get_window(const json& j, const std::string& path) {
   if (!j.is_array() || j.size() != 2) wrong_type(j, path, "[left, right] (two integers, -1 = unbounded)");
   return Window{get_int(j[0], path + "/0"), get_int(j[1], path + "/1")};
@@ -176,11 +186,27 @@ Layout parse_layout(const json& j, const std::string& path, std::pair<int64_t, i
     if (v.contains("seed")) l.seed = get_u64(v["seed"], gp + "/seed");
   } else if (g == "explicit") {
     l.kind = Layout::Kind::Explicit;
-    check_fields(v, gp, {"blocks", "per_head"});
-    if (v.contains("blocks") == v.contains("per_head")) {
-      throw UserError(gp, "give exactly one of \"blocks\" (for every head) or \"per_head\" (a list per query head)");
+    check_fields(v, gp, {"blocks", "per_head", "bitmap", "per_head_bitmap"});
+    const int given = int(v.contains("blocks")) + int(v.contains("per_head")) + int(v.contains("bitmap")) +
+                      int(v.contains("per_head_bitmap"));
+    if (given != 1) {
+      throw UserError(gp, "give exactly one of \"blocks\" (for every head), \"per_head\" (a list per query head), "
+                          "\"bitmap\" (rows of '0'/'1', for every head) or \"per_head_bitmap\" (a bitmap per query head)");
     }
-    if (v.contains("blocks")) {
+    if (v.contains("bitmap")) {
+      l.explicit_blocks = blocks_from_bitmap(get_string_list(v["bitmap"], gp + "/bitmap"), gp + "/bitmap");
+      l.from_bitmap = true;
+    } else if (v.contains("per_head_bitmap")) {
+      const json& ph = v["per_head_bitmap"];
+      const std::string pp = gp + "/per_head_bitmap";
+      if (!ph.is_array()) wrong_type(ph, pp, "an array with one bitmap (an array of strings) per query head");
+      for (size_t h = 0; h < ph.size(); ++h) {
+        const std::string hp = pp + "/" + std::to_string(h);
+        l.per_head.push_back(blocks_from_bitmap(get_string_list(ph[h], hp), hp));
+      }
+      if (l.per_head.empty()) throw UserError(pp, "needs one bitmap per query head");
+      l.from_bitmap = true;
+    } else if (v.contains("blocks")) {
       l.explicit_blocks = get_pairs(v["blocks"], gp + "/blocks");
     } else {
       const json& ph = v["per_head"];

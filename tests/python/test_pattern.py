@@ -151,3 +151,15 @@ def test_info_names_the_shipped_databases_and_the_cpu_executor():
         assert info["shipped_db_dir"] == ""
     else:
         assert os.path.isfile(os.path.join(info["shipped_db_dir"], "NVIDIA_H100_80GB_HBM3.json")), info
+
+
+def test_bitmap_layouts_mean_their_blocks():
+    bitmap = attnjit.Pattern.from_json({"attnjit": 1, "branches": [
+        {"segment": "full", "layout": {"block": 16, "explicit": {"bitmap": ["1", "011", "0001"]}}}]})
+    pairs = attnjit.Pattern.from_json({"attnjit": 1, "branches": [
+        {"segment": "full", "layout": {"block": 16, "explicit": {"blocks": [[0, 0], [1, 1], [1, 2], [2, 3]]}}}]})
+    assert bitmap == pairs and hash(bitmap) == hash(pairs)
+    assert (bitmap.mask(64, 2) == pairs.mask(64, 2)).all()
+    with pytest.raises(attnjit.PatternError, match=r"/explicit/bitmap/1: character 0 is '2'"):
+        attnjit.Pattern.from_json({"attnjit": 1, "branches": [
+            {"segment": "full", "layout": {"explicit": {"bitmap": ["1", "2"]}}}]})

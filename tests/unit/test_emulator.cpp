@@ -19,7 +19,7 @@ namespace {
 std::shared_ptr<const emu::EmuModule> kernel(const std::string& name, const std::string& body) {
   const std::string source = TemplateSet::embedded().text("gpu_blocks.cuh") + "\nextern \"C\" __global__ void " + name +
                              "(aj_u32* a, aj_u32* b, int n) {\n" + body + "\n}\n";
-  return emu::load_emu_module(emu::compile_for_emulator({name, source, "sm_80", ""}, default_kernel_cache(), knobs()));
+  return emu::load_emu_module(emu::compile_for_emulator({name, source, "sm_80", "", {}}, default_kernel_cache(), knobs()));
 }
 
 struct Run {
@@ -222,7 +222,7 @@ TEST_CASE("the emulator's host compiler: clear errors for a broken kernel and a 
   const std::string src = TemplateSet::embedded().text("gpu_blocks.cuh") +
                           "\nextern \"C\" __global__ void emu_broken(aj_u32* a) {\n  a[0] = no_such_thing;\n}\n";
   try {
-    emu::compile_for_emulator({"emu_broken", src, "sm_80", ""}, default_kernel_cache(), knobs());
+    emu::compile_for_emulator({"emu_broken", src, "sm_80", "", {}}, default_kernel_cache(), knobs());
     FAIL("a broken kernel compiled");
   } catch (const UserError& e) {
     const std::string what = e.what();

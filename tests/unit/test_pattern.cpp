@@ -42,6 +42,26 @@ TEST_CASE("the JSON parser and the builder build the same Pattern", "[pattern]")
   CHECK(pattern_hash(from_json) == pattern_hash(from_builder));
 }
 
+TEST_CASE("a bitmap layout is the explicit layout of its '1's, from JSON and from the builder", "[pattern]") {
+  const Pattern bitmap = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full",
+      "layout": {"explicit": {"per_head_bitmap": [["01", "", "1001"], ["1"]]}}}]})");
+  const Pattern pairs = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full",
+      "layout": {"explicit": {"per_head": [[[0, 1], [2, 0], [2, 3]], [[0, 0]]]}}}]})");
+  const Pattern built = PatternBuilder()
+                            .branch(BranchSpec().full().layout(layouts::explicit_per_head_bitmap({{"01", "", "1001"}, {"1"}})))
+                            .build();
+  CHECK(bitmap == pairs);
+  CHECK(built == pairs);
+  CHECK(pattern_hash(bitmap) == pattern_hash(pairs));
+  CHECK(canonical_text(bitmap) == canonical_text(pairs));
+  CHECK(blocks_from_bitmap({"110", "0", "001"}, "b") == std::vector<Layout::BlockPair>{{0, 0}, {0, 1}, {2, 2}});
+  CHECK(blocks_from_bitmap({}, "b").empty());
+  CHECK(error_of([] { layouts::explicit_bitmap({"10", "1-"}); }) ==
+        "bitmap/1: character 1 is '-'; a bitmap row has '1' (block kept) and '0' (not kept) only");
+  CHECK(error_of([] { blocks_from_bitmap({std::string("1\n")}, "b"); }) ==
+        "b/0: character 1 is byte 10; a bitmap row has '1' (block kept) and '0' (not kept) only");
+}
+
 TEST_CASE("defaults resolve: pattern-level masks, offsets per combine rule", "[pattern]") {
   const Pattern p = parse_spec(R"({"attnjit": 1, "causal": true, "window": [8, 0],
     "branches": [{"segment": 16, "dilation": 2}, {"segment": 16, "causal": false, "window": [-1, -1]}]})");
