@@ -209,6 +209,36 @@ Layout explicit_per_head_bitmap(const std::vector<std::vector<std::string>>& ph,
   l.from_bitmap = true;
   return l;
 }
+Layout hierarchical(const std::vector<HierarchyLevel>& levels, int64_t bq, int64_t bk, const std::string& where) {
+  if (levels.empty()) throw UserError(where, "needs at least one level {\"window\": w, \"stride\": s, \"block\": b}");
+  Layout l = make(Layout::Kind::Union, bq, bk);
+  for (size_t n = 0; n < levels.size(); ++n) {
+    const HierarchyLevel& v = levels[n];
+    const std::string at = where + "/" + std::to_string(n);
+    if (v.window < -1) {
+      throw UserError(at + "/window", "must be -1 (unbounded) or a block distance >= 0, got " + std::to_string(v.window));
+    }
+    if (v.stride < 1) {
+      throw UserError(at + "/stride", "must be >= 1 (key block kb is kept iff kb mod stride == 0), got " +
+                                          std::to_string(v.stride));
+    }
+    Layout strided = make(Layout::Kind::Strided, v.bq, v.bk);
+    strided.stride = v.stride;
+    strided.path = at;
+    if (v.window < 0) {
+      l.children.push_back(std::move(strided));
+      continue;
+    }
+    Layout local = make(Layout::Kind::Local, v.bq, v.bk);
+    local.local = v.window;
+    local.path = at;
+    Layout both = make(Layout::Kind::Intersect, v.bq, v.bk);
+    both.children = {std::move(local), std::move(strided)};
+    both.path = at;
+    l.children.push_back(std::move(both));
+  }
+  return l;
+}
 Layout union_of(std::vector<Layout> c, int64_t bq, int64_t bk) {
   Layout l = make(Layout::Kind::Union, bq, bk); l.children = std::move(c); return l;
 }

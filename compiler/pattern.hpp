@@ -184,6 +184,18 @@ Layout explicit_per_head(std::vector<std::vector<Layout::BlockPair>> per_head, i
 Layout explicit_bitmap(const std::vector<std::string>& rows, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
 Layout explicit_per_head_bitmap(const std::vector<std::vector<std::string>>& per_head, int64_t bq = kDefaultBlock,
                                 int64_t bk = kDefaultBlock);
+// One level of a hierarchical layout: with its blocks (bq, bk), it keeps (qb, kb) iff
+// (window < 0 or |kb - qb| <= window) and kb mod stride == 0.
+struct HierarchyLevel {
+  int64_t window = -1;  // in blocks; -1: unbounded
+  int64_t stride = 1;
+  int64_t bq = kDefaultBlock, bk = kDefaultBlock;
+};
+// A pair is kept iff some level keeps it: the union of intersect(local(window), strided(stride, 0))
+// per level (strided alone for an unbounded window), each with its level's blocks. UserError on a
+// window below -1, a stride below 1 or no levels (`where` names the spec's field).
+Layout hierarchical(const std::vector<HierarchyLevel>& levels, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock,
+                    const std::string& where = "hierarchical");
 Layout union_of(std::vector<Layout> children, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
 Layout intersect_of(std::vector<Layout> children, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
 Layout dynamic(int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);

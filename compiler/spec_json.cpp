@@ -135,7 +135,14 @@ std::vector<Layout::BlockPair> get_pairs(const json& j, const std::string& path)
 }
 
 const std::vector<std::string> kGenerators = {"local", "global", "strided", "offsets", "random",
-                                              "explicit", "union", "intersect", "dynamic"};
+                                              "explicit", "union", "intersect", "dynamic", "hierarchical"};
+
+// A layout's "block": an integer (square blocks) or [query_block, key_block].
+std::pair<int64_t, int64_t> get_block(const json& b, const std::string& path) {
+  if (b.is_array() && b.size() == 2) return {get_int(b[0], path + "/0"), get_int(b[1], path + "/1")};
+  if (b.is_number_integer()) return {get_int(b, path), get_int(b, path)};
+  wrong_type(b, path, "an integer or [query_block, key_block]");
+}
 
 Layout parse_layout(const json& j, const std::string& path, std::pair<int64_t, int64_t> inherited_block) {
   std::vector<std::string> allowed = kGenerators;
@@ -144,17 +151,7 @@ Layout parse_layout(const json& j, const std::string& path, std::pair<int64_t, i
   Layout l;
   l.path = path;
   std::tie(l.bq, l.bk) = inherited_block;
-  if (j.contains("block")) {
-    const json& b = j["block"];
-    if (b.is_array() && b.size() == 2) {
-      l.bq = get_int(b[0], path + "/block/0");
-      l.bk = get_int(b[1], path + "/block/1");
-    } else if (b.is_number_integer()) {
-      l.bq = l.bk = get_int(b, path + "/block");
-    } else {
-      wrong_type(b, path + "/block", "an integer or [query_block, key_block]");
-    }
-  }
+  if (j.contains("block")) std::tie(l.bq, l.bk) = get_block(j["block"], path + "/block");
   std::vector<std::string> present;
   for (const auto& g : kGenerators)
     if (j.contains(g)) present.push_back(g);
@@ -218,6 +215,23 @@ Layout parse_layout(const json& j, const std::string& path, std::pair<int64_t, i
     l.kind = g == "union" ? Layout::Kind::Union : Layout::Kind::Intersect;
     if (!v.is_array()) wrong_type(v, gp, "an array of layouts");
     for (size_t n = 0; n < v.size(); ++n) l.children.push_back(parse_layout(v[n], gp + "/" + std::to_string(n), {l.bq, l.bk}));
+  } else if (g == "hierarchical") {
+    if (!v.is_array()) wrong_type(v, gp, "an array of levels {\"window\": w, \"stride\": s, \"block\": b}");
+    std::vector<layouts::HierarchyLevel> levels;
+    for (size_t n = 0; n < v.size(); ++n) {
+      const json& lv = v[n];
+      const std::string lp = gp + "/" + std::to_string(n);
+      check_fields(lv, lp, {"window", "stride", "block"});
+      layouts::HierarchyLevel h;
+      h.bq = l.bq, h.bk = l.bk;  // default: the layout's block
+      if (lv.contains("window")) h.window = get_int(lv["window"], lp + "/window");
+      if (lv.contains("stride")) h.stride = get_int(lv["stride"], lp + "/stride");
+      if (lv.contains("block")) std::tie(h.bq, h.bk) = get_block(lv["block"], lp + "/block");
+      levels.push_back(h);
+    }
+    const std::string keep_path = l.path;
+    l = layouts::hierarchical(levels, l.bq, l.bk, gp);
+    l.path = keep_path;
   } else {  // dynamic
     l.kind = Layout::Kind::Dynamic;
     if (!get_bool(v, gp)) throw UserError(gp, "must be true (the layout is supplied at run time); remove the layout for none");

@@ -163,3 +163,21 @@ def test_bitmap_layouts_mean_their_blocks():
     with pytest.raises(attnjit.PatternError, match=r"/explicit/bitmap/1: character 0 is '2'"):
         attnjit.Pattern.from_json({"attnjit": 1, "branches": [
             {"segment": "full", "layout": {"explicit": {"bitmap": ["1", "2"]}}}]})
+
+
+def test_hierarchical_layouts_keep_what_some_level_keeps():
+    # The definition, evaluated here pair by pair, against attnjit's mask (the reference's).
+    levels = [{"window": 1}, {"window": 3, "stride": 2, "block": [16, 32]}, {"stride": 5, "block": 48}]
+    p = attnjit.Pattern.from_json({"attnjit": 1, "branches": [
+        {"segment": "full", "layout": {"block": 8, "hierarchical": levels}}]})
+    S = 200
+    want = np.zeros((S, S), dtype=np.uint8)
+    for lv in levels:
+        bq, bk = (lv["block"] if isinstance(lv.get("block"), list) else [lv.get("block", 8)] * 2)
+        w, s = lv.get("window", -1), lv.get("stride", 1)
+        qb = np.arange(S)[:, None] // bq
+        kb = np.arange(S)[None, :] // bk
+        want |= (((w < 0) | (np.abs(kb - qb) <= w)) & (kb % s == 0)).astype(np.uint8)
+    got = p.mask(S, 1)
+    assert got.shape == (1, S, S)
+    assert (got[0] == want).all()

@@ -62,6 +62,25 @@ TEST_CASE("a bitmap layout is the explicit layout of its '1's, from JSON and fro
         "b/0: character 1 is byte 10; a bitmap row has '1' (block kept) and '0' (not kept) only");
 }
 
+TEST_CASE("a hierarchical layout is the union of its levels, from JSON and from the builder", "[pattern]") {
+  const Pattern from_json = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full",
+      "layout": {"block": 32, "hierarchical": [{"window": 2}, {"stride": 4, "block": [64, 16]}]}}]})");
+  const Pattern as_union = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full",
+      "layout": {"block": 32, "union": [{"intersect": [{"local": 2}, {"strided": {"stride": 1}}]},
+                                        {"block": [64, 16], "strided": {"stride": 4}}]}}]})");
+  const Pattern built =
+      PatternBuilder()
+          .branch(BranchSpec().full().layout(layouts::hierarchical({{2, 1, 32, 32}, {-1, 4, 64, 16}}, 32, 32)))
+          .build();
+  CHECK(from_json == as_union);
+  CHECK(built == as_union);
+  CHECK(pattern_hash(from_json) == pattern_hash(as_union));
+  CHECK(error_of([] { layouts::hierarchical({}); }) ==
+        "hierarchical: needs at least one level {\"window\": w, \"stride\": s, \"block\": b}");
+  CHECK(error_of([] { layouts::hierarchical({{-3, 1}}); }) ==
+        "hierarchical/0/window: must be -1 (unbounded) or a block distance >= 0, got -3");
+}
+
 TEST_CASE("defaults resolve: pattern-level masks, offsets per combine rule", "[pattern]") {
   const Pattern p = parse_spec(R"({"attnjit": 1, "causal": true, "window": [8, 0],
     "branches": [{"segment": 16, "dilation": 2}, {"segment": 16, "causal": false, "window": [-1, -1]}]})");
