@@ -57,6 +57,12 @@ void print_layout(std::ostream& os, const Layout& l) {
 
 }  // namespace
 
+std::string canonical_layout_text(const Layout& l) {
+  std::ostringstream os;
+  print_layout(os, l);
+  return os.str();
+}
+
 std::string canonical_text(const Pattern& p) {
   std::ostringstream os;
   os << "attnjit-pattern v" << kSpecVersion << "\n";

@@ -113,6 +113,7 @@ void check_blocks_inside_sequence(const Pattern& p, int64_t seq_q, int64_t seq_k
 // The canonical text of a pattern: stable across versions of the spec that mean the same thing,
 // used by dumps, tests and cache keys. pattern_hash is the first 16 hex digits of its SHA-256.
 std::string canonical_text(const Pattern& p);
+std::string canonical_layout_text(const Layout& l);  // one layout node as canonical_text prints it
 std::string pattern_hash(const Pattern& p);
 
 const char* to_string(Combine c);

@@ -88,6 +88,12 @@ void validate_layout(Layout& l, const std::string& path) {
       const std::string key = to_string(l.kind);
       if (l.children.empty()) throw UserError(p + "/" + key, "needs at least one layout in the list");
       for (size_t n = 0; n < l.children.size(); ++n) validate_layout(l.children[n], p + "/" + key + "/" + std::to_string(n));
+      // Both are commutative and idempotent: children in canonical order, repeats dropped, so
+      // equal meanings print (and hash) equally. Stable, so paths of equal children stay first-come.
+      std::stable_sort(l.children.begin(), l.children.end(), [](const Layout& a, const Layout& b) {
+        return canonical_layout_text(a) < canonical_layout_text(b);
+      });
+      l.children.erase(std::unique(l.children.begin(), l.children.end()), l.children.end());
       break;
     }
     case Layout::Kind::Dynamic:

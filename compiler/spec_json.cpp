@@ -351,6 +351,10 @@ Pattern parse_spec(const std::string& text, const std::string& source) {
     const json& g = j["group_scale"];
     if (!g.is_string() || (g != "mean" && g != "none")) wrong_type(g, "/group_scale", "\"mean\" or \"none\"");
     u.group_scale = g == "mean" ? GroupScale::Mean : GroupScale::None;
+    if (u.combine != Combine::HeadGroups) {
+      throw UserError("/group_scale", "applies only with \"combine\": \"head_groups\" (it scales the sum of the "
+                                      "groups); remove it, or set combine to head_groups");
+    }
   }
   if (j.contains("causal")) u.causal = get_bool(j["causal"], "/causal");
   if (j.contains("window")) u.window = get_window(j["window"], "/window");

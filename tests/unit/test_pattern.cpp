@@ -103,11 +103,14 @@ TEST_CASE("defaults resolve: pattern-level masks, offsets per combine rule", "[p
 TEST_CASE("layout children inherit the block size; a branch layout replaces the pattern's", "[pattern]") {
   const Pattern p = parse_spec(R"({"attnjit": 1, "layout": {"block": 64, "union": [{"local": 1}, {"block": [8, 16], "global": [2]}]},
     "branches": [{"segment": "full"}, {"segment": "full", "layout": {"strided": {"stride": 4}}}]})");
-  const Layout& u = *p.branches[0].layout;
-  CHECK(u.children[0].bq == 64);
-  CHECK(u.children[0].bk == 64);
-  CHECK(u.children[1].bq == 8);
-  CHECK(u.children[1].bk == 16);
+  const Layout& u = *p.branches[0].layout;  // children in canonical order: global<8x16> before local<64x64>
+  REQUIRE(u.children.size() == 2);
+  CHECK(u.children[1].kind == Layout::Kind::Local);
+  CHECK(u.children[1].bq == 64);
+  CHECK(u.children[1].bk == 64);
+  CHECK(u.children[0].kind == Layout::Kind::Global);
+  CHECK(u.children[0].bq == 8);
+  CHECK(u.children[0].bk == 16);
   const Layout& s = *p.branches[1].layout;
   CHECK(s.kind == Layout::Kind::Strided);
   CHECK(s.bq == kDefaultBlock);
