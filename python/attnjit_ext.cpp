@@ -222,6 +222,8 @@ nb::dict stats(const std::string& spec, int64_t seq_q, int64_t heads_q, int64_t 
   d["pairs_per_branch"] = st.pairs_per_branch;
   d["empty_rows"] = st.empty_rows;
   d["density"] = st.density;
+  d["distinct_pairs"] = st.distinct_pairs;
+  d["distinct_density"] = st.distinct_density;
   return d;
 }
 

@@ -39,7 +39,10 @@ int run_validate(const ValidateOptions& o) {
   std::cout << "  branches: " << p.branches.size() << "\n";
   std::cout << "  attended pairs: " << st.attended_pairs << " (" << human_count(static_cast<double>(st.attended_pairs))
             << ", counted once per branch)\n";
-  std::cout << "  density: " << st.density * 100.0 << "% of heads_q * seq_q * seq_k\n";
+  std::cout << "  distinct pairs: " << st.distinct_pairs << " (" << human_count(static_cast<double>(st.distinct_pairs))
+            << ", counted once however many branches attend them)\n";
+  std::cout << "  density: " << st.density * 100.0 << "% of heads_q * seq_q * seq_k (counted once per branch)\n";
+  std::cout << "  distinct density: " << st.distinct_density * 100.0 << "% of heads_q * seq_q * seq_k\n";
   for (size_t b = 0; b < st.pairs_per_branch.size(); ++b)
     std::cout << "  branch " << b << ": " << st.pairs_per_branch[b] << " pairs\n";
   std::cout << "  empty rows: " << st.empty_rows << " of " << s.heads_q * s.seq_q << " (head, query row) pairs\n";

@@ -63,7 +63,8 @@ class Pattern:
 
     def stats(self, seq_q, heads_q, seq_k=None, heads_kv=None, q_offset=0, k_offset=0) -> dict:
         """attended_pairs (over all heads, a key counted once per branch), pairs_per_head,
-        pairs_per_branch, empty_rows and density for one shape."""
+        pairs_per_branch, empty_rows and density for one shape; distinct_pairs and
+        distinct_density count each (head, query, key) once however many branches attend it."""
         seq_k = seq_q if seq_k is None else seq_k
         heads_kv = heads_q if heads_kv is None else heads_kv
         return _attnjit.stats(self._spec, seq_q, heads_q, seq_k, heads_kv, q_offset, k_offset)

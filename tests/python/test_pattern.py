@@ -41,6 +41,9 @@ def test_mask_counts_and_stats_agree():
     st = p.stats(300, 4, q_offset=7)
     assert int(m.sum()) == st["attended_pairs"] == sum(st["pairs_per_head"]) == sum(st["pairs_per_branch"])
     assert st["empty_rows"] == int((m.sum(axis=2) == 0).sum())
+    # Distinct pairs: a key once however many branches attend it (LongNet's branches overlap).
+    assert st["distinct_pairs"] == int((m > 0).sum()) < st["attended_pairs"]
+    assert st["distinct_density"] == pytest.approx(st["distinct_pairs"] / m.size)
     # Dense branch 0 (segment 2048): every query of a segment attends every key of it at least once.
     assert (m[:, :, :] >= 1)[0, 10, :290].all()
 

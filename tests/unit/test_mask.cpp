@@ -2,6 +2,7 @@
 // what the spec says, and the random layout's hash is the documented one.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <random>
 
 #include "compiler/error.hpp"
 #include "compiler/pattern_stats.hpp"
@@ -34,6 +35,50 @@ TEST_CASE("key enumeration and counting equal the pairwise definition on random 
       }
     }
     REQUIRE(pattern_stats(ctx).attended_pairs == total);
+  }
+}
+
+TEST_CASE("distinct pairs: each (head, query, key) once, however many branches attend it", "[mask][property]") {
+  CaseGenerator gen(4321);
+  for (int n = 0; n < 300; ++n) {
+    const auto c = gen.next();
+    const MaskContext ctx{c.pattern, c.shape, c.dynamic ? &*c.dynamic : nullptr};
+    INFO("case " << n << "\n" << canonical_text(c.pattern) << "seq_q=" << c.shape.seq_q << " seq_k=" << c.shape.seq_k);
+    int64_t distinct = 0;
+    for (int64_t h = 0; h < c.shape.heads_q; ++h)
+      for (int64_t i = 0; i < c.shape.seq_q; ++i) {
+        int64_t row = 0;
+        for (int64_t j = 0; j < c.shape.seq_k; ++j) row += attend_count(ctx, h, i, j) > 0;
+        INFO("head " << h << " row " << i);
+        REQUIRE(distinct_key_count(ctx, h, i) == row);
+        distinct += row;
+      }
+    const PatternStats st = pattern_stats(ctx);
+    REQUIRE(st.distinct_pairs == distinct);
+    REQUIRE(st.distinct_pairs <= st.attended_pairs);
+    REQUIRE(st.distinct_density <= 1.0);
+  }
+}
+
+TEST_CASE("the intersection of two arithmetic progressions", "[mask]") {
+  std::mt19937_64 rng(7);
+  for (int n = 0; n < 20000; ++n) {
+    auto draw = [&] {
+      KeyProgression p;
+      p.step = static_cast<int64_t>(rng() % 12) + 1;
+      p.first = static_cast<int64_t>(rng() % 60);
+      p.last = p.first + static_cast<int64_t>(rng() % 80) - 10;  // sometimes empty
+      if (!p.empty()) p.last = p.first + (p.last - p.first) / p.step * p.step;
+      return p;
+    };
+    const KeyProgression a = draw(), b = draw(), x = intersect(a, b);
+    std::vector<int64_t> want, got;
+    for (int64_t j = a.first; j <= a.last; j += a.step)
+      if (j >= b.first && j <= b.last && (j - b.first) % b.step == 0) want.push_back(j);
+    for (int64_t j = x.first; j <= x.last; j += x.step) got.push_back(j);
+    INFO("a = " << a.first << ".." << a.last << " step " << a.step << ", b = " << b.first << ".." << b.last << " step " << b.step);
+    REQUIRE(got == want);
+    if (!x.empty()) REQUIRE((x.last - x.first) % x.step == 0);
   }
 }
 
