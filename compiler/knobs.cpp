@@ -85,6 +85,15 @@ void parse_u64(const char* name, const std::string& value, uint64_t& out) {
   out = v;
 }
 
+void parse_elements(const char* name, const std::string& value, int64_t& out) {
+  uint64_t v = 0;
+  parse_u64(name, value, v);
+  if (v == 0 || v > uint64_t{INT64_MAX}) {
+    throw UserError(name, "'" + value + "' is not a positive number of elements; use e.g. 268435456 (2^28)");
+  }
+  out = static_cast<int64_t>(v);
+}
+
 void parse_count(const char* name, const std::string& value, int& out) {
   uint64_t v = 0;
   parse_u64(name, value, v);
@@ -145,6 +154,8 @@ const KnobSpec kKnobs[] = {
      [](const Knobs& k) { return print_bool(k.tune); }},
     {"ATTNJIT_DETERMINISTIC", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.deterministic); },
      [](const Knobs& k) { return print_bool(k.deterministic); }},
+    {"ATTNJIT_MAX_WEIGHTS", [](const char* n, const std::string& v, Knobs& k) { parse_elements(n, v, k.max_weights); },
+     [](const Knobs& k) { return std::to_string(k.max_weights); }},
     {"ATTNJIT_SHIPPED_DB_DIR", [](const char*, const std::string& v, Knobs& k) { k.shipped_db_dir = v; },
      [](const Knobs& k) { return k.shipped_db_dir; }},
     {"ATTNJIT_CPU_SIMD", [](const char* n, const std::string& v, Knobs& k) { parse_cpu_simd(n, v, k.cpu_simd); },

@@ -34,6 +34,9 @@ struct Knobs {
   bool print_autotuning = false;        // ATTNJIT_PRINT_AUTOTUNING=1
   bool tune = false;                    // ATTNJIT_TUNE=1: tune on a tuning-database miss
   bool deterministic = false;           // ATTNJIT_DETERMINISTIC=1: every backward is bitwise reproducible
+  // ATTNJIT_MAX_WEIGHTS: the most elements (batch * heads_q * seq_q * seq_k) Attention::weights
+  // writes; above it the call is refused (a dense fp32 matrix of 2^28 elements is 1 GiB).
+  int64_t max_weights = int64_t{1} << 28;
   // ATTNJIT_SHIPPED_DB_DIR: the shipped tuning databases (default: the source tree's autotune_db/,
   // compiled in; "none": no shipped databases, only the user's).
   std::string shipped_db_dir = default_shipped_db_dir();

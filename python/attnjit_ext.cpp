@@ -31,6 +31,7 @@
 #include "compiler/spec_json.hpp"
 #include "compiler/tuning_db.hpp"
 #include "runtime/cuda_probe.hpp"
+#include "runtime/input_checks.hpp"
 #include "runtime/plan_executor.hpp"
 #include "runtime/reference.hpp"
 
@@ -151,6 +152,21 @@ void backward(const std::string& spec, const std::string& device, int index, con
               view(dk, dt), view(dv, dt), fo);
 }
 
+// The attention weights into w (float32 contiguous [B, Hq, Sq, Sk]) from q, k and the forward's lse.
+void attention_weights(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
+             const Tensor& k, const Tensor& v, const Tensor& lse, const Tensor& w, int64_t q_offset, int64_t k_offset,
+             uintptr_t stream, const DynamicArg& dynamic) {
+  const DType dt = parse_dtype(dtype);
+  const Problem pb = problem_of(q, k, v, dt);
+  const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
+  Attention op = prepared(spec, device_of(device, index), pb);
+  ForwardOptions fo;
+  fo.q_offset = q_offset, fo.k_offset = k_offset, fo.stream = reinterpret_cast<void*>(stream);
+  fo.dynamic_layout = dyn ? &*dyn : nullptr;
+  nb::gil_scoped_release release;
+  op.weights(view(q, dt), view(k, dt), view(lse, DType::F32), view(w, DType::F32), fo);
+}
+
 // The scratch bytes backward() needs on this device (0 on the CPU): Python allocates them from
 // PyTorch's caching allocator and passes them as `workspace`.
 size_t backward_workspace_bytes(const std::string& spec, const std::string& device, int index, const std::string& dtype,
@@ -189,6 +205,22 @@ std::tuple<nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>> refer
   const auto u = [](int64_t x) { return static_cast<size_t>(x); };
   return {numpy_of(std::move(r.o), {u(s.batch), u(s.seq_q), u(s.heads_q), u(s.head_dim_v)}),
           numpy_of(std::move(r.lse), {u(s.batch), u(s.heads_q), u(s.seq_q)})};
+}
+
+// The float64 reference's attention weights [B, Hq, Sq, Sk] on contiguous float64 q and k.
+nb::ndarray<nb::numpy, double> reference_attention_weights(const std::string& spec, uintptr_t q, uintptr_t k, const std::vector<int64_t>& dims,
+                                                 int64_t q_offset, int64_t k_offset, const DynamicArg& dynamic) {
+  const Shape s = shape_of(dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], q_offset, k_offset);
+  check_weights_size(s.batch, s.heads_q, s.seq_q, s.seq_k);
+  const Pattern p = pattern_of(spec);
+  const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
+  std::vector<double> w;
+  {
+    nb::gil_scoped_release release;
+    w = reference_weights(p, s, reinterpret_cast<const double*>(q), reinterpret_cast<const double*>(k), dyn ? &*dyn : nullptr);
+  }
+  const auto u = [](int64_t x) { return static_cast<size_t>(x); };
+  return numpy_of(std::move(w), {u(s.batch), u(s.heads_q), u(s.seq_q), u(s.seq_k)});
 }
 
 std::tuple<nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>> reference_backward(
@@ -348,6 +380,9 @@ NB_MODULE(_attnjit, m) {
   m.def("backward", &backward);
   m.def("reference_forward", &reference_forward);
   m.def("reference_backward", &reference_backward);
+  m.def("weights", &attention_weights);
+  m.def("reference_weights", &reference_attention_weights);
+  m.def("check_weights_size", &check_weights_size);
   m.def("stats", &stats);
   m.def("mask", &mask);
   m.def("info", &info);

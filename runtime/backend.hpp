@@ -53,6 +53,12 @@ public:
   virtual void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
                         const TensorView& dk, const TensorView& dv, const ForwardOptions& options) = 0;
+  // The attention weights of forward() (Attention::weights) into `w`, float32 contiguous
+  // [B, Hq, Sq, Sk], from q, k and the forward's lse over the entry's plan. This default computes
+  // on the host with the plan executor, reading the views as host memory (the CPU and emu devices);
+  // the CUDA device copies them over first.
+  virtual void weights(const PlanEntry& entry, const Pattern& pattern, const TensorView& q, const TensorView& k,
+                       const TensorView& lse, const TensorView& w, const ForwardOptions& options);
   virtual std::string kernel_name() const = 0;
   virtual TileConfig tiles() const = 0;   // the plan's tiles must be the kernel's
   virtual int alignment() const = 0;      // bytes the kernel's loads need

@@ -9,6 +9,7 @@
 #include "compiler/jit.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "runtime/host_tensors.hpp"
 #include "runtime/kernel_params.hpp"
 
 namespace attnjit {
@@ -112,6 +113,28 @@ public:
     // non-blocking stream is not ordered after it: wait here (once per plan).
     synchronize(nullptr, "uploading the plan tables of " + source_.name);
     entry.device_state = t;
+  }
+
+  // The weights are for inspection: computed on the host (Backend::weights) from copies of q, k
+  // and lse taken after the caller's stream has finished, then copied into w.
+  void weights(const PlanEntry& entry, const Pattern& pattern, const TensorView& q, const TensorView& k,
+               const TensorView& lse, const TensorView& w, const ForwardOptions& options) override {
+    context_.make_current();
+    check_device_memory({{"q", &q}, {"k", &k}, {"lse", &lse}, {"w", &w}});
+    synchronize(static_cast<CUstream>(options.stream), "waiting for the forward before computing weights");
+    std::vector<std::vector<uint8_t>> copies;
+    auto to_host = [&](const TensorView& t) {
+      copies.emplace_back(static_cast<size_t>(view_extent_bytes(t)));
+      copy_to_host(copies.back().data(), reinterpret_cast<CUdeviceptr>(t.data), copies.back().size(), "copying weights' inputs");
+      TensorView h = t;
+      h.data = copies.back().data();
+      return h;
+    };
+    const TensorView hq = to_host(q), hk = to_host(k), hl = to_host(lse);
+    std::vector<float> hw(static_cast<size_t>(view_extent_bytes(w) / 4));
+    Backend::weights(entry, pattern, hq, hk, hl, TensorView::contiguous(hw.data(), DType::F32, w.shape), options);
+    copy_to_device(reinterpret_cast<CUdeviceptr>(w.data), hw.data(), hw.size() * 4, "copying the weights");
+    synchronize(nullptr, "copying the weights");  // a copy from pageable memory may return before it lands
   }
 
   void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,

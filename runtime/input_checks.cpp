@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "compiler/error.hpp"
+#include "compiler/knobs.hpp"
 
 namespace attnjit {
 namespace {
@@ -16,8 +17,10 @@ std::string dims(const std::vector<int64_t>& v) {
 void check_view(const char* name, const TensorView& t, const std::vector<int64_t>& want, DType dtype, int align) {
   if (!t.data) throw UserError(name, "is a null pointer");
   if (t.shape != want) {
-    throw UserError(name, "has shape " + dims(t.shape) + " but the problem needs " + dims(want) +
-                              (want.size() == 4 ? " ([batch, seq, heads, head_dim])" : " ([batch, heads_q, seq_q])"));
+    const std::string what = std::string(name) == "w" ? " ([batch, heads_q, seq_q, seq_k])"
+                             : want.size() == 4      ? " ([batch, seq, heads, head_dim])"
+                                                     : " ([batch, heads_q, seq_q])";
+    throw UserError(name, "has shape " + dims(t.shape) + " but the problem needs " + dims(want) + what);
   }
   if (t.strides.size() != t.shape.size()) {
     throw UserError(name, "has " + std::to_string(t.strides.size()) + " strides for " + std::to_string(t.shape.size()) +
@@ -120,6 +123,33 @@ void check_backward_inputs(const Problem& pb, const TensorView& q, const TensorV
       if (std::string(name) != other && overlap(*t, *u)) {
         throw UserError(name, std::string("overlaps ") + other + "; each gradient needs its own memory");
       }
+}
+
+void check_weights_size(int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k) {
+  const int64_t elements = batch * heads_q * seq_q * seq_k;
+  if (elements > knobs().max_weights) {
+    throw UserError("weights", "batch * heads_q * seq_q * seq_k = " + std::to_string(elements) +
+                                   " elements is over the cap of " + std::to_string(knobs().max_weights) +
+                                   " (ATTNJIT_MAX_WEIGHTS); ask for fewer rows (a chunk of queries with q_offset), "
+                                   "fewer heads, or raise the cap");
+  }
+}
+
+void check_weights_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& lse,
+                          const TensorView& w, int align_bytes) {
+  check_view("q", q, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim}, pb.dtype, align_bytes);
+  check_view("k", k, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim}, pb.dtype, align_bytes);
+  check_view("lse", lse, {pb.batch, pb.heads_q, pb.seq_q}, DType::F32, align_bytes > 1 ? 4 : 1);
+  // The cap first: a request too large to hold should say so, not that w's shape is off.
+  check_weights_size(pb.batch, pb.heads_q, pb.seq_q, pb.seq_k);
+  check_view("w", w, {pb.batch, pb.heads_q, pb.seq_q, pb.seq_k}, DType::F32, align_bytes > 1 ? 4 : 1);
+  if (w.strides != TensorView::contiguous(nullptr, DType::F32, w.shape).strides) {
+    throw UserError("w", "must be contiguous [batch, heads_q, seq_q, seq_k] (strides " + dims(w.strides) +
+                             " given); allocate it contiguous");
+  }
+  for (const auto& [other, u] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"lse", &lse}}) {
+    if (overlap(w, *u)) throw UserError("w", std::string("overlaps ") + other + "; give the weights their own memory");
+  }
 }
 
 }  // namespace attnjit

@@ -17,6 +17,14 @@ void check_backward_inputs(const Problem& pb, const TensorView& q, const TensorV
                            const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
                            const TensorView& dk, const TensorView& dv, int align_bytes);
 
+// A weights call: q, k and the forward's lse as for backward, w float32 contiguous
+// [batch, heads_q, seq_q, seq_k] aliasing none of them, and no more than ATTNJIT_MAX_WEIGHTS elements.
+void check_weights_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& lse,
+                          const TensorView& w, int align_bytes);
+
+// The weights' size against ATTNJIT_MAX_WEIGHTS: a UserError naming the knob above it.
+void check_weights_size(int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k);
+
 // The Shape of a call of this problem at these offsets.
 Shape problem_shape(const Problem& pb, int64_t q_offset, int64_t k_offset);
 

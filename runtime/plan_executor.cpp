@@ -17,7 +17,7 @@ namespace {
 using Worker = void (*)(const ExecutorJob&, std::atomic<int64_t>&);
 
 struct Workers {
-  Worker forward, dq, dkdv, fused;
+  Worker forward, dq, dkdv, fused, weights;
 };
 
 bool cpu_has_avx2() {
@@ -42,11 +42,13 @@ CpuSimd resolve(CpuSimd simd) {
 
 Workers workers_for(CpuSimd simd) {
 #if defined(ATTNJIT_HAVE_CPU_AVX2)
-  if (resolve(simd) == CpuSimd::Avx2) return {cpu_avx2::forward_worker, cpu_avx2::dq_worker, cpu_avx2::dkdv_worker, cpu_avx2::fused_worker};
+  if (resolve(simd) == CpuSimd::Avx2) return {cpu_avx2::forward_worker, cpu_avx2::dq_worker, cpu_avx2::dkdv_worker, cpu_avx2::fused_worker,
+                                                  cpu_avx2::weights_worker};
 #else
   resolve(simd);  // throws if Avx2 was asked for
 #endif
-  return {cpu_generic::forward_worker, cpu_generic::dq_worker, cpu_generic::dkdv_worker, cpu_generic::fused_worker};
+  return {cpu_generic::forward_worker, cpu_generic::dq_worker, cpu_generic::dkdv_worker, cpu_generic::fused_worker,
+          cpu_generic::weights_worker};
 }
 
 unsigned thread_count(unsigned threads) { return threads ? threads : std::max(1u, std::thread::hardware_concurrency()); }
@@ -112,6 +114,18 @@ ExecutorOutput execute_plan(const Plan& plan, const Pattern& pattern, const floa
   // Work items write disjoint rows, so workers take (batch, item) units from a shared counter.
   run_workers(w.forward, job, s.batch * static_cast<int64_t>(plan.items.size()), options.threads);
   return out;
+}
+
+void execute_plan_weights(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* lse,
+                          float* w, const DynamicLayout* dynamic, const ExecutorOptions& options) {
+  const Shape& s = plan.shape;
+  const Workers workers = workers_for(options.simd);
+  std::fill(w, w + s.batch * s.heads_q * s.seq_q * s.seq_k, 0.0f);
+  ExecutorJob job = job_for(plan, options.order);
+  job.pattern = &pattern;
+  job.dynamic = dynamic;
+  job.q = q, job.k = k, job.lse = lse, job.w = w;
+  run_workers(workers.weights, job, s.batch * static_cast<int64_t>(plan.items.size()), options.threads);
 }
 
 ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bwd, const Pattern& pattern, const float* q,

@@ -42,6 +42,14 @@ struct ExecutorOptions {
 ExecutorOutput execute_plan(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* v,
                             const DynamicLayout* dynamic = nullptr, const ExecutorOptions& options = {});
 
+// The attention weights of the forward: W [batch, heads_q, seq_q, seq_k] (written whole, zeros
+// where nothing is attended) with W[b, h, i, j] = f * sum over the visits of (i, j) of
+// exp(scale q_i . k_j - LSE_i), f the plan's output scale: a key two branches attend appears once
+// with its summed weight, and O = W V. `lse` is the forward's ([B, Hq, Sq]); q and k follow
+// `options.order`; W does not.
+void execute_plan_weights(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* lse,
+                          float* w, const DynamicLayout* dynamic = nullptr, const ExecutorOptions& options = {});
+
 struct ExecutorGradients {
   std::vector<float> dq, dk, dv;  // layouts of q, k, v (the options' order)
 };

@@ -128,17 +128,16 @@ struct BackwardScratch {
   Matrix p, ds, keep;
 };
 
-void probabilities_and_ds(const ExecutorJob& job, int64_t b, int32_t head, int64_t kvh, int32_t branch, const RowMap& rows,
-                          const RowMap& keys, bool full, BackwardScratch& sc) {
+// P = exp(scale Q K^T - LSE) of one pair of tiles into sc.p: 0 where masked or where the row
+// attends nothing.
+void probabilities(const ExecutorJob& job, int64_t b, int32_t head, int64_t kvh, int32_t branch, const RowMap& rows,
+                   const RowMap& keys, bool full, BackwardScratch& sc) {
   const Plan& plan = *job.plan;
   const Shape& s = plan.shape;
-  const float scale = static_cast<float>(plan.softmax_scale), f = static_cast<float>(plan.output_scale);
+  const float scale = static_cast<float>(plan.softmax_scale);
   const Rows q = rows_of<Rows>(job.q, job.q_layout, b, head, s.head_dim, rows);
-  const Rows dout = rows_of<Rows>(job.dout, job.q_layout, b, head, s.head_dim_v, rows);
   const Rows k = rows_of<Rows>(job.k, job.k_layout, b, kvh, s.head_dim, keys);
-  const Rows v = rows_of<Rows>(job.v, job.k_layout, b, kvh, s.head_dim_v, keys);
   const Column lse = row_values(job.lse, b, s.seq_q, s.heads_q, head, rows);
-  const Column delta = row_values(job.delta, b, s.seq_q, s.heads_q, head, rows);
   sc.p.resize(rows.count, keys.count);
   sc.p.noalias() = q * k.transpose();  // unscaled: the scale is applied inside the exp
   if (!full) apply_mask(job, branch, head, rows, keys, sc.p, sc.keep);
@@ -150,6 +149,17 @@ void probabilities_and_ds(const ExecutorJob& job, int64_t b, int32_t head, int64
     }
     exp_row(row.data(), full ? nullptr : sc.keep.row(r).data(), keys.count, scale, lse(r));
   }
+}
+
+void probabilities_and_ds(const ExecutorJob& job, int64_t b, int32_t head, int64_t kvh, int32_t branch, const RowMap& rows,
+                          const RowMap& keys, bool full, BackwardScratch& sc) {
+  const Plan& plan = *job.plan;
+  const Shape& s = plan.shape;
+  const float scale = static_cast<float>(plan.softmax_scale), f = static_cast<float>(plan.output_scale);
+  const Rows dout = rows_of<Rows>(job.dout, job.q_layout, b, head, s.head_dim_v, rows);
+  const Rows v = rows_of<Rows>(job.v, job.k_layout, b, kvh, s.head_dim_v, keys);
+  const Column delta = row_values(job.delta, b, s.seq_q, s.heads_q, head, rows);
+  probabilities(job, b, head, kvh, branch, rows, keys, full, sc);
   sc.ds.resize(rows.count, keys.count);
   sc.ds.noalias() = dout * v.transpose();
   for (int64_t r = 0; r < rows.count; ++r) {
@@ -164,6 +174,32 @@ void forward_worker(const ExecutorJob& job, std::atomic<int64_t>& next) {
   const int64_t n_items = static_cast<int64_t>(plan.items.size()), units = plan.shape.batch * n_items;
   ForwardState st;
   for (int64_t u; (u = next++) < units;) forward_item(job, plan.items[static_cast<size_t>(u % n_items)], u / n_items, st);
+}
+
+void weights_worker(const ExecutorJob& job, std::atomic<int64_t>& next) {
+  using Strided = Eigen::Map<Matrix, Eigen::Unaligned, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;
+  const Plan& plan = *job.plan;
+  const Shape& s = plan.shape;
+  const float f = static_cast<float>(plan.output_scale);
+  const int64_t n_items = static_cast<int64_t>(plan.items.size()), units = s.batch * n_items;
+  BackwardScratch sc;
+  for (int64_t u; (u = next++) < units;) {
+    const WorkItem& item = plan.items[static_cast<size_t>(u % n_items)];
+    const int64_t b = u / n_items, kvh = item.head / (s.heads_q / s.heads_kv);
+    float* w_head = job.w + (b * s.heads_q + item.head) * s.seq_q * s.seq_k;
+    for (int64_t sp = item.span_begin; sp < item.span_end; ++sp) {
+      const KeySpan& span = plan.spans[static_cast<size_t>(sp)];
+      for_each_visited_tile(plan, span, [&](int32_t t, bool full) {
+        const RowMap keys = tile_keys(span, t, plan.tiles.tile_k);
+        probabilities(job, b, item.head, kvh, span.branch, item.rows, keys, full, sc);
+        // W[rows, keys] += f P: a key another branch (or span) also reaches adds up. Items own their
+        // rows, so no other unit writes these elements.
+        Strided w(w_head + item.rows.start * s.seq_k + keys.start, item.rows.count, keys.count,
+                  Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>(item.rows.stride * s.seq_k, keys.stride));
+        w += f * sc.p;
+      });
+    }
+  }
 }
 
 void dq_worker(const ExecutorJob& job, std::atomic<int64_t>& next) {

@@ -30,12 +30,15 @@ struct ExecutorJob {
   const float *lse = nullptr, *dout = nullptr, *delta = nullptr;  // backward inputs
   float *o = nullptr, *lse_out = nullptr;                         // forward outputs
   float *dq = nullptr, *dk = nullptr, *dv = nullptr;              // backward outputs (zeroed by the caller)
+  float* w = nullptr;  // attention weights [B, Hq, Sq, Sk] (zeroed by the caller); read q, k, lse
 };
 
 #define ATTNJIT_DECLARE_EXECUTOR_TILES(NS)                                                          \
   namespace NS {                                                                                    \
   /* Units (batch, work item): u = b * items + item. Writes O and the LSE of the item's rows. */    \
   void forward_worker(const ExecutorJob& job, std::atomic<int64_t>& next);                          \
+  /* Units (batch, work item): adds f exp(S - LSE) of the item's visited tiles to W. */             \
+  void weights_worker(const ExecutorJob& job, std::atomic<int64_t>& next);                          \
   /* Units (batch, work item) of the forward plan: dQ of the item's rows. */                        \
   void dq_worker(const ExecutorJob& job, std::atomic<int64_t>& next);                               \
   /* Units (batch, kv head): adds dK and dV of that head's key items, one item after another. */    \

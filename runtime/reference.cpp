@@ -113,6 +113,24 @@ ReferenceOutput reference_forward(const Pattern& p, const Shape& s, const T* q, 
 }
 
 template <class T>
+std::vector<double> reference_weights_of(const Pattern& p, const Shape& s, const T* q, const T* k,
+                                         const DynamicLayout* dynamic, unsigned threads) {
+  check_reference_inputs(p, s, dynamic);
+  const MaskContext c{p, s, dynamic};
+  std::vector<double> w(static_cast<size_t>(s.batch * s.heads_q * s.seq_q * s.seq_k), 0.0);
+  const double scale = softmax_scale(p, s), f = output_factor(p);
+  parallel_units(s.batch * s.heads_q, threads, [&](int64_t u) {
+    Row row;
+    for (int64_t i = 0; i < s.seq_q; ++i) {
+      row_softmax(c, q, k, u / s.heads_q, u % s.heads_q, i, scale, row);
+      double* wrow = w.data() + (u * s.seq_q + i) * s.seq_k;
+      for (size_t n = 0; n < row.p.size(); ++n) wrow[row.keys[n]] += f * row.p[n];
+    }
+  });
+  return w;
+}
+
+template <class T>
 ReferenceGradients reference_backward(const Pattern& p, const Shape& s, const T* q, const T* k, const T* v, const T* dout,
                                       const DynamicLayout* dynamic, unsigned threads) {
   check_reference_inputs(p, s, dynamic);
@@ -171,6 +189,14 @@ ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const floa
 ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const double* q, const double* k, const double* v,
                                     const DynamicLayout* dynamic, unsigned threads) {
   return reference_forward(p, s, q, k, v, dynamic, threads);
+}
+std::vector<double> reference_weights(const Pattern& p, const Shape& s, const float* q, const float* k,
+                                      const DynamicLayout* dynamic, unsigned threads) {
+  return reference_weights_of(p, s, q, k, dynamic, threads);
+}
+std::vector<double> reference_weights(const Pattern& p, const Shape& s, const double* q, const double* k,
+                                      const DynamicLayout* dynamic, unsigned threads) {
+  return reference_weights_of(p, s, q, k, dynamic, threads);
 }
 ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const float* q, const float* k,
                                                 const float* v, const float* dout, const DynamicLayout* dynamic,

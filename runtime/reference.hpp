@@ -24,6 +24,14 @@ ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const floa
 ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const double* q, const double* k, const double* v,
                                     const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
 
+// The attention weights of the forward above: W [batch, heads_q, seq_q, seq_k], float64, with
+// O = W V: each key's probability summed over the branches that attend it, times the head_groups
+// "mean" factor; zero for keys not attended and for rows that attend nothing.
+std::vector<double> reference_weights(const Pattern& p, const Shape& s, const float* q, const float* k,
+                                      const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
+std::vector<double> reference_weights(const Pattern& p, const Shape& s, const double* q, const double* k,
+                                      const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
+
 // The gradients of the forward above with respect to q, k and v, given dO
 // [batch, seq_q, heads_q, head_dim_v] (LSE's gradient is not taken): the exact gradient of the
 // single softmax over every branch's keys (a key two branches attend counts twice), the

@@ -199,6 +199,14 @@ void Attention::backward(const TensorView& q, const TensorView& k, const TensorV
   state_->backend->backward(*entry, q, k, v, o, lse, dout, dq, dk, dv, o2);
 }
 
+void Attention::weights(const TensorView& q, const TensorView& k, const TensorView& lse, const TensorView& w,
+                        const ForwardOptions& options) {
+  if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
+  check_weights_inputs(state_->problem, q, k, lse, w, state_->backend->alignment());
+  const std::shared_ptr<PlanEntry> entry = plan_for(*state_, options);
+  state_->backend->weights(*entry, state_->pattern, q, k, lse, w, options);
+}
+
 void attention(Runtime& rt, const Pattern& pattern, const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& o, const TensorView* lse, const ForwardOptions& options) {
   Problem pb;

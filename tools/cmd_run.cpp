@@ -12,6 +12,7 @@
 #include "compiler/plan.hpp"
 #include "runtime/plan_executor.hpp"
 #include "tools/run_device.hpp"
+#include "runtime/input_checks.hpp"
 #include "runtime/reference.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/run_inputs.hpp"
@@ -21,7 +22,7 @@ namespace attnjit::cli {
 
 namespace {
 struct RunOptions {
-  std::string spec, out, lse, dynamic, device = "cpu", executor = "reference", tile = "64x64", dtype = "fp32",
+  std::string spec, out, lse, weights, dynamic, device = "cpu", executor = "reference", tile = "64x64", dtype = "fp32",
               arch = "sm_80", kernel_tile = "default";
   int stages = 0;
   InputOptions in;
@@ -39,26 +40,38 @@ int run_attention(const RunOptions& o) {
   const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
   const DynamicLayout* table = dyn ? &*dyn : nullptr;
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> of, lf;
+  // The weights' size is checked before anything runs.
+  if (!o.weights.empty()) check_weights_size(s.batch, s.heads_q, s.seq_q, s.seq_k);
+  std::vector<float> of, lf, wf;
+  std::vector<float>* weights = o.weights.empty() ? nullptr : &wf;
   if (o.device == "gpu" || o.device == "emu") {
     KernelConfig config = parse_kernel_tile(o.kernel_tile);
     config.stages = o.stages;
     const Device d = o.device == "gpu" ? Device::cuda(0) : Device::emu(parse_arch(o.arch));
-    run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), config, of, lf);
+    run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), config, of, lf, nullptr, weights);
   } else if (o.executor == "plan") {
     const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table);
     ExecutorOutput r = execute_plan(plan, p, in.q.data(), in.k.data(), in.v.data(), table, {.threads = o.threads});
     of = std::move(r.o);
     lf = std::move(r.lse);
+    if (weights) {
+      wf.resize(static_cast<size_t>(s.batch * s.heads_q * s.seq_q * s.seq_k));
+      execute_plan_weights(plan, p, in.q.data(), in.k.data(), lf.data(), wf.data(), table, {.threads = o.threads});
+    }
   } else {
     const ReferenceOutput r = reference_attention(p, s, in.q.data(), in.k.data(), in.v.data(), table, o.threads);
     of.assign(r.o.begin(), r.o.end());
     lf.assign(r.lse.begin(), r.lse.end());
+    if (weights) {
+      const std::vector<double> w = reference_weights(p, s, in.q.data(), in.k.data(), table, o.threads);
+      wf.assign(w.begin(), w.end());
+    }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (!o.out.empty()) write_npy(o.out, NpyDtype::F32, {s.batch, s.seq_q, s.heads_q, s.head_dim_v}, of.data());
   if (!o.lse.empty()) write_npy(o.lse, NpyDtype::F32, {s.batch, s.heads_q, s.seq_q}, lf.data());
+  if (weights) write_npy(o.weights, NpyDtype::F32, {s.batch, s.heads_q, s.seq_q, s.seq_k}, wf.data());
   int64_t empty = 0;
   double mean_abs = 0.0;
   for (float x : lf) empty += std::isinf(x);
@@ -71,6 +84,7 @@ int run_attention(const RunOptions& o) {
   std::cout << "  mean |O| = " << mean_abs << ", rows with no keys: " << empty << " of " << lf.size() << "\n";
   if (!o.out.empty()) std::cout << "  wrote O to " << o.out << "\n";
   if (!o.lse.empty()) std::cout << "  wrote LSE to " << o.lse << "\n";
+  if (weights) std::cout << "  wrote the attention weights to " << o.weights << "\n";
   return 0;
 }
 }  // namespace
@@ -82,6 +96,9 @@ void register_run(CLI::App& app, int& rc) {
   o->in.add_to(sub);
   sub->add_option("--out,-o", o->out, "write O (float32 [batch, seq_q, heads_q, head_dim_v]) here");
   sub->add_option("--lse", o->lse, "write LSE (float32 [batch, heads_q, seq_q]) here");
+  sub->add_option("--weights", o->weights,
+                  "write the attention weights (float32 [batch, heads_q, seq_q, seq_k], O = W V) here; "
+                  "refused above ATTNJIT_MAX_WEIGHTS elements");
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
   sub->add_option("--device", o->device,
                   "where to run: cpu (reference or plan executor), gpu, or emu (the GPU kernel in the CPU emulator)")

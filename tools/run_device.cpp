@@ -63,7 +63,8 @@ private:
 
 void run_on_device(const Device& device, const Pattern& p, const Shape& s, const std::vector<float>& q,
                    const std::vector<float>& k, const std::vector<float>& v, const DynamicLayout* dynamic, DType dtype,
-                   const KernelConfig& config, std::vector<float>& o, std::vector<float>& lse, DeviceBackward* backward) {
+                   const KernelConfig& config, std::vector<float>& o, std::vector<float>& lse, DeviceBackward* backward,
+                   std::vector<float>* weights) {
   const bool gpu = device.kind == DeviceKind::CUDA;
   RuntimeOptions ro;
   ro.device = device;
@@ -101,6 +102,13 @@ void run_on_device(const Device& device, const Pattern& p, const Shape& s, const
     o = decode(obytes, dtype);
     lse.resize(static_cast<size_t>(s.batch * s.heads_q * s.seq_q));
     dlse.download(lse.data(), lse.size() * sizeof(float));
+  }
+  if (weights) {
+    const std::vector<int64_t> ws{s.batch, s.heads_q, s.seq_q, s.seq_k};
+    weights->resize(static_cast<size_t>(s.batch * s.heads_q * s.seq_q * s.seq_k));
+    DeviceBytes dw(gpu, weights->size() * sizeof(float));
+    op.weights(view(dq, dtype, qs), view(dk, dtype, ks), lse_view, view(dw, DType::F32, ws), fo);
+    dw.download(weights->data(), weights->size() * sizeof(float));
   }
   if (!backward) return;
   fo.deterministic = backward->deterministic;

@@ -17,10 +17,11 @@ struct DeviceBackward {
   std::vector<float> dq, dk, dv;
 };
 
-// The forward (into o, lse), then with `backward` the gradients.
+// The forward (into o, lse), then with `weights` the attention weights (Attention::weights,
+// float32 [B, Hq, Sq, Sk]) and with `backward` the gradients.
 void run_on_device(const Device& device, const Pattern& p, const Shape& s, const std::vector<float>& q,
                    const std::vector<float>& k, const std::vector<float>& v, const DynamicLayout* dynamic, DType dtype,
                    const KernelConfig& config, std::vector<float>& o, std::vector<float>& lse,
-                   DeviceBackward* backward = nullptr);
+                   DeviceBackward* backward = nullptr, std::vector<float>* weights = nullptr);
 
 }  // namespace attnjit::cli

@@ -9,11 +9,18 @@ from ._pattern import as_pattern
 _NUMPY_DTYPES = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16"}
 
 
-def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_lse=False, dynamic_layout=None):
+def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_lse=False, return_weights=False,
+              dynamic_layout=None):
     """Attention of `pattern` over q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv].
 
     Returns o [B, Sq, Hq, Dv] in the inputs' dtype, or (o, lse) with lse fp32 [B, Hq, Sq] (the
     natural log of each row's softmax denominator; -inf for rows that attend nothing).
+    `return_weights=True` appends the attention weights, for inspection: fp32 [B, Hq, Sq, Sk]
+    (float64 for float64 inputs) with o = W v, a key two branches attend appearing once with its
+    summed weight, the head_groups "mean" factor included, rows that attend nothing all zero. They
+    are computed on the host from q, k and this call's lse (CUDA tensors are copied over after the
+    current stream finishes), carry no gradient, and are refused above ATTNJIT_MAX_WEIGHTS
+    elements (default 2^28) with a ValueError naming the knob.
 
     `pattern`: an attnjit.Pattern, a dict or a path. `scale` replaces the softmax scale.
     `q_offset`/`k_offset`: global positions of row 0. `dynamic_layout`: the CSR table of a
@@ -30,12 +37,35 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
         p = p.with_scale(scale)
     dyn = _dynamic_arg(dynamic_layout)
     if isinstance(q, np.ndarray) or isinstance(k, np.ndarray) or isinstance(v, np.ndarray):
+        if return_weights and q.ndim == 4 and k.ndim == 4:  # refused before the forward runs
+            _attnjit.check_weights_size(q.shape[0], q.shape[2], q.shape[1], k.shape[1])
         o, lse = _numpy_attention(q, k, v, p.op_spec, int(q_offset), int(k_offset), dyn)
+        w = _numpy_weights(q, k, v, lse, p.op_spec, int(q_offset), int(k_offset), dyn) if return_weights else None
     else:
         from . import _torch_ops
 
+        if return_weights:
+            _torch_ops.check_weights_size(q, k)
         o, lse = _torch_ops.attention(q, k, v, p.op_spec, int(q_offset), int(k_offset), dyn)
-    return (o, lse) if return_lse else o
+        w = _torch_ops.weights(q, k, v, lse, p.op_spec, int(q_offset), int(k_offset), dyn) if return_weights else None
+    out = (o,) + ((lse,) if return_lse else ()) + ((w,) if return_weights else ())
+    return out if len(out) > 1 else o
+
+
+def _numpy_weights(q, k, v, lse, spec, q_offset, k_offset, dyn):
+    b, sq, hq, _ = q.shape
+    if q.dtype == np.float64:
+        dims = [b, sq, k.shape[1], hq, k.shape[2], q.shape[3], v.shape[3]]
+        q, k = np.ascontiguousarray(q), np.ascontiguousarray(k)
+        return _attnjit.reference_weights(spec, q.ctypes.data, k.ctypes.data, dims, q_offset, k_offset, dyn)
+    w = np.empty((b, hq, sq, k.shape[1]), dtype=np.float32)
+
+    def desc(x):
+        return (x.ctypes.data, list(x.shape), [s // x.itemsize for s in x.strides])
+
+    _attnjit.weights(spec, cpu_device(), 0, _NUMPY_DTYPES[q.dtype], desc(q), desc(k), desc(v), desc(lse), desc(w),
+                     q_offset, k_offset, 0, dyn)
+    return w
 
 
 def _dynamic_arg(d):

@@ -32,6 +32,28 @@ def attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn):
     return torch.ops.attnjit.attention(q, k, v, spec, q_offset, k_offset, heads, rows, cols)
 
 
+def check_weights_size(q, k):
+    """ValueError naming ATTNJIT_MAX_WEIGHTS if the weights of q, k would be over the cap."""
+    if q.dim() == 4 and k.dim() == 4:
+        _attnjit.check_weights_size(q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+
+
+def weights(q, k, v, lse, spec: str, q_offset: int, k_offset: int, dyn):
+    """The attention weights of attention(q, k, v) given its lse: fp32 [B, Hq, Sq, Sk] on q's device
+    (float64 from the reference for float64 inputs). No gradient: for inspection."""
+    b, sq, hq, _ = q.shape
+    q, k, v, lse = q.detach(), k.detach(), v.detach(), lse.detach()
+    if q.dtype == torch.float64:
+        dims = [b, sq, k.shape[1], hq, k.shape[2], q.shape[3], v.shape[3]]
+        qc, kc = q.contiguous(), k.contiguous()
+        return torch.from_numpy(_attnjit.reference_weights(spec, qc.data_ptr(), kc.data_ptr(), dims, q_offset, k_offset, dyn))
+    w = torch.empty((b, hq, sq, k.shape[1]), dtype=torch.float32, device=q.device)
+    device, index, stream = _device(q)
+    _attnjit.weights(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v), _desc(lse), _desc(w), q_offset,
+                     k_offset, stream, dyn)
+    return w
+
+
 def _desc(x):
     return (x.data_ptr(), list(x.shape), list(x.stride()))
 

@@ -96,6 +96,15 @@ public:
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
                 const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                 const ForwardOptions& options = {});
+  // The attention weights, for inspection: w is float32, contiguous [batch, heads_q, seq_q, seq_k],
+  // written whole with O = W V: W[b, h, i, j] is the softmax weight of key j for query i (a key
+  // two branches attend appears once with its summed weight; the head_groups "mean" factor is
+  // included; keys not attended and rows that attend nothing are 0). `lse` is what forward()
+  // returned for these inputs and options. Computed on the host over the forward's plan (on a CUDA
+  // device: after the caller's stream has finished, from copies of q, k and lse; w is then copied
+  // back). Refused above ATTNJIT_MAX_WEIGHTS elements (default 2^28).
+  void weights(const TensorView& q, const TensorView& k, const TensorView& lse, const TensorView& w,
+               const ForwardOptions& options = {});
   const Pattern& pattern() const;
   const Problem& problem() const;
   // The generated kernel's name, or "cpu plan executor".

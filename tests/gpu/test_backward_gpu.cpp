@@ -304,3 +304,44 @@ TEST_CASE("backward: a tile configuration no kernel supports is a clear error", 
   CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 128, 128, 2, 2, 64, 64, DType::BF16}),
                     Catch::Contains("backward tile") && Catch::Contains("{16, 32, 64, 128}"));
 }
+
+TEST_CASE("weights: from the device's own LSE, equal to the reference's and explaining its O", "[gpu][emu][weights]") {
+  if (on_gpu()) shared_context(0).make_current();
+  RuntimeOptions ro;
+  ro.device = device_under_test();
+  Runtime rt(ro);
+  const Pattern p = load_spec_file(std::string(ATTNJIT_EXAMPLES_DIR) + "/longnet.json");
+  Shape s;
+  s.batch = 2, s.seq_q = s.seq_k = 200, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 64;
+  const DType dt = DType::BF16;
+  const std::vector<int64_t> qs{s.batch, s.seq_q, s.heads_q, 64}, ks{s.batch, s.seq_k, s.heads_kv, 64};
+  const auto q = rounded(testing::random_tensor(size_t(s.batch * s.seq_q * s.heads_q * 64), 91), dt);
+  const auto k = rounded(testing::random_tensor(size_t(s.batch * s.seq_k * s.heads_kv * 64), 92), dt);
+  const auto v = rounded(testing::random_tensor(size_t(s.batch * s.seq_k * s.heads_kv * 64), 93), dt);
+  Mem mq(q.size() * 2), mk(k.size() * 2), mv(v.size() * 2), mo(q.size() * 2), ml(size_t(s.batch * s.heads_q * s.seq_q) * 4),
+      mw(size_t(s.batch * s.heads_q * s.seq_q * s.seq_k) * 4);
+  mq.upload(encode(q, dt)), mk.upload(encode(k, dt)), mv.upload(encode(v, dt));
+  Attention op = rt.prepare(p, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, 64, 64, dt});
+  const TensorView Q = TensorView::contiguous(mq.data(), dt, qs), K = TensorView::contiguous(mk.data(), dt, ks),
+                   V = TensorView::contiguous(mv.data(), dt, ks), O = TensorView::contiguous(mo.data(), dt, qs),
+                   L = TensorView::contiguous(ml.data(), DType::F32, {s.batch, s.heads_q, s.seq_q}),
+                   W = TensorView::contiguous(mw.data(), DType::F32, {s.batch, s.heads_q, s.seq_q, s.seq_k});
+  op.forward(Q, K, V, O, &L);
+  op.weights(Q, K, L, W);  // on a GPU: after the (default) stream finishes, without a synchronise here
+  const std::vector<float> w = decode(mw.download(), DType::F32), o = decode(mo.download(), dt);
+  const std::vector<double> want = reference_weights(p, s, q.data(), k.data());
+  double worst = 0.0;
+  for (size_t x = 0; x < want.size(); ++x) worst = std::max(worst, std::abs(double(w[x]) - want[x]));
+  CHECK(worst <= 2e-3);  // the kernel's LSE from bf16 inputs, fp32 accumulation
+  double worst_o = 0.0;
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t i = 0; i < s.seq_q; ++i)
+      for (int64_t h = 0; h < s.heads_q; ++h)
+        for (int64_t d = 0; d < 64; ++d) {
+          double sum = 0.0;
+          for (int64_t j = 0; j < s.seq_k; ++j)
+            sum += double(w[size_t(((b * s.heads_q + h) * s.seq_q + i) * s.seq_k + j)]) * v[size_t(((b * s.seq_k + j) * s.heads_kv + h / 2) * 64 + d)];
+          worst_o = std::max(worst_o, std::abs(sum - o[size_t(((b * s.seq_q + i) * s.heads_q + h) * 64 + d)]));
+        }
+  CHECK(worst_o <= 1e-2);  // O is stored in bf16
+}

@@ -8,6 +8,7 @@
 #   mask/ run/ dynamic/ cli/   the other subcommands, dynamic layout tables, option parsing
 #   info.test  versions and driver (passes with and without a GPU)
 import os
+import sys
 import tempfile
 
 import lit.formats
@@ -51,6 +52,8 @@ else:
 # %examples first: lit applies substitutions in order. The tool names are replaced only as whole
 # words, never inside a path or a longer name (%t/attnjit.npy, attnjit-pattern).
 config.substitutions.append(("%examples", examples))
+# %python: the interpreter running lit (with numpy), for tests that check .npy outputs.
+config.substitutions.append(("%python", sys.executable))
 for tool, path in [("attnjit", attnjit)] + [(t, os.path.join(llvm_tools, t)) for t in ("FileCheck", "not", "split-file")]:
     config.substitutions.append((r"(?<![-_./%%\w])%s(?![-_./\w])" % tool, path))
 

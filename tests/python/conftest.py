@@ -23,18 +23,16 @@ def output_factor(pattern):
     return 1.0
 
 
-def dense_attention(q, k, v, pattern, q_offset=0, k_offset=0, scale=None):
-    """The contract, dense: one softmax per (head, row) over the keys weighted by how many branches
-    attend them; rows that attend nothing give O = 0 and LSE = -inf. Differentiable."""
+def _dense_softmax(q, k, pattern, q_offset, k_offset, scale):
+    """(p, m, den): the contract's probabilities [B, H, Sq, Sk] (keys weighted by their branch
+    counts; zero rows where nothing is attended), the row max and the denominator."""
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     counts = torch.from_numpy(pattern.mask(sq, hq, sk, hkv, q_offset, k_offset)).to(torch.float64)  # [H, Sq, Sk]
     spec = json.loads(pattern.spec)
     if scale is None:
         scale = spec.get("scale", 1.0 / d ** 0.5)
-    group = hq // hkv
-    kk = k.to(torch.float64).repeat_interleave(group, dim=2)
-    vv = v.to(torch.float64).repeat_interleave(group, dim=2)
+    kk = k.to(torch.float64).repeat_interleave(hq // hkv, dim=2)
     s = torch.einsum("bqhd,bkhd->bhqk", q.to(torch.float64), kk) * scale
     live = counts > 0
     s = s.masked_fill(~live, float("-inf"))
@@ -43,10 +41,23 @@ def dense_attention(q, k, v, pattern, q_offset=0, k_offset=0, scale=None):
     w = counts * torch.exp(s - m)
     den = w.sum(dim=-1, keepdim=True)
     p = torch.where(den > 0, w / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(w))
+    return p, m, den
+
+
+def dense_attention(q, k, v, pattern, q_offset=0, k_offset=0, scale=None):
+    """The contract, dense: one softmax per (head, row) over the keys weighted by how many branches
+    attend them; rows that attend nothing give O = 0 and LSE = -inf. Differentiable."""
+    p, m, den = _dense_softmax(q, k, pattern, q_offset, k_offset, scale)
+    vv = v.to(torch.float64).repeat_interleave(q.shape[2] // v.shape[2], dim=2)
     o = torch.einsum("bhqk,bkhd->bqhd", p, vv) * output_factor(pattern)
     lse = torch.where(den[..., 0] > 0, torch.log(torch.where(den[..., 0] > 0, den[..., 0], torch.ones_like(den[..., 0]))) + m[..., 0],
                       torch.full_like(m[..., 0], float("-inf")))
     return o, lse
+
+
+def dense_weights(q, k, pattern, q_offset=0, k_offset=0, scale=None):
+    """The contract's attention weights [B, Hq, Sq, Sk], float64: O = W V."""
+    return _dense_softmax(q, k, pattern, q_offset, k_offset, scale)[0] * output_factor(pattern)
 
 
 def rel_error(got, want):

@@ -2,13 +2,16 @@
 (gradcheck in float64 through the reference, the plan executor's and the emulated kernels'
 against autograd of the dense contract); torch.compile; errors; the GPU subset."""
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 import attnjit
-from conftest import EXAMPLES, dense_attention, example_specs, needs_gpu, rel_error
+from conftest import EXAMPLES, dense_attention, dense_weights, example_specs, needs_gpu, rel_error
 
 
 def inputs(b, sq, sk, hq, hkv, d, dtype=torch.float32, seed=0, requires_grad=False, device="cpu"):
@@ -137,6 +140,60 @@ def test_bitmap_and_hierarchical_layouts_on_every_cpu_device(device, monkeypatch
             assert rel_error(g, w) <= (3e-2 if device == "emu" else 1e-4), f"d{name}"
 
 
+WEIGHT_SPECS = [
+    # Overlapping branches (keys counted twice), some heads in only some branches.
+    {"attnjit": 1, "branches": [
+        {"segment": "full", "causal": True, "heads": [0, 2, 3]},
+        {"segment": 32, "dilation": 2, "heads": [1, 2, 3]},
+        {"segment": 64, "dilation": 4, "causal": True}]},
+    # head_groups: each branch is a group of heads, and O carries the "mean" factor 1/3.
+    {"attnjit": 1, "combine": "head_groups", "branches": [
+        {"segment": "full", "causal": True}, {"segment": 32, "dilation": 2}, {"segment": 64, "dilation": 4}]},
+]
+
+
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+def test_attention_weights_explain_the_output(device, monkeypatch):
+    # W equals the dense contract's weights and O = W V, with GQA and a chunk at an offset.
+    if device == "emu":
+        monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu")
+    for spec in WEIGHT_SPECS:
+        p = attnjit.Pattern.from_json(spec)
+        dtype = torch.bfloat16 if device == "emu" else torch.float32
+        q, k, v = inputs(2, 70, 130, 4, 2, 32, dtype=dtype, seed=21)
+        o, lse, w = attnjit.attention(q, k, v, p, q_offset=60, return_lse=True, return_weights=True)
+        assert w.dtype == torch.float32 and w.shape == (2, 4, 70, 130) and not w.requires_grad
+        want = dense_weights(q, k, p, q_offset=60)
+        assert (w.to(torch.float64) - want).abs().max() <= (2e-3 if device == "emu" else 1e-5)
+        wv = torch.einsum("bhij,bjhd->bihd", w.to(torch.float64), v.to(torch.float64).repeat_interleave(2, dim=2))
+        assert rel_error(o, wv) <= (1e-2 if device == "emu" else 1e-5)
+        # Asking for the weights changes nothing else.
+        assert torch.equal(lse, attnjit.attention(q, k, v, p, q_offset=60, return_lse=True)[1])
+
+
+def test_attention_weights_float64_numpy_and_bad_requests():
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    q, k, v = inputs(1, 40, 40, 2, 2, 16, dtype=torch.float64, seed=3)
+    o, w = attnjit.attention(q, k, v, p, return_weights=True)
+    assert w.dtype == torch.float64
+    torch.testing.assert_close(w, dense_weights(q, k, p), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.einsum("bhij,bjhd->bihd", w, v), o, rtol=1e-12, atol=1e-12)
+    qn, kn, vn = (x.to(torch.float32).numpy() for x in (q, k, v))
+    on, wn = attnjit.attention(qn, kn, vn, p, return_weights=True)
+    assert wn.dtype == np.float32 and wn.shape == (1, 2, 40, 40)
+    np.testing.assert_allclose(wn, w.numpy(), atol=1e-5)
+    # The cap is read once per process: a child process with a small cap.
+    code = ("import torch, attnjit\n"
+            "q = torch.zeros(1, 40, 2, 16)\n"
+            "try:\n"
+            "    attnjit.attention(q, q, q, {'attnjit': 1, 'branches': [{'segment': 'full'}]}, return_weights=True)\n"
+            "except ValueError as e:\n"
+            "    print(e)\n")
+    env = dict(os.environ, ATTNJIT_MAX_WEIGHTS="1000")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert "batch * heads_q * seq_q * seq_k = 3200 elements is over the cap of 1000 (ATTNJIT_MAX_WEIGHTS)" in out
+
+
 def test_torch_compile_traces_without_graph_breaks():
     p = attnjit.Pattern.load(EXAMPLES / "sliding_window.json")
     q, k, v = inputs(1, 96, 96, 2, 2, 16, seed=6, requires_grad=True)
@@ -203,6 +260,24 @@ def test_gpu_examples_forward_and_backward():
         want_g = grads(lambda a, b, c: dense_attention(a, b, c, p)[0], qc, kc, vc)
         for name, g, w in zip("qkv", got, want_g):
             assert rel_error(g.cpu(), w) <= 3e-2, f"{path.stem} d{name}"
+
+
+@needs_gpu
+def test_gpu_attention_weights_on_a_side_stream():
+    # The weights wait for the forward on PyTorch's current stream (here a side stream) and land in a
+    # CUDA tensor.
+    p = attnjit.Pattern.from_json(WEIGHT_SPECS[0])
+    q, k, v = inputs(2, 300, 300, 4, 2, 64, dtype=torch.bfloat16, seed=4, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        o, w = attnjit.attention(q, k, v, p, return_weights=True)
+    torch.cuda.current_stream().wait_stream(side)
+    assert w.device.type == "cuda" and w.dtype == torch.float32
+    want = dense_weights(q.cpu(), k.cpu(), p)
+    assert (w.cpu().to(torch.float64) - want).abs().max() <= 2e-3
+    wv = torch.einsum("bhij,bjhd->bihd", w.to(torch.float64), v.to(torch.float64).repeat_interleave(2, dim=2))
+    assert rel_error(o, wv) <= 1e-2
 
 
 @needs_gpu

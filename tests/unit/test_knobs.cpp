@@ -24,7 +24,7 @@ const std::vector<std::string> kAllVariables = {
     "ATTNJIT_CACHE_DIR", "ATTNJIT_DISABLE_CACHE",   "ATTNJIT_ALWAYS_COMPILE",  "ATTNJIT_NO_JIT", "ATTNJIT_DUMP_DIR",
     "ATTNJIT_LOG_LEVEL", "ATTNJIT_CACHE_MAX_BYTES", "ATTNJIT_PRINT_AUTOTUNING", "ATTNJIT_TUNE",  "XDG_CACHE_HOME",
     "HOME", "ATTNJIT_DETERMINISTIC", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT",
-    "ATTNJIT_CPU_SIMD"};
+    "ATTNJIT_CPU_SIMD", "ATTNJIT_MAX_WEIGHTS"};
 
 // Clears every variable the knobs read and restores the caller's environment afterwards.
 class CleanEnvironment {
@@ -220,6 +220,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_PRINT_AUTOTUNING=0\n"
         "ATTNJIT_TUNE=1\n"
         "ATTNJIT_DETERMINISTIC=0\n"
+        "ATTNJIT_MAX_WEIGHTS=268435456\n"
         "ATTNJIT_SHIPPED_DB_DIR=none\n"
         "ATTNJIT_CPU_SIMD=auto\n"
         "ATTNJIT_EMU_CXX=c++\n"
@@ -240,6 +241,21 @@ TEST_CASE("ATTNJIT_CPU_SIMD picks the CPU executor's instruction set, in any cas
   env.set("ATTNJIT_CPU_SIMD", "avx512");
   CHECK_THROWS_WITH(Knobs::from_environment(),
                     Catch::Contains("'avx512' is not an instruction set; use one of auto, generic, avx2"));
+}
+
+TEST_CASE("ATTNJIT_MAX_WEIGHTS caps Attention::weights; zero and junk are rejected", "[knobs]") {
+  CleanEnvironment env;
+  CHECK(Knobs::from_environment().max_weights == (int64_t{1} << 28));
+  env.set("ATTNJIT_MAX_WEIGHTS", "1000");
+  CHECK(Knobs::from_environment().max_weights == 1000);
+  for (const char* bad : {"0", "-5", "1e9", "lots"}) {
+    CleanEnvironment one;
+    one.set("ATTNJIT_MAX_WEIGHTS", bad);
+    INFO(bad);
+    const auto e = parse_error();
+    REQUIRE(e.has_value());
+    CHECK(e->where() == std::string("ATTNJIT_MAX_WEIGHTS"));
+  }
 }
 
 TEST_CASE("the emulator's knobs parse, and malformed values name the variable and the fix", "[knobs]") {

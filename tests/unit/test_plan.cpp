@@ -278,6 +278,59 @@ TEST_CASE("the plan executor's backward matches the reference gradients (float32
   }
 }
 
+TEST_CASE("the plan executor's attention weights match the reference's, and O = W V", "[plan][executor][weights][property]") {
+  const auto variants = simd_variants();
+  CaseGenerator gen(9090);
+  for (int n = 0; n < 200; ++n) {
+    const auto c = gen.next();
+    const TileConfig tiles = random_tiles(gen);
+    const DynamicLayout* dyn = c.dynamic ? &*c.dynamic : nullptr;
+    const Shape& s = c.shape;
+    const auto q = random_tensor(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim), 10 * n + 1);
+    const auto k = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 10 * n + 2);
+    const auto v = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 10 * n + 3);
+    const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn);
+    const std::vector<double> want = reference_weights(c.pattern, s, q.data(), k.data(), dyn, 1);
+    for (const CpuSimd simd : variants) {
+      const bool head_major = n % 2 == 1;
+      INFO("case " << n << " (" << cpu_simd_name(simd) << (head_major ? ", head-major" : ", seq-major") << ")\n"
+                   << describe(c, tiles));
+      const ExecutorOptions opts{.threads = 1u + static_cast<unsigned>(n % 2), .simd = simd,
+                                 .order = head_major ? ExecutorOrder::HeadMajor : ExecutorOrder::SeqMajor};
+      std::vector<float> w(want.size(), std::numeric_limits<float>::quiet_NaN());  // every element must be written
+      ExecutorOutput fwd;
+      if (head_major) {
+        const auto qh = permute(q, s.batch, s.seq_q, s.heads_q, s.head_dim, true);
+        const auto kh = permute(k, s.batch, s.seq_k, s.heads_kv, s.head_dim, true);
+        fwd = execute_plan(plan, c.pattern, qh.data(), kh.data(), permute(v, s.batch, s.seq_k, s.heads_kv, s.head_dim_v, true).data(),
+                           dyn, opts);
+        fwd.o = permute(fwd.o, s.batch, s.seq_q, s.heads_q, s.head_dim_v, false);
+        execute_plan_weights(plan, c.pattern, qh.data(), kh.data(), fwd.lse.data(), w.data(), dyn, opts);
+      } else {
+        fwd = execute_plan(plan, c.pattern, q.data(), k.data(), v.data(), dyn, opts);
+        execute_plan_weights(plan, c.pattern, q.data(), k.data(), fwd.lse.data(), w.data(), dyn, opts);
+      }
+      for (size_t x = 0; x < want.size(); ++x) {
+        INFO("w index " << x);
+        REQUIRE(w[x] == Approx(want[x]).epsilon(1e-5).margin(1e-6));
+      }
+      // O = W V, row by row, against the executor's own O.
+      const int64_t group = s.heads_q / s.heads_kv;
+      for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t h = 0; h < s.heads_q; ++h)
+          for (int64_t i = 0; i < s.seq_q; ++i)
+            for (int64_t d = 0; d < s.head_dim_v; ++d) {
+              double wv = 0.0;
+              for (int64_t j = 0; j < s.seq_k; ++j)
+                wv += double(w[size_t(((b * s.heads_q + h) * s.seq_q + i) * s.seq_k + j)]) *
+                      v[size_t(((b * s.seq_k + j) * s.heads_kv + h / group) * s.head_dim_v + d)];
+              INFO("O[" << b << "," << i << "," << h << "," << d << "]");
+              REQUIRE(fwd.o[size_t(((b * s.seq_q + i) * s.heads_q + h) * s.head_dim_v + d)] == Approx(wv).epsilon(1e-5).margin(1e-5));
+            }
+    }
+  }
+}
+
 TEST_CASE("the plan executor: a masked pair contributes exactly nothing, whatever its value", "[plan][executor]") {
   // Causal, 4x4 tiles: key 3 is masked for rows 0-2 inside the first (partial) tile. Its value is
   // huge, so a masked probability that were merely tiny (exp clamps -inf to about 3e-39) would show.

@@ -275,3 +275,99 @@ TEST_CASE("backward: every bad input is a clear error", "[runtime][grad][errors]
   CHECK_THROWS_WITH(op.backward(Q, K, V, O, L, DO, DQ, DK, DV, bad), Catch::Contains("offsets must be >= 0"));
   CHECK_THROWS_WITH(Attention().backward(Q, K, V, O, L, DO, DQ, DK, DV), Catch::Contains("is empty"));
 }
+
+namespace {
+
+// Attention::weights on `device` against the reference weights computed from the same (rounded)
+// inputs, and O = W V against the device's own O, over random patterns, layouts and dtypes.
+void check_weights(const Device& device, int cases, uint64_t seed) {
+  CaseGenerator gen(seed);
+  RuntimeOptions ro;
+  ro.device = device;
+  Runtime rt(ro);
+  for (int n = 0; n < cases; ++n) {
+    auto c = gen.next();
+    Shape& s = c.shape;
+    const DType dt = n % 3 == 2 ? DType::BF16 : n % 2 ? DType::F16 : DType::F32;
+    if (device.kind == DeviceKind::EMU) {
+      s.head_dim = 16 * (1 + s.head_dim % 4);
+      s.head_dim_v = 16 * (1 + s.head_dim_v % 4);
+    }
+    const bool bhsd = n % 3 == 1;
+    auto values = [&](int64_t seq, int64_t heads, int64_t d, uint64_t sd) {
+      std::vector<float> v = random_tensor(size_t(s.batch * seq * heads * d), sd);
+      if (dt == DType::F16) return rounded_to_half(v);
+      if (dt == DType::BF16)
+        for (float& x : v) x = bfloat16_to_float(float_to_bfloat16(x));
+      return v;
+    };
+    const auto q = values(s.seq_q, s.heads_q, s.head_dim, 3 * n), k = values(s.seq_k, s.heads_kv, s.head_dim, 3 * n + 1),
+               v = values(s.seq_k, s.heads_kv, s.head_dim_v, 3 * n + 2);
+    const DynamicLayout* dyn = c.dynamic ? &*c.dynamic : nullptr;
+    INFO("case " << n << " " << to_string(dt) << (bhsd ? " bhsd" : " bshd") << " on " << device.describe() << "\n"
+                 << canonical_text(c.pattern));
+    const std::vector<double> want = reference_weights(c.pattern, s, q.data(), k.data(), dyn, 1);
+    const std::vector<int64_t> qs{s.batch, s.seq_q, s.heads_q, s.head_dim}, ks{s.batch, s.seq_k, s.heads_kv, s.head_dim},
+        vs{s.batch, s.seq_k, s.heads_kv, s.head_dim_v}, os{s.batch, s.seq_q, s.heads_q, s.head_dim_v};
+    HostTensor tq(q, qs, dt, bhsd), tk(k, ks, dt, bhsd), tv(v, vs, dt, bhsd), to(std::vector<float>(size_t(s.batch * s.seq_q * s.heads_q * s.head_dim_v)), os, dt, bhsd);
+    std::vector<float> lse(size_t(s.batch * s.heads_q * s.seq_q)), w(want.size(), -7.0f);
+    const TensorView lv = TensorView::contiguous(lse.data(), DType::F32, {s.batch, s.heads_q, s.seq_q});
+    const TensorView wv = TensorView::contiguous(w.data(), DType::F32, {s.batch, s.heads_q, s.seq_q, s.seq_k});
+    Attention op = rt.prepare(c.pattern, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt});
+    ForwardOptions fo;
+    fo.q_offset = s.q_offset, fo.k_offset = s.k_offset, fo.dynamic_layout = dyn;
+    op.forward(tq.view, tk.view, tv.view, to.view, &lv, fo);
+    op.weights(tq.view, tk.view, lv, wv, fo);
+    for (size_t x = 0; x < want.size(); ++x) {
+      INFO("w index " << x);
+      REQUIRE(w[x] == Approx(want[x]).epsilon(1e-4).margin(1e-5));
+    }
+    // O = W V: the weights explain the device's own output (to O's storage precision).
+    const double tol = dt == DType::BF16 ? 1e-2 : dt == DType::F16 ? 2e-3 : 1e-5;
+    const int64_t group = s.heads_q / s.heads_kv;
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t i = 0; i < s.seq_q; ++i)
+        for (int64_t h = 0; h < s.heads_q; ++h)
+          for (int64_t d = 0; d < s.head_dim_v; ++d) {
+            double sum = 0.0;
+            for (int64_t j = 0; j < s.seq_k; ++j) sum += double(w[size_t(((b * s.heads_q + h) * s.seq_q + i) * s.seq_k + j)]) * tv.at(b, j, h / group, d);
+            INFO("O[" << b << "," << i << "," << h << "," << d << "]");
+            REQUIRE(to.at(b, i, h, d) == Approx(sum).epsilon(tol).margin(tol));
+          }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("weights on the CPU device match the reference's and explain O through any layout and dtype", "[runtime][weights][property]") {
+  check_weights(Device::cpu(), 60, 8181);
+}
+
+TEST_CASE("weights on the emulator (from the generated kernel's LSE) match the reference's and explain its O", "[emu][weights][property]") {
+  check_weights(Device::emu(80), 25, 8282);
+}
+
+TEST_CASE("weights: every bad input is a clear error", "[runtime][weights][errors]") {
+  Runtime rt;
+  const Pattern p = PatternBuilder().branch(BranchSpec().full().causal()).build();
+  Attention op = rt.prepare(p, Problem{1, 16, 12, 2, 1, 8, 8, DType::F32});
+  std::vector<float> q(16 * 2 * 8), k(12 * 8), v(12 * 8), o(16 * 2 * 8), lse(2 * 16), w(2 * 16 * 12);
+  auto t = [](std::vector<float>& x, std::vector<int64_t> shape) { return TensorView::contiguous(x.data(), DType::F32, std::move(shape)); };
+  const TensorView Q = t(q, {1, 16, 2, 8}), K = t(k, {1, 12, 1, 8}), V = t(v, {1, 12, 1, 8}), O = t(o, {1, 16, 2, 8}),
+                   L = t(lse, {1, 2, 16}), W = t(w, {1, 2, 16, 12});
+  op.forward(Q, K, V, O, &L);
+  CHECK_NOTHROW(op.weights(Q, K, L, W));
+  CHECK_THROWS_WITH(op.weights(Q, K, L, t(w, {1, 2, 12, 16})),
+                    Catch::Contains("w: has shape [1, 2, 12, 16] but the problem needs [1, 2, 16, 12] ([batch, heads_q, seq_q, seq_k])"));
+  TensorView transposed = W;
+  std::swap(transposed.strides[2], transposed.strides[3]);
+  transposed.strides[3] = 1;  // a padded row: contiguous last dimension, gaps between rows
+  transposed.strides[2] = 13;
+  CHECK_THROWS_WITH(op.weights(Q, K, L, transposed), Catch::Contains("w: must be contiguous [batch, heads_q, seq_q, seq_k]"));
+  TensorView half = W;
+  half.dtype = DType::F16;
+  CHECK_THROWS_WITH(op.weights(Q, K, L, half), Catch::Contains("w: has dtype fp16 but must be fp32"));
+  CHECK_THROWS_WITH(op.weights(Q, K, L, t(q, {1, 2, 16, 12})), Catch::Contains("w: overlaps q; give the weights their own memory"));
+  CHECK_THROWS_WITH(op.weights(Q, K, t(lse, {1, 1, 16}), W), Catch::Contains("lse: has shape [1, 1, 16]"));
+  CHECK_THROWS_WITH(Attention().weights(Q, K, L, W), Catch::Contains("is empty"));
+}
