@@ -94,6 +94,112 @@ bool layout_allows(const Layout& l, int64_t h, int64_t qpos, int64_t kpos, const
   return false;
 }
 
+namespace {
+
+// Appends [a, b) clipped to [lo, hi) to `out`, whose intervals end at or before a; touching or
+// overlapping the last one extends it.
+void push_interval(std::vector<KeyInterval>& out, int64_t a, int64_t b, int64_t lo, int64_t hi) {
+  a = std::max(a, lo), b = std::min(b, hi);
+  if (a >= b) return;
+  if (!out.empty() && a <= out.back().end) {
+    out.back().end = std::max(out.back().end, b);
+    return;
+  }
+  out.push_back({a, b});
+}
+
+// Key blocks kb (block size bk) whose positions meet [lo, hi): kb in [lo / bk, (hi - 1) / bk].
+struct BlockRange {
+  int64_t first, last;
+};
+BlockRange key_blocks(int64_t lo, int64_t hi, int64_t bk) { return {lo / bk, (hi - 1) / bk}; }
+
+}  // namespace
+
+void union_key_intervals(std::vector<KeyInterval>& acc, const std::vector<KeyInterval>& more, std::vector<KeyInterval>& scratch) {
+  scratch.clear();
+  size_t i = 0, j = 0;
+  while (i < acc.size() || j < more.size()) {
+    const KeyInterval& next = j == more.size() || (i < acc.size() && acc[i].begin <= more[j].begin) ? acc[i++] : more[j++];
+    push_interval(scratch, next.begin, next.end, next.begin, next.end);
+  }
+  acc.swap(scratch);
+}
+
+void intersect_key_intervals(std::vector<KeyInterval>& acc, const std::vector<KeyInterval>& more, std::vector<KeyInterval>& scratch) {
+  scratch.clear();
+  for (size_t i = 0, j = 0; i < acc.size() && j < more.size();) {
+    const int64_t a = std::max(acc[i].begin, more[j].begin), b = std::min(acc[i].end, more[j].end);
+    if (a < b) scratch.push_back({a, b});  // pieces of disjoint, gapped lists stay disjoint and gapped
+    (acc[i].end < more[j].end ? i : j)++;
+  }
+  acc.swap(scratch);
+}
+
+void layout_key_intervals(const Layout& l, int64_t h, int64_t qpos, int64_t lo, int64_t hi, const DynamicLayout* dynamic,
+                          std::vector<KeyInterval>& out) {
+  out.clear();
+  if (lo >= hi) return;
+  const int64_t qb = qpos / l.bq, bk = l.bk;
+  const BlockRange r = key_blocks(lo, hi, bk);
+  auto block = [&](int64_t kb) { push_interval(out, kb * bk, (kb + 1) * bk, lo, hi); };
+  switch (l.kind) {
+    case Layout::Kind::Local: return push_interval(out, (qb - l.local) * bk, (qb + l.local + 1) * bk, lo, hi);
+    case Layout::Kind::Global:
+      if (std::binary_search(l.blocks.begin(), l.blocks.end(), qb)) return push_interval(out, lo, hi, lo, hi);
+      for (int64_t kb : l.blocks)
+        if (kb >= r.first && kb <= r.last) block(kb);
+      return;
+    case Layout::Kind::Strided: {
+      if (l.stride == 1) return push_interval(out, lo, hi, lo, hi);
+      const int64_t first = r.first + ((l.phase - r.first) % l.stride + l.stride) % l.stride;
+      for (int64_t kb = first; kb <= r.last; kb += l.stride) block(kb);
+      return;
+    }
+    case Layout::Kind::Offsets:
+      for (int64_t off : l.blocks)
+        if (qb + off >= r.first && qb + off <= r.last) block(qb + off);
+      return;
+    case Layout::Kind::Random: {
+      const RandomBlockRow row(l.seed, l.density, static_cast<uint64_t>(h), static_cast<uint64_t>(qb));
+      for (int64_t kb = r.first; kb <= r.last; ++kb)
+        if (row.kept(static_cast<uint64_t>(kb))) block(kb);
+      return;
+    }
+    case Layout::Kind::Explicit: {
+      const auto& pairs = l.per_head.empty() ? l.explicit_blocks : l.per_head.at(static_cast<size_t>(h));
+      for (auto it = std::lower_bound(pairs.begin(), pairs.end(), Layout::BlockPair{qb, r.first});
+           it != pairs.end() && it->first == qb && it->second <= r.last; ++it)
+        block(it->second);
+      return;
+    }
+    case Layout::Kind::Dynamic: {
+      if (!dynamic) dynamic_allows(l, h, qb, 0, dynamic);  // throws the "no table" error
+      const int64_t q_blocks = (static_cast<int64_t>(dynamic->row_offsets.size()) - 1) / dynamic->heads;
+      if (qb >= q_blocks) return;
+      const int64_t row = (dynamic->heads == 1 ? 0 : h) * q_blocks + qb;
+      const auto end = dynamic->col_indices.begin() + dynamic->row_offsets[static_cast<size_t>(row + 1)];
+      for (auto it = std::lower_bound(dynamic->col_indices.begin() + dynamic->row_offsets[static_cast<size_t>(row)], end,
+                                      static_cast<int32_t>(r.first));
+           it != end && *it <= r.last; ++it)
+        block(*it);
+      return;
+    }
+    case Layout::Kind::Union:
+    case Layout::Kind::Intersect: {
+      std::vector<KeyInterval> child, scratch;
+      for (size_t c = 0; c < l.children.size(); ++c) {
+        layout_key_intervals(l.children[c], h, qpos, lo, hi, dynamic, c == 0 ? out : child);
+        if (c == 0) continue;
+        if (l.kind == Layout::Kind::Union) union_key_intervals(out, child, scratch);
+        else intersect_key_intervals(out, child, scratch);
+        if (l.kind == Layout::Kind::Intersect && out.empty()) return;
+      }
+      return;
+    }
+  }
+}
+
 bool branch_attends(const MaskContext& c, size_t b, int64_t h, int64_t i, int64_t j) {
   const Branch& br = c.pattern.branches[b];
   if (!branch_has_head(c.pattern, b, h, c.shape.heads_q)) return false;

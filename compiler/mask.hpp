@@ -46,6 +46,25 @@ bool position_selected(const Branch& br, int64_t off, int64_t pos);
 // Does the layout keep global positions (qpos, kpos) for query head h?
 bool layout_allows(const Layout& l, int64_t h, int64_t qpos, int64_t kpos, const DynamicLayout* dynamic);
 
+// Key positions [begin, end).
+struct KeyInterval {
+  int64_t begin = 0, end = 0;
+  bool operator==(const KeyInterval& o) const { return begin == o.begin && end == o.end; }
+};
+
+// The key positions in [lo, hi) that layout `l` keeps for query position `qpos` of head h, as
+// sorted intervals with gaps between them (adjacent kept blocks are one interval): one block row
+// of the layout at a time, in time proportional to the intervals (the random layout: to the key
+// blocks in range). Equal to testing layout_allows at every position; the lowering uses it to
+// visit only the key tiles a block row keeps.
+void layout_key_intervals(const Layout& l, int64_t h, int64_t qpos, int64_t lo, int64_t hi, const DynamicLayout* dynamic,
+                          std::vector<KeyInterval>& out);
+
+// acc := acc u more, and acc := acc n more, for sorted gapped interval lists (results sorted and
+// gapped too); `scratch` is working space.
+void union_key_intervals(std::vector<KeyInterval>& acc, const std::vector<KeyInterval>& more, std::vector<KeyInterval>& scratch);
+void intersect_key_intervals(std::vector<KeyInterval>& acc, const std::vector<KeyInterval>& more, std::vector<KeyInterval>& scratch);
+
 // The definition, one pair at a time: does query row i attend key row j in branch b for head h?
 // (Local row indices; positions are shape.q_offset + i and shape.k_offset + j.)
 bool branch_attends(const MaskContext& c, size_t b, int64_t h, int64_t i, int64_t j);

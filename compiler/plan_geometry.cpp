@@ -42,40 +42,86 @@ struct SpanGeometry::Interval {
 
 SpanGeometry::SpanGeometry(const Pattern& p, const DynamicLayout* dynamic) : pattern_(p), dynamic_(dynamic) {}
 
-SpanGeometry::Cover SpanGeometry::layout_cover(const Layout& l, int32_t head, const Prog& q, const Prog& k) const {
-  const int64_t gq = granule(l, true), gk = granule(l, false);
-  const std::vector<int64_t> qg = granules_of(q, gq), kg = granules_of(k, gk);
-  bool all = true, any = false;
-  for (int64_t a : qg)
-    for (int64_t b : kg) {
-      const bool ok = layout_allows(l, head, a * gq, b * gk, dynamic_);
-      all &= ok;
-      any |= ok;
-    }
-  return all ? Cover::All : any ? Cover::Some : Cover::None;
-}
-
-int64_t SpanGeometry::exact_pairs(int32_t branch, int32_t head, const Prog& q, const Prog& k) const {
+bool SpanGeometry::has_pairs(int32_t branch, int32_t head, const Prog& q, const Prog& k) const {
   const Branch& b = pattern_.branches[static_cast<size_t>(branch)];
   const Interval band(b);
-  int64_t total = 0;
+  const int64_t gk = b.layout ? granule(*b.layout, false) : 1;
   for (int64_t i = 0; i < q.count; ++i) {
     const int64_t qpos = q.at(i);
     const int64_t lo = band.has_left ? k.first_at_least(qpos - band.left) : 0;
     const int64_t hi = band.has_right ? k.last_at_most(qpos + band.right) : k.count - 1;
     if (lo > hi) continue;
-    if (!b.layout) {
-      total += hi - lo + 1;
-      continue;
-    }
-    const int64_t gk = granule(*b.layout, false);
-    for (int64_t id : granules_of(k.slice(lo, hi - lo + 1), gk)) {
-      if (!layout_allows(*b.layout, head, qpos, id * gk, dynamic_)) continue;
-      const int64_t a = std::max(lo, k.first_at_least(id * gk)), z = std::min(hi, k.last_at_most(id * gk + gk - 1));
-      if (a <= z) total += z - a + 1;
+    if (!b.layout) return true;
+    // The layout is constant on key granules: test each granule holding a key of [lo, hi] once.
+    for (int64_t id = k.at(lo) / gk; id <= k.at(hi) / gk;) {
+      const int64_t a = std::max(lo, k.first_at_least(id * gk));
+      if (a > hi) break;
+      const int64_t at = k.at(a) / gk;  // the granule of the next key (strided keys skip granules)
+      if (layout_allows(*b.layout, head, qpos, at * gk, dynamic_)) return true;
+      id = at + 1;
     }
   }
-  return total;
+  return false;
+}
+
+// The layout one block row at a time: for each query granule of the tile, the key intervals the
+// layout keeps (layout_key_intervals). A key tile is visited iff one of its keys lies in the
+// union over the granules, and the layout covers it whole iff all its keys lie in the
+// intersection; only the tiles the union touches are looked at.
+void SpanGeometry::add_layout_entries(const Layout& l, int32_t branch, int32_t head, const Prog& q, const Prog& keys,
+                                      int64_t tk, int64_t tb, int64_t te, int64_t fb, int64_t fe, Plan& plan) const {
+  const int64_t n = keys.count, gq = granule(l, true);
+  const int64_t lo = keys.at(tb * tk), hi = keys.at(std::min(te * tk, n) - 1) + 1;
+  std::vector<KeyInterval>& any = scratch_any_;
+  std::vector<KeyInterval>& all = scratch_all_;
+  bool first = true;
+  for (int64_t id : granules_of(q, gq)) {
+    const std::vector<KeyInterval>& row = row_intervals(l, head, id * gq, lo, hi);
+    if (first) {
+      any = row, all = row, first = false;
+      continue;
+    }
+    union_key_intervals(any, row, scratch_merge_);
+    intersect_key_intervals(all, row, scratch_merge_);
+  }
+  // Key index ranges [a, b] (inclusive) of the intervals; ranges with no key between them join.
+  auto index_ranges = [&](const std::vector<KeyInterval>& iv, std::vector<std::pair<int64_t, int64_t>>& out) {
+    out.clear();
+    for (const KeyInterval& k : iv) {
+      const int64_t a = keys.first_at_least(k.begin), b = keys.last_at_most(k.end - 1);
+      if (a > b) continue;
+      if (!out.empty() && a == out.back().second + 1) out.back().second = b;
+      else out.emplace_back(a, b);
+    }
+  };
+  index_ranges(any, any_ranges_);
+  index_ranges(all, all_ranges_);
+  size_t full_at = 0;  // the first range of all_ranges_ that may hold the current tile
+  int64_t next = tb;   // tiles below this are done
+  for (const auto& [a, b] : any_ranges_) {
+    for (int64_t t = std::max(next, a / tk); t <= std::min(te - 1, b / tk); ++t) {
+      const int64_t first_key = t * tk, last_key = std::min((t + 1) * tk, n) - 1;
+      while (full_at < all_ranges_.size() && all_ranges_[full_at].second < first_key) ++full_at;
+      const bool layout_full = full_at < all_ranges_.size() && all_ranges_[full_at].first <= first_key &&
+                               all_ranges_[full_at].second >= last_key;
+      const bool band_full = t >= fb && t < fe;
+      if (!band_full && !has_pairs(branch, head, q, keys.slice(first_key, last_key - first_key + 1))) continue;
+      plan.tile_entries.push_back(TileEntry{static_cast<int32_t>(t), layout_full && band_full});
+    }
+    next = std::max(next, b / tk + 1);
+  }
+}
+
+// The intervals of one block row, kept from the previous call when the head, the query granule
+// and the key range are the same (consecutive query tiles of one block row).
+const std::vector<KeyInterval>& SpanGeometry::row_intervals(const Layout& l, int32_t head, int64_t qpos, int64_t lo,
+                                                           int64_t hi) const {
+  RowCache& c = row_cache_;
+  if (!(c.layout == &l && c.head == head && c.qpos == qpos && c.lo == lo && c.hi == hi)) {
+    layout_key_intervals(l, head, qpos, lo, hi, dynamic_, c.intervals);
+    c.layout = &l, c.head = head, c.qpos = qpos, c.lo = lo, c.hi = hi;
+  }
+  return c.intervals;
 }
 
 void SpanGeometry::add_span(int32_t head, int32_t branch, const Prog& q, const Prog& keys, const TileConfig& tiles,
@@ -108,7 +154,7 @@ void SpanGeometry::add_span(int32_t head, int32_t branch, const Prog& q, const P
     // visited tiles explicitly only then.
     bool gaps = false;
     for (int64_t t = tb; t < te && !gaps; ++t)
-      if ((t < fb || t >= fe) && exact_pairs(branch, head, q, tile_prog(t)) == 0) gaps = true;
+      if ((t < fb || t >= fe) && !has_pairs(branch, head, q, tile_prog(t))) gaps = true;
     if (!gaps) {
       span.tile_begin = static_cast<int32_t>(tb);
       span.tile_end = static_cast<int32_t>(te);
@@ -119,14 +165,14 @@ void SpanGeometry::add_span(int32_t head, int32_t branch, const Prog& q, const P
     }
   }
   span.entry_begin = static_cast<int64_t>(plan.tile_entries.size());
-  for (int64_t t = tb; t < te; ++t) {
-    const Prog kt = tile_prog(t);
-    const bool band_full = t >= fb && t < fe;
-    const Cover cover = b.layout ? layout_cover(*b.layout, head, q, kt) : Cover::All;
-    if (cover == Cover::None) continue;
-    const bool full = cover == Cover::All && band_full;
-    if (!full && !band_full && exact_pairs(branch, head, q, kt) == 0) continue;
-    plan.tile_entries.push_back(TileEntry{static_cast<int32_t>(t), full});
+  if (b.layout) {
+    add_layout_entries(*b.layout, branch, head, q, keys, tk, tb, te, fb, fe, plan);
+  } else {
+    for (int64_t t = tb; t < te; ++t) {
+      const bool band_full = t >= fb && t < fe;
+      if (!band_full && !has_pairs(branch, head, q, tile_prog(t))) continue;
+      plan.tile_entries.push_back(TileEntry{static_cast<int32_t>(t), band_full});
+    }
   }
   span.entry_end = static_cast<int64_t>(plan.tile_entries.size());
   if (span.entry_end > span.entry_begin) plan.spans.push_back(span);

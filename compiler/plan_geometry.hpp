@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "compiler/plan.hpp"
 
@@ -40,12 +42,27 @@ public:
 
 private:
   struct Interval;  // the causal/window band of a branch
-  enum class Cover { None, Some, All };
-  Cover layout_cover(const Layout& l, int32_t head, const Prog& q, const Prog& k) const;
-  int64_t exact_pairs(int32_t branch, int32_t head, const Prog& q, const Prog& k) const;
+  // Does some query of q attend some key of k in this branch (band and layout; segment and
+  // selection are already in the progressions)?
+  bool has_pairs(int32_t branch, int32_t head, const Prog& q, const Prog& k) const;
+  // The tile entries of a layout branch's span over band tiles [tb, te) (those in [fb, fe) are
+  // inside the band whole).
+  void add_layout_entries(const Layout& l, int32_t branch, int32_t head, const Prog& q, const Prog& keys, int64_t tk,
+                          int64_t tb, int64_t te, int64_t fb, int64_t fe, Plan& plan) const;
+  const std::vector<KeyInterval>& row_intervals(const Layout& l, int32_t head, int64_t qpos, int64_t lo, int64_t hi) const;
 
   const Pattern& pattern_;
   const DynamicLayout* dynamic_;
+  // Scratch reused across spans (one SpanGeometry per lowering, used by one thread).
+  struct RowCache {
+    const Layout* layout = nullptr;
+    int32_t head = -1;
+    int64_t qpos = -1, lo = 0, hi = 0;
+    std::vector<KeyInterval> intervals;
+  };
+  mutable RowCache row_cache_;
+  mutable std::vector<KeyInterval> scratch_any_, scratch_all_, scratch_merge_;
+  mutable std::vector<std::pair<int64_t, int64_t>> any_ranges_, all_ranges_;
 };
 
 }  // namespace attnjit

@@ -27,4 +27,13 @@ constexpr bool random_block_kept(uint64_t seed, double density, uint64_t h, uint
   return random_block_uniform(seed, h, qb, kb) < density;
 }
 
+// The same decision for a whole block row (h, qb): the first two rounds are shared.
+struct RandomBlockRow {
+  uint64_t row;
+  double density;
+  constexpr RandomBlockRow(uint64_t seed, double d, uint64_t h, uint64_t qb)
+      : row(splitmix64(splitmix64(seed ^ h) ^ qb)), density(d) {}
+  constexpr bool kept(uint64_t kb) const { return static_cast<double>(splitmix64(row ^ kb) >> 11) * 0x1.0p-53 < density; }
+};
+
 }  // namespace attnjit

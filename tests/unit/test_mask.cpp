@@ -60,6 +60,46 @@ TEST_CASE("distinct pairs: each (head, query, key) once, however many branches a
   }
 }
 
+TEST_CASE("a layout's key intervals for a block row are exactly the keys layout_allows", "[mask][property]") {
+  CaseGenerator gen(5150);
+  std::mt19937_64 rng(3);
+  int layouts_seen = 0;
+  for (int n = 0; n < 400; ++n) {
+    const auto c = gen.next();
+    const DynamicLayout* dyn = c.dynamic ? &*c.dynamic : nullptr;
+    for (const Branch& b : c.pattern.branches) {
+      if (!b.layout) continue;
+      ++layouts_seen;
+      const int64_t kend = c.shape.k_offset + c.shape.seq_k;
+      for (int trial = 0; trial < 8; ++trial) {
+        const int64_t h = static_cast<int64_t>(rng() % uint64_t(c.shape.heads_q));
+        const int64_t qpos = c.shape.q_offset + static_cast<int64_t>(rng() % uint64_t(c.shape.seq_q));
+        const int64_t lo = static_cast<int64_t>(rng() % uint64_t(kend)), hi = lo + static_cast<int64_t>(rng() % uint64_t(kend - lo + 1));
+        std::vector<KeyInterval> got;
+        layout_key_intervals(*b.layout, h, qpos, lo, hi, dyn, got);
+        std::vector<KeyInterval> want;
+        for (int64_t k = lo; k < hi; ++k) {
+          if (!layout_allows(*b.layout, h, qpos, k, dyn)) continue;
+          if (!want.empty() && want.back().end == k) ++want.back().end;
+          else want.push_back({k, k + 1});
+        }
+        INFO("case " << n << " head " << h << " qpos " << qpos << " keys [" << lo << ", " << hi << ")\n" << canonical_text(c.pattern));
+        REQUIRE(got == want);
+      }
+    }
+  }
+  REQUIRE(layouts_seen > 100);
+}
+
+TEST_CASE("the random layout's per-row hash decides as the per-block one", "[mask]") {
+  std::mt19937_64 rng(11);
+  for (int n = 0; n < 100000; ++n) {
+    const uint64_t seed = rng(), h = rng() % 64, qb = rng() % 100000, kb = rng() % 100000;
+    const double density = std::uniform_real_distribution<double>(0, 1)(rng);
+    REQUIRE(RandomBlockRow(seed, density, h, qb).kept(kb) == random_block_kept(seed, density, h, qb, kb));
+  }
+}
+
 TEST_CASE("the intersection of two arithmetic progressions", "[mask]") {
   std::mt19937_64 rng(7);
   for (int n = 0; n < 20000; ++n) {
