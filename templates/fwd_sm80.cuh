@@ -31,16 +31,35 @@ __device__ __forceinline__ aj_u32 aj_pack2(float lo, float hi) {
 // ---- tile loads through row maps --------------------------------------------------------------
 
 // Rows first + r * stride (r < count) of a [.., D] tensor into a [rows][pitch] shared tile, by a
-// block of THREADS threads; rows past `count` are zero-filled.
+// block of THREADS threads; rows past `count` are zero-filled. Where the threads divide into whole
+// columns of 16-byte chunks (every power-of-two head dim), each thread copies one column of rows
+// r0, r0 + STEP, ...: one 64-bit address per tile, then a constant stride in global memory and
+// constant offsets in shared memory, a trip count known at compile time. Other head dims (48, 80,
+// ...) take the general loop.
 template <int ROWS, int D, int PITCH, int THREADS = AJ_THREADS>
 __device__ __forceinline__ void aj_load_rows(aj_elem* dst, const aj_elem* base, aj_i64 row_stride, aj_i64 first,
                                              aj_i64 stride, int count) {
   constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
-  for (int x = aj_thread_idx(); x < ROWS * CHUNKS; x += THREADS) {
-    const int r = x / CHUNKS, c = x % CHUNKS;
-    const bool valid = r < count;
-    const aj_elem* src = valid ? base + (first + (aj_i64)r * stride) * row_stride + c * 8 : base;
-    aj_cp_async16(dst + r * PITCH + c * 8, src, valid);
+  if constexpr (THREADS % CHUNKS == 0) {
+    constexpr int STEP = THREADS / CHUNKS;  // rows between a thread's copies
+    constexpr int TRIPS = (ROWS + STEP - 1) / STEP;
+    const int r0 = aj_thread_idx() / CHUNKS, c = aj_thread_idx() % CHUNKS;
+    const aj_i64 step = stride * row_stride * STEP;  // elements between a thread's source rows
+    const aj_elem* src = base + (first + (aj_i64)r0 * stride) * row_stride + c * 8;
+    aj_elem* to = dst + r0 * PITCH + c * 8;
+#pragma unroll
+    for (int i = 0; i < TRIPS; ++i) {
+      const int r = r0 + i * STEP;
+      if (ROWS % STEP == 0 || r < ROWS) aj_cp_async16(to + i * STEP * PITCH, r < count ? src : base, r < count);
+      src += step;
+    }
+  } else {
+    for (int x = aj_thread_idx(); x < ROWS * CHUNKS; x += THREADS) {
+      const int r = x / CHUNKS, c = x % CHUNKS;
+      const bool valid = r < count;
+      const aj_elem* src = valid ? base + (first + (aj_i64)r * stride) * row_stride + c * 8 : base;
+      aj_cp_async16(dst + r * PITCH + c * 8, src, valid);
+    }
   }
 }
 
@@ -148,20 +167,31 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
       }
     }
 
-    // Scale into the exp2 domain; mask partial tiles and keys past the tile's end.
+    // Scale into the exp2 domain; mask partial tiles and keys past the tile's end (a whole tile
+    // with every pair attended, the common case, tests nothing).
+    if (t.full && t.count == AJ_TILE_K) {
+#pragma unroll
+      for (int j = 0; j < AJ_TILE_K / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] *= p.scale_log2;
+    } else {
+#pragma unroll
+      for (int j = 0; j < AJ_TILE_K / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = j * 8 + quad * 2 + (e & 1);
+          bool ok = col < t.count;
+          if (ok && !t.full) {
+            const aj_i64 kpos = p.k_offset + t.first + (aj_i64)col * t.stride;
+            ok = aj_branch_allows(p, t.branch, item.head, e < 2 ? qpos0 : qpos1, kpos);
+          }
+          s[j][e] = ok ? s[j][e] * p.scale_log2 : AJ_NEG_INF;
+        }
+      }
+    }
     float mx0 = AJ_NEG_INF, mx1 = AJ_NEG_INF;
 #pragma unroll
     for (int j = 0; j < AJ_TILE_K / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = j * 8 + quad * 2 + (e & 1);
-        bool ok = col < t.count;
-        if (ok && !t.full) {
-          const aj_i64 kpos = p.k_offset + t.first + (aj_i64)col * t.stride;
-          ok = aj_branch_allows(p, t.branch, item.head, e < 2 ? qpos0 : qpos1, kpos);
-        }
-        s[j][e] = ok ? s[j][e] * p.scale_log2 : AJ_NEG_INF;
-      }
       mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
       mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
     }

@@ -32,11 +32,9 @@ __device__ __forceinline__ float aj_int_as_float(int x) { return __int_as_float(
 __device__ __forceinline__ float aj_uint_as_float(aj_u32 x) { return __uint_as_float(x); }
 __device__ __forceinline__ aj_u32 aj_float_as_uint(float x) { return __float_as_uint(x); }
 
-__device__ __forceinline__ aj_u32 aj_smem_addr(const void* p) {
-  aj_u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
+// The compiler's own conversion (not inline PTX), so that constant offsets from one base fold into
+// the instructions' immediates and the conversion is done once per base.
+__device__ __forceinline__ aj_u32 aj_smem_addr(const void* p) { return (aj_u32)__cvta_generic_to_shared(p); }
 
 // 16-byte asynchronous copy global -> shared; `valid` false zero-fills the destination.
 __device__ __forceinline__ void aj_cp_async16(void* smem, const void* gmem, bool valid) {

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Before and after on one GPU machine, in one run: the working tree against a git revision, built
+# side by side, the new build's GPU correctness tests and memcheck, then the same benchmark on both.
+#
+#   bash bench/gpu_ab.sh BASE_REV OUTDIR [SEQ]     (from the repository root, .deps carried along)
+#
+# BASE_REV is exported with `git archive` into /tmp/attnjit-base (the machine's copy of the tree
+# carries .git). Both are Release builds without Python; the benchmark is attnjit_gpu_bench at SEQ
+# (16384) tokens, 16 heads, head dim 128, bf16, forward and backward, no time-to-first-result, over
+# bench/patterns/dense*.json and the examples, each build with its own kernel cache. OUTDIR gets
+# the logs and bench_base.txt / bench_new.txt (the tables and their JSON lines).
+set -u
+[ $# -ge 2 ] || { echo "usage: bash bench/gpu_ab.sh BASE_REV OUTDIR [SEQ]" >&2; exit 2; }
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+base_rev="$1"; mkdir -p "$2" || exit 2; out="$(cd "$2" && pwd)"; seq="${3:-16384}"
+base=/tmp/attnjit-base
+export PATH="$PATH:/usr/local/cuda/bin:/usr/local/cuda/compute-sanitizer" ATTNJIT_GPU_TESTS_DEVICE=gpu
+cd "$root" || exit 2
+rm -rf "$base" && mkdir -p "$base" && git archive "$base_rev" | tar -x -C "$base" || { echo "gpu_ab: cannot export $base_rev" >&2; exit 2; }
+[ -d .deps ] && cp -r .deps "$base/"
+cfg() { cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DATTNJIT_LIT_TESTS=OFF -DATTNJIT_PYTHON=OFF -DATTNJIT_DEPS_DIR="$1/.deps" > /dev/null; }
+cfg "$root" "$root/build-device" && cfg "$base" "$base/build" || exit 1
+jobs=$(nproc)
+(cmake --build "$root/build-device" -j $(( jobs * 2 / 3 )) > "$out/build_new.log" 2>&1; echo "new build: exit $?") &
+(cmake --build "$base/build" -j $(( jobs / 3 + 1 )) --target attnjit_gpu_bench > "$out/build_base.log" 2>&1; echo "base build: exit $?") &
+wait
+status=0
+check() {  # NAME LIMIT COMMAND...
+  local name="$1" limit="$2"; shift 2
+  (cd "$root/build-device" && timeout "$limit" "$@" > "$out/$name.log" 2>&1); local rc=$?
+  echo "$name: exit $rc ($SECONDS s)"; tail -n 3 "$out/$name.log"
+  (( rc != 0 )) && status=1
+}
+export ATTNJIT_CACHE_DIR="$root/build-device/kernel-cache"
+check fwd_tests 150 ./tests/attnjit_gpu_tests 'every example pattern matches the float64 reference on the GPU,random patterns match the float64 reference on the GPU,every tile configuration the autotuner can choose matches the reference'
+check bwd_tests 150 ./tests/attnjit_gpu_tests 'backward: every example pattern matches the reference gradients,backward: random patterns match the reference gradients'
+check memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 ./tests/attnjit_gpu_tests '[sanitize]'
+specs=(bench/patterns/dense*.json); for f in examples/*.json; do grep -q '"attnjit_manifest"' "$f" || specs+=("$f"); done
+for side in base new; do
+  if [ $side = base ]; then b="$base/build/bench/attnjit_gpu_bench"; export ATTNJIT_CACHE_DIR="$base/kernel-cache"
+  else b="$root/build-device/bench/attnjit_gpu_bench"; export ATTNJIT_CACHE_DIR="$root/build-device/kernel-cache"; fi
+  timeout 150 "$b" --seq "$seq" --heads 16 --head-dim 128 --dtype bf16 --batch 1 --no-ttfr "${specs[@]}" > "$out/bench_$side.txt" 2>&1
+  echo "bench $side: exit $? ($SECONDS s)"; grep -v '^JSON ' "$out/bench_$side.txt"
+done
+exit $status

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""The main loop of a generated kernel in its SASS: instructions, HMMA, and the others per HMMA.
+
+    build/attnjit dump SPEC --stage sass --arch sm_90 --kernel-tile 128x128 --head-dim 128 \\
+        | python3 bench/sass_mainloop.py [--listing] [--max-per-hmma X]
+
+The main loop is the backward branch whose body holds the most HMMA (the shortest such body on a
+tie). A static count: both sides of a branch inside the loop are counted (the masked and the
+unmasked tile, say), so it bounds what a tile executes from above; Nsight Compute gives the
+executed figure on a GPU (bench/ncu_profile.sh). With --max-per-hmma X the exit status is 1 when
+the loop has more than X other instructions per HMMA (a lit test keeps the figure from creeping up).
+"""
+import argparse
+import collections
+import re
+import sys
+
+
+def parse(lines):
+    ins, labels = [], {}
+    for line in lines:
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            text = m.group(2).strip()
+            bare = re.sub(r"^@!?U?P\w+\s+", "", text)
+            ins.append((int(m.group(1), 16), bare.split()[0] if bare else "", text))
+        m = re.match(r"^\.(L_x_\d+):", line.strip())
+        if m:
+            labels[m.group(1)] = len(ins)
+    return ins, labels
+
+
+def main_loop(ins, labels):
+    best = None
+    for i, (_, op, text) in enumerate(ins):
+        m = re.search(r"\.(L_x_\d+)", text) if op.startswith("BRA") else None
+        if not m or m.group(1) not in labels or labels[m.group(1)] > i:
+            continue
+        j = labels[m.group(1)]
+        hmma = sum(1 for x in ins[j:i + 1] if x[1].startswith("HMMA"))
+        if hmma and (best is None or (hmma, -(i - j)) > (best[2], -(best[1] - best[0]))):
+            best = (j, i, hmma)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser(description="the main loop of a kernel's SASS (attnjit dump --stage sass on stdin)")
+    ap.add_argument("--listing", action="store_true", help="print the loop's instructions too")
+    ap.add_argument("--max-per-hmma", type=float, help="fail when the loop has more other instructions per HMMA")
+    args = ap.parse_args()
+    lines = sys.stdin.read().splitlines()
+    ins, labels = parse(lines)
+    loop = main_loop(ins, labels)
+    if loop is None:
+        sys.exit("sass_mainloop: no loop with HMMA in this SASS (is it the tensor-core path? --stage sass)")
+    j, i, hmma = loop
+    body = ins[j:i + 1]
+    mix = collections.Counter(x[1].split(".")[0] for x in body)
+    per_hmma = (len(body) - hmma) / hmma
+    print(f"main loop: {len(body)} instructions, {hmma} HMMA, {per_hmma:.2f} others per HMMA")
+    print(" ".join(f"{k}:{v}" for k, v in mix.most_common()))
+    if args.listing:
+        for addr, _, text in body:
+            print(f"{addr:06x}  {text}")
+    if args.max_per_hmma is not None and per_hmma > args.max_per_hmma:
+        sys.exit(f"sass_mainloop: {per_hmma:.2f} other instructions per HMMA, more than --max-per-hmma {args.max_per_hmma}")
+
+
+if __name__ == "__main__":
+    main()
