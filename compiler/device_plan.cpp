@@ -7,7 +7,8 @@
 namespace attnjit {
 
 size_t DevicePlan::bytes() const {
-  return items.size() * sizeof(DeviceItem) + spans.size() * sizeof(DeviceSpan) + entries.size() * sizeof(int32_t);
+  return items.size() * sizeof(DeviceItem) + spans.size() * sizeof(DeviceSpan) + entries.size() * sizeof(int32_t) +
+         doc_base.size() * sizeof(int64_t);
 }
 
 DevicePlan pack_plan(const Plan& plan) {
@@ -30,6 +31,7 @@ DevicePlan pack_plan(const Plan& plan) {
   }
   d.entries.reserve(plan.tile_entries.size());
   for (const TileEntry& e : plan.tile_entries) d.entries.push_back(e.tile << 1 | (e.full ? 1 : 0));
+  d.doc_base = plan.doc_base;
   return d;
 }
 

@@ -44,8 +44,10 @@ struct KernelParams {
   const int32_t* dyn_cols;
   int64_t dyn_q_blocks;
   int32_t dyn_heads;
+  const int64_t* doc_base;  // packed documents: where each row's document starts (null: none)
+  int64_t doc_rows;
 };
-static_assert(sizeof(KernelParams) == 240, "must match AjParams in templates/common.cuh");
+static_assert(sizeof(KernelParams) == 256, "must match AjParams in templates/common.cuh");
 
 // = AjKeyItem and AjQueryEntry (templates/bwd_common.cuh): the key-major plan of the backward pass.
 struct DeviceKeyItem {
@@ -81,7 +83,7 @@ struct KernelBwdParams {
   int32_t key_item_base;
   int32_t plain_add;
 };
-static_assert(sizeof(KernelBwdParams) == 456, "must match AjBwdParams in templates/bwd_common.cuh");
+static_assert(sizeof(KernelBwdParams) == 472, "must match AjBwdParams in templates/bwd_common.cuh");
 
 struct DeviceBackwardPlan {
   std::vector<DeviceKeyItem> items;
@@ -93,6 +95,7 @@ struct DevicePlan {
   std::vector<DeviceItem> items;
   std::vector<DeviceSpan> spans;
   std::vector<int32_t> entries;  // tile << 1 | full
+  std::vector<int64_t> doc_base;  // Plan::doc_base (empty without packed documents)
   size_t bytes() const;
 };
 

@@ -212,7 +212,69 @@ void schedule_heavy_first(std::vector<WorkItem>& items) {
 
 }  // namespace
 
-Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, const DynamicLayout* dynamic) {
+namespace {
+
+// Packed documents: each document lowered as a call of its own, then moved to its rows (row maps
+// and key maps shifted by its start). No tile crosses a document; masks on partial tiles see
+// positions within the document through Plan::doc_base.
+Plan lower_documents(const Pattern& p, const Shape& s, const TileConfig& tiles, const std::vector<int64_t>& cu) {
+  check_documents(p, s, cu, false, "cu_seqlens");
+  Plan plan;
+  for (size_t d = 0; d + 1 < cu.size(); ++d) {
+    const int64_t start = cu[d], len = cu[d + 1] - cu[d];
+    if (len == 0) continue;
+    Shape sub = s;
+    sub.seq_q = sub.seq_k = len;
+    const Plan one = lower_to_plan(p, sub, tiles);
+    const int64_t span_base = static_cast<int64_t>(plan.spans.size()), entry_base = static_cast<int64_t>(plan.tile_entries.size());
+    for (WorkItem it : one.items) {
+      it.rows.start += start;
+      it.span_begin += span_base, it.span_end += span_base;
+      plan.items.push_back(it);
+    }
+    for (KeySpan sp : one.spans) {
+      sp.keys.start += start;
+      if (sp.listed()) sp.entry_begin += entry_base, sp.entry_end += entry_base;
+      plan.spans.push_back(sp);
+    }
+    plan.tile_entries.insert(plan.tile_entries.end(), one.tile_entries.begin(), one.tile_entries.end());
+    PlanStats& st = plan.stats;
+    st.computed_pairs += one.stats.computed_pairs;
+    st.computed_real_pairs += one.stats.computed_real_pairs;
+    st.empty_items += one.stats.empty_items;
+    st.full_tiles += one.stats.full_tiles;
+    st.partial_tiles += one.stats.partial_tiles;
+  }
+  plan.shape = s;
+  plan.tiles = tiles;
+  plan.combine = p.combine;
+  plan.softmax_scale = softmax_scale(p, s);
+  if (p.combine == Combine::HeadGroups && p.group_scale == GroupScale::Mean) plan.output_scale = 1.0 / double(p.branches.size());
+  plan.documents = cu;
+  plan.doc_base.resize(static_cast<size_t>(s.seq_q));
+  for (size_t d = 0; d + 1 < cu.size(); ++d)
+    std::fill(plan.doc_base.begin() + cu[d], plan.doc_base.begin() + cu[d + 1], cu[d]);
+  return plan;
+}
+
+void finish_plan(Plan& plan) {
+  const Shape& s = plan.shape;
+  const double widest = std::max({double(s.batch) * s.seq_q * s.heads_q * std::max(s.head_dim, s.head_dim_v),
+                                  double(s.batch) * s.seq_k * s.heads_kv * std::max(s.head_dim, s.head_dim_v)});
+  plan.wide_index = widest > double(std::numeric_limits<int32_t>::max());
+  schedule_heavy_first(plan.items);
+  PlanStats& st = plan.stats;
+  st.work_items = static_cast<int64_t>(plan.items.size());
+  st.spans = static_cast<int64_t>(plan.spans.size());
+  st.tile_entries = static_cast<int64_t>(plan.tile_entries.size());
+  st.table_bytes = static_cast<int64_t>(plan.items.size() * sizeof(WorkItem) + plan.spans.size() * sizeof(KeySpan) +
+                                        plan.tile_entries.size() * sizeof(TileEntry));
+}
+
+}  // namespace
+
+Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, const DynamicLayout* dynamic,
+                   const std::vector<int64_t>* documents) {
   check_pattern_fits(p, s);
   if (tiles.tile_q < 1 || tiles.tile_k < 1 || tiles.tile_q > 1024 || tiles.tile_k > 1024) {
     throw UserError("--tile", "tile sizes must lie in [1, 1024], got " + std::to_string(tiles.tile_q) + "x" +
@@ -221,6 +283,12 @@ Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, co
   if (p.has_dynamic_layout() && !dynamic) {
     throw UserError("dynamic layout", "the pattern has a \"dynamic\" layout; supply its CSR table (CLI: --dynamic FILE)");
   }
+  if (documents) {
+    check_documents(p, s, *documents, dynamic != nullptr, "cu_seqlens");
+    Plan plan = lower_documents(p, s, tiles, *documents);
+    finish_plan(plan);
+    return plan;
+  }
   if (dynamic) check_dynamic_layout(p, s, *dynamic, "dynamic layout");
   Plan plan;
   plan.shape = s;
@@ -228,20 +296,11 @@ Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, co
   plan.combine = p.combine;
   plan.softmax_scale = softmax_scale(p, s);
   if (p.combine == Combine::HeadGroups && p.group_scale == GroupScale::Mean) plan.output_scale = 1.0 / double(p.branches.size());
-  const double widest = std::max({double(s.batch) * s.seq_q * s.heads_q * std::max(s.head_dim, s.head_dim_v),
-                                  double(s.batch) * s.seq_k * s.heads_kv * std::max(s.head_dim, s.head_dim_v)});
-  plan.wide_index = widest > double(std::numeric_limits<int32_t>::max());
   PlanBuilder builder(p, s, tiles, dynamic);
   plan.items.reserve(static_cast<size_t>(s.heads_q * (s.seq_q / tiles.tile_q + 16) * 2));
   plan.spans.reserve(plan.items.capacity());
   for (int32_t h = 0; h < s.heads_q; ++h) builder.lower_head(h, plan);
-  schedule_heavy_first(plan.items);
-  PlanStats& st = plan.stats;
-  st.work_items = static_cast<int64_t>(plan.items.size());
-  st.spans = static_cast<int64_t>(plan.spans.size());
-  st.tile_entries = static_cast<int64_t>(plan.tile_entries.size());
-  st.table_bytes = static_cast<int64_t>(plan.items.size() * sizeof(WorkItem) + plan.spans.size() * sizeof(KeySpan) +
-                                        plan.tile_entries.size() * sizeof(TileEntry));
+  finish_plan(plan);
   return plan;
 }
 

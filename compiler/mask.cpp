@@ -200,7 +200,69 @@ void layout_key_intervals(const Layout& l, int64_t h, int64_t qpos, int64_t lo, 
   }
 }
 
+DocumentOfRow document_of_row(const MaskContext& c, int64_t i) {
+  if (!c.documents) return {c, 0};
+  const std::vector<int64_t>& cu = *c.documents;
+  // The last document starting at or before i that is not empty.
+  const size_t d = static_cast<size_t>(std::upper_bound(cu.begin(), cu.end(), i) - cu.begin()) - 1;
+  Shape s = c.shape;
+  s.seq_q = s.seq_k = cu[d + 1] - cu[d];
+  s.q_offset = s.k_offset = 0;
+  return {MaskContext{c.pattern, s, c.dynamic, nullptr}, cu[d]};
+}
+
+void check_documents(const Pattern& p, const Shape& s, const std::vector<int64_t>& cu, bool has_dynamic_table,
+                     const std::string& source) {
+  if (cu.size() < 2) throw UserError(source, "needs at least two entries (0 and the sequence length), got " + std::to_string(cu.size()));
+  if (cu.front() != 0) throw UserError(source, "must start at 0, got " + std::to_string(cu.front()));
+  for (size_t d = 1; d < cu.size(); ++d) {
+    if (cu[d] < cu[d - 1]) {
+      throw UserError(source, "must not decrease: entry " + std::to_string(d) + " is " + std::to_string(cu[d]) +
+                                  " after " + std::to_string(cu[d - 1]) + " (document lengths are differences)");
+    }
+  }
+  if (s.batch != 1) {
+    throw UserError(source, "packed documents are one sequence: batch must be 1, got " + std::to_string(s.batch) +
+                                "; concatenate the batch along the sequence");
+  }
+  if (s.seq_q != s.seq_k) {
+    throw UserError(source, "packed documents need seq_q == seq_k (one sequence), got " + std::to_string(s.seq_q) + " and " +
+                                std::to_string(s.seq_k));
+  }
+  if (cu.back() != s.seq_q) {
+    throw UserError(source, "must end at the sequence length " + std::to_string(s.seq_q) + ", got " + std::to_string(cu.back()));
+  }
+  if (s.q_offset != 0 || s.k_offset != 0) {
+    throw UserError(source, "cannot be combined with offsets (positions restart at 0 in every document); "
+                            "drop the offsets or the documents");
+  }
+  if (p.has_dynamic_layout() || has_dynamic_table) {
+    throw UserError(source, "packed documents with a dynamic layout are not supported yet; run the documents as "
+                            "separate calls");
+  }
+}
+
+std::vector<int64_t> parse_cu_seqlens(const std::string& text, const std::string& source) {
+  std::vector<int64_t> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 18) {
+      throw UserError(source, "'" + text + "' is not a comma-separated list of non-negative integers, e.g. 0,37,37,101,150");
+    }
+    out.push_back(std::stoll(item));
+    at = comma + 1;
+  }
+  return out;
+}
+
 bool branch_attends(const MaskContext& c, size_t b, int64_t h, int64_t i, int64_t j) {
+  if (c.documents) {
+    const DocumentOfRow d = document_of_row(c, i);
+    if (j < d.start || j >= d.start + d.context.shape.seq_k) return false;
+    return branch_attends(d.context, b, h, i - d.start, j - d.start);
+  }
   const Branch& br = c.pattern.branches[b];
   if (!branch_has_head(c.pattern, b, h, c.shape.heads_q)) return false;
   const int64_t qpos = c.shape.q_offset + i, kpos = c.shape.k_offset + j;
@@ -220,6 +282,12 @@ int attend_count(const MaskContext& c, int64_t h, int64_t i, int64_t j) {
 }
 
 KeyProgression branch_key_candidates(const MaskContext& c, size_t b, int64_t h, int64_t i) {
+  if (c.documents) {
+    const DocumentOfRow d = document_of_row(c, i);
+    KeyProgression kp = branch_key_candidates(d.context, b, h, i - d.start);
+    kp.first += d.start, kp.last += d.start;
+    return kp;
+  }
   const Branch& br = c.pattern.branches[b];
   KeyProgression none;
   if (!branch_has_head(c.pattern, b, h, c.shape.heads_q)) return none;
@@ -243,6 +311,10 @@ KeyProgression branch_key_candidates(const MaskContext& c, size_t b, int64_t h, 
 }
 
 int64_t branch_key_count(const MaskContext& c, size_t b, int64_t h, int64_t i) {
+  if (c.documents) {
+    const DocumentOfRow d = document_of_row(c, i);
+    return branch_key_count(d.context, b, h, i - d.start);
+  }
   const KeyProgression kp = branch_key_candidates(c, b, h, i);
   const Branch& br = c.pattern.branches[b];
   if (kp.empty() || !br.layout) return kp.count();

@@ -24,12 +24,32 @@ struct DynamicLayout {
 // monotone offsets, sorted unique in-range indices. Throws UserError naming `source` and the fix.
 void check_dynamic_layout(const Pattern& p, const Shape& s, const DynamicLayout& d, const std::string& source);
 
+// Packed documents (FlashAttention's varlen): cu_seqlens = {0, e_1, ..., S}, non-decreasing,
+// batch 1, seq_q == seq_k == S. Document d is rows [cu[d], cu[d+1]); a query attends only keys of
+// its own document, and every position the pattern sees restarts at 0 at a document's start (a
+// document is a sequence of its own). Offsets, and dynamic layouts, cannot be combined with them.
+// Throws UserError naming `source` and the fix.
+void check_documents(const Pattern& p, const Shape& s, const std::vector<int64_t>& cu_seqlens, bool has_dynamic_table,
+                     const std::string& source);
+
+// Parses "0,37,37,101,150" (the CLI's --cu-seqlens); a UserError naming `source` if malformed.
+std::vector<int64_t> parse_cu_seqlens(const std::string& text, const std::string& source);
+
 // Everything the mask depends on for one call.
 struct MaskContext {
   const Pattern& pattern;
   Shape shape;
   const DynamicLayout* dynamic = nullptr;  // required iff pattern.has_dynamic_layout()
+  const std::vector<int64_t>* documents = nullptr;  // cu_seqlens of packed documents, or null
 };
+
+// With documents: query row i's document as a call of its own (its rows, offsets 0, no
+// documents) and the row where it starts. Without: the context itself and 0.
+struct DocumentOfRow {
+  MaskContext context;
+  int64_t start;
+};
+DocumentOfRow document_of_row(const MaskContext& c, int64_t i);
 
 // head_groups: the group of query head h (groups are contiguous; the first heads_q % groups are one larger).
 int64_t head_group(int64_t h, int64_t heads_q, int64_t groups);
@@ -83,11 +103,13 @@ KeyProgression branch_key_candidates(const MaskContext& c, size_t b, int64_t h, 
 // Calls f(j) for every key row j that branch b attends from query row i, in increasing order.
 template <typename F>
 void for_each_branch_key(const MaskContext& c, size_t b, int64_t h, int64_t i, F&& f) {
-  const KeyProgression kp = branch_key_candidates(c, b, h, i);
+  // With documents: row i's document as a call of its own, keys moved back to packed rows.
+  const DocumentOfRow d = document_of_row(c, i);
+  const KeyProgression kp = branch_key_candidates(d.context, b, h, i - d.start);
   const Branch& br = c.pattern.branches[b];
-  const int64_t qpos = c.shape.q_offset + i;
+  const int64_t qpos = d.context.shape.q_offset + i - d.start;
   for (int64_t j = kp.first; j <= kp.last; j += kp.step) {
-    if (!br.layout || layout_allows(*br.layout, h, qpos, c.shape.k_offset + j, c.dynamic)) f(j);
+    if (!br.layout || layout_allows(*br.layout, h, qpos, d.context.shape.k_offset + j, c.dynamic)) f(j + d.start);
   }
 }
 

@@ -90,6 +90,10 @@ struct Plan {
   std::vector<KeySpan> spans;
   std::vector<TileEntry> tile_entries;
   PlanStats stats;
+  // Packed documents: their cu_seqlens, and for every row the row where its document starts (a
+  // mask on a partial tile sees position row - doc_base[row]). Empty without documents.
+  std::vector<int64_t> documents;
+  std::vector<int64_t> doc_base;
 };
 
 inline int64_t span_tile_count(const Plan& plan, const KeySpan& s) {
@@ -113,8 +117,11 @@ void for_each_visited_tile(const Plan& plan, const KeySpan& s, F&& f) {
 }
 
 // Lowers a pattern for one shape and tile size. `dynamic` is required iff the pattern has a
-// dynamic layout; it is validated here. Throws UserError on a bad shape, tile or table.
-Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, const DynamicLayout* dynamic = nullptr);
+// dynamic layout; it is validated here. `documents` (cu_seqlens): packed documents, each lowered
+// as a call of its own (mask.hpp, check_documents). Throws UserError on a bad shape, tile, table
+// or cu_seqlens.
+Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, const DynamicLayout* dynamic = nullptr,
+                   const std::vector<int64_t>* documents = nullptr);
 
 // Does the mask of `branch` allow the global positions (qpos, kpos) inside a partial tile? This is
 // the per-element predicate a kernel evaluates: causal, window and layout (segments and

@@ -17,7 +17,8 @@ namespace {
 
 // The uploaded tables of one plan.
 struct GpuTables {
-  DeviceBuffer items, spans, entries, dyn_rows, dyn_cols;
+  DeviceBuffer items, spans, entries, dyn_rows, dyn_cols, doc_base;
+  int64_t doc_rows = 0;
   int32_t num_items = 0;
   int64_t dyn_q_blocks = 0;
   int32_t dyn_heads = 1;
@@ -187,7 +188,8 @@ public:
     const GpuTables& f = t.query_major;
     const KernelTables tables{reinterpret_cast<const DeviceItem*>(f.items.get()), reinterpret_cast<const DeviceSpan*>(f.spans.get()),
                               reinterpret_cast<const int32_t*>(f.entries.get()), reinterpret_cast<const int64_t*>(f.dyn_rows.get()),
-                              reinterpret_cast<const int32_t*>(f.dyn_cols.get()), f.num_items, f.dyn_q_blocks, f.dyn_heads};
+                              reinterpret_cast<const int32_t*>(f.dyn_cols.get()), f.num_items, f.dyn_q_blocks, f.dyn_heads,
+                              reinterpret_cast<const int64_t*>(f.doc_base.get()), f.doc_rows};
     const BackwardTables bt{reinterpret_cast<const DeviceKeyItem*>(t.key_items.get()),
                             reinterpret_cast<const DeviceQueryEntry*>(t.query_entries.get()), t.num_key_items, delta, dk_acc,
                             dv_acc};
@@ -216,7 +218,8 @@ public:
     if (t.num_items == 0) return;
     const KernelTables tables{reinterpret_cast<const DeviceItem*>(t.items.get()), reinterpret_cast<const DeviceSpan*>(t.spans.get()),
                               reinterpret_cast<const int32_t*>(t.entries.get()), reinterpret_cast<const int64_t*>(t.dyn_rows.get()),
-                              reinterpret_cast<const int32_t*>(t.dyn_cols.get()), t.num_items, t.dyn_q_blocks, t.dyn_heads};
+                              reinterpret_cast<const int32_t*>(t.dyn_cols.get()), t.num_items, t.dyn_q_blocks, t.dyn_heads,
+                              reinterpret_cast<const int64_t*>(t.doc_base.get()), t.doc_rows};
     KernelParams kp = kernel_params(entry.plan, problem_, tables, q, k, v, o, lse, options);
     void* args[] = {&kp};
     launch(function_, static_cast<unsigned>(t.num_items), static_cast<unsigned>(problem_.batch), 1,
@@ -249,6 +252,10 @@ private:
     t.spans = upload_vector(d.spans);
     t.entries = upload_vector(d.entries);
     t.num_items = static_cast<int32_t>(d.items.size());
+    if (!d.doc_base.empty()) {
+      t.doc_base = upload_vector(d.doc_base);
+      t.doc_rows = static_cast<int64_t>(d.doc_base.size());
+    }
     if (dynamic) {
       t.dyn_rows = upload_vector(dynamic->row_offsets);
       t.dyn_cols = upload_vector(dynamic->col_indices);

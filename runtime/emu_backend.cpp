@@ -125,6 +125,7 @@ public:
     const size_t items = table("plan items", t.plan.items), spans = table("plan spans", t.plan.spans);
     const size_t entries = table("plan entries", t.plan.entries);
     const size_t rows = table("dynamic row_offsets", t.dyn_rows), cols = table("dynamic col_indices", t.dyn_cols);
+    const size_t docs = table("document starts", t.plan.doc_base);
     img.materialise();
 
     auto rebased = [&](const TensorView& view, size_t region) {
@@ -137,7 +138,9 @@ public:
                               t.plan.entries.empty() ? nullptr : static_cast<const int32_t*>(img.at(entries)),
                               t.dyn_rows.empty() ? nullptr : static_cast<const int64_t*>(img.at(rows)),
                               t.dyn_cols.empty() ? nullptr : static_cast<const int32_t*>(img.at(cols)),
-                              static_cast<int32_t>(t.plan.items.size()), t.dyn_q_blocks, t.dyn_heads};
+                              static_cast<int32_t>(t.plan.items.size()), t.dyn_q_blocks, t.dyn_heads,
+                              t.plan.doc_base.empty() ? nullptr : static_cast<const int64_t*>(img.at(docs)),
+                              static_cast<int64_t>(t.plan.doc_base.size())};
     KernelParams kp = kernel_params(entry.plan, problem_, tables, rebased(q, iq), rebased(k, ik), rebased(v, iv),
                                     rebased(o, io), lse ? &lse_dev : nullptr, options);
     void* args[] = {&kp};
@@ -187,6 +190,7 @@ public:
     const std::vector<int32_t> no_cols;
     const size_t rows = table("dynamic row_offsets", dyn ? dyn->row_offsets : no_rows);
     const size_t cols = table("dynamic col_indices", dyn ? dyn->col_indices : no_cols);
+    const size_t docs = table("document starts", fp.doc_base);
     img.materialise();
     auto rebased = [&](const TensorView& view, size_t region) {
       TensorView r = view;
@@ -199,7 +203,8 @@ public:
                               static_cast<const int64_t*>(ptr(rows, dyn != nullptr)),
                               static_cast<const int32_t*>(ptr(cols, dyn != nullptr)), static_cast<int32_t>(fp.items.size()),
                               dyn ? (static_cast<int64_t>(dyn->row_offsets.size()) - 1) / dyn->heads : 0,
-                              dyn ? static_cast<int32_t>(dyn->heads) : 1};
+                              dyn ? static_cast<int32_t>(dyn->heads) : 1,
+                              static_cast<const int64_t*>(ptr(docs, !fp.doc_base.empty())), static_cast<int64_t>(fp.doc_base.size())};
     const BackwardTables bt{static_cast<const DeviceKeyItem*>(img.at(kitems)), static_cast<const DeviceQueryEntry*>(img.at(qentries)),
                             static_cast<int32_t>(kp.items.size()), static_cast<float*>(img.at(idelta)),
                             static_cast<float*>(img.at(idka)), static_cast<float*>(img.at(idva))};

@@ -30,6 +30,8 @@ KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTabl
   kp.dyn_cols = t.dyn_cols;
   kp.dyn_q_blocks = t.dyn_q_blocks;
   kp.dyn_heads = t.dyn_heads;
+  kp.doc_base = t.doc_base;
+  kp.doc_rows = t.doc_rows;
   return kp;
 }
 

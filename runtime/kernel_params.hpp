@@ -18,6 +18,8 @@ struct KernelTables {
   int32_t num_items = 0;
   int64_t dyn_q_blocks = 0;
   int32_t dyn_heads = 1;
+  const int64_t* doc_base = nullptr;  // packed documents (null: none), doc_rows entries
+  int64_t doc_rows = 0;
 };
 
 KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTables& t, const TensorView& q,

@@ -87,19 +87,22 @@ void parallel_units(int64_t n, unsigned threads, F&& f) {
   for (auto& t : pool) t.join();
 }
 
-void check_reference_inputs(const Pattern& p, const Shape& s, const DynamicLayout* dynamic) {
+void check_reference_inputs(const Pattern& p, const Shape& s, const DynamicLayout* dynamic,
+                            const std::vector<int64_t>* documents) {
   check_pattern_fits(p, s);
   if (p.has_dynamic_layout() && !dynamic) {
     throw UserError("dynamic layout", "the pattern has a \"dynamic\" layout; supply its CSR table (CLI: --dynamic FILE)");
   }
   if (dynamic) check_dynamic_layout(p, s, *dynamic, "dynamic layout");
+  if (documents) check_documents(p, s, *documents, dynamic != nullptr, "cu_seqlens");
 }
 
 template <class T>
 ReferenceOutput reference_forward(const Pattern& p, const Shape& s, const T* q, const T* k, const T* v,
-                                  const DynamicLayout* dynamic, unsigned threads) {
-  check_reference_inputs(p, s, dynamic);
-  const MaskContext c{p, s, dynamic};
+                                  const DynamicLayout* dynamic, unsigned threads,
+                                  const std::vector<int64_t>* documents) {
+  check_reference_inputs(p, s, dynamic, documents);
+  const MaskContext c{p, s, dynamic, documents};
   ReferenceOutput out;
   out.o.resize(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v));
   out.lse.resize(static_cast<size_t>(s.batch * s.heads_q * s.seq_q));
@@ -114,9 +117,10 @@ ReferenceOutput reference_forward(const Pattern& p, const Shape& s, const T* q, 
 
 template <class T>
 std::vector<double> reference_weights_of(const Pattern& p, const Shape& s, const T* q, const T* k,
-                                         const DynamicLayout* dynamic, unsigned threads) {
-  check_reference_inputs(p, s, dynamic);
-  const MaskContext c{p, s, dynamic};
+                                         const DynamicLayout* dynamic, unsigned threads,
+                                  const std::vector<int64_t>* documents) {
+  check_reference_inputs(p, s, dynamic, documents);
+  const MaskContext c{p, s, dynamic, documents};
   std::vector<double> w(static_cast<size_t>(s.batch * s.heads_q * s.seq_q * s.seq_k), 0.0);
   const double scale = softmax_scale(p, s), f = output_factor(p);
   parallel_units(s.batch * s.heads_q, threads, [&](int64_t u) {
@@ -132,9 +136,10 @@ std::vector<double> reference_weights_of(const Pattern& p, const Shape& s, const
 
 template <class T>
 ReferenceGradients reference_backward(const Pattern& p, const Shape& s, const T* q, const T* k, const T* v, const T* dout,
-                                      const DynamicLayout* dynamic, unsigned threads) {
-  check_reference_inputs(p, s, dynamic);
-  const MaskContext c{p, s, dynamic};
+                                      const DynamicLayout* dynamic, unsigned threads,
+                                  const std::vector<int64_t>* documents) {
+  check_reference_inputs(p, s, dynamic, documents);
+  const MaskContext c{p, s, dynamic, documents};
   ReferenceGradients g;
   g.dq.assign(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim), 0.0);
   g.dk.assign(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 0.0);
@@ -183,30 +188,34 @@ ReferenceGradients reference_backward(const Pattern& p, const Shape& s, const T*
 }  // namespace
 
 ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const float* q, const float* k, const float* v,
-                                    const DynamicLayout* dynamic, unsigned threads) {
-  return reference_forward(p, s, q, k, v, dynamic, threads);
+                                    const DynamicLayout* dynamic, unsigned threads,
+                                  const std::vector<int64_t>* documents) {
+  return reference_forward(p, s, q, k, v, dynamic, threads, documents);
 }
 ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const double* q, const double* k, const double* v,
-                                    const DynamicLayout* dynamic, unsigned threads) {
-  return reference_forward(p, s, q, k, v, dynamic, threads);
+                                    const DynamicLayout* dynamic, unsigned threads,
+                                  const std::vector<int64_t>* documents) {
+  return reference_forward(p, s, q, k, v, dynamic, threads, documents);
 }
 std::vector<double> reference_weights(const Pattern& p, const Shape& s, const float* q, const float* k,
-                                      const DynamicLayout* dynamic, unsigned threads) {
-  return reference_weights_of(p, s, q, k, dynamic, threads);
+                                      const DynamicLayout* dynamic, unsigned threads,
+                                  const std::vector<int64_t>* documents) {
+  return reference_weights_of(p, s, q, k, dynamic, threads, documents);
 }
 std::vector<double> reference_weights(const Pattern& p, const Shape& s, const double* q, const double* k,
-                                      const DynamicLayout* dynamic, unsigned threads) {
-  return reference_weights_of(p, s, q, k, dynamic, threads);
+                                      const DynamicLayout* dynamic, unsigned threads,
+                                  const std::vector<int64_t>* documents) {
+  return reference_weights_of(p, s, q, k, dynamic, threads, documents);
 }
 ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const float* q, const float* k,
                                                 const float* v, const float* dout, const DynamicLayout* dynamic,
-                                                unsigned threads) {
-  return reference_backward(p, s, q, k, v, dout, dynamic, threads);
+                                                unsigned threads, const std::vector<int64_t>* documents) {
+  return reference_backward(p, s, q, k, v, dout, dynamic, threads, documents);
 }
 ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const double* q, const double* k,
                                                 const double* v, const double* dout, const DynamicLayout* dynamic,
-                                                unsigned threads) {
-  return reference_backward(p, s, q, k, v, dout, dynamic, threads);
+                                                unsigned threads, const std::vector<int64_t>* documents) {
+  return reference_backward(p, s, q, k, v, dout, dynamic, threads, documents);
 }
 
 }  // namespace attnjit

@@ -18,19 +18,24 @@ struct ReferenceOutput {
 // q [batch, seq_q, heads_q, head_dim], k [batch, seq_k, heads_kv, head_dim],
 // v [batch, seq_k, heads_kv, head_dim_v], all contiguous. Checks the shape against the pattern
 // (and the dynamic table, if any) first. Uses up to `threads` threads (0: hardware concurrency).
+// `documents`: cu_seqlens of packed documents (check_documents), each document a sequence of its own.
 ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const float* q, const float* k, const float* v,
-                                    const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
+                                    const DynamicLayout* dynamic = nullptr, unsigned threads = 0,
+                                    const std::vector<int64_t>* documents = nullptr);
 // The same on float64 inputs (finite-difference gradient checks perturb below float32's precision).
 ReferenceOutput reference_attention(const Pattern& p, const Shape& s, const double* q, const double* k, const double* v,
-                                    const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
+                                    const DynamicLayout* dynamic = nullptr, unsigned threads = 0,
+                                    const std::vector<int64_t>* documents = nullptr);
 
 // The attention weights of the forward above: W [batch, heads_q, seq_q, seq_k], float64, with
 // O = W V: each key's probability summed over the branches that attend it, times the head_groups
 // "mean" factor; zero for keys not attended and for rows that attend nothing.
 std::vector<double> reference_weights(const Pattern& p, const Shape& s, const float* q, const float* k,
-                                      const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
+                                      const DynamicLayout* dynamic = nullptr, unsigned threads = 0,
+                                    const std::vector<int64_t>* documents = nullptr);
 std::vector<double> reference_weights(const Pattern& p, const Shape& s, const double* q, const double* k,
-                                      const DynamicLayout* dynamic = nullptr, unsigned threads = 0);
+                                      const DynamicLayout* dynamic = nullptr, unsigned threads = 0,
+                                    const std::vector<int64_t>* documents = nullptr);
 
 // The gradients of the forward above with respect to q, k and v, given dO
 // [batch, seq_q, heads_q, head_dim_v] (LSE's gradient is not taken): the exact gradient of the
@@ -42,9 +47,9 @@ struct ReferenceGradients {
 };
 ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const float* q, const float* k,
                                                 const float* v, const float* dout, const DynamicLayout* dynamic = nullptr,
-                                                unsigned threads = 0);
+                                                unsigned threads = 0, const std::vector<int64_t>* documents = nullptr);
 ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const double* q, const double* k,
                                                 const double* v, const double* dout, const DynamicLayout* dynamic = nullptr,
-                                                unsigned threads = 0);
+                                                unsigned threads = 0, const std::vector<int64_t>* documents = nullptr);
 
 }  // namespace attnjit

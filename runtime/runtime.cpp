@@ -57,12 +57,18 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
   if (st.pattern.has_dynamic_layout() && !o.dynamic_layout) {
     throw UserError("ForwardOptions.dynamic_layout", "the pattern has a dynamic layout; pass its CSR table");
   }
-  const auto key = std::make_tuple(o.q_offset, o.k_offset, table_hash(o.dynamic_layout));
+  std::string tables = table_hash(o.dynamic_layout);
+  if (o.cu_seqlens) {
+    Sha256 h;
+    h.update(o.cu_seqlens->data(), o.cu_seqlens->size() * sizeof(int64_t));
+    tables += "/documents:" + h.hex_digest();
+  }
+  const auto key = std::make_tuple(o.q_offset, o.k_offset, tables);
   std::lock_guard<std::mutex> lock(st.mutex);
   if (auto it = st.plans.find(key); it != st.plans.end()) return it->second;
   auto entry = std::make_shared<PlanEntry>();
   entry->plan = lower_to_plan(st.pattern, problem_shape(st.problem, o.q_offset, o.k_offset), st.backend->tiles(),
-                              o.dynamic_layout);
+                              o.dynamic_layout, o.cu_seqlens);
   st.backend->upload(*entry, o.dynamic_layout);
   st.plans.emplace(key, entry);
   return entry;
@@ -143,7 +149,8 @@ const BackwardPlans& PlanEntry::backward_plans(const Pattern& p, const DynamicLa
   std::call_once(backward_once_, [&] {
     auto b = std::make_unique<BackwardPlans>();
     b->query_major = tiles.tile_q == plan.tiles.tile_q && tiles.tile_k == plan.tiles.tile_k ? plan
-                                                                                              : lower_to_plan(p, plan.shape, tiles, dynamic);
+                                                                                              : lower_to_plan(p, plan.shape, tiles, dynamic,
+                                                                                                              plan.documents.empty() ? nullptr : &plan.documents);
     b->key_major = lower_to_backward_plan(b->query_major);
     backward_ = std::move(b);
   });

@@ -37,7 +37,7 @@ struct AjBwdParams {
   int key_item_base;                      // _dkdv: block x runs key_items[key_item_base + x]
   int plain_add;                          // _dkdv: no two blocks of this launch share a key row: add without atomics
 };
-static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(AjBwdParams) == 456,
+static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(AjBwdParams) == 472,
               "backward table layout differs from compiler/device_plan.hpp");
 
 #define AJ_LOG2E 1.4426950408889634f

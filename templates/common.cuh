@@ -53,11 +53,20 @@ struct AjParams {
   const int* dyn_cols;
   aj_i64 dyn_q_blocks;
   int dyn_heads;
+  const aj_i64* doc_base;                    // packed documents: where each row's document starts (null: none)
+  aj_i64 doc_rows;                           // rows of doc_base
 };
 
 // The host packs these structs byte for byte (compiler/device_plan.hpp); a mismatch must not compile.
-static_assert(sizeof(AjItem) == 32 && sizeof(AjSpan) == 48 && sizeof(AjParams) == 240,
+static_assert(sizeof(AjItem) == 32 && sizeof(AjSpan) == 48 && sizeof(AjParams) == 256,
               "plan table layout differs from compiler/device_plan.hpp");
+
+// A row's position as the mask sees it: within its document when documents are packed (a tile
+// never crosses one), else the row itself. Rows past the table (a tile's unused lanes) stay as
+// they are; their pairs are never stored.
+__device__ __forceinline__ aj_i64 aj_pos(const AjParams& p, aj_i64 row) {
+  return p.doc_base != nullptr && row >= 0 && row < p.doc_rows ? row - p.doc_base[row] : row;
+}
 
 // ---- walking a work item's key tiles in order ----------------------------------------------
 

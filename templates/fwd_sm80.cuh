@@ -113,8 +113,8 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
 
   // Query rows of this thread's two accumulator rows, as global positions.
   const int r0 = warp * 16 + g, r1 = r0 + 8;
-  const aj_i64 qpos0 = p.q_offset + item.rows_start + (aj_i64)r0 * item.rows_stride;
-  const aj_i64 qpos1 = p.q_offset + item.rows_start + (aj_i64)r1 * item.rows_stride;
+  const aj_i64 qpos0 = p.q_offset + aj_pos(p, item.rows_start + (aj_i64)r0 * item.rows_stride);
+  const aj_i64 qpos1 = p.q_offset + aj_pos(p, item.rows_start + (aj_i64)r1 * item.rows_stride);
 
   aj_u32 qf[AJ_Q_IN_REGS ? AJ_HEAD_DIM / 16 : 1][4];
   float acc[AJ_HEAD_DIM_V / 8][4];
@@ -182,7 +182,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
           const int col = j * 8 + quad * 2 + (e & 1);
           bool ok = col < t.count;
           if (ok && !t.full) {
-            const aj_i64 kpos = p.k_offset + t.first + (aj_i64)col * t.stride;
+            const aj_i64 kpos = p.k_offset + aj_pos(p, t.first + (aj_i64)col * t.stride);
             ok = aj_branch_allows(p, t.branch, item.head, e < 2 ? qpos0 : qpos1, kpos);
           }
           s[j][e] = ok ? s[j][e] * p.scale_log2 : AJ_NEG_INF;

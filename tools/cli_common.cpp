@@ -58,6 +58,20 @@ Shape ShapeOptions::shape() const {
   return s;
 }
 
+void add_cu_seqlens_option(CLI::App* app, std::string& text) {
+  app->add_option("--cu-seqlens", text,
+                  "packed documents: cumulative lengths 0,e1,...,seq (batch 1, seq_q == seq_k, no offsets); each "
+                  "document attends only itself, with positions restarting at 0");
+}
+
+std::optional<std::vector<int64_t>> documents_for(const Pattern& p, const Shape& s, const std::string& text,
+                                                  bool has_dynamic_table) {
+  if (text.empty()) return std::nullopt;
+  std::vector<int64_t> cu = parse_cu_seqlens(text, "--cu-seqlens");
+  check_documents(p, s, cu, has_dynamic_table, "--cu-seqlens");
+  return cu;
+}
+
 DynamicLayout load_dynamic_layout(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw UserError(path, "cannot open the dynamic layout file; check the path");

@@ -29,6 +29,13 @@ DynamicLayout load_dynamic_layout(const std::string& path);
 // nothing when the pattern has no dynamic layout. A missing table for a dynamic pattern is an error.
 std::optional<DynamicLayout> dynamic_table_for(const Pattern& p, const Shape& s, const std::string& path);
 
+// --cu-seqlens 0,37,37,101,150: packed documents (run, mask, validate, grad).
+void add_cu_seqlens_option(CLI::App* app, std::string& text);
+// The documents of a call: parsed from `text` and checked against the pattern and shape
+// (check_documents), or nothing when `text` is empty.
+std::optional<std::vector<int64_t>> documents_for(const Pattern& p, const Shape& s, const std::string& text,
+                                                  bool has_dynamic_table);
+
 // Runs a subcommand body; a UserError (or any other error) prints "error: ..." and exits 1.
 int guarded(const std::function<int()>& body);
 

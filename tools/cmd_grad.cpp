@@ -20,7 +20,7 @@ namespace attnjit::cli {
 
 namespace {
 struct GradOptions {
-  std::string spec, dout, o, lse, dq, dk, dv, dynamic, device = "cpu", executor = "reference", tile = "64x64",
+  std::string spec, dout, o, lse, dq, dk, dv, dynamic, cu_seqlens, device = "cpu", executor = "reference", tile = "64x64",
               dtype = "fp32", arch = "sm_80";
   InputOptions in;
   unsigned threads = 0;
@@ -58,6 +58,8 @@ int run_grad(const GradOptions& o) {
   if (s.q_offset == 0 && s.k_offset == 0) check_blocks_inside_sequence(p, s.seq_q, s.seq_k);
   const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
   const DynamicLayout* table = dyn ? &*dyn : nullptr;
+  const std::optional<std::vector<int64_t>> docs = documents_for(p, s, o.cu_seqlens, table != nullptr);
+  const std::vector<int64_t>* documents = docs ? &*docs : nullptr;
   const std::vector<int64_t> odims{s.batch, s.seq_q, s.heads_q, s.head_dim_v};
   std::vector<float> dout;
   if (!o.dout.empty()) dout = load_array(o.dout, "--do", odims);
@@ -78,11 +80,11 @@ int run_grad(const GradOptions& o) {
     }
     const Device d = o.device == "gpu" ? Device::cuda(0) : Device::emu(parse_arch(o.arch));
     bwd.deterministic = o.deterministic;
-    run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), KernelConfig{}, of, lf, &bwd);
+    run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), KernelConfig{}, of, lf, &bwd, nullptr, documents);
     dq = std::move(bwd.dq), dk = std::move(bwd.dk), dv = std::move(bwd.dv);
     where = o.device == "gpu" ? "the gpu (" + o.dtype + ")" : "the emulator (" + o.arch + ", " + o.dtype + ")";
   } else if (o.executor == "plan") {
-    const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table);
+    const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table, documents);
     std::vector<float> of, lf;
     if (!o.o.empty()) {
       of = load_array(o.o, "--o", odims);
@@ -97,7 +99,7 @@ int run_grad(const GradOptions& o) {
     dq = std::move(g.dq), dk = std::move(g.dk), dv = std::move(g.dv);
   } else {
     // The reference recomputes the softmax itself: --o/--lse are not needed (and not read).
-    const ReferenceGradients g = reference_attention_backward(p, s, in.q.data(), in.k.data(), in.v.data(), dout.data(), table, o.threads);
+    const ReferenceGradients g = reference_attention_backward(p, s, in.q.data(), in.k.data(), in.v.data(), dout.data(), table, o.threads, documents);
     dq.assign(g.dq.begin(), g.dq.end()), dk.assign(g.dk.begin(), g.dk.end()), dv.assign(g.dv.begin(), g.dv.end());
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -124,6 +126,7 @@ void register_grad(CLI::App& app, int& rc) {
   sub->add_option("--dk", o->dk, "write dK (float32 [batch, seq_k, heads_kv, head_dim]) here");
   sub->add_option("--dv", o->dv, "write dV (float32 [batch, seq_k, heads_kv, head_dim_v]) here");
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
+  add_cu_seqlens_option(sub, o->cu_seqlens);
   sub->add_option("--device", o->device, "where to run: cpu (reference or plan executor), gpu, or emu (the generated kernels in the CPU emulator)")
       ->check(CLI::IsMember({"cpu", "gpu", "emu"}))
       ->capture_default_str();

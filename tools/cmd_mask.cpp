@@ -14,7 +14,7 @@ namespace attnjit::cli {
 
 namespace {
 struct MaskOptions {
-  std::string spec, out, dynamic;
+  std::string spec, out, dynamic, cu_seqlens;
   ShapeOptions shape;
   int64_t max_bytes = int64_t{1} << 30;
   int64_t max_heads = 4;
@@ -52,7 +52,8 @@ int run_mask(const MaskOptions& o) {
   check_pattern_fits(p, s);
   check_blocks_inside_sequence(p, s.q_offset + s.seq_q, s.k_offset + s.seq_k);
   const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
-  const MaskContext c{p, s, dyn ? &*dyn : nullptr};
+  const std::optional<std::vector<int64_t>> docs = documents_for(p, s, o.cu_seqlens, dyn.has_value());
+  const MaskContext c{p, s, dyn ? &*dyn : nullptr, docs ? &*docs : nullptr};
   if (ends_with(o.out, ".npy")) {
     write_mask_npy(c, o);
   } else if (ends_with(o.out, ".svg")) {
@@ -74,6 +75,7 @@ void register_mask(CLI::App& app, int& rc) {
   o->shape.add_to(sub, false);
   sub->add_option("--out", o->out, "output file: .npy or .svg")->required();
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
+  add_cu_seqlens_option(sub, o->cu_seqlens);
   sub->add_option("--max-bytes", o->max_bytes, "largest dense .npy mask to write")->capture_default_str();
   sub->add_option("--max-heads", o->max_heads, "heads drawn in a .svg")->capture_default_str();
   sub->callback([o, &rc] { rc = guarded([&] { return run_mask(*o); }); });

@@ -22,7 +22,7 @@ namespace attnjit::cli {
 
 namespace {
 struct RunOptions {
-  std::string spec, out, lse, weights, dynamic, device = "cpu", executor = "reference", tile = "64x64", dtype = "fp32",
+  std::string spec, out, lse, weights, dynamic, cu_seqlens, device = "cpu", executor = "reference", tile = "64x64", dtype = "fp32",
               arch = "sm_80", kernel_tile = "default";
   int stages = 0;
   InputOptions in;
@@ -39,6 +39,8 @@ int run_attention(const RunOptions& o) {
   if (s.q_offset == 0 && s.k_offset == 0) check_blocks_inside_sequence(p, s.seq_q, s.seq_k);
   const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
   const DynamicLayout* table = dyn ? &*dyn : nullptr;
+  const std::optional<std::vector<int64_t>> docs = documents_for(p, s, o.cu_seqlens, table != nullptr);
+  const std::vector<int64_t>* documents = docs ? &*docs : nullptr;
   const auto t0 = std::chrono::steady_clock::now();
   // The weights' size is checked before anything runs.
   if (!o.weights.empty()) check_weights_size(s.batch, s.heads_q, s.seq_q, s.seq_k);
@@ -48,9 +50,9 @@ int run_attention(const RunOptions& o) {
     KernelConfig config = parse_kernel_tile(o.kernel_tile);
     config.stages = o.stages;
     const Device d = o.device == "gpu" ? Device::cuda(0) : Device::emu(parse_arch(o.arch));
-    run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), config, of, lf, nullptr, weights);
+    run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), config, of, lf, nullptr, weights, documents);
   } else if (o.executor == "plan") {
-    const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table);
+    const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table, documents);
     ExecutorOutput r = execute_plan(plan, p, in.q.data(), in.k.data(), in.v.data(), table, {.threads = o.threads});
     of = std::move(r.o);
     lf = std::move(r.lse);
@@ -59,11 +61,11 @@ int run_attention(const RunOptions& o) {
       execute_plan_weights(plan, p, in.q.data(), in.k.data(), lf.data(), wf.data(), table, {.threads = o.threads});
     }
   } else {
-    const ReferenceOutput r = reference_attention(p, s, in.q.data(), in.k.data(), in.v.data(), table, o.threads);
+    const ReferenceOutput r = reference_attention(p, s, in.q.data(), in.k.data(), in.v.data(), table, o.threads, documents);
     of.assign(r.o.begin(), r.o.end());
     lf.assign(r.lse.begin(), r.lse.end());
     if (weights) {
-      const std::vector<double> w = reference_weights(p, s, in.q.data(), in.k.data(), table, o.threads);
+      const std::vector<double> w = reference_weights(p, s, in.q.data(), in.k.data(), table, o.threads, documents);
       wf.assign(w.begin(), w.end());
     }
   }
@@ -81,6 +83,7 @@ int run_attention(const RunOptions& o) {
                             : o.device == "emu" ? "the emulator (" + o.arch + ", " + o.dtype + ")"
                                                 : "the cpu " + o.executor + " executor";
   std::cout << "ran " << pattern_hash(p) << " on " << where << ": " << shape_summary(s) << " in " << secs << " s\n";
+  if (documents) std::cout << "  packed documents: " << documents->size() - 1 << "\n";
   std::cout << "  mean |O| = " << mean_abs << ", rows with no keys: " << empty << " of " << lf.size() << "\n";
   if (!o.out.empty()) std::cout << "  wrote O to " << o.out << "\n";
   if (!o.lse.empty()) std::cout << "  wrote LSE to " << o.lse << "\n";
@@ -100,6 +103,7 @@ void register_run(CLI::App& app, int& rc) {
                   "write the attention weights (float32 [batch, heads_q, seq_q, seq_k], O = W V) here; "
                   "refused above ATTNJIT_MAX_WEIGHTS elements");
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
+  add_cu_seqlens_option(sub, o->cu_seqlens);
   sub->add_option("--device", o->device,
                   "where to run: cpu (reference or plan executor), gpu, or emu (the GPU kernel in the CPU emulator)")
       ->check(CLI::IsMember({"cpu", "gpu", "emu"}))

@@ -13,7 +13,7 @@ namespace {
 struct ValidateOptions {
   std::string spec;
   ShapeOptions shape;
-  std::string dynamic;
+  std::string dynamic, cu_seqlens;
 };
 
 int run_validate(const ValidateOptions& o) {
@@ -33,9 +33,12 @@ int run_validate(const ValidateOptions& o) {
     return 0;
   }
   const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
-  const PatternStats st = pattern_stats(MaskContext{p, s, dyn ? &*dyn : nullptr});
+  const std::optional<std::vector<int64_t>> docs = documents_for(p, s, o.cu_seqlens, dyn.has_value());
+  const PatternStats st = pattern_stats(MaskContext{p, s, dyn ? &*dyn : nullptr, docs ? &*docs : nullptr});
   std::cout << "statistics (seq_q=" << s.seq_q << " seq_k=" << s.seq_k << " heads_q=" << s.heads_q
-            << " q_offset=" << s.q_offset << " k_offset=" << s.k_offset << "):\n";
+            << " q_offset=" << s.q_offset << " k_offset=" << s.k_offset;
+  if (docs) std::cout << " documents=" << docs->size() - 1;
+  std::cout << "):\n";
   std::cout << "  branches: " << p.branches.size() << "\n";
   std::cout << "  attended pairs: " << st.attended_pairs << " (" << human_count(static_cast<double>(st.attended_pairs))
             << ", counted once per branch)\n";
@@ -56,6 +59,7 @@ void register_validate(CLI::App& app, int& rc) {
   sub->add_option("spec", o->spec, "pattern spec (JSON)")->required();
   o->shape.add_to(sub, false);
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
+  add_cu_seqlens_option(sub, o->cu_seqlens);
   sub->callback([o, &rc] { rc = guarded([&] { return run_validate(*o); }); });
 }
 

@@ -64,7 +64,7 @@ private:
 void run_on_device(const Device& device, const Pattern& p, const Shape& s, const std::vector<float>& q,
                    const std::vector<float>& k, const std::vector<float>& v, const DynamicLayout* dynamic, DType dtype,
                    const KernelConfig& config, std::vector<float>& o, std::vector<float>& lse, DeviceBackward* backward,
-                   std::vector<float>* weights) {
+                   std::vector<float>* weights, const std::vector<int64_t>* documents) {
   const bool gpu = device.kind == DeviceKind::CUDA;
   RuntimeOptions ro;
   ro.device = device;
@@ -88,6 +88,7 @@ void run_on_device(const Device& device, const Pattern& p, const Shape& s, const
   fo.q_offset = s.q_offset;
   fo.k_offset = s.k_offset;
   fo.dynamic_layout = dynamic;
+  fo.cu_seqlens = documents;
   const std::vector<int64_t> qs{s.batch, s.seq_q, s.heads_q, s.head_dim}, ks{s.batch, s.seq_k, s.heads_kv, s.head_dim},
       vs{s.batch, s.seq_k, s.heads_kv, s.head_dim_v};
   if (backward && backward->forward_given) {

@@ -22,6 +22,7 @@ struct DeviceBackward {
 void run_on_device(const Device& device, const Pattern& p, const Shape& s, const std::vector<float>& q,
                    const std::vector<float>& k, const std::vector<float>& v, const DynamicLayout* dynamic, DType dtype,
                    const KernelConfig& config, std::vector<float>& o, std::vector<float>& lse,
-                   DeviceBackward* backward = nullptr, std::vector<float>* weights = nullptr);
+                   DeviceBackward* backward = nullptr, std::vector<float>* weights = nullptr,
+                   const std::vector<int64_t>* documents = nullptr);
 
 }  // namespace attnjit::cli

@@ -56,6 +56,10 @@ struct ForwardOptions {
   int64_t q_offset = 0, k_offset = 0;              // global positions of row 0 (chunks, ring steps)
   void* stream = nullptr;                          // CUstream of the caller (CUDA device)
   const DynamicLayout* dynamic_layout = nullptr;   // host CSR table, for patterns with a dynamic layout
+  // Packed documents (FlashAttention's varlen API), on the host: cu_seqlens = {0, e_1, ..., seq},
+  // non-decreasing, batch 1, seq_q == seq_k. Queries attend keys of their own document only, and
+  // positions restart at 0 in each document; not with offsets. Each distinct list gets its plan.
+  const std::vector<int64_t>* cu_seqlens = nullptr;
   // backward(): bitwise-reproducible gradients (dK/dV added layer by layer, no atomics). Also the
   // ATTNJIT_DETERMINISTIC knob. dQ never uses atomics.
   bool deterministic = false;
