@@ -118,10 +118,13 @@ std::optional<DynamicLayout> dynamic_of(const std::optional<std::tuple<int64_t, 
 }
 
 using DynamicArg = std::optional<std::tuple<int64_t, std::vector<int64_t>, std::vector<int32_t>>>;
+// cu_seqlens of packed documents, or None.
+using DocumentsArg = std::optional<std::vector<int64_t>>;
+const std::vector<int64_t>* documents_of(const DocumentsArg& d) { return d ? &*d : nullptr; }
 
 void forward(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
              const Tensor& k, const Tensor& v, const Tensor& o, const std::optional<Tensor>& lse, int64_t q_offset,
-             int64_t k_offset, uintptr_t stream, const DynamicArg& dynamic) {
+             int64_t k_offset, uintptr_t stream, const DynamicArg& dynamic, const DocumentsArg& documents) {
   const DType dt = parse_dtype(dtype);
   const Problem pb = problem_of(q, k, v, dt);
   const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
@@ -129,6 +132,7 @@ void forward(const std::string& spec, const std::string& device, int index, cons
   ForwardOptions fo;
   fo.q_offset = q_offset, fo.k_offset = k_offset, fo.stream = reinterpret_cast<void*>(stream);
   fo.dynamic_layout = dyn ? &*dyn : nullptr;
+  fo.cu_seqlens = documents_of(documents);
   const TensorView lv = lse ? view(*lse, DType::F32) : TensorView{};
   nb::gil_scoped_release release;
   op.forward(view(q, dt), view(k, dt), view(v, dt), view(o, dt), lse ? &lv : nullptr, fo);
@@ -137,7 +141,8 @@ void forward(const std::string& spec, const std::string& device, int index, cons
 void backward(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
               const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq,
               const Tensor& dk, const Tensor& dv, int64_t q_offset, int64_t k_offset, uintptr_t stream,
-              bool deterministic, const DynamicArg& dynamic, uintptr_t workspace, size_t workspace_bytes) {
+              bool deterministic, const DynamicArg& dynamic, uintptr_t workspace, size_t workspace_bytes,
+              const DocumentsArg& documents) {
   const DType dt = parse_dtype(dtype);
   const Problem pb = problem_of(q, k, v, dt);
   const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
@@ -145,6 +150,7 @@ void backward(const std::string& spec, const std::string& device, int index, con
   ForwardOptions fo;
   fo.q_offset = q_offset, fo.k_offset = k_offset, fo.stream = reinterpret_cast<void*>(stream);
   fo.dynamic_layout = dyn ? &*dyn : nullptr;
+  fo.cu_seqlens = documents_of(documents);
   fo.deterministic = deterministic;
   fo.workspace = reinterpret_cast<void*>(workspace), fo.workspace_bytes = workspace_bytes;
   nb::gil_scoped_release release;
@@ -155,7 +161,7 @@ void backward(const std::string& spec, const std::string& device, int index, con
 // The attention weights into w (float32 contiguous [B, Hq, Sq, Sk]) from q, k and the forward's lse.
 void attention_weights(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
              const Tensor& k, const Tensor& v, const Tensor& lse, const Tensor& w, int64_t q_offset, int64_t k_offset,
-             uintptr_t stream, const DynamicArg& dynamic) {
+             uintptr_t stream, const DynamicArg& dynamic, const DocumentsArg& documents) {
   const DType dt = parse_dtype(dtype);
   const Problem pb = problem_of(q, k, v, dt);
   const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
@@ -163,6 +169,7 @@ void attention_weights(const std::string& spec, const std::string& device, int i
   ForwardOptions fo;
   fo.q_offset = q_offset, fo.k_offset = k_offset, fo.stream = reinterpret_cast<void*>(stream);
   fo.dynamic_layout = dyn ? &*dyn : nullptr;
+  fo.cu_seqlens = documents_of(documents);
   nb::gil_scoped_release release;
   op.weights(view(q, dt), view(k, dt), view(lse, DType::F32), view(w, DType::F32), fo);
 }
@@ -192,7 +199,7 @@ nb::ndarray<nb::numpy, T> numpy_of(std::vector<T>&& data, std::vector<size_t> sh
 // The float64 reference on contiguous float64 inputs: (o, lse) as numpy arrays.
 std::tuple<nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>> reference_forward(
     const std::string& spec, uintptr_t q, uintptr_t k, uintptr_t v, const std::vector<int64_t>& dims, int64_t q_offset,
-    int64_t k_offset, const DynamicArg& dynamic) {
+    int64_t k_offset, const DynamicArg& dynamic, const DocumentsArg& documents) {
   const Shape s = shape_of(dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], q_offset, k_offset);
   const Pattern p = pattern_of(spec);
   const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
@@ -200,7 +207,8 @@ std::tuple<nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>> refer
   {
     nb::gil_scoped_release release;
     r = reference_attention(p, s, reinterpret_cast<const double*>(q), reinterpret_cast<const double*>(k),
-                            reinterpret_cast<const double*>(v), dyn ? &*dyn : nullptr);
+                            reinterpret_cast<const double*>(v), dyn ? &*dyn : nullptr, 0,
+                            documents_of(documents));
   }
   const auto u = [](int64_t x) { return static_cast<size_t>(x); };
   return {numpy_of(std::move(r.o), {u(s.batch), u(s.seq_q), u(s.heads_q), u(s.head_dim_v)}),
@@ -209,7 +217,8 @@ std::tuple<nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>> refer
 
 // The float64 reference's attention weights [B, Hq, Sq, Sk] on contiguous float64 q and k.
 nb::ndarray<nb::numpy, double> reference_attention_weights(const std::string& spec, uintptr_t q, uintptr_t k, const std::vector<int64_t>& dims,
-                                                 int64_t q_offset, int64_t k_offset, const DynamicArg& dynamic) {
+                                                 int64_t q_offset, int64_t k_offset, const DynamicArg& dynamic,
+                                                 const DocumentsArg& documents) {
   const Shape s = shape_of(dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], q_offset, k_offset);
   check_weights_size(s.batch, s.heads_q, s.seq_q, s.seq_k);
   const Pattern p = pattern_of(spec);
@@ -217,7 +226,8 @@ nb::ndarray<nb::numpy, double> reference_attention_weights(const std::string& sp
   std::vector<double> w;
   {
     nb::gil_scoped_release release;
-    w = reference_weights(p, s, reinterpret_cast<const double*>(q), reinterpret_cast<const double*>(k), dyn ? &*dyn : nullptr);
+    w = reference_weights(p, s, reinterpret_cast<const double*>(q), reinterpret_cast<const double*>(k), dyn ? &*dyn : nullptr, 0,
+                          documents_of(documents));
   }
   const auto u = [](int64_t x) { return static_cast<size_t>(x); };
   return numpy_of(std::move(w), {u(s.batch), u(s.heads_q), u(s.seq_q), u(s.seq_k)});
@@ -225,7 +235,8 @@ nb::ndarray<nb::numpy, double> reference_attention_weights(const std::string& sp
 
 std::tuple<nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>> reference_backward(
     const std::string& spec, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t dout, const std::vector<int64_t>& dims,
-    int64_t q_offset, int64_t k_offset, const DynamicArg& dynamic) {
+    int64_t q_offset, int64_t k_offset, const DynamicArg& dynamic,
+                                                 const DocumentsArg& documents) {
   const Shape s = shape_of(dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], q_offset, k_offset);
   const Pattern p = pattern_of(spec);
   const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
@@ -234,7 +245,7 @@ std::tuple<nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>, nb::n
     nb::gil_scoped_release release;
     g = reference_attention_backward(p, s, reinterpret_cast<const double*>(q), reinterpret_cast<const double*>(k),
                                      reinterpret_cast<const double*>(v), reinterpret_cast<const double*>(dout),
-                                     dyn ? &*dyn : nullptr);
+                                     dyn ? &*dyn : nullptr, 0, documents_of(documents));
   }
   const auto u = [](int64_t x) { return static_cast<size_t>(x); };
   return {numpy_of(std::move(g.dq), {u(s.batch), u(s.seq_q), u(s.heads_q), u(s.head_dim)}),

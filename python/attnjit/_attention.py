@@ -10,7 +10,7 @@ _NUMPY_DTYPES = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16"}
 
 
 def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_lse=False, return_weights=False,
-              dynamic_layout=None):
+              dynamic_layout=None, cu_seqlens=None):
     """Attention of `pattern` over q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv].
 
     Returns o [B, Sq, Hq, Dv] in the inputs' dtype, or (o, lse) with lse fp32 [B, Hq, Sq] (the
@@ -25,6 +25,9 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
     `pattern`: an attnjit.Pattern, a dict or a path. `scale` replaces the softmax scale.
     `q_offset`/`k_offset`: global positions of row 0. `dynamic_layout`: the CSR table of a
     pattern with a `dynamic` layout, a dict {"row_offsets", "col_indices", "heads"}.
+    `cu_seqlens`: packed documents (FlashAttention's varlen), int64 [n_docs + 1] (a tensor, array
+    or list) = 0, e_1, ..., S, non-decreasing (empty documents allowed); batch 1, Sq == Sk, no
+    offsets. Each document attends only itself, with positions restarting at 0 at its start.
 
     torch tensors (fp32, fp16, bf16; any strides with a contiguous last dimension): CUDA tensors
     run the generated kernels on PyTorch's current stream; CPU tensors the plan executor
@@ -36,35 +39,36 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
     if scale is not None:
         p = p.with_scale(scale)
     dyn = _dynamic_arg(dynamic_layout)
+    docs = _documents_arg(cu_seqlens)
     if isinstance(q, np.ndarray) or isinstance(k, np.ndarray) or isinstance(v, np.ndarray):
         if return_weights and q.ndim == 4 and k.ndim == 4:  # refused before the forward runs
             _attnjit.check_weights_size(q.shape[0], q.shape[2], q.shape[1], k.shape[1])
-        o, lse = _numpy_attention(q, k, v, p.op_spec, int(q_offset), int(k_offset), dyn)
-        w = _numpy_weights(q, k, v, lse, p.op_spec, int(q_offset), int(k_offset), dyn) if return_weights else None
+        o, lse = _numpy_attention(q, k, v, p.op_spec, int(q_offset), int(k_offset), dyn, docs)
+        w = _numpy_weights(q, k, v, lse, p.op_spec, int(q_offset), int(k_offset), dyn, docs) if return_weights else None
     else:
         from . import _torch_ops
 
         if return_weights:
             _torch_ops.check_weights_size(q, k)
-        o, lse = _torch_ops.attention(q, k, v, p.op_spec, int(q_offset), int(k_offset), dyn)
-        w = _torch_ops.weights(q, k, v, lse, p.op_spec, int(q_offset), int(k_offset), dyn) if return_weights else None
+        o, lse = _torch_ops.attention(q, k, v, p.op_spec, int(q_offset), int(k_offset), dyn, docs)
+        w = _torch_ops.weights(q, k, v, lse, p.op_spec, int(q_offset), int(k_offset), dyn, docs) if return_weights else None
     out = (o,) + ((lse,) if return_lse else ()) + ((w,) if return_weights else ())
     return out if len(out) > 1 else o
 
 
-def _numpy_weights(q, k, v, lse, spec, q_offset, k_offset, dyn):
+def _numpy_weights(q, k, v, lse, spec, q_offset, k_offset, dyn, docs):
     b, sq, hq, _ = q.shape
     if q.dtype == np.float64:
         dims = [b, sq, k.shape[1], hq, k.shape[2], q.shape[3], v.shape[3]]
         q, k = np.ascontiguousarray(q), np.ascontiguousarray(k)
-        return _attnjit.reference_weights(spec, q.ctypes.data, k.ctypes.data, dims, q_offset, k_offset, dyn)
+        return _attnjit.reference_weights(spec, q.ctypes.data, k.ctypes.data, dims, q_offset, k_offset, dyn, docs)
     w = np.empty((b, hq, sq, k.shape[1]), dtype=np.float32)
 
     def desc(x):
         return (x.ctypes.data, list(x.shape), [s // x.itemsize for s in x.strides])
 
     _attnjit.weights(spec, cpu_device(), 0, _NUMPY_DTYPES[q.dtype], desc(q), desc(k), desc(v), desc(lse), desc(w),
-                     q_offset, k_offset, 0, dyn)
+                     q_offset, k_offset, 0, dyn, docs)
     return w
 
 
@@ -78,6 +82,17 @@ def _dynamic_arg(d):
         [int(x) for x in np.asarray(d["row_offsets"]).ravel()],
         [int(x) for x in np.asarray(d["col_indices"]).ravel()],
     )
+
+
+def _documents_arg(cu):
+    if cu is None:
+        return None
+    if hasattr(cu, "detach"):  # a torch tensor, on any device
+        cu = cu.detach().cpu().numpy()
+    a = np.asarray(cu)
+    if a.ndim != 1 or a.dtype.kind not in "iu":
+        raise TypeError(f"cu_seqlens: expected a 1-D integer tensor [n_docs + 1], got {a.dtype} of shape {a.shape}")
+    return [int(x) for x in a]
 
 
 def cpu_device():
@@ -103,7 +118,7 @@ def check_shapes(q_shape, k_shape, v_shape):
         raise ValueError(f"q, k: query heads ({q_shape[2]}) must be a multiple of key/value heads ({k_shape[2]})")
 
 
-def _numpy_attention(q, k, v, spec, q_offset, k_offset, dyn):
+def _numpy_attention(q, k, v, spec, q_offset, k_offset, dyn, docs):
     arrays = []
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, np.ndarray):
@@ -118,7 +133,8 @@ def _numpy_attention(q, k, v, spec, q_offset, k_offset, dyn):
     if q.dtype == np.float64:
         dims = [b, sq, k.shape[1], hq, k.shape[2], q.shape[3], dv]
         q, k, v = (np.ascontiguousarray(x) for x in (q, k, v))
-        return _attnjit.reference_forward(spec, q.ctypes.data, k.ctypes.data, v.ctypes.data, dims, q_offset, k_offset, dyn)
+        return _attnjit.reference_forward(spec, q.ctypes.data, k.ctypes.data, v.ctypes.data, dims, q_offset, k_offset, dyn,
+                                          docs)
     if q.dtype not in _NUMPY_DTYPES:
         raise TypeError(f"q: dtype {q.dtype} is not supported; use float32, float16 or float64")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -131,5 +147,5 @@ def _numpy_attention(q, k, v, spec, q_offset, k_offset, dyn):
         return (x.ctypes.data, list(x.shape), [s // x.itemsize for s in x.strides])
 
     _attnjit.forward(spec, cpu_device(), 0, _NUMPY_DTYPES[q.dtype], desc(q), desc(k), desc(v), desc(o), desc(lse),
-                     q_offset, k_offset, 0, dyn)
+                     q_offset, k_offset, 0, dyn, docs)
     return o, lse

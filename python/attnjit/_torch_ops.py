@@ -11,7 +11,7 @@ from ._attention import check_shapes, cpu_device
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-def attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn):
+def attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, docs=None):
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor (or numpy arrays for all three), got {type(x).__name__}")
@@ -29,7 +29,8 @@ def attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn):
             raise ValueError(f"{name}: the last dimension must be contiguous (stride 1); call .contiguous()")
     heads, rows, cols = (0, None, None) if dyn is None else (
         dyn[0], torch.tensor(dyn[1], dtype=torch.int64), torch.tensor(dyn[2], dtype=torch.int32))
-    return torch.ops.attnjit.attention(q, k, v, spec, q_offset, k_offset, heads, rows, cols)
+    cu = None if docs is None else torch.tensor(docs, dtype=torch.int64)
+    return torch.ops.attnjit.attention(q, k, v, spec, q_offset, k_offset, heads, rows, cols, cu)
 
 
 def check_weights_size(q, k):
@@ -38,7 +39,7 @@ def check_weights_size(q, k):
         _attnjit.check_weights_size(q.shape[0], q.shape[2], q.shape[1], k.shape[1])
 
 
-def weights(q, k, v, lse, spec: str, q_offset: int, k_offset: int, dyn):
+def weights(q, k, v, lse, spec: str, q_offset: int, k_offset: int, dyn, docs=None):
     """The attention weights of attention(q, k, v) given its lse: fp32 [B, Hq, Sq, Sk] on q's device
     (float64 from the reference for float64 inputs). No gradient: for inspection."""
     b, sq, hq, _ = q.shape
@@ -46,11 +47,12 @@ def weights(q, k, v, lse, spec: str, q_offset: int, k_offset: int, dyn):
     if q.dtype == torch.float64:
         dims = [b, sq, k.shape[1], hq, k.shape[2], q.shape[3], v.shape[3]]
         qc, kc = q.contiguous(), k.contiguous()
-        return torch.from_numpy(_attnjit.reference_weights(spec, qc.data_ptr(), kc.data_ptr(), dims, q_offset, k_offset, dyn))
+        return torch.from_numpy(_attnjit.reference_weights(spec, qc.data_ptr(), kc.data_ptr(), dims, q_offset, k_offset, dyn,
+                                                           docs))
     w = torch.empty((b, hq, sq, k.shape[1]), dtype=torch.float32, device=q.device)
     device, index, stream = _device(q)
     _attnjit.weights(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v), _desc(lse), _desc(w), q_offset,
-                     k_offset, stream, dyn)
+                     k_offset, stream, dyn, docs)
     return w
 
 
@@ -70,6 +72,10 @@ def _dyn(heads, rows, cols):
     return None if rows is None else (heads, rows.tolist(), cols.tolist())
 
 
+def _docs(cu_seqlens):
+    return None if cu_seqlens is None else cu_seqlens.tolist()
+
+
 def _out_shapes(q, v):
     b, sq, hq, _ = q.shape
     return (b, sq, hq, v.shape[3]), (b, hq, sq)
@@ -77,25 +83,26 @@ def _out_shapes(q, v):
 
 @torch.library.custom_op("attnjit::attention", mutates_args=())
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: str, q_offset: int, k_offset: int,
-               dyn_heads: int, dyn_rows: Optional[torch.Tensor], dyn_cols: Optional[torch.Tensor]
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               dyn_heads: int, dyn_rows: Optional[torch.Tensor], dyn_cols: Optional[torch.Tensor],
+               cu_seqlens: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     o_shape, lse_shape = _out_shapes(q, v)
-    dyn = _dyn(dyn_heads, dyn_rows, dyn_cols)
+    dyn, docs = _dyn(dyn_heads, dyn_rows, dyn_cols), _docs(cu_seqlens)
     if q.dtype == torch.float64:  # the float64 reference (exact; for gradcheck)
         dims = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]]
         qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
-        o, lse = _attnjit.reference_forward(spec, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), dims, q_offset, k_offset, dyn)
+        o, lse = _attnjit.reference_forward(spec, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), dims, q_offset, k_offset, dyn,
+                                            docs)
         return torch.from_numpy(o), torch.from_numpy(lse)
     o = torch.empty(o_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     device, index, stream = _device(q)
     _attnjit.forward(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v), _desc(o), _desc(lse), q_offset,
-                     k_offset, stream, dyn)
+                     k_offset, stream, dyn, docs)
     return o, lse
 
 
 @_attention.register_fake
-def _(q, k, v, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols):
+def _(q, k, v, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, cu_seqlens):
     o_shape, lse_shape = _out_shapes(q, v)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return q.new_empty(o_shape), q.new_empty(lse_shape, dtype=lse_dtype)
@@ -104,14 +111,14 @@ def _(q, k, v, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols):
 @torch.library.custom_op("attnjit::attention_backward", mutates_args=())
 def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                         dout: torch.Tensor, spec: str, q_offset: int, k_offset: int, dyn_heads: int,
-                        dyn_rows: Optional[torch.Tensor], dyn_cols: Optional[torch.Tensor]
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dyn = _dyn(dyn_heads, dyn_rows, dyn_cols)
+                        dyn_rows: Optional[torch.Tensor], dyn_cols: Optional[torch.Tensor],
+                        cu_seqlens: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dyn, docs = _dyn(dyn_heads, dyn_rows, dyn_cols), _docs(cu_seqlens)
     if q.dtype == torch.float64:
         dims = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]]
         qc, kc, vc, dc = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
         dq, dk, dv = _attnjit.reference_backward(spec, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), dc.data_ptr(), dims,
-                                                 q_offset, k_offset, dyn)
+                                                 q_offset, k_offset, dyn, docs)
         return torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv)
     if dout.stride(3) != 1:
         dout = dout.contiguous()
@@ -125,20 +132,20 @@ def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: to
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device) if ws_bytes else None
     _attnjit.backward(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v), _desc(o), _desc(lse),
                       _desc(dout), _desc(dq), _desc(dk), _desc(dv), q_offset, k_offset, stream, False, dyn,
-                      ws.data_ptr() if ws is not None else 0, ws_bytes)
+                      ws.data_ptr() if ws is not None else 0, ws_bytes, docs)
     return dq, dk, dv
 
 
 @_attention_backward.register_fake
-def _(q, k, v, o, lse, dout, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols):
+def _(q, k, v, o, lse, dout, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, cu_seqlens):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols = inputs
+    q, k, v, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, cu_seqlens = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.args = (spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols)
+    ctx.args = (spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, cu_seqlens)
     ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
 
 
@@ -150,7 +157,7 @@ def _backward(ctx, dout, dlse):
     if dout is None:
         dout = torch.zeros_like(o)
     dq, dk, dv = _attention_backward(q, k, v, o, lse, dout, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 _attention.register_autograd(_backward, setup_context=_setup_context)

@@ -194,6 +194,51 @@ def test_attention_weights_float64_numpy_and_bad_requests():
     assert "batch * heads_q * seq_q * seq_k = 3200 elements is over the cap of 1000 (ATTNJIT_MAX_WEIGHTS)" in out
 
 
+@pytest.mark.parametrize("device", ["reference", "cpu", "emu"])
+def test_packed_documents_equal_each_document_alone(device, monkeypatch):
+    # cu_seqlens (an empty document included): O, LSE and the gradients of the packed call are the
+    # documents' own, on the float64 reference, the plan executor and the emulated kernels.
+    if device == "emu":
+        monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu")
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    dtype = torch.float64 if device == "reference" else torch.float32
+    cu = [0, 37, 37, 101, 150]
+    q, k, v = inputs(1, 150, 150, 4, 2, 16, dtype=dtype, seed=31, requires_grad=True)
+    o, lse = attnjit.attention(q, k, v, p, return_lse=True, cu_seqlens=torch.tensor(cu))
+    dq, dk, dv = torch.autograd.grad(o.square().sum(), (q, k, v))
+    tol = 1e-12 if device == "reference" else 1e-4
+    for a, b in zip(cu[:-1], cu[1:]):
+        if a == b:
+            continue
+        qd, kd, vd = (x.detach()[:, a:b].clone().requires_grad_() for x in (q, k, v))
+        od, lsed = attnjit.attention(qd, kd, vd, p, return_lse=True)
+        gd = torch.autograd.grad(od.square().sum(), (qd, kd, vd))
+        torch.testing.assert_close(o[:, a:b], od, rtol=tol, atol=tol)
+        torch.testing.assert_close(lse[:, :, a:b], lsed, rtol=tol, atol=tol)
+        for name, got, want in zip("qkv", (dq, dk, dv), gd):
+            torch.testing.assert_close(got[:, a:b], want, rtol=tol, atol=tol, msg=f"d{name} of document {a}..{b}")
+    # numpy arrays and a plain list take the same documents.
+    if device == "cpu":
+        on = attnjit.attention(*(x.detach().numpy() for x in (q, k, v)), p, cu_seqlens=cu)
+        np.testing.assert_allclose(on, o.detach().numpy(), atol=1e-6)
+
+
+def test_packed_documents_bad_lists_are_clear_errors():
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    q, k, v = inputs(1, 50, 50, 2, 2, 16)
+    with pytest.raises(ValueError, match="cu_seqlens: must end at the sequence length 50, got 60"):
+        attnjit.attention(q, k, v, p, cu_seqlens=torch.tensor([0, 20, 60]))
+    with pytest.raises(ValueError, match="cu_seqlens: must not decrease"):
+        attnjit.attention(q, k, v, p, cu_seqlens=[0, 30, 20, 50])
+    with pytest.raises(ValueError, match="cu_seqlens: cannot be combined with offsets"):
+        attnjit.attention(q, k, v, p, cu_seqlens=[0, 50], q_offset=4)
+    with pytest.raises(TypeError, match="cu_seqlens: expected a 1-D integer tensor"):
+        attnjit.attention(q, k, v, p, cu_seqlens=torch.tensor([0.0, 50.0]))
+    qb, kb, vb = inputs(2, 50, 50, 2, 2, 16)
+    with pytest.raises(ValueError, match="batch must be 1"):
+        attnjit.attention(qb, kb, vb, p, cu_seqlens=[0, 50])
+
+
 def test_torch_compile_traces_without_graph_breaks():
     p = attnjit.Pattern.load(EXAMPLES / "sliding_window.json")
     q, k, v = inputs(1, 96, 96, 2, 2, 16, seed=6, requires_grad=True)
@@ -340,3 +385,19 @@ def test_gpu_torch_compile_fullgraph_with_inductor():
     torch._dynamo.reset()
     got = torch.compile(f, fullgraph=True)(q, k, v)
     assert torch.equal(got, f(q, k, v))
+
+
+@needs_gpu
+def test_gpu_packed_documents_equal_each_document_alone():
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    cu = torch.tensor([0, 300, 300, 777, 1000], device="cuda")
+    q, k, v = inputs(1, 1000, 1000, 4, 2, 64, dtype=torch.bfloat16, seed=12, device="cuda", requires_grad=True)
+    o = attnjit.attention(q, k, v, p, cu_seqlens=cu)
+    got = torch.autograd.grad(o.float().square().sum(), (q, k, v))
+    for a, b in ((0, 300), (300, 777), (777, 1000)):
+        qd, kd, vd = (x.detach()[:, a:b].clone().requires_grad_() for x in (q, k, v))
+        od = attnjit.attention(qd, kd, vd, p)
+        want = torch.autograd.grad(od.float().square().sum(), (qd, kd, vd))
+        assert rel_error(o[:, a:b].cpu(), od.cpu()) <= 1e-2
+        for name, g, w in zip("qkv", got, want):
+            assert rel_error(g[:, a:b].cpu(), w.cpu()) <= 3e-2, f"d{name} of document {a}..{b}"
