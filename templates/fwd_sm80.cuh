@@ -167,14 +167,10 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
       }
     }
 
-    // Scale into the exp2 domain; mask partial tiles and keys past the tile's end (a whole tile
-    // with every pair attended, the common case, tests nothing).
-    if (t.full && t.count == AJ_TILE_K) {
-#pragma unroll
-      for (int j = 0; j < AJ_TILE_K / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] *= p.scale_log2;
-    } else {
+    // Mask partial tiles and keys past the tile's end (a whole tile with every pair attended, the
+    // common case, tests nothing). Scores stay unscaled until the exponent: the scale is positive,
+    // so the row maximum scales with them, and exp2(s * scale_log2 - base) is one FFMA.
+    if (!(t.full && t.count == AJ_TILE_K)) {
 #pragma unroll
       for (int j = 0; j < AJ_TILE_K / 8; ++j) {
 #pragma unroll
@@ -185,7 +181,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
             const aj_i64 kpos = p.k_offset + aj_pos(p, t.first + (aj_i64)col * t.stride);
             ok = aj_branch_allows(p, t.branch, item.head, e < 2 ? qpos0 : qpos1, kpos);
           }
-          s[j][e] = ok ? s[j][e] * p.scale_log2 : AJ_NEG_INF;
+          if (!ok) s[j][e] = AJ_NEG_INF;
         }
       }
     }
@@ -195,6 +191,8 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
       mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
       mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
     }
+    mx0 *= p.scale_log2;
+    mx1 *= p.scale_log2;
     // The four threads of a quad share a row.
     mx0 = fmaxf(mx0, aj_shfl_xor(mx0, 1));
     mx0 = fmaxf(mx0, aj_shfl_xor(mx0, 2));
@@ -217,10 +215,10 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
     }
 #pragma unroll
     for (int j = 0; j < AJ_TILE_K / 8; ++j) {
-      s[j][0] = aj_ex2(s[j][0] - base0);
-      s[j][1] = aj_ex2(s[j][1] - base0);
-      s[j][2] = aj_ex2(s[j][2] - base1);
-      s[j][3] = aj_ex2(s[j][3] - base1);
+      s[j][0] = aj_ex2(fmaf(s[j][0], p.scale_log2, -base0));
+      s[j][1] = aj_ex2(fmaf(s[j][1], p.scale_log2, -base0));
+      s[j][2] = aj_ex2(fmaf(s[j][2], p.scale_log2, -base1));
+      s[j][3] = aj_ex2(fmaf(s[j][3], p.scale_log2, -base1));
       l0 += s[j][0] + s[j][1];
       l1 += s[j][2] + s[j][3];
     }

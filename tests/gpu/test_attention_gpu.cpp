@@ -179,6 +179,7 @@ struct Case {
   std::optional<DynamicLayout> dynamic;
   uint64_t seed = 0;
   unsigned ref_threads = 1;
+  float input_scale = 1.0f;  // q and k times this: large scores test the softmax's running maximum
 };
 
 std::string describe(const Case& c) {
@@ -208,8 +209,12 @@ Prepared prepare_case(Runtime& rt, const Case& c) {
   Prepared p;
   try {
     const Shape& s = c.shape;
-    p.q = dequantised(testing::random_tensor(size_t(s.batch * s.seq_q * s.heads_q * s.head_dim), 3 * c.seed), c.dtype);
-    p.k = dequantised(testing::random_tensor(size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim), 3 * c.seed + 1), c.dtype);
+    auto scaled = [&](std::vector<float> x) {
+      for (float& e : x) e *= c.input_scale;
+      return x;
+    };
+    p.q = dequantised(scaled(testing::random_tensor(size_t(s.batch * s.seq_q * s.heads_q * s.head_dim), 3 * c.seed)), c.dtype);
+    p.k = dequantised(scaled(testing::random_tensor(size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim), 3 * c.seed + 1)), c.dtype);
     p.v = dequantised(testing::random_tensor(size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 3 * c.seed + 2), c.dtype);
     p.want = reference_attention(c.pattern, s, p.q.data(), p.k.data(), p.v.data(), c.dynamic ? &*c.dynamic : nullptr,
                                  c.ref_threads);
@@ -616,6 +621,26 @@ TEST_CASE("every tile configuration the autotuner can choose matches the referen
   // A GPU's candidates are those of its own arch (more shared memory on sm_90); the emulator's, sm_80's.
   const int arch = target() == Target::Gpu ? device_info(0).cc_major * 10 + device_info(0).cc_minor : 80;
   check_cases("configs", config_cases(target() == Target::Emu ? 203 : 1999, arch));
+}
+
+// Scores in the thousands (q and k times 12: the softmax is nearly one-hot): the running maximum
+// must be in the units the exponent uses, or exp2 under- or overflows and rows come out empty or
+// NaN. Ordinary inputs cannot tell: softmax does not depend on the shift.
+TEST_CASE("large scores: the online softmax keeps every exponent in range", "[gpu][emu][attention][large]") {
+  SKIP_WITHOUT_GPU();
+  if (target() == Target::Cpu) { WARN("SKIPPED on the CPU device: this is about the kernels' online softmax"); return; }
+  std::vector<Case> cases;
+  uint64_t seed = 8100;
+  for (const auto& [name, p] : example_patterns()) {
+    for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+      Case c;
+      c.name = name + "/large-" + to_string(dt);
+      c.pattern = p, c.dtype = dt, c.seed = seed++, c.input_scale = 12.0f;
+      c.shape = make_shape(1, 160, 160, 4, 2, 64);
+      cases.push_back(std::move(c));
+    }
+  }
+  check_cases("large", cases);
 }
 
 TEST_CASE("every example pattern matches the float64 reference on the GPU", "[gpu][attention][examples]") {
