@@ -19,7 +19,8 @@ __device__ __forceinline__ void aj_bwd_dq(const AjBwdParams& bp) {
   const aj_i64 i = item.rows_start + (aj_i64)(row < item.rows_count ? row : 0) * item.rows_stride;
   const float lse2 = row < item.rows_count ? aj_bwd_lse2(p, b, item.head, i) : AJ_NEG_INF;
   const bool live = lse2 != AJ_NEG_INF;  // a row that attends nothing has no gradient
-  const aj_i64 qpos = p.q_offset + aj_pos(p, i);
+  const aj_i64 doc = aj_doc_start(p, item.rows_start), k_origin = p.k_offset - doc;
+  const aj_i64 qpos = p.q_offset - doc + i;
   const int kvh = item.head / p.heads_per_kv;
   const float f = p.output_scale, delta = live ? bp.delta[(b * bp.heads_q + item.head) * bp.seq_q + i] : 0.0f;
 
@@ -49,7 +50,7 @@ __device__ __forceinline__ void aj_bwd_dq(const AjBwdParams& bp) {
       dp += aj_shfl_xor(dp, 1);
       dp += aj_shfl_xor(dp, 2);
       bool ok = live && c < t.count;
-      if (ok && !t.full) ok = aj_branch_allows(p, t.branch, item.head, qpos, p.k_offset + aj_pos(p, t.first + c * t.stride));
+      if (ok && !t.full) ok = aj_branch_allows(p, t.branch, item.head, qpos, k_origin + t.first + c * t.stride);
       if (!ok) continue;
       const float pr = aj_ex2(dot * p.scale_log2 - lse2);
       const float ds = pr * (f * dp - delta);
@@ -85,7 +86,8 @@ __device__ __forceinline__ void aj_bwd_dkdv(const AjBwdParams& bp) {
   const int krow = aj_thread_idx() / AJ_SIMT_LANES, lane = aj_thread_idx() % AJ_SIMT_LANES;
   const bool live = krow < ki.keys_count;
   const aj_i64 j = ki.keys_start + (aj_i64)(live ? krow : 0) * ki.keys_stride;
-  const aj_i64 kpos = p.k_offset + aj_pos(p, j);
+  const aj_i64 doc = aj_doc_start(p, ki.keys_start), q_origin = p.q_offset - doc;
+  const aj_i64 kpos = p.k_offset - doc + j;
   const float f = p.output_scale;
 
   float k[AJ_QD], v[AJ_VD], dk[AJ_QD], dv[AJ_VD];
@@ -130,7 +132,7 @@ __device__ __forceinline__ void aj_bwd_dkdv(const AjBwdParams& bp) {
         const float lse2 = sh.lse2[r];
         bool ok = live && lse2 != AJ_NEG_INF;
         if (ok && !qe.full) {
-          const aj_i64 qpos = p.q_offset + aj_pos(p, qe.rows_start + (aj_i64)(r0 + r) * qe.rows_stride);
+          const aj_i64 qpos = q_origin + qe.rows_start + (aj_i64)(r0 + r) * qe.rows_stride;
           ok = aj_branch_allows(p, qe.branch, qe.head, qpos, kpos);
         }
         if (!ok) continue;

@@ -125,7 +125,8 @@ __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
   // This thread's two rows of the accumulator tiles: their positions, LSE and D.
   const int r0 = warp * 16 + g, r1 = r0 + 8;
   const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
-  const aj_i64 qpos0 = p.q_offset + aj_pos(p, i0), qpos1 = p.q_offset + aj_pos(p, i1);
+  const aj_i64 doc = aj_doc_start(p, item.rows_start), k_origin = p.k_offset - doc;
+  const aj_i64 qpos0 = p.q_offset - doc + i0, qpos1 = p.q_offset - doc + i1;
   const bool valid0 = r0 < item.rows_count, valid1 = r1 < item.rows_count;
   const float lse0 = aj_bwd_lse2_or_inf(p, b, item.head, i0, valid0), lse1 = aj_bwd_lse2_or_inf(p, b, item.head, i1, valid1);
   const float* drow = bp.delta + (b * bp.heads_q + item.head) * bp.seq_q;
@@ -161,7 +162,7 @@ __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
           const int col = c0 + j * 8 + quad * 2 + (e & 1);
           bool ok = col < t.count;
           if (ok && !t.full)
-            ok = aj_branch_allows(p, t.branch, item.head, e < 2 ? qpos0 : qpos1, p.k_offset + aj_pos(p, t.first + (aj_i64)col * t.stride));
+            ok = aj_branch_allows(p, t.branch, item.head, e < 2 ? qpos0 : qpos1, k_origin + t.first + (aj_i64)col * t.stride);
           const float pr = ok ? aj_ex2(s[j][e] * p.scale_log2 - (e < 2 ? lse0 : lse1)) : 0.0f;
           s[j][e] = pr * (f * dp[j][e] - (e < 2 ? delta0 : delta1));
         }
@@ -175,15 +176,9 @@ __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
   aj_elem* out = (aj_elem*)bp.dq + b * bp.dq_batch_stride + item.head * bp.dq_head_stride;
 #pragma unroll
   for (int j = 0; j < AJ_HEAD_DIM / 8; ++j) {
-    const int col = j * 8 + quad * 2;
-    if (valid0) {
-      aj_store(out + i0 * bp.dq_row_stride + col, dq[j][0] * bp.scale);
-      aj_store(out + i0 * bp.dq_row_stride + col + 1, dq[j][1] * bp.scale);
-    }
-    if (valid1) {
-      aj_store(out + i1 * bp.dq_row_stride + col, dq[j][2] * bp.scale);
-      aj_store(out + i1 * bp.dq_row_stride + col + 1, dq[j][3] * bp.scale);
-    }
+    const int col = j * 8 + quad * 2;  // two adjacent columns per 4-byte store
+    if (valid0) *(aj_u32*)(out + i0 * bp.dq_row_stride + col) = aj_pack2(dq[j][0] * bp.scale, dq[j][1] * bp.scale);
+    if (valid1) *(aj_u32*)(out + i1 * bp.dq_row_stride + col) = aj_pack2(dq[j][2] * bp.scale, dq[j][3] * bp.scale);
   }
 }
 
@@ -251,8 +246,9 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
 
   // This thread's two key rows (of the accumulator tiles) as global positions.
   const int kr0 = warp * 16 + g, kr1 = kr0 + 8;
-  const aj_i64 kpos0 = p.k_offset + aj_pos(p, ki.keys_start + (aj_i64)kr0 * ki.keys_stride);
-  const aj_i64 kpos1 = p.k_offset + aj_pos(p, ki.keys_start + (aj_i64)kr1 * ki.keys_stride);
+  const aj_i64 doc = aj_doc_start(p, ki.keys_start), q_origin = p.q_offset - doc;
+  const aj_i64 kpos0 = p.k_offset - doc + ki.keys_start + (aj_i64)kr0 * ki.keys_stride;
+  const aj_i64 kpos1 = p.k_offset - doc + ki.keys_start + (aj_i64)kr1 * ki.keys_stride;
   const float f = p.output_scale;
 
   float dk[AJ_HEAD_DIM / 8][4], dv[AJ_HEAD_DIM_V / 8][4];
@@ -283,7 +279,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
           if (!qe.full) {
             const int kr = x < 2 ? kr0 : kr1;
             ok = col < qe.rows_count && kr < ki.keys_count &&
-                 aj_branch_allows(p, qe.branch, qe.head, p.q_offset + aj_pos(p, qe.rows_start + (aj_i64)col * qe.rows_stride),
+                 aj_branch_allows(p, qe.branch, qe.head, q_origin + qe.rows_start + (aj_i64)col * qe.rows_stride,
                                   x < 2 ? kpos0 : kpos1);
           }
           const float pr = ok ? aj_ex2(s[j][x] * p.scale_log2 - st.lse2[col]) : 0.0f;

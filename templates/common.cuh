@@ -61,11 +61,12 @@ struct AjParams {
 static_assert(sizeof(AjItem) == 32 && sizeof(AjSpan) == 48 && sizeof(AjParams) == 256,
               "plan table layout differs from compiler/device_plan.hpp");
 
-// A row's position as the mask sees it: within its document when documents are packed (a tile
-// never crosses one), else the row itself. Rows past the table (a tile's unused lanes) stay as
-// they are; their pairs are never stored.
-__device__ __forceinline__ aj_i64 aj_pos(const AjParams& p, aj_i64 row) {
-  return p.doc_base != nullptr && row >= 0 && row < p.doc_rows ? row - p.doc_base[row] : row;
+// Packed documents: the row where the document of `row` starts (0 without documents). A work
+// item's rows and every key it visits lie in one document (the plan never crosses one), so a
+// kernel reads this once per item, from the item's first row, and subtracts it from the offsets:
+// every position the mask sees is then within the document.
+__device__ __forceinline__ aj_i64 aj_doc_start(const AjParams& p, aj_i64 row) {
+  return p.doc_base != nullptr && row >= 0 && row < p.doc_rows ? p.doc_base[row] : 0;
 }
 
 // ---- walking a work item's key tiles in order ----------------------------------------------

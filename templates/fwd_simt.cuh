@@ -33,7 +33,8 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
   const int row = aj_thread_idx() / AJ_SIMT_LANES, lane = aj_thread_idx() % AJ_SIMT_LANES;
   const bool live = row < item.rows_count;
   const aj_i64 i = item.rows_start + (aj_i64)(live ? row : 0) * item.rows_stride;
-  const aj_i64 qpos = p.q_offset + aj_pos(p, i);
+  const aj_i64 doc = aj_doc_start(p, item.rows_start), k_origin = p.k_offset - doc;
+  const aj_i64 qpos = p.q_offset - doc + i;
   const int kvh = item.head / p.heads_per_kv;
 
   float q[AJ_QD];
@@ -65,7 +66,7 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
       dot += aj_shfl_xor(dot, 1);
       dot += aj_shfl_xor(dot, 2);
       bool ok = live && c < t.count;
-      if (ok && !t.full) ok = aj_branch_allows(p, t.branch, item.head, qpos, p.k_offset + aj_pos(p, t.first + c * t.stride));
+      if (ok && !t.full) ok = aj_branch_allows(p, t.branch, item.head, qpos, k_origin + t.first + c * t.stride);
       s[c] = ok ? dot * p.scale_log2 : AJ_NEG_INF;
       tile_max = fmaxf(tile_max, s[c]);
     }

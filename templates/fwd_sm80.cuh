@@ -113,8 +113,9 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
 
   // Query rows of this thread's two accumulator rows, as global positions.
   const int r0 = warp * 16 + g, r1 = r0 + 8;
-  const aj_i64 qpos0 = p.q_offset + aj_pos(p, item.rows_start + (aj_i64)r0 * item.rows_stride);
-  const aj_i64 qpos1 = p.q_offset + aj_pos(p, item.rows_start + (aj_i64)r1 * item.rows_stride);
+  const aj_i64 doc = aj_doc_start(p, item.rows_start), k_origin = p.k_offset - doc;
+  const aj_i64 qpos0 = p.q_offset - doc + item.rows_start + (aj_i64)r0 * item.rows_stride;
+  const aj_i64 qpos1 = p.q_offset - doc + item.rows_start + (aj_i64)r1 * item.rows_stride;
 
   aj_u32 qf[AJ_Q_IN_REGS ? AJ_HEAD_DIM / 16 : 1][4];
   float acc[AJ_HEAD_DIM_V / 8][4];
@@ -178,7 +179,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
           const int col = j * 8 + quad * 2 + (e & 1);
           bool ok = col < t.count;
           if (ok && !t.full) {
-            const aj_i64 kpos = p.k_offset + aj_pos(p, t.first + (aj_i64)col * t.stride);
+            const aj_i64 kpos = k_origin + t.first + (aj_i64)col * t.stride;
             ok = aj_branch_allows(p, t.branch, item.head, e < 2 ? qpos0 : qpos1, kpos);
           }
           if (!ok) s[j][e] = AJ_NEG_INF;
@@ -251,17 +252,12 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   const float inv0 = l0 > 0.0f ? p.output_scale / l0 : 0.0f, inv1 = l1 > 0.0f ? p.output_scale / l1 : 0.0f;
   aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
   const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
+  // Two adjacent columns per 4-byte store (the tensor-core path's rows are 16-byte aligned).
 #pragma unroll
   for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
     const int col = j * 8 + quad * 2;
-    if (r0 < item.rows_count) {
-      aj_store(ob + i0 * p.o_row_stride + col, acc[j][0] * inv0);
-      aj_store(ob + i0 * p.o_row_stride + col + 1, acc[j][1] * inv0);
-    }
-    if (r1 < item.rows_count) {
-      aj_store(ob + i1 * p.o_row_stride + col, acc[j][2] * inv1);
-      aj_store(ob + i1 * p.o_row_stride + col + 1, acc[j][3] * inv1);
-    }
+    if (r0 < item.rows_count) *(aj_u32*)(ob + i0 * p.o_row_stride + col) = aj_pack2(acc[j][0] * inv0, acc[j][1] * inv0);
+    if (r1 < item.rows_count) *(aj_u32*)(ob + i1 * p.o_row_stride + col) = aj_pack2(acc[j][2] * inv1, acc[j][3] * inv1);
   }
   if (quad == 0 && p.lse) {
     float* lb = p.lse + b * p.lse_batch_stride + item.head * p.lse_head_stride;
