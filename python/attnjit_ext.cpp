@@ -122,6 +122,16 @@ using DynamicArg = std::optional<std::tuple<int64_t, std::vector<int64_t>, std::
 using DocumentsArg = std::optional<std::vector<int64_t>>;
 const std::vector<int64_t>* documents_of(const DocumentsArg& d) { return d ? &*d : nullptr; }
 
+// The options of one call; they point into `dyn` and `documents`, which must outlive them.
+ForwardOptions options_of(int64_t q_offset, int64_t k_offset, uintptr_t stream, const std::optional<DynamicLayout>& dyn,
+                          const DocumentsArg& documents) {
+  ForwardOptions fo;
+  fo.q_offset = q_offset, fo.k_offset = k_offset, fo.stream = reinterpret_cast<void*>(stream);
+  fo.dynamic_layout = dyn ? &*dyn : nullptr;
+  fo.cu_seqlens = documents_of(documents);
+  return fo;
+}
+
 void forward(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
              const Tensor& k, const Tensor& v, const Tensor& o, const std::optional<Tensor>& lse, int64_t q_offset,
              int64_t k_offset, uintptr_t stream, const DynamicArg& dynamic, const DocumentsArg& documents) {
@@ -129,10 +139,7 @@ void forward(const std::string& spec, const std::string& device, int index, cons
   const Problem pb = problem_of(q, k, v, dt);
   const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
   Attention op = prepared(spec, device_of(device, index), pb);
-  ForwardOptions fo;
-  fo.q_offset = q_offset, fo.k_offset = k_offset, fo.stream = reinterpret_cast<void*>(stream);
-  fo.dynamic_layout = dyn ? &*dyn : nullptr;
-  fo.cu_seqlens = documents_of(documents);
+  ForwardOptions fo = options_of(q_offset, k_offset, stream, dyn, documents);
   const TensorView lv = lse ? view(*lse, DType::F32) : TensorView{};
   nb::gil_scoped_release release;
   op.forward(view(q, dt), view(k, dt), view(v, dt), view(o, dt), lse ? &lv : nullptr, fo);
@@ -147,10 +154,7 @@ void backward(const std::string& spec, const std::string& device, int index, con
   const Problem pb = problem_of(q, k, v, dt);
   const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
   Attention op = prepared(spec, device_of(device, index), pb);
-  ForwardOptions fo;
-  fo.q_offset = q_offset, fo.k_offset = k_offset, fo.stream = reinterpret_cast<void*>(stream);
-  fo.dynamic_layout = dyn ? &*dyn : nullptr;
-  fo.cu_seqlens = documents_of(documents);
+  ForwardOptions fo = options_of(q_offset, k_offset, stream, dyn, documents);
   fo.deterministic = deterministic;
   fo.workspace = reinterpret_cast<void*>(workspace), fo.workspace_bytes = workspace_bytes;
   nb::gil_scoped_release release;
@@ -166,10 +170,7 @@ void attention_weights(const std::string& spec, const std::string& device, int i
   const Problem pb = problem_of(q, k, v, dt);
   const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
   Attention op = prepared(spec, device_of(device, index), pb);
-  ForwardOptions fo;
-  fo.q_offset = q_offset, fo.k_offset = k_offset, fo.stream = reinterpret_cast<void*>(stream);
-  fo.dynamic_layout = dyn ? &*dyn : nullptr;
-  fo.cu_seqlens = documents_of(documents);
+  ForwardOptions fo = options_of(q_offset, k_offset, stream, dyn, documents);
   nb::gil_scoped_release release;
   op.weights(view(q, dt), view(k, dt), view(lse, DType::F32), view(w, DType::F32), fo);
 }
