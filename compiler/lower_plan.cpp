@@ -214,12 +214,22 @@ void schedule_heavy_first(std::vector<WorkItem>& items) {
 
 namespace {
 
+// A plan for shape `s` with no work yet: what every plan states about the call.
+Plan empty_plan(const Pattern& p, const Shape& s, const TileConfig& tiles) {
+  Plan plan;
+  plan.shape = s;
+  plan.tiles = tiles;
+  plan.combine = p.combine;
+  plan.softmax_scale = softmax_scale(p, s);
+  if (p.combine == Combine::HeadGroups && p.group_scale == GroupScale::Mean) plan.output_scale = 1.0 / double(p.branches.size());
+  return plan;
+}
+
 // Packed documents: each document lowered as a call of its own, then moved to its rows (row maps
 // and key maps shifted by its start). No tile crosses a document; masks on partial tiles see
 // positions within the document through Plan::doc_base.
 Plan lower_documents(const Pattern& p, const Shape& s, const TileConfig& tiles, const std::vector<int64_t>& cu) {
-  check_documents(p, s, cu, false, "cu_seqlens");
-  Plan plan;
+  Plan plan = empty_plan(p, s, tiles);
   for (size_t d = 0; d + 1 < cu.size(); ++d) {
     const int64_t start = cu[d], len = cu[d + 1] - cu[d];
     if (len == 0) continue;
@@ -245,11 +255,6 @@ Plan lower_documents(const Pattern& p, const Shape& s, const TileConfig& tiles, 
     st.full_tiles += one.stats.full_tiles;
     st.partial_tiles += one.stats.partial_tiles;
   }
-  plan.shape = s;
-  plan.tiles = tiles;
-  plan.combine = p.combine;
-  plan.softmax_scale = softmax_scale(p, s);
-  if (p.combine == Combine::HeadGroups && p.group_scale == GroupScale::Mean) plan.output_scale = 1.0 / double(p.branches.size());
   plan.documents = cu;
   plan.doc_base.resize(static_cast<size_t>(s.seq_q));
   for (size_t d = 0; d + 1 < cu.size(); ++d)
@@ -290,12 +295,7 @@ Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, co
     return plan;
   }
   if (dynamic) check_dynamic_layout(p, s, *dynamic, "dynamic layout");
-  Plan plan;
-  plan.shape = s;
-  plan.tiles = tiles;
-  plan.combine = p.combine;
-  plan.softmax_scale = softmax_scale(p, s);
-  if (p.combine == Combine::HeadGroups && p.group_scale == GroupScale::Mean) plan.output_scale = 1.0 / double(p.branches.size());
+  Plan plan = empty_plan(p, s, tiles);
   PlanBuilder builder(p, s, tiles, dynamic);
   plan.items.reserve(static_cast<size_t>(s.heads_q * (s.seq_q / tiles.tile_q + 16) * 2));
   plan.spans.reserve(plan.items.capacity());
