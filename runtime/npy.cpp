@@ -200,7 +200,10 @@ NpyArray read_npy(const std::string& path) {
   if (!in) throw UserError(path, "cannot open the file for reading; check its permissions");
   std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) throw UserError(path, "read error while reading the file");
+  return parse_npy(file, path);
+}
 
+NpyArray parse_npy(const std::string& file, const std::string& path) {
   if (file.size() < kMagicLen || file.compare(0, kMagicLen, kMagic, kMagicLen) != 0)
     throw UserError(path, "not a .npy file (missing the \\x93NUMPY magic); write it with numpy.save");
   // Preamble: magic, major, minor, then a little-endian header length of 2 (v1) or 4 (v2, v3) bytes.

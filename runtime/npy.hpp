@@ -26,6 +26,8 @@ struct NpyArray {
 
 // Reads a .npy file (format versions 1.0, 2.0, 3.0; C order only). Throws UserError naming `path`.
 NpyArray read_npy(const std::string& path);
+// The same from the file's bytes; errors name `source`.
+NpyArray parse_npy(const std::string& bytes, const std::string& source);
 
 // Element-wise conversion of any supported dtype to float / double.
 std::vector<float> npy_to_float(const NpyArray& array);
