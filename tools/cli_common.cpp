@@ -77,9 +77,13 @@ DynamicLayout load_dynamic_layout(const std::string& path) {
   if (!in) throw UserError(path, "cannot open the dynamic layout file; check the path");
   std::stringstream ss;
   ss << in.rdbuf();
+  return parse_dynamic_layout(ss.str(), path);
+}
+
+DynamicLayout parse_dynamic_layout(const std::string& text, const std::string& path) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     std::string msg = e.what();  // drop nlohmann's "[json.exception.parse_error.101] " prefix
     const size_t close = msg.find("] ");

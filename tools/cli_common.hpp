@@ -24,6 +24,8 @@ struct ShapeOptions {
 
 // Reads a dynamic layout table: JSON {"heads": 1, "row_offsets": [...], "col_indices": [...]}.
 DynamicLayout load_dynamic_layout(const std::string& path);
+// The same from the file's text; errors name `source`.
+DynamicLayout parse_dynamic_layout(const std::string& text, const std::string& source);
 
 // The dynamic table for a call: read from `path` and checked against the pattern and shape, or
 // nothing when the pattern has no dynamic layout. A missing table for a dynamic pattern is an error.
