@@ -44,6 +44,13 @@ struct RowGroup {
   uint64_t branches;  // bit k: the head's k-th active branch (validation allows at most 64 branches)
 };
 
+// lcm(a, b), or `cap` when that is smaller: dilations reach 2^62, so the lcm can pass int64.
+int64_t capped_lcm(int64_t a, int64_t b, int64_t cap) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(a / std::gcd(a, b), b, &out) || out > cap) return cap;
+  return out;
+}
+
 std::vector<int64_t> divisors(int64_t n) {
   std::vector<int64_t> d;
   for (int64_t k = 1; k * k <= n; ++k) {
@@ -67,7 +74,8 @@ public:
       if (!branch_has_head(pattern_, b, h, shape_.heads_q)) continue;
       const Branch& br = pattern_.branches[b];
       active.push_back({static_cast<int32_t>(b), &br, branch_offset(br, h, shape_.heads_q)});
-      lcm = std::min<int64_t>(std::lcm(lcm, br.dilation), std::numeric_limits<int32_t>::max());
+      // Capped at 2^31 - 1 >= any cell's row count, where every residue is a row of its own.
+      lcm = capped_lcm(lcm, br.dilation, std::numeric_limits<int32_t>::max());
     }
     divisors_of_lcm_ = lcm <= kMaxResidues ? divisors(lcm) : std::vector<int64_t>{};
     const int64_t q0 = shape_.q_offset, q1 = shape_.q_offset + shape_.seq_q;
@@ -297,7 +305,9 @@ Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, co
   if (dynamic) check_dynamic_layout(p, s, *dynamic, "dynamic layout");
   Plan plan = empty_plan(p, s, tiles);
   PlanBuilder builder(p, s, tiles, dynamic);
-  plan.items.reserve(static_cast<size_t>(s.heads_q * (s.seq_q / tiles.tile_q + 16) * 2));
+  // A first guess at the tables' size (heads_q * seq_q < 2^62, check_shape); a shape whose tables
+  // cannot fit in memory fails here, at once, rather than after planning most of it.
+  plan.items.reserve(static_cast<size_t>(s.heads_q * (s.seq_q / tiles.tile_q + 16)) * 2);
   plan.spans.reserve(plan.items.capacity());
   for (int32_t h = 0; h < s.heads_q; ++h) builder.lower_head(h, plan);
   finish_plan(plan);

@@ -23,6 +23,7 @@ bool dynamic_allows(const Layout& l, int64_t h, int64_t qb, int64_t kb, const Dy
   }
   const int64_t q_blocks = (static_cast<int64_t>(d->row_offsets.size()) - 1) / d->heads;
   if (qb >= q_blocks) return false;  // check_dynamic_layout() makes this unreachable for valid calls
+  if (kb > INT32_MAX) return false;  // the table's key blocks are int32: never listed
   const int64_t row = (d->heads == 1 ? 0 : h) * q_blocks + qb;
   const auto begin = d->col_indices.begin() + d->row_offsets[row];
   const auto end = d->col_indices.begin() + d->row_offsets[row + 1];
@@ -58,7 +59,8 @@ bool branch_has_head(const Pattern& p, size_t b, int64_t h, int64_t heads_q) {
 int64_t branch_offset(const Branch& br, int64_t h, int64_t heads_q) {
   switch (br.offset.rule) {
     case OffsetRule::HeadMod: return h % br.dilation;
-    case OffsetRule::HeadBlock: return h * br.dilation / heads_q;
+    case OffsetRule::HeadBlock:  // h * r reaches 2^93 for sizes and dilations below their limits
+      return static_cast<int64_t>(static_cast<__int128>(h) * br.dilation / heads_q);
     case OffsetRule::Fixed: return br.offset.value;
     case OffsetRule::Group: break;  // resolved to Fixed when the pattern is built
   }
@@ -144,7 +146,12 @@ void layout_key_intervals(const Layout& l, int64_t h, int64_t qpos, int64_t lo, 
   const BlockRange r = key_blocks(lo, hi, bk);
   auto block = [&](int64_t kb) { push_interval(out, kb * bk, (kb + 1) * bk, lo, hi); };
   switch (l.kind) {
-    case Layout::Kind::Local: return push_interval(out, (qb - l.local) * bk, (qb + l.local + 1) * bk, lo, hi);
+    case Layout::Kind::Local: {
+      // Clipped to the key blocks in range before scaling: (qb +- local) * bk could leave int64.
+      const int64_t first = std::max(qb - l.local, r.first), last = std::min(qb + l.local, r.last);
+      if (first <= last) push_interval(out, first * bk, (last + 1) * bk, lo, hi);
+      return;
+    }
     case Layout::Kind::Global:
       if (std::binary_search(l.blocks.begin(), l.blocks.end(), qb)) return push_interval(out, lo, hi, lo, hi);
       for (int64_t kb : l.blocks)
@@ -176,7 +183,7 @@ void layout_key_intervals(const Layout& l, int64_t h, int64_t qpos, int64_t lo, 
     case Layout::Kind::Dynamic: {
       if (!dynamic) dynamic_allows(l, h, qb, 0, dynamic);  // throws the "no table" error
       const int64_t q_blocks = (static_cast<int64_t>(dynamic->row_offsets.size()) - 1) / dynamic->heads;
-      if (qb >= q_blocks) return;
+      if (qb >= q_blocks || r.first > INT32_MAX) return;  // key blocks past int32 are never listed
       const int64_t row = (dynamic->heads == 1 ? 0 : h) * q_blocks + qb;
       const auto end = dynamic->col_indices.begin() + dynamic->row_offsets[static_cast<size_t>(row + 1)];
       for (auto it = std::lower_bound(dynamic->col_indices.begin() + dynamic->row_offsets[static_cast<size_t>(row)], end,
@@ -344,12 +351,16 @@ void check_dynamic_layout(const Pattern& p, const Shape& s, const DynamicLayout&
   const int64_t k_blocks_any = s.k_offset + s.seq_k;
   for (const Layout* l : nodes) {
     const int64_t q_blocks = ceil_div(s.q_offset + s.seq_q, l->bq), k_blocks = ceil_div(k_blocks_any, l->bk);
-    const int64_t rows = d.heads * q_blocks;
-    if (static_cast<int64_t>(d.row_offsets.size()) != rows + 1) {
+    // heads * q_blocks can pass int64 (q_blocks < 2^62), so it is compared by division.
+    const int64_t given = static_cast<int64_t>(d.row_offsets.size()) - 1;
+    if (given % d.heads != 0 || given / d.heads != q_blocks) {
+      const __int128 want = static_cast<__int128>(d.heads) * q_blocks + 1;
       throw UserError(source, "row_offsets has " + std::to_string(d.row_offsets.size()) + " entries; " + l->path +
                                   " needs heads * query_blocks + 1 = " + std::to_string(d.heads) + " * " +
-                                  std::to_string(q_blocks) + " + 1 = " + std::to_string(rows + 1));
+                                  std::to_string(q_blocks) + " + 1" +
+                                  (want < INT64_MAX ? " = " + std::to_string(static_cast<int64_t>(want)) : std::string()));
     }
+    const int64_t rows = given;
     if (d.row_offsets.front() != 0 || d.row_offsets.back() != static_cast<int64_t>(d.col_indices.size())) {
       throw UserError(source, "row_offsets must start at 0 and end at the number of col_indices (" +
                                   std::to_string(d.col_indices.size()) + ")");

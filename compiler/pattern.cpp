@@ -108,18 +108,45 @@ void check_blocks_inside_sequence(const Pattern& p, int64_t seq_q, int64_t seq_k
 }
 
 void check_shape(const Shape& s, const std::string& prefix) {
-  auto positive = [&](int64_t v, const char* name) {
+  auto size = [&](int64_t v, const char* name) {
     if (v < 1) throw UserError(prefix + name, "must be at least 1, got " + std::to_string(v));
+    if (v > kMaxSize) {
+      throw UserError(prefix + name, std::to_string(v) + " is larger than attnjit supports (at most " +
+                                         std::to_string(kMaxSize) + " = 2^31 - 1: plans and kernels count rows, "
+                                         "tiles and heads in 32 bits); split the call into chunks with offsets");
+    }
   };
-  positive(s.batch, "batch");
-  positive(s.seq_q, "seq_q");
-  positive(s.seq_k, "seq_k");
-  positive(s.heads_q, "heads_q");
-  positive(s.heads_kv, "heads_kv");
-  positive(s.head_dim, "head_dim");
-  positive(s.head_dim_v, "head_dim_v");
-  if (s.q_offset < 0) throw UserError(prefix + "q_offset", "must be >= 0, got " + std::to_string(s.q_offset));
-  if (s.k_offset < 0) throw UserError(prefix + "k_offset", "must be >= 0, got " + std::to_string(s.k_offset));
+  size(s.batch, "batch");
+  size(s.seq_q, "seq_q");
+  size(s.seq_k, "seq_k");
+  size(s.heads_q, "heads_q");
+  size(s.heads_kv, "heads_kv");
+  size(s.head_dim, "head_dim");
+  size(s.head_dim_v, "head_dim_v");
+  // Sizes <= 2^31 - 1, so a product of three fits int128 and is checked before anything allocates.
+  auto elements = [&](const char* tensors, const char* dims, int64_t seq, int64_t heads) {
+    const __int128 n = static_cast<__int128>(s.batch) * seq * heads * std::max(s.head_dim, s.head_dim_v);
+    if (n >= kMaxPosition) {
+      throw UserError(prefix + "shape", std::string("the ") + tensors + " would hold " + dims +
+                                            " = more than 2^62 elements; use a smaller shape or split the call "
+                                            "into chunks with offsets");
+    }
+  };
+  elements("queries", "batch * seq_q * heads_q * head_dim", s.seq_q, s.heads_q);
+  elements("keys", "batch * seq_k * heads_kv * head_dim", s.seq_k, s.heads_kv);
+  // Every position lies below kMaxPosition; offsets and lengths are checked as written, before
+  // anything adds them.
+  auto offset = [&](int64_t off, int64_t len, const char* name, const char* len_name) {
+    if (off < 0) throw UserError(prefix + name, "must be >= 0, got " + std::to_string(off));
+    if (off > kMaxPosition - len) {
+      throw UserError(prefix + name, std::to_string(off) + " + " + len_name + " " + std::to_string(len) +
+                                         " goes past the largest position attnjit supports (2^62 = " +
+                                         std::to_string(kMaxPosition) + "); use an offset of at most " +
+                                         std::to_string(kMaxPosition - len));
+    }
+  };
+  offset(s.q_offset, s.seq_q, "q_offset", "seq_q");
+  offset(s.k_offset, s.seq_k, "k_offset", "seq_k");
   if (s.heads_q % s.heads_kv != 0) {
     throw UserError(prefix + "heads_kv", std::to_string(s.heads_kv) + " does not divide heads_q " +
                                              std::to_string(s.heads_q) +
@@ -222,10 +249,15 @@ Layout hierarchical(const std::vector<HierarchyLevel>& levels, int64_t bq, int64
       throw UserError(at + "/stride", "must be >= 1 (key block kb is kept iff kb mod stride == 0), got " +
                                           std::to_string(v.stride));
     }
+    if (v.stride >= kMaxPosition) {
+      throw UserError(at + "/stride", "stride " + std::to_string(v.stride) + " is beyond the largest position attnjit "
+                                          "supports (2^62); use a stride below 2^62");
+    }
     Layout strided = make(Layout::Kind::Strided, v.bq, v.bk);
     strided.stride = v.stride;
     strided.path = at;
-    if (v.window < 0) {
+    // A window of 2^62 blocks or more reaches every block (pattern.hpp, kMaxPosition): unbounded.
+    if (v.window < 0 || v.window >= kMaxPosition) {
       l.children.push_back(std::move(strided));
       continue;
     }

@@ -85,6 +85,21 @@ struct Pattern {
   bool has_dynamic_layout() const;
 };
 
+// The largest position attnjit supports, exclusive. Every global position of a call (q_offset + i,
+// k_offset + j, so offset + length <= 2^62) and every length or extent a spec gives (segment,
+// dilation, block sizes, block indices and distances, strides) lies below 2^62. Below it, a
+// position plus an extent, or the difference of two positions, fits int64 with room to spare, so
+// the mask, the plan and the executors compute positions without overflow checks. Window
+// extents at or above it are farther than any two positions lie apart: they mean "unbounded" and
+// are stored as -1. Checked in one place each: spec fields by resolve_and_validate
+// (pattern_validate.cpp), offsets and lengths by check_shape.
+constexpr int64_t kMaxPosition = int64_t{1} << 62;
+
+// The largest size of one call (batch, sequence lengths, heads, head dims): plans and kernels count
+// rows, key tiles and heads in 32 bits. A longer sequence is several calls with offsets. Checked by
+// check_shape, with the element count of each tensor (below 2^62).
+constexpr int64_t kMaxSize = (int64_t{1} << 31) - 1;
+
 // Sizes of one call. Positions are global: query row i sits at q_offset + i, key row j at k_offset + j.
 struct Shape {
   int64_t batch = 1;
@@ -97,7 +112,8 @@ struct Shape {
 // The softmax scale of a call: the pattern's `scale`, or 1/sqrt(head_dim).
 double softmax_scale(const Pattern& p, const Shape& s);
 
-// Sizes >= 1, offsets >= 0, heads_kv dividing heads_q; errors name `prefix` + the field.
+// Sizes in [1, kMaxSize], each tensor below 2^62 elements, offsets >= 0 with offset + length <=
+// kMaxPosition, heads_kv dividing heads_q; errors name `prefix` + the field and the fix.
 void check_shape(const Shape& s, const std::string& prefix);
 
 // Checks what can only be checked once the shape is known (heads in range, enough heads for the

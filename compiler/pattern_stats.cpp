@@ -4,6 +4,8 @@
 #include <tuple>
 #include <utility>
 
+#include "compiler/error.hpp"
+
 namespace attnjit {
 
 namespace {
@@ -25,22 +27,34 @@ int64_t inverse_mod(int64_t a, int64_t m) {
 // part, inclusion-exclusion (2^n terms) loses to marking keys.
 constexpr size_t kMaxInclusionExclusion = 10;
 
+// total += n. Counts of the largest shapes (64 branches over 2^31 - 1 rows and keys) pass 2^63.
+void add_pairs(int64_t& total, int64_t n) {
+  if (__builtin_add_overflow(total, n, &total)) {
+    throw UserError("statistics", "more than 2^63 attended pairs, which attnjit cannot count; count a chunk of the "
+                                  "query rows (a shorter --seq with --q-offset) or fewer heads");
+  }
+}
+
 }  // namespace
 
 KeyProgression intersect(const KeyProgression& a, const KeyProgression& b) {
   KeyProgression none;
   if (a.empty() || b.empty()) return none;
   // x = a.first + s * a.step with x == b.first (mod b.step): s * a.step == d (mod b.step).
+  // Steps (dilations) go up to 2^62, so the lcm and the products are taken in 128 bits.
+  using i128 = __int128;
   const int64_t g = std::gcd(a.step, b.step), d = b.first - a.first;
   if (floor_mod(d, g) != 0) return none;
   const int64_t m = b.step / g;
-  const int64_t s = m == 1 ? 0 : floor_mod((d / g) % m * inverse_mod(a.step / g, m), m);
-  const int64_t step = a.step / g * b.step;  // lcm
-  int64_t x = a.first + s * a.step;          // one common member; move it to the first >= both starts
+  const int64_t s = m == 1 ? 0 : static_cast<int64_t>(i128{floor_mod(d / g, m)} * inverse_mod(a.step / g, m) % m);
+  const i128 step = i128{a.step / g} * b.step;  // lcm
+  i128 x = a.first + i128{s} * a.step;          // one common member; move it to the first >= both starts
   const int64_t lo = std::max(a.first, b.first), hi = std::min(a.last, b.last);
   x += (lo > x ? (lo - x + step - 1) / step : -((x - lo) / step)) * step;
   if (x > hi) return none;
-  return KeyProgression{x, x + (hi - x) / step * step, step};
+  // A step past int64 is never taken inside [lo, hi]: one member, which step 1 describes as well.
+  return KeyProgression{static_cast<int64_t>(x), static_cast<int64_t>(x + (hi - x) / step * step),
+                        step > INT64_MAX ? 1 : static_cast<int64_t>(step)};
 }
 
 int64_t distinct_key_count(const MaskContext& c, int64_t h, int64_t i) {
@@ -93,16 +107,16 @@ PatternStats pattern_stats(const MaskContext& c) {
       size_t taking_part = 0;
       for (size_t b = 0; b < nb; ++b) {
         const int64_t n = branch_key_count(c, b, h, i);
-        st.pairs_per_branch[b] += n;
-        row += n;
+        add_pairs(st.pairs_per_branch[b], n);
+        row += n;  // at most 64 branches * 2^31 keys
         taking_part += n > 0;
       }
-      st.pairs_per_head[static_cast<size_t>(h)] += row;
+      add_pairs(st.pairs_per_head[static_cast<size_t>(h)], row);
       st.empty_rows += row == 0;
-      st.distinct_pairs += taking_part <= 1 ? row : distinct_key_count(c, h, i);
+      add_pairs(st.distinct_pairs, taking_part <= 1 ? row : distinct_key_count(c, h, i));
     }
   }
-  for (int64_t n : st.pairs_per_head) st.attended_pairs += n;
+  for (int64_t n : st.pairs_per_head) add_pairs(st.attended_pairs, n);
   const double all = static_cast<double>(s.heads_q) * s.seq_q * s.seq_k;
   st.density = static_cast<double>(st.attended_pairs) / all;
   st.distinct_density = static_cast<double>(st.distinct_pairs) / all;

@@ -28,9 +28,23 @@ void sort_unique(std::vector<T>& v) {
   v.erase(std::unique(v.begin(), v.end()), v.end());
 }
 
-void check_window(const Window& w, const std::string& path) {
+// Lengths, block sizes, block indices and distances lie below kMaxPosition (pattern.hpp), so a
+// position plus any of them stays inside int64.
+void check_below_limit(int64_t v, const std::string& path, const std::string& what, const std::string& fix) {
+  if (v >= kMaxPosition || v <= -kMaxPosition) {
+    throw UserError(path, what + " " + str(v) + " is beyond the largest position attnjit supports (2^62 = " +
+                              str(kMaxPosition) + "); " + fix);
+  }
+}
+
+// An extent of kMaxPosition or more reaches past any position: the same as unbounded, stored as
+// -1 so both spellings mean, print and hash the same.
+Window resolve_window(Window w, const std::string& path) {
   if (w.left < -1) throw UserError(path + "/0", "left extent " + str(w.left) + " is below -1; use -1 for unbounded or a value >= 0");
   if (w.right < -1) throw UserError(path + "/1", "right extent " + str(w.right) + " is below -1; use -1 for unbounded or a value >= 0");
+  if (w.left >= kMaxPosition) w.left = -1;
+  if (w.right >= kMaxPosition) w.right = -1;
+  return w;
 }
 
 void check_block_pairs(std::vector<Layout::BlockPair>& pairs, const std::string& path) {
@@ -39,6 +53,8 @@ void check_block_pairs(std::vector<Layout::BlockPair>& pairs, const std::string&
       throw UserError(path + "/" + std::to_string(n), "block indices must be >= 0, got [" + str(pairs[n].first) +
                                                           ", " + str(pairs[n].second) + "]");
     }
+    check_below_limit(std::max(pairs[n].first, pairs[n].second), path + "/" + std::to_string(n), "block index",
+                      "no sequence reaches that block");
   }
   sort_unique(pairs);
 }
@@ -51,23 +67,27 @@ void validate_layout(Layout& l, const std::string& path) {
     throw UserError(p + "/block", "block sizes must be positive, got " + str(l.bq) + "x" + str(l.bk) +
                                       "; use e.g. 128 or [64, 128]");
   }
+  check_below_limit(std::max(l.bq, l.bk), p + "/block", "block size", "use e.g. 128 or [64, 128]");
   switch (l.kind) {
     case Layout::Kind::Local:
       if (l.local < 0) throw UserError(p + "/local", "max block distance must be >= 0, got " + str(l.local));
+      check_below_limit(l.local, p + "/local", "max block distance", "a distance past the sequence keeps every block; "
+                        "use one below 2^62, or no layout");
       break;
     case Layout::Kind::Global:
     case Layout::Kind::Offsets: {
       const bool global = l.kind == Layout::Kind::Global;
-      if (global) {
-        for (size_t n = 0; n < l.blocks.size(); ++n)
-          if (l.blocks[n] < 0)
-            throw UserError(p + "/global/" + std::to_string(n), "block index must be >= 0, got " + str(l.blocks[n]));
+      for (size_t n = 0; n < l.blocks.size(); ++n) {
+        const std::string at = p + (global ? "/global/" : "/offsets/") + std::to_string(n);
+        if (global && l.blocks[n] < 0) throw UserError(at, "block index must be >= 0, got " + str(l.blocks[n]));
+        check_below_limit(l.blocks[n], at, global ? "block index" : "block offset", "no sequence reaches that block");
       }
       sort_unique(l.blocks);
       break;
     }
     case Layout::Kind::Strided:
       if (l.stride < 1) throw UserError(p + "/strided/stride", "stride must be >= 1, got " + str(l.stride));
+      check_below_limit(l.stride, p + "/strided/stride", "stride", "use a stride below 2^62");
       if (l.phase < 0 || l.phase >= l.stride) {
         throw UserError(p + "/strided/phase", "phase " + str(l.phase) + " is out of range; it must lie in [0, " +
                                                   str(l.stride) + ") for stride " + str(l.stride));
@@ -121,7 +141,12 @@ Branch resolve_branch(UnresolvedBranch& ub, const UnresolvedPattern& u, size_t i
   if (ub.segment && *ub.segment < 1) {
     throw UserError(path + "/segment", "segment length must be a positive integer or \"full\", got " + str(*ub.segment));
   }
+  if (ub.segment) {
+    check_below_limit(*ub.segment, path + "/segment", "segment length",
+                      "use \"full\" for one segment over the whole sequence");
+  }
   if (ub.dilation < 1) throw UserError(path + "/dilation", "dilation must be >= 1, got " + str(ub.dilation));
+  check_below_limit(ub.dilation, path + "/dilation", "dilation", "use a dilation below 2^62");
   if (ub.segment && ub.dilation > *ub.segment) {
     throw UserError(path + "/dilation", "dilation " + str(ub.dilation) + " is larger than the segment " +
                                             str(*ub.segment) + "; use a dilation between 1 and " + str(*ub.segment) +
@@ -150,8 +175,7 @@ Branch resolve_branch(UnresolvedBranch& ub, const UnresolvedPattern& u, size_t i
     b.heads = std::move(heads);
   }
   b.causal = ub.causal.value_or(u.causal);
-  if (ub.window) check_window(*ub.window, path + "/window");
-  b.window = ub.window.value_or(u.window);
+  b.window = ub.window ? resolve_window(*ub.window, path + "/window") : u.window;
   if (ub.layout) {
     b.layout = std::move(ub.layout);
     validate_layout(*b.layout, path + "/layout");
@@ -173,7 +197,7 @@ Pattern resolve_and_validate(UnresolvedPattern u) {
     throw UserError("/scale", "must be a positive finite number, got " + num(*u.scale) +
                                   "; leave it out for 1/sqrt(head_dim)");
   }
-  check_window(u.window, "/window");
+  u.window = resolve_window(u.window, "/window");
   if (u.layout) validate_layout(*u.layout, "/layout");
   Pattern p;
   p.combine = u.combine;

@@ -126,9 +126,13 @@ void check_backward_inputs(const Problem& pb, const TensorView& q, const TensorV
 }
 
 void check_weights_size(int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k) {
-  const int64_t elements = batch * heads_q * seq_q * seq_k;
-  if (elements > knobs().max_weights) {
-    throw UserError("weights", "batch * heads_q * seq_q * seq_k = " + std::to_string(elements) +
+  // The product passes int64 for long sequences: an overflow is a count above any cap.
+  int64_t elements = 0;
+  const bool overflow = __builtin_mul_overflow(batch, heads_q, &elements) ||
+                        __builtin_mul_overflow(elements, seq_q, &elements) || __builtin_mul_overflow(elements, seq_k, &elements);
+  if (overflow || elements > knobs().max_weights) {
+    const std::string shown = overflow ? "more than 2^63" : std::to_string(elements);
+    throw UserError("weights", "batch * heads_q * seq_q * seq_k = " + shown +
                                    " elements is over the cap of " + std::to_string(knobs().max_weights) +
                                    " (ATTNJIT_MAX_WEIGHTS); ask for fewer rows (a chunk of queries with q_offset), "
                                    "fewer heads, or raise the cap");
