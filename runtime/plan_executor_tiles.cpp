@@ -95,7 +95,14 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
         const float tile_max = scale * row.maxCoeff();
         const float m_new = st.m(r) > tile_max ? st.m(r) : tile_max;
         if (m_new == kNegInf) {
-          row.setZero();
+          // maxCoeff may skip a NaN (e.g. after a masked -inf): a row that has a NaN score is NaN
+          // from here on (its m and l stay NaN through later tiles), never an empty row.
+          if (row.hasNaN()) {
+            row.setConstant(std::numeric_limits<float>::quiet_NaN());
+            st.m(r) = st.l(r) = std::numeric_limits<float>::quiet_NaN();
+          } else {
+            row.setZero();
+          }
           continue;
         }
         const float sum = exp_row(row.data(), full ? nullptr : st.keep.row(r).data(), keys.count, scale, m_new);
