@@ -20,6 +20,11 @@ private:
   std::string message_;
 };
 
+// User input as an error message shows it: control characters escaped as \uXXXX (a NUL would end
+// the message early, an escape sequence would reach the terminal) and at most `max` characters,
+// then "... (N characters)".
+std::string printable(const std::string& text, size_t max = 60);
+
 // An internal invariant that does not hold: a bug in attnjit, never the user's fault.
 [[noreturn]] void internal_error(const char* file, int line, const std::string& message);
 

@@ -11,6 +11,7 @@
 #include "compiler/error.hpp"
 #include "compiler/jit.hpp"
 #include "compiler/knobs.hpp"
+#include "compiler/read_file.hpp"
 #include "compiler/spec_json.hpp"
 #include "compiler/tuning_db.hpp"
 
@@ -60,13 +61,12 @@ std::vector<KernelConfig> selected_configs(const TuningDb& db, const Pattern& p,
 
 std::vector<KernelSource> manifest_kernels(const std::string& path, const std::vector<int>& archs, int top_k) {
   const TuningDb db = all_tuning_dbs();
-  std::ifstream in(path);
-  if (!in) throw UserError(path, "cannot open the manifest; check the path");
+  const std::string text = read_small_file(path, "manifest");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw UserError(path, std::string("invalid JSON: ") + e.what());
+    throw UserError(path, std::string("invalid JSON: ") + printable(e.what(), 300));
   }
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   if (!j.is_object() || j.value("attnjit_manifest", 0) != 1 || !j.contains("entries") || !j["entries"].is_array()) {

@@ -5,13 +5,13 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
 #include "compiler/error.hpp"
 #include "compiler/pattern_validate.hpp"
+#include "compiler/read_file.hpp"
 
 namespace attnjit {
 namespace {
@@ -39,6 +39,13 @@ std::string nearest(const std::string& word, const std::vector<std::string>& cho
   });
 }
 
+// A JSON value as an error shows it: at most 80 characters.
+std::string shown(const json& j) {
+  std::string value = j.dump();  // safe: parse_text() bounds the nesting depth
+  if (value.size() > 80) value = value.substr(0, 77) + "...";
+  return value;
+}
+
 std::string list(const std::vector<std::string>& names) {
   std::string s;
   for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
@@ -60,9 +67,7 @@ const char* type_name(const json& j) {
 }
 
 [[noreturn]] void wrong_type(const json& j, const std::string& path, const std::string& expected) {
-  std::string value = j.dump();  // safe: parse_text() bounds the nesting depth
-  if (value.size() > 80) value = value.substr(0, 77) + "...";
-  throw UserError(path, "expected " + expected + ", got " + type_name(j) + " (" + value + ")");
+  throw UserError(path, "expected " + expected + ", got " + type_name(j) + " (" + shown(j) + ")");
 }
 
 // Rejects fields outside `allowed`, naming the nearest valid one (typos are the usual cause).
@@ -70,8 +75,8 @@ void check_fields(const json& obj, const std::string& path, const std::vector<st
   if (!obj.is_object()) wrong_type(obj, path.empty() ? "/" : path, "an object");
   for (const auto& [key, value] : obj.items()) {
     if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-      throw UserError(path + "/" + key, "unknown field \"" + key + "\"; did you mean \"" + nearest(key, allowed) +
-                                            "\"? (valid here: " + list(allowed) + ")");
+      throw UserError(path + "/" + printable(key), "unknown field \"" + printable(key) + "\"; did you mean \"" +
+                                                       nearest(key, allowed) + "\"? (valid here: " + list(allowed) + ")");
     }
   }
 }
@@ -246,7 +251,7 @@ Offset parse_offset(const json& j, const std::string& path) {
   if (s == "head_mod") return Offset{OffsetRule::HeadMod, 0};
   if (s == "head_block") return Offset{OffsetRule::HeadBlock, 0};
   if (s == "group") return Offset{OffsetRule::Group, 0};
-  throw UserError(path, "unknown offset rule \"" + s + "\"; did you mean \"" +
+  throw UserError(path, "unknown offset rule \"" + printable(s) + "\"; did you mean \"" +
                             nearest(s, {"head_mod", "head_block", "group"}) +
                             "\"? (valid: head_mod, head_block, group, or an integer in [0, dilation))");
 }
@@ -257,7 +262,7 @@ UnresolvedBranch parse_branch(const json& j, const std::string& path) {
   if (!j.contains("segment")) throw UserError(path, "needs \"segment\": a positive integer or \"full\"");
   const json& seg = j["segment"];
   if (seg.is_string()) {
-    if (seg.get<std::string>() != "full") throw UserError(path + "/segment", "expected a positive integer or \"full\", got " + seg.dump());
+    if (seg.get<std::string>() != "full") throw UserError(path + "/segment", "expected a positive integer or \"full\", got " + shown(seg));
   } else {
     b.segment = get_int(seg, path + "/segment");
   }
@@ -293,11 +298,23 @@ public:
       Frame& f = stack_.back();
       f.key = parsed.get<std::string>();
       if (!f.keys.insert(f.key).second) {
-        throw UserError(pointer(), "field \"" + f.key + "\" is given twice in the same object; keep one (JSON "
-                                   "readers disagree on which one wins)");
+        throw UserError(pointer(), "field \"" + printable(f.key) + "\" is given twice in the same object; keep one "
+                                   "(JSON readers disagree on which one wins)");
       }
     }
     return true;
+  }
+
+  // The pointer of the value being read when the parser stopped inside it (a number too large,
+  // say): as pointer(), but the element an array was about to start counts too.
+  std::string pending_pointer() const {
+    std::string p;
+    for (size_t n = 0; n < stack_.size(); ++n) {
+      const Frame& f = stack_[n];
+      const bool last = n + 1 == stack_.size();
+      p += "/" + (f.object ? printable(f.key) : std::to_string(last ? f.index : f.index - 1));
+    }
+    return p;
   }
 
 private:
@@ -309,20 +326,36 @@ private:
   };
   std::string pointer() const {
     std::string p;
-    for (const Frame& f : stack_) p += "/" + (f.object ? f.key : std::to_string(f.index - 1));
+    for (const Frame& f : stack_) p += "/" + (f.object ? printable(f.key) : std::to_string(f.index - 1));
     return p;
   }
   std::vector<Frame> stack_;
 };
 
+// nlohmann's message without its "[json.exception.parse_error.101] " prefix, and the input it quotes
+// ("last read: '<text>'", "number overflow parsing '<text>'") cut short: it may be 100,000 digits.
+std::string json_message(const json::exception& e) {
+  std::string msg = e.what();
+  const size_t close = msg.find("] ");
+  if (close != std::string::npos) msg = msg.substr(close + 2);
+  const size_t open = msg.find('\''), end = msg.rfind('\'');
+  if (open != std::string::npos && end > open) {
+    msg = msg.substr(0, open + 1) + printable(msg.substr(open + 1, end - open - 1)) + msg.substr(end);
+  }
+  return msg;
+}
+
 json parse_text(const std::string& text, const std::string& source) {
+  DuplicateKeyCheck check;  // by reference: after a failure it knows where the parser was
   try {
-    return json::parse(text, DuplicateKeyCheck());
+    return json::parse(text, std::ref(check));
   } catch (const json::parse_error& e) {
-    std::string msg = e.what();
-    const size_t close = msg.find("] ");
-    if (close != std::string::npos) msg = msg.substr(close + 2);
-    throw UserError(source, "invalid JSON: " + msg);
+    throw UserError(source, "invalid JSON: " + json_message(e));
+  } catch (const json::exception& e) {
+    // A number past a double's range (out_of_range.406, "1e309"): no line and column, so the field.
+    const std::string where = check.pending_pointer();
+    throw UserError(source, "invalid JSON: " + json_message(e) + (where.empty() ? "" : " at " + where) +
+                                "; use a number of magnitude below 1.8e308");
   }
 }
 
@@ -345,7 +378,7 @@ Pattern parse_spec(const std::string& text, const std::string& source) {
     const std::string s = c.get<std::string>();
     if (s == "softmax") u.combine = Combine::Softmax;
     else if (s == "head_groups") u.combine = Combine::HeadGroups;
-    else throw UserError("/combine", "unknown combine rule \"" + s + "\"; did you mean \"" + nearest(s, {"softmax", "head_groups"}) + "\"?");
+    else throw UserError("/combine", "unknown combine rule \"" + printable(s) + "\"; did you mean \"" + nearest(s, {"softmax", "head_groups"}) + "\"?");
   }
   if (j.contains("group_scale")) {
     const json& g = j["group_scale"];
@@ -368,12 +401,9 @@ Pattern parse_spec(const std::string& text, const std::string& source) {
 }
 
 Pattern load_spec_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError(path, "cannot open the spec file; check the path");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_small_file(path, "spec file");
   try {
-    return parse_spec(ss.str(), path);
+    return parse_spec(text, path);
   } catch (const UserError& e) {
     if (e.where() == path) throw;
     throw UserError(path + ": " + e.where(), e.message());

@@ -21,6 +21,7 @@
 
 #include "compiler/error.hpp"
 #include "compiler/nvrtc_compiler.hpp"
+#include "compiler/read_file.hpp"
 
 namespace attnjit {
 
@@ -158,14 +159,12 @@ bool same_versions(const DbMetadata& a, const DbMetadata& b) {
 std::optional<std::string> read_text(const std::string& path, std::string* problem) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::nullopt;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *problem = std::string("cannot open: ") + std::strerror(errno);
+  try {
+    return read_small_file(path, "tuning database");  // a regular file of sane size only
+  } catch (const UserError& e) {
+    *problem = e.message();
     return std::string();
   }
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
 }
 
 DbFile load_file(const std::string& path, const DbMetadata& current) {

@@ -1,15 +1,16 @@
 #include "runtime/npy.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cctype>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <limits>
+#include <optional>
 
 #include "compiler/error.hpp"
+#include "compiler/read_file.hpp"
 
 namespace attnjit {
 
@@ -20,7 +21,18 @@ namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";  // 6 bytes, then major and minor version bytes
 constexpr std::size_t kMagicLen = 6;
-constexpr const char* kSupported = "'<f2' (float16), '<f4' (float32), '<f8' (float64), '|u1' (uint8)";
+// numpy writes headers of a few hundred bytes (np.load refuses those above 10000 by default).
+constexpr std::size_t kMaxHeaderBytes = std::size_t{1} << 20;
+
+// "'<f2' (float16), '<f4' (float32)": the dtypes a caller accepts, for messages.
+std::string supported(const std::vector<NpyDtype>& accepted) {
+  std::string s;
+  for (NpyDtype d : accepted) {
+    const char* name = d == NpyDtype::F16 ? "float16" : d == NpyDtype::F32 ? "float32" : d == NpyDtype::F64 ? "float64" : "uint8";
+    s += (s.empty() ? "'" : ", '") + std::string(npy_descr(d)) + "' (" + name + ")";
+  }
+  return s;
+}
 
 std::string plural_bytes(std::size_t n) { return std::to_string(n) + (n == 1 ? " byte" : " bytes"); }
 
@@ -46,8 +58,7 @@ public:
       if (key == "descr") {
         skip_space();
         if (pos_ < text_.size() && text_[pos_] == '[')
-          throw UserError(path_, "structured (record) dtypes are not supported; supported dtypes are " +
-                                     std::string(kSupported) + ". Save a plain numeric array instead.");
+          throw UserError(path_, "structured (record) dtypes are not supported; save a plain numeric array instead");
         f.descr = parse_string();
         have_descr = true;
       } else if (key == "fortran_order") {
@@ -134,18 +145,21 @@ private:
   std::size_t pos_ = 0;
 };
 
-NpyDtype parse_descr(const std::string& path, const std::string& descr) {
-  if (descr == "<f2") return NpyDtype::F16;
-  if (descr == "<f4") return NpyDtype::F32;
-  if (descr == "<f8") return NpyDtype::F64;
+// The dtype of `descr`, if the caller accepts it; any other is a UserError listing only what it accepts.
+NpyDtype parse_descr(const std::string& path, const std::string& descr, const std::vector<NpyDtype>& accepted) {
+  std::optional<NpyDtype> d;
+  if (descr == "<f2") d = NpyDtype::F16;
+  if (descr == "<f4") d = NpyDtype::F32;
+  if (descr == "<f8") d = NpyDtype::F64;
   // Byte order is meaningless for one-byte types, so every order mark means the same thing.
-  if (descr == "|u1" || descr == "<u1" || descr == ">u1" || descr == "=u1") return NpyDtype::U8;
+  if (descr == "|u1" || descr == "<u1" || descr == ">u1" || descr == "=u1") d = NpyDtype::U8;
+  if (d && std::find(accepted.begin(), accepted.end(), *d) != accepted.end()) return *d;
   if (descr == ">f2" || descr == ">f4" || descr == ">f8")
     throw UserError(path, "array data is big-endian (descr '" + descr +
                               "'); only little-endian data is supported. Convert it with "
                               "arr.astype(arr.dtype.newbyteorder('<')) before saving.");
-  throw UserError(path, "unsupported dtype '" + descr + "'; supported dtypes are " + kSupported +
-                            ". Convert the array first, e.g. arr.astype(np.float32).");
+  throw UserError(path, "unsupported dtype '" + descr + "'; supported dtypes " + (d ? "here " : "") + "are " +
+                            supported(accepted) + ". Convert the array first, e.g. arr.astype(np.float32).");
 }
 
 // Python's repr of a shape tuple: (), (3,), (2, 3).
@@ -190,47 +204,49 @@ const char* npy_descr(NpyDtype dtype) {
 
 int64_t NpyArray::numel() const { return checked_numel(shape); }
 
-NpyArray read_npy(const std::string& path) {
-  std::error_code ec;
-  // An error_code (e.g. permission denied on a parent directory) falls through to the open below.
-  if (!std::filesystem::exists(path, ec) && !ec)
-    throw UserError(path, "file not found; check the path (relative paths are resolved from the current directory)");
-  if (std::filesystem::is_directory(path, ec)) throw UserError(path, "is a directory, not a .npy file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError(path, "cannot open the file for reading; check its permissions");
-  std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw UserError(path, "read error while reading the file");
-  return parse_npy(file, path);
-}
+namespace {
 
-NpyArray parse_npy(const std::string& file, const std::string& path) {
+// What the preamble and header say: the array without its data, and where the data lies.
+struct NpyHeader {
+  NpyArray array;  // dtype and shape; bytes empty
+  std::size_t data_offset = 0, data_bytes = 0;
+};
+
+// Parses the preamble and header at the start of `file`, a prefix of a file of `file_size` bytes
+// that holds at least the whole header when the file does. Checks that the data fits the file.
+NpyHeader parse_npy_header(const std::string& file, std::size_t file_size, const std::string& path,
+                           const std::vector<NpyDtype>& accepted) {
   if (file.size() < kMagicLen || file.compare(0, kMagicLen, kMagic, kMagicLen) != 0)
     throw UserError(path, "not a .npy file (missing the \\x93NUMPY magic); write it with numpy.save");
   // Preamble: magic, major, minor, then a little-endian header length of 2 (v1) or 4 (v2, v3) bytes.
-  if (file.size() < kMagicLen + 2)
+  if (file_size < kMagicLen + 2)
     throw UserError(path, "truncated header: expected at least " + plural_bytes(kMagicLen + 2) + ", found " +
-                              plural_bytes(file.size()));
+                              plural_bytes(file_size));
   int major = static_cast<unsigned char>(file[6]), minor = static_cast<unsigned char>(file[7]);
   if (minor != 0 || major < 1 || major > 3)
     throw UserError(path, "unsupported .npy format version " + std::to_string(major) + "." +
                               std::to_string(minor) + "; supported versions are 1.0, 2.0 and 3.0");
   std::size_t len_bytes = major == 1 ? 2 : 4;
   std::size_t preamble = kMagicLen + 2 + len_bytes;
-  if (file.size() < preamble)
+  if (file_size < preamble)
     throw UserError(path, "truncated header: expected at least " + plural_bytes(preamble) + ", found " +
-                              plural_bytes(file.size()));
+                              plural_bytes(file_size));
   std::size_t header_len = 0;
   for (std::size_t i = 0; i < len_bytes; ++i)
     header_len |= std::size_t(static_cast<unsigned char>(file[8 + i])) << (8 * i);
-  if (file.size() - preamble < header_len)
+  if (file_size - preamble < header_len)
     throw UserError(path, "truncated header: expected " + plural_bytes(header_len) + " of header, found " +
-                              plural_bytes(file.size() - preamble));
+                              plural_bytes(file_size - preamble));
+  if (header_len > kMaxHeaderBytes)
+    throw UserError(path, "header of " + plural_bytes(header_len) + " is larger than numpy ever writes (" +
+                              plural_bytes(kMaxHeaderBytes) + " at most here); re-save the array with numpy.save");
 
   // Version 3.0 only differs by allowing UTF-8 in the header; our keys and values are ASCII anyway.
   std::string header = file.substr(preamble, header_len);
   HeaderParser::Fields fields = HeaderParser(path, header).parse();
-  NpyArray array;
-  array.dtype = parse_descr(path, fields.descr);
+  NpyHeader h;
+  NpyArray& array = h.array;
+  array.dtype = parse_descr(path, fields.descr, accepted);
   if (fields.fortran_order)
     throw UserError(path, "array is stored in Fortran (column-major) order (fortran_order: True); only C order "
                           "is supported. Save np.ascontiguousarray(arr) instead.");
@@ -241,15 +257,44 @@ NpyArray parse_npy(const std::string& file, const std::string& path) {
   if (numel < 0 || static_cast<uint64_t>(numel) > std::numeric_limits<std::size_t>::max() / itemsize)
     throw UserError(path, "shape " + shape_repr(array.shape) + " is too large to load");
   std::size_t data_bytes = static_cast<std::size_t>(numel) * itemsize;
-  std::size_t available = file.size() - preamble - header_len;
+  std::size_t available = file_size - preamble - header_len;
   if (available < data_bytes)
     throw UserError(path, "truncated data: expected " + plural_bytes(data_bytes) + " for shape " +
                               shape_repr(array.shape) + " of '" + fields.descr + "', found " +
                               plural_bytes(available) + "; the file was cut short, re-save it");
+  h.data_offset = preamble + header_len;
+  h.data_bytes = data_bytes;
+  return h;
+}
+
+}  // namespace
+
+NpyArray read_npy(const std::string& path, const std::vector<NpyDtype>& accepted) {
+  // A regular file only (not /dev/zero or a FIFO), and only the bytes the header names: a file
+  // that is not a .npy is refused after its first bytes, and bytes after the array (np.save may
+  // append more arrays) are never read.
+  const std::size_t size = static_cast<std::size_t>(regular_file_size(path, ".npy file"));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError(path, "cannot open the file for reading; check its permissions");
+  std::string head(std::min(size, kMagicLen + 2 + 4 + kMaxHeaderBytes), '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<std::size_t>(in.gcount()));
+  NpyHeader h = parse_npy_header(head, size, path, accepted);
+  h.array.bytes.resize(h.data_bytes);
+  in.clear();
+  in.seekg(static_cast<std::streamoff>(h.data_offset));
+  in.read(reinterpret_cast<char*>(h.array.bytes.data()), static_cast<std::streamsize>(h.data_bytes));
+  if (static_cast<std::size_t>(in.gcount()) != h.data_bytes)
+    throw UserError(path, "read error while reading the file (it may have been changed while being read)");
+  return std::move(h.array);
+}
+
+NpyArray parse_npy(const std::string& file, const std::string& path, const std::vector<NpyDtype>& accepted) {
+  NpyHeader h = parse_npy_header(file, file.size(), path, accepted);
   // Bytes after the data are ignored, as numpy does: np.save may append several arrays to one file.
-  const auto* data = reinterpret_cast<const unsigned char*>(file.data()) + preamble + header_len;
-  array.bytes.assign(data, data + data_bytes);
-  return array;
+  const auto* data = reinterpret_cast<const unsigned char*>(file.data()) + h.data_offset;
+  h.array.bytes.assign(data, data + h.data_bytes);
+  return std::move(h.array);
 }
 
 namespace {

@@ -24,10 +24,15 @@ struct NpyArray {
   int64_t numel() const;             // product of shape; 1 for 0-d, 0 if any dimension is 0, -1 on overflow
 };
 
-// Reads a .npy file (format versions 1.0, 2.0, 3.0; C order only). Throws UserError naming `path`.
-NpyArray read_npy(const std::string& path);
+// Every dtype read_npy knows.
+inline const std::vector<NpyDtype> kAllNpyDtypes = {NpyDtype::F16, NpyDtype::F32, NpyDtype::F64, NpyDtype::U8};
+
+// Reads a .npy file (format versions 1.0, 2.0, 3.0; C order only). Throws UserError naming `path`;
+// a dtype outside `accepted` is one (its message lists only the accepted dtypes). Only a regular
+// file is read, and only as many bytes as its header names.
+NpyArray read_npy(const std::string& path, const std::vector<NpyDtype>& accepted = kAllNpyDtypes);
 // The same from the file's bytes; errors name `source`.
-NpyArray parse_npy(const std::string& bytes, const std::string& source);
+NpyArray parse_npy(const std::string& bytes, const std::string& source, const std::vector<NpyDtype>& accepted = kAllNpyDtypes);
 
 // Element-wise conversion of any supported dtype to float / double.
 std::vector<float> npy_to_float(const NpyArray& array);

@@ -12,6 +12,7 @@
 #include "compiler/jit.hpp"
 #include "compiler/knobs.hpp"
 #include "compiler/plan.hpp"
+#include "compiler/read_file.hpp"
 
 namespace attnjit::cli {
 
@@ -73,11 +74,7 @@ std::optional<std::vector<int64_t>> documents_for(const Pattern& p, const Shape&
 }
 
 DynamicLayout load_dynamic_layout(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw UserError(path, "cannot open the dynamic layout file; check the path");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_dynamic_layout(ss.str(), path);
+  return parse_dynamic_layout(read_small_file(path, "dynamic layout file"), path);
 }
 
 DynamicLayout parse_dynamic_layout(const std::string& text, const std::string& path) {
@@ -94,7 +91,7 @@ DynamicLayout parse_dynamic_layout(const std::string& text, const std::string& p
   if (!j.is_object() || !j.contains("row_offsets") || !j.contains("col_indices")) throw UserError(path, shape_hint);
   for (const auto& [key, value] : j.items()) {
     if (key != "heads" && key != "row_offsets" && key != "col_indices") {
-      throw UserError(path + ": /" + key, "unknown field \"" + key + "\"; valid fields are heads, row_offsets, col_indices");
+      throw UserError(path + ": /" + printable(key), "unknown field \"" + printable(key) + "\"; valid fields are heads, row_offsets, col_indices");
     }
   }
   // nlohmann's get<> would truncate 2.5 to 2 and wrap 2^32 to 0: check each number first.
@@ -142,6 +139,8 @@ int guarded(const std::function<int()>& body) {
   } catch (const UserError& e) {
     std::cerr << "error: " << e.what() << "\n";
   } catch (const std::bad_alloc&) {
+    std::cerr << "error: out of memory; try a smaller shape\n";
+  } catch (const std::length_error&) {  // a container asked for more than it can ever hold
     std::cerr << "error: out of memory; try a smaller shape\n";
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -38,7 +38,7 @@ double mean_abs(const std::vector<float>& x) {
 }
 
 std::vector<float> load_lse(const std::string& path, const Shape& s) {
-  const NpyArray l = read_npy(path);
+  const NpyArray l = read_npy(path, {NpyDtype::F16, NpyDtype::F32, NpyDtype::F64});
   if (l.shape != std::vector<int64_t>{s.batch, s.heads_q, s.seq_q}) {
     throw UserError("--lse " + path, "must have shape (batch, heads_q, seq_q) = (" + std::to_string(s.batch) + ", " +
                                          std::to_string(s.heads_q) + ", " + std::to_string(s.seq_q) + ")");

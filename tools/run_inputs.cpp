@@ -10,8 +10,13 @@ namespace attnjit::cli {
 namespace {
 
 std::vector<float> load_4d(const std::string& path, const char* option, std::vector<int64_t>& dims) {
-  const NpyArray a = read_npy(path);
-  if (a.shape.size() != 4 || a.dtype == NpyDtype::U8) {
+  NpyArray a;
+  try {
+    a = read_npy(path, {NpyDtype::F16, NpyDtype::F32, NpyDtype::F64});
+  } catch (const UserError& e) {
+    throw UserError(std::string(option) + " " + path, e.message());
+  }
+  if (a.shape.size() != 4) {
     std::string dims;
     for (int64_t d : a.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
     throw UserError(std::string(option) + " " + path,

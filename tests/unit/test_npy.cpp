@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "compiler/error.hpp"
+#include "compiler/read_file.hpp"
 #include "runtime/npy.hpp"
 #include "tests/unit/test_support.hpp"
 
@@ -54,6 +55,17 @@ std::string read_error(const std::string& path) {
     return e.what();
   }
   FAIL("read_npy(" << path << ") did not throw a UserError");
+  return "";
+}
+
+std::string error_of_read_small(const std::string& path, int64_t max_bytes = kMaxSmallFileBytes) {
+  try {
+    read_small_file(path, "spec file", max_bytes);
+  } catch (const UserError& e) {
+    CHECK(e.where() == path);
+    return e.what();
+  }
+  FAIL("read_small_file(" << path << ") did not throw a UserError");
   return "";
 }
 
@@ -234,6 +246,55 @@ TEST_CASE("read_npy errors: missing file, directory, bad magic", "[npy][errors]"
   CHECK_THAT(read_error(dir.path), Contains("directory"));
   CHECK_THAT(error_for_bytes(dir, "PK\x03\x04 this is a zip"), Contains("not a .npy file"));
   CHECK_THAT(error_for_bytes(dir, ""), Contains("not a .npy file"));
+}
+
+TEST_CASE("input files: regular files only, .npy headers and small files capped", "[npy][errors]") {
+  // Devices and pipes are refused before they are opened: /dev/zero never ends, a FIFO blocks.
+  CHECK_THAT(read_error("/dev/zero"), Contains("/dev/zero: is a character device; attnjit reads a .npy file only from a regular file"));
+  CHECK_THAT(error_of_read_small("/dev/urandom"), Contains("is a character device"));
+  TempDir dir;
+  const std::string fifo = dir.file("pipe.npy");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THAT(read_error(fifo), Contains("is a FIFO (named pipe)"));
+  CHECK_THAT(error_of_read_small(fifo), Contains("is a FIFO (named pipe)"));
+  CHECK_THAT(error_of_read_small(dir.path), Contains("is a directory, not a spec file"));
+  CHECK_THAT(error_of_read_small(dir.file("nope.json")), Contains("cannot open the spec file; check the path (file not found)"));
+  // A small file above its cap is refused with its size; at the cap it is read whole.
+  write_bytes(dir.file("s.json"), std::string(100, ' '));
+  CHECK_THAT(error_of_read_small(dir.file("s.json"), 99), Contains("is 100 bytes, more than the 99 bytes attnjit reads from a spec file"));
+  CHECK(read_small_file(dir.file("s.json"), "spec file", 100) == std::string(100, ' '));
+  // A .npy header larger than numpy writes is refused before anything else is read.
+  std::string huge = std::string("\x93NUMPY\x02\x00", 8) + std::string("\x00\x00\x00\x01", 4);  // 16 MiB of header
+  huge += std::string(1 << 24, ' ');
+  CHECK_THAT(error_for_bytes(dir, huge), Contains("header of 16777216 bytes is larger than numpy ever writes"));
+  // Only the bytes the header names are read: what follows (another np.save) is ignored.
+  const std::string one = make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", std::string("\0\0\x80\x3f", 4));
+  write_bytes(dir.file("two.npy"), one + one);
+  CHECK(npy_to_float(read_npy(dir.file("two.npy"))) == std::vector<float>{1.0f});
+}
+
+TEST_CASE("read_npy names only the dtypes its caller accepts", "[npy][errors]") {
+  TempDir dir;
+  const std::string u8 = make_npy("{'descr': '|u1', 'fortran_order': False, 'shape': (2,), }", "\x01\x02");
+  write_bytes(dir.file("u8.npy"), u8);
+  CHECK(read_npy(dir.file("u8.npy")).dtype == NpyDtype::U8);  // every dtype by default
+  const std::vector<NpyDtype> floats = {NpyDtype::F16, NpyDtype::F32, NpyDtype::F64};
+  try {
+    read_npy(dir.file("u8.npy"), floats);
+    FAIL("a uint8 array was accepted where only floats are");
+  } catch (const UserError& e) {
+    CHECK_THAT(std::string(e.what()), Contains("unsupported dtype '|u1'; supported dtypes here are '<f2' (float16), '<f4' (float32), "
+                                               "'<f8' (float64)"));
+    CHECK_THAT(std::string(e.what()), !Contains("uint8"));
+  }
+  const std::string i4 = make_npy("{'descr': '<i4', 'fortran_order': False, 'shape': (1,), }", std::string(4, '\0'));
+  write_bytes(dir.file("i4.npy"), i4);
+  try {
+    read_npy(dir.file("i4.npy"), floats);
+    FAIL("an int32 array was accepted");
+  } catch (const UserError& e) {
+    CHECK_THAT(std::string(e.what()), Contains("'<f8' (float64). Convert") && !Contains("uint8"));
+  }
 }
 
 TEST_CASE("read_npy errors: truncated header and data", "[npy][errors]") {
