@@ -40,7 +40,7 @@ for kind in "bf16 128" "fp16 128" "bf16 64" "fp16 64"; do
     if (( left < 20 )); then not_reached+=("$spec $1 d$2"); continue; fi
     limit=$(( left < 60 ? left : 60 ))
     echo "== tune $spec $1 head dim $2 (limit ${limit}s)"
-    timeout "$limit" "$attnjit" tune "$root/$spec" --seq 4096,16384 --heads 16 --head-dim "$2" --dtype "$1" \
+    timeout "$limit" "$attnjit" tune "$root/$spec" --seq 4096,16384 --heads-q 16 --head-dim "$2" --dtype "$1" \
       --db "$db" --seconds 1 --iterations 30 2>&1 | tee -a "$log" | grep -E "^winner|rror"
   done
 done

@@ -18,7 +18,7 @@ namespace attnjit::cli {
 
 // A given size must be at least `min`: 0 or a negative value is never read as "not given"
 // (seq_k, heads_kv and head_dim_v use 0 internally for that).
-static CLI::Validator at_least(int64_t min) {
+CLI::Validator at_least(int64_t min) {
   return CLI::Validator(
       [min](std::string& v) {
         try {
@@ -34,7 +34,7 @@ static CLI::Validator at_least(int64_t min) {
 void ShapeOptions::add_to(CLI::App* app, bool with_dims) {
   app->add_option("--seq,--seq-q", seq_q, "query sequence length")->check(at_least(1));
   app->add_option("--seq-k", seq_k, "key sequence length (default: --seq)")->check(at_least(1));
-  app->add_option("--heads-q,--heads", heads_q, "query heads")->capture_default_str()->check(at_least(1));
+  app->add_option("--heads-q", heads_q, "query heads")->capture_default_str()->check(at_least(1));
   app->add_option("--heads-kv", heads_kv, "key/value heads (default: --heads-q)")->check(at_least(1));
   app->add_option("--q-offset", q_offset, "global position of query row 0")->capture_default_str()->check(at_least(0));
   app->add_option("--k-offset", k_offset, "global position of key row 0")->capture_default_str()->check(at_least(0));

@@ -13,6 +13,9 @@
 
 namespace attnjit::cli {
 
+// A CLI11 check: an integer >= min (a negative size or limit is an error, never "not given").
+CLI::Validator at_least(int64_t min);
+
 // --seq/--seq-q, --seq-k, --heads-q, --heads-kv, --q-offset, --k-offset (and optionally batch and head dims).
 struct ShapeOptions {
   int64_t seq_q = 0, seq_k = 0, heads_q = 8, heads_kv = 0, q_offset = 0, k_offset = 0;

@@ -26,10 +26,12 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 void write_mask_npy(const MaskContext& c, const MaskOptions& o) {
   const Shape& s = c.shape;
-  // Check the size before allocating: a long sequence makes heads * S^2 bytes absurd quickly.
-  const double bytes = static_cast<double>(s.heads_q) * static_cast<double>(s.seq_q) * static_cast<double>(s.seq_k);
-  if (bytes > static_cast<double>(o.max_bytes)) {
-    throw UserError("--out " + o.out, "the dense mask would take " + std::to_string(static_cast<int64_t>(bytes)) +
+  // Check the size before allocating: a long sequence makes heads * S^2 bytes absurd quickly (past
+  // int64 for the largest shapes: sizes are below 2^31, so the product is exact in 128 bits).
+  const __int128 bytes = static_cast<__int128>(s.heads_q) * s.seq_q * s.seq_k;
+  if (bytes > o.max_bytes) {
+    const std::string shown = bytes <= INT64_MAX ? std::to_string(static_cast<int64_t>(bytes)) : "more than 2^63";
+    throw UserError("--out " + o.out, "the dense mask would take " + shown +
                                           " bytes (heads_q * seq_q * seq_k), over the limit of " +
                                           std::to_string(o.max_bytes) +
                                           "; use a shorter sequence, a .svg picture, or raise --max-bytes");
@@ -76,8 +78,9 @@ void register_mask(CLI::App& app, int& rc) {
   sub->add_option("--out", o->out, "output file: .npy or .svg")->required();
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
   add_cu_seqlens_option(sub, o->cu_seqlens);
-  sub->add_option("--max-bytes", o->max_bytes, "largest dense .npy mask to write")->capture_default_str();
-  sub->add_option("--max-heads", o->max_heads, "heads drawn in a .svg")->capture_default_str();
+  sub->add_option("--max-bytes", o->max_bytes, "largest dense .npy mask to write")->capture_default_str()->check(at_least(0));
+  // At least one head: a picture of none is never what was meant.
+  sub->add_option("--max-heads", o->max_heads, "heads drawn in a .svg")->capture_default_str()->check(at_least(1));
   sub->callback([o, &rc] { rc = guarded([&] { return run_mask(*o); }); });
 }
 

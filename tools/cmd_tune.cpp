@@ -11,6 +11,7 @@
 
 #include "compiler/error.hpp"
 #include "compiler/knobs.hpp"
+#include "compiler/read_file.hpp"
 #include "compiler/spec_json.hpp"
 #include "compiler/tuning_db.hpp"
 #include "runtime/cuda_probe.hpp"
@@ -27,7 +28,7 @@ namespace fs = std::filesystem;
 struct TuneOptions {
   std::string input, seqs = "4096", dtype = "bf16", db, cache_dir;
   int head_dim = 128, head_dim_v = 0, warmup = 3, iterations = 50;
-  int64_t heads = 16;
+  int64_t heads_q = 16, heads_kv = 0;  // heads_kv 0: heads_q
   double seconds = 2.0;
   bool show = false, backward = false;
 };
@@ -61,11 +62,10 @@ std::vector<int64_t> parse_seqs(const std::string& text) {
 std::vector<TuneJob> load_jobs(const TuneOptions& o) {
   const DType dtype = parse_dtype(o.dtype);
   const int dv = o.head_dim_v ? o.head_dim_v : o.head_dim;
-  std::ifstream in(o.input);
-  if (!in) throw UserError(o.input, "cannot open; check the path");
+  const std::string text = read_small_file(o.input, "spec or manifest");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception&) {
     j = nullptr;  // load_spec_file reports the JSON error with its position
   }
@@ -123,8 +123,10 @@ int run_tune(const TuneOptions& o) {
   int failed = 0;
   for (const TuneJob& job : jobs) {
     for (int64_t seq : seqs) {
-      const Problem pb{1, seq, seq, o.heads, o.heads, job.head_dim, job.head_dim_v, job.dtype};
-      std::cout << "tuning " << job.name << " seq=" << seq << " heads=" << o.heads << " d=" << job.head_dim << " "
+      const int64_t heads_kv = o.heads_kv ? o.heads_kv : o.heads_q;
+      const Problem pb{1, seq, seq, o.heads_q, heads_kv, job.head_dim, job.head_dim_v, job.dtype};
+      std::cout << "tuning " << job.name << " seq=" << seq << " heads_q=" << o.heads_q << " heads_kv=" << heads_kv
+                << " d=" << job.head_dim << " "
                 << to_string(job.dtype) << (o.backward ? " backward" : "") << " on " << gpu.name << "\n"
                 << std::flush;
       const GpuTuneOutcome out = tune_on_gpu(job.pattern, pb, budget, go, progress_bar);
@@ -200,7 +202,9 @@ void register_tune(CLI::App& app, int& rc) {
   sub->add_option("--head-dim", o->head_dim, "head dimension")->capture_default_str();
   sub->add_option("--head-dim-v", o->head_dim_v, "head dimension of V (default: --head-dim)");
   sub->add_option("--dtype", o->dtype, "fp16, bf16 or fp32")->capture_default_str();
-  sub->add_option("--heads", o->heads, "query and key heads")->capture_default_str();
+  // The same names as run, validate and mask.
+  sub->add_option("--heads-q", o->heads_q, "query heads")->capture_default_str()->check(at_least(1));
+  sub->add_option("--heads-kv", o->heads_kv, "key/value heads (default: --heads-q)")->check(at_least(1));
   sub->add_option("--db", o->db, "tuning database file (default: <cache dir>/tuning/<gpu>.json)");
   sub->add_option("--cache-dir", o->cache_dir, "kernel cache directory (default: ATTNJIT_CACHE_DIR or ~/.cache/attnjit)");
   sub->add_option("--warmup", o->warmup, "untimed runs per candidate")->capture_default_str();
