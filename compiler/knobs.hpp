@@ -30,7 +30,9 @@ struct Knobs {
   bool no_jit = false;                  // ATTNJIT_NO_JIT=1: a cache miss is an error listing the missing kernels
   std::string dump_dir;                 // ATTNJIT_DUMP_DIR: every compiled kernel's source, options and log go there
   LogLevel log_level = LogLevel::Warn;  // ATTNJIT_LOG_LEVEL=error|warn|info|debug
-  int64_t cache_max_bytes = int64_t{1} << 30;  // ATTNJIT_CACHE_MAX_BYTES: LRU eviction above it
+  // ATTNJIT_CACHE_MAX_BYTES: least-recently-used entries are evicted above it, never the one just
+  // written, so 0 keeps only the latest kernel (no disk cache at all: ATTNJIT_DISABLE_CACHE).
+  int64_t cache_max_bytes = int64_t{1} << 30;
   bool print_autotuning = false;        // ATTNJIT_PRINT_AUTOTUNING=1
   bool tune = false;                    // ATTNJIT_TUNE=1: tune on a tuning-database miss
   bool deterministic = false;           // ATTNJIT_DETERMINISTIC=1: every backward is bitwise reproducible
