@@ -81,7 +81,7 @@ DynamicLayout parse_dynamic_layout(const std::string& text, const std::string& p
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number past a double's range
     std::string msg = e.what();  // drop nlohmann's "[json.exception.parse_error.101] " prefix
     const size_t close = msg.find("] ");
     if (close != std::string::npos) msg = msg.substr(close + 2);
