@@ -40,7 +40,8 @@ int64_t seq_bucket_of(int64_t seq, const std::vector<int64_t>& buckets) {
 std::string pattern_signature(const Pattern& p) { return pattern_hash(p); }
 
 std::string describe(const KernelConfig& c) {
-  return std::to_string(c.tile_q) + "x" + std::to_string(c.tile_k) + " s" + std::to_string(c.stages);
+  return std::to_string(c.tile_q) + "x" + std::to_string(c.tile_k) + " s" + std::to_string(c.stages) +
+         (c.warps ? " w" + std::to_string(c.warps) : "");
 }
 
 namespace {
@@ -49,8 +50,8 @@ std::vector<KernelConfig> candidates_of(const KernelRequest& base, bool backward
   KernelRequest r = base;
   r.config = {};
   std::vector<KernelConfig> out = {resolve(r)};  // the default first; throws what no path supports
-  auto add = [&](int tq, int tk, int stages) {
-    r.config = {tq, tk, stages};
+  auto add = [&](int tq, int tk, int stages, int warps = 0) {
+    r.config = {tq, tk, stages, warps};
     try {
       const KernelConfig c = resolve(r);
       if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
@@ -64,7 +65,10 @@ std::vector<KernelConfig> candidates_of(const KernelRequest& base, bool backward
   } else if (!backward && choose_path(r) == KernelPath::Sm80) {
     for (int tq : {64, 128})
       for (int tk : {32, 64, 128})
-        for (int stages : {2, 3}) add(tq, tk, stages);
+        for (int stages : {2, 3}) {
+          add(tq, tk, stages);
+          if (tq == 128) add(tq, tk, stages, 4);  // two 16-row groups per warp (refused past head dim 128)
+        }
   } else {
     for (int tq : {16, 32, 64})
       for (int tk : {16, 32}) add(tq, tk, 1);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <tuple>
 #include <sstream>
 
@@ -53,6 +54,10 @@ KernelConfig resolve_simt_config(const KernelRequest& r, KernelConfig c) {
     while (c.tile_k > 1 && c.tile_k * (r.head_dim + r.head_dim_v) * 4 > 48 * 1024) c.tile_k /= 2;
   }
   c.stages = 1;
+  require(c.warps == 0 || c.warps == c.tile_q / 8, "warps",
+          "the SIMT path runs tile_q / 8 warps (4 threads per query row), so tile_q " + std::to_string(c.tile_q) +
+              " takes " + std::to_string(c.tile_q / 8) + ", got " + std::to_string(c.warps) + "; leave warps at 0");
+  c.warps = c.tile_q / 8;
   require(c.tile_q >= 8 && c.tile_q <= 64 && c.tile_q % 8 == 0, "tile_q",
           "the SIMT path needs tile_q in {8, 16, ..., 64}, got " + std::to_string(c.tile_q));
   require(c.tile_k >= 1 && c.tile_k <= 64, "tile_k", "the SIMT path needs tile_k in [1, 64], got " + std::to_string(c.tile_k));
@@ -82,6 +87,9 @@ KernelConfig resolve_backward_sm80_config(const KernelRequest& r) {
   KernelConfig c = r.config;
   if (!(c == KernelConfig{})) {
     if (!c.stages) c.stages = 2;
+    require(c.warps == 0 || c.warps * 16 == c.tile_q, "backward warps",
+            "the tensor-core backward runs 16 query rows per warp, so tile_q " + std::to_string(c.tile_q) + " takes " +
+                std::to_string(c.tile_q / 16) + " warps, got " + std::to_string(c.warps) + "; leave warps at 0");
     require(pow2(c.tile_q) && pow2(c.tile_k), "backward tile",
             "the tensor-core backward needs tile_q and tile_k in {16, 32, 64, 128}, got " + std::to_string(c.tile_q) + "x" +
                 std::to_string(c.tile_k));
@@ -90,6 +98,7 @@ KernelConfig resolve_backward_sm80_config(const KernelRequest& r) {
             "backward tile " + std::to_string(c.tile_q) + "x" + std::to_string(c.tile_k) + " with " + std::to_string(c.stages) +
                 " stages needs " + std::to_string(bytes(c)) + " bytes of shared memory, over " + arch_name(r.arch) + "'s " +
                 std::to_string(shared_limit(r.arch)) + "; use smaller tiles");
+    c.warps = c.tile_q / 16;
     return c;
   }
   c.tile_q = 64, c.tile_k = 64, c.stages = 2;
@@ -100,6 +109,7 @@ KernelConfig resolve_backward_sm80_config(const KernelRequest& r) {
   require(bytes(c) <= shared_limit(r.arch), "config",
           "the backward kernels need " + std::to_string(bytes(c)) + " bytes of shared memory at their smallest tiles, over " +
               arch_name(r.arch) + "'s " + std::to_string(shared_limit(r.arch)));
+  c.warps = c.tile_q / 16;
   return c;
 }
 
@@ -110,11 +120,11 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   std::ostringstream os;
   os << "// attnjit generated " << kind << ": path=" << to_string(k.path) << " arch=" << k.arch << " dtype=" << to_string(r.dtype)
      << " head_dim=" << r.head_dim << " head_dim_v=" << r.head_dim_v << " tile=" << k.config.tile_q << "x"
-     << k.config.tile_k << " stages=" << k.config.stages << "\n";
+     << k.config.tile_k << " stages=" << k.config.stages << " warps=" << k.config.warps << "\n";
   os << "// Sequence lengths, strides, offsets and the plan tables are kernel arguments (AjParams).\n";
   os << "#define AJ_HEAD_DIM " << r.head_dim << "\n#define AJ_HEAD_DIM_V " << r.head_dim_v << "\n";
   os << "#define AJ_TILE_Q " << k.config.tile_q << "\n#define AJ_TILE_K " << k.config.tile_k << "\n";
-  os << "#define AJ_STAGES " << k.config.stages << "\n";
+  os << "#define AJ_STAGES " << k.config.stages << "\n#define AJ_WARPS " << k.config.warps << "\n";
   os << "#define AJ_DTYPE " << (r.dtype == DType::F32 ? 0 : r.dtype == DType::F16 ? 1 : 2) << "\n";
   os << "#define AJ_ARCH " << r.arch << "\n";
   auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
@@ -159,9 +169,17 @@ KernelPath choose_path(const KernelRequest& r) {
 KernelConfig parse_kernel_tile(const std::string& text) {
   KernelConfig c;
   if (text == "default") return c;
-  const TileConfig t = parse_tile_config(text);
+  const size_t w = text.find('w');
+  const TileConfig t = parse_tile_config(text.substr(0, w));
   c.tile_q = t.tile_q;
   c.tile_k = t.tile_k;
+  if (w != std::string::npos) {
+    int warps = 0;
+    char tail = 0;
+    if (std::sscanf(text.c_str() + w, "w%d%c", &warps, &tail) != 1 || warps < 1)
+      throw UserError("--kernel-tile " + text, "expected QxK or QxKwN (N warps), e.g. 128x64 or 128x64w4");
+    c.warps = warps;
+  }
   return c;
 }
 
@@ -177,6 +195,15 @@ KernelConfig resolve_config(const KernelRequest& r) {
     require(c.tile_k % 16 == 0 && c.tile_k >= 16 && c.tile_k <= 128, "tile_k",
             "the tensor-core path needs tile_k in {16, 32, ..., 128}, got " + std::to_string(c.tile_k));
     require(c.stages >= 2 && c.stages <= 4, "stages", "cp.async pipelines have 2 to 4 stages, got " + std::to_string(c.stages));
+    if (!c.warps) c.warps = c.tile_q / 16;
+    const int rows = c.tile_q / c.warps;
+    require(c.warps >= 1 && c.tile_q % c.warps == 0 && (rows == 16 || rows == 32), "warps",
+            "the tensor-core path gives each warp 16 or 32 query rows, so tile_q " + std::to_string(c.tile_q) + " takes " +
+                std::to_string(c.tile_q / 16) + (c.tile_q % 32 == 0 ? " or " + std::to_string(c.tile_q / 32) : "") +
+                " warps, got " + std::to_string(c.warps));
+    require(rows == 16 || std::max(r.head_dim, r.head_dim_v) <= 128, "warps",
+            "32 query rows per warp hold two output accumulators, which fit the registers up to head dim 128 (got " +
+                std::to_string(std::max(r.head_dim, r.head_dim_v)) + "); use " + std::to_string(c.tile_q / 16) + " warps");
     const int bytes = smem_bytes(path, r, c);
     require(bytes <= shared_limit(r.arch), "config",
             "tile " + std::to_string(c.tile_q) + "x" + std::to_string(c.tile_k) + " with " + std::to_string(c.stages) +
@@ -193,7 +220,7 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const Tem
   k.path = choose_path(r);
   k.config = resolve_config(r);
   k.arch = arch_name(r.arch);
-  k.threads = k.path == KernelPath::Sm80 ? k.config.tile_q * 2 : k.config.tile_q * 4;
+  k.threads = k.path == KernelPath::Sm80 ? k.config.warps * 32 : k.config.tile_q * 4;
   k.shared_bytes = smem_bytes(k.path, r, k.config);
   k.template_hash = templates.hash();
   const std::string predicate = generate_mask_predicate(p);

@@ -22,11 +22,15 @@ const char* to_string(KernelPath p);
 
 struct KernelConfig {
   int tile_q = 0, tile_k = 0, stages = 0;  // 0: the default for the path and head dim
+  // Warps per block (0: the default). The tensor-core forward gives each warp tile_q / warps rows
+  // (16 or 32: one or two 16-row groups sharing every K/V fragment); the other kernels have one
+  // block shape per tile and take only their own count.
+  int warps = 0;
   bool operator==(const KernelConfig&) const = default;
 };
 
-// "QxK" (that tile, the path's default stages) or "default" (all zeros), as the CLI's
-// --kernel-tile and a manifest's "tiles" write it; UserError if malformed.
+// "QxK" (that tile, the path's default stages and warps), "QxKwN" (N warps) or "default" (all
+// zeros), as the CLI's --kernel-tile and a manifest's "tiles" write it; UserError if malformed.
 KernelConfig parse_kernel_tile(const std::string& text);
 
 struct KernelRequest {

@@ -78,10 +78,14 @@ double get_ms(const json& obj, const std::string& name, const std::string& at) {
 }
 json ms_json(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
-json config_json(const KernelConfig& c) { return {{"tile_q", c.tile_q}, {"tile_k", c.tile_k}, {"stages", c.stages}}; }
+json config_json(const KernelConfig& c) {
+  return {{"tile_q", c.tile_q}, {"tile_k", c.tile_k}, {"stages", c.stages}, {"warps", c.warps}};
+}
+// "warps" may be absent (databases written before it existed measured the default, 0).
 KernelConfig read_config(const json& j, const std::string& at) {
   return KernelConfig{static_cast<int>(get_int(j, "tile_q", at)), static_cast<int>(get_int(j, "tile_k", at)),
-                      static_cast<int>(get_int(j, "stages", at))};
+                      static_cast<int>(get_int(j, "stages", at)),
+                      j.is_object() && j.contains("warps") ? static_cast<int>(get_int(j, "warps", at)) : 0};
 }
 
 json key_json(const TuneKey& k) {

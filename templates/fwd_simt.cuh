@@ -58,6 +58,7 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
     // Scores of this row against the tile, in the exp2 domain; masked keys are -inf.
     float s[AJ_TILE_K];
     float tile_max = AJ_NEG_INF;
+    bool nan = false;  // fmaxf drops a NaN score; the row must still come out NaN
 #pragma unroll
     for (int c = 0; c < AJ_TILE_K; ++c) {
       float dot = 0.0f;
@@ -69,8 +70,9 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
       if (ok && !t.full) ok = aj_branch_allows(p, t.branch, item.head, qpos, k_origin + t.first + c * t.stride);
       s[c] = ok ? dot * p.scale_log2 : AJ_NEG_INF;
       tile_max = fmaxf(tile_max, s[c]);
+      nan |= s[c] != s[c];
     }
-    const float m_new = fmaxf(m, tile_max);
+    const float m_new = nan ? aj_int_as_float(0x7fffffff) : fmaxf(m, tile_max);
     if (m_new == AJ_NEG_INF) continue;  // nothing attended yet in this row
     const float rescale = aj_ex2(m - m_new);
     l *= rescale;
@@ -88,10 +90,11 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
 
   if (!live) return;
   aj_elem* orow = (aj_elem*)p.o + b * p.o_batch_stride + i * p.o_row_stride + item.head * p.o_head_stride;
-  const float inv = l > 0.0f ? p.output_scale / l : 0.0f;
+  // l is 0 for a row that attended nothing (O = 0, LSE = -inf) and NaN for one that saw a NaN.
+  const float inv = l == 0.0f ? 0.0f : p.output_scale / l;
 #pragma unroll
   for (int x = 0; x < AJ_VD; ++x) aj_store(orow + lane + AJ_SIMT_LANES * x, acc[x] * inv);
   if (lane == 0 && p.lse) {
-    p.lse[b * p.lse_batch_stride + item.head * p.lse_head_stride + i] = l > 0.0f ? (m + aj_lg2(l)) * AJ_LN2 : AJ_NEG_INF;
+    p.lse[b * p.lse_batch_stride + item.head * p.lse_head_stride + i] = l == 0.0f ? AJ_NEG_INF : (m + aj_lg2(l)) * AJ_LN2;
   }
 }

@@ -1,14 +1,21 @@
 // The tensor-core forward kernel for sm_80 and newer, in the style of FlashAttention-2:
-// each warp owns 16 query rows; S = Q K^T and O += P V with mma.sync m16n8k16 (fp16/bf16 in,
-// fp32 accumulate); K/V tiles stream through shared memory with cp.async, AJ_STAGES deep; the
-// online softmax lives in the accumulator registers. Query and key rows come through the plan's
-// row maps (start + k * stride): dilated rows are gathered by the loads, never copied.
+// each warp owns AJ_ROW_GROUPS groups of 16 query rows; S = Q K^T and O += P V with mma.sync
+// m16n8k16 (fp16/bf16 in, fp32 accumulate), every K and V fragment loaded once per warp and used
+// by each of its row groups; K/V tiles stream through shared memory with cp.async, AJ_STAGES
+// deep; the online softmax lives in the accumulator registers. Query and key rows come through
+// the plan's row maps (start + k * stride): dilated rows are gathered by the loads, never copied.
+// AJ_WARPS comes from the instantiation header (the config's warps; AJ_TILE_Q / 16 by default).
 
-#define AJ_WARPS (AJ_TILE_Q / 16)
+#if AJ_DTYPE == 0
+#error "the tensor-core templates take fp16 or bf16 inputs; fp32 runs the SIMT path (fwd_simt.cuh)"
+#endif
 #define AJ_THREADS (AJ_WARPS * 32)
+#define AJ_ROW_GROUPS (AJ_TILE_Q / (16 * AJ_WARPS))  // 16-row groups per warp
+#define AJ_WARP_ROWS (16 * AJ_ROW_GROUPS)
 #define AJ_DP (AJ_HEAD_DIM + 8)     // shared-memory row pitch in elements: +16 bytes keeps ldmatrix
 #define AJ_DVP (AJ_HEAD_DIM_V + 8)  // rows on distinct banks
-#define AJ_Q_IN_REGS (AJ_HEAD_DIM <= 128)
+// Q fragments stay in registers when they take at most 32 of them per thread.
+#define AJ_Q_IN_REGS (AJ_ROW_GROUPS * AJ_HEAD_DIM <= 128)
 
 // D += A * B for one m16n8k16 tile in the kernel's input type.
 __device__ __forceinline__ void aj_mma(float (&d)[4], const aj_u32 (&a)[4], aj_u32 b0, aj_u32 b1) {
@@ -81,6 +88,64 @@ __device__ __forceinline__ void aj_sm80_load_kv(const AjParams& p, const AjSm80S
 
 // ---- the kernel body -------------------------------------------------------------------------
 
+// Scores of one 16-row group on a partial tile: keys past the tile's end and pairs the branch's
+// mask refuses become -inf. qpos0: the position of this thread's first accumulator row in the
+// group (row g), q_step8 the distance to its second (row g + 8). Positions are computed here, on
+// the masked path only, rather than held in registers across the loop.
+__device__ __forceinline__ void aj_sm80_mask(float (&s)[AJ_TILE_K / 8][4], const AjParams& p, const AjTile& t, int head,
+                                             aj_i64 qpos0, aj_i64 q_step8, aj_i64 k_origin, int quad) {
+  const aj_i64 qpos[2] = {qpos0, qpos0 + q_step8};
+#pragma unroll
+  for (int j = 0; j < AJ_TILE_K / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = j * 8 + quad * 2 + (e & 1);
+      bool ok = col < t.count;
+      if (ok && !t.full) ok = aj_branch_allows(p, t.branch, head, qpos[e >> 1], k_origin + t.first + (aj_i64)col * t.stride);
+      if (!ok) s[j][e] = AJ_NEG_INF;
+    }
+  }
+}
+
+// One online-softmax step of one 16-row group, for this thread's rows g and g + 8: m, l are their
+// running maximum (in exp2 units) and sum; the scores become probabilities and acc is rescaled.
+// Scores stay unscaled until here: the scale is positive, so the row maximum scales with them, and
+// exp2(s * scale_log2 - base) is one FFMA.
+__device__ __forceinline__ void aj_sm80_softmax(float (&s)[AJ_TILE_K / 8][4], float (&acc)[AJ_HEAD_DIM_V / 8][4],
+                                                float (&m)[2], float (&l)[2], float scale_log2) {
+  float mx[2] = {AJ_NEG_INF, AJ_NEG_INF}, base[2], c[2];
+#pragma unroll
+  for (int j = 0; j < AJ_TILE_K / 8; ++j) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] *= scale_log2;
+    mx[h] = fmaxf(mx[h], aj_shfl_xor(mx[h], 1));  // the four threads of a quad share a row
+    mx[h] = fmaxf(mx[h], aj_shfl_xor(mx[h], 2));
+    const float n = fmaxf(m[h], mx[h]);
+    base[h] = n == AJ_NEG_INF ? 0.0f : n;  // a row that has seen nothing: exp2(-inf - 0) = 0, never NaN
+    c[h] = aj_ex2(m[h] - base[h]);
+    m[h] = n;
+    l[h] *= c[h];
+  }
+#pragma unroll
+  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
+    acc[j][0] *= c[0];
+    acc[j][1] *= c[0];
+    acc[j][2] *= c[1];
+    acc[j][3] *= c[1];
+  }
+#pragma unroll
+  for (int j = 0; j < AJ_TILE_K / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = aj_ex2(fmaf(s[j][e], scale_log2, -base[e >> 1]));
+    l[0] += s[j][0] + s[j][1];
+    l[1] += s[j][2] + s[j][3];
+  }
+}
+
 __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   AJ_DYNAMIC_SHARED(aj_smem);
   AjSm80Shared sh;
@@ -93,15 +158,21 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   const int warp = aj_thread_idx() / 32, lane = aj_thread_idx() % 32;
   const int g = lane / 4, quad = lane % 4;  // accumulator row within 8, column pair within 8
   const int kvh = item.head / p.heads_per_kv;
+  const int warp_row = warp * AJ_WARP_ROWS;  // this warp's first row in the tile
+  // A warp whose rows all lie past the item's end (a short residue tile) computes nothing; it
+  // still copies its share of every tile and meets every barrier.
+  const bool busy = warp_row < item.rows_count;
 
-  // Q tile, then the first AJ_STAGES - 1 key tiles, each its own cp.async group.
-  const aj_elem* qb = (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride;
-  aj_load_rows<AJ_TILE_Q, AJ_HEAD_DIM, AJ_DP>(sh.q, qb, p.q_row_stride, item.rows_start, item.rows_stride,
-                                              item.rows_count);
-  aj_cp_async_commit();
+  // Q tile (skipped by an item with no key tiles: its rows come out empty), then the first
+  // AJ_STAGES - 1 key tiles, each its own cp.async group.
   AjTileCursor cur, pre;
   cur.begin(p, item);
   pre.begin(p, item);
+  const aj_elem* qb = (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride;
+  if (!cur.done())
+    aj_load_rows<AJ_TILE_Q, AJ_HEAD_DIM, AJ_DP>(sh.q, qb, p.q_row_stride, item.rows_start, item.rows_stride,
+                                                item.rows_count);
+  aj_cp_async_commit();
 #pragma unroll
   for (int s = 0; s < AJ_STAGES - 1; ++s) {
     if (!pre.done()) {
@@ -111,22 +182,28 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
     aj_cp_async_commit();
   }
 
-  // Query rows of this thread's two accumulator rows, as global positions.
-  const int r0 = warp * 16 + g, r1 = r0 + 8;
+  // The global position of this thread's first accumulator row (row warp_row + g), for the mask
+  // of partial tiles; the rows 8 and 16 below it are q_step8 and 2 q_step8 further.
   const aj_i64 doc = aj_doc_start(p, item.rows_start), k_origin = p.k_offset - doc;
-  const aj_i64 qpos0 = p.q_offset - doc + item.rows_start + (aj_i64)r0 * item.rows_stride;
-  const aj_i64 qpos1 = p.q_offset - doc + item.rows_start + (aj_i64)r1 * item.rows_stride;
+  const aj_i64 qpos = p.q_offset - doc + item.rows_start + (aj_i64)(warp_row + g) * item.rows_stride;
+  const aj_i64 q_step8 = 8 * item.rows_stride;
 
-  aj_u32 qf[AJ_Q_IN_REGS ? AJ_HEAD_DIM / 16 : 1][4];
-  float acc[AJ_HEAD_DIM_V / 8][4];
+  aj_u32 qf[AJ_Q_IN_REGS ? AJ_ROW_GROUPS : 1][AJ_Q_IN_REGS ? AJ_HEAD_DIM / 16 : 1][4];
+  float acc[AJ_ROW_GROUPS][AJ_HEAD_DIM_V / 8][4];
+  float m[AJ_ROW_GROUPS][2], l[AJ_ROW_GROUPS][2];
 #pragma unroll
-  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-  float m0 = AJ_NEG_INF, m1 = AJ_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+  for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
+#pragma unroll
+    for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) acc[gi][j][0] = acc[gi][j][1] = acc[gi][j][2] = acc[gi][j][3] = 0.0f;
+    m[gi][0] = m[gi][1] = AJ_NEG_INF;
+    l[gi][0] = l[gi][1] = 0.0f;
+  }
 
   // ldmatrix row/column of this lane for A (Q, P) and B (K) fragments, and for V (transposed).
   const int a_row = lane % 16, a_col = (lane / 16) * 8;
   const int k_row = (lane & 7) + ((lane >> 4) << 3), k_col = ((lane >> 3) & 1) * 8;
   const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_col = (lane >> 4) * 8;
+  const aj_elem* q_frag = sh.q + (warp_row + a_row) * AJ_DP + a_col;  // + gi * 16 rows, + ks * 16 columns
 
   for (int iter = 0; !cur.done(); ++iter, cur.next()) {
     const int stage = iter % AJ_STAGES;
@@ -137,107 +214,78 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
     aj_cp_async_commit();
     aj_cp_async_wait<AJ_STAGES - 1>();
     aj_syncthreads();
-    if (AJ_Q_IN_REGS && iter == 0) {
+    if (busy) {
+      if (AJ_Q_IN_REGS && iter == 0) {
 #pragma unroll
-      for (int ks = 0; ks < (AJ_Q_IN_REGS ? AJ_HEAD_DIM / 16 : 0); ++ks)
-        aj_ldmatrix_x4(qf[ks], sh.q + (warp * 16 + a_row) * AJ_DP + ks * 16 + a_col);
-    }
-    const AjTile t = cur.tile();
-    const aj_elem* ks_base = sh.k + stage * AJ_TILE_K * AJ_DP;
-    const aj_elem* vs_base = sh.v + stage * AJ_TILE_K * AJ_DVP;
-
-    // S = Q K^T for this warp's 16 rows and the tile's AJ_TILE_K keys.
-    float s[AJ_TILE_K / 8][4];
+        for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi)
 #pragma unroll
-    for (int j = 0; j < AJ_TILE_K / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < AJ_HEAD_DIM / 16; ++ks) {
-      aj_u32 a[4];
-      if (AJ_Q_IN_REGS) {
-#pragma unroll
-        for (int x = 0; x < 4; ++x) a[x] = qf[AJ_Q_IN_REGS ? ks : 0][x];
-      } else {
-        aj_ldmatrix_x4(a, sh.q + (warp * 16 + a_row) * AJ_DP + ks * 16 + a_col);
+          for (int ks = 0; ks < (AJ_Q_IN_REGS ? AJ_HEAD_DIM / 16 : 0); ++ks)
+            aj_ldmatrix_x4(qf[AJ_Q_IN_REGS ? gi : 0][AJ_Q_IN_REGS ? ks : 0], q_frag + gi * 16 * AJ_DP + ks * 16);
       }
-#pragma unroll
-      for (int n = 0; n < AJ_TILE_K / 16; ++n) {
-        aj_u32 kf[4];
-        aj_ldmatrix_x4(kf, ks_base + (n * 16 + k_row) * AJ_DP + ks * 16 + k_col);
-        aj_mma(s[2 * n], a, kf[0], kf[1]);
-        aj_mma(s[2 * n + 1], a, kf[2], kf[3]);
-      }
-    }
+      const AjTile t = cur.tile();
+      const aj_elem* ks_base = sh.k + stage * AJ_TILE_K * AJ_DP;
+      const aj_elem* vs_base = sh.v + stage * AJ_TILE_K * AJ_DVP;
 
-    // Mask partial tiles and keys past the tile's end (a whole tile with every pair attended, the
-    // common case, tests nothing). Scores stay unscaled until the exponent: the scale is positive,
-    // so the row maximum scales with them, and exp2(s * scale_log2 - base) is one FFMA.
-    if (!(t.full && t.count == AJ_TILE_K)) {
+      // S = Q K^T for the warp's rows and the tile's AJ_TILE_K keys: each K fragment feeds every group.
+      float s[AJ_ROW_GROUPS][AJ_TILE_K / 8][4];
 #pragma unroll
-      for (int j = 0; j < AJ_TILE_K / 8; ++j) {
+      for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = j * 8 + quad * 2 + (e & 1);
-          bool ok = col < t.count;
-          if (ok && !t.full) {
-            const aj_i64 kpos = k_origin + t.first + (aj_i64)col * t.stride;
-            ok = aj_branch_allows(p, t.branch, item.head, e < 2 ? qpos0 : qpos1, kpos);
+        for (int j = 0; j < AJ_TILE_K / 8; ++j) s[gi][j][0] = s[gi][j][1] = s[gi][j][2] = s[gi][j][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < AJ_HEAD_DIM / 16; ++ks) {
+        aj_u32 a[AJ_ROW_GROUPS][4];
+#pragma unroll
+        for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
+          if (AJ_Q_IN_REGS) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) a[gi][x] = qf[AJ_Q_IN_REGS ? gi : 0][AJ_Q_IN_REGS ? ks : 0][x];
+          } else {
+            aj_ldmatrix_x4(a[gi], q_frag + gi * 16 * AJ_DP + ks * 16);
           }
-          if (!ok) s[j][e] = AJ_NEG_INF;
+        }
+#pragma unroll
+        for (int n = 0; n < AJ_TILE_K / 16; ++n) {
+          aj_u32 kf[4];
+          aj_ldmatrix_x4(kf, ks_base + (n * 16 + k_row) * AJ_DP + ks * 16 + k_col);
+#pragma unroll
+          for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
+            aj_mma(s[gi][2 * n], a[gi], kf[0], kf[1]);
+            aj_mma(s[gi][2 * n + 1], a[gi], kf[2], kf[3]);
+          }
         }
       }
-    }
-    float mx0 = AJ_NEG_INF, mx1 = AJ_NEG_INF;
-#pragma unroll
-    for (int j = 0; j < AJ_TILE_K / 8; ++j) {
-      mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-      mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
-    }
-    mx0 *= p.scale_log2;
-    mx1 *= p.scale_log2;
-    // The four threads of a quad share a row.
-    mx0 = fmaxf(mx0, aj_shfl_xor(mx0, 1));
-    mx0 = fmaxf(mx0, aj_shfl_xor(mx0, 2));
-    mx1 = fmaxf(mx1, aj_shfl_xor(mx1, 1));
-    mx1 = fmaxf(mx1, aj_shfl_xor(mx1, 2));
-    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-    // A row that has seen nothing keeps base 0, so exp2(-inf - 0) = 0 and never NaN.
-    const float base0 = n0 == AJ_NEG_INF ? 0.0f : n0, base1 = n1 == AJ_NEG_INF ? 0.0f : n1;
-    const float c0 = aj_ex2(m0 - base0), c1 = aj_ex2(m1 - base1);
-    m0 = n0;
-    m1 = n1;
-    l0 *= c0;
-    l1 *= c1;
-#pragma unroll
-    for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
-      acc[j][0] *= c0;
-      acc[j][1] *= c0;
-      acc[j][2] *= c1;
-      acc[j][3] *= c1;
-    }
-#pragma unroll
-    for (int j = 0; j < AJ_TILE_K / 8; ++j) {
-      s[j][0] = aj_ex2(fmaf(s[j][0], p.scale_log2, -base0));
-      s[j][1] = aj_ex2(fmaf(s[j][1], p.scale_log2, -base0));
-      s[j][2] = aj_ex2(fmaf(s[j][2], p.scale_log2, -base1));
-      s[j][3] = aj_ex2(fmaf(s[j][3], p.scale_log2, -base1));
-      l0 += s[j][0] + s[j][1];
-      l1 += s[j][2] + s[j][3];
-    }
 
-    // O += P V: the accumulator layout of S is the A-fragment layout of P (two n-tiles per k-step).
+      // Mask partial tiles (a whole tile with every pair attended, the common case, tests nothing),
+      // then the online softmax.
 #pragma unroll
-    for (int kk = 0; kk < AJ_TILE_K / 16; ++kk) {
-      aj_u32 pa[4];
-      pa[0] = aj_pack2(s[2 * kk][0], s[2 * kk][1]);
-      pa[1] = aj_pack2(s[2 * kk][2], s[2 * kk][3]);
-      pa[2] = aj_pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[3] = aj_pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
+        if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s[gi], p, t, item.head, qpos + 2 * gi * q_step8, q_step8, k_origin, quad);
+        aj_sm80_softmax(s[gi], acc[gi], m[gi], l[gi], p.scale_log2);
+      }
+
+      // O += P V: the accumulator layout of S is the A-fragment layout of P (two n-tiles per
+      // k-step); each V fragment feeds every group.
 #pragma unroll
-      for (int dp = 0; dp < AJ_HEAD_DIM_V / 16; ++dp) {
-        aj_u32 vf[4];
-        aj_ldmatrix_x4_trans(vf, vs_base + (kk * 16 + v_row) * AJ_DVP + dp * 16 + v_col);
-        aj_mma(acc[2 * dp], pa, vf[0], vf[1]);
-        aj_mma(acc[2 * dp + 1], pa, vf[2], vf[3]);
+      for (int kk = 0; kk < AJ_TILE_K / 16; ++kk) {
+        aj_u32 pa[AJ_ROW_GROUPS][4];
+#pragma unroll
+        for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
+          pa[gi][0] = aj_pack2(s[gi][2 * kk][0], s[gi][2 * kk][1]);
+          pa[gi][1] = aj_pack2(s[gi][2 * kk][2], s[gi][2 * kk][3]);
+          pa[gi][2] = aj_pack2(s[gi][2 * kk + 1][0], s[gi][2 * kk + 1][1]);
+          pa[gi][3] = aj_pack2(s[gi][2 * kk + 1][2], s[gi][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < AJ_HEAD_DIM_V / 16; ++dp) {
+          aj_u32 vf[4];
+          aj_ldmatrix_x4_trans(vf, vs_base + (kk * 16 + v_row) * AJ_DVP + dp * 16 + v_col);
+#pragma unroll
+          for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
+            aj_mma(acc[gi][2 * dp], pa[gi], vf[0], vf[1]);
+            aj_mma(acc[gi][2 * dp + 1], pa[gi], vf[2], vf[3]);
+          }
+        }
       }
     }
     aj_syncthreads();  // this stage is overwritten by a later prefetch
@@ -245,23 +293,32 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   aj_cp_async_wait<0>();
 
   // Epilogue: finish the row sums across the quad, then O = acc / l (scaled) and LSE.
-  l0 += aj_shfl_xor(l0, 1);
-  l0 += aj_shfl_xor(l0, 2);
-  l1 += aj_shfl_xor(l1, 1);
-  l1 += aj_shfl_xor(l1, 2);
-  const float inv0 = l0 > 0.0f ? p.output_scale / l0 : 0.0f, inv1 = l1 > 0.0f ? p.output_scale / l1 : 0.0f;
   aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
-  const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
-  // Two adjacent columns per 4-byte store (the tensor-core path's rows are 16-byte aligned).
 #pragma unroll
-  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
-    const int col = j * 8 + quad * 2;
-    if (r0 < item.rows_count) *(aj_u32*)(ob + i0 * p.o_row_stride + col) = aj_pack2(acc[j][0] * inv0, acc[j][1] * inv0);
-    if (r1 < item.rows_count) *(aj_u32*)(ob + i1 * p.o_row_stride + col) = aj_pack2(acc[j][2] * inv1, acc[j][3] * inv1);
-  }
-  if (quad == 0 && p.lse) {
-    float* lb = p.lse + b * p.lse_batch_stride + item.head * p.lse_head_stride;
-    if (r0 < item.rows_count) lb[i0] = l0 > 0.0f ? (m0 + aj_lg2(l0)) * AJ_LN2 : AJ_NEG_INF;
-    if (r1 < item.rows_count) lb[i1] = l1 > 0.0f ? (m1 + aj_lg2(l1)) * AJ_LN2 : AJ_NEG_INF;
+  for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
+    const int r0 = warp_row + gi * 16 + g, r1 = r0 + 8;
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[gi][h] += aj_shfl_xor(l[gi][h], 1);
+      l[gi][h] += aj_shfl_xor(l[gi][h], 2);
+      // l is 0 for a row that attended nothing (O = 0, LSE = -inf) and NaN for one that saw a NaN.
+      inv[h] = l[gi][h] == 0.0f ? 0.0f : p.output_scale / l[gi][h];
+    }
+    const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
+    // Two adjacent columns per 4-byte store (the tensor-core path's rows are 16-byte aligned).
+#pragma unroll
+    for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
+      const int col = j * 8 + quad * 2;
+      if (r0 < item.rows_count)
+        *(aj_u32*)(ob + i0 * p.o_row_stride + col) = aj_pack2(acc[gi][j][0] * inv[0], acc[gi][j][1] * inv[0]);
+      if (r1 < item.rows_count)
+        *(aj_u32*)(ob + i1 * p.o_row_stride + col) = aj_pack2(acc[gi][j][2] * inv[1], acc[gi][j][3] * inv[1]);
+    }
+    if (quad == 0 && p.lse) {
+      float* lb = p.lse + b * p.lse_batch_stride + item.head * p.lse_head_stride;
+      if (r0 < item.rows_count) lb[i0] = l[gi][0] == 0.0f ? AJ_NEG_INF : (m[gi][0] + aj_lg2(l[gi][0])) * AJ_LN2;
+      if (r1 < item.rows_count) lb[i1] = l[gi][1] == 0.0f ? AJ_NEG_INF : (m[gi][1] + aj_lg2(l[gi][1])) * AJ_LN2;
+    }
   }
 }

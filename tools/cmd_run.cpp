@@ -112,7 +112,7 @@ void register_run(CLI::App& app, int& rc) {
       ->capture_default_str();
   sub->add_option("--arch", o->arch, "with --device emu: the GPU arch whose kernel is emulated (sm_75, sm_80, ...)")
       ->capture_default_str();
-  sub->add_option("--kernel-tile", o->kernel_tile, "with --device gpu|emu: kernel tile QxK, or default")->capture_default_str();
+  sub->add_option("--kernel-tile", o->kernel_tile, "with --device gpu|emu: kernel tile QxK, or QxKwN for N warps, or default")->capture_default_str();
   sub->add_option("--stages", o->stages, "with --device gpu|emu: cp.async stages (0: default)");
   sub->add_option("--threads", o->threads, "CPU threads (0: all)");
   sub->add_option("--executor", o->executor, "on the CPU: the float64 reference, or the plan executor (float32, tile by tile)")

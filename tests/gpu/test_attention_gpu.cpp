@@ -191,8 +191,7 @@ std::string describe(const Case& c) {
      << " lse=" << (c.lse ? "yes" : "nullptr") << " stream=" << (c.own_stream ? "non-blocking" : "default")
      << (c.dynamic ? " dynamic_table_heads=" + std::to_string(c.dynamic->heads) : "")
      << (target() == Target::Emu ? " arch=sm_" + std::to_string(c.arch) : "")
-     << (c.config == KernelConfig{} ? "" : " config=" + std::to_string(c.config.tile_q) + "x" + std::to_string(c.config.tile_k) +
-                                               " stages " + std::to_string(c.config.stages))
+     << (c.config == KernelConfig{} ? "" : " config=" + attnjit::describe(c.config))
      << "\npattern:\n" << canonical_text(c.pattern);
   return os.str();
 }
@@ -357,8 +356,7 @@ class Runtimes {
 public:
   Runtime& operator()(const Case& c) {
     const Device d = device_for(c);
-    const std::string key = d.describe() + "/" + std::to_string(c.config.tile_q) + "x" + std::to_string(c.config.tile_k) + "s" +
-                            std::to_string(c.config.stages);
+    const std::string key = d.describe() + "/" + describe(c.config);
     std::lock_guard<std::mutex> lock(m_);
     std::unique_ptr<Runtime>& rt = map_[key];
     if (!rt) {
@@ -568,9 +566,10 @@ std::vector<Case> emu_example_cases() {
 }
 
 // Every configuration the autotuner can choose (compiler/autotune.cpp's candidate_configs for
-// `arch`: tensor-core tiles 64/128 x 32/64/128 with 2 or 3 stages that fit, SIMT tiles
-// 16/32/64 x 16/32), plus a 4-stage pipeline, on a pattern with causal and dilated branches at
-// lengths that are no multiple of any tile. Head dim 256 has its own, smaller set; on the emulator
+// `arch`: tensor-core tiles 64/128 x 32/64/128 with 2 or 3 stages that fit, 128-row tiles with 16
+// or 32 rows per warp, SIMT tiles 16/32/64 x 16/32), plus a 4-stage pipeline and a 64-row tile of
+// two 32-row warps, on a pattern with causal and dilated branches at lengths that are no multiple
+// of any tile (so residue tiles leave some warps without rows). Head dim 256 has its own, smaller set; on the emulator
 // fp16 also runs the SIMT candidates of sm_75.
 std::vector<Case> config_cases(int64_t seq, int arch) {
   const Pattern p = PatternBuilder()
@@ -587,7 +586,10 @@ std::vector<Case> config_cases(int64_t seq, int arch) {
     r.dtype = kind.dtype;
     r.arch = kind.arch;
     std::vector<KernelConfig> configs = candidate_configs(r);
-    if (kind.dtype == DType::BF16 && kind.head_dim == 64) configs.push_back({128, 64, 4});  // fits at head dim 64
+    if (kind.dtype == DType::BF16 && kind.head_dim == 64) {
+      configs.push_back({128, 64, 4});    // fits at head dim 64
+      configs.push_back({64, 64, 2, 2});  // 32 rows per warp in a 64-row tile
+    }
     for (const KernelConfig& k : configs) {
       Case c;
       c.name = std::string("config/") + to_string(kind.dtype) + "-d" + std::to_string(kind.head_dim) + "-sm_" +

@@ -112,9 +112,11 @@ TEST_CASE("candidates come in a fixed order with the default first", "[autotune]
   CHECK(c == candidate_configs(r));
   std::vector<std::string> names;
   for (const KernelConfig& k : c) names.push_back(describe(k));
-  // 64x128 s3 and 128x128 need more than sm_80's 163 KB of shared memory at d=128.
-  CHECK(names == std::vector<std::string>{"64x64 s2", "64x32 s2", "64x32 s3", "64x64 s3", "64x128 s2", "128x32 s2",
-                                          "128x32 s3", "128x64 s2", "128x64 s3"});
+  // 64x128 s3 and 128x128 need more than sm_80's 163 KB of shared memory at d=128; 128-row tiles
+  // come with 16 rows per warp (8 warps) and 32 (4 warps).
+  CHECK(names == std::vector<std::string>{"64x64 s2 w4", "64x32 s2 w4", "64x32 s3 w4", "64x64 s3 w4", "64x128 s2 w4",
+                                          "128x32 s2 w8", "128x32 s2 w4", "128x32 s3 w8", "128x32 s3 w4", "128x64 s2 w8",
+                                          "128x64 s2 w4", "128x64 s3 w8", "128x64 s3 w4"});
   for (const KernelConfig& k : c) {
     d.config = k;
     CHECK(resolve_config(d) == k);
@@ -125,8 +127,13 @@ TEST_CASE("candidates come in a fixed order with the default first", "[autotune]
   simt.arch = 70;
   const std::vector<KernelConfig> s = candidate_configs(simt);
   REQUIRE(choose_path(simt) == KernelPath::Simt);
-  CHECK(describe(s[0]) == "32x32 s1");
+  CHECK(describe(s[0]) == "32x32 s1 w4");
   CHECK(s.size() == 6);
+
+  // Two output accumulators per warp do not fit the registers past head dim 128: no 32-row warps.
+  KernelRequest wide = d;
+  wide.head_dim = wide.head_dim_v = 256;
+  for (const KernelConfig& k : candidate_configs(wide)) CHECK(k.tile_q / k.warps == 16);
 }
 
 TEST_CASE("ties within the tolerance go to the earlier candidate, every run", "[autotune]") {
@@ -248,7 +255,7 @@ TEST_CASE("backward candidates: the backward default first, powers-of-two tiles,
   KernelRequest d = r;
   REQUIRE(!c.empty());
   CHECK(c[0] == resolve_backward_config(d));
-  CHECK(describe(c[0]) == "64x64 s2");
+  CHECK(describe(c[0]) == "64x64 s2 w4");
   CHECK(c == candidate_backward_configs(r));
   for (const KernelConfig& k : c) {
     INFO(describe(k));
@@ -366,6 +373,31 @@ TEST_CASE("the database keeps every candidate and writes +inf as null", "[autotu
   db.record(file, key_for(4096), result_for(kC), meta());
   CHECK(TuningDb({file}).files()[0].entries.size() == 1);
   CHECK(TuningDb({file}).lookup(key_for(4096)).config == kC);
+}
+
+TEST_CASE("a config's warps survive the database, and entries without them read as the default", "[autotune]") {
+  TempDir tmp;
+  const std::string file = tmp.file("gpu.json");
+  const KernelConfig four_warps{128, 64, 2, 4};
+  TuningDb({file}).record(file, key_for(4096), result_for(four_warps), meta());
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  CHECK(text.str().find("\"warps\": 4") != std::string::npos);
+  CHECK(TuningDb({file}, meta()).lookup(key_for(4096)).config == four_warps);
+
+  // A file written before configs named their warps: the entry measured the default (0).
+  std::string legacy = text.str();
+  for (size_t at; (at = legacy.find("\"warps\": ")) != std::string::npos;) {
+    const size_t end = legacy.find_first_of(",}", at);
+    const size_t comma = legacy.rfind(',', at);
+    legacy.erase(comma, end - comma);
+  }
+  REQUIRE(legacy.find("warps") == std::string::npos);
+  write_text(file, legacy);
+  const TuningDb old({file}, meta());
+  REQUIRE(old.files()[0].problem.empty());
+  CHECK(old.lookup(key_for(4096)).config == KernelConfig{128, 64, 2, 0});
 }
 
 TEST_CASE("entries tuned with another attnjit or NVRTC version are ignored", "[autotune]") {

@@ -235,4 +235,49 @@ TEST_CASE("unsupported requests are user errors naming the fix", "[codegen]") {
   r.head_dim = r.head_dim_v = 256;
   CHECK_THROWS_WITH(generate_kernel(no_mask(), r), Catch::Contains("shared memory"));
   CHECK_THROWS_WITH(parse_dtype("int8"), Catch::Contains("use fp32, fp16 or bf16"));
+  // Warps: 16 or 32 rows each on the tensor-core path, 32 only up to head dim 128; the SIMT path's
+  // block shape follows its tile.
+  r.config = KernelConfig{128, 64, 2, 3};
+  r.head_dim = r.head_dim_v = 128;
+  CHECK_THROWS_WITH(generate_kernel(no_mask(), r), Catch::Contains("16 or 32 query rows") && Catch::Contains("8 or 4 warps"));
+  r.config.warps = 2;  // 64 rows per warp
+  CHECK_THROWS_WITH(generate_kernel(no_mask(), r), Catch::Contains("16 or 32 query rows"));
+  r.config = KernelConfig{128, 32, 2, 4};
+  r.head_dim = r.head_dim_v = 256;
+  CHECK_THROWS_WITH(generate_kernel(no_mask(), r), Catch::Contains("up to head dim 128") && Catch::Contains("use 8 warps"));
+  r.head_dim = r.head_dim_v = 64;
+  r.dtype = DType::F32;
+  r.config = KernelConfig{32, 32, 0, 2};
+  CHECK_THROWS_WITH(generate_kernel(no_mask(), r), Catch::Contains("SIMT path runs tile_q / 8 warps"));
+  r.dtype = DType::BF16;
+  r.config = KernelConfig{64, 64, 2, 2};
+  CHECK_THROWS_WITH(generate_backward_kernels(no_mask(), r), Catch::Contains("16 query rows per warp"));
+  CHECK_THROWS_WITH(parse_kernel_tile("128x64w"), Catch::Contains("QxKwN"));
+  CHECK_THROWS_WITH(parse_kernel_tile("128x64w0"), Catch::Contains("QxKwN"));
+  CHECK_THROWS_WITH(parse_kernel_tile("128x64w4x"), Catch::Contains("QxKwN"));
+}
+
+TEST_CASE("the warps of a config shape the block: rows per warp, threads, the instantiation header", "[codegen]") {
+  KernelRequest r;
+  r.head_dim = r.head_dim_v = 128;
+  r.config = parse_kernel_tile("128x64w4");
+  CHECK(r.config == KernelConfig{128, 64, 0, 4});
+  KernelSource k = generate_kernel(no_mask(), r);
+  CHECK(k.config == KernelConfig{128, 64, 2, 4});
+  CHECK(k.threads == 128);
+  CHECK(k.source.find("#define AJ_WARPS 4\n") != std::string::npos);
+  // Without warps, 16 rows per warp (what every config ran before warps could be chosen).
+  r.config = parse_kernel_tile("128x64");
+  k = generate_kernel(no_mask(), r);
+  CHECK(k.config.warps == 8);
+  CHECK(k.threads == 256);
+  CHECK(k.source.find("#define AJ_WARPS 8\n") != std::string::npos);
+  // Equal configs give equal kernels; a different warp count is a different kernel.
+  r.config.warps = 8;
+  CHECK(generate_kernel(no_mask(), r).name == k.name);
+  r.config.warps = 4;
+  CHECK(generate_kernel(no_mask(), r).name != k.name);
+  // The backward takes only its own block shape.
+  r.config = {};
+  CHECK(generate_backward_kernels(no_mask(), r).source.config.warps == generate_backward_kernels(no_mask(), r).source.config.tile_q / 16);
 }
