@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what attnjit needs to build and test, if it is missing: Debian packages (compiler,
-# CMake, header-only libraries, binutils (addr2line for the emulator's reports), lit + FileCheck)
+# CMake, header-only libraries, binutils (addr2line for the emulator's reports), lit + FileCheck,
+# clang with libFuzzer and its sanitizer runtimes for tools/fuzz.sh)
 # numpy for the contract tests, and what the Python package builds and tests with.
 # Idempotent: a machine that has everything is left alone.
 set -euo pipefail
 
-packages=(g++ cmake make python3 binutils nlohmann-json3-dev libcli11-dev catch2 libeigen3-dev llvm-19-tools)
+packages=(g++ cmake make python3 binutils nlohmann-json3-dev libcli11-dev catch2 libeigen3-dev llvm-19-tools clang libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
