@@ -27,20 +27,52 @@ DType parse_dtype(const std::string& s) {
 namespace {
 
 // Shared memory a block may use on each arch (bytes, with the opt-in above 48 KB where it exists).
+// Hopper and datacenter Blackwell (sm_90, sm_100, sm_103, sm_110) have 228 KB per SM; consumer
+// Blackwell (sm_120, sm_121) has Ampere's GeForce 100 KB.
 int shared_limit(int arch) {
-  if (arch >= 90) return 227 * 1024;
+  if (arch >= 90 && arch < 120) return 227 * 1024;
   if (arch == 80 || arch == 87) return 163 * 1024;
   if (arch >= 86) return 99 * 1024;
   if (arch == 75) return 64 * 1024;
   return 48 * 1024;
 }
 
+// Shared memory of one SM, which the blocks resident on it share (each also takes 1 KB the system
+// reserves, on sm_80 and newer).
+int shared_per_sm(int arch) { return arch >= 75 ? shared_limit(arch) + 1024 : 64 * 1024; }
+
 std::string arch_name(int arch) { return "sm_" + std::to_string(arch); }
+
+// The tensor-core forward keeps its warp's Q fragments in registers when they take at most 32 of
+// them per thread (templates/fwd_sm80.cuh reads Q from shared memory at every tile otherwise).
+bool q_in_registers(const KernelRequest& r, const KernelConfig& c) {
+  return c.tile_q / (16 * c.warps) * r.head_dim <= 128;
+}
+
+// Dynamic shared memory of the tensor-core forward: K and V stages, then the Q tile, which either
+// has its own space or (q_over_kv) lies over the last V stage: that stage is first written by the
+// first prefetch of the main loop, after Q has moved to registers.
+int forward_sm80_smem_bytes(const KernelRequest& r, const KernelConfig& c, bool q_over_kv) {
+  const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
+  const int q = c.tile_q * dp, kv = c.stages * c.tile_k * (dp + dvp), v_stage = c.tile_k * dvp;
+  return 2 * (q_over_kv ? kv - v_stage + std::max(v_stage, q) : kv + q);
+}
+
+// Q over the last V stage costs each work item one wait for its first tiles before the pipeline
+// fills, so it is taken only where the shared memory it saves lets one more block onto an SM
+// (blocks of 4 warps at up to 255 registers: two per SM at most by registers).
+bool q_over_kv(const KernelRequest& r, const KernelConfig& c) {
+  if (!q_in_registers(r, c)) return false;
+  const int by_registers = std::max(1, 65536 / (255 * 32 * c.warps));
+  auto blocks = [&](bool over) {
+    return std::min(by_registers, shared_per_sm(r.arch) / (forward_sm80_smem_bytes(r, c, over) + 1024));
+  };
+  return blocks(true) > blocks(false);
+}
 
 int smem_bytes(KernelPath path, const KernelRequest& r, const KernelConfig& c) {
   if (path == KernelPath::Simt) return 0;  // static shared memory, checked by its own limit
-  const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
-  return 2 * (c.tile_q * dp + c.stages * c.tile_k * (dp + dvp));
+  return forward_sm80_smem_bytes(r, c, q_over_kv(r, c));
 }
 
 void require(bool ok, const std::string& where, const std::string& message) {
@@ -116,7 +148,7 @@ KernelConfig resolve_backward_sm80_config(const KernelRequest& r) {
 // The instantiation header (head dims, dtype, tiles, stages, arch as constants) and the shared
 // templates with the mask predicate, then `bodies`.
 std::string render_prefix(const char* kind, const KernelSource& k, const KernelRequest& r, const std::string& predicate,
-                          const TemplateSet& templates, const std::vector<std::string>& bodies) {
+                          const TemplateSet& templates, const std::vector<std::string>& bodies, bool forward = false) {
   std::ostringstream os;
   os << "// attnjit generated " << kind << ": path=" << to_string(k.path) << " arch=" << k.arch << " dtype=" << to_string(r.dtype)
      << " head_dim=" << r.head_dim << " head_dim_v=" << r.head_dim_v << " tile=" << k.config.tile_q << "x"
@@ -125,6 +157,11 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   os << "#define AJ_HEAD_DIM " << r.head_dim << "\n#define AJ_HEAD_DIM_V " << r.head_dim_v << "\n";
   os << "#define AJ_TILE_Q " << k.config.tile_q << "\n#define AJ_TILE_K " << k.config.tile_k << "\n";
   os << "#define AJ_STAGES " << k.config.stages << "\n#define AJ_WARPS " << k.config.warps << "\n";
+  if (k.path == KernelPath::Sm80) {
+    // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
+    os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "
+       << (forward && q_over_kv(r, k.config)) << "\n";
+  }
   os << "#define AJ_DTYPE " << (r.dtype == DType::F32 ? 0 : r.dtype == DType::F16 ? 1 : 2) << "\n";
   os << "#define AJ_ARCH " << r.arch << "\n";
   auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
@@ -227,7 +264,7 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const Tem
   k.has_mask = predicate.find("return true;") == std::string::npos;
 
   std::ostringstream os;
-  os << render_prefix("kernel", k, r, predicate, templates, {k.path == KernelPath::Sm80 ? "fwd_sm80.cuh" : "fwd_simt.cuh"});
+  os << render_prefix("kernel", k, r, predicate, templates, {k.path == KernelPath::Sm80 ? "fwd_sm80.cuh" : "fwd_simt.cuh"}, true);
   os << "\n// ---- generated: entry point\n";
   // Minimum one block per SM: lets ptxas use every register it needs rather than spill.
   os << "extern \"C\" __global__ void __launch_bounds__(" << k.threads << ", 1) AJ_KERNEL_NAME(const AjParams p) {\n  "

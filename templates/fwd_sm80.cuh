@@ -4,7 +4,10 @@
 // by each of its row groups; K/V tiles stream through shared memory with cp.async, AJ_STAGES
 // deep; the online softmax lives in the accumulator registers. Query and key rows come through
 // the plan's row maps (start + k * stride): dilated rows are gathered by the loads, never copied.
-// AJ_WARPS comes from the instantiation header (the config's warps; AJ_TILE_Q / 16 by default).
+// The instantiation header sets AJ_WARPS (the config's warps; AJ_TILE_Q / 16 by default),
+// AJ_Q_IN_REGS (each warp's Q fragments held in registers from the first tile on, when they take at
+// most 32 of them) and AJ_Q_OVER_KV (the Q tile lies over the last V stage; compiler/codegen.cpp
+// decides both with the shared memory they take).
 
 #if AJ_DTYPE == 0
 #error "the tensor-core templates take fp16 or bf16 inputs; fp32 runs the SIMT path (fwd_simt.cuh)"
@@ -14,8 +17,9 @@
 #define AJ_WARP_ROWS (16 * AJ_ROW_GROUPS)
 #define AJ_DP (AJ_HEAD_DIM + 8)     // shared-memory row pitch in elements: +16 bytes keeps ldmatrix
 #define AJ_DVP (AJ_HEAD_DIM_V + 8)  // rows on distinct banks
-// Q fragments stay in registers when they take at most 32 of them per thread.
-#define AJ_Q_IN_REGS (AJ_ROW_GROUPS * AJ_HEAD_DIM <= 128)
+#if AJ_Q_OVER_KV && !AJ_Q_IN_REGS
+#error "the Q tile can lie over a V stage only when Q moves to registers"
+#endif
 
 // D += A * B for one m16n8k16 tile in the kernel's input type.
 __device__ __forceinline__ void aj_mma(float (&d)[4], const aj_u32 (&a)[4], aj_u32 b0, aj_u32 b1) {
@@ -146,12 +150,25 @@ __device__ __forceinline__ void aj_sm80_softmax(float (&s)[AJ_TILE_K / 8][4], fl
   }
 }
 
+#define AJ_QF_GROUPS (AJ_Q_IN_REGS ? AJ_ROW_GROUPS : 1)
+#define AJ_QF_STEPS (AJ_Q_IN_REGS ? AJ_HEAD_DIM / 16 : 1)
+// This warp's Q fragments (A operands of S = Q K^T) from the shared Q tile into registers; q_frag
+// is this lane's ldmatrix address in the warp's first row group.
+__device__ __forceinline__ void aj_sm80_q_to_registers(aj_u32 (&qf)[AJ_QF_GROUPS][AJ_QF_STEPS][4], const aj_elem* q_frag) {
+#pragma unroll
+  for (int gi = 0; gi < AJ_QF_GROUPS; ++gi)
+#pragma unroll
+    for (int ks = 0; ks < AJ_QF_STEPS; ++ks) aj_ldmatrix_x4(qf[gi][ks], q_frag + gi * 16 * AJ_DP + ks * 16);
+}
+
 __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   AJ_DYNAMIC_SHARED(aj_smem);
+  // K stages, V stages, then Q: after them, or over the last V stage, which the main loop's first
+  // prefetch writes only once Q is in registers (AJ_Q_OVER_KV).
   AjSm80Shared sh;
-  sh.q = (aj_elem*)aj_smem;
-  sh.k = sh.q + AJ_TILE_Q * AJ_DP;
+  sh.k = (aj_elem*)aj_smem;
   sh.v = sh.k + AJ_STAGES * AJ_TILE_K * AJ_DP;
+  sh.q = sh.v + (AJ_STAGES - AJ_Q_OVER_KV) * AJ_TILE_K * AJ_DVP;
 
   const AjItem item = p.items[aj_block_idx_x()];
   const aj_i64 b = aj_block_idx_y();
@@ -188,7 +205,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   const aj_i64 qpos = p.q_offset - doc + item.rows_start + (aj_i64)(warp_row + g) * item.rows_stride;
   const aj_i64 q_step8 = 8 * item.rows_stride;
 
-  aj_u32 qf[AJ_Q_IN_REGS ? AJ_ROW_GROUPS : 1][AJ_Q_IN_REGS ? AJ_HEAD_DIM / 16 : 1][4];
+  aj_u32 qf[AJ_QF_GROUPS][AJ_QF_STEPS][4];
   float acc[AJ_ROW_GROUPS][AJ_HEAD_DIM_V / 8][4];
   float m[AJ_ROW_GROUPS][2], l[AJ_ROW_GROUPS][2];
 #pragma unroll
@@ -207,6 +224,13 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
 
   for (int iter = 0; !cur.done(); ++iter, cur.next()) {
     const int stage = iter % AJ_STAGES;
+    if (AJ_Q_OVER_KV && iter == 0) {
+      // Q into registers, and every warp past it, before the prefetch below overwrites it.
+      aj_cp_async_wait<0>();
+      aj_syncthreads();
+      if (busy) aj_sm80_q_to_registers(qf, q_frag);
+      aj_syncthreads();
+    }
     if (!pre.done()) {
       aj_sm80_load_kv(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), b, kvh);
       pre.next();
@@ -215,13 +239,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
     aj_cp_async_wait<AJ_STAGES - 1>();
     aj_syncthreads();
     if (busy) {
-      if (AJ_Q_IN_REGS && iter == 0) {
-#pragma unroll
-        for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi)
-#pragma unroll
-          for (int ks = 0; ks < (AJ_Q_IN_REGS ? AJ_HEAD_DIM / 16 : 0); ++ks)
-            aj_ldmatrix_x4(qf[AJ_Q_IN_REGS ? gi : 0][AJ_Q_IN_REGS ? ks : 0], q_frag + gi * 16 * AJ_DP + ks * 16);
-      }
+      if (AJ_Q_IN_REGS && !AJ_Q_OVER_KV && iter == 0) aj_sm80_q_to_registers(qf, q_frag);
       const AjTile t = cur.tile();
       const aj_elem* ks_base = sh.k + stage * AJ_TILE_K * AJ_DP;
       const aj_elem* vs_base = sh.v + stage * AJ_TILE_K * AJ_DVP;

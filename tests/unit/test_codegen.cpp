@@ -257,6 +257,33 @@ TEST_CASE("unsupported requests are user errors naming the fix", "[codegen]") {
   CHECK_THROWS_WITH(parse_kernel_tile("128x64w4x"), Catch::Contains("QxKwN"));
 }
 
+TEST_CASE("Q lies over the last V stage where that lets one more block onto an SM", "[codegen]") {
+  KernelRequest r;
+  r.head_dim = r.head_dim_v = 128;
+  r.arch = 80;  // 164 KB per SM: 64x64 with Q of its own takes 87 KB, one block; over a V stage 68 KB, two
+  KernelSource k = generate_kernel(no_mask(), r);
+  CHECK(k.shared_bytes == 2 * (2 * 64 * 136 * 2));
+  CHECK(k.source.find("#define AJ_Q_OVER_KV 1\n") != std::string::npos);
+  r.arch = 90;  // 228 KB: two blocks either way (and registers allow no third)
+  k = generate_kernel(no_mask(), r);
+  CHECK(k.shared_bytes == 2 * (64 * 136 + 2 * 64 * 136 * 2));
+  CHECK(k.source.find("#define AJ_Q_OVER_KV 0\n") != std::string::npos);
+  r.arch = 86;  // 99 KB a block: 128x64 at d=128 fits only with Q over the last V stage (and past it)
+  r.config = parse_kernel_tile("128x64");
+  k = generate_kernel(no_mask(), r);
+  CHECK(k.shared_bytes == 2 * (2 * 64 * 136 + 64 * 136 + 128 * 136));
+  CHECK(k.source.find("#define AJ_Q_OVER_KV 1\n") != std::string::npos);
+  // Q read from shared memory at every tile (32 rows per warp at d=128) keeps its own space.
+  r.config = parse_kernel_tile("64x64w2");
+  r.arch = 80;
+  k = generate_kernel(no_mask(), r);
+  CHECK(k.source.find("#define AJ_Q_IN_REGS 0\n#define AJ_Q_OVER_KV 0\n") != std::string::npos);
+  CHECK(k.shared_bytes == 2 * (64 * 136 + 2 * 64 * 136 * 2));
+  // The backward kernels never do.
+  r.config = {};
+  CHECK(generate_backward_kernels(no_mask(), r).source.source.find("#define AJ_Q_OVER_KV 0\n") != std::string::npos);
+}
+
 TEST_CASE("the warps of a config shape the block: rows per warp, threads, the instantiation header", "[codegen]") {
   KernelRequest r;
   r.head_dim = r.head_dim_v = 128;

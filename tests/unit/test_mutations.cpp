@@ -26,6 +26,7 @@ struct Mutation {
   DType dtype;  // bf16: the tensor-core path; fp32: the SIMT path
   bool backward = false;  // checks the gradients (forward and backward run)
   bool deterministic = false;  // the backward in deterministic mode (dK/dV added layer by layer)
+  int head_dim = 64;  // 128: the tensor-core forward's Q lies over the last V stage on sm_80
 };
 
 const Mutation kMutations[] = {
@@ -34,6 +35,12 @@ const Mutation kMutations[] = {
     {"no barrier after the cp.async wait", "fwd_sm80.cuh", "    aj_cp_async_wait<AJ_STAGES - 1>();\n    aj_syncthreads();\n",
      "    aj_cp_async_wait<AJ_STAGES - 1>();\n", DType::BF16},
     {"no cp.async wait", "fwd_sm80.cuh", "    aj_cp_async_wait<AJ_STAGES - 1>();\n", "\n", DType::BF16},
+    {"Q over a V stage: no barrier before the first prefetch overwrites it", "fwd_sm80.cuh",
+     "      if (busy) aj_sm80_q_to_registers(qf, q_frag);\n      aj_syncthreads();\n",
+     "      if (busy) aj_sm80_q_to_registers(qf, q_frag);\n", DType::BF16, false, false, 128},
+    {"Q over a V stage: Q read before its cp.async has landed", "fwd_sm80.cuh",
+     "      aj_cp_async_wait<0>();\n      aj_syncthreads();\n      if (busy) aj_sm80_q_to_registers",
+     "      aj_syncthreads();\n      if (busy) aj_sm80_q_to_registers", DType::BF16, false, false, 128},
     {"K fragments loaded with V's ldmatrix lane map", "fwd_sm80.cuh",
      "const int k_row = (lane & 7) + ((lane >> 4) << 3), k_col = ((lane >> 3) & 1) * 8;",
      "const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;", DType::BF16},
@@ -76,15 +83,15 @@ const Mutation kMutations[] = {
 // Runs `templates`' kernels on the emulator; "" when they match the reference (O and LSE, and with
 // `backward` dQ, dK, dV too), else what went wrong.
 std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DType dt, bool backward = false,
-                         bool deterministic = false) {
+                         bool deterministic = false, int64_t d = 64) {
   const Pattern p = PatternBuilder()
                         .branch(BranchSpec().segment(128).dilation(1).causal())
                         .branch(BranchSpec().segment(256).dilation(2).offset(OffsetRule::HeadMod))
                         .build();
   Shape s;
   s.seq_q = s.seq_k = 203;  // not a multiple of any tile
-  s.heads_q = 2, s.heads_kv = 1, s.head_dim = s.head_dim_v = 64;
-  const size_t nq = size_t(s.seq_q * s.heads_q * 64), nk = size_t(s.seq_k * s.heads_kv * 64);
+  s.heads_q = 2, s.heads_kv = 1, s.head_dim = s.head_dim_v = d;
+  const size_t nq = size_t(s.seq_q * s.heads_q * d), nk = size_t(s.seq_k * s.heads_kv * d);
   auto rounded = [&](std::vector<float> v) {
     if (dt == DType::BF16)
       for (float& x : v) x = bfloat16_to_float(float_to_bfloat16(x));
@@ -106,7 +113,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   std::vector<uint16_t> qh = store(q), kh = store(k), vh = store(v), oh(nq, 0xFFFF);
   const bool f32 = dt == DType::F32;
   auto view = [&](void* data, int64_t seq, int64_t heads) {
-    return TensorView::contiguous(data, dt, {1, seq, heads, 64});
+    return TensorView::contiguous(data, dt, {1, seq, heads, d});
   };
   const TensorView lv = TensorView::contiguous(lse.data(), DType::F32, {1, s.heads_q, s.seq_q});
   try {
@@ -134,7 +141,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   std::vector<float> dq(nq), dk(nk), dv(nk);
   std::vector<uint16_t> doh = store(dout), dqh(nq), dkh(nk), dvh(nk);
   try {
-    Attention op = rt.prepare(p, Problem{1, s.seq_q, s.seq_k, 2, 1, 64, 64, dt});
+    Attention op = rt.prepare(p, Problem{1, s.seq_q, s.seq_k, 2, 1, d, d, dt});
     op.backward(view(f32 ? (void*)q.data() : qh.data(), s.seq_q, 2), view(f32 ? (void*)k.data() : kh.data(), s.seq_k, 1),
                 view(f32 ? (void*)v.data() : vh.data(), s.seq_k, 1), view(f32 ? (void*)o.data() : oh.data(), s.seq_q, 2), lv,
                 view(f32 ? (void*)dout.data() : doh.data(), s.seq_q, 2), view(f32 ? (void*)dq.data() : dqh.data(), s.seq_q, 2),
@@ -168,6 +175,7 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   CHECK(check_kernel(embedded, DType::F32, true) == "");
   CHECK(check_kernel(embedded, DType::F32, true, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, true, true) == "");
+  CHECK(check_kernel(embedded, DType::BF16, false, false, 128) == "");  // Q over the last V stage
 }
 
 TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutation]") {
@@ -179,7 +187,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     REQUIRE(at != std::string::npos);  // the template changed: update the mutation
     text.replace(at, std::string(m.from).size(), m.to);
     t->replace(m.file, text);
-    const std::string outcome = check_kernel(t, m.dtype, m.backward, m.deterministic);
+    const std::string outcome = check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }
