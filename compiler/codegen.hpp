@@ -7,9 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "compiler/pattern.hpp"
-#include "compiler/templates.hpp"
+// Beside this header, as it is installed too (include/attnjit/compiler/).
+#include "pattern.hpp"
+#include "templates.hpp"
 
+// Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
+#pragma GCC visibility push(default)
 namespace attnjit {
 
 enum class DType { F32, F16, BF16 };
@@ -89,3 +92,4 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
 std::string generate_mask_predicate(const Pattern& p);
 
 }  // namespace attnjit
+#pragma GCC visibility pop

@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+// Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
+#pragma GCC visibility push(default)
 namespace attnjit {
 
 // A mistake in what the user gave us (a spec, a shape, a file). `where` is a JSON pointer
@@ -29,6 +31,7 @@ std::string printable(const std::string& text, size_t max = 60);
 [[noreturn]] void internal_error(const char* file, int line, const std::string& message);
 
 }  // namespace attnjit
+#pragma GCC visibility pop
 
 #define ATTNJIT_CHECK(cond, msg)                                         \
   do {                                                                   \

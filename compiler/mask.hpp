@@ -6,8 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "compiler/pattern.hpp"
+#include "pattern.hpp"  // beside this header, as it is installed too (include/attnjit/compiler/)
 
+// Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
+#pragma GCC visibility push(default)
 namespace attnjit {
 
 // A block layout given at run time (Layout::Kind::Dynamic) in CSR form. Rows are global query
@@ -118,3 +120,4 @@ void for_each_branch_key(const MaskContext& c, size_t b, int64_t h, int64_t i, F
 int64_t branch_key_count(const MaskContext& c, size_t b, int64_t h, int64_t i);
 
 }  // namespace attnjit
+#pragma GCC visibility pop

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+// Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
+#pragma GCC visibility push(default)
 namespace attnjit {
 
 constexpr int kSpecVersion = 1;
@@ -219,3 +221,4 @@ Layout dynamic(int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
 }  // namespace layouts
 
 }  // namespace attnjit
+#pragma GCC visibility pop

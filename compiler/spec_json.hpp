@@ -3,8 +3,10 @@
 
 #include <string>
 
-#include "compiler/pattern.hpp"
+#include "pattern.hpp"  // beside this header, as it is installed too (include/attnjit/compiler/)
 
+// Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
+#pragma GCC visibility push(default)
 namespace attnjit {
 
 // Parses and validates a spec. Errors are UserErrors whose where() is the JSON pointer of the
@@ -15,3 +17,4 @@ Pattern parse_spec(const std::string& text, const std::string& source = "<spec>"
 Pattern load_spec_file(const std::string& path);
 
 }  // namespace attnjit
+#pragma GCC visibility pop

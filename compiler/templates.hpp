@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+// Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
+#pragma GCC visibility push(default)
 namespace attnjit {
 
 struct TemplateFile {
@@ -26,3 +28,4 @@ struct TemplateSet {
 };
 
 }  // namespace attnjit
+#pragma GCC visibility pop

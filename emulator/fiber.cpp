@@ -28,11 +28,13 @@ namespace attnjit::emu {
 // aj_fiber_switch(save, to, arg): pushes rbp, rbx, r12-r15, stores rsp in *save, loads `to` as rsp,
 // pops the registers saved there and returns into that context with `arg` in rax. A new fiber's
 // frame (make_fiber) returns into aj_fiber_start, which calls entry(arg) with entry held in r12.
+// Both hidden, as the C++ around them is: the shared libattnjit exports its public API only.
 extern "C" void* aj_fiber_switch(void** save, void* to, void* arg);
 extern "C" void aj_fiber_start();
 asm(R"(
   .text
   .globl aj_fiber_switch
+  .hidden aj_fiber_switch
   .type aj_fiber_switch, @function
 aj_fiber_switch:
   pushq %rbp
@@ -53,6 +55,7 @@ aj_fiber_switch:
   ret
   .size aj_fiber_switch, .-aj_fiber_switch
   .globl aj_fiber_start
+  .hidden aj_fiber_start
   .type aj_fiber_start, @function
 aj_fiber_start:
   movq %rax, %rdi

@@ -8,6 +8,8 @@
 #include "compiler/mask.hpp"
 #include "compiler/pattern.hpp"
 
+// Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
+#pragma GCC visibility push(default)
 namespace attnjit {
 
 struct ReferenceOutput {
@@ -53,3 +55,4 @@ ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s
                                                 unsigned threads = 0, const std::vector<int64_t>* documents = nullptr);
 
 }  // namespace attnjit
+#pragma GCC visibility pop

@@ -19,10 +19,13 @@
 #include <vector>
 
 #include "compiler/codegen.hpp"
+#include "compiler/error.hpp"  // UserError, what the API throws for bad input
 #include "compiler/mask.hpp"
 #include "compiler/pattern.hpp"
 #include "compiler/spec_json.hpp"
 
+// Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
+#pragma GCC visibility push(default)
 namespace attnjit {
 
 // CPU: the plan executor. CUDA: a GPU. EMU: the generated kernel of a GPU of compute capability
@@ -147,3 +150,4 @@ void attention(Runtime& rt, const Pattern& pattern, const TensorView& q, const T
                const TensorView& o, const TensorView* lse = nullptr, const ForwardOptions& options = {});
 
 }  // namespace attnjit
+#pragma GCC visibility pop
