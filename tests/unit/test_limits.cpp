@@ -12,21 +12,15 @@
 #include "runtime/plan_executor.hpp"
 #include "runtime/reference.hpp"
 #include "tests/unit/random_patterns.hpp"
+#include "tests/unit/test_support.hpp"
 
 using namespace attnjit;
+using attnjit::testing::error_of;
 using attnjit::testing::CaseGenerator;
 using attnjit::testing::random_tensor;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 Pattern spec_with(const std::string& branch) { return parse_spec(R"({"attnjit": 1, "branches": [)" + branch + "]}"); }
 

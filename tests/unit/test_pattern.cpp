@@ -4,19 +4,10 @@
 
 #include "compiler/error.hpp"
 #include "compiler/spec_json.hpp"
+#include "tests/unit/test_support.hpp"
 
 using namespace attnjit;
-
-namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-}  // namespace
+using attnjit::testing::error_of;
 
 TEST_CASE("the JSON parser and the builder build the same Pattern", "[pattern]") {
   const Pattern from_json = parse_spec(R"({

@@ -12,7 +12,19 @@
 #include <string>
 #include <vector>
 
+#include "compiler/error.hpp"
+
 namespace attnjit::testing {
+
+// The message of the UserError `f` throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 // A fresh directory per test case, removed afterwards (write permission restored first), so
 // tests can run in parallel.
