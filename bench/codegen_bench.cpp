@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "compiler/codegen.hpp"
+#include "compiler/codegen/codegen.hpp"
 #include "compiler/jit.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/pattern/spec_json.hpp"
 
 using namespace attnjit;
 using Clock = std::chrono::steady_clock;

@@ -1,7 +1,7 @@
 // Forward timings on a GPU, per spec and sequence length:
 //   - kernel time: CUDA events around forward() after warm-up, the L2 flushed (a 256 MB memset)
 //     before every run, median (and min) of N runs; useful TFLOP/s = 4 * head_dim * attended
-//     pairs (all heads, compiler/pattern_stats.hpp) * batch / time;
+//     pairs (all heads, compiler/pattern/pattern_stats.hpp) * batch / time;
 //   - time to first result for a fresh pattern: a new Runtime, prepare (codegen + NVRTC or cache,
 //     plan, table upload) + the first forward + synchronize, with an empty kernel cache (cold:
 //     NVRTC and the module load), a cache filled on disk by another process (warm disk: a copy of
@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "attnjit/attnjit.hpp"
-#include "compiler/error.hpp"
-#include "compiler/pattern_stats.hpp"
+#include "compiler/pattern/pattern_stats.hpp"
+#include "compiler/support/error.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/npy.hpp"
 

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "compiler/error.hpp"
-#include "compiler/pattern_stats.hpp"
-#include "compiler/plan.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/pattern/pattern_stats.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/plan/plan.hpp"
+#include "compiler/support/error.hpp"
 
 using namespace attnjit;
 

@@ -9,10 +9,12 @@ include(CMakePackageConfigHelpers)
 # The public headers: what <attnjit/attnjit.hpp> includes, and the float64 reference. Each marks its
 # declarations exported (#pragma GCC visibility push(default)) and includes the others by paths
 # that hold both in the tree and installed. Installed as include/attnjit/attnjit.hpp,
-# include/attnjit/reference.hpp and include/attnjit/compiler/*.hpp.
+# include/attnjit/reference.hpp and include/attnjit/compiler/<stage>/*.hpp (the source tree's stage
+# folders, mirrored).
 set(ATTNJIT_PUBLIC_HEADERS runtime/attnjit/attnjit.hpp runtime/reference.hpp)
-set(ATTNJIT_PUBLIC_COMPILER_HEADERS compiler/codegen.hpp compiler/error.hpp compiler/mask.hpp
-    compiler/pattern.hpp compiler/spec_json.hpp compiler/templates.hpp)
+set(ATTNJIT_PUBLIC_COMPILER_HEADERS compiler/pattern/pattern.hpp compiler/pattern/spec_json.hpp
+    compiler/pattern/mask.hpp compiler/codegen/codegen.hpp compiler/codegen/templates.hpp
+    compiler/support/error.hpp)
 
 # The same objects as attnjit_core (compiled once: position-independent, hidden unless a public
 # header says otherwise), so the JSON parser, Eigen and the library's internals never bind to a
@@ -38,7 +40,10 @@ set(ATTNJIT_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/attnjit)
 install(TARGETS attnjit_shared EXPORT attnjitTargets LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS attnjit RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${ATTNJIT_PUBLIC_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/attnjit)
-install(FILES ${ATTNJIT_PUBLIC_COMPILER_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/attnjit/compiler)
+foreach(header IN LISTS ATTNJIT_PUBLIC_COMPILER_HEADERS)
+  get_filename_component(header_dir ${header} DIRECTORY)  # compiler/<stage>
+  install(FILES ${header} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/attnjit/${header_dir})
+endforeach()
 # The shipped tuning databases; the library's compiled-in default is still the source tree's
 # autotune_db/, so an installed copy is used through ATTNJIT_SHIPPED_DB_DIR (README.md).
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/autotune_db/ DESTINATION ${CMAKE_INSTALL_DATADIR}/attnjit/autotune_db

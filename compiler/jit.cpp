@@ -5,9 +5,9 @@
 #include <fstream>
 #include <variant>
 
-#include "compiler/error.hpp"
-#include "compiler/nvrtc_compiler.hpp"
-#include "compiler/sha256.hpp"
+#include "compiler/cache/sha256.hpp"
+#include "compiler/nvrtc/nvrtc_compiler.hpp"
+#include "compiler/support/error.hpp"
 
 namespace attnjit {
 namespace {

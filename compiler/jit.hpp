@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "compiler/codegen.hpp"
-#include "compiler/cubin_info.hpp"
-#include "compiler/kernel_cache.hpp"
-#include "compiler/knobs.hpp"
-#include "compiler/nvrtc_compiler.hpp"
+#include "compiler/cache/kernel_cache.hpp"
+#include "compiler/codegen/codegen.hpp"
+#include "compiler/nvrtc/cubin_info.hpp"
+#include "compiler/nvrtc/nvrtc_compiler.hpp"
+#include "compiler/support/knobs.hpp"
 
 namespace attnjit {
 

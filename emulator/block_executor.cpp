@@ -7,7 +7,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "compiler/error.hpp"
+#include "compiler/support/error.hpp"
 #include "emulator/ptx_semantics.hpp"
 
 namespace attnjit::emu {

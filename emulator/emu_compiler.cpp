@@ -12,10 +12,10 @@
 #include <mutex>
 #include <sstream>
 
-#include "compiler/error.hpp"
-#include "compiler/nvrtc_compiler.hpp"
-#include "compiler/sha256.hpp"
-#include "compiler/templates.hpp"
+#include "compiler/cache/sha256.hpp"
+#include "compiler/codegen/templates.hpp"
+#include "compiler/nvrtc/nvrtc_compiler.hpp"
+#include "compiler/support/error.hpp"
 
 namespace attnjit {
 const std::vector<TemplateFile>& embedded_emulator_files();  // generated from emulator/ by embed.cmake

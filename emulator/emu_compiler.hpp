@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "compiler/codegen.hpp"
-#include "compiler/kernel_cache.hpp"
-#include "compiler/knobs.hpp"
+#include "compiler/cache/kernel_cache.hpp"
+#include "compiler/codegen/codegen.hpp"
+#include "compiler/support/knobs.hpp"
 
 namespace attnjit::emu {
 

@@ -14,8 +14,8 @@
 #include <sstream>
 #include <thread>
 
-#include "compiler/error.hpp"
-#include "compiler/knobs.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/knobs.hpp"
 #include "emulator/emu_api.hpp"
 
 namespace attnjit::emu {

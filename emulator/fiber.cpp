@@ -9,7 +9,7 @@
 
 #include <new>
 
-#include "compiler/error.hpp"
+#include "compiler/support/error.hpp"
 
 #ifndef ATTNJIT_FIBER_ASM  // -DATTNJIT_FIBER_ASM=0 forces the swapcontext path (tests it on x86-64)
 #if defined(__x86_64__) && defined(__linux__)

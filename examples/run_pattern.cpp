@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "compiler/error.hpp"
+#include "compiler/support/error.hpp"
 #include "runtime/cuda_driver.hpp"
 
 namespace aj = attnjit;

@@ -1,12 +1,12 @@
 // The dynamic-layout CSR reader (tools/cli_common.*: parse_dynamic_layout) and its check against a
-// pattern and shape (compiler/mask.*: check_dynamic_layout): any text is either a table or a
+// pattern and shape (compiler/pattern/mask.*: check_dynamic_layout): any text is either a table or a
 // UserError. A table that passes the check is what the mask uses: every (head, query, key) is
 // attended exactly when its key block is listed in its query block's row.
 #include <algorithm>
 
-#include "compiler/error.hpp"
-#include "compiler/mask.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/pattern/mask.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/support/error.hpp"
 #include "fuzz/fuzz_support.hpp"
 #include "tools/cli_common.hpp"
 

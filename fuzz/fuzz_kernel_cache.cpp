@@ -1,4 +1,4 @@
-// The kernel-cache entry decoder (compiler/kernel_cache.*): any bytes either decode or give a
+// The kernel-cache entry decoder (compiler/cache/kernel_cache.*): any bytes either decode or give a
 // problem; an entry that decodes (with a key of 64 hex digits, as the cache writes) encodes back to
 // the same bytes.
 //
@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "compiler/kernel_cache.hpp"
-#include "compiler/sha256.hpp"
+#include "compiler/cache/kernel_cache.hpp"
+#include "compiler/cache/sha256.hpp"
 #include "fuzz/fuzz_support.hpp"
 
 using namespace attnjit;
@@ -16,7 +16,7 @@ using attnjit::fuzz::require;
 
 namespace {
 
-// The entry layout of compiler/kernel_cache.cpp (pinned by tests/unit/golden/kernel_cache_entry_v1.ajk).
+// The entry layout of compiler/cache/kernel_cache.cpp (pinned by tests/unit/golden/kernel_cache_entry_v1.ajk).
 constexpr size_t kNameOffset = 88;
 constexpr size_t kFixedHeaderBytes = kNameOffset + 8 + 32 + 32;
 

@@ -1,6 +1,6 @@
 // The .npy reader (runtime/npy.*): any bytes are either an array or a UserError; an array's bytes
 // match its shape and dtype and convert to float and double.
-#include "compiler/error.hpp"
+#include "compiler/support/error.hpp"
 #include "fuzz/fuzz_support.hpp"
 #include "runtime/npy.hpp"
 

@@ -1,10 +1,10 @@
-// The spec reader and validator (compiler/spec_json.*, compiler/pattern_validate.*): any text is
+// The spec reader and validator (compiler/pattern/spec_json.*, compiler/pattern/pattern_validate.*): any text is
 // either a Pattern or a UserError. A Pattern that validated prints canonically, hashes, equals
 // itself, and on a small shape it fits, counts each branch's keys as its pairwise definition does.
-#include "compiler/error.hpp"
-#include "compiler/mask.hpp"
-#include "compiler/pattern.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/pattern/mask.hpp"
+#include "compiler/pattern/pattern.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/support/error.hpp"
 #include "fuzz/fuzz_support.hpp"
 
 using namespace attnjit;

@@ -1,7 +1,7 @@
-// The tuning-database reader (compiler/tuning_db.*): any text is either a database or a problem
+// The tuning-database reader (compiler/tune/tuning_db.*): any text is either a database or a problem
 // string (parse_tuning_db never throws); a database serializes to text that reads back to the same
 // database.
-#include "compiler/tuning_db.hpp"
+#include "compiler/tune/tuning_db.hpp"
 #include "fuzz/fuzz_support.hpp"
 
 using namespace attnjit;

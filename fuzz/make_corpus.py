@@ -57,7 +57,7 @@ def npy_seeds():
 
 
 def cache_entry(key_hex, payload, kernel_name, arch):
-    """The bytes compiler/kernel_cache.cpp's encode_cache_entry writes (layout documented there)."""
+    """The bytes compiler/cache/kernel_cache.cpp's encode_cache_entry writes (layout documented there)."""
     name, arch = kernel_name.encode(), arch.encode()
     header = b"ATNJKC01" + struct.pack("<II", 1, 160 + len(name) + len(arch)) + key_hex.encode()
     header += struct.pack("<II", len(name), len(arch)) + name + arch + struct.pack("<Q", len(payload))

@@ -10,8 +10,8 @@
 #include <tuple>
 
 #include "attnjit/attnjit.hpp"
-#include "compiler/plan.hpp"
-#include "compiler/plan_backward.hpp"
+#include "compiler/plan/plan.hpp"
+#include "compiler/plan/plan_backward.hpp"
 
 namespace attnjit {
 

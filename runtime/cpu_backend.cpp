@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "compiler/error.hpp"
+#include "compiler/support/error.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/host_tensors.hpp"
 #include "runtime/plan_executor.hpp"

@@ -4,9 +4,9 @@
 // workspaces come from the caller (ForwardOptions::workspace) or the stream-ordered pool.
 #include <cmath>
 
-#include "compiler/device_plan.hpp"
-#include "compiler/error.hpp"
 #include "compiler/jit.hpp"
+#include "compiler/plan/device_plan.hpp"
+#include "compiler/support/error.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/host_tensors.hpp"

@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "compiler/error.hpp"
+#include "compiler/support/error.hpp"
 
 namespace attnjit {
 

@@ -5,9 +5,9 @@
 #include <cstring>
 #include <mutex>
 
-#include "compiler/device_plan.hpp"
-#include "compiler/error.hpp"
 #include "compiler/jit.hpp"
+#include "compiler/plan/device_plan.hpp"
+#include "compiler/support/error.hpp"
 #include "emulator/emu_module.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/kernel_params.hpp"

@@ -4,9 +4,9 @@
 #include <chrono>
 #include <cstring>
 
-#include "compiler/error.hpp"
 #include "compiler/jit.hpp"
-#include "compiler/knobs.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/knobs.hpp"
 #include "runtime/cuda_probe.hpp"
 #include "runtime/npy.hpp"
 

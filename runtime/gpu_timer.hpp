@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "compiler/autotune.hpp"
-#include "compiler/tuning_db.hpp"
+#include "compiler/tune/autotune.hpp"
+#include "compiler/tune/tuning_db.hpp"
 #include "runtime/cuda_driver.hpp"
 
 namespace attnjit {

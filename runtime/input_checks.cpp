@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "compiler/error.hpp"
-#include "compiler/knobs.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/knobs.hpp"
 
 namespace attnjit {
 namespace {

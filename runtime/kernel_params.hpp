@@ -3,8 +3,8 @@
 #pragma once
 
 #include "attnjit/attnjit.hpp"
-#include "compiler/codegen.hpp"
-#include "compiler/device_plan.hpp"
+#include "compiler/codegen/codegen.hpp"
+#include "compiler/plan/device_plan.hpp"
 
 namespace attnjit {
 

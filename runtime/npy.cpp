@@ -9,8 +9,8 @@
 #include <limits>
 #include <optional>
 
-#include "compiler/error.hpp"
-#include "compiler/read_file.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/read_file.hpp"
 
 namespace attnjit {
 

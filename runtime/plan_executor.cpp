@@ -7,8 +7,8 @@
 #include <limits>
 #include <thread>
 
-#include "compiler/error.hpp"
-#include "compiler/knobs.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/knobs.hpp"
 #include "runtime/plan_executor_tiles.hpp"
 
 namespace attnjit {

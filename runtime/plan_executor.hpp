@@ -6,9 +6,9 @@
 
 #include <vector>
 
-#include "compiler/knobs.hpp"
-#include "compiler/plan.hpp"
-#include "compiler/plan_backward.hpp"
+#include "compiler/plan/plan.hpp"
+#include "compiler/plan/plan_backward.hpp"
+#include "compiler/support/knobs.hpp"
 
 namespace attnjit {
 

@@ -7,8 +7,8 @@
 #include <atomic>
 #include <cstdint>
 
-#include "compiler/plan.hpp"
-#include "compiler/plan_backward.hpp"
+#include "compiler/plan/plan.hpp"
+#include "compiler/plan/plan_backward.hpp"
 
 namespace attnjit {
 

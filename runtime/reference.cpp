@@ -6,7 +6,7 @@
 #include <limits>
 #include <thread>
 
-#include "compiler/error.hpp"
+#include "compiler/support/error.hpp"
 
 namespace attnjit {
 

@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "compiler/mask.hpp"
-#include "compiler/pattern.hpp"
+#include "compiler/pattern/mask.hpp"
+#include "compiler/pattern/pattern.hpp"
 
 // Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
 #pragma GCC visibility push(default)

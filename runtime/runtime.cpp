@@ -3,11 +3,11 @@
 #include <sstream>
 
 #include "attnjit/attnjit.hpp"
-#include "compiler/error.hpp"
-#include "compiler/sha256.hpp"
-#include "compiler/autotune.hpp"
-#include "compiler/knobs.hpp"
-#include "compiler/tuning_db.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/cache/sha256.hpp"
+#include "compiler/tune/autotune.hpp"
+#include "compiler/support/knobs.hpp"
+#include "compiler/tune/tuning_db.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/gpu_timer.hpp"

@@ -1,7 +1,7 @@
 // The attention weights on the host: q, k and the forward's LSE gathered to float32 (head-major),
 // then the plan executor's weights pass over the same plan the forward ran.
-#include "compiler/error.hpp"
-#include "compiler/knobs.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/knobs.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/host_tensors.hpp"
 #include "runtime/plan_executor.hpp"

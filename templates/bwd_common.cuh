@@ -1,11 +1,11 @@
 // What every backward kernel shares, whatever the path: the key-major plan's tables, the argument
-// block (AjBwdParams, = KernelBwdParams in compiler/device_plan.hpp) and the two element-wise
+// block (AjBwdParams, = KernelBwdParams in compiler/plan/device_plan.hpp) and the two element-wise
 // launches of the pass:
 //   _pre   D = rowsum(dO * O) per query row (before the gradient kernels);
 //   _cvt   the fp32 dK, dV workspaces to dK, dV in the storage type (after them).
 // The gradient kernels themselves (_dq, _dkdv) are in bwd_simt.cuh and bwd_sm80.cuh.
 
-struct AjKeyItem {      // one key tile of one kv head (compiler/device_plan.hpp: DeviceKeyItem)
+struct AjKeyItem {      // one key tile of one kv head (compiler/plan/device_plan.hpp: DeviceKeyItem)
   aj_i64 keys_start, keys_stride;
   int keys_count, kv_head;
   int entry_begin, entry_end;  // AjBwdParams::query_entries
@@ -38,7 +38,7 @@ struct AjBwdParams {
   int plain_add;                          // _dkdv: no two blocks of this launch share a key row: add without atomics
 };
 static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(AjBwdParams) == 472,
-              "backward table layout differs from compiler/device_plan.hpp");
+              "backward table layout differs from compiler/plan/device_plan.hpp");
 
 #define AJ_LOG2E 1.4426950408889634f
 #define AJ_BWD_THREADS 128  // threads of _pre and _cvt blocks

@@ -19,7 +19,7 @@
 #define AJ_BWD_KV_THREADS (AJ_TILE_K / 16 * 32)
 // Columns of S (and dP) a warp holds at once: 64, or 32 past head dim 64, so that 16-row slices
 // of S and dP fit beside the 16 x head-dim accumulators without spilling. Tiles are powers of two
-// (compiler/codegen.cpp), so a tile is a whole number of these.
+// (compiler/codegen/codegen.cpp), so a tile is a whole number of these.
 #define AJ_BWD_SUB_MAX (AJ_HEAD_DIM > 64 || AJ_HEAD_DIM_V > 64 ? 32 : 64)
 #define AJ_BWD_SUB_K (AJ_TILE_K > AJ_BWD_SUB_MAX ? AJ_BWD_SUB_MAX : AJ_TILE_K)
 #define AJ_BWD_SUB_Q (AJ_TILE_Q > AJ_BWD_SUB_MAX ? AJ_BWD_SUB_MAX : AJ_TILE_Q)
@@ -86,7 +86,7 @@ __device__ __forceinline__ void aj_zero(float (&acc)[COLS / 8][4]) {
 // ---- _dq: over the forward plan -------------------------------------------------------------
 
 // Dynamic shared memory: Q [AJ_TILE_Q][AJ_DP], dO [AJ_TILE_Q][AJ_DVP], then AJ_STAGES stages of
-// K [AJ_TILE_K][AJ_DP] and V [AJ_TILE_K][AJ_DVP] (compiler/codegen.cpp: backward_smem_bytes).
+// K [AJ_TILE_K][AJ_DP] and V [AJ_TILE_K][AJ_DVP] (compiler/codegen/codegen.cpp: backward_smem_bytes).
 __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
   const AjParams& p = bp.fwd;
   AJ_DYNAMIC_SHARED(aj_smem);

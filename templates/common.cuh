@@ -9,7 +9,7 @@
 //   AJ_ARCH                      e.g. 80 for sm_80
 // and, after it, aj_branch_allows() (the mask predicate of partial tiles).
 
-// ---- the plan tables, as packed by compiler/device_plan.cpp (layouts must match) ----------
+// ---- the plan tables, as packed by compiler/plan/device_plan.cpp (layouts must match) ----------
 
 struct AjItem {         // one query tile of one head
   aj_i64 rows_start;    // local query rows start + k * rows_stride, k < rows_count
@@ -57,9 +57,9 @@ struct AjParams {
   aj_i64 doc_rows;                           // rows of doc_base
 };
 
-// The host packs these structs byte for byte (compiler/device_plan.hpp); a mismatch must not compile.
+// The host packs these structs byte for byte (compiler/plan/device_plan.hpp); a mismatch must not compile.
 static_assert(sizeof(AjItem) == 32 && sizeof(AjSpan) == 48 && sizeof(AjParams) == 256,
-              "plan table layout differs from compiler/device_plan.hpp");
+              "plan table layout differs from compiler/plan/device_plan.hpp");
 
 // Packed documents: the row where the document of `row` starts (0 without documents). A work
 // item's rows and every key it visits lie in one document (the plan never crosses one), so a

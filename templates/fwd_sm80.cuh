@@ -6,7 +6,7 @@
 // the plan's row maps (start + k * stride): dilated rows are gathered by the loads, never copied.
 // The instantiation header sets AJ_WARPS (the config's warps; AJ_TILE_Q / 16 by default),
 // AJ_Q_IN_REGS (each warp's Q fragments held in registers from the first tile on, when they take at
-// most 32 of them) and AJ_Q_OVER_KV (the Q tile lies over the last V stage; compiler/codegen.cpp
+// most 32 of them) and AJ_Q_OVER_KV (the Q tile lies over the last V stage; compiler/codegen/codegen.cpp
 // decides both with the shared memory they take).
 
 #if AJ_DTYPE == 0

@@ -8,11 +8,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "compiler/error.hpp"
 #include "compiler/jit.hpp"
-#include "compiler/knobs.hpp"
-#include "compiler/plan.hpp"
-#include "compiler/read_file.hpp"
+#include "compiler/plan/plan.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/knobs.hpp"
+#include "compiler/support/read_file.hpp"
 
 namespace attnjit::cli {
 

@@ -6,10 +6,10 @@
 #include <optional>
 #include <string>
 
-#include "compiler/codegen.hpp"
-#include "compiler/kernel_cache.hpp"
-#include "compiler/mask.hpp"
-#include "compiler/pattern.hpp"
+#include "compiler/cache/kernel_cache.hpp"
+#include "compiler/codegen/codegen.hpp"
+#include "compiler/pattern/mask.hpp"
+#include "compiler/pattern/pattern.hpp"
 
 namespace attnjit::cli {
 

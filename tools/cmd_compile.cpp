@@ -5,11 +5,11 @@
 #include <memory>
 #include <sstream>
 
-#include "compiler/error.hpp"
+#include "compiler/cache/manifest.hpp"
 #include "compiler/jit.hpp"
-#include "compiler/knobs.hpp"
-#include "compiler/manifest.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/knobs.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
 

@@ -2,13 +2,13 @@
 #include <iostream>
 #include <memory>
 
-#include "compiler/cubin_info.hpp"
-#include "compiler/error.hpp"
 #include "compiler/jit.hpp"
-#include "compiler/pattern_stats.hpp"
-#include "compiler/plan.hpp"
-#include "compiler/plan_backward.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/nvrtc/cubin_info.hpp"
+#include "compiler/pattern/pattern_stats.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/plan/plan.hpp"
+#include "compiler/plan/plan_backward.hpp"
+#include "compiler/support/error.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
 

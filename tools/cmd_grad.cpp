@@ -5,9 +5,9 @@
 #include <iostream>
 #include <memory>
 
-#include "compiler/error.hpp"
-#include "compiler/plan.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/plan/plan.hpp"
+#include "compiler/support/error.hpp"
 #include "runtime/npy.hpp"
 #include "runtime/plan_executor.hpp"
 #include "runtime/reference.hpp"

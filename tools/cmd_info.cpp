@@ -3,8 +3,8 @@
 #include <sstream>
 
 #include "compiler/jit.hpp"
-#include "compiler/knobs.hpp"
-#include "compiler/nvrtc_compiler.hpp"
+#include "compiler/support/knobs.hpp"
+#include "compiler/nvrtc/nvrtc_compiler.hpp"
 
 #include "runtime/cuda_probe.hpp"
 #include "runtime/plan_executor.hpp"

@@ -3,8 +3,8 @@
 #include <iostream>
 #include <memory>
 
-#include "compiler/error.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/support/error.hpp"
 #include "runtime/npy.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"

@@ -6,10 +6,10 @@
 #include <memory>
 #include <random>
 
-#include "compiler/error.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/pattern/spec_json.hpp"
 #include "runtime/npy.hpp"
-#include "compiler/plan.hpp"
+#include "compiler/plan/plan.hpp"
 #include "runtime/plan_executor.hpp"
 #include "tools/run_device.hpp"
 #include "runtime/input_checks.hpp"

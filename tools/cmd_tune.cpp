@@ -9,11 +9,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "compiler/error.hpp"
-#include "compiler/knobs.hpp"
-#include "compiler/read_file.hpp"
-#include "compiler/spec_json.hpp"
-#include "compiler/tuning_db.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/knobs.hpp"
+#include "compiler/support/read_file.hpp"
+#include "compiler/tune/tuning_db.hpp"
 #include "runtime/cuda_probe.hpp"
 #include "runtime/gpu_timer.hpp"
 #include "tools/cli_common.hpp"

@@ -2,8 +2,8 @@
 #include <iostream>
 #include <memory>
 
-#include "compiler/pattern_stats.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/pattern/pattern_stats.hpp"
+#include "compiler/pattern/spec_json.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
 

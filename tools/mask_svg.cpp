@@ -6,8 +6,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "compiler/error.hpp"
-#include "compiler/pattern_stats.hpp"
+#include "compiler/pattern/pattern_stats.hpp"
+#include "compiler/support/error.hpp"
 
 namespace attnjit::cli {
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "compiler/mask.hpp"
+#include "compiler/pattern/mask.hpp"
 
 namespace attnjit::cli {
 

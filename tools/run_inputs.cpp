@@ -3,7 +3,7 @@
 
 #include <random>
 
-#include "compiler/error.hpp"
+#include "compiler/support/error.hpp"
 #include "runtime/npy.hpp"
 
 namespace attnjit::cli {

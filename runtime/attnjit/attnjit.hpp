@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "compiler/codegen.hpp"
-#include "compiler/error.hpp"  // UserError, what the API throws for bad input
-#include "compiler/mask.hpp"
-#include "compiler/pattern.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/codegen/codegen.hpp"
+#include "compiler/pattern/mask.hpp"
+#include "compiler/pattern/pattern.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/support/error.hpp"  // UserError, what the API throws for bad input
 
 // Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
 #pragma GCC visibility push(default)

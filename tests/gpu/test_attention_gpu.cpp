@@ -31,8 +31,8 @@
 #include <thread>
 
 #include "attnjit/attnjit.hpp"
-#include "compiler/autotune.hpp"
-#include "compiler/error.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/tune/autotune.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/npy.hpp"
 #include "runtime/reference.hpp"
@@ -565,7 +565,7 @@ std::vector<Case> emu_example_cases() {
   return cases;
 }
 
-// Every configuration the autotuner can choose (compiler/autotune.cpp's candidate_configs for
+// Every configuration the autotuner can choose (compiler/tune/autotune.cpp's candidate_configs for
 // `arch`: tensor-core tiles 64/128 x 32/64/128 with 2 or 3 stages that fit, 128-row tiles with 16
 // or 32 rows per warp, SIMT tiles 16/32/64 x 16/32), plus a 4-stage pipeline and a 64-row tile of
 // two 32-row warps, on a pattern with causal and dilated branches at lengths that are no multiple

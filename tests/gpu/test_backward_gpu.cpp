@@ -13,7 +13,7 @@
 #include <tuple>
 
 #include "attnjit/attnjit.hpp"
-#include "compiler/autotune.hpp"
+#include "compiler/tune/autotune.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/npy.hpp"
 #include "runtime/reference.hpp"

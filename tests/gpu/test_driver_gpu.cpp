@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "compiler/error.hpp"
-#include "compiler/nvrtc_compiler.hpp"
+#include "compiler/nvrtc/nvrtc_compiler.hpp"
+#include "compiler/support/error.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/cuda_probe.hpp"
 

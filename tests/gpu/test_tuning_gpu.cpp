@@ -8,11 +8,11 @@
 #include <string>
 
 #include "attnjit/attnjit.hpp"
-#include "compiler/autotune.hpp"
-#include "compiler/codegen.hpp"
-#include "compiler/knobs.hpp"
-#include "compiler/spec_json.hpp"
-#include "compiler/tuning_db.hpp"
+#include "compiler/codegen/codegen.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/support/knobs.hpp"
+#include "compiler/tune/autotune.hpp"
+#include "compiler/tune/tuning_db.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/cuda_probe.hpp"
 #include "runtime/gpu_timer.hpp"

@@ -5,8 +5,8 @@
 #include <optional>
 #include <random>
 
-#include "compiler/mask.hpp"
-#include "compiler/pattern.hpp"
+#include "compiler/pattern/mask.hpp"
+#include "compiler/pattern/pattern.hpp"
 
 namespace attnjit::testing {
 

@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "compiler/autotune.hpp"
-#include "compiler/error.hpp"
-#include "compiler/knobs.hpp"
-#include "compiler/tuning_db.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/knobs.hpp"
+#include "compiler/tune/autotune.hpp"
+#include "compiler/tune/tuning_db.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/gpu_timer.hpp"
 #include "tests/unit/test_support.hpp"

@@ -5,12 +5,12 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "compiler/codegen.hpp"
-#include "compiler/cubin_info.hpp"
-#include "compiler/error.hpp"
+#include "compiler/codegen/codegen.hpp"
 #include "compiler/jit.hpp"
-#include "compiler/nvrtc_compiler.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/nvrtc/cubin_info.hpp"
+#include "compiler/nvrtc/nvrtc_compiler.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/support/error.hpp"
 
 using namespace attnjit;
 

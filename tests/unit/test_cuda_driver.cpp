@@ -10,7 +10,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "compiler/error.hpp"
+#include "compiler/support/error.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/cuda_probe.hpp"
 

@@ -5,9 +5,9 @@
 #include <cmath>
 
 #include "attnjit/attnjit.hpp"
-#include "compiler/error.hpp"
-#include "compiler/plan.hpp"
-#include "compiler/pattern_stats.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/plan/plan.hpp"
+#include "compiler/pattern/pattern_stats.hpp"
 #include "runtime/plan_executor.hpp"
 #include "runtime/reference.hpp"
 #include "tests/unit/random_patterns.hpp"

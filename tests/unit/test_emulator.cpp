@@ -5,9 +5,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "compiler/error.hpp"
+#include "compiler/codegen/templates.hpp"
 #include "compiler/jit.hpp"
-#include "compiler/templates.hpp"
+#include "compiler/support/error.hpp"
 #include "emulator/emu_compiler.hpp"
 #include "emulator/emu_module.hpp"
 

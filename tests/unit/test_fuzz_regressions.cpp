@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "compiler/error.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/support/error.hpp"
 
 using namespace attnjit;
 using Catch::Matchers::Contains;

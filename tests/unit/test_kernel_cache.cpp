@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "compiler/kernel_cache.hpp"
-#include "compiler/knobs.hpp"
-#include "compiler/sha256.hpp"
+#include "compiler/cache/kernel_cache.hpp"
+#include "compiler/cache/sha256.hpp"
+#include "compiler/support/knobs.hpp"
 #include "tests/unit/test_support.hpp"
 
 using namespace attnjit;

@@ -11,8 +11,8 @@
 #include <tuple>
 #include <vector>
 
-#include "compiler/error.hpp"
-#include "compiler/knobs.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/knobs.hpp"
 
 using attnjit::Knobs;
 using attnjit::LogLevel;

@@ -1,14 +1,14 @@
-// The limits of compiler/pattern.hpp: positions and spec values below 2^62 (kMaxPosition), sizes
+// The limits of compiler/pattern/pattern.hpp: positions and spec values below 2^62 (kMaxPosition), sizes
 // at most 2^31 - 1 (kMaxSize). Values just inside work, and work exactly as the same call near
 // position 0 does; values just beyond are UserErrors naming the field.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <numeric>
 
-#include "compiler/error.hpp"
-#include "compiler/pattern_stats.hpp"
-#include "compiler/plan.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/pattern/pattern_stats.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/plan/plan.hpp"
+#include "compiler/support/error.hpp"
 #include "runtime/plan_executor.hpp"
 #include "runtime/reference.hpp"
 #include "tests/unit/random_patterns.hpp"

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <random>
 
-#include "compiler/error.hpp"
-#include "compiler/pattern_stats.hpp"
-#include "compiler/random_layout.hpp"
+#include "compiler/pattern/pattern_stats.hpp"
+#include "compiler/pattern/random_layout.hpp"
+#include "compiler/support/error.hpp"
 #include "tests/unit/random_patterns.hpp"
 
 using namespace attnjit;

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "compiler/error.hpp"
-#include "compiler/read_file.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/read_file.hpp"
 #include "runtime/npy.hpp"
 #include "tests/unit/test_support.hpp"
 

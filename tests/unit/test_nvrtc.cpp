@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "compiler/cubin_info.hpp"
-#include "compiler/error.hpp"
-#include "compiler/nvrtc_compiler.hpp"
+#include "compiler/nvrtc/cubin_info.hpp"
+#include "compiler/nvrtc/nvrtc_compiler.hpp"
+#include "compiler/support/error.hpp"
 
 using namespace attnjit;
 

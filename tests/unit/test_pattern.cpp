@@ -2,8 +2,8 @@
 // canonical text is stable, and bad values are UserErrors naming the JSON pointer.
 #include <catch2/catch.hpp>
 
-#include "compiler/error.hpp"
-#include "compiler/spec_json.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/support/error.hpp"
 #include "tests/unit/test_support.hpp"
 
 using namespace attnjit;

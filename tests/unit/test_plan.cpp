@@ -5,9 +5,9 @@
 #include <cmath>
 #include <limits>
 
-#include "compiler/error.hpp"
-#include "compiler/plan.hpp"
-#include "compiler/plan_backward.hpp"
+#include "compiler/plan/plan.hpp"
+#include "compiler/plan/plan_backward.hpp"
+#include "compiler/support/error.hpp"
 #include "runtime/plan_executor.hpp"
 #include "runtime/reference.hpp"
 #include "tests/unit/random_patterns.hpp"

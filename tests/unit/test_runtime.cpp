@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "attnjit/attnjit.hpp"
-#include "compiler/error.hpp"
+#include "compiler/support/error.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/input_checks.hpp"
 #include "runtime/npy.hpp"

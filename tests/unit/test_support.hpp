@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "compiler/error.hpp"
+#include "compiler/support/error.hpp"
 
 namespace attnjit::testing {
 

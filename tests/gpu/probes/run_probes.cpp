@@ -15,11 +15,11 @@
 #include <iostream>
 #include <sstream>
 
-#include "compiler/error.hpp"
+#include "compiler/codegen/templates.hpp"
 #include "compiler/jit.hpp"
-#include "compiler/knobs.hpp"
-#include "compiler/nvrtc_compiler.hpp"
-#include "compiler/templates.hpp"
+#include "compiler/nvrtc/nvrtc_compiler.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/knobs.hpp"
 #include "emulator/emu_module.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/npy.hpp"

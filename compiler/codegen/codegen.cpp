@@ -1,0 +1,333 @@
+// Rendering kernels from templates: the instantiation header, the mask predicate, the entry point.
+#include "compiler/codegen/codegen.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <tuple>
+#include <sstream>
+
+#include "compiler/cache/sha256.hpp"
+#include "compiler/plan/plan.hpp"
+#include "compiler/support/error.hpp"
+
+namespace attnjit {
+
+const char* to_string(DType d) { return d == DType::F32 ? "fp32" : d == DType::F16 ? "fp16" : "bf16"; }
+int dtype_bytes(DType d) { return d == DType::F32 ? 4 : 2; }
+const char* to_string(KernelPath p) { return p == KernelPath::Simt ? "simt" : "sm80"; }
+
+DType parse_dtype(const std::string& s) {
+  if (s == "fp32" || s == "float32" || s == "f32") return DType::F32;
+  if (s == "fp16" || s == "float16" || s == "f16" || s == "half") return DType::F16;
+  if (s == "bf16" || s == "bfloat16") return DType::BF16;
+  throw UserError("--dtype " + s, "unknown dtype; use fp32, fp16 or bf16");
+}
+
+namespace {
+
+// Shared memory a block may use on each arch (bytes, with the opt-in above 48 KB where it exists).
+// Hopper and datacenter Blackwell (sm_90, sm_100, sm_103, sm_110) have 228 KB per SM; consumer
+// Blackwell (sm_120, sm_121) has Ampere's GeForce 100 KB.
+int shared_limit(int arch) {
+  if (arch >= 90 && arch < 120) return 227 * 1024;
+  if (arch == 80 || arch == 87) return 163 * 1024;
+  if (arch >= 86) return 99 * 1024;
+  if (arch == 75) return 64 * 1024;
+  return 48 * 1024;
+}
+
+// Shared memory of one SM, which the blocks resident on it share (each also takes 1 KB the system
+// reserves, on sm_80 and newer).
+int shared_per_sm(int arch) { return arch >= 75 ? shared_limit(arch) + 1024 : 64 * 1024; }
+
+std::string arch_name(int arch) { return "sm_" + std::to_string(arch); }
+
+// The tensor-core forward keeps its warp's Q fragments in registers when they take at most 32 of
+// them per thread (templates/fwd_sm80.cuh reads Q from shared memory at every tile otherwise).
+bool q_in_registers(const KernelRequest& r, const KernelConfig& c) {
+  return c.tile_q / (16 * c.warps) * r.head_dim <= 128;
+}
+
+// Dynamic shared memory of the tensor-core forward: K and V stages, then the Q tile, which either
+// has its own space or (q_over_kv) lies over the last V stage: that stage is first written by the
+// first prefetch of the main loop, after Q has moved to registers.
+int forward_sm80_smem_bytes(const KernelRequest& r, const KernelConfig& c, bool q_over_kv) {
+  const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
+  const int q = c.tile_q * dp, kv = c.stages * c.tile_k * (dp + dvp), v_stage = c.tile_k * dvp;
+  return 2 * (q_over_kv ? kv - v_stage + std::max(v_stage, q) : kv + q);
+}
+
+// Q over the last V stage costs each work item one wait for its first tiles before the pipeline
+// fills, so it is taken only where the shared memory it saves lets one more block onto an SM
+// (blocks of 4 warps at up to 255 registers: two per SM at most by registers).
+bool q_over_kv(const KernelRequest& r, const KernelConfig& c) {
+  if (!q_in_registers(r, c)) return false;
+  const int by_registers = std::max(1, 65536 / (255 * 32 * c.warps));
+  auto blocks = [&](bool over) {
+    return std::min(by_registers, shared_per_sm(r.arch) / (forward_sm80_smem_bytes(r, c, over) + 1024));
+  };
+  return blocks(true) > blocks(false);
+}
+
+int smem_bytes(KernelPath path, const KernelRequest& r, const KernelConfig& c) {
+  if (path == KernelPath::Simt) return 0;  // static shared memory, checked by its own limit
+  return forward_sm80_smem_bytes(r, c, q_over_kv(r, c));
+}
+
+void require(bool ok, const std::string& where, const std::string& message) {
+  if (!ok) throw UserError(where, message);
+}
+
+KernelConfig resolve_simt_config(const KernelRequest& r, KernelConfig c) {
+  if (!c.tile_q) c.tile_q = 32;
+  if (!c.tile_k) {
+    c.tile_k = 32;
+    while (c.tile_k > 1 && c.tile_k * (r.head_dim + r.head_dim_v) * 4 > 48 * 1024) c.tile_k /= 2;
+  }
+  c.stages = 1;
+  require(c.warps == 0 || c.warps == c.tile_q / 8, "warps",
+          "the SIMT path runs tile_q / 8 warps (4 threads per query row), so tile_q " + std::to_string(c.tile_q) +
+              " takes " + std::to_string(c.tile_q / 8) + ", got " + std::to_string(c.warps) + "; leave warps at 0");
+  c.warps = c.tile_q / 8;
+  require(c.tile_q >= 8 && c.tile_q <= 64 && c.tile_q % 8 == 0, "tile_q",
+          "the SIMT path needs tile_q in {8, 16, ..., 64}, got " + std::to_string(c.tile_q));
+  require(c.tile_k >= 1 && c.tile_k <= 64, "tile_k", "the SIMT path needs tile_k in [1, 64], got " + std::to_string(c.tile_k));
+  require(c.tile_k * (r.head_dim + r.head_dim_v) * 4 <= 48 * 1024, "tile_k",
+          "K and V tiles of " + std::to_string(c.tile_k) + " keys exceed 48 KB of static shared memory; use a smaller tile_k");
+  return c;
+}
+
+// Dynamic shared memory of the tensor-core backward kernels (templates/bwd_sm80.cuh): _dq holds Q
+// and dO of its query tile and `stages` K/V tiles; _dkdv its K/V tile and two stages of Q, dO
+// (with each row's LSE and D as floats).
+int backward_dq_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
+  const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
+  return 2 * (c.tile_q * (dp + dvp) + c.stages * c.tile_k * (dp + dvp));
+}
+int backward_dkdv_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
+  const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
+  return 2 * (c.tile_k + 2 * c.tile_q) * (dp + dvp) + 2 * 2 * c.tile_q * 4;
+}
+
+// Tiles of the tensor-core backward: the request's when set (powers of two 16..128, 2-4 stages,
+// within the arch's shared memory), else 64 x 64 with two stages, halved (keys first) until both
+// kernels fit.
+KernelConfig resolve_backward_sm80_config(const KernelRequest& r) {
+  auto bytes = [&](const KernelConfig& c) { return std::max(backward_dq_smem_bytes(r, c), backward_dkdv_smem_bytes(r, c)); };
+  const auto pow2 = [](int t) { return t == 16 || t == 32 || t == 64 || t == 128; };
+  KernelConfig c = r.config;
+  if (!(c == KernelConfig{})) {
+    if (!c.stages) c.stages = 2;
+    require(c.warps == 0 || c.warps * 16 == c.tile_q, "backward warps",
+            "the tensor-core backward runs 16 query rows per warp, so tile_q " + std::to_string(c.tile_q) + " takes " +
+                std::to_string(c.tile_q / 16) + " warps, got " + std::to_string(c.warps) + "; leave warps at 0");
+    require(pow2(c.tile_q) && pow2(c.tile_k), "backward tile",
+            "the tensor-core backward needs tile_q and tile_k in {16, 32, 64, 128}, got " + std::to_string(c.tile_q) + "x" +
+                std::to_string(c.tile_k));
+    require(c.stages >= 2 && c.stages <= 4, "backward stages", "cp.async pipelines have 2 to 4 stages, got " + std::to_string(c.stages));
+    require(bytes(c) <= shared_limit(r.arch), "backward tile",
+            "backward tile " + std::to_string(c.tile_q) + "x" + std::to_string(c.tile_k) + " with " + std::to_string(c.stages) +
+                " stages needs " + std::to_string(bytes(c)) + " bytes of shared memory, over " + arch_name(r.arch) + "'s " +
+                std::to_string(shared_limit(r.arch)) + "; use smaller tiles");
+    c.warps = c.tile_q / 16;
+    return c;
+  }
+  c.tile_q = 64, c.tile_k = 64, c.stages = 2;
+  while (bytes(c) > shared_limit(r.arch) && (c.tile_k > 16 || c.tile_q > 16)) {
+    if (c.tile_k >= c.tile_q && c.tile_k > 16) c.tile_k /= 2;
+    else c.tile_q /= 2;
+  }
+  require(bytes(c) <= shared_limit(r.arch), "config",
+          "the backward kernels need " + std::to_string(bytes(c)) + " bytes of shared memory at their smallest tiles, over " +
+              arch_name(r.arch) + "'s " + std::to_string(shared_limit(r.arch)));
+  c.warps = c.tile_q / 16;
+  return c;
+}
+
+// The instantiation header (head dims, dtype, tiles, stages, arch as constants) and the shared
+// templates with the mask predicate, then `bodies`.
+std::string render_prefix(const char* kind, const KernelSource& k, const KernelRequest& r, const std::string& predicate,
+                          const TemplateSet& templates, const std::vector<std::string>& bodies, bool forward = false) {
+  std::ostringstream os;
+  os << "// attnjit generated " << kind << ": path=" << to_string(k.path) << " arch=" << k.arch << " dtype=" << to_string(r.dtype)
+     << " head_dim=" << r.head_dim << " head_dim_v=" << r.head_dim_v << " tile=" << k.config.tile_q << "x"
+     << k.config.tile_k << " stages=" << k.config.stages << " warps=" << k.config.warps << "\n";
+  os << "// Sequence lengths, strides, offsets and the plan tables are kernel arguments (AjParams).\n";
+  os << "#define AJ_HEAD_DIM " << r.head_dim << "\n#define AJ_HEAD_DIM_V " << r.head_dim_v << "\n";
+  os << "#define AJ_TILE_Q " << k.config.tile_q << "\n#define AJ_TILE_K " << k.config.tile_k << "\n";
+  os << "#define AJ_STAGES " << k.config.stages << "\n#define AJ_WARPS " << k.config.warps << "\n";
+  if (k.path == KernelPath::Sm80) {
+    // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
+    os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "
+       << (forward && q_over_kv(r, k.config)) << "\n";
+  }
+  os << "#define AJ_DTYPE " << (r.dtype == DType::F32 ? 0 : r.dtype == DType::F16 ? 1 : 2) << "\n";
+  os << "#define AJ_ARCH " << r.arch << "\n";
+  auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
+  include("gpu_blocks.cuh");
+  include("common.cuh");
+  include("mask_lib.cuh");
+  os << "\n// ---- generated: mask predicate of partial tiles\n" << predicate;
+  for (const std::string& b : bodies) include(b);
+  return os.str();
+}
+
+// Names the kernel after the hash of its text: AJ_KERNEL_NAME becomes `prefix` + 12 hex digits
+// everywhere, so equal sources share a name and different ones never do.
+void name_by_hash(KernelSource& k, std::string source, const std::string& prefix) {
+  k.name = prefix + sha256_hex(source).substr(0, 12);
+  const std::string placeholder = "AJ_KERNEL_NAME";
+  for (size_t at; (at = source.find(placeholder)) != std::string::npos;) source.replace(at, placeholder.size(), k.name);
+  k.source = std::move(source);
+  k.source_hash = sha256_hex(k.source);
+}
+
+}  // namespace
+
+KernelPath choose_path(const KernelRequest& r) {
+  require(r.arch >= 60, "--arch " + arch_name(r.arch), "attnjit needs sm_60 or newer");
+  require(r.head_dim >= 1 && r.head_dim_v >= 1, "--head-dim", "head dims must be positive");
+  if (r.dtype == DType::BF16) {
+    require(r.arch >= 80, "--dtype bf16", "bfloat16 needs sm_80 or newer; use fp16 or fp32 on " + arch_name(r.arch));
+  }
+  if (r.dtype != DType::F32 && r.arch >= 80) {
+    require(r.head_dim % 16 == 0 && r.head_dim_v % 16 == 0 && r.head_dim <= 256 && r.head_dim_v <= 256, "--head-dim",
+            "the tensor-core path needs head dims that are multiples of 16 up to 256 (got " +
+                std::to_string(r.head_dim) + " and " + std::to_string(r.head_dim_v) + "); pad the head dim");
+    return KernelPath::Sm80;
+  }
+  require(r.head_dim % 4 == 0 && r.head_dim_v % 4 == 0 && r.head_dim <= 256 && r.head_dim_v <= 256, "--head-dim",
+          "the SIMT path needs head dims that are multiples of 4 up to 256 (got " + std::to_string(r.head_dim) +
+              " and " + std::to_string(r.head_dim_v) + ")");
+  return KernelPath::Simt;
+}
+
+KernelConfig parse_kernel_tile(const std::string& text) {
+  KernelConfig c;
+  if (text == "default") return c;
+  const size_t w = text.find('w');
+  const TileConfig t = parse_tile_config(text.substr(0, w));
+  c.tile_q = t.tile_q;
+  c.tile_k = t.tile_k;
+  if (w != std::string::npos) {
+    int warps = 0;
+    char tail = 0;
+    if (std::sscanf(text.c_str() + w, "w%d%c", &warps, &tail) != 1 || warps < 1)
+      throw UserError("--kernel-tile " + text, "expected QxK or QxKwN (N warps), e.g. 128x64 or 128x64w4");
+    c.warps = warps;
+  }
+  return c;
+}
+
+KernelConfig resolve_config(const KernelRequest& r) {
+  const KernelPath path = choose_path(r);
+  KernelConfig c = r.config;
+  if (path == KernelPath::Sm80) {
+    if (!c.tile_q) c.tile_q = 64;
+    if (!c.tile_k) c.tile_k = std::max(r.head_dim, r.head_dim_v) > 128 ? 32 : 64;
+    if (!c.stages) c.stages = 2;
+    require(c.tile_q % 16 == 0 && c.tile_q >= 16 && c.tile_q <= 128, "tile_q",
+            "the tensor-core path needs tile_q in {16, 32, ..., 128} (16 rows per warp), got " + std::to_string(c.tile_q));
+    require(c.tile_k % 16 == 0 && c.tile_k >= 16 && c.tile_k <= 128, "tile_k",
+            "the tensor-core path needs tile_k in {16, 32, ..., 128}, got " + std::to_string(c.tile_k));
+    require(c.stages >= 2 && c.stages <= 4, "stages", "cp.async pipelines have 2 to 4 stages, got " + std::to_string(c.stages));
+    if (!c.warps) c.warps = c.tile_q / 16;
+    const int rows = c.tile_q / c.warps;
+    require(c.warps >= 1 && c.tile_q % c.warps == 0 && (rows == 16 || rows == 32), "warps",
+            "the tensor-core path gives each warp 16 or 32 query rows, so tile_q " + std::to_string(c.tile_q) + " takes " +
+                std::to_string(c.tile_q / 16) + (c.tile_q % 32 == 0 ? " or " + std::to_string(c.tile_q / 32) : "") +
+                " warps, got " + std::to_string(c.warps));
+    require(rows == 16 || std::max(r.head_dim, r.head_dim_v) <= 128, "warps",
+            "32 query rows per warp hold two output accumulators, which fit the registers up to head dim 128 (got " +
+                std::to_string(std::max(r.head_dim, r.head_dim_v)) + "); use " + std::to_string(c.tile_q / 16) + " warps");
+    const int bytes = smem_bytes(path, r, c);
+    require(bytes <= shared_limit(r.arch), "config",
+            "tile " + std::to_string(c.tile_q) + "x" + std::to_string(c.tile_k) + " with " + std::to_string(c.stages) +
+                " stages needs " + std::to_string(bytes) + " bytes of shared memory, over " + arch_name(r.arch) +
+                "'s " + std::to_string(shared_limit(r.arch)) + "; use smaller tiles or fewer stages");
+  } else {
+    c = resolve_simt_config(r, c);
+  }
+  return c;
+}
+
+KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const TemplateSet& templates) {
+  KernelSource k;
+  k.path = choose_path(r);
+  k.config = resolve_config(r);
+  k.arch = arch_name(r.arch);
+  k.threads = k.path == KernelPath::Sm80 ? k.config.warps * 32 : k.config.tile_q * 4;
+  k.shared_bytes = smem_bytes(k.path, r, k.config);
+  k.template_hash = templates.hash();
+  const std::string predicate = generate_mask_predicate(p);
+  k.has_mask = predicate.find("return true;") == std::string::npos;
+
+  std::ostringstream os;
+  os << render_prefix("kernel", k, r, predicate, templates, {k.path == KernelPath::Sm80 ? "fwd_sm80.cuh" : "fwd_simt.cuh"}, true);
+  os << "\n// ---- generated: entry point\n";
+  // Minimum one block per SM: lets ptxas use every register it needs rather than spill.
+  os << "extern \"C\" __global__ void __launch_bounds__(" << k.threads << ", 1) AJ_KERNEL_NAME(const AjParams p) {\n  "
+     << (k.path == KernelPath::Sm80 ? "aj_fwd_sm80(p);" : "aj_fwd_simt(p);") << "\n}\n";
+  name_by_hash(k, os.str(), "attnjit_fwd_");
+  return k;
+}
+
+}  // namespace attnjit
+
+namespace attnjit {
+
+KernelPath choose_backward_path(const KernelRequest& r) {
+  // The tensor-core kernels keep a 16-row slice of dK and dV (or of dQ) in registers per warp;
+  // past head dim 128 that no longer fits, and the SIMT kernels take over.
+  const KernelPath forward_path = choose_path(r);  // what no path supports is refused as for the forward
+  return forward_path == KernelPath::Sm80 && std::max(r.head_dim, r.head_dim_v) <= 128 ? KernelPath::Sm80 : KernelPath::Simt;
+}
+
+KernelConfig resolve_backward_config(const KernelRequest& r) {
+  return choose_backward_path(r) == KernelPath::Sm80 ? resolve_backward_sm80_config(r) : resolve_simt_config(r, r.config);
+}
+
+BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest& r, const TemplateSet& templates) {
+  BackwardKernels out;
+  KernelSource& k = out.source;
+  k.path = choose_backward_path(r);
+  k.config = resolve_backward_config(r);
+  k.arch = arch_name(r.arch);
+  k.template_hash = templates.hash();
+  const std::string predicate = generate_mask_predicate(p);
+  k.has_mask = predicate.find("return true;") == std::string::npos;
+  const char* body;
+  std::vector<std::string> bodies;
+  if (k.path == KernelPath::Sm80) {
+    out.dq_threads = k.config.tile_q * 2;
+    out.dkdv_threads = k.config.tile_k * 2;
+    out.dq_shared_bytes = backward_dq_smem_bytes(r, k.config);
+    out.dkdv_shared_bytes = backward_dkdv_smem_bytes(r, k.config);
+    bodies = {"fwd_sm80.cuh", "bwd_common.cuh", "bwd_sm80.cuh"};
+    body = "_sm80";
+  } else {
+    out.dq_threads = k.config.tile_q * 4;
+    out.dkdv_threads = k.config.tile_k * 4;
+    bodies = {"fwd_simt.cuh", "bwd_common.cuh", "bwd_simt.cuh"};
+    body = "";
+  }
+  k.threads = out.dq_threads;
+  k.shared_bytes = std::max(out.dq_shared_bytes, out.dkdv_shared_bytes);
+  std::ostringstream os;
+  os << render_prefix("backward kernels", k, r, predicate, templates, bodies);
+  os << "\n// ---- generated: entry points\n";
+  const std::tuple<const char*, int, const char*> entries[] = {{"pre", out.aux_threads, ""},
+                                                               {"dq", out.dq_threads, body},
+                                                               {"dkdv", out.dkdv_threads, body},
+                                                               {"cvt", out.aux_threads, ""}};
+  for (const auto& [suffix, threads, impl] : entries) {
+    os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ", 1) AJ_KERNEL_NAME_" << suffix
+       << "(const AjBwdParams p) {\n  aj_bwd_" << suffix << impl << "(p);\n}\n";
+  }
+  name_by_hash(k, os.str(), "attnjit_bwd_");
+  out.pre = k.name + "_pre", out.dq = k.name + "_dq", out.dkdv = k.name + "_dkdv", out.cvt = k.name + "_cvt";
+  return out;
+}
+
+}  // namespace attnjit

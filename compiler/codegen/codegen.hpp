@@ -1,0 +1,95 @@
+// Code generation: a Pattern's masks plus a kernel configuration -> CUDA source, rendered from the
+// embedded templates. What varies per call (lengths, pointers, strides, offsets, the plan tables)
+// is a kernel argument; what is fixed here (head dims, dtype, tiles, stages, arch, the mask
+// predicates) is a compile-time constant. A new sequence length never recompiles.
+#pragma once
+
+#include <string>
+#include <vector>
+
+// Relative to this header, as it is installed too (include/attnjit/compiler/codegen/).
+#include "../pattern/pattern.hpp"
+#include "templates.hpp"
+
+// Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
+#pragma GCC visibility push(default)
+namespace attnjit {
+
+enum class DType { F32, F16, BF16 };
+const char* to_string(DType d);
+DType parse_dtype(const std::string& s);  // "fp32|float32|f32", "fp16|float16|f16", "bf16|bfloat16"; UserError otherwise
+int dtype_bytes(DType d);
+
+enum class KernelPath { Simt, Sm80 };  // an sm_90a path (wgmma + TMA) slots in beside Sm80
+const char* to_string(KernelPath p);
+
+struct KernelConfig {
+  int tile_q = 0, tile_k = 0, stages = 0;  // 0: the default for the path and head dim
+  // Warps per block (0: the default). The tensor-core forward gives each warp tile_q / warps rows
+  // (16 or 32: one or two 16-row groups sharing every K/V fragment); the other kernels have one
+  // block shape per tile and take only their own count.
+  int warps = 0;
+  bool operator==(const KernelConfig&) const = default;
+};
+
+// "QxK" (that tile, the path's default stages and warps), "QxKwN" (N warps) or "default" (all
+// zeros), as the CLI's --kernel-tile and a manifest's "tiles" write it; UserError if malformed.
+KernelConfig parse_kernel_tile(const std::string& text);
+
+struct KernelRequest {
+  int head_dim = 128, head_dim_v = 128;
+  DType dtype = DType::BF16;
+  int arch = 80;  // compute capability as 10 * major + minor
+  KernelConfig config;
+};
+
+struct KernelSource {
+  std::string name;           // attnjit_fwd_<12 hex of the source>
+  std::string source;         // complete, self-contained CUDA text
+  std::string arch;           // "sm_80"
+  KernelPath path = KernelPath::Simt;
+  KernelConfig config;        // resolved (no zeros)
+  int threads = 0;            // block size
+  int shared_bytes = 0;       // dynamic shared memory the launch needs
+  bool has_mask = false;      // some branch has a causal, window or layout predicate
+  std::string template_hash;  // of the templates it was rendered from
+  std::string source_hash;    // sha256 of `source` (part of the cache key)
+};
+
+// The path a request takes: tensor cores for fp16/bf16 on sm_80+, SIMT otherwise. Rejects what no
+// path supports (head dims that are not multiples of 16 on the tensor path, bf16 before sm_80,
+// archs below sm_60) with a UserError naming the fix.
+KernelPath choose_path(const KernelRequest& r);
+KernelConfig resolve_config(const KernelRequest& r);
+
+// Renders the kernel. Deterministic: the same pattern masks, request and templates give the same
+// bytes (and so the same name and cache key).
+KernelSource generate_kernel(const Pattern& p, const KernelRequest& r,
+                             const TemplateSet& templates = TemplateSet::embedded());
+
+// The backward pass: one source with four entry points: `pre` (D = rowsum(dO * O)), `dq` (over
+// the forward plan, `dq_threads` per block), `dkdv` (over the key-major plan, `dkdv_threads` per
+// block) and `cvt` (fp32 workspaces to dK, dV); `pre` and `cvt` run `aux_threads` per block
+// (templates/bwd_common.cuh). `source.path` says which gradient kernels: the tensor-core ones
+// (templates/bwd_sm80.cuh) for fp16/bf16 on sm_80+ up to head dim 128, with dynamic shared memory
+// (`dq_shared_bytes`, `dkdv_shared_bytes`), else the SIMT ones (templates/bwd_simt.cuh, fp32
+// arithmetic, static shared memory). Its tiles are the backward's own (`source.config`: the
+// request's config when set, else the path's default), and the plans of a backward call are made
+// with them.
+struct BackwardKernels {
+  KernelSource source;
+  std::string pre, dq, dkdv, cvt;
+  int dq_threads = 0, dkdv_threads = 0, aux_threads = 128;
+  int dq_shared_bytes = 0, dkdv_shared_bytes = 0;
+};
+KernelPath choose_backward_path(const KernelRequest& r);
+// r.config for the backward kernels validated (a UserError naming the fix), or their default.
+KernelConfig resolve_backward_config(const KernelRequest& r);
+BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest& r,
+                                          const TemplateSet& templates = TemplateSet::embedded());
+
+// The mask predicate alone (the generated part between the templates), for tests and dumps.
+std::string generate_mask_predicate(const Pattern& p);
+
+}  // namespace attnjit
+#pragma GCC visibility pop

@@ -1,0 +1,30 @@
+// Counting what a pattern attends for a shape: pairs, density, empty rows. Batch-independent.
+#pragma once
+
+#include <vector>
+
+#include "compiler/pattern/mask.hpp"
+
+namespace attnjit {
+
+struct PatternStats {
+  int64_t attended_pairs = 0;              // over all query heads, with multiplicity (a key counted per branch)
+  int64_t distinct_pairs = 0;              // over all query heads, a (head, query, key) counted once however many branches attend it
+  std::vector<int64_t> pairs_per_head;     // [heads_q], with multiplicity
+  std::vector<int64_t> pairs_per_branch;   // [branches]
+  int64_t empty_rows = 0;                  // (head, query row) pairs that attend nothing
+  double density = 0.0;                    // attended_pairs / (heads_q * seq_q * seq_k)
+  double distinct_density = 0.0;           // distinct_pairs / (heads_q * seq_q * seq_k), at most 1
+};
+
+PatternStats pattern_stats(const MaskContext& c);
+
+// The keys a query row attends in at least one branch, however many attend each: |union over
+// branches|. Progressions without layouts are counted by inclusion-exclusion (an intersection of
+// arithmetic progressions is one); rows with a layout branch mark keys one by one.
+int64_t distinct_key_count(const MaskContext& c, int64_t h, int64_t i);
+
+// The arithmetic progression of keys in both `a` and `b` (empty if none).
+KeyProgression intersect(const KeyProgression& a, const KeyProgression& b);
+
+}  // namespace attnjit

@@ -1,0 +1,137 @@
+// The Plan: what the GPU will compute for one (Pattern, Shape, tile size), as plain data that a
+// kernel (or the CPU plan executor) walks. DESIGN.md section 2, "Plan".
+//
+// Dilation is addressing: a query tile is an affine map of query rows (start + k*stride), and a
+// key span is an affine map of key rows cut into tiles of tile_k keys. Nothing is copied.
+//
+// Under the softmax combine every query tile holds rows that take part in the same set of
+// branches and share each branch's key list, so one online softmax runs over the spans of all
+// its branches and no merge pass is needed. Rows are grouped per "cell" (an interval inside one
+// segment of every branch) by residue modulo L = lcm(dilations): within a cell a row's branch
+// set and its key lists depend only on that residue. Residue classes with the same branch set
+// are merged when their union is again an arithmetic progression (e.g. all odd rows), which
+// keeps tiles full. The alternative, one pass per branch plus an LSE merge, computes the same
+// number of pairs for the example patterns but adds a partial-output buffer per branch and a
+// merge launch; bench/plan_bench measures the waste this strategy leaves (README "Plan").
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compiler/pattern/mask.hpp"
+#include "compiler/pattern/pattern.hpp"
+
+namespace attnjit {
+
+struct TileConfig {
+  int32_t tile_q = 64;
+  int32_t tile_k = 64;
+};
+
+// Rows start, start + stride, ..., start + (count - 1) * stride (local row indices).
+struct RowMap {
+  int64_t start = 0;
+  int64_t stride = 1;
+  int64_t count = 0;
+  int64_t at(int64_t k) const { return start + k * stride; }
+};
+
+// One visited key tile of a span that is listed explicitly (spans with a layout).
+struct TileEntry {
+  int32_t tile = 0;  // index of the tile within its span
+  bool full = false;
+};
+
+// The keys one branch offers a query tile, cut into tiles of tile_k keys. Without a layout the
+// visited tiles are the range [tile_begin, tile_end) and those in [full_begin, full_end) need no
+// mask; with a layout (or a dynamic table) the visited tiles are listed in
+// Plan::tile_entries[entry_begin, entry_end).
+struct KeySpan {
+  RowMap keys;
+  int32_t branch = 0;
+  int32_t tile_begin = 0, tile_end = 0;
+  int32_t full_begin = 0, full_end = 0;
+  int64_t entry_begin = -1, entry_end = -1;  // -1: no list, use the ranges
+  bool listed() const { return entry_begin >= 0; }
+};
+
+// One query tile of one head: its rows, and the spans to visit (a range of Plan::spans, shared
+// between query tiles whose key lists are the same). An item with no spans writes O = 0 and
+// LSE = -inf for its rows.
+struct WorkItem {
+  int32_t head = 0;
+  RowMap rows;
+  int64_t span_begin = 0, span_end = 0;
+  int64_t cost = 0;  // computed pairs (tile_q * tile_k per visited tile), for scheduling
+};
+
+struct PlanStats {
+  int64_t attended_pairs = 0;      // pairs the pattern attends (with multiplicity), batch 1
+  int64_t computed_pairs = 0;      // tile_q * tile_k per visited tile, batch 1: what the hardware computes
+  int64_t computed_real_pairs = 0; // rows * keys actually present in visited tiles
+  int64_t work_items = 0, empty_items = 0;
+  int64_t full_tiles = 0, partial_tiles = 0;
+  int64_t spans = 0, tile_entries = 0;
+  int64_t table_bytes = 0;         // bytes of items, spans and tile entries
+  double waste() const { return attended_pairs ? double(computed_pairs) / double(attended_pairs) : 0.0; }
+};
+
+struct Plan {
+  Shape shape;
+  TileConfig tiles;
+  Combine combine = Combine::Softmax;
+  double output_scale = 1.0;  // head_groups with group_scale "mean": 1 / groups
+  double softmax_scale = 1.0;
+  bool wide_index = false;    // some element offset B*S*H*D exceeds 2^31: kernels use 64-bit addressing
+  std::vector<WorkItem> items;  // heaviest first
+  std::vector<KeySpan> spans;
+  std::vector<TileEntry> tile_entries;
+  PlanStats stats;
+  // Packed documents: their cu_seqlens, and for every row the row where its document starts (a
+  // mask on a partial tile sees position row - doc_base[row]). Empty without documents.
+  std::vector<int64_t> documents;
+  std::vector<int64_t> doc_base;
+};
+
+inline int64_t span_tile_count(const Plan& plan, const KeySpan& s) {
+  return s.listed() ? s.entry_end - s.entry_begin : s.tile_end - s.tile_begin;
+}
+
+// The keys of tile `t` of a span (local key rows).
+inline RowMap tile_keys(const KeySpan& s, int32_t t, int32_t tile_k) {
+  const int64_t from = int64_t{t} * tile_k;
+  return RowMap{s.keys.at(from), s.keys.stride, std::min<int64_t>(tile_k, s.keys.count - from)};
+}
+
+// Calls f(tile, full) for each visited tile of a span, in increasing tile order.
+template <typename F>
+void for_each_visited_tile(const Plan& plan, const KeySpan& s, F&& f) {
+  if (s.listed()) {
+    for (int64_t e = s.entry_begin; e < s.entry_end; ++e) f(plan.tile_entries[static_cast<size_t>(e)].tile, plan.tile_entries[static_cast<size_t>(e)].full);
+  } else {
+    for (int32_t t = s.tile_begin; t < s.tile_end; ++t) f(t, t >= s.full_begin && t < s.full_end);
+  }
+}
+
+// Lowers a pattern for one shape and tile size. `dynamic` is required iff the pattern has a
+// dynamic layout; it is validated here. `documents` (cu_seqlens): packed documents, each lowered
+// as a call of its own (mask.hpp, check_documents). Throws UserError on a bad shape, tile, table
+// or cu_seqlens.
+Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, const DynamicLayout* dynamic = nullptr,
+                   const std::vector<int64_t>* documents = nullptr);
+
+// Does the mask of `branch` allow the global positions (qpos, kpos) inside a partial tile? This is
+// the per-element predicate a kernel evaluates: causal, window and layout (segments and
+// selection are already in the row maps).
+bool partial_tile_allows(const Pattern& p, int32_t branch, int32_t head, int64_t qpos, int64_t kpos,
+                         const DynamicLayout* dynamic);
+
+// Readable text: a summary, then the tables (the first `max_items` work items; all with -1).
+std::string print_plan(const Plan& plan, int64_t max_items);
+
+TileConfig parse_tile_config(const std::string& text);  // "64x64"; UserError if malformed
+
+}  // namespace attnjit

@@ -1,0 +1,86 @@
+// Printing a Plan, parsing tile sizes, and the per-element predicate of partial tiles.
+#include <cstdio>
+#include <sstream>
+
+#include "compiler/plan/plan.hpp"
+#include "compiler/support/error.hpp"
+
+namespace attnjit {
+
+bool partial_tile_allows(const Pattern& p, int32_t branch, int32_t head, int64_t qpos, int64_t kpos,
+                         const DynamicLayout* dynamic) {
+  const Branch& b = p.branches[static_cast<size_t>(branch)];
+  if (b.causal && kpos > qpos) return false;
+  if (b.window.left >= 0 && kpos < qpos - b.window.left) return false;
+  if (b.window.right >= 0 && kpos > qpos + b.window.right) return false;
+  return !b.layout || layout_allows(*b.layout, head, qpos, kpos, dynamic);
+}
+
+TileConfig parse_tile_config(const std::string& text) {
+  TileConfig t;
+  int q = 0, k = 0;
+  char tail = 0;
+  if (std::sscanf(text.c_str(), "%dx%d%c", &q, &k, &tail) != 2 || q < 1 || k < 1) {
+    throw UserError("--tile " + text, "expected QxK with positive sizes, e.g. 64x64 or 128x64");
+  }
+  t.tile_q = q;
+  t.tile_k = k;
+  return t;
+}
+
+namespace {
+std::string row_map(const RowMap& m) {
+  std::ostringstream os;
+  os << m.start << "+" << m.stride << "k,k<" << m.count;
+  return os.str();
+}
+}  // namespace
+
+std::string print_plan(const Plan& plan, int64_t max_items) {
+  const PlanStats& st = plan.stats;
+  const Shape& s = plan.shape;
+  std::ostringstream os;
+  os << "plan: batch=" << s.batch << " seq_q=" << s.seq_q << " seq_k=" << s.seq_k << " heads_q=" << s.heads_q
+     << " heads_kv=" << s.heads_kv << " head_dim=" << s.head_dim << " head_dim_v=" << s.head_dim_v
+     << " q_offset=" << s.q_offset << " k_offset=" << s.k_offset << "\n";
+  os << "tile: " << plan.tiles.tile_q << "x" << plan.tiles.tile_k << "\n";
+  os << "combine: " << to_string(plan.combine) << " (one online softmax per query tile, no merge pass)"
+     << " output_scale=" << plan.output_scale << "\n";
+  os << "index: " << (plan.wide_index ? "64-bit" : "32-bit") << "\n";
+  os << "work items: " << st.work_items << " (" << st.empty_items << " with no keys)\n";
+  os << "tiles: " << st.full_tiles + st.partial_tiles << " visited, " << st.full_tiles << " full, " << st.partial_tiles
+     << " partial\n";
+  if (st.attended_pairs > 0) {
+    char w[32];
+    std::snprintf(w, sizeof w, "%.4f", st.waste());
+    os << "pairs: attended=" << st.attended_pairs << " computed=" << st.computed_pairs
+       << " computed_real=" << st.computed_real_pairs << " waste=" << w << "\n";
+  } else {
+    os << "pairs: computed=" << st.computed_pairs << " computed_real=" << st.computed_real_pairs << "\n";
+  }
+  os << "tables: " << st.spans << " spans, " << st.tile_entries << " tile entries, " << st.table_bytes << " bytes\n";
+  const int64_t n = max_items < 0 ? st.work_items : std::min<int64_t>(max_items, st.work_items);
+  os << "items (" << n << " of " << st.work_items << ", heaviest first):\n";
+  for (int64_t i = 0; i < n; ++i) {
+    const WorkItem& it = plan.items[static_cast<size_t>(i)];
+    os << "  item " << i << ": head=" << it.head << " rows=" << row_map(it.rows) << " cost=" << it.cost << "\n";
+    for (int64_t sp = it.span_begin; sp < it.span_end; ++sp) {
+      const KeySpan& span = plan.spans[static_cast<size_t>(sp)];
+      os << "    span branch=" << span.branch << " keys=" << row_map(span.keys);
+      if (span.listed()) {
+        os << " tiles=[";
+        for_each_visited_tile(plan, span, [&, first = true](int32_t t, bool full) mutable {
+          os << (first ? "" : " ") << t << (full ? "F" : "P");
+          first = false;
+        });
+        os << "]\n";
+      } else {
+        os << " tiles=" << span.tile_begin << ".." << span.tile_end << " full=" << span.full_begin << ".." << span.full_end
+           << "\n";
+      }
+    }
+  }
+  return os.str();
+}
+
+}  // namespace attnjit
