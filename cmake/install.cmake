@@ -21,9 +21,6 @@ set(ATTNJIT_PUBLIC_COMPILER_HEADERS compiler/pattern/pattern.hpp compiler/patter
 # program's own copies. What it links stays private: its headers need the standard library only.
 add_library(attnjit_shared SHARED $<TARGET_OBJECTS:attnjit_core> ${ATTNJIT_CPU_OBJECTS})
 target_link_libraries(attnjit_shared PRIVATE Threads::Threads ${CMAKE_DL_LIBS})
-if(CUDAToolkit_FOUND AND TARGET CUDA::nvrtc)  # as attnjit_core
-  target_link_libraries(attnjit_shared PRIVATE CUDA::nvrtc)
-endif()
 if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
   target_link_options(attnjit_shared PRIVATE -Wl,--no-undefined)  # a missing dependency fails here, not in a user's link
 endif()
@@ -33,8 +30,6 @@ target_compile_features(attnjit_shared INTERFACE cxx_std_20)
 # package's compatibility follow major.minor.
 set_target_properties(attnjit_shared PROPERTIES OUTPUT_NAME attnjit EXPORT_NAME attnjit
                       VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR})
-# Installed binaries keep the link path in their RUNPATH (NVRTC from the CUDA toolkit).
-set_target_properties(attnjit_shared attnjit PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
 
 set(ATTNJIT_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/attnjit)
 install(TARGETS attnjit_shared EXPORT attnjitTargets LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})

@@ -45,8 +45,7 @@ KernelCache& kernel_cache_for(const std::string& dir) {
   return *c;
 }
 
-KernelCompiler::KernelCompiler(KernelCache& cache, Knobs knobs)
-    : cache_(cache), knobs_(std::move(knobs)), nvrtc_version_(nvrtc_available() ? nvrtc_version() : "none") {}
+KernelCompiler::KernelCompiler(KernelCache& cache, Knobs knobs) : cache_(cache), knobs_(std::move(knobs)) {}
 
 CompileRequest KernelCompiler::request_for(const KernelSource& k) const {
   CompileRequest r;
@@ -58,12 +57,17 @@ CompileRequest KernelCompiler::request_for(const KernelSource& k) const {
 }
 
 CacheKey KernelCompiler::key_for(const KernelSource& k) const {
+  const std::string version = nvrtc_version_for(k.arch);
+  return key_with_nvrtc(k, version.empty() ? kAnyNvrtc : version);
+}
+
+CacheKey KernelCompiler::key_with_nvrtc(const KernelSource& k, const std::string& nvrtc_version) const {
   CacheKeyParts parts;
   parts.attnjit_version = ATTNJIT_VERSION;
   parts.template_hash = k.template_hash;
   parts.source_hash = k.source_hash;
   parts.options = join(canonical_options(request_for(k)));
-  parts.nvrtc_version = nvrtc_version_;
+  parts.nvrtc_version = nvrtc_version;
   parts.arch = k.arch;
   return make_cache_key(parts);
 }
@@ -105,8 +109,13 @@ std::vector<CompiledKernel> KernelCompiler::get_many(const std::vector<KernelSou
     c.name = kernels[n].name;
     c.arch = kernels[n].arch;
     c.key = key_for(kernels[n]);
+    // A kernel some other NVRTC compiled (its alias, put below) is taken where no NVRTC here
+    // compiles for the arch, and under no-JIT, where a precompiled cache is all there is.
+    const CacheKey any = key_with_nvrtc(kernels[n], kAnyNvrtc);
     if (!knobs_.always_compile) {
-      if (auto bin = cache_.get(c.key)) {
+      std::optional<std::vector<uint8_t>> bin = cache_.get(c.key);
+      if (!bin && knobs_.no_jit && c.key.hex != any.hex) bin = cache_.get(any);
+      if (bin) {
         c.cubin = std::move(*bin);
         c.cache_hit = true;
         c.usage = inspect_cubin(c.cubin);
@@ -139,7 +148,10 @@ std::vector<CompiledKernel> KernelCompiler::get_many(const std::vector<KernelSou
     c.seconds = r.seconds;
     c.usage = r.usage;
     c.spills_known = true;
+    c.nvrtc_version = r.nvrtc_version;
+    c.key = key_with_nvrtc(kernels[n], r.nvrtc_version);  // the NVRTC that did compile it
     cache_.put(c.key, c.cubin, c.name, c.arch);
+    cache_.put_alias(key_with_nvrtc(kernels[n], kAnyNvrtc), c.key.hex);
     dump(kernels[n], r.options, r.log);
   }
   return out;

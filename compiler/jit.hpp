@@ -25,6 +25,7 @@ struct CompiledKernel {
   double seconds = 0;                // compile time on a miss, lookup time on a hit
   std::vector<ResourceUsage> usage;  // from the CUBIN (and ptxas' spill counts when compiled now)
   bool spills_known = false;         // ptxas reported spills (only when compiled in this process)
+  std::string nvrtc_version;         // of the NVRTC that compiled it in this process; "" for a cache hit
 };
 
 class KernelCompiler {
@@ -32,7 +33,10 @@ public:
   KernelCompiler(KernelCache& cache, Knobs knobs);
 
   // Everything that changes the bytes: attnjit version, templates, source, options, NVRTC, arch.
+  // The NVRTC is the one that compiles k.arch here, or kAnyNvrtc where none does: that key is
+  // every compiled kernel's alias (KernelCache::put_alias), so it finds what any NVRTC compiled.
   CacheKey key_for(const KernelSource& k) const;
+  static constexpr const char* kAnyNvrtc = "any";
 
   // Memoised: a kernel found or compiled once is handed out again without touching the cache.
   std::shared_ptr<const CompiledKernel> get(const KernelSource& k);
@@ -47,11 +51,11 @@ public:
 
 private:
   CompileRequest request_for(const KernelSource& k) const;
+  CacheKey key_with_nvrtc(const KernelSource& k, const std::string& nvrtc_version) const;
   void dump(const KernelSource& k, const std::vector<std::string>& options, const std::string& log) const;
 
   KernelCache& cache_;
   Knobs knobs_;
-  std::string nvrtc_version_;
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const CompiledKernel>> loaded_;  // by source hash + arch
 };

@@ -19,7 +19,7 @@ list(FILTER ATTNJIT_FUZZ_LIB_SOURCES INCLUDE REGEX "^compiler/.*\\.cpp$|^runtime
 add_library(attnjit_fuzz_core STATIC ${ATTNJIT_FUZZ_LIB_SOURCES} ${ATTNJIT_TEMPLATES_CPP} tools/cli_common.cpp)
 target_include_directories(attnjit_fuzz_core PUBLIC ${CMAKE_SOURCE_DIR} ${CMAKE_SOURCE_DIR}/runtime)
 target_link_libraries(attnjit_fuzz_core PUBLIC nlohmann_json::nlohmann_json CLI11::CLI11 Threads::Threads ${CMAKE_DL_LIBS})
-# Not ATTNJIT_HAVE_NVRTC: nothing fuzzed compiles a kernel.
+# Nothing fuzzed compiles a kernel, so no NVRTC is ever loaded.
 target_compile_definitions(attnjit_fuzz_core PUBLIC ATTNJIT_VERSION="${PROJECT_VERSION}"
                            ATTNJIT_AUTOTUNE_DB_DIR="${CMAKE_SOURCE_DIR}/autotune_db")
 target_compile_options(attnjit_fuzz_core PUBLIC ${ATTNJIT_FUZZ_FLAGS} PRIVATE -fsanitize=fuzzer-no-link)

@@ -22,6 +22,7 @@
 #include "compiler/cache/manifest.hpp"
 #include "compiler/codegen/codegen.hpp"
 #include "compiler/nvrtc/nvrtc_compiler.hpp"
+#include "compiler/nvrtc/nvrtc_library.hpp"
 #include "compiler/pattern/mask.hpp"
 #include "compiler/pattern/pattern_stats.hpp"
 #include "compiler/pattern/spec_json.hpp"
@@ -355,6 +356,19 @@ nb::dict info() {
   nb::dict d;
   d["version"] = ATTNJIT_VERSION;
   d["nvrtc_version"] = nvrtc_available() ? nvrtc_version() : std::string("none");
+  nb::list nvrtcs;
+  const NvrtcSearch search = nvrtc_search();
+  for (const NvrtcLibrary& lib : search.found) {
+    nb::dict n;
+    n["version"] = lib.version;
+    n["path"] = lib.path;
+    n["found_by"] = lib.found_by;
+    n["archs"] = lib.archs;
+    n["serves"] = archs_served(search, lib);
+    nvrtcs.append(n);
+  }
+  d["nvrtc"] = nvrtcs;
+  d["nvrtc_skipped"] = search.skipped;
   d["cache_dir"] = knobs().cache_dir;
   d["shipped_db_dir"] = shipped_db_dir();  // "" when ATTNJIT_SHIPPED_DB_DIR=none
   d["cpu_executor"] = std::string(cpu_simd_name(cpu_simd_selected()));
@@ -398,6 +412,7 @@ NB_MODULE(_attnjit, m) {
   m.def("stats", &stats);
   m.def("mask", &mask);
   m.def("info", &info);
+  m.def("_add_nvrtc_search_path", &add_nvrtc_search_path, "a file or folder to search for NVRTC (the package registers PyPI's NVRTC wheels)");
   m.def("backward_workspace_bytes", &backward_workspace_bytes);
   m.def("dump", &dump);
   m.def("precompile", &precompile);

@@ -40,7 +40,7 @@ TuneKey tune_key_for(const TuningGpu& gpu, const Pattern& p, const Problem& pb, 
 }
 
 DbMetadata tuning_metadata(const TuningGpu& gpu) {
-  DbMetadata m = running_metadata();
+  DbMetadata m = running_metadata(gpu.arch);
   m.driver_version = gpu.driver_version;
   m.gpu = gpu.name;
   m.sm_count = gpu.sm_count;

@@ -81,7 +81,7 @@ KernelConfig tuned_config(const Pattern& pattern, const Problem& problem, const 
   CudaDriver::get();  // without a driver, the plain "no GPU" error rather than a tuning one
   const TuningGpu gpu = tuning_gpu(o.device.index);
   const TuneKey key = tune_key_for(gpu, pattern, problem);
-  TuningDb db(default_db_files(knobs(), gpu.name));
+  TuningDb db(default_db_files(knobs(), gpu.name), running_metadata(gpu.arch));
   if ((o.tune || knobs().tune) && db.needs_retune(key) && !pattern.has_dynamic_layout()) {
     log(LogLevel::Warn, "tuning " + key.describe() + " on first use (tuning is on); the result goes to " + db.files()[0].path);
     GpuTuneOptions to;
@@ -106,7 +106,7 @@ KernelConfig tuned_backward_config(const Pattern& pattern, const Problem& proble
   CudaDriver::get();  // without a driver, the plain "no GPU" error rather than a tuning one
   const TuningGpu gpu = tuning_gpu(o.device.index);
   const TuneKey key = tune_key_for(gpu, pattern, problem, {}, true);
-  const LookupResult r = TuningDb(default_db_files(knobs(), gpu.name)).lookup(key);
+  const LookupResult r = TuningDb(default_db_files(knobs(), gpu.name), running_metadata(gpu.arch)).lookup(key);
   if (knobs().print_autotuning) {
     log(LogLevel::Warn, "autotune: " + key.describe() + " -> " + describe(r.config) + " (" + to_string(r.source) + ": " +
                             r.why + ")");

@@ -25,7 +25,7 @@ struct CompileOptions {
 };
 
 // One line per kernel (entry point `entry`, by default the kernel's name): where it came from and
-// what it costs on the chip.
+// what it costs on the chip; a kernel compiled now ends with the NVRTC version that compiled it.
 void report(const KernelSource& k, const CompiledKernel& c, const std::string& entry = "", int shared_bytes = -1,
             int threads = -1) {
   const std::string name = entry.empty() ? k.name : entry;
@@ -33,12 +33,13 @@ void report(const KernelSource& k, const CompiledKernel& c, const std::string& e
   for (const ResourceUsage& x : c.usage)
     if (x.kernel == name) u = &x;
   char line[512];
-  std::snprintf(line, sizeof line, "%s %s key=%s %s %.3fs registers=%d spills=%s shared=%dB+%dB threads=%d\n",
+  std::snprintf(line, sizeof line, "%s %s key=%s %s %.3fs registers=%d spills=%s shared=%dB+%dB threads=%d%s\n",
                 name.c_str(), k.arch.c_str(), c.key.hex.substr(0, 16).c_str(), c.cache_hit ? "hit" : "miss",
                 c.seconds, u ? u->registers : -1,
                 c.spills_known && u ? std::to_string(u->spill_store_bytes + u->spill_load_bytes).append("B").c_str()
                                     : "n/a(cached)",
-                u ? u->shared_bytes : 0, shared_bytes >= 0 ? shared_bytes : k.shared_bytes, threads >= 0 ? threads : k.threads);
+                u ? u->shared_bytes : 0, shared_bytes >= 0 ? shared_bytes : k.shared_bytes, threads >= 0 ? threads : k.threads,
+                c.nvrtc_version.empty() ? "" : (" nvrtc=" + c.nvrtc_version).c_str());
   std::cout << line;
 }
 

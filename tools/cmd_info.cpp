@@ -4,7 +4,7 @@
 
 #include "compiler/jit.hpp"
 #include "compiler/support/knobs.hpp"
-#include "compiler/nvrtc/nvrtc_compiler.hpp"
+#include "compiler/nvrtc/nvrtc_library.hpp"
 
 #include "runtime/cuda_probe.hpp"
 #include "runtime/plan_executor.hpp"
@@ -13,13 +13,40 @@
 
 namespace attnjit::cli {
 
+namespace {
+
+// "nvrtc: 13.0, 12.9", then one line per NVRTC (where, what found it, the archs it compiles for)
+// and per file skipped; without any: why, and how to get one.
+void print_nvrtcs(std::ostream& os) {
+  const NvrtcSearch search = nvrtc_search();
+  if (search.found.empty()) {
+    os << "nvrtc: none" << (search.disabled ? ": ATTNJIT_NVRTC=none turns the search off" : " found") << "\n";
+  } else {
+    os << "nvrtc:";
+    for (size_t i = 0; i < search.found.size(); ++i) os << (i ? ", " : " ") << search.found[i].version;
+    os << "\n";
+    for (const NvrtcLibrary& lib : search.found) {
+      const std::vector<int> served = archs_served(search, lib);
+      os << "  " << lib.version << " at " << lib.path << " (" << lib.found_by << "): compiles for "
+         << (served.empty() ? std::string("no arch a newer one does not") : arch_list(served)) << "\n";
+    }
+  }
+  for (const std::string& s : search.skipped) os << "  skipped " << s << "\n";
+  if (search.found.empty() && !search.disabled) {
+    os << "  to get one: install the CUDA toolkit, `pip install nvidia-cuda-nvrtc` (CUDA 13) or "
+          "`pip install nvidia-cuda-nvrtc-cu12` (CUDA 12, also sm_60 to sm_72), or set ATTNJIT_NVRTC\n";
+  }
+}
+
+}  // namespace
+
 void register_info(CLI::App& app, int& rc) {
   CLI::App* sub = app.add_subcommand("info", "versions, CUDA driver and GPUs");
   sub->callback([&rc] {
     rc = guarded([] {
       std::cout << "attnjit " << ATTNJIT_VERSION << "\n";
       std::cout << "spec format: " << kSpecVersion << "\n";
-      std::cout << "nvrtc: " << (nvrtc_available() ? nvrtc_version() : "not built in (no CUDA toolkit at build time)") << "\n";
+      print_nvrtcs(std::cout);
       const KernelCache& cache = default_kernel_cache();
       const CacheStats cs = cache.stats();
       std::cout << "kernel cache: " << (cache.disk_enabled() ? cache.dir() : "memory only") << " (" << cs.entries

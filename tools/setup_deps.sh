@@ -2,7 +2,7 @@
 # Installs what attnjit needs to build and test, if it is missing: Debian packages (compiler,
 # CMake, header-only libraries, binutils (addr2line for the emulator's reports), lit + FileCheck,
 # clang with libFuzzer and its sanitizer runtimes for tools/fuzz.sh)
-# numpy for the contract tests, and what the Python package builds and tests with.
+# numpy for the contract tests, what the Python package builds and tests with, and CUDA 12's NVRTC.
 # Idempotent: a machine that has everything is left alone.
 set -euo pipefail
 
@@ -26,6 +26,12 @@ fi
 if ! python3 -c "import nanobind, scikit_build_core, pytest, torch" 2>/dev/null; then
   echo "attnjit: installing nanobind, scikit-build-core, pytest and PyTorch (the Python package and its tests)"
   python3 -m pip install -q nanobind scikit-build-core pytest torch
+fi
+# CUDA 12's NVRTC from PyPI: the toolkit's CUDA 13 no longer targets sm_60/61/70, and the tests
+# compile the SIMT kernels for Pascal and Volta through it (tests/lit/nvrtc/, "[nvrtc]" unit tests).
+if ! python3 -c "import nvidia.cuda_nvrtc" 2>/dev/null; then
+  echo "attnjit: installing CUDA 12's NVRTC (nvidia-cuda-nvrtc-cu12, for the sm_61/sm_70 compile tests)"
+  python3 -m pip install -q nvidia-cuda-nvrtc-cu12
 fi
 # SASS (attnjit dump --stage sass, the HMMA checks in the tests) needs nvdisasm or cuobjdump; a
 # toolkit installed from pip lacks them, so fetch NVIDIA's own wheels and put them on PATH.

@@ -42,6 +42,8 @@ constexpr size_t kFixedHeaderBytes = kNameOffset + 8 + 32 + 32;
 constexpr uint32_t kMaxNameBytes = 4096;
 constexpr const char* kEntrySuffix = ".ajk";
 constexpr const char* kTempInfix = ".ajk.tmp.";
+// "<alias hex>.aja" holds "<target hex>\n": another key under which the same binary is stored.
+constexpr const char* kAliasSuffix = ".aja";
 // A temp file this old belongs to a writer that died; younger ones may still be renamed into place.
 constexpr int64_t kStaleTempSeconds = 600;
 
@@ -75,6 +77,9 @@ bool is_hex64(const std::string& s) {
 // "<64 hex>.ajk": the only names this cache reads, evicts or clears.
 bool is_entry_name(const std::string& name) {
   return name.size() == 64 + 4 && name.compare(64, 4, kEntrySuffix) == 0 && is_hex64(name.substr(0, 64));
+}
+bool is_alias_name(const std::string& name) {
+  return name.size() == 64 + 4 && name.compare(64, 4, kAliasSuffix) == 0 && is_hex64(name.substr(0, 64));
 }
 // "<64 hex or 'probe'>.ajk.tmp.<pid>.<thread>.<counter>"
 bool is_temp_name(const std::string& name) {
@@ -321,41 +326,96 @@ void KernelCache::disable_writes(const std::string& why) {
 
 std::optional<std::vector<uint8_t>> KernelCache::get(const CacheKey& key) {
   ATTNJIT_CHECK(is_hex64(key.hex), "cache key hex must be 64 lowercase hex digits (build keys with make_cache_key)");
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = memory_.find(key.hex); it != memory_.end()) {
-      ++stats_.memory_hits;
-      return it->second;
-    }
-  }
-  if (disk_readable_) {
-    const std::string path = entry_path(key.hex);
-    std::vector<uint8_t> payload;
-    CacheEntryInfo info;
-    bool unreadable = false;
-    struct stat st {};
-    if (load_entry(path, key.hex, /*touch=*/true, &payload, &info, &unreadable, &st)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.disk_hits;
-      memory_[key.hex] = payload;
-      return payload;
-    }
-    if (!unreadable) {
-      // Remove the bad file only if it is still the one we read: a writer may have renamed a good
-      // entry over it meanwhile.
-      struct stat now {};
-      if (::stat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino && now.st_dev == st.st_dev) ::unlink(path.c_str());
-      log(LogLevel::Warn, "kernel cache entry " + path + " is corrupt (" + info.problem +
-                              "); removed it, the kernel will be compiled again");
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.corrupt;
-    } else if (info.problem != "missing") {
-      log(LogLevel::Debug, "kernel cache entry " + path + ": " + info.problem);
-    }
+  if (auto payload = lookup(key.hex)) return payload;
+  if (std::optional<std::string> target = alias_target(key.hex)) {
+    if (auto payload = lookup(*target)) return payload;
+    // The entry it named was evicted or cleared; the alias is stale.
+    if (disk_writable_) ::unlink(alias_path(key.hex).c_str());
   }
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.misses;
   return std::nullopt;
+}
+
+std::optional<std::vector<uint8_t>> KernelCache::lookup(const std::string& hex) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = memory_.find(hex); it != memory_.end()) {
+      ++stats_.memory_hits;
+      return it->second;
+    }
+  }
+  if (!disk_readable_) return std::nullopt;
+  const std::string path = entry_path(hex);
+  std::vector<uint8_t> payload;
+  CacheEntryInfo info;
+  bool unreadable = false;
+  struct stat st {};
+  if (load_entry(path, hex, /*touch=*/true, &payload, &info, &unreadable, &st)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.disk_hits;
+    memory_[hex] = payload;
+    return payload;
+  }
+  if (!unreadable) {
+    // Remove the bad file only if it is still the one we read: a writer may have renamed a good
+    // entry over it meanwhile.
+    struct stat now {};
+    if (::stat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino && now.st_dev == st.st_dev) ::unlink(path.c_str());
+    log(LogLevel::Warn, "kernel cache entry " + path + " is corrupt (" + info.problem +
+                            "); removed it, the kernel will be compiled again");
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.corrupt;
+  } else if (info.problem != "missing") {
+    log(LogLevel::Debug, "kernel cache entry " + path + ": " + info.problem);
+  }
+  return std::nullopt;
+}
+
+std::string KernelCache::alias_path(const std::string& hex) const { return dir_ + "/" + hex + kAliasSuffix; }
+
+std::optional<std::string> KernelCache::alias_target(const std::string& hex) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = aliases_.find(hex); it != aliases_.end()) return it->second;
+  }
+  if (!disk_readable_) return std::nullopt;
+  const int fd = ::open(alias_path(hex).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::vector<uint8_t> bytes;
+  std::string problem;
+  const bool ok = read_fd(fd, bytes, &problem);
+  ::close(fd);
+  const std::string text(bytes.begin(), bytes.end());
+  if (!ok || text.size() != 65 || text[64] != '\n' || !is_hex64(text.substr(0, 64))) {
+    log(LogLevel::Debug, "kernel cache alias " + alias_path(hex) + " is not \"<64 hex digits>\\n\"; ignored");
+    return std::nullopt;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return aliases_[hex] = text.substr(0, 64);
+}
+
+void KernelCache::put_alias(const CacheKey& alias, const std::string& target_hex) {
+  ATTNJIT_CHECK(is_hex64(alias.hex) && is_hex64(target_hex), "cache alias and target must be 64 lowercase hex digits");
+  if (alias.hex == target_hex) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    aliases_[alias.hex] = target_hex;
+  }
+  if (!disk_writable_) return;
+  const std::string tmp = dir_ + "/" + temp_name(alias.hex);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    disable_writes("cannot create " + tmp + ": " + errno_text(errno));
+    return;
+  }
+  const std::string text = target_hex + "\n";
+  const bool wrote = write_all(fd, std::vector<uint8_t>(text.begin(), text.end()));
+  if (::close(fd) != 0 || !wrote || ::rename(tmp.c_str(), alias_path(alias.hex).c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    disable_writes("cannot write " + alias_path(alias.hex) + ": " + errno_text(err));
+  }
 }
 
 void KernelCache::put(const CacheKey& key, const std::vector<uint8_t>& binary, const std::string& kernel_name,
@@ -475,9 +535,11 @@ void KernelCache::clear() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     memory_.clear();
+    aliases_.clear();
   }
   if (!disk_readable_) return;
   for (const DirFile& f : scan_dir(dir_, is_entry_name)) ::unlink((dir_ + "/" + f.name).c_str());
+  for (const DirFile& f : scan_dir(dir_, is_alias_name)) ::unlink((dir_ + "/" + f.name).c_str());
   const int64_t stale_before_ns = (static_cast<int64_t>(std::time(nullptr)) - kStaleTempSeconds) * 1000000000;
   for (const DirFile& f : scan_dir(dir_, is_temp_name)) {
     if (f.mtime_ns < stale_before_ns) ::unlink((dir_ + "/" + f.name).c_str());

@@ -67,8 +67,15 @@ public:
 
   // Memory first, then disk. A disk entry is verified (magic, version, header checksum, key, size,
   // payload checksum); a bad one is a miss with a warning naming the file, and the file is removed.
-  // A disk hit refreshes the entry's last-use time (its mtime).
+  // A disk hit refreshes the entry's last-use time (its mtime). A key with no entry of its own is
+  // looked up through its alias, if it has one.
   std::optional<std::vector<uint8_t>> get(const CacheKey& key);
+
+  // Makes `alias` a second key of the entry `target_hex` (a small "<alias hex>.aja" file holding
+  // the target's hex; not an entry: list(), stats() and eviction do not see it, clear() removes
+  // it). The JIT gives every kernel one under its key without the NVRTC version, so a machine with
+  // no NVRTC for the arch still finds kernels another machine compiled. Failures only warn.
+  void put_alias(const CacheKey& alias, const std::string& target_hex);
 
   // Stores in memory and, when the disk is writable, atomically on disk; then evicts least recently
   // used entries while the directory holds more than max_bytes (never the entry just written).
@@ -80,8 +87,8 @@ public:
   CacheStats stats() const;
   // Number of bad entries on disk; their descriptions go to *bad when given. Removes nothing.
   int64_t verify_all(std::vector<CacheEntryInfo>* bad);
-  // Empties the memory layer and removes every file this cache scheme wrote (entries and leftover
-  // temp files); other files in the directory are left alone.
+  // Empties the memory layer and removes every file this cache scheme wrote (entries, aliases and
+  // leftover temp files); other files in the directory are left alone.
   void clear();
 
   const std::string& dir() const { return dir_; }
@@ -91,6 +98,9 @@ public:
 
 private:
   std::string entry_path(const std::string& hex) const;
+  std::string alias_path(const std::string& hex) const;
+  std::optional<std::vector<uint8_t>> lookup(const std::string& hex);  // get() without aliases or miss counting
+  std::optional<std::string> alias_target(const std::string& hex);
   bool write_entry(const CacheKey& key, const std::vector<uint8_t>& binary, const std::string& kernel_name,
                    const std::string& arch);
   void evict_over_limit(const std::string& keep_hex);
@@ -104,6 +114,7 @@ private:
 
   mutable std::mutex mu_;  // guards memory_ and the counters in stats_
   std::map<std::string, std::vector<uint8_t>> memory_;
+  std::map<std::string, std::string> aliases_;  // alias hex -> target hex
   CacheStats stats_;
 };
 

@@ -100,7 +100,6 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
               r.head_dim = r.head_dim_v = d;
               r.dtype = parse_dtype(dt);
               r.arch = arch;
-              if (r.dtype == DType::BF16 && arch < 80) continue;  // no such kernel; not a failure
               const std::vector<KernelConfig> configs = t == "default"      ? selected_configs(db, p, r, top_k)
                                                         : t == "candidates" ? candidate_configs(r)
                                                                             : std::vector<KernelConfig>{parse_kernel_tile(t)};

@@ -188,9 +188,8 @@ void name_by_hash(KernelSource& k, std::string source, const std::string& prefix
 KernelPath choose_path(const KernelRequest& r) {
   require(r.arch >= 60, "--arch " + arch_name(r.arch), "attnjit needs sm_60 or newer");
   require(r.head_dim >= 1 && r.head_dim_v >= 1, "--head-dim", "head dims must be positive");
-  if (r.dtype == DType::BF16) {
-    require(r.arch >= 80, "--dtype bf16", "bfloat16 needs sm_80 or newer; use fp16 or fp32 on " + arch_name(r.arch));
-  }
+  // Below sm_80 fp16 and bf16 take the SIMT path, which converts them to fp32 as it loads them and
+  // does all arithmetic in fp32: sm_60/61 have no fast half arithmetic, and bf16 has none before sm_80.
   if (r.dtype != DType::F32 && r.arch >= 80) {
     require(r.head_dim % 16 == 0 && r.head_dim_v % 16 == 0 && r.head_dim <= 256 && r.head_dim_v <= 256, "--head-dim",
             "the tensor-core path needs head dims that are multiples of 16 up to 256 (got " +

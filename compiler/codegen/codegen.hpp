@@ -56,9 +56,10 @@ struct KernelSource {
   std::string source_hash;    // sha256 of `source` (part of the cache key)
 };
 
-// The path a request takes: tensor cores for fp16/bf16 on sm_80+, SIMT otherwise. Rejects what no
-// path supports (head dims that are not multiples of 16 on the tensor path, bf16 before sm_80,
-// archs below sm_60) with a UserError naming the fix.
+// The path a request takes: tensor cores for fp16/bf16 on sm_80+, SIMT otherwise (fp32 arithmetic
+// on every dtype: fp16/bf16 are converted as they are loaded). Rejects what no path supports (head
+// dims that are not multiples of 16 on the tensor path, archs below sm_60) with a UserError naming
+// the fix.
 KernelPath choose_path(const KernelRequest& r);
 KernelConfig resolve_config(const KernelRequest& r);
 

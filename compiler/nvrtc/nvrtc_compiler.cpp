@@ -20,11 +20,8 @@
 #include <sstream>
 #include <thread>
 
+#include "compiler/nvrtc/nvrtc_library.hpp"
 #include "compiler/support/error.hpp"
-
-#if defined(ATTNJIT_HAVE_NVRTC)
-#include <nvrtc.h>
-#endif
 
 namespace attnjit {
 
@@ -48,12 +45,6 @@ std::optional<int> arch_number(const std::string& arch) {
   std::smatch m;
   if (!std::regex_match(arch, m, re)) return std::nullopt;
   return std::stoi(m[1]);
-}
-
-[[noreturn, maybe_unused]] void no_nvrtc() {
-  throw UserError("nvrtc",
-                  "attnjit was built without NVRTC, so it cannot compile kernels; install the CUDA toolkit "
-                  "(/usr/local/cuda) and rebuild");
 }
 
 // Line numbers that an NVRTC log names for this program: "<name>.cu(12): error: ...".
@@ -140,52 +131,53 @@ std::shared_mutex& nvrtc_fork_lock() {
   return mu;
 }
 
-#if defined(ATTNJIT_HAVE_NVRTC)
-
-void check_nvrtc(nvrtcResult r, const char* call) {
-  ATTNJIT_CHECK(r == NVRTC_SUCCESS, std::string(call) + " failed: " + nvrtcGetErrorString(r));
-}
-
-RawCompile run_nvrtc_unlocked(const CompileRequest& r, const std::vector<std::string>& options,
+RawCompile run_nvrtc_unlocked(const NvrtcLibrary& lib, const CompileRequest& r, const std::vector<std::string>& options,
                               CompileTarget target) {
-  nvrtcProgram prog = nullptr;
+  const NvrtcApi& api = lib.api;
+  auto check = [&](int result, const char* call) {
+    ATTNJIT_CHECK(result == 0, std::string(call) + " failed (NVRTC " + lib.version + " at " + lib.path +
+                                   "): " + api.get_error_string(result));
+  };
+  NvrtcApi::Program prog = nullptr;
   const std::string file = r.name + ".cu";
-  check_nvrtc(nvrtcCreateProgram(&prog, r.source.c_str(), file.c_str(), 0, nullptr, nullptr), "nvrtcCreateProgram");
+  check(api.create_program(&prog, r.source.c_str(), file.c_str(), 0, nullptr, nullptr), "nvrtcCreateProgram");
   struct Destroy {
-    nvrtcProgram* p;
-    ~Destroy() { nvrtcDestroyProgram(p); }
-  } destroy{&prog};
+    const NvrtcApi& api;
+    NvrtcApi::Program* p;
+    ~Destroy() { api.destroy_program(p); }
+  } destroy{api, &prog};
   std::vector<const char*> argv;
   for (const std::string& o : options) argv.push_back(o.c_str());
-  const nvrtcResult status = nvrtcCompileProgram(prog, static_cast<int>(argv.size()), argv.data());
+  const int status = api.compile_program(prog, static_cast<int>(argv.size()), argv.data());
   RawCompile out;
   size_t size = 0;
-  check_nvrtc(nvrtcGetProgramLogSize(prog, &size), "nvrtcGetProgramLogSize");
+  check(api.get_program_log_size(prog, &size), "nvrtcGetProgramLogSize");
   out.log.assign(size, '\0');
-  check_nvrtc(nvrtcGetProgramLog(prog, out.log.data()), "nvrtcGetProgramLog");
+  check(api.get_program_log(prog, out.log.data()), "nvrtcGetProgramLog");
   if (!out.log.empty() && out.log.back() == '\0') out.log.pop_back();
-  if (status != NVRTC_SUCCESS) {
+  if (status != 0) {
     // Rejected options come back as NVRTC_ERROR_INVALID_OPTION with the reason in the log.
-    if (out.log.empty()) out.log = std::string("nvrtc: ") + nvrtcGetErrorString(status);
+    if (out.log.empty()) out.log = std::string("nvrtc: ") + api.get_error_string(status);
     return out;
   }
   if (target == CompileTarget::Cubin) {
-    check_nvrtc(nvrtcGetCUBINSize(prog, &size), "nvrtcGetCUBINSize");
+    check(api.get_cubin_size(prog, &size), "nvrtcGetCUBINSize");
     out.output.resize(size);
-    check_nvrtc(nvrtcGetCUBIN(prog, reinterpret_cast<char*>(out.output.data())), "nvrtcGetCUBIN");
+    check(api.get_cubin(prog, reinterpret_cast<char*>(out.output.data())), "nvrtcGetCUBIN");
   } else {
-    check_nvrtc(nvrtcGetPTXSize(prog, &size), "nvrtcGetPTXSize");
+    check(api.get_ptx_size(prog, &size), "nvrtcGetPTXSize");
     out.output.resize(size);
-    check_nvrtc(nvrtcGetPTX(prog, reinterpret_cast<char*>(out.output.data())), "nvrtcGetPTX");
+    check(api.get_ptx(prog, reinterpret_cast<char*>(out.output.data())), "nvrtcGetPTX");
     if (!out.output.empty() && out.output.back() == 0) out.output.pop_back();
   }
   out.ok = true;
   return out;
 }
 
-RawCompile run_nvrtc(const CompileRequest& r, const std::vector<std::string>& options, CompileTarget target) {
+RawCompile run_nvrtc(const NvrtcLibrary& lib, const CompileRequest& r, const std::vector<std::string>& options,
+                     CompileTarget target) {
   std::shared_lock<std::shared_mutex> lock(nvrtc_fork_lock());
-  return run_nvrtc_unlocked(r, options, target);
+  return run_nvrtc_unlocked(lib, r, options, target);
 }
 
 // The child's message on the pipe: u64 total length, u8 kind (0 compiled, 1 rejected, 2 an
@@ -201,11 +193,11 @@ uint64_t get_u64(const std::string& s, size_t& pos) {
   return v;
 }
 
-[[noreturn]] void child_main(int fd, const CompileRequest& r, const std::vector<std::string>& options,
+[[noreturn]] void child_main(int fd, const NvrtcLibrary& lib, const CompileRequest& r, const std::vector<std::string>& options,
                              CompileTarget target) {
   std::string body;
   try {
-    RawCompile c = run_nvrtc_unlocked(r, options, target);
+    RawCompile c = run_nvrtc_unlocked(lib, r, options, target);
     body.push_back(c.ok ? 0 : 1);
     put_u64(body, c.log.size());
     body += c.log;
@@ -230,7 +222,7 @@ uint64_t get_u64(const std::string& s, size_t& pos) {
   _exit(0);  // no atexit handlers or static destructors: they belong to the parent
 }
 
-RawCompile run_nvrtc_with_timeout(const CompileRequest& r, const std::vector<std::string>& options,
+RawCompile run_nvrtc_with_timeout(const NvrtcLibrary& lib, const CompileRequest& r, const std::vector<std::string>& options,
                                   CompileTarget target) {
   int fds[2];
   if (pipe(fds) != 0) throw UserError("timeout_seconds", std::string("cannot create a pipe: ") + std::strerror(errno));
@@ -246,7 +238,7 @@ RawCompile run_nvrtc_with_timeout(const CompileRequest& r, const std::vector<std
   }
   if (pid == 0) {
     ::close(fds[0]);
-    child_main(fds[1], r, options, target);
+    child_main(fds[1], lib, r, options, target);
   }
   ::close(fds[1]);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(r.timeout_seconds);
@@ -305,27 +297,31 @@ RawCompile run_nvrtc_with_timeout(const CompileRequest& r, const std::vector<std
   return out;
 }
 
-#endif  // ATTNJIT_HAVE_NVRTC
+// The NVRTC that compiles for `arch`, or a UserError that says what was found and how to get one.
+NvrtcLibrary nvrtc_for(const std::string& arch) {
+  if (std::optional<NvrtcLibrary> lib = nvrtc_for_arch(*arch_number(arch))) return std::move(*lib);
+  const NvrtcSearch search = nvrtc_search();
+  std::string why = "no NVRTC found here compiles for " + arch;
+  if (!search.found.empty() && *arch_number(arch) < 75) {
+    why += " (CUDA 13 dropped sm_50 to sm_72; CUDA 12's NVRTC still targets them: "
+           "`pip install nvidia-cuda-nvrtc-cu12`)";
+  }
+  throw UserError("arch", why + "\n" + describe_nvrtc_search(search));
+}
 
 // Compiles (in process, or in a child when there is a timeout) and throws CompileError on failure.
-RawCompile compile_or_throw(const CompileRequest& r, const std::vector<std::string>& options, CompileTarget target) {
-#if defined(ATTNJIT_HAVE_NVRTC)
+RawCompile compile_or_throw(const CompileRequest& r, const std::vector<std::string>& options, CompileTarget target,
+                            std::string* version = nullptr) {
   if (r.name.empty()) throw UserError("name", "a compile request needs a program name (e.g. attnjit_fwd_ab12cd)");
-  const std::vector<std::string> archs = supported_archs();
-  if (std::find(archs.begin(), archs.end(), "sm_" + std::to_string(*arch_number(r.arch))) == archs.end()) {
-    throw UserError("arch", "NVRTC " + nvrtc_version() + " cannot compile for " + r.arch + "; it supports " +
-                                join(archs, ", ") + " (and their a/f variants where the arch has them)");
-  }
   if (!(r.timeout_seconds >= 0) || !std::isfinite(r.timeout_seconds)) {
     throw UserError("timeout_seconds", "must be a finite number of seconds >= 0 (0: no timeout)");
   }
-  RawCompile c = r.timeout_seconds > 0 ? run_nvrtc_with_timeout(r, options, target) : run_nvrtc(r, options, target);
+  const NvrtcLibrary lib = nvrtc_for(r.arch);
+  if (version) *version = lib.version;
+  RawCompile c = r.timeout_seconds > 0 ? run_nvrtc_with_timeout(lib, r, options, target) : run_nvrtc(lib, r, options, target);
   const std::string arch = target == CompileTarget::Cubin ? r.arch : "compute_" + r.arch.substr(3);
   if (!c.ok) throw CompileError(r.name, arch, "", options, c.log, r.source);
   return c;
-#else
-  no_nvrtc();
-#endif
 }
 
 }  // namespace
@@ -362,7 +358,7 @@ CompileResult compile_cubin(const CompileRequest& request) {
   CompileResult result;
   result.options = canonical_options(request, CompileTarget::Cubin);
   const auto start = std::chrono::steady_clock::now();
-  RawCompile c = compile_or_throw(request, result.options, CompileTarget::Cubin);
+  RawCompile c = compile_or_throw(request, result.options, CompileTarget::Cubin, &result.nvrtc_version);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.cubin = std::move(c.output);
   result.log = std::move(c.log);
@@ -404,36 +400,29 @@ std::vector<std::variant<CompileResult, std::string>> compile_many(
   return results;
 }
 
-bool nvrtc_available() {
-#if defined(ATTNJIT_HAVE_NVRTC)
-  return true;
-#else
-  return false;
-#endif
-}
+bool nvrtc_available() { return !nvrtc_search().found.empty(); }
 
 std::string nvrtc_version() {
-#if defined(ATTNJIT_HAVE_NVRTC)
-  int major = 0, minor = 0;
-  check_nvrtc(nvrtcVersion(&major, &minor), "nvrtcVersion");
-  return std::to_string(major) + "." + std::to_string(minor);
-#else
-  no_nvrtc();
-#endif
+  const NvrtcSearch search = nvrtc_search();
+  if (search.found.empty()) throw UserError("nvrtc", "attnjit cannot compile kernels: " + describe_nvrtc_search(search));
+  return search.found.front().version;
+}
+
+std::string nvrtc_version_for(const std::string& arch) {
+  const std::optional<int> number = arch_number(arch);
+  if (!number) throw UserError("arch", "'" + arch + "' is not a GPU architecture name; use sm_XX, e.g. sm_80 or sm_90a");
+  const std::optional<NvrtcLibrary> lib = nvrtc_for_arch(*number);
+  return lib ? lib->version : "";
 }
 
 std::vector<std::string> supported_archs() {
-#if defined(ATTNJIT_HAVE_NVRTC)
-  int count = 0;
-  check_nvrtc(nvrtcGetNumSupportedArchs(&count), "nvrtcGetNumSupportedArchs");
-  std::vector<int> numbers(static_cast<size_t>(count));
-  check_nvrtc(nvrtcGetSupportedArchs(numbers.data()), "nvrtcGetSupportedArchs");
+  const NvrtcSearch search = nvrtc_search();
+  if (search.found.empty()) throw UserError("nvrtc", "attnjit cannot compile kernels: " + describe_nvrtc_search(search));
+  std::set<int> numbers;
+  for (const NvrtcLibrary& lib : search.found) numbers.insert(lib.archs.begin(), lib.archs.end());
   std::vector<std::string> out;
   for (int n : numbers) out.push_back("sm_" + std::to_string(n));
   return out;
-#else
-  no_nvrtc();
-#endif
 }
 
 }  // namespace attnjit

@@ -1,6 +1,7 @@
-// NVRTC straight to CUBIN for the exact arch (DESIGN.md section 2, "Compile + cache"). A failed
-// compile shows everything a person needs to find the bug: the generated source with line numbers,
-// the NVRTC log and the exact options (STYLE.md item 3). No GPU is needed to compile.
+// NVRTC straight to CUBIN for the exact arch (DESIGN.md section 2, "Compile + cache"), by the
+// newest NVRTC found that targets it (nvrtc_library.hpp). A failed compile shows everything a
+// person needs to find the bug: the generated source with line numbers, the NVRTC log and the
+// exact options (STYLE.md item 3). No GPU is needed to compile.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,7 @@ struct CompileResult {
   double seconds = 0;        // wall time of the compile
   std::vector<std::string> options;  // canonical_options(request)
   std::vector<ResourceUsage> usage;  // inspect_cubin(cubin) plus the spills ptxas reported
+  std::string nvrtc_version;         // of the NVRTC that compiled it, "12.9"
 };
 
 // Thrown when NVRTC rejects the program or runs out of time. what() holds, in this order:
@@ -70,7 +72,8 @@ std::string numbered_source(const std::string& source, const std::vector<int>& m
 
 // NVRTC to CUBIN. With timeout_seconds > 0 the compile runs in a fork()ed child (NVRTC cannot be
 // interrupted) that is killed when time runs out: CompileError whose reason says "timed out".
-// UserError when attnjit was built without NVRTC or the arch is one NVRTC cannot target.
+// UserError when no NVRTC found targets the arch (the message lists what was found and how to
+// get one).
 CompileResult compile_cubin(const CompileRequest& request);
 
 // The same program as PTX for the virtual arch (sm_80 -> compute_80); same errors as compile_cubin.
@@ -83,8 +86,9 @@ std::vector<std::variant<CompileResult, std::string>> compile_many(
     const std::vector<CompileRequest>& requests, int jobs,
     std::function<void(size_t done, size_t total)> progress = {});
 
-bool nvrtc_available();                 // false when attnjit was built without NVRTC
-std::string nvrtc_version();            // "13.0"; UserError without NVRTC
-std::vector<std::string> supported_archs();  // "sm_75", "sm_80", ... as NVRTC lists them; UserError without NVRTC
+bool nvrtc_available();                      // some NVRTC was found
+std::string nvrtc_version();                 // the newest found, "13.0"; UserError without any
+std::string nvrtc_version_for(const std::string& arch);  // the one that compiles `arch`; "" when none does
+std::vector<std::string> supported_archs();  // "sm_50", ..., "sm_121": every arch some NVRTC found targets; UserError without any
 
 }  // namespace attnjit

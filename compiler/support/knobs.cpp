@@ -158,6 +158,8 @@ const KnobSpec kKnobs[] = {
      [](const Knobs& k) { return std::to_string(k.max_weights); }},
     {"ATTNJIT_SHIPPED_DB_DIR", [](const char*, const std::string& v, Knobs& k) { k.shipped_db_dir = v; },
      [](const Knobs& k) { return k.shipped_db_dir; }},
+    {"ATTNJIT_NVRTC", [](const char*, const std::string& v, Knobs& k) { k.nvrtc = v; },
+     [](const Knobs& k) { return k.nvrtc; }},
     {"ATTNJIT_CPU_SIMD", [](const char* n, const std::string& v, Knobs& k) { parse_cpu_simd(n, v, k.cpu_simd); },
      [](const Knobs& k) { return std::string(cpu_simd_name(k.cpu_simd)); }},
     {"ATTNJIT_EMU_CXX", [](const char*, const std::string& v, Knobs& k) { k.emu_cxx = v; },

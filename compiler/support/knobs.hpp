@@ -42,6 +42,9 @@ struct Knobs {
   // ATTNJIT_SHIPPED_DB_DIR: the shipped tuning databases (default: the source tree's autotune_db/,
   // compiled in; "none": no shipped databases, only the user's).
   std::string shipped_db_dir = default_shipped_db_dir();
+  // ATTNJIT_NVRTC: the NVRTC libraries to compile with, files or folders separated by ':', used
+  // instead of searching (compiler/nvrtc/nvrtc_library.hpp); "none": no NVRTC at all; unset: search.
+  std::string nvrtc;
   CpuSimd cpu_simd = CpuSimd::Auto;     // ATTNJIT_CPU_SIMD=auto|generic|avx2: the CPU device's tile arithmetic
   // The CPU emulator (Device::emu()):
   std::string emu_cxx = "c++";          // ATTNJIT_EMU_CXX: the host C++ compiler (g++ or clang++) kernels are built with

@@ -37,10 +37,11 @@ const char* to_string(LookupResult::Source s) {
   return "?";
 }
 
-DbMetadata running_metadata() {
+DbMetadata running_metadata(int arch) {
   DbMetadata m;
   m.attnjit_version = ATTNJIT_VERSION;
-  m.nvrtc_version = nvrtc_available() ? nvrtc_version() : "none";
+  m.nvrtc_version = arch > 0 ? nvrtc_version_for("sm_" + std::to_string(arch)) : nvrtc_available() ? nvrtc_version() : "";
+  if (m.nvrtc_version.empty()) m.nvrtc_version = "none";
   return m;
 }
 
@@ -153,8 +154,12 @@ auto key_order(const TuneKey& k) {
   return std::tie(k.gpu, k.sm_count, k.arch, k.pattern_signature, k.head_dim, k.head_dim_v, k.dtype, k.backward, k.seq_bucket);
 }
 
+// "13.2" -> "13": a minor NVRTC release keeps the code a tile choice was timed on close enough (and
+// several NVRTCs of one major version are often installed side by side: the toolkit's, PyPI's).
+std::string nvrtc_major(const std::string& version) { return version.substr(0, version.find('.')); }
+
 bool same_versions(const DbMetadata& a, const DbMetadata& b) {
-  return a.attnjit_version == b.attnjit_version && a.nvrtc_version == b.nvrtc_version;
+  return a.attnjit_version == b.attnjit_version && nvrtc_major(a.nvrtc_version) == nvrtc_major(b.nvrtc_version);
 }
 
 // ---- files --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@
 //                 "tuned_at": "2025-01-31T12:00:00Z"}]}
 //
 // Times that are +inf (pruned or failed candidates) are written as null. Entries tuned with another
-// attnjit or NVRTC version are untrusted: the kernels they timed may differ from today's. Writers
+// attnjit version or NVRTC major version are untrusted: the kernels they timed may differ from today's. Writers
 // lock <file>.lock, re-read, merge and rename a temp file into place; readers take no lock.
 #pragma once
 
@@ -33,8 +33,9 @@ struct DbMetadata {
   int sm_count = 0, arch = 0;
 };
 
-// This build's attnjit version and NVRTC version ("none" without NVRTC); no GPU fields.
-DbMetadata running_metadata();
+// This build's attnjit version and the version of the NVRTC that compiles for `arch` (90 for
+// sm_90; 0: the newest found), "none" without one; no GPU fields.
+DbMetadata running_metadata(int arch = 0);
 
 struct DbEntry {
   TuneKey key;

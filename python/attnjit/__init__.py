@@ -24,13 +24,33 @@ from ._attention import attention  # noqa: E402
 from ._tools import dump, precompile  # noqa: E402
 from . import _attnjit  # noqa: E402
 
+
+def _register_nvrtc_wheels():
+    # PyPI's NVRTC wheels (nvidia-cuda-nvrtc: nvidia/cu13/lib; nvidia-cuda-nvrtc-cu12:
+    # nvidia/cuda_nvrtc/lib) wherever this interpreter imports them from, virtual environments
+    # included; the library searches them next to the CUDA toolkit (compiler/nvrtc/nvrtc_library.hpp).
+    import importlib.util
+
+    for package in ("nvidia.cu13", "nvidia.cu12", "nvidia.cuda_nvrtc"):
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            lib = _os.path.join(folder, "lib")
+            if _os.path.isdir(lib):
+                _attnjit._add_nvrtc_search_path(lib)
+
+
+_register_nvrtc_wheels()
 __version__ = _attnjit.info()["version"]
 __all__ = ["AttnjitError", "PatternError", "Pattern", "attention", "dump", "info", "nn", "precompile"]
 
 
 def info():
-    """The version, the NVRTC version, the kernel cache directory, the shipped tuning databases'
-    folder, the CPU executor's instruction set, and the CUDA driver and GPUs seen."""
+    """The version, the NVRTCs found (each with its path, what found it, the archs it targets and
+    the archs it serves: those no newer one targets), the kernel cache directory, the shipped
+    tuning databases' folder, the CPU executor's instruction set, and the CUDA driver and GPUs seen."""
     return _attnjit.info()
 
 

@@ -543,7 +543,7 @@ std::vector<Case> random_cases(uint64_t seed, int count, bool scale_lengths) {
 // Small shapes for the emulator: every example at each dtype, head dims 32..256, GQA, offsets,
 // three heads at least (seed_dilated has a group per branch),
 // [B, H, S, D] and padded layouts, lengths that are no multiple of any tile, and the SIMT path
-// for fp16 through sm_75.
+// for fp16 through sm_75 and for bf16 through sm_61 (Pascal: fp32 arithmetic on half storage).
 std::vector<Case> emu_example_cases() {
   std::vector<Case> cases;
   uint64_t seed = 7000;
@@ -561,6 +561,7 @@ std::vector<Case> emu_example_cases() {
     add("fp16-d96-chunk", make_shape(1, 130, 260, 3, 3, 96, 130, 0), DType::F16, Mem::BSHD);
     add("fp32-d32-chunk", make_shape(1, 111, 211, 4, 1, 32, 100, 0), DType::F32, Mem::Padded);
     add("fp16-d32-sm75", make_shape(1, 120, 120, 3, 1, 32), DType::F16, Mem::BSHD, 75);
+    add("bf16-d64-sm61", make_shape(1, 90, 90, 3, 3, 64), DType::BF16, Mem::BSHD, 61);
   }
   return cases;
 }
@@ -570,7 +571,7 @@ std::vector<Case> emu_example_cases() {
 // or 32 rows per warp, SIMT tiles 16/32/64 x 16/32), plus a 4-stage pipeline and a 64-row tile of
 // two 32-row warps, on a pattern with causal and dilated branches at lengths that are no multiple
 // of any tile (so residue tiles leave some warps without rows). Head dim 256 has its own, smaller set; on the emulator
-// fp16 also runs the SIMT candidates of sm_75.
+// fp16 also runs the SIMT candidates of sm_75, and bf16 those of sm_61.
 std::vector<Case> config_cases(int64_t seq, int arch) {
   const Pattern p = PatternBuilder()
                         .branch(BranchSpec().segment(128).dilation(1).causal())
@@ -578,7 +579,10 @@ std::vector<Case> config_cases(int64_t seq, int arch) {
                         .build();
   struct Kind { DType dtype; int head_dim, arch; };
   std::vector<Kind> kinds = {{DType::BF16, 64, arch}, {DType::F16, 128, arch}, {DType::F32, 64, arch}, {DType::BF16, 256, arch}};
-  if (target() == Target::Emu) kinds.push_back({DType::F16, 64, 75});
+  if (target() == Target::Emu) {
+    kinds.push_back({DType::F16, 64, 75});
+    kinds.push_back({DType::BF16, 64, 61});
+  }
   std::vector<Case> cases;
   for (const Kind& kind : kinds) {
     KernelRequest r;
@@ -586,7 +590,7 @@ std::vector<Case> config_cases(int64_t seq, int arch) {
     r.dtype = kind.dtype;
     r.arch = kind.arch;
     std::vector<KernelConfig> configs = candidate_configs(r);
-    if (kind.dtype == DType::BF16 && kind.head_dim == 64) {
+    if (kind.dtype == DType::BF16 && kind.head_dim == 64 && kind.arch >= 80) {
       configs.push_back({128, 64, 4});    // fits at head dim 64
       configs.push_back({64, 64, 2, 2});  // 32 rows per warp in a 64-row tile
     }
@@ -612,8 +616,10 @@ TEST_CASE("every example pattern matches the float64 reference in the emulator",
 TEST_CASE("random patterns match the float64 reference in the emulator", "[emu][attention][random]") {
   if (target() != Target::Emu) { WARN("SKIPPED: an emulator case (ATTNJIT_GPU_TESTS_DEVICE=emu)"); return; }
   std::vector<Case> cases = random_cases(2026, int(env_number("ATTNJIT_GPU_TESTS_RANDOM", 200)), true);
-  for (size_t n = 0; n < cases.size(); n += 5)
+  for (size_t n = 0; n < cases.size(); n += 5) {
     if (cases[n].dtype == DType::F16) cases[n].arch = 75;  // the SIMT path for half too
+    if (cases[n].dtype == DType::BF16) cases[n].arch = 61;  // and for bf16 on Pascal
+  }
   check_cases("emu-random", cases);
 }
 

@@ -158,6 +158,28 @@ TEST_CASE("backward: every example pattern matches the reference gradients", "[g
   }
 }
 
+TEST_CASE("backward: Pascal's kernels (sm_61: SIMT, fp32 arithmetic on fp16/bf16) match the reference gradients",
+          "[emu][grad][pascal]") {
+  if (gputest::target() != gputest::Target::Emu) {
+    WARN("SKIPPED: an emulator case (ATTNJIT_GPU_TESTS_DEVICE=emu): it runs sm_61's kernels whatever the GPU");
+    return;
+  }
+  RuntimeOptions ro;
+  ro.device = Device::emu(61);
+  Runtime rt(ro);
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(ATTNJIT_EXAMPLES_DIR)) {
+    if (e.path().extension() != ".json" || e.path().stem() == "manifest") continue;
+    const Pattern p = load_spec_file(e.path().string());
+    for (const DType dt : {DType::F16, DType::BF16}) {
+      Shape s;
+      s.batch = 1, s.seq_q = s.seq_k = 130, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 64;
+      INFO(e.path().filename().string() << " " << to_string(dt));
+      CHECK(check_backward(rt, p, s, dt, nullptr, 300 + n++) == "");
+    }
+  }
+}
+
 TEST_CASE("backward: random patterns match the reference gradients", "[gpu][emu][grad][random]") {
   if (on_gpu()) shared_context(0).make_current();
   RuntimeOptions ro;

@@ -121,7 +121,7 @@ TEST_CASE("memory round trips: plain, stream-ordered, memset", "[gpu]") {
 TEST_CASE("a CUBIN compiled by NVRTC loads, launches and writes its pattern", "[gpu]") {
   SKIP_WITHOUT_GPU();
   if (!nvrtc_available()) {
-    WARN("SKIPPED: attnjit was built without NVRTC");
+    WARN("SKIPPED: no NVRTC found (`attnjit info` says where it looked)");
     return;
   }
   const DeviceInfo d = device_info(0);

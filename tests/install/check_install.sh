@@ -42,6 +42,9 @@ foreign+=$(grep -i 'nlohmann\|eigen' <<<"$exported" || true)
 # Nothing installed points back into the build tree.
 runpaths=$(readelf -d "$lib" "$prefix/bin/attnjit" | grep -E 'R(UN)?PATH' || true)
 [[ "$runpaths" != *"$build"* ]] || fail "an installed RUNPATH names the build tree: $runpaths"
+# NVRTC is loaded at run time (compiler/nvrtc/nvrtc_library.hpp), never linked.
+needed=$(readelf -d "$lib" "$prefix/bin/attnjit" | grep NEEDED)
+[[ "$needed" != *nvrtc* ]] || fail "an installed binary links NVRTC: $(grep nvrtc <<<"$needed")"
 
 # The consumer, found through CMAKE_PREFIX_PATH alone.
 cmake -S "$root/examples/consumer" -B "$tmp/consumer" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$cxx" \

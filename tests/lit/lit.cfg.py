@@ -49,6 +49,29 @@ if os.access(build_dir, os.W_OK):
 else:
     config.test_exec_root = tempfile.mkdtemp(prefix="attnjit-lit-")
 
+# %attnjit_path: the binary's path as a plain argument (readelf), never a command.
+config.substitutions.append(("%attnjit_path", attnjit))
+
+# NVRTCs the nvrtc/ tests choose between with ATTNJIT_NVRTC: the CUDA toolkit's (feature
+# nvrtc-toolkit) and CUDA 12's from PyPI, nvidia-cuda-nvrtc-cu12 (feature nvrtc12), which
+# tools/setup_deps.sh installs. A test that needs one that is missing is reported UNSUPPORTED.
+import glob
+import subprocess
+
+toolkit_nvrtc = None
+for root in [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]:
+    if root and glob.glob(os.path.join(root, "lib64", "libnvrtc.so.*")):
+        toolkit_nvrtc = os.path.join(root, "lib64")
+        break
+if toolkit_nvrtc:
+    config.available_features.add("nvrtc-toolkit")
+    config.substitutions.append(("%nvrtc_toolkit", toolkit_nvrtc))
+found = subprocess.run([sys.executable, "-c", "import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))"],
+                       capture_output=True, text=True)
+if found.returncode == 0 and glob.glob(os.path.join(found.stdout.strip(), "libnvrtc.so.12")):
+    config.available_features.add("nvrtc12")
+    config.substitutions.append(("%nvrtc12", found.stdout.strip()))
+
 # %examples first: lit applies substitutions in order. The tool names are replaced only as whole
 # words, never inside a path or a longer name (%t/attnjit.npy, attnjit-pattern).
 config.substitutions.append(("%examples", examples))

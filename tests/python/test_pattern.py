@@ -184,3 +184,23 @@ def test_hierarchical_layouts_keep_what_some_level_keeps():
     got = p.mask(S, 1)
     assert got.shape == (1, S, S)
     assert (got[0] == want).all()
+
+
+def test_info_lists_the_nvrtc_wheels_the_package_registered():
+    # The package registers PyPI's NVRTC wheels it can import (attnjit/__init__.py); with CUDA 12's
+    # (nvidia-cuda-nvrtc-cu12, installed by tools/setup_deps.sh) Pascal and Volta compile through it.
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
+    if spec is None or os.environ.get("ATTNJIT_NVRTC"):
+        pytest.skip("needs the nvidia-cuda-nvrtc-cu12 wheel and no ATTNJIT_NVRTC (which replaces the search)")
+    wheel_lib = os.path.realpath(os.path.join(list(spec.submodule_search_locations)[0], "lib"))
+    info = attnjit.info()
+    cuda12 = [n for n in info["nvrtc"] if n["version"].startswith("12.")]
+    assert len(cuda12) == 1, info["nvrtc"]
+    assert os.path.dirname(cuda12[0]["path"]) == wheel_lib
+    assert 61 in cuda12[0]["serves"] and 70 in cuda12[0]["serves"] and 61 in cuda12[0]["archs"]
+    newest = info["nvrtc"][0]
+    assert newest["version"] == info["nvrtc_version"]
+    if not newest["version"].startswith("12."):
+        assert 90 in newest["serves"] and 90 not in cuda12[0]["serves"]

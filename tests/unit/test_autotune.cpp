@@ -418,6 +418,12 @@ TEST_CASE("entries tuned with another attnjit or NVRTC version are ignored", "[a
   nvrtc.nvrtc_version = "1.0";
   write_text(file, serialize_tuning_db(nvrtc, {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z"}}));
   CHECK(TuningDb({file}, meta()).lookup(key_for(4096)).source == LookupResult::Source::Heuristic);
+  // Another minor release of the same NVRTC is trusted (13.0's entries under 13.2).
+  DbMetadata minor = meta();
+  minor.nvrtc_version = minor.nvrtc_version.substr(0, minor.nvrtc_version.find('.')) + ".99";
+  write_text(file, serialize_tuning_db(minor, {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z"}}));
+  CHECK(TuningDb({file}, meta()).lookup(key_for(4096)).source == LookupResult::Source::Exact);
+  write_text(file, serialize_tuning_db(nvrtc, {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z"}}));
   // Recording with today's versions starts the file afresh.
   TuningDb({file}).record(file, key_for(8192), result_for(kC), meta());
   const TuningDb fresh({file}, meta());

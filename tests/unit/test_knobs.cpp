@@ -24,7 +24,7 @@ const std::vector<std::string> kAllVariables = {
     "ATTNJIT_CACHE_DIR", "ATTNJIT_DISABLE_CACHE",   "ATTNJIT_ALWAYS_COMPILE",  "ATTNJIT_NO_JIT", "ATTNJIT_DUMP_DIR",
     "ATTNJIT_LOG_LEVEL", "ATTNJIT_CACHE_MAX_BYTES", "ATTNJIT_PRINT_AUTOTUNING", "ATTNJIT_TUNE",  "XDG_CACHE_HOME",
     "HOME", "ATTNJIT_DETERMINISTIC", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT",
-    "ATTNJIT_CPU_SIMD", "ATTNJIT_MAX_WEIGHTS"};
+    "ATTNJIT_CPU_SIMD", "ATTNJIT_MAX_WEIGHTS", "ATTNJIT_NVRTC"};
 
 // Clears every variable the knobs read and restores the caller's environment afterwards.
 class CleanEnvironment {
@@ -222,6 +222,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_DETERMINISTIC=0\n"
         "ATTNJIT_MAX_WEIGHTS=268435456\n"
         "ATTNJIT_SHIPPED_DB_DIR=none\n"
+        "ATTNJIT_NVRTC=\n"
         "ATTNJIT_CPU_SIMD=auto\n"
         "ATTNJIT_EMU_CXX=c++\n"
         "ATTNJIT_EMU_SEED=0\n"
