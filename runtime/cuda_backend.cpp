@@ -80,7 +80,7 @@ public:
   CudaBackend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir, const KernelConfig& config,
               const KernelConfig& backward_config, const TemplateSet& templates)
       : pattern_(p), problem_(pb), device_(device), cache_dir_(cache_dir), context_(shared_context(device)) {
-    context_.make_current();
+    const ScopedCurrentContext current(context_);
     const DeviceInfo info = device_info(device);
     KernelRequest r;
     r.head_dim = static_cast<int>(pb.head_dim);
@@ -91,7 +91,6 @@ public:
     source_ = generate_kernel(p, r, templates);
     KernelCompiler compiler(kernel_cache_for(cache_dir), knobs());
     kernel_ = compiler.get(source_);
-    context_.make_current();
     module_ = load_module(device, *kernel_);
     function_ = module_->function(source_.name);
     if (source_.shared_bytes > 48 * 1024) {
@@ -107,7 +106,7 @@ public:
   }
 
   void upload(PlanEntry& entry, const DynamicLayout* dynamic) override {
-    context_.make_current();
+    const ScopedCurrentContext current(context_);
     auto t = std::make_shared<GpuTables>();
     upload_tables(*t, entry.plan, dynamic);
     // A copy from pageable memory may return before the DMA lands, and a launch on a
@@ -120,7 +119,7 @@ public:
   // and lse taken after the caller's stream has finished, then copied into w.
   void weights(const PlanEntry& entry, const Pattern& pattern, const TensorView& q, const TensorView& k,
                const TensorView& lse, const TensorView& w, const ForwardOptions& options) override {
-    context_.make_current();
+    const ScopedCurrentContext current(context_);
     check_device_memory({{"q", &q}, {"k", &k}, {"lse", &lse}, {"w", &w}});
     synchronize(static_cast<CUstream>(options.stream), "waiting for the forward before computing weights");
     std::vector<std::vector<uint8_t>> copies;
@@ -141,12 +140,11 @@ public:
   void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, const ForwardOptions& options) override {
-    context_.make_current();
+    const ScopedCurrentContext current(context_);
     check_device_memory({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
     std::call_once(bwd_once_, [&] {
       KernelCompiler compiler(kernel_cache_for(cache_dir_), knobs());
       bwd_kernel_ = compiler.get(bwd_.source);
-      context_.make_current();
       bwd_module_ = load_module(device_, *bwd_kernel_);
       // The tensor-core gradient kernels may need the opt-in above 48 KB of shared memory.
       const DeviceInfo info = device_info(device_);
@@ -196,10 +194,13 @@ public:
     KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, q, k, v, o, lse, dout, dq, dk, dv, options);
     void* args[] = {&bp};
     const BackwardGrids g = backward_grids(pb, bwd_, size_t(f.num_items), plans.key_major, options.deterministic);
-    auto run = [&](const std::string& kernel, uint64_t gx, uint64_t gy, int threads, int shared_bytes) {
+    auto run = [&](const std::string& kernel, uint64_t gx, int64_t batch, int threads, int shared_bytes) {
       if (gx == 0) return;
-      launch(bwd_module_->function(kernel), static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1, static_cast<unsigned>(threads),
-             static_cast<unsigned>(shared_bytes), stream, args, kernel + " grid=(" + std::to_string(gx) + "," + std::to_string(gy) + ") block=" + std::to_string(threads));
+      const BatchGrid b = batch_grid(batch);
+      launch(bwd_module_->function(kernel), static_cast<unsigned>(gx), b.y, b.z, static_cast<unsigned>(threads),
+             static_cast<unsigned>(shared_bytes), stream, args,
+             kernel + " grid=(" + std::to_string(gx) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
+                 ") block=" + std::to_string(threads));
     };
     run(bwd_.pre, g.pre, pb.batch, bwd_.aux_threads, 0);
     run(bwd_.dq, g.dq, pb.batch, bwd_.dq_threads, bwd_.dq_shared_bytes);
@@ -212,7 +213,7 @@ public:
 
   void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView* lse, const ForwardOptions& options) override {
-    context_.make_current();
+    const ScopedCurrentContext current(context_);
     check_device_memory({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", lse}});
     const auto& t = *static_cast<const GpuTables*>(entry.device_state.get());
     if (t.num_items == 0) return;
@@ -222,10 +223,10 @@ public:
                               reinterpret_cast<const int64_t*>(t.doc_base.get()), t.doc_rows};
     KernelParams kp = kernel_params(entry.plan, problem_, tables, q, k, v, o, lse, options);
     void* args[] = {&kp};
-    launch(function_, static_cast<unsigned>(t.num_items), static_cast<unsigned>(problem_.batch), 1,
-           static_cast<unsigned>(source_.threads), static_cast<unsigned>(source_.shared_bytes),
-           static_cast<CUstream>(options.stream), args,
-           source_.name + " grid=(" + std::to_string(t.num_items) + "," + std::to_string(problem_.batch) +
+    const BatchGrid b = batch_grid(problem_.batch);
+    launch(function_, static_cast<unsigned>(t.num_items), b.y, b.z, static_cast<unsigned>(source_.threads),
+           static_cast<unsigned>(source_.shared_bytes), static_cast<CUstream>(options.stream), args,
+           source_.name + " grid=(" + std::to_string(t.num_items) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
                ") block=" + std::to_string(source_.threads) + " smem=" + std::to_string(source_.shared_bytes));
   }
 

@@ -260,6 +260,17 @@ void Context::make_current() const {
   check(api().cuCtxSetCurrent(ctx_), "cuCtxSetCurrent", "GPU " + std::to_string(ordinal_));
 }
 
+ScopedCurrentContext::ScopedCurrentContext(const Context& context) {
+  previous_ = current_context();
+  if (previous_ == context.handle()) return;
+  context.make_current();
+  switched_ = true;
+}
+
+ScopedCurrentContext::~ScopedCurrentContext() {
+  if (switched_) CudaDriver::get().api().cuCtxSetCurrent(previous_);  // errors ignored: a destructor must not throw
+}
+
 Context& shared_context(int ordinal) {
   static std::mutex mu;
   static auto* contexts = new std::map<int, std::unique_ptr<Context>>;  // never destroyed, on purpose

@@ -209,6 +209,22 @@ private:
   CUcontext ctx_ = nullptr;
 };
 
+// Makes `context` current on the calling thread for a scope, then restores the context that was
+// current before (none included): every call into attnjit leaves the caller's thread as it found
+// it, so a program (or PyTorch) that uses another context on that thread keeps it. Throws when
+// the context cannot be made current; restoring never throws.
+class ScopedCurrentContext {
+public:
+  explicit ScopedCurrentContext(const Context& context);
+  ~ScopedCurrentContext();
+  ScopedCurrentContext(const ScopedCurrentContext&) = delete;
+  ScopedCurrentContext& operator=(const ScopedCurrentContext&) = delete;
+
+private:
+  CUcontext previous_ = nullptr;
+  bool switched_ = false;
+};
+
 // The process-wide retained primary context of a device, created on first use and never released
 // (thread-safe). Objects below remember the context current at their creation and make it
 // current again in their destructors, so keep that context alive as long as they are.

@@ -146,7 +146,8 @@ public:
     void* args[] = {&kp};
     emu::LaunchRequest r;
     r.grid[0] = static_cast<unsigned>(t.plan.items.size());
-    r.grid[1] = static_cast<unsigned>(problem_.batch);
+    r.grid[1] = batch_grid(problem_.batch).y;
+    r.grid[2] = batch_grid(problem_.batch).z;
     r.block_threads = static_cast<unsigned>(source_.threads);
     r.dynamic_shared = static_cast<size_t>(source_.shared_bytes);
     r.args = args;
@@ -212,12 +213,13 @@ public:
                                          rebased(o, io), rebased(lse, il), rebased(dout, ido), rebased(dq, idq),
                                          rebased(dk, idk), rebased(dv, idv), options);
     void* args[] = {&bp};
-    auto launch = [&](const std::string& kernel, uint64_t grid_x, uint64_t grid_y, int threads, int shared_bytes) {
+    auto launch = [&](const std::string& kernel, uint64_t grid_x, int64_t batch, int threads, int shared_bytes) {
       if (grid_x == 0) return;
       emu::LaunchRequest r;
       r.kernel = kernel;
       r.grid[0] = static_cast<unsigned>(grid_x);
-      r.grid[1] = static_cast<unsigned>(grid_y);
+      r.grid[1] = batch_grid(batch).y;
+      r.grid[2] = batch_grid(batch).z;
       r.block_threads = static_cast<unsigned>(threads);
       r.dynamic_shared = static_cast<size_t>(shared_bytes);
       r.args = args;

@@ -29,12 +29,14 @@ void check_view(const char* name, const TensorView& t, const std::vector<int64_t
   if (t.dtype != dtype) {
     throw UserError(name, std::string("has dtype ") + to_string(t.dtype) + " but must be " + to_string(dtype));
   }
-  if (t.strides.back() != 1) {
+  // A size-1 dimension's stride is never used (its only index is 0), so it may be anything: PyTorch
+  // gives such dimensions arbitrary strides (a [B, S, 1, D] slice of a wider tensor, an unsqueeze).
+  if (t.strides.back() != 1 && t.shape.back() != 1) {
     throw UserError(name, "last dimension has stride " + std::to_string(t.strides.back()) +
                               "; it must be contiguous (stride 1); make the tensor contiguous in its last dimension");
   }
   for (size_t d = 0; d + 1 < t.strides.size(); ++d) {
-    if (t.strides[d] < 0) throw UserError(name, "has a negative stride in dimension " + std::to_string(d));
+    if (t.strides[d] < 0 && t.shape[d] != 1) throw UserError(name, "has a negative stride in dimension " + std::to_string(d));
   }
   if (align > 1) {
     const int64_t bytes = dtype_bytes(t.dtype);
@@ -44,7 +46,7 @@ void check_view(const char* name, const TensorView& t, const std::vector<int64_t
                                 "allocator or pad the tensor)");
     }
     for (size_t d = 0; d + 1 < t.strides.size(); ++d) {
-      if (t.strides[d] * bytes % align != 0) {
+      if (t.shape[d] != 1 && t.strides[d] * bytes % align != 0) {
         throw UserError(name, "stride of dimension " + std::to_string(d) + " (" + std::to_string(t.strides[d]) +
                                   " elements) is not a multiple of " + std::to_string(align) +
                                   " bytes; pad the head dimension or make the tensor contiguous");

@@ -1,5 +1,7 @@
 #include "runtime/kernel_params.hpp"
 
+#include <algorithm>
+
 namespace attnjit {
 
 KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTables& t, const TensorView& q,
@@ -32,7 +34,13 @@ KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTabl
   kp.dyn_heads = t.dyn_heads;
   kp.doc_base = t.doc_base;
   kp.doc_rows = t.doc_rows;
+  kp.batch = static_cast<int32_t>(pb.batch);  // at most kMaxSize (2^31 - 1): Problem checks it
   return kp;
+}
+
+BatchGrid batch_grid(int64_t batch) {
+  constexpr int64_t kMaxY = 65535;  // AJ_GRID_Y_MAX
+  return {static_cast<unsigned>(std::min(batch, kMaxY)), static_cast<unsigned>((batch + kMaxY - 1) / kMaxY)};
 }
 
 BackwardGrids backward_grids(const Problem& pb, const BackwardKernels& k, size_t items, const BackwardPlan& key_major,

@@ -42,6 +42,13 @@ KernelBwdParams backward_params(const Plan& plan, const Problem& pb, const Kerne
                                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                                 const TensorView& dv, const ForwardOptions& options);
 
+// The grid's y and z for a batch: y holds up to 65535 batch entries (the hardware's limit), z the
+// slices of 65535 (templates/common.cuh, aj_batch_index(); blocks past the batch return at once).
+struct BatchGrid {
+  unsigned y = 1, z = 1;
+};
+BatchGrid batch_grid(int64_t batch);
+
 // The grids of the backward launches (x dimension; pre, dq and dkdv have `batch` rows of blocks,
 // cvt one). A zero means the launch has nothing to do. dK/dV take one launch per layer of disjoint
 // key tiles (plain adds, bitwise reproducible) when the key tiles are disjoint or `deterministic`

@@ -52,7 +52,8 @@ __device__ __forceinline__ float aj_bwd_lse2(const AjParams& p, aj_i64 b, int h,
 
 __device__ __forceinline__ void aj_bwd_pre(const AjBwdParams& bp) {
   const AjParams& p = bp.fwd;
-  const aj_i64 b = aj_block_idx_y();
+  const aj_i64 b = aj_batch_index();
+  if (b >= p.batch) return;
   const aj_i64 x = (aj_i64)aj_block_idx_x() * AJ_BWD_THREADS + aj_thread_idx();
   if (x >= bp.seq_q * bp.heads_q) return;
   const int h = (int)(x / bp.seq_q);

@@ -14,7 +14,8 @@ __device__ __forceinline__ void aj_bwd_dq(const AjBwdParams& bp) {
   const AjParams& p = bp.fwd;
   AJ_STATIC_SHARED(AjSimtShared, sh);
   const AjItem item = p.items[aj_block_idx_x()];
-  const aj_i64 b = aj_block_idx_y();
+  const aj_i64 b = aj_batch_index();
+  if (b >= p.batch) return;
   const int row = aj_thread_idx() / AJ_SIMT_LANES, lane = aj_thread_idx() % AJ_SIMT_LANES;
   const aj_i64 i = item.rows_start + (aj_i64)(row < item.rows_count ? row : 0) * item.rows_stride;
   const float lse2 = row < item.rows_count ? aj_bwd_lse2(p, b, item.head, i) : AJ_NEG_INF;
@@ -82,7 +83,8 @@ __device__ __forceinline__ void aj_bwd_dkdv(const AjBwdParams& bp) {
   const AjParams& p = bp.fwd;
   AJ_STATIC_SHARED(AjBwdQueryShared, sh);
   const AjKeyItem ki = bp.key_items[bp.key_item_base + aj_block_idx_x()];
-  const aj_i64 b = aj_block_idx_y();
+  const aj_i64 b = aj_batch_index();
+  if (b >= p.batch) return;
   const int krow = aj_thread_idx() / AJ_SIMT_LANES, lane = aj_thread_idx() % AJ_SIMT_LANES;
   const bool live = krow < ki.keys_count;
   const aj_i64 j = ki.keys_start + (aj_i64)(live ? krow : 0) * ki.keys_stride;

@@ -98,7 +98,8 @@ __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
   sh.v = sh.k + AJ_STAGES * AJ_TILE_K * AJ_DP;
 
   const AjItem item = p.items[aj_block_idx_x()];
-  const aj_i64 b = aj_block_idx_y();
+  const aj_i64 b = aj_batch_index();
+  if (b >= p.batch) return;
   const int warp = aj_thread_idx() / 32, lane = aj_thread_idx() % 32;
   const int g = lane / 4, quad = lane % 4;
   const int kvh = item.head / p.heads_per_kv;
@@ -230,7 +231,8 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
   aj_elem* const sk = (aj_elem*)aj_smem;
   aj_elem* const sv = sk + AJ_TILE_K * AJ_DP;
   const AjKeyItem ki = bp.key_items[bp.key_item_base + aj_block_idx_x()];
-  const aj_i64 b = aj_block_idx_y();
+  const aj_i64 b = aj_batch_index();
+  if (b >= p.batch) return;
   const int warp = aj_thread_idx() / 32, lane = aj_thread_idx() % 32;
   const int g = lane / 4, quad = lane % 4;
 

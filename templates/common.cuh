@@ -6,7 +6,6 @@
 //   AJ_TILE_Q, AJ_TILE_K         query rows and keys per tile
 //   AJ_STAGES                    cp.async pipeline depth (sm_80 path)
 //   AJ_DTYPE                     0 = float32, 1 = float16, 2 = bfloat16 (storage of q, k, v, o)
-//   AJ_ARCH                      e.g. 80 for sm_80
 // and, after it, aj_branch_allows() (the mask predicate of partial tiles).
 
 // ---- the plan tables, as packed by compiler/plan/device_plan.cpp (layouts must match) ----------
@@ -53,6 +52,7 @@ struct AjParams {
   const int* dyn_cols;
   aj_i64 dyn_q_blocks;
   int dyn_heads;
+  int batch;                                 // blocks past it (in the last slice of grid z) do nothing
   const aj_i64* doc_base;                    // packed documents: where each row's document starts (null: none)
   aj_i64 doc_rows;                           // rows of doc_base
 };
@@ -60,6 +60,13 @@ struct AjParams {
 // The host packs these structs byte for byte (compiler/plan/device_plan.hpp); a mismatch must not compile.
 static_assert(sizeof(AjItem) == 32 && sizeof(AjSpan) == 48 && sizeof(AjParams) == 256,
               "plan table layout differs from compiler/plan/device_plan.hpp");
+
+// The batch index of this block: grid y holds up to 65535 batch entries, grid z counts slices of
+// 65535 (runtime/kernel_params.hpp, batch_grid()), so a batch of any size runs in one launch.
+#define AJ_GRID_Y_MAX 65535
+__device__ __forceinline__ aj_i64 aj_batch_index() {
+  return (aj_i64)aj_block_idx_z() * AJ_GRID_Y_MAX + aj_block_idx_y();
+}
 
 // Packed documents: the row where the document of `row` starts (0 without documents). A work
 // item's rows and every key it visits lie in one document (the plan never crosses one), so a

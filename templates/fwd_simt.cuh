@@ -29,7 +29,8 @@ __device__ __forceinline__ void aj_simt_load_tile(const AjParams& p, AjSimtShare
 __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
   AJ_STATIC_SHARED(AjSimtShared, sh);
   const AjItem item = p.items[aj_block_idx_x()];
-  const aj_i64 b = aj_block_idx_y();
+  const aj_i64 b = aj_batch_index();
+  if (b >= p.batch) return;
   const int row = aj_thread_idx() / AJ_SIMT_LANES, lane = aj_thread_idx() % AJ_SIMT_LANES;
   const bool live = row < item.rows_count;
   const aj_i64 i = item.rows_start + (aj_i64)(live ? row : 0) * item.rows_stride;

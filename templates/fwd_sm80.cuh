@@ -171,7 +171,8 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   sh.q = sh.v + (AJ_STAGES - AJ_Q_OVER_KV) * AJ_TILE_K * AJ_DVP;
 
   const AjItem item = p.items[aj_block_idx_x()];
-  const aj_i64 b = aj_block_idx_y();
+  const aj_i64 b = aj_batch_index();
+  if (b >= p.batch) return;
   const int warp = aj_thread_idx() / 32, lane = aj_thread_idx() % 32;
   const int g = lane / 4, quad = lane % 4;  // accumulator row within 8, column pair within 8
   const int kvh = item.head / p.heads_per_kv;

@@ -18,6 +18,7 @@ typedef long long aj_i64;
 __device__ __forceinline__ int aj_thread_idx() { return (int)threadIdx.x; }
 __device__ __forceinline__ int aj_block_idx_x() { return (int)blockIdx.x; }
 __device__ __forceinline__ int aj_block_idx_y() { return (int)blockIdx.y; }
+__device__ __forceinline__ int aj_block_idx_z() { return (int)blockIdx.z; }
 
 __device__ __forceinline__ void aj_syncthreads() { __syncthreads(); }
 // Every lane of the warp takes part; lane i receives `v` of lane i ^ lane_mask.
@@ -132,6 +133,7 @@ __device__ __forceinline__ float aj_lg2(float x) {
 __device__ __forceinline__ int aj_thread_idx() { return (int)aj_emu_thread_idx(0); }
 __device__ __forceinline__ int aj_block_idx_x() { return (int)aj_emu_block_idx(0); }
 __device__ __forceinline__ int aj_block_idx_y() { return (int)aj_emu_block_idx(1); }
+__device__ __forceinline__ int aj_block_idx_z() { return (int)aj_emu_block_idx(2); }
 
 __device__ __forceinline__ void aj_syncthreads() { aj_emu_syncthreads(); }
 __device__ __forceinline__ float aj_shfl_xor(float v, int lane_mask) {

@@ -163,7 +163,6 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
        << (forward && q_over_kv(r, k.config)) << "\n";
   }
   os << "#define AJ_DTYPE " << (r.dtype == DType::F32 ? 0 : r.dtype == DType::F16 ? 1 : 2) << "\n";
-  os << "#define AJ_ARCH " << r.arch << "\n";
   auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
   include("gpu_blocks.cuh");
   include("common.cuh");

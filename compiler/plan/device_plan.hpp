@@ -44,6 +44,7 @@ struct KernelParams {
   const int32_t* dyn_cols;
   int64_t dyn_q_blocks;
   int32_t dyn_heads;
+  int32_t batch;            // blocks past it (the last slice of grid z) do nothing
   const int64_t* doc_base;  // packed documents: where each row's document starts (null: none)
   int64_t doc_rows;
 };

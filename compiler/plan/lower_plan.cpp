@@ -271,10 +271,6 @@ Plan lower_documents(const Pattern& p, const Shape& s, const TileConfig& tiles, 
 }
 
 void finish_plan(Plan& plan) {
-  const Shape& s = plan.shape;
-  const double widest = std::max({double(s.batch) * s.seq_q * s.heads_q * std::max(s.head_dim, s.head_dim_v),
-                                  double(s.batch) * s.seq_k * s.heads_kv * std::max(s.head_dim, s.head_dim_v)});
-  plan.wide_index = widest > double(std::numeric_limits<int32_t>::max());
   schedule_heavy_first(plan.items);
   PlanStats& st = plan.stats;
   st.work_items = static_cast<int64_t>(plan.items.size());

@@ -85,7 +85,6 @@ struct Plan {
   Combine combine = Combine::Softmax;
   double output_scale = 1.0;  // head_groups with group_scale "mean": 1 / groups
   double softmax_scale = 1.0;
-  bool wide_index = false;    // some element offset B*S*H*D exceeds 2^31: kernels use 64-bit addressing
   std::vector<WorkItem> items;  // heaviest first
   std::vector<KeySpan> spans;
   std::vector<TileEntry> tile_entries;

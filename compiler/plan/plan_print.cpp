@@ -46,7 +46,6 @@ std::string print_plan(const Plan& plan, int64_t max_items) {
   os << "tile: " << plan.tiles.tile_q << "x" << plan.tiles.tile_k << "\n";
   os << "combine: " << to_string(plan.combine) << " (one online softmax per query tile, no merge pass)"
      << " output_scale=" << plan.output_scale << "\n";
-  os << "index: " << (plan.wide_index ? "64-bit" : "32-bit") << "\n";
   os << "work items: " << st.work_items << " (" << st.empty_items << " with no keys)\n";
   os << "tiles: " << st.full_tiles + st.partial_tiles << " visited, " << st.full_tiles << " full, " << st.partial_tiles
      << " partial\n";

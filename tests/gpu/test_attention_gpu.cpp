@@ -651,6 +651,22 @@ TEST_CASE("large scores: the online softmax keeps every exponent in range", "[gp
   check_cases("large", cases);
 }
 
+TEST_CASE("a batch past the grid's 65535 rows folds into grid z", "[gpu][emu][attention][batch]") {
+  SKIP_WITHOUT_GPU();
+  if (target() == Target::Cpu) { WARN("SKIPPED on the CPU device: this is about the kernels' grid"); return; }
+  // 65535 + 2 batch entries: two slices of grid z, the second mostly past the batch (a block that
+  // did not return there would write out of bounds, which the emulator reports). Both paths share
+  // aj_batch_index() and the guard; the tensor-core path runs here (the emulator takes a minute).
+  std::vector<Case> cases;
+  Case c;
+  c.name = "batch-65537-bf16";
+  c.pattern = PatternBuilder().branch(BranchSpec().segment(2).dilation(1).causal()).build();
+  c.dtype = DType::BF16, c.seed = 8300;
+  c.shape = make_shape(65537, 2, 2, 1, 1, 16);
+  cases.push_back(std::move(c));
+  check_cases("batch", cases);
+}
+
 TEST_CASE("every example pattern matches the float64 reference on the GPU", "[gpu][attention][examples]") {
   SKIP_WITHOUT_GPU();
   check_cases("examples", example_cases(env_number("ATTNJIT_GPU_TESTS_SCALE", 1.0), false));

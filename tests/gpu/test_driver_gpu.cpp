@@ -1,6 +1,6 @@
 // The CUDA driver layer on a real GPU: device info, memory round trips (plain and stream-ordered),
 // a CUBIN compiled by NVRTC at test time loaded, launched and checked, event timing, pointer
-// checks and the errors a bad launch gives. Without a driver every test says SKIPPED and passes.
+// checks, the errors a bad launch gives, and that attnjit restores the caller's current context. Without a driver every test says SKIPPED and passes.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "attnjit/attnjit.hpp"
 #include "compiler/nvrtc/nvrtc_compiler.hpp"
+#include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/cuda_probe.hpp"
@@ -220,4 +222,45 @@ TEST_CASE("pointer_info tells device memory from host memory", "[gpu]") {
   CHECK(h.device_ordinal == -1);
   CHECK_FALSE(pointer_info(&on_stack).is_device_memory);
   CHECK_FALSE(pointer_info(nullptr).is_device_memory);
+}
+
+TEST_CASE("a call into attnjit leaves the caller's current context as it found it", "[gpu]") {
+  SKIP_WITHOUT_GPU();
+  const DriverApi& api = CudaDriver::get().api();
+  auto current = [&] {
+    CUcontext c = reinterpret_cast<CUcontext>(uintptr_t{1});
+    REQUIRE(api.cuCtxGetCurrent(&c) == cu::CUDA_SUCCESS);
+    return c;
+  };
+  Context& primary = shared_context(0);
+  REQUIRE(api.cuCtxSetCurrent(nullptr) == cu::CUDA_SUCCESS);
+  {
+    const ScopedCurrentContext scope(primary);
+    CHECK(current() == primary.handle());
+  }
+  CHECK(current() == nullptr);
+
+  // Prepare (compile, load, upload the tables) and run with no context current on the thread.
+  const Problem pb{1, 64, 64, 2, 2, 64, 64, DType::F16};
+  const size_t bytes = 64 * 2 * 64 * 2;
+  std::vector<DeviceBuffer> buffers;
+  {
+    const ScopedCurrentContext scope(primary);
+    for (int n = 0; n < 4; ++n) buffers.emplace_back(bytes, "context test");
+    buffers.emplace_back(2 * 64 * sizeof(float), "context test lse");
+    for (DeviceBuffer& b : buffers) memset_d8_async(b.get(), 0, b.size(), nullptr, "context test");
+    synchronize(nullptr, "context test");
+  }
+  REQUIRE(current() == nullptr);
+  RuntimeOptions ro;
+  ro.device = Device::cuda(0);
+  Runtime rt(ro);
+  Attention op = rt.prepare(parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "causal": true}]})"), pb);
+  CHECK(current() == nullptr);
+  auto view = [&](int n) { return TensorView::contiguous(reinterpret_cast<void*>(buffers[n].get()), DType::F16, {1, 64, 2, 64}); };
+  const TensorView lse = TensorView::contiguous(reinterpret_cast<void*>(buffers[4].get()), DType::F32, {1, 2, 64});
+  op.forward(view(0), view(1), view(2), view(3), &lse);
+  CHECK(current() == nullptr);
+  const ScopedCurrentContext scope(primary);
+  synchronize(nullptr, "context test");
 }

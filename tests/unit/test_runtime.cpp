@@ -153,6 +153,12 @@ TEST_CASE("every bad input is a clear error before anything runs", "[runtime][er
   auto odd_stride = Q;
   odd_stride.strides = {8 * 2 * 18, 2 * 18, 18, 1};
   CHECK_THROWS_WITH(check_forward_inputs(pb, odd_stride, K, V, O, &L, 16), Catch::Contains("q: stride of dimension 2 (18 elements) is not a multiple of 16 bytes"));
+  // A size-1 dimension's stride is never used: any value passes (PyTorch gives them odd ones).
+  auto size1 = K;  // [1, 8, 1, 16]: batch and heads_kv have size 1
+  size1.strides = {7, 16, -3, 1};
+  CHECK_NOTHROW(check_forward_inputs(pb, Q, size1, V, O, &L, 16));
+  size1.strides[1] = 18;  // the sequence dimension (size 8) is still checked
+  CHECK_THROWS_WITH(check_forward_inputs(pb, Q, size1, V, O, &L, 16), Catch::Contains("k: stride of dimension 1 (18 elements)"));
   // Outputs are written element by element: element alignment for o, float alignment for lse.
   auto odd_lse = L;
   odd_lse.data = reinterpret_cast<char*>(lse.data()) + 2;
