@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "compiler/jit.hpp"
+#include "compiler/nvrtc/nvrtc_library.hpp"
 #include "compiler/plan/device_plan.hpp"
 #include "compiler/support/error.hpp"
 #include "runtime/backend.hpp"
@@ -81,6 +82,7 @@ public:
               const KernelConfig& backward_config, const TemplateSet& templates)
       : pattern_(p), problem_(pb), device_(device), cache_dir_(cache_dir), context_(shared_context(device)) {
     const ScopedCurrentContext current(context_);
+    prefer_nvrtc_for_driver(driver_version() / 1000);  // 13000 -> 13: kernels this driver loads
     const DeviceInfo info = device_info(device);
     KernelRequest r;
     r.head_dim = static_cast<int>(pb.head_dim);

@@ -5,6 +5,7 @@
 #include <link.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -297,20 +298,41 @@ NvrtcSearch nvrtc_search() {
   return *s;
 }
 
-std::optional<NvrtcLibrary> nvrtc_for_arch(int arch) {
-  NvrtcSearch search = nvrtc_search();
-  for (NvrtcLibrary& lib : search.found) {
-    if (lib.targets(arch)) return std::move(lib);  // newest first
+namespace {
+
+std::atomic<int>& driver_major() {
+  static std::atomic<int> major{0};
+  return major;
+}
+
+// The NVRTC in `search` that compiles `arch`: the newest that targets it; with a driver known,
+// the newest whose major version is not above the driver's, if one targets it.
+const NvrtcLibrary* choose(const NvrtcSearch& search, int arch) {
+  const int limit = driver_major();
+  const NvrtcLibrary* newest = nullptr;
+  for (const NvrtcLibrary& lib : search.found) {  // newest first
+    if (!lib.targets(arch)) continue;
+    if (limit <= 0 || lib.major <= limit) return &lib;
+    if (!newest) newest = &lib;
   }
+  return newest;
+}
+
+}  // namespace
+
+void prefer_nvrtc_for_driver(int major) { driver_major() = major; }
+
+std::optional<NvrtcLibrary> nvrtc_for_arch(int arch) {
+  const NvrtcSearch search = nvrtc_search();
+  if (const NvrtcLibrary* lib = choose(search, arch)) return *lib;
   return std::nullopt;
 }
 
 std::vector<int> archs_served(const NvrtcSearch& search, const NvrtcLibrary& lib) {
   std::vector<int> out;
   for (int arch : lib.archs) {
-    const auto first = std::find_if(search.found.begin(), search.found.end(),
-                                    [&](const NvrtcLibrary& l) { return l.targets(arch); });
-    if (first != search.found.end() && first->path == lib.path) out.push_back(arch);
+    const NvrtcLibrary* chosen = choose(search, arch);
+    if (chosen && chosen->path == lib.path) out.push_back(arch);
   }
   return out;
 }

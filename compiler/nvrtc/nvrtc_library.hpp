@@ -72,10 +72,14 @@ NvrtcSearch search_nvrtc(const std::vector<std::string>& first, const std::strin
 NvrtcSearch nvrtc_search();
 
 // The NVRTC that compiles for this arch number (90 for sm_90a): the newest that targets it, or
-// nullopt when none found does.
+// nullopt when none found does. After prefer_nvrtc_for_driver(major), the newest whose major
+// version is not above `major` comes first where one targets the arch: a CUBIN from a newer major
+// NVRTC may not load on an older driver (a newer minor release does: CUDA's minor version
+// compatibility). The CUDA device calls it with its driver's major version; 0 turns it off.
 std::optional<NvrtcLibrary> nvrtc_for_arch(int arch);
+void prefer_nvrtc_for_driver(int major);
 
-// The archs `lib` compiles for in this search: those it targets that no newer NVRTC found targets.
+// The archs `lib` compiles for in this search: those nvrtc_for_arch() gives it.
 std::vector<int> archs_served(const NvrtcSearch& search, const NvrtcLibrary& lib);
 
 // Registers a file or folder to search (place 2 above); the next nvrtc_search() looks again.

@@ -114,4 +114,18 @@ TEST_CASE("with CUDA 12's NVRTC beside CUDA 13's, each arch goes to the newest t
     CHECK(!r.usage.empty());
     CHECK(r.usage[0].registers > 0);
   }
+
+  // Under a CUDA 12 driver (the CUDA device says so), CUDA 12's NVRTC compiles every arch it
+  // targets; an arch only a newer one targets still goes to that one.
+  prefer_nvrtc_for_driver(12);
+  CHECK(nvrtc_version_for("sm_90").rfind("12.", 0) == 0);
+  CHECK(nvrtc_version_for("sm_61").rfind("12.", 0) == 0);
+  const std::vector<int> under_12 = archs_served(s, cuda12);
+  CHECK(std::find(under_12.begin(), under_12.end(), 80) != under_12.end());
+  const bool only_newer = newer.targets(88) && !cuda12.targets(88);
+  if (only_newer) CHECK(nvrtc_version_for("sm_88").rfind("12.", 0) != 0);
+  prefer_nvrtc_for_driver(11);  // nothing that old here: the newest, as without a driver
+  CHECK(nvrtc_version_for("sm_90").rfind("12.", 0) != 0);
+  prefer_nvrtc_for_driver(0);
+  CHECK(nvrtc_version_for("sm_90").rfind("12.", 0) != 0);
 }
