@@ -33,8 +33,7 @@ void print_nvrtcs(std::ostream& os) {
   }
   for (const std::string& s : search.skipped) os << "  skipped " << s << "\n";
   if (search.found.empty() && !search.disabled) {
-    os << "  to get one: install the CUDA toolkit, `pip install nvidia-cuda-nvrtc` (CUDA 13) or "
-          "`pip install nvidia-cuda-nvrtc-cu12` (CUDA 12, also sm_60 to sm_72), or set ATTNJIT_NVRTC\n";
+    os << "  " << how_to_get_nvrtc() << "\n";
   }
 }
 

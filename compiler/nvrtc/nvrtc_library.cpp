@@ -366,10 +366,13 @@ std::string describe_nvrtc_search(const NvrtcSearch& search) {
              (served.empty() ? std::string("nothing a newer one does not") : arch_list(served));
     }
   }
-  out += "\nto get one: install the CUDA toolkit, or `pip install nvidia-cuda-nvrtc` (CUDA 13: sm_75 and newer), "
-         "or `pip install nvidia-cuda-nvrtc-cu12` (CUDA 12: also sm_60, sm_61, sm_70), or point ATTNJIT_NVRTC at "
+  return out + "\n" + how_to_get_nvrtc();
+}
+
+std::string how_to_get_nvrtc() {
+  return "to get one: install the CUDA toolkit, or `pip install nvidia-cuda-nvrtc` (CUDA 13: sm_75 and newer), "
+         "or `pip install nvidia-cuda-nvrtc-cu12` (CUDA 12: also sm_50 to sm_72), or point ATTNJIT_NVRTC at "
          "a libnvrtc.so file or its folder";
-  return out;
 }
 
 }  // namespace attnjit

@@ -89,6 +89,9 @@ void add_nvrtc_search_path(const std::string& path);
 // to get an NVRTC (the toolkit, the PyPI wheels, ATTNJIT_NVRTC).
 std::string describe_nvrtc_search(const NvrtcSearch& search);
 
+// "to get one: install the CUDA toolkit, or `pip install ...`": the ways to get an NVRTC.
+std::string how_to_get_nvrtc();
+
 // "sm_50, sm_52, ..., sm_121".
 std::string arch_list(const std::vector<int>& archs);
 
