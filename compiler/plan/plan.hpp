@@ -122,6 +122,13 @@ void for_each_visited_tile(const Plan& plan, const KeySpan& s, F&& f) {
 Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, const DynamicLayout* dynamic = nullptr,
                    const std::vector<int64_t>* documents = nullptr);
 
+// The key rows a plan attends: uint8 [heads_kv * seq_k], 1 where some query head reading that kv
+// head attends the key in a visited tile (full tiles whole, partial tiles asked per pair, as the
+// kernels' masks are), i.e. exactly the keys the pattern attends. `p` and `dynamic` are what the
+// plan was lowered from. Ring attention sends only these rows of a K/V shard
+// (python/attnjit/distributed.py).
+std::vector<uint8_t> plan_key_rows(const Plan& plan, const Pattern& p, const DynamicLayout* dynamic = nullptr);
+
 // Does the mask of `branch` allow the global positions (qpos, kpos) inside a partial tile? This is
 // the per-element predicate a kernel evaluates: causal, window and layout (segments and
 // selection are already in the row maps).

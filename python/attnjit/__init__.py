@@ -44,7 +44,7 @@ def _register_nvrtc_wheels():
 
 _register_nvrtc_wheels()
 __version__ = _attnjit.info()["version"]
-__all__ = ["AttnjitError", "PatternError", "Pattern", "attention", "dump", "info", "nn", "precompile"]
+__all__ = ["AttnjitError", "PatternError", "Pattern", "attention", "distributed", "dump", "info", "nn", "precompile"]
 
 
 def info():
@@ -55,8 +55,9 @@ def info():
 
 
 def __getattr__(name):
-    # attnjit.nn needs PyTorch: imported on first use, so that `import attnjit` does not.
-    if name == "nn":
+    # attnjit.nn and attnjit.distributed need PyTorch: imported on first use, so that `import
+    # attnjit` does not.
+    if name in ("nn", "distributed"):
         import importlib
 
         return importlib.import_module(".nn", __name__)

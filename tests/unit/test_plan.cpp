@@ -485,3 +485,44 @@ TEST_CASE("bad tiles and tables are rejected", "[plan][errors]") {
   CHECK_THROWS_WITH(parse_tile_config("64by64"), Catch::Contains("expected QxK"));
   CHECK(parse_tile_config("128x64").tile_q == 128);
 }
+
+TEST_CASE("the key rows of a plan are exactly the keys the pattern attends; a dilated span its selected rows", "[plan][key_rows][property]") {
+  CaseGenerator gen(4242);
+  for (int n = 0; n < 200; ++n) {
+    const auto c = gen.next();
+    const TileConfig tiles = random_tiles(gen);
+    const DynamicLayout* dyn = c.dynamic ? &*c.dynamic : nullptr;
+    INFO("case " << n << "\n" << describe(c, tiles));
+    const Shape& s = c.shape;
+    const std::vector<uint8_t> rows = plan_key_rows(lower_to_plan(c.pattern, s, tiles, dyn), c.pattern, dyn);
+    REQUIRE(rows.size() == static_cast<size_t>(s.heads_kv * s.seq_k));
+    const MaskContext ctx{c.pattern, s, dyn};
+    const int64_t group = s.heads_q / s.heads_kv;
+    std::vector<uint8_t> any(rows.size(), 0);
+    for (int64_t h = 0; h < s.heads_q; ++h)
+      for (int64_t j = 0; j < s.seq_k; ++j) {
+        bool attended = false;
+        for (int64_t i = 0; i < s.seq_q && !attended; ++i) attended = attend_count(ctx, h, i, j) > 0;
+        INFO("head " << h << " key " << j);
+        if (attended) REQUIRE(rows[static_cast<size_t>((h / group) * s.seq_k + j)] == 1);
+        any[static_cast<size_t>((h / group) * s.seq_k + j)] |= attended;
+      }
+    CHECK(rows == any);
+  }
+  // A dilated branch reads its selected rows only: rate 4 at head offset h mod 4, in one segment.
+  const Pattern p = PatternBuilder().branch(BranchSpec().segment(1024).dilation(4)).build();
+  Shape s;
+  s.seq_q = s.seq_k = 512;
+  s.heads_q = s.heads_kv = 4;
+  s.k_offset = 512;  // the second half of the segment, as a ring step sees it
+  const std::vector<uint8_t> rows = plan_key_rows(lower_to_plan(p, s, TileConfig{64, 64}), p);
+  for (int64_t h = 0; h < 4; ++h)
+    for (int64_t j = 0; j < 512; ++j) {
+      INFO("head " << h << " key " << j);
+      CHECK(rows[static_cast<size_t>(h * 512 + j)] == ((512 + j) % 4 == h ? 1 : 0));
+    }
+  // Keys in another segment are not read at all.
+  s.k_offset = 1024;
+  const std::vector<uint8_t> none = plan_key_rows(lower_to_plan(p, s, TileConfig{64, 64}), p);
+  CHECK(std::count(none.begin(), none.end(), uint8_t{1}) == 0);
+}

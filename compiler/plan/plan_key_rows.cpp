@@ -1,0 +1,34 @@
+// The key rows a plan reads (see plan.hpp, plan_key_rows).
+#include "compiler/plan/plan.hpp"
+
+namespace attnjit {
+
+std::vector<uint8_t> plan_key_rows(const Plan& plan, const Pattern& p, const DynamicLayout* dynamic) {
+  const Shape& s = plan.shape;
+  std::vector<uint8_t> rows(static_cast<size_t>(s.heads_kv * s.seq_k), 0);
+  const int64_t group = s.heads_q / s.heads_kv;
+  // Positions: within the row's document when documents are packed (a tile never crosses one).
+  const int64_t* base = plan.doc_base.empty() ? nullptr : plan.doc_base.data();
+  auto pos = [&](int64_t row) { return base ? row - base[row] : row; };
+  for (const WorkItem& item : plan.items) {
+    uint8_t* head_rows = rows.data() + (item.head / group) * s.seq_k;
+    for (int64_t sp = item.span_begin; sp < item.span_end; ++sp) {
+      const KeySpan& span = plan.spans[static_cast<size_t>(sp)];
+      for_each_visited_tile(plan, span, [&](int32_t t, bool full) {
+        const RowMap keys = tile_keys(span, t, plan.tiles.tile_k);
+        for (int64_t c = 0; c < keys.count; ++c) {
+          const int64_t j = keys.at(c);
+          if (head_rows[j]) continue;
+          // A full tile attends every pair; a partial one is asked per pair, as a kernel's mask is.
+          for (int64_t r = 0; r < item.rows.count && !head_rows[j]; ++r) {
+            head_rows[j] = full || partial_tile_allows(p, span.branch, item.head, s.q_offset + pos(item.rows.at(r)),
+                                                       s.k_offset + pos(j), dynamic);
+          }
+        }
+      });
+    }
+  }
+  return rows;
+}
+
+}  // namespace attnjit

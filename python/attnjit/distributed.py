@@ -1,0 +1,418 @@
+"""attnjit.distributed: attention over a sequence sharded across the ranks of a torch.distributed
+group (sequence or context parallelism), with communication that the pattern decides.
+
+    q_l, k_l, v_l = (attnjit.distributed.shard(x, layout="zigzag") for x in (q, k, v))
+    o_l = attnjit.distributed.ring_attention(q_l, k_l, v_l, pattern, layout="zigzag")
+    o = attnjit.distributed.unshard(o_l, layout="zigzag")  # equals attnjit.attention(q, k, v, pattern)
+
+Rank r of W holds its chunks of the sequence: `contiguous`, one chunk of S/W rows; `zigzag`,
+chunks r and 2W-1-r of S/(2W) rows each, which gives every rank the same share of a causal mask.
+Positions are global (DESIGN.md section 1), so each step is the ordinary kernel on a chunk pair
+with the chunks' global offsets, and partial results merge by their log-sum-exp in fp32.
+
+Before the first step a CommPlan is made from the pattern, the same on every rank (`comm_plan`
+prints it): for every (query rank, key rank) the chunk pairs that attend anything and the key
+rows, per kv head, that the plans of those pairs read (compiler/plan, plan_key_rows). Step
+s = 1..W-1 moves K/V straight from its owner r to rank r+s (mod W), as batch_isend_irecv started
+one step ahead so the transfer overlaps the step before; a rank receives only the rows it reads
+(a dilated branch's selected rows, the edge of a window) and nothing when it reads none, so steps
+without work cost neither compute nor bytes. Sending from the owner instead of passing chunks
+along a ring moves the same bytes per step on a switched fabric (NVSwitch, InfiniBand) and lets a
+skipped transfer vanish instead of travelling on to the ranks after it.
+
+The backward uses the final O and LSE at every step: dQ stays where it is computed, the dK/dV of
+a received chunk (fp32, the rows read only) goes straight back to its owner.
+
+Not supported here: float64 (it runs the reference, which cannot take a partial key set), dynamic
+layouts and packed documents (plain attnjit.attention has them). Tested on CPUs with gloo (world
+sizes 2 and 4); NCCL uses the same calls.
+"""
+import functools
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import _attnjit
+from ._attention import check_shapes
+from ._pattern import as_pattern
+
+LAYOUTS = ("contiguous", "zigzag")
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_TRAFFIC = {"kv_bytes": 0, "grad_bytes": 0, "messages": 0}
+
+
+def traffic() -> dict:
+    """Bytes this process has sent through ring_attention since the last reset_traffic(): K/V rows
+    (`kv_bytes`), dK/dV rows of the backward (`grad_bytes`), and the number of sends."""
+    return dict(_TRAFFIC)
+
+
+def reset_traffic():
+    for key in _TRAFFIC:
+        _TRAFFIC[key] = 0
+
+
+def chunks_of(seq_len: int, world_size: int, rank: int, layout: str = "contiguous"):
+    """The chunks rank `rank` holds, in local order, as (global start, length)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+    parts = world_size if layout == "contiguous" else 2 * world_size
+    if seq_len <= 0 or seq_len % parts:
+        raise ValueError(f"sequence length {seq_len} is not a positive multiple of {parts} (layout {layout!r} over "
+                         f"{world_size} ranks cuts it into {parts} equal chunks); pad the sequence")
+    n = seq_len // parts
+    if layout == "contiguous":
+        return [(rank * n, n)]
+    return [(rank * n, n), ((2 * world_size - 1 - rank) * n, n)]
+
+
+class CommPlan:
+    """What ring_attention computes and moves for one pattern, sequence, head count, world size and
+    layout; the same on every rank. `pairs[(qr, kr)]`: the (query chunk, key chunk) index pairs of
+    ranks qr and kr that attend anything; `rows[(qr, kr)]`: bool [heads_kv, S/W], the K/V rows of
+    rank kr that rank qr reads (absent: none). print() shows it step by step."""
+
+    def __init__(self, spec: str, seq_len: int, heads_q: int, heads_kv: int, world_size: int, layout: str):
+        self.seq_len, self.heads_q, self.heads_kv = seq_len, heads_q, heads_kv
+        self.world_size, self.layout = world_size, layout
+        self.chunks = [chunks_of(seq_len, world_size, r, layout) for r in range(world_size)]
+        self.local_len = seq_len // world_size
+        self.pairs, self.rows = {}, {}
+        for qr in range(world_size):
+            for kr in range(world_size):
+                need = np.zeros((heads_kv, self.local_len), dtype=bool)
+                pairs = []
+                for qi, (qs, ql) in enumerate(self.chunks[qr]):
+                    for ki, (ks, kl) in enumerate(self.chunks[kr]):
+                        read = _attnjit.key_rows(spec, ql, heads_q, kl, heads_kv, qs, ks).astype(bool)
+                        if read.any():
+                            pairs.append((qi, ki))
+                            a = self.local_start(ki)
+                            need[:, a:a + kl] |= read
+                if pairs:
+                    self.pairs[(qr, kr)], self.rows[(qr, kr)] = pairs, need
+
+    def local_start(self, chunk: int) -> int:
+        """Where chunk `chunk` of a rank starts in its local tensor."""
+        return sum(n for _, n in self.chunks[0][:chunk])
+
+    def moved_rows(self) -> int:
+        """(row, kv head) units of K/V moved in one forward; a plain ring moves
+        world_size * (world_size - 1) * S/W * heads_kv."""
+        return int(sum(need.sum() for (qr, kr), need in self.rows.items() if qr != kr))
+
+    def __str__(self):
+        w, full = self.world_size, self.local_len * self.heads_kv
+        lines = [f"; comm plan: {self.seq_len} rows over {w} ranks ({self.layout}), heads {self.heads_q}/{self.heads_kv}",
+                 f"; chunks: " + "; ".join(f"rank {r} {', '.join(f'[{s}, {s + n})' for s, n in c)}"
+                                          for r, c in enumerate(self.chunks))]
+        for s in range(w):
+            cells = []
+            for r in range(w):
+                src = (r - s) % w
+                if (r, src) not in self.rows:
+                    cells.append(f"r{r}<-r{src} -")
+                else:
+                    moved = "local" if s == 0 else f"{100.0 * self.rows[(r, src)].sum() / full:.1f}% rows"
+                    cells.append(f"r{r}<-r{src} {len(self.pairs[(r, src)])} pairs, {moved}")
+            lines.append(f"step {s}: " + " | ".join(cells))
+        ring = w * (w - 1) * full
+        moved = self.moved_rows()
+        lines.append(f"; K/V moved: {moved} of the {ring} (row, kv head) units a plain ring moves"
+                     + (f" ({100.0 * moved / ring:.1f}%)" if ring else ""))
+        return "\n".join(lines) + "\n"
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_plan(spec, seq_len, heads_q, heads_kv, world_size, layout):
+    return CommPlan(spec, seq_len, heads_q, heads_kv, world_size, layout)
+
+
+def comm_plan(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *, world_size: int,
+              layout: str = "contiguous") -> CommPlan:
+    """The CommPlan of ring_attention for a pattern over `seq_len` rows on `world_size` ranks."""
+    p = as_pattern(pattern)
+    heads_kv = heads_q if heads_kv is None else heads_kv
+    if world_size < 1:
+        raise ValueError(f"world_size: expected >= 1, got {world_size}")
+    return _cached_plan(p.op_spec, int(seq_len), int(heads_q), int(heads_kv), int(world_size), layout)
+
+
+def _group_rank(group):
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("attnjit.distributed: torch.distributed is not initialized; call "
+                           "torch.distributed.init_process_group first")
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def shard(x: torch.Tensor, *, group=None, layout: str = "contiguous") -> torch.Tensor:
+    """This rank's rows of x [B, S, ...] (the whole sequence, the same on every rank), cut along S
+    by `layout`; differentiable (the gradient flows to x's rows)."""
+    w, r = _group_rank(group)
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise ValueError("x: expected a [batch, seq, ...] torch.Tensor")
+    pieces = [x[:, s:s + n] for s, n in chunks_of(x.shape[1], w, r, layout)]
+    return (pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)).contiguous()
+
+
+class _Unshard(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, layout):
+        w, r = _group_rank(group)
+        parts = [torch.empty_like(x) for _ in range(w)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        out = x.new_empty((x.shape[0], x.shape[1] * w) + tuple(x.shape[2:]))
+        for rr in range(w):
+            a = 0
+            for s, n in chunks_of(out.shape[1], w, rr, layout):
+                out[:, s:s + n] = parts[rr][:, a:a + n]
+                a += n
+        ctx.info = (group, layout, w, r)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        group, layout, w, r = ctx.info
+        g = g.contiguous().clone()
+        dist.all_reduce(g, group=group)  # every rank's loss reads the whole output
+        pieces = [g[:, s:s + n] for s, n in chunks_of(g.shape[1], w, r, layout)]
+        return (pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)), None, None
+
+
+def unshard(x_local: torch.Tensor, *, group=None, layout: str = "contiguous") -> torch.Tensor:
+    """The whole sequence [B, S, ...] from every rank's rows (all_gather), on every rank. Its
+    gradient is the sum over ranks of each rank's gradient, cut back to this rank's rows."""
+    if not isinstance(x_local, torch.Tensor) or x_local.dim() < 2:
+        raise ValueError("x_local: expected a [batch, seq, ...] torch.Tensor")
+    return _Unshard.apply(x_local, group, layout)
+
+
+class _Exchange:
+    """One batch of point-to-point transfers, started together and waited for together."""
+
+    def __init__(self, group, kind):
+        self.group, self.kind, self.ops, self.works = group, kind, [], []
+
+    def send(self, t, to, tag):
+        t = t.contiguous()
+        self.ops.append(dist.P2POp(dist.isend, t, group=self.group, tag=tag, group_peer=to))
+        _TRAFFIC[self.kind] += t.numel() * t.element_size()
+        _TRAFFIC["messages"] += 1
+
+    def recv(self, t, frm, tag):
+        self.ops.append(dist.P2POp(dist.irecv, t, group=self.group, tag=tag, group_peer=frm))
+
+    def start(self):
+        if self.ops:
+            self.works = dist.batch_isend_irecv(self.ops)
+        return self
+
+    def wait(self):
+        for w in self.works:
+            w.wait()
+        self.works = []
+
+
+class _Ring:
+    """The steps of one ring_attention call on this rank."""
+
+    def __init__(self, plan: CommPlan, spec: str, rank: int, group):
+        self.plan, self.spec, self.rank, self.group = plan, spec, rank, group
+        self.w = plan.world_size
+        self._masks = {}
+
+    def rows(self, qr, kr, device):
+        """The rows rank qr reads of rank kr's K/V as a bool [S/W, heads_kv] index, None for all."""
+        key = (qr, kr, str(device))
+        if key not in self._masks:
+            need = self.plan.rows[(qr, kr)]
+            self._masks[key] = None if need.all() else torch.from_numpy(np.ascontiguousarray(need.T)).to(device)
+        return self._masks[key]
+
+    def chunk(self, r, i):
+        """(local start, length, global start) of chunk i of rank r."""
+        s, n = self.plan.chunks[r][i]
+        return self.plan.local_start(i), n, s
+
+    def start_kv(self, step, k, v):
+        """Sends this rank's K/V rows to rank+step, receives rank-step's; returns (exchange, src, bufs)."""
+        r, w = self.rank, self.w
+        dst, src = (r + step) % w, (r - step) % w
+        ex = _Exchange(self.group, "kv_bytes")
+        if (dst, r) in self.plan.rows:
+            m = self.rows(dst, r, k.device)
+            for t, tag in ((k, 0), (v, 1)):
+                ex.send(t if m is None else t[:, m], dst, 4 * step + tag)
+        bufs = None
+        if (r, src) in self.plan.rows:
+            m = self.rows(r, src, k.device)
+            n = k.shape[1] * k.shape[2] if m is None else int(m.sum())
+            bufs = [torch.empty((k.shape[0], n, t.shape[3]), dtype=t.dtype, device=t.device) for t in (k, v)]
+            ex.recv(bufs[0], src, 4 * step)
+            ex.recv(bufs[1], src, 4 * step + 1)
+        return ex.start(), src, bufs
+
+    def unpack(self, src, bufs, k, v):
+        m = self.rows(self.rank, src, k.device)
+        if m is None:
+            return bufs[0].view(k.shape), bufs[1].view(v.shape)
+        out = []
+        for buf, like in zip(bufs, (k, v)):
+            full = torch.zeros_like(like)
+            full[:, m] = buf
+            out.append(full)
+        return out
+
+    def forward(self, q, k, v):
+        b, n, hq, _ = q.shape
+        acc_o = torch.zeros((b, n, hq, v.shape[3]), dtype=torch.float32, device=q.device)
+        acc_lse = torch.full((b, hq, n), float("-inf"), dtype=torch.float32, device=q.device)
+
+        def compute(kr, kk, vv):
+            for qi, ki in self.plan.pairs.get((self.rank, kr), ()):
+                qa, qn, qs = self.chunk(self.rank, qi)
+                ka, kn, ks = self.chunk(kr, ki)
+                o, lse = torch.ops.attnjit.attention(q[:, qa:qa + qn], kk[:, ka:ka + kn], vv[:, ka:ka + kn], self.spec, qs,
+                                                     ks, 0, None, None, None)
+                _merge(acc_o[:, qa:qa + qn], acc_lse[:, :, qa:qa + qn], o, lse)
+
+        pending = self.start_kv(1, k, v) if self.w > 1 else None
+        compute(self.rank, k, v)
+        for step in range(1, self.w):
+            ex, src, bufs = pending
+            ex.wait()
+            pending = self.start_kv(step + 1, k, v) if step + 1 < self.w else None
+            if bufs is not None:
+                compute(src, *self.unpack(src, bufs, k, v))
+        return acc_o.to(q.dtype), acc_lse
+
+    def backward(self, q, k, v, o, lse, do):
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+
+        def compute(kr, kk, vv, dkk, dvv):
+            for qi, ki in self.plan.pairs.get((self.rank, kr), ()):
+                qa, qn, qs = self.chunk(self.rank, qi)
+                ka, kn, ks = self.chunk(kr, ki)
+                rows, keys = slice(qa, qa + qn), slice(ka, ka + kn)
+                gq, gk, gv = torch.ops.attnjit.attention_backward(
+                    q[:, rows], kk[:, keys], vv[:, keys], o[:, rows], lse[:, :, rows].contiguous(), do[:, rows], self.spec,
+                    qs, ks, 0, None, None, None)
+                dq[:, rows] += gq
+                dkk[:, keys] += gk
+                dvv[:, keys] += gv
+
+        def start_grads(step, pdk, pdv):
+            # The dK/dV of rank-step's rows go back to it; rank+step sends this rank's.
+            r, w = self.rank, self.w
+            src, dst = (r - step) % w, (r + step) % w
+            ex = _Exchange(self.group, "grad_bytes")
+            if pdk is not None:
+                m = self.rows(r, src, k.device)
+                for t, tag in ((pdk, 2), (pdv, 3)):
+                    ex.send(t if m is None else t[:, m], src, 4 * step + tag)
+            bufs = None
+            if (dst, r) in self.plan.rows:
+                m = self.rows(dst, r, k.device)
+                n = k.shape[1] * k.shape[2] if m is None else int(m.sum())
+                bufs = [torch.empty((k.shape[0], n, t.shape[3]), dtype=torch.float32, device=t.device) for t in (k, v)]
+                ex.recv(bufs[0], dst, 4 * step + 2)
+                ex.recv(bufs[1], dst, 4 * step + 3)
+            return ex.start(), dst, bufs
+
+        def add_grads(pending):
+            ex, dst, bufs = pending
+            ex.wait()
+            if bufs is not None:
+                m = self.rows(dst, self.rank, k.device)
+                for acc, buf in zip((dk, dv), bufs):
+                    if m is None:
+                        acc += buf.view(acc.shape)
+                    else:
+                        acc[:, m] += buf
+
+        pending = self.start_kv(1, k, v) if self.w > 1 else None
+        compute(self.rank, k, v, dk, dv)
+        grads = None
+        for step in range(1, self.w):
+            ex, src, bufs = pending
+            ex.wait()
+            pending = self.start_kv(step + 1, k, v) if step + 1 < self.w else None
+            pdk = pdv = None
+            if bufs is not None:
+                pdk, pdv = torch.zeros_like(dk), torch.zeros_like(dv)
+                compute(src, *self.unpack(src, bufs, k, v), pdk, pdv)
+            if grads is not None:
+                add_grads(grads)
+            grads = start_grads(step, pdk, pdv)
+        if grads is not None:
+            add_grads(grads)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _merge(acc_o, acc_lse, o, lse):
+    """acc <- the softmax over both key sets, from each part's (O, LSE); in place, fp32. A row that
+    neither part attends stays (0, -inf); never NaN."""
+    m = torch.maximum(acc_lse, lse)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    w1, w2 = torch.exp(acc_lse - m), torch.exp(lse - m)
+    total = w1 + w2
+    inv = torch.where(total > 0, 1.0 / total, torch.zeros_like(total))
+    acc_o.mul_((w1 * inv).transpose(1, 2).unsqueeze(-1)).add_(o.float() * (w2 * inv).transpose(1, 2).unsqueeze(-1))
+    acc_lse.copy_(torch.where(total > 0, m + torch.log(total), torch.full_like(total, float("-inf"))))
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, ring):
+        o, lse = ring.forward(q, k, v)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.ring = ring
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        if dlse is not None:
+            raise NotImplementedError("attnjit.distributed.ring_attention: the gradient through lse is not taken; use "
+                                      "lse.detach() in the loss")
+        q, k, v, o, lse = ctx.saved_tensors
+        if do is None:
+            return None, None, None, None
+        dq, dk, dv = ctx.ring.backward(q, k, v, o, lse, do if do.stride(3) == 1 else do.contiguous())
+        return dq, dk, dv, None
+
+
+def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", scale=None, return_lse: bool = False):
+    """Attention of `pattern` over a sequence sharded across `group` (default: the whole world).
+
+    q [B, S/W, Hq, D], k [B, S/W, Hkv, D], v [B, S/W, Hkv, Dv]: this rank's rows as `shard` cuts
+    them with the same `layout`. Returns this rank's rows of o (and lse fp32 [B, Hq, S/W]), equal
+    to attnjit.attention on the whole sequence. Differentiable in q, k and v; fp32, fp16, bf16."""
+    w, r = _group_rank(group)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    check_shapes(q.shape, k.shape, v.shape)
+    if q.shape[1] != k.shape[1]:
+        raise ValueError(f"q, k: local sequence lengths differ ({q.shape[1]} and {k.shape[1]}); ring_attention shards "
+                         f"queries and keys alike (self-attention)")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
+        raise TypeError(f"q, k, v: expected one dtype of float32, float16, bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v: devices differ ({q.device}, {k.device}, {v.device})")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.stride(3) != 1:
+            raise ValueError(f"{name}: the last dimension must be contiguous (stride 1); call .contiguous()")
+    p = as_pattern(pattern)
+    if scale is not None:
+        p = p.with_scale(scale)
+    if "dynamic<" in p.canonical:  # a dynamic layout anywhere in the tree (its canonical text)
+        raise ValueError("pattern: a dynamic layout is not supported by ring_attention; use attnjit.attention")
+    from . import _torch_ops  # noqa: F401  (registers torch.ops.attnjit)
+
+    plan = comm_plan(p, q.shape[1] * w, q.shape[2], k.shape[2], world_size=w, layout=layout)
+    o, lse = _RingAttention.apply(q, k, v, _Ring(plan, p.op_spec, r, group))
+    return (o, lse) if return_lse else o

@@ -1,0 +1,203 @@
+"""attnjit.distributed on CPUs: ring attention over gloo with 2 and 4 processes equals
+single-process attention on the whole sequence, forward and backward, for both layouts; the
+pattern decides what moves (the bytes each rank sends are counted); bad input is refused clearly."""
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import attnjit
+import attnjit.distributed as ad
+
+LONGNET = {"attnjit": 1, "branches": [{"segment": 64, "dilation": 1}, {"segment": 256, "dilation": 2},
+                                      {"segment": 512, "dilation": 4}]}
+CASES = {
+    "longnet": (LONGNET, 4, 4),
+    "longnet-gqa": (LONGNET, 4, 2),
+    "causal": ({"attnjit": 1, "causal": True, "branches": [{"segment": "full"}]}, 2, 2),
+    "block-sparse local+global": ({"attnjit": 1, "layout": {"block": 16, "union": [{"local": 1}, {"global": [0, 5]}]},
+                                   "branches": [{"segment": "full"}]}, 2, 1),
+    "sliding window": ({"attnjit": 1, "causal": True, "window": [47, 0], "branches": [{"segment": "full"}]}, 2, 2),
+    "head_groups": ({"attnjit": 1, "combine": "head_groups", "branches": [{"segment": 128, "dilation": 1},
+                                                                         {"segment": 512, "dilation": 2}]}, 4, 4),
+}
+SEQ, HEAD_DIM = 512, 16
+
+
+def _inputs(hq, hkv, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, SEQ, hq, HEAD_DIM, generator=g)
+    k = torch.randn(2, SEQ, hkv, HEAD_DIM, generator=g)
+    v = torch.randn(2, SEQ, hkv, HEAD_DIM, generator=g)
+    do = torch.randn(2, SEQ, hq, HEAD_DIM, generator=g)
+    return [x.to(dtype) for x in (q, k, v, do)]
+
+
+def _init(rank, world, store, device="cpu"):
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world)
+
+
+def _equality_worker(rank, world, store, layouts, device="cpu"):
+    _init(rank, world, store, device)
+    at = torch.device(f"cuda:{rank}") if device == "cuda" else torch.device("cpu")
+    try:
+        for name, (spec, hq, hkv) in CASES.items():
+            q, k, v, do = (x.to(at) for x in _inputs(hq, hkv))
+            ref = [x.clone().requires_grad_() for x in (q, k, v)]
+            o_ref, lse_ref = attnjit.attention(*ref, spec, return_lse=True)
+            o_ref.backward(do)
+            for layout in layouts:
+                what = f"{name}, {layout}, world {world}, rank {rank}"
+                local = [ad.shard(x, layout=layout).requires_grad_() for x in (q, k, v)]
+                o, lse = ad.ring_attention(*local, spec, layout=layout, return_lse=True)
+                o.backward(ad.shard(do, layout=layout))
+                torch.testing.assert_close(o, ad.shard(o_ref.detach(), layout=layout), atol=1e-5, rtol=1e-5, msg=lambda m: f"{what}: o: {m}")
+                torch.testing.assert_close(lse, ad.shard(lse_ref.transpose(1, 2), layout=layout).transpose(1, 2), atol=1e-5,
+                                           rtol=1e-5, msg=lambda m: f"{what}: lse: {m}")
+                for label, got, want in zip("qkv", local, ref):
+                    torch.testing.assert_close(got.grad, ad.shard(want.grad, layout=layout), atol=1e-5, rtol=1e-5,
+                                               msg=lambda m: f"{what}: d{label}: {m}")
+                torch.testing.assert_close(ad.unshard(o.detach(), layout=layout), o_ref.detach(), atol=1e-5, rtol=1e-5)
+        # bf16 at bf16's precision; the dilated case at head dim 16 moves a quarter of the rows.
+        q, k, v, do = (x.to(at) for x in _inputs(4, 4, torch.bfloat16))
+        o_ref = attnjit.attention(q, k, v, LONGNET)
+        o = ad.ring_attention(*(ad.shard(x, layout="zigzag") for x in (q, k, v)), LONGNET, layout="zigzag")
+        torch.testing.assert_close(o.float(), ad.shard(o_ref, layout="zigzag").float(), atol=2e-2, rtol=2e-2)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(worker, world, tmp_path, *args):
+    mp.spawn(worker, args=(world, str(tmp_path / "store")) + args, nprocs=world, join=True)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_attention_equals_attention_on_the_whole_sequence(world, tmp_path):
+    _spawn(_equality_worker, world, tmp_path, ("contiguous", "zigzag"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
+                    reason="needs 2 or more CUDA GPUs and NCCL")
+def test_ring_attention_on_gpus_with_nccl(tmp_path):
+    _spawn(_equality_worker, 2, tmp_path, ("contiguous", "zigzag"), "cuda")
+
+
+def _traffic_worker(rank, world, store, out):
+    _init(rank, world, store)
+    try:
+        sent = {}
+        for name, (spec, hq, hkv) in TRAFFIC_CASES.items():
+            q, k, v, do = _inputs(hq, hkv)
+            local = [ad.shard(x).requires_grad_() for x in (q, k, v)]
+            ad.reset_traffic()
+            o = ad.ring_attention(*local, spec)
+            forward = ad.traffic()
+            o.backward(ad.shard(do))
+            sent[name] = {"forward": forward, "total": ad.traffic()}
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+            json.dump(sent, f)
+    finally:
+        dist.destroy_process_group()
+
+
+TRAFFIC_CASES = {
+    "window": ({"attnjit": 1, "causal": True, "window": [31, 0], "branches": [{"segment": "full"}]}, 2, 2),
+    "dilated": ({"attnjit": 1, "branches": [{"segment": "full", "dilation": 4}]}, 4, 4),
+    "dense": ({"attnjit": 1, "branches": [{"segment": "full"}]}, 2, 2),
+}
+
+
+def test_the_pattern_decides_what_each_rank_sends(tmp_path):
+    world = 4
+    _spawn(_traffic_worker, world, tmp_path, str(tmp_path))
+    sent = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(world)]
+    local, row_bytes = SEQ // world, 2 * 2 * HEAD_DIM * 4  # batch 2, K and V, fp32
+    for name, (spec, hq, hkv) in TRAFFIC_CASES.items():
+        plan = ad.comm_plan(spec, SEQ, hq, hkv, world_size=world)
+        for r in range(world):
+            want = sum(int(plan.rows[(dst, r)].sum()) for dst in range(world) if dst != r and (dst, r) in plan.rows)
+            assert sent[r][name]["forward"]["kv_bytes"] == want * row_bytes, (name, r)
+            # The backward sends the K/V rows again and their dK/dV (fp32) back: twice as many bytes.
+            assert sent[r][name]["total"]["kv_bytes"] == 2 * want * row_bytes, (name, r)
+    ring = world * (world - 1) * local  # (row, kv head) units per kv head a plain ring moves
+    window = ad.comm_plan(TRAFFIC_CASES["window"][0], SEQ, 2, 2, world_size=world)
+    # A 32-token causal window: only the previous rank, only its last 31 rows; rank 3 sends nothing.
+    assert sorted(k for k in window.rows if k[0] != k[1]) == [(1, 0), (2, 1), (3, 2)]
+    assert sent[3]["window"]["total"]["kv_bytes"] == 0
+    for r in (1, 2, 3):
+        assert window.rows[(r, r - 1)][:, -31:].all() and not window.rows[(r, r - 1)][:, :-31].any()
+    assert window.moved_rows() == 3 * 2 * 31  # of the ring's 3072: 6%
+    # Dilation 4 with head offsets h mod 4: each head's quarter of the rows.
+    dilated = ad.comm_plan(TRAFFIC_CASES["dilated"][0], SEQ, 4, 4, world_size=world)
+    assert dilated.moved_rows() * 4 == ring * 4
+    dense = ad.comm_plan(TRAFFIC_CASES["dense"][0], SEQ, 2, 2, world_size=world)
+    assert dense.moved_rows() == ring * 2
+    assert sum(s["dilated"]["forward"]["kv_bytes"] for s in sent) * 4 == sum(s["dense"]["forward"]["kv_bytes"] for s in sent) * 2
+
+
+def test_the_comm_plan_prints_its_steps():
+    text = str(ad.comm_plan(LONGNET, SEQ, 4, world_size=4, layout="zigzag"))
+    assert text.startswith("; comm plan: 512 rows over 4 ranks (zigzag), heads 4/4\n")
+    assert "rank 0 [0, 64), [448, 512)" in text
+    assert "step 0: r0<-r0 " in text and "step 3: " in text and "; K/V moved: " in text
+
+
+def test_the_layouts_cut_the_sequence_as_documented():
+    assert ad.chunks_of(16, 2, 1) == [(8, 8)]
+    assert ad.chunks_of(16, 2, 0, "zigzag") == [(0, 4), (12, 4)]
+    assert ad.chunks_of(16, 2, 1, "zigzag") == [(4, 4), (8, 4)]
+    with pytest.raises(ValueError, match="sequence length 10 is not a positive multiple of 4 .*pad the sequence"):
+        ad.chunks_of(10, 2, 0, "zigzag")
+    with pytest.raises(ValueError, match="layout: expected one of contiguous, zigzag, got 'ring'"):
+        ad.chunks_of(16, 2, 0, "ring")
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_one_rank_is_plain_attention(one_rank):
+    q, k, v, _ = _inputs(4, 2)
+    o, lse = ad.ring_attention(q, k, v, LONGNET, return_lse=True)
+    o_ref, lse_ref = attnjit.attention(q, k, v, LONGNET, return_lse=True)
+    torch.testing.assert_close(o, o_ref)
+    torch.testing.assert_close(lse, lse_ref)
+
+
+def test_bad_input_is_refused_naming_what_is_wrong(one_rank):
+    q, k, v, _ = _inputs(4, 2)
+    with pytest.raises(ValueError, match="q, k: local sequence lengths differ"):
+        ad.ring_attention(q, k[:, :256], v[:, :256], LONGNET)
+    with pytest.raises(TypeError, match="expected one dtype of float32, float16, bfloat16"):
+        ad.ring_attention(q.double(), k.double(), v.double(), LONGNET)
+    with pytest.raises(ValueError, match="q: expected a \\[batch, seq, heads, head_dim\\] tensor"):
+        ad.ring_attention(q[0], k, v, LONGNET)
+    with pytest.raises(ValueError, match="layout: expected one of"):
+        ad.ring_attention(q, k, v, LONGNET, layout="striped")
+    with pytest.raises(attnjit.PatternError):
+        ad.ring_attention(q, k, v, {"attnjit": 1, "branches": [{"segment": 64, "dilation": 0}]})
+    dyn = {"attnjit": 1, "layout": {"block": 16, "dynamic": True}, "branches": [{"segment": "full"}]}
+    with pytest.raises(ValueError, match="dynamic layout is not supported by ring_attention"):
+        ad.ring_attention(q, k, v, dyn)
+    q.requires_grad_()
+    o, lse = ad.ring_attention(q, k, v, LONGNET, return_lse=True)
+    with pytest.raises(NotImplementedError, match="gradient through lse is not taken"):
+        lse.sum().backward()
+
+
+def test_without_torch_distributed_the_error_says_what_to_call():
+    assert not dist.is_initialized()
+    q, k, v, _ = _inputs(2, 2)
+    with pytest.raises(RuntimeError, match="call torch.distributed.init_process_group first"):
+        ad.ring_attention(q, k, v, LONGNET)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        ad.shard(q)
