@@ -215,10 +215,11 @@ class _Exchange:
 
 
 class _Ring:
-    """The steps of one ring_attention call on this rank."""
+    """One ring_attention call on this rank: the chunk-pair kernels, and the K/V they need moved
+    by `strategy` ("ring": point to point, a step at a time; "longnet": one all_to_all up front)."""
 
-    def __init__(self, plan: CommPlan, spec: str, rank: int, group):
-        self.plan, self.spec, self.rank, self.group = plan, spec, rank, group
+    def __init__(self, plan: CommPlan, spec: str, rank: int, group, strategy: str):
+        self.plan, self.spec, self.rank, self.group, self.strategy = plan, spec, rank, group, strategy
         self.w = plan.world_size
         self._masks = {}
 
@@ -230,30 +231,18 @@ class _Ring:
             self._masks[key] = None if need.all() else torch.from_numpy(np.ascontiguousarray(need.T)).to(device)
         return self._masks[key]
 
+    def count(self, qr, kr, like):
+        """How many (row, kv head) units of `like` rank qr reads of rank kr."""
+        m = self.rows(qr, kr, like.device)
+        return like.shape[1] * like.shape[2] if m is None else int(m.sum())
+
     def chunk(self, r, i):
         """(local start, length, global start) of chunk i of rank r."""
         s, n = self.plan.chunks[r][i]
         return self.plan.local_start(i), n, s
 
-    def start_kv(self, step, k, v):
-        """Sends this rank's K/V rows to rank+step, receives rank-step's; returns (exchange, src, bufs)."""
-        r, w = self.rank, self.w
-        dst, src = (r + step) % w, (r - step) % w
-        ex = _Exchange(self.group, "kv_bytes")
-        if (dst, r) in self.plan.rows:
-            m = self.rows(dst, r, k.device)
-            for t, tag in ((k, 0), (v, 1)):
-                ex.send(t if m is None else t[:, m], dst, 4 * step + tag)
-        bufs = None
-        if (r, src) in self.plan.rows:
-            m = self.rows(r, src, k.device)
-            n = k.shape[1] * k.shape[2] if m is None else int(m.sum())
-            bufs = [torch.empty((k.shape[0], n, t.shape[3]), dtype=t.dtype, device=t.device) for t in (k, v)]
-            ex.recv(bufs[0], src, 4 * step)
-            ex.recv(bufs[1], src, 4 * step + 1)
-        return ex.start(), src, bufs
-
     def unpack(self, src, bufs, k, v):
+        """Rank src's K/V, local-sized, from the rows this rank received (zero elsewhere: unread)."""
         m = self.rows(self.rank, src, k.device)
         if m is None:
             return bufs[0].view(k.shape), bufs[1].view(v.shape)
@@ -264,92 +253,202 @@ class _Ring:
             out.append(full)
         return out
 
+    # The kernels of the chunk pairs of (this rank's queries, rank kr's keys).
+    def attend(self, q, kr, kk, vv, acc_o, acc_lse):
+        for qi, ki in self.plan.pairs.get((self.rank, kr), ()):
+            qa, qn, qs = self.chunk(self.rank, qi)
+            ka, kn, ks = self.chunk(kr, ki)
+            o, lse = torch.ops.attnjit.attention(q[:, qa:qa + qn], kk[:, ka:ka + kn], vv[:, ka:ka + kn], self.spec, qs, ks, 0,
+                                                 None, None, None)
+            _merge(acc_o[:, qa:qa + qn], acc_lse[:, :, qa:qa + qn], o, lse)
+
+    def attend_backward(self, q, o, lse, do, kr, kk, vv, dq, dkk, dvv):
+        for qi, ki in self.plan.pairs.get((self.rank, kr), ()):
+            qa, qn, qs = self.chunk(self.rank, qi)
+            ka, kn, ks = self.chunk(kr, ki)
+            rows, keys = slice(qa, qa + qn), slice(ka, ka + kn)
+            gq, gk, gv = torch.ops.attnjit.attention_backward(
+                q[:, rows], kk[:, keys], vv[:, keys], o[:, rows], lse[:, :, rows].contiguous(), do[:, rows], self.spec, qs,
+                ks, 0, None, None, None)
+            dq[:, rows] += gq
+            dkk[:, keys] += gk
+            dvv[:, keys] += gv
+
+    def moves(self, k, v):
+        return _RingMoves(self, k, v) if self.strategy == "ring" else _GatherMoves(self, k, v)
+
     def forward(self, q, k, v):
         b, n, hq, _ = q.shape
         acc_o = torch.zeros((b, n, hq, v.shape[3]), dtype=torch.float32, device=q.device)
         acc_lse = torch.full((b, hq, n), float("-inf"), dtype=torch.float32, device=q.device)
-
-        def compute(kr, kk, vv):
-            for qi, ki in self.plan.pairs.get((self.rank, kr), ()):
-                qa, qn, qs = self.chunk(self.rank, qi)
-                ka, kn, ks = self.chunk(kr, ki)
-                o, lse = torch.ops.attnjit.attention(q[:, qa:qa + qn], kk[:, ka:ka + kn], vv[:, ka:ka + kn], self.spec, qs,
-                                                     ks, 0, None, None, None)
-                _merge(acc_o[:, qa:qa + qn], acc_lse[:, :, qa:qa + qn], o, lse)
-
-        pending = self.start_kv(1, k, v) if self.w > 1 else None
-        compute(self.rank, k, v)
-        for step in range(1, self.w):
-            ex, src, bufs = pending
-            ex.wait()
-            pending = self.start_kv(step + 1, k, v) if step + 1 < self.w else None
-            if bufs is not None:
-                compute(src, *self.unpack(src, bufs, k, v))
+        moves = self.moves(k, v)
+        self.attend(q, self.rank, k, v, acc_o, acc_lse)
+        for src, kv in moves.sources():
+            if kv is not None:
+                self.attend(q, src, *kv, acc_o, acc_lse)
         return acc_o.to(q.dtype), acc_lse
 
     def backward(self, q, k, v, o, lse, do):
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        moves = self.moves(k, v)
+        self.attend_backward(q, o, lse, do, self.rank, k, v, dq, dk, dv)
+        for src, kv in moves.sources():
+            partial = None
+            if kv is not None:
+                partial = torch.zeros_like(dk), torch.zeros_like(dv)
+                self.attend_backward(q, o, lse, do, src, *kv, dq, *partial)
+            moves.give_back(src, partial, dk, dv)
+        moves.finish(dk, dv)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
-        def compute(kr, kk, vv, dkk, dvv):
-            for qi, ki in self.plan.pairs.get((self.rank, kr), ()):
-                qa, qn, qs = self.chunk(self.rank, qi)
-                ka, kn, ks = self.chunk(kr, ki)
-                rows, keys = slice(qa, qa + qn), slice(ka, ka + kn)
-                gq, gk, gv = torch.ops.attnjit.attention_backward(
-                    q[:, rows], kk[:, keys], vv[:, keys], o[:, rows], lse[:, :, rows].contiguous(), do[:, rows], self.spec,
-                    qs, ks, 0, None, None, None)
-                dq[:, rows] += gq
-                dkk[:, keys] += gk
-                dvv[:, keys] += gv
 
-        def start_grads(step, pdk, pdv):
-            # The dK/dV of rank-step's rows go back to it; rank+step sends this rank's.
-            r, w = self.rank, self.w
-            src, dst = (r - step) % w, (r + step) % w
-            ex = _Exchange(self.group, "grad_bytes")
-            if pdk is not None:
-                m = self.rows(r, src, k.device)
-                for t, tag in ((pdk, 2), (pdv, 3)):
-                    ex.send(t if m is None else t[:, m], src, 4 * step + tag)
-            bufs = None
-            if (dst, r) in self.plan.rows:
-                m = self.rows(dst, r, k.device)
-                n = k.shape[1] * k.shape[2] if m is None else int(m.sum())
-                bufs = [torch.empty((k.shape[0], n, t.shape[3]), dtype=torch.float32, device=t.device) for t in (k, v)]
-                ex.recv(bufs[0], dst, 4 * step + 2)
-                ex.recv(bufs[1], dst, 4 * step + 3)
-            return ex.start(), dst, bufs
+class _RingMoves:
+    """Step s = 1..W-1: this rank's K/V rows to rank+s, rank-s's to this rank, started a step
+    ahead; the dK/dV of a received chunk go back to its owner during the next step."""
 
-        def add_grads(pending):
-            ex, dst, bufs = pending
-            ex.wait()
-            if bufs is not None:
-                m = self.rows(dst, self.rank, k.device)
-                for acc, buf in zip((dk, dv), bufs):
-                    if m is None:
-                        acc += buf.view(acc.shape)
-                    else:
-                        acc[:, m] += buf
+    def __init__(self, ring, k, v):
+        self.ring, self.k, self.v = ring, k, v
+        self.grads = None
 
-        pending = self.start_kv(1, k, v) if self.w > 1 else None
-        compute(self.rank, k, v, dk, dv)
-        grads = None
-        for step in range(1, self.w):
+    def start_kv(self, step):
+        ring, k, v = self.ring, self.k, self.v
+        r, w = ring.rank, ring.w
+        dst, src = (r + step) % w, (r - step) % w
+        ex = _Exchange(ring.group, "kv_bytes")
+        if (dst, r) in ring.plan.rows:
+            m = ring.rows(dst, r, k.device)
+            for t, tag in ((k, 0), (v, 1)):
+                ex.send(t if m is None else t[:, m], dst, 4 * step + tag)
+        bufs = None
+        if (r, src) in ring.plan.rows:
+            n = ring.count(r, src, k)
+            bufs = [torch.empty((k.shape[0], n, t.shape[3]), dtype=t.dtype, device=t.device) for t in (k, v)]
+            ex.recv(bufs[0], src, 4 * step)
+            ex.recv(bufs[1], src, 4 * step + 1)
+        return ex.start(), src, bufs
+
+    def sources(self):
+        """(src, (k, v) or None) for each step, in step order."""
+        w = self.ring.w
+        pending = self.start_kv(1) if w > 1 else None
+        for step in range(1, w):
             ex, src, bufs = pending
             ex.wait()
-            pending = self.start_kv(step + 1, k, v) if step + 1 < self.w else None
-            pdk = pdv = None
-            if bufs is not None:
-                pdk, pdv = torch.zeros_like(dk), torch.zeros_like(dv)
-                compute(src, *self.unpack(src, bufs, k, v), pdk, pdv)
-            if grads is not None:
-                add_grads(grads)
-            grads = start_grads(step, pdk, pdv)
-        if grads is not None:
-            add_grads(grads)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+            pending = self.start_kv(step + 1) if step + 1 < w else None
+            self.step = step
+            yield src, (None if bufs is None else self.ring.unpack(src, bufs, self.k, self.v))
+
+    def give_back(self, src, partial, dk, dv):
+        # The dK/dV of rank src's rows go back to it; rank+step sends this rank's.
+        ring, step = self.ring, self.step
+        r, w = ring.rank, ring.w
+        dst = (r + step) % w
+        ex = _Exchange(ring.group, "grad_bytes")
+        if partial is not None:
+            m = ring.rows(r, src, dk.device)
+            for t, tag in zip(partial, (2, 3)):
+                ex.send(t if m is None else t[:, m], src, 4 * step + tag)
+        bufs = None
+        if (dst, r) in ring.plan.rows:
+            n = ring.count(dst, r, dk)
+            bufs = [torch.empty((dk.shape[0], n, t.shape[3]), dtype=torch.float32, device=t.device) for t in (dk, dv)]
+            ex.recv(bufs[0], dst, 4 * step + 2)
+            ex.recv(bufs[1], dst, 4 * step + 3)
+        self.finish(dk, dv)
+        self.grads = ex.start(), dst, bufs
+
+    def finish(self, dk, dv):
+        """Waits for the dK/dV rows sent to this rank last and adds them."""
+        if self.grads is None:
+            return
+        ex, dst, bufs = self.grads
+        self.grads = None
+        ex.wait()
+        if bufs is not None:
+            _add_rows(self.ring.rows(dst, self.ring.rank, dk.device), (dk, dv), bufs)
+
+
+class _GatherMoves:
+    """LongNet's distributed scheme (Ding et al. 2023, section 3.2): before any kernel, every rank
+    sends each other rank the K/V rows it reads, in one collective (all_to_all_single, the splits
+    from the comm plan): for a dilated branch whose segment spans several ranks, the selected rows
+    within the segment's ranks, which is what the paper all-gathers; segments inside one rank
+    move nothing. dK/dV go back the same way after the last kernel. No overlap: one exchange."""
+
+    def __init__(self, ring, k, v):
+        self.ring, self.k, self.v = ring, k, v
+        self.partials = {}
+
+    def _exchange(self, send, recv_shapes, dtype, kind, like):
+        """all_to_all of send[dst] (tensors) -> recv_shapes[src] (shapes), flattened into one buffer."""
+        w = self.ring.w
+        if self.ring.plan.moved_rows() == 0:  # every rank reads only its own rows: no collective
+            return [[] for _ in range(w)]
+        flat = [t.reshape(-1).to(dtype) for dst in range(w) for t in send[dst]]
+        inp = torch.cat(flat) if flat else torch.empty(0, dtype=dtype, device=like.device)
+        in_splits = [sum(t.numel() for t in send[dst]) for dst in range(w)]
+        out_splits = [sum(int(np.prod(sh)) for sh in recv_shapes[src]) for src in range(w)]
+        out = torch.empty(sum(out_splits), dtype=dtype, device=like.device)
+        dist.all_to_all_single(out, inp, out_splits, in_splits, group=self.ring.group)
+        _TRAFFIC[kind] += inp.numel() * inp.element_size()
+        _TRAFFIC["messages"] += sum(1 for n in in_splits if n)
+        got, at = [], 0
+        for src in range(w):
+            views = []
+            for sh in recv_shapes[src]:
+                n = int(np.prod(sh))
+                views.append(out[at:at + n].view(sh))
+                at += n
+            got.append(views)
+        return got
+
+    def sources(self):
+        ring, k, v = self.ring, self.k, self.v
+        r, w = ring.rank, ring.w
+        send, shapes = [[] for _ in range(w)], [[] for _ in range(w)]
+        for other in range(w):
+            if other == r:
+                continue
+            if (other, r) in ring.plan.rows:
+                m = ring.rows(other, r, k.device)
+                send[other] = [t if m is None else t[:, m] for t in (k, v)]
+            if (r, other) in ring.plan.rows:
+                n = ring.count(r, other, k)
+                shapes[other] = [(k.shape[0], n, t.shape[3]) for t in (k, v)]
+        got = self._exchange(send, shapes, k.dtype, "kv_bytes", k)
+        for src in range(w):
+            if src != r:
+                yield src, (ring.unpack(src, got[src], k, v) if got[src] else None)
+
+    def give_back(self, src, partial, dk, dv):
+        if partial is not None:
+            m = self.ring.rows(self.ring.rank, src, dk.device)
+            self.partials[src] = [t if m is None else t[:, m] for t in partial]
+
+    def finish(self, dk, dv):
+        ring = self.ring
+        r, w = ring.rank, ring.w
+        send = [self.partials.get(dst, []) for dst in range(w)]
+        shapes = [[] for _ in range(w)]
+        for other in range(w):
+            if other != r and (other, r) in ring.plan.rows:
+                n = ring.count(other, r, dk)
+                shapes[other] = [(dk.shape[0], n, t.shape[3]) for t in (dk, dv)]
+        got = self._exchange(send, shapes, torch.float32, "grad_bytes", dk)
+        for other in range(w):
+            if got[other]:
+                _add_rows(ring.rows(other, r, dk.device), (dk, dv), got[other])
+
+
+def _add_rows(m, accs, bufs):
+    """accs[i][:, m] += bufs[i] (all rows when m is None)."""
+    for acc, buf in zip(accs, bufs):
+        if m is None:
+            acc += buf.view(acc.shape)
+        else:
+            acc[:, m] += buf
 
 
 def _merge(acc_o, acc_lse, o, lse):
@@ -385,13 +484,21 @@ class _RingAttention(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", scale=None, return_lse: bool = False):
+STRATEGIES = ("ring", "longnet")
+
+
+def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", scale=None, return_lse: bool = False,
+                   strategy: str = "ring"):
     """Attention of `pattern` over a sequence sharded across `group` (default: the whole world).
 
     q [B, S/W, Hq, D], k [B, S/W, Hkv, D], v [B, S/W, Hkv, Dv]: this rank's rows as `shard` cuts
     them with the same `layout`. Returns this rank's rows of o (and lse fp32 [B, Hq, S/W]), equal
-    to attnjit.attention on the whole sequence. Differentiable in q, k and v; fp32, fp16, bf16."""
+    to attnjit.attention on the whole sequence. Differentiable in q, k and v; fp32, fp16, bf16.
+    `strategy`: "ring" (point to point, a step at a time, overlapped) or "longnet" (LongNet's
+    scheme: the rows each rank reads, all exchanged at once in one collective)."""
     w, r = _group_rank(group)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy: expected one of {', '.join(STRATEGIES)}, got {strategy!r}")
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
@@ -414,5 +521,5 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
     from . import _torch_ops  # noqa: F401  (registers torch.ops.attnjit)
 
     plan = comm_plan(p, q.shape[1] * w, q.shape[2], k.shape[2], world_size=w, layout=layout)
-    o, lse = _RingAttention.apply(q, k, v, _Ring(plan, p.op_spec, r, group))
+    o, lse = _RingAttention.apply(q, k, v, _Ring(plan, p.op_spec, r, group, strategy))
     return (o, lse) if return_lse else o

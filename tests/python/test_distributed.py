@@ -52,10 +52,10 @@ def _equality_worker(rank, world, store, layouts, device="cpu"):
             ref = [x.clone().requires_grad_() for x in (q, k, v)]
             o_ref, lse_ref = attnjit.attention(*ref, spec, return_lse=True)
             o_ref.backward(do)
-            for layout in layouts:
-                what = f"{name}, {layout}, world {world}, rank {rank}"
+            for layout, strategy in ((layout, strategy) for layout in layouts for strategy in ad.STRATEGIES):
+                what = f"{name}, {layout}, {strategy}, world {world}, rank {rank}"
                 local = [ad.shard(x, layout=layout).requires_grad_() for x in (q, k, v)]
-                o, lse = ad.ring_attention(*local, spec, layout=layout, return_lse=True)
+                o, lse = ad.ring_attention(*local, spec, layout=layout, return_lse=True, strategy=strategy)
                 o.backward(ad.shard(do, layout=layout))
                 torch.testing.assert_close(o, ad.shard(o_ref.detach(), layout=layout), atol=1e-5, rtol=1e-5, msg=lambda m: f"{what}: o: {m}")
                 torch.testing.assert_close(lse, ad.shard(lse_ref.transpose(1, 2), layout=layout).transpose(1, 2), atol=1e-5,
@@ -92,14 +92,14 @@ def _traffic_worker(rank, world, store, out):
     _init(rank, world, store)
     try:
         sent = {}
-        for name, (spec, hq, hkv) in TRAFFIC_CASES.items():
+        for (name, (spec, hq, hkv)), strategy in ((c, s) for c in TRAFFIC_CASES.items() for s in ad.STRATEGIES):
             q, k, v, do = _inputs(hq, hkv)
             local = [ad.shard(x).requires_grad_() for x in (q, k, v)]
             ad.reset_traffic()
-            o = ad.ring_attention(*local, spec)
+            o = ad.ring_attention(*local, spec, strategy=strategy)
             forward = ad.traffic()
             o.backward(ad.shard(do))
-            sent[name] = {"forward": forward, "total": ad.traffic()}
+            sent[f"{name} {strategy}"] = {"forward": forward, "total": ad.traffic()}
         with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
             json.dump(sent, f)
     finally:
@@ -120,16 +120,19 @@ def test_the_pattern_decides_what_each_rank_sends(tmp_path):
     local, row_bytes = SEQ // world, 2 * 2 * HEAD_DIM * 4  # batch 2, K and V, fp32
     for name, (spec, hq, hkv) in TRAFFIC_CASES.items():
         plan = ad.comm_plan(spec, SEQ, hq, hkv, world_size=world)
-        for r in range(world):
+        for r, strategy in ((r, s) for r in range(world) for s in ad.STRATEGIES):
             want = sum(int(plan.rows[(dst, r)].sum()) for dst in range(world) if dst != r and (dst, r) in plan.rows)
-            assert sent[r][name]["forward"]["kv_bytes"] == want * row_bytes, (name, r)
-            # The backward sends the K/V rows again and their dK/dV (fp32) back: twice as many bytes.
-            assert sent[r][name]["total"]["kv_bytes"] == 2 * want * row_bytes, (name, r)
+            got = sent[r][f"{name} {strategy}"]
+            assert got["forward"]["kv_bytes"] == want * row_bytes, (name, strategy, r)
+            # The backward sends the K/V rows again, and their dK/dV (fp32, as many bytes) back.
+            assert got["total"]["kv_bytes"] == 2 * want * row_bytes, (name, strategy, r)
+            assert got["total"]["grad_bytes"] == sum(
+                int(plan.rows[(r, src)].sum()) for src in range(world) if src != r and (r, src) in plan.rows) * row_bytes
     ring = world * (world - 1) * local  # (row, kv head) units per kv head a plain ring moves
     window = ad.comm_plan(TRAFFIC_CASES["window"][0], SEQ, 2, 2, world_size=world)
     # A 32-token causal window: only the previous rank, only its last 31 rows; rank 3 sends nothing.
     assert sorted(k for k in window.rows if k[0] != k[1]) == [(1, 0), (2, 1), (3, 2)]
-    assert sent[3]["window"]["total"]["kv_bytes"] == 0
+    assert sent[3]["window ring"]["total"]["kv_bytes"] == 0
     for r in (1, 2, 3):
         assert window.rows[(r, r - 1)][:, -31:].all() and not window.rows[(r, r - 1)][:, :-31].any()
     assert window.moved_rows() == 3 * 2 * 31  # of the ring's 3072: 6%
@@ -138,7 +141,7 @@ def test_the_pattern_decides_what_each_rank_sends(tmp_path):
     assert dilated.moved_rows() * 4 == ring * 4
     dense = ad.comm_plan(TRAFFIC_CASES["dense"][0], SEQ, 2, 2, world_size=world)
     assert dense.moved_rows() == ring * 2
-    assert sum(s["dilated"]["forward"]["kv_bytes"] for s in sent) * 4 == sum(s["dense"]["forward"]["kv_bytes"] for s in sent) * 2
+    assert sum(s["dilated ring"]["forward"]["kv_bytes"] for s in sent) * 4 == sum(s["dense ring"]["forward"]["kv_bytes"] for s in sent) * 2
 
 
 def test_the_comm_plan_prints_its_steps():
@@ -183,6 +186,8 @@ def test_bad_input_is_refused_naming_what_is_wrong(one_rank):
         ad.ring_attention(q[0], k, v, LONGNET)
     with pytest.raises(ValueError, match="layout: expected one of"):
         ad.ring_attention(q, k, v, LONGNET, layout="striped")
+    with pytest.raises(ValueError, match="strategy: expected one of ring, longnet, got 'allgather'"):
+        ad.ring_attention(q, k, v, LONGNET, strategy="allgather")
     with pytest.raises(attnjit.PatternError):
         ad.ring_attention(q, k, v, {"attnjit": 1, "branches": [{"segment": 64, "dilation": 0}]})
     dyn = {"attnjit": 1, "layout": {"block": 16, "dynamic": True}, "branches": [{"segment": "full"}]}

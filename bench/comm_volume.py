@@ -1,0 +1,39 @@
+"""How many K/V bytes attnjit.distributed moves, against a plain ring, per example pattern.
+
+    PYTHONPATH=build/python python3 bench/comm_volume.py [--seq 32768] [--heads 16] [--ranks 4,8]
+
+A plain ring moves every K/V chunk to every other rank: W * (W - 1) chunks of S/W rows per kv
+head. The comm plan (attnjit.distributed.comm_plan) moves the rows each rank reads, from their
+owner; the figure is the same for both strategies and for the backward's K/V (its dK/dV go back
+in the same amount). Also prints how long making the comm plan takes (done once per shape)."""
+import argparse
+import pathlib
+import time
+
+import attnjit
+import attnjit.distributed as ad
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seq", type=int, default=32768)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--ranks", default="4,8")
+    args = ap.parse_args()
+    print(f"| spec | S | heads | ranks | layout | K/V moved vs a plain ring | comm plan ms |")
+    print("|---|---|---|---|---|---|---|")
+    for spec in sorted(p for p in EXAMPLES.glob("*.json") if p.name != "manifest.json"):
+        for w in (int(x) for x in args.ranks.split(",")):
+            for layout in ad.LAYOUTS:
+                t = time.perf_counter()
+                plan = ad.CommPlan(attnjit.Pattern.load(spec).op_spec, args.seq, args.heads, args.heads, w, layout)
+                ms = 1e3 * (time.perf_counter() - t)
+                ring = w * (w - 1) * plan.local_len * args.heads
+                print(f"| {spec.stem} | {args.seq} | {args.heads} | {w} | {layout} | "
+                      f"{100.0 * plan.moved_rows() / ring:.1f}% | {ms:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
