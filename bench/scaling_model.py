@@ -1,0 +1,255 @@
+"""A model on paper of attnjit.distributed on 8 to 64 H100s (docs/scaling.md): per-step compute
+time against transfer time, and the efficiency of the ring, for dense causal attention and
+LongNet at 1M to 16M tokens.
+
+    PYTHONPATH=build/python python3 bench/scaling_model.py            # the tables of docs/scaling.md
+    PYTHONPATH=build/python python3 bench/scaling_model.py --check    # the model against comm plans
+
+The model counts, for every (query rank, key rank), the attended pairs and the K/V rows the
+query rank reads, by formula (segments, residues, chunk order), so it runs at 16M tokens; --check
+compares those counts with what attnjit computes at small sizes (Pattern.stats with the chunks'
+offsets, and the comm plan's rows and chunk pairs, which the gloo tests show equal to the bytes
+each rank sends). Times: pairs x 4 x D / throughput (+ the merge's memory passes), bytes /
+bandwidth, with the throughputs measured on an H100 (bench/NOTES.md) and the links' nominal
+bandwidths. Efficiency: the kernels' time alone, spread evenly, over the modelled time."""
+import argparse
+import functools
+import math
+import sys
+
+import numpy as np
+
+# Measured on an H100 (bench/results/NVIDIA_H100_80GB_HBM3/loads_ab/bench_new.txt, 16K tokens,
+# 16 heads, D 128, bf16): useful TFLOP/s forward and backward.
+THROUGHPUT = {"dense causal": (232.2e12, 140.3e12), "longnet": (215.2e12, 150.0e12)}
+NVLINK = 450e9  # bytes/s each way per GPU (NVLink 4: 900 GB/s both ways), 8 GPUs per node
+IB = 50e9  # bytes/s each way per GPU (one 400 Gb/s InfiniBand NIC per GPU)
+HBM = 3.35e12  # bytes/s, H100 SXM's HBM3
+HEADS, HEAD_DIM, BYTES = 16, 128, 2  # bf16
+# The fp32 merge of a step's (O, LSE) into the running result, and the backward's accumulation of
+# dQ and of a received chunk's dK/dV, are PyTorch elementwise passes over [L, H, D]: bytes moved
+# per element (reads and writes, the LSE weights' passes included).
+MERGE_BYTES = {"forward": 16, "backward": 30}
+
+
+def longnet_example():
+    return [(2048, 1), (4096, 2), (8192, 4), (16384, 6), (32768, 12)]  # examples/longnet.json
+
+
+def longnet_geometric(seq, base=2048):
+    """LongNet grown to the whole sequence: segments base * 2^i, dilations 2^i (each branch
+    attends base / 1 keys per query per segment: linear cost)."""
+    out, w, r = [], base, 1
+    while w <= seq:
+        out.append((w, r))
+        w, r = 2 * w, 2 * r
+    return out
+
+
+def _count(x, r, off):
+    """#{l in [0, x): l mod r == off}."""
+    return (x - off + r - 1) // r if x > off else 0
+
+
+def _shared_segments(qlo, qn, klo, kn, w):
+    return max(qlo // w, klo // w), min((qlo + qn - 1) // w, (klo + kn - 1) // w)
+
+
+def dilated_pairs(branches, qlo, qn, klo, kn, heads):
+    """Pairs (over heads, head_mod offsets) of a non-causal dilated pattern between two chunks."""
+    total = 0
+    for w, r in branches:
+        s0, s1 = _shared_segments(qlo, qn, klo, kn, w)
+        for seg in range(s0, s1 + 1):
+            a = seg * w
+            for h in range(min(heads, r)):
+                nq = _count(min(a + w, qlo + qn) - a, r, h) - _count(max(a, qlo) - a, r, h)
+                nk = _count(min(a + w, klo + kn) - a, r, h) - _count(max(a, klo) - a, r, h)
+                total += nq * nk * len(range(h, heads, r))
+    return total
+
+
+@functools.lru_cache(maxsize=None)
+def _residue_union(classes):
+    """The positions x mod L (L = lcm of the r) with x = c mod r for some (r, c), as a bool array."""
+    period = math.lcm(*(r for r, _ in classes))
+    hit = np.zeros(period, dtype=bool)
+    for r, c in classes:
+        hit[c % r::r] = True
+    return hit
+
+
+def _count_hits(hit, lo, n):
+    """#{p in [lo, lo + n): hit[p mod len(hit)]}."""
+    period = len(hit)
+    full, rest = divmod(n, period)
+    tail = (lo + full * period + np.arange(rest)) % period
+    return full * int(hit.sum()) + int(hit[tail].sum())
+
+
+def dilated_rows(branches, qlo, qn, klo, kn, heads):
+    """(row, head) units of the key chunk the query chunk reads: per head, the rows selected by a
+    branch whose segment holds both chunks (each chunk inside one segment of every branch that
+    reaches across: the sizes here are powers of two)."""
+    total = 0
+    for h in range(heads):
+        classes = []
+        for w, r in branches:
+            s0, s1 = _shared_segments(qlo, qn, klo, kn, w)
+            if s0 > s1:
+                continue
+            assert s0 == s1 and w >= kn, "a chunk spans several segments of a branch that reaches across"
+            classes.append((r, (s0 * w + h % r) % r))
+        if classes:
+            total += _count_hits(_residue_union(tuple(sorted(classes))), klo, kn)
+    return total
+
+
+def causal_pairs(qchunks, kchunks, heads):
+    total = 0
+    for a, n in qchunks:
+        for b, m in kchunks:
+            total += n * m if a > b else (n * (n + 1) // 2 if a == b else 0)
+    return total * heads
+
+
+def causal_rows(qchunks, kchunks, heads):
+    return sum(m for b, m in kchunks if any(a >= b for a, _ in qchunks)) * heads
+
+
+def chunks(seq, world, rank, layout):
+    if layout == "contiguous":
+        n = seq // world
+        return [(rank * n, n)]
+    n = seq // (2 * world)
+    return [(rank * n, n), ((2 * world - 1 - rank) * n, n)]
+
+
+def pair_counts(kind, branches, seq, world, layout, heads):
+    """pairs[q][k], rows[q][k] (key rows read) and qrows[q][k] (query rows with work; (row, head)
+    units) for every (query rank, key rank)."""
+    pairs, rows, qrows = (np.zeros((world, world)) for _ in range(3))
+    for q in range(world):
+        for k in range(world):
+            qc, kc = chunks(seq, world, q, layout), chunks(seq, world, k, layout)
+            if kind == "dense causal":
+                pairs[q, k] = causal_pairs(qc, kc, heads)
+                rows[q, k] = causal_rows(qc, kc, heads) if q != k else 0
+                qrows[q, k] = sum(n for a, n in qc if any(a >= b for b, _ in kc)) * heads
+            else:
+                pairs[q, k] = sum(dilated_pairs(branches, a, n, b, m, heads) for a, n in qc for b, m in kc)
+                rows[q, k] = sum(dilated_rows(branches, a, n, b, m, heads) for a, n in qc for b, m in kc) if q != k else 0
+                # The query side of the same count (the branches reaching across select rows alike).
+                qrows[q, k] = (sum(dilated_rows(branches, b, m, a, n, heads) for a, n in qc for b, m in kc) if q != k
+                               else sum(n for _, n in qc) * heads)
+    return pairs, rows, qrows
+
+
+def bandwidth(src, dst):
+    return NVLINK if src // 8 == dst // 8 else IB
+
+
+def model(kind, branches, seq, world, layout):
+    """Per-step compute and transfer times (s) and the efficiencies of both strategies."""
+    pairs, rows, qrows = pair_counts(kind, branches, seq, world, layout, HEADS)
+    local = seq // world * HEADS
+    fwd_tp, bwd_tp = THROUGHPUT[kind]
+    kv = 2 * HEAD_DIM * BYTES  # K and V bytes per (row, kv head)
+    out = {}
+    for direction, tp, flops_factor, bytes_factor in (("forward", fwd_tp, 1.0, 1.0), ("backward", bwd_tp, 2.5, 3.0)):
+        # The backward moves the K/V rows again and sends their dK/dV (fp32: twice the bytes) back.
+        merge = local * HEAD_DIM * MERGE_BYTES[direction] / HBM
+        kernels = np.array([[pairs[r, (r - s) % world] * 4 * HEAD_DIM * flops_factor / tp for r in range(world)]
+                            for s in range(world)])
+        # Today every step with work merges (and its kernel writes) all local rows; "rows with work":
+        # only the query rows the step attends.
+        busy = np.array([[pairs[r, (r - s) % world] > 0 for r in range(world)] for s in range(world)])
+        part = np.array([[qrows[r, (r - s) % world] / local for r in range(world)] for s in range(world)])
+        comp = kernels + merge * busy
+        comp_rows = kernels + merge * part
+        xfer = np.array([[rows[r, (r - s) % world] * kv * bytes_factor / bandwidth((r - s) % world, r) for r in range(world)]
+                         for s in range(world)])
+        # Ring: step s's transfer overlaps step s-1's kernels; a step lasts as long as its slowest rank.
+        def ring_time(c):
+            return sum(max(c[s].max(), xfer[s + 1].max() if s + 1 < world else 0.0) for s in range(world))
+        steps = ring_time(comp)
+        ideal = pairs.sum() * 4 * HEAD_DIM * flops_factor / tp / world  # the kernels alone, balanced
+        # LongNet's scheme: everything moved first (the links of a rank in parallel), then the kernels.
+        nv = np.array([sum(rows[r, k] for k in range(world) if k != r and k // 8 == r // 8) for r in range(world)])
+        ib = np.array([sum(rows[r, k] for k in range(world) if k // 8 != r // 8) for r in range(world)])
+        gather = max(np.maximum(nv * kv * bytes_factor / NVLINK, ib * kv * bytes_factor / IB)) + comp.sum(axis=0).max()
+        out[direction] = {"compute_ms": 1e3 * comp[1:].max() if world > 1 else 0.0,
+                          "transfer_ms": 1e3 * xfer[1:].max() if world > 1 else 0.0,
+                          "ring": ideal / steps, "ring_rows": ideal / ring_time(comp_rows), "longnet": ideal / gather,
+                          "total_ms": 1e3 * steps}
+    out["gb_per_rank"] = rows.sum(axis=1).max() * kv / 1e9
+    out["ring_gb_per_rank"] = (world - 1) * seq / world * HEADS * kv / 1e9
+    return out
+
+
+CASES = [("dense causal", None, "zigzag"), ("longnet", "example", "contiguous"), ("longnet", "geometric", "contiguous")]
+
+
+def tables(seqs, worlds):
+    print("| pattern | tokens | GPUs | step compute ms | step transfer ms | K/V GB per GPU (plain ring) "
+          "| ring fwd / bwd | LongNet scheme fwd / bwd | ring, rows with work only | forward s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for kind, config, layout in CASES:
+        for seq in seqs:
+            for world in worlds:
+                branches = None if config is None else (longnet_example() if config == "example" else longnet_geometric(seq))
+                m = model(kind, branches, seq, world, layout)
+                f, b = m["forward"], m["backward"]
+                name = kind if config is None else f"LongNet ({config})"
+                print(f"| {name}, {layout} | {seq // 2**20}M | {world} | {f['compute_ms']:.1f} | {f['transfer_ms']:.1f} | "
+                      f"{m['gb_per_rank']:.2f} ({m['ring_gb_per_rank']:.2f}) | {100 * f['ring']:.0f}% / {100 * b['ring']:.0f}% | "
+                      f"{100 * f['longnet']:.0f}% / {100 * b['longnet']:.0f}% | "
+                      f"{100 * f['ring_rows']:.0f}% / {100 * b['ring_rows']:.0f}% | {f['total_ms'] / 1e3:.2f} |")
+
+
+def check():
+    """The model's pair and row counts against attnjit's at small sizes (scaled-down LongNets)."""
+    import attnjit
+    import attnjit.distributed as ad
+
+    heads, failures = 4, 0
+    specs = [("dense causal", None, {"attnjit": 1, "causal": True, "branches": [{"segment": "full"}]}, "zigzag"),
+             ("longnet", [(128, 1), (256, 2), (512, 4), (1024, 6), (2048, 12)], None, "contiguous"),
+             ("longnet", None, None, "contiguous")]
+    for seq, world in ((4096, 2), (4096, 4), (4096, 8), (8192, 8)):
+        for kind, branches, spec, layout in specs:
+            if kind == "longnet":
+                branches = branches or longnet_geometric(seq, base=64)
+                spec = {"attnjit": 1, "branches": [{"segment": w, "dilation": r} for w, r in branches]}
+            p = attnjit.Pattern.from_json(spec)
+            plan = ad.comm_plan(p, seq, heads, world_size=world, layout=layout)
+            pairs, rows, _ = pair_counts(kind, branches, seq, world, layout, heads)
+            for q in range(world):
+                for k in range(world):
+                    qc, kc = chunks(seq, world, q, layout), chunks(seq, world, k, layout)
+                    want_pairs = sum(p.stats(n, heads, m, heads, a, b)["attended_pairs"] for a, n in qc for b, m in kc)
+                    want_rows = int(plan.rows[(q, k)].sum()) if (q, k) in plan.rows and q != k else 0
+                    ok = pairs[q, k] == want_pairs and rows[q, k] == want_rows and (pairs[q, k] > 0) == ((q, k) in plan.pairs)
+                    if not ok:
+                        failures += 1
+                        print(f"MISMATCH {kind} {layout} seq {seq} world {world} ranks ({q}, {k}): model pairs "
+                              f"{pairs[q, k]:.0f} rows {rows[q, k]:.0f}; attnjit pairs {want_pairs} rows {want_rows}")
+            print(f"checked {kind} ({'example-like' if branches and branches[-1][1] == 12 else 'geometric' if branches else 'causal'}), "
+                  f"{layout}, seq {seq}, {world} ranks: steps with work {len(plan.pairs)}, rows moved {plan.moved_rows()}")
+    print("model == attnjit" if not failures else f"{failures} mismatches")
+    return failures == 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="compare the model's counts with attnjit's comm plans")
+    ap.add_argument("--seq", default="1,4,16", help="sequence lengths in Mi tokens")
+    ap.add_argument("--gpus", default="8,16,32,64")
+    args = ap.parse_args()
+    if args.check:
+        sys.exit(0 if check() else 1)
+    tables([int(x) * 2**20 for x in args.seq.split(",")], [int(x) for x in args.gpus.split(",")])
+
+
+if __name__ == "__main__":
+    main()
