@@ -272,19 +272,23 @@ nb::dict stats(const std::string& spec, int64_t seq_q, int64_t heads_q, int64_t 
   return d;
 }
 
-// The key rows one call attends: uint8 [Hkv, Sk] (plan_key_rows). What attnjit.distributed sends
-// of a K/V shard; all zero when the call attends nothing.
-nb::ndarray<nb::numpy, uint8_t> key_rows(const std::string& spec, int64_t seq_q, int64_t heads_q, int64_t seq_k,
-                                         int64_t heads_kv, int64_t q_offset, int64_t k_offset) {
+// What one call touches: (key rows attended, uint8 [Hkv, Sk]; query rows computed, uint8 [Hq, Sq])
+// (plan_key_rows, plan_query_rows). What attnjit.distributed sends of a K/V shard and merges of a
+// step's output; both all zero when the call attends nothing.
+std::tuple<nb::ndarray<nb::numpy, uint8_t>, nb::ndarray<nb::numpy, uint8_t>> call_rows(
+    const std::string& spec, int64_t seq_q, int64_t heads_q, int64_t seq_k, int64_t heads_kv, int64_t q_offset, int64_t k_offset) {
   const Shape s = shape_of(1, seq_q, seq_k, heads_q, heads_kv, 64, 64, q_offset, k_offset);
   const Pattern p = pattern_of(spec);
   check_pattern_fits(p, s);
-  std::vector<uint8_t> rows;
+  std::vector<uint8_t> keys, queries;
   {
     nb::gil_scoped_release release;
-    rows = plan_key_rows(lower_to_plan(p, s, TileConfig{64, 64}), p);
+    const Plan plan = lower_to_plan(p, s, TileConfig{64, 64});
+    keys = plan_key_rows(plan, p);
+    queries = plan_query_rows(plan);
   }
-  return numpy_of(std::move(rows), {static_cast<size_t>(heads_kv), static_cast<size_t>(seq_k)});
+  return {numpy_of(std::move(keys), {static_cast<size_t>(heads_kv), static_cast<size_t>(seq_k)}),
+          numpy_of(std::move(queries), {static_cast<size_t>(heads_q), static_cast<size_t>(seq_q)})};
 }
 
 // How many branches attend each (query head, query row, key row): uint8 [Hq, Sq, Sk].
@@ -426,7 +430,7 @@ NB_MODULE(_attnjit, m) {
   m.def("check_weights_size", &check_weights_size);
   m.def("stats", &stats);
   m.def("mask", &mask);
-  m.def("key_rows", &key_rows);
+  m.def("call_rows", &call_rows);
   m.def("info", &info);
   m.def("_add_nvrtc_search_path", &add_nvrtc_search_path, "a file or folder to search for NVRTC (the package registers PyPI's NVRTC wheels)");
   m.def("backward_workspace_bytes", &backward_workspace_bytes);

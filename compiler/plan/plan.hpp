@@ -129,6 +129,11 @@ Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, co
 // (python/attnjit/distributed.py).
 std::vector<uint8_t> plan_key_rows(const Plan& plan, const Pattern& p, const DynamicLayout* dynamic = nullptr);
 
+// The query rows a plan computes: uint8 [heads_q * seq_q], 1 for the rows of work items that visit
+// a tile (a superset of the rows that attend a key); every other row comes out as O = 0,
+// LSE = -inf. Ring attention merges only these rows of a step's output.
+std::vector<uint8_t> plan_query_rows(const Plan& plan);
+
 // Does the mask of `branch` allow the global positions (qpos, kpos) inside a partial tile? This is
 // the per-element predicate a kernel evaluates: causal, window and layout (segments and
 // selection are already in the row maps).

@@ -1,4 +1,5 @@
-// The key rows a plan reads (see plan.hpp, plan_key_rows).
+// The key rows a plan attends and the query rows it computes (plan.hpp: plan_key_rows,
+// plan_query_rows).
 #include "compiler/plan/plan.hpp"
 
 namespace attnjit {
@@ -27,6 +28,19 @@ std::vector<uint8_t> plan_key_rows(const Plan& plan, const Pattern& p, const Dyn
         }
       });
     }
+  }
+  return rows;
+}
+
+std::vector<uint8_t> plan_query_rows(const Plan& plan) {
+  const Shape& s = plan.shape;
+  std::vector<uint8_t> rows(static_cast<size_t>(s.heads_q * s.seq_q), 0);
+  for (const WorkItem& item : plan.items) {
+    bool visits = false;
+    for (int64_t sp = item.span_begin; sp < item.span_end && !visits; ++sp)
+      visits = span_tile_count(plan, plan.spans[static_cast<size_t>(sp)]) > 0;
+    if (!visits) continue;
+    for (int64_t r = 0; r < item.rows.count; ++r) rows[static_cast<size_t>(item.head * s.seq_q + item.rows.at(r))] = 1;
   }
   return rows;
 }

@@ -40,6 +40,7 @@ from ._pattern import as_pattern
 LAYOUTS = ("contiguous", "zigzag")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TRAFFIC = {"kv_bytes": 0, "grad_bytes": 0, "messages": 0}
+_NCCL_READY = set()  # process groups (None: the default one) that have had a full collective
 
 
 def traffic() -> dict:
@@ -69,29 +70,51 @@ def chunks_of(seq_len: int, world_size: int, rank: int, layout: str = "contiguou
 
 class CommPlan:
     """What ring_attention computes and moves for one pattern, sequence, head count, world size and
-    layout; the same on every rank. `pairs[(qr, kr)]`: the (query chunk, key chunk) index pairs of
-    ranks qr and kr that attend anything; `rows[(qr, kr)]`: bool [heads_kv, S/W], the K/V rows of
-    rank kr that rank qr reads (absent: none). print() shows it step by step."""
+    layout; the same on every rank. Made per pair of ranks on first use (a rank needs only the pairs
+    it takes part in); `pairs` and `rows` give them all, print() shows them step by step.
+
+    `pairs[(qr, kr)]`: the (query chunk, key chunk) index pairs of ranks qr and kr that attend
+    anything; `rows[(qr, kr)]`: bool [heads_kv, S/W], the K/V rows of rank kr that rank qr reads
+    (a pair with nothing to attend is absent from both)."""
 
     def __init__(self, spec: str, seq_len: int, heads_q: int, heads_kv: int, world_size: int, layout: str):
+        self.spec = spec
         self.seq_len, self.heads_q, self.heads_kv = seq_len, heads_q, heads_kv
         self.world_size, self.layout = world_size, layout
         self.chunks = [chunks_of(seq_len, world_size, r, layout) for r in range(world_size)]
         self.local_len = seq_len // world_size
-        self.pairs, self.rows = {}, {}
-        for qr in range(world_size):
-            for kr in range(world_size):
-                need = np.zeros((heads_kv, self.local_len), dtype=bool)
-                pairs = []
-                for qi, (qs, ql) in enumerate(self.chunks[qr]):
-                    for ki, (ks, kl) in enumerate(self.chunks[kr]):
-                        read = _attnjit.key_rows(spec, ql, heads_q, kl, heads_kv, qs, ks).astype(bool)
-                        if read.any():
-                            pairs.append((qi, ki))
-                            a = self.local_start(ki)
-                            need[:, a:a + kl] |= read
-                if pairs:
-                    self.pairs[(qr, kr)], self.rows[(qr, kr)] = pairs, need
+        self._pairs = {}
+
+    def pair(self, qr: int, kr: int):
+        """(chunk pairs, key rows read, {chunk pair: query rows computed}) of ranks qr and kr, or
+        None when they attend nothing. Query rows: bool [rows, heads_q] of the query chunk, None
+        when all."""
+        if (qr, kr) not in self._pairs:
+            need = np.zeros((self.heads_kv, self.local_len), dtype=bool)
+            pairs, queries = [], {}
+            for qi, (qs, ql) in enumerate(self.chunks[qr]):
+                for ki, (ks, kl) in enumerate(self.chunks[kr]):
+                    read, computed = _attnjit.call_rows(self.spec, ql, self.heads_q, kl, self.heads_kv, qs, ks)
+                    if read.any():
+                        pairs.append((qi, ki))
+                        a = self.local_start(ki)
+                        need[:, a:a + kl] |= read.astype(bool)
+                        computed = computed.astype(bool)
+                        queries[(qi, ki)] = None if computed.all() else np.ascontiguousarray(computed.T)
+            self._pairs[(qr, kr)] = (pairs, need, queries) if pairs else None
+        return self._pairs[(qr, kr)]
+
+    def _all(self, index):
+        w = self.world_size
+        return {(q, k): self.pair(q, k)[index] for q in range(w) for k in range(w) if self.pair(q, k) is not None}
+
+    @property
+    def pairs(self):
+        return self._all(0)
+
+    @property
+    def rows(self):
+        return self._all(1)
 
     def local_start(self, chunk: int) -> int:
         """Where chunk `chunk` of a rank starts in its local tensor."""
@@ -111,11 +134,12 @@ class CommPlan:
             cells = []
             for r in range(w):
                 src = (r - s) % w
-                if (r, src) not in self.rows:
+                got = self.pair(r, src)
+                if got is None:
                     cells.append(f"r{r}<-r{src} -")
                 else:
-                    moved = "local" if s == 0 else f"{100.0 * self.rows[(r, src)].sum() / full:.1f}% rows"
-                    cells.append(f"r{r}<-r{src} {len(self.pairs[(r, src)])} pairs, {moved}")
+                    moved = "local" if s == 0 else f"{100.0 * got[1].sum() / full:.1f}% rows"
+                    cells.append(f"r{r}<-r{src} {len(got[0])} pairs, {moved}")
             lines.append(f"step {s}: " + " | ".join(cells))
         ring = w * (w - 1) * full
         moved = self.moved_rows()
@@ -214,6 +238,66 @@ class _Exchange:
         self.works = []
 
 
+class _Units:
+    """Some (row, head) units of tensors laid out [B, rows, heads, ...] (K, V, O and gradients) and
+    [B, heads, rows] (LSE), chosen by a bool [rows, heads] mask over rows [offset, offset + rows)
+    of tensors with `total` rows, as flat indices: gathers, copies and sums go through index_select
+    / index_copy_ / index_add_, which (unlike boolean indexing) never wait for the GPU, so the
+    transfers queued behind the kernels keep flowing."""
+
+    def __init__(self, mask, device, offset=0, total=None):
+        rows, heads = mask.shape
+        total = rows if total is None else total
+        r, h = np.nonzero(mask)
+
+        def index(a):
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
+
+        self.count = len(r)
+        self.local, self.placed = index(r * heads + h), index((r + offset) * heads + h)
+        self.local_lse, self.placed_lse = index(h * rows + r), index(h * total + r + offset)
+
+    @staticmethod
+    def of(mask, device, offset=0, total=None):
+        """The units of `mask`, or None when it holds them all (whole tensors, no indexing)."""
+        return None if mask.all() else _Units(mask, device, offset, total)
+
+
+def _flat(t):
+    return t.reshape(t.shape[0], t.shape[1] * t.shape[2], *t.shape[3:])
+
+
+def _gather(units, t):
+    """The units of t [B, rows, heads, D] as [B, count, D] (t itself when units is None)."""
+    return t if units is None else _flat(t).index_select(1, units.local)
+
+
+def _place(units, buf, like):
+    """A tensor like `like` (zero outside the units) holding the gathered `buf`."""
+    if units is None:
+        return buf.view(like.shape)
+    full = torch.zeros_like(like)
+    _flat(full).index_copy_(1, units.local, buf)
+    return full
+
+
+def _add_gathered(units, acc, buf):
+    """acc [B, rows, heads, D] += the gathered `buf` at its units (a whole tensor when None)."""
+    if units is None:
+        acc += buf.view(acc.shape)
+    else:
+        _flat(acc).index_add_(1, units.placed, buf.to(acc.dtype))
+
+
+def _add_part(units, acc, part):
+    """acc [B, total, heads, D] += part [B, rows, heads, D] (a chunk's gradient placed at the units'
+    offset) on the units only: elsewhere the part is zero."""
+    if units is None:
+        acc += part
+    else:
+        _flat(acc).index_add_(1, units.placed, _flat(part).index_select(1, units.local).to(acc.dtype))
+
+
 class _Ring:
     """One ring_attention call on this rank: the chunk-pair kernels, and the K/V they need moved
     by `strategy` ("ring": point to point, a step at a time; "longnet": one all_to_all up front)."""
@@ -221,58 +305,73 @@ class _Ring:
     def __init__(self, plan: CommPlan, spec: str, rank: int, group, strategy: str):
         self.plan, self.spec, self.rank, self.group, self.strategy = plan, spec, rank, group, strategy
         self.w = plan.world_size
-        self._masks = {}
+        self._cache = {}
+        # NCCL: a group's first collective must include all its ranks, and a step's batch of
+        # point-to-point calls may leave a rank out (it sends and receives nothing). One barrier
+        # per group makes sure the first call is a full one.
+        if strategy == "ring" and self.w > 1 and dist.get_backend(group) == "nccl" and group not in _NCCL_READY:
+            dist.barrier(group=group)
+            _NCCL_READY.add(group)
 
     def rows(self, qr, kr, device):
-        """The rows rank qr reads of rank kr's K/V as a bool [S/W, heads_kv] index, None for all."""
-        key = (qr, kr, str(device))
-        if key not in self._masks:
-            need = self.plan.rows[(qr, kr)]
-            self._masks[key] = None if need.all() else torch.from_numpy(np.ascontiguousarray(need.T)).to(device)
-        return self._masks[key]
+        """The K/V units rank qr reads of rank kr's (None: all)."""
+        key = ("rows", qr, kr, str(device))
+        if key not in self._cache:
+            self._cache[key] = _Units.of(np.ascontiguousarray(self.plan.pair(qr, kr)[1].T), device)
+        return self._cache[key]
 
     def count(self, qr, kr, like):
         """How many (row, kv head) units of `like` rank qr reads of rank kr."""
-        m = self.rows(qr, kr, like.device)
-        return like.shape[1] * like.shape[2] if m is None else int(m.sum())
+        units = self.rows(qr, kr, like.device)
+        return like.shape[1] * like.shape[2] if units is None else units.count
 
     def chunk(self, r, i):
         """(local start, length, global start) of chunk i of rank r."""
         s, n = self.plan.chunks[r][i]
         return self.plan.local_start(i), n, s
 
+    def chunk_pairs(self, kr, device):
+        """(query chunk, key chunk, query units computed, key units read) of this rank's queries and
+        rank kr's keys; the units sit at the chunks' places in the local tensors."""
+        key = ("pairs", kr, str(device))
+        if key not in self._cache:
+            got = self.plan.pair(self.rank, kr)
+            out, total = [], self.plan.local_len
+            for qi, ki in (got[0] if got else ()):
+                qa, ka = self.chunk(self.rank, qi)[0], self.chunk(kr, ki)[0]
+                kn = self.chunk(kr, ki)[1]
+                computed = got[2][(qi, ki)]
+                out.append((qi, ki, None if computed is None else _Units(computed, device, qa, total),
+                            _Units.of(np.ascontiguousarray(got[1][:, ka:ka + kn].T), device, ka, total)))
+            self._cache[key] = out
+        return self._cache[key]
+
     def unpack(self, src, bufs, k, v):
         """Rank src's K/V, local-sized, from the rows this rank received (zero elsewhere: unread)."""
-        m = self.rows(self.rank, src, k.device)
-        if m is None:
-            return bufs[0].view(k.shape), bufs[1].view(v.shape)
-        out = []
-        for buf, like in zip(bufs, (k, v)):
-            full = torch.zeros_like(like)
-            full[:, m] = buf
-            out.append(full)
-        return out
+        units = self.rows(self.rank, src, k.device)
+        return _place(units, bufs[0], k), _place(units, bufs[1], v)
 
     # The kernels of the chunk pairs of (this rank's queries, rank kr's keys).
     def attend(self, q, kr, kk, vv, acc_o, acc_lse):
-        for qi, ki in self.plan.pairs.get((self.rank, kr), ()):
+        for qi, ki, computed, _ in self.chunk_pairs(kr, q.device):
             qa, qn, qs = self.chunk(self.rank, qi)
             ka, kn, ks = self.chunk(kr, ki)
             o, lse = torch.ops.attnjit.attention(q[:, qa:qa + qn], kk[:, ka:ka + kn], vv[:, ka:ka + kn], self.spec, qs, ks, 0,
                                                  None, None, None)
-            _merge(acc_o[:, qa:qa + qn], acc_lse[:, :, qa:qa + qn], o, lse)
+            _merge(acc_o, acc_lse, qa, o, lse, computed)
 
     def attend_backward(self, q, o, lse, do, kr, kk, vv, dq, dkk, dvv):
-        for qi, ki in self.plan.pairs.get((self.rank, kr), ()):
+        for qi, ki, computed, read in self.chunk_pairs(kr, q.device):
             qa, qn, qs = self.chunk(self.rank, qi)
             ka, kn, ks = self.chunk(kr, ki)
             rows, keys = slice(qa, qa + qn), slice(ka, ka + kn)
             gq, gk, gv = torch.ops.attnjit.attention_backward(
                 q[:, rows], kk[:, keys], vv[:, keys], o[:, rows], lse[:, :, rows].contiguous(), do[:, rows], self.spec, qs,
                 ks, 0, None, None, None)
-            dq[:, rows] += gq
-            dkk[:, keys] += gk
-            dvv[:, keys] += gv
+            # Rows the call does not compute or read have zero gradients: only the others are added.
+            _add_part(computed, dq if computed is not None else dq[:, rows], gq)
+            for acc, part in ((dkk, gk), (dvv, gv)):
+                _add_part(read, acc if read is not None else acc[:, keys], part)
 
     def moves(self, k, v):
         return _RingMoves(self, k, v) if self.strategy == "ring" else _GatherMoves(self, k, v)
@@ -317,12 +416,12 @@ class _RingMoves:
         r, w = ring.rank, ring.w
         dst, src = (r + step) % w, (r - step) % w
         ex = _Exchange(ring.group, "kv_bytes")
-        if (dst, r) in ring.plan.rows:
-            m = ring.rows(dst, r, k.device)
+        if ring.plan.pair(dst, r) is not None:
+            units = ring.rows(dst, r, k.device)
             for t, tag in ((k, 0), (v, 1)):
-                ex.send(t if m is None else t[:, m], dst, 4 * step + tag)
+                ex.send(_gather(units, t), dst, 4 * step + tag)
         bufs = None
-        if (r, src) in ring.plan.rows:
+        if ring.plan.pair(r, src) is not None:
             n = ring.count(r, src, k)
             bufs = [torch.empty((k.shape[0], n, t.shape[3]), dtype=t.dtype, device=t.device) for t in (k, v)]
             ex.recv(bufs[0], src, 4 * step)
@@ -347,11 +446,11 @@ class _RingMoves:
         dst = (r + step) % w
         ex = _Exchange(ring.group, "grad_bytes")
         if partial is not None:
-            m = ring.rows(r, src, dk.device)
+            units = ring.rows(r, src, dk.device)
             for t, tag in zip(partial, (2, 3)):
-                ex.send(t if m is None else t[:, m], src, 4 * step + tag)
+                ex.send(_gather(units, t), src, 4 * step + tag)
         bufs = None
-        if (dst, r) in ring.plan.rows:
+        if ring.plan.pair(dst, r) is not None:
             n = ring.count(dst, r, dk)
             bufs = [torch.empty((dk.shape[0], n, t.shape[3]), dtype=torch.float32, device=t.device) for t in (dk, dv)]
             ex.recv(bufs[0], dst, 4 * step + 2)
@@ -367,7 +466,9 @@ class _RingMoves:
         self.grads = None
         ex.wait()
         if bufs is not None:
-            _add_rows(self.ring.rows(dst, self.ring.rank, dk.device), (dk, dv), bufs)
+            units = self.ring.rows(dst, self.ring.rank, dk.device)
+            _add_gathered(units, dk, bufs[0])
+            _add_gathered(units, dv, bufs[1])
 
 
 class _GatherMoves:
@@ -411,10 +512,10 @@ class _GatherMoves:
         for other in range(w):
             if other == r:
                 continue
-            if (other, r) in ring.plan.rows:
-                m = ring.rows(other, r, k.device)
-                send[other] = [t if m is None else t[:, m] for t in (k, v)]
-            if (r, other) in ring.plan.rows:
+            if ring.plan.pair(other, r) is not None:
+                units = ring.rows(other, r, k.device)
+                send[other] = [_gather(units, t) for t in (k, v)]
+            if ring.plan.pair(r, other) is not None:
                 n = ring.count(r, other, k)
                 shapes[other] = [(k.shape[0], n, t.shape[3]) for t in (k, v)]
         got = self._exchange(send, shapes, k.dtype, "kv_bytes", k)
@@ -424,8 +525,8 @@ class _GatherMoves:
 
     def give_back(self, src, partial, dk, dv):
         if partial is not None:
-            m = self.ring.rows(self.ring.rank, src, dk.device)
-            self.partials[src] = [t if m is None else t[:, m] for t in partial]
+            units = self.ring.rows(self.ring.rank, src, dk.device)
+            self.partials[src] = [_gather(units, t) for t in partial]
 
     def finish(self, dk, dv):
         ring = self.ring
@@ -433,34 +534,45 @@ class _GatherMoves:
         send = [self.partials.get(dst, []) for dst in range(w)]
         shapes = [[] for _ in range(w)]
         for other in range(w):
-            if other != r and (other, r) in ring.plan.rows:
+            if other != r and ring.plan.pair(other, r) is not None:
                 n = ring.count(other, r, dk)
                 shapes[other] = [(dk.shape[0], n, t.shape[3]) for t in (dk, dv)]
         got = self._exchange(send, shapes, torch.float32, "grad_bytes", dk)
         for other in range(w):
             if got[other]:
-                _add_rows(ring.rows(other, r, dk.device), (dk, dv), got[other])
+                units = ring.rows(other, r, dk.device)
+                _add_gathered(units, dk, got[other][0])
+                _add_gathered(units, dv, got[other][1])
 
 
-def _add_rows(m, accs, bufs):
-    """accs[i][:, m] += bufs[i] (all rows when m is None)."""
-    for acc, buf in zip(accs, bufs):
-        if m is None:
-            acc += buf.view(acc.shape)
-        else:
-            acc[:, m] += buf
+def _merge(acc_o, acc_lse, at, o, lse, computed):
+    """acc <- the softmax over both key sets, from each part's (O, LSE); in place, fp32. The part
+    covers local rows [at, at + rows); `computed`: its units that may attend something (None: all),
+    the others are (0, -inf) and leave acc as it is. A row that neither part attends stays
+    (0, -inf); never NaN."""
+    n = o.shape[1]
+    if computed is None:
+        acc_o_rows, acc_l = acc_o[:, at:at + n], acc_lse[:, :, at:at + n].transpose(1, 2)
+        new_o, new_l = _merged(acc_o_rows, acc_l, o, lse.transpose(1, 2))
+        acc_o_rows.copy_(new_o)
+        acc_l.copy_(new_l)
+        return
+    b = acc_o.shape[0]
+    flat_o, flat_l = _flat(acc_o), acc_lse.view(b, -1)
+    new_o, new_l = _merged(flat_o.index_select(1, computed.placed), flat_l.index_select(1, computed.placed_lse),
+                           _flat(o).index_select(1, computed.local), lse.reshape(b, -1).index_select(1, computed.local_lse))
+    flat_o.index_copy_(1, computed.placed, new_o)
+    flat_l.index_copy_(1, computed.placed_lse, new_l)
 
 
-def _merge(acc_o, acc_lse, o, lse):
-    """acc <- the softmax over both key sets, from each part's (O, LSE); in place, fp32. A row that
-    neither part attends stays (0, -inf); never NaN."""
-    m = torch.maximum(acc_lse, lse)
+def _merged(acc_o, acc_l, o, lse):
+    m = torch.maximum(acc_l, lse)
     m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-    w1, w2 = torch.exp(acc_lse - m), torch.exp(lse - m)
+    w1, w2 = torch.exp(acc_l - m), torch.exp(lse - m)
     total = w1 + w2
     inv = torch.where(total > 0, 1.0 / total, torch.zeros_like(total))
-    acc_o.mul_((w1 * inv).transpose(1, 2).unsqueeze(-1)).add_(o.float() * (w2 * inv).transpose(1, 2).unsqueeze(-1))
-    acc_lse.copy_(torch.where(total > 0, m + torch.log(total), torch.full_like(total, float("-inf"))))
+    new_o = acc_o * (w1 * inv).unsqueeze(-1) + o.float() * (w2 * inv).unsqueeze(-1)
+    return new_o, torch.where(total > 0, m + torch.log(total), torch.full_like(total, float("-inf")))
 
 
 class _RingAttention(torch.autograd.Function):

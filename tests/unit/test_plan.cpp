@@ -486,7 +486,7 @@ TEST_CASE("bad tiles and tables are rejected", "[plan][errors]") {
   CHECK(parse_tile_config("128x64").tile_q == 128);
 }
 
-TEST_CASE("the key rows of a plan are exactly the keys the pattern attends; a dilated span its selected rows", "[plan][key_rows][property]") {
+TEST_CASE("a plan's key rows are exactly the keys the pattern attends, its query rows hold every row that attends; dilated: the selected rows", "[plan][key_rows][property]") {
   CaseGenerator gen(4242);
   for (int n = 0; n < 200; ++n) {
     const auto c = gen.next();
@@ -508,6 +508,15 @@ TEST_CASE("the key rows of a plan are exactly the keys the pattern attends; a di
         any[static_cast<size_t>((h / group) * s.seq_k + j)] |= attended;
       }
     CHECK(rows == any);
+    // Every query row that attends a key is computed (a superset: a row may share a tile and attend nothing).
+    const std::vector<uint8_t> queries = plan_query_rows(lower_to_plan(c.pattern, s, tiles, dyn));
+    for (int64_t h = 0; h < s.heads_q; ++h)
+      for (int64_t i = 0; i < s.seq_q; ++i) {
+        bool attends = false;
+        for (int64_t j = 0; j < s.seq_k && !attends; ++j) attends = attend_count(ctx, h, i, j) > 0;
+        INFO("head " << h << " row " << i);
+        if (attends) REQUIRE(queries[static_cast<size_t>(h * s.seq_q + i)] == 1);
+      }
   }
   // A dilated branch reads its selected rows only: rate 4 at head offset h mod 4, in one segment.
   const Pattern p = PatternBuilder().branch(BranchSpec().segment(1024).dilation(4)).build();
@@ -521,8 +530,17 @@ TEST_CASE("the key rows of a plan are exactly the keys the pattern attends; a di
       INFO("head " << h << " key " << j);
       CHECK(rows[static_cast<size_t>(h * 512 + j)] == ((512 + j) % 4 == h ? 1 : 0));
     }
+  // ... and computes the selected query rows only.
+  const std::vector<uint8_t> queries = plan_query_rows(lower_to_plan(p, s, TileConfig{64, 64}));
+  for (int64_t h = 0; h < 4; ++h)
+    for (int64_t i = 0; i < 512; ++i) {
+      INFO("head " << h << " row " << i);
+      CHECK(queries[static_cast<size_t>(h * 512 + i)] == (i % 4 == h ? 1 : 0));
+    }
   // Keys in another segment are not read at all.
   s.k_offset = 1024;
   const std::vector<uint8_t> none = plan_key_rows(lower_to_plan(p, s, TileConfig{64, 64}), p);
   CHECK(std::count(none.begin(), none.end(), uint8_t{1}) == 0);
+  const std::vector<uint8_t> no_queries = plan_query_rows(lower_to_plan(p, s, TileConfig{64, 64}));
+  CHECK(std::count(no_queries.begin(), no_queries.end(), uint8_t{1}) == 0);
 }
