@@ -9,7 +9,7 @@ The model counts, for every (query rank, key rank), the attended pairs and the K
 query rank reads, by formula (segments, residues, chunk order), so it runs at 16M tokens; --check
 compares those counts with what attnjit computes at small sizes (Pattern.stats with the chunks'
 offsets, and the comm plan's rows and chunk pairs, which the gloo tests show equal to the bytes
-each rank sends). Times: pairs x 4 x D / throughput (+ the merge's memory passes), bytes /
+each rank sends). Times: pairs x 4 x D / throughput (+ the steps' memory passes), bytes /
 bandwidth, with the throughputs measured on an H100 (bench/NOTES.md) and the links' nominal
 bandwidths. Efficiency: the kernels' time alone, spread evenly, over the modelled time."""
 import argparse
@@ -26,10 +26,13 @@ NVLINK = 450e9  # bytes/s each way per GPU (NVLink 4: 900 GB/s both ways), 8 GPU
 IB = 50e9  # bytes/s each way per GPU (one 400 Gb/s InfiniBand NIC per GPU)
 HBM = 3.35e12  # bytes/s, H100 SXM's HBM3
 HEADS, HEAD_DIM, BYTES = 16, 128, 2  # bf16
-# The fp32 merge of a step's (O, LSE) into the running result, and the backward's accumulation of
-# dQ and of a received chunk's dK/dV, are PyTorch elementwise passes over [L, H, D]: bytes moved
-# per element (reads and writes, the LSE weights' passes included).
-MERGE_BYTES = {"forward": 16, "backward": 30}
+# Memory passes of a step with work, bytes per (row, head, dim) element (estimates): its kernel
+# writes every local row (forward: O in bf16; backward: dQ, dK, dV in bf16, the fp32 dK/dV
+# accumulators zeroed and read, and the fp32 partials this module zeroes for a received chunk);
+# the merge of its (O, LSE) into the running fp32 result, or the accumulation of its gradients,
+# touches the rows it computes only (index_select / index_copy_ / index_add_).
+FULL_BYTES = {"forward": 2, "backward": 22}
+MERGE_BYTES = {"forward": 24, "backward": 30}
 
 
 def longnet_example():
@@ -158,15 +161,14 @@ def model(kind, branches, seq, world, layout):
     out = {}
     for direction, tp, flops_factor, bytes_factor in (("forward", fwd_tp, 1.0, 1.0), ("backward", bwd_tp, 2.5, 3.0)):
         # The backward moves the K/V rows again and sends their dK/dV (fp32: twice the bytes) back.
+        full = local * HEAD_DIM * FULL_BYTES[direction] / HBM
         merge = local * HEAD_DIM * MERGE_BYTES[direction] / HBM
         kernels = np.array([[pairs[r, (r - s) % world] * 4 * HEAD_DIM * flops_factor / tp for r in range(world)]
                             for s in range(world)])
-        # Today every step with work merges (and its kernel writes) all local rows; "rows with work":
-        # only the query rows the step attends.
         busy = np.array([[pairs[r, (r - s) % world] > 0 for r in range(world)] for s in range(world)])
         part = np.array([[qrows[r, (r - s) % world] / local for r in range(world)] for s in range(world)])
-        comp = kernels + merge * busy
-        comp_rows = kernels + merge * part
+        comp = kernels + full * busy + merge * part  # as implemented
+        comp_rows = kernels + (full + merge) * part  # if the kernels touched only the rows with work
         xfer = np.array([[rows[r, (r - s) % world] * kv * bytes_factor / bandwidth((r - s) % world, r) for r in range(world)]
                          for s in range(world)])
         # Ring: step s's transfer overlaps step s-1's kernels; a step lasts as long as its slowest rank.
@@ -192,7 +194,7 @@ CASES = [("dense causal", None, "zigzag"), ("longnet", "example", "contiguous"),
 
 def tables(seqs, worlds):
     print("| pattern | tokens | GPUs | step compute ms | step transfer ms | K/V GB per GPU (plain ring) "
-          "| ring fwd / bwd | LongNet scheme fwd / bwd | ring, rows with work only | forward s |")
+          "| ring fwd / bwd | LongNet scheme fwd / bwd | ring, kernels on rows with work only | forward s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for kind, config, layout in CASES:
         for seq in seqs:
