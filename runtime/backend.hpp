@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -70,8 +71,16 @@ struct PreparedState {
   Problem problem;
   std::unique_ptr<Backend> backend;
   std::mutex mutex;
-  std::map<std::tuple<int64_t, int64_t, std::string>, std::shared_ptr<PlanEntry>> plans;  // by offsets, table hash
+  // The plans by (offsets, table hash), most recently used first, and their bytes (plan_bytes).
+  using PlanKey = std::tuple<int64_t, int64_t, std::string>;
+  std::list<std::pair<PlanKey, std::shared_ptr<PlanEntry>>> plans;
+  std::map<PlanKey, decltype(plans)::iterator> plan_index;
+  int64_t plan_budget = 0;
+  PlanCacheStats plan_stats;
 };
+
+// The host bytes of a plan's tables (what PlanCacheStats counts).
+int64_t plan_bytes(const Plan& plan);
 
 std::unique_ptr<Backend> make_cpu_backend(const Pattern& p, const Problem& pb);
 // The emulator: `arch` is the GPU it stands in for. `config` (forward) and `backward_config`:

@@ -51,7 +51,16 @@ std::string table_hash(const DynamicLayout* d) {
   return h.hex_digest();
 }
 
-// The plan for these offsets and this table: made and uploaded on first use, then reused.
+}  // namespace
+
+int64_t plan_bytes(const Plan& plan) {
+  return plan.stats.table_bytes + static_cast<int64_t>((plan.doc_base.size() + plan.documents.size()) * sizeof(int64_t));
+}
+
+namespace {
+
+// The plan for these offsets and this table: made and uploaded on first use, then reused while
+// the prepared attention's plans stay within their byte budget (least recently used dropped).
 std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) {
   if (o.q_offset < 0 || o.k_offset < 0) throw UserError("ForwardOptions", "offsets must be >= 0");
   if (st.pattern.has_dynamic_layout() && !o.dynamic_layout) {
@@ -63,14 +72,30 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
     h.update(o.cu_seqlens->data(), o.cu_seqlens->size() * sizeof(int64_t));
     tables += "/documents:" + h.hex_digest();
   }
-  const auto key = std::make_tuple(o.q_offset, o.k_offset, tables);
+  const PreparedState::PlanKey key{o.q_offset, o.k_offset, tables};
   std::lock_guard<std::mutex> lock(st.mutex);
-  if (auto it = st.plans.find(key); it != st.plans.end()) return it->second;
+  if (auto it = st.plan_index.find(key); it != st.plan_index.end()) {
+    st.plans.splice(st.plans.begin(), st.plans, it->second);  // now the most recently used
+    ++st.plan_stats.hits;
+    return it->second->second;
+  }
   auto entry = std::make_shared<PlanEntry>();
   entry->plan = lower_to_plan(st.pattern, problem_shape(st.problem, o.q_offset, o.k_offset), st.backend->tiles(),
                               o.dynamic_layout, o.cu_seqlens);
   st.backend->upload(*entry, o.dynamic_layout);
-  st.plans.emplace(key, entry);
+  st.plans.emplace_front(key, entry);
+  st.plan_index.emplace(key, st.plans.begin());
+  ++st.plan_stats.misses;
+  st.plan_stats.bytes += plan_bytes(entry->plan);
+  // Over the budget: drop the least recently used, never the plan this call is about to run. A
+  // call still running a dropped plan holds it (and its device tables) until it returns.
+  while (st.plan_stats.bytes > st.plan_budget && st.plans.size() > 1) {
+    st.plan_stats.bytes -= plan_bytes(st.plans.back().second->plan);
+    st.plan_index.erase(st.plans.back().first);
+    st.plans.pop_back();
+    ++st.plan_stats.evictions;
+  }
+  st.plan_stats.plans = static_cast<int64_t>(st.plans.size());
   return entry;
 }
 
@@ -127,6 +152,7 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   st->pattern = pattern;
   st->problem = problem;
   const RuntimeOptions& o = impl_->options;
+  st->plan_budget = o.plan_cache_bytes >= 0 ? o.plan_cache_bytes : knobs().plan_cache_bytes;
   const TemplateSet& templates = o.templates ? *o.templates : TemplateSet::embedded();
   switch (o.device.kind) {
     case DeviceKind::CPU: st->backend = make_cpu_backend(st->pattern, problem); break;
@@ -158,6 +184,11 @@ const BackwardPlans& PlanEntry::backward_plans(const Pattern& p, const DynamicLa
 }
 
 const Pattern& Attention::pattern() const { return state_->pattern; }
+
+PlanCacheStats Attention::plan_cache_stats() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->plan_stats;
+}
 const Problem& Attention::problem() const { return state_->problem; }
 std::string Attention::kernel_name() const { return state_->backend->kernel_name(); }
 

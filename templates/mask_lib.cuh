@@ -42,12 +42,14 @@ __device__ __forceinline__ bool aj_pair_contains(const aj_i64* pairs, int n, aj_
 __device__ __forceinline__ bool aj_dynamic_allows(const AjParams& p, int h, aj_i64 qb, aj_i64 kb) {
   if (qb >= p.dyn_q_blocks) return false;
   const aj_i64 row = (p.dyn_heads == 1 ? 0 : h) * p.dyn_q_blocks + qb;
-  int lo = (int)p.dyn_row_offsets[row], hi = (int)p.dyn_row_offsets[row + 1];
+  // 64-bit positions in the table: a CSR table may hold 2^31 entries or more.
+  const aj_i64 end = p.dyn_row_offsets[row + 1];
+  aj_i64 lo = p.dyn_row_offsets[row], hi = end;
   while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
+    const aj_i64 mid = (lo + hi) >> 1;
     if (p.dyn_cols[mid] < kb) lo = mid + 1; else hi = mid;
   }
-  return lo < (int)p.dyn_row_offsets[row + 1] && p.dyn_cols[lo] == kb;
+  return lo < end && p.dyn_cols[lo] == kb;
 }
 
 __device__ __forceinline__ aj_i64 aj_abs(aj_i64 x) { return x < 0 ? -x : x; }

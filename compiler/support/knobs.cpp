@@ -147,6 +147,8 @@ const KnobSpec kKnobs[] = {
      [](const Knobs& k) { return std::string(log_level_name(k.log_level)); }},
     {"ATTNJIT_CACHE_MAX_BYTES", [](const char* n, const std::string& v, Knobs& k) { parse_bytes(n, v, k.cache_max_bytes); },
      [](const Knobs& k) { return std::to_string(k.cache_max_bytes); }},
+    {"ATTNJIT_PLAN_CACHE_BYTES", [](const char* n, const std::string& v, Knobs& k) { parse_bytes(n, v, k.plan_cache_bytes); },
+     [](const Knobs& k) { return std::to_string(k.plan_cache_bytes); }},
     {"ATTNJIT_PRINT_AUTOTUNING",
      [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.print_autotuning); },
      [](const Knobs& k) { return print_bool(k.print_autotuning); }},

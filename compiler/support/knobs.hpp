@@ -39,6 +39,10 @@ struct Knobs {
   // ATTNJIT_MAX_WEIGHTS: the most elements (batch * heads_q * seq_q * seq_k) Attention::weights
   // writes; above it the call is refused (a dense fp32 matrix of 2^28 elements is 1 GiB).
   int64_t max_weights = int64_t{1} << 28;
+  // ATTNJIT_PLAN_CACHE_BYTES: the bytes of plan tables one prepared attention keeps (one plan per
+  // distinct offsets, dynamic table or documents); least recently used plans are evicted above it,
+  // never the one in use. Ring attention and chunked prefill meet many offsets.
+  int64_t plan_cache_bytes = int64_t{256} << 20;
   // ATTNJIT_SHIPPED_DB_DIR: the shipped tuning databases (default: the source tree's autotune_db/,
   // compiled in; "none": no shipped databases, only the user's).
   std::string shipped_db_dir = default_shipped_db_dir();

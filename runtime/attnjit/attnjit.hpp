@@ -82,6 +82,9 @@ struct RuntimeOptions {
   // --backward`), else the path's default. Tuning on a miss covers the forward only.
   KernelConfig backward_config;
   bool tune = false;      // tune on a database miss (also the ATTNJIT_TUNE knob)
+  // The bytes of plan tables each prepared attention keeps; -1: the ATTNJIT_PLAN_CACHE_BYTES knob
+  // (default 256 MiB). See Attention::plan_cache_stats.
+  int64_t plan_cache_bytes = -1;
   // Kernels are rendered from these templates instead of the embedded ones (tests render
   // deliberately broken kernels this way; a changed template changes the kernel's cache key).
   std::shared_ptr<const TemplateSet> templates;
@@ -90,8 +93,18 @@ struct RuntimeOptions {
 class Runtime;
 struct PreparedState;  // the plan(s), device tables and loaded kernel of one (pattern, problem)
 
-// A prepared attention: the plan (one per offsets/dynamic table, made on first use and kept), its
-// device tables (uploaded once), and the loaded kernel. Copies share the same state.
+// The plans a prepared attention keeps: one per distinct (offsets, dynamic table, documents),
+// made and uploaded on first use. `bytes` counts their host tables (work items, key spans, tile
+// entries, document starts; a GPU holds one copy more); above RuntimeOptions::plan_cache_bytes
+// the least recently used are dropped (a plan still in use by a call lives until it returns).
+struct PlanCacheStats {
+  int64_t plans = 0, bytes = 0;
+  int64_t hits = 0, misses = 0, evictions = 0;
+};
+
+// A prepared attention: the plans (one per offsets/dynamic table/documents, made on first use and
+// kept up to a byte budget), their device tables (uploaded once), and the loaded kernel. Copies
+// share the same state.
 class Attention {
 public:
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
@@ -119,6 +132,7 @@ public:
   // The scratch bytes backward() needs on this device (0 on the CPU and emu devices): the size of
   // ForwardOptions::workspace when the caller supplies it.
   size_t backward_workspace_bytes() const;
+  PlanCacheStats plan_cache_stats() const;
 
 private:
   friend class Runtime;

@@ -24,7 +24,7 @@ const std::vector<std::string> kAllVariables = {
     "ATTNJIT_CACHE_DIR", "ATTNJIT_DISABLE_CACHE",   "ATTNJIT_ALWAYS_COMPILE",  "ATTNJIT_NO_JIT", "ATTNJIT_DUMP_DIR",
     "ATTNJIT_LOG_LEVEL", "ATTNJIT_CACHE_MAX_BYTES", "ATTNJIT_PRINT_AUTOTUNING", "ATTNJIT_TUNE",  "XDG_CACHE_HOME",
     "HOME", "ATTNJIT_DETERMINISTIC", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT",
-    "ATTNJIT_CPU_SIMD", "ATTNJIT_MAX_WEIGHTS", "ATTNJIT_NVRTC"};
+    "ATTNJIT_CPU_SIMD", "ATTNJIT_MAX_WEIGHTS", "ATTNJIT_NVRTC", "ATTNJIT_PLAN_CACHE_BYTES"};
 
 // Clears every variable the knobs read and restores the caller's environment afterwards.
 class CleanEnvironment {
@@ -119,6 +119,10 @@ TEST_CASE("knobs parse every variable", "[knobs]") {
 
   env.set("ATTNJIT_CACHE_MAX_BYTES", "0");
   CHECK(Knobs::from_environment().cache_max_bytes == 0);
+
+  CHECK(Knobs::from_environment().plan_cache_bytes == int64_t{256} << 20);
+  env.set("ATTNJIT_PLAN_CACHE_BYTES", "4096");
+  CHECK(Knobs::from_environment().plan_cache_bytes == 4096);
 }
 
 TEST_CASE("knobs booleans take every spelling in any case", "[knobs]") {
@@ -160,6 +164,8 @@ TEST_CASE("knobs reject malformed values naming the variable and the valid value
       {"ATTNJIT_CACHE_MAX_BYTES", "12abc", "non-negative number of bytes"},
       {"ATTNJIT_CACHE_MAX_BYTES", "1.5", "non-negative number of bytes"},
       {"ATTNJIT_CACHE_MAX_BYTES", "99999999999999999999", "too large"},
+      {"ATTNJIT_PLAN_CACHE_BYTES", "-1", "non-negative number of bytes"},
+      {"ATTNJIT_PLAN_CACHE_BYTES", "lots", "non-negative number of bytes"},
       {"ATTNJIT_DISABLE_CACHE", "maybe", "1/0, true/false, yes/no or on/off"},
       {"ATTNJIT_ALWAYS_COMPILE", "2", "1/0, true/false, yes/no or on/off"},
       {"ATTNJIT_NO_JIT", "y", "1/0, true/false, yes/no or on/off"},
@@ -217,6 +223,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_DUMP_DIR=\n"
         "ATTNJIT_LOG_LEVEL=info\n"
         "ATTNJIT_CACHE_MAX_BYTES=1073741824\n"
+        "ATTNJIT_PLAN_CACHE_BYTES=268435456\n"
         "ATTNJIT_PRINT_AUTOTUNING=0\n"
         "ATTNJIT_TUNE=1\n"
         "ATTNJIT_DETERMINISTIC=0\n"

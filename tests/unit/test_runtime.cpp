@@ -119,6 +119,62 @@ TEST_CASE("attention() prepares once per pattern and problem", "[runtime]") {
   CHECK(o == o2);
 }
 
+TEST_CASE("a prepared attention keeps its plans within a byte budget, least recently used dropped", "[runtime][plans]") {
+  // A LongNet pattern over a chunk of a longer sequence: every q_offset is a plan of its own.
+  const Pattern p = PatternBuilder().branch(BranchSpec().segment(32).dilation(1)).branch(BranchSpec().segment(128).dilation(4)).build();
+  Problem pb;
+  pb.batch = 1, pb.seq_q = 32, pb.seq_k = 256, pb.heads_q = pb.heads_kv = 4, pb.head_dim = pb.head_dim_v = 8;
+  pb.dtype = DType::F32;
+  const std::vector<float> q = random_tensor(32 * 4 * 8, 1), kv = random_tensor(256 * 4 * 8, 2);
+  const TensorView qv = TensorView::contiguous(const_cast<float*>(q.data()), DType::F32, {1, 32, 4, 8});
+  const TensorView kvv = TensorView::contiguous(const_cast<float*>(kv.data()), DType::F32, {1, 256, 4, 8});
+  auto run = [&](Attention& a, int64_t q_offset) {
+    std::vector<float> o(q.size());
+    ForwardOptions fo;
+    fo.q_offset = q_offset;
+    a.forward(qv, kvv, kvv, TensorView::contiguous(o.data(), DType::F32, {1, 32, 4, 8}), nullptr, fo);
+    Shape s = problem_shape(pb, q_offset, 0);
+    const ReferenceOutput want = reference_attention(p, s, q.data(), kv.data(), kv.data());
+    for (size_t i = 0; i < o.size(); ++i) REQUIRE(o[i] == Approx(want.o[i]).margin(1e-5));
+  };
+  RuntimeOptions unbounded;
+  Runtime all(unbounded);
+  Attention a = all.prepare(p, pb);
+  int64_t one = 0;
+  for (int64_t off : {32, 64, 96, 128, 160, 192, 224}) run(a, off);
+  PlanCacheStats st = a.plan_cache_stats();
+  CHECK(st.plans == 8);  // offsets 0 (made by prepare) and the seven above
+  CHECK(st.misses == 8);
+  CHECK(st.evictions == 0);
+  one = st.bytes / st.plans;
+  REQUIRE(one > 0);
+
+  RuntimeOptions small;
+  small.plan_cache_bytes = 3 * one;  // room for about three plans
+  Runtime rt(small);
+  Attention b = rt.prepare(p, pb);
+  for (int64_t off : {32, 64, 96, 128, 160, 192, 224}) run(b, off);
+  st = b.plan_cache_stats();
+  CHECK(st.plans <= 3);
+  CHECK(st.bytes <= small.plan_cache_bytes);
+  CHECK(st.misses == 8);
+  CHECK(st.evictions == st.misses - st.plans);
+  run(b, 224);  // the most recent: a hit
+  CHECK(b.plan_cache_stats().hits == 1);
+  run(b, 32);  // dropped long ago: planned again, and right
+  CHECK(b.plan_cache_stats().misses == 9);
+
+  RuntimeOptions none;
+  none.plan_cache_bytes = 0;  // keeps only the plan in use
+  Runtime rt0(none);
+  Attention c = rt0.prepare(p, pb);
+  for (int64_t off : {32, 64, 32}) run(c, off);
+  st = c.plan_cache_stats();
+  CHECK(st.plans == 1);
+  CHECK(st.misses == 4);
+  CHECK(st.evictions == 3);
+}
+
 TEST_CASE("every bad input is a clear error before anything runs", "[runtime][errors]") {
   Runtime rt;
   const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
