@@ -16,13 +16,19 @@
 namespace attnjit {
 namespace {
 
-// The uploaded tables of one plan.
+// The uploaded tables of one plan. A plan dropped from a prepared attention's plans (the byte
+// budget) may still be read by a kernel launched before on some stream: the tables wait for the
+// context's work before they are freed (rare: a dropped plan is the least recently used).
 struct GpuTables {
   DeviceBuffer items, spans, entries, dyn_rows, dyn_cols, doc_base;
   int64_t doc_rows = 0;
   int32_t num_items = 0;
   int64_t dyn_q_blocks = 0;
   int32_t dyn_heads = 1;
+  GpuTables() = default;
+  GpuTables(GpuTables&&) = default;
+  GpuTables& operator=(GpuTables&&) = default;
+  ~GpuTables() { items.wait_for_users(); }
 };
 
 DeviceBuffer upload_bytes(const void* data, size_t bytes) {
@@ -40,6 +46,10 @@ struct GpuBackwardTables {
   GpuTables query_major;
   DeviceBuffer key_items, query_entries;
   int32_t num_key_items = 0;
+  GpuBackwardTables() = default;
+  GpuBackwardTables(GpuBackwardTables&&) = default;
+  GpuBackwardTables& operator=(GpuBackwardTables&&) = default;
+  ~GpuBackwardTables() { key_items.wait_for_users(); }  // before key_items and query_entries go
 };
 
 // The backward's scratch: D [B, Hq, Sq], then the fp32 dK and dV accumulators, each region

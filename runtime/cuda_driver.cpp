@@ -82,6 +82,7 @@ CUdevice device_handle(int ordinal) {
   X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", nullptr) \
   X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", nullptr) \
   X(cuCtxSetCurrent, "cuCtxSetCurrent", nullptr) X(cuCtxGetCurrent, "cuCtxGetCurrent", nullptr) \
+  X(cuCtxSynchronize, "cuCtxSynchronize", nullptr) \
   X(cuModuleLoadData, "cuModuleLoadData", nullptr) X(cuModuleUnload, "cuModuleUnload", nullptr) \
   X(cuModuleGetFunction, "cuModuleGetFunction", nullptr) X(cuFuncSetAttribute, "cuFuncSetAttribute", nullptr) \
   X(cuLaunchKernel, "cuLaunchKernel", nullptr) X(cuMemAlloc, "cuMemAlloc_v2", nullptr) \
@@ -438,6 +439,13 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     ctx_ = std::exchange(other.ctx_, nullptr);
   }
   return *this;
+}
+
+void DeviceBuffer::wait_for_users() const {
+  if (!ptr_) return;
+  const DriverApi& a = CudaDriver::get().api();
+  CurrentGuard guard(a, ctx_);
+  a.cuCtxSynchronize();
 }
 
 void DeviceBuffer::reset() {

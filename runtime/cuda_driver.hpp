@@ -114,6 +114,7 @@ struct DriverApi {
   CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);                 // cuDevicePrimaryCtxRelease_v2
   CUresult (*cuCtxSetCurrent)(CUcontext);
   CUresult (*cuCtxGetCurrent)(CUcontext*);
+  CUresult (*cuCtxSynchronize)();
   CUresult (*cuModuleLoadData)(CUmodule*, const void*);
   CUresult (*cuModuleUnload)(CUmodule);
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
@@ -288,6 +289,10 @@ public:
   CUdeviceptr get() const { return ptr_; }
   size_t size() const { return bytes_; }
   void reset();  // frees now
+  // Waits for all work in the context the memory belongs to (nothing without memory); errors are
+  // ignored (for destructors). Memory from cuMemAlloc may be freed before a kernel that reads it
+  // has finished unless the caller waits first: cuMemFree only "may" synchronise.
+  void wait_for_users() const;
 
 private:
   CUdeviceptr ptr_ = 0;

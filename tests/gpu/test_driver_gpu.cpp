@@ -14,6 +14,7 @@
 #include "compiler/support/error.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/cuda_probe.hpp"
+#include "runtime/reference.hpp"
 
 using namespace attnjit;
 
@@ -263,4 +264,51 @@ TEST_CASE("a call into attnjit leaves the caller's current context as it found i
   CHECK(current() == nullptr);
   const ScopedCurrentContext scope(primary);
   synchronize(nullptr, "context test");
+}
+
+TEST_CASE("plans dropped from the plan cache while their kernels may still run: every output is right", "[gpu][plans]") {
+  SKIP_WITHOUT_GPU();
+  // A budget of 0 keeps only the plan in use, so each new q_offset drops the previous plan (and
+  // frees its device tables) while the kernel that reads them may still be queued on the stream.
+  const Pattern p = parse_spec(R"({"attnjit": 1, "branches": [{"segment": 64}, {"segment": 256, "dilation": 4}]})");
+  const Problem pb{1, 64, 256, 2, 2, 64, 64, DType::F32};
+  RuntimeOptions ro;
+  ro.device = Device::cuda(0);
+  ro.plan_cache_bytes = 0;
+  Runtime rt(ro);
+  Attention op = rt.prepare(p, pb);
+  std::vector<float> q(64 * 2 * 64), kv(256 * 2 * 64);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = static_cast<float>((i * 40503u + 7) % 1000) / 500.0f - 1.0f;
+  const std::vector<int64_t> offsets{0, 64, 128, 192, 0, 64};
+  Context& primary = shared_context(0);
+  const ScopedCurrentContext scope(primary);
+  DeviceBuffer dq(q.size() * 4, "plans test"), dkv(kv.size() * 4, "plans test");
+  copy_to_device(dq.get(), q.data(), q.size() * 4);
+  copy_to_device(dkv.get(), kv.data(), kv.size() * 4);
+  std::vector<DeviceBuffer> outs;
+  for (size_t n = 0; n < offsets.size(); ++n) outs.emplace_back(q.size() * 4, "plans test");
+  CUstream stream = create_stream();
+  const TensorView qv = TensorView::contiguous(reinterpret_cast<void*>(dq.get()), DType::F32, {1, 64, 2, 64});
+  const TensorView kvv = TensorView::contiguous(reinterpret_cast<void*>(dkv.get()), DType::F32, {1, 256, 2, 64});
+  for (size_t n = 0; n < offsets.size(); ++n) {
+    ForwardOptions fo;
+    fo.q_offset = offsets[n];
+    fo.stream = stream;
+    op.forward(qv, kvv, kvv, TensorView::contiguous(reinterpret_cast<void*>(outs[n].get()), DType::F32, {1, 64, 2, 64}),
+               nullptr, fo);
+  }
+  synchronize(stream, "plans test");
+  destroy_stream(stream);
+  CHECK(op.plan_cache_stats().plans == 1);
+  CHECK(op.plan_cache_stats().evictions >= 5);
+  for (size_t n = 0; n < offsets.size(); ++n) {
+    std::vector<float> o(q.size());
+    copy_to_host(o.data(), outs[n].get(), o.size() * 4);
+    Shape s;
+    s.seq_q = 64, s.seq_k = 256, s.heads_q = s.heads_kv = 2, s.head_dim = s.head_dim_v = 64, s.q_offset = offsets[n];
+    const ReferenceOutput want = reference_attention(p, s, q.data(), kv.data(), kv.data());
+    INFO("call " << n << ", q_offset " << offsets[n]);
+    for (size_t i = 0; i < o.size(); ++i) REQUIRE(o[i] == Approx(want.o[i]).margin(1e-4));
+  }
 }
