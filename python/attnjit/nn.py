@@ -43,6 +43,7 @@ class _PatternAttention(nn.Module):
         super().__init__()
         self.pattern = as_pattern(pattern)
         self._causal = None
+        self._parallel = None
 
     @classmethod
     def from_pattern(cls, pattern):
@@ -50,16 +51,34 @@ class _PatternAttention(nn.Module):
         _PatternAttention.__init__(m, pattern)
         return m
 
+    def sequence_parallel(self, group=None, *, layout="contiguous", strategy="ring"):
+        """From now on q, k, v are this rank's shard of a sequence split across `group` (as
+        attnjit.distributed.shard cuts it with the same `layout`), and so is the output:
+        attnjit.distributed.ring_attention does the rest. Returns the module."""
+        from . import distributed
+
+        if layout not in distributed.LAYOUTS:
+            raise ValueError(f"layout: expected one of {', '.join(distributed.LAYOUTS)}, got {layout!r}")
+        if strategy not in distributed.STRATEGIES:
+            raise ValueError(f"strategy: expected one of {', '.join(distributed.STRATEGIES)}, got {strategy!r}")
+        self._parallel = (group, layout, strategy)
+        return self
+
     def forward(self, q, k, v, is_causal=None):
         p = self.pattern
         if is_causal:
             if self._causal is None:
                 self._causal = _causal_variant(p)
             p = self._causal
+        if self._parallel is not None:
+            from . import distributed
+
+            group, layout, strategy = self._parallel
+            return distributed.ring_attention(q, k, v, p, group=group, layout=layout, strategy=strategy)
         return attention(q, k, v, p)
 
     def extra_repr(self):
-        return f"pattern={self.pattern.hash}"
+        return f"pattern={self.pattern.hash}" + (f", sequence_parallel={self._parallel[1:]}" if self._parallel else "")
 
 
 class DilatedAttention(_PatternAttention):
@@ -134,6 +153,13 @@ class MultiheadDilatedAttention(nn.Module):
     @classmethod
     def from_pattern(cls, embed_dim, num_heads, pattern, **kwargs):
         return cls(embed_dim, num_heads, [], [], pattern=pattern, **kwargs)
+
+    def sequence_parallel(self, group=None, *, layout="contiguous", strategy="ring"):
+        """Inputs and outputs become this rank's shard [B, S/W, E] of a sequence split across
+        `group` (attnjit.distributed.shard with the same `layout`); the projections and the norm
+        are per token, the attention runs attnjit.distributed.ring_attention. Returns the module."""
+        self.attention.sequence_parallel(group, layout=layout, strategy=strategy)
+        return self
 
     def forward(self, query, key, value, is_causal=None):
         b, s, _ = query.shape

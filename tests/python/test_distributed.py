@@ -64,6 +64,23 @@ def _equality_worker(rank, world, store, layouts, device="cpu"):
                     torch.testing.assert_close(got.grad, ad.shard(want.grad, layout=layout), atol=1e-5, rtol=1e-5,
                                                msg=lambda m: f"{what}: d{label}: {m}")
                 torch.testing.assert_close(ad.unshard(o.detach(), layout=layout), o_ref.detach(), atol=1e-5, rtol=1e-5)
+        # attnjit.nn in sequence-parallel mode: the local output and, summed over ranks, the weights'
+        # gradients equal the module's on the whole sequence.
+        torch.manual_seed(1)
+        layer = attnjit.nn.MultiheadDilatedAttention(32, 4, [64, 256, 512], [1, 2, 4], num_kv_heads=2).to(at)
+        x = torch.randn(2, SEQ, 32, generator=torch.Generator().manual_seed(3)).to(at)
+        out, _ = layer(x, x, x)
+        out.square().sum().backward()
+        full_grads = [w.grad.clone() for w in layer.parameters()]
+        layer.zero_grad()
+        layer.sequence_parallel(layout="zigzag")
+        x_l = ad.shard(x, layout="zigzag")
+        out_l, _ = layer(x_l, x_l, x_l)
+        torch.testing.assert_close(out_l, ad.shard(out.detach(), layout="zigzag"), atol=1e-5, rtol=1e-5)
+        out_l.square().sum().backward()
+        for w, want in zip(layer.parameters(), full_grads):
+            dist.all_reduce(w.grad)
+            torch.testing.assert_close(w.grad, want, atol=1e-4, rtol=1e-4)
         # bf16 at bf16's precision; the dilated case at head dim 16 moves a quarter of the rows.
         q, k, v, do = (x.to(at) for x in _inputs(4, 4, torch.bfloat16))
         o_ref = attnjit.attention(q, k, v, LONGNET)
@@ -188,6 +205,10 @@ def test_bad_input_is_refused_naming_what_is_wrong(one_rank):
         ad.ring_attention(q, k, v, LONGNET, layout="striped")
     with pytest.raises(ValueError, match="strategy: expected one of ring, longnet, got 'allgather'"):
         ad.ring_attention(q, k, v, LONGNET, strategy="allgather")
+    with pytest.raises(ValueError, match="layout: expected one of contiguous, zigzag, got 'striped'"):
+        attnjit.nn.DilatedAttention([64], [1]).sequence_parallel(layout="striped")
+    with pytest.raises(ValueError, match="strategy: expected one of ring, longnet"):
+        attnjit.nn.MultiheadDilatedAttention(32, 4, [64], [1]).sequence_parallel(strategy="tree")
     with pytest.raises(attnjit.PatternError):
         ad.ring_attention(q, k, v, {"attnjit": 1, "branches": [{"segment": 64, "dilation": 0}]})
     dyn = {"attnjit": 1, "layout": {"block": 16, "dynamic": True}, "branches": [{"segment": "full"}]}
