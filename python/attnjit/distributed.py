@@ -11,8 +11,9 @@ Positions are global (DESIGN.md section 1), so each step is the ordinary kernel 
 with the chunks' global offsets, and partial results merge by their log-sum-exp in fp32.
 
 Before the first step a CommPlan is made from the pattern, the same on every rank (`comm_plan`
-prints it): for every (query rank, key rank) the chunk pairs that attend anything and the key
-rows, per kv head, that the plans of those pairs read (compiler/plan, plan_key_rows). Step
+prints it): for every (query rank, key rank) the chunk pairs that attend anything, the key rows,
+per kv head, that they attend (compiler/plan, plan_key_rows) and the query rows their kernels
+compute (plan_query_rows: a step merges only those into the running result). Step
 s = 1..W-1 moves K/V straight from its owner r to rank r+s (mod W), as batch_isend_irecv started
 one step ahead so the transfer overlaps the step before; a rank receives only the rows it reads
 (a dilated branch's selected rows, the edge of a window) and nothing when it reads none, so steps
@@ -22,6 +23,11 @@ skipped transfer vanish instead of travelling on to the ranks after it.
 
 The backward uses the final O and LSE at every step: dQ stays where it is computed, the dK/dV of
 a received chunk (fp32, the rows read only) goes straight back to its owner.
+
+strategy="longnet" is LongNet's own scheme instead (its paper, section 3.2): every rank sends each
+other rank the rows it reads in one collective before any kernel, dK/dV back the same way after.
+
+docs/scaling.md models both on 8 to 64 GPUs; bench/ring_bench.py times them.
 
 Not supported here: float64 (it runs the reference, which cannot take a partial key set), dynamic
 layouts and packed documents (plain attnjit.attention has them). Tested on CPUs with gloo (world
