@@ -11,9 +11,14 @@ std::vector<uint8_t> plan_key_rows(const Plan& plan, const Pattern& p, const Dyn
   // Positions: within the row's document when documents are packed (a tile never crosses one).
   const int64_t* base = plan.doc_base.empty() ? nullptr : plan.doc_base.data();
   auto pos = [&](int64_t row) { return base ? row - base[row] : row; };
+  // Keys marked per kv head: a head whose keys are all marked skips its remaining items (dense
+  // and causal plans mark every key early, and have the most tiles).
+  std::vector<int64_t> marked(static_cast<size_t>(s.heads_kv), 0);
   for (const WorkItem& item : plan.items) {
-    uint8_t* head_rows = rows.data() + (item.head / group) * s.seq_k;
-    for (int64_t sp = item.span_begin; sp < item.span_end; ++sp) {
+    const int64_t kvh = item.head / group;
+    uint8_t* head_rows = rows.data() + kvh * s.seq_k;
+    int64_t& count = marked[static_cast<size_t>(kvh)];
+    for (int64_t sp = item.span_begin; sp < item.span_end && count < s.seq_k; ++sp) {
       const KeySpan& span = plan.spans[static_cast<size_t>(sp)];
       for_each_visited_tile(plan, span, [&](int32_t t, bool full) {
         const RowMap keys = tile_keys(span, t, plan.tiles.tile_k);
@@ -25,6 +30,7 @@ std::vector<uint8_t> plan_key_rows(const Plan& plan, const Pattern& p, const Dyn
             head_rows[j] = full || partial_tile_allows(p, span.branch, item.head, s.q_offset + pos(item.rows.at(r)),
                                                        s.k_offset + pos(j), dynamic);
           }
+          count += head_rows[j];
         }
       });
     }

@@ -22,7 +22,9 @@ along a ring moves the same bytes per step on a switched fabric (NVSwitch, Infin
 skipped transfer vanish instead of travelling on to the ranks after it.
 
 The backward uses the final O and LSE at every step: dQ stays where it is computed, the dK/dV of
-a received chunk (fp32, the rows read only) goes straight back to its owner.
+a received chunk (the rows read only) goes straight back to its owner. Each chunk pair's
+gradients come out of the kernels in the inputs' dtype and are summed in fp32 (and sent in fp32),
+so fp16/bf16 gradients carry one rounding per chunk pair more than a single call's.
 
 strategy="longnet" is LongNet's own scheme instead (its paper, section 3.2): every rank sends each
 other rank the rows it reads in one collective before any kernel, dK/dV back the same way after.
@@ -34,6 +36,7 @@ layouts and packed documents (plain attnjit.attention has them). Tested on CPUs 
 sizes 2 and 4); NCCL uses the same calls.
 """
 import functools
+import weakref
 
 import numpy as np
 import torch
@@ -46,7 +49,7 @@ from ._pattern import as_pattern
 LAYOUTS = ("contiguous", "zigzag")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TRAFFIC = {"kv_bytes": 0, "grad_bytes": 0, "messages": 0}
-_NCCL_READY = set()  # process groups (None: the default one) that have had a full collective
+_AGREED = weakref.WeakKeyDictionary()  # process group -> the call signatures all its ranks made
 
 
 def traffic() -> dict:
@@ -90,6 +93,7 @@ class CommPlan:
         self.chunks = [chunks_of(seq_len, world_size, r, layout) for r in range(world_size)]
         self.local_len = seq_len // world_size
         self._pairs = {}
+        self._units = {}  # _Ring's index tensors, by (rank, strategy), then by what and device
 
     def pair(self, qr: int, kr: int):
         """(chunk pairs, key rows read, {chunk pair: query rows computed}) of ranks qr and kr, or
@@ -167,6 +171,24 @@ def comm_plan(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *, worl
     if world_size < 1:
         raise ValueError(f"world_size: expected >= 1, got {world_size}")
     return _cached_plan(p.op_spec, int(seq_len), int(heads_q), int(heads_kv), int(world_size), layout)
+
+
+def _check_agreement(group, signature):
+    """Once per process group and call signature: every rank must call with the same pattern,
+    local shapes, dtype, layout and strategy, or the transfers would not pair up (a hang, or a
+    size error deep in the backend). One all_gather_object; on NCCL it is also the group's first
+    full collective, which a batch of point-to-point calls that leaves a rank out must not be."""
+    g = group if group is not None else dist.group.WORLD
+    seen = _AGREED.setdefault(g, set())
+    if signature in seen:
+        return
+    sigs = [None] * dist.get_world_size(group)
+    dist.all_gather_object(sigs, signature, group=group)
+    if any(s != signature for s in sigs):
+        raise ValueError("ring_attention: the ranks called with different arguments (pattern hash, q/k/v shapes, dtype, "
+                         "layout, strategy): " + "; ".join(f"rank {i}: {s}" for i, s in enumerate(sigs)) +
+                         "; every rank must pass the same pattern, layout and strategy and shards of one shape")
+    seen.add(signature)
 
 
 def _group_rank(group):
@@ -311,13 +333,9 @@ class _Ring:
     def __init__(self, plan: CommPlan, spec: str, rank: int, group, strategy: str):
         self.plan, self.spec, self.rank, self.group, self.strategy = plan, spec, rank, group, strategy
         self.w = plan.world_size
-        self._cache = {}
-        # NCCL: a group's first collective must include all its ranks, and a step's batch of
-        # point-to-point calls may leave a rank out (it sends and receives nothing). One barrier
-        # per group makes sure the first call is a full one.
-        if strategy == "ring" and self.w > 1 and dist.get_backend(group) == "nccl" and group not in _NCCL_READY:
-            dist.barrier(group=group)
-            _NCCL_READY.add(group)
+        # The index tensors of this rank's rows, made once per plan, rank and device (a copy to the
+        # GPU from ordinary host memory waits for the GPU: never in the middle of the steps).
+        self._cache = plan._units.setdefault((rank, strategy), {})
 
     def rows(self, qr, kr, device):
         """The K/V units rank qr reads of rank kr's (None: all)."""
@@ -382,11 +400,20 @@ class _Ring:
     def moves(self, k, v):
         return _RingMoves(self, k, v) if self.strategy == "ring" else _GatherMoves(self, k, v)
 
+    def prepare(self, device):
+        """Every index this rank's steps use, made before the first kernel runs."""
+        for other in range(self.w):
+            for qr, kr in ((self.rank, other), (other, self.rank)):
+                if self.plan.pair(qr, kr) is not None:
+                    self.rows(qr, kr, device)
+            self.chunk_pairs(other, device)
+
     def forward(self, q, k, v):
         b, n, hq, _ = q.shape
         acc_o = torch.zeros((b, n, hq, v.shape[3]), dtype=torch.float32, device=q.device)
         acc_lse = torch.full((b, hq, n), float("-inf"), dtype=torch.float32, device=q.device)
-        moves = self.moves(k, v)
+        self.prepare(q.device)
+        moves = self.moves(k, v)  # the first transfer starts here, before the local kernels
         self.attend(q, self.rank, k, v, acc_o, acc_lse)
         for src, kv in moves.sources():
             if kv is not None:
@@ -397,6 +424,7 @@ class _Ring:
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        self.prepare(q.device)
         moves = self.moves(k, v)
         self.attend_backward(q, o, lse, do, self.rank, k, v, dq, dk, dv)
         for src, kv in moves.sources():
@@ -416,6 +444,7 @@ class _RingMoves:
     def __init__(self, ring, k, v):
         self.ring, self.k, self.v = ring, k, v
         self.grads = None
+        self.pending = self.start_kv(1) if ring.w > 1 else None  # overlaps the local step's kernels
 
     def start_kv(self, step):
         ring, k, v = self.ring, self.k, self.v
@@ -437,7 +466,7 @@ class _RingMoves:
     def sources(self):
         """(src, (k, v) or None) for each step, in step order."""
         w = self.ring.w
-        pending = self.start_kv(1) if w > 1 else None
+        pending, self.pending = self.pending, None
         for step in range(1, w):
             ex, src, bufs = pending
             ex.wait()
@@ -491,8 +520,6 @@ class _GatherMoves:
     def _exchange(self, send, recv_shapes, dtype, kind, like):
         """all_to_all of send[dst] (tensors) -> recv_shapes[src] (shapes), flattened into one buffer."""
         w = self.ring.w
-        if self.ring.plan.moved_rows() == 0:  # every rank reads only its own rows: no collective
-            return [[] for _ in range(w)]
         flat = [t.reshape(-1).to(dtype) for dst in range(w) for t in send[dst]]
         inp = torch.cat(flat) if flat else torch.empty(0, dtype=dtype, device=like.device)
         in_splits = [sum(t.numel() for t in send[dst]) for dst in range(w)]
@@ -596,8 +623,8 @@ class _RingAttention(torch.autograd.Function):
             raise NotImplementedError("attnjit.distributed.ring_attention: the gradient through lse is not taken; use "
                                       "lse.detach() in the loss")
         q, k, v, o, lse = ctx.saved_tensors
-        if do is None:
-            return None, None, None, None
+        if do is None:  # o is not in this rank's loss; the other ranks still need its part of the ring
+            do = torch.zeros_like(o)
         dq, dk, dv = ctx.ring.backward(q, k, v, o, lse, do if do.stride(3) == 1 else do.contiguous())
         return dq, dk, dv, None
 
@@ -638,6 +665,8 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
         raise ValueError("pattern: a dynamic layout is not supported by ring_attention; use attnjit.attention")
     from . import _torch_ops  # noqa: F401  (registers torch.ops.attnjit)
 
+    if w > 1:
+        _check_agreement(group, (p.hash, tuple(q.shape), tuple(k.shape), tuple(v.shape), str(q.dtype), layout, strategy))
     plan = comm_plan(p, q.shape[1] * w, q.shape[2], k.shape[2], world_size=w, layout=layout)
     o, lse = _RingAttention.apply(q, k, v, _Ring(plan, p.op_spec, r, group, strategy))
     return (o, lse) if return_lse else o
