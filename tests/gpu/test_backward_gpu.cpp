@@ -238,7 +238,7 @@ TEST_CASE("backward: rows that attend nothing give and get no gradient (never Na
   }
 }
 
-TEST_CASE("backward: a caller's workspace gives the same bits as the pool's; a wrong one is a clear error", "[gpu][emu][grad][workspace]") {
+TEST_CASE("backward: a caller's workspace gives the same bits as the pool's, a wrong one is a clear error", "[gpu][emu][grad][workspace]") {
   if (on_gpu()) shared_context(0).make_current();
   RuntimeOptions ro;
   ro.device = device_under_test();

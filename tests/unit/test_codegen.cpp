@@ -164,7 +164,7 @@ TEST_CASE("archs NVRTC cannot target are refused clearly", "[codegen][nvrtc]") {
   }
 }
 
-TEST_CASE("codegen is deterministic; the name and key follow the source and the templates", "[codegen]") {
+TEST_CASE("codegen is deterministic, the name and key follow the source and the templates", "[codegen]") {
   const Pattern p = every_mask_kind();
   KernelRequest r;
   // A second pattern built from scratch: same meaning, so the same bytes.

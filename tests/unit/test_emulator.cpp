@@ -151,7 +151,7 @@ TEST_CASE("a barrier or a warp collective that not every thread reaches is an er
   CHECK_THAT(fault(*two_sites, r), Catch::Contains("are at different warp-collective instructions"));
 }
 
-TEST_CASE("cp.async: the destination is poisoned until its group completes; src-size 0 zero-fills", "[emu][cp.async]") {
+TEST_CASE("cp.async: the destination is poisoned until its group completes, src-size 0 zero-fills", "[emu][cp.async]") {
   auto m = kernel("emu_cp_async", R"(
   AJ_DYNAMIC_SHARED(sm);
   aj_u32* s = (aj_u32*)sm;

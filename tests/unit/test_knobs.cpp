@@ -237,7 +237,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_EMU_TIMEOUT=300\n");
 }
 
-TEST_CASE("ATTNJIT_CPU_SIMD picks the CPU executor's instruction set, in any case; others are rejected", "[knobs]") {
+TEST_CASE("ATTNJIT_CPU_SIMD picks the CPU executor's instruction set, in any case, others are rejected", "[knobs]") {
   CleanEnvironment env;
   CHECK(Knobs::from_environment().cpu_simd == attnjit::CpuSimd::Auto);
   for (const auto& [text, want] : std::vector<std::pair<const char*, attnjit::CpuSimd>>{
@@ -251,7 +251,7 @@ TEST_CASE("ATTNJIT_CPU_SIMD picks the CPU executor's instruction set, in any cas
                     Catch::Contains("'avx512' is not an instruction set; use one of auto, generic, avx2"));
 }
 
-TEST_CASE("ATTNJIT_MAX_WEIGHTS caps Attention::weights; zero and junk are rejected", "[knobs]") {
+TEST_CASE("ATTNJIT_MAX_WEIGHTS caps Attention::weights, zero and junk are rejected", "[knobs]") {
   CleanEnvironment env;
   CHECK(Knobs::from_environment().max_weights == (int64_t{1} << 28));
   env.set("ATTNJIT_MAX_WEIGHTS", "1000");

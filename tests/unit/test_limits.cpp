@@ -95,7 +95,7 @@ void require_close(const std::vector<float>& got, const std::vector<double>& wan
 
 }  // namespace
 
-TEST_CASE("spec values below 2^62 are accepted; at 2^62 the error names the field and the fix", "[limits][pattern][errors]") {
+TEST_CASE("spec values below 2^62 are accepted, at 2^62 the error names the field and the fix", "[limits][pattern][errors]") {
   CHECK_NOTHROW(spec_with(R"({"segment": )" + kBelow + R"(, "dilation": )" + kBelow + "}"));
   CHECK_THAT(error_of([] { spec_with(R"({"segment": )" + kLimit + "}"); }),
              Catch::StartsWith("/branches/0/segment: segment length 4611686018427387904 is beyond the largest position "

@@ -156,7 +156,7 @@ TEST_CASE("nvrtc reports its version and the archs it targets", "[nvrtc]") {
   CHECK(supported("sm_80"));
 }
 
-TEST_CASE("a small kernel compiles to CUBIN for every arch NVRTC supports; others are a clear error", "[nvrtc]") {
+TEST_CASE("a small kernel compiles to CUBIN for every arch NVRTC supports, others are a clear error", "[nvrtc]") {
   SKIP_WITHOUT_NVRTC();
   for (const std::string arch : {"sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"}) {
     INFO("arch " << arch);
@@ -174,7 +174,7 @@ TEST_CASE("a small kernel compiles to CUBIN for every arch NVRTC supports; other
   }
 }
 
-TEST_CASE("inspect_cubin reads registers, stack, shared memory and launch bounds; cuobjdump agrees", "[nvrtc]") {
+TEST_CASE("inspect_cubin reads registers, stack, shared memory and launch bounds, cuobjdump agrees", "[nvrtc]") {
   SKIP_WITHOUT_NVRTC();
   // The ELF layout moved between generations (sm_90 reserves shared memory, sm_100 adds sections).
   for (const std::string arch : {"sm_75", "sm_80", "sm_90", "sm_100", "sm_120"}) {
@@ -225,7 +225,7 @@ TEST_CASE("register spills and local arrays show in the resource usage", "[nvrtc
   CHECK(usage_of(local.usage, "local_array").spill_store_bytes == 0);
 }
 
-TEST_CASE("ptxas log spills are attributed to kernels; spilling device functions are kept", "[nvrtc]") {
+TEST_CASE("ptxas log spills are attributed to kernels, spilling device functions are kept", "[nvrtc]") {
   std::vector<ResourceUsage> usage(1);
   usage[0].kernel = "k";
   usage[0].registers = 32;

@@ -91,7 +91,7 @@ TEST_CASE("defaults resolve: pattern-level masks, offsets per combine rule", "[p
   CHECK(g.branches[2].offset.rule == OffsetRule::HeadMod);
 }
 
-TEST_CASE("layout children inherit the block size; a branch layout replaces the pattern's", "[pattern]") {
+TEST_CASE("layout children inherit the block size, a branch layout replaces the pattern's", "[pattern]") {
   const Pattern p = parse_spec(R"({"attnjit": 1, "layout": {"block": 64, "union": [{"local": 1}, {"block": [8, 16], "global": [2]}]},
     "branches": [{"segment": "full"}, {"segment": "full", "layout": {"strided": {"stride": 4}}}]})");
   const Layout& u = *p.branches[0].layout;  // children in canonical order: global<8x16> before local<64x64>

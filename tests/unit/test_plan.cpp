@@ -35,7 +35,7 @@ std::string describe(const attnjit::testing::RandomCase& c, const TileConfig& t)
 
 }  // namespace
 
-TEST_CASE("plan tiles cover exactly the mask, with multiplicity; every row once; no empty tile", "[plan][property]") {
+TEST_CASE("plan tiles cover exactly the mask, with multiplicity, every row once, no empty tile", "[plan][property]") {
   CaseGenerator gen(777);
   for (int n = 0; n < 400; ++n) {
     const auto c = gen.next();
@@ -486,7 +486,7 @@ TEST_CASE("bad tiles and tables are rejected", "[plan][errors]") {
   CHECK(parse_tile_config("128x64").tile_q == 128);
 }
 
-TEST_CASE("a plan's key rows are exactly the keys the pattern attends, its query rows hold every row that attends; dilated: the selected rows", "[plan][key_rows][property]") {
+TEST_CASE("a plan's key rows are exactly the keys the pattern attends, its query rows hold every row that attends, dilated: the selected rows", "[plan][key_rows][property]") {
   CaseGenerator gen(4242);
   for (int n = 0; n < 200; ++n) {
     const auto c = gen.next();
