@@ -22,11 +22,10 @@ import torch.multiprocessing as mp
 
 def pattern_of(spec, seq):
     if spec.startswith("geometric:"):
-        w, r, branches = int(spec.split(":")[1]), 1, []
-        while w <= seq:
-            branches.append({"segment": w, "dilation": r})
-            w, r = 2 * w, 2 * r
-        return {"attnjit": 1, "branches": branches}
+        from scaling_model import longnet_geometric  # beside this script
+
+        branches = longnet_geometric(seq, base=int(spec.split(":")[1]))
+        return {"attnjit": 1, "branches": [{"segment": w, "dilation": r} for w, r in branches]}
     return spec
 
 

@@ -19,6 +19,8 @@ import sys
 
 import numpy as np
 
+from attnjit.distributed import chunks_of  # the layouts, as ring_attention cuts the sequence
+
 # Measured on an H100 (bench/results/NVIDIA_H100_80GB_HBM3/loads_ab/bench_new.txt, 16K tokens,
 # 16 heads, D 128, bf16): useful TFLOP/s forward and backward.
 THROUGHPUT = {"dense causal": (232.2e12, 140.3e12), "longnet": (215.2e12, 150.0e12)}
@@ -120,21 +122,13 @@ def causal_rows(qchunks, kchunks, heads):
     return sum(m for b, m in kchunks if any(a >= b for a, _ in qchunks)) * heads
 
 
-def chunks(seq, world, rank, layout):
-    if layout == "contiguous":
-        n = seq // world
-        return [(rank * n, n)]
-    n = seq // (2 * world)
-    return [(rank * n, n), ((2 * world - 1 - rank) * n, n)]
-
-
 def pair_counts(kind, branches, seq, world, layout, heads):
     """pairs[q][k], rows[q][k] (key rows read) and qrows[q][k] (query rows with work; (row, head)
     units) for every (query rank, key rank)."""
     pairs, rows, qrows = (np.zeros((world, world)) for _ in range(3))
     for q in range(world):
         for k in range(world):
-            qc, kc = chunks(seq, world, q, layout), chunks(seq, world, k, layout)
+            qc, kc = chunks_of(seq, world, q, layout), chunks_of(seq, world, k, layout)
             if kind == "dense causal":
                 pairs[q, k] = causal_pairs(qc, kc, heads)
                 rows[q, k] = causal_rows(qc, kc, heads) if q != k else 0
@@ -228,7 +222,7 @@ def check():
             pairs, rows, _ = pair_counts(kind, branches, seq, world, layout, heads)
             for q in range(world):
                 for k in range(world):
-                    qc, kc = chunks(seq, world, q, layout), chunks(seq, world, k, layout)
+                    qc, kc = chunks_of(seq, world, q, layout), chunks_of(seq, world, k, layout)
                     want_pairs = sum(p.stats(n, heads, m, heads, a, b)["attended_pairs"] for a, n in qc for b, m in kc)
                     want_rows = int(plan.rows[(q, k)].sum()) if (q, k) in plan.rows and q != k else 0
                     ok = pairs[q, k] == want_pairs and rows[q, k] == want_rows and (pairs[q, k] > 0) == ((q, k) in plan.pairs)
