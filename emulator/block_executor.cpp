@@ -32,7 +32,8 @@ BlockExecutor::BlockExecutor(const BlockLaunch& launch)
       threads_(launch.block_threads),
       stacks_(launch.block_threads, kFiberStackBytes),
       rng_(launch.seed),
-      warp_arrived_((launch.block_threads + 31) / 32, 0) {
+      warp_arrived_((launch.block_threads + 31) / 32, 0),
+      warpgroup_arrived_((launch.block_threads + 127) / 128, 0) {
   std::sort(buffers_.begin(), buffers_.end(),
             [](const GlobalBuffer& a, const GlobalBuffer& b) { return a.data < b.data; });
   static_base_ = (launch.dynamic_shared + 127) / 128 * 128;
@@ -63,6 +64,10 @@ void BlockExecutor::fiber_main(void* arg) {
   Thread& t = *static_cast<Thread*>(arg);
   BlockExecutor& ex = *tls_current;
   ex.launch_.entry(ex.launch_.args);
+  if (!t.wg_open.empty() || !t.wg_committed.empty())
+    ex.fail(ex.who(t.tid) + " exits with wgmma.mma_async in flight (issued at " +
+            ex.where((t.wg_open.empty() ? t.wg_committed.back() : t.wg_open).back()->pc) +
+            "): its accumulators are never written; end with wgmma.commit_group and wgmma.wait_group 0");
   t.state = State::Done;
   ++ex.done_;
   switch_to_scheduler();  // never resumed
@@ -73,9 +78,10 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
   block_[0] = x, block_[1] = y, block_[2] = z;
   tls_current = this;
   error_.clear();
-  ++epoch_;
+  block_epoch_ = ++epoch_;
   barrier_arrived_ = 0, done_ = 0;
   std::fill(warp_arrived_.begin(), warp_arrived_.end(), 0);
+  std::fill(warpgroup_arrived_.begin(), warpgroup_arrived_.end(), 0);
   // Uninitialised shared memory reads as NaN in every float type, as garbage would on hardware.
   std::memset(arena_.data(), 0xFF, arena_.size());
   static_used_ = 0;
@@ -88,6 +94,10 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
     t.open.clear();
     t.committed.clear();
     t.op = Op::None;
+    t.wgmma_fenced = false;
+    t.wg_open.clear();
+    t.wg_committed.clear();
+    t.proxy_fences = 0;
     t.ctx = make_fiber(stacks_.top(i), stacks_.usable(), fiber_main);
   }
   const int n = static_cast<int>(threads_.size());

@@ -1,6 +1,7 @@
 // One thread block of an emulated launch: a fiber per GPU thread, a scheduler that runs each fiber
 // until it blocks, block barriers, warp-collective instructions (the 32 lanes rendezvous and the
-// last to arrive executes the instruction for all), per-thread cp.async groups, and the checks the
+// last to arrive executes the instruction for all; the 128 of a warpgroup for wgmma), per-thread
+// cp.async and wgmma groups, and the checks the
 // hardware does not make: bounds of every global and shared access, races on shared memory, a
 // barrier or a collective that not every thread reaches, runaway blocks.
 #pragma once
@@ -10,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,6 +32,19 @@ struct GlobalBuffer {
 // Address ranges any thread may read without being a buffer (the kernel's own object file).
 struct ReadOnlyRange {
   uintptr_t lo = 0, hi = 0;
+};
+
+// One wgmma.mma_async of a warpgroup, from its issue to the wait_group of each of its threads:
+// the results wait there (the accumulators read as NaN meanwhile), and the shared memory it read
+// must not change before then.
+struct WgmmaOp {
+  const void* pc = nullptr;
+  int n = 0;
+  std::vector<float> d;               // [64][n] results
+  float* dst[128] = {};               // each thread's accumulator registers
+  std::vector<uint32_t> read_addrs;   // the operand bytes read, by shared-window address
+  std::vector<uint16_t> read_values;  // and their values at issue
+  int waiting = 128;                  // threads that have not waited for it yet
 };
 
 struct BlockLaunch {
@@ -70,10 +85,18 @@ public:
   void ldmatrix(unsigned* regs, const void* smem, int num, int trans, const void* pc);
   void mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, int type, const void* pc);
   void red_add_f32(float* addr, float value, const void* pc);
+  // sm_90a (emulator/wgmma.cpp)
+  unsigned smem_addr(const void* p);
+  void wgmma(float* d, int n, const unsigned* a_regs, uint64_t a_desc, uint64_t b_desc, int type, int flags,
+             const void* pc);
+  void wgmma_fence(const void* pc);
+  void wgmma_commit(const void* pc);
+  void wgmma_wait(int n, const void* pc);
+  void fence_proxy_async(const void* pc);
 
 private:
   enum class State : uint8_t { Ready, Running, AtBarrier, AtCollective, Done, Aborted };
-  enum class Op : uint8_t { None, Shfl, Ldmatrix, Mma };
+  enum class Op : uint8_t { None, Shfl, Ldmatrix, Mma, Wgmma };
   struct PendingCopy {
     uint8_t* dst;
     unsigned bytes;
@@ -97,12 +120,22 @@ private:
     const unsigned* a = nullptr;
     const unsigned* b = nullptr;
     float* d = nullptr;
+    // wgmma: the operands of the one this thread waits at, whether a wgmma.fence came since the
+    // last wait (or the start), and this thread's wgmmas not yet waited for (open, then committed
+    // groups, oldest first)
+    uint64_t desc_a = 0, desc_b = 0;
+    int flags = 0;
+    bool wgmma_fenced = false;
+    std::vector<std::shared_ptr<WgmmaOp>> wg_open;
+    std::deque<std::vector<std::shared_ptr<WgmmaOp>>> wg_committed;
+    uint32_t proxy_fences = 0;  // fence.proxy.async executed by this thread, this block
   };
   struct Shadow {  // per byte of shared memory: last writer and reader within a barrier interval
     uint32_t write_epoch = 0, read_epoch = 0;
     uint16_t writer = 0, reader = 0;
     const void* write_pc = nullptr;
     const void* read_pc = nullptr;
+    uint32_t write_fence = 0;  // the writer's proxy_fences when it wrote
   };
   static constexpr uint16_t kManyReaders = 0xffff;
   static constexpr size_t kStaticSharedBytes = 48 * 1024;
@@ -113,6 +146,10 @@ private:
   void block_until_released(Thread& t);
   void arrive_collective(Thread& t, Op op, const void* pc);
   void execute_collective(int warp);
+  void arrive_warpgroup(Thread& t, const void* pc);
+  void execute_wgmma(int warpgroup);
+  void finish_wgmma(Thread& t, WgmmaOp& op);
+  double wgmma_operand(uint64_t desc, bool mn_major, int mn, int k, int type, const WgmmaOp& op);
   std::string deadlock_report() const;
   std::string where(const void* pc) const;
   std::string who(int tid) const;
@@ -136,8 +173,8 @@ private:
   std::vector<int> order_;
   std::mt19937_64 rng_;
   int barrier_arrived_ = 0, done_ = 0;
-  std::vector<int> warp_arrived_;
-  uint32_t epoch_ = 0;
+  std::vector<int> warp_arrived_, warpgroup_arrived_;
+  uint32_t epoch_ = 0, block_epoch_ = 0;  // block_epoch_: the epoch this block started in
   uint64_t ticks_ = 0;
   std::chrono::steady_clock::time_point deadline_;
   std::string error_;

@@ -5,9 +5,15 @@
 #ifndef ATTNJIT_EMU_ABI_H
 #define ATTNJIT_EMU_ABI_H
 
-#define AJ_EMU_ABI_VERSION 2
+#define AJ_EMU_ABI_VERSION 3
 #define AJ_EMU_F16 1
 #define AJ_EMU_BF16 2
+/* wgmma flags: scale-d (accumulate into D), imm-trans-a / -b (MN-major operands), imm-scale -1 */
+#define AJ_EMU_WGMMA_SCALE_D 1
+#define AJ_EMU_WGMMA_TRANS_A 2
+#define AJ_EMU_WGMMA_TRANS_B 4
+#define AJ_EMU_WGMMA_NEG_A 8
+#define AJ_EMU_WGMMA_NEG_B 16
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,6 +41,16 @@ typedef struct AjEmuApi {
   float (*ex2_approx_ftz)(float x);
   float (*lg2_approx_ftz)(float x);
   void (*red_add_f32)(float* addr, float value, const void* pc);
+  /* sm_90a */
+  unsigned (*smem_addr)(const void* p); /* the shared-window address of a generic pointer */
+  /* wgmma.mma_async m64nNk16, f32 += {f16,bf16}: A from a_regs (4 per thread) or, when a_regs is
+     null, from shared memory through a_desc; B through b_desc; flags AJ_EMU_WGMMA_* */
+  void (*wgmma)(float* d, int n, const unsigned* a_regs, unsigned long long a_desc, unsigned long long b_desc,
+                int type, int flags, const void* pc);
+  void (*wgmma_fence)(const void* pc);
+  void (*wgmma_commit)(const void* pc);
+  void (*wgmma_wait)(int n, const void* pc);
+  void (*fence_proxy_async)(const void* pc);
 } AjEmuApi;
 
 #ifdef __cplusplus

@@ -28,6 +28,15 @@ void api_cp_async_wait(int n, const void* pc) { ex().cp_async_wait(n, pc); }
 void api_ldmatrix(unsigned* r, const void* s, int num, int trans, const void* pc) { ex().ldmatrix(r, s, num, trans, pc); }
 void api_mma(float* d, const unsigned* a, const unsigned* b, int type, const void* pc) { ex().mma_m16n8k16(d, a, b, type, pc); }
 void api_red_add_f32(float* p, float v, const void* pc) { ex().red_add_f32(p, v, pc); }
+unsigned api_smem_addr(const void* p) { return ex().smem_addr(p); }
+void api_wgmma(float* d, int n, const unsigned* a, unsigned long long da, unsigned long long db, int type, int flags,
+               const void* pc) {
+  ex().wgmma(d, n, a, da, db, type, flags, pc);
+}
+void api_wgmma_fence(const void* pc) { ex().wgmma_fence(pc); }
+void api_wgmma_commit(const void* pc) { ex().wgmma_commit(pc); }
+void api_wgmma_wait(int n, const void* pc) { ex().wgmma_wait(n, pc); }
+void api_fence_proxy_async(const void* pc) { ex().fence_proxy_async(pc); }
 unsigned api_cvt_rn_x2(float hi, float lo, int type) { return cvt_rn_x2(hi, lo, type); }
 float api_cvt_f32_f16(unsigned short h) { return cvt_f32_f16(h); }
 unsigned short api_cvt_rn_f16_f32(float f) { return cvt_rn_f16_f32(f); }
@@ -39,7 +48,8 @@ const AjEmuApi& emu_api() {
       AJ_EMU_ABI_VERSION, api_access,          api_thread_idx,       api_block_idx,     api_syncthreads,
       api_shfl_xor,       api_dynamic_shared,  api_static_shared,    api_cp_async,      api_cp_async_commit,
       api_cp_async_wait,  api_ldmatrix,        api_mma,              api_cvt_rn_x2,     api_cvt_f32_f16,
-      api_cvt_rn_f16_f32, ex2_approx_ftz,      lg2_approx_ftz,       api_red_add_f32,
+      api_cvt_rn_f16_f32, ex2_approx_ftz,      lg2_approx_ftz,       api_red_add_f32,   api_smem_addr,
+      api_wgmma,          api_wgmma_fence,     api_wgmma_commit,     api_wgmma_wait,    api_fence_proxy_async,
   };
   return api;
 }

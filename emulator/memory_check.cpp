@@ -100,6 +100,7 @@ void BlockExecutor::shared_write(size_t off, size_t bytes, int tid, const void* 
     s.write_epoch = epoch_;
     s.writer = static_cast<uint16_t>(tid);
     s.write_pc = pc;
+    s.write_fence = threads_[size_t(tid)].proxy_fences;
   }
 }
 

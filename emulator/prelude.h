@@ -52,6 +52,15 @@ AJ_EMU_SHIM unsigned short aj_emu_cvt_rn_f16_f32(float f) { return aj_emu_api->c
 AJ_EMU_SHIM float aj_emu_ex2_approx_ftz(float x) { return aj_emu_api->ex2_approx_ftz(x); }
 AJ_EMU_SHIM float aj_emu_lg2_approx_ftz(float x) { return aj_emu_api->lg2_approx_ftz(x); }
 AJ_EMU_SHIM void aj_emu_red_add_f32(float* p, float v) { aj_emu_api->red_add_f32(p, v, AJ_EMU_PC); }
+AJ_EMU_SHIM unsigned aj_emu_smem_addr(const void* p) { return aj_emu_api->smem_addr(p); }
+AJ_EMU_SHIM void aj_emu_wgmma(float* d, int n, const unsigned* a, unsigned long long da, unsigned long long db, int type,
+                              int flags) {
+  aj_emu_api->wgmma(d, n, a, da, db, type, flags, AJ_EMU_PC);
+}
+AJ_EMU_SHIM void aj_emu_wgmma_fence() { aj_emu_api->wgmma_fence(AJ_EMU_PC); }
+AJ_EMU_SHIM void aj_emu_wgmma_commit() { aj_emu_api->wgmma_commit(AJ_EMU_PC); }
+AJ_EMU_SHIM void aj_emu_wgmma_wait(int n) { aj_emu_api->wgmma_wait(n, AJ_EMU_PC); }
+AJ_EMU_SHIM void aj_emu_fence_proxy_async() { aj_emu_api->fence_proxy_async(AJ_EMU_PC); }
 
 // The instrumentation's entry points (the ThreadSanitizer ABI that GCC and Clang emit), hidden so
 // that they bind inside this object even in a process that loaded the real sanitizer runtime.

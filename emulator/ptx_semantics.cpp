@@ -96,4 +96,51 @@ void ldmatrix(const uint16_t* const (*rows)[8], int num, bool trans, uint32_t (*
     }
 }
 
+WgmmaDesc decode_wgmma_desc(uint64_t desc) {
+  WgmmaDesc d;
+  d.start = static_cast<uint32_t>(desc & 0x3fff) << 4;
+  d.lbo = static_cast<uint32_t>((desc >> 16) & 0x3fff) << 4;
+  d.sbo = static_cast<uint32_t>((desc >> 32) & 0x3fff) << 4;
+  d.base_offset = static_cast<int>((desc >> 49) & 7);
+  static constexpr int kSwizzle[4] = {0, 128, 64, 32};
+  d.swizzle = kSwizzle[(desc >> 62) & 3];
+  return d;
+}
+
+uint32_t wgmma_element_address(const WgmmaDesc& d, bool mn_major, int mn, int k) {
+  const uint32_t w = static_cast<uint32_t>(d.swizzle);
+  uint32_t off;
+  if (!mn_major) {
+    const uint32_t kb = 2u * static_cast<uint32_t>(k);  // byte along K
+    const uint32_t m = static_cast<uint32_t>(mn);
+    off = w == 0 ? (m % 8) * 16 + (m / 8) * d.sbo + (kb / 16) * d.lbo + kb % 16 : (m % 8) * w + (m / 8) * d.sbo + kb;
+  } else {
+    const uint32_t mb = 2u * static_cast<uint32_t>(mn);  // byte along M/N
+    const uint32_t kk = static_cast<uint32_t>(k);
+    off = w == 0 ? mb % 16 + (mb / 16) * d.sbo + (kk % 8) * 16 + (kk / 8) * d.lbo
+                 : mb % w + (mb / w) * d.lbo + (kk % 8) * w + (kk / 8) * d.sbo;
+  }
+  const uint32_t addr = d.start + off;
+  const uint32_t mask = w == 0 ? 0 : w / 16 - 1;
+  return addr ^ (((addr >> 7) & mask) << 4);
+}
+
+MmaRowCol wgmma_d_element(int thread, int index) {
+  const MmaRowCol e = mma_cd_element(thread % 32, index % 4);
+  return {16 * (thread / 32) + e.row, 8 * (index / 4) + e.col};
+}
+MmaRowCol wgmma_a_element(int thread, int reg, int half) {
+  const MmaRowCol e = mma_a_element(thread % 32, reg, half);
+  return {16 * (thread / 32) + e.row, e.col};
+}
+
+void wgmma_m64nNk16(const double* a, const double* b, float* d, int n, bool scale_d) {
+  for (int r = 0; r < 64; ++r)
+    for (int c = 0; c < n; ++c) {
+      double sum = scale_d ? d[r * n + c] : 0.0;
+      for (int k = 0; k < 16; ++k) sum += a[r * 16 + k] * b[k * n + c];
+      d[r * n + c] = static_cast<float>(sum);
+    }
+}
+
 }  // namespace attnjit::emu

@@ -65,4 +65,37 @@ void mma_m16n8k16(const uint32_t (*a)[4], const uint32_t (*b)[2], float (*d)[4],
 // transposed matrix. `rows[j][r]` points at row r of matrix j; `out[lane][j]`.
 void ldmatrix(const uint16_t* const (*rows)[8], int num, bool trans, uint32_t (*out)[4]);
 
+// ---- "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async" (sm_90a) -------
+// A warpgroup (4 warps, 128 threads) computes D[64][N] = A[64][16] * B[16][N] + (scale_d ? D : 0)
+// for 16-bit inputs. A comes from registers (thread t of the warpgroup holds the mma.m16n8k16 A
+// fragment of rows 16 * (t / 32) ..) or, like B, from shared memory through a matrix descriptor.
+//
+// Matrix descriptor ("Matrix Descriptor Format"): bits 0-13 start address >> 4, 16-29 leading
+// dimension byte offset (LBO) >> 4, 32-45 stride dimension byte offset (SBO) >> 4, 49-51 base
+// offset, 62-63 swizzle mode (0 none, 1 128-byte, 2 64-byte, 3 32-byte).
+struct WgmmaDesc {
+  uint32_t start = 0, lbo = 0, sbo = 0;  // bytes
+  int base_offset = 0;
+  int swizzle = 0;  // swizzle width in bytes: 0 (none), 32, 64, 128
+};
+WgmmaDesc decode_wgmma_desc(uint64_t desc);
+// The shared-window byte address of element (mn, k) (mn: the row of A or the column of B; k < 16)
+// of a 16-bit operand, from "Shared Memory Matrix Layout" (the canonical layouts, in CuTe terms,
+// with T = 8 elements of 16 bytes):
+//   K-major,  no swizzle: ((8,m),(T,2k)):((1T,SBO),(1,LBO))      swizzled W: ((8,m),(T,2k)):((W/16 T,SBO),(1,T))
+//   MN-major, no swizzle: ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO))   swizzled W: ((T,W/16,m),(8,k)):((1,T,LBO),(W/16 T,SBO))
+// then the swizzle of the address itself: for width W, bits [7, 7 + log2(W/16)) are XORed into
+// bits [4, 4 + log2(W/16)) (CuTe's Swizzle<3,4,3>, <2,4,3>, <1,4,3>), so a start address moved by
+// 32 bytes along K within a swizzled row keeps addressing the same rows.
+uint32_t wgmma_element_address(const WgmmaDesc& d, bool mn_major, int mn, int k);
+// The thread (0..127) and register that hold an element of a warpgroup fragment ("Register
+// Fragments"): D (fp32, N/2 registers): warp w owns rows 16w..16w+15 and, in each 8-column block j,
+// d[4j + e] = mma.m16n8k16's C/D element e; A in registers: mma.m16n8k16's A fragment of warp w's rows.
+MmaRowCol wgmma_d_element(int thread, int index);
+MmaRowCol wgmma_a_element(int thread, int reg, int half);
+// D = A * B (+ D when scale_d) on values already converted from the 16-bit inputs (negations
+// of imm-scale-a/-b applied): a[64][16], b[16][n], d[64][n], row-major. Accumulation model as for
+// mma_m16n8k16: exact products, C and the 16 products summed in double, rounded once.
+void wgmma_m64nNk16(const double* a, const double* b, float* d, int n, bool scale_d);
+
 }  // namespace attnjit::emu

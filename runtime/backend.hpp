@@ -83,9 +83,9 @@ struct PreparedState {
 int64_t plan_bytes(const Plan& plan);
 
 std::unique_ptr<Backend> make_cpu_backend(const Pattern& p, const Problem& pb);
-// The emulator: `arch` is the GPU it stands in for. `config` (forward) and `backward_config`:
+// The emulator: `arch` is the GPU it stands in for (sm_90a: its arch-specific kernels). `config` (forward) and `backward_config`:
 // zeros mean the path's default tiles; others are validated here (a UserError naming the fix).
-std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, int arch, const std::string& cache_dir,
+std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir,
                                           const KernelConfig& config, const KernelConfig& backward_config,
                                           const TemplateSet& templates);
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,

@@ -99,7 +99,17 @@ public:
     r.head_dim_v = static_cast<int>(pb.head_dim_v);
     r.dtype = pb.dtype;
     r.arch = info.cc_major * 10 + info.cc_minor;
+    r.arch_specific = r.arch == 90 && knobs().sm90a;
     r.config = config;
+    if (r.arch_specific && config != KernelConfig{}) {
+      // The tuning databases hold sm_80-path tiles for sm_90; the Hopper path takes those it can
+      // run and its default otherwise (it is not tuned yet).
+      try {
+        resolve_config(r);
+      } catch (const UserError&) {
+        r.config = {};
+      }
+    }
     source_ = generate_kernel(p, r, templates);
     KernelCompiler compiler(kernel_cache_for(cache_dir), knobs());
     kernel_ = compiler.get(source_);
@@ -244,7 +254,7 @@ public:
 
   std::string kernel_name() const override { return source_.name; }
   TileConfig tiles() const override { return TileConfig{source_.config.tile_q, source_.config.tile_k}; }
-  int alignment() const override { return source_.path == KernelPath::Sm80 ? 16 : dtype_bytes(problem_.dtype); }
+  int alignment() const override { return source_.path != KernelPath::Simt ? 16 : dtype_bytes(problem_.dtype); }
   size_t backward_workspace_bytes() const override { return BackwardScratch(problem_).total; }
 
 private:

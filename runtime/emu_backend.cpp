@@ -81,14 +81,15 @@ private:
 
 class EmuBackend final : public Backend {
 public:
-  EmuBackend(const Pattern& p, const Problem& pb, int arch, const std::string& cache_dir, const KernelConfig& config,
+  EmuBackend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir, const KernelConfig& config,
              const KernelConfig& backward_config, const TemplateSet& templates)
       : pattern_(p), problem_(pb), cache_dir_(cache_dir) {
     KernelRequest r;
     r.head_dim = static_cast<int>(pb.head_dim);
     r.head_dim_v = static_cast<int>(pb.head_dim_v);
     r.dtype = pb.dtype;
-    r.arch = arch;
+    r.arch = arch.arch;
+    r.arch_specific = arch.specific;
     r.config = config;
     source_ = generate_kernel(p, r, templates);
     module_ = emu::load_emu_module(emu::compile_for_emulator(emu::emu_source_of(source_), kernel_cache_for(cache_dir), knobs()));
@@ -241,7 +242,7 @@ public:
 
   std::string kernel_name() const override { return source_.name + " (emulated " + source_.arch + ")"; }
   TileConfig tiles() const override { return TileConfig{source_.config.tile_q, source_.config.tile_k}; }
-  int alignment() const override { return source_.path == KernelPath::Sm80 ? 16 : dtype_bytes(problem_.dtype); }
+  int alignment() const override { return source_.path != KernelPath::Simt ? 16 : dtype_bytes(problem_.dtype); }
 
 private:
   Pattern pattern_;
@@ -256,7 +257,7 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, int arch, const std::string& cache_dir,
+std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir,
                                           const KernelConfig& config, const KernelConfig& backward_config,
                                           const TemplateSet& templates) {
   return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config, backward_config, templates);

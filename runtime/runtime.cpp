@@ -19,7 +19,7 @@ std::string Device::describe() const {
   switch (kind) {
     case DeviceKind::CPU: return "cpu";
     case DeviceKind::CUDA: return "cuda:" + std::to_string(index);
-    case DeviceKind::EMU: return "emu:sm_" + std::to_string(index);
+    case DeviceKind::EMU: return "emu:sm_" + std::to_string(index) + (arch_specific ? "a" : "");
   }
   return "?";
 }
@@ -157,7 +157,7 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   switch (o.device.kind) {
     case DeviceKind::CPU: st->backend = make_cpu_backend(st->pattern, problem); break;
     case DeviceKind::EMU:
-      st->backend = make_emu_backend(st->pattern, problem, o.device.index, o.cache_dir, o.config, o.backward_config, templates);
+      st->backend = make_emu_backend(st->pattern, problem, {o.device.index, o.device.arch_specific}, o.cache_dir, o.config, o.backward_config, templates);
       break;
     case DeviceKind::CUDA:
       st->backend = make_cuda_backend(st->pattern, problem, o.device.index, o.cache_dir, tuned_config(pattern, problem, o),

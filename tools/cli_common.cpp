@@ -176,7 +176,7 @@ void KernelOptions::add_to(CLI::App* app, bool with_head_dim) {
     app->add_option("--head-dim-v", head_dim_v, "head dimension of v (default: --head-dim)");
   }
   app->add_option("--dtype", dtype, "fp16, bf16 or fp32")->capture_default_str();
-  app->add_option("--arch", archs, "target archs, comma separated (sm_75, sm_80, sm_86, sm_90, ...)")->capture_default_str();
+  app->add_option("--arch", archs, "target archs, comma separated (sm_75, sm_80, sm_86, sm_90, sm_90a, ...)")->capture_default_str();
   app->add_option("--kernel-tile", tile, "kernel tile QxK, or QxKwN for N warps (e.g. 128x64w4), or default")->capture_default_str();
   app->add_option("--stages", stages, "cp.async stages (0: default)");
 }
@@ -190,6 +190,11 @@ int parse_arch(const std::string& text) {
   return arch;
 }
 
+Device emu_device(const std::string& arch) {
+  const ArchName a = parse_arch_name(arch);
+  return Device::emu(a.arch, a.specific);
+}
+
 std::vector<KernelRequest> KernelOptions::requests() const {
   std::vector<KernelRequest> out;
   std::stringstream ss(archs);
@@ -199,7 +204,9 @@ std::vector<KernelRequest> KernelOptions::requests() const {
     r.head_dim = head_dim;
     r.head_dim_v = head_dim_v > 0 ? head_dim_v : head_dim;
     r.dtype = parse_dtype(dtype);
-    r.arch = parse_arch(a);
+    const ArchName an = parse_arch_name(a);
+    r.arch = an.arch;
+    r.arch_specific = an.specific;
     r.config = parse_kernel_tile(tile);
     r.config.stages = stages;
     out.push_back(r);

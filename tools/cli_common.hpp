@@ -10,6 +10,7 @@
 #include "compiler/codegen/codegen.hpp"
 #include "compiler/pattern/mask.hpp"
 #include "compiler/pattern/pattern.hpp"
+#include "attnjit/attnjit.hpp"
 
 namespace attnjit::cli {
 
@@ -62,5 +63,6 @@ struct KernelOptions {
 };
 
 int parse_arch(const std::string& text);                  // "sm_80" -> 80; UserError otherwise
+Device emu_device(const std::string& arch);               // "sm_80" -> Device::emu(80), "sm_90a" -> Device::emu(90, true)
 
 }  // namespace attnjit::cli

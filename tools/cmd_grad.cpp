@@ -78,7 +78,7 @@ int run_grad(const GradOptions& o) {
       lf = load_lse(o.lse, s);
       bwd.forward_given = true;
     }
-    const Device d = o.device == "gpu" ? Device::cuda(0) : Device::emu(parse_arch(o.arch));
+    const Device d = o.device == "gpu" ? Device::cuda(0) : emu_device(o.arch);
     bwd.deterministic = o.deterministic;
     run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), KernelConfig{}, of, lf, &bwd, nullptr, documents);
     dq = std::move(bwd.dq), dk = std::move(bwd.dk), dv = std::move(bwd.dv);

@@ -49,7 +49,7 @@ int run_attention(const RunOptions& o) {
   if (o.device == "gpu" || o.device == "emu") {
     KernelConfig config = parse_kernel_tile(o.kernel_tile);
     config.stages = o.stages;
-    const Device d = o.device == "gpu" ? Device::cuda(0) : Device::emu(parse_arch(o.arch));
+    const Device d = o.device == "gpu" ? Device::cuda(0) : emu_device(o.arch);
     run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), config, of, lf, nullptr, weights, documents);
   } else if (o.executor == "plan") {
     const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table, documents);

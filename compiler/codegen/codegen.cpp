@@ -15,7 +15,21 @@ namespace attnjit {
 
 const char* to_string(DType d) { return d == DType::F32 ? "fp32" : d == DType::F16 ? "fp16" : "bf16"; }
 int dtype_bytes(DType d) { return d == DType::F32 ? 4 : 2; }
-const char* to_string(KernelPath p) { return p == KernelPath::Simt ? "simt" : "sm80"; }
+const char* to_string(KernelPath p) { return p == KernelPath::Simt ? "simt" : p == KernelPath::Sm80 ? "sm80" : "sm90"; }
+
+ArchName parse_arch_name(const std::string& text, const std::string& flag) {
+  int arch = 0;
+  char tail = 0, extra = 0;
+  const int n = std::sscanf(text.c_str(), "sm_%d%c%c", &arch, &tail, &extra);
+  const bool specific = n == 2 && tail == 'a';
+  if (!(n == 1 || specific) || arch < 10)
+    throw UserError(flag + " " + text, "expected sm_XX or sm_XXa, e.g. sm_80, sm_90 or sm_90a");
+  if (specific && arch != 90)
+    throw UserError(flag + " " + text, "attnjit has arch-specific kernels for sm_90a only; use sm_" + std::to_string(arch));
+  return {arch, specific};
+}
+
+std::string arch_name(const KernelRequest& r) { return "sm_" + std::to_string(r.arch) + (r.arch_specific ? "a" : ""); }
 
 DType parse_dtype(const std::string& s) {
   if (s == "fp32" || s == "float32" || s == "f32") return DType::F32;
@@ -70,8 +84,16 @@ bool q_over_kv(const KernelRequest& r, const KernelConfig& c) {
   return blocks(true) > blocks(false);
 }
 
+// Dynamic shared memory of the Hopper forward (templates/fwd_sm90.cuh): the Q tile and the K/V
+// stages, unpadded (the 128-byte swizzle keeps wgmma's reads off each other's banks), and 1024
+// bytes to start them on the swizzle pattern's boundary.
+int forward_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
+  return 2 * (c.tile_q * r.head_dim + c.stages * c.tile_k * (r.head_dim + r.head_dim_v)) + 1024;
+}
+
 int smem_bytes(KernelPath path, const KernelRequest& r, const KernelConfig& c) {
   if (path == KernelPath::Simt) return 0;  // static shared memory, checked by its own limit
+  if (path == KernelPath::Sm90) return forward_sm90_smem_bytes(r, c);
   return forward_sm80_smem_bytes(r, c, q_over_kv(r, c));
 }
 
@@ -161,6 +183,8 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
     // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
     os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "
        << (forward && q_over_kv(r, k.config)) << "\n";
+  } else if (k.path == KernelPath::Sm90) {
+    os << "#define AJ_Q_IN_REGS 0\n#define AJ_Q_OVER_KV 0\n";  // fwd_sm80.cuh's, unused here
   }
   os << "#define AJ_DTYPE " << (r.dtype == DType::F32 ? 0 : r.dtype == DType::F16 ? 1 : 2) << "\n";
   auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
@@ -189,7 +213,10 @@ KernelPath choose_path(const KernelRequest& r) {
   require(r.head_dim >= 1 && r.head_dim_v >= 1, "--head-dim", "head dims must be positive");
   // Below sm_80 fp16 and bf16 take the SIMT path, which converts them to fp32 as it loads them and
   // does all arithmetic in fp32: sm_60/61 have no fast half arithmetic, and bf16 has none before sm_80.
+  require(!r.arch_specific || r.arch == 90, "--arch " + arch_name(r), "attnjit has arch-specific kernels for sm_90a only");
   if (r.dtype != DType::F32 && r.arch >= 80) {
+    auto hopper_dim = [](int d) { return d == 64 || d == 128 || d == 256; };
+    if (r.arch_specific && hopper_dim(r.head_dim) && hopper_dim(r.head_dim_v)) return KernelPath::Sm90;
     require(r.head_dim % 16 == 0 && r.head_dim_v % 16 == 0 && r.head_dim <= 256 && r.head_dim_v <= 256, "--head-dim",
             "the tensor-core path needs head dims that are multiples of 16 up to 256 (got " +
                 std::to_string(r.head_dim) + " and " + std::to_string(r.head_dim_v) + "); pad the head dim");
@@ -221,7 +248,25 @@ KernelConfig parse_kernel_tile(const std::string& text) {
 KernelConfig resolve_config(const KernelRequest& r) {
   const KernelPath path = choose_path(r);
   KernelConfig c = r.config;
-  if (path == KernelPath::Sm80) {
+  if (path == KernelPath::Sm90) {
+    // One warpgroup per 64 query rows; S's wgmma N is tile_k, O's the head dim.
+    if (!c.tile_q) c.tile_q = 128;
+    if (!c.tile_k) c.tile_k = std::max(r.head_dim, r.head_dim_v) > 128 ? 64 : 128;
+    if (!c.stages) c.stages = 2;
+    require(c.tile_q == 64 || c.tile_q == 128, "tile_q",
+            "the sm_90a path needs tile_q 64 or 128 (64 rows per warpgroup), got " + std::to_string(c.tile_q));
+    require(c.tile_k == 64 || c.tile_k == 128, "tile_k", "the sm_90a path needs tile_k 64 or 128, got " + std::to_string(c.tile_k));
+    require(c.stages >= 2 && c.stages <= 4, "stages", "cp.async pipelines have 2 to 4 stages, got " + std::to_string(c.stages));
+    if (!c.warps) c.warps = c.tile_q / 16;
+    require(c.warps == c.tile_q / 16, "warps",
+            "the sm_90a path runs one warpgroup (4 warps) per 64 query rows: tile_q " + std::to_string(c.tile_q) + " takes " +
+                std::to_string(c.tile_q / 16) + " warps, got " + std::to_string(c.warps));
+    const int bytes = smem_bytes(path, r, c);
+    require(bytes <= shared_limit(r.arch), "config",
+            "tile " + std::to_string(c.tile_q) + "x" + std::to_string(c.tile_k) + " with " + std::to_string(c.stages) +
+                " stages needs " + std::to_string(bytes) + " bytes of shared memory, over sm_90a's " +
+                std::to_string(shared_limit(r.arch)) + "; use smaller tiles or fewer stages");
+  } else if (path == KernelPath::Sm80) {
     if (!c.tile_q) c.tile_q = 64;
     if (!c.tile_k) c.tile_k = std::max(r.head_dim, r.head_dim_v) > 128 ? 32 : 64;
     if (!c.stages) c.stages = 2;
@@ -254,19 +299,23 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const Tem
   KernelSource k;
   k.path = choose_path(r);
   k.config = resolve_config(r);
-  k.arch = arch_name(r.arch);
-  k.threads = k.path == KernelPath::Sm80 ? k.config.warps * 32 : k.config.tile_q * 4;
+  k.arch = arch_name(r);
+  k.threads = k.path == KernelPath::Simt ? k.config.tile_q * 4 : k.config.warps * 32;
   k.shared_bytes = smem_bytes(k.path, r, k.config);
   k.template_hash = templates.hash();
   const std::string predicate = generate_mask_predicate(p);
   k.has_mask = predicate.find("return true;") == std::string::npos;
 
   std::ostringstream os;
-  os << render_prefix("kernel", k, r, predicate, templates, {k.path == KernelPath::Sm80 ? "fwd_sm80.cuh" : "fwd_simt.cuh"}, true);
+  const std::vector<std::string> bodies = k.path == KernelPath::Sm90   ? std::vector<std::string>{"fwd_sm80.cuh", "fwd_sm90.cuh"}
+                                          : k.path == KernelPath::Sm80 ? std::vector<std::string>{"fwd_sm80.cuh"}
+                                                                       : std::vector<std::string>{"fwd_simt.cuh"};
+  os << render_prefix("kernel", k, r, predicate, templates, bodies, true);
   os << "\n// ---- generated: entry point\n";
   // Minimum one block per SM: lets ptxas use every register it needs rather than spill.
   os << "extern \"C\" __global__ void __launch_bounds__(" << k.threads << ", 1) AJ_KERNEL_NAME(const AjParams p) {\n  "
-     << (k.path == KernelPath::Sm80 ? "aj_fwd_sm80(p);" : "aj_fwd_simt(p);") << "\n}\n";
+     << (k.path == KernelPath::Sm90 ? "aj_fwd_sm90(p);" : k.path == KernelPath::Sm80 ? "aj_fwd_sm80(p);" : "aj_fwd_simt(p);")
+     << "\n}\n";
   name_by_hash(k, os.str(), "attnjit_fwd_");
   return k;
 }
@@ -279,7 +328,8 @@ KernelPath choose_backward_path(const KernelRequest& r) {
   // The tensor-core kernels keep a 16-row slice of dK and dV (or of dQ) in registers per warp;
   // past head dim 128 that no longer fits, and the SIMT kernels take over.
   const KernelPath forward_path = choose_path(r);  // what no path supports is refused as for the forward
-  return forward_path == KernelPath::Sm80 && std::max(r.head_dim, r.head_dim_v) <= 128 ? KernelPath::Sm80 : KernelPath::Simt;
+  // (The Hopper forward's backward is the sm_80 kernels', compiled for sm_90a.)
+  return forward_path != KernelPath::Simt && std::max(r.head_dim, r.head_dim_v) <= 128 ? KernelPath::Sm80 : KernelPath::Simt;
 }
 
 KernelConfig resolve_backward_config(const KernelRequest& r) {
@@ -291,7 +341,7 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
   KernelSource& k = out.source;
   k.path = choose_backward_path(r);
   k.config = resolve_backward_config(r);
-  k.arch = arch_name(r.arch);
+  k.arch = arch_name(r);
   k.template_hash = templates.hash();
   const std::string predicate = generate_mask_predicate(p);
   k.has_mask = predicate.find("return true;") == std::string::npos;

@@ -20,7 +20,7 @@ const char* to_string(DType d);
 DType parse_dtype(const std::string& s);  // "fp32|float32|f32", "fp16|float16|f16", "bf16|bfloat16"; UserError otherwise
 int dtype_bytes(DType d);
 
-enum class KernelPath { Simt, Sm80 };  // an sm_90a path (wgmma + TMA) slots in beside Sm80
+enum class KernelPath { Simt, Sm80, Sm90 };  // Sm90: the Hopper forward (sm_90a, wgmma)
 const char* to_string(KernelPath p);
 
 struct KernelConfig {
@@ -40,8 +40,21 @@ struct KernelRequest {
   int head_dim = 128, head_dim_v = 128;
   DType dtype = DType::BF16;
   int arch = 80;  // compute capability as 10 * major + minor
+  // The arch-specific features of sm_90a (wgmma): the forward takes the Hopper path where it
+  // supports the request (fp16/bf16, head dims 64, 128 or 256), the sm_80 path otherwise; the
+  // kernels are compiled for sm_90a and run only on compute capability 9.0.
+  bool arch_specific = false;
   KernelConfig config;
 };
+
+// "sm_80" -> {80, false}, "sm_90a" -> {90, true}; UserError naming the flag otherwise.
+struct ArchName {
+  int arch = 0;
+  bool specific = false;
+};
+ArchName parse_arch_name(const std::string& text, const std::string& flag = "--arch");
+// The name NVRTC and the cache use: "sm_90a" for an arch-specific request.
+std::string arch_name(const KernelRequest& r);
 
 struct KernelSource {
   std::string name;           // attnjit_fwd_<12 hex of the source>

@@ -35,10 +35,13 @@ enum class DeviceKind { CPU, CUDA, EMU };
 struct Device {
   DeviceKind kind = DeviceKind::CPU;
   int index = 0;  // CUDA: the device ordinal; EMU: the emulated arch (10 * major + minor)
+  // EMU: the arch-specific kernels of sm_90a (the Hopper forward, wgmma), as a CUDA device of
+  // compute capability 9.0 runs them under ATTNJIT_SM90A=1.
+  bool arch_specific = false;
   static Device cpu() { return {DeviceKind::CPU, 0}; }
   static Device cuda(int index = 0) { return {DeviceKind::CUDA, index}; }
-  static Device emu(int arch = 80) { return {DeviceKind::EMU, arch}; }
-  std::string describe() const;  // "cpu", "cuda:0", "emu:sm_80"
+  static Device emu(int arch = 80, bool arch_specific = false) { return {DeviceKind::EMU, arch, arch_specific}; }
+  std::string describe() const;  // "cpu", "cuda:0", "emu:sm_80", "emu:sm_90a"
 };
 
 struct TensorView {

@@ -175,6 +175,7 @@ struct Case {
   Mem mem = Mem::BSHD;
   bool lse = true, own_stream = false;
   int arch = 80;         // emu: the arch whose kernel runs (75: the SIMT path for fp16 too)
+  bool sm90a = false;    // emu: with arch 90, the arch-specific kernels (the Hopper forward)
   KernelConfig config;   // zeros: the default (or the tuning database's choice on a GPU)
   std::optional<DynamicLayout> dynamic;
   uint64_t seed = 0;
@@ -345,7 +346,7 @@ RuntimeOptions options_for(Device d) {
 Device device_for(const Case& c) {
   switch (target()) {
     case Target::Gpu: return Device::cuda(0);
-    case Target::Emu: return Device::emu(c.arch);
+    case Target::Emu: return Device::emu(c.arch, c.sm90a);
     case Target::Cpu: return Device::cpu();
   }
   return Device::cpu();
@@ -634,6 +635,57 @@ TEST_CASE("every tile configuration the autotuner can choose matches the referen
 // Scores in the thousands (q and k times 12: the softmax is nearly one-hot): the running maximum
 // must be in the units the exponent uses, or exp2 under- or overflows and rows come out empty or
 // NaN. Ordinary inputs cannot tell: softmax does not depend on the shift.
+// The Hopper forward (sm_90a, wgmma) in the emulator: every example at head dims 64, 128 and 256
+// in fp16 and bf16, a random sweep with those head dims (fp32 cases become bf16), and every
+// configuration the autotuner offers that path. Other head dims fall back to the sm_80 kernel.
+TEST_CASE("the sm_90a forward matches the float64 reference in the emulator", "[emu][attention][sm90a]") {
+  if (target() != Target::Emu) { WARN("SKIPPED: an emulator case (ATTNJIT_GPU_TESTS_DEVICE=emu)"); return; }
+  std::vector<Case> cases;
+  uint64_t seed = 9000;
+  for (const auto& [name, p] : example_patterns()) {
+    auto add = [&](const std::string& tag, Shape s, DType dt, Mem m) {
+      Case c;
+      c.name = name + "/sm90a-" + tag;
+      c.pattern = p, c.shape = s, c.dtype = dt, c.mem = m, c.arch = 90, c.sm90a = true, c.seed = seed++;
+      c.lse = seed % 5 != 0;
+      cases.push_back(std::move(c));
+    };
+    add("bf16-d64-gqa", make_shape(1, 200, 200, 4, 2, 64), DType::BF16, Mem::BSHD);
+    add("fp16-d128-bhsd", make_shape(2, 150, 150, 3, 3, 128), DType::F16, Mem::BHSD);
+    add("bf16-d256", make_shape(1, 97, 97, 3, 1, 256), DType::BF16, Mem::Padded);
+    add("fp16-d128-chunk", make_shape(1, 130, 260, 3, 3, 128, 130, 0), DType::F16, Mem::BSHD);
+  }
+  std::vector<Case> random = random_cases(2090, int(env_number("ATTNJIT_GPU_TESTS_RANDOM_SM90A", 60)), true);
+  std::mt19937_64 rng(2090);
+  for (Case& c : random) {
+    const int64_t dims[] = {64, 128, 256};
+    c.shape.head_dim = dims[rng() % 3];
+    c.shape.head_dim_v = rng() % 4 ? c.shape.head_dim : dims[rng() % 3];
+    if (c.dtype == DType::F32) c.dtype = DType::BF16;
+    c.arch = 90, c.sm90a = true, c.name += "/sm90a";
+    cases.push_back(std::move(c));
+  }
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(128).dilation(1).causal())
+                        .branch(BranchSpec().segment(256).dilation(2).offset(OffsetRule::HeadMod))
+                        .build();
+  for (int d : {64, 128, 256}) {
+    KernelRequest r;
+    r.head_dim = r.head_dim_v = d;
+    r.dtype = d == 128 ? DType::F16 : DType::BF16;
+    r.arch = 90, r.arch_specific = true;
+    REQUIRE(choose_path(r) == KernelPath::Sm90);
+    for (const KernelConfig& k : candidate_configs(r)) {
+      Case c;
+      c.name = std::string("config/") + to_string(r.dtype) + "-d" + std::to_string(d) + "-sm_90a/" + describe(k);
+      c.pattern = p, c.dtype = r.dtype, c.config = k, c.arch = 90, c.sm90a = true, c.seed = 51 + cases.size();
+      c.shape = make_shape(1, 203, 203, 2, 1, d, 7, 0);
+      cases.push_back(std::move(c));
+    }
+  }
+  check_cases("emu-sm90a", cases);
+}
+
 TEST_CASE("large scores: the online softmax keeps every exponent in range", "[gpu][emu][attention][large]") {
   SKIP_WITHOUT_GPU();
   if (target() == Target::Cpu) { WARN("SKIPPED on the CPU device: this is about the kernels' online softmax"); return; }

@@ -27,6 +27,7 @@ struct Mutation {
   bool backward = false;  // checks the gradients (forward and backward run)
   bool deterministic = false;  // the backward in deterministic mode (dK/dV added layer by layer)
   int head_dim = 64;  // 128: the tensor-core forward's Q lies over the last V stage on sm_80
+  bool sm90a = false;  // the Hopper forward (fwd_sm90.cuh), emulated as sm_90a
 };
 
 const Mutation kMutations[] = {
@@ -78,12 +79,26 @@ const Mutation kMutations[] = {
     {"tensor-core backward, deterministic: the layered dV add stores instead of adding", "bwd_sm80.cuh",
      "if (bp.plain_add) dva[c * 8] += x0, dva[c * 8 + 1] += x1;", "if (bp.plain_add) dva[c * 8] = x0, dva[c * 8 + 1] = x1;",
      DType::BF16, true, true},
+    {"sm_90a: no fence.proxy.async between the cp.async copies and the wgmma that reads them", "fwd_sm90.cuh",
+     "  aj_fence_proxy_async();\n  aj_syncthreads();\n}", "  aj_syncthreads();\n}", DType::BF16, false, false, 64, true},
+    {"sm_90a: S read before its wgmma is waited for", "fwd_sm90.cuh", "      aj_wgmma_commit();\n      aj_wgmma_wait<0>();\n\n      if",
+     "      aj_wgmma_commit();\n\n      if", DType::BF16, false, false, 64, true},
+    {"sm_90a: no wgmma.fence before O += P V", "fwd_sm90.cuh", "      aj_wgmma_fence();\n#pragma unroll\n      for (int kk",
+     "#pragma unroll\n      for (int kk", DType::BF16, false, false, 64, true},
+    {"sm_90a: V read K-major", "fwd_sm90.cuh", "aj_wgmma_rs<AJ_HEAD_DIM_V, AJ_WGMMA_TYPE, 1>", "aj_wgmma_rs<AJ_HEAD_DIM_V, AJ_WGMMA_TYPE, 0>",
+     DType::BF16, false, false, 64, true},
+    {"sm_90a: a k16 step of Q moves 16 bytes instead of 32", "fwd_sm90.cuh", "(ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 32",
+     "(ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 16", DType::BF16, false, false, 128, true},
+    {"sm_90a: tiles stored without the swizzle", "fwd_sm90.cuh", "((chunk ^ (r & 7)) << 4)", "(chunk << 4)", DType::BF16, false,
+     false, 64, true},
+    {"sm_90a: no barrier before a stage is overwritten (head dim 256: 64-key tiles, so a stage is reused)", "fwd_sm90.cuh",
+     "    aj_syncthreads();  // this stage is overwritten by a later prefetch\n", "\n", DType::BF16, false, false, 256, true},
 };
 
 // Runs `templates`' kernels on the emulator; "" when they match the reference (O and LSE, and with
 // `backward` dQ, dK, dV too), else what went wrong.
 std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DType dt, bool backward = false,
-                         bool deterministic = false, int64_t d = 64) {
+                         bool deterministic = false, int64_t d = 64, bool sm90a = false) {
   const Pattern p = PatternBuilder()
                         .branch(BranchSpec().segment(128).dilation(1).causal())
                         .branch(BranchSpec().segment(256).dilation(2).offset(OffsetRule::HeadMod))
@@ -106,7 +121,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
     return h;
   };
   RuntimeOptions ro;
-  ro.device = Device::emu(80);
+  ro.device = sm90a ? Device::emu(90, true) : Device::emu(80);
   ro.templates = templates;
   Runtime rt(ro);
   std::vector<float> o(nq, NAN), lse(size_t(s.heads_q * s.seq_q), NAN);
@@ -176,6 +191,9 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   CHECK(check_kernel(embedded, DType::F32, true, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, true, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, false, false, 128) == "");  // Q over the last V stage
+  CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true) == "");   // sm_90a
+  CHECK(check_kernel(embedded, DType::BF16, false, false, 128, true) == "");  // sm_90a, two column blocks
+  CHECK(check_kernel(embedded, DType::BF16, false, false, 256, true) == "");  // sm_90a, 64-key tiles
 }
 
 TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutation]") {
@@ -187,7 +205,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     REQUIRE(at != std::string::npos);  // the template changed: update the mutation
     text.replace(at, std::string(m.from).size(), m.to);
     t->replace(m.file, text);
-    const std::string outcome = check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim);
+    const std::string outcome = check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }

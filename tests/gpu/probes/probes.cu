@@ -117,3 +117,84 @@ extern "C" __global__ void probe_fp32_arith(const aj_u32* in, aj_u32* out) {
   out[2 * t] = aj_float_as_uint(a * b + c);
   out[2 * t + 1] = aj_float_as_uint(a * b);
 }
+
+// ---- sm_90a: wgmma (built on the emulator and for sm_90a only; other GPUs skip these probes) ----
+#if defined(AJ_EMULATE) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The shared-window byte offset of element (mn, k) of a 16-bit wgmma operand in a canonical layout
+// (PTX ISA "Shared Memory Matrix Layout"; sw: swizzle bytes, 0 for none), from a start address on
+// the swizzle pattern's boundary, then the swizzle of the address itself.
+__device__ __forceinline__ aj_u32 aj_probe_wgmma_at(aj_u32 start, int sw, bool mn_major, int mn, int k, aj_u32 lbo, aj_u32 sbo) {
+  aj_u32 off;
+  if (!mn_major)
+    off = sw == 0 ? (mn % 8) * 16 + (mn / 8) * sbo + (k / 8) * lbo + (k % 8) * 2 : (mn % 8) * sw + (mn / 8) * sbo + k * 2;
+  else
+    off = sw == 0 ? (mn % 8) * 2 + (mn / 8) * sbo + (k % 8) * 16 + (k / 8) * lbo
+                  : (mn * 2) % sw + (mn * 2 / sw) * lbo + (k % 8) * sw + (k / 8) * sbo;
+  const aj_u32 addr = start + off, mask = sw == 0 ? 0 : sw / 16 - 1;
+  return addr ^ (((addr >> 7) & mask) << 4);
+}
+
+// D [64][N] = A [64][64] * B [64][N] in four k16 steps, accumulated without waits in between:
+// in = A (row-major, 16-bit pairs), then B (row-major [k][n]); out[row * N + col] = D.
+// A: registers (A_SW < 0) or shared memory, K-major with swizzle A_SW; B: shared memory, K-major
+// (B_MN 0) or N-major (B_MN 1) with swizzle B_SW. A k16 step moves a swizzled K-major operand's start
+// 32 bytes within its rows (K_STEP_A/B: bytes per step); other layouts step by whole atoms.
+#define AJ_PROBE_WGMMA(NAME, N, TYPE, A_SW, A_LBO, A_SBO, A_STEP, B_SW, B_MN, B_LBO, B_SBO, B_STEP)                 \
+  extern "C" __global__ void NAME(const aj_u32* in, aj_u32* out) {                                                  \
+    AJ_DYNAMIC_SHARED(smem);                                                                                        \
+    const int t = aj_thread_idx();                                                                                  \
+    unsigned char* tiles = smem + (1024 - aj_smem_addr(smem) % 1024) % 1024;                                        \
+    const aj_u32 base = aj_smem_addr(tiles), a_at = base, b_at = base + 16384;                                      \
+    const aj_u16* g = (const aj_u16*)in;                                                                            \
+    for (int i = t; i < 64 * 64; i += 128) {                                                                        \
+      const int r = i / 64, k = i % 64;                                                                             \
+      if (A_SW >= 0)                                                                                                \
+        *(aj_u16*)(tiles + aj_probe_wgmma_at(a_at + (k / 16) * A_STEP, A_SW, false, r, k % 16, A_LBO, A_SBO) - base) = g[i]; \
+    }                                                                                                               \
+    for (int i = t; i < 64 * N; i += 128) {                                                                         \
+      const int k = i / N, n = i % N;                                                                               \
+      *(aj_u16*)(tiles + aj_probe_wgmma_at(b_at + (k / 16) * B_STEP, B_SW, B_MN, n, k % 16, B_LBO, B_SBO) - base) =  \
+          g[64 * 64 + i];                                                                                           \
+    }                                                                                                               \
+    aj_fence_proxy_async();                                                                                         \
+    aj_syncthreads();                                                                                               \
+    const int w = t / 32, grp = (t % 32) / 4, q = t % 4;                                                            \
+    aj_u32 af[4][4];                                                                                                \
+    for (int ks = 0; ks < 4; ++ks)                                                                                  \
+      for (int reg = 0; reg < 4; ++reg) {                                                                           \
+        const int row = 16 * w + grp + 8 * (reg & 1), col = 16 * ks + 2 * q + 8 * (reg >> 1);                      \
+        af[ks][reg] = (aj_u32)g[row * 64 + col] | (aj_u32)g[row * 64 + col + 1] << 16;                              \
+      }                                                                                                             \
+    float d[N / 2];                                                                                                 \
+    aj_wgmma_fence();                                                                                               \
+    for (int ks = 0; ks < 4; ++ks) {                                                                                \
+      const aj_u64 db = B_SW == 128   ? aj_wgmma_desc<128>(b_at + ks * B_STEP, B_LBO, B_SBO)                        \
+                        : B_SW == 64 ? aj_wgmma_desc<64>(b_at + ks * B_STEP, B_LBO, B_SBO)                          \
+                        : B_SW == 32 ? aj_wgmma_desc<32>(b_at + ks * B_STEP, B_LBO, B_SBO)                          \
+                                     : aj_wgmma_desc<0>(b_at + ks * B_STEP, B_LBO, B_SBO);                          \
+      if (A_SW < 0) {                                                                                               \
+        aj_wgmma_rs<N, TYPE, B_MN>(d, af[ks], db, ks > 0);                                                          \
+      } else {                                                                                                      \
+        const aj_u64 da = A_SW == 128  ? aj_wgmma_desc<128>(a_at + ks * A_STEP, A_LBO, A_SBO)                       \
+                          : A_SW == 32 ? aj_wgmma_desc<32>(a_at + ks * A_STEP, A_LBO, A_SBO)                        \
+                                       : aj_wgmma_desc<0>(a_at + ks * A_STEP, A_LBO, A_SBO);                        \
+        aj_wgmma_ss<N, TYPE, B_MN>(d, da, db, ks > 0);                                                              \
+      }                                                                                                             \
+    }                                                                                                               \
+    aj_wgmma_commit();                                                                                              \
+    aj_wgmma_wait<0>();                                                                                             \
+    for (int i = 0; i < N / 2; ++i) {                                                                               \
+      const int row = 16 * w + grp + 8 * ((i % 4) >> 1), col = 8 * (i / 4) + 2 * q + (i & 1);                      \
+      out[row * N + col] = aj_float_as_uint(d[i]);                                                                  \
+    }                                                                                                               \
+  }
+// Both K-major with the 128-byte swizzle (the forward's S = Q K^T): rows of 128 bytes, 8-row groups
+// 1024 bytes apart, a k16 step 32 bytes along the rows.
+AJ_PROBE_WGMMA(probe_wgmma_ss_sw128, 128, AJ_WGMMA_F16, 128, 16, 1024, 32, 128, 0, 16, 1024, 32)
+// A in registers, B N-major with the 128-byte swizzle (the forward's O += P V): two 64-column
+// blocks 8192 bytes apart (LBO), 8-row groups of k 1024 bytes apart (SBO), a k16 step 2048 bytes.
+AJ_PROBE_WGMMA(probe_wgmma_rs_mn_sw128, 128, AJ_WGMMA_BF16, -1, 0, 0, 0, 128, 1, 8192, 1024, 2048)
+// The other layouts: A K-major with the 32-byte swizzle (each k16 step its own 64 x 32-byte block),
+// B N-major without swizzle (8 x 8 core matrices: SBO 128 along n, LBO 1024 along k).
+AJ_PROBE_WGMMA(probe_wgmma_ss_sw32_interleave, 64, AJ_WGMMA_F16, 32, 16, 256, 2048, 0, 1, 1024, 128, 2048)
+#endif

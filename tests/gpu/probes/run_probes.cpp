@@ -36,6 +36,7 @@ struct Probe {
   size_t out_words;
   Compare compare;
   std::function<std::vector<uint32_t>()> inputs;
+  bool sm90a = false;  // built for sm_90a only: a GPU of another arch skips it
 };
 
 uint32_t bits(float f) {
@@ -126,6 +127,16 @@ std::vector<uint32_t> arith_inputs() {
   return w;
 }
 
+// wgmma probes: A [64][64] then B [64][n], small integers in the 16-bit type (every sum exact).
+std::vector<uint32_t> wgmma_inputs(int n, bool bf16, uint64_t seed) {
+  Rng r{seed};
+  std::vector<uint16_t> h(size_t(64 * 64 + 64 * n));
+  for (auto& x : h) x = bf16 ? float_to_bfloat16(float(r.small_int(-4, 4))) : float_to_half(float(r.small_int(-4, 4)));
+  std::vector<uint32_t> w(h.size() / 2);
+  std::memcpy(w.data(), h.data(), h.size() * 2);
+  return w;
+}
+
 std::vector<uint32_t> small_integer_floats() {
   Rng r{11};
   std::vector<uint32_t> w(64);
@@ -151,6 +162,9 @@ const std::vector<Probe>& probes() {
       {"probe_ex2_lg2", 1, 1, 64, 0, 128, Compare::Approx, ex2_lg2_inputs},
       {"probe_fp32_arith", 1, 1, 64, 0, 128, Compare::Exact, arith_inputs},
       {"probe_red_add", 2, 1, 64, 0, 8, Compare::Exact, small_integer_floats},
+      {"probe_wgmma_ss_sw128", 1, 1, 128, 1024 + 32768, 64 * 128, Compare::Exact, [] { return wgmma_inputs(128, false, 12); }, true},
+      {"probe_wgmma_rs_mn_sw128", 1, 1, 128, 1024 + 32768, 64 * 128, Compare::Exact, [] { return wgmma_inputs(128, true, 13); }, true},
+      {"probe_wgmma_ss_sw32_interleave", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, false, 14); }, true},
   };
   return p;
 }
@@ -293,6 +307,10 @@ int main(int argc, char** argv) {
     std::ofstream rep;
     if (!report.empty()) rep.open(report, std::ios::app);
     for (const Probe& p : probes()) {
+      if (p.sm90a && device == "gpu" && static_cast<GpuRunner&>(*runner).arch != "sm_90a") {
+        std::printf("%-26s skipped: an sm_90a probe, this GPU is %s\n", p.name, static_cast<GpuRunner&>(*runner).arch.c_str());
+        continue;
+      }
       const std::vector<uint32_t> in = p.inputs();
       std::vector<uint32_t> got;
       std::string error;

@@ -1,0 +1,199 @@
+// The Hopper warpgroup instructions in the block executor: wgmma.mma_async with its fence,
+// commit_group and wait_group, and fence.proxy.async. What the hardware leaves undefined the
+// emulator reports: a wgmma without a wgmma.fence since the thread's last wait (or the start), a
+// warpgroup whose threads disagree on the operands, shared memory that changes while a wgmma may
+// still read it, shared memory written through the generic proxy (stores, cp.async) and read by a
+// wgmma with no fence.proxy.async by the writer in between, a thread that exits with wgmmas in
+// flight. The accumulators read as NaN from issue to wait.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "emulator/block_executor.hpp"
+#include "emulator/emu_abi.h"
+#include "emulator/ptx_semantics.hpp"
+
+namespace attnjit::emu {
+
+unsigned BlockExecutor::smem_addr(const void* p) {
+  return static_cast<unsigned>(shared_offset(p, 1, "cvta.to.shared", nullptr));
+}
+
+void BlockExecutor::fence_proxy_async(const void*) { ++current_->proxy_fences; }
+
+void BlockExecutor::wgmma_fence(const void*) { current_->wgmma_fenced = true; }
+
+void BlockExecutor::wgmma_commit(const void*) {
+  Thread& t = *current_;
+  t.wg_committed.push_back(std::move(t.wg_open));
+  t.wg_open.clear();
+}
+
+void BlockExecutor::wgmma_wait(int n, const void*) {
+  tick();
+  Thread& t = *current_;
+  while (static_cast<int>(t.wg_committed.size()) > n) {
+    for (const std::shared_ptr<WgmmaOp>& op : t.wg_committed.front()) finish_wgmma(t, *op);
+    t.wg_committed.pop_front();
+  }
+  t.wgmma_fenced = false;  // the accumulators are the kernel's again: the next wgmma needs a fence
+}
+
+void BlockExecutor::finish_wgmma(Thread& t, WgmmaOp& op) {
+  // The last of the warpgroup to wait checks that the operands never changed in between.
+  if (--op.waiting == 0) {
+    for (size_t i = 0; i < op.read_addrs.size(); ++i) {
+      uint16_t now;
+      std::memcpy(&now, arena_.data() + op.read_addrs[i], 2);
+      if (now != op.read_values[i]) {
+        std::ostringstream os;
+        os << "shared memory at shared address " << op.read_addrs[i] << ", an operand of the wgmma.mma_async at "
+           << where(op.pc) << ", changed before its warpgroup's last thread (" << who(t.tid)
+           << ") waited for it (wgmma.wait_group): the wgmma may still read it; every thread of the warpgroup waits, then a "
+              "barrier, before its operands are overwritten";
+        fail(os.str());
+      }
+    }
+  }
+  const int lt = t.tid % 128;
+  for (int i = 0; i < op.n / 2; ++i) {
+    const MmaRowCol e = wgmma_d_element(lt, i);
+    op.dst[lt][i] = op.d[size_t(e.row) * size_t(op.n) + size_t(e.col)];
+  }
+}
+
+double BlockExecutor::wgmma_operand(uint64_t desc, bool mn_major, int mn, int k, int type, const WgmmaOp& op) {
+  const WgmmaDesc d = decode_wgmma_desc(desc);
+  const uint32_t addr = wgmma_element_address(d, mn_major, mn, k);
+  const size_t limit = launch_.dynamic_shared;
+  if (size_t(addr) + 2 > limit) {
+    std::ostringstream os;
+    os << "wgmma.mma_async at " << where(op.pc) << ": descriptor 0x" << std::hex << desc << std::dec << " addresses element ("
+       << mn << ", " << k << ") at shared address " << addr << ", outside the block's " << limit << " bytes of dynamic shared memory";
+    fail(os.str());
+  }
+  for (uint32_t b = addr; b < addr + 2; ++b) {
+    const Shadow& s = shadow_[b];
+    if (s.write_epoch >= block_epoch_ && s.write_epoch != 0 && threads_[s.writer].proxy_fences == s.write_fence) {
+      fail("wgmma.mma_async at " + where(op.pc) + " reads shared address " + std::to_string(b) + ", which " + who(s.writer) +
+           " wrote at " + where(s.write_pc) +
+           " through the generic proxy with no fence.proxy.async after it (wgmma reads through the async proxy)");
+    }
+  }
+  shared_read(addr, 2, current_->tid, op.pc);
+  uint16_t h;
+  std::memcpy(&h, arena_.data() + addr, 2);
+  const_cast<WgmmaOp&>(op).read_addrs.push_back(addr);
+  const_cast<WgmmaOp&>(op).read_values.push_back(h);
+  return cvt_f32_of_type(h, type);
+}
+
+void BlockExecutor::wgmma(float* d, int n, const unsigned* a_regs, uint64_t a_desc, uint64_t b_desc, int type,
+                          int flags, const void* pc) {
+  tick();
+  Thread& t = *current_;
+  if (n < 8 || n > 256 || n % 8) fail("wgmma.mma_async: N must be a multiple of 8 in 8..256, got " + std::to_string(n));
+  if (!t.wgmma_fenced) {
+    fail("wgmma.mma_async at " + where(pc) + " by " + who(t.tid) +
+         " without a wgmma.fence since the thread's last wgmma.wait_group (or the kernel's start): the accumulator and A "
+         "registers are not ordered with the thread's own accesses to them");
+  }
+  t.d = d;
+  t.a = a_regs;
+  t.num = n;
+  t.type = type;
+  t.flags = flags;
+  t.desc_a = a_desc;
+  t.desc_b = b_desc;
+  arrive_warpgroup(t, pc);
+}
+
+void BlockExecutor::arrive_warpgroup(Thread& t, const void* pc) {
+  const int wg = t.tid / 128;
+  if (static_cast<int>(threads_.size()) < (wg + 1) * 128)
+    fail(who(t.tid) + " runs wgmma.mma_async in a warpgroup of fewer than 128 threads; the block size must be a multiple of 128");
+  t.op = Op::Wgmma;
+  t.wait_pc = pc;
+  t.state = State::AtCollective;
+  if (++warpgroup_arrived_[size_t(wg)] < 128) {
+    block_until_released(t);
+    return;
+  }
+  warpgroup_arrived_[size_t(wg)] = 0;
+  execute_wgmma(wg);
+  for (int l = 0; l < 128; ++l) {
+    threads_[size_t(wg * 128 + l)].state = State::Ready;
+    threads_[size_t(wg * 128 + l)].op = Op::None;
+  }
+  t.state = State::Running;
+}
+
+void BlockExecutor::execute_wgmma(int wg) {
+  Thread* th = &threads_[size_t(wg * 128)];
+  const Thread& t0 = th[0];
+  for (int l = 0; l < 128; ++l) {
+    const Thread& o = th[l];
+    if (o.op != Op::Wgmma || o.wait_pc != t0.wait_pc)
+      fail("the threads of warpgroup " + std::to_string(wg) + " are at different instructions: " + who(o.tid) + " at " +
+           where(o.wait_pc) + ", " + who(t0.tid) + " at wgmma.mma_async " + where(t0.wait_pc));
+    if (o.num != t0.num || o.type != t0.type || o.flags != t0.flags || (o.a == nullptr) != (t0.a == nullptr) ||
+        (!o.a && o.desc_a != t0.desc_a) || o.desc_b != t0.desc_b)
+      fail("wgmma.mma_async at " + where(t0.wait_pc) + ": the threads of warpgroup " + std::to_string(wg) +
+           " disagree on its shape, type, flags or descriptors (" + who(o.tid) + " and " + who(t0.tid) + ")");
+  }
+  auto op = std::make_shared<WgmmaOp>();
+  op->pc = t0.wait_pc;
+  const int n = op->n = t0.num;
+  const int type = t0.type, flags = t0.flags;
+  for (uint64_t desc : {t0.a ? uint64_t(0) : t0.desc_a, t0.desc_b})
+    if (desc && decode_wgmma_desc(desc).base_offset != 0)
+      fail("wgmma.mma_async at " + where(op->pc) + ": a descriptor with a non-zero base offset (the emulator expects swizzled "
+           "operands to start on their pattern's boundary, as the kernels place them)");
+  const double sa = flags & AJ_EMU_WGMMA_NEG_A ? -1.0 : 1.0, sb = flags & AJ_EMU_WGMMA_NEG_B ? -1.0 : 1.0;
+  std::vector<double> a(64 * 16), b(size_t(16) * size_t(n));
+  if (t0.a) {
+    for (int l = 0; l < 128; ++l)
+      for (int reg = 0; reg < 4; ++reg)
+        for (int half = 0; half < 2; ++half) {
+          const MmaRowCol e = wgmma_a_element(l, reg, half);
+          a[size_t(e.row * 16 + e.col)] = sa * cvt_f32_of_type(static_cast<uint16_t>(th[l].a[reg] >> (16 * half)), type);
+        }
+  } else {
+    for (int m = 0; m < 64; ++m)
+      for (int k = 0; k < 16; ++k)
+        a[size_t(m * 16 + k)] = sa * wgmma_operand(t0.desc_a, flags & AJ_EMU_WGMMA_TRANS_A, m, k, type, *op);
+  }
+  for (int c = 0; c < n; ++c)
+    for (int k = 0; k < 16; ++k)
+      b[size_t(k * n + c)] = sb * wgmma_operand(t0.desc_b, flags & AJ_EMU_WGMMA_TRANS_B, c, k, type, *op);
+
+  // C: each thread's accumulators, or the result of its latest wgmma in flight into the same
+  // registers (wgmmas of one shape into one accumulator are ordered without a fence).
+  op->d.assign(size_t(64) * size_t(n), 0.0f);
+  for (int l = 0; l < 128; ++l) {
+    Thread& o = th[l];
+    op->dst[l] = o.d;
+    const WgmmaOp* chained = nullptr;
+    for (const auto& group : o.wg_committed)
+      for (const auto& p : group)
+        if (p->dst[l] == o.d) chained = p.get();
+    for (const auto& p : o.wg_open)
+      if (p->dst[l] == o.d) chained = p.get();
+    if (chained && chained->n != n)
+      fail("wgmma.mma_async at " + where(op->pc) + " accumulates into registers a wgmma of another shape (at " +
+           where(chained->pc) + ") has in flight");
+    for (int i = 0; i < n / 2; ++i) {
+      const MmaRowCol e = wgmma_d_element(l, i);
+      const size_t at = size_t(e.row) * size_t(n) + size_t(e.col);
+      op->d[at] = chained ? chained->d[at] : o.d[i];
+    }
+  }
+  wgmma_m64nNk16(a.data(), b.data(), op->d.data(), n, flags & AJ_EMU_WGMMA_SCALE_D);
+  for (int l = 0; l < 128; ++l) {
+    for (int i = 0; i < n / 2; ++i) th[l].d[i] = std::numeric_limits<float>::quiet_NaN();
+    th[l].wg_open.push_back(op);
+  }
+}
+
+}  // namespace attnjit::emu

@@ -1,0 +1,193 @@
+// The Hopper forward kernel (sm_90a), first form: warpgroup MMA. Each warpgroup (4 warps) owns 64
+// query rows of the tile; S = Q K^T is one wgmma per 16 columns of the head dim with both operands
+// in shared memory, O += P V one wgmma per 16 keys with P in registers (the accumulator layout of
+// S is the A-fragment layout, as on sm_80) and V in shared memory read N-major. Every shared tile
+// is stored as the wgmma's canonical 128-byte-swizzle layout: 64-element column blocks of the head
+// dim, each [rows][128 bytes] with row r's 16-byte chunk c at (c ^ r % 8). K/V tiles stream through
+// AJ_STAGES stages with cp.async exactly as on sm_80 (fwd_sm80.cuh, included before this file,
+// brings the loads' row maps, the mask and the online softmax, which the wgmma's register layout
+// lets this kernel share); the rows a tile loads come through the plan's row maps, so dilated rows
+// are gathered by the loads. Not yet here: TMA, warp specialisation, softmax overlapped with the
+// next tile's GEMM (issue 15's later steps).
+//
+// AJ_TILE_Q is 64 per warpgroup (AJ_WARPS = AJ_TILE_Q / 16), AJ_TILE_K the wgmma N of S (64 or
+// 128), AJ_HEAD_DIM_V the wgmma N of O (64, 128 or 256); codegen checks these.
+
+#define AJ_WG_ROWS 64
+#define AJ_SW 128                     // swizzle width, bytes: one row of a column block
+#define AJ_COLS (AJ_SW / 2)           // elements per column block
+#if AJ_TILE_Q % AJ_WG_ROWS || AJ_WARPS * 16 != AJ_TILE_Q || AJ_HEAD_DIM % AJ_COLS || AJ_HEAD_DIM_V % AJ_COLS
+#error "the sm_90a forward needs 64 query rows per warpgroup and head dims that are multiples of 64"
+#endif
+#define AJ_WGMMA_TYPE (AJ_DTYPE == 2 ? AJ_WGMMA_BF16 : AJ_WGMMA_F16)
+
+// Rows first + r * stride (r < count) of a [.., D] tensor into a swizzled [D / 64][ROWS][64] tile
+// at `dst` (1024-byte aligned); rows past `count` are zero-filled (their keys are masked, and a
+// zero V row keeps 0 * V finite). Each thread copies one 16-byte chunk column of every STEP-th row.
+template <int ROWS, int D, int THREADS = AJ_THREADS>
+__device__ __forceinline__ void aj_sm90_load_rows(unsigned char* dst, const aj_elem* base, aj_i64 row_stride, aj_i64 first,
+                                                  aj_i64 stride, int count) {
+  constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+  static_assert(THREADS % CHUNKS == 0, "a thread copies one chunk column");
+  constexpr int STEP = THREADS / CHUNKS;
+  constexpr int TRIPS = (ROWS + STEP - 1) / STEP;
+  const int r0 = aj_thread_idx() / CHUNKS, c = aj_thread_idx() % CHUNKS;
+  const int block = c / 8, chunk = c % 8;
+  const aj_i64 step = stride * row_stride * STEP;
+  const aj_elem* src = base + (first + (aj_i64)r0 * stride) * row_stride + c * 8;
+  unsigned char* to = dst + block * ROWS * AJ_SW;
+#pragma unroll
+  for (int i = 0; i < TRIPS; ++i) {
+    const int r = r0 + i * STEP;
+    if (ROWS % STEP == 0 || r < ROWS)
+      aj_cp_async16(to + r * AJ_SW + ((chunk ^ (r & 7)) << 4), r < count ? src : base, r < count);
+    src += step;
+  }
+}
+
+struct AjSm90Shared {
+  unsigned char* q;  // [AJ_HEAD_DIM / 64][AJ_TILE_Q][128 B]
+  unsigned char* k;  // [AJ_STAGES][AJ_HEAD_DIM / 64][AJ_TILE_K][128 B]
+  unsigned char* v;  // [AJ_STAGES][AJ_HEAD_DIM_V / 64][AJ_TILE_K][128 B]
+};
+#define AJ_SM90_K_STAGE (AJ_HEAD_DIM * AJ_TILE_K * 2)
+#define AJ_SM90_V_STAGE (AJ_HEAD_DIM_V * AJ_TILE_K * 2)
+
+__device__ __forceinline__ void aj_sm90_load_kv(const AjParams& p, const AjSm90Shared& sh, int stage, const AjTile& t,
+                                                aj_i64 b, int kvh) {
+  const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
+  const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
+  aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM>(sh.k + stage * AJ_SM90_K_STAGE, kb, p.k_row_stride, t.first, t.stride, t.count);
+  aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V>(sh.v + stage * AJ_SM90_V_STAGE, vb, p.v_row_stride, t.first, t.stride, t.count);
+}
+
+// The copies this thread waited for are read by wgmma (the async proxy) after the barrier that follows.
+template <int N>
+__device__ __forceinline__ void aj_sm90_wait_tiles() {
+  aj_cp_async_wait<N>();
+  aj_fence_proxy_async();
+  aj_syncthreads();
+}
+
+__device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
+  AJ_DYNAMIC_SHARED(aj_smem);
+  // The swizzle is a function of the shared address: tiles start on a 1024-byte boundary.
+  unsigned char* const smem = aj_smem + ((1024 - aj_smem_addr(aj_smem) % 1024) % 1024);
+  AjSm90Shared sh;
+  sh.q = smem;
+  sh.k = sh.q + AJ_TILE_Q * AJ_HEAD_DIM * 2;
+  sh.v = sh.k + AJ_STAGES * AJ_SM90_K_STAGE;
+
+  const AjItem item = p.items[aj_block_idx_x()];
+  const aj_i64 b = aj_batch_index();
+  if (b >= p.batch) return;
+  const int wg = aj_thread_idx() / 128, warp = (aj_thread_idx() / 32) % 4, lane = aj_thread_idx() % 32;
+  const int g = lane / 4, quad = lane % 4;
+  const int kvh = item.head / p.heads_per_kv;
+  const int wg_row = wg * AJ_WG_ROWS;  // this warpgroup's first row in the tile
+  const int warp_row = wg_row + warp * 16;
+  // A warpgroup whose rows all lie past the item's end computes nothing (wgmma is warpgroup-wide,
+  // so the test is too); it still copies its share of every tile and meets every barrier.
+  const bool busy = wg_row < item.rows_count;
+
+  AjTileCursor cur, pre;
+  cur.begin(p, item);
+  pre.begin(p, item);
+  const aj_elem* qb = (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride;
+  if (!cur.done())
+    aj_sm90_load_rows<AJ_TILE_Q, AJ_HEAD_DIM>(sh.q, qb, p.q_row_stride, item.rows_start, item.rows_stride, item.rows_count);
+  aj_cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < AJ_STAGES - 1; ++s) {
+    if (!pre.done()) {
+      aj_sm90_load_kv(p, sh, s, pre.tile(), b, kvh);
+      pre.next();
+    }
+    aj_cp_async_commit();
+  }
+
+  const aj_i64 doc = aj_doc_start(p, item.rows_start), k_origin = p.k_offset - doc;
+  const aj_i64 qpos = p.q_offset - doc + item.rows_start + (aj_i64)(warp_row + g) * item.rows_stride;
+  const aj_i64 q_step8 = 8 * item.rows_stride;
+
+  float acc[AJ_HEAD_DIM_V / 8][4];
+  float m[2] = {AJ_NEG_INF, AJ_NEG_INF}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  const aj_u32 q_addr = aj_smem_addr(sh.q) + wg_row * AJ_SW, k_addr = aj_smem_addr(sh.k), v_addr = aj_smem_addr(sh.v);
+
+  for (int iter = 0; !cur.done(); ++iter, cur.next()) {
+    const int stage = iter % AJ_STAGES;
+    if (!pre.done()) {
+      aj_sm90_load_kv(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), b, kvh);
+      pre.next();
+    }
+    aj_cp_async_commit();
+    aj_sm90_wait_tiles<AJ_STAGES - 1>();
+    if (busy) {
+      const AjTile t = cur.tile();
+      const aj_u32 ks_addr = k_addr + stage * AJ_SM90_K_STAGE, vs_addr = v_addr + stage * AJ_SM90_V_STAGE;
+
+      // S = Q K^T: one wgmma per 16 columns of the head dim, K-major operands; a step inside a
+      // column block moves the start address 32 bytes (the swizzle follows the address).
+      float s[AJ_TILE_K / 8][4];
+      aj_wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < AJ_HEAD_DIM / 16; ++ks) {
+        const aj_u64 da = aj_wgmma_desc<AJ_SW>(q_addr + (ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 32, 16, 8 * AJ_SW);
+        const aj_u64 db = aj_wgmma_desc<AJ_SW>(ks_addr + (ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32, 16, 8 * AJ_SW);
+        aj_wgmma_ss<AJ_TILE_K, AJ_WGMMA_TYPE, 0>(*(float(*)[AJ_TILE_K / 2]) & s[0][0], da, db, ks > 0);
+      }
+      aj_wgmma_commit();
+      aj_wgmma_wait<0>();
+
+      if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
+      aj_sm80_softmax(s, acc, m, l, p.scale_log2);
+
+      // O += P V: P from registers, V N-major (its rows are keys, the head dim contiguous): the
+      // 64-column blocks of V lie LBO apart, 8-key groups SBO apart.
+      aj_u32 pa[AJ_TILE_K / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < AJ_TILE_K / 16; ++kk) {
+        pa[kk][0] = aj_pack2(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = aj_pack2(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = aj_pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = aj_pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+      aj_wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < AJ_TILE_K / 16; ++kk) {
+        const aj_u64 dv = aj_wgmma_desc<AJ_SW>(vs_addr + kk * 16 * AJ_SW, AJ_TILE_K * AJ_SW, 8 * AJ_SW);
+        aj_wgmma_rs<AJ_HEAD_DIM_V, AJ_WGMMA_TYPE, 1>(*(float(*)[AJ_HEAD_DIM_V / 2]) & acc[0][0], pa[kk], dv, true);
+      }
+      aj_wgmma_commit();
+      aj_wgmma_wait<0>();
+    }
+    aj_syncthreads();  // this stage is overwritten by a later prefetch
+  }
+  aj_cp_async_wait<0>();
+
+  // Epilogue: as on sm_80, for this thread's rows g and g + 8 of its warp's 16.
+  aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
+  const int r0 = warp_row + g, r1 = r0 + 8;
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += aj_shfl_xor(l[h], 1);
+    l[h] += aj_shfl_xor(l[h], 2);
+    inv[h] = l[h] == 0.0f ? 0.0f : p.output_scale / l[h];
+  }
+  const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
+#pragma unroll
+  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
+    const int col = j * 8 + quad * 2;
+    if (r0 < item.rows_count) *(aj_u32*)(ob + i0 * p.o_row_stride + col) = aj_pack2(acc[j][0] * inv[0], acc[j][1] * inv[0]);
+    if (r1 < item.rows_count) *(aj_u32*)(ob + i1 * p.o_row_stride + col) = aj_pack2(acc[j][2] * inv[1], acc[j][3] * inv[1]);
+  }
+  if (quad == 0 && p.lse) {
+    float* lb = p.lse + b * p.lse_batch_stride + item.head * p.lse_head_stride;
+    if (r0 < item.rows_count) lb[i0] = l[0] == 0.0f ? AJ_NEG_INF : (m[0] + aj_lg2(l[0])) * AJ_LN2;
+    if (r1 < item.rows_count) lb[i1] = l[1] == 0.0f ? AJ_NEG_INF : (m[1] + aj_lg2(l[1])) * AJ_LN2;
+  }
+}
