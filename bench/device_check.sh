@@ -235,10 +235,19 @@ if (( have_gpu )); then
   gpu_run gpu_forward 300 280 '[attention]~[graph]'
   gpu_run gpu_backward 200 230 '[grad]'
   gpu_run gpu_driver 60 220 '~[attention]~[grad],[graph]'
+  # The Hopper forward (sm_90a, wgmma), opt-in until this step has passed on an H100: the
+  # examples, the random patterns and its tile configurations with ATTNJIT_SM90A=1.
+  if grep -q 'sm_90a' "$out/logs/probes.log" 2>/dev/null; then
+    step gpu_forward_sm90a 200 200 "cd '$build' && ATTNJIT_SM90A=1 ATTNJIT_GPU_TEST_REPORT='$out/gpu_cases_sm90a.jsonl' \
+      ./tests/attnjit_gpu_tests '[attention][examples],[attention][random],[attention][configs]' -r junit -o '$out/catch_gpu_forward_sm90a.xml'"
+  else
+    skip gpu_forward_sm90a "not a compute capability 9.0 GPU"
+  fi
 else
   skip gpu_forward "no GPU ($(head -c 200 "$out/logs/gpu_probe.log" 2>/dev/null))"
   skip gpu_backward "no GPU"
   skip gpu_driver "no GPU"
+  skip gpu_forward_sm90a "no GPU"
 fi
 # The Python package on the GPU (its GPU subset: examples forward and backward, side streams, CUDA
 # graphs, torch.compile with inductor), when the build made it.

@@ -9,6 +9,10 @@ tie). A static count: both sides of a branch inside the loop are counted (the ma
 unmasked tile, say), so it bounds what a tile executes from above; Nsight Compute gives the
 executed figure on a GPU (bench/ncu_profile.sh). With --max-per-hmma X the exit status is 1 when
 the loop has more than X other instructions per HMMA (a lit test keeps the figure from creeping up).
+
+Hopper's warpgroup MMA (HGMMA.64xNx16, the sm_90a path) counts as the m16n8k16 HMMA it equals in
+work per warp, N / 8 (each of the warpgroup's 4 warps issues it: 64 x N x 16 / 4 warps /
+(16 x 8 x 16)), so the figure compares across the paths.
 """
 import argparse
 import collections
@@ -30,6 +34,14 @@ def parse(lines):
     return ins, labels
 
 
+def mma_weight(op):
+    """m16n8k16 HMMA-equivalents of one instruction per warp (0: not an MMA)."""
+    if op.startswith("HMMA"):
+        return 1
+    m = re.match(r"HGMMA\.64x(\d+)x16", op)
+    return int(m.group(1)) // 8 if m else 0
+
+
 def main_loop(ins, labels):
     best = None
     for i, (_, op, text) in enumerate(ins):
@@ -37,7 +49,7 @@ def main_loop(ins, labels):
         if not m or m.group(1) not in labels or labels[m.group(1)] > i:
             continue
         j = labels[m.group(1)]
-        hmma = sum(1 for x in ins[j:i + 1] if x[1].startswith("HMMA"))
+        hmma = sum(mma_weight(x[1]) for x in ins[j:i + 1])
         if hmma and (best is None or (hmma, -(i - j)) > (best[2], -(best[1] - best[0]))):
             best = (j, i, hmma)
     return best
@@ -56,8 +68,11 @@ def main():
     j, i, hmma = loop
     body = ins[j:i + 1]
     mix = collections.Counter(x[1].split(".")[0] for x in body)
-    per_hmma = (len(body) - hmma) / hmma
-    print(f"main loop: {len(body)} instructions, {hmma} HMMA, {per_hmma:.2f} others per HMMA")
+    mma_ops = sum(1 for x in body if mma_weight(x[1]))
+    per_hmma = (len(body) - mma_ops) / hmma
+    hgmma = mix.get("HGMMA", 0)
+    what = f"{hmma} HMMA" if not hgmma else f"{hgmma} HGMMA = {hmma} HMMA-equivalents per warp"
+    print(f"main loop: {len(body)} instructions, {what}, {per_hmma:.2f} others per HMMA")
     print(" ".join(f"{k}:{v}" for k, v in mix.most_common()))
     if args.listing:
         for addr, _, text in body:

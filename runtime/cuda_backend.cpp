@@ -101,15 +101,6 @@ public:
     r.arch = info.cc_major * 10 + info.cc_minor;
     r.arch_specific = r.arch == 90 && knobs().sm90a;
     r.config = config;
-    if (r.arch_specific && config != KernelConfig{}) {
-      // The tuning databases hold sm_80-path tiles for sm_90; the Hopper path takes those it can
-      // run and its default otherwise (it is not tuned yet).
-      try {
-        resolve_config(r);
-      } catch (const UserError&) {
-        r.config = {};
-      }
-    }
     source_ = generate_kernel(p, r, templates);
     KernelCompiler compiler(kernel_cache_for(cache_dir), knobs());
     kernel_ = compiler.get(source_);

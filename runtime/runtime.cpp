@@ -105,6 +105,9 @@ KernelConfig tuned_config(const Pattern& pattern, const Problem& problem, const 
   if (!(o.config == KernelConfig{})) return o.config;
   CudaDriver::get();  // without a driver, the plain "no GPU" error rather than a tuning one
   const TuningGpu gpu = tuning_gpu(o.device.index);
+  // The tuning databases hold sm_80-path tiles; the Hopper path (ATTNJIT_SM90A=1) is not tuned
+  // yet and takes its default.
+  if (gpu.arch == 90 && knobs().sm90a) return {};
   const TuneKey key = tune_key_for(gpu, pattern, problem);
   TuningDb db(default_db_files(knobs(), gpu.name), running_metadata(gpu.arch));
   if ((o.tune || knobs().tune) && db.needs_retune(key) && !pattern.has_dynamic_layout()) {

@@ -115,7 +115,12 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
 #pragma unroll
   for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-  const aj_u32 q_addr = aj_smem_addr(sh.q) + wg_row * AJ_SW, k_addr = aj_smem_addr(sh.k), v_addr = aj_smem_addr(sh.v);
+  // The descriptors of the first stage, made once: a descriptor's low 14 bits are the start
+  // address in 16-byte units, so an operand further on is the same descriptor plus its offset / 16
+  // (no carry: shared addresses stay below 2^18).
+  const aj_u64 q_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.q) + wg_row * AJ_SW, 16, 8 * AJ_SW);
+  const aj_u64 k_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.k), 16, 8 * AJ_SW);
+  const aj_u64 v_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.v), AJ_TILE_K * AJ_SW, 8 * AJ_SW);
 
   for (int iter = 0; !cur.done(); ++iter, cur.next()) {
     const int stage = iter % AJ_STAGES;
@@ -127,7 +132,7 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
     aj_sm90_wait_tiles<AJ_STAGES - 1>();
     if (busy) {
       const AjTile t = cur.tile();
-      const aj_u32 ks_addr = k_addr + stage * AJ_SM90_K_STAGE, vs_addr = v_addr + stage * AJ_SM90_V_STAGE;
+      const aj_u64 ks_desc = k_desc + stage * (AJ_SM90_K_STAGE >> 4), vs_desc = v_desc + stage * (AJ_SM90_V_STAGE >> 4);
 
       // S = Q K^T: one wgmma per 16 columns of the head dim, K-major operands; a step inside a
       // column block moves the start address 32 bytes (the swizzle follows the address).
@@ -135,8 +140,8 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
       aj_wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < AJ_HEAD_DIM / 16; ++ks) {
-        const aj_u64 da = aj_wgmma_desc<AJ_SW>(q_addr + (ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 32, 16, 8 * AJ_SW);
-        const aj_u64 db = aj_wgmma_desc<AJ_SW>(ks_addr + (ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32, 16, 8 * AJ_SW);
+        const aj_u64 da = q_desc + (((ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 32) >> 4);
+        const aj_u64 db = ks_desc + (((ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32) >> 4);
         aj_wgmma_ss<AJ_TILE_K, AJ_WGMMA_TYPE, 0>(*(float(*)[AJ_TILE_K / 2]) & s[0][0], da, db, ks > 0);
       }
       aj_wgmma_commit();
@@ -158,7 +163,7 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
       aj_wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < AJ_TILE_K / 16; ++kk) {
-        const aj_u64 dv = aj_wgmma_desc<AJ_SW>(vs_addr + kk * 16 * AJ_SW, AJ_TILE_K * AJ_SW, 8 * AJ_SW);
+        const aj_u64 dv = vs_desc + ((kk * 16 * AJ_SW) >> 4);
         aj_wgmma_rs<AJ_HEAD_DIM_V, AJ_WGMMA_TYPE, 1>(*(float(*)[AJ_HEAD_DIM_V / 2]) & acc[0][0], pa[kk], dv, true);
       }
       aj_wgmma_commit();
