@@ -317,7 +317,8 @@ nb::ndarray<nb::numpy, uint8_t> mask(const std::string& spec, int64_t seq_q, int
 // seq_k, heads_q, heads_kv, head_dim, head_dim_v}; the plans need seq_q > 0, the kernels only the
 // head dims, dtype and arch.
 std::string dump(const std::string& spec, const std::string& stage, const std::vector<int64_t>& dims, int64_t q_offset,
-                 int64_t k_offset, int tile_q, int tile_k, int arch, const std::string& dtype, bool backward, int64_t max_items) {
+                 int64_t k_offset, int tile_q, int tile_k, const std::string& arch, const std::string& dtype, bool backward,
+                 int64_t max_items) {
   const Pattern p = pattern_of(spec);
   std::ostringstream os;
   if (stage == "pattern") {
@@ -339,7 +340,8 @@ std::string dump(const std::string& spec, const std::string& stage, const std::v
   } else if (stage == "cuda" || stage == "ptx") {
     KernelRequest r;
     r.head_dim = static_cast<int>(dims.at(5)), r.head_dim_v = static_cast<int>(dims.at(6));
-    r.dtype = parse_dtype(dtype), r.arch = arch;
+    const ArchName a = parse_arch_name(arch, "arch");
+    r.dtype = parse_dtype(dtype), r.arch = a.arch, r.arch_specific = a.specific;
     const KernelSource k = backward ? generate_backward_kernels(p, r).source : generate_kernel(p, r);
     if (stage == "cuda") return k.source;
     CompileRequest req;
@@ -353,8 +355,10 @@ std::string dump(const std::string& spec, const std::string& stage, const std::v
 }
 
 // attnjit.precompile: a manifest's kernels into a kernel cache (the CLI's `precompile`).
-nb::dict precompile(const std::string& manifest, const std::vector<int>& archs, const std::string& cache_dir, int jobs,
-                    int top_k) {
+nb::dict precompile(const std::string& manifest, const std::vector<std::string>& arch_names, const std::string& cache_dir,
+                    int jobs, int top_k) {
+  std::vector<ArchName> archs;
+  for (const std::string& a : arch_names) archs.push_back(parse_arch_name(a, "arch"));
   PrecompileReport r;
   {
     nb::gil_scoped_release release;

@@ -150,6 +150,36 @@ __device__ __forceinline__ void aj_sm80_softmax(float (&s)[AJ_TILE_K / 8][4], fl
   }
 }
 
+// The epilogue of one 16-row group of the tensor-core kernels (this file's and fwd_sm90.cuh's, whose
+// accumulators have the same layout): the row sums finished across the quad, then O = acc / l
+// (times the output scale) for this thread's rows r0 and r0 + 8 of the item, and their LSE.
+__device__ __forceinline__ void aj_tc_store_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
+                                                 float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2]) {
+  aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
+  const int r1 = r0 + 8;
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += aj_shfl_xor(l[h], 1);
+    l[h] += aj_shfl_xor(l[h], 2);
+    // l is 0 for a row that attended nothing (O = 0, LSE = -inf) and NaN for one that saw a NaN.
+    inv[h] = l[h] == 0.0f ? 0.0f : p.output_scale / l[h];
+  }
+  const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
+  // Two adjacent columns per 4-byte store (the tensor-core path's rows are 16-byte aligned).
+#pragma unroll
+  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
+    const int col = j * 8 + quad * 2;
+    if (r0 < item.rows_count) *(aj_u32*)(ob + i0 * p.o_row_stride + col) = aj_pack2(acc[j][0] * inv[0], acc[j][1] * inv[0]);
+    if (r1 < item.rows_count) *(aj_u32*)(ob + i1 * p.o_row_stride + col) = aj_pack2(acc[j][2] * inv[1], acc[j][3] * inv[1]);
+  }
+  if (quad == 0 && p.lse) {
+    float* lb = p.lse + b * p.lse_batch_stride + item.head * p.lse_head_stride;
+    if (r0 < item.rows_count) lb[i0] = l[0] == 0.0f ? AJ_NEG_INF : (m[0] + aj_lg2(l[0])) * AJ_LN2;
+    if (r1 < item.rows_count) lb[i1] = l[1] == 0.0f ? AJ_NEG_INF : (m[1] + aj_lg2(l[1])) * AJ_LN2;
+  }
+}
+
 #define AJ_QF_GROUPS (AJ_Q_IN_REGS ? AJ_ROW_GROUPS : 1)
 #define AJ_QF_STEPS (AJ_Q_IN_REGS ? AJ_HEAD_DIM / 16 : 1)
 // This warp's Q fragments (A operands of S = Q K^T) from the shared Q tile into registers; q_frag
@@ -311,33 +341,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   }
   aj_cp_async_wait<0>();
 
-  // Epilogue: finish the row sums across the quad, then O = acc / l (scaled) and LSE.
-  aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
+  // Epilogue: O = acc / l (scaled) and LSE, one 16-row group at a time.
 #pragma unroll
-  for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
-    const int r0 = warp_row + gi * 16 + g, r1 = r0 + 8;
-    float inv[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l[gi][h] += aj_shfl_xor(l[gi][h], 1);
-      l[gi][h] += aj_shfl_xor(l[gi][h], 2);
-      // l is 0 for a row that attended nothing (O = 0, LSE = -inf) and NaN for one that saw a NaN.
-      inv[h] = l[gi][h] == 0.0f ? 0.0f : p.output_scale / l[gi][h];
-    }
-    const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
-    // Two adjacent columns per 4-byte store (the tensor-core path's rows are 16-byte aligned).
-#pragma unroll
-    for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
-      const int col = j * 8 + quad * 2;
-      if (r0 < item.rows_count)
-        *(aj_u32*)(ob + i0 * p.o_row_stride + col) = aj_pack2(acc[gi][j][0] * inv[0], acc[gi][j][1] * inv[0]);
-      if (r1 < item.rows_count)
-        *(aj_u32*)(ob + i1 * p.o_row_stride + col) = aj_pack2(acc[gi][j][2] * inv[1], acc[gi][j][3] * inv[1]);
-    }
-    if (quad == 0 && p.lse) {
-      float* lb = p.lse + b * p.lse_batch_stride + item.head * p.lse_head_stride;
-      if (r0 < item.rows_count) lb[i0] = l[gi][0] == 0.0f ? AJ_NEG_INF : (m[gi][0] + aj_lg2(l[gi][0])) * AJ_LN2;
-      if (r1 < item.rows_count) lb[i1] = l[gi][1] == 0.0f ? AJ_NEG_INF : (m[gi][1] + aj_lg2(l[gi][1])) * AJ_LN2;
-    }
-  }
+  for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) aj_tc_store_rows(p, item, b, warp_row + gi * 16 + g, quad, acc[gi], m[gi], l[gi]);
 }

@@ -173,26 +173,5 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
   }
   aj_cp_async_wait<0>();
 
-  // Epilogue: as on sm_80, for this thread's rows g and g + 8 of its warp's 16.
-  aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
-  const int r0 = warp_row + g, r1 = r0 + 8;
-  float inv[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += aj_shfl_xor(l[h], 1);
-    l[h] += aj_shfl_xor(l[h], 2);
-    inv[h] = l[h] == 0.0f ? 0.0f : p.output_scale / l[h];
-  }
-  const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
-#pragma unroll
-  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
-    const int col = j * 8 + quad * 2;
-    if (r0 < item.rows_count) *(aj_u32*)(ob + i0 * p.o_row_stride + col) = aj_pack2(acc[j][0] * inv[0], acc[j][1] * inv[0]);
-    if (r1 < item.rows_count) *(aj_u32*)(ob + i1 * p.o_row_stride + col) = aj_pack2(acc[j][2] * inv[1], acc[j][3] * inv[1]);
-  }
-  if (quad == 0 && p.lse) {
-    float* lb = p.lse + b * p.lse_batch_stride + item.head * p.lse_head_stride;
-    if (r0 < item.rows_count) lb[i0] = l[0] == 0.0f ? AJ_NEG_INF : (m[0] + aj_lg2(l[0])) * AJ_LN2;
-    if (r1 < item.rows_count) lb[i1] = l[1] == 0.0f ? AJ_NEG_INF : (m[1] + aj_lg2(l[1])) * AJ_LN2;
-  }
+  aj_tc_store_rows(p, item, b, warp_row + g, quad, acc, m, l);  // the epilogue, as on sm_80
 }

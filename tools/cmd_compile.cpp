@@ -93,10 +93,10 @@ void progress_bar(size_t done, size_t total) {
 }
 
 int run_precompile(const PrecompileOptions& o) {
-  std::vector<int> archs;
+  std::vector<ArchName> archs;
   std::stringstream ss(o.archs);
   for (std::string a; std::getline(ss, a, ',');)
-    if (!a.empty()) archs.push_back(parse_arch(a));
+    if (!a.empty()) archs.push_back(parse_arch_name(a));
   const PrecompileReport r = precompile_manifest(o.manifest, archs, o.cache_dir, o.jobs, o.top_k, progress_bar);
   for (const std::string& e : r.errors) std::cerr << "error: " << e << "\n";
   std::printf("precompiled %zu kernels into %s in %.1f s: %d compiled, %d already cached, %d failed\n", r.kernels,
@@ -119,7 +119,7 @@ void register_compile(CLI::App& app, int& rc) {
   auto m = std::make_shared<PrecompileOptions>();
   CLI::App* pre = app.add_subcommand("precompile", "fill a kernel cache from a manifest, ahead of deployment");
   pre->add_option("manifest", m->manifest, "manifest (JSON)")->required();
-  pre->add_option("--arch", m->archs, "target archs, comma separated")->capture_default_str();
+  pre->add_option("--arch", m->archs, "target archs, comma separated (sm_80, sm_90, sm_90a, ...)")->capture_default_str();
   pre->add_option("--cache-dir", m->cache_dir, "cache directory to fill");
   pre->add_option("-j,--jobs", m->jobs, "parallel compiles")->capture_default_str();
   pre->add_option("--top-k", m->top_k, "for \"default\" tiles: also the k fastest tuned configurations")

@@ -59,7 +59,7 @@ std::vector<KernelConfig> selected_configs(const TuningDb& db, const Pattern& p,
 
 }  // namespace
 
-std::vector<KernelSource> manifest_kernels(const std::string& path, const std::vector<int>& archs, int top_k) {
+std::vector<KernelSource> manifest_kernels(const std::string& path, const std::vector<ArchName>& archs, int top_k) {
   const TuningDb db = all_tuning_dbs();
   const std::string text = read_small_file(path, "manifest");
   nlohmann::json j;
@@ -95,11 +95,12 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
       for (int d : head_dims)
         for (const std::string& dt : dtypes)
           for (const std::string& t : tiles)
-            for (int arch : archs) {
+            for (const ArchName& arch : archs) {
               KernelRequest r;
               r.head_dim = r.head_dim_v = d;
               r.dtype = parse_dtype(dt);
-              r.arch = arch;
+              r.arch = arch.arch;
+              r.arch_specific = arch.specific;
               const std::vector<KernelConfig> configs = t == "default"      ? selected_configs(db, p, r, top_k)
                                                         : t == "candidates" ? candidate_configs(r)
                                                                             : std::vector<KernelConfig>{parse_kernel_tile(t)};
@@ -128,7 +129,7 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
   return unique;
 }
 
-PrecompileReport precompile_manifest(const std::string& manifest, const std::vector<int>& archs, const std::string& cache_dir,
+PrecompileReport precompile_manifest(const std::string& manifest, const std::vector<ArchName>& archs, const std::string& cache_dir,
                                      int jobs, int top_k, const std::function<void(size_t, size_t)>& progress) {
   const std::vector<KernelSource> kernels = manifest_kernels(manifest, archs, top_k);
   KernelCache& cache = kernel_cache_for(cache_dir);

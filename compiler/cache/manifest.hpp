@@ -19,7 +19,7 @@ namespace attnjit {
 // databases selected: their best and, with top_k, their k fastest), "candidates" (every
 // configuration the autotuner may time) or "QxK". "backward": true adds the backward kernels.
 // UserError naming the file and entry for a malformed manifest.
-std::vector<KernelSource> manifest_kernels(const std::string& path, const std::vector<int>& archs, int top_k = 1);
+std::vector<KernelSource> manifest_kernels(const std::string& path, const std::vector<ArchName>& archs, int top_k = 1);
 
 struct PrecompileReport {
   size_t kernels = 0;
@@ -31,7 +31,7 @@ struct PrecompileReport {
 
 // Compiles (or finds) every kernel of the manifest into the cache at `cache_dir` (empty: the
 // knobs' cache) on `jobs` threads; a failed kernel is reported, never stops the others.
-PrecompileReport precompile_manifest(const std::string& manifest, const std::vector<int>& archs,
+PrecompileReport precompile_manifest(const std::string& manifest, const std::vector<ArchName>& archs,
                                      const std::string& cache_dir = "", int jobs = 1, int top_k = 1,
                                      const std::function<void(size_t, size_t)>& progress = {});
 

@@ -7,17 +7,17 @@ from ._pattern import as_pattern
 
 
 def _arch(arch):
-    """"sm_80" (or "sm_90a", or 80) -> 80."""
-    if isinstance(arch, int):
-        return arch
+    """"sm_80", "sm_90a" or 80 -> the arch's name ("sm_80"); "sm_90a" selects the Hopper kernels."""
+    if isinstance(arch, int) and not isinstance(arch, bool):
+        return f"sm_{arch}"
     if not isinstance(arch, str) or not arch.startswith("sm_") or not arch[3:].rstrip("a").isdigit():
-        raise ValueError(f'arch: expected "sm_XY" such as "sm_80", got {arch!r}')
-    return int(arch[3:].rstrip("a"))
+        raise ValueError(f'arch: expected "sm_XY" or "sm_90a" such as "sm_80", got {arch!r}')
+    return arch
 
 
 def precompile(manifest, archs, cache_dir=None, jobs=1, top_k=1) -> dict:
     """Compiles every kernel of a precompile manifest (README, "Kernels, the cache and the knobs")
-    for `archs` (["sm_80", "sm_90"]) into `cache_dir` (default: ATTNJIT_CACHE_DIR or
+    for `archs` (["sm_80", "sm_90", "sm_90a"]) into `cache_dir` (default: ATTNJIT_CACHE_DIR or
     ~/.cache/attnjit) on `jobs` threads. Returns {"kernels", "compiled", "cached", "failed",
     "seconds", "cache_dir", "errors"}; raises AttnjitError if any kernel failed to compile, or
     for a malformed manifest (naming the entry)."""
@@ -39,7 +39,8 @@ def dump(pattern, stage="pattern", *, seq=None, seq_k=None, heads=1, heads_kv=No
     - "plan" / "plan-bwd": the forward plan / the backward's key-major plan for a shape (`seq`
       required; `tile` the plan's query x key tile; the first 8 work items, or all with `full`);
     - "cuda" / "ptx": the generated forward kernel (the backward kernels with `backward`) for
-      `head_dim`, `dtype` and `arch` ("sm_80", "sm_90", ...); "ptx" compiles it with NVRTC.
+      `head_dim`, `dtype` and `arch` ("sm_80", "sm_90", "sm_90a" for the Hopper kernels, ...); "ptx"
+      compiles it with NVRTC.
     """
     p = as_pattern(pattern)
     arch = _arch(arch)

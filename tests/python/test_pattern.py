@@ -108,6 +108,11 @@ def test_dump_stages_and_errors():
         attnjit.dump(p, "sass")
     with pytest.raises(ValueError, match="arch: expected"):
         attnjit.dump(p, "cuda", arch="ampere")
+    # The Hopper kernels: sm_90a keeps its suffix (warpgroup MMA in the PTX); others have none.
+    assert "wgmma.mma_async" in attnjit.dump(p, "ptx", head_dim=64, arch="sm_90a")
+    assert "wgmma" not in attnjit.dump(p, "cuda", head_dim=64, arch="sm_90").split("// ---- templates/common.cuh")[1]
+    with pytest.raises(attnjit.AttnjitError, match="arch-specific kernels for sm_90a only"):
+        attnjit.dump(p, "cuda", arch="sm_80a")
 
 
 def test_precompile_fills_a_cache_and_reports(tmp_path):
