@@ -272,6 +272,12 @@ fi
 specs=()
 for f in "$root"/examples/*.json; do grep -q '"attnjit_manifest"' "$f" || specs+=("$f"); done
 step gpu_bench 240 60 "'$build/bench/attnjit_gpu_bench' --seq 4096,16384 --heads 16 --head-dim 128 --dtype bf16 --batch 1 ${specs[*]}"
+# The same benchmark on the Hopper forward (sm_90a), beside the sm_80 kernel's numbers above.
+if grep -q 'sm_90a' "$out/logs/probes.log" 2>/dev/null; then
+  step gpu_bench_sm90a 240 60 "ATTNJIT_SM90A=1 '$build/bench/attnjit_gpu_bench' --seq 4096,16384 --heads 16 --head-dim 128 --dtype bf16 --batch 1 ${specs[*]}"
+else
+  skip gpu_bench_sm90a "not a compute capability 9.0 GPU"
+fi
 # Last, with what is left: the CPU-side tests (CI runs them on every push; here they show the GPU
 # machine's toolchain builds and passes them too).
 unit_filter="-E 'every template variant compiles'"

@@ -55,6 +55,13 @@ std::string BlockExecutor::who(int tid) const {
   return "thread " + std::to_string(tid) + " (warp " + std::to_string(tid / 32) + ", lane " + std::to_string(tid % 32) + ")";
 }
 
+// One barrier: the same code address, or two copies of one source line and inline chain (the host
+// compiler's jump threading may duplicate a block that holds a barrier; a GPU's bar.sync counts
+// arrivals, not addresses). Warp collectives compare addresses.
+bool BlockExecutor::same_site(const void* a, const void* b) const {
+  return a == b || (launch_.symbolize && where(a) == where(b));
+}
+
 std::string BlockExecutor::where(const void* pc) const {
   if (!pc) return "?";
   return launch_.symbolize ? launch_.symbolize(pc) : hex(pc);
@@ -158,7 +165,7 @@ void BlockExecutor::syncthreads(const void* pc) {
     return;
   }
   for (const Thread& o : threads_)
-    if (o.wait_pc != pc) {
+    if (!same_site(o.wait_pc, pc)) {
       const std::string msg = "threads wait at different __syncthreads(): " + who(o.tid) + " at " + where(o.wait_pc) +
                               ", " + who(t.tid) + " at " + where(pc) + " (a barrier in divergent code)";
       fail(msg);

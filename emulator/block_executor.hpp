@@ -42,6 +42,8 @@ struct WgmmaOp {
   int n = 0;
   std::vector<float> d;               // [64][n] results
   float* dst[128] = {};               // each thread's accumulator registers
+  const unsigned* a[128] = {};        // each thread's A registers (A from registers), and their values
+  uint32_t a_values[128][4] = {};
   std::vector<uint32_t> read_addrs;   // the operand bytes read, by shared-window address
   std::vector<uint16_t> read_values;  // and their values at issue
   int waiting = 128;                  // threads that have not waited for it yet
@@ -152,6 +154,7 @@ private:
   double wgmma_operand(uint64_t desc, bool mn_major, int mn, int k, int type, const WgmmaOp& op);
   std::string deadlock_report() const;
   std::string where(const void* pc) const;
+  bool same_site(const void* a, const void* b) const;
   std::string who(int tid) const;
   std::string block_name() const;
 

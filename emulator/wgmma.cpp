@@ -2,9 +2,10 @@
 // commit_group and wait_group, and fence.proxy.async. What the hardware leaves undefined the
 // emulator reports: a wgmma without a wgmma.fence since the thread's last wait (or the start), a
 // warpgroup whose threads disagree on the operands, shared memory that changes while a wgmma may
-// still read it, shared memory written through the generic proxy (stores, cp.async) and read by a
-// wgmma with no fence.proxy.async by the writer in between, a thread that exits with wgmmas in
-// flight. The accumulators read as NaN from issue to wait.
+// still read it, A registers that change before their thread's wait, shared memory written through
+// the generic proxy (stores, cp.async) and read by a wgmma with no fence.proxy.async by the writer
+// in between, a thread that exits with wgmmas in flight. The accumulators read as NaN from issue to
+// wait.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -41,6 +42,11 @@ void BlockExecutor::wgmma_wait(int n, const void*) {
 }
 
 void BlockExecutor::finish_wgmma(Thread& t, WgmmaOp& op) {
+  const int lt = t.tid % 128;
+  if (op.a[lt] && std::memcmp(op.a[lt], op.a_values[lt], sizeof op.a_values[lt]) != 0) {
+    fail("the A registers of the wgmma.mma_async at " + where(op.pc) + " changed before " + who(t.tid) +
+         " waited for it (wgmma.wait_group): the wgmma may still read them; write them after the wait");
+  }
   // The last of the warpgroup to wait checks that the operands never changed in between.
   if (--op.waiting == 0) {
     for (size_t i = 0; i < op.read_addrs.size(); ++i) {
@@ -56,7 +62,6 @@ void BlockExecutor::finish_wgmma(Thread& t, WgmmaOp& op) {
       }
     }
   }
-  const int lt = t.tid % 128;
   for (int i = 0; i < op.n / 2; ++i) {
     const MmaRowCol e = wgmma_d_element(lt, i);
     op.dst[lt][i] = op.d[size_t(e.row) * size_t(op.n) + size_t(e.col)];
@@ -174,6 +179,10 @@ void BlockExecutor::execute_wgmma(int wg) {
   for (int l = 0; l < 128; ++l) {
     Thread& o = th[l];
     op->dst[l] = o.d;
+    if (o.a) {
+      op->a[l] = o.a;
+      std::memcpy(op->a_values[l], o.a, sizeof op->a_values[l]);
+    }
     const WgmmaOp* chained = nullptr;
     for (const auto& group : o.wg_committed)
       for (const auto& p : group)

@@ -7,8 +7,15 @@
 // AJ_STAGES stages with cp.async exactly as on sm_80 (fwd_sm80.cuh, included before this file,
 // brings the loads' row maps, the mask and the online softmax, which the wgmma's register layout
 // lets this kernel share); the rows a tile loads come through the plan's row maps, so dilated rows
-// are gathered by the loads. Not yet here: TMA, warp specialisation, softmax overlapped with the
-// next tile's GEMM (issue 15's later steps).
+// are gathered by the loads.
+//
+// The softmax of one tile overlaps the tensor cores' work on its neighbours (FlashAttention-3,
+// section 3.2, within one warpgroup): iteration j issues S(j+1) = Q K(j+1)^T and O += P(j) V(j)
+// back to back, waits for the first only, runs the mask and the softmax of S(j+1) while P(j) V(j)
+// is still in flight, then waits for it and rescales O. K therefore runs one tile ahead of V: they
+// stream through separate rings of AJ_STAGES stages, K(j + AJ_STAGES) and V(j + AJ_STAGES - 1)
+// prefetched at iteration j, each its own cp.async group. Not yet here: TMA, warp specialisation
+// (issue 15's later steps).
 //
 // AJ_TILE_Q is 64 per warpgroup (AJ_WARPS = AJ_TILE_Q / 16), AJ_TILE_K the wgmma N of S (64 or
 // 128), AJ_HEAD_DIM_V the wgmma N of O (64, 128 or 256); codegen checks these.
@@ -52,13 +59,30 @@ struct AjSm90Shared {
 };
 #define AJ_SM90_K_STAGE (AJ_HEAD_DIM * AJ_TILE_K * 2)
 #define AJ_SM90_V_STAGE (AJ_HEAD_DIM_V * AJ_TILE_K * 2)
+#define AJ_SM90_AHEAD (2 * (AJ_STAGES - 1))  // cp.async groups committed after the ones a tile waits for
 
-__device__ __forceinline__ void aj_sm90_load_kv(const AjParams& p, const AjSm90Shared& sh, int stage, const AjTile& t,
-                                                aj_i64 b, int kvh) {
-  const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
-  const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
-  aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM>(sh.k + stage * AJ_SM90_K_STAGE, kb, p.k_row_stride, t.first, t.stride, t.count);
-  aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V>(sh.v + stage * AJ_SM90_V_STAGE, vb, p.v_row_stride, t.first, t.stride, t.count);
+// K (or V) rows of tile `t` into stage `stage` of its ring.
+template <bool IS_K>
+__device__ __forceinline__ void aj_sm90_load(const AjParams& p, const AjSm90Shared& sh, int stage, const AjTile& t, aj_i64 b,
+                                             int kvh) {
+  if (IS_K) {
+    const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
+    aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM>(sh.k + stage * AJ_SM90_K_STAGE, kb, p.k_row_stride, t.first, t.stride, t.count);
+  } else {
+    const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
+    aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V>(sh.v + stage * AJ_SM90_V_STAGE, vb, p.v_row_stride, t.first, t.stride, t.count);
+  }
+}
+
+// The next tile of a ring's cursor into its stage (if any tile is left), then its cp.async group.
+template <bool IS_K>
+__device__ __forceinline__ void aj_sm90_prefetch(const AjParams& p, const AjSm90Shared& sh, AjTileCursor& c, int index,
+                                                 aj_i64 b, int kvh) {
+  if (!c.done()) {
+    aj_sm90_load<IS_K>(p, sh, index % AJ_STAGES, c.tile(), b, kvh);
+    c.next();
+  }
+  aj_cp_async_commit();
 }
 
 // The copies this thread waited for are read by wgmma (the async proxy) after the barrier that follows.
@@ -67,6 +91,76 @@ __device__ __forceinline__ void aj_sm90_wait_tiles() {
   aj_cp_async_wait<N>();
   aj_fence_proxy_async();
   aj_syncthreads();
+}
+
+// S = Q K^T for the warpgroup's 64 rows and one K stage: one wgmma per 16 columns of the head dim,
+// K-major operands; a step inside a column block moves the start address 32 bytes (the swizzle
+// follows the address). Issued and committed, not waited for.
+__device__ __forceinline__ void aj_sm90_issue_s(float (&s)[AJ_TILE_K / 8][4], aj_u64 q_desc, aj_u64 k_desc) {
+  aj_wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < AJ_HEAD_DIM / 16; ++ks) {
+    const aj_u64 da = q_desc + (((ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 32) >> 4);
+    const aj_u64 db = k_desc + (((ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32) >> 4);
+    aj_wgmma_ss<AJ_TILE_K, AJ_WGMMA_TYPE, 0>(*(float(*)[AJ_TILE_K / 2]) & s[0][0], da, db, ks > 0);
+  }
+  aj_wgmma_commit();
+}
+
+// O += P V for one V stage: P from registers (the accumulator layout of S is the A-fragment layout,
+// as on sm_80), V N-major (its rows are keys, the head dim contiguous): the 64-column blocks of V
+// lie LBO apart, 8-key groups SBO apart. Issued and committed, not waited for.
+__device__ __forceinline__ void aj_sm90_issue_pv(float (&acc)[AJ_HEAD_DIM_V / 8][4], const aj_u32 (&pa)[AJ_TILE_K / 16][4],
+                                                 aj_u64 v_desc) {
+  aj_wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < AJ_TILE_K / 16; ++kk)
+    aj_wgmma_rs<AJ_HEAD_DIM_V, AJ_WGMMA_TYPE, 1>(*(float(*)[AJ_HEAD_DIM_V / 2]) & acc[0][0], pa[kk], v_desc + ((kk * 16 * AJ_SW) >> 4),
+                                                 true);
+  aj_wgmma_commit();
+}
+
+// The online softmax of one S tile with O's rescaling left to the caller (O may still be the
+// accumulator of a wgmma in flight): the scores become probabilities in place, m and l move on,
+// and `c` is the factor O must be multiplied by before the next P V.
+__device__ __forceinline__ void aj_sm90_softmax(float (&s)[AJ_TILE_K / 8][4], float (&m)[2], float (&l)[2], float (&c)[2],
+                                                float scale_log2) {
+  float mx[2] = {AJ_NEG_INF, AJ_NEG_INF}, base[2];
+#pragma unroll
+  for (int j = 0; j < AJ_TILE_K / 8; ++j) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] *= scale_log2;
+    mx[h] = fmaxf(mx[h], aj_shfl_xor(mx[h], 1));  // the four threads of a quad share a row
+    mx[h] = fmaxf(mx[h], aj_shfl_xor(mx[h], 2));
+    const float n = fmaxf(m[h], mx[h]);
+    base[h] = n == AJ_NEG_INF ? 0.0f : n;  // a row that has seen nothing: exp2(-inf - 0) = 0, never NaN
+    c[h] = aj_ex2(m[h] - base[h]);
+    m[h] = n;
+    l[h] *= c[h];
+  }
+#pragma unroll
+  for (int j = 0; j < AJ_TILE_K / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = aj_ex2(fmaf(s[j][e], scale_log2, -base[e >> 1]));
+    l[0] += s[j][0] + s[j][1];
+    l[1] += s[j][2] + s[j][3];
+  }
+}
+
+// P in the input type, as the A operand of P V (the registers of a wgmma in flight must not change
+// before it is waited for, so the loop packs the next P only after waiting for the last P V).
+__device__ __forceinline__ void aj_sm90_pack(const float (&s)[AJ_TILE_K / 8][4], aj_u32 (&pa)[AJ_TILE_K / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < AJ_TILE_K / 16; ++kk) {
+    pa[kk][0] = aj_pack2(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = aj_pack2(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = aj_pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = aj_pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
 }
 
 __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
@@ -90,20 +184,21 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
   // so the test is too); it still copies its share of every tile and meets every barrier.
   const bool busy = wg_row < item.rows_count;
 
-  AjTileCursor cur, pre;
+  // Cursors: `cur` the tile whose S the loop computes next, `kpre` / `vpre` the next K / V to load.
+  AjTileCursor cur, kpre, vpre;
   cur.begin(p, item);
-  pre.begin(p, item);
+  kpre.begin(p, item);
+  vpre.begin(p, item);
+  const bool any = !cur.done();
+  // Prologue: Q with K(0), then K(i + 1) and V(i) for i < AJ_STAGES - 1, each its own group (the
+  // order of the loop's commits, so one wait count serves both).
   const aj_elem* qb = (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride;
-  if (!cur.done())
-    aj_sm90_load_rows<AJ_TILE_Q, AJ_HEAD_DIM>(sh.q, qb, p.q_row_stride, item.rows_start, item.rows_stride, item.rows_count);
-  aj_cp_async_commit();
+  if (any) aj_sm90_load_rows<AJ_TILE_Q, AJ_HEAD_DIM>(sh.q, qb, p.q_row_stride, item.rows_start, item.rows_stride, item.rows_count);
+  aj_sm90_prefetch<true>(p, sh, kpre, 0, b, kvh);
 #pragma unroll
-  for (int s = 0; s < AJ_STAGES - 1; ++s) {
-    if (!pre.done()) {
-      aj_sm90_load_kv(p, sh, s, pre.tile(), b, kvh);
-      pre.next();
-    }
-    aj_cp_async_commit();
+  for (int i = 0; i < AJ_STAGES - 1; ++i) {
+    aj_sm90_prefetch<true>(p, sh, kpre, i + 1, b, kvh);
+    aj_sm90_prefetch<false>(p, sh, vpre, i, b, kvh);
   }
 
   const aj_i64 doc = aj_doc_start(p, item.rows_start), k_origin = p.k_offset - doc;
@@ -111,7 +206,7 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
   const aj_i64 q_step8 = 8 * item.rows_stride;
 
   float acc[AJ_HEAD_DIM_V / 8][4];
-  float m[2] = {AJ_NEG_INF, AJ_NEG_INF}, l[2] = {0.0f, 0.0f};
+  float m[2] = {AJ_NEG_INF, AJ_NEG_INF}, l[2] = {0.0f, 0.0f}, c[2];
 #pragma unroll
   for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
@@ -122,54 +217,49 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
   const aj_u64 k_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.k), 16, 8 * AJ_SW);
   const aj_u64 v_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.v), AJ_TILE_K * AJ_SW, 8 * AJ_SW);
 
-  for (int iter = 0; !cur.done(); ++iter, cur.next()) {
-    const int stage = iter % AJ_STAGES;
-    if (!pre.done()) {
-      aj_sm90_load_kv(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), b, kvh);
-      pre.next();
-    }
-    aj_cp_async_commit();
-    aj_sm90_wait_tiles<AJ_STAGES - 1>();
+  // S(0) and its softmax, then a barrier: K(0)'s stage is the loop's first prefetch target.
+  float s[AJ_TILE_K / 8][4];
+  aj_u32 pa[AJ_TILE_K / 16][4];
+  aj_sm90_wait_tiles<AJ_SM90_AHEAD>();
+  if (any && busy) {
+    const AjTile t = cur.tile();
+    aj_sm90_issue_s(s, q_desc, k_desc);
+    aj_wgmma_wait<0>();
+    if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
+    aj_sm90_softmax(s, m, l, c, p.scale_log2);  // O is still zero: no rescaling
+    aj_sm90_pack(s, pa);
+  }
+  aj_syncthreads();
+
+  for (int j = 0; !cur.done(); ++j) {
+    cur.next();  // now the tile j + 1 (done: none)
+    aj_sm90_prefetch<true>(p, sh, kpre, j + AJ_STAGES, b, kvh);
+    aj_sm90_prefetch<false>(p, sh, vpre, j + AJ_STAGES - 1, b, kvh);
+    aj_sm90_wait_tiles<AJ_SM90_AHEAD>();  // K(j + 1) and V(j) have landed
     if (busy) {
-      const AjTile t = cur.tile();
-      const aj_u64 ks_desc = k_desc + stage * (AJ_SM90_K_STAGE >> 4), vs_desc = v_desc + stage * (AJ_SM90_V_STAGE >> 4);
-
-      // S = Q K^T: one wgmma per 16 columns of the head dim, K-major operands; a step inside a
-      // column block moves the start address 32 bytes (the swizzle follows the address).
-      float s[AJ_TILE_K / 8][4];
-      aj_wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < AJ_HEAD_DIM / 16; ++ks) {
-        const aj_u64 da = q_desc + (((ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 32) >> 4);
-        const aj_u64 db = ks_desc + (((ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32) >> 4);
-        aj_wgmma_ss<AJ_TILE_K, AJ_WGMMA_TYPE, 0>(*(float(*)[AJ_TILE_K / 2]) & s[0][0], da, db, ks > 0);
+      const bool more = !cur.done();
+      if (more) aj_sm90_issue_s(s, q_desc, k_desc + ((j + 1) % AJ_STAGES) * (AJ_SM90_K_STAGE >> 4));
+      aj_sm90_issue_pv(acc, pa, v_desc + (j % AJ_STAGES) * (AJ_SM90_V_STAGE >> 4));
+      if (more) {
+        // S(j + 1) is done while P(j) V(j) may still run: its mask and softmax overlap that GEMM.
+        aj_wgmma_wait<1>();
+        const AjTile t = cur.tile();
+        if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
+        aj_sm90_softmax(s, m, l, c, p.scale_log2);
       }
-      aj_wgmma_commit();
-      aj_wgmma_wait<0>();
-
-      if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
-      aj_sm80_softmax(s, acc, m, l, p.scale_log2);
-
-      // O += P V: P from registers, V N-major (its rows are keys, the head dim contiguous): the
-      // 64-column blocks of V lie LBO apart, 8-key groups SBO apart.
-      aj_u32 pa[AJ_TILE_K / 16][4];
+      aj_wgmma_wait<0>();  // P(j) V(j) is done: O and P's registers are the kernel's again
+      if (more) {
 #pragma unroll
-      for (int kk = 0; kk < AJ_TILE_K / 16; ++kk) {
-        pa[kk][0] = aj_pack2(s[2 * kk][0], s[2 * kk][1]);
-        pa[kk][1] = aj_pack2(s[2 * kk][2], s[2 * kk][3]);
-        pa[kk][2] = aj_pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[kk][3] = aj_pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        for (int x = 0; x < AJ_HEAD_DIM_V / 8; ++x) {
+          acc[x][0] *= c[0];
+          acc[x][1] *= c[0];
+          acc[x][2] *= c[1];
+          acc[x][3] *= c[1];
+        }
+        aj_sm90_pack(s, pa);
       }
-      aj_wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < AJ_TILE_K / 16; ++kk) {
-        const aj_u64 dv = vs_desc + ((kk * 16 * AJ_SW) >> 4);
-        aj_wgmma_rs<AJ_HEAD_DIM_V, AJ_WGMMA_TYPE, 1>(*(float(*)[AJ_HEAD_DIM_V / 2]) & acc[0][0], pa[kk], dv, true);
-      }
-      aj_wgmma_commit();
-      aj_wgmma_wait<0>();
     }
-    aj_syncthreads();  // this stage is overwritten by a later prefetch
+    aj_syncthreads();  // K(j + 1)'s and V(j)'s stages are overwritten by later prefetches
   }
   aj_cp_async_wait<0>();
 
