@@ -77,20 +77,24 @@ Device device_of(const std::string& kind, int index) {
   if (kind == "cpu") return Device::cpu();
   if (kind == "cuda") return Device::cuda(index);
   if (kind == "emu") return Device::emu(index > 0 ? index : 80);
-  throw UserError("device", "expected cpu, cuda or emu, got " + kind);
+  if (kind.rfind("emu:", 0) == 0) {  // "emu:sm_90a": the emulator standing in for that arch
+    const ArchName a = parse_arch_name(kind.substr(4), "ATTNJIT_CPU_DEVICE=" + kind + ":");
+    return Device::emu(a.arch, a.specific);
+  }
+  throw UserError("device", "expected cpu, cuda, emu or emu:sm_XX, got " + kind);
 }
 
 // Prepared attentions, by spec, device and problem.
 Attention prepared(const std::string& spec, const Device& device, const Problem& pb) {
   static std::mutex mu;
-  static std::map<std::pair<int, int>, std::unique_ptr<Runtime>> runtimes;
-  static std::map<std::tuple<std::string, int, int, std::vector<int64_t>>, Attention> ops;
+  static std::map<std::string, std::unique_ptr<Runtime>> runtimes;
+  static std::map<std::tuple<std::string, std::string, std::vector<int64_t>>, Attention> ops;
   const std::vector<int64_t> dims{pb.batch, pb.seq_q, pb.seq_k, pb.heads_q, pb.heads_kv, pb.head_dim, pb.head_dim_v,
                                   static_cast<int64_t>(pb.dtype)};
-  const auto key = std::make_tuple(spec, static_cast<int>(device.kind), device.index, dims);
+  const auto key = std::make_tuple(spec, device.describe(), dims);
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = ops.find(key); it != ops.end()) return it->second;
-  auto& rt = runtimes[{static_cast<int>(device.kind), device.index}];
+  auto& rt = runtimes[device.describe()];
   if (!rt) {
     RuntimeOptions o;
     o.device = device;

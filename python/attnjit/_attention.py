@@ -31,7 +31,8 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
 
     torch tensors (fp32, fp16, bf16; any strides with a contiguous last dimension): CUDA tensors
     run the generated kernels on PyTorch's current stream; CPU tensors the plan executor
-    (ATTNJIT_CPU_DEVICE=emu runs the generated kernels in the CPU emulator instead); float64 CPU
+    (ATTNJIT_CPU_DEVICE=emu runs the generated kernels in the CPU emulator instead, emu:sm_90a the
+    Hopper ones); float64 CPU
     tensors the float64 reference (for gradcheck). Differentiable in q, k and v.
     numpy arrays (fp32, fp16; CPU, no autograd) are accepted too.
     """
@@ -96,10 +97,11 @@ def _documents_arg(cu):
 
 
 def cpu_device():
-    """The device CPU tensors run on: the plan executor, or the emulator (ATTNJIT_CPU_DEVICE=emu)."""
+    """The device CPU tensors run on: the plan executor, or the emulator (ATTNJIT_CPU_DEVICE=emu, the
+    sm_80 kernels; emu:sm_90a the Hopper ones, emu:sm_75 the SIMT path for fp16, ...)."""
     d = os.environ.get("ATTNJIT_CPU_DEVICE", "cpu")
-    if d not in ("cpu", "emu"):
-        raise ValueError(f"ATTNJIT_CPU_DEVICE={d}: expected cpu or emu")
+    if d not in ("cpu", "emu") and not d.startswith("emu:sm_"):
+        raise ValueError(f"ATTNJIT_CPU_DEVICE={d}: expected cpu, emu or emu:sm_XX (emu:sm_90a for the Hopper kernels)")
     return d
 
 

@@ -115,6 +115,22 @@ def test_emulated_kernels_forward_and_backward(monkeypatch):
         assert rel_error(g, w) <= 3e-2, f"d{name}"
 
 
+def test_emulated_hopper_kernel_forward(monkeypatch):
+    # ATTNJIT_CPU_DEVICE=emu:sm_90a: the sm_90a forward (warpgroup MMA) in the emulator.
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu:sm_90a")
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    q, k, v = inputs(1, 150, 150, 2, 1, 64, dtype=torch.bfloat16, seed=6)
+    got_o = attnjit.attention(q, k, v, p)
+    want_o, _ = dense_attention(q, k, v, p)
+    assert got_o.dtype == torch.bfloat16 and rel_error(got_o, want_o) <= 2e-2
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu:sm_80a")
+    with pytest.raises(attnjit.AttnjitError, match="arch-specific kernels for sm_90a only"):
+        attnjit.attention(q, k, v, p)
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "gpu")
+    with pytest.raises(ValueError, match="ATTNJIT_CPU_DEVICE=gpu: expected cpu, emu or emu:sm_XX"):
+        attnjit.attention(q, k, v, p)
+
+
 @pytest.mark.parametrize("device", ["cpu", "emu"])
 def test_bitmap_and_hierarchical_layouts_on_every_cpu_device(device, monkeypatch):
     # Both are spellings of the layout algebra; this runs them through the plan executor and the
