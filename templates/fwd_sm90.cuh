@@ -237,18 +237,19 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
     aj_sm90_prefetch<false>(p, sh, vpre, j + AJ_STAGES - 1, b, kvh);
     aj_sm90_wait_tiles<AJ_SM90_AHEAD>();  // K(j + 1) and V(j) have landed
     if (busy) {
-      const bool more = !cur.done();
-      if (more) aj_sm90_issue_s(s, q_desc, k_desc + ((j + 1) % AJ_STAGES) * (AJ_SM90_K_STAGE >> 4));
-      aj_sm90_issue_pv(acc, pa, v_desc + (j % AJ_STAGES) * (AJ_SM90_V_STAGE >> 4));
-      if (more) {
+      // One branch per case, each issuing, waiting and reading in straight-line order: ptxas
+      // serialises every wgmma of the kernel when a path it cannot rule out reads an accumulator
+      // with its wgmma in flight (C7514; a lit test keeps the log free of it).
+      const aj_u64 vj = v_desc + (j % AJ_STAGES) * (AJ_SM90_V_STAGE >> 4);
+      if (!cur.done()) {
+        aj_sm90_issue_s(s, q_desc, k_desc + ((j + 1) % AJ_STAGES) * (AJ_SM90_K_STAGE >> 4));
+        aj_sm90_issue_pv(acc, pa, vj);
         // S(j + 1) is done while P(j) V(j) may still run: its mask and softmax overlap that GEMM.
         aj_wgmma_wait<1>();
         const AjTile t = cur.tile();
         if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
         aj_sm90_softmax(s, m, l, c, p.scale_log2);
-      }
-      aj_wgmma_wait<0>();  // P(j) V(j) is done: O and P's registers are the kernel's again
-      if (more) {
+        aj_wgmma_wait<0>();  // P(j) V(j) is done: O and P's registers are the kernel's again
 #pragma unroll
         for (int x = 0; x < AJ_HEAD_DIM_V / 8; ++x) {
           acc[x][0] *= c[0];
@@ -257,6 +258,9 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
           acc[x][3] *= c[1];
         }
         aj_sm90_pack(s, pa);
+      } else {
+        aj_sm90_issue_pv(acc, pa, vj);  // the last tile
+        aj_wgmma_wait<0>();
       }
     }
     aj_syncthreads();  // K(j + 1)'s and V(j)'s stages are overwritten by later prefetches
