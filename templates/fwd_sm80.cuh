@@ -111,13 +111,14 @@ __device__ __forceinline__ void aj_sm80_mask(float (&s)[AJ_TILE_K / 8][4], const
   }
 }
 
-// One online-softmax step of one 16-row group, for this thread's rows g and g + 8: m, l are their
-// running maximum (in exp2 units) and sum; the scores become probabilities and acc is rescaled.
-// Scores stay unscaled until here: the scale is positive, so the row maximum scales with them, and
-// exp2(s * scale_log2 - base) is one FFMA.
-__device__ __forceinline__ void aj_sm80_softmax(float (&s)[AJ_TILE_K / 8][4], float (&acc)[AJ_HEAD_DIM_V / 8][4],
-                                                float (&m)[2], float (&l)[2], float scale_log2) {
-  float mx[2] = {AJ_NEG_INF, AJ_NEG_INF}, base[2], c[2];
+// One online-softmax step of one 16-row group's scores, for this thread's rows g and g + 8: m, l
+// are their running maximum (in exp2 units) and sum; the scores become probabilities in place and
+// `c` is the factor the output accumulator must be multiplied by (the caller does it: on sm_90a it
+// may still be a wgmma's accumulator). Scores stay unscaled until here: the scale is positive, so
+// the row maximum scales with them, and exp2(s * scale_log2 - base) is one FFMA.
+__device__ __forceinline__ void aj_tc_softmax_scores(float (&s)[AJ_TILE_K / 8][4], float (&m)[2], float (&l)[2],
+                                                     float (&c)[2], float scale_log2) {
+  float mx[2] = {AJ_NEG_INF, AJ_NEG_INF}, base[2];
 #pragma unroll
   for (int j = 0; j < AJ_TILE_K / 8; ++j) {
     mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
@@ -135,19 +136,31 @@ __device__ __forceinline__ void aj_sm80_softmax(float (&s)[AJ_TILE_K / 8][4], fl
     l[h] *= c[h];
   }
 #pragma unroll
-  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
-    acc[j][0] *= c[0];
-    acc[j][1] *= c[0];
-    acc[j][2] *= c[1];
-    acc[j][3] *= c[1];
-  }
-#pragma unroll
   for (int j = 0; j < AJ_TILE_K / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[j][e] = aj_ex2(fmaf(s[j][e], scale_log2, -base[e >> 1]));
     l[0] += s[j][0] + s[j][1];
     l[1] += s[j][2] + s[j][3];
   }
+}
+
+// O's rows g and g + 8 times c[0] and c[1].
+__device__ __forceinline__ void aj_tc_rescale(float (&acc)[AJ_HEAD_DIM_V / 8][4], const float (&c)[2]) {
+#pragma unroll
+  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
+    acc[j][0] *= c[0];
+    acc[j][1] *= c[0];
+    acc[j][2] *= c[1];
+    acc[j][3] *= c[1];
+  }
+}
+
+// The whole step on sm_80: the scores, then O rescaled before this tile's P V.
+__device__ __forceinline__ void aj_sm80_softmax(float (&s)[AJ_TILE_K / 8][4], float (&acc)[AJ_HEAD_DIM_V / 8][4],
+                                                float (&m)[2], float (&l)[2], float scale_log2) {
+  float c[2];
+  aj_tc_softmax_scores(s, m, l, c, scale_log2);
+  aj_tc_rescale(acc, c);
 }
 
 // The epilogue of one 16-row group of the tensor-core kernels (this file's and fwd_sm90.cuh's, whose

@@ -120,37 +120,6 @@ __device__ __forceinline__ void aj_sm90_issue_pv(float (&acc)[AJ_HEAD_DIM_V / 8]
   aj_wgmma_commit();
 }
 
-// The online softmax of one S tile with O's rescaling left to the caller (O may still be the
-// accumulator of a wgmma in flight): the scores become probabilities in place, m and l move on,
-// and `c` is the factor O must be multiplied by before the next P V.
-__device__ __forceinline__ void aj_sm90_softmax(float (&s)[AJ_TILE_K / 8][4], float (&m)[2], float (&l)[2], float (&c)[2],
-                                                float scale_log2) {
-  float mx[2] = {AJ_NEG_INF, AJ_NEG_INF}, base[2];
-#pragma unroll
-  for (int j = 0; j < AJ_TILE_K / 8; ++j) {
-    mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
-    mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    mx[h] *= scale_log2;
-    mx[h] = fmaxf(mx[h], aj_shfl_xor(mx[h], 1));  // the four threads of a quad share a row
-    mx[h] = fmaxf(mx[h], aj_shfl_xor(mx[h], 2));
-    const float n = fmaxf(m[h], mx[h]);
-    base[h] = n == AJ_NEG_INF ? 0.0f : n;  // a row that has seen nothing: exp2(-inf - 0) = 0, never NaN
-    c[h] = aj_ex2(m[h] - base[h]);
-    m[h] = n;
-    l[h] *= c[h];
-  }
-#pragma unroll
-  for (int j = 0; j < AJ_TILE_K / 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] = aj_ex2(fmaf(s[j][e], scale_log2, -base[e >> 1]));
-    l[0] += s[j][0] + s[j][1];
-    l[1] += s[j][2] + s[j][3];
-  }
-}
-
 // P in the input type, as the A operand of P V (the registers of a wgmma in flight must not change
 // before it is waited for, so the loop packs the next P only after waiting for the last P V).
 __device__ __forceinline__ void aj_sm90_pack(const float (&s)[AJ_TILE_K / 8][4], aj_u32 (&pa)[AJ_TILE_K / 16][4]) {
@@ -226,7 +195,7 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
     aj_sm90_issue_s(s, q_desc, k_desc);
     aj_wgmma_wait<0>();
     if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
-    aj_sm90_softmax(s, m, l, c, p.scale_log2);  // O is still zero: no rescaling
+    aj_tc_softmax_scores(s, m, l, c, p.scale_log2);  // O is still zero: no rescaling
     aj_sm90_pack(s, pa);
   }
   aj_syncthreads();
@@ -248,15 +217,9 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
         aj_wgmma_wait<1>();
         const AjTile t = cur.tile();
         if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
-        aj_sm90_softmax(s, m, l, c, p.scale_log2);
+        aj_tc_softmax_scores(s, m, l, c, p.scale_log2);
         aj_wgmma_wait<0>();  // P(j) V(j) is done: O and P's registers are the kernel's again
-#pragma unroll
-        for (int x = 0; x < AJ_HEAD_DIM_V / 8; ++x) {
-          acc[x][0] *= c[0];
-          acc[x][1] *= c[0];
-          acc[x][2] *= c[1];
-          acc[x][3] *= c[1];
-        }
+        aj_tc_rescale(acc, c);
         aj_sm90_pack(s, pa);
       } else {
         aj_sm90_issue_pv(acc, pa, vj);  // the last tile

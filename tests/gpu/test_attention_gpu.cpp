@@ -546,20 +546,25 @@ std::vector<Case> random_cases(uint64_t seed, int count, bool scale_lengths) {
 // three heads at least (seed_dilated has a group per branch),
 // [B, H, S, D] and padded layouts, lengths that are no multiple of any tile, and the SIMT path
 // for fp16 through sm_75 and for bf16 through sm_61 (Pascal: fp32 arithmetic on half storage).
-std::vector<Case> emu_example_cases() {
+// With `sm90a`, the Hopper forward's shapes instead (head dims 64, 128 and 256, fp16 and bf16).
+std::vector<Case> emu_example_cases(bool sm90a = false) {
   std::vector<Case> cases;
-  uint64_t seed = 7000;
+  uint64_t seed = sm90a ? 9000 : 7000;
   for (const auto& [name, p] : example_patterns()) {
     auto add = [&](const std::string& tag, Shape s, DType dt, Mem m, int arch = 80) {
       Case c;
-      c.name = name + "/" + tag;
-      c.pattern = p, c.shape = s, c.dtype = dt, c.mem = m, c.arch = arch, c.seed = seed++;
+      c.name = name + (sm90a ? "/sm90a-" : "/") + tag;
+      c.pattern = p, c.shape = s, c.dtype = dt, c.mem = m, c.arch = sm90a ? 90 : arch, c.sm90a = sm90a, c.seed = seed++;
       c.lse = seed % 5 != 0;
       cases.push_back(std::move(c));
     };
     add("bf16-d64-gqa", make_shape(1, 200, 200, 4, 2, 64), DType::BF16, Mem::BSHD);
     add("fp16-d128-bhsd", make_shape(2, 150, 150, 3, 3, 128), DType::F16, Mem::BHSD);
     add("bf16-d256", make_shape(1, 97, 97, 3, 1, 256), DType::BF16, Mem::Padded);
+    if (sm90a) {
+      add("fp16-d128-chunk", make_shape(1, 130, 260, 3, 3, 128, 130, 0), DType::F16, Mem::BSHD);
+      continue;
+    }
     add("fp16-d96-chunk", make_shape(1, 130, 260, 3, 3, 96, 130, 0), DType::F16, Mem::BSHD);
     add("fp32-d32-chunk", make_shape(1, 111, 211, 4, 1, 32, 100, 0), DType::F32, Mem::Padded);
     add("fp16-d32-sm75", make_shape(1, 120, 120, 3, 1, 32), DType::F16, Mem::BSHD, 75);
@@ -573,7 +578,8 @@ std::vector<Case> emu_example_cases() {
 // or 32 rows per warp, SIMT tiles 16/32/64 x 16/32), plus a 4-stage pipeline and a 64-row tile of
 // two 32-row warps, on a pattern with causal and dilated branches at lengths that are no multiple
 // of any tile (so residue tiles leave some warps without rows). Head dim 256 has its own, smaller set; on the emulator
-// fp16 also runs the SIMT candidates of sm_75, and bf16 those of sm_61.
+// fp16 also runs the SIMT candidates of sm_75, and bf16 those of sm_61. With `sm90a` (arch 90):
+// the Hopper forward's candidates at head dims 64, 128 and 256.
 std::vector<Case> config_cases(int64_t seq, int arch, bool sm90a = false) {
   const Pattern p = PatternBuilder()
                         .branch(BranchSpec().segment(128).dilation(1).causal())
@@ -581,7 +587,8 @@ std::vector<Case> config_cases(int64_t seq, int arch, bool sm90a = false) {
                         .build();
   struct Kind { DType dtype; int head_dim, arch; };
   std::vector<Kind> kinds = {{DType::BF16, 64, arch}, {DType::F16, 128, arch}, {DType::F32, 64, arch}, {DType::BF16, 256, arch}};
-  if (target() == Target::Emu) {
+  if (sm90a) kinds = {{DType::BF16, 64, arch}, {DType::F16, 128, arch}, {DType::BF16, 256, arch}};
+  else if (target() == Target::Emu) {
     kinds.push_back({DType::F16, 64, 75});
     kinds.push_back({DType::BF16, 64, 61});
   }
@@ -600,8 +607,8 @@ std::vector<Case> config_cases(int64_t seq, int arch, bool sm90a = false) {
     for (const KernelConfig& k : configs) {
       Case c;
       c.name = std::string("config/") + to_string(kind.dtype) + "-d" + std::to_string(kind.head_dim) + "-sm_" +
-               std::to_string(kind.arch) + "/" + describe(k);
-      c.pattern = p, c.dtype = kind.dtype, c.config = k, c.arch = kind.arch, c.seed = 31 + cases.size();
+               std::to_string(kind.arch) + (r.arch_specific ? "a/" : "/") + describe(k);
+      c.pattern = p, c.dtype = kind.dtype, c.config = k, c.arch = kind.arch, c.sm90a = r.arch_specific, c.seed = 31 + cases.size();
       c.shape = make_shape(1, seq, seq, 2, 1, kind.head_dim, 7, 0);
       cases.push_back(std::move(c));
     }
@@ -642,24 +649,9 @@ TEST_CASE("every tile configuration the autotuner can choose matches the referen
 // configuration the autotuner offers that path. Other head dims fall back to the sm_80 kernel.
 TEST_CASE("the sm_90a forward matches the float64 reference in the emulator", "[emu][attention][sm90a]") {
   if (target() != Target::Emu) { WARN("SKIPPED: an emulator case (ATTNJIT_GPU_TESTS_DEVICE=emu)"); return; }
-  std::vector<Case> cases;
-  uint64_t seed = 9000;
-  for (const auto& [name, p] : example_patterns()) {
-    auto add = [&](const std::string& tag, Shape s, DType dt, Mem m) {
-      Case c;
-      c.name = name + "/sm90a-" + tag;
-      c.pattern = p, c.shape = s, c.dtype = dt, c.mem = m, c.arch = 90, c.sm90a = true, c.seed = seed++;
-      c.lse = seed % 5 != 0;
-      cases.push_back(std::move(c));
-    };
-    add("bf16-d64-gqa", make_shape(1, 200, 200, 4, 2, 64), DType::BF16, Mem::BSHD);
-    add("fp16-d128-bhsd", make_shape(2, 150, 150, 3, 3, 128), DType::F16, Mem::BHSD);
-    add("bf16-d256", make_shape(1, 97, 97, 3, 1, 256), DType::BF16, Mem::Padded);
-    add("fp16-d128-chunk", make_shape(1, 130, 260, 3, 3, 128, 130, 0), DType::F16, Mem::BSHD);
-  }
-  std::vector<Case> random = random_cases(2090, int(env_number("ATTNJIT_GPU_TESTS_RANDOM_SM90A", 30)), true);
+  std::vector<Case> cases = emu_example_cases(true);
   std::mt19937_64 rng(2090);
-  for (Case& c : random) {
+  for (Case& c : random_cases(2090, int(env_number("ATTNJIT_GPU_TESTS_RANDOM_SM90A", 30)), true)) {
     const int64_t dims[] = {64, 128, 256};
     c.shape.head_dim = dims[rng() % 3];
     c.shape.head_dim_v = rng() % 4 ? c.shape.head_dim : dims[rng() % 3];
@@ -667,24 +659,7 @@ TEST_CASE("the sm_90a forward matches the float64 reference in the emulator", "[
     c.arch = 90, c.sm90a = true, c.name += "/sm90a";
     cases.push_back(std::move(c));
   }
-  const Pattern p = PatternBuilder()
-                        .branch(BranchSpec().segment(128).dilation(1).causal())
-                        .branch(BranchSpec().segment(256).dilation(2).offset(OffsetRule::HeadMod))
-                        .build();
-  for (int d : {64, 128, 256}) {
-    KernelRequest r;
-    r.head_dim = r.head_dim_v = d;
-    r.dtype = d == 128 ? DType::F16 : DType::BF16;
-    r.arch = 90, r.arch_specific = true;
-    REQUIRE(choose_path(r) == KernelPath::Sm90);
-    for (const KernelConfig& k : candidate_configs(r)) {
-      Case c;
-      c.name = std::string("config/") + to_string(r.dtype) + "-d" + std::to_string(d) + "-sm_90a/" + describe(k);
-      c.pattern = p, c.dtype = r.dtype, c.config = k, c.arch = 90, c.sm90a = true, c.seed = 51 + cases.size();
-      c.shape = make_shape(1, 203, 203, 2, 1, d, 7, 0);
-      cases.push_back(std::move(c));
-    }
-  }
+  for (Case& c : config_cases(203, 90, true)) cases.push_back(std::move(c));
   check_cases("emu-sm90a", cases);
 }
 
