@@ -151,7 +151,9 @@ private:
   void arrive_warpgroup(Thread& t, const void* pc);
   void execute_wgmma(int warpgroup);
   void finish_wgmma(Thread& t, WgmmaOp& op);
-  double wgmma_operand(uint64_t desc, bool mn_major, int mn, int k, int type, const WgmmaOp& op);
+  // One 16-bit operand element of `op` through its descriptor (`d`, decoded from `desc`): checked,
+  // recorded for the check at the wait, converted.
+  double wgmma_operand(uint64_t desc, const struct WgmmaDesc& d, bool mn_major, int mn, int k, int type, WgmmaOp& op);
   std::string deadlock_report() const;
   std::string where(const void* pc) const;
   bool same_site(const void* a, const void* b) const;

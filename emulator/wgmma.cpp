@@ -68,8 +68,7 @@ void BlockExecutor::finish_wgmma(Thread& t, WgmmaOp& op) {
   }
 }
 
-double BlockExecutor::wgmma_operand(uint64_t desc, bool mn_major, int mn, int k, int type, const WgmmaOp& op) {
-  const WgmmaDesc d = decode_wgmma_desc(desc);
+double BlockExecutor::wgmma_operand(uint64_t desc, const WgmmaDesc& d, bool mn_major, int mn, int k, int type, WgmmaOp& op) {
   const uint32_t addr = wgmma_element_address(d, mn_major, mn, k);
   const size_t limit = launch_.dynamic_shared;
   if (size_t(addr) + 2 > limit) {
@@ -89,8 +88,8 @@ double BlockExecutor::wgmma_operand(uint64_t desc, bool mn_major, int mn, int k,
   shared_read(addr, 2, current_->tid, op.pc);
   uint16_t h;
   std::memcpy(&h, arena_.data() + addr, 2);
-  const_cast<WgmmaOp&>(op).read_addrs.push_back(addr);
-  const_cast<WgmmaOp&>(op).read_values.push_back(h);
+  op.read_addrs.push_back(addr);
+  op.read_values.push_back(h);
   return cvt_f32_of_type(h, type);
 }
 
@@ -165,13 +164,15 @@ void BlockExecutor::execute_wgmma(int wg) {
           a[size_t(e.row * 16 + e.col)] = sa * cvt_f32_of_type(static_cast<uint16_t>(th[l].a[reg] >> (16 * half)), type);
         }
   } else {
+    const WgmmaDesc da = decode_wgmma_desc(t0.desc_a);
     for (int m = 0; m < 64; ++m)
       for (int k = 0; k < 16; ++k)
-        a[size_t(m * 16 + k)] = sa * wgmma_operand(t0.desc_a, flags & AJ_EMU_WGMMA_TRANS_A, m, k, type, *op);
+        a[size_t(m * 16 + k)] = sa * wgmma_operand(t0.desc_a, da, flags & AJ_EMU_WGMMA_TRANS_A, m, k, type, *op);
   }
+  const WgmmaDesc db = decode_wgmma_desc(t0.desc_b);
   for (int c = 0; c < n; ++c)
     for (int k = 0; k < 16; ++k)
-      b[size_t(k * n + c)] = sb * wgmma_operand(t0.desc_b, flags & AJ_EMU_WGMMA_TRANS_B, c, k, type, *op);
+      b[size_t(k * n + c)] = sb * wgmma_operand(t0.desc_b, db, flags & AJ_EMU_WGMMA_TRANS_B, c, k, type, *op);
 
   // C: each thread's accumulators, or the result of its latest wgmma in flight into the same
   // registers (wgmmas of one shape into one accumulator are ordered without a fence).
