@@ -93,6 +93,11 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
   std::memset(arena_.data(), 0xFF, arena_.size());
   static_used_ = 0;
   static_slots_.clear();
+  if (!mbarriers_.empty() || !tma_ops_.empty())
+    for (Shadow& sh : shadow_) sh.tma = 0, sh.mbarrier = false;
+  mbarriers_.clear();
+  tma_ops_.clear();
+  tma_pending_ = 0;
   deadline_ = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                       std::chrono::duration<double>(launch_.timeout_s));
   for (size_t i = 0; i < threads_.size(); ++i) {
@@ -105,6 +110,8 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
     t.wg_open.clear();
     t.wg_committed.clear();
     t.proxy_fences = 0;
+    t.observed.clear();
+    t.wait_bar = -1;
     t.ctx = make_fiber(stacks_.top(i), stacks_.usable(), fiber_main);
   }
   const int n = static_cast<int>(threads_.size());
@@ -122,10 +129,21 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
       if (!error_.empty()) break;
     }
     if (!error_.empty()) break;
-    if (!ran && done_ < n) {
+    if (!ran && done_ < n && !land_tma_ops()) {  // TMA loads land when nothing else can go on
       error_ = deadlock_report();
       break;
     }
+  }
+  if (error_.empty() && !tma_ops_.empty()) {
+    // Every load must have been waited for: a block that exits with one in flight frees the
+    // shared memory it writes.
+    join_observed();
+    for (const TmaOp& op : tma_ops_)
+      if (!op.landed || threads_[0].observed.size() <= size_t(op.bar) || threads_[0].observed[size_t(op.bar)] <= op.phase) {
+        error_ = block_name() + ": the block ends with the TMA load issued at " + where(op.pc) + " by " + who(op.tid) +
+                 " in flight: no thread waited on " + mbarrier_name(op.bar) + " for the phase it completes";
+        break;
+      }
   }
   tls_current = nullptr;
   return error_;
@@ -172,6 +190,7 @@ void BlockExecutor::syncthreads(const void* pc) {
     }
   barrier_arrived_ = 0;
   ++epoch_;  // a new barrier interval: shared-memory accesses before it no longer race
+  join_observed();
   for (Thread& o : threads_) o.state = State::Ready;
   t.state = State::Running;
 }
@@ -350,13 +369,16 @@ std::string BlockExecutor::deadlock_report() const {
       case State::Done: what = "exited"; break;
       case State::AtBarrier: what = "wait at __syncthreads() at " + where(t.wait_pc); break;
       case State::AtCollective: what = "wait for their warp at a warp-collective instruction at " + where(t.wait_pc); break;
+      case State::AtMbarrier:
+        what = "wait on " + mbarrier_name(t.wait_bar) + " for the phase of parity " + std::to_string(t.wait_parity) + " at " + where(t.wait_pc);
+        break;
       default: what = "are blocked"; break;
     }
     groups[what].push_back(t.tid);
   }
   std::ostringstream os;
-  os << block_name() << ": the block can never finish: a __syncthreads() or a warp-collective instruction is not reached "
-     << "by every thread it needs (on a GPU: a hang or undefined behaviour).";
+  os << block_name() << ": the block can never finish: a __syncthreads(), a warp-collective instruction or an mbarrier phase "
+     << "is not reached by every thread it needs (on a GPU: a hang or undefined behaviour).";
   for (const auto& [what, tids] : groups) {
     os << "\n  threads ";
     for (size_t i = 0; i < tids.size();) {  // ranges a-b
@@ -367,6 +389,14 @@ std::string BlockExecutor::deadlock_report() const {
       i = j + 1;
     }
     os << " " << what;
+  }
+  for (size_t i = 0; i < mbarriers_.size(); ++i) {
+    const Mbarrier& m = mbarriers_[i];
+    if (m.off == SIZE_MAX) continue;
+    os << "\n  " << mbarrier_name(int(i)) << ": phase " << m.completed << " (parity " << m.completed % 2 << "), " << m.pending << " of "
+       << m.count << " arrivals pending, transaction count " << m.tx << " bytes";
+    if (m.tx < 0) os << " (more bytes landed than expect_tx announced)";
+    else if (m.tx > 0 && m.pending == 0) os << " (expect_tx announced bytes no load brings)";
   }
   return os.str();
 }

@@ -1,7 +1,7 @@
 // One thread block of an emulated launch: a fiber per GPU thread, a scheduler that runs each fiber
 // until it blocks, block barriers, warp-collective instructions (the 32 lanes rendezvous and the
 // last to arrive executes the instruction for all; the 128 of a warpgroup for wgmma), per-thread
-// cp.async and wgmma groups, and the checks the
+// cp.async and wgmma groups, mbarriers and TMA loads (emulator/tma.cpp), and the checks the
 // hardware does not make: bounds of every global and shared access, races on shared memory, a
 // barrier or a collective that not every thread reaches, runaway blocks.
 #pragma once
@@ -47,6 +47,35 @@ struct WgmmaOp {
   std::vector<uint32_t> read_addrs;   // the operand bytes read, by shared-window address
   std::vector<uint16_t> read_values;  // and their values at issue
   int waiting = 128;                  // threads that have not waited for it yet
+};
+
+// An mbarrier object in shared memory (PTX ISA "Parallel Synchronization and Communication
+// Instructions: mbarrier"): the arrivals a phase expects, those still pending, the transaction
+// count, and how many phases have completed.
+struct Mbarrier {
+  size_t off = 0;
+  int count = 0, pending = 0;
+  int64_t tx = 0;
+  uint32_t completed = 0;
+  uint32_t init_epoch = 0;
+  int init_tid = 0;
+  const void* init_pc = nullptr;
+};
+
+// One cp.async.bulk.tensor load: issued at once, landed (its bytes written, its transaction bytes
+// completed on its mbarrier) as late as possible: when no thread of the block can go on without
+// it. Its bytes are visible to a thread once the thread has observed the completion of the phase
+// it landed in.
+struct TmaOp {
+  int bar = 0;
+  const void* pc = nullptr;
+  int tid = 0;
+  bool landed = false;
+  uint32_t phase = 0;  // the mbarrier phase it completed in, once landed
+  uint64_t bytes = 0;
+  std::vector<uint32_t> dst;   // shared offset of every element
+  std::vector<uint8_t> data;   // the elements, element_bytes each
+  int element_bytes = 0;
 };
 
 struct BlockLaunch {
@@ -95,9 +124,15 @@ public:
   void wgmma_commit(const void* pc);
   void wgmma_wait(int n, const void* pc);
   void fence_proxy_async(const void* pc);
+  // sm_90: mbarrier and TMA (emulator/tma.cpp)
+  void mbarrier_init(void* bar, unsigned count, const void* pc);
+  uint64_t mbarrier_arrive(void* bar, unsigned expect_tx, int arrive, const void* pc);
+  void mbarrier_wait(void* bar, unsigned parity, const void* pc);
+  bool mbarrier_test(void* bar, unsigned parity, const void* pc);
+  void tma_load(void* dst, const void* tensor_map, const int* coords, int rank, void* bar, const void* pc);
 
 private:
-  enum class State : uint8_t { Ready, Running, AtBarrier, AtCollective, Done, Aborted };
+  enum class State : uint8_t { Ready, Running, AtBarrier, AtCollective, AtMbarrier, Done, Aborted };
   enum class Op : uint8_t { None, Shfl, Ldmatrix, Mma, Wgmma };
   struct PendingCopy {
     uint8_t* dst;
@@ -131,6 +166,11 @@ private:
     std::vector<std::shared_ptr<WgmmaOp>> wg_open;
     std::deque<std::vector<std::shared_ptr<WgmmaOp>>> wg_committed;
     uint32_t proxy_fences = 0;  // fence.proxy.async executed by this thread, this block
+    // mbarriers: the phases of each this thread has observed complete (its own wait, or a
+    // barrier after another thread's), and the one it waits at
+    std::vector<uint32_t> observed;
+    int wait_bar = -1;
+    unsigned wait_parity = 0;
   };
   struct Shadow {  // per byte of shared memory: last writer and reader within a barrier interval
     uint32_t write_epoch = 0, read_epoch = 0;
@@ -138,6 +178,8 @@ private:
     const void* write_pc = nullptr;
     const void* read_pc = nullptr;
     uint32_t write_fence = 0;  // the writer's proxy_fences when it wrote
+    uint32_t tma = 0;          // 1 + the TmaOp that last wrote it (0: none since a thread's write)
+    bool mbarrier = false;     // part of an initialised mbarrier
   };
   static constexpr uint16_t kManyReaders = 0xffff;
   static constexpr size_t kStaticSharedBytes = 48 * 1024;
@@ -154,6 +196,14 @@ private:
   // One 16-bit operand element of `op` through its descriptor (`d`, decoded from `desc`): checked,
   // recorded for the check at the wait, converted.
   double wgmma_operand(uint64_t desc, const struct WgmmaDesc& d, bool mn_major, int mn, int k, int type, WgmmaOp& op);
+  // mbarrier / TMA (emulator/tma.cpp)
+  int find_mbarrier(const void* bar, const char* what, const void* pc);
+  uint32_t& observed(Thread& t, int bar);
+  void complete_phase_if_done(int bar);
+  bool land_tma_ops();  // lands every pending load; false when there was none
+  void check_tma_visible(size_t off, size_t bytes, const std::vector<uint32_t>& observed, int tid, const void* pc);
+  void join_observed();  // a block barrier: every thread has observed what any thread had
+  std::string mbarrier_name(int bar) const;
   std::string deadlock_report() const;
   std::string where(const void* pc) const;
   bool same_site(const void* a, const void* b) const;
@@ -188,6 +238,10 @@ private:
   size_t static_base_ = 0, static_used_ = 0;
   std::vector<std::pair<const void*, size_t>> static_slots_;  // key -> offset, this block
   std::vector<Shadow> shadow_;
+  std::vector<Mbarrier> mbarriers_;
+  std::vector<TmaOp> tma_ops_;
+  size_t tma_pending_ = 0;  // ops not landed
+  std::vector<uint32_t> wg_observed_;  // the phases every thread of the wgmma's warpgroup observed
 };
 
 }  // namespace attnjit::emu

@@ -5,7 +5,7 @@
 #ifndef ATTNJIT_EMU_ABI_H
 #define ATTNJIT_EMU_ABI_H
 
-#define AJ_EMU_ABI_VERSION 3
+#define AJ_EMU_ABI_VERSION 4
 #define AJ_EMU_F16 1
 #define AJ_EMU_BF16 2
 /* wgmma flags: scale-d (accumulate into D), imm-trans-a / -b (MN-major operands), imm-scale -1 */
@@ -51,6 +51,16 @@ typedef struct AjEmuApi {
   void (*wgmma_commit)(const void* pc);
   void (*wgmma_wait)(int n, const void* pc);
   void (*fence_proxy_async)(const void* pc);
+  /* sm_90: mbarrier objects (8 bytes of shared memory) and TMA tile loads. mbarrier_arrive adds
+     expect_tx transaction bytes, then arrives when `arrive` is non-zero; it returns the parity of
+     the phase it arrived in. mbarrier_wait blocks until the phase of `parity` has completed;
+     mbarrier_test_wait only tells. tma_load: cp.async.bulk.tensor.<rank>d.tile from the tensor map
+     (an emulator-encoded CUtensorMap) at `coords` into `dst`, completing on `bar`. */
+  void (*mbarrier_init)(void* bar, unsigned count, const void* pc);
+  unsigned long long (*mbarrier_arrive)(void* bar, unsigned expect_tx, int arrive, const void* pc);
+  void (*mbarrier_wait)(void* bar, unsigned parity, const void* pc);
+  int (*mbarrier_test_wait)(void* bar, unsigned parity, const void* pc);
+  void (*tma_load)(void* dst, const void* tensor_map, const int* coords, int rank, void* bar, const void* pc);
 } AjEmuApi;
 
 #ifdef __cplusplus

@@ -37,6 +37,15 @@ void api_wgmma_fence(const void* pc) { ex().wgmma_fence(pc); }
 void api_wgmma_commit(const void* pc) { ex().wgmma_commit(pc); }
 void api_wgmma_wait(int n, const void* pc) { ex().wgmma_wait(n, pc); }
 void api_fence_proxy_async(const void* pc) { ex().fence_proxy_async(pc); }
+void api_mbarrier_init(void* bar, unsigned count, const void* pc) { ex().mbarrier_init(bar, count, pc); }
+unsigned long long api_mbarrier_arrive(void* bar, unsigned tx, int arrive, const void* pc) {
+  return ex().mbarrier_arrive(bar, tx, arrive, pc);
+}
+void api_mbarrier_wait(void* bar, unsigned parity, const void* pc) { ex().mbarrier_wait(bar, parity, pc); }
+int api_mbarrier_test_wait(void* bar, unsigned parity, const void* pc) { return ex().mbarrier_test(bar, parity, pc) ? 1 : 0; }
+void api_tma_load(void* dst, const void* map, const int* coords, int rank, void* bar, const void* pc) {
+  ex().tma_load(dst, map, coords, rank, bar, pc);
+}
 unsigned api_cvt_rn_x2(float hi, float lo, int type) { return cvt_rn_x2(hi, lo, type); }
 float api_cvt_f32_f16(unsigned short h) { return cvt_f32_f16(h); }
 unsigned short api_cvt_rn_f16_f32(float f) { return cvt_rn_f16_f32(f); }
@@ -50,6 +59,7 @@ const AjEmuApi& emu_api() {
       api_cp_async_wait,  api_ldmatrix,        api_mma,              api_cvt_rn_x2,     api_cvt_f32_f16,
       api_cvt_rn_f16_f32, ex2_approx_ftz,      lg2_approx_ftz,       api_red_add_f32,   api_smem_addr,
       api_wgmma,          api_wgmma_fence,     api_wgmma_commit,     api_wgmma_wait,    api_fence_proxy_async,
+      api_mbarrier_init,  api_mbarrier_arrive, api_mbarrier_wait,    api_mbarrier_test_wait, api_tma_load,
   };
   return api;
 }

@@ -81,6 +81,7 @@ void BlockExecutor::check_global(const void* addr, size_t bytes, bool write, con
 void BlockExecutor::shared_read(size_t off, size_t bytes, int tid, const void* pc) {
   for (size_t i = off; i < off + bytes; ++i) {
     Shadow& s = shadow_[i];
+    if (s.tma) check_tma_visible(i, 1, threads_[size_t(tid)].observed, tid, pc);
     if (s.write_epoch == epoch_ && s.writer != tid) fail(race_report("read after write", i, tid, pc, s.writer, s.write_pc));
     if (s.read_epoch == epoch_) {
       if (s.reader != tid) s.reader = kManyReaders;
@@ -95,6 +96,13 @@ void BlockExecutor::shared_read(size_t off, size_t bytes, int tid, const void* p
 void BlockExecutor::shared_write(size_t off, size_t bytes, int tid, const void* pc) {
   for (size_t i = off; i < off + bytes; ++i) {
     Shadow& s = shadow_[i];
+    if (s.mbarrier)
+      fail(who(tid) + " at " + where(pc) + " writes shared offset " + std::to_string(i) +
+           ", part of an initialised mbarrier (place data and mbarriers apart)");
+    if (s.tma) {  // the thread's own data from now on, once the load's bytes are visible to it
+      check_tma_visible(i, 1, threads_[size_t(tid)].observed, tid, pc);
+      s.tma = 0;
+    }
     if (s.write_epoch == epoch_ && s.writer != tid) fail(race_report("write after write", i, tid, pc, s.writer, s.write_pc));
     if (s.read_epoch == epoch_ && s.reader != tid) fail(race_report("write after read", i, tid, pc, s.reader, s.read_pc));
     s.write_epoch = epoch_;

@@ -16,6 +16,7 @@
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
 #define __restrict__ __restrict
+#define __grid_constant__
 
 // The runtime's table, set by aj_emu_bind() when the emulator loads this object.
 static const AjEmuApi* aj_emu_api = nullptr;
@@ -61,6 +62,17 @@ AJ_EMU_SHIM void aj_emu_wgmma_fence() { aj_emu_api->wgmma_fence(AJ_EMU_PC); }
 AJ_EMU_SHIM void aj_emu_wgmma_commit() { aj_emu_api->wgmma_commit(AJ_EMU_PC); }
 AJ_EMU_SHIM void aj_emu_wgmma_wait(int n) { aj_emu_api->wgmma_wait(n, AJ_EMU_PC); }
 AJ_EMU_SHIM void aj_emu_fence_proxy_async() { aj_emu_api->fence_proxy_async(AJ_EMU_PC); }
+AJ_EMU_SHIM void aj_emu_mbarrier_init(void* bar, unsigned count) { aj_emu_api->mbarrier_init(bar, count, AJ_EMU_PC); }
+AJ_EMU_SHIM unsigned long long aj_emu_mbarrier_arrive(void* bar, unsigned tx, int arrive) {
+  return aj_emu_api->mbarrier_arrive(bar, tx, arrive, AJ_EMU_PC);
+}
+AJ_EMU_SHIM void aj_emu_mbarrier_wait(void* bar, unsigned parity) { aj_emu_api->mbarrier_wait(bar, parity, AJ_EMU_PC); }
+AJ_EMU_SHIM int aj_emu_mbarrier_test_wait(void* bar, unsigned parity) {
+  return aj_emu_api->mbarrier_test_wait(bar, parity, AJ_EMU_PC);
+}
+AJ_EMU_SHIM void aj_emu_tma_load(void* dst, const void* map, const int* coords, int rank, void* bar) {
+  aj_emu_api->tma_load(dst, map, coords, rank, bar, AJ_EMU_PC);
+}
 
 // The instrumentation's entry points (the ThreadSanitizer ABI that GCC and Clang emit), hidden so
 // that they bind inside this object even in a process that loaded the real sanitizer runtime.

@@ -6,6 +6,7 @@
 // the generic proxy (stores, cp.async) and read by a wgmma with no fence.proxy.async by the writer
 // in between, a thread that exits with wgmmas in flight. The accumulators read as NaN from issue to
 // wait.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -85,6 +86,7 @@ double BlockExecutor::wgmma_operand(uint64_t desc, const WgmmaDesc& d, bool mn_m
            " through the generic proxy with no fence.proxy.async after it (wgmma reads through the async proxy)");
     }
   }
+  check_tma_visible(addr, 2, wg_observed_, current_->tid, op.pc);
   shared_read(addr, 2, current_->tid, op.pc);
   uint16_t h;
   std::memcpy(&h, arena_.data() + addr, 2);
@@ -146,6 +148,12 @@ void BlockExecutor::execute_wgmma(int wg) {
       fail("wgmma.mma_async at " + where(t0.wait_pc) + ": the threads of warpgroup " + std::to_string(wg) +
            " disagree on its shape, type, flags or descriptors (" + who(o.tid) + " and " + who(t0.tid) + ")");
   }
+  // Bytes a TMA load wrote are operands only once every thread of the warpgroup has observed
+  // their mbarrier phase.
+  wg_observed_.assign(mbarriers_.size(), UINT32_MAX);
+  for (int l = 0; l < 128; ++l)
+    for (size_t i = 0; i < wg_observed_.size(); ++i)
+      wg_observed_[i] = std::min(wg_observed_[i], i < th[l].observed.size() ? th[l].observed[i] : 0u);
   auto op = std::make_shared<WgmmaOp>();
   op->pc = t0.wait_pc;
   const int n = op->n = t0.num;

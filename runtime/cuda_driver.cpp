@@ -128,6 +128,7 @@ struct DriverLoader {
 #define ATTNJIT_RESOLVE(member, symbol, fallback) resolve(a.member, symbol, fallback);
     ATTNJIT_DRIVER_ENTRY_POINTS(ATTNJIT_RESOLVE)
 #undef ATTNJIT_RESOLVE
+    a.cuTensorMapEncodeTiled = reinterpret_cast<decltype(a.cuTensorMapEncodeTiled)>(dlsym(lib, "cuTensorMapEncodeTiled"));
     if (!missing.empty()) {
       why = "the CUDA driver (libcuda.so.1) lacks " + missing +
             ": the NVIDIA driver is too old (attnjit needs a driver for CUDA 11.2 or newer); update it, or use "
@@ -376,6 +377,28 @@ CUdeviceptr device_alloc(size_t bytes, const std::string& context) {
   CUdeviceptr p = 0;
   if (bytes) check(api().cuMemAlloc(&p, bytes), "cuMemAlloc_v2", bytes_context("allocating", bytes, "", context));
   return p;
+}
+
+emu::TensorMapBytes encode_tensor_map(const emu::TensorMapSpec& s) {
+  if (const std::string p = emu::tensor_map_problem(s); !p.empty()) throw UserError("", p);
+  const DriverApi& a = api();
+  if (!a.cuTensorMapEncodeTiled)
+    throw UserError("", "the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12.0 or newer makes TMA tensor maps)");
+  unsigned long long dims[5], strides[4];
+  unsigned box[5], estrides[5];
+  for (int i = 0; i < s.rank; ++i) {
+    dims[i] = s.dims[size_t(i)];
+    if (i > 0) strides[i - 1] = s.strides[size_t(i)];
+    box[i] = s.box[size_t(i)];
+    estrides[i] = s.element_strides[size_t(i)];
+  }
+  const int swizzle = s.swizzle == 128 ? 3 : s.swizzle == 64 ? 2 : s.swizzle == 32 ? 1 : 0;
+  constexpr int kInterleaveNone = 0, kL2Promotion128 = 2;
+  emu::TensorMapBytes out{};
+  check(a.cuTensorMapEncodeTiled(out.bytes, int(s.type), unsigned(s.rank), reinterpret_cast<void*>(uintptr_t(s.address)), dims,
+                                 strides, box, estrides, kInterleaveNone, swizzle, kL2Promotion128, s.oob_nan ? 1 : 0),
+        "cuTensorMapEncodeTiled", "making a TMA tensor map");
+  return out;
 }
 
 void device_free(CUdeviceptr p, const std::string& context) {

@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "emulator/tensor_map.hpp"
+
 // The driver's opaque handle structs, at global scope exactly as cuda.h names them
 // (typedef struct CUctx_st* CUcontext; ...), so these handles are the same types as cuda.h's.
 struct CUctx_st;
@@ -147,6 +149,9 @@ struct DriverApi {
   CUresult (*cuGraphLaunch)(CUgraphExec, CUstream);
   CUresult (*cuGraphExecDestroy)(CUgraphExec);
   CUresult (*cuGraphDestroy)(CUgraph);
+  // Optional (drivers for CUDA 12.0 and newer; null before): TMA tensor maps.
+  CUresult (*cuTensorMapEncodeTiled)(void* /* CUtensorMap* */, int, unsigned, void*, const unsigned long long*,
+                                     const unsigned long long*, const unsigned*, const unsigned*, int, int, int, int) = nullptr;
 };
 
 // (DriverApi member, the symbol looked up for it) for every entry point, e.g. ("cuMemAlloc",
@@ -345,5 +350,9 @@ struct PointerInfo {
 // What the driver knows about `p`; an ordinary host pointer (unknown to the driver) gives
 // {false, -1} without throwing.
 PointerInfo pointer_info(const void* p);
+
+// A TMA tensor map for the GPU (cuTensorMapEncodeTiled). UserError when the spec breaks the
+// driver's rules (emu::tensor_map_problem) or the driver is too old to make tensor maps.
+emu::TensorMapBytes encode_tensor_map(const emu::TensorMapSpec& spec);
 
 }  // namespace attnjit

@@ -234,6 +234,65 @@ __device__ __forceinline__ void aj_wgmma_rs(float (&d)[N / 2], const aj_u32 (&a)
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// ---- Hopper (sm_90): mbarrier and TMA -----------------------------------------------------------
+// An mbarrier (8 bytes of shared memory, 8-byte aligned) counts `count` arrivals per phase plus a
+// transaction count of bytes; a phase completes when all arrivals have come and the bytes
+// announced with aj_mbarrier_arrive_expect_tx have landed. aj_mbarrier_wait(bar, parity) returns
+// once the phase of that parity has completed (phase k has parity k % 2; a wait on parity 1
+// before any phase completed returns at once). Other threads use an mbarrier only after a
+// barrier that follows its init. aj_tma_load_Nd loads one box of a tensor map (made on the host,
+// a __grid_constant__ kernel parameter) at the given element coordinates (innermost first; out of
+// bounds reads zero) into shared memory (aligned to 128 bytes, or 8 x the swizzle width),
+// completing its bytes on `bar`. Its bytes may be read only after a wait on that phase.
+struct __align__(64) aj_tensor_map {
+  aj_u64 opaque[16];
+};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void aj_mbarrier_init(aj_u64* bar, aj_u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(aj_smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void aj_mbarrier_arrive(aj_u64* bar) {
+  asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" ::"r"(aj_smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void aj_mbarrier_arrive_expect_tx(aj_u64* bar, aj_u32 bytes) {
+  asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(aj_smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void aj_mbarrier_wait(aj_u64* bar, aj_u32 parity) {
+  asm volatile(
+      "{ .reg .pred p; AJ_MBAR_WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra AJ_MBAR_WAIT; }" ::"r"(
+          aj_smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ bool aj_mbarrier_test_wait(aj_u64* bar, aj_u32 parity) {
+  aj_u32 r;
+  asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+               : "=r"(r)
+               : "r"(aj_smem_addr(bar)), "r"(parity)
+               : "memory");
+  return r != 0;
+}
+#define AJ_TMA_LOAD(RANK, COORDS, ...)                                                                                     \
+  asm volatile("cp.async.bulk.tensor." #RANK "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {" COORDS \
+               "}], [%2];" ::"r"(aj_smem_addr(dst)),                                                                       \
+               "l"((aj_u64)&map), "r"(aj_smem_addr(bar)), __VA_ARGS__                                                       \
+               : "memory")
+__device__ __forceinline__ void aj_tma_load_2d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1) {
+  AJ_TMA_LOAD(2, "%3, %4", "r"(c0), "r"(c1));
+}
+__device__ __forceinline__ void aj_tma_load_3d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1, int c2) {
+  AJ_TMA_LOAD(3, "%3, %4, %5", "r"(c0), "r"(c1), "r"(c2));
+}
+__device__ __forceinline__ void aj_tma_load_4d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1, int c2, int c3) {
+  AJ_TMA_LOAD(4, "%3, %4, %5, %6", "r"(c0), "r"(c1), "r"(c2), "r"(c3));
+}
+__device__ __forceinline__ void aj_tma_load_5d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1, int c2, int c3,
+                                               int c4) {
+  AJ_TMA_LOAD(5, "%3, %4, %5, %6, %7", "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4));
+}
+#endif  // __CUDA_ARCH__ >= 900
+
 #else
 // ================================ emulation twins =============================================
 // The aj_emu_* functions come from the emulator's prelude; each passes its caller's address on,
@@ -311,6 +370,32 @@ __device__ __forceinline__ void aj_wgmma_ss(float (&d)[N / 2], aj_u64 da, aj_u64
 template <int N, int TYPE, int TRANS_B>
 __device__ __forceinline__ void aj_wgmma_rs(float (&d)[N / 2], const aj_u32 (&a)[4], aj_u64 db, bool accumulate) {
   aj_emu_wgmma(d, N, a, 0, db, TYPE, (accumulate ? AJ_EMU_WGMMA_SCALE_D : 0) | (TRANS_B ? AJ_EMU_WGMMA_TRANS_B : 0));
+}
+
+struct __align__(64) aj_tensor_map {
+  aj_u64 opaque[16];
+};
+__device__ __forceinline__ void aj_mbarrier_init(aj_u64* bar, aj_u32 count) { aj_emu_mbarrier_init(bar, count); }
+__device__ __forceinline__ void aj_mbarrier_arrive(aj_u64* bar) { aj_emu_mbarrier_arrive(bar, 0, 1); }
+__device__ __forceinline__ void aj_mbarrier_arrive_expect_tx(aj_u64* bar, aj_u32 bytes) { aj_emu_mbarrier_arrive(bar, bytes, 1); }
+__device__ __forceinline__ void aj_mbarrier_wait(aj_u64* bar, aj_u32 parity) { aj_emu_mbarrier_wait(bar, parity); }
+__device__ __forceinline__ bool aj_mbarrier_test_wait(aj_u64* bar, aj_u32 parity) { return aj_emu_mbarrier_test_wait(bar, parity) != 0; }
+__device__ __forceinline__ void aj_tma_load_2d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1) {
+  const int c[2] = {c0, c1};
+  aj_emu_tma_load(dst, &map, c, 2, bar);
+}
+__device__ __forceinline__ void aj_tma_load_3d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1, int c2) {
+  const int c[3] = {c0, c1, c2};
+  aj_emu_tma_load(dst, &map, c, 3, bar);
+}
+__device__ __forceinline__ void aj_tma_load_4d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1, int c2, int c3) {
+  const int c[4] = {c0, c1, c2, c3};
+  aj_emu_tma_load(dst, &map, c, 4, bar);
+}
+__device__ __forceinline__ void aj_tma_load_5d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1, int c2, int c3,
+                                               int c4) {
+  const int c[5] = {c0, c1, c2, c3, c4};
+  aj_emu_tma_load(dst, &map, c, 5, bar);
 }
 
 #endif

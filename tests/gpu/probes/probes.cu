@@ -197,4 +197,58 @@ AJ_PROBE_WGMMA(probe_wgmma_rs_mn_sw128, 128, AJ_WGMMA_BF16, -1, 0, 0, 0, 128, 1,
 // The other layouts: A K-major with the 32-byte swizzle (each k16 step its own 64 x 32-byte block),
 // B N-major without swizzle (8 x 8 core matrices: SBO 128 along n, LBO 1024 along k).
 AJ_PROBE_WGMMA(probe_wgmma_ss_sw32_interleave, 64, AJ_WGMMA_F16, 32, 16, 256, 2048, 0, 1, 1024, 128, 2048)
+
+// ---- sm_90: mbarrier and TMA (built on the emulator and for sm_90a; other GPUs skip these) ------
+// An mbarrier of all 128 threads as a barrier over three phases, exchanging words through shared
+// memory; and test_wait on an mbarrier nobody arrives at: parity 0 (its first phase) is not
+// complete, parity 1 (the phase "before" it) is. out[t] = test bits, out[128 (k + 1) + t] = the
+// word of phase k another thread wrote.
+extern "C" __global__ void probe_mbarrier(const aj_u32* in, aj_u32* out) {
+  AJ_DYNAMIC_SHARED(smem);
+  aj_u64* bars = (aj_u64*)smem;
+  aj_u32* buf = (aj_u32*)(smem + 16);
+  const int t = aj_thread_idx();
+  if (t == 0) {
+    aj_mbarrier_init(&bars[0], 128);
+    aj_mbarrier_init(&bars[1], 1);
+  }
+  aj_syncthreads();
+  out[t] = (aj_mbarrier_test_wait(&bars[1], 0) ? 1u : 0u) | (aj_mbarrier_test_wait(&bars[1], 1) ? 2u : 0u);
+  for (int k = 0; k < 3; ++k) {
+    buf[(k % 2) * 128 + t] = in[t] * (aj_u32)(k + 3) + (aj_u32)k;
+    aj_mbarrier_arrive(&bars[0]);
+    aj_mbarrier_wait(&bars[0], (aj_u32)(k % 2));
+    out[128 * (k + 1) + t] = buf[(k % 2) * 128 + (t * 37 + 11 + k) % 128];
+  }
+}
+
+// TMA tile loads of two boxes completing on one mbarrier (one thread announces the bytes and
+// issues both; every thread waits), then every thread copies shared memory out word by word, so
+// the golden file shows the layout in shared memory, swizzle included. The tensor map (made by
+// run_probes.cpp over `in`) and the coordinates of the two boxes are per probe.
+#define AJ_PROBE_TMA(NAME, BOX_BYTES, LOAD)                                                \
+  extern "C" __global__ void NAME(const aj_u32* in, aj_u32* out, const __grid_constant__ aj_tensor_map map) { \
+    AJ_DYNAMIC_SHARED(smem);                                                               \
+    unsigned char* tiles = smem + (1024 - aj_smem_addr(smem) % 1024) % 1024;               \
+    aj_u64* bar = (aj_u64*)(tiles + 2 * (BOX_BYTES));                                      \
+    const int t = aj_thread_idx();                                                         \
+    if (t == 0) aj_mbarrier_init(bar, 1);                                                  \
+    aj_syncthreads();                                                                      \
+    if (t == 0) {                                                                          \
+      aj_mbarrier_arrive_expect_tx(bar, 2 * (BOX_BYTES));                                  \
+      LOAD;                                                                                \
+    }                                                                                      \
+    aj_mbarrier_wait(bar, 0);                                                              \
+    const aj_u32* w = (const aj_u32*)tiles;                                                \
+    for (int i = t; i < 2 * (BOX_BYTES) / 4; i += 128) out[i] = w[i];                      \
+  }
+// A [100][64] 16-bit matrix, boxes of 64 x 64 with the 128-byte swizzle at rows 50 (rows 100..113
+// out of bounds: zero) and -8 (rows -8..-1 out of bounds).
+AJ_PROBE_TMA(probe_tma_2d_sw128, 8192,
+             (aj_tma_load_2d(tiles, map, bar, 0, 50), aj_tma_load_2d(tiles + 8192, map, bar, 0, -8)))
+// A [40 rows][3 heads][32] 16-bit tensor (dimensions innermost first: 32, 3 heads, 40 rows), boxes
+// of one head and every third row (box 48, element stride 3: 16 rows) with the 64-byte swizzle:
+// head 1 from row 20 (rows 41..65 out of bounds), head 2 from row -5 (rows -5, -2 out of bounds).
+AJ_PROBE_TMA(probe_tma_3d_strided_sw64, 1024,
+             (aj_tma_load_3d(tiles, map, bar, 0, 1, 20), aj_tma_load_3d(tiles + 1024, map, bar, 0, 2, -5)))
 #endif

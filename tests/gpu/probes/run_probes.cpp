@@ -37,6 +37,8 @@ struct Probe {
   Compare compare;
   std::function<std::vector<uint32_t>()> inputs;
   bool sm90a = false;  // built for sm_90a only: a GPU of another arch skips it
+  // A TMA probe's tensor map over `in`, given its address; the kernel's third parameter.
+  std::function<emu::TensorMapSpec(uint64_t in_address)> map = nullptr;
 };
 
 uint32_t bits(float f) {
@@ -144,6 +146,20 @@ std::vector<uint32_t> small_integer_floats() {
   return w;
 }
 
+// The TMA probes' tensors (16-bit words, `in` as written) and maps.
+emu::TensorMapSpec tma_2d_map(uint64_t in) {
+  emu::TensorMapSpec m;
+  m.type = emu::TensorMapType::U16, m.rank = 2, m.address = in;
+  m.dims = {64, 100}, m.strides = {0, 128}, m.box = {64, 64}, m.swizzle = 128;
+  return m;
+}
+emu::TensorMapSpec tma_3d_strided_map(uint64_t in) {
+  emu::TensorMapSpec m;
+  m.type = emu::TensorMapType::U16, m.rank = 3, m.address = in;
+  m.dims = {32, 3, 40}, m.strides = {0, 64, 192}, m.box = {32, 1, 48}, m.element_strides = {1, 1, 3}, m.swizzle = 64;
+  return m;
+}
+
 const std::vector<Probe>& probes() {
   static const std::vector<Probe> p = {
       {"probe_index", 3, 2, 64, 0, 6 * 64, Compare::Exact, [] { return std::vector<uint32_t>(1, 0); }},
@@ -165,6 +181,11 @@ const std::vector<Probe>& probes() {
       {"probe_wgmma_ss_sw128", 1, 1, 128, 1024 + 32768, 64 * 128, Compare::Exact, [] { return wgmma_inputs(128, false, 12); }, true},
       {"probe_wgmma_rs_mn_sw128", 1, 1, 128, 1024 + 32768, 64 * 128, Compare::Exact, [] { return wgmma_inputs(128, true, 13); }, true},
       {"probe_wgmma_ss_sw32_interleave", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, false, 14); }, true},
+      {"probe_mbarrier", 1, 1, 128, 16 + 1024, 4 * 128, Compare::Exact, [] { return random_words(128, 15); }, true},
+      {"probe_tma_2d_sw128", 1, 1, 128, 1024 + 2 * 8192 + 8, 2 * 8192 / 4, Compare::Exact, [] { return random_words(100 * 64 / 2, 16); },
+       true, tma_2d_map},
+      {"probe_tma_3d_strided_sw64", 1, 1, 128, 1024 + 2 * 1024 + 8, 2 * 1024 / 4, Compare::Exact,
+       [] { return random_words(40 * 3 * 32 / 2, 17); }, true, tma_3d_strided_map},
   };
   return p;
 }
@@ -196,7 +217,9 @@ struct EmuRunner : Runner {
     std::vector<uint32_t> out(p.out_words, initial_word(p));
     const uint32_t* pin = in.data();
     uint32_t* pout = out.data();
-    void* args[] = {&pin, &pout};
+    emu::TensorMapBytes map{};
+    if (p.map) map = emu::encode_emulated_tensor_map(p.map(reinterpret_cast<uintptr_t>(in.data())));
+    void* args[] = {&pin, &pout, &map};
     emu::LaunchRequest r;
     r.kernel = p.name;
     r.grid[0] = p.grid_x, r.grid[1] = p.grid_y;
@@ -231,7 +254,9 @@ struct GpuRunner : Runner {
     std::vector<uint32_t> out(p.out_words, initial_word(p));
     copy_to_device(dout.get(), out.data(), out.size() * 4);
     CUdeviceptr pin = din.get(), pout = dout.get();
-    void* args[] = {&pin, &pout};
+    emu::TensorMapBytes map{};
+    if (p.map) map = encode_tensor_map(p.map(pin));
+    void* args[] = {&pin, &pout, &map};
     launch(m.function(p.name), p.grid_x, p.grid_y, 1, p.threads, p.shared_bytes, nullptr, args, p.name);
     synchronize(nullptr, p.name);
     copy_to_host(out.data(), dout.get(), out.size() * 4);

@@ -1,0 +1,338 @@
+// TMA and mbarriers in the emulator: the tensor-map rules of cuTensorMapEncodeTiled, then a
+// producer / consumer pipeline as the Hopper kernels run it (a producer thread loads tiles through
+// TMA into two stages, a warpgroup of consumers waits for each and releases it), correct and with
+// each synchronisation mistake it can make, and a wgmma reading a TMA tile. The layouts themselves
+// (swizzle, element strides, out-of-bounds fill) are the probes' (tests/gpu/probes).
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "compiler/codegen/templates.hpp"
+#include "compiler/jit.hpp"
+#include "compiler/support/error.hpp"
+#include "emulator/emu_compiler.hpp"
+#include "emulator/emu_module.hpp"
+#include "emulator/tensor_map.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/npy.hpp"
+
+using namespace attnjit;
+using namespace attnjit::emu;
+
+namespace {
+
+TensorMapSpec matrix_map(uint64_t address, uint64_t rows, uint32_t box_rows, int swizzle = 0) {
+  TensorMapSpec m;
+  m.type = TensorMapType::U16, m.rank = 2, m.address = address;
+  m.dims = {64, rows}, m.strides = {0, 128}, m.box = {64, box_rows}, m.swizzle = swizzle;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("tensor maps: the driver's rules, each named", "[emu][tma]") {
+  const TensorMapSpec good = matrix_map(0x10000, 100, 32, 128);
+  CHECK(tensor_map_problem(good).empty());
+  auto problem = [&](auto&& change) {
+    TensorMapSpec s = good;
+    change(s);
+    return tensor_map_problem(s);
+  };
+  CHECK_THAT(problem([](TensorMapSpec& s) { s.rank = 6; }), Catch::Contains("rank 6"));
+  CHECK_THAT(problem([](TensorMapSpec& s) { s.address += 8; }), Catch::Contains("16-byte aligned"));
+  CHECK_THAT(problem([](TensorMapSpec& s) { s.dims[1] = 0; }), Catch::Contains("dimension 1 has size 0"));
+  CHECK_THAT(problem([](TensorMapSpec& s) { s.strides[1] = 120; }), Catch::Contains("multiples of 16"));
+  CHECK_THAT(problem([](TensorMapSpec& s) { s.box[1] = 257; }), Catch::Contains("1..256"));
+  CHECK_THAT(problem([](TensorMapSpec& s) { s.element_strides[1] = 9; }), Catch::Contains("element strides must be in 1..8"));
+  CHECK_THAT(problem([](TensorMapSpec& s) { s.box[0] = 4, s.swizzle = 0; }), Catch::Contains("multiple of 16"));
+  CHECK_THAT(problem([](TensorMapSpec& s) { s.swizzle = 64; }), Catch::Contains("more than the 64-byte swizzle"));
+  CHECK_THAT(problem([](TensorMapSpec& s) { s.swizzle = 48; }), Catch::Contains("use 0, 32, 64 or 128"));
+  CHECK_THAT(problem([](TensorMapSpec& s) { s.oob_nan = true; }), Catch::Contains("floating-point"));
+  CHECK_THROWS_WITH(encode_emulated_tensor_map(TensorMapSpec{}), Catch::Contains("dimension 0 has size 0"));
+  // The GPU's encoder checks the same rules before it asks the driver (so this runs anywhere).
+  CHECK_THROWS_AS(encode_tensor_map(TensorMapSpec{}), UserError);
+
+  const TensorMapBytes bytes = encode_emulated_tensor_map(good);
+  const std::optional<TensorMapSpec> back = decode_emulated_tensor_map(bytes.bytes);
+  REQUIRE(back);
+  CHECK(back->dims == good.dims);
+  CHECK(back->strides[1] == 128);
+  CHECK(back->box == good.box);
+  CHECK(back->swizzle == 128);
+  const TensorMapBytes zeros{};
+  CHECK_FALSE(decode_emulated_tensor_map(zeros.bytes));
+  CHECK(box_bytes(good) == 64 * 32 * 2);
+  TensorMapSpec strided = good;
+  strided.box[1] = 48, strided.element_strides[1] = 3;
+  CHECK(box_elements(strided, 1) == 16);
+  CHECK(box_alignment(good) == 1024);
+}
+
+namespace {
+
+constexpr int kTiles = 6;
+
+// The pipeline (160 threads: warpgroup 0 consumes, thread 128 produces). Tile j (rows 32j..32j+31
+// of a [192][64] 16-bit matrix) goes to stage j % 2; consumer t adds column t % 64 of rows
+// 16 (t / 64)..+15 of every tile.
+const char* kPipeline = R"(
+extern "C" __global__ void pipeline(const aj_u32* in, aj_u32* out, const __grid_constant__ aj_tensor_map map) {
+  AJ_DYNAMIC_SHARED(smem);
+  aj_u16* stage[2] = {(aj_u16*)smem, (aj_u16*)(smem + STAGE1)};
+  aj_u64* full = (aj_u64*)(smem + 8192);
+  aj_u64* empty = full + 2;
+  aj_u64* extra = full + 4;
+  const int t = aj_thread_idx();
+  if (t == 0) {
+    for (int s = 0; s < 2; ++s) {
+      aj_mbarrier_init(&full[s], 1);
+      aj_mbarrier_init(&empty[s], 128);
+    }
+    aj_mbarrier_init(extra, 1);
+  }
+#ifndef BUG_NO_SYNC_AFTER_INIT
+  aj_syncthreads();
+#endif
+  if (t >= 128) {
+    if (t == 128) {
+      for (int j = 0; j < TILES; ++j) {
+        const int s = j % 2, use = j / 2;
+#ifndef BUG_NO_EMPTY_WAIT
+        if (use > 0) aj_mbarrier_wait(&empty[s], (aj_u32)((use - 1) % 2));
+#endif
+        aj_mbarrier_arrive_expect_tx(&full[s], TX);
+        aj_tma_load_2d(stage[s], map, &full[s], 0, 32 * j);
+      }
+#ifdef BUG_EXIT_IN_FLIGHT
+      aj_mbarrier_arrive_expect_tx(extra, 4096);
+      aj_tma_load_2d(smem + 12288, map, extra, 0, 0);
+#endif
+    }
+    return;
+  }
+  aj_u32 sum = 0;
+  for (int j = 0; j < TILES; ++j) {
+    const int s = j % 2, use = j / 2;
+#ifndef BUG_NO_FULL_WAIT
+    aj_mbarrier_wait(&full[s], (aj_u32)((use + PARITY_SHIFT) % 2));
+#endif
+#ifdef BUG_EARLY_RELEASE
+    aj_mbarrier_arrive(&empty[s]);
+#endif
+    for (int r = 0; r < 16; ++r) sum += stage[s][(16 * (t / 64) + r) * 64 + t % 64];
+#ifndef BUG_EARLY_RELEASE
+    aj_mbarrier_arrive(&empty[s]);
+#endif
+  }
+  out[t] = sum;
+}
+)";
+
+std::shared_ptr<const EmuModule> pipeline(const std::string& defines) {
+  const std::string source = TemplateSet::embedded().text("gpu_blocks.cuh") + "\n#define TILES " + std::to_string(kTiles) + "\n" +
+                             defines + kPipeline;
+  return load_emu_module(compile_for_emulator({"pipeline", source, "sm_90a", "", {}}, default_kernel_cache(), knobs()));
+}
+
+struct PipelineRun {
+  std::vector<uint16_t> in = std::vector<uint16_t>(size_t(kTiles) * 32 * 64);
+  std::vector<uint32_t> out = std::vector<uint32_t>(128, 0xDEADBEEF);
+  PipelineRun() {
+    for (size_t i = 0; i < in.size(); ++i) in[i] = uint16_t((i * 2654435761u) >> 20);
+  }
+  std::string run(const EmuModule& m, uint64_t seed = 0) {
+    const TensorMapBytes map = encode_emulated_tensor_map(matrix_map(uintptr_t(in.data()), kTiles * 32, 32));
+    const uint16_t* pin = in.data();
+    uint32_t* pout = out.data();
+    void* args[] = {&pin, &pout, const_cast<TensorMapBytes*>(&map)};
+    LaunchRequest r;
+    r.block_threads = 160;
+    r.dynamic_shared = 16384;
+    r.args = args;
+    r.seed = seed;
+    r.timeout_s = 60;
+    r.buffers = {{"in", in.data(), in.size() * 2, 2, false}, {"out", out.data(), out.size() * 4, 4, true}};
+    try {
+      m.launch(r);
+    } catch (const KernelFault& e) {
+      return e.what();
+    }
+    return "";
+  }
+  uint32_t expected(int t) const {
+    uint32_t sum = 0;
+    for (int j = 0; j < kTiles; ++j)
+      for (int r = 0; r < 16; ++r) sum += in[size_t((32 * j + 16 * (t / 64) + r) * 64 + t % 64)];
+    return sum;
+  }
+};
+
+const std::string kCorrect = "#define STAGE1 4096\n#define TX 4096\n#define PARITY_SHIFT 0\n";
+
+}  // namespace
+
+TEST_CASE("TMA pipeline: a producer and a warpgroup of consumers over two stages", "[emu][tma]") {
+  auto m = pipeline(kCorrect);
+  for (uint64_t seed : {0, 1, 2, 3}) {
+    PipelineRun p;
+    INFO("seed " << seed);
+    REQUIRE(p.run(*m, seed).empty());
+    for (int t = 0; t < 128; ++t) REQUIRE(p.out[size_t(t)] == p.expected(t));
+  }
+}
+
+TEST_CASE("TMA pipeline: every synchronisation mistake is reported", "[emu][tma]") {
+  struct Case {
+    const char* name;
+    std::string defines;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {"consumers read without waiting", kCorrect + "#define BUG_NO_FULL_WAIT\n", {"has not written yet", "wait on the mbarrier"}},
+      // The consumers run ahead of every load; the first impossible event is the producer
+      // announcing a stage's next load while the phase of its first has not completed.
+      {"consumers wait on the wrong parity", "#define STAGE1 4096\n#define TX 4096\n#define PARITY_SHIFT 1\n",
+       {"more arrivals than the count"}},
+      {"the producer refills a stage without waiting for its release", kCorrect + "#define BUG_NO_EMPTY_WAIT\n",
+       {"more arrivals than the count"}},
+      {"consumers release a stage before reading it", kCorrect + "#define BUG_EARLY_RELEASE\n", {"has not written yet"}},
+      {"expect_tx announces too few bytes", "#define STAGE1 4096\n#define TX 2048\n#define PARITY_SHIFT 0\n",
+       {"can never finish", "more bytes landed than expect_tx announced"}},
+      {"expect_tx announces too many bytes", "#define STAGE1 4096\n#define TX 8192\n#define PARITY_SHIFT 0\n",
+       {"can never finish", "expect_tx announced bytes no load brings", "for the phase of parity 0"}},
+      {"mbarriers used before a barrier after their init", kCorrect + "#define BUG_NO_SYNC_AFTER_INIT\n",
+       {"same barrier interval as its mbarrier.init"}},
+      {"a load nobody waits for", kCorrect + "#define BUG_EXIT_IN_FLIGHT\n", {"ends with the TMA load", "in flight"}},
+      {"a stage laid over the mbarriers", "#define STAGE1 6144\n#define TX 4096\n#define PARITY_SHIFT 0\n", {"part of an mbarrier"}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    PipelineRun p;
+    const std::string error = p.run(*pipeline(c.defines));
+    INFO(error);
+    REQUIRE_FALSE(error.empty());
+    for (const std::string& s : c.says) CHECK_THAT(error, Catch::Contains(s));
+    CHECK_THAT(error, Catch::Contains("pipeline.cu:"));  // located in the kernel's source
+  }
+}
+
+namespace {
+
+// A 64 x 64 fp16 tile loaded by TMA with the 128-byte swizzle is a K-major wgmma operand as it
+// lands: D = A[:, 0:16] * A[:, 0:16]^T. WAIT selects who waits on the mbarrier.
+const char* kTmaWgmma = R"(
+extern "C" __global__ void tma_wgmma(const aj_u32* in, aj_u32* out, const __grid_constant__ aj_tensor_map map) {
+  AJ_DYNAMIC_SHARED(smem);
+  aj_u64* bar = (aj_u64*)(smem + 8192);
+  const int t = aj_thread_idx();
+  if (t == 0) aj_mbarrier_init(bar, 1);
+  aj_syncthreads();
+  if (t == 0) {
+    aj_mbarrier_arrive_expect_tx(bar, 8192);
+    aj_tma_load_2d(smem, map, bar, 0, 0);
+  }
+#if WAIT == 0
+  aj_mbarrier_wait(bar, 0);
+#else
+  if (t == 0) aj_mbarrier_wait(bar, 0);
+#if WAIT == 1
+  aj_syncthreads();
+#endif
+#endif
+  const aj_u64 desc = aj_wgmma_desc<128>(aj_smem_addr(smem), 16, 1024);
+  float d[32];
+  aj_wgmma_fence();
+  aj_wgmma_ss<64, AJ_WGMMA_F16, 0>(d, desc, desc, false);
+  aj_wgmma_commit();
+  aj_wgmma_wait<0>();
+  const int w = t / 32, grp = (t % 32) / 4, q = t % 4;
+  for (int i = 0; i < 32; ++i)
+    out[(16 * w + grp + 8 * ((i % 4) >> 1)) * 64 + 8 * (i / 4) + 2 * q + (i & 1)] = aj_float_as_uint(d[i]);
+}
+)";
+
+}  // namespace
+
+TEST_CASE("TMA feeds wgmma: a swizzled box is a K-major operand; every thread must have observed it", "[emu][tma][wgmma]") {
+  std::vector<uint16_t> a(64 * 64);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float_to_half(float(int((i * 7919) % 9) - 4));
+  for (const auto& [wait, ok] : std::vector<std::pair<int, bool>>{{0, true}, {1, true}, {2, false}}) {
+    INFO("WAIT " << wait);
+    const std::string source =
+        TemplateSet::embedded().text("gpu_blocks.cuh") + "\n#define WAIT " + std::to_string(wait) + "\n" + kTmaWgmma;
+    auto m = load_emu_module(compile_for_emulator({"tma_wgmma", source, "sm_90a", "", {}}, default_kernel_cache(), knobs()));
+    const TensorMapBytes map = encode_emulated_tensor_map(matrix_map(uintptr_t(a.data()), 64, 64, 128));
+    std::vector<uint32_t> out(64 * 64, 0xDEADBEEF);
+    const uint16_t* pin = a.data();
+    uint32_t* pout = out.data();
+    void* args[] = {&pin, &pout, const_cast<TensorMapBytes*>(&map)};
+    LaunchRequest r;
+    r.block_threads = 128;
+    r.dynamic_shared = 8192 + 8;
+    r.args = args;
+    r.timeout_s = 60;
+    r.buffers = {{"a", a.data(), a.size() * 2, 2, false}, {"out", out.data(), out.size() * 4, 4, true}};
+    std::string error;
+    try {
+      m->launch(r);
+    } catch (const KernelFault& e) {
+      error = e.what();
+    }
+    if (!ok) {
+      CHECK_THAT(error, Catch::Contains("a completion the thread has not observed") && Catch::Contains("every thread of the warpgroup"));
+      continue;
+    }
+    REQUIRE(error.empty());
+    for (int i = 0; i < 64; ++i)
+      for (int j = 0; j < 64; ++j) {
+        float want = 0;
+        for (int k = 0; k < 16; ++k) want += half_to_float(a[size_t(i * 64 + k)]) * half_to_float(a[size_t(j * 64 + k)]);
+        float got;
+        std::memcpy(&got, &out[size_t(i * 64 + j)], 4);
+        REQUIRE(got == want);
+      }
+  }
+}
+
+TEST_CASE("TMA: a map the emulator cannot read, a wrong rank and a misaligned box are reported", "[emu][tma]") {
+  const char* body = R"(
+extern "C" __global__ void bad_tma(const aj_u32* in, aj_u32* out, const __grid_constant__ aj_tensor_map map) {
+  AJ_DYNAMIC_SHARED(smem);
+  aj_u64* bar = (aj_u64*)(smem + 16384);
+  if (aj_thread_idx() == 0) {
+    aj_mbarrier_init(bar, 1);
+    aj_mbarrier_arrive_expect_tx(bar, 8192);
+    LOAD;
+    aj_mbarrier_wait(bar, 0);
+  }
+}
+)";
+  std::vector<uint16_t> a(64 * 64, 0);
+  auto run = [&](const std::string& load, const TensorMapBytes& map) {
+    const std::string source = TemplateSet::embedded().text("gpu_blocks.cuh") + "\n#define LOAD " + load + "\n" + body;
+    auto m = load_emu_module(compile_for_emulator({"bad_tma", source, "sm_90a", "", {}}, default_kernel_cache(), knobs()));
+    const uint16_t* pin = a.data();
+    uint32_t* pout = nullptr;
+    void* args[] = {&pin, &pout, const_cast<TensorMapBytes*>(&map)};
+    LaunchRequest r;
+    r.block_threads = 32;
+    r.dynamic_shared = 16384 + 8;
+    r.args = args;
+    r.timeout_s = 60;
+    r.buffers = {{"a", a.data(), a.size() * 2, 2, false}};
+    try {
+      m->launch(r);
+    } catch (const KernelFault& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const TensorMapBytes good = encode_emulated_tensor_map(matrix_map(uintptr_t(a.data()), 64, 64, 128));
+  CHECK(run("aj_tma_load_2d(smem, map, bar, 0, 0)", good).empty());
+  CHECK_THAT(run("aj_tma_load_2d(smem, map, bar, 0, 0)", TensorMapBytes{}), Catch::Contains("not one the emulator can read"));
+  CHECK_THAT(run("aj_tma_load_3d(smem, map, bar, 0, 0, 0)", good), Catch::Contains("rank 2") && Catch::Contains("3 coordinates"));
+  CHECK_THAT(run("aj_tma_load_2d(smem + 512, map, bar, 0, 0)", good), Catch::Contains("not 1024-byte aligned"));
+  // A map reaching past its buffer: the rows beyond the 64 the buffer holds are read.
+  const TensorMapBytes too_long = encode_emulated_tensor_map(matrix_map(uintptr_t(a.data()), 128, 64, 128));
+  CHECK_THAT(run("aj_tma_load_2d(smem, map, bar, 0, 32)", too_long), Catch::Contains("tensor map reaches past its buffer"));
+}
