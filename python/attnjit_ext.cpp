@@ -345,7 +345,7 @@ std::string dump(const std::string& spec, const std::string& stage, const std::v
     KernelRequest r;
     r.head_dim = static_cast<int>(dims.at(5)), r.head_dim_v = static_cast<int>(dims.at(6));
     const ArchName a = parse_arch_name(arch, "arch");
-    r.dtype = parse_dtype(dtype), r.arch = a.arch, r.arch_specific = a.specific;
+    r.dtype = parse_dtype(dtype), r.arch = a.arch, r.arch_specific = a.specific, r.tma = knobs().tma;
     const KernelSource k = backward ? generate_backward_kernels(p, r).source : generate_kernel(p, r);
     if (stage == "cuda") return k.source;
     CompileRequest req;

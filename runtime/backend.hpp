@@ -87,9 +87,10 @@ std::unique_ptr<Backend> make_cpu_backend(const Pattern& p, const Problem& pb);
 // zeros mean the path's default tiles; others are validated here (a UserError naming the fix).
 std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir,
                                           const KernelConfig& config, const KernelConfig& backward_config,
-                                          const TemplateSet& templates);
+                                          const TemplateSet& templates, bool tma = true);
+// `tma`: on the Hopper path, the TMA kernel where tensor maps describe a call's key rows.
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
                                            const KernelConfig& config, const KernelConfig& backward_config,
-                                           const TemplateSet& templates);
+                                           const TemplateSet& templates, bool tma = true);
 
 }  // namespace attnjit

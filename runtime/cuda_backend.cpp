@@ -12,6 +12,7 @@
 #include "runtime/cuda_driver.hpp"
 #include "runtime/host_tensors.hpp"
 #include "runtime/kernel_params.hpp"
+#include "runtime/tma_maps.hpp"
 
 namespace attnjit {
 namespace {
@@ -89,7 +90,7 @@ private:
 class CudaBackend final : public Backend {
 public:
   CudaBackend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir, const KernelConfig& config,
-              const KernelConfig& backward_config, const TemplateSet& templates)
+              const KernelConfig& backward_config, const TemplateSet& templates, bool tma)
       : pattern_(p), problem_(pb), device_(device), cache_dir_(cache_dir), context_(shared_context(device)) {
     const ScopedCurrentContext current(context_);
     prefer_nvrtc_for_driver(driver_version() / 1000);  // 13000 -> 13: kernels this driver loads
@@ -101,18 +102,14 @@ public:
     r.arch = info.cc_major * 10 + info.cc_minor;
     r.arch_specific = r.arch == 90 && knobs().sm90a;
     r.config = config;
+    r.tma = tma && knobs().tma;
     source_ = generate_kernel(p, r, templates);
-    KernelCompiler compiler(kernel_cache_for(cache_dir), knobs());
-    kernel_ = compiler.get(source_);
-    module_ = load_module(device, *kernel_);
-    function_ = module_->function(source_.name);
-    if (source_.shared_bytes > 48 * 1024) {
-      if (source_.shared_bytes > info.max_shared_per_block_optin) {
-        throw UserError(source_.name, "needs " + std::to_string(source_.shared_bytes) + " bytes of shared memory; " +
-                                          info.name + " allows " + std::to_string(info.max_shared_per_block_optin) +
-                                          "; use a smaller kernel tile (RuntimeOptions::config)");
-      }
-      module_->set_max_dynamic_shared(function_, source_.shared_bytes);
+    max_shared_ = info.max_shared_per_block_optin;
+    main_ = load(source_, info.name);
+    if (source_.tma_maps) {  // the cp.async kernel, for calls whose key rows no tensor map describes
+      r.tma = false;
+      fallback_source_ = generate_kernel(p, r, templates);
+      device_name_ = info.name;
     }
     r.config = backward_config;
     bwd_ = generate_backward_kernels(p, r, templates);
@@ -235,12 +232,23 @@ public:
                               reinterpret_cast<const int32_t*>(t.dyn_cols.get()), t.num_items, t.dyn_q_blocks, t.dyn_heads,
                               reinterpret_cast<const int64_t*>(t.doc_base.get()), t.doc_rows};
     KernelParams kp = kernel_params(entry.plan, problem_, tables, q, k, v, o, lse, options);
-    void* args[] = {&kp};
+    const KernelSource* source = &source_;
+    CUfunction function = main_.function;
+    TmaMaps maps{};
+    if (source_.tma_maps) {
+      if (const auto specs = tma_map_specs(entry.plan, problem_, k, v, source_.config.tile_k)) {
+        maps = encode_tma_maps(*specs, false);
+      } else {
+        std::call_once(fallback_once_, [&] { fallback_ = load(fallback_source_, device_name_); });
+        source = &fallback_source_, function = fallback_.function;
+      }
+    }
+    void* args[] = {&kp, &maps};  // the cp.async kernels take only the first
     const BatchGrid b = batch_grid(problem_.batch);
-    launch(function_, static_cast<unsigned>(t.num_items), b.y, b.z, static_cast<unsigned>(source_.threads),
-           static_cast<unsigned>(source_.shared_bytes), static_cast<CUstream>(options.stream), args,
-           source_.name + " grid=(" + std::to_string(t.num_items) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
-               ") block=" + std::to_string(source_.threads) + " smem=" + std::to_string(source_.shared_bytes));
+    launch(function, static_cast<unsigned>(t.num_items), b.y, b.z, static_cast<unsigned>(source->threads),
+           static_cast<unsigned>(source->shared_bytes), static_cast<CUstream>(options.stream), args,
+           source->name + " grid=(" + std::to_string(t.num_items) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
+               ") block=" + std::to_string(source->threads) + " smem=" + std::to_string(source->shared_bytes));
   }
 
   std::string kernel_name() const override { return source_.name; }
@@ -290,15 +298,40 @@ private:
   }
 
 
+  // A compiled forward kernel, loaded, its shared memory allowed.
+  struct Loaded {
+    std::shared_ptr<const CompiledKernel> kernel;
+    std::shared_ptr<Module> module;
+    CUfunction function = nullptr;
+  };
+  Loaded load(const KernelSource& source, const std::string& device_name) {
+    Loaded l;
+    KernelCompiler compiler(kernel_cache_for(cache_dir_), knobs());
+    l.kernel = compiler.get(source);
+    l.module = load_module(device_, *l.kernel);
+    l.function = l.module->function(source.name);
+    if (source.shared_bytes > 48 * 1024) {
+      if (source.shared_bytes > max_shared_) {
+        throw UserError(source.name, "needs " + std::to_string(source.shared_bytes) + " bytes of shared memory; " + device_name +
+                                         " allows " + std::to_string(max_shared_) + "; use a smaller kernel tile (RuntimeOptions::config)");
+      }
+      l.module->set_max_dynamic_shared(l.function, source.shared_bytes);
+    }
+    return l;
+  }
+
   Pattern pattern_;
   Problem problem_;
   int device_;
   std::string cache_dir_;
   Context& context_;
+  int max_shared_ = 0;
   KernelSource source_;
-  std::shared_ptr<const CompiledKernel> kernel_;
-  std::shared_ptr<Module> module_;
-  CUfunction function_ = nullptr;
+  Loaded main_;
+  KernelSource fallback_source_;  // with a TMA kernel: the cp.async kernel, loaded on first need
+  std::string device_name_;
+  std::once_flag fallback_once_;
+  Loaded fallback_;
   BackwardKernels bwd_;  // rendered in the constructor, compiled on the first backward call
   std::once_flag bwd_once_;
   std::shared_ptr<const CompiledKernel> bwd_kernel_;
@@ -309,8 +342,8 @@ private:
 
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
                                            const KernelConfig& config, const KernelConfig& backward_config,
-                                           const TemplateSet& templates) {
-  return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config, backward_config, templates);
+                                           const TemplateSet& templates, bool tma) {
+  return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config, backward_config, templates, tma);
 }
 
 }  // namespace attnjit

@@ -11,6 +11,7 @@
 #include "emulator/emu_module.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/kernel_params.hpp"
+#include "runtime/tma_maps.hpp"
 
 namespace attnjit {
 namespace {
@@ -82,7 +83,7 @@ private:
 class EmuBackend final : public Backend {
 public:
   EmuBackend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir, const KernelConfig& config,
-             const KernelConfig& backward_config, const TemplateSet& templates)
+             const KernelConfig& backward_config, const TemplateSet& templates, bool tma)
       : pattern_(p), problem_(pb), cache_dir_(cache_dir) {
     KernelRequest r;
     r.head_dim = static_cast<int>(pb.head_dim);
@@ -90,9 +91,14 @@ public:
     r.dtype = pb.dtype;
     r.arch = arch.arch;
     r.arch_specific = arch.specific;
+    r.tma = tma && knobs().tma;
     r.config = config;
     source_ = generate_kernel(p, r, templates);
     module_ = emu::load_emu_module(emu::compile_for_emulator(emu::emu_source_of(source_), kernel_cache_for(cache_dir), knobs()));
+    if (source_.tma_maps) {  // the cp.async kernel, for calls whose key rows no tensor map describes
+      r.tma = false;
+      fallback_ = generate_kernel(p, r, templates);
+    }
     r.config = backward_config;
     bwd_ = generate_backward_kernels(p, r, templates);  // text only: compiled on the first backward call
   }
@@ -144,16 +150,30 @@ public:
                               static_cast<int64_t>(t.plan.doc_base.size())};
     KernelParams kp = kernel_params(entry.plan, problem_, tables, rebased(q, iq), rebased(k, ik), rebased(v, iv),
                                     rebased(o, io), lse ? &lse_dev : nullptr, options);
-    void* args[] = {&kp};
+    const KernelSource* source = &source_;
+    const emu::EmuModule* module = module_.get();
+    TmaMaps maps{};
+    if (source_.tma_maps) {
+      if (const auto specs = tma_map_specs(entry.plan, problem_, rebased(k, ik), rebased(v, iv), source_.config.tile_k)) {
+        maps = encode_tma_maps(*specs, true);
+      } else {
+        std::call_once(fallback_once_, [&] {
+          fallback_module_ =
+              emu::load_emu_module(emu::compile_for_emulator(emu::emu_source_of(fallback_), kernel_cache_for(cache_dir_), knobs()));
+        });
+        source = &fallback_, module = fallback_module_.get();
+      }
+    }
+    void* args[] = {&kp, &maps};  // the cp.async kernels take only the first
     emu::LaunchRequest r;
     r.grid[0] = static_cast<unsigned>(t.plan.items.size());
     r.grid[1] = batch_grid(problem_.batch).y;
     r.grid[2] = batch_grid(problem_.batch).z;
-    r.block_threads = static_cast<unsigned>(source_.threads);
-    r.dynamic_shared = static_cast<size_t>(source_.shared_bytes);
+    r.block_threads = static_cast<unsigned>(source->threads);
+    r.dynamic_shared = static_cast<size_t>(source->shared_bytes);
     r.args = args;
     r.buffers = img.buffers();
-    module_->launch(r);
+    module->launch(r);
     img.copy_back(io, o.data);
     if (lse) img.copy_back(il, lse->data);
   }
@@ -249,6 +269,9 @@ private:
   Problem problem_;
   std::string cache_dir_;
   KernelSource source_;
+  KernelSource fallback_;  // with a TMA kernel: the cp.async kernel, compiled on first need
+  std::once_flag fallback_once_;
+  std::shared_ptr<const emu::EmuModule> fallback_module_;
   std::shared_ptr<const emu::EmuModule> module_;
   BackwardKernels bwd_;
   std::once_flag bwd_once_;
@@ -259,8 +282,8 @@ private:
 
 std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir,
                                           const KernelConfig& config, const KernelConfig& backward_config,
-                                          const TemplateSet& templates) {
-  return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config, backward_config, templates);
+                                          const TemplateSet& templates, bool tma) {
+  return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config, backward_config, templates, tma);
 }
 
 }  // namespace attnjit

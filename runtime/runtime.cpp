@@ -160,11 +160,11 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   switch (o.device.kind) {
     case DeviceKind::CPU: st->backend = make_cpu_backend(st->pattern, problem); break;
     case DeviceKind::EMU:
-      st->backend = make_emu_backend(st->pattern, problem, {o.device.index, o.device.arch_specific}, o.cache_dir, o.config, o.backward_config, templates);
+      st->backend = make_emu_backend(st->pattern, problem, {o.device.index, o.device.arch_specific}, o.cache_dir, o.config, o.backward_config, templates, o.tma);
       break;
     case DeviceKind::CUDA:
       st->backend = make_cuda_backend(st->pattern, problem, o.device.index, o.cache_dir, tuned_config(pattern, problem, o),
-                                      tuned_backward_config(pattern, problem, o), templates);
+                                      tuned_backward_config(pattern, problem, o), templates, o.tma);
       break;
   }
   // Plan the common case now (offsets 0), so forward() only launches.

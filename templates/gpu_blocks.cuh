@@ -145,6 +145,12 @@ __device__ __forceinline__ void aj_wgmma_commit() { asm volatile("wgmma.commit_g
 template <int N>
 __device__ __forceinline__ void aj_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void aj_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// setmaxnreg: every thread of the warpgroup moves its register budget to N (24..256, a multiple of
+// 8); the warpgroups of a block share the register file (a producer gives up what consumers take).
+template <int N>
+__device__ __forceinline__ void aj_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void aj_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
 template <int N>
 struct AjWgmma;
 // The register operands of one N: D's N/2 accumulators ("+f") and their "%0, ..., %(N/2-1)" list.
@@ -363,6 +369,10 @@ __device__ __forceinline__ void aj_wgmma_commit() { aj_emu_wgmma_commit(); }
 template <int N>
 __device__ __forceinline__ void aj_wgmma_wait() { aj_emu_wgmma_wait(N); }
 __device__ __forceinline__ void aj_fence_proxy_async() { aj_emu_fence_proxy_async(); }
+template <int N>
+__device__ __forceinline__ void aj_setmaxnreg_dec() {}  // registers are not modelled
+template <int N>
+__device__ __forceinline__ void aj_setmaxnreg_inc() {}
 template <int N, int TYPE, int TRANS_B>
 __device__ __forceinline__ void aj_wgmma_ss(float (&d)[N / 2], aj_u64 da, aj_u64 db, bool accumulate) {
   aj_emu_wgmma(d, N, nullptr, da, db, TYPE, (accumulate ? AJ_EMU_WGMMA_SCALE_D : 0) | (TRANS_B ? AJ_EMU_WGMMA_TRANS_B : 0));

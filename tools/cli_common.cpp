@@ -207,6 +207,7 @@ std::vector<KernelRequest> KernelOptions::requests() const {
     const ArchName an = parse_arch_name(a);
     r.arch = an.arch;
     r.arch_specific = an.specific;
+    r.tma = knobs().tma;
     r.config = parse_kernel_tile(tile);
     r.config.stages = stages;
     out.push_back(r);

@@ -107,6 +107,13 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
               for (const KernelConfig& c : configs) {
                 r.config = c;
                 kernels.push_back(generate_kernel(p, r));
+                // The Hopper path's cp.async kernel too: the runtime launches it for calls whose
+                // key rows tensor maps do not describe.
+                if (kernels.back().tma_maps) {
+                  r.tma = false;
+                  kernels.push_back(generate_kernel(p, r));
+                  r.tma = true;
+                }
               }
               // Training: the backward kernels of this pattern, head dim, dtype and arch, with the
               // tiles the tuning databases selected for them (and the default), or every candidate.

@@ -15,7 +15,9 @@ namespace attnjit {
 
 const char* to_string(DType d) { return d == DType::F32 ? "fp32" : d == DType::F16 ? "fp16" : "bf16"; }
 int dtype_bytes(DType d) { return d == DType::F32 ? 4 : 2; }
-const char* to_string(KernelPath p) { return p == KernelPath::Simt ? "simt" : p == KernelPath::Sm80 ? "sm80" : "sm90"; }
+const char* to_string(KernelPath p) {
+  return p == KernelPath::Simt ? "simt" : p == KernelPath::Sm80 ? "sm80" : p == KernelPath::Sm90 ? "sm90" : "sm90_tma";
+}
 
 ArchName parse_arch_name(const std::string& text, const std::string& flag) {
   int arch = 0;
@@ -87,13 +89,15 @@ bool q_over_kv(const KernelRequest& r, const KernelConfig& c) {
 // Dynamic shared memory of the Hopper forward (templates/fwd_sm90.cuh): the Q tile and the K/V
 // stages, unpadded (the 128-byte swizzle keeps wgmma's reads off each other's banks), and 1024
 // bytes to start them on the swizzle pattern's boundary.
-int forward_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
-  return 2 * (c.tile_q * r.head_dim + c.stages * c.tile_k * (r.head_dim + r.head_dim_v)) + 1024;
+// The TMA kernel adds four mbarriers per stage (full and empty, for K and for V).
+int forward_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c, bool tma) {
+  return 2 * (c.tile_q * r.head_dim + c.stages * c.tile_k * (r.head_dim + r.head_dim_v)) + 1024 + (tma ? 4 * 8 * c.stages : 0);
 }
+bool hopper(KernelPath p) { return p == KernelPath::Sm90 || p == KernelPath::Sm90Tma; }
 
 int smem_bytes(KernelPath path, const KernelRequest& r, const KernelConfig& c) {
   if (path == KernelPath::Simt) return 0;  // static shared memory, checked by its own limit
-  if (path == KernelPath::Sm90) return forward_sm90_smem_bytes(r, c);
+  if (hopper(path)) return forward_sm90_smem_bytes(r, c, path == KernelPath::Sm90Tma);
   return forward_sm80_smem_bytes(r, c, q_over_kv(r, c));
 }
 
@@ -183,8 +187,9 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
     // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
     os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "
        << (forward && q_over_kv(r, k.config)) << "\n";
-  } else if (k.path == KernelPath::Sm90) {
+  } else if (hopper(k.path)) {
     os << "#define AJ_Q_IN_REGS 0\n#define AJ_Q_OVER_KV 0\n";  // fwd_sm80.cuh's, unused here
+    if (k.tma_maps) os << "#define AJ_TMA_MAPS " << k.tma_maps << "\n";
   }
   os << "#define AJ_DTYPE " << (r.dtype == DType::F32 ? 0 : r.dtype == DType::F16 ? 1 : 2) << "\n";
   auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
@@ -216,7 +221,7 @@ KernelPath choose_path(const KernelRequest& r) {
   require(!r.arch_specific || r.arch == 90, "--arch " + arch_name(r), "attnjit has arch-specific kernels for sm_90a only");
   if (r.dtype != DType::F32 && r.arch >= 80) {
     auto hopper_dim = [](int d) { return d == 64 || d == 128 || d == 256; };
-    if (r.arch_specific && hopper_dim(r.head_dim) && hopper_dim(r.head_dim_v)) return KernelPath::Sm90;
+    if (r.arch_specific && hopper_dim(r.head_dim) && hopper_dim(r.head_dim_v)) return r.tma ? KernelPath::Sm90Tma : KernelPath::Sm90;
     require(r.head_dim % 16 == 0 && r.head_dim_v % 16 == 0 && r.head_dim <= 256 && r.head_dim_v <= 256, "--head-dim",
             "the tensor-core path needs head dims that are multiples of 16 up to 256 (got " +
                 std::to_string(r.head_dim) + " and " + std::to_string(r.head_dim_v) + "); pad the head dim");
@@ -248,7 +253,7 @@ KernelConfig parse_kernel_tile(const std::string& text) {
 KernelConfig resolve_config(const KernelRequest& r) {
   const KernelPath path = choose_path(r);
   KernelConfig c = r.config;
-  if (path == KernelPath::Sm90) {
+  if (hopper(path)) {
     // One warpgroup per 64 query rows; S's wgmma N is tile_k, O's the head dim.
     if (!c.tile_q) c.tile_q = 128;
     if (!c.tile_k) c.tile_k = std::max(r.head_dim, r.head_dim_v) > 128 ? 64 : 128;
@@ -300,21 +305,29 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const Tem
   k.path = choose_path(r);
   k.config = resolve_config(r);
   k.arch = arch_name(r);
-  k.threads = k.path == KernelPath::Simt ? k.config.tile_q * 4 : k.config.warps * 32;
+  // The TMA kernel's consumer warps, and its producer warpgroup.
+  k.threads = k.path == KernelPath::Simt ? k.config.tile_q * 4 : k.config.warps * 32 + (k.path == KernelPath::Sm90Tma ? 128 : 0);
+  k.tma_maps = k.path == KernelPath::Sm90Tma ? kTmaMaps : 0;
   k.shared_bytes = smem_bytes(k.path, r, k.config);
   k.template_hash = templates.hash();
   const std::string predicate = generate_mask_predicate(p);
   k.has_mask = predicate.find("return true;") == std::string::npos;
 
   std::ostringstream os;
-  const std::vector<std::string> bodies = k.path == KernelPath::Sm90   ? std::vector<std::string>{"fwd_sm80.cuh", "fwd_sm90.cuh"}
-                                          : k.path == KernelPath::Sm80 ? std::vector<std::string>{"fwd_sm80.cuh"}
-                                                                       : std::vector<std::string>{"fwd_simt.cuh"};
+  const std::vector<std::string> bodies =
+      k.path == KernelPath::Sm90Tma ? std::vector<std::string>{"fwd_sm80.cuh", "fwd_sm90.cuh", "fwd_sm90_tma.cuh"}
+      : k.path == KernelPath::Sm90  ? std::vector<std::string>{"fwd_sm80.cuh", "fwd_sm90.cuh"}
+      : k.path == KernelPath::Sm80  ? std::vector<std::string>{"fwd_sm80.cuh"}
+                                    : std::vector<std::string>{"fwd_simt.cuh"};
   os << render_prefix("kernel", k, r, predicate, templates, bodies, true);
   os << "\n// ---- generated: entry point\n";
   // Minimum one block per SM: lets ptxas use every register it needs rather than spill.
-  os << "extern \"C\" __global__ void __launch_bounds__(" << k.threads << ", 1) AJ_KERNEL_NAME(const AjParams p) {\n  "
-     << (k.path == KernelPath::Sm90 ? "aj_fwd_sm90(p);" : k.path == KernelPath::Sm80 ? "aj_fwd_sm80(p);" : "aj_fwd_simt(p);")
+  os << "extern \"C\" __global__ void __launch_bounds__(" << k.threads << ", 1) AJ_KERNEL_NAME(const AjParams p"
+     << (k.tma_maps ? ", const __grid_constant__ AjTmaMaps maps" : "") << ") {\n  "
+     << (k.path == KernelPath::Sm90Tma ? "aj_fwd_sm90_tma(p, maps);"
+         : k.path == KernelPath::Sm90  ? "aj_fwd_sm90(p);"
+         : k.path == KernelPath::Sm80  ? "aj_fwd_sm80(p);"
+                                       : "aj_fwd_simt(p);")
      << "\n}\n";
   name_by_hash(k, os.str(), "attnjit_fwd_");
   return k;

@@ -20,7 +20,9 @@ const char* to_string(DType d);
 DType parse_dtype(const std::string& s);  // "fp32|float32|f32", "fp16|float16|f16", "bf16|bfloat16"; UserError otherwise
 int dtype_bytes(DType d);
 
-enum class KernelPath { Simt, Sm80, Sm90 };  // Sm90: the Hopper forward (sm_90a, wgmma)
+// Sm90: the Hopper forward (sm_90a, wgmma; loads by cp.async); Sm90Tma: the same loop fed by a
+// producer warp's TMA loads (the default where TMA can describe the key rows, see `tma` below).
+enum class KernelPath { Simt, Sm80, Sm90, Sm90Tma };
 const char* to_string(KernelPath p);
 
 struct KernelConfig {
@@ -44,6 +46,9 @@ struct KernelRequest {
   // supports the request (fp16/bf16, head dims 64, 128 or 256), the sm_80 path otherwise; the
   // kernels are compiled for sm_90a and run only on compute capability 9.0.
   bool arch_specific = false;
+  // On the Hopper path: the TMA kernel (KernelPath::Sm90Tma). A runtime asks for the cp.async
+  // kernel (false) for calls whose key rows no tensor map describes (runtime/tma_maps.hpp).
+  bool tma = true;
   KernelConfig config;
 };
 
@@ -56,6 +61,9 @@ ArchName parse_arch_name(const std::string& text, const std::string& flag = "--a
 // The name NVRTC and the cache use: "sm_90a" for an arch-specific request.
 std::string arch_name(const KernelRequest& r);
 
+// Tensor maps the TMA kernel takes per K and V: one per key stride (dilation) of a plan.
+constexpr int kTmaMaps = 4;
+
 struct KernelSource {
   std::string name;           // attnjit_fwd_<12 hex of the source>
   std::string source;         // complete, self-contained CUDA text
@@ -65,6 +73,7 @@ struct KernelSource {
   int threads = 0;            // block size
   int shared_bytes = 0;       // dynamic shared memory the launch needs
   bool has_mask = false;      // some branch has a causal, window or layout predicate
+  int tma_maps = 0;           // Sm90Tma: tensor maps per K and V (the kernel's second parameter, AjTmaMaps)
   std::string template_hash;  // of the templates it was rendered from
   std::string source_hash;    // sha256 of `source` (part of the cache key)
 };

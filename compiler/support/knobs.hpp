@@ -39,6 +39,9 @@ struct Knobs {
   // ATTNJIT_SM90A=1: a GPU of compute capability 9.0 runs the Hopper forward (sm_90a, wgmma) where
   // it supports the request. Off by default until a GPU run confirms what the emulator proves.
   bool sm90a = false;
+  // ATTNJIT_TMA=0: the Hopper forward loads with cp.async instead of TMA and a producer warp (for
+  // comparisons; TMA is used where tensor maps describe a call's key rows).
+  bool tma = true;
   // ATTNJIT_MAX_WEIGHTS: the most elements (batch * heads_q * seq_q * seq_k) Attention::weights
   // writes; above it the call is refused (a dense fp32 matrix of 2^28 elements is 1 GiB).
   int64_t max_weights = int64_t{1} << 28;

@@ -62,7 +62,7 @@ std::vector<KernelConfig> candidates_of(const KernelRequest& base, bool backward
   if (backward && choose_backward_path(r) == KernelPath::Sm80) {
     for (int tq : {32, 64, 128})
       for (int tk : {32, 64, 128}) add(tq, tk, 2);
-  } else if (!backward && choose_path(r) == KernelPath::Sm90) {
+  } else if (!backward && (choose_path(r) == KernelPath::Sm90 || choose_path(r) == KernelPath::Sm90Tma)) {
     for (int tq : {64, 128})
       for (int tk : {64, 128})
         for (int stages : {2, 3}) add(tq, tk, stages);

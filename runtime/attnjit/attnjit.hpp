@@ -88,6 +88,10 @@ struct RuntimeOptions {
   // The bytes of plan tables each prepared attention keeps; -1: the ATTNJIT_PLAN_CACHE_BYTES knob
   // (default 256 MiB). See Attention::plan_cache_stats.
   int64_t plan_cache_bytes = -1;
+  // On the Hopper path (sm_90a): the forward's TMA kernel (a producer warpgroup loads K and V) for
+  // every call whose key rows tensor maps describe; false (or the ATTNJIT_TMA=0 knob): always the
+  // kernel that loads with cp.async.
+  bool tma = true;
   // Kernels are rendered from these templates instead of the embedded ones (tests render
   // deliberately broken kernels this way; a changed template changes the kernel's cache key).
   std::shared_ptr<const TemplateSet> templates;

@@ -177,6 +177,7 @@ struct Case {
   bool lse = true, own_stream = false;
   int arch = 80;         // emu: the arch whose kernel runs (75: the SIMT path for fp16 too)
   bool sm90a = false;    // emu: with arch 90, the arch-specific kernels (the Hopper forward)
+  bool tma = true;       // the Hopper forward's TMA kernel where tensor maps describe the keys (else cp.async)
   KernelConfig config;   // zeros: the default (or the tuning database's choice on a GPU)
   std::optional<DynamicLayout> dynamic;
   uint64_t seed = 0;
@@ -358,12 +359,13 @@ class Runtimes {
 public:
   Runtime& operator()(const Case& c) {
     const Device d = device_for(c);
-    const std::string key = d.describe() + "/" + describe(c.config);
+    const std::string key = d.describe() + "/" + describe(c.config) + (c.tma ? "" : "/cp.async");
     std::lock_guard<std::mutex> lock(m_);
     std::unique_ptr<Runtime>& rt = map_[key];
     if (!rt) {
       RuntimeOptions o = options_for(d);
       o.config = c.config;
+      o.tma = c.tma;
       rt = std::make_unique<Runtime>(o);
     }
     return *rt;
@@ -646,7 +648,9 @@ TEST_CASE("every tile configuration the autotuner can choose matches the referen
 // NaN. Ordinary inputs cannot tell: softmax does not depend on the shift.
 // The Hopper forward (sm_90a, wgmma) in the emulator: every example at head dims 64, 128 and 256
 // in fp16 and bf16, a random sweep with those head dims (fp32 cases become bf16), and every
-// configuration the autotuner offers that path. Other head dims fall back to the sm_80 kernel.
+// configuration the autotuner offers that path, through the TMA kernel where tensor maps describe
+// the keys; the examples again through the cp.async kernel, and the cases that need it. Other
+// head dims fall back to the sm_80 kernel.
 TEST_CASE("the sm_90a forward matches the float64 reference in the emulator", "[emu][attention][sm90a]") {
   if (target() != Target::Emu) { WARN("SKIPPED: an emulator case (ATTNJIT_GPU_TESTS_DEVICE=emu)"); return; }
   std::vector<Case> cases = emu_example_cases(true);
@@ -660,6 +664,29 @@ TEST_CASE("the sm_90a forward matches the float64 reference in the emulator", "[
     cases.push_back(std::move(c));
   }
   for (Case& c : config_cases(203, 90, true)) cases.push_back(std::move(c));
+  // The cp.async kernel (where tensor maps cannot describe the keys): every example once more.
+  for (Case c : emu_example_cases(true)) {
+    c.tma = false, c.name += "/cp.async";
+    cases.push_back(std::move(c));
+  }
+  // Key strides past 8: the residue-form tensor maps where the stride divides the key length, the
+  // cp.async kernel where it does not; five strides (more maps than the kernel takes): cp.async.
+  const Pattern wide = PatternBuilder()
+                           .branch(BranchSpec().segment(256).dilation(1).causal())
+                           .branch(BranchSpec().segment(512).dilation(16).offset(OffsetRule::HeadMod))
+                           .build();
+  PatternBuilder five;
+  for (int r : {1, 2, 3, 5, 7}) five.branch(BranchSpec().segment(64 * r).dilation(r));
+  uint64_t seed = 9900;
+  for (const auto& [name, p, seq] : {std::tuple<const char*, Pattern, int64_t>{"stride16-divides", wide, 512},
+                                     {"stride16-no-divide", wide, 520}, {"five-strides", five.build(), 300}})
+    for (int64_t d : {64, 128}) {
+      Case c;
+      c.name = std::string(name) + "/sm90a-d" + std::to_string(d);
+      c.pattern = p, c.shape = make_shape(1, seq, seq, 4, 2, d), c.dtype = DType::BF16, c.arch = 90, c.sm90a = true;
+      c.seed = seed++;
+      cases.push_back(std::move(c));
+    }
   check_cases("emu-sm90a", cases);
 }
 

@@ -27,7 +27,8 @@ struct Mutation {
   bool backward = false;  // checks the gradients (forward and backward run)
   bool deterministic = false;  // the backward in deterministic mode (dK/dV added layer by layer)
   int head_dim = 64;  // 128: the tensor-core forward's Q lies over the last V stage on sm_80
-  bool sm90a = false;  // the Hopper forward (fwd_sm90.cuh), emulated as sm_90a
+  bool sm90a = false;  // the Hopper forward, emulated as sm_90a
+  bool tma = true;     // with sm90a: the TMA kernel (fwd_sm90_tma.cuh), else the cp.async one (fwd_sm90.cuh)
 };
 
 const Mutation kMutations[] = {
@@ -79,32 +80,53 @@ const Mutation kMutations[] = {
     {"tensor-core backward, deterministic: the layered dV add stores instead of adding", "bwd_sm80.cuh",
      "if (bp.plain_add) dva[c * 8] += x0, dva[c * 8 + 1] += x1;", "if (bp.plain_add) dva[c * 8] = x0, dva[c * 8 + 1] = x1;",
      DType::BF16, true, true},
-    {"sm_90a: no fence.proxy.async between the cp.async copies and the wgmma that reads them", "fwd_sm90.cuh",
-     "  aj_fence_proxy_async();\n  aj_syncthreads();\n}", "  aj_syncthreads();\n}", DType::BF16, false, false, 64, true},
-    {"sm_90a: S(j + 1) read before its wgmma is waited for", "fwd_sm90.cuh", "        aj_wgmma_wait<1>();\n", "\n", DType::BF16,
-     false, false, 64, true},
-    {"sm_90a: no wgmma.fence before O += P V", "fwd_sm90.cuh", "  aj_wgmma_fence();\n#pragma unroll\n  for (int kk",
-     "#pragma unroll\n  for (int kk", DType::BF16, false, false, 64, true},
-    {"sm_90a: the next P packed while P V still reads its registers", "fwd_sm90.cuh",
+    {"sm_90a, cp.async: no fence.proxy.async between the cp.async copies and the wgmma that reads them", "fwd_sm90.cuh",
+     "  aj_fence_proxy_async();\n  aj_syncthreads();\n}", "  aj_syncthreads();\n}", DType::BF16, false, false, 64, true, false},
+    {"sm_90a, cp.async: S(j + 1) read before its wgmma is waited for", "fwd_sm90.cuh", "        aj_wgmma_wait<1>();\n", "\n", DType::BF16,
+     false, false, 64, true, false},
+    {"sm_90a, cp.async: no wgmma.fence before O += P V", "fwd_sm90.cuh", "  aj_wgmma_fence();\n#pragma unroll\n  for (int kk",
+     "#pragma unroll\n  for (int kk", DType::BF16, false, false, 64, true, false},
+    {"sm_90a, cp.async: the next P packed while P V still reads its registers", "fwd_sm90.cuh",
      "        aj_tc_softmax_scores(s, m, l, c, p.scale_log2);\n        aj_wgmma_wait<0>();",
      "        aj_tc_softmax_scores(s, m, l, c, p.scale_log2);\n        aj_sm90_pack(s, pa);\n        aj_wgmma_wait<0>();", DType::BF16,
-     false, false, 64, true},
-    {"sm_90a: one cp.async group too few waited for (V(j) not landed)", "fwd_sm90.cuh", "#define AJ_SM90_AHEAD (2 * (AJ_STAGES - 1))",
-     "#define AJ_SM90_AHEAD (2 * AJ_STAGES - 1)", DType::BF16, false, false, 64, true},
-    {"sm_90a: V read K-major", "fwd_sm90.cuh", "aj_wgmma_rs<AJ_HEAD_DIM_V, AJ_WGMMA_TYPE, 1>", "aj_wgmma_rs<AJ_HEAD_DIM_V, AJ_WGMMA_TYPE, 0>",
-     DType::BF16, false, false, 64, true},
-    {"sm_90a: a k16 step of Q moves 16 bytes instead of 32", "fwd_sm90.cuh", "(ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 32) >> 4",
-     "(ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 16) >> 4", DType::BF16, false, false, 128, true},
-    {"sm_90a: tiles stored without the swizzle", "fwd_sm90.cuh", "((chunk ^ (r & 7)) << 4)", "(chunk << 4)", DType::BF16, false,
-     false, 64, true},
-    {"sm_90a: no barrier before a stage is overwritten (head dim 256: 64-key tiles, so a stage is reused)", "fwd_sm90.cuh",
-     "    aj_syncthreads();  // K(j + 1)'s and V(j)'s stages are overwritten by later prefetches\n", "\n", DType::BF16, false, false, 256, true},
+     false, false, 64, true, false},
+    {"sm_90a, cp.async: one cp.async group too few waited for (V(j) not landed)", "fwd_sm90.cuh", "#define AJ_SM90_AHEAD (2 * (AJ_STAGES - 1))",
+     "#define AJ_SM90_AHEAD (2 * AJ_STAGES - 1)", DType::BF16, false, false, 64, true, false},
+    {"sm_90a, cp.async: V read K-major", "fwd_sm90.cuh", "aj_wgmma_rs<AJ_HEAD_DIM_V, AJ_WGMMA_TYPE, 1>", "aj_wgmma_rs<AJ_HEAD_DIM_V, AJ_WGMMA_TYPE, 0>",
+     DType::BF16, false, false, 64, true, false},
+    {"sm_90a, cp.async: a k16 step of Q moves 16 bytes instead of 32", "fwd_sm90.cuh", "(ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 32) >> 4",
+     "(ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 16) >> 4", DType::BF16, false, false, 128, true, false},
+    {"sm_90a, cp.async: tiles stored without the swizzle", "fwd_sm90.cuh", "((chunk ^ (r & 7)) << 4)", "(chunk << 4)", DType::BF16, false,
+     false, 64, true, false},
+    {"sm_90a, cp.async: no barrier before a stage is overwritten (head dim 256: 64-key tiles, so a stage is reused)", "fwd_sm90.cuh",
+     "    aj_syncthreads();  // K(j + 1)'s and V(j)'s stages are overwritten by later prefetches\n", "\n", DType::BF16, false, false, 256, true, false},
+    {"sm_90a, TMA: consumers read K(j + 1) without waiting for its load", "fwd_sm90_tma.cuh",
+     "      aj_mbarrier_wait(&k_full[sk], (aj_u32)(((j + 1) / AJ_STAGES) & 1));\n", "\n", DType::BF16, false, false, 64, true},
+    // (head dim 256: 64-key tiles, so stages are reused)
+    {"sm_90a, TMA: the producer refills a V stage without waiting for its release", "fwd_sm90_tma.cuh",
+     "        if (use > 0) aj_mbarrier_wait(&v_empty[s], (aj_u32)((use - 1) & 1));\n", "\n", DType::BF16, false, false, 256, true},
+    {"sm_90a, TMA: a V stage released before P V's wgmma has read it", "fwd_sm90_tma.cuh",
+     "        aj_wgmma_wait<0>();  // P(j) V(j) is done: V(j)'s stage, O and P's registers are free\n        aj_mbarrier_arrive(&v_empty[sv]);\n",
+     "        aj_mbarrier_arrive(&v_empty[sv]);\n        aj_wgmma_wait<0>();\n", DType::BF16, false, false, 256, true},
+    {"sm_90a, TMA: consumers wait on V's stage with the wrong parity", "fwd_sm90_tma.cuh",
+     "      aj_mbarrier_wait(&v_full[sv], (aj_u32)((j / AJ_STAGES) & 1));\n      // Straight-line",
+     "      aj_mbarrier_wait(&v_full[sv], (aj_u32)((j / AJ_STAGES + 1) & 1));\n      // Straight-line", DType::BF16, false, false, 64,
+     true},
+    {"sm_90a, TMA: expect_tx announces half of K's bytes", "fwd_sm90_tma.cuh", "aj_mbarrier_arrive_expect_tx(&k_full[s], AJ_SM90_K_STAGE);",
+     "aj_mbarrier_arrive_expect_tx(&k_full[s], AJ_SM90_K_STAGE / 2);", DType::BF16, false, false, 64, true},
+    {"sm_90a, TMA: a tile's first row given as its dilated index", "fwd_sm90_tma.cuh", "(int)(t.first + r0 * t.stride)",
+     "(int)(t.first / t.stride + r0 * t.stride)", DType::BF16, false, false, 128, true},
+    {"sm_90a, TMA: no fence.proxy.async after Q's cp.async", "fwd_sm90_tma.cuh",
+     "    aj_fence_proxy_async();  // Q is read by wgmma", "    // Q is read by wgmma", DType::BF16, false, false, 64, true},
+    {"sm_90a, TMA: the mbarriers used before the barrier after their init", "fwd_sm90_tma.cuh",
+     "  aj_syncthreads();  // Q is in place and the mbarriers are initialised, for every thread\n", "\n", DType::BF16, false, false, 64,
+     true},
 };
 
 // Runs `templates`' kernels on the emulator; "" when they match the reference (O and LSE, and with
 // `backward` dQ, dK, dV too), else what went wrong.
 std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DType dt, bool backward = false,
-                         bool deterministic = false, int64_t d = 64, bool sm90a = false) {
+                         bool deterministic = false, int64_t d = 64, bool sm90a = false, bool tma = true) {
   const Pattern p = PatternBuilder()
                         .branch(BranchSpec().segment(128).dilation(1).causal())
                         .branch(BranchSpec().segment(256).dilation(2).offset(OffsetRule::HeadMod))
@@ -129,6 +151,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   RuntimeOptions ro;
   ro.device = sm90a ? Device::emu(90, true) : Device::emu(80);
   ro.templates = templates;
+  ro.tma = tma;
   Runtime rt(ro);
   std::vector<float> o(nq, NAN), lse(size_t(s.heads_q * s.seq_q), NAN);
   std::vector<uint16_t> qh = store(q), kh = store(k), vh = store(v), oh(nq, 0xFFFF);
@@ -197,9 +220,12 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   CHECK(check_kernel(embedded, DType::F32, true, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, true, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, false, false, 128) == "");  // Q over the last V stage
-  CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true) == "");   // sm_90a
-  CHECK(check_kernel(embedded, DType::BF16, false, false, 128, true) == "");  // sm_90a, two column blocks
-  CHECK(check_kernel(embedded, DType::BF16, false, false, 256, true) == "");  // sm_90a, 64-key tiles
+  for (bool tma : {true, false}) {
+    INFO("sm_90a, " << (tma ? "TMA" : "cp.async"));
+    CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, tma) == "");   // sm_90a
+    CHECK(check_kernel(embedded, DType::BF16, false, false, 128, true, tma) == "");  // sm_90a, two column blocks
+    CHECK(check_kernel(embedded, DType::BF16, false, false, 256, true, tma) == "");  // sm_90a, 64-key tiles
+  }
 }
 
 TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutation]") {
@@ -211,7 +237,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     REQUIRE(at != std::string::npos);  // the template changed: update the mutation
     text.replace(at, std::string(m.from).size(), m.to);
     t->replace(m.file, text);
-    const std::string outcome = check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a);
+    const std::string outcome = check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }

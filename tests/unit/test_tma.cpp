@@ -13,7 +13,10 @@
 #include "emulator/emu_compiler.hpp"
 #include "emulator/emu_module.hpp"
 #include "emulator/tensor_map.hpp"
+#include "compiler/pattern/pattern.hpp"
+#include "compiler/plan/plan.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "runtime/tma_maps.hpp"
 #include "runtime/npy.hpp"
 
 using namespace attnjit;
@@ -335,4 +338,62 @@ extern "C" __global__ void bad_tma(const aj_u32* in, aj_u32* out, const __grid_c
   // A map reaching past its buffer: the rows beyond the 64 the buffer holds are read.
   const TensorMapBytes too_long = encode_emulated_tensor_map(matrix_map(uintptr_t(a.data()), 128, 64, 128));
   CHECK_THAT(run("aj_tma_load_2d(smem, map, bar, 0, 32)", too_long), Catch::Contains("tensor map reaches past its buffer"));
+}
+
+namespace {
+
+std::optional<TmaMapSpecs> specs_for(const std::vector<int>& rates, int64_t seq, void* k_data, std::string* why, int64_t d = 128) {
+  PatternBuilder b;
+  for (int r : rates) b.branch(BranchSpec().segment(64 * r).dilation(r));
+  const Pattern p = b.build();
+  Shape s;
+  s.batch = 2, s.seq_q = s.seq_k = seq, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = d;
+  const Plan plan = lower_to_plan(p, s, TileConfig{128, 128});
+  const Problem pb{2, seq, seq, 4, 2, d, d, DType::BF16};
+  static std::vector<uint16_t> v(size_t(2 * 1024 * 2 * 128));
+  const TensorView k = TensorView::contiguous(k_data, DType::BF16, {2, seq, 2, d});
+  const TensorView vv = TensorView::contiguous(v.data(), DType::BF16, {2, seq, 2, d});
+  return tma_map_specs(plan, pb, k, vv, 128, why);
+}
+
+}  // namespace
+
+TEST_CASE("the TMA forward's tensor maps: one per key stride, element strides up to 8, the residue form beyond", "[tma]") {
+  alignas(64) static uint16_t k[2 * 1024 * 2 * 128];
+  std::string why;
+  SECTION("strides 1, 2 and 6: plain rows traversed with element strides") {
+    const auto s = specs_for({1, 2, 6}, 768, k, &why);
+    REQUIRE(s);
+    REQUIRE(s->used == 3);
+    CHECK(s->strides[0] == 1);
+    CHECK(s->rows[0] == 128);
+    CHECK(s->rows[1] == 128);  // 2 x 128 = 256
+    CHECK(s->rows[2] == 32);   // 6 x 32 = 192 <= 256 < 6 x 64
+    const emu::TensorMapSpec& m = s->k[2];
+    CHECK(m.rank == 4);
+    CHECK(m.dims == std::array<uint64_t, 5>{128, 2, 768, 2, 0});
+    CHECK(m.strides[1] == 256);          // the kv head
+    CHECK(m.strides[2] == 2 * 128 * 2);  // a row
+    CHECK(m.box == std::array<uint32_t, 5>{64, 1, 192, 1, 0});
+    CHECK(m.element_strides[2] == 6);
+    CHECK(m.swizzle == 128);
+  }
+  SECTION("stride 16 dividing the length: residue and dilated row as dimensions") {
+    const auto s = specs_for({1, 16}, 1024, k, &why);
+    REQUIRE(s);
+    CHECK(s->rows[1] == 0);
+    const emu::TensorMapSpec& m = s->v[1];
+    CHECK(m.rank == 5);
+    CHECK(m.dims == std::array<uint64_t, 5>{128, 2, 16, 64, 2});
+    CHECK(m.strides[3] == 16 * 512);
+    CHECK(m.box == std::array<uint32_t, 5>{64, 1, 1, 128, 1});
+  }
+  SECTION("what tensor maps cannot describe: the cp.async kernel runs instead") {
+    CHECK_FALSE(specs_for({1, 16}, 1000, k, &why));
+    CHECK_THAT(why, Catch::Contains("key stride 16 (above 8) does not divide seq_k 1000"));
+    CHECK_FALSE(specs_for({1, 2, 3, 5, 7}, 1024, k, &why));
+    CHECK_THAT(why, Catch::Contains("more than 4 key strides"));
+    CHECK_FALSE(specs_for({1, 2}, 512, k + 1, &why));
+    CHECK_THAT(why, Catch::Contains("16-byte aligned"));
+  }
 }

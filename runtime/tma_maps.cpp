@@ -1,0 +1,87 @@
+#include "runtime/tma_maps.hpp"
+
+#include <algorithm>
+
+#include "runtime/cuda_driver.hpp"
+
+namespace attnjit {
+namespace {
+
+constexpr int64_t kMaxElementStride = 8;
+
+// Dilated rows a box of stride r brings: a power of two dividing tile_k with r x rows <= 256.
+int32_t rows_per_box(int64_t r, int tile_k) {
+  int32_t rows = tile_k;
+  while (rows * r > 256) rows /= 2;
+  return rows;
+}
+
+// One tensor's map for key stride r, boxes of 64 columns (one 128-byte swizzled column block) and
+// one head and batch entry. Up to stride 8, dimensions (innermost first) head dim, head, row,
+// batch, the row traversed with element stride r; beyond, head dim, head, residue of the row mod
+// r, row / r, batch, a box of tile_k dilated rows.
+emu::TensorMapSpec map_for(const TensorView& t, const Problem& pb, int64_t heads, int64_t dim, int64_t r, int tile_k) {
+  emu::TensorMapSpec s;
+  s.type = pb.dtype == DType::F16 ? emu::TensorMapType::F16 : emu::TensorMapType::BF16;
+  s.address = reinterpret_cast<uintptr_t>(t.data);
+  const int64_t eb = 2, batch = t.shape[0], seq = t.shape[1];
+  // A dimension of size 1 never moves: any valid stride will do (the tensor's may be anything).
+  auto stride = [&](int64_t size, int64_t elements) { return uint64_t(size == 1 ? 16 : elements * eb); };
+  s.swizzle = 128;
+  if (r <= kMaxElementStride) {
+    s.rank = 4;
+    s.dims = {uint64_t(dim), uint64_t(heads), uint64_t(seq), uint64_t(batch)};
+    s.strides = {0, stride(heads, t.strides[2]), stride(seq, t.strides[1]), stride(batch, t.strides[0])};
+    s.box = {64, 1, uint32_t(rows_per_box(r, tile_k) * r), 1};
+    s.element_strides = {1, 1, uint32_t(r), 1, 1};
+    return s;
+  }
+  s.rank = 5;
+  s.dims = {uint64_t(dim), uint64_t(heads), uint64_t(r), uint64_t(seq / r), uint64_t(batch)};
+  s.strides = {0, stride(heads, t.strides[2]), stride(r, t.strides[1]), stride(seq / r, r * t.strides[1]),
+               stride(batch, t.strides[0])};
+  s.box = {64, 1, 1, uint32_t(tile_k), 1};
+  return s;
+}
+
+}  // namespace
+
+std::optional<TmaMapSpecs> tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& k, const TensorView& v, int tile_k,
+                                         std::string* why) {
+  auto refuse = [&](const std::string& reason) -> std::optional<TmaMapSpecs> {
+    if (why) *why = reason;
+    return std::nullopt;
+  };
+  TmaMapSpecs out;
+  for (const KeySpan& s : plan.spans) {
+    const int64_t r = s.keys.stride;  // the kernel picks a tile's map by this stride, whatever the count
+    if (std::find(out.strides, out.strides + out.used, r) != out.strides + out.used) continue;
+    if (r < 1) return refuse("a key span with stride " + std::to_string(r));
+    if (out.used == kTmaMaps) return refuse("more than " + std::to_string(kTmaMaps) + " key strides");
+    if (r > kMaxElementStride && pb.seq_k % r)
+      return refuse("key stride " + std::to_string(r) + " (above 8) does not divide seq_k " + std::to_string(pb.seq_k));
+    out.rows[out.used] = r <= kMaxElementStride ? rows_per_box(r, tile_k) : 0;
+    out.strides[out.used++] = r;
+  }
+  if (out.used == 0) out.strides[0] = 1, out.rows[0] = tile_k, out.used = 1;
+  for (int i = 0; i < out.used; ++i) {
+    out.k[i] = map_for(k, pb, pb.heads_kv, pb.head_dim, out.strides[i], tile_k);
+    out.v[i] = map_for(v, pb, pb.heads_kv, pb.head_dim_v, out.strides[i], tile_k);
+    for (const emu::TensorMapSpec* m : {&out.k[i], &out.v[i]})
+      if (const std::string p = emu::tensor_map_problem(*m); !p.empty()) return refuse(p);
+  }
+  return out;
+}
+
+TmaMaps encode_tma_maps(const TmaMapSpecs& specs, bool emulated) {
+  TmaMaps maps{};
+  for (int i = 0; i < specs.used; ++i) {
+    maps.k[i] = emulated ? emu::encode_emulated_tensor_map(specs.k[i]) : encode_tensor_map(specs.k[i]);
+    maps.v[i] = emulated ? emu::encode_emulated_tensor_map(specs.v[i]) : encode_tensor_map(specs.v[i]);
+    maps.stride[i] = specs.strides[i];
+    maps.rows[i] = specs.rows[i];
+  }
+  return maps;  // unused entries: stride 0, never chosen (a tile's stride is at least 1)
+}
+
+}  // namespace attnjit

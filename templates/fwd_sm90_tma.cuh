@@ -1,0 +1,197 @@
+// The Hopper forward kernel (sm_90a) with TMA and a producer warp (FlashAttention-3, section 3.1):
+// the block's consumer warpgroups (one per 64 query rows) run exactly the loop of fwd_sm90.cuh
+// (wgmma S = Q K^T and O += P V, the softmax of one tile overlapping P V of the one before), and
+// one more warpgroup produces: its first thread loads every K and V tile with cp.async.bulk.tensor into
+// the rings of AJ_STAGES stages, each completing on the stage's "full" mbarrier; the consumers
+// wait on it, and release the stage by arriving on its "empty" mbarrier (K as soon as S's wgmma
+// has read it, V after P V). No block barrier runs in the loop, and the consumers issue no loads.
+//
+// Dilation stays addressing: a key tile's rows are first + i * stride (i < AJ_TILE_K), which the
+// tensor map for that stride describes (runtime/tma_maps.cpp makes one per key stride of the plan,
+// at most AJ_TMA_MAPS). Up to stride 8 the map traverses the rows with that element stride, and a
+// box brings `rows` of them (stride x rows <= 256): dimensions head dim (64 elements a box, one
+// 128-byte swizzled column block), kv head, row, batch. Beyond 8 its dimensions are head dim, kv
+// head, residue first % stride, dilated row first / stride, batch, which needs the stride to
+// divide the key length (where it does not, the runtime runs fwd_sm90.cuh's cp.async kernel).
+// Rows past the tensor's end read zero; rows past the span's count read their true values and
+// are masked.
+//
+// Q is loaded once per item by the consumers with cp.async, before the block's only barrier (which
+// also makes the mbarriers' init visible); the epilogue is fwd_sm80.cuh's.
+//
+// Registers: 12 warps (two consumer warpgroups and the producer) get 168 registers each at launch
+// (the register file is split among the SM's four schedulers); the producer gives back all but
+// 24 and the consumers take 240 (setmaxnreg; FlashAttention-3's split). With one consumer
+// warpgroup every warp has 255 from the start.
+
+#define AJ_CONSUMERS (AJ_WARPS * 32)
+#define AJ_PRODUCER_REGS 24
+#define AJ_CONSUMER_REGS 240
+
+struct AjTmaMaps {
+  aj_tensor_map k[AJ_TMA_MAPS];
+  aj_tensor_map v[AJ_TMA_MAPS];
+  aj_i64 stride[AJ_TMA_MAPS];  // the key stride each pair of maps serves (0: unused)
+  int rows[AJ_TMA_MAPS];       // dilated rows per box (element-stride maps), 0: the residue form
+};
+
+// One K (or V) tile: a box per 64-column block of the head dim, all completing on `bar`.
+template <bool IS_K>
+__device__ __forceinline__ void aj_sm90_tma_tile(const AjTmaMaps& maps, unsigned char* dst, aj_u64* bar, const AjTile& t, int kvh,
+                                                 int b) {
+  int mi = 0;
+#pragma unroll
+  for (int i = 1; i < AJ_TMA_MAPS; ++i)
+    if (maps.stride[i] == t.stride) mi = i;
+  const aj_tensor_map& map = IS_K ? maps.k[mi] : maps.v[mi];
+  const int rows = maps.rows[mi];
+  constexpr int BLOCKS = (IS_K ? AJ_HEAD_DIM : AJ_HEAD_DIM_V) / AJ_COLS;
+  if (rows > 0) {
+#pragma unroll
+    for (int cb = 0; cb < BLOCKS; ++cb)
+      for (int r0 = 0; r0 < AJ_TILE_K; r0 += rows)
+        aj_tma_load_4d(dst + (cb * AJ_TILE_K + r0) * AJ_SW, map, bar, cb * AJ_COLS, kvh, (int)(t.first + r0 * t.stride), b);
+  } else {
+    const int residue = (int)(t.first % t.stride), row = (int)(t.first / t.stride);
+#pragma unroll
+    for (int cb = 0; cb < BLOCKS; ++cb) aj_tma_load_5d(dst + cb * AJ_TILE_K * AJ_SW, map, bar, cb * AJ_COLS, kvh, residue, row, b);
+  }
+}
+
+__device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMaps& maps) {
+  AJ_DYNAMIC_SHARED(aj_smem);
+  unsigned char* const smem = aj_smem + ((1024 - aj_smem_addr(aj_smem) % 1024) % 1024);
+  AjSm90Shared sh;
+  sh.q = smem;
+  sh.k = sh.q + AJ_TILE_Q * AJ_HEAD_DIM * 2;
+  sh.v = sh.k + AJ_STAGES * AJ_SM90_K_STAGE;
+  aj_u64* const k_full = (aj_u64*)(sh.v + AJ_STAGES * AJ_SM90_V_STAGE);
+  aj_u64* const k_empty = k_full + AJ_STAGES;
+  aj_u64* const v_full = k_full + 2 * AJ_STAGES;
+  aj_u64* const v_empty = k_full + 3 * AJ_STAGES;
+
+  const AjItem item = p.items[aj_block_idx_x()];
+  const aj_i64 b = aj_batch_index();
+  if (b >= p.batch) return;
+  const int tid = aj_thread_idx();
+  const int kvh = item.head / p.heads_per_kv;
+  AjTileCursor cur;
+  cur.begin(p, item);
+  const bool any = !cur.done();
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < AJ_STAGES; ++s) {
+      aj_mbarrier_init(&k_full[s], 1);
+      aj_mbarrier_init(&v_full[s], 1);
+      aj_mbarrier_init(&k_empty[s], AJ_CONSUMERS);
+      aj_mbarrier_init(&v_empty[s], AJ_CONSUMERS);
+    }
+  }
+  if (tid < AJ_CONSUMERS && any) {
+    const aj_elem* qb = (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride;
+    aj_sm90_load_rows<AJ_TILE_Q, AJ_HEAD_DIM, AJ_CONSUMERS>(sh.q, qb, p.q_row_stride, item.rows_start, item.rows_stride,
+                                                            item.rows_count);
+    aj_cp_async_commit();
+    aj_cp_async_wait<0>();
+    aj_fence_proxy_async();  // Q is read by wgmma (the async proxy) after the barrier
+  }
+  aj_syncthreads();  // Q is in place and the mbarriers are initialised, for every thread
+
+  if (tid >= AJ_CONSUMERS) {  // the producer warpgroup: its first thread issues every load
+    if (AJ_WARPS > 4) aj_setmaxnreg_dec<AJ_PRODUCER_REGS>();
+    if (tid == AJ_CONSUMERS) {
+      AjTileCursor pre;
+      pre.begin(p, item);
+      for (int j = 0; !pre.done(); ++j, pre.next()) {
+        const AjTile t = pre.tile();
+        const int s = j % AJ_STAGES, use = j / AJ_STAGES;
+        // A stage's use u waits for the consumers' release of its use u - 1 (phase u - 1).
+        if (use > 0) aj_mbarrier_wait(&k_empty[s], (aj_u32)((use - 1) & 1));
+        aj_mbarrier_arrive_expect_tx(&k_full[s], AJ_SM90_K_STAGE);
+        aj_sm90_tma_tile<true>(maps, sh.k + s * AJ_SM90_K_STAGE, &k_full[s], t, kvh, (int)b);
+        if (use > 0) aj_mbarrier_wait(&v_empty[s], (aj_u32)((use - 1) & 1));
+        aj_mbarrier_arrive_expect_tx(&v_full[s], AJ_SM90_V_STAGE);
+        aj_sm90_tma_tile<false>(maps, sh.v + s * AJ_SM90_V_STAGE, &v_full[s], t, kvh, (int)b);
+      }
+    }
+    return;
+  }
+
+  if (AJ_WARPS > 4) aj_setmaxnreg_inc<AJ_CONSUMER_REGS>();
+  const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+  const int g = lane / 4, quad = lane % 4;
+  const int wg_row = wg * AJ_WG_ROWS;
+  const int warp_row = wg_row + warp * 16;
+  // A warpgroup whose rows all lie past the item's end computes nothing, but waits on and releases
+  // every stage with the others (the empty mbarriers count every consumer).
+  const bool busy = wg_row < item.rows_count;
+
+  const aj_i64 doc = aj_doc_start(p, item.rows_start), k_origin = p.k_offset - doc;
+  const aj_i64 qpos = p.q_offset - doc + item.rows_start + (aj_i64)(warp_row + g) * item.rows_stride;
+  const aj_i64 q_step8 = 8 * item.rows_stride;
+
+  float acc[AJ_HEAD_DIM_V / 8][4];
+  float m[2] = {AJ_NEG_INF, AJ_NEG_INF}, l[2] = {0.0f, 0.0f}, c[2];
+#pragma unroll
+  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  const aj_u64 q_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.q) + wg_row * AJ_SW, 16, 8 * AJ_SW);
+  const aj_u64 k_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.k), 16, 8 * AJ_SW);
+  const aj_u64 v_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.v), AJ_TILE_K * AJ_SW, 8 * AJ_SW);
+
+  float s[AJ_TILE_K / 8][4];
+  aj_u32 pa[AJ_TILE_K / 16][4];
+  if (any) {
+    aj_mbarrier_wait(&k_full[0], 0);
+    if (busy) {
+      const AjTile t = cur.tile();
+      aj_sm90_issue_s(s, q_desc, k_desc);
+      aj_wgmma_wait<0>();
+      aj_mbarrier_arrive(&k_empty[0]);
+      if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
+      aj_tc_softmax_scores(s, m, l, c, p.scale_log2);
+      aj_sm90_pack(s, pa);
+    } else {
+      aj_mbarrier_arrive(&k_empty[0]);
+    }
+  }
+
+  for (int j = 0; !cur.done(); ++j) {
+    cur.next();  // now the tile j + 1 (done: none)
+    const int sv = j % AJ_STAGES;
+    const aj_u64 vj = v_desc + sv * (AJ_SM90_V_STAGE >> 4);
+    if (!cur.done()) {
+      const int sk = (j + 1) % AJ_STAGES;
+      aj_mbarrier_wait(&k_full[sk], (aj_u32)(((j + 1) / AJ_STAGES) & 1));
+      aj_mbarrier_wait(&v_full[sv], (aj_u32)((j / AJ_STAGES) & 1));
+      // Straight-line branches, as in fwd_sm90.cuh (ptxas serialises every wgmma when a path it
+      // cannot rule out reads an accumulator in flight).
+      if (busy) {
+        aj_sm90_issue_s(s, q_desc, k_desc + sk * (AJ_SM90_K_STAGE >> 4));
+        aj_sm90_issue_pv(acc, pa, vj);
+        aj_wgmma_wait<1>();  // S(j + 1) is done: K(j + 1)'s stage is free
+        aj_mbarrier_arrive(&k_empty[sk]);
+        const AjTile t = cur.tile();
+        if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
+        aj_tc_softmax_scores(s, m, l, c, p.scale_log2);
+        aj_wgmma_wait<0>();  // P(j) V(j) is done: V(j)'s stage, O and P's registers are free
+        aj_mbarrier_arrive(&v_empty[sv]);
+        aj_tc_rescale(acc, c);
+        aj_sm90_pack(s, pa);
+      } else {
+        aj_mbarrier_arrive(&k_empty[sk]);
+        aj_mbarrier_arrive(&v_empty[sv]);
+      }
+    } else {
+      aj_mbarrier_wait(&v_full[sv], (aj_u32)((j / AJ_STAGES) & 1));
+      if (busy) {
+        aj_sm90_issue_pv(acc, pa, vj);  // the last tile
+        aj_wgmma_wait<0>();
+      }
+      aj_mbarrier_arrive(&v_empty[sv]);
+    }
+  }
+
+  aj_tc_store_rows(p, item, b, warp_row + g, quad, acc, m, l);
+}
