@@ -5,7 +5,8 @@
         | python3 bench/sass_mainloop.py [--listing] [--max-per-hmma X]
 
 The main loop is the backward branch whose body holds the most HMMA (the shortest such body on a
-tie). A static count: both sides of a branch inside the loop are counted (the masked and the
+tie) and no EXIT (a back edge from a cold path at the kernel's end, as ptxas lays out an mbarrier
+wait's retry, spans the whole kernel). A static count: both sides of a branch inside the loop are counted (the masked and the
 unmasked tile, say), so it bounds what a tile executes from above; Nsight Compute gives the
 executed figure on a GPU (bench/ncu_profile.sh). With --max-per-hmma X the exit status is 1 when
 the loop has more than X other instructions per HMMA (a lit test keeps the figure from creeping up).
@@ -49,6 +50,10 @@ def main_loop(ins, labels):
         if not m or m.group(1) not in labels or labels[m.group(1)] > i:
             continue
         j = labels[m.group(1)]
+        # A "loop" spanning an EXIT is a cold retry path laid out at the kernel's end (ptxas puts
+        # an mbarrier wait's spin there), whose back edge jumps over the whole kernel: not a loop.
+        if any(x[1] == "EXIT" for x in ins[j:i + 1]):
+            continue
         hmma = sum(mma_weight(x[1]) for x in ins[j:i + 1])
         if hmma and (best is None or (hmma, -(i - j)) > (best[2], -(best[1] - best[0]))):
             best = (j, i, hmma)

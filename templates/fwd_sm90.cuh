@@ -132,6 +132,30 @@ __device__ __forceinline__ void aj_sm90_pack(const float (&s)[AJ_TILE_K / 8][4],
   }
 }
 
+// One overlapped step of a busy warpgroup: S(j + 1) = Q K(j + 1)^T and O += P(j) V(j) issued back
+// to back; S(j + 1)'s mask and softmax while P(j) V(j) may still run; then O rescaled and P(j + 1)
+// packed. `s_read()` runs once S(j + 1)'s wgmma is done (K(j + 1)'s stage is no longer read),
+// `pv_read()` once P(j) V(j)'s is (V(j)'s stage, O and P's registers are the kernel's again). One
+// straight line, as every wgmma path must be: ptxas serialises every wgmma of the kernel when a
+// path it cannot rule out reads an accumulator in flight (C7514; a lit test keeps the log free of it).
+template <typename SRead, typename PvRead>
+__device__ __forceinline__ void aj_sm90_step(float (&s)[AJ_TILE_K / 8][4], float (&acc)[AJ_HEAD_DIM_V / 8][4],
+                                             aj_u32 (&pa)[AJ_TILE_K / 16][4], float (&m)[2], float (&l)[2], float (&c)[2],
+                                             aj_u64 q_desc, aj_u64 k_desc, aj_u64 v_desc, const AjTile& t, const AjParams& p,
+                                             int head, aj_i64 qpos, aj_i64 q_step8, aj_i64 k_origin, int quad, SRead s_read,
+                                             PvRead pv_read) {
+  aj_sm90_issue_s(s, q_desc, k_desc);
+  aj_sm90_issue_pv(acc, pa, v_desc);
+  aj_wgmma_wait<1>();  // S(j + 1) is done; P(j) V(j) may still run
+  s_read();
+  if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, head, qpos, q_step8, k_origin, quad);
+  aj_tc_softmax_scores(s, m, l, c, p.scale_log2);
+  aj_wgmma_wait<0>();  // P(j) V(j) is done
+  pv_read();
+  aj_tc_rescale(acc, c);
+  aj_sm90_pack(s, pa);
+}
+
 __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
   AJ_DYNAMIC_SHARED(aj_smem);
   // The swizzle is a function of the shared address: tiles start on a 1024-byte boundary.
@@ -206,21 +230,11 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
     aj_sm90_prefetch<false>(p, sh, vpre, j + AJ_STAGES - 1, b, kvh);
     aj_sm90_wait_tiles<AJ_SM90_AHEAD>();  // K(j + 1) and V(j) have landed
     if (busy) {
-      // One branch per case, each issuing, waiting and reading in straight-line order: ptxas
-      // serialises every wgmma of the kernel when a path it cannot rule out reads an accumulator
-      // with its wgmma in flight (C7514; a lit test keeps the log free of it).
+      // One branch per case, each issuing, waiting and reading in straight-line order (C7514).
       const aj_u64 vj = v_desc + (j % AJ_STAGES) * (AJ_SM90_V_STAGE >> 4);
       if (!cur.done()) {
-        aj_sm90_issue_s(s, q_desc, k_desc + ((j + 1) % AJ_STAGES) * (AJ_SM90_K_STAGE >> 4));
-        aj_sm90_issue_pv(acc, pa, vj);
-        // S(j + 1) is done while P(j) V(j) may still run: its mask and softmax overlap that GEMM.
-        aj_wgmma_wait<1>();
-        const AjTile t = cur.tile();
-        if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
-        aj_tc_softmax_scores(s, m, l, c, p.scale_log2);
-        aj_wgmma_wait<0>();  // P(j) V(j) is done: O and P's registers are the kernel's again
-        aj_tc_rescale(acc, c);
-        aj_sm90_pack(s, pa);
+        aj_sm90_step(s, acc, pa, m, l, c, q_desc, k_desc + ((j + 1) % AJ_STAGES) * (AJ_SM90_K_STAGE >> 4), vj, cur.tile(), p,
+                     item.head, qpos, q_step8, k_origin, quad, [] {}, [] {});
       } else {
         aj_sm90_issue_pv(acc, pa, vj);  // the last tile
         aj_wgmma_wait<0>();

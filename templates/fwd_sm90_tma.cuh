@@ -165,20 +165,11 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
       const int sk = (j + 1) % AJ_STAGES;
       aj_mbarrier_wait(&k_full[sk], (aj_u32)(((j + 1) / AJ_STAGES) & 1));
       aj_mbarrier_wait(&v_full[sv], (aj_u32)((j / AJ_STAGES) & 1));
-      // Straight-line branches, as in fwd_sm90.cuh (ptxas serialises every wgmma when a path it
-      // cannot rule out reads an accumulator in flight).
+      // Straight-line branches, as in fwd_sm90.cuh (C7514). K(j + 1)'s stage is released once
+      // S(j + 1) has read it, V(j)'s once P(j) V(j) has.
       if (busy) {
-        aj_sm90_issue_s(s, q_desc, k_desc + sk * (AJ_SM90_K_STAGE >> 4));
-        aj_sm90_issue_pv(acc, pa, vj);
-        aj_wgmma_wait<1>();  // S(j + 1) is done: K(j + 1)'s stage is free
-        aj_mbarrier_arrive(&k_empty[sk]);
-        const AjTile t = cur.tile();
-        if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
-        aj_tc_softmax_scores(s, m, l, c, p.scale_log2);
-        aj_wgmma_wait<0>();  // P(j) V(j) is done: V(j)'s stage, O and P's registers are free
-        aj_mbarrier_arrive(&v_empty[sv]);
-        aj_tc_rescale(acc, c);
-        aj_sm90_pack(s, pa);
+        aj_sm90_step(s, acc, pa, m, l, c, q_desc, k_desc + sk * (AJ_SM90_K_STAGE >> 4), vj, cur.tile(), p, item.head, qpos,
+                     q_step8, k_origin, quad, [&] { aj_mbarrier_arrive(&k_empty[sk]); }, [&] { aj_mbarrier_arrive(&v_empty[sv]); });
       } else {
         aj_mbarrier_arrive(&k_empty[sk]);
         aj_mbarrier_arrive(&v_empty[sv]);

@@ -108,10 +108,11 @@ def test_dump_stages_and_errors():
         attnjit.dump(p, "sass")
     with pytest.raises(ValueError, match="arch: expected"):
         attnjit.dump(p, "cuda", arch="ampere")
-    # The Hopper kernels: sm_90a keeps its suffix (warpgroup MMA in the PTX); others have none.
-    assert "wgmma.mma_async" in attnjit.dump(p, "ptx", head_dim=64, arch="sm_90a")
-    assert "aj_fwd_sm90(p);" in attnjit.dump(p, "cuda", head_dim=64, arch="sm_90a")
-    assert "aj_fwd_sm90(p);" not in attnjit.dump(p, "cuda", head_dim=64, arch="sm_90")
+    # The Hopper kernels: sm_90a keeps its suffix (warpgroup MMA and TMA in the PTX); others have none.
+    ptx = attnjit.dump(p, "ptx", head_dim=64, arch="sm_90a")
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert "aj_fwd_sm90_tma(p, maps);" in attnjit.dump(p, "cuda", head_dim=64, arch="sm_90a")
+    assert "aj_fwd_sm90" not in attnjit.dump(p, "cuda", head_dim=64, arch="sm_90")
     with pytest.raises(attnjit.AttnjitError, match="arch-specific kernels for sm_90a only"):
         attnjit.dump(p, "cuda", arch="sm_80a")
 

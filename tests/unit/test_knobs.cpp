@@ -24,7 +24,7 @@ const std::vector<std::string> kAllVariables = {
     "ATTNJIT_CACHE_DIR", "ATTNJIT_DISABLE_CACHE",   "ATTNJIT_ALWAYS_COMPILE",  "ATTNJIT_NO_JIT", "ATTNJIT_DUMP_DIR",
     "ATTNJIT_LOG_LEVEL", "ATTNJIT_CACHE_MAX_BYTES", "ATTNJIT_PRINT_AUTOTUNING", "ATTNJIT_TUNE",  "XDG_CACHE_HOME",
     "HOME", "ATTNJIT_DETERMINISTIC", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT",
-    "ATTNJIT_CPU_SIMD", "ATTNJIT_MAX_WEIGHTS", "ATTNJIT_NVRTC", "ATTNJIT_PLAN_CACHE_BYTES", "ATTNJIT_SM90A"};
+    "ATTNJIT_CPU_SIMD", "ATTNJIT_MAX_WEIGHTS", "ATTNJIT_NVRTC", "ATTNJIT_PLAN_CACHE_BYTES", "ATTNJIT_SM90A", "ATTNJIT_TMA"};
 
 // Clears every variable the knobs read and restores the caller's environment afterwards.
 class CleanEnvironment {
@@ -73,6 +73,7 @@ TEST_CASE("knobs defaults", "[knobs]") {
   CHECK(k.cache_max_bytes == (int64_t{1} << 30));
   CHECK_FALSE(k.print_autotuning);
   CHECK_FALSE(k.tune);
+  CHECK(k.tma);  // the Hopper forward uses TMA where it can
 }
 
 TEST_CASE("knobs default cache dir follows XDG, then HOME, then /tmp", "[knobs]") {
@@ -123,6 +124,8 @@ TEST_CASE("knobs parse every variable", "[knobs]") {
   CHECK(Knobs::from_environment().plan_cache_bytes == int64_t{256} << 20);
   env.set("ATTNJIT_PLAN_CACHE_BYTES", "4096");
   CHECK(Knobs::from_environment().plan_cache_bytes == 4096);
+  env.set("ATTNJIT_TMA", "0");
+  CHECK_FALSE(Knobs::from_environment().tma);
 }
 
 TEST_CASE("knobs booleans take every spelling in any case", "[knobs]") {
@@ -169,6 +172,7 @@ TEST_CASE("knobs reject malformed values naming the variable and the valid value
       {"ATTNJIT_DISABLE_CACHE", "maybe", "1/0, true/false, yes/no or on/off"},
       {"ATTNJIT_ALWAYS_COMPILE", "2", "1/0, true/false, yes/no or on/off"},
       {"ATTNJIT_NO_JIT", "y", "1/0, true/false, yes/no or on/off"},
+      {"ATTNJIT_TMA", "sometimes", "1/0, true/false, yes/no or on/off"},
       {"ATTNJIT_PRINT_AUTOTUNING", "enabled", "1/0, true/false, yes/no or on/off"},
       {"ATTNJIT_TUNE", " 1", "1/0, true/false, yes/no or on/off"},
   };
@@ -227,6 +231,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_PRINT_AUTOTUNING=0\n"
         "ATTNJIT_TUNE=1\n"
         "ATTNJIT_SM90A=0\n"
+        "ATTNJIT_TMA=1\n"
         "ATTNJIT_DETERMINISTIC=0\n"
         "ATTNJIT_MAX_WEIGHTS=268435456\n"
         "ATTNJIT_SHIPPED_DB_DIR=none\n"

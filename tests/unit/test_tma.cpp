@@ -256,7 +256,7 @@ extern "C" __global__ void tma_wgmma(const aj_u32* in, aj_u32* out, const __grid
 
 }  // namespace
 
-TEST_CASE("TMA feeds wgmma: a swizzled box is a K-major operand; every thread must have observed it", "[emu][tma][wgmma]") {
+TEST_CASE("TMA feeds wgmma: a swizzled box is a K-major operand, which every thread must have observed", "[emu][tma][wgmma]") {
   std::vector<uint16_t> a(64 * 64);
   for (size_t i = 0; i < a.size(); ++i) a[i] = float_to_half(float(int((i * 7919) % 9) - 4));
   for (const auto& [wait, ok] : std::vector<std::pair<int, bool>>{{0, true}, {1, true}, {2, false}}) {
