@@ -89,6 +89,7 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
   barrier_arrived_ = 0, done_ = 0;
   std::fill(warp_arrived_.begin(), warp_arrived_.end(), 0);
   std::fill(warpgroup_arrived_.begin(), warpgroup_arrived_.end(), 0);
+  for (NamedBarrier& b : named_) b = NamedBarrier{};
   // Uninitialised shared memory reads as NaN in every float type, as garbage would on hardware.
   std::memset(arena_.data(), 0xFF, arena_.size());
   static_used_ = 0;
@@ -134,6 +135,10 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
       break;
     }
   }
+  for (int id = 1; id < 16 && error_.empty(); ++id)
+    if (named_[id].arrived)
+      error_ = block_name() + ": the block ends with " + std::to_string(named_[id].arrived) + " of " + std::to_string(named_[id].count) +
+               " threads arrived at named barrier " + std::to_string(id) + ": an arrival no bar.sync matches";
   if (error_.empty() && !tma_ops_.empty()) {
     // Every load must have been waited for: a block that exits with one in flight frees the
     // shared memory it writes.
@@ -193,6 +198,37 @@ void BlockExecutor::syncthreads(const void* pc) {
   join_observed();
   for (Thread& o : threads_) o.state = State::Ready;
   t.state = State::Running;
+}
+
+void BlockExecutor::named_barrier(int id, int count, bool wait, const void* pc) {
+  tick();
+  Thread& t = *current_;
+  const char* op = wait ? "bar.sync" : "bar.arrive";
+  if (id < 1 || id > 15)
+    fail(std::string(op) + " at " + where(pc) + ": barrier " + std::to_string(id) + " is not in 1..15 (0 is __syncthreads())");
+  if (count <= 0 || count % 32 || count > static_cast<int>(threads_.size()))
+    fail(std::string(op) + " at " + where(pc) + ": thread count " + std::to_string(count) + " is not a multiple of 32 within the block's " +
+         std::to_string(threads_.size()));
+  NamedBarrier& b = named_[id];
+  if (b.arrived > 0 && b.count != count)
+    fail(std::string(op) + " " + std::to_string(id) + ", " + std::to_string(count) + " by " + who(t.tid) + " at " + where(pc) +
+         ": the barrier's other arrivals this round expect " + std::to_string(b.count) + " threads");
+  b.count = count;
+  if (++b.arrived < count) {
+    if (!wait) return;
+    t.state = State::AtNamedBarrier;
+    t.wait_bar = id;
+    t.wait_pc = pc;
+    block_until_released(t);
+    t.wait_bar = -1;
+    return;
+  }
+  // Complete: release the waiters. Accesses before it and after it by the threads it orders no
+  // longer race (a new barrier interval for all: lenient for the threads outside it).
+  b.arrived = 0;
+  ++epoch_;
+  for (Thread& o : threads_)
+    if (o.state == State::AtNamedBarrier && o.wait_bar == id) o.state = State::Ready;
 }
 
 // ---- warp collectives ------------------------------------------------------------------------
@@ -369,6 +405,10 @@ std::string BlockExecutor::deadlock_report() const {
       case State::Done: what = "exited"; break;
       case State::AtBarrier: what = "wait at __syncthreads() at " + where(t.wait_pc); break;
       case State::AtCollective: what = "wait for their warp at a warp-collective instruction at " + where(t.wait_pc); break;
+      case State::AtNamedBarrier:
+        what = "wait at bar.sync " + std::to_string(t.wait_bar) + " (" + std::to_string(named_[t.wait_bar].arrived) + " of " +
+               std::to_string(named_[t.wait_bar].count) + " threads arrived) at " + where(t.wait_pc);
+        break;
       case State::AtMbarrier:
         what = "wait on " + mbarrier_name(t.wait_bar) + " for the phase of parity " + std::to_string(t.wait_parity) + " at " + where(t.wait_pc);
         break;

@@ -107,6 +107,9 @@ public:
   unsigned thread_idx(int dim) const;
   unsigned block_idx(int dim) const { return block_[dim]; }
   void syncthreads(const void* pc);
+  // bar.sync (wait) / bar.arrive id, count: barrier `id` (1..15) completes when `count` threads
+  // have arrived; the threads that sync wait for it.
+  void named_barrier(int id, int count, bool wait, const void* pc);
   unsigned shfl_xor(unsigned value, int lane_mask, const void* pc);
   void* dynamic_shared();
   void* static_shared(const void* key, size_t bytes, size_t align, const void* pc);
@@ -132,7 +135,7 @@ public:
   void tma_load(void* dst, const void* tensor_map, const int* coords, int rank, void* bar, const void* pc);
 
 private:
-  enum class State : uint8_t { Ready, Running, AtBarrier, AtCollective, AtMbarrier, Done, Aborted };
+  enum class State : uint8_t { Ready, Running, AtBarrier, AtCollective, AtMbarrier, AtNamedBarrier, Done, Aborted };
   enum class Op : uint8_t { None, Shfl, Ldmatrix, Mma, Wgmma };
   struct PendingCopy {
     uint8_t* dst;
@@ -229,6 +232,10 @@ private:
   std::mt19937_64 rng_;
   int barrier_arrived_ = 0, done_ = 0;
   std::vector<int> warp_arrived_, warpgroup_arrived_;
+  struct NamedBarrier {
+    int count = 0, arrived = 0;
+  };
+  NamedBarrier named_[16];
   uint32_t epoch_ = 0, block_epoch_ = 0;  // block_epoch_: the epoch this block started in
   uint64_t ticks_ = 0;
   std::chrono::steady_clock::time_point deadline_;

@@ -132,26 +132,35 @@ __device__ __forceinline__ void aj_sm90_pack(const float (&s)[AJ_TILE_K / 8][4],
   }
 }
 
+// What a kernel does around a step's wgmmas: nothing, in this file's kernel; the TMA kernel
+// (fwd_sm90_tma.cuh) takes turns between its warpgroups and releases stages.
+struct AjSm90NoHooks {
+  __device__ void turn() const {}     // before issuing: wait for this warpgroup's turn
+  __device__ void pass() const {}     // after issuing: the other warpgroup's turn
+  __device__ void s_read() const {}   // S(j + 1)'s wgmma is done: K(j + 1)'s stage is no longer read
+  __device__ void pv_read() const {}  // P(j) V(j)'s is done: V(j)'s stage, O and P's registers are free
+};
+
 // One overlapped step of a busy warpgroup: S(j + 1) = Q K(j + 1)^T and O += P(j) V(j) issued back
 // to back; S(j + 1)'s mask and softmax while P(j) V(j) may still run; then O rescaled and P(j + 1)
-// packed. `s_read()` runs once S(j + 1)'s wgmma is done (K(j + 1)'s stage is no longer read),
-// `pv_read()` once P(j) V(j)'s is (V(j)'s stage, O and P's registers are the kernel's again). One
-// straight line, as every wgmma path must be: ptxas serialises every wgmma of the kernel when a
-// path it cannot rule out reads an accumulator in flight (C7514; a lit test keeps the log free of it).
-template <typename SRead, typename PvRead>
+// packed. One straight line, as every wgmma path must be: ptxas serialises every wgmma of the
+// kernel when a path it cannot rule out reads an accumulator in flight (C7514; a lit test keeps the
+// log free of it).
+template <typename Hooks>
 __device__ __forceinline__ void aj_sm90_step(float (&s)[AJ_TILE_K / 8][4], float (&acc)[AJ_HEAD_DIM_V / 8][4],
                                              aj_u32 (&pa)[AJ_TILE_K / 16][4], float (&m)[2], float (&l)[2], float (&c)[2],
                                              aj_u64 q_desc, aj_u64 k_desc, aj_u64 v_desc, const AjTile& t, const AjParams& p,
-                                             int head, aj_i64 qpos, aj_i64 q_step8, aj_i64 k_origin, int quad, SRead s_read,
-                                             PvRead pv_read) {
+                                             int head, aj_i64 qpos, aj_i64 q_step8, aj_i64 k_origin, int quad, const Hooks& hooks) {
+  hooks.turn();
   aj_sm90_issue_s(s, q_desc, k_desc);
   aj_sm90_issue_pv(acc, pa, v_desc);
+  hooks.pass();
   aj_wgmma_wait<1>();  // S(j + 1) is done; P(j) V(j) may still run
-  s_read();
+  hooks.s_read();
   if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, head, qpos, q_step8, k_origin, quad);
   aj_tc_softmax_scores(s, m, l, c, p.scale_log2);
   aj_wgmma_wait<0>();  // P(j) V(j) is done
-  pv_read();
+  hooks.pv_read();
   aj_tc_rescale(acc, c);
   aj_sm90_pack(s, pa);
 }
@@ -234,7 +243,7 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
       const aj_u64 vj = v_desc + (j % AJ_STAGES) * (AJ_SM90_V_STAGE >> 4);
       if (!cur.done()) {
         aj_sm90_step(s, acc, pa, m, l, c, q_desc, k_desc + ((j + 1) % AJ_STAGES) * (AJ_SM90_K_STAGE >> 4), vj, cur.tile(), p,
-                     item.head, qpos, q_step8, k_origin, quad, [] {}, [] {});
+                     item.head, qpos, q_step8, k_origin, quad, AjSm90NoHooks());
       } else {
         aj_sm90_issue_pv(acc, pa, vj);  // the last tile
         aj_wgmma_wait<0>();

@@ -19,6 +19,11 @@
 // Q is loaded once per item by the consumers with cp.async, before the block's only barrier (which
 // also makes the mbarriers' init visible); the epilogue is fwd_sm80.cuh's.
 //
+// Two consumer warpgroups take turns at the tensor cores (FlashAttention-3's ping-pong): each
+// issues a step's wgmmas only after the other has issued its own (named barriers 1 and 2, one per
+// warpgroup), so one's softmax runs while the other's GEMMs do. Warpgroup 1 lets warpgroup 0 go
+// first and skips its last handoff, so every barrier round has exactly its 256 threads.
+//
 // Registers: 12 warps (two consumer warpgroups and the producer) get 168 registers each at launch
 // (the register file is split among the SM's four schedulers); the producer gives back all but
 // 24 and the consumers take 240 (setmaxnreg; FlashAttention-3's split). With one consumer
@@ -33,6 +38,23 @@ struct AjTmaMaps {
   aj_tensor_map v[AJ_TMA_MAPS];
   aj_i64 stride[AJ_TMA_MAPS];  // the key stride each pair of maps serves (0: unused)
   int rows[AJ_TMA_MAPS];       // dilated rows per box (element-stride maps), 0: the residue form
+};
+
+// The TMA kernel's step hooks: turns between two consumer warpgroups (with one, none), and the
+// stages' releases.
+struct AjSm90TmaHooks {
+  aj_u64* k_empty;
+  aj_u64* v_empty;
+  int sk, sv, wg;
+  bool last;  // the warpgroup's last issue: warpgroup 1 does not hand over
+  __device__ void turn() const {
+    if (AJ_WARPS > 4) aj_named_sync(1 + wg, 256);
+  }
+  __device__ void pass() const {
+    if (AJ_WARPS > 4 && !(wg == 1 && last)) aj_named_arrive(2 - wg, 256);
+  }
+  __device__ void s_read() const { aj_mbarrier_arrive(&k_empty[sk]); }
+  __device__ void pv_read() const { aj_mbarrier_arrive(&v_empty[sv]); }
 };
 
 // One K (or V) tile: a box per 64-column block of the head dim, all completing on `bar`.
@@ -142,18 +164,24 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
 
   float s[AJ_TILE_K / 8][4];
   aj_u32 pa[AJ_TILE_K / 16][4];
+  AjSm90TmaHooks hooks{k_empty, v_empty, 0, 0, wg, false};
   if (any) {
+    if (AJ_WARPS > 4 && wg == 1) aj_named_arrive(1, 256);  // warpgroup 0 issues first
     aj_mbarrier_wait(&k_full[0], 0);
     if (busy) {
       const AjTile t = cur.tile();
+      hooks.turn();
       aj_sm90_issue_s(s, q_desc, k_desc);
+      hooks.pass();
       aj_wgmma_wait<0>();
-      aj_mbarrier_arrive(&k_empty[0]);
+      hooks.s_read();
       if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
       aj_tc_softmax_scores(s, m, l, c, p.scale_log2);
       aj_sm90_pack(s, pa);
     } else {
-      aj_mbarrier_arrive(&k_empty[0]);
+      hooks.turn();
+      hooks.pass();
+      hooks.s_read();
     }
   }
 
@@ -161,26 +189,35 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
     cur.next();  // now the tile j + 1 (done: none)
     const int sv = j % AJ_STAGES;
     const aj_u64 vj = v_desc + sv * (AJ_SM90_V_STAGE >> 4);
+    hooks.sv = sv;
+    hooks.last = cur.done();
     if (!cur.done()) {
       const int sk = (j + 1) % AJ_STAGES;
+      hooks.sk = sk;
       aj_mbarrier_wait(&k_full[sk], (aj_u32)(((j + 1) / AJ_STAGES) & 1));
       aj_mbarrier_wait(&v_full[sv], (aj_u32)((j / AJ_STAGES) & 1));
       // Straight-line branches, as in fwd_sm90.cuh (C7514). K(j + 1)'s stage is released once
-      // S(j + 1) has read it, V(j)'s once P(j) V(j) has.
+      // S(j + 1) has read it, V(j)'s once P(j) V(j) has (the hooks).
       if (busy) {
         aj_sm90_step(s, acc, pa, m, l, c, q_desc, k_desc + sk * (AJ_SM90_K_STAGE >> 4), vj, cur.tile(), p, item.head, qpos,
-                     q_step8, k_origin, quad, [&] { aj_mbarrier_arrive(&k_empty[sk]); }, [&] { aj_mbarrier_arrive(&v_empty[sv]); });
+                     q_step8, k_origin, quad, hooks);
       } else {
-        aj_mbarrier_arrive(&k_empty[sk]);
-        aj_mbarrier_arrive(&v_empty[sv]);
+        hooks.turn();
+        hooks.pass();
+        hooks.s_read();
+        hooks.pv_read();
       }
     } else {
       aj_mbarrier_wait(&v_full[sv], (aj_u32)((j / AJ_STAGES) & 1));
+      hooks.turn();
       if (busy) {
         aj_sm90_issue_pv(acc, pa, vj);  // the last tile
+        hooks.pass();
         aj_wgmma_wait<0>();
+      } else {
+        hooks.pass();
       }
-      aj_mbarrier_arrive(&v_empty[sv]);
+      hooks.pv_read();
     }
   }
 

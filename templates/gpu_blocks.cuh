@@ -21,6 +21,12 @@ __device__ __forceinline__ int aj_block_idx_y() { return (int)blockIdx.y; }
 __device__ __forceinline__ int aj_block_idx_z() { return (int)blockIdx.z; }
 
 __device__ __forceinline__ void aj_syncthreads() { __syncthreads(); }
+// Named barrier `id` (1..15) of `count` threads (a multiple of 32, whole warps): sync waits for
+// all of them, arrive counts itself and goes on.
+__device__ __forceinline__ void aj_named_sync(int id, int count) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory"); }
+__device__ __forceinline__ void aj_named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
 // Every lane of the warp takes part; lane i receives `v` of lane i ^ lane_mask.
 __device__ __forceinline__ float aj_shfl_xor(float v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
 
@@ -310,6 +316,8 @@ __device__ __forceinline__ int aj_block_idx_y() { return (int)aj_emu_block_idx(1
 __device__ __forceinline__ int aj_block_idx_z() { return (int)aj_emu_block_idx(2); }
 
 __device__ __forceinline__ void aj_syncthreads() { aj_emu_syncthreads(); }
+__device__ __forceinline__ void aj_named_sync(int id, int count) { aj_emu_named_barrier(id, count, 1); }
+__device__ __forceinline__ void aj_named_arrive(int id, int count) { aj_emu_named_barrier(id, count, 0); }
 __device__ __forceinline__ float aj_shfl_xor(float v, int lane_mask) {
   aj_u32 u;
   __builtin_memcpy(&u, &v, 4);

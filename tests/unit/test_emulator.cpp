@@ -237,3 +237,41 @@ TEST_CASE("the emulator's host compiler: clear errors for a broken kernel and a 
   k.emu_cxx = "attnjit-no-such-compiler";
   CHECK_THROWS_WITH(emu::host_compiler(k), Catch::Contains("ATTNJIT_EMU_CXX") && Catch::Contains("was not found"));
 }
+
+TEST_CASE("named barriers: bar.sync waits for the count, bar.arrive goes on; mismatches are reported", "[emu][named]") {
+  // Warps 0-1 produce into shared memory, arrive at barrier 1 and go on; warps 2-3 sync on it, read.
+  auto handoff = kernel("emu_named_handoff", R"(
+  AJ_DYNAMIC_SHARED(sm);
+  aj_u32* w = (aj_u32*)sm;
+  const int t = aj_thread_idx();
+  if (t < 64) {
+    w[t] = a[t] * 3u + 1u;
+    aj_named_arrive(1, 128);
+  } else {
+    aj_named_sync(1, 128);
+    b[t - 64] = w[t - 64];
+  })");
+  Run r;
+  r.threads = 128, r.shared = 256;
+  for (uint32_t i = 0; i < 64; ++i) r.a.push_back(i * 7u);
+  r.b.assign(64, 0);
+  for (uint64_t seed : {0, 1, 2}) {
+    r.seed = seed;
+    r.b.assign(64, 0);
+    r(*handoff);
+    for (uint32_t i = 0; i < 64; ++i) CHECK(r.b[i] == i * 21u + 1u);
+  }
+  r.seed = 0;
+  auto wrong_count = kernel("emu_named_count", R"(
+  if (aj_thread_idx() < 64) aj_named_arrive(1, 128); else aj_named_sync(1, 96);)");
+  CHECK_THAT(fault(*wrong_count, r), Catch::Contains("expect 128 threads"));
+  auto bad_id = kernel("emu_named_id", R"(
+  aj_named_sync(0, 128);)");
+  CHECK_THAT(fault(*bad_id, r), Catch::Contains("not in 1..15"));
+  auto never = kernel("emu_named_never", R"(
+  if (aj_thread_idx() >= 64) aj_named_sync(2, 128);)");
+  CHECK_THAT(fault(*never, r), Catch::Contains("can never finish") && Catch::Contains("wait at bar.sync 2 (64 of 128 threads arrived)"));
+  auto unmatched = kernel("emu_named_unmatched", R"(
+  if (aj_thread_idx() < 64) aj_named_arrive(3, 128);)");
+  CHECK_THAT(fault(*unmatched, r), Catch::Contains("64 of 128 threads arrived at named barrier 3"));
+}
