@@ -132,6 +132,27 @@ __device__ __forceinline__ void aj_sm90_pack(const float (&s)[AJ_TILE_K / 8][4],
   }
 }
 
+// A consumer warpgroup's view of its work item: where this thread's rows sit for the mask, and
+// the descriptors of the first stages (a descriptor's low 14 bits are the start address in 16-byte
+// units, so an operand further on is the same descriptor plus its offset / 16: no carry, shared
+// addresses stay below 2^18).
+struct AjSm90Consumer {
+  aj_i64 k_origin, qpos, q_step8;
+  aj_u64 q_desc, k_desc, v_desc;
+};
+__device__ __forceinline__ AjSm90Consumer aj_sm90_consumer(const AjParams& p, const AjItem& item, const AjSm90Shared& sh,
+                                                           int wg_row, int row) {
+  AjSm90Consumer w;
+  const aj_i64 doc = aj_doc_start(p, item.rows_start);
+  w.k_origin = p.k_offset - doc;
+  w.qpos = p.q_offset - doc + item.rows_start + (aj_i64)row * item.rows_stride;
+  w.q_step8 = 8 * item.rows_stride;
+  w.q_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.q) + wg_row * AJ_SW, 16, 8 * AJ_SW);
+  w.k_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.k), 16, 8 * AJ_SW);
+  w.v_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.v), AJ_TILE_K * AJ_SW, 8 * AJ_SW);
+  return w;
+}
+
 // What a kernel does around a step's wgmmas: nothing, in this file's kernel; the TMA kernel
 // (fwd_sm90_tma.cuh) takes turns between its warpgroups and releases stages.
 struct AjSm90NoHooks {
@@ -203,21 +224,13 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
     aj_sm90_prefetch<false>(p, sh, vpre, i, b, kvh);
   }
 
-  const aj_i64 doc = aj_doc_start(p, item.rows_start), k_origin = p.k_offset - doc;
-  const aj_i64 qpos = p.q_offset - doc + item.rows_start + (aj_i64)(warp_row + g) * item.rows_stride;
-  const aj_i64 q_step8 = 8 * item.rows_stride;
-
+  const AjSm90Consumer w = aj_sm90_consumer(p, item, sh, wg_row, warp_row + g);
+  const aj_i64 k_origin = w.k_origin, qpos = w.qpos, q_step8 = w.q_step8;
+  const aj_u64 q_desc = w.q_desc, k_desc = w.k_desc, v_desc = w.v_desc;
   float acc[AJ_HEAD_DIM_V / 8][4];
   float m[2] = {AJ_NEG_INF, AJ_NEG_INF}, l[2] = {0.0f, 0.0f}, c[2];
 #pragma unroll
   for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-
-  // The descriptors of the first stage, made once: a descriptor's low 14 bits are the start
-  // address in 16-byte units, so an operand further on is the same descriptor plus its offset / 16
-  // (no carry: shared addresses stay below 2^18).
-  const aj_u64 q_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.q) + wg_row * AJ_SW, 16, 8 * AJ_SW);
-  const aj_u64 k_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.k), 16, 8 * AJ_SW);
-  const aj_u64 v_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.v), AJ_TILE_K * AJ_SW, 8 * AJ_SW);
 
   // S(0) and its softmax, then a barrier: K(0)'s stage is the loop's first prefetch target.
   float s[AJ_TILE_K / 8][4];

@@ -149,18 +149,13 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
   // every stage with the others (the empty mbarriers count every consumer).
   const bool busy = wg_row < item.rows_count;
 
-  const aj_i64 doc = aj_doc_start(p, item.rows_start), k_origin = p.k_offset - doc;
-  const aj_i64 qpos = p.q_offset - doc + item.rows_start + (aj_i64)(warp_row + g) * item.rows_stride;
-  const aj_i64 q_step8 = 8 * item.rows_stride;
-
+  const AjSm90Consumer w = aj_sm90_consumer(p, item, sh, wg_row, warp_row + g);
+  const aj_i64 k_origin = w.k_origin, qpos = w.qpos, q_step8 = w.q_step8;
+  const aj_u64 q_desc = w.q_desc, k_desc = w.k_desc, v_desc = w.v_desc;
   float acc[AJ_HEAD_DIM_V / 8][4];
   float m[2] = {AJ_NEG_INF, AJ_NEG_INF}, l[2] = {0.0f, 0.0f}, c[2];
 #pragma unroll
   for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-
-  const aj_u64 q_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.q) + wg_row * AJ_SW, 16, 8 * AJ_SW);
-  const aj_u64 k_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.k), 16, 8 * AJ_SW);
-  const aj_u64 v_desc = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.v), AJ_TILE_K * AJ_SW, 8 * AJ_SW);
 
   float s[AJ_TILE_K / 8][4];
   aj_u32 pa[AJ_TILE_K / 16][4];
