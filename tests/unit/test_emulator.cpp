@@ -238,7 +238,7 @@ TEST_CASE("the emulator's host compiler: clear errors for a broken kernel and a 
   CHECK_THROWS_WITH(emu::host_compiler(k), Catch::Contains("ATTNJIT_EMU_CXX") && Catch::Contains("was not found"));
 }
 
-TEST_CASE("named barriers: bar.sync waits for the count, bar.arrive goes on; mismatches are reported", "[emu][named]") {
+TEST_CASE("named barriers: bar.sync waits for the count, bar.arrive goes on, mismatches are reported", "[emu][named]") {
   // Warps 0-1 produce into shared memory, arrive at barrier 1 and go on; warps 2-3 sync on it, read.
   auto handoff = kernel("emu_named_handoff", R"(
   AJ_DYNAMIC_SHARED(sm);
