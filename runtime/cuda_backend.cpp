@@ -100,7 +100,7 @@ public:
     r.head_dim_v = static_cast<int>(pb.head_dim_v);
     r.dtype = pb.dtype;
     r.arch = info.cc_major * 10 + info.cc_minor;
-    r.arch_specific = r.arch == 90 && knobs().sm90a;
+    r.arch_specific = cuda_arch_specific(r.arch);
     r.config = config;
     r.tma = tma && knobs().tma;
     source_ = generate_kernel(p, r, templates);
@@ -339,6 +339,8 @@ private:
 };
 
 }  // namespace
+
+bool cuda_arch_specific(int arch) { return arch == 90 && knobs().sm90a; }
 
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
                                            const KernelConfig& config, const KernelConfig& backward_config,

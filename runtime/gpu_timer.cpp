@@ -7,6 +7,7 @@
 #include "compiler/jit.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
+#include "runtime/backend.hpp"
 #include "runtime/cuda_probe.hpp"
 #include "runtime/npy.hpp"
 
@@ -36,6 +37,8 @@ TuneKey tune_key_for(const TuningGpu& gpu, const Pattern& p, const Problem& pb, 
   k.dtype = pb.dtype;
   k.seq_bucket = seq_bucket_of(pb.seq_q, buckets);
   k.backward = backward;
+  // The backward kernels are the portable ones on every arch; the forward may be arch-specific.
+  k.arch_specific = !backward && cuda_arch_specific(gpu.arch);
   return k;
 }
 
@@ -195,6 +198,7 @@ GpuTuneOutcome tune_on_gpu(const Pattern& p, const Problem& pb, const TuneBudget
   base.head_dim_v = static_cast<int>(pb.head_dim_v);
   base.dtype = pb.dtype;
   base.arch = gpu.arch;
+  base.arch_specific = out.key.arch_specific;  // the candidates of the path the runtime will run
   const std::vector<KernelConfig> candidates = options.backward ? candidate_backward_configs(base) : candidate_configs(base);
 
   std::unique_ptr<KernelCache> own;

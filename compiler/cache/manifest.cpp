@@ -43,7 +43,8 @@ std::vector<KernelConfig> selected_configs(const TuningDb& db, const Pattern& p,
     for (const DbEntry& e : f.entries) {
       const TuneKey& k = e.key;
       if (k.arch != r.arch || k.pattern_signature != signature || k.head_dim != r.head_dim ||
-          k.head_dim_v != r.head_dim_v || k.dtype != r.dtype || k.backward != backward) {
+          k.head_dim_v != r.head_dim_v || k.dtype != r.dtype || k.backward != backward ||
+          k.arch_specific != (r.arch_specific && !backward)) {
         continue;
       }
       std::vector<CandidateResult> ok;

@@ -36,9 +36,9 @@ struct Knobs {
   bool print_autotuning = false;        // ATTNJIT_PRINT_AUTOTUNING=1
   bool tune = false;                    // ATTNJIT_TUNE=1: tune on a tuning-database miss
   bool deterministic = false;           // ATTNJIT_DETERMINISTIC=1: every backward is bitwise reproducible
-  // ATTNJIT_SM90A=1: a GPU of compute capability 9.0 runs the Hopper forward (sm_90a, wgmma) where
-  // it supports the request. Off by default until a GPU run confirms what the emulator proves.
-  bool sm90a = false;
+  // A GPU of compute capability 9.0 runs the Hopper forward (sm_90a: wgmma, TMA) where it supports
+  // the request, as proven in the emulator; ATTNJIT_SM90A=0 runs the sm_80 kernel there instead.
+  bool sm90a = true;
   // ATTNJIT_TMA=0: the Hopper forward loads with cp.async instead of TMA and a producer warp (for
   // comparisons; TMA is used where tensor maps describe a call's key rows).
   bool tma = true;

@@ -16,7 +16,7 @@ namespace attnjit {
 
 std::string TuneKey::describe() const {
   std::ostringstream os;
-  os << gpu << " (" << sm_count << " SMs, sm_" << arch << ") pattern " << pattern_signature << " d=" << head_dim << "/"
+  os << gpu << " (" << sm_count << " SMs, sm_" << arch << (arch_specific ? "a" : "") << ") pattern " << pattern_signature << " d=" << head_dim << "/"
      << head_dim_v << " " << to_string(dtype) << " seq<=" << seq_bucket << (backward ? " backward" : "");
   return os.str();
 }

@@ -33,8 +33,11 @@ struct TuneKey {
   DType dtype = DType::BF16;
   int64_t seq_bucket = 0;  // seq_bucket_of(seq_q)
   bool backward = false;   // the backward kernels' tiles (they are tuned apart from the forward's)
+  // The arch-specific kernels (sm_90a: the Hopper forward): other kernels with other tiles, so they
+  // are tuned and looked up apart from the same arch's portable ones.
+  bool arch_specific = false;
   bool operator==(const TuneKey&) const = default;
-  // "NVIDIA H100 (132 SMs, sm_90) pattern 0123456789abcdef d=128/128 bf16 seq<=16384" (+ " backward")
+  // "NVIDIA H100 (132 SMs, sm_90a) pattern 0123456789abcdef d=128/128 bf16 seq<=16384" (+ " backward")
   std::string describe() const;
 };
 

@@ -90,9 +90,12 @@ KernelConfig read_config(const json& j, const std::string& at) {
 }
 
 json key_json(const TuneKey& k) {
-  return {{"gpu", k.gpu},           {"sm_count", k.sm_count},     {"arch", k.arch},
-          {"pattern_signature", k.pattern_signature}, {"head_dim", k.head_dim}, {"head_dim_v", k.head_dim_v},
-          {"dtype", to_string(k.dtype)}, {"seq_bucket", k.seq_bucket}, {"pass", k.backward ? "backward" : "forward"}};
+  json j = {{"gpu", k.gpu},           {"sm_count", k.sm_count},     {"arch", k.arch},
+            {"pattern_signature", k.pattern_signature}, {"head_dim", k.head_dim}, {"head_dim_v", k.head_dim_v},
+            {"dtype", to_string(k.dtype)}, {"seq_bucket", k.seq_bucket}, {"pass", k.backward ? "backward" : "forward"}};
+  // Only where set: the portable kernels' entries read as they did before the field existed.
+  if (k.arch_specific) j["arch_specific"] = true;
+  return j;
 }
 TuneKey read_key(const json& j, const std::string& at) {
   TuneKey k;
@@ -112,6 +115,11 @@ TuneKey read_key(const json& j, const std::string& at) {
   const std::string pass = j.contains("pass") ? get_string(j, "pass", at) : "forward";
   if (pass != "forward" && pass != "backward") throw Malformed{at + "/pass", "expected \"forward\" or \"backward\""};
   k.backward = pass == "backward";
+  // "arch_specific" came with the Hopper path; entries without it are the portable kernels'.
+  if (j.contains("arch_specific")) {
+    if (!j["arch_specific"].is_boolean()) throw Malformed{at + "/arch_specific", "expected true or false"};
+    k.arch_specific = j["arch_specific"].get<bool>();
+  }
   return k;
 }
 
@@ -151,7 +159,8 @@ DbEntry read_entry(const json& j, const std::string& at) {
 }
 
 auto key_order(const TuneKey& k) {
-  return std::tie(k.gpu, k.sm_count, k.arch, k.pattern_signature, k.head_dim, k.head_dim_v, k.dtype, k.backward, k.seq_bucket);
+  return std::tie(k.gpu, k.sm_count, k.arch, k.pattern_signature, k.head_dim, k.head_dim_v, k.dtype, k.backward, k.arch_specific,
+                  k.seq_bucket);
 }
 
 // "13.2" -> "13": a minor NVRTC release keeps the code a tile choice was timed on close enough (and

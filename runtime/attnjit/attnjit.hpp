@@ -36,7 +36,7 @@ struct Device {
   DeviceKind kind = DeviceKind::CPU;
   int index = 0;  // CUDA: the device ordinal; EMU: the emulated arch (10 * major + minor)
   // EMU: the arch-specific kernels of sm_90a (the Hopper forward, wgmma), as a CUDA device of
-  // compute capability 9.0 runs them under ATTNJIT_SM90A=1.
+  // compute capability 9.0 runs them (unless ATTNJIT_SM90A=0).
   bool arch_specific = false;
   static Device cpu() { return {DeviceKind::CPU, 0}; }
   static Device cuda(int index = 0) { return {DeviceKind::CUDA, index}; }

@@ -312,6 +312,53 @@ TEST_CASE("backward tuning results are keyed apart from the forward's", "[autotu
   CHECK(g.problem.find("pass") != std::string::npos);
 }
 
+TEST_CASE("the Hopper kernels' tiles are keyed apart from the same GPU's portable ones", "[autotune]") {
+  TempDir tmp;
+  const std::string file = tmp.file("gpu.json");
+  TuneKey hopper = key_for(4096);
+  hopper.arch_specific = true;
+  CHECK(hopper.describe().find("(132 SMs, sm_90a)") != std::string::npos);
+  CHECK(key_for(4096).describe().find("(132 SMs, sm_90)") != std::string::npos);
+  {
+    TuningDb writer({});
+    writer.record(file, key_for(4096), result_for(kB), meta());
+    writer.record(file, hopper, result_for(kC), meta());
+  }
+  const TuningDb db({file}, meta());
+  CHECK(db.lookup(key_for(4096)).config == kB);
+  CHECK(db.lookup(hopper).config == kC);
+  TuneKey hopper_far = hopper;
+  hopper_far.seq_bucket = 65536;  // the nearest Hopper bucket, never the portable entry
+  CHECK(db.lookup(hopper_far).config == kC);
+  TuneKey portable_far = key_for(65536);
+  CHECK(db.lookup(portable_far).config == kB);
+  // Neither entry answers for the other kind with the same bucket missing.
+  TuningDb only_portable({});
+  const std::string file2 = tmp.file("portable.json");
+  only_portable.record(file2, key_for(4096), result_for(kB), meta());
+  const TuningDb db2({file2}, meta());
+  CHECK(db2.lookup(hopper).source == LookupResult::Source::Heuristic);
+  CHECK(db2.needs_retune(hopper));
+
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  // The field is written only where set: portable entries read as before it existed.
+  size_t count = 0;
+  for (size_t at = 0; (at = text.str().find("\"arch_specific\"", at)) != std::string::npos; ++at) ++count;
+  CHECK(count == 1);
+  CHECK(text.str().find("\"arch_specific\": true") != std::string::npos);
+  const DbFile f = parse_tuning_db(file, text.str(), meta());
+  REQUIRE(f.problem.empty());
+  REQUIRE(f.entries.size() == 2);
+  CHECK(f.entries[0].key.arch_specific != f.entries[1].key.arch_specific);
+  // Anything but a boolean is a malformed file, named as such.
+  std::string bad = text.str();
+  bad.replace(bad.find("\"arch_specific\": true"), 21, "\"arch_specific\": \"yes\"");
+  const DbFile g = parse_tuning_db(file, bad, meta());
+  CHECK(g.problem.find("arch_specific") != std::string::npos);
+}
+
 TEST_CASE("lookup: exact key, then the nearest bucket, then the heuristic", "[autotune]") {
   TempDir tmp;
   const std::string file = tmp.file("gpu.json");
