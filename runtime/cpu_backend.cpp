@@ -11,7 +11,10 @@
 namespace attnjit {
 namespace {
 
-constexpr ExecutorOptions kHeadMajor{.order = ExecutorOrder::HeadMajor};
+// Head-major, at the call's positions (the plan may have been lowered for others with the same mask).
+ExecutorOptions executor_options(const ForwardOptions& o) {
+  return ExecutorOptions{.order = ExecutorOrder::HeadMajor, .offsets = std::pair{o.q_offset, o.k_offset}};
+}
 
 class CpuBackend final : public Backend {
 public:
@@ -21,7 +24,7 @@ public:
                const TensorView* lse, const ForwardOptions& options) override {
     const std::vector<float> qf = gather(head_major(q)), kf = gather(head_major(k)), vf = gather(head_major(v));
     const ExecutorOutput r =
-        execute_plan(entry.plan, pattern_, qf.data(), kf.data(), vf.data(), options.dynamic_layout, kHeadMajor);
+        execute_plan(entry.plan, pattern_, qf.data(), kf.data(), vf.data(), options.dynamic_layout, executor_options(options));
     scatter(head_major(o), r.o);
     if (lse) scatter(*lse, r.lse);
   }
@@ -33,7 +36,7 @@ public:
     const BackwardPlans& plans = entry.backward_plans(pattern_, options.dynamic_layout, entry.plan.tiles);
     const ExecutorGradients g = execute_plan_backward(plans.query_major, plans.key_major, pattern_, qf.data(), kf.data(),
                                                       vf.data(), of.data(), lf.data(), df.data(), options.dynamic_layout,
-                                                      kHeadMajor);
+                                                      executor_options(options));
     scatter(head_major(dq), g.dq);
     scatter(head_major(dk), g.dk);
     scatter(head_major(dv), g.dv);

@@ -63,11 +63,13 @@ void run_workers(Worker worker, const ExecutorJob& job, int64_t units, unsigned 
   for (auto& t : pool) t.join();
 }
 
-ExecutorJob job_for(const Plan& plan, ExecutorOrder order) {
+ExecutorJob job_for(const Plan& plan, const ExecutorOptions& options) {
   const Shape& s = plan.shape;
   ExecutorJob job;
   job.plan = &plan;
-  if (order == ExecutorOrder::SeqMajor) {
+  job.q_offset = options.offsets ? options.offsets->first : s.q_offset;
+  job.k_offset = options.offsets ? options.offsets->second : s.k_offset;
+  if (options.order == ExecutorOrder::SeqMajor) {
     job.q_layout = {s.seq_q * s.heads_q, s.heads_q, 1};
     job.k_layout = {s.seq_k * s.heads_kv, s.heads_kv, 1};
   } else {
@@ -106,7 +108,7 @@ ExecutorOutput execute_plan(const Plan& plan, const Pattern& pattern, const floa
   const float nan = std::numeric_limits<float>::quiet_NaN();
   out.o.assign(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v), nan);
   out.lse.assign(static_cast<size_t>(s.batch * s.heads_q * s.seq_q), nan);
-  ExecutorJob job = job_for(plan, options.order);
+  ExecutorJob job = job_for(plan, options);
   job.pattern = &pattern;
   job.dynamic = dynamic;
   job.q = q, job.k = k, job.v = v;
@@ -121,7 +123,7 @@ void execute_plan_weights(const Plan& plan, const Pattern& pattern, const float*
   const Shape& s = plan.shape;
   const Workers workers = workers_for(options.simd);
   std::fill(w, w + s.batch * s.heads_q * s.seq_q * s.seq_k, 0.0f);
-  ExecutorJob job = job_for(plan, options.order);
+  ExecutorJob job = job_for(plan, options);
   job.pattern = &pattern;
   job.dynamic = dynamic;
   job.q = q, job.k = k, job.lse = lse, job.w = w;
@@ -137,7 +139,7 @@ ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bw
   g.dq.assign(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim), 0.0f);
   g.dk.assign(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 0.0f);
   g.dv.assign(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 0.0f);
-  ExecutorJob job = job_for(plan, options.order);
+  ExecutorJob job = job_for(plan, options);
   // D = rowsum(dO * O), [batch, heads_q, seq_q] like the LSE.
   std::vector<float> delta(static_cast<size_t>(s.batch * s.heads_q * s.seq_q), 0.0f);
   for (int64_t b = 0; b < s.batch; ++b)

@@ -48,15 +48,14 @@ Column row_values(const float* base, int64_t b, int64_t seq, int64_t heads, int6
 // comes out as about 3e-39, not 0), so probabilities are multiplied by `keep` after the exp.
 void apply_mask(const ExecutorJob& job, int32_t branch, int32_t head, const RowMap& rows, const RowMap& keys, Matrix& s,
                 Matrix& keep) {
-  const Shape& sh = job.plan->shape;
   // Positions: within the row's document when documents are packed (a tile never crosses one).
   const int64_t* base = job.plan->doc_base.empty() ? nullptr : job.plan->doc_base.data();
   auto pos = [&](int64_t row) { return base ? row - base[row] : row; };
   keep.resize(rows.count, keys.count);
   for (int64_t r = 0; r < rows.count; ++r) {
-    const int64_t qpos = sh.q_offset + pos(rows.at(r));
+    const int64_t qpos = job.q_offset + pos(rows.at(r));
     for (int64_t c = 0; c < keys.count; ++c) {
-      const bool allowed = partial_tile_allows(*job.pattern, branch, head, qpos, sh.k_offset + pos(keys.at(c)), job.dynamic);
+      const bool allowed = partial_tile_allows(*job.pattern, branch, head, qpos, job.k_offset + pos(keys.at(c)), job.dynamic);
       keep(r, c) = allowed ? 1.0f : 0.0f;
       if (!allowed) s(r, c) = kNegInf;
     }

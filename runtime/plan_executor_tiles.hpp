@@ -26,6 +26,7 @@ struct ExecutorJob {
   const BackwardPlan* bwd = nullptr;  // backward only
   const Pattern* pattern = nullptr;
   const DynamicLayout* dynamic = nullptr;
+  int64_t q_offset = 0, k_offset = 0;  // the call's positions (ExecutorOptions::offsets)
   const float *q = nullptr, *k = nullptr, *v = nullptr;
   const float *lse = nullptr, *dout = nullptr, *delta = nullptr;  // backward inputs
   float *o = nullptr, *lse_out = nullptr;                         // forward outputs

@@ -5,6 +5,7 @@
 #include "attnjit/attnjit.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/cache/sha256.hpp"
+#include "compiler/pattern/mask.hpp"
 #include "compiler/tune/autotune.hpp"
 #include "compiler/support/knobs.hpp"
 #include "compiler/tune/tuning_db.hpp"
@@ -72,9 +73,18 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
     h.update(o.cu_seqlens->data(), o.cu_seqlens->size() * sizeof(int64_t));
     tables += "/documents:" + h.hex_digest();
   }
-  const PreparedState::PlanKey key{o.q_offset, o.k_offset, tables};
+  // Offsets the mask cannot tell apart share a plan (tables in local rows; the kernels and the plan
+  // executor take the call's offsets), so a ring's steps or a stream of chunks with the same
+  // distance between queries and keys plan once.
+  const PreparedState::PlanKey key = st.period ? PreparedState::PlanKey{o.q_offset % *st.period, o.q_offset - o.k_offset, tables}
+                                               : PreparedState::PlanKey{o.q_offset, o.k_offset, tables};
   std::lock_guard<std::mutex> lock(st.mutex);
   if (auto it = st.plan_index.find(key); it != st.plan_index.end()) {
+    const Shape& planned = it->second->second->plan.shape;
+    if (planned.q_offset != o.q_offset || planned.k_offset != o.k_offset) {
+      // A plan lowered for other offsets: this call's are checked as its own lowering would.
+      check_pattern_fits(st.pattern, problem_shape(st.problem, o.q_offset, o.k_offset));
+    }
     st.plans.splice(st.plans.begin(), st.plans, it->second);  // now the most recently used
     ++st.plan_stats.hits;
     return it->second->second;
@@ -105,9 +115,6 @@ KernelConfig tuned_config(const Pattern& pattern, const Problem& problem, const 
   if (!(o.config == KernelConfig{})) return o.config;
   CudaDriver::get();  // without a driver, the plain "no GPU" error rather than a tuning one
   const TuningGpu gpu = tuning_gpu(o.device.index);
-  // The tuning databases hold sm_80-path tiles; the Hopper path (ATTNJIT_SM90A=1) is not tuned
-  // yet and takes its default.
-  if (gpu.arch == 90 && knobs().sm90a) return {};
   const TuneKey key = tune_key_for(gpu, pattern, problem);
   TuningDb db(default_db_files(knobs(), gpu.name), running_metadata(gpu.arch));
   if ((o.tune || knobs().tune) && db.needs_retune(key) && !pattern.has_dynamic_layout()) {
@@ -156,6 +163,7 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   st->problem = problem;
   const RuntimeOptions& o = impl_->options;
   st->plan_budget = o.plan_cache_bytes >= 0 ? o.plan_cache_bytes : knobs().plan_cache_bytes;
+  st->period = translation_period(pattern);
   const TemplateSet& templates = o.templates ? *o.templates : TemplateSet::embedded();
   switch (o.device.kind) {
     case DeviceKind::CPU: st->backend = make_cpu_backend(st->pattern, problem); break;

@@ -12,7 +12,8 @@ void Backend::weights(const PlanEntry& entry, const Pattern& pattern, const Tens
                       const TensorView& lse, const TensorView& w, const ForwardOptions& options) {
   const std::vector<float> qf = gather(head_major(q)), kf = gather(head_major(k)), lf = gather(lse);
   execute_plan_weights(entry.plan, pattern, qf.data(), kf.data(), lf.data(), static_cast<float*>(w.data),
-                       options.dynamic_layout, ExecutorOptions{.order = ExecutorOrder::HeadMajor});
+                       options.dynamic_layout,
+                       ExecutorOptions{.order = ExecutorOrder::HeadMajor, .offsets = std::pair{options.q_offset, options.k_offset}});
 }
 
 }  // namespace attnjit

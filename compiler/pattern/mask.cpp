@@ -264,6 +264,54 @@ std::vector<int64_t> parse_cu_seqlens(const std::string& text, const std::string
   return out;
 }
 
+namespace {
+
+constexpr int64_t kMaxPeriod = int64_t{1} << 40;
+
+// lcm(a, b), or nullopt at kMaxPeriod and beyond (a period that long shares no plans anyway).
+std::optional<int64_t> period_lcm(std::optional<int64_t> a, std::optional<int64_t> b) {
+  if (!a || !b) return std::nullopt;
+  const int64_t step = *b / std::gcd(*a, *b);
+  if (step >= kMaxPeriod / *a) return std::nullopt;
+  return *a * step;
+}
+
+std::optional<int64_t> layout_period(const Layout& l) {
+  switch (l.kind) {
+    case Layout::Kind::Local:
+    case Layout::Kind::Offsets:  // kb - qb: moves with a joint shift unless both blocks are equal
+      if (l.bq != l.bk) return std::nullopt;
+      return l.bq;
+    case Layout::Kind::Strided:  // kb % stride: a shift of P moves kb by P / bk, a multiple of the stride
+      if (l.stride >= kMaxPeriod / l.bk) return std::nullopt;
+      return period_lcm(l.bq, l.bk * l.stride);
+    case Layout::Kind::Union:
+    case Layout::Kind::Intersect: {
+      std::optional<int64_t> p = period_lcm(l.bq, l.bk);  // the node's own blocks too, to be safe
+      for (const Layout& c : l.children) p = period_lcm(p, layout_period(c));
+      return p;
+    }
+    case Layout::Kind::Global:
+    case Layout::Kind::Random:
+    case Layout::Kind::Explicit:
+    case Layout::Kind::Dynamic: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int64_t> translation_period(const Pattern& p) {
+  std::optional<int64_t> period = 1;
+  for (const Branch& br : p.branches) {
+    // Selection: the in-segment index modulo the dilation. A segment moves with a shift by its
+    // length (and the index with it); without one the position itself is taken modulo the rate.
+    period = period_lcm(period, br.segment ? *br.segment : br.dilation);
+    if (br.layout) period = period_lcm(period, layout_period(*br.layout));
+  }
+  return period;
+}
+
 bool branch_attends(const MaskContext& c, size_t b, int64_t h, int64_t i, int64_t j) {
   if (c.documents) {
     const DocumentOfRow d = document_of_row(c, i);

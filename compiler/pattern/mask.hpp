@@ -119,5 +119,15 @@ void for_each_branch_key(const MaskContext& c, size_t b, int64_t h, int64_t i, F
 // for layouts: whole blocks are tested once).
 int64_t branch_key_count(const MaskContext& c, size_t b, int64_t h, int64_t i);
 
+// The mask's translation period: a P > 0 (below 2^40) such that moving a query and a
+// key position both by a multiple of P never changes whether they attend, in any branch or head;
+// nullopt where absolute positions matter (global, random, explicit and dynamic layouts; local
+// and offset layouts with different query and key blocks) or the period reaches 2^40. Segments
+// contribute their length, a dilation without a segment its rate, a layout its blocks (a strided
+// one its key block times its stride); causal masks and windows see only the difference of the
+// positions. Two calls whose offsets agree modulo P and whose offsets differ by the same amount
+// (q_offset - k_offset) have the same mask in local rows, and so the same plan.
+std::optional<int64_t> translation_period(const Pattern& p);
+
 }  // namespace attnjit
 #pragma GCC visibility pop

@@ -38,6 +38,68 @@ TEST_CASE("key enumeration and counting equal the pairwise definition on random 
   }
 }
 
+TEST_CASE("translation_period: moving both positions by a multiple of it changes no pair", "[mask][property]") {
+  CaseGenerator gen(2027);
+  int periodic = 0, moved_by_one_differs = 0;
+  for (int n = 0; n < 400; ++n) {
+    const auto c = gen.next();
+    const std::optional<int64_t> period = translation_period(c.pattern);
+    if (!period) continue;
+    ++periodic;
+    Shape moved = c.shape, by_one = c.shape;
+    const int64_t m = gen.uniform(1, 3);
+    moved.q_offset += m * *period, moved.k_offset += m * *period;
+    ++by_one.q_offset, ++by_one.k_offset;
+    const MaskContext a{c.pattern, c.shape, nullptr}, b{c.pattern, moved, nullptr}, one{c.pattern, by_one, nullptr};
+    INFO("case " << n << "\n" << canonical_text(c.pattern) << "period=" << *period << " seq_q=" << c.shape.seq_q
+                 << " seq_k=" << c.shape.seq_k << " q_offset=" << c.shape.q_offset << " k_offset=" << c.shape.k_offset);
+    bool differs = false;
+    for (int64_t h = 0; h < c.shape.heads_q; ++h)
+      for (int64_t i = 0; i < c.shape.seq_q; ++i)
+        for (int64_t j = 0; j < c.shape.seq_k; ++j) {
+          INFO("head " << h << " row " << i << " key " << j);
+          REQUIRE(attend_count(a, h, i, j) == attend_count(b, h, i, j));
+          differs |= attend_count(a, h, i, j) != attend_count(one, h, i, j);
+        }
+    moved_by_one_differs += differs;
+  }
+  CHECK(periodic > 150);
+  // The comparison can fail: a shift by 1 changes the mask of many of the same cases.
+  CHECK(moved_by_one_differs > 50);
+}
+
+TEST_CASE("translation_period of each construct", "[mask]") {
+  auto period = [](BranchSpec b) { return translation_period(PatternBuilder().branch(b).build()); };
+  CHECK(period(BranchSpec().full()) == 1);
+  CHECK(period(BranchSpec().full().causal().window(7, 0)) == 1);  // only the difference of positions
+  CHECK(period(BranchSpec().full().dilation(3)) == 3);
+  CHECK(period(BranchSpec().segment(10).dilation(4)) == 10);  // the in-segment index moves with the segment
+  CHECK(period(BranchSpec().full().layout(layouts::local(2, 64, 64))) == 64);
+  CHECK(period(BranchSpec().full().layout(layouts::offsets({-1, 3}, 32, 32))) == 32);
+  CHECK(period(BranchSpec().full().layout(layouts::strided(4, 1, 16, 32))) == 128);  // kb moves by a multiple of 4
+  CHECK(period(BranchSpec().full().layout(layouts::union_of({layouts::local(0, 64, 64), layouts::strided(2, 0, 64, 64)}, 64, 64))) == 128);
+  // Absolute positions matter: no period.
+  CHECK_FALSE(period(BranchSpec().full().layout(layouts::local(2, 64, 32))));
+  CHECK_FALSE(period(BranchSpec().full().layout(layouts::global({0}, 64, 64))));
+  CHECK_FALSE(period(BranchSpec().full().layout(layouts::random(0.5, 7, 64, 64))));
+  CHECK_FALSE(period(BranchSpec().full().layout(layouts::explicit_blocks({{0, 0}}, 64, 64))));
+  CHECK_FALSE(period(BranchSpec().full().layout(layouts::dynamic(64, 64))));
+  CHECK_FALSE(period(BranchSpec().full().layout(layouts::intersect_of({layouts::local(0, 64, 64), layouts::global({1}, 64, 64)}, 64, 64))));
+  // Branches: the lcm (LongNet's segments 2048/4096/8192 with dilations 1/2/4: 8192).
+  const Pattern longnet = PatternBuilder()
+                              .branch(BranchSpec().segment(2048).dilation(1))
+                              .branch(BranchSpec().segment(4096).dilation(2))
+                              .branch(BranchSpec().segment(8192).dilation(4))
+                              .build();
+  CHECK(translation_period(longnet) == 8192);
+  // A period past 2^40 shares nothing: none.
+  const Pattern huge = PatternBuilder()
+                           .branch(BranchSpec().segment((int64_t{1} << 39) + 1))
+                           .branch(BranchSpec().segment((int64_t{1} << 39) + 3))
+                           .build();
+  CHECK_FALSE(translation_period(huge));
+}
+
 TEST_CASE("distinct pairs: each (head, query, key) once, however many branches attend it", "[mask][property]") {
   CaseGenerator gen(4321);
   for (int n = 0; n < 300; ++n) {

@@ -175,6 +175,64 @@ TEST_CASE("a prepared attention keeps its plans within a byte budget, least rece
   CHECK(st.evictions == 3);
 }
 
+namespace {
+
+// Offsets a pattern cannot tell apart (translation_period 64 here: segments 32 and 64, a local
+// layout of 16-row blocks, causal) share one plan, and each call still runs at its own positions:
+// outputs against the reference at the call's offsets, plan counts from plan_cache_stats.
+void check_shared_plans(const Device& device, DType dt, double tolerance) {
+  const Pattern p = PatternBuilder()
+                        .causal()
+                        .branch(BranchSpec().segment(32).dilation(1))
+                        .branch(BranchSpec().segment(64).dilation(2))
+                        .branch(BranchSpec().full().layout(layouts::local(1, 16, 16)))
+                        .build();
+  REQUIRE(translation_period(p) == 64);
+  Problem pb;
+  pb.batch = 1, pb.seq_q = pb.seq_k = 48, pb.heads_q = pb.heads_kv = 2, pb.head_dim = pb.head_dim_v = 32;
+  pb.dtype = dt;
+  const std::vector<int64_t> shape{1, 48, 2, 32};
+  std::vector<float> q = random_tensor(48 * 2 * 32, 11), k = random_tensor(48 * 2 * 32, 12), v = random_tensor(48 * 2 * 32, 13);
+  if (dt != DType::F32) q = rounded_to_half(q), k = rounded_to_half(k), v = rounded_to_half(v);
+  const HostTensor qt(q, shape, dt, false), kt(k, shape, dt, false), vt(v, shape, dt, false);
+  RuntimeOptions ro;
+  ro.device = device;
+  Runtime rt(ro);
+  Attention a = rt.prepare(p, pb);  // plans offsets (0, 0)
+  auto run = [&](int64_t q_offset, int64_t k_offset) {
+    INFO("q_offset " << q_offset << " k_offset " << k_offset);
+    std::vector<float> zeros(q.size(), 0.0f);
+    HostTensor ot(zeros, shape, dt, false);
+    ForwardOptions fo;
+    fo.q_offset = q_offset, fo.k_offset = k_offset;
+    a.forward(qt.view, kt.view, vt.view, ot.view, nullptr, fo);
+    const ReferenceOutput want = reference_attention(p, problem_shape(pb, q_offset, k_offset), q.data(), k.data(), v.data());
+    size_t n = 0;
+    for (int64_t s = 0; s < 48; ++s)
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t d = 0; d < 32; ++d, ++n) REQUIRE(ot.at(0, s, h, d) == Approx(want.o[n]).margin(tolerance));
+  };
+  run(64, 64);    // 0 mod 64, distance 0: the prepared plan
+  run(128, 128);  // the same
+  run(80, 64);    // 16 mod 64, distance 16: a plan of its own
+  run(16, 0);     // the same class as (80, 64)
+  run(0, 16);     // distance -16: another
+  const PlanCacheStats st = a.plan_cache_stats();
+  CHECK(st.plans == 3);
+  CHECK(st.misses == 3);
+  CHECK(st.hits == 3);
+}
+
+}  // namespace
+
+TEST_CASE("offsets the mask cannot tell apart share one plan, each call at its own positions", "[runtime][plans]") {
+  check_shared_plans(Device::cpu(), DType::F32, 1e-5);
+}
+
+TEST_CASE("offsets the mask cannot tell apart share one plan in the emulator (kernel arguments)", "[emu][plans]") {
+  check_shared_plans(Device::emu(80), DType::F16, 2e-3);
+}
+
 TEST_CASE("every bad input is a clear error before anything runs", "[runtime][errors]") {
   Runtime rt;
   const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
