@@ -171,5 +171,10 @@ __device__ __forceinline__ void aj_store(aj_elem* p, float v) {
 }
 #endif
 
+// Sixteen bytes moved as one (a 128-bit load or store; the address must be 16-byte aligned).
+struct __align__(16) aj_u32x4 {
+  aj_u32 x, y, z, w;
+};
+
 #define AJ_NEG_INF (aj_int_as_float((int)0xff800000u))
 #define AJ_LN2 0.6931471805599453f

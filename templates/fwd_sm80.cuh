@@ -163,14 +163,12 @@ __device__ __forceinline__ void aj_sm80_softmax(float (&s)[AJ_TILE_K / 8][4], fl
   aj_tc_rescale(acc, c);
 }
 
-// The epilogue of one 16-row group of the tensor-core kernels (this file's and fwd_sm90.cuh's, whose
-// accumulators have the same layout): the row sums finished across the quad, then O = acc / l
-// (times the output scale) for this thread's rows r0 and r0 + 8 of the item, and their LSE.
-__device__ __forceinline__ void aj_tc_store_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
-                                                 float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2]) {
-  aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
-  const int r1 = r0 + 8;
-  float inv[2];
+// The end of one 16-row group of the tensor-core kernels (this file's and fwd_sm90.cuh's, whose
+// accumulators have the same layout): the row sums finished across the quad, the LSE of this
+// thread's rows r0 and r0 + 8 of the item stored, and the factors that turn acc into O (1 / l
+// times the output scale; 0 for a row that attended nothing).
+__device__ __forceinline__ void aj_tc_finish_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
+                                                  float (&m)[2], float (&l)[2], float (&inv)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += aj_shfl_xor(l[h], 1);
@@ -178,18 +176,58 @@ __device__ __forceinline__ void aj_tc_store_rows(const AjParams& p, const AjItem
     // l is 0 for a row that attended nothing (O = 0, LSE = -inf) and NaN for one that saw a NaN.
     inv[h] = l[h] == 0.0f ? 0.0f : p.output_scale / l[h];
   }
+  if (quad == 0 && p.lse) {
+    const int r1 = r0 + 8;
+    float* lb = p.lse + b * p.lse_batch_stride + item.head * p.lse_head_stride;
+    const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
+    if (r0 < item.rows_count) lb[i0] = l[0] == 0.0f ? AJ_NEG_INF : (m[0] + aj_lg2(l[0])) * AJ_LN2;
+    if (r1 < item.rows_count) lb[i1] = l[1] == 0.0f ? AJ_NEG_INF : (m[1] + aj_lg2(l[1])) * AJ_LN2;
+  }
+}
+
+// The epilogue of one 16-row group straight to global memory (the Hopper kernels): O = acc * inv
+// for this thread's rows r0 and r0 + 8, two adjacent columns per 4-byte store.
+__device__ __forceinline__ void aj_tc_store_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
+                                                 float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2]) {
+  float inv[2];
+  aj_tc_finish_rows(p, item, b, r0, quad, m, l, inv);
+  aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
+  const int r1 = r0 + 8;
   const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
-  // Two adjacent columns per 4-byte store (the tensor-core path's rows are 16-byte aligned).
 #pragma unroll
   for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
     const int col = j * 8 + quad * 2;
     if (r0 < item.rows_count) *(aj_u32*)(ob + i0 * p.o_row_stride + col) = aj_pack2(acc[j][0] * inv[0], acc[j][1] * inv[0]);
     if (r1 < item.rows_count) *(aj_u32*)(ob + i1 * p.o_row_stride + col) = aj_pack2(acc[j][2] * inv[1], acc[j][3] * inv[1]);
   }
-  if (quad == 0 && p.lse) {
-    float* lb = p.lse + b * p.lse_batch_stride + item.head * p.lse_head_stride;
-    if (r0 < item.rows_count) lb[i0] = l[0] == 0.0f ? AJ_NEG_INF : (m[0] + aj_lg2(l[0])) * AJ_LN2;
-    if (r1 < item.rows_count) lb[i1] = l[1] == 0.0f ? AJ_NEG_INF : (m[1] + aj_lg2(l[1])) * AJ_LN2;
+}
+
+// The same into a shared O tile ([AJ_TILE_Q][AJ_DVP], rows of the item's tile): this thread's
+// rows r0 and r0 + 8, written as they lie in the accumulators; aj_store_tile_rows then moves the
+// tile to global memory in 16-byte chunks.
+__device__ __forceinline__ void aj_tc_stage_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
+                                                 float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2],
+                                                 aj_elem* tile) {
+  float inv[2];
+  aj_tc_finish_rows(p, item, b, r0, quad, m, l, inv);
+#pragma unroll
+  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
+    const int col = j * 8 + quad * 2;
+    *(aj_u32*)(tile + r0 * AJ_DVP + col) = aj_pack2(acc[j][0] * inv[0], acc[j][1] * inv[0]);
+    *(aj_u32*)(tile + (r0 + 8) * AJ_DVP + col) = aj_pack2(acc[j][2] * inv[1], acc[j][3] * inv[1]);
+  }
+}
+
+// Rows r < count of a shared [ROWS][PITCH] tile to rows first + r * stride of a [.., D] tensor,
+// 16 bytes per store, consecutive threads on consecutive chunks of a row (the reverse of
+// aj_load_rows; rows and tiles are 16-byte aligned on the tensor-core path).
+template <int ROWS, int D, int PITCH>
+__device__ __forceinline__ void aj_store_tile_rows(aj_elem* base, aj_i64 row_stride, aj_i64 first, aj_i64 stride,
+                                                   int count, const aj_elem* tile) {
+  constexpr int CHUNKS = D / 8;
+  for (int x = aj_thread_idx(); x < ROWS * CHUNKS; x += AJ_THREADS) {
+    const int r = x / CHUNKS, c = x % CHUNKS;
+    if (r < count) *(aj_u32x4*)(base + (first + (aj_i64)r * stride) * row_stride + c * 8) = *(const aj_u32x4*)(tile + r * PITCH + c * 8);
   }
 }
 
@@ -354,7 +392,14 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   }
   aj_cp_async_wait<0>();
 
-  // Epilogue: O = acc / l (scaled) and LSE, one 16-row group at a time.
+  // Epilogue: O = acc / l (scaled) and the LSE. O goes through shared memory so that its stores are
+  // 16 bytes wide; every stage is free (the loop ends on a barrier, no copy is in flight).
+  aj_elem* o_tile = (aj_elem*)aj_smem;  // [AJ_TILE_Q][AJ_DVP]
 #pragma unroll
-  for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) aj_tc_store_rows(p, item, b, warp_row + gi * 16 + g, quad, acc[gi], m[gi], l[gi]);
+  for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi)
+    aj_tc_stage_rows(p, item, b, warp_row + gi * 16 + g, quad, acc[gi], m[gi], l[gi], o_tile);
+  aj_syncthreads();
+  aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
+  aj_store_tile_rows<AJ_TILE_Q, AJ_HEAD_DIM_V, AJ_DVP>(ob, p.o_row_stride, item.rows_start, item.rows_stride,
+                                                       item.rows_count, o_tile);
 }

@@ -68,10 +68,11 @@ bool q_in_registers(const KernelRequest& r, const KernelConfig& c) {
 // Dynamic shared memory of the tensor-core forward: K and V stages, then the Q tile, which either
 // has its own space or (q_over_kv) lies over the last V stage: that stage is first written by the
 // first prefetch of the main loop, after Q has moved to registers.
+// The epilogue lays the O tile ([tile_q][head_dim_v + 8]) over all of it.
 int forward_sm80_smem_bytes(const KernelRequest& r, const KernelConfig& c, bool q_over_kv) {
   const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
   const int q = c.tile_q * dp, kv = c.stages * c.tile_k * (dp + dvp), v_stage = c.tile_k * dvp;
-  return 2 * (q_over_kv ? kv - v_stage + std::max(v_stage, q) : kv + q);
+  return 2 * std::max(q_over_kv ? kv - v_stage + std::max(v_stage, q) : kv + q, c.tile_q * dvp);
 }
 
 // Q over the last V stage costs each work item one wait for its first tiles before the pipeline

@@ -273,13 +273,19 @@ TEST_CASE("every bad input is a clear error before anything runs", "[runtime][er
   CHECK_NOTHROW(check_forward_inputs(pb, Q, size1, V, O, &L, 16));
   size1.strides[1] = 18;  // the sequence dimension (size 8) is still checked
   CHECK_THROWS_WITH(check_forward_inputs(pb, Q, size1, V, O, &L, 16), Catch::Contains("k: stride of dimension 1 (18 elements)"));
-  // Outputs are written element by element: element alignment for o, float alignment for lse.
+  // O is stored in 16-byte chunks on the tensor-core path: the inputs' alignment; the LSE float by float.
   auto odd_lse = L;
   odd_lse.data = reinterpret_cast<char*>(lse.data()) + 2;
   CHECK_THROWS_WITH(check_forward_inputs(pb, Q, K, V, O, &odd_lse, 16), Catch::Contains("lse: data pointer is not 4-byte aligned"));
   auto odd_o = O;
   odd_o.data = reinterpret_cast<char*>(o.data()) + 1;
-  CHECK_THROWS_WITH(check_forward_inputs(pb, Q, K, V, odd_o, &L, 16), Catch::Contains("o: data pointer is not 4-byte aligned"));
+  CHECK_THROWS_WITH(check_forward_inputs(pb, Q, K, V, odd_o, &L, 16), Catch::Contains("o: data pointer is not 16-byte aligned"));
+  auto o_plus_8 = O;  // element-aligned, not 16-byte aligned
+  o_plus_8.data = reinterpret_cast<char*>(o.data()) + 8;
+  CHECK_THROWS_WITH(check_forward_inputs(pb, Q, K, V, o_plus_8, &L, 16), Catch::Contains("o: data pointer is not 16-byte aligned"));
+  auto o_odd_stride = O;  // [1, 8, 2, 16] with head rows 18 elements apart
+  o_odd_stride.strides = {8 * 2 * 18, 2 * 18, 18, 1};
+  CHECK_THROWS_WITH(check_forward_inputs(pb, Q, K, V, o_odd_stride, &L, 16), Catch::Contains("o: stride of dimension 2 (18 elements) is not a multiple of 16 bytes"));
 
   CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 0, 8, 2, 1, 16, 16, DType::F32}), Catch::Contains("problem.seq_q: must be at least 1"));
   CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 8, 8, 3, 2, 16, 16, DType::F32}), Catch::Contains("problem.heads_kv: 2 does not divide"));
