@@ -177,7 +177,8 @@ void KernelOptions::add_to(CLI::App* app, bool with_head_dim) {
   }
   app->add_option("--dtype", dtype, "fp16, bf16 or fp32")->capture_default_str();
   app->add_option("--arch", archs, "target archs, comma separated (sm_75, sm_80, sm_86, sm_90, sm_90a, ...)")->capture_default_str();
-  app->add_option("--kernel-tile", tile, "kernel tile QxK, or QxKwN for N warps (e.g. 128x64w4), or default")->capture_default_str();
+  app->add_option("--kernel-tile", tile, "kernel tile QxK, or QxKwN for N warps (e.g. 128x64w4), or default (compile also takes candidates: every "
+                  "configuration the autotuner times)")->capture_default_str();
   app->add_option("--stages", stages, "cp.async stages (0: default)");
 }
 

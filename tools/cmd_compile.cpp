@@ -10,6 +10,7 @@
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
+#include "compiler/tune/autotune.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
 
@@ -32,22 +33,39 @@ void report(const KernelSource& k, const CompiledKernel& c, const std::string& e
   const ResourceUsage* u = nullptr;
   for (const ResourceUsage& x : c.usage)
     if (x.kernel == name) u = &x;
-  char line[512];
-  std::snprintf(line, sizeof line, "%s %s key=%s %s %.3fs registers=%d spills=%s shared=%dB+%dB threads=%d%s\n",
+  char line[640];
+  const std::string tile = std::to_string(k.config.tile_q) + "x" + std::to_string(k.config.tile_k) + "w" +
+                           std::to_string(k.config.warps) + " stages=" + std::to_string(k.config.stages);
+  std::snprintf(line, sizeof line, "%s %s key=%s %s %.3fs registers=%d spills=%s shared=%dB+%dB threads=%d tile=%s%s\n",
                 name.c_str(), k.arch.c_str(), c.key.hex.substr(0, 16).c_str(), c.cache_hit ? "hit" : "miss",
                 c.seconds, u ? u->registers : -1,
                 c.spills_known && u ? std::to_string(u->spill_store_bytes + u->spill_load_bytes).append("B").c_str()
                                     : "n/a(cached)",
                 u ? u->shared_bytes : 0, shared_bytes >= 0 ? shared_bytes : k.shared_bytes, threads >= 0 ? threads : k.threads,
-                c.nvrtc_version.empty() ? "" : (" nvrtc=" + c.nvrtc_version).c_str());
+                tile.c_str(), c.nvrtc_version.empty() ? "" : (" nvrtc=" + c.nvrtc_version).c_str());
   std::cout << line;
 }
 
 int run_compile(const CompileOptions& o) {
   const Pattern p = load_spec_file(o.spec);
+  // "--kernel-tile candidates": every configuration the autotuner would time, per arch.
+  const bool candidates = o.kernel.tile == "candidates";
+  KernelOptions base = o.kernel;
+  if (candidates) base.tile = "default";
+  std::vector<KernelRequest> requests;
+  for (KernelRequest r : base.requests()) {
+    if (!candidates) {
+      requests.push_back(r);
+      continue;
+    }
+    for (const KernelConfig& c : o.backward ? candidate_backward_configs(r) : candidate_configs(r)) {
+      r.config = c;
+      requests.push_back(r);
+    }
+  }
   std::vector<KernelSource> kernels;
   std::vector<BackwardKernels> backward;
-  for (const KernelRequest& r : o.kernel.requests()) {
+  for (const KernelRequest& r : requests) {
     if (o.backward) {
       backward.push_back(generate_backward_kernels(p, r));
       kernels.push_back(backward.back().source);
