@@ -179,7 +179,8 @@ namespace {
 
 // Offsets a pattern cannot tell apart (translation_period 64 here: segments 32 and 64, a local
 // layout of 16-row blocks, causal) share one plan, and each call still runs at its own positions:
-// outputs against the reference at the call's offsets, plan counts from plan_cache_stats.
+// outputs and gradients against the reference at the call's offsets, plan counts from
+// plan_cache_stats.
 void check_shared_plans(const Device& device, DType dt, double tolerance) {
   const Pattern p = PatternBuilder()
                         .causal()
@@ -199,18 +200,30 @@ void check_shared_plans(const Device& device, DType dt, double tolerance) {
   ro.device = device;
   Runtime rt(ro);
   Attention a = rt.prepare(p, pb);  // plans offsets (0, 0)
+  std::vector<float> dout = random_tensor(48 * 2 * 32, 14);
+  if (dt != DType::F32) dout = rounded_to_half(dout);
+  const HostTensor dot(dout, shape, dt, false);
   auto run = [&](int64_t q_offset, int64_t k_offset) {
     INFO("q_offset " << q_offset << " k_offset " << k_offset);
-    std::vector<float> zeros(q.size(), 0.0f);
-    HostTensor ot(zeros, shape, dt, false);
+    std::vector<float> zeros(q.size(), 0.0f), lse(2 * 48);
+    HostTensor ot(zeros, shape, dt, false), dqt(zeros, shape, dt, false), dkt(zeros, shape, dt, false), dvt(zeros, shape, dt, false);
+    const TensorView lv = TensorView::contiguous(lse.data(), DType::F32, {1, 2, 48});
     ForwardOptions fo;
     fo.q_offset = q_offset, fo.k_offset = k_offset;
-    a.forward(qt.view, kt.view, vt.view, ot.view, nullptr, fo);
-    const ReferenceOutput want = reference_attention(p, problem_shape(pb, q_offset, k_offset), q.data(), k.data(), v.data());
+    a.forward(qt.view, kt.view, vt.view, ot.view, &lv, fo);
+    a.backward(qt.view, kt.view, vt.view, ot.view, lv, dot.view, dqt.view, dkt.view, dvt.view, fo);
+    const Shape at = problem_shape(pb, q_offset, k_offset);
+    const ReferenceOutput want = reference_attention(p, at, q.data(), k.data(), v.data());
+    const ReferenceGradients grads = reference_attention_backward(p, at, q.data(), k.data(), v.data(), dout.data());
     size_t n = 0;
     for (int64_t s = 0; s < 48; ++s)
       for (int64_t h = 0; h < 2; ++h)
-        for (int64_t d = 0; d < 32; ++d, ++n) REQUIRE(ot.at(0, s, h, d) == Approx(want.o[n]).margin(tolerance));
+        for (int64_t d = 0; d < 32; ++d, ++n) {
+          REQUIRE(ot.at(0, s, h, d) == Approx(want.o[n]).margin(tolerance));
+          REQUIRE(dqt.at(0, s, h, d) == Approx(grads.dq[n]).margin(4 * tolerance));
+          REQUIRE(dkt.at(0, s, h, d) == Approx(grads.dk[n]).margin(4 * tolerance));
+          REQUIRE(dvt.at(0, s, h, d) == Approx(grads.dv[n]).margin(4 * tolerance));
+        }
   };
   run(64, 64);    // 0 mod 64, distance 0: the prepared plan
   run(128, 128);  // the same
@@ -220,7 +233,7 @@ void check_shared_plans(const Device& device, DType dt, double tolerance) {
   const PlanCacheStats st = a.plan_cache_stats();
   CHECK(st.plans == 3);
   CHECK(st.misses == 3);
-  CHECK(st.hits == 3);
+  CHECK(st.hits == 8);  // every backward finds its forward's plan
 }
 
 }  // namespace
