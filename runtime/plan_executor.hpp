@@ -37,7 +37,7 @@ struct ExecutorOptions {
   // The call's positions (q_offset, k_offset) where they differ from the plan's: a plan serves
   // every pair of offsets its pattern cannot tell apart (translation_period), and the partial
   // tiles' predicate takes the call's. nullopt: the plan's own.
-  std::optional<std::pair<int64_t, int64_t>> offsets;
+  std::optional<std::pair<int64_t, int64_t>> offsets = std::nullopt;
 };
 
 // Inputs as for reference_attention (contiguous [B, S, H, D], or [B, H, S, D] by `options`).

@@ -114,6 +114,22 @@ public:
     return c;
   }
 
+  // For a pattern with a translation period: the case's shape moved by 1..3 periods (the same mask
+  // in local rows) and moved by one position (often another mask: the comparison can fail).
+  struct Shifted {
+    int64_t period = 0;
+    Shape moved, by_one;
+  };
+  std::optional<Shifted> shifted(const RandomCase& c) {
+    const std::optional<int64_t> period = translation_period(c.pattern);
+    if (!period) return std::nullopt;
+    Shifted out{*period, c.shape, c.shape};
+    const int64_t m = uniform(1, 3);
+    out.moved.q_offset += m * *period, out.moved.k_offset += m * *period;
+    ++out.by_one.q_offset, ++out.by_one.k_offset;
+    return out;
+  }
+
   // A valid CSR table for a dynamic layout with blocks bq x bk.
   DynamicLayout random_table(const Shape& s, int64_t bq, int64_t bk) {
     DynamicLayout d;

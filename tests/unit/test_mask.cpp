@@ -43,15 +43,11 @@ TEST_CASE("translation_period: moving both positions by a multiple of it changes
   int periodic = 0, moved_by_one_differs = 0;
   for (int n = 0; n < 400; ++n) {
     const auto c = gen.next();
-    const std::optional<int64_t> period = translation_period(c.pattern);
-    if (!period) continue;
+    const auto sh = gen.shifted(c);
+    if (!sh) continue;
     ++periodic;
-    Shape moved = c.shape, by_one = c.shape;
-    const int64_t m = gen.uniform(1, 3);
-    moved.q_offset += m * *period, moved.k_offset += m * *period;
-    ++by_one.q_offset, ++by_one.k_offset;
-    const MaskContext a{c.pattern, c.shape, nullptr}, b{c.pattern, moved, nullptr}, one{c.pattern, by_one, nullptr};
-    INFO("case " << n << "\n" << canonical_text(c.pattern) << "period=" << *period << " seq_q=" << c.shape.seq_q
+    const MaskContext a{c.pattern, c.shape, nullptr}, b{c.pattern, sh->moved, nullptr}, one{c.pattern, sh->by_one, nullptr};
+    INFO("case " << n << "\n" << canonical_text(c.pattern) << "period=" << sh->period << " seq_q=" << c.shape.seq_q
                  << " seq_k=" << c.shape.seq_k << " q_offset=" << c.shape.q_offset << " k_offset=" << c.shape.k_offset);
     bool differs = false;
     for (int64_t h = 0; h < c.shape.heads_q; ++h)
