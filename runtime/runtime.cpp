@@ -75,9 +75,11 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
   }
   // Offsets the mask cannot tell apart share a plan (tables in local rows; the kernels and the plan
   // executor take the call's offsets), so a ring's steps or a stream of chunks with the same
-  // distance between queries and keys plan once.
-  const PreparedState::PlanKey key = st.period ? PreparedState::PlanKey{o.q_offset % *st.period, o.q_offset - o.k_offset, tables}
-                                               : PreparedState::PlanKey{o.q_offset, o.k_offset, tables};
+  // distance between queries and keys plan once. Documents take no offsets: their plans are keyed
+  // exactly, so that offsets with documents reach the lowering's error.
+  const bool shared = st.period && !o.cu_seqlens;
+  const PreparedState::PlanKey key = shared ? PreparedState::PlanKey{o.q_offset % *st.period, o.q_offset - o.k_offset, tables}
+                                            : PreparedState::PlanKey{o.q_offset, o.k_offset, tables};
   std::lock_guard<std::mutex> lock(st.mutex);
   if (auto it = st.plan_index.find(key); it != st.plan_index.end()) {
     const Shape& planned = it->second->second->plan.shape;

@@ -241,4 +241,11 @@ TEST_CASE("documents: every malformed cu_seqlens is a clear error", "[documents]
   fo.cu_seqlens = &right;
   fo.q_offset = 2;
   CHECK_THROWS_WITH(op.forward(t, t, t, to, nullptr, fo), Catch::Contains("cannot be combined with offsets"));
+  // Also after a plan for these documents exists, with offsets its period cannot tell from 0.
+  fo.q_offset = 0;
+  CHECK_NOTHROW(op.forward(t, t, t, to, nullptr, fo));
+  const std::optional<int64_t> period = translation_period(p);
+  REQUIRE(period);
+  fo.q_offset = fo.k_offset = *period;
+  CHECK_THROWS_WITH(op.forward(t, t, t, to, nullptr, fo), Catch::Contains("cannot be combined with offsets"));
 }
