@@ -542,7 +542,7 @@ std::vector<Case> config_cases(int64_t seq, int arch, bool sm90a) {
     r.head_dim = r.head_dim_v = kind.head_dim;
     r.dtype = kind.dtype;
     r.arch = kind.arch;
-    r.arch_specific = sm90a && kind.arch == 90;  // the Hopper path's candidates (ATTNJIT_SM90A=1 on an H100)
+    r.arch_specific = sm90a && kind.arch == 90;  // the Hopper path's candidates (an H100's default)
     std::vector<KernelConfig> configs = candidate_configs(r);
     if (kind.dtype == DType::BF16 && kind.head_dim == 64 && kind.arch >= 80 && !r.arch_specific) {
       configs.push_back({128, 64, 4});    // fits at head dim 64
