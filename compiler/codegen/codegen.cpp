@@ -237,15 +237,20 @@ KernelPath choose_path(const KernelRequest& r) {
 KernelConfig parse_kernel_tile(const std::string& text) {
   KernelConfig c;
   if (text == "default") return c;
+  auto bad = [&] { return UserError("--kernel-tile " + text, "expected QxK, QxKwN (N warps) or default, e.g. 128x64 or 128x64w4"); };
   const size_t w = text.find('w');
-  const TileConfig t = parse_tile_config(text.substr(0, w));
+  TileConfig t;
+  try {
+    t = parse_tile_config(text.substr(0, w));
+  } catch (const UserError&) {
+    throw bad();  // parse_tile_config's error names the plan's --tile
+  }
   c.tile_q = t.tile_q;
   c.tile_k = t.tile_k;
   if (w != std::string::npos) {
     int warps = 0;
     char tail = 0;
-    if (std::sscanf(text.c_str() + w, "w%d%c", &warps, &tail) != 1 || warps < 1)
-      throw UserError("--kernel-tile " + text, "expected QxK or QxKwN (N warps), e.g. 128x64 or 128x64w4");
+    if (std::sscanf(text.c_str() + w, "w%d%c", &warps, &tail) != 1 || warps < 1) throw bad();
     c.warps = warps;
   }
   return c;

@@ -255,6 +255,8 @@ TEST_CASE("unsupported requests are user errors naming the fix", "[codegen]") {
   CHECK_THROWS_WITH(parse_kernel_tile("128x64w"), Catch::Contains("QxKwN"));
   CHECK_THROWS_WITH(parse_kernel_tile("128x64w0"), Catch::Contains("QxKwN"));
   CHECK_THROWS_WITH(parse_kernel_tile("128x64w4x"), Catch::Contains("QxKwN"));
+  CHECK_THROWS_WITH(parse_kernel_tile("candidates"), Catch::Contains("--kernel-tile candidates: expected QxK, QxKwN (N warps) or default"));
+  CHECK_THROWS_WITH(parse_kernel_tile("64x"), Catch::Contains("--kernel-tile 64x: expected"));
 }
 
 TEST_CASE("Q lies over the last V stage where that lets one more block onto an SM", "[codegen]") {
