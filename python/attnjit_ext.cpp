@@ -339,7 +339,7 @@ std::string dump(const std::string& spec, const std::string& stage, const std::v
       os << print_backward_plan(lower_to_backward_plan(plan), max_items);
     } else {
       plan.stats.attended_pairs = pattern_stats(MaskContext{p, s, nullptr}).attended_pairs;
-      os << print_plan(plan, max_items);
+      os << print_plan(plan, max_items) << print_plan_sharing(p, s);
     }
   } else if (stage == "cuda" || stage == "ptx") {
     KernelRequest r;

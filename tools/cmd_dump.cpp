@@ -65,14 +65,7 @@ int run_dump(const DumpOptions& o) {
   }
   plan.stats.attended_pairs = pattern_stats(MaskContext{p, s, dyn ? &*dyn : nullptr}).attended_pairs;
   std::cout << print_plan(plan, o.full ? -1 : 8);
-  // Which calls a runtime serves with this plan (runtime/runtime.cpp keys plans the same way).
-  if (const std::optional<int64_t> period = translation_period(p)) {
-    std::cout << "; shared by offsets with q_offset mod " << *period << " = " << s.q_offset % *period
-              << " and q_offset - k_offset = " << s.q_offset - s.k_offset << " (translation period " << *period << ")\n";
-  } else {
-    std::cout << "; for these offsets only: the pattern has no translation period (a global, random, explicit or "
-                 "dynamic layout, or blocks of different sizes)\n";
-  }
+  std::cout << print_plan_sharing(p, s);  // which calls a runtime serves with this plan
   return 0;
 }
 }  // namespace

@@ -142,6 +142,10 @@ bool partial_tile_allows(const Pattern& p, int32_t branch, int32_t head, int64_t
 
 // Readable text: a summary, then the tables (the first `max_items` work items; all with -1).
 std::string print_plan(const Plan& plan, int64_t max_items);
+// One comment line: which calls share a plan of pattern `p` made for shape `s` (the runtime keys
+// plans by q_offset mod the translation period and q_offset - k_offset), or that it serves its
+// offsets only.
+std::string print_plan_sharing(const Pattern& p, const Shape& s);
 
 TileConfig parse_tile_config(const std::string& text);  // "64x64"; UserError if malformed
 

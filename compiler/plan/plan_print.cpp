@@ -82,4 +82,16 @@ std::string print_plan(const Plan& plan, int64_t max_items) {
   return os.str();
 }
 
+std::string print_plan_sharing(const Pattern& p, const Shape& s) {
+  std::ostringstream os;
+  if (const std::optional<int64_t> period = translation_period(p)) {
+    os << "; shared by offsets with q_offset mod " << *period << " = " << s.q_offset % *period
+       << " and q_offset - k_offset = " << s.q_offset - s.k_offset << " (translation period " << *period << ")\n";
+  } else {
+    os << "; for these offsets only: the pattern has no translation period (a global, random, explicit or dynamic "
+          "layout, or blocks of different sizes)\n";
+  }
+  return os.str();
+}
+
 }  // namespace attnjit
