@@ -75,7 +75,8 @@ struct PreparedState {
   // The mask's translation period (translation_period): offsets it cannot tell apart share a plan.
   std::optional<int64_t> period;
   // The plans by (offsets, table hash), most recently used first, and their bytes (plan_bytes).
-  // With a period the offsets are (q_offset mod period, q_offset - k_offset), else as given.
+  // With a period and no documents the offsets are (q_offset mod period, q_offset - k_offset),
+  // else as given (runtime.cpp, plan_for).
   using PlanKey = std::tuple<int64_t, int64_t, std::string>;
   std::list<std::pair<PlanKey, std::shared_ptr<PlanEntry>>> plans;
   std::map<PlanKey, decltype(plans)::iterator> plan_index;
