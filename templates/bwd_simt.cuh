@@ -51,7 +51,7 @@ __device__ __forceinline__ void aj_bwd_dq(const AjBwdParams& bp) {
       dp += aj_shfl_xor(dp, 1);
       dp += aj_shfl_xor(dp, 2);
       bool ok = live && c < t.count;
-      if (ok && !t.full) ok = aj_branch_allows(p, t.branch, item.head, qpos, k_origin + t.first + c * t.stride);
+      if (ok && !t.full) ok = aj_keys_allowed(p, t.branch, item.head, qpos, k_origin + t.first, (aj_cs)c * (aj_cs)t.stride);
       if (!ok) continue;
       const float pr = aj_ex2(dot * p.scale_log2 - lse2);
       const float ds = pr * (f * dp - delta);
@@ -134,8 +134,7 @@ __device__ __forceinline__ void aj_bwd_dkdv(const AjBwdParams& bp) {
         const float lse2 = sh.lse2[r];
         bool ok = live && lse2 != AJ_NEG_INF;
         if (ok && !qe.full) {
-          const aj_i64 qpos = q_origin + qe.rows_start + (aj_i64)(r0 + r) * qe.rows_stride;
-          ok = aj_branch_allows(p, qe.branch, qe.head, qpos, kpos);
+          ok = aj_queries_allowed(p, qe.branch, qe.head, kpos, q_origin + qe.rows_start, (aj_cs)(r0 + r) * (aj_cs)qe.rows_stride);
         }
         if (!ok) continue;
         const float pr = aj_ex2(dot * p.scale_log2 - lse2);

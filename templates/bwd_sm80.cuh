@@ -156,18 +156,21 @@ __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
       aj_mma_abt<AJ_HEAD_DIM, AJ_BWD_SUB_K, AJ_DP, AJ_DP>(s, sq + warp * 16 * AJ_DP, ks + c0 * AJ_DP, lane);  // S = Q K^T
       aj_mma_abt<AJ_HEAD_DIM_V, AJ_BWD_SUB_K, AJ_DVP, AJ_DVP>(dp, sdo + warp * 16 * AJ_DVP, vs + c0 * AJ_DVP, lane);  // dP = dO V^T
       // dS = P (f dP - D), P = exp2(S scale_log2 - LSE) where the pair is attended, else 0.
+      // counted: keys past the tile's count are refused too (a whole tile with every pair needs neither).
+      auto apply = [&](auto rule, bool counted) {
 #pragma unroll
-      for (int j = 0; j < AJ_BWD_SUB_K / 8; ++j) {
+        for (int j = 0; j < AJ_BWD_SUB_K / 8; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = c0 + j * 8 + quad * 2 + (e & 1);
-          bool ok = col < t.count;
-          if (ok && !t.full)
-            ok = aj_branch_allows(p, t.branch, item.head, e < 2 ? qpos0 : qpos1, k_origin + t.first + (aj_i64)col * t.stride);
-          const float pr = ok ? aj_ex2(s[j][e] * p.scale_log2 - (e < 2 ? lse0 : lse1)) : 0.0f;
-          s[j][e] = pr * (f * dp[j][e] - (e < 2 ? delta0 : delta1));
+          for (int e = 0; e < 4; ++e) {
+            const int col = c0 + j * 8 + quad * 2 + (e & 1);
+            const bool ok = (!counted || col < t.count) & rule(e < 2 ? qpos0 : qpos1, k_origin + t.first, (aj_cs)col * (aj_cs)t.stride);
+            const float pr = ok ? aj_ex2(s[j][e] * p.scale_log2 - (e < 2 ? lse0 : lse1)) : 0.0f;
+            s[j][e] = pr * (f * dp[j][e] - (e < 2 ? delta0 : delta1));
+          }
         }
-      }
+      };
+      if (t.full && t.count == AJ_TILE_K) apply(AjAllowAll(), false);
+      else aj_keys_rule(p, t.branch, item.head, t.full, [&](auto rule) { apply(rule, true); });
       aj_mma_xb<AJ_BWD_SUB_K, AJ_HEAD_DIM, AJ_DP>(dq, s, ks + c0 * AJ_DP, lane);  // dQ += dS K
     }
     aj_syncthreads();  // this stage is overwritten by a later prefetch
@@ -271,7 +274,9 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
       aj_zero<AJ_BWD_SUB_Q>(dp);
       aj_mma_abt<AJ_HEAD_DIM, AJ_BWD_SUB_Q, AJ_DP, AJ_DP>(s, sk + warp * 16 * AJ_DP, st.q + c0 * AJ_DP, lane);  // S^T = K Q^T
       aj_mma_abt<AJ_HEAD_DIM_V, AJ_BWD_SUB_Q, AJ_DVP, AJ_DVP>(dp, sv + warp * 16 * AJ_DVP, st.dout + c0 * AJ_DVP, lane);  // dP^T = V dO^T
-      // P^T where the pair is attended (else 0), f folded in for dV; dS^T = P^T (f dP^T - D).
+      // P^T where the pair is attended (else 0), f folded in for dV; dS^T = P^T (f dP^T - D). The
+      // rule is asked per element here (aj_queries_allowed): a loop copy per branch, as the forward
+      // has, holds too many registers next to dK and dV.
 #pragma unroll
       for (int j = 0; j < AJ_BWD_SUB_Q / 8; ++j) {
 #pragma unroll
@@ -281,8 +286,8 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
           if (!qe.full) {
             const int kr = x < 2 ? kr0 : kr1;
             ok = col < qe.rows_count && kr < ki.keys_count &&
-                 aj_branch_allows(p, qe.branch, qe.head, q_origin + qe.rows_start + (aj_i64)col * qe.rows_stride,
-                                  x < 2 ? kpos0 : kpos1);
+                 aj_queries_allowed(p, qe.branch, qe.head, x < 2 ? kpos0 : kpos1, q_origin + qe.rows_start,
+                                    (aj_cs)col * (aj_cs)qe.rows_stride);
           }
           const float pr = ok ? aj_ex2(s[j][x] * p.scale_log2 - st.lse2[col]) : 0.0f;
           s[j][x] = pr * (f * dp[j][x] - st.delta[col]);

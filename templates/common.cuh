@@ -6,7 +6,8 @@
 //   AJ_TILE_Q, AJ_TILE_K         query rows and keys per tile
 //   AJ_STAGES                    cp.async pipeline depth (sm_80 path)
 //   AJ_DTYPE                     0 = float32, 1 = float16, 2 = bfloat16 (storage of q, k, v, o)
-// and, after it, aj_branch_allows() (the mask predicate of partial tiles).
+// and, after it, aj_keys_allowed() and aj_queries_allowed() (the mask predicate of partial tiles,
+// compiler/codegen/codegen_mask.cpp).
 
 // ---- the plan tables, as packed by compiler/plan/device_plan.cpp (layouts must match) ----------
 

@@ -68,7 +68,7 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
       dot += aj_shfl_xor(dot, 1);
       dot += aj_shfl_xor(dot, 2);
       bool ok = live && c < t.count;
-      if (ok && !t.full) ok = aj_branch_allows(p, t.branch, item.head, qpos, k_origin + t.first + c * t.stride);
+      if (ok && !t.full) ok = aj_keys_allowed(p, t.branch, item.head, qpos, k_origin + t.first, (aj_cs)c * (aj_cs)t.stride);
       s[c] = ok ? dot * p.scale_log2 : AJ_NEG_INF;
       tile_max = fmaxf(tile_max, s[c]);
       nan |= s[c] != s[c];

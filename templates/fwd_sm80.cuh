@@ -98,17 +98,20 @@ __device__ __forceinline__ void aj_sm80_load_kv(const AjParams& p, const AjSm80S
 // the masked path only, rather than held in registers across the loop.
 __device__ __forceinline__ void aj_sm80_mask(float (&s)[AJ_TILE_K / 8][4], const AjParams& p, const AjTile& t, int head,
                                              aj_i64 qpos0, aj_i64 q_step8, aj_i64 k_origin, int quad) {
-  const aj_i64 qpos[2] = {qpos0, qpos0 + q_step8};
+  const aj_i64 qpos[2] = {qpos0, qpos0 + q_step8}, kbase = k_origin + t.first;
+  const int count = t.count;
+  const aj_cs stride = (aj_cs)t.stride;
+  auto apply = [&](auto rule) {
 #pragma unroll
-  for (int j = 0; j < AJ_TILE_K / 8; ++j) {
+    for (int j = 0; j < AJ_TILE_K / 8; ++j) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int col = j * 8 + quad * 2 + (e & 1);
-      bool ok = col < t.count;
-      if (ok && !t.full) ok = aj_branch_allows(p, t.branch, head, qpos[e >> 1], k_origin + t.first + (aj_i64)col * t.stride);
-      if (!ok) s[j][e] = AJ_NEG_INF;
+      for (int e = 0; e < 4; ++e) {
+        const int col = j * 8 + quad * 2 + (e & 1);
+        if (!((col < count) & rule(qpos[e >> 1], kbase, (aj_cs)col * stride))) s[j][e] = AJ_NEG_INF;
+      }
     }
-  }
+  };
+  aj_keys_rule(p, t.branch, head, t.full, apply);  // a full tile (cut short): only the count
 }
 
 // One online-softmax step of one 16-row group's scores, for this thread's rows g and g + 8: m, l

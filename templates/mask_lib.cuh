@@ -9,12 +9,37 @@ __device__ __forceinline__ aj_u64 aj_splitmix64(aj_u64 x) {
 }
 
 // random layout: u = (x >> 11) * 2^-53 < density  <=>  (x >> 11) < threshold, where
-// threshold = ceil(density * 2^53) is computed exactly on the host.
-__device__ __forceinline__ bool aj_random_kept(aj_u64 seed, aj_u64 threshold, aj_i64 h, aj_i64 qb, aj_i64 kb) {
-  aj_u64 x = aj_splitmix64(seed ^ (aj_u64)h);
-  x = aj_splitmix64(x ^ (aj_u64)qb);
-  x = aj_splitmix64(x ^ (aj_u64)kb);
-  return (x >> 11) < threshold;
+// threshold = ceil(density * 2^53) is computed exactly on the host. x hashes (head, qb, kb) in
+// turn; the first two rounds are the row's (aj_random_row), the last the column's.
+__device__ __forceinline__ aj_u64 aj_random_row(aj_u64 seed, aj_i64 h, aj_i64 qb) {
+  return aj_splitmix64(aj_splitmix64(seed ^ (aj_u64)h) ^ (aj_u64)qb);
+}
+__device__ __forceinline__ bool aj_random_col(aj_u64 row, aj_u64 threshold, aj_i64 kb) {
+  return (aj_splitmix64(row ^ (aj_u64)kb) >> 11) < threshold;
+}
+
+// The predicate's 32-bit pieces (compiler/codegen/codegen_mask.cpp explains the form). Positions
+// are >= 0 (offsets are), so block indices are plain quotients. cs, an element's distance from
+// its tile's first position, lies in [0, AJ_CS_LIMIT).
+#define AJ_CS_LIMIT (1 << 30)
+
+// The rule of a branch without a mask (the generated aj_keys_rule's default).
+struct AjAllowAll {
+  template <class A, class B, class C> __device__ __forceinline__ bool operator()(A, B, C) const { return true; }
+};
+
+// A 64-bit bound, clamped so that comparing a value in [0, AJ_CS_LIMIT) with it is exact.
+__device__ __forceinline__ int aj_bound32(aj_i64 x) { return x < -1 ? -1 : x > AJ_CS_LIMIT ? AJ_CS_LIMIT : (int)x; }
+
+// How many blocks of size b (<= AJ_CS_LIMIT) past the base's block the element at base + cs lies,
+// given base % b: (base % b + cs) / b, below 2^31.
+__device__ __forceinline__ int aj_step32(aj_i64 base_rem, int cs, unsigned b) {
+  return (int)(((unsigned)base_rem + (unsigned)cs) / b);
+}
+
+// (m + step) % s == phase for m = (base block) % s, s <= AJ_CS_LIMIT: the strided layout's test.
+__device__ __forceinline__ bool aj_mod32_is(aj_i64 m, int step, unsigned s, unsigned phase) {
+  return ((unsigned)m + (unsigned)step) % s == phase;
 }
 
 // Membership in a sorted list (global blocks, offsets).
@@ -52,4 +77,3 @@ __device__ __forceinline__ bool aj_dynamic_allows(const AjParams& p, int h, aj_i
   return lo < end && p.dyn_cols[lo] == kb;
 }
 
-__device__ __forceinline__ aj_i64 aj_abs(aj_i64 x) { return x < 0 ? -x : x; }

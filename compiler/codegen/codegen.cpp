@@ -317,7 +317,7 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const Tem
   k.shared_bytes = smem_bytes(k.path, r, k.config);
   k.template_hash = templates.hash();
   const std::string predicate = generate_mask_predicate(p);
-  k.has_mask = predicate.find("return true;") == std::string::npos;
+  k.has_mask = pattern_has_mask(p);
 
   std::ostringstream os;
   const std::vector<std::string> bodies =
@@ -363,7 +363,7 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
   k.arch = arch_name(r);
   k.template_hash = templates.hash();
   const std::string predicate = generate_mask_predicate(p);
-  k.has_mask = predicate.find("return true;") == std::string::npos;
+  k.has_mask = pattern_has_mask(p);
   const char* body;
   std::vector<std::string> bodies;
   if (k.path == KernelPath::Sm80) {

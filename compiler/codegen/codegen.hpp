@@ -113,6 +113,8 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
 
 // The mask predicate alone (the generated part between the templates), for tests and dumps.
 std::string generate_mask_predicate(const Pattern& p);
+// Does some branch have a causal, window or layout condition (so partial tiles run a predicate)?
+bool pattern_has_mask(const Pattern& p);
 
 }  // namespace attnjit
 #pragma GCC visibility pop

@@ -1,7 +1,24 @@
-// The generated mask predicate: one case per branch, each the conjunction of its causal, window
-// and layout conditions, with every constant folded in. A new mask kind is a new expression here
-// and a helper in templates/mask_lib.cuh, never a new kernel.
+// The generated mask predicate of partial tiles: one case per branch, each the conjunction of its
+// causal, window and layout conditions, with every constant folded in. A new mask kind is a new
+// expression here and a helper in templates/mask_lib.cuh, never a new kernel.
+//
+// Kernels test a tile's pairs element by element: the thread's row is one side of the pair, the
+// other moves along the tile's columns as `base + cs` (the tile's first position and the
+// element's distance from it, cs = column x stride). Two forms, each a "rule" per branch handed to
+// the kernel's loop (aj_keys_rule, aj_queries_rule; aj_keys_allowed and aj_queries_allowed ask one
+// pair):
+// - keys (a query row against keys; the forward and dQ kernels): each condition becomes a bound on
+//   cs, or on the key block's step from the base's block, computed from the row and the base alone
+//   (64-bit, once per row: the kernel's loop is compiled per branch and the compiler hoists it),
+//   and a 32-bit comparison per element. That is exact: bounds are clamped to [-1, AJ_CS_LIMIT]
+//   and the values compared with them lie in [0, AJ_CS_LIMIT), which holds when every stride times
+//   the largest tile (128) stays below AJ_CS_LIMIT (2^30). Larger dilations get the same
+//   expressions in 64-bit.
+// - queries (a key row against queries; the dK/dV kernels): the pair's positions in 64-bit.
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <numeric>
 #include <sstream>
 
 #include "compiler/codegen/codegen.hpp"
@@ -9,34 +26,135 @@
 namespace attnjit {
 namespace {
 
+constexpr int64_t kCsLimit = int64_t{1} << 30;  // AJ_CS_LIMIT in templates/mask_lib.cuh
+constexpr int64_t kMaxTileRows = 128;           // the largest tile_q and tile_k any path takes
+
+std::string ll(int64_t v) { return std::to_string(v) + "ll"; }
+
+// Can cs = column x stride stay 32-bit? Key strides are the branches' dilations; query rows of a
+// work item are at most the lcm of the dilations apart.
+bool narrow_distances(const Pattern& p) {
+  int64_t lcm = 1;
+  for (const Branch& b : p.branches) {
+    lcm = std::lcm(lcm, b.dilation);
+    if (lcm >= kCsLimit / kMaxTileRows) return false;
+  }
+  return true;
+}
+
+// A readable statement of a layout for the generated text's comments (the code is below it).
+std::string meaning(const Layout& l, const Layout* parent = nullptr) {
+  auto list = [](const std::vector<int64_t>& v) {
+    std::string s = "{";
+    for (size_t n = 0; n < v.size() && n < 8; ++n) s += (n ? ", " : "") + std::to_string(v[n]);
+    return s + (v.size() > 8 ? ", ... (" + std::to_string(v.size()) + ")}" : "}");
+  };
+  std::string s;
+  switch (l.kind) {
+    case Layout::Kind::Local: s = "|kb - qb| <= " + std::to_string(l.local); break;
+    case Layout::Kind::Global: s = "qb or kb in " + list(l.blocks); break;
+    case Layout::Kind::Strided: s = "kb % " + std::to_string(l.stride) + " == " + std::to_string(l.phase); break;
+    case Layout::Kind::Offsets: s = "kb - qb in " + list(l.blocks); break;
+    case Layout::Kind::Random: {
+      std::ostringstream os;
+      os << "random(density " << l.density << ", seed " << l.seed << ")";
+      s = os.str();
+      break;
+    }
+    case Layout::Kind::Explicit:
+      s = l.per_head.empty() ? std::to_string(l.explicit_blocks.size()) + " listed blocks" : "listed blocks per head";
+      break;
+    case Layout::Kind::Union:
+    case Layout::Kind::Intersect:
+      for (size_t n = 0; n < l.children.size(); ++n)
+        s += (n ? (l.kind == Layout::Kind::Union ? " or " : " and ") : "") + ("(" + meaning(l.children[n], &l) + ")");
+      break;
+    case Layout::Kind::Dynamic: s = "the run-time table"; break;
+  }
+  if (!parent || parent->bq != l.bq || parent->bk != l.bk)
+    s += " [blocks " + std::to_string(l.bq) + "x" + std::to_string(l.bk) + "]";
+  return s;
+}
+
+// Writes one form of the predicate. Keys: a query row (qpos) against keys kbase + cs, every term
+// evaluated (no branches, so the forward's loop copy per branch computes each row's bounds once),
+// 32-bit per element where `narrow`. Pairs: qpos and kpos both 64-bit, short-circuit; the key-row
+// kernels ask it one element at a time next to dK and dV, where hoisted bounds would take the
+// registers they need.
 class PredicateWriter {
 public:
-  std::string expression(const Layout& l) {
-    const std::string qb = "(qpos / " + std::to_string(l.bq) + "ll)", kb = "(kpos / " + std::to_string(l.bk) + "ll)";
+  enum class Form { Keys, Pairs };
+  PredicateWriter(Form form, bool narrow, std::map<std::string, std::string>& tables, std::ostringstream& table_text)
+      : keys_(form == Form::Keys), narrow_(narrow && keys_), and_(keys_ ? " & " : " && "), or_(keys_ ? " | " : " || "),
+        tables_(tables), table_text_(table_text) {}
+
+  const std::string& and_op() const { return and_; }
+
+  // The branch's causal and window terms: causal kpos <= qpos; left qpos - L <= kpos; right
+  // kpos <= qpos + R. Keys: as bounds on cs = kpos - kbase.
+  std::vector<std::string> token_terms(const Branch& br) {
+    std::vector<std::string> t;
+    if (keys_) {
+      const std::string d = "qpos - kbase";
+      if (br.causal) t.push_back("(cs <= " + bound(d) + ")");
+      if (br.window.left >= 0) t.push_back("(cs >= " + bound(d + " - " + ll(br.window.left)) + ")");
+      if (br.window.right >= 0) t.push_back("(cs <= " + bound(d + " + " + ll(br.window.right)) + ")");
+    } else {
+      if (br.causal) t.push_back("(kpos <= qpos)");
+      if (br.window.left >= 0) t.push_back("(kpos >= qpos - " + ll(br.window.left) + ")");
+      if (br.window.right >= 0) t.push_back("(kpos <= qpos + " + ll(br.window.right) + ")");
+    }
+    return t;
+  }
+
+  std::string layout(const Layout& l) {
+    // qb = qpos / bq (the row's, once per row); Keys: kb = kbase / bk + step, where step, the
+    // element's blocks past the base's, is 32-bit; e = qb - kbase / bk, so kb - qb = step - e.
+    const std::string qb = "(qpos / " + ll(l.bq) + ")", Kq = "(kbase / " + ll(l.bk) + ")";
+    const bool step32 = narrow_ && l.bk <= kCsLimit;
+    const std::string step = "step" + std::to_string(l.bk), e = qb + " - " + Kq;
+    if (keys_) {
+      steps_.emplace(step, step32 ? "const int " + step + " = aj_step32(kbase % " + ll(l.bk) + ", cs, " + std::to_string(l.bk) + "u);"
+                                  : "const aj_i64 " + step + " = (kbase % " + ll(l.bk) + " + cs) / " + ll(l.bk) + ";");
+    }
+    const std::string kb = keys_ ? "(" + Kq + " + " + step + ")" : "(kpos / " + ll(l.bk) + ")";
     switch (l.kind) {
-      case Layout::Kind::Local:
-        return "(aj_abs(" + kb + " - " + qb + ") <= " + std::to_string(l.local) + "ll)";
-      case Layout::Kind::Global:
-        return "(" + membership(l.blocks, qb) + " || " + membership(l.blocks, kb) + ")";
-      case Layout::Kind::Strided:
-        return "(" + kb + " % " + std::to_string(l.stride) + "ll == " + std::to_string(l.phase) + "ll)";
-      case Layout::Kind::Offsets:
-        return membership(l.blocks, "(" + kb + " - " + qb + ")");
+      case Layout::Kind::Local:  // |kb - qb| <= w  <=>  e - w <= step <= e + w
+        if (!keys_) return "(" + kb + " - " + qb + " >= " + ll(-l.local) + " && " + kb + " - " + qb + " <= " + ll(l.local) + ")";
+        return "((" + step + " >= " + bound(e + " - " + ll(l.local)) + ")" + and_ + "(" + step + " <= " + bound(e + " + " + ll(l.local)) +
+               "))";
+      case Layout::Kind::Offsets: {  // kb - qb == v  <=>  step == e + v
+        if (l.blocks.size() > 8 || !keys_) return membership(l.blocks, kb + " - " + qb);
+        std::string s = "(";
+        for (size_t n = 0; n < l.blocks.size(); ++n) s += (n ? or_ : "") + ("(" + step + " == " + bound(e + " + " + ll(l.blocks[n])) + ")");
+        return s + ")";
+      }
+      case Layout::Kind::Global: {  // qb listed (once per row) or kb listed (step == v - kbase / bk)
+        if (l.blocks.size() > 8 || !keys_) return "(" + membership(l.blocks, qb) + or_ + membership(l.blocks, kb) + ")";
+        std::string s = "(" + membership(l.blocks, qb);
+        for (const int64_t v : l.blocks) s += or_ + ("(" + step + " == " + bound(ll(v) + " - " + Kq) + ")");
+        return s + ")";
+      }
+      case Layout::Kind::Strided:  // kb % s == phase
+        if (step32 && l.stride <= kCsLimit)
+          return "aj_mod32_is(" + Kq + " % " + ll(l.stride) + ", " + step + ", " + std::to_string(l.stride) + "u, " +
+                 std::to_string(l.phase) + "u)";
+        return "(" + kb + " % " + ll(l.stride) + " == " + ll(l.phase) + ")";
       case Layout::Kind::Random: {
         // u < density  <=>  (x >> 11) < ceil(density * 2^53); the product is exact in double.
         const double scaled = std::ldexp(l.density, 53);
         const unsigned long long threshold = static_cast<unsigned long long>(std::ceil(scaled));
-        return "aj_random_kept(" + std::to_string(l.seed) + "ull, " + std::to_string(threshold) + "ull, head, " + qb +
-               ", " + kb + ")";
+        return "aj_random_col(aj_random_row(" + std::to_string(l.seed) + "ull, head, " + qb + "), " + std::to_string(threshold) +
+               "ull, " + kb + ")";
       }
       case Layout::Kind::Explicit:
         return explicit_blocks(l, qb, kb);
       case Layout::Kind::Union:
       case Layout::Kind::Intersect: {
-        const char* op = l.kind == Layout::Kind::Union ? " || " : " && ";
-        std::string e = "(";
-        for (size_t n = 0; n < l.children.size(); ++n) e += (n ? op : "") + expression(l.children[n]);
-        return e + ")";
+        const std::string& op = l.kind == Layout::Kind::Union ? or_ : and_;
+        std::string s = "(";
+        for (size_t n = 0; n < l.children.size(); ++n) s += (n ? op : "") + layout(l.children[n]);
+        return s + ")";
       }
       case Layout::Kind::Dynamic:
         return "aj_dynamic_allows(p, head, " + qb + ", " + kb + ")";
@@ -44,81 +162,135 @@ public:
     return "false";
   }
 
-  std::string tables() const { return tables_.str(); }
+  // The step variables the expressions since the last call used, as declarations.
+  std::string take_steps() {
+    std::string s;
+    for (const auto& [name, decl] : steps_) s += "          " + decl + "\n";
+    steps_.clear();
+    return s;
+  }
 
 private:
+  std::string bound(const std::string& x) const { return narrow_ ? "aj_bound32(" + x + ")" : "(" + x + ")"; }
+
+  // A device table, written once per distinct content (both forms share it).
+  std::string table(const std::string& type, const std::string& prefix, const std::string& body) {
+    const std::string key = type + body;
+    auto it = tables_.find(key);
+    if (it != tables_.end()) return it->second;
+    const std::string name = prefix + std::to_string(tables_.size());
+    table_text_ << "__device__ const " << type << " " << name << "[] = {" << body << "};\n";
+    tables_.emplace(key, name);
+    return name;
+  }
+
+  std::string sorted_list(const std::vector<int64_t>& values, const std::string& x) {
+    std::string body;
+    for (size_t n = 0; n < values.size(); ++n) body += (n ? ", " : "") + ll(values[n]);
+    return "aj_sorted_contains(" + table("aj_i64", "aj_list_", body) + ", " + std::to_string(values.size()) + ", " + x + ")";
+  }
+
   // Short lists become comparisons; longer ones a sorted device table and a binary search.
   std::string membership(const std::vector<int64_t>& values, const std::string& x) {
     if (values.empty()) return "false";
-    if (values.size() <= 8) {
-      std::string e = "(";
-      for (size_t n = 0; n < values.size(); ++n) e += (n ? " || " : "") + x + " == " + std::to_string(values[n]) + "ll";
-      return e + ")";
-    }
-    const std::string name = "aj_list_" + std::to_string(counter_++);
-    tables_ << "__device__ const aj_i64 " << name << "[] = {";
-    for (size_t n = 0; n < values.size(); ++n) tables_ << (n ? ", " : "") << values[n] << "ll";
-    tables_ << "};\n";
-    return "aj_sorted_contains(" + name + ", " + std::to_string(values.size()) + ", " + x + ")";
+    if (values.size() > 8) return sorted_list(values, x);
+    std::string s = "(";
+    for (size_t n = 0; n < values.size(); ++n) s += (n ? or_ : "") + ("(" + x + " == " + ll(values[n]) + ")");
+    return s + ")";
   }
 
   std::string pair_table(const std::vector<Layout::BlockPair>& pairs) {
-    const std::string name = "aj_pairs_" + std::to_string(counter_++);
-    tables_ << "__device__ const aj_i64 " << name << "[] = {";
-    if (pairs.empty()) tables_ << "0";
-    for (size_t n = 0; n < pairs.size(); ++n) tables_ << (n ? ", " : "") << pairs[n].first << "ll, " << pairs[n].second << "ll";
-    tables_ << "};\n";
-    return name;
+    std::string body = pairs.empty() ? "0" : "";
+    for (size_t n = 0; n < pairs.size(); ++n) body += (n ? ", " : "") + ll(pairs[n].first) + ", " + ll(pairs[n].second);
+    return table("aj_i64", "aj_pairs_", body);
   }
 
   std::string explicit_blocks(const Layout& l, const std::string& qb, const std::string& kb) {
     if (l.per_head.empty()) {
-      const std::string t = pair_table(l.explicit_blocks);
-      return "aj_pair_contains(" + t + ", " + std::to_string(l.explicit_blocks.size()) + ", " + qb + ", " + kb + ")";
+      return "aj_pair_contains(" + pair_table(l.explicit_blocks) + ", " + std::to_string(l.explicit_blocks.size()) + ", " + qb +
+             ", " + kb + ")";
     }
-    std::vector<std::string> names;
-    for (const auto& h : l.per_head) names.push_back(pair_table(h));
-    const std::string id = std::to_string(counter_++);
-    tables_ << "__device__ const aj_i64* const aj_heads_" << id << "[] = {";
-    for (size_t n = 0; n < names.size(); ++n) tables_ << (n ? ", " : "") << names[n];
-    tables_ << "};\n__device__ const int aj_heads_len_" << id << "[] = {";
-    for (size_t n = 0; n < l.per_head.size(); ++n) tables_ << (n ? ", " : "") << l.per_head[n].size();
-    tables_ << "};\n";
-    return "aj_pair_contains(aj_heads_" + id + "[head], aj_heads_len_" + id + "[head], " + qb + ", " + kb + ")";
+    std::string names, lengths;
+    for (size_t n = 0; n < l.per_head.size(); ++n) {
+      names += (n ? ", " : "") + pair_table(l.per_head[n]);
+      lengths += (n ? ", " : "") + std::to_string(l.per_head[n].size());
+    }
+    const std::string heads = table("aj_i64* const", "aj_heads_", names), len = table("int", "aj_heads_len_", lengths);
+    return "aj_pair_contains(" + heads + "[head], " + len + "[head], " + qb + ", " + kb + ")";
   }
 
-  std::ostringstream tables_;
-  int counter_ = 0;
+  bool keys_, narrow_;
+  std::string and_, or_;
+  std::map<std::string, std::string> steps_;  // name -> declaration
+  std::map<std::string, std::string>& tables_;
+  std::ostringstream& table_text_;
 };
 
 }  // namespace
 
+bool pattern_has_mask(const Pattern& p) {
+  for (const Branch& br : p.branches)
+    if (br.causal || br.window.left >= 0 || br.window.right >= 0 || br.layout) return true;
+  return false;
+}
+
 std::string generate_mask_predicate(const Pattern& p) {
-  PredicateWriter w;
-  std::ostringstream cases;
-  bool any = false;
-  for (size_t b = 0; b < p.branches.size(); ++b) {
-    const Branch& br = p.branches[b];
-    std::vector<std::string> terms;
-    if (br.causal) terms.push_back("kpos <= qpos");
-    if (br.window.left >= 0) terms.push_back("kpos >= qpos - " + std::to_string(br.window.left) + "ll");
-    if (br.window.right >= 0) terms.push_back("kpos <= qpos + " + std::to_string(br.window.right) + "ll");
-    if (br.layout) terms.push_back(w.expression(*br.layout));
-    if (terms.empty()) continue;  // this branch's tiles are always full
-    any = true;
-    cases << "    case " << b << ": return ";
-    for (size_t n = 0; n < terms.size(); ++n) cases << (n ? " && " : "") << terms[n];
-    cases << ";\n";
-  }
   std::ostringstream os;
-  if (!any) {
+  const bool narrow = narrow_distances(p);
+  os << "typedef " << (narrow ? "int" : "aj_i64") << " aj_cs;  // an element's distance from its tile's first position: "
+     << (narrow ? "32-bit (every stride x 128 < 2^30)" : "64-bit (this pattern's dilations reach 2^23)") << "\n";
+  const char* rule_names[2] = {"aj_keys_rule", "aj_queries_rule"};
+  const char* rule_args[2] = {"aj_i64 qpos, aj_i64 kbase, aj_cs cs", "aj_i64 kpos, aj_i64 qbase, aj_cs cs"};
+  if (!pattern_has_mask(p)) {
     os << "// mask: none (every visited tile is full)\n";
-    os << "__device__ __forceinline__ bool aj_branch_allows(const AjParams&, int, int, aj_i64, aj_i64) { return true; }\n";
-    return os.str();
+    for (const char* name : rule_names)
+      os << "template <class F> __device__ __forceinline__ void " << name << "(const AjParams&, int, int, bool, F&& f) { f(AjAllowAll()); }\n";
+  } else {
+    std::map<std::string, std::string> tables;
+    std::ostringstream table_text, cases[2];
+    for (int form = 0; form < 2; ++form) {
+      PredicateWriter w(form == 0 ? PredicateWriter::Form::Keys : PredicateWriter::Form::Pairs, narrow, tables, table_text);
+      for (size_t b = 0; b < p.branches.size(); ++b) {
+        const Branch& br = p.branches[b];
+        std::vector<std::string> terms = w.token_terms(br);
+        if (br.layout) terms.push_back(w.layout(*br.layout));
+        if (terms.empty()) continue;  // this branch's tiles are always full
+        cases[form] << "      case " << b << ":\n        f([&](" << rule_args[form] << ") {\n"
+                    << (form == 0 ? w.take_steps() : "          const aj_i64 qpos = qbase + cs;\n") << "          return ";
+        for (size_t n = 0; n < terms.size(); ++n) cases[form] << (n ? w.and_op() : "") << terms[n];
+        cases[form] << ";\n        });\n        return;\n";
+      }
+    }
+    os << "// mask, by branch (qb = qpos / bq, kb = kpos / bk):\n";
+    for (size_t b = 0; b < p.branches.size(); ++b) {
+      const Branch& br = p.branches[b];
+      std::vector<std::string> said;
+      if (br.causal) said.push_back("kpos <= qpos");
+      if (br.window.left >= 0) said.push_back("kpos >= qpos - " + std::to_string(br.window.left));
+      if (br.window.right >= 0) said.push_back("kpos <= qpos + " + std::to_string(br.window.right));
+      if (br.layout) said.push_back(meaning(*br.layout));
+      std::string line;
+      for (size_t n = 0; n < said.size(); ++n) line += (n ? " and " : "") + said[n];
+      os << "//   " << b << ": " << (said.empty() ? "every pair (its tiles are always full)" : line) << "\n";
+    }
+    os << table_text.str();
+    const char* what[2] = {"// f(rule) with the branch's rule for a query row (a full tile's: every pair): rule(qpos, kbase, cs)\n"
+                           "// says whether the query at qpos attends the key at kbase + cs. Each case is its own call, so f's\n"
+                           "// loop over a tile's elements is compiled per branch, with what depends on the row alone computed\n"
+                           "// once per row.\n",
+                           "// f(rule) with the branch's rule for a key row: rule(kpos, qbase, cs) says whether the query at\n"
+                           "// qbase + cs attends the key at kpos (in 64-bit positions).\n"};
+    for (int form = 0; form < 2; ++form) {
+      os << what[form] << "template <class F> __device__ __forceinline__ void " << rule_names[form]
+         << "(const AjParams& p, int branch, int head, bool full, F&& f) {\n  (void)p; (void)head;\n";
+      os << "  if (!full) {\n    switch (branch) {\n" << cases[form].str() << "    }\n  }\n  f(AjAllowAll());\n}\n";
+    }
   }
-  os << w.tables();
-  os << "__device__ __forceinline__ bool aj_branch_allows(const AjParams& p, int branch, int head, aj_i64 qpos, aj_i64 kpos) {\n";
-  os << "  (void)p; (void)head;\n  switch (branch) {\n" << cases.str() << "    default: return true;\n  }\n}\n";
+  os << "// One pair at a time (the SIMT kernels' loops).\n";
+  os << "__device__ __forceinline__ bool aj_keys_allowed(const AjParams& p, int branch, int head, " << rule_args[0] << ") {\n"
+     << "  bool r = true;\n  aj_keys_rule(p, branch, head, false, [&](auto rule) { r = rule(qpos, kbase, cs); });\n  return r;\n}\n";
+  os << "__device__ __forceinline__ bool aj_queries_allowed(const AjParams& p, int branch, int head, " << rule_args[1] << ") {\n"
+     << "  bool r = true;\n  aj_queries_rule(p, branch, head, false, [&](auto rule) { r = rule(kpos, qbase, cs); });\n  return r;\n}\n";
   return os.str();
 }
 

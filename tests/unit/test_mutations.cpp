@@ -29,6 +29,9 @@ struct Mutation {
   int head_dim = 64;  // 128: the tensor-core forward's Q lies over the last V stage on sm_80
   bool sm90a = false;  // the Hopper forward, emulated as sm_90a
   bool tma = true;     // with sm90a: the TMA kernel (fwd_sm90_tma.cuh), else the cp.async one (fwd_sm90.cuh)
+  // Scores far below zero: q = |q| + 3.5, k = k - 3.5 (scores near -900 before the scale), so a
+  // key past a tile's count that is let through (a zero row, score 0) gets P = exp(0 - LSE) = inf.
+  bool far_below = false;
 };
 
 const Mutation kMutations[] = {
@@ -60,6 +63,11 @@ const Mutation kMutations[] = {
      DType::BF16},
     {"SIMT: no barrier before the next tile is loaded", "fwd_simt.cuh",
      "    aj_syncthreads();  // the previous tile is no longer read\n", "\n", DType::F32},
+    {"partial tiles: the branch's mask rule not applied (only the key count)", "fwd_sm80.cuh",
+     "aj_keys_rule(p, t.branch, head, t.full, apply);", "aj_keys_rule(p, t.branch, head, true, apply);", DType::BF16},
+    {"tensor-core dQ: a full tile cut short taken as whole (keys past its count kept)", "bwd_sm80.cuh",
+     "if (t.full && t.count == AJ_TILE_K) apply(AjAllowAll(), false);", "if (t.full) apply(AjAllowAll(), false);", DType::BF16,
+     true, false, 64, false, true, true},
     {"backward: dK without the softmax scale", "bwd_simt.cuh", "aj_red_add_f32(dka + lane + AJ_SIMT_LANES * x, dk[x] * bp.scale);",
      "aj_red_add_f32(dka + lane + AJ_SIMT_LANES * x, dk[x]);", DType::F32, true},
     {"backward: no barrier before the next query chunk is staged", "bwd_simt.cuh",
@@ -137,7 +145,8 @@ const Mutation kMutations[] = {
 // Runs `templates`' kernels on the emulator; "" when they match the reference (O and LSE, and with
 // `backward` dQ, dK, dV too), else what went wrong.
 std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DType dt, bool backward = false,
-                         bool deterministic = false, int64_t d = 64, bool sm90a = false, bool tma = true) {
+                         bool deterministic = false, int64_t d = 64, bool sm90a = false, bool tma = true,
+                         bool far_below = false) {
   const Pattern p = PatternBuilder()
                         .branch(BranchSpec().segment(128).dilation(1).causal())
                         .branch(BranchSpec().segment(256).dilation(2).offset(OffsetRule::HeadMod))
@@ -151,8 +160,13 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
       for (float& x : v) x = bfloat16_to_float(float_to_bfloat16(x));
     return v;
   };
-  const std::vector<float> q = rounded(testing::random_tensor(nq, 1)), k = rounded(testing::random_tensor(nk, 2)),
-                           v = rounded(testing::random_tensor(nk, 3));
+  auto shifted = [&](std::vector<float> x, float sign) {
+    if (far_below)
+      for (float& y : x) y = sign > 0 ? std::abs(y) + 3.5f : y - 3.5f;
+    return x;
+  };
+  const std::vector<float> q = rounded(shifted(testing::random_tensor(nq, 1), 1)),
+                           k = rounded(shifted(testing::random_tensor(nk, 2), -1)), v = rounded(testing::random_tensor(nk, 3));
   const ReferenceOutput want = reference_attention(p, s, q.data(), k.data(), v.data(), nullptr, 1);
   auto store = [&](const std::vector<float>& x) {
     std::vector<uint16_t> h;
@@ -231,6 +245,7 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   CHECK(check_kernel(embedded, DType::F32, true, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, true, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, false, false, 128) == "");  // Q over the last V stage
+  CHECK(check_kernel(embedded, DType::BF16, true, false, 64, false, true, true) == "");  // scores far below zero
   for (bool tma : {true, false}) {
     INFO("sm_90a, " << (tma ? "TMA" : "cp.async"));
     CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, tma) == "");   // sm_90a
@@ -248,7 +263,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     REQUIRE(at != std::string::npos);  // the template changed: update the mutation
     text.replace(at, std::string(m.from).size(), m.to);
     t->replace(m.file, text);
-    const std::string outcome = check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma);
+    const std::string outcome = check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }
