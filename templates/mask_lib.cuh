@@ -18,6 +18,18 @@ __device__ __forceinline__ bool aj_random_col(aj_u64 row, aj_u64 threshold, aj_i
   return (aj_splitmix64(row ^ (aj_u64)kb) >> 11) < threshold;
 }
 
+// The random layout where an element's key block is the base's or the next (step 0 or 1: TWO
+// holds when AJ_TILE_K x stride <= bk): both blocks are hashed once per row and each element picks.
+template <bool TWO>
+__device__ __forceinline__ bool aj_random_pick(aj_u64 row, aj_u64 threshold, aj_i64 kb0, int step) {
+  if constexpr (TWO) {
+    const bool here = aj_random_col(row, threshold, kb0), next = aj_random_col(row, threshold, kb0 + 1);
+    return step ? next : here;
+  } else {
+    return aj_random_col(row, threshold, kb0 + step);
+  }
+}
+
 // The predicate's 32-bit pieces (compiler/codegen/codegen_mask.cpp explains the form). Positions
 // are >= 0 (offsets are), so block indices are plain quotients. cs, an element's distance from
 // its tile's first position, lies in [0, AJ_CS_LIMIT).

@@ -31,15 +31,16 @@ constexpr int64_t kMaxTileRows = 128;           // the largest tile_q and tile_k
 
 std::string ll(int64_t v) { return std::to_string(v) + "ll"; }
 
-// Can cs = column x stride stay 32-bit? Key strides are the branches' dilations; query rows of a
-// work item are at most the lcm of the dilations apart.
-bool narrow_distances(const Pattern& p) {
+// The largest distance between consecutive elements of a tile: key strides are the branches'
+// dilations, and query rows of a work item are at most their lcm apart. Capped at
+// kCsLimit / kMaxTileRows, where cs = column x stride stops fitting 32 bits.
+int64_t stride_bound(const Pattern& p) {
   int64_t lcm = 1;
   for (const Branch& b : p.branches) {
     lcm = std::lcm(lcm, b.dilation);
-    if (lcm >= kCsLimit / kMaxTileRows) return false;
+    if (lcm >= kCsLimit / kMaxTileRows) return kCsLimit / kMaxTileRows;
   }
-  return true;
+  return lcm;
 }
 
 // A readable statement of a layout for the generated text's comments (the code is below it).
@@ -78,15 +79,15 @@ std::string meaning(const Layout& l, const Layout* parent = nullptr) {
 
 // Writes one form of the predicate. Keys: a query row (qpos) against keys kbase + cs, every term
 // evaluated (no branches, so the forward's loop copy per branch computes each row's bounds once),
-// 32-bit per element where `narrow`. Pairs: qpos and kpos both 64-bit, short-circuit; the key-row
-// kernels ask it one element at a time next to dK and dV, where hoisted bounds would take the
-// registers they need.
+// 32-bit per element unless the strides are too large (stride_bound). Pairs: qpos and kpos both
+// 64-bit, short-circuit; the key-row kernels ask it one element at a time next to dK and dV,
+// where hoisted bounds would take the registers they need.
 class PredicateWriter {
 public:
   enum class Form { Keys, Pairs };
-  PredicateWriter(Form form, bool narrow, std::map<std::string, std::string>& tables, std::ostringstream& table_text)
-      : keys_(form == Form::Keys), narrow_(narrow && keys_), and_(keys_ ? " & " : " && "), or_(keys_ ? " | " : " || "),
-        tables_(tables), table_text_(table_text) {}
+  PredicateWriter(Form form, int64_t stride_bound, std::map<std::string, std::string>& tables, std::ostringstream& table_text)
+      : keys_(form == Form::Keys), narrow_(keys_ && stride_bound < kCsLimit / kMaxTileRows), stride_bound_(stride_bound),
+        and_(keys_ ? " & " : " && "), or_(keys_ ? " | " : " || "), tables_(tables), table_text_(table_text) {}
 
   const std::string& and_op() const { return and_; }
 
@@ -144,8 +145,13 @@ public:
         // u < density  <=>  (x >> 11) < ceil(density * 2^53); the product is exact in double.
         const double scaled = std::ldexp(l.density, 53);
         const unsigned long long threshold = static_cast<unsigned long long>(std::ceil(scaled));
-        return "aj_random_col(aj_random_row(" + std::to_string(l.seed) + "ull, head, " + qb + "), " + std::to_string(threshold) +
-               "ull, " + kb + ")";
+        const std::string row = "aj_random_row(" + std::to_string(l.seed) + "ull, head, " + qb + ")";
+        // A tile no wider than a key block (AJ_TILE_K x stride <= bk) sees the base's block and
+        // the next only: aj_random_pick hashes both once per row.
+        if (keys_ && step32)
+          return "aj_random_pick<(AJ_TILE_K * " + std::to_string(stride_bound_) + "ll <= " + ll(l.bk) + ")>(" + row + ", " +
+                 std::to_string(threshold) + "ull, " + Kq + ", " + step + ")";
+        return "aj_random_col(" + row + ", " + std::to_string(threshold) + "ull, " + kb + ")";
       }
       case Layout::Kind::Explicit:
         return explicit_blocks(l, qb, kb);
@@ -220,6 +226,7 @@ private:
   }
 
   bool keys_, narrow_;
+  int64_t stride_bound_;
   std::string and_, or_;
   std::map<std::string, std::string> steps_;  // name -> declaration
   std::map<std::string, std::string>& tables_;
@@ -236,7 +243,8 @@ bool pattern_has_mask(const Pattern& p) {
 
 std::string generate_mask_predicate(const Pattern& p) {
   std::ostringstream os;
-  const bool narrow = narrow_distances(p);
+  const int64_t strides = stride_bound(p);
+  const bool narrow = strides < kCsLimit / kMaxTileRows;
   os << "typedef " << (narrow ? "int" : "aj_i64") << " aj_cs;  // an element's distance from its tile's first position: "
      << (narrow ? "32-bit (every stride x 128 < 2^30)" : "64-bit (this pattern's dilations reach 2^23)") << "\n";
   const char* rule_names[2] = {"aj_keys_rule", "aj_queries_rule"};
@@ -249,7 +257,7 @@ std::string generate_mask_predicate(const Pattern& p) {
     std::map<std::string, std::string> tables;
     std::ostringstream table_text, cases[2];
     for (int form = 0; form < 2; ++form) {
-      PredicateWriter w(form == 0 ? PredicateWriter::Form::Keys : PredicateWriter::Form::Pairs, narrow, tables, table_text);
+      PredicateWriter w(form == 0 ? PredicateWriter::Form::Keys : PredicateWriter::Form::Pairs, strides, tables, table_text);
       for (size_t b = 0; b < p.branches.size(); ++b) {
         const Branch& br = p.branches[b];
         std::vector<std::string> terms = w.token_terms(br);

@@ -69,7 +69,9 @@ std::vector<Question> questions_for(const Pattern& p, int64_t index, int64_t hea
 std::string unit_source(const std::vector<Pattern>& patterns, const std::string& mask_lib) {
   const TemplateSet& t = TemplateSet::embedded();
   std::ostringstream os;
-  os << "#define AJ_HEAD_DIM 64\n#define AJ_HEAD_DIM_V 64\n#define AJ_TILE_Q 64\n#define AJ_TILE_K 64\n"
+  // Tiles of 128 (the questions' columns go to 127), so aj_random_pick's two-block form is taken
+  // where 128 x the strides fit a key block.
+  os << "#define AJ_HEAD_DIM 64\n#define AJ_HEAD_DIM_V 64\n#define AJ_TILE_Q 128\n#define AJ_TILE_K 128\n"
         "#define AJ_STAGES 2\n#define AJ_WARPS 4\n#define AJ_DTYPE 0\n"
      << t.text("gpu_blocks.cuh") << t.text("common.cuh") << mask_lib;
   for (size_t n = 0; n < patterns.size(); ++n)
@@ -132,7 +134,7 @@ std::vector<Pattern> patterns_under_test(std::vector<int64_t>& heads) {
     const auto c = gen.next();
     if (!c.dynamic && pattern_has_mask(c.pattern)) out.push_back(c.pattern), heads.push_back(c.shape.heads_q);
   }
-  heads.insert(heads.end(), 3, 4);
+  heads.insert(heads.end(), 4, 4);
   const int64_t huge = (int64_t{1} << 31) + 5;  // a block past 2^30: its step is 64-bit
   out.push_back(PatternBuilder()
                     .branch(BranchSpec().dilation((int64_t{1} << 23) + 1).causal().window(9, 4).layout(layouts::local(1, 3, 5)))
@@ -148,6 +150,11 @@ std::vector<Pattern> patterns_under_test(std::vector<int64_t>& heads) {
                     .branch(BranchSpec().layout(layouts::offsets(many, 4, 6)))
                     .branch(BranchSpec().window(30, -1).layout(layouts::global({0, 3, 5, 8, 11, 13, 40, 41, 90, 4000}, 5, 3)))
                     .branch(BranchSpec().layout(layouts::random(0.3, 77, 2, 3)))
+                    .build());
+  // Key blocks of 256 over tiles of 128 with strides up to 2: the random layout's two-block form.
+  out.push_back(PatternBuilder()
+                    .branch(BranchSpec().segment(700).dilation(2).layout(layouts::random(0.4, 5, 3, 256)))
+                    .branch(BranchSpec().causal().layout(layouts::union_of({layouts::random(0.5, 6, 256, 256), layouts::local(0, 256, 256)})))
                     .build());
   return out;
 }
