@@ -335,6 +335,13 @@ void BlockExecutor::red_add_f32(float* addr, float value, const void* pc) {
   std::atomic_ref<float>(*addr).fetch_add(value);
 }
 
+void BlockExecutor::red_add_u32(unsigned* addr, unsigned value, const void* pc) {
+  tick();
+  if (reinterpret_cast<uintptr_t>(addr) % 4) fail("red.global.add.u32 by " + who(current_->tid) + " at an address that is not 4-byte aligned (at " + where(pc) + ")");
+  check_global(addr, 4, true, "red.global.add.u32", pc);
+  std::atomic_ref<unsigned>(*addr).fetch_add(value);
+}
+
 // ---- cp.async --------------------------------------------------------------------------------
 
 void BlockExecutor::cp_async(void* smem, const void* gmem, unsigned cp_size, unsigned src_size, const void* pc) {

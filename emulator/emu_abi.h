@@ -5,7 +5,7 @@
 #ifndef ATTNJIT_EMU_ABI_H
 #define ATTNJIT_EMU_ABI_H
 
-#define AJ_EMU_ABI_VERSION 5
+#define AJ_EMU_ABI_VERSION 6
 #define AJ_EMU_F16 1
 #define AJ_EMU_BF16 2
 /* wgmma flags: scale-d (accumulate into D), imm-trans-a / -b (MN-major operands), imm-scale -1 */
@@ -63,6 +63,8 @@ typedef struct AjEmuApi {
   void (*tma_load)(void* dst, const void* tensor_map, const int* coords, int rank, void* bar, const void* pc);
   /* named barriers (bar.sync / bar.arrive id, count): `count` threads arrive, those that sync wait */
   void (*named_barrier)(int id, int count, int wait, const void* pc);
+  /* red.global.add.u32 */
+  void (*red_add_u32)(unsigned* addr, unsigned value, const void* pc);
 } AjEmuApi;
 
 #ifdef __cplusplus

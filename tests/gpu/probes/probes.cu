@@ -109,6 +109,12 @@ extern "C" __global__ void probe_red_add(const aj_u32* in, aj_u32* out) {
   aj_red_add_f32((float*)out + (t + aj_block_idx_x()) % 8, aj_probe_f(in[t]));
 }
 
+// red.global.add.u32 from every thread of two blocks into 8 words (wrapping: any order gives the same sum).
+extern "C" __global__ void probe_red_add_u32(const aj_u32* in, aj_u32* out) {
+  const int t = aj_thread_idx();
+  aj_red_add_u32(out + (t + aj_block_idx_x()) % 8, in[t]);
+}
+
 // fp32 arithmetic as NVRTC compiles it (--use_fast_math: contraction to fma, subnormals flushed):
 // out[2t] = a * b + c, out[2t+1] = a * b (in[3t..3t+2] = a, b, c).
 extern "C" __global__ void probe_fp32_arith(const aj_u32* in, aj_u32* out) {

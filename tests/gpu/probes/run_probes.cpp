@@ -178,6 +178,7 @@ const std::vector<Probe>& probes() {
       {"probe_ex2_lg2", 1, 1, 64, 0, 128, Compare::Approx, ex2_lg2_inputs},
       {"probe_fp32_arith", 1, 1, 64, 0, 128, Compare::Exact, arith_inputs},
       {"probe_red_add", 2, 1, 64, 0, 8, Compare::Exact, small_integer_floats},
+      {"probe_red_add_u32", 2, 1, 64, 0, 8, Compare::Exact, [] { return random_words(64, 18); }},
       {"probe_wgmma_ss_sw128", 1, 1, 128, 1024 + 32768, 64 * 128, Compare::Exact, [] { return wgmma_inputs(128, false, 12); }, true},
       {"probe_wgmma_rs_mn_sw128", 1, 1, 128, 1024 + 32768, 64 * 128, Compare::Exact, [] { return wgmma_inputs(128, true, 13); }, true},
       {"probe_wgmma_ss_sw32_interleave", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, false, 14); }, true},
@@ -190,8 +191,8 @@ const std::vector<Probe>& probes() {
   return p;
 }
 
-// Outputs start poisoned, so a word a probe forgets shows; the accumulating probe starts at 0.0f.
-uint32_t initial_word(const Probe& p) { return std::string(p.name) == "probe_red_add" ? 0u : 0xDEADBEEFu; }
+// Outputs start poisoned, so a word a probe forgets shows; the accumulating probes start at 0.
+uint32_t initial_word(const Probe& p) { return std::string(p.name).rfind("probe_red_add", 0) == 0 ? 0u : 0xDEADBEEFu; }
 
 std::string probe_source() {
   std::ifstream in(ATTNJIT_PROBES_CU);
