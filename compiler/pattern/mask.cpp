@@ -21,6 +21,7 @@ bool dynamic_allows(const Layout& l, int64_t h, int64_t qb, int64_t kb, const Dy
     throw UserError(l.path + "/dynamic", "this layout is given at run time, but no table was supplied; "
                                          "pass its CSR table (CLI: --dynamic FILE)");
   }
+  if (d->standin != DynamicLayout::Standin::None) return d->standin == DynamicLayout::Standin::EveryBlock;
   const int64_t q_blocks = (static_cast<int64_t>(d->row_offsets.size()) - 1) / d->heads;
   if (qb >= q_blocks) return false;  // check_dynamic_layout() makes this unreachable for valid calls
   if (kb > INT32_MAX) return false;  // the table's key blocks are int32: never listed
@@ -182,6 +183,8 @@ void layout_key_intervals(const Layout& l, int64_t h, int64_t qpos, int64_t lo, 
     }
     case Layout::Kind::Dynamic: {
       if (!dynamic) dynamic_allows(l, h, qb, 0, dynamic);  // throws the "no table" error
+      if (dynamic->standin == DynamicLayout::Standin::EveryBlock) return push_interval(out, lo, hi, lo, hi);
+      if (dynamic->standin == DynamicLayout::Standin::NoBlock) return;
       const int64_t q_blocks = (static_cast<int64_t>(dynamic->row_offsets.size()) - 1) / dynamic->heads;
       if (qb >= q_blocks || r.first > INT32_MAX) return;  // key blocks past int32 are never listed
       const int64_t row = (dynamic->heads == 1 ? 0 : h) * q_blocks + qb;
@@ -387,10 +390,74 @@ int64_t branch_key_count(const MaskContext& c, size_t b, int64_t h, int64_t i) {
   return total;
 }
 
-void check_dynamic_layout(const Pattern& p, const Shape& s, const DynamicLayout& d, const std::string& source) {
+const DynamicLayout& DynamicLayout::every_block() {
+  static const DynamicLayout d{1, {}, {}, Standin::EveryBlock};
+  return d;
+}
+
+const DynamicLayout& DynamicLayout::no_block() {
+  static const DynamicLayout d{1, {}, {}, Standin::NoBlock};
+  return d;
+}
+
+int64_t sanitize_dynamic_table(const int64_t* row_offsets, int64_t rows, const int32_t* col_indices, int64_t n,
+                               int64_t k_blocks, DynamicLayout& out) {
+  int64_t problems = 0;
+  out.row_offsets.assign(1, 0);
+  out.col_indices.clear();
+  if (rows >= 0 && (row_offsets[0] != 0 || row_offsets[rows] != n)) ++problems;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t raw_begin = row_offsets[r], raw_end = row_offsets[r + 1];
+    if (raw_begin < 0 || raw_begin > n || raw_end < raw_begin || raw_end > n) ++problems;
+    const int64_t begin = std::clamp<int64_t>(raw_begin, 0, n), end = std::clamp<int64_t>(raw_end, begin, n);
+    int64_t last = -1;
+    for (int64_t e = begin; e < end; ++e) {
+      const int64_t kb = col_indices[e];
+      if (kb < 0 || kb >= k_blocks || kb <= last) {
+        ++problems;
+        continue;
+      }
+      out.col_indices.push_back(static_cast<int32_t>(kb));
+      last = kb;
+    }
+    out.row_offsets.push_back(static_cast<int64_t>(out.col_indices.size()));
+  }
+  return problems;
+}
+
+namespace {
+std::vector<const Layout*> dynamic_nodes(const Pattern& p) {
   std::vector<const Layout*> nodes;
   for (const Branch& br : p.branches)
     if (br.layout) collect_dynamic(*br.layout, nodes);
+  return nodes;
+}
+}  // namespace
+
+int64_t dynamic_key_blocks(const Pattern& p, const Shape& s) {
+  int64_t k_blocks = -1;
+  for (const Layout* l : dynamic_nodes(p)) {
+    const int64_t n = ceil_div(s.k_offset + s.seq_k, l->bk);
+    k_blocks = k_blocks < 0 ? n : std::min(k_blocks, n);
+  }
+  return std::max<int64_t>(k_blocks, 0);
+}
+
+int64_t dynamic_query_blocks(const Pattern& p, const Shape& s) {
+  int64_t q_blocks = -1;
+  for (const Layout* l : dynamic_nodes(p)) {
+    const int64_t n = ceil_div(s.q_offset + s.seq_q, l->bq);
+    if (q_blocks >= 0 && n != q_blocks) {
+      throw UserError(l->path, "the dynamic layouts of a pattern share one table, so they need the same query block size "
+                               "(their row counts differ: " + std::to_string(q_blocks) + " and " + std::to_string(n) + ")");
+    }
+    q_blocks = n;
+  }
+  return std::max<int64_t>(q_blocks, 0);
+}
+
+void check_dynamic_layout(const Pattern& p, const Shape& s, const DynamicLayout& d, const std::string& source) {
+  const std::vector<const Layout*> nodes = dynamic_nodes(p);
   if (nodes.empty()) throw UserError(source, "a dynamic layout table was given, but the pattern has no \"dynamic\" layout");
   if (d.heads != 1 && d.heads != s.heads_q) {
     throw UserError(source, "has tables for " + std::to_string(d.heads) + " heads; give 1 (shared) or one per query head (" +

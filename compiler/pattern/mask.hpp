@@ -20,7 +20,25 @@ struct DynamicLayout {
   int64_t heads = 1;
   std::vector<int64_t> row_offsets;
   std::vector<int32_t> col_indices;
+  // A stand-in for a table the planner does not see (one that stays in device memory,
+  // DeviceDynamicLayout in attnjit.hpp): every block kept (what a plan must visit) or none (what
+  // it may call full whatever the table says). A stand-in has no rows; it is never checked.
+  enum class Standin { None, EveryBlock, NoBlock };
+  Standin standin = Standin::None;
+  static const DynamicLayout& every_block();
+  static const DynamicLayout& no_block();
 };
+
+// The host form of a table given as raw CSR arrays, the way the kernels read a device table:
+// row r spans entries [clamp(row_offsets[r], 0, n), clamp(row_offsets[r + 1], that, n)); an entry
+// outside [0, k_blocks) or not above the row's last kept entry is dropped. Returns the number of
+// problems (offsets out of order or range, dropped entries), as the kernels count them.
+int64_t sanitize_dynamic_table(const int64_t* row_offsets, int64_t rows, const int32_t* col_indices, int64_t n,
+                               int64_t k_blocks, DynamicLayout& out);
+// The smallest key-block count of the pattern's dynamic layouts for a call: ceil((k_offset + seq_k) / bk).
+int64_t dynamic_key_blocks(const Pattern& p, const Shape& s);
+// The query-block rows per head of the pattern's dynamic layouts: ceil((q_offset + seq_q) / bq).
+int64_t dynamic_query_blocks(const Pattern& p, const Shape& s);
 
 // Checks a dynamic table against every dynamic layout of the pattern and the shape: length,
 // monotone offsets, sorted unique in-range indices. Throws UserError naming `source` and the fix.

@@ -333,3 +333,29 @@ TEST_CASE("dynamic layouts are read from the CSR table and checked", "[mask][lay
   rejects({1, {0, 3, 2}, {0, 1}}, "decreases at row 1");
   rejects({3, {0, 0, 0, 0, 0, 0, 0}, {}}, "tables for 3 heads");
 }
+
+TEST_CASE("a device table is sanitised as the kernels count its problems", "[mask][layout][dynamic]") {
+  DynamicLayout out;
+  // Row 0 repeats a block (0 after 1), row 2 names block 7 of 4: two problems, both entries dropped.
+  const std::vector<int64_t> offsets{0, 2, 2, 5};
+  const std::vector<int32_t> cols{1, 0, 0, 3, 7};
+  CHECK(sanitize_dynamic_table(offsets.data(), 3, cols.data(), 5, 4, out) == 2);
+  CHECK(out.row_offsets == std::vector<int64_t>{0, 1, 1, 3});
+  CHECK(out.col_indices == std::vector<int32_t>{1, 0, 3});
+
+  // Offsets wrong everywhere: the first is not 0 (one problem for the ends), row 0 ends past the
+  // entries, row 1 starts past them, row 2 starts below 0 (one each); clamped, row 0 reads [1, 3)
+  // and row 2 reads [0, 3), each dropping its decreasing entry.
+  const std::vector<int64_t> wild{1, 5, -2, 3};
+  const std::vector<int32_t> cols2{0, 2, 1};
+  CHECK(sanitize_dynamic_table(wild.data(), 3, cols2.data(), 3, 4, out) == 6);
+  CHECK(out.row_offsets == std::vector<int64_t>{0, 1, 1, 3});
+  CHECK(out.col_indices == std::vector<int32_t>{2, 0, 2});
+
+  // A good table passes unchanged with no problems.
+  const std::vector<int64_t> good{0, 1, 3};
+  const std::vector<int32_t> cols3{1, 0, 1};
+  CHECK(sanitize_dynamic_table(good.data(), 2, cols3.data(), 3, 2, out) == 0);
+  CHECK(out.row_offsets == good);
+  CHECK(out.col_indices == cols3);
+}
