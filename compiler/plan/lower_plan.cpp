@@ -298,7 +298,7 @@ Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, co
     finish_plan(plan);
     return plan;
   }
-  if (dynamic) check_dynamic_layout(p, s, *dynamic, "dynamic layout");
+  if (dynamic && dynamic->standin == DynamicLayout::Standin::None) check_dynamic_layout(p, s, *dynamic, "dynamic layout");
   Plan plan = empty_plan(p, s, tiles);
   PlanBuilder builder(p, s, tiles, dynamic);
   // A first guess at the tables' size (heads_q * seq_q < 2^62, check_shape); a shape whose tables

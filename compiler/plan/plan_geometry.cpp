@@ -40,7 +40,11 @@ struct SpanGeometry::Interval {
   }
 };
 
-SpanGeometry::SpanGeometry(const Pattern& p, const DynamicLayout* dynamic) : pattern_(p), dynamic_(dynamic) {}
+SpanGeometry::SpanGeometry(const Pattern& p, const DynamicLayout* dynamic)
+    : pattern_(p), dynamic_(dynamic), full_table_(dynamic),
+      device_table_(dynamic && dynamic->standin == DynamicLayout::Standin::EveryBlock) {
+  if (device_table_) full_table_ = &DynamicLayout::no_block();
+}
 
 bool SpanGeometry::has_pairs(int32_t branch, int32_t head, const Prog& q, const Prog& k) const {
   const Branch& b = pattern_.branches[static_cast<size_t>(branch)];
@@ -76,13 +80,14 @@ void SpanGeometry::add_layout_entries(const Layout& l, int32_t branch, int32_t h
   std::vector<KeyInterval>& all = scratch_all_;
   bool first = true;
   for (int64_t id : granules_of(q, gq)) {
-    const std::vector<KeyInterval>& row = row_intervals(l, head, id * gq, lo, hi);
+    const std::vector<KeyInterval>& row = row_intervals(l, head, id * gq, lo, hi, 0);
+    const std::vector<KeyInterval>& row_all = full_table_ == dynamic_ ? row : row_intervals(l, head, id * gq, lo, hi, 1);
     if (first) {
-      any = row, all = row, first = false;
+      any = row, all = row_all, first = false;
       continue;
     }
     union_key_intervals(any, row, scratch_merge_);
-    intersect_key_intervals(all, row, scratch_merge_);
+    intersect_key_intervals(all, row_all, scratch_merge_);
   }
   // Key index ranges [a, b] (inclusive) of the intervals; ranges with no key between them join.
   auto index_ranges = [&](const std::vector<KeyInterval>& iv, std::vector<std::pair<int64_t, int64_t>>& out) {
@@ -115,10 +120,10 @@ void SpanGeometry::add_layout_entries(const Layout& l, int32_t branch, int32_t h
 // The intervals of one block row, kept from the previous call when the head, the query granule
 // and the key range are the same (consecutive query tiles of one block row).
 const std::vector<KeyInterval>& SpanGeometry::row_intervals(const Layout& l, int32_t head, int64_t qpos, int64_t lo,
-                                                           int64_t hi) const {
-  RowCache& c = row_cache_;
+                                                           int64_t hi, int table) const {
+  RowCache& c = row_cache_[table];
   if (!(c.layout == &l && c.head == head && c.qpos == qpos && c.lo == lo && c.hi == hi)) {
-    layout_key_intervals(l, head, qpos, lo, hi, dynamic_, c.intervals);
+    layout_key_intervals(l, head, qpos, lo, hi, table ? full_table_ : dynamic_, c.intervals);
     c.layout = &l, c.head = head, c.qpos = qpos, c.lo = lo, c.hi = hi;
   }
   return c.intervals;
@@ -128,6 +133,7 @@ void SpanGeometry::add_span(int32_t head, int32_t branch, const Prog& q, const P
                             const Shape& shape, Plan& plan) const {
   const Branch& b = pattern_.branches[static_cast<size_t>(branch)];
   const Interval band(b);
+  const Layout* layout = b.layout && !(device_table_ && b.layout->kind == Layout::Kind::Dynamic) ? &*b.layout : nullptr;
   const int64_t tk = tiles.tile_k, n = keys.count;
   const int64_t nt = ceil_div(n, tk);
   int64_t tb = 0, te = nt, fb = 0, fe = nt;
@@ -149,7 +155,7 @@ void SpanGeometry::add_span(int32_t head, int32_t branch, const Prog& q, const P
   span.keys = RowMap{keys.first - shape.k_offset, keys.stride, keys.count};
   span.branch = branch;
   auto tile_prog = [&](int64_t t) { return keys.slice(t * tk, std::min(tk, n - t * tk)); };
-  if (!b.layout) {
+  if (!layout) {
     // Partial tiles at the band's edges can still be empty when queries are strided: list the
     // visited tiles explicitly only then.
     bool gaps = false;
@@ -165,8 +171,8 @@ void SpanGeometry::add_span(int32_t head, int32_t branch, const Prog& q, const P
     }
   }
   span.entry_begin = static_cast<int64_t>(plan.tile_entries.size());
-  if (b.layout) {
-    add_layout_entries(*b.layout, branch, head, q, keys, tk, tb, te, fb, fe, plan);
+  if (layout) {
+    add_layout_entries(*layout, branch, head, q, keys, tk, tb, te, fb, fe, plan);
   } else {
     for (int64_t t = tb; t < te; ++t) {
       const bool band_full = t >= fb && t < fe;

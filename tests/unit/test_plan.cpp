@@ -84,6 +84,57 @@ TEST_CASE("plan tiles cover exactly the mask, with multiplicity, every row once,
   }
 }
 
+// A table that stays on the device is not seen by the planner: the plan is lowered with every block
+// kept (DynamicLayout::every_block) and the kernels skip, per tile, what the table does not keep.
+// Its tiles must hold every pair of any table, and a tile it calls full must be full for every
+// table, except in a branch whose layout is the table itself, where the kernel narrows "full" to
+// tiles inside one query block and one key block that the table keeps (as here).
+TEST_CASE("a plan for a table on the device covers every table's mask, with multiplicity", "[plan][property][device_table]") {
+  CaseGenerator gen(778);
+  int tested = 0;
+  for (int n = 0; n < 1500 && tested < 120; ++n) {
+    const auto c = gen.next();
+    if (!c.dynamic) continue;
+    ++tested;
+    const TileConfig tiles = random_tiles(gen);
+    const DynamicLayout* dyn = &*c.dynamic;
+    INFO("case " << n << "\n" << describe(c, tiles));
+    const Plan plan = lower_to_plan(c.pattern, c.shape, tiles, &DynamicLayout::every_block());
+    const Shape& s = c.shape;
+    std::vector<int> count(static_cast<size_t>(s.heads_q * s.seq_q * s.seq_k), 0);
+    for (const WorkItem& item : plan.items) {
+      for (int64_t sp = item.span_begin; sp < item.span_end; ++sp) {
+        const KeySpan& span = plan.spans[static_cast<size_t>(sp)];
+        const Branch& br = c.pattern.branches[static_cast<size_t>(span.branch)];
+        for_each_visited_tile(plan, span, [&](int32_t t, bool full) {
+          const RowMap keys = tile_keys(span, t, tiles.tile_k);
+          if (full && br.layout && br.layout->kind == Layout::Kind::Dynamic) {
+            const Layout& l = *br.layout;
+            const int64_t q0 = s.q_offset + item.rows.at(0), q1 = s.q_offset + item.rows.at(item.rows.count - 1);
+            const int64_t k0 = s.k_offset + keys.at(0), k1 = s.k_offset + keys.at(keys.count - 1);
+            full = q0 / l.bq == q1 / l.bq && k0 / l.bk == k1 / l.bk &&
+                   layout_allows(l, item.head, q0, k0, dyn);
+          }
+          for (int64_t r = 0; r < item.rows.count; ++r)
+            for (int64_t kc = 0; kc < keys.count; ++kc) {
+              const int64_t i = item.rows.at(r), j = keys.at(kc);
+              if (full || partial_tile_allows(c.pattern, span.branch, item.head, s.q_offset + i, s.k_offset + j, dyn))
+                ++count[static_cast<size_t>((item.head * s.seq_q + i) * s.seq_k + j)];
+            }
+        });
+      }
+    }
+    const MaskContext ctx{c.pattern, s, dyn};
+    for (int64_t h = 0; h < s.heads_q; ++h)
+      for (int64_t i = 0; i < s.seq_q; ++i)
+        for (int64_t j = 0; j < s.seq_k; ++j) {
+          INFO("head " << h << " row " << i << " key " << j);
+          REQUIRE(count[static_cast<size_t>((h * s.seq_q + i) * s.seq_k + j)] == attend_count(ctx, h, i, j));
+        }
+  }
+  REQUIRE(tested >= 50);
+}
+
 TEST_CASE("offsets a pattern cannot tell apart give the same plan in local rows", "[plan][property]") {
   // What lets a runtime share one plan (and its device tables) between such offsets: the plan in
   // local rows, forward and key-major, is the same; only the positions passed to the kernel differ.
