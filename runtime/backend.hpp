@@ -65,7 +65,17 @@ public:
   virtual TileConfig tiles() const = 0;   // the plan's tiles must be the kernel's
   virtual int alignment() const = 0;      // bytes the kernel's loads need
   virtual size_t backward_workspace_bytes() const { return 0; }  // scratch of one backward (ForwardOptions::workspace)
+  // Whether the kernels read a DeviceDynamicLayout in place (else the runtime hands the backend a
+  // host table made from it), and whether its arrays are host memory (the CPU and emu devices).
+  virtual bool reads_device_tables() const { return false; }
+  virtual bool tables_in_host_memory() const { return true; }
 };
+
+// The table a call's plans are lowered from: the host table, or for a table on the device the
+// every-block stand-in (the plan visits every tile the pattern could keep; the kernels ask the table).
+inline const DynamicLayout* planning_table(const ForwardOptions& o) {
+  return o.device_dynamic_layout ? &DynamicLayout::every_block() : o.dynamic_layout;
+}
 
 struct PreparedState {
   Pattern pattern;

@@ -26,6 +26,7 @@ struct GpuTables {
   int32_t num_items = 0;
   int64_t dyn_q_blocks = 0;
   int32_t dyn_heads = 1;
+  int64_t dyn_entries = 0, dyn_k_blocks = 0;
   GpuTables() = default;
   GpuTables(GpuTables&&) = default;
   GpuTables& operator=(GpuTables&&) = default;
@@ -119,6 +120,7 @@ public:
     const ScopedCurrentContext current(context_);
     auto t = std::make_shared<GpuTables>();
     upload_tables(*t, entry.plan, dynamic);
+    if (pattern_.has_dynamic_layout()) t->dyn_k_blocks = dynamic_key_blocks(pattern_, entry.plan.shape);
     // A copy from pageable memory may return before the DMA lands, and a launch on a
     // non-blocking stream is not ordered after it: wait here (once per plan).
     synchronize(nullptr, "uploading the plan tables of " + source_.name);
@@ -167,11 +169,12 @@ public:
         bwd_module_->set_max_dynamic_shared(bwd_module_->function(kernel), bytes);
       }
     });
-    const BackwardPlans& plans = entry.backward_plans(pattern_, options.dynamic_layout,
+    const BackwardPlans& plans = entry.backward_plans(pattern_, planning_table(options),
                                                       TileConfig{bwd_.source.config.tile_q, bwd_.source.config.tile_k});
     const auto& t = *static_cast<const GpuBackwardTables*>(entry.backward_device_state([&] {
       auto bt = std::make_shared<GpuBackwardTables>();
       upload_tables(bt->query_major, plans.query_major, options.dynamic_layout);
+      if (pattern_.has_dynamic_layout()) bt->query_major.dyn_k_blocks = dynamic_key_blocks(pattern_, plans.query_major.shape);
       const DeviceBackwardPlan kp = pack_backward_plan(plans.key_major);
       bt->key_items = upload_vector(kp.items);
       bt->query_entries = upload_vector(kp.entries);
@@ -197,11 +200,12 @@ public:
     const KernelTables tables{reinterpret_cast<const DeviceItem*>(f.items.get()), reinterpret_cast<const DeviceSpan*>(f.spans.get()),
                               reinterpret_cast<const int32_t*>(f.entries.get()), reinterpret_cast<const int64_t*>(f.dyn_rows.get()),
                               reinterpret_cast<const int32_t*>(f.dyn_cols.get()), f.num_items, f.dyn_q_blocks, f.dyn_heads,
-                              reinterpret_cast<const int64_t*>(f.doc_base.get()), f.doc_rows};
+                              reinterpret_cast<const int64_t*>(f.doc_base.get()), f.doc_rows, f.dyn_entries, f.dyn_k_blocks};
     const BackwardTables bt{reinterpret_cast<const DeviceKeyItem*>(t.key_items.get()),
                             reinterpret_cast<const DeviceQueryEntry*>(t.query_entries.get()), t.num_key_items, delta, dk_acc,
                             dv_acc};
     KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, q, k, v, o, lse, dout, dq, dk, dv, options);
+    bp.fwd.dyn_errors = nullptr;  // the forward counted the table's problems
     void* args[] = {&bp};
     const BackwardGrids g = backward_grids(pb, bwd_, size_t(f.num_items), plans.key_major, options.deterministic);
     auto run = [&](const std::string& kernel, uint64_t gx, int64_t batch, int threads, int shared_bytes) {
@@ -225,12 +229,13 @@ public:
                const TensorView* lse, const ForwardOptions& options) override {
     const ScopedCurrentContext current(context_);
     check_device_memory({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", lse}});
+    check_device_table(options.device_dynamic_layout);
     const auto& t = *static_cast<const GpuTables*>(entry.device_state.get());
     if (t.num_items == 0) return;
     const KernelTables tables{reinterpret_cast<const DeviceItem*>(t.items.get()), reinterpret_cast<const DeviceSpan*>(t.spans.get()),
                               reinterpret_cast<const int32_t*>(t.entries.get()), reinterpret_cast<const int64_t*>(t.dyn_rows.get()),
                               reinterpret_cast<const int32_t*>(t.dyn_cols.get()), t.num_items, t.dyn_q_blocks, t.dyn_heads,
-                              reinterpret_cast<const int64_t*>(t.doc_base.get()), t.doc_rows};
+                              reinterpret_cast<const int64_t*>(t.doc_base.get()), t.doc_rows, t.dyn_entries, t.dyn_k_blocks};
     KernelParams kp = kernel_params(entry.plan, problem_, tables, q, k, v, o, lse, options);
     const KernelSource* source = &source_;
     CUfunction function = main_.function;
@@ -254,6 +259,8 @@ public:
   std::string kernel_name() const override { return source_.name; }
   TileConfig tiles() const override { return TileConfig{source_.config.tile_q, source_.config.tile_k}; }
   int alignment() const override { return source_.path != KernelPath::Simt ? 16 : dtype_bytes(problem_.dtype); }
+  bool reads_device_tables() const override { return true; }
+  bool tables_in_host_memory() const override { return false; }
   size_t backward_workspace_bytes() const override { return BackwardScratch(problem_).total; }
 
 private:
@@ -264,6 +271,23 @@ private:
       if (!pi.is_device_memory || pi.device_ordinal != device_) {
         throw UserError(name, std::string("is not device memory of cuda:") + std::to_string(device_) +
                                   "; copy it to the runtime's GPU (or use a Runtime on the CPU device for host tensors)");
+      }
+    }
+  }
+
+  // A table the kernels read in place must be this GPU's memory (checked per pointer; nothing is read).
+  void check_device_table(const DeviceDynamicLayout* d) const {
+    if (!d) return;
+    const std::pair<const char*, const void*> arrays[] = {
+        {"device_dynamic_layout.row_offsets", d->row_offsets},
+        {"device_dynamic_layout.col_indices", d->entries > 0 ? d->col_indices : nullptr},
+        {"device_dynamic_layout.errors", d->errors}};
+    for (const auto& [name, ptr] : arrays) {
+      if (!ptr) continue;
+      const PointerInfo pi = pointer_info(ptr);
+      if (!pi.is_device_memory || pi.device_ordinal != device_) {
+        throw UserError(name, std::string("is not device memory of cuda:") + std::to_string(device_) +
+                                  "; give the table in this GPU's memory (or as ForwardOptions.dynamic_layout on the host)");
       }
     }
   }
@@ -283,6 +307,7 @@ private:
       t.dyn_cols = upload_vector(dynamic->col_indices);
       t.dyn_heads = static_cast<int32_t>(dynamic->heads);
       t.dyn_q_blocks = (static_cast<int64_t>(dynamic->row_offsets.size()) - 1) / dynamic->heads;
+      t.dyn_entries = static_cast<int64_t>(dynamic->col_indices.size());
     }
   }
 

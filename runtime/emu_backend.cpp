@@ -22,6 +22,7 @@ struct HostTables {
   std::vector<int32_t> dyn_cols;
   int64_t dyn_q_blocks = 0;
   int32_t dyn_heads = 1;
+  int64_t dyn_k_blocks = 0;
 };
 
 int64_t extent_bytes(const TensorView& t) {
@@ -80,6 +81,31 @@ private:
   uint8_t* base_ = nullptr;
 };
 
+// A DeviceDynamicLayout's arrays (host memory standing in for the device's) as regions of the
+// launch's memory, so the emulator checks every read of them; the problem count goes back.
+struct DeviceTableRegions {
+  bool present = false;
+  size_t rows = 0, cols = 0, errors = 0;
+  void rebase(DeviceImage& img, KernelParams& kp) const {
+    if (!present) return;
+    kp.dyn_row_offsets = static_cast<const int64_t*>(img.at(rows));
+    kp.dyn_cols = static_cast<const int32_t*>(img.at(cols));
+    kp.dyn_errors = kp.dyn_errors ? static_cast<int32_t*>(img.at(errors)) : nullptr;
+  }
+  void copy_back(DeviceImage& img, const DeviceDynamicLayout* d) const {
+    if (present && d->errors) img.copy_back(errors, d->errors);
+  }
+};
+DeviceTableRegions add_device_table(DeviceImage& img, const DeviceDynamicLayout* d) {
+  DeviceTableRegions r;
+  if (!d) return r;
+  r.present = true;
+  r.rows = img.add("device table row_offsets", d->row_offsets, static_cast<size_t>(d->rows + 1) * 8, 8, false);
+  r.cols = img.add("device table col_indices", d->col_indices, static_cast<size_t>(d->entries) * 4, 4, false);
+  r.errors = img.add("device table errors", d->errors, d->errors ? 4 : 0, 4, true);
+  return r;
+}
+
 class EmuBackend final : public Backend {
 public:
   EmuBackend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir, const KernelConfig& config,
@@ -112,6 +138,7 @@ public:
       t->dyn_heads = static_cast<int32_t>(dynamic->heads);
       t->dyn_q_blocks = (static_cast<int64_t>(dynamic->row_offsets.size()) - 1) / dynamic->heads;
     }
+    if (pattern_.has_dynamic_layout()) t->dyn_k_blocks = dynamic_key_blocks(pattern_, entry.plan.shape);
     entry.device_state = t;
   }
 
@@ -133,6 +160,7 @@ public:
     const size_t entries = table("plan entries", t.plan.entries);
     const size_t rows = table("dynamic row_offsets", t.dyn_rows), cols = table("dynamic col_indices", t.dyn_cols);
     const size_t docs = table("document starts", t.plan.doc_base);
+    const DeviceTableRegions device_table = add_device_table(img, options.device_dynamic_layout);
     img.materialise();
 
     auto rebased = [&](const TensorView& view, size_t region) {
@@ -147,9 +175,11 @@ public:
                               t.dyn_cols.empty() ? nullptr : static_cast<const int32_t*>(img.at(cols)),
                               static_cast<int32_t>(t.plan.items.size()), t.dyn_q_blocks, t.dyn_heads,
                               t.plan.doc_base.empty() ? nullptr : static_cast<const int64_t*>(img.at(docs)),
-                              static_cast<int64_t>(t.plan.doc_base.size())};
+                              static_cast<int64_t>(t.plan.doc_base.size()), static_cast<int64_t>(t.dyn_cols.size()),
+                              t.dyn_k_blocks};
     KernelParams kp = kernel_params(entry.plan, problem_, tables, rebased(q, iq), rebased(k, ik), rebased(v, iv),
                                     rebased(o, io), lse ? &lse_dev : nullptr, options);
+    device_table.rebase(img, kp);
     const KernelSource* source = &source_;
     const emu::EmuModule* module = module_.get();
     TmaMaps maps{};
@@ -176,6 +206,7 @@ public:
     module->launch(r);
     img.copy_back(io, o.data);
     if (lse) img.copy_back(il, lse->data);
+    device_table.copy_back(img, options.device_dynamic_layout);
   }
 
   void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
@@ -187,7 +218,7 @@ public:
       bwd_module_ = emu::load_emu_module(emu::compile_for_emulator(s, kernel_cache_for(cache_dir_), knobs()));
     });
     const TileConfig tiles{bwd_.source.config.tile_q, bwd_.source.config.tile_k};
-    const BackwardPlans& plans = entry.backward_plans(pattern_, options.dynamic_layout, tiles);
+    const BackwardPlans& plans = entry.backward_plans(pattern_, planning_table(options), tiles);
     const DevicePlan fp = pack_plan(plans.query_major);
     const DeviceBackwardPlan kp = pack_backward_plan(plans.key_major);
     const Problem& pb = problem_;
@@ -213,6 +244,7 @@ public:
     const size_t rows = table("dynamic row_offsets", dyn ? dyn->row_offsets : no_rows);
     const size_t cols = table("dynamic col_indices", dyn ? dyn->col_indices : no_cols);
     const size_t docs = table("document starts", fp.doc_base);
+    const DeviceTableRegions device_table = add_device_table(img, options.device_dynamic_layout);
     img.materialise();
     auto rebased = [&](const TensorView& view, size_t region) {
       TensorView r = view;
@@ -226,13 +258,17 @@ public:
                               static_cast<const int32_t*>(ptr(cols, dyn != nullptr)), static_cast<int32_t>(fp.items.size()),
                               dyn ? (static_cast<int64_t>(dyn->row_offsets.size()) - 1) / dyn->heads : 0,
                               dyn ? static_cast<int32_t>(dyn->heads) : 1,
-                              static_cast<const int64_t*>(ptr(docs, !fp.doc_base.empty())), static_cast<int64_t>(fp.doc_base.size())};
+                              static_cast<const int64_t*>(ptr(docs, !fp.doc_base.empty())), static_cast<int64_t>(fp.doc_base.size()),
+                              dyn ? static_cast<int64_t>(dyn->col_indices.size()) : 0,
+                              pattern_.has_dynamic_layout() ? dynamic_key_blocks(pattern_, plans.query_major.shape) : 0};
     const BackwardTables bt{static_cast<const DeviceKeyItem*>(img.at(kitems)), static_cast<const DeviceQueryEntry*>(img.at(qentries)),
                             static_cast<int32_t>(kp.items.size()), static_cast<float*>(img.at(idelta)),
                             static_cast<float*>(img.at(idka)), static_cast<float*>(img.at(idva))};
     KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, rebased(q, iq), rebased(k, ik), rebased(v, iv),
                                          rebased(o, io), rebased(lse, il), rebased(dout, ido), rebased(dq, idq),
                                          rebased(dk, idk), rebased(dv, idv), options);
+    device_table.rebase(img, bp.fwd);
+    bp.fwd.dyn_errors = nullptr;  // the forward counted its problems
     void* args[] = {&bp};
     auto launch = [&](const std::string& kernel, uint64_t grid_x, int64_t batch, int threads, int shared_bytes) {
       if (grid_x == 0) return;
@@ -263,6 +299,7 @@ public:
   std::string kernel_name() const override { return source_.name + " (emulated " + source_.arch + ")"; }
   TileConfig tiles() const override { return TileConfig{source_.config.tile_q, source_.config.tile_k}; }
   int alignment() const override { return source_.path != KernelPath::Simt ? 16 : dtype_bytes(problem_.dtype); }
+  bool reads_device_tables() const override { return true; }
 
 private:
   Pattern pattern_;

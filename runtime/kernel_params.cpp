@@ -32,6 +32,18 @@ KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTabl
   kp.dyn_cols = t.dyn_cols;
   kp.dyn_q_blocks = t.dyn_q_blocks;
   kp.dyn_heads = t.dyn_heads;
+  kp.dyn_entries = t.dyn_entries;
+  kp.dyn_k_blocks = t.dyn_k_blocks;
+  if (const DeviceDynamicLayout* d = options.device_dynamic_layout) {
+    // Read where it lies: nothing planned from it, nothing copied.
+    kp.dyn_row_offsets = d->row_offsets;
+    kp.dyn_cols = d->col_indices;
+    kp.dyn_heads = static_cast<int32_t>(d->heads);
+    kp.dyn_q_blocks = d->rows / d->heads;
+    kp.dyn_entries = d->entries;
+    kp.dyn_errors = d->errors;
+    kp.dyn_on_device = 1;
+  }
   kp.doc_base = t.doc_base;
   kp.doc_rows = t.doc_rows;
   kp.batch = static_cast<int32_t>(pb.batch);  // at most kMaxSize (2^31 - 1): Problem checks it

@@ -20,8 +20,11 @@ struct KernelTables {
   int32_t dyn_heads = 1;
   const int64_t* doc_base = nullptr;  // packed documents (null: none), doc_rows entries
   int64_t doc_rows = 0;
+  int64_t dyn_entries = 0;   // entries of dyn_cols
+  int64_t dyn_k_blocks = 0;  // the pattern's key blocks for this call (dynamic_key_blocks)
 };
 
+// The call's table, where a DeviceDynamicLayout in `options` overrides the uploaded one.
 KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTables& t, const TensorView& q,
                            const TensorView& k, const TensorView& v, const TensorView& o, const TensorView* lse,
                            const ForwardOptions& options);

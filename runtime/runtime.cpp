@@ -64,10 +64,12 @@ namespace {
 // the prepared attention's plans stay within their byte budget (least recently used dropped).
 std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) {
   if (o.q_offset < 0 || o.k_offset < 0) throw UserError("ForwardOptions", "offsets must be >= 0");
-  if (st.pattern.has_dynamic_layout() && !o.dynamic_layout) {
-    throw UserError("ForwardOptions.dynamic_layout", "the pattern has a dynamic layout; pass its CSR table");
+  if (st.pattern.has_dynamic_layout() && !o.dynamic_layout && !o.device_dynamic_layout) {
+    throw UserError("ForwardOptions.dynamic_layout", "the pattern has a dynamic layout; pass its CSR table "
+                                                     "(dynamic_layout on the host, or device_dynamic_layout)");
   }
-  std::string tables = table_hash(o.dynamic_layout);
+  // Every table on the device shares one plan: nothing is read from it here.
+  std::string tables = o.device_dynamic_layout ? "device" : table_hash(o.dynamic_layout);
   if (o.cu_seqlens) {
     Sha256 h;
     h.update(o.cu_seqlens->data(), o.cu_seqlens->size() * sizeof(int64_t));
@@ -93,7 +95,7 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
   }
   auto entry = std::make_shared<PlanEntry>();
   entry->plan = lower_to_plan(st.pattern, problem_shape(st.problem, o.q_offset, o.k_offset), st.backend->tiles(),
-                              o.dynamic_layout, o.cu_seqlens);
+                              planning_table(o), o.cu_seqlens);
   st.backend->upload(*entry, o.dynamic_layout);
   st.plans.emplace_front(key, entry);
   st.plan_index.emplace(key, st.plans.begin());
@@ -109,6 +111,50 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
   }
   st.plan_stats.plans = static_cast<int64_t>(st.plans.size());
   return entry;
+}
+
+// A table on the device: its shape checked against the call (nothing inside it is read). On a
+// backend whose kernels do not read it in place (the CPU) it becomes a host table in `host`, made
+// as the kernels read it (sanitize_dynamic_table), its problems added to `errors`; so does it for
+// `to_host` (the weights, computed on the host) where its arrays are host memory. Only the forward
+// counts (`count`): a backward or weights call with the same table adds nothing.
+ForwardOptions resolve_device_table(PreparedState& st, const ForwardOptions& o, DynamicLayout& host, bool to_host = false,
+                                    bool count = true) {
+  const DeviceDynamicLayout* d = o.device_dynamic_layout;
+  if (!d) return o;
+  const std::string what = "ForwardOptions.device_dynamic_layout";
+  if (!st.pattern.has_dynamic_layout()) throw UserError(what, "was given, but the pattern has no \"dynamic\" layout");
+  if (o.dynamic_layout) throw UserError(what, "and ForwardOptions.dynamic_layout are both set; pass the table once");
+  if (o.cu_seqlens) {
+    throw UserError(what, "packed documents with a dynamic layout are not supported yet; run the documents as separate calls");
+  }
+  const Shape s = problem_shape(st.problem, o.q_offset, o.k_offset);
+  if (d->heads != 1 && d->heads != s.heads_q) {
+    throw UserError(what + ".heads", "is " + std::to_string(d->heads) + "; give 1 (one table for every head) or heads_q (" +
+                                         std::to_string(s.heads_q) + ")");
+  }
+  const int64_t q_blocks = dynamic_query_blocks(st.pattern, s);
+  if (d->rows < 0 || d->rows % d->heads != 0 || d->rows / d->heads != q_blocks) {
+    throw UserError(what + ".rows", "is " + std::to_string(d->rows) + "; the table needs heads * query blocks = " +
+                                        std::to_string(d->heads) + " * " + std::to_string(q_blocks) +
+                                        " rows (query blocks of the dynamic layout over q_offset + seq_q)");
+  }
+  if (d->entries < 0 || d->entries > INT64_MAX / 8) throw UserError(what + ".entries", "must be >= 0 (the length of col_indices)");
+  if (!d->row_offsets || (d->entries > 0 && !d->col_indices)) {
+    throw UserError(what, "needs row_offsets (rows + 1 entries) and, with entries > 0, col_indices");
+  }
+  if (st.backend->reads_device_tables() && !to_host) return o;
+  if (!st.backend->tables_in_host_memory()) {
+    throw UserError(what, "is read on the host here (attention weights); pass the table as ForwardOptions.dynamic_layout");
+  }
+  host.heads = d->heads;
+  const int64_t problems =
+      sanitize_dynamic_table(d->row_offsets, d->rows, d->col_indices, d->entries, dynamic_key_blocks(st.pattern, s), host);
+  if (d->errors && count) *d->errors += static_cast<int32_t>(std::min<int64_t>(problems, INT32_MAX));
+  ForwardOptions out = o;
+  out.device_dynamic_layout = nullptr;
+  out.dynamic_layout = &host;
+  return out;
 }
 
 // The kernel configuration for a CUDA problem: the caller's, else the tuning database's (exact key,
@@ -234,8 +280,10 @@ void Attention::forward(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView* lse, const ForwardOptions& options) {
   if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
   check_forward_inputs(state_->problem, q, k, v, o, lse, state_->backend->alignment());
-  const std::shared_ptr<PlanEntry> entry = plan_for(*state_, options);
-  state_->backend->forward(*entry, q, k, v, o, lse, options);
+  DynamicLayout host;
+  const ForwardOptions o2 = resolve_device_table(*state_, options, host);
+  const std::shared_ptr<PlanEntry> entry = plan_for(*state_, o2);
+  state_->backend->forward(*entry, q, k, v, o, lse, o2);
 }
 
 void Attention::backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
@@ -244,9 +292,10 @@ void Attention::backward(const TensorView& q, const TensorView& k, const TensorV
   if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
   check_backward_inputs(state_->problem, q, k, v, o, lse, dout, dq, dk, dv, state_->backend->alignment());
   check_workspace(options, state_->backend->backward_workspace_bytes());
-  const std::shared_ptr<PlanEntry> entry = plan_for(*state_, options);
-  ForwardOptions o2 = options;
+  DynamicLayout host;
+  ForwardOptions o2 = resolve_device_table(*state_, options, host, /*to_host=*/false, /*count=*/false);
   o2.deterministic = options.deterministic || knobs().deterministic;
+  const std::shared_ptr<PlanEntry> entry = plan_for(*state_, o2);
   state_->backend->backward(*entry, q, k, v, o, lse, dout, dq, dk, dv, o2);
 }
 
@@ -254,8 +303,10 @@ void Attention::weights(const TensorView& q, const TensorView& k, const TensorVi
                         const ForwardOptions& options) {
   if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
   check_weights_inputs(state_->problem, q, k, lse, w, state_->backend->alignment());
-  const std::shared_ptr<PlanEntry> entry = plan_for(*state_, options);
-  state_->backend->weights(*entry, state_->pattern, q, k, lse, w, options);
+  DynamicLayout host;
+  const ForwardOptions o2 = resolve_device_table(*state_, options, host, /*to_host=*/true, /*count=*/false);
+  const std::shared_ptr<PlanEntry> entry = plan_for(*state_, o2);
+  state_->backend->weights(*entry, state_->pattern, q, k, lse, w, o2);
 }
 
 void attention(Runtime& rt, const Pattern& pattern, const TensorView& q, const TensorView& k, const TensorView& v,

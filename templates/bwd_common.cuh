@@ -37,7 +37,7 @@ struct AjBwdParams {
   int key_item_base;                      // _dkdv: block x runs key_items[key_item_base + x]
   int plain_add;                          // _dkdv: no two blocks of this launch share a key row: add without atomics
 };
-static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(AjBwdParams) == 472,
+static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(AjBwdParams) == 504,
               "backward table layout differs from compiler/plan/device_plan.hpp");
 
 #define AJ_LOG2E 1.4426950408889634f
@@ -46,6 +46,25 @@ static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(Aj
 // The natural-log LSE of a row in the exp2 domain; -inf for a row that attends nothing.
 __device__ __forceinline__ float aj_bwd_lse2(const AjParams& p, aj_i64 b, int h, aj_i64 i) {
   return p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] * AJ_LOG2E;
+}
+
+// Whether a key item's query entry is computed, and whether it is full: the plan's flag, narrowed
+// by a table on the device (the plan then lists every pair of tiles the pattern could keep).
+__device__ __forceinline__ bool aj_bwd_entry_visit(const AjParams& p, const AjKeyItem& ki, const AjQueryEntry& qe, bool& full) {
+  full = qe.full != 0;
+#ifdef AJ_DYNAMIC_TABLE
+  if (p.dyn_on_device) {
+    const aj_i64 q_lo = p.q_offset + qe.rows_start, k_lo = p.k_offset + ki.keys_start;
+    bool whole;
+    const bool any = aj_dynamic_pair(p, qe.branch, qe.head, q_lo, q_lo + (aj_i64)(qe.rows_count - 1) * qe.rows_stride, k_lo,
+                                     k_lo + (aj_i64)(ki.keys_count - 1) * ki.keys_stride, whole);
+    full = full && whole;
+    return any;
+  }
+#else
+  (void)p; (void)ki;
+#endif
+  return true;
 }
 
 // ---- _pre: D = rowsum(dO * O) --------------------------------------------------------------

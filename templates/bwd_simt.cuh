@@ -102,6 +102,8 @@ __device__ __forceinline__ void aj_bwd_dkdv(const AjBwdParams& bp) {
 
   for (int e = ki.entry_begin; e < ki.entry_end; ++e) {
     const AjQueryEntry qe = bp.query_entries[e];
+    bool full;
+    if (!aj_bwd_entry_visit(p, ki, qe, full)) continue;
     for (int r0 = 0; r0 < qe.rows_count; r0 += AJ_BWD_QCHUNK) {
       const int rows = qe.rows_count - r0 < AJ_BWD_QCHUNK ? qe.rows_count - r0 : AJ_BWD_QCHUNK;
       aj_syncthreads();  // the previous chunk is no longer read
@@ -133,7 +135,7 @@ __device__ __forceinline__ void aj_bwd_dkdv(const AjBwdParams& bp) {
         dp += aj_shfl_xor(dp, 2);
         const float lse2 = sh.lse2[r];
         bool ok = live && lse2 != AJ_NEG_INF;
-        if (ok && !qe.full) {
+        if (ok && !full) {
           ok = aj_queries_allowed(p, qe.branch, qe.head, kpos, q_origin + qe.rows_start, (aj_cs)(r0 + r) * (aj_cs)qe.rows_stride);
         }
         if (!ok) continue;

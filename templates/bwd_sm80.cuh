@@ -267,8 +267,10 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
     aj_cp_async_wait<1>();
     aj_syncthreads();
     const AjQueryEntry qe = bp.query_entries[e];
+    bool full;
+    const bool visit = aj_bwd_entry_visit(p, ki, qe, full);
 
-    for (int c0 = 0; c0 < qe.rows_count; c0 += AJ_BWD_SUB_Q) {  // the query rows, AJ_BWD_SUB_Q at a time
+    for (int c0 = 0; visit && c0 < qe.rows_count; c0 += AJ_BWD_SUB_Q) {  // the query rows, AJ_BWD_SUB_Q at a time
       float s[AJ_BWD_SUB_Q / 8][4], dp[AJ_BWD_SUB_Q / 8][4];
       aj_zero<AJ_BWD_SUB_Q>(s);
       aj_zero<AJ_BWD_SUB_Q>(dp);
@@ -283,7 +285,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
         for (int x = 0; x < 4; ++x) {
           const int col = c0 + j * 8 + quad * 2 + (x & 1);
           bool ok = true;
-          if (!qe.full) {
+          if (!full) {
             const int kr = x < 2 ? kr0 : kr1;
             ok = col < qe.rows_count && kr < ki.keys_count &&
                  aj_queries_allowed(p, qe.branch, qe.head, x < 2 ? kpos0 : kpos1, q_origin + qe.rows_start,

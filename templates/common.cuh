@@ -56,10 +56,15 @@ struct AjParams {
   int batch;                                 // blocks past it (in the last slice of grid z) do nothing
   const aj_i64* doc_base;                    // packed documents: where each row's document starts (null: none)
   aj_i64 doc_rows;                           // rows of doc_base
+  aj_i64 dyn_entries;                        // entries of dyn_cols (row offsets are clamped to it)
+  aj_i64 dyn_k_blocks;                       // key blocks in range (the table check's bound)
+  int* dyn_errors;                           // the table check counts problems here (null: no check)
+  int dyn_on_device;                         // 1: the table was not planned from (mask_lib.cuh, aj_dynamic_seek)
+  int dyn_pad;
 };
 
 // The host packs these structs byte for byte (compiler/plan/device_plan.hpp); a mismatch must not compile.
-static_assert(sizeof(AjItem) == 32 && sizeof(AjSpan) == 48 && sizeof(AjParams) == 256,
+static_assert(sizeof(AjItem) == 32 && sizeof(AjSpan) == 48 && sizeof(AjParams) == 288,
               "plan table layout differs from compiler/plan/device_plan.hpp");
 
 // The batch index of this block: grid y holds up to 65535 batch entries, grid z counts slices of
@@ -87,24 +92,64 @@ struct AjTile {
   bool full;      // every pair attended: no mask
 };
 
+#ifdef AJ_DYNAMIC_TABLE
+// templates/mask_lib.cuh: with a table on the device, the first tile >= t of the span the table may
+// keep (INT_MAX: none), and whether it keeps that tile whole.
+__device__ int aj_dynamic_seek(const AjParams& p, const AjSpan& s, int head, aj_i64 q_lo, aj_i64 q_hi, int t, bool& whole);
+#endif
+
 // A cursor over (span, visited tile) pairs. Every thread of a block walks the same sequence.
 struct AjTileCursor {
   const AjParams* p;
   int span, span_end, visit;
+#ifdef AJ_DYNAMIC_TABLE
+  int head;
+  aj_i64 q_lo, q_hi;  // global positions of the item's first and last rows
+  bool table_whole;   // the device table keeps the current tile whole
+#endif
 
   __device__ void begin(const AjParams& params, const AjItem& item) {
     p = &params;
     span = item.span_begin;
     span_end = item.span_end;
     visit = 0;
+#ifdef AJ_DYNAMIC_TABLE
+    head = item.head;
+    q_lo = params.q_offset + item.rows_start;
+    q_hi = q_lo + (aj_i64)(item.rows_count > 0 ? item.rows_count - 1 : 0) * item.rows_stride;
+    table_whole = true;
+#endif
     skip_empty();
   }
   __device__ bool done() const { return span >= span_end; }
   __device__ int visits(const AjSpan& s) const {
     return s.entry_begin >= 0 ? s.entry_end - s.entry_begin : s.tile_end - s.tile_begin;
   }
+  __device__ int tile_index(const AjSpan& s, int at) const {
+    return s.entry_begin >= 0 ? p->entries[s.entry_begin + at] >> 1 : s.tile_begin + at;
+  }
+  // Moves to the next visit with something to do: past exhausted spans and, with a table on the
+  // device (the plan lists every tile the pattern could keep), past the tiles the table does not keep.
   __device__ void skip_empty() {
-    while (span < span_end && visit >= visits(p->spans[span])) {
+    while (span < span_end) {
+      const AjSpan& s = p->spans[span];
+      const int n = visits(s);
+      if (visit < n) {
+#ifdef AJ_DYNAMIC_TABLE
+        if (!p->dyn_on_device) return;
+        const int t = tile_index(s, visit);
+        const int want = aj_dynamic_seek(*p, s, head, q_lo, q_hi, t, table_whole);
+        if (want == t) return;
+        if (s.entry_begin < 0) {
+          visit = want - s.tile_begin < n ? want - s.tile_begin : n;
+        } else {
+          while (visit < n && tile_index(s, visit) < want) ++visit;
+        }
+        continue;
+#else
+        return;
+#endif
+      }
       ++span;
       visit = 0;
     }
@@ -121,6 +166,9 @@ struct AjTileCursor {
       t = s.tile_begin + visit;
       full = t >= s.full_begin && t < s.full_end;
     }
+#ifdef AJ_DYNAMIC_TABLE
+    if (p->dyn_on_device) full = full && table_whole;
+#endif
     AjTile out;
     const aj_i64 from = (aj_i64)t * AJ_TILE_K;
     out.first = s.keys_start + from * s.keys_stride;

@@ -75,17 +75,117 @@ __device__ __forceinline__ bool aj_pair_contains(const aj_i64* pairs, int n, aj_
   return lo < n && pairs[2 * lo] == qb && pairs[2 * lo + 1] == kb;
 }
 
-// dynamic layout: the run-time CSR table (rows: global query blocks of each head in turn).
-__device__ __forceinline__ bool aj_dynamic_allows(const AjParams& p, int h, aj_i64 qb, aj_i64 kb) {
-  if (qb >= p.dyn_q_blocks) return false;
+// dynamic layout: the run-time CSR table (rows: global query blocks of each head in turn). Positions
+// in the table are 64-bit (a table may hold 2^31 entries or more) and clamped to [0, dyn_entries]
+// (a table on the device is not checked before the kernel reads it: aj_dynamic_check counts what
+// is wrong, and nothing is read out of bounds meanwhile).
+__device__ __forceinline__ void aj_dynamic_row(const AjParams& p, int h, aj_i64 qb, aj_i64& begin, aj_i64& end) {
   const aj_i64 row = (p.dyn_heads == 1 ? 0 : h) * p.dyn_q_blocks + qb;
-  // 64-bit positions in the table: a CSR table may hold 2^31 entries or more.
-  const aj_i64 end = p.dyn_row_offsets[row + 1];
-  aj_i64 lo = p.dyn_row_offsets[row], hi = end;
+  const aj_i64 n = p.dyn_entries, b = p.dyn_row_offsets[row], e = p.dyn_row_offsets[row + 1];
+  begin = b < 0 ? 0 : b > n ? n : b;
+  end = e < begin ? begin : e > n ? n : e;
+}
+// The first entry of [lo, end) not below kb (rows are increasing).
+__device__ __forceinline__ aj_i64 aj_dynamic_lower_bound(const AjParams& p, aj_i64 lo, aj_i64 end, aj_i64 kb) {
+  aj_i64 hi = end;
   while (lo < hi) {
     const aj_i64 mid = (lo + hi) >> 1;
     if (p.dyn_cols[mid] < kb) lo = mid + 1; else hi = mid;
   }
-  return lo < end && p.dyn_cols[lo] == kb;
+  return lo;
 }
+__device__ __forceinline__ bool aj_dynamic_allows(const AjParams& p, int h, aj_i64 qb, aj_i64 kb) {
+  if (qb >= p.dyn_q_blocks) return false;
+  aj_i64 begin, end;
+  aj_dynamic_row(p, h, qb, begin, end);
+  const aj_i64 at = aj_dynamic_lower_bound(p, begin, end, kb);
+  return at < end && p.dyn_cols[at] == kb;
+}
+
+#ifdef AJ_DYNAMIC_TABLE
+// ---- a table on the device: the plan visits every tile the pattern could keep, and the kernel
+// asks the table which of them it keeps (the tile cursor in common.cuh, the dK/dV loop) ----------
+
+// The smallest key block >= kb that some row qb_lo..qb_hi keeps (-1: none).
+__device__ __forceinline__ aj_i64 aj_dynamic_next(const AjParams& p, int h, aj_i64 qb_lo, aj_i64 qb_hi, aj_i64 kb) {
+  aj_i64 best = -1;
+  const aj_i64 last = qb_hi < p.dyn_q_blocks - 1 ? qb_hi : p.dyn_q_blocks - 1;
+  for (aj_i64 qb = qb_lo; qb <= last; ++qb) {
+    aj_i64 begin, end;
+    aj_dynamic_row(p, h, qb, begin, end);
+    const aj_i64 at = aj_dynamic_lower_bound(p, begin, end, kb);
+    if (at < end && (best < 0 || p.dyn_cols[at] < best)) best = p.dyn_cols[at];
+  }
+  return best;
+}
+// Does some row qb_lo..qb_hi keep a key block in [kb_lo, kb_hi]?
+__device__ __forceinline__ bool aj_dynamic_any(const AjParams& p, int h, aj_i64 qb_lo, aj_i64 qb_hi, aj_i64 kb_lo, aj_i64 kb_hi) {
+  const aj_i64 c = aj_dynamic_next(p, h, qb_lo, qb_hi, kb_lo);
+  return c >= 0 && c <= kb_hi;
+}
+
+// Generated with the mask predicate: for a branch whose layout is the table itself, its block
+// sizes (else bk = 0); a conservative test of a tile against a branch's layout (false: the
+// branch's layout keeps no pair of query positions [q_lo, q_hi] and keys [k_lo, k_hi]) and whether
+// the table keeps such a tile whole.
+__device__ __forceinline__ void aj_dynamic_blocks(int branch, aj_i64& bq, aj_i64& bk);
+__device__ __forceinline__ bool aj_dynamic_pair(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi,
+                                                aj_i64 k_lo, aj_i64 k_hi, bool& whole);
+
+// A span of a branch whose layout is the table: from the key block of the tile's first key, the
+// next block a row of the item keeps, and the first key of the span at or past it, until that key's
+// block is kept (strided keys can step over a block). Composite layouts test tile by tile.
+__device__ int aj_dynamic_seek(const AjParams& p, const AjSpan& s, int head, aj_i64 q_lo, aj_i64 q_hi, int t, bool& whole) {
+  aj_i64 bq, bk;
+  aj_dynamic_blocks(s.branch, bq, bk);
+  const aj_i64 origin = p.k_offset + s.keys_start;  // the position of the span's first key
+  const aj_i64 first = (aj_i64)t * AJ_TILE_K;
+  const aj_i64 last = ((aj_i64)(t + 1) * AJ_TILE_K < s.keys_count ? (aj_i64)(t + 1) * AJ_TILE_K : s.keys_count) - 1;
+  if (bk == 0) {
+    return aj_dynamic_pair(p, s.branch, head, q_lo, q_hi, origin + first * s.keys_stride, origin + last * s.keys_stride, whole)
+               ? t : t + 1;
+  }
+  const aj_i64 qb_lo = q_lo / bq, qb_hi = q_hi / bq;
+  for (aj_i64 j = first;;) {
+    if (j >= s.keys_count) return 0x7fffffff;
+    const aj_i64 kb = (origin + j * s.keys_stride) / bk;
+    const aj_i64 c = aj_dynamic_next(p, head, qb_lo, qb_hi, kb);
+    if (c < 0) return 0x7fffffff;
+    if (c > kb) {  // the first key at or past block c
+      j = (c * bk - origin + s.keys_stride - 1) / s.keys_stride;
+      continue;
+    }
+    const int tile = (int)(j / AJ_TILE_K);
+    whole = tile == t && qb_lo == qb_hi && (origin + first * s.keys_stride) / bk == kb &&
+            (origin + last * s.keys_stride) / bk == kb;
+    return tile;
+  }
+}
+
+// Counts what is wrong with a device table into *p.dyn_errors, the rows shared out between the
+// blocks of the first batch entry (`threads` per block): row offsets outside [0, entries] or
+// decreasing, a first offset other than 0 or a last other than the entries, and entries outside
+// [0, key blocks) or not above the row's last good entry (compiler/pattern/mask.cpp,
+// sanitize_dynamic_table, counts the same).
+__device__ void aj_dynamic_check(const AjParams& p, int threads) {
+  if (p.dyn_errors == nullptr || aj_batch_index() != 0) return;
+  const aj_i64 rows = (aj_i64)p.dyn_heads * p.dyn_q_blocks, n = p.dyn_entries, blocks = p.num_items;
+  const aj_i64 x = aj_block_idx_x(), per = rows / blocks, extra = rows % blocks;
+  const aj_i64 from = x * per + (x < extra ? x : extra), to = from + per + (x < extra ? 1 : 0);
+  aj_u32 bad = 0;
+  if (x == 0 && aj_thread_idx() == 0 && (p.dyn_row_offsets[0] != 0 || p.dyn_row_offsets[rows] != n)) ++bad;
+  for (aj_i64 r = from + aj_thread_idx(); r < to; r += threads) {
+    const aj_i64 b = p.dyn_row_offsets[r], e = p.dyn_row_offsets[r + 1];
+    if (b < 0 || b > n || e < b || e > n) ++bad;
+    const aj_i64 begin = b < 0 ? 0 : b > n ? n : b, end = e < begin ? begin : e > n ? n : e;
+    aj_i64 kept = -1;
+    for (aj_i64 at = begin; at < end; ++at) {
+      const aj_i64 kb = p.dyn_cols[at];
+      if (kb < 0 || kb >= p.dyn_k_blocks || kb <= kept) ++bad;
+      else kept = kb;
+    }
+  }
+  if (bad) aj_red_add_u32((aj_u32*)p.dyn_errors, bad);
+}
+#endif
 

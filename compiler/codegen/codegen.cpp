@@ -174,8 +174,9 @@ KernelConfig resolve_backward_sm80_config(const KernelRequest& r) {
 
 // The instantiation header (head dims, dtype, tiles, stages, arch as constants) and the shared
 // templates with the mask predicate, then `bodies`.
-std::string render_prefix(const char* kind, const KernelSource& k, const KernelRequest& r, const std::string& predicate,
-                          const TemplateSet& templates, const std::vector<std::string>& bodies, bool forward = false) {
+std::string render_prefix(const char* kind, const KernelSource& k, const KernelRequest& r, const Pattern& p,
+                          const std::string& predicate, const TemplateSet& templates, const std::vector<std::string>& bodies,
+                          bool forward = false) {
   std::ostringstream os;
   os << "// attnjit generated " << kind << ": path=" << to_string(k.path) << " arch=" << k.arch << " dtype=" << to_string(r.dtype)
      << " head_dim=" << r.head_dim << " head_dim_v=" << r.head_dim_v << " tile=" << k.config.tile_q << "x"
@@ -193,6 +194,8 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
     if (k.tma_maps) os << "#define AJ_TMA_MAPS " << k.tma_maps << "\n";
   }
   os << "#define AJ_DTYPE " << (r.dtype == DType::F32 ? 0 : r.dtype == DType::F16 ? 1 : 2) << "\n";
+  // A dynamic layout's table may stay on the device (AjParams::dyn_on_device): the tile cursor asks it.
+  if (p.has_dynamic_layout()) os << "#define AJ_DYNAMIC_TABLE 1\n";
   auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
   include("gpu_blocks.cuh");
   include("common.cuh");
@@ -325,11 +328,12 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const Tem
       : k.path == KernelPath::Sm90  ? std::vector<std::string>{"fwd_sm80.cuh", "fwd_sm90.cuh"}
       : k.path == KernelPath::Sm80  ? std::vector<std::string>{"fwd_sm80.cuh"}
                                     : std::vector<std::string>{"fwd_simt.cuh"};
-  os << render_prefix("kernel", k, r, predicate, templates, bodies, true);
+  os << render_prefix("kernel", k, r, p, predicate, templates, bodies, true);
   os << "\n// ---- generated: entry point\n";
   // Minimum one block per SM: lets ptxas use every register it needs rather than spill.
   os << "extern \"C\" __global__ void __launch_bounds__(" << k.threads << ", 1) AJ_KERNEL_NAME(const AjParams p"
      << (k.tma_maps ? ", const __grid_constant__ AjTmaMaps maps" : "") << ") {\n  "
+     << (p.has_dynamic_layout() ? "aj_dynamic_check(p, " + std::to_string(k.threads) + ");  // a table on the device: count its problems\n  " : "")
      << (k.path == KernelPath::Sm90Tma ? "aj_fwd_sm90_tma(p, maps);"
          : k.path == KernelPath::Sm90  ? "aj_fwd_sm90(p);"
          : k.path == KernelPath::Sm80  ? "aj_fwd_sm80(p);"
@@ -382,7 +386,7 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
   k.threads = out.dq_threads;
   k.shared_bytes = std::max(out.dq_shared_bytes, out.dkdv_shared_bytes);
   std::ostringstream os;
-  os << render_prefix("backward kernels", k, r, predicate, templates, bodies);
+  os << render_prefix("backward kernels", k, r, p, predicate, templates, bodies);
   os << "\n// ---- generated: entry points\n";
   const std::tuple<const char*, int, const char*> entries[] = {{"pre", out.aux_threads, ""},
                                                                {"dq", out.dq_threads, body},

@@ -235,6 +235,68 @@ private:
 
 }  // namespace
 
+namespace {
+
+bool has_table(const Layout& l) {
+  return l.kind == Layout::Kind::Dynamic || std::any_of(l.children.begin(), l.children.end(), has_table);
+}
+
+// A conservative test of a layout against a tile (query positions [q_lo, q_hi], keys [k_lo, k_hi])
+// for a table on the device: the table's rows are asked, every other layout is taken as keeping
+// the tile (the plan already visits only tiles they keep).
+std::string table_test(const Layout& l) {
+  if (l.kind == Layout::Kind::Dynamic) {
+    return "aj_dynamic_any(p, head, q_lo / " + ll(l.bq) + ", q_hi / " + ll(l.bq) + ", k_lo / " + ll(l.bk) + ", k_hi / " +
+           ll(l.bk) + ")";
+  }
+  if (l.kind != Layout::Kind::Union && l.kind != Layout::Kind::Intersect) return "true";
+  const bool any = l.kind == Layout::Kind::Union;
+  std::vector<std::string> parts;
+  for (const Layout& c : l.children) {
+    std::string t = table_test(c);
+    if (t == "true") {
+      if (any) return "true";
+      continue;
+    }
+    parts.push_back(std::move(t));
+  }
+  if (parts.empty()) return "true";
+  std::string out = "(";
+  for (size_t n = 0; n < parts.size(); ++n) out += (n ? (any ? " || " : " && ") : "") + parts[n];
+  return out + ")";
+}
+
+// The device-table functions templates/mask_lib.cuh declares (aj_dynamic_blocks, aj_dynamic_pair).
+std::string table_functions(const Pattern& p) {
+  std::ostringstream blocks, pair;
+  for (size_t b = 0; b < p.branches.size(); ++b) {
+    const Branch& br = p.branches[b];
+    if (!br.layout || !has_table(*br.layout)) continue;
+    const Layout& l = *br.layout;
+    if (l.kind == Layout::Kind::Dynamic) {
+      blocks << "    case " << b << ": bq = " << ll(l.bq) << "; bk = " << ll(l.bk) << "; return;\n";
+      pair << "    case " << b << ":\n      whole = q_lo / " << ll(l.bq) << " == q_hi / " << ll(l.bq) << " && k_lo / " << ll(l.bk)
+           << " == k_hi / " << ll(l.bk) << ";\n      return " << table_test(l) << ";\n";
+    } else {
+      pair << "    case " << b << ":\n      return " << table_test(l) << ";\n";
+    }
+  }
+  std::ostringstream os;
+  os << "// A table on the device (templates/mask_lib.cuh): the block sizes of branches whose layout is the\n"
+        "// table, and a tile's test against each branch's layout (the table's rows asked, other layouts\n"
+        "// taken as keeping it).\n";
+  os << "__device__ __forceinline__ void aj_dynamic_blocks(int branch, aj_i64& bq, aj_i64& bk) {\n  bq = 1;\n  bk = 0;\n"
+        "  switch (branch) {\n"
+     << blocks.str() << "  }\n}\n";
+  os << "__device__ __forceinline__ bool aj_dynamic_pair(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi,\n"
+        "                                                aj_i64 k_lo, aj_i64 k_hi, bool& whole) {\n"
+        "  (void)p; (void)head; (void)q_lo; (void)q_hi; (void)k_lo; (void)k_hi;\n  whole = true;\n  switch (branch) {\n"
+     << pair.str() << "  }\n  return true;\n}\n";
+  return os.str();
+}
+
+}  // namespace
+
 bool pattern_has_mask(const Pattern& p) {
   for (const Branch& br : p.branches)
     if (br.causal || br.window.left >= 0 || br.window.right >= 0 || br.layout) return true;
@@ -294,6 +356,7 @@ std::string generate_mask_predicate(const Pattern& p) {
       os << "  if (!full) {\n    switch (branch) {\n" << cases[form].str() << "    }\n  }\n  f(AjAllowAll());\n}\n";
     }
   }
+  if (p.has_dynamic_layout()) os << table_functions(p);
   os << "// One pair at a time (the SIMT kernels' loops).\n";
   os << "__device__ __forceinline__ bool aj_keys_allowed(const AjParams& p, int branch, int head, " << rule_args[0] << ") {\n"
      << "  bool r = true;\n  aj_keys_rule(p, branch, head, false, [&](auto rule) { r = rule(qpos, kbase, cs); });\n  return r;\n}\n";

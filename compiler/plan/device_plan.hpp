@@ -47,8 +47,13 @@ struct KernelParams {
   int32_t batch;            // blocks past it (the last slice of grid z) do nothing
   const int64_t* doc_base;  // packed documents: where each row's document starts (null: none)
   int64_t doc_rows;
+  int64_t dyn_entries;      // entries of dyn_cols
+  int64_t dyn_k_blocks;     // key blocks in range (the device table's check)
+  int32_t* dyn_errors;      // the device table's check counts problems here (null: none)
+  int32_t dyn_on_device;    // the table was not planned from: the kernel asks it per tile
+  int32_t dyn_pad;
 };
-static_assert(sizeof(KernelParams) == 256, "must match AjParams in templates/common.cuh");
+static_assert(sizeof(KernelParams) == 288, "must match AjParams in templates/common.cuh");
 
 // = AjKeyItem and AjQueryEntry (templates/bwd_common.cuh): the key-major plan of the backward pass.
 struct DeviceKeyItem {
@@ -84,7 +89,7 @@ struct KernelBwdParams {
   int32_t key_item_base;
   int32_t plain_add;
 };
-static_assert(sizeof(KernelBwdParams) == 472, "must match AjBwdParams in templates/bwd_common.cuh");
+static_assert(sizeof(KernelBwdParams) == 504, "must match AjBwdParams in templates/bwd_common.cuh");
 
 struct DeviceBackwardPlan {
   std::vector<DeviceKeyItem> items;

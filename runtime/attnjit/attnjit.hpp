@@ -58,10 +58,30 @@ struct Problem {
   DType dtype = DType::BF16;
 };
 
+// A dynamic layout's CSR table where the device reads it (a layout recomputed every step on the
+// GPU): the kernels read it in place, so a new table costs no planning, no copy and no
+// synchronisation. The rows and entries are DynamicLayout's; `rows` (= heads * query blocks) and
+// `entries` are what the arrays hold. The host cannot look inside, so the kernels do: the forward
+// counts the table's problems (row offsets out of order or range, entries outside the key blocks
+// or not increasing in their row) into `errors` when it is given, and reads only inside the
+// arrays whatever they hold. Entries outside the key blocks are skipped; which blocks of a row that
+// is not increasing are kept is unspecified. On the CPU and emu devices the arrays are host memory
+// (the CPU device drops what is wrong, as mask.hpp's sanitize_dynamic_table does).
+struct DeviceDynamicLayout {
+  const int64_t* row_offsets = nullptr;  // rows + 1 entries
+  const int32_t* col_indices = nullptr;  // `entries` entries
+  int64_t rows = 0;
+  int64_t entries = 0;
+  int64_t heads = 1;                     // 1 (shared) or heads_q
+  int32_t* errors = nullptr;             // optional: problems are added here (device memory on a GPU)
+};
+
 struct ForwardOptions {
   int64_t q_offset = 0, k_offset = 0;              // global positions of row 0 (chunks, ring steps)
   void* stream = nullptr;                          // CUstream of the caller (CUDA device)
   const DynamicLayout* dynamic_layout = nullptr;   // host CSR table, for patterns with a dynamic layout
+  // Or the table in device memory; one plan serves every such table (no re-planning per table).
+  const DeviceDynamicLayout* device_dynamic_layout = nullptr;
   // Packed documents (FlashAttention's varlen API), on the host: cu_seqlens = {0, e_1, ..., seq},
   // non-decreasing, batch 1, seq_q == seq_k. Queries attend keys of their own document only, and
   // positions restart at 0 in each document; not with offsets. Each distinct list gets its plan.

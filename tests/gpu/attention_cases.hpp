@@ -9,6 +9,7 @@
 // Knobs: ATTNJIT_GPU_TEST_REPORT=FILE appends one JSON line per case (bench/device_check.sh).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -61,6 +62,36 @@ private:
   std::unique_ptr<unsigned char, Free> host_;
 };
 
+// A DynamicLayout copied where the device under test reads it, as a DeviceDynamicLayout with a
+// zeroed problem counter.
+struct DeviceTable {
+  Buf rows, cols, errors;
+  DeviceDynamicLayout layout;
+  explicit DeviceTable(const DynamicLayout& d)
+      : rows(d.row_offsets.size() * 8), cols(std::max<size_t>(d.col_indices.size(), 1) * 4), errors(4) {
+    auto bytes = [](const auto& v) {
+      std::vector<unsigned char> b(v.size() * sizeof(v[0]));
+      if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());
+      return b;
+    };
+    rows.upload(bytes(d.row_offsets));
+    cols.upload(bytes(d.col_indices));
+    errors.upload(std::vector<unsigned char>(4, 0));
+    layout.row_offsets = static_cast<const int64_t*>(rows.data());
+    layout.col_indices = static_cast<const int32_t*>(cols.data());
+    layout.rows = static_cast<int64_t>(d.row_offsets.size()) - 1;
+    layout.entries = static_cast<int64_t>(d.col_indices.size());
+    layout.heads = d.heads;
+    layout.errors = static_cast<int32_t*>(errors.data());
+  }
+  int32_t problems() const {
+    const std::vector<unsigned char> b = errors.download();
+    int32_t n;
+    std::memcpy(&n, b.data(), 4);
+    return n;
+  }
+};
+
 constexpr size_t kGuard = 256;  // poisoned bytes after every output; they must stay poisoned
 
 enum class Mem { BSHD, BHSD, Padded };  // Padded: [B, S, H, D] with 16 spare bytes after each head row
@@ -90,6 +121,13 @@ struct Case {
   bool tma = true;       // the Hopper forward's TMA kernel where tensor maps describe the keys (else cp.async)
   KernelConfig config;   // zeros: the default (or the tuning database's choice on a GPU)
   std::optional<DynamicLayout> dynamic;
+  bool device_table = false;  // the table as a DeviceDynamicLayout (device memory; host memory on emu/cpu)
+  // A device table with problems instead: the kernels must count `table_problems` and answer as
+  // over `dynamic` (the table without them); where the problems leave the answer unspecified
+  // (rows out of order), only its finiteness and the bytes outside the outputs are checked.
+  std::optional<DynamicLayout> raw_table;
+  int32_t table_problems = 0;
+  bool answer_unspecified = false;
   uint64_t seed = 0;
   unsigned ref_threads = 1;
   float input_scale = 1.0f;  // q and k times this: large scores test the softmax's running maximum

@@ -117,6 +117,58 @@ TEST_CASE("large scores: the online softmax keeps every exponent in range", "[gp
   check_cases("large", cases);
 }
 
+// A dynamic table on the device with problems: entries past the key blocks, negative ones, repeats,
+// a last row offset past the entries, rows out of order. The kernels count them as
+// sanitize_dynamic_table does, skip the bad entries (the answer is the reference's over the table
+// without them) and read nothing outside the arrays (the emulator checks every read). A branch
+// whose layout is the table and one that joins it with another layout, strided; the SIMT path too.
+TEST_CASE("a dynamic table on the device: problems counted, bad entries skipped, reads in bounds", "[gpu][emu][attention][device_table]") {
+  SKIP_WITHOUT_GPU();
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().causal().layout(layouts::dynamic(16, 16)))
+                        .branch(BranchSpec().segment(96).dilation(2).layout(
+                            layouts::union_of({layouts::dynamic(16, 16), layouts::local(0, 32, 32)})))
+                        .build();
+  std::mt19937_64 rng(4711);
+  std::vector<Case> cases, unspecified;
+  int n = 0;
+  for (bool unsorted : {false, true}) {
+    for (const auto& [dt, arch, q_offset] : {std::tuple<DType, int, int64_t>{DType::BF16, 80, 0}, {DType::F16, 75, 40}, {DType::F32, 80, 24}}) {
+      Case c;
+      c.name = std::string("device-table-") + (unsorted ? "unsorted-" : "") + to_string(dt);
+      c.pattern = p, c.dtype = dt, c.arch = arch, c.seed = 8400 + uint64_t(n++);
+      c.shape = make_shape(1, 200, 240, 4, 2, dt == DType::F16 ? 32 : 64, q_offset, 0);
+      const int64_t heads = 4, q_blocks = (q_offset + 200 + 15) / 16, k_blocks = (240 + 15) / 16;
+      DynamicLayout raw;
+      raw.heads = heads;
+      raw.row_offsets = {0};
+      for (int64_t r = 0; r < heads * q_blocks; ++r) {
+        std::vector<int32_t> row;
+        if (r % 5 == 1) row.push_back(int32_t(-1 - r));  // negative: before every real block
+        for (int32_t kb = 0; kb < k_blocks; ++kb)
+          if (rng() % 3 == 0) row.push_back(kb);
+        if (r % 7 == 2 && !row.empty()) row.push_back(row.back());           // a repeat
+        if (r % 3 == 0) row.push_back(int32_t(k_blocks + r));                // past the key blocks
+        if (unsorted && r % 4 == 3 && row.size() > 2) std::swap(row.front(), row.back());
+        raw.col_indices.insert(raw.col_indices.end(), row.begin(), row.end());
+        raw.row_offsets.push_back(int64_t(raw.col_indices.size()));
+      }
+      raw.row_offsets.back() += 5;  // past the entries: clamped, counted twice (its row and the end)
+      DynamicLayout clean;
+      clean.heads = heads;
+      c.table_problems = int32_t(sanitize_dynamic_table(raw.row_offsets.data(), heads * q_blocks, raw.col_indices.data(),
+                                                         int64_t(raw.col_indices.size()), k_blocks, clean));
+      c.dynamic = std::move(clean);
+      c.raw_table = std::move(raw);
+      c.device_table = true;
+      c.answer_unspecified = unsorted;
+      (unsorted ? unspecified : cases).push_back(std::move(c));
+    }
+  }
+  check_cases("device-table", cases);
+  check_cases("device-table-unsorted", unspecified);
+}
+
 TEST_CASE("a batch past the grid's 65535 rows folds into grid z", "[gpu][emu][attention][batch]") {
   SKIP_WITHOUT_GPU();
   if (target() == Target::Cpu) { WARN("SKIPPED on the CPU device: this is about the kernels' grid"); return; }

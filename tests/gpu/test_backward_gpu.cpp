@@ -6,6 +6,7 @@
 // in fp32 for every storage type).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -80,7 +81,8 @@ std::vector<float> rounded(std::vector<float> x, DType dt) { return decode(encod
 // "" when dQ, dK, dV match the reference, else the first problem. `bytes` receives the gradients'
 // bytes (dq, dk, dv in turn) when given.
 std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType dt, const DynamicLayout* dyn, uint64_t seed,
-                           bool deterministic = false, std::vector<uint8_t>* bytes = nullptr, bool caller_workspace = false) {
+                           bool deterministic = false, std::vector<uint8_t>* bytes = nullptr, bool caller_workspace = false,
+                           bool device_table = false) {
   const size_t nq = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim), nk = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim),
                nv = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), no = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim_v);
   const std::vector<float> q = rounded(testing::random_tensor(nq, seed), dt), k = rounded(testing::random_tensor(nk, seed + 1), dt),
@@ -101,6 +103,27 @@ std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType 
   const TensorView lse = view(mlse, DType::F32, {s.batch, s.heads_q, s.seq_q});
   ForwardOptions fo;
   fo.q_offset = s.q_offset, fo.k_offset = s.k_offset, fo.dynamic_layout = dyn, fo.deterministic = deterministic;
+  // The table where the device reads it (DeviceDynamicLayout): the same gradients.
+  std::unique_ptr<Mem> table_rows, table_cols;
+  DeviceDynamicLayout on_device;
+  if (device_table && dyn) {
+    auto bytes_of = [](const auto& v) {
+      std::vector<uint8_t> out(v.size() * sizeof(v[0]));
+      if (!out.empty()) std::memcpy(out.data(), v.data(), out.size());
+      return out;
+    };
+    table_rows = std::make_unique<Mem>(dyn->row_offsets.size() * 8);
+    table_cols = std::make_unique<Mem>(std::max<size_t>(dyn->col_indices.size(), 1) * 4);
+    table_rows->upload(bytes_of(dyn->row_offsets));
+    table_cols->upload(bytes_of(dyn->col_indices));
+    on_device.row_offsets = static_cast<const int64_t*>(table_rows->data());
+    on_device.col_indices = static_cast<const int32_t*>(table_cols->data());
+    on_device.rows = static_cast<int64_t>(dyn->row_offsets.size()) - 1;
+    on_device.entries = static_cast<int64_t>(dyn->col_indices.size());
+    on_device.heads = dyn->heads;
+    fo.dynamic_layout = nullptr;
+    fo.device_dynamic_layout = &on_device;
+  }
   op.forward(view(*mq, dt, qs), view(*mk, dt, ks), view(*mv, dt, vs), view(*mo, dt, os), &lse, fo);
   std::unique_ptr<Mem> workspace;
   if (caller_workspace && op.backward_workspace_bytes() > 0) {
@@ -192,7 +215,10 @@ TEST_CASE("backward: random patterns match the reference gradients", "[gpu][emu]
     c.shape.head_dim = 16 * (1 + c.shape.head_dim % 4);
     c.shape.head_dim_v = 16 * (1 + c.shape.head_dim_v % 4);
     INFO("case " << n << " " << to_string(dt) << "\n" << canonical_text(c.pattern));
-    CHECK(check_backward(rt, c.pattern, c.shape, dt, c.dynamic ? &*c.dynamic : nullptr, 1000 + 10 * n) == "");
+    // Half of the dynamic tables stay on the device (DeviceDynamicLayout).
+    INFO((c.dynamic && n % 2 == 0 ? "device table" : ""));
+    CHECK(check_backward(rt, c.pattern, c.shape, dt, c.dynamic ? &*c.dynamic : nullptr, 1000 + 10 * n, false, nullptr, false,
+                         n % 2 == 0) == "");
   }
 }
 

@@ -309,6 +309,67 @@ TEST_CASE("every bad input is a clear error before anything runs", "[runtime][er
   CHECK_THROWS_WITH(rt.prepare(dyn, pb).forward(Q, K, V, O, &L), Catch::Contains("pass its CSR table"));
 }
 
+TEST_CASE("a device dynamic table: the answer of its sanitised host table, problems counted, bad inputs clear errors", "[runtime][dynamic][errors]") {
+  Runtime rt;
+  const Pattern p = PatternBuilder().branch(BranchSpec().full().layout(layouts::dynamic(4, 4))).build();
+  const Problem pb{1, 8, 8, 2, 1, 16, 16, DType::F32};  // 2 query blocks per head, 2 key blocks
+  Attention op = rt.prepare(p, pb);
+  const std::vector<float> q = random_tensor(8 * 2 * 16, 1), k = random_tensor(8 * 16, 2), v = random_tensor(8 * 16, 3);
+  std::vector<float> o(8 * 2 * 16), o_host(8 * 2 * 16), lse(2 * 8);
+  auto Q = TensorView::contiguous(const_cast<float*>(q.data()), DType::F32, {1, 8, 2, 16});
+  auto K = TensorView::contiguous(const_cast<float*>(k.data()), DType::F32, {1, 8, 1, 16});
+  auto V = TensorView::contiguous(const_cast<float*>(v.data()), DType::F32, {1, 8, 1, 16});
+  auto O = TensorView::contiguous(o.data(), DType::F32, {1, 8, 2, 16});
+  auto OH = TensorView::contiguous(o_host.data(), DType::F32, {1, 8, 2, 16});
+  auto L = TensorView::contiguous(lse.data(), DType::F32, {1, 2, 8});
+
+  // One table for both heads; row 1 repeats block 0 and names block 5 of 2: two problems.
+  const std::vector<int64_t> offsets{0, 1, 4};
+  const std::vector<int32_t> cols{1, 0, 0, 5};
+  int32_t errors = 0;
+  DeviceDynamicLayout d;
+  d.row_offsets = offsets.data(), d.col_indices = cols.data(), d.rows = 2, d.entries = 4, d.heads = 1, d.errors = &errors;
+  ForwardOptions fo;
+  fo.device_dynamic_layout = &d;
+  REQUIRE_NOTHROW(op.forward(Q, K, V, O, &L, fo));
+  CHECK(errors == 2);
+  DynamicLayout host{1, {0, 1, 2}, {1, 0}};
+  ForwardOptions fh;
+  fh.dynamic_layout = &host;
+  REQUIRE_NOTHROW(op.forward(Q, K, V, OH, nullptr, fh));
+  CHECK(o == o_host);
+  REQUIRE_NOTHROW(op.forward(Q, K, V, O, &L, fo));
+  CHECK(errors == 4);  // added to, not overwritten
+
+  auto bad = [&](auto mutate, const std::string& words) {
+    DeviceDynamicLayout d2 = d;
+    ForwardOptions f2 = fo;
+    f2.device_dynamic_layout = &d2;
+    mutate(d2, f2);
+    CHECK_THROWS_WITH(op.forward(Q, K, V, O, &L, f2), Catch::Contains(words));
+  };
+  bad([](DeviceDynamicLayout& t, auto&) { t.heads = 3; }, "device_dynamic_layout.heads: is 3; give 1 (one table for every head) or heads_q (2)");
+  bad([](DeviceDynamicLayout& t, auto&) { t.rows = 3; }, "device_dynamic_layout.rows: is 3; the table needs heads * query blocks = 1 * 2 rows");
+  bad([](DeviceDynamicLayout& t, auto&) { t.heads = 2; }, "device_dynamic_layout.rows: is 2; the table needs heads * query blocks = 2 * 2 rows");
+  bad([](DeviceDynamicLayout& t, auto&) { t.entries = -1; }, "device_dynamic_layout.entries: must be >= 0");
+  bad([](DeviceDynamicLayout& t, auto&) { t.row_offsets = nullptr; }, "needs row_offsets (rows + 1 entries)");
+  bad([](DeviceDynamicLayout& t, auto&) { t.col_indices = nullptr; }, "with entries > 0, col_indices");
+  bad([&](auto&, ForwardOptions& f) { f.dynamic_layout = &host; }, "and ForwardOptions.dynamic_layout are both set");
+  const std::vector<int64_t> cu{0, 4, 8};
+  bad([&](auto&, ForwardOptions& f) { f.cu_seqlens = &cu; }, "packed documents with a dynamic layout are not supported yet");
+  // An empty table is fine without column indices: nothing attends, every row is empty.
+  const std::vector<int64_t> none{0, 0, 0};
+  DeviceDynamicLayout empty{none.data(), nullptr, 2, 0, 1, nullptr};
+  ForwardOptions fe;
+  fe.device_dynamic_layout = &empty;
+  REQUIRE_NOTHROW(op.forward(Q, K, V, O, &L, fe));
+  for (float x : o) CHECK(x == 0.0f);
+
+  // A pattern without a dynamic layout refuses the table.
+  Attention dense = rt.prepare(PatternBuilder().branch(BranchSpec().full()).build(), pb);
+  CHECK_THROWS_WITH(dense.forward(Q, K, V, O, &L, fo), Catch::Contains("was given, but the pattern has no \"dynamic\" layout"));
+}
+
 TEST_CASE("a CUDA device on a machine without a GPU is a clear error", "[runtime][errors]") {
   std::string why;
   if (CudaDriver::available(&why)) {
