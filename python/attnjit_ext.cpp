@@ -127,24 +127,58 @@ using DynamicArg = std::optional<std::tuple<int64_t, std::vector<int64_t>, std::
 using DocumentsArg = std::optional<std::vector<int64_t>>;
 const std::vector<int64_t>* documents_of(const DocumentsArg& d) { return d ? &*d : nullptr; }
 
-// The options of one call; they point into `dyn` and `documents`, which must outlive them.
+// A dynamic table where the device reads it, as addresses: (row_offsets int64, col_indices int32,
+// rows, entries, heads, errors int32 counter or 0); or None.
+using DeviceDynamicArg = std::optional<std::tuple<uintptr_t, uintptr_t, int64_t, int64_t, int64_t, uintptr_t>>;
+std::optional<DeviceDynamicLayout> device_dynamic_of(const DeviceDynamicArg& d) {
+  if (!d) return std::nullopt;
+  DeviceDynamicLayout l;
+  l.row_offsets = reinterpret_cast<const int64_t*>(std::get<0>(*d));
+  l.col_indices = reinterpret_cast<const int32_t*>(std::get<1>(*d));
+  l.rows = std::get<2>(*d), l.entries = std::get<3>(*d), l.heads = std::get<4>(*d);
+  l.errors = reinterpret_cast<int32_t*>(std::get<5>(*d));
+  return l;
+}
+
+// The options of one call; they point into `dyn`, `device_dyn` and `documents`, which must outlive them.
 ForwardOptions options_of(int64_t q_offset, int64_t k_offset, uintptr_t stream, const std::optional<DynamicLayout>& dyn,
-                          const DocumentsArg& documents) {
+                          const DocumentsArg& documents, const std::optional<DeviceDynamicLayout>& device_dyn = std::nullopt) {
   ForwardOptions fo;
   fo.q_offset = q_offset, fo.k_offset = k_offset, fo.stream = reinterpret_cast<void*>(stream);
   fo.dynamic_layout = dyn ? &*dyn : nullptr;
+  fo.device_dynamic_layout = device_dyn ? &*device_dyn : nullptr;
   fo.cu_seqlens = documents_of(documents);
   return fo;
 }
 
+// A table in host memory (int64 row offsets, int32 entries) with what the kernels drop dropped, for
+// the pattern and call: (row_offsets, col_indices, problems), as mask.hpp's sanitize_dynamic_table.
+std::tuple<std::vector<int64_t>, std::vector<int32_t>, int64_t> sanitize_dynamic(
+    const std::string& spec, const std::vector<int64_t>& dims, int64_t q_offset, int64_t k_offset, uintptr_t row_offsets,
+    uintptr_t col_indices, int64_t rows, int64_t entries) {
+  Shape s;
+  s.batch = dims[0], s.seq_q = dims[1], s.seq_k = dims[2], s.heads_q = dims[3], s.heads_kv = dims[4];
+  s.q_offset = q_offset, s.k_offset = k_offset;
+  if (rows < 0 || entries < 0 || !row_offsets || (entries > 0 && !col_indices)) {
+    throw UserError("dynamic_layout", "needs row_offsets (rows + 1 entries) and col_indices");
+  }
+  DynamicLayout out;
+  const int64_t problems = sanitize_dynamic_table(reinterpret_cast<const int64_t*>(row_offsets), rows,
+                                                  reinterpret_cast<const int32_t*>(col_indices), entries,
+                                                  dynamic_key_blocks(pattern_of(spec), s), out);
+  return {std::move(out.row_offsets), std::move(out.col_indices), problems};
+}
+
 void forward(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
              const Tensor& k, const Tensor& v, const Tensor& o, const std::optional<Tensor>& lse, int64_t q_offset,
-             int64_t k_offset, uintptr_t stream, const DynamicArg& dynamic, const DocumentsArg& documents) {
+             int64_t k_offset, uintptr_t stream, const DynamicArg& dynamic, const DocumentsArg& documents,
+             const DeviceDynamicArg& device_dynamic) {
   const DType dt = parse_dtype(dtype);
   const Problem pb = problem_of(q, k, v, dt);
   const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
+  const std::optional<DeviceDynamicLayout> device_dyn = device_dynamic_of(device_dynamic);
   Attention op = prepared(spec, device_of(device, index), pb);
-  ForwardOptions fo = options_of(q_offset, k_offset, stream, dyn, documents);
+  ForwardOptions fo = options_of(q_offset, k_offset, stream, dyn, documents, device_dyn);
   const TensorView lv = lse ? view(*lse, DType::F32) : TensorView{};
   nb::gil_scoped_release release;
   op.forward(view(q, dt), view(k, dt), view(v, dt), view(o, dt), lse ? &lv : nullptr, fo);
@@ -154,12 +188,13 @@ void backward(const std::string& spec, const std::string& device, int index, con
               const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq,
               const Tensor& dk, const Tensor& dv, int64_t q_offset, int64_t k_offset, uintptr_t stream,
               bool deterministic, const DynamicArg& dynamic, uintptr_t workspace, size_t workspace_bytes,
-              const DocumentsArg& documents) {
+              const DocumentsArg& documents, const DeviceDynamicArg& device_dynamic) {
   const DType dt = parse_dtype(dtype);
   const Problem pb = problem_of(q, k, v, dt);
   const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
+  const std::optional<DeviceDynamicLayout> device_dyn = device_dynamic_of(device_dynamic);
   Attention op = prepared(spec, device_of(device, index), pb);
-  ForwardOptions fo = options_of(q_offset, k_offset, stream, dyn, documents);
+  ForwardOptions fo = options_of(q_offset, k_offset, stream, dyn, documents, device_dyn);
   fo.deterministic = deterministic;
   fo.workspace = reinterpret_cast<void*>(workspace), fo.workspace_bytes = workspace_bytes;
   nb::gil_scoped_release release;
@@ -431,6 +466,7 @@ NB_MODULE(_attnjit, m) {
   }, "(canonical text, hash) of a spec; raises PatternError naming what is wrong");
   m.def("forward", &forward);
   m.def("backward", &backward);
+  m.def("sanitize_dynamic", &sanitize_dynamic);
   m.def("reference_forward", &reference_forward);
   m.def("reference_backward", &reference_backward);
   m.def("weights", &attention_weights);

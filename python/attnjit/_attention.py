@@ -24,7 +24,13 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
 
     `pattern`: an attnjit.Pattern, a dict or a path. `scale` replaces the softmax scale.
     `q_offset`/`k_offset`: global positions of row 0. `dynamic_layout`: the CSR table of a
-    pattern with a `dynamic` layout, a dict {"row_offsets", "col_indices", "heads"}.
+    pattern with a `dynamic` layout, a dict {"row_offsets", "col_indices", "heads"} (lists,
+    arrays or CPU tensors: checked, planned and uploaded per distinct table). A table recomputed
+    every step stays where the kernels read it: torch tensors on q's GPU (row_offsets int64 [rows
+    + 1], col_indices int32; other integer dtypes are converted there) make no host round trip
+    and no new plan; the kernel skips what is wrong (offsets out of order, blocks out of range or
+    not increasing in their row) and, given "errors" (an int32 tensor with one element on q's
+    device; with CPU tensors it selects this path too), adds the number of problems to it.
     `cu_seqlens`: packed documents (FlashAttention's varlen), int64 [n_docs + 1] (a tensor, array
     or list) = 0, e_1, ..., S, non-decreasing (empty documents allowed); batch 1, Sq == Sk, no
     offsets. Each document attends only itself, with positions restarting at 0 at its start.
@@ -42,6 +48,10 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
     dyn = _dynamic_arg(dynamic_layout)
     docs = _documents_arg(cu_seqlens)
     if isinstance(q, np.ndarray) or isinstance(k, np.ndarray) or isinstance(v, np.ndarray):
+        if device_table(dyn):
+            raise TypeError('dynamic_layout: a table the kernels read in place (torch tensors on a GPU, or "errors" '
+                            'given) needs torch tensors q, k, v; pass lists or arrays with numpy inputs')
+        dyn = host_table(dyn)
         if return_weights and q.ndim == 4 and k.ndim == 4:  # refused before the forward runs
             _attnjit.check_weights_size(q.shape[0], q.shape[2], q.shape[1], k.shape[1])
         o, lse = _numpy_attention(q, k, v, p.op_spec, int(q_offset), int(k_offset), dyn, docs)
@@ -73,16 +83,36 @@ def _numpy_weights(q, k, v, lse, spec, q_offset, k_offset, dyn, docs):
     return w
 
 
+_TABLE_KEYS = {"row_offsets", "col_indices", "heads", "errors"}
+
+
 def _dynamic_arg(d):
     if d is None:
         return None
     if not isinstance(d, dict) or not {"row_offsets", "col_indices"} <= set(d):
         raise TypeError('dynamic_layout: expected a dict {"row_offsets": [...], "col_indices": [...], "heads": H}')
-    return (
-        int(d.get("heads", 1)),
-        [int(x) for x in np.asarray(d["row_offsets"]).ravel()],
-        [int(x) for x in np.asarray(d["col_indices"]).ravel()],
-    )
+    if set(d) - _TABLE_KEYS:
+        raise TypeError(f"dynamic_layout: unknown key(s) {sorted(set(d) - _TABLE_KEYS)}; expected {sorted(_TABLE_KEYS)}")
+    return d
+
+
+def device_table(d):
+    """Whether the kernels read the table `d` in place: tensors on a GPU, or an "errors" counter given."""
+    return d is not None and (d.get("errors") is not None or
+                              any(getattr(d[n], "is_cuda", False) for n in ("row_offsets", "col_indices")))
+
+
+def host_table(d):
+    """A host table (heads, row_offsets, col_indices) as the extension takes it, or None."""
+    if d is None:
+        return None
+
+    def ints(x):
+        if hasattr(x, "detach"):  # a torch tensor
+            x = x.detach().cpu().numpy()
+        return [int(e) for e in np.asarray(x).ravel()]
+
+    return int(d.get("heads", 1)), ints(d["row_offsets"]), ints(d["col_indices"])
 
 
 def _documents_arg(cu):
@@ -149,5 +179,5 @@ def _numpy_attention(q, k, v, spec, q_offset, k_offset, dyn, docs):
         return (x.ctypes.data, list(x.shape), [s // x.itemsize for s in x.strides])
 
     _attnjit.forward(spec, cpu_device(), 0, _NUMPY_DTYPES[q.dtype], desc(q), desc(k), desc(v), desc(o), desc(lse),
-                     q_offset, k_offset, 0, dyn, docs)
+                     q_offset, k_offset, 0, dyn, docs, None)
     return o, lse

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 
 from . import _attnjit
-from ._attention import check_shapes, cpu_device
+from ._attention import check_shapes, cpu_device, device_table, host_table
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -27,10 +27,40 @@ def attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, docs=None):
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.dim() == 4 and x.stride(3) != 1:
             raise ValueError(f"{name}: the last dimension must be contiguous (stride 1); call .contiguous()")
-    heads, rows, cols = (0, None, None) if dyn is None else (
-        dyn[0], torch.tensor(dyn[1], dtype=torch.int64), torch.tensor(dyn[2], dtype=torch.int32))
+    heads, rows, cols, on_device, errors = _table_tensors(dyn, q.device)
     cu = None if docs is None else torch.tensor(docs, dtype=torch.int64)
-    return torch.ops.attnjit.attention(q, k, v, spec, q_offset, k_offset, heads, rows, cols, cu)
+    o, lse, problems = torch.ops.attnjit.attention(q, k, v, spec, q_offset, k_offset, heads, rows, cols, on_device, cu)
+    if errors is not None:
+        errors.view(1).add_(problems)
+    return o, lse
+
+
+def _table_tensors(d, device):
+    """The op's table arguments for the dynamic_layout dict `d`: (heads, row_offsets, col_indices,
+    whether the kernels read them in place, the caller's errors counter or None)."""
+    if d is None:
+        return 0, None, None, False, None
+    if not device_table(d):
+        heads, rows, cols = host_table(d)
+        return heads, torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int32), False, None
+    tensors = []
+    for name, dtype in (("row_offsets", torch.int64), ("col_indices", torch.int32)):
+        x = d[name]
+        if not isinstance(x, torch.Tensor) or x.dim() != 1 or x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            what = f"{x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise TypeError(f'dynamic_layout["{name}"]: a table the kernels read in place needs a 1-D integer torch '
+                            f"tensor, got a {what}")
+        if x.device != device:
+            raise ValueError(f'dynamic_layout["{name}"]: is on {x.device} but q is on {device}; keep the table on q\'s device')
+        tensors.append(x.to(dtype).contiguous())
+    errors = d.get("errors")
+    if errors is not None:
+        if not isinstance(errors, torch.Tensor) or errors.dtype != torch.int32 or errors.numel() != 1:
+            raise TypeError('dynamic_layout["errors"]: expected an int32 torch tensor with one element (the number of '
+                            "problems found in the table is added to it)")
+        if errors.device != device:
+            raise ValueError(f'dynamic_layout["errors"]: is on {errors.device} but q is on {device}')
+    return int(d.get("heads", 1)), tensors[0], tensors[1], True, errors
 
 
 def check_weights_size(q, k):
@@ -41,8 +71,14 @@ def check_weights_size(q, k):
 
 def weights(q, k, v, lse, spec: str, q_offset: int, k_offset: int, dyn, docs=None):
     """The attention weights of attention(q, k, v) given its lse: fp32 [B, Hq, Sq, Sk] on q's device
-    (float64 from the reference for float64 inputs). No gradient: for inspection."""
+    (float64 from the reference for float64 inputs). No gradient: for inspection. A table the
+    kernels read in place is copied to the host here, with what they drop dropped."""
     b, sq, hq, _ = q.shape
+    if device_table(dyn):
+        heads, rows, cols, _, _ = _table_tensors(dyn, q.device)
+        dyn = (heads,) + _sanitized(spec, q, k, q_offset, k_offset, rows.cpu(), cols.cpu())[:2]
+    else:
+        dyn = host_table(dyn)
     q, k, v, lse = q.detach(), k.detach(), v.detach(), lse.detach()
     if q.dtype == torch.float64:
         dims = [b, sq, k.shape[1], hq, k.shape[2], q.shape[3], v.shape[3]]
@@ -68,8 +104,31 @@ def _device(x):
     raise ValueError(f"q: device {x.device} is not supported; use a CPU or CUDA tensor")
 
 
-def _dyn(heads, rows, cols):
-    return None if rows is None else (heads, rows.tolist(), cols.tolist())
+def _dims(q, k, v):
+    return [q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]]
+
+
+def _sanitized(spec, q, k, q_offset, k_offset, rows, cols):
+    """(row_offsets, col_indices, problems) of a table in host memory with what the kernels drop dropped."""
+    return _attnjit.sanitize_dynamic(spec, _dims(q, k, k), q_offset, k_offset, rows.data_ptr(), cols.data_ptr(),
+                                     rows.numel() - 1, cols.numel())
+
+
+def _tables(spec, q, k, q_offset, k_offset, heads, rows, cols, on_device, errors):
+    """The extension's (host table, table read in place) arguments of one call. The float64 reference
+    reads host tables only: a table meant for the kernels is sanitised as they would, its problems
+    added to `errors`."""
+    if rows is None:
+        return None, None
+    if not on_device:
+        return (heads, rows.tolist(), cols.tolist()), None
+    if q.dtype == torch.float64:
+        r, c, n = _sanitized(spec, q, k, q_offset, k_offset, rows, cols)
+        if errors is not None and errors.numel():
+            errors += n
+        return (heads, r, c), None
+    err = errors.data_ptr() if errors is not None and errors.numel() else 0
+    return None, (rows.data_ptr(), cols.data_ptr(), rows.numel() - 1, cols.numel(), heads, err)
 
 
 def _docs(cu_seqlens):
@@ -81,44 +140,48 @@ def _out_shapes(q, v):
     return (b, sq, hq, v.shape[3]), (b, hq, sq)
 
 
+# The third output counts the problems the kernels found in a table they read in place (int32 [1];
+# [0] without one): the caller adds it to its own counter, so the op mutates none of its inputs.
 @torch.library.custom_op("attnjit::attention", mutates_args=())
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: str, q_offset: int, k_offset: int,
-               dyn_heads: int, dyn_rows: Optional[torch.Tensor], dyn_cols: Optional[torch.Tensor],
-               cu_seqlens: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+               dyn_heads: int, dyn_rows: Optional[torch.Tensor], dyn_cols: Optional[torch.Tensor], dyn_on_device: bool,
+               cu_seqlens: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     o_shape, lse_shape = _out_shapes(q, v)
-    dyn, docs = _dyn(dyn_heads, dyn_rows, dyn_cols), _docs(cu_seqlens)
+    problems = torch.zeros(1 if dyn_on_device else 0, dtype=torch.int32, device=q.device)
+    dyn, device_dyn = _tables(spec, q, k, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, dyn_on_device, problems)
+    docs = _docs(cu_seqlens)
     if q.dtype == torch.float64:  # the float64 reference (exact; for gradcheck)
-        dims = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]]
         qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
-        o, lse = _attnjit.reference_forward(spec, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), dims, q_offset, k_offset, dyn,
-                                            docs)
-        return torch.from_numpy(o), torch.from_numpy(lse)
+        o, lse = _attnjit.reference_forward(spec, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), _dims(q, k, v), q_offset,
+                                            k_offset, dyn, docs)
+        return torch.from_numpy(o), torch.from_numpy(lse), problems
     o = torch.empty(o_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     device, index, stream = _device(q)
     _attnjit.forward(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v), _desc(o), _desc(lse), q_offset,
-                     k_offset, stream, dyn, docs)
-    return o, lse
+                     k_offset, stream, dyn, docs, device_dyn)
+    return o, lse, problems
 
 
 @_attention.register_fake
-def _(q, k, v, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, cu_seqlens):
+def _(q, k, v, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, dyn_on_device, cu_seqlens):
     o_shape, lse_shape = _out_shapes(q, v)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return q.new_empty(o_shape), q.new_empty(lse_shape, dtype=lse_dtype)
+    return (q.new_empty(o_shape), q.new_empty(lse_shape, dtype=lse_dtype),
+            q.new_empty(1 if dyn_on_device else 0, dtype=torch.int32))
 
 
 @torch.library.custom_op("attnjit::attention_backward", mutates_args=())
 def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                         dout: torch.Tensor, spec: str, q_offset: int, k_offset: int, dyn_heads: int,
-                        dyn_rows: Optional[torch.Tensor], dyn_cols: Optional[torch.Tensor],
+                        dyn_rows: Optional[torch.Tensor], dyn_cols: Optional[torch.Tensor], dyn_on_device: bool,
                         cu_seqlens: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dyn, docs = _dyn(dyn_heads, dyn_rows, dyn_cols), _docs(cu_seqlens)
+    dyn, device_dyn = _tables(spec, q, k, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, dyn_on_device, None)
+    docs = _docs(cu_seqlens)
     if q.dtype == torch.float64:
-        dims = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]]
         qc, kc, vc, dc = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
-        dq, dk, dv = _attnjit.reference_backward(spec, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), dc.data_ptr(), dims,
-                                                 q_offset, k_offset, dyn, docs)
+        dq, dk, dv = _attnjit.reference_backward(spec, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), dc.data_ptr(),
+                                                 _dims(q, k, v), q_offset, k_offset, dyn, docs)
         return torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv)
     if dout.stride(3) != 1:
         dout = dout.contiguous()
@@ -132,24 +195,24 @@ def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: to
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device) if ws_bytes else None
     _attnjit.backward(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v), _desc(o), _desc(lse),
                       _desc(dout), _desc(dq), _desc(dk), _desc(dv), q_offset, k_offset, stream, False, dyn,
-                      ws.data_ptr() if ws is not None else 0, ws_bytes, docs)
+                      ws.data_ptr() if ws is not None else 0, ws_bytes, docs, device_dyn)
     return dq, dk, dv
 
 
 @_attention_backward.register_fake
-def _(q, k, v, o, lse, dout, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, cu_seqlens):
+def _(q, k, v, o, lse, dout, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, dyn_on_device, cu_seqlens):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, cu_seqlens = inputs
-    o, lse = output
+    q, k, v, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, dyn_on_device, cu_seqlens = inputs
+    o, lse, _ = output
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.args = (spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, cu_seqlens)
+    ctx.args = (spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, dyn_on_device, cu_seqlens)
     ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
 
 
-def _backward(ctx, dout, dlse):
+def _backward(ctx, dout, dlse, _dproblems):
     q, k, v, o, lse = ctx.saved_tensors
     if dlse is not None:
         raise NotImplementedError("attnjit.attention: the gradient through lse is not taken (LSE is an output for "
@@ -157,7 +220,7 @@ def _backward(ctx, dout, dlse):
     if dout is None:
         dout = torch.zeros_like(o)
     dq, dk, dv = _attention_backward(q, k, v, o, lse, dout, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 _attention.register_autograd(_backward, setup_context=_setup_context)

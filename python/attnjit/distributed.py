@@ -380,8 +380,8 @@ class _Ring:
         for qi, ki, computed, _ in self.chunk_pairs(kr, q.device):
             qa, qn, qs = self.chunk(self.rank, qi)
             ka, kn, ks = self.chunk(kr, ki)
-            o, lse = torch.ops.attnjit.attention(q[:, qa:qa + qn], kk[:, ka:ka + kn], vv[:, ka:ka + kn], self.spec, qs, ks, 0,
-                                                 None, None, None)
+            o, lse, _ = torch.ops.attnjit.attention(q[:, qa:qa + qn], kk[:, ka:ka + kn], vv[:, ka:ka + kn], self.spec, qs, ks,
+                                                    0, None, None, False, None)
             _merge(acc_o, acc_lse, qa, o, lse, computed)
 
     def attend_backward(self, q, o, lse, do, kr, kk, vv, dq, dkk, dvv):
@@ -391,7 +391,7 @@ class _Ring:
             rows, keys = slice(qa, qa + qn), slice(ka, ka + kn)
             gq, gk, gv = torch.ops.attnjit.attention_backward(
                 q[:, rows], kk[:, keys], vv[:, keys], o[:, rows], lse[:, :, rows].contiguous(), do[:, rows], self.spec, qs,
-                ks, 0, None, None, None)
+                ks, 0, None, None, False, None)
             # Rows the call does not compute or read have zero gradients: only the others are added.
             _add_part(computed, dq if computed is not None else dq[:, rows], gq)
             for acc, part in ((dkk, gk), (dvv, gv)):

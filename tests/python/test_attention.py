@@ -255,6 +255,70 @@ def test_packed_documents_bad_lists_are_clear_errors():
         attnjit.attention(qb, kb, vb, p, cu_seqlens=[0, 50])
 
 
+# A dynamic layout's table per head (block 16, 4 query and 4 key blocks over 64 positions), the
+# explicit layout with the same blocks (the dense contract's form), and the same table as the
+# kernels may get it: two problems (a repeated block, a block past the keys) they must drop.
+DYN_SPEC = {"attnjit": 1, "layout": {"block": 16, "union": [{"local": 0}, {"dynamic": True}]},
+            "branches": [{"segment": "full"}]}
+DYN_EXPLICIT = {"attnjit": 1, "layout": {"block": 16, "union": [{"local": 0}, {"explicit": {"per_head": [
+    [[0, 2], [1, 0], [1, 3], [3, 0], [3, 1]], [[0, 1], [0, 3], [2, 0], [3, 2]]]}}]}, "branches": [{"segment": "full"}]}
+DYN_TABLE = {"heads": 2, "row_offsets": [0, 1, 3, 3, 5, 7, 7, 8, 9], "col_indices": [2, 0, 3, 0, 1, 1, 3, 0, 2]}
+DYN_FLAWED = ([0, 1, 3, 3, 6, 8, 8, 10, 11], [2, 0, 3, 0, 1, 1, 1, 3, 0, 7, 2])
+
+
+@pytest.mark.parametrize("device", ["reference", "cpu", "emu"])
+def test_dynamic_tables_host_and_in_place_match_the_dense_contract(device, monkeypatch):
+    # The host table and the table the kernels read in place (tensors, an "errors" counter) give the
+    # explicit layout's answer and gradients; the flawed table's two problems are dropped and counted.
+    if device == "emu":
+        monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu")
+    dtype = torch.float64 if device == "reference" else torch.float32
+    tol = 1e-12 if device == "reference" else 1e-4
+    q, k, v = inputs(1, 64, 64, 2, 1, 16, dtype=dtype, seed=41, requires_grad=True)
+    want_o, _ = dense_attention(q, k, v, attnjit.Pattern.from_json(DYN_EXPLICIT))
+    want = torch.autograd.grad(want_o.square().sum(), (q, k, v))
+    errors = torch.zeros(1, dtype=torch.int32)
+    in_place = {"heads": 2, "row_offsets": torch.tensor(DYN_FLAWED[0]), "col_indices": torch.tensor(DYN_FLAWED[1]),
+                "errors": errors}
+    for table in (DYN_TABLE, in_place):
+        o = attnjit.attention(q, k, v, DYN_SPEC, dynamic_layout=table)
+        assert rel_error(o, want_o) <= tol
+        got = torch.autograd.grad(o.square().sum(), (q, k, v))
+        for name, g, w in zip("qkv", got, want):
+            assert rel_error(g, w) <= tol, f"d{name}"
+    assert errors.item() == 2  # the forward counts; the backward reads the same table without counting
+    attnjit.attention(q, k, v, DYN_SPEC, dynamic_layout=in_place)
+    assert errors.item() == 4  # added to, not overwritten
+    # The weights of a table read in place: the host's copy, sanitised the same way.
+    o, w = attnjit.attention(q, k, v, DYN_SPEC, dynamic_layout=in_place, return_weights=True)
+    w_want = dense_weights(q, k, attnjit.Pattern.from_json(DYN_EXPLICIT))
+    assert rel_error(w, w_want) <= tol
+
+
+def test_dynamic_table_bad_arguments_are_clear_errors():
+    q, k, v = inputs(1, 64, 64, 2, 1, 16)
+    rows, cols = torch.tensor(DYN_FLAWED[0]), torch.tensor(DYN_FLAWED[1])
+    errors = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(TypeError, match="needs torch tensors q, k, v; pass lists or arrays with numpy inputs"):
+        attnjit.attention(q.numpy(), k.numpy(), v.numpy(), DYN_SPEC,
+                          dynamic_layout={"heads": 2, "row_offsets": rows, "col_indices": cols, "errors": errors})
+    with pytest.raises(TypeError, match=r'dynamic_layout\["col_indices"\]: a table the kernels read in place needs a 1-D '
+                                        r"integer torch tensor, got a torch.float32"):
+        attnjit.attention(q, k, v, DYN_SPEC,
+                          dynamic_layout={"heads": 2, "row_offsets": rows, "col_indices": cols.float(), "errors": errors})
+    with pytest.raises(TypeError, match=r'dynamic_layout\["errors"\]: expected an int32 torch tensor with one element'):
+        attnjit.attention(q, k, v, DYN_SPEC, dynamic_layout={"heads": 2, "row_offsets": rows, "col_indices": cols,
+                                                             "errors": torch.zeros(1, dtype=torch.int64)})
+    with pytest.raises(TypeError, match=r"dynamic_layout: unknown key\(s\) \['head'\]"):
+        attnjit.attention(q, k, v, DYN_SPEC, dynamic_layout={"head": 2, "row_offsets": rows, "col_indices": cols})
+    with pytest.raises(ValueError, match=r"device_dynamic_layout.rows: is 8; the table needs heads \* query blocks = 1 \* 4"):
+        attnjit.attention(q, k, v, DYN_SPEC, dynamic_layout={"row_offsets": rows, "col_indices": cols, "errors": errors})
+    with pytest.raises(ValueError, match="device_dynamic_layout.heads: is 3; give 1"):
+        attnjit.attention(q, k, v, DYN_SPEC,
+                          dynamic_layout={"heads": 3, "row_offsets": rows, "col_indices": cols, "errors": errors})
+    assert errors.item() == 0
+
+
 def test_torch_compile_traces_without_graph_breaks():
     p = attnjit.Pattern.load(EXAMPLES / "sliding_window.json")
     q, k, v = inputs(1, 96, 96, 2, 2, 16, seed=6, requires_grad=True)
@@ -267,6 +331,23 @@ def test_torch_compile_traces_without_graph_breaks():
     loss.backward()
     want = f(*(x.detach().requires_grad_() for x in (q, k, v)))
     assert torch.allclose(loss, want)
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_torch_compile_traces_a_table_read_in_place():
+    p = attnjit.Pattern.from_json(DYN_SPEC)
+    q, k, v = inputs(1, 64, 64, 2, 1, 16, seed=43, requires_grad=True)
+    rows, cols = torch.tensor(DYN_FLAWED[0]), torch.tensor(DYN_FLAWED[1])
+    errors = torch.zeros(1, dtype=torch.int32)
+
+    def f(a, b, c):
+        return attnjit.attention(a, b, c, p, dynamic_layout={"heads": 2, "row_offsets": rows, "col_indices": cols,
+                                                            "errors": errors}).square().sum()
+
+    loss = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
+    loss.backward()
+    assert errors.item() == 2
+    assert torch.allclose(loss, f(*(x.detach() for x in (q, k, v))))
     assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
@@ -401,6 +482,24 @@ def test_gpu_torch_compile_fullgraph_with_inductor():
     torch._dynamo.reset()
     got = torch.compile(f, fullgraph=True)(q, k, v)
     assert torch.equal(got, f(q, k, v))
+
+
+@needs_gpu
+def test_gpu_dynamic_table_in_device_memory():
+    # A table in GPU memory, recomputed "every step": no host copy, the host table's answer, problems counted.
+    q, k, v = inputs(1, 64, 64, 2, 1, 16, dtype=torch.bfloat16, seed=42, device="cuda", requires_grad=True)
+    errors = torch.zeros(1, dtype=torch.int32, device="cuda")
+    table = {"heads": 2, "row_offsets": torch.tensor(DYN_FLAWED[0], device="cuda"),
+             "col_indices": torch.tensor(DYN_FLAWED[1], device="cuda"), "errors": errors}
+    o = attnjit.attention(q, k, v, DYN_SPEC, dynamic_layout=table)
+    got = torch.autograd.grad(o.float().square().sum(), (q, k, v))
+    qc, kc, vc = (x.detach().cpu().double().requires_grad_() for x in (q, k, v))
+    want_o, _ = dense_attention(qc, kc, vc, attnjit.Pattern.from_json(DYN_EXPLICIT))
+    want = torch.autograd.grad(want_o.square().sum(), (qc, kc, vc))
+    assert rel_error(o.cpu(), want_o) <= 1e-2
+    for name, g, w in zip("qkv", got, want):
+        assert rel_error(g.cpu(), w) <= 3e-2, f"d{name}"
+    assert errors.item() == 2
 
 
 @needs_gpu
