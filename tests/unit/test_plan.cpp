@@ -33,6 +33,17 @@ std::string describe(const attnjit::testing::RandomCase& c, const TileConfig& t)
   return os.str();
 }
 
+// Each (head, row, key) was visited as often as the mask counts it (count is [head][row][key]).
+void require_mask_counts(const Pattern& p, const Shape& s, const DynamicLayout* dyn, const std::vector<int>& count) {
+  const MaskContext ctx{p, s, dyn};
+  for (int64_t h = 0; h < s.heads_q; ++h)
+    for (int64_t i = 0; i < s.seq_q; ++i)
+      for (int64_t j = 0; j < s.seq_k; ++j) {
+        INFO("head " << h << " row " << i << " key " << j);
+        REQUIRE(count[static_cast<size_t>((h * s.seq_q + i) * s.seq_k + j)] == attend_count(ctx, h, i, j));
+      }
+}
+
 }  // namespace
 
 TEST_CASE("plan tiles cover exactly the mask, with multiplicity, every row once, no empty tile", "[plan][property]") {
@@ -74,13 +85,7 @@ TEST_CASE("plan tiles cover exactly the mask, with multiplicity, every row once,
       }
     }
     for (int v : written) REQUIRE(v == 1);
-    const MaskContext ctx{c.pattern, s, dyn};
-    for (int64_t h = 0; h < s.heads_q; ++h)
-      for (int64_t i = 0; i < s.seq_q; ++i)
-        for (int64_t j = 0; j < s.seq_k; ++j) {
-          INFO("head " << h << " row " << i << " key " << j);
-          REQUIRE(count[static_cast<size_t>((h * s.seq_q + i) * s.seq_k + j)] == attend_count(ctx, h, i, j));
-        }
+    require_mask_counts(c.pattern, s, dyn, count);
   }
 }
 
@@ -124,13 +129,7 @@ TEST_CASE("a plan for a table on the device covers every table's mask, with mult
         });
       }
     }
-    const MaskContext ctx{c.pattern, s, dyn};
-    for (int64_t h = 0; h < s.heads_q; ++h)
-      for (int64_t i = 0; i < s.seq_q; ++i)
-        for (int64_t j = 0; j < s.seq_k; ++j) {
-          INFO("head " << h << " row " << i << " key " << j);
-          REQUIRE(count[static_cast<size_t>((h * s.seq_q + i) * s.seq_k + j)] == attend_count(ctx, h, i, j));
-        }
+    require_mask_counts(c.pattern, s, dyn, count);
   }
   REQUIRE(tested >= 50);
 }
@@ -210,13 +209,7 @@ TEST_CASE("the key-major backward plan covers exactly the mask, with multiplicit
     CHECK(bwd.keys_disjoint == disjoint);
     CHECK(bwd.keys_disjoint == (bwd.layers.size() <= 2));
     overlapping += !disjoint;
-    const MaskContext ctx{c.pattern, s, dyn};
-    for (int64_t h = 0; h < s.heads_q; ++h)
-      for (int64_t i = 0; i < s.seq_q; ++i)
-        for (int64_t j = 0; j < s.seq_k; ++j) {
-          INFO("head " << h << " row " << i << " key " << j);
-          REQUIRE(count[static_cast<size_t>((h * s.seq_q + i) * s.seq_k + j)] == attend_count(ctx, h, i, j));
-        }
+    require_mask_counts(c.pattern, s, dyn, count);
   }
   CHECK(overlapping > 0);  // the generator made patterns whose key tiles overlap
 }
