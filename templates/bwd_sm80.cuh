@@ -85,14 +85,16 @@ __device__ __forceinline__ void aj_zero(float (&acc)[COLS / 8][4]) {
 
 // ---- _dq: over the forward plan -------------------------------------------------------------
 
-// Dynamic shared memory: Q [AJ_TILE_Q][AJ_DP], dO [AJ_TILE_Q][AJ_DVP], then AJ_STAGES stages of
-// K [AJ_TILE_K][AJ_DP] and V [AJ_TILE_K][AJ_DVP] (compiler/codegen/codegen.cpp: backward_smem_bytes).
+// Dynamic shared memory: the ring of tiles in flight (AJ_TILE_RING_BYTES, fwd_sm80.cuh), Q
+// [AJ_TILE_Q][AJ_DP], dO [AJ_TILE_Q][AJ_DVP], then AJ_STAGES stages of K [AJ_TILE_K][AJ_DP] and V
+// [AJ_TILE_K][AJ_DVP] (compiler/codegen/codegen.cpp: backward_dq_smem_bytes).
 __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
   const AjParams& p = bp.fwd;
   AJ_DYNAMIC_SHARED(aj_smem);
-  aj_elem* const sq = (aj_elem*)aj_smem;
+  aj_elem* const sq = (aj_elem*)(aj_smem + AJ_TILE_RING_BYTES);
   aj_elem* const sdo = sq + AJ_TILE_Q * AJ_DP;
   AjSm80Shared sh;
+  sh.tiles = (AjTileSlot*)aj_smem;
   sh.q = sq;
   sh.k = sdo + AJ_TILE_Q * AJ_DVP;
   sh.v = sh.k + AJ_STAGES * AJ_TILE_K * AJ_DP;
@@ -111,14 +113,15 @@ __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
       sdo, (const aj_elem*)bp.dout + b * bp.do_batch_stride + item.head * bp.do_head_stride, bp.do_row_stride,
       item.rows_start, item.rows_stride, item.rows_count);
   aj_cp_async_commit();
-  AjTileCursor cur, pre;
-  cur.begin(p, item);
+  AjTileCursor pre;
   pre.begin(p, item);
+  int issued = 0;  // tiles loaded so far
 #pragma unroll
   for (int s = 0; s < AJ_STAGES - 1; ++s) {
     if (!pre.done()) {
-      aj_sm80_load_kv(p, sh, s, pre.tile(), b, kvh);
+      aj_sm80_issue(p, sh, s, pre.tile(), b, kvh);
       pre.next();
+      ++issued;
     }
     aj_cp_async_commit();
   }
@@ -136,16 +139,17 @@ __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
 
   float dq[AJ_HEAD_DIM / 8][4];
   aj_zero<AJ_HEAD_DIM>(dq);
-  for (int iter = 0; !cur.done(); ++iter, cur.next()) {
+  for (int iter = 0; iter < issued; ++iter) {
     const int stage = iter % AJ_STAGES;
     if (!pre.done()) {
-      aj_sm80_load_kv(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), b, kvh);
+      aj_sm80_issue(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), b, kvh);
       pre.next();
+      ++issued;
     }
     aj_cp_async_commit();
     aj_cp_async_wait<AJ_STAGES - 1>();
     aj_syncthreads();
-    const AjTile t = cur.tile();
+    const AjTile t = aj_sm80_issued(sh, stage);
     const aj_elem* ks = sh.k + stage * AJ_TILE_K * AJ_DP;
     const aj_elem* vs = sh.v + stage * AJ_TILE_K * AJ_DVP;
 

@@ -61,24 +61,44 @@ __device__ __forceinline__ void aj_load_rows(aj_elem* dst, const aj_elem* base, 
 #pragma unroll
     for (int i = 0; i < TRIPS; ++i) {
       const int r = r0 + i * STEP;
-      if (ROWS % STEP == 0 || r < ROWS) aj_cp_async16(to + i * STEP * PITCH, r < count ? src : base, r < count);
+      if (ROWS % STEP == 0 || r < ROWS) aj_cp_async16(to + i * STEP * PITCH, src, r < count);
       src += step;
     }
   } else {
     for (int x = aj_thread_idx(); x < ROWS * CHUNKS; x += THREADS) {
       const int r = x / CHUNKS, c = x % CHUNKS;
-      const bool valid = r < count;
-      const aj_elem* src = valid ? base + (first + (aj_i64)r * stride) * row_stride + c * 8 : base;
-      aj_cp_async16(dst + r * PITCH + c * 8, src, valid);
+      aj_cp_async16(dst + r * PITCH + c * 8, base + (first + (aj_i64)r * stride) * row_stride + c * 8, r < count);
     }
   }
 }
+
+// The key tiles in flight, one slot per stage: the prefetch writes the tile it loads into its
+// stage's slot (thread 0), and the loop reads it back after the barrier that makes the stage's keys
+// visible, so only the prefetch walks the plan's tables. The ring takes the first
+// AJ_TILE_RING_BYTES of shared memory (compiler/codegen/codegen.cpp counts them).
+struct AjTileSlot {
+  aj_i64 first, stride;
+  int count, branch_full;  // branch << 1 | full
+};
+#define AJ_TILE_RING_BYTES 128
+static_assert(AJ_STAGES * sizeof(AjTileSlot) <= AJ_TILE_RING_BYTES, "the tile ring outgrows its bytes");
 
 struct AjSm80Shared {
   aj_elem* q;  // [AJ_TILE_Q][AJ_DP]
   aj_elem* k;  // [AJ_STAGES][AJ_TILE_K][AJ_DP]
   aj_elem* v;  // [AJ_STAGES][AJ_TILE_K][AJ_DVP]
+  AjTileSlot* tiles;  // [AJ_STAGES]
 };
+
+// Starts loading tile t into `stage` and records it in the stage's slot.
+__device__ __forceinline__ void aj_sm80_issue(const AjParams& p, const AjSm80Shared& sh, int stage, const AjTile& t,
+                                              aj_i64 b, int kvh);
+__device__ __forceinline__ AjTile aj_sm80_issued(const AjSm80Shared& sh, int stage) {
+  const AjTileSlot s = sh.tiles[stage];
+  AjTile t;
+  t.first = s.first, t.stride = s.stride, t.count = s.count, t.branch = s.branch_full >> 1, t.full = (s.branch_full & 1) != 0;
+  return t;
+}
 
 __device__ __forceinline__ void aj_sm80_load_kv(const AjParams& p, const AjSm80Shared& sh, int stage, const AjTile& t,
                                                 aj_i64 b, int kvh) {
@@ -88,6 +108,12 @@ __device__ __forceinline__ void aj_sm80_load_kv(const AjParams& p, const AjSm80S
                                               t.count);
   aj_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V, AJ_DVP>(sh.v + stage * AJ_TILE_K * AJ_DVP, vb, p.v_row_stride, t.first,
                                                  t.stride, t.count);
+}
+
+__device__ __forceinline__ void aj_sm80_issue(const AjParams& p, const AjSm80Shared& sh, int stage, const AjTile& t,
+                                              aj_i64 b, int kvh) {
+  aj_sm80_load_kv(p, sh, stage, t, b, kvh);
+  if (aj_thread_idx() == 0) sh.tiles[stage] = AjTileSlot{t.first, t.stride, t.count, t.branch << 1 | (t.full ? 1 : 0)};
 }
 
 // ---- the kernel body -------------------------------------------------------------------------
@@ -250,7 +276,8 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   // K stages, V stages, then Q: after them, or over the last V stage, which the main loop's first
   // prefetch writes only once Q is in registers (AJ_Q_OVER_KV).
   AjSm80Shared sh;
-  sh.k = (aj_elem*)aj_smem;
+  sh.tiles = (AjTileSlot*)aj_smem;
+  sh.k = (aj_elem*)(aj_smem + AJ_TILE_RING_BYTES);
   sh.v = sh.k + AJ_STAGES * AJ_TILE_K * AJ_DP;
   sh.q = sh.v + (AJ_STAGES - AJ_Q_OVER_KV) * AJ_TILE_K * AJ_DVP;
 
@@ -266,20 +293,21 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   const bool busy = warp_row < item.rows_count;
 
   // Q tile (skipped by an item with no key tiles: its rows come out empty), then the first
-  // AJ_STAGES - 1 key tiles, each its own cp.async group.
-  AjTileCursor cur, pre;
-  cur.begin(p, item);
+  // AJ_STAGES - 1 key tiles, each its own cp.async group. `issued` counts the tiles loaded so far.
+  AjTileCursor pre;
   pre.begin(p, item);
+  int issued = 0;
   const aj_elem* qb = (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride;
-  if (!cur.done())
+  if (!pre.done())
     aj_load_rows<AJ_TILE_Q, AJ_HEAD_DIM, AJ_DP>(sh.q, qb, p.q_row_stride, item.rows_start, item.rows_stride,
                                                 item.rows_count);
   aj_cp_async_commit();
 #pragma unroll
   for (int s = 0; s < AJ_STAGES - 1; ++s) {
     if (!pre.done()) {
-      aj_sm80_load_kv(p, sh, s, pre.tile(), b, kvh);
+      aj_sm80_issue(p, sh, s, pre.tile(), b, kvh);
       pre.next();
+      ++issued;
     }
     aj_cp_async_commit();
   }
@@ -307,7 +335,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_col = (lane >> 4) * 8;
   const aj_elem* q_frag = sh.q + (warp_row + a_row) * AJ_DP + a_col;  // + gi * 16 rows, + ks * 16 columns
 
-  for (int iter = 0; !cur.done(); ++iter, cur.next()) {
+  for (int iter = 0; iter < issued; ++iter) {
     const int stage = iter % AJ_STAGES;
     if (AJ_Q_OVER_KV && iter == 0) {
       // Q into registers, and every warp past it, before the prefetch below overwrites it.
@@ -317,15 +345,16 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
       aj_syncthreads();
     }
     if (!pre.done()) {
-      aj_sm80_load_kv(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), b, kvh);
+      aj_sm80_issue(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), b, kvh);
       pre.next();
+      ++issued;
     }
     aj_cp_async_commit();
     aj_cp_async_wait<AJ_STAGES - 1>();
     aj_syncthreads();
     if (busy) {
       if (AJ_Q_IN_REGS && !AJ_Q_OVER_KV && iter == 0) aj_sm80_q_to_registers(qf, q_frag);
-      const AjTile t = cur.tile();
+      const AjTile t = aj_sm80_issued(sh, stage);
       const aj_elem* ks_base = sh.k + stage * AJ_TILE_K * AJ_DP;
       const aj_elem* vs_base = sh.v + stage * AJ_TILE_K * AJ_DVP;
 
@@ -397,7 +426,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
 
   // Epilogue: O = acc / l (scaled) and the LSE. O goes through shared memory so that its stores are
   // 16 bytes wide; every stage is free (the loop ends on a barrier, no copy is in flight).
-  aj_elem* o_tile = (aj_elem*)aj_smem;  // [AJ_TILE_Q][AJ_DVP]
+  aj_elem* o_tile = sh.k;  // [AJ_TILE_Q][AJ_DVP]
 #pragma unroll
   for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi)
     aj_tc_stage_rows(p, item, b, warp_row + gi * 16 + g, quad, acc[gi], m[gi], l[gi], o_tile);

@@ -47,7 +47,7 @@ __device__ __forceinline__ void aj_sm90_load_rows(unsigned char* dst, const aj_e
   for (int i = 0; i < TRIPS; ++i) {
     const int r = r0 + i * STEP;
     if (ROWS % STEP == 0 || r < ROWS)
-      aj_cp_async16(to + r * AJ_SW + ((chunk ^ (r & 7)) << 4), r < count ? src : base, r < count);
+      aj_cp_async16(to + r * AJ_SW + ((chunk ^ (r & 7)) << 4), src, r < count);
     src += step;
   }
 }

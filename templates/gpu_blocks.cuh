@@ -43,10 +43,14 @@ __device__ __forceinline__ aj_u32 aj_float_as_uint(float x) { return __float_as_
 // the instructions' immediates and the conversion is done once per base.
 __device__ __forceinline__ aj_u32 aj_smem_addr(const void* p) { return (aj_u32)__cvta_generic_to_shared(p); }
 
-// 16-byte asynchronous copy global -> shared; `valid` false zero-fills the destination.
+// 16-byte asynchronous copy global -> shared; `valid` false zero-fills the destination and does
+// not read `gmem` at all (the ignore-src operand: "the data from the source location src is
+// ignored completely"), so a row past a tile's end needs no safe address of its own.
 __device__ __forceinline__ void aj_cp_async16(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(aj_smem_addr(smem)), "l"(gmem),
-               "r"(valid ? 16 : 0));
+  asm volatile(
+      "{\n .reg .pred ignore;\n setp.eq.u32 ignore, %2, 0;\n"
+      " cp.async.cg.shared.global [%0], [%1], 16, ignore;\n}" ::"r"(aj_smem_addr(smem)),
+      "l"(gmem), "r"((aj_u32)valid));
 }
 __device__ __forceinline__ void aj_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 // Waits until at most N of this thread's committed groups are still in flight.

@@ -31,7 +31,7 @@ extern "C" __global__ void probe_syncthreads(const aj_u32* in, aj_u32* out) {
   out[t] = words.w[(t * 37 + 11) % 128];
 }
 
-// cp.async.cg 16 bytes with src-size 16 or 0 (zero fill), two groups, wait_group 0; 32 threads,
+// cp.async.cg 16 bytes, read or ignored (ignore-src: zero fill), two groups, wait_group 0; 32 threads,
 // each copies two 16-byte chunks (the second is zero-filled for odd lanes).
 extern "C" __global__ void probe_cp_async(const aj_u32* in, aj_u32* out) {
   AJ_DYNAMIC_SHARED(smem);
