@@ -118,47 +118,44 @@ __device__ __forceinline__ aj_i64 aj_dynamic_next(const AjParams& p, int h, aj_i
   }
   return best;
 }
-// Does some row qb_lo..qb_hi keep a key block in [kb_lo, kb_hi]?
-__device__ __forceinline__ bool aj_dynamic_any(const AjParams& p, int h, aj_i64 qb_lo, aj_i64 qb_hi, aj_i64 kb_lo, aj_i64 kb_hi) {
-  const aj_i64 c = aj_dynamic_next(p, h, qb_lo, qb_hi, kb_lo);
-  return c >= 0 && c <= kb_hi;
+#define AJ_NEVER 0x7fffffffffffffffll
+
+// Generated with the mask predicate (compiler/codegen/codegen_mask.cpp): by branch, the next key
+// position >= x its layout may keep for some query in [q_lo, q_hi] (never later than the layout's
+// own next key; AJ_NEVER: none; x itself for a branch without the table, whose plan is exact), and
+// whether a tile the table keeps is kept whole (only a branch whose layout is the table itself
+// can say so; other branches' full tiles come from the plan, made without the table's blocks).
+__device__ aj_i64 aj_dynamic_next_key(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi, aj_i64 x);
+__device__ __forceinline__ bool aj_dynamic_whole(int branch, aj_i64 q_lo, aj_i64 q_hi, aj_i64 k_lo, aj_i64 k_hi);
+
+// Does the branch's layout keep some pair of queries [q_lo, q_hi] and keys [k_lo, k_hi] (whole: all
+// of them, as far as the table goes)?
+__device__ __forceinline__ bool aj_dynamic_pair(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi,
+                                                aj_i64 k_lo, aj_i64 k_hi, bool& whole) {
+  whole = aj_dynamic_whole(branch, q_lo, q_hi, k_lo, k_hi);
+  return aj_dynamic_next_key(p, branch, head, q_lo, q_hi, k_lo) <= k_hi;
 }
 
-// Generated with the mask predicate: for a branch whose layout is the table itself, its block
-// sizes (else bk = 0); a conservative test of a tile against a branch's layout (false: the
-// branch's layout keeps no pair of query positions [q_lo, q_hi] and keys [k_lo, k_hi]) and whether
-// the table keeps such a tile whole.
-__device__ __forceinline__ void aj_dynamic_blocks(int branch, aj_i64& bq, aj_i64& bk);
-__device__ __forceinline__ bool aj_dynamic_pair(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi,
-                                                aj_i64 k_lo, aj_i64 k_hi, bool& whole);
-
-// A span of a branch whose layout is the table: from the key block of the tile's first key, the
-// next block a row of the item keeps, and the first key of the span at or past it, until that key's
-// block is kept (strided keys can step over a block). Composite layouts test tile by tile.
+// The first tile >= t of the span whose keys the branch's layout may keep for the item's rows: from
+// the key at the tile's start, the layout's next key, and the first key of the span at or past it
+// (strided keys can step over a kept position), until the tile holding that key holds a kept one.
+// A tile is never skipped while a key in it may be kept; sparse rows are crossed in jumps, not tile
+// by tile.
 __device__ int aj_dynamic_seek(const AjParams& p, const AjSpan& s, int head, aj_i64 q_lo, aj_i64 q_hi, int t, bool& whole) {
-  aj_i64 bq, bk;
-  aj_dynamic_blocks(s.branch, bq, bk);
   const aj_i64 origin = p.k_offset + s.keys_start;  // the position of the span's first key
-  const aj_i64 first = (aj_i64)t * AJ_TILE_K;
-  const aj_i64 last = ((aj_i64)(t + 1) * AJ_TILE_K < s.keys_count ? (aj_i64)(t + 1) * AJ_TILE_K : s.keys_count) - 1;
-  if (bk == 0) {
-    return aj_dynamic_pair(p, s.branch, head, q_lo, q_hi, origin + first * s.keys_stride, origin + last * s.keys_stride, whole)
-               ? t : t + 1;
-  }
-  const aj_i64 qb_lo = q_lo / bq, qb_hi = q_hi / bq;
-  for (aj_i64 j = first;;) {
+  for (aj_i64 j = (aj_i64)t * AJ_TILE_K;;) {
     if (j >= s.keys_count) return 0x7fffffff;
-    const aj_i64 kb = (origin + j * s.keys_stride) / bk;
-    const aj_i64 c = aj_dynamic_next(p, head, qb_lo, qb_hi, kb);
-    if (c < 0) return 0x7fffffff;
-    if (c > kb) {  // the first key at or past block c
-      j = (c * bk - origin + s.keys_stride - 1) / s.keys_stride;
+    const aj_i64 tile = j / AJ_TILE_K;
+    const aj_i64 end = (tile + 1) * AJ_TILE_K < s.keys_count ? (tile + 1) * AJ_TILE_K : s.keys_count;
+    const aj_i64 k_hi = origin + (end - 1) * s.keys_stride;
+    const aj_i64 n = aj_dynamic_next_key(p, s.branch, head, q_lo, q_hi, origin + j * s.keys_stride);
+    if (n > k_hi) {
+      if (n == AJ_NEVER) return 0x7fffffff;
+      j = (n - origin + s.keys_stride - 1) / s.keys_stride;
       continue;
     }
-    const int tile = (int)(j / AJ_TILE_K);
-    whole = tile == t && qb_lo == qb_hi && (origin + first * s.keys_stride) / bk == kb &&
-            (origin + last * s.keys_stride) / bk == kb;
-    return tile;
+    whole = aj_dynamic_whole(s.branch, q_lo, q_hi, origin + tile * AJ_TILE_K * s.keys_stride, k_hi);
+    return (int)tile;
   }
 }
 

@@ -241,57 +241,145 @@ bool has_table(const Layout& l) {
   return l.kind == Layout::Kind::Dynamic || std::any_of(l.children.begin(), l.children.end(), has_table);
 }
 
-// A conservative test of a layout against a tile (query positions [q_lo, q_hi], keys [k_lo, k_hi])
-// for a table on the device: the table's rows are asked, every other layout is taken as keeping
-// the tile (the plan already visits only tiles they keep).
-std::string table_test(const Layout& l) {
-  if (l.kind == Layout::Kind::Dynamic) {
-    return "aj_dynamic_any(p, head, q_lo / " + ll(l.bq) + ", q_hi / " + ll(l.bq) + ", k_lo / " + ll(l.bk) + ", k_hi / " +
-           ll(l.bk) + ")";
-  }
-  if (l.kind != Layout::Kind::Union && l.kind != Layout::Kind::Intersect) return "true";
-  const bool any = l.kind == Layout::Kind::Union;
-  std::vector<std::string> parts;
-  for (const Layout& c : l.children) {
-    std::string t = table_test(c);
-    if (t == "true") {
-      if (any) return "true";
-      continue;
+// The next key a layout may keep, for a table on the device: code that sets a variable to the
+// smallest key position >= x such that the layout keeps (q, that key) for some query position q
+// in [q_lo, q_hi], or AJ_NEVER. It may answer lower than that (never higher): the kernels then
+// visit a tile with nothing to do, and the per-element mask keeps it right. Every layout answers
+// in positions, so children with blocks of their own combine. Explicit layouts answer x (they
+// keep whatever the plan visits), random ones scan at most 64 key blocks ahead.
+class NextKeyWriter {
+public:
+  // Statements (indented by `pad`) that declare and set the returned variable from input `x`.
+  std::string write(const Layout& l, const std::string& x, std::string& out, const std::string& pad) {
+    std::ostringstream os;
+    out = fresh("n");
+    if (l.kind == Layout::Kind::Union || l.kind == Layout::Kind::Intersect) {
+      os << pad << "aj_i64 " << out << ";\n";
+      if (l.kind == Layout::Kind::Union) {
+        os << pad << "{\n";
+        std::vector<std::string> parts;
+        for (const Layout& c : l.children) {
+          std::string v;
+          os << write(c, x, v, pad + "  ");
+          parts.push_back(v);
+        }
+        os << pad << "  " << out << " = " << parts[0] << ";\n";
+        for (size_t n = 1; n < parts.size(); ++n)
+          os << pad << "  if (" << parts[n] << " < " << out << ") " << out << " = " << parts[n] << ";\n";
+        os << pad << "}\n";
+        return os.str();
+      }
+      // Intersect: each child's answer is no later than the intersection's next key, so the
+      // largest is too; from there again, until the children agree (or eight rounds).
+      const std::string cur = fresh("cur");
+      os << pad << "{\n" << pad << "  aj_i64 " << cur << " = " << x << ";\n" << pad << "  for (int round = 0;; ++round) {\n";
+      std::vector<std::string> parts;
+      for (const Layout& c : l.children) {
+        std::string v;
+        os << write(c, cur, v, pad + "    ");
+        parts.push_back(v);
+      }
+      const std::string y = fresh("y");
+      os << pad << "    aj_i64 " << y << " = " << parts[0] << ";\n";
+      for (size_t n = 1; n < parts.size(); ++n)
+        os << pad << "    if (" << parts[n] << " > " << y << ") " << y << " = " << parts[n] << ";\n";
+      os << pad << "    if (" << y << " == " << cur << " || " << y << " == AJ_NEVER || round == 7) {\n"
+         << pad << "      " << out << " = " << y << ";\n" << pad << "      break;\n" << pad << "    }\n"
+         << pad << "    " << cur << " = " << y << ";\n" << pad << "  }\n" << pad << "}\n";
+      return os.str();
     }
-    parts.push_back(std::move(t));
+    // A generator on blocks (bq, bk): the rows' blocks [qbl, qbh], x's block kb, and c, the next
+    // kept key block (AJ_NEVER: none); the answer is x itself when c is x's block.
+    const std::string qbl = fresh("qbl"), qbh = fresh("qbh"), kb = fresh("kb"), c = fresh("c");
+    os << pad << "aj_i64 " << out << ";\n" << pad << "{\n";
+    os << pad << "  const aj_i64 " << qbl << " = q_lo / " << ll(l.bq) << ", " << qbh << " = q_hi / " << ll(l.bq) << ", " << kb
+       << " = " << x << " / " << ll(l.bk) << ";\n";
+    os << pad << "  (void)" << qbl << "; (void)" << qbh << ";\n";
+    os << pad << "  aj_i64 " << c << " = AJ_NEVER;\n";
+    const std::string in = pad + "  ";
+    // The smallest kept block of [lo, hi] from kb on, as a statement.
+    auto band = [&](const std::string& lo, const std::string& hi) {
+      return in + "{\n" + in + "  const aj_i64 a = " + kb + " > " + lo + " ? " + kb + " : " + lo + ";\n" + in + "  if (a <= " + hi +
+             " && a < " + c + ") " + c + " = a;\n" + in + "}\n";
+    };
+    switch (l.kind) {
+      case Layout::Kind::Local:  // kb' within w of some row block
+        os << band("(" + qbl + " - " + ll(l.local) + ")", "(" + qbh + " + " + ll(l.local) + ")");
+        break;
+      case Layout::Kind::Offsets:  // kb' - qb == v
+        for (const int64_t v : l.blocks) os << band("(" + qbl + " + " + ll(v) + ")", "(" + qbh + " + " + ll(v) + ")");
+        break;
+      case Layout::Kind::Global: {  // a listed row keeps every key block, else the next listed column
+        std::string rows = "false";
+        for (const int64_t v : l.blocks) rows += " || (" + qbl + " <= " + ll(v) + " && " + ll(v) + " <= " + qbh + ")";
+        os << in << "if (" << rows << ") " << c << " = " << kb << ";\n";
+        for (const int64_t v : l.blocks) os << band(ll(v), ll(v));
+        break;
+      }
+      case Layout::Kind::Strided:  // the next kb' with kb' % stride == phase
+        os << in << c << " = " << kb << " + ((" << ll(l.phase) << " - " << kb << " % " << ll(l.stride) << ") % " << ll(l.stride)
+           << " + " << ll(l.stride) << ") % " << ll(l.stride) << ";\n";
+        break;
+      case Layout::Kind::Random: {  // hashed block by block, up to 64 ahead; many row blocks: maybe
+        const double scaled = std::ldexp(l.density, 53);
+        const unsigned long long threshold = static_cast<unsigned long long>(std::ceil(scaled));
+        os << in << "if (" << qbh << " - " << qbl << " > 3) " << c << " = " << kb << ";\n"
+           << in << "for (aj_i64 b = " << kb << "; b < " << kb << " + 64 && " << c << " == AJ_NEVER; ++b)\n"
+           << in << "  for (aj_i64 qb = " << qbl << "; qb <= " << qbh << "; ++qb)\n"
+           << in << "    if (aj_random_col(aj_random_row(" << l.seed << "ull, head, qb), " << threshold << "ull, b)) {\n"
+           << in << "      " << c << " = b;\n" << in << "      break;\n" << in << "    }\n"
+           << in << "if (" << c << " == AJ_NEVER) " << c << " = " << kb << " + 64;  // none within 64: look again from there\n";
+        break;
+      }
+      case Layout::Kind::Dynamic:
+        os << in << "const aj_i64 t = aj_dynamic_next(p, head, " << qbl << ", " << qbh << ", " << kb << ");\n"
+           << in << "if (t >= 0) " << c << " = t;\n";
+        break;
+      case Layout::Kind::Explicit:
+      case Layout::Kind::Union:
+      case Layout::Kind::Intersect:
+        os << in << c << " = " << kb << ";\n";
+        break;
+    }
+    os << in << out << " = " << c << " == AJ_NEVER ? AJ_NEVER : " << c << " == " << kb << " ? " << x << " : " << c << " * "
+       << ll(l.bk) << ";\n";
+    os << pad << "}\n";
+    return os.str();
   }
-  if (parts.empty()) return "true";
-  std::string out = "(";
-  for (size_t n = 0; n < parts.size(); ++n) out += (n ? (any ? " || " : " && ") : "") + parts[n];
-  return out + ")";
-}
 
-// The device-table functions templates/mask_lib.cuh declares (aj_dynamic_blocks, aj_dynamic_pair).
+private:
+  std::string fresh(const std::string& stem) { return stem + std::to_string(count_++); }
+  int count_ = 0;
+};
+
+// The device-table functions templates/mask_lib.cuh declares: aj_dynamic_next_key (a branch's
+// next key, NextKeyWriter; x itself for branches without the table, whose plan is exact) and
+// aj_dynamic_whole (a tile the table's branch keeps whole: inside one block pair, for a branch
+// whose layout is the table itself; other branches' full tiles come from the plan).
 std::string table_functions(const Pattern& p) {
-  std::ostringstream blocks, pair;
+  std::ostringstream next, whole;
+  NextKeyWriter writer;
   for (size_t b = 0; b < p.branches.size(); ++b) {
     const Branch& br = p.branches[b];
     if (!br.layout || !has_table(*br.layout)) continue;
     const Layout& l = *br.layout;
-    if (l.kind == Layout::Kind::Dynamic) {
-      blocks << "    case " << b << ": bq = " << ll(l.bq) << "; bk = " << ll(l.bk) << "; return;\n";
-      pair << "    case " << b << ":\n      whole = q_lo / " << ll(l.bq) << " == q_hi / " << ll(l.bq) << " && k_lo / " << ll(l.bk)
-           << " == k_hi / " << ll(l.bk) << ";\n      return " << table_test(l) << ";\n";
-    } else {
-      pair << "    case " << b << ":\n      return " << table_test(l) << ";\n";
-    }
+    std::string v;
+    next << "    case " << b << ": {\n" << writer.write(l, "x", v, "      ") << "      return " << v << ";\n    }\n";
+    whole << "    case " << b << ":\n      return "
+          << (l.kind == Layout::Kind::Dynamic ? "q_lo / " + ll(l.bq) + " == q_hi / " + ll(l.bq) + " && k_lo / " + ll(l.bk) +
+                                                    " == k_hi / " + ll(l.bk)
+                                              : std::string("true"))
+          << ";\n";
   }
   std::ostringstream os;
-  os << "// A table on the device (templates/mask_lib.cuh): the block sizes of branches whose layout is the\n"
-        "// table, and a tile's test against each branch's layout (the table's rows asked, other layouts\n"
-        "// taken as keeping it).\n";
-  os << "__device__ __forceinline__ void aj_dynamic_blocks(int branch, aj_i64& bq, aj_i64& bk) {\n  bq = 1;\n  bk = 0;\n"
-        "  switch (branch) {\n"
-     << blocks.str() << "  }\n}\n";
-  os << "__device__ __forceinline__ bool aj_dynamic_pair(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi,\n"
-        "                                                aj_i64 k_lo, aj_i64 k_hi, bool& whole) {\n"
-        "  (void)p; (void)head; (void)q_lo; (void)q_hi; (void)k_lo; (void)k_hi;\n  whole = true;\n  switch (branch) {\n"
-     << pair.str() << "  }\n  return true;\n}\n";
+  os << "// A table on the device (templates/mask_lib.cuh): by branch, the next key position >= x its layout\n"
+        "// may keep for a query in [q_lo, q_hi] (AJ_NEVER: none), and whether a tile it keeps is kept whole.\n";
+  os << "__device__ aj_i64 aj_dynamic_next_key(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi, aj_i64 x) {\n"
+        "  (void)p; (void)head; (void)q_lo; (void)q_hi;\n  switch (branch) {\n"
+     << next.str() << "  }\n  return x;\n}\n";
+  os << "__device__ __forceinline__ bool aj_dynamic_whole(int branch, aj_i64 q_lo, aj_i64 q_hi, aj_i64 k_lo, aj_i64 k_hi) {\n"
+        "  (void)q_lo; (void)q_hi; (void)k_lo; (void)k_hi;\n  switch (branch) {\n"
+     << whole.str() << "  }\n  return true;\n}\n";
   return os.str();
 }
 

@@ -32,6 +32,9 @@ struct Mutation {
   // Scores far below zero: q = |q| + 3.5, k = k - 3.5 (scores near -900 before the scale), so a
   // key past a tile's count that is let through (a zero row, score 0) gets P = exp(0 - LSE) = inf.
   bool far_below = false;
+  // The pattern's layouts come from a dynamic table the kernels read in place (DeviceDynamicLayout):
+  // a branch that is the table (32-key blocks over 64-key tiles) and a union of it with a local band.
+  bool device_table = false;
 };
 
 const Mutation kMutations[] = {
@@ -67,6 +70,14 @@ const Mutation kMutations[] = {
      DType::BF16, true},
     {"the cp.async copies of rows past a tile read their (out of range) source", "gpu_blocks.cuh",
      "  aj_emu_cp_async(smem, gmem, 16, valid ? 16 : 0);", "  aj_emu_cp_async(smem, gmem, 16, 16);", DType::BF16},
+    {"device table: the seek lands one tile past the next kept key", "mask_lib.cuh",
+     "      j = (n - origin + s.keys_stride - 1) / s.keys_stride;\n",
+     "      j = (n - origin + s.keys_stride - 1) / s.keys_stride + AJ_TILE_K;\n", DType::BF16, true, false, 64, false, true, false,
+     true},
+    {"device table: a tile over two key blocks taken whole", "mask_lib.cuh", "  whole = aj_dynamic_whole(branch, q_lo, q_hi, k_lo, k_hi);",
+     "  whole = true;", DType::BF16, true, false, 64, false, true, false, true},
+    {"device table: the problem count's bound on key blocks left out", "mask_lib.cuh", "kb >= p.dyn_k_blocks", "kb > p.dyn_k_blocks + 99",
+     DType::BF16, false, false, 64, false, true, false, true},
     {"cvt.rn.bf16x2 operands swapped", "fwd_sm80.cuh", "  return aj_cvt_bf16x2(hi, lo);", "  return aj_cvt_bf16x2(lo, hi);",
      DType::BF16},
     {"SIMT: no barrier before the next tile is loaded", "fwd_simt.cuh",
@@ -154,11 +165,15 @@ const Mutation kMutations[] = {
 // `backward` dQ, dK, dV too), else what went wrong.
 std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DType dt, bool backward = false,
                          bool deterministic = false, int64_t d = 64, bool sm90a = false, bool tma = true,
-                         bool far_below = false) {
-  const Pattern p = PatternBuilder()
-                        .branch(BranchSpec().segment(128).dilation(1).causal())
-                        .branch(BranchSpec().segment(256).dilation(2).offset(OffsetRule::HeadMod))
-                        .build();
+                         bool far_below = false, bool device_table = false) {
+  const Pattern p = device_table ? PatternBuilder()
+                                       .branch(BranchSpec().layout(layouts::dynamic(32, 32)))
+                                       .branch(BranchSpec().causal().layout(layouts::union_of({layouts::dynamic(32, 32), layouts::local(0, 32, 32)})))
+                                       .build()
+                                 : PatternBuilder()
+                                       .branch(BranchSpec().segment(128).dilation(1).causal())
+                                       .branch(BranchSpec().segment(256).dilation(2).offset(OffsetRule::HeadMod))
+                                       .build();
   Shape s;
   s.seq_q = s.seq_k = 203;  // not a multiple of any tile
   s.heads_q = 2, s.heads_kv = 1, s.head_dim = s.head_dim_v = d;
@@ -175,7 +190,23 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   };
   const std::vector<float> q = rounded(shifted(testing::random_tensor(nq, 1), 1)),
                            k = rounded(shifted(testing::random_tensor(nk, 2), -1)), v = rounded(testing::random_tensor(nk, 3));
-  const ReferenceOutput want = reference_attention(p, s, q.data(), k.data(), v.data(), nullptr, 1);
+  // The table: per query block, key blocks far apart (sparse rows the kernels must jump across),
+  // plus one past the key blocks in every third row (a problem the kernels skip and count).
+  const int64_t blocks = (s.seq_k + 31) / 32;
+  std::vector<int64_t> row_offsets{0};
+  std::vector<int32_t> cols;
+  for (int64_t qb = 0; qb < blocks; ++qb) {
+    for (int64_t kb = (qb * 3) % 4; kb < blocks; kb += 5) cols.push_back(int32_t(kb));
+    if (qb % 3 == 0) cols.push_back(int32_t(blocks + qb));
+    row_offsets.push_back(int64_t(cols.size()));
+  }
+  DynamicLayout table;
+  const int64_t problems = sanitize_dynamic_table(row_offsets.data(), blocks, cols.data(), int64_t(cols.size()), blocks, table);
+  int32_t counted = 0;
+  const DeviceDynamicLayout in_place{row_offsets.data(), cols.data(), blocks, int64_t(cols.size()), 1, &counted};
+  ForwardOptions fo;
+  if (device_table) fo.device_dynamic_layout = &in_place;
+  const ReferenceOutput want = reference_attention(p, s, q.data(), k.data(), v.data(), device_table ? &table : nullptr, 1);
   auto store = [&](const std::vector<float>& x) {
     std::vector<uint16_t> h;
     for (float f : x) h.push_back(float_to_bfloat16(f));
@@ -195,10 +226,12 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   const TensorView lv = TensorView::contiguous(lse.data(), DType::F32, {1, s.heads_q, s.seq_q});
   try {
     attention(rt, p, view(f32 ? (void*)q.data() : qh.data(), s.seq_q, 2), view(f32 ? (void*)k.data() : kh.data(), s.seq_k, 1),
-              view(f32 ? (void*)v.data() : vh.data(), s.seq_k, 1), view(f32 ? (void*)o.data() : oh.data(), s.seq_q, 2), &lv);
+              view(f32 ? (void*)v.data() : vh.data(), s.seq_k, 1), view(f32 ? (void*)o.data() : oh.data(), s.seq_q, 2), &lv, fo);
   } catch (const emu::KernelFault& e) {
     return std::string("fault: ") + e.what();
   }
+  if (device_table && counted != problems)
+    return "the kernels counted " + std::to_string(counted) + " problems in the table, not " + std::to_string(problems);
   if (!f32)
     for (size_t i = 0; i < nq; ++i) o[i] = bfloat16_to_float(oh[i]);
   double num = 0, den = 0;
@@ -214,7 +247,8 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   if (!backward) return "";
   // The gradients: dO random, the forward's O and LSE as computed above.
   const std::vector<float> dout = rounded(testing::random_tensor(nq, 4));
-  const ReferenceGradients g = reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data(), nullptr, 1);
+  const ReferenceGradients g =
+      reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data(), device_table ? &table : nullptr, 1);
   std::vector<float> dq(nq), dk(nk), dv(nk);
   std::vector<uint16_t> doh = store(dout), dqh(nq), dkh(nk), dvh(nk);
   try {
@@ -223,7 +257,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
                 view(f32 ? (void*)v.data() : vh.data(), s.seq_k, 1), view(f32 ? (void*)o.data() : oh.data(), s.seq_q, 2), lv,
                 view(f32 ? (void*)dout.data() : doh.data(), s.seq_q, 2), view(f32 ? (void*)dq.data() : dqh.data(), s.seq_q, 2),
                 view(f32 ? (void*)dk.data() : dkh.data(), s.seq_k, 1), view(f32 ? (void*)dv.data() : dvh.data(), s.seq_k, 1),
-                ForwardOptions{.deterministic = deterministic});
+                ForwardOptions{.device_dynamic_layout = device_table ? &in_place : nullptr, .deterministic = deterministic});
   } catch (const emu::KernelFault& e) {
     return std::string("fault in backward: ") + e.what();
   }
@@ -254,6 +288,7 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   CHECK(check_kernel(embedded, DType::BF16, true, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, false, false, 128) == "");  // Q over the last V stage
   CHECK(check_kernel(embedded, DType::BF16, true, false, 64, false, true, true) == "");  // scores far below zero
+  CHECK(check_kernel(embedded, DType::BF16, true, false, 64, false, true, false, true) == "");  // a table read in place
   for (bool tma : {true, false}) {
     INFO("sm_90a, " << (tma ? "TMA" : "cp.async"));
     CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, tma) == "");   // sm_90a
@@ -271,7 +306,8 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     REQUIRE(at != std::string::npos);  // the template changed: update the mutation
     text.replace(at, std::string(m.from).size(), m.to);
     t->replace(m.file, text);
-    const std::string outcome = check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below);
+    const std::string outcome =
+        check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below, m.device_table);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }
