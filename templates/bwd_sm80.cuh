@@ -85,16 +85,15 @@ __device__ __forceinline__ void aj_zero(float (&acc)[COLS / 8][4]) {
 
 // ---- _dq: over the forward plan -------------------------------------------------------------
 
-// Dynamic shared memory: the ring of tiles in flight (AJ_TILE_RING_BYTES, fwd_sm80.cuh), Q
-// [AJ_TILE_Q][AJ_DP], dO [AJ_TILE_Q][AJ_DVP], then AJ_STAGES stages of K [AJ_TILE_K][AJ_DP] and V
+// Dynamic shared memory: Q [AJ_TILE_Q][AJ_DP], dO [AJ_TILE_Q][AJ_DVP], then AJ_STAGES stages of
+// K [AJ_TILE_K][AJ_DP] (their padding holds the tiles in flight, fwd_sm80.cuh) and V
 // [AJ_TILE_K][AJ_DVP] (compiler/codegen/codegen.cpp: backward_dq_smem_bytes).
 __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
   const AjParams& p = bp.fwd;
   AJ_DYNAMIC_SHARED(aj_smem);
-  aj_elem* const sq = (aj_elem*)(aj_smem + AJ_TILE_RING_BYTES);
+  aj_elem* const sq = (aj_elem*)aj_smem;
   aj_elem* const sdo = sq + AJ_TILE_Q * AJ_DP;
   AjSm80Shared sh;
-  sh.tiles = (AjTileSlot*)aj_smem;
   sh.q = sq;
   sh.k = sdo + AJ_TILE_Q * AJ_DVP;
   sh.v = sh.k + AJ_STAGES * AJ_TILE_K * AJ_DP;

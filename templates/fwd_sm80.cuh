@@ -72,31 +72,26 @@ __device__ __forceinline__ void aj_load_rows(aj_elem* dst, const aj_elem* base, 
   }
 }
 
-// The key tiles in flight, one slot per stage: the prefetch writes the tile it loads into its
-// stage's slot (thread 0), and the loop reads it back after the barrier that makes the stage's keys
-// visible, so only the prefetch walks the plan's tables. The ring takes the first
-// AJ_TILE_RING_BYTES of shared memory (compiler/codegen/codegen.cpp counts them).
-struct AjTileSlot {
-  aj_i64 first, stride;
-  int count, branch_full;  // branch << 1 | full
-};
-#define AJ_TILE_RING_BYTES 128
-static_assert(AJ_STAGES * sizeof(AjTileSlot) <= AJ_TILE_RING_BYTES, "the tile ring outgrows its bytes");
-
 struct AjSm80Shared {
   aj_elem* q;  // [AJ_TILE_Q][AJ_DP]
   aj_elem* k;  // [AJ_STAGES][AJ_TILE_K][AJ_DP]
   aj_elem* v;  // [AJ_STAGES][AJ_TILE_K][AJ_DVP]
-  AjTileSlot* tiles;  // [AJ_STAGES]
 };
 
-// Starts loading tile t into `stage` and records it in the stage's slot.
-__device__ __forceinline__ void aj_sm80_issue(const AjParams& p, const AjSm80Shared& sh, int stage, const AjTile& t,
-                                              aj_i64 b, int kvh);
+// The key tiles in flight: the prefetch writes the tile it loads (thread 0) into its stage's slot,
+// and the loop reads it back after the barrier that makes the stage's keys visible, so only the
+// prefetch walks the plan's tables. A stage's slot lies in the padding of its K tile's first two
+// rows (columns AJ_HEAD_DIM .. AJ_DP - 1, 16 bytes a row, which no copy and no ldmatrix touches):
+// row 0's holds the first key and the stride, row 1's the count and branch << 1 | full.
+static_assert((AJ_DP - AJ_HEAD_DIM) * sizeof(aj_elem) >= 16 && AJ_TILE_K >= 2, "a K row's padding holds half a slot");
+__device__ __forceinline__ aj_i64* aj_sm80_slot(const AjSm80Shared& sh, int stage, int row) {
+  return (aj_i64*)(sh.k + (stage * AJ_TILE_K + row) * AJ_DP + AJ_HEAD_DIM);
+}
 __device__ __forceinline__ AjTile aj_sm80_issued(const AjSm80Shared& sh, int stage) {
-  const AjTileSlot s = sh.tiles[stage];
+  const aj_i64* a = aj_sm80_slot(sh, stage, 0);
+  const int* b = (const int*)aj_sm80_slot(sh, stage, 1);
   AjTile t;
-  t.first = s.first, t.stride = s.stride, t.count = s.count, t.branch = s.branch_full >> 1, t.full = (s.branch_full & 1) != 0;
+  t.first = a[0], t.stride = a[1], t.count = b[0], t.branch = b[1] >> 1, t.full = (b[1] & 1) != 0;
   return t;
 }
 
@@ -110,10 +105,15 @@ __device__ __forceinline__ void aj_sm80_load_kv(const AjParams& p, const AjSm80S
                                                  t.stride, t.count);
 }
 
+// Starts loading tile t into `stage` and records it in the stage's slot.
 __device__ __forceinline__ void aj_sm80_issue(const AjParams& p, const AjSm80Shared& sh, int stage, const AjTile& t,
                                               aj_i64 b, int kvh) {
   aj_sm80_load_kv(p, sh, stage, t, b, kvh);
-  if (aj_thread_idx() == 0) sh.tiles[stage] = AjTileSlot{t.first, t.stride, t.count, t.branch << 1 | (t.full ? 1 : 0)};
+  if (aj_thread_idx() == 0) {
+    aj_i64* keys = aj_sm80_slot(sh, stage, 0);
+    int* rest = (int*)aj_sm80_slot(sh, stage, 1);
+    keys[0] = t.first, keys[1] = t.stride, rest[0] = t.count, rest[1] = t.branch << 1 | (t.full ? 1 : 0);
+  }
 }
 
 // ---- the kernel body -------------------------------------------------------------------------
@@ -276,8 +276,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   // K stages, V stages, then Q: after them, or over the last V stage, which the main loop's first
   // prefetch writes only once Q is in registers (AJ_Q_OVER_KV).
   AjSm80Shared sh;
-  sh.tiles = (AjTileSlot*)aj_smem;
-  sh.k = (aj_elem*)(aj_smem + AJ_TILE_RING_BYTES);
+  sh.k = (aj_elem*)aj_smem;
   sh.v = sh.k + AJ_STAGES * AJ_TILE_K * AJ_DP;
   sh.q = sh.v + (AJ_STAGES - AJ_Q_OVER_KV) * AJ_TILE_K * AJ_DVP;
 
@@ -426,7 +425,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
 
   // Epilogue: O = acc / l (scaled) and the LSE. O goes through shared memory so that its stores are
   // 16 bytes wide; every stage is free (the loop ends on a barrier, no copy is in flight).
-  aj_elem* o_tile = sh.k;  // [AJ_TILE_Q][AJ_DVP]
+  aj_elem* o_tile = (aj_elem*)aj_smem;  // [AJ_TILE_Q][AJ_DVP]
 #pragma unroll
   for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi)
     aj_tc_stage_rows(p, item, b, warp_row + gi * 16 + g, quad, acc[gi], m[gi], l[gi], o_tile);

@@ -69,14 +69,10 @@ bool q_in_registers(const KernelRequest& r, const KernelConfig& c) {
 // has its own space or (q_over_kv) lies over the last V stage: that stage is first written by the
 // first prefetch of the main loop, after Q has moved to registers.
 // The epilogue lays the O tile ([tile_q][head_dim_v + 8]) over all of it.
-// The tensor-core kernels' ring of key tiles in flight, one slot per stage, at the start of their
-// shared memory (AJ_TILE_RING_BYTES, templates/fwd_sm80.cuh).
-constexpr int kTileRingBytes = 128;
-
 int forward_sm80_smem_bytes(const KernelRequest& r, const KernelConfig& c, bool q_over_kv) {
   const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
   const int q = c.tile_q * dp, kv = c.stages * c.tile_k * (dp + dvp), v_stage = c.tile_k * dvp;
-  return kTileRingBytes + 2 * std::max(q_over_kv ? kv - v_stage + std::max(v_stage, q) : kv + q, c.tile_q * dvp);
+  return 2 * std::max(q_over_kv ? kv - v_stage + std::max(v_stage, q) : kv + q, c.tile_q * dvp);
 }
 
 // Q over the last V stage costs each work item one wait for its first tiles before the pipeline
@@ -134,7 +130,7 @@ KernelConfig resolve_simt_config(const KernelRequest& r, KernelConfig c) {
 // (with each row's LSE and D as floats).
 int backward_dq_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
   const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
-  return kTileRingBytes + 2 * (c.tile_q * (dp + dvp) + c.stages * c.tile_k * (dp + dvp));
+  return 2 * (c.tile_q * (dp + dvp) + c.stages * c.tile_k * (dp + dvp));
 }
 int backward_dkdv_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
   const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
