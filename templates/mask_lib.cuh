@@ -65,14 +65,31 @@ __device__ __forceinline__ bool aj_sorted_contains(const aj_i64* list, int n, aj
 }
 
 // Membership of (qb, kb) in a sorted list of pairs stored as qb0, kb0, qb1, kb1, ...
-__device__ __forceinline__ bool aj_pair_contains(const aj_i64* pairs, int n, aj_i64 qb, aj_i64 kb) {
+// The first of n sorted (qb, kb) pairs not below (qb, kb).
+__device__ __forceinline__ int aj_pair_lower_bound(const aj_i64* pairs, int n, aj_i64 qb, aj_i64 kb) {
   int lo = 0, hi = n;
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
     const aj_i64 a = pairs[2 * mid], b = pairs[2 * mid + 1];
     if (a < qb || (a == qb && b < kb)) lo = mid + 1; else hi = mid;
   }
-  return lo < n && pairs[2 * lo] == qb && pairs[2 * lo + 1] == kb;
+  return lo;
+}
+__device__ __forceinline__ bool aj_pair_contains(const aj_i64* pairs, int n, aj_i64 qb, aj_i64 kb) {
+  const int at = aj_pair_lower_bound(pairs, n, qb, kb);
+  return at < n && pairs[2 * at] == qb && pairs[2 * at + 1] == kb;
+}
+
+// The smallest kb' >= kb that a row block in [qb_lo, qb_hi] pairs with in the sorted pairs (-1: none;
+// kb itself, "maybe", over more than 4 row blocks). The seek for a table on the device asks it.
+__device__ __forceinline__ aj_i64 aj_pair_next(const aj_i64* pairs, int n, aj_i64 qb_lo, aj_i64 qb_hi, aj_i64 kb) {
+  if (qb_hi - qb_lo > 3) return kb;
+  aj_i64 best = -1;
+  for (aj_i64 qb = qb_lo; qb <= qb_hi; ++qb) {
+    const int at = aj_pair_lower_bound(pairs, n, qb, kb);
+    if (at < n && pairs[2 * at] == qb && (best < 0 || pairs[2 * at + 1] < best)) best = pairs[2 * at + 1];
+  }
+  return best;
 }
 
 // dynamic layout: the run-time CSR table (rows: global query blocks of each head in turn). Positions

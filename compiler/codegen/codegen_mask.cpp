@@ -168,6 +168,18 @@ public:
     return "false";
   }
 
+  // An explicit layout's sorted (qb, kb) pairs as device tables: the pairs' table and count for a
+  // query head `head` (per-head layouts index theirs), as expressions.
+  std::pair<std::string, std::string> explicit_tables(const Layout& l) {
+    if (l.per_head.empty()) return {pair_table(l.explicit_blocks), std::to_string(l.explicit_blocks.size())};
+    std::string names, lengths;
+    for (size_t n = 0; n < l.per_head.size(); ++n) {
+      names += (n ? ", " : "") + pair_table(l.per_head[n]);
+      lengths += (n ? ", " : "") + std::to_string(l.per_head[n].size());
+    }
+    return {table("aj_i64* const", "aj_heads_", names) + "[head]", table("int", "aj_heads_len_", lengths) + "[head]"};
+  }
+
   // The step variables the expressions since the last call used, as declarations.
   std::string take_steps() {
     std::string s;
@@ -212,17 +224,8 @@ private:
   }
 
   std::string explicit_blocks(const Layout& l, const std::string& qb, const std::string& kb) {
-    if (l.per_head.empty()) {
-      return "aj_pair_contains(" + pair_table(l.explicit_blocks) + ", " + std::to_string(l.explicit_blocks.size()) + ", " + qb +
-             ", " + kb + ")";
-    }
-    std::string names, lengths;
-    for (size_t n = 0; n < l.per_head.size(); ++n) {
-      names += (n ? ", " : "") + pair_table(l.per_head[n]);
-      lengths += (n ? ", " : "") + std::to_string(l.per_head[n].size());
-    }
-    const std::string heads = table("aj_i64* const", "aj_heads_", names), len = table("int", "aj_heads_len_", lengths);
-    return "aj_pair_contains(" + heads + "[head], " + len + "[head], " + qb + ", " + kb + ")";
+    const auto [pairs, count] = explicit_tables(l);
+    return "aj_pair_contains(" + pairs + ", " + count + ", " + qb + ", " + kb + ")";
   }
 
   bool keys_, narrow_;
@@ -245,10 +248,12 @@ bool has_table(const Layout& l) {
 // smallest key position >= x such that the layout keeps (q, that key) for some query position q
 // in [q_lo, q_hi], or AJ_NEVER. It may answer lower than that (never higher): the kernels then
 // visit a tile with nothing to do, and the per-element mask keeps it right. Every layout answers
-// in positions, so children with blocks of their own combine. Explicit layouts answer x (they
-// keep whatever the plan visits), random ones scan at most 64 key blocks ahead.
+// in positions, so children with blocks of their own combine. Random layouts scan at most 64 key
+// blocks ahead; random and explicit ones answer x over more than 4 query blocks.
 class NextKeyWriter {
 public:
+  explicit NextKeyWriter(PredicateWriter& tables) : tables_(tables) {}
+
   // Statements (indented by `pad`) that declare and set the returned variable from input `x`.
   std::string write(const Layout& l, const std::string& x, std::string& out, const std::string& pad) {
     std::ostringstream os;
@@ -335,7 +340,12 @@ public:
         os << in << "const aj_i64 t = aj_dynamic_next(p, head, " << qbl << ", " << qbh << ", " << kb << ");\n"
            << in << "if (t >= 0) " << c << " = t;\n";
         break;
-      case Layout::Kind::Explicit:
+      case Layout::Kind::Explicit: {  // the sorted pairs of each row block, searched from kb
+        const auto [pairs, count] = tables_.explicit_tables(l);
+        os << in << "const aj_i64 t = aj_pair_next(" << pairs << ", " << count << ", " << qbl << ", " << qbh << ", " << kb << ");\n"
+           << in << "if (t >= 0) " << c << " = t;\n";
+        break;
+      }
       case Layout::Kind::Union:
       case Layout::Kind::Intersect:
         os << in << c << " = " << kb << ";\n";
@@ -349,6 +359,7 @@ public:
 
 private:
   std::string fresh(const std::string& stem) { return stem + std::to_string(count_++); }
+  PredicateWriter& tables_;
   int count_ = 0;
 };
 
@@ -356,9 +367,9 @@ private:
 // next key, NextKeyWriter; x itself for branches without the table, whose plan is exact) and
 // aj_dynamic_whole (a tile the table's branch keeps whole: inside one block pair, for a branch
 // whose layout is the table itself; other branches' full tiles come from the plan).
-std::string table_functions(const Pattern& p) {
+std::string table_functions(const Pattern& p, PredicateWriter& tables) {
   std::ostringstream next, whole;
-  NextKeyWriter writer;
+  NextKeyWriter writer(tables);
   for (size_t b = 0; b < p.branches.size(); ++b) {
     const Branch& br = p.branches[b];
     if (!br.layout || !has_table(*br.layout)) continue;
@@ -399,6 +410,7 @@ std::string generate_mask_predicate(const Pattern& p) {
      << (narrow ? "32-bit (every stride x 128 < 2^30)" : "64-bit (this pattern's dilations reach 2^23)") << "\n";
   const char* rule_names[2] = {"aj_keys_rule", "aj_queries_rule"};
   const char* rule_args[2] = {"aj_i64 qpos, aj_i64 kbase, aj_cs cs", "aj_i64 kpos, aj_i64 qbase, aj_cs cs"};
+  std::string seek;  // the device table's seek functions (table_functions), after the rules
   if (!pattern_has_mask(p)) {
     os << "// mask: none (every visited tile is full)\n";
     for (const char* name : rule_names)
@@ -418,6 +430,11 @@ std::string generate_mask_predicate(const Pattern& p) {
         for (size_t n = 0; n < terms.size(); ++n) cases[form] << (n ? w.and_op() : "") << terms[n];
         cases[form] << ";\n        });\n        return;\n";
       }
+    }
+    // A table on the device: the seek's functions, whose tables join the predicate's.
+    if (p.has_dynamic_layout()) {
+      PredicateWriter w(PredicateWriter::Form::Pairs, strides, tables, table_text);
+      seek = table_functions(p, w);
     }
     os << "// mask, by branch (qb = qpos / bq, kb = kpos / bk):\n";
     for (size_t b = 0; b < p.branches.size(); ++b) {
@@ -444,7 +461,7 @@ std::string generate_mask_predicate(const Pattern& p) {
       os << "  if (!full) {\n    switch (branch) {\n" << cases[form].str() << "    }\n  }\n  f(AjAllowAll());\n}\n";
     }
   }
-  if (p.has_dynamic_layout()) os << table_functions(p);
+  os << seek;
   os << "// One pair at a time (the SIMT kernels' loops).\n";
   os << "__device__ __forceinline__ bool aj_keys_allowed(const AjParams& p, int branch, int head, " << rule_args[0] << ") {\n"
      << "  bool r = true;\n  aj_keys_rule(p, branch, head, false, [&](auto rule) { r = rule(qpos, kbase, cs); });\n  return r;\n}\n";

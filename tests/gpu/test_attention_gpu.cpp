@@ -128,6 +128,10 @@ TEST_CASE("a dynamic table on the device: problems counted, bad entries skipped,
                         .branch(BranchSpec().causal().layout(layouts::dynamic(16, 16)))
                         .branch(BranchSpec().segment(96).dilation(2).layout(
                             layouts::union_of({layouts::dynamic(16, 16), layouts::local(0, 32, 32)})))
+                        // The seek through every other kind: explicit pairs, a random layout, an intersection.
+                        .branch(BranchSpec().layout(layouts::union_of(
+                            {layouts::dynamic(16, 16), layouts::explicit_blocks({{0, 3}, {2, 1}, {5, 6}, {6, 0}}, 32, 32),
+                             layouts::intersect_of({layouts::random(0.3, 77, 16, 16), layouts::offsets({-2, 1}, 16, 16)})})))
                         .build();
   std::mt19937_64 rng(4711);
   std::vector<Case> cases, unspecified;

@@ -105,11 +105,14 @@ public:
       BranchSpec spec = random_branch(c.shape, !groups);
       if (b == dynamic_branch) {
         const int64_t bq = uniform(1, 12), bk = uniform(1, 12);
-        // Mostly the table alone; sometimes joined with another layout (a table on the device is
-        // then tested tile by tile, and full tiles are the other layout's).
-        const int64_t form = uniform(0, 5);
+        // Mostly the table alone; sometimes joined with another layout, any kind and blocks (a
+        // table on the device is then sought through the whole layout, and full tiles are the
+        // other layout's).
+        const int64_t form = uniform(0, 7);
         if (form == 4) spec.layout(layouts::union_of({layouts::dynamic(bq, bk), layouts::local(uniform(0, 1), bq, bk)}, bq, bk));
         else if (form == 5) spec.layout(layouts::intersect_of({layouts::dynamic(bq, bk), layouts::strided(2, uniform(0, 1), bq, bk)}, bq, bk));
+        else if (form == 6) spec.layout(layouts::union_of({layouts::dynamic(bq, bk), random_layout(c.shape)}, bq, bk));
+        else if (form == 7) spec.layout(layouts::intersect_of({layouts::dynamic(bq, bk), random_layout(c.shape)}, bq, bk));
         else spec.layout(layouts::dynamic(bq, bk));
         c.dynamic = random_table(c.shape, bq, bk);
       }

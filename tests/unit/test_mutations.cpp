@@ -33,7 +33,8 @@ struct Mutation {
   // key past a tile's count that is let through (a zero row, score 0) gets P = exp(0 - LSE) = inf.
   bool far_below = false;
   // The pattern's layouts come from a dynamic table the kernels read in place (DeviceDynamicLayout):
-  // a branch that is the table (32-key blocks over 64-key tiles) and a union of it with a local band.
+  // a branch that is the table (32-key blocks over 64-key tiles) and a union of it with a local band
+  // and explicit pairs.
   bool device_table = false;
 };
 
@@ -76,6 +77,9 @@ const Mutation kMutations[] = {
      true},
     {"device table: a tile over two key blocks taken whole", "mask_lib.cuh", "  whole = aj_dynamic_whole(branch, q_lo, q_hi, k_lo, k_hi);",
      "  whole = true;", DType::BF16, true, false, 64, false, true, false, true},
+    {"device table: the seek finds an explicit layout's next pair one block late", "mask_lib.cuh",
+     "pairs[2 * at + 1] < best)) best = pairs[2 * at + 1];\n  }\n  return best;",
+     "pairs[2 * at + 1] < best)) best = pairs[2 * at + 1];\n  }\n  return best < 0 ? best : best + 1;", DType::BF16, false, false, 64, false, true, false, true},
     {"device table: the problem count's bound on key blocks left out", "mask_lib.cuh", "kb >= p.dyn_k_blocks", "kb > p.dyn_k_blocks + 99",
      DType::BF16, false, false, 64, false, true, false, true},
     {"cvt.rn.bf16x2 operands swapped", "fwd_sm80.cuh", "  return aj_cvt_bf16x2(hi, lo);", "  return aj_cvt_bf16x2(lo, hi);",
@@ -168,7 +172,9 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
                          bool far_below = false, bool device_table = false) {
   const Pattern p = device_table ? PatternBuilder()
                                        .branch(BranchSpec().layout(layouts::dynamic(32, 32)))
-                                       .branch(BranchSpec().causal().layout(layouts::union_of({layouts::dynamic(32, 32), layouts::local(0, 32, 32)})))
+                                       .branch(BranchSpec().causal().layout(layouts::union_of(
+                                           {layouts::dynamic(32, 32), layouts::local(0, 32, 32),
+                                            layouts::explicit_blocks({{2, 0}, {5, 3}, {6, 1}}, 32, 32)})))
                                        .build()
                                  : PatternBuilder()
                                        .branch(BranchSpec().segment(128).dilation(1).causal())
