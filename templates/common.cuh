@@ -93,8 +93,8 @@ struct AjTile {
 };
 
 #ifdef AJ_DYNAMIC_TABLE
-// templates/mask_lib.cuh: with a table on the device, the first tile >= t of the span the table may
-// keep (INT_MAX: none), and whether it keeps that tile whole.
+// templates/mask_lib.cuh: with a table on the device, the first tile >= t of the span whose keys the
+// branch's layout may keep (INT_MAX: none), and whether the table leaves that tile whole.
 __device__ int aj_dynamic_seek(const AjParams& p, const AjSpan& s, int head, aj_i64 q_lo, aj_i64 q_hi, int t, bool& whole);
 #endif
 
@@ -129,7 +129,8 @@ struct AjTileCursor {
     return s.entry_begin >= 0 ? p->entries[s.entry_begin + at] >> 1 : s.tile_begin + at;
   }
   // Moves to the next visit with something to do: past exhausted spans and, with a table on the
-  // device (the plan lists every tile the pattern could keep), past the tiles the table does not keep.
+  // device (the plan lists every tile the pattern could keep), past the tiles the branch's layout,
+  // table included, does not keep.
   __device__ void skip_empty() {
     while (span < span_end) {
       const AjSpan& s = p->spans[span];

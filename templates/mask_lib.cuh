@@ -121,7 +121,8 @@ __device__ __forceinline__ bool aj_dynamic_allows(const AjParams& p, int h, aj_i
 
 #ifdef AJ_DYNAMIC_TABLE
 // ---- a table on the device: the plan visits every tile the pattern could keep, and the kernel
-// asks the table which of them it keeps (the tile cursor in common.cuh, the dK/dV loop) ----------
+// asks the branch's layout, table included, which of them it keeps (the tile cursor in common.cuh,
+// the dK/dV loop) --------------------------------------------------------------------------------
 
 // The smallest key block >= kb that some row qb_lo..qb_hi keeps (-1: none).
 __device__ __forceinline__ aj_i64 aj_dynamic_next(const AjParams& p, int h, aj_i64 qb_lo, aj_i64 qb_hi, aj_i64 kb) {
