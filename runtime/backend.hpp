@@ -28,6 +28,7 @@ struct BackwardPlans {
 
 struct PlanEntry {
   Plan plan;
+  RandomLayouts random = RandomLayouts::InPlan;  // how `plan` was lowered (the backward plans alike)
   std::shared_ptr<void> device_state;  // backend-specific, e.g. uploaded tables
   // Made on the first backward call, for `tiles` (the same on every call of a backend).
   const BackwardPlans& backward_plans(const Pattern& p, const DynamicLayout* dynamic, const TileConfig& tiles) const;
@@ -65,9 +66,10 @@ public:
   virtual TileConfig tiles() const = 0;   // the plan's tiles must be the kernel's
   virtual int alignment() const = 0;      // bytes the kernel's loads need
   virtual size_t backward_workspace_bytes() const { return 0; }  // scratch of one backward (ForwardOptions::workspace)
-  // Whether the kernels read a DeviceDynamicLayout in place (else the runtime hands the backend a
-  // host table made from it), and whether its arrays are host memory (the CPU and emu devices).
-  virtual bool reads_device_tables() const { return false; }
+  // Whether the kernels seek through layouts the plan leaves to them (Plan::kernel_seeks): they read
+  // a DeviceDynamicLayout in place (else the runtime hands the backend a host table made from it)
+  // and decide large random layouts; and whether a table's arrays are host memory (CPU and emu).
+  virtual bool kernels_seek() const { return false; }
   virtual bool tables_in_host_memory() const { return true; }
 };
 
@@ -92,6 +94,9 @@ struct PreparedState {
   std::map<PlanKey, decltype(plans)::iterator> plan_index;
   int64_t plan_budget = 0;
   PlanCacheStats plan_stats;
+  // Random layouts in the kernels (Plan::kernel_seeks) where the backend's kernels seek and a plan
+  // would hash more than RuntimeOptions::random_in_kernel_above blocks.
+  RandomLayouts random = RandomLayouts::InPlan;
 };
 
 // The host bytes of a plan's tables (what PlanCacheStats counts).

@@ -34,6 +34,7 @@ KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTabl
   kp.dyn_heads = t.dyn_heads;
   kp.dyn_entries = t.dyn_entries;
   kp.dyn_k_blocks = t.dyn_k_blocks;
+  kp.seek_branches = plan.kernel_seeks;
   if (const DeviceDynamicLayout* d = options.device_dynamic_layout) {
     // Read where it lies: nothing planned from it, nothing copied.
     kp.dyn_row_offsets = d->row_offsets;
@@ -42,7 +43,6 @@ KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTabl
     kp.dyn_q_blocks = d->rows / d->heads;
     kp.dyn_entries = d->entries;
     kp.dyn_errors = d->errors;
-    kp.dyn_on_device = 1;
   }
   kp.doc_base = t.doc_base;
   kp.doc_rows = t.doc_rows;

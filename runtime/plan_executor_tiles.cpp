@@ -251,7 +251,9 @@ void dkdv_unit(const ExecutorJob& job, int64_t b, int64_t kvh, bool with_dq, Bac
     const Rows k = rows_of<Rows>(job.k, job.k_layout, b, kvh, s.head_dim, item.keys);
     for (int64_t e = item.entry_begin; e < item.entry_end; ++e) {
       const QueryEntry& qe = bwd.entries[static_cast<size_t>(e)];
-      probabilities_and_ds(job, b, qe.head, kvh, qe.branch, qe.rows, item.keys, qe.full, sc);
+      // The entry's flag is the kernels' (band only, for a branch they seek through): masked here.
+      const bool full = qe.full && !plan.kernel_seeks_branch(qe.branch);
+      probabilities_and_ds(job, b, qe.head, kvh, qe.branch, qe.rows, item.keys, full, sc);
       dk_tile.noalias() += sc.ds.transpose() * rows_of<Rows>(job.q, job.q_layout, b, qe.head, s.head_dim, qe.rows);
       dv_tile.noalias() += f * (sc.p.transpose() * rows_of<Rows>(job.dout, job.q_layout, b, qe.head, s.head_dim_v, qe.rows));
       if (with_dq) rows_of<MutableRows>(job.dq, job.q_layout, b, qe.head, s.head_dim, qe.rows).noalias() += sc.ds * k;

@@ -94,8 +94,9 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
     return it->second->second;
   }
   auto entry = std::make_shared<PlanEntry>();
+  entry->random = st.random;
   entry->plan = lower_to_plan(st.pattern, problem_shape(st.problem, o.q_offset, o.k_offset), st.backend->tiles(),
-                              planning_table(o), o.cu_seqlens);
+                              planning_table(o), o.cu_seqlens, st.random);
   st.backend->upload(*entry, o.dynamic_layout);
   st.plans.emplace_front(key, entry);
   st.plan_index.emplace(key, st.plans.begin());
@@ -143,7 +144,7 @@ ForwardOptions resolve_device_table(PreparedState& st, const ForwardOptions& o, 
   if (!d->row_offsets || (d->entries > 0 && !d->col_indices)) {
     throw UserError(what, "needs row_offsets (rows + 1 entries) and, with entries > 0, col_indices");
   }
-  if (st.backend->reads_device_tables() && !to_host) return o;
+  if (st.backend->kernels_seek() && !to_host) return o;
   if (!st.backend->tables_in_host_memory()) {
     throw UserError(what, "is read on the host here (attention weights); pass the table as ForwardOptions.dynamic_layout");
   }
@@ -212,6 +213,7 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   const RuntimeOptions& o = impl_->options;
   st->plan_budget = o.plan_cache_bytes >= 0 ? o.plan_cache_bytes : knobs().plan_cache_bytes;
   st->period = translation_period(pattern);
+  const int64_t random_above = o.random_in_kernel_above >= 0 ? o.random_in_kernel_above : knobs().random_in_kernel_above;
   const TemplateSet& templates = o.templates ? *o.templates : TemplateSet::embedded();
   switch (o.device.kind) {
     case DeviceKind::CPU: st->backend = make_cpu_backend(st->pattern, problem); break;
@@ -223,6 +225,8 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
                                       tuned_backward_config(pattern, problem, o), templates, o.tma);
       break;
   }
+  if (st->backend->kernels_seek() && random_layout_hashes(pattern, problem_shape(problem, 0, 0)) > random_above)
+    st->random = RandomLayouts::InKernel;
   // Plan the common case now (offsets 0), so forward() only launches.
   if (!pattern.has_dynamic_layout()) plan_for(*st, ForwardOptions{});
   Attention a;
@@ -235,7 +239,7 @@ const BackwardPlans& PlanEntry::backward_plans(const Pattern& p, const DynamicLa
     auto b = std::make_unique<BackwardPlans>();
     b->query_major = tiles.tile_q == plan.tiles.tile_q && tiles.tile_k == plan.tiles.tile_k ? plan
                                                                                               : lower_to_plan(p, plan.shape, tiles, dynamic,
-                                                                                                              plan.documents.empty() ? nullptr : &plan.documents);
+                                                                                                              plan.documents.empty() ? nullptr : &plan.documents, random);
     b->key_major = lower_to_backward_plan(b->query_major);
     backward_ = std::move(b);
   });

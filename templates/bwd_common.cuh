@@ -49,14 +49,16 @@ __device__ __forceinline__ float aj_bwd_lse2(const AjParams& p, aj_i64 b, int h,
 }
 
 // Whether a key item's query entry is computed, and whether it is full: the plan's flag, narrowed
-// by a table on the device (the plan then lists every pair of tiles the pattern could keep).
+// by the layout for a branch the kernel seeks through (the plan then lists every pair of tiles
+// the band allows).
 __device__ __forceinline__ bool aj_bwd_entry_visit(const AjParams& p, const AjKeyItem& ki, const AjQueryEntry& qe, bool& full) {
   full = qe.full != 0;
-#ifdef AJ_DYNAMIC_TABLE
-  if (p.dyn_on_device) {
-    const aj_i64 q_lo = p.q_offset + qe.rows_start, k_lo = p.k_offset + ki.keys_start;
+#ifdef AJ_KERNEL_SEEK
+  if (aj_seeks(p, qe.branch)) {
+    const aj_i64 doc = aj_doc_start(p, ki.keys_start);  // a key item lies in one document, as its queries do
+    const aj_i64 q_lo = p.q_offset + qe.rows_start - doc, k_lo = p.k_offset + ki.keys_start - doc;
     bool whole;
-    const bool any = aj_dynamic_pair(p, qe.branch, qe.head, q_lo, q_lo + (aj_i64)(qe.rows_count - 1) * qe.rows_stride, k_lo,
+    const bool any = aj_layout_pair(p, qe.branch, qe.head, q_lo, q_lo + (aj_i64)(qe.rows_count - 1) * qe.rows_stride, k_lo,
                                      k_lo + (aj_i64)(ki.keys_count - 1) * ki.keys_stride, whole);
     full = full && whole;
     return any;

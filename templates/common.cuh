@@ -59,8 +59,7 @@ struct AjParams {
   aj_i64 dyn_entries;                        // entries of dyn_cols (row offsets are clamped to it)
   aj_i64 dyn_k_blocks;                       // key blocks in range (the table check's bound)
   int* dyn_errors;                           // the table check counts problems here (null: no check)
-  int dyn_on_device;                         // 1: the table was not planned from (mask_lib.cuh, aj_dynamic_seek)
-  int dyn_pad;
+  aj_u64 seek_branches;                      // bit b: branch b's layout is decided here, not by the plan (aj_layout_seek)
 };
 
 // The host packs these structs byte for byte (compiler/plan/device_plan.hpp); a mismatch must not compile.
@@ -92,20 +91,25 @@ struct AjTile {
   bool full;      // every pair attended: no mask
 };
 
-#ifdef AJ_DYNAMIC_TABLE
-// templates/mask_lib.cuh: with a table on the device, the first tile >= t of the span whose keys the
-// branch's layout may keep (INT_MAX: none), and whether the table leaves that tile whole.
-__device__ int aj_dynamic_seek(const AjParams& p, const AjSpan& s, int head, aj_i64 q_lo, aj_i64 q_hi, int t, bool& whole);
+#ifdef AJ_KERNEL_SEEK
+// templates/mask_lib.cuh: for a branch whose layout the kernel decides (AjParams::seek_branches: a
+// table on the device, a random layout above the planning threshold), the first tile >= t of the
+// span whose keys the layout may keep (INT_MAX: none), and whether it keeps that tile whole.
+// `doc`: where the item's packed document starts (0 without documents; positions are the document's).
+__device__ int aj_layout_seek(const AjParams& p, const AjSpan& s, int head, aj_i64 doc, aj_i64 q_lo, aj_i64 q_hi, int t,
+                              bool& whole);
+__device__ __forceinline__ bool aj_seeks(const AjParams& p, int branch) { return (p.seek_branches >> branch & 1ull) != 0; }
 #endif
 
 // A cursor over (span, visited tile) pairs. Every thread of a block walks the same sequence.
 struct AjTileCursor {
   const AjParams* p;
   int span, span_end, visit;
-#ifdef AJ_DYNAMIC_TABLE
+#ifdef AJ_KERNEL_SEEK
   int head;
-  aj_i64 q_lo, q_hi;  // global positions of the item's first and last rows
-  bool table_whole;   // the device table keeps the current tile whole
+  aj_i64 doc;         // where the item's packed document starts (0 without documents)
+  aj_i64 q_lo, q_hi;  // positions of the item's first and last rows (within the document)
+  bool layout_whole;  // the layout keeps the current tile whole (a branch the kernel seeks through)
 #endif
 
   __device__ void begin(const AjParams& params, const AjItem& item) {
@@ -113,11 +117,12 @@ struct AjTileCursor {
     span = item.span_begin;
     span_end = item.span_end;
     visit = 0;
-#ifdef AJ_DYNAMIC_TABLE
+#ifdef AJ_KERNEL_SEEK
     head = item.head;
-    q_lo = params.q_offset + item.rows_start;
+    doc = aj_doc_start(params, item.rows_start);
+    q_lo = params.q_offset + item.rows_start - doc;
     q_hi = q_lo + (aj_i64)(item.rows_count > 0 ? item.rows_count - 1 : 0) * item.rows_stride;
-    table_whole = true;
+    layout_whole = true;
 #endif
     skip_empty();
   }
@@ -128,18 +133,18 @@ struct AjTileCursor {
   __device__ int tile_index(const AjSpan& s, int at) const {
     return s.entry_begin >= 0 ? p->entries[s.entry_begin + at] >> 1 : s.tile_begin + at;
   }
-  // Moves to the next visit with something to do: past exhausted spans and, with a table on the
-  // device (the plan lists every tile the pattern could keep), past the tiles the branch's layout,
-  // table included, does not keep.
+  // Moves to the next visit with something to do: past exhausted spans and, for a branch whose
+  // layout the kernel decides (the plan lists every tile its band allows), past the tiles the
+  // layout does not keep.
   __device__ void skip_empty() {
     while (span < span_end) {
       const AjSpan& s = p->spans[span];
       const int n = visits(s);
       if (visit < n) {
-#ifdef AJ_DYNAMIC_TABLE
-        if (!p->dyn_on_device) return;
+#ifdef AJ_KERNEL_SEEK
+        if (!aj_seeks(*p, s.branch)) return;
         const int t = tile_index(s, visit);
-        const int want = aj_dynamic_seek(*p, s, head, q_lo, q_hi, t, table_whole);
+        const int want = aj_layout_seek(*p, s, head, doc, q_lo, q_hi, t, layout_whole);
         if (want == t) return;
         if (s.entry_begin < 0) {
           visit = want - s.tile_begin < n ? want - s.tile_begin : n;
@@ -167,8 +172,8 @@ struct AjTileCursor {
       t = s.tile_begin + visit;
       full = t >= s.full_begin && t < s.full_end;
     }
-#ifdef AJ_DYNAMIC_TABLE
-    if (p->dyn_on_device) full = full && table_whole;
+#ifdef AJ_KERNEL_SEEK
+    if (aj_seeks(*p, s.branch)) full = full && layout_whole;
 #endif
     AjTile out;
     const aj_i64 from = (aj_i64)t * AJ_TILE_K;

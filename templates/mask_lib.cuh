@@ -119,12 +119,12 @@ __device__ __forceinline__ bool aj_dynamic_allows(const AjParams& p, int h, aj_i
   return at < end && p.dyn_cols[at] == kb;
 }
 
-#ifdef AJ_DYNAMIC_TABLE
-// ---- a table on the device: the plan visits every tile the pattern could keep, and the kernel
-// asks the branch's layout, table included, which of them it keeps (the tile cursor in common.cuh,
-// the dK/dV loop) --------------------------------------------------------------------------------
+#ifdef AJ_KERNEL_SEEK
+// ---- layouts the kernel decides (AjParams::seek_branches: a table on the device, random layouts
+// above the planning threshold): the plan visits every tile the band allows, and the kernel asks
+// the branch's layout which of them it keeps (the tile cursor in common.cuh, the dK/dV loop) ------
 
-// The smallest key block >= kb that some row qb_lo..qb_hi keeps (-1: none).
+// The smallest key block >= kb that some row qb_lo..qb_hi of the device table keeps (-1: none).
 __device__ __forceinline__ aj_i64 aj_dynamic_next(const AjParams& p, int h, aj_i64 qb_lo, aj_i64 qb_hi, aj_i64 kb) {
   aj_i64 best = -1;
   const aj_i64 last = qb_hi < p.dyn_q_blocks - 1 ? qb_hi : p.dyn_q_blocks - 1;
@@ -138,20 +138,20 @@ __device__ __forceinline__ aj_i64 aj_dynamic_next(const AjParams& p, int h, aj_i
 }
 #define AJ_NEVER 0x7fffffffffffffffll
 
-// Generated with the mask predicate (compiler/codegen/codegen_mask.cpp): by branch, the next key
-// position >= x its layout may keep for some query in [q_lo, q_hi] (never later than the layout's
-// own next key; AJ_NEVER: none; x itself for a branch without the table, whose plan is exact), and
-// whether a tile the table keeps is kept whole (only a branch whose layout is the table itself
-// can say so; other branches' full tiles come from the plan, made without the table's blocks).
-__device__ aj_i64 aj_dynamic_next_key(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi, aj_i64 x);
-__device__ __forceinline__ bool aj_dynamic_whole(int branch, aj_i64 q_lo, aj_i64 q_hi, aj_i64 k_lo, aj_i64 k_hi);
+// Generated with the mask predicate (compiler/codegen/codegen_mask.cpp), by branch: the next key
+// position >= x the branch's layout may keep for some query in [q_lo, q_hi] (never later than the
+// layout's own next key; AJ_NEVER: none), and whether the layout keeps every pair of queries
+// [q_lo, q_hi] and keys [k_lo, k_hi] (false when unsure: the tile is then masked per element).
+__device__ aj_i64 aj_layout_next_key(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi, aj_i64 x);
+__device__ bool aj_layout_whole(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi, aj_i64 k_lo, aj_i64 k_hi);
 
 // Does the branch's layout keep some pair of queries [q_lo, q_hi] and keys [k_lo, k_hi] (whole: all
-// of them, as far as the table goes)?
-__device__ __forceinline__ bool aj_dynamic_pair(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi,
-                                                aj_i64 k_lo, aj_i64 k_hi, bool& whole) {
-  whole = aj_dynamic_whole(branch, q_lo, q_hi, k_lo, k_hi);
-  return aj_dynamic_next_key(p, branch, head, q_lo, q_hi, k_lo) <= k_hi;
+// of them)?
+__device__ __forceinline__ bool aj_layout_pair(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi,
+                                               aj_i64 k_lo, aj_i64 k_hi, bool& whole) {
+  if (aj_layout_next_key(p, branch, head, q_lo, q_hi, k_lo) > k_hi) return false;
+  whole = aj_layout_whole(p, branch, head, q_lo, q_hi, k_lo, k_hi);
+  return true;
 }
 
 // The first tile >= t of the span whose keys the branch's layout may keep for the item's rows: from
@@ -159,20 +159,21 @@ __device__ __forceinline__ bool aj_dynamic_pair(const AjParams& p, int branch, i
 // (strided keys can step over a kept position), until the tile holding that key holds a kept one.
 // A tile is never skipped while a key in it may be kept; sparse rows are crossed in jumps, not tile
 // by tile.
-__device__ int aj_dynamic_seek(const AjParams& p, const AjSpan& s, int head, aj_i64 q_lo, aj_i64 q_hi, int t, bool& whole) {
-  const aj_i64 origin = p.k_offset + s.keys_start;  // the position of the span's first key
+__device__ int aj_layout_seek(const AjParams& p, const AjSpan& s, int head, aj_i64 doc, aj_i64 q_lo, aj_i64 q_hi, int t,
+                              bool& whole) {
+  const aj_i64 origin = p.k_offset + s.keys_start - doc;  // the position of the span's first key
   for (aj_i64 j = (aj_i64)t * AJ_TILE_K;;) {
     if (j >= s.keys_count) return 0x7fffffff;
     const aj_i64 tile = j / AJ_TILE_K;
     const aj_i64 end = (tile + 1) * AJ_TILE_K < s.keys_count ? (tile + 1) * AJ_TILE_K : s.keys_count;
     const aj_i64 k_hi = origin + (end - 1) * s.keys_stride;
-    const aj_i64 n = aj_dynamic_next_key(p, s.branch, head, q_lo, q_hi, origin + j * s.keys_stride);
+    const aj_i64 n = aj_layout_next_key(p, s.branch, head, q_lo, q_hi, origin + j * s.keys_stride);
     if (n > k_hi) {
       if (n == AJ_NEVER) return 0x7fffffff;
       j = (n - origin + s.keys_stride - 1) / s.keys_stride;
       continue;
     }
-    whole = aj_dynamic_whole(s.branch, q_lo, q_hi, origin + tile * AJ_TILE_K * s.keys_stride, k_hi);
+    whole = aj_layout_whole(p, s.branch, head, q_lo, q_hi, origin + tile * AJ_TILE_K * s.keys_stride, k_hi);
     return (int)tile;
   }
 }

@@ -194,8 +194,8 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
     if (k.tma_maps) os << "#define AJ_TMA_MAPS " << k.tma_maps << "\n";
   }
   os << "#define AJ_DTYPE " << (r.dtype == DType::F32 ? 0 : r.dtype == DType::F16 ? 1 : 2) << "\n";
-  // A dynamic layout's table may stay on the device (AjParams::dyn_on_device): the tile cursor asks it.
-  if (p.has_dynamic_layout()) os << "#define AJ_DYNAMIC_TABLE 1\n";
+  // A layout the plan may leave to the kernel (AjParams::seek_branches): the tile cursor asks it.
+  if (pattern_may_seek(p)) os << "#define AJ_KERNEL_SEEK 1\n";
   auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
   include("gpu_blocks.cuh");
   include("common.cuh");

@@ -115,6 +115,10 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
 std::string generate_mask_predicate(const Pattern& p);
 // Does some branch have a causal, window or layout condition (so partial tiles run a predicate)?
 bool pattern_has_mask(const Pattern& p);
+// Can the kernels be asked to decide one of the pattern's layouts (a dynamic table read on the
+// device, a random layout above the planning threshold: Plan::kernel_seeks)? Its kernels then
+// carry the seek (AJ_KERNEL_SEEK), used only for the branches a plan leaves to them.
+bool pattern_may_seek(const Pattern& p);
 
 }  // namespace attnjit
 #pragma GCC visibility pop

@@ -31,6 +31,12 @@ constexpr int64_t kMaxTileRows = 128;           // the largest tile_q and tile_k
 
 std::string ll(int64_t v) { return std::to_string(v) + "ll"; }
 
+// A random layout keeps a block when its hash's top 53 bits, as u in [0, 1), are below the
+// density: u < density  <=>  (x >> 11) < ceil(density * 2^53) (the product is exact in double).
+std::string random_threshold(const Layout& l) {
+  return std::to_string(static_cast<unsigned long long>(std::ceil(std::ldexp(l.density, 53)))) + "ull";
+}
+
 // The largest distance between consecutive elements of a tile: key strides are the branches'
 // dilations, and query rows of a work item are at most their lcm apart. Capped at
 // kCsLimit / kMaxTileRows, where cs = column x stride stops fitting 32 bits.
@@ -142,16 +148,14 @@ public:
                  std::to_string(l.phase) + "u)";
         return "(" + kb + " % " + ll(l.stride) + " == " + ll(l.phase) + ")";
       case Layout::Kind::Random: {
-        // u < density  <=>  (x >> 11) < ceil(density * 2^53); the product is exact in double.
-        const double scaled = std::ldexp(l.density, 53);
-        const unsigned long long threshold = static_cast<unsigned long long>(std::ceil(scaled));
+        const std::string threshold = random_threshold(l);
         const std::string row = "aj_random_row(" + std::to_string(l.seed) + "ull, head, " + qb + ")";
         // A tile no wider than a key block (AJ_TILE_K x stride <= bk) sees the base's block and
         // the next only: aj_random_pick hashes both once per row.
         if (keys_ && step32)
           return "aj_random_pick<(AJ_TILE_K * " + std::to_string(stride_bound_) + "ll <= " + ll(l.bk) + ")>(" + row + ", " +
-                 std::to_string(threshold) + "ull, " + Kq + ", " + step + ")";
-        return "aj_random_col(" + row + ", " + std::to_string(threshold) + "ull, " + kb + ")";
+                 threshold + ", " + Kq + ", " + step + ")";
+        return "aj_random_col(" + row + ", " + threshold + ", " + kb + ")";
       }
       case Layout::Kind::Explicit:
         return explicit_blocks(l, qb, kb);
@@ -240,11 +244,12 @@ private:
 
 namespace {
 
-bool has_table(const Layout& l) {
-  return l.kind == Layout::Kind::Dynamic || std::any_of(l.children.begin(), l.children.end(), has_table);
+// Layouts the kernels may decide (Plan::kernel_seeks): with a table or a random node.
+bool kernel_may_seek(const Layout& l) {
+  return layout_has_kind(l, Layout::Kind::Dynamic) || layout_has_kind(l, Layout::Kind::Random);
 }
 
-// The next key a layout may keep, for a table on the device: code that sets a variable to the
+// The next key a layout may keep, for a layout the kernel decides: code that sets a variable to the
 // smallest key position >= x such that the layout keeps (q, that key) for some query position q
 // in [q_lo, q_hi], or AJ_NEVER. It may answer lower than that (never higher): the kernels then
 // visit a tile with nothing to do, and the per-element mask keeps it right. Every layout answers
@@ -326,12 +331,11 @@ public:
            << " + " << ll(l.stride) << ") % " << ll(l.stride) << ";\n";
         break;
       case Layout::Kind::Random: {  // hashed block by block, up to 64 ahead; many row blocks: maybe
-        const double scaled = std::ldexp(l.density, 53);
-        const unsigned long long threshold = static_cast<unsigned long long>(std::ceil(scaled));
+        const std::string threshold = random_threshold(l);
         os << in << "if (" << qbh << " - " << qbl << " > 3) " << c << " = " << kb << ";\n"
            << in << "for (aj_i64 b = " << kb << "; b < " << kb << " + 64 && " << c << " == AJ_NEVER; ++b)\n"
            << in << "  for (aj_i64 qb = " << qbl << "; qb <= " << qbh << "; ++qb)\n"
-           << in << "    if (aj_random_col(aj_random_row(" << l.seed << "ull, head, qb), " << threshold << "ull, b)) {\n"
+           << in << "    if (aj_random_col(aj_random_row(" << l.seed << "ull, head, qb), " << threshold << ", b)) {\n"
            << in << "      " << c << " = b;\n" << in << "      break;\n" << in << "    }\n"
            << in << "if (" << c << " == AJ_NEVER) " << c << " = " << kb << " + 64;  // none within 64: look again from there\n";
         break;
@@ -363,38 +367,109 @@ private:
   int count_ = 0;
 };
 
-// The device-table functions templates/mask_lib.cuh declares: aj_dynamic_next_key (a branch's
-// next key, NextKeyWriter; x itself for branches without the table, whose plan is exact) and
-// aj_dynamic_whole (a tile the table's branch keeps whole: inside one block pair, for a branch
-// whose layout is the table itself; other branches' full tiles come from the plan).
-std::string table_functions(const Pattern& p, PredicateWriter& tables) {
+// Whether a layout keeps every pair of a tile: code that sets the returned variable to true only if
+// the layout keeps every (q, k) with q in [q_lo, q_hi] and k in [k_lo, k_hi] (false when unsure:
+// the tile is then masked per element, which is right either way). Bands (local, global, strided)
+// answer over many blocks; the others for a tile inside one block pair.
+class WholeWriter {
+public:
+  explicit WholeWriter(PredicateWriter& tables) : tables_(tables) {}
+
+  std::string write(const Layout& l, std::string& out, const std::string& pad) {
+    std::ostringstream os;
+    out = "w" + std::to_string(count_++);
+    if (l.kind == Layout::Kind::Union || l.kind == Layout::Kind::Intersect) {
+      // A union keeps the tile whole if one child does (sufficient, not necessary); an
+      // intersection if all do. Later children are asked only while the answer is open.
+      const bool any = l.kind == Layout::Kind::Union;
+      os << pad << "bool " << out << " = " << (any ? "false" : "true") << ";\n";
+      for (const Layout& c : l.children) {
+        std::string v;
+        os << pad << "if (" << (any ? "!" : "") << out << ") {\n" << write(c, v, pad + "  ") << pad << "  " << out << " = " << v
+           << ";\n" << pad << "}\n";
+      }
+      return os.str();
+    }
+    const std::string qbl = "q_lo / " + ll(l.bq), qbh = "q_hi / " + ll(l.bq), kbl = "k_lo / " + ll(l.bk),
+                      kbh = "k_hi / " + ll(l.bk);
+    const std::string one = "(" + qbl + " == " + qbh + " && " + kbl + " == " + kbh + ")";  // one block pair
+    std::string e;
+    switch (l.kind) {
+      case Layout::Kind::Local:  // every |kb - qb| <= w
+        e = "(" + kbh + " - " + qbl + " <= " + ll(l.local) + " && " + qbh + " - " + kbl + " <= " + ll(l.local) + ")";
+        break;
+      case Layout::Kind::Global: {  // one listed row block, or one listed column block
+        std::string rows = "false", cols = "false";
+        for (const int64_t v : l.blocks) rows += " || " + qbl + " == " + ll(v), cols += " || " + kbl + " == " + ll(v);
+        e = "((" + qbl + " == " + qbh + " && (" + rows + ")) || (" + kbl + " == " + kbh + " && (" + cols + ")))";
+        break;
+      }
+      case Layout::Kind::Strided:
+        e = l.stride == 1 ? std::string("true")
+                          : "(" + kbl + " == " + kbh + " && " + kbl + " % " + ll(l.stride) + " == " + ll(l.phase) + ")";
+        break;
+      case Layout::Kind::Offsets: {
+        std::string in = "false";
+        for (const int64_t v : l.blocks) in += " || " + kbl + " - " + qbl + " == " + ll(v);
+        e = "(" + one + " && (" + in + "))";
+        break;
+      }
+      case Layout::Kind::Random:
+        e = "(" + one + " && aj_random_col(aj_random_row(" + std::to_string(l.seed) + "ull, head, " + qbl + "), " +
+            random_threshold(l) + ", " + kbl + "))";
+        break;
+      case Layout::Kind::Explicit: {
+        const auto [pairs, count] = tables_.explicit_tables(l);
+        e = "(" + one + " && aj_pair_next(" + pairs + ", " + count + ", " + qbl + ", " + qbl + ", " + kbl + ") == " + kbl + ")";
+        break;
+      }
+      case Layout::Kind::Dynamic:
+        e = "(" + one + " && aj_dynamic_next(p, head, " + qbl + ", " + qbl + ", " + kbl + ") == " + kbl + ")";
+        break;
+      case Layout::Kind::Union:
+      case Layout::Kind::Intersect:
+        break;
+    }
+    os << pad << "const bool " << out << " = " << e << ";\n";
+    return os.str();
+  }
+
+private:
+  PredicateWriter& tables_;
+  int count_ = 0;
+};
+
+// The functions templates/mask_lib.cuh declares for layouts the kernel decides, by branch:
+// aj_layout_next_key (NextKeyWriter; x itself for a branch the kernel never seeks through, whose
+// plan is exact) and aj_layout_whole (WholeWriter).
+std::string seek_functions(const Pattern& p, PredicateWriter& tables) {
   std::ostringstream next, whole;
-  NextKeyWriter writer(tables);
+  NextKeyWriter next_writer(tables);
+  WholeWriter whole_writer(tables);
   for (size_t b = 0; b < p.branches.size(); ++b) {
     const Branch& br = p.branches[b];
-    if (!br.layout || !has_table(*br.layout)) continue;
-    const Layout& l = *br.layout;
+    if (!br.layout || !kernel_may_seek(*br.layout)) continue;
     std::string v;
-    next << "    case " << b << ": {\n" << writer.write(l, "x", v, "      ") << "      return " << v << ";\n    }\n";
-    whole << "    case " << b << ":\n      return "
-          << (l.kind == Layout::Kind::Dynamic ? "q_lo / " + ll(l.bq) + " == q_hi / " + ll(l.bq) + " && k_lo / " + ll(l.bk) +
-                                                    " == k_hi / " + ll(l.bk)
-                                              : std::string("true"))
-          << ";\n";
+    next << "    case " << b << ": {\n" << next_writer.write(*br.layout, "x", v, "      ") << "      return " << v << ";\n    }\n";
+    whole << "    case " << b << ": {\n" << whole_writer.write(*br.layout, v, "      ") << "      return " << v << ";\n    }\n";
   }
   std::ostringstream os;
-  os << "// A table on the device (templates/mask_lib.cuh): by branch, the next key position >= x its layout\n"
-        "// may keep for a query in [q_lo, q_hi] (AJ_NEVER: none), and whether a tile it keeps is kept whole.\n";
-  os << "__device__ aj_i64 aj_dynamic_next_key(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi, aj_i64 x) {\n"
+  os << "// Layouts the kernel decides (templates/mask_lib.cuh): by branch, the next key position >= x the\n"
+        "// layout may keep for a query in [q_lo, q_hi] (AJ_NEVER: none), and whether it keeps a tile whole.\n";
+  os << "__device__ aj_i64 aj_layout_next_key(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi, aj_i64 x) {\n"
         "  (void)p; (void)head; (void)q_lo; (void)q_hi;\n  switch (branch) {\n"
      << next.str() << "  }\n  return x;\n}\n";
-  os << "__device__ __forceinline__ bool aj_dynamic_whole(int branch, aj_i64 q_lo, aj_i64 q_hi, aj_i64 k_lo, aj_i64 k_hi) {\n"
-        "  (void)q_lo; (void)q_hi; (void)k_lo; (void)k_hi;\n  switch (branch) {\n"
-     << whole.str() << "  }\n  return true;\n}\n";
+  os << "__device__ bool aj_layout_whole(const AjParams& p, int branch, int head, aj_i64 q_lo, aj_i64 q_hi, aj_i64 k_lo, aj_i64 k_hi) {\n"
+        "  (void)p; (void)head; (void)q_lo; (void)q_hi; (void)k_lo; (void)k_hi;\n  switch (branch) {\n"
+     << whole.str() << "  }\n  return false;\n}\n";
   return os.str();
 }
 
 }  // namespace
+
+bool pattern_may_seek(const Pattern& p) {
+  return std::any_of(p.branches.begin(), p.branches.end(), [](const Branch& b) { return b.layout && kernel_may_seek(*b.layout); });
+}
 
 bool pattern_has_mask(const Pattern& p) {
   for (const Branch& br : p.branches)
@@ -410,7 +485,7 @@ std::string generate_mask_predicate(const Pattern& p) {
      << (narrow ? "32-bit (every stride x 128 < 2^30)" : "64-bit (this pattern's dilations reach 2^23)") << "\n";
   const char* rule_names[2] = {"aj_keys_rule", "aj_queries_rule"};
   const char* rule_args[2] = {"aj_i64 qpos, aj_i64 kbase, aj_cs cs", "aj_i64 kpos, aj_i64 qbase, aj_cs cs"};
-  std::string seek;  // the device table's seek functions (table_functions), after the rules
+  std::string seek;  // the seek functions (seek_functions), after the rules
   if (!pattern_has_mask(p)) {
     os << "// mask: none (every visited tile is full)\n";
     for (const char* name : rule_names)
@@ -431,10 +506,10 @@ std::string generate_mask_predicate(const Pattern& p) {
         cases[form] << ";\n        });\n        return;\n";
       }
     }
-    // A table on the device: the seek's functions, whose tables join the predicate's.
-    if (p.has_dynamic_layout()) {
+    // Layouts the kernel may decide: the seek's functions, whose tables join the predicate's.
+    if (pattern_may_seek(p)) {
       PredicateWriter w(PredicateWriter::Form::Pairs, strides, tables, table_text);
-      seek = table_functions(p, w);
+      seek = seek_functions(p, w);
     }
     os << "// mask, by branch (qb = qpos / bq, kb = kpos / bk):\n";
     for (size_t b = 0; b < p.branches.size(); ++b) {
@@ -461,7 +536,7 @@ std::string generate_mask_predicate(const Pattern& p) {
       os << "  if (!full) {\n    switch (branch) {\n" << cases[form].str() << "    }\n  }\n  f(AjAllowAll());\n}\n";
     }
   }
-  os << seek;
+  if (!seek.empty()) os << "#ifdef AJ_KERNEL_SEEK\n" << seek << "#endif\n";
   os << "// One pair at a time (the SIMT kernels' loops).\n";
   os << "__device__ __forceinline__ bool aj_keys_allowed(const AjParams& p, int branch, int head, " << rule_args[0] << ") {\n"
      << "  bool r = true;\n  aj_keys_rule(p, branch, head, false, [&](auto rule) { r = rule(qpos, kbase, cs); });\n  return r;\n}\n";

@@ -21,7 +21,7 @@ bool dynamic_allows(const Layout& l, int64_t h, int64_t qb, int64_t kb, const Dy
     throw UserError(l.path + "/dynamic", "this layout is given at run time, but no table was supplied; "
                                          "pass its CSR table (CLI: --dynamic FILE)");
   }
-  if (d->standin != DynamicLayout::Standin::None) return d->standin == DynamicLayout::Standin::EveryBlock;
+  if (d->standin == DynamicLayout::Standin::EveryBlock) return true;
   const int64_t q_blocks = (static_cast<int64_t>(d->row_offsets.size()) - 1) / d->heads;
   if (qb >= q_blocks) return false;  // check_dynamic_layout() makes this unreachable for valid calls
   if (kb > INT32_MAX) return false;  // the table's key blocks are int32: never listed
@@ -184,7 +184,6 @@ void layout_key_intervals(const Layout& l, int64_t h, int64_t qpos, int64_t lo, 
     case Layout::Kind::Dynamic: {
       if (!dynamic) dynamic_allows(l, h, qb, 0, dynamic);  // throws the "no table" error
       if (dynamic->standin == DynamicLayout::Standin::EveryBlock) return push_interval(out, lo, hi, lo, hi);
-      if (dynamic->standin == DynamicLayout::Standin::NoBlock) return;
       const int64_t q_blocks = (static_cast<int64_t>(dynamic->row_offsets.size()) - 1) / dynamic->heads;
       if (qb >= q_blocks || r.first > INT32_MAX) return;  // key blocks past int32 are never listed
       const int64_t row = (dynamic->heads == 1 ? 0 : h) * q_blocks + qb;
@@ -392,11 +391,6 @@ int64_t branch_key_count(const MaskContext& c, size_t b, int64_t h, int64_t i) {
 
 const DynamicLayout& DynamicLayout::every_block() {
   static const DynamicLayout d{1, {}, {}, Standin::EveryBlock};
-  return d;
-}
-
-const DynamicLayout& DynamicLayout::no_block() {
-  static const DynamicLayout d{1, {}, {}, Standin::NoBlock};
   return d;
 }
 

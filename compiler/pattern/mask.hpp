@@ -21,12 +21,12 @@ struct DynamicLayout {
   std::vector<int64_t> row_offsets;
   std::vector<int32_t> col_indices;
   // A stand-in for a table the planner does not see (one that stays in device memory,
-  // DeviceDynamicLayout in attnjit.hpp): every block kept (what a plan must visit) or none (what
-  // it may call full whatever the table says). A stand-in has no rows; it is never checked.
-  enum class Standin { None, EveryBlock, NoBlock };
+  // DeviceDynamicLayout in attnjit.hpp): every block kept. A plan lowered with it leaves the
+  // branches with the table to the kernels (Plan::kernel_seeks). A stand-in has no rows; it is
+  // never checked.
+  enum class Standin { None, EveryBlock };
   Standin standin = Standin::None;
   static const DynamicLayout& every_block();
-  static const DynamicLayout& no_block();
 };
 
 // The host form of a table given as raw CSR arrays, the way the kernels read a device table:

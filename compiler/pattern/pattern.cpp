@@ -25,15 +25,16 @@ bool Pattern::operator==(const Pattern& o) const {
   return combine == o.combine && group_scale == o.group_scale && scale == o.scale && branches == o.branches;
 }
 
-static bool layout_has_dynamic(const Layout& l) {
-  if (l.kind == Layout::Kind::Dynamic) return true;
-  return std::any_of(l.children.begin(), l.children.end(), layout_has_dynamic);
+bool layout_has_kind(const Layout& l, Layout::Kind kind) {
+  return l.kind == kind || std::any_of(l.children.begin(), l.children.end(),
+                                       [kind](const Layout& c) { return layout_has_kind(c, kind); });
 }
 
-bool Pattern::has_dynamic_layout() const {
-  return std::any_of(branches.begin(), branches.end(),
-                     [](const Branch& b) { return b.layout && layout_has_dynamic(*b.layout); });
+bool Pattern::has_layout_kind(Layout::Kind kind) const {
+  return std::any_of(branches.begin(), branches.end(), [kind](const Branch& b) { return b.layout && layout_has_kind(*b.layout, kind); });
 }
+
+bool Pattern::has_dynamic_layout() const { return has_layout_kind(Layout::Kind::Dynamic); }
 
 const char* to_string(Combine c) { return c == Combine::Softmax ? "softmax" : "head_groups"; }
 

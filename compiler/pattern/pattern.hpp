@@ -85,7 +85,11 @@ struct Pattern {
 
   bool operator==(const Pattern& o) const;
   bool has_dynamic_layout() const;
+  bool has_layout_kind(Layout::Kind kind) const;  // some branch's layout has a node of this kind
 };
+
+// Does the layout have a node of this kind (itself or a descendant)?
+bool layout_has_kind(const Layout& l, Layout::Kind kind);
 
 // The largest position attnjit supports, exclusive. Every global position of a call (q_offset + i,
 // k_offset + j, so offset + length <= 2^62) and every length or extent a spec gives (segment,

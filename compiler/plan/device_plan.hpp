@@ -50,8 +50,7 @@ struct KernelParams {
   int64_t dyn_entries;      // entries of dyn_cols
   int64_t dyn_k_blocks;     // key blocks in range (the device table's check)
   int32_t* dyn_errors;      // the device table's check counts problems here (null: none)
-  int32_t dyn_on_device;    // the table was not planned from: the kernel asks it per tile
-  int32_t dyn_pad;
+  uint64_t seek_branches;   // Plan::kernel_seeks: the branches whose layouts the kernel decides per tile
 };
 static_assert(sizeof(KernelParams) == 288, "must match AjParams in templates/common.cuh");
 

@@ -64,8 +64,10 @@ std::vector<int64_t> divisors(int64_t n) {
 
 class PlanBuilder {
 public:
-  PlanBuilder(const Pattern& p, const Shape& s, const TileConfig& t, const DynamicLayout* d)
-      : pattern_(p), shape_(s), tiles_(t), dynamic_(d), geometry_(p, d) {}
+  PlanBuilder(const Pattern& p, const Shape& s, const TileConfig& t, const DynamicLayout* d, RandomLayouts random)
+      : pattern_(p), shape_(s), tiles_(t), geometry_(p, d, random) {}
+
+  uint64_t kernel_seeks() const { return geometry_.kernel_seeks(); }
 
   void lower_head(int32_t h, Plan& plan) {
     std::vector<HeadBranch> active;
@@ -137,7 +139,8 @@ private:
       if (kp.count == 0) continue;
       keys_.emplace_back(&active[static_cast<size_t>(k)], kp);
       const Branch& b = *active[static_cast<size_t>(k)].branch;
-      per_tile |= b.causal || !b.window.unbounded() || b.layout.has_value();
+      const bool planned_layout = b.layout && !(geometry_.kernel_seeks() >> active[static_cast<size_t>(k)].index & 1);
+      per_tile |= b.causal || !b.window.unbounded() || planned_layout;
     }
     SpanTotals totals;
     int64_t span_begin = -1, span_end = -1;
@@ -193,7 +196,6 @@ private:
   const Pattern& pattern_;
   const Shape& shape_;
   const TileConfig& tiles_;
-  const DynamicLayout* dynamic_;
   SpanGeometry geometry_;
   std::vector<int64_t> divisors_of_lcm_;
   std::vector<std::pair<const HeadBranch*, Prog>> keys_;  // reused across groups
@@ -236,14 +238,16 @@ Plan empty_plan(const Pattern& p, const Shape& s, const TileConfig& tiles) {
 // Packed documents: each document lowered as a call of its own, then moved to its rows (row maps
 // and key maps shifted by its start). No tile crosses a document; masks on partial tiles see
 // positions within the document through Plan::doc_base.
-Plan lower_documents(const Pattern& p, const Shape& s, const TileConfig& tiles, const std::vector<int64_t>& cu) {
+Plan lower_documents(const Pattern& p, const Shape& s, const TileConfig& tiles, const std::vector<int64_t>& cu,
+                     RandomLayouts random) {
   Plan plan = empty_plan(p, s, tiles);
   for (size_t d = 0; d + 1 < cu.size(); ++d) {
     const int64_t start = cu[d], len = cu[d + 1] - cu[d];
     if (len == 0) continue;
     Shape sub = s;
     sub.seq_q = sub.seq_k = len;
-    const Plan one = lower_to_plan(p, sub, tiles);
+    const Plan one = lower_to_plan(p, sub, tiles, nullptr, nullptr, random);
+    plan.kernel_seeks |= one.kernel_seeks;
     const int64_t span_base = static_cast<int64_t>(plan.spans.size()), entry_base = static_cast<int64_t>(plan.tile_entries.size());
     for (WorkItem it : one.items) {
       it.rows.start += start;
@@ -282,8 +286,24 @@ void finish_plan(Plan& plan) {
 
 }  // namespace
 
+int64_t random_layout_hashes(const Pattern& p, const Shape& s) {
+  int64_t total = 0;
+  auto add = [&](auto&& self, const Layout& l) -> void {
+    if (l.kind == Layout::Kind::Random) {
+      const int64_t qb = ceil_div(s.q_offset + s.seq_q, l.bq), kb = ceil_div(s.k_offset + s.seq_k, l.bk);
+      int64_t n = 0;
+      if (__builtin_mul_overflow(s.heads_q, qb, &n) || __builtin_mul_overflow(n, kb, &n) || __builtin_add_overflow(total, n, &total))
+        total = std::numeric_limits<int64_t>::max();
+    }
+    for (const Layout& c : l.children) self(self, c);
+  };
+  for (const Branch& b : p.branches)
+    if (b.layout) add(add, *b.layout);
+  return total;
+}
+
 Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, const DynamicLayout* dynamic,
-                   const std::vector<int64_t>* documents) {
+                   const std::vector<int64_t>* documents, RandomLayouts random) {
   check_pattern_fits(p, s);
   if (tiles.tile_q < 1 || tiles.tile_k < 1 || tiles.tile_q > 1024 || tiles.tile_k > 1024) {
     throw UserError("--tile", "tile sizes must lie in [1, 1024], got " + std::to_string(tiles.tile_q) + "x" +
@@ -294,13 +314,14 @@ Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, co
   }
   if (documents) {
     check_documents(p, s, *documents, dynamic != nullptr, "cu_seqlens");
-    Plan plan = lower_documents(p, s, tiles, *documents);
+    Plan plan = lower_documents(p, s, tiles, *documents, random);
     finish_plan(plan);
     return plan;
   }
   if (dynamic && dynamic->standin == DynamicLayout::Standin::None) check_dynamic_layout(p, s, *dynamic, "dynamic layout");
   Plan plan = empty_plan(p, s, tiles);
-  PlanBuilder builder(p, s, tiles, dynamic);
+  PlanBuilder builder(p, s, tiles, dynamic, random);
+  plan.kernel_seeks = builder.kernel_seeks();
   // A first guess at the tables' size (heads_q * seq_q < 2^62, check_shape); a shape whose tables
   // cannot fit in memory fails here, at once, rather than after planning most of it.
   plan.items.reserve(static_cast<size_t>(s.heads_q * (s.seq_q / tiles.tile_q + 16)) * 2);

@@ -93,6 +93,14 @@ struct Plan {
   // mask on a partial tile sees position row - doc_base[row]). Empty without documents.
   std::vector<int64_t> documents;
   std::vector<int64_t> doc_base;
+  // Bit b: branch b's layout is decided by the kernels, not by the plan (a dynamic table that
+  // stays on the device, random layouts lowered RandomLayouts::InKernel). Such a branch's spans
+  // are planned as if it had no layout: every tile its band allows is visited (range form), and
+  // a tile's full flag speaks for the band only. The kernels seek through the layout themselves
+  // (templates/mask_lib.cuh) and take a tile whole only where the layout keeps it whole; the CPU
+  // paths mask every such tile (for_each_visited_tile).
+  uint64_t kernel_seeks = 0;
+  bool kernel_seeks_branch(int32_t b) const { return (kernel_seeks >> b & 1) != 0; }
 };
 
 inline int64_t span_tile_count(const Plan& plan, const KeySpan& s) {
@@ -105,9 +113,11 @@ inline RowMap tile_keys(const KeySpan& s, int32_t t, int32_t tile_k) {
   return RowMap{s.keys.at(from), s.keys.stride, std::min<int64_t>(tile_k, s.keys.count - from)};
 }
 
-// Calls f(tile, full) for each visited tile of a span, in increasing tile order.
+// Calls f(tile, full) for each visited tile of a span, in increasing tile order, with the flags
+// as the plan holds them (the kernels' view: for a branch the kernels seek through, full as far as
+// the band goes).
 template <typename F>
-void for_each_visited_tile(const Plan& plan, const KeySpan& s, F&& f) {
+void for_each_planned_tile(const Plan& plan, const KeySpan& s, F&& f) {
   if (s.listed()) {
     for (int64_t e = s.entry_begin; e < s.entry_end; ++e) f(plan.tile_entries[static_cast<size_t>(e)].tile, plan.tile_entries[static_cast<size_t>(e)].full);
   } else {
@@ -115,12 +125,29 @@ void for_each_visited_tile(const Plan& plan, const KeySpan& s, F&& f) {
   }
 }
 
+// The same with `full` meaning "every pair attended" (what the CPU paths need): a tile of a branch
+// the kernels seek through is never full here.
+template <typename F>
+void for_each_visited_tile(const Plan& plan, const KeySpan& s, F&& f) {
+  const bool seek = plan.kernel_seeks_branch(s.branch);
+  for_each_planned_tile(plan, s, [&](int32_t t, bool full) { f(t, full && !seek); });
+}
+
+// Who decides a random layout's blocks: the plan (each kept block listed: a hash per head, query
+// block and key block, 1 G of them for BigBird at a million tokens) or the kernels (Plan::kernel_seeks).
+enum class RandomLayouts { InPlan, InKernel };
+
+// Hashes a plan of the pattern's random layouts would take: heads_q x query blocks x key blocks
+// over every random node of every branch (0 without random layouts). The runtime lowers random
+// layouts InKernel above a threshold (RuntimeOptions::random_in_kernel_above).
+int64_t random_layout_hashes(const Pattern& p, const Shape& s);
+
 // Lowers a pattern for one shape and tile size. `dynamic` is required iff the pattern has a
-// dynamic layout; it is validated here. `documents` (cu_seqlens): packed documents, each lowered
-// as a call of its own (mask.hpp, check_documents). Throws UserError on a bad shape, tile, table
-// or cu_seqlens.
+// dynamic layout; it is validated here (the every-block stand-in: a table the kernels read on the
+// device, not planned from). `documents` (cu_seqlens): packed documents, each lowered as a call of
+// its own (mask.hpp, check_documents). Throws UserError on a bad shape, tile, table or cu_seqlens.
 Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, const DynamicLayout* dynamic = nullptr,
-                   const std::vector<int64_t>* documents = nullptr);
+                   const std::vector<int64_t>* documents = nullptr, RandomLayouts random = RandomLayouts::InPlan);
 
 // The key rows a plan attends: uint8 [heads_kv * seq_k], 1 where some query head reading that kv
 // head attends the key in a visited tile (full tiles whole, partial tiles asked per pair, as the

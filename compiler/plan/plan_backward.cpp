@@ -24,7 +24,7 @@ BackwardPlan lower_to_backward_plan(const Plan& fwd) {
     const int32_t kvh = static_cast<int32_t>(item.head / group);
     for (int64_t sp = item.span_begin; sp < item.span_end; ++sp) {
       const KeySpan& span = fwd.spans[static_cast<size_t>(sp)];
-      for_each_visited_tile(fwd, span, [&](int32_t t, bool full) {
+      for_each_planned_tile(fwd, span, [&](int32_t t, bool full) {
         const RowMap keys = tile_keys(span, t, fwd.tiles.tile_k);
         const auto key = std::make_tuple(kvh, keys.start, keys.stride, keys.count);
         auto [it, fresh] = index.emplace(key, items.size());

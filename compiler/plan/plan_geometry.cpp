@@ -40,28 +40,34 @@ struct SpanGeometry::Interval {
   }
 };
 
-SpanGeometry::SpanGeometry(const Pattern& p, const DynamicLayout* dynamic)
-    : pattern_(p), dynamic_(dynamic), full_table_(dynamic),
-      device_table_(dynamic && dynamic->standin == DynamicLayout::Standin::EveryBlock) {
-  if (device_table_) full_table_ = &DynamicLayout::no_block();
+SpanGeometry::SpanGeometry(const Pattern& p, const DynamicLayout* dynamic, RandomLayouts random)
+    : pattern_(p), dynamic_(dynamic) {
+  const bool device_table = dynamic && dynamic->standin == DynamicLayout::Standin::EveryBlock;
+  for (size_t b = 0; b < p.branches.size(); ++b) {
+    const std::optional<Layout>& l = p.branches[b].layout;
+    if (l && ((device_table && layout_has_kind(*l, Layout::Kind::Dynamic)) ||
+              (random == RandomLayouts::InKernel && layout_has_kind(*l, Layout::Kind::Random))))
+      kernel_seeks_ |= uint64_t{1} << b;
+  }
 }
 
 bool SpanGeometry::has_pairs(int32_t branch, int32_t head, const Prog& q, const Prog& k) const {
   const Branch& b = pattern_.branches[static_cast<size_t>(branch)];
   const Interval band(b);
-  const int64_t gk = b.layout ? granule(*b.layout, false) : 1;
+  const Layout* layout = planned_layout(branch);
+  const int64_t gk = layout ? granule(*layout, false) : 1;
   for (int64_t i = 0; i < q.count; ++i) {
     const int64_t qpos = q.at(i);
     const int64_t lo = band.has_left ? k.first_at_least(qpos - band.left) : 0;
     const int64_t hi = band.has_right ? k.last_at_most(qpos + band.right) : k.count - 1;
     if (lo > hi) continue;
-    if (!b.layout) return true;
+    if (!layout) return true;
     // The layout is constant on key granules: test each granule holding a key of [lo, hi] once.
     for (int64_t id = k.at(lo) / gk; id <= k.at(hi) / gk;) {
       const int64_t a = std::max(lo, k.first_at_least(id * gk));
       if (a > hi) break;
       const int64_t at = k.at(a) / gk;  // the granule of the next key (strided keys skip granules)
-      if (layout_allows(*b.layout, head, qpos, at * gk, dynamic_)) return true;
+      if (layout_allows(*layout, head, qpos, at * gk, dynamic_)) return true;
       id = at + 1;
     }
   }
@@ -80,14 +86,13 @@ void SpanGeometry::add_layout_entries(const Layout& l, int32_t branch, int32_t h
   std::vector<KeyInterval>& all = scratch_all_;
   bool first = true;
   for (int64_t id : granules_of(q, gq)) {
-    const std::vector<KeyInterval>& row = row_intervals(l, head, id * gq, lo, hi, 0);
-    const std::vector<KeyInterval>& row_all = full_table_ == dynamic_ ? row : row_intervals(l, head, id * gq, lo, hi, 1);
+    const std::vector<KeyInterval>& row = row_intervals(l, head, id * gq, lo, hi);
     if (first) {
-      any = row, all = row_all, first = false;
+      any = row, all = row, first = false;
       continue;
     }
     union_key_intervals(any, row, scratch_merge_);
-    intersect_key_intervals(all, row_all, scratch_merge_);
+    intersect_key_intervals(all, row, scratch_merge_);
   }
   // Key index ranges [a, b] (inclusive) of the intervals; ranges with no key between them join.
   auto index_ranges = [&](const std::vector<KeyInterval>& iv, std::vector<std::pair<int64_t, int64_t>>& out) {
@@ -120,10 +125,10 @@ void SpanGeometry::add_layout_entries(const Layout& l, int32_t branch, int32_t h
 // The intervals of one block row, kept from the previous call when the head, the query granule
 // and the key range are the same (consecutive query tiles of one block row).
 const std::vector<KeyInterval>& SpanGeometry::row_intervals(const Layout& l, int32_t head, int64_t qpos, int64_t lo,
-                                                           int64_t hi, int table) const {
-  RowCache& c = row_cache_[table];
+                                                           int64_t hi) const {
+  RowCache& c = row_cache_;
   if (!(c.layout == &l && c.head == head && c.qpos == qpos && c.lo == lo && c.hi == hi)) {
-    layout_key_intervals(l, head, qpos, lo, hi, table ? full_table_ : dynamic_, c.intervals);
+    layout_key_intervals(l, head, qpos, lo, hi, dynamic_, c.intervals);
     c.layout = &l, c.head = head, c.qpos = qpos, c.lo = lo, c.hi = hi;
   }
   return c.intervals;
@@ -133,7 +138,7 @@ void SpanGeometry::add_span(int32_t head, int32_t branch, const Prog& q, const P
                             const Shape& shape, Plan& plan) const {
   const Branch& b = pattern_.branches[static_cast<size_t>(branch)];
   const Interval band(b);
-  const Layout* layout = b.layout && !(device_table_ && b.layout->kind == Layout::Kind::Dynamic) ? &*b.layout : nullptr;
+  const Layout* layout = planned_layout(branch);
   const int64_t tk = tiles.tile_k, n = keys.count;
   const int64_t nt = ceil_div(n, tk);
   int64_t tb = 0, te = nt, fb = 0, fe = nt;

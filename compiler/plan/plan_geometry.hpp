@@ -32,7 +32,12 @@ struct Prog {
 // Builds the key spans of query tiles: which key tiles are visited and which need a mask.
 class SpanGeometry {
 public:
-  SpanGeometry(const Pattern& p, const DynamicLayout* dynamic);
+  // `dynamic`: the call's table (the every-block stand-in for one the kernels read on the device).
+  SpanGeometry(const Pattern& p, const DynamicLayout* dynamic, RandomLayouts random);
+
+  // Plan::kernel_seeks: the branches whose layouts the kernels decide (a table on the device,
+  // random layouts InKernel). They are planned as if they had no layout.
+  uint64_t kernel_seeks() const { return kernel_seeks_; }
 
   // Appends the span of branch `branch` for the query tile `q` (global positions) over the keys
   // `keys` (global positions, already clipped to segment, selection and sequence) to plan.spans,
@@ -49,18 +54,17 @@ private:
   // inside the band whole).
   void add_layout_entries(const Layout& l, int32_t branch, int32_t head, const Prog& q, const Prog& keys, int64_t tk,
                           int64_t tb, int64_t te, int64_t fb, int64_t fe, Plan& plan) const;
-  // The intervals of one block row with the dynamic layouts read from `table` (0: dynamic_, 1: full_table_).
-  const std::vector<KeyInterval>& row_intervals(const Layout& l, int32_t head, int64_t qpos, int64_t lo, int64_t hi,
-                                                int table) const;
+  // The intervals of one block row.
+  const std::vector<KeyInterval>& row_intervals(const Layout& l, int32_t head, int64_t qpos, int64_t lo, int64_t hi) const;
+  // The layout the plan decides for a branch: none where the kernels seek through it.
+  const Layout* planned_layout(int32_t branch) const {
+    const Branch& b = pattern_.branches[static_cast<size_t>(branch)];
+    return b.layout && !(kernel_seeks_ >> branch & 1) ? &*b.layout : nullptr;
+  }
 
   const Pattern& pattern_;
-  // What the visited tiles are found from, and what full tiles are: the same table, or for a table
-  // that stays on the device (the every-block stand-in) every block and no block. A branch whose
-  // layout is the dynamic table itself is then planned as if it had none (its full tiles are the
-  // band's; the kernel narrows both with the table).
   const DynamicLayout* dynamic_;
-  const DynamicLayout* full_table_;
-  bool device_table_ = false;
+  uint64_t kernel_seeks_ = 0;
   // Scratch reused across spans (one SpanGeometry per lowering, used by one thread).
   struct RowCache {
     const Layout* layout = nullptr;
@@ -68,7 +72,7 @@ private:
     int64_t qpos = -1, lo = 0, hi = 0;
     std::vector<KeyInterval> intervals;
   };
-  mutable RowCache row_cache_[2];
+  mutable RowCache row_cache_;
   mutable std::vector<KeyInterval> scratch_any_, scratch_all_, scratch_merge_;
   mutable std::vector<std::pair<int64_t, int64_t>> any_ranges_, all_ranges_;
 };

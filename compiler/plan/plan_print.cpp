@@ -47,6 +47,12 @@ std::string print_plan(const Plan& plan, int64_t max_items) {
   os << "combine: " << to_string(plan.combine) << " (one online softmax per query tile, no merge pass)"
      << " output_scale=" << plan.output_scale << "\n";
   os << "work items: " << st.work_items << " (" << st.empty_items << " with no keys)\n";
+  if (plan.kernel_seeks) {
+    os << "kernel seeks: branch";
+    for (int32_t b = 0; b < 64; ++b)
+      if (plan.kernel_seeks_branch(b)) os << " " << b;
+    os << " (layouts the kernels decide: their tiles below are what the band allows, an upper bound)\n";
+  }
   os << "tiles: " << st.full_tiles + st.partial_tiles << " visited, " << st.full_tiles << " full, " << st.partial_tiles
      << " partial\n";
   if (st.attended_pairs > 0) {
@@ -68,14 +74,14 @@ std::string print_plan(const Plan& plan, int64_t max_items) {
       os << "    span branch=" << span.branch << " keys=" << row_map(span.keys);
       if (span.listed()) {
         os << " tiles=[";
-        for_each_visited_tile(plan, span, [&, first = true](int32_t t, bool full) mutable {
+        for_each_planned_tile(plan, span, [&, first = true](int32_t t, bool full) mutable {
           os << (first ? "" : " ") << t << (full ? "F" : "P");
           first = false;
         });
         os << "]\n";
       } else {
         os << " tiles=" << span.tile_begin << ".." << span.tile_end << " full=" << span.full_begin << ".." << span.full_end
-           << "\n";
+           << (plan.kernel_seeks_branch(span.branch) ? " (the kernel seeks through the layout)" : "") << "\n";
       }
     }
   }

@@ -61,10 +61,11 @@ void parse_cpu_simd(const char* name, const std::string& value, CpuSimd& out) {
   throw UserError(name, "'" + value + "' is not an instruction set; use one of auto, generic, avx2");
 }
 
-void parse_bytes(const char* name, const std::string& value, int64_t& out) {
-  const std::string hint = "; use a non-negative number of bytes, e.g. 1073741824 for 1 GiB";
-  if (!std::all_of(value.begin(), value.end(), [](unsigned char c) { return std::isdigit(c); })) {
-    throw UserError(name, "'" + value + "' is not a number of bytes" + hint);
+// A non-negative decimal count of `unit` ("bytes"); `example` shows one in the error.
+void parse_count(const char* name, const std::string& value, int64_t& out, const std::string& unit, const std::string& example) {
+  const std::string hint = "; use a non-negative number of " + unit + ", e.g. " + example;
+  if (value.empty() || !std::all_of(value.begin(), value.end(), [](unsigned char c) { return std::isdigit(c); })) {
+    throw UserError(name, "'" + value + "' is not a number of " + unit + hint);
   }
   int64_t v = 0;
   for (char c : value) {
@@ -73,6 +74,10 @@ void parse_bytes(const char* name, const std::string& value, int64_t& out) {
     v = v * 10 + digit;
   }
   out = v;
+}
+
+void parse_bytes(const char* name, const std::string& value, int64_t& out) {
+  parse_count(name, value, out, "bytes", "1073741824 for 1 GiB");
 }
 
 void parse_u64(const char* name, const std::string& value, uint64_t& out) {
@@ -149,6 +154,11 @@ const KnobSpec kKnobs[] = {
      [](const Knobs& k) { return std::to_string(k.cache_max_bytes); }},
     {"ATTNJIT_PLAN_CACHE_BYTES", [](const char* n, const std::string& v, Knobs& k) { parse_bytes(n, v, k.plan_cache_bytes); },
      [](const Knobs& k) { return std::to_string(k.plan_cache_bytes); }},
+    {"ATTNJIT_RANDOM_IN_KERNEL",
+     [](const char* n, const std::string& v, Knobs& k) {
+       parse_count(n, v, k.random_in_kernel_above, "hashed blocks", "16777216 (0: always in the kernels)");
+     },
+     [](const Knobs& k) { return std::to_string(k.random_in_kernel_above); }},
     {"ATTNJIT_PRINT_AUTOTUNING",
      [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.print_autotuning); },
      [](const Knobs& k) { return print_bool(k.print_autotuning); }},

@@ -49,6 +49,10 @@ struct Knobs {
   // distinct offsets, dynamic table or documents); least recently used plans are evicted above it,
   // never the one in use. Ring attention and chunked prefill meet many offsets.
   int64_t plan_cache_bytes = int64_t{256} << 20;
+  // ATTNJIT_RANDOM_IN_KERNEL: random layouts are decided in the kernels (emu and CUDA devices) where
+  // a plan would hash more blocks than this (heads_q x query blocks x key blocks per random
+  // layout); 0: always. RuntimeOptions::random_in_kernel_above overrides it.
+  int64_t random_in_kernel_above = int64_t{1} << 24;
   // ATTNJIT_SHIPPED_DB_DIR: the shipped tuning databases (default: the source tree's autotune_db/,
   // compiled in; "none": no shipped databases, only the user's).
   std::string shipped_db_dir = default_shipped_db_dir();

@@ -129,7 +129,7 @@ std::string describe(const Case& c) {
      << " heads_kv=" << s.heads_kv << " q_offset=" << s.q_offset << " k_offset=" << s.k_offset << " layout=" << to_string(c.mem)
      << " lse=" << (c.lse ? "yes" : "nullptr") << " stream=" << (c.own_stream ? "non-blocking" : "default")
      << (c.dynamic ? " dynamic_table_heads=" + std::to_string(c.dynamic->heads) : "") << (c.device_table ? " device_table" : "")
-     << (target() == Target::Emu ? " arch=sm_" + std::to_string(c.arch) : "")
+     << (c.random_in_kernel ? " random_in_kernel" : "") << (target() == Target::Emu ? " arch=sm_" + std::to_string(c.arch) : "")
      << (c.config == KernelConfig{} ? "" : " config=" + attnjit::describe(c.config))
      << "\npattern:\n" << canonical_text(c.pattern);
   return os.str();
@@ -278,7 +278,7 @@ void record(const std::string& suite, const Case& c, const Outcome& r, double pr
       {"suite", suite}, {"case", c.name}, {"ok", r.ok}, {"pattern_hash", pattern_hash(c.pattern)}, {"dtype", to_string(c.dtype)},
       {"head_dim", s.head_dim}, {"head_dim_v", s.head_dim_v}, {"batch", s.batch}, {"seq_q", s.seq_q}, {"seq_k", s.seq_k},
       {"heads_q", s.heads_q}, {"heads_kv", s.heads_kv}, {"q_offset", s.q_offset}, {"k_offset", s.k_offset},
-      {"layout", to_string(c.mem)}, {"lse", c.lse}, {"own_stream", c.own_stream}, {"dynamic", c.dynamic.has_value()}, {"device_table", c.device_table},
+      {"layout", to_string(c.mem)}, {"lse", c.lse}, {"own_stream", c.own_stream}, {"dynamic", c.dynamic.has_value()}, {"device_table", c.device_table}, {"random_in_kernel", c.random_in_kernel},
       {"kernel", r.kernel}, {"max_err_o", finite(r.err_o)}, {"frobenius_o", finite(r.frobenius)}, {"max_err_lse", finite(r.err_lse)}, {"mismatches", r.mismatches},
       {"prepare_s", prepare_s}, {"forward_ms", r.forward_ms}, {"error", r.error}, {"first_mismatch", r.first_mismatch}};
   static std::mutex m;
@@ -311,13 +311,15 @@ class Runtimes {
 public:
   Runtime& operator()(const Case& c) {
     const Device d = device_for(c);
-    const std::string key = d.describe() + "/" + describe(c.config) + (c.tma ? "" : "/cp.async");
+    const std::string key =
+        d.describe() + "/" + describe(c.config) + (c.tma ? "" : "/cp.async") + (c.random_in_kernel ? "/random-in-kernel" : "");
     std::lock_guard<std::mutex> lock(m_);
     std::unique_ptr<Runtime>& rt = map_[key];
     if (!rt) {
       RuntimeOptions o = options_for(d);
       o.config = c.config;
       o.tma = c.tma;
+      if (c.random_in_kernel) o.random_in_kernel_above = 0;
       rt = std::make_unique<Runtime>(o);
     }
     return *rt;
@@ -345,7 +347,7 @@ struct Coverage {
   std::set<std::string> dtypes, configs;
   std::set<int64_t> head_dims;
   std::set<int> archs;
-  size_t gqa = 0, offsets = 0, dynamic = 0, device_tables = 0, empty_rows = 0, ragged = 0, no_lse = 0;
+  size_t gqa = 0, offsets = 0, dynamic = 0, device_tables = 0, random_in_kernel = 0, empty_rows = 0, ragged = 0, no_lse = 0;
   void add(const Case& c, const Prepared& p) {
     const Shape& s = c.shape;
     dtypes.insert(to_string(c.dtype));
@@ -356,6 +358,7 @@ struct Coverage {
     offsets += s.q_offset != 0 || s.k_offset != 0;
     dynamic += c.dynamic.has_value();
     device_tables += c.device_table && c.dynamic;
+    random_in_kernel += c.random_in_kernel && c.pattern.has_layout_kind(Layout::Kind::Random);
     empty_rows += std::any_of(p.want.lse.begin(), p.want.lse.end(), [](double x) { return std::isinf(x); });
     ragged += s.seq_q % 64 != 0 || s.seq_k % 64 != 0;
     no_lse += !c.lse;
@@ -369,7 +372,7 @@ struct Coverage {
     list(head_dims);
     if (target() == Target::Emu) { os << "; sm_"; list(archs); }
     os << "; cases with GQA " << gqa << ", offsets " << offsets << ", rows that attend nothing " << empty_rows << ", dynamic tables "
-       << dynamic << " (on the device " << device_tables << "), lengths no multiple of 64 " << ragged << ", no lse " << no_lse << "; " << configs.size() << " kernel configs";
+       << dynamic << " (on the device " << device_tables << "), random layouts in the kernels " << random_in_kernel << ", lengths no multiple of 64 " << ragged << ", no lse " << no_lse << "; " << configs.size() << " kernel configs";
     return os.str();
   }
 };
@@ -490,6 +493,7 @@ std::vector<Case> random_cases(uint64_t seed, int count, bool scale_lengths) {
     c.shape = s;
     c.dynamic = std::move(rc.dynamic);
     c.device_table = c.dynamic && n % 2 == 0;  // half of the tables stay on the device
+    c.random_in_kernel = c.pattern.has_layout_kind(Layout::Kind::Random) && (n / 2) % 2 == 0;  // half of the random layouts
     c.mem = n % 4 == 1 ? Mem::BHSD : n % 4 == 3 ? Mem::Padded : Mem::BSHD;
     c.lse = n % 7 != 3;
     c.own_stream = n % 5 == 2;
@@ -513,6 +517,7 @@ std::vector<Case> emu_example_cases(bool sm90a) {
       c.name = name + (sm90a ? "/sm90a-" : "/") + tag;
       c.pattern = p, c.shape = s, c.dtype = dt, c.mem = m, c.arch = sm90a ? 90 : arch, c.sm90a = sm90a, c.seed = seed++;
       c.lse = seed % 5 != 0;
+      c.random_in_kernel = p.has_layout_kind(Layout::Kind::Random) && seed % 2 == 0;  // half of them
       cases.push_back(std::move(c));
     };
     add("bf16-d64-gqa", make_shape(1, 200, 200, 4, 2, 64), DType::BF16, Mem::BSHD);
@@ -528,6 +533,29 @@ std::vector<Case> emu_example_cases(bool sm90a) {
     add("bf16-d64-sm61", make_shape(1, 90, 90, 3, 3, 64), DType::BF16, Mem::BSHD, 61);
   }
   return cases;
+}
+
+std::vector<std::pair<std::string, Pattern>> random_in_kernel_patterns() {
+  return {
+      {"bigbird-32", PatternBuilder()
+                         .layout(layouts::union_of({layouts::local(1, 32, 32), layouts::global({0}, 32, 32),
+                                                    layouts::random(0.15, 5, 32, 32)}, 32, 32))
+                         .branch(BranchSpec().full())
+                         .build()},
+      {"random-128-beside-local", PatternBuilder()
+                                      .branch(BranchSpec().layout(layouts::random(0.1, 11, 128, 128)))
+                                      .branch(BranchSpec().causal().layout(layouts::local(0, 64, 64)))
+                                      .build()},
+      {"dilated-causal-intersect", PatternBuilder()
+                                       .branch(BranchSpec().segment(96).dilation(2).offset(OffsetRule::HeadMod).causal().layout(
+                                           layouts::intersect_of({layouts::random(0.5, 9, 16, 16), layouts::local(3, 16, 16)}, 16, 16)))
+                                       .branch(BranchSpec().segment(64).dilation(1))
+                                       .build()},
+      {"small-blocks-offsets", PatternBuilder()
+                                   .branch(BranchSpec().layout(layouts::union_of(
+                                       {layouts::random(0.1, 3, 8, 8), layouts::offsets({-1, 2}, 8, 8)}, 8, 8)))
+                                   .build()},
+  };
 }
 
 // Every configuration the autotuner can choose (compiler/tune/autotune.cpp's candidate_configs for

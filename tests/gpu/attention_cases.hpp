@@ -128,6 +128,9 @@ struct Case {
   std::optional<DynamicLayout> raw_table;
   int32_t table_problems = 0;
   bool answer_unspecified = false;
+  // Random layouts decided in the kernels at any size (RuntimeOptions::random_in_kernel_above = 0):
+  // the plan visits every tile the band allows and the kernels seek through the layout.
+  bool random_in_kernel = false;
   uint64_t seed = 0;
   unsigned ref_threads = 1;
   float input_scale = 1.0f;  // q and k times this: large scores test the softmax's running maximum
@@ -146,7 +149,8 @@ Shape make_shape(int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
 // Every example at moderate sizes (lengths times `scale`), or at small ones for compute-sanitizer.
 std::vector<Case> example_cases(double scale, bool small);
 // The generator's small shapes, scaled to the kernels' head dims; half of the cases without a
-// dynamic table get longer sequences (still multiples of nothing in particular).
+// dynamic table get longer sequences (still multiples of nothing in particular); half of those
+// with random layouts decide them in the kernels.
 std::vector<Case> random_cases(uint64_t seed, int count, bool scale_lengths);
 // Small shapes for the emulator: every example at each dtype, head dims 32..256, GQA, offsets,
 // three heads at least (seed_dilated has a group per branch),
@@ -154,6 +158,11 @@ std::vector<Case> random_cases(uint64_t seed, int count, bool scale_lengths);
 // for fp16 through sm_75 and for bf16 through sm_61 (Pascal: fp32 arithmetic on half storage).
 // With `sm90a`, the Hopper forward's shapes instead (head dims 64, 128 and 256, fp16 and bf16).
 std::vector<Case> emu_example_cases(bool sm90a = false);
+// Patterns with random layouts for the kernels to decide: blocks smaller than a tile, larger than
+// one, and small enough that an item spans more than four query blocks (the seek then answers
+// "maybe here"); random alone and joined with local, global, offsets and intersections; causal
+// and dilated branches beside a branch the plan decides.
+std::vector<std::pair<std::string, Pattern>> random_in_kernel_patterns();
 // Every configuration the autotuner can choose (compiler/tune/autotune.cpp's candidate_configs for
 // `arch`: tensor-core tiles 64/128 x 32/64/128 with 2 or 3 stages that fit, 128-row tiles with 16
 // or 32 rows per warp, SIMT tiles 16/32/64 x 16/32), plus a 4-stage pipeline and a 64-row tile of

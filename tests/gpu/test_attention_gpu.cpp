@@ -173,6 +173,28 @@ TEST_CASE("a dynamic table on the device: problems counted, bad entries skipped,
   check_cases("device-table-unsorted", unspecified);
 }
 
+// Random layouts decided in the kernels (the planning threshold at 0): the plan visits every tile
+// the band allows and the kernels seek through the layout, taking a tile whole only where the
+// layout keeps it whole (random_in_kernel_patterns); the SIMT path and the tensor-core path, with
+// GQA and offsets. The backward: test_backward_gpu.cpp.
+TEST_CASE("random layouts decided in the kernels match the reference", "[gpu][emu][attention][random_in_kernel]") {
+  SKIP_WITHOUT_GPU();
+  std::vector<Case> cases;
+  int n = 0;
+  for (const auto& [name, p] : random_in_kernel_patterns()) {
+    for (const auto& [dt, arch, d, q_offset] :
+         {std::tuple<DType, int, int64_t, int64_t>{DType::BF16, 80, 64, 0}, {DType::F16, 75, 32, 40}, {DType::BF16, 80, 128, 17}}) {
+      Case c;
+      c.name = "random-in-kernel/" + name + "-" + to_string(dt) + "-d" + std::to_string(d);
+      c.pattern = p, c.dtype = dt, c.arch = arch, c.seed = 8600 + uint64_t(n++);
+      c.shape = make_shape(1, 230, 250, 4, 2, d, q_offset, 0);
+      c.random_in_kernel = true;
+      cases.push_back(std::move(c));
+    }
+  }
+  check_cases("random-in-kernel", cases);
+}
+
 TEST_CASE("a batch past the grid's 65535 rows folds into grid z", "[gpu][emu][attention][batch]") {
   SKIP_WITHOUT_GPU();
   if (target() == Target::Cpu) { WARN("SKIPPED on the CPU device: this is about the kernels' grid"); return; }

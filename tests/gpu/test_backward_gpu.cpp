@@ -19,6 +19,7 @@
 #include "runtime/npy.hpp"
 #include "runtime/reference.hpp"
 #include "tests/gpu/test_target.hpp"
+#include "tests/gpu/attention_cases.hpp"
 #include "tests/unit/random_patterns.hpp"
 
 using namespace attnjit;
@@ -208,6 +209,8 @@ TEST_CASE("backward: random patterns match the reference gradients", "[gpu][emu]
   RuntimeOptions ro;
   ro.device = device_under_test();
   Runtime rt(ro);
+  ro.random_in_kernel_above = 0;
+  Runtime rt_seek(ro);  // random layouts decided in the kernels
   testing::CaseGenerator gen(31337);
   for (int n = 0; n < 40; ++n) {
     auto c = gen.next();
@@ -215,10 +218,30 @@ TEST_CASE("backward: random patterns match the reference gradients", "[gpu][emu]
     c.shape.head_dim = 16 * (1 + c.shape.head_dim % 4);
     c.shape.head_dim_v = 16 * (1 + c.shape.head_dim_v % 4);
     INFO("case " << n << " " << to_string(dt) << "\n" << canonical_text(c.pattern));
-    // Half of the dynamic tables stay on the device (DeviceDynamicLayout).
-    INFO((c.dynamic && n % 2 == 0 ? "device table" : ""));
-    CHECK(check_backward(rt, c.pattern, c.shape, dt, c.dynamic ? &*c.dynamic : nullptr, 1000 + 10 * n, false, nullptr, false,
-                         n % 2 == 0) == "");
+    // Half of the dynamic tables stay on the device (DeviceDynamicLayout); half of the random
+    // layouts are decided in the kernels.
+    const bool seek = (n / 2) % 2 == 0;
+    INFO((c.dynamic && n % 2 == 0 ? "device table" : "") << (seek && c.pattern.has_layout_kind(Layout::Kind::Random) ? " random in the kernels" : ""));
+    CHECK(check_backward(seek ? rt_seek : rt, c.pattern, c.shape, dt, c.dynamic ? &*c.dynamic : nullptr, 1000 + 10 * n, false,
+                         nullptr, false, n % 2 == 0) == "");
+  }
+}
+
+TEST_CASE("backward: random layouts decided in the kernels match the reference gradients", "[gpu][emu][grad][random_in_kernel]") {
+  if (on_gpu()) shared_context(0).make_current();
+  RuntimeOptions ro;
+  ro.device = device_under_test();
+  ro.random_in_kernel_above = 0;
+  Runtime rt(ro);
+  int n = 0;
+  for (const auto& [name, p] : gputest::random_in_kernel_patterns()) {
+    for (const auto& [dt, d] : {std::pair<DType, int64_t>{DType::BF16, 64}, {DType::F32, 32}}) {
+      Shape s;
+      s.batch = 1, s.seq_q = 230, s.seq_k = 250, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = d;
+      s.q_offset = dt == DType::F32 ? 17 : 0;
+      INFO(name << " " << to_string(dt));
+      CHECK(check_backward(rt, p, s, dt, nullptr, 500 + n++) == "");
+    }
   }
 }
 
@@ -399,43 +422,54 @@ TEST_CASE("documents: packed documents on the device equal the packed reference,
   RuntimeOptions ro;
   ro.device = device_under_test();
   Runtime rt(ro);
-  const Pattern p = load_spec_file(std::string(ATTNJIT_EXAMPLES_DIR) + "/longnet.json");
-  Shape s;
-  s.batch = 1, s.seq_q = s.seq_k = 700, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 64;
-  const std::vector<int64_t> cu{0, 150, 150, 413, 700};  // an empty document, lengths no multiple of a tile
-  const DType dt = DType::BF16;
-  const std::vector<int64_t> qs{1, s.seq_q, s.heads_q, 64}, ks{1, s.seq_k, s.heads_kv, 64};
-  const auto q = rounded(testing::random_tensor(size_t(s.seq_q * s.heads_q * 64), 71), dt);
-  const auto k = rounded(testing::random_tensor(size_t(s.seq_k * s.heads_kv * 64), 72), dt);
-  const auto v = rounded(testing::random_tensor(size_t(s.seq_k * s.heads_kv * 64), 73), dt);
-  const auto dout = rounded(testing::random_tensor(size_t(s.seq_q * s.heads_q * 64), 74), dt);
-  Mem mq(q.size() * 2), mk(k.size() * 2), mv(v.size() * 2), mo(q.size() * 2), mdo(q.size() * 2), ml(size_t(s.heads_q * s.seq_q) * 4),
-      mdq(q.size() * 2), mdk(k.size() * 2), mdv(v.size() * 2);
-  mq.upload(encode(q, dt)), mk.upload(encode(k, dt)), mv.upload(encode(v, dt)), mdo.upload(encode(dout, dt));
-  Attention op = rt.prepare(p, Problem{1, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, 64, 64, dt});
-  const TensorView Q = TensorView::contiguous(mq.data(), dt, qs), K = TensorView::contiguous(mk.data(), dt, ks),
-                   V = TensorView::contiguous(mv.data(), dt, ks), O = TensorView::contiguous(mo.data(), dt, qs),
-                   dO = TensorView::contiguous(mdo.data(), dt, qs), L = TensorView::contiguous(ml.data(), DType::F32, {1, s.heads_q, s.seq_q}),
-                   dQ = TensorView::contiguous(mdq.data(), dt, qs), dK = TensorView::contiguous(mdk.data(), dt, ks),
-                   dV = TensorView::contiguous(mdv.data(), dt, ks);
-  ForwardOptions fo;
-  fo.cu_seqlens = &cu;
-  op.forward(Q, K, V, O, &L, fo);
-  op.backward(Q, K, V, O, L, dO, dQ, dK, dV, fo);
-  if (on_gpu()) synchronize(nullptr);
-  const ReferenceOutput want = reference_attention(p, s, q.data(), k.data(), v.data(), nullptr, 0, &cu);
-  const ReferenceGradients gwant = reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data(), nullptr, 0, &cu);
-  auto worst = [](const std::vector<float>& got, const std::vector<double>& w) {
-    double e = 0.0;
-    for (size_t x = 0; x < w.size(); ++x) e = std::max(e, std::abs(double(got[x]) - w[x]) / (1.0 + std::abs(w[x])));
-    return e;
-  };
-  const std::vector<float> lse = decode(ml.download(), DType::F32);
-  double worst_lse = 0.0;
-  for (size_t x = 0; x < lse.size(); ++x) worst_lse = std::max(worst_lse, std::abs(double(lse[x]) - want.lse[x]));
-  CHECK(worst(decode(mo.download(), dt), want.o) <= 1e-2);  // O stored in bf16
-  CHECK(worst_lse <= 1e-4);
-  CHECK(worst(decode(mdq.download(), dt), gwant.dq) <= 3e-2);
-  CHECK(worst(decode(mdk.download(), dt), gwant.dk) <= 3e-2);
-  CHECK(worst(decode(mdv.download(), dt), gwant.dv) <= 3e-2);
+  ro.random_in_kernel_above = 0;
+  Runtime rt_seek(ro);  // random layouts decided in the kernels, at positions within each document
+  const Pattern longnet = load_spec_file(std::string(ATTNJIT_EXAMPLES_DIR) + "/longnet.json");
+  const Pattern bigbird = PatternBuilder()
+                              .layout(layouts::union_of({layouts::local(1, 32, 32), layouts::global({0}, 32, 32),
+                                                         layouts::random(0.2, 99, 32, 32)}, 32, 32))
+                              .branch(BranchSpec().full())
+                              .build();
+  for (const auto& [name, p, runtime] : {std::tuple<const char*, const Pattern*, Runtime*>{"longnet", &longnet, &rt},
+                                         {"bigbird-like, random in the kernels", &bigbird, &rt_seek}}) {
+    INFO(name);
+    Shape s;
+    s.batch = 1, s.seq_q = s.seq_k = 700, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 64;
+    const std::vector<int64_t> cu{0, 150, 150, 413, 700};  // an empty document, lengths no multiple of a tile
+    const DType dt = DType::BF16;
+    const std::vector<int64_t> qs{1, s.seq_q, s.heads_q, 64}, ks{1, s.seq_k, s.heads_kv, 64};
+    const auto q = rounded(testing::random_tensor(size_t(s.seq_q * s.heads_q * 64), 71), dt);
+    const auto k = rounded(testing::random_tensor(size_t(s.seq_k * s.heads_kv * 64), 72), dt);
+    const auto v = rounded(testing::random_tensor(size_t(s.seq_k * s.heads_kv * 64), 73), dt);
+    const auto dout = rounded(testing::random_tensor(size_t(s.seq_q * s.heads_q * 64), 74), dt);
+    Mem mq(q.size() * 2), mk(k.size() * 2), mv(v.size() * 2), mo(q.size() * 2), mdo(q.size() * 2), ml(size_t(s.heads_q * s.seq_q) * 4),
+        mdq(q.size() * 2), mdk(k.size() * 2), mdv(v.size() * 2);
+    mq.upload(encode(q, dt)), mk.upload(encode(k, dt)), mv.upload(encode(v, dt)), mdo.upload(encode(dout, dt));
+    Attention op = runtime->prepare(*p, Problem{1, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, 64, 64, dt});
+    const TensorView Q = TensorView::contiguous(mq.data(), dt, qs), K = TensorView::contiguous(mk.data(), dt, ks),
+                     V = TensorView::contiguous(mv.data(), dt, ks), O = TensorView::contiguous(mo.data(), dt, qs),
+                     dO = TensorView::contiguous(mdo.data(), dt, qs), L = TensorView::contiguous(ml.data(), DType::F32, {1, s.heads_q, s.seq_q}),
+                     dQ = TensorView::contiguous(mdq.data(), dt, qs), dK = TensorView::contiguous(mdk.data(), dt, ks),
+                     dV = TensorView::contiguous(mdv.data(), dt, ks);
+    ForwardOptions fo;
+    fo.cu_seqlens = &cu;
+    op.forward(Q, K, V, O, &L, fo);
+    op.backward(Q, K, V, O, L, dO, dQ, dK, dV, fo);
+    if (on_gpu()) synchronize(nullptr);
+    const ReferenceOutput want = reference_attention(*p, s, q.data(), k.data(), v.data(), nullptr, 0, &cu);
+    const ReferenceGradients gwant = reference_attention_backward(*p, s, q.data(), k.data(), v.data(), dout.data(), nullptr, 0, &cu);
+    auto worst = [](const std::vector<float>& got, const std::vector<double>& w) {
+      double e = 0.0;
+      for (size_t x = 0; x < w.size(); ++x) e = std::max(e, std::abs(double(got[x]) - w[x]) / (1.0 + std::abs(w[x])));
+      return e;
+    };
+    const std::vector<float> lse = decode(ml.download(), DType::F32);
+    double worst_lse = 0.0;
+    for (size_t x = 0; x < lse.size(); ++x) worst_lse = std::max(worst_lse, std::abs(double(lse[x]) - want.lse[x]));
+    CHECK(worst(decode(mo.download(), dt), want.o) <= 1e-2);  // O stored in bf16
+    CHECK(worst_lse <= 1e-4);
+    CHECK(worst(decode(mdq.download(), dt), gwant.dq) <= 3e-2);
+    CHECK(worst(decode(mdk.download(), dt), gwant.dk) <= 3e-2);
+    CHECK(worst(decode(mdv.download(), dt), gwant.dv) <= 3e-2);
+  }
 }

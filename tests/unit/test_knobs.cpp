@@ -24,7 +24,8 @@ const std::vector<std::string> kAllVariables = {
     "ATTNJIT_CACHE_DIR", "ATTNJIT_DISABLE_CACHE",   "ATTNJIT_ALWAYS_COMPILE",  "ATTNJIT_NO_JIT", "ATTNJIT_DUMP_DIR",
     "ATTNJIT_LOG_LEVEL", "ATTNJIT_CACHE_MAX_BYTES", "ATTNJIT_PRINT_AUTOTUNING", "ATTNJIT_TUNE",  "XDG_CACHE_HOME",
     "HOME", "ATTNJIT_DETERMINISTIC", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT",
-    "ATTNJIT_CPU_SIMD", "ATTNJIT_MAX_WEIGHTS", "ATTNJIT_NVRTC", "ATTNJIT_PLAN_CACHE_BYTES", "ATTNJIT_SM90A", "ATTNJIT_TMA"};
+    "ATTNJIT_CPU_SIMD", "ATTNJIT_MAX_WEIGHTS", "ATTNJIT_NVRTC", "ATTNJIT_PLAN_CACHE_BYTES", "ATTNJIT_SM90A", "ATTNJIT_TMA",
+    "ATTNJIT_RANDOM_IN_KERNEL"};
 
 // Clears every variable the knobs read and restores the caller's environment afterwards.
 class CleanEnvironment {
@@ -124,6 +125,9 @@ TEST_CASE("knobs parse every variable", "[knobs]") {
   CHECK(Knobs::from_environment().plan_cache_bytes == int64_t{256} << 20);
   env.set("ATTNJIT_PLAN_CACHE_BYTES", "4096");
   CHECK(Knobs::from_environment().plan_cache_bytes == 4096);
+  CHECK(Knobs::from_environment().random_in_kernel_above == int64_t{1} << 24);
+  env.set("ATTNJIT_RANDOM_IN_KERNEL", "0");
+  CHECK(Knobs::from_environment().random_in_kernel_above == 0);
   env.set("ATTNJIT_TMA", "0");
   CHECK_FALSE(Knobs::from_environment().tma);
 }
@@ -169,6 +173,8 @@ TEST_CASE("knobs reject malformed values naming the variable and the valid value
       {"ATTNJIT_CACHE_MAX_BYTES", "99999999999999999999", "too large"},
       {"ATTNJIT_PLAN_CACHE_BYTES", "-1", "non-negative number of bytes"},
       {"ATTNJIT_PLAN_CACHE_BYTES", "lots", "non-negative number of bytes"},
+      {"ATTNJIT_RANDOM_IN_KERNEL", "-1", "non-negative number of hashed blocks"},
+      {"ATTNJIT_RANDOM_IN_KERNEL", "1e6", "non-negative number of hashed blocks"},
       {"ATTNJIT_DISABLE_CACHE", "maybe", "1/0, true/false, yes/no or on/off"},
       {"ATTNJIT_ALWAYS_COMPILE", "2", "1/0, true/false, yes/no or on/off"},
       {"ATTNJIT_NO_JIT", "y", "1/0, true/false, yes/no or on/off"},
@@ -228,6 +234,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_LOG_LEVEL=info\n"
         "ATTNJIT_CACHE_MAX_BYTES=1073741824\n"
         "ATTNJIT_PLAN_CACHE_BYTES=268435456\n"
+        "ATTNJIT_RANDOM_IN_KERNEL=16777216\n"
         "ATTNJIT_PRINT_AUTOTUNING=0\n"
         "ATTNJIT_TUNE=1\n"
         "ATTNJIT_SM90A=1\n"

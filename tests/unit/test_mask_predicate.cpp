@@ -4,6 +4,7 @@
 // 64-bit forms that huge dilations and blocks take. A predicate that drops the clamp fails.
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -197,4 +198,151 @@ TEST_CASE("the predicate is 32-bit unless the pattern's dilations reach 2^23", "
   CHECK(generate_mask_predicate(big).find("cs <= (qpos - kbase)") != std::string::npos);
   CHECK(pattern_has_mask(small));
   CHECK_FALSE(pattern_has_mask(PatternBuilder().branch(BranchSpec().dilation(2)).build()));
+}
+
+namespace {
+
+// One seek question: for branch `branch` of pattern `pattern`, head `head`, queries [q_lo, q_hi]
+// and keys [x, k_hi]: the layout's next key from x (aj_layout_next_key) and whether it keeps the
+// tile whole (aj_layout_whole).
+struct SeekQuestion {
+  int64_t pattern, branch, head, q_lo, q_hi, x, k_hi;
+};
+struct SeekAnswer {
+  int64_t next = -1, whole = -1;
+};
+
+// Every pattern's seek functions (AJ_KERNEL_SEEK) in a namespace of its own, and a kernel that asks them.
+std::string seek_source(const std::vector<Pattern>& patterns, const std::function<std::string(std::string)>& edit) {
+  const TemplateSet& t = TemplateSet::embedded();
+  std::ostringstream os;
+  os << "#define AJ_HEAD_DIM 64\n#define AJ_HEAD_DIM_V 64\n#define AJ_TILE_Q 64\n#define AJ_TILE_K 64\n"
+        "#define AJ_STAGES 2\n#define AJ_WARPS 4\n#define AJ_DTYPE 0\n#define AJ_KERNEL_SEEK 1\n"
+     << t.text("gpu_blocks.cuh") << t.text("common.cuh");
+  // mask_lib.cuh declares the seek functions each pattern defines: a copy of it per namespace.
+  for (size_t n = 0; n < patterns.size(); ++n)
+    os << "namespace aj_case" << n << " {\n" << t.text("mask_lib.cuh") << edit(generate_mask_predicate(patterns[n])) << "}\n";
+  os << "__device__ void aj_seek_answer(const AjParams& p, const aj_i64* q, aj_i64* a) {\n  switch (q[0]) {\n";
+  for (size_t n = 0; n < patterns.size(); ++n)
+    os << "    case " << n << ": a[0] = aj_case" << n << "::aj_layout_next_key(p, (int)q[1], (int)q[2], q[3], q[4], q[5]); a[1] = aj_case"
+       << n << "::aj_layout_whole(p, (int)q[1], (int)q[2], q[3], q[4], q[5], q[6]); return;\n";
+  os << "  }\n}\n"
+        "extern \"C\" __global__ void seek_answers(const aj_i64* questions, aj_i64* answers, int n) {\n"
+        "  AjParams p = {};\n"
+        "  for (int i = aj_thread_idx(); i < n; i += 64) aj_seek_answer(p, questions + 7 * i, answers + 2 * i);\n}\n";
+  return os.str();
+}
+
+std::vector<SeekAnswer> seek_answers(const std::string& source, const std::vector<SeekQuestion>& qs) {
+  auto m = emu::load_emu_module(emu::compile_for_emulator({"seek_answers", source, "sm_80", "", {}}, default_kernel_cache(), knobs()));
+  std::vector<int64_t> flat;
+  for (const SeekQuestion& q : qs) flat.insert(flat.end(), {q.pattern, q.branch, q.head, q.q_lo, q.q_hi, q.x, q.k_hi});
+  std::vector<SeekAnswer> out(qs.size());
+  const int64_t* pq = flat.data();
+  SeekAnswer* pa = out.data();
+  int n = static_cast<int>(qs.size());
+  void* args[] = {&pq, &pa, &n};
+  emu::LaunchRequest r;
+  r.block_threads = 64;
+  r.args = args;
+  r.timeout_s = 600;
+  r.buffers = {{"questions", flat.data(), flat.size() * 8, 8, false}, {"answers", out.data(), out.size() * 16, 8, true}};
+  m->launch(r);
+  return out;
+}
+
+constexpr int64_t kNever = 0x7fffffffffffffffll;  // AJ_NEVER
+constexpr int64_t kHorizon = 300;                 // keys past x asked of the definition
+
+// The first answer that breaks the seek's contract, or "": the next key is >= x and no query of
+// the range keeps a key in [x, next) (up to the horizon); a tile taken whole is kept whole.
+// `skips` and `wholes` count the answers that skip keys and that take a tile whole.
+std::string first_wrong_seek(const std::vector<Pattern>& patterns, const std::vector<SeekQuestion>& qs,
+                             const std::vector<SeekAnswer>& got, size_t& skips, size_t& wholes) {
+  skips = wholes = 0;
+  for (size_t i = 0; i < qs.size(); ++i) {
+    const SeekQuestion& q = qs[i];
+    const Layout& l = *patterns[size_t(q.pattern)].branches[size_t(q.branch)].layout;
+    auto kept = [&](int64_t qpos, int64_t kpos) { return layout_allows(l, q.head, qpos, kpos, nullptr); };
+    std::ostringstream why;
+    why << "pattern " << q.pattern << " branch " << q.branch << " head " << q.head << " queries [" << q.q_lo << ", " << q.q_hi
+        << "] keys [" << q.x << ", " << q.k_hi << "]: next " << got[i].next << ", whole " << got[i].whole << ": ";
+    if (got[i].next < q.x) return why.str() + "the next key lies before x\n" + canonical_text(patterns[size_t(q.pattern)]);
+    skips += got[i].next > q.x;
+    for (int64_t k = q.x; k < std::min(got[i].next, q.x + kHorizon); ++k)
+      for (int64_t p = q.q_lo; p <= q.q_hi; ++p)
+        if (kept(p, k))
+          return why.str() + "skips the kept pair (" + std::to_string(p) + ", " + std::to_string(k) + ")\n" +
+                 canonical_text(patterns[size_t(q.pattern)]);
+    if (got[i].whole != 0 && got[i].whole != 1) return why.str() + "whole is no boolean";
+    if (got[i].whole) {
+      ++wholes;
+      for (int64_t k = q.x; k <= q.k_hi; ++k)
+        for (int64_t p = q.q_lo; p <= q.q_hi; ++p)
+          if (!kept(p, k))
+            return why.str() + "takes the tile whole, but (" + std::to_string(p) + ", " + std::to_string(k) + ") is not kept\n" +
+                   canonical_text(patterns[size_t(q.pattern)]);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+// The functions a kernel seeks with when the plan leaves a layout to it (random layouts above the
+// planning threshold; tables on the device use the same, tested in the emulator's attention
+// suite): random patterns' layouts with random nodes, and hand-made ones joining random layouts
+// with every other kind, blocks smaller and larger than a tile, and query ranges over more than
+// four row blocks (the random seek's "maybe").
+TEST_CASE("the generated seek never passes a kept key and takes a tile whole only where the layout keeps it whole",
+          "[mask][codegen][emu][random_in_kernel]") {
+  std::vector<Pattern> patterns;
+  std::vector<int64_t> heads;
+  CaseGenerator gen(31415);
+  while (patterns.size() < 24) {
+    const auto c = gen.next();
+    if (!c.dynamic && pattern_may_seek(c.pattern)) patterns.push_back(c.pattern), heads.push_back(c.shape.heads_q);
+  }
+  patterns.push_back(PatternBuilder()
+                         .branch(BranchSpec().layout(layouts::union_of(
+                             {layouts::local(1, 16, 16), layouts::global({0, 3}, 16, 16), layouts::random(0.1, 5, 16, 16)}, 16, 16)))
+                         .branch(BranchSpec().layout(layouts::intersect_of(
+                             {layouts::random(0.6, 9, 4, 6), layouts::offsets({-2, 0, 1}, 4, 6), layouts::strided(2, 1, 4, 6)})))
+                         .branch(BranchSpec().layout(layouts::union_of(
+                             {layouts::random(0.05, 3, 2, 2), layouts::explicit_blocks({{0, 5}, {3, 1}, {40, 77}}, 8, 8)})))
+                         .branch(BranchSpec().layout(layouts::random(0.3, 8, 128, 128)))
+                         .build());
+  heads.push_back(3);
+  std::mt19937_64 rng(27);
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  std::vector<SeekQuestion> qs;
+  for (size_t n = 0; n < patterns.size(); ++n)
+    for (size_t b = 0; b < patterns[n].branches.size(); ++b) {
+      // The branches a kernel may seek through: those whose layouts hold a random node.
+      if (!patterns[n].branches[b].layout || !layout_has_kind(*patterns[n].branches[b].layout, Layout::Kind::Random)) continue;
+      for (int k = 0; k < 60; ++k) {
+        const int64_t q_lo = uniform(0, 400), x = uniform(0, 500);
+        qs.push_back({int64_t(n), int64_t(b), uniform(0, heads[n] - 1), q_lo, q_lo + uniform(0, k % 3 == 0 ? 40 : 5), x,
+                      x + uniform(0, k % 2 == 0 ? 40 : 3)});
+      }
+    }
+  const auto same = [](std::string s) { return s; };
+  size_t skips = 0, wholes = 0;
+  CHECK(first_wrong_seek(patterns, qs, seek_answers(seek_source(patterns, same), qs), skips, wholes) == "");
+  INFO(skips << " answers skip keys, " << wholes << " take a tile whole, of " << qs.size());
+  CHECK(skips > qs.size() / 10);  // the seek does skip: an answer of x everywhere would be right and useless
+  CHECK(wholes > qs.size() / 50);
+
+  SECTION("broken seeks are caught") {
+    // The random scan starting one block late, and a tile over two query blocks taken whole.
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{"for (aj_i64 b = ", "for (aj_i64 b = 1 + "},
+                                   {" == q_hi / ", " <= q_hi / "}}) {
+      INFO("broken: " << from << " -> " << to);
+      const auto edit = [&, from = from, to = to](std::string s) {
+        for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+        return s;
+      };
+      CHECK(first_wrong_seek(patterns, qs, seek_answers(seek_source(patterns, edit), qs), skips, wholes) != "");
+    }
+  }
 }

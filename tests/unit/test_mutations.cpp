@@ -36,6 +36,9 @@ struct Mutation {
   // a branch that is the table (32-key blocks over 64-key tiles) and a union of it with a local band
   // and explicit pairs.
   bool device_table = false;
+  // Random layouts decided in the kernels (RuntimeOptions::random_in_kernel_above = 0): a causal
+  // union of a band and a random layout with 32-position blocks, and a dilated random branch.
+  bool random_in_kernel = false;
 };
 
 const Mutation kMutations[] = {
@@ -75,13 +78,20 @@ const Mutation kMutations[] = {
      "      j = (n - origin + s.keys_stride - 1) / s.keys_stride;\n",
      "      j = (n - origin + s.keys_stride - 1) / s.keys_stride + AJ_TILE_K;\n", DType::BF16, true, false, 64, false, true, false,
      true},
-    {"device table: a tile over two key blocks taken whole", "mask_lib.cuh", "  whole = aj_dynamic_whole(branch, q_lo, q_hi, k_lo, k_hi);",
-     "  whole = true;", DType::BF16, true, false, 64, false, true, false, true},
+    {"device table: a tile over two key blocks taken whole", "mask_lib.cuh", "  whole = aj_layout_whole(p, branch, head, q_lo, q_hi, k_lo, k_hi);\n  return true;",
+     "  whole = true;\n  return true;", DType::BF16, true, false, 64, false, true, false, true},
     {"device table: the seek finds an explicit layout's next pair one block late", "mask_lib.cuh",
      "pairs[2 * at + 1] < best)) best = pairs[2 * at + 1];\n  }\n  return best;",
      "pairs[2 * at + 1] < best)) best = pairs[2 * at + 1];\n  }\n  return best < 0 ? best : best + 1;", DType::BF16, false, false, 64, false, true, false, true},
     {"device table: the problem count's bound on key blocks left out", "mask_lib.cuh", "kb >= p.dyn_k_blocks", "kb > p.dyn_k_blocks + 99",
      DType::BF16, false, false, 64, false, true, false, true},
+    {"random in the kernels: a tile the band keeps whole taken whole, the layout not asked", "common.cuh",
+     "    if (aj_seeks(*p, s.branch)) full = full && layout_whole;\n", "\n", DType::BF16, false, false, 64, false, true, false,
+     false, true},
+    {"random in the kernels: the cursor walks every tile of the band", "common.cuh", "        if (!aj_seeks(*p, s.branch)) return;",
+     "        return;", DType::F32, false, false, 64, false, true, false, false, true},
+    {"random in the kernels: the backward's entries not narrowed by the layout", "bwd_common.cuh", "  if (aj_seeks(p, qe.branch)) {",
+     "  if (false) {", DType::BF16, true, false, 64, false, true, false, false, true},
     {"cvt.rn.bf16x2 operands swapped", "fwd_sm80.cuh", "  return aj_cvt_bf16x2(hi, lo);", "  return aj_cvt_bf16x2(lo, hi);",
      DType::BF16},
     {"SIMT: no barrier before the next tile is loaded", "fwd_simt.cuh",
@@ -169,8 +179,13 @@ const Mutation kMutations[] = {
 // `backward` dQ, dK, dV too), else what went wrong.
 std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DType dt, bool backward = false,
                          bool deterministic = false, int64_t d = 64, bool sm90a = false, bool tma = true,
-                         bool far_below = false, bool device_table = false) {
-  const Pattern p = device_table ? PatternBuilder()
+                         bool far_below = false, bool device_table = false, bool random_in_kernel = false) {
+  const Pattern p = random_in_kernel ? PatternBuilder()
+                                           .branch(BranchSpec().causal().layout(layouts::union_of(
+                                               {layouts::local(0, 32, 32), layouts::random(0.3, 21, 32, 32)}, 32, 32)))
+                                           .branch(BranchSpec().segment(128).dilation(2).layout(layouts::random(0.2, 4, 16, 16)))
+                                           .build()
+                    : device_table ? PatternBuilder()
                                        .branch(BranchSpec().layout(layouts::dynamic(32, 32)))
                                        .branch(BranchSpec().causal().layout(layouts::union_of(
                                            {layouts::dynamic(32, 32), layouts::local(0, 32, 32),
@@ -222,6 +237,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   ro.device = sm90a ? Device::emu(90, true) : Device::emu(80);
   ro.templates = templates;
   ro.tma = tma;
+  if (random_in_kernel) ro.random_in_kernel_above = 0;
   Runtime rt(ro);
   std::vector<float> o(nq, NAN), lse(size_t(s.heads_q * s.seq_q), NAN);
   std::vector<uint16_t> qh = store(q), kh = store(k), vh = store(v), oh(nq, 0xFFFF);
@@ -295,6 +311,8 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   CHECK(check_kernel(embedded, DType::BF16, false, false, 128) == "");  // Q over the last V stage
   CHECK(check_kernel(embedded, DType::BF16, true, false, 64, false, true, true) == "");  // scores far below zero
   CHECK(check_kernel(embedded, DType::BF16, true, false, 64, false, true, false, true) == "");  // a table read in place
+  CHECK(check_kernel(embedded, DType::BF16, true, false, 64, false, true, false, false, true) == "");  // random in the kernels
+  CHECK(check_kernel(embedded, DType::F32, true, false, 64, false, true, false, false, true) == "");
   for (bool tma : {true, false}) {
     INFO("sm_90a, " << (tma ? "TMA" : "cp.async"));
     CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, tma) == "");   // sm_90a
@@ -313,7 +331,8 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     text.replace(at, std::string(m.from).size(), m.to);
     t->replace(m.file, text);
     const std::string outcome =
-        check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below, m.device_table);
+        check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below, m.device_table,
+                     m.random_in_kernel);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }

@@ -94,32 +94,37 @@ TEST_CASE("plan tiles cover exactly the mask, with multiplicity, every row once,
 // Its tiles must hold every pair of any table, and a tile it calls full must be full for every
 // table, except in a branch whose layout is the table itself, where the kernel narrows "full" to
 // tiles inside one query block and one key block that the table keeps (as here).
-TEST_CASE("a plan for a table on the device covers every table's mask, with multiplicity", "[plan][property][device_table]") {
+TEST_CASE("a plan whose layouts the kernels decide (tables on the device, random in the kernels) covers every mask, with multiplicity",
+          "[plan][property][device_table][random_in_kernel]") {
   CaseGenerator gen(778);
-  int tested = 0;
-  for (int n = 0; n < 1500 && tested < 120; ++n) {
+  int tables = 0, randoms = 0;
+  for (int n = 0; n < 3000 && (tables < 120 || randoms < 120); ++n) {
     const auto c = gen.next();
-    if (!c.dynamic) continue;
-    ++tested;
+    const bool random = c.pattern.has_layout_kind(Layout::Kind::Random);
+    if (!c.dynamic && !random) continue;
+    tables += c.dynamic.has_value(), randoms += random;
     const TileConfig tiles = random_tiles(gen);
-    const DynamicLayout* dyn = &*c.dynamic;
+    const DynamicLayout* dyn = c.dynamic ? &*c.dynamic : nullptr;
     INFO("case " << n << "\n" << describe(c, tiles));
-    const Plan plan = lower_to_plan(c.pattern, c.shape, tiles, &DynamicLayout::every_block());
+    const Plan plan = lower_to_plan(c.pattern, c.shape, tiles, dyn ? &DynamicLayout::every_block() : nullptr, nullptr,
+                                    RandomLayouts::InKernel);
+    // The branches left to the kernels: those whose layouts hold the table or a random node.
+    uint64_t seeks = 0;
+    for (size_t b = 0; b < c.pattern.branches.size(); ++b) {
+      const auto& l = c.pattern.branches[b].layout;
+      if (l && (layout_has_kind(*l, Layout::Kind::Dynamic) || layout_has_kind(*l, Layout::Kind::Random))) seeks |= uint64_t{1} << b;
+    }
+    REQUIRE(plan.kernel_seeks == seeks);
     const Shape& s = c.shape;
     std::vector<int> count(static_cast<size_t>(s.heads_q * s.seq_q * s.seq_k), 0);
     for (const WorkItem& item : plan.items) {
       for (int64_t sp = item.span_begin; sp < item.span_end; ++sp) {
         const KeySpan& span = plan.spans[static_cast<size_t>(sp)];
-        const Branch& br = c.pattern.branches[static_cast<size_t>(span.branch)];
+        // A tile of a branch the kernels decide is never full here (they take it whole only where
+        // the layout keeps it whole): every pair is asked, as a kernel's mask does.
         for_each_visited_tile(plan, span, [&](int32_t t, bool full) {
+          if (plan.kernel_seeks_branch(span.branch)) REQUIRE_FALSE(full);
           const RowMap keys = tile_keys(span, t, tiles.tile_k);
-          if (full && br.layout && br.layout->kind == Layout::Kind::Dynamic) {
-            const Layout& l = *br.layout;
-            const int64_t q0 = s.q_offset + item.rows.at(0), q1 = s.q_offset + item.rows.at(item.rows.count - 1);
-            const int64_t k0 = s.k_offset + keys.at(0), k1 = s.k_offset + keys.at(keys.count - 1);
-            full = q0 / l.bq == q1 / l.bq && k0 / l.bk == k1 / l.bk &&
-                   layout_allows(l, item.head, q0, k0, dyn);
-          }
           for (int64_t r = 0; r < item.rows.count; ++r)
             for (int64_t kc = 0; kc < keys.count; ++kc) {
               const int64_t i = item.rows.at(r), j = keys.at(kc);
@@ -131,7 +136,8 @@ TEST_CASE("a plan for a table on the device covers every table's mask, with mult
     }
     require_mask_counts(c.pattern, s, dyn, count);
   }
-  REQUIRE(tested >= 50);
+  REQUIRE(tables >= 50);
+  REQUIRE(randoms >= 50);
 }
 
 TEST_CASE("offsets a pattern cannot tell apart give the same plan in local rows", "[plan][property]") {
@@ -254,7 +260,8 @@ TEST_CASE("the plan executor matches the reference (float32 tolerance)", "[plan]
     const auto q = random_tensor(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim), 10 * n + 1);
     const auto k = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 10 * n + 2);
     const auto v = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 10 * n + 3);
-    const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn);
+    // Every third case with its random layouts left to the kernels: the executor masks those tiles.
+    const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn, nullptr, n % 3 == 2 ? RandomLayouts::InKernel : RandomLayouts::InPlan);
     const ReferenceOutput want = reference_attention(c.pattern, s, q.data(), k.data(), v.data(), dyn, 1);
     // Each variant, in both orders (cases alternate between them), on 1 or 2 threads.
     for (const CpuSimd simd : variants) {
@@ -299,7 +306,7 @@ TEST_CASE("the plan executor's backward matches the reference gradients (float32
     const auto k = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 10 * n + 2);
     const auto v = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 10 * n + 3);
     const auto dout = random_tensor(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v), 10 * n + 4);
-    const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn);
+    const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn, nullptr, n % 3 == 2 ? RandomLayouts::InKernel : RandomLayouts::InPlan);
     const BackwardPlan bwd = lower_to_backward_plan(plan);
     const ReferenceGradients want = reference_attention_backward(c.pattern, s, q.data(), k.data(), v.data(), dout.data(), dyn, 1);
     for (const CpuSimd simd : variants) {
