@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "attnjit/attnjit.hpp"
+#include "compiler/codegen/codegen.hpp"
 #include "compiler/plan/plan.hpp"
 #include "compiler/plan/plan_backward.hpp"
 
@@ -105,15 +106,22 @@ int64_t plan_bytes(const Plan& plan);
 std::unique_ptr<Backend> make_cpu_backend(const Pattern& p, const Problem& pb);
 // The emulator: `arch` is the GPU it stands in for (sm_90a: its arch-specific kernels). `config` (forward) and `backward_config`:
 // zeros mean the path's default tiles; others are validated here (a UserError naming the fix).
+// `random`: how the runtime lowers the pattern's random layouts (InKernel: the kernels carry the seek).
 std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir,
                                           const KernelConfig& config, const KernelConfig& backward_config,
-                                          const TemplateSet& templates, bool tma = true);
+                                          const TemplateSet& templates, bool tma = true,
+                                          RandomLayouts random = RandomLayouts::InPlan);
 // Whether the CUDA backend runs a GPU's arch-specific kernels: the Hopper forward (sm_90a) on
 // compute capability 9.0 unless ATTNJIT_SM90A=0. The tuning key follows it (TuneKey::arch_specific).
 bool cuda_arch_specific(int arch);
 // `tma`: on the Hopper path, the TMA kernel where tensor maps describe a call's key rows.
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
                                            const KernelConfig& config, const KernelConfig& backward_config,
-                                           const TemplateSet& templates, bool tma = true);
+                                           const TemplateSet& templates, bool tma = true,
+                                           RandomLayouts random = RandomLayouts::InPlan);
+
+// A plan that leaves layouts to the kernels needs kernels that seek (an internal error otherwise:
+// the kernels would take every tile of the band).
+void check_kernel_seeks(const Plan& plan, const KernelSource& k);
 
 }  // namespace attnjit

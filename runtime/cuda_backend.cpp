@@ -91,7 +91,7 @@ private:
 class CudaBackend final : public Backend {
 public:
   CudaBackend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir, const KernelConfig& config,
-              const KernelConfig& backward_config, const TemplateSet& templates, bool tma)
+              const KernelConfig& backward_config, const TemplateSet& templates, bool tma, RandomLayouts random)
       : pattern_(p), problem_(pb), device_(device), cache_dir_(cache_dir), context_(shared_context(device)) {
     const ScopedCurrentContext current(context_);
     prefer_nvrtc_for_driver(driver_version() / 1000);  // 13000 -> 13: kernels this driver loads
@@ -104,6 +104,7 @@ public:
     r.arch_specific = cuda_arch_specific(r.arch);
     r.config = config;
     r.tma = tma && knobs().tma;
+    r.random_in_kernel = random == RandomLayouts::InKernel;
     source_ = generate_kernel(p, r, templates);
     max_shared_ = info.max_shared_per_block_optin;
     main_ = load(source_, info.name);
@@ -171,6 +172,7 @@ public:
     });
     const BackwardPlans& plans = entry.backward_plans(pattern_, planning_table(options),
                                                       TileConfig{bwd_.source.config.tile_q, bwd_.source.config.tile_k});
+    check_kernel_seeks(plans.query_major, bwd_.source);
     const auto& t = *static_cast<const GpuBackwardTables*>(entry.backward_device_state([&] {
       auto bt = std::make_shared<GpuBackwardTables>();
       upload_tables(bt->query_major, plans.query_major, options.dynamic_layout);
@@ -230,6 +232,7 @@ public:
     const ScopedCurrentContext current(context_);
     check_device_memory({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", lse}});
     check_device_table(options.device_dynamic_layout);
+    check_kernel_seeks(entry.plan, source_);
     const auto& t = *static_cast<const GpuTables*>(entry.device_state.get());
     if (t.num_items == 0) return;
     const KernelTables tables{reinterpret_cast<const DeviceItem*>(t.items.get()), reinterpret_cast<const DeviceSpan*>(t.spans.get()),
@@ -369,8 +372,8 @@ bool cuda_arch_specific(int arch) { return arch == 90 && knobs().sm90a; }
 
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
                                            const KernelConfig& config, const KernelConfig& backward_config,
-                                           const TemplateSet& templates, bool tma) {
-  return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config, backward_config, templates, tma);
+                                           const TemplateSet& templates, bool tma, RandomLayouts random) {
+  return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config, backward_config, templates, tma, random);
 }
 
 }  // namespace attnjit

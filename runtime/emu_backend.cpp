@@ -109,7 +109,7 @@ DeviceTableRegions add_device_table(DeviceImage& img, const DeviceDynamicLayout*
 class EmuBackend final : public Backend {
 public:
   EmuBackend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir, const KernelConfig& config,
-             const KernelConfig& backward_config, const TemplateSet& templates, bool tma)
+             const KernelConfig& backward_config, const TemplateSet& templates, bool tma, RandomLayouts random)
       : pattern_(p), problem_(pb), cache_dir_(cache_dir) {
     KernelRequest r;
     r.head_dim = static_cast<int>(pb.head_dim);
@@ -118,6 +118,7 @@ public:
     r.arch = arch.arch;
     r.arch_specific = arch.specific;
     r.tma = tma && knobs().tma;
+    r.random_in_kernel = random == RandomLayouts::InKernel;
     r.config = config;
     source_ = generate_kernel(p, r, templates);
     module_ = emu::load_emu_module(emu::compile_for_emulator(emu::emu_source_of(source_), kernel_cache_for(cache_dir), knobs()));
@@ -144,6 +145,7 @@ public:
 
   void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView* lse, const ForwardOptions& options) override {
+    check_kernel_seeks(entry.plan, source_);
     const auto& t = *static_cast<const HostTables*>(entry.device_state.get());
     if (t.plan.items.empty()) return;
     DeviceImage img;
@@ -219,6 +221,7 @@ public:
     });
     const TileConfig tiles{bwd_.source.config.tile_q, bwd_.source.config.tile_k};
     const BackwardPlans& plans = entry.backward_plans(pattern_, planning_table(options), tiles);
+    check_kernel_seeks(plans.query_major, bwd_.source);
     const DevicePlan fp = pack_plan(plans.query_major);
     const DeviceBackwardPlan kp = pack_backward_plan(plans.key_major);
     const Problem& pb = problem_;
@@ -319,8 +322,8 @@ private:
 
 std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir,
                                           const KernelConfig& config, const KernelConfig& backward_config,
-                                          const TemplateSet& templates, bool tma) {
-  return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config, backward_config, templates, tma);
+                                          const TemplateSet& templates, bool tma, RandomLayouts random) {
+  return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config, backward_config, templates, tma, random);
 }
 
 }  // namespace attnjit

@@ -54,6 +54,11 @@ std::string table_hash(const DynamicLayout* d) {
 
 }  // namespace
 
+void check_kernel_seeks(const Plan& plan, const KernelSource& k) {
+  ATTNJIT_CHECK(plan.kernel_seeks == 0 || k.seeks,
+                "a plan that leaves layouts to the kernels met kernel " + k.name + ", which does not seek");
+}
+
 int64_t plan_bytes(const Plan& plan) {
   return plan.stats.table_bytes + static_cast<int64_t>((plan.doc_base.size() + plan.documents.size()) * sizeof(int64_t));
 }
@@ -213,20 +218,23 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   const RuntimeOptions& o = impl_->options;
   st->plan_budget = o.plan_cache_bytes >= 0 ? o.plan_cache_bytes : knobs().plan_cache_bytes;
   st->period = translation_period(pattern);
+  // Random layouts whose plan would hash too many blocks are left to the kernels (not on the CPU,
+  // whose executor has no seek): decided now, since the kernels carry the seek only then.
   const int64_t random_above = o.random_in_kernel_above >= 0 ? o.random_in_kernel_above : knobs().random_in_kernel_above;
+  if (o.device.kind != DeviceKind::CPU && random_layout_hashes(pattern, problem_shape(problem, 0, 0)) > random_above)
+    st->random = RandomLayouts::InKernel;
   const TemplateSet& templates = o.templates ? *o.templates : TemplateSet::embedded();
   switch (o.device.kind) {
     case DeviceKind::CPU: st->backend = make_cpu_backend(st->pattern, problem); break;
     case DeviceKind::EMU:
-      st->backend = make_emu_backend(st->pattern, problem, {o.device.index, o.device.arch_specific}, o.cache_dir, o.config, o.backward_config, templates, o.tma);
+      st->backend = make_emu_backend(st->pattern, problem, {o.device.index, o.device.arch_specific}, o.cache_dir, o.config, o.backward_config, templates, o.tma,
+                                     st->random);
       break;
     case DeviceKind::CUDA:
       st->backend = make_cuda_backend(st->pattern, problem, o.device.index, o.cache_dir, tuned_config(pattern, problem, o),
-                                      tuned_backward_config(pattern, problem, o), templates, o.tma);
+                                      tuned_backward_config(pattern, problem, o), templates, o.tma, st->random);
       break;
   }
-  if (st->backend->kernels_seek() && random_layout_hashes(pattern, problem_shape(problem, 0, 0)) > random_above)
-    st->random = RandomLayouts::InKernel;
   // Plan the common case now (offsets 0), so forward() only launches.
   if (!pattern.has_dynamic_layout()) plan_for(*st, ForwardOptions{});
   Attention a;

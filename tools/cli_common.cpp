@@ -180,6 +180,9 @@ void KernelOptions::add_to(CLI::App* app, bool with_head_dim) {
   app->add_option("--kernel-tile", tile, "kernel tile QxK, or QxKwN for N warps (e.g. 128x64w4), or default (compile also takes candidates: every "
                   "configuration the autotuner times)")->capture_default_str();
   app->add_option("--stages", stages, "cp.async stages (0: default)");
+  app->add_flag("--random-in-kernel", random_in_kernel,
+                "random layouts left to the kernels, as the emu and CUDA devices do where a plan would hash more than "
+                "ATTNJIT_RANDOM_IN_KERNEL blocks (the kernels then carry the seek; plans list what the band allows)");
 }
 
 int parse_arch(const std::string& text) {
@@ -211,6 +214,7 @@ std::vector<KernelRequest> KernelOptions::requests() const {
     r.tma = knobs().tma;
     r.config = parse_kernel_tile(tile);
     r.config.stages = stages;
+    r.random_in_kernel = random_in_kernel;
     out.push_back(r);
   }
   if (out.empty()) throw UserError("--arch", "name at least one arch, e.g. sm_80");

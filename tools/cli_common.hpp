@@ -58,6 +58,7 @@ namespace attnjit::cli {
 struct KernelOptions {
   int head_dim = 128, head_dim_v = 0, stages = 0;
   std::string dtype = "bf16", archs = "sm_80", tile = "default";
+  bool random_in_kernel = false;  // random layouts left to the kernels (KernelRequest::random_in_kernel)
   void add_to(CLI::App* app, bool with_head_dim);
   std::vector<KernelRequest> requests() const;  // one per arch
 };

@@ -19,7 +19,7 @@ struct DumpOptions {
   std::string spec, stage = "pattern", tile = "64x64", dynamic;
   ShapeOptions shape;
   KernelOptions kernel;
-  bool full = false, backward = false, random_in_kernel = false;
+  bool full = false, backward = false;
 };
 
 // --stage cuda|ptx|sass: the generated kernel for each --arch, as text.
@@ -58,7 +58,7 @@ int run_dump(const DumpOptions& o) {
   const Shape s = o.shape.shape();
   const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
   Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), dyn ? &*dyn : nullptr, nullptr,
-                            o.random_in_kernel ? RandomLayouts::InKernel : RandomLayouts::InPlan);
+                            o.kernel.random_in_kernel ? RandomLayouts::InKernel : RandomLayouts::InPlan);
   std::cout << "; pattern " << pattern_hash(p) << "\n";
   if (o.stage == "plan-bwd") {
     std::cout << print_backward_plan(lower_to_backward_plan(plan), o.full ? -1 : 8);
@@ -83,9 +83,6 @@ void register_dump(CLI::App& app, int& rc) {
   o->kernel.add_to(sub, false);
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
   sub->add_flag("--full", o->full, "print every work item (default: the first 8)");
-  sub->add_flag("--random-in-kernel", o->random_in_kernel,
-                "--stage plan|plan-bwd: random layouts left to the kernels, as the emu and CUDA devices plan them above "
-                "ATTNJIT_RANDOM_IN_KERNEL hashes");
   sub->add_flag("--backward", o->backward, "--stage cuda|ptx|sass: the backward kernels (pre, dq, dkdv, cvt) instead of the forward");
   sub->callback([o, &rc] { rc = guarded([&] { return run_dump(*o); }); });
 }

@@ -96,35 +96,40 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
       for (int d : head_dims)
         for (const std::string& dt : dtypes)
           for (const std::string& t : tiles)
-            for (const ArchName& arch : archs) {
-              KernelRequest r;
-              r.head_dim = r.head_dim_v = d;
-              r.dtype = parse_dtype(dt);
-              r.arch = arch.arch;
-              r.arch_specific = arch.specific;
-              const std::vector<KernelConfig> configs = t == "default"      ? selected_configs(db, p, r, top_k)
-                                                        : t == "candidates" ? candidate_configs(r)
-                                                                            : std::vector<KernelConfig>{parse_kernel_tile(t)};
-              for (const KernelConfig& c : configs) {
-                r.config = c;
-                kernels.push_back(generate_kernel(p, r));
-                // The Hopper path's cp.async kernel too: the runtime launches it for calls whose
-                // key rows tensor maps do not describe.
-                if (kernels.back().tma_maps) {
-                  r.tma = false;
+            for (const ArchName& arch : archs)
+              // Random layouts: also the kernels that decide them, which the runtime takes for
+              // shapes whose plans would hash too many blocks (ATTNJIT_RANDOM_IN_KERNEL).
+              for (const bool random_in_kernel : {false, true}) {
+                if (random_in_kernel && !p.has_layout_kind(Layout::Kind::Random)) continue;
+                KernelRequest r;
+                r.head_dim = r.head_dim_v = d;
+                r.dtype = parse_dtype(dt);
+                r.arch = arch.arch;
+                r.arch_specific = arch.specific;
+                r.random_in_kernel = random_in_kernel;
+                const std::vector<KernelConfig> configs = t == "default"      ? selected_configs(db, p, r, top_k)
+                                                          : t == "candidates" ? candidate_configs(r)
+                                                                              : std::vector<KernelConfig>{parse_kernel_tile(t)};
+                for (const KernelConfig& c : configs) {
+                  r.config = c;
                   kernels.push_back(generate_kernel(p, r));
-                  r.tma = true;
+                  // The Hopper path's cp.async kernel too: the runtime launches it for calls whose
+                  // key rows tensor maps do not describe.
+                  if (kernels.back().tma_maps) {
+                    r.tma = false;
+                    kernels.push_back(generate_kernel(p, r));
+                    r.tma = true;
+                  }
+                }
+                // Training: the backward kernels of this pattern, head dim, dtype and arch, with the
+                // tiles the tuning databases selected for them (and the default), or every candidate.
+                if (!backward) continue;
+                r.config = {};
+                for (const KernelConfig& c : t == "candidates" ? candidate_backward_configs(r) : selected_configs(db, p, r, top_k, true)) {
+                  r.config = c;
+                  kernels.push_back(generate_backward_kernels(p, r).source);
                 }
               }
-              // Training: the backward kernels of this pattern, head dim, dtype and arch, with the
-              // tiles the tuning databases selected for them (and the default), or every candidate.
-              if (!backward) continue;
-              r.config = {};
-              for (const KernelConfig& c : t == "candidates" ? candidate_backward_configs(r) : selected_configs(db, p, r, top_k, true)) {
-                r.config = c;
-                kernels.push_back(generate_backward_kernels(p, r).source);
-              }
-            }
     }
   }
   // Patterns that share their masks share kernels: compile each once.

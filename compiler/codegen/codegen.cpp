@@ -194,8 +194,8 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
     if (k.tma_maps) os << "#define AJ_TMA_MAPS " << k.tma_maps << "\n";
   }
   os << "#define AJ_DTYPE " << (r.dtype == DType::F32 ? 0 : r.dtype == DType::F16 ? 1 : 2) << "\n";
-  // A layout the plan may leave to the kernel (AjParams::seek_branches): the tile cursor asks it.
-  if (pattern_may_seek(p)) os << "#define AJ_KERNEL_SEEK 1\n";
+  // Layouts the plan leaves to the kernel (AjParams::seek_branches): the tile cursor asks them.
+  if (k.seeks) os << "#define AJ_KERNEL_SEEK 1\n";
   auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
   include("gpu_blocks.cuh");
   include("common.cuh");
@@ -309,6 +309,10 @@ KernelConfig resolve_config(const KernelRequest& r) {
   return c;
 }
 
+bool kernel_seeks(const Pattern& p, const KernelRequest& r) {
+  return p.has_dynamic_layout() || (r.random_in_kernel && p.has_layout_kind(Layout::Kind::Random));
+}
+
 KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const TemplateSet& templates) {
   KernelSource k;
   k.path = choose_path(r);
@@ -321,6 +325,7 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const Tem
   k.template_hash = templates.hash();
   const std::string predicate = generate_mask_predicate(p);
   k.has_mask = pattern_has_mask(p);
+  k.seeks = kernel_seeks(p, r);
 
   std::ostringstream os;
   const std::vector<std::string> bodies =
@@ -368,6 +373,7 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
   k.template_hash = templates.hash();
   const std::string predicate = generate_mask_predicate(p);
   k.has_mask = pattern_has_mask(p);
+  k.seeks = kernel_seeks(p, r);
   const char* body;
   std::vector<std::string> bodies;
   if (k.path == KernelPath::Sm80) {

@@ -49,6 +49,10 @@ struct KernelRequest {
   // On the Hopper path: the TMA kernel (KernelPath::Sm90Tma). A runtime asks for the cp.async
   // kernel (false) for calls whose key rows no tensor map describes (runtime/tma_maps.hpp).
   bool tma = true;
+  // The pattern's random layouts are decided in the kernels (Plan::kernel_seeks, for shapes whose
+  // plan would hash too many blocks): the kernels carry the seek. Kernels of patterns with a
+  // dynamic layout always do; others never need it, and leave it out (it costs registers).
+  bool random_in_kernel = false;
   KernelConfig config;
 };
 
@@ -73,6 +77,7 @@ struct KernelSource {
   int threads = 0;            // block size
   int shared_bytes = 0;       // dynamic shared memory the launch needs
   bool has_mask = false;      // some branch has a causal, window or layout predicate
+  bool seeks = false;         // carries the seek (kernel_seeks): runs plans that leave layouts to it
   int tma_maps = 0;           // Sm90Tma: tensor maps per K and V (the kernel's second parameter, AjTmaMaps)
   std::string template_hash;  // of the templates it was rendered from
   std::string source_hash;    // sha256 of `source` (part of the cache key)
@@ -116,9 +121,12 @@ std::string generate_mask_predicate(const Pattern& p);
 // Does some branch have a causal, window or layout condition (so partial tiles run a predicate)?
 bool pattern_has_mask(const Pattern& p);
 // Can the kernels be asked to decide one of the pattern's layouts (a dynamic table read on the
-// device, a random layout above the planning threshold: Plan::kernel_seeks)? Its kernels then
-// carry the seek (AJ_KERNEL_SEEK), used only for the branches a plan leaves to them.
+// device, a random layout above the planning threshold: Plan::kernel_seeks)? The mask predicate
+// then holds the seek functions, compiled where the kernel seeks (kernel_seeks).
 bool pattern_may_seek(const Pattern& p);
+// Does a kernel for this request carry the seek (AJ_KERNEL_SEEK): a dynamic layout, or random
+// layouts with KernelRequest::random_in_kernel?
+bool kernel_seeks(const Pattern& p, const KernelRequest& r);
 
 }  // namespace attnjit
 #pragma GCC visibility pop

@@ -6,9 +6,23 @@
 #include <sstream>
 #include <tuple>
 
+#include "compiler/support/error.hpp"
+
 namespace attnjit {
 
 BackwardPlan lower_to_backward_plan(const Plan& fwd) {
+  // One query entry (32 bytes on the device, more on the host) per visited tile of the forward.
+  // A layout the kernels decide visits every tile its band allows: at a million tokens without a
+  // band that is billions of entries, refused here rather than allocated.
+  const int64_t entries = fwd.stats.full_tiles + fwd.stats.partial_tiles;
+  if (entries > kMaxBackwardEntries) {
+    throw UserError("backward", "the key-major plan would list " + std::to_string(entries) +
+                                    " (query tile, key tile) pairs, over the limit of " + std::to_string(kMaxBackwardEntries) +
+                                    (fwd.kernel_seeks ? "; its random or device-table layouts are decided in the kernels, which "
+                                                        "visit every tile their band allows: a causal or window band, or a "
+                                                        "shorter sequence, keeps the backward within it"
+                                                      : "; a shorter sequence or a sparser pattern keeps the backward within it"));
+  }
   BackwardPlan out;
   out.shape = fwd.shape;
   out.tiles = fwd.tiles;

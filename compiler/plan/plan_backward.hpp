@@ -47,7 +47,11 @@ struct BackwardPlan {
   int64_t pairs = 0;           // (query tile, key tile) pairs: the forward plan's visited tiles, summed over heads
 };
 
-// The key-major plan of a forward plan (same shape, tiles and pattern).
+// The most query entries a key-major plan holds (2^28, about 10 GB of host tables).
+constexpr int64_t kMaxBackwardEntries = int64_t{1} << 28;
+
+// The key-major plan of a forward plan (same shape, tiles and pattern). UserError when it would
+// hold more than kMaxBackwardEntries entries.
 BackwardPlan lower_to_backward_plan(const Plan& forward);
 
 // Readable text, as print_plan: a summary, then the first `max_items` key items (all with -1).

@@ -11,6 +11,7 @@
 #include "compiler/nvrtc/nvrtc_compiler.hpp"
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"
+#include "runtime/backend.hpp"
 
 using namespace attnjit;
 
@@ -187,6 +188,34 @@ TEST_CASE("codegen is deterministic, the name and key follow the source and the 
   KernelRequest other = r;
   other.arch = 90;
   CHECK(compiler.key_for(generate_kernel(p, other)).hex != compiler.key_for(a).hex);
+}
+
+TEST_CASE("kernels carry the seek only where plans leave layouts to them", "[codegen][random_in_kernel]") {
+  const Pattern bigbird = parse_spec(R"({"attnjit": 1, "layout": {"union": [{"local": 1}, {"random": {"density": 0.1, "seed": 7}}]},
+                                         "branches": [{"segment": "full"}]})");
+  const Pattern table = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "layout": {"dynamic": true}}]})");
+  const std::string seek = "#define AJ_KERNEL_SEEK 1";
+  KernelRequest r;
+  r.head_dim = r.head_dim_v = 64;
+  for (const bool random_in_kernel : {false, true}) {
+    INFO("random_in_kernel " << random_in_kernel);
+    r.random_in_kernel = random_in_kernel;
+    const KernelSource k = generate_kernel(bigbird, r), b = generate_backward_kernels(bigbird, r).source;
+    CHECK(k.seeks == random_in_kernel);
+    CHECK(b.seeks == random_in_kernel);
+    CHECK((k.source.find(seek) != std::string::npos) == random_in_kernel);
+    CHECK((b.source.find(seek) != std::string::npos) == random_in_kernel);
+    // A table may be on the device on any call: its kernels always seek; a pattern without random
+    // or dynamic layouts never does.
+    CHECK(generate_kernel(table, r).seeks);
+    CHECK_FALSE(generate_kernel(no_mask(), r).seeks);
+  }
+  CHECK(generate_kernel(bigbird, r).name != generate_kernel(bigbird, KernelRequest{64, 64}).name);
+  // A plan that leaves a layout to kernels that do not seek is refused, not run.
+  Plan plan;
+  plan.kernel_seeks = 1;
+  r.random_in_kernel = false;
+  CHECK_THROWS_WITH(check_kernel_seeks(plan, generate_kernel(bigbird, r)), Catch::Contains("does not seek"));
 }
 
 TEST_CASE("a broken template shows numbered source, the NVRTC log and the options", "[codegen][nvrtc]") {

@@ -140,6 +140,26 @@ TEST_CASE("a plan whose layouts the kernels decide (tables on the device, random
   REQUIRE(randoms >= 50);
 }
 
+TEST_CASE("a key-major plan too large to hold is a clear error, not an allocation", "[plan][grad][errors][random_in_kernel]") {
+  // BigBird at a million tokens, its random blocks left to the kernels: 4 G band tiles.
+  const Pattern p = PatternBuilder()
+                        .layout(layouts::union_of({layouts::local(1, 128, 128), layouts::global({0, 1}, 128, 128),
+                                                   layouts::random(0.025, 2020, 128, 128)}, 128, 128))
+                        .branch(BranchSpec().full())
+                        .build();
+  Shape s;
+  s.seq_q = s.seq_k = int64_t{1} << 20;
+  s.heads_q = s.heads_kv = 16;
+  const Plan plan = lower_to_plan(p, s, TileConfig{64, 64}, nullptr, nullptr, RandomLayouts::InKernel);
+  CHECK(plan.stats.full_tiles + plan.stats.partial_tiles > kMaxBackwardEntries);
+  CHECK_THROWS_WITH(lower_to_backward_plan(plan), Catch::Contains("would list 4294967296 (query tile, key tile) pairs") &&
+                                                      Catch::Contains("decided in the kernels"));
+  // Under the limit it is made as before.
+  s.seq_q = s.seq_k = 4096;
+  CHECK(lower_to_backward_plan(lower_to_plan(p, s, TileConfig{64, 64}, nullptr, nullptr, RandomLayouts::InKernel)).pairs ==
+        16 * 64 * 64);
+}
+
 TEST_CASE("offsets a pattern cannot tell apart give the same plan in local rows", "[plan][property]") {
   // What lets a runtime share one plan (and its device tables) between such offsets: the plan in
   // local rows, forward and key-major, is the same; only the positions passed to the kernel differ.
