@@ -89,21 +89,28 @@ std::string unit_source(const std::vector<Pattern>& patterns, const std::string&
   return os.str();
 }
 
-std::vector<int> answers(const std::string& source, const std::vector<Question>& qs) {
-  auto m = emu::load_emu_module(emu::compile_for_emulator({"mask_answers", source, "sm_80", "", {}}, default_kernel_cache(), knobs()));
-  std::vector<int64_t> flat;
-  for (const Question& q : qs) flat.insert(flat.end(), {q.pattern, q.form, q.branch, q.head, q.fixed, q.base, q.cs});
-  std::vector<int> out(qs.size(), -1);
+// Runs `kernel`(questions, answers, n) of `source` in the emulator: `flat` holds the questions,
+// `out` (one per question) receives the answers.
+template <typename A>
+void run_questions(const std::string& kernel, const std::string& source, std::vector<int64_t>& flat, std::vector<A>& out) {
+  auto m = emu::load_emu_module(emu::compile_for_emulator({kernel, source, "sm_80", "", {}}, default_kernel_cache(), knobs()));
   const int64_t* pq = flat.data();
-  int* pa = out.data();
-  int n = static_cast<int>(qs.size());
+  A* pa = out.data();
+  int n = static_cast<int>(out.size());
   void* args[] = {&pq, &pa, &n};
   emu::LaunchRequest r;
   r.block_threads = 64;
   r.args = args;
   r.timeout_s = 600;
-  r.buffers = {{"questions", flat.data(), flat.size() * 8, 8, false}, {"answers", out.data(), out.size() * 4, 4, true}};
+  r.buffers = {{"questions", flat.data(), flat.size() * 8, 8, false}, {"answers", out.data(), out.size() * sizeof(A), alignof(A), true}};
   m->launch(r);
+}
+
+std::vector<int> answers(const std::string& source, const std::vector<Question>& qs) {
+  std::vector<int64_t> flat;
+  for (const Question& q : qs) flat.insert(flat.end(), {q.pattern, q.form, q.branch, q.head, q.fixed, q.base, q.cs});
+  std::vector<int> out(qs.size(), -1);
+  run_questions("mask_answers", source, flat, out);
   return out;
 }
 
@@ -234,20 +241,10 @@ std::string seek_source(const std::vector<Pattern>& patterns, const std::functio
 }
 
 std::vector<SeekAnswer> seek_answers(const std::string& source, const std::vector<SeekQuestion>& qs) {
-  auto m = emu::load_emu_module(emu::compile_for_emulator({"seek_answers", source, "sm_80", "", {}}, default_kernel_cache(), knobs()));
   std::vector<int64_t> flat;
   for (const SeekQuestion& q : qs) flat.insert(flat.end(), {q.pattern, q.branch, q.head, q.q_lo, q.q_hi, q.x, q.k_hi});
   std::vector<SeekAnswer> out(qs.size());
-  const int64_t* pq = flat.data();
-  SeekAnswer* pa = out.data();
-  int n = static_cast<int>(qs.size());
-  void* args[] = {&pq, &pa, &n};
-  emu::LaunchRequest r;
-  r.block_threads = 64;
-  r.args = args;
-  r.timeout_s = 600;
-  r.buffers = {{"questions", flat.data(), flat.size() * 8, 8, false}, {"answers", out.data(), out.size() * 16, 8, true}};
-  m->launch(r);
+  run_questions("seek_answers", source, flat, out);
   return out;
 }
 
