@@ -11,6 +11,7 @@
 # driver layer and CUDA graphs, each its own step), the Python package's tests (its GPU subset),
 # compute-sanitizer memcheck, racecheck and synccheck on the GPU tests' [sanitize] subset,
 # attnjit_gpu_bench over examples/*.json at seq 4096 and 16384 (16 heads, head dim 128, bf16),
+# BigBird at 16384 and 65536 with its random blocks planned and decided in the kernels,
 # then the CPU-side unit tests with what time is left. Each step runs under `timeout` within an overall budget
 # (ATTNJIT_DC_BUDGET seconds, default 540; later steps keep a reserve); a failing step does not
 # stop the others. After every step OUTDIR/report.md and OUTDIR/report.json are rewritten, so a
@@ -286,6 +287,12 @@ else
   skip gpu_bench_sm80 "not a compute capability 9.0 GPU"
   skip gpu_bench_sm90a_cpasync "not a compute capability 9.0 GPU"
 fi
+# BigBird's random blocks decided in the kernels (the seek) against planned, on the same shapes
+# (ATTNJIT_RANDOM_IN_KERNEL: 0 always in the kernels; a huge value never).
+bigbird="$root/examples/bigbird.json"
+for mode in planned:1000000000000000000 in_kernel:0; do
+  step "gpu_bench_random_${mode%%:*}" 90 90 "ATTNJIT_RANDOM_IN_KERNEL=${mode#*:} '$build/bench/attnjit_gpu_bench' --seq 16384,65536 --heads 16 --head-dim 128 --dtype bf16 --batch 1 --no-ttfr --no-backward '$bigbird'"
+done
 # Last, with what is left: the CPU-side tests (CI runs them on every push; here they show the GPU
 # machine's toolchain builds and passes them too).
 unit_filter="-E 'every template variant compiles'"
