@@ -67,10 +67,10 @@ public:
   virtual TileConfig tiles() const = 0;   // the plan's tiles must be the kernel's
   virtual int alignment() const = 0;      // bytes the kernel's loads need
   virtual size_t backward_workspace_bytes() const { return 0; }  // scratch of one backward (ForwardOptions::workspace)
-  // Whether the kernels seek through layouts the plan leaves to them (Plan::kernel_seeks): they read
-  // a DeviceDynamicLayout in place (else the runtime hands the backend a host table made from it)
-  // and decide large random layouts; and whether a table's arrays are host memory (CPU and emu).
-  virtual bool kernels_seek() const { return false; }
+  // Whether the kernels read a DeviceDynamicLayout in place (they seek through it: Plan::kernel_seeks;
+  // else the runtime hands the backend a host table made from it), and whether its arrays are host
+  // memory (the CPU and emu devices).
+  virtual bool reads_device_tables() const { return false; }
   virtual bool tables_in_host_memory() const { return true; }
 };
 

@@ -302,7 +302,7 @@ public:
   std::string kernel_name() const override { return source_.name + " (emulated " + source_.arch + ")"; }
   TileConfig tiles() const override { return TileConfig{source_.config.tile_q, source_.config.tile_k}; }
   int alignment() const override { return source_.path != KernelPath::Simt ? 16 : dtype_bytes(problem_.dtype); }
-  bool kernels_seek() const override { return true; }
+  bool reads_device_tables() const override { return true; }
 
 private:
   Pattern pattern_;

@@ -149,7 +149,7 @@ ForwardOptions resolve_device_table(PreparedState& st, const ForwardOptions& o, 
   if (!d->row_offsets || (d->entries > 0 && !d->col_indices)) {
     throw UserError(what, "needs row_offsets (rows + 1 entries) and, with entries > 0, col_indices");
   }
-  if (st.backend->kernels_seek() && !to_host) return o;
+  if (st.backend->reads_device_tables() && !to_host) return o;
   if (!st.backend->tables_in_host_memory()) {
     throw UserError(what, "is read on the host here (attention weights); pass the table as ForwardOptions.dynamic_layout");
   }
