@@ -139,8 +139,7 @@ private:
       if (kp.count == 0) continue;
       keys_.emplace_back(&active[static_cast<size_t>(k)], kp);
       const Branch& b = *active[static_cast<size_t>(k)].branch;
-      const bool planned_layout = b.layout && !(geometry_.kernel_seeks() >> active[static_cast<size_t>(k)].index & 1);
-      per_tile |= b.causal || !b.window.unbounded() || planned_layout;
+      per_tile |= b.causal || !b.window.unbounded() || geometry_.planned_layout(active[static_cast<size_t>(k)].index);
     }
     SpanTotals totals;
     int64_t span_begin = -1, span_end = -1;

@@ -38,6 +38,11 @@ public:
   // Plan::kernel_seeks: the branches whose layouts the kernels decide (a table on the device,
   // random layouts InKernel). They are planned as if they had no layout.
   uint64_t kernel_seeks() const { return kernel_seeks_; }
+  // The layout the plan decides for a branch: none where the kernels seek through it.
+  const Layout* planned_layout(int32_t branch) const {
+    const Branch& b = pattern_.branches[static_cast<size_t>(branch)];
+    return b.layout && !(kernel_seeks_ >> branch & 1) ? &*b.layout : nullptr;
+  }
 
   // Appends the span of branch `branch` for the query tile `q` (global positions) over the keys
   // `keys` (global positions, already clipped to segment, selection and sequence) to plan.spans,
@@ -56,11 +61,6 @@ private:
                           int64_t tb, int64_t te, int64_t fb, int64_t fe, Plan& plan) const;
   // The intervals of one block row.
   const std::vector<KeyInterval>& row_intervals(const Layout& l, int32_t head, int64_t qpos, int64_t lo, int64_t hi) const;
-  // The layout the plan decides for a branch: none where the kernels seek through it.
-  const Layout* planned_layout(int32_t branch) const {
-    const Branch& b = pattern_.branches[static_cast<size_t>(branch)];
-    return b.layout && !(kernel_seeks_ >> branch & 1) ? &*b.layout : nullptr;
-  }
 
   const Pattern& pattern_;
   const DynamicLayout* dynamic_;
