@@ -27,8 +27,12 @@ cc="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | hea
 [ -n "$cc" ] || { echo "tune_gpu: no GPU (nvidia-smi gave no compute capability)" >&2; exit 77; }
 mkdir -p "$(dirname "$db")"
 
-echo "== precompile every candidate for sm_$cc"
-timeout 240 "$attnjit" precompile "$root/bench/tune_manifest.json" --arch "sm_$cc" -j "$(nproc)" 2>&1 | tail -n 3
+# Compute capability 9.0 runs the Hopper forward (sm_90a) unless ATTNJIT_SM90A=0; its backward is
+# the portable kernels' compiled for sm_90a. The tuner times the path the runtime will run.
+arch="sm_$cc"
+[ "$cc" = 90 ] && [[ "${ATTNJIT_SM90A:-1}" != @(0|false|no|off) ]] && arch=sm_90a
+echo "== precompile every candidate for $arch"
+timeout 240 "$attnjit" precompile "$root/bench/tune_manifest.json" --arch "$arch" -j "$(nproc)" 2>&1 | tr '\r' '\n' | tail -n 3
 
 patterns=(bench/patterns/dense.json bench/patterns/dense_causal.json examples/longnet.json examples/bigbird.json
           examples/causal_local.json examples/sliding_window.json examples/seed_dilated.json)

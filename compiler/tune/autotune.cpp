@@ -120,7 +120,7 @@ std::vector<std::string> prune_candidates(const std::vector<KernelConfig>& candi
       if (progress) progress(n, candidates.size());
       if (!skip[n].empty()) continue;
       try {
-        if (std::optional<std::string> why = compile_check(candidates[n])) skip[n] = "pruned: " + *why;
+        if (std::optional<std::string> why = compile_check(candidates[n], n == 0)) skip[n] = "pruned: " + *why;
       } catch (const std::exception& e) {
         skip[n] = std::string("failed: ") + e.what();
       }
@@ -132,7 +132,7 @@ std::vector<std::string> prune_candidates(const std::vector<KernelConfig>& candi
 
 CompileCheck kernel_compile_check(const Pattern& p, const KernelRequest& base, KernelCompiler& compiler,
                                   double timeout_s, bool backward) {
-  return [&p, base, &compiler, timeout_s, backward](const KernelConfig& c) -> std::optional<std::string> {
+  return [&p, base, &compiler, timeout_s, backward](const KernelConfig& c, bool baseline) -> std::optional<std::string> {
     KernelRequest r = base;
     r.config = c;
     // The backward source holds four entry points named after it; the largest block bounds registers.
@@ -147,15 +147,15 @@ CompileCheck kernel_compile_check(const Pattern& p, const KernelRequest& base, K
     const std::shared_ptr<const CompiledKernel> ck = compiler.get(k);
     for (const ResourceUsage& u : ck->usage) {
       if (!u.is_kernel || u.kernel.find(k.name) == std::string::npos) {
-        if (!u.is_kernel && u.spill_store_bytes + u.spill_load_bytes > 0)
+        if (!baseline && !u.is_kernel && u.spill_store_bytes + u.spill_load_bytes > 0)
           return "device function " + u.kernel + " spills";
         continue;
       }
-      if (ck->spills_known && u.spill_store_bytes + u.spill_load_bytes > 0)
+      if (!baseline && ck->spills_known && u.spill_store_bytes + u.spill_load_bytes > 0)
         return "spills " + std::to_string(u.spill_store_bytes) + "B stores, " + std::to_string(u.spill_load_bytes) +
                "B loads";
       // A kernel found in the cache has no ptxas log; spills live in the stack frame.
-      if (!ck->spills_known && u.stack_bytes > 0) return std::to_string(u.stack_bytes) + "B stack frame (spills)";
+      if (!baseline && !ck->spills_known && u.stack_bytes > 0) return std::to_string(u.stack_bytes) + "B stack frame (spills)";
       if (u.registers > 0 && int64_t{u.registers} * k.threads > 65536)
         return std::to_string(u.registers) + " registers x " + std::to_string(k.threads) +
                " threads exceed the 65536 registers of a block";

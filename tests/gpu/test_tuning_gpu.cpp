@@ -13,6 +13,7 @@
 #include "compiler/support/knobs.hpp"
 #include "compiler/tune/autotune.hpp"
 #include "compiler/tune/tuning_db.hpp"
+#include "runtime/backend.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/cuda_probe.hpp"
 #include "runtime/gpu_timer.hpp"
@@ -54,13 +55,19 @@ TEST_CASE("the shipped tuning database of this GPU is what prepare uses", "[gpu]
   }
   CHECK(ours > 0);
 
-  // prepare() of an example pattern tuned in the file launches the tuned tiles' kernel.
+  // prepare() of an example pattern tuned in the file launches the tuned tiles' kernel: the
+  // entries of the forward this runtime runs (on compute capability 9.0 the Hopper forward's,
+  // keys marked arch_specific, unless ATTNJIT_SM90A=0).
+  const bool specific = cuda_arch_specific(gpu.arch);
+  INFO("the runtime runs the " << (specific ? "arch-specific (sm_90a)" : "portable") << " forward; a shipped file without "
+       "entries for it is stale: bash bench/tune_gpu.sh autotune_db/" << sanitize_gpu_name(gpu.name) << ".json");
   int prepared = 0;
   for (const auto& spec : std::filesystem::directory_iterator(ATTNJIT_EXAMPLES_DIR)) {
     if (spec.path().extension() != ".json" || spec.path().stem() == "manifest") continue;
     const Pattern p = load_spec_file(spec.path().string());
     for (const DbEntry& e : f.entries) {
       if (e.key.backward || e.key.gpu != gpu.name || e.key.pattern_signature != pattern_signature(p)) continue;
+      if (e.key.arch_specific != specific) continue;
       INFO(spec.path().filename().string() << " " << e.key.describe());
       RuntimeOptions o;
       o.device = Device::cuda(0);
@@ -69,6 +76,8 @@ TEST_CASE("the shipped tuning database of this GPU is what prepare uses", "[gpu]
       const Problem pb{1, e.key.seq_bucket, e.key.seq_bucket, 16, 16, e.key.head_dim, e.key.head_dim_v, e.key.dtype};
       KernelRequest req;
       req.head_dim = e.key.head_dim, req.head_dim_v = e.key.head_dim_v, req.dtype = e.key.dtype, req.arch = gpu.arch;
+      req.arch_specific = specific;
+      req.tma = knobs().tma;
       req.config = e.result.best;
       CHECK(rt.prepare(p, pb).kernel_name() == generate_kernel(p, req).name);
       ++prepared;

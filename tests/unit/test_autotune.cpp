@@ -214,13 +214,16 @@ TEST_CASE("the compile check prunes before timing", "[autotune]") {
   FakeTimer t;
   t.samples["64x64 s2"] = {1.0};
   t.samples["128x64 s2"] = {0.5};
-  const CompileCheck check = [](const KernelConfig& c) -> std::optional<std::string> {
+  std::vector<bool> baselines;
+  const CompileCheck check = [&baselines](const KernelConfig& c, bool baseline) -> std::optional<std::string> {
+    baselines.push_back(baseline);
     if (c == kB) return std::string("spills 64B stores, 64B loads");
     if (c == kC) throw std::runtime_error("NVRTC failed to compile");
     return std::nullopt;
   };
   const std::vector<std::string> skip = prune_candidates({kA, kB, kC}, {}, check);
   CHECK(skip == std::vector<std::string>{"", "pruned: spills 64B stores, 64B loads", "failed: NVRTC failed to compile"});
+  CHECK(baselines == std::vector<bool>{true, false, false});  // the default is the baseline
   const TuneResult r = tune({kA, kB, kC}, skip, t, TuneBudget{});
   CHECK(t.timed == std::vector<KernelConfig>{kA});
   CHECK(r.candidates[1].status == "pruned: spills 64B stores, 64B loads");

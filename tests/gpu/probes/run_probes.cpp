@@ -327,8 +327,12 @@ int main(int argc, char** argv) {
       }
     }
     std::unique_ptr<Runner> runner;
-    if (device == "gpu") runner = std::make_unique<GpuRunner>();
-    else runner = std::make_unique<EmuRunner>();
+    if (device == "gpu") {
+      runner = std::make_unique<GpuRunner>();
+      std::printf("arch: %s\n", static_cast<GpuRunner&>(*runner).arch.c_str());
+    } else {
+      runner = std::make_unique<EmuRunner>();
+    }
     size_t failed = 0, passed = 0;
     std::ofstream rep;
     if (!report.empty()) rep.open(report, std::ios::app);
