@@ -20,18 +20,21 @@ struct alignas(64) TmaMaps {
   emu::TensorMapBytes v[kTmaMaps];
   int64_t stride[kTmaMaps];
   int32_t rows[kTmaMaps];
+  int32_t fold[kTmaMaps];
 };
 
 // The maps' specs for a call: key tensor k, value tensor v ([B, S, H, D], any strides with a
 // contiguous last dimension) and the plan's key spans, tiles of `tile_k` keys. Stride r up to 8:
 // a map of the plain rows traversed with element stride r, boxes of `rows` dilated rows (r x rows
-// <= 256; rows past the sequence read zero). Stride r above 8: a map whose dimensions are the
-// residue mod r and the dilated row index, which needs r to divide seq_k (rows = 0 marks it).
-// nullopt, with the reason in *why, when such a stride does not divide seq_k, the plan has more
-// than kTmaMaps strides, or a tensor's address or strides break the tensor-map rules.
+// <= 256; rows past the sequence read zero; fold 0). Stride r above 8: the rows folded by f, the
+// least divisor of r that divides seq_k and leaves r / f <= 8: dimensions row mod f and row / f,
+// the second traversed with element stride r / f (fold f; f = r is the residue and the dilated
+// row). nullopt, with the reason in *why, when no such f exists, the plan has more than kTmaMaps
+// strides, or a tensor's address or strides break the tensor-map rules.
 struct TmaMapSpecs {
   int64_t strides[kTmaMaps] = {};
   int32_t rows[kTmaMaps] = {};
+  int32_t fold[kTmaMaps] = {};
   emu::TensorMapSpec k[kTmaMaps], v[kTmaMaps];
   int used = 0;
 };

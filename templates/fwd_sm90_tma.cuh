@@ -10,9 +10,10 @@
 // tensor map for that stride describes (runtime/tma_maps.cpp makes one per key stride of the plan,
 // at most AJ_TMA_MAPS). Up to stride 8 the map traverses the rows with that element stride, and a
 // box brings `rows` of them (stride x rows <= 256): dimensions head dim (64 elements a box, one
-// 128-byte swizzled column block), kv head, row, batch. Beyond 8 its dimensions are head dim, kv
-// head, residue first % stride, dilated row first / stride, batch, which needs the stride to
-// divide the key length (where it does not, the runtime runs fwd_sm90.cuh's cp.async kernel).
+// 128-byte swizzled column block), kv head, row, batch. Beyond 8 the rows are folded by f (a
+// divisor of the stride and of the key length, stride / f <= 8): dimensions head dim, kv head,
+// first % f, row / f traversed with element stride stride / f, batch; where no such f exists, the
+// runtime runs fwd_sm90.cuh's cp.async kernel.
 // Rows past the tensor's end read zero; rows past the span's count read their true values and
 // are masked.
 //
@@ -37,7 +38,8 @@ struct AjTmaMaps {
   aj_tensor_map k[AJ_TMA_MAPS];
   aj_tensor_map v[AJ_TMA_MAPS];
   aj_i64 stride[AJ_TMA_MAPS];  // the key stride each pair of maps serves (0: unused)
-  int rows[AJ_TMA_MAPS];       // dilated rows per box (element-stride maps), 0: the residue form
+  int rows[AJ_TMA_MAPS];       // dilated rows per box
+  int fold[AJ_TMA_MAPS];       // 0: the plain rows (stride <= 8); else the rows folded by it
 };
 
 // The TMA kernel's step hooks: turns between two consumer warpgroups (with one, none), and the
@@ -66,17 +68,19 @@ __device__ __forceinline__ void aj_sm90_tma_tile(const AjTmaMaps& maps, unsigned
   for (int i = 1; i < AJ_TMA_MAPS; ++i)
     if (maps.stride[i] == t.stride) mi = i;
   const aj_tensor_map& map = IS_K ? maps.k[mi] : maps.v[mi];
-  const int rows = maps.rows[mi];
+  const int rows = maps.rows[mi], fold = maps.fold[mi];
   constexpr int BLOCKS = (IS_K ? AJ_HEAD_DIM : AJ_HEAD_DIM_V) / AJ_COLS;
-  if (rows > 0) {
+  if (fold == 0) {
 #pragma unroll
     for (int cb = 0; cb < BLOCKS; ++cb)
       for (int r0 = 0; r0 < AJ_TILE_K; r0 += rows)
         aj_tma_load_4d(dst + (cb * AJ_TILE_K + r0) * AJ_SW, map, bar, cb * AJ_COLS, kvh, (int)(t.first + r0 * t.stride), b);
   } else {
-    const int residue = (int)(t.first % t.stride), row = (int)(t.first / t.stride);
+    const int residue = (int)(t.first % fold), row = (int)(t.first / fold), step = (int)(t.stride / fold);
 #pragma unroll
-    for (int cb = 0; cb < BLOCKS; ++cb) aj_tma_load_5d(dst + cb * AJ_TILE_K * AJ_SW, map, bar, cb * AJ_COLS, kvh, residue, row, b);
+    for (int cb = 0; cb < BLOCKS; ++cb)
+      for (int r0 = 0; r0 < AJ_TILE_K; r0 += rows)
+        aj_tma_load_5d(dst + (cb * AJ_TILE_K + r0) * AJ_SW, map, bar, cb * AJ_COLS, kvh, residue, row + r0 * step, b);
   }
 }
 

@@ -65,8 +65,9 @@ ArchName parse_arch_name(const std::string& text, const std::string& flag = "--a
 // The name NVRTC and the cache use: "sm_90a" for an arch-specific request.
 std::string arch_name(const KernelRequest& r);
 
-// Tensor maps the TMA kernel takes per K and V: one per key stride (dilation) of a plan.
-constexpr int kTmaMaps = 4;
+// Tensor maps the TMA kernel takes per K and V: one per key stride (dilation) of a plan. LongNet
+// has five rates; 8 pairs of maps are 2 KB of the kernel's parameters.
+constexpr int kTmaMaps = 8;
 
 struct KernelSource {
   std::string name;           // attnjit_fwd_<12 hex of the source>

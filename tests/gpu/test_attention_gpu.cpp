@@ -76,17 +76,23 @@ TEST_CASE("the sm_90a forward matches the float64 reference in the emulator", "[
     c.tma = false, c.name += "/cp.async";
     cases.push_back(std::move(c));
   }
-  // Key strides past 8: the residue-form tensor maps where the stride divides the key length, the
-  // cp.async kernel where it does not; five strides (more maps than the kernel takes): cp.async.
+  // Key strides past 8: tensor maps that fold the rows by a divisor of the stride and of the key
+  // length (16 at 512 and 520 tokens: by 2; LongNet's rates at 610 tokens: 12 by 2; at 609: 12 by
+  // 3), the cp.async kernel where none exists (16 at 521 tokens); five strides take five maps,
+  // nine strides are more maps than the kernel takes (cp.async).
   const Pattern wide = PatternBuilder()
                            .branch(BranchSpec().segment(256).dilation(1).causal())
                            .branch(BranchSpec().segment(512).dilation(16).offset(OffsetRule::HeadMod))
                            .build();
-  PatternBuilder five;
+  PatternBuilder five, nine, longnet;
   for (int r : {1, 2, 3, 5, 7}) five.branch(BranchSpec().segment(64 * r).dilation(r));
+  for (int r : {1, 2, 3, 4, 5, 6, 7, 8, 9}) nine.branch(BranchSpec().segment(32 * r).dilation(r));
+  for (int r : {1, 2, 4, 6, 12}) longnet.branch(BranchSpec().segment(48 * r).dilation(r).offset(OffsetRule::HeadMod));
   uint64_t seed = 9900;
   for (const auto& [name, p, seq] : {std::tuple<const char*, Pattern, int64_t>{"stride16-divides", wide, 512},
-                                     {"stride16-no-divide", wide, 520}, {"five-strides", five.build(), 300}})
+                                     {"stride16-fold2", wide, 520}, {"stride16-no-fold", wide, 521},
+                                     {"five-strides", five.build(), 300}, {"nine-strides", nine.build(), 300},
+                                     {"longnet-rates-fold2", longnet.build(), 610}, {"longnet-rates-fold3", longnet.build(), 609}})
     for (int64_t d : {64, 128}) {
       Case c;
       c.name = std::string(name) + "/sm90a-d" + std::to_string(d);

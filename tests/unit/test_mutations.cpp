@@ -39,6 +39,9 @@ struct Mutation {
   // Random layouts decided in the kernels (RuntimeOptions::random_in_kernel_above = 0): a causal
   // union of a band and a random layout with 32-position blocks, and a dilated random branch.
   bool random_in_kernel = false;
+  // A branch of dilation 12 at 776 tokens: the TMA kernel's maps fold its rows by 2 (TMA's element
+  // strides end at 8), and a 128-key tile takes four boxes of 32 of its rows.
+  bool folded = false;
 };
 
 const Mutation kMutations[] = {
@@ -164,6 +167,8 @@ const Mutation kMutations[] = {
      "aj_mbarrier_arrive_expect_tx(&k_full[s], AJ_SM90_K_STAGE / 2);", DType::BF16, false, false, 64, true},
     {"sm_90a, TMA: a tile's first row given as its dilated index", "fwd_sm90_tma.cuh", "(int)(t.first + r0 * t.stride)",
      "(int)(t.first / t.stride + r0 * t.stride)", DType::BF16, false, false, 128, true},
+    {"sm_90a, TMA: folded rows stepped by the stride instead of stride / fold", "fwd_sm90_tma.cuh", "row + r0 * step, b)",
+     "row + r0 * (int)t.stride, b)", DType::BF16, false, false, 64, true, true, false, false, false, true},
     {"sm_90a, TMA: no fence.proxy.async after Q's cp.async", "fwd_sm90_tma.cuh",
      "    aj_fence_proxy_async();  // Q is read by wgmma", "    // Q is read by wgmma", DType::BF16, false, false, 64, true},
     {"sm_90a, TMA: ping-pong without warpgroup 1's first handoff", "fwd_sm90_tma.cuh",
@@ -179,8 +184,12 @@ const Mutation kMutations[] = {
 // `backward` dQ, dK, dV too), else what went wrong.
 std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DType dt, bool backward = false,
                          bool deterministic = false, int64_t d = 64, bool sm90a = false, bool tma = true,
-                         bool far_below = false, bool device_table = false, bool random_in_kernel = false) {
-  const Pattern p = random_in_kernel ? PatternBuilder()
+                         bool far_below = false, bool device_table = false, bool random_in_kernel = false, bool folded = false) {
+  const Pattern p = folded ? PatternBuilder()
+                                 .branch(BranchSpec().segment(128).dilation(1).causal())
+                                 .branch(BranchSpec().segment(768).dilation(12).offset(OffsetRule::HeadMod))
+                                 .build()
+                    : random_in_kernel ? PatternBuilder()
                                            .branch(BranchSpec().causal().layout(layouts::union_of(
                                                {layouts::local(0, 32, 32), layouts::random(0.3, 21, 32, 32)}, 32, 32)))
                                            .branch(BranchSpec().segment(128).dilation(2).layout(layouts::random(0.2, 4, 16, 16)))
@@ -196,7 +205,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
                                        .branch(BranchSpec().segment(256).dilation(2).offset(OffsetRule::HeadMod))
                                        .build();
   Shape s;
-  s.seq_q = s.seq_k = 203;  // not a multiple of any tile
+  s.seq_q = s.seq_k = folded ? 776 : 203;  // not a multiple of any tile
   s.heads_q = 2, s.heads_kv = 1, s.head_dim = s.head_dim_v = d;
   const size_t nq = size_t(s.seq_q * s.heads_q * d), nk = size_t(s.seq_k * s.heads_kv * d);
   auto rounded = [&](std::vector<float> v) {
@@ -319,6 +328,8 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
     CHECK(check_kernel(embedded, DType::BF16, false, false, 128, true, tma) == "");  // sm_90a, two column blocks
     CHECK(check_kernel(embedded, DType::BF16, false, false, 256, true, tma) == "");  // sm_90a, 64-key tiles
   }
+  // Dilation 12: the TMA kernel's folded maps.
+  CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, true) == "");
 }
 
 TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutation]") {
@@ -332,7 +343,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     t->replace(m.file, text);
     const std::string outcome =
         check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below, m.device_table,
-                     m.random_in_kernel);
+                     m.random_in_kernel, m.folded);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }

@@ -358,7 +358,7 @@ std::optional<TmaMapSpecs> specs_for(const std::vector<int>& rates, int64_t seq,
 
 }  // namespace
 
-TEST_CASE("the TMA forward's tensor maps: one per key stride, element strides up to 8, the residue form beyond", "[tma]") {
+TEST_CASE("the TMA forward's tensor maps: one per key stride, element strides up to 8, folded rows beyond", "[tma]") {
   alignas(64) static uint16_t k[2 * 1024 * 2 * 128];
   std::string why;
   SECTION("strides 1, 2 and 6: plain rows traversed with element strides") {
@@ -369,6 +369,7 @@ TEST_CASE("the TMA forward's tensor maps: one per key stride, element strides up
     CHECK(s->rows[0] == 128);
     CHECK(s->rows[1] == 128);  // 2 x 128 = 256
     CHECK(s->rows[2] == 32);   // 6 x 32 = 192 <= 256 < 6 x 64
+    CHECK(s->fold[2] == 0);
     const emu::TensorMapSpec& m = s->k[2];
     CHECK(m.rank == 4);
     CHECK(m.dims == std::array<uint64_t, 5>{128, 2, 768, 2, 0});
@@ -378,21 +379,39 @@ TEST_CASE("the TMA forward's tensor maps: one per key stride, element strides up
     CHECK(m.element_strides[2] == 6);
     CHECK(m.swizzle == 128);
   }
-  SECTION("stride 16 dividing the length: residue and dilated row as dimensions") {
+  SECTION("stride 16 dividing the length: folded by 2, every 8th folded row") {
     const auto s = specs_for({1, 16}, 1024, k, &why);
     REQUIRE(s);
-    CHECK(s->rows[1] == 0);
+    CHECK(s->fold[1] == 2);
+    CHECK(s->rows[1] == 32);  // 8 x 32 = 256
     const emu::TensorMapSpec& m = s->v[1];
     CHECK(m.rank == 5);
-    CHECK(m.dims == std::array<uint64_t, 5>{128, 2, 16, 64, 2});
-    CHECK(m.strides[3] == 16 * 512);
-    CHECK(m.box == std::array<uint32_t, 5>{64, 1, 1, 128, 1});
+    CHECK(m.dims == std::array<uint64_t, 5>{128, 2, 2, 512, 2});
+    CHECK(m.strides[2] == 512);      // a row
+    CHECK(m.strides[3] == 2 * 512);  // a folded row: two rows
+    CHECK(m.box == std::array<uint32_t, 5>{64, 1, 1, 256, 1});
+    CHECK(m.element_strides == std::array<uint32_t, 5>{1, 1, 1, 8, 1});
+  }
+  SECTION("LongNet's rates 1, 2, 4, 6, 12 at a length 12 does not divide: five maps, 12 folded by 2") {
+    const auto s = specs_for({1, 2, 4, 6, 12}, 1000, k, &why);
+    REQUIRE(s);
+    REQUIRE(s->used == 5);
+    CHECK(s->fold[4] == 2);
+    CHECK(s->rows[4] == 32);  // 6 x 32 = 192
+    CHECK(s->k[4].dims == std::array<uint64_t, 5>{128, 2, 2, 500, 2});
+    CHECK(s->k[4].element_strides[3] == 6);
+    // Odd lengths fold by 3 (12 / 3 = 4), or not at all.
+    const auto odd = specs_for({1, 12}, 999, k, &why);
+    REQUIRE(odd);
+    CHECK(odd->fold[1] == 3);
+    CHECK(odd->rows[1] == 64);  // 4 x 64 = 256
   }
   SECTION("what tensor maps cannot describe: the cp.async kernel runs instead") {
-    CHECK_FALSE(specs_for({1, 16}, 1000, k, &why));
-    CHECK_THAT(why, Catch::Contains("key stride 16 (above 8) does not divide seq_k 1000"));
-    CHECK_FALSE(specs_for({1, 2, 3, 5, 7}, 1024, k, &why));
-    CHECK_THAT(why, Catch::Contains("more than 4 key strides"));
+    CHECK_FALSE(specs_for({1, 16}, 1001, k, &why));  // 7 x 11 x 13: no even fold
+    CHECK_THAT(why, Catch::Contains("key stride 16 (above 8) has no divisor f of seq_k 1001 with stride / f <= 8"));
+    CHECK_FALSE(specs_for({1, 12}, 1001, k, &why));
+    CHECK_FALSE(specs_for({1, 2, 3, 4, 5, 6, 7, 8, 16}, 1024, k, &why));
+    CHECK_THAT(why, Catch::Contains("more than 8 key strides"));
     CHECK_FALSE(specs_for({1, 2}, 512, k + 1, &why));
     CHECK_THAT(why, Catch::Contains("16-byte aligned"));
   }
