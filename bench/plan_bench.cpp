@@ -4,7 +4,7 @@
 //   planning time and plan memory for every spec at --big-seq (a million tokens by default).
 // Targets (issue 16): bigbird at 32K tokens, 16 heads <= 20 ms; every example at 1M <= 100 ms.
 // Plans are made as the GPU and emulator devices make them: random layouts whose plan would hash
-// more blocks than the ATTNJIT_RANDOM_IN_KERNEL knob (default 2^24) are left to the kernels
+// more blocks than the ATTNJIT_RANDOM_IN_KERNEL knob (default 2^26) are left to the kernels
 // (column "random": plan or kernel; such a plan's visited tiles are what the band allows).
 // Usage: attnjit_plan_bench [--seq N] [--big-seq N] [--heads H] [--tile QxK] [--repeat R] SPEC...
 #include <algorithm>

@@ -156,7 +156,7 @@ const KnobSpec kKnobs[] = {
      [](const Knobs& k) { return std::to_string(k.plan_cache_bytes); }},
     {"ATTNJIT_RANDOM_IN_KERNEL",
      [](const char* n, const std::string& v, Knobs& k) {
-       parse_count(n, v, k.random_in_kernel_above, "hashed blocks", "16777216 (0: always in the kernels)");
+       parse_count(n, v, k.random_in_kernel_above, "hashed blocks", "67108864 (0: always in the kernels)");
      },
      [](const Knobs& k) { return std::to_string(k.random_in_kernel_above); }},
     {"ATTNJIT_PRINT_AUTOTUNING",

@@ -110,7 +110,7 @@ struct RuntimeOptions {
   int64_t plan_cache_bytes = -1;
   // Random layouts decided in the kernels instead of the plan (emu and CUDA devices) where a plan
   // would hash more than this many blocks (heads_q x query blocks x key blocks per random layout);
-  // -1: the ATTNJIT_RANDOM_IN_KERNEL knob (default 2^24: BigBird at 128K tokens and 16 heads).
+  // -1: the ATTNJIT_RANDOM_IN_KERNEL knob (default 2^26: BigBird past 256K tokens at 16 heads).
   // 0 decides every random layout in the kernels.
   int64_t random_in_kernel_above = -1;
   // On the Hopper path (sm_90a): the forward's TMA kernel (a producer warpgroup loads K and V) for

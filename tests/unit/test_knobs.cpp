@@ -125,7 +125,7 @@ TEST_CASE("knobs parse every variable", "[knobs]") {
   CHECK(Knobs::from_environment().plan_cache_bytes == int64_t{256} << 20);
   env.set("ATTNJIT_PLAN_CACHE_BYTES", "4096");
   CHECK(Knobs::from_environment().plan_cache_bytes == 4096);
-  CHECK(Knobs::from_environment().random_in_kernel_above == int64_t{1} << 24);
+  CHECK(Knobs::from_environment().random_in_kernel_above == int64_t{1} << 26);
   env.set("ATTNJIT_RANDOM_IN_KERNEL", "0");
   CHECK(Knobs::from_environment().random_in_kernel_above == 0);
   env.set("ATTNJIT_TMA", "0");
@@ -234,7 +234,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_LOG_LEVEL=info\n"
         "ATTNJIT_CACHE_MAX_BYTES=1073741824\n"
         "ATTNJIT_PLAN_CACHE_BYTES=268435456\n"
-        "ATTNJIT_RANDOM_IN_KERNEL=16777216\n"
+        "ATTNJIT_RANDOM_IN_KERNEL=67108864\n"
         "ATTNJIT_PRINT_AUTOTUNING=0\n"
         "ATTNJIT_TUNE=1\n"
         "ATTNJIT_SM90A=1\n"
