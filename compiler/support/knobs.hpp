@@ -52,7 +52,7 @@ struct Knobs {
   // ATTNJIT_RANDOM_IN_KERNEL: random layouts are decided in the kernels (emu and CUDA devices) where
   // a plan would hash more blocks than this (heads_q x query blocks x key blocks per random
   // layout); 0: always. RuntimeOptions::random_in_kernel_above overrides it. 2^26: BigBird (128-token
-  // blocks, 16 heads) is planned up to 256K tokens (about 0.4 s of planning once per shape, ~55 MB of
+  // blocks, 16 heads) is planned up to 256K tokens (0.29 s of planning once per shape, 66 MB of
   // tables) and seeks beyond; on an H100 its seeking kernel ran 6-7x slower than its planned one.
   int64_t random_in_kernel_above = int64_t{1} << 26;
   // ATTNJIT_SHIPPED_DB_DIR: the shipped tuning databases (default: the source tree's autotune_db/,
