@@ -27,12 +27,22 @@
 //
 // Registers: 12 warps (two consumer warpgroups and the producer) get 168 registers each at launch
 // (the register file is split among the SM's four schedulers); the producer gives back all but
-// 24 and the consumers take 240 (setmaxnreg; FlashAttention-3's split). With one consumer
-// warpgroup every warp has 255 from the start.
+// 24 and the consumers take 240 (setmaxnreg; FlashAttention-3's split; 56 and 224 in a kernel
+// that seeks, below). With one consumer warpgroup every warp has 255 from the start.
 
 #define AJ_CONSUMERS (AJ_WARPS * 32)
+// A kernel that seeks through a layout (AJ_KERNEL_SEEK: random layouts or a device table decided
+// in the kernel) walks it in the producer's thread too, and at 24 registers its hashing spilled
+// (320-360 bytes of stores at head dims 64-256); there the producer keeps 56 and the consumers
+// take 224 (16-24 bytes at head dims 64 and 128). 2 x 224 + 56 = 2 x 240 + 24 = 504, the 3 x 168
+// the launch gave each thread of a consumer warpgroup pair and the producer.
+#ifdef AJ_KERNEL_SEEK
+#define AJ_PRODUCER_REGS 56
+#define AJ_CONSUMER_REGS 224
+#else
 #define AJ_PRODUCER_REGS 24
 #define AJ_CONSUMER_REGS 240
+#endif
 
 struct AjTmaMaps {
   aj_tensor_map k[AJ_TMA_MAPS];

@@ -260,22 +260,29 @@ public:
   explicit NextKeyWriter(PredicateWriter& tables) : tables_(tables) {}
 
   // Statements (indented by `pad`) that declare and set the returned variable from input `x`.
-  std::string write(const Layout& l, const std::string& x, std::string& out, const std::string& pad) {
+  // `bound` (an expression, or empty: none): an answer no earlier than it is as good as any, since
+  // a union around this layout already has it; a random layout's scan stops there.
+  std::string write(const Layout& l, const std::string& x, std::string& out, const std::string& pad,
+                    const std::string& bound = "") {
     std::ostringstream os;
     out = fresh("n");
     if (l.kind == Layout::Kind::Union || l.kind == Layout::Kind::Intersect) {
       os << pad << "aj_i64 " << out << ";\n";
       if (l.kind == Layout::Kind::Union) {
-        os << pad << "{\n";
-        std::vector<std::string> parts;
-        for (const Layout& c : l.children) {
+        // The children that hash (random layouts) last, each bounded by the earliest answer so far:
+        // within a band or next to a global block the scan does not run at all.
+        os << pad << out << " = AJ_NEVER;\n" << pad << "{\n";
+        std::vector<const Layout*> order;
+        for (const Layout& c : l.children)
+          if (!hashes(c)) order.push_back(&c);
+        for (const Layout& c : l.children)
+          if (hashes(c)) order.push_back(&c);
+        for (const Layout* c : order) {
           std::string v;
-          os << write(c, x, v, pad + "  ");
-          parts.push_back(v);
+          const std::string b = bound.empty() ? out : "(" + bound + " < " + out + " ? " + bound + " : " + out + ")";
+          os << write(*c, x, v, pad + "  ", hashes(*c) ? b : "");
+          os << pad << "  if (" << v << " < " << out << ") " << out << " = " << v << ";\n";
         }
-        os << pad << "  " << out << " = " << parts[0] << ";\n";
-        for (size_t n = 1; n < parts.size(); ++n)
-          os << pad << "  if (" << parts[n] << " < " << out << ") " << out << " = " << parts[n] << ";\n";
         os << pad << "}\n";
         return os.str();
       }
@@ -331,13 +338,22 @@ public:
            << " + " << ll(l.stride) << ") % " << ll(l.stride) << ";\n";
         break;
       case Layout::Kind::Random: {  // hashed block by block, up to 64 ahead; many row blocks: maybe
-        const std::string threshold = random_threshold(l);
+        // With a bound, only the blocks that start before it: nothing kept there answers
+        // lim * bk, no earlier than the bound, and the union keeps what it has.
+        const std::string threshold = random_threshold(l), lim = fresh("lim");
+        os << in << "aj_i64 " << lim << " = " << kb << " + 64;\n";
+        if (!bound.empty()) {
+          const std::string bv = fresh("bound");
+          os << in << "const aj_i64 " << bv << " = " << bound << ";\n"
+             << in << "if (" << bv << " != AJ_NEVER && (" << bv << " + " << ll(l.bk - 1) << ") / " << ll(l.bk) << " < " << lim << ") "
+             << lim << " = (" << bv << " + " << ll(l.bk - 1) << ") / " << ll(l.bk) << ";\n";
+        }
         os << in << "if (" << qbh << " - " << qbl << " > 3) " << c << " = " << kb << ";\n"
-           << in << "for (aj_i64 b = " << kb << "; b < " << kb << " + 64 && " << c << " == AJ_NEVER; ++b)\n"
+           << in << "for (aj_i64 b = " << kb << "; b < " << lim << " && " << c << " == AJ_NEVER; ++b)\n"
            << in << "  for (aj_i64 qb = " << qbl << "; qb <= " << qbh << "; ++qb)\n"
            << in << "    if (aj_random_col(aj_random_row(" << l.seed << "ull, head, qb), " << threshold << ", b)) {\n"
            << in << "      " << c << " = b;\n" << in << "      break;\n" << in << "    }\n"
-           << in << "if (" << c << " == AJ_NEVER) " << c << " = " << kb << " + 64;  // none within 64: look again from there\n";
+           << in << "if (" << c << " == AJ_NEVER) " << c << " = " << lim << ";  // none before lim: look again from there\n";
         break;
       }
       case Layout::Kind::Dynamic:
@@ -362,6 +378,13 @@ public:
   }
 
 private:
+  // Whether the layout's next key hashes block by block (a random layout somewhere in it).
+  static bool hashes(const Layout& l) {
+    if (l.kind == Layout::Kind::Random) return true;
+    for (const Layout& c : l.children)
+      if (hashes(c)) return true;
+    return false;
+  }
   std::string fresh(const std::string& stem) { return stem + std::to_string(count_++); }
   PredicateWriter& tables_;
   int count_ = 0;
