@@ -27,9 +27,10 @@ int64_t fold_for(int64_t r, int64_t seq) {
 
 // One tensor's map for key stride r, boxes of 64 columns (one 128-byte swizzled column block) and
 // one head and batch entry. Up to stride 8, dimensions (innermost first) head dim, head, row,
-// batch, the row traversed with element stride r; beyond, head dim, head, row mod f, row / f,
-// batch (f = fold_for(r, seq)), the fourth traversed with element stride r / f.
-emu::TensorMapSpec map_for(const TensorView& t, const Problem& pb, int64_t heads, int64_t dim, int64_t r, int tile_k) {
+// batch, the row traversed with element stride r (fold f = 0); beyond, head dim, head, row mod f,
+// row / f, batch (f = fold_for(r, seq_k)), the fourth traversed with element stride r / f.
+emu::TensorMapSpec map_for(const TensorView& t, const Problem& pb, int64_t heads, int64_t dim, int64_t r, int64_t f,
+                           int tile_k) {
   emu::TensorMapSpec s;
   s.type = pb.dtype == DType::F16 ? emu::TensorMapType::F16 : emu::TensorMapType::BF16;
   s.address = reinterpret_cast<uintptr_t>(t.data);
@@ -37,7 +38,7 @@ emu::TensorMapSpec map_for(const TensorView& t, const Problem& pb, int64_t heads
   // A dimension of size 1 never moves: any valid stride will do (the tensor's may be anything).
   auto stride = [&](int64_t size, int64_t elements) { return uint64_t(size == 1 ? 16 : elements * eb); };
   s.swizzle = 128;
-  if (r <= kMaxElementStride) {
+  if (f == 0) {
     s.rank = 4;
     s.dims = {uint64_t(dim), uint64_t(heads), uint64_t(seq), uint64_t(batch)};
     s.strides = {0, stride(heads, t.strides[2]), stride(seq, t.strides[1]), stride(batch, t.strides[0])};
@@ -45,7 +46,7 @@ emu::TensorMapSpec map_for(const TensorView& t, const Problem& pb, int64_t heads
     s.element_strides = {1, 1, uint32_t(r), 1, 1};
     return s;
   }
-  const int64_t f = fold_for(r, seq), e = r / f;
+  const int64_t e = r / f;
   s.rank = 5;
   s.dims = {uint64_t(dim), uint64_t(heads), uint64_t(f), uint64_t(seq / f), uint64_t(batch)};
   s.strides = {0, stride(heads, t.strides[2]), stride(f, t.strides[1]), stride(seq / f, f * t.strides[1]),
@@ -79,8 +80,8 @@ std::optional<TmaMapSpecs> tma_map_specs(const Plan& plan, const Problem& pb, co
   }
   if (out.used == 0) out.strides[0] = 1, out.rows[0] = tile_k, out.used = 1;
   for (int i = 0; i < out.used; ++i) {
-    out.k[i] = map_for(k, pb, pb.heads_kv, pb.head_dim, out.strides[i], tile_k);
-    out.v[i] = map_for(v, pb, pb.heads_kv, pb.head_dim_v, out.strides[i], tile_k);
+    out.k[i] = map_for(k, pb, pb.heads_kv, pb.head_dim, out.strides[i], out.fold[i], tile_k);
+    out.v[i] = map_for(v, pb, pb.heads_kv, pb.head_dim_v, out.strides[i], out.fold[i], tile_k);
     for (const emu::TensorMapSpec* m : {&out.k[i], &out.v[i]})
       if (const std::string p = emu::tensor_map_problem(*m); !p.empty()) return refuse(p);
   }

@@ -89,8 +89,9 @@ std::vector<std::string> prune_candidates(const std::vector<KernelConfig>& candi
 // The real compile check: generates and compiles the kernel through `compiler` (so the timer finds
 // it in the cache) and prunes one that spills (ptxas' count when compiled now, else a non-zero stack
 // frame; not the baseline: on the H100 the spilling default of BigBird's Hopper kernel, 48 bytes,
-// ran 1.18x faster than the best candidate that did not spill), needs more than 65536 registers per block, or compiled for longer than timeout_s (NVRTC
-// cannot be interrupted, so that is judged afterwards). Compile errors throw (the candidate fails).
+// ran 1.18x faster than the best candidate that did not spill), needs more than 65536 registers
+// per block, or compiled for longer than timeout_s (NVRTC cannot be interrupted, so that is judged
+// afterwards). Compile errors throw (the candidate fails).
 // `p` and `compiler` are held by reference: keep them alive while the check is used.
 // With `backward`, the backward kernels' four entry points are checked instead.
 CompileCheck kernel_compile_check(const Pattern& p, const KernelRequest& base, KernelCompiler& compiler,
