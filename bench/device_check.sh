@@ -76,6 +76,7 @@ record() {  # NAME STATUS SECONDS RC NOTE
   write_report
 }
 skip() { echo "skipped: $2" > "$out/logs/$1.log"; record "$1" skipped 0 - "$2"; echo "== $1: skipped: $2"; }
+status_of() { awk -F'\t' -v n="$1" '$1 == n { print $2 }' "$steps"; }  # a recorded step's status
 
 write_report() {
   command -v python3 > /dev/null || { cp "$steps" "$out/report.md"; return; }
@@ -245,11 +246,11 @@ if (( have_gpu )); then
   # costs this step's 90 seconds, not the whole forward step's, and the rest of the run goes on
   # without the path that hung (on compute capability 9.0: TMA, then the Hopper forward itself).
   gpu_run gpu_forward_examples 90 400 '[attention][examples]'
-  if grep -q 'timeout' <(awk -F'\t' '$1=="gpu_forward_examples"{print $2}' "$steps") && (( hopper )); then
+  if [ "$(status_of gpu_forward_examples)" = timeout ] && (( hopper )); then
     export ATTNJIT_TMA=0
     echo "gpu_forward_examples timed out: the later steps run with ATTNJIT_TMA=0" | tee -a "$out/logs/gpu_forward_examples.log"
     gpu_run gpu_forward_examples_cpasync 90 380 '[attention][examples]'
-    if grep -q 'timeout' <(awk -F'\t' '$1=="gpu_forward_examples_cpasync"{print $2}' "$steps"); then
+    if [ "$(status_of gpu_forward_examples_cpasync)" = timeout ]; then
       export ATTNJIT_SM90A=0
       echo "the cp.async Hopper forward timed out too: the later steps run with ATTNJIT_SM90A=0" | tee -a "$out/logs/gpu_forward_examples_cpasync.log"
     fi
