@@ -28,28 +28,57 @@ bool cpu_has_avx2() {
 #endif
 }
 
+// F, DQ, VL and BW: what the variant is compiled with (libgcc also checks that the OS saves the
+// registers).
+bool cpu_has_avx512() {
+#if defined(ATTNJIT_HAVE_CPU_AVX512)
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+#else
+  return false;
+#endif
+}
+
+bool cpu_runs(CpuSimd simd) {
+  switch (simd) {
+    case CpuSimd::Avx2: return cpu_has_avx2();
+    case CpuSimd::Avx512: return cpu_has_avx512();
+    default: return true;
+  }
+}
+
 CpuSimd resolve(CpuSimd simd) {
   if (simd == CpuSimd::Auto) simd = knobs().cpu_simd;
-  if (simd == CpuSimd::Auto) simd = cpu_has_avx2() ? CpuSimd::Avx2 : CpuSimd::Generic;
-  if (simd == CpuSimd::Avx2 && !cpu_has_avx2()) {
-    throw UserError("ATTNJIT_CPU_SIMD", std::string("avx2 was asked for but ") +
-                                            (cpu_simd_available(CpuSimd::Avx2) ? "this CPU lacks AVX2 and FMA"
-                                                                               : "this build has no AVX2 variant") +
-                                            "; use auto or generic");
+  if (simd == CpuSimd::Auto) {
+    simd = cpu_has_avx512() ? CpuSimd::Avx512 : cpu_has_avx2() ? CpuSimd::Avx2 : CpuSimd::Generic;
+  }
+  if (!cpu_runs(simd)) {
+    const bool avx512 = simd == CpuSimd::Avx512;
+    throw UserError("ATTNJIT_CPU_SIMD",
+                    std::string(cpu_simd_name(simd)) + " was asked for but " +
+                        (!cpu_simd_available(simd) ? std::string("this build has no ") + (avx512 ? "AVX-512" : "AVX2") + " variant"
+                         : avx512                  ? "this CPU lacks AVX-512 (F, DQ, VL and BW)"
+                                                   : "this CPU lacks AVX2 and FMA") +
+                        "; use auto or generic");
   }
   return simd;
 }
 
+#define ATTNJIT_WORKERS(NS) Workers{NS::forward_worker, NS::dq_worker, NS::dkdv_worker, NS::fused_worker, NS::weights_worker}
+
 Workers workers_for(CpuSimd simd) {
-#if defined(ATTNJIT_HAVE_CPU_AVX2)
-  if (resolve(simd) == CpuSimd::Avx2) return {cpu_avx2::forward_worker, cpu_avx2::dq_worker, cpu_avx2::dkdv_worker, cpu_avx2::fused_worker,
-                                                  cpu_avx2::weights_worker};
-#else
-  resolve(simd);  // throws if Avx2 was asked for
+  switch (resolve(simd)) {  // throws for a variant this build or CPU lacks
+#if defined(ATTNJIT_HAVE_CPU_AVX512)
+    case CpuSimd::Avx512: return ATTNJIT_WORKERS(cpu_avx512);
 #endif
-  return {cpu_generic::forward_worker, cpu_generic::dq_worker, cpu_generic::dkdv_worker, cpu_generic::fused_worker,
-          cpu_generic::weights_worker};
+#if defined(ATTNJIT_HAVE_CPU_AVX2)
+    case CpuSimd::Avx2: return ATTNJIT_WORKERS(cpu_avx2);
+#endif
+    default: return ATTNJIT_WORKERS(cpu_generic);
+  }
 }
+
+#undef ATTNJIT_WORKERS
 
 unsigned thread_count(unsigned threads) { return threads ? threads : std::max(1u, std::thread::hardware_concurrency()); }
 
@@ -91,11 +120,17 @@ bool cpu_simd_available(CpuSimd simd) {
 #else
       return false;
 #endif
+    case CpuSimd::Avx512:
+#if defined(ATTNJIT_HAVE_CPU_AVX512)
+      return true;
+#else
+      return false;
+#endif
   }
   return false;
 }
 
-bool cpu_simd_runs_here(CpuSimd simd) { return simd == CpuSimd::Avx2 ? cpu_has_avx2() : true; }
+bool cpu_simd_runs_here(CpuSimd simd) { return cpu_runs(simd); }
 
 CpuSimd cpu_simd_selected() { return resolve(CpuSimd::Auto); }
 

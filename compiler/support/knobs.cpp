@@ -52,13 +52,13 @@ void parse_log_level(const char* name, const std::string& value, LogLevel& out) 
 
 void parse_cpu_simd(const char* name, const std::string& value, CpuSimd& out) {
   const std::string v = lower(value);
-  for (CpuSimd simd : {CpuSimd::Auto, CpuSimd::Generic, CpuSimd::Avx2}) {
+  for (CpuSimd simd : {CpuSimd::Auto, CpuSimd::Generic, CpuSimd::Avx2, CpuSimd::Avx512}) {
     if (v == cpu_simd_name(simd)) {
       out = simd;
       return;
     }
   }
-  throw UserError(name, "'" + value + "' is not an instruction set; use one of auto, generic, avx2");
+  throw UserError(name, "'" + value + "' is not an instruction set; use one of auto, generic, avx2, avx512");
 }
 
 // A non-negative decimal count of `unit` ("bytes"); `example` shows one in the error.
@@ -205,6 +205,7 @@ const char* cpu_simd_name(CpuSimd simd) {
     case CpuSimd::Auto: return "auto";
     case CpuSimd::Generic: return "generic";
     case CpuSimd::Avx2: return "avx2";
+    case CpuSimd::Avx512: return "avx512";
   }
   internal_error(__FILE__, __LINE__, "unknown CpuSimd");
 }

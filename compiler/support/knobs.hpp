@@ -11,7 +11,7 @@ enum class LogLevel { Error = 0, Warn = 1, Info = 2, Debug = 3 };
 
 // The CPU plan executor's instruction set (runtime/plan_executor.hpp): Auto picks the best this
 // CPU runs; Generic is the baseline build (SSE2 on x86-64); Avx2 needs AVX2 and FMA.
-enum class CpuSimd { Auto, Generic, Avx2 };
+enum class CpuSimd { Auto, Generic, Avx2, Avx512 };
 
 // The shipped tuning databases' folder compiled in (ATTNJIT_AUTOTUNE_DB_DIR), or "none".
 inline std::string default_shipped_db_dir() {
@@ -61,7 +61,7 @@ struct Knobs {
   // ATTNJIT_NVRTC: the NVRTC libraries to compile with, files or folders separated by ':', used
   // instead of searching (compiler/nvrtc/nvrtc_library.hpp); "none": no NVRTC at all; unset: search.
   std::string nvrtc;
-  CpuSimd cpu_simd = CpuSimd::Auto;     // ATTNJIT_CPU_SIMD=auto|generic|avx2: the CPU device's tile arithmetic
+  CpuSimd cpu_simd = CpuSimd::Auto;     // ATTNJIT_CPU_SIMD=auto|generic|avx2|avx512: the CPU device's tile arithmetic
   // The CPU emulator (Device::emu()):
   std::string emu_cxx = "c++";          // ATTNJIT_EMU_CXX: the host C++ compiler (g++ or clang++) kernels are built with
   uint64_t emu_seed = 0;                // ATTNJIT_EMU_SEED: 0 runs threads in index order; else shuffles them between barriers
@@ -87,6 +87,6 @@ const Knobs& knobs();
 void log(LogLevel level, const std::string& message);
 
 const char* log_level_name(LogLevel level);  // "error", "warn", "info", "debug"
-const char* cpu_simd_name(CpuSimd simd);     // "auto", "generic", "avx2"
+const char* cpu_simd_name(CpuSimd simd);     // "auto", "generic", "avx2", "avx512"
 
 }  // namespace attnjit

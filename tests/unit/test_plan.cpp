@@ -246,8 +246,11 @@ namespace {
 // run is reported, not silently dropped.
 std::vector<CpuSimd> simd_variants() {
   std::vector<CpuSimd> out{CpuSimd::Generic};
-  if (cpu_simd_available(CpuSimd::Avx2) && cpu_simd_runs_here(CpuSimd::Avx2)) out.push_back(CpuSimd::Avx2);
-  else WARN("the AVX2 variant of the plan executor is not tested: " << (cpu_simd_available(CpuSimd::Avx2) ? "this CPU lacks AVX2/FMA" : "not in this build"));
+  for (const CpuSimd simd : {CpuSimd::Avx2, CpuSimd::Avx512}) {
+    if (cpu_simd_available(simd) && cpu_simd_runs_here(simd)) out.push_back(simd);
+    else WARN("the " << cpu_simd_name(simd) << " variant of the plan executor is not tested: "
+                     << (cpu_simd_available(simd) ? "this CPU lacks it" : "not in this build"));
+  }
   return out;
 }
 
@@ -541,15 +544,25 @@ TEST_CASE("the plan executor's instruction-set choice: the knob, and a clear err
   s.seq_q = s.seq_k = 8;
   const Plan plan = lower_to_plan(p, s, TileConfig{4, 4});
   const std::vector<float> x(static_cast<size_t>(8 * s.heads_q * s.head_dim), 0.5f);
-  if (!(cpu_simd_available(CpuSimd::Avx2) && cpu_simd_runs_here(CpuSimd::Avx2))) {
-    CHECK_THROWS_WITH(execute_plan(plan, p, x.data(), x.data(), x.data(), nullptr, {.simd = CpuSimd::Avx2}),
-                      Catch::Contains("ATTNJIT_CPU_SIMD") && Catch::Contains("use auto or generic"));
-  } else {
-    // Both variants give the same output on the same plan (to float32 rounding).
-    const ExecutorOutput a = execute_plan(plan, p, x.data(), x.data(), x.data(), nullptr, {.simd = CpuSimd::Generic});
-    const ExecutorOutput b = execute_plan(plan, p, x.data(), x.data(), x.data(), nullptr, {.simd = CpuSimd::Avx2});
-    for (size_t i = 0; i < a.o.size(); ++i) REQUIRE(a.o[i] == Approx(b.o[i]).epsilon(1e-6));
+  const ExecutorOutput a = execute_plan(plan, p, x.data(), x.data(), x.data(), nullptr, {.simd = CpuSimd::Generic});
+  for (const CpuSimd simd : {CpuSimd::Avx2, CpuSimd::Avx512}) {
+    INFO(cpu_simd_name(simd));
+    if (!(cpu_simd_available(simd) && cpu_simd_runs_here(simd))) {
+      CHECK_THROWS_WITH(execute_plan(plan, p, x.data(), x.data(), x.data(), nullptr, {.simd = simd}),
+                        Catch::Contains("ATTNJIT_CPU_SIMD") && Catch::Contains(std::string(cpu_simd_name(simd)) + " was asked for") &&
+                            Catch::Contains("use auto or generic"));
+    } else {
+      // Every variant gives the same output on the same plan (to float32 rounding).
+      const ExecutorOutput b = execute_plan(plan, p, x.data(), x.data(), x.data(), nullptr, {.simd = simd});
+      for (size_t i = 0; i < a.o.size(); ++i) REQUIRE(a.o[i] == Approx(b.o[i]).epsilon(1e-6));
+    }
   }
+  // Auto takes the widest variant this build and CPU run (unless ATTNJIT_CPU_SIMD names one).
+  if (knobs().cpu_simd != CpuSimd::Auto) return;
+  const CpuSimd widest = cpu_simd_runs_here(CpuSimd::Avx512) && cpu_simd_available(CpuSimd::Avx512) ? CpuSimd::Avx512
+                         : cpu_simd_runs_here(CpuSimd::Avx2) && cpu_simd_available(CpuSimd::Avx2) ? CpuSimd::Avx2
+                                                                                                    : CpuSimd::Generic;
+  CHECK(cpu_simd_selected() == widest);
 }
 
 TEST_CASE("dilated rows are gathered into full tiles: LongNet waste stays small", "[plan]") {
