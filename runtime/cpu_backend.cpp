@@ -1,6 +1,9 @@
-// The CPU device: the plan executor on host tensors of any strides and dtype (converted to float32
-// in the executor's head-major order, [B, H, S, D], and back).
+// The CPU device: the plan executor on host tensors of any strides and dtype. The forward reads
+// float32 tensors in place where their rows allow it and writes a contiguous float32 O directly;
+// everything else is converted to float32 in the executor's head-major order, [B, H, S, D], and back.
 #include <algorithm>
+#include <cstdint>
+#include <optional>
 #include <type_traits>
 
 #include "compiler/support/error.hpp"
@@ -16,17 +19,53 @@ ExecutorOptions executor_options(const ForwardOptions& o) {
   return ExecutorOptions{.order = ExecutorOrder::HeadMajor, .offsets = std::pair{o.q_offset, o.k_offset}};
 }
 
+// A float32 [B, S, H, width] view's rows as the executor reads them in place: the last dimension
+// contiguous and every other stride a non-negative whole number of rows.
+std::optional<RowLayout> rows_in_place(const TensorView& t) {
+  const int64_t width = t.shape[3];
+  if (t.dtype != DType::F32 || t.strides[3] != 1 || width <= 0) return std::nullopt;
+  for (int d = 0; d < 3; ++d) {
+    if (t.strides[d] < 0 || t.strides[d] % width != 0) return std::nullopt;
+  }
+  return RowLayout{t.strides[0] / width, t.strides[1] / width, t.strides[2] / width};
+}
+
+bool contiguous_f32(const TensorView& t) {
+  if (t.dtype != DType::F32) return false;
+  int64_t expect = 1;
+  for (size_t d = t.shape.size(); d-- > 0;) {
+    if (t.shape[d] != 1 && t.strides[d] != expect) return false;
+    expect *= t.shape[d];
+  }
+  return true;
+}
+
 class CpuBackend final : public Backend {
 public:
   explicit CpuBackend(const Pattern& p) : pattern_(p) {}
   void upload(PlanEntry&, const DynamicLayout*) override {}
   void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView* lse, const ForwardOptions& options) override {
-    const std::vector<float> qf = gather(head_major(q)), kf = gather(head_major(k)), vf = gather(head_major(v));
-    const ExecutorOutput r =
-        execute_plan(entry.plan, pattern_, qf.data(), kf.data(), vf.data(), options.dynamic_layout, executor_options(options));
-    scatter(head_major(o), r.o);
-    if (lse) scatter(*lse, r.lse);
+    const auto qr = rows_in_place(q), kr = rows_in_place(k), vr = rows_in_place(v);
+    // (check_forward_inputs has refused an O that overlaps an input.)
+    const bool in_place = qr && kr && vr && contiguous_f32(o);
+    if (!in_place) {
+      const std::vector<float> qf = gather(head_major(q)), kf = gather(head_major(k)), vf = gather(head_major(v));
+      const ExecutorOutput r = execute_plan(entry.plan, pattern_, qf.data(), kf.data(), vf.data(), options.dynamic_layout,
+                                            executor_options(options));
+      scatter(head_major(o), r.o);
+      if (lse) scatter(*lse, r.lse);
+      return;
+    }
+    // O contiguous [B, S, H, Dv]: rows {S * H, H, 1}. The LSE goes straight to a contiguous float32 one.
+    const Shape& s = entry.plan.shape;
+    const bool lse_direct = lse && contiguous_f32(*lse);
+    std::vector<float> lse_tmp(lse_direct ? 0 : static_cast<size_t>(s.batch * s.heads_q * s.seq_q));
+    float* lse_out = lse_direct ? static_cast<float*>(lse->data) : lse_tmp.data();
+    execute_plan_into(entry.plan, pattern_, {static_cast<const float*>(q.data), *qr}, {static_cast<const float*>(k.data), *kr},
+                      {static_cast<const float*>(v.data), *vr}, static_cast<float*>(o.data),
+                      RowLayout{s.seq_q * s.heads_q, s.heads_q, 1}, lse_out, options.dynamic_layout, executor_options(options));
+    if (lse && !lse_direct) scatter(*lse, lse_tmp);
   }
   void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,

@@ -105,6 +105,8 @@ ExecutorJob job_for(const Plan& plan, const ExecutorOptions& options) {
     job.q_layout = {s.heads_q * s.seq_q, 1, s.seq_q};
     job.k_layout = {s.heads_kv * s.seq_k, 1, s.seq_k};
   }
+  job.v_layout = job.k_layout;
+  job.o_layout = job.q_layout;
   return job;
 }
 
@@ -137,20 +139,29 @@ CpuSimd cpu_simd_selected() { return resolve(CpuSimd::Auto); }
 ExecutorOutput execute_plan(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* v,
                             const DynamicLayout* dynamic, const ExecutorOptions& options) {
   const Shape& s = plan.shape;
-  const Workers w = workers_for(options.simd);
   ExecutorOutput out;
   // Outputs start poisoned, so a row the plan forgets shows.
   const float nan = std::numeric_limits<float>::quiet_NaN();
   out.o.assign(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v), nan);
   out.lse.assign(static_cast<size_t>(s.batch * s.heads_q * s.seq_q), nan);
+  const ExecutorJob layouts = job_for(plan, options);
+  execute_plan_into(plan, pattern, {q, layouts.q_layout}, {k, layouts.k_layout}, {v, layouts.v_layout}, out.o.data(),
+                    layouts.o_layout, out.lse.data(), dynamic, options);
+  return out;
+}
+
+void execute_plan_into(const Plan& plan, const Pattern& pattern, RowsAt q, RowsAt k, RowsAt v, float* o, RowLayout o_rows,
+                       float* lse, const DynamicLayout* dynamic, const ExecutorOptions& options) {
+  const Shape& s = plan.shape;
+  const Workers w = workers_for(options.simd);
   ExecutorJob job = job_for(plan, options);
+  job.q_layout = q.rows, job.k_layout = k.rows, job.v_layout = v.rows, job.o_layout = o_rows;
   job.pattern = &pattern;
   job.dynamic = dynamic;
-  job.q = q, job.k = k, job.v = v;
-  job.o = out.o.data(), job.lse_out = out.lse.data();
+  job.q = q.data, job.k = k.data, job.v = v.data;
+  job.o = o, job.lse_out = lse;
   // Work items write disjoint rows, so workers take (batch, item) units from a shared counter.
   run_workers(w.forward, job, s.batch * static_cast<int64_t>(plan.items.size()), options.threads);
-  return out;
 }
 
 void execute_plan_weights(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* lse,

@@ -12,6 +12,12 @@
 
 namespace attnjit {
 
+// Where row (batch b, position i, head h) of a tensor starts, in rows of its width (head_dim or
+// head_dim_v): b * batch + i * pos + h * head. [B, S, H, D] is {S * H, H, 1}; [B, H, S, D] is {H * S, 1, S}.
+struct RowLayout {
+  int64_t batch = 0, pos = 0, head = 0;
+};
+
 struct ExecutorOutput {
   std::vector<float> o;    // [batch, seq_q, heads_q, head_dim_v] (HeadMajor: [batch, heads_q, seq_q, head_dim_v])
   std::vector<float> lse;  // [batch, heads_q, seq_q]
@@ -45,6 +51,20 @@ struct ExecutorOptions {
 // the partial-tile predicate.
 ExecutorOutput execute_plan(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* v,
                             const DynamicLayout* dynamic = nullptr, const ExecutorOptions& options = {});
+
+// A float32 tensor read (or written) in place: its first element and its row layout.
+struct RowsAt {
+  const float* data = nullptr;
+  RowLayout rows;
+};
+
+// The forward on tensors of any row layout, read and written in place (the CPU device's path for
+// float32 tensors): O by `o_rows` (which must not overlap the inputs), the LSE into `lse`
+// ([B, Hq, Sq], contiguous). `options.order` is not used. Nothing is poisoned: every row of O
+// and the LSE is written.
+void execute_plan_into(const Plan& plan, const Pattern& pattern, RowsAt q, RowsAt k, RowsAt v, float* o,
+                       RowLayout o_rows, float* lse, const DynamicLayout* dynamic = nullptr,
+                       const ExecutorOptions& options = {});
 
 // The attention weights of the forward: W [batch, heads_q, seq_q, seq_k] (written whole, zeros
 // where nothing is attended) with W[b, h, i, j] = f * sum over the visits of (i, j) of

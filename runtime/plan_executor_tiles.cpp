@@ -82,7 +82,7 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
     for_each_visited_tile(plan, span, [&](int32_t t, bool full) {
       const RowMap keys = tile_keys(span, t, plan.tiles.tile_k);
       const Rows k = rows_of<Rows>(job.k, job.k_layout, b, kvh, s.head_dim, keys);
-      const Rows v = rows_of<Rows>(job.v, job.k_layout, b, kvh, s.head_dim_v, keys);
+      const Rows v = rows_of<Rows>(job.v, job.v_layout, b, kvh, s.head_dim_v, keys);
       st.scores.resize(n, keys.count);
       st.scores.noalias() = q * k.transpose();  // unscaled: the scale is applied inside the exp
       if (!full) apply_mask(job, span.branch, item.head, item.rows, keys, st.scores, st.keep);
@@ -117,7 +117,7 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
     });
   }
   // The epilogue: O = acc / l (scaled under head_groups), LSE = m + log l; empty rows 0 and -inf.
-  MutableRows o = rows_of<MutableRows>(job.o, job.q_layout, b, item.head, s.head_dim_v, item.rows);
+  MutableRows o = rows_of<MutableRows>(job.o, job.o_layout, b, item.head, s.head_dim_v, item.rows);
   float* lse = job.lse_out + (b * s.heads_q + item.head) * s.seq_q;
   for (int64_t r = 0; r < n; ++r) {
     const float l = st.l(r);

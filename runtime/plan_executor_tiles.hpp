@@ -9,19 +9,15 @@
 
 #include "compiler/plan/plan.hpp"
 #include "compiler/plan/plan_backward.hpp"
+#include "runtime/plan_executor.hpp"
 
 namespace attnjit {
 
-// Where row (batch b, position i, head h) of a tensor starts, in rows of its width (head_dim or
-// head_dim_v): b * batch + i * pos + h * head. [B, S, H, D] is {S * H, H, 1}; [B, H, S, D] is {H * S, 1, S}.
-struct RowLayout {
-  int64_t batch = 0, pos = 0, head = 0;
-};
-
-// Everything a worker reads and writes. q/o/dout/dq follow `q_layout`, k/v/dk/dv `k_layout`;
-// lse/delta are [B, Hq, Sq].
+// Everything a worker reads and writes. q/dout/dq follow `q_layout`, k/dk/dv `k_layout`; the
+// forward reads v by `v_layout` and writes o by `o_layout` (the same as k's and q's unless the
+// tensors are read in place, execute_plan_into); lse/delta are [B, Hq, Sq].
 struct ExecutorJob {
-  RowLayout q_layout, k_layout;
+  RowLayout q_layout, k_layout, v_layout, o_layout;
   const Plan* plan = nullptr;
   const BackwardPlan* bwd = nullptr;  // backward only
   const Pattern* pattern = nullptr;

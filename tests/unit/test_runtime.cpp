@@ -77,16 +77,28 @@ TEST_CASE("the CPU device matches the reference through any layout and dtype", "
     HostTensor q(qv, {s.batch, s.seq_q, s.heads_q, s.head_dim}, dt, bhsd);
     HostTensor k(kv, {s.batch, s.seq_k, s.heads_kv, s.head_dim}, dt, bhsd);
     HostTensor v(vv, {s.batch, s.seq_k, s.heads_kv, s.head_dim_v}, dt, bhsd);
+    // O's layout varies apart from the inputs' (float32 inputs are read in place whatever their row
+    // strides; a contiguous float32 O is written in place), and so does the LSE's.
+    const bool o_bhsd = (n / 2) % 2 == 1, lse_strided = n % 5 == 2;
     HostTensor o(std::vector<float>(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v), NAN),
-                 {s.batch, s.seq_q, s.heads_q, s.head_dim_v}, dt, bhsd);
+                 {s.batch, s.seq_q, s.heads_q, s.head_dim_v}, dt, o_bhsd);
     std::vector<float> lse(static_cast<size_t>(s.batch * s.heads_q * s.seq_q), NAN);
     TensorView lse_view = TensorView::contiguous(lse.data(), DType::F32, {s.batch, s.heads_q, s.seq_q});
+    if (lse_strided) {  // each (b, h) row padded by 3
+      lse.assign(static_cast<size_t>(s.batch * s.heads_q * (s.seq_q + 3)), NAN);
+      lse_view.data = lse.data();
+      lse_view.strides = {s.heads_q * (s.seq_q + 3), s.seq_q + 3, 1};
+    }
+    const auto lse_at = [&](int64_t b, int64_t h, int64_t i) {
+      return lse[static_cast<size_t>(b * lse_view.strides[0] + h * lse_view.strides[1] + i * lse_view.strides[2])];
+    };
     Problem pb{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt};
     ForwardOptions fo;
     fo.q_offset = s.q_offset;
     fo.k_offset = s.k_offset;
     fo.dynamic_layout = c.dynamic ? &*c.dynamic : nullptr;
-    INFO("case " << n << "\n" << canonical_text(c.pattern));
+    INFO("case " << n << (bhsd ? " [B,H,S,D] inputs" : "") << (o_bhsd ? " [B,H,S,D] O" : "") << (lse_strided ? " strided LSE" : "")
+                  << "\n" << canonical_text(c.pattern));
     rt.prepare(c.pattern, pb).forward(q.view, k.view, v.view, o.view, &lse_view, fo);
     const ReferenceOutput want = reference_attention(c.pattern, s, qv.data(), kv.data(), vv.data(), fo.dynamic_layout, 1);
     const double tol = dt == DType::F16 ? 2e-3 : 1e-5;  // fp16 output rounding
@@ -94,7 +106,7 @@ TEST_CASE("the CPU device matches the reference through any layout and dtype", "
       for (int64_t i = 0; i < s.seq_q; ++i)
         for (int64_t h = 0; h < s.heads_q; ++h) {
           const double wl = want.lse[static_cast<size_t>((b * s.heads_q + h) * s.seq_q + i)];
-          const float gl = lse[static_cast<size_t>((b * s.heads_q + h) * s.seq_q + i)];
+          const float gl = lse_at(b, h, i);
           if (std::isinf(wl)) REQUIRE(gl == -INFINITY); else REQUIRE(gl == Approx(wl).epsilon(1e-5).margin(1e-5));
           for (int64_t d = 0; d < s.head_dim_v; ++d) {
             const double w = want.o[static_cast<size_t>(((b * s.seq_q + i) * s.heads_q + h) * s.head_dim_v + d)];
@@ -102,6 +114,34 @@ TEST_CASE("the CPU device matches the reference through any layout and dtype", "
           }
         }
   }
+}
+
+TEST_CASE("the CPU device reads float32 inputs in place through any row strides", "[runtime]") {
+  // K read with a zero batch stride (one K for every batch) and V out of a packed [B, S, 2, H, D]
+  // tensor: the in-place forward must index each by its own strides.
+  const Pattern p = PatternBuilder().causal().branch(BranchSpec().segment(8).dilation(2)).branch(BranchSpec().full()).build();
+  const int64_t B = 2, S = 16, H = 2, D = 8;
+  const std::vector<float> q = random_tensor(B * S * H * D, 11), k = random_tensor(S * H * D, 12),
+                           v = random_tensor(B * S * H * D, 13);
+  std::vector<float> k_batched, packed(static_cast<size_t>(B * S * 2 * H * D), NAN);
+  for (int64_t b = 0; b < B; ++b) k_batched.insert(k_batched.end(), k.begin(), k.end());
+  for (int64_t row = 0; row < B * S; ++row)  // (b, s): V's H * D values after H * D unused ones
+    std::copy_n(v.begin() + row * H * D, H * D, packed.begin() + (row * 2 + 1) * H * D);
+  TensorView kview = TensorView::contiguous(const_cast<float*>(k.data()), DType::F32, {B, S, H, D});
+  kview.strides[0] = 0;
+  TensorView vview = TensorView::contiguous(packed.data() + H * D, DType::F32, {B, S, H, D});
+  vview.strides = {S * 2 * H * D, 2 * H * D, D, 1};
+  std::vector<float> o(q.size(), NAN), lse(static_cast<size_t>(B * H * S), NAN);
+  Runtime rt;
+  Attention a = rt.prepare(p, Problem{B, S, S, H, H, D, D, DType::F32});
+  const TensorView lview = TensorView::contiguous(lse.data(), DType::F32, {B, H, S});
+  a.forward(TensorView::contiguous(const_cast<float*>(q.data()), DType::F32, {B, S, H, D}), kview, vview,
+            TensorView::contiguous(o.data(), DType::F32, {B, S, H, D}), &lview);
+  Shape s;
+  s.batch = B, s.seq_q = s.seq_k = S, s.heads_q = s.heads_kv = H, s.head_dim = s.head_dim_v = D;
+  const ReferenceOutput want = reference_attention(p, s, q.data(), k_batched.data(), v.data());
+  for (size_t i = 0; i < o.size(); ++i) REQUIRE(o[i] == Approx(want.o[i]).margin(1e-5));
+  for (size_t i = 0; i < lse.size(); ++i) REQUIRE(lse[i] == Approx(want.lse[i]).margin(1e-5));
 }
 
 TEST_CASE("attention() prepares once per pattern and problem", "[runtime]") {
