@@ -131,7 +131,8 @@ def write(out, rows, meta):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "cpu_peers.json"), "w", encoding="utf-8") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    lines = [f"# attnjit on the CPU against PyTorch ({meta['cpu']}, {meta['threads']} threads, torch {meta['torch']})",
+    lines = [f"# attnjit on the CPU against PyTorch ({meta['cpu']}, {meta['threads']} threads, torch {meta['torch']}, "
+             f"attnjit's {meta['cpu_executor']} executor)",
              "", f"`{meta['command']}`", "",
              "| case | S, H, D | mode | ours ms | peer | peer ms | ours faster by | ours GFLOP/s |",
              "|---|---|---|---|---|---|---|---|"]
@@ -176,7 +177,7 @@ def main():
               f"(max |diff| {max(r['max_abs_diff'] for r in rows):.2g})")
         return
     meta = {"cpu": cpu_name(), "threads": threads, "torch": torch.__version__, "attnjit": attnjit.__version__,
-            "command": "python3 bench/cpu_peers.py " + " ".join(sys.argv[1:])}
+            "cpu_executor": attnjit.info()["cpu_executor"], "command": "python3 bench/cpu_peers.py " + " ".join(sys.argv[1:])}
     if a.out:
         write(a.out, rows, meta)
 
