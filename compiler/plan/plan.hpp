@@ -166,6 +166,11 @@ std::vector<uint8_t> plan_query_rows(const Plan& plan);
 // selection are already in the row maps).
 bool partial_tile_allows(const Pattern& p, int32_t branch, int32_t head, int64_t qpos, int64_t kpos,
                          const DynamicLayout* dynamic);
+// The same for one query row of a partial tile at once: keep[c] = 1 if the pair (qpos, kpos0 + c *
+// step) is allowed, else 0, for c < count (step >= 1). The band is two bounds and a layout its kept
+// intervals (layout_key_intervals), so a row costs about as much as its intervals, not its keys.
+void partial_tile_row(const Pattern& p, int32_t branch, int32_t head, int64_t qpos, int64_t kpos0, int64_t step,
+                      int64_t count, const DynamicLayout* dynamic, float* keep);
 
 // Readable text: a summary, then the tables (the first `max_items` work items; all with -1).
 std::string print_plan(const Plan& plan, int64_t max_items);

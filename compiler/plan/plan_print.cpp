@@ -1,6 +1,8 @@
 // Printing a Plan, parsing tile sizes, and the per-element predicate of partial tiles.
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
+#include <vector>
 
 #include "compiler/plan/plan.hpp"
 #include "compiler/support/error.hpp"
@@ -14,6 +16,38 @@ bool partial_tile_allows(const Pattern& p, int32_t branch, int32_t head, int64_t
   if (b.window.left >= 0 && kpos < qpos - b.window.left) return false;
   if (b.window.right >= 0 && kpos > qpos + b.window.right) return false;
   return !b.layout || layout_allows(*b.layout, head, qpos, kpos, dynamic);
+}
+
+namespace {
+int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+int64_t ceil_div(int64_t a, int64_t b) { return -floor_div(-a, b); }
+}  // namespace
+
+void partial_tile_row(const Pattern& p, int32_t branch, int32_t head, int64_t qpos, int64_t kpos0, int64_t step,
+                      int64_t count, const DynamicLayout* dynamic, float* keep) {
+  std::fill(keep, keep + count, 0.0f);
+  if (count <= 0) return;
+  const Branch& b = p.branches[static_cast<size_t>(branch)];
+  // The band, as key columns [c_lo, c_hi]: kpos0 + c * step within [lo, hi].
+  const int64_t last = kpos0 + (count - 1) * step;
+  int64_t lo = kpos0, hi = last;
+  if (b.causal) hi = std::min(hi, qpos);
+  if (b.window.left >= 0) lo = std::max(lo, qpos - b.window.left);
+  if (b.window.right >= 0) hi = std::min(hi, qpos + b.window.right);
+  if (lo > hi) return;
+  const int64_t c_lo = ceil_div(lo - kpos0, step), c_hi = floor_div(hi - kpos0, step);
+  if (c_lo > c_hi) return;
+  if (!b.layout) {
+    std::fill(keep + c_lo, keep + c_hi + 1, 1.0f);
+    return;
+  }
+  // The layout, as kept key intervals over the band's columns.
+  thread_local std::vector<KeyInterval> kept;
+  layout_key_intervals(*b.layout, head, qpos, kpos0 + c_lo * step, kpos0 + c_hi * step + 1, dynamic, kept);
+  for (const KeyInterval& iv : kept) {
+    const int64_t from = std::max(c_lo, ceil_div(iv.begin - kpos0, step)), to = std::min(c_hi, floor_div(iv.end - 1 - kpos0, step));
+    if (from <= to) std::fill(keep + from, keep + to + 1, 1.0f);
+  }
 }
 
 TileConfig parse_tile_config(const std::string& text) {
