@@ -5,6 +5,10 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <thread>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "compiler/plan/plan.hpp"
 #include "compiler/plan/plan_backward.hpp"
@@ -565,6 +569,44 @@ TEST_CASE("a NaN in a query or key row makes exactly the reference's rows NaN on
       }
     }
   }
+}
+
+// The executor's threads are kept between calls: callers on several threads at once take turns
+// and each gets its own answer, and a forked child (which has none of the parent's threads) runs
+// the executor on threads of its own instead of waiting for the parent's.
+TEST_CASE("the plan executor's kept threads: concurrent callers and a forked child", "[plan][executor]") {
+  const Pattern p = PatternBuilder().causal().branch(BranchSpec().segment(64).dilation(2)).branch(BranchSpec().full()).build();
+  Shape s;
+  s.seq_q = s.seq_k = 192, s.heads_q = s.heads_kv = 4, s.head_dim = s.head_dim_v = 16;
+  const Plan plan = lower_to_plan(p, s, TileConfig{32, 32});
+  const size_t n = static_cast<size_t>(s.seq_q * s.heads_q * s.head_dim);
+  std::vector<std::vector<float>> inputs;
+  for (int i = 0; i < 4; ++i) inputs.push_back(random_tensor(n, 100 + i));
+  auto run = [&](int i, unsigned threads) {
+    const auto& x = inputs[static_cast<size_t>(i)];
+    return execute_plan(plan, p, x.data(), x.data(), x.data(), nullptr, {.threads = threads}).o;
+  };
+  std::vector<std::vector<float>> want;
+  for (int i = 0; i < 4; ++i) want.push_back(run(i, 1));
+  std::vector<std::vector<float>> got(4);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 4; ++i) callers.emplace_back([&, i] {
+    for (int rep = 0; rep < 5; ++rep) got[static_cast<size_t>(i)] = run(i, 3);
+  });
+  for (auto& t : callers) t.join();
+  for (int i = 0; i < 4; ++i) REQUIRE(got[static_cast<size_t>(i)] == want[static_cast<size_t>(i)]);
+
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    alarm(60);  // a child waiting on its parent's threads would hang: end it instead
+    _exit(run(1, 3) == want[1] ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  INFO("child status " << status);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("the plan executor's instruction-set choice: the knob, and a clear error for a missing variant", "[plan][executor][errors]") {
