@@ -1,7 +1,8 @@
 // The plan executor's tile arithmetic, compiled once per CPU instruction set (CMakeLists.txt:
 // runtime/plan_executor_tiles.cpp becomes attnjit::cpu_generic and, on x86-64, attnjit::cpu_avx2
-// with -mavx2 -mfma and attnjit::cpu_avx512 with AVX-512 F/DQ/VL/BW where the compiler has them). plan_executor.cpp owns the outputs and the threads and picks the variant at
-// run time (ATTNJIT_CPU_SIMD); a worker takes work units from the shared counter until none is left.
+// with -mavx2 -mfma and attnjit::cpu_avx512 with AVX-512 F/DQ/VL/BW where the compiler has them).
+// plan_executor.cpp owns the outputs and the threads and picks the variant at run time
+// (ATTNJIT_CPU_SIMD); a worker takes work units from the shared counter until none is left.
 #pragma once
 
 #include <atomic>
