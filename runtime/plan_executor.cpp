@@ -86,7 +86,7 @@ Workers workers_for(CpuSimd simd) {
 
 #undef ATTNJIT_WORKERS
 
-unsigned thread_count(unsigned threads) { return threads ? threads : std::max(1u, std::thread::hardware_concurrency()); }
+unsigned cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 // Threads kept between calls: starting one costs tens of microseconds, and a call used to start one
 // per core (twice or three times for a backward). One job runs at a time (concurrent callers take
@@ -158,10 +158,15 @@ private:
   size_t wanted_ = 0, pending_ = 0;
 };
 
-// Runs `worker` on up to `threads` threads (0: one per core), never more threads than units.
+// Each thread past the first gets at least this much work (FLOP of the tile products): handing it a
+// job and waiting for it costs tens of microseconds (more on a shared VM), about what one core
+// computes of this. A call on 16 tokens had its two threads cost more than its arithmetic.
+constexpr int64_t kMinFlopPerThread = int64_t{1} << 24;
+
+// Runs `worker` on `threads` threads, never more threads than units.
 void run_workers(Worker worker, const ExecutorJob& job, int64_t units, unsigned threads) {
   std::atomic<int64_t> next{0};
-  const auto n = static_cast<unsigned>(std::clamp<int64_t>(units, 1, thread_count(threads)));
+  const auto n = static_cast<unsigned>(std::clamp<int64_t>(units, 1, threads));
   WorkerPool::instance().run(n, [&] { worker(job, next); });
 }
 
@@ -184,6 +189,13 @@ ExecutorJob job_for(const Plan& plan, const ExecutorOptions& options) {
 }
 
 }  // namespace
+
+unsigned executor_threads(const Plan& plan, unsigned requested) {
+  if (requested) return requested;
+  const Shape& s = plan.shape;
+  const int64_t flop = 2 * plan.stats.computed_real_pairs * s.batch * (s.head_dim + s.head_dim_v);
+  return static_cast<unsigned>(std::clamp<int64_t>(flop / kMinFlopPerThread, 1, cores()));
+}
 
 bool cpu_simd_available(CpuSimd simd) {
   switch (simd) {
@@ -234,7 +246,7 @@ void execute_plan_into(const Plan& plan, const Pattern& pattern, RowsAt q, RowsA
   job.q = q.data, job.k = k.data, job.v = v.data;
   job.o = o, job.lse_out = lse;
   // Work items write disjoint rows, so workers take (batch, item) units from a shared counter.
-  run_workers(w.forward, job, s.batch * static_cast<int64_t>(plan.items.size()), options.threads);
+  run_workers(w.forward, job, s.batch * static_cast<int64_t>(plan.items.size()), executor_threads(plan, options.threads));
 }
 
 void execute_plan_weights(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* lse,
@@ -246,7 +258,7 @@ void execute_plan_weights(const Plan& plan, const Pattern& pattern, const float*
   job.pattern = &pattern;
   job.dynamic = dynamic;
   job.q = q, job.k = k, job.lse = lse, job.w = w;
-  run_workers(workers.weights, job, s.batch * static_cast<int64_t>(plan.items.size()), options.threads);
+  run_workers(workers.weights, job, s.batch * static_cast<int64_t>(plan.items.size()), executor_threads(plan, options.threads));
 }
 
 ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bwd, const Pattern& pattern, const float* q,
@@ -277,13 +289,14 @@ ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bw
   job.dq = g.dq.data(), job.dk = g.dk.data(), job.dv = g.dv.data();
   // A (batch, kv head) unit adds the key tiles of that head one after another (they may overlap).
   const int64_t kv_units = s.batch * s.heads_kv;
+  const unsigned threads = executor_threads(plan, options.threads);
   const bool fused = options.schedule == BackwardSchedule::Fused ||
-                     (options.schedule == BackwardSchedule::Auto && kv_units >= thread_count(options.threads));
+                     (options.schedule == BackwardSchedule::Auto && kv_units >= threads);
   if (fused) {
-    run_workers(w.fused, job, kv_units, options.threads);
+    run_workers(w.fused, job, kv_units, threads);
   } else {
-    run_workers(w.dq, job, s.batch * static_cast<int64_t>(plan.items.size()), options.threads);
-    run_workers(w.dkdv, job, kv_units, options.threads);
+    run_workers(w.dq, job, s.batch * static_cast<int64_t>(plan.items.size()), threads);
+    run_workers(w.dkdv, job, kv_units, threads);
   }
   return g;
 }

@@ -88,6 +88,11 @@ ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bw
                                         const float* dout, const DynamicLayout* dynamic = nullptr,
                                         const ExecutorOptions& options = {});
 
+// The threads a call on `plan` uses: `requested` (ExecutorOptions::threads) when non-zero, else one
+// per core but no more than the call's work fills (each thread past the first gets at least 2^24
+// FLOP of tile products: handing a thread its share costs tens of microseconds).
+unsigned executor_threads(const Plan& plan, unsigned requested);
+
 // Was the variant compiled into this build (Auto and Generic always are)? Does this CPU run it?
 bool cpu_simd_available(CpuSimd simd);
 bool cpu_simd_runs_here(CpuSimd simd);

@@ -571,6 +571,21 @@ TEST_CASE("a NaN in a query or key row makes exactly the reference's rows NaN on
   }
 }
 
+TEST_CASE("the plan executor uses one thread for a small call and every core for a large one", "[plan][executor]") {
+  const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  Shape tiny;
+  tiny.seq_q = tiny.seq_k = 16, tiny.heads_q = tiny.heads_kv = 2, tiny.head_dim = tiny.head_dim_v = 16;
+  CHECK(executor_threads(lower_to_plan(p, tiny, TileConfig{128, 128}), 0) == 1);
+  CHECK(executor_threads(lower_to_plan(p, tiny, TileConfig{128, 128}), 3) == 3);  // asked for: given
+  Shape big;  // 2^33 FLOP of tile products: 512 threads' worth
+  big.seq_q = big.seq_k = 2048, big.heads_q = big.heads_kv = 8, big.head_dim = big.head_dim_v = 64;
+  CHECK(executor_threads(lower_to_plan(p, big, TileConfig{128, 128}), 0) == std::min(cores, 512u));
+  Shape mid = big;  // 2^25 FLOP: two threads at most
+  mid.seq_q = mid.seq_k = 128;
+  CHECK(executor_threads(lower_to_plan(p, mid, TileConfig{128, 128}), 0) == std::min(cores, 2u));
+}
+
 // The executor's threads are kept between calls: callers on several threads at once take turns
 // and each gets its own answer, and a forked child (which has none of the parent's threads) runs
 // the executor on threads of its own instead of waiting for the parent's.
