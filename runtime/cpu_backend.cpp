@@ -20,14 +20,18 @@ ExecutorOptions executor_options(const ForwardOptions& o) {
 }
 
 // A float32 [B, S, H, width] view's rows as the executor reads them in place: the last dimension
-// contiguous and every other stride a non-negative whole number of rows.
+// contiguous and every other stride a non-negative whole number of rows (a dimension of size 1
+// has no stride that matters).
 std::optional<RowLayout> rows_in_place(const TensorView& t) {
   const int64_t width = t.shape[3];
-  if (t.dtype != DType::F32 || t.strides[3] != 1 || width <= 0) return std::nullopt;
+  if (t.dtype != DType::F32 || (width > 1 && t.strides[3] != 1) || width <= 0) return std::nullopt;
+  int64_t rows[3];
   for (int d = 0; d < 3; ++d) {
-    if (t.strides[d] < 0 || t.strides[d] % width != 0) return std::nullopt;
+    const int64_t stride = t.shape[d] == 1 ? 0 : t.strides[d];
+    if (stride < 0 || stride % width != 0) return std::nullopt;
+    rows[d] = stride / width;
   }
-  return RowLayout{t.strides[0] / width, t.strides[1] / width, t.strides[2] / width};
+  return RowLayout{rows[0], rows[1], rows[2]};
 }
 
 bool contiguous_f32(const TensorView& t) {

@@ -142,6 +142,23 @@ TEST_CASE("the CPU device reads float32 inputs in place through any row strides"
   const ReferenceOutput want = reference_attention(p, s, q.data(), k_batched.data(), v.data());
   for (size_t i = 0; i < o.size(); ++i) REQUIRE(o[i] == Approx(want.o[i]).margin(1e-5));
   for (size_t i = 0; i < lse.size(); ++i) REQUIRE(lse[i] == Approx(want.lse[i]).margin(1e-5));
+
+  // Batch 1 with strides that mean nothing on the size-1 dimension (7 for the batch, -3 for one
+  // kv head): read in place as if they were 0.
+  Runtime rt1;
+  Attention one = rt1.prepare(p, Problem{1, S, S, H, 1, D, D, DType::F32});
+  TensorView q1 = TensorView::contiguous(const_cast<float*>(q.data()), DType::F32, {1, S, H, D});
+  q1.strides[0] = 7;
+  TensorView k1 = TensorView::contiguous(const_cast<float*>(k.data()), DType::F32, {1, S, 1, D});
+  k1.strides = {7, H * D, -3, 1};  // head 0 of k's rows
+  std::vector<float> o1(static_cast<size_t>(S * H * D), NAN);
+  one.forward(q1, k1, k1, TensorView::contiguous(o1.data(), DType::F32, {1, S, H, D}));
+  std::vector<float> k_head0;
+  for (int64_t i = 0; i < S; ++i) k_head0.insert(k_head0.end(), k.begin() + i * H * D, k.begin() + i * H * D + D);
+  Shape s1 = s;
+  s1.batch = 1, s1.heads_kv = 1;
+  const ReferenceOutput want1 = reference_attention(p, s1, q.data(), k_head0.data(), k_head0.data());
+  for (size_t i = 0; i < o1.size(); ++i) REQUIRE(o1[i] == Approx(want1.o[i]).margin(1e-5));
 }
 
 TEST_CASE("attention() prepares once per pattern and problem", "[runtime]") {
