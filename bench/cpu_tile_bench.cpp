@@ -7,7 +7,7 @@
 // Prints, per variant (K/V rows strided as in [B, S, H, D] or contiguous as in [B, H, S, D]; the
 // GEMMs alone, with Eigen's exp, with the executor's exp), the best time of --reps and GFLOP/s
 // (4 * S^2 * D * H / time), on one thread per core. Built with -mavx2 -mfma on x86-64, like the
-// executor's AVX2 variant.
+// executor's AVX2 variant, and as attnjit_cpu_tile_bench_avx512 with its AVX-512 variant's flags.
 #include <Eigen/Core>
 
 #include "runtime/plan_executor_exp.hpp"
