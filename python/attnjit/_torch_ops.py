@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 
 from . import _attnjit
-from ._attention import check_shapes, cpu_device, device_table, host_table
+from ._inputs import check_shapes, cpu_device, device_table, host_table
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from . import _attnjit
-from ._attention import check_shapes
+from ._inputs import check_shapes
 from ._pattern import as_pattern
 
 LAYOUTS = ("contiguous", "zigzag")

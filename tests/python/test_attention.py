@@ -374,7 +374,7 @@ def test_bad_inputs_name_the_argument():
 
 def test_cpu_backward_needs_no_workspace():
     from attnjit import _attnjit
-    from attnjit._attention import cpu_device
+    from attnjit._inputs import cpu_device
     from attnjit._torch_ops import _DTYPES, _desc
     p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
     q, k, v = inputs(1, 64, 64, 2, 2, 16)
