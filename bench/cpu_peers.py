@@ -17,6 +17,13 @@ PyTorch implementation. Timing: wall clock, median (and min) of --runs after one
 systems' runs interleaved so that a noisy machine slows both alike. Threads: attnjit's executor
 uses one per core; PyTorch gets the same number (torch.set_num_threads(os.cpu_count())).
 Writes DIR/cpu_peers.json and DIR/cpu_peers.md.
+
+    PYTHONPATH=build/python python3 bench/cpu_peers.py --alone 3 --cases dense --modes forward
+
+times each system alone instead: every round runs ours, then the peer, each in a process of its
+own (--runs calls after a warm-up, the median), and reports the median of the rounds' medians.
+Interleaved in one process, the first milliseconds of our call share the cores with PyTorch's
+OpenMP threads, which keep spinning after SDPA returns (bench/NOTES.md, "The CPU device").
 """
 import argparse
 import fnmatch
@@ -24,6 +31,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
@@ -65,6 +73,45 @@ def peer_fn(kind, spec, S, H, D):
     return peers_torch.torch_dilated(spec, H, S, D, "cpu")
 
 
+def step_fn(fn, mode, q, k, v, do):
+    """One timed call of `fn` in `mode`: the forward without autograd, or forward and backward."""
+    if mode == "forward":
+        def fwd():
+            with torch.no_grad():
+                fn(q, k, v)
+        return fwd
+
+    def fb():
+        xs = [x.detach().requires_grad_() for x in (q, k, v)]
+        torch.autograd.grad(fn(*xs), xs, do)
+    return fb
+
+
+def alone_rows(todo, runs, rounds, modes):
+    """Each system timed in a process of its own, alternating, `rounds` times per case and mode."""
+    rows = []
+    for name, spec_name, S, H, D, peer in todo:
+        run_case(name, spec_name, S, H, D, peer, runs, smoke=True)  # the two agree first (it raises if not)
+        pairs = int(attnjit.Pattern.load(spec_path(spec_name)).stats(S, H)["attended_pairs"])
+        for mode in modes:
+            medians = {"ours": [], "peer": []}
+            for _ in range(rounds):
+                for system in ("ours", "peer"):
+                    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--cases", name, "--modes", mode,
+                                          "--runs", str(runs), "--only", system], check=True, capture_output=True,
+                                         text=True).stdout
+                    medians[system].append(json.loads(out.strip().splitlines()[-1])["median_ms"])
+            ours, theirs = statistics.median(medians["ours"]), statistics.median(medians["peer"])
+            rows.append({"case": name, "mode": mode + " (alone)", "S": S, "H": H, "D": D, "peer": peer, "ours_ms": ours,
+                         "peer_ms": theirs, "ours_rounds_ms": medians["ours"], "peer_rounds_ms": medians["peer"],
+                         "speedup": theirs / ours,
+                         "ours_gflops": 4 * D * pairs * (3.5 if mode != "forward" else 1.0) / (ours * 1e-3) / 1e9})
+            print(f"{name:13s} {mode + ' alone':17s} ours {ours:8.1f} ms  {peer} {theirs:8.1f} ms  ours faster by "
+                  f"{theirs / ours:5.2f}x  (rounds: ours {', '.join(f'{x:.1f}' for x in medians['ours'])}; "
+                  f"{peer} {', '.join(f'{x:.1f}' for x in medians['peer'])})", flush=True)
+    return rows
+
+
 def interleaved_times(fns, runs):
     """Median and min seconds of each fn, run in turn (one warm-up each)."""
     for fn in fns:
@@ -78,7 +125,7 @@ def interleaved_times(fns, runs):
     return [(statistics.median(ts), min(ts)) for ts in times]
 
 
-def run_case(name, spec_name, S, H, D, peer, runs, smoke):
+def run_case(name, spec_name, S, H, D, peer, runs, smoke, modes=("forward", "forward+backward"), only=None):
     path = spec_path(spec_name)
     with open(path, encoding="utf-8") as f:
         spec = json.load(f)
@@ -95,6 +142,9 @@ def run_case(name, spec_name, S, H, D, peer, runs, smoke):
     def theirs(q, k, v):
         return bhsd(peer_fwd(bhsd(q), bhsd(k), bhsd(v)))
 
+    if only is not None:  # one system timed alone (a child of --alone): no check, no interleaving
+        (median, best), = interleaved_times([step_fn(ours if only == "ours" else theirs, modes[0], q, k, v, do)], runs)
+        return [{"system": only, "median_ms": median * 1e3, "min_ms": best * 1e3}]
     # Correctness first: the two agree (fp32), forward and gradients.
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     o_ours = ours(*leaves)
@@ -108,16 +158,9 @@ def run_case(name, spec_name, S, H, D, peer, runs, smoke):
     rows = []
     if smoke:
         return [{"case": name, "peer": peer, "max_abs_diff": err}]
-    for mode in ("forward", "forward+backward"):
-        def step(fn):
-            if mode == "forward":
-                with torch.no_grad():
-                    return lambda: fn(q, k, v)
-            def fb():
-                xs = [x.detach().requires_grad_() for x in (q, k, v)]
-                torch.autograd.grad(fn(*xs), xs, do)
-            return fb
-        (t_ours, min_ours), (t_theirs, min_theirs) = interleaved_times([step(ours), step(theirs)], runs)
+    for mode in modes:
+        (t_ours, min_ours), (t_theirs, min_theirs) = interleaved_times(
+            [step_fn(ours, mode, q, k, v, do), step_fn(theirs, mode, q, k, v, do)], runs)
         flop = 4 * D * pairs * (3.5 if mode != "forward" else 1.0)
         rows.append({"case": name, "mode": mode, "S": S, "H": H, "D": D, "peer": peer, "ours_ms": t_ours * 1e3,
                      "ours_min_ms": min_ours * 1e3, "peer_ms": t_theirs * 1e3, "peer_min_ms": min_theirs * 1e3,
@@ -159,19 +202,32 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--cases", default="*")
+    ap.add_argument("--modes", default="forward,forward+backward", help="comma separated: forward, forward+backward")
+    ap.add_argument("--alone", type=int, default=0, metavar="ROUNDS",
+                    help="time each system in a process of its own, ROUNDS times, instead of interleaved")
+    ap.add_argument("--only", choices=("ours", "peer"), help=argparse.SUPPRESS)  # a child of --alone
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
     todo = [c for c in cases(a.smoke) if fnmatch.fnmatch(c[0], a.cases)]
+    modes = tuple(a.modes.split(","))
+    if set(modes) - {"forward", "forward+backward"}:
+        sys.exit(f"cpu_peers: --modes {a.modes}: expected forward and/or forward+backward")
     if a.list:
         for c in todo:
             print(*c)
         return
     threads = os.cpu_count()
     torch.set_num_threads(threads)
-    rows = []
-    for c in todo:
-        rows += run_case(*c, runs=a.runs, smoke=a.smoke)
+    if a.only:
+        print(json.dumps(run_case(*todo[0], runs=a.runs, smoke=False, modes=modes[:1], only=a.only)[0]))
+        return
+    if a.alone:
+        rows = alone_rows(todo, a.runs, a.alone, modes)
+    else:
+        rows = []
+        for c in todo:
+            rows += run_case(*c, runs=a.runs, smoke=a.smoke, modes=modes)
     if a.smoke:
         print(f"cpu_peers smoke: {len(rows)} cases agree with their peers "
               f"(max |diff| {max(r['max_abs_diff'] for r in rows):.2g})")
