@@ -87,7 +87,7 @@ def step_fn(fn, mode, q, k, v, do):
     return fb
 
 
-def alone_rows(todo, runs, rounds, modes):
+def alone_rows(todo, runs, rounds, modes, smoke=False):
     """Each system timed in a process of its own, alternating, `rounds` times per case and mode."""
     rows = []
     for name, spec_name, S, H, D, peer in todo:
@@ -98,8 +98,8 @@ def alone_rows(todo, runs, rounds, modes):
             for _ in range(rounds):
                 for system in ("ours", "peer"):
                     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--cases", name, "--modes", mode,
-                                          "--runs", str(runs), "--only", system], check=True, capture_output=True,
-                                         text=True).stdout
+                                          "--runs", str(runs), "--only", system] + (["--smoke"] if smoke else []),
+                                         check=True, capture_output=True, text=True).stdout
                     medians[system].append(json.loads(out.strip().splitlines()[-1])["median_ms"])
             ours, theirs = statistics.median(medians["ours"]), statistics.median(medians["peer"])
             rows.append({"case": name, "mode": mode + " (alone)", "S": S, "H": H, "D": D, "peer": peer, "ours_ms": ours,
@@ -223,7 +223,10 @@ def main():
         print(json.dumps(run_case(*todo[0], runs=a.runs, smoke=False, modes=modes[:1], only=a.only)[0]))
         return
     if a.alone:
-        rows = alone_rows(todo, a.runs, a.alone, modes)
+        rows = alone_rows(todo, a.runs, a.alone, modes, a.smoke)
+        if a.smoke:  # tiny shapes: the children ran and reported, nothing to compare
+            print(f"cpu_peers smoke --alone: {len(rows)} rows, every system timed in a process of its own")
+            return
     else:
         rows = []
         for c in todo:
