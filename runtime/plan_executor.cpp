@@ -2,15 +2,9 @@
 // is in plan_executor_tiles.cpp, compiled once per instruction set.
 #include "runtime/plan_executor.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
-#include <exception>
-#include <functional>
 #include <limits>
-#include <mutex>
 #include <thread>
 
 #include "compiler/support/error.hpp"
@@ -88,86 +82,18 @@ Workers workers_for(CpuSimd simd) {
 
 unsigned cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 
-// Threads kept between calls: starting one costs tens of microseconds, and a call used to start one
-// per core (twice or three times for a backward). One job runs at a time (concurrent callers take
-// turns; each job uses every core anyway); the calling thread works too. The pool is made on first
-// use and never destroyed (its threads wait on a condition variable until the process ends), and a
-// forked child, which has none of its parent's threads, makes a pool of its own.
-class WorkerPool {
-public:
-  static WorkerPool& instance() {
-    static std::mutex mu;
-    static WorkerPool* pool = nullptr;
-    static pid_t owner = 0;
-    std::lock_guard<std::mutex> lock(mu);
-    if (!pool || owner != getpid()) {  // the parent's pool (if any) is left as it is: its threads are not ours
-      pool = new WorkerPool;
-      owner = getpid();
-    }
-    return *pool;
-  }
-
-  // Runs `task` on `threads` threads at once (this one included) and returns when every one has.
-  void run(unsigned threads, const std::function<void()>& task) {
-    if (threads <= 1) return task();
-    std::lock_guard<std::mutex> job(job_mu_);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      while (threads_.size() < threads - 1) {
-        const size_t index = threads_.size();
-        threads_.emplace_back([this, index] { loop(index); });
-      }
-      task_ = &task;
-      wanted_ = threads - 1;
-      pending_ = threads - 1;
-      ++generation_;
-    }
-    wake_.notify_all();
-    std::exception_ptr error;
-    try {
-      task();
-    } catch (...) {
-      error = std::current_exception();  // the others still hold `task`: wait for them first
-    }
-    std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [&] { return pending_ == 0; });
-    if (error) std::rethrow_exception(error);
-  }
-
-private:
-  void loop(size_t index) {
-    uint64_t seen = 0;
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      wake_.wait(lock, [&] { return generation_ != seen; });
-      seen = generation_;
-      if (index >= wanted_) continue;  // this job wants fewer threads
-      const std::function<void()>* task = task_;
-      lock.unlock();
-      (*task)();  // the executor's workers do not throw: a worker that did would end the process, as before
-      lock.lock();
-      if (--pending_ == 0) done_.notify_one();
-    }
-  }
-
-  std::mutex job_mu_, mu_;
-  std::condition_variable wake_, done_;
-  std::vector<std::thread> threads_;
-  const std::function<void()>* task_ = nullptr;
-  uint64_t generation_ = 0;
-  size_t wanted_ = 0, pending_ = 0;
-};
-
-// Each thread past the first gets at least this much work (FLOP of the tile products): handing it a
-// job and waiting for it costs tens of microseconds (more on a shared VM), about what one core
-// computes of this. A call on 16 tokens had its two threads cost more than its arithmetic.
+// Each thread past the first gets at least this much work (FLOP of the tile products): starting it
+// and waiting for it costs tens of microseconds (more on a shared VM), about what one core computes
+// of this. A call on 16 tokens had its two threads cost more than its arithmetic.
 constexpr int64_t kMinFlopPerThread = int64_t{1} << 24;
 
-// Runs `worker` on `threads` threads, never more threads than units.
+// Runs `worker` on `threads` threads (this one included), never more threads than units.
 void run_workers(Worker worker, const ExecutorJob& job, int64_t units, unsigned threads) {
   std::atomic<int64_t> next{0};
-  const auto n = static_cast<unsigned>(std::clamp<int64_t>(units, 1, threads));
-  WorkerPool::instance().run(n, [&] { worker(job, next); });
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads && t < units; ++t) pool.emplace_back([&] { worker(job, next); });
+  worker(job, next);
+  for (auto& t : pool) t.join();
 }
 
 ExecutorJob job_for(const Plan& plan, const ExecutorOptions& options) {

@@ -586,10 +586,9 @@ TEST_CASE("the plan executor uses one thread for a small call and every core for
   CHECK(executor_threads(lower_to_plan(p, mid, TileConfig{128, 128}), 0) == std::min(cores, 2u));
 }
 
-// The executor's threads are kept between calls: callers on several threads at once take turns
-// and each gets its own answer, and a forked child (which has none of the parent's threads) runs
-// the executor on threads of its own instead of waiting for the parent's.
-TEST_CASE("the plan executor's kept threads: concurrent callers and a forked child", "[plan][executor]") {
+// Callers on several threads at once each get their own answer, and a forked child (which has none
+// of the parent's threads) runs the executor on threads of its own.
+TEST_CASE("the plan executor's threads: concurrent callers and a forked child", "[plan][executor]") {
   const Pattern p = PatternBuilder().causal().branch(BranchSpec().segment(64).dilation(2)).branch(BranchSpec().full()).build();
   Shape s;
   s.seq_q = s.seq_k = 192, s.heads_q = s.heads_kv = 4, s.head_dim = s.head_dim_v = 16;
@@ -614,7 +613,7 @@ TEST_CASE("the plan executor's kept threads: concurrent callers and a forked chi
   const pid_t child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
-    alarm(60);  // a child waiting on its parent's threads would hang: end it instead
+    alarm(60);  // a child that waited on threads it does not have would hang: end it instead
     _exit(run(1, 3) == want[1] ? 0 : 1);
   }
   int status = 0;
