@@ -52,20 +52,12 @@ void apply_mask(const ExecutorJob& job, int32_t branch, int32_t head, const RowM
   const int64_t* base = job.plan->doc_base.empty() ? nullptr : job.plan->doc_base.data();
   auto pos = [&](int64_t row) { return base ? row - base[row] : row; };
   keep.resize(rows.count, keys.count);
-  // The tile's key positions are kpos0 + c * step, so a row's mask comes whole from
-  // partial_tile_row; were they not (never seen), each pair is asked on its own.
+  // The tile's key positions are kpos0 + c * stride (one document), so partial_tile_row gives a
+  // row's mask whole.
   const int64_t kpos0 = job.k_offset + pos(keys.at(0));
-  const int64_t step = keys.count > 1 ? pos(keys.at(1)) - pos(keys.at(0)) : 1;
-  const bool affine = step >= 1 && job.k_offset + pos(keys.at(keys.count - 1)) == kpos0 + (keys.count - 1) * step;
   for (int64_t r = 0; r < rows.count; ++r) {
-    const int64_t qpos = job.q_offset + pos(rows.at(r));
-    if (affine) {
-      partial_tile_row(*job.pattern, branch, head, qpos, kpos0, step, keys.count, job.dynamic, keep.row(r).data());
-      continue;
-    }
-    for (int64_t c = 0; c < keys.count; ++c) {
-      keep(r, c) = partial_tile_allows(*job.pattern, branch, head, qpos, job.k_offset + pos(keys.at(c)), job.dynamic) ? 1.0f : 0.0f;
-    }
+    partial_tile_row(*job.pattern, branch, head, job.q_offset + pos(rows.at(r)), kpos0, keys.stride, keys.count, job.dynamic,
+                     keep.row(r).data());
   }
   s = (keep.array() == 0.0f).select(kNegInf, s.array());
 }
