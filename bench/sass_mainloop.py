@@ -14,6 +14,11 @@ the loop has more than X other instructions per HMMA (a lit test keeps the figur
 Hopper's warpgroup MMA (HGMMA.64xNx16, the sm_90a path) counts as the m16n8k16 HMMA it equals in
 work per warp, N / 8 (each of the warpgroup's 4 warps issues it: 64 x N x 16 / 4 warps /
 (16 x 8 x 16)), so the figure compares across the paths.
+
+On sm_90a it also counts the softmax's exponentials (MUFU.EX2) that lie between the loop's wait for
+S(j + 1) and its wait for P(j) V(j): those overlap P V on the tensor cores. --min-overlap N fails when
+fewer than N do (ptxas moves a wgmma wait to the top of its basic block; fwd_sm90.cuh says how the
+kernel keeps it below the softmax).
 """
 import argparse
 import collections
@@ -60,10 +65,28 @@ def main_loop(ins, labels):
     return best
 
 
+def softmax_overlap(body):
+    """MUFU.EX2 laid out between the first wgmma wait that leaves one group in flight (S done, P V
+    running) and the next wait for none (P V done): the exponentials that run while P V does. None
+    where the loop has no such wait (not the sm_90a kernel)."""
+    start = next((k for k, x in enumerate(body) if re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1\b", x[2])), None)
+    if start is None:
+        return None
+    count = 0
+    for _, op, text in body[start + 1:]:
+        if re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0\b", text):
+            break
+        count += op.startswith("MUFU.EX2")
+    return count
+
+
 def main():
     ap = argparse.ArgumentParser(description="the main loop of a kernel's SASS (attnjit dump --stage sass on stdin)")
     ap.add_argument("--listing", action="store_true", help="print the loop's instructions too")
     ap.add_argument("--max-per-hmma", type=float, help="fail when the loop has more other instructions per HMMA")
+    ap.add_argument("--min-overlap", type=int,
+                    help="sm_90a: fail when fewer MUFU.EX2 lie between the loop's wait for S (WARPGROUP.DEPBAR.LE "
+                         "gsb0, 0x1) and its wait for P V (0x0), i.e. when the softmax no longer overlaps P V")
     args = ap.parse_args()
     lines = sys.stdin.read().splitlines()
     ins, labels = parse(lines)
@@ -79,9 +102,14 @@ def main():
     what = f"{hmma} HMMA" if not hgmma else f"{hgmma} HGMMA = {hmma} HMMA-equivalents per warp"
     print(f"main loop: {len(body)} instructions, {what}, {per_hmma:.2f} others per HMMA")
     print(" ".join(f"{k}:{v}" for k, v in mix.most_common()))
+    overlap = softmax_overlap(body)
+    if overlap is not None:
+        print(f"softmax overlap: {overlap} MUFU.EX2 between the wait for S and the wait for P V")
     if args.listing:
         for addr, _, text in body:
             print(f"{addr:06x}  {text}")
+    if args.min_overlap is not None and (overlap or 0) < args.min_overlap:
+        sys.exit(f"sass_mainloop: {overlap or 0} MUFU.EX2 overlap P V, fewer than --min-overlap {args.min_overlap}")
     if args.max_per_hmma is not None and per_hmma > args.max_per_hmma:
         sys.exit(f"sass_mainloop: {per_hmma:.2f} other instructions per HMMA, more than --max-per-hmma {args.max_per_hmma}")
 

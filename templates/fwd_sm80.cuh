@@ -147,14 +147,19 @@ __device__ __forceinline__ void aj_sm80_mask(float (&s)[AJ_TILE_K / 8][4], const
 // the row maximum scales with them, and exp2(s * scale_log2 - base) is one FFMA.
 __device__ __forceinline__ void aj_tc_softmax_scores(float (&s)[AJ_TILE_K / 8][4], float (&m)[2], float (&l)[2],
                                                      float (&c)[2], float scale_log2) {
-  float mx[2] = {AJ_NEG_INF, AJ_NEG_INF}, base[2];
+  // Each row's maximum as a tree of four partial maxima: a dependent chain of AJ_TILE_K / 32 + 2
+  // steps where one running maximum took AJ_TILE_K / 8 (the softmax's exponentials wait for it).
+  float part[2][4], mx[2], base[2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) part[0][i] = part[1][i] = AJ_NEG_INF;
 #pragma unroll
   for (int j = 0; j < AJ_TILE_K / 8; ++j) {
-    mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
-    mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+    part[0][j % 4] = fmaxf(part[0][j % 4], fmaxf(s[j][0], s[j][1]));
+    part[1][j % 4] = fmaxf(part[1][j % 4], fmaxf(s[j][2], s[j][3]));
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
     mx[h] *= scale_log2;
     mx[h] = fmaxf(mx[h], aj_shfl_xor(mx[h], 1));  // the four threads of a quad share a row
     mx[h] = fmaxf(mx[h], aj_shfl_xor(mx[h], 2));

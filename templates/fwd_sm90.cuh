@@ -178,8 +178,16 @@ __device__ __forceinline__ void aj_sm90_step(float (&s)[AJ_TILE_K / 8][4], float
   hooks.pass();
   aj_wgmma_wait<1>();  // S(j + 1) is done; P(j) V(j) may still run
   hooks.s_read();
-  if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, head, qpos, q_step8, k_origin, quad);
-  aj_tc_softmax_scores(s, m, l, c, p.scale_log2);
+  // The softmax sits in both arms of the mask's branch so that the wait below stays after it:
+  // ptxas schedules a wgmma wait at the top of its basic block, and with the softmax in the same
+  // block as the wait the exponentials would run only once P(j) V(j) had finished, which is the
+  // overlap lost (bench/sass_mainloop.py --overlap checks the SASS; a lit test keeps it).
+  if (!(t.full && t.count == AJ_TILE_K)) {
+    aj_sm80_mask(s, p, t, head, qpos, q_step8, k_origin, quad);
+    aj_tc_softmax_scores(s, m, l, c, p.scale_log2);
+  } else {
+    aj_tc_softmax_scores(s, m, l, c, p.scale_log2);
+  }
   aj_wgmma_wait<0>();  // P(j) V(j) is done
   hooks.pv_read();
   aj_tc_rescale(acc, c);
@@ -198,7 +206,8 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
   const AjItem item = p.items[aj_block_idx_x()];
   const aj_i64 b = aj_batch_index();
   if (b >= p.batch) return;
-  const int wg = aj_thread_idx() / 128, warp = (aj_thread_idx() / 32) % 4, lane = aj_thread_idx() % 32;
+  // The warpgroup's index, warp-uniform to ptxas: its descriptors then live in uniform registers.
+  const int wg = aj_warp_uniform(aj_thread_idx() / 128), warp = (aj_thread_idx() / 32) % 4, lane = aj_thread_idx() % 32;
   const int g = lane / 4, quad = lane % 4;
   const int kvh = item.head / p.heads_per_kv;
   const int wg_row = wg * AJ_WG_ROWS;  // this warpgroup's first row in the tile

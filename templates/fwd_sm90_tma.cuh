@@ -155,7 +155,9 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
   }
 
   if (AJ_WARPS > 4) aj_setmaxnreg_inc<AJ_CONSUMER_REGS>();
-  const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+  // The warpgroup's index, warp-uniform to ptxas: its descriptors then live in uniform registers
+  // (no conversion before each wgmma).
+  const int wg = aj_warp_uniform(tid / 128), warp = (tid / 32) % 4, lane = tid % 32;
   const int g = lane / 4, quad = lane % 4;
   const int wg_row = wg * AJ_WG_ROWS;
   const int warp_row = wg_row + warp * 16;

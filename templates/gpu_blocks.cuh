@@ -29,6 +29,10 @@ __device__ __forceinline__ void aj_named_arrive(int id, int count) {
 }
 // Every lane of the warp takes part; lane i receives `v` of lane i ^ lane_mask.
 __device__ __forceinline__ float aj_shfl_xor(float v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
+// Lane 0's value in every lane (shfl.sync.idx from lane 0). Besides broadcasting, it tells ptxas that
+// the value is the same across the warp, so what is computed from it (a warpgroup's wgmma
+// descriptors, say) can live in uniform registers instead of being converted before every use.
+__device__ __forceinline__ int aj_warp_uniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
 
 // Dynamic shared memory (its size is a launch parameter) and a statically sized shared variable
 // (of a class or scalar type: wrap arrays in a struct).
@@ -331,6 +335,16 @@ __device__ __forceinline__ float aj_shfl_xor(float v, int lane_mask) {
   __builtin_memcpy(&u, &v, 4);
   u = aj_emu_shfl_xor(u, lane_mask);
   __builtin_memcpy(&v, &u, 4);
+  return v;
+}
+// Lane 0's value, by five butterfly steps: after step m, lanes that differ only in bits below m
+// hold the value of the lowest of them.
+__device__ __forceinline__ int aj_warp_uniform(int v) {
+  const int lane = aj_thread_idx() % 32;
+  for (int m = 1; m < 32; m <<= 1) {
+    const int other = (int)aj_emu_shfl_xor((aj_u32)v, m);
+    if (lane & m) v = other;
+  }
   return v;
 }
 

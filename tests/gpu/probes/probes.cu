@@ -19,6 +19,12 @@ extern "C" __global__ void probe_shfl_xor(const aj_u32* in, aj_u32* out) {
   for (int m = 0; m < 5; ++m) out[m * 64 + t] = aj_float_as_uint(aj_shfl_xor(v, 1 << m));
 }
 
+// shfl.sync.idx from lane 0 (aj_warp_uniform), 64 threads, each lane its own value.
+extern "C" __global__ void probe_warp_uniform(const aj_u32* in, aj_u32* out) {
+  const int t = aj_thread_idx();
+  out[t] = (aj_u32)aj_warp_uniform((int)in[t]);
+}
+
 // bar.sync: every thread writes its word, then reads another thread's, 128 threads.
 struct AjProbeWords {
   aj_u32 w[128];

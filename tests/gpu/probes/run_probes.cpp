@@ -164,6 +164,7 @@ const std::vector<Probe>& probes() {
   static const std::vector<Probe> p = {
       {"probe_index", 3, 2, 64, 0, 6 * 64, Compare::Exact, [] { return std::vector<uint32_t>(1, 0); }},
       {"probe_shfl_xor", 1, 1, 64, 0, 5 * 64, Compare::Exact, [] { return random_floats(64, 1); }},
+      {"probe_warp_uniform", 1, 1, 64, 0, 64, Compare::Exact, [] { return random_floats(64, 2); }},
       {"probe_syncthreads", 1, 1, 128, 0, 128, Compare::Exact, [] { return random_words(128, 2); }},
       {"probe_cp_async", 1, 1, 32, 1024, 256, Compare::Exact, [] { return random_words(256, 3); }},
       {"probe_ldmatrix_x1", 1, 1, 32, 2560, 128, Compare::Exact, [] { return random_words(640, 4); }},
