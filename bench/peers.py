@@ -4,6 +4,7 @@ the contract in PyTorch and FlexAttention's masks, are in bench/peers_torch.py).
     PYTHONPATH=build-device/python python3 bench/peers.py --out DIR [--budget 420] [--cases 'dense*,longnet*']
                                                            [--no-backward] [--runs 20] [--keep-cache] [--list]
     PYTHONPATH=build/python python3 bench/peers.py --smoke        # CPU only: every system's correctness, tiny shapes
+    PYTHONPATH=build/python python3 bench/peers.py --merge RUN1 RUN2 --out DIR   # one table from runs split over calls
 
 Systems (the cases are one table, `gpu_cases()`, most important first; --list prints it):
   ours           attnjit.attention on [B, S, H, D] tensors; backward through autograd
@@ -665,6 +666,32 @@ def smoke(args):
     return 1 if check.failed else 0
 
 
+def merge(dirs, out):
+    """One table from runs on one GPU that split the cases between them: the cases in gpu_cases()
+    order (a case in several runs: the last run's), the first run's metadata, each run's arguments."""
+    runs = []
+    for d in dirs:
+        with open(os.path.join(d, "peers.json"), encoding="utf-8") as f:
+            runs.append(json.load(f))
+    devices = {(r["device"], r["driver"]) for r in runs}
+    if len(devices) != 1:
+        print(f"--merge: the runs come from different devices or drivers: {sorted(devices)}", file=sys.stderr)
+        return 2
+    by_name = {}
+    for r in runs:
+        for c in r["cases"]:
+            by_name[c["name"]] = c
+    order = [c["name"] for c in gpu_cases()]
+    names = sorted(by_name, key=lambda n: order.index(n) if n in order else len(order))
+    meta = {k: v for k, v in runs[0].items() if k != "cases"}
+    meta["merged_from"] = [{"dir": d, "args": r.get("args")} for d, r in zip(dirs, runs)]
+    writer = Writer(out, meta)
+    writer.cases = [by_name[n] for n in names]
+    writer.write(plot=True)
+    print(f"wrote {out}/peers.json, peers.md, peers.png: {len(names)} cases from {len(dirs)} runs")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="output directory (peers.json, peers.md, peers.png)")
@@ -676,9 +703,15 @@ def main():
     ap.add_argument("--keep-cache", action="store_true", help="use the environment's kernel caches (warm TTFR)")
     ap.add_argument("--list", action="store_true", help="print the case names and exit")
     ap.add_argument("--smoke", action="store_true", help="CPU correctness checks on tiny shapes (exit 1 on a mismatch)")
+    ap.add_argument("--merge", nargs="+", metavar="DIR",
+                    help="no runs: the peers.json of these runs (one GPU, cases split over calls) into --out as one table")
     args = ap.parse_args()
     if args.smoke:
         return smoke(args)
+    if args.merge:
+        if not args.out:
+            ap.error("--merge needs --out DIR")
+        return merge(args.merge, args.out)
     cases = gpu_cases()
     if args.list:
         print("\n".join(f"{c['name']:28s} {', '.join(c['systems'])}" for c in cases))

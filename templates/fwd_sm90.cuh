@@ -159,6 +159,7 @@ struct AjSm90NoHooks {
   __device__ void turn() const {}     // before issuing: wait for this warpgroup's turn
   __device__ void pass() const {}     // after issuing: the other warpgroup's turn
   __device__ void s_read() const {}   // S(j + 1)'s wgmma is done: K(j + 1)'s stage is no longer read
+  __device__ void issued() const {}   // after passing: free time while S(j + 1)'s wgmma runs
   __device__ void pv_read() const {}  // P(j) V(j)'s is done: V(j)'s stage, O and P's registers are free
 };
 
@@ -176,6 +177,7 @@ __device__ __forceinline__ void aj_sm90_step(float (&s)[AJ_TILE_K / 8][4], float
   aj_sm90_issue_s(s, q_desc, k_desc);
   aj_sm90_issue_pv(acc, pa, v_desc);
   hooks.pass();
+  hooks.issued();
   aj_wgmma_wait<1>();  // S(j + 1) is done; P(j) V(j) may still run
   hooks.s_read();
   // The softmax sits in both arms of the mask's branch so that the wait below stays after it:

@@ -52,11 +52,23 @@ struct AjTmaMaps {
   int fold[AJ_TMA_MAPS];       // 0: the plain rows (stride <= 8); else the rows folded by it
 };
 
-// The TMA kernel's step hooks: turns between two consumer warpgroups (with one, none), and the
-// stages' releases.
+// The TMA kernel's step hooks: turns between two consumer warpgroups (with one, none), the stages'
+// releases, and the consumers' walk through the plan a tile ahead: once a step's wgmmas are issued,
+// the cursor moves from tile j + 1 (the step's) to j + 2 and reads it, so the plan tables' loads
+// (dependent, a few per tile) wait while S(j + 1) runs instead of before the next issue. A kernel
+// that seeks keeps its larger cursor walking at the top of the loop (ahead, it spilled 422 bytes
+// where it spills 212).
+#ifdef AJ_KERNEL_SEEK
+#define AJ_SM90_LOOKAHEAD 0
+#else
+#define AJ_SM90_LOOKAHEAD 1
+#endif
 struct AjSm90TmaHooks {
   aj_u64* k_empty;
   aj_u64* v_empty;
+  AjTileCursor* cur;  // at the step's tile; moved on by issued()
+  AjTile* next;       // the tile after it, where there is one
+  bool* more;         // whether there is
   int sk, sv, wg;
   bool last;  // the warpgroup's last issue: warpgroup 1 does not hand over
   __device__ void turn() const {
@@ -64,6 +76,14 @@ struct AjSm90TmaHooks {
   }
   __device__ void pass() const {
     if (AJ_WARPS > 4 && !(wg == 1 && last)) aj_named_arrive(2 - wg, 256);
+  }
+  __device__ void advance() const {
+    cur->next();
+    *more = !cur->done();
+    if (*more) *next = cur->tile();
+  }
+  __device__ void issued() const {
+    if (AJ_SM90_LOOKAHEAD) advance();
   }
   __device__ void s_read() const { aj_mbarrier_arrive(&k_empty[sk]); }
   __device__ void pv_read() const { aj_mbarrier_arrive(&v_empty[sv]); }
@@ -175,7 +195,9 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
 
   float s[AJ_TILE_K / 8][4];
   aj_u32 pa[AJ_TILE_K / 16][4];
-  AjSm90TmaHooks hooks{k_empty, v_empty, 0, 0, wg, false};
+  AjTile next{};      // tile j + 1 at the top of iteration j
+  bool more = false;  // whether there is one
+  AjSm90TmaHooks hooks{k_empty, v_empty, &cur, &next, &more, 0, 0, wg, false};
   if (any) {
     if (AJ_WARPS > 4 && wg == 1) aj_named_arrive(1, 256);  // warpgroup 0 issues first
     aj_mbarrier_wait(&k_full[0], 0);
@@ -184,6 +206,7 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
       hooks.turn();
       aj_sm90_issue_s(s, q_desc, k_desc);
       hooks.pass();
+      hooks.issued();  // now at tile 1 (with the lookahead)
       aj_wgmma_wait<0>();
       hooks.s_read();
       if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
@@ -192,29 +215,33 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
     } else {
       hooks.turn();
       hooks.pass();
+      hooks.issued();
       hooks.s_read();
     }
   }
 
-  for (int j = 0; !cur.done(); ++j) {
-    cur.next();  // now the tile j + 1 (done: none)
+  for (int j = 0; any; ++j) {
+    if (!AJ_SM90_LOOKAHEAD) hooks.advance();
+    // `next` is tile j + 1 (`more`: there is one); the cursor stands on it.
     const int sv = j % AJ_STAGES;
     const aj_u64 vj = v_desc + sv * (AJ_SM90_V_STAGE >> 4);
     hooks.sv = sv;
-    hooks.last = cur.done();
-    if (!cur.done()) {
+    hooks.last = !more;
+    if (more) {
       const int sk = (j + 1) % AJ_STAGES;
+      const AjTile t = next;
       hooks.sk = sk;
       aj_mbarrier_wait(&k_full[sk], (aj_u32)(((j + 1) / AJ_STAGES) & 1));
       aj_mbarrier_wait(&v_full[sv], (aj_u32)((j / AJ_STAGES) & 1));
       // Straight-line branches, as in fwd_sm90.cuh (C7514). K(j + 1)'s stage is released once
       // S(j + 1) has read it, V(j)'s once P(j) V(j) has (the hooks).
       if (busy) {
-        aj_sm90_step(s, acc, pa, m, l, c, q_desc, k_desc + sk * (AJ_SM90_K_STAGE >> 4), vj, cur.tile(), p, item.head, qpos,
-                     q_step8, k_origin, quad, hooks);
+        aj_sm90_step(s, acc, pa, m, l, c, q_desc, k_desc + sk * (AJ_SM90_K_STAGE >> 4), vj, t, p, item.head, qpos, q_step8,
+                     k_origin, quad, hooks);
       } else {
         hooks.turn();
         hooks.pass();
+        hooks.issued();
         hooks.s_read();
         hooks.pv_read();
       }
@@ -229,6 +256,7 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
         hooks.pass();
       }
       hooks.pv_read();
+      break;
     }
   }
 
