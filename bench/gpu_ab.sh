@@ -3,6 +3,7 @@
 # side by side, the new build's GPU correctness tests and memcheck, then the same benchmark on both.
 #
 #   bash bench/gpu_ab.sh BASE_REV OUTDIR [SEQ]     (from the repository root, .deps carried along)
+#   bash bench/gpu_ab.sh BASE.tgz OUTDIR [SEQ]     (the base as `git archive REV | gzip`, carried along)
 #
 # BASE_REV is exported with `git archive` into /tmp/attnjit-base (the machine's copy of the tree
 # carries .git). Both are Release builds without Python; the benchmark is attnjit_gpu_bench at SEQ
@@ -20,7 +21,12 @@ base_rev="$1"; mkdir -p "$2" || exit 2; out="$(cd "$2" && pwd)"; seq="${3:-16384
 base=/tmp/attnjit-base
 export PATH="$PATH:/usr/local/cuda/bin:/usr/local/cuda/compute-sanitizer" ATTNJIT_GPU_TESTS_DEVICE=gpu
 cd "$root" || exit 2
-rm -rf "$base" && mkdir -p "$base" && git archive "$base_rev" | tar -x -C "$base" || { echo "gpu_ab: cannot export $base_rev" >&2; exit 2; }
+rm -rf "$base" && mkdir -p "$base" || exit 2
+if [ -f "$base_rev" ]; then  # a tarball of the base tree (git archive REV | gzip), for a copy whose .git lacks REV
+  tar -xzf "$base_rev" -C "$base" || { echo "gpu_ab: cannot unpack $base_rev" >&2; exit 2; }
+else
+  git archive "$base_rev" | tar -x -C "$base" || { echo "gpu_ab: cannot export $base_rev" >&2; exit 2; }
+fi
 [ -d .deps ] && cp -r .deps "$base/"
 py_off="-DATTNJIT_PYTHON=OFF"
 py_new="$py_off"
