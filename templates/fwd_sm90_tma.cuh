@@ -20,28 +20,43 @@
 // Q is loaded once per item by the consumers with cp.async, before the block's only barrier (which
 // also makes the mbarriers' init visible); the epilogue is fwd_sm80.cuh's.
 //
-// Two consumer warpgroups take turns at the tensor cores (FlashAttention-3's ping-pong): each
-// issues a step's wgmmas only after the other has issued its own (named barriers 1 and 2, one per
-// warpgroup), so one's softmax runs while the other's GEMMs do. Warpgroup 1 lets warpgroup 0 go
-// first and skips its last handoff, so every barrier round has exactly its 256 threads.
+// Two or three consumer warpgroups take turns at the tensor cores (FlashAttention-3's ping-pong):
+// each issues a step's wgmmas only after the one before it has issued its own (named barrier
+// 1 + w is warpgroup w's turn; warpgroup w hands over to w + 1, the last to 0), so one's softmax
+// runs while the others' GEMMs do. The last warpgroup lets warpgroup 0 go first and skips its
+// last handoff, so every barrier round has exactly its 256 threads.
 //
-// Registers: 12 warps (two consumer warpgroups and the producer) get 168 registers each at launch
-// (the register file is split among the SM's four schedulers); the producer gives back all but
-// 24 and the consumers take 240 (setmaxnreg; FlashAttention-3's split; 56 and 224 in a kernel
-// that seeks, below). With one consumer warpgroup every warp has 255 from the start.
+// Registers: with two consumer warpgroups, 12 warps get 168 registers each at launch (the
+// register file is split among the SM's four schedulers); the producer gives back all but 24 and
+// the consumers take 240 (setmaxnreg; FlashAttention-3's split; 56 and 224 in a kernel that
+// seeks, below). With three (192-row tiles, head dims up to 64: FlashAttention-3's tile there),
+// 16 warps get 128 each: the producer keeps 32 and the consumers take 160 (56 and 152 where the
+// kernel seeks). With one consumer warpgroup every warp has 255 from the start.
 
 #define AJ_CONSUMERS (AJ_WARPS * 32)
+#define AJ_CONSUMER_WGS (AJ_WARPS / 4)
+#if AJ_CONSUMER_WGS > 3
+#error "the TMA kernel runs at most three consumer warpgroups"
+#endif
 // A kernel that seeks through a layout (AJ_KERNEL_SEEK: random layouts or a device table decided
 // in the kernel) walks it in the producer's thread too, and at 24 registers its hashing spilled
 // (320-360 bytes of stores at head dims 64-256); there the producer keeps 56 and the consumers
 // take 224 (16-24 bytes at head dims 64 and 128). 2 x 224 + 56 = 2 x 240 + 24 = 504, the 3 x 168
-// the launch gave each thread of a consumer warpgroup pair and the producer.
+// the launch gave each thread of a consumer warpgroup pair and the producer; with three
+// consumer warpgroups 3 x 152 + 56 = 3 x 160 + 32 = 512 = 4 x 128.
 #ifdef AJ_KERNEL_SEEK
 #define AJ_PRODUCER_REGS 56
-#define AJ_CONSUMER_REGS 224
+#define AJ_CONSUMER_REGS (AJ_CONSUMER_WGS == 3 ? 152 : 224)
 #else
-#define AJ_PRODUCER_REGS 24
-#define AJ_CONSUMER_REGS 240
+#define AJ_PRODUCER_REGS (AJ_CONSUMER_WGS == 3 ? 32 : 24)
+#define AJ_CONSUMER_REGS (AJ_CONSUMER_WGS == 3 ? 160 : 240)
+#endif
+// What the launch gives each thread (the register file over the block's threads, in steps of 8),
+// which the warpgroups' setmaxnreg may only redistribute: a consumer that asked for more would
+// wait for registers nobody frees (the emulator does not model registers, so this is checked here).
+#define AJ_LAUNCH_REGS (65536 / (AJ_CONSUMERS + 128) / 8 * 8)
+#if AJ_CONSUMER_WGS > 1 && AJ_CONSUMER_WGS * AJ_CONSUMER_REGS + AJ_PRODUCER_REGS > (AJ_CONSUMER_WGS + 1) * AJ_LAUNCH_REGS
+#error "setmaxnreg: the consumer warpgroups take more registers than the launch and the producer leave"
 #endif
 
 struct AjTmaMaps {
@@ -70,12 +85,12 @@ struct AjSm90TmaHooks {
   AjTile* next;       // the tile after it, where there is one
   bool* more;         // whether there is
   int sk, sv, wg;
-  bool last;  // the warpgroup's last issue: warpgroup 1 does not hand over
+  bool last;  // the warpgroup's last issue: the last warpgroup does not hand over
   __device__ void turn() const {
-    if (AJ_WARPS > 4) aj_named_sync(1 + wg, 256);
+    if (AJ_CONSUMER_WGS > 1) aj_named_sync(1 + wg, 256);
   }
   __device__ void pass() const {
-    if (AJ_WARPS > 4 && !(wg == 1 && last)) aj_named_arrive(2 - wg, 256);
+    if (AJ_CONSUMER_WGS > 1 && !(wg == AJ_CONSUMER_WGS - 1 && last)) aj_named_arrive(1 + (wg + 1) % AJ_CONSUMER_WGS, 256);
   }
   __device__ void advance() const {
     cur->next();
@@ -155,7 +170,7 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
   aj_syncthreads();  // Q is in place and the mbarriers are initialised, for every thread
 
   if (tid >= AJ_CONSUMERS) {  // the producer warpgroup: its first thread issues every load
-    if (AJ_WARPS > 4) aj_setmaxnreg_dec<AJ_PRODUCER_REGS>();
+    if (AJ_CONSUMER_WGS > 1) aj_setmaxnreg_dec<AJ_PRODUCER_REGS>();
     if (tid == AJ_CONSUMERS) {
       AjTileCursor pre;
       pre.begin(p, item);
@@ -174,7 +189,7 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
     return;
   }
 
-  if (AJ_WARPS > 4) aj_setmaxnreg_inc<AJ_CONSUMER_REGS>();
+  if (AJ_CONSUMER_WGS > 1) aj_setmaxnreg_inc<AJ_CONSUMER_REGS>();
   // The warpgroup's index, warp-uniform to ptxas: its descriptors then live in uniform registers
   // (no conversion before each wgmma).
   const int wg = aj_warp_uniform(tid / 128), warp = (tid / 32) % 4, lane = tid % 32;
@@ -199,7 +214,7 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
   bool more = false;  // whether there is one
   AjSm90TmaHooks hooks{k_empty, v_empty, &cur, &next, &more, 0, 0, wg, false};
   if (any) {
-    if (AJ_WARPS > 4 && wg == 1) aj_named_arrive(1, 256);  // warpgroup 0 issues first
+    if (AJ_CONSUMER_WGS > 1 && wg == AJ_CONSUMER_WGS - 1) aj_named_arrive(1, 256);  // warpgroup 0 issues first
     aj_mbarrier_wait(&k_full[0], 0);
     if (busy) {
       const AjTile t = cur.tile();

@@ -267,8 +267,13 @@ KernelConfig resolve_config(const KernelRequest& r) {
     if (!c.tile_q) c.tile_q = 128;
     if (!c.tile_k) c.tile_k = std::max(r.head_dim, r.head_dim_v) > 128 ? 64 : 128;
     if (!c.stages) c.stages = 2;
-    require(c.tile_q == 64 || c.tile_q == 128, "tile_q",
-            "the sm_90a path needs tile_q 64 or 128 (64 rows per warpgroup), got " + std::to_string(c.tile_q));
+    require(c.tile_q == 64 || c.tile_q == 128 || c.tile_q == 192, "tile_q",
+            "the sm_90a path needs tile_q 64, 128 or 192 (64 rows per warpgroup), got " + std::to_string(c.tile_q));
+    // Three consumer warpgroups share the register file 160 registers a thread (fwd_sm90_tma.cuh):
+    // O, S and P fit there up to head dim 64.
+    require(c.tile_q < 192 || std::max(r.head_dim, r.head_dim_v) <= 64, "tile_q",
+            "the sm_90a path runs 192-row tiles (three warpgroups) up to head dim 64, got " +
+                std::to_string(std::max(r.head_dim, r.head_dim_v)) + "; use tile_q 64 or 128");
     require(c.tile_k == 64 || c.tile_k == 128, "tile_k", "the sm_90a path needs tile_k 64 or 128, got " + std::to_string(c.tile_k));
     require(c.stages >= 2 && c.stages <= 4, "stages", "cp.async pipelines have 2 to 4 stages, got " + std::to_string(c.stages));
     if (!c.warps) c.warps = c.tile_q / 16;

@@ -63,7 +63,7 @@ std::vector<KernelConfig> candidates_of(const KernelRequest& base, bool backward
     for (int tq : {32, 64, 128})
       for (int tk : {32, 64, 128}) add(tq, tk, 2);
   } else if (!backward && (choose_path(r) == KernelPath::Sm90 || choose_path(r) == KernelPath::Sm90Tma)) {
-    for (int tq : {64, 128})
+    for (int tq : {64, 128, 192})  // 192: three warpgroups, up to head dim 64 (refused past it)
       for (int tk : {64, 128})
         for (int stages : {2, 3}) add(tq, tk, stages);
   } else if (!backward && choose_path(r) == KernelPath::Sm80) {

@@ -42,6 +42,9 @@ struct Mutation {
   // A branch of dilation 12 at 776 tokens: the TMA kernel's maps fold its rows by 2 (TMA's element
   // strides end at 8), and a 128-key tile takes four boxes of 32 of its rows.
   bool folded = false;
+  // The kernel configuration (default: the runtime's); 192x128 gives the TMA kernel three consumer
+  // warpgroups.
+  KernelConfig config{};
 };
 
 const Mutation kMutations[] = {
@@ -175,8 +178,9 @@ const Mutation kMutations[] = {
     {"sm_90a, TMA: no fence.proxy.async after Q's cp.async", "fwd_sm90_tma.cuh",
      "    aj_fence_proxy_async();  // Q is read by wgmma", "    // Q is read by wgmma", DType::BF16, false, false, 64, true},
     {"sm_90a, TMA: ping-pong without warpgroup 1's first handoff", "fwd_sm90_tma.cuh",
-     "    if (AJ_WARPS > 4 && wg == 1) aj_named_arrive(1, 256);  // warpgroup 0 issues first\n", "\n", DType::BF16, false, false, 64, true},
-    {"sm_90a, TMA: ping-pong with warpgroup 1 handing over its last issue too", "fwd_sm90_tma.cuh", "!(wg == 1 && last)", "true",
+     "    if (AJ_CONSUMER_WGS > 1 && wg == AJ_CONSUMER_WGS - 1) aj_named_arrive(1, 256);  // warpgroup 0 issues first\n", "\n",
+     DType::BF16, false, false, 64, true},
+    {"sm_90a, TMA: ping-pong with warpgroup 1 handing over its last issue too", "fwd_sm90_tma.cuh", "!(wg == AJ_CONSUMER_WGS - 1 && last)", "true",
      DType::BF16, false, false, 64, true},
     {"sm_90a, TMA: the plan read ahead keeps the first tile it read (the next tile not refreshed)", "fwd_sm90_tma.cuh",
      "    if (*more) *next = cur->tile();\n", "\n", DType::BF16, false, false, 64, true},
@@ -184,6 +188,9 @@ const Mutation kMutations[] = {
      "    cur->next();\n    *more = !cur->done();\n    if (*more) *next = cur->tile();\n",
      "    const AjTile seen = cur->tile();\n    cur->next();\n    *more = !cur->done();\n    if (*more) *next = seen;\n",
      DType::BF16, false, false, 64, true},
+    {"sm_90a, TMA, three warpgroups: warpgroup 1 hands over to warpgroup 0, skipping warpgroup 2", "fwd_sm90_tma.cuh",
+     "aj_named_arrive(1 + (wg + 1) % AJ_CONSUMER_WGS, 256)", "aj_named_arrive(1 + (wg + 1) % 2, 256)", DType::BF16, false, false,
+     64, true, true, false, false, false, false, KernelConfig{192, 128, 2}},
     {"sm_90a, TMA: the mbarriers used before the barrier after their init", "fwd_sm90_tma.cuh",
      "  aj_syncthreads();  // Q is in place and the mbarriers are initialised, for every thread\n", "\n", DType::BF16, false, false, 64,
      true},
@@ -193,7 +200,8 @@ const Mutation kMutations[] = {
 // `backward` dQ, dK, dV too), else what went wrong.
 std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DType dt, bool backward = false,
                          bool deterministic = false, int64_t d = 64, bool sm90a = false, bool tma = true,
-                         bool far_below = false, bool device_table = false, bool random_in_kernel = false, bool folded = false) {
+                         bool far_below = false, bool device_table = false, bool random_in_kernel = false, bool folded = false,
+                         const KernelConfig& config = {}) {
   const Pattern p = folded ? PatternBuilder()
                                  .branch(BranchSpec().segment(128).dilation(1).causal())
                                  .branch(BranchSpec().segment(768).dilation(12).offset(OffsetRule::HeadMod))
@@ -255,6 +263,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   ro.device = sm90a ? Device::emu(90, true) : Device::emu(80);
   ro.templates = templates;
   ro.tma = tma;
+  ro.config = config;
   if (random_in_kernel) ro.random_in_kernel_above = 0;
   Runtime rt(ro);
   std::vector<float> o(nq, NAN), lse(size_t(s.heads_q * s.seq_q), NAN);
@@ -339,6 +348,11 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   }
   // Dilation 12: the TMA kernel's folded maps.
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, true) == "");
+  // 192-row tiles: three consumer warpgroups in the TMA kernel, twelve warps in the cp.async one.
+  for (bool tma : {true, false}) {
+    INFO("sm_90a, 192x128, " << (tma ? "TMA" : "cp.async"));
+    CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, tma, false, false, false, false, KernelConfig{192, 128, 2}) == "");
+  }
 }
 
 TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutation]") {
@@ -352,7 +366,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     t->replace(m.file, text);
     const std::string outcome =
         check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below, m.device_table,
-                     m.random_in_kernel, m.folded);
+                     m.random_in_kernel, m.folded, m.config);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }
