@@ -460,12 +460,13 @@ def _ratio(peer, ours):
 
 
 def plot_png(cases, path):
-    """Forward TFLOP/s against sequence length, one panel per family (skipped without matplotlib)."""
+    """Forward TFLOP/s against sequence length, one panel per family (skipped, saying so, without matplotlib)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        print(f"peers: {path} not written: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
         return
     families = sorted({c["family"] for c in cases})
     fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 4), squeeze=False)
