@@ -90,7 +90,10 @@ struct AjSm90TmaHooks {
     if (AJ_CONSUMER_WGS > 1) aj_named_sync(1 + wg, 256);
   }
   __device__ void pass() const {
-    if (AJ_CONSUMER_WGS > 1 && !(wg == AJ_CONSUMER_WGS - 1 && last)) aj_named_arrive(1 + (wg + 1) % AJ_CONSUMER_WGS, 256);
+    // The next warpgroup's barrier (with two, 2 - wg: the same barrier, and the same SASS as the
+    // two-warpgroup kernel timed on the H200 before three were possible).
+    const int to = AJ_CONSUMER_WGS == 2 ? 2 - wg : 1 + (wg + 1) % AJ_CONSUMER_WGS;
+    if (AJ_CONSUMER_WGS > 1 && !(wg == AJ_CONSUMER_WGS - 1 && last)) aj_named_arrive(to, 256);
   }
   __device__ void advance() const {
     cur->next();

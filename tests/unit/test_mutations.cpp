@@ -189,7 +189,7 @@ const Mutation kMutations[] = {
      "    const AjTile seen = cur->tile();\n    cur->next();\n    *more = !cur->done();\n    if (*more) *next = seen;\n",
      DType::BF16, false, false, 64, true},
     {"sm_90a, TMA, three warpgroups: warpgroup 1 hands over to warpgroup 0, skipping warpgroup 2", "fwd_sm90_tma.cuh",
-     "aj_named_arrive(1 + (wg + 1) % AJ_CONSUMER_WGS, 256)", "aj_named_arrive(1 + (wg + 1) % 2, 256)", DType::BF16, false, false,
+     ": 1 + (wg + 1) % AJ_CONSUMER_WGS;", ": 1 + (wg + 1) % 2;", DType::BF16, false, false,
      64, true, true, false, false, false, false, KernelConfig{192, 128, 2}},
     {"sm_90a, TMA: the mbarriers used before the barrier after their init", "fwd_sm90_tma.cuh",
      "  aj_syncthreads();  // Q is in place and the mbarriers are initialised, for every thread\n", "\n", DType::BF16, false, false, 64,
