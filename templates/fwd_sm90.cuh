@@ -183,7 +183,7 @@ __device__ __forceinline__ void aj_sm90_step(float (&s)[AJ_TILE_K / 8][4], float
   // The softmax sits in both arms of the mask's branch so that the wait below stays after it:
   // ptxas schedules a wgmma wait at the top of its basic block, and with the softmax in the same
   // block as the wait the exponentials would run only once P(j) V(j) had finished, which is the
-  // overlap lost (bench/sass_mainloop.py --overlap checks the SASS; a lit test keeps it).
+  // overlap lost (bench/sass_mainloop.py --min-overlap checks the SASS; a lit test keeps it).
   if (!(t.full && t.count == AJ_TILE_K)) {
     aj_sm80_mask(s, p, t, head, qpos, q_step8, k_origin, quad);
     aj_tc_softmax_scores(s, m, l, c, p.scale_log2);
