@@ -67,12 +67,12 @@ struct AjTmaMaps {
   int fold[AJ_TMA_MAPS];       // 0: the plain rows (stride <= 8); else the rows folded by it
 };
 
-// The TMA kernel's step hooks: turns between two consumer warpgroups (with one, none), the stages'
+// The TMA kernel's step hooks: turns between the consumer warpgroups (with one, none), the stages'
 // releases, and the consumers' walk through the plan a tile ahead: once a step's wgmmas are issued,
 // the cursor moves from tile j + 1 (the step's) to j + 2 and reads it, so the plan tables' loads
 // (dependent, a few per tile) wait while S(j + 1) runs instead of before the next issue. A kernel
 // that seeks keeps its larger cursor walking at the top of the loop (ahead, it spilled 422 bytes
-// where it spills 212).
+// where it spills 220 at head dim 128).
 #ifdef AJ_KERNEL_SEEK
 #define AJ_SM90_LOOKAHEAD 0
 #else
