@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Before and after on one GPU machine, in one run: the working tree against a git revision, built
-# side by side, the new build's GPU correctness tests and memcheck, then the same benchmark on both.
+# side by side, the new build's GPU correctness tests, memcheck and the probes, then the same
+# benchmark on both.
 #
 #   bash bench/gpu_ab.sh BASE_REV OUTDIR [SEQ]     (from the repository root, .deps carried along)
 #   bash bench/gpu_ab.sh BASE.tgz OUTDIR [SEQ]     (the base as `git archive REV | gzip`, carried along)
 #
 # BASE_REV is exported with `git archive` into /tmp/attnjit-base (the machine's copy of the tree
-# carries .git). Both are Release builds without Python; the benchmark is attnjit_gpu_bench at SEQ
+# carries .git). Both are Release builds without Python (AB_PYTHON below); the benchmark is attnjit_gpu_bench at SEQ
 # (16384) tokens, 16 heads, head dim 128, bf16, forward and backward, no time-to-first-result, over
 # bench/patterns/dense*.json and the examples, each build with its own kernel cache. OUTDIR gets
 # the logs and bench_base.txt / bench_new.txt (the tables and their JSON lines).
