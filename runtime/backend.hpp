@@ -2,6 +2,7 @@
 // uploads the plan tables and launches the generated kernel; the emulator runs that kernel on the CPU.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <list>
 #include <map>
@@ -10,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "attnjit/attnjit.hpp"
 #include "compiler/codegen/codegen.hpp"
@@ -31,6 +33,9 @@ struct PlanEntry {
   Plan plan;
   RandomLayouts random = RandomLayouts::InPlan;  // how `plan` was lowered (the backward plans alike)
   std::shared_ptr<void> device_state;  // backend-specific, e.g. uploaded tables
+  // A CUDA graph captured a call that runs this plan: the graph reads its device tables, so the
+  // plan is never dropped (the byte budget) while the prepared attention lives.
+  mutable std::atomic<bool> in_graph{false};
   // Made on the first backward call, for `tiles` (the same on every call of a backend).
   const BackwardPlans& backward_plans(const Pattern& p, const DynamicLayout* dynamic, const TileConfig& tiles) const;
   // What a backend keeps with the backward plans (uploaded tables), made once by `make`.
@@ -49,8 +54,12 @@ private:
 class Backend {
 public:
   virtual ~Backend() = default;
-  // Called once per plan entry, before its first forward.
+  // Called once per plan entry, when it is made (before its first forward), under the prepared
+  // attention's lock; no work on the caller's stream (a CUDA device only packs its tables here).
   virtual void upload(PlanEntry& entry, const DynamicLayout* dynamic) = 0;
+  // Whether the call's stream is capturing a CUDA graph: plans dropped then are freed later, since
+  // freeing waits for the device (the CUDA device; others never capture).
+  virtual bool capturing(const ForwardOptions&) const { return false; }
   virtual void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& o, const TensorView* lse, const ForwardOptions& options) = 0;
   // The backward pass: dq, dk, dv from the forward's inputs and outputs and dout.
@@ -95,6 +104,8 @@ struct PreparedState {
   std::map<PlanKey, decltype(plans)::iterator> plan_index;
   int64_t plan_budget = 0;
   PlanCacheStats plan_stats;
+  // Plans dropped by a call being captured in a CUDA graph: freed by the next call that is not.
+  std::vector<std::shared_ptr<PlanEntry>> retired;
   // Random layouts in the kernels (Plan::kernel_seeks) where the backend's kernels seek and a plan
   // would hash more than RuntimeOptions::random_in_kernel_above blocks.
   RandomLayouts random = RandomLayouts::InPlan;

@@ -1,8 +1,12 @@
-// A CUDA device: generate and load the kernel once, upload each plan's tables once, launch on the
-// caller's stream. Every pointer is checked to be device memory of this device before a launch.
+// A CUDA device: generate and load the kernel once, copy each plan's tables once in the caller's
+// stream order (StagedTables; nothing synchronises, and a first call may be captured in a CUDA
+// graph), launch on the caller's stream. Every pointer is checked to be device memory of this
+// device before a launch.
 // The backward kernels are compiled and their tables uploaded on the first backward call; their
 // workspaces come from the caller (ForwardOptions::workspace) or the stream-ordered pool.
 #include <cmath>
+#include <cstring>
+#include <mutex>
 
 #include "compiler/jit.hpp"
 #include "compiler/nvrtc/nvrtc_library.hpp"
@@ -17,41 +21,111 @@
 namespace attnjit {
 namespace {
 
-// The uploaded tables of one plan. A plan dropped from a prepared attention's plans (the byte
-// budget) may still be read by a kernel launched before on some stream: the tables wait for the
-// context's work before they are freed (rare: a dropped plan is the least recently used).
+// Tables the kernels read, packed on the host and copied to the device in the order of the stream
+// that first needs them: no call synchronises. One device allocation holds every region (each
+// 256-byte aligned). The first call on a stream allocates and copies on that stream, so the kernels
+// it launches next see the tables; a call on another stream waits for the copy with an event. A
+// call captured in a CUDA graph (the first call included) allocates outside the graph and makes the
+// copy a node of the graph, from pinned host memory, so every replay copies the tables before its
+// kernels; the plan entry is then kept while the prepared attention lives (PlanEntry::in_graph),
+// because the graph reads its memory. An eager call after such a capture copies once more on its
+// own stream: a capture runs nothing.
+class StagedTables {
+public:
+  StagedTables() = default;
+  StagedTables(const StagedTables&) = delete;
+  StagedTables& operator=(const StagedTables&) = delete;
+  // Destroyed when the plan entry goes (the byte budget, or the prepared attention): a kernel
+  // launched before on some stream may still read the tables, so the context's work is waited for.
+  ~StagedTables() { device_.wait_for_users(); }
+
+  // Appends a region; returns its offset (a device address once ready_on has run: at()).
+  template <typename T>
+  size_t add(const std::vector<T>& v) {
+    const size_t offset = (host_.size() + 255) / 256 * 256;
+    host_.resize(offset + v.size() * sizeof(T));
+    if (!v.empty()) std::memcpy(host_.data() + offset, v.data(), v.size() * sizeof(T));
+    return offset;
+  }
+
+  // Makes the tables readable by the work enqueued next on `stream`; `capturing` says whether that
+  // stream is capturing a graph (the caller holds a RelaxedCapture for it).
+  void ready_on(CUstream stream, bool capturing, const std::string& what) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!device_.get()) device_ = DeviceBuffer(std::max<size_t>(host_.size(), 16), "the plan tables of " + what);
+    if (landed_ || host_.empty()) return;
+    if (capturing) {
+      if (copied_) {  // an eager copy may still be in flight: the graph's kernels may run on any stream
+        copied_event_->synchronize();
+        landed_ = true;
+        return;
+      }
+      if (!pinned_.get()) {
+        pinned_ = PinnedBuffer(host_.size(), "the plan tables of " + what + " for a CUDA graph");
+        std::memcpy(pinned_.get(), host_.data(), host_.size());
+      }
+      copy_to_device_async(device_.get(), pinned_.get(), host_.size(), stream, "the plan tables of " + what + " (in a CUDA graph)");
+      return;
+    }
+    if (!copied_) {
+      // From pageable memory the driver stages the bytes before it returns, and the copy is ordered
+      // before the stream's later work.
+      copy_to_device_async(device_.get(), host_.data(), host_.size(), stream, "the plan tables of " + what);
+      copied_event_ = std::make_unique<StreamEvent>();
+      copied_event_->record(stream);
+      copied_on_ = stream, copied_ = true;
+      return;
+    }
+    if (stream == copied_on_) return;
+    if (copied_event_->done()) {
+      landed_ = true;
+    } else {
+      copied_event_->make_wait(stream);
+    }
+  }
+
+  CUdeviceptr at(size_t offset) const { return device_.get() + offset; }
+
+private:
+  std::vector<uint8_t> host_;
+  // Where the tables are on the device: made and changed by ready_on, under the mutex.
+  mutable std::mutex mutex_;
+  mutable DeviceBuffer device_;
+  mutable PinnedBuffer pinned_;  // the source of a graph's copy: lives as long as the tables
+  mutable std::unique_ptr<StreamEvent> copied_event_;
+  mutable CUstream copied_on_ = nullptr;
+  mutable bool copied_ = false;  // an eager copy was enqueued (on copied_on_)
+  mutable bool landed_ = false;  // and is known to have finished
+};
+
+// The tables of one plan: where each array sits in the staged tables, and their sizes.
 struct GpuTables {
-  DeviceBuffer items, spans, entries, dyn_rows, dyn_cols, doc_base;
+  StagedTables staged;
+  size_t items = 0, spans = 0, entries = 0, dyn_rows = 0, dyn_cols = 0, doc_base = 0;
+  bool has_dyn = false, has_doc = false;
   int64_t doc_rows = 0;
   int32_t num_items = 0;
   int64_t dyn_q_blocks = 0;
   int32_t dyn_heads = 1;
   int64_t dyn_entries = 0, dyn_k_blocks = 0;
-  GpuTables() = default;
-  GpuTables(GpuTables&&) = default;
-  GpuTables& operator=(GpuTables&&) = default;
-  ~GpuTables() { items.wait_for_users(); }
+
+  // The kernels' view of the tables, after staged.ready_on.
+  KernelTables kernel_tables() const {
+    auto ptr = [&](bool present, size_t offset) { return present ? reinterpret_cast<const void*>(staged.at(offset)) : nullptr; };
+    return KernelTables{static_cast<const DeviceItem*>(ptr(true, items)), static_cast<const DeviceSpan*>(ptr(true, spans)),
+                        static_cast<const int32_t*>(ptr(true, entries)), static_cast<const int64_t*>(ptr(has_dyn, dyn_rows)),
+                        static_cast<const int32_t*>(ptr(has_dyn, dyn_cols)), num_items, dyn_q_blocks, dyn_heads,
+                        static_cast<const int64_t*>(ptr(has_doc, doc_base)), doc_rows, dyn_entries, dyn_k_blocks};
+  }
 };
 
-DeviceBuffer upload_bytes(const void* data, size_t bytes) {
-  DeviceBuffer b(std::max<size_t>(bytes, 16));  // never a zero-size allocation
-  if (bytes) copy_to_device(b.get(), data, bytes);
-  return b;
-}
-
-template <typename T>
-DeviceBuffer upload_vector(const std::vector<T>& v) { return upload_bytes(v.data(), v.size() * sizeof(T)); }
-
-// The uploaded tables of the backward plans: the query-major plan (the backward kernels' tiles)
-// and the key-major plan.
+// The tables of the backward plans: the query-major plan (the backward kernels' tiles) and the
+// key-major plan.
 struct GpuBackwardTables {
   GpuTables query_major;
-  DeviceBuffer key_items, query_entries;
+  StagedTables key_major;
+  size_t key_items = 0, query_entries = 0;
   int32_t num_key_items = 0;
-  GpuBackwardTables() = default;
-  GpuBackwardTables(GpuBackwardTables&&) = default;
-  GpuBackwardTables& operator=(GpuBackwardTables&&) = default;
-  ~GpuBackwardTables() { key_items.wait_for_users(); }  // before key_items and query_entries go
 };
 
 // The backward's scratch: D [B, Hq, Sq], then the fp32 dK and dV accumulators, each region
@@ -94,6 +168,7 @@ public:
               const KernelConfig& backward_config, const TemplateSet& templates, bool tma, RandomLayouts random)
       : pattern_(p), problem_(pb), device_(device), cache_dir_(cache_dir), context_(shared_context(device)) {
     const ScopedCurrentContext current(context_);
+    const RelaxedCapture relaxed(true);  // prepared inside a capture: loading a module is no stream work
     prefer_nvrtc_for_driver(driver_version() / 1000);  // 13000 -> 13: kernels this driver loads
     const DeviceInfo info = device_info(device);
     KernelRequest r;
@@ -117,15 +192,17 @@ public:
     bwd_ = generate_backward_kernels(p, r, templates);
   }
 
+  // Packs the tables on the host; the first call that runs the plan copies them (StagedTables).
   void upload(PlanEntry& entry, const DynamicLayout* dynamic) override {
-    const ScopedCurrentContext current(context_);
     auto t = std::make_shared<GpuTables>();
-    upload_tables(*t, entry.plan, dynamic);
+    pack_tables(*t, entry.plan, dynamic);
     if (pattern_.has_dynamic_layout()) t->dyn_k_blocks = dynamic_key_blocks(pattern_, entry.plan.shape);
-    // A copy from pageable memory may return before the DMA lands, and a launch on a
-    // non-blocking stream is not ordered after it: wait here (once per plan).
-    synchronize(nullptr, "uploading the plan tables of " + source_.name);
     entry.device_state = t;
+  }
+
+  bool capturing(const ForwardOptions& options) const override {
+    const ScopedCurrentContext current(context_);
+    return stream_capturing(static_cast<CUstream>(options.stream));
   }
 
   // The weights are for inspection: computed on the host (Backend::weights) from copies of q, k
@@ -155,6 +232,9 @@ public:
                 const TensorView& dv, const ForwardOptions& options) override {
     const ScopedCurrentContext current(context_);
     check_device_memory({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
+    const CUstream stream = static_cast<CUstream>(options.stream);
+    const bool capturing = stream_capturing(stream);
+    const RelaxedCapture relaxed(capturing);  // a first backward in a graph compiles and loads its kernels
     std::call_once(bwd_once_, [&] {
       KernelCompiler compiler(kernel_cache_for(cache_dir_), knobs());
       bwd_kernel_ = compiler.get(bwd_.source);
@@ -175,17 +255,18 @@ public:
     check_kernel_seeks(plans.query_major, bwd_.source);
     const auto& t = *static_cast<const GpuBackwardTables*>(entry.backward_device_state([&] {
       auto bt = std::make_shared<GpuBackwardTables>();
-      upload_tables(bt->query_major, plans.query_major, options.dynamic_layout);
+      pack_tables(bt->query_major, plans.query_major, options.dynamic_layout);
       if (pattern_.has_dynamic_layout()) bt->query_major.dyn_k_blocks = dynamic_key_blocks(pattern_, plans.query_major.shape);
       const DeviceBackwardPlan kp = pack_backward_plan(plans.key_major);
-      bt->key_items = upload_vector(kp.items);
-      bt->query_entries = upload_vector(kp.entries);
+      bt->key_items = bt->key_major.add(kp.items);
+      bt->query_entries = bt->key_major.add(kp.entries);
       bt->num_key_items = static_cast<int32_t>(kp.items.size());
-      synchronize(nullptr, "uploading the backward plan tables of " + bwd_.source.name);
       return std::shared_ptr<void>(bt);
     }));
+    t.query_major.staged.ready_on(stream, capturing, "the backward of " + bwd_.source.name);
+    t.key_major.ready_on(stream, capturing, "the backward of " + bwd_.source.name + " (key-major)");
+    if (capturing) entry.in_graph = true;
     const Problem& pb = problem_;
-    const CUstream stream = static_cast<CUstream>(options.stream);
     const BackwardScratch layout(pb);
     if (options.workspace) {
       TensorView w;
@@ -199,13 +280,10 @@ public:
     memset_d8_async(reinterpret_cast<CUdeviceptr>(dk_acc), 0, layout.dk_bytes, stream);
     memset_d8_async(reinterpret_cast<CUdeviceptr>(dv_acc), 0, layout.dv_bytes, stream);
     const GpuTables& f = t.query_major;
-    const KernelTables tables{reinterpret_cast<const DeviceItem*>(f.items.get()), reinterpret_cast<const DeviceSpan*>(f.spans.get()),
-                              reinterpret_cast<const int32_t*>(f.entries.get()), reinterpret_cast<const int64_t*>(f.dyn_rows.get()),
-                              reinterpret_cast<const int32_t*>(f.dyn_cols.get()), f.num_items, f.dyn_q_blocks, f.dyn_heads,
-                              reinterpret_cast<const int64_t*>(f.doc_base.get()), f.doc_rows, f.dyn_entries, f.dyn_k_blocks};
-    const BackwardTables bt{reinterpret_cast<const DeviceKeyItem*>(t.key_items.get()),
-                            reinterpret_cast<const DeviceQueryEntry*>(t.query_entries.get()), t.num_key_items, delta, dk_acc,
-                            dv_acc};
+    const KernelTables tables = f.kernel_tables();
+    const BackwardTables bt{reinterpret_cast<const DeviceKeyItem*>(t.key_major.at(t.key_items)),
+                            reinterpret_cast<const DeviceQueryEntry*>(t.key_major.at(t.query_entries)), t.num_key_items, delta,
+                            dk_acc, dv_acc};
     KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, q, k, v, o, lse, dout, dq, dk, dv, options);
     bp.fwd.dyn_errors = nullptr;  // the forward counted the table's problems
     void* args[] = {&bp};
@@ -235,10 +313,12 @@ public:
     check_kernel_seeks(entry.plan, source_);
     const auto& t = *static_cast<const GpuTables*>(entry.device_state.get());
     if (t.num_items == 0) return;
-    const KernelTables tables{reinterpret_cast<const DeviceItem*>(t.items.get()), reinterpret_cast<const DeviceSpan*>(t.spans.get()),
-                              reinterpret_cast<const int32_t*>(t.entries.get()), reinterpret_cast<const int64_t*>(t.dyn_rows.get()),
-                              reinterpret_cast<const int32_t*>(t.dyn_cols.get()), t.num_items, t.dyn_q_blocks, t.dyn_heads,
-                              reinterpret_cast<const int64_t*>(t.doc_base.get()), t.doc_rows, t.dyn_entries, t.dyn_k_blocks};
+    const CUstream stream = static_cast<CUstream>(options.stream);
+    const bool capturing = stream_capturing(stream);
+    const RelaxedCapture relaxed(capturing);  // a first call in a graph allocates and may load the fallback kernel
+    t.staged.ready_on(stream, capturing, source_.name);
+    if (capturing) entry.in_graph = true;
+    const KernelTables tables = t.kernel_tables();
     KernelParams kp = kernel_params(entry.plan, problem_, tables, q, k, v, o, lse, options);
     const KernelSource* source = &source_;
     CUfunction function = main_.function;
@@ -254,7 +334,7 @@ public:
     void* args[] = {&kp, &maps};  // the cp.async kernels take only the first
     const BatchGrid b = batch_grid(problem_.batch);
     launch(function, static_cast<unsigned>(t.num_items), b.y, b.z, static_cast<unsigned>(source->threads),
-           static_cast<unsigned>(source->shared_bytes), static_cast<CUstream>(options.stream), args,
+           static_cast<unsigned>(source->shared_bytes), stream, args,
            source->name + " grid=(" + std::to_string(t.num_items) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
                ") block=" + std::to_string(source->threads) + " smem=" + std::to_string(source->shared_bytes));
   }
@@ -295,19 +375,20 @@ private:
     }
   }
 
-  static void upload_tables(GpuTables& t, const Plan& plan, const DynamicLayout* dynamic) {
+  static void pack_tables(GpuTables& t, const Plan& plan, const DynamicLayout* dynamic) {
     const DevicePlan d = pack_plan(plan);
-    t.items = upload_vector(d.items);
-    t.spans = upload_vector(d.spans);
-    t.entries = upload_vector(d.entries);
+    t.items = t.staged.add(d.items);
+    t.spans = t.staged.add(d.spans);
+    t.entries = t.staged.add(d.entries);
     t.num_items = static_cast<int32_t>(d.items.size());
     if (!d.doc_base.empty()) {
-      t.doc_base = upload_vector(d.doc_base);
+      t.doc_base = t.staged.add(d.doc_base), t.has_doc = true;
       t.doc_rows = static_cast<int64_t>(d.doc_base.size());
     }
     if (dynamic) {
-      t.dyn_rows = upload_vector(dynamic->row_offsets);
-      t.dyn_cols = upload_vector(dynamic->col_indices);
+      t.dyn_rows = t.staged.add(dynamic->row_offsets);
+      t.dyn_cols = t.staged.add(dynamic->col_indices);
+      t.has_dyn = true;
       t.dyn_heads = static_cast<int32_t>(dynamic->heads);
       t.dyn_q_blocks = (static_cast<int64_t>(dynamic->row_offsets.size()) - 1) / dynamic->heads;
       t.dyn_entries = static_cast<int64_t>(dynamic->col_indices.size());

@@ -99,7 +99,11 @@ CUdevice device_handle(int ordinal) {
   X(cuPointerGetAttribute, "cuPointerGetAttribute", nullptr) \
   X(cuStreamBeginCapture, "cuStreamBeginCapture_v2", nullptr) X(cuStreamEndCapture, "cuStreamEndCapture", nullptr) \
   X(cuGraphInstantiate, "cuGraphInstantiateWithFlags", nullptr) X(cuGraphLaunch, "cuGraphLaunch", nullptr) \
-  X(cuGraphExecDestroy, "cuGraphExecDestroy", nullptr) X(cuGraphDestroy, "cuGraphDestroy", nullptr)
+  X(cuGraphExecDestroy, "cuGraphExecDestroy", nullptr) X(cuGraphDestroy, "cuGraphDestroy", nullptr) \
+  X(cuStreamIsCapturing, "cuStreamIsCapturing", nullptr) \
+  X(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", nullptr) \
+  X(cuStreamWaitEvent, "cuStreamWaitEvent", nullptr) X(cuEventQuery, "cuEventQuery", nullptr) \
+  X(cuMemAllocHost, "cuMemAllocHost_v2", nullptr) X(cuMemFreeHost, "cuMemFreeHost", nullptr)
 
 
 struct DriverLoader {
@@ -563,6 +567,74 @@ float EventTimer::elapsed_ms() {
   check(api().cuEventElapsedTime(&ms, start_, stop_), "cuEventElapsedTime");
   return ms;
 }
+
+bool stream_capturing(CUstream stream) {
+  int status = cu::CU_STREAM_CAPTURE_STATUS_NONE;  // CUstreamCaptureStatus
+  check(api().cuStreamIsCapturing(stream, &status), "cuStreamIsCapturing");
+  return status != cu::CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+RelaxedCapture::RelaxedCapture(bool relax) {
+  if (!relax) return;
+  previous_ = cu::CU_STREAM_CAPTURE_MODE_RELAXED;
+  check(api().cuThreadExchangeStreamCaptureMode(&previous_), "cuThreadExchangeStreamCaptureMode");
+  relaxed_ = true;
+}
+
+RelaxedCapture::~RelaxedCapture() {
+  if (relaxed_) CudaDriver::get().api().cuThreadExchangeStreamCaptureMode(&previous_);  // restoring never throws
+}
+
+PinnedBuffer::PinnedBuffer(size_t bytes, const std::string& context) {
+  if (!bytes) return;
+  check(api().cuMemAllocHost(&ptr_, bytes), "cuMemAllocHost_v2", bytes_context("allocating", bytes, " of pinned host memory", context));
+  ctx_ = current_context();
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (!ptr_) return;
+  const DriverApi& a = CudaDriver::get().api();
+  CurrentGuard guard(a, ctx_);
+  a.cuMemFreeHost(ptr_);  // errors ignored: this runs in destructors
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+    : ptr_(std::exchange(other.ptr_, nullptr)), ctx_(std::exchange(other.ctx_, nullptr)) {}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  if (this != &other) {
+    PinnedBuffer old(std::move(*this));
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    ctx_ = std::exchange(other.ctx_, nullptr);
+  }
+  return *this;
+}
+
+StreamEvent::StreamEvent() {
+  check(api().cuEventCreate(&event_, cu::CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  ctx_ = current_context();
+}
+
+StreamEvent::~StreamEvent() {
+  const DriverApi& a = CudaDriver::get().api();
+  CurrentGuard guard(a, ctx_);
+  a.cuEventDestroy(event_);
+}
+
+void StreamEvent::record(CUstream stream) { check(api().cuEventRecord(event_, stream), "cuEventRecord"); }
+
+void StreamEvent::make_wait(CUstream stream) const {
+  check(api().cuStreamWaitEvent(stream, event_, 0), "cuStreamWaitEvent");
+}
+
+bool StreamEvent::done() const {
+  const CUresult r = api().cuEventQuery(event_);
+  if (r == cu::CUDA_ERROR_NOT_READY) return false;
+  check(r, "cuEventQuery");
+  return true;
+}
+
+void StreamEvent::synchronize() const { check(api().cuEventSynchronize(event_), "cuEventSynchronize"); }
 
 PointerInfo pointer_info(const void* p) {
   PointerInfo info;

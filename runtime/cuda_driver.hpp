@@ -78,8 +78,15 @@ constexpr int CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4;  // value: cuuint64_t
 constexpr unsigned CU_STREAM_DEFAULT = 0;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 1;
 constexpr unsigned CU_EVENT_DEFAULT = 0;
+constexpr unsigned CU_EVENT_DISABLE_TIMING = 2;
 // CUstreamCaptureMode
 constexpr int CU_STREAM_CAPTURE_MODE_GLOBAL = 0;
+constexpr int CU_STREAM_CAPTURE_MODE_RELAXED = 2;
+// CUstreamCaptureStatus
+constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
+constexpr int CU_STREAM_CAPTURE_STATUS_ACTIVE = 1;
+constexpr int CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2;
+constexpr int CUDA_ERROR_NOT_READY = 600;
 }  // namespace cu
 
 // A driver call that returned an error. what():
@@ -149,6 +156,12 @@ struct DriverApi {
   CUresult (*cuGraphLaunch)(CUgraphExec, CUstream);
   CUresult (*cuGraphExecDestroy)(CUgraphExec);
   CUresult (*cuGraphDestroy)(CUgraph);
+  CUresult (*cuStreamIsCapturing)(CUstream, int* /* CUstreamCaptureStatus */);
+  CUresult (*cuThreadExchangeStreamCaptureMode)(int* /* CUstreamCaptureMode */);
+  CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned);
+  CUresult (*cuEventQuery)(CUevent);
+  CUresult (*cuMemAllocHost)(void**, size_t);                      // cuMemAllocHost_v2
+  CUresult (*cuMemFreeHost)(void*);
   // Optional (drivers for CUDA 12.0 and newer; null before): TMA tensor maps.
   CUresult (*cuTensorMapEncodeTiled)(void* /* CUtensorMap* */, int, unsigned, void*, const unsigned long long*,
                                      const unsigned long long*, const unsigned*, const unsigned*, int, int, int, int) = nullptr;
@@ -324,6 +337,62 @@ private:
   CUevent start_ = nullptr, stop_ = nullptr;
   CUcontext ctx_ = nullptr;
   bool started_ = false, stopped_ = false;
+};
+
+// Stream capture (CUDA graphs). Whether `stream` is capturing work into a graph (cuStreamIsCapturing;
+// an invalidated capture counts: its work must not run either).
+bool stream_capturing(CUstream stream);
+
+// For a scope, the calling thread's capture mode relaxed where `relax` (cuThreadExchangeStreamCaptureMode,
+// push-pop): a call captured in a graph may then allocate (cuMemAlloc, cuMemAllocHost) and load
+// modules, which are not work on a stream and are done once, at capture, not at each replay. The
+// thread's mode is restored at the end of the scope.
+class RelaxedCapture {
+public:
+  explicit RelaxedCapture(bool relax);
+  ~RelaxedCapture();
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+private:
+  bool relaxed_ = false;
+  int previous_ = 0;  // CUstreamCaptureMode
+};
+
+// Page-locked host memory (cuMemAllocHost), freed in the destructor: the source of a copy a graph
+// replays. Movable, not copyable.
+class PinnedBuffer {
+public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes, const std::string& context = {});
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* get() const { return ptr_; }
+
+private:
+  void* ptr_ = nullptr;
+  CUcontext ctx_ = nullptr;
+};
+
+// An event that marks a point in one stream's work (cuEventRecord), for other streams to wait on
+// (cuStreamWaitEvent) or the host to ask about. Created in the current context.
+class StreamEvent {
+public:
+  StreamEvent();
+  ~StreamEvent();
+  StreamEvent(const StreamEvent&) = delete;
+  StreamEvent& operator=(const StreamEvent&) = delete;
+  void record(CUstream stream);
+  void make_wait(CUstream stream) const;  // work enqueued on `stream` after this waits for the point
+  bool done() const;                      // cuEventQuery: the work before the point has finished
+  void synchronize() const;               // the host waits for it
+
+private:
+  CUevent event_ = nullptr;
+  CUcontext ctx_ = nullptr;
 };
 
 // The work `enqueue` puts on `stream`, captured once as a CUDA graph (global capture mode: a call

@@ -1,5 +1,7 @@
 // Runtime and Attention: prepare (validate, choose a backend, plan), then forward (check inputs,
 // find or make the plan for these offsets, run).
+#include <iterator>
+#include <optional>
 #include <sstream>
 
 #include "attnjit/attnjit.hpp"
@@ -107,14 +109,24 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
   st.plan_index.emplace(key, st.plans.begin());
   ++st.plan_stats.misses;
   st.plan_stats.bytes += plan_bytes(entry->plan);
-  // Over the budget: drop the least recently used, never the plan this call is about to run. A
-  // call still running a dropped plan holds it (and its device tables) until it returns.
-  while (st.plan_stats.bytes > st.plan_budget && st.plans.size() > 1) {
-    st.plan_stats.bytes -= plan_bytes(st.plans.back().second->plan);
-    st.plan_index.erase(st.plans.back().first);
-    st.plans.pop_back();
+  // Over the budget: drop the least recently used, never the plan this call is about to run nor
+  // one a CUDA graph reads (PlanEntry::in_graph). A call still running a dropped plan holds it (and
+  // its device tables) until it returns. Freeing device tables waits for the device, which a call
+  // being captured in a graph must not: its victims wait in `retired` for a call that is not.
+  std::optional<bool> capturing;
+  auto victim = st.plans.end();
+  while (st.plan_stats.bytes > st.plan_budget) {
+    while (victim != std::next(st.plans.begin()) && std::prev(victim)->second->in_graph) --victim;
+    if (victim == std::next(st.plans.begin())) break;  // only this call's plan and plans in graphs are left
+    --victim;
+    st.plan_stats.bytes -= plan_bytes(victim->second->plan);
+    st.plan_index.erase(victim->first);
+    if (!capturing) capturing = st.backend->capturing(o);
+    if (*capturing) st.retired.push_back(victim->second);
+    victim = st.plans.erase(victim);
     ++st.plan_stats.evictions;
   }
+  if (!st.retired.empty() && !(capturing ? *capturing : st.backend->capturing(o))) st.retired.clear();
   st.plan_stats.plans = static_cast<int64_t>(st.plans.size());
   return entry;
 }
@@ -258,7 +270,9 @@ const Pattern& Attention::pattern() const { return state_->pattern; }
 
 PlanCacheStats Attention::plan_cache_stats() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->plan_stats;
+  PlanCacheStats s = state_->plan_stats;
+  for (const auto& [key, entry] : state_->plans) s.in_graph += entry->in_graph ? 1 : 0;
+  return s;
 }
 const Problem& Attention::problem() const { return state_->problem; }
 std::string Attention::kernel_name() const { return state_->backend->kernel_name(); }

@@ -78,7 +78,11 @@ struct DeviceDynamicLayout {
 
 struct ForwardOptions {
   int64_t q_offset = 0, k_offset = 0;              // global positions of row 0 (chunks, ring steps)
-  void* stream = nullptr;                          // CUstream of the caller (CUDA device)
+  // CUstream of the caller (CUDA device). Everything a call enqueues is ordered on it, a plan's
+  // first copy of its tables included; nothing synchronises, so any call (a first one too) may be
+  // captured in a CUDA graph. A plan a graph ran is then kept (PlanCacheStats::in_graph): keep the
+  // Attention alive while the graph is.
+  void* stream = nullptr;
   const DynamicLayout* dynamic_layout = nullptr;   // host CSR table, for patterns with a dynamic layout
   // Or the table in device memory; one plan serves every such table (no re-planning per table).
   const DeviceDynamicLayout* device_dynamic_layout = nullptr;
@@ -128,10 +132,12 @@ struct PreparedState;  // the plan(s), device tables and loaded kernel of one (p
 // The plans a prepared attention keeps: one per distinct (offsets, dynamic table, documents),
 // made and uploaded on first use. `bytes` counts their host tables (work items, key spans, tile
 // entries, document starts; a GPU holds one copy more); above RuntimeOptions::plan_cache_bytes
-// the least recently used are dropped (a plan still in use by a call lives until it returns).
+// the least recently used are dropped (a plan still in use by a call lives until it returns), but
+// never one a CUDA graph reads (`in_graph` counts them).
 struct PlanCacheStats {
   int64_t plans = 0, bytes = 0;
   int64_t hits = 0, misses = 0, evictions = 0;
+  int64_t in_graph = 0;
 };
 
 // A prepared attention: the plans (one per offsets/dynamic table/documents, made on first use and

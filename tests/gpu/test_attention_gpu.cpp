@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "attnjit/attnjit.hpp"
+#include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/knobs.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "tests/gpu/attention_cases.hpp"
@@ -306,6 +307,122 @@ TEST_CASE("a forward() captured in a CUDA graph and replayed gives the eager ans
     }
     destroy_stream(stream);
   }
+}
+
+// A *first* forward() captured in a CUDA graph: the plan is made, its tables allocated and their
+// copy recorded inside the capture (nothing synchronises). Replays give the bits of the same call
+// made eagerly on another prepared attention; an eager call after the capture (which ran nothing)
+// copies the tables itself, on another stream, and gives them too.
+TEST_CASE("a first forward() captured in a CUDA graph plans, copies its tables and gives the eager answer", "[gpu][attention][graph]") {
+  SKIP_WITHOUT_GPU();
+  if (on_host()) { WARN("SKIPPED on the emulator and the CPU device: CUDA graphs need a GPU"); return; }
+  shared_context(0).make_current();
+  Runtime rt(options_for(Device::cuda(0)));
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(256).dilation(1).causal())
+                        .branch(BranchSpec().segment(512).dilation(2).offset(OffsetRule::HeadMod))
+                        .build();
+  for (DType dt : {DType::BF16, DType::F32}) {
+    INFO(to_string(dt));
+    const std::vector<int64_t> shape{1, 1000, 4, 64};
+    const Problem pb{1, 1000, 1000, 4, 4, 64, 64, dt};
+    Attention reference = rt.prepare(p, pb), op = rt.prepare(p, pb);
+    const std::vector<float> x1 = testing::random_tensor(1000 * 4 * 64, 21), x2 = testing::random_tensor(1000 * 4 * 64, 22);
+    Tensor q(&x1, shape, dt, Mem::BSHD), k(&x1, shape, dt, Mem::BSHD), v(&x1, shape, dt, Mem::BSHD);
+    Tensor q2(&x2, shape, dt, Mem::BSHD), o(nullptr, shape, dt, Mem::BSHD);
+    Buf lse_buf(4 * 1000 * 4);
+    const TensorView lse{lse_buf.data(), DType::F32, {1, 4, 1000}, {4000, 1000, 1}};
+    CUstream stream = create_stream(), other = create_stream();
+    ForwardOptions fo;
+    fo.stream = stream;
+    auto run = [&](Attention& a, Tensor& query, CUstream s) {
+      o.buf.poison(s);
+      ForwardOptions f = fo;
+      f.stream = s;
+      a.forward(query.view, k.view, v.view, o.view, &lse, f);
+      synchronize(s);
+      return std::make_pair(o.buf.download(), lse_buf.download());
+    };
+    const auto want1 = run(reference, q, stream), want2 = run(reference, q2, stream);
+    o.buf.poison(stream);
+    synchronize(stream);
+    {
+      CapturedGraph graph(stream, [&] { op.forward(q.view, k.view, v.view, o.view, &lse, fo); });
+      const PlanCacheStats st = op.plan_cache_stats();
+      CHECK(st.misses == 1);
+      CHECK(st.in_graph == 1);
+      for (int replay = 0; replay < 2; ++replay) {
+        o.buf.poison(stream);
+        graph.launch(stream);
+        synchronize(stream);
+        CHECK(o.buf.download() == want1.first);
+        CHECK(lse_buf.download() == want1.second);
+      }
+      CHECK(run(op, q, other) == want1);  // eager, on a stream the capture never saw
+      CHECK(op.plan_cache_stats().hits == 1);
+      q.buf.upload(q2.buf.download());
+      o.buf.poison(stream);
+      graph.launch(stream);
+      synchronize(stream);
+      CHECK(o.buf.download() == want2.first);
+      CHECK(lse_buf.download() == want2.second);
+    }
+    destroy_stream(other);
+    destroy_stream(stream);
+  }
+}
+
+// Under a byte budget of 0 every new plan drops the others: a plan dropped by a call being captured
+// is freed later (freeing waits for the device, which a capture must not), and the captured plan
+// is never dropped while its graph may run (PlanCacheStats::in_graph), however many plans come after.
+TEST_CASE("a plan a CUDA graph reads outlives the plan cache's byte budget", "[gpu][attention][graph][plans]") {
+  SKIP_WITHOUT_GPU();
+  if (on_host()) { WARN("SKIPPED on the emulator and the CPU device: CUDA graphs need a GPU"); return; }
+  shared_context(0).make_current();
+  RuntimeOptions ro = options_for(Device::cuda(0));
+  ro.plan_cache_bytes = 0;
+  Runtime rt(ro);
+  const Pattern p = parse_spec(R"({"attnjit": 1, "branches": [{"segment": 64}, {"segment": 256, "dilation": 4}]})");
+  const Problem pb{1, 64, 256, 2, 2, 64, 64, DType::BF16};
+  Attention reference = rt.prepare(p, pb), op = rt.prepare(p, pb);
+  const std::vector<float> xq = testing::random_tensor(64 * 2 * 64, 31), xkv = testing::random_tensor(256 * 2 * 64, 32);
+  Tensor q(&xq, {1, 64, 2, 64}, DType::BF16, Mem::BSHD), kv(&xkv, {1, 256, 2, 64}, DType::BF16, Mem::BSHD);
+  Tensor o(nullptr, {1, 64, 2, 64}, DType::BF16, Mem::BSHD);
+  CUstream stream = create_stream();
+  auto forward = [&](Attention& a, int64_t q_offset) {
+    ForwardOptions fo;
+    fo.q_offset = q_offset, fo.stream = stream;
+    a.forward(q.view, kv.view, kv.view, o.view, nullptr, fo);
+  };
+  auto eager = [&](Attention& a, int64_t q_offset) {
+    o.buf.poison(stream);
+    forward(a, q_offset);
+    synchronize(stream);
+    return o.buf.download();
+  };
+  const std::vector<unsigned char> want = eager(reference, 64);
+  eager(op, 0);  // a plan for offset 0, dropped by the captured call's plan
+  o.buf.poison(stream);
+  synchronize(stream);
+  {
+    CapturedGraph graph(stream, [&] { forward(op, 64); });
+    PlanCacheStats st = op.plan_cache_stats();
+    CHECK(st.plans == 1);
+    CHECK(st.evictions == 1);
+    CHECK(st.in_graph == 1);
+    for (int64_t offset : {128, 192, 0}) CHECK(eager(op, offset) == eager(reference, offset));
+    st = op.plan_cache_stats();
+    CHECK(st.plans == 2);  // the graph's plan and the last call's
+    CHECK(st.evictions == 3);
+    CHECK(st.in_graph == 1);
+    o.buf.poison(stream);
+    graph.launch(stream);
+    synchronize(stream);
+    CHECK(o.buf.download() == want);
+    CHECK(eager(op, 64) == want);  // the graph's plan, run eagerly: a hit
+    CHECK(op.plan_cache_stats().hits == 1);
+  }
+  destroy_stream(stream);
 }
 
 TEST_CASE("host memory and misaligned device pointers are rejected before launch", "[gpu][attention][errors]") {

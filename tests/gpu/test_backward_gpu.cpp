@@ -80,10 +80,11 @@ std::vector<float> decode(const std::vector<uint8_t>& b, DType dt) {
 std::vector<float> rounded(std::vector<float> x, DType dt) { return decode(encode(x, dt), dt); }
 
 // "" when dQ, dK, dV match the reference, else the first problem. `bytes` receives the gradients'
-// bytes (dq, dk, dv in turn) when given.
+// bytes (dq, dk, dv in turn) when given. `in_graph` (a GPU): the first forward and backward calls
+// are captured in one CUDA graph on a stream of their own, which then runs twice.
 std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType dt, const DynamicLayout* dyn, uint64_t seed,
                            bool deterministic = false, std::vector<uint8_t>* bytes = nullptr, bool caller_workspace = false,
-                           bool device_table = false) {
+                           bool device_table = false, bool in_graph = false) {
   const size_t nq = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim), nk = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim),
                nv = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), no = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim_v);
   const std::vector<float> q = rounded(testing::random_tensor(nq, seed), dt), k = rounded(testing::random_tensor(nk, seed + 1), dt),
@@ -125,14 +126,28 @@ std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType 
     fo.dynamic_layout = nullptr;
     fo.device_dynamic_layout = &on_device;
   }
-  op.forward(view(*mq, dt, qs), view(*mk, dt, ks), view(*mv, dt, vs), view(*mo, dt, os), &lse, fo);
   std::unique_ptr<Mem> workspace;
   if (caller_workspace && op.backward_workspace_bytes() > 0) {
     workspace = std::make_unique<Mem>(op.backward_workspace_bytes());
-    fo.workspace = workspace->data(), fo.workspace_bytes = op.backward_workspace_bytes();
   }
-  op.backward(view(*mq, dt, qs), view(*mk, dt, ks), view(*mv, dt, vs), view(*mo, dt, os), lse, view(*mdo, dt, os),
-              view(*mdq, dt, qs), view(*mdk, dt, ks), view(*mdv, dt, vs), fo);
+  auto run = [&] {
+    op.forward(view(*mq, dt, qs), view(*mk, dt, ks), view(*mv, dt, vs), view(*mo, dt, os), &lse, fo);
+    if (workspace) fo.workspace = workspace->data(), fo.workspace_bytes = op.backward_workspace_bytes();
+    op.backward(view(*mq, dt, qs), view(*mk, dt, ks), view(*mv, dt, vs), view(*mo, dt, os), lse, view(*mdo, dt, os),
+                view(*mdq, dt, qs), view(*mdk, dt, ks), view(*mdv, dt, vs), fo);
+  };
+  if (in_graph) {
+    CUstream stream = create_stream();
+    fo.stream = stream;
+    {
+      CapturedGraph graph(stream, run);
+      for (int replay = 0; replay < 2; ++replay) graph.launch(stream);
+      synchronize(stream, "after the graph");
+    }
+    destroy_stream(stream);
+  } else {
+    run();
+  }
   if (on_gpu()) synchronize(nullptr, "after backward");
   const double tol = dt == DType::F32 ? 1e-5 : 3e-2;
   for (const auto& [name, m, w] : {std::tuple<const char*, Mem*, const std::vector<double>*>{"dq", mdq.get(), &want.dq},
@@ -327,6 +342,27 @@ TEST_CASE("backward: a caller's workspace gives the same bits as the pool's, a w
   if (on_gpu()) {
     fo.workspace = aligned, fo.workspace_bytes = need - 1;
     CHECK_THROWS_WITH(op.backward(q, k, v, o, lse, dout, dq, dk, dv, fo), Catch::Contains("bytes but this backward needs " + std::to_string(need)));
+  }
+}
+
+// A first forward and backward captured in one CUDA graph: the backward kernels compile and load,
+// both plans' tables are copied and the workspace is allocated inside the capture (nothing
+// synchronises). The replays match the reference, and in the deterministic mode the eager bits.
+TEST_CASE("backward: a first forward and backward captured in a CUDA graph match the reference and the eager bits", "[gpu][grad][graph]") {
+  if (!on_gpu()) { WARN("SKIPPED on the emulator and the CPU device: CUDA graphs need a GPU"); return; }
+  shared_context(0).make_current();
+  RuntimeOptions ro;
+  ro.device = Device::cuda(0);
+  Runtime rt(ro);
+  const Pattern p = load_spec_file(std::string(ATTNJIT_EXAMPLES_DIR) + "/longnet.json");
+  Shape s;
+  s.seq_q = s.seq_k = 2048, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 64;
+  for (bool caller_workspace : {false, true}) {
+    INFO("caller's workspace: " << caller_workspace);
+    std::vector<uint8_t> eager, captured;
+    CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 9, true, &eager, caller_workspace) == "");
+    CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 9, true, &captured, caller_workspace, false, true) == "");
+    CHECK(eager == captured);
   }
 }
 

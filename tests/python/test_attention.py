@@ -450,6 +450,25 @@ def test_gpu_side_stream_and_cuda_graph_give_the_eager_answer():
 
 
 @needs_gpu
+def test_gpu_first_call_captured_in_a_cuda_graph():
+    # A shape never run before, first seen inside the capture: the kernel is prepared and loaded,
+    # the plan made and its tables copied there (nothing attnjit does synchronises). The replays
+    # give the dense contract's answer and the bits of the eager call after them.
+    p = attnjit.Pattern.load(EXAMPLES / "seed_dilated.json")
+    q, k, v = inputs(1, 1234, 1234, 4, 2, 64, dtype=torch.bfloat16, seed=5, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = attnjit.attention(q, k, v, p)
+    for _ in range(2):
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want, _ = dense_attention(q.cpu(), k.cpu(), v.cpu(), p)
+        assert rel_error(captured.cpu(), want) <= 2e-2
+    assert torch.equal(captured, attnjit.attention(q, k, v, p))
+
+
+@needs_gpu
 def test_gpu_backward_workspace_comes_from_the_caching_allocator():
     # The backward's scratch (D and the fp32 dK/dV accumulators) is a PyTorch allocation: the peak
     # PyTorch sees during backward covers it on top of the three gradients, and a captured

@@ -27,7 +27,8 @@
   X(cuMemsetD8Async) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuEventCreate)            \
   X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuPointerGetAttribute)     \
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)  \
-  X(cuGraphDestroy)
+  X(cuGraphDestroy) X(cuStreamIsCapturing) X(cuThreadExchangeStreamCaptureMode) X(cuStreamWaitEvent)           \
+  X(cuEventQuery) X(cuMemAllocHost) X(cuMemFreeHost)
 
 namespace ours {
 #define ATTNJIT_MEMBER_TYPE(api) using api##_t = decltype(attnjit::DriverApi::api);
@@ -110,6 +111,12 @@ static_assert(std::is_same_v<attnjit::CUmemoryPool, ::CUmemoryPool>);
 static_assert(std::is_same_v<attnjit::CUgraph, ::CUgraph>);
 static_assert(std::is_same_v<attnjit::CUgraphExec, ::CUgraphExec>);
 static_assert(cu::CU_STREAM_CAPTURE_MODE_GLOBAL == ::CU_STREAM_CAPTURE_MODE_GLOBAL);
+static_assert(cu::CU_STREAM_CAPTURE_MODE_RELAXED == ::CU_STREAM_CAPTURE_MODE_RELAXED);
+static_assert(cu::CU_STREAM_CAPTURE_STATUS_NONE == ::CU_STREAM_CAPTURE_STATUS_NONE);
+static_assert(cu::CU_STREAM_CAPTURE_STATUS_ACTIVE == ::CU_STREAM_CAPTURE_STATUS_ACTIVE);
+static_assert(cu::CU_STREAM_CAPTURE_STATUS_INVALIDATED == ::CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+static_assert(cu::CUDA_ERROR_NOT_READY == ::CUDA_ERROR_NOT_READY);
+static_assert(sizeof(int) == sizeof(::CUstreamCaptureStatus) && sizeof(int) == sizeof(::CUstreamCaptureMode));
 static_assert(std::is_same_v<attnjit::CUdevice, ::CUdevice>);
 static_assert(std::is_same_v<attnjit::CUdeviceptr, ::CUdeviceptr>);
 static_assert(sizeof(attnjit::CUresult) == sizeof(::CUresult));
@@ -142,6 +149,7 @@ static_assert(cu::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD == ::CU_MEMPOOL_ATTR_RELEASE
 static_assert(cu::CU_STREAM_DEFAULT == ::CU_STREAM_DEFAULT);
 static_assert(cu::CU_STREAM_NON_BLOCKING == ::CU_STREAM_NON_BLOCKING);
 static_assert(cu::CU_EVENT_DEFAULT == ::CU_EVENT_DEFAULT);
+static_assert(cu::CU_EVENT_DISABLE_TIMING == ::CU_EVENT_DISABLE_TIMING);
 
 #endif  // ATTNJIT_HAVE_CUDA_H
 
