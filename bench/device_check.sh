@@ -18,6 +18,10 @@
 # run cut short still leaves a report. Logs: OUTDIR/logs/. Exit status: 1 if any step failed or
 # timed out or found no time left, else 0 (steps skipped for want of a GPU or a tool do not fail the run).
 #
+# On a lent machine only a few files under $OUT come back: pack OUTDIR into one archive after the
+# run (tar czf "$OUT/dc.tgz" -C "$OUT" dc && rm -rf "$OUT/dc"). The budget's reserves below assume
+# the default 540 s: a smaller budget leaves the first steps no time.
+#
 # Environment: BUILD_DIR (build-device), JOBS (nproc), ATTNJIT_DC_BUDGET (540),
 # ATTNJIT_DC_SKIP (step names, space-separated, recorded as skipped: a call that splits the steps
 # over two machines' time, e.g. "gpu_backward python_tests unit_tests"),

@@ -114,6 +114,12 @@ struct PreparedState {
 // The host bytes of a plan's tables (what PlanCacheStats counts).
 int64_t plan_bytes(const Plan& plan);
 
+// The plan of a call (its offsets, table and documents): made and handed to the backend's upload
+// on first use, then reused. Over the state's byte budget the least recently used plans are
+// dropped, never the call's own nor one a CUDA graph reads (PlanEntry::in_graph); plans dropped by
+// a call whose stream is capturing (Backend::capturing) wait in `retired` for a call that is not.
+std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o);
+
 std::unique_ptr<Backend> make_cpu_backend(const Pattern& p, const Problem& pb);
 // The emulator: `arch` is the GPU it stands in for (sm_90a: its arch-specific kernels). `config` (forward) and `backward_config`:
 // zeros mean the path's default tiles; others are validated here (a UserError naming the fix).

@@ -29,7 +29,8 @@ namespace {
 // copy a node of the graph, from pinned host memory, so every replay copies the tables before its
 // kernels; the plan entry is then kept while the prepared attention lives (PlanEntry::in_graph),
 // because the graph reads its memory. An eager call after such a capture copies once more on its
-// own stream: a capture runs nothing.
+// own stream: a capture runs nothing. A capture after an eager copy not known to have finished
+// copies too (the same bytes), rather than wait on the host.
 class StagedTables {
 public:
   StagedTables() = default;
@@ -55,11 +56,8 @@ public:
     if (!device_.get()) device_ = DeviceBuffer(std::max<size_t>(host_.size(), 16), "the plan tables of " + what);
     if (landed_ || host_.empty()) return;
     if (capturing) {
-      if (copied_) {  // an eager copy may still be in flight: the graph's kernels may run on any stream
-        copied_event_->synchronize();
-        landed_ = true;
-        return;
-      }
+      // Also after an eager copy not known to have landed: the graph may run on any stream, and
+      // copying the same bytes again is harmless.
       if (!pinned_.get()) {
         pinned_ = PinnedBuffer(host_.size(), "the plan tables of " + what + " for a CUDA graph");
         std::memcpy(pinned_.get(), host_.data(), host_.size());

@@ -634,8 +634,6 @@ bool StreamEvent::done() const {
   return true;
 }
 
-void StreamEvent::synchronize() const { check(api().cuEventSynchronize(event_), "cuEventSynchronize"); }
-
 PointerInfo pointer_info(const void* p) {
   PointerInfo info;
   if (!p) return info;

@@ -378,7 +378,7 @@ private:
 };
 
 // An event that marks a point in one stream's work (cuEventRecord), for other streams to wait on
-// (cuStreamWaitEvent) or the host to ask about. Created in the current context.
+// (cuStreamWaitEvent) or the host to ask about (cuEventQuery). Created in the current context.
 class StreamEvent {
 public:
   StreamEvent();
@@ -388,7 +388,6 @@ public:
   void record(CUstream stream);
   void make_wait(CUstream stream) const;  // work enqueued on `stream` after this waits for the point
   bool done() const;                      // cuEventQuery: the work before the point has finished
-  void synchronize() const;               // the host waits for it
 
 private:
   CUevent event_ = nullptr;

@@ -65,8 +65,6 @@ int64_t plan_bytes(const Plan& plan) {
   return plan.stats.table_bytes + static_cast<int64_t>((plan.doc_base.size() + plan.documents.size()) * sizeof(int64_t));
 }
 
-namespace {
-
 // The plan for these offsets and this table: made and uploaded on first use, then reused while
 // the prepared attention's plans stay within their byte budget (least recently used dropped).
 std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) {
@@ -130,6 +128,8 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
   st.plan_stats.plans = static_cast<int64_t>(st.plans.size());
   return entry;
 }
+
+namespace {
 
 // A table on the device: its shape checked against the call (nothing inside it is read). On a
 // backend whose kernels do not read it in place (the CPU) it becomes a host table in `host`, made

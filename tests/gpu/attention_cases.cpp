@@ -601,5 +601,15 @@ std::vector<Case> config_cases(int64_t seq, int arch, bool sm90a) {
   return cases;
 }
 
+std::string byte_difference(const std::vector<unsigned char>& got, const std::vector<unsigned char>& want) {
+  if (got.size() != want.size()) return std::to_string(got.size()) + " bytes, want " + std::to_string(want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      return "byte " + std::to_string(i) + " of " + std::to_string(got.size()) + " is " + std::to_string(int(got[i])) +
+             ", want " + std::to_string(int(want[i]));
+    }
+  }
+  return "";
+}
 
 }  // namespace attnjit::gputest

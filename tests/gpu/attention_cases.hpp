@@ -92,6 +92,10 @@ struct DeviceTable {
   }
 };
 
+// "" when two byte strings are equal, else where they first differ (what a CHECK prints: Catch's
+// own expansion of two megabyte vectors takes minutes).
+std::string byte_difference(const std::vector<unsigned char>& got, const std::vector<unsigned char>& want);
+
 constexpr size_t kGuard = 256;  // poisoned bytes after every output; they must stay poisoned
 
 enum class Mem { BSHD, BHSD, Padded };  // Padded: [B, S, H, D] with 16 spare bytes after each head row

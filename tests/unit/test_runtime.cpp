@@ -6,6 +6,8 @@
 
 #include "attnjit/attnjit.hpp"
 #include "compiler/support/error.hpp"
+#include "compiler/pattern/mask.hpp"
+#include "runtime/backend.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/input_checks.hpp"
 #include "runtime/npy.hpp"
@@ -230,6 +232,75 @@ TEST_CASE("a prepared attention keeps its plans within a byte budget, least rece
   CHECK(st.plans == 1);
   CHECK(st.misses == 4);
   CHECK(st.evictions == 3);
+}
+
+namespace {
+
+// A backend that runs nothing: it says whether the call's stream is capturing (`capturing`), marks
+// the plans of captured calls as a CUDA device does, and counts plan tables freed.
+struct GraphBackend final : Backend {
+  bool capturing_now = false;
+  std::shared_ptr<int> freed = std::make_shared<int>(0);
+  struct Tables {
+    std::shared_ptr<int> freed;
+    ~Tables() { ++*freed; }
+  };
+  void upload(PlanEntry& e, const DynamicLayout*) override {
+    auto t = std::make_shared<Tables>();
+    t->freed = freed;
+    e.device_state = t;
+  }
+  bool capturing(const ForwardOptions&) const override { return capturing_now; }
+  void forward(const PlanEntry& e, const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView*,
+               const ForwardOptions&) override {
+    if (capturing_now) e.in_graph = true;
+  }
+  void backward(const PlanEntry&, const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                const TensorView&, const TensorView&, const TensorView&, const TensorView&, const ForwardOptions&) override {}
+  std::string kernel_name() const override { return "graph_backend"; }
+  TileConfig tiles() const override { return TileConfig{16, 16}; }
+  int alignment() const override { return 4; }
+};
+
+}  // namespace
+
+// The plan cache's rules for CUDA graphs, on the host: a plan a captured call ran is never dropped,
+// whatever the budget; plans dropped by a call being captured are freed (freeing waits for the
+// device) only by the next call that is not.
+TEST_CASE("plans a CUDA graph reads stay; plans dropped during a capture are freed after it", "[runtime][plans][graph]") {
+  PreparedState st;
+  st.pattern = PatternBuilder().branch(BranchSpec().segment(32).dilation(1)).branch(BranchSpec().segment(128).dilation(4)).build();
+  st.problem.batch = 1, st.problem.seq_q = 32, st.problem.seq_k = 256, st.problem.heads_q = st.problem.heads_kv = 2;
+  st.problem.head_dim = st.problem.head_dim_v = 8, st.problem.dtype = DType::F32;
+  st.period = translation_period(st.pattern);
+  st.plan_budget = 0;  // only the plan in use, and plans in graphs
+  auto backend = std::make_unique<GraphBackend>();
+  GraphBackend& b = *backend;
+  st.backend = std::move(backend);
+  auto call = [&](int64_t q_offset) {
+    ForwardOptions o;
+    o.q_offset = q_offset;
+    const std::shared_ptr<PlanEntry> e = plan_for(st, o);
+    st.backend->forward(*e, {}, {}, {}, {}, nullptr, o);
+  };
+  call(0);
+  b.capturing_now = true;
+  call(32);  // drops offset 0's plan, but must not free it now
+  CHECK(st.plan_stats.evictions == 1);
+  CHECK(st.retired.size() == 1);
+  CHECK(*b.freed == 0);
+  call(64);  // still capturing: offset 32's plan is in the graph, so nothing is dropped
+  CHECK(st.plan_stats.evictions == 1);
+  b.capturing_now = false;
+  call(96);  // drops offset 64's plan (also in the graph, so kept) ... and frees the retired one
+  CHECK(st.retired.empty());
+  CHECK(*b.freed == 1);
+  for (int64_t off : {128, 160, 192}) call(off);
+  CHECK(st.plans.size() == 3);  // the two plans in graphs and the call's own
+  CHECK(st.plan_stats.evictions == 4);  // 0, 96, 128, 160
+  CHECK(*b.freed == 4);
+  call(32);  // a plan in a graph is still there
+  CHECK(st.plan_stats.hits == 1);
 }
 
 namespace {
