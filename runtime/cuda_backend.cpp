@@ -23,8 +23,8 @@ namespace {
 
 // Tables the kernels read, packed on the host and copied to the device in the order of the stream
 // that first needs them: no call synchronises. One device allocation holds every region (each
-// 256-byte aligned). The first call on a stream allocates and copies on that stream, so the kernels
-// it launches next see the tables; a call on another stream waits for the copy with an event. A
+// 256-byte aligned). The first call allocates and copies on its stream, so the kernels it launches
+// next see the tables; later calls wait for the copy with an event until it has finished. A
 // call captured in a CUDA graph (the first call included) allocates outside the graph and makes the
 // copy a node of the graph, from pinned host memory, so every replay copies the tables before its
 // kernels; the plan entry is then kept while the prepared attention lives (PlanEntry::in_graph),
@@ -71,10 +71,11 @@ public:
       copy_to_device_async(device_.get(), host_.data(), host_.size(), stream, "the plan tables of " + what);
       copied_event_ = std::make_unique<StreamEvent>();
       copied_event_->record(stream);
-      copied_on_ = stream, copied_ = true;
+      copied_ = true;
       return;
     }
-    if (stream == copied_on_) return;
+    // Until the copy is known to have finished every call waits for it, the copying stream's too
+    // (harmless there; a stream handle may be reused once its stream is destroyed).
     if (copied_event_->done()) {
       landed_ = true;
     } else {
@@ -91,8 +92,7 @@ private:
   mutable DeviceBuffer device_;
   mutable PinnedBuffer pinned_;  // the source of a graph's copy: lives as long as the tables
   mutable std::unique_ptr<StreamEvent> copied_event_;
-  mutable CUstream copied_on_ = nullptr;
-  mutable bool copied_ = false;  // an eager copy was enqueued (on copied_on_)
+  mutable bool copied_ = false;  // an eager copy was enqueued (copied_event_ follows it)
   mutable bool landed_ = false;  // and is known to have finished
 };
 

@@ -267,7 +267,7 @@ struct GraphBackend final : Backend {
 // The plan cache's rules for CUDA graphs, on the host: a plan a captured call ran is never dropped,
 // whatever the budget; plans dropped by a call being captured are freed (freeing waits for the
 // device) only by the next call that is not.
-TEST_CASE("plans a CUDA graph reads stay; plans dropped during a capture are freed after it", "[runtime][plans][graph]") {
+TEST_CASE("plans a CUDA graph reads stay and plans dropped during a capture are freed after it", "[runtime][plans][graph]") {
   PreparedState st;
   st.pattern = PatternBuilder().branch(BranchSpec().segment(32).dilation(1)).branch(BranchSpec().segment(128).dilation(4)).build();
   st.problem.batch = 1, st.problem.seq_q = 32, st.problem.seq_k = 256, st.problem.heads_q = st.problem.heads_kv = 2;
