@@ -54,7 +54,7 @@ public:
   void ready_on(CUstream stream, bool capturing, const std::string& what) const {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!device_.get()) device_ = DeviceBuffer(std::max<size_t>(host_.size(), 16), "the plan tables of " + what);
-    if (landed_ || host_.empty()) return;
+    if (landed_ || host_.empty()) return;  // (empty: no table has an entry)
     if (capturing) {
       // Also after an eager copy not known to have landed: the graph may run on any stream, and
       // copying the same bytes again is harmless.
@@ -78,6 +78,7 @@ public:
     // (harmless there; a stream handle may be reused once its stream is destroyed).
     if (copied_event_->done()) {
       landed_ = true;
+      std::vector<uint8_t>().swap(host_);  // never copied again: a capture now reads the device's copy
     } else {
       copied_event_->make_wait(stream);
     }
@@ -86,8 +87,9 @@ public:
   CUdeviceptr at(size_t offset) const { return device_.get() + offset; }
 
 private:
-  std::vector<uint8_t> host_;
-  // Where the tables are on the device: made and changed by ready_on, under the mutex.
+  // The packed tables (dropped once the copy has landed), and where they are on the device: changed
+  // by ready_on, under the mutex.
+  mutable std::vector<uint8_t> host_;
   mutable std::mutex mutex_;
   mutable DeviceBuffer device_;
   mutable PinnedBuffer pinned_;  // the source of a graph's copy: lives as long as the tables
