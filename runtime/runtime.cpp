@@ -88,6 +88,9 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
   const PreparedState::PlanKey key = shared ? PreparedState::PlanKey{o.q_offset % *st.period, o.q_offset - o.k_offset, tables}
                                             : PreparedState::PlanKey{o.q_offset, o.k_offset, tables};
   std::lock_guard<std::mutex> lock(st.mutex);
+  // Plans dropped by a call being captured in a CUDA graph are freed by the next call that is not
+  // (freeing waits for the device, which a capture must not).
+  if (!st.retired.empty() && !st.backend->capturing(o)) st.retired.clear();
   if (auto it = st.plan_index.find(key); it != st.plan_index.end()) {
     const Shape& planned = it->second->second->plan.shape;
     if (planned.q_offset != o.q_offset || planned.k_offset != o.k_offset) {
@@ -109,8 +112,7 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
   st.plan_stats.bytes += plan_bytes(entry->plan);
   // Over the budget: drop the least recently used, never the plan this call is about to run nor
   // one a CUDA graph reads (PlanEntry::in_graph). A call still running a dropped plan holds it (and
-  // its device tables) until it returns. Freeing device tables waits for the device, which a call
-  // being captured in a graph must not: its victims wait in `retired` for a call that is not.
+  // its device tables) until it returns; a call being captured leaves them in `retired`.
   std::optional<bool> capturing;
   auto victim = st.plans.end();
   while (st.plan_stats.bytes > st.plan_budget) {
@@ -124,7 +126,6 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
     victim = st.plans.erase(victim);
     ++st.plan_stats.evictions;
   }
-  if (!st.retired.empty() && !(capturing ? *capturing : st.backend->capturing(o))) st.retired.clear();
   st.plan_stats.plans = static_cast<int64_t>(st.plans.size());
   return entry;
 }
