@@ -19,8 +19,8 @@
 # timed out or found no time left, else 0 (steps skipped for want of a GPU or a tool do not fail the run).
 #
 # On a lent machine only a few files under $OUT come back: pack OUTDIR into one archive after the
-# run (tar czf "$OUT/dc.tgz" -C "$OUT" dc && rm -rf "$OUT/dc"). The budget's reserves below assume
-# the default 540 s: a smaller budget leaves the first steps no time.
+# run (tar czf "$OUT/dc.tgz" -C "$OUT" dc && rm -rf "$OUT/dc"). The reserves below are written for
+# the default budget of 540 s and scale with ATTNJIT_DC_BUDGET.
 #
 # Environment: BUILD_DIR (build-device), JOBS (nproc), ATTNJIT_DC_BUDGET (540),
 # ATTNJIT_DC_SKIP (step names, space-separated, recorded as skipped: a call that splits the steps
@@ -55,6 +55,7 @@ elapsed() { echo $(( $(date +%s) - t_start )); }
 step() {
   local name="$1" limit="$2" reserve="$3" cmd="$4" log="$out/logs/$1.log"
   if [[ " ${ATTNJIT_DC_SKIP:-} " == *" $name "* ]]; then skip "$name" "left out by ATTNJIT_DC_SKIP"; return; fi
+  reserve=$(( reserve * budget / 540 ))  # the reserves are written for the default budget
   local left=$(( budget - $(elapsed) - reserve ))
   (( left < limit )) && limit=$left
   if (( limit < 10 )); then
