@@ -18,9 +18,9 @@
 # run cut short still leaves a report. Logs: OUTDIR/logs/. Exit status: 1 if any step failed or
 # timed out or found no time left, else 0 (steps skipped for want of a GPU or a tool do not fail the run).
 #
-# On a lent machine only a few files under $OUT come back: pack OUTDIR into one archive after the
-# run (tar czf "$OUT/dc.tgz" -C "$OUT" dc && rm -rf "$OUT/dc"). The reserves below are written for
-# the default budget of 540 s and scale with ATTNJIT_DC_BUDGET.
+# On a lent machine only a few files under $OUT come back: ATTNJIT_DC_PACK=1 packs OUTDIR into
+# OUTDIR.tgz at the end and leaves only report.md and report.json beside it. The reserves below are
+# written for the default budget of 540 s and scale with ATTNJIT_DC_BUDGET.
 #
 # Environment: BUILD_DIR (build-device), JOBS (nproc), ATTNJIT_DC_BUDGET (540),
 # ATTNJIT_DC_SKIP (step names, space-separated, recorded as skipped: a call that splits the steps
@@ -330,6 +330,10 @@ step unit_tests 240 0 "cd '$build' && ctest -LE 'gpu|python' $unit_filter -j $jo
 write_report
 echo "== [$(elapsed)s] done: $out/report.md, $out/report.json"
 failed="$(awk -F'\t' '$2=="fail"||$2=="timeout"||$2=="no_time"{printf "%s ", $1}' "$steps")"
+if [ "${ATTNJIT_DC_PACK:-0}" = 1 ]; then  # everything in one archive beside the two reports
+  tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")" && \
+    find "$out" -mindepth 1 ! -name report.md ! -name report.json -exec rm -rf {} + && echo "packed: $out.tgz"
+fi
 if [ -n "$failed" ]; then
   echo "FAILED steps: $failed"
   exit 1
