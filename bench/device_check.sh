@@ -8,7 +8,7 @@
 # Steps: versions, configure + build (Release, build-device/, -DATTNJIT_LIT_TESTS=OFF, .deps),
 # nvidia-smi, attnjit info, the probe kernels against the emulator's golden files (every GPU
 # building block, bit for bit: attnjit_probes --device gpu), the GPU tests (forward, backward,
-# driver layer and CUDA graphs, each its own step), the Python package's tests (its GPU subset),
+# driver layer and CUDA graphs, the backward's random sweep, each its own step), the Python package's tests (its GPU subset),
 # compute-sanitizer memcheck, racecheck and synccheck on the GPU tests' [sanitize] subset,
 # attnjit_gpu_bench over examples/*.json at seq 4096 and 16384 (16 heads, head dim 128, bf16),
 # BigBird at 16384 and 65536 with its random blocks planned and decided in the kernels,
@@ -24,7 +24,7 @@
 #
 # Environment: BUILD_DIR (build-device), JOBS (nproc), ATTNJIT_DC_BUDGET (540),
 # ATTNJIT_DC_SKIP (step names, space-separated, recorded as skipped: a call that splits the steps
-# over two machines' time, e.g. "gpu_backward python_tests unit_tests"),
+# over two machines' time, e.g. "gpu_backward gpu_backward_random python_tests unit_tests"),
 # ATTNJIT_DC_FULL_UNIT=1 also runs the NVRTC matrix unit test (about 4 minutes of compiles that
 # do not need a GPU and run on every CPU machine; left out by default to keep this under 10 minutes).
 set -uo pipefail
@@ -143,7 +143,7 @@ report = {"generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "
           "budget_s": int(os.environ["BUDGET"]), "elapsed_s": int(os.environ["ELAPSED"]),
           "ok": not failed, "failed_steps": failed, "versions": versions, "nvidia_smi": smi,
           "device": (bench or {}).get("device"), "steps": steps,
-          "gpu_tests": {"catch_summary": {n: grab(n, r"^(test cases|assertions|All tests passed).*$") for n in ("gpu_forward", "gpu_backward", "gpu_driver")},
+          "gpu_tests": {"catch_summary": {n: grab(n, r"^(test cases|assertions|All tests passed).*$") for n in ("gpu_forward", "gpu_backward", "gpu_driver", "gpu_backward_random")},
                         "suite_lines": grab("gpu_forward", r"^\w+: \d+/\d+ cases passed.*$"),
                         "suites": suites, "cases": cases},
           "unit_tests": {"summary": grab("unit_tests", r"^\d+% tests passed.*$"),
@@ -240,7 +240,8 @@ hopper=0
 grep -q '^arch: sm_90a' "$out/logs/probes.log" 2>/dev/null && hopper=1
 ctest_help="$(ctest --help 2>/dev/null)"
 junit() { [[ "$ctest_help" == *--output-junit* ]] && echo "--output-junit '$out/$1'"; }
-# The GPU tests in three runs of the executable (forward, backward, the driver layer and graphs),
+# The GPU tests in runs of the executable (forward, backward, the driver layer and graphs, the
+# backward's random sweep),
 # each with its own time and JUnit file; every forward case also lands in gpu_cases.jsonl.
 gpu_run() {  # STEP TIMEOUT RESERVE FILTER
   step "$1" "$2" "$3" "cd '$build' && ATTNJIT_GPU_TEST_REPORT='$out/gpu_cases.jsonl' ./tests/attnjit_gpu_tests '$4' \
@@ -261,8 +262,11 @@ if (( have_gpu )); then
     fi
   fi
   gpu_run gpu_forward 300 280 '[attention]~[graph]~[examples]'
-  gpu_run gpu_backward 200 230 '[grad]'
-  gpu_run gpu_driver 60 220 '~[attention]~[grad],[graph]'
+  # The backward's random sweep compiles a kernel set per case (about 100 s on a fresh machine): a
+  # step of its own, after the driver and graph tests, so that a short budget cuts it and not them.
+  gpu_run gpu_backward 150 250 '[grad]~[random]'
+  gpu_run gpu_driver 60 240 '~[attention]~[grad],[graph]'
+  gpu_run gpu_backward_random 150 200 '[grad][random]'
   # On compute capability 9.0 the steps above ran the Hopper forward (sm_90a: wgmma, the TMA
   # kernel where tensor maps describe the keys). The sm_80 kernel, which A100s run and H100s run
   # with ATTNJIT_SM90A=0, gets the same forward cases; the Hopper cp.async kernel the examples.
@@ -279,6 +283,7 @@ else
   skip gpu_forward "no GPU ($(head -c 200 "$out/logs/gpu_probe.log" 2>/dev/null))"
   skip gpu_backward "no GPU"
   skip gpu_driver "no GPU"
+  skip gpu_backward_random "no GPU"
   skip gpu_forward_sm80 "no GPU"
   skip gpu_forward_sm90a_cpasync "no GPU"
 fi
