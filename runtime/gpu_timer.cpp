@@ -199,7 +199,9 @@ GpuTuneOutcome tune_on_gpu(const Pattern& p, const Problem& pb, const TuneBudget
   base.dtype = pb.dtype;
   base.arch = gpu.arch;
   base.arch_specific = out.key.arch_specific;  // the candidates of the path the runtime will run
-  const std::vector<KernelConfig> candidates = options.backward ? candidate_backward_configs(base) : candidate_configs(base);
+  // The default first, as the runtime resolves it for this pattern (KernelRequest::block_layouts).
+  const std::vector<KernelConfig> candidates =
+      options.backward ? candidate_backward_configs(base) : candidate_configs(for_pattern(base, p));
 
   std::unique_ptr<KernelCache> own;
   if (!options.cache_dir.empty()) own = std::make_unique<KernelCache>(options.cache_dir, knobs().cache_max_bytes, true);

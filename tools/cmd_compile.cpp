@@ -58,7 +58,7 @@ int run_compile(const CompileOptions& o) {
       requests.push_back(r);
       continue;
     }
-    for (const KernelConfig& c : o.backward ? candidate_backward_configs(r) : candidate_configs(r)) {
+    for (const KernelConfig& c : o.backward ? candidate_backward_configs(r) : candidate_configs(for_pattern(r, p))) {
       r.config = c;
       requests.push_back(r);
     }

@@ -108,7 +108,7 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
                 r.arch_specific = arch.specific;
                 r.random_in_kernel = random_in_kernel;
                 const std::vector<KernelConfig> configs = t == "default"      ? selected_configs(db, p, r, top_k)
-                                                          : t == "candidates" ? candidate_configs(r)
+                                                          : t == "candidates" ? candidate_configs(for_pattern(r, p))
                                                                               : std::vector<KernelConfig>{parse_kernel_tile(t)};
                 for (const KernelConfig& c : configs) {
                   r.config = c;

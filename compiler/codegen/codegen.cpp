@@ -263,8 +263,9 @@ KernelConfig resolve_config(const KernelRequest& r) {
   const KernelPath path = choose_path(r);
   KernelConfig c = r.config;
   if (hopper(path)) {
-    // One warpgroup per 64 query rows; S's wgmma N is tile_k, O's the head dim.
-    if (!c.tile_q) c.tile_q = 128;
+    // One warpgroup per 64 query rows; S's wgmma N is tile_k, O's the head dim. Up to head dim 64
+    // three warpgroups (192 rows) unless the pattern has block layouts (KernelRequest::block_layouts).
+    if (!c.tile_q) c.tile_q = std::max(r.head_dim, r.head_dim_v) <= 64 && !r.block_layouts ? 192 : 128;
     if (!c.tile_k) c.tile_k = std::max(r.head_dim, r.head_dim_v) > 128 ? 64 : 128;
     if (!c.stages) c.stages = 2;
     require(c.tile_q == 64 || c.tile_q == 128 || c.tile_q == 192, "tile_q",
@@ -318,7 +319,13 @@ bool kernel_seeks(const Pattern& p, const KernelRequest& r) {
   return p.has_dynamic_layout() || (r.random_in_kernel && p.has_layout_kind(Layout::Kind::Random));
 }
 
-KernelSource generate_kernel(const Pattern& p, const KernelRequest& r, const TemplateSet& templates) {
+KernelRequest for_pattern(KernelRequest r, const Pattern& p) {
+  r.block_layouts = std::any_of(p.branches.begin(), p.branches.end(), [](const Branch& b) { return b.layout.has_value(); });
+  return r;
+}
+
+KernelSource generate_kernel(const Pattern& p, const KernelRequest& request, const TemplateSet& templates) {
+  const KernelRequest r = for_pattern(request, p);
   KernelSource k;
   k.path = choose_path(r);
   k.config = resolve_config(r);

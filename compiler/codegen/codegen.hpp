@@ -53,8 +53,17 @@ struct KernelRequest {
   // plan would hash too many blocks): the kernels carry the seek. Kernels of patterns with a
   // dynamic layout always do; others never need it, and leave it out (it costs registers).
   bool random_in_kernel = false;
+  // Some branch of the pattern has a block layout (Branch::layout). The Hopper path's default then
+  // keeps 128 query rows at head dim 64, where it otherwise takes 192 (FlashAttention-3's tile): a
+  // 192-row tile straddles the layout's blocks and computes up to 1.5x the pairs (bench/NOTES.md).
+  // generate_kernel sets it from the pattern; a caller resolving configs for a pattern without
+  // generating a kernel (the tuner's baseline) uses for_pattern.
+  bool block_layouts = false;
   KernelConfig config;
 };
+
+// `r` with what the default configuration depends on taken from the pattern (block_layouts).
+KernelRequest for_pattern(KernelRequest r, const Pattern& p);
 
 // "sm_80" -> {80, false}, "sm_90a" -> {90, true}; UserError naming the flag otherwise.
 struct ArchName {

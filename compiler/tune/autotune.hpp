@@ -50,7 +50,8 @@ int64_t seq_bucket_of(int64_t seq, const std::vector<int64_t>& buckets = {});
 std::string pattern_signature(const Pattern& p);
 
 // The configs worth timing for a request (its config is ignored), resolved (no zeros) and in a
-// fixed order with resolve_config's default FIRST. Tensor-core path: tile_q {64, 128} x tile_k
+// fixed order with resolve_config's default FIRST (for a pattern's default, pass
+// for_pattern(request, pattern)). Tensor-core path: tile_q {64, 128} x tile_k
 // {32, 64, 128} x stages {2, 3}; SIMT path: tile_q {16, 32, 64} x tile_k {16, 32}. Configs that
 // resolve_config rejects (over the arch's shared memory) are left out.
 std::vector<KernelConfig> candidate_configs(const KernelRequest& base);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
 #include "compiler/tune/autotune.hpp"
@@ -135,6 +136,37 @@ TEST_CASE("candidates come in a fixed order with the default first", "[autotune]
   KernelRequest wide = d;
   wide.head_dim = wide.head_dim_v = 256;
   for (const KernelConfig& k : candidate_configs(wide)) CHECK(k.tile_q / k.warps == 16);
+}
+
+// The Hopper path's default up to head dim 64 is FlashAttention-3's 192-row tile, except for patterns
+// with block layouts (a 192-row tile straddles their blocks); past head dim 64 it is 128 rows. The
+// kernel a runtime generates and the tuner's baseline (the first candidate) agree.
+TEST_CASE("the sm_90a default: 192 rows up to head dim 64 unless the pattern has block layouts", "[autotune][codegen]") {
+  KernelRequest r;
+  r.arch = 90, r.arch_specific = true, r.head_dim = r.head_dim_v = 64;
+  const Pattern dense = PatternBuilder().branch(BranchSpec()).build();
+  const Pattern dilated = PatternBuilder().branch(BranchSpec().segment(2048)).branch(BranchSpec().segment(4096).dilation(2)).build();
+  const Pattern local = parse_spec(R"({"attnjit": 1, "causal": true, "layout": {"block": 128, "local": 3}, "branches": [{"segment": "full"}]})");
+  for (const auto& [p, rows] : {std::pair<const Pattern*, int>{&dense, 192}, {&dilated, 192}, {&local, 128}}) {
+    INFO(canonical_text(*p));
+    const KernelSource k = generate_kernel(*p, r);
+    CHECK(k.config.tile_q == rows);
+    CHECK(k.config.tile_k == 128);
+    CHECK(candidate_configs(for_pattern(r, *p))[0] == k.config);
+  }
+  CHECK(resolve_config(r).tile_q == 192);  // no pattern: no block layouts
+  KernelRequest wide = r;
+  wide.head_dim = wide.head_dim_v = 128;
+  CHECK(generate_kernel(dense, wide).config.tile_q == 128);
+  KernelRequest mixed = r;
+  mixed.head_dim_v = 128;  // the larger of the two head dims decides
+  CHECK(generate_kernel(dense, mixed).config.tile_q == 128);
+  KernelRequest chosen = r;
+  chosen.config = {128, 64, 3};  // a caller's (or the tuning database's) tiles stand
+  CHECK(generate_kernel(dense, chosen).config.tile_q == 128);
+  KernelRequest ampere = r;
+  ampere.arch = 80, ampere.arch_specific = false;  // the portable kernel keeps its own default
+  CHECK(generate_kernel(dense, ampere).config.tile_q == 64);
 }
 
 TEST_CASE("ties within the tolerance go to the earlier candidate, every run", "[autotune]") {
