@@ -50,25 +50,27 @@ public:
   }
 
   // Makes the tables readable by the work enqueued next on `stream`; `capturing` says whether that
-  // stream is capturing a graph (the caller holds a RelaxedCapture for it).
-  void ready_on(CUstream stream, bool capturing, const std::string& what) const {
+  // stream is capturing a graph (the caller holds a RelaxedCapture for it). `kernel` and `part`
+  // name the tables in errors (built only where a call allocates or copies).
+  void ready_on(CUstream stream, bool capturing, const std::string& kernel, const char* part) const {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!device_.get()) device_ = DeviceBuffer(std::max<size_t>(host_.size(), 16), "the plan tables of " + what);
+    auto what = [&](const char* tail) { return std::string("the ") + part + " plan tables of " + kernel + tail; };
+    if (!device_.get()) device_ = DeviceBuffer(std::max<size_t>(host_.size(), 16), what(""));
     if (landed_ || host_.empty()) return;  // (empty: no table has an entry)
     if (capturing) {
       // Also after an eager copy not known to have landed: the graph may run on any stream, and
       // copying the same bytes again is harmless.
       if (!pinned_.get()) {
-        pinned_ = PinnedBuffer(host_.size(), "the plan tables of " + what + " for a CUDA graph");
+        pinned_ = PinnedBuffer(host_.size(), what(" for a CUDA graph"));
         std::memcpy(pinned_.get(), host_.data(), host_.size());
       }
-      copy_to_device_async(device_.get(), pinned_.get(), host_.size(), stream, "the plan tables of " + what + " (in a CUDA graph)");
+      copy_to_device_async(device_.get(), pinned_.get(), host_.size(), stream, what(" (in a CUDA graph)"));
       return;
     }
     if (!copied_) {
       // From pageable memory the driver stages the bytes before it returns, and the copy is ordered
       // before the stream's later work.
-      copy_to_device_async(device_.get(), host_.data(), host_.size(), stream, "the plan tables of " + what);
+      copy_to_device_async(device_.get(), host_.data(), host_.size(), stream, what(""));
       copied_event_ = std::make_unique<StreamEvent>();
       copied_event_->record(stream);
       copied_ = true;
@@ -263,8 +265,8 @@ public:
       bt->num_key_items = static_cast<int32_t>(kp.items.size());
       return std::shared_ptr<void>(bt);
     }));
-    t.query_major.staged.ready_on(stream, capturing, "the backward of " + bwd_.source.name);
-    t.key_major.ready_on(stream, capturing, "the backward of " + bwd_.source.name + " (key-major)");
+    t.query_major.staged.ready_on(stream, capturing, bwd_.source.name, "backward");
+    t.key_major.ready_on(stream, capturing, bwd_.source.name, "backward key-major");
     if (capturing) entry.in_graph = true;
     const Problem& pb = problem_;
     const BackwardScratch layout(pb);
@@ -316,7 +318,7 @@ public:
     const CUstream stream = static_cast<CUstream>(options.stream);
     const bool capturing = stream_capturing(stream);
     const RelaxedCapture relaxed(capturing);  // a first call in a graph allocates and may load the fallback kernel
-    t.staged.ready_on(stream, capturing, source_.name);
+    t.staged.ready_on(stream, capturing, source_.name, "forward");
     if (capturing) entry.in_graph = true;
     const KernelTables tables = t.kernel_tables();
     KernelParams kp = kernel_params(entry.plan, problem_, tables, q, k, v, o, lse, options);
