@@ -58,10 +58,10 @@ __device__ __forceinline__ void aj_load_rows(aj_elem* dst, const aj_elem* base, 
     const aj_i64 step = stride * row_stride * STEP;  // elements between a thread's source rows
     const aj_elem* src = base + (first + (aj_i64)r0 * stride) * row_stride + c * 8;
     aj_elem* to = dst + r0 * PITCH + c * 8;
+    const int left = count - r0;  // r < count as i * STEP < left: a compare with an immediate per copy
 #pragma unroll
     for (int i = 0; i < TRIPS; ++i) {
-      const int r = r0 + i * STEP;
-      if (ROWS % STEP == 0 || r < ROWS) aj_cp_async16(to + i * STEP * PITCH, src, r < count);
+      if (ROWS % STEP == 0 || r0 + i * STEP < ROWS) aj_cp_async16(to + i * STEP * PITCH, src, i * STEP < left);
       src += step;
     }
   } else {
@@ -125,7 +125,8 @@ __device__ __forceinline__ void aj_sm80_issue(const AjParams& p, const AjSm80Sha
 __device__ __forceinline__ void aj_sm80_mask(float (&s)[AJ_TILE_K / 8][4], const AjParams& p, const AjTile& t, int head,
                                              aj_i64 qpos0, aj_i64 q_step8, aj_i64 k_origin, int quad) {
   const aj_i64 qpos[2] = {qpos0, qpos0 + q_step8}, kbase = k_origin + t.first;
-  const int count = t.count;
+  // col < count as (col - quad * 2) < count - quad * 2: one compare with an immediate per score.
+  const int left = t.count - quad * 2;
   const aj_cs stride = (aj_cs)t.stride;
   auto apply = [&](auto rule) {
 #pragma unroll
@@ -133,7 +134,7 @@ __device__ __forceinline__ void aj_sm80_mask(float (&s)[AJ_TILE_K / 8][4], const
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = j * 8 + quad * 2 + (e & 1);
-        if (!((col < count) & rule(qpos[e >> 1], kbase, (aj_cs)col * stride))) s[j][e] = AJ_NEG_INF;
+        if (!((j * 8 + (e & 1) < left) & rule(qpos[e >> 1], kbase, (aj_cs)col * stride))) s[j][e] = AJ_NEG_INF;
       }
     }
   };
@@ -149,17 +150,20 @@ __device__ __forceinline__ void aj_tc_softmax_scores(float (&s)[AJ_TILE_K / 8][4
                                                      float (&c)[2], float scale_log2) {
   // Each row's maximum as a tree of four partial maxima: a dependent chain of AJ_TILE_K / 32 + 2
   // steps where one running maximum took AJ_TILE_K / 8 (the softmax's exponentials wait for it).
-  float part[2][4], mx[2], base[2];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) part[0][i] = part[1][i] = AJ_NEG_INF;
+  // The first n-tiles start the partial maxima: starting from -inf would cost an fmaxf each that
+  // the compiler must keep (fmaxf(NaN, -inf) is -inf, not NaN).
+  constexpr int PARTS = AJ_TILE_K / 8 < 4 ? AJ_TILE_K / 8 : 4;  // 2 for 16-key tiles
+  float part[2][PARTS], mx[2], base[2];
 #pragma unroll
   for (int j = 0; j < AJ_TILE_K / 8; ++j) {
-    part[0][j % 4] = fmaxf(part[0][j % 4], fmaxf(s[j][0], s[j][1]));
-    part[1][j % 4] = fmaxf(part[1][j % 4], fmaxf(s[j][2], s[j][3]));
+    const float m0 = fmaxf(s[j][0], s[j][1]), m1 = fmaxf(s[j][2], s[j][3]);
+    part[0][j % PARTS] = j < PARTS ? m0 : fmaxf(part[0][j % PARTS], m0);
+    part[1][j % PARTS] = j < PARTS ? m1 : fmaxf(part[1][j % PARTS], m1);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
+    mx[h] = fmaxf(part[h][0], part[h][1]);
+    if constexpr (PARTS == 4) mx[h] = fmaxf(mx[h], fmaxf(part[h][2], part[h][3]));
     mx[h] *= scale_log2;
     mx[h] = fmaxf(mx[h], aj_shfl_xor(mx[h], 1));  // the four threads of a quad share a row
     mx[h] = fmaxf(mx[h], aj_shfl_xor(mx[h], 2));
@@ -339,15 +343,19 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_col = (lane >> 4) * 8;
   const aj_elem* q_frag = sh.q + (warp_row + a_row) * AJ_DP + a_col;  // + gi * 16 rows, + ks * 16 columns
 
+  // Q into registers before the loop: over the last V stage, every warp past it before the first
+  // prefetch overwrites it (all copies landed); otherwise once Q's group has landed (the key
+  // tiles' AJ_STAGES - 1 groups may still be in flight). Neither is the loop's business.
+  if (AJ_Q_IN_REGS && issued > 0) {
+    if (AJ_Q_OVER_KV) aj_cp_async_wait<0>();
+    else aj_cp_async_wait<AJ_STAGES - 1>();
+    aj_syncthreads();
+    if (busy) aj_sm80_q_to_registers(qf, q_frag);
+    if (AJ_Q_OVER_KV) aj_syncthreads();
+  }
+
   for (int iter = 0; iter < issued; ++iter) {
     const int stage = iter % AJ_STAGES;
-    if (AJ_Q_OVER_KV && iter == 0) {
-      // Q into registers, and every warp past it, before the prefetch below overwrites it.
-      aj_cp_async_wait<0>();
-      aj_syncthreads();
-      if (busy) aj_sm80_q_to_registers(qf, q_frag);
-      aj_syncthreads();
-    }
     if (!pre.done()) {
       aj_sm80_issue(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), b, kvh);
       pre.next();
@@ -357,7 +365,6 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
     aj_cp_async_wait<AJ_STAGES - 1>();
     aj_syncthreads();
     if (busy) {
-      if (AJ_Q_IN_REGS && !AJ_Q_OVER_KV && iter == 0) aj_sm80_q_to_registers(qf, q_frag);
       const AjTile t = aj_sm80_issued(sh, stage);
       const aj_elem* ks_base = sh.k + stage * AJ_TILE_K * AJ_DP;
       const aj_elem* vs_base = sh.v + stage * AJ_TILE_K * AJ_DVP;
