@@ -176,11 +176,12 @@ struct AjTileCursor {
     if (aj_seeks(*p, s.branch)) full = full && layout_whole;
 #endif
     AjTile out;
-    const aj_i64 from = (aj_i64)t * AJ_TILE_K;
-    out.first = s.keys_start + from * s.keys_stride;
+    // 32-bit: a visited tile holds a key, so from < keys_count, an int.
+    const int from = t * AJ_TILE_K;
+    out.first = s.keys_start + (aj_i64)from * s.keys_stride;
     out.stride = s.keys_stride;
-    const aj_i64 left = s.keys_count - from;
-    out.count = left < AJ_TILE_K ? (int)left : AJ_TILE_K;
+    const int left = s.keys_count - from;
+    out.count = left < AJ_TILE_K ? left : AJ_TILE_K;
     out.branch = s.branch;
     out.full = full;
     return out;
