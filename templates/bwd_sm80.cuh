@@ -118,7 +118,7 @@ __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
 #pragma unroll
   for (int s = 0; s < AJ_STAGES - 1; ++s) {
     if (!pre.done()) {
-      aj_sm80_issue(p, sh, s, pre.tile(), b, kvh);
+      aj_sm80_issue(p, sh, s, pre.tile(), aj_sm80_k_base(p, b, kvh), aj_sm80_v_base(p, b, kvh));
       pre.next();
       ++issued;
     }
@@ -141,7 +141,8 @@ __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
   for (int iter = 0; iter < issued; ++iter) {
     const int stage = iter % AJ_STAGES;
     if (!pre.done()) {
-      aj_sm80_issue(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), b, kvh);
+      aj_sm80_issue(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), aj_sm80_k_base(p, b, kvh),
+                    aj_sm80_v_base(p, b, kvh));
       pre.next();
       ++issued;
     }

@@ -95,20 +95,31 @@ __device__ __forceinline__ AjTile aj_sm80_issued(const AjSm80Shared& sh, int sta
   return t;
 }
 
-__device__ __forceinline__ void aj_sm80_load_kv(const AjParams& p, const AjSm80Shared& sh, int stage, const AjTile& t,
-                                                aj_i64 b, int kvh) {
-  const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
-  const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
+// Where the K and V rows of (batch b, kv head kvh) start.
+__device__ __forceinline__ const aj_elem* aj_sm80_k_base(const AjParams& p, aj_i64 b, int kvh) {
+  return (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
+}
+__device__ __forceinline__ const aj_elem* aj_sm80_v_base(const AjParams& p, aj_i64 b, int kvh) {
+  return (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
+}
+
+// The forward's K and V bases live in shared memory across its main loop, in the padding of
+// stage 0's third K row (beside the slots): held in registers they took four that 128-row tiles
+// at head dim 128 lack (FlashAttention-2's 128x64 tile with 4 warps spilled in the softmax). The
+// prefetch reads them back, one shared load a tile.
+static_assert(AJ_TILE_K >= 3, "the third K row's padding holds the K and V bases");
+__device__ __forceinline__ const aj_elem** aj_sm80_bases(const AjSm80Shared& sh) {
+  return (const aj_elem**)(sh.k + 2 * AJ_DP + AJ_HEAD_DIM);
+}
+
+// Starts loading tile t into `stage` from the K and V rows at kb and vb and records it in the
+// stage's slot.
+__device__ __forceinline__ void aj_sm80_issue(const AjParams& p, const AjSm80Shared& sh, int stage, const AjTile& t,
+                                              const aj_elem* kb, const aj_elem* vb) {
   aj_load_rows<AJ_TILE_K, AJ_HEAD_DIM, AJ_DP>(sh.k + stage * AJ_TILE_K * AJ_DP, kb, p.k_row_stride, t.first, t.stride,
                                               t.count);
   aj_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V, AJ_DVP>(sh.v + stage * AJ_TILE_K * AJ_DVP, vb, p.v_row_stride, t.first,
                                                  t.stride, t.count);
-}
-
-// Starts loading tile t into `stage` and records it in the stage's slot.
-__device__ __forceinline__ void aj_sm80_issue(const AjParams& p, const AjSm80Shared& sh, int stage, const AjTile& t,
-                                              aj_i64 b, int kvh) {
-  aj_sm80_load_kv(p, sh, stage, t, b, kvh);
   if (aj_thread_idx() == 0) {
     aj_i64* keys = aj_sm80_slot(sh, stage, 0);
     int* rest = (int*)aj_sm80_slot(sh, stage, 1);
@@ -313,7 +324,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
 #pragma unroll
   for (int s = 0; s < AJ_STAGES - 1; ++s) {
     if (!pre.done()) {
-      aj_sm80_issue(p, sh, s, pre.tile(), b, kvh);
+      aj_sm80_issue(p, sh, s, pre.tile(), aj_sm80_k_base(p, b, kvh), aj_sm80_v_base(p, b, kvh));
       pre.next();
       ++issued;
     }
@@ -343,13 +354,20 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_col = (lane >> 4) * 8;
   const aj_elem* q_frag = sh.q + (warp_row + a_row) * AJ_DP + a_col;  // + gi * 16 rows, + ks * 16 columns
 
+  // The K and V bases for the loop's prefetches (aj_sm80_bases), published by the barrier below.
+  if (aj_thread_idx() == 0) {
+    aj_sm80_bases(sh)[0] = aj_sm80_k_base(p, b, kvh);
+    aj_sm80_bases(sh)[1] = aj_sm80_v_base(p, b, kvh);
+  }
   // Q into registers before the loop: over the last V stage, every warp past it before the first
   // prefetch overwrites it (all copies landed); otherwise once Q's group has landed (the key
   // tiles' AJ_STAGES - 1 groups may still be in flight). Neither is the loop's business.
   if (AJ_Q_IN_REGS && issued > 0) {
     if (AJ_Q_OVER_KV) aj_cp_async_wait<0>();
     else aj_cp_async_wait<AJ_STAGES - 1>();
-    aj_syncthreads();
+  }
+  aj_syncthreads();
+  if (AJ_Q_IN_REGS && issued > 0) {
     if (busy) aj_sm80_q_to_registers(qf, q_frag);
     if (AJ_Q_OVER_KV) aj_syncthreads();
   }
@@ -357,7 +375,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   for (int iter = 0; iter < issued; ++iter) {
     const int stage = iter % AJ_STAGES;
     if (!pre.done()) {
-      aj_sm80_issue(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), b, kvh);
+      aj_sm80_issue(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), aj_sm80_bases(sh)[0], aj_sm80_bases(sh)[1]);
       pre.next();
       ++issued;
     }
@@ -436,13 +454,17 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   aj_cp_async_wait<0>();
 
   // Epilogue: O = acc / l (scaled) and the LSE. O goes through shared memory so that its stores are
-  // 16 bytes wide; every stage is free (the loop ends on a barrier, no copy is in flight).
+  // 16 bytes wide; every stage is free (the loop ends on a barrier, no copy is in flight). With two
+  // row groups and 64 or more keys a tile the item is read again here: its fields held across the
+  // loop cost registers the accumulators need (ptxas spilled in the softmax at head dim 128; with
+  // 32-key tiles the reread makes it spill instead, so those keep them: bench/NOTES.md).
   aj_elem* o_tile = (aj_elem*)aj_smem;  // [AJ_TILE_Q][AJ_DVP]
+  const AjItem out = AJ_ROW_GROUPS > 1 && AJ_TILE_K >= 64 ? p.items[aj_block_idx_x()] : item;
 #pragma unroll
   for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi)
-    aj_tc_stage_rows(p, item, b, warp_row + gi * 16 + g, quad, acc[gi], m[gi], l[gi], o_tile);
+    aj_tc_stage_rows(p, out, b, warp_row + gi * 16 + g, quad, acc[gi], m[gi], l[gi], o_tile);
   aj_syncthreads();
-  aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
-  aj_store_tile_rows<AJ_TILE_Q, AJ_HEAD_DIM_V, AJ_DVP>(ob, p.o_row_stride, item.rows_start, item.rows_stride,
-                                                       item.rows_count, o_tile);
+  aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + out.head * p.o_head_stride;
+  aj_store_tile_rows<AJ_TILE_Q, AJ_HEAD_DIM_V, AJ_DVP>(ob, p.o_row_stride, out.rows_start, out.rows_stride,
+                                                       out.rows_count, o_tile);
 }

@@ -60,6 +60,12 @@ const Mutation kMutations[] = {
      "    if (AJ_Q_OVER_KV) aj_cp_async_wait<0>();\n", "    if (AJ_Q_OVER_KV) {}\n", DType::BF16, false, false, 128},
     {"Q in registers: read before its cp.async group has landed", "fwd_sm80.cuh",
      "    else aj_cp_async_wait<AJ_STAGES - 1>();\n", "\n", DType::BF16},
+    {"128x64, 4 warps: the K and V bases read before the barrier that publishes them", "fwd_sm80.cuh",
+     "  }\n  aj_syncthreads();\n  if (AJ_Q_IN_REGS && issued > 0) {", "  }\n  if (AJ_Q_IN_REGS && issued > 0) {", DType::BF16,
+     false, false, 128, false, true, false, false, false, false, KernelConfig{128, 64, 2, 4}},
+    {"128x64, 4 warps: the epilogue's item read again from the wrong block", "fwd_sm80.cuh",
+     "? p.items[aj_block_idx_x()] : item;", "? p.items[aj_block_idx_x() ^ 1] : item;", DType::BF16, false, false, 128, false,
+     true, false, false, false, false, KernelConfig{128, 64, 2, 4}},
     {"a tile's copies take one row past its count", "fwd_sm80.cuh", "src, i * STEP < left);", "src, i * STEP <= left);",
      DType::BF16},
     {"partial tiles: one key past the count let through", "fwd_sm80.cuh", "if (!((j * 8 + (e & 1) < left) &",
@@ -356,6 +362,8 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   }
   // Dilation 12: the TMA kernel's folded maps.
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, true) == "");
+  // FlashAttention-2's tile at head dim 128: two row groups a warp, Q read from shared memory.
+  CHECK(check_kernel(embedded, DType::BF16, false, false, 128, false, true, false, false, false, false, KernelConfig{128, 64, 2, 4}) == "");
   // 192-row tiles: three consumer warpgroups in the TMA kernel, twelve warps in the cp.async one.
   for (bool tma : {true, false}) {
     INFO("sm_90a, 192x128, " << (tma ? "TMA" : "cp.async"));
