@@ -112,19 +112,31 @@ __device__ __forceinline__ const aj_elem** aj_sm80_bases(const AjSm80Shared& sh)
   return (const aj_elem**)(sh.k + 2 * AJ_DP + AJ_HEAD_DIM);
 }
 
-// Starts loading tile t into `stage` from the K and V rows at kb and vb and records it in the
-// stage's slot.
-__device__ __forceinline__ void aj_sm80_issue(const AjParams& p, const AjSm80Shared& sh, int stage, const AjTile& t,
-                                              const aj_elem* kb, const aj_elem* vb) {
-  aj_load_rows<AJ_TILE_K, AJ_HEAD_DIM, AJ_DP>(sh.k + stage * AJ_TILE_K * AJ_DP, kb, p.k_row_stride, t.first, t.stride,
-                                              t.count);
-  aj_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V, AJ_DVP>(sh.v + stage * AJ_TILE_K * AJ_DVP, vb, p.v_row_stride, t.first,
-                                                 t.stride, t.count);
+// Tile t in `stage`'s slot (thread 0 writes it).
+__device__ __forceinline__ void aj_sm80_record(const AjSm80Shared& sh, int stage, const AjTile& t) {
   if (aj_thread_idx() == 0) {
     aj_i64* keys = aj_sm80_slot(sh, stage, 0);
     int* rest = (int*)aj_sm80_slot(sh, stage, 1);
     keys[0] = t.first, keys[1] = t.stride, rest[0] = t.count, rest[1] = t.branch << 1 | (t.full ? 1 : 0);
   }
+}
+// Starts loading the keys (K rows at kb) or the values (V rows at vb) of tile t into `stage`.
+__device__ __forceinline__ void aj_sm80_issue_k(const AjParams& p, const AjSm80Shared& sh, int stage, const AjTile& t,
+                                                const aj_elem* kb) {
+  aj_load_rows<AJ_TILE_K, AJ_HEAD_DIM, AJ_DP>(sh.k + stage * AJ_TILE_K * AJ_DP, kb, p.k_row_stride, t.first, t.stride,
+                                              t.count);
+}
+__device__ __forceinline__ void aj_sm80_issue_v(const AjParams& p, const AjSm80Shared& sh, int stage, const AjTile& t,
+                                                const aj_elem* vb) {
+  aj_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V, AJ_DVP>(sh.v + stage * AJ_TILE_K * AJ_DVP, vb, p.v_row_stride, t.first,
+                                                 t.stride, t.count);
+}
+// Both, and the slot: tile t into `stage` (the caller commits the group).
+__device__ __forceinline__ void aj_sm80_issue(const AjParams& p, const AjSm80Shared& sh, int stage, const AjTile& t,
+                                              const aj_elem* kb, const aj_elem* vb) {
+  aj_sm80_issue_k(p, sh, stage, t, kb);
+  aj_sm80_issue_v(p, sh, stage, t, vb);
+  aj_sm80_record(sh, stage, t);
 }
 
 // ---- the kernel body -------------------------------------------------------------------------
@@ -291,6 +303,70 @@ __device__ __forceinline__ void aj_sm80_q_to_registers(aj_u32 (&qf)[AJ_QF_GROUPS
     for (int ks = 0; ks < AJ_QF_STEPS; ++ks) aj_ldmatrix_x4(qf[gi][ks], q_frag + gi * 16 * AJ_DP + ks * 16);
 }
 
+// S = Q K^T for the warp's rows and the AJ_TILE_K keys at ks_base: each K fragment feeds every
+// group. Q comes from registers (qf) or from the shared tile at q_frag; k_row, k_col: this lane's
+// ldmatrix row and column of a K fragment.
+__device__ __forceinline__ void aj_sm80_scores(float (&s)[AJ_ROW_GROUPS][AJ_TILE_K / 8][4],
+                                               const aj_u32 (&qf)[AJ_QF_GROUPS][AJ_QF_STEPS][4], const aj_elem* q_frag,
+                                               const aj_elem* ks_base, int k_row, int k_col) {
+#pragma unroll
+  for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi)
+#pragma unroll
+    for (int j = 0; j < AJ_TILE_K / 8; ++j) s[gi][j][0] = s[gi][j][1] = s[gi][j][2] = s[gi][j][3] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < AJ_HEAD_DIM / 16; ++ks) {
+    aj_u32 a[AJ_ROW_GROUPS][4];
+#pragma unroll
+    for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
+      if (AJ_Q_IN_REGS) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) a[gi][x] = qf[AJ_Q_IN_REGS ? gi : 0][AJ_Q_IN_REGS ? ks : 0][x];
+      } else {
+        aj_ldmatrix_x4(a[gi], q_frag + gi * 16 * AJ_DP + ks * 16);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < AJ_TILE_K / 16; ++n) {
+      aj_u32 kf[4];
+      aj_ldmatrix_x4(kf, ks_base + (n * 16 + k_row) * AJ_DP + ks * 16 + k_col);
+#pragma unroll
+      for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
+        aj_mma(s[gi][2 * n], a[gi], kf[0], kf[1]);
+        aj_mma(s[gi][2 * n + 1], a[gi], kf[2], kf[3]);
+      }
+    }
+  }
+}
+
+// O += P V with P the probabilities in s and the AJ_TILE_K values at vs_base: the accumulator
+// layout of S is the A-fragment layout of P (two n-tiles per k-step); each V fragment feeds every
+// group. v_row, v_col: this lane's ldmatrix row and column of a (transposed) V fragment.
+__device__ __forceinline__ void aj_sm80_pv(float (&acc)[AJ_ROW_GROUPS][AJ_HEAD_DIM_V / 8][4],
+                                           const float (&s)[AJ_ROW_GROUPS][AJ_TILE_K / 8][4], const aj_elem* vs_base,
+                                           int v_row, int v_col) {
+#pragma unroll
+  for (int kk = 0; kk < AJ_TILE_K / 16; ++kk) {
+    aj_u32 pa[AJ_ROW_GROUPS][4];
+#pragma unroll
+    for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
+      pa[gi][0] = aj_pack2(s[gi][2 * kk][0], s[gi][2 * kk][1]);
+      pa[gi][1] = aj_pack2(s[gi][2 * kk][2], s[gi][2 * kk][3]);
+      pa[gi][2] = aj_pack2(s[gi][2 * kk + 1][0], s[gi][2 * kk + 1][1]);
+      pa[gi][3] = aj_pack2(s[gi][2 * kk + 1][2], s[gi][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < AJ_HEAD_DIM_V / 16; ++dp) {
+      aj_u32 vf[4];
+      aj_ldmatrix_x4_trans(vf, vs_base + (kk * 16 + v_row) * AJ_DVP + dp * 16 + v_col);
+#pragma unroll
+      for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
+        aj_mma(acc[gi][2 * dp], pa[gi], vf[0], vf[1]);
+        aj_mma(acc[gi][2 * dp + 1], pa[gi], vf[2], vf[3]);
+      }
+    }
+  }
+}
+
 __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   AJ_DYNAMIC_SHARED(aj_smem);
   // K stages, V stages, then Q: after them, or over the last V stage, which the main loop's first
@@ -312,7 +388,8 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   const bool busy = warp_row < item.rows_count;
 
   // Q tile (skipped by an item with no key tiles: its rows come out empty), then the first
-  // AJ_STAGES - 1 key tiles, each its own cp.async group. `issued` counts the tiles loaded so far.
+  // AJ_STAGES - 1 key tiles, each its own cp.async group (with one stage: K(0) joins Q's group).
+  // `issued` counts the tiles loaded so far.
   AjTileCursor pre;
   pre.begin(p, item);
   int issued = 0;
@@ -320,6 +397,13 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   if (!pre.done())
     aj_load_rows<AJ_TILE_Q, AJ_HEAD_DIM, AJ_DP>(sh.q, qb, p.q_row_stride, item.rows_start, item.rows_stride,
                                                 item.rows_count);
+  if (AJ_STAGES == 1 && !pre.done()) {  // the single-buffer pipeline: K(0) in Q's group
+    const AjTile first = pre.tile();
+    aj_sm80_issue_k(p, sh, 0, first, aj_sm80_k_base(p, b, kvh));
+    aj_sm80_record(sh, 0, first);
+    pre.next();
+    ++issued;
+  }
   aj_cp_async_commit();
 #pragma unroll
   for (int s = 0; s < AJ_STAGES - 1; ++s) {
@@ -372,6 +456,44 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
     if (AJ_Q_OVER_KV) aj_syncthreads();
   }
 
+  // Masks partial tiles (a whole tile with every pair attended, the common case, tests nothing),
+  // then the online softmax, for every row group.
+  auto softmax = [&](float (&s)[AJ_ROW_GROUPS][AJ_TILE_K / 8][4], const AjTile& t) {
+#pragma unroll
+    for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
+      if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s[gi], p, t, item.head, qpos + 2 * gi * q_step8, q_step8, k_origin, quad);
+      aj_sm80_softmax(s[gi], acc[gi], m[gi], l[gi], p.scale_log2);
+    }
+  };
+
+#if AJ_STAGES == 1
+  // FlashAttention-2's pipeline: one K and one V buffer, each its own cp.async group. V(j) loads
+  // while S = Q K(j)^T runs, K(j + 1) while the softmax and P V(j) run; K(0) came with Q.
+  for (int iter = 0; iter < issued; ++iter) {
+    aj_cp_async_wait<0>();
+    aj_syncthreads();  // K(j) has landed for every thread; every warp is past P V(j - 1): V's buffer is free
+    const AjTile t = aj_sm80_issued(sh, 0);
+    aj_sm80_issue_v(p, sh, 0, t, aj_sm80_bases(sh)[1]);
+    aj_cp_async_commit();
+    float s[AJ_ROW_GROUPS][AJ_TILE_K / 8][4];
+    if (busy) aj_sm80_scores(s, qf, q_frag, sh.k, k_row, k_col);
+    aj_cp_async_wait<0>();
+    aj_syncthreads();  // V(j) has landed for every thread; every warp is past S(j): K's buffer and slot are free
+    if (!pre.done()) {
+      const AjTile next = pre.tile();
+      aj_sm80_issue_k(p, sh, 0, next, aj_sm80_bases(sh)[0]);
+      aj_sm80_record(sh, 0, next);
+      pre.next();
+      ++issued;
+    }
+    aj_cp_async_commit();
+    if (busy) {
+      softmax(s, t);
+      aj_sm80_pv(acc, s, sh.v, v_row, v_col);
+    }
+  }
+  aj_syncthreads();  // every warp is past its last P V: the epilogue lays O over the V buffer
+#else
   for (int iter = 0; iter < issued; ++iter) {
     const int stage = iter % AJ_STAGES;
     if (!pre.done()) {
@@ -384,73 +506,14 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
     aj_syncthreads();
     if (busy) {
       const AjTile t = aj_sm80_issued(sh, stage);
-      const aj_elem* ks_base = sh.k + stage * AJ_TILE_K * AJ_DP;
-      const aj_elem* vs_base = sh.v + stage * AJ_TILE_K * AJ_DVP;
-
-      // S = Q K^T for the warp's rows and the tile's AJ_TILE_K keys: each K fragment feeds every group.
       float s[AJ_ROW_GROUPS][AJ_TILE_K / 8][4];
-#pragma unroll
-      for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi)
-#pragma unroll
-        for (int j = 0; j < AJ_TILE_K / 8; ++j) s[gi][j][0] = s[gi][j][1] = s[gi][j][2] = s[gi][j][3] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < AJ_HEAD_DIM / 16; ++ks) {
-        aj_u32 a[AJ_ROW_GROUPS][4];
-#pragma unroll
-        for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
-          if (AJ_Q_IN_REGS) {
-#pragma unroll
-            for (int x = 0; x < 4; ++x) a[gi][x] = qf[AJ_Q_IN_REGS ? gi : 0][AJ_Q_IN_REGS ? ks : 0][x];
-          } else {
-            aj_ldmatrix_x4(a[gi], q_frag + gi * 16 * AJ_DP + ks * 16);
-          }
-        }
-#pragma unroll
-        for (int n = 0; n < AJ_TILE_K / 16; ++n) {
-          aj_u32 kf[4];
-          aj_ldmatrix_x4(kf, ks_base + (n * 16 + k_row) * AJ_DP + ks * 16 + k_col);
-#pragma unroll
-          for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
-            aj_mma(s[gi][2 * n], a[gi], kf[0], kf[1]);
-            aj_mma(s[gi][2 * n + 1], a[gi], kf[2], kf[3]);
-          }
-        }
-      }
-
-      // Mask partial tiles (a whole tile with every pair attended, the common case, tests nothing),
-      // then the online softmax.
-#pragma unroll
-      for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
-        if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s[gi], p, t, item.head, qpos + 2 * gi * q_step8, q_step8, k_origin, quad);
-        aj_sm80_softmax(s[gi], acc[gi], m[gi], l[gi], p.scale_log2);
-      }
-
-      // O += P V: the accumulator layout of S is the A-fragment layout of P (two n-tiles per
-      // k-step); each V fragment feeds every group.
-#pragma unroll
-      for (int kk = 0; kk < AJ_TILE_K / 16; ++kk) {
-        aj_u32 pa[AJ_ROW_GROUPS][4];
-#pragma unroll
-        for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
-          pa[gi][0] = aj_pack2(s[gi][2 * kk][0], s[gi][2 * kk][1]);
-          pa[gi][1] = aj_pack2(s[gi][2 * kk][2], s[gi][2 * kk][3]);
-          pa[gi][2] = aj_pack2(s[gi][2 * kk + 1][0], s[gi][2 * kk + 1][1]);
-          pa[gi][3] = aj_pack2(s[gi][2 * kk + 1][2], s[gi][2 * kk + 1][3]);
-        }
-#pragma unroll
-        for (int dp = 0; dp < AJ_HEAD_DIM_V / 16; ++dp) {
-          aj_u32 vf[4];
-          aj_ldmatrix_x4_trans(vf, vs_base + (kk * 16 + v_row) * AJ_DVP + dp * 16 + v_col);
-#pragma unroll
-          for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
-            aj_mma(acc[gi][2 * dp], pa[gi], vf[0], vf[1]);
-            aj_mma(acc[gi][2 * dp + 1], pa[gi], vf[2], vf[3]);
-          }
-        }
-      }
+      aj_sm80_scores(s, qf, q_frag, sh.k + stage * AJ_TILE_K * AJ_DP, k_row, k_col);
+      softmax(s, t);
+      aj_sm80_pv(acc, s, sh.v + stage * AJ_TILE_K * AJ_DVP, v_row, v_col);
     }
     aj_syncthreads();  // this stage is overwritten by a later prefetch
   }
+#endif
   aj_cp_async_wait<0>();
 
   // Epilogue: O = acc / l (scaled) and the LSE. O goes through shared memory so that its stores are

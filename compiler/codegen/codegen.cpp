@@ -294,7 +294,9 @@ KernelConfig resolve_config(const KernelRequest& r) {
             "the tensor-core path needs tile_q in {16, 32, ..., 128} (16 rows per warp), got " + std::to_string(c.tile_q));
     require(c.tile_k % 16 == 0 && c.tile_k >= 16 && c.tile_k <= 128, "tile_k",
             "the tensor-core path needs tile_k in {16, 32, ..., 128}, got " + std::to_string(c.tile_k));
-    require(c.stages >= 2 && c.stages <= 4, "stages", "cp.async pipelines have 2 to 4 stages, got " + std::to_string(c.stages));
+    require(c.stages >= 1 && c.stages <= 4, "stages",
+            "the sm_80 forward takes 1 stage (one K and one V buffer, FlashAttention-2's pipeline) to 4, got " +
+                std::to_string(c.stages));
     if (!c.warps) c.warps = c.tile_q / 16;
     const int rows = c.tile_q / c.warps;
     require(c.warps >= 1 && c.tile_q % c.warps == 0 && (rows == 16 || rows == 32), "warps",

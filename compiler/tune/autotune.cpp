@@ -73,6 +73,9 @@ std::vector<KernelConfig> candidates_of(const KernelRequest& base, bool backward
           add(tq, tk, stages);
           if (tq == 128) add(tq, tk, stages, 4);  // two 16-row groups per warp (refused past head dim 128)
         }
+    // FlashAttention-2's shape: two row groups per warp, one K and one V buffer (half the shared
+    // memory of two stages: two blocks per SM on an A100 at head dim 128).
+    for (int tk : {32, 64, 128}) add(128, tk, 1, 4);
   } else {
     for (int tq : {16, 32, 64})
       for (int tk : {16, 32}) add(tq, tk, 1);

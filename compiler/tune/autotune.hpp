@@ -52,7 +52,8 @@ std::string pattern_signature(const Pattern& p);
 // The configs worth timing for a request (its config is ignored), resolved (no zeros) and in a
 // fixed order with resolve_config's default FIRST (for a pattern's default, pass
 // for_pattern(request, pattern)). Tensor-core path: tile_q {64, 128} x tile_k
-// {32, 64, 128} x stages {2, 3} (128 rows also with 4 warps); Hopper path: tile_q {64, 128, 192
+// {32, 64, 128} x stages {2, 3} (128 rows also with 4 warps), and 128 x {32, 64, 128} with 4
+// warps and one stage (FlashAttention-2's single K and V buffers); Hopper path: tile_q {64, 128, 192
 // up to head dim 64} x tile_k {64, 128} x stages {2, 3}; SIMT path: tile_q {16, 32, 64} x tile_k {16, 32}. Configs that
 // resolve_config rejects (over the arch's shared memory) are left out.
 std::vector<KernelConfig> candidate_configs(const KernelRequest& base);

@@ -560,7 +560,8 @@ std::vector<std::pair<std::string, Pattern>> random_in_kernel_patterns() {
 
 // Every configuration the autotuner can choose (compiler/tune/autotune.cpp's candidate_configs for
 // `arch`: tensor-core tiles 64/128 x 32/64/128 with 2 or 3 stages that fit, 128-row tiles with 16
-// or 32 rows per warp, SIMT tiles 16/32/64 x 16/32), plus a 4-stage pipeline and a 64-row tile of
+// or 32 rows per warp, 128-row tiles of 32-row warps with one K and one V buffer, SIMT tiles
+// 16/32/64 x 16/32), plus a 4-stage pipeline and a 64-row tile of
 // two 32-row warps, on a pattern with causal and dilated branches at lengths that are no multiple
 // of any tile (so residue tiles leave some warps without rows). Head dim 256 has its own, smaller set; on the emulator
 // fp16 also runs the SIMT candidates of sm_75, and bf16 those of sm_61. With `sm90a` (arch 90):

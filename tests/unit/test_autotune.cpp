@@ -115,10 +115,12 @@ TEST_CASE("candidates come in a fixed order with the default first", "[autotune]
   for (const KernelConfig& k : c) names.push_back(describe(k));
   // 64x128 s3 and 128x128 s3 need more than sm_80's 163 KB of shared memory at d=128, and so does
   // 128x128 s2 with 4 warps (Q read from shared memory at every tile needs space of its own);
-  // 128-row tiles come with 16 rows per warp (8 warps) and 32 (4 warps).
+  // 128-row tiles come with 16 rows per warp (8 warps) and 32 (4 warps), and with 32 also in one
+  // stage (one K and one V buffer).
   CHECK(names == std::vector<std::string>{"64x64 s2 w4", "64x32 s2 w4", "64x32 s3 w4", "64x64 s3 w4", "64x128 s2 w4",
                                           "128x32 s2 w8", "128x32 s2 w4", "128x32 s3 w8", "128x32 s3 w4", "128x64 s2 w8",
-                                          "128x64 s2 w4", "128x64 s3 w8", "128x64 s3 w4", "128x128 s2 w8"});
+                                          "128x64 s2 w4", "128x64 s3 w8", "128x64 s3 w4", "128x128 s2 w8",
+                                          "128x32 s1 w4", "128x64 s1 w4", "128x128 s1 w4"});
   for (const KernelConfig& k : c) {
     d.config = k;
     CHECK(resolve_config(d) == k);

@@ -315,6 +315,22 @@ TEST_CASE("Q lies over the last V stage where that lets one more block onto an S
   CHECK(generate_backward_kernels(no_mask(), r).source.source.find("#define AJ_Q_OVER_KV 0\n") != std::string::npos);
 }
 
+TEST_CASE("one K and one V buffer: FlashAttention-2's 128x64 tile takes two blocks per SM on an A100", "[codegen]") {
+  KernelRequest r;
+  r.head_dim = r.head_dim_v = 128;
+  r.arch = 80;
+  r.config = KernelConfig{128, 64, 1, 4};
+  const KernelSource k = generate_kernel(no_mask(), r);
+  CHECK(k.config == KernelConfig{128, 64, 1, 4});
+  CHECK(k.source.find("#define AJ_STAGES 1\n") != std::string::npos);
+  CHECK(k.shared_bytes == 2 * (128 * 136 + 64 * 136 * 2));  // 69,632 bytes: two blocks in 164 KB
+  CHECK(2 * (k.shared_bytes + 1024) <= 167936);
+  r.config.stages = 2;
+  CHECK(generate_kernel(no_mask(), r).shared_bytes == 2 * (128 * 136 + 2 * 64 * 136 * 2));  // 104,448: one
+  r.config.stages = 5;
+  CHECK_THROWS_WITH(generate_kernel(no_mask(), r), Catch::Contains("takes 1 stage") && Catch::Contains("to 4, got 5"));
+}
+
 TEST_CASE("the warps of a config shape the block: rows per warp, threads, the instantiation header", "[codegen]") {
   KernelRequest r;
   r.head_dim = r.head_dim_v = 128;

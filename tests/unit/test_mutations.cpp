@@ -66,6 +66,15 @@ const Mutation kMutations[] = {
     {"128x64, 4 warps: the epilogue's item read again from the wrong block", "fwd_sm80.cuh",
      "? p.items[aj_block_idx_x()] : item;", "? p.items[aj_block_idx_x() ^ 1] : item;", DType::BF16, false, false, 128, false,
      true, false, false, false, false, KernelConfig{128, 64, 2, 4}},
+    {"one K and one V buffer: V(j) loaded before every warp is past P V(j - 1)", "fwd_sm80.cuh",
+     "    aj_syncthreads();  // K(j) has landed for every thread;", "    // K(j) has landed for every thread;", DType::BF16, false,
+     false, 128, false, true, false, false, false, false, KernelConfig{128, 64, 1, 4}},
+    {"one K and one V buffer: K(j + 1) loaded before every warp is past S(j)", "fwd_sm80.cuh",
+     "    aj_syncthreads();  // V(j) has landed for every thread;", "    // V(j) has landed for every thread;", DType::BF16, false,
+     false, 128, false, true, false, false, false, false, KernelConfig{128, 64, 1, 4}},
+    {"one K and one V buffer: O laid over V before every warp is past its last P V", "fwd_sm80.cuh",
+     "  aj_syncthreads();  // every warp is past its last P V", "  // every warp is past its last P V", DType::BF16, false, false,
+     128, false, true, false, false, false, false, KernelConfig{128, 64, 1, 4}},
     {"a tile's copies take one row past its count", "fwd_sm80.cuh", "src, i * STEP < left);", "src, i * STEP <= left);",
      DType::BF16},
     {"partial tiles: one key past the count let through", "fwd_sm80.cuh", "if (!((j * 8 + (e & 1) < left) &",
@@ -364,6 +373,8 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, true) == "");
   // FlashAttention-2's tile at head dim 128: two row groups a warp, Q read from shared memory.
   CHECK(check_kernel(embedded, DType::BF16, false, false, 128, false, true, false, false, false, false, KernelConfig{128, 64, 2, 4}) == "");
+  // ... and with its single K and V buffers.
+  CHECK(check_kernel(embedded, DType::BF16, false, false, 128, false, true, false, false, false, false, KernelConfig{128, 64, 1, 4}) == "");
   // 192-row tiles: three consumer warpgroups in the TMA kernel, twelve warps in the cp.async one.
   for (bool tma : {true, false}) {
     INFO("sm_90a, 192x128, " << (tma ? "TMA" : "cp.async"));
