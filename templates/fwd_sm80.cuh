@@ -303,6 +303,18 @@ __device__ __forceinline__ void aj_sm80_q_to_registers(aj_u32 (&qf)[AJ_QF_GROUPS
     for (int ks = 0; ks < AJ_QF_STEPS; ++ks) aj_ldmatrix_x4(qf[gi][ks], q_frag + gi * 16 * AJ_DP + ks * 16);
 }
 
+// d[gi][2n] and d[gi][2n + 1] += a[gi] times the two n-tiles of one ldmatrix.x4 fragment f, for
+// every row group: each B fragment is loaded once and feeds all of the warp's groups.
+template <int N>
+__device__ __forceinline__ void aj_mma_groups(float (&d)[AJ_ROW_GROUPS][N][4], int n, const aj_u32 (&a)[AJ_ROW_GROUPS][4],
+                                              const aj_u32 (&f)[4]) {
+#pragma unroll
+  for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
+    aj_mma(d[gi][2 * n], a[gi], f[0], f[1]);
+    aj_mma(d[gi][2 * n + 1], a[gi], f[2], f[3]);
+  }
+}
+
 // S = Q K^T for the warp's rows and the AJ_TILE_K keys at ks_base: each K fragment feeds every
 // group. Q comes from registers (qf) or from the shared tile at q_frag; k_row, k_col: this lane's
 // ldmatrix row and column of a K fragment.
@@ -329,11 +341,7 @@ __device__ __forceinline__ void aj_sm80_scores(float (&s)[AJ_ROW_GROUPS][AJ_TILE
     for (int n = 0; n < AJ_TILE_K / 16; ++n) {
       aj_u32 kf[4];
       aj_ldmatrix_x4(kf, ks_base + (n * 16 + k_row) * AJ_DP + ks * 16 + k_col);
-#pragma unroll
-      for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
-        aj_mma(s[gi][2 * n], a[gi], kf[0], kf[1]);
-        aj_mma(s[gi][2 * n + 1], a[gi], kf[2], kf[3]);
-      }
+      aj_mma_groups(s, n, a, kf);
     }
   }
 }
@@ -358,11 +366,7 @@ __device__ __forceinline__ void aj_sm80_pv(float (&acc)[AJ_ROW_GROUPS][AJ_HEAD_D
     for (int dp = 0; dp < AJ_HEAD_DIM_V / 16; ++dp) {
       aj_u32 vf[4];
       aj_ldmatrix_x4_trans(vf, vs_base + (kk * 16 + v_row) * AJ_DVP + dp * 16 + v_col);
-#pragma unroll
-      for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
-        aj_mma(acc[gi][2 * dp], pa[gi], vf[0], vf[1]);
-        aj_mma(acc[gi][2 * dp + 1], pa[gi], vf[2], vf[3]);
-      }
+      aj_mma_groups(acc, dp, pa, vf);
     }
   }
 }
