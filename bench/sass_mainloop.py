@@ -65,6 +65,13 @@ def main_loop(ins, labels):
     return best
 
 
+def local_accesses(body):
+    """Loads and stores of local memory in the loop: ptxas' spill traffic that every tile pays.
+    A kernel can spill and still have none here (values held across the loop and reloaded once,
+    before or after it)."""
+    return sum(1 for x in body if x[1].split(".")[0] in ("LDL", "STL"))
+
+
 def softmax_overlap(body):
     """MUFU.EX2 laid out between the first wgmma wait that leaves one group in flight (S done, P V
     running) and the next wait for none (P V done): the exponentials that run while P V does. None
@@ -87,6 +94,8 @@ def main():
     ap.add_argument("--min-overlap", type=int,
                     help="sm_90a: fail when fewer MUFU.EX2 lie between the loop's wait for S (WARPGROUP.DEPBAR.LE "
                          "gsb0, 0x1) and its wait for P V (0x0), i.e. when the softmax no longer overlaps P V")
+    ap.add_argument("--no-local", action="store_true",
+                    help="fail when the loop loads or stores local memory (spills reloaded every tile)")
     args = ap.parse_args()
     lines = sys.stdin.read().splitlines()
     ins, labels = parse(lines)
@@ -110,6 +119,8 @@ def main():
             print(f"{addr:06x}  {text}")
     if args.min_overlap is not None and (overlap or 0) < args.min_overlap:
         sys.exit(f"sass_mainloop: {overlap or 0} MUFU.EX2 overlap P V, fewer than --min-overlap {args.min_overlap}")
+    if args.no_local and local_accesses(body):
+        sys.exit(f"sass_mainloop: {local_accesses(body)} local-memory loads and stores (spills) in the main loop")
     if args.max_per_hmma is not None and per_hmma > args.max_per_hmma:
         sys.exit(f"sass_mainloop: {per_hmma:.2f} other instructions per HMMA, more than --max-per-hmma {args.max_per_hmma}")
 

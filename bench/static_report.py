@@ -11,6 +11,11 @@ autotuner times and reports, for the default configuration and the best candidat
 
     python3 bench/static_report.py --attnjit build/attnjit [--seq 16384] [--out FILE.md] [--patterns longnet,...]
 
+Before and after a template change: write every candidate's figures with --json at each side, then
+`--diff BEFORE.json AFTER.json` lists the candidates that began or stopped spilling (the autotuner
+prunes every spilling candidate, and tiles at 255 registers flip on small changes), the ones whose
+spill bytes or main loop changed, and the spilling count and the defaults' loops on each side.
+
 The model ("best" is the spill-free candidate it ranks first): each visited tile costs every warp
 of its block max(HMMA x cycles per HMMA, instructions) issue cycles of the main loop, four warp
 schedulers per SM, or its shared-memory bytes at 128 per clock, whichever is longer, all SMs busy;
@@ -76,7 +81,8 @@ def main_loop(a, spec, arch, d, k):
         return None
     j, i, hmma = loop
     # HMMA: m16n8k16-equivalents (the work); hmma_ops: the MMA instructions (not "others").
-    return dict(instructions=i - j + 1, hmma=hmma, hmma_ops=sum(1 for x in ins[j:i + 1] if sass_mainloop.mma_weight(x[1])))
+    return dict(instructions=i - j + 1, hmma=hmma, hmma_ops=sum(1 for x in ins[j:i + 1] if sass_mainloop.mma_weight(x[1])),
+                loop_local=sass_mainloop.local_accesses(ins[j:i + 1]))
 
 
 def plan_stats(a, spec, seq, heads, d, tq, tk):
@@ -114,6 +120,55 @@ def figures(k, loop, plan, d, seq, heads, gpu):
                 model_tflops=4 * d * plan["attended"] / seconds / 1e12)
 
 
+def candidate_key(e):
+    return (e["pattern"], e["arch"], e["head_dim"], f"{e['tile_q']}x{e['tile_k']}w{e['warps']} s{e['stages']}")
+
+
+def diff(before_path, after_path):
+    """The changes between two --json reports, one line each; returns them as text."""
+    def load(path):
+        try:
+            with open(path) as f:
+                entries = json.load(f)
+        except (OSError, ValueError) as e:
+            sys.exit(f"static_report: --diff: cannot read {path}: {e}")
+        if not isinstance(entries, list) or any(not isinstance(e, dict) or "spills" not in e for e in entries):
+            sys.exit(f"static_report: --diff: {path} is not a --json report of this script")
+        return {candidate_key(e): e for e in entries}
+
+    before, after = load(before_path), load(after_path)
+    lines = []
+    for key in sorted(set(before) | set(after)):
+        name = " ".join(str(k) for k in key)
+        b, a = before.get(key), after.get(key)
+        if b is None or a is None:
+            lines.append(f"{name}: only in {'the second' if b is None else 'the first'} report")
+            continue
+        sb, sa = b["spills"] or 0, a["spills"] or 0
+        what = []
+        if (sb == 0) != (sa == 0):
+            where = ""
+            if sa and "loop_local" in a:
+                where = f"; {a['loop_local']} local loads and stores in the main loop" if a["loop_local"] else \
+                    "; none in the main loop"
+            what.append(f"{'now spills' if sa else 'no longer spills'} ({sb} -> {sa} B{where})")
+        elif sb != sa:
+            what.append(f"spills {sb} -> {sa} B")
+        if b["instructions"] != a["instructions"]:
+            what.append(f"loop {b['instructions']} -> {a['instructions']} instructions "
+                        f"({b['others_per_hmma']:.2f} -> {a['others_per_hmma']:.2f} others per HMMA)")
+        if what:
+            lines.append(f"{name}: " + ", ".join(what))
+    common = set(before) & set(after)
+    spilling = [sum(1 for k in common if side[k]["spills"]) for side in (before, after)]
+    lines.append(f"spilling candidates (of {len(common)} in both): {spilling[0]} -> {spilling[1]}")
+    for k in sorted(common):
+        if before[k].get("default") and after[k].get("default"):
+            lines.append(f"default {' '.join(str(x) for x in k)}: {before[k]['others_per_hmma']:.2f} -> "
+                         f"{after[k]['others_per_hmma']:.2f} others per HMMA")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--attnjit", default="build/attnjit")
@@ -125,7 +180,12 @@ def main():
     ap.add_argument("--patterns", help="only these examples (file stems, comma separated)")
     ap.add_argument("--out", help="also write the table here (markdown)")
     ap.add_argument("--json", help="also write every candidate's figures here")
+    ap.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"),
+                    help="compare two --json reports (compiles nothing) and exit")
     args = ap.parse_args()
+    if args.diff:
+        print(diff(*args.diff))
+        return
 
     specs = []
     for f in sorted(os.listdir(args.examples)):
