@@ -54,11 +54,14 @@ __device__ __forceinline__ void aj_load_rows(aj_elem* dst, const aj_elem* base, 
   if constexpr (THREADS % CHUNKS == 0) {
     constexpr int STEP = THREADS / CHUNKS;  // rows between a thread's copies
     constexpr int TRIPS = (ROWS + STEP - 1) / STEP;
-    const int r0 = aj_thread_idx() / CHUNKS, c = aj_thread_idx() % CHUNKS;
-    const aj_i64 step = stride * row_stride * STEP;  // elements between a thread's source rows
-    const aj_elem* src = base + (first + (aj_i64)r0 * stride) * row_stride + c * 8;
+    const aj_u32 r0 = (aj_u32)aj_thread_idx() / CHUNKS, c = (aj_u32)aj_thread_idx() % CHUNKS;
+    // Rows in 32 bits (local rows lie below seq_q, seq_k <= 2^31 - 1: check_shape), widened once.
+    // A thread whose first row is past `count` may wrap here: its copies read nothing.
+    const aj_u32 row = (aj_u32)first + r0 * (aj_u32)stride;
+    const aj_i64 step = (aj_i64)(aj_u32)stride * row_stride * STEP;  // elements between a thread's source rows
+    const aj_elem* src = base + (aj_i64)row * row_stride + c * 8;
     aj_elem* to = dst + r0 * PITCH + c * 8;
-    const int left = count - r0;  // r < count as i * STEP < left: a compare with an immediate per copy
+    const int left = count - (int)r0;  // r < count as i * STEP < left: a compare with an immediate per copy
 #pragma unroll
     for (int i = 0; i < TRIPS; ++i) {
       if (ROWS % STEP == 0 || r0 + i * STEP < ROWS) aj_cp_async16(to + i * STEP * PITCH, src, i * STEP < left);
@@ -80,18 +83,18 @@ struct AjSm80Shared {
 
 // The key tiles in flight: the prefetch writes the tile it loads (thread 0) into its stage's slot,
 // and the loop reads it back after the barrier that makes the stage's keys visible, so only the
-// prefetch walks the plan's tables. A stage's slot lies in the padding of its K tile's first two
-// rows (columns AJ_HEAD_DIM .. AJ_DP - 1, 16 bytes a row, which no copy and no ldmatrix touches):
-// row 0's holds the first key and the stride, row 1's the count and branch << 1 | full.
-static_assert((AJ_DP - AJ_HEAD_DIM) * sizeof(aj_elem) >= 16 && AJ_TILE_K >= 2, "a K row's padding holds half a slot");
-__device__ __forceinline__ aj_i64* aj_sm80_slot(const AjSm80Shared& sh, int stage, int row) {
-  return (aj_i64*)(sh.k + (stage * AJ_TILE_K + row) * AJ_DP + AJ_HEAD_DIM);
+// prefetch walks the plan's tables. A stage's slot is the padding of its K tile's first row
+// (columns AJ_HEAD_DIM .. AJ_DP - 1, 16 bytes, which no copy and no ldmatrix touches): the first
+// key, the stride, the count and branch << 1 | full in 32 bits each (key rows lie below seq_k <=
+// 2^31 - 1: check_shape), one 16-byte store and one 16-byte load.
+static_assert((AJ_DP - AJ_HEAD_DIM) * sizeof(aj_elem) >= 16, "a K row's padding holds a slot");
+__device__ __forceinline__ aj_u32x4* aj_sm80_slot(const AjSm80Shared& sh, int stage) {
+  return (aj_u32x4*)(sh.k + stage * AJ_TILE_K * AJ_DP + AJ_HEAD_DIM);
 }
 __device__ __forceinline__ AjTile aj_sm80_issued(const AjSm80Shared& sh, int stage) {
-  const aj_i64* a = aj_sm80_slot(sh, stage, 0);
-  const int* b = (const int*)aj_sm80_slot(sh, stage, 1);
+  const aj_u32x4 a = *aj_sm80_slot(sh, stage);
   AjTile t;
-  t.first = a[0], t.stride = a[1], t.count = b[0], t.branch = b[1] >> 1, t.full = (b[1] & 1) != 0;
+  t.first = (int)a.x, t.stride = (int)a.y, t.count = (int)a.z, t.branch = (int)(a.w >> 1), t.full = (a.w & 1) != 0;
   return t;
 }
 
@@ -104,20 +107,20 @@ __device__ __forceinline__ const aj_elem* aj_sm80_v_base(const AjParams& p, aj_i
 }
 
 // The forward's K and V bases live in shared memory across its main loop, in the padding of
-// stage 0's third K row (beside the slots): held in registers they took four that 128-row tiles
+// stage 0's second K row (beside the slots): held in registers they took four that 128-row tiles
 // at head dim 128 lack (FlashAttention-2's 128x64 tile with 4 warps spilled in the softmax). The
 // prefetch reads them back, one shared load a tile.
-static_assert(AJ_TILE_K >= 3, "the third K row's padding holds the K and V bases");
+static_assert(AJ_TILE_K >= 2, "the second K row's padding holds the K and V bases");
 __device__ __forceinline__ const aj_elem** aj_sm80_bases(const AjSm80Shared& sh) {
-  return (const aj_elem**)(sh.k + 2 * AJ_DP + AJ_HEAD_DIM);
+  return (const aj_elem**)(sh.k + AJ_DP + AJ_HEAD_DIM);
 }
 
 // Tile t in `stage`'s slot (thread 0 writes it).
 __device__ __forceinline__ void aj_sm80_record(const AjSm80Shared& sh, int stage, const AjTile& t) {
   if (aj_thread_idx() == 0) {
-    aj_i64* keys = aj_sm80_slot(sh, stage, 0);
-    int* rest = (int*)aj_sm80_slot(sh, stage, 1);
-    keys[0] = t.first, keys[1] = t.stride, rest[0] = t.count, rest[1] = t.branch << 1 | (t.full ? 1 : 0);
+    aj_u32x4 a;
+    a.x = (aj_u32)t.first, a.y = (aj_u32)t.stride, a.z = (aj_u32)t.count, a.w = (aj_u32)(t.branch << 1 | (t.full ? 1 : 0));
+    *aj_sm80_slot(sh, stage) = a;
   }
 }
 // Starts loading the keys (K rows at kb) or the values (V rows at vb) of tile t into `stage`.
