@@ -8,7 +8,9 @@ The main loop is the backward branch whose body holds the most HMMA (the shortes
 tie) and no EXIT (a back edge from a cold path at the kernel's end, as ptxas lays out an mbarrier
 wait's retry, spans the whole kernel). A static count: both sides of a branch inside the loop are counted (the masked and the
 unmasked tile, say), so it bounds what a tile executes from above; Nsight Compute gives the
-executed figure on a GPU (bench/ncu_profile.sh). With --max-per-hmma X the exit status is 1 when
+executed figure on a GPU (bench/ncu_profile.sh). The autotuner finds the loop the same way
+(compiler/nvrtc/sass_loop.cpp, to see whether a spilling candidate's loop touches local memory):
+change both together. With --max-per-hmma X the exit status is 1 when
 the loop has more than X other instructions per HMMA (a lit test keeps the figure from creeping up).
 
 Hopper's warpgroup MMA (HGMMA.64xNx16, the sm_90a path) counts as the m16n8k16 HMMA it equals in

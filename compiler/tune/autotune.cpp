@@ -8,6 +8,8 @@
 #include <sstream>
 
 #include "compiler/jit.hpp"
+#include "compiler/nvrtc/cubin_info.hpp"
+#include "compiler/nvrtc/sass_loop.hpp"
 #include "compiler/plan/plan.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
@@ -148,17 +150,37 @@ CompileCheck kernel_compile_check(const Pattern& p, const KernelRequest& base, K
       k = generate_kernel(p, r);
     }
     const std::shared_ptr<const CompiledKernel> ck = compiler.get(k);
+    // A forward kernel's spill is kept when its main loop never touches local memory (ptxas parks
+    // values the loop does not read there, reloaded a few times a block); otherwise, without the
+    // SASS to tell, and for the backward's several loops, a spill prunes.
+    auto spill = [&](const std::string& what) -> std::optional<std::string> {
+      if (backward) return what;
+      std::optional<SassLoop> loop;
+      try {
+        loop = find_main_loop(disassemble_cubin(ck->cubin));
+      } catch (const UserError&) {
+        return what + " (no nvdisasm or cuobjdump to look at the main loop)";
+      }
+      if (!loop) return what + " (no main loop found in its SASS)";
+      if (loop->local_accesses > 0)
+        return what + ", " + std::to_string(loop->local_accesses) + " local loads and stores in the main loop";
+      return std::nullopt;
+    };
     for (const ResourceUsage& u : ck->usage) {
       if (!u.is_kernel || u.kernel.find(k.name) == std::string::npos) {
         if (!baseline && !u.is_kernel && u.spill_store_bytes + u.spill_load_bytes > 0)
           return "device function " + u.kernel + " spills";
         continue;
       }
-      if (!baseline && ck->spills_known && u.spill_store_bytes + u.spill_load_bytes > 0)
-        return "spills " + std::to_string(u.spill_store_bytes) + "B stores, " + std::to_string(u.spill_load_bytes) +
-               "B loads";
+      if (!baseline && ck->spills_known && u.spill_store_bytes + u.spill_load_bytes > 0) {
+        if (auto why = spill("spills " + std::to_string(u.spill_store_bytes) + "B stores, " +
+                             std::to_string(u.spill_load_bytes) + "B loads"))
+          return why;
+      }
       // A kernel found in the cache has no ptxas log; spills live in the stack frame.
-      if (!baseline && !ck->spills_known && u.stack_bytes > 0) return std::to_string(u.stack_bytes) + "B stack frame (spills)";
+      if (!baseline && !ck->spills_known && u.stack_bytes > 0) {
+        if (auto why = spill(std::to_string(u.stack_bytes) + "B stack frame (spills)")) return why;
+      }
       if (u.registers > 0 && int64_t{u.registers} * k.threads > 65536)
         return std::to_string(u.registers) + " registers x " + std::to_string(k.threads) +
                " threads exceed the 65536 registers of a block";

@@ -92,7 +92,9 @@ std::vector<std::string> prune_candidates(const std::vector<KernelConfig>& candi
 // The real compile check: generates and compiles the kernel through `compiler` (so the timer finds
 // it in the cache) and prunes one that spills (ptxas' count when compiled now, else a non-zero stack
 // frame; not the baseline: on the H100 the spilling default of BigBird's Hopper kernel, 48 bytes,
-// ran 1.18x faster than the best candidate that did not spill), needs more than 65536 registers
+// ran 1.18x faster than the best candidate that did not spill; nor a forward kernel whose main loop
+// has no local loads or stores in its SASS, find_main_loop: its spills are reloaded a few times a
+// block, not every tile; without nvdisasm or cuobjdump a spill prunes), needs more than 65536 registers
 // per block, or compiled for longer than timeout_s (NVRTC cannot be interrupted, so that is judged
 // afterwards). Compile errors throw (the candidate fails).
 // `p` and `compiler` are held by reference: keep them alive while the check is used.

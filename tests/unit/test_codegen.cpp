@@ -9,8 +9,10 @@
 #include "compiler/jit.hpp"
 #include "compiler/nvrtc/cubin_info.hpp"
 #include "compiler/nvrtc/nvrtc_compiler.hpp"
+#include "compiler/nvrtc/sass_loop.hpp"
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"
+#include "compiler/tune/autotune.hpp"
 #include "runtime/backend.hpp"
 
 using namespace attnjit;
@@ -102,6 +104,86 @@ TEST_CASE("every template variant compiles for every arch: no spills, shared mem
     CHECK(found);
     if (sass && k.path == KernelPath::Sm80) CHECK(disassemble_cubin(r.cubin).find("HMMA") != std::string::npos);
   }
+}
+
+TEST_CASE("find_main_loop: the back edge with the most HMMA, its local loads and stores; one over an EXIT is no loop",
+          "[codegen][sass]") {
+  const std::string sass = R"(
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/                   STL [R1], R0 ;
+.L_x_1:
+        /*0020*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0030*/              @!P0 BRA `(.L_x_1) ;
+.L_x_2:
+        /*0040*/                   LDL R2, [R1] ;
+        /*0050*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0060*/                   HMMA.16816.F32.BF16 R16, R8, R14, R16 ;
+        /*0070*/               @P1 STL.64 [R1+0x8], R4 ;
+        /*0080*/                   ISETP.GE.AND P1, PT, R0, 0x4, PT ;
+        /*0090*/               @P1 BRA `(.L_x_2) ;
+        /*00a0*/                   LDL R3, [R1] ;
+        /*00b0*/                   EXIT ;
+.L_x_3:
+        /*00c0*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*00d0*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*00e0*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*00f0*/                   BRA `(.L_x_2) ;
+)";
+  // .L_x_1 holds one HMMA; .L_x_2's body two, one LDL and one predicated STL; the last back edge
+  // (to .L_x_2, over the EXIT) is a cold path's, not a loop.
+  const std::optional<SassLoop> loop = find_main_loop(sass);
+  REQUIRE(loop.has_value());
+  CHECK(loop->hmma == 2);
+  CHECK(loop->instructions == 6);
+  CHECK(loop->local_accesses == 2);
+  const std::optional<SassLoop> hopper = find_main_loop(R"(
+.L_x_9:
+        /*0000*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0010*/                   BRA `(.L_x_9) ;
+)");
+  REQUIRE(hopper.has_value());
+  CHECK(hopper->hmma == 16);  // 64 x 128 x 16 by a warpgroup: 16 m16n8k16 a warp
+  CHECK(hopper->local_accesses == 0);
+  CHECK_FALSE(find_main_loop("        /*0000*/                   EXIT ;\n").has_value());
+}
+
+TEST_CASE("the tuner's compile check keeps a candidate whose spills stay out of its main loop, prunes one that spills in it",
+          "[codegen][nvrtc][autotune]") {
+  if (!nvrtc_available()) {
+    WARN("SKIPPED: no NVRTC found; the compile check cannot run");
+    return;
+  }
+  const Pattern dense = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full"}]})");
+  KernelRequest r;  // sm_80, bf16
+  r.head_dim = r.head_dim_v = 128;
+  KernelCache cache("", 0, false);
+  KernelCompiler compiler(cache, Knobs{});
+  const CompileCheck check = kernel_compile_check(dense, r, compiler, 60);
+  // 128x64 with 4 warps and two stages: ptxas keeps the batch index in local memory from the
+  // prologue to the epilogue (bench/NOTES.md), and nothing in the loop.
+  const KernelConfig parked{128, 64, 2, 4}, in_loop{128, 128, 1, 4};
+  auto spills = [&](const KernelConfig& c) {
+    KernelRequest k = r;
+    k.config = c;
+    const KernelSource src = generate_kernel(dense, k);
+    for (const ResourceUsage& u : compiler.get(src)->usage)
+      if (u.kernel.find(src.name) != std::string::npos) return u.spill_store_bytes + u.spill_load_bytes;
+    return -1;
+  };
+  INFO("the fixtures must spill for this test to mean anything: pick other tiles if ptxas changed");
+  REQUIRE(spills(parked) > 0);
+  REQUIRE(spills(in_loop) > 0);
+  const std::optional<std::string> keep = check(parked, false), prune = check(in_loop, false);
+  REQUIRE(prune.has_value());
+  if (have_disassembler()) {
+    CHECK_FALSE(keep.has_value());
+    CHECK(prune->find("local loads and stores in the main loop") != std::string::npos);
+  } else {
+    WARN("SKIPPED (prune only): no nvdisasm or cuobjdump; without the SASS every spill prunes");
+    REQUIRE(keep.has_value());
+    CHECK(keep->find("no nvdisasm or cuobjdump") != std::string::npos);
+  }
+  CHECK_FALSE(check(in_loop, true).has_value());  // the baseline is timed whatever it spills
 }
 
 TEST_CASE("the backward kernels compile with NVRTC: four entry points, no spills, shared memory in budget, HMMA on the tensor path",
