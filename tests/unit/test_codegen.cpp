@@ -106,7 +106,7 @@ TEST_CASE("every template variant compiles for every arch: no spills, shared mem
   }
 }
 
-TEST_CASE("find_main_loop: the back edge with the most HMMA, its local loads and stores; one over an EXIT is no loop",
+TEST_CASE("find_main_loop: the back edge with the most HMMA and its local loads and stores, not one over an EXIT",
           "[codegen][sass]") {
   const std::string sass = R"(
         /*0000*/                   S2R R0, SR_TID.X ;
