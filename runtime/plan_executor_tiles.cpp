@@ -62,6 +62,15 @@ void apply_mask(const ExecutorJob& job, int32_t branch, int32_t head, const RowM
   s = (keep.array() == 0.0f).select(kNegInf, s.array());
 }
 
+// acc += P V over the attended pairs only (keep != 0), for a partial tile whose V holds a NaN or an
+// inf: the product would multiply it by the P = 0 of rows that do not attend its key (0 * NaN is
+// NaN), and a key a row does not attend must have no effect on it. Rare: only such inputs get here.
+void masked_product(const Matrix& p, const Matrix& keep, const Rows& v, Matrix& acc) {
+  for (Eigen::Index r = 0; r < p.rows(); ++r)
+    for (Eigen::Index c = 0; c < p.cols(); ++c)
+      if (keep(r, c) != 0.0f) acc.row(r) += p(r, c) * v.row(c);
+}
+
 // One query tile's running state and its scratch, reused across the units a worker takes.
 struct ForwardState {
   Matrix scores, keep, acc;
@@ -84,14 +93,16 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
       const Rows k = rows_of<Rows>(job.k, job.k_layout, b, kvh, s.head_dim, keys);
       const Rows v = rows_of<Rows>(job.v, job.v_layout, b, kvh, s.head_dim_v, keys);
       st.scores.resize(n, keys.count);
-      st.scores.noalias() = q * k.transpose();  // unscaled: the scale is applied inside the exp
+      st.scores.noalias() = q * k.transpose();
+      // Scaled in a pass of its own, so that each exponent is the rounded scaled score minus the
+      // rounded maximum (the maximum's weight exactly 1 at any score), whatever the compiler fuses.
+      st.scores *= scale;
       if (!full) apply_mask(job, span.branch, item.head, item.rows, keys, st.scores, st.keep);
       // The online-softmax step, a row at a time (rows are contiguous, so Eigen vectorises exp). A
-      // row that has seen no key yet (max -inf) keeps its empty state. scale > 0, so max(scale s)
-      // = scale max(s).
+      // row that has seen no key yet (max -inf) keeps its empty state.
       for (int64_t r = 0; r < n; ++r) {
         auto row = st.scores.row(r).array();
-        const float tile_max = scale * row.maxCoeff();
+        const float tile_max = row.maxCoeff();
         const float m_new = st.m(r) > tile_max ? st.m(r) : tile_max;
         if (m_new == kNegInf) {
           // maxCoeff may skip a NaN (e.g. after a masked -inf): a row that has a NaN score is NaN
@@ -104,7 +115,7 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
           }
           continue;
         }
-        const float sum = exp_row(row.data(), full ? nullptr : st.keep.row(r).data(), keys.count, scale, m_new);
+        const float sum = exp_row(row.data(), full ? nullptr : st.keep.row(r).data(), keys.count, 1.0f, m_new);
         if (m_new != st.m(r)) {
           const float alpha = std::exp(st.m(r) - m_new);
           st.l(r) *= alpha;
@@ -113,7 +124,11 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
         }
         st.l(r) += sum;
       }
-      st.acc.noalias() += st.scores * v;
+      if (full || v.allFinite()) {
+        st.acc.noalias() += st.scores * v;
+      } else {
+        masked_product(st.scores, st.keep, v, st.acc);
+      }
     });
   }
   // The epilogue: O = acc / l (scaled under head_groups), LSE = m + log l; empty rows 0 and -inf.
@@ -148,7 +163,8 @@ void probabilities(const ExecutorJob& job, int64_t b, int32_t head, int64_t kvh,
   const Rows k = rows_of<Rows>(job.k, job.k_layout, b, kvh, s.head_dim, keys);
   const Column lse = row_values(job.lse, b, s.seq_q, s.heads_q, head, rows);
   sc.p.resize(rows.count, keys.count);
-  sc.p.noalias() = q * k.transpose();  // unscaled: the scale is applied inside the exp
+  sc.p.noalias() = q * k.transpose();
+  sc.p *= scale;  // rounded before the exp, as the forward's (its LSE holds the rounded maximum)
   if (!full) apply_mask(job, branch, head, rows, keys, sc.p, sc.keep);
   for (int64_t r = 0; r < rows.count; ++r) {
     auto row = sc.p.row(r).array();
@@ -156,7 +172,7 @@ void probabilities(const ExecutorJob& job, int64_t b, int32_t head, int64_t kvh,
       row.setZero();  // the row attends nothing
       continue;
     }
-    exp_row(row.data(), full ? nullptr : sc.keep.row(r).data(), keys.count, scale, lse(r));
+    exp_row(row.data(), full ? nullptr : sc.keep.row(r).data(), keys.count, 1.0f, lse(r));
   }
 }
 
@@ -174,6 +190,8 @@ void probabilities_and_ds(const ExecutorJob& job, int64_t b, int32_t head, int64
   for (int64_t r = 0; r < rows.count; ++r) {
     sc.ds.row(r).array() = sc.p.row(r).array() * (sc.ds.row(r).array() * f - delta(r)) * scale;
   }
+  // A masked pair's dS is 0, selected: its dP (dO V^T) may be NaN where V holds a NaN or an inf.
+  if (!full) sc.ds = (sc.keep.array() == 0.0f).select(0.0f, sc.ds.array());
 }
 
 }  // namespace

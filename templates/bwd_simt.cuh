@@ -53,7 +53,7 @@ __device__ __forceinline__ void aj_bwd_dq(const AjBwdParams& bp) {
       bool ok = live && c < t.count;
       if (ok && !t.full) ok = aj_keys_allowed(p, t.branch, item.head, qpos, k_origin + t.first, (aj_cs)c * (aj_cs)t.stride);
       if (!ok) continue;
-      const float pr = aj_ex2(dot * p.scale_log2 - lse2);
+      const float pr = aj_ex2(aj_mul_rn(dot, p.scale_log2) - lse2);
       const float ds = pr * (f * dp - delta);
 #pragma unroll
       for (int x = 0; x < AJ_QD; ++x) dq[x] += ds * sh.k[c][lane + AJ_SIMT_LANES * x];
@@ -139,7 +139,7 @@ __device__ __forceinline__ void aj_bwd_dkdv(const AjBwdParams& bp) {
           ok = aj_queries_allowed(p, qe.branch, qe.head, kpos, q_origin + qe.rows_start, (aj_cs)(r0 + r) * (aj_cs)qe.rows_stride);
         }
         if (!ok) continue;
-        const float pr = aj_ex2(dot * p.scale_log2 - lse2);
+        const float pr = aj_ex2(aj_mul_rn(dot, p.scale_log2) - lse2);
         const float ds = pr * (f * dp - sh.delta[r]);
 #pragma unroll
         for (int x = 0; x < AJ_VD; ++x) dv[x] += f * pr * sh.dout[r][lane + AJ_SIMT_LANES * x];

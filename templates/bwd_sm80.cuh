@@ -168,8 +168,9 @@ __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
           for (int e = 0; e < 4; ++e) {
             const int col = c0 + j * 8 + quad * 2 + (e & 1);
             const bool ok = (!counted || col < t.count) & rule(e < 2 ? qpos0 : qpos1, k_origin + t.first, (aj_cs)col * (aj_cs)t.stride);
-            const float pr = ok ? aj_ex2(s[j][e] * p.scale_log2 - (e < 2 ? lse0 : lse1)) : 0.0f;
-            s[j][e] = pr * (f * dp[j][e] - (e < 2 ? delta0 : delta1));
+            // Selected, not multiplied by P = 0: a masked key's dP may be NaN (a NaN or inf in its V).
+            const float pr = aj_ex2(aj_mul_rn(s[j][e], p.scale_log2) - (e < 2 ? lse0 : lse1));
+            s[j][e] = ok ? pr * (f * dp[j][e] - (e < 2 ? delta0 : delta1)) : 0.0f;
           }
         }
       };
@@ -295,8 +296,9 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
                  aj_queries_allowed(p, qe.branch, qe.head, x < 2 ? kpos0 : kpos1, q_origin + qe.rows_start,
                                     (aj_cs)col * (aj_cs)qe.rows_stride);
           }
-          const float pr = ok ? aj_ex2(s[j][x] * p.scale_log2 - st.lse2[col]) : 0.0f;
-          s[j][x] = pr * (f * dp[j][x] - st.delta[col]);
+          // Selected, not multiplied by P = 0: a masked pair's dP^T may be NaN (a NaN or inf in V).
+          const float pr = ok ? aj_ex2(aj_mul_rn(s[j][x], p.scale_log2) - st.lse2[col]) : 0.0f;
+          s[j][x] = ok ? pr * (f * dp[j][x] - st.delta[col]) : 0.0f;
           dp[j][x] = f * pr;
         }
       }

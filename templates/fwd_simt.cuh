@@ -69,7 +69,7 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
       dot += aj_shfl_xor(dot, 2);
       bool ok = live && c < t.count;
       if (ok && !t.full) ok = aj_keys_allowed(p, t.branch, item.head, qpos, k_origin + t.first, (aj_cs)c * (aj_cs)t.stride);
-      s[c] = ok ? dot * p.scale_log2 : AJ_NEG_INF;
+      s[c] = ok ? aj_mul_rn(dot, p.scale_log2) : AJ_NEG_INF;  // rounded as m_new is: the maximum's weight is 1
       tile_max = fmaxf(tile_max, s[c]);
       nan |= s[c] != s[c];
     }
@@ -81,7 +81,9 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
     for (int x = 0; x < AJ_VD; ++x) acc[x] *= rescale;
 #pragma unroll
     for (int c = 0; c < AJ_TILE_K; ++c) {
-      const float pr = aj_ex2(s[c] - m_new);  // exp2(-inf) = 0 for masked keys
+      // A masked key is skipped, not weighted by 0: 0 times a NaN or inf in its V would be NaN.
+      if (s[c] == AJ_NEG_INF) continue;
+      const float pr = aj_ex2(s[c] - m_new);
       l += pr;
 #pragma unroll
       for (int x = 0; x < AJ_VD; ++x) acc[x] += pr * sh.v[c][lane + AJ_SIMT_LANES * x];

@@ -171,7 +171,10 @@ __device__ __forceinline__ void aj_sm80_mask(float (&s)[AJ_TILE_K / 8][4], const
 // are their running maximum (in exp2 units) and sum; the scores become probabilities in place and
 // `c` is the factor the output accumulator must be multiplied by (the caller does it: on sm_90a it
 // may still be a wgmma's accumulator). Scores stay unscaled until here: the scale is positive, so
-// the row maximum scales with them, and exp2(s * scale_log2 - base) is one FFMA.
+// the row maximum scales with them. Each exponent is s * scale_log2 rounded, minus the maximum
+// rounded the same way (aj_mul_rn, not one fused multiply-add): the maximum's weight is exactly 1
+// at any score, where a fused exponent is the product's rounding error, which at scores of about
+// 1e9 (fp16) or 4e20 (bf16) makes P overflow its type and the row inf or NaN.
 __device__ __forceinline__ void aj_tc_softmax_scores(float (&s)[AJ_TILE_K / 8][4], float (&m)[2], float (&l)[2],
                                                      float (&c)[2], float scale_log2) {
   // Each row's maximum as a tree of four partial maxima: a dependent chain of AJ_TILE_K / 32 + 2
@@ -202,7 +205,7 @@ __device__ __forceinline__ void aj_tc_softmax_scores(float (&s)[AJ_TILE_K / 8][4
 #pragma unroll
   for (int j = 0; j < AJ_TILE_K / 8; ++j) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] = aj_ex2(fmaf(s[j][e], scale_log2, -base[e >> 1]));
+    for (int e = 0; e < 4; ++e) s[j][e] = aj_ex2(aj_mul_rn(s[j][e], scale_log2) - base[e >> 1]);
     l[0] += s[j][0] + s[j][1];
     l[1] += s[j][2] + s[j][3];
   }
@@ -227,12 +230,89 @@ __device__ __forceinline__ void aj_sm80_softmax(float (&s)[AJ_TILE_K / 8][4], fl
   aj_tc_rescale(acc, c);
 }
 
+// A key a row does not attend must not reach it, but the tensor cores multiply a non-finite V by
+// that row's P = 0 all the same (0 * NaN is NaN): an uninitialised tail of a KV cache, or a NaN
+// beside a causal diagonal, would poison every row of the tile. So a row whose softmax sum l is
+// finite (every score it attended was) while some of this thread's accumulator columns are not is
+// summed again here for those columns, one attended key at a time in float32 from global memory,
+// skipping the keys it does not attend; a row that attends nothing comes out 0. Only non-finite
+// inputs lead here; a row that did attend a non-finite value comes out non-finite again. m: the
+// rows' maxima in exp2 units (the quad's); acc: this thread's columns of rows r0 and r0 + 8.
+__device__ __forceinline__ void aj_tc_exact_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
+                                                 float (&acc)[AJ_HEAD_DIM_V / 8][4], const float (&m)[2],
+                                                 const float (&l)[2]) {
+  // Bit tests, not float compares, so that no fast-math rule can fold them away: a float is not
+  // finite when its exponent bits are all ones.
+  bool redo[2], want[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    aj_u32 top = 0;
+#pragma unroll
+    for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
+      const aj_u32 e0 = aj_float_as_uint(acc[j][2 * h]) & 0x7f800000u, e1 = aj_float_as_uint(acc[j][2 * h + 1]) & 0x7f800000u;
+      top = e0 > top ? e0 : top;
+      top = e1 > top ? e1 : top;
+    }
+    redo[h] = top == 0x7f800000u && (aj_float_as_uint(l[h]) & 0x7f800000u) != 0x7f800000u && r0 + 8 * h < item.rows_count;
+    want[h] = redo[h] && l[h] != 0.0f;
+  }
+  if (!(redo[0] | redo[1])) return;
+#pragma unroll
+  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (redo[e >> 1]) acc[j][e] = 0.0f;
+  if (!(want[0] | want[1])) return;  // rows that attend nothing: O = 0
+  const int kvh = item.head / p.heads_per_kv;
+  const aj_i64 doc = aj_doc_start(p, item.rows_start), k_origin = p.k_offset - doc;
+  const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
+  const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
+  const aj_elem* qrow[2];
+  aj_i64 qpos[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const aj_i64 i = item.rows_start + (aj_i64)(want[h] ? r0 + 8 * h : 0) * item.rows_stride;
+    qrow[h] = (const aj_elem*)p.q + b * p.q_batch_stride + i * p.q_row_stride + item.head * p.q_head_stride;
+    qpos[h] = p.q_offset - doc + i;
+  }
+  AjTileCursor cursor;
+  for (cursor.begin(p, item); !cursor.done(); cursor.next()) {
+    const AjTile t = cursor.tile();
+    for (int c = 0; c < t.count; ++c) {
+      const aj_i64 key = t.first + (aj_i64)c * t.stride;
+      const aj_elem* krow = kb + key * p.k_row_stride;
+      const aj_elem* vrow = vb + key * p.v_row_stride;
+      float pr[2];
+      bool att[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        pr[h] = 0.0f;
+        att[h] = want[h] && (t.full || aj_keys_allowed(p, t.branch, item.head, qpos[h], k_origin + t.first,
+                                                       (aj_cs)c * (aj_cs)t.stride));
+        if (!att[h]) continue;
+        float dot = 0.0f;
+        for (int d = 0; d < AJ_HEAD_DIM; ++d) dot += aj_load(qrow[h] + d) * aj_load(krow + d);
+        pr[h] = aj_ex2(aj_mul_rn(dot, p.scale_log2) - m[h]);
+      }
+      if (!(att[0] | att[1])) continue;
+#pragma unroll
+      for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
+        const float v0 = aj_load(vrow + j * 8 + quad * 2), v1 = aj_load(vrow + j * 8 + quad * 2 + 1);
+        if (att[0]) acc[j][0] += pr[0] * v0, acc[j][1] += pr[0] * v1;
+        if (att[1]) acc[j][2] += pr[1] * v0, acc[j][3] += pr[1] * v1;
+      }
+    }
+  }
+}
+
 // The end of one 16-row group of the tensor-core kernels (this file's and fwd_sm90.cuh's, whose
-// accumulators have the same layout): the row sums finished across the quad, the LSE of this
-// thread's rows r0 and r0 + 8 of the item stored, and the factors that turn acc into O (1 / l
-// times the output scale; 0 for a row that attended nothing).
+// accumulators have the same layout): the row sums finished across the quad, rows that a masked
+// non-finite value reached summed again (aj_tc_exact_rows), the LSE of this thread's rows r0 and
+// r0 + 8 of the item stored, and the factors that turn acc into O (1 / l times the output scale;
+// 0 for a row that attended nothing).
 __device__ __forceinline__ void aj_tc_finish_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
-                                                  float (&m)[2], float (&l)[2], float (&inv)[2]) {
+                                                  float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2],
+                                                  float (&inv)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += aj_shfl_xor(l[h], 1);
@@ -240,6 +320,7 @@ __device__ __forceinline__ void aj_tc_finish_rows(const AjParams& p, const AjIte
     // l is 0 for a row that attended nothing (O = 0, LSE = -inf) and NaN for one that saw a NaN.
     inv[h] = l[h] == 0.0f ? 0.0f : p.output_scale / l[h];
   }
+  aj_tc_exact_rows(p, item, b, r0, quad, acc, m, l);
   if (quad == 0 && p.lse) {
     const int r1 = r0 + 8;
     float* lb = p.lse + b * p.lse_batch_stride + item.head * p.lse_head_stride;
@@ -254,7 +335,7 @@ __device__ __forceinline__ void aj_tc_finish_rows(const AjParams& p, const AjIte
 __device__ __forceinline__ void aj_tc_store_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
                                                  float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2]) {
   float inv[2];
-  aj_tc_finish_rows(p, item, b, r0, quad, m, l, inv);
+  aj_tc_finish_rows(p, item, b, r0, quad, acc, m, l, inv);
   aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
   const int r1 = r0 + 8;
   const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
@@ -273,7 +354,7 @@ __device__ __forceinline__ void aj_tc_stage_rows(const AjParams& p, const AjItem
                                                  float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2],
                                                  aj_elem* tile) {
   float inv[2];
-  aj_tc_finish_rows(p, item, b, r0, quad, m, l, inv);
+  aj_tc_finish_rows(p, item, b, r0, quad, acc, m, l, inv);
 #pragma unroll
   for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
     const int col = j * 8 + quad * 2;

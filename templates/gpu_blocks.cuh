@@ -42,6 +42,9 @@ __device__ __forceinline__ int aj_warp_uniform(int v) { return __shfl_sync(0xfff
 __device__ __forceinline__ float aj_int_as_float(int x) { return __int_as_float(x); }
 __device__ __forceinline__ float aj_uint_as_float(aj_u32 x) { return __uint_as_float(x); }
 __device__ __forceinline__ aj_u32 aj_float_as_uint(float x) { return __float_as_uint(x); }
+// a * b rounded to float, never contracted into an fma with what uses it (mul.rn): the softmax's
+// exponents subtract a row maximum that was rounded the same way, so the maximum's is exactly 0.
+__device__ __forceinline__ float aj_mul_rn(float a, float b) { return __fmul_rn(a, b); }
 
 // The compiler's own conversion (not inline PTX), so that constant offsets from one base fold into
 // the instructions' immediates and the conversion is done once per base.
@@ -356,6 +359,11 @@ __device__ __forceinline__ int aj_warp_uniform(int v) {
 __device__ __forceinline__ float aj_int_as_float(int x) { float f; __builtin_memcpy(&f, &x, 4); return f; }
 __device__ __forceinline__ float aj_uint_as_float(aj_u32 x) { float f; __builtin_memcpy(&f, &x, 4); return f; }
 __device__ __forceinline__ aj_u32 aj_float_as_uint(float x) { aj_u32 u; __builtin_memcpy(&u, &x, 4); return u; }
+// The product stored as a float before any use: the host compiler contracts a * b - c too.
+__device__ __forceinline__ float aj_mul_rn(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
 
 __device__ __forceinline__ void aj_cp_async16(void* smem, const void* gmem, bool valid) {
   aj_emu_cp_async(smem, gmem, 16, valid ? 16 : 0);

@@ -138,6 +138,10 @@ struct Case {
   uint64_t seed = 0;
   unsigned ref_threads = 1;
   float input_scale = 1.0f;  // q and k times this: large scores test the softmax's running maximum
+  // V elements set after the inputs are drawn ([B, S, H, Dv] contiguous index, value): a NaN or an
+  // inf the reference confines to the rows that attend its key. Where the reference's output is
+  // NaN the device's must be NaN; where it is infinite, the same infinity.
+  std::vector<std::pair<size_t, float>> v_values;
 };
 
 RuntimeOptions options_for(Device d);

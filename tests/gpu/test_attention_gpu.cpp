@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -122,6 +123,92 @@ TEST_CASE("large scores: the online softmax keeps every exponent in range", "[gp
     }
   }
   check_cases("large", cases);
+}
+
+namespace {
+
+// The kernel paths a forward case can take on the device under test: on a GPU its own (the
+// Hopper kernels where it has them, as the runtime chooses); in the emulator the sm_80 tensor-core
+// kernel in fp16 and bf16, the SIMT kernel (fp32; fp16 through sm_75; bf16 through sm_61) and the
+// sm_90a kernels with and without TMA; on the CPU the plan executor.
+struct Path {
+  const char* name;
+  DType dtype;
+  int arch;
+  bool sm90a, tma;
+};
+std::vector<Path> forward_paths() {
+  if (target() != Target::Emu) return {{"bf16", DType::BF16, 80, false, true}, {"fp16", DType::F16, 80, false, true},
+                                       {"fp32", DType::F32, 80, false, true}};
+  return {{"sm80-bf16", DType::BF16, 80, false, true},  {"sm80-fp16", DType::F16, 80, false, true},
+          {"simt-fp32", DType::F32, 80, false, true},   {"sm75-fp16", DType::F16, 75, false, true},
+          {"sm61-bf16", DType::BF16, 61, false, true},  {"sm90a-tma-bf16", DType::BF16, 90, true, true},
+          {"sm90a-cp.async-fp16", DType::F16, 90, true, false}};
+}
+
+}  // namespace
+
+// A NaN or an inf in V reaches exactly the rows that attend its key, as in the reference: a row
+// that masks the key (a causal diagonal, a window's edge, a dilated branch's other residues, keys
+// past the sequence's end) must not see it, though its tile holds the key and the tensor cores'
+// P V multiplies the value by that row's P = 0. This is what an uninitialised tail of a KV cache
+// does. Rows that attend nothing stay 0 beside it.
+TEST_CASE("a NaN or inf in V reaches only the rows that attend its key, on every kernel path", "[gpu][emu][attention][nonfinite]") {
+  SKIP_WITHOUT_GPU();
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::pair<std::string, Pattern>> patterns = {
+      {"window-5-0", PatternBuilder().branch(BranchSpec().full().window(5, 0)).build()},
+      {"causal", PatternBuilder().branch(BranchSpec().full().causal()).build()},
+      {"dilated", PatternBuilder()
+                      .branch(BranchSpec().segment(64).dilation(2).offset(OffsetRule::HeadMod).causal())
+                      .branch(BranchSpec().segment(32).dilation(1).causal())
+                      .build()},
+      {"local-blocks", PatternBuilder().branch(BranchSpec().layout(layouts::local(1, 16, 16))).build()},
+  };
+  std::vector<Case> cases;
+  uint64_t seed = 4400;
+  for (const auto& [pname, pattern] : patterns)
+    for (const Path& path : forward_paths())
+      for (const int64_t d : {int64_t(64), int64_t(128)}) {
+        if (path.arch < 80 && d == 128) continue;  // the SIMT paths: once is enough
+        Case c;
+        c.name = pname + "/" + path.name + "/d" + std::to_string(d);
+        c.pattern = pattern, c.dtype = path.dtype, c.arch = path.arch, c.sm90a = path.sm90a, c.tma = path.tma;
+        c.seed = seed++;
+        // 150 keys: a last tile cut short. Heads 4 over 2 kv heads.
+        c.shape = make_shape(1, 150, 150, 4, 2, d);
+        auto at = [&](int64_t key, int64_t kvh, int64_t dim) { return size_t((key * 2 + kvh) * d + dim); };
+        c.v_values = {{at(40, 0, 3), nan}, {at(63, 0, 7), nan}, {at(63, 1, 0), inf}, {at(97, 1, 5), -inf},
+                      {at(149, 0, d - 1), nan}};
+        cases.push_back(std::move(c));
+      }
+  check_cases("nonfinite-v", cases);
+}
+
+// Scores so large that a fused exponent (s * scale - max in one fma) is off by the product's
+// rounding error, which reaches hundreds here: P of the maximum would overflow fp16 (at about 1e9)
+// or float (bf16 inputs at about 4e20) and the row come out inf or NaN. The maximum's weight must
+// be exactly 1: each exponent is the rounded scaled score minus the maximum rounded the same way.
+TEST_CASE("extreme finite scores: the maximum's weight is exactly 1 on every kernel path", "[gpu][emu][attention][extreme]") {
+  SKIP_WITHOUT_GPU();
+  std::vector<Case> cases;
+  uint64_t seed = 4500;
+  for (const auto& [pname, pattern] : {std::pair<std::string, Pattern>{"full", PatternBuilder().branch(BranchSpec().full()).build()},
+                                       {"causal-dilated", PatternBuilder()
+                                                              .branch(BranchSpec().segment(64).dilation(2).causal())
+                                                              .branch(BranchSpec().full().window(20, 0))
+                                                              .build()}})
+    for (const Path& path : forward_paths()) {
+      Case c;
+      c.name = pname + "/extreme-" + path.name;
+      c.pattern = pattern, c.dtype = path.dtype, c.arch = path.arch, c.sm90a = path.sm90a, c.tma = path.tma;
+      c.seed = seed++;
+      c.shape = make_shape(1, 130, 130, 2, 1, 64);
+      // q and k up to these magnitudes: scores of about 1e10 in fp16, 1e23 in bf16, 1e33 in fp32.
+      c.input_scale = path.dtype == DType::F16 ? 3e4f : path.dtype == DType::BF16 ? 1e11f : 1e16f;
+      cases.push_back(std::move(c));
+    }
+  check_cases("extreme", cases);
 }
 
 // A dynamic table on the device with problems: entries past the key blocks, negative ones, repeats,

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <tuple>
 
 #include "attnjit/attnjit.hpp"
@@ -84,11 +85,14 @@ std::vector<float> rounded(std::vector<float> x, DType dt) { return decode(encod
 // are captured in one CUDA graph on a stream of their own, which then runs twice.
 std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType dt, const DynamicLayout* dyn, uint64_t seed,
                            bool deterministic = false, std::vector<uint8_t>* bytes = nullptr, bool caller_workspace = false,
-                           bool device_table = false, bool in_graph = false) {
+                           bool device_table = false, bool in_graph = false,
+                           const std::vector<std::pair<size_t, float>>& v_values = {}) {
   const size_t nq = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim), nk = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim),
                nv = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), no = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim_v);
   const std::vector<float> q = rounded(testing::random_tensor(nq, seed), dt), k = rounded(testing::random_tensor(nk, seed + 1), dt),
-                           v = rounded(testing::random_tensor(nv, seed + 2), dt), dout = rounded(testing::random_tensor(no, seed + 3), dt);
+                           dout = rounded(testing::random_tensor(no, seed + 3), dt);
+  std::vector<float> v = rounded(testing::random_tensor(nv, seed + 2), dt);
+  for (const auto& [at, value] : v_values) v.at(at) = value;  // a NaN or inf: exact in every dtype
   const ReferenceGradients want = reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data(), dyn, 0);
   Attention op = rt.prepare(p, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt});
   auto make = [&](const std::vector<float>* x, size_t n) {
@@ -157,6 +161,11 @@ std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType 
     const std::vector<float> got = decode(raw, dt);
     double d2 = 0, w2 = 0;
     for (size_t i = 0; i < got.size(); ++i) {
+      if (!std::isfinite((*w)[i])) {  // a non-finite input the reference carries here: the same NaN or inf
+        if (std::isnan((*w)[i]) ? std::isnan(got[i]) : got[i] == (*w)[i]) continue;
+        return std::string(name) + " at element " + std::to_string(i) + " is " + std::to_string(got[i]) + ", the reference's " +
+               std::to_string((*w)[i]);
+      }
       if (std::isnan(got[i])) return std::string(name) + " is NaN at element " + std::to_string(i) + " (unwritten?)";
       d2 += (got[i] - (*w)[i]) * (got[i] - (*w)[i]);
       w2 += (*w)[i] * (*w)[i];
@@ -299,6 +308,35 @@ TEST_CASE("backward: rows that attend nothing give and get no gradient (never Na
     s.k_offset = 70;
     INFO(to_string(dt) << " head_dim " << d);
     CHECK(check_backward(rt, p, s, dt, nullptr, 77) == "");
+  }
+}
+
+// A NaN or inf in V at keys that some rows mask, and at keys no row attends (causal with the keys
+// 30 positions ahead: the last 30 keys are attended by nobody but share tiles with keys that are):
+// dP = dO V^T is NaN for every row of such a key's tile, and a masked pair's dS must be 0 all the
+// same (selected, not P = 0 times NaN), so the gradients are the reference's: NaN or inf only
+// where it has them, dK and dV of the keys nobody attends zero.
+TEST_CASE("backward: a NaN or inf in V reaches only the gradients the reference gives it", "[gpu][emu][grad][nonfinite]") {
+  if (on_gpu()) shared_context(0).make_current();
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(64).dilation(1).causal())
+                        .branch(BranchSpec().segment(128).dilation(2).offset(OffsetRule::HeadMod).causal())
+                        .build();
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const auto& [dt, d, arch] : std::vector<std::tuple<DType, int64_t, int>>{
+           {DType::F32, 32, 80}, {DType::F16, 64, 80}, {DType::BF16, 128, 80}, {DType::BF16, 64, 61}}) {
+    if (on_gpu() && arch != 80) continue;
+    RuntimeOptions ro;
+    ro.device = gputest::target() == gputest::Target::Emu ? Device::emu(arch) : device_under_test();
+    Runtime rt(ro);
+    Shape s;
+    s.seq_q = s.seq_k = 200, s.heads_q = 2, s.heads_kv = 1, s.head_dim = s.head_dim_v = d;
+    s.k_offset = 30;
+    auto at = [&](int64_t key, int64_t dim) { return size_t(key * d + dim); };
+    // Key 40: masked by the rows before it in its tiles; keys 180 and 195: attended by no row.
+    const std::vector<std::pair<size_t, float>> values = {{at(40, 1), nan}, {at(180, 0), nan}, {at(195, 2), inf}};
+    INFO(to_string(dt) << " head_dim " << d << " sm_" << arch);
+    CHECK(check_backward(rt, p, s, dt, nullptr, 91, false, nullptr, false, false, false, values) == "");
   }
 }
 

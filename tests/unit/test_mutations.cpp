@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 #include <tuple>
 
 #include "attnjit/attnjit.hpp"
@@ -45,6 +46,11 @@ struct Mutation {
   // The kernel configuration (default: the runtime's); 192x128 gives the TMA kernel three consumer
   // warpgroups.
   KernelConfig config{};
+  // A NaN and an inf in V at keys that some rows mask: they must reach only the rows that attend
+  // them (the reference's NaN and inf, no others).
+  bool nonfinite_v = false;
+  // q and k scaled to scores of about 1e23: an exponent fused with the scale is off by hundreds.
+  bool extreme = false;
 };
 
 const Mutation kMutations[] = {
@@ -148,7 +154,7 @@ const Mutation kMutations[] = {
      "for (int x = 0; x < AJ_VD; ++x) dva[lane + AJ_SIMT_LANES * x] += dv[x];",
      "for (int x = 0; x < AJ_VD; ++x) dva[lane + AJ_SIMT_LANES * x] = dv[x];", DType::F32, true, true},
     {"tensor-core backward: dS^T without D = rowsum(dO * O)", "bwd_sm80.cuh",
-     "          s[j][x] = pr * (f * dp[j][x] - st.delta[col]);", "          s[j][x] = pr * f * dp[j][x];", DType::BF16, true},
+     "          s[j][x] = ok ? pr * (f * dp[j][x] - st.delta[col]) : 0.0f;", "          s[j][x] = ok ? pr * f * dp[j][x] : 0.0f;", DType::BF16, true},
     {"tensor-core backward: no barrier before the prefetch overwrites a query stage", "bwd_sm80.cuh",
      "    aj_syncthreads();  // this stage is overwritten by the prefetch two tiles on\n", "\n", DType::BF16, true},
     {"tensor-core backward: no cp.async wait before a query stage is read", "bwd_sm80.cuh", "    aj_cp_async_wait<1>();\n",
@@ -159,7 +165,7 @@ const Mutation kMutations[] = {
     {"tensor-core backward: dK/dV of key rows past the key tile added too", "bwd_sm80.cuh",
      "    if (kr >= ki.keys_count) continue;\n", "\n", DType::BF16, true},
     {"tensor-core backward: dQ of the row's second accumulator half from the first's LSE", "bwd_sm80.cuh",
-     "aj_ex2(s[j][e] * p.scale_log2 - (e < 2 ? lse0 : lse1))", "aj_ex2(s[j][e] * p.scale_log2 - lse0)", DType::BF16, true},
+     "aj_ex2(aj_mul_rn(s[j][e], p.scale_log2) - (e < 2 ? lse0 : lse1))", "aj_ex2(aj_mul_rn(s[j][e], p.scale_log2) - lse0)", DType::BF16, true},
     {"tensor-core backward, deterministic: the layered dV add stores instead of adding", "bwd_sm80.cuh",
      "if (bp.plain_add) dva[c * 8] += x0, dva[c * 8 + 1] += x1;", "if (bp.plain_add) dva[c * 8] = x0, dva[c * 8 + 1] = x1;",
      DType::BF16, true, true},
@@ -223,6 +229,29 @@ const Mutation kMutations[] = {
     {"sm_90a, TMA: the mbarriers used before the barrier after their init", "fwd_sm90_tma.cuh",
      "  aj_syncthreads();  // Q is in place and the mbarriers are initialised, for every thread\n", "\n", DType::BF16, false, false, 64,
      true},
+    {"the softmax's exponent fused with the scale (the maximum's weight not exactly 1)", "fwd_sm80.cuh",
+     "aj_ex2(aj_mul_rn(s[j][e], scale_log2) - base[e >> 1])", "aj_ex2(fmaf(s[j][e], scale_log2, -base[e >> 1]))", DType::BF16,
+     false, false, 64, false, true, false, false, false, false, KernelConfig{}, false, true},
+    {"sm_90a: the softmax's exponent fused with the scale", "fwd_sm80.cuh",
+     "aj_ex2(aj_mul_rn(s[j][e], scale_log2) - base[e >> 1])", "aj_ex2(fmaf(s[j][e], scale_log2, -base[e >> 1]))", DType::BF16,
+     false, false, 64, true, true, false, false, false, false, KernelConfig{}, false, true},
+    {"a row a masked non-finite V reached is not summed again", "fwd_sm80.cuh",
+     "  aj_tc_exact_rows(p, item, b, r0, quad, acc, m, l);\n", "\n", DType::BF16, false, false, 64, false, true, false, false,
+     false, false, KernelConfig{}, true},
+    {"sm_90a, TMA: a row a masked non-finite V reached is not summed again", "fwd_sm80.cuh",
+     "  aj_tc_exact_rows(p, item, b, r0, quad, acc, m, l);\n", "\n", DType::BF16, false, false, 64, true, true, false, false,
+     false, false, KernelConfig{}, true},
+    {"the exact sum weighs the keys a row masks too", "fwd_sm80.cuh", "att[h] = want[h] && (t.full || ", "att[h] = want[h] && (true || ",
+     DType::BF16, false, false, 64, false, true, false, false, false, false, KernelConfig{}, true},
+    {"the exact sum reads the row below the thread's", "fwd_sm80.cuh", "(aj_i64)(want[h] ? r0 + 8 * h : 0)",
+     "(aj_i64)(want[h] ? r0 + 8 * h + 1 : 0)", DType::BF16, false, false, 64, false, true, false, false, false, false,
+     KernelConfig{}, true},
+    {"SIMT: a masked key weighted by P = 0 instead of skipped", "fwd_simt.cuh", "      if (s[c] == AJ_NEG_INF) continue;\n", "\n",
+     DType::F32, false, false, 64, false, true, false, false, false, false, KernelConfig{}, true},
+    {"backward, dQ: a masked pair's dS multiplied by P = 0 instead of selected", "bwd_sm80.cuh",
+     "s[j][e] = ok ? pr * (f * dp[j][e] - (e < 2 ? delta0 : delta1)) : 0.0f;",
+     "s[j][e] = (ok ? pr : 0.0f) * (f * dp[j][e] - (e < 2 ? delta0 : delta1));", DType::BF16, true, false, 64, false, true,
+     false, false, false, false, KernelConfig{}, true},
 };
 
 // Runs `templates`' kernels on the emulator; "" when they match the reference (O and LSE, and with
@@ -230,7 +259,7 @@ const Mutation kMutations[] = {
 std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DType dt, bool backward = false,
                          bool deterministic = false, int64_t d = 64, bool sm90a = false, bool tma = true,
                          bool far_below = false, bool device_table = false, bool random_in_kernel = false, bool folded = false,
-                         const KernelConfig& config = {}) {
+                         const KernelConfig& config = {}, bool nonfinite_v = false, bool extreme = false) {
   const Pattern p = folded ? PatternBuilder()
                                  .branch(BranchSpec().segment(128).dilation(1).causal())
                                  .branch(BranchSpec().segment(768).dilation(12).offset(OffsetRule::HeadMod))
@@ -264,8 +293,18 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
       for (float& y : x) y = sign > 0 ? std::abs(y) + 3.5f : y - 3.5f;
     return x;
   };
-  const std::vector<float> q = rounded(shifted(testing::random_tensor(nq, 1), 1)),
-                           k = rounded(shifted(testing::random_tensor(nk, 2), -1)), v = rounded(testing::random_tensor(nk, 3));
+  auto scaled = [&](std::vector<float> x) {
+    if (extreme)
+      for (float& y : x) y *= 1e11f;
+    return x;
+  };
+  const std::vector<float> q = rounded(scaled(shifted(testing::random_tensor(nq, 1), 1))),
+                           k = rounded(scaled(shifted(testing::random_tensor(nk, 2), -1)));
+  std::vector<float> v = rounded(testing::random_tensor(nk, 3));
+  if (nonfinite_v) {  // key 100 (dim 3) and key 150 (dim 0): masked by the causal rows before them
+    v[size_t(100 * d + 3)] = std::numeric_limits<float>::quiet_NaN();
+    v[size_t(150 * d)] = std::numeric_limits<float>::infinity();
+  }
   // The table: per query block, key blocks far apart (sparse rows the kernels must jump across),
   // plus one past the key blocks in every third row (a problem the kernels skip and count).
   const int64_t blocks = (s.seq_k + 31) / 32;
@@ -314,6 +353,11 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
     for (size_t i = 0; i < nq; ++i) o[i] = bfloat16_to_float(oh[i]);
   double num = 0, den = 0;
   for (size_t i = 0; i < nq; ++i) {
+    if (!std::isfinite(want.o[i])) {  // a non-finite V the row attends: the same NaN or inf
+      if (std::isnan(want.o[i]) ? !std::isnan(o[i]) : o[i] != want.o[i])
+        return "O at element " + std::to_string(i) + " is " + std::to_string(o[i]) + ", the reference's " + std::to_string(want.o[i]);
+      continue;
+    }
     if (std::isnan(o[i])) return "NaN in O at element " + std::to_string(i);
     num += (o[i] - want.o[i]) * (o[i] - want.o[i]);
     den += want.o[i] * want.o[i];
@@ -346,7 +390,12 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
       for (size_t i = 0; i < got->size(); ++i) (*got)[i] = bfloat16_to_float((*half)[i]);
     double n2 = 0, d2 = 0;
     for (size_t i = 0; i < got->size(); ++i) {
-      if (std::isnan((*got)[i])) return std::string("NaN in ") + name;
+      if (!std::isfinite((*want_g)[i])) {
+        if (std::isnan((*want_g)[i]) ? !std::isnan((*got)[i]) : (*got)[i] != (*want_g)[i])
+          return std::string(name) + " at element " + std::to_string(i) + " differs from the reference's non-finite value";
+        continue;
+      }
+      if (std::isnan((*got)[i])) return std::string("NaN in ") + name + " at element " + std::to_string(i);
       n2 += ((*got)[i] - (*want_g)[i]) * ((*got)[i] - (*want_g)[i]);
       d2 += (*want_g)[i] * (*want_g)[i];
     }
@@ -381,6 +430,14 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   CHECK(check_kernel(embedded, DType::BF16, false, false, 128, false, true, false, false, false, false, KernelConfig{128, 64, 2, 4}) == "");
   // ... and with its single K and V buffers.
   CHECK(check_kernel(embedded, DType::BF16, false, false, 128, false, true, false, false, false, false, KernelConfig{128, 64, 1, 4}) == "");
+  // A NaN and an inf in V at keys some rows mask (forward and backward), and extreme scores.
+  for (const DType dt : {DType::BF16, DType::F32}) {
+    INFO("non-finite V, " << to_string(dt));
+    CHECK(check_kernel(embedded, dt, true, false, 64, false, true, false, false, false, false, {}, true) == "");
+  }
+  CHECK(check_kernel(embedded, DType::BF16, false, false, 64, false, true, false, false, false, false, {}, false, true) == "");
+  CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, false, {}, true) == "");
+  CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, false, {}, false, true) == "");
   // 192-row tiles: three consumer warpgroups in the TMA kernel, twelve warps in the cp.async one.
   for (bool tma : {true, false}) {
     INFO("sm_90a, 192x128, " << (tma ? "TMA" : "cp.async"));
@@ -399,7 +456,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     t->replace(m.file, text);
     const std::string outcome =
         check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below, m.device_table,
-                     m.random_in_kernel, m.folded, m.config);
+                     m.random_in_kernel, m.folded, m.config, m.nonfinite_v, m.extreme);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }

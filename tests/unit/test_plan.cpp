@@ -6,6 +6,7 @@
 #include <limits>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -537,28 +538,30 @@ TEST_CASE("a NaN input is NaN in the rows that attend it on the reference and th
   }
 }
 
-TEST_CASE("a NaN in a query or key row makes exactly the reference's rows NaN on the plan executor", "[plan][executor][property]") {
+TEST_CASE("a NaN in a query, key or value row makes exactly the reference's rows NaN on the plan executor", "[plan][executor][property]") {
   // Random patterns: masked scores (-inf) may come before or after the NaN ones in a partial tile,
-  // in any order the row maximum sees them. (A NaN in V also reaches rows that have its key masked
-  // in a shared tile, as 0 * NaN; the kernels do the same, so V is not part of this law.)
+  // in any order the row maximum sees them. A NaN in V reaches the rows that attend its key and no
+  // other, though rows that mask the key share its tile (0 * NaN must not happen).
   const auto variants = simd_variants();
   CaseGenerator gen(1717);
-  for (int n = 0; n < 200; ++n) {
+  for (int n = 0; n < 300; ++n) {
     const auto c = gen.next();
     const TileConfig tiles = random_tiles(gen);
     const DynamicLayout* dyn = c.dynamic ? &*c.dynamic : nullptr;
     const Shape& s = c.shape;
     auto q = random_tensor(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim), 10 * n + 1);
     auto k = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 10 * n + 2);
-    const auto v = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 10 * n + 3);
-    const bool in_key = gen.coin();
-    std::vector<float>& t = in_key ? k : q;
+    auto v = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 10 * n + 3);
+    const int which = static_cast<int>(gen.uniform(0, 2));
+    const bool in_key = which == 1;
+    std::vector<float>& t = which == 0 ? q : which == 1 ? k : v;
     t[static_cast<size_t>(gen.uniform(0, static_cast<int64_t>(t.size()) - 1))] = std::numeric_limits<float>::quiet_NaN();
     const ReferenceOutput want = reference_attention(c.pattern, s, q.data(), k.data(), v.data(), dyn, 1);
     const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn);
     for (const CpuSimd simd : variants) {
       const ExecutorOutput got = execute_plan(plan, c.pattern, q.data(), k.data(), v.data(), dyn, {.simd = simd});
-      INFO("case " << n << " (" << cpu_simd_name(simd) << (in_key ? ", NaN key" : ", NaN query") << ")\n" << describe(c, tiles));
+      INFO("case " << n << " (" << cpu_simd_name(simd) << (which == 2 ? ", NaN value" : in_key ? ", NaN key" : ", NaN query") << ")\n"
+                    << describe(c, tiles));
       for (size_t x = 0; x < want.lse.size(); ++x) {
         INFO("lse index " << x << ": reference " << want.lse[x] << ", plan executor " << got.lse[x]);
         REQUIRE(std::isnan(got.lse[x]) == std::isnan(want.lse[x]));
@@ -568,6 +571,83 @@ TEST_CASE("a NaN in a query or key row makes exactly the reference's rows NaN on
         REQUIRE(std::isnan(got.o[x]) == std::isnan(want.o[x]));
       }
     }
+  }
+}
+
+// A non-finite V at a key that rows of its tile mask: a window [5, 0] with a NaN at key 40 makes
+// rows 40..45 NaN and no other; a causal mask with an inf at key 63 only row 63 on (the rows
+// before it share the tile). Before, every row of the key's tile came out NaN (0 * NaN in P V).
+// The gradients of the rows that mask the key stay finite too (dS of a masked pair is 0, selected).
+TEST_CASE("the plan executor: a NaN or inf in V reaches only the rows that attend its key", "[plan][executor]") {
+  Shape s;
+  s.seq_q = s.seq_k = 100;
+  s.heads_q = s.heads_kv = 1;
+  s.head_dim = s.head_dim_v = 8;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct Probe {
+    const char* name;
+    Pattern p;
+    int64_t key;
+    float value;
+    int64_t first, last;  // the rows the reference makes non-finite
+  };
+  const Probe probes[] = {
+      {"window [5, 0], NaN at key 40", PatternBuilder().branch(BranchSpec().full().window(5, 0)).build(), 40, nan, 40, 45},
+      {"causal, inf at key 63", PatternBuilder().causal().branch(BranchSpec().full()).build(), 63, inf, 63, 99},
+  };
+  for (const Probe& pr : probes) {
+    std::vector<float> q = random_tensor(800, 1), k = random_tensor(800, 2), v = random_tensor(800, 3), dout = random_tensor(800, 4);
+    v[static_cast<size_t>(pr.key * 8 + 2)] = pr.value;
+    const ReferenceOutput want = reference_attention(pr.p, s, q.data(), k.data(), v.data());
+    const ReferenceGradients want_g = reference_attention_backward(pr.p, s, q.data(), k.data(), v.data(), dout.data());
+    for (const CpuSimd simd : simd_variants())
+      for (const TileConfig tiles : {TileConfig{64, 64}, TileConfig{16, 32}, TileConfig{8, 3}}) {
+        INFO(pr.name << ", " << cpu_simd_name(simd) << ", tile " << tiles.tile_q << "x" << tiles.tile_k);
+        const Plan plan = lower_to_plan(pr.p, s, tiles);
+        const ExecutorOutput got = execute_plan(plan, pr.p, q.data(), k.data(), v.data(), nullptr, {.simd = simd});
+        for (int64_t i = 0; i < 100; ++i) {
+          INFO("row " << i);
+          const bool reached = i >= pr.first && i <= pr.last;
+          REQUIRE(std::isfinite(want.o[static_cast<size_t>(i * 8 + 2)]) == !reached);
+          CHECK(std::isfinite(got.o[static_cast<size_t>(i * 8 + 2)]) == !reached);
+          for (int64_t d = 0; d < 8; ++d)
+            if (d != 2) CHECK(std::abs(got.o[static_cast<size_t>(i * 8 + d)] - want.o[static_cast<size_t>(i * 8 + d)]) < (reached ? INFINITY : 1e-5));
+        }
+        const ExecutorGradients g = execute_plan_backward(plan, lower_to_backward_plan(plan), pr.p, q.data(), k.data(), v.data(),
+                                                          got.o.data(), got.lse.data(), dout.data(), nullptr, {.simd = simd});
+        for (const auto& [name, x, w] : {std::tuple<const char*, const std::vector<float>*, const std::vector<double>*>{"dq", &g.dq, &want_g.dq},
+                                         {"dk", &g.dk, &want_g.dk}, {"dv", &g.dv, &want_g.dv}})
+          for (size_t e = 0; e < x->size(); ++e) {
+            INFO(name << " element " << e << ": " << (*x)[e] << ", reference " << (*w)[e]);
+            CHECK(std::isfinite((*x)[e]) == std::isfinite((*w)[e]));
+          }
+      }
+  }
+}
+
+// Scores of about 1e30: an exponent fused with the scale (s * scale - max in one fma) is off by
+// the product's rounding error, far past exp's range (the executor's exp clamps its argument, so
+// one such term stays finite, two overflow the sum). Each exponent is the rounded scaled score minus
+// the rounded maximum: O is the value of the row's largest score, as in the reference.
+TEST_CASE("the plan executor: extreme finite scores keep the maximum's weight at exactly 1", "[plan][executor]") {
+  const Pattern p = PatternBuilder().causal().branch(BranchSpec().full()).build();
+  Shape s;
+  s.seq_q = s.seq_k = 40;
+  s.heads_q = s.heads_kv = 1;
+  s.head_dim = s.head_dim_v = 16;
+  std::vector<float> q = random_tensor(640, 5), k = random_tensor(640, 6);
+  const std::vector<float> v = random_tensor(640, 7);
+  for (float& x : q) x *= 1e15f;
+  for (float& x : k) x *= 1e15f;
+  const ReferenceOutput want = reference_attention(p, s, q.data(), k.data(), v.data());
+  for (const CpuSimd simd : simd_variants()) {
+    INFO(cpu_simd_name(simd));
+    const ExecutorOutput got = execute_plan(lower_to_plan(p, s, TileConfig{16, 16}), p, q.data(), k.data(), v.data(), nullptr, {.simd = simd});
+    for (size_t x = 0; x < got.o.size(); ++x) {
+      INFO("o index " << x);
+      REQUIRE(std::abs(got.o[x] - want.o[x]) < 1e-5);
+    }
+    for (size_t x = 0; x < got.lse.size(); ++x) CHECK(std::abs(got.lse[x] - want.lse[x]) <= 1e-6 * std::abs(want.lse[x]));
   }
 }
 
