@@ -3,7 +3,7 @@ import numpy as np
 
 from . import _attnjit
 from ._inputs import check_shapes, cpu_device, device_table, documents_arg, dynamic_arg, host_table
-from ._pattern import as_pattern
+from ._pattern import op_spec
 
 _NUMPY_DTYPES = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16"}
 
@@ -21,7 +21,8 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
     current stream finishes), carry no gradient, and are refused above ATTNJIT_MAX_WEIGHTS
     elements (default 2^28) with a ValueError naming the knob.
 
-    `pattern`: an attnjit.Pattern, a dict or a path. `scale` replaces the softmax scale.
+    `pattern`: an attnjit.Pattern, a dict or a path (under torch.compile a dict or a path is read
+    when traced: its spec is a constant of the graph). `scale` replaces the softmax scale.
     `q_offset`/`k_offset`: global positions of row 0. `dynamic_layout`: the CSR table of a
     pattern with a `dynamic` layout, a dict {"row_offsets", "col_indices", "heads"} (lists,
     arrays or CPU tensors: checked, planned and uploaded per distinct table). A table recomputed
@@ -41,27 +42,26 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
     tensors the float64 reference (for gradcheck). Differentiable in q, k and v.
     numpy arrays (fp32, fp16; CPU, no autograd) are accepted too.
     """
-    p = as_pattern(pattern)
-    if scale is not None:
-        p = p.with_scale(scale)
     dyn = dynamic_arg(dynamic_layout)
     docs = documents_arg(cu_seqlens)
     if isinstance(q, np.ndarray) or isinstance(k, np.ndarray) or isinstance(v, np.ndarray):
+        spec = op_spec(pattern, scale)
         if device_table(dyn):
             raise TypeError('dynamic_layout: a table the kernels read in place (torch tensors on a GPU, or "errors" '
                             'given) needs torch tensors q, k, v; pass lists or arrays with numpy inputs')
         dyn = host_table(dyn)
         if return_weights and q.ndim == 4 and k.ndim == 4:  # refused before the forward runs
             _attnjit.check_weights_size(q.shape[0], q.shape[2], q.shape[1], k.shape[1])
-        o, lse = _numpy_attention(q, k, v, p.op_spec, int(q_offset), int(k_offset), dyn, docs)
-        w = _numpy_weights(q, k, v, lse, p.op_spec, int(q_offset), int(k_offset), dyn, docs) if return_weights else None
+        o, lse = _numpy_attention(q, k, v, spec, int(q_offset), int(k_offset), dyn, docs)
+        w = _numpy_weights(q, k, v, lse, spec, int(q_offset), int(k_offset), dyn, docs) if return_weights else None
     else:
         from . import _torch_ops
 
+        spec = _torch_ops.op_spec(pattern, scale)  # a constant of the graph under torch.compile
         if return_weights:
             _torch_ops.check_weights_size(q, k)
-        o, lse = _torch_ops.attention(q, k, v, p.op_spec, int(q_offset), int(k_offset), dyn, docs)
-        w = _torch_ops.weights(q, k, v, lse, p.op_spec, int(q_offset), int(k_offset), dyn, docs) if return_weights else None
+        o, lse = _torch_ops.attention(q, k, v, spec, int(q_offset), int(k_offset), dyn, docs)
+        w = _torch_ops.weights(q, k, v, lse, spec, int(q_offset), int(k_offset), dyn, docs) if return_weights else None
     out = (o,) + ((lse,) if return_lse else ()) + ((w,) if return_weights else ())
     return out if len(out) > 1 else o
 

@@ -1,14 +1,42 @@
 """attnjit's PyTorch operators: attnjit::attention and attnjit::attention_backward, registered with
 torch.library (fake implementations included, so torch.compile(fullgraph=True) traces them) and
 differentiable in q, k and v through the backward kernels."""
+import operator
 from typing import Optional
 
 import torch
 
-from . import _attnjit
+from . import _attnjit, _pattern
 from ._inputs import check_shapes, cpu_device, device_table, host_table
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def op_spec(pattern, scale=None) -> str:
+    """The ops' spec text for `pattern` and `scale` (as _pattern.op_spec), also while torch.compile
+    traces: writing JSON and reading a file are not traceable, so the conversion runs at trace
+    time and its text is a constant of the graph, guarded on the arguments (a dict's contents, a
+    path's text, a Pattern's identity)."""
+    if torch.compiler.is_compiling():
+        # Dynamo turns an int that changed between calls into a symbol, which is no constant:
+        # operator.index makes each one a constant again (a guard on its value).
+        pattern, scale = _constants(pattern), _constants(scale)
+    return _constant_op_spec(pattern, scale)
+
+
+def _constants(x):
+    if isinstance(x, dict):
+        return {key: _constants(value) for key, value in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_constants(value) for value in x]
+    if isinstance(x, int) and not isinstance(x, bool):
+        return operator.index(x)
+    return x
+
+
+@torch.compiler.assume_constant_result
+def _constant_op_spec(pattern, scale):
+    return _pattern.op_spec(pattern, scale)
 
 
 def attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, docs=None):

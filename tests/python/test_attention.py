@@ -351,6 +351,32 @@ def test_torch_compile_traces_a_table_read_in_place():
     assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
+@pytest.mark.parametrize("form", ["pattern", "dict", "path", "pathlib"])
+def test_torch_compile_traces_every_pattern_form(form):
+    # A dict and a path become the ops' spec outside the traced region (with a scale too); a dict
+    # changed after the first call is seen (traced again), not served from the first graph.
+    path = EXAMPLES / "sliding_window.json"
+    pattern = {"pattern": attnjit.Pattern.load(path), "dict": json.loads(path.read_text()), "path": str(path),
+               "pathlib": path}[form]
+    q, k, v = inputs(1, 96, 96, 2, 2, 16, seed=8, requires_grad=True)
+
+    def f(a, b, c):
+        return (attnjit.attention(a, b, c, pattern, scale=0.2) * 2).sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    loss = compiled(q, k, v)
+    loss.backward()
+    want_q = q.detach().requires_grad_()
+    want = f(want_q, k.detach(), v.detach())
+    want.backward()
+    assert torch.allclose(loss, want)
+    assert torch.allclose(q.grad, want_q.grad)
+    if form == "dict":
+        pattern["window"] = [8, 0]
+        assert torch.allclose(compiled(q, k, v), f(q, k, v))
+        assert not torch.allclose(compiled(q, k, v), loss)
+
+
 def test_bad_inputs_name_the_argument():
     p = attnjit.Pattern.load(EXAMPLES / "causal_local.json")
     q, k, v = inputs(1, 64, 64, 2, 2, 16)
