@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from . import _attnjit, _pattern
-from ._inputs import check_shapes, cpu_device, device_table, host_table
+from ._inputs import INT64, check_shapes, cpu_device, device_table, host_table, int_arg
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -88,7 +88,7 @@ def _table_tensors(d, device):
                             "problems found in the table is added to it)")
         if errors.device != device:
             raise ValueError(f'dynamic_layout["errors"]: is on {errors.device} but q is on {device}')
-    return int(d.get("heads", 1)), tensors[0], tensors[1], True, errors
+    return int_arg('dynamic_layout["heads"]', d.get("heads", 1), INT64), tensors[0], tensors[1], True, errors
 
 
 def check_weights_size(q, k):

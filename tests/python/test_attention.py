@@ -377,6 +377,51 @@ def test_torch_compile_traces_every_pattern_form(form):
         assert not torch.allclose(compiled(q, k, v), loss)
 
 
+def test_offsets_and_indices_must_be_integers():
+    p = attnjit.Pattern.load(EXAMPLES / "causal_local.json")
+    q, k, v = inputs(1, 64, 64, 2, 1, 16)
+    for args in ((q, k, v), (q.numpy(), k.numpy(), v.numpy())):
+        with pytest.raises(TypeError, match="^q_offset: expected an integer, got float 1.5"):
+            attnjit.attention(*args, p, q_offset=1.5)
+        with pytest.raises(TypeError, match="^k_offset: expected an integer, got float 2.0"):
+            attnjit.attention(*args, p, k_offset=2.0)
+        with pytest.raises(TypeError, match="^q_offset: expected an integer, got True"):
+            attnjit.attention(*args, p, q_offset=True)
+        with pytest.raises(TypeError, match=r'^dynamic_layout\["col_indices"\]: expected integers, got float64 values'):
+            attnjit.attention(*args, DYN_SPEC, dynamic_layout={"heads": 1, "row_offsets": [0, 2, 2, 2, 2],
+                                                               "col_indices": [0.0, 1.7]})
+        with pytest.raises(TypeError, match=r'^dynamic_layout\["row_offsets"\]: expected integers, got a torch.float32'):
+            attnjit.attention(*args, DYN_SPEC, dynamic_layout={"row_offsets": torch.tensor([0.0, 1, 1, 1, 1]),
+                                                               "col_indices": [0]})
+        with pytest.raises(TypeError, match=r'^dynamic_layout\["heads"\]: expected an integer, got float 1.5'):
+            attnjit.attention(*args, DYN_SPEC, dynamic_layout={"heads": 1.5, "row_offsets": [0, 1, 1, 1, 1],
+                                                               "col_indices": [0]})
+    # numpy and one-element torch integers are integers.
+    want = attnjit.attention(q, k, v, p, q_offset=3)
+    assert torch.equal(attnjit.attention(q, k, v, p, q_offset=np.int32(3)), want)
+    assert torch.equal(attnjit.attention(q, k, v, p, q_offset=torch.tensor(3)), want)
+
+
+def test_out_of_range_integers_name_the_argument_the_value_and_the_limit():
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    q, k, v = inputs(1, 64, 64, 2, 1, 16)
+    with pytest.raises(ValueError, match="^q_offset: 18446744073709551616 is out of range; must be <= 9223372036854775807"):
+        attnjit.attention(q, k, v, p, q_offset=2**64)
+    with pytest.raises(ValueError, match="^k_offset: -1 is out of range; must be >= 0"):
+        attnjit.attention(q.numpy(), k.numpy(), v.numpy(), p, k_offset=-1)
+    with pytest.raises(ValueError, match="^cu_seqlens: 9223372036854775813 at index 1 is out of range; "
+                                         "must be <= 9223372036854775807"):
+        attnjit.attention(q, k, v, p, cu_seqlens=np.array([0, 2**63 + 5, 64], dtype=np.uint64))
+    with pytest.raises(ValueError, match="^cu_seqlens: 18446744073709551616 at index 1 is out of range"):
+        attnjit.attention(q, k, v, p, cu_seqlens=[0, 2**64, 64])
+    with pytest.raises(ValueError, match=r'^dynamic_layout\["col_indices"\]: 1099511627776 at index 0 is out of range; '
+                                         "must be <= 2147483647"):
+        attnjit.attention(q, k, v, DYN_SPEC, dynamic_layout={"row_offsets": [0, 1, 1, 1, 1], "col_indices": [2**40]})
+    with pytest.raises(ValueError, match=r'^dynamic_layout\["row_offsets"\]: 36893488147419103232 at index 4 is out of '
+                                         "range; must be <= 9223372036854775807"):
+        attnjit.attention(q, k, v, DYN_SPEC, dynamic_layout={"row_offsets": [0, 1, 1, 1, 2**65], "col_indices": [0]})
+
+
 def test_bad_inputs_name_the_argument():
     p = attnjit.Pattern.load(EXAMPLES / "causal_local.json")
     q, k, v = inputs(1, 64, 64, 2, 2, 16)
