@@ -2,7 +2,8 @@
 import numpy as np
 
 from . import _attnjit
-from ._inputs import OFFSET, check_shapes, cpu_device, device_table, documents_arg, dynamic_arg, host_table, int_arg
+from ._inputs import (OFFSET, check_shapes, cpu_device, device_table, documents_arg, dynamic_arg, host_table, int_arg,
+                      is_empty)
 from ._pattern import op_spec
 
 _NUMPY_DTYPES = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16"}
@@ -42,7 +43,8 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
     (ATTNJIT_CPU_DEVICE=emu runs the generated kernels in the CPU emulator instead, emu:sm_90a the
     Hopper ones); float64 CPU
     tensors the float64 reference (for gradcheck). Differentiable in q, k and v.
-    numpy arrays (fp32, fp16; CPU, no autograd) are accepted too.
+    numpy arrays (fp32, fp16; CPU, no autograd) are accepted too. Empty inputs (batch, sequence
+    or heads 0) give empty outputs and gradients; query rows with no keys attend nothing.
     """
     q_offset = int_arg("q_offset", q_offset, OFFSET)
     k_offset = int_arg("k_offset", k_offset, OFFSET)
@@ -72,6 +74,8 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
 
 def _numpy_weights(q, k, v, lse, spec, q_offset, k_offset, dyn, docs):
     b, sq, hq, _ = q.shape
+    if is_empty(q.shape, k.shape):
+        return np.zeros((b, hq, sq, k.shape[1]), dtype=np.float64 if q.dtype == np.float64 else np.float32)
     if q.dtype == np.float64:
         dims = [b, sq, k.shape[1], hq, k.shape[2], q.shape[3], v.shape[3]]
         q, k = np.ascontiguousarray(q), np.ascontiguousarray(k)
@@ -98,13 +102,16 @@ def _numpy_attention(q, k, v, spec, q_offset, k_offset, dyn, docs):
         raise TypeError(f"q, k, v: dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
     b, sq, hq, _ = q.shape
     dv = v.shape[3]
+    if q.dtype not in _NUMPY_DTYPES and q.dtype != np.float64:
+        raise TypeError(f"q: dtype {q.dtype} is not supported; use float32, float16 or float64")
+    if is_empty(q.shape, k.shape):  # as SDPA: empty outputs; rows with no keys attend nothing
+        lse_dtype = np.float64 if q.dtype == np.float64 else np.float32
+        return np.zeros((b, sq, hq, dv), dtype=q.dtype), np.full((b, hq, sq), -np.inf, dtype=lse_dtype)
     if q.dtype == np.float64:
         dims = [b, sq, k.shape[1], hq, k.shape[2], q.shape[3], dv]
         q, k, v = (np.ascontiguousarray(x) for x in (q, k, v))
         return _attnjit.reference_forward(spec, q.ctypes.data, k.ctypes.data, v.ctypes.data, dims, q_offset, k_offset, dyn,
                                           docs)
-    if q.dtype not in _NUMPY_DTYPES:
-        raise TypeError(f"q: dtype {q.dtype} is not supported; use float32, float16 or float64")
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.strides[3] != x.itemsize:
             raise ValueError(f"{name}: the last dimension must be contiguous (stride 1)")

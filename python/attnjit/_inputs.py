@@ -115,6 +115,11 @@ def check_shapes(q_shape, k_shape, v_shape):
         raise ValueError(f"k, v: [batch, seq, heads] differ ({tuple(k_shape[:3])} and {tuple(v_shape[:3])})")
     if q_shape[3] != k_shape[3]:
         raise ValueError(f"q, k: head dims differ ({q_shape[3]} and {k_shape[3]})")
-    if k_shape[2] == 0 or q_shape[2] % k_shape[2]:
+    if (k_shape[2] == 0 and q_shape[2] != 0) or (k_shape[2] != 0 and q_shape[2] % k_shape[2]):
         raise ValueError(f"q, k: query heads ({q_shape[2]}) must be a multiple of key/value heads ({k_shape[2]})")
 
+
+def is_empty(q_shape, k_shape):
+    """Whether q, k ([B, S, H, D], checked) make an empty problem: no batch, no query rows, no heads or
+    no keys. Its output is empty or all zero (rows with no keys attend nothing), as are its gradients."""
+    return q_shape[0] == 0 or q_shape[1] == 0 or q_shape[2] == 0 or k_shape[1] == 0

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from . import _attnjit, _pattern
-from ._inputs import INT64, check_shapes, cpu_device, device_table, host_table, int_arg
+from ._inputs import INT64, check_shapes, cpu_device, device_table, host_table, int_arg, is_empty
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -102,6 +102,9 @@ def weights(q, k, v, lse, spec: str, q_offset: int, k_offset: int, dyn, docs=Non
     (float64 from the reference for float64 inputs). No gradient: for inspection. A table the
     kernels read in place is copied to the host here, with what they drop dropped."""
     b, sq, hq, _ = q.shape
+    if is_empty(q.shape, k.shape):
+        return torch.zeros((b, hq, sq, k.shape[1]), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32,
+                           device=q.device)
     if device_table(dyn):
         heads, rows, cols, _, _ = _table_tensors(dyn, q.device)
         dyn = (heads,) + _sanitized(spec, q, k, q_offset, k_offset, rows.cpu(), cols.cpu())[:2]
@@ -176,6 +179,9 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: str, q_o
                cu_seqlens: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     o_shape, lse_shape = _out_shapes(q, v)
     problems = torch.zeros(1 if dyn_on_device else 0, dtype=torch.int32, device=q.device)
+    if is_empty(q.shape, k.shape):  # as SDPA: empty outputs; rows with no keys attend nothing
+        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        return q.new_zeros(o_shape), q.new_full(lse_shape, float("-inf"), dtype=lse_dtype), problems
     dyn, device_dyn = _tables(spec, q, k, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, dyn_on_device, problems)
     docs = _docs(cu_seqlens)
     if q.dtype == torch.float64:  # the float64 reference (exact; for gradcheck)
@@ -204,6 +210,8 @@ def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: to
                         dout: torch.Tensor, spec: str, q_offset: int, k_offset: int, dyn_heads: int,
                         dyn_rows: Optional[torch.Tensor], dyn_cols: Optional[torch.Tensor], dyn_on_device: bool,
                         cu_seqlens: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if is_empty(q.shape, k.shape):
+        return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
     dyn, device_dyn = _tables(spec, q, k, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, dyn_on_device, None)
     docs = _docs(cu_seqlens)
     if q.dtype == torch.float64:

@@ -422,6 +422,35 @@ def test_out_of_range_integers_name_the_argument_the_value_and_the_limit():
         attnjit.attention(q, k, v, DYN_SPEC, dynamic_layout={"row_offsets": [0, 1, 1, 1, 2**65], "col_indices": [0]})
 
 
+EMPTY_SHAPES = {"batch": (0, 32, 32, 2, 1), "queries": (1, 0, 32, 2, 1), "keys": (1, 32, 0, 2, 1),
+                "heads": (1, 32, 32, 0, 0), "sequence": (2, 0, 0, 2, 2)}
+
+
+@pytest.mark.parametrize("device", ["reference", "cpu", "emu"])
+@pytest.mark.parametrize("shape", sorted(EMPTY_SHAPES))
+def test_empty_problems_give_empty_outputs_and_gradients(shape, device, monkeypatch):
+    # As SDPA: empty in, empty out, and empty (or zero) gradients; query rows with no keys attend
+    # nothing (O = 0, LSE = -inf, as every row that attends nothing).
+    if device == "emu":
+        monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu")
+    dtype = torch.float64 if device == "reference" else torch.float32
+    b, sq, sk, hq, hkv = EMPTY_SHAPES[shape]
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    q, k, v = inputs(b, sq, sk, hq, hkv, 16, dtype=dtype, requires_grad=True)
+    o, lse, w = attnjit.attention(q, k, v, p, return_lse=True, return_weights=True)
+    assert o.shape == (b, sq, hq, 16) and o.dtype == dtype and not o.any()
+    assert lse.shape == (b, hq, sq) and bool((lse == float("-inf")).all())
+    assert w.shape == (b, hq, sq, sk) and not w.any()
+    dq, dk, dv = torch.autograd.grad(o.sum(), (q, k, v))
+    for g, x in zip((dq, dk, dv), (q, k, v)):
+        assert g.shape == x.shape and g.dtype == dtype and not g.any()
+    if sq and sk:  # SDPA's answer, where it has one (it has no rule for rows without keys)
+        want = torch.nn.functional.scaled_dot_product_attention(*(x.detach().transpose(1, 2) for x in (q, k, v)))
+        assert want.numel() == 0 and want.transpose(1, 2).shape == o.shape
+    on, lsen, wn = attnjit.attention(*(x.detach().numpy() for x in (q, k, v)), p, return_lse=True, return_weights=True)
+    assert on.shape == o.shape and lsen.shape == lse.shape and wn.shape == w.shape and not on.any()
+
+
 def test_bad_inputs_name_the_argument():
     p = attnjit.Pattern.load(EXAMPLES / "causal_local.json")
     q, k, v = inputs(1, 64, 64, 2, 2, 16)

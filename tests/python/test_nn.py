@@ -107,3 +107,12 @@ def test_multihead_bad_sizes_name_the_argument():
     with pytest.raises(ValueError, match="^query, key, value: batch sizes or key and value lengths differ"):
         layer(x, x, torch.randn(1, 9, 32))
 
+
+def test_modules_on_empty_batches_and_sequences():
+    layer = ann.MultiheadDilatedAttention(32, 4, [8, 16], [1, 2])
+    for shape in ((0, 16, 32), (2, 0, 32)):
+        x = torch.randn(shape, requires_grad=True)
+        out, _ = layer(x, x, x)
+        assert out.shape == shape
+        out.sum().backward()
+        assert x.grad.shape == shape
