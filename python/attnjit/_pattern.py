@@ -97,3 +97,10 @@ def as_pattern(pattern) -> Pattern:
             return Pattern(text)
         return Pattern.load(text)
     raise TypeError(f"pattern: expected an attnjit.Pattern, a dict or a path, got {type(pattern).__name__}")
+
+
+def op_spec(pattern, scale=None) -> str:
+    """The one-line spec the custom ops carry for `pattern` (a Pattern, a dict, a path or JSON text),
+    with softmax scale `scale` instead of its own if given."""
+    p = as_pattern(pattern)
+    return (p if scale is None else p.with_scale(scale)).op_spec

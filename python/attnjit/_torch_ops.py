@@ -1,14 +1,42 @@
 """attnjit's PyTorch operators: attnjit::attention and attnjit::attention_backward, registered with
 torch.library (fake implementations included, so torch.compile(fullgraph=True) traces them) and
 differentiable in q, k and v through the backward kernels."""
+import operator
 from typing import Optional
 
 import torch
 
-from . import _attnjit
-from ._inputs import check_shapes, cpu_device, device_table, host_table
+from . import _attnjit, _pattern
+from ._inputs import INT64, check_shapes, cpu_device, device_table, host_table, int_arg, is_empty
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def op_spec(pattern, scale=None) -> str:
+    """The ops' spec text for `pattern` and `scale` (as _pattern.op_spec), also while torch.compile
+    traces: writing JSON and reading a file are not traceable, so the conversion runs at trace
+    time and its text is a constant of the graph, guarded on the arguments (a dict's contents, a
+    path's text, a Pattern's identity)."""
+    if torch.compiler.is_compiling():
+        # Dynamo turns an int that changed between calls into a symbol, which is no constant:
+        # operator.index makes each one a constant again (a guard on its value).
+        pattern, scale = _constants(pattern), _constants(scale)
+    return _constant_op_spec(pattern, scale)
+
+
+def _constants(x):
+    if isinstance(x, dict):
+        return {key: _constants(value) for key, value in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_constants(value) for value in x]
+    if isinstance(x, int) and not isinstance(x, bool):
+        return operator.index(x)
+    return x
+
+
+@torch.compiler.assume_constant_result
+def _constant_op_spec(pattern, scale):
+    return _pattern.op_spec(pattern, scale)
 
 
 def attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, docs=None):
@@ -60,7 +88,7 @@ def _table_tensors(d, device):
                             "problems found in the table is added to it)")
         if errors.device != device:
             raise ValueError(f'dynamic_layout["errors"]: is on {errors.device} but q is on {device}')
-    return int(d.get("heads", 1)), tensors[0], tensors[1], True, errors
+    return int_arg('dynamic_layout["heads"]', d.get("heads", 1), INT64), tensors[0], tensors[1], True, errors
 
 
 def check_weights_size(q, k):
@@ -74,6 +102,9 @@ def weights(q, k, v, lse, spec: str, q_offset: int, k_offset: int, dyn, docs=Non
     (float64 from the reference for float64 inputs). No gradient: for inspection. A table the
     kernels read in place is copied to the host here, with what they drop dropped."""
     b, sq, hq, _ = q.shape
+    if is_empty(q.shape, k.shape):
+        return torch.zeros((b, hq, sq, k.shape[1]), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32,
+                           device=q.device)
     if device_table(dyn):
         heads, rows, cols, _, _ = _table_tensors(dyn, q.device)
         dyn = (heads,) + _sanitized(spec, q, k, q_offset, k_offset, rows.cpu(), cols.cpu())[:2]
@@ -148,6 +179,9 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: str, q_o
                cu_seqlens: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     o_shape, lse_shape = _out_shapes(q, v)
     problems = torch.zeros(1 if dyn_on_device else 0, dtype=torch.int32, device=q.device)
+    if is_empty(q.shape, k.shape):  # as SDPA: empty outputs; rows with no keys attend nothing
+        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        return q.new_zeros(o_shape), q.new_full(lse_shape, float("-inf"), dtype=lse_dtype), problems
     dyn, device_dyn = _tables(spec, q, k, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, dyn_on_device, problems)
     docs = _docs(cu_seqlens)
     if q.dtype == torch.float64:  # the float64 reference (exact; for gradcheck)
@@ -176,6 +210,8 @@ def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: to
                         dout: torch.Tensor, spec: str, q_offset: int, k_offset: int, dyn_heads: int,
                         dyn_rows: Optional[torch.Tensor], dyn_cols: Optional[torch.Tensor], dyn_on_device: bool,
                         cu_seqlens: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if is_empty(q.shape, k.shape):
+        return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
     dyn, device_dyn = _tables(spec, q, k, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, dyn_on_device, None)
     docs = _docs(cu_seqlens)
     if q.dtype == torch.float64:

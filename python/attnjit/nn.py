@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ._attention import attention
+from ._inputs import int_arg
 from ._pattern import Pattern, as_pattern
 
 
@@ -100,7 +101,7 @@ class BlockSparseAttention(_PatternAttention):
     or [H, Qb, Kb] (per head) array of kept (query block, key block) pairs, `block` tokens a side."""
 
     def __init__(self, layout, *, block=128, causal=False):
-        lay = np.asarray(layout.cpu() if isinstance(layout, torch.Tensor) else layout).astype(bool)
+        lay = _boolean_layout(layout)
         if lay.ndim == 2:
             explicit = {"blocks": [[int(a), int(b)] for a, b in np.argwhere(lay)]}
         elif lay.ndim == 3:
@@ -111,6 +112,23 @@ class BlockSparseAttention(_PatternAttention):
         if causal:
             spec["causal"] = True
         super().__init__(Pattern.from_json(spec))
+
+
+def _boolean_layout(layout):
+    """`layout` as a numpy bool array: booleans, or numbers that are all 0 or 1 (TypeError otherwise)."""
+    lay = np.asarray(layout.cpu() if isinstance(layout, torch.Tensor) else layout)
+    if lay.dtype == bool:
+        return lay
+    if lay.dtype.kind not in "iuf":
+        raise TypeError(f"layout: expected a boolean array (or one of 0s and 1s), got dtype {lay.dtype}")
+    bad = np.argwhere((lay != 0) & (lay != 1))
+    if len(bad):
+        at = tuple(int(i) for i in bad[0])
+        raise TypeError(f"layout: expected a boolean array (or one of 0s and 1s), got {lay[at].item()!r} at {at}")
+    return lay.astype(bool)
+
+
+_POSITIVE = (1, 2**63 - 1)
 
 
 class MultiheadDilatedAttention(nn.Module):
@@ -127,9 +145,10 @@ class MultiheadDilatedAttention(nn.Module):
                  layer_norm=True, causal=False, num_kv_heads=None, combine="softmax", offset=None, device=None,
                  dtype=None, pattern=None):
         super().__init__()
+        embed_dim, num_heads = int_arg("embed_dim", embed_dim, _POSITIVE), int_arg("num_heads", num_heads, _POSITIVE)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        num_kv_heads = num_heads if num_kv_heads is None else int_arg("num_kv_heads", num_kv_heads, _POSITIVE)
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
@@ -162,6 +181,13 @@ class MultiheadDilatedAttention(nn.Module):
         return self
 
     def forward(self, query, key, value, is_causal=None):
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if x.dim() != 3 or x.shape[2] != self.embed_dim:
+                raise ValueError(f"{name}: expected a [batch, seq, embed_dim={self.embed_dim}] tensor, got shape "
+                                 f"{tuple(x.shape)}")
+        if not query.shape[0] == key.shape[0] == value.shape[0] or key.shape[1] != value.shape[1]:
+            raise ValueError(f"query, key, value: batch sizes or key and value lengths differ ({tuple(query.shape)}, "
+                             f"{tuple(key.shape)}, {tuple(value.shape)})")
         b, s, _ = query.shape
         q = self.q_proj(query).view(b, s, self.num_heads, self.head_dim)
         k = self.k_proj(key).view(b, key.shape[1], self.num_kv_heads, self.head_dim)

@@ -351,6 +351,106 @@ def test_torch_compile_traces_a_table_read_in_place():
     assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
+@pytest.mark.parametrize("form", ["pattern", "dict", "path", "pathlib"])
+def test_torch_compile_traces_every_pattern_form(form):
+    # A dict and a path become the ops' spec outside the traced region (with a scale too); a dict
+    # changed after the first call is seen (traced again), not served from the first graph.
+    path = EXAMPLES / "sliding_window.json"
+    pattern = {"pattern": attnjit.Pattern.load(path), "dict": json.loads(path.read_text()), "path": str(path),
+               "pathlib": path}[form]
+    q, k, v = inputs(1, 96, 96, 2, 2, 16, seed=8, requires_grad=True)
+
+    def f(a, b, c):
+        return (attnjit.attention(a, b, c, pattern, scale=0.2) * 2).sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    loss = compiled(q, k, v)
+    loss.backward()
+    want_q = q.detach().requires_grad_()
+    want = f(want_q, k.detach(), v.detach())
+    want.backward()
+    assert torch.allclose(loss, want)
+    assert torch.allclose(q.grad, want_q.grad)
+    if form == "dict":
+        pattern["window"] = [8, 0]
+        assert torch.allclose(compiled(q, k, v), f(q, k, v))
+        assert not torch.allclose(compiled(q, k, v), loss)
+
+
+def test_offsets_and_indices_must_be_integers():
+    p = attnjit.Pattern.load(EXAMPLES / "causal_local.json")
+    q, k, v = inputs(1, 64, 64, 2, 1, 16)
+    for args in ((q, k, v), (q.numpy(), k.numpy(), v.numpy())):
+        with pytest.raises(TypeError, match="^q_offset: expected an integer, got float 1.5"):
+            attnjit.attention(*args, p, q_offset=1.5)
+        with pytest.raises(TypeError, match="^k_offset: expected an integer, got float 2.0"):
+            attnjit.attention(*args, p, k_offset=2.0)
+        with pytest.raises(TypeError, match="^q_offset: expected an integer, got True"):
+            attnjit.attention(*args, p, q_offset=True)
+        with pytest.raises(TypeError, match=r'^dynamic_layout\["col_indices"\]: expected integers, got float64 values'):
+            attnjit.attention(*args, DYN_SPEC, dynamic_layout={"heads": 1, "row_offsets": [0, 2, 2, 2, 2],
+                                                               "col_indices": [0.0, 1.7]})
+        with pytest.raises(TypeError, match=r'^dynamic_layout\["row_offsets"\]: expected integers, got a torch.float32'):
+            attnjit.attention(*args, DYN_SPEC, dynamic_layout={"row_offsets": torch.tensor([0.0, 1, 1, 1, 1]),
+                                                               "col_indices": [0]})
+        with pytest.raises(TypeError, match=r'^dynamic_layout\["heads"\]: expected an integer, got float 1.5'):
+            attnjit.attention(*args, DYN_SPEC, dynamic_layout={"heads": 1.5, "row_offsets": [0, 1, 1, 1, 1],
+                                                               "col_indices": [0]})
+    # numpy and one-element torch integers are integers.
+    want = attnjit.attention(q, k, v, p, q_offset=3)
+    assert torch.equal(attnjit.attention(q, k, v, p, q_offset=np.int32(3)), want)
+    assert torch.equal(attnjit.attention(q, k, v, p, q_offset=torch.tensor(3)), want)
+
+
+def test_out_of_range_integers_name_the_argument_the_value_and_the_limit():
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    q, k, v = inputs(1, 64, 64, 2, 1, 16)
+    with pytest.raises(ValueError, match="^q_offset: 18446744073709551616 is out of range; must be <= 9223372036854775807"):
+        attnjit.attention(q, k, v, p, q_offset=2**64)
+    with pytest.raises(ValueError, match="^k_offset: -1 is out of range; must be >= 0"):
+        attnjit.attention(q.numpy(), k.numpy(), v.numpy(), p, k_offset=-1)
+    with pytest.raises(ValueError, match="^cu_seqlens: 9223372036854775813 at index 1 is out of range; "
+                                         "must be <= 9223372036854775807"):
+        attnjit.attention(q, k, v, p, cu_seqlens=np.array([0, 2**63 + 5, 64], dtype=np.uint64))
+    with pytest.raises(ValueError, match="^cu_seqlens: 18446744073709551616 at index 1 is out of range"):
+        attnjit.attention(q, k, v, p, cu_seqlens=[0, 2**64, 64])
+    with pytest.raises(ValueError, match=r'^dynamic_layout\["col_indices"\]: 1099511627776 at index 0 is out of range; '
+                                         "must be <= 2147483647"):
+        attnjit.attention(q, k, v, DYN_SPEC, dynamic_layout={"row_offsets": [0, 1, 1, 1, 1], "col_indices": [2**40]})
+    with pytest.raises(ValueError, match=r'^dynamic_layout\["row_offsets"\]: 36893488147419103232 at index 4 is out of '
+                                         "range; must be <= 9223372036854775807"):
+        attnjit.attention(q, k, v, DYN_SPEC, dynamic_layout={"row_offsets": [0, 1, 1, 1, 2**65], "col_indices": [0]})
+
+
+EMPTY_SHAPES = {"batch": (0, 32, 32, 2, 1), "queries": (1, 0, 32, 2, 1), "keys": (1, 32, 0, 2, 1),
+                "heads": (1, 32, 32, 0, 0), "sequence": (2, 0, 0, 2, 2)}
+
+
+@pytest.mark.parametrize("device", ["reference", "cpu", "emu"])
+@pytest.mark.parametrize("shape", sorted(EMPTY_SHAPES))
+def test_empty_problems_give_empty_outputs_and_gradients(shape, device, monkeypatch):
+    # As SDPA: empty in, empty out, and empty (or zero) gradients; query rows with no keys attend
+    # nothing (O = 0, LSE = -inf, as every row that attends nothing).
+    if device == "emu":
+        monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu")
+    dtype = torch.float64 if device == "reference" else torch.float32
+    b, sq, sk, hq, hkv = EMPTY_SHAPES[shape]
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    q, k, v = inputs(b, sq, sk, hq, hkv, 16, dtype=dtype, requires_grad=True)
+    o, lse, w = attnjit.attention(q, k, v, p, return_lse=True, return_weights=True)
+    assert o.shape == (b, sq, hq, 16) and o.dtype == dtype and not o.any()
+    assert lse.shape == (b, hq, sq) and bool((lse == float("-inf")).all())
+    assert w.shape == (b, hq, sq, sk) and not w.any()
+    dq, dk, dv = torch.autograd.grad(o.sum(), (q, k, v))
+    for g, x in zip((dq, dk, dv), (q, k, v)):
+        assert g.shape == x.shape and g.dtype == dtype and not g.any()
+    if sq and sk:  # SDPA's answer, where it has one (it has no rule for rows without keys)
+        want = torch.nn.functional.scaled_dot_product_attention(*(x.detach().transpose(1, 2) for x in (q, k, v)))
+        assert want.numel() == 0 and want.transpose(1, 2).shape == o.shape
+    on, lsen, wn = attnjit.attention(*(x.detach().numpy() for x in (q, k, v)), p, return_lse=True, return_weights=True)
+    assert on.shape == o.shape and lsen.shape == lse.shape and wn.shape == w.shape and not on.any()
+
+
 def test_bad_inputs_name_the_argument():
     p = attnjit.Pattern.load(EXAMPLES / "causal_local.json")
     q, k, v = inputs(1, 64, 64, 2, 2, 16)

@@ -70,3 +70,49 @@ def test_modules_from_a_pattern():
     x = torch.randn(1, 64, 48)
     assert layer(x, x, x)[0].shape == (1, 64, 48)
     assert ann.DilatedAttention.from_pattern(p).pattern == p
+
+
+def test_block_sparse_layout_must_be_boolean():
+    layout = np.array([[1, 0], [1, 1]])
+    want = ann.BlockSparseAttention(layout.astype(bool), block=16).pattern
+    assert ann.BlockSparseAttention(layout, block=16).pattern == want  # 0s and 1s are booleans
+    assert ann.BlockSparseAttention(torch.tensor(layout, dtype=torch.float32), block=16).pattern == want
+    with pytest.raises(TypeError, match=r"^layout: expected a boolean array \(or one of 0s and 1s\), got 0.5 at \(0, 1\)"):
+        ann.BlockSparseAttention(np.array([[1, 0.5], [0, 1]]), block=16)
+    with pytest.raises(TypeError, match=r"^layout: .* got 2 at \(1, 0, 0\)"):
+        ann.BlockSparseAttention(np.stack([layout, 2 * layout]), block=16)
+    with pytest.raises(TypeError, match=r"^layout: .* got nan at \(1, 1\)"):
+        ann.BlockSparseAttention(np.array([[1.0, 0.0], [0.0, np.nan]]), block=16)
+    with pytest.raises(TypeError, match="^layout: expected a boolean array .* got dtype <U1"):
+        ann.BlockSparseAttention(np.array([["1", "0"], ["0", "1"]]), block=16)
+
+
+def test_multihead_bad_sizes_name_the_argument():
+    with pytest.raises(ValueError, match="^num_heads: 0 is out of range; must be >= 1"):
+        ann.MultiheadDilatedAttention(32, 0, [8], [1])
+    with pytest.raises(ValueError, match="^embed_dim: -32 is out of range; must be >= 1"):
+        ann.MultiheadDilatedAttention(-32, 4, [8], [1])
+    with pytest.raises(ValueError, match="^num_kv_heads: 0 is out of range; must be >= 1"):
+        ann.MultiheadDilatedAttention(32, 4, [8], [1], num_kv_heads=0)
+    with pytest.raises(TypeError, match="^num_heads: expected an integer, got float 4.0"):
+        ann.MultiheadDilatedAttention(32, 4.0, [8], [1])
+    layer = ann.MultiheadDilatedAttention(32, 4, [8], [1])
+    x, short = torch.randn(1, 8, 32), torch.randn(1, 8, 16)
+    with pytest.raises(ValueError, match=r"^query: expected a \[batch, seq, embed_dim=32\] tensor, got shape \(1, 8, 16\)"):
+        layer(short, short, short)
+    with pytest.raises(ValueError, match=r"^value: expected a \[batch, seq, embed_dim=32\] tensor, got shape \(1, 8, 16\)"):
+        layer(x, x, short)
+    with pytest.raises(ValueError, match=r"^key: expected a \[batch, seq, embed_dim=32\] tensor, got shape \(8, 32\)"):
+        layer(x, x[0], x)
+    with pytest.raises(ValueError, match="^query, key, value: batch sizes or key and value lengths differ"):
+        layer(x, x, torch.randn(1, 9, 32))
+
+
+def test_modules_on_empty_batches_and_sequences():
+    layer = ann.MultiheadDilatedAttention(32, 4, [8, 16], [1, 2])
+    for shape in ((0, 16, 32), (2, 0, 32)):
+        x = torch.randn(shape, requires_grad=True)
+        out, _ = layer(x, x, x)
+        assert out.shape == shape
+        out.sum().backward()
+        assert x.grad.shape == shape
