@@ -36,12 +36,6 @@ void collect_dynamic(const Layout& l, std::vector<const Layout*>& out) {
   for (const Layout& c : l.children) collect_dynamic(c, out);
 }
 
-int64_t key_block_granule(const Layout& l) {
-  int64_t g = l.bk;
-  for (const Layout& c : l.children) g = std::gcd(g, key_block_granule(c));
-  return g;
-}
-
 }  // namespace
 
 int64_t head_group(int64_t h, int64_t heads_q, int64_t groups) {
@@ -375,14 +369,14 @@ int64_t branch_key_count(const MaskContext& c, size_t b, int64_t h, int64_t i) {
   const KeyProgression kp = branch_key_candidates(c, b, h, i);
   const Branch& br = c.pattern.branches[b];
   if (kp.empty() || !br.layout) return kp.count();
-  // Every layout node is constant on key chunks of the gcd of the key block sizes: test each
-  // chunk once and count the progression's members inside it.
-  const int64_t g = key_block_granule(*br.layout);
+  // The intervals the layout keeps over the candidates' span (in time proportional to them), and
+  // the progression's members inside each.
   const int64_t qpos = c.shape.q_offset + i, koff = c.shape.k_offset;
+  std::vector<KeyInterval> kept;
+  layout_key_intervals(*br.layout, h, qpos, koff + kp.first, koff + kp.last + 1, c.dynamic, kept);
   int64_t total = 0;
-  for (int64_t chunk = (koff + kp.first) / g; chunk * g <= koff + kp.last; ++chunk) {
-    if (!layout_allows(*br.layout, h, qpos, chunk * g, c.dynamic)) continue;
-    const int64_t lo = std::max(chunk * g - koff, kp.first), hi = std::min(chunk * g + g - 1 - koff, kp.last);
+  for (const KeyInterval& iv : kept) {
+    const int64_t lo = iv.begin - koff, hi = iv.end - 1 - koff;  // inside [kp.first, kp.last]
     const int64_t first = kp.first + ceil_div(lo - kp.first, kp.step) * kp.step;
     if (first <= hi) total += (hi - first) / kp.step + 1;
   }
