@@ -371,6 +371,11 @@ std::string json_message(const json::exception& e) {
 }
 
 json parse_text(const std::string& text, const std::string& source) {
+  // nlohmann's reader takes a NUL byte for the end of its input and ignores the rest.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos) {
+    throw UserError(source, "a NUL byte (0x00) at offset " + std::to_string(nul) +
+                                "; JSON text has none, so this is not a spec (a binary file, or one cut short and padded)");
+  }
   DuplicateKeyCheck check;  // by reference: after a failure it knows where the parser was
   try {
     return json::parse(text, std::ref(check));
