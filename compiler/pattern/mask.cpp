@@ -246,13 +246,23 @@ void check_documents(const Pattern& p, const Shape& s, const std::vector<int64_t
 }
 
 std::vector<int64_t> parse_cu_seqlens(const std::string& text, const std::string& source) {
+  if (text.empty()) {
+    throw UserError(source, "is empty; give a comma-separated list of cumulative lengths 0,e_1,...,S, e.g. "
+                            "0,37,37,101,150, or leave the option out");
+  }
   std::vector<int64_t> out;
   size_t at = 0;
   while (at <= text.size()) {
     const size_t comma = std::min(text.find(',', at), text.size());
     const std::string item = text.substr(at, comma - at);
-    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 18) {
-      throw UserError(source, "'" + text + "' is not a comma-separated list of non-negative integers, e.g. 0,37,37,101,150");
+    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos) {
+      throw UserError(source, "'" + printable(text) + "' is not a comma-separated list of non-negative integers, e.g. 0,37,37,101,150");
+    }
+    // Every entry is a row of one sequence, so at most kMaxSize; more digits than that has is past it.
+    const size_t digits = item.size() - std::min(item.find_first_not_of('0'), item.size());
+    if (digits > 10 || std::stoll(item) > kMaxSize) {
+      throw UserError(source, "entry " + std::to_string(out.size()) + " is " + printable(item) +
+                                  ", past the largest sequence length " + std::to_string(kMaxSize) + " (2^31 - 1)");
     }
     out.push_back(std::stoll(item));
     at = comma + 1;
