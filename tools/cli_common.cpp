@@ -1,14 +1,18 @@
 #include "tools/cli_common.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unistd.h>
 
 #include "compiler/jit.hpp"
+#include "compiler/pattern/spec_json.hpp"
 #include "compiler/plan/plan.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
@@ -59,18 +63,55 @@ Shape ShapeOptions::shape() const {
   return s;
 }
 
-void add_cu_seqlens_option(CLI::App* app, std::string& text) {
-  app->add_option("--cu-seqlens", text,
-                  "packed documents: cumulative lengths 0,e1,...,seq (batch 1, seq_q == seq_k, no offsets); each "
-                  "document attends only itself, with positions restarting at 0");
+void add_cu_seqlens_option(CLI::App* app, DocumentsOption& option) {
+  app->add_option_function<std::string>(
+      "--cu-seqlens",
+      [&option](const std::string& text) {
+        option.text = text;
+        option.given = true;
+      },
+      "packed documents: cumulative lengths 0,e1,...,seq (batch 1, seq_q == seq_k, no offsets); each "
+      "document attends only itself, with positions restarting at 0");
 }
 
-std::optional<std::vector<int64_t>> documents_for(const Pattern& p, const Shape& s, const std::string& text,
+std::optional<std::vector<int64_t>> documents_for(const Pattern& p, const Shape& s, const DocumentsOption& option,
                                                   bool has_dynamic_table) {
-  if (text.empty()) return std::nullopt;
-  std::vector<int64_t> cu = parse_cu_seqlens(text, "--cu-seqlens");
+  if (!option.given) return std::nullopt;
+  std::vector<int64_t> cu = parse_cu_seqlens(option.text, "--cu-seqlens");
   check_documents(p, s, cu, has_dynamic_table, "--cu-seqlens");
   return cu;
+}
+
+namespace {
+std::string& spec_path() {
+  static std::string path;
+  return path;
+}
+
+// Is `where` a JSON pointer into a spec ("/branches/0/heads/0")? Its first step is a spec field.
+bool spec_pointer(const std::string& where) {
+  if (where.empty() || where[0] != '/') return false;
+  const std::string first = where.substr(1, where.find_first_of("/:", 1) - 1);
+  for (const char* field : {"attnjit", "description", "combine", "group_scale", "causal", "window", "scale", "layout", "branches"})
+    if (first == field) return true;
+  return false;
+}
+}  // namespace
+
+std::string canonical_for_people(const Pattern& p, bool full) {
+  if (full) return canonical_text(p);
+  int64_t not_shown = 0;
+  std::string text = canonical_summary(p, 16, &not_shown);
+  if (not_shown > 0) {
+    text += "(" + std::to_string(not_shown) + " explicit blocks not shown; --full prints every one, the hash covers them all)\n";
+  }
+  return text;
+}
+
+Pattern load_spec(const std::string& path) {
+  Pattern p = load_spec_file(path);
+  spec_path() = path;
+  return p;
 }
 
 DynamicLayout load_dynamic_layout(const std::string& path) {
@@ -78,6 +119,11 @@ DynamicLayout load_dynamic_layout(const std::string& path) {
 }
 
 DynamicLayout parse_dynamic_layout(const std::string& text, const std::string& path) {
+  // nlohmann's reader takes a NUL byte for the end of its input and ignores the rest.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos) {
+    throw UserError(path, "a NUL byte (0x00) at offset " + std::to_string(nul) +
+                              "; JSON text has none, so this is not a dynamic layout table (a binary file, or one cut short and padded)");
+  }
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -137,7 +183,8 @@ int guarded(const std::function<int()>& body) {
   try {
     return body();
   } catch (const UserError& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    const bool in_spec = !spec_path().empty() && spec_pointer(e.where());
+    std::cerr << "error: " << (in_spec ? spec_path() + ": " : std::string()) << e.what() << "\n";
   } catch (const std::bad_alloc&) {
     std::cerr << "error: out of memory; try a smaller shape\n";
   } catch (const std::length_error&) {  // a container asked for more than it can ever hold
@@ -146,6 +193,52 @@ int guarded(const std::function<int()>& body) {
     std::cerr << "error: " << e.what() << "\n";
   }
   return 1;
+}
+
+void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
+  for (size_t b = 0; b < outputs.size(); ++b) {
+    for (size_t a = 0; a < b; ++a) {
+      const std::string &x = outputs[a].second, &y = outputs[b].second;
+      if (x.empty() || y.empty()) continue;
+      std::error_code ec1, ec2;
+      const bool same = std::filesystem::weakly_canonical(x, ec1) == std::filesystem::weakly_canonical(y, ec2) &&
+                        !ec1 && !ec2;
+      std::error_code ec3;
+      if (same || x == y || std::filesystem::equivalent(x, y, ec3)) {
+        throw UserError(outputs[b].first + " " + y, "is the file " + outputs[a].first + " writes too; give each output its own file");
+      }
+    }
+  }
+}
+
+void check_device_options(const std::string& device, const CLI::Option* executor, const std::string& executor_value,
+                          const CLI::Option* arch, const std::string& arch_value) {
+  if (executor->count() > 0 && device != "cpu") {
+    throw UserError("--executor " + executor_value, "chooses how the cpu device runs; --device " + device +
+                                                        " runs the generated kernel (drop --executor, or use --device cpu)");
+  }
+  if (arch->count() > 0 && device != "emu") {
+    throw UserError("--arch " + arch_value, "applies to --device emu (the arch whose kernel is emulated); " +
+                                                std::string(device == "cpu" ? "the cpu device runs no kernel"
+                                                                            : "a gpu runs the kernel of its own arch"));
+  }
+  if (device == "emu") emu_device(arch_value);  // an arch no GPU has, before anything is read
+}
+
+void check_host_memory(double bytes, int64_t max_bytes, const std::string& tensors) {
+  double limit = static_cast<double>(max_bytes);
+  if (max_bytes <= 0) limit = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (bytes <= limit) return;
+  auto size = [](double b) {
+    char buf[64];
+    if (b >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+    else std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1024.0 * 1024));
+    return std::string(buf);
+  };
+  throw UserError("--max-bytes", "the tensors of this call (" + tensors + ") take about " + size(bytes) +
+                                     " of host memory, more than the " + size(limit) + " allowed (" +
+                                     (max_bytes <= 0 ? std::string("default: this machine's memory") : "--max-bytes " + std::to_string(max_bytes)) +
+                                     "); use a shorter sequence or fewer heads (a long sequence runs in chunks with --q-offset)");
 }
 
 std::string human_count(double n) {
@@ -196,6 +289,13 @@ int parse_arch(const std::string& text) {
 
 Device emu_device(const std::string& arch) {
   const ArchName a = parse_arch_name(arch);
+  // The archs of NVIDIA's GPUs that attnjit generates kernels for (sm_60 and newer).
+  static const int kArchs[] = {60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121};
+  if (std::find(std::begin(kArchs), std::end(kArchs), a.arch) == std::end(kArchs)) {
+    std::string known;
+    for (int k : kArchs) known += (known.empty() ? "" : ", ") + ("sm_" + std::to_string(k)) + (k == 90 ? ", sm_90a" : "");
+    throw UserError("--arch " + arch, "no GPU has this arch, so the emulator cannot model it; use one of " + known);
+  }
   return Device::emu(a.arch, a.specific);
 }
 

@@ -5,6 +5,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "compiler/cache/kernel_cache.hpp"
 #include "compiler/codegen/codegen.hpp"
@@ -35,15 +37,41 @@ DynamicLayout parse_dynamic_layout(const std::string& text, const std::string& s
 // nothing when the pattern has no dynamic layout. A missing table for a dynamic pattern is an error.
 std::optional<DynamicLayout> dynamic_table_for(const Pattern& p, const Shape& s, const std::string& path);
 
-// --cu-seqlens 0,37,37,101,150: packed documents (run, mask, validate, grad).
-void add_cu_seqlens_option(CLI::App* app, std::string& text);
-// The documents of a call: parsed from `text` and checked against the pattern and shape
-// (check_documents), or nothing when `text` is empty.
-std::optional<std::vector<int64_t>> documents_for(const Pattern& p, const Shape& s, const std::string& text,
+// --cu-seqlens 0,37,37,101,150: packed documents (run, mask, validate, grad). Given empty, it is
+// an error, not "no documents".
+struct DocumentsOption {
+  std::string text;
+  bool given = false;
+};
+void add_cu_seqlens_option(CLI::App* app, DocumentsOption& option);
+// The documents of a call: parsed and checked against the pattern and shape (check_documents), or
+// nothing when the option was not given.
+std::optional<std::vector<int64_t>> documents_for(const Pattern& p, const Shape& s, const DocumentsOption& option,
                                                   bool has_dynamic_table);
+
+// The subcommand's spec file (load_spec_file), remembered so that errors found later in the spec,
+// once the shape is known ("/branches/0/heads/0: ..."), name the file as the parse errors do.
+Pattern load_spec(const std::string& path);
+
+// The canonical text as validate and dump print it: lists of explicit blocks cut to their first 16
+// pairs unless `full`, with a line saying how many blocks were left out.
+std::string canonical_for_people(const Pattern& p, bool full);
 
 // Runs a subcommand body; a UserError (or any other error) prints "error: ..." and exits 1.
 int guarded(const std::function<int()>& body);
+
+// Output files of one call, as (option, path) with empty paths not given: two that name the same
+// file are an error (the second would overwrite the first).
+void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
+
+// run and grad: --executor chooses between the CPU device's executors and --arch names the
+// emulated arch; given for another device they would be ignored, so they are errors.
+void check_device_options(const std::string& device, const CLI::Option* executor, const std::string& executor_value,
+                          const CLI::Option* arch, const std::string& arch_value);
+
+// Host memory a call's tensors need: above `max_bytes` (0: the machine's physical memory) a
+// UserError naming --max-bytes, the estimate and what it counts (`tensors`).
+void check_host_memory(double bytes, int64_t max_bytes, const std::string& tensors);
 
 std::string human_count(double n);
 
@@ -64,6 +92,7 @@ struct KernelOptions {
 };
 
 int parse_arch(const std::string& text);                  // "sm_80" -> 80; UserError otherwise
-Device emu_device(const std::string& arch);               // "sm_80" -> Device::emu(80), "sm_90a" -> Device::emu(90, true)
+// "sm_80" -> Device::emu(80), "sm_90a" -> Device::emu(90, true); an arch no GPU has is an error.
+Device emu_device(const std::string& arch);
 
 }  // namespace attnjit::cli

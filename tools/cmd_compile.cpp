@@ -47,7 +47,7 @@ void report(const KernelSource& k, const CompiledKernel& c, const std::string& e
 }
 
 int run_compile(const CompileOptions& o) {
-  const Pattern p = load_spec_file(o.spec);
+  const Pattern p = load_spec(o.spec);
   // "--kernel-tile candidates": every configuration the autotuner would time, per arch.
   const bool candidates = o.kernel.tile == "candidates";
   KernelOptions base = o.kernel;

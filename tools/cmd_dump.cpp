@@ -47,9 +47,9 @@ int dump_kernel(const Pattern& p, const DumpOptions& o) {
 }
 
 int run_dump(const DumpOptions& o) {
-  const Pattern p = load_spec_file(o.spec);
+  const Pattern p = load_spec(o.spec);
   if (o.stage == "pattern") {
-    std::cout << "; pattern " << pattern_hash(p) << "\n" << canonical_text(p);
+    std::cout << "; pattern " << pattern_hash(p) << "\n" << canonical_for_people(p, o.full);
     return 0;
   }
   if (o.stage != "plan" && o.stage != "plan-bwd") return dump_kernel(p, o);
@@ -82,7 +82,7 @@ void register_dump(CLI::App& app, int& rc) {
   sub->add_option("--tile", o->tile, "query x key tile size of the plan")->capture_default_str();
   o->kernel.add_to(sub, false);
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
-  sub->add_flag("--full", o->full, "print every work item (default: the first 8)");
+  sub->add_flag("--full", o->full, "print every work item (default: the first 8), or with --stage pattern every block of long explicit lists (default: the first 16 of each)");
   sub->add_flag("--backward", o->backward, "--stage cuda|ptx|sass: the backward kernels (pre, dq, dkdv, cvt) instead of the forward");
   sub->callback([o, &rc] { rc = guarded([&] { return run_dump(*o); }); });
 }

@@ -20,11 +20,13 @@ namespace attnjit::cli {
 
 namespace {
 struct GradOptions {
-  std::string spec, dout, o, lse, dq, dk, dv, dynamic, cu_seqlens, device = "cpu", executor = "reference", tile = "64x64",
+  std::string spec, dout, o, lse, dq, dk, dv, dynamic, device = "cpu", executor = "reference", tile = "64x64",
               dtype = "fp32", arch = "sm_80";
+  DocumentsOption cu_seqlens;
   InputOptions in;
   unsigned threads = 0;
   bool deterministic = false;
+  CLI::Option *executor_option = nullptr, *arch_option = nullptr;
 };
 
 void write(const std::string& path, const std::vector<int64_t>& dims, const std::vector<float>& x) {
@@ -47,12 +49,17 @@ std::vector<float> load_lse(const std::string& path, const Shape& s) {
 }
 
 int run_grad(const GradOptions& o) {
-  const Pattern p = load_spec_file(o.spec);
+  const Pattern p = load_spec(o.spec);
   if (o.o.empty() != o.lse.empty()) {
     throw UserError(o.o.empty() ? "--lse" : "--o", "give the forward's O and LSE together (--o O.npy --lse LSE.npy), or "
                                                    "neither and grad runs the forward first");
   }
-  const Inputs in = load_or_random_inputs(o.in, p);
+  check_device_options(o.device, o.executor_option, o.executor, o.arch_option, o.arch);
+  check_distinct_outputs({{"--dq", o.dq}, {"--dk", o.dk}, {"--dv", o.dv}});
+  InputOptions inputs = o.in;
+  inputs.gradients = true;
+  inputs.executor = o.device == "cpu" ? o.executor : o.device;
+  const Inputs in = load_or_random_inputs(inputs, p);
   const Shape& s = in.shape;
   check_pattern_fits(p, s);
   if (s.q_offset == 0 && s.k_offset == 0) check_blocks_inside_sequence(p, s.seq_q, s.seq_k);
@@ -132,10 +139,11 @@ void register_grad(CLI::App& app, int& rc) {
       ->capture_default_str();
   sub->add_option("--dtype", o->dtype, "with --device gpu|emu: the dtype the inputs are converted to (fp32, fp16, bf16)")
       ->capture_default_str();
-  sub->add_option("--arch", o->arch, "with --device emu: the GPU arch whose kernels are emulated")->capture_default_str();
-  sub->add_option("--executor", o->executor, "the float64 reference, or the plan executor (float32, tile by tile)")
-      ->check(CLI::IsMember({"reference", "plan"}))
-      ->capture_default_str();
+  o->arch_option = sub->add_option("--arch", o->arch, "with --device emu: the GPU arch whose kernels are emulated")->capture_default_str();
+  o->executor_option = sub->add_option("--executor", o->executor,
+                                        "with --device cpu: the float64 reference, or the plan executor (float32, tile by tile)")
+                           ->check(CLI::IsMember({"reference", "plan"}))
+                           ->capture_default_str();
   sub->add_option("--tile", o->tile, "tile size for --executor plan")->capture_default_str();
   sub->add_option("--threads", o->threads, "CPU threads (0: all)");
   sub->add_flag("--deterministic", o->deterministic,

@@ -14,7 +14,8 @@ namespace attnjit::cli {
 
 namespace {
 struct MaskOptions {
-  std::string spec, out, dynamic, cu_seqlens;
+  std::string spec, out, dynamic;
+  DocumentsOption cu_seqlens;
   ShapeOptions shape;
   int64_t max_bytes = int64_t{1} << 30;
   int64_t max_heads = 4;
@@ -48,7 +49,7 @@ void write_mask_npy(const MaskContext& c, const MaskOptions& o) {
 }
 
 int run_mask(const MaskOptions& o) {
-  const Pattern p = load_spec_file(o.spec);
+  const Pattern p = load_spec(o.spec);
   if (!o.shape.has_seq()) throw UserError("--seq-q", "is required: the mask depends on the sequence length");
   const Shape s = o.shape.shape();
   check_pattern_fits(p, s);

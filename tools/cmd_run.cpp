@@ -22,16 +22,22 @@ namespace attnjit::cli {
 
 namespace {
 struct RunOptions {
-  std::string spec, out, lse, weights, dynamic, cu_seqlens, device = "cpu", executor = "reference", tile = "64x64", dtype = "fp32",
+  std::string spec, out, lse, weights, dynamic, device = "cpu", executor = "reference", tile = "64x64", dtype = "fp32",
               arch = "sm_80", kernel_tile = "default";
+  DocumentsOption cu_seqlens;
   int stages = 0;
   InputOptions in;
   unsigned threads = 0;
+  CLI::Option *executor_option = nullptr, *arch_option = nullptr;
 };
 
 int run_attention(const RunOptions& o) {
-  const Pattern p = load_spec_file(o.spec);
-  const Inputs in = load_or_random_inputs(o.in, p);
+  const Pattern p = load_spec(o.spec);
+  check_device_options(o.device, o.executor_option, o.executor, o.arch_option, o.arch);
+  check_distinct_outputs({{"--out", o.out}, {"--lse", o.lse}, {"--weights", o.weights}});
+  InputOptions inputs = o.in;
+  inputs.executor = o.device == "cpu" ? o.executor : o.device;
+  const Inputs in = load_or_random_inputs(inputs, p);
   const Shape& s = in.shape;
   check_pattern_fits(p, s);
   // Without offsets the call is taken to be the whole sequence; with offsets it may be one chunk
@@ -110,14 +116,15 @@ void register_run(CLI::App& app, int& rc) {
       ->capture_default_str();
   sub->add_option("--dtype", o->dtype, "with --device gpu|emu: the dtype the inputs are converted to (fp32, fp16, bf16)")
       ->capture_default_str();
-  sub->add_option("--arch", o->arch, "with --device emu: the GPU arch whose kernel is emulated (sm_75, sm_80, ...)")
-      ->capture_default_str();
+  o->arch_option = sub->add_option("--arch", o->arch, "with --device emu: the GPU arch whose kernel is emulated (sm_75, sm_80, ...)")
+                       ->capture_default_str();
   sub->add_option("--kernel-tile", o->kernel_tile, "with --device gpu|emu: kernel tile QxK, or QxKwN for N warps, or default")->capture_default_str();
   sub->add_option("--stages", o->stages, "with --device gpu|emu: cp.async stages (0: default)");
   sub->add_option("--threads", o->threads, "CPU threads (0: all)");
-  sub->add_option("--executor", o->executor, "on the CPU: the float64 reference, or the plan executor (float32, tile by tile)")
-      ->check(CLI::IsMember({"reference", "plan"}))
-      ->capture_default_str();
+  o->executor_option = sub->add_option("--executor", o->executor,
+                                        "with --device cpu: the float64 reference, or the plan executor (float32, tile by tile)")
+                           ->check(CLI::IsMember({"reference", "plan"}))
+                           ->capture_default_str();
   sub->add_option("--tile", o->tile, "tile size for --executor plan")->capture_default_str();
   sub->callback([o, &rc] { rc = guarded([&] { return run_attention(*o); }); });
 }

@@ -13,13 +13,15 @@ namespace {
 struct ValidateOptions {
   std::string spec;
   ShapeOptions shape;
-  std::string dynamic, cu_seqlens;
+  std::string dynamic;
+  DocumentsOption cu_seqlens;
+  bool full = false;
 };
 
 int run_validate(const ValidateOptions& o) {
-  const Pattern p = load_spec_file(o.spec);
+  const Pattern p = load_spec(o.spec);
   std::cout << "spec: " << o.spec << "\nhash: " << pattern_hash(p) << "\ncanonical:\n";
-  std::istringstream lines(canonical_text(p));
+  std::istringstream lines(canonical_for_people(p, o.full));
   for (std::string line; std::getline(lines, line);) std::cout << "  " << line << "\n";
   if (!o.shape.has_seq()) {
     std::cout << "statistics: give --seq N (and --heads-q H) to count attended pairs\n";
@@ -60,6 +62,7 @@ void register_validate(CLI::App& app, int& rc) {
   o->shape.add_to(sub, false);
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
   add_cu_seqlens_option(sub, o->cu_seqlens);
+  sub->add_flag("--full", o->full, "print every block of long explicit lists (default: the first 16 of each)");
   sub->callback([o, &rc] { rc = guarded([&] { return run_validate(*o); }); });
 }
 

@@ -1,7 +1,11 @@
 #include "tools/run_device.hpp"
 
 #include <attnjit/attnjit.hpp>
+#include <cmath>
 #include <cstring>
+#include <iostream>
+#include <optional>
+#include <utility>
 
 #include "runtime/cuda_driver.hpp"
 #include "runtime/npy.hpp"
@@ -9,17 +13,36 @@
 namespace attnjit::cli {
 namespace {
 
-std::vector<uint8_t> encode(const std::vector<float>& x, DType dt) {
+// x in dtype dt; `overflows` (if given) counts the finite values that became infinite.
+std::vector<uint8_t> encode(const std::vector<float>& x, DType dt, int64_t* overflows = nullptr) {
   std::vector<uint8_t> out(x.size() * static_cast<size_t>(dtype_bytes(dt)));
+  const uint16_t inf = dt == DType::F16 ? 0x7c00 : 0x7f80;  // the exponent all ones, no mantissa
   for (size_t n = 0; n < x.size(); ++n) {
     if (dt == DType::F32) {
       std::memcpy(out.data() + 4 * n, &x[n], 4);
       continue;
     }
     const uint16_t h = dt == DType::F16 ? float_to_half(x[n]) : float_to_bfloat16(x[n]);
+    if (overflows && (h & 0x7fff) == inf && std::isfinite(x[n])) ++*overflows;
     std::memcpy(out.data() + 2 * n, &h, 2);
   }
   return out;
+}
+
+// Says once, with the counts, that some inputs became inf in dtype dt; the run goes on.
+void warn_overflows(DType dt, const std::vector<std::pair<const char*, int64_t>>& counts) {
+  int64_t total = 0;
+  std::string each;
+  for (const auto& [name, n] : counts) {
+    total += n;
+    if (n > 0) each += (each.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(n);
+  }
+  if (total == 0) return;
+  const bool half = dt == DType::F16;
+  std::cerr << "warning: --dtype " << (half ? "fp16" : "bf16") << ": " << total << " input value" << (total == 1 ? "" : "s")
+            << " (" << each << ") lie outside " << (half ? "fp16" : "bf16") << "'s finite range (largest "
+            << (half ? "65504" : "3.39e38") << ") and became inf; scale the inputs or use "
+            << (half ? "bf16 or fp32" : "fp32") << "\n";
 }
 
 std::vector<float> decode(const std::vector<uint8_t>& b, DType dt) {
@@ -72,13 +95,17 @@ void run_on_device(const Device& device, const Pattern& p, const Shape& s, const
   Runtime rt(ro);
   const Problem pb{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dtype};
   Attention op = rt.prepare(p, pb);
-  auto upload = [&](const std::vector<float>& x) {
-    const std::vector<uint8_t> bytes = encode(x, dtype);
+  auto upload = [&](const std::vector<float>& x, int64_t* overflows) {
+    const std::vector<uint8_t> bytes = encode(x, dtype, overflows);
     DeviceBytes b(gpu, bytes.size());
     b.upload(bytes);
     return b;
   };
-  DeviceBytes dq = upload(q), dk = upload(k), dv = upload(v);
+  int64_t q_over = 0, k_over = 0, v_over = 0, do_over = 0;
+  DeviceBytes dq = upload(q, &q_over), dk = upload(k, &k_over), dv = upload(v, &v_over);
+  std::optional<DeviceBytes> ddo;
+  if (backward) ddo.emplace(upload(backward->dout, &do_over));
+  warn_overflows(dtype, {{"q", q_over}, {"k", k_over}, {"v", v_over}, {"dO", do_over}});
   const std::vector<int64_t> os{s.batch, s.seq_q, s.heads_q, s.head_dim_v};
   std::vector<uint8_t> obytes(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v * dtype_bytes(dtype)));
   DeviceBytes dout(gpu, obytes.size()), dlse(gpu, static_cast<size_t>(s.batch * s.heads_q * s.seq_q) * sizeof(float));
@@ -113,13 +140,13 @@ void run_on_device(const Device& device, const Pattern& p, const Shape& s, const
   }
   if (!backward) return;
   fo.deterministic = backward->deterministic;
-  DeviceBytes ddo = upload(backward->dout);
+
   auto zeros = [&](const std::vector<int64_t>& shape) {
     return DeviceBytes(gpu, static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3] * dtype_bytes(dtype)));
   };
   DeviceBytes gq = zeros(qs), gk = zeros(ks), gv = zeros(vs);
   op.backward(view(dq, dtype, qs), view(dk, dtype, ks), view(dv, dtype, vs), view(dout, dtype, os), lse_view,
-              view(ddo, dtype, os), view(gq, dtype, qs), view(gk, dtype, ks), view(gv, dtype, vs), fo);
+              view(*ddo, dtype, os), view(gq, dtype, qs), view(gk, dtype, ks), view(gv, dtype, vs), fo);
   if (gpu) synchronize(nullptr);
   auto fetch = [&](DeviceBytes& b, const std::vector<int64_t>& shape) {
     std::vector<uint8_t> bytes(static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3] * dtype_bytes(dtype)));

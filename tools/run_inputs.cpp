@@ -58,11 +58,29 @@ Inputs load_inputs(const InputOptions& o) {
   return in;
 }
 
+// The host memory of a call's float32 tensors (and the reference's float64 results), about.
+void check_memory(const InputOptions& o, const Shape& s) {
+  const double q = double(s.batch) * s.seq_q * s.heads_q * s.head_dim, k = double(s.batch) * s.seq_k * s.heads_kv * s.head_dim,
+               v = double(s.batch) * s.seq_k * s.heads_kv * s.head_dim_v, out = double(s.batch) * s.seq_q * s.heads_q * s.head_dim_v,
+               lse = double(s.batch) * s.heads_q * s.seq_q;
+  const bool reference = o.executor == "reference";
+  double bytes = 4 * (q + k + v + out + lse) + (reference ? 8 * (out + lse) : 0);
+  std::string tensors = reference ? "q, k, v, O and LSE in float32, O and LSE in float64 on the reference"
+                                  : "q, k, v, O and LSE in float32";
+  if (o.gradients) {
+    bytes += 4 * (out + q + k + v) + (reference ? 8 * (q + k + v) : 0);
+    tensors = reference ? "q, k, v, O, LSE, dO, dQ, dK and dV in float32, and the gradients in float64 on the reference"
+                        : "q, k, v, O, LSE, dO, dQ, dK and dV in float32";
+  }
+  check_host_memory(bytes, o.max_bytes, tensors);
+}
+
 Inputs random_inputs(const InputOptions& o, const Pattern& p) {
   if (!o.shape.has_seq()) throw UserError("--random", "needs --seq N (and optionally --heads-q, --head-dim, --batch)");
   Inputs in;
   in.shape = o.shape.shape();
   check_pattern_fits(p, in.shape);  // before allocating anything of that shape
+  check_memory(o, in.shape);
   const Shape& s = in.shape;
   std::mt19937_64 rng(*o.random_seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -83,6 +101,10 @@ void InputOptions::add_to(CLI::App* app) {
   app->add_option("--k", k, "keys .npy");
   app->add_option("--v", v, "values .npy");
   app->add_option("--random", random_seed, "use random normal inputs with this seed (needs --seq)");
+  app->add_option("--max-bytes", max_bytes,
+                  "the most host memory the call's tensors may take, estimated before they are made (0: this machine's memory)")
+      ->capture_default_str()
+      ->check(at_least(0));
   shape.add_to(app, true);
 }
 
@@ -91,7 +113,10 @@ Inputs load_or_random_inputs(const InputOptions& o, const Pattern& p) {
     throw UserError("--random", "cannot be combined with --q/--k/--v; use one or the other");
   }
   if (!o.random_seed && o.q.empty()) throw UserError("--q", "give input tensors (--q, --k, --v as .npy) or --random SEED");
-  return o.random_seed ? random_inputs(o, p) : load_inputs(o);
+  if (o.random_seed) return random_inputs(o, p);
+  Inputs in = load_inputs(o);
+  check_memory(o, in.shape);
+  return in;
 }
 
 std::vector<float> load_array(const std::string& path, const char* option, const std::vector<int64_t>& want) {

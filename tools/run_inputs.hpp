@@ -15,6 +15,9 @@ struct InputOptions {
   std::string q, k, v;
   ShapeOptions shape;
   std::optional<uint64_t> random_seed;
+  int64_t max_bytes = 0;   // --max-bytes: the most host memory the call's tensors may take (0: the machine's)
+  bool gradients = false;  // grad: dO, dQ, dK and dV too (for the memory estimate)
+  std::string executor = "reference";  // the reference keeps its results in float64 as well
   void add_to(CLI::App* app);
 };
 
@@ -24,6 +27,8 @@ struct Inputs {
 };
 
 // The files, checked against each other, or random inputs; UserError naming the option otherwise.
+// The host memory the call's tensors take is estimated and checked (--max-bytes) before random
+// inputs are made, or once the files' shapes are known.
 Inputs load_or_random_inputs(const InputOptions& o, const Pattern& p);
 
 // A float array of shape `dims` from `path` (4-D, '<f2', '<f4' or '<f8'), named `option` in errors.

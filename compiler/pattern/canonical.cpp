@@ -1,5 +1,7 @@
 // The canonical text of a Pattern and its hash. The text is a contract: dumps, FileCheck tests and
 // cache keys read it, so change it only together with the version line.
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -26,13 +28,25 @@ void join(std::ostream& os, const std::vector<T>& items, F&& each) {
   }
 }
 
-void print_pairs(std::ostream& os, const std::vector<Layout::BlockPair>& pairs) {
+// How much of the explicit lists to print: all of them (the canonical text), or the first
+// `max_listed` pairs of each, counting the rest (a summary for people).
+struct Listing {
+  size_t max_listed = SIZE_MAX;
+  int64_t not_shown = 0;
+};
+
+void print_pairs(std::ostream& os, const std::vector<Layout::BlockPair>& pairs, Listing& listing) {
   os << "[";
-  join(os, pairs, [&](const Layout::BlockPair& b) { os << "(" << b.first << "," << b.second << ")"; });
+  const size_t shown = std::min(pairs.size(), listing.max_listed);
+  for (size_t n = 0; n < shown; ++n) os << (n ? "," : "") << "(" << pairs[n].first << "," << pairs[n].second << ")";
+  if (shown < pairs.size()) {
+    os << (shown ? ", " : "") << "... " << pairs.size() - shown << " more blocks";
+    listing.not_shown += static_cast<int64_t>(pairs.size() - shown);
+  }
   os << "]";
 }
 
-void print_layout(std::ostream& os, const Layout& l) {
+void print_layout(std::ostream& os, const Layout& l, Listing& listing) {
   os << to_string(l.kind) << "<" << l.bq << "x" << l.bk << ">(";
   switch (l.kind) {
     case Layout::Kind::Local: os << l.local; break;
@@ -42,28 +56,20 @@ void print_layout(std::ostream& os, const Layout& l) {
     case Layout::Kind::Random: os << "density=" << num(l.density) << ",seed=" << l.seed; break;
     case Layout::Kind::Explicit:
       if (l.per_head.empty()) {
-        print_pairs(os, l.explicit_blocks);
+        print_pairs(os, l.explicit_blocks, listing);
       } else {
         os << "per_head=";
-        join(os, l.per_head, [&](const std::vector<Layout::BlockPair>& h) { print_pairs(os, h); });
+        join(os, l.per_head, [&](const std::vector<Layout::BlockPair>& h) { print_pairs(os, h, listing); });
       }
       break;
     case Layout::Kind::Union:
-    case Layout::Kind::Intersect: join(os, l.children, [&](const Layout& c) { print_layout(os, c); }); break;
+    case Layout::Kind::Intersect: join(os, l.children, [&](const Layout& c) { print_layout(os, c, listing); }); break;
     case Layout::Kind::Dynamic: break;
   }
   os << ")";
 }
 
-}  // namespace
-
-std::string canonical_layout_text(const Layout& l) {
-  std::ostringstream os;
-  print_layout(os, l);
-  return os.str();
-}
-
-std::string canonical_text(const Pattern& p) {
+std::string print_pattern(const Pattern& p, Listing& listing) {
   std::ostringstream os;
   os << "attnjit-pattern v" << kSpecVersion << "\n";
   os << "combine " << to_string(p.combine);
@@ -78,10 +84,31 @@ std::string canonical_text(const Pattern& p) {
     if (b.heads) { join(os, *b.heads, [&](int64_t h) { os << h; }); } else { os << "all"; }
     os << " causal=" << (b.causal ? "true" : "false") << " window=[" << b.window.left << "," << b.window.right << "]";
     os << " layout=";
-    if (b.layout) print_layout(os, *b.layout); else os << "none";
+    if (b.layout) print_layout(os, *b.layout, listing); else os << "none";
     os << "\n";
   }
   return os.str();
+}
+
+}  // namespace
+
+std::string canonical_layout_text(const Layout& l) {
+  std::ostringstream os;
+  Listing all;
+  print_layout(os, l, all);
+  return os.str();
+}
+
+std::string canonical_text(const Pattern& p) {
+  Listing all;
+  return print_pattern(p, all);
+}
+
+std::string canonical_summary(const Pattern& p, size_t max_listed, int64_t* not_shown) {
+  Listing some{max_listed, 0};
+  std::string text = print_pattern(p, some);
+  if (not_shown) *not_shown = some.not_shown;
+  return text;
 }
 
 std::string pattern_hash(const Pattern& p) { return sha256_hex(canonical_text(p)).substr(0, 16); }

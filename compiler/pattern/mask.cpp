@@ -36,12 +36,6 @@ void collect_dynamic(const Layout& l, std::vector<const Layout*>& out) {
   for (const Layout& c : l.children) collect_dynamic(c, out);
 }
 
-int64_t key_block_granule(const Layout& l) {
-  int64_t g = l.bk;
-  for (const Layout& c : l.children) g = std::gcd(g, key_block_granule(c));
-  return g;
-}
-
 }  // namespace
 
 int64_t head_group(int64_t h, int64_t heads_q, int64_t groups) {
@@ -252,13 +246,23 @@ void check_documents(const Pattern& p, const Shape& s, const std::vector<int64_t
 }
 
 std::vector<int64_t> parse_cu_seqlens(const std::string& text, const std::string& source) {
+  if (text.empty()) {
+    throw UserError(source, "is empty; give a comma-separated list of cumulative lengths 0,e_1,...,S, e.g. "
+                            "0,37,37,101,150, or leave the option out");
+  }
   std::vector<int64_t> out;
   size_t at = 0;
   while (at <= text.size()) {
     const size_t comma = std::min(text.find(',', at), text.size());
     const std::string item = text.substr(at, comma - at);
-    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 18) {
-      throw UserError(source, "'" + text + "' is not a comma-separated list of non-negative integers, e.g. 0,37,37,101,150");
+    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos) {
+      throw UserError(source, "'" + printable(text) + "' is not a comma-separated list of non-negative integers, e.g. 0,37,37,101,150");
+    }
+    // Every entry is a row of one sequence, so at most kMaxSize; more digits than that has is past it.
+    const size_t digits = item.size() - std::min(item.find_first_not_of('0'), item.size());
+    if (digits > 10 || std::stoll(item) > kMaxSize) {
+      throw UserError(source, "entry " + std::to_string(out.size()) + " is " + printable(item) +
+                                  ", past the largest sequence length " + std::to_string(kMaxSize) + " (2^31 - 1)");
     }
     out.push_back(std::stoll(item));
     at = comma + 1;
@@ -375,14 +379,14 @@ int64_t branch_key_count(const MaskContext& c, size_t b, int64_t h, int64_t i) {
   const KeyProgression kp = branch_key_candidates(c, b, h, i);
   const Branch& br = c.pattern.branches[b];
   if (kp.empty() || !br.layout) return kp.count();
-  // Every layout node is constant on key chunks of the gcd of the key block sizes: test each
-  // chunk once and count the progression's members inside it.
-  const int64_t g = key_block_granule(*br.layout);
+  // The intervals the layout keeps over the candidates' span (in time proportional to them), and
+  // the progression's members inside each.
   const int64_t qpos = c.shape.q_offset + i, koff = c.shape.k_offset;
+  std::vector<KeyInterval> kept;
+  layout_key_intervals(*br.layout, h, qpos, koff + kp.first, koff + kp.last + 1, c.dynamic, kept);
   int64_t total = 0;
-  for (int64_t chunk = (koff + kp.first) / g; chunk * g <= koff + kp.last; ++chunk) {
-    if (!layout_allows(*br.layout, h, qpos, chunk * g, c.dynamic)) continue;
-    const int64_t lo = std::max(chunk * g - koff, kp.first), hi = std::min(chunk * g + g - 1 - koff, kp.last);
+  for (const KeyInterval& iv : kept) {
+    const int64_t lo = iv.begin - koff, hi = iv.end - 1 - koff;  // inside [kp.first, kp.last]
     const int64_t first = kp.first + ceil_div(lo - kp.first, kp.step) * kp.step;
     if (first <= hi) total += (hi - first) / kp.step + 1;
   }

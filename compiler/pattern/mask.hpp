@@ -133,8 +133,8 @@ void for_each_branch_key(const MaskContext& c, size_t b, int64_t h, int64_t i, F
   }
 }
 
-// Number of keys branch b attends from query row i (same as counting for_each_branch_key, faster
-// for layouts: whole blocks are tested once).
+// Number of keys branch b attends from query row i (same as counting for_each_branch_key, in time
+// proportional to the intervals the layout keeps in the row, layout_key_intervals).
 int64_t branch_key_count(const MaskContext& c, size_t b, int64_t h, int64_t i);
 
 // The mask's translation period: a P > 0 (below 2^40) such that moving a query and a

@@ -181,7 +181,11 @@ void check_pattern_fits(const Pattern& p, const Shape& s) {
 // Builder.
 
 std::vector<Layout::BlockPair> blocks_from_bitmap(const std::vector<std::string>& rows, const std::string& where) {
+  uint64_t kept = 0;
+  for (const std::string& row : rows) kept += static_cast<uint64_t>(std::count(row.begin(), row.end(), '1'));
+  check_explicit_block_count(kept, where);  // before storing any
   std::vector<Layout::BlockPair> out;
+  out.reserve(kept);
   for (size_t qb = 0; qb < rows.size(); ++qb) {
     const std::string& row = rows[qb];
     for (size_t kb = 0; kb < row.size(); ++kb) {

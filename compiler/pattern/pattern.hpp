@@ -106,6 +106,11 @@ constexpr int64_t kMaxPosition = int64_t{1} << 62;
 // check_shape, with the element count of each tensor (below 2^62).
 constexpr int64_t kMaxSize = (int64_t{1} << 31) - 1;
 
+// The most blocks one explicit layout lists, over all its heads (2^20, 16 MiB of pairs): a larger
+// layout is a dynamic one (a CSR table given at run time) or is built from generators. Checked
+// when a spec is read, before its blocks are stored (a bitmap's '1's are counted first).
+constexpr int64_t kExplicitBlocksCap = int64_t{1} << 20;
+
 // Sizes of one call. Positions are global: query row i sits at q_offset + i, key row j at k_offset + j.
 struct Shape {
   int64_t batch = 1;
@@ -137,6 +142,10 @@ void check_blocks_inside_sequence(const Pattern& p, int64_t seq_q, int64_t seq_k
 std::string canonical_text(const Pattern& p);
 std::string canonical_layout_text(const Layout& l);  // one layout node as canonical_text prints it
 std::string pattern_hash(const Pattern& p);
+// The canonical text for people: each list of explicit blocks longer than `max_listed` shows its
+// first `max_listed` pairs, then "... N more blocks"; `not_shown` (if given) counts the blocks left
+// out. Never hashed or compared: canonical_text is the contract.
+std::string canonical_summary(const Pattern& p, size_t max_listed, int64_t* not_shown = nullptr);
 
 const char* to_string(Combine c);
 const char* to_string(OffsetRule r);

@@ -17,11 +17,14 @@ struct PatternStats {
   double distinct_density = 0.0;           // distinct_pairs / (heads_q * seq_q * seq_k), at most 1
 };
 
+// In time linear in the rows and the intervals their layouts keep: a layout's intervals are made
+// once per block row (as a plan makes them) and clipped to each row by binary search.
 PatternStats pattern_stats(const MaskContext& c);
 
 // The keys a query row attends in at least one branch, however many attend each: |union over
-// branches|. Progressions without layouts are counted by inclusion-exclusion (an intersection of
-// arithmetic progressions is one); rows with a layout branch mark keys one by one.
+// branches|. Each branch's keys are arithmetic progressions (one per interval its layout keeps);
+// between consecutive ends of those pieces the union is counted by inclusion-exclusion (an
+// intersection of arithmetic progressions is one), so the time follows the pieces, not the keys.
 int64_t distinct_key_count(const MaskContext& c, int64_t h, int64_t i);
 
 // The arithmetic progression of keys in both `a` and `b` (empty if none).

@@ -47,6 +47,18 @@ Window resolve_window(Window w, const std::string& path) {
   return w;
 }
 
+}  // namespace
+
+void check_explicit_block_count(uint64_t n, const std::string& where) {
+  if (n <= static_cast<uint64_t>(kExplicitBlocksCap)) return;
+  throw UserError(where, "lists " + std::to_string(n) + " blocks; an explicit layout lists at most " +
+                             std::to_string(kExplicitBlocksCap) + " (2^20) over all its heads; give a larger one at "
+                             "run time as a dynamic layout (a CSR table) or build it from generators (local, global, "
+                             "strided, union, ...)");
+}
+
+namespace {
+
 void check_block_pairs(std::vector<Layout::BlockPair>& pairs, const std::string& path) {
   for (size_t n = 0; n < pairs.size(); ++n) {
     if (pairs[n].first < 0 || pairs[n].second < 0) {
@@ -98,11 +110,16 @@ void validate_layout(Layout& l, const std::string& path) {
         throw UserError(p + "/random/density", "density must lie in [0, 1], got " + num(l.density));
       }
       break;
-    case Layout::Kind::Explicit:
+    case Layout::Kind::Explicit: {
+      uint64_t total = l.explicit_blocks.size();
+      for (const auto& h : l.per_head) total += h.size();
+      check_explicit_block_count(total, p + "/explicit/" + (l.from_bitmap ? (l.per_head.empty() ? "bitmap" : "per_head_bitmap")
+                                                                          : (l.per_head.empty() ? "blocks" : "per_head")));
       check_block_pairs(l.explicit_blocks, p + "/explicit/blocks");
       for (size_t h = 0; h < l.per_head.size(); ++h)
         check_block_pairs(l.per_head[h], p + "/explicit/per_head/" + std::to_string(h));
       break;
+    }
     case Layout::Kind::Union:
     case Layout::Kind::Intersect: {
       const std::string key = to_string(l.kind);

@@ -2,7 +2,9 @@
 // both resolve defaults and check values in exactly one place.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "compiler/pattern/pattern.hpp"
@@ -33,5 +35,9 @@ struct UnresolvedPattern {
 // head (group -> fixed, anything with dilation 1 -> fixed 0), canonicalises lists (sorted, unique)
 // and checks every shape-independent rule. Errors name the JSON pointer of the offending field.
 Pattern resolve_and_validate(UnresolvedPattern u);
+
+// An explicit layout of n blocks (over all its heads) within kExplicitBlocksCap; a UserError at
+// `where` naming the count, the cap and the alternatives otherwise.
+void check_explicit_block_count(uint64_t n, const std::string& where);
 
 }  // namespace attnjit

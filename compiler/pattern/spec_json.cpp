@@ -139,6 +139,25 @@ std::vector<Layout::BlockPair> get_pairs(const json& j, const std::string& path)
   return out;
 }
 
+// The blocks an explicit layout's field lists, counted without storing them: `depth` 1 for a list
+// for every head, 2 for a list per head; a bitmap's '1' characters, or a list's entries. Values of
+// the wrong type count nothing here (they are reported when the field is read).
+uint64_t count_listed_blocks(const json& j, int depth, bool bitmap) {
+  if (!j.is_array()) return 0;
+  uint64_t n = 0;
+  if (depth > 1) {
+    for (const json& h : j) n += count_listed_blocks(h, depth - 1, bitmap);
+    return n;
+  }
+  if (!bitmap) return j.size();
+  for (const json& row : j)
+    if (row.is_string()) {
+      const std::string& text = row.get_ref<const std::string&>();
+      n += static_cast<uint64_t>(std::count(text.begin(), text.end(), '1'));
+    }
+  return n;
+}
+
 const std::vector<std::string> kGenerators = {"local", "global", "strided", "offsets", "random",
                                               "explicit", "union", "intersect", "dynamic", "hierarchical"};
 
@@ -195,6 +214,12 @@ Layout parse_layout(const json& j, const std::string& path, std::pair<int64_t, i
       throw UserError(gp, "give exactly one of \"blocks\" (for every head), \"per_head\" (a list per query head), "
                           "\"bitmap\" (rows of '0'/'1', for every head) or \"per_head_bitmap\" (a bitmap per query head)");
     }
+    // The blocks are counted before any is stored: a spec may list millions.
+    const std::string field = v.contains("bitmap") ? "bitmap" : v.contains("per_head_bitmap") ? "per_head_bitmap"
+                              : v.contains("blocks")   ? "blocks" : "per_head";
+    check_explicit_block_count(count_listed_blocks(v[field], field == "bitmap" || field == "blocks" ? 1 : 2,
+                                                   field == "bitmap" || field == "per_head_bitmap"),
+                               gp + "/" + field);
     if (v.contains("bitmap")) {
       l.explicit_blocks = blocks_from_bitmap(get_string_list(v["bitmap"], gp + "/bitmap"), gp + "/bitmap");
       l.from_bitmap = true;
@@ -346,6 +371,11 @@ std::string json_message(const json::exception& e) {
 }
 
 json parse_text(const std::string& text, const std::string& source) {
+  // nlohmann's reader takes a NUL byte for the end of its input and ignores the rest.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos) {
+    throw UserError(source, "a NUL byte (0x00) at offset " + std::to_string(nul) +
+                                "; JSON text has none, so this is not a spec (a binary file, or one cut short and padded)");
+  }
   DuplicateKeyCheck check;  // by reference: after a failure it knows where the parser was
   try {
     return json::parse(text, std::ref(check));

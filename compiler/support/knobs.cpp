@@ -90,12 +90,17 @@ void parse_u64(const char* name, const std::string& value, uint64_t& out) {
   out = v;
 }
 
+// A count of elements, at least 1: its own message, since parse_u64's example (0) is refused here.
 void parse_elements(const char* name, const std::string& value, int64_t& out) {
+  const std::string error = "'" + value + "' is not a positive number of elements (1 to " + std::to_string(INT64_MAX) +
+                            " = 2^63 - 1); use e.g. 268435456 (2^28, the default)";
   uint64_t v = 0;
-  parse_u64(name, value, v);
-  if (v == 0 || v > uint64_t{INT64_MAX}) {
-    throw UserError(name, "'" + value + "' is not a positive number of elements; use e.g. 268435456 (2^28)");
+  try {
+    parse_u64(name, value, v);
+  } catch (const UserError&) {
+    throw UserError(name, error);
   }
+  if (v == 0 || v > uint64_t{INT64_MAX}) throw UserError(name, error);
   out = static_cast<int64_t>(v);
 }
 

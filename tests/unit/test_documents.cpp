@@ -226,6 +226,13 @@ TEST_CASE("documents: every malformed cu_seqlens is a clear error", "[documents]
     INFO(bad);
     CHECK_THROWS_WITH(parse_cu_seqlens(bad, "--cu-seqlens"), Catch::Contains("comma-separated list"));
   }
+  CHECK_THROWS_WITH(parse_cu_seqlens("", "--cu-seqlens"), Catch::Contains("is empty"));
+  // An entry past any sequence length names the entry, its value and the limit.
+  CHECK_THROWS_WITH(parse_cu_seqlens("0,9223372036854775807", "--cu-seqlens"),
+                    Catch::Contains("entry 1 is 9223372036854775807, past the largest sequence length 2147483647"));
+  CHECK_THROWS_WITH(parse_cu_seqlens("0,2147483648", "--cu-seqlens"), Catch::Contains("entry 1 is 2147483648"));
+  CHECK(parse_cu_seqlens("0,2147483647", "--cu-seqlens") == std::vector<int64_t>{0, 2147483647});
+  CHECK(parse_cu_seqlens("000000000000000000000,7", "--cu-seqlens") == std::vector<int64_t>{0, 7});
 
   // The runtime checks them before anything runs.
   Runtime rt;

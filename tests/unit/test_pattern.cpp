@@ -53,6 +53,38 @@ TEST_CASE("a bitmap layout is the explicit layout of its '1's, from JSON and fro
         "b/0: character 1 is byte 10; a bitmap row has '1' (block kept) and '0' (not kept) only");
 }
 
+TEST_CASE("explicit layouts hold at most kExplicitBlocksCap blocks; long lists print cut short for people", "[pattern]") {
+  // At the cap: fine, from the builder and from a bitmap.
+  std::vector<Layout::BlockPair> pairs;
+  for (int64_t n = 0; n < kExplicitBlocksCap; ++n) pairs.emplace_back(n / 1024, n % 1024);
+  const Pattern at_cap = PatternBuilder().branch(BranchSpec().full().layout(layouts::explicit_blocks(pairs, 1, 1))).build();
+  CHECK(at_cap.branches[0].layout->explicit_blocks.size() == size_t(kExplicitBlocksCap));
+  // One more: refused, over all heads, before a bitmap's blocks are stored.
+  pairs.emplace_back(5000, 0);
+  CHECK_THAT(error_of([&] { PatternBuilder().branch(BranchSpec().full().layout(layouts::explicit_blocks(pairs, 1, 1))).build(); }),
+             Catch::StartsWith("/branches/0/layout/explicit/blocks: lists 1048577 blocks; an explicit layout lists at most 1048576 (2^20)"));
+  const std::string row(size_t(kExplicitBlocksCap) + 1, '1');
+  CHECK_THAT(error_of([&] { blocks_from_bitmap({row}, "b"); }), Catch::StartsWith("b: lists 1048577 blocks"));
+  const std::string half(size_t(kExplicitBlocksCap) / 2 + 1, '1');
+  CHECK_THAT(error_of([&] { PatternBuilder().branch(BranchSpec().full().layout(layouts::explicit_per_head_bitmap({{half}, {half}}))).build(); }),
+             Catch::StartsWith("/branches/0/layout/explicit/per_head_bitmap: lists 1048578 blocks"));
+  CHECK_THAT(error_of([&] { parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "layout": {"explicit": {"bitmap": [")" + row + R"("]}}}]})"); }),
+             Catch::StartsWith("/branches/0/layout/explicit/bitmap: lists 1048577 blocks"));
+
+  // canonical_summary: the first pairs of each long list and the count left out; the canonical
+  // text (and so the hash) keeps every pair.
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().full().layout(layouts::explicit_per_head({{{0, 0}, {0, 1}, {0, 2}}, {{1, 1}}}, 8, 8)))
+                        .build();
+  int64_t not_shown = -1;
+  const std::string summary = canonical_summary(p, 2, &not_shown);
+  CHECK(not_shown == 1);
+  CHECK_THAT(summary, Catch::Contains("layout=explicit<8x8>(per_head=[(0,0),(0,1), ... 1 more blocks],[(1,1)])"));
+  CHECK_THAT(canonical_text(p), Catch::Contains("layout=explicit<8x8>(per_head=[(0,0),(0,1),(0,2)],[(1,1)])"));
+  CHECK(canonical_summary(p, 3, &not_shown) == canonical_text(p));
+  CHECK(not_shown == 0);
+}
+
 TEST_CASE("a hierarchical layout is the union of its levels, from JSON and from the builder", "[pattern]") {
   const Pattern from_json = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full",
       "layout": {"block": 32, "hierarchical": [{"window": 2}, {"stride": 4, "block": [64, 16]}]}}]})");
