@@ -53,7 +53,7 @@ TEST_CASE("a bitmap layout is the explicit layout of its '1's, from JSON and fro
         "b/0: character 1 is byte 10; a bitmap row has '1' (block kept) and '0' (not kept) only");
 }
 
-TEST_CASE("explicit layouts hold at most kExplicitBlocksCap blocks; long lists print cut short for people", "[pattern]") {
+TEST_CASE("explicit layouts hold at most kExplicitBlocksCap blocks, and long lists print cut short for people", "[pattern]") {
   // At the cap: fine, from the builder and from a bitmap.
   std::vector<Layout::BlockPair> pairs;
   for (int64_t n = 0; n < kExplicitBlocksCap; ++n) pairs.emplace_back(n / 1024, n % 1024);
