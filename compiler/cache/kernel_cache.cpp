@@ -531,14 +531,20 @@ void KernelCache::evict_over_limit(const std::string& keep_hex) {
                           std::to_string(max_bytes_) + " bytes (ATTNJIT_CACHE_MAX_BYTES)");
 }
 
-std::vector<CacheEntryInfo> KernelCache::list() const {
+std::vector<CacheEntryInfo> KernelCache::list(const PayloadCheck& check) const {
   std::vector<CacheEntryInfo> out;
   if (!disk_readable_) return out;
   for (const DirFile& f : scan_dir(dir_, is_entry_name, /*others=*/true)) {
     CacheEntryInfo info;
     bool unreadable = false;
     struct stat st {};
-    load_entry(dir_ + "/" + f.name, f.name.substr(0, 64), /*touch=*/false, nullptr, &info, &unreadable, &st);
+    std::vector<uint8_t> payload;
+    if (load_entry(dir_ + "/" + f.name, f.name.substr(0, 64), /*touch=*/false, check ? &payload : nullptr, &info,
+                   &unreadable, &st) &&
+        check) {
+      info.problem = check(info.arch, payload);
+      info.valid = info.problem.empty();
+    }
     if (info.problem == "missing") continue;  // evicted or cleared while we looked
     if (unreadable || !f.regular) {
       info.bytes = f.bytes;
@@ -570,9 +576,9 @@ CacheStats KernelCache::stats() const {
   return s;
 }
 
-int64_t KernelCache::verify_all(std::vector<CacheEntryInfo>* bad) {
+int64_t KernelCache::verify_all(std::vector<CacheEntryInfo>* bad, const PayloadCheck& check) {
   int64_t count = 0;
-  for (CacheEntryInfo& info : list()) {
+  for (CacheEntryInfo& info : list(check)) {
     if (info.valid) continue;
     ++count;
     if (bad != nullptr) bad->push_back(std::move(info));

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -84,12 +85,16 @@ public:
   void put(const CacheKey& key, const std::vector<uint8_t>& binary, const std::string& kernel_name,
            const std::string& arch);
 
-  // Every entry file on disk, verified, sorted by hex; a non-regular file under an entry's name is
-  // listed as a bad entry.
-  std::vector<CacheEntryInfo> list() const;
+  // What a payload must be beyond its checksums, for entries whose format the cache does not know
+  // (a CUBIN, an emulator object): why the payload of an entry for `arch` is unusable, or "".
+  using PayloadCheck = std::function<std::string(const std::string& arch, const std::vector<uint8_t>& payload)>;
+
+  // Every entry file on disk, verified (and its payload checked by `check`, when given), sorted by
+  // hex; a non-regular file under an entry's name is listed as a bad entry.
+  std::vector<CacheEntryInfo> list(const PayloadCheck& check = {}) const;
   CacheStats stats() const;
   // Number of bad entries on disk; their descriptions go to *bad when given. Removes nothing.
-  int64_t verify_all(std::vector<CacheEntryInfo>* bad);
+  int64_t verify_all(std::vector<CacheEntryInfo>* bad, const PayloadCheck& check = {});
   // Empties the memory layer and removes every file this cache scheme wrote (entries, aliases and
   // leftover temp files); other files in the directory are left alone.
   void clear();
