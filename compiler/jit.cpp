@@ -134,15 +134,16 @@ std::vector<CompiledKernel> KernelCompiler::get_many(const std::vector<KernelSou
   }
   std::vector<CompileRequest> requests;
   for (size_t n : misses) requests.push_back(request_for(kernels[n]));
-  const auto results = compile_many(requests, jobs, progress);
-  for (size_t m = 0; m < misses.size(); ++m) {
+  // Each kernel goes into the cache as soon as it is compiled, on the thread that compiled it: an
+  // interrupted precompile keeps what it finished. Each call fills only its own kernel's slots.
+  auto finished = [&](size_t m, const CompileOutcome& result) {
     const size_t n = misses[m];
-    if (const auto* err = std::get_if<std::string>(&results[m])) {
+    if (const auto* err = std::get_if<std::string>(&result)) {
       errors[n] = *err;
       dump(kernels[n], canonical_options(requests[m]), *err);
-      continue;
+      return;
     }
-    const CompileResult& r = std::get<CompileResult>(results[m]);
+    const CompileResult& r = std::get<CompileResult>(result);
     CompiledKernel& c = out[n];
     c.cubin = r.cubin;
     c.seconds = r.seconds;
@@ -153,7 +154,8 @@ std::vector<CompiledKernel> KernelCompiler::get_many(const std::vector<KernelSou
     cache_.put(c.key, c.cubin, c.name, c.arch);
     cache_.put_alias(key_with_nvrtc(kernels[n], kAnyNvrtc), c.key.hex);
     dump(kernels[n], r.options, r.log);
-  }
+  };
+  compile_many(requests, jobs, progress, finished);
   return out;
 }
 

@@ -41,8 +41,10 @@ public:
   // Memoised: a kernel found or compiled once is handed out again without touching the cache.
   std::shared_ptr<const CompiledKernel> get(const KernelSource& k);
 
-  // Compiles misses in parallel (`jobs` threads). With no-JIT, every miss is listed in one error.
-  // Failures come back as error text in `errors` (same index), never aborting the others.
+  // Compiles misses in parallel (`jobs` threads), storing each in the cache as it finishes (before
+  // `progress` counts it), so an interrupted call keeps what it compiled. With no-JIT, every miss is
+  // listed in one error. Failures come back as error text in `errors` (same index), never aborting
+  // the others.
   std::vector<CompiledKernel> get_many(const std::vector<KernelSource>& kernels, int jobs,
                                        std::vector<std::string>& errors,
                                        const std::function<void(size_t, size_t)>& progress = {});

@@ -1,11 +1,15 @@
 #include "emulator/emu_compiler.hpp"
 
+#include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -77,7 +81,47 @@ std::vector<int> lines_in_log(const std::string& log, const std::string& file) {
   return lines;
 }
 
+constexpr const char* kArchPrefix = "emu-";  // an emulator kernel's arch in its cache key and entry
+
 }  // namespace
+
+std::string shared_object_problem(const std::vector<uint8_t>& bytes) {
+  if (bytes.empty()) return "an empty file";
+  ElfW(Ehdr) h;
+  if (bytes.size() < sizeof h) return std::to_string(bytes.size()) + " bytes, fewer than an ELF header";
+  std::memcpy(&h, bytes.data(), sizeof h);
+  if (std::memcmp(h.e_ident, ELFMAG, SELFMAG) != 0) return "not an ELF file (the magic \\x7fELF is missing)";
+  const unsigned char elf_class = sizeof(void*) == 8 ? ELFCLASS64 : ELFCLASS32;
+  const unsigned char elf_data = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? ELFDATA2LSB : ELFDATA2MSB;
+  if (h.e_ident[EI_CLASS] != elf_class || h.e_ident[EI_DATA] != elf_data) {
+    return "an ELF file of another word size or byte order than this machine's";
+  }
+  if (h.e_type != ET_DYN) return "an ELF file but not a shared object (type " + std::to_string(h.e_type) + ")";
+#if defined(__x86_64__)
+  if (h.e_machine != EM_X86_64) return "a shared object for another machine (e_machine " + std::to_string(h.e_machine) + ")";
+#elif defined(__aarch64__)
+  if (h.e_machine != EM_AARCH64) return "a shared object for another machine (e_machine " + std::to_string(h.e_machine) + ")";
+#endif
+  const uint64_t size = bytes.size();
+  if (h.e_phnum == 0 || h.e_phentsize != sizeof(ElfW(Phdr)) || h.e_phoff > size ||
+      uint64_t{h.e_phnum} * sizeof(ElfW(Phdr)) > size - h.e_phoff) {
+    return "truncated or corrupt: its program headers are missing or lie past the end of the file";
+  }
+  for (unsigned n = 0; n < h.e_phnum; ++n) {
+    ElfW(Phdr) ph;
+    std::memcpy(&ph, bytes.data() + h.e_phoff + n * sizeof ph, sizeof ph);
+    if (ph.p_type == PT_LOAD && (ph.p_offset > size || ph.p_filesz > size - ph.p_offset)) {
+      return "truncated: a loadable segment ends past the file's " + std::to_string(size) + " bytes";
+    }
+  }
+  return "";
+}
+
+std::string emulator_entry_problem(const std::string& arch, const std::vector<uint8_t>& payload) {
+  if (arch.compare(0, std::strlen(kArchPrefix), kArchPrefix) != 0) return "";
+  const std::string why = shared_object_problem(payload);
+  return why.empty() ? "" : "holds no emulator kernel object: " + why;
+}
 
 EmuSource emu_source_of(const KernelSource& k) { return EmuSource{k.name, k.source, k.arch, k.template_hash, {}}; }
 
@@ -131,7 +175,7 @@ std::shared_ptr<const EmuBinary> compile_for_emulator(const EmuSource& s, Kernel
   parts.source_hash = sha256_hex(unit);  // the kernel text and the prelude
   parts.options = join(cxx.compile_flags);
   parts.nvrtc_version = "host compiler: " + cxx.version;
-  parts.arch = "emu-" + s.arch;
+  parts.arch = kArchPrefix + s.arch;
   const CacheKey key = make_cache_key(parts);
 
   static std::mutex m;
@@ -145,7 +189,16 @@ std::shared_ptr<const EmuBinary> compile_for_emulator(const EmuSource& s, Kernel
   out->name = s.name;
   out->arch = parts.arch;
   out->key = key;
-  if (auto bin = k.always_compile ? std::nullopt : cache.get(key)) {
+  std::optional<std::vector<uint8_t>> bin = k.always_compile ? std::nullopt : cache.get(key);
+  if (bin) {
+    // Checksums say the entry is what was stored; this says what was stored is an object at all.
+    if (const std::string why = shared_object_problem(*bin); !why.empty()) {
+      log(LogLevel::Warn, "kernel cache entry " + cache.dir() + "/" + key.hex + ".ajk holds no emulator kernel object (" +
+                              why + "); compiling " + s.name + " again");
+      bin.reset();
+    }
+  }
+  if (bin) {
     out->shared_object = std::move(*bin);
     out->cache_hit = true;
   } else {
@@ -171,10 +224,33 @@ std::shared_ptr<const EmuBinary> compile_for_emulator(const EmuSource& s, Kernel
          << "\ncompiler log:\n" << log << "source " << s.name << ".cu:\n" << numbered_source(s.source, lines_in_log(log, s.name + ".cu"));
       throw UserError(s.name, os.str());
     }
+    // A compiler that exits 0 may still have written nothing usable (ATTNJIT_EMU_CXX=true): what it
+    // left must be a shared object that loads before it goes into the cache.
+    std::string problem;
     std::ifstream in(so, std::ios::binary);
-    out->shared_object.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (!in) {
+      problem = "it wrote no " + so.filename().string();
+    } else {
+      out->shared_object.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      problem = shared_object_problem(out->shared_object);
+    }
+    if (problem.empty()) {
+      if (void* handle = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+        dlclose(handle);
+      } else {
+        const char* why = dlerror();
+        problem = std::string("it does not load: ") + (why ? why : "dlopen failed");
+      }
+    }
     std::error_code ec;
     std::filesystem::remove_all(d, ec);
+    if (!problem.empty()) {
+      std::ostringstream os;
+      os << "the host compiler '" << cxx.path << "' reported success but left no loadable shared object for " << s.name
+         << " (" << parts.arch << "): " << problem << "; point ATTNJIT_EMU_CXX at g++ or clang++\ncommand: " << compile
+         << "\nlink: " << link << "\ncompiler log:\n" << log;
+      throw UserError(s.name, os.str());
+    }
     cache.put(key, out->shared_object, s.name, parts.arch);
   }
   out->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -48,7 +48,19 @@ const HostCompiler& host_compiler(const Knobs& k);
 std::string emulation_unit(const EmuSource& s);
 
 // Memory layer, then the disk cache, then the host compiler. A compile error is a UserError that
-// shows the compiler's log, its command line and the kernel source with line numbers.
+// shows the compiler's log, its command line and the kernel source with line numbers; so is a
+// compile that reports success without leaving a shared object that loads (a host compiler that is
+// no compiler), which is never stored. A cached object that is no shared object is compiled again
+// with a warning.
 std::shared_ptr<const EmuBinary> compile_for_emulator(const EmuSource& s, KernelCache& cache, const Knobs& k);
+
+// Why `bytes` are not a shared object this host could load (an ELF file of its word size, byte
+// order and machine, of type ET_DYN, whose program headers and loadable segments lie within the
+// file), or "".
+std::string shared_object_problem(const std::vector<uint8_t>& bytes);
+
+// The check `attnjit cache verify` makes of an emulator entry's payload (KernelCache::PayloadCheck):
+// for an emulator kernel's arch ("emu-sm_80") shared_object_problem, for any other "".
+std::string emulator_entry_problem(const std::string& arch, const std::vector<uint8_t>& payload);
 
 }  // namespace attnjit::emu

@@ -4,6 +4,8 @@
 #include <memory>
 
 #include "compiler/jit.hpp"
+#include "compiler/nvrtc/cubin_info.hpp"
+#include "emulator/emu_compiler.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
 
@@ -14,6 +16,20 @@ struct CacheOptions {
   std::string action, cache_dir;
 };
 
+// Beyond the checksums: a GPU kernel's payload must be a CUBIN whose ELF reads, an emulator
+// kernel's a shared object this machine can load.
+std::string payload_problem(const std::string& arch, const std::vector<uint8_t>& payload) {
+  if (arch.compare(0, 3, "sm_") == 0) {
+    try {
+      inspect_cubin(payload);
+    } catch (const UserError& e) {
+      return "holds no usable CUBIN: " + e.message();
+    }
+    return "";
+  }
+  return emu::emulator_entry_problem(arch, payload);
+}
+
 int run_cache(const CacheOptions& o) {
   KernelCache& cache = kernel_cache_for(o.cache_dir);
   if (!cache.disk_enabled()) {
@@ -21,7 +37,7 @@ int run_cache(const CacheOptions& o) {
     return o.action == "verify" ? 1 : 0;
   }
   if (o.action == "ls") {
-    for (const CacheEntryInfo& e : cache.list()) {
+    for (const CacheEntryInfo& e : cache.list(payload_problem)) {
       std::printf("%s %8lld B %-32s %-7s %s\n", e.hex.substr(0, 16).c_str(), static_cast<long long>(e.bytes),
                   e.kernel_name.c_str(), e.arch.c_str(), e.valid ? "ok" : ("BAD: " + e.problem).c_str());
     }
@@ -32,7 +48,7 @@ int run_cache(const CacheOptions& o) {
                 static_cast<long long>(cache.max_bytes()));
   } else if (o.action == "verify") {
     std::vector<CacheEntryInfo> bad;
-    const int64_t n = cache.verify_all(&bad);
+    const int64_t n = cache.verify_all(&bad, payload_problem);
     for (const CacheEntryInfo& e : bad) std::printf("BAD %s: %s\n", e.hex.c_str(), e.problem.c_str());
     std::printf("%lld bad entries in %s\n", static_cast<long long>(n), cache.dir().c_str());
     return n ? 1 : 0;

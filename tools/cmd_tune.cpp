@@ -179,14 +179,19 @@ int run_show(const TuneOptions& o) {
       std::cout << f.path << ": " << (f.problem.empty() ? "no such file" : "ignored: " + f.problem) << "\n";
       continue;
     }
-    std::cout << f.path << ": " << f.entries.size() << " entries, attnjit " << f.metadata.attnjit_version << ", NVRTC "
-              << f.metadata.nvrtc_version
+    std::cout << f.path << ": " << f.entries.size() << " entries"
+              << (f.invalid.empty() ? "" : " (and " + std::to_string(f.invalid.size()) + " invalid, skipped)") << ", attnjit "
+              << f.metadata.attnjit_version << ", NVRTC " << f.metadata.nvrtc_version
               << (f.trusted ? "" : " (other versions than this attnjit's: ignored by lookups, re-tune)") << "\n";
     for (const DbEntry& e : f.entries) {
       if (!gpu.empty() && e.key.gpu != gpu) continue;
       std::cout << "  " << e.key.describe() << ": " << describe(e.result.best) << " " << ms_text(e.result.best_ms)
                 << " (default " << ms_text(e.result.default_ms) << ", " << e.result.candidates.size()
                 << " candidates) tuned " << e.tuned_at << "\n";
+    }
+    for (const DbEntry& e : f.invalid) {
+      if (!gpu.empty() && e.key.gpu != gpu) continue;
+      std::cout << "  " << e.key.describe() << ": INVALID, skipped: " << e.problem << "\n";
     }
   }
   return 0;

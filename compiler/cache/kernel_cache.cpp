@@ -95,10 +95,13 @@ struct DirFile {
   std::string name;
   int64_t bytes;
   int64_t mtime_ns;
+  bool regular = true;
 };
 
-// Plain files in dir whose names pass `keep`; files that vanish while we look are skipped.
-std::vector<DirFile> scan_dir(const std::string& dir, bool (*keep)(const std::string&)) {
+// Files in dir whose names pass `keep`: plain files, and with `others` also what is not one (a
+// FIFO, a device, a directory or a symbolic link under an entry's name); files that vanish while
+// we look are skipped.
+std::vector<DirFile> scan_dir(const std::string& dir, bool (*keep)(const std::string&), bool others = false) {
   std::vector<DirFile> files;
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return files;
@@ -106,12 +109,49 @@ std::vector<DirFile> scan_dir(const std::string& dir, bool (*keep)(const std::st
     std::string name = e->d_name;
     if (!keep(name)) continue;
     struct stat st;
-    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
-    files.push_back({std::move(name), static_cast<int64_t>(st.st_size),
-                     static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec});
+    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    const bool regular = S_ISREG(st.st_mode);
+    if (!regular && !others) continue;
+    files.push_back({std::move(name), regular ? static_cast<int64_t>(st.st_size) : 0,
+                     static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec, regular});
   }
   ::closedir(d);
   return files;
+}
+
+// What a file that is not a regular one is, for messages.
+std::string file_kind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISDIR(mode)) return "a directory";
+  return "not a regular file";
+}
+
+// Opens a cache file for reading without ever blocking: O_NONBLOCK keeps a FIFO from waiting for
+// a writer, and what fstat says is checked on the open descriptor, so a file swapped in between
+// cannot slip through. -1 with *problem set ("missing" when it does not exist) and *st filled
+// when the file exists but is not a regular file.
+int open_regular(const std::string& path, struct stat* st, std::string* problem) {
+  *st = {};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    *problem = errno == ENOENT ? "missing" : "cannot open: " + errno_text(errno);
+    return -1;
+  }
+  if (::fstat(fd, st) != 0) {
+    *problem = "cannot stat: " + errno_text(errno);
+    *st = {};
+    ::close(fd);
+    return -1;
+  }
+  if (!S_ISREG(st->st_mode)) {
+    *problem = "is " + file_kind(st->st_mode) + ", not a regular file";
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 // Reads the whole file behind fd; false and *problem on a read error.
@@ -160,19 +200,20 @@ std::string temp_name(const std::string& stem) {
 // Reads and verifies the entry at path, which should hold key `hex`. On success *payload and *info
 // are filled; with `touch` its mtime becomes now (the last-use time that eviction sorts by).
 // Returns false with info->problem set for a bad entry; *unreadable tells a missing or unreadable
-// file (not the entry's fault) from a corrupt one.
+// file (not the entry's fault) from a corrupt one. What is not a regular file is never read: it is
+// a bad entry.
 bool load_entry(const std::string& path, const std::string& hex, bool touch, std::vector<uint8_t>* payload,
                 CacheEntryInfo* info, bool* unreadable, struct stat* st) {
   *unreadable = false;
   info->hex = hex;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open_regular(path, st, &info->problem);
   if (fd < 0) {
-    *unreadable = true;
-    info->problem = errno == ENOENT ? "missing" : "cannot open: " + errno_text(errno);
+    // Not a regular file (a FIFO, a device, a directory): a bad entry, never something to wait on.
+    *unreadable = st->st_mode == 0 || S_ISREG(st->st_mode);
     return false;
   }
   std::vector<uint8_t> bytes;
-  const bool read_ok = ::fstat(fd, st) == 0 && read_fd(fd, bytes, &info->problem);
+  const bool read_ok = read_fd(fd, bytes, &info->problem);
   if (read_ok && touch) ::futimens(fd, nullptr);  // best effort: a read-only cache still works
   ::close(fd);
   if (!read_ok) {
@@ -361,9 +402,13 @@ std::optional<std::vector<uint8_t>> KernelCache::lookup(const std::string& hex) 
     // Remove the bad file only if it is still the one we read: a writer may have renamed a good
     // entry over it meanwhile.
     struct stat now {};
-    if (::stat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino && now.st_dev == st.st_dev) ::unlink(path.c_str());
-    log(LogLevel::Warn, "kernel cache entry " + path + " is corrupt (" + info.problem +
-                            "); removed it, the kernel will be compiled again");
+    std::string removed = "removed it";
+    if (::stat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino && now.st_dev == st.st_dev &&
+        ::unlink(path.c_str()) != 0) {
+      removed = "cannot remove it (" + errno_text(errno) + "), remove it by hand";
+    }
+    const std::string what = S_ISREG(st.st_mode) ? "is corrupt (" + info.problem + ")" : info.problem;
+    log(LogLevel::Warn, "kernel cache entry " + path + " " + what + "; " + removed + ", the kernel will be compiled again");
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.corrupt;
   } else if (info.problem != "missing") {
@@ -380,10 +425,14 @@ std::optional<std::string> KernelCache::alias_target(const std::string& hex) {
     if (auto it = aliases_.find(hex); it != aliases_.end()) return it->second;
   }
   if (!disk_readable_) return std::nullopt;
-  const int fd = ::open(alias_path(hex).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  std::vector<uint8_t> bytes;
+  struct stat st {};
   std::string problem;
+  const int fd = open_regular(alias_path(hex), &st, &problem);
+  if (fd < 0) {
+    if (st.st_mode != 0) log(LogLevel::Warn, "kernel cache alias " + alias_path(hex) + " " + problem + "; ignored it");
+    return std::nullopt;
+  }
+  std::vector<uint8_t> bytes;
   const bool ok = read_fd(fd, bytes, &problem);
   ::close(fd);
   const std::string text(bytes.begin(), bytes.end());
@@ -482,16 +531,22 @@ void KernelCache::evict_over_limit(const std::string& keep_hex) {
                           std::to_string(max_bytes_) + " bytes (ATTNJIT_CACHE_MAX_BYTES)");
 }
 
-std::vector<CacheEntryInfo> KernelCache::list() const {
+std::vector<CacheEntryInfo> KernelCache::list(const PayloadCheck& check) const {
   std::vector<CacheEntryInfo> out;
   if (!disk_readable_) return out;
-  for (const DirFile& f : scan_dir(dir_, is_entry_name)) {
+  for (const DirFile& f : scan_dir(dir_, is_entry_name, /*others=*/true)) {
     CacheEntryInfo info;
     bool unreadable = false;
     struct stat st {};
-    load_entry(dir_ + "/" + f.name, f.name.substr(0, 64), /*touch=*/false, nullptr, &info, &unreadable, &st);
+    std::vector<uint8_t> payload;
+    if (load_entry(dir_ + "/" + f.name, f.name.substr(0, 64), /*touch=*/false, check ? &payload : nullptr, &info,
+                   &unreadable, &st) &&
+        check) {
+      info.problem = check(info.arch, payload);
+      info.valid = info.problem.empty();
+    }
     if (info.problem == "missing") continue;  // evicted or cleared while we looked
-    if (unreadable) {
+    if (unreadable || !f.regular) {
       info.bytes = f.bytes;
       info.last_used_unix = f.mtime_ns / 1000000000;
     }
@@ -521,9 +576,9 @@ CacheStats KernelCache::stats() const {
   return s;
 }
 
-int64_t KernelCache::verify_all(std::vector<CacheEntryInfo>* bad) {
+int64_t KernelCache::verify_all(std::vector<CacheEntryInfo>* bad, const PayloadCheck& check) {
   int64_t count = 0;
-  for (CacheEntryInfo& info : list()) {
+  for (CacheEntryInfo& info : list(check)) {
     if (info.valid) continue;
     ++count;
     if (bad != nullptr) bad->push_back(std::move(info));
@@ -538,8 +593,8 @@ void KernelCache::clear() {
     aliases_.clear();
   }
   if (!disk_readable_) return;
-  for (const DirFile& f : scan_dir(dir_, is_entry_name)) ::unlink((dir_ + "/" + f.name).c_str());
-  for (const DirFile& f : scan_dir(dir_, is_alias_name)) ::unlink((dir_ + "/" + f.name).c_str());
+  for (const DirFile& f : scan_dir(dir_, is_entry_name, /*others=*/true)) ::unlink((dir_ + "/" + f.name).c_str());
+  for (const DirFile& f : scan_dir(dir_, is_alias_name, /*others=*/true)) ::unlink((dir_ + "/" + f.name).c_str());
   const int64_t stale_before_ns = (static_cast<int64_t>(std::time(nullptr)) - kStaleTempSeconds) * 1000000000;
   for (const DirFile& f : scan_dir(dir_, is_temp_name)) {
     if (f.mtime_ns < stale_before_ns) ::unlink((dir_ + "/" + f.name).c_str());

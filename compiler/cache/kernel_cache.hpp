@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -67,6 +68,7 @@ public:
 
   // Memory first, then disk. A disk entry is verified (magic, version, header checksum, key, size,
   // payload checksum); a bad one is a miss with a warning naming the file, and the file is removed.
+  // So is what is not a regular file (a FIFO, a device): it is never opened in a way that waits.
   // A disk hit refreshes the entry's last-use time (its mtime). A key with no entry of its own is
   // looked up through its alias, if it has one.
   std::optional<std::vector<uint8_t>> get(const CacheKey& key);
@@ -83,10 +85,16 @@ public:
   void put(const CacheKey& key, const std::vector<uint8_t>& binary, const std::string& kernel_name,
            const std::string& arch);
 
-  std::vector<CacheEntryInfo> list() const;  // every entry file on disk, verified, sorted by hex
+  // What a payload must be beyond its checksums, for entries whose format the cache does not know
+  // (a CUBIN, an emulator object): why the payload of an entry for `arch` is unusable, or "".
+  using PayloadCheck = std::function<std::string(const std::string& arch, const std::vector<uint8_t>& payload)>;
+
+  // Every entry file on disk, verified (and its payload checked by `check`, when given), sorted by
+  // hex; a non-regular file under an entry's name is listed as a bad entry.
+  std::vector<CacheEntryInfo> list(const PayloadCheck& check = {}) const;
   CacheStats stats() const;
   // Number of bad entries on disk; their descriptions go to *bad when given. Removes nothing.
-  int64_t verify_all(std::vector<CacheEntryInfo>* bad);
+  int64_t verify_all(std::vector<CacheEntryInfo>* bad, const PayloadCheck& check = {});
   // Empties the memory layer and removes every file this cache scheme wrote (entries, aliases and
   // leftover temp files); other files in the directory are left alone.
   void clear();

@@ -373,9 +373,10 @@ std::string compile_ptx(const CompileRequest& request) {
   return std::string(c.output.begin(), c.output.end());
 }
 
-std::vector<std::variant<CompileResult, std::string>> compile_many(
-    const std::vector<CompileRequest>& requests, int jobs, std::function<void(size_t done, size_t total)> progress) {
-  std::vector<std::variant<CompileResult, std::string>> results(requests.size());
+std::vector<CompileOutcome> compile_many(const std::vector<CompileRequest>& requests, int jobs,
+                                         std::function<void(size_t done, size_t total)> progress,
+                                         std::function<void(size_t index, const CompileOutcome& result)> finished) {
+  std::vector<CompileOutcome> results(requests.size());
   if (jobs <= 0) jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const size_t workers = std::min(requests.size(), static_cast<size_t>(jobs));
   std::atomic<size_t> next{0};
@@ -388,6 +389,7 @@ std::vector<std::variant<CompileResult, std::string>> compile_many(
       } catch (const std::exception& e) {
         results[i] = std::string(e.what());
       }
+      if (finished) finished(i, results[i]);
       std::lock_guard<std::mutex> lock(progress_mu);
       ++done;
       if (progress) progress(done, requests.size());

@@ -80,11 +80,13 @@ CompileResult compile_cubin(const CompileRequest& request);
 std::string compile_ptx(const CompileRequest& request);
 
 // Compiles every request on `jobs` threads (jobs <= 0: one per hardware thread). A failure becomes
-// its error text and never stops the others; results are in request order. `progress` is called
-// once per finished request, from one thread at a time, with (finished so far, total).
-std::vector<std::variant<CompileResult, std::string>> compile_many(
-    const std::vector<CompileRequest>& requests, int jobs,
-    std::function<void(size_t done, size_t total)> progress = {});
+// its error text and never stops the others; results are in request order. `finished` is called
+// as each request finishes, on the thread that compiled it (so possibly on several at once), with
+// its index and result; then `progress`, from one thread at a time, with (finished so far, total).
+using CompileOutcome = std::variant<CompileResult, std::string>;
+std::vector<CompileOutcome> compile_many(const std::vector<CompileRequest>& requests, int jobs,
+                                         std::function<void(size_t done, size_t total)> progress = {},
+                                         std::function<void(size_t index, const CompileOutcome& result)> finished = {});
 
 bool nvrtc_available();                      // some NVRTC was found
 std::string nvrtc_version();                 // the newest found, "13.0"; UserError without any

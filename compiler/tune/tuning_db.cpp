@@ -158,6 +158,38 @@ DbEntry read_entry(const json& j, const std::string& at) {
   return e;
 }
 
+// Why `c` cannot be built for `key`'s kernels (the codegen's own checks), or "".
+std::string config_problem(const TuneKey& key, const KernelConfig& c) {
+  KernelRequest r;
+  r.head_dim = key.head_dim;
+  r.head_dim_v = key.head_dim_v;
+  r.dtype = key.dtype;
+  r.arch = key.arch;
+  r.arch_specific = key.arch_specific;
+  r.config = c;
+  try {
+    if (key.backward) resolve_backward_config(r);
+    else resolve_config(r);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Why the entry at `at` cannot be used: its best, or a candidate timed "ok" (precompile's --top-k
+// builds those), is no configuration for its key. "" when it can.
+std::string entry_problem(const DbEntry& e, const std::string& at) {
+  std::string why = config_problem(e.key, e.result.best);
+  if (!why.empty()) return at + "/best: " + why;
+  for (size_t n = 0; n < e.result.candidates.size(); ++n) {
+    const CandidateResult& c = e.result.candidates[n];
+    if (c.status != "ok") continue;
+    why = config_problem(e.key, c.config);
+    if (!why.empty()) return at + "/candidates/" + std::to_string(n) + "/config: " + why;
+  }
+  return "";
+}
+
 auto key_order(const TuneKey& k) {
   return std::tie(k.gpu, k.sm_count, k.arch, k.pattern_signature, k.head_dim, k.head_dim_v, k.dtype, k.backward, k.arch_specific,
                   k.seq_bucket);
@@ -196,6 +228,10 @@ DbFile load_file(const std::string& path, const DbMetadata& current) {
   if (!f.problem.empty()) {
     log(LogLevel::Warn, "tuning database " + path + " is malformed (" + f.problem +
                             "); ignoring it. Fix or delete it; `attnjit tune` writes a new one");
+  }
+  for (const DbEntry& e : f.invalid) {
+    log(LogLevel::Warn, "tuning database " + path + ": skipping the entry for " + e.key.describe() + " (" + e.problem +
+                            "); fix or delete it, or re-tune that key with `attnjit tune`");
   }
   return f;
 }
@@ -281,7 +317,12 @@ DbFile parse_tuning_db(const std::string& path, const std::string& text, const D
     f.metadata.arch = static_cast<int>(get_int(m, "arch", "/metadata"));
     const json& entries = field(j, "entries", "");
     if (!entries.is_array()) throw Malformed{"/entries", "expected an array"};
-    for (size_t n = 0; n < entries.size(); ++n) f.entries.push_back(read_entry(entries[n], "/entries/" + std::to_string(n)));
+    for (size_t n = 0; n < entries.size(); ++n) {
+      const std::string at = "/entries/" + std::to_string(n);
+      DbEntry e = read_entry(entries[n], at);
+      e.problem = entry_problem(e, at);
+      (e.problem.empty() ? f.entries : f.invalid).push_back(std::move(e));
+    }
   } catch (const json::exception& e) {
     f.problem = std::string("invalid JSON: ") + e.what();
   } catch (const Malformed& m) {
@@ -289,6 +330,7 @@ DbFile parse_tuning_db(const std::string& path, const std::string& text, const D
   }
   if (!f.problem.empty()) {
     f.entries.clear();
+    f.invalid.clear();
     return f;
   }
   f.present = true;
@@ -394,7 +436,9 @@ void TuningDb::record(const std::string& file, const TuneKey& key, const TuneRes
       log(LogLevel::Info, "tuning database " + file + " was tuned with attnjit " + old.metadata.attnjit_version +
                               ", NVRTC " + old.metadata.nvrtc_version + "; starting it afresh for these versions");
     } else {
+      // Invalid entries are kept as they were (they are skipped with a warning on every read).
       entries = std::move(old.entries);
+      for (DbEntry& e : old.invalid) entries.push_back(std::move(e));
     }
   } else if (!problem.empty()) {
     throw UserError(file, problem);

@@ -41,6 +41,7 @@ struct DbEntry {
   TuneKey key;
   TuneResult result;  // wall_s is not stored (0 when read)
   std::string tuned_at;
+  std::string problem;  // why the entry cannot be used (see DbFile::invalid); empty when it can
 };
 
 // One database file as read.
@@ -51,6 +52,10 @@ struct DbFile {
   bool trusted = false;  // present and its metadata matches the running versions
   DbMetadata metadata;
   std::vector<DbEntry> entries;
+  // Entries that parse but whose best (or a timed candidate) is not a configuration the kernels
+  // can be built with for the entry's key, e.g. a negative tile: kept out of `entries`, so no
+  // lookup or precompile uses them; their `problem` names the JSON path and what is wrong.
+  std::vector<DbEntry> invalid;
 };
 
 struct LookupResult {
@@ -63,7 +68,8 @@ const char* to_string(LookupResult::Source s);  // "exact", "nearest bucket", "h
 
 class TuningDb {
 public:
-  // Reads every file now (a missing file is empty, a malformed one is one warning and ignored).
+  // Reads every file now (a missing file is empty, a malformed one is one warning and ignored, an
+  // invalid entry one warning naming the file and the key, and skipped).
   // Files earlier in the list take precedence: the user's first, then shipped ones.
   explicit TuningDb(std::vector<std::string> files, DbMetadata current = running_metadata());
 

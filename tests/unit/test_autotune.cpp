@@ -551,6 +551,50 @@ TEST_CASE("a corrupt database file is one warning, then ignored", "[autotune]") 
   CHECK(TuningDb({file}, meta()).lookup(key_for(4096)).config == kC);
 }
 
+TEST_CASE("an entry whose tiles cannot be built for its key is one warning naming the file and key, then skipped",
+          "[autotune]") {
+  TempDir tmp;
+  const std::string file = tmp.file("gpu.json");
+  TuneResult bad_best = result_for(kB);
+  bad_best.best = KernelConfig{-64, 64, 99};
+  TuneResult bad_candidate = result_for(kB);
+  bad_candidate.candidates[0].config = KernelConfig{64, 64, 99};  // timed "ok": --top-k would build it
+  write_text(file, serialize_tuning_db(meta(), {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z"},
+                                                DbEntry{key_for(8192), bad_best, "2024-01-01T00:00:00Z"},
+                                                DbEntry{key_for(16384), bad_candidate, "2024-01-01T00:00:00Z"}}));
+  StderrCapture err;
+  const TuningDb db({file}, meta());
+  const std::string out = err.text();
+  const DbFile& f = db.files()[0];
+  REQUIRE(f.problem.empty());
+  REQUIRE(f.entries.size() == 1);
+  REQUIRE(f.invalid.size() == 2);
+  CHECK(f.invalid[0].key == key_for(8192));
+  CHECK(f.invalid[0].problem == "/entries/1/best: tile_q: the tensor-core path needs tile_q in {16, 32, ..., 128} (16 rows per warp), got -64");
+  CHECK(f.invalid[1].problem == "/entries/2/candidates/0/config: stages: the sm_80 forward takes 1 stage (one K and one V "
+                                "buffer, FlashAttention-2's pipeline) to 4, got 99");
+  if (warnings_shown()) {
+    CHECK(out.find("tuning database " + file + ": skipping the entry for " + key_for(8192).describe() + " (/entries/1/best") !=
+          std::string::npos);
+    CHECK(out.find("tuning database " + file + ": skipping the entry for " + key_for(16384).describe()) != std::string::npos);
+  }
+  // Lookups never hand out the bad tiles: the exact key misses, and the nearest valid bucket serves.
+  CHECK(db.lookup(key_for(8192)).source == LookupResult::Source::NearestBucket);
+  CHECK(db.lookup(key_for(8192)).config == kB);
+  CHECK(db.needs_retune(key_for(8192)));
+  // Recording another key keeps the bad entries as they were; recording their key replaces one.
+  {
+    StderrCapture quiet;
+    TuningDb({}).record(file, key_for(32768), result_for(kC), meta());
+    TuningDb({}).record(file, key_for(8192), result_for(kC), meta());
+  }
+  StderrCapture quiet;
+  const TuningDb after({file}, meta());
+  CHECK(after.files()[0].entries.size() == 3);
+  CHECK(after.files()[0].invalid.size() == 1);
+  CHECK(after.lookup(key_for(8192)).config == kC);
+}
+
 TEST_CASE("concurrent processes recording into one file lose nothing", "[autotune]") {
   TempDir tmp;
   const std::string file = tmp.file("shared.json");

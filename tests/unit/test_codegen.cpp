@@ -14,6 +14,7 @@
 #include "compiler/support/error.hpp"
 #include "compiler/tune/autotune.hpp"
 #include "runtime/backend.hpp"
+#include "tests/unit/test_support.hpp"
 
 using namespace attnjit;
 
@@ -332,6 +333,36 @@ TEST_CASE("with JIT off a cache miss is an error listing the missing kernels", "
   const KernelSource src = generate_kernel(no_mask(), r);
   CHECK_THROWS_WITH(compiler.get(src), Catch::Contains("not in the cache") && Catch::Contains(src.name) &&
                                            Catch::Contains("attnjit precompile"));
+}
+
+TEST_CASE("get_many stores each kernel in the cache as it finishes, so an interrupted call keeps what it compiled",
+          "[codegen][cache][nvrtc]") {
+  if (!nvrtc_available()) {
+    WARN("SKIPPED: no NVRTC found");
+    return;
+  }
+  attnjit::testing::TempDir tmp;
+  KernelCache cache(tmp.path, int64_t{1} << 30);
+  KernelCompiler compiler(cache, Knobs{});
+  std::vector<KernelSource> kernels;
+  for (int tile_q : {64, 32, 16}) {
+    KernelRequest r;
+    r.head_dim = r.head_dim_v = 64;
+    r.config.tile_q = tile_q;
+    kernels.push_back(generate_kernel(no_mask(), r));
+  }
+  // The second kernel's progress report stands for an interruption (Ctrl-C, kill -9) at that point.
+  struct Interrupted {};
+  std::vector<std::string> errors;
+  CHECK_THROWS_AS(compiler.get_many(kernels, 1, errors,
+                                    [](size_t done, size_t) {
+                                      if (done == 2) throw Interrupted{};
+                                    }),
+                  Interrupted);
+  KernelCache reread(tmp.path, int64_t{1} << 30);
+  CHECK(reread.get(compiler.key_for(kernels[0])).has_value());
+  CHECK(reread.get(compiler.key_for(kernels[1])).has_value());
+  CHECK_FALSE(reread.get(compiler.key_for(kernels[2])).has_value());
 }
 
 TEST_CASE("unsupported requests are user errors naming the fix", "[codegen]") {

@@ -5,11 +5,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "compiler/cache/sha256.hpp"
 #include "compiler/codegen/templates.hpp"
 #include "compiler/jit.hpp"
 #include "compiler/support/error.hpp"
 #include "emulator/emu_compiler.hpp"
 #include "emulator/emu_module.hpp"
+#include "tests/unit/test_support.hpp"
 
 using namespace attnjit;
 
@@ -236,6 +238,48 @@ TEST_CASE("the emulator's host compiler: clear errors for a broken kernel and a 
   Knobs k = knobs();
   k.emu_cxx = "attnjit-no-such-compiler";
   CHECK_THROWS_WITH(emu::host_compiler(k), Catch::Contains("ATTNJIT_EMU_CXX") && Catch::Contains("was not found"));
+}
+
+TEST_CASE("a host compiler that leaves no loadable object is an error and stores nothing, and a cached non-object is rebuilt",
+          "[emu][compile][cache]") {
+  attnjit::testing::TempDir tmp;
+  KernelCache cache(tmp.path, int64_t{1} << 30);
+  const std::string src = TemplateSet::embedded().text("gpu_blocks.cuh") +
+                          "\nextern \"C\" __global__ void emu_checked(aj_u32* a, aj_u32* b, int n) {\n  a[0] = 7;\n}\n";
+  const emu::EmuSource source{"emu_checked", src, "sm_80", "", {}};
+
+  // `true` exits 0 and writes nothing.
+  Knobs broken = knobs();
+  broken.emu_cxx = "true";
+  CHECK_THROWS_WITH(emu::compile_for_emulator(source, cache, broken),
+                    Catch::Contains("emu_checked: the host compiler 'true' reported success but left no loadable shared object") &&
+                        Catch::Contains("ATTNJIT_EMU_CXX"));
+  CHECK(cache.list().empty());
+
+  // An entry under the kernel's key that checks out but holds no object (as such a compiler once
+  // left behind) is reported by the check `attnjit cache verify` makes, and rebuilt on use.
+  const emu::HostCompiler& cxx = emu::host_compiler(knobs());
+  CacheKeyParts parts;
+  parts.attnjit_version = ATTNJIT_VERSION;
+  parts.source_hash = sha256_hex(emu::emulation_unit(source));
+  for (const std::string& f : cxx.compile_flags) parts.options += (parts.options.empty() ? "" : " ") + f;
+  parts.nvrtc_version = "host compiler: " + cxx.version;
+  parts.arch = "emu-sm_80";
+  const CacheKey key = make_cache_key(parts);
+  cache.put(key, {}, "emu_checked", "emu-sm_80");
+  cache.put(make_cache_key({"0", "", "cubin", "", "13.0", "sm_80"}), {1, 2, 3}, "k", "sm_80");  // not the emulator's to judge
+  std::vector<CacheEntryInfo> bad;
+  CHECK(cache.verify_all(&bad, emu::emulator_entry_problem) == 1);
+  REQUIRE(bad.size() == 1);
+  CHECK(bad[0].hex == key.hex);
+  CHECK(bad[0].problem == "holds no emulator kernel object: an empty file");
+  CHECK(emu::shared_object_problem({0x7f, 'E', 'L', 'F'}) == "4 bytes, fewer than an ELF header");
+
+  const std::shared_ptr<const emu::EmuBinary> rebuilt = emu::compile_for_emulator(source, cache, knobs());
+  CHECK(rebuilt->key.hex == key.hex);
+  CHECK_FALSE(rebuilt->cache_hit);
+  CHECK(emu::shared_object_problem(rebuilt->shared_object).empty());
+  CHECK(cache.verify_all(nullptr, emu::emulator_entry_problem) == 0);
 }
 
 TEST_CASE("named barriers: bar.sync waits for the count, bar.arrive goes on, mismatches are reported", "[emu][named]") {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -187,6 +188,75 @@ TEST_CASE("kernel cache treats every kind of bad entry as a miss and removes it"
     cache.put(key, payload, "attn_fwd", "sm_90a");
     CHECK(KernelCache(tmp.path, 1 << 20).get(key) == payload);
   }
+}
+
+// A reader that waits on a FIFO would hang the test: after a few seconds a watchdog keeps opening
+// the FIFOs for writing (which ends such a read: it sees an empty file) and says so.
+class FifoWatchdog {
+public:
+  explicit FifoWatchdog(std::vector<std::string> fifos)
+      : fifos_(std::move(fifos)), thread_([this] {
+          for (int n = 0; !done_; ++n) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            if (n < 500) continue;
+            for (const std::string& f : fifos_) {
+              const int fd = ::open(f.c_str(), O_WRONLY | O_NONBLOCK);  // succeeds only while a reader waits
+              if (fd >= 0) {
+                fired_ = true;
+                ::close(fd);
+              }
+            }
+          }
+        }) {}
+  ~FifoWatchdog() { finish(); }
+  bool finish() {
+    done_ = true;
+    if (thread_.joinable()) thread_.join();
+    return fired_;
+  }
+
+private:
+  std::vector<std::string> fifos_;
+  std::atomic<bool> done_{false}, fired_{false};
+  std::thread thread_;
+};
+
+TEST_CASE("kernel cache takes a FIFO under an entry's or alias's name for a bad entry without opening it to wait", "[cache]") {
+  TempDir tmp;
+  const CacheKey key = key_for(1), alias = key_for(2);
+  const std::string path = entry_file(tmp.path, key), alias_path = tmp.path + "/" + alias.hex + ".aja";
+  REQUIRE(::mkfifo(path.c_str(), 0644) == 0);
+  REQUIRE(::mkfifo(alias_path.c_str(), 0644) == 0);
+  FifoWatchdog watchdog({path, alias_path});
+
+  KernelCache cache(tmp.path, 1 << 20);
+  std::vector<CacheEntryInfo> bad;
+  CHECK(cache.verify_all(&bad) == 1);
+  REQUIRE(bad.size() == 1);
+  CHECK(bad[0].hex == key.hex);
+  CHECK(bad[0].problem == "is a FIFO (named pipe), not a regular file");
+  REQUIRE(cache.list().size() == 1);
+  CHECK_FALSE(cache.list()[0].valid);
+
+  StderrCapture err;
+  std::optional<Bytes> got = cache.get(key);
+  std::optional<Bytes> through_alias = cache.get(alias);
+  const std::string warning = err.text();
+  CHECK_FALSE(watchdog.finish());  // nothing waited on a FIFO
+  CHECK_FALSE(got.has_value());
+  CHECK_FALSE(through_alias.has_value());
+  CHECK(cache.stats().misses == 2);
+  if (warnings_shown()) {
+    CHECK_THAT(warning, Catch::Contains(path + " is a FIFO (named pipe), not a regular file; removed it"));
+    CHECK_THAT(warning, Catch::Contains(alias_path + " is a FIFO (named pipe), not a regular file; ignored it"));
+  }
+  CHECK_FALSE(fs::exists(path));
+  // The kernel is stored again as usual.
+  cache.put(key, payload_for(1), "attn_fwd", "sm_90a");
+  CHECK(KernelCache(tmp.path, 1 << 20).get(key) == payload_for(1));
+  CHECK(cache.verify_all(nullptr) == 0);
+  cache.clear();
+  CHECK_FALSE(fs::exists(alias_path));
 }
 
 TEST_CASE("kernel cache problems name what is wrong", "[cache]") {
