@@ -77,19 +77,21 @@ def reference_rows(q, k, v, counts, heads, rows, scale, divisor):
     return torch.where(den > 0, (p @ vs) / den.clamp_min(1e-300), 0.0) / divisor
 
 
-def reference_grads(q, k, v, dout, pattern, heads, rows, scale, divisor, chunk_elems=2**27, keys=True):
+def reference_grads(q, k, v, dout, pattern, heads, rows, scale, divisor, chunk_elems=2**27, keys=True, counts_fn=None):
     """fp64 (dQ, dK, dV) of the contract, each [B, len(heads), len(rows), D] (q, k, v, dout [B, H, S, D]):
-    dQ of the sampled query rows, dK and dV of the same positions taken as key rows. dK and dV need
-    every query row's probabilities: one pass over all query rows of the sampled heads, in chunks of
-    attnjit's mask (`Pattern.mask` at q_offset); keys=False skips it (dK, dV None) and reads the mask
-    of the sampled rows only. Rows that attend nothing contribute nothing."""
+    dQ of the sampled query rows (from attnjit's mask of those rows), dK and dV of the same positions
+    taken as key rows. dK and dV need every query row's probabilities: one pass over all query rows of
+    the sampled heads, in chunks; counts_fn(start, n) gives the chunk's counts [len(heads), n, S]
+    (default attnjit's `Pattern.mask` at q_offset, exact but slow at long S: bench/peers.py passes a
+    PyTorch count function that --smoke checks equal to it). keys=False skips the pass (dK, dV None).
+    Rows that attend nothing contribute nothing."""
     H, S = q.shape[1], q.shape[2]
     dev = q.device
     k64, v64 = k[:, heads].double(), v[:, heads].double()
     do64 = dout[:, heads].double() / divisor
 
-    def probs(q_rows, counts):
-        c = torch.as_tensor(counts[heads]).to(dev, torch.float64)
+    def probs(q_rows, c):
+        c = torch.as_tensor(c).to(dev, torch.float64)
         s = (q_rows @ k64.transpose(-1, -2)) * scale
         s = s.masked_fill(c == 0, -math.inf)
         m = s.amax(-1, keepdim=True).clamp_min(-1e300)
@@ -103,17 +105,20 @@ def reference_grads(q, k, v, dout, pattern, heads, rows, scale, divisor, chunk_e
         return p * (dp - (do_rows * o).sum(-1, keepdim=True))
 
     qr, dor = q[:, heads][:, :, rows].double(), do64[:, :, rows]
-    p = probs(qr, mask_rows(pattern, rows, H, S))
+    p = probs(qr, mask_rows(pattern, rows, H, S)[heads])
     dq = (dscores(p, dor) @ k64) * scale
     if not keys:
         return dq, None, None
     dk = torch.zeros(q.shape[0], len(heads), len(rows), q.shape[3], dtype=torch.float64, device=dev)
     dv = torch.zeros_like(dk)
-    step = max(1, chunk_elems // (H * S))
+    if counts_fn is None:
+        def counts_fn(start, n):
+            return pattern.mask(n, H, seq_k=S, q_offset=start)[heads]
+    step = max(1, chunk_elems // (len(heads) * S))
     for start in range(0, S, step):
         n = min(step, S - start)
         qc, doc = q[:, heads, start:start + n].double(), do64[:, :, start:start + n]
-        p = probs(qc, pattern.mask(n, H, seq_k=S, q_offset=start))
+        p = probs(qc, counts_fn(start, n))
         ds = dscores(p, doc)
         dk += ds[..., rows].transpose(-1, -2) @ qc * scale
         dv += p[..., rows].transpose(-1, -2) @ doc
