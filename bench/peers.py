@@ -1040,7 +1040,8 @@ def smoke_pipeline(check, args):
                 good = (f["runs"] == b["runs"] == 3 and f["min_ms"] <= f["median_ms"] <= f["max_ms"]
                         and "spread_pct" in f and (name == "sdpa-flash-dense" or set(s["grad_err"]) == {"dq", "dk", "dv"})
                         and "peak_fwd_mb" in s and "peak_fwdbwd_mb" in s and "ttfr_first" in s and "ttfr_bwd_first" in s
-                        and (not jit_present or s["ttfr_first"]["jit"] is not None))
+                        and s["ttfr_first"]["attnjit"] == (name == "ours")
+                        and (s["ttfr_first"]["jit"] is not None) == (jit_present and name == "ours"))
             check(f"pipeline: {c['name']} {name}", good, _line(s))
             ok = ok and good
         first_round = list(dict.fromkeys(x.split()[0] for x in c["order"]))
