@@ -22,7 +22,22 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+std::mutex& counters_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+JitCounters& counters() {
+  static JitCounters c;
+  return c;
+}
+
 }  // namespace
+
+JitCounters jit_counters() {
+  std::lock_guard<std::mutex> lock(counters_mutex());
+  return counters();
+}
 
 // Kernels are compiled for speed: fast math for exp2/log2, and line info for profilers.
 const std::vector<std::string>& kernel_compile_options() {
@@ -120,6 +135,9 @@ std::vector<CompiledKernel> KernelCompiler::get_many(const std::vector<KernelSou
         c.cache_hit = true;
         c.usage = inspect_cubin(c.cubin);
         c.seconds = seconds_since(t0);
+        std::lock_guard<std::mutex> lock(counters_mutex());
+        counters().cache_hits += 1;
+        counters().lookup_seconds += c.seconds;
         continue;
       }
     }
@@ -134,7 +152,20 @@ std::vector<CompiledKernel> KernelCompiler::get_many(const std::vector<KernelSou
   }
   std::vector<CompileRequest> requests;
   for (size_t n : misses) requests.push_back(request_for(kernels[n]));
+  const auto t_compile = std::chrono::steady_clock::now();
   const auto results = compile_many(requests, jobs, progress);
+  if (!misses.empty()) {
+    std::lock_guard<std::mutex> lock(counters_mutex());
+    counters().compile_wall_seconds += seconds_since(t_compile);
+    for (const auto& r : results) {
+      if (const auto* ok = std::get_if<CompileResult>(&r)) {
+        counters().compiled += 1;
+        counters().compile_seconds += ok->seconds;
+      } else {
+        counters().failed += 1;
+      }
+    }
+  }
   for (size_t m = 0; m < misses.size(); ++m) {
     const size_t n = misses[m];
     if (const auto* err = std::get_if<std::string>(&results[m])) {
