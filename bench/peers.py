@@ -10,20 +10,36 @@ Systems (the cases are one table, `gpu_cases()`, most important first; --list pr
   ours           attnjit.attention on [B, S, H, D] tensors; backward through autograd
   sdpa-flash     torch SDPA, flash backend  (dense cases; "sdpa-flash-dense": dense stand-in for layouts)
   sdpa-cudnn     torch SDPA, cuDNN backend  (dense cases)
-  torch-dilated  the contract in PyTorch, as the seed project computes it: per branch the dilated rows
-                 of every segment gathered, the flash kernel on them, branches merged by their LSE into
-                 one softmax (a key attended by two branches counts twice)
+  torch-longnet  the strong PyTorch LongNet, as a user who read torchscale would write it: per branch one
+                 strided view over every segment and head (each head's dilation residue by torch.gather),
+                 one flash call per branch, the branches merged by their LSEs; exact gradients
+  torch-dilated-pieces  the older, weaker PyTorch implementation (one flash call per branch and
+                 dilation offset on advanced-index gathers, fp32 index_put merges), kept and labelled so
+                 earlier tables stay comparable
   flex           FlexAttention under torch.compile; a BlockMask built once (not timed), a mask_mod for
                  the union of the branches and a score_mod adding log(number of branches attending)
 
-Each case: the same seeded inputs for every system; correctness first (a few heads and rows against
-an fp64 reference built from attnjit's own mask, `Pattern.mask`, and against ours); then CUDA-event
-timings (3 warm-ups, L2 flushed before each run, median and min of >= 20 runs), useful TFLOP/s
-(4 * D * attended pairs * batch / time; backward 2.5x that), time to first result, peak memory.
+Each case, the method:
+  - the same seeded inputs for every system; an fp64 reference of the forward and of dQ, dK, dV on
+    sampled heads and rows, built from attnjit's own mask (`Pattern.mask`; dK, dV need a pass over
+    every row, done up to --ref-keys-max-s, dQ alone above); every system's forward and gradients
+    are checked against it, and a mismatch marks the system's row WRONG (forward, gradients);
+  - per system: the first forward call and the first forward + backward timed, with attnjit's
+    own JIT counters read around each (kernels compiled by NVRTC, their wall time, cache hits), so
+    the time-to-first-result legend says what that call did; the kernel caches start empty unless
+    --keep-cache; peak memory (torch.cuda.max_memory_allocated, reset per system);
+  - then every system's forward and backward timed in interleaved rounds (A B C A B C ..., after
+    warm-ups, L2 flushed before each run, CUDA events), so clock and temperature drift hits all
+    alike: median, minimum, maximum and spread; GPU clocks, temperature and power read (nvidia-smi,
+    torch.cuda) at the start and end of the case, a visible "skipped" where they cannot be;
+  - useful TFLOP/s = 4 * D * distinct attended pairs * batch / time (a pair two branches attend
+    counts once: `Pattern.stats`' distinct_pairs), backward 2.5x that; per-branch TFLOP/s (pairs
+    counted once per branch) in a column of its own.
 Every system runs in its own try/except; DIR/peers.json and peers.md are rewritten after each system,
 peers.png after each case; past --budget seconds the remaining systems are recorded as
-"not run: budget". Unless --keep-cache, the attnjit kernel cache and Inductor/Triton caches start
-empty (temporary directories), so the first call of each new kernel is a cold compile.
+"not run: budget" (and no new round starts past it, after at least 3).
+--smoke runs all of this on the CPU at tiny sizes (perf_counter timing, clocks skipped), with two
+deliberately broken systems that must come out marked wrong; it exits 1 if any check fails.
 """
 import argparse
 import atexit
@@ -63,8 +79,8 @@ from torch.nn.attention.flex_attention import flex_attention  # noqa: E402
 
 import attnjit  # noqa: E402
 from peers_torch import (  # noqa: E402  (bench/, beside this script)
-    dilated_terms, group_divisor, softmax_scale, mask_rows,
-    reference_rows, max_err, torch_dilated, branch_count_fn, dilated_mods,
+    segment_length, dilated_terms, group_divisor, softmax_scale, mask_rows,
+    reference_rows, reference_grads, max_err, torch_dilated, torch_longnet, branch_count_fn, dilated_mods,
     dilated_block_layout, layout_block_layout, flex_setup, flex_system)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,7 +100,7 @@ def _case(name, family, spec, S, H, D, systems, B=1):
 
 
 DENSE_SYSTEMS = ["ours", "sdpa-flash", "sdpa-cudnn"]
-DILATED_SYSTEMS = ["ours", "torch-dilated", "flex"]
+DILATED_SYSTEMS = ["ours", "torch-longnet", "torch-dilated-pieces", "flex"]
 LAYOUT_SYSTEMS = ["ours", "flex", "sdpa-flash-dense"]
 
 
@@ -115,6 +131,12 @@ SMOKE_LONGNET = {"attnjit": 1, "branches": [{"segment": 64, "dilation": 1}, {"se
 SMOKE_OFFSETS = {"attnjit": 1, "branches": [{"segment": 128, "dilation": 4, "offset": "head_block"},
                                             {"segment": 256, "dilation": 2, "offset": 1, "heads": [0, 2, 3]},
                                             {"segment": "full", "dilation": 3}, {"segment": 1024, "dilation": 8}]}
+# What the batched PyTorch LongNet takes at S = 768 (every segment divides S); dilation 6 does not
+# divide its 256-row segment, which is padded with zero rows.
+SMOKE_LONGNET_BATCHED = {"attnjit": 1, "branches": [{"segment": 64, "dilation": 1}, {"segment": 128, "dilation": 2},
+                                                    {"segment": 256, "dilation": 6}, {"segment": "full", "dilation": 12}]}
+SMOKE_LONGNET_PIPELINE = {"attnjit": 1, "branches": [{"segment": 64, "dilation": 1}, {"segment": 128, "dilation": 2},
+                                                     {"segment": "full", "dilation": 5}]}  # 384 rows: 5 pads
 SMOKE_SEED = {"attnjit": 1, "combine": "head_groups", "group_scale": "mean",
               "branches": [{"segment": 64, "dilation": 1}, {"segment": 128, "dilation": 2},
                            {"segment": 256, "dilation": 4}]}
@@ -123,10 +145,14 @@ SMOKE_BIGBIRD = {"attnjit": 1, "layout": {"block": 16, "union": [{"local": 1}, {
                  "branches": [{"segment": "full"}]}
 
 
+SMOKE_UNBATCHED = ("longnet-small", "offsets-small")  # segments 320 and 1024 do not divide S; heads [0, 2, 3]
+
+
 def smoke_cases():
     """(name, family, spec, S, H, D) for the correctness checks of --smoke."""
     return [("dense", "dense", DENSE, 256, 2, 32), ("dense-causal", "dense", DENSE_CAUSAL, 256, 2, 32),
             ("longnet-small", "longnet", SMOKE_LONGNET, 512, 8, 32), ("offsets-small", "longnet", SMOKE_OFFSETS, 384, 4, 16),
+            ("longnet-batched", "longnet", SMOKE_LONGNET_BATCHED, 768, 8, 16),
             ("seed-small", "seed_dilated", SMOKE_SEED, 512, 8, 32), ("bigbird-small", "layout", SMOKE_BIGBIRD, 512, 4, 32)]
 
 
@@ -145,7 +171,8 @@ SYSTEMS = {
     "sdpa-flash": lambda c, p, dev: (sdpa_system(SDPBackend.FLASH_ATTENTION, bool(c["spec"].get("causal"))), "bhsd", None),
     "sdpa-cudnn": lambda c, p, dev: (sdpa_system(SDPBackend.CUDNN_ATTENTION, bool(c["spec"].get("causal"))), "bhsd", None),
     "sdpa-flash-dense": lambda c, p, dev: (sdpa_system(SDPBackend.FLASH_ATTENTION, False), "bhsd", c["H"] * c["S"] ** 2),
-    "torch-dilated": lambda c, p, dev: (torch_dilated(c["spec"], c["H"], c["S"], c["D"], dev), "bhsd", None),
+    "torch-longnet": lambda c, p, dev: (torch_longnet(c["spec"], c["H"], c["S"], c["D"], dev), "bhsd", None),
+    "torch-dilated-pieces": lambda c, p, dev: (torch_dilated(c["spec"], c["H"], c["S"], c["D"], dev), "bhsd", None),
     "flex": lambda c, p, dev: (flex_system(c, p, dev), "bhsd", None),
 }
 # A system is started only with this much of the budget left (half of it for its backward): FlexAttention
@@ -155,6 +182,12 @@ NOTES = {
     "sdpa-flash-dense": "dense attention on the same shape (a different pattern: no error, TFLOP/s over all pairs)",
     "ours": "peak memory counts PyTorch's allocator only; the backward's workspaces come from the CUDA driver's "
             "stream-ordered pool and are not in it",
+    "torch-longnet": "the strong PyTorch LongNet: per branch one strided view over every segment and head "
+                     "(torch.gather of each head's dilation residue; segments padded to a multiple of the "
+                     "dilation, the zero keys taken back out of the LSE), one flash call per branch, the "
+                     "branches merged by LSE; exact gradients through each branch's flash backward",
+    "torch-dilated-pieces": "the older, weaker PyTorch LongNet (kept to compare with earlier tables): one flash "
+                            "call per (branch, dilation offset) on advanced-index gathers, fp32 index_put merges",
 }
 
 
@@ -166,25 +199,46 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_runs(fn, device, runs, warmup, flush):
-    """Times in ms: CUDA events around each run, L2 flushed (a 256 MB write) before it; perf_counter on the CPU."""
-    for _ in range(warmup):
+def timed_call(fn, device, flush):
+    """One run in ms: CUDA events around it, L2 flushed (a 256 MB write) before it; perf_counter on the CPU."""
+    if device.type == "cuda":
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         fn()
-    times = []
-    for _ in range(runs):
-        if device.type == "cuda":
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-    return times
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
+def interleaved(fns, device, rounds, warmup, flush, deadline=None, timeline=None):
+    """fns: [(key, fn)]. Warm-ups of each, then `rounds` rounds A B C A B C ..., so that clock and
+    temperature drift hit every system alike. Returns ({key: [ms]}, {key: exception}); a key whose
+    call raises is dropped from the later rounds. Past `deadline` no new round starts (at least 3 run).
+    `timeline` (a list) receives the keys in the order they ran."""
+    times, errors, live = {key: [] for key, _ in fns}, {}, dict(fns)
+    for key, fn in fns:
+        try:
+            for _ in range(warmup):
+                fn()
+        except Exception as e:  # noqa: BLE001
+            errors[key] = e
+            live.pop(key)
+    for r in range(rounds):
+        if deadline is not None and r >= 3 and time.time() > deadline:
+            break
+        for key in list(live):
+            try:
+                times[key].append(timed_call(live[key], device, flush))
+            except Exception as e:  # noqa: BLE001
+                errors[key] = e
+                live.pop(key)
+            if timeline is not None:
+                timeline.append(key)
+    return times, errors
 
 
 def wall(fn, device):
@@ -202,8 +256,57 @@ def cache_files():
     return sum(len(files) for d in CACHE_INFO["cold"].values() for _, _, files in os.walk(d))
 
 
+JIT_KEYS = ("compiled", "cache_hits", "failed", "compile_seconds", "compile_wall_seconds", "lookup_seconds")
+
+
+def jit_counters():
+    """attnjit's process-wide JIT counters (kernels compiled by NVRTC and their seconds, cache hits), or
+    None from an attnjit without them."""
+    f = getattr(getattr(attnjit, "_attnjit", None), "jit_counters", None)
+    return dict(f()) if f else None
+
+
+def jit_delta(before, after):
+    if before is None or after is None:
+        return None
+    return {k: after[k] - before[k] for k in JIT_KEYS}
+
+
+def first_call(fn, device, attnjit_system):
+    """(result, {seconds, what it compiled}): attnjit's JIT counters (for an attnjit system) and the
+    cache directories' files read around one call."""
+    jit, files = jit_counters() if attnjit_system else None, cache_files()
+    r, seconds = wall(fn, device)
+    new_files = cache_files() - files if files is not None else None
+    return r, {"s": seconds, "jit": jit_delta(jit, jit_counters()) if attnjit_system else None,
+               "attnjit": attnjit_system, "new_cache_files": new_files}
+
+
+def ttfr_legend(t):
+    """What a first call did, from attnjit's own counters: the compile legend appears only with a
+    compile counted in that call, and a call that counted more compile wall time than it took is
+    marked inconsistent."""
+    jit = t.get("jit")
+    if jit is None:
+        files = f"{t['new_cache_files']} new cache files" if t.get("new_cache_files") is not None else "cache files not counted"
+        return (files if not t.get("attnjit", True) else f"attnjit without JIT counters; {files}")
+    if jit["compiled"] or jit["failed"]:
+        legend = f"compiled {jit['compiled']} kernel(s) in {jit['compile_wall_seconds']:.2f} s"
+        legend += f", {jit['failed']} failed" if jit["failed"] else ""
+    elif jit["cache_hits"]:
+        legend = f"{jit['cache_hits']} kernel(s) from the cache ({jit['lookup_seconds']:.3f} s)"
+    else:
+        legend = "no kernel loaded (built earlier in this process, or no JIT on this device)"
+    if jit["compile_wall_seconds"] > t["s"] + 1e-3:
+        legend += " **inconsistent: more compile time than the call took**"
+    if t.get("new_cache_files"):
+        legend += f"; {t['new_cache_files']} new cache files"
+    return legend
+
+
 def peak_mb(fn, device):
-    """Peak bytes PyTorch's allocator held during fn() above what it held before (MB), and the absolute peak."""
+    """Peak bytes PyTorch's allocator held during fn() above what it held before (MB), and the absolute
+    peak; the peak counter is reset right before, so each system's number is its own."""
     if device.type != "cuda":
         return None, None
     sync(device)
@@ -215,11 +318,85 @@ def peak_mb(fn, device):
     return (peak - base) / 2**20, peak / 2**20
 
 
-def summary(times, flop):
-    med = statistics.median(times)
-    return {"times_ms": [round(t, 4) for t in times], "median_ms": med, "min_ms": min(times),
-            "tflops": flop / (med * 1e-3) / 1e12 if flop else None}
+def summary(times, flop, flop_per_branch=None):
+    """Median, minimum, maximum and spread ((max - min) / median, and the interquartile range / median,
+    in %); useful TFLOP/s on distinct pairs at the median and the minimum, and per branch where it differs."""
+    med, lo, hi = statistics.median(times), min(times), max(times)
+    q = statistics.quantiles(times, n=4) if len(times) >= 2 else [med, med, med]
+    s = {"times_ms": [round(t, 4) for t in times], "runs": len(times), "median_ms": med, "min_ms": lo, "max_ms": hi,
+         "spread_pct": 100 * (hi - lo) / med if med else 0.0, "iqr_pct": 100 * (q[2] - q[0]) / med if med else 0.0,
+         "tflops": flop / (med * 1e-3) / 1e12 if flop and med else None,
+         "tflops_at_min": flop / (lo * 1e-3) / 1e12 if flop and lo else None}
+    if flop_per_branch and flop_per_branch != flop:
+        s["tflops_per_branch"] = flop_per_branch / (med * 1e-3) / 1e12 if med else None
+    return s
 
+
+# ---------------------------------------------------------------------------------------------
+# GPU clocks and temperature, at the start and end of each case
+
+SMI_FIELDS = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw", "clocks_event_reasons.active")
+
+
+def parse_smi(text, fields=SMI_FIELDS):
+    """One nvidia-smi CSV line (noheader, nounits) -> {field: number or text}."""
+    values = [x.strip() for x in text.strip().splitlines()[0].split(",")]
+    if len(values) != len(fields):
+        raise ValueError(f"nvidia-smi gave {len(values)} values for {len(fields)} fields: {text.strip()[:200]}")
+    out = {}
+    for f, x in zip(fields, values):
+        try:
+            out[f] = float(x)
+        except ValueError:
+            out[f] = x
+    return out
+
+
+def gpu_state(device):
+    """SM and memory clocks (MHz), temperature (C), power (W) and the clock event reasons now, from
+    nvidia-smi (older drivers: clocks_throttle_reasons) and torch.cuda where it reads them; on a
+    machine with neither, {"skipped": why}."""
+    if device.type != "cuda":
+        return {"skipped": f"no GPU ({device.type}): clocks and temperature not read"}
+    st = {"t": time.time()}
+    ident = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
+    ident = ("GPU-" + ident if ident and not ident.startswith("GPU-") else ident) or str(device.index or 0)
+    for fields in (SMI_FIELDS, SMI_FIELDS[:-1] + ("clocks_throttle_reasons.active",), SMI_FIELDS[:4]):
+        try:
+            r = subprocess.run(["nvidia-smi", "-i", ident, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, timeout=20)
+            if r.returncode == 0:
+                st.update(parse_smi(r.stdout, fields))
+                break
+            st["nvidia_smi"] = f"rc {r.returncode}: {(r.stdout + r.stderr).strip()[:200]}"
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            st["nvidia_smi"] = f"unavailable: {e}"
+            break
+    for name in ("clock_rate", "temperature", "power_draw"):
+        try:
+            st[f"torch.cuda.{name}"] = getattr(torch.cuda, name)(device)
+        except Exception:  # noqa: BLE001 -- needs pynvml / amdsmi; nvidia-smi above is the main source
+            pass
+    if len(st) == 1 or (len(st) == 2 and "nvidia_smi" in st):
+        st["skipped"] = "neither nvidia-smi nor torch.cuda could read clocks and temperature"
+    return st
+
+
+def clocks_text(c):
+    s, e = c.get("start", {}), c.get("end", {})
+    if "skipped" in s:
+        return f"clocks: skipped ({s['skipped']})"
+
+    def one(x):
+        return (f"SM {_fmt(x.get('clocks.sm'), '.0f')} MHz, mem {_fmt(x.get('clocks.mem'), '.0f')} MHz, "
+                f"{_fmt(x.get('temperature.gpu'), '.0f')} C, {_fmt(x.get('power.draw'), '.0f')} W"
+                + (f", reasons {x.get('clocks_event_reasons.active', x.get('clocks_throttle_reasons.active'))}"
+                   if ("clocks_event_reasons.active" in x or "clocks_throttle_reasons.active" in x) else ""))
+    return f"start: {one(s)}; end: {one(e)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# One case
 
 def make_inputs(case, device, dtype, seed=0):
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -236,75 +413,132 @@ def sample_positions(H, S, seed=1):
     return heads, rows
 
 
-def run_system(name, case, pattern, ctx, rec):
-    """Fills rec (a dict) for one system; raises on the first failure, keeping what was measured."""
-    fwd, layout, own_pairs = SYSTEMS[name](case, pattern, ctx["device"])
-    pairs = own_pairs or ctx["pairs"]
-    rec.update({"layout": layout, "attended_pairs": pairs, "note": NOTES.get(name, "")})
-    tensors = ctx["bshd"] if layout == "bshd" else ctx["bhsd"]
+def sampled(x, heads, rows):
+    return x[:, heads][:, :, rows]
+
+
+def prepare_system(name, case, pattern, ctx, rec, timed):
+    """Correctness and first calls of one system; appends its timed callables ((name, pass), fn) to
+    `timed` as each pass passes its first call. Fills rec; raises on a failure, keeping what was measured."""
+    dev, args = ctx["device"], ctx["args"]
+    fwd, layout, own_pairs = SYSTEMS[name](case, pattern, dev)
+    distinct = own_pairs or ctx["pairs"]
+    per_branch = own_pairs or ctx["pairs_per_branch"]
+    rec.update({"layout": layout, "attended_pairs_distinct": distinct, "attended_pairs_per_branch": per_branch,
+                "note": NOTES.get(name, "")})
+    rec["flop_fwd"] = 4 * case["D"] * distinct * case["B"]
+    rec["flop_fwd_per_branch"] = 4 * case["D"] * per_branch * case["B"]
+    q, k, v, dout = ctx["bshd"] if layout == "bshd" else ctx["bhsd"]
     to_bhsd = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
     checked = own_pairs is None  # a system computing another pattern is timed, not compared
-    flop = 4 * case["D"] * pairs * case["B"]
-    measure_forward(name, fwd, tensors, to_bhsd, checked, flop, ctx, rec)
-    if ctx["args"].no_backward:
+    is_attnjit = layout == "bshd"  # attnjit's systems, and only they, run on [B, S, H, D]
+    heads, rows = ctx["sample"]
+    wrong = rec["wrong_what"] = []
+
+    with torch.no_grad():
+        out, rec["ttfr_first"] = first_call(lambda: fwd(q, k, v), dev, is_attnjit)
+        out, rec["ttfr_second_s"] = wall(lambda: fwd(q, k, v), dev)
+        got = sampled(to_bhsd(out), heads, rows).clone()
+        del out
+    if checked:
+        rec["max_err"] = max_err(got, ctx["ref"])
+        if not rec["max_err"] <= ctx["tol"]:
+            wrong.append("forward")
+        if name == "ours":
+            ctx["ours_sample"] = got
+        elif ctx.get("ours_sample") is not None:
+            rec["diff_vs_ours"] = max_err(got, ctx["ours_sample"])
+    rec["wrong"] = bool(wrong)
+    rec["peak_fwd_mb"], rec["peak_fwd_abs_mb"] = peak_mb(lambda: _no_grad(fwd, q, k, v), dev)
+
+    def forward():
+        with torch.no_grad():
+            fwd(q, k, v)
+    timed.append(((name, "fwd"), forward))
+    if args.no_backward:
         return
     if time.time() > ctx["deadline"] - MIN_SECONDS_LEFT.get(name, 0) / 2:
         rec["bwd_status"] = "not run: budget"
         return
-    measure_backward(name, fwd, tensors, to_bhsd, checked, 2.5 * flop, ctx, rec)
 
-
-def measure_forward(name, fwd, tensors, to_bhsd, checked, flop, ctx, rec):
-    """Time to first result, error on the sampled rows, timings and peak memory of the forward."""
-    dev, args = ctx["device"], ctx["args"]
-    q, k, v, _ = tensors
-    files = cache_files()
-    with torch.no_grad():
-        out, rec["ttfr_first_s"] = wall(lambda: fwd(q, k, v), dev)
-        rec["ttfr_new_cache_files"] = cache_files() - files if files is not None else None
-        out, rec["ttfr_second_s"] = wall(lambda: fwd(q, k, v), dev)
-        heads, rows = ctx["sample"]
-        got = to_bhsd(out)[:, heads][:, :, rows].clone()
-        del out
-        if checked:
-            rec["max_err"] = max_err(got, ctx["ref"])
-            rec["wrong"] = rec["max_err"] > ctx["tol"]
-            if name == "ours":
-                ctx["ours_sample"] = got
-            elif ctx.get("ours_sample") is not None:
-                rec["diff_vs_ours"] = max_err(got, ctx["ours_sample"])
-        rec["fwd"] = summary(time_runs(lambda: fwd(q, k, v), dev, args.runs, args.warmup, ctx["flush"]), flop)
-        rec["peak_fwd_mb"], rec["peak_fwd_abs_mb"] = peak_mb(lambda: fwd(q, k, v), dev)
-
-
-def measure_backward(name, fwd, tensors, to_bhsd, checked, flop, ctx, rec):
-    """First forward + backward, gradients against ours, timings of the backward alone
-    (autograd.grad on a retained graph) and peak memory of forward + backward."""
-    dev, args = ctx["device"], ctx["args"]
-    q, k, v, dout = tensors
     inputs = [x.detach().requires_grad_() for x in (q, k, v)]
-    files = cache_files()
-    o, t_fwd = wall(lambda: fwd(*inputs), dev)
+    grads, rec["ttfr_bwd_first"] = first_call(lambda: torch.autograd.grad(fwd(*inputs), inputs, dout), dev, is_attnjit)
+    grads = [sampled(to_bhsd(g), heads, rows) for g in grads]
+    if checked:
+        ref = ctx["ref_grads"]
+        errs = {n: max_err(g, r) for n, g, r in zip(("dq", "dk", "dv"), grads, ref) if r is not None}
+        rec["grad_err"] = errs
+        rec["grad_check"] = ctx["grad_check"]
+        if not all(e <= ctx["grad_tol"] for e in errs.values()):
+            wrong.append("gradients")
+        if name == "ours":
+            ctx["ours_grads"] = grads
+        elif ctx.get("ours_grads") is not None:
+            rec["grad_diff_vs_ours"] = max(max_err(g, r) for g, r in zip(grads, ctx["ours_grads"]))
+    rec["wrong"] = bool(wrong)
+    grads = None
+    rec["peak_fwdbwd_mb"], rec["peak_fwdbwd_abs_mb"] = peak_mb(lambda: torch.autograd.grad(fwd(*inputs), inputs, dout), dev)
+    o = fwd(*inputs)  # kept for the timed backward (autograd.grad on the retained graph)
 
     def backward():
         return torch.autograd.grad(o, inputs, dout, retain_graph=True)
-    grads, t_bwd = wall(backward, dev)
-    rec["ttfr_bwd_first_s"] = t_fwd + t_bwd
-    rec["ttfr_bwd_new_cache_files"] = cache_files() - files if files is not None else None
-    grads = [to_bhsd(g) for g in grads]
-    if name == "ours":
-        ctx["ours_grads"] = grads
-    elif checked and ctx.get("ours_grads") is not None:
-        rec["grad_diff_vs_ours"] = max(max_err(g[:, h], ref[:, h]) for g, ref in zip(grads, ctx["ours_grads"])
-                                       for h in range(g.shape[1]))
-    grads = None
-    rec["bwd"] = summary(time_runs(backward, dev, args.runs, args.warmup, ctx["flush"]), flop)
-    o = None  # frees the graph before the memory measurement
-    rec["peak_fwdbwd_mb"], rec["peak_fwdbwd_abs_mb"] = peak_mb(lambda: torch.autograd.grad(fwd(*inputs), inputs, dout), dev)
+    timed.append(((name, "bwd"), backward))
+
+
+def _no_grad(fwd, *args):
+    with torch.no_grad():
+        return fwd(*args)
+
+
+def torch_counts(case, pattern, heads, device):
+    """counts(start, n) -> [len(heads), n, S] int: how many branches attend each pair, computed in
+    PyTorch on `device` from the spec (dense, causal, dilated branches, uniform block layouts), for
+    the fp64 reference's pass over every row (attnjit's Pattern.mask is exact but slow at long S;
+    --smoke checks these equal to it). None for a spec it does not read."""
+    spec, S, H = case["spec"], case["S"], case["H"]
+    hs = torch.tensor(heads, device=device)[:, None, None]
+    kv = torch.arange(S, device=device)[None, None, :]
+    if case["family"] == "dense" and len(spec["branches"]) == 1 and spec["branches"][0].get("segment") == "full" \
+            and set(spec) <= {"attnjit", "description", "branches", "causal"}:
+        causal = bool(spec.get("causal"))
+        return lambda start, n: ((kv <= torch.arange(start, start + n, device=device)[None, :, None]) if causal
+                                 else torch.ones(1, n, S, dtype=torch.bool, device=device)).expand(len(heads), n, S).int()
+    if case["family"] in ("longnet", "seed_dilated"):
+        count = branch_count_fn(dilated_terms(spec, H), H, S, device)
+        return lambda start, n: count(0, hs, torch.arange(start, start + n, device=device)[None, :, None], kv)
+    if case["family"] == "layout":
+        layout, block = layout_block_layout(pattern, spec, H, S)
+        lay = torch.as_tensor(layout, device=device)
+        return lambda start, n: lay[hs, torch.arange(start, start + n, device=device)[None, :, None] // block,
+                                    kv // block].int()
+    return None
+
+
+def case_reference(case, pattern, ctx, rec):
+    """The sampled heads and rows, and the fp64 forward and gradients of the contract on them."""
+    heads, rows = ctx["sample"] = sample_positions(case["H"], case["S"])
+    q, k, v, dout = ctx["bhsd"]
+    scale, divisor = softmax_scale(case["spec"], case["D"]), group_divisor(case["spec"])
+    counts = mask_rows(pattern, rows, case["H"], case["S"])
+    ctx["ref"] = reference_rows(q, k, v, counts, heads, rows, scale, divisor)
+    rec["sample"] = {"heads": heads, "rows": rows}
+    if ctx["args"].no_backward:
+        return
+    t = time.time()
+    keys = case["S"] <= ctx["args"].ref_keys_max_s
+    counts = torch_counts(case, pattern, heads, q.device) if keys else None
+    keys = keys and counts is not None
+    ctx["ref_grads"] = reference_grads(q, k, v, dout, pattern, heads, rows, scale, divisor, keys=keys, counts_fn=counts)
+    ctx["grad_check"] = ("dQ, dK, dV" if keys else
+                         f"dQ only (the dK, dV reference passes over every row: skipped above S = "
+                         f"{ctx['args'].ref_keys_max_s} and for specs the PyTorch count function does not read)")
+    rec["reference_grads_s"] = time.time() - t
 
 
 def run_case(case, ctx, writer):
-    """Every system of one case, each in its own try/except; rewrites the outputs after each."""
+    """One case: the fp64 reference, each system's correctness, first calls and memory (each in its
+    own try/except), then every system's forward and backward timed in interleaved rounds, with the
+    GPU's clocks read before and after; rewrites the outputs after each step."""
     dev, dtype = ctx["device"], ctx["dtype"]
     rec = {k: case[k] for k in ("name", "family", "S", "H", "D", "B")}
     rec.update({"spec": case["spec"], "dtype": str(dtype).replace("torch.", ""), "systems": {}})
@@ -313,24 +547,24 @@ def run_case(case, ctx, writer):
         rec["systems"] = {name: {"status": "not run: budget"} for name in case["systems"]}
         writer.write()
         return
-    ctx.pop("ours_sample", None)
-    ctx.pop("ours_grads", None)
+    for key in ("ours_sample", "ours_grads", "ref_grads"):
+        ctx.pop(key, None)
+    rec["clocks"] = {"start": gpu_state(dev)}
+    if "skipped" in rec["clocks"]["start"]:
+        print(f"{case['name']}: {rec['clocks']['start']['skipped']}", flush=True)
     try:
         pattern = attnjit.Pattern.from_json(case["spec"])
         rec["stats"] = pattern.stats(case["S"], case["H"])
-        ctx["pairs"] = rec["attended_pairs"] = rec["stats"]["attended_pairs"]
+        ctx["pairs"] = rec["attended_pairs_distinct"] = rec["stats"]["distinct_pairs"]
+        ctx["pairs_per_branch"] = rec["attended_pairs_per_branch"] = rec["stats"]["attended_pairs"]
         ctx["bshd"], ctx["bhsd"] = make_inputs(case, dev, dtype)
-        ctx["sample"] = heads, rows = sample_positions(case["H"], case["S"])
-        q, k, v, _ = ctx["bhsd"]
-        counts = mask_rows(pattern, rows, case["H"], case["S"])
-        ctx["ref"] = reference_rows(q, k, v, counts, heads, rows, softmax_scale(case["spec"], case["D"]),
-                                    group_divisor(case["spec"]))
-        rec["sample"] = {"heads": heads, "rows": rows}
+        case_reference(case, pattern, ctx, rec)
     except Exception as e:  # noqa: BLE001 -- the case is recorded as failed, the run goes on
         rec["error"] = _error(e)
         print(f"{case['name']}: setup failed: {rec['error']['message']}", flush=True)
         writer.write()
         return
+    timed = []
     for name in case["systems"]:
         srec = rec["systems"][name] = {}
         if time.time() > ctx["deadline"] - MIN_SECONDS_LEFT.get(name, 0):
@@ -338,33 +572,58 @@ def run_case(case, ctx, writer):
             continue
         t = time.time()
         try:
-            run_system(name, case, pattern, ctx, srec)
+            prepare_system(name, case, pattern, ctx, srec, timed)
             srec["status"] = "ok"
         except Exception as e:  # noqa: BLE001 -- recorded, and the next system runs
             srec["status"] = "error"
             srec["error"] = _error(e)
-        srec["wall_s"] = time.time() - t
-        print(f"{case['name']:28s} {name:18s} {_line(srec)}", flush=True)
+        srec["prepare_s"] = time.time() - t
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         writer.write()
+    args = ctx["args"]
+    ctx["timeline"] = []
+    times, errors = interleaved(timed, dev, args.runs, args.warmup, ctx["flush"],
+                                deadline=ctx["deadline"], timeline=ctx["timeline"])
+    rec["order"] = [f"{n} {p}" for n, p in ctx["timeline"][:len(timed)]]
+    for (name, pas), ts in times.items():
+        srec = rec["systems"][name]
+        flop = srec["flop_fwd"] * (2.5 if pas == "bwd" else 1)
+        flop_b = srec["flop_fwd_per_branch"] * (2.5 if pas == "bwd" else 1)
+        if (name, pas) in errors:
+            srec["status"] = "error"
+            srec["error"] = _error(errors[(name, pas)], f"timed {pas}: ")
+        if ts:
+            srec[pas] = summary(ts, flop, flop_b)
+    rec["clocks"]["end"] = gpu_state(dev)
+    for name, srec in rec["systems"].items():
+        print(f"{case['name']:28s} {name:20s} {_line(srec)}", flush=True)
+    timed = None
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
     writer.write(plot=True)
 
 
-def _error(e):
-    return {"type": type(e).__name__, "message": str(e).strip().splitlines()[0][:400] if str(e).strip() else "",
-            "traceback": traceback.format_exc()[-3000:]}
+def _error(e, prefix=""):
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-3000:]
+    return {"type": type(e).__name__, "message": prefix + (str(e).strip().splitlines()[0][:400] if str(e).strip() else ""),
+            "traceback": tb}
 
 
 def _line(s):
     f, b = s.get("fwd", {}), s.get("bwd", {})
     parts = [s.get("status", "")]
     if f:
-        parts.append(f"fwd {f['median_ms']:.3f} ms {f['tflops'] or 0:.1f} TF/s")
+        parts.append(f"fwd {f['median_ms']:.3f} ms (min {f['min_ms']:.3f}, spread {f['spread_pct']:.0f}%) "
+                     f"{f['tflops'] or 0:.1f} TF/s")
     if b:
-        parts.append(f"bwd {b['median_ms']:.3f} ms {b['tflops'] or 0:.1f} TF/s")
+        parts.append(f"bwd {b['median_ms']:.3f} ms (min {b['min_ms']:.3f}) {b['tflops'] or 0:.1f} TF/s")
     if "max_err" in s:
-        parts.append(f"err {s['max_err']:.2e}" + (" WRONG" if s.get("wrong") else ""))
+        parts.append(f"err {s['max_err']:.2e}")
+    if "grad_err" in s:
+        parts.append(f"grad err {max(s['grad_err'].values()):.2e}")
+    if s.get("wrong"):
+        parts.append("WRONG: " + ", ".join(s["wrong_what"]))
     if "error" in s:
         parts.append(f"{s['error']['type']}: {s['error']['message'][:160]}")
     return "  ".join(parts)
@@ -398,65 +657,88 @@ def markdown(data):
     lines = [f"# attnjit against its peers: {data.get('device', '')}", "",
              f"torch {data.get('torch')}, triton {data.get('triton')}, attnjit {data.get('attnjit')}, "
              f"driver {data.get('driver')}. {data.get('method')}", "",
-             "ours/peer: peer ms / ours ms (> 1: ours faster), forward / backward. max err: forward, "
-             "max |x - ref| / (1 + |ref|) on the sampled heads and rows against an fp64 reference from attnjit's mask; "
-             "(grad: max over dQ, dK, dV against ours). peak MB: PyTorch allocator peak above the inputs, forward "
-             "(forward + backward). "
+             "ms: median of the interleaved rounds (min: the fastest run; spread: (max - min) / median). "
+             "TFLOP/s: useful, on distinct attended pairs (a pair two branches attend counts once), at the median; "
+             "per-branch: the same time over pairs counted once per branch that attends them (differs for "
+             "overlapping branches only). ours/peer: peer ms / ours ms (> 1: ours faster), by median and by "
+             "minimum, forward / backward. err: max |x - ref| / (1 + |ref|) on the sampled heads and rows against "
+             "an fp64 reference from attnjit's mask: forward, then the worst of dQ, dK, dV (see each case's grad "
+             "check); **WRONG** marks a row over the tolerance. peak MB: PyTorch allocator peak above what was held "
+             "before, reset per system, forward (forward + backward). "
              "Ours' backward workspaces come from the CUDA driver's stream-ordered pool, outside PyTorch's allocator.", ""]
     families = []
     for c in data["cases"]:
         if c["family"] not in families:
             families.append(c["family"])
+    head = ("| case | system | fwd ms | min | spread | fwd TFLOP/s | per-branch | bwd ms | min | spread | bwd TFLOP/s | "
+            "ours/peer median | ours/peer min | err fwd / grad | peak MB |")
     for fam in families:
-        lines += [f"## {fam}", "", "| case | system | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | ours/peer | max err | peak MB |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"## {fam}", "", head, "|" + " --- |" * (head.count("|") - 1)]
         for c in (c for c in data["cases"] if c["family"] == fam):
+            blank = " |" * 12
             if "error" in c:
-                lines.append(f"| {c['name']} | (setup) | error: {c['error']['message'][:120]} | | | | | | |")
+                lines.append(f"| {c['name']} | (setup) | error: {c['error']['message'][:120].replace('|', '/')} |{blank}")
             ours = c["systems"].get("ours", {})
             for name, s in c["systems"].items():
                 if s.get("status") != "ok" and "fwd" not in s:
                     why = s.get("status", "") if "error" not in s else f"{s['error']['type']}: {s['error']['message'][:120]}"
-                    lines.append(f"| {c['name']} | {name} | {why.replace('|', '/')} | | | | | | |")
+                    lines.append(f"| {c['name']} | {name} | {why.replace('|', '/')} |{blank}")
                     continue
                 f, b = s.get("fwd", {}), s.get("bwd", {})
-                ratio = ""
+                rmed = rmin = ""
                 if name != "ours":
-                    rf = _ratio(f, ours.get("fwd"))
-                    rb = _ratio(b, ours.get("bwd"))
-                    ratio = " / ".join(x for x in (rf, rb) if x)
-                err = "n/a (dense)" if "max_err" not in s else _fmt(s["max_err"], ".1e") + (" **wrong**" if s.get("wrong") else "")
-                if "grad_diff_vs_ours" in s:
-                    err += f" (grad {s['grad_diff_vs_ours']:.1e})"
+                    rmed = " / ".join(x for x in (_ratio(f, ours.get("fwd")), _ratio(b, ours.get("bwd"))) if x)
+                    rmin = " / ".join(x for x in (_ratio(f, ours.get("fwd"), "min_ms"), _ratio(b, ours.get("bwd"), "min_ms")) if x)
+                if "max_err" not in s:
+                    err = "n/a (not the same pattern)"
+                else:
+                    err = _fmt(s["max_err"], ".1e") + (f" / {max(s['grad_err'].values()):.1e}" if s.get("grad_err") else "")
+                if s.get("wrong"):
+                    err += f" **WRONG: {', '.join(s.get('wrong_what', []))}**"
                 if "error" in s:
                     err += f"; error: {s['error']['message'][:80].replace('|', '/')}"
                 if "bwd_status" in s:
                     err += f"; backward {s['bwd_status']}"
                 mem = _fmt(s.get("peak_fwd_mb"), ".0f") + (f" ({s['peak_fwdbwd_mb']:.0f})" if s.get("peak_fwdbwd_mb") is not None else "")
-                lines.append(f"| {c['name']} | {name} | {_fmt(f.get('median_ms'))} | {_fmt(f.get('tflops'), '.1f')} | "
-                             f"{_fmt(b.get('median_ms'))} | {_fmt(b.get('tflops'), '.1f')} | {ratio} | {err} | {mem} |")
+                label = f"**{name} (WRONG)**" if s.get("wrong") else name
+                lines.append(f"| {c['name']} | {label} | {_fmt(f.get('median_ms'))} | {_fmt(f.get('min_ms'))} | "
+                             f"{_fmt(f.get('spread_pct'), '.0f')}{'%' if f else ''} | {_fmt(f.get('tflops'), '.1f')} | "
+                             f"{_fmt(f.get('tflops_per_branch'), '.1f')} | {_fmt(b.get('median_ms'))} | {_fmt(b.get('min_ms'))} | "
+                             f"{_fmt(b.get('spread_pct'), '.0f')}{'%' if b else ''} | {_fmt(b.get('tflops'), '.1f')} | "
+                             f"{rmed} | {rmin} | {err} | {mem} |")
         lines.append("")
-    lines += ["## Time to first result", "", "first: the first forward call of the system in this case; second: the "
-              "next one; bwd: the first forward + backward. new files: files the call added to the kernel caches, "
-              "which started empty (attnjit's, Inductor's, Triton's): > 0 means it compiled (ours: NVRTC; flex: "
-              "torch.compile); 0 means a kernel built earlier in the run served it.", "",
-              "| case | system | first s | new files | second s | first bwd s | new files |",
+    lines += ["## Cases: pairs, order, grad check, clocks", ""]
+    for c in data["cases"]:
+        st = c.get("stats", {})
+        lines.append(f"- {c['name']}: {_fmt(c.get('attended_pairs_distinct'), 'd')} distinct attended pairs, "
+                     f"{_fmt(c.get('attended_pairs_per_branch'), 'd')} per branch; rounds: "
+                     f"{', '.join(c.get('order', [])) or 'none'} (repeated); grad check: "
+                     f"{next((s.get('grad_check') for s in c['systems'].values() if s.get('grad_check')), 'none')}; "
+                     f"{clocks_text(c.get('clocks', {}))}" + ("" if st else " (no stats)"))
+    lines += ["", "## Time to first result", "",
+              "The kernel caches start empty (attnjit's, Inductor's, Triton's) unless the run says --keep-cache. "
+              "first: the system's first forward call in this case; second: the next one; bwd: the first forward + "
+              "backward. What a call compiled comes from attnjit's own JIT counters read around that call "
+              "(kernels compiled by NVRTC and their wall time, cache hits); a kernel an earlier case compiled is "
+              "served from the process's memory without a count. New files: files the call added to the cache "
+              "directories (how torch.compile's compiles show).", "",
+              "| case | system | first s | first: what it did | second s | first bwd s | bwd: what it did |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for c in data["cases"]:
         for name, s in c["systems"].items():
-            if "ttfr_first_s" in s:
-                lines.append(f"| {c['name']} | {name} | {s['ttfr_first_s']:.3f} | {_fmt(s.get('ttfr_new_cache_files'), 'd')} | "
-                             f"{s['ttfr_second_s']:.4f} | {_fmt(s.get('ttfr_bwd_first_s'))} | "
-                             f"{_fmt(s.get('ttfr_bwd_new_cache_files'), 'd')} |")
+            if "ttfr_first" in s:
+                tb = s.get("ttfr_bwd_first")
+                lines.append(f"| {c['name']} | {name} | {s['ttfr_first']['s']:.3f} | {ttfr_legend(s['ttfr_first'])} | "
+                             f"{s['ttfr_second_s']:.4f} | {_fmt(tb['s'] if tb else None)} | {ttfr_legend(tb) if tb else ''} |")
     notes = sorted({f"{n}: {s['note']}" for c in data["cases"] for n, s in c["systems"].items() if s.get("note")})
     lines += ["", "## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
 
 
-def _ratio(peer, ours):
+def _ratio(peer, ours, key="median_ms"):
     if not peer or not ours:
         return ""
-    return f"{peer['median_ms'] / ours['median_ms']:.2f}"
+    return f"{peer[key] / ours[key]:.2f}"
 
 
 def plot_png(cases, path):
@@ -496,8 +778,11 @@ def metadata(device, args):
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "attnjit": attnjit.__version__, "attnjit_info": attnjit.info(),
             "python": sys.version.split()[0], "args": vars(args), "caches": CACHE_INFO,
-            "method": f"median (and min) of {args.runs} runs after {args.warmup} warm-ups, L2 flushed before each run; "
-                      "useful TFLOP/s = 4 D pairs B / time, backward 2.5x."}
+            "method": f"each case's systems interleaved in {args.runs} rounds (A B C A B C ...) after {args.warmup} "
+                      "warm-ups each, L2 flushed before each run; median, min and spread; GPU clocks and temperature "
+                      "read before and after each case; useful TFLOP/s = 4 D distinct pairs B / time (backward 2.5x), "
+                      "per-branch pairs alongside; forward and gradients checked against an fp64 reference on "
+                      "sampled heads and rows."}
     try:
         import triton
         meta["triton"] = triton.__version__
@@ -511,8 +796,8 @@ def metadata(device, args):
     return meta
 
 
-def run_cases(cases, args, device, dtype, tol):
-    ctx = {"device": device, "dtype": dtype, "tol": tol, "args": args,
+def run_cases(cases, args, device, dtype, tol, grad_tol):
+    ctx = {"device": device, "dtype": dtype, "tol": tol, "grad_tol": grad_tol, "args": args,
            "deadline": time.time() + args.budget,
            "flush": torch.empty(256 * 2**20, dtype=torch.uint8, device=device) if device.type == "cuda" else None}
     writer = Writer(args.out, metadata(device, args))
@@ -541,6 +826,14 @@ def smoke_family(check, name, family, spec, S, H, D):
     case = {"name": name, "family": family, "spec": spec, "S": S, "H": H, "D": D, "B": 2}
     scale, divisor = softmax_scale(spec, D), group_divisor(spec)
     dev = torch.device("cpu")
+    st = pattern.stats(S, H)
+    check(f"{name}: stats distinct_pairs == pairs of the mask (each counted once)",
+          st["distinct_pairs"] == int((counts > 0).sum()), f"{st['distinct_pairs']} vs {int((counts > 0).sum())}")
+    check(f"{name}: stats attended_pairs == mask counts summed (once per branch)",
+          st["attended_pairs"] == int(counts.astype(np.int64).sum()), f"{st['attended_pairs']}")
+    if family == "longnet":
+        check(f"{name}: overlapping branches: distinct pairs < per-branch pairs",
+              st["distinct_pairs"] < st["attended_pairs"], f"{st['distinct_pairs']} < {st['attended_pairs']}")
     block = spec.get("layout", {}).get("block", 64)
     blocks = torch.as_tensor(counts > 0).view(H, S // block, block, S // block, block)
     if family in ("longnet", "seed_dilated"):
@@ -564,6 +857,39 @@ def smoke_family(check, name, family, spec, S, H, D):
     ref = reference_rows(qh, kh, vh, counts, list(range(H)), rows, scale, divisor)
     ours = attnjit.attention(q, k, v, pattern).transpose(1, 2)
     check(f"{name}: ours (plan executor, fp32) vs fp64 reference from the mask", max_err(ours, ref) < 1e-4, f"{max_err(ours, ref):.1e}")
+    a64 = [x.double().requires_grad_() for x in (q, k, v)]
+    g_a = [g.transpose(1, 2) for g in torch.autograd.grad(attnjit.attention(*a64, pattern), a64, dout.double())]
+    heads, srows = sample_positions(H, S)
+    refg = reference_grads(qh, kh, vh, douth, pattern, heads, srows, scale, divisor, chunk_elems=H * S * 37)
+    err = max(max_err(r, sampled(g, heads, srows)) for r, g in zip(refg, g_a))
+    check(f"{name}: fp64 reference grads (chunked pass over the mask) vs attnjit fp64 autograd", err < 1e-10, f"{err:.1e}")
+    tc = torch_counts(case, pattern, heads, dev)
+    if tc is not None:
+        check(f"{name}: PyTorch counts of the reference's row pass == Pattern.mask",
+              np.array_equal(tc(37, 91).numpy(), counts[heads][:, 37:128]))
+        refc = reference_grads(qh, kh, vh, douth, pattern, heads, srows, scale, divisor, chunk_elems=H * S * 53, counts_fn=tc)
+        err = max(max_err(a, b) for a, b in zip(refc, refg))
+        check(f"{name}: fp64 reference grads from the PyTorch counts == from Pattern.mask", err < 1e-12, f"{err:.1e}")
+    else:
+        check(f"{name}: PyTorch counts exist for every smoke family", False)
+    dq_only = reference_grads(qh, kh, vh, douth, pattern, heads, srows, scale, divisor, keys=False)
+    check(f"{name}: fp64 reference dQ alone == with dK, dV", dq_only[1] is None and max_err(dq_only[0], refg[0]) < 1e-12)
+    if family in ("longnet", "seed_dilated"):
+        try:
+            fwd_b = torch_longnet(spec, H, S, D, dev)
+        except NotImplementedError as e:
+            fwd_b = None
+            check(f"{name}: torch-longnet refuses only what it cannot batch (a segment not dividing S, a head list "
+                  "that is no range)", name in SMOKE_UNBATCHED, str(e))
+        if fwd_b is not None:
+            q64, k64, v64 = (x.double().requires_grad_() for x in (qh, kh, vh))
+            o64 = fwd_b(q64, k64, v64)
+            check(f"{name}: torch-longnet vs fp64 reference (fp64)", max_err(o64, ref) < 1e-10, f"{max_err(o64, ref):.1e}")
+            g_b = torch.autograd.grad(o64, (q64, k64, v64), douth.double())
+            err = max(max_err(a, b) for a, b in zip(g_b, g_a))
+            check(f"{name}: torch-longnet grads vs attnjit fp64 grads (fp64)", err < 1e-10, f"{err:.1e}")
+            o32 = fwd_b(qh, kh, vh)
+            check(f"{name}: torch-longnet vs ours (fp32)", max_err(o32, ours) < 1e-4, f"{max_err(o32, ours):.1e}")
     if family == "dense":
         o = sdpa_system(SDPBackend.FLASH_ATTENTION, bool(spec.get("causal")))(qh, kh, vh)
         check(f"{name}: sdpa-flash vs ours", max_err(o, ours) < 1e-4, f"{max_err(o, ours):.1e}")
@@ -620,31 +946,130 @@ def smoke_meta_plumbing(check):
     grads = torch.autograd.grad(o, (q, k, v), dout)
     check("torch-dilated: CUDA flash op plumbing on meta tensors (fwd + bwd)",
           o.shape == q.shape and all(g.shape == q.shape and g.dtype == q.dtype for g in grads))
+    S = 768
+    q, k, v, dout = (torch.empty(2, H, S, D, device="meta", dtype=torch.bfloat16) for _ in range(4))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    o = torch_longnet(SMOKE_LONGNET_BATCHED, H, S, D, torch.device("meta"))(q, k, v)
+    grads = torch.autograd.grad(o, (q, k, v), dout)
+    check("torch-longnet: CUDA flash op plumbing on meta tensors (fwd + bwd, a padded branch)",
+          o.shape == q.shape and all(g.shape == q.shape and g.dtype == q.dtype for g in grads))
+
+
+def _broken_systems():
+    """Two systems the checks must catch: a forward off by 1%, and a right forward whose dQ is wrong."""
+    def broken_fwd(c, p, dev):
+        return (lambda q, k, v: attnjit.attention(q, k, v, p) * 1.01), "bshd", None
+
+    def broken_grad(c, p, dev):
+        def fwd(q, k, v):
+            return attnjit.attention(q, k, v, p) + 0.1 * (q - q.detach())  # same values, dQ off by 0.1 dO
+        return fwd, "bshd", None
+    return {"broken-fwd": broken_fwd, "broken-grad": broken_grad}
+
+
+def smoke_units(check):
+    """The method's helpers on made-up inputs: the summary's spread, the nvidia-smi parser, the time to
+    first result's legend (a call that counted compiles says so; one that counted more compile time
+    than it took is flagged), and the round order."""
+    s = summary([2.0, 1.0, 4.0, 3.0], 8e9, 1.2e10)
+    check("units: summary median, min, max, spread, per-branch TFLOP/s",
+          s["median_ms"] == 2.5 and s["min_ms"] == 1.0 and s["max_ms"] == 4.0 and abs(s["spread_pct"] - 120) < 1e-9
+          and abs(s["tflops"] - 8e9 / 2.5e-3 / 1e12) < 1e-12 and abs(s["tflops_per_branch"] / s["tflops"] - 1.5) < 1e-12
+          and abs(s["tflops_at_min"] - 8e9 / 1e-3 / 1e12) < 1e-12, str(s))
+    check("units: no per-branch column where the counts agree", "tflops_per_branch" not in summary([1.0], 1e9, 1e9))
+    p = parse_smi("1980, 2619, 41, 312.55, 0x0000000000000000\n")
+    check("units: nvidia-smi line parsed", p == {"clocks.sm": 1980.0, "clocks.mem": 2619.0, "temperature.gpu": 41.0,
+                                                  "power.draw": 312.55, "clocks_event_reasons.active": "0x0000000000000000"}, str(p))
+    try:
+        parse_smi("1980, 2619")
+        check("units: a short nvidia-smi line is refused", False)
+    except ValueError:
+        check("units: a short nvidia-smi line is refused", True)
+    text = clocks_text({"start": {"clocks.sm": 1980.0, "temperature.gpu": 41.0}, "end": {"clocks.sm": 1755.0}})
+    check("units: clocks text shows start and end", "SM 1980" in text and "SM 1755" in text, text)
+    zero = dict.fromkeys(JIT_KEYS, 0)
+    compiled = ttfr_legend({"s": 2.1, "jit": {**zero, "compiled": 2, "compile_wall_seconds": 1.9}})
+    hit = ttfr_legend({"s": 0.04, "jit": {**zero, "cache_hits": 2, "lookup_seconds": 0.002}})
+    bad = ttfr_legend({"s": 0.04, "jit": {**zero, "compiled": 1, "compile_wall_seconds": 1.4}})
+    check("units: time to first result legend from the counters",
+          compiled.startswith("compiled 2 kernel(s) in 1.90 s") and "inconsistent" not in compiled
+          and hit.startswith("2 kernel(s) from the cache") and "compiled" not in hit and "inconsistent" in bad,
+          f"{compiled} | {hit} | {bad}")
+    check("units: jit counters delta", jit_delta({**zero, "compiled": 1}, {**zero, "compiled": 3})["compiled"] == 2)
+    order = []
+    t, e = interleaved([("a", lambda: None), ("b", lambda: 1 / 0), ("c", lambda: None)], torch.device("cpu"), 3, 0,
+                       None, timeline=order)
+    check("units: rounds run A B C A C A C: a failing system dropped after its error",
+          order == ["a", "b", "c", "a", "c", "a", "c"] and len(t["a"]) == 3 and not t["b"] and isinstance(e["b"], ZeroDivisionError), str(order))
+    order = []
+    interleaved([("a", lambda: None), ("b", lambda: None)], torch.device("cpu"), 4, 1, None, timeline=order)
+    check("units: rounds interleave A B A B", order == ["a", "b"] * 4, str(order))
 
 
 def smoke_pipeline(check, args):
-    """The benchmark's own loop (timing, errors, files) on tiny CPU cases."""
+    """The benchmark's own loop (rounds, references, correctness marks, files) on tiny CPU cases,
+    with two broken systems that must come out marked wrong."""
+    SYSTEMS.update(_broken_systems())
     cases = [_case("dense-tiny", "dense", DENSE, 128, 2, 16, DENSE_SYSTEMS),
-             _case("longnet-tiny", "longnet", SMOKE_LONGNET, 384, 4, 16, DILATED_SYSTEMS),
+             _case("longnet-tiny", "longnet", SMOKE_LONGNET_PIPELINE, 384, 4, 16,
+                   DILATED_SYSTEMS + ["broken-fwd", "broken-grad"]),
              _case("bigbird-tiny", "layout", SMOKE_BIGBIRD, 256, 2, 16, LAYOUT_SYSTEMS)]
     out = tempfile.mkdtemp(prefix="peers-smoke-")
-    a = argparse.Namespace(**{**vars(args), "out": out, "runs": 2, "warmup": 1, "budget": 120.0})
-    writer = run_cases(cases, a, torch.device("cpu"), torch.float32, 1e-4)
+    a = argparse.Namespace(**{**vars(args), "out": out, "runs": 3, "warmup": 1, "budget": 120.0})
+    writer = run_cases(cases, a, torch.device("cpu"), torch.float32, 1e-4, 1e-4)
     with open(os.path.join(out, "peers.json"), encoding="utf-8") as f:
         data = json.load(f)
-    ok = len(data["cases"]) == 3 and os.path.exists(os.path.join(out, "peers.md"))
+    with open(os.path.join(out, "peers.md"), encoding="utf-8") as f:
+        md = f.read()
+    ok = len(data["cases"]) == 3
+    jit_present = jit_counters() is not None
     for c in data["cases"]:
         for name, s in c["systems"].items():
+            if name.startswith("broken"):
+                what = "forward" if name == "broken-fwd" else "gradients"  # O * 1.01 has wrong gradients too
+                good = (s.get("wrong") and s.get("wrong_what", [None])[0] == what and f"**{name} (WRONG)**" in md
+                        and (name == "broken-fwd" or s["wrong_what"] == ["gradients"]))
+                check(f"pipeline: {c['name']} {name} marked wrong ({what}) in the JSON and the table", good, _line(s))
+                ok = ok and good
+                continue
             expect_ok = name not in ("sdpa-cudnn", "flex")  # no cuDNN, no flex backward on the CPU
             good = "fwd" in s and not s.get("wrong") and (s.get("status") == "ok" or not expect_ok)
             good = good or (name == "sdpa-cudnn" and s.get("status") == "error")
+            if good and s.get("status") == "ok":
+                f, b = s["fwd"], s["bwd"]
+                good = (f["runs"] == b["runs"] == 3 and f["min_ms"] <= f["median_ms"] <= f["max_ms"]
+                        and "spread_pct" in f and (name == "sdpa-flash-dense" or set(s["grad_err"]) == {"dq", "dk", "dv"})
+                        and "peak_fwd_mb" in s and "peak_fwdbwd_mb" in s and "ttfr_first" in s and "ttfr_bwd_first" in s
+                        and s["ttfr_first"]["attnjit"] == (name == "ours")
+                        and (s["ttfr_first"]["jit"] is not None) == (jit_present and name == "ours"))
             check(f"pipeline: {c['name']} {name}", good, _line(s))
             ok = ok and good
+        first_round = list(dict.fromkeys(x.split()[0] for x in c["order"]))
+        check(f"pipeline: {c['name']} one round runs every timed system once, in order",
+              first_round == [n for n, s in c["systems"].items() if "fwd" in s] and len(c["order"]) == len(set(c["order"])),
+              ", ".join(c["order"]))
+        check(f"pipeline: {c['name']} clocks read or skipped visibly at start and end",
+              "skipped" in c["clocks"]["start"] and "skipped" in c["clocks"]["end"] and "clocks: skipped" in md)
+    ln = next(c for c in data["cases"] if c["name"] == "longnet-tiny")
+    ours = ln["systems"]["ours"]
+    check("pipeline: longnet distinct pairs < per-branch pairs, TFLOP/s on distinct pairs below per-branch",
+          ln["attended_pairs_distinct"] < ln["attended_pairs_per_branch"]
+          and ours["fwd"]["tflops"] < ours["fwd"]["tflops_per_branch"], f"{ln['attended_pairs_distinct']} < "
+          f"{ln['attended_pairs_per_branch']}")
+    check("pipeline: torch-longnet ran and matched", ln["systems"]["torch-longnet"].get("status") == "ok"
+          and not ln["systems"]["torch-longnet"].get("wrong"), _line(ln["systems"]["torch-longnet"]))
     check("pipeline: peers.json and peers.md written", ok, out)
     if importlib.util.find_spec("matplotlib"):
         check("pipeline: peers.png written", os.path.exists(os.path.join(out, "peers.png")))
     else:
         print("skipped: peers.png: no matplotlib")
+    if jit_present:
+        check("pipeline: the CPU device compiled nothing (JIT counters around ours' first calls)",
+              ours["ttfr_first"]["jit"]["compiled"] == 0 and ours["ttfr_bwd_first"]["jit"]["compiled"] == 0)
+    else:
+        print("skipped: JIT counters: this attnjit build has no jit_counters (rebuild the extension)")
+    for name in _broken_systems():
+        SYSTEMS.pop(name)
     return writer
 
 
@@ -659,6 +1084,7 @@ def smoke(args):
             smoke_family(check, name, family, spec, S, H, D)
         except Exception as e:  # noqa: BLE001
             check(f"{name}: ran", False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+    smoke_units(check)
     smoke_meta_plumbing(check)
     smoke_compiled_flex(check)
     smoke_pipeline(check, args)
@@ -701,6 +1127,9 @@ def main():
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--runs", type=int, default=20, help="timed runs per measurement (at least 20 on the GPU)")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--ref-keys-max-s", type=int, default=131072,
+                    help="largest S whose dK, dV are checked against the fp64 reference (a pass over every row); "
+                         "above it dQ only")
     ap.add_argument("--keep-cache", action="store_true", help="use the environment's kernel caches (warm TTFR)")
     ap.add_argument("--list", action="store_true", help="print the case names and exit")
     ap.add_argument("--smoke", action="store_true", help="CPU correctness checks on tiny shapes (exit 1 on a mismatch)")
@@ -726,7 +1155,7 @@ def main():
         print("no CUDA device: the benchmark needs a GPU (run --smoke on the CPU)", file=sys.stderr)
         return 77
     args.runs = max(args.runs, 20)
-    writer = run_cases(cases, args, torch.device("cuda"), torch.bfloat16, 2e-2)
+    writer = run_cases(cases, args, torch.device("cuda"), torch.bfloat16, 2e-2, 5e-2)
     bad = [f"{c['name']}/{n}" for c in writer.cases for n, s in c["systems"].items() if s.get("wrong")]
     print(f"wrote {args.out}/peers.json, peers.md, peers.png" + (f"; WRONG: {', '.join(bad)}" if bad else ""))
     return 0

@@ -77,6 +77,54 @@ def reference_rows(q, k, v, counts, heads, rows, scale, divisor):
     return torch.where(den > 0, (p @ vs) / den.clamp_min(1e-300), 0.0) / divisor
 
 
+def reference_grads(q, k, v, dout, pattern, heads, rows, scale, divisor, chunk_elems=2**27, keys=True, counts_fn=None):
+    """fp64 (dQ, dK, dV) of the contract, each [B, len(heads), len(rows), D] (q, k, v, dout [B, H, S, D]):
+    dQ of the sampled query rows (from attnjit's mask of those rows), dK and dV of the same positions
+    taken as key rows. dK and dV need every query row's probabilities: one pass over all query rows of
+    the sampled heads, in chunks; counts_fn(start, n) gives the chunk's counts [len(heads), n, S]
+    (default attnjit's `Pattern.mask` at q_offset, exact but slow at long S: bench/peers.py passes a
+    PyTorch count function that --smoke checks equal to it). keys=False skips the pass (dK, dV None).
+    Rows that attend nothing contribute nothing."""
+    H, S = q.shape[1], q.shape[2]
+    dev = q.device
+    k64, v64 = k[:, heads].double(), v[:, heads].double()
+    do64 = dout[:, heads].double() / divisor
+
+    def probs(q_rows, c):
+        c = torch.as_tensor(c).to(dev, torch.float64)
+        s = (q_rows @ k64.transpose(-1, -2)) * scale
+        s = s.masked_fill(c == 0, -math.inf)
+        m = s.amax(-1, keepdim=True).clamp_min(-1e300)
+        p = c * torch.exp(s - m)
+        den = p.sum(-1, keepdim=True)
+        return torch.where(den > 0, p / den.clamp_min(1e-300), 0.0)
+
+    def dscores(p, do_rows):
+        dp = do_rows @ v64.transpose(-1, -2)
+        o = p @ v64
+        return p * (dp - (do_rows * o).sum(-1, keepdim=True))
+
+    qr, dor = q[:, heads][:, :, rows].double(), do64[:, :, rows]
+    p = probs(qr, mask_rows(pattern, rows, H, S)[heads])
+    dq = (dscores(p, dor) @ k64) * scale
+    if not keys:
+        return dq, None, None
+    dk = torch.zeros(q.shape[0], len(heads), len(rows), q.shape[3], dtype=torch.float64, device=dev)
+    dv = torch.zeros_like(dk)
+    if counts_fn is None:
+        def counts_fn(start, n):
+            return pattern.mask(n, H, seq_k=S, q_offset=start)[heads]
+    step = max(1, chunk_elems // (len(heads) * S))
+    for start in range(0, S, step):
+        n = min(step, S - start)
+        qc, doc = q[:, heads, start:start + n].double(), do64[:, :, start:start + n]
+        p = probs(qc, counts_fn(start, n))
+        ds = dscores(p, doc)
+        dk += ds[..., rows].transpose(-1, -2) @ qc * scale
+        dv += p[..., rows].transpose(-1, -2) @ doc
+    return dq, dk, dv
+
+
 def max_err(x, ref):
     """max |x - ref| / (1 + |ref|), in fp64."""
     x, ref = x.double(), ref.double()
@@ -188,6 +236,128 @@ def torch_dilated(spec, H, S, D, device):
 
     def fwd(q, k, v):
         o = DilatedSDPA.apply(q, k, v, pieces, scale)
+        return o / divisor if divisor != 1 else o
+    return fwd
+
+
+# ---------------------------------------------------------------------------------------------
+# torch-longnet: the contract as a user who read torchscale would write it: per branch, one strided
+# view over every segment and head (head h takes its dilation residue), one flash call per branch
+# over all segments and heads, the branches merged by their LSEs in one softmax; exact gradients.
+
+class _Branch:
+    """One branch on the heads h0..h1-1 (a contiguous range: head_groups and head lists that are
+    ranges), over segments of w rows (S a multiple of w), dilation r. A segment that r does not
+    divide is padded with zero rows to n * r (n = ceil(w / r)); a padded key scores exactly 0, so
+    the forward takes it back out of the LSE (Z_real = exp(lse) - padded keys) and rescales O; in
+    the backward a zero key adds nothing to dQ and its dK, dV rows are dropped."""
+
+    def __init__(self, w, r, off, S, device):
+        heads = [h for h, o in enumerate(off) if o >= 0]
+        if heads != list(range(heads[0], heads[-1] + 1)):
+            raise NotImplementedError(f"torch-longnet batches a branch over a contiguous head range, not {heads}")
+        w = segment_length(w, S)
+        if S % w:
+            raise NotImplementedError(f"torch-longnet needs S a multiple of every segment ({S} % {w})")
+        self.h0, self.h1, self.w, self.r, self.nseg = heads[0], heads[-1] + 1, w, r, S // w
+        self.n = -(-w // r)
+        self.pad = self.n * r - w
+        offs = [off[h] for h in heads]
+        if max(offs) >= r:
+            raise NotImplementedError(f"offset {max(offs)} >= dilation {r}")
+        self.off = torch.tensor(offs, device=device)
+        # padded key rows a head's residue selects in each segment: 0 or 1
+        self.padded = torch.tensor([float(o + r * (self.n - 1) >= w) for o in offs], device=device)
+        self.direct = r == 1 and self.nseg == 1
+
+    def _index(self, B, D):
+        return self.off.view(1, 1, -1, 1, 1, 1).expand(B, self.nseg, self.h1 - self.h0, self.n, 1, D)
+
+    def gather(self, x):
+        """[B, H, S, D] -> [B * nseg, Hb, n, D] (a copy unless the branch is the whole sequence)."""
+        B, D, Hb = x.shape[0], x.shape[-1], self.h1 - self.h0
+        x = x[:, self.h0:self.h1]
+        if self.direct:
+            return x
+        x = x.reshape(B, Hb, self.nseg, self.w, D)
+        if self.r == 1:
+            return x.transpose(1, 2).reshape(B * self.nseg, Hb, self.w, D)
+        if self.pad:
+            x = F.pad(x, (0, 0, 0, self.pad))
+        x = x.view(B, Hb, self.nseg, self.n, self.r, D).permute(0, 2, 1, 3, 4, 5)
+        return torch.gather(x, 4, self._index(B, D)).view(B * self.nseg, Hb, self.n, D)
+
+    def scatter(self, y, fill):
+        """Inverse of gather: [B * nseg, Hb, n, D] -> [B, Hb, S, D], `fill` where the branch has no row."""
+        if self.direct:
+            return y
+        Hb, D = self.h1 - self.h0, y.shape[-1]
+        B = y.shape[0] // self.nseg
+        if self.r == 1:
+            return y.view(B, self.nseg, Hb, self.w, D).transpose(1, 2).reshape(B, Hb, self.nseg * self.w, D)
+        full = torch.full((B, Hb, self.nseg, self.n * self.r, D), fill, dtype=y.dtype, device=y.device)
+        view = full.view(B, Hb, self.nseg, self.n, self.r, D).permute(0, 2, 1, 3, 4, 5)
+        view.scatter_(4, self._index(B, D), y.view(B, self.nseg, Hb, self.n, 1, D))
+        return full[:, :, :, :self.w].reshape(B, Hb, self.nseg * self.w, D)
+
+
+class LongNetSDPA(torch.autograd.Function):
+    """One flash call per branch over all its segments and heads, merged by LSE (as DilatedSDPA,
+    whose backward identity this shares: each branch's flash backward given the merged O and LSE)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, branches, scale):
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        o = torch.zeros(q.shape, dtype=acc, device=q.device)
+        lse = torch.full(q.shape[:3], -math.inf, dtype=acc, device=q.device)
+        extras = []
+        for br in branches:
+            op, lp, extra = _flash_fwd(br.gather(q), br.gather(k), br.gather(v), scale)
+            extras.append((extra, lp.shape))
+            lp = lp[..., :op.shape[2]].to(acc)
+            if br.pad:  # the zero keys' exp(0) = 1 each out of the denominator
+                real = lp + torch.log1p(-br.padded.to(acc).view(1, -1, 1) * torch.exp(-lp))
+                op = op.to(acc) * torch.exp(lp - real)[..., None]
+                lp = real
+            ob = br.scatter(op.to(acc), 0.0)
+            lb = br.scatter(lp[..., None], -math.inf)[..., 0]
+            hs = slice(br.h0, br.h1)
+            old = lse[:, hs]
+            new = torch.logaddexp(old, lb)
+            o[:, hs] = (o[:, hs] * torch.exp(old - new).nan_to_num(0.0)[..., None]
+                        + ob * torch.exp(lb - new).nan_to_num(0.0)[..., None])
+            lse[:, hs] = new
+        out = o.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.branches, ctx.extras, ctx.scale = branches, extras, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        acc = lse.dtype
+        grads = [torch.zeros(x.shape, dtype=acc, device=x.device) for x in (q, k, v)]
+        lse0 = torch.where(torch.isinf(lse), 0.0, lse)  # rows a branch does not reach: any finite value
+        for br, (extra, lse_shape) in zip(ctx.branches, ctx.extras):
+            lp = br.gather(lse0[..., None])[..., 0]
+            if lp.shape != lse_shape:
+                lp = F.pad(lp, (0, lse_shape[-1] - lp.shape[-1]))
+            parts = _flash_bwd(br.gather(dout), br.gather(q), br.gather(k), br.gather(v), br.gather(out),
+                               lp.contiguous(), extra, ctx.scale)
+            for g, part in zip(grads, parts):
+                g[:, br.h0:br.h1] += br.scatter(part.to(acc), 0.0)
+        return grads[0].to(q.dtype), grads[1].to(k.dtype), grads[2].to(v.dtype), None, None
+
+
+def torch_longnet(spec, H, S, D, device):
+    """fwd(q, k, v) on [B, H, S, D] tensors: the batched-per-branch PyTorch LongNet (LongNetSDPA).
+    Raises NotImplementedError for what it does not batch (a head list that is no range, a sequence
+    that is no multiple of a segment)."""
+    branches = [_Branch(w, r, off, S, device) for w, r, off in dilated_terms(spec, H) if max(off) >= 0]
+    scale, divisor = softmax_scale(spec, D), group_divisor(spec)
+
+    def fwd(q, k, v):
+        o = LongNetSDPA.apply(q, k, v, branches, scale)
         return o / divisor if divisor != 1 else o
     return fwd
 

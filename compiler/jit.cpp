@@ -22,7 +22,22 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+std::mutex& counters_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+JitCounters& counters() {
+  static JitCounters c;
+  return c;
+}
+
 }  // namespace
+
+JitCounters jit_counters() {
+  std::lock_guard<std::mutex> lock(counters_mutex());
+  return counters();
+}
 
 // Kernels are compiled for speed: fast math for exp2/log2, and line info for profilers.
 const std::vector<std::string>& kernel_compile_options() {
@@ -120,6 +135,9 @@ std::vector<CompiledKernel> KernelCompiler::get_many(const std::vector<KernelSou
         c.cache_hit = true;
         c.usage = inspect_cubin(c.cubin);
         c.seconds = seconds_since(t0);
+        std::lock_guard<std::mutex> lock(counters_mutex());
+        counters().cache_hits += 1;
+        counters().lookup_seconds += c.seconds;
         continue;
       }
     }
@@ -135,8 +153,18 @@ std::vector<CompiledKernel> KernelCompiler::get_many(const std::vector<KernelSou
   std::vector<CompileRequest> requests;
   for (size_t n : misses) requests.push_back(request_for(kernels[n]));
   // Each kernel goes into the cache as soon as it is compiled, on the thread that compiled it: an
-  // interrupted precompile keeps what it finished. Each call fills only its own kernel's slots.
+  // interrupted precompile keeps what it finished. Each call fills only its own kernel's slots; the
+  // process-wide counters (jit_counters) take their lock.
   auto finished = [&](size_t m, const CompileOutcome& result) {
+    {
+      std::lock_guard<std::mutex> lock(counters_mutex());
+      if (const auto* ok = std::get_if<CompileResult>(&result)) {
+        counters().compiled += 1;
+        counters().compile_seconds += ok->seconds;
+      } else {
+        counters().failed += 1;
+      }
+    }
     const size_t n = misses[m];
     if (const auto* err = std::get_if<std::string>(&result)) {
       errors[n] = *err;
@@ -155,7 +183,12 @@ std::vector<CompiledKernel> KernelCompiler::get_many(const std::vector<KernelSou
     cache_.put_alias(key_with_nvrtc(kernels[n], kAnyNvrtc), c.key.hex);
     dump(kernels[n], r.options, r.log);
   };
+  const auto t_compile = std::chrono::steady_clock::now();
   compile_many(requests, jobs, progress, finished);
+  if (!misses.empty()) {
+    std::lock_guard<std::mutex> lock(counters_mutex());
+    counters().compile_wall_seconds += seconds_since(t_compile);
+  }
   return out;
 }
 

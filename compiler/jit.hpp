@@ -62,6 +62,17 @@ private:
   std::map<std::string, std::shared_ptr<const CompiledKernel>> loaded_;  // by source hash + arch
 };
 
+// Process-wide JIT counters, summed over every KernelCompiler since the process started: kernels
+// NVRTC compiled here (compile_seconds: their compile times summed; compile_wall_seconds: the wall
+// time of the compile batches, which run in parallel), kernels found in a kernel cache (memory or
+// disk layer) and the time spent finding them, and failed compiles. A caller reads them before
+// and after a call to tell what the call compiled (bench/peers.py's time to first result).
+struct JitCounters {
+  int64_t compiled = 0, cache_hits = 0, failed = 0;
+  double compile_seconds = 0, compile_wall_seconds = 0, lookup_seconds = 0;
+};
+JitCounters jit_counters();
+
 // The NVRTC options every kernel is compiled with (the emulator follows their semantics:
 // --use_fast_math flushes fp32 subnormals and contracts a * b + c to fma).
 const std::vector<std::string>& kernel_compile_options();

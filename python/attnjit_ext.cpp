@@ -21,6 +21,7 @@
 #include "attnjit/attnjit.hpp"
 #include "compiler/cache/manifest.hpp"
 #include "compiler/codegen/codegen.hpp"
+#include "compiler/jit.hpp"
 #include "compiler/nvrtc/nvrtc_compiler.hpp"
 #include "compiler/nvrtc/nvrtc_library.hpp"
 #include "compiler/pattern/mask.hpp"
@@ -460,6 +461,17 @@ NB_MODULE(_attnjit, m) {
     }
   });
 
+  m.def("jit_counters", []() {
+    const JitCounters c = jit_counters();
+    nb::dict d;
+    d["compiled"] = c.compiled;
+    d["cache_hits"] = c.cache_hits;
+    d["failed"] = c.failed;
+    d["compile_seconds"] = c.compile_seconds;
+    d["compile_wall_seconds"] = c.compile_wall_seconds;
+    d["lookup_seconds"] = c.lookup_seconds;
+    return d;
+  }, "process-wide JIT counters: kernels compiled (and their seconds), cache hits, failed compiles");
   m.def("validate", [](const std::string& spec) {
     const Pattern p = pattern_of(spec);
     return std::make_tuple(canonical_text(p), pattern_hash(p));

@@ -365,6 +365,33 @@ TEST_CASE("get_many stores each kernel in the cache as it finishes, so an interr
   CHECK_FALSE(reread.get(compiler.key_for(kernels[2])).has_value());
 }
 
+TEST_CASE("the JIT counters count a compile with its time, then a cache hit without one", "[codegen][nvrtc][cache]") {
+  if (!nvrtc_available()) {
+    WARN("SKIPPED: no NVRTC found; nothing compiles");
+    return;
+  }
+  KernelCache cache("", 0, false);  // memory only: a second compiler finds the kernel there
+  KernelRequest r;
+  r.head_dim = r.head_dim_v = 64;
+  const KernelSource src = generate_kernel(no_mask(), r);
+  const JitCounters before = jit_counters();
+  KernelCompiler first(cache, Knobs{});
+  const auto compiled = first.get(src);
+  const JitCounters mid = jit_counters();
+  CHECK(mid.compiled == before.compiled + 1);
+  CHECK(mid.cache_hits == before.cache_hits);
+  CHECK(mid.failed == before.failed);
+  CHECK(mid.compile_wall_seconds - before.compile_wall_seconds >= compiled->seconds * 0.99);
+  CHECK(mid.compile_seconds - before.compile_seconds == Approx(compiled->seconds));
+  CHECK(compiled->seconds > 0);
+  KernelCompiler second(cache, Knobs{});
+  CHECK(second.get(src)->cache_hit);
+  const JitCounters after = jit_counters();
+  CHECK(after.compiled == mid.compiled);
+  CHECK(after.cache_hits == mid.cache_hits + 1);
+  CHECK(after.compile_wall_seconds == mid.compile_wall_seconds);
+}
+
 TEST_CASE("unsupported requests are user errors naming the fix", "[codegen]") {
   KernelRequest r;
   r.head_dim = 72;
