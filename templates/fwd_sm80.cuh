@@ -232,37 +232,46 @@ __device__ __forceinline__ void aj_sm80_softmax(float (&s)[AJ_TILE_K / 8][4], fl
 
 // A key a row does not attend must not reach it, but the tensor cores multiply a non-finite V by
 // that row's P = 0 all the same (0 * NaN is NaN): an uninitialised tail of a KV cache, or a NaN
-// beside a causal diagonal, would poison every row of the tile. So a row whose softmax sum l is
-// finite (every score it attended was) while some of this thread's accumulator columns are not is
-// summed again here for those columns, one attended key at a time in float32 from global memory,
-// skipping the keys it does not attend; a row that attends nothing comes out 0. Only non-finite
-// inputs lead here; a row that did attend a non-finite value comes out non-finite again. m: the
-// rows' maxima in exp2 units (the quad's); acc: this thread's columns of rows r0 and r0 + 8.
+// beside a causal diagonal, would poison every row of the tile. So the epilogue looks at the two
+// 16-bit values it stores per word (aj_tc_word_nonfinite: exponent bits all ones, a bit test that
+// no fast-math rule can fold away), and a row with such a value whose softmax sum l is finite
+// (every score it attended was) is summed again (aj_tc_exact_rows) and stored once more. The test
+// reads the packed words, not the accumulators: on the Hopper kernels, touching the wgmma
+// accumulators outside the multiplies makes ptxas serialise every wgmma of the loop.
+#if AJ_DTYPE == 1
+#define AJ_HALF_EXP 0x7c00u  // fp16
+#else
+#define AJ_HALF_EXP 0x7f80u  // bf16
+#endif
+__device__ __forceinline__ bool aj_tc_word_nonfinite(aj_u32 w) {
+  return (w & AJ_HALF_EXP) == AJ_HALF_EXP || (w & (AJ_HALF_EXP << 16)) == (AJ_HALF_EXP << 16);
+}
+// Bit h of the answer: row r0 + 8 h, whose stored words showed a non-finite value (bad[h]), needs
+// the exact sum.
+__device__ __forceinline__ int aj_tc_poisoned_rows(const AjItem& item, int r0, const bool (&bad)[2], const float (&l)[2]) {
+  int rows = 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (bad[h] && (aj_float_as_uint(l[h]) & 0x7f800000u) != 0x7f800000u && r0 + 8 * h < item.rows_count) rows |= 1 << h;
+  return rows;
+}
+
+// This thread's columns of the rows in `rows` (aj_tc_poisoned_rows) summed again, one attended key
+// at a time in float32 from global memory, skipping the keys the row does not attend; a row that
+// attends nothing (l = 0) comes out 0. Only non-finite inputs lead here, and a row that did attend
+// a non-finite value comes out non-finite again. m: the rows' maxima in exp2 units (the quad's, as
+// the tensor-core path used them); store(h, j, x0, x1) receives row r0 + 8 h's columns
+// j * 8 + quad * 2 and + 1, unnormalised (the caller scales them as it scales acc). The columns go
+// AJ_TC_EXACT_COLS 8-column blocks at a time, each a walk over the keys: a rare path's registers
+// stay few (at head dim 256 a whole row's sums beside the epilogue's would spill).
+#define AJ_TC_EXACT_COLS 4
+template <typename Store>
 __device__ __forceinline__ void aj_tc_exact_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
-                                                 float (&acc)[AJ_HEAD_DIM_V / 8][4], const float (&m)[2],
-                                                 const float (&l)[2]) {
-  // Bit tests, not float compares, so that no fast-math rule can fold them away: a float is not
-  // finite when its exponent bits are all ones.
-  bool redo[2], want[2];
+                                                 const float (&m)[2], const float (&l)[2], int rows, const Store& store) {
+  constexpr int BLOCKS = AJ_HEAD_DIM_V / 8, CHUNK = BLOCKS < AJ_TC_EXACT_COLS ? BLOCKS : AJ_TC_EXACT_COLS;
+  bool want[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    aj_u32 top = 0;
-#pragma unroll
-    for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
-      const aj_u32 e0 = aj_float_as_uint(acc[j][2 * h]) & 0x7f800000u, e1 = aj_float_as_uint(acc[j][2 * h + 1]) & 0x7f800000u;
-      top = e0 > top ? e0 : top;
-      top = e1 > top ? e1 : top;
-    }
-    redo[h] = top == 0x7f800000u && (aj_float_as_uint(l[h]) & 0x7f800000u) != 0x7f800000u && r0 + 8 * h < item.rows_count;
-    want[h] = redo[h] && l[h] != 0.0f;
-  }
-  if (!(redo[0] | redo[1])) return;
-#pragma unroll
-  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (redo[e >> 1]) acc[j][e] = 0.0f;
-  if (!(want[0] | want[1])) return;  // rows that attend nothing: O = 0
+  for (int h = 0; h < 2; ++h) want[h] = (rows >> h & 1) != 0 && l[h] != 0.0f;
   const int kvh = item.head / p.heads_per_kv;
   const aj_i64 doc = aj_doc_start(p, item.rows_start), k_origin = p.k_offset - doc;
   const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
@@ -275,44 +284,55 @@ __device__ __forceinline__ void aj_tc_exact_rows(const AjParams& p, const AjItem
     qrow[h] = (const aj_elem*)p.q + b * p.q_batch_stride + i * p.q_row_stride + item.head * p.q_head_stride;
     qpos[h] = p.q_offset - doc + i;
   }
-  AjTileCursor cursor;
-  for (cursor.begin(p, item); !cursor.done(); cursor.next()) {
-    const AjTile t = cursor.tile();
-    for (int c = 0; c < t.count; ++c) {
-      const aj_i64 key = t.first + (aj_i64)c * t.stride;
-      const aj_elem* krow = kb + key * p.k_row_stride;
-      const aj_elem* vrow = vb + key * p.v_row_stride;
-      float pr[2];
-      bool att[2];
+#pragma unroll 1
+  for (int j0 = 0; j0 < BLOCKS; j0 += CHUNK) {
+    float ex[CHUNK][4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        pr[h] = 0.0f;
-        att[h] = want[h] && (t.full || aj_keys_allowed(p, t.branch, item.head, qpos[h], k_origin + t.first,
-                                                       (aj_cs)c * (aj_cs)t.stride));
-        if (!att[h]) continue;
-        float dot = 0.0f;
-        for (int d = 0; d < AJ_HEAD_DIM; ++d) dot += aj_load(qrow[h] + d) * aj_load(krow + d);
-        pr[h] = aj_ex2(aj_mul_rn(dot, p.scale_log2) - m[h]);
-      }
-      if (!(att[0] | att[1])) continue;
+    for (int j = 0; j < CHUNK; ++j) ex[j][0] = ex[j][1] = ex[j][2] = ex[j][3] = 0.0f;
+    AjTileCursor cursor;
+    for (cursor.begin(p, item); (want[0] | want[1]) && !cursor.done(); cursor.next()) {
+      const AjTile t = cursor.tile();
+      for (int c = 0; c < t.count; ++c) {
+        const aj_i64 key = t.first + (aj_i64)c * t.stride;
+        const aj_elem* krow = kb + key * p.k_row_stride;
+        const aj_elem* vrow = vb + key * p.v_row_stride + j0 * 8 + quad * 2;
+        float pr[2];
+        bool att[2];
 #pragma unroll
-      for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
-        const float v0 = aj_load(vrow + j * 8 + quad * 2), v1 = aj_load(vrow + j * 8 + quad * 2 + 1);
-        if (att[0]) acc[j][0] += pr[0] * v0, acc[j][1] += pr[0] * v1;
-        if (att[1]) acc[j][2] += pr[1] * v0, acc[j][3] += pr[1] * v1;
+        for (int h = 0; h < 2; ++h) {
+          pr[h] = 0.0f;
+          att[h] = want[h] && (t.full || aj_keys_allowed(p, t.branch, item.head, qpos[h], k_origin + t.first,
+                                                         (aj_cs)c * (aj_cs)t.stride));
+          if (!att[h]) continue;
+          float dot = 0.0f;
+          for (int d = 0; d < AJ_HEAD_DIM; ++d) dot += aj_load(qrow[h] + d) * aj_load(krow + d);
+          pr[h] = aj_ex2(aj_mul_rn(dot, p.scale_log2) - m[h]);
+        }
+        if (!(att[0] | att[1])) continue;
+#pragma unroll
+        for (int j = 0; j < CHUNK; ++j) {
+          if (BLOCKS % CHUNK != 0 && j0 + j >= BLOCKS) break;
+          const float v0 = aj_load(vrow + j * 8), v1 = aj_load(vrow + j * 8 + 1);
+          if (att[0]) ex[j][0] += pr[0] * v0, ex[j][1] += pr[0] * v1;
+          if (att[1]) ex[j][2] += pr[1] * v0, ex[j][3] += pr[1] * v1;
+        }
       }
     }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (rows >> h & 1)
+#pragma unroll
+        for (int j = 0; j < CHUNK; ++j)
+          if (BLOCKS % CHUNK == 0 || j0 + j < BLOCKS) store(h, j0 + j, ex[j][2 * h], ex[j][2 * h + 1]);
   }
 }
 
 // The end of one 16-row group of the tensor-core kernels (this file's and fwd_sm90.cuh's, whose
-// accumulators have the same layout): the row sums finished across the quad, rows that a masked
-// non-finite value reached summed again (aj_tc_exact_rows), the LSE of this thread's rows r0 and
-// r0 + 8 of the item stored, and the factors that turn acc into O (1 / l times the output scale;
-// 0 for a row that attended nothing).
+// accumulators have the same layout): the row sums finished across the quad, the LSE of this
+// thread's rows r0 and r0 + 8 of the item stored, and the factors that turn acc into O (1 / l
+// times the output scale; 0 for a row that attended nothing).
 __device__ __forceinline__ void aj_tc_finish_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
-                                                  float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2],
-                                                  float (&inv)[2]) {
+                                                  float (&m)[2], float (&l)[2], float (&inv)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += aj_shfl_xor(l[h], 1);
@@ -320,7 +340,6 @@ __device__ __forceinline__ void aj_tc_finish_rows(const AjParams& p, const AjIte
     // l is 0 for a row that attended nothing (O = 0, LSE = -inf) and NaN for one that saw a NaN.
     inv[h] = l[h] == 0.0f ? 0.0f : p.output_scale / l[h];
   }
-  aj_tc_exact_rows(p, item, b, r0, quad, acc, m, l);
   if (quad == 0 && p.lse) {
     const int r1 = r0 + 8;
     float* lb = p.lse + b * p.lse_batch_stride + item.head * p.lse_head_stride;
@@ -335,16 +354,24 @@ __device__ __forceinline__ void aj_tc_finish_rows(const AjParams& p, const AjIte
 __device__ __forceinline__ void aj_tc_store_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
                                                  float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2]) {
   float inv[2];
-  aj_tc_finish_rows(p, item, b, r0, quad, acc, m, l, inv);
+  aj_tc_finish_rows(p, item, b, r0, quad, m, l, inv);
   aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
   const int r1 = r0 + 8;
   const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
+  bool bad[2] = {false, false};
 #pragma unroll
   for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
     const int col = j * 8 + quad * 2;
-    if (r0 < item.rows_count) *(aj_u32*)(ob + i0 * p.o_row_stride + col) = aj_pack2(acc[j][0] * inv[0], acc[j][1] * inv[0]);
-    if (r1 < item.rows_count) *(aj_u32*)(ob + i1 * p.o_row_stride + col) = aj_pack2(acc[j][2] * inv[1], acc[j][3] * inv[1]);
+    const aj_u32 w0 = aj_pack2(acc[j][0] * inv[0], acc[j][1] * inv[0]), w1 = aj_pack2(acc[j][2] * inv[1], acc[j][3] * inv[1]);
+    bad[0] |= aj_tc_word_nonfinite(w0);
+    bad[1] |= aj_tc_word_nonfinite(w1);
+    if (r0 < item.rows_count) *(aj_u32*)(ob + i0 * p.o_row_stride + col) = w0;
+    if (r1 < item.rows_count) *(aj_u32*)(ob + i1 * p.o_row_stride + col) = w1;
   }
+  if (const int redo = aj_tc_poisoned_rows(item, r0, bad, l))  // rows a masked non-finite V reached: written again, exactly
+    aj_tc_exact_rows(p, item, b, r0, quad, m, l, redo, [&](int h, int j, float x0, float x1) {
+      *(aj_u32*)(ob + (h ? i1 : i0) * p.o_row_stride + j * 8 + quad * 2) = aj_pack2(x0 * inv[h], x1 * inv[h]);
+    });
 }
 
 // The same into a shared O tile ([AJ_TILE_Q][AJ_DVP], rows of the item's tile): this thread's
@@ -354,13 +381,21 @@ __device__ __forceinline__ void aj_tc_stage_rows(const AjParams& p, const AjItem
                                                  float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2],
                                                  aj_elem* tile) {
   float inv[2];
-  aj_tc_finish_rows(p, item, b, r0, quad, acc, m, l, inv);
+  aj_tc_finish_rows(p, item, b, r0, quad, m, l, inv);
+  bool bad[2] = {false, false};
 #pragma unroll
   for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
     const int col = j * 8 + quad * 2;
-    *(aj_u32*)(tile + r0 * AJ_DVP + col) = aj_pack2(acc[j][0] * inv[0], acc[j][1] * inv[0]);
-    *(aj_u32*)(tile + (r0 + 8) * AJ_DVP + col) = aj_pack2(acc[j][2] * inv[1], acc[j][3] * inv[1]);
+    const aj_u32 w0 = aj_pack2(acc[j][0] * inv[0], acc[j][1] * inv[0]), w1 = aj_pack2(acc[j][2] * inv[1], acc[j][3] * inv[1]);
+    bad[0] |= aj_tc_word_nonfinite(w0);
+    bad[1] |= aj_tc_word_nonfinite(w1);
+    *(aj_u32*)(tile + r0 * AJ_DVP + col) = w0;
+    *(aj_u32*)(tile + (r0 + 8) * AJ_DVP + col) = w1;
   }
+  if (const int redo = aj_tc_poisoned_rows(item, r0, bad, l))  // rows a masked non-finite V reached: written again, exactly
+    aj_tc_exact_rows(p, item, b, r0, quad, m, l, redo, [&](int h, int j, float x0, float x1) {
+      *(aj_u32*)(tile + (r0 + 8 * h) * AJ_DVP + j * 8 + quad * 2) = aj_pack2(x0 * inv[h], x1 * inv[h]);
+    });
 }
 
 // Rows r < count of a shared [ROWS][PITCH] tile to rows first + r * stride of a [.., D] tensor,

@@ -170,7 +170,7 @@ TEST_CASE("a NaN or inf in V reaches only the rows that attend its key, on every
   for (const auto& [pname, pattern] : patterns)
     for (const Path& path : forward_paths())
       for (const int64_t d : {int64_t(64), int64_t(128)}) {
-        if (path.arch < 80 && d == 128) continue;  // the SIMT paths: once is enough
+        if (d == 128 && (path.arch < 80 || pname != "dilated")) continue;  // head dim 128: one pattern, the tensor-core paths
         Case c;
         c.name = pname + "/" + path.name + "/d" + std::to_string(d);
         c.pattern = pattern, c.dtype = path.dtype, c.arch = path.arch, c.sm90a = path.sm90a, c.tma = path.tma;
