@@ -444,7 +444,7 @@ void TuningDb::record(const std::string& file, const TuneKey& key, const TuneRes
     throw UserError(file, problem);
   }
 
-  DbEntry mine{key, result, utc_now()};
+  DbEntry mine{key, result, utc_now(), {}};
   mine.result.wall_s = 0;
   auto same = std::find_if(entries.begin(), entries.end(), [&](const DbEntry& e) { return e.key == key; });
   if (same != entries.end()) *same = std::move(mine);
