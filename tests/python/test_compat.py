@@ -267,6 +267,34 @@ def test_torchscale_checkpoint_loads_and_converts():
         assert rel_error(n(x, x, x, is_causal=causal)[0], m(x, x, x, is_causal=causal)[0]) <= 1e-13
 
 
+def test_torchscale_departures_get_the_longnet_answer():
+    # The minimal inputs of docs/longnet-compat.md, against closed forms.
+    def run(q, k, v, segments, rates, causal=False):
+        return attnjit.attention(q, k, v, attnjit.Pattern.from_json(ts.spec_of(segments, rates, causal=causal)))
+
+    def scores(q, k, i, js):
+        return torch.stack([q[0, i, 0] @ k[0, j, 0] for j in js]) / q.shape[-1] ** 0.5
+
+    # A last partial segment: row 8 of 10 attends keys 8 and 9 only (no zero-padding keys).
+    q, k, v = (rand(1, 10, 1, 64, seed=20 + n) for n in range(3))
+    w = torch.exp(scores(q, k, 8, [8, 9]))
+    assert rel_error(run(q, k, v, [8], [1])[0, 8, 0], (w[0] * v[0, 8, 0] + w[1] * v[0, 9, 0]) / w.sum()) <= 1e-14
+    # A segment (6) not a multiple of its rate (4): row 6 attends keys 6 and 10; row 8 is not selected.
+    q, k, v = (rand(1, 12, 1, 64, seed=23 + n) for n in range(3))
+    o = run(q, k, v, [6], [4])
+    w = torch.exp(scores(q, k, 6, [6, 10]))
+    assert rel_error(o[0, 6, 0], (w[0] * v[0, 6, 0] + w[1] * v[0, 10, 0]) / w.sum()) <= 1e-14
+    assert (o[0, 8, 0] == 0).all()
+    # A log-sum-exp of exactly 0 (q0 . k0 = 0, the first branch's only key): the key counts twice.
+    q, k, v = (rand(1, 2, 1, 64, seed=26 + n) for n in range(3))
+    q[0, 0, 0] = 0
+    q[0, 0, 0, 0] = 1.0
+    k[0, 0, 0, 0] = 0.0
+    e = torch.exp(scores(q, k, 0, [1]))[0]
+    want = (2 * v[0, 0, 0] + e * v[0, 1, 0]) / (2 + e)
+    assert rel_error(run(q, k, v, [1, 2], [1, 1])[0, 0, 0], want) <= 1e-14
+
+
 # dilated-attention-pytorch ---------------------------------------------------------------------
 
 
@@ -307,6 +335,9 @@ def test_dap_attention_is_longnet_head_groups(causal):
     got = dap.DilatedAttention(segments, rates)(q, k, v, is_causal=causal)
     assert rel_error(got, longnet_head_groups(q, k, v, segments, rates, causal)) <= 1e-12
     assert got[:, :, 6:].abs().sum() > 0
+    # No division by a branch's sum over the sequence: v all ones gives ones over the number of groups.
+    ones = dap.DilatedAttention([8], [1])(q[:, :16, :1], k[:, :16, :1], torch.ones_like(v[:, :16, :1]))
+    assert rel_error(ones, torch.ones_like(ones)) <= 1e-14
     scaled = dap.DilatedAttention(segments, rates, softmax_scale=0.3)(q, k, v, is_causal=causal)
     assert rel_error(scaled, longnet_head_groups(q, k, v, segments, rates, causal, scale=0.3)) <= 1e-12
 
