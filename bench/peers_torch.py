@@ -16,7 +16,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 def dilated_terms(spec, H):
     """[(segment, dilation, off)] per branch: off[h] is the residue head h selects, -1 where the branch
-    does not apply to h. Offsets: head_mod h % r, head_block h*r // H, group branch % r, or the integer
+    does not apply to h. Offsets: head_mod h % r, head_block h*r // H, torchscale h // ceil(H / r), group branch % r, or the integer
     (default head_mod under softmax, group under head_groups); head_groups: group g runs branch g only."""
     branches = spec["branches"]
     for key, none in (("causal", False), ("window", [-1, -1]), ("layout", None)):
@@ -34,7 +34,7 @@ def dilated_terms(spec, H):
             if not applies:
                 off.append(-1)
             else:
-                off.append({"head_mod": h % r, "head_block": h * r // H, "group": b % r}.get(rule, rule))
+                off.append({"head_mod": h % r, "head_block": h * r // H, "torchscale": h // -(-H // r), "group": b % r}.get(rule, rule))
         terms.append((br["segment"], r, [int(o) for o in off]))
     return terms
 

@@ -56,6 +56,10 @@ int64_t branch_offset(const Branch& br, int64_t h, int64_t heads_q) {
     case OffsetRule::HeadMod: return h % br.dilation;
     case OffsetRule::HeadBlock:  // h * r reaches 2^93 for sizes and dilations below their limits
       return static_cast<int64_t>(static_cast<__int128>(h) * br.dilation / heads_q);
+    case OffsetRule::Torchscale: {  // torchscale pads the heads to a multiple of r: ceil(Hq/r) per offset
+      const int64_t per = heads_q / br.dilation + (heads_q % br.dilation != 0);
+      return h / per;
+    }
     case OffsetRule::Fixed: return br.offset.value;
     case OffsetRule::Group: break;  // resolved to Fixed when the pattern is built
   }

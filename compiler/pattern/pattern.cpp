@@ -42,6 +42,7 @@ const char* to_string(OffsetRule r) {
   switch (r) {
     case OffsetRule::HeadMod: return "head_mod";
     case OffsetRule::HeadBlock: return "head_block";
+    case OffsetRule::Torchscale: return "torchscale";
     case OffsetRule::Group: return "group";
     case OffsetRule::Fixed: return "fixed";
   }

@@ -22,7 +22,10 @@ constexpr size_t kMaxBranches = 64;  // branch sets are 64-bit masks in the lowe
 
 enum class Combine { Softmax, HeadGroups };
 enum class GroupScale { Mean, None };
-enum class OffsetRule { HeadMod, HeadBlock, Group, Fixed };
+// Offset of head h of Hq under a dilation r: HeadMod h mod r (the LongNet paper), HeadBlock
+// floor(h*r/Hq), Torchscale floor(h / ceil(Hq/r)) (torchscale pads the heads to a multiple of r),
+// Group the branch index mod r, Fixed a constant.
+enum class OffsetRule { HeadMod, HeadBlock, Group, Fixed, Torchscale };
 
 struct Offset {
   OffsetRule rule = OffsetRule::HeadMod;

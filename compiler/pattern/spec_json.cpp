@@ -271,14 +271,15 @@ Layout parse_layout(const json& j, const std::string& path, std::pair<int64_t, i
 
 Offset parse_offset(const json& j, const std::string& path) {
   if (j.is_number_integer()) return Offset{OffsetRule::Fixed, j.get<int64_t>()};
-  if (!j.is_string()) wrong_type(j, path, "\"head_mod\", \"head_block\", \"group\" or an integer");
+  if (!j.is_string()) wrong_type(j, path, "\"head_mod\", \"head_block\", \"torchscale\", \"group\" or an integer");
   const std::string s = j.get<std::string>();
   if (s == "head_mod") return Offset{OffsetRule::HeadMod, 0};
   if (s == "head_block") return Offset{OffsetRule::HeadBlock, 0};
+  if (s == "torchscale") return Offset{OffsetRule::Torchscale, 0};
   if (s == "group") return Offset{OffsetRule::Group, 0};
   throw UserError(path, "unknown offset rule \"" + printable(s) + "\"; did you mean \"" +
-                            nearest(s, {"head_mod", "head_block", "group"}) +
-                            "\"? (valid: head_mod, head_block, group, or an integer in [0, dilation))");
+                            nearest(s, {"head_mod", "head_block", "torchscale", "group"}) +
+                            "\"? (valid: head_mod, head_block, torchscale, group, or an integer in [0, dilation))");
 }
 
 UnresolvedBranch parse_branch(const json& j, const std::string& path) {

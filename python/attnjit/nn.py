@@ -88,7 +88,7 @@ class DilatedAttention(_PatternAttention):
     combine="softmax": one softmax over every branch's keys (LongNet's mixing, with exact
     gradients); "head_groups": heads split into one group per branch, outputs divided by the number
     of groups (the seed project's DilatedAttention). `offset`: which residue a head selects
-    ("head_mod", "head_block", "group" or an integer; default per combine rule).
+    ("head_mod", "head_block", "torchscale", "group" or an integer; default per combine rule).
     """
 
     def __init__(self, segment_lengths, dilation_rates, *, combine="softmax", offset=None, causal=False, scale=None):

@@ -145,8 +145,10 @@ class Gen:
             pass  # default rule
         elif o < 0.5:
             br["offset"] = "head_mod"
-        elif o < 0.65:
+        elif o < 0.58:
             br["offset"] = "head_block"
+        elif o < 0.65:
+            br["offset"] = "torchscale"
         elif o < 0.8:
             br["offset"] = "group"
         else:

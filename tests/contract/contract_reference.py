@@ -192,6 +192,8 @@ def _offset_per_head(rule, r, b_index, heads_q):
         return h % r
     if rule == "head_block":
         return (h * r) // heads_q
+    if rule == "torchscale":
+        return h // -(-heads_q // r)
     if rule == "group":
         return np.full(heads_q, b_index % r, dtype=np.int64)
     raise SpecError("unknown offset rule %r" % (rule,))

@@ -47,6 +47,30 @@ TEST_CASE("random patterns match the float64 reference in the emulator", "[emu][
   check_cases("emu-random", cases);
 }
 
+// The "torchscale" offset rule where the dilation does not divide the heads (H = 6 at r = 4,
+// H = 4 at r = 8: residues without heads, two heads a residue), GQA and a query offset, on the
+// sm_80 tensor-core and the SIMT paths; the plan executor under ATTNJIT_GPU_TESTS_DEVICE=cpu.
+TEST_CASE("the torchscale offset rule matches the float64 reference on every path", "[gpu][emu][attention][torchscale]") {
+  SKIP_WITHOUT_GPU();
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(32).dilation(1))
+                        .branch(BranchSpec().segment(64).dilation(4).offset(OffsetRule::Torchscale))
+                        .branch(BranchSpec().segment(128).dilation(8).offset(OffsetRule::Torchscale))
+                        .build();
+  std::vector<Case> cases;
+  uint64_t seed = 4800;
+  for (const auto& [hq, hkv, q_offset, dt, arch] :
+       {std::tuple<int64_t, int64_t, int64_t, DType, int>{6, 6, 0, DType::BF16, 80}, {6, 3, 40, DType::F16, 75},
+        {4, 2, 0, DType::F32, 80}, {4, 4, 24, DType::BF16, 80}}) {
+    Case c;
+    c.name = "torchscale-H" + std::to_string(hq) + "-kv" + std::to_string(hkv) + "-off" + std::to_string(q_offset);
+    c.pattern = p, c.shape = make_shape(1, 150, 190, hq, hkv, 64, q_offset, 0), c.dtype = dt, c.arch = arch;
+    c.seed = seed++;
+    cases.push_back(std::move(c));
+  }
+  check_cases("torchscale-offsets", cases);
+}
+
 TEST_CASE("every tile configuration the autotuner can choose matches the reference", "[gpu][emu][attention][configs]") {
   SKIP_WITHOUT_GPU();
   if (target() == Target::Cpu) { WARN("SKIPPED on the CPU device: it has no kernel configurations"); return; }

@@ -68,10 +68,11 @@ public:
     if (full) b.full(); else b.segment(w);
     const int64_t r = uniform(1, full ? 6 : std::min<int64_t>(w, 6));
     b.dilation(r);
-    switch (uniform(0, 3)) {
+    switch (uniform(0, 4)) {
       case 0: b.offset(OffsetRule::HeadMod); break;
       case 1: b.offset(OffsetRule::HeadBlock); break;
       case 2: b.offset(OffsetRule::Group); break;
+      case 3: b.offset(OffsetRule::Torchscale); break;
       default: b.offset(uniform(0, r - 1)); break;
     }
     if (allow_heads && coin(0.2)) {

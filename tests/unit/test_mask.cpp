@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "compiler/pattern/pattern_stats.hpp"
 #include "compiler/pattern/random_layout.hpp"
@@ -207,6 +208,60 @@ TEST_CASE("offset rules", "[mask]") {
   CHECK(branch_offset(b, 1, 8) == 0);
   b.offset = {OffsetRule::Fixed, 3};
   CHECK(branch_offset(b, 6, 8) == 3);
+}
+
+// torchscale's rule by its own construction: the heads padded with zeros to a multiple of r,
+// split as (r2 h) with r2 of size r, and head r2 * (Hp / r) + h' keeps the residue r2 (the
+// diagonal of the (l r1) x (r2 h) rearrangement).
+TEST_CASE("the torchscale offset rule is torchscale's padded-heads split for every heads and dilation", "[mask]") {
+  Branch b;
+  b.offset = {OffsetRule::Torchscale, 0};
+  for (int64_t r = 1; r <= 12; ++r) {
+    b.dilation = r;
+    for (int64_t heads = 1; heads <= 40; ++heads) {
+      const int64_t padded = (heads + r - 1) / r * r;
+      std::vector<int64_t> want(static_cast<size_t>(padded));
+      for (int64_t r2 = 0; r2 < r; ++r2)
+        for (int64_t hh = 0; hh < padded / r; ++hh) want[static_cast<size_t>(r2 * (padded / r) + hh)] = r2;
+      for (int64_t h = 0; h < heads; ++h) {
+        INFO("heads " << heads << " dilation " << r << " head " << h);
+        REQUIRE(branch_offset(b, h, heads) == want[static_cast<size_t>(h)]);
+      }
+    }
+  }
+  // At H = 6, r = 4 and H = 4, r = 8 the rule is not head_block's floor(h * r / H).
+  b.dilation = 4;
+  const std::vector<int64_t> six = {0, 0, 1, 1, 2, 2};  // H = 6, r = 4: ceil(6/4) = 2 heads per offset; 3 unused
+  for (int64_t h = 0; h < 6; ++h) CHECK(branch_offset(b, h, 6) == six[static_cast<size_t>(h)]);
+  Branch hb = b;
+  hb.offset = {OffsetRule::HeadBlock, 0};
+  CHECK(branch_offset(hb, 3, 6) == 2);  // floor(3 * 4 / 6)
+  CHECK(branch_offset(b, 3, 6) == 1);
+  b.dilation = 8;  // H = 4, r = 8: one head per offset, offsets 0..3
+  for (int64_t h = 0; h < 4; ++h) CHECK(branch_offset(b, h, 4) == h);
+  hb.dilation = 8;
+  CHECK(branch_offset(hb, 1, 4) == 2);
+  // Sizes near the limits do not overflow.
+  b.dilation = 3;
+  CHECK(branch_offset(b, kMaxSize - 1, kMaxSize) == 2);
+}
+
+TEST_CASE("the torchscale rule's mask equals its definition (H = 6, r = 4; H = 4, r = 8)", "[mask]") {
+  for (const auto& [heads, r, w] : {std::tuple<int64_t, int64_t, int64_t>{6, 4, 8}, {4, 8, 16}, {5, 3, 7}}) {
+    const Pattern p = PatternBuilder().branch(BranchSpec().segment(w).dilation(r).offset(OffsetRule::Torchscale)).build();
+    Shape s;
+    s.seq_q = s.seq_k = 2 * w + 3;
+    s.heads_q = s.heads_kv = heads;
+    const MaskContext ctx{p, s, nullptr};
+    const int64_t per = (heads + r - 1) / r;
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < s.seq_q; ++i)
+        for (int64_t j = 0; j < s.seq_k; ++j) {
+          const bool want = i / w == j / w && (i % w) % r == h / per && (j % w) % r == h / per;
+          INFO("heads " << heads << " r " << r << " head " << h << " q " << i << " k " << j);
+          REQUIRE(branch_attends(ctx, 0, h, i, j) == want);
+        }
+  }
   const Pattern p = PatternBuilder()
                         .combine(Combine::HeadGroups)
                         .branch(BranchSpec().segment(8).dilation(2))

@@ -16,7 +16,8 @@ TEST_CASE("the JSON parser and the builder build the same Pattern", "[pattern]")
     "branches": [
       {"segment": 256, "dilation": 2},
       {"segment": "full", "dilation": 3, "offset": "head_block", "causal": false, "heads": [3, 1]},
-      {"segment": 512, "dilation": 4, "offset": 1, "layout": {"explicit": {"blocks": [[1, 0], [0, 0]]}}}
+      {"segment": 512, "dilation": 4, "offset": 1, "layout": {"explicit": {"blocks": [[1, 0], [0, 0]]}}},
+      {"segment": 64, "dilation": 4, "offset": "torchscale"}
     ]})");
   const Pattern from_builder =
       PatternBuilder()
@@ -27,8 +28,14 @@ TEST_CASE("the JSON parser and the builder build the same Pattern", "[pattern]")
           .branch(BranchSpec().segment(256).dilation(2))
           .branch(BranchSpec().full().dilation(3).offset(OffsetRule::HeadBlock).causal(false).heads({1, 3}))
           .branch(BranchSpec().segment(512).dilation(4).offset(1).layout(layouts::explicit_blocks({{0, 0}, {1, 0}})))
+          .branch(BranchSpec().segment(64).dilation(4).offset(OffsetRule::Torchscale))
           .build();
   CHECK(from_json == from_builder);
+  CHECK(from_json.branches[3].offset.rule == OffsetRule::Torchscale);
+  CHECK(canonical_text(from_json).find("branch 3: segment=64 dilation=4 offset=torchscale ") != std::string::npos);
+  CHECK(error_of([] { parse_spec(R"({"attnjit": 1, "branches": [{"segment": 8, "dilation": 2, "offset": "torchscal"}]})"); }) ==
+        "/branches/0/offset: unknown offset rule \"torchscal\"; did you mean \"torchscale\"? (valid: head_mod, head_block, "
+        "torchscale, group, or an integer in [0, dilation))");
   CHECK(canonical_text(from_json) == canonical_text(from_builder));
   CHECK(pattern_hash(from_json) == pattern_hash(from_builder));
 }
