@@ -246,7 +246,7 @@ TEST_CASE("the torchscale offset rule is torchscale's padded-heads split for eve
   CHECK(branch_offset(b, kMaxSize - 1, kMaxSize) == 2);
 }
 
-TEST_CASE("the torchscale rule's mask equals its definition (H = 6, r = 4; H = 4, r = 8)", "[mask]") {
+TEST_CASE("the torchscale rule's mask equals its definition (H = 6 with r = 4, H = 4 with r = 8)", "[mask]") {
   for (const auto& [heads, r, w] : {std::tuple<int64_t, int64_t, int64_t>{6, 4, 8}, {4, 8, 16}, {5, 3, 7}}) {
     const Pattern p = PatternBuilder().branch(BranchSpec().segment(w).dilation(r).offset(OffsetRule::Torchscale)).build();
     Shape s;
