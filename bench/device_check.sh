@@ -9,7 +9,8 @@
 # nvidia-smi, attnjit info, the probe kernels against the emulator's golden files (every GPU
 # building block, bit for bit: attnjit_probes --device gpu), the GPU tests (forward, backward,
 # driver layer and CUDA graphs, the backward's random sweep, each its own step), the Python package's tests (its GPU subset),
-# compute-sanitizer memcheck, racecheck and synccheck on the GPU tests' [sanitize] subset,
+# compute-sanitizer memcheck, racecheck, synccheck and initcheck on the GPU tests' [sanitize] subset
+# (forward and backward kernels),
 # attnjit_gpu_bench over examples/*.json at seq 4096 and 16384 (16 heads, head dim 128, bf16),
 # BigBird at 16384 and 65536 with its random blocks planned and decided in the kernels,
 # then the CPU-side unit tests with what time is left. Each step runs under `timeout` within an overall budget
@@ -68,6 +69,9 @@ step() {
   timeout -k 10 "$limit" bash -c "$cmd" > "$log" 2>&1
   local rc=$? secs=$(( $(date +%s) - t0 )) status=pass note=""
   if (( rc == 124 || rc == 137 )); then status=timeout; note="killed after ${limit}s"
+  elif grep -qE 'Device not supported|Target application terminated before first instrumented API call' "$log" && \
+       [[ "$name" =~ ^(memcheck|racecheck|synccheck|initcheck)$ ]]; then
+    status=skipped; note="compute-sanitizer cannot instrument this machine's GPU: $(grep -m1 -E 'Device not supported|terminated before' "$log" | cut -c1-160)"
   elif (( rc != 0 && rc != 77 )); then status=fail; note="exit status $rc"
   elif (( rc == 77 )) || grep -qE '^SKIPPED|\*\*\*Skipped|^skipped:' "$log"; then
     status=skipped; note="$(grep -m1 -E 'SKIPPED|Skipped|skipped:' "$log" | cut -c1-200)"
@@ -148,7 +152,7 @@ report = {"generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "
                         "suites": suites, "cases": cases},
           "unit_tests": {"summary": grab("unit_tests", r"^\d+% tests passed.*$"),
                          "failed": grab("unit_tests", r"^\s+\d+ - .*\((Failed|Timeout|SEGFAULT|Not Run|Exception).*$")},
-          "sanitizers": {n: grab(n, r"^=+ ERROR SUMMARY.*$|^=+ RACECHECK SUMMARY.*$") for n in ("memcheck", "racecheck", "synccheck")},
+          "sanitizers": {n: grab(n, r"^=+ ERROR SUMMARY.*$|^=+ RACECHECK SUMMARY.*$") for n in ("memcheck", "racecheck", "synccheck", "initcheck")},
           "probes": [dict(zip(("probe", "result", "words", "mismatches"), l.split())) for l in read(f"{out}/probes.txt").splitlines() if l.strip()],
           "junit": junit, "bench": bench}
 with open(f"{out}/report.json", "w") as f: json.dump(report, f, indent=1)
@@ -298,13 +302,15 @@ fi
 sanitizer="$(command -v compute-sanitizer || true)"
 san_args="--error-exitcode 1 --print-limit 20 '$build/tests/attnjit_gpu_tests' '[sanitize]'"
 if (( ! have_gpu )); then
-  for tool in memcheck racecheck synccheck; do skip $tool "no GPU"; done
+  for tool in memcheck racecheck synccheck initcheck; do skip $tool "no GPU"; done
 elif [ -z "$sanitizer" ]; then
-  for tool in memcheck racecheck synccheck; do skip $tool "compute-sanitizer not found (PATH, /usr/local/cuda/bin)"; done
+  for tool in memcheck racecheck synccheck initcheck; do skip $tool "compute-sanitizer not found (PATH, /usr/local/cuda/bin)"; done
 else
-  step memcheck 150 140 "'$sanitizer' --tool memcheck $san_args"
-  step racecheck 150 110 "'$sanitizer' --tool racecheck $san_args"
-  step synccheck 150 90 "'$sanitizer' --tool synccheck $san_args"
+  # initcheck: every byte a kernel reads was written first (by an upload, a memset or a kernel).
+  step memcheck 150 150 "'$sanitizer' --tool memcheck $san_args"
+  step racecheck 150 120 "'$sanitizer' --tool racecheck $san_args"
+  step synccheck 150 100 "'$sanitizer' --tool synccheck $san_args"
+  step initcheck 150 80 "'$sanitizer' --tool initcheck --track-unused-memory no $san_args"
 fi
 
 specs=()

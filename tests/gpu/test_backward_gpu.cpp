@@ -206,6 +206,30 @@ TEST_CASE("backward: every example pattern matches the reference gradients", "[g
   }
 }
 
+// Small enough for compute-sanitizer (memcheck, racecheck, synccheck, initcheck): every example
+// pattern through the tensor-core kernels (bf16, the dK/dV and dQ kernels and the row-delta pass),
+// the SIMT kernels (fp32) and the deterministic mode, at a few tiles per row.
+// bench/device_check.sh runs "[sanitize]" under each tool.
+TEST_CASE("backward: a small subset for compute-sanitizer", "[gpu][grad][sanitize]") {
+  if (!on_gpu()) { WARN("SKIPPED: a GPU case (compute-sanitizer runs it on hardware)"); return; }
+  shared_context(0).make_current();
+  RuntimeOptions ro;
+  ro.device = device_under_test();
+  Runtime rt(ro);
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(ATTNJIT_EXAMPLES_DIR)) {
+    if (e.path().extension() != ".json" || e.path().stem() == "manifest") continue;
+    const Pattern p = load_spec_file(e.path().string());
+    for (const auto& [dt, d] : std::vector<std::pair<DType, int64_t>>{{DType::F32, 32}, {DType::BF16, 64}}) {
+      Shape s;
+      s.batch = 1, s.seq_q = s.seq_k = 200, s.heads_q = 2, s.heads_kv = 1, s.head_dim = s.head_dim_v = d;
+      INFO(e.path().filename().string() << " " << to_string(dt) << " head_dim " << d);
+      CHECK(check_backward(rt, p, s, dt, nullptr, 700 + n, n % 4 == 1) == "");
+      ++n;
+    }
+  }
+}
+
 TEST_CASE("backward: Pascal's kernels (sm_61: SIMT, fp32 arithmetic on fp16/bf16) match the reference gradients",
           "[emu][grad][pascal]") {
   if (gputest::target() != gputest::Target::Emu) {
