@@ -463,6 +463,12 @@ def flex_fn(device):
         for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, 256)
+        # The timed backward runs autograd.grad on one retained graph (retain_graph=True), as for
+        # every system; a compiled backward that donates its saved buffers refuses that ("compiled
+        # with non-empty donated buffers"). Donation only lets the backward reuse the saved
+        # tensors' memory in place; it does not change the kernels that are timed.
+        if hasattr(torch, "_functorch") and hasattr(torch._functorch.config, "donated_buffer"):
+            torch._functorch.config.donated_buffer = False
         _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
     return _COMPILED_FLEX
 

@@ -222,7 +222,7 @@ TEST_CASE("backward: a small subset for compute-sanitizer", "[gpu][grad][sanitiz
     const Pattern p = load_spec_file(e.path().string());
     for (const auto& [dt, d] : std::vector<std::pair<DType, int64_t>>{{DType::F32, 32}, {DType::BF16, 64}}) {
       Shape s;
-      s.batch = 1, s.seq_q = s.seq_k = 200, s.heads_q = 2, s.heads_kv = 1, s.head_dim = s.head_dim_v = d;
+      s.batch = 1, s.seq_q = s.seq_k = 200, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = d;
       INFO(e.path().filename().string() << " " << to_string(dt) << " head_dim " << d);
       CHECK(check_backward(rt, p, s, dt, nullptr, 700 + n, n % 4 == 1) == "");
       ++n;
