@@ -130,18 +130,20 @@ struct GpuBackwardTables {
   int32_t num_key_items = 0;
 };
 
-// The backward's scratch: D [B, Hq, Sq], then the fp32 dK and dV accumulators, each region
-// 256-byte aligned.
+// The backward's scratch: D [B, Hq, Sq], then the fp32 dK, dV and (single pass) dQ
+// accumulators, each region 256-byte aligned.
 struct BackwardScratch {
-  size_t delta = 0, dk = 0, dv = 0;  // region offsets
-  size_t dk_bytes = 0, dv_bytes = 0, total = 0;
+  size_t delta = 0, dk = 0, dv = 0, dq = 0;  // region offsets
+  size_t dk_bytes = 0, dv_bytes = 0, dq_bytes = 0, total = 0;
   explicit BackwardScratch(const Problem& pb) {
     auto round = [](size_t n) { return (n + 255) / 256 * 256; };
     dk_bytes = size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim) * 4;
     dv_bytes = size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim_v) * 4;
+    dq_bytes = size_t(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim) * 4;
     dk = round(size_t(pb.batch * pb.heads_q * pb.seq_q) * 4);
     dv = dk + round(dk_bytes);
-    total = dv + round(dv_bytes);
+    dq = dv + round(dv_bytes);
+    total = dq + round(dq_bytes);
   }
 };
 
@@ -282,14 +284,17 @@ public:
     memset_d8_async(reinterpret_cast<CUdeviceptr>(dk_acc), 0, layout.dk_bytes, stream);
     memset_d8_async(reinterpret_cast<CUdeviceptr>(dv_acc), 0, layout.dv_bytes, stream);
     const GpuTables& f = t.query_major;
+    const BackwardGrids g = backward_grids(pb, bwd_, size_t(f.num_items), plans.key_major, options.deterministic);
+    float* const dq_acc = g.single_pass ? ws.at(layout.dq) : nullptr;
+    if (dq_acc) memset_d8_async(reinterpret_cast<CUdeviceptr>(dq_acc), 0, layout.dq_bytes, stream);
     const KernelTables tables = f.kernel_tables();
     const BackwardTables bt{reinterpret_cast<const DeviceKeyItem*>(t.key_major.at(t.key_items)),
                             reinterpret_cast<const DeviceQueryEntry*>(t.key_major.at(t.query_entries)), t.num_key_items, delta,
-                            dk_acc, dv_acc};
+                            dk_acc, dv_acc, dq_acc};
     KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, q, k, v, o, lse, dout, dq, dk, dv, options);
+    bp.dq_acc = dq_acc;
     bp.fwd.dyn_errors = nullptr;  // the forward counted the table's problems
     void* args[] = {&bp};
-    const BackwardGrids g = backward_grids(pb, bwd_, size_t(f.num_items), plans.key_major, options.deterministic);
     auto run = [&](const std::string& kernel, uint64_t gx, int64_t batch, int threads, int shared_bytes) {
       if (gx == 0) return;
       const BatchGrid b = batch_grid(batch);

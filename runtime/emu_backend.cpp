@@ -239,6 +239,8 @@ public:
     const size_t idelta = img.add("D workspace", nullptr, size_t(pb.batch * pb.heads_q * pb.seq_q) * 4, 4, true);
     const size_t idka = img.add_zeroed("dK workspace", size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim) * 4, 4);
     const size_t idva = img.add_zeroed("dV workspace", size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim_v) * 4, 4);
+    const BackwardGrids g = backward_grids(pb, bwd_, fp.items.size(), plans.key_major, options.deterministic);
+    const size_t idqa = img.add_zeroed("dQ workspace", g.single_pass ? size_t(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim) * 4 : 0, 4);
     const size_t items = table("plan items", fp.items), spans = table("plan spans", fp.spans), entries = table("plan entries", fp.entries);
     const size_t kitems = table("backward key items", kp.items), qentries = table("backward query entries", kp.entries);
     const DynamicLayout* dyn = options.dynamic_layout;
@@ -266,10 +268,12 @@ public:
                               pattern_.has_dynamic_layout() ? dynamic_key_blocks(pattern_, plans.query_major.shape) : 0};
     const BackwardTables bt{static_cast<const DeviceKeyItem*>(img.at(kitems)), static_cast<const DeviceQueryEntry*>(img.at(qentries)),
                             static_cast<int32_t>(kp.items.size()), static_cast<float*>(img.at(idelta)),
-                            static_cast<float*>(img.at(idka)), static_cast<float*>(img.at(idva))};
+                            static_cast<float*>(img.at(idka)), static_cast<float*>(img.at(idva)),
+                            g.single_pass ? static_cast<float*>(img.at(idqa)) : nullptr};
     KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, rebased(q, iq), rebased(k, ik), rebased(v, iv),
                                          rebased(o, io), rebased(lse, il), rebased(dout, ido), rebased(dq, idq),
                                          rebased(dk, idk), rebased(dv, idv), options);
+    bp.dq_acc = bt.dq_acc;
     device_table.rebase(img, bp.fwd);
     bp.fwd.dyn_errors = nullptr;  // the forward counted its problems
     void* args[] = {&bp};
@@ -286,7 +290,6 @@ public:
       r.buffers = img.buffers();
       bwd_module_->launch(r);
     };
-    const BackwardGrids g = backward_grids(pb, bwd_, fp.items.size(), plans.key_major, options.deterministic);
     launch(bwd_.pre, g.pre, pb.batch, bwd_.aux_threads, 0);
     launch(bwd_.dq, g.dq, pb.batch, bwd_.dq_threads, bwd_.dq_shared_bytes);
     for (const DkdvLaunch& d : g.dkdv) {

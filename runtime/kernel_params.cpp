@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "compiler/support/knobs.hpp"
+
 namespace attnjit {
 
 KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTables& t, const TensorView& q,
@@ -59,9 +61,12 @@ BackwardGrids backward_grids(const Problem& pb, const BackwardKernels& k, size_t
                              bool deterministic) {
   const uint64_t aux = static_cast<uint64_t>(k.aux_threads);
   BackwardGrids g;
+  g.single_pass = k.single_pass && !deterministic && knobs().bwd_single_pass;
   g.pre = (static_cast<uint64_t>(pb.seq_q * pb.heads_q) + aux - 1) / aux;
-  g.dq = items;
-  g.cvt = (static_cast<uint64_t>(pb.batch * pb.seq_k * pb.heads_kv * (pb.head_dim + pb.head_dim_v)) + aux - 1) / aux;
+  g.dq = g.single_pass ? 0 : items;
+  const int64_t cvt_elems = pb.batch * pb.seq_k * pb.heads_kv * (pb.head_dim + pb.head_dim_v) +
+                            (g.single_pass ? pb.batch * pb.seq_q * pb.heads_q * pb.head_dim : 0);
+  g.cvt = (static_cast<uint64_t>(cvt_elems) + aux - 1) / aux;
   if (key_major.keys_disjoint || deterministic) {
     for (size_t l = 0; l + 1 < key_major.layers.size(); ++l) {
       g.dkdv.push_back({static_cast<int32_t>(key_major.layers[l]),
@@ -81,6 +86,7 @@ KernelBwdParams backward_params(const Plan& plan, const Problem& pb, const Kerne
   bp.fwd = kernel_params(plan, pb, t, q, k, v, o, &lse, options);
   bp.dout = dout.data, bp.dq = dq.data, bp.dk = dk.data, bp.dv = dv.data;
   bp.delta = bt.delta, bp.dk_acc = bt.dk_acc, bp.dv_acc = bt.dv_acc;
+  bp.dq_acc = nullptr;  // set by the caller for the single pass (BackwardGrids::single_pass)
   bp.key_items = bt.key_items, bp.query_entries = bt.query_entries;
   bp.do_batch_stride = dout.strides[0], bp.do_row_stride = dout.strides[1], bp.do_head_stride = dout.strides[2];
   bp.dq_batch_stride = dq.strides[0], bp.dq_row_stride = dq.strides[1], bp.dq_head_stride = dq.strides[2];

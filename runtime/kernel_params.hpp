@@ -39,6 +39,7 @@ struct BackwardTables {
   float* delta = nullptr;
   float* dk_acc = nullptr;
   float* dv_acc = nullptr;
+  float* dq_acc = nullptr;  // zeroed; passed to the kernels only when the grids run the single pass
 };
 KernelBwdParams backward_params(const Plan& plan, const Problem& pb, const KernelTables& t, const BackwardTables& bt,
                                 const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
@@ -61,7 +62,11 @@ struct DkdvLaunch {
   uint64_t blocks = 0;
   int32_t plain_add = 0;
 };
+// The launches of one backward: _pre, then _dq (none in the single pass, where _dkdv adds dQ into
+// its fp32 accumulator: the tensor-core kernels, unless deterministic or ATTNJIT_BWD_SINGLE_PASS=0),
+// _dkdv by layers, _cvt.
 struct BackwardGrids {
+  bool single_pass = false;
   uint64_t pre = 0, dq = 0, cvt = 0;
   std::vector<DkdvLaunch> dkdv;
 };

@@ -2,7 +2,8 @@
 // block (AjBwdParams, = KernelBwdParams in compiler/plan/device_plan.hpp) and the two element-wise
 // launches of the pass:
 //   _pre   D = rowsum(dO * O) per query row (before the gradient kernels);
-//   _cvt   the fp32 dK, dV workspaces to dK, dV in the storage type (after them).
+//   _cvt   the fp32 dK, dV workspaces to dK, dV in the storage type (after them), and in the
+//          single pass the fp32 dQ accumulator to dQ.
 // The gradient kernels themselves (_dq, _dkdv) are in bwd_simt.cuh and bwd_sm80.cuh.
 
 struct AjKeyItem {      // one key tile of one kv head (compiler/plan/device_plan.hpp: DeviceKeyItem)
@@ -24,6 +25,8 @@ struct AjBwdParams {
   float* delta;                           // [batch, heads_q, seq_q]: D
   float* dk_acc;                          // [batch, seq_k, heads_kv, head_dim], zeroed
   float* dv_acc;                          // [batch, seq_k, heads_kv, head_dim_v], zeroed
+  float* dq_acc;                          // [batch, seq_q, heads_q, head_dim], zeroed: the single pass's
+                                          // dQ (scaled), added by _dkdv; null in the two-pass form
   const AjKeyItem* key_items;
   const AjQueryEntry* query_entries;
   aj_i64 do_batch_stride, do_row_stride, do_head_stride;
@@ -37,7 +40,7 @@ struct AjBwdParams {
   int key_item_base;                      // _dkdv: block x runs key_items[key_item_base + x]
   int plain_add;                          // _dkdv: no two blocks of this launch share a key row: add without atomics
 };
-static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(AjBwdParams) == 504,
+static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(AjBwdParams) == 512,
               "backward table layout differs from compiler/plan/device_plan.hpp");
 
 #define AJ_LOG2E 1.4426950408889634f
@@ -86,7 +89,7 @@ __device__ __forceinline__ void aj_bwd_pre(const AjBwdParams& bp) {
   bp.delta[(b * bp.heads_q + h) * bp.seq_q + i] = sum;
 }
 
-// ---- _cvt: the workspaces to dK, dV in the storage type ------------------------------------
+// ---- _cvt: the workspaces to dK, dV (and dQ) in the storage type ---------------------------
 
 __device__ __forceinline__ void aj_bwd_cvt(const AjBwdParams& bp) {
   const aj_i64 rows = bp.batch * bp.seq_k * bp.heads_kv;
@@ -100,5 +103,10 @@ __device__ __forceinline__ void aj_bwd_cvt(const AjBwdParams& bp) {
     const aj_i64 y = x - n_dk, row = y / AJ_HEAD_DIM_V, d = y % AJ_HEAD_DIM_V;
     const aj_i64 b = row / (bp.seq_k * bp.heads_kv), j = row / bp.heads_kv % bp.seq_k, h = row % bp.heads_kv;
     aj_store((aj_elem*)bp.dv + b * bp.dv_batch_stride + j * bp.dv_row_stride + h * bp.dv_head_stride + d, bp.dv_acc[y]);
+  } else if (bp.dq_acc) {
+    const aj_i64 y = x - n_dk - rows * AJ_HEAD_DIM_V, row = y / AJ_HEAD_DIM, d = y % AJ_HEAD_DIM;
+    if (row >= bp.batch * bp.seq_q * bp.heads_q) return;
+    const aj_i64 b = row / (bp.seq_q * bp.heads_q), i = row / bp.heads_q % bp.seq_q, h = row % bp.heads_q;
+    aj_store((aj_elem*)bp.dq + b * bp.dq_batch_stride + i * bp.dq_row_stride + h * bp.dq_head_stride + d, bp.dq_acc[y]);
   }
 }

@@ -10,7 +10,10 @@
 //          tiles stay in shared memory while the query tiles that attend them stream through
 //          (double-buffered with cp.async); S^T = K Q^T, dP^T = V dO^T, dV += P^T dO,
 //          dK += dS^T Q in registers; then dK, dV are added to the fp32 workspaces, atomically
-//          or, for a layer of disjoint key tiles, plainly (bwd_simt.cuh's rule).
+//          or, for a layer of disjoint key tiles, plainly (bwd_simt.cuh's rule). In the single
+//          pass (bp.dq_acc set) dS^T also goes through shared memory and dQ += dS K is added
+//          into the fp32 dQ accumulator with red.global.add, as FlashAttention-2 does: five
+//          products per tile pair instead of the two-pass form's seven, and no second walk.
 // The output scale f of the forward (O = f softmax(S) V) enters as dP -> f dP and dV -> f dV;
 // the softmax scale as dQ, dK -> scale dQ, scale dK. A query row that attends nothing has
 // LSE = -inf: its P is 0 (its LSE is read as +inf), so it gives and gets no gradient.
@@ -193,6 +196,59 @@ __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
 
 // ---- _dkdv: over the key-major plan ---------------------------------------------------------
 
+// acc[16][COLS] += A[16][K] B[K][COLS] where A^T is row-major in shared memory (A's columns are
+// rows of `at`, pitch APITCH, A's 16 rows start at `at`) and B row-major (pitch BPITCH): the
+// single pass's dQ = dS K, with dS^T as the _dkdv warps wrote it. ldmatrix.trans turns the
+// stored A^T into A's fragments.
+template <int K, int COLS, int APITCH, int BPITCH>
+__device__ __forceinline__ void aj_mma_atb(float (&acc)[COLS / 8][4], const aj_elem* at, const aj_elem* b, int lane) {
+  const int a_row = (lane >> 4) * 8 + (lane & 7), a_col = ((lane >> 3) & 1) * 8;
+  const int b_row = (lane & 7) + ((lane >> 3) & 1) * 8, b_col = (lane >> 4) * 8;
+#pragma unroll
+  for (int ks = 0; ks < K / 16; ++ks) {
+    aj_u32 af[4];
+    aj_ldmatrix_x4_trans(af, at + (ks * 16 + a_row) * APITCH + a_col);
+#pragma unroll
+    for (int n = 0; n < COLS / 16; ++n) {
+      aj_u32 bf[4];
+      aj_ldmatrix_x4_trans(bf, b + (ks * 16 + b_row) * BPITCH + n * 16 + b_col);
+      aj_mma(acc[2 * n], af, bf[0], bf[1]);
+      aj_mma(acc[2 * n + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// The single pass's dQ rows c0 .. c0 + AJ_BWD_SUB_Q of query entry `qe`: every warp has written
+// its 16 key rows of dS^T (unscaled, masked pairs 0) into `sdst` ([AJ_TILE_K][AJ_BWD_DSP]); the
+// warps share the 16 x 16 blocks of dQ = dS K (K the tile in shared memory, rows past the tile's
+// count zero), each added, scaled, into the fp32 accumulator. The barrier before makes dS^T
+// complete when read; the caller's after it, that it is read before the next rows overwrite it.
+#define AJ_BWD_DSP (AJ_BWD_SUB_Q + 8)
+__device__ __forceinline__ void aj_bwd_dq_single(const AjBwdParams& bp, const aj_elem* sdst, const aj_elem* sk,
+                                                 const AjQueryEntry& qe, int c0, aj_i64 b, int warp, int lane) {
+  constexpr int COL_BLOCKS = AJ_HEAD_DIM / 16, UNITS = AJ_BWD_SUB_Q / 16 * COL_BLOCKS;
+  const int g = lane / 4, quad = lane % 4;
+  aj_syncthreads();
+  for (int u = warp; u < UNITS; u += AJ_TILE_K / 16) {
+    const int ur = u / COL_BLOCKS, uc = u % COL_BLOCKS;
+    float acc[2][4];
+    aj_zero<16>(acc);
+    aj_mma_atb<AJ_TILE_K, 16, AJ_BWD_DSP, AJ_DP>(acc, sdst + ur * 16, sk + uc * 16, lane);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = c0 + ur * 16 + g + half * 8;
+      if (r >= qe.rows_count) continue;
+      const aj_i64 i = qe.rows_start + (aj_i64)r * qe.rows_stride;
+      float* dst = bp.dq_acc + ((b * bp.seq_q + i) * bp.heads_q + qe.head) * AJ_HEAD_DIM + uc * 16 + quad * 2;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        aj_red_add_f32(dst + n * 8, acc[n][2 * half] * bp.scale);
+        aj_red_add_f32(dst + n * 8 + 1, acc[n][2 * half + 1] * bp.scale);
+      }
+    }
+  }
+}
+
 // One stage of the query stream: a query tile's Q and dO rows, with each row's LSE and D.
 struct AjBwdQueryStage {
   aj_elem* q;     // [AJ_TILE_Q][AJ_DP]
@@ -201,7 +257,8 @@ struct AjBwdQueryStage {
   float* delta;   // [AJ_TILE_Q]
 };
 
-// Dynamic shared memory: K [AJ_TILE_K][AJ_DP], V [AJ_TILE_K][AJ_DVP], then two AjBwdQueryStages.
+// Dynamic shared memory: K [AJ_TILE_K][AJ_DP], V [AJ_TILE_K][AJ_DVP], then two AjBwdQueryStages,
+// then the single pass's dS^T [AJ_TILE_K][AJ_BWD_DSP] (aj_bwd_dst).
 __device__ __forceinline__ AjBwdQueryStage aj_bwd_query_stage(unsigned char* smem, int stage) {
   constexpr int elems = AJ_TILE_Q * (AJ_DP + AJ_DVP), floats = 2 * AJ_TILE_Q;
   aj_elem* base = (aj_elem*)smem + AJ_TILE_K * (AJ_DP + AJ_DVP);
@@ -238,6 +295,8 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
   AJ_DYNAMIC_SHARED(aj_smem);
   aj_elem* const sk = (aj_elem*)aj_smem;
   aj_elem* const sv = sk + AJ_TILE_K * AJ_DP;
+  aj_elem* const sdst = (aj_elem*)(aj_smem + 2 * (AJ_TILE_K + 2 * AJ_TILE_Q) * (AJ_DP + AJ_DVP) + 2 * 2 * AJ_TILE_Q * 4);
+  const bool single = bp.dq_acc != nullptr;
   const AjKeyItem ki = bp.key_items[bp.key_item_base + aj_block_idx_x()];
   const aj_i64 b = aj_batch_index();
   if (b >= p.batch) return;
@@ -304,6 +363,21 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
       }
       aj_mma_xb<AJ_BWD_SUB_Q, AJ_HEAD_DIM_V, AJ_DVP>(dv, dp, st.dout + c0 * AJ_DVP, lane);  // dV += f P^T dO
       aj_mma_xb<AJ_BWD_SUB_Q, AJ_HEAD_DIM, AJ_DP>(dk, s, st.q + c0 * AJ_DP, lane);         // dK += dS^T Q
+      if (single) {
+        // dS^T to shared memory (rounded as dK's product rounds it), then dQ += dS K. Key rows past
+        // the tile's count are zeroed: a full entry skips the checks above, and their dS^T (from a
+        // zero K row: P = exp2(-LSE), inf for rows far below zero) would reach dQ as inf * 0.
+        const bool in0 = kr0 < ki.keys_count, in1 = kr1 < ki.keys_count;
+#pragma unroll
+        for (int j = 0; j < AJ_BWD_SUB_Q / 8; ++j) {
+          *(aj_u32*)(sdst + kr0 * AJ_BWD_DSP + j * 8 + quad * 2) = in0 ? aj_pack2(s[j][0], s[j][1]) : 0u;
+          *(aj_u32*)(sdst + kr1 * AJ_BWD_DSP + j * 8 + quad * 2) = in1 ? aj_pack2(s[j][2], s[j][3]) : 0u;
+        }
+        aj_bwd_dq_single(bp, sdst, sk, qe, c0, b, warp, lane);
+        // dS^T is read before the next rows overwrite it (after an entry's last rows, the barrier
+        // at the end of the entry does that).
+        if (c0 + AJ_BWD_SUB_Q < qe.rows_count) aj_syncthreads();
+      }
     }
     aj_syncthreads();  // this stage is overwritten by the prefetch two tiles on
   }

@@ -127,14 +127,16 @@ KernelConfig resolve_simt_config(const KernelRequest& r, KernelConfig c) {
 
 // Dynamic shared memory of the tensor-core backward kernels (templates/bwd_sm80.cuh): _dq holds Q
 // and dO of its query tile and `stages` K/V tiles; _dkdv its K/V tile and two stages of Q, dO
-// (with each row's LSE and D as floats).
+// (with each row's LSE and D as floats), then dS for the single pass's dQ.
 int backward_dq_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
   const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
   return 2 * (c.tile_q * (dp + dvp) + c.stages * c.tile_k * (dp + dvp));
 }
 int backward_dkdv_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
   const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
-  return 2 * (c.tile_k + 2 * c.tile_q) * (dp + dvp) + 2 * 2 * c.tile_q * 4;
+  // dS^T of the tile's keys by AJ_BWD_SUB_Q query rows, for the single pass's dQ = dS K.
+  const int sub_q = std::min(c.tile_q, r.head_dim > 64 || r.head_dim_v > 64 ? 32 : 64);
+  return 2 * (c.tile_k + 2 * c.tile_q) * (dp + dvp) + 2 * 2 * c.tile_q * 4 + 2 * c.tile_k * (sub_q + 8);
 }
 
 // Tiles of the tensor-core backward: the request's when set (powers of two 16..128, 2-4 stages,
@@ -395,6 +397,7 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
     out.dkdv_threads = k.config.tile_k * 2;
     out.dq_shared_bytes = backward_dq_smem_bytes(r, k.config);
     out.dkdv_shared_bytes = backward_dkdv_smem_bytes(r, k.config);
+    out.single_pass = true;
     bodies = {"fwd_sm80.cuh", "bwd_common.cuh", "bwd_sm80.cuh"};
     body = "_sm80";
   } else {

@@ -119,6 +119,9 @@ struct BackwardKernels {
   std::string pre, dq, dkdv, cvt;
   int dq_threads = 0, dkdv_threads = 0, aux_threads = 128;
   int dq_shared_bytes = 0, dkdv_shared_bytes = 0;
+  // _dkdv can also add dQ = dS K into an fp32 accumulator (the tensor-core kernels), so that one
+  // pass over the key-major plan gives all three gradients; the SIMT kernels always run _dq.
+  bool single_pass = false;
 };
 KernelPath choose_backward_path(const KernelRequest& r);
 // r.config for the backward kernels validated (a UserError naming the fix), or their default.

@@ -173,6 +173,8 @@ const KnobSpec kKnobs[] = {
      [](const Knobs& k) { return print_bool(k.sm90a); }},
     {"ATTNJIT_TMA", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.tma); },
      [](const Knobs& k) { return print_bool(k.tma); }},
+    {"ATTNJIT_BWD_SINGLE_PASS", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.bwd_single_pass); },
+     [](const Knobs& k) { return print_bool(k.bwd_single_pass); }},
     {"ATTNJIT_DETERMINISTIC", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.deterministic); },
      [](const Knobs& k) { return print_bool(k.deterministic); }},
     {"ATTNJIT_MAX_WEIGHTS", [](const char* n, const std::string& v, Knobs& k) { parse_elements(n, v, k.max_weights); },

@@ -36,6 +36,10 @@ struct Knobs {
   bool print_autotuning = false;        // ATTNJIT_PRINT_AUTOTUNING=1
   bool tune = false;                    // ATTNJIT_TUNE=1: tune on a tuning-database miss
   bool deterministic = false;           // ATTNJIT_DETERMINISTIC=1: every backward is bitwise reproducible
+  // ATTNJIT_BWD_SINGLE_PASS=0: the tensor-core backward runs its two-pass form (a dQ kernel over
+  // the forward plan, then dK/dV) even where it is not asked to be deterministic; by default the
+  // dK/dV kernel also adds dS K into an fp32 dQ accumulator (one pass, atomics).
+  bool bwd_single_pass = true;
   // A GPU of compute capability 9.0 runs the Hopper forward (sm_90a: wgmma, TMA) where it supports
   // the request, as proven in the emulator; ATTNJIT_SM90A=0 runs the sm_80 kernel there instead.
   bool sm90a = true;

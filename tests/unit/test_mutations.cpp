@@ -112,7 +112,7 @@ const Mutation kMutations[] = {
      DType::BF16},
     {"tensor-core dQ: the loop reads the tile slot of the stage being prefetched", "bwd_sm80.cuh",
      "    const AjTile t = aj_sm80_issued(sh, stage);", "    const AjTile t = aj_sm80_issued(sh, (iter + 1) % AJ_STAGES);",
-     DType::BF16, true},
+     DType::BF16, true, true},
     {"the cp.async copies of rows past a tile read their (out of range) source", "gpu_blocks.cuh",
      "  aj_emu_cp_async(smem, gmem, 16, valid ? 16 : 0);", "  aj_emu_cp_async(smem, gmem, 16, 16);", DType::BF16},
     {"device table: the seek lands one tile past the next kept key", "mask_lib.cuh",
@@ -141,7 +141,7 @@ const Mutation kMutations[] = {
      "aj_keys_rule(p, t.branch, head, t.full, apply);", "aj_keys_rule(p, t.branch, head, true, apply);", DType::BF16},
     {"tensor-core dQ: a full tile cut short taken as whole (keys past its count kept)", "bwd_sm80.cuh",
      "if (t.full && t.count == AJ_TILE_K) apply(AjAllowAll(), false);", "if (t.full) apply(AjAllowAll(), false);", DType::BF16,
-     true, false, 64, false, true, true},
+     true, true, 64, false, true, true},
     {"backward: dK without the softmax scale", "bwd_simt.cuh", "aj_red_add_f32(dka + lane + AJ_SIMT_LANES * x, dk[x] * bp.scale);",
      "aj_red_add_f32(dka + lane + AJ_SIMT_LANES * x, dk[x]);", DType::F32, true},
     {"backward: no barrier before the next query chunk is staged", "bwd_simt.cuh",
@@ -156,7 +156,7 @@ const Mutation kMutations[] = {
     {"tensor-core backward: dS^T without D = rowsum(dO * O)", "bwd_sm80.cuh",
      "          s[j][x] = ok ? pr * (f * dp[j][x] - st.delta[col]) : 0.0f;", "          s[j][x] = ok ? pr * f * dp[j][x] : 0.0f;", DType::BF16, true},
     {"tensor-core backward: no barrier before the prefetch overwrites a query stage", "bwd_sm80.cuh",
-     "    aj_syncthreads();  // this stage is overwritten by the prefetch two tiles on\n", "\n", DType::BF16, true},
+     "    aj_syncthreads();  // this stage is overwritten by the prefetch two tiles on\n", "\n", DType::BF16, true, true},
     {"tensor-core backward: no cp.async wait before a query stage is read", "bwd_sm80.cuh", "    aj_cp_async_wait<1>();\n",
      "\n", DType::BF16, true},
     {"tensor-core backward: the B operand of dQ += dS K and dK += dS^T Q not transposed", "bwd_sm80.cuh",
@@ -165,7 +165,26 @@ const Mutation kMutations[] = {
     {"tensor-core backward: dK/dV of key rows past the key tile added too", "bwd_sm80.cuh",
      "    if (kr >= ki.keys_count) continue;\n", "\n", DType::BF16, true},
     {"tensor-core backward: dQ of the row's second accumulator half from the first's LSE", "bwd_sm80.cuh",
-     "aj_ex2(aj_mul_rn(s[j][e], p.scale_log2) - (e < 2 ? lse0 : lse1))", "aj_ex2(aj_mul_rn(s[j][e], p.scale_log2) - lse0)", DType::BF16, true},
+     "aj_ex2(aj_mul_rn(s[j][e], p.scale_log2) - (e < 2 ? lse0 : lse1))", "aj_ex2(aj_mul_rn(s[j][e], p.scale_log2) - lse0)", DType::BF16, true, true},
+    {"single-pass backward: no barrier before dS^T is read for dQ", "bwd_sm80.cuh",
+     "  const int g = lane / 4, quad = lane % 4;\n  aj_syncthreads();\n  for (int u = warp;",
+     "  const int g = lane / 4, quad = lane % 4;\n  for (int u = warp;", DType::BF16, true},
+    {"single-pass backward, head dim 128 (two row blocks an entry): no barrier before the next rows overwrite dS^T",
+     "bwd_sm80.cuh", "        if (c0 + AJ_BWD_SUB_Q < qe.rows_count) aj_syncthreads();\n", "\n", DType::BF16, true, false, 128},
+    {"single-pass backward: dS^T of the second row half left out of dQ", "bwd_sm80.cuh",
+     "in1 ? aj_pack2(s[j][2], s[j][3]) : 0u;", "0u;", DType::BF16, true},
+    {"single-pass backward: dS^T of key rows past the tile's count kept", "bwd_sm80.cuh",
+     "const bool in0 = kr0 < ki.keys_count, in1 = kr1 < ki.keys_count;", "const bool in0 = true, in1 = true;", DType::BF16, true,
+     false, 64, false, true, true},
+    {"single-pass backward: dQ added to the row of the next tile row", "bwd_sm80.cuh",
+     "const aj_i64 i = qe.rows_start + (aj_i64)r * qe.rows_stride;", "const aj_i64 i = qe.rows_start + (aj_i64)(r ^ 1) * qe.rows_stride;",
+     DType::BF16, true},
+    {"single-pass backward: dQ without the softmax scale", "bwd_sm80.cuh",
+     "        aj_red_add_f32(dst + n * 8, acc[n][2 * half] * bp.scale);", "        aj_red_add_f32(dst + n * 8, acc[n][2 * half]);",
+     DType::BF16, true},
+    {"single-pass backward: A operand of dQ += dS K read without the transpose", "bwd_sm80.cuh",
+     "    aj_ldmatrix_x4_trans(af, at + (ks * 16 + a_row) * APITCH + a_col);", "    aj_ldmatrix_x4(af, at + (ks * 16 + a_row) * APITCH + a_col);",
+     DType::BF16, true},
     {"tensor-core backward, deterministic: the layered dV add stores instead of adding", "bwd_sm80.cuh",
      "if (bp.plain_add) dva[c * 8] += x0, dva[c * 8 + 1] += x1;", "if (bp.plain_add) dva[c * 8] = x0, dva[c * 8 + 1] = x1;",
      DType::BF16, true, true},
@@ -253,7 +272,7 @@ const Mutation kMutations[] = {
      DType::F32, false, false, 64, false, true, false, false, false, false, KernelConfig{}, true},
     {"backward, dQ: a masked pair's dS multiplied by P = 0 instead of selected", "bwd_sm80.cuh",
      "s[j][e] = ok ? pr * (f * dp[j][e] - (e < 2 ? delta0 : delta1)) : 0.0f;",
-     "s[j][e] = (ok ? pr : 0.0f) * (f * dp[j][e] - (e < 2 ? delta0 : delta1));", DType::BF16, true, false, 64, false, true,
+     "s[j][e] = (ok ? pr : 0.0f) * (f * dp[j][e] - (e < 2 ? delta0 : delta1));", DType::BF16, true, true, 64, false, true,
      false, false, false, false, KernelConfig{}, true},
 };
 
@@ -417,7 +436,9 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   CHECK(check_kernel(embedded, DType::F32, true, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, true, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, false, false, 128) == "");  // Q over the last V stage
+  CHECK(check_kernel(embedded, DType::BF16, true, false, 128) == "");   // the single pass, two row blocks an entry
   CHECK(check_kernel(embedded, DType::BF16, true, false, 64, false, true, true) == "");  // scores far below zero
+  CHECK(check_kernel(embedded, DType::BF16, true, true, 64, false, true, true) == "");   // ... in the two-pass form
   CHECK(check_kernel(embedded, DType::BF16, true, false, 64, false, true, false, true) == "");  // a table read in place
   CHECK(check_kernel(embedded, DType::BF16, true, false, 64, false, true, false, false, true) == "");  // random in the kernels
   CHECK(check_kernel(embedded, DType::F32, true, false, 64, false, true, false, false, true) == "");
@@ -437,6 +458,7 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   for (const DType dt : {DType::BF16, DType::F32}) {
     INFO("non-finite V, " << to_string(dt));
     CHECK(check_kernel(embedded, dt, true, false, 64, false, true, false, false, false, false, {}, true) == "");
+    CHECK(check_kernel(embedded, dt, true, true, 64, false, true, false, false, false, false, {}, true) == "");  // two-pass
   }
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, false, true, false, false, false, false, {}, false, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, false, {}, true) == "");
