@@ -189,7 +189,7 @@ void backward(const std::string& spec, const std::string& device, int index, con
               const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq,
               const Tensor& dk, const Tensor& dv, int64_t q_offset, int64_t k_offset, uintptr_t stream,
               bool deterministic, const DynamicArg& dynamic, uintptr_t workspace, size_t workspace_bytes,
-              const DocumentsArg& documents, const DeviceDynamicArg& device_dynamic) {
+              const DocumentsArg& documents, const DeviceDynamicArg& device_dynamic, const std::optional<Tensor>& dlse) {
   const DType dt = parse_dtype(dtype);
   const Problem pb = problem_of(q, k, v, dt);
   const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
@@ -197,6 +197,8 @@ void backward(const std::string& spec, const std::string& device, int index, con
   Attention op = prepared(spec, device_of(device, index), pb);
   ForwardOptions fo = options_of(q_offset, k_offset, stream, dyn, documents, device_dyn);
   fo.deterministic = deterministic;
+  const std::optional<TensorView> dlse_view = dlse ? std::optional<TensorView>(view(*dlse, DType::F32)) : std::nullopt;
+  fo.dlse = dlse_view ? &*dlse_view : nullptr;
   fo.workspace = reinterpret_cast<void*>(workspace), fo.workspace_bytes = workspace_bytes;
   nb::gil_scoped_release release;
   op.backward(view(q, dt), view(k, dt), view(v, dt), view(o, dt), view(lse, DType::F32), view(dout, dt), view(dq, dt),
@@ -278,7 +280,7 @@ nb::ndarray<nb::numpy, double> reference_attention_weights(const std::string& sp
 std::tuple<nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>> reference_backward(
     const std::string& spec, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t dout, const std::vector<int64_t>& dims,
     int64_t q_offset, int64_t k_offset, const DynamicArg& dynamic,
-                                                 const DocumentsArg& documents) {
+                                                 const DocumentsArg& documents, uintptr_t dlse) {
   const Shape s = shape_of(dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], q_offset, k_offset);
   const Pattern p = pattern_of(spec);
   const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
@@ -287,7 +289,7 @@ std::tuple<nb::ndarray<nb::numpy, double>, nb::ndarray<nb::numpy, double>, nb::n
     nb::gil_scoped_release release;
     g = reference_attention_backward(p, s, reinterpret_cast<const double*>(q), reinterpret_cast<const double*>(k),
                                      reinterpret_cast<const double*>(v), reinterpret_cast<const double*>(dout),
-                                     dyn ? &*dyn : nullptr, 0, documents_of(documents));
+                                     dyn ? &*dyn : nullptr, 0, documents_of(documents), reinterpret_cast<const double*>(dlse));
   }
   const auto u = [](int64_t x) { return static_cast<size_t>(x); };
   return {numpy_of(std::move(g.dq), {u(s.batch), u(s.seq_q), u(s.heads_q), u(s.head_dim)}),

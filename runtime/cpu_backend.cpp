@@ -76,10 +76,11 @@ public:
                 const TensorView& dv, const ForwardOptions& options) override {
     const std::vector<float> qf = gather(head_major(q)), kf = gather(head_major(k)), vf = gather(head_major(v)),
                              of = gather(head_major(o)), lf = gather(lse), df = gather(head_major(dout));
+    const std::vector<float> dlf = options.dlse ? gather(*options.dlse) : std::vector<float>{};
     const BackwardPlans& plans = entry.backward_plans(pattern_, options.dynamic_layout, entry.plan.tiles);
     const ExecutorGradients g = execute_plan_backward(plans.query_major, plans.key_major, pattern_, qf.data(), kf.data(),
                                                       vf.data(), of.data(), lf.data(), df.data(), options.dynamic_layout,
-                                                      executor_options(options));
+                                                      executor_options(options), options.dlse ? dlf.data() : nullptr);
     scatter(head_major(dq), g.dq);
     scatter(head_major(dk), g.dk);
     scatter(head_major(dv), g.dv);

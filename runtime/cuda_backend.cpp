@@ -235,7 +235,8 @@ public:
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, const ForwardOptions& options) override {
     const ScopedCurrentContext current(context_);
-    check_device_memory({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
+    check_device_memory({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv},
+                         {"dlse", options.dlse}});
     const CUstream stream = static_cast<CUstream>(options.stream);
     const bool capturing = stream_capturing(stream);
     const RelaxedCapture relaxed(capturing);  // a first backward in a graph compiles and loads its kernels

@@ -236,6 +236,7 @@ public:
     const size_t iq = tensor("q", q, false), ik = tensor("k", k, false), iv = tensor("v", v, false), io = tensor("o", o, false);
     const size_t il = tensor("lse", lse, false), ido = tensor("dout", dout, false);
     const size_t idq = tensor("dq", dq, true), idk = tensor("dk", dk, true), idv = tensor("dv", dv, true);
+    const size_t idlse = options.dlse ? tensor("dlse", *options.dlse, false) : 0;
     const size_t idelta = img.add("D workspace", nullptr, size_t(pb.batch * pb.heads_q * pb.seq_q) * 4, 4, true);
     const size_t idka = img.add_zeroed("dK workspace", size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim) * 4, 4);
     const size_t idva = img.add_zeroed("dV workspace", size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim_v) * 4, 4);
@@ -274,6 +275,7 @@ public:
                                          rebased(o, io), rebased(lse, il), rebased(dout, ido), rebased(dq, idq),
                                          rebased(dk, idk), rebased(dv, idv), options);
     bp.dq_acc = bt.dq_acc;
+    if (options.dlse) bp.dlse = static_cast<const float*>(img.at(idlse));
     device_table.rebase(img, bp.fwd);
     bp.fwd.dyn_errors = nullptr;  // the forward counted its problems
     void* args[] = {&bp};

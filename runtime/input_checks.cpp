@@ -108,7 +108,7 @@ void check_forward_inputs(const Problem& pb, const TensorView& q, const TensorVi
 
 void check_backward_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& v,
                            const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
-                           const TensorView& dk, const TensorView& dv, int align_bytes) {
+                           const TensorView& dk, const TensorView& dv, int align_bytes, const TensorView* dlse) {
   check_view("q", q, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim}, pb.dtype, align_bytes);
   check_view("k", k, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim}, pb.dtype, align_bytes);
   check_view("v", v, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim_v}, pb.dtype, align_bytes);
@@ -118,6 +118,7 @@ void check_backward_inputs(const Problem& pb, const TensorView& q, const TensorV
   check_view("dq", dq, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim}, pb.dtype, align_bytes);
   check_view("dk", dk, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim}, pb.dtype, align_bytes);
   check_view("dv", dv, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim_v}, pb.dtype, align_bytes);
+  if (dlse) check_view("dlse", *dlse, {pb.batch, pb.heads_q, pb.seq_q}, DType::F32, align_bytes > 1 ? 4 : 1);
   const std::pair<const char*, const TensorView*> outs[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
   const std::pair<const char*, const TensorView*> all[] = {{"q", &q},       {"k", &k},   {"v", &v},   {"o", &o}, {"lse", &lse},
                                                            {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
@@ -126,6 +127,9 @@ void check_backward_inputs(const Problem& pb, const TensorView& q, const TensorV
       if (std::string(name) != other && overlap(*t, *u)) {
         throw UserError(name, std::string("overlaps ") + other + "; each gradient needs its own memory");
       }
+  if (dlse)
+    for (const auto& [name, t] : outs)
+      if (overlap(*t, *dlse)) throw UserError(name, "overlaps dlse; each gradient needs its own memory");
 }
 
 void check_weights_size(int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k) {

@@ -13,9 +13,10 @@ void check_forward_inputs(const Problem& pb, const TensorView& q, const TensorVi
 
 // A backward call: the forward's inputs and outputs (lse required), dout shaped like o, and the
 // gradients dq, dk, dv shaped like q, k, v, aliasing nothing else.
+// dlse: the optional gradient of lse (ForwardOptions::dlse), checked like lse when given.
 void check_backward_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& v,
                            const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
-                           const TensorView& dk, const TensorView& dv, int align_bytes);
+                           const TensorView& dk, const TensorView& dv, int align_bytes, const TensorView* dlse = nullptr);
 
 // A weights call: q, k and the forward's lse as for backward, w float32 contiguous
 // [batch, heads_q, seq_q, seq_k] aliasing none of them, and no more than ATTNJIT_MAX_WEIGHTS elements.

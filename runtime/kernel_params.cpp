@@ -87,6 +87,10 @@ KernelBwdParams backward_params(const Plan& plan, const Problem& pb, const Kerne
   bp.dout = dout.data, bp.dq = dq.data, bp.dk = dk.data, bp.dv = dv.data;
   bp.delta = bt.delta, bp.dk_acc = bt.dk_acc, bp.dv_acc = bt.dv_acc;
   bp.dq_acc = nullptr;  // set by the caller for the single pass (BackwardGrids::single_pass)
+  if (options.dlse) {
+    bp.dlse = static_cast<const float*>(options.dlse->data);
+    bp.dlse_batch_stride = options.dlse->strides[0], bp.dlse_head_stride = options.dlse->strides[1];
+  }
   bp.key_items = bt.key_items, bp.query_entries = bt.query_entries;
   bp.do_batch_stride = dout.strides[0], bp.do_row_stride = dout.strides[1], bp.do_head_stride = dout.strides[2];
   bp.dq_batch_stride = dq.strides[0], bp.dq_row_stride = dq.strides[1], bp.dq_head_stride = dq.strides[2];

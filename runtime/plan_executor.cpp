@@ -189,7 +189,8 @@ void execute_plan_weights(const Plan& plan, const Pattern& pattern, const float*
 
 ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bwd, const Pattern& pattern, const float* q,
                                         const float* k, const float* v, const float* o, const float* lse,
-                                        const float* dout, const DynamicLayout* dynamic, const ExecutorOptions& options) {
+                                        const float* dout, const DynamicLayout* dynamic, const ExecutorOptions& options,
+                                        const float* dlse) {
   const Shape& s = plan.shape;
   const Workers w = workers_for(options.simd);
   ExecutorGradients g;
@@ -197,7 +198,7 @@ ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bw
   g.dk.assign(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 0.0f);
   g.dv.assign(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 0.0f);
   ExecutorJob job = job_for(plan, options);
-  // D = rowsum(dO * O), [batch, heads_q, seq_q] like the LSE.
+  // D = rowsum(dO * O) - dlse, [batch, heads_q, seq_q] like the LSE.
   std::vector<float> delta(static_cast<size_t>(s.batch * s.heads_q * s.seq_q), 0.0f);
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t i = 0; i < s.seq_q; ++i)
@@ -205,7 +206,8 @@ ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bw
         const int64_t off = (b * job.q_layout.batch + i * job.q_layout.pos + h * job.q_layout.head) * s.head_dim_v;
         float sum = 0.0f;
         for (int64_t x = 0; x < s.head_dim_v; ++x) sum += dout[off + x] * o[off + x];
-        delta[static_cast<size_t>((b * s.heads_q + h) * s.seq_q + i)] = sum;
+        const size_t at = static_cast<size_t>((b * s.heads_q + h) * s.seq_q + i);
+        delta[at] = dlse && lse[at] != -std::numeric_limits<float>::infinity() ? sum - dlse[at] : sum;  // not for empty rows
       }
   job.bwd = &bwd;
   job.pattern = &pattern;

@@ -137,7 +137,7 @@ std::vector<double> reference_weights_of(const Pattern& p, const Shape& s, const
 template <class T>
 ReferenceGradients reference_backward(const Pattern& p, const Shape& s, const T* q, const T* k, const T* v, const T* dout,
                                       const DynamicLayout* dynamic, unsigned threads,
-                                  const std::vector<int64_t>* documents) {
+                                  const std::vector<int64_t>* documents, const T* dlse) {
   check_reference_inputs(p, s, dynamic, documents);
   const MaskContext c{p, s, dynamic, documents};
   ReferenceGradients g;
@@ -158,9 +158,11 @@ ReferenceGradients reference_backward(const Pattern& p, const Shape& s, const T*
         const T* qrow = q + ((bi * s.seq_q + i) * s.heads_q + h) * s.head_dim;
         const T* dorow = dout + ((bi * s.seq_q + i) * s.heads_q + h) * s.head_dim_v;
         double* dqrow = g.dq.data() + ((bi * s.seq_q + i) * s.heads_q + h) * s.head_dim;
-        // O = f * sum_n P_n V_n: dP_n = f * dO . V_n, dS_n = P_n (dP_n - sum_m P_m dP_m).
+        // O = f * sum_n P_n V_n: dP_n = f * dO . V_n, dS_n = P_n (dP_n - sum_m P_m dP_m + dLSE),
+        // since d LSE / d S_n = P_n.
         dp.assign(row.p.size(), 0.0);
         double dot_pdp = 0.0;
+        const double dl = dlse ? static_cast<double>(dlse[(bi * s.heads_q + h) * s.seq_q + i]) : 0.0;
         for (size_t n = 0; n < row.p.size(); ++n) {
           const T* vrow = v + ((bi * s.seq_k + row.keys[n]) * s.heads_kv + kvh) * s.head_dim_v;
           double x = 0.0;
@@ -173,7 +175,7 @@ ReferenceGradients reference_backward(const Pattern& p, const Shape& s, const T*
           const T* krow = k + ((bi * s.seq_k + j) * s.heads_kv + kvh) * s.head_dim;
           double* dkrow = g.dk.data() + ((bi * s.seq_k + j) * s.heads_kv + kvh) * s.head_dim;
           double* dvrow = g.dv.data() + ((bi * s.seq_k + j) * s.heads_kv + kvh) * s.head_dim_v;
-          const double ds = row.p[n] * (dp[n] - dot_pdp) * scale;
+          const double ds = row.p[n] * (dp[n] - dot_pdp + dl) * scale;
           for (int64_t d = 0; d < s.head_dim; ++d) {
             dqrow[d] += ds * krow[d];
             dkrow[d] += ds * qrow[d];
@@ -209,13 +211,13 @@ std::vector<double> reference_weights(const Pattern& p, const Shape& s, const do
 }
 ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const float* q, const float* k,
                                                 const float* v, const float* dout, const DynamicLayout* dynamic,
-                                                unsigned threads, const std::vector<int64_t>* documents) {
-  return reference_backward(p, s, q, k, v, dout, dynamic, threads, documents);
+                                                unsigned threads, const std::vector<int64_t>* documents, const float* dlse) {
+  return reference_backward(p, s, q, k, v, dout, dynamic, threads, documents, dlse);
 }
 ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const double* q, const double* k,
                                                 const double* v, const double* dout, const DynamicLayout* dynamic,
-                                                unsigned threads, const std::vector<int64_t>* documents) {
-  return reference_backward(p, s, q, k, v, dout, dynamic, threads, documents);
+                                                unsigned threads, const std::vector<int64_t>* documents, const double* dlse) {
+  return reference_backward(p, s, q, k, v, dout, dynamic, threads, documents, dlse);
 }
 
 }  // namespace attnjit

@@ -40,7 +40,8 @@ std::vector<double> reference_weights(const Pattern& p, const Shape& s, const do
                                     const std::vector<int64_t>* documents = nullptr);
 
 // The gradients of the forward above with respect to q, k and v, given dO
-// [batch, seq_q, heads_q, head_dim_v] (LSE's gradient is not taken): the exact gradient of the
+// [batch, seq_q, heads_q, head_dim_v] and, where given, the gradient with respect to the LSE
+// output, dlse [batch, heads_q, seq_q] (null: zero; it adds P dlse to each row's dS): the exact gradient of the
 // single softmax over every branch's keys (a key two branches attend counts twice), the
 // head_groups "mean" factor included, dK/dV of a kv head summed over the query heads that read it,
 // nothing from rows that attend nothing. Float64 throughout; same layouts as the inputs.
@@ -49,10 +50,12 @@ struct ReferenceGradients {
 };
 ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const float* q, const float* k,
                                                 const float* v, const float* dout, const DynamicLayout* dynamic = nullptr,
-                                                unsigned threads = 0, const std::vector<int64_t>* documents = nullptr);
+                                                unsigned threads = 0, const std::vector<int64_t>* documents = nullptr,
+                                                const float* dlse = nullptr);
 ReferenceGradients reference_attention_backward(const Pattern& p, const Shape& s, const double* q, const double* k,
                                                 const double* v, const double* dout, const DynamicLayout* dynamic = nullptr,
-                                                unsigned threads = 0, const std::vector<int64_t>* documents = nullptr);
+                                                unsigned threads = 0, const std::vector<int64_t>* documents = nullptr,
+                                                const double* dlse = nullptr);
 
 }  // namespace attnjit
 #pragma GCC visibility pop

@@ -317,7 +317,7 @@ void Attention::backward(const TensorView& q, const TensorView& k, const TensorV
                          const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                          const TensorView& dv, const ForwardOptions& options) {
   if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
-  check_backward_inputs(state_->problem, q, k, v, o, lse, dout, dq, dk, dv, state_->backend->alignment());
+  check_backward_inputs(state_->problem, q, k, v, o, lse, dout, dq, dk, dv, state_->backend->alignment(), options.dlse);
   check_workspace(options, state_->backend->backward_workspace_bytes());
   DynamicLayout host;
   ForwardOptions o2 = resolve_device_table(*state_, options, host, /*to_host=*/false, /*count=*/false);

@@ -1,7 +1,8 @@
 // What every backward kernel shares, whatever the path: the key-major plan's tables, the argument
 // block (AjBwdParams, = KernelBwdParams in compiler/plan/device_plan.hpp) and the two element-wise
 // launches of the pass:
-//   _pre   D = rowsum(dO * O) per query row (before the gradient kernels);
+//   _pre   D = rowsum(dO * O) - dlse per query row (before the gradient kernels; dlse, the
+//          gradient of the lse output, where given);
 //   _cvt   the fp32 dK, dV workspaces to dK, dV in the storage type (after them), and in the
 //          single pass the fp32 dQ accumulator to dQ.
 // The gradient kernels themselves (_dq, _dkdv) are in bwd_simt.cuh and bwd_sm80.cuh.
@@ -27,6 +28,8 @@ struct AjBwdParams {
   float* dv_acc;                          // [batch, seq_k, heads_kv, head_dim_v], zeroed
   float* dq_acc;                          // [batch, seq_q, heads_q, head_dim], zeroed: the single pass's
                                           // dQ (scaled), added by _dkdv; null in the two-pass form
+  const float* dlse;                      // the gradient of lse (lse's layout), or null: D -= dlse
+  aj_i64 dlse_batch_stride, dlse_head_stride;
   const AjKeyItem* key_items;
   const AjQueryEntry* query_entries;
   aj_i64 do_batch_stride, do_row_stride, do_head_stride;
@@ -40,7 +43,7 @@ struct AjBwdParams {
   int key_item_base;                      // _dkdv: block x runs key_items[key_item_base + x]
   int plain_add;                          // _dkdv: no two blocks of this launch share a key row: add without atomics
 };
-static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(AjBwdParams) == 512,
+static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(AjBwdParams) == 536,
               "backward table layout differs from compiler/plan/device_plan.hpp");
 
 #define AJ_LOG2E 1.4426950408889634f
@@ -86,6 +89,10 @@ __device__ __forceinline__ void aj_bwd_pre(const AjBwdParams& bp) {
   const aj_elem* d = (const aj_elem*)bp.dout + b * bp.do_batch_stride + i * bp.do_row_stride + h * bp.do_head_stride;
   float sum = 0.0f;
   for (int c = 0; c < AJ_HEAD_DIM_V; ++c) sum += aj_load(o + c) * aj_load(d + c);
+  // The lse output's gradient: dS = P (f dP - D + dlse), so it joins D.
+  // A row that attends nothing (lse -inf) takes none of it, whatever dlse holds there.
+  if (bp.dlse && p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] != AJ_NEG_INF)
+    sum -= bp.dlse[b * bp.dlse_batch_stride + h * bp.dlse_head_stride + i];
   bp.delta[(b * bp.heads_q + h) * bp.seq_q + i] = sum;
 }
 

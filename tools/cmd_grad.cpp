@@ -20,7 +20,7 @@ namespace attnjit::cli {
 
 namespace {
 struct GradOptions {
-  std::string spec, dout, o, lse, dq, dk, dv, dynamic, device = "cpu", executor = "reference", tile = "64x64",
+  std::string spec, dout, o, lse, dlse, dq, dk, dv, dynamic, device = "cpu", executor = "reference", tile = "64x64",
               dtype = "fp32", arch = "sm_80";
   DocumentsOption cu_seqlens;
   InputOptions in;
@@ -39,10 +39,11 @@ double mean_abs(const std::vector<float>& x) {
   return x.empty() ? 0 : s / double(x.size());
 }
 
-std::vector<float> load_lse(const std::string& path, const Shape& s) {
+// An array over the query rows, [batch, heads_q, seq_q]: the forward's LSE (--lse) or its gradient (--dlse).
+std::vector<float> load_lse(const std::string& path, const Shape& s, const char* flag = "--lse") {
   const NpyArray l = read_npy(path, {NpyDtype::F16, NpyDtype::F32, NpyDtype::F64});
   if (l.shape != std::vector<int64_t>{s.batch, s.heads_q, s.seq_q}) {
-    throw UserError("--lse " + path, "must have shape (batch, heads_q, seq_q) = (" + std::to_string(s.batch) + ", " +
+    throw UserError(std::string(flag) + " " + path, "must have shape (batch, heads_q, seq_q) = (" + std::to_string(s.batch) + ", " +
                                          std::to_string(s.heads_q) + ", " + std::to_string(s.seq_q) + ")");
   }
   return npy_to_float(l);
@@ -72,6 +73,8 @@ int run_grad(const GradOptions& o) {
   if (!o.dout.empty()) dout = load_array(o.dout, "--do", odims);
   else if (o.in.random_seed) dout = random_normal(size_t(s.batch * s.seq_q * s.heads_q * s.head_dim_v), *o.in.random_seed + 1);
   else throw UserError("--do", "give dO, the gradient of the loss with respect to O, as a .npy file [batch, seq_q, heads_q, head_dim_v]");
+  const std::vector<float> dlse = o.dlse.empty() ? std::vector<float>{} : load_lse(o.dlse, s, "--dlse");
+  const float* dlse_ptr = dlse.empty() ? nullptr : dlse.data();
 
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<float> dq, dk, dv;
@@ -87,6 +90,7 @@ int run_grad(const GradOptions& o) {
     }
     const Device d = o.device == "gpu" ? Device::cuda(0) : emu_device(o.arch);
     bwd.deterministic = o.deterministic;
+    bwd.lse_grad = dlse;
     run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), KernelConfig{}, of, lf, &bwd, nullptr, documents);
     dq = std::move(bwd.dq), dk = std::move(bwd.dk), dv = std::move(bwd.dv);
     where = o.device == "gpu" ? "the gpu (" + o.dtype + ")" : "the emulator (" + o.arch + ", " + o.dtype + ")";
@@ -102,11 +106,12 @@ int run_grad(const GradOptions& o) {
       lf = std::move(f.lse);
     }
     ExecutorGradients g = execute_plan_backward(plan, lower_to_backward_plan(plan), p, in.q.data(), in.k.data(), in.v.data(),
-                                                of.data(), lf.data(), dout.data(), table, {.threads = o.threads});
+                                                of.data(), lf.data(), dout.data(), table, {.threads = o.threads}, dlse_ptr);
     dq = std::move(g.dq), dk = std::move(g.dk), dv = std::move(g.dv);
   } else {
     // The reference recomputes the softmax itself: --o/--lse are not needed (and not read).
-    const ReferenceGradients g = reference_attention_backward(p, s, in.q.data(), in.k.data(), in.v.data(), dout.data(), table, o.threads, documents);
+    const ReferenceGradients g =
+        reference_attention_backward(p, s, in.q.data(), in.k.data(), in.v.data(), dout.data(), table, o.threads, documents, dlse_ptr);
     dq.assign(g.dq.begin(), g.dq.end()), dk.assign(g.dk.begin(), g.dk.end()), dv.assign(g.dv.begin(), g.dv.end());
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -129,6 +134,8 @@ void register_grad(CLI::App& app, int& rc) {
   sub->add_option("--do", o->dout, "dO .npy [batch, seq_q, heads_q, head_dim_v] (random with --random)");
   sub->add_option("--o", o->o, "the forward's O .npy (with --lse; default: the forward runs first)");
   sub->add_option("--lse", o->lse, "the forward's LSE .npy [batch, heads_q, seq_q] (with --o)");
+  sub->add_option("--dlse", o->dlse, "the gradient of the loss with respect to the LSE output .npy [batch, heads_q, seq_q] "
+                                     "(default: none; a loss of O alone)");
   sub->add_option("--dq", o->dq, "write dQ (float32 [batch, seq_q, heads_q, head_dim]) here");
   sub->add_option("--dk", o->dk, "write dK (float32 [batch, seq_k, heads_kv, head_dim]) here");
   sub->add_option("--dv", o->dv, "write dV (float32 [batch, seq_k, heads_kv, head_dim_v]) here");

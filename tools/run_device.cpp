@@ -2,6 +2,7 @@
 
 #include <attnjit/attnjit.hpp>
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <optional>
@@ -145,6 +146,15 @@ void run_on_device(const Device& device, const Pattern& p, const Shape& s, const
     return DeviceBytes(gpu, static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3] * dtype_bytes(dtype)));
   };
   DeviceBytes gq = zeros(qs), gk = zeros(ks), gv = zeros(vs);
+  DeviceBytes glse(gpu, std::max<size_t>(backward->lse_grad.size(), 1) * sizeof(float));
+  TensorView glse_view;
+  if (!backward->lse_grad.empty()) {
+    std::vector<uint8_t> gb(backward->lse_grad.size() * sizeof(float));
+    std::memcpy(gb.data(), backward->lse_grad.data(), gb.size());
+    glse.upload(gb);
+    glse_view = view(glse, DType::F32, {s.batch, s.heads_q, s.seq_q});
+    fo.dlse = &glse_view;
+  }
   op.backward(view(dq, dtype, qs), view(dk, dtype, ks), view(dv, dtype, vs), view(dout, dtype, os), lse_view,
               view(*ddo, dtype, os), view(gq, dtype, qs), view(gk, dtype, ks), view(gv, dtype, vs), fo);
   if (gpu) synchronize(nullptr);

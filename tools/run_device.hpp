@@ -14,6 +14,7 @@ struct DeviceBackward {
   std::vector<float> dout;
   bool forward_given = false;  // o and lse hold the forward's outputs: do not run the forward
   bool deterministic = false;  // ForwardOptions::deterministic
+  std::vector<float> lse_grad;  // ForwardOptions::dlse, [B, Hq, Sq]; empty: none
   std::vector<float> dq, dk, dv;
 };
 

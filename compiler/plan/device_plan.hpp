@@ -76,6 +76,8 @@ struct KernelBwdParams {
   float* dk_acc;
   float* dv_acc;
   float* dq_acc;  // the single pass's fp32 dQ accumulator; null in the two-pass form
+  const float* dlse;  // the lse output's gradient, or null
+  int64_t dlse_batch_stride, dlse_head_stride;
   const DeviceKeyItem* key_items;
   const DeviceQueryEntry* query_entries;
   int64_t do_batch_stride, do_row_stride, do_head_stride;
@@ -89,7 +91,7 @@ struct KernelBwdParams {
   int32_t key_item_base;
   int32_t plain_add;
 };
-static_assert(sizeof(KernelBwdParams) == 512, "must match AjBwdParams in templates/bwd_common.cuh");
+static_assert(sizeof(KernelBwdParams) == 536, "must match AjBwdParams in templates/bwd_common.cuh");
 
 struct DeviceBackwardPlan {
   std::vector<DeviceKeyItem> items;

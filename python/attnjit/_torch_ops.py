@@ -80,6 +80,12 @@ def _table_tensors(d, device):
                             f"tensor, got a {what}")
         if x.device != device:
             raise ValueError(f'dynamic_layout["{name}"]: is on {x.device} but q is on {device}; keep the table on q\'s device')
+        if dtype == torch.int32 and torch.iinfo(x.dtype).bits > 32 or x.dtype == torch.uint32:
+            # Blocks past int32 would wrap in the conversion and could name a block in range: they
+            # become -1, which the kernels skip and count as a problem, as any other bad block
+            # (no host round trip: the check runs on the table's device).
+            big = (x < torch.iinfo(torch.int32).min) | (x > torch.iinfo(torch.int32).max)
+            x = torch.where(big, torch.full_like(x, -1), x)
         tensors.append(x.to(dtype).contiguous())
     errors = d.get("errors")
     if errors is not None:
@@ -207,7 +213,7 @@ def _(q, k, v, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, dyn_on_d
 
 @torch.library.custom_op("attnjit::attention_backward", mutates_args=())
 def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                        dout: torch.Tensor, spec: str, q_offset: int, k_offset: int, dyn_heads: int,
+                        dout: torch.Tensor, dlse: Optional[torch.Tensor], spec: str, q_offset: int, k_offset: int, dyn_heads: int,
                         dyn_rows: Optional[torch.Tensor], dyn_cols: Optional[torch.Tensor], dyn_on_device: bool,
                         cu_seqlens: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if is_empty(q.shape, k.shape):
@@ -216,8 +222,10 @@ def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: to
     docs = _docs(cu_seqlens)
     if q.dtype == torch.float64:
         qc, kc, vc, dc = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
+        dl = None if dlse is None else dlse.to(torch.float64).contiguous()
         dq, dk, dv = _attnjit.reference_backward(spec, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), dc.data_ptr(),
-                                                 _dims(q, k, v), q_offset, k_offset, dyn, docs)
+                                                 _dims(q, k, v), q_offset, k_offset, dyn, docs,
+                                                 0 if dl is None else dl.data_ptr())
         return torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv)
     if dout.stride(3) != 1:
         dout = dout.contiguous()
@@ -229,14 +237,17 @@ def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: to
     # allocator on the current stream, like any other op's, so CUDA graphs and memory stats see it.
     ws_bytes = _attnjit.backward_workspace_bytes(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v))
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device) if ws_bytes else None
+    if dlse is not None and (dlse.dtype != torch.float32 or dlse.stride(2) != 1):
+        dlse = dlse.to(torch.float32).contiguous()
     _attnjit.backward(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v), _desc(o), _desc(lse),
                       _desc(dout), _desc(dq), _desc(dk), _desc(dv), q_offset, k_offset, stream, False, dyn,
-                      ws.data_ptr() if ws is not None else 0, ws_bytes, docs, device_dyn)
+                      ws.data_ptr() if ws is not None else 0, ws_bytes, docs, device_dyn,
+                      None if dlse is None else _desc(dlse))
     return dq, dk, dv
 
 
 @_attention_backward.register_fake
-def _(q, k, v, o, lse, dout, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, dyn_on_device, cu_seqlens):
+def _(q, k, v, o, lse, dout, dlse, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, dyn_on_device, cu_seqlens):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -249,13 +260,12 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, dlse, _dproblems):
+    # dlse, the gradient through the lse output (a loss that merges partial attentions by their
+    # LSEs), joins each row's D: dS = P (dP - D + dlse).
     q, k, v, o, lse = ctx.saved_tensors
-    if dlse is not None:
-        raise NotImplementedError("attnjit.attention: the gradient through lse is not taken (LSE is an output for "
-                                  "merging partial results); use lse.detach() in the loss")
     if dout is None:
         dout = torch.zeros_like(o)
-    dq, dk, dv = _attention_backward(q, k, v, o, lse, dout, *ctx.args)
+    dq, dk, dv = _attention_backward(q, k, v, o, lse, dout, dlse, *ctx.args)
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 

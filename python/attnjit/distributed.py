@@ -384,14 +384,14 @@ class _Ring:
                                                     0, None, None, False, None)
             _merge(acc_o, acc_lse, qa, o, lse, computed)
 
-    def attend_backward(self, q, o, lse, do, kr, kk, vv, dq, dkk, dvv):
+    def attend_backward(self, q, o, lse, do, dlse, kr, kk, vv, dq, dkk, dvv):
         for qi, ki, computed, read in self.chunk_pairs(kr, q.device):
             qa, qn, qs = self.chunk(self.rank, qi)
             ka, kn, ks = self.chunk(kr, ki)
             rows, keys = slice(qa, qa + qn), slice(ka, ka + kn)
             gq, gk, gv = torch.ops.attnjit.attention_backward(
-                q[:, rows], kk[:, keys], vv[:, keys], o[:, rows], lse[:, :, rows].contiguous(), do[:, rows], self.spec, qs,
-                ks, 0, None, None, False, None)
+                q[:, rows], kk[:, keys], vv[:, keys], o[:, rows], lse[:, :, rows].contiguous(), do[:, rows],
+                None if dlse is None else dlse[:, :, rows].contiguous(), self.spec, qs, ks, 0, None, None, False, None)
             # Rows the call does not compute or read have zero gradients: only the others are added.
             _add_part(computed, dq if computed is not None else dq[:, rows], gq)
             for acc, part in ((dkk, gk), (dvv, gv)):
@@ -420,18 +420,20 @@ class _Ring:
                 self.attend(q, src, *kv, acc_o, acc_lse)
         return acc_o.to(q.dtype), acc_lse
 
-    def backward(self, q, k, v, o, lse, do):
+    def backward(self, q, k, v, o, lse, do, dlse=None):
+        # dlse, the gradient through the global lse, enters every chunk pair's dS as P dlse (P from
+        # the global lse, as the chunks compute it), so each chunk's backward takes its rows of it.
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         self.prepare(q.device)
         moves = self.moves(k, v)
-        self.attend_backward(q, o, lse, do, self.rank, k, v, dq, dk, dv)
+        self.attend_backward(q, o, lse, do, dlse, self.rank, k, v, dq, dk, dv)
         for src, kv in moves.sources():
             partial = None
             if kv is not None:
                 partial = torch.zeros_like(dk), torch.zeros_like(dv)
-                self.attend_backward(q, o, lse, do, src, *kv, dq, *partial)
+                self.attend_backward(q, o, lse, do, dlse, src, *kv, dq, *partial)
             moves.give_back(src, partial, dk, dv)
         moves.finish(dk, dv)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
@@ -619,13 +621,10 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dlse):
-        if dlse is not None:
-            raise NotImplementedError("attnjit.distributed.ring_attention: the gradient through lse is not taken; use "
-                                      "lse.detach() in the loss")
         q, k, v, o, lse = ctx.saved_tensors
         if do is None:  # o is not in this rank's loss; the other ranks still need its part of the ring
             do = torch.zeros_like(o)
-        dq, dk, dv = ctx.ring.backward(q, k, v, o, lse, do if do.stride(3) == 1 else do.contiguous())
+        dq, dk, dv = ctx.ring.backward(q, k, v, o, lse, do if do.stride(3) == 1 else do.contiguous(), dlse)
         return dq, dk, dv, None
 
 

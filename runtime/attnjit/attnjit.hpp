@@ -90,9 +90,15 @@ struct ForwardOptions {
   // non-decreasing, batch 1, seq_q == seq_k. Queries attend keys of their own document only, and
   // positions restart at 0 in each document; not with offsets. Each distinct list gets its plan.
   const std::vector<int64_t>* cu_seqlens = nullptr;
-  // backward(): bitwise-reproducible gradients (dK/dV added layer by layer, no atomics). Also the
-  // ATTNJIT_DETERMINISTIC knob. dQ never uses atomics.
+  // backward(): bitwise-reproducible gradients (dK/dV added layer by layer, dQ by its own pass over
+  // the forward plan: no atomics). Also the ATTNJIT_DETERMINISTIC knob. Otherwise the tensor-core
+  // kernels add dQ with atomics in their single pass.
   bool deterministic = false;
+  // backward(): the gradient of the loss with respect to the forward's lse output, fp32
+  // [batch, heads_q, seq_q] like lse (last stride 1); null: zero. It enters each row's dS as
+  // P * dlse (d lse / d S = P), so a loss that uses lse (merging partial attentions) is
+  // differentiated exactly. Rows that attend nothing take none of it.
+  const TensorView* dlse = nullptr;
   // backward() scratch memory from the caller (e.g. PyTorch's caching allocator) instead of the
   // driver's stream-ordered pool: device memory of the runtime's GPU, 256-byte aligned, at least
   // Attention::backward_workspace_bytes() bytes, not used by other work on the stream until the

@@ -86,14 +86,24 @@ std::vector<float> rounded(std::vector<float> x, DType dt) { return decode(encod
 std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType dt, const DynamicLayout* dyn, uint64_t seed,
                            bool deterministic = false, std::vector<uint8_t>* bytes = nullptr, bool caller_workspace = false,
                            bool device_table = false, bool in_graph = false,
-                           const std::vector<std::pair<size_t, float>>& v_values = {}) {
+                           const std::vector<std::pair<size_t, float>>& v_values = {}, bool with_dlse = false) {
   const size_t nq = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim), nk = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim),
                nv = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), no = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim_v);
   const std::vector<float> q = rounded(testing::random_tensor(nq, seed), dt), k = rounded(testing::random_tensor(nk, seed + 1), dt),
                            dout = rounded(testing::random_tensor(no, seed + 3), dt);
   std::vector<float> v = rounded(testing::random_tensor(nv, seed + 2), dt);
   for (const auto& [at, value] : v_values) v.at(at) = value;  // a NaN or inf: exact in every dtype
-  const ReferenceGradients want = reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data(), dyn, 0);
+  // With `with_dlse`, a loss that uses the lse output too: its gradient, random, and NaN at the rows
+  // that attend nothing (lse -inf), which must take none of it.
+  std::vector<float> dlse;
+  if (with_dlse) {
+    dlse = testing::random_tensor(size_t(s.batch * s.heads_q * s.seq_q), seed + 4);
+    const ReferenceOutput fwd = reference_attention(p, s, q.data(), k.data(), v.data(), dyn, 0);
+    for (size_t i = 0; i < dlse.size(); ++i)
+      dlse[i] = std::isinf(fwd.lse[i]) ? std::numeric_limits<float>::quiet_NaN() : 2.0f * dlse[i];
+  }
+  const ReferenceGradients want = reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data(), dyn, 0, nullptr,
+                                                               with_dlse ? dlse.data() : nullptr);
   Attention op = rt.prepare(p, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt});
   auto make = [&](const std::vector<float>* x, size_t n) {
     auto m = std::make_unique<Mem>(n * size_t(dtype_bytes(dt)));
@@ -109,6 +119,16 @@ std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType 
   const TensorView lse = view(mlse, DType::F32, {s.batch, s.heads_q, s.seq_q});
   ForwardOptions fo;
   fo.q_offset = s.q_offset, fo.k_offset = s.k_offset, fo.dynamic_layout = dyn, fo.deterministic = deterministic;
+  Mem mdlse(dlse.size() * 4 + 4);
+  TensorView dlse_view;
+  if (with_dlse) {
+    std::vector<uint8_t> raw(dlse.size() * 4);
+    std::memcpy(raw.data(), dlse.data(), raw.size());
+    raw.resize(dlse.size() * 4 + 4);
+    mdlse.upload(raw);
+    dlse_view = view(mdlse, DType::F32, {s.batch, s.heads_q, s.seq_q});
+    fo.dlse = &dlse_view;
+  }
   // The table where the device reads it (DeviceDynamicLayout): the same gradients.
   std::unique_ptr<Mem> table_rows, table_cols;
   DeviceDynamicLayout on_device;
@@ -338,6 +358,36 @@ TEST_CASE("backward: rows that attend nothing give and get no gradient (never Na
     s.k_offset = 70;
     INFO(to_string(dt) << " head_dim " << d);
     CHECK(check_backward(rt, p, s, dt, nullptr, 77) == "");
+  }
+}
+
+// A loss that uses the lse output as well as O (merging partial attentions by their LSEs): its
+// gradient dlse enters each row's dS as P dlse. Every example through the tensor-core kernels'
+// single pass and two-pass form and the SIMT kernels, and rows that attend nothing (dlse NaN
+// there, which must reach no gradient).
+TEST_CASE("backward: the gradient through the lse output matches the reference", "[gpu][emu][grad][dlse]") {
+  if (on_gpu()) shared_context(0).make_current();
+  RuntimeOptions ro;
+  ro.device = device_under_test();
+  Runtime rt(ro);
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(ATTNJIT_EXAMPLES_DIR)) {
+    if (e.path().extension() != ".json" || e.path().stem() == "manifest") continue;
+    const Pattern p = load_spec_file(e.path().string());
+    Shape s;
+    s.seq_q = s.seq_k = on_gpu() ? 500 : 130, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 64;
+    for (const auto& [dt, deterministic] : std::vector<std::pair<DType, bool>>{{DType::BF16, false}, {DType::BF16, true}, {DType::F32, false}}) {
+      INFO(e.path().filename().string() << " " << to_string(dt) << (deterministic ? " deterministic" : ""));
+      CHECK(check_backward(rt, p, s, dt, nullptr, 900 + n++, deterministic, nullptr, false, false, false, {}, true) == "");
+    }
+  }
+  const Pattern empty_rows = PatternBuilder().branch(BranchSpec().segment(64).dilation(1).causal()).build();
+  Shape s;
+  s.seq_q = s.seq_k = on_gpu() ? 1000 : 200, s.heads_q = 2, s.heads_kv = 1, s.head_dim = s.head_dim_v = 64;
+  s.k_offset = 70;  // query rows 0..69 attend nothing
+  for (const DType dt : {DType::BF16, DType::F32}) {
+    INFO("rows that attend nothing, " << to_string(dt));
+    CHECK(check_backward(rt, empty_rows, s, dt, nullptr, 990, false, nullptr, false, false, false, {}, true) == "");
   }
 }
 

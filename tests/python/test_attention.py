@@ -295,6 +295,19 @@ def test_dynamic_tables_host_and_in_place_match_the_dense_contract(device, monke
     assert rel_error(w, w_want) <= tol
 
 
+def test_a_block_past_int32_in_a_table_read_in_place_is_a_counted_problem():
+    # 2^32 + 2 would wrap to block 2 (in range) in the int32 conversion: it is dropped and counted.
+    q, k, v = inputs(1, 64, 64, 2, 1, 16, seed=42)
+    cols = torch.tensor(DYN_TABLE["col_indices"], dtype=torch.int64)
+    cols[0] = 2**32 + 2
+    errors = torch.zeros(1, dtype=torch.int32)
+    table = {"heads": 2, "row_offsets": torch.tensor(DYN_TABLE["row_offsets"]), "col_indices": cols, "errors": errors}
+    o = attnjit.attention(q, k, v, DYN_SPEC, dynamic_layout=table)
+    assert errors.item() == 1
+    without = {"heads": 2, "row_offsets": [0, 0, 2, 2, 4, 6, 6, 7, 8], "col_indices": DYN_TABLE["col_indices"][1:]}
+    assert rel_error(o, attnjit.attention(q, k, v, DYN_SPEC, dynamic_layout=without)) <= 1e-6
+
+
 def test_dynamic_table_bad_arguments_are_clear_errors():
     q, k, v = inputs(1, 64, 64, 2, 1, 16)
     rows, cols = torch.tensor(DYN_FLAWED[0]), torch.tensor(DYN_FLAWED[1])
@@ -481,12 +494,50 @@ def test_cpu_backward_needs_no_workspace():
     assert _attnjit.backward_workspace_bytes(p.op_spec, cpu_device(), 0, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v)) == 0
 
 
-def test_the_lse_gradient_is_refused_not_ignored():
-    p = attnjit.Pattern.load(EXAMPLES / "causal_local.json")
-    q, k, v = inputs(1, 64, 64, 2, 2, 16, requires_grad=True)
-    o, lse = attnjit.attention(q, k, v, p, return_lse=True)
-    with pytest.raises(NotImplementedError, match="gradient through lse"):
-        (o.sum() + lse.sum()).backward()
+LSE_GRAD_PATTERNS = {  # every row attends a key (a row that attends none has lse -inf: no finite difference)
+    "softmax": GRAD_PATTERNS["softmax"],
+    "causal_gqa_offsets": ({"attnjit": 1, "branches": [{"segment": 12, "dilation": 1}, {"segment": 24, "dilation": 2}],
+                            "causal": True}, 4, 2, 2, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LSE_GRAD_PATTERNS))
+def test_the_lse_gradient_passes_gradcheck_in_float64(name):
+    # A loss of O and lse (merging partial attentions by their LSEs): d lse / d S = P.
+    spec, hq, hkv, q_offset, k_offset = LSE_GRAD_PATTERNS[name]
+    p = attnjit.Pattern.from_json(spec)
+    q, k, v = inputs(1, 20, 20, hq, hkv, 4, dtype=torch.float64, seed=5, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: attnjit.attention(a, b, c, p, q_offset=q_offset, k_offset=k_offset, return_lse=True), (q, k, v),
+        eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+def test_the_lse_gradient_of_the_float32_paths_matches_float64(device, monkeypatch):
+    # The plan executor (cpu) and the generated kernels in the emulator (emu: the tensor-core
+    # single pass), rows that attend nothing included (k_offset 9: their dlse must reach nothing).
+    if device == "emu":
+        monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu")
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    causal = attnjit.Pattern.from_json({"attnjit": 1, "branches": [{"segment": 64}], "causal": True})
+    dtype, tol = (torch.float32, 1e-4) if device == "cpu" else (torch.bfloat16, 3e-2)
+    for pattern, k_offset in ((p, 0), (causal, 9)):
+        q, k, v = inputs(1, 130, 130, 2, 1, 64, dtype=torch.float64, seed=8)
+        dl = torch.randn(1, 2, 130, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+        do = torch.randn(1, 130, 2, 64, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+
+        def run(x, y, z):
+            x, y, z = (t.clone().requires_grad_() for t in (x, y, z))
+            o, lse = attnjit.attention(x, y, z, pattern, k_offset=k_offset, return_lse=True)
+            # rows that attend nothing have lse -inf: their part of the loss is left out, their dlse is NaN
+            torch.autograd.backward((o, lse), (do.to(o.dtype), torch.where(torch.isinf(lse), float("nan"), dl.to(lse.dtype))))
+            return [t.grad.double() for t in (x, y, z)]
+
+        want = run(q, k, v)
+        got = run(*(t.to(dtype) for t in (q, k, v)))
+        for name, g, w in zip("qkv", got, want):
+            assert torch.isfinite(g).all(), f"d{name}"
+            assert rel_error(g, w) <= tol, f"d{name}"
 
 
 @needs_gpu

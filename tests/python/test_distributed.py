@@ -49,14 +49,17 @@ def _equality_worker(rank, world, store, layouts, device="cpu"):
     try:
         for name, (spec, hq, hkv) in CASES.items():
             q, k, v, do = (x.to(at) for x in _inputs(hq, hkv))
+            # A loss that uses lse too: the gradient through the global lse reaches every chunk.
+            dl = torch.randn(2, hq, SEQ, generator=torch.Generator().manual_seed(11)).to(at)
             ref = [x.clone().requires_grad_() for x in (q, k, v)]
             o_ref, lse_ref = attnjit.attention(*ref, spec, return_lse=True)
-            o_ref.backward(do)
+            torch.autograd.backward((o_ref, lse_ref), (do, dl))
             for layout, strategy in ((layout, strategy) for layout in layouts for strategy in ad.STRATEGIES):
                 what = f"{name}, {layout}, {strategy}, world {world}, rank {rank}"
                 local = [ad.shard(x, layout=layout).requires_grad_() for x in (q, k, v)]
                 o, lse = ad.ring_attention(*local, spec, layout=layout, return_lse=True, strategy=strategy)
-                o.backward(ad.shard(do, layout=layout))
+                dl_local = ad.shard(dl.transpose(1, 2), layout=layout).transpose(1, 2)
+                torch.autograd.backward((o, lse), (ad.shard(do, layout=layout), dl_local))
                 torch.testing.assert_close(o, ad.shard(o_ref.detach(), layout=layout), atol=1e-5, rtol=1e-5, msg=lambda m: f"{what}: o: {m}")
                 torch.testing.assert_close(lse, ad.shard(lse_ref.transpose(1, 2), layout=layout).transpose(1, 2), atol=1e-5,
                                            rtol=1e-5, msg=lambda m: f"{what}: lse: {m}")
@@ -206,6 +209,16 @@ def test_one_rank_is_plain_attention(one_rank):
     o_ref.backward(do)
     for got, want in zip(mine, ref):
         torch.testing.assert_close(got.grad, want.grad)
+    # Through lse alone, as a loss that merges partial results would use it.
+    for x in mine + ref:
+        x.grad = None
+    _, lse = ad.ring_attention(*mine, LONGNET, return_lse=True)
+    _, lse_ref = attnjit.attention(*ref, LONGNET, return_lse=True)
+    lse.square().sum().backward()
+    lse_ref.square().sum().backward()
+    for name, got, want in zip("qkv", mine, ref):
+        assert (got.grad.abs().max() > 0) == (name != "v")  # lse does not depend on v
+        torch.testing.assert_close(got.grad, want.grad)
 
 
 def test_bad_input_is_refused_naming_what_is_wrong(one_rank):
@@ -229,10 +242,6 @@ def test_bad_input_is_refused_naming_what_is_wrong(one_rank):
     dyn = {"attnjit": 1, "layout": {"block": 16, "dynamic": True}, "branches": [{"segment": "full"}]}
     with pytest.raises(ValueError, match="dynamic layout is not supported by ring_attention"):
         ad.ring_attention(q, k, v, dyn)
-    q.requires_grad_()
-    o, lse = ad.ring_attention(q, k, v, LONGNET, return_lse=True)
-    with pytest.raises(NotImplementedError, match="gradient through lse is not taken"):
-        lse.sum().backward()
 
 
 def test_without_torch_distributed_the_error_says_what_to_call():

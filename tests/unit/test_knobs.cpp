@@ -239,6 +239,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_TUNE=1\n"
         "ATTNJIT_SM90A=1\n"
         "ATTNJIT_TMA=1\n"
+        "ATTNJIT_BWD_SINGLE_PASS=1\n"
         "ATTNJIT_DETERMINISTIC=0\n"
         "ATTNJIT_MAX_WEIGHTS=268435456\n"
         "ATTNJIT_SHIPPED_DB_DIR=none\n"

@@ -185,6 +185,8 @@ const Mutation kMutations[] = {
     {"single-pass backward: A operand of dQ += dS K read without the transpose", "bwd_sm80.cuh",
      "    aj_ldmatrix_x4_trans(af, at + (ks * 16 + a_row) * APITCH + a_col);", "    aj_ldmatrix_x4(af, at + (ks * 16 + a_row) * APITCH + a_col);",
      DType::BF16, true},
+    {"backward: the lse output's gradient left out of D", "bwd_common.cuh",
+     "    sum -= bp.dlse[b * bp.dlse_batch_stride + h * bp.dlse_head_stride + i];", "    ;", DType::BF16, true},
     {"tensor-core backward, deterministic: the layered dV add stores instead of adding", "bwd_sm80.cuh",
      "if (bp.plain_add) dva[c * 8] += x0, dva[c * 8 + 1] += x1;", "if (bp.plain_add) dva[c * 8] = x0, dva[c * 8 + 1] = x1;",
      DType::BF16, true, true},
@@ -389,10 +391,13 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   for (size_t i = 0; i < lse.size(); ++i)
     if (!(std::abs(lse[i] - want.lse[i]) <= tol * (1 + std::abs(want.lse[i])))) return "LSE differs at " + std::to_string(i);
   if (!backward) return "";
-  // The gradients: dO random, the forward's O and LSE as computed above.
+  // The gradients: dO random, the forward's O and LSE as computed above, and a loss that uses the
+  // LSE too (dlse random: it joins D in _pre).
   const std::vector<float> dout = rounded(testing::random_tensor(nq, 4));
-  const ReferenceGradients g =
-      reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data(), device_table ? &table : nullptr, 1);
+  std::vector<float> dlse = testing::random_tensor(size_t(2 * s.seq_q), 6);
+  const ReferenceGradients g = reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data(),
+                                                            device_table ? &table : nullptr, 1, nullptr, dlse.data());
+  const TensorView dlse_view = TensorView::contiguous(dlse.data(), DType::F32, {1, 2, s.seq_q});
   std::vector<float> dq(nq), dk(nk), dv(nk);
   std::vector<uint16_t> doh = store(dout), dqh(nq), dkh(nk), dvh(nk);
   try {
@@ -401,7 +406,8 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
                 view(f32 ? (void*)v.data() : vh.data(), s.seq_k, 1), view(f32 ? (void*)o.data() : oh.data(), s.seq_q, 2), lv,
                 view(f32 ? (void*)dout.data() : doh.data(), s.seq_q, 2), view(f32 ? (void*)dq.data() : dqh.data(), s.seq_q, 2),
                 view(f32 ? (void*)dk.data() : dkh.data(), s.seq_k, 1), view(f32 ? (void*)dv.data() : dvh.data(), s.seq_k, 1),
-                ForwardOptions{.device_dynamic_layout = device_table ? &in_place : nullptr, .deterministic = deterministic});
+                ForwardOptions{.device_dynamic_layout = device_table ? &in_place : nullptr, .deterministic = deterministic,
+                               .dlse = &dlse_view});
   } catch (const emu::KernelFault& e) {
     return std::string("fault in backward: ") + e.what();
   }
