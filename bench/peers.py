@@ -29,8 +29,9 @@ Each case, the method:
     the time-to-first-result legend says what that call did; the kernel caches start empty unless
     --keep-cache; peak memory (torch.cuda.max_memory_allocated, reset per system);
   - then every system's forward and backward timed in interleaved rounds (A B C A B C ..., after
-    warm-ups, L2 flushed before each run, CUDA events), so clock and temperature drift hits all
-    alike: median, minimum, maximum and spread; GPU clocks, temperature and power read (nvidia-smi,
+    warm-ups, L2 flushed and the stream kept busy for ~2 ms before each run, CUDA events), so clock
+    and temperature drift hits all alike and the host's enqueueing is not in the GPU time (it is
+    reported on its own, host_ms): median, minimum, maximum and spread; GPU clocks, temperature and power read (nvidia-smi,
     torch.cuda) at the start and end of the case, a visible "skipped" where they cannot be;
   - useful TFLOP/s = 4 * D * distinct attended pairs * batch / time (a pair two branches attend
     counts once: `Pattern.stats`' distinct_pairs), backward 2.5x that; per-branch TFLOP/s (pairs
@@ -199,27 +200,47 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def timed_call(fn, device, flush):
-    """One run in ms: CUDA events around it, L2 flushed (a 256 MB write) before it; perf_counter on the CPU."""
+# GPU cycles the stream spins before each timed run (about 2 ms at 2 GHz): the host's work to
+# enqueue the run (Python, argument checks, plan lookup) then happens while the GPU is busy, so the
+# events time the GPU's work alone; the host's time per call is measured on its own (host_ms).
+SPIN_CYCLES = 4_000_000
+
+
+def timed_call(fn, device, flush, host_times=None):
+    """One run in ms: CUDA events around it, L2 flushed (a 256 MB write) and the stream kept busy
+    (SPIN_CYCLES) before it; perf_counter on the CPU. `host_times` (a list) receives the wall time
+    the call took to return on the host (enqueueing only, on CUDA)."""
     if device.type == "cuda":
         flush.zero_()
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(SPIN_CYCLES)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        t = time.perf_counter()
         fn()
+        host = (time.perf_counter() - t) * 1e3
         end.record()
         end.synchronize()
+        if host_times is not None:
+            host_times.append(host)
         return start.elapsed_time(end)
     t = time.perf_counter()
     fn()
-    return (time.perf_counter() - t) * 1e3
+    ms = (time.perf_counter() - t) * 1e3
+    if host_times is not None:
+        host_times.append(ms)
+    return ms
 
 
-def interleaved(fns, device, rounds, warmup, flush, deadline=None, timeline=None):
+def interleaved(fns, device, rounds, warmup, flush, deadline=None, timeline=None, host_times=None):
     """fns: [(key, fn)]. Warm-ups of each, then `rounds` rounds A B C A B C ..., so that clock and
     temperature drift hit every system alike. Returns ({key: [ms]}, {key: exception}); a key whose
     call raises is dropped from the later rounds. Past `deadline` no new round starts (at least 3 run).
-    `timeline` (a list) receives the keys in the order they ran."""
+    `timeline` (a list) receives the keys in the order they ran; `host_times` (a dict) each key's
+    host-side ms per call."""
     times, errors, live = {key: [] for key, _ in fns}, {}, dict(fns)
+    if host_times is not None:
+        host_times.update({key: [] for key, _ in fns})
     for key, fn in fns:
         try:
             for _ in range(warmup):
@@ -232,7 +253,8 @@ def interleaved(fns, device, rounds, warmup, flush, deadline=None, timeline=None
             break
         for key in list(live):
             try:
-                times[key].append(timed_call(live[key], device, flush))
+                times[key].append(timed_call(live[key], device, flush,
+                                             None if host_times is None else host_times[key]))
             except Exception as e:  # noqa: BLE001
                 errors[key] = e
                 live.pop(key)
@@ -583,8 +605,9 @@ def run_case(case, ctx, writer):
         writer.write()
     args = ctx["args"]
     ctx["timeline"] = []
+    host = {}
     times, errors = interleaved(timed, dev, args.runs, args.warmup, ctx["flush"],
-                                deadline=ctx["deadline"], timeline=ctx["timeline"])
+                                deadline=ctx["deadline"], timeline=ctx["timeline"], host_times=host)
     rec["order"] = [f"{n} {p}" for n, p in ctx["timeline"][:len(timed)]]
     for (name, pas), ts in times.items():
         srec = rec["systems"][name]
@@ -595,6 +618,8 @@ def run_case(case, ctx, writer):
             srec["error"] = _error(errors[(name, pas)], f"timed {pas}: ")
         if ts:
             srec[pas] = summary(ts, flop, flop_b)
+            if host.get((name, pas)):
+                srec[pas]["host_ms"] = statistics.median(host[(name, pas)])
     rec["clocks"]["end"] = gpu_state(dev)
     for name, srec in rec["systems"].items():
         print(f"{case['name']:28s} {name:20s} {_line(srec)}", flush=True)
@@ -618,6 +643,8 @@ def _line(s):
                      f"{f['tflops'] or 0:.1f} TF/s")
     if b:
         parts.append(f"bwd {b['median_ms']:.3f} ms (min {b['min_ms']:.3f}) {b['tflops'] or 0:.1f} TF/s")
+    if f.get("host_ms") is not None:
+        parts.append(f"host {f['host_ms']:.3f}" + (f"/{b['host_ms']:.3f}" if b.get("host_ms") is not None else "") + " ms")
     if "max_err" in s:
         parts.append(f"err {s['max_err']:.2e}")
     if "grad_err" in s:
@@ -657,7 +684,9 @@ def markdown(data):
     lines = [f"# attnjit against its peers: {data.get('device', '')}", "",
              f"torch {data.get('torch')}, triton {data.get('triton')}, attnjit {data.get('attnjit')}, "
              f"driver {data.get('driver')}. {data.get('method')}", "",
-             "ms: median of the interleaved rounds (min: the fastest run; spread: (max - min) / median). "
+             "ms: median of the interleaved rounds (min: the fastest run; spread: (max - min) / median), GPU time "
+             "between CUDA events with the stream kept busy before each run, so the host's work to enqueue it is not "
+             "in it; host ms: the median wall time a call takes to return on the host (enqueueing only). "
              "TFLOP/s: useful, on distinct attended pairs (a pair two branches attend counts once), at the median; "
              "per-branch: the same time over pairs counted once per branch that attends them (differs for "
              "overlapping branches only). ours/peer: peer ms / ours ms (> 1: ours faster), by median and by "
@@ -671,11 +700,11 @@ def markdown(data):
         if c["family"] not in families:
             families.append(c["family"])
     head = ("| case | system | fwd ms | min | spread | fwd TFLOP/s | per-branch | bwd ms | min | spread | bwd TFLOP/s | "
-            "ours/peer median | ours/peer min | err fwd / grad | peak MB |")
+            "ours/peer median | ours/peer min | err fwd / grad | peak MB | host ms fwd / bwd |")
     for fam in families:
         lines += [f"## {fam}", "", head, "|" + " --- |" * (head.count("|") - 1)]
         for c in (c for c in data["cases"] if c["family"] == fam):
-            blank = " |" * 12
+            blank = " |" * 13
             if "error" in c:
                 lines.append(f"| {c['name']} | (setup) | error: {c['error']['message'][:120].replace('|', '/')} |{blank}")
             ours = c["systems"].get("ours", {})
@@ -705,7 +734,8 @@ def markdown(data):
                              f"{_fmt(f.get('spread_pct'), '.0f')}{'%' if f else ''} | {_fmt(f.get('tflops'), '.1f')} | "
                              f"{_fmt(f.get('tflops_per_branch'), '.1f')} | {_fmt(b.get('median_ms'))} | {_fmt(b.get('min_ms'))} | "
                              f"{_fmt(b.get('spread_pct'), '.0f')}{'%' if b else ''} | {_fmt(b.get('tflops'), '.1f')} | "
-                             f"{rmed} | {rmin} | {err} | {mem} |")
+                             f"{rmed} | {rmin} | {err} | {mem} | "
+                             f"{' / '.join(_fmt(x.get('host_ms'), '.3f') for x in (f, b) if x)} |")
         lines.append("")
     lines += ["## Cases: pairs, order, grad check, clocks", ""]
     for c in data["cases"]:
@@ -779,7 +809,8 @@ def metadata(device, args):
             "torch": torch.__version__, "attnjit": attnjit.__version__, "attnjit_info": attnjit.info(),
             "python": sys.version.split()[0], "args": vars(args), "caches": CACHE_INFO,
             "method": f"each case's systems interleaved in {args.runs} rounds (A B C A B C ...) after {args.warmup} "
-                      "warm-ups each, L2 flushed before each run; median, min and spread; GPU clocks and temperature "
+                      "warm-ups each, L2 flushed and the stream kept busy before each run (GPU time; the host's "
+                      "time per call apart); median, min and spread; GPU clocks and temperature "
                       "read before and after each case; useful TFLOP/s = 4 D distinct pairs B / time (backward 2.5x), "
                       "per-branch pairs alongside; forward and gradients checked against an fp64 reference on "
                       "sampled heads and rows."}
