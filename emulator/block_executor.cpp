@@ -342,6 +342,15 @@ void BlockExecutor::red_add_u32(unsigned* addr, unsigned value, const void* pc) 
   std::atomic_ref<unsigned>(*addr).fetch_add(value);
 }
 
+void BlockExecutor::red_add_f32x2(float* addr, float a, float b, const void* pc) {
+  tick();
+  if (reinterpret_cast<uintptr_t>(addr) % 8) fail("red.global.add.v2.f32 by " + who(current_->tid) + " at an address that is not 8-byte aligned (at " + where(pc) + ")");
+  check_global(addr, 8, true, "red.global.add.v2.f32", pc);
+  // Each element is its own atomic add (the PTX ISA makes no promise for the pair as a whole).
+  std::atomic_ref<float>(addr[0]).fetch_add(a);
+  std::atomic_ref<float>(addr[1]).fetch_add(b);
+}
+
 // ---- cp.async --------------------------------------------------------------------------------
 
 void BlockExecutor::cp_async(void* smem, const void* gmem, unsigned cp_size, unsigned src_size, const void* pc) {

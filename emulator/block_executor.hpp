@@ -120,6 +120,7 @@ public:
   void mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, int type, const void* pc);
   void red_add_f32(float* addr, float value, const void* pc);
   void red_add_u32(unsigned* addr, unsigned value, const void* pc);
+  void red_add_f32x2(float* addr, float a, float b, const void* pc);
   // sm_90a (emulator/wgmma.cpp)
   unsigned smem_addr(const void* p);
   void wgmma(float* d, int n, const unsigned* a_regs, uint64_t a_desc, uint64_t b_desc, int type, int flags,

@@ -5,7 +5,7 @@
 #ifndef ATTNJIT_EMU_ABI_H
 #define ATTNJIT_EMU_ABI_H
 
-#define AJ_EMU_ABI_VERSION 6
+#define AJ_EMU_ABI_VERSION 7
 #define AJ_EMU_F16 1
 #define AJ_EMU_BF16 2
 /* wgmma flags: scale-d (accumulate into D), imm-trans-a / -b (MN-major operands), imm-scale -1 */
@@ -65,6 +65,8 @@ typedef struct AjEmuApi {
   void (*named_barrier)(int id, int count, int wait, const void* pc);
   /* red.global.add.u32 */
   void (*red_add_u32)(unsigned* addr, unsigned value, const void* pc);
+  /* red.global.add.v2.f32 (sm_90): two adjacent floats at an 8-byte aligned address */
+  void (*red_add_f32x2)(float* addr, float a, float b, const void* pc);
 } AjEmuApi;
 
 #ifdef __cplusplus

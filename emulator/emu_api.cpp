@@ -29,6 +29,7 @@ void api_ldmatrix(unsigned* r, const void* s, int num, int trans, const void* pc
 void api_mma(float* d, const unsigned* a, const unsigned* b, int type, const void* pc) { ex().mma_m16n8k16(d, a, b, type, pc); }
 void api_red_add_f32(float* p, float v, const void* pc) { ex().red_add_f32(p, v, pc); }
 void api_red_add_u32(unsigned* p, unsigned v, const void* pc) { ex().red_add_u32(p, v, pc); }
+void api_red_add_f32x2(float* p, float a, float b, const void* pc) { ex().red_add_f32x2(p, a, b, pc); }
 unsigned api_smem_addr(const void* p) { return ex().smem_addr(p); }
 void api_wgmma(float* d, int n, const unsigned* a, unsigned long long da, unsigned long long db, int type, int flags,
                const void* pc) {
@@ -62,7 +63,7 @@ const AjEmuApi& emu_api() {
       api_cvt_rn_f16_f32, ex2_approx_ftz,      lg2_approx_ftz,       api_red_add_f32,   api_smem_addr,
       api_wgmma,          api_wgmma_fence,     api_wgmma_commit,     api_wgmma_wait,    api_fence_proxy_async,
       api_mbarrier_init,  api_mbarrier_arrive, api_mbarrier_wait,    api_mbarrier_test_wait, api_tma_load,
-      api_named_barrier,  api_red_add_u32,
+      api_named_barrier,  api_red_add_u32,     api_red_add_f32x2,
   };
   return api;
 }

@@ -241,10 +241,7 @@ __device__ __forceinline__ void aj_bwd_dq_single(const AjBwdParams& bp, const aj
       const aj_i64 i = qe.rows_start + (aj_i64)r * qe.rows_stride;
       float* dst = bp.dq_acc + ((b * bp.seq_q + i) * bp.heads_q + qe.head) * AJ_HEAD_DIM + uc * 16 + quad * 2;
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        aj_red_add_f32(dst + n * 8, acc[n][2 * half] * bp.scale);
-        aj_red_add_f32(dst + n * 8 + 1, acc[n][2 * half + 1] * bp.scale);
-      }
+      for (int n = 0; n < 2; ++n) aj_red_add_f32x2(dst + n * 8, acc[n][2 * half] * bp.scale, acc[n][2 * half + 1] * bp.scale);
     }
   }
 }
@@ -395,13 +392,13 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
     for (int c = 0; c < AJ_HEAD_DIM / 8; ++c) {
       const float x0 = dk[c][2 * half] * bp.scale, x1 = dk[c][2 * half + 1] * bp.scale;
       if (bp.plain_add) dka[c * 8] += x0, dka[c * 8 + 1] += x1;
-      else aj_red_add_f32(dka + c * 8, x0), aj_red_add_f32(dka + c * 8 + 1, x1);
+      else aj_red_add_f32x2(dka + c * 8, x0, x1);
     }
 #pragma unroll
     for (int c = 0; c < AJ_HEAD_DIM_V / 8; ++c) {
       const float x0 = dv[c][2 * half], x1 = dv[c][2 * half + 1];
       if (bp.plain_add) dva[c * 8] += x0, dva[c * 8 + 1] += x1;
-      else aj_red_add_f32(dva + c * 8, x0), aj_red_add_f32(dva + c * 8 + 1, x1);
+      else aj_red_add_f32x2(dva + c * 8, x0, x1);
     }
   }
 }

@@ -133,6 +133,16 @@ __device__ __forceinline__ void aj_red_add_f32(float* p, float v) {
 __device__ __forceinline__ void aj_red_add_u32(aj_u32* p, aj_u32 v) {
   asm volatile("red.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+// p[0] += a, p[1] += b, each atomically; p 8-byte aligned. One red.global.add.v2.f32 from sm_90
+// (half the reduction instructions), two scalar ones before.
+__device__ __forceinline__ void aj_red_add_f32x2(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+  aj_red_add_f32(p, a);
+  aj_red_add_f32(p + 1, b);
+#endif
+}
 
 // ex2.approx.ftz.f32 and lg2.approx.ftz.f32: the SFU's approximations, subnormals flushed.
 __device__ __forceinline__ float aj_ex2(float x) {
@@ -395,6 +405,7 @@ __device__ __forceinline__ aj_u16 aj_cvt_f16_f32(float f) { return aj_emu_cvt_rn
 
 __device__ __forceinline__ void aj_red_add_f32(float* p, float v) { aj_emu_red_add_f32(p, v); }
 __device__ __forceinline__ void aj_red_add_u32(aj_u32* p, aj_u32 v) { aj_emu_red_add_u32(p, v); }
+__device__ __forceinline__ void aj_red_add_f32x2(float* p, float a, float b) { aj_emu_red_add_f32x2(p, a, b); }
 
 __device__ __forceinline__ float aj_ex2(float x) { return aj_emu_ex2_approx_ftz(x); }
 __device__ __forceinline__ float aj_lg2(float x) { return aj_emu_lg2_approx_ftz(x); }

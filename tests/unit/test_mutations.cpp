@@ -180,7 +180,7 @@ const Mutation kMutations[] = {
      "const aj_i64 i = qe.rows_start + (aj_i64)r * qe.rows_stride;", "const aj_i64 i = qe.rows_start + (aj_i64)(r ^ 1) * qe.rows_stride;",
      DType::BF16, true},
     {"single-pass backward: dQ without the softmax scale", "bwd_sm80.cuh",
-     "        aj_red_add_f32(dst + n * 8, acc[n][2 * half] * bp.scale);", "        aj_red_add_f32(dst + n * 8, acc[n][2 * half]);",
+     "aj_red_add_f32x2(dst + n * 8, acc[n][2 * half] * bp.scale,", "aj_red_add_f32x2(dst + n * 8, acc[n][2 * half],",
      DType::BF16, true},
     {"single-pass backward: A operand of dQ += dS K read without the transpose", "bwd_sm80.cuh",
      "    aj_ldmatrix_x4_trans(af, at + (ks * 16 + a_row) * APITCH + a_col);", "    aj_ldmatrix_x4(af, at + (ks * 16 + a_row) * APITCH + a_col);",

@@ -115,6 +115,13 @@ extern "C" __global__ void probe_red_add(const aj_u32* in, aj_u32* out) {
   aj_red_add_f32((float*)out + (t + aj_block_idx_x()) % 8, aj_probe_f(in[t]));
 }
 
+// red.global.add.v2.f32 (two scalar adds before sm_90) from every thread of two blocks into 4 pairs
+// of words (small integers: any order is exact).
+extern "C" __global__ void probe_red_add_f32x2(const aj_u32* in, aj_u32* out) {
+  const int t = aj_thread_idx();
+  aj_red_add_f32x2((float*)out + 2 * ((t + aj_block_idx_x()) % 4), aj_probe_f(in[t]), aj_probe_f(in[(t + 17) % 64]));
+}
+
 // red.global.add.u32 from every thread of two blocks into 8 words (wrapping: any order gives the same sum).
 extern "C" __global__ void probe_red_add_u32(const aj_u32* in, aj_u32* out) {
   const int t = aj_thread_idx();
