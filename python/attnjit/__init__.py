@@ -60,5 +60,5 @@ def __getattr__(name):
     if name in ("nn", "distributed"):
         import importlib
 
-        return importlib.import_module(".nn", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module 'attnjit' has no attribute {name!r}")

@@ -686,3 +686,13 @@ def test_gpu_packed_documents_equal_each_document_alone():
         assert rel_error(o[:, a:b].cpu(), od.cpu()) <= 1e-2
         for name, g, w in zip("qkv", got, want):
             assert rel_error(g[:, a:b].cpu(), w.cpu()) <= 3e-2, f"d{name} of document {a}..{b}"
+
+
+def test_the_lazy_submodules_are_the_ones_named():
+    # attnjit.nn and attnjit.distributed are imported on first use, each as itself.
+    import subprocess
+    import sys
+    code = ("import attnjit; assert attnjit.distributed.__name__ == 'attnjit.distributed', attnjit.distributed.__name__; "
+            "assert attnjit.nn.__name__ == 'attnjit.nn'; assert hasattr(attnjit.distributed, 'ring_attention')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
