@@ -7,44 +7,7 @@
 //          single pass the fp32 dQ accumulator to dQ.
 // The gradient kernels themselves (_dq, _dkdv) are in bwd_simt.cuh and bwd_sm80.cuh.
 
-struct AjKeyItem {      // one key tile of one kv head (compiler/plan/device_plan.hpp: DeviceKeyItem)
-  aj_i64 keys_start, keys_stride;
-  int keys_count, kv_head;
-  int entry_begin, entry_end;  // AjBwdParams::query_entries
-};
-struct AjQueryEntry {   // one query tile that attends it
-  aj_i64 rows_start, rows_stride;
-  int rows_count, head, branch, full;
-};
-
-struct AjBwdParams {
-  AjParams fwd;                           // q, k, v, o, lse (required), their strides, the forward plan
-  const void* dout;
-  void* dq;
-  void* dk;
-  void* dv;
-  float* delta;                           // [batch, heads_q, seq_q]: D
-  float* dk_acc;                          // [batch, seq_k, heads_kv, head_dim], zeroed
-  float* dv_acc;                          // [batch, seq_k, heads_kv, head_dim_v], zeroed
-  float* dq_acc;                          // [batch, seq_q, heads_q, head_dim], zeroed: the single pass's
-                                          // dQ (scaled), added by _dkdv; null in the two-pass form
-  const float* dlse;                      // the gradient of lse (lse's layout), or null: D -= dlse
-  aj_i64 dlse_batch_stride, dlse_head_stride;
-  const AjKeyItem* key_items;
-  const AjQueryEntry* query_entries;
-  aj_i64 do_batch_stride, do_row_stride, do_head_stride;
-  aj_i64 dq_batch_stride, dq_row_stride, dq_head_stride;
-  aj_i64 dk_batch_stride, dk_row_stride, dk_head_stride;
-  aj_i64 dv_batch_stride, dv_row_stride, dv_head_stride;
-  aj_i64 batch, seq_q, seq_k;
-  int heads_q, heads_kv;
-  float scale;                            // softmax scale (fwd.scale_log2 = scale * log2 e)
-  int num_key_items;
-  int key_item_base;                      // _dkdv: block x runs key_items[key_item_base + x]
-  int plain_add;                          // _dkdv: no two blocks of this launch share a key row: add without atomics
-};
-static_assert(sizeof(AjKeyItem) == 32 && sizeof(AjQueryEntry) == 32 && sizeof(AjBwdParams) == 536,
-              "backward table layout differs from compiler/plan/device_plan.hpp");
+// AjKeyItem, AjQueryEntry and AjBwdParams are in kernel_abi.h (shared with the host).
 
 #define AJ_LOG2E 1.4426950408889634f
 #define AJ_BWD_THREADS 128  // threads of _pre and _cvt blocks

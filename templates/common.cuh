@@ -9,62 +9,8 @@
 // and, after it, aj_keys_allowed() and aj_queries_allowed() (the mask predicate of partial tiles,
 // compiler/codegen/codegen_mask.cpp).
 
-// ---- the plan tables, as packed by compiler/plan/device_plan.cpp (layouts must match) ----------
-
-struct AjItem {         // one query tile of one head
-  aj_i64 rows_start;    // local query rows start + k * rows_stride, k < rows_count
-  aj_i64 rows_stride;
-  int rows_count;
-  int head;
-  int span_begin;       // key spans [span_begin, span_end) in AjParams::spans
-  int span_end;
-};
-
-struct AjSpan {         // the keys one branch offers the item, cut into tiles of AJ_TILE_K
-  aj_i64 keys_start;
-  aj_i64 keys_stride;
-  int keys_count;
-  int branch;
-  int tile_begin, tile_end;    // range form: visited tiles
-  int full_begin, full_end;    // range form: tiles needing no mask
-  int entry_begin, entry_end;  // list form when entry_begin >= 0: entries[e] = tile << 1 | full
-};
-
-struct AjParams {
-  const void* q;
-  const void* k;
-  const void* v;
-  void* o;
-  float* lse;  // may be null
-  aj_i64 q_batch_stride, q_row_stride, q_head_stride;  // in elements
-  aj_i64 k_batch_stride, k_row_stride, k_head_stride;
-  aj_i64 v_batch_stride, v_row_stride, v_head_stride;
-  aj_i64 o_batch_stride, o_row_stride, o_head_stride;
-  aj_i64 lse_batch_stride, lse_head_stride;  // lse[b, h, i] at b*batch + h*head + i
-  aj_i64 q_offset, k_offset;                 // global positions of row 0
-  int heads_per_kv;                          // heads_q / heads_kv
-  int num_items;
-  float scale_log2;                          // softmax scale * log2(e): scores live in the exp2 domain
-  float output_scale;                        // 1, or 1 / groups under head_groups "mean"
-  const AjItem* items;
-  const AjSpan* spans;
-  const int* entries;
-  const aj_i64* dyn_row_offsets;             // dynamic layout CSR (null when the pattern has none)
-  const int* dyn_cols;
-  aj_i64 dyn_q_blocks;
-  int dyn_heads;
-  int batch;                                 // blocks past it (in the last slice of grid z) do nothing
-  const aj_i64* doc_base;                    // packed documents: where each row's document starts (null: none)
-  aj_i64 doc_rows;                           // rows of doc_base
-  aj_i64 dyn_entries;                        // entries of dyn_cols (row offsets are clamped to it)
-  aj_i64 dyn_k_blocks;                       // key blocks in range (the table check's bound)
-  int* dyn_errors;                           // the table check counts problems here (null: no check)
-  aj_u64 seek_branches;                      // bit b: branch b's layout is decided here, not by the plan (aj_layout_seek)
-};
-
-// The host packs these structs byte for byte (compiler/plan/device_plan.hpp); a mismatch must not compile.
-static_assert(sizeof(AjItem) == 32 && sizeof(AjSpan) == 48 && sizeof(AjParams) == 288,
-              "plan table layout differs from compiler/plan/device_plan.hpp");
+// ---- the kernel arguments and plan tables (AjItem, AjSpan, AjParams) are in kernel_abi.h, which
+// the host includes too -----------------------------------------------------------------------
 
 // The batch index of this block: grid y holds up to 65535 batch entries, grid z counts slices of
 // 65535 (runtime/kernel_params.hpp, batch_grid()), so a batch of any size runs in one launch.

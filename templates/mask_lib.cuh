@@ -33,7 +33,7 @@ __device__ __forceinline__ bool aj_random_pick(aj_u64 row, aj_u64 threshold, aj_
 // The predicate's 32-bit pieces (compiler/codegen/codegen_mask.cpp explains the form). Positions
 // are >= 0 (offsets are), so block indices are plain quotients. cs, an element's distance from
 // its tile's first position, lies in [0, AJ_CS_LIMIT).
-#define AJ_CS_LIMIT (1 << 30)
+// (AJ_CS_LIMIT, 2^30, is in kernel_abi.h: the host's mask generator uses it too.)
 
 // The rule of a branch without a mask (the generated aj_keys_rule's default).
 struct AjAllowAll {

@@ -200,6 +200,7 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   if (k.seeks) os << "#define AJ_KERNEL_SEEK 1\n";
   auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
   include("gpu_blocks.cuh");
+  include("kernel_abi.h");
   include("common.cuh");
   include("mask_lib.cuh");
   os << "\n// ---- generated: mask predicate of partial tiles\n" << predicate;

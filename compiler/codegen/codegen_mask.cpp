@@ -22,11 +22,12 @@
 #include <sstream>
 
 #include "compiler/codegen/codegen.hpp"
+#include "compiler/plan/device_plan.hpp"
 
 namespace attnjit {
 namespace {
 
-constexpr int64_t kCsLimit = int64_t{1} << 30;  // AJ_CS_LIMIT in templates/mask_lib.cuh
+constexpr int64_t kCsLimit = AJ_CS_LIMIT;  // templates/kernel_abi.h
 constexpr int64_t kMaxTileRows = 128;           // the largest tile_q and tile_k any path takes
 
 std::string ll(int64_t v) { return std::to_string(v) + "ll"; }

@@ -492,3 +492,17 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     CHECK(!outcome.empty());
   }
 }
+
+// The kernel ABI is declared once (templates/kernel_abi.h) and its layout checked field by field
+// where the kernels' text is compiled: a kernel built from a header whose fields moved does not
+// build (here two int fields swapped, the sizes unchanged), and the error names the field.
+TEST_CASE("a kernel ABI field moved in the kernels' text fails to build, naming the field", "[emu][mutation]") {
+  auto t = std::make_shared<TemplateSet>(TemplateSet::embedded());
+  std::string text = t->text("kernel_abi.h");
+  const std::string from = "  int rows_count;\n  int head;\n", to = "  int head;\n  int rows_count;\n";
+  const size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  t->replace("kernel_abi.h", text);
+  CHECK_THROWS_WITH(check_kernel(t, DType::BF16), Catch::Contains("kernel ABI: AjItem::rows_count moved"));
+}
