@@ -6,7 +6,7 @@
 Cases (fp32, batch 1, [B, S, H, D]; `--list` prints them):
   dense            SDPA (PyTorch's CPU flash kernel) against attnjit with bench/patterns/dense.json
   dense-causal     SDPA is_causal=True against bench/patterns/dense_causal.json
-  longnet          examples/longnet.json against the contract in PyTorch as the seed project computes
+  longnet          examples/longnet.json against the contract in PyTorch as dilated-attention-pytorch computes
                    it (bench/peers_torch.py torch_dilated: per branch the dilated rows gathered, SDPA on
                    them, merged by LSE)
   seed_dilated     examples/seed_dilated.json against the same PyTorch implementation

@@ -1,5 +1,5 @@
-"""The peers of bench/peers.py, in PyTorch: the attention contract (README, "What it means") read
-from a spec, a PyTorch implementation of it as the seed project computes it (gather each branch,
+"""The peers of bench/peers.py, in PyTorch: the attention contract (docs/spec.md, "What it means") read
+from a spec, a PyTorch implementation of it as dilated-attention-pytorch computes it (gather each branch,
 flash attention, merge by LSE; exact gradients), FlexAttention's masks for the same patterns, and
 an fp64 reference on sampled rows from attnjit's own mask. Imported by bench/peers.py after it has
 pointed the kernel caches where it wants them."""
@@ -12,7 +12,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 
 # ---------------------------------------------------------------------------------------------
-# The pattern, read as the README's "What it means" defines it.
+# The pattern, read as docs/spec.md's "What it means" defines it.
 
 def dilated_terms(spec, H):
     """[(segment, dilation, off)] per branch: off[h] is the residue head h selects, -1 where the branch

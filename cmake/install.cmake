@@ -1,5 +1,5 @@
 # `cmake --install`: the shared libattnjit, its public headers, the CLI and a CMake package, so an
-# outside project writes find_package(attnjit CONFIG REQUIRED) and links attnjit::attnjit (README.md,
+# outside project writes find_package(attnjit CONFIG REQUIRED) and links attnjit::attnjit (docs/cpp-api.md,
 # "Using attnjit from another CMake project"; tests/install/check_install.sh builds
 # examples/consumer/ against it). Included by the top-level CMakeLists.txt after the CLI's target;
 # never in the Python build, whose wheel holds the extension alone.
@@ -40,7 +40,7 @@ foreach(header IN LISTS ATTNJIT_PUBLIC_COMPILER_HEADERS)
   install(FILES ${header} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/attnjit/${header_dir})
 endforeach()
 # The shipped tuning databases; the library's compiled-in default is still the source tree's
-# autotune_db/, so an installed copy is used through ATTNJIT_SHIPPED_DB_DIR (README.md).
+# autotune_db/, so an installed copy is used through ATTNJIT_SHIPPED_DB_DIR (docs/kernels-cache-knobs.md).
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/autotune_db/ DESTINATION ${CMAKE_INSTALL_DATADIR}/attnjit/autotune_db
         FILES_MATCHING PATTERN "*.json")
 install(EXPORT attnjitTargets NAMESPACE attnjit:: DESTINATION ${ATTNJIT_CMAKE_DIR})

@@ -1,4 +1,4 @@
-# libFuzzer targets for attnjit's readers (README.md, "Fuzzing"; tools/fuzz.sh). Included by the top-level
+# libFuzzer targets for attnjit's readers (docs/testing.md, "Fuzzing"; tools/fuzz.sh). Included by the top-level
 # CMakeLists.txt only with -DATTNJIT_FUZZ=ON and clang; the normal g++ build never sees them.
 # Included rather than added as a subdirectory: the embedded templates are a custom command's output,
 # which only targets of the same directory can build.

@@ -1,4 +1,4 @@
-// The `random` layout generator's hash. It is part of the spec (README, "random"): any language can
+// The `random` layout generator's hash. It is part of the spec (docs/spec.md, "random"): any language can
 // rebuild the same layout from these few lines, so never change them.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The JSON spec format (README "Spec format") -> UnresolvedPattern -> Pattern.
+// The JSON spec format (docs/spec.md) -> UnresolvedPattern -> Pattern.
 // This file checks structure (fields, types); value rules live in pattern_validate.cpp so the C++
 // builder gets the same checks.
 #include "compiler/pattern/spec_json.hpp"

@@ -1,4 +1,4 @@
-// Reading pattern specs from JSON (format: README.md, "Spec format").
+// Reading pattern specs from JSON (format: docs/spec.md).
 #pragma once
 
 #include <string>

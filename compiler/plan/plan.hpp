@@ -12,7 +12,7 @@
 // are merged when their union is again an arithmetic progression (e.g. all odd rows), which
 // keeps tiles full. The alternative, one pass per branch plus an LSE merge, computes the same
 // number of pairs for the example patterns but adds a partial-output buffer per branch and a
-// merge launch; bench/plan_bench measures the waste this strategy leaves (README "Plan").
+// merge launch; bench/plan_bench measures the waste this strategy leaves (docs/plan.md).
 #pragma once
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-"""attnjit.Pattern: a validated pattern spec (the JSON format of README.md, "Patterns")."""
+"""attnjit.Pattern: a validated pattern spec (the JSON format of docs/spec.md)."""
 import json
 import os
 

@@ -16,7 +16,7 @@ def _arch(arch):
 
 
 def precompile(manifest, archs, cache_dir=None, jobs=1, top_k=1) -> dict:
-    """Compiles every kernel of a precompile manifest (README, "Kernels, the cache and the knobs")
+    """Compiles every kernel of a precompile manifest (docs/kernels-cache-knobs.md)
     for `archs` (["sm_80", "sm_90", "sm_90a"]) into `cache_dir` (default: ATTNJIT_CACHE_DIR or
     ~/.cache/attnjit) on `jobs` threads. Returns {"kernels", "compiled", "cached", "failed",
     "seconds", "cache_dir", "errors"}; raises AttnjitError if any kernel failed to compile, or

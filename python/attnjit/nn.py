@@ -1,5 +1,5 @@
-"""Drop-in attention modules: LongNet's dilated attention (as the seed project and torchscale name
-them) and block-sparse attention, on attnjit.attention. Inputs are batch-first [B, S, H, D] (the
+"""Drop-in attention modules: LongNet's dilated attention (as dilated-attention-pytorch and
+torchscale name them) and block-sparse attention, on attnjit.attention. Inputs are batch-first [B, S, H, D] (the
 attention modules) or [B, S, E] (the multi-head module)."""
 import json
 
@@ -87,7 +87,7 @@ class DilatedAttention(_PatternAttention):
 
     combine="softmax": one softmax over every branch's keys (LongNet's mixing, with exact
     gradients); "head_groups": heads split into one group per branch, outputs divided by the number
-    of groups (the seed project's DilatedAttention). `offset`: which residue a head selects
+    of groups (dilated-attention-pytorch's DilatedAttention). `offset`: which residue a head selects
     ("head_mod", "head_block", "torchscale", "group" or an integer; default per combine rule).
     """
 
@@ -135,7 +135,7 @@ class MultiheadDilatedAttention(nn.Module):
     """LongNet's multi-head dilated attention on batch-first [B, S, E] inputs: q/k/v projections,
     DilatedAttention, a sub-layer LayerNorm before the output projection (as in torchscale), the
     output projection. forward(query, key, value, is_causal=None) returns (output, None), as the
-    seed project's module and torch.nn.MultiheadAttention do.
+    dilated-attention-pytorch's module and torch.nn.MultiheadAttention do.
 
     `num_kv_heads` < num_heads gives grouped-query attention. `dropout` applies to the attention
     output in training (the fused kernels have no dropout on the probabilities).

@@ -337,7 +337,7 @@ def attention(spec, q, k, v, q_offset=0, k_offset=0, dynamic=None):
 
 
 # --------------------------------------------------------------------------
-# gradients (README "Training: the backward pass"), dense, from the same counts
+# gradients (docs/backward.md), dense, from the same counts
 # --------------------------------------------------------------------------
 def attention_grad(spec, q, k, v, dout, q_offset=0, k_offset=0, dynamic=None):
     """dQ, dK, dV of attention() given dO: P = counts * exp(S) / sum, O = f P V; the exact

@@ -327,7 +327,7 @@ TEST_CASE("layout generators on block coordinates", "[mask][layout]") {
 }
 
 TEST_CASE("random layout: the documented splitmix64 hash", "[mask][layout][random]") {
-  // Values computed from the README's definition by an independent implementation.
+  // Values computed from docs/spec.md's definition by an independent implementation.
   CHECK(splitmix64(0) == 0xe220a8397b1dcdafull);
   CHECK(splitmix64(1) == 0x910a2dec89025cc1ull);
   CHECK(splitmix64(0xdeadbeef) == 0x4adfb90f68c9eb9bull);
