@@ -205,6 +205,17 @@ Device device_under_test() {
   return Device::cpu();
 }
 
+// The example patterns (examples/*.json but the manifest), by file name, in a stable order.
+std::vector<std::pair<std::string, Pattern>> example_patterns() {
+  std::vector<std::pair<std::string, Pattern>> out;
+  for (const auto& e : std::filesystem::directory_iterator(ATTNJIT_EXAMPLES_DIR)) {
+    if (e.path().extension() != ".json" || e.path().stem() == "manifest") continue;
+    out.emplace_back(e.path().filename().string(), load_spec_file(e.path().string()));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("backward: every example pattern matches the reference gradients", "[gpu][emu][grad][examples]") {
@@ -213,14 +224,12 @@ TEST_CASE("backward: every example pattern matches the reference gradients", "[g
   ro.device = device_under_test();
   Runtime rt(ro);
   int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator(ATTNJIT_EXAMPLES_DIR)) {
-    if (e.path().extension() != ".json" || e.path().stem() == "manifest") continue;
-    const Pattern p = load_spec_file(e.path().string());
+  for (const auto& [file, p] : example_patterns()) {
     for (const auto& [dt, d] : std::vector<std::pair<DType, int64_t>>{{DType::F32, 32}, {DType::F16, 64}, {DType::BF16, 128}}) {
       Shape s;
       s.batch = 1, s.seq_q = s.seq_k = on_gpu() ? 777 : 150, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = d;
       s.q_offset = dt == DType::F16 ? 37 : 0;
-      INFO(e.path().filename().string() << " " << to_string(dt) << " head_dim " << d);
+      INFO(file << " " << to_string(dt) << " head_dim " << d);
       CHECK(check_backward(rt, p, s, dt, nullptr, 100 + n++) == "");
     }
   }
@@ -237,13 +246,11 @@ TEST_CASE("backward: a small subset for compute-sanitizer", "[gpu][grad][sanitiz
   ro.device = device_under_test();
   Runtime rt(ro);
   int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator(ATTNJIT_EXAMPLES_DIR)) {
-    if (e.path().extension() != ".json" || e.path().stem() == "manifest") continue;
-    const Pattern p = load_spec_file(e.path().string());
+  for (const auto& [file, p] : example_patterns()) {
     for (const auto& [dt, d] : std::vector<std::pair<DType, int64_t>>{{DType::F32, 32}, {DType::BF16, 64}}) {
       Shape s;
       s.batch = 1, s.seq_q = s.seq_k = 200, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = d;
-      INFO(e.path().filename().string() << " " << to_string(dt) << " head_dim " << d);
+      INFO(file << " " << to_string(dt) << " head_dim " << d);
       CHECK(check_backward(rt, p, s, dt, nullptr, 700 + n, n % 4 == 1) == "");
       ++n;
     }
@@ -260,13 +267,11 @@ TEST_CASE("backward: Pascal's kernels (sm_61: SIMT, fp32 arithmetic on fp16/bf16
   ro.device = Device::emu(61);
   Runtime rt(ro);
   int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator(ATTNJIT_EXAMPLES_DIR)) {
-    if (e.path().extension() != ".json" || e.path().stem() == "manifest") continue;
-    const Pattern p = load_spec_file(e.path().string());
+  for (const auto& [file, p] : example_patterns()) {
     for (const DType dt : {DType::F16, DType::BF16}) {
       Shape s;
       s.batch = 1, s.seq_q = s.seq_k = 130, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 64;
-      INFO(e.path().filename().string() << " " << to_string(dt));
+      INFO(file << " " << to_string(dt));
       CHECK(check_backward(rt, p, s, dt, nullptr, 300 + n++) == "");
     }
   }
@@ -371,13 +376,11 @@ TEST_CASE("backward: the gradient through the lse output matches the reference",
   ro.device = device_under_test();
   Runtime rt(ro);
   int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator(ATTNJIT_EXAMPLES_DIR)) {
-    if (e.path().extension() != ".json" || e.path().stem() == "manifest") continue;
-    const Pattern p = load_spec_file(e.path().string());
+  for (const auto& [file, p] : example_patterns()) {
     Shape s;
     s.seq_q = s.seq_k = on_gpu() ? 500 : 130, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 64;
     for (const auto& [dt, deterministic] : std::vector<std::pair<DType, bool>>{{DType::BF16, false}, {DType::BF16, true}, {DType::F32, false}}) {
-      INFO(e.path().filename().string() << " " << to_string(dt) << (deterministic ? " deterministic" : ""));
+      INFO(file << " " << to_string(dt) << (deterministic ? " deterministic" : ""));
       CHECK(check_backward(rt, p, s, dt, nullptr, 900 + n++, deterministic, nullptr, false, false, false, {}, true) == "");
     }
   }
