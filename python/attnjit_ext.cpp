@@ -21,6 +21,7 @@
 #include "attnjit/attnjit.hpp"
 #include "compiler/cache/manifest.hpp"
 #include "compiler/codegen/codegen.hpp"
+#include "compiler/dump.hpp"
 #include "compiler/jit.hpp"
 #include "compiler/nvrtc/nvrtc_compiler.hpp"
 #include "compiler/nvrtc/nvrtc_library.hpp"
@@ -360,40 +361,27 @@ nb::ndarray<nb::numpy, uint8_t> mask(const std::string& spec, int64_t seq_q, int
 // head dims, dtype and arch.
 std::string dump(const std::string& spec, const std::string& stage, const std::vector<int64_t>& dims, int64_t q_offset,
                  int64_t k_offset, int tile_q, int tile_k, const std::string& arch, const std::string& dtype, bool backward,
-                 int64_t max_items) {
+                 bool full) {
   const Pattern p = pattern_of(spec);
-  std::ostringstream os;
-  if (stage == "pattern") {
-    os << "; pattern " << pattern_hash(p) << "\n" << canonical_text(p);
-  } else if (stage == "plan" || stage == "plan-bwd") {
-    if (dims.size() != 7 || dims[1] <= 0) throw UserError("seq", "is required for stage " + stage + ": a plan is made for one shape");
+  DumpRequest r;
+  r.stage = stage, r.backward = backward, r.full = full, r.tiles = TileConfig{tile_q, tile_k};
+  r.full_hint = "full=True", r.seq_name = "seq", r.backward_name = "backward", r.stage_name = "stage";
+  if (dims.size() == 7 && dims[1] > 0) {
     Shape s;
     s.batch = dims[0], s.seq_q = dims[1], s.seq_k = dims[2], s.heads_q = dims[3], s.heads_kv = dims[4];
     s.head_dim = dims[5], s.head_dim_v = dims[6], s.q_offset = q_offset, s.k_offset = k_offset;
     check_shape(s, "");
-    Plan plan = lower_to_plan(p, s, TileConfig{tile_q, tile_k});
-    os << "; pattern " << pattern_hash(p) << "\n";
-    if (stage == "plan-bwd") {
-      os << print_backward_plan(lower_to_backward_plan(plan), max_items);
-    } else {
-      plan.stats.attended_pairs = pattern_stats(MaskContext{p, s, nullptr}).attended_pairs;
-      os << print_plan(plan, max_items) << print_plan_sharing(p, s);
-    }
-  } else if (stage == "cuda" || stage == "ptx") {
-    KernelRequest r;
-    r.head_dim = static_cast<int>(dims.at(5)), r.head_dim_v = static_cast<int>(dims.at(6));
-    const ArchName a = parse_arch_name(arch, "arch");
-    r.dtype = parse_dtype(dtype), r.arch = a.arch, r.arch_specific = a.specific, r.tma = knobs().tma;
-    const KernelSource k = backward ? generate_backward_kernels(p, r).source : generate_kernel(p, r);
-    if (stage == "cuda") return k.source;
-    CompileRequest req;
-    req.name = k.name, req.source = k.source, req.arch = k.arch;
-    nb::gil_scoped_release release;
-    return compile_ptx(req);
-  } else {
-    throw UserError("stage", "expected pattern, plan, plan-bwd, cuda or ptx, got \"" + stage + "\"");
+    r.shape = s;
   }
-  return os.str();
+  if (stage == "cuda" || stage == "ptx" || stage == "sass") {
+    KernelRequest k;
+    k.head_dim = static_cast<int>(dims.at(5)), k.head_dim_v = static_cast<int>(dims.at(6));
+    const ArchName a = parse_arch_name(arch, "arch");
+    k.dtype = parse_dtype(dtype), k.arch = a.arch, k.arch_specific = a.specific, k.tma = knobs().tma;
+    r.kernels.push_back(k);
+  }
+  nb::gil_scoped_release release;
+  return dump_stage(p, r);
 }
 
 // attnjit.precompile: a manifest's kernels into a kernel cache (the CLI's `precompile`).

@@ -2,12 +2,8 @@
 #include <iostream>
 #include <memory>
 
-#include "compiler/jit.hpp"
-#include "compiler/nvrtc/cubin_info.hpp"
-#include "compiler/pattern/pattern_stats.hpp"
+#include "compiler/dump.hpp"
 #include "compiler/pattern/spec_json.hpp"
-#include "compiler/plan/plan.hpp"
-#include "compiler/plan/plan_backward.hpp"
 #include "compiler/support/error.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
@@ -22,51 +18,28 @@ struct DumpOptions {
   bool full = false, backward = false;
 };
 
-// --stage cuda|ptx|sass: the generated kernel for each --arch, as text.
-int dump_kernel(const Pattern& p, const DumpOptions& o) {
-  for (KernelRequest r : o.kernel.requests()) {
-    r.head_dim = static_cast<int>(o.shape.head_dim);
-    r.head_dim_v = static_cast<int>(o.shape.head_dim_v > 0 ? o.shape.head_dim_v : o.shape.head_dim);
-    const KernelSource k = o.backward ? generate_backward_kernels(p, r).source : generate_kernel(p, r);
-    if (o.stage == "cuda") {
-      std::cout << k.source;
-      continue;
-    }
-    CompileRequest req;
-    req.name = k.name;
-    req.source = k.source;
-    req.arch = k.arch;
-    if (o.stage == "ptx") {
-      std::cout << compile_ptx(req);
-    } else {
-      KernelCompiler compiler(default_kernel_cache(), knobs());
-      std::cout << disassemble_cubin(compiler.get(k)->cubin);
-    }
-  }
-  return 0;
-}
-
 int run_dump(const DumpOptions& o) {
   const Pattern p = load_spec(o.spec);
-  if (o.stage == "pattern") {
-    std::cout << "; pattern " << pattern_hash(p) << "\n" << canonical_for_people(p, o.full);
-    return 0;
+  DumpRequest r;
+  r.stage = o.stage;
+  r.full = o.full;
+  r.backward = o.backward;
+  std::optional<DynamicLayout> dyn;
+  if (o.shape.has_seq()) {
+    r.shape = o.shape.shape();
+    if (o.stage == "plan" || o.stage == "plan-bwd") dyn = dynamic_table_for(p, *r.shape, o.dynamic);
   }
-  if (o.stage != "plan" && o.stage != "plan-bwd") return dump_kernel(p, o);
-  if (o.backward) throw UserError("--backward", "applies to --stage cuda, ptx and sass; the key-major plan is --stage plan-bwd");
-  if (!o.shape.has_seq()) throw UserError("--seq", "is required for --stage " + o.stage + ": a plan is made for one shape");
-  const Shape s = o.shape.shape();
-  const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
-  Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), dyn ? &*dyn : nullptr, nullptr,
-                            o.kernel.random_in_kernel ? RandomLayouts::InKernel : RandomLayouts::InPlan);
-  std::cout << "; pattern " << pattern_hash(p) << "\n";
-  if (o.stage == "plan-bwd") {
-    std::cout << print_backward_plan(lower_to_backward_plan(plan), o.full ? -1 : 8);
-    return 0;
+  r.dynamic = dyn ? &*dyn : nullptr;
+  r.tiles = parse_tile_config(o.tile);
+  r.random_in_kernel = o.kernel.random_in_kernel;
+  if (o.stage == "cuda" || o.stage == "ptx" || o.stage == "sass") {
+    for (KernelRequest k : o.kernel.requests()) {
+      k.head_dim = static_cast<int>(o.shape.head_dim);
+      k.head_dim_v = static_cast<int>(o.shape.head_dim_v > 0 ? o.shape.head_dim_v : o.shape.head_dim);
+      r.kernels.push_back(k);
+    }
   }
-  plan.stats.attended_pairs = pattern_stats(MaskContext{p, s, dyn ? &*dyn : nullptr}).attended_pairs;
-  std::cout << print_plan(plan, o.full ? -1 : 8);
-  std::cout << print_plan_sharing(p, s);  // which calls a runtime serves with this plan
+  std::cout << dump_stage(p, r);
   return 0;
 }
 }  // namespace

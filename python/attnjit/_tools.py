@@ -38,9 +38,12 @@ def dump(pattern, stage="pattern", *, seq=None, seq_k=None, heads=1, heads_kv=No
     - "pattern": the canonical spec and its hash;
     - "plan" / "plan-bwd": the forward plan / the backward's key-major plan for a shape (`seq`
       required; `tile` the plan's query x key tile; the first 8 work items, or all with `full`);
-    - "cuda" / "ptx": the generated forward kernel (the backward kernels with `backward`) for
-      `head_dim`, `dtype` and `arch` ("sm_80", "sm_90", "sm_90a" for the Hopper kernels, ...); "ptx"
-      compiles it with NVRTC.
+    - "cuda" / "ptx" / "sass": the generated forward kernel (the backward kernels with
+      `backward`) for `head_dim`, `dtype` and `arch` ("sm_80", "sm_90", "sm_90a" for the Hopper
+      kernels, ...); "ptx" compiles it with NVRTC, "sass" disassembles its CUBIN (through the
+      kernel cache).
+
+    The same stages, with the same text, as the CLI's `attnjit dump` (one registry serves both).
     """
     p = as_pattern(pattern)
     arch = _arch(arch)
@@ -49,4 +52,4 @@ def dump(pattern, stage="pattern", *, seq=None, seq_k=None, heads=1, heads_kv=No
             int(head_dim_v if head_dim_v is not None else head_dim)]
     tq, tk = tile
     return _attnjit.dump(p.op_spec, stage, dims, int(q_offset), int(k_offset), int(tq), int(tk), arch, dtype,
-                         bool(backward), -1 if full else 8)
+                         bool(backward), bool(full))

@@ -86,6 +86,7 @@ def _cli():
     ("plan-bwd", {"seq": 300, "heads": 2, "tile": (32, 64), "head_dim": 64}, ["--seq", "300", "--heads-q", "2", "--tile", "32x64"]),
     ("cuda", {"head_dim": 64, "dtype": "fp16", "arch": "sm_90"}, ["--head-dim", "64", "--dtype", "fp16", "--arch", "sm_90"]),
     ("cuda", {"head_dim": 64, "backward": True}, ["--head-dim", "64", "--backward"]),
+    ("sass", {"head_dim": 64, "arch": "sm_80"}, ["--head-dim", "64", "--arch", "sm_80"]),
 ])
 def test_dump_prints_what_the_cli_prints(stage, args, cli):
     import subprocess
@@ -104,8 +105,11 @@ def test_dump_stages_and_errors():
     assert ".entry attnjit_fwd_" in attnjit.dump(p, "ptx", head_dim=64, arch="sm_80")
     with pytest.raises(attnjit.AttnjitError, match="seq: is required for stage plan"):
         attnjit.dump(p, "plan")
-    with pytest.raises(attnjit.AttnjitError, match='stage: expected pattern, plan, plan-bwd, cuda or ptx, got "sass"'):
-        attnjit.dump(p, "sass")
+    assert "HMMA" in attnjit.dump(p, "sass", head_dim=64, arch="sm_80")
+    with pytest.raises(attnjit.AttnjitError, match='stage: expected one of pattern, plan, plan-bwd, cuda, ptx, sass, got "llvm"'):
+        attnjit.dump(p, "llvm")
+    with pytest.raises(attnjit.AttnjitError, match="backward: applies to stage cuda, ptx and sass"):
+        attnjit.dump(p, "plan", seq=64, backward=True)
     with pytest.raises(ValueError, match="arch: expected"):
         attnjit.dump(p, "cuda", arch="ampere")
     # The Hopper kernels: sm_90a keeps its suffix (warpgroup MMA and TMA in the PTX); others have none.
