@@ -86,25 +86,23 @@ Device device_of(const std::string& kind, int index) {
   throw UserError("device", "expected cpu, cuda, emu or emu:sm_XX, got " + kind);
 }
 
-// Prepared attentions, by spec, device and problem.
+// Prepared attentions: one Runtime per device, whose cache (Runtime::prepared) keeps one Attention
+// per pattern and problem.
 Attention prepared(const std::string& spec, const Device& device, const Problem& pb) {
   static std::mutex mu;
   static std::map<std::string, std::unique_ptr<Runtime>> runtimes;
-  static std::map<std::tuple<std::string, std::string, std::vector<int64_t>>, Attention> ops;
-  const std::vector<int64_t> dims{pb.batch, pb.seq_q, pb.seq_k, pb.heads_q, pb.heads_kv, pb.head_dim, pb.head_dim_v,
-                                  static_cast<int64_t>(pb.dtype)};
-  const auto key = std::make_tuple(spec, device.describe(), dims);
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = ops.find(key); it != ops.end()) return it->second;
-  auto& rt = runtimes[device.describe()];
-  if (!rt) {
-    RuntimeOptions o;
-    o.device = device;
-    rt = std::make_unique<Runtime>(o);
+  Runtime* rt = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto& slot = runtimes[device.describe()];
+    if (!slot) {
+      RuntimeOptions o;
+      o.device = device;
+      slot = std::make_unique<Runtime>(o);
+    }
+    rt = slot.get();
   }
-  Attention op = rt->prepare(pattern_of(spec), pb);
-  ops.emplace(key, op);
-  return op;
+  return rt->prepared(pattern_of(spec), pb);
 }
 
 Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, DType dt) {

@@ -350,18 +350,17 @@ void attention(Runtime& rt, const Pattern& pattern, const TensorView& q, const T
   pb.heads_kv = k.shape[2];
   pb.head_dim_v = v.shape[3];
   pb.dtype = q.dtype;
+  rt.prepared(pattern, pb).forward(q, k, v, o, lse, options);
+}
+
+Attention Runtime::prepared(const Pattern& pattern, const Problem& pb) {
   std::ostringstream key;
   key << pattern_hash(pattern) << "/" << pb.batch << "," << pb.seq_q << "," << pb.seq_k << "," << pb.heads_q << ","
       << pb.heads_kv << "," << pb.head_dim << "," << pb.head_dim_v << "," << to_string(pb.dtype);
-  Attention op;
-  {
-    Runtime::Impl& impl = *rt.impl_;
-    std::lock_guard<std::mutex> lock(impl.mutex);
-    auto it = impl.prepared.find(key.str());
-    if (it == impl.prepared.end()) it = impl.prepared.emplace(key.str(), rt.prepare(pattern, pb)).first;
-    op = it->second;
-  }
-  op.forward(q, k, v, o, lse, options);
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  auto it = impl_->prepared.find(key.str());
+  if (it == impl_->prepared.end()) it = impl_->prepared.emplace(key.str(), prepare(pattern, pb)).first;
+  return it->second;
 }
 
 }  // namespace attnjit

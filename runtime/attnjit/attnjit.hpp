@@ -193,6 +193,9 @@ public:
   // Validates the problem against the pattern and the device, plans, compiles or loads the
   // kernel. Thread-safe.
   Attention prepare(const Pattern& pattern, const Problem& problem);
+  // prepare() once per (pattern, problem) in this runtime's life: later calls return the same
+  // Attention (attention() below and the Python package call this). Thread-safe.
+  Attention prepared(const Pattern& pattern, const Problem& problem);
   const Device& device() const;
 
   struct Impl;

@@ -176,6 +176,13 @@ TEST_CASE("attention() prepares once per pattern and problem", "[runtime]") {
   std::vector<float> o2(qv.size());
   attention(rt, p, t, t, t, TensorView::contiguous(o2.data(), DType::F32, {2, 8, 2, 4}));
   CHECK(o == o2);
+  // The same prepared attention (shared state): its plan cache served both calls from the plan
+  // prepare made.
+  const Attention op = rt.prepared(p, Problem{2, 8, 8, 2, 2, 4, 4, DType::F32});
+  CHECK(op.plan_cache_stats().plans == 1);
+  CHECK(op.plan_cache_stats().hits == 2);
+  // Another problem is another attention, which no call has used yet.
+  CHECK(rt.prepared(p, Problem{2, 16, 16, 2, 2, 4, 4, DType::F32}).plan_cache_stats().hits == 0);
 }
 
 TEST_CASE("a prepared attention keeps its plans within a byte budget, least recently used dropped", "[runtime][plans]") {
