@@ -23,7 +23,8 @@
 # OUTDIR.tgz at the end and leaves only report.md and report.json beside it. The reserves below are
 # written for the default budget of 540 s and scale with ATTNJIT_DC_BUDGET.
 #
-# Environment: BUILD_DIR (build-device), JOBS (nproc), ATTNJIT_DC_BUDGET (540),
+# Environment: BUILD_DIR (build-device), JOBS (nproc), ATTNJIT_DC_BUDGET (540), ATTNJIT_DC_COMMIT (the
+# commit whose tree runs, for the report: a lent machine's copy may carry an older .git),
 # ATTNJIT_DC_SKIP (step names, space-separated, recorded as skipped: a call that splits the steps
 # over two machines' time, e.g. "gpu_backward gpu_backward_random python_tests unit_tests"),
 # ATTNJIT_DC_ONLY (step names: only these run, besides versions, configure, build, nvidia_smi and
@@ -219,7 +220,8 @@ echo "nvcc: $(nvcc --version 2>/dev/null | grep -m1 release || echo none)"
 echo "compute-sanitizer: $(compute-sanitizer --version 2>/dev/null | grep -m1 -i version || echo none)"
 echo "python: $(python3 --version 2>&1)"
 echo "torch: $(timeout 20 python3 -c "import torch; print(torch.__version__, \"cuda\", torch.version.cuda)" 2>/dev/null || echo none)"
-echo "git: $(git -C "'"$root"'" rev-parse --short HEAD 2>/dev/null || echo "no .git in this copy")"
+echo "commit: ${ATTNJIT_DC_COMMIT:-not given (set ATTNJIT_DC_COMMIT to the commit whose tree runs)}"
+echo "git: $(git -C "'"$root"'" rev-parse --short HEAD 2>/dev/null || echo "no .git in this copy") (the HEAD of the .git this copy carries, which may be older than its tree)"
 echo "deps: $(head -n1 "'"$root"'/.deps/STAGED.txt" 2>/dev/null || echo "no .deps/ (system packages, if any)")"
 '
 # The Python package too, where the machine's python3 has nanobind (the GPU machine's image does).
