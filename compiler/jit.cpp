@@ -5,7 +5,7 @@
 #include <fstream>
 #include <variant>
 
-#include "compiler/cache/sha256.hpp"
+#include "compiler/support/sha256.hpp"
 #include "compiler/nvrtc/nvrtc_compiler.hpp"
 #include "compiler/support/error.hpp"
 

@@ -16,7 +16,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "compiler/cache/sha256.hpp"
+#include "compiler/support/sha256.hpp"
 #include "compiler/codegen/templates.hpp"
 #include "compiler/nvrtc/nvrtc_compiler.hpp"
 #include "compiler/support/error.hpp"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "compiler/cache/kernel_cache.hpp"
-#include "compiler/cache/sha256.hpp"
+#include "compiler/support/sha256.hpp"
 #include "fuzz/fuzz_support.hpp"
 
 using namespace attnjit;

@@ -19,7 +19,7 @@
 #include <tuple>
 
 #include "attnjit/attnjit.hpp"
-#include "compiler/cache/manifest.hpp"
+#include "compiler/precompile.hpp"
 #include "compiler/codegen/codegen.hpp"
 #include "compiler/dump.hpp"
 #include "compiler/jit.hpp"

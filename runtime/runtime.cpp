@@ -6,7 +6,7 @@
 
 #include "attnjit/attnjit.hpp"
 #include "compiler/support/error.hpp"
-#include "compiler/cache/sha256.hpp"
+#include "compiler/support/sha256.hpp"
 #include "compiler/pattern/mask.hpp"
 #include "compiler/tune/autotune.hpp"
 #include "compiler/support/knobs.hpp"

@@ -5,7 +5,7 @@
 #include <memory>
 #include <sstream>
 
-#include "compiler/cache/manifest.hpp"
+#include "compiler/precompile.hpp"
 #include "compiler/jit.hpp"
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"

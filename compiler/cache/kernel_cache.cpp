@@ -15,7 +15,7 @@
 #include <sstream>
 #include <thread>
 
-#include "compiler/cache/sha256.hpp"
+#include "compiler/support/sha256.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
 

@@ -7,7 +7,7 @@
 #include <tuple>
 #include <sstream>
 
-#include "compiler/cache/sha256.hpp"
+#include "compiler/support/sha256.hpp"
 #include "compiler/plan/plan.hpp"
 #include "compiler/support/error.hpp"
 

@@ -1,6 +1,6 @@
 #include "compiler/codegen/templates.hpp"
 
-#include "compiler/cache/sha256.hpp"
+#include "compiler/support/sha256.hpp"
 #include "compiler/support/error.hpp"
 
 namespace attnjit {

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "compiler/cache/sha256.hpp"
+#include "compiler/support/sha256.hpp"
 #include "compiler/pattern/pattern.hpp"
 
 namespace attnjit {

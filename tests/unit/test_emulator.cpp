@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "compiler/cache/sha256.hpp"
+#include "compiler/support/sha256.hpp"
 #include "compiler/codegen/templates.hpp"
 #include "compiler/jit.hpp"
 #include "compiler/support/error.hpp"

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "compiler/cache/kernel_cache.hpp"
-#include "compiler/cache/sha256.hpp"
+#include "compiler/support/sha256.hpp"
 #include "compiler/support/knobs.hpp"
 #include "tests/unit/test_support.hpp"
 

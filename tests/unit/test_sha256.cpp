@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <string>
 
-#include "compiler/cache/sha256.hpp"
+#include "compiler/support/sha256.hpp"
 
 using attnjit::Sha256;
 using attnjit::sha256_hex;

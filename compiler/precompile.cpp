@@ -1,5 +1,5 @@
 // Precompile manifests (see the header).
-#include "compiler/cache/manifest.hpp"
+#include "compiler/precompile.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "compiler/cache/sha256.hpp"
+#include "compiler/support/sha256.hpp"
 
 #include <algorithm>
 #include <cstring>
