@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "emulator/emu_abi.h"
-#include "runtime/npy.hpp"
+#include "compiler/support/half.hpp"
 
 namespace attnjit::emu {
 namespace {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "compiler/support/half.hpp"  // the fp16/bf16 conversions the readers use, for their callers too
+
 namespace attnjit {
 
 enum class NpyDtype { F16, F32, F64, U8 };
@@ -41,13 +43,5 @@ std::vector<double> npy_to_double(const NpyArray& array);
 // Writes a format 1.0 .npy file byte-identical to what np.save writes for the same array.
 // `data` holds numel(shape) elements of `dtype` in C order (may be null when that is 0).
 void write_npy(const std::string& path, NpyDtype dtype, const std::vector<int64_t>& shape, const void* data);
-
-// IEEE 754 binary16 <-> binary32. float_to_half rounds to nearest, ties to even; overflow gives inf.
-float half_to_float(uint16_t h);
-uint16_t float_to_half(float f);
-
-// bfloat16 (the top half of a binary32) <-> binary32; rounds to nearest even, NaN stays NaN.
-float bfloat16_to_float(uint16_t b);
-uint16_t float_to_bfloat16(float f);
 
 }  // namespace attnjit
