@@ -293,7 +293,6 @@ public:
                             reinterpret_cast<const DeviceQueryEntry*>(t.key_major.at(t.query_entries)), t.num_key_items, delta,
                             dk_acc, dv_acc, dq_acc};
     KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, q, k, v, o, lse, dout, dq, dk, dv, options);
-    bp.dq_acc = dq_acc;
     bp.fwd.dyn_errors = nullptr;  // the forward counted the table's problems
     void* args[] = {&bp};
     auto run = [&](const std::string& kernel, uint64_t gx, int64_t batch, int threads, int shared_bytes) {

@@ -274,7 +274,6 @@ public:
     KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, rebased(q, iq), rebased(k, ik), rebased(v, iv),
                                          rebased(o, io), rebased(lse, il), rebased(dout, ido), rebased(dq, idq),
                                          rebased(dk, idk), rebased(dv, idv), options);
-    bp.dq_acc = bt.dq_acc;
     if (options.dlse) bp.dlse = static_cast<const float*>(img.at(idlse));
     device_table.rebase(img, bp.fwd);
     bp.fwd.dyn_errors = nullptr;  // the forward counted its problems

@@ -86,7 +86,7 @@ KernelBwdParams backward_params(const Plan& plan, const Problem& pb, const Kerne
   bp.fwd = kernel_params(plan, pb, t, q, k, v, o, &lse, options);
   bp.dout = dout.data, bp.dq = dq.data, bp.dk = dk.data, bp.dv = dv.data;
   bp.delta = bt.delta, bp.dk_acc = bt.dk_acc, bp.dv_acc = bt.dv_acc;
-  bp.dq_acc = nullptr;  // set by the caller for the single pass (BackwardGrids::single_pass)
+  bp.dq_acc = bt.dq_acc;
   if (options.dlse) {
     bp.dlse = static_cast<const float*>(options.dlse->data);
     bp.dlse_batch_stride = options.dlse->strides[0], bp.dlse_head_stride = options.dlse->strides[1];

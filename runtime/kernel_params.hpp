@@ -39,7 +39,7 @@ struct BackwardTables {
   float* delta = nullptr;
   float* dk_acc = nullptr;
   float* dv_acc = nullptr;
-  float* dq_acc = nullptr;  // zeroed; passed to the kernels only when the grids run the single pass
+  float* dq_acc = nullptr;  // zeroed; set only when the grids run the single pass (else the two-pass form)
 };
 KernelBwdParams backward_params(const Plan& plan, const Problem& pb, const KernelTables& t, const BackwardTables& bt,
                                 const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,

@@ -20,10 +20,9 @@
 
 // _dq blocks have fwd_sm80.cuh's AJ_THREADS (16 query rows per warp); _dkdv blocks 16 key rows per warp.
 #define AJ_BWD_KV_THREADS (AJ_TILE_K / 16 * 32)
-// Columns of S (and dP) a warp holds at once: 64, or 32 past head dim 64, so that 16-row slices
-// of S and dP fit beside the 16 x head-dim accumulators without spilling. Tiles are powers of two
-// (compiler/codegen/codegen.cpp), so a tile is a whole number of these.
-#define AJ_BWD_SUB_MAX (AJ_HEAD_DIM > 64 || AJ_HEAD_DIM_V > 64 ? 32 : 64)
+// Columns of S (and dP) a warp holds at once: AJ_BWD_SUB_MAX, defined by the generator
+// (compiler/codegen/codegen.cpp: backward_sub_max, which the shared-memory size uses too). Tiles
+// are powers of two, so a tile is a whole number of these.
 #define AJ_BWD_SUB_K (AJ_TILE_K > AJ_BWD_SUB_MAX ? AJ_BWD_SUB_MAX : AJ_TILE_K)
 #define AJ_BWD_SUB_Q (AJ_TILE_Q > AJ_BWD_SUB_MAX ? AJ_BWD_SUB_MAX : AJ_TILE_Q)
 

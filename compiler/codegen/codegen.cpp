@@ -132,10 +132,15 @@ int backward_dq_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
   const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
   return 2 * (c.tile_q * (dp + dvp) + c.stages * c.tile_k * (dp + dvp));
 }
+// Columns of S (and dP) a warp of the tensor-core backward holds at once (AJ_BWD_SUB_MAX): 64, or
+// 32 past head dim 64, so that 16-row slices of S and dP fit beside the 16 x head-dim
+// accumulators without spilling.
+int backward_sub_max(const KernelRequest& r) { return r.head_dim > 64 || r.head_dim_v > 64 ? 32 : 64; }
+
 int backward_dkdv_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
   const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
   // dS^T of the tile's keys by AJ_BWD_SUB_Q query rows, for the single pass's dQ = dS K.
-  const int sub_q = std::min(c.tile_q, r.head_dim > 64 || r.head_dim_v > 64 ? 32 : 64);
+  const int sub_q = std::min(c.tile_q, backward_sub_max(r));
   return 2 * (c.tile_k + 2 * c.tile_q) * (dp + dvp) + 2 * 2 * c.tile_q * 4 + 2 * c.tile_k * (sub_q + 8);
 }
 
@@ -187,6 +192,7 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   os << "#define AJ_HEAD_DIM " << r.head_dim << "\n#define AJ_HEAD_DIM_V " << r.head_dim_v << "\n";
   os << "#define AJ_TILE_Q " << k.config.tile_q << "\n#define AJ_TILE_K " << k.config.tile_k << "\n";
   os << "#define AJ_STAGES " << k.config.stages << "\n#define AJ_WARPS " << k.config.warps << "\n";
+  if (k.path == KernelPath::Sm80 && !forward) os << "#define AJ_BWD_SUB_MAX " << backward_sub_max(r) << "\n";
   if (k.path == KernelPath::Sm80) {
     // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
     os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "
