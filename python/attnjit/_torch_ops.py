@@ -80,7 +80,7 @@ def _table_tensors(d, device):
                             f"tensor, got a {what}")
         if x.device != device:
             raise ValueError(f'dynamic_layout["{name}"]: is on {x.device} but q is on {device}; keep the table on q\'s device')
-        if dtype == torch.int32 and torch.iinfo(x.dtype).bits > 32 or x.dtype == torch.uint32:
+        if dtype == torch.int32 and (torch.iinfo(x.dtype).bits > 32 or x.dtype == torch.uint32):
             # Blocks past int32 would wrap in the conversion and could name a block in range: they
             # become -1, which the kernels skip and count as a problem, as any other bad block
             # (no host round trip: the check runs on the table's device).
