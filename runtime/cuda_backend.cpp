@@ -130,16 +130,16 @@ struct GpuBackwardTables {
   int32_t num_key_items = 0;
 };
 
-// The backward's scratch: D [B, Hq, Sq], then the fp32 dK, dV and (single pass) dQ
-// accumulators, each region 256-byte aligned.
+// The backward's scratch: D [B, Hq, Sq], then the fp32 dK, dV and, for kernels that can run the
+// single pass, dQ accumulators, each region 256-byte aligned.
 struct BackwardScratch {
   size_t delta = 0, dk = 0, dv = 0, dq = 0;  // region offsets
   size_t dk_bytes = 0, dv_bytes = 0, dq_bytes = 0, total = 0;
-  explicit BackwardScratch(const Problem& pb) {
+  BackwardScratch(const Problem& pb, bool single_pass) {
     auto round = [](size_t n) { return (n + 255) / 256 * 256; };
     dk_bytes = size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim) * 4;
     dv_bytes = size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim_v) * 4;
-    dq_bytes = size_t(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim) * 4;
+    dq_bytes = single_pass ? size_t(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim) * 4 : 0;
     dk = round(size_t(pb.batch * pb.heads_q * pb.seq_q) * 4);
     dv = dk + round(dk_bytes);
     dq = dv + round(dv_bytes);
@@ -272,7 +272,7 @@ public:
     t.key_major.ready_on(stream, capturing, bwd_.source.name, "backward key-major");
     if (capturing) entry.in_graph = true;
     const Problem& pb = problem_;
-    const BackwardScratch layout(pb);
+    const BackwardScratch layout(pb, bwd_.single_pass);
     if (options.workspace) {
       TensorView w;
       w.data = options.workspace;
@@ -351,7 +351,7 @@ public:
   int alignment() const override { return source_.path != KernelPath::Simt ? 16 : dtype_bytes(problem_.dtype); }
   bool reads_device_tables() const override { return true; }
   bool tables_in_host_memory() const override { return false; }
-  size_t backward_workspace_bytes() const override { return BackwardScratch(problem_).total; }
+  size_t backward_workspace_bytes() const override { return BackwardScratch(problem_, bwd_.single_pass).total; }
 
 private:
   void check_device_memory(std::initializer_list<std::pair<const char*, const TensorView*>> tensors) const {
