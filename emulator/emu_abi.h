@@ -5,9 +5,10 @@
 #ifndef ATTNJIT_EMU_ABI_H
 #define ATTNJIT_EMU_ABI_H
 
-#define AJ_EMU_ABI_VERSION 7
+#define AJ_EMU_ABI_VERSION 8
 #define AJ_EMU_F16 1
 #define AJ_EMU_BF16 2
+#define AJ_EMU_RARE_PATHS 8
 /* wgmma flags: scale-d (accumulate into D), imm-trans-a / -b (MN-major operands), imm-scale -1 */
 #define AJ_EMU_WGMMA_SCALE_D 1
 #define AJ_EMU_WGMMA_TRANS_A 2
@@ -67,6 +68,10 @@ typedef struct AjEmuApi {
   void (*red_add_u32)(unsigned* addr, unsigned value, const void* pc);
   /* red.global.add.v2.f32 (sm_90): two adjacent floats at an 8-byte aligned address */
   void (*red_add_f32x2)(float* addr, float a, float b, const void* pc);
+  /* a kernel took rare path `path` (0 .. AJ_EMU_RARE_PATHS - 1: an exact sum again after a
+     non-finite value, which finite inputs never need): counted, so tests can tell that finite
+     inputs stay on the fast path */
+  void (*rare_path)(int path);
 } AjEmuApi;
 
 #ifdef __cplusplus

@@ -2,11 +2,18 @@
 // forwards to the block executor running on this OS thread, or to a PTX semantic function.
 #include "emulator/emu_api.hpp"
 
+#include <atomic>
+
 #include "emulator/block_executor.hpp"
 #include "emulator/ptx_semantics.hpp"
 
 namespace attnjit::emu {
 namespace {
+
+std::atomic<uint64_t> g_rare_paths[AJ_EMU_RARE_PATHS];
+void api_rare_path(int path) {
+  if (path >= 0 && path < AJ_EMU_RARE_PATHS) g_rare_paths[path].fetch_add(1, std::memory_order_relaxed);
+}
 
 BlockExecutor& ex() { return *BlockExecutor::current(); }
 
@@ -63,9 +70,16 @@ const AjEmuApi& emu_api() {
       api_cvt_rn_f16_f32, ex2_approx_ftz,      lg2_approx_ftz,       api_red_add_f32,   api_smem_addr,
       api_wgmma,          api_wgmma_fence,     api_wgmma_commit,     api_wgmma_wait,    api_fence_proxy_async,
       api_mbarrier_init,  api_mbarrier_arrive, api_mbarrier_wait,    api_mbarrier_test_wait, api_tma_load,
-      api_named_barrier,  api_red_add_u32,     api_red_add_f32x2,
+      api_named_barrier,  api_red_add_u32,     api_red_add_f32x2,   api_rare_path,
   };
   return api;
+}
+
+uint64_t rare_paths_taken(int path) {
+  uint64_t n = 0;
+  for (int x = 0; x < AJ_EMU_RARE_PATHS; ++x)
+    if (path < 0 || path == x) n += g_rare_paths[x].load(std::memory_order_relaxed);
+  return n;
 }
 
 }  // namespace attnjit::emu

@@ -14,7 +14,7 @@ namespace {
 // minus their running max are <= 0 (up to rounding), and below -87.3 the true result (< 1.2e-38)
 // is returned as 1.2e-38, a difference no float sum of probabilities <= 1 can see; above 88.3
 // (an LSE from the caller smaller than the scores) the result saturates. NaN propagates.
-// Masked scores (-inf) come out as 1.2e-38 too; callers multiply them by 0 (`keep`).
+// Masked scores (-inf) come out as 1.2e-38 too; callers pass `keep` to make them 0.
 using Packet = Eigen::internal::packet_traits<float>::type;
 
 inline Packet exp_packet(Packet x) {
@@ -34,8 +34,9 @@ inline Packet exp_packet(Packet x) {
   return ei::pldexp_fast_impl<Packet>::run(y, m);
 }
 
-// row[c] = exp(scale * row[c] - shift) (times keep[c] when `keep` is given) for c < n, in one
-// pass; returns the sum of the results.
+// row[c] = exp(scale * row[c] - shift) for c < n, and 0 where `keep` (when given) is 0, selected:
+// a shift that is NaN (the LSE of a row that attended a NaN) must not reach the pairs the row
+// masks. In one pass; returns the sum of the results.
 inline float exp_row(float* row, const float* keep, Eigen::Index n, float scale, float shift) {
   namespace ei = Eigen::internal;
   constexpr Eigen::Index W = ei::unpacket_traits<Packet>::size;
@@ -44,14 +45,14 @@ inline float exp_row(float* row, const float* keep, Eigen::Index n, float scale,
   Eigen::Index c = 0;
   for (; c + W <= n; c += W) {
     Packet e = exp_packet(ei::pmadd(ei::ploadu<Packet>(row + c), vscale, vshift));
-    if (keep) e = ei::pmul(e, ei::ploadu<Packet>(keep + c));
+    if (keep) e = ei::pselect(ei::pcmp_eq(ei::ploadu<Packet>(keep + c), ei::pset1<Packet>(0.0f)), ei::pset1<Packet>(0.0f), e);
     ei::pstoreu(row + c, e);
     acc = ei::padd(acc, e);
   }
   float sum = ei::predux(acc);
   for (; c < n; ++c) {  // the tail, with the packet code on one lane
     float e = ei::pfirst(exp_packet(ei::pset1<Packet>(row[c] * scale - shift)));
-    if (keep) e *= keep[c];
+    if (keep && keep[c] == 0.0f) e = 0.0f;
     row[c] = e;
     sum += e;
   }

@@ -62,13 +62,22 @@ void apply_mask(const ExecutorJob& job, int32_t branch, int32_t head, const RowM
   s = (keep.array() == 0.0f).select(kNegInf, s.array());
 }
 
-// acc += P V over the attended pairs only (keep != 0), for a partial tile whose V holds a NaN or an
-// inf: the product would multiply it by the P = 0 of rows that do not attend its key (0 * NaN is
-// NaN), and a key a row does not attend must have no effect on it. Rare: only such inputs get here.
-void masked_product(const Matrix& p, const Matrix& keep, const Rows& v, Matrix& acc) {
-  for (Eigen::Index r = 0; r < p.rows(); ++r)
-    for (Eigen::Index c = 0; c < p.cols(); ++c)
-      if (keep(r, c) != 0.0f) acc.row(r) += p(r, c) * v.row(c);
+// acc += A B over the attended pairs only (keep != 0), for a partial tile whose B holds a NaN or an
+// inf: the product would multiply it by the zero weight (P or dS) of the pairs that mask it (0 * NaN
+// is NaN), and a pair that is not attended must have no effect. The forward's P V, the backward's
+// dS K, dS^T Q and P^T dO (A and keep transposed for the last two). Rare: only such inputs get here.
+template <typename A, typename Keep, typename B, typename Acc>
+void masked_product(const A& a, const Keep& keep, const B& b, Acc& acc) {
+  for (Eigen::Index r = 0; r < a.rows(); ++r)
+    for (Eigen::Index c = 0; c < a.cols(); ++c)
+      if (keep(r, c) != 0.0f) acc.row(r) += a(r, c) * b.row(c);
+}
+
+// acc += A B, selecting (masked_product) where the tile is partial and B is not finite.
+template <typename A, typename Keep, typename B, typename Acc>
+void product(bool full, const A& a, const Keep& keep, const B& b, Acc&& acc) {
+  if (full || b.allFinite()) acc.noalias() += a * b;
+  else masked_product(a, keep, b, acc);
 }
 
 // One query tile's running state and its scratch, reused across the units a worker takes.
@@ -124,11 +133,7 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
         }
         st.l(r) += sum;
       }
-      if (full || v.allFinite()) {
-        st.acc.noalias() += st.scores * v;
-      } else {
-        masked_product(st.scores, st.keep, v, st.acc);
-      }
+      product(full, st.scores, st.keep, v, st.acc);
     });
   }
   // The epilogue: O = acc / l (scaled under head_groups), LSE = m + log l; empty rows 0 and -inf.
@@ -244,7 +249,7 @@ void dq_worker(const ExecutorJob& job, std::atomic<int64_t>& next) {
       for_each_visited_tile(plan, span, [&](int32_t t, bool full) {
         const RowMap keys = tile_keys(span, t, plan.tiles.tile_k);
         probabilities_and_ds(job, b, item.head, kvh, span.branch, item.rows, keys, full, sc);
-        dq_tile.noalias() += sc.ds * rows_of<Rows>(job.k, job.k_layout, b, kvh, s.head_dim, keys);
+        product(full, sc.ds, sc.keep, rows_of<Rows>(job.k, job.k_layout, b, kvh, s.head_dim, keys), dq_tile);
       });
     }
     // A query tile owns its rows: no other unit writes them.
@@ -272,9 +277,12 @@ void dkdv_unit(const ExecutorJob& job, int64_t b, int64_t kvh, bool with_dq, Bac
       // The entry's flag is the kernels' (band only, for a branch they seek through): masked here.
       const bool full = qe.full && !plan.kernel_seeks_branch(qe.branch);
       probabilities_and_ds(job, b, qe.head, kvh, qe.branch, qe.rows, item.keys, full, sc);
-      dk_tile.noalias() += sc.ds.transpose() * rows_of<Rows>(job.q, job.q_layout, b, qe.head, s.head_dim, qe.rows);
-      dv_tile.noalias() += f * (sc.p.transpose() * rows_of<Rows>(job.dout, job.q_layout, b, qe.head, s.head_dim_v, qe.rows));
-      if (with_dq) rows_of<MutableRows>(job.dq, job.q_layout, b, qe.head, s.head_dim, qe.rows).noalias() += sc.ds * k;
+      // A NaN or inf in the Q or dO row of a query that masks some of these keys, or in a K row some
+      // of these queries mask, must not reach them: product() selects for such partial tiles.
+      const auto keep_t = sc.keep.transpose();
+      product(full, sc.ds.transpose(), keep_t, rows_of<Rows>(job.q, job.q_layout, b, qe.head, s.head_dim, qe.rows), dk_tile);
+      product(full, (f * sc.p).transpose(), keep_t, rows_of<Rows>(job.dout, job.q_layout, b, qe.head, s.head_dim_v, qe.rows), dv_tile);
+      if (with_dq) product(full, sc.ds, sc.keep, k, rows_of<MutableRows>(job.dq, job.q_layout, b, qe.head, s.head_dim, qe.rows));
     }
     rows_of<MutableRows>(job.dk, job.k_layout, b, kvh, s.head_dim, item.keys) += dk_tile;
     rows_of<MutableRows>(job.dv, job.k_layout, b, kvh, s.head_dim_v, item.keys) += dv_tile;

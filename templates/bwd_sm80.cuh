@@ -87,6 +87,61 @@ __device__ __forceinline__ void aj_zero(float (&acc)[COLS / 8][4]) {
 
 // ---- _dq: over the forward plan -------------------------------------------------------------
 
+// This thread's columns of dQ for the rows in `rows` (bit h: row r0 + 8 h) summed again in float32
+// from global memory over the keys each row attends only: dQ = sum dS K with dS = P (f dP - D),
+// P = exp2(S scale_log2 - LSE). The rare path of a non-finite K row that a row masks (the tensor
+// cores multiply it by that row's dS = 0). lse2, delta: the rows' exp2-domain LSE (+inf where P is
+// 0) and D; store(h, j, x0, x1) receives columns j * 8 + quad * 2 and + 1, unscaled.
+template <typename Store>
+__device__ __forceinline__ void aj_bwd_exact_dq_rows(const AjBwdParams& bp, const AjItem& item, aj_i64 b, int r0, int quad,
+                                                     const float (&lse2)[2], const float (&delta)[2], int rows, const Store& store) {
+  const AjParams& p = bp.fwd;
+  constexpr int BLOCKS = AJ_HEAD_DIM / 8, CHUNK = BLOCKS < AJ_TC_EXACT_COLS ? BLOCKS : AJ_TC_EXACT_COLS;
+  aj_rare_path(AJ_RARE_DQ_ROWS);
+  const bool want[2] = {(rows & 1) != 0, (rows & 2) != 0};
+  const int kvh = item.head / p.heads_per_kv;
+  const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
+  const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
+  const AjTcRows rs = aj_tc_rows(p, item, b, r0, want);
+  const aj_elem* dorow[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    dorow[h] = (const aj_elem*)bp.dout + b * bp.do_batch_stride + item.head * bp.do_head_stride +
+               (item.rows_start + (aj_i64)(want[h] ? r0 + 8 * h : 0) * item.rows_stride) * bp.do_row_stride;
+#pragma unroll 1
+  for (int j0 = 0; j0 < BLOCKS; j0 += CHUNK) {
+    float ex[CHUNK][4];
+#pragma unroll
+    for (int j = 0; j < CHUNK; ++j) ex[j][0] = ex[j][1] = ex[j][2] = ex[j][3] = 0.0f;
+    aj_tc_attended_keys(p, item, rs.qpos, want, [&](const bool (&att)[2], aj_i64 key) {
+      const aj_elem* krow = kb + key * p.k_row_stride;
+      const aj_elem* vrow = vb + key * p.v_row_stride;
+      float ds[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        ds[h] = 0.0f;
+        if (!att[h]) continue;
+        const float pr = aj_ex2(aj_mul_rn(aj_dot_rows(rs.q[h], krow, AJ_HEAD_DIM), p.scale_log2) - lse2[h]);
+        ds[h] = pr * (p.output_scale * aj_dot_rows(dorow[h], vrow, AJ_HEAD_DIM_V) - delta[h]);
+      }
+#pragma unroll
+      for (int j = 0; j < CHUNK; ++j) {
+        if (BLOCKS % CHUNK != 0 && j0 + j >= BLOCKS) break;
+        const float k0 = aj_load(krow + (j0 + j) * 8 + quad * 2), k1 = aj_load(krow + (j0 + j) * 8 + quad * 2 + 1);
+        if (att[0]) ex[j][0] += ds[0] * k0, ex[j][1] += ds[0] * k1;
+        if (att[1]) ex[j][2] += ds[1] * k0, ex[j][3] += ds[1] * k1;
+      }
+    });
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (want[h])
+#pragma unroll
+        for (int j = 0; j < CHUNK; ++j)
+          if (BLOCKS % CHUNK == 0 || j0 + j < BLOCKS) store(h, j0 + j, ex[j][2 * h], ex[j][2 * h + 1]);
+  }
+}
+
+
 // Dynamic shared memory: Q [AJ_TILE_Q][AJ_DP], dO [AJ_TILE_Q][AJ_DVP], then AJ_STAGES stages of
 // K [AJ_TILE_K][AJ_DP] (their padding holds the tiles in flight, fwd_sm80.cuh) and V
 // [AJ_TILE_K][AJ_DVP] (compiler/codegen/codegen.cpp: backward_dq_smem_bytes).
@@ -185,11 +240,30 @@ __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
   aj_cp_async_wait<0>();
 
   aj_elem* out = (aj_elem*)bp.dq + b * bp.dq_batch_stride + item.head * bp.dq_head_stride;
+  bool bad[2] = {false, false};
 #pragma unroll
   for (int j = 0; j < AJ_HEAD_DIM / 8; ++j) {
     const int col = j * 8 + quad * 2;  // two adjacent columns per 4-byte store
-    if (valid0) *(aj_u32*)(out + i0 * bp.dq_row_stride + col) = aj_pack2(dq[j][0] * bp.scale, dq[j][1] * bp.scale);
-    if (valid1) *(aj_u32*)(out + i1 * bp.dq_row_stride + col) = aj_pack2(dq[j][2] * bp.scale, dq[j][3] * bp.scale);
+    const aj_u32 w0 = aj_pack2(dq[j][0] * bp.scale, dq[j][1] * bp.scale), w1 = aj_pack2(dq[j][2] * bp.scale, dq[j][3] * bp.scale);
+    bad[0] |= aj_tc_word_nonfinite(w0);
+    bad[1] |= aj_tc_word_nonfinite(w1);
+    if (valid0) *(aj_u32*)(out + i0 * bp.dq_row_stride + col) = w0;
+    if (valid1) *(aj_u32*)(out + i1 * bp.dq_row_stride + col) = w1;
+  }
+  // A NaN or inf in a K row that a row masks still reaches it through dQ += dS K (0 times NaN): such
+  // rows are summed again, exactly (aj_bwd_exact_dq_rows). A row that attends something and whose
+  // LSE or D is NaN has dS NaN at every pair it attends: NaN in every column either way.
+  int redo = 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float lse = h ? lse1 : lse0;
+    if (bad[h] && (h ? valid1 : valid0) && !aj_isnan(lse) && !(aj_isnan(h ? delta1 : delta0) && !aj_nonfinite(lse))) redo |= 1 << h;
+  }
+  if (redo) {
+    const float lse2[2] = {lse0, lse1}, deltas[2] = {delta0, delta1};
+    aj_bwd_exact_dq_rows(bp, item, b, r0, quad, lse2, deltas, redo, [&](int h, int j, float x0, float x1) {
+      *(aj_u32*)(out + (h ? i1 : i0) * bp.dq_row_stride + j * 8 + quad * 2) = aj_pack2(x0 * bp.scale, x1 * bp.scale);
+    });
   }
 }
 
@@ -223,8 +297,60 @@ __device__ __forceinline__ void aj_mma_atb(float (&acc)[COLS / 8][4], const aj_e
 // count zero), each added, scaled, into the fp32 accumulator. The barrier before makes dS^T
 // complete when read; the caller's after it, that it is read before the next rows overwrite it.
 #define AJ_BWD_DSP (AJ_BWD_SUB_Q + 8)
+
+// Whether acc may hold a NaN or inf: their sum is then not finite (a sum of finite values that
+// overflows says yes too, and only costs the exact sum).
+template <int N>
+__device__ __forceinline__ bool aj_bwd_any_nonfinite(const float (&acc)[N][4]) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int n = 0; n < N; ++n) sum += (acc[n][0] + acc[n][1]) + (acc[n][2] + acc[n][3]);
+  return aj_nonfinite(sum);
+}
+
+// Whether the key tile in shared memory ([AJ_TILE_K][AJ_DP], rows past the count zero) holds a NaN
+// or an inf, for the calling warp (each warp reads the whole tile once per key item): only then
+// can the single pass's dQ = dS K carry one to a row that masks its key, and only then does the
+// loop test its dQ blocks.
+__device__ __forceinline__ bool aj_bwd_tile_nonfinite(const aj_elem* sk, int lane) {
+  constexpr int WORDS = AJ_HEAD_DIM / 2;  // two elements a word
+  bool bad = false;
+  for (int x = lane; x < AJ_TILE_K * WORDS; x += 32) bad |= aj_tc_word_nonfinite(*(const aj_u32*)(sk + (x / WORDS) * AJ_DP + (x % WORDS) * 2));
+  float any = bad ? 1.0f : 0.0f;
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) any += aj_shfl_xor(any, m);
+  return any != 0.0f;
+}
+
+// One 16 x 16 block of the single pass's dQ = dS K (query rows q0 .. q0 + 15 of the entry, dS^T's
+// columns s0 .., K's columns k0 ..) summed again over the attended pairs only: a NaN or inf in a
+// key row that some of these rows mask reaches them through the product as their dS = 0 times
+// NaN. Rare: only a non-finite block of a partial entry gets here.
+__device__ __forceinline__ void aj_bwd_dq_single_exact(const AjParams& p, const aj_elem* sdst, const aj_elem* sk,
+                                                       const AjKeyItem& ki, const AjQueryEntry& qe, int q0, int s0, int k0,
+                                                       int lane, float (&acc)[2][4]) {
+  const int g = lane / 4, quad = lane % 4;
+  const aj_i64 doc = aj_doc_start(p, ki.keys_start), q_origin = p.q_offset - doc + qe.rows_start;
+  aj_rare_path(AJ_RARE_DQ_BLOCK);
+  aj_zero<16>(acc);
+  for (int kr = 0; kr < ki.keys_count; ++kr) {
+    const aj_i64 kpos = p.k_offset - doc + ki.keys_start + (aj_i64)kr * ki.keys_stride;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = g + half * 8;
+      if (q0 + r >= qe.rows_count || !aj_queries_allowed(p, qe.branch, qe.head, kpos, q_origin, (aj_cs)(q0 + r) * (aj_cs)qe.rows_stride))
+        continue;
+      const float ds = aj_load(sdst + kr * AJ_BWD_DSP + s0 + r);
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) acc[n][2 * half + e] += ds * aj_load(sk + kr * AJ_DP + k0 + n * 8 + quad * 2 + e);
+    }
+  }
+}
 __device__ __forceinline__ void aj_bwd_dq_single(const AjBwdParams& bp, const aj_elem* sdst, const aj_elem* sk,
-                                                 const AjQueryEntry& qe, int c0, aj_i64 b, int warp, int lane) {
+                                                 const AjKeyItem& ki, const AjQueryEntry& qe, bool masked_kbad, int c0,
+                                                 aj_i64 b, int warp, int lane) {
   constexpr int COL_BLOCKS = AJ_HEAD_DIM / 16, UNITS = AJ_BWD_SUB_Q / 16 * COL_BLOCKS;
   const int g = lane / 4, quad = lane % 4;
   aj_syncthreads();
@@ -233,6 +359,7 @@ __device__ __forceinline__ void aj_bwd_dq_single(const AjBwdParams& bp, const aj
     float acc[2][4];
     aj_zero<16>(acc);
     aj_mma_atb<AJ_TILE_K, 16, AJ_BWD_DSP, AJ_DP>(acc, sdst + ur * 16, sk + uc * 16, lane);
+    if (masked_kbad && aj_bwd_any_nonfinite(acc)) aj_bwd_dq_single_exact(bp.fwd, sdst, sk, ki, qe, c0 + ur * 16, ur * 16, uc * 16, lane, acc);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = c0 + ur * 16 + g + half * 8;
@@ -286,6 +413,58 @@ __device__ __forceinline__ void aj_bwd_stage_queries(const AjBwdParams& bp, cons
   }
 }
 
+// This thread's columns of dK and dV for key row kr of the key item summed again in float32 from
+// global memory over the queries that attend it only: dV = sum f P^T dO, dK = sum dS^T Q. The rare
+// path of a non-finite Q or dO row of a query that masks the key (the tensor cores multiply it by
+// that query's P = dS = 0). add(is_dk, c, x0, x1) receives dK's (or dV's) columns c * 8 + quad * 2
+// and + 1, dK unscaled. The column blocks go AJ_TC_EXACT_COLS at a time, each a walk over the
+// item's query entries.
+template <typename Add>
+__device__ __forceinline__ void aj_bwd_exact_key_row(const AjBwdParams& bp, const AjKeyItem& ki, aj_i64 b, int kr, int quad,
+                                                     const Add& add) {
+  const AjParams& p = bp.fwd;
+  constexpr int BK = AJ_HEAD_DIM / 8, BLOCKS = BK + AJ_HEAD_DIM_V / 8, CHUNK = AJ_TC_EXACT_COLS;
+  aj_rare_path(AJ_RARE_KEY_ROW);
+  const aj_i64 j = ki.keys_start + (aj_i64)kr * ki.keys_stride;
+  const aj_i64 doc = aj_doc_start(p, ki.keys_start), q_origin = p.q_offset - doc, kpos = p.k_offset - doc + j;
+  const aj_elem* krow = (const aj_elem*)p.k + b * p.k_batch_stride + j * p.k_row_stride + ki.kv_head * p.k_head_stride;
+  const aj_elem* vrow = (const aj_elem*)p.v + b * p.v_batch_stride + j * p.v_row_stride + ki.kv_head * p.v_head_stride;
+#pragma unroll 1
+  for (int j0 = 0; j0 < BLOCKS; j0 += CHUNK) {
+    float ex[CHUNK][2];
+#pragma unroll
+    for (int x = 0; x < CHUNK; ++x) ex[x][0] = ex[x][1] = 0.0f;
+    for (int e = ki.entry_begin; e < ki.entry_end; ++e) {
+      const AjQueryEntry qe = bp.query_entries[e];
+      bool full;
+      if (!aj_bwd_entry_visit(p, ki, qe, full)) continue;
+      for (int r = 0; r < qe.rows_count; ++r) {
+        if (!full && !aj_queries_allowed(p, qe.branch, qe.head, kpos, q_origin + qe.rows_start, (aj_cs)r * (aj_cs)qe.rows_stride))
+          continue;
+        const aj_i64 i = qe.rows_start + (aj_i64)r * qe.rows_stride;
+        const aj_elem* qrow = (const aj_elem*)p.q + b * p.q_batch_stride + i * p.q_row_stride + qe.head * p.q_head_stride;
+        const aj_elem* dorow = (const aj_elem*)bp.dout + b * bp.do_batch_stride + i * bp.do_row_stride + qe.head * bp.do_head_stride;
+        const float pr = aj_ex2(aj_mul_rn(aj_dot_rows(krow, qrow, AJ_HEAD_DIM), p.scale_log2) - aj_bwd_lse2_or_inf(p, b, qe.head, i, true));
+        const float ds = pr * (p.output_scale * aj_dot_rows(vrow, dorow, AJ_HEAD_DIM_V) - bp.delta[(b * bp.heads_q + qe.head) * bp.seq_q + i]);
+#pragma unroll
+        for (int x = 0; x < CHUNK; ++x) {
+          const int blk = j0 + x;
+          if (blk >= BLOCKS) break;
+          const aj_elem* src = blk < BK ? qrow + blk * 8 : dorow + (blk - BK) * 8;
+          const float w = blk < BK ? ds : p.output_scale * pr;
+          ex[x][0] += w * aj_load(src + quad * 2);
+          ex[x][1] += w * aj_load(src + quad * 2 + 1);
+        }
+      }
+    }
+#pragma unroll
+    for (int x = 0; x < CHUNK; ++x) {
+      const int blk = j0 + x;
+      if (blk < BLOCKS) add(blk < BK, blk < BK ? blk : blk - BK, ex[x][0], ex[x][1]);
+    }
+  }
+}
+
 __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
   const AjParams& p = bp.fwd;
   AJ_DYNAMIC_SHARED(aj_smem);
@@ -319,6 +498,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
   float dk[AJ_HEAD_DIM / 8][4], dv[AJ_HEAD_DIM_V / 8][4];
   aj_zero<AJ_HEAD_DIM>(dk);
   aj_zero<AJ_HEAD_DIM_V>(dv);
+  bool kbad = false;  // the single pass: the key tile holds a NaN or an inf (aj_bwd_tile_nonfinite)
   for (int e = ki.entry_begin, it = 0; e < ki.entry_end; ++e, ++it) {
     const AjBwdQueryStage st = aj_bwd_query_stage(aj_smem, it & 1);
     // Prefetch the next query tile into the other stage: its readers passed the last barrier.
@@ -326,6 +506,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
     aj_cp_async_commit();
     aj_cp_async_wait<1>();
     aj_syncthreads();
+    if (single && it == 0) kbad = aj_bwd_tile_nonfinite(sk, lane);  // K landed with the first query tile
     const AjQueryEntry qe = bp.query_entries[e];
     bool full;
     const bool visit = aj_bwd_entry_visit(p, ki, qe, full);
@@ -369,7 +550,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
           *(aj_u32*)(sdst + kr0 * AJ_BWD_DSP + j * 8 + quad * 2) = in0 ? aj_pack2(s[j][0], s[j][1]) : 0u;
           *(aj_u32*)(sdst + kr1 * AJ_BWD_DSP + j * 8 + quad * 2) = in1 ? aj_pack2(s[j][2], s[j][3]) : 0u;
         }
-        aj_bwd_dq_single(bp, sdst, sk, qe, c0, b, warp, lane);
+        aj_bwd_dq_single(bp, sdst, sk, ki, qe, kbad && !full, c0, b, warp, lane);
         // dS^T is read before the next rows overwrite it (after an entry's last rows, the barrier
         // at the end of the entry does that).
         if (c0 + AJ_BWD_SUB_Q < qe.rows_count) aj_syncthreads();
@@ -387,6 +568,22 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
     const aj_i64 j = ki.keys_start + (aj_i64)kr * ki.keys_stride;
     float* dka = bp.dk_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM + quad * 2;
     float* dva = bp.dv_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM_V + quad * 2;
+    // A NaN or inf in the Q or dO row of a query that masks this key reaches it through dK += dS^T Q
+    // and dV += P^T dO (its dS = P = 0 times NaN): such a key row is summed again, exactly.
+    bool bad = false;
+#pragma unroll
+    for (int c = 0; c < AJ_HEAD_DIM / 8; ++c) bad |= aj_nonfinite(dk[c][2 * half]) | aj_nonfinite(dk[c][2 * half + 1]);
+#pragma unroll
+    for (int c = 0; c < AJ_HEAD_DIM_V / 8; ++c) bad |= aj_nonfinite(dv[c][2 * half]) | aj_nonfinite(dv[c][2 * half + 1]);
+    if (bad) {
+      aj_bwd_exact_key_row(bp, ki, b, kr, quad, [&](bool is_dk, int c, float x0, float x1) {
+        float* dst = (is_dk ? dka : dva) + c * 8;
+        if (is_dk) x0 *= bp.scale, x1 *= bp.scale;
+        if (bp.plain_add) dst[0] += x0, dst[1] += x1;
+        else aj_red_add_f32x2(dst, x0, x1);
+      });
+      continue;
+    }
 #pragma unroll
     for (int c = 0; c < AJ_HEAD_DIM / 8; ++c) {
       const float x0 = dk[c][2 * half] * bp.scale, x1 = dk[c][2 * half + 1] * bp.scale;

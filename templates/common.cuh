@@ -180,3 +180,14 @@ struct __align__(16) aj_u32x4 {
 
 #define AJ_NEG_INF (aj_int_as_float((int)0xff800000u))
 #define AJ_LN2 0.6931471805599453f
+
+// NaN or +-inf, by the exponent bits: a test no fast-math rule can fold away.
+__device__ __forceinline__ bool aj_nonfinite(float x) { return (aj_float_as_uint(x) & 0x7f800000u) == 0x7f800000u; }
+__device__ __forceinline__ bool aj_isnan(float x) { return (aj_float_as_uint(x) & 0x7fffffffu) > 0x7f800000u; }
+
+// The rare paths (aj_rare_path): the exact sums after a non-finite value, by kernel. The emulator
+// counts each (tests/unit/test_mutations.cpp reads them).
+#define AJ_RARE_FWD_ROWS 0  // forward: a row a masked non-finite V reached (aj_tc_exact_rows)
+#define AJ_RARE_DQ_ROWS 1   // backward, two-pass dQ: a row a masked non-finite K reached
+#define AJ_RARE_DQ_BLOCK 2  // backward, single pass: a dQ block a masked non-finite K reached
+#define AJ_RARE_KEY_ROW 3   // backward: a key row a masked non-finite Q or dO reached

@@ -252,8 +252,53 @@ __device__ __forceinline__ int aj_tc_poisoned_rows(const AjItem& item, int r0, c
   int rows = 0;
 #pragma unroll
   for (int h = 0; h < 2; ++h)
-    if (bad[h] && (aj_float_as_uint(l[h]) & 0x7f800000u) != 0x7f800000u && r0 + 8 * h < item.rows_count) rows |= 1 << h;
+    if (bad[h] && !aj_nonfinite(l[h]) && r0 + 8 * h < item.rows_count) rows |= 1 << h;
   return rows;
+}
+
+// Calls visit(att, key) for every key of the item's tiles that row r0 (att[0]) or r0 + 8 (att[1])
+// attends, of the rows in `want`, in the plan's order: the walk of the exact sums below and of
+// the backward's (bwd_sm80.cuh). qpos: the two rows' positions within their document.
+template <typename Visit>
+__device__ __forceinline__ void aj_tc_attended_keys(const AjParams& p, const AjItem& item, const aj_i64 (&qpos)[2],
+                                                    const bool (&want)[2], const Visit& visit) {
+  const aj_i64 k_origin = p.k_offset - aj_doc_start(p, item.rows_start);
+  AjTileCursor cursor;
+  for (cursor.begin(p, item); (want[0] | want[1]) && !cursor.done(); cursor.next()) {
+    const AjTile t = cursor.tile();
+    for (int c = 0; c < t.count; ++c) {
+      bool att[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        att[h] = want[h] && (t.full || aj_keys_allowed(p, t.branch, item.head, qpos[h], k_origin + t.first,
+                                                       (aj_cs)c * (aj_cs)t.stride));
+      if (att[0] | att[1]) visit(att, t.first + (aj_i64)c * t.stride);
+    }
+  }
+}
+
+// The Q rows of this thread's two rows r0 and r0 + 8 of the item (the item's first row for one not
+// in `want`) and their positions within the document.
+struct AjTcRows {
+  aj_i64 qpos[2];
+  const aj_elem* q[2];
+};
+__device__ __forceinline__ AjTcRows aj_tc_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, const bool (&want)[2]) {
+  AjTcRows rs;
+  const aj_i64 doc = aj_doc_start(p, item.rows_start);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const aj_i64 i = item.rows_start + (aj_i64)(want[h] ? r0 + 8 * h : 0) * item.rows_stride;
+    rs.q[h] = (const aj_elem*)p.q + b * p.q_batch_stride + i * p.q_row_stride + item.head * p.q_head_stride;
+    rs.qpos[h] = p.q_offset - doc + i;
+  }
+  return rs;
+}
+
+__device__ __forceinline__ float aj_dot_rows(const aj_elem* a, const aj_elem* b, int n) {
+  float dot = 0.0f;
+  for (int d = 0; d < n; ++d) dot += aj_load(a + d) * aj_load(b + d);
+  return dot;
 }
 
 // This thread's columns of the rows in `rows` (aj_tc_poisoned_rows) summed again, one attended key
@@ -269,55 +314,33 @@ template <typename Store>
 __device__ __forceinline__ void aj_tc_exact_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
                                                  const float (&m)[2], const float (&l)[2], int rows, const Store& store) {
   constexpr int BLOCKS = AJ_HEAD_DIM_V / 8, CHUNK = BLOCKS < AJ_TC_EXACT_COLS ? BLOCKS : AJ_TC_EXACT_COLS;
+  aj_rare_path(AJ_RARE_FWD_ROWS);
   bool want[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) want[h] = (rows >> h & 1) != 0 && l[h] != 0.0f;
   const int kvh = item.head / p.heads_per_kv;
-  const aj_i64 doc = aj_doc_start(p, item.rows_start), k_origin = p.k_offset - doc;
   const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
   const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
-  const aj_elem* qrow[2];
-  aj_i64 qpos[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const aj_i64 i = item.rows_start + (aj_i64)(want[h] ? r0 + 8 * h : 0) * item.rows_stride;
-    qrow[h] = (const aj_elem*)p.q + b * p.q_batch_stride + i * p.q_row_stride + item.head * p.q_head_stride;
-    qpos[h] = p.q_offset - doc + i;
-  }
+  const AjTcRows rs = aj_tc_rows(p, item, b, r0, want);
 #pragma unroll 1
   for (int j0 = 0; j0 < BLOCKS; j0 += CHUNK) {
     float ex[CHUNK][4];
 #pragma unroll
     for (int j = 0; j < CHUNK; ++j) ex[j][0] = ex[j][1] = ex[j][2] = ex[j][3] = 0.0f;
-    AjTileCursor cursor;
-    for (cursor.begin(p, item); (want[0] | want[1]) && !cursor.done(); cursor.next()) {
-      const AjTile t = cursor.tile();
-      for (int c = 0; c < t.count; ++c) {
-        const aj_i64 key = t.first + (aj_i64)c * t.stride;
-        const aj_elem* krow = kb + key * p.k_row_stride;
-        const aj_elem* vrow = vb + key * p.v_row_stride + j0 * 8 + quad * 2;
-        float pr[2];
-        bool att[2];
+    aj_tc_attended_keys(p, item, rs.qpos, want, [&](const bool (&att)[2], aj_i64 key) {
+      const aj_elem* krow = kb + key * p.k_row_stride;
+      const aj_elem* vrow = vb + key * p.v_row_stride + j0 * 8 + quad * 2;
+      float pr[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          pr[h] = 0.0f;
-          att[h] = want[h] && (t.full || aj_keys_allowed(p, t.branch, item.head, qpos[h], k_origin + t.first,
-                                                         (aj_cs)c * (aj_cs)t.stride));
-          if (!att[h]) continue;
-          float dot = 0.0f;
-          for (int d = 0; d < AJ_HEAD_DIM; ++d) dot += aj_load(qrow[h] + d) * aj_load(krow + d);
-          pr[h] = aj_ex2(aj_mul_rn(dot, p.scale_log2) - m[h]);
-        }
-        if (!(att[0] | att[1])) continue;
+      for (int h = 0; h < 2; ++h) pr[h] = att[h] ? aj_ex2(aj_mul_rn(aj_dot_rows(rs.q[h], krow, AJ_HEAD_DIM), p.scale_log2) - m[h]) : 0.0f;
 #pragma unroll
-        for (int j = 0; j < CHUNK; ++j) {
-          if (BLOCKS % CHUNK != 0 && j0 + j >= BLOCKS) break;
-          const float v0 = aj_load(vrow + j * 8), v1 = aj_load(vrow + j * 8 + 1);
-          if (att[0]) ex[j][0] += pr[0] * v0, ex[j][1] += pr[0] * v1;
-          if (att[1]) ex[j][2] += pr[1] * v0, ex[j][3] += pr[1] * v1;
-        }
+      for (int j = 0; j < CHUNK; ++j) {
+        if (BLOCKS % CHUNK != 0 && j0 + j >= BLOCKS) break;
+        const float v0 = aj_load(vrow + j * 8), v1 = aj_load(vrow + j * 8 + 1);
+        if (att[0]) ex[j][0] += pr[0] * v0, ex[j][1] += pr[0] * v1;
+        if (att[1]) ex[j][2] += pr[1] * v0, ex[j][3] += pr[1] * v1;
       }
-    }
+    });
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       if (rows >> h & 1)

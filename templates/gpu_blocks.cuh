@@ -144,6 +144,10 @@ __device__ __forceinline__ void aj_red_add_f32x2(float* p, float a, float b) {
 #endif
 }
 
+// Marks rare path `path` taken (AJ_RARE_*, common.cuh: the exact sums after a non-finite value):
+// nothing on a GPU; the emulator counts them, so tests can tell that finite inputs never take one.
+__device__ __forceinline__ void aj_rare_path(int) {}
+
 // ex2.approx.ftz.f32 and lg2.approx.ftz.f32: the SFU's approximations, subnormals flushed.
 __device__ __forceinline__ float aj_ex2(float x) {
   float y;
@@ -406,6 +410,7 @@ __device__ __forceinline__ aj_u16 aj_cvt_f16_f32(float f) { return aj_emu_cvt_rn
 __device__ __forceinline__ void aj_red_add_f32(float* p, float v) { aj_emu_red_add_f32(p, v); }
 __device__ __forceinline__ void aj_red_add_u32(aj_u32* p, aj_u32 v) { aj_emu_red_add_u32(p, v); }
 __device__ __forceinline__ void aj_red_add_f32x2(float* p, float a, float b) { aj_emu_red_add_f32x2(p, a, b); }
+__device__ __forceinline__ void aj_rare_path(int path) { aj_emu_rare_path(path); }
 
 __device__ __forceinline__ float aj_ex2(float x) { return aj_emu_ex2_approx_ftz(x); }
 __device__ __forceinline__ float aj_lg2(float x) { return aj_emu_lg2_approx_ftz(x); }

@@ -80,19 +80,26 @@ std::vector<float> decode(const std::vector<uint8_t>& b, DType dt) {
 }
 std::vector<float> rounded(std::vector<float> x, DType dt) { return decode(encode(x, dt), dt); }
 
+// A value put into one input after the random fill (a NaN or an inf: exact in every dtype): tensor
+// 'q', 'k', 'v' or 'o' (dO), element `at`.
+struct Poke {
+  char tensor;
+  size_t at;
+  float value;
+};
+
 // "" when dQ, dK, dV match the reference, else the first problem. `bytes` receives the gradients'
 // bytes (dq, dk, dv in turn) when given. `in_graph` (a GPU): the first forward and backward calls
 // are captured in one CUDA graph on a stream of their own, which then runs twice.
 std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType dt, const DynamicLayout* dyn, uint64_t seed,
                            bool deterministic = false, std::vector<uint8_t>* bytes = nullptr, bool caller_workspace = false,
                            bool device_table = false, bool in_graph = false,
-                           const std::vector<std::pair<size_t, float>>& v_values = {}, bool with_dlse = false) {
+                           const std::vector<Poke>& pokes = {}, bool with_dlse = false) {
   const size_t nq = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim), nk = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim),
                nv = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), no = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim_v);
-  const std::vector<float> q = rounded(testing::random_tensor(nq, seed), dt), k = rounded(testing::random_tensor(nk, seed + 1), dt),
-                           dout = rounded(testing::random_tensor(no, seed + 3), dt);
-  std::vector<float> v = rounded(testing::random_tensor(nv, seed + 2), dt);
-  for (const auto& [at, value] : v_values) v.at(at) = value;  // a NaN or inf: exact in every dtype
+  std::vector<float> q = rounded(testing::random_tensor(nq, seed), dt), k = rounded(testing::random_tensor(nk, seed + 1), dt),
+                     v = rounded(testing::random_tensor(nv, seed + 2), dt), dout = rounded(testing::random_tensor(no, seed + 3), dt);
+  for (const Poke& x : pokes) (x.tensor == 'q' ? q : x.tensor == 'k' ? k : x.tensor == 'v' ? v : dout).at(x.at) = x.value;
   // With `with_dlse`, a loss that uses the lse output too: its gradient, random, and NaN at the rows
   // that attend nothing (lse -inf), which must take none of it.
   std::vector<float> dlse;
@@ -417,9 +424,50 @@ TEST_CASE("backward: a NaN or inf in V reaches only the gradients the reference 
     s.k_offset = 30;
     auto at = [&](int64_t key, int64_t dim) { return size_t(key * d + dim); };
     // Key 40: masked by the rows before it in its tiles; keys 180 and 195: attended by no row.
-    const std::vector<std::pair<size_t, float>> values = {{at(40, 1), nan}, {at(180, 0), nan}, {at(195, 2), inf}};
+    const std::vector<Poke> values = {{'v', at(40, 1), nan}, {'v', at(180, 0), nan}, {'v', at(195, 2), inf}};
     INFO(to_string(dt) << " head_dim " << d << " sm_" << arch);
     CHECK(check_backward(rt, p, s, dt, nullptr, 91, false, nullptr, false, false, false, values) == "");
+  }
+}
+
+// The same for a NaN or inf in Q, K or dO. The tensor cores multiply them by the zero dS (or P) of
+// the pairs that mask them: a query row's Q and dO reach dK and dV of every key in its tiles, a
+// key's K reaches dQ of every row in its tiles. With the keys 30 positions ahead (causal), query
+// rows 0..29 attend nothing and keys 170..199 are attended by nobody, so an inf there must reach
+// nothing; a NaN in a row or key that does attend reaches exactly what the reference says (its
+// own gradients, and through its LSE and D everything it attends). One input at a time.
+TEST_CASE("backward: a NaN or inf in Q or K or dO reaches only the gradients the reference gives it", "[gpu][emu][grad][nonfinite]") {
+  if (on_gpu()) shared_context(0).make_current();
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(64).dilation(1).causal())
+                        .branch(BranchSpec().segment(128).dilation(2).offset(OffsetRule::HeadMod).causal())
+                        .build();
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const auto& [dt, d, arch, deterministic] : std::vector<std::tuple<DType, int64_t, int, bool>>{
+           {DType::F32, 32, 80, false}, {DType::F16, 64, 80, false}, {DType::BF16, 128, 80, false},
+           {DType::BF16, 64, 80, true}, {DType::BF16, 64, 61, false}}) {
+    if (on_gpu() && arch != 80) continue;
+    RuntimeOptions ro;
+    ro.device = gputest::target() == gputest::Target::Emu ? Device::emu(arch) : device_under_test();
+    Runtime rt(ro);
+    Shape s;
+    s.seq_q = s.seq_k = 200, s.heads_q = 2, s.heads_kv = 1, s.head_dim = s.head_dim_v = d;
+    s.k_offset = 30;
+    // Element (row, head, dim) of a [1, 200, heads, d] tensor.
+    auto at = [&](int64_t row, int64_t head, int64_t heads, int64_t dim) { return size_t((row * heads + head) * d + dim); };
+    const std::vector<std::pair<const char*, std::vector<Poke>>> cases = {
+        // Rows 10 and 20 attend nothing; row 100 attends keys up to 70.
+        {"q", {{'q', at(10, 0, 2, 1), nan}, {'q', at(20, 1, 2, 0), inf}, {'q', at(100, 0, 2, 3), nan}}},
+        // Rows 5 and 25 attend nothing (their D is NaN: dO times O = 0); row 120 attends keys up to 90.
+        {"dO", {{'o', at(5, 1, 2, 0), nan}, {'o', at(25, 0, 2, 2), -inf}, {'o', at(120, 0, 2, 1), nan}}},
+        // Keys 180 and 190 are attended by nobody; key 60 by rows from 90 on.
+        {"k", {{'k', at(180, 0, 1, 0), nan}, {'k', at(190, 0, 1, 2), inf}, {'k', at(60, 0, 1, 1), nan}}},
+    };
+    for (const auto& [what, pokes] : cases) {
+      INFO(to_string(dt) << " head_dim " << d << " sm_" << arch << (deterministic ? " deterministic" : "") << ", non-finite "
+                         << what);
+      CHECK(check_backward(rt, p, s, dt, nullptr, 93, deterministic, nullptr, false, false, false, pokes) == "");
+    }
   }
 }
 

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "attnjit/attnjit.hpp"
+#include "emulator/emu_api.hpp"
 #include "emulator/emu_module.hpp"
 #include "runtime/npy.hpp"
 #include "runtime/reference.hpp"
@@ -51,6 +52,11 @@ struct Mutation {
   bool nonfinite_v = false;
   // q and k scaled to scores of about 1e23: an exponent fused with the scale is off by hundreds.
   bool extreme = false;
+  // 'q': a NaN in Q and in dO at rows that some keys' tiles mask; 'k': a NaN in K at a key that
+  // some rows of its tiles mask. The tensor cores multiply them by the zero dS or P of the masked
+  // pairs, and they must reach only the reference's gradients (through the exact sums). 'v': the
+  // NaN of nonfinite_v alone, which the two-pass dQ must not need its exact sum for.
+  char nonfinite_in = 0;
 };
 
 const Mutation kMutations[] = {
@@ -275,7 +281,29 @@ const Mutation kMutations[] = {
     {"backward, dQ: a masked pair's dS multiplied by P = 0 instead of selected", "bwd_sm80.cuh",
      "s[j][e] = ok ? pr * (f * dp[j][e] - (e < 2 ? delta0 : delta1)) : 0.0f;",
      "s[j][e] = (ok ? pr : 0.0f) * (f * dp[j][e] - (e < 2 ? delta0 : delta1));", DType::BF16, true, true, 64, false, true,
-     false, false, false, false, KernelConfig{}, true},
+     false, false, false, false, KernelConfig{}, false, false, 'v'},
+    {"backward: a key row that a masked non-finite Q or dO reached is not summed again", "bwd_sm80.cuh",
+     "    if (bad) {\n      aj_bwd_exact_key_row(", "    if (false) {\n      aj_bwd_exact_key_row(", DType::BF16, true, false, 64,
+     false, true, false, false, false, false, KernelConfig{}, false, false, 'q'},
+    {"backward: the exact key-row sum weighs the queries that mask the key too", "bwd_sm80.cuh",
+     "        if (!full && !aj_queries_allowed(p, qe.branch, qe.head, kpos, q_origin + qe.rows_start, (aj_cs)r",
+     "        if (false && !aj_queries_allowed(p, qe.branch, qe.head, kpos, q_origin + qe.rows_start, (aj_cs)r", DType::BF16, true,
+     false, 64, false, true, false, false, false, false, KernelConfig{}, false, false, 'q'},
+    {"backward, single pass: a dQ block that a masked non-finite K reached is not summed again", "bwd_sm80.cuh",
+     "if (masked_kbad && aj_bwd_any_nonfinite(acc))", "if (false && aj_bwd_any_nonfinite(acc))", DType::BF16, true, false, 64, false,
+     true, false, false, false, false, KernelConfig{}, false, false, 'k'},
+    {"backward, single pass: the key tile's test looks at the first row only", "bwd_sm80.cuh",
+     "for (int x = lane; x < AJ_TILE_K * WORDS; x += 32)", "for (int x = lane; x < WORDS; x += 32)", DType::BF16, true, false, 64,
+     false, true, false, false, false, false, KernelConfig{}, false, false, 'k'},
+    {"backward, single pass: the exact dQ block weighs the pairs that mask the key too", "bwd_sm80.cuh",
+     "(aj_cs)(q0 + r) * (aj_cs)qe.rows_stride))", "(aj_cs)(q0 + r) * (aj_cs)qe.rows_stride) && false)", DType::BF16, true, false,
+     64, false, true, false, false, false, false, KernelConfig{}, false, false, 'k'},
+    {"backward, two-pass dQ: a row that a masked non-finite K reached is not stored again", "bwd_sm80.cuh",
+     "  if (redo) {\n    const float lse2[2]", "  if (false) {\n    const float lse2[2]", DType::BF16, true, true, 64, false, true,
+     false, false, false, false, KernelConfig{}, false, false, 'k'},
+    {"backward, two-pass dQ: the exact sum weighs the keys a row masks too", "fwd_sm80.cuh", "att[h] = want[h] && (t.full || ",
+     "att[h] = want[h] && (true || ", DType::BF16, true, true, 64, false, true, false, false, false, false, KernelConfig{}, false,
+     false, 'k'},
 };
 
 // Runs `templates`' kernels on the emulator; "" when they match the reference (O and LSE, and with
@@ -283,7 +311,8 @@ const Mutation kMutations[] = {
 std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DType dt, bool backward = false,
                          bool deterministic = false, int64_t d = 64, bool sm90a = false, bool tma = true,
                          bool far_below = false, bool device_table = false, bool random_in_kernel = false, bool folded = false,
-                         const KernelConfig& config = {}, bool nonfinite_v = false, bool extreme = false) {
+                         const KernelConfig& config = {}, bool nonfinite_v = false, bool extreme = false,
+                         char nonfinite_in = 0) {
   const Pattern p = folded ? PatternBuilder()
                                  .branch(BranchSpec().segment(128).dilation(1).causal())
                                  .branch(BranchSpec().segment(768).dilation(12).offset(OffsetRule::HeadMod))
@@ -322,12 +351,32 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
       for (float& y : x) y *= 1e11f;
     return x;
   };
-  const std::vector<float> q = rounded(scaled(shifted(testing::random_tensor(nq, 1), 1))),
-                           k = rounded(scaled(shifted(testing::random_tensor(nk, 2), -1)));
+  std::vector<float> q = rounded(scaled(shifted(testing::random_tensor(nq, 1), 1))),
+                     k = rounded(scaled(shifted(testing::random_tensor(nk, 2), -1)));
+  // Query row 150 of head 1 (which attends keys 128..150 only) and dO of row 41, head 1 (below);
+  // or key 180 (which head 1's rows before 180 and head 0's odd rows before it do not attend).
+  // Apart: a NaN key poisons the LSE of most rows, and with it most of dK and dV.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  if (nonfinite_in == 'q') q[size_t((150 * 2 + 1) * d + 5)] = nan;
+  if (nonfinite_in == 'k') k[size_t(180 * d + 7)] = nan;
+  // The exact sums after a non-finite value are for such inputs only: finite ones never take them,
+  // and a NaN in V never needs the two-pass dQ's (the dQ kernel selects a masked pair's dS, so only
+  // rows that attend the NaN, whose D is NaN and dQ NaN anyway, see one). Rare path 1:
+  // AJ_RARE_DQ_ROWS (common.cuh).
+  const bool finite = !nonfinite_v && !nonfinite_in;
+  const uint64_t rare_before = emu::rare_paths_taken(), dq_rows_before = emu::rare_paths_taken(1);
+  auto rare_paths = [&]() -> std::string {
+    const uint64_t taken = emu::rare_paths_taken() - rare_before;
+    if (finite && taken > 0) return "finite inputs took a rare path (an exact sum) " + std::to_string(taken) + " times";
+    if (nonfinite_in == 'v' && emu::rare_paths_taken(1) > dq_rows_before) return "a NaN in V took the two-pass dQ's exact sum";
+    if ((nonfinite_in == 'q' || nonfinite_in == 'k') && dt != DType::F32 && taken == 0)
+      return "the non-finite inputs never reached an exact sum";
+    return "";
+  };
   std::vector<float> v = rounded(testing::random_tensor(nk, 3));
-  if (nonfinite_v) {  // key 100 (dim 3) and key 150 (dim 0): masked by the causal rows before them
+  if (nonfinite_v || nonfinite_in == 'v') {  // key 100 (dim 3) and key 150 (dim 0): masked by the causal rows before them
     v[size_t(100 * d + 3)] = std::numeric_limits<float>::quiet_NaN();
-    v[size_t(150 * d)] = std::numeric_limits<float>::infinity();
+    if (nonfinite_v) v[size_t(150 * d)] = std::numeric_limits<float>::infinity();
   }
   // The table: per query block, key blocks far apart (sparse rows the kernels must jump across),
   // plus one past the key blocks in every third row (a problem the kernels skip and count).
@@ -389,11 +438,13 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   const double rel = std::sqrt(num / den), tol = f32 ? 1e-5 : 2e-2;
   if (rel > tol) return "relative Frobenius error of O " + std::to_string(rel);
   for (size_t i = 0; i < lse.size(); ++i)
-    if (!(std::abs(lse[i] - want.lse[i]) <= tol * (1 + std::abs(want.lse[i])))) return "LSE differs at " + std::to_string(i);
-  if (!backward) return "";
+    if (std::isnan(want.lse[i]) ? !std::isnan(lse[i]) : !(std::abs(lse[i] - want.lse[i]) <= tol * (1 + std::abs(want.lse[i]))))
+      return "LSE differs at " + std::to_string(i);
+  if (!backward) return rare_paths();
   // The gradients: dO random, the forward's O and LSE as computed above, and a loss that uses the
   // LSE too (dlse random: it joins D in _pre).
-  const std::vector<float> dout = rounded(testing::random_tensor(nq, 4));
+  std::vector<float> dout = rounded(testing::random_tensor(nq, 4));
+  if (nonfinite_in == 'q') dout[size_t((41 * 2 + 1) * d + 2)] = nan;
   std::vector<float> dlse = testing::random_tensor(size_t(2 * s.seq_q), 6);
   const ReferenceGradients g = reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data(),
                                                             device_table ? &table : nullptr, 1, nullptr, dlse.data());
@@ -430,7 +481,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
     const double e = std::sqrt(n2 / d2), gtol = f32 ? 1e-5 : 3e-2;
     if (e > gtol) return std::string("relative Frobenius error of ") + name + " " + std::to_string(e);
   }
-  return "";
+  return rare_paths();
 }
 
 }  // namespace
@@ -465,6 +516,11 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
     INFO("non-finite V, " << to_string(dt));
     CHECK(check_kernel(embedded, dt, true, false, 64, false, true, false, false, false, false, {}, true) == "");
     CHECK(check_kernel(embedded, dt, true, true, 64, false, true, false, false, false, false, {}, true) == "");  // two-pass
+    for (const char in : {'q', 'k', 'v'}) {
+      INFO("a NaN in " << (in == 'q' ? "Q and dO" : in == 'k' ? "K" : "V"));
+      CHECK(check_kernel(embedded, dt, true, false, 64, false, true, false, false, false, false, {}, false, false, in) == "");
+      CHECK(check_kernel(embedded, dt, true, true, 64, false, true, false, false, false, false, {}, false, false, in) == "");
+    }
   }
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, false, true, false, false, false, false, {}, false, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, false, {}, true) == "");
@@ -487,7 +543,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     t->replace(m.file, text);
     const std::string outcome =
         check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below, m.device_table,
-                     m.random_in_kernel, m.folded, m.config, m.nonfinite_v, m.extreme);
+                     m.random_in_kernel, m.folded, m.config, m.nonfinite_v, m.extreme, m.nonfinite_in);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }

@@ -625,6 +625,43 @@ TEST_CASE("the plan executor: a NaN or inf in V reaches only the rows that atten
   }
 }
 
+// The same for a NaN or inf in Q, K or dO: the products dK += dS^T Q, dV += P^T dO and dQ += dS K
+// would multiply it by the zero weight of the pairs that mask it. Window [5, 0]: a NaN in query
+// row 10 (attending keys 5..10), in key 40 (attended by rows 40..45), an inf in dO of row 70; the
+// gradients are non-finite exactly where the reference's are, and close elsewhere, in both
+// backward schedules.
+TEST_CASE("the plan executor: a NaN or inf in Q or K or dO reaches only the gradients the reference gives it", "[plan][executor]") {
+  Shape s;
+  s.seq_q = s.seq_k = 100;
+  s.heads_q = s.heads_kv = 1;
+  s.head_dim = s.head_dim_v = 8;
+  const Pattern p = PatternBuilder().branch(BranchSpec().full().window(5, 0)).build();
+  std::vector<float> q = random_tensor(800, 1), k = random_tensor(800, 2), v = random_tensor(800, 3), dout = random_tensor(800, 4);
+  q[10 * 8 + 1] = std::numeric_limits<float>::quiet_NaN();
+  k[40 * 8 + 5] = std::numeric_limits<float>::quiet_NaN();
+  dout[70 * 8 + 3] = std::numeric_limits<float>::infinity();
+  const ReferenceGradients want_g = reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data());
+  for (const CpuSimd simd : simd_variants())
+    for (const TileConfig tiles : {TileConfig{64, 64}, TileConfig{16, 32}, TileConfig{8, 3}})
+      for (const BackwardSchedule schedule : {BackwardSchedule::Fused, BackwardSchedule::Split}) {
+        INFO(cpu_simd_name(simd) << ", tile " << tiles.tile_q << "x" << tiles.tile_k << (schedule == BackwardSchedule::Fused ? ", fused" : ", split"));
+        const Plan plan = lower_to_plan(p, s, tiles);
+        const ExecutorOutput got = execute_plan(plan, p, q.data(), k.data(), v.data(), nullptr, {.simd = simd});
+        const ExecutorGradients g = execute_plan_backward(plan, lower_to_backward_plan(plan), p, q.data(), k.data(), v.data(), got.o.data(),
+                                                          got.lse.data(), dout.data(), nullptr, {.simd = simd, .schedule = schedule});
+        size_t reached = 0;
+        for (const auto& [name, x, w] : {std::tuple<const char*, const std::vector<float>*, const std::vector<double>*>{"dq", &g.dq, &want_g.dq},
+                                         {"dk", &g.dk, &want_g.dk}, {"dv", &g.dv, &want_g.dv}})
+          for (size_t e = 0; e < x->size(); ++e) {
+            INFO(name << " element " << e << ": " << (*x)[e] << ", reference " << (*w)[e]);
+            REQUIRE(std::isfinite((*x)[e]) == std::isfinite((*w)[e]));
+            if (std::isfinite((*w)[e])) CHECK(std::abs((*x)[e] - (*w)[e]) < 1e-4 * (1 + std::abs((*w)[e])));
+            else ++reached;
+          }
+        CHECK(reached > 0);  // the inputs do reach the gradients of the pairs that attend them
+      }
+}
+
 // Scores of about 1e30: an exponent fused with the scale (s * scale - max in one fma) is off by
 // the product's rounding error, far past exp's range (the executor's exp clamps its argument, so
 // one such term stays finite, two overflow the sum). Each exponent is the rounded scaled score minus
