@@ -4,6 +4,7 @@
 
 #include "compiler/pattern/pattern_stats.hpp"
 #include "compiler/pattern/spec_json.hpp"
+#include "compiler/support/knobs.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
 
@@ -36,7 +37,9 @@ int run_validate(const ValidateOptions& o) {
   }
   const std::optional<DynamicLayout> dyn = dynamic_table_for(p, s, o.dynamic);
   const std::optional<std::vector<int64_t>> docs = documents_for(p, s, o.cu_seqlens, dyn.has_value());
-  const PatternStats st = pattern_stats(MaskContext{p, s, dyn ? &*dyn : nullptr, docs ? &*docs : nullptr});
+  Progress progress("statistics", std::cerr, knobs().progress_after_s);
+  const PatternStats st = pattern_stats(MaskContext{p, s, dyn ? &*dyn : nullptr, docs ? &*docs : nullptr}, &progress);
+  progress.done();
   std::cout << "statistics (seq_q=" << s.seq_q << " seq_k=" << s.seq_k << " heads_q=" << s.heads_q
             << " q_offset=" << s.q_offset << " k_offset=" << s.k_offset;
   if (docs) std::cout << " documents=" << docs->size() - 1;

@@ -172,12 +172,14 @@ public:
     }
   }
 
-  // Row i of head h: the keys of each branch (`counts`, with the row's branches' pieces kept for
-  // distinct()).
+  // Row i of head h: the keys of each branch (`counts`, with what distinct() needs to make the
+  // row's pieces: a layout branch's are made only if it asks, as a row with one branch taking part
+  // never does, and a layout keeping many intervals would cost one piece each per row).
   void row(int64_t h, int64_t i, std::vector<int64_t>& counts) {
     const size_t nb = c_.pattern.branches.size();
     counts.assign(nb, 0);
     pieces_.clear();
+    pending_.clear();
     const DocumentOfRow d = document_of_row(c_, i);
     const Shape& ds = d.context.shape;
     const int64_t local = i - d.start, koff = ds.k_offset, qpos = ds.q_offset + local;
@@ -193,14 +195,18 @@ public:
       lr.select(h, d.start, qpos, koff, koff + ds.seq_k, c_.dynamic);
       const KeyProgression at{koff + kp.first, koff + kp.last, kp.step};
       counts[b] = lr.count(at);
-      scratch_.clear();
-      lr.pieces(at, d.start - koff, scratch_);
-      for (const KeyProgression& x : scratch_) pieces_.push_back({x.first, x.last, x.step, b});
+      pending_.push_back({b, at, d.start - koff});
     }
   }
 
   // The keys of the last row() attended by at least one branch.
   int64_t distinct() {
+    for (const Pending& x : pending_) {
+      scratch_.clear();
+      layouts_[x.branch]->pieces(x.at, x.shift, scratch_);
+      for (const KeyProgression& kp : scratch_) pieces_.push_back({kp.first, kp.last, kp.step, x.branch});
+    }
+    pending_.clear();
     if (std::all_of(pieces_.begin(), pieces_.end(), [](const Piece& x) { return x.step == 1; })) {
       // Intervals only: the length of their union.
       std::sort(pieces_.begin(), pieces_.end(), [](const Piece& a, const Piece& b) { return a.first < b.first; });
@@ -250,9 +256,15 @@ private:
     size_t piece;
     bool opens;
   };
+  struct Pending {  // a layout branch's keys of the row, as LayoutRows::pieces takes them
+    size_t branch;
+    KeyProgression at;
+    int64_t shift;
+  };
   const MaskContext& c_;
   std::vector<std::optional<LayoutRows>> layouts_;
   std::vector<Piece> pieces_;
+  std::vector<Pending> pending_;
   std::vector<KeyProgression> scratch_, open_kps_, clipped_;
   std::vector<size_t> open_;
   std::vector<Event> events_;
@@ -288,7 +300,7 @@ int64_t distinct_key_count(const MaskContext& c, int64_t h, int64_t i) {
   return rows.distinct();
 }
 
-PatternStats pattern_stats(const MaskContext& c) {
+PatternStats pattern_stats(const MaskContext& c, Progress* progress) {
   const Shape& s = c.shape;
   const size_t nb = c.pattern.branches.size();
   PatternStats st;
@@ -296,8 +308,10 @@ PatternStats pattern_stats(const MaskContext& c) {
   st.pairs_per_branch.assign(nb, 0);
   RowCounter rows(c);
   std::vector<int64_t> counts;
+  const double rows_total = static_cast<double>(s.heads_q) * static_cast<double>(s.seq_q);
   for (int64_t h = 0; h < s.heads_q; ++h) {
     for (int64_t i = 0; i < s.seq_q; ++i) {
+      if (progress) progress->update((static_cast<double>(h) * static_cast<double>(s.seq_q) + static_cast<double>(i)) / rows_total);
       rows.row(h, i, counts);
       int64_t row = 0;
       size_t taking_part = 0;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "compiler/pattern/mask.hpp"
+#include "compiler/support/progress.hpp"
 
 namespace attnjit {
 
@@ -19,7 +20,8 @@ struct PatternStats {
 
 // In time linear in the rows and the intervals their layouts keep: a layout's intervals are made
 // once per block row (as a plan makes them) and clipped to each row by binary search.
-PatternStats pattern_stats(const MaskContext& c);
+// `progress`, when given, hears how many of the (head, row) pairs are done.
+PatternStats pattern_stats(const MaskContext& c, Progress* progress = nullptr);
 
 // The keys a query row attends in at least one branch, however many attend each: |union over
 // branches|. Each branch's keys are arithmetic progressions (one per interval its layout keeps);

@@ -193,6 +193,15 @@ const KnobSpec kKnobs[] = {
      [](const Knobs& k) { return std::to_string(k.emu_threads); }},
     {"ATTNJIT_EMU_TIMEOUT", [](const char* n, const std::string& v, Knobs& k) { parse_seconds(n, v, k.emu_timeout_s); },
      [](const Knobs& k) { return print_double(k.emu_timeout_s); }},
+    {"ATTNJIT_PROGRESS_AFTER",
+     [](const char* n, const std::string& v, Knobs& k) {
+       char* end = nullptr;
+       const double s = std::strtod(v.c_str(), &end);
+       if (*end != '\0' || !(s >= 0) || !std::isfinite(s))
+         throw UserError(n, "'" + v + "' is not a number of seconds >= 0; use e.g. 1 (0: progress at once)");
+       k.progress_after_s = s;
+     },
+     [](const Knobs& k) { return print_double(k.progress_after_s); }},
 };
 
 }  // namespace

@@ -71,6 +71,9 @@ struct Knobs {
   uint64_t emu_seed = 0;                // ATTNJIT_EMU_SEED: 0 runs threads in index order; else shuffles them between barriers
   int emu_threads = 0;                  // ATTNJIT_EMU_THREADS: OS threads running blocks (0: one per core)
   double emu_timeout_s = 300;           // ATTNJIT_EMU_TIMEOUT: seconds one block may run before it is called runaway
+  // ATTNJIT_PROGRESS_AFTER: seconds a long CLI computation (statistics) runs silently before it
+  // prints progress lines to stderr (0: at once).
+  double progress_after_s = 1.0;
 
   // Reads the environment now. Booleans take 1/0/true/false/yes/no/on/off (any case); a variable
   // that is set but empty counts as unset. A malformed value, or a contradictory combination

@@ -5,7 +5,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <map>
+#include <sstream>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -13,6 +15,7 @@
 
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
+#include "compiler/support/progress.hpp"
 
 using attnjit::Knobs;
 using attnjit::LogLevel;
@@ -25,7 +28,7 @@ const std::vector<std::string> kAllVariables = {
     "ATTNJIT_LOG_LEVEL", "ATTNJIT_CACHE_MAX_BYTES", "ATTNJIT_PRINT_AUTOTUNING", "ATTNJIT_TUNE",  "XDG_CACHE_HOME",
     "HOME", "ATTNJIT_DETERMINISTIC", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT",
     "ATTNJIT_CPU_SIMD", "ATTNJIT_MAX_WEIGHTS", "ATTNJIT_NVRTC", "ATTNJIT_PLAN_CACHE_BYTES", "ATTNJIT_SM90A", "ATTNJIT_TMA",
-    "ATTNJIT_RANDOM_IN_KERNEL"};
+    "ATTNJIT_RANDOM_IN_KERNEL", "ATTNJIT_PROGRESS_AFTER"};
 
 // Clears every variable the knobs read and restores the caller's environment afterwards.
 class CleanEnvironment {
@@ -130,6 +133,36 @@ TEST_CASE("knobs parse every variable", "[knobs]") {
   CHECK(Knobs::from_environment().random_in_kernel_above == 0);
   env.set("ATTNJIT_TMA", "0");
   CHECK_FALSE(Knobs::from_environment().tma);
+  CHECK(Knobs::from_environment().progress_after_s == 1.0);
+  env.set("ATTNJIT_PROGRESS_AFTER", "0");
+  CHECK(Knobs::from_environment().progress_after_s == 0.0);
+  env.set("ATTNJIT_PROGRESS_AFTER", "2.5");
+  CHECK(Knobs::from_environment().progress_after_s == 2.5);
+  for (const char* bad : {"-1", "soon", "inf", "nan"}) {
+    INFO(bad);
+    env.set("ATTNJIT_PROGRESS_AFTER", bad);
+    const std::optional<UserError> e = parse_error();
+    REQUIRE(e);
+    CHECK(e->where() == "ATTNJIT_PROGRESS_AFTER");
+  }
+}
+
+// Progress lines: none while the work is quick, then at most one a second and a last one.
+TEST_CASE("progress prints nothing before its delay, then a line and a last one", "[knobs][progress]") {
+  std::ostringstream quiet;
+  attnjit::Progress later("counting", quiet, 3600.0);
+  for (int n = 0; n < 5000; ++n) later.update(n / 5000.0);
+  later.done();
+  CHECK(quiet.str().empty());
+
+  std::ostringstream shown;
+  attnjit::Progress now("counting", shown, 0.0);
+  for (int n = 0; n < 5000; ++n) now.update(n / 5000.0);  // the clock is read every 1024th call
+  now.done();
+  const std::string out = shown.str();
+  CHECK(out.rfind("counting: 0% (0.0 s)\n", 0) == 0);  // the first call prints; the next within a second do not
+  CHECK(out.find("counting: done in ") != std::string::npos);
+  CHECK(std::count(out.begin(), out.end(), '\n') == 2);
 }
 
 TEST_CASE("knobs booleans take every spelling in any case", "[knobs]") {
@@ -248,7 +281,8 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_EMU_CXX=c++\n"
         "ATTNJIT_EMU_SEED=0\n"
         "ATTNJIT_EMU_THREADS=0\n"
-        "ATTNJIT_EMU_TIMEOUT=300\n");
+        "ATTNJIT_EMU_TIMEOUT=300\n"
+        "ATTNJIT_PROGRESS_AFTER=1\n");
 }
 
 TEST_CASE("ATTNJIT_CPU_SIMD picks the CPU executor's instruction set, in any case, others are rejected", "[knobs]") {
