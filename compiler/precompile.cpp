@@ -107,6 +107,7 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
                 r.arch = arch.arch;
                 r.arch_specific = arch.specific;
                 r.random_in_kernel = random_in_kernel;
+                r.wgmma_backward = knobs().bwd_wgmma;
                 const std::vector<KernelConfig> configs = t == "default"      ? selected_configs(db, p, r, top_k)
                                                           : t == "candidates" ? candidate_configs(for_pattern(r, p))
                                                                               : std::vector<KernelConfig>{parse_kernel_tile(t)};

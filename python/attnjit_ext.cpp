@@ -376,6 +376,7 @@ std::string dump(const std::string& spec, const std::string& stage, const std::v
     k.head_dim = static_cast<int>(dims.at(5)), k.head_dim_v = static_cast<int>(dims.at(6));
     const ArchName a = parse_arch_name(arch, "arch");
     k.dtype = parse_dtype(dtype), k.arch = a.arch, k.arch_specific = a.specific, k.tma = knobs().tma;
+    k.wgmma_backward = knobs().bwd_wgmma;
     r.kernels.push_back(k);
   }
   nb::gil_scoped_release release;

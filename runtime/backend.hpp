@@ -127,15 +127,16 @@ std::unique_ptr<Backend> make_cpu_backend(const Pattern& p, const Problem& pb);
 std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir,
                                           const KernelConfig& config, const KernelConfig& backward_config,
                                           const TemplateSet& templates, bool tma = true,
-                                          RandomLayouts random = RandomLayouts::InPlan);
+                                          RandomLayouts random = RandomLayouts::InPlan, bool wgmma_backward = false);
 // Whether the CUDA backend runs a GPU's arch-specific kernels: the Hopper forward (sm_90a) on
 // compute capability 9.0 unless ATTNJIT_SM90A=0. The tuning key follows it (TuneKey::arch_specific).
 bool cuda_arch_specific(int arch);
 // `tma`: on the Hopper path, the TMA kernel where tensor maps describe a call's key rows.
+// `wgmma_backward` (or the ATTNJIT_BWD_WGMMA knob): the Hopper backward's dK/dV kernel on wgmma.
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
                                            const KernelConfig& config, const KernelConfig& backward_config,
                                            const TemplateSet& templates, bool tma = true,
-                                           RandomLayouts random = RandomLayouts::InPlan);
+                                           RandomLayouts random = RandomLayouts::InPlan, bool wgmma_backward = false);
 
 // A plan that leaves layouts to the kernels needs kernels that seek (an internal error otherwise:
 // the kernels would take every tile of the band).

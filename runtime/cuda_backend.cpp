@@ -169,7 +169,8 @@ private:
 class CudaBackend final : public Backend {
 public:
   CudaBackend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir, const KernelConfig& config,
-              const KernelConfig& backward_config, const TemplateSet& templates, bool tma, RandomLayouts random)
+              const KernelConfig& backward_config, const TemplateSet& templates, bool tma, RandomLayouts random,
+                                          bool wgmma_backward)
       : pattern_(p), problem_(pb), device_(device), cache_dir_(cache_dir), context_(shared_context(device)) {
     const ScopedCurrentContext current(context_);
     const RelaxedCapture relaxed(true);  // prepared inside a capture: loading a module is no stream work
@@ -193,6 +194,7 @@ public:
       device_name_ = info.name;
     }
     r.config = backward_config;
+    r.wgmma_backward = wgmma_backward || knobs().bwd_wgmma;
     bwd_ = generate_backward_kernels(p, r, templates);
   }
 
@@ -460,8 +462,9 @@ bool cuda_arch_specific(int arch) { return arch == 90 && knobs().sm90a; }
 
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
                                            const KernelConfig& config, const KernelConfig& backward_config,
-                                           const TemplateSet& templates, bool tma, RandomLayouts random) {
-  return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config, backward_config, templates, tma, random);
+                                           const TemplateSet& templates, bool tma, RandomLayouts random,
+                                          bool wgmma_backward) {
+  return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config, backward_config, templates, tma, random, wgmma_backward);
 }
 
 }  // namespace attnjit

@@ -109,7 +109,8 @@ DeviceTableRegions add_device_table(DeviceImage& img, const DeviceDynamicLayout*
 class EmuBackend final : public Backend {
 public:
   EmuBackend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir, const KernelConfig& config,
-             const KernelConfig& backward_config, const TemplateSet& templates, bool tma, RandomLayouts random)
+             const KernelConfig& backward_config, const TemplateSet& templates, bool tma, RandomLayouts random,
+                                          bool wgmma_backward)
       : pattern_(p), problem_(pb), cache_dir_(cache_dir) {
     KernelRequest r;
     r.head_dim = static_cast<int>(pb.head_dim);
@@ -127,6 +128,7 @@ public:
       fallback_ = generate_kernel(p, r, templates);
     }
     r.config = backward_config;
+    r.wgmma_backward = wgmma_backward || knobs().bwd_wgmma;
     bwd_ = generate_backward_kernels(p, r, templates);  // text only: compiled on the first backward call
   }
 
@@ -326,8 +328,9 @@ private:
 
 std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir,
                                           const KernelConfig& config, const KernelConfig& backward_config,
-                                          const TemplateSet& templates, bool tma, RandomLayouts random) {
-  return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config, backward_config, templates, tma, random);
+                                          const TemplateSet& templates, bool tma, RandomLayouts random,
+                                          bool wgmma_backward) {
+  return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config, backward_config, templates, tma, random, wgmma_backward);
 }
 
 }  // namespace attnjit

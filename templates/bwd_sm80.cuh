@@ -465,6 +465,51 @@ __device__ __forceinline__ void aj_bwd_exact_key_row(const AjBwdParams& bp, cons
   }
 }
 
+// The end of a key tile: this thread's key rows kr0, kr1 (as the 16-row accumulator layout holds
+// them) of dK (scaled) and dV added to the fp32 workspaces, plainly when no other block of this
+// launch has these key rows, else atomically; a row a masked non-finite Q or dO reached is summed
+// again exactly instead. Shared by the sm_80 and sm_90a kernels (their accumulators have one layout).
+__device__ __forceinline__ void aj_bwd_dkdv_store(const AjBwdParams& bp, const AjKeyItem& ki, aj_i64 b, int kr0, int kr1,
+                                                  int quad, const float (&dk)[AJ_HEAD_DIM / 8][4],
+                                                  const float (&dv)[AJ_HEAD_DIM_V / 8][4]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int kr = half ? kr1 : kr0;
+    if (kr >= ki.keys_count) continue;
+    const aj_i64 j = ki.keys_start + (aj_i64)kr * ki.keys_stride;
+    float* dka = bp.dk_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM + quad * 2;
+    float* dva = bp.dv_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM_V + quad * 2;
+    // A NaN or inf in the Q or dO row of a query that masks this key reaches it through dK += dS^T Q
+    // and dV += P^T dO (its dS = P = 0 times NaN): such a key row is summed again, exactly.
+    bool bad = false;
+#pragma unroll
+    for (int c = 0; c < AJ_HEAD_DIM / 8; ++c) bad |= aj_nonfinite(dk[c][2 * half]) | aj_nonfinite(dk[c][2 * half + 1]);
+#pragma unroll
+    for (int c = 0; c < AJ_HEAD_DIM_V / 8; ++c) bad |= aj_nonfinite(dv[c][2 * half]) | aj_nonfinite(dv[c][2 * half + 1]);
+    if (bad) {
+      aj_bwd_exact_key_row(bp, ki, b, kr, quad, [&](bool is_dk, int c, float x0, float x1) {
+        float* dst = (is_dk ? dka : dva) + c * 8;
+        if (is_dk) x0 *= bp.scale, x1 *= bp.scale;
+        if (bp.plain_add) dst[0] += x0, dst[1] += x1;
+        else aj_red_add_f32x2(dst, x0, x1);
+      });
+      continue;
+    }
+#pragma unroll
+    for (int c = 0; c < AJ_HEAD_DIM / 8; ++c) {
+      const float x0 = dk[c][2 * half] * bp.scale, x1 = dk[c][2 * half + 1] * bp.scale;
+      if (bp.plain_add) dka[c * 8] += x0, dka[c * 8 + 1] += x1;
+      else aj_red_add_f32x2(dka + c * 8, x0, x1);
+    }
+#pragma unroll
+    for (int c = 0; c < AJ_HEAD_DIM_V / 8; ++c) {
+      const float x0 = dv[c][2 * half], x1 = dv[c][2 * half + 1];
+      if (bp.plain_add) dva[c * 8] += x0, dva[c * 8 + 1] += x1;
+      else aj_red_add_f32x2(dva + c * 8, x0, x1);
+    }
+  }
+}
+
 __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
   const AjParams& p = bp.fwd;
   AJ_DYNAMIC_SHARED(aj_smem);
@@ -560,41 +605,5 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
   }
   aj_cp_async_wait<0>();
 
-  // Add to the workspaces: plainly when no other block of this launch has these key rows.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int kr = half ? kr1 : kr0;
-    if (kr >= ki.keys_count) continue;
-    const aj_i64 j = ki.keys_start + (aj_i64)kr * ki.keys_stride;
-    float* dka = bp.dk_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM + quad * 2;
-    float* dva = bp.dv_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM_V + quad * 2;
-    // A NaN or inf in the Q or dO row of a query that masks this key reaches it through dK += dS^T Q
-    // and dV += P^T dO (its dS = P = 0 times NaN): such a key row is summed again, exactly.
-    bool bad = false;
-#pragma unroll
-    for (int c = 0; c < AJ_HEAD_DIM / 8; ++c) bad |= aj_nonfinite(dk[c][2 * half]) | aj_nonfinite(dk[c][2 * half + 1]);
-#pragma unroll
-    for (int c = 0; c < AJ_HEAD_DIM_V / 8; ++c) bad |= aj_nonfinite(dv[c][2 * half]) | aj_nonfinite(dv[c][2 * half + 1]);
-    if (bad) {
-      aj_bwd_exact_key_row(bp, ki, b, kr, quad, [&](bool is_dk, int c, float x0, float x1) {
-        float* dst = (is_dk ? dka : dva) + c * 8;
-        if (is_dk) x0 *= bp.scale, x1 *= bp.scale;
-        if (bp.plain_add) dst[0] += x0, dst[1] += x1;
-        else aj_red_add_f32x2(dst, x0, x1);
-      });
-      continue;
-    }
-#pragma unroll
-    for (int c = 0; c < AJ_HEAD_DIM / 8; ++c) {
-      const float x0 = dk[c][2 * half] * bp.scale, x1 = dk[c][2 * half + 1] * bp.scale;
-      if (bp.plain_add) dka[c * 8] += x0, dka[c * 8 + 1] += x1;
-      else aj_red_add_f32x2(dka + c * 8, x0, x1);
-    }
-#pragma unroll
-    for (int c = 0; c < AJ_HEAD_DIM_V / 8; ++c) {
-      const float x0 = dv[c][2 * half], x1 = dv[c][2 * half + 1];
-      if (bp.plain_add) dva[c * 8] += x0, dva[c * 8 + 1] += x1;
-      else aj_red_add_f32x2(dva + c * 8, x0, x1);
-    }
-  }
+  aj_bwd_dkdv_store(bp, ki, b, kr0, kr1, quad, dk, dv);
 }

@@ -189,6 +189,10 @@ __device__ __forceinline__ void aj_setmaxnreg_inc() { asm volatile("setmaxnreg.i
 template <int N>
 struct AjWgmma;
 // The register operands of one N: D's N/2 accumulators ("+f") and their "%0, ..., %(N/2-1)" list.
+#define AJ_WGMMA_D32 \
+      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),\
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define AJ_WGMMA_R32 "{" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" "}"
 #define AJ_WGMMA_D64 \
       "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),\
       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),\
@@ -260,6 +264,7 @@ struct AjWgmma;
     AJ_WGMMA_OPS(N, f16, SP, SS, RP, RS)  \
     AJ_WGMMA_OPS(N, bf16, SP, SS, RP, RS) \
   };
+AJ_WGMMA_SHAPE(32, "%18", "%16, %17, p, 1, 1, 0, %19", "%21", "{%16, %17, %18, %19}, %20, p, 1, 1, %22")
 AJ_WGMMA_SHAPE(64, "%34", "%32, %33, p, 1, 1, 0, %35", "%37", "{%32, %33, %34, %35}, %36, p, 1, 1, %38")
 AJ_WGMMA_SHAPE(128, "%66", "%64, %65, p, 1, 1, 0, %67", "%69", "{%64, %65, %66, %67}, %68, p, 1, 1, %70")
 AJ_WGMMA_SHAPE(256, "%130", "%128, %129, p, 1, 1, 0, %131", "%133", "{%128, %129, %130, %131}, %132, p, 1, 1, %134")

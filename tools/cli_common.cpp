@@ -312,6 +312,7 @@ std::vector<KernelRequest> KernelOptions::requests() const {
     r.arch = an.arch;
     r.arch_specific = an.specific;
     r.tma = knobs().tma;
+    r.wgmma_backward = knobs().bwd_wgmma;
     r.config = parse_kernel_tile(tile);
     r.config.stages = stages;
     r.random_in_kernel = random_in_kernel;

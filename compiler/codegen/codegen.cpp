@@ -137,6 +137,14 @@ int backward_dq_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
 // accumulators without spilling.
 int backward_sub_max(const KernelRequest& r) { return r.head_dim > 64 || r.head_dim_v > 64 ? 32 : 64; }
 
+// templates/bwd_sm90.cuh: K and V of the key tile, two stages of Q and dO, dS (64 x 64), two
+// stages of LSE and D (64 floats each); the swizzled tiles stay 1024-byte aligned (their sizes
+// are multiples of 8 KiB), and 1024 bytes more let the kernel align the start.
+int backward_dkdv_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
+  return 2 * (c.tile_k * (r.head_dim + r.head_dim_v) + 2 * c.tile_q * (r.head_dim + r.head_dim_v) + c.tile_q * 64) +
+         2 * 2 * c.tile_q * 4 + 1024;
+}
+
 int backward_dkdv_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
   const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
   // dS^T of the tile's keys by AJ_BWD_SUB_Q query rows, for the single pass's dQ = dS K.
@@ -192,7 +200,8 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   os << "#define AJ_HEAD_DIM " << r.head_dim << "\n#define AJ_HEAD_DIM_V " << r.head_dim_v << "\n";
   os << "#define AJ_TILE_Q " << k.config.tile_q << "\n#define AJ_TILE_K " << k.config.tile_k << "\n";
   os << "#define AJ_STAGES " << k.config.stages << "\n#define AJ_WARPS " << k.config.warps << "\n";
-  if (k.path == KernelPath::Sm80 && !forward) os << "#define AJ_BWD_SUB_MAX " << backward_sub_max(r) << "\n";
+  if ((k.path == KernelPath::Sm80 || k.path == KernelPath::Sm90) && !forward)
+    os << "#define AJ_BWD_SUB_MAX " << backward_sub_max(r) << "\n";
   if (k.path == KernelPath::Sm80) {
     // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
     os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "
@@ -379,12 +388,33 @@ KernelPath choose_backward_path(const KernelRequest& r) {
   // The tensor-core kernels keep a 16-row slice of dK and dV (or of dQ) in registers per warp;
   // past head dim 128 that no longer fits, and the SIMT kernels take over.
   const KernelPath forward_path = choose_path(r);  // what no path supports is refused as for the forward
-  // (The Hopper forward's backward is the sm_80 kernels', compiled for sm_90a.)
+  // The Hopper forward's backward: bwd_sm90.cuh's dK/dV kernel when asked for (head dims 64 and
+  // 128), else the sm_80 kernels, compiled for sm_90a.
+  if (r.wgmma_backward && hopper(forward_path) && std::max(r.head_dim, r.head_dim_v) <= 128) return KernelPath::Sm90;
   return forward_path != KernelPath::Simt && std::max(r.head_dim, r.head_dim_v) <= 128 ? KernelPath::Sm80 : KernelPath::Simt;
 }
 
+// The sm_90a backward's tiles are fixed: 64 x 64, two stages, four warps (one warpgroup of 64 key
+// rows, 64-row query tiles; bwd_sm90.cuh), which bwd_sm80.cuh's _dq takes too.
+KernelConfig resolve_backward_sm90_config(const KernelRequest& r) {
+  const KernelConfig fixed{64, 64, 2, 4};
+  KernelConfig c = r.config;
+  if (c == KernelConfig{}) return fixed;
+  if (!c.stages) c.stages = 2;
+  if (!c.warps) c.warps = 4;
+  require(c == fixed, "backward tile",
+          "the sm_90a backward (wgmma) runs 64 x 64 tiles with 2 stages and 4 warps, got " + std::to_string(c.tile_q) + "x" +
+              std::to_string(c.tile_k) + " s" + std::to_string(c.stages) + " w" + std::to_string(c.warps) +
+              "; leave the backward config at its default, or turn the wgmma backward off");
+  return c;
+}
+
 KernelConfig resolve_backward_config(const KernelRequest& r) {
-  return choose_backward_path(r) == KernelPath::Sm80 ? resolve_backward_sm80_config(r) : resolve_simt_config(r, r.config);
+  switch (choose_backward_path(r)) {
+    case KernelPath::Sm90: return resolve_backward_sm90_config(r);
+    case KernelPath::Sm80: return resolve_backward_sm80_config(r);
+    default: return resolve_simt_config(r, r.config);
+  }
 }
 
 BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest& r, const TemplateSet& templates) {
@@ -407,6 +437,14 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
     out.single_pass = true;
     bodies = {"fwd_sm80.cuh", "bwd_common.cuh", "bwd_sm80.cuh"};
     body = "_sm80";
+  } else if (k.path == KernelPath::Sm90) {
+    out.dq_threads = k.config.tile_q * 2;  // bwd_sm80.cuh's _dq (the two-pass form)
+    out.dkdv_threads = 128;                // one warpgroup
+    out.dq_shared_bytes = backward_dq_smem_bytes(r, k.config);
+    out.dkdv_shared_bytes = backward_dkdv_sm90_smem_bytes(r, k.config);
+    out.single_pass = true;
+    bodies = {"fwd_sm80.cuh", "fwd_sm90.cuh", "bwd_common.cuh", "bwd_sm80.cuh", "bwd_sm90.cuh"};
+    body = "_sm80";
   } else {
     out.dq_threads = k.config.tile_q * 4;
     out.dkdv_threads = k.config.tile_k * 4;
@@ -418,10 +456,11 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
   std::ostringstream os;
   os << render_prefix("backward kernels", k, r, p, predicate, templates, bodies);
   os << "\n// ---- generated: entry points\n";
-  const std::tuple<const char*, int, const char*> entries[] = {{"pre", out.aux_threads, ""},
+  std::tuple<const char*, int, const char*> entries[] = {{"pre", out.aux_threads, ""},
                                                                {"dq", out.dq_threads, body},
                                                                {"dkdv", out.dkdv_threads, body},
                                                                {"cvt", out.aux_threads, ""}};
+  if (k.path == KernelPath::Sm90) std::get<2>(entries[2]) = "_sm90";
   for (const auto& [suffix, threads, impl] : entries) {
     os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ", 1) AJ_KERNEL_NAME_" << suffix
        << "(const AjBwdParams p) {\n  aj_bwd_" << suffix << impl << "(p);\n}\n";

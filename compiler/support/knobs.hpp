@@ -40,6 +40,10 @@ struct Knobs {
   // the forward plan, then dK/dV) even where it is not asked to be deterministic; by default the
   // dK/dV kernel also adds dS K into an fp32 dQ accumulator (one pass, atomics).
   bool bwd_single_pass = true;
+  // ATTNJIT_BWD_WGMMA=1: on the Hopper path (sm_90a, head dims 64 and 128) the backward's dK/dV
+  // kernel runs on the warpgroup MMA (templates/bwd_sm90.cuh) instead of the sm_80 kernel's
+  // mma.sync; off by default until a GPU has measured it (RuntimeOptions::wgmma_backward).
+  bool bwd_wgmma = false;
   // A GPU of compute capability 9.0 runs the Hopper forward (sm_90a: wgmma, TMA) where it supports
   // the request, as proven in the emulator; ATTNJIT_SM90A=0 runs the sm_80 kernel there instead.
   bool sm90a = true;

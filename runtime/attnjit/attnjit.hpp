@@ -127,6 +127,10 @@ struct RuntimeOptions {
   // every call whose key rows tensor maps describe; false (or the ATTNJIT_TMA=0 knob): always the
   // kernel that loads with cp.async.
   bool tma = true;
+  // On the Hopper path (sm_90a, head dims 64 and 128): the backward's dK/dV kernel on the warpgroup
+  // MMA (wgmma) instead of the sm_80 kernel's mma.sync; also the ATTNJIT_BWD_WGMMA=1 knob. Off by
+  // default until measured on a GPU.
+  bool wgmma_backward = false;
   // Kernels are rendered from these templates instead of the embedded ones (tests render
   // deliberately broken kernels this way; a changed template changes the kernel's cache key).
   std::shared_ptr<const TemplateSet> templates;

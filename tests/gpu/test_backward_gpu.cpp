@@ -262,6 +262,15 @@ TEST_CASE("backward: a small subset for compute-sanitizer", "[gpu][grad][sanitiz
       ++n;
     }
   }
+  // The wgmma dK/dV kernel (a Hopper GPU; others run the sm_80 kernels for these options).
+  ro.wgmma_backward = true;
+  Runtime hopper(ro);
+  for (const auto& [file, p] : example_patterns()) {
+    Shape s;
+    s.batch = 1, s.seq_q = s.seq_k = 200, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 128;
+    INFO("wgmma backward: " << file);
+    CHECK(check_backward(hopper, p, s, DType::BF16, nullptr, 800 + n++) == "");
+  }
 }
 
 TEST_CASE("backward: Pascal's kernels (sm_61: SIMT, fp32 arithmetic on fp16/bf16) match the reference gradients",
@@ -468,6 +477,52 @@ TEST_CASE("backward: a NaN or inf in Q or K or dO reaches only the gradients the
                          << what);
       CHECK(check_backward(rt, p, s, dt, nullptr, 93, deterministic, nullptr, false, false, false, pokes) == "");
     }
+  }
+}
+
+// The Hopper backward's dK/dV kernel on the warpgroup MMA (templates/bwd_sm90.cuh, opt-in:
+// RuntimeOptions::wgmma_backward): emulated as sm_90a, or on a GPU of compute capability 9.0 (other
+// GPUs run the sm_80 kernels for the same options, and the case says so). Every example pattern,
+// fp16 and bf16, head dims 64 and 128, the single pass and the two-pass form (its dQ from
+// bwd_sm80.cuh's _dq), rows that attend nothing, and non-finite inputs at masked pairs.
+TEST_CASE("backward: the sm_90a wgmma dK/dV kernel matches the reference gradients", "[gpu][emu][grad][sm90a]") {
+  if (on_gpu()) shared_context(0).make_current();
+  RuntimeOptions ro;
+  ro.device = gputest::target() == gputest::Target::Emu ? Device::emu(90, true) : device_under_test();
+  ro.wgmma_backward = true;
+  if (on_gpu() && device_info(0).cc_major * 10 + device_info(0).cc_minor != 90)
+    WARN("not a Hopper GPU: the sm_80 backward kernels run instead of the wgmma one");
+  Runtime rt(ro);
+  int n = 0;
+  for (const auto& [file, p] : example_patterns()) {
+    Shape s;
+    s.seq_q = s.seq_k = on_gpu() ? 777 : 150, s.heads_q = 4, s.heads_kv = 2;
+    for (const auto& [dt, d, deterministic] : std::vector<std::tuple<DType, int64_t, bool>>{
+             {DType::BF16, 64, false}, {DType::F16, 128, false}, {DType::BF16, 128, true}}) {
+      s.head_dim = s.head_dim_v = d;
+      INFO(file << " " << to_string(dt) << " head_dim " << d << (deterministic ? " deterministic" : ""));
+      CHECK(check_backward(rt, p, s, dt, nullptr, 700 + n++, deterministic, nullptr, false, false, false, {}, true) == "");
+    }
+  }
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(64).dilation(1).causal())
+                        .branch(BranchSpec().segment(128).dilation(2).offset(OffsetRule::HeadMod).causal())
+                        .build();
+  Shape s;
+  s.seq_q = s.seq_k = 200, s.heads_q = 2, s.heads_kv = 1, s.head_dim = s.head_dim_v = 64;
+  s.k_offset = 30;  // rows 0..29 attend nothing, keys 170..199 are attended by nobody
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  auto at = [&](int64_t row, int64_t head, int64_t heads) { return size_t((row * heads + head) * 64 + 1); };
+  const std::vector<std::pair<const char*, std::vector<Poke>>> cases = {
+      {"none", {}},
+      {"q", {{'q', at(10, 0, 2), nan}, {'q', at(100, 0, 2), nan}}},
+      {"dO", {{'o', at(5, 1, 2), nan}, {'o', at(120, 0, 2), nan}}},
+      {"k", {{'k', at(180, 0, 1), nan}, {'k', at(190, 0, 1), inf}, {'k', at(60, 0, 1), nan}}},
+      {"v", {{'v', at(40, 0, 1), nan}, {'v', at(195, 0, 1), inf}}},
+  };
+  for (const auto& [what, pokes] : cases) {
+    INFO("causal with empty rows, non-finite " << what);
+    CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 95, false, nullptr, false, false, false, pokes) == "");
   }
 }
 

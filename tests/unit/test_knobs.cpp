@@ -28,7 +28,7 @@ const std::vector<std::string> kAllVariables = {
     "ATTNJIT_LOG_LEVEL", "ATTNJIT_CACHE_MAX_BYTES", "ATTNJIT_PRINT_AUTOTUNING", "ATTNJIT_TUNE",  "XDG_CACHE_HOME",
     "HOME", "ATTNJIT_DETERMINISTIC", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT",
     "ATTNJIT_CPU_SIMD", "ATTNJIT_MAX_WEIGHTS", "ATTNJIT_NVRTC", "ATTNJIT_PLAN_CACHE_BYTES", "ATTNJIT_SM90A", "ATTNJIT_TMA",
-    "ATTNJIT_RANDOM_IN_KERNEL", "ATTNJIT_PROGRESS_AFTER"};
+    "ATTNJIT_RANDOM_IN_KERNEL", "ATTNJIT_PROGRESS_AFTER", "ATTNJIT_BWD_WGMMA"};
 
 // Clears every variable the knobs read and restores the caller's environment afterwards.
 class CleanEnvironment {
@@ -133,6 +133,9 @@ TEST_CASE("knobs parse every variable", "[knobs]") {
   CHECK(Knobs::from_environment().random_in_kernel_above == 0);
   env.set("ATTNJIT_TMA", "0");
   CHECK_FALSE(Knobs::from_environment().tma);
+  CHECK_FALSE(Knobs::from_environment().bwd_wgmma);
+  env.set("ATTNJIT_BWD_WGMMA", "1");
+  CHECK(Knobs::from_environment().bwd_wgmma);
   CHECK(Knobs::from_environment().progress_after_s == 1.0);
   env.set("ATTNJIT_PROGRESS_AFTER", "0");
   CHECK(Knobs::from_environment().progress_after_s == 0.0);
@@ -273,6 +276,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_SM90A=1\n"
         "ATTNJIT_TMA=1\n"
         "ATTNJIT_BWD_SINGLE_PASS=1\n"
+        "ATTNJIT_BWD_WGMMA=0\n"
         "ATTNJIT_DETERMINISTIC=0\n"
         "ATTNJIT_MAX_WEIGHTS=268435456\n"
         "ATTNJIT_SHIPPED_DB_DIR=none\n"

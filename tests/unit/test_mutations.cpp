@@ -29,7 +29,7 @@ struct Mutation {
   bool backward = false;  // checks the gradients (forward and backward run)
   bool deterministic = false;  // the backward in deterministic mode (dK/dV added layer by layer)
   int head_dim = 64;  // 128: the tensor-core forward's Q lies over the last V stage on sm_80
-  bool sm90a = false;  // the Hopper forward, emulated as sm_90a
+  bool sm90a = false;  // the Hopper forward (and backward: bwd_sm90.cuh's dK/dV), emulated as sm_90a
   bool tma = true;     // with sm90a: the TMA kernel (fwd_sm90_tma.cuh), else the cp.async one (fwd_sm90.cuh)
   // Scores far below zero: q = |q| + 3.5, k = k - 3.5 (scores near -900 before the scale), so a
   // key past a tile's count that is let through (a zero row, score 0) gets P = exp(0 - LSE) = inf.
@@ -301,6 +301,35 @@ const Mutation kMutations[] = {
     {"backward, two-pass dQ: a row that a masked non-finite K reached is not stored again", "bwd_sm80.cuh",
      "  if (redo) {\n    const float lse2[2]", "  if (false) {\n    const float lse2[2]", DType::BF16, true, true, 64, false, true,
      false, false, false, false, KernelConfig{}, false, false, 'k'},
+    {"sm_90a backward: dS read by the dQ wgmma without the barrier after its stores", "bwd_sm90.cuh",
+     "        aj_fence_proxy_async();  // dS's generic stores, then the wgmma that reads them\n        aj_syncthreads();\n",
+     "        aj_fence_proxy_async();  // dS's generic stores, then the wgmma that reads them\n", DType::BF16, true, false, 64, true},
+    {"sm_90a backward: dS read by the dQ wgmma without the proxy fence after its stores", "bwd_sm90.cuh",
+     "        aj_fence_proxy_async();  // dS's generic stores, then the wgmma that reads them\n", "\n", DType::BF16, true, false,
+     64, true},
+    {"sm_90a backward: the next query tile's loads overwrite a stage the wgmmas may still read (no wait)", "bwd_sm90.cuh",
+     "      aj_wgmma_wait<0>();\n    }\n    aj_syncthreads();", "    }\n    aj_syncthreads();", DType::BF16, true, true, 64, true},
+    {"sm_90a backward: dK's B operand read K-major (Q's leading offset of the S^T product)", "bwd_sm90.cuh",
+     "dsa[kk],\n                                                     q_n + ", "dsa[kk],\n                                                     q_b + ",
+     DType::BF16, true, false, 128, true},
+    {"sm_90a backward, head dim 128: every query sub-block's S^T reads Q's first rows", "bwd_sm90.cuh",
+     "(ks / 4) * AJ_TILE_Q * AJ_SW + c0 * AJ_SW + (ks % 4) * 32) >> 4),\n                                                      ks > 0);\n#pragma",
+     "(ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 32) >> 4),\n                                                      ks > 0);\n#pragma",
+     DType::BF16, true, false, 128, true},
+    {"sm_90a backward: every dQ column block reads K's first", "bwd_sm90.cuh",
+     "k_b + (((c0 / AJ_COLS) * AJ_TILE_K * AJ_SW + ks * 16 * AJ_SW) >> 4)", "k_b + ((ks * 16 * AJ_SW) >> 4)", DType::BF16,
+     true, false, 128, true},
+    {"sm_90a backward: dS of key rows past the tile's count not zeroed", "bwd_sm90.cuh",
+     "(x < 2 ? in0 : in1) ? s[j][x] : 0.0f", "s[j][x]", DType::BF16, true, false, 64, true, true, true},
+    {"sm_90a backward: the key tile's NaN test skipped", "bwd_sm90.cuh", "      kbad = any != 0.0f;", "      kbad = false;",
+     DType::BF16, true, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 'k'},
+    {"sm_90a backward: the exact dQ block weighs the pairs that mask the key too", "bwd_sm90.cuh",
+     "        if (!aj_queries_allowed(p, qe.branch, qe.head, kpos, q_origin, (aj_cs)r * (aj_cs)qe.rows_stride)) continue;",
+     "", DType::BF16, true, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 'k'},
+    {"sm_90a backward: a masked pair's P^T not selected", "bwd_sm90.cuh",
+     "            const float pr = ok ? aj_ex2(aj_mul_rn(s[j][x], p.scale_log2) - lse2[col]) : 0.0f;\n            s[j][x] = ok ? pr",
+     "            const float pr = aj_ex2(aj_mul_rn(s[j][x], p.scale_log2) - lse2[col]);\n            s[j][x] = ok ? pr", DType::BF16,
+     true, false, 64, true},
     {"backward, two-pass dQ: the exact sum weighs the keys a row masks too", "fwd_sm80.cuh", "att[h] = want[h] && (t.full || ",
      "att[h] = want[h] && (true || ", DType::BF16, true, true, 64, false, true, false, false, false, false, KernelConfig{}, false,
      false, 'k'},
@@ -404,6 +433,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   ro.device = sm90a ? Device::emu(90, true) : Device::emu(80);
   ro.templates = templates;
   ro.tma = tma;
+  ro.wgmma_backward = sm90a;  // the backward's dK/dV on wgmma (bwd_sm90.cuh)
   ro.config = config;
   if (random_in_kernel) ro.random_in_kernel_above = 0;
   Runtime rt(ro);
@@ -525,6 +555,15 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, false, true, false, false, false, false, {}, false, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, false, {}, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, false, {}, false, true) == "");
+  // The Hopper backward (wgmma dK/dV): single pass and two-pass form, two column blocks of dQ at
+  // head dim 128, non-finite Q, dO and K at masked pairs.
+  CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true) == "");
+  CHECK(check_kernel(embedded, DType::BF16, true, true, 64, true) == "");
+  CHECK(check_kernel(embedded, DType::BF16, true, false, 128, true) == "");
+  for (const char in : {'q', 'k'}) {
+    INFO("sm_90a backward, a NaN in " << (in == 'q' ? "Q and dO" : "K"));
+    CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, true, false, false, false, false, {}, false, false, in) == "");
+  }
   // 192-row tiles: three consumer warpgroups in the TMA kernel, twelve warps in the cp.async one.
   for (bool tma : {true, false}) {
     INFO("sm_90a, 192x128, " << (tma ? "TMA" : "cp.async"));

@@ -216,6 +216,9 @@ AJ_PROBE_WGMMA(probe_wgmma_rs_mn_sw128, 128, AJ_WGMMA_BF16, -1, 0, 0, 0, 128, 1,
 // The other layouts: A K-major with the 32-byte swizzle (each k16 step its own 64 x 32-byte block),
 // B N-major without swizzle (8 x 8 core matrices: SBO 128 along n, LBO 1024 along k).
 AJ_PROBE_WGMMA(probe_wgmma_ss_sw32_interleave, 64, AJ_WGMMA_F16, 32, 16, 256, 2048, 0, 1, 1024, 128, 2048)
+// A K-major and B N-major, both with the 128-byte swizzle, from shared memory (the Hopper
+// backward's dQ = dS K: dS K-major, K's rows the k dimension).
+AJ_PROBE_WGMMA(probe_wgmma_ss_mn_sw128, 64, AJ_WGMMA_BF16, 128, 16, 1024, 32, 128, 1, 8192, 1024, 2048)
 
 // ---- sm_90: mbarrier and TMA (built on the emulator and for sm_90a; other GPUs skip these) ------
 // An mbarrier of all 128 threads as a barrier over three phases, exchanging words through shared
