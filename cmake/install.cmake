@@ -14,7 +14,7 @@ include(CMakePackageConfigHelpers)
 set(ATTNJIT_PUBLIC_HEADERS runtime/attnjit/attnjit.hpp runtime/reference.hpp)
 set(ATTNJIT_PUBLIC_COMPILER_HEADERS compiler/pattern/pattern.hpp compiler/pattern/spec_json.hpp
     compiler/pattern/mask.hpp compiler/codegen/codegen.hpp compiler/codegen/templates.hpp
-    compiler/support/error.hpp)
+    compiler/support/error.hpp compiler/support/types.hpp)
 
 # The same objects as attnjit_core (compiled once: position-independent, hidden unless a public
 # header says otherwise), so the JSON parser, Eigen and the library's internals never bind to a

@@ -465,6 +465,37 @@ __device__ __forceinline__ void aj_bwd_exact_key_row(const AjBwdParams& bp, cons
   }
 }
 
+// P^T and dS^T of query columns c0 .. c0 + SUB of an entry, in place of S^T (s) and dP^T (dp) in
+// this thread's accumulator tiles (key rows kr0 and kr1 = kr0 + 8 at positions kpos0, kpos1;
+// columns c0 + j * 8 + quad * 2 and + 1): dp becomes f P^T (for dV), s becomes dS^T = P^T (f dP^T - D),
+// P^T = exp2(S^T scale_log2 - LSE) where the pair is attended and 0 where not, selected (a masked
+// pair's dP^T may be NaN: a NaN or inf in V). lse2 and delta: the entry's rows' statistics. The
+// rule is asked per element (aj_queries_allowed): a loop copy per branch, as the forward has,
+// holds too many registers next to dK and dV. The sm_80 and sm_90a kernels' one rule.
+template <int SUB>
+__device__ __forceinline__ void aj_bwd_pt_dst(const AjParams& p, const AjKeyItem& ki, const AjQueryEntry& qe, bool full, int c0,
+                                              int quad, int kr0, int kr1, aj_i64 kpos0, aj_i64 kpos1, const float* lse2,
+                                              const float* delta, float (&s)[SUB / 8][4], float (&dp)[SUB / 8][4]) {
+  const aj_i64 q_first = p.q_offset - aj_doc_start(p, ki.keys_start) + qe.rows_start;
+  const float f = p.output_scale;
+#pragma unroll
+  for (int j = 0; j < SUB / 8; ++j) {
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int col = c0 + j * 8 + quad * 2 + (x & 1);
+      bool ok = true;
+      if (!full) {
+        const int kr = x < 2 ? kr0 : kr1;
+        ok = col < qe.rows_count && kr < ki.keys_count &&
+             aj_queries_allowed(p, qe.branch, qe.head, x < 2 ? kpos0 : kpos1, q_first, (aj_cs)col * (aj_cs)qe.rows_stride);
+      }
+      const float pr = ok ? aj_ex2(aj_mul_rn(s[j][x], p.scale_log2) - lse2[col]) : 0.0f;
+      s[j][x] = ok ? pr * (f * dp[j][x] - delta[col]) : 0.0f;
+      dp[j][x] = f * pr;
+    }
+  }
+}
+
 // The end of a key tile: this thread's key rows kr0, kr1 (as the 16-row accumulator layout holds
 // them) of dK (scaled) and dV added to the fp32 workspaces, plainly when no other block of this
 // launch has these key rows, else atomically; a row a masked non-finite Q or dO reached is summed
@@ -535,10 +566,9 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
 
   // This thread's two key rows (of the accumulator tiles) as global positions.
   const int kr0 = warp * 16 + g, kr1 = kr0 + 8;
-  const aj_i64 doc = aj_doc_start(p, ki.keys_start), q_origin = p.q_offset - doc;
+  const aj_i64 doc = aj_doc_start(p, ki.keys_start);
   const aj_i64 kpos0 = p.k_offset - doc + ki.keys_start + (aj_i64)kr0 * ki.keys_stride;
   const aj_i64 kpos1 = p.k_offset - doc + ki.keys_start + (aj_i64)kr1 * ki.keys_stride;
-  const float f = p.output_scale;
 
   float dk[AJ_HEAD_DIM / 8][4], dv[AJ_HEAD_DIM_V / 8][4];
   aj_zero<AJ_HEAD_DIM>(dk);
@@ -562,27 +592,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
       aj_zero<AJ_BWD_SUB_Q>(dp);
       aj_mma_abt<AJ_HEAD_DIM, AJ_BWD_SUB_Q, AJ_DP, AJ_DP>(s, sk + warp * 16 * AJ_DP, st.q + c0 * AJ_DP, lane);  // S^T = K Q^T
       aj_mma_abt<AJ_HEAD_DIM_V, AJ_BWD_SUB_Q, AJ_DVP, AJ_DVP>(dp, sv + warp * 16 * AJ_DVP, st.dout + c0 * AJ_DVP, lane);  // dP^T = V dO^T
-      // P^T where the pair is attended (else 0), f folded in for dV; dS^T = P^T (f dP^T - D). The
-      // rule is asked per element here (aj_queries_allowed): a loop copy per branch, as the forward
-      // has, holds too many registers next to dK and dV.
-#pragma unroll
-      for (int j = 0; j < AJ_BWD_SUB_Q / 8; ++j) {
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const int col = c0 + j * 8 + quad * 2 + (x & 1);
-          bool ok = true;
-          if (!full) {
-            const int kr = x < 2 ? kr0 : kr1;
-            ok = col < qe.rows_count && kr < ki.keys_count &&
-                 aj_queries_allowed(p, qe.branch, qe.head, x < 2 ? kpos0 : kpos1, q_origin + qe.rows_start,
-                                    (aj_cs)col * (aj_cs)qe.rows_stride);
-          }
-          // Selected, not multiplied by P = 0: a masked pair's dP^T may be NaN (a NaN or inf in V).
-          const float pr = ok ? aj_ex2(aj_mul_rn(s[j][x], p.scale_log2) - st.lse2[col]) : 0.0f;
-          s[j][x] = ok ? pr * (f * dp[j][x] - st.delta[col]) : 0.0f;
-          dp[j][x] = f * pr;
-        }
-      }
+      aj_bwd_pt_dst<AJ_BWD_SUB_Q>(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, st.lse2, st.delta, s, dp);
       aj_mma_xb<AJ_BWD_SUB_Q, AJ_HEAD_DIM_V, AJ_DVP>(dv, dp, st.dout + c0 * AJ_DVP, lane);  // dV += f P^T dO
       aj_mma_xb<AJ_BWD_SUB_Q, AJ_HEAD_DIM, AJ_DP>(dk, s, st.q + c0 * AJ_DP, lane);         // dK += dS^T Q
       if (single) {

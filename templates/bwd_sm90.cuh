@@ -144,10 +144,9 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90(const AjBwdParams& bp) {
   aj_cp_async_commit();
 
   const int kr0 = warp * 16 + g, kr1 = kr0 + 8;
-  const aj_i64 doc = aj_doc_start(p, ki.keys_start), q_origin = p.q_offset - doc;
+  const aj_i64 doc = aj_doc_start(p, ki.keys_start);
   const aj_i64 kpos0 = p.k_offset - doc + ki.keys_start + (aj_i64)kr0 * ki.keys_stride;
   const aj_i64 kpos1 = p.k_offset - doc + ki.keys_start + (aj_i64)kr1 * ki.keys_stride;
-  const float f = p.output_scale;
   // Descriptors (fwd_sm90.cuh): K and V as the A operand of S^T and dP^T (K-major, this warpgroup's
   // 64 rows), K as the N-major B of dQ = dS K, dS as the K-major A of it.
   const aj_u64 k_a = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.k), 16, 8 * AJ_SW);
@@ -205,24 +204,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90(const AjBwdParams& bp) {
                                                       ks > 0);
         aj_wgmma_commit();
         aj_wgmma_wait<0>();  // also the last sub-block's dV, dK: its A registers are free again
-        // P^T where the pair is attended (else 0, selected), f folded in for dV; dS^T = P^T (f dP^T - D).
-#pragma unroll
-        for (int j = 0; j < AJ_BWD90_SUB / 8; ++j) {
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            const int col = c0 + j * 8 + quad * 2 + (x & 1);
-            bool ok = true;
-            if (!full) {
-              const int kr = x < 2 ? kr0 : kr1;
-              ok = col < qe.rows_count && kr < ki.keys_count &&
-                   aj_queries_allowed(p, qe.branch, qe.head, x < 2 ? kpos0 : kpos1, q_origin + qe.rows_start,
-                                      (aj_cs)col * (aj_cs)qe.rows_stride);
-            }
-            const float pr = ok ? aj_ex2(aj_mul_rn(s[j][x], p.scale_log2) - lse2[col]) : 0.0f;
-            s[j][x] = ok ? pr * (f * dp[j][x] - delta[col]) : 0.0f;
-            dp[j][x] = f * pr;
-          }
-        }
+        aj_bwd_pt_dst<AJ_BWD90_SUB>(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, lse2, delta, s, dp);
         aj_bwd90_pack<AJ_BWD90_SUB>(dp, pa);
         aj_bwd90_pack<AJ_BWD90_SUB>(s, dsa);
         if (single) {

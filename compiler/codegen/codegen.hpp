@@ -9,30 +9,17 @@
 
 // Relative to this header, as it is installed too (include/attnjit/compiler/codegen/).
 #include "../pattern/pattern.hpp"
+#include "../support/types.hpp"
 #include "templates.hpp"
 
 // Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
 #pragma GCC visibility push(default)
 namespace attnjit {
 
-enum class DType { F32, F16, BF16 };
-const char* to_string(DType d);
-DType parse_dtype(const std::string& s);  // "fp32|float32|f32", "fp16|float16|f16", "bf16|bfloat16"; UserError otherwise
-int dtype_bytes(DType d);
-
 // Sm90: the Hopper forward (sm_90a, wgmma; loads by cp.async); Sm90Tma: the same loop fed by a
 // producer warp's TMA loads (the default where TMA can describe the key rows, see `tma` below).
 enum class KernelPath { Simt, Sm80, Sm90, Sm90Tma };
 const char* to_string(KernelPath p);
-
-struct KernelConfig {
-  int tile_q = 0, tile_k = 0, stages = 0;  // 0: the default for the path and head dim
-  // Warps per block (0: the default). The tensor-core forward gives each warp tile_q / warps rows
-  // (16 or 32: one or two 16-row groups sharing every K/V fragment); the other kernels have one
-  // block shape per tile and take only their own count.
-  int warps = 0;
-  bool operator==(const KernelConfig&) const = default;
-};
 
 // "QxK" (that tile, the path's default stages and warps), "QxKwN" (N warps) or "default" (all
 // zeros), as the CLI's --kernel-tile and a manifest's "tiles" write it; UserError if malformed.

@@ -18,15 +18,17 @@
 #include <string>
 #include <vector>
 
-#include "compiler/codegen/codegen.hpp"
 #include "compiler/pattern/mask.hpp"
 #include "compiler/pattern/pattern.hpp"
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"  // UserError, what the API throws for bad input
+#include "compiler/support/types.hpp"  // DType, KernelConfig
 
 // Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
 #pragma GCC visibility push(default)
 namespace attnjit {
+
+class TemplateSet;  // compiler/codegen/templates.hpp: the kernels' templates (RuntimeOptions::templates)
 
 // CPU: the plan executor. CUDA: a GPU. EMU: the generated kernel of a GPU of compute capability
 // `arch` (80: sm_80), run by the CPU emulator of the CUDA execution model (emulator/) on host memory.

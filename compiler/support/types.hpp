@@ -1,0 +1,26 @@
+// The words every stage shares for a problem's element type and a kernel's tiles: the public API
+// (RuntimeOptions, Problem) and the code generator both speak them, so they live below both.
+#pragma once
+
+#include <string>
+
+// Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
+#pragma GCC visibility push(default)
+namespace attnjit {
+
+enum class DType { F32, F16, BF16 };
+const char* to_string(DType d);
+DType parse_dtype(const std::string& s);  // "fp32|float32|f32", "fp16|float16|f16", "bf16|bfloat16"; UserError otherwise
+int dtype_bytes(DType d);
+
+struct KernelConfig {
+  int tile_q = 0, tile_k = 0, stages = 0;  // 0: the default for the path and head dim
+  // Warps per block (0: the default). The tensor-core forward gives each warp tile_q / warps rows
+  // (16 or 32: one or two 16-row groups sharing every K/V fragment); the other kernels have one
+  // block shape per tile and take only their own count.
+  int warps = 0;
+  bool operator==(const KernelConfig&) const = default;
+};
+
+}  // namespace attnjit
+#pragma GCC visibility pop
