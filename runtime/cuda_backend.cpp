@@ -13,6 +13,7 @@
 #include "compiler/plan/device_plan.hpp"
 #include "compiler/support/error.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/input_checks.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/host_tensors.hpp"
 #include "runtime/kernel_params.hpp"
@@ -176,12 +177,8 @@ public:
     const RelaxedCapture relaxed(true);  // prepared inside a capture: loading a module is no stream work
     prefer_nvrtc_for_driver(driver_version() / 1000);  // 13000 -> 13: kernels this driver loads
     const DeviceInfo info = device_info(device);
-    KernelRequest r;
-    r.head_dim = static_cast<int>(pb.head_dim);
-    r.head_dim_v = static_cast<int>(pb.head_dim_v);
-    r.dtype = pb.dtype;
-    r.arch = info.cc_major * 10 + info.cc_minor;
-    r.arch_specific = cuda_arch_specific(r.arch);
+    const int arch = info.cc_major * 10 + info.cc_minor;
+    KernelRequest r = problem_request(pb, arch, cuda_arch_specific(arch));
     r.config = config;
     r.tma = tma && knobs().tma;
     r.random_in_kernel = random == RandomLayouts::InKernel;

@@ -10,6 +10,7 @@
 #include "compiler/support/error.hpp"
 #include "emulator/emu_module.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/input_checks.hpp"
 #include "runtime/kernel_params.hpp"
 #include "runtime/tma_maps.hpp"
 
@@ -112,12 +113,7 @@ public:
              const KernelConfig& backward_config, const TemplateSet& templates, bool tma, RandomLayouts random,
                                           bool wgmma_backward)
       : pattern_(p), problem_(pb), cache_dir_(cache_dir) {
-    KernelRequest r;
-    r.head_dim = static_cast<int>(pb.head_dim);
-    r.head_dim_v = static_cast<int>(pb.head_dim_v);
-    r.dtype = pb.dtype;
-    r.arch = arch.arch;
-    r.arch_specific = arch.specific;
+    KernelRequest r = problem_request(pb, arch.arch, arch.specific);
     r.tma = tma && knobs().tma;
     r.random_in_kernel = random == RandomLayouts::InKernel;
     r.config = config;

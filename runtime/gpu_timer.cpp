@@ -8,6 +8,7 @@
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/input_checks.hpp"
 #include "runtime/cuda_probe.hpp"
 #include "runtime/npy.hpp"
 
@@ -187,18 +188,14 @@ GpuTuneOutcome tune_on_gpu(const Pattern& p, const Problem& pb, const TuneBudget
     throw UserError("attnjit tune", "patterns with a dynamic layout cannot be tuned: their tables change per call; "
                                     "tune the same pattern with a static layout instead");
   }
-  const Shape shape{pb.batch, pb.seq_q, pb.seq_k, pb.heads_q, pb.heads_kv, pb.head_dim, pb.head_dim_v};
+  const Shape shape = problem_shape(pb, 0, 0);
   check_pattern_fits(p, shape);
 
   GpuTuneOutcome out;
   out.key = tune_key_for(gpu, p, pb, options.buckets, options.backward);
   out.metadata = tuning_metadata(gpu);
-  KernelRequest base;
-  base.head_dim = static_cast<int>(pb.head_dim);
-  base.head_dim_v = static_cast<int>(pb.head_dim_v);
-  base.dtype = pb.dtype;
-  base.arch = gpu.arch;
-  base.arch_specific = out.key.arch_specific;  // the candidates of the path the runtime will run
+  // The candidates of the path the runtime will run.
+  const KernelRequest base = problem_request(pb, gpu.arch, out.key.arch_specific);
   // The default first, as the runtime resolves it for this pattern (KernelRequest::block_layouts).
   const std::vector<KernelConfig> candidates =
       options.backward ? candidate_backward_configs(base) : candidate_configs(for_pattern(base, p));

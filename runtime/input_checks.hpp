@@ -3,6 +3,7 @@
 #pragma once
 
 #include "attnjit/attnjit.hpp"
+#include "compiler/codegen/codegen.hpp"
 
 namespace attnjit {
 
@@ -28,6 +29,11 @@ void check_weights_size(int64_t batch, int64_t heads_q, int64_t seq_q, int64_t s
 
 // The Shape of a call of this problem at these offsets.
 Shape problem_shape(const Problem& pb, int64_t q_offset, int64_t k_offset);
+
+// The kernel request of this problem on a GPU of compute capability `arch` (10 * major + minor),
+// its arch-specific kernels or not: head dims and dtype from the problem, everything else the
+// request's defaults (the caller sets tiles, TMA, seeks).
+KernelRequest problem_request(const Problem& pb, int arch, bool arch_specific);
 
 // The problem itself: sizes >= 1, heads_kv divides heads_q.
 void check_problem(const Problem& pb);
