@@ -30,7 +30,7 @@ struct TuneOptions {
   int head_dim = 128, head_dim_v = 0, warmup = 3, iterations = 50;
   int64_t heads_q = 16, heads_kv = 0;  // heads_kv 0: heads_q
   double seconds = 2.0;
-  bool show = false, backward = false;
+  bool show = false, backward = false, refresh = false;
 };
 
 struct TuneJob {
@@ -125,6 +125,13 @@ int run_tune(const TuneOptions& o) {
     for (int64_t seq : seqs) {
       const int64_t heads_kv = o.heads_kv ? o.heads_kv : o.heads_q;
       const Problem pb{1, seq, seq, o.heads_q, heads_kv, job.head_dim, job.head_dim_v, job.dtype};
+      if (o.refresh) {  // only keys with no entry of this build's templates
+        const TuneKey key = tune_key_for(gpu, job.pattern, pb, go.buckets, o.backward);
+        if (!db.needs_retune(key)) {
+          std::cout << "up to date: " << key.describe() << " (tuned with these kernel templates)\n";
+          continue;
+        }
+      }
       std::cout << "tuning " << job.name << " seq=" << seq << " heads_q=" << o.heads_q << " heads_kv=" << heads_kv
                 << " d=" << job.head_dim << " "
                 << to_string(job.dtype) << (o.backward ? " backward" : "") << " on " << gpu.name << "\n"
@@ -187,7 +194,11 @@ int run_show(const TuneOptions& o) {
       if (!gpu.empty() && e.key.gpu != gpu) continue;
       std::cout << "  " << e.key.describe() << ": " << describe(e.result.best) << " " << ms_text(e.result.best_ms)
                 << " (default " << ms_text(e.result.default_ms) << ", " << e.result.candidates.size()
-                << " candidates) tuned " << e.tuned_at << "\n";
+                << " candidates) tuned " << e.tuned_at
+                << (db.stale(e)            ? ", STALE: timed with other kernel templates (ignored; tune --refresh retimes it)"
+                    : e.templates.empty() ? ", templates unknown"
+                                          : "")
+                << "\n";
     }
     for (const DbEntry& e : f.invalid) {
       if (!gpu.empty() && e.key.gpu != gpu) continue;
@@ -216,6 +227,8 @@ void register_tune(CLI::App& app, int& rc) {
   sub->add_option("--iterations", o->iterations, "timed runs per candidate, at most")->capture_default_str();
   sub->add_option("--seconds", o->seconds, "timing budget per candidate")->capture_default_str();
   sub->add_flag("--backward", o->backward, "tune the backward kernels' tiles (recorded under their own key)");
+  sub->add_flag("--refresh", o->refresh,
+                "tune only the keys whose entry is missing or was timed with other kernel templates (stale)");
   sub->add_flag("--show", o->show, "print what the tuning databases hold for this GPU (all entries without a GPU)");
   sub->callback([o, &rc] { rc = guarded([&] { return o->show ? run_show(*o) : run_tune(*o); }); });
 }

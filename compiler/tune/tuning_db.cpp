@@ -15,10 +15,13 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <tuple>
 
+#include "compiler/codegen/templates.hpp"
 #include "compiler/nvrtc/nvrtc_compiler.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/read_file.hpp"
@@ -40,6 +43,7 @@ const char* to_string(LookupResult::Source s) {
 DbMetadata running_metadata(int arch) {
   DbMetadata m;
   m.attnjit_version = ATTNJIT_VERSION;
+  m.templates = TemplateSet::embedded().hash();
   m.nvrtc_version = arch > 0 ? nvrtc_version_for("sm_" + std::to_string(arch)) : nvrtc_available() ? nvrtc_version() : "";
   if (m.nvrtc_version.empty()) m.nvrtc_version = "none";
   return m;
@@ -129,12 +133,14 @@ json entry_json(const DbEntry& e) {
     cands.push_back({{"config", config_json(c.config)}, {"status", c.status}, {"median_ms", ms_json(c.median_ms)},
                      {"p20_ms", ms_json(c.p20_ms)}, {"p80_ms", ms_json(c.p80_ms)}});
   }
-  return {{"key", key_json(e.key)},
-          {"best", config_json(e.result.best)},
-          {"best_ms", ms_json(e.result.best_ms)},
-          {"default_ms", ms_json(e.result.default_ms)},
-          {"candidates", std::move(cands)},
-          {"tuned_at", e.tuned_at}};
+  json out = {{"key", key_json(e.key)},
+              {"best", config_json(e.result.best)},
+              {"best_ms", ms_json(e.result.best_ms)},
+              {"default_ms", ms_json(e.result.default_ms)},
+              {"candidates", std::move(cands)},
+              {"tuned_at", e.tuned_at}};
+  if (!e.templates.empty()) out["templates"] = e.templates;
+  return out;
 }
 DbEntry read_entry(const json& j, const std::string& at) {
   DbEntry e;
@@ -143,6 +149,7 @@ DbEntry read_entry(const json& j, const std::string& at) {
   e.result.best_ms = get_ms(j, "best_ms", at);
   e.result.default_ms = get_ms(j, "default_ms", at);
   e.tuned_at = get_string(j, "tuned_at", at);
+  if (j.contains("templates")) e.templates = get_string(j, "templates", at);
   const json& cands = field(j, "candidates", at);
   if (!cands.is_array()) throw Malformed{at + "/candidates", "expected an array"};
   for (size_t n = 0; n < cands.size(); ++n) {
@@ -356,8 +363,25 @@ TuningDb::TuningDb(std::vector<std::string> files, DbMetadata current) : current
   for (const std::string& path : files) files_.push_back(load_file(path, current_));
 }
 
+bool TuningDb::stale(const DbEntry& e) const {
+  return !e.templates.empty() && !current_.templates.empty() && e.templates != current_.templates;
+}
+
 LookupResult TuningDb::lookup(const TuneKey& key) const {
   std::string ignored;
+  // Entries timed with other kernel templates: one warning per file and process.
+  static std::mutex warned_mutex;
+  static std::set<std::string> warned;
+  for (const DbFile& f : files_) {
+    if (!f.trusted) continue;
+    const size_t n = static_cast<size_t>(std::count_if(f.entries.begin(), f.entries.end(), [&](const DbEntry& e) { return stale(e); }));
+    if (n == 0) continue;
+    const std::lock_guard<std::mutex> lock(warned_mutex);
+    if (warned.insert(f.path).second)
+      log(LogLevel::Warn, "tuning database " + f.path + ": " + std::to_string(n) +
+                              " entries were timed with other kernel templates and are ignored; `attnjit tune SPEC --refresh` "
+                              "retimes them");
+  }
   for (const DbFile& f : files_) {
     if (f.present && !f.trusted && !f.entries.empty()) {
       ignored += "; ignored " + f.path + " (tuned with attnjit " + f.metadata.attnjit_version + ", NVRTC " +
@@ -368,10 +392,12 @@ LookupResult TuningDb::lookup(const TuneKey& key) const {
   for (const DbFile& f : files_) {
     if (!f.trusted) continue;
     for (const DbEntry& e : f.entries) {
-      if (e.key == key) {
-        return {e.result.best, LookupResult::Source::Exact, f.path,
-                "tuned for " + key.describe() + " in " + f.path + ignored};
+      if (!(e.key == key)) continue;
+      if (stale(e)) {
+        ignored += "; ignored the entry in " + f.path + " (timed with other kernel templates: `attnjit tune --refresh`)";
+        continue;
       }
+      return {e.result.best, LookupResult::Source::Exact, f.path, "tuned for " + key.describe() + " in " + f.path + ignored};
     }
   }
   // Nearest bucket by the ratio of the lengths (log distance), compared exactly as fractions.
@@ -385,7 +411,7 @@ LookupResult TuningDb::lookup(const TuneKey& key) const {
     for (const DbEntry& e : f.entries) {
       TuneKey k = e.key;
       k.seq_bucket = key.seq_bucket;
-      if (!(k == key) || e.key.seq_bucket < 1) continue;
+      if (!(k == key) || e.key.seq_bucket < 1 || stale(e)) continue;
       if (best) {
         const auto [hi, lo] = ratio(e.key.seq_bucket);
         const auto [bhi, blo] = ratio(best->key.seq_bucket);
@@ -410,7 +436,7 @@ bool TuningDb::needs_retune(const TuneKey& key) const {
   for (const DbFile& f : files_) {
     if (!f.trusted) continue;
     for (const DbEntry& e : f.entries)
-      if (e.key == key) return false;
+      if (e.key == key && !stale(e)) return false;
   }
   return true;
 }
@@ -444,7 +470,7 @@ void TuningDb::record(const std::string& file, const TuneKey& key, const TuneRes
     throw UserError(file, problem);
   }
 
-  DbEntry mine{key, result, utc_now(), {}};
+  DbEntry mine{key, result, utc_now(), {}, metadata.templates};
   mine.result.wall_s = 0;
   auto same = std::find_if(entries.begin(), entries.end(), [&](const DbEntry& e) { return e.key == key; });
   if (same != entries.end()) *same = std::move(mine);

@@ -9,10 +9,14 @@
 //                         "dtype", "seq_bucket", "pass": "forward" | "backward" (absent: forward)},
 //                 "best": {"tile_q", "tile_k", "stages"}, "best_ms", "default_ms",
 //                 "candidates": [{"config": {...}, "status", "median_ms", "p20_ms", "p80_ms"}],
-//                 "tuned_at": "2025-01-31T12:00:00Z"}]}
+//                 "tuned_at": "2025-01-31T12:00:00Z", "templates": "<hash>"}]}
 //
 // Times that are +inf (pruned or failed candidates) are written as null. Entries tuned with another
-// attnjit version or NVRTC major version are untrusted: the kernels they timed may differ from today's. Writers
+// attnjit version or NVRTC major version are untrusted: the kernels they timed may differ from today's.
+// Each entry also records the hash of the kernel templates it was timed with ("templates"); an
+// entry of other templates is stale: lookups skip it (one warning per file and process), `attnjit
+// tune --show` marks it and `attnjit tune --refresh` retimes exactly such keys. An entry without
+// the field (written before it existed) is used as it is and shown as "templates unknown". Writers
 // lock <file>.lock, re-read, merge and rename a temp file into place; readers take no lock.
 #pragma once
 
@@ -31,6 +35,7 @@ struct DbMetadata {
   int driver_version = 0;
   std::string gpu;
   int sm_count = 0, arch = 0;
+  std::string templates;  // the kernel templates' hash (per entry in the file, not in its metadata)
 };
 
 // This build's attnjit version and the version of the NVRTC that compiles for `arch` (90 for
@@ -42,6 +47,7 @@ struct DbEntry {
   TuneResult result;  // wall_s is not stored (0 when read)
   std::string tuned_at;
   std::string problem;  // why the entry cannot be used (see DbFile::invalid); empty when it can
+  std::string templates;  // the templates' hash it was timed with; empty: not recorded (older files)
 };
 
 // One database file as read.
@@ -81,6 +87,9 @@ public:
   // True when no trusted file holds the exact key (a miss, or only a stale entry): with tuning on
   // (knobs().tune) the runtime tunes and records it.
   bool needs_retune(const TuneKey& key) const;
+
+  // Whether `e` was timed with other kernel templates than this build's (not when unrecorded).
+  bool stale(const DbEntry& e) const;
 
   // Adds or replaces the entry for `key` in `file` (created with its directory if missing) under an
   // exclusive lock on <file>.lock: re-reads the file, merges by key (this entry, the newest, wins;

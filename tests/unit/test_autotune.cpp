@@ -515,6 +515,47 @@ TEST_CASE("entries tuned with another attnjit or NVRTC version are ignored", "[a
   CHECK(fresh.files()[0].entries.size() == 1);
 }
 
+// An entry records the hash of the kernel templates it was timed with; one of other templates is
+// stale: lookups skip it (an exact key falls to the nearest fresh bucket or the heuristic), the
+// key needs re-tuning, and recording replaces it with this build's hash. An entry without the
+// field (files written before it) is used as it is.
+TEST_CASE("entries timed with other kernel templates are stale: skipped, re-tuned, replaced", "[autotune]") {
+  TempDir tmp;
+  const std::string file = tmp.file("gpu.json");
+  const DbMetadata now = meta();
+  REQUIRE_FALSE(now.templates.empty());
+  DbEntry old{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}, "0000000000000000"};
+  DbEntry fresh{key_for(16384), result_for(kC), "2024-01-01T00:00:00Z", {}, now.templates};
+  write_text(file, serialize_tuning_db(now, {old, fresh}));
+  const TuningDb db({file}, now);
+  REQUIRE(db.files()[0].entries.size() == 2);
+  CHECK(db.files()[0].entries[0].templates == "0000000000000000");
+  CHECK(db.stale(db.files()[0].entries[0]));
+  CHECK_FALSE(db.stale(db.files()[0].entries[1]));
+  const LookupResult r = db.lookup(key_for(4096));
+  CHECK(r.source == LookupResult::Source::NearestBucket);  // the fresh 16384 entry, not the stale exact one
+  CHECK(r.config == kC);
+  CHECK(r.why.find("other kernel templates") != std::string::npos);
+  CHECK(db.needs_retune(key_for(4096)));
+  CHECK_FALSE(db.needs_retune(key_for(16384)));
+
+  // Unrecorded templates: used.
+  DbEntry unknown{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}, ""};
+  write_text(file, serialize_tuning_db(now, {unknown}));
+  const TuningDb legacy({file}, now);
+  CHECK_FALSE(legacy.stale(legacy.files()[0].entries[0]));
+  CHECK(legacy.lookup(key_for(4096)).source == LookupResult::Source::Exact);
+  CHECK_FALSE(legacy.needs_retune(key_for(4096)));
+
+  // Recording writes this build's hash, replacing the stale entry.
+  write_text(file, serialize_tuning_db(now, {old}));
+  TuningDb({file}, now).record(file, key_for(4096), result_for(kC), now);
+  const TuningDb after({file}, now);
+  REQUIRE(after.files()[0].entries.size() == 1);
+  CHECK(after.files()[0].entries[0].templates == now.templates);
+  CHECK(after.lookup(key_for(4096)).source == LookupResult::Source::Exact);
+}
+
 TEST_CASE("a corrupt database file is one warning, then ignored", "[autotune]") {
   TempDir tmp;
   const std::string file = tmp.file("gpu.json");
