@@ -132,7 +132,7 @@ std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, A
 // compute capability 9.0 unless ATTNJIT_SM90A=0. The tuning key follows it (TuneKey::arch_specific).
 bool cuda_arch_specific(int arch);
 // `tma`: on the Hopper path, the TMA kernel where tensor maps describe a call's key rows.
-// `wgmma_backward` (or the ATTNJIT_BWD_WGMMA knob): the Hopper backward's dK/dV kernel on wgmma.
+// `wgmma_backward`: the Hopper backward's dK/dV kernel on wgmma (the runtime folds in the knob).
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
                                            const KernelConfig& config, const KernelConfig& backward_config,
                                            const TemplateSet& templates, bool tma = true,

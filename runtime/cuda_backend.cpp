@@ -191,7 +191,7 @@ public:
       device_name_ = info.name;
     }
     r.config = backward_config;
-    r.wgmma_backward = wgmma_backward || knobs().bwd_wgmma;
+    r.wgmma_backward = wgmma_backward;
     bwd_ = generate_backward_kernels(p, r, templates);
   }
 

@@ -124,7 +124,7 @@ public:
       fallback_ = generate_kernel(p, r, templates);
     }
     r.config = backward_config;
-    r.wgmma_backward = wgmma_backward || knobs().bwd_wgmma;
+    r.wgmma_backward = wgmma_backward;
     bwd_ = generate_backward_kernels(p, r, templates);  // text only: compiled on the first backward call
   }
 

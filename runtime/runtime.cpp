@@ -203,11 +203,14 @@ KernelConfig tuned_config(const Pattern& pattern, const Problem& problem, const 
 
 // The backward kernels' configuration: the caller's, else the tuning database's backward entry
 // (exact key or nearest bucket; filled by `attnjit tune --backward`), else the path's default.
+// Whether the Hopper backward's dK/dV runs on wgmma: the option or the ATTNJIT_BWD_WGMMA knob.
+bool wgmma_backward(const RuntimeOptions& o) { return o.wgmma_backward || knobs().bwd_wgmma; }
+
 KernelConfig tuned_backward_config(const Pattern& pattern, const Problem& problem, const RuntimeOptions& o) {
   if (!(o.backward_config == KernelConfig{})) return o.backward_config;
   // The wgmma backward's tiles are fixed (a tuned entry is for the sm_80 kernels' tiles; asked for on
   // another GPU, its sm_80 kernels take their default tiles).
-  if (o.wgmma_backward || knobs().bwd_wgmma) return {};
+  if (wgmma_backward(o)) return {};
   CudaDriver::get();  // without a driver, the plain "no GPU" error rather than a tuning one
   const TuningGpu gpu = tuning_gpu(o.device.index);
   const TuneKey key = tune_key_for(gpu, pattern, problem, {}, true);
@@ -244,12 +247,12 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
     case DeviceKind::CPU: st->backend = make_cpu_backend(st->pattern, problem); break;
     case DeviceKind::EMU:
       st->backend = make_emu_backend(st->pattern, problem, {o.device.index, o.device.arch_specific}, o.cache_dir, o.config, o.backward_config, templates, o.tma,
-                                     st->random, o.wgmma_backward);
+                                     st->random, wgmma_backward(o));
       break;
     case DeviceKind::CUDA:
       st->backend = make_cuda_backend(st->pattern, problem, o.device.index, o.cache_dir, tuned_config(pattern, problem, o),
                                       tuned_backward_config(pattern, problem, o), templates, o.tma, st->random,
-                                      o.wgmma_backward);
+                                      wgmma_backward(o));
       break;
   }
   // Plan the common case now (offsets 0), so forward() only launches.

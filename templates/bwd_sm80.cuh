@@ -316,10 +316,7 @@ __device__ __forceinline__ bool aj_bwd_tile_nonfinite(const aj_elem* sk, int lan
   constexpr int WORDS = AJ_HEAD_DIM / 2;  // two elements a word
   bool bad = false;
   for (int x = lane; x < AJ_TILE_K * WORDS; x += 32) bad |= aj_tc_word_nonfinite(*(const aj_u32*)(sk + (x / WORDS) * AJ_DP + (x % WORDS) * 2));
-  float any = bad ? 1.0f : 0.0f;
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) any += aj_shfl_xor(any, m);
-  return any != 0.0f;
+  return aj_warp_any(bad);
 }
 
 // One 16 x 16 block of the single pass's dQ = dS K (query rows q0 .. q0 + 15 of the entry, dS^T's

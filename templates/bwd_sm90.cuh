@@ -168,10 +168,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90(const AjBwdParams& bp) {
     if (single && it == 0) {  // K landed with the first query tile: any non-finite word in it?
       bool bad = false;
       for (int x = lane; x < AJ_BWD90_K_BYTES / 4; x += 32) bad |= aj_tc_word_nonfinite(((const aj_u32*)sh.k)[x]);
-      float any = bad ? 1.0f : 0.0f;
-#pragma unroll
-      for (int m = 16; m > 0; m >>= 1) any += aj_shfl_xor(any, m);
-      kbad = any != 0.0f;
+      kbad = aj_warp_any(bad);
     }
     const AjQueryEntry qe = bp.query_entries[e];
     bool full;

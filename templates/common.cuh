@@ -185,6 +185,14 @@ struct __align__(16) aj_u32x4 {
 __device__ __forceinline__ bool aj_nonfinite(float x) { return (aj_float_as_uint(x) & 0x7f800000u) == 0x7f800000u; }
 __device__ __forceinline__ bool aj_isnan(float x) { return (aj_float_as_uint(x) & 0x7fffffffu) > 0x7f800000u; }
 
+// Whether any lane of the (whole, converged) warp passes `x`.
+__device__ __forceinline__ bool aj_warp_any(bool x) {
+  float any = x ? 1.0f : 0.0f;
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) any += aj_shfl_xor(any, m);
+  return any != 0.0f;
+}
+
 // The rare paths (aj_rare_path): the exact sums after a non-finite value, by kernel. The emulator
 // counts each (tests/unit/test_mutations.cpp reads them).
 #define AJ_RARE_FWD_ROWS 0  // forward: a row a masked non-finite V reached (aj_tc_exact_rows)

@@ -418,7 +418,8 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
   const std::string predicate = generate_mask_predicate(p);
   k.has_mask = pattern_has_mask(p);
   k.seeks = kernel_seeks(p, r);
-  const char* body;
+  const char* body;       // _dq's (and _dkdv's unless dkdv_body says otherwise)
+  const char* dkdv_body = nullptr;
   std::vector<std::string> bodies;
   if (k.path == KernelPath::Sm80) {
     out.dq_threads = k.config.tile_q * 2;
@@ -436,6 +437,7 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
     out.single_pass = true;
     bodies = {"fwd_sm80.cuh", "fwd_sm90.cuh", "bwd_common.cuh", "bwd_sm80.cuh", "bwd_sm90.cuh"};
     body = "_sm80";
+    dkdv_body = "_sm90";
   } else {
     out.dq_threads = k.config.tile_q * 4;
     out.dkdv_threads = k.config.tile_k * 4;
@@ -447,11 +449,10 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
   std::ostringstream os;
   os << render_prefix("backward kernels", k, r, p, predicate, templates, bodies);
   os << "\n// ---- generated: entry points\n";
-  std::tuple<const char*, int, const char*> entries[] = {{"pre", out.aux_threads, ""},
+  const std::tuple<const char*, int, const char*> entries[] = {{"pre", out.aux_threads, ""},
                                                                {"dq", out.dq_threads, body},
-                                                               {"dkdv", out.dkdv_threads, body},
+                                                               {"dkdv", out.dkdv_threads, dkdv_body ? dkdv_body : body},
                                                                {"cvt", out.aux_threads, ""}};
-  if (k.path == KernelPath::Sm90) std::get<2>(entries[2]) = "_sm90";
   for (const auto& [suffix, threads, impl] : entries) {
     os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ", 1) AJ_KERNEL_NAME_" << suffix
        << "(const AjBwdParams p) {\n  aj_bwd_" << suffix << impl << "(p);\n}\n";

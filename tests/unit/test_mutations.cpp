@@ -321,7 +321,7 @@ const Mutation kMutations[] = {
      true, false, 128, true},
     {"sm_90a backward: dS of key rows past the tile's count not zeroed", "bwd_sm90.cuh",
      "(x < 2 ? in0 : in1) ? s[j][x] : 0.0f", "s[j][x]", DType::BF16, true, false, 64, true, true, true},
-    {"sm_90a backward: the key tile's NaN test skipped", "bwd_sm90.cuh", "      kbad = any != 0.0f;", "      kbad = false;",
+    {"sm_90a backward: the key tile's NaN test skipped", "bwd_sm90.cuh", "      kbad = aj_warp_any(bad);", "      kbad = false;",
      DType::BF16, true, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 'k'},
     {"sm_90a backward: the exact dQ block weighs the pairs that mask the key too", "bwd_sm90.cuh",
      "        if (!aj_queries_allowed(p, qe.branch, qe.head, kpos, q_origin, (aj_cs)r * (aj_cs)qe.rows_stride)) continue;",
