@@ -76,19 +76,6 @@ __device__ __forceinline__ void aj_bwd90_stage_queries(const AjBwdParams& bp, co
   }
 }
 
-// acc (M = 64 rows of this warpgroup, N = COLS) as the A operand of a k16 step: the accumulator
-// layout of wgmma (and of mma.sync) is the A-fragment layout.
-template <int COLS>
-__device__ __forceinline__ void aj_bwd90_pack(const float (&x)[COLS / 8][4], aj_u32 (&a)[COLS / 16][4]) {
-#pragma unroll
-  for (int kk = 0; kk < COLS / 16; ++kk) {
-    a[kk][0] = aj_pack2(x[2 * kk][0], x[2 * kk][1]);
-    a[kk][1] = aj_pack2(x[2 * kk][2], x[2 * kk][3]);
-    a[kk][2] = aj_pack2(x[2 * kk + 1][0], x[2 * kk + 1][1]);
-    a[kk][3] = aj_pack2(x[2 * kk + 1][2], x[2 * kk + 1][3]);
-  }
-}
-
 // This thread's elements of one 64 x 64 block of the single pass's dQ (columns c0 .. c0 + 63 of the
 // head dim) summed over the attended pairs only, from dS and K in shared memory, and added into the
 // fp32 accumulator in place of the tensor cores' block: a NaN or inf in a key row that some of
@@ -202,8 +189,8 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90(const AjBwdParams& bp) {
         aj_wgmma_commit();
         aj_wgmma_wait<0>();  // also the last sub-block's dV, dK: its A registers are free again
         aj_bwd_pt_dst<AJ_BWD90_SUB>(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, lse2, delta, s, dp);
-        aj_bwd90_pack<AJ_BWD90_SUB>(dp, pa);
-        aj_bwd90_pack<AJ_BWD90_SUB>(s, dsa);
+        aj_sm90_pack<AJ_BWD90_SUB>(dp, pa);  // fwd_sm90.cuh
+        aj_sm90_pack<AJ_BWD90_SUB>(s, dsa);
         if (single) {
           // dS (queries x keys, K-major: the A operand of dQ = dS K), from this thread's dS^T
           // elements. Key rows past the tile's count are zeroed (a full entry skips the checks above).

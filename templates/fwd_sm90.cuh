@@ -121,10 +121,13 @@ __device__ __forceinline__ void aj_sm90_issue_pv(float (&acc)[AJ_HEAD_DIM_V / 8]
 }
 
 // P in the input type, as the A operand of P V (the registers of a wgmma in flight must not change
-// before it is waited for, so the loop packs the next P only after waiting for the last P V).
-__device__ __forceinline__ void aj_sm90_pack(const float (&s)[AJ_TILE_K / 8][4], aj_u32 (&pa)[AJ_TILE_K / 16][4]) {
+// before it is waited for, so the loop packs the next P only after waiting for the last P V). Any
+// accumulator of COLS columns packs so (the backward's P^T and dS^T): the accumulator layout of
+// wgmma (and of mma.sync) is the A-fragment layout.
+template <int COLS = AJ_TILE_K>
+__device__ __forceinline__ void aj_sm90_pack(const float (&s)[COLS / 8][4], aj_u32 (&pa)[COLS / 16][4]) {
 #pragma unroll
-  for (int kk = 0; kk < AJ_TILE_K / 16; ++kk) {
+  for (int kk = 0; kk < COLS / 16; ++kk) {
     pa[kk][0] = aj_pack2(s[2 * kk][0], s[2 * kk][1]);
     pa[kk][1] = aj_pack2(s[2 * kk][2], s[2 * kk][3]);
     pa[kk][2] = aj_pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
