@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "compiler/codegen/codegen.hpp"
-#include "compiler/jit.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/pattern/spec_json.hpp"
 
 using namespace attnjit;
@@ -26,6 +26,7 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 int main(int argc, char** argv) {
   KernelRequest req;
+  req.head_dim = req.head_dim_v = 128;  // the head dim the recorded compile times are for
   int repeat = 20;
   std::vector<std::string> specs;
   try {

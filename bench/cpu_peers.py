@@ -23,7 +23,7 @@ Writes DIR/cpu_peers.json and DIR/cpu_peers.md.
 times each system alone instead: every round runs ours, then the peer, each in a process of its
 own (--runs calls after a warm-up, the median), and reports the median of the rounds' medians.
 Interleaved in one process, the first milliseconds of our call share the cores with PyTorch's
-OpenMP threads, which keep spinning after SDPA returns (bench/NOTES.md, "The CPU device").
+OpenMP threads, which keep spinning after SDPA returns (docs/performance.md, "The CPU device").
 """
 import argparse
 import fnmatch

@@ -1,6 +1,6 @@
 // The CPU executor's inner loop in isolation: for each (head, query tile) the two tile products
 // per key tile (S = Q K^T, acc += P V) with Eigen, optionally the row softmax's exp, over dense
-// attention. It separates GEMM speed from everything around it (bench/NOTES.md, "The CPU device").
+// attention. It separates GEMM speed from everything around it (docs/performance.md, "The CPU device").
 //
 //   build/bench/attnjit_cpu_tile_bench [--seq 2048] [--heads 8] [--head-dim 64] [--tile 128x128] [--reps 3]
 //
@@ -10,7 +10,7 @@
 // executor's AVX2 variant, and as attnjit_cpu_tile_bench_avx512 with its AVX-512 variant's flags.
 #include <Eigen/Core>
 
-#include "runtime/plan_executor_exp.hpp"
+#include "runtime/cpu/plan_executor_exp.hpp"
 
 #include <algorithm>
 #include <chrono>

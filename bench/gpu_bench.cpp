@@ -28,7 +28,7 @@
 #include "attnjit/attnjit.hpp"
 #include "compiler/pattern/pattern_stats.hpp"
 #include "compiler/support/error.hpp"
-#include "runtime/cuda_driver.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
 #include "runtime/npy.hpp"
 
 using namespace attnjit;

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Nsight Compute profiles of attnjit's kernels, for the "why are we slower" half of a GPU session
-# (bench/NOTES.md keeps what they showed).
+# (docs/performance.md keeps what they showed).
 #
 #   bash bench/ncu_profile.sh OUTDIR SPEC...     (from the repository root, after a build in
-#                                                 build-device/: bench/device_check.sh makes one)
+#                                                 build-device/: tests/device/device_check.sh makes one)
 #
 # For each SPEC: attnjit_gpu_bench runs once (--runs 1 --warmup 0) at SEQ tokens (16384), 16 heads,
 # head dim 128, bf16, batch 1, with the kernels the runtime picks (the shipped tuning database
@@ -29,7 +29,7 @@ seq="${SEQ:-16384}"
 ncu="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
 bench="$build/bench/attnjit_gpu_bench"
 [ -x "$ncu" ] || { echo "SKIPPED: no Nsight Compute (ncu) on this machine"; exit 77; }
-[ -x "$bench" ] || { echo "ncu_profile: $bench is not built (run bench/device_check.sh first)" >&2; exit 2; }
+[ -x "$bench" ] || { echo "ncu_profile: $bench is not built (run tests/device/device_check.sh first)" >&2; exit 2; }
 export ATTNJIT_CACHE_DIR="${ATTNJIT_CACHE_DIR:-$build/kernel-cache}"
 
 status=0

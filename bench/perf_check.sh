@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The performance half of a GPU session (bench/device_check.sh is the correctness half): tune the
+# The performance half of a GPU session (tests/device/device_check.sh is the correctness half): tune the
 # shipped database, show that prepare() uses it, time the examples with it, and run attnjit against
 # PyTorch's SDPA and FlexAttention side by side.
 #

@@ -10,7 +10,7 @@ query rank reads, by formula (segments, residues, chunk order), so it runs at 16
 compares those counts with what attnjit computes at small sizes (Pattern.stats with the chunks'
 offsets, and the comm plan's rows and chunk pairs, which the gloo tests show equal to the bytes
 each rank sends). Times: pairs x 4 x D / throughput (+ the steps' memory passes), bytes /
-bandwidth, with the throughputs measured on an H100 (bench/NOTES.md) and the links' nominal
+bandwidth, with the throughputs measured on an H100 (docs/performance.md) and the links' nominal
 bandwidths. Efficiency: the kernels' time alone, spread evenly, over the modelled time."""
 import argparse
 import functools
@@ -21,7 +21,7 @@ import numpy as np
 
 from attnjit.distributed import chunks_of  # the layouts, as ring_attention cuts the sequence
 
-# Measured on an H100 (bench/results/NVIDIA_H100_80GB_HBM3/loads_ab/bench_new.txt, 16K tokens,
+# Measured on an H100 (`bench/gpu_ab.sh`, docs/performance.md, "Tile loads: one address per tile"; 16K tokens,
 # 16 heads, D 128, bf16): useful TFLOP/s forward and backward.
 THROUGHPUT = {"dense causal": (232.2e12, 140.3e12), "longnet": (215.2e12, 150.0e12)}
 NVLINK = 450e9  # bytes/s each way per GPU (NVLink 4: 900 GB/s both ways), 8 GPUs per node

@@ -8,7 +8,7 @@ density instead of the kernels' hash (the count depends on the density, not on t
 
 Prints, per length, the candidate blocks hashed with the random scan unbounded (it runs up to 64
 blocks ahead, past a band or a global block that already answers) and bounded by the union's
-earlier answers (the scan stops where a sibling's next key is), per visited tile. bench/NOTES.md
+earlier answers (the scan stops where a sibling's next key is), per visited tile. docs/performance.md
 multiplies them by the instructions per candidate of bench/random_scan_cost.sh.
 """
 import argparse

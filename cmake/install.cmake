@@ -11,15 +11,15 @@ include(CMakePackageConfigHelpers)
 # that hold both in the tree and installed. Installed as include/attnjit/attnjit.hpp,
 # include/attnjit/reference.hpp and include/attnjit/compiler/<stage>/*.hpp (the source tree's stage
 # folders, mirrored).
-set(ATTNJIT_PUBLIC_HEADERS runtime/attnjit/attnjit.hpp runtime/reference.hpp)
+set(ATTNJIT_PUBLIC_HEADERS include/attnjit/attnjit.hpp include/attnjit/reference.hpp)
 set(ATTNJIT_PUBLIC_COMPILER_HEADERS compiler/pattern/pattern.hpp compiler/pattern/spec_json.hpp
     compiler/pattern/mask.hpp compiler/codegen/codegen.hpp compiler/codegen/templates.hpp
     compiler/support/error.hpp compiler/support/types.hpp)
 
-# The same objects as attnjit_core (compiled once: position-independent, hidden unless a public
+# The same objects as attnjit_core (the layers', compiled once: position-independent, hidden unless a public
 # header says otherwise), so the JSON parser, Eigen and the library's internals never bind to a
 # program's own copies. What it links stays private: its headers need the standard library only.
-add_library(attnjit_shared SHARED $<TARGET_OBJECTS:attnjit_core> ${ATTNJIT_CPU_OBJECTS})
+add_library(attnjit_shared SHARED ${ATTNJIT_LAYER_OBJECTS} ${ATTNJIT_CPU_OBJECTS})
 target_link_libraries(attnjit_shared PRIVATE Threads::Threads ${CMAKE_DL_LIBS})
 if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
   target_link_options(attnjit_shared PRIVATE -Wl,--no-undefined)  # a missing dependency fails here, not in a user's link

@@ -1,6 +1,6 @@
 // The emulation prelude: what the host C++ compiler needs, besides emulator/emu_abi.h, to compile
 // a kernel's CUDA text unchanged. It maps the CUDA keywords to C++, declares the aj_emu_* shims
-// the emulation twins of templates/gpu_blocks.cuh call, and defines the hooks through which the
+// the emulation twins of templates/blocks/ call, and defines the hooks through which the
 // compiler's instrumentation (-fsanitize=thread, without its runtime) reports every memory access
 // of the kernel to the emulator. Embedded in the library; its hash is part of the cache key.
 #define AJ_EMULATE 1

@@ -1,7 +1,7 @@
 // A TMA tensor map: what cuTensorMapEncodeTiled is given (CUDA driver API, "Tensor Map Object
 // Management"), the rules the driver checks, and what `cp.async.bulk.tensor ... .tile` does with
 // it (PTX ISA, "Tensor Access Modes: Tiled mode"). On a GPU the driver encodes the spec into its
-// opaque 128 bytes (runtime/cuda_driver.cpp); for the emulator attnjit encodes it into the same
+// opaque 128 bytes (runtime/cuda/cuda_driver.cpp); for the emulator attnjit encodes it into the same
 // 128 bytes in a format of its own, which the emulator's TMA decodes. Both go through the same
 // checks, so a map the driver would refuse is refused before either sees it.
 #pragma once

@@ -7,8 +7,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 spec="${1:-$root/examples/longnet.json}"
 out="${OUT_DIR:-$root/build/quickstart}"
-bash "$root/tools/setup_deps.sh"
-bash "$root/tools/build.sh"
+# Only what this needs: the CLI and the C++ example (tests/run.sh installs and builds the rest).
+bash "$root/scripts/setup_deps.sh" --build-only
+ATTNJIT_BUILD_TESTS=OFF ATTNJIT_PYTHON=OFF bash "$root/scripts/build.sh" attnjit attnjit_example
 attnjit="${BUILD_DIR:-$root/build}/attnjit"
 mkdir -p "$out"
 

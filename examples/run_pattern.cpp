@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "compiler/support/error.hpp"
-#include "runtime/cuda_driver.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
 
 namespace aj = attnjit;
 

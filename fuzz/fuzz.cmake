@@ -1,23 +1,20 @@
-# libFuzzer targets for attnjit's readers (docs/testing.md, "Fuzzing"; tools/fuzz.sh). Included by the top-level
+# libFuzzer targets for attnjit's readers (docs/testing.md, "Fuzzing"; scripts/fuzz.sh). Included by the top-level
 # CMakeLists.txt only with -DATTNJIT_FUZZ=ON and clang; the normal g++ build never sees them.
 # Included rather than added as a subdirectory: the embedded templates are a custom command's output,
 # which only targets of the same directory can build.
 if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
-  message(FATAL_ERROR "ATTNJIT_FUZZ needs clang (libFuzzer): configure with -DCMAKE_CXX_COMPILER=clang++ (tools/fuzz.sh does)")
+  message(FATAL_ERROR "ATTNJIT_FUZZ needs clang (libFuzzer): configure with -DCMAKE_CXX_COMPILER=clang++ (scripts/fuzz.sh does)")
 endif()
 
 set(ATTNJIT_FUZZ_SANITIZERS "address,undefined" CACHE STRING "Sanitizers the fuzz targets run under")
 set(ATTNJIT_FUZZ_FLAGS -fsanitize=${ATTNJIT_FUZZ_SANITIZERS} -fno-sanitize-recover=undefined
     -fno-omit-frame-pointer -gline-tables-only -O1)
 
-# The readers and what they link: the compiler/ sources of attnjit_core (taken from its own list, so
-# a new file there is not forgotten here), the .npy reader and the CLI's dynamic-layout reader.
+# The readers and what they link: the compiler's sources (the layers' own lists, ATTNJIT_COMPILER_SOURCES,
+# so a new file there is not forgotten here), the .npy reader and the CLI's dynamic-layout reader.
 # Instrumented for coverage too (fuzzer-no-link); only the objects a target needs are linked.
-get_target_property(ATTNJIT_CORE_SOURCES attnjit_core SOURCES)
-set(ATTNJIT_FUZZ_LIB_SOURCES ${ATTNJIT_CORE_SOURCES})
-list(FILTER ATTNJIT_FUZZ_LIB_SOURCES INCLUDE REGEX "^compiler/.*\\.cpp$|^runtime/npy\\.cpp$")
-add_library(attnjit_fuzz_core STATIC ${ATTNJIT_FUZZ_LIB_SOURCES} ${ATTNJIT_TEMPLATES_CPP} tools/cli_common.cpp)
-target_include_directories(attnjit_fuzz_core PUBLIC ${CMAKE_SOURCE_DIR} ${CMAKE_SOURCE_DIR}/runtime)
+add_library(attnjit_fuzz_core STATIC ${ATTNJIT_COMPILER_SOURCES} runtime/npy.cpp ${ATTNJIT_TEMPLATES_CPP} tools/cli_common.cpp)
+target_include_directories(attnjit_fuzz_core PUBLIC ${CMAKE_SOURCE_DIR} ${CMAKE_SOURCE_DIR}/include)
 target_link_libraries(attnjit_fuzz_core PUBLIC nlohmann_json::nlohmann_json CLI11::CLI11 Threads::Threads ${CMAKE_DL_LIBS})
 # Nothing fuzzed compiles a kernel, so no NVRTC is ever loaded.
 target_compile_definitions(attnjit_fuzz_core PUBLIC ATTNJIT_VERSION="${PROJECT_VERSION}"

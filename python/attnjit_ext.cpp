@@ -19,10 +19,10 @@
 #include <tuple>
 
 #include "attnjit/attnjit.hpp"
-#include "compiler/precompile.hpp"
+#include "compiler/driver/precompile.hpp"
 #include "compiler/codegen/codegen.hpp"
-#include "compiler/dump.hpp"
-#include "compiler/jit.hpp"
+#include "compiler/driver/dump.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/nvrtc/nvrtc_compiler.hpp"
 #include "compiler/nvrtc/nvrtc_library.hpp"
 #include "compiler/pattern/mask.hpp"
@@ -33,10 +33,10 @@
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
 #include "compiler/tune/tuning_db.hpp"
-#include "runtime/cuda_probe.hpp"
+#include "runtime/cuda/cuda_probe.hpp"
 #include "runtime/input_checks.hpp"
-#include "runtime/plan_executor.hpp"
-#include "runtime/reference.hpp"
+#include "runtime/cpu/plan_executor.hpp"
+#include "attnjit/reference.hpp"
 
 namespace nb = nanobind;
 using namespace attnjit;
@@ -372,12 +372,10 @@ std::string dump(const std::string& spec, const std::string& stage, const std::v
     r.shape = s;
   }
   if (stage == "cuda" || stage == "ptx" || stage == "sass") {
-    KernelRequest k;
-    k.head_dim = static_cast<int>(dims.at(5)), k.head_dim_v = static_cast<int>(dims.at(6));
+    Shape heads;
+    heads.head_dim = dims.at(5), heads.head_dim_v = dims.at(6);
     const ArchName a = parse_arch_name(arch, "arch");
-    k.dtype = parse_dtype(dtype), k.arch = a.arch, k.arch_specific = a.specific, k.tma = knobs().tma;
-    k.wgmma_backward = knobs().bwd_wgmma;
-    r.kernels.push_back(k);
+    r.kernels.push_back(knob_request(heads, parse_dtype(dtype), a.arch, a.specific));
   }
   nb::gil_scoped_release release;
   return dump_stage(p, r);

@@ -86,13 +86,7 @@ Shape problem_shape(const Problem& pb, int64_t q_offset, int64_t k_offset) {
 }
 
 KernelRequest problem_request(const Problem& pb, int arch, bool arch_specific) {
-  KernelRequest r;
-  r.head_dim = static_cast<int>(pb.head_dim);
-  r.head_dim_v = static_cast<int>(pb.head_dim_v);
-  r.dtype = pb.dtype;
-  r.arch = arch;
-  r.arch_specific = arch_specific;
-  return r;
+  return kernel_request(problem_shape(pb, 0, 0), pb.dtype, arch, arch_specific);
 }
 
 void check_problem(const Problem& pb) { check_shape(problem_shape(pb, 0, 0), "problem."); }

@@ -12,8 +12,8 @@
 #include "compiler/support/knobs.hpp"
 #include "compiler/tune/tuning_db.hpp"
 #include "runtime/backend.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/gpu_timer.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
+#include "runtime/cuda/tuning_search.hpp"
 #include "runtime/input_checks.hpp"
 
 namespace attnjit {

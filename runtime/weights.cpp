@@ -4,7 +4,7 @@
 #include "compiler/support/knobs.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/host_tensors.hpp"
-#include "runtime/plan_executor.hpp"
+#include "runtime/cpu/plan_executor.hpp"
 
 namespace attnjit {
 

@@ -1,7 +1,7 @@
 // attnjit kernel templates: shared pieces. Self-contained (no includes), so NVRTC needs no
 // include path and the source of a kernel is exactly what `attnjit dump --stage cuda` prints.
 //
-// The generated instantiation defines, before this file and templates/gpu_blocks.cuh:
+// The generated instantiation defines, before this file and templates/blocks/:
 //   AJ_HEAD_DIM, AJ_HEAD_DIM_V   head dims of q/k and of v
 //   AJ_TILE_Q, AJ_TILE_K         query rows and keys per tile
 //   AJ_STAGES                    cp.async pipeline depth (sm_80 path)

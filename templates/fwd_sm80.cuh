@@ -666,7 +666,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
   // 16 bytes wide; every stage is free (the loop ends on a barrier, no copy is in flight). With two
   // row groups and 64 or more keys a tile the item is read again here: its fields held across the
   // loop cost registers the accumulators need (ptxas spilled in the softmax at head dim 128; with
-  // 32-key tiles the reread makes it spill instead, so those keep them: bench/NOTES.md).
+  // 32-key tiles the reread makes it spill instead, so those keep them: docs/performance.md).
   aj_elem* o_tile = (aj_elem*)aj_smem;  // [AJ_TILE_Q][AJ_DVP]
   const AjItem out = AJ_ROW_GROUPS > 1 && AJ_TILE_K >= 64 ? p.items[aj_block_idx_x()] : item;
 #pragma unroll

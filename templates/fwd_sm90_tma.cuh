@@ -7,7 +7,7 @@
 // has read it, V after P V). No block barrier runs in the loop, and the consumers issue no loads.
 //
 // Dilation stays addressing: a key tile's rows are first + i * stride (i < AJ_TILE_K), which the
-// tensor map for that stride describes (runtime/tma_maps.cpp makes one per key stride of the plan,
+// tensor map for that stride describes (runtime/cuda/tma_maps.cpp makes one per key stride of the plan,
 // at most AJ_TMA_MAPS). Up to stride 8 the map traverses the rows with that element stride, and a
 // box brings `rows` of them (stride x rows <= 256): dimensions head dim (64 elements a box, one
 // 128-byte swizzled column block), kv head, row, batch. Beyond 8 the rows are folded by f (a

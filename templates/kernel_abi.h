@@ -1,7 +1,7 @@
 /* The kernel ABI: the argument blocks and plan tables every generated kernel takes, declared once.
  * The host includes this file (compiler/plan/device_plan.hpp packs the tables and fills the
  * argument blocks) and the code generator embeds it in every kernel's source (after
- * templates/gpu_blocks.cuh, which defines aj_i64 and aj_u64), so NVRTC, the emulator's host
+ * templates/blocks/base.cuh, which defines aj_i64 and aj_u64), so NVRTC, the emulator's host
  * compiler and the host's compiler all read the same declarations. Every field's offset and every
  * size is checked below (NVRTC: the sizes): a reordered or resized field fails to compile on
  * whichever side lays it out differently. C declarations (typedef'd structs of scalars and pointers, no

@@ -4,7 +4,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BUILD_DIR:-$root/build}"
-bash "$root/tools/setup_deps.sh"
-bash "$root/tools/build.sh"
+bash "$root/scripts/setup_deps.sh"
+bash "$root/scripts/build.sh"
 cd "$build"
 ctest --output-on-failure -j "${JOBS:-$(nproc)}" "$@"

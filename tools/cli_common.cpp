@@ -11,7 +11,7 @@
 #include <sstream>
 #include <unistd.h>
 
-#include "compiler/jit.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/plan/plan.hpp"
 #include "compiler/support/error.hpp"
@@ -300,19 +300,19 @@ Device emu_device(const std::string& arch) {
 }
 
 std::vector<KernelRequest> KernelOptions::requests() const {
+  Shape s;
+  s.head_dim = head_dim;
+  s.head_dim_v = head_dim_v > 0 ? head_dim_v : head_dim;
+  return requests(s);
+}
+
+std::vector<KernelRequest> KernelOptions::requests(const Shape& s) const {
   std::vector<KernelRequest> out;
   std::stringstream ss(archs);
   for (std::string a; std::getline(ss, a, ',');) {
     if (a.empty()) continue;
-    KernelRequest r;
-    r.head_dim = head_dim;
-    r.head_dim_v = head_dim_v > 0 ? head_dim_v : head_dim;
-    r.dtype = parse_dtype(dtype);
     const ArchName an = parse_arch_name(a);
-    r.arch = an.arch;
-    r.arch_specific = an.specific;
-    r.tma = knobs().tma;
-    r.wgmma_backward = knobs().bwd_wgmma;
+    KernelRequest r = knob_request(s, parse_dtype(dtype), an.arch, an.specific);
     r.config = parse_kernel_tile(tile);
     r.config.stages = stages;
     r.random_in_kernel = random_in_kernel;

@@ -22,7 +22,7 @@ CLI::Validator at_least(int64_t min);
 // --seq/--seq-q, --seq-k, --heads-q, --heads-kv, --q-offset, --k-offset (and optionally batch and head dims).
 struct ShapeOptions {
   int64_t seq_q = 0, seq_k = 0, heads_q = 8, heads_kv = 0, q_offset = 0, k_offset = 0;
-  int64_t batch = 1, head_dim = 64, head_dim_v = 0;
+  int64_t batch = 1, head_dim = kDefaultHeadDim, head_dim_v = 0;
   void add_to(CLI::App* app, bool with_dims);
   bool has_seq() const { return seq_q > 0; }
   Shape shape() const;  // seq_k defaults to seq_q, heads_kv to heads_q, head_dim_v to head_dim
@@ -84,11 +84,12 @@ namespace attnjit::cli {
 
 // --head-dim, --head-dim-v, --dtype, --arch (comma list), --kernel-tile, --stages: which kernels.
 struct KernelOptions {
-  int head_dim = 128, head_dim_v = 0, stages = 0;
+  int head_dim = kDefaultHeadDim, head_dim_v = 0, stages = 0;
   std::string dtype = "bf16", archs = "sm_80", tile = "default";
   bool random_in_kernel = false;  // random layouts left to the kernels (KernelRequest::random_in_kernel)
   void add_to(CLI::App* app, bool with_head_dim);
-  std::vector<KernelRequest> requests() const;  // one per arch
+  std::vector<KernelRequest> requests() const;  // one per arch, at these options' head dims
+  std::vector<KernelRequest> requests(const Shape& s) const;  // one per arch, at s's head dims
 };
 
 int parse_arch(const std::string& text);                  // "sm_80" -> 80; UserError otherwise

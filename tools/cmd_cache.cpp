@@ -3,7 +3,7 @@
 #include <iostream>
 #include <memory>
 
-#include "compiler/jit.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/nvrtc/cubin_info.hpp"
 #include "emulator/emu_compiler.hpp"
 #include "tools/cli_common.hpp"

@@ -5,8 +5,8 @@
 #include <memory>
 #include <sstream>
 
-#include "compiler/precompile.hpp"
-#include "compiler/jit.hpp"
+#include "compiler/driver/precompile.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"

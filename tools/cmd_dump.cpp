@@ -2,7 +2,7 @@
 #include <iostream>
 #include <memory>
 
-#include "compiler/dump.hpp"
+#include "compiler/driver/dump.hpp"
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"
 #include "tools/cli_common.hpp"
@@ -33,11 +33,10 @@ int run_dump(const DumpOptions& o) {
   r.tiles = parse_tile_config(o.tile);
   r.random_in_kernel = o.kernel.random_in_kernel;
   if (o.stage == "cuda" || o.stage == "ptx" || o.stage == "sass") {
-    for (KernelRequest k : o.kernel.requests()) {
-      k.head_dim = static_cast<int>(o.shape.head_dim);
-      k.head_dim_v = static_cast<int>(o.shape.head_dim_v > 0 ? o.shape.head_dim_v : o.shape.head_dim);
-      r.kernels.push_back(k);
-    }
+    Shape heads;
+    heads.head_dim = o.shape.head_dim;
+    heads.head_dim_v = o.shape.head_dim_v > 0 ? o.shape.head_dim_v : o.shape.head_dim;
+    r.kernels = o.kernel.requests(heads);
   }
   std::cout << dump_stage(p, r);
   return 0;

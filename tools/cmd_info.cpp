@@ -2,12 +2,12 @@
 #include <iostream>
 #include <sstream>
 
-#include "compiler/jit.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/support/knobs.hpp"
 #include "compiler/nvrtc/nvrtc_library.hpp"
 
-#include "runtime/cuda_probe.hpp"
-#include "runtime/plan_executor.hpp"
+#include "runtime/cuda/cuda_probe.hpp"
+#include "runtime/cpu/plan_executor.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
 

@@ -14,8 +14,8 @@
 #include "compiler/support/knobs.hpp"
 #include "compiler/support/read_file.hpp"
 #include "compiler/tune/tuning_db.hpp"
-#include "runtime/cuda_probe.hpp"
-#include "runtime/gpu_timer.hpp"
+#include "runtime/cuda/cuda_probe.hpp"
+#include "runtime/cuda/tuning_search.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
 
@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 
 struct TuneOptions {
   std::string input, seqs = "4096", dtype = "bf16", db, cache_dir;
-  int head_dim = 128, head_dim_v = 0, warmup = 3, iterations = 50;
+  int head_dim = kDefaultHeadDim, head_dim_v = 0, warmup = 3, iterations = 50;
   int64_t heads_q = 16, heads_kv = 0;  // heads_kv 0: heads_q
   double seconds = 2.0;
   bool show = false, backward = false, refresh = false;

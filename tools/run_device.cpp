@@ -8,7 +8,7 @@
 #include <optional>
 #include <utility>
 
-#include "runtime/cuda_driver.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
 #include "runtime/npy.hpp"
 
 namespace attnjit::cli {

@@ -205,7 +205,7 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   // Layouts the plan leaves to the kernel (AjParams::seek_branches): the tile cursor asks them.
   if (k.seeks) os << "#define AJ_KERNEL_SEEK 1\n";
   auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
-  include("gpu_blocks.cuh");
+  for (const char* name : kBlockFiles) include(name);
   include("kernel_abi.h");
   include("common.cuh");
   include("mask_lib.cuh");
@@ -328,6 +328,16 @@ KernelConfig resolve_config(const KernelRequest& r) {
 
 bool kernel_seeks(const Pattern& p, const KernelRequest& r) {
   return p.has_dynamic_layout() || (r.random_in_kernel && p.has_layout_kind(Layout::Kind::Random));
+}
+
+KernelRequest kernel_request(const Shape& s, DType dtype, int arch, bool arch_specific) {
+  KernelRequest r;
+  r.head_dim = static_cast<int>(s.head_dim);
+  r.head_dim_v = static_cast<int>(s.head_dim_v);
+  r.dtype = dtype;
+  r.arch = arch;
+  r.arch_specific = arch_specific;
+  return r;
 }
 
 KernelRequest for_pattern(KernelRequest r, const Pattern& p) {

@@ -26,7 +26,7 @@ const char* to_string(KernelPath p);
 KernelConfig parse_kernel_tile(const std::string& text);
 
 struct KernelRequest {
-  int head_dim = 128, head_dim_v = 128;
+  int head_dim = kDefaultHeadDim, head_dim_v = kDefaultHeadDim;
   DType dtype = DType::BF16;
   int arch = 80;  // compute capability as 10 * major + minor
   // The arch-specific features of sm_90a (wgmma): the forward takes the Hopper path where it
@@ -34,7 +34,7 @@ struct KernelRequest {
   // kernels are compiled for sm_90a and run only on compute capability 9.0.
   bool arch_specific = false;
   // On the Hopper path: the TMA kernel (KernelPath::Sm90Tma). A runtime asks for the cp.async
-  // kernel (false) for calls whose key rows no tensor map describes (runtime/tma_maps.hpp).
+  // kernel (false) for calls whose key rows no tensor map describes (runtime/cuda/tma_maps.hpp).
   bool tma = true;
   // The pattern's random layouts are decided in the kernels (Plan::kernel_seeks, for shapes whose
   // plan would hash too many blocks): the kernels carry the seek. Kernels of patterns with a
@@ -42,7 +42,7 @@ struct KernelRequest {
   bool random_in_kernel = false;
   // Some branch of the pattern has a block layout (Branch::layout). The Hopper path's default then
   // keeps 128 query rows at head dim 64, where it otherwise takes 192 (FlashAttention-3's tile): a
-  // 192-row tile straddles the layout's blocks and computes up to 1.5x the pairs (bench/NOTES.md).
+  // 192-row tile straddles the layout's blocks and computes up to 1.5x the pairs (docs/performance.md, "Tiles of 192 rows at head dim 64").
   // generate_kernel sets it from the pattern; a caller resolving configs for a pattern without
   // generating a kernel (the tuner's baseline) uses for_pattern.
   bool block_layouts = false;
@@ -52,6 +52,11 @@ struct KernelRequest {
   bool wgmma_backward = false;
   KernelConfig config;
 };
+
+// The request for a call's kernels: its head dims (from the shape), element type and arch; every
+// other field at its default. Everything that turns a problem into kernels (the runtime's devices,
+// the tuner, the precompiler, the CLI, Python) starts from this one function.
+KernelRequest kernel_request(const Shape& s, DType dtype, int arch, bool arch_specific);
 
 // `r` with what the default configuration depends on taken from the pattern (block_layouts).
 KernelRequest for_pattern(KernelRequest r, const Pattern& p);

@@ -16,6 +16,12 @@ const std::string& TemplateSet::text(const std::string& name) const {
   ATTNJIT_CHECK(false, "template " + name + " is not embedded; add it to ATTNJIT_TEMPLATES in CMakeLists.txt");
 }
 
+std::string TemplateSet::blocks() const {
+  std::string out;
+  for (const char* name : kBlockFiles) out += text(name) + "\n";
+  return out;
+}
+
 std::string TemplateSet::hash() const {
   Sha256 h;
   for (const TemplateFile& f : files) {

@@ -9,6 +9,10 @@
 #pragma GCC visibility push(default)
 namespace attnjit {
 
+// templates/blocks/, by role, in include order (each may use the ones before it).
+inline constexpr const char* kBlockFiles[] = {"blocks/base.cuh", "blocks/memory.cuh", "blocks/sync.cuh", "blocks/mma.cuh",
+                                              "blocks/math.cuh"};
+
 struct TemplateFile {
   std::string name;  // "fwd_sm80.cuh"
   std::string text;
@@ -23,6 +27,9 @@ struct TemplateSet {
   std::vector<TemplateFile> files;
   static const TemplateSet& embedded();
   const std::string& text(const std::string& name) const;  // internal error if missing
+  // The building blocks (templates/blocks/), in the order a kernel includes them: what every
+  // kernel, probe and emulator test puts before its own code.
+  std::string blocks() const;
   std::string hash() const;                                // sha256 of names and texts, hex
   void replace(const std::string& name, std::string text);
 };

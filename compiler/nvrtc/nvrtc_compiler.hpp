@@ -1,7 +1,7 @@
-// NVRTC straight to CUBIN for the exact arch (DESIGN.md section 2, "Compile + cache"), by the
+// NVRTC straight to CUBIN for the exact arch (docs/architecture.md, "Compile and cache"), by the
 // newest NVRTC found that targets it (nvrtc_library.hpp). A failed compile shows everything a
 // person needs to find the bug: the generated source with line numbers, the NVRTC log and the
-// exact options (STYLE.md item 3). No GPU is needed to compile.
+// exact options. No GPU is needed to compile.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The mask semantics (DESIGN.md section 1).
+// The mask semantics (docs/spec.md).
 #include "compiler/pattern/mask.hpp"
 
 #include <algorithm>

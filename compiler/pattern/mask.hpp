@@ -1,4 +1,4 @@
-// The mask: what DESIGN.md section 1 says a pattern means, as code. Every other stage (the plan,
+// The mask: what docs/spec.md says a pattern means, as code. Every other stage (the plan,
 // the kernels) is tested against these functions.
 #pragma once
 

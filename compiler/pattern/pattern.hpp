@@ -1,4 +1,4 @@
-// The Pattern: attnjit's validated semantic IR (DESIGN.md section 1).
+// The Pattern: attnjit's validated semantic IR (docs/spec.md).
 //
 // A Pattern is what a spec means, with every default resolved: each branch carries its own causal
 // flag, window, layout and offset rule, so two specs that mean the same thing build equal Patterns
@@ -11,6 +11,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "../support/types.hpp"  // kDefaultHeadDim; beside this folder, as it is installed too
 
 // Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
 #pragma GCC visibility push(default)
@@ -119,7 +121,7 @@ struct Shape {
   int64_t batch = 1;
   int64_t seq_q = 0, seq_k = 0;
   int64_t heads_q = 1, heads_kv = 1;
-  int64_t head_dim = 64, head_dim_v = 64;
+  int64_t head_dim = kDefaultHeadDim, head_dim_v = kDefaultHeadDim;
   int64_t q_offset = 0, k_offset = 0;
 };
 

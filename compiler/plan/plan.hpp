@@ -1,5 +1,5 @@
 // The Plan: what the GPU will compute for one (Pattern, Shape, tile size), as plain data that a
-// kernel (or the CPU plan executor) walks. DESIGN.md section 2, "Plan".
+// kernel (or the CPU plan executor) walks. docs/architecture.md, "Plan".
 //
 // Dilation is addressing: a query tile is an affine map of query rows (start + k*stride), and a
 // key span is an affine map of key rows cut into tiles of tile_k keys. Nothing is copied.

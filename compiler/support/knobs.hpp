@@ -9,7 +9,7 @@ namespace attnjit {
 
 enum class LogLevel { Error = 0, Warn = 1, Info = 2, Debug = 3 };
 
-// The CPU plan executor's instruction set (runtime/plan_executor.hpp): Auto picks the best this
+// The CPU plan executor's instruction set (runtime/cpu/plan_executor.hpp): Auto picks the best this
 // CPU runs; Generic is the baseline build (SSE2 on x86-64); Avx2 needs AVX2 and FMA.
 enum class CpuSimd { Auto, Generic, Avx2, Avx512 };
 

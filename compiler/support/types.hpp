@@ -8,6 +8,10 @@
 #pragma GCC visibility push(default)
 namespace attnjit {
 
+// The head dimension of q and k (and of v) wherever a caller names none: the API's Problem, the
+// plan's Shape, a KernelRequest and every CLI command. One value, declared here only.
+inline constexpr int kDefaultHeadDim = 64;
+
 enum class DType { F32, F16, BF16 };
 const char* to_string(DType d);
 DType parse_dtype(const std::string& s);  // "fp32|float32|f32", "fp16|float16|f16", "bf16|bfloat16"; UserError otherwise

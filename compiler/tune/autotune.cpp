@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "compiler/jit.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/nvrtc/cubin_info.hpp"
 #include "compiler/nvrtc/sass_loop.hpp"
 #include "compiler/plan/plan.hpp"

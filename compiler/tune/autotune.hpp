@@ -1,8 +1,8 @@
-// The autotuner (DESIGN.md section 2, "Autotuner + tuning DB"): the candidate configs of a kernel
+// The autotuner (docs/architecture.md, "Tune"): the candidate configs of a kernel
 // request, pruning before timing, and the search itself. Timing goes through CandidateTimer, so the
-// search runs (and is tested) without a GPU; runtime/gpu_timer.hpp has the real one.
+// search runs (and is tested) without a GPU; runtime/cuda/tuning_search.hpp has the real one.
 //
-// The search survives bad candidates (STYLE.md item 9): a config that fails to compile or to launch
+// The search survives bad candidates: a config that fails to compile or to launch
 // scores +inf with its reason and the search goes on. Winners are picked deterministically (ties go
 // to the earlier candidate), so two processes tuning the same problem agree.
 #pragma once

@@ -1,4 +1,4 @@
-// The tuning database (DESIGN.md section 2, "Autotuner + tuning DB"): tuning results as JSON files,
+// The tuning database (docs/architecture.md, "Tune"): tuning results as JSON files,
 // one per GPU model, looked up by TuneKey with a fallback to the nearest sequence bucket and then
 // to the default config. The user's file (in the cache directory) comes first, the shipped one
 // (autotune_db/) second.

@@ -7,7 +7,7 @@ group (sequence or context parallelism), with communication that the pattern dec
 
 Rank r of W holds its chunks of the sequence: `contiguous`, one chunk of S/W rows; `zigzag`,
 chunks r and 2W-1-r of S/(2W) rows each, which gives every rank the same share of a causal mask.
-Positions are global (DESIGN.md section 1), so each step is the ordinary kernel on a chunk pair
+Positions are global (docs/spec.md), so each step is the ordinary kernel on a chunk pair
 with the chunks' global offsets, and partial results merge by their log-sum-exp in fp32.
 
 Before the first step a CommPlan is made from the pattern, the same on every rank (`comm_plan`

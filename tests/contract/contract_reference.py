@@ -1,6 +1,6 @@
 """Independent dense float64 reference for the attnjit pattern contract.
 
-Written only from the contract text (DESIGN.md section 1 and the spec-format
+Written only from the contract text (docs/spec.md and the spec-format
 description in the project issue); it deliberately shares no code with the C++
 implementation, so the two can cross-check each other.
 

@@ -23,9 +23,9 @@
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
 #include "compiler/tune/autotune.hpp"
-#include "runtime/cuda_driver.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
 #include "runtime/npy.hpp"
-#include "runtime/reference.hpp"
+#include "attnjit/reference.hpp"
 #include "tests/gpu/test_target.hpp"
 #include "tests/unit/random_patterns.hpp"
 

@@ -6,7 +6,7 @@
 // bytes outside the output views must stay poisoned. fp16/bf16 inputs are rounded on the host and
 // the reference sees the rounded values.
 //
-// Knobs: ATTNJIT_GPU_TEST_REPORT=FILE appends one JSON line per case (bench/device_check.sh).
+// Knobs: ATTNJIT_GPU_TEST_REPORT=FILE appends one JSON line per case (tests/device/device_check.sh).
 #pragma once
 
 #include <algorithm>
@@ -21,7 +21,7 @@
 
 #include "attnjit/attnjit.hpp"
 #include "compiler/codegen/codegen.hpp"
-#include "runtime/cuda_driver.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
 #include "tests/gpu/test_target.hpp"
 
 namespace attnjit::gputest {

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "runtime/cuda_driver.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
 #include "tests/gpu/test_target.hpp"
 
 int main(int argc, char** argv) {

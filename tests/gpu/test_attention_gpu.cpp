@@ -1,4 +1,4 @@
-// The generated kernels on a GPU against the float64 CPU reference (DESIGN.md section 4): every
+// The generated kernels on a GPU against the float64 CPU reference (docs/testing.md): every
 // example pattern at a moderate size, a few hundred random patterns (GQA, offsets, dynamic tables,
 // head_groups) at the kernels' head dims and dtypes, through [B, S, H, D], [B, H, S, D] and padded
 // strides, with and without lse, on the default and a non-default stream. Outputs are poisoned
@@ -9,7 +9,7 @@
 // generated kernels in the CPU emulator, host memory: the "[emu]" cases at small shapes run in CI)
 // or cpu (the plan executor; ATTNJIT_GPU_TESTS_ON_CPU=1 is the same), to dry-run this file.
 //
-// Knobs: ATTNJIT_GPU_TEST_REPORT=FILE appends one JSON line per case (bench/device_check.sh);
+// Knobs: ATTNJIT_GPU_TEST_REPORT=FILE appends one JSON line per case (tests/device/device_check.sh);
 // ATTNJIT_GPU_TESTS_RANDOM=N random cases (240); ATTNJIT_GPU_TESTS_SCALE=x scales the example
 // lengths (1).
 #include <catch2/catch.hpp>
@@ -25,7 +25,7 @@
 #include "attnjit/attnjit.hpp"
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/knobs.hpp"
-#include "runtime/cuda_driver.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
 #include "tests/gpu/attention_cases.hpp"
 #include "tests/unit/random_patterns.hpp"
 
@@ -339,7 +339,7 @@ TEST_CASE("random patterns match the float64 reference on the GPU", "[gpu][atten
   check_cases("random", random_cases(4242, int(env_number("ATTNJIT_GPU_TESTS_RANDOM", 240)), true));
 }
 
-// Small enough for compute-sanitizer (memcheck, racecheck): bench/device_check.sh runs "[sanitize]".
+// Small enough for compute-sanitizer (memcheck, racecheck): tests/device/device_check.sh runs "[sanitize]".
 TEST_CASE("a small subset for compute-sanitizer", "[gpu][attention][sanitize]") {
   SKIP_WITHOUT_GPU();
   std::vector<Case> cases = example_cases(1.0, true);

@@ -16,9 +16,9 @@
 
 #include "attnjit/attnjit.hpp"
 #include "compiler/tune/autotune.hpp"
-#include "runtime/cuda_driver.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
 #include "runtime/npy.hpp"
-#include "runtime/reference.hpp"
+#include "attnjit/reference.hpp"
 #include "tests/gpu/test_target.hpp"
 #include "tests/gpu/attention_cases.hpp"
 #include "tests/unit/random_patterns.hpp"
@@ -245,7 +245,7 @@ TEST_CASE("backward: every example pattern matches the reference gradients", "[g
 // Small enough for compute-sanitizer (memcheck, racecheck, synccheck, initcheck): every example
 // pattern through the tensor-core kernels (bf16, the dK/dV and dQ kernels and the row-delta pass),
 // the SIMT kernels (fp32) and the deterministic mode, at a few tiles per row.
-// bench/device_check.sh runs "[sanitize]" under each tool.
+// tests/device/device_check.sh runs "[sanitize]" under each tool.
 TEST_CASE("backward: a small subset for compute-sanitizer", "[gpu][grad][sanitize]") {
   if (!on_gpu()) { WARN("SKIPPED: a GPU case (compute-sanitizer runs it on hardware)"); return; }
   shared_context(0).make_current();

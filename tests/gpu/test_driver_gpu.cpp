@@ -12,9 +12,9 @@
 #include "compiler/nvrtc/nvrtc_compiler.hpp"
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/cuda_probe.hpp"
-#include "runtime/reference.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
+#include "runtime/cuda/cuda_probe.hpp"
+#include "attnjit/reference.hpp"
 
 using namespace attnjit;
 

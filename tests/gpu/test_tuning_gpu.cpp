@@ -14,9 +14,9 @@
 #include "compiler/tune/autotune.hpp"
 #include "compiler/tune/tuning_db.hpp"
 #include "runtime/backend.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/cuda_probe.hpp"
-#include "runtime/gpu_timer.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
+#include "runtime/cuda/cuda_probe.hpp"
+#include "runtime/cuda/tuning_search.hpp"
 #include "tests/gpu/test_target.hpp"
 
 using namespace attnjit;

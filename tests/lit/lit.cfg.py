@@ -54,7 +54,7 @@ config.substitutions.append(("%attnjit_path", attnjit))
 
 # NVRTCs the nvrtc/ tests choose between with ATTNJIT_NVRTC: the CUDA toolkit's (feature
 # nvrtc-toolkit) and CUDA 12's from PyPI, nvidia-cuda-nvrtc-cu12 (feature nvrtc12), which
-# tools/setup_deps.sh installs. A test that needs one that is missing is reported UNSUPPORTED.
+# scripts/setup_deps.sh installs. A test that needs one that is missing is reported UNSUPPORTED.
 import glob
 import subprocess
 

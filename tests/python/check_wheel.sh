@@ -9,7 +9,7 @@ python="${2:-python3}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
-# No build isolation: nanobind and scikit-build-core are installed (tools/setup_deps.sh), and the
+# No build isolation: nanobind and scikit-build-core are installed (scripts/setup_deps.sh), and the
 # check must not depend on reaching PyPI.
 "$python" -m pip wheel -q --no-build-isolation --no-deps -w "$tmp/dist" "$root"
 wheel=$(ls "$tmp"/dist/attnjit-*.whl)

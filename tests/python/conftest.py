@@ -1,4 +1,4 @@
-"""Shared pieces of the Python tests: the examples, and the contract (DESIGN.md section 1) written
+"""Shared pieces of the Python tests: the examples, and the contract (docs/spec.md) written
 again in PyTorch, dense, in float64, from the pattern's mask counts."""
 import json
 import os

@@ -199,7 +199,7 @@ def test_hierarchical_layouts_keep_what_some_level_keeps():
 
 def test_info_lists_the_nvrtc_wheels_the_package_registered():
     # The package registers PyPI's NVRTC wheels it can import (attnjit/__init__.py); with CUDA 12's
-    # (nvidia-cuda-nvrtc-cu12, installed by tools/setup_deps.sh) Pascal and Volta compile through it.
+    # (nvidia-cuda-nvrtc-cu12, installed by scripts/setup_deps.sh) Pascal and Volta compile through it.
     import importlib.util
 
     spec = importlib.util.find_spec("nvidia.cuda_nvrtc")

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "compiler/plan/plan.hpp"
-#include "runtime/plan_executor.hpp"
+#include "runtime/cpu/plan_executor.hpp"
 #include "tests/unit/random_patterns.hpp"
 
 namespace attnjit::testing {

@@ -22,8 +22,8 @@
 #include "compiler/support/knobs.hpp"
 #include "compiler/tune/autotune.hpp"
 #include "compiler/tune/tuning_db.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/gpu_timer.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
+#include "runtime/cuda/tuning_search.hpp"
 #include "tests/unit/test_support.hpp"
 
 using namespace attnjit;
@@ -104,6 +104,7 @@ TEST_CASE("sequence buckets and pattern signatures key the results", "[autotune]
 
 TEST_CASE("candidates come in a fixed order with the default first", "[autotune]") {
   KernelRequest r;  // bf16, d=128, sm_80: the tensor-core path
+  r.head_dim = r.head_dim_v = 128;
   r.config = {128, 128, 4};  // ignored
   const std::vector<KernelConfig> c = candidate_configs(r);
   KernelRequest d = r;
@@ -289,6 +290,7 @@ TEST_CASE("the cost model prunes configs computing over 1.5x the leanest one's p
 
 TEST_CASE("backward candidates: the backward default first, powers-of-two tiles, SIMT past head dim 128", "[autotune][grad]") {
   KernelRequest r;  // bf16, d=128, sm_80
+  r.head_dim = r.head_dim_v = 128;
   const std::vector<KernelConfig> c = candidate_backward_configs(r);
   KernelRequest d = r;
   REQUIRE(!c.empty());

@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "compiler/codegen/codegen.hpp"
-#include "compiler/jit.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/nvrtc/cubin_info.hpp"
 #include "compiler/nvrtc/nvrtc_compiler.hpp"
 #include "compiler/nvrtc/sass_loop.hpp"
@@ -85,7 +85,7 @@ TEST_CASE("every template variant compiles for every arch: no spills, shared mem
   for (const KernelSource& k : kernels) requests.push_back({k.name, k.source, k.arch, {"--use_fast_math"}, 0});
   const auto results = compile_many(requests, 2);
   const bool sass = have_disassembler();
-  if (!sass) WARN("SKIPPED (HMMA check only): no nvdisasm or cuobjdump; run tools/setup_deps.sh");
+  if (!sass) WARN("SKIPPED (HMMA check only): no nvdisasm or cuobjdump; run scripts/setup_deps.sh");
   for (size_t n = 0; n < kernels.size(); ++n) {
     const KernelSource& k = kernels[n];
     INFO(k.name << " " << k.arch << " " << to_string(k.path) << " tile " << k.config.tile_q << "x" << k.config.tile_k
@@ -161,7 +161,7 @@ TEST_CASE("the tuner's compile check keeps a candidate whose spills stay out of 
   KernelCompiler compiler(cache, Knobs{});
   const CompileCheck check = kernel_compile_check(dense, r, compiler, 60);
   // 128x64 with 4 warps and two stages: ptxas keeps the batch index in local memory from the
-  // prologue to the epilogue (bench/NOTES.md), and nothing in the loop.
+  // prologue to the epilogue (docs/performance.md), and nothing in the loop.
   const KernelConfig parked{128, 64, 2, 4}, in_loop{128, 128, 1, 4};
   auto spills = [&](const KernelConfig& c) {
     KernelRequest k = r;

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "compiler/support/error.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/cuda_probe.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
+#include "runtime/cuda/cuda_probe.hpp"
 
 // Each DriverApi member's type, taken before cuda.h is included: its macros (cuMemAlloc ->
 // cuMemAlloc_v2, ...) would otherwise rename the member names below.

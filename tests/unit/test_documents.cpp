@@ -8,8 +8,8 @@
 #include "compiler/support/error.hpp"
 #include "compiler/plan/plan.hpp"
 #include "compiler/pattern/pattern_stats.hpp"
-#include "runtime/plan_executor.hpp"
-#include "runtime/reference.hpp"
+#include "runtime/cpu/plan_executor.hpp"
+#include "attnjit/reference.hpp"
 #include "tests/unit/random_patterns.hpp"
 
 using namespace attnjit;

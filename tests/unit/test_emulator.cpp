@@ -1,5 +1,5 @@
 // The emulator's execution model and the checks the hardware does not make, each shown by a small
-// kernel written in the building-block vocabulary (templates/gpu_blocks.cuh).
+// kernel written in the building-block vocabulary (templates/blocks/).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include "compiler/support/sha256.hpp"
 #include "compiler/codegen/templates.hpp"
-#include "compiler/jit.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/support/error.hpp"
 #include "emulator/emu_compiler.hpp"
 #include "emulator/emu_module.hpp"
@@ -19,7 +19,7 @@ namespace {
 
 // A kernel `name(aj_u32* a, aj_u32* b, int n)` from `body`, compiled once per text.
 std::shared_ptr<const emu::EmuModule> kernel(const std::string& name, const std::string& body) {
-  const std::string source = TemplateSet::embedded().text("gpu_blocks.cuh") + "\nextern \"C\" __global__ void " + name +
+  const std::string source = TemplateSet::embedded().blocks() + "\nextern \"C\" __global__ void " + name +
                              "(aj_u32* a, aj_u32* b, int n) {\n" + body + "\n}\n";
   return emu::load_emu_module(emu::compile_for_emulator({name, source, "sm_80", "", {}}, default_kernel_cache(), knobs()));
 }
@@ -221,7 +221,7 @@ TEST_CASE("fp32 arithmetic follows NVRTC's fast-math options: contraction to fma
 }
 
 TEST_CASE("the emulator's host compiler: clear errors for a broken kernel and a missing compiler", "[emu][compile]") {
-  const std::string src = TemplateSet::embedded().text("gpu_blocks.cuh") +
+  const std::string src = TemplateSet::embedded().blocks() +
                           "\nextern \"C\" __global__ void emu_broken(aj_u32* a) {\n  a[0] = no_such_thing;\n}\n";
   try {
     emu::compile_for_emulator({"emu_broken", src, "sm_80", "", {}}, default_kernel_cache(), knobs());
@@ -244,7 +244,7 @@ TEST_CASE("a host compiler that leaves no loadable object is an error and stores
           "[emu][compile][cache]") {
   attnjit::testing::TempDir tmp;
   KernelCache cache(tmp.path, int64_t{1} << 30);
-  const std::string src = TemplateSet::embedded().text("gpu_blocks.cuh") +
+  const std::string src = TemplateSet::embedded().blocks() +
                           "\nextern \"C\" __global__ void emu_checked(aj_u32* a, aj_u32* b, int n) {\n  a[0] = 7;\n}\n";
   const emu::EmuSource source{"emu_checked", src, "sm_80", "", {}};
 

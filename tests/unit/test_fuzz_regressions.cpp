@@ -1,4 +1,4 @@
-// Inputs the fuzz targets (fuzz/, tools/fuzz.sh) found that a reader did not reject cleanly; each
+// Inputs the fuzz targets (fuzz/, scripts/fuzz.sh) found that a reader did not reject cleanly; each
 // is now a UserError naming what was wrong. The CLI's dynamic-layout reader had the same fault:
 // its regression is tests/lit/dynamic/table-number-overflow.test.
 #include <catch2/catch.hpp>

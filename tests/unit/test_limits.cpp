@@ -9,8 +9,8 @@
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/plan/plan.hpp"
 #include "compiler/support/error.hpp"
-#include "runtime/plan_executor.hpp"
-#include "runtime/reference.hpp"
+#include "runtime/cpu/plan_executor.hpp"
+#include "attnjit/reference.hpp"
 #include "tests/unit/random_patterns.hpp"
 #include "tests/unit/test_support.hpp"
 

@@ -11,7 +11,7 @@
 
 #include "compiler/codegen/codegen.hpp"
 #include "compiler/codegen/templates.hpp"
-#include "compiler/jit.hpp"
+#include "compiler/jit/jit.hpp"
 #include "emulator/emu_compiler.hpp"
 #include "emulator/emu_module.hpp"
 #include "tests/unit/random_patterns.hpp"
@@ -74,7 +74,7 @@ std::string unit_source(const std::vector<Pattern>& patterns, const std::string&
   // where 128 x the strides fit a key block.
   os << "#define AJ_HEAD_DIM 64\n#define AJ_HEAD_DIM_V 64\n#define AJ_TILE_Q 128\n#define AJ_TILE_K 128\n"
         "#define AJ_STAGES 2\n#define AJ_WARPS 4\n#define AJ_DTYPE 0\n"
-     << t.text("gpu_blocks.cuh") << t.text("kernel_abi.h") << t.text("common.cuh") << mask_lib;
+     << t.blocks() << t.text("kernel_abi.h") << t.text("common.cuh") << mask_lib;
   for (size_t n = 0; n < patterns.size(); ++n)
     os << "namespace aj_case" << n << " {\n" << generate_mask_predicate(patterns[n]) << "}\n";
   os << "__device__ bool aj_answer(const AjParams& p, const aj_i64* q) {\n  switch (q[0]) {\n";
@@ -225,7 +225,7 @@ std::string seek_source(const std::vector<Pattern>& patterns, const std::functio
   std::ostringstream os;
   os << "#define AJ_HEAD_DIM 64\n#define AJ_HEAD_DIM_V 64\n#define AJ_TILE_Q 64\n#define AJ_TILE_K 64\n"
         "#define AJ_STAGES 2\n#define AJ_WARPS 4\n#define AJ_DTYPE 0\n#define AJ_KERNEL_SEEK 1\n"
-     << t.text("gpu_blocks.cuh") << t.text("kernel_abi.h") << t.text("common.cuh");
+     << t.blocks() << t.text("kernel_abi.h") << t.text("common.cuh");
   // mask_lib.cuh declares the seek functions each pattern defines: a copy of it per namespace.
   for (size_t n = 0; n < patterns.size(); ++n)
     os << "namespace aj_case" << n << " {\n" << t.text("mask_lib.cuh") << edit(generate_mask_predicate(patterns[n])) << "}\n";

@@ -13,7 +13,7 @@
 #include "emulator/emu_api.hpp"
 #include "emulator/emu_module.hpp"
 #include "runtime/npy.hpp"
-#include "runtime/reference.hpp"
+#include "attnjit/reference.hpp"
 #include "tests/unit/random_patterns.hpp"
 
 using namespace attnjit;
@@ -119,7 +119,7 @@ const Mutation kMutations[] = {
     {"tensor-core dQ: the loop reads the tile slot of the stage being prefetched", "bwd_sm80.cuh",
      "    const AjTile t = aj_sm80_issued(sh, stage);", "    const AjTile t = aj_sm80_issued(sh, (iter + 1) % AJ_STAGES);",
      DType::BF16, true, true},
-    {"the cp.async copies of rows past a tile read their (out of range) source", "gpu_blocks.cuh",
+    {"the cp.async copies of rows past a tile read their (out of range) source", "blocks/memory.cuh",
      "  aj_emu_cp_async(smem, gmem, 16, valid ? 16 : 0);", "  aj_emu_cp_async(smem, gmem, 16, 16);", DType::BF16},
     {"device table: the seek lands one tile past the next kept key", "mask_lib.cuh",
      "      j = (n - origin + s.keys_stride - 1) / s.keys_stride;\n",

@@ -1,6 +1,6 @@
 // NVRTC found at run time (compiler/nvrtc/nvrtc_library.hpp): places that hold nothing usable are
 // reported, each version is kept once, the newest NVRTC that targets an arch compiles it, and CUDA
-// 12's NVRTC (PyPI's nvidia-cuda-nvrtc-cu12, installed by tools/setup_deps.sh) serves sm_61 and
+// 12's NVRTC (PyPI's nvidia-cuda-nvrtc-cu12, installed by scripts/setup_deps.sh) serves sm_61 and
 // sm_70 beside CUDA 13's.
 #include <catch2/catch.hpp>
 
@@ -84,7 +84,7 @@ TEST_CASE("the toolkit's NVRTC loads once, with its version and archs", "[nvrtc]
 
 TEST_CASE("with CUDA 12's NVRTC beside CUDA 13's, each arch goes to the newest that targets it", "[nvrtc]") {
   if (!has_toolkit_nvrtc() || kCuda12Dir.empty()) {
-    WARN("SKIPPED: needs the toolkit's NVRTC and the nvidia-cuda-nvrtc-cu12 wheel (tools/setup_deps.sh installs it); "
+    WARN("SKIPPED: needs the toolkit's NVRTC and the nvidia-cuda-nvrtc-cu12 wheel (scripts/setup_deps.sh installs it); "
          "toolkit '" << kToolkitDir << "', wheel '" << kCuda12Dir << "'");
     return;
   }

@@ -15,8 +15,8 @@
 #include "compiler/plan/plan.hpp"
 #include "compiler/plan/plan_backward.hpp"
 #include "compiler/support/error.hpp"
-#include "runtime/plan_executor.hpp"
-#include "runtime/reference.hpp"
+#include "runtime/cpu/plan_executor.hpp"
+#include "attnjit/reference.hpp"
 #include "tests/unit/plan_test_support.hpp"
 #include "tests/unit/random_patterns.hpp"
 

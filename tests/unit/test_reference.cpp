@@ -5,7 +5,7 @@
 #include <functional>
 #include <limits>
 
-#include "runtime/reference.hpp"
+#include "attnjit/reference.hpp"
 #include "tests/unit/random_patterns.hpp"
 
 using namespace attnjit;

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <functional>
 
-#include "runtime/reference.hpp"
+#include "attnjit/reference.hpp"
 #include "tests/unit/random_patterns.hpp"
 
 using namespace attnjit;

@@ -8,10 +8,10 @@
 #include "compiler/support/error.hpp"
 #include "compiler/pattern/mask.hpp"
 #include "runtime/backend.hpp"
-#include "runtime/cuda_driver.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
 #include "runtime/input_checks.hpp"
 #include "runtime/npy.hpp"
-#include "runtime/reference.hpp"
+#include "attnjit/reference.hpp"
 #include "tests/unit/random_patterns.hpp"
 
 using namespace attnjit;

@@ -8,15 +8,15 @@
 #include <cstring>
 
 #include "compiler/codegen/templates.hpp"
-#include "compiler/jit.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/support/error.hpp"
 #include "emulator/emu_compiler.hpp"
 #include "emulator/emu_module.hpp"
 #include "emulator/tensor_map.hpp"
 #include "compiler/pattern/pattern.hpp"
 #include "compiler/plan/plan.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/tma_maps.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
+#include "runtime/cuda/tma_maps.hpp"
 #include "runtime/npy.hpp"
 
 using namespace attnjit;
@@ -132,7 +132,7 @@ extern "C" __global__ void pipeline(const aj_u32* in, aj_u32* out, const __grid_
 )";
 
 std::shared_ptr<const EmuModule> pipeline(const std::string& defines) {
-  const std::string source = TemplateSet::embedded().text("gpu_blocks.cuh") + "\n#define TILES " + std::to_string(kTiles) + "\n" +
+  const std::string source = TemplateSet::embedded().blocks() + "\n#define TILES " + std::to_string(kTiles) + "\n" +
                              defines + kPipeline;
   return load_emu_module(compile_for_emulator({"pipeline", source, "sm_90a", "", {}}, default_kernel_cache(), knobs()));
 }
@@ -262,7 +262,7 @@ TEST_CASE("TMA feeds wgmma: a swizzled box is a K-major operand, which every thr
   for (const auto& [wait, ok] : std::vector<std::pair<int, bool>>{{0, true}, {1, true}, {2, false}}) {
     INFO("WAIT " << wait);
     const std::string source =
-        TemplateSet::embedded().text("gpu_blocks.cuh") + "\n#define WAIT " + std::to_string(wait) + "\n" + kTmaWgmma;
+        TemplateSet::embedded().blocks() + "\n#define WAIT " + std::to_string(wait) + "\n" + kTmaWgmma;
     auto m = load_emu_module(compile_for_emulator({"tma_wgmma", source, "sm_90a", "", {}}, default_kernel_cache(), knobs()));
     const TensorMapBytes map = encode_emulated_tensor_map(matrix_map(uintptr_t(a.data()), 64, 64, 128));
     std::vector<uint32_t> out(64 * 64, 0xDEADBEEF);
@@ -312,7 +312,7 @@ extern "C" __global__ void bad_tma(const aj_u32* in, aj_u32* out, const __grid_c
 )";
   std::vector<uint16_t> a(64 * 64, 0);
   auto run = [&](const std::string& load, const TensorMapBytes& map) {
-    const std::string source = TemplateSet::embedded().text("gpu_blocks.cuh") + "\n#define LOAD " + load + "\n" + body;
+    const std::string source = TemplateSet::embedded().blocks() + "\n#define LOAD " + load + "\n" + body;
     auto m = load_emu_module(compile_for_emulator({"bad_tma", source, "sm_90a", "", {}}, default_kernel_cache(), knobs()));
     const uint16_t* pin = a.data();
     uint32_t* pout = nullptr;

@@ -10,7 +10,7 @@
 #include <cstring>
 
 #include "compiler/codegen/templates.hpp"
-#include "compiler/jit.hpp"
+#include "compiler/jit/jit.hpp"
 #include "emulator/emu_compiler.hpp"
 #include "emulator/emu_module.hpp"
 #include "emulator/ptx_semantics.hpp"
@@ -93,7 +93,7 @@ TEST_CASE("wgmma register fragments: warp w owns rows 16w.., the mma.m16n8k16 la
 namespace {
 
 std::shared_ptr<const EmuModule> kernel(const std::string& name, const std::string& body) {
-  const std::string source = TemplateSet::embedded().text("gpu_blocks.cuh") + "\nextern \"C\" __global__ void " + name +
+  const std::string source = TemplateSet::embedded().blocks() + "\nextern \"C\" __global__ void " + name +
                              "(aj_u32* a, aj_u32* b, int n) {\n" + body + "\n}\n";
   return load_emu_module(compile_for_emulator({name, source, "sm_90a", "", {}}, default_kernel_cache(), knobs()));
 }

@@ -1,6 +1,6 @@
-// Probe kernels: one per building block of templates/gpu_blocks.cuh. Each writes what every lane
+// Probe kernels: one per building block of templates/blocks/. Each writes what every lane
 // received, as 32-bit words, so the emulator's output (the golden files beside this one) and the
-// hardware's can be compared bit for bit. tests/gpu/probes/run_probes.cpp prepends gpu_blocks.cuh,
+// hardware's can be compared bit for bit. tests/gpu/probes/run_probes.cpp prepends the blocks,
 // fills `in` and launches each probe; its table says which grid, block and words each one uses.
 // Every kernel has the signature (const aj_u32* in, aj_u32* out).
 

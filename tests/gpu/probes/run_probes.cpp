@@ -16,12 +16,12 @@
 #include <sstream>
 
 #include "compiler/codegen/templates.hpp"
-#include "compiler/jit.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/nvrtc/nvrtc_compiler.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
 #include "emulator/emu_module.hpp"
-#include "runtime/cuda_driver.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
 #include "runtime/npy.hpp"
 
 using namespace attnjit;
@@ -202,7 +202,7 @@ std::string probe_source() {
   if (!in) throw UserError(ATTNJIT_PROBES_CU, "cannot read the probe kernels");
   std::stringstream ss;
   ss << in.rdbuf();
-  return TemplateSet::embedded().text("gpu_blocks.cuh") + "\n" + ss.str();
+  return TemplateSet::embedded().blocks() + "\n" + ss.str();
 }
 
 // ---- where probes run ------------------------------------------------------------------------

@@ -1,0 +1,221 @@
+// attnjit: the public C++ API.
+//
+//   attnjit::Runtime rt(attnjit::RuntimeOptions{attnjit::Device::cuda(0)});
+//   attnjit::Pattern pattern = attnjit::load_spec_file("examples/longnet.json");
+//   attnjit::Attention op = rt.prepare(pattern, {.batch = 1, .seq_q = 32768, .seq_k = 32768,
+//                                                .heads_q = 16, .heads_kv = 16, .head_dim = 128,
+//                                                .head_dim_v = 128, .dtype = attnjit::DType::BF16});
+//   op.forward(q, k, v, o, &lse, {.stream = my_stream});
+//
+// Tensors are views: [B, S, H, D] logically, any strides with a contiguous last dimension (so
+// [B, H, S, D] memory works through strides). On a CUDA device the pointers are device memory; on
+// the CPU device they are host memory and the plan executor runs the same plan; on the emu device
+// they are host memory and the CPU emulator runs the kernel a GPU would.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compiler/pattern/mask.hpp"
+#include "compiler/pattern/pattern.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/support/error.hpp"  // UserError, what the API throws for bad input
+#include "compiler/support/types.hpp"  // DType, KernelConfig
+
+// Public API: exported from the shared libattnjit, built with hidden visibility (cmake/install.cmake).
+#pragma GCC visibility push(default)
+namespace attnjit {
+
+class TemplateSet;  // compiler/codegen/templates.hpp: the kernels' templates (RuntimeOptions::templates)
+
+// CPU: the plan executor. CUDA: a GPU. EMU: the generated kernel of a GPU of compute capability
+// `arch` (80: sm_80), run by the CPU emulator of the CUDA execution model (emulator/) on host memory.
+enum class DeviceKind { CPU, CUDA, EMU };
+
+struct Device {
+  DeviceKind kind = DeviceKind::CPU;
+  int index = 0;  // CUDA: the device ordinal; EMU: the emulated arch (10 * major + minor)
+  // EMU: the arch-specific kernels of sm_90a (the Hopper forward, wgmma), as a CUDA device of
+  // compute capability 9.0 runs them (unless ATTNJIT_SM90A=0).
+  bool arch_specific = false;
+  static Device cpu() { return {DeviceKind::CPU, 0}; }
+  static Device cuda(int index = 0) { return {DeviceKind::CUDA, index}; }
+  static Device emu(int arch = 80, bool arch_specific = false) { return {DeviceKind::EMU, arch, arch_specific}; }
+  std::string describe() const;  // "cpu", "cuda:0", "emu:sm_80", "emu:sm_90a"
+};
+
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;    // [B, S, H, D] for q/k/v/o; [B, H, S] for lse
+  std::vector<int64_t> strides;  // in elements, one per dimension
+  // Row-major strides for `shape`.
+  static TensorView contiguous(void* data, DType dtype, std::vector<int64_t> shape);
+};
+
+struct Problem {
+  int64_t batch = 1, seq_q = 0, seq_k = 0, heads_q = 1, heads_kv = 1;
+  int64_t head_dim = kDefaultHeadDim, head_dim_v = kDefaultHeadDim;
+  DType dtype = DType::BF16;
+};
+
+// A dynamic layout's CSR table where the device reads it (a layout recomputed every step on the
+// GPU): the kernels read it in place, so a new table costs no planning, no copy and no
+// synchronisation. The rows and entries are DynamicLayout's; `rows` (= heads * query blocks) and
+// `entries` are what the arrays hold. The host cannot look inside, so the kernels do: the forward
+// counts the table's problems (row offsets out of order or range, entries outside the key blocks
+// or not increasing in their row) into `errors` when it is given, and reads only inside the
+// arrays whatever they hold. Entries outside the key blocks are skipped; which blocks of a row that
+// is not increasing are kept is unspecified. On the CPU and emu devices the arrays are host memory
+// (the CPU device drops what is wrong, as mask.hpp's sanitize_dynamic_table does).
+struct DeviceDynamicLayout {
+  const int64_t* row_offsets = nullptr;  // rows + 1 entries
+  const int32_t* col_indices = nullptr;  // `entries` entries
+  int64_t rows = 0;
+  int64_t entries = 0;
+  int64_t heads = 1;                     // 1 (shared) or heads_q
+  int32_t* errors = nullptr;             // optional: problems are added here (device memory on a GPU)
+};
+
+struct ForwardOptions {
+  int64_t q_offset = 0, k_offset = 0;              // global positions of row 0 (chunks, ring steps)
+  // CUstream of the caller (CUDA device). Everything a call enqueues is ordered on it, a plan's
+  // first copy of its tables included; nothing synchronises, so any call (a first one too) may be
+  // captured in a CUDA graph. A plan a graph ran is then kept (PlanCacheStats::in_graph): keep the
+  // Attention alive while the graph is.
+  void* stream = nullptr;
+  const DynamicLayout* dynamic_layout = nullptr;   // host CSR table, for patterns with a dynamic layout
+  // Or the table in device memory; one plan serves every such table (no re-planning per table).
+  const DeviceDynamicLayout* device_dynamic_layout = nullptr;
+  // Packed documents (FlashAttention's varlen API), on the host: cu_seqlens = {0, e_1, ..., seq},
+  // non-decreasing, batch 1, seq_q == seq_k. Queries attend keys of their own document only, and
+  // positions restart at 0 in each document; not with offsets. Each distinct list gets its plan.
+  const std::vector<int64_t>* cu_seqlens = nullptr;
+  // backward(): bitwise-reproducible gradients (dK/dV added layer by layer, dQ by its own pass over
+  // the forward plan: no atomics). Also the ATTNJIT_DETERMINISTIC knob. Otherwise the tensor-core
+  // kernels add dQ with atomics in their single pass.
+  bool deterministic = false;
+  // backward(): the gradient of the loss with respect to the forward's lse output, fp32
+  // [batch, heads_q, seq_q] like lse (last stride 1); null: zero. It enters each row's dS as
+  // P * dlse (d lse / d S = P), so a loss that uses lse (merging partial attentions) is
+  // differentiated exactly. Rows that attend nothing take none of it.
+  const TensorView* dlse = nullptr;
+  // backward() scratch memory from the caller (e.g. PyTorch's caching allocator) instead of the
+  // driver's stream-ordered pool: device memory of the runtime's GPU, 256-byte aligned, at least
+  // Attention::backward_workspace_bytes() bytes, not used by other work on the stream until the
+  // backward's kernels have run. Null: the pool. The CPU and emu devices need none.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+struct RuntimeOptions {
+  Device device = Device::cpu();
+  std::string cache_dir;  // empty: the ATTNJIT_CACHE_DIR knob (or ~/.cache/attnjit)
+  KernelConfig config;    // zeros: the tuning database's choice (or the path's default)
+  // The backward kernels' tiles; zeros: the tuning database's backward entry (`attnjit tune
+  // --backward`), else the path's default. Tuning on a miss covers the forward only.
+  KernelConfig backward_config;
+  bool tune = false;      // tune on a database miss (also the ATTNJIT_TUNE knob)
+  // The bytes of plan tables each prepared attention keeps; -1: the ATTNJIT_PLAN_CACHE_BYTES knob
+  // (default 256 MiB). See Attention::plan_cache_stats.
+  int64_t plan_cache_bytes = -1;
+  // Random layouts decided in the kernels instead of the plan (emu and CUDA devices) where a plan
+  // would hash more than this many blocks (heads_q x query blocks x key blocks per random layout);
+  // -1: the ATTNJIT_RANDOM_IN_KERNEL knob (default 2^26: BigBird past 256K tokens at 16 heads).
+  // 0 decides every random layout in the kernels.
+  int64_t random_in_kernel_above = -1;
+  // On the Hopper path (sm_90a): the forward's TMA kernel (a producer warpgroup loads K and V) for
+  // every call whose key rows tensor maps describe; false (or the ATTNJIT_TMA=0 knob): always the
+  // kernel that loads with cp.async.
+  bool tma = true;
+  // On the Hopper path (sm_90a, head dims 64 and 128): the backward's dK/dV kernel on the warpgroup
+  // MMA (wgmma) instead of the sm_80 kernel's mma.sync; also the ATTNJIT_BWD_WGMMA=1 knob. Off by
+  // default until measured on a GPU.
+  bool wgmma_backward = false;
+  // Kernels are rendered from these templates instead of the embedded ones (tests render
+  // deliberately broken kernels this way; a changed template changes the kernel's cache key).
+  std::shared_ptr<const TemplateSet> templates;
+};
+
+class Runtime;
+struct PreparedState;  // the plan(s), device tables and loaded kernel of one (pattern, problem)
+
+// The plans a prepared attention keeps: one per distinct (offsets, dynamic table, documents),
+// made and uploaded on first use. `bytes` counts their host tables (work items, key spans, tile
+// entries, document starts; a GPU holds one copy more); above RuntimeOptions::plan_cache_bytes
+// the least recently used are dropped (a plan still in use by a call lives until it returns), but
+// never one a CUDA graph reads (`in_graph` counts them).
+struct PlanCacheStats {
+  int64_t plans = 0, bytes = 0;
+  int64_t hits = 0, misses = 0, evictions = 0;
+  int64_t in_graph = 0;
+};
+
+// A prepared attention: the plans (one per offsets/dynamic table/documents, made on first use and
+// kept up to a byte budget), their device tables (uploaded once), and the loaded kernel. Copies
+// share the same state.
+class Attention {
+public:
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView* lse = nullptr, const ForwardOptions& options = {});
+  // The gradients of forward() with respect to q, k and v, given dout = dL/dO: `o` and `lse` are
+  // what forward() returned for these inputs and options; dq, dk, dv are written (same shapes and
+  // dtype as q, k, v). The CPU device runs the plan executor; the emu and CUDA devices the
+  // generated backward kernels (dK, dV accumulate in fp32 workspaces from the stream's pool).
+  void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
+                const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                const ForwardOptions& options = {});
+  // The attention weights, for inspection: w is float32, contiguous [batch, heads_q, seq_q, seq_k],
+  // written whole with O = W V: W[b, h, i, j] is the softmax weight of key j for query i (a key
+  // two branches attend appears once with its summed weight; the head_groups "mean" factor is
+  // included; keys not attended and rows that attend nothing are 0). `lse` is what forward()
+  // returned for these inputs and options. Computed on the host over the forward's plan (on a CUDA
+  // device: after the caller's stream has finished, from copies of q, k and lse; w is then copied
+  // back). Refused above ATTNJIT_MAX_WEIGHTS elements (default 2^28).
+  void weights(const TensorView& q, const TensorView& k, const TensorView& lse, const TensorView& w,
+               const ForwardOptions& options = {});
+  const Pattern& pattern() const;
+  const Problem& problem() const;
+  // The generated kernel's name, or "cpu plan executor".
+  std::string kernel_name() const;
+  // The scratch bytes backward() needs on this device (0 on the CPU and emu devices): the size of
+  // ForwardOptions::workspace when the caller supplies it.
+  size_t backward_workspace_bytes() const;
+  PlanCacheStats plan_cache_stats() const;
+
+private:
+  friend class Runtime;
+  std::shared_ptr<PreparedState> state_;
+};
+
+class Runtime {
+public:
+  explicit Runtime(RuntimeOptions options = {});
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Validates the problem against the pattern and the device, plans, compiles or loads the
+  // kernel. Thread-safe.
+  Attention prepare(const Pattern& pattern, const Problem& problem);
+  // prepare() once per (pattern, problem) in this runtime's life: later calls return the same
+  // Attention (attention() below and the Python package call this). Thread-safe.
+  Attention prepared(const Pattern& pattern, const Problem& problem);
+  const Device& device() const;
+
+  struct Impl;
+
+private:
+  friend void attention(Runtime&, const Pattern&, const TensorView&, const TensorView&, const TensorView&,
+                        const TensorView&, const TensorView*, const ForwardOptions&);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One call: prepare (cached by pattern hash and problem) and forward.
+void attention(Runtime& rt, const Pattern& pattern, const TensorView& q, const TensorView& k, const TensorView& v,
+               const TensorView& o, const TensorView* lse = nullptr, const ForwardOptions& options = {});
+
+}  // namespace attnjit
+#pragma GCC visibility pop

@@ -1,0 +1,467 @@
+// A CUDA device: generate and load the kernel once, copy each plan's tables once in the caller's
+// stream order (StagedTables; nothing synchronises, and a first call may be captured in a CUDA
+// graph), launch on the caller's stream. Every pointer is checked to be device memory of this
+// device before a launch.
+// The backward kernels are compiled and their tables uploaded on the first backward call; their
+// workspaces come from the caller (ForwardOptions::workspace) or the stream-ordered pool.
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+#include "compiler/jit/jit.hpp"
+#include "compiler/nvrtc/nvrtc_library.hpp"
+#include "compiler/plan/device_plan.hpp"
+#include "compiler/support/error.hpp"
+#include "runtime/backend.hpp"
+#include "runtime/input_checks.hpp"
+#include "runtime/cuda/cuda_driver.hpp"
+#include "runtime/host_tensors.hpp"
+#include "runtime/kernel_params.hpp"
+#include "runtime/cuda/tma_maps.hpp"
+
+namespace attnjit {
+namespace {
+
+// Tables the kernels read, packed on the host and copied to the device in the order of the stream
+// that first needs them: no call synchronises. One device allocation holds every region (each
+// 256-byte aligned). The first call allocates and copies on its stream, so the kernels it launches
+// next see the tables; later calls wait for the copy with an event until it has finished. A
+// call captured in a CUDA graph (the first call included) allocates outside the graph and makes the
+// copy a node of the graph, from pinned host memory, so every replay copies the tables before its
+// kernels; the plan entry is then kept while the prepared attention lives (PlanEntry::in_graph),
+// because the graph reads its memory. An eager call after such a capture copies once more on its
+// own stream: a capture runs nothing. A capture after an eager copy not known to have finished
+// copies too (the same bytes), rather than wait on the host.
+class StagedTables {
+public:
+  StagedTables() = default;
+  StagedTables(const StagedTables&) = delete;
+  StagedTables& operator=(const StagedTables&) = delete;
+  // Destroyed when the plan entry goes (the byte budget, or the prepared attention): a kernel
+  // launched before on some stream may still read the tables, so the context's work is waited for.
+  ~StagedTables() { device_.wait_for_users(); }
+
+  // Appends a region; returns its offset (a device address once ready_on has run: at()).
+  template <typename T>
+  size_t add(const std::vector<T>& v) {
+    const size_t offset = (host_.size() + 255) / 256 * 256;
+    host_.resize(offset + v.size() * sizeof(T));
+    if (!v.empty()) std::memcpy(host_.data() + offset, v.data(), v.size() * sizeof(T));
+    return offset;
+  }
+
+  // Makes the tables readable by the work enqueued next on `stream`; `capturing` says whether that
+  // stream is capturing a graph (the caller holds a RelaxedCapture for it). `kernel` and `part`
+  // name the tables in errors (built only where a call allocates or copies).
+  void ready_on(CUstream stream, bool capturing, const std::string& kernel, const char* part) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto what = [&](const char* tail) { return std::string("the ") + part + " plan tables of " + kernel + tail; };
+    if (!device_.get()) device_ = DeviceBuffer(std::max<size_t>(host_.size(), 16), what(""));
+    if (landed_ || host_.empty()) return;  // (empty: no table has an entry)
+    if (capturing) {
+      // Also after an eager copy not known to have landed: the graph may run on any stream, and
+      // copying the same bytes again is harmless.
+      if (!pinned_.get()) {
+        pinned_ = PinnedBuffer(host_.size(), what(" for a CUDA graph"));
+        std::memcpy(pinned_.get(), host_.data(), host_.size());
+      }
+      copy_to_device_async(device_.get(), pinned_.get(), host_.size(), stream, what(" (in a CUDA graph)"));
+      return;
+    }
+    if (!copied_) {
+      // From pageable memory the driver stages the bytes before it returns, and the copy is ordered
+      // before the stream's later work.
+      copy_to_device_async(device_.get(), host_.data(), host_.size(), stream, what(""));
+      copied_event_ = std::make_unique<StreamEvent>();
+      copied_event_->record(stream);
+      copied_ = true;
+      return;
+    }
+    // Until the copy is known to have finished every call waits for it, the copying stream's too
+    // (harmless there; a stream handle may be reused once its stream is destroyed).
+    if (copied_event_->done()) {
+      landed_ = true;
+      std::vector<uint8_t>().swap(host_);  // never copied again: a capture now reads the device's copy
+    } else {
+      copied_event_->make_wait(stream);
+    }
+  }
+
+  CUdeviceptr at(size_t offset) const { return device_.get() + offset; }
+
+private:
+  // The packed tables (dropped once the copy has landed), and where they are on the device: changed
+  // by ready_on, under the mutex.
+  mutable std::vector<uint8_t> host_;
+  mutable std::mutex mutex_;
+  mutable DeviceBuffer device_;
+  mutable PinnedBuffer pinned_;  // the source of a graph's copy: lives as long as the tables
+  mutable std::unique_ptr<StreamEvent> copied_event_;
+  mutable bool copied_ = false;  // an eager copy was enqueued (copied_event_ follows it)
+  mutable bool landed_ = false;  // and is known to have finished
+};
+
+// The tables of one plan: where each array sits in the staged tables, and their sizes.
+struct GpuTables {
+  StagedTables staged;
+  size_t items = 0, spans = 0, entries = 0, dyn_rows = 0, dyn_cols = 0, doc_base = 0;
+  bool has_dyn = false, has_doc = false;
+  int64_t doc_rows = 0;
+  int32_t num_items = 0;
+  int64_t dyn_q_blocks = 0;
+  int32_t dyn_heads = 1;
+  int64_t dyn_entries = 0, dyn_k_blocks = 0;
+
+  // The kernels' view of the tables, after staged.ready_on.
+  KernelTables kernel_tables() const {
+    auto ptr = [&](bool present, size_t offset) { return present ? reinterpret_cast<const void*>(staged.at(offset)) : nullptr; };
+    return KernelTables{static_cast<const DeviceItem*>(ptr(true, items)), static_cast<const DeviceSpan*>(ptr(true, spans)),
+                        static_cast<const int32_t*>(ptr(true, entries)), static_cast<const int64_t*>(ptr(has_dyn, dyn_rows)),
+                        static_cast<const int32_t*>(ptr(has_dyn, dyn_cols)), num_items, dyn_q_blocks, dyn_heads,
+                        static_cast<const int64_t*>(ptr(has_doc, doc_base)), doc_rows, dyn_entries, dyn_k_blocks};
+  }
+};
+
+// The tables of the backward plans: the query-major plan (the backward kernels' tiles) and the
+// key-major plan.
+struct GpuBackwardTables {
+  GpuTables query_major;
+  StagedTables key_major;
+  size_t key_items = 0, query_entries = 0;
+  int32_t num_key_items = 0;
+};
+
+// The backward's scratch: D [B, Hq, Sq], then the fp32 dK, dV and, for kernels that can run the
+// single pass, dQ accumulators, each region 256-byte aligned.
+struct BackwardScratch {
+  size_t delta = 0, dk = 0, dv = 0, dq = 0;  // region offsets
+  size_t dk_bytes = 0, dv_bytes = 0, dq_bytes = 0, total = 0;
+  BackwardScratch(const Problem& pb, bool single_pass) {
+    auto round = [](size_t n) { return (n + 255) / 256 * 256; };
+    dk_bytes = size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim) * 4;
+    dv_bytes = size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim_v) * 4;
+    dq_bytes = single_pass ? size_t(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim) * 4 : 0;
+    dk = round(size_t(pb.batch * pb.heads_q * pb.seq_q) * 4);
+    dv = dk + round(dk_bytes);
+    dq = dv + round(dv_bytes);
+    total = dq + round(dq_bytes);
+  }
+};
+
+// Stream-ordered workspace, freed on the same stream when it goes out of scope; or the caller's.
+class Workspace {
+public:
+  Workspace(size_t bytes, CUstream s, void* caller)
+      : stream_(s), ptr_(caller ? reinterpret_cast<CUdeviceptr>(caller) : alloc_async(std::max<size_t>(bytes, 16), s, "backward workspace")),
+        owned_(caller == nullptr) {}
+  ~Workspace() {
+    if (owned_) free_async(ptr_, stream_);
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  float* at(size_t offset) const { return reinterpret_cast<float*>(ptr_ + offset); }
+
+private:
+  CUstream stream_;
+  CUdeviceptr ptr_;
+  bool owned_;
+};
+
+class CudaBackend final : public Backend {
+public:
+  CudaBackend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir, const KernelConfig& config,
+              const KernelConfig& backward_config, const TemplateSet& templates, bool tma, RandomLayouts random,
+                                          bool wgmma_backward)
+      : pattern_(p), problem_(pb), device_(device), cache_dir_(cache_dir), context_(shared_context(device)) {
+    const ScopedCurrentContext current(context_);
+    const RelaxedCapture relaxed(true);  // prepared inside a capture: loading a module is no stream work
+    prefer_nvrtc_for_driver(driver_version() / 1000);  // 13000 -> 13: kernels this driver loads
+    const DeviceInfo info = device_info(device);
+    const int arch = info.cc_major * 10 + info.cc_minor;
+    KernelRequest r = problem_request(pb, arch, cuda_arch_specific(arch));
+    r.config = config;
+    r.tma = tma && knobs().tma;
+    r.random_in_kernel = random == RandomLayouts::InKernel;
+    source_ = generate_kernel(p, r, templates);
+    max_shared_ = info.max_shared_per_block_optin;
+    main_ = load(source_, info.name);
+    if (source_.tma_maps) {  // the cp.async kernel, for calls whose key rows no tensor map describes
+      r.tma = false;
+      fallback_source_ = generate_kernel(p, r, templates);
+      device_name_ = info.name;
+    }
+    r.config = backward_config;
+    r.wgmma_backward = wgmma_backward;
+    bwd_ = generate_backward_kernels(p, r, templates);
+  }
+
+  // Packs the tables on the host; the first call that runs the plan copies them (StagedTables).
+  void upload(PlanEntry& entry, const DynamicLayout* dynamic) override {
+    auto t = std::make_shared<GpuTables>();
+    pack_tables(*t, entry.plan, dynamic);
+    if (pattern_.has_dynamic_layout()) t->dyn_k_blocks = dynamic_key_blocks(pattern_, entry.plan.shape);
+    entry.device_state = t;
+  }
+
+  bool capturing(const ForwardOptions& options) const override {
+    const ScopedCurrentContext current(context_);
+    return stream_capturing(static_cast<CUstream>(options.stream));
+  }
+
+  // The weights are for inspection: computed on the host (Backend::weights) from copies of q, k
+  // and lse taken after the caller's stream has finished, then copied into w.
+  void weights(const PlanEntry& entry, const Pattern& pattern, const TensorView& q, const TensorView& k,
+               const TensorView& lse, const TensorView& w, const ForwardOptions& options) override {
+    const ScopedCurrentContext current(context_);
+    check_device_memory({{"q", &q}, {"k", &k}, {"lse", &lse}, {"w", &w}});
+    synchronize(static_cast<CUstream>(options.stream), "waiting for the forward before computing weights");
+    std::vector<std::vector<uint8_t>> copies;
+    auto to_host = [&](const TensorView& t) {
+      copies.emplace_back(static_cast<size_t>(view_extent_bytes(t)));
+      copy_to_host(copies.back().data(), reinterpret_cast<CUdeviceptr>(t.data), copies.back().size(), "copying weights' inputs");
+      TensorView h = t;
+      h.data = copies.back().data();
+      return h;
+    };
+    const TensorView hq = to_host(q), hk = to_host(k), hl = to_host(lse);
+    std::vector<float> hw(static_cast<size_t>(view_extent_bytes(w) / 4));
+    Backend::weights(entry, pattern, hq, hk, hl, TensorView::contiguous(hw.data(), DType::F32, w.shape), options);
+    copy_to_device(reinterpret_cast<CUdeviceptr>(w.data), hw.data(), hw.size() * 4, "copying the weights");
+    synchronize(nullptr, "copying the weights");  // a copy from pageable memory may return before it lands
+  }
+
+  void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, const ForwardOptions& options) override {
+    const ScopedCurrentContext current(context_);
+    check_device_memory({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv},
+                         {"dlse", options.dlse}});
+    const CUstream stream = static_cast<CUstream>(options.stream);
+    const bool capturing = stream_capturing(stream);
+    const RelaxedCapture relaxed(capturing);  // a first backward in a graph compiles and loads its kernels
+    std::call_once(bwd_once_, [&] {
+      KernelCompiler compiler(kernel_cache_for(cache_dir_), knobs());
+      bwd_kernel_ = compiler.get(bwd_.source);
+      bwd_module_ = load_module(device_, *bwd_kernel_);
+      // The tensor-core gradient kernels may need the opt-in above 48 KB of shared memory.
+      const DeviceInfo info = device_info(device_);
+      for (const auto& [kernel, bytes] : {std::pair<const std::string&, int>{bwd_.dq, bwd_.dq_shared_bytes}, {bwd_.dkdv, bwd_.dkdv_shared_bytes}}) {
+        if (bytes <= 48 * 1024) continue;
+        if (bytes > info.max_shared_per_block_optin) {
+          throw UserError(kernel, "needs " + std::to_string(bytes) + " bytes of shared memory; " + info.name + " allows " +
+                                      std::to_string(info.max_shared_per_block_optin));
+        }
+        bwd_module_->set_max_dynamic_shared(bwd_module_->function(kernel), bytes);
+      }
+    });
+    const BackwardPlans& plans = entry.backward_plans(pattern_, planning_table(options),
+                                                      TileConfig{bwd_.source.config.tile_q, bwd_.source.config.tile_k});
+    check_kernel_seeks(plans.query_major, bwd_.source);
+    const auto& t = *static_cast<const GpuBackwardTables*>(entry.backward_device_state([&] {
+      auto bt = std::make_shared<GpuBackwardTables>();
+      pack_tables(bt->query_major, plans.query_major, options.dynamic_layout);
+      if (pattern_.has_dynamic_layout()) bt->query_major.dyn_k_blocks = dynamic_key_blocks(pattern_, plans.query_major.shape);
+      const DeviceBackwardPlan kp = pack_backward_plan(plans.key_major);
+      bt->key_items = bt->key_major.add(kp.items);
+      bt->query_entries = bt->key_major.add(kp.entries);
+      bt->num_key_items = static_cast<int32_t>(kp.items.size());
+      return std::shared_ptr<void>(bt);
+    }));
+    t.query_major.staged.ready_on(stream, capturing, bwd_.source.name, "backward");
+    t.key_major.ready_on(stream, capturing, bwd_.source.name, "backward key-major");
+    if (capturing) entry.in_graph = true;
+    const Problem& pb = problem_;
+    const BackwardScratch layout(pb, bwd_.single_pass);
+    if (options.workspace) {
+      TensorView w;
+      w.data = options.workspace;
+      check_device_memory({{"workspace", &w}});
+    }
+    const Workspace ws(layout.total, stream, options.workspace);
+    float* const delta = ws.at(layout.delta);
+    float* const dk_acc = ws.at(layout.dk);
+    float* const dv_acc = ws.at(layout.dv);
+    memset_d8_async(reinterpret_cast<CUdeviceptr>(dk_acc), 0, layout.dk_bytes, stream);
+    memset_d8_async(reinterpret_cast<CUdeviceptr>(dv_acc), 0, layout.dv_bytes, stream);
+    const GpuTables& f = t.query_major;
+    const BackwardGrids g = backward_grids(pb, bwd_, size_t(f.num_items), plans.key_major, options.deterministic);
+    float* const dq_acc = g.single_pass ? ws.at(layout.dq) : nullptr;
+    if (dq_acc) memset_d8_async(reinterpret_cast<CUdeviceptr>(dq_acc), 0, layout.dq_bytes, stream);
+    const KernelTables tables = f.kernel_tables();
+    const BackwardTables bt{reinterpret_cast<const DeviceKeyItem*>(t.key_major.at(t.key_items)),
+                            reinterpret_cast<const DeviceQueryEntry*>(t.key_major.at(t.query_entries)), t.num_key_items, delta,
+                            dk_acc, dv_acc, dq_acc};
+    KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, q, k, v, o, lse, dout, dq, dk, dv, options);
+    bp.fwd.dyn_errors = nullptr;  // the forward counted the table's problems
+    void* args[] = {&bp};
+    auto run = [&](const std::string& kernel, uint64_t gx, int64_t batch, int threads, int shared_bytes) {
+      if (gx == 0) return;
+      const BatchGrid b = batch_grid(batch);
+      launch(bwd_module_->function(kernel), static_cast<unsigned>(gx), b.y, b.z, static_cast<unsigned>(threads),
+             static_cast<unsigned>(shared_bytes), stream, args,
+             kernel + " grid=(" + std::to_string(gx) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
+                 ") block=" + std::to_string(threads));
+    };
+    run(bwd_.pre, g.pre, pb.batch, bwd_.aux_threads, 0);
+    run(bwd_.dq, g.dq, pb.batch, bwd_.dq_threads, bwd_.dq_shared_bytes);
+    for (const DkdvLaunch& d : g.dkdv) {  // the launch copies the arguments: bp may change after it
+      bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add;
+      run(bwd_.dkdv, d.blocks, pb.batch, bwd_.dkdv_threads, bwd_.dkdv_shared_bytes);
+    }
+    run(bwd_.cvt, g.cvt, 1, bwd_.aux_threads, 0);
+  }
+
+  void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView* lse, const ForwardOptions& options) override {
+    const ScopedCurrentContext current(context_);
+    check_device_memory({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", lse}});
+    check_device_table(options.device_dynamic_layout);
+    check_kernel_seeks(entry.plan, source_);
+    const auto& t = *static_cast<const GpuTables*>(entry.device_state.get());
+    if (t.num_items == 0) return;
+    const CUstream stream = static_cast<CUstream>(options.stream);
+    const bool capturing = stream_capturing(stream);
+    const RelaxedCapture relaxed(capturing);  // a first call in a graph allocates and may load the fallback kernel
+    t.staged.ready_on(stream, capturing, source_.name, "forward");
+    if (capturing) entry.in_graph = true;
+    const KernelTables tables = t.kernel_tables();
+    KernelParams kp = kernel_params(entry.plan, problem_, tables, q, k, v, o, lse, options);
+    const KernelSource* source = &source_;
+    CUfunction function = main_.function;
+    TmaMaps maps{};
+    if (source_.tma_maps) {
+      if (const auto specs = tma_map_specs(entry.plan, problem_, k, v, source_.config.tile_k)) {
+        maps = encode_tma_maps(*specs, false);
+      } else {
+        std::call_once(fallback_once_, [&] { fallback_ = load(fallback_source_, device_name_); });
+        source = &fallback_source_, function = fallback_.function;
+      }
+    }
+    void* args[] = {&kp, &maps};  // the cp.async kernels take only the first
+    const BatchGrid b = batch_grid(problem_.batch);
+    launch(function, static_cast<unsigned>(t.num_items), b.y, b.z, static_cast<unsigned>(source->threads),
+           static_cast<unsigned>(source->shared_bytes), stream, args,
+           source->name + " grid=(" + std::to_string(t.num_items) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
+               ") block=" + std::to_string(source->threads) + " smem=" + std::to_string(source->shared_bytes));
+  }
+
+  std::string kernel_name() const override { return source_.name; }
+  TileConfig tiles() const override { return TileConfig{source_.config.tile_q, source_.config.tile_k}; }
+  int alignment() const override { return source_.path != KernelPath::Simt ? 16 : dtype_bytes(problem_.dtype); }
+  bool reads_device_tables() const override { return true; }
+  bool tables_in_host_memory() const override { return false; }
+  size_t backward_workspace_bytes() const override { return BackwardScratch(problem_, bwd_.single_pass).total; }
+
+private:
+  void check_device_memory(std::initializer_list<std::pair<const char*, const TensorView*>> tensors) const {
+    for (const auto& [name, t] : tensors) {
+      if (!t) continue;
+      const PointerInfo pi = pointer_info(t->data);
+      if (!pi.is_device_memory || pi.device_ordinal != device_) {
+        throw UserError(name, std::string("is not device memory of cuda:") + std::to_string(device_) +
+                                  "; copy it to the runtime's GPU (or use a Runtime on the CPU device for host tensors)");
+      }
+    }
+  }
+
+  // A table the kernels read in place must be this GPU's memory (checked per pointer; nothing is read).
+  void check_device_table(const DeviceDynamicLayout* d) const {
+    if (!d) return;
+    const std::pair<const char*, const void*> arrays[] = {
+        {"device_dynamic_layout.row_offsets", d->row_offsets},
+        {"device_dynamic_layout.col_indices", d->entries > 0 ? d->col_indices : nullptr},
+        {"device_dynamic_layout.errors", d->errors}};
+    for (const auto& [name, ptr] : arrays) {
+      if (!ptr) continue;
+      const PointerInfo pi = pointer_info(ptr);
+      if (!pi.is_device_memory || pi.device_ordinal != device_) {
+        throw UserError(name, std::string("is not device memory of cuda:") + std::to_string(device_) +
+                                  "; give the table in this GPU's memory (or as ForwardOptions.dynamic_layout on the host)");
+      }
+    }
+  }
+
+  static void pack_tables(GpuTables& t, const Plan& plan, const DynamicLayout* dynamic) {
+    const DevicePlan d = pack_plan(plan);
+    t.items = t.staged.add(d.items);
+    t.spans = t.staged.add(d.spans);
+    t.entries = t.staged.add(d.entries);
+    t.num_items = static_cast<int32_t>(d.items.size());
+    if (!d.doc_base.empty()) {
+      t.doc_base = t.staged.add(d.doc_base), t.has_doc = true;
+      t.doc_rows = static_cast<int64_t>(d.doc_base.size());
+    }
+    if (dynamic) {
+      t.dyn_rows = t.staged.add(dynamic->row_offsets);
+      t.dyn_cols = t.staged.add(dynamic->col_indices);
+      t.has_dyn = true;
+      t.dyn_heads = static_cast<int32_t>(dynamic->heads);
+      t.dyn_q_blocks = (static_cast<int64_t>(dynamic->row_offsets.size()) - 1) / dynamic->heads;
+      t.dyn_entries = static_cast<int64_t>(dynamic->col_indices.size());
+    }
+  }
+
+  // A CUBIN is loaded once per device and shared by every prepared attention that uses it.
+  static std::shared_ptr<Module> load_module(int device, const CompiledKernel& k) {
+    static std::mutex m;
+    // Never destroyed: unloading at exit could run after the driver itself is gone.
+    static auto* modules = new std::map<std::pair<int, std::string>, std::shared_ptr<Module>>;
+    std::lock_guard<std::mutex> lock(m);
+    auto& slot = (*modules)[{device, k.key.hex}];
+    if (!slot) slot = std::make_shared<Module>(k.cubin, k.name);
+    return slot;
+  }
+
+
+  // A compiled forward kernel, loaded, its shared memory allowed.
+  struct Loaded {
+    std::shared_ptr<const CompiledKernel> kernel;
+    std::shared_ptr<Module> module;
+    CUfunction function = nullptr;
+  };
+  Loaded load(const KernelSource& source, const std::string& device_name) {
+    Loaded l;
+    KernelCompiler compiler(kernel_cache_for(cache_dir_), knobs());
+    l.kernel = compiler.get(source);
+    l.module = load_module(device_, *l.kernel);
+    l.function = l.module->function(source.name);
+    if (source.shared_bytes > 48 * 1024) {
+      if (source.shared_bytes > max_shared_) {
+        throw UserError(source.name, "needs " + std::to_string(source.shared_bytes) + " bytes of shared memory; " + device_name +
+                                         " allows " + std::to_string(max_shared_) + "; use a smaller kernel tile (RuntimeOptions::config)");
+      }
+      l.module->set_max_dynamic_shared(l.function, source.shared_bytes);
+    }
+    return l;
+  }
+
+  Pattern pattern_;
+  Problem problem_;
+  int device_;
+  std::string cache_dir_;
+  Context& context_;
+  int max_shared_ = 0;
+  KernelSource source_;
+  Loaded main_;
+  KernelSource fallback_source_;  // with a TMA kernel: the cp.async kernel, loaded on first need
+  std::string device_name_;
+  std::once_flag fallback_once_;
+  Loaded fallback_;
+  BackwardKernels bwd_;  // rendered in the constructor, compiled on the first backward call
+  std::once_flag bwd_once_;
+  std::shared_ptr<const CompiledKernel> bwd_kernel_;
+  std::shared_ptr<Module> bwd_module_;
+};
+
+}  // namespace
+
+bool cuda_arch_specific(int arch) { return arch == 90 && knobs().sm90a; }
+
+std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
+                                           const KernelConfig& config, const KernelConfig& backward_config,
+                                           const TemplateSet& templates, bool tma, RandomLayouts random,
+                                          bool wgmma_backward) {
+  return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config, backward_config, templates, tma, random, wgmma_backward);
+}
+
+}  // namespace attnjit

@@ -1,0 +1,103 @@
+#include "runtime/cuda/tma_maps.hpp"
+
+#include <algorithm>
+
+#include "runtime/cuda/cuda_driver.hpp"
+
+namespace attnjit {
+namespace {
+
+constexpr int64_t kMaxElementStride = 8;
+
+// Dilated rows a box of stride r brings: a power of two dividing tile_k with r x rows <= 256.
+int32_t rows_per_box(int64_t r, int tile_k) {
+  int32_t rows = tile_k;
+  while (rows * r > 256) rows /= 2;
+  return rows;
+}
+
+// The fold of a stride above 8: the least f dividing both r and seq_k with r / f <= 8 (0: none).
+// Row first + i r = (first mod f) + f (first / f + i r / f): with the rows folded by f, a tile's
+// rows are one fold's, every (r / f)-th, which TMA's element stride reaches.
+int64_t fold_for(int64_t r, int64_t seq) {
+  for (int64_t f = (r + kMaxElementStride - 1) / kMaxElementStride; f <= r; ++f)
+    if (r % f == 0 && seq % f == 0) return f;
+  return 0;
+}
+
+// One tensor's map for key stride r, boxes of 64 columns (one 128-byte swizzled column block) and
+// one head and batch entry. Up to stride 8, dimensions (innermost first) head dim, head, row,
+// batch, the row traversed with element stride r (fold f = 0); beyond, head dim, head, row mod f,
+// row / f, batch (f = fold_for(r, seq_k)), the fourth traversed with element stride r / f.
+emu::TensorMapSpec map_for(const TensorView& t, const Problem& pb, int64_t heads, int64_t dim, int64_t r, int64_t f,
+                           int tile_k) {
+  emu::TensorMapSpec s;
+  s.type = pb.dtype == DType::F16 ? emu::TensorMapType::F16 : emu::TensorMapType::BF16;
+  s.address = reinterpret_cast<uintptr_t>(t.data);
+  const int64_t eb = 2, batch = t.shape[0], seq = t.shape[1];
+  // A dimension of size 1 never moves: any valid stride will do (the tensor's may be anything).
+  auto stride = [&](int64_t size, int64_t elements) { return uint64_t(size == 1 ? 16 : elements * eb); };
+  s.swizzle = 128;
+  if (f == 0) {
+    s.rank = 4;
+    s.dims = {uint64_t(dim), uint64_t(heads), uint64_t(seq), uint64_t(batch)};
+    s.strides = {0, stride(heads, t.strides[2]), stride(seq, t.strides[1]), stride(batch, t.strides[0])};
+    s.box = {64, 1, uint32_t(rows_per_box(r, tile_k) * r), 1};
+    s.element_strides = {1, 1, uint32_t(r), 1, 1};
+    return s;
+  }
+  const int64_t e = r / f;
+  s.rank = 5;
+  s.dims = {uint64_t(dim), uint64_t(heads), uint64_t(f), uint64_t(seq / f), uint64_t(batch)};
+  s.strides = {0, stride(heads, t.strides[2]), stride(f, t.strides[1]), stride(seq / f, f * t.strides[1]),
+               stride(batch, t.strides[0])};
+  s.box = {64, 1, 1, uint32_t(rows_per_box(e, tile_k) * e), 1};
+  s.element_strides = {1, 1, 1, uint32_t(e), 1};
+  return s;
+}
+
+}  // namespace
+
+std::optional<TmaMapSpecs> tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& k, const TensorView& v, int tile_k,
+                                         std::string* why) {
+  auto refuse = [&](const std::string& reason) -> std::optional<TmaMapSpecs> {
+    if (why) *why = reason;
+    return std::nullopt;
+  };
+  TmaMapSpecs out;
+  for (const KeySpan& s : plan.spans) {
+    const int64_t r = s.keys.stride;  // the kernel picks a tile's map by this stride, whatever the count
+    if (std::find(out.strides, out.strides + out.used, r) != out.strides + out.used) continue;
+    if (r < 1) return refuse("a key span with stride " + std::to_string(r));
+    if (out.used == kTmaMaps) return refuse("more than " + std::to_string(kTmaMaps) + " key strides");
+    const int64_t f = r <= kMaxElementStride ? 0 : fold_for(r, pb.seq_k);
+    if (r > kMaxElementStride && f == 0)
+      return refuse("key stride " + std::to_string(r) + " (above 8) has no divisor f of seq_k " + std::to_string(pb.seq_k) +
+                    " with stride / f <= 8 (TMA's element strides end at 8)");
+    out.rows[out.used] = rows_per_box(f ? r / f : r, tile_k);
+    out.fold[out.used] = int32_t(f);
+    out.strides[out.used++] = r;
+  }
+  if (out.used == 0) out.strides[0] = 1, out.rows[0] = tile_k, out.used = 1;
+  for (int i = 0; i < out.used; ++i) {
+    out.k[i] = map_for(k, pb, pb.heads_kv, pb.head_dim, out.strides[i], out.fold[i], tile_k);
+    out.v[i] = map_for(v, pb, pb.heads_kv, pb.head_dim_v, out.strides[i], out.fold[i], tile_k);
+    for (const emu::TensorMapSpec* m : {&out.k[i], &out.v[i]})
+      if (const std::string p = emu::tensor_map_problem(*m); !p.empty()) return refuse(p);
+  }
+  return out;
+}
+
+TmaMaps encode_tma_maps(const TmaMapSpecs& specs, bool emulated) {
+  TmaMaps maps{};
+  for (int i = 0; i < specs.used; ++i) {
+    maps.k[i] = emulated ? emu::encode_emulated_tensor_map(specs.k[i]) : encode_tensor_map(specs.k[i]);
+    maps.v[i] = emulated ? emu::encode_emulated_tensor_map(specs.v[i]) : encode_tensor_map(specs.v[i]);
+    maps.stride[i] = specs.strides[i];
+    maps.rows[i] = specs.rows[i];
+    maps.fold[i] = specs.fold[i];
+  }
+  return maps;  // unused entries: stride 0, never chosen (a tile's stride is at least 1)
+}
+
+}  // namespace attnjit

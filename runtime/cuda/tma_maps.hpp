@@ -1,0 +1,47 @@
+// The tensor maps of the Hopper TMA forward (templates/fwd_sm90_tma.cuh): one K map and one V map
+// per key stride of the plan, made per call (they hold the tensors' addresses), and the test of
+// whether TMA describes a call's key rows at all. Where it does not, the backend launches the
+// cp.async Hopper kernel instead (KernelRequest::tma = false).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "attnjit/attnjit.hpp"
+#include "compiler/codegen/codegen.hpp"
+#include "compiler/plan/plan.hpp"
+#include "emulator/tensor_map.hpp"
+
+namespace attnjit {
+
+// AjTmaMaps, byte for byte.
+struct alignas(64) TmaMaps {
+  emu::TensorMapBytes k[kTmaMaps];
+  emu::TensorMapBytes v[kTmaMaps];
+  int64_t stride[kTmaMaps];
+  int32_t rows[kTmaMaps];
+  int32_t fold[kTmaMaps];
+};
+
+// The maps' specs for a call: key tensor k, value tensor v ([B, S, H, D], any strides with a
+// contiguous last dimension) and the plan's key spans, tiles of `tile_k` keys. Stride r up to 8:
+// a map of the plain rows traversed with element stride r, boxes of `rows` dilated rows (r x rows
+// <= 256; rows past the sequence read zero; fold 0). Stride r above 8: the rows folded by f, the
+// least divisor of r that divides seq_k and leaves r / f <= 8: dimensions row mod f and row / f,
+// the second traversed with element stride r / f (fold f; f = r is the residue and the dilated
+// row). nullopt, with the reason in *why, when no such f exists, the plan has more than kTmaMaps
+// strides, or a tensor's address or strides break the tensor-map rules.
+struct TmaMapSpecs {
+  int64_t strides[kTmaMaps] = {};
+  int32_t rows[kTmaMaps] = {};
+  int32_t fold[kTmaMaps] = {};
+  emu::TensorMapSpec k[kTmaMaps], v[kTmaMaps];
+  int used = 0;
+};
+std::optional<TmaMapSpecs> tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& k, const TensorView& v, int tile_k,
+                                         std::string* why = nullptr);
+
+// Encoded for the emulator, or by the CUDA driver (runtime/cuda/cuda_driver.hpp) for a GPU.
+TmaMaps encode_tma_maps(const TmaMapSpecs& specs, bool emulated);
+
+}  // namespace attnjit

@@ -1,0 +1,332 @@
+// The emu device: the kernel a GPU of the chosen arch would run, generated from the same templates,
+// compiled for the CPU emulator and launched there. Each forward copies its tensors and the plan
+// tables into a private "device memory" image, every buffer in its own region with poisoned gaps,
+// so that an access past one tensor is reported as such instead of landing in its neighbour.
+#include <cstring>
+#include <mutex>
+
+#include "compiler/jit/jit.hpp"
+#include "compiler/plan/device_plan.hpp"
+#include "compiler/support/error.hpp"
+#include "emulator/emu_module.hpp"
+#include "runtime/backend.hpp"
+#include "runtime/input_checks.hpp"
+#include "runtime/kernel_params.hpp"
+#include "runtime/cuda/tma_maps.hpp"
+
+namespace attnjit {
+namespace {
+
+struct HostTables {
+  DevicePlan plan;
+  std::vector<int64_t> dyn_rows;
+  std::vector<int32_t> dyn_cols;
+  int64_t dyn_q_blocks = 0;
+  int32_t dyn_heads = 1;
+  int64_t dyn_k_blocks = 0;
+};
+
+int64_t extent_bytes(const TensorView& t) {
+  int64_t last = 0;
+  for (size_t d = 0; d < t.shape.size(); ++d) last += (t.shape[d] - 1) * t.strides[d];
+  return (last + 1) * dtype_bytes(t.dtype);
+}
+
+// The launch's global memory: regions placed 256-byte aligned (keeping the caller's alignment
+// modulo 256), separated by 256 poisoned bytes.
+class DeviceImage {
+public:
+  struct Region {
+    std::string name;
+    size_t offset, bytes;
+    const void* host;
+    int elem_bytes;
+    bool writable;
+  };
+  size_t add(std::string name, const void* host, size_t bytes, int elem_bytes, bool writable) {
+    size_t at = (end_ + kGap + 255) / 256 * 256 + reinterpret_cast<uintptr_t>(host) % 256;
+    regions_.push_back({std::move(name), at, bytes, host, elem_bytes, writable});
+    end_ = at + bytes;
+    return regions_.size() - 1;
+  }
+  // A workspace of `bytes` that starts zeroed (others without host data start poisoned).
+  size_t add_zeroed(std::string name, size_t bytes, int elem_bytes) {
+    const size_t r = add(std::move(name), nullptr, bytes, elem_bytes, true);
+    zeroed_.push_back(r);
+    return r;
+  }
+  void materialise() {
+    memory_.assign(end_ + kGap + 256, 0xFF);
+    base_ = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(memory_.data()) + 255) / 256 * 256);
+    for (const Region& r : regions_)
+      if (r.host && r.bytes) std::memcpy(base_ + r.offset, r.host, r.bytes);
+    for (size_t r : zeroed_) std::memset(base_ + regions_[r].offset, 0, regions_[r].bytes);
+  }
+  void* at(size_t region) { return base_ + regions_[region].offset; }
+  void copy_back(size_t region, void* host) { std::memcpy(host, at(region), regions_[region].bytes); }
+  std::vector<emu::GlobalBuffer> buffers() {
+    std::vector<emu::GlobalBuffer> out;
+    for (size_t i = 0; i < regions_.size(); ++i) {
+      const Region& r = regions_[i];
+      out.push_back({r.name, at(i), r.bytes, r.elem_bytes, r.writable});
+    }
+    return out;
+  }
+
+private:
+  static constexpr size_t kGap = 256;
+  std::vector<Region> regions_;
+  std::vector<size_t> zeroed_;
+  size_t end_ = 0;
+  std::vector<uint8_t> memory_;
+  uint8_t* base_ = nullptr;
+};
+
+// A DeviceDynamicLayout's arrays (host memory standing in for the device's) as regions of the
+// launch's memory, so the emulator checks every read of them; the problem count goes back.
+struct DeviceTableRegions {
+  bool present = false;
+  size_t rows = 0, cols = 0, errors = 0;
+  void rebase(DeviceImage& img, KernelParams& kp) const {
+    if (!present) return;
+    kp.dyn_row_offsets = static_cast<const int64_t*>(img.at(rows));
+    kp.dyn_cols = static_cast<const int32_t*>(img.at(cols));
+    kp.dyn_errors = kp.dyn_errors ? static_cast<int32_t*>(img.at(errors)) : nullptr;
+  }
+  void copy_back(DeviceImage& img, const DeviceDynamicLayout* d) const {
+    if (present && d->errors) img.copy_back(errors, d->errors);
+  }
+};
+DeviceTableRegions add_device_table(DeviceImage& img, const DeviceDynamicLayout* d) {
+  DeviceTableRegions r;
+  if (!d) return r;
+  r.present = true;
+  r.rows = img.add("device table row_offsets", d->row_offsets, static_cast<size_t>(d->rows + 1) * 8, 8, false);
+  r.cols = img.add("device table col_indices", d->col_indices, static_cast<size_t>(d->entries) * 4, 4, false);
+  r.errors = img.add("device table errors", d->errors, d->errors ? 4 : 0, 4, true);
+  return r;
+}
+
+class EmuBackend final : public Backend {
+public:
+  EmuBackend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir, const KernelConfig& config,
+             const KernelConfig& backward_config, const TemplateSet& templates, bool tma, RandomLayouts random,
+                                          bool wgmma_backward)
+      : pattern_(p), problem_(pb), cache_dir_(cache_dir) {
+    KernelRequest r = problem_request(pb, arch.arch, arch.specific);
+    r.tma = tma && knobs().tma;
+    r.random_in_kernel = random == RandomLayouts::InKernel;
+    r.config = config;
+    source_ = generate_kernel(p, r, templates);
+    module_ = emu::load_emu_module(emu::compile_for_emulator(emu::emu_source_of(source_), kernel_cache_for(cache_dir), knobs()));
+    if (source_.tma_maps) {  // the cp.async kernel, for calls whose key rows no tensor map describes
+      r.tma = false;
+      fallback_ = generate_kernel(p, r, templates);
+    }
+    r.config = backward_config;
+    r.wgmma_backward = wgmma_backward;
+    bwd_ = generate_backward_kernels(p, r, templates);  // text only: compiled on the first backward call
+  }
+
+  void upload(PlanEntry& entry, const DynamicLayout* dynamic) override {
+    auto t = std::make_shared<HostTables>();
+    t->plan = pack_plan(entry.plan);
+    if (dynamic) {
+      t->dyn_rows = dynamic->row_offsets;
+      t->dyn_cols = dynamic->col_indices;
+      t->dyn_heads = static_cast<int32_t>(dynamic->heads);
+      t->dyn_q_blocks = (static_cast<int64_t>(dynamic->row_offsets.size()) - 1) / dynamic->heads;
+    }
+    if (pattern_.has_dynamic_layout()) t->dyn_k_blocks = dynamic_key_blocks(pattern_, entry.plan.shape);
+    entry.device_state = t;
+  }
+
+  void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView* lse, const ForwardOptions& options) override {
+    check_kernel_seeks(entry.plan, source_);
+    const auto& t = *static_cast<const HostTables*>(entry.device_state.get());
+    if (t.plan.items.empty()) return;
+    DeviceImage img;
+    auto tensor = [&](const char* name, const TensorView& view, bool writable) {
+      return img.add(name, view.data, size_t(extent_bytes(view)), dtype_bytes(view.dtype), writable);
+    };
+    auto table = [&](const char* name, const auto& vec) {
+      using T = typename std::decay_t<decltype(vec)>::value_type;
+      return img.add(name, vec.data(), vec.size() * sizeof(T), sizeof(T), false);
+    };
+    const size_t iq = tensor("q", q, false), ik = tensor("k", k, false), iv = tensor("v", v, false), io = tensor("o", o, true);
+    const size_t il = lse ? tensor("lse", *lse, true) : 0;
+    const size_t items = table("plan items", t.plan.items), spans = table("plan spans", t.plan.spans);
+    const size_t entries = table("plan entries", t.plan.entries);
+    const size_t rows = table("dynamic row_offsets", t.dyn_rows), cols = table("dynamic col_indices", t.dyn_cols);
+    const size_t docs = table("document starts", t.plan.doc_base);
+    const DeviceTableRegions device_table = add_device_table(img, options.device_dynamic_layout);
+    img.materialise();
+
+    auto rebased = [&](const TensorView& view, size_t region) {
+      TensorView r = view;
+      r.data = img.at(region);
+      return r;
+    };
+    const TensorView lse_dev = lse ? rebased(*lse, il) : TensorView{};
+    const KernelTables tables{static_cast<const DeviceItem*>(img.at(items)), static_cast<const DeviceSpan*>(img.at(spans)),
+                              t.plan.entries.empty() ? nullptr : static_cast<const int32_t*>(img.at(entries)),
+                              t.dyn_rows.empty() ? nullptr : static_cast<const int64_t*>(img.at(rows)),
+                              t.dyn_cols.empty() ? nullptr : static_cast<const int32_t*>(img.at(cols)),
+                              static_cast<int32_t>(t.plan.items.size()), t.dyn_q_blocks, t.dyn_heads,
+                              t.plan.doc_base.empty() ? nullptr : static_cast<const int64_t*>(img.at(docs)),
+                              static_cast<int64_t>(t.plan.doc_base.size()), static_cast<int64_t>(t.dyn_cols.size()),
+                              t.dyn_k_blocks};
+    KernelParams kp = kernel_params(entry.plan, problem_, tables, rebased(q, iq), rebased(k, ik), rebased(v, iv),
+                                    rebased(o, io), lse ? &lse_dev : nullptr, options);
+    device_table.rebase(img, kp);
+    const KernelSource* source = &source_;
+    const emu::EmuModule* module = module_.get();
+    TmaMaps maps{};
+    if (source_.tma_maps) {
+      if (const auto specs = tma_map_specs(entry.plan, problem_, rebased(k, ik), rebased(v, iv), source_.config.tile_k)) {
+        maps = encode_tma_maps(*specs, true);
+      } else {
+        std::call_once(fallback_once_, [&] {
+          fallback_module_ =
+              emu::load_emu_module(emu::compile_for_emulator(emu::emu_source_of(fallback_), kernel_cache_for(cache_dir_), knobs()));
+        });
+        source = &fallback_, module = fallback_module_.get();
+      }
+    }
+    void* args[] = {&kp, &maps};  // the cp.async kernels take only the first
+    emu::LaunchRequest r;
+    r.grid[0] = static_cast<unsigned>(t.plan.items.size());
+    r.grid[1] = batch_grid(problem_.batch).y;
+    r.grid[2] = batch_grid(problem_.batch).z;
+    r.block_threads = static_cast<unsigned>(source->threads);
+    r.dynamic_shared = static_cast<size_t>(source->shared_bytes);
+    r.args = args;
+    r.buffers = img.buffers();
+    module->launch(r);
+    img.copy_back(io, o.data);
+    if (lse) img.copy_back(il, lse->data);
+    device_table.copy_back(img, options.device_dynamic_layout);
+  }
+
+  void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, const ForwardOptions& options) override {
+    std::call_once(bwd_once_, [&] {
+      emu::EmuSource s = emu::emu_source_of(bwd_.source);
+      s.kernels = {bwd_.pre, bwd_.dq, bwd_.dkdv, bwd_.cvt};
+      bwd_module_ = emu::load_emu_module(emu::compile_for_emulator(s, kernel_cache_for(cache_dir_), knobs()));
+    });
+    const TileConfig tiles{bwd_.source.config.tile_q, bwd_.source.config.tile_k};
+    const BackwardPlans& plans = entry.backward_plans(pattern_, planning_table(options), tiles);
+    check_kernel_seeks(plans.query_major, bwd_.source);
+    const DevicePlan fp = pack_plan(plans.query_major);
+    const DeviceBackwardPlan kp = pack_backward_plan(plans.key_major);
+    const Problem& pb = problem_;
+    DeviceImage img;
+    auto tensor = [&](const char* name, const TensorView& view, bool writable) {
+      return img.add(name, view.data, size_t(extent_bytes(view)), dtype_bytes(view.dtype), writable);
+    };
+    auto table = [&](const char* name, const auto& vec) {
+      using T = typename std::decay_t<decltype(vec)>::value_type;
+      return img.add(name, vec.data(), vec.size() * sizeof(T), sizeof(T), false);
+    };
+    const size_t iq = tensor("q", q, false), ik = tensor("k", k, false), iv = tensor("v", v, false), io = tensor("o", o, false);
+    const size_t il = tensor("lse", lse, false), ido = tensor("dout", dout, false);
+    const size_t idq = tensor("dq", dq, true), idk = tensor("dk", dk, true), idv = tensor("dv", dv, true);
+    const size_t idlse = options.dlse ? tensor("dlse", *options.dlse, false) : 0;
+    const size_t idelta = img.add("D workspace", nullptr, size_t(pb.batch * pb.heads_q * pb.seq_q) * 4, 4, true);
+    const size_t idka = img.add_zeroed("dK workspace", size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim) * 4, 4);
+    const size_t idva = img.add_zeroed("dV workspace", size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim_v) * 4, 4);
+    const BackwardGrids g = backward_grids(pb, bwd_, fp.items.size(), plans.key_major, options.deterministic);
+    const size_t idqa = img.add_zeroed("dQ workspace", g.single_pass ? size_t(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim) * 4 : 0, 4);
+    const size_t items = table("plan items", fp.items), spans = table("plan spans", fp.spans), entries = table("plan entries", fp.entries);
+    const size_t kitems = table("backward key items", kp.items), qentries = table("backward query entries", kp.entries);
+    const DynamicLayout* dyn = options.dynamic_layout;
+    const std::vector<int64_t> no_rows;
+    const std::vector<int32_t> no_cols;
+    const size_t rows = table("dynamic row_offsets", dyn ? dyn->row_offsets : no_rows);
+    const size_t cols = table("dynamic col_indices", dyn ? dyn->col_indices : no_cols);
+    const size_t docs = table("document starts", fp.doc_base);
+    const DeviceTableRegions device_table = add_device_table(img, options.device_dynamic_layout);
+    img.materialise();
+    auto rebased = [&](const TensorView& view, size_t region) {
+      TensorView r = view;
+      r.data = img.at(region);
+      return r;
+    };
+    auto ptr = [&](size_t region, bool present) { return present ? img.at(region) : nullptr; };
+    const KernelTables tables{static_cast<const DeviceItem*>(img.at(items)), static_cast<const DeviceSpan*>(img.at(spans)),
+                              static_cast<const int32_t*>(ptr(entries, !fp.entries.empty())),
+                              static_cast<const int64_t*>(ptr(rows, dyn != nullptr)),
+                              static_cast<const int32_t*>(ptr(cols, dyn != nullptr)), static_cast<int32_t>(fp.items.size()),
+                              dyn ? (static_cast<int64_t>(dyn->row_offsets.size()) - 1) / dyn->heads : 0,
+                              dyn ? static_cast<int32_t>(dyn->heads) : 1,
+                              static_cast<const int64_t*>(ptr(docs, !fp.doc_base.empty())), static_cast<int64_t>(fp.doc_base.size()),
+                              dyn ? static_cast<int64_t>(dyn->col_indices.size()) : 0,
+                              pattern_.has_dynamic_layout() ? dynamic_key_blocks(pattern_, plans.query_major.shape) : 0};
+    const BackwardTables bt{static_cast<const DeviceKeyItem*>(img.at(kitems)), static_cast<const DeviceQueryEntry*>(img.at(qentries)),
+                            static_cast<int32_t>(kp.items.size()), static_cast<float*>(img.at(idelta)),
+                            static_cast<float*>(img.at(idka)), static_cast<float*>(img.at(idva)),
+                            g.single_pass ? static_cast<float*>(img.at(idqa)) : nullptr};
+    KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, rebased(q, iq), rebased(k, ik), rebased(v, iv),
+                                         rebased(o, io), rebased(lse, il), rebased(dout, ido), rebased(dq, idq),
+                                         rebased(dk, idk), rebased(dv, idv), options);
+    if (options.dlse) bp.dlse = static_cast<const float*>(img.at(idlse));
+    device_table.rebase(img, bp.fwd);
+    bp.fwd.dyn_errors = nullptr;  // the forward counted its problems
+    void* args[] = {&bp};
+    auto launch = [&](const std::string& kernel, uint64_t grid_x, int64_t batch, int threads, int shared_bytes) {
+      if (grid_x == 0) return;
+      emu::LaunchRequest r;
+      r.kernel = kernel;
+      r.grid[0] = static_cast<unsigned>(grid_x);
+      r.grid[1] = batch_grid(batch).y;
+      r.grid[2] = batch_grid(batch).z;
+      r.block_threads = static_cast<unsigned>(threads);
+      r.dynamic_shared = static_cast<size_t>(shared_bytes);
+      r.args = args;
+      r.buffers = img.buffers();
+      bwd_module_->launch(r);
+    };
+    launch(bwd_.pre, g.pre, pb.batch, bwd_.aux_threads, 0);
+    launch(bwd_.dq, g.dq, pb.batch, bwd_.dq_threads, bwd_.dq_shared_bytes);
+    for (const DkdvLaunch& d : g.dkdv) {
+      bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add;
+      launch(bwd_.dkdv, d.blocks, pb.batch, bwd_.dkdv_threads, bwd_.dkdv_shared_bytes);
+    }
+    launch(bwd_.cvt, g.cvt, 1, bwd_.aux_threads, 0);  // covers every batch itself
+    img.copy_back(idq, dq.data);
+    img.copy_back(idk, dk.data);
+    img.copy_back(idv, dv.data);
+  }
+
+  std::string kernel_name() const override { return source_.name + " (emulated " + source_.arch + ")"; }
+  TileConfig tiles() const override { return TileConfig{source_.config.tile_q, source_.config.tile_k}; }
+  int alignment() const override { return source_.path != KernelPath::Simt ? 16 : dtype_bytes(problem_.dtype); }
+  bool reads_device_tables() const override { return true; }
+
+private:
+  Pattern pattern_;
+  Problem problem_;
+  std::string cache_dir_;
+  KernelSource source_;
+  KernelSource fallback_;  // with a TMA kernel: the cp.async kernel, compiled on first need
+  std::once_flag fallback_once_;
+  std::shared_ptr<const emu::EmuModule> fallback_module_;
+  std::shared_ptr<const emu::EmuModule> module_;
+  BackwardKernels bwd_;
+  std::once_flag bwd_once_;
+  std::shared_ptr<const emu::EmuModule> bwd_module_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir,
+                                          const KernelConfig& config, const KernelConfig& backward_config,
+                                          const TemplateSet& templates, bool tma, RandomLayouts random,
+                                          bool wgmma_backward) {
+  return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config, backward_config, templates, tma, random, wgmma_backward);
+}
+
+}  // namespace attnjit

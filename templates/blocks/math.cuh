@@ -1,0 +1,66 @@
+// Building blocks (templates/blocks/base.cuh says how they work): arithmetic. Bit casts, the
+// uncontracted product, conversions between fp32 and fp16/bf16, and the SFU's exp2 and log2.
+
+#ifndef AJ_EMULATE  // ---- hardware bodies (inline PTX) ----
+
+__device__ __forceinline__ float aj_int_as_float(int x) { return __int_as_float(x); }
+__device__ __forceinline__ float aj_uint_as_float(aj_u32 x) { return __uint_as_float(x); }
+__device__ __forceinline__ aj_u32 aj_float_as_uint(float x) { return __float_as_uint(x); }
+// a * b rounded to float, never contracted into an fma with what uses it (mul.rn): the softmax's
+// exponents subtract a row maximum that was rounded the same way, so the maximum's is exactly 0.
+__device__ __forceinline__ float aj_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+
+// cvt.rn.{f16,bf16}x2.f32 d, a, b: a goes to the upper half, b to the lower (PTX operand order).
+__device__ __forceinline__ aj_u32 aj_cvt_f16x2(float hi, float lo) {
+  aj_u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ aj_u32 aj_cvt_bf16x2(float hi, float lo) {
+  aj_u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ float aj_cvt_f32_f16(aj_u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ aj_u16 aj_cvt_f16_f32(float f) {
+  aj_u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+// ex2.approx.ftz.f32 and lg2.approx.ftz.f32: the SFU's approximations, subnormals flushed.
+__device__ __forceinline__ float aj_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float aj_lg2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+#else  // ---- emulation twins (the emulator's runtime, emulator/emu_abi.h) ----
+
+__device__ __forceinline__ float aj_int_as_float(int x) { float f; __builtin_memcpy(&f, &x, 4); return f; }
+__device__ __forceinline__ float aj_uint_as_float(aj_u32 x) { float f; __builtin_memcpy(&f, &x, 4); return f; }
+__device__ __forceinline__ aj_u32 aj_float_as_uint(float x) { aj_u32 u; __builtin_memcpy(&u, &x, 4); return u; }
+// The product stored as a float before any use: the host compiler contracts a * b - c too.
+__device__ __forceinline__ float aj_mul_rn(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+
+__device__ __forceinline__ aj_u32 aj_cvt_f16x2(float hi, float lo) { return aj_emu_cvt_rn_x2(hi, lo, AJ_EMU_F16); }
+__device__ __forceinline__ aj_u32 aj_cvt_bf16x2(float hi, float lo) { return aj_emu_cvt_rn_x2(hi, lo, AJ_EMU_BF16); }
+__device__ __forceinline__ float aj_cvt_f32_f16(aj_u16 h) { return aj_emu_cvt_f32_f16(h); }
+__device__ __forceinline__ aj_u16 aj_cvt_f16_f32(float f) { return aj_emu_cvt_rn_f16_f32(f); }
+
+__device__ __forceinline__ float aj_ex2(float x) { return aj_emu_ex2_approx_ftz(x); }
+__device__ __forceinline__ float aj_lg2(float x) { return aj_emu_lg2_approx_ftz(x); }
+
+#endif  // AJ_EMULATE

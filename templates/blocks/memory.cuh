@@ -1,0 +1,151 @@
+// Building blocks (templates/blocks/base.cuh says how they work): memory. Shared memory, the
+// asynchronous global -> shared copies (cp.async, TMA), ldmatrix, and reductions into global memory.
+
+#ifndef AJ_EMULATE  // ---- hardware bodies (inline PTX) ----
+
+// Dynamic shared memory (its size is a launch parameter) and a statically sized shared variable
+// (of a class or scalar type: wrap arrays in a struct).
+#define AJ_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
+#define AJ_STATIC_SHARED(type, name) __shared__ type name
+
+// The compiler's own conversion (not inline PTX), so that constant offsets from one base fold into
+// the instructions' immediates and the conversion is done once per base.
+__device__ __forceinline__ aj_u32 aj_smem_addr(const void* p) { return (aj_u32)__cvta_generic_to_shared(p); }
+
+// 16-byte asynchronous copy global -> shared; `valid` false zero-fills the destination and does
+// not read `gmem` at all (the ignore-src operand: "the data from the source location src is
+// ignored completely"), so a row past a tile's end needs no safe address of its own.
+__device__ __forceinline__ void aj_cp_async16(void* smem, const void* gmem, bool valid) {
+  asm volatile(
+      "{\n .reg .pred ignore;\n setp.eq.u32 ignore, %2, 0;\n"
+      " cp.async.cg.shared.global [%0], [%1], 16, ignore;\n}" ::"r"(aj_smem_addr(smem)),
+      "l"(gmem), "r"((aj_u32)valid));
+}
+__device__ __forceinline__ void aj_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void aj_cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// ldmatrix .m8n8 .b16: lanes 8j..8j+7 give the row addresses of matrix j; r[j] is this lane's
+// piece of matrix j (row lane/4, columns 2*(lane%4) and +1; with .trans, of the transpose).
+__device__ __forceinline__ void aj_ldmatrix_x1(aj_u32 (&r)[1], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(r[0]) : "r"(aj_smem_addr(smem)));
+}
+__device__ __forceinline__ void aj_ldmatrix_x2(aj_u32 (&r)[2], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(aj_smem_addr(smem)));
+}
+__device__ __forceinline__ void aj_ldmatrix_x4(aj_u32 (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(aj_smem_addr(smem)));
+}
+__device__ __forceinline__ void aj_ldmatrix_x1_trans(aj_u32 (&r)[1], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];" : "=r"(r[0]) : "r"(aj_smem_addr(smem)));
+}
+__device__ __forceinline__ void aj_ldmatrix_x2_trans(aj_u32 (&r)[2], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(aj_smem_addr(smem)));
+}
+__device__ __forceinline__ void aj_ldmatrix_x4_trans(aj_u32 (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(aj_smem_addr(smem)));
+}
+
+// red.global.add.f32: *p += v atomically (no result); subnormals flushed.
+__device__ __forceinline__ void aj_red_add_f32(float* p, float v) {
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
+}
+// red.global.add.u32: *p += v atomically (no result).
+__device__ __forceinline__ void aj_red_add_u32(aj_u32* p, aj_u32 v) {
+  asm volatile("red.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+// p[0] += a, p[1] += b, each atomically; p 8-byte aligned. One red.global.add.v2.f32 from sm_90
+// (half the reduction instructions), two scalar ones before.
+__device__ __forceinline__ void aj_red_add_f32x2(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+  aj_red_add_f32(p, a);
+  aj_red_add_f32(p + 1, b);
+#endif
+}
+
+// TMA (sm_90): aj_tma_load_Nd loads one box of a tensor map (made on the host, a __grid_constant__
+// kernel parameter) at the given element coordinates (innermost first; out of bounds reads zero)
+// into shared memory (aligned to 128 bytes, or 8 x the swizzle width), completing its bytes on the
+// mbarrier `bar` (sync.cuh). Its bytes may be read only after a wait on that phase.
+struct __align__(64) aj_tensor_map {
+  aj_u64 opaque[16];
+};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define AJ_TMA_LOAD(RANK, COORDS, ...)                                                                                     \
+  asm volatile("cp.async.bulk.tensor." #RANK "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {" COORDS \
+               "}], [%2];" ::"r"(aj_smem_addr(dst)),                                                                       \
+               "l"((aj_u64)&map), "r"(aj_smem_addr(bar)), __VA_ARGS__                                                       \
+               : "memory")
+__device__ __forceinline__ void aj_tma_load_2d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1) {
+  AJ_TMA_LOAD(2, "%3, %4", "r"(c0), "r"(c1));
+}
+__device__ __forceinline__ void aj_tma_load_3d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1, int c2) {
+  AJ_TMA_LOAD(3, "%3, %4, %5", "r"(c0), "r"(c1), "r"(c2));
+}
+__device__ __forceinline__ void aj_tma_load_4d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1, int c2, int c3) {
+  AJ_TMA_LOAD(4, "%3, %4, %5, %6", "r"(c0), "r"(c1), "r"(c2), "r"(c3));
+}
+__device__ __forceinline__ void aj_tma_load_5d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1, int c2, int c3,
+                                               int c4) {
+  AJ_TMA_LOAD(5, "%3, %4, %5, %6, %7", "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4));
+}
+#endif  // __CUDA_ARCH__ >= 900
+
+#else  // ---- emulation twins (the emulator's runtime, emulator/emu_abi.h) ----
+
+#define AJ_DYNAMIC_SHARED(name) unsigned char* const name = (unsigned char*)aj_emu_dynamic_shared()
+#define AJ_STATIC_SHARED(type, name)                                                               \
+  static const char aj_static_shared_key_##name = 0;                                              \
+  type& name = *(type*)aj_emu_static_shared(&aj_static_shared_key_##name, sizeof(type), alignof(type))
+
+__device__ __forceinline__ aj_u32 aj_smem_addr(const void* p) { return aj_emu_smem_addr(p); }
+
+__device__ __forceinline__ void aj_cp_async16(void* smem, const void* gmem, bool valid) {
+  aj_emu_cp_async(smem, gmem, 16, valid ? 16 : 0);
+}
+__device__ __forceinline__ void aj_cp_async_commit() { aj_emu_cp_async_commit(); }
+template <int N>
+__device__ __forceinline__ void aj_cp_async_wait() { aj_emu_cp_async_wait(N); }
+
+__device__ __forceinline__ void aj_ldmatrix_x1(aj_u32 (&r)[1], const void* smem) { aj_emu_ldmatrix(r, smem, 1, 0); }
+__device__ __forceinline__ void aj_ldmatrix_x2(aj_u32 (&r)[2], const void* smem) { aj_emu_ldmatrix(r, smem, 2, 0); }
+__device__ __forceinline__ void aj_ldmatrix_x4(aj_u32 (&r)[4], const void* smem) { aj_emu_ldmatrix(r, smem, 4, 0); }
+__device__ __forceinline__ void aj_ldmatrix_x1_trans(aj_u32 (&r)[1], const void* smem) { aj_emu_ldmatrix(r, smem, 1, 1); }
+__device__ __forceinline__ void aj_ldmatrix_x2_trans(aj_u32 (&r)[2], const void* smem) { aj_emu_ldmatrix(r, smem, 2, 1); }
+__device__ __forceinline__ void aj_ldmatrix_x4_trans(aj_u32 (&r)[4], const void* smem) { aj_emu_ldmatrix(r, smem, 4, 1); }
+
+__device__ __forceinline__ void aj_red_add_f32(float* p, float v) { aj_emu_red_add_f32(p, v); }
+__device__ __forceinline__ void aj_red_add_u32(aj_u32* p, aj_u32 v) { aj_emu_red_add_u32(p, v); }
+__device__ __forceinline__ void aj_red_add_f32x2(float* p, float a, float b) { aj_emu_red_add_f32x2(p, a, b); }
+
+struct __align__(64) aj_tensor_map {
+  aj_u64 opaque[16];
+};
+__device__ __forceinline__ void aj_tma_load_2d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1) {
+  const int c[2] = {c0, c1};
+  aj_emu_tma_load(dst, &map, c, 2, bar);
+}
+__device__ __forceinline__ void aj_tma_load_3d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1, int c2) {
+  const int c[3] = {c0, c1, c2};
+  aj_emu_tma_load(dst, &map, c, 3, bar);
+}
+__device__ __forceinline__ void aj_tma_load_4d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1, int c2, int c3) {
+  const int c[4] = {c0, c1, c2, c3};
+  aj_emu_tma_load(dst, &map, c, 4, bar);
+}
+__device__ __forceinline__ void aj_tma_load_5d(void* dst, const aj_tensor_map& map, aj_u64* bar, int c0, int c1, int c2, int c3,
+                                               int c4) {
+  const int c[5] = {c0, c1, c2, c3, c4};
+  aj_emu_tma_load(dst, &map, c, 5, bar);
+}
+
+#endif  // AJ_EMULATE
