@@ -63,6 +63,15 @@ Shape ShapeOptions::shape() const {
   return s;
 }
 
+void add_device_option(CLI::App* app, std::string& device, const std::string& emu_runs) {
+  app->add_option("--device", device,
+                  "where to run: cpu (reference or plan executor), cuda (GPU 0; gpu is the same), or emu (" + emu_runs +
+                      " in the CPU emulator)")
+      ->transform([](std::string v) { return v == "gpu" ? std::string("cuda") : v; }, "gpu is cuda")
+      ->check(CLI::IsMember({"cpu", "cuda", "emu"}))
+      ->capture_default_str();
+}
+
 void add_cu_seqlens_option(CLI::App* app, DocumentsOption& option) {
   app->add_option_function<std::string>(
       "--cu-seqlens",

@@ -44,6 +44,8 @@ struct DocumentsOption {
   bool given = false;
 };
 void add_cu_seqlens_option(CLI::App* app, DocumentsOption& option);
+// --device cpu|cuda|emu, the API's names (Device::cpu/cuda/emu); "gpu" is read as "cuda".
+void add_device_option(CLI::App* app, std::string& device, const std::string& emu_runs);
 // The documents of a call: parsed and checked against the pattern and shape (check_documents), or
 // nothing when the option was not given.
 std::optional<std::vector<int64_t>> documents_for(const Pattern& p, const Shape& s, const DocumentsOption& option,

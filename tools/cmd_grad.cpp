@@ -88,12 +88,12 @@ int run_grad(const GradOptions& o) {
       lf = load_lse(o.lse, s);
       bwd.forward_given = true;
     }
-    const Device d = o.device == "gpu" ? Device::cuda(0) : emu_device(o.arch);
+    const Device d = o.device == "cuda" ? Device::cuda(0) : emu_device(o.arch);
     bwd.deterministic = o.deterministic;
     bwd.lse_grad = dlse;
     run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), KernelConfig{}, of, lf, &bwd, nullptr, documents);
     dq = std::move(bwd.dq), dk = std::move(bwd.dk), dv = std::move(bwd.dv);
-    where = o.device == "gpu" ? "the gpu (" + o.dtype + ")" : "the emulator (" + o.arch + ", " + o.dtype + ")";
+    where = o.device == "cuda" ? "cuda (" + o.dtype + ")" : "the emulator (" + o.arch + ", " + o.dtype + ")";
   } else if (o.executor == "plan") {
     const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table, documents);
     std::vector<float> of, lf;
@@ -141,10 +141,8 @@ void register_grad(CLI::App& app, int& rc) {
   sub->add_option("--dv", o->dv, "write dV (float32 [batch, seq_k, heads_kv, head_dim_v]) here");
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
   add_cu_seqlens_option(sub, o->cu_seqlens);
-  sub->add_option("--device", o->device, "where to run: cpu (reference or plan executor), gpu, or emu (the generated kernels in the CPU emulator)")
-      ->check(CLI::IsMember({"cpu", "gpu", "emu"}))
-      ->capture_default_str();
-  sub->add_option("--dtype", o->dtype, "with --device gpu|emu: the dtype the inputs are converted to (fp32, fp16, bf16)")
+  add_device_option(sub, o->device, "the generated kernels");
+  sub->add_option("--dtype", o->dtype, "with --device cuda|emu: the dtype the inputs are converted to (fp32, fp16, bf16)")
       ->capture_default_str();
   o->arch_option = sub->add_option("--arch", o->arch, "with --device emu: the GPU arch whose kernels are emulated")->capture_default_str();
   o->executor_option = sub->add_option("--executor", o->executor,
@@ -154,7 +152,7 @@ void register_grad(CLI::App& app, int& rc) {
   sub->add_option("--tile", o->tile, "tile size for --executor plan")->capture_default_str();
   sub->add_option("--threads", o->threads, "CPU threads (0: all)");
   sub->add_flag("--deterministic", o->deterministic,
-                "with --device gpu|emu: bitwise-reproducible gradients (the CPU executors always are)");
+                "with --device cuda|emu: bitwise-reproducible gradients (the CPU executors always are)");
   sub->callback([o, &rc] { rc = guarded([&] { return run_grad(*o); }); });
 }
 

@@ -52,10 +52,10 @@ int run_attention(const RunOptions& o) {
   if (!o.weights.empty()) check_weights_size(s.batch, s.heads_q, s.seq_q, s.seq_k);
   std::vector<float> of, lf, wf;
   std::vector<float>* weights = o.weights.empty() ? nullptr : &wf;
-  if (o.device == "gpu" || o.device == "emu") {
+  if (o.device == "cuda" || o.device == "emu") {
     KernelConfig config = parse_kernel_tile(o.kernel_tile);
     config.stages = o.stages;
-    const Device d = o.device == "gpu" ? Device::cuda(0) : emu_device(o.arch);
+    const Device d = o.device == "cuda" ? Device::cuda(0) : emu_device(o.arch);
     run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), config, of, lf, nullptr, weights, documents);
   } else if (o.executor == "plan") {
     const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table, documents);
@@ -85,7 +85,7 @@ int run_attention(const RunOptions& o) {
   for (float x : lf) empty += std::isinf(x);
   for (float x : of) mean_abs += std::abs(x);
   mean_abs /= static_cast<double>(of.size());
-  const std::string where = o.device == "gpu"   ? "the gpu (" + o.dtype + ")"
+  const std::string where = o.device == "cuda"   ? "cuda (" + o.dtype + ")"
                             : o.device == "emu" ? "the emulator (" + o.arch + ", " + o.dtype + ")"
                                                 : "the cpu " + o.executor + " executor";
   std::cout << "ran " << pattern_hash(p) << " on " << where << ": " << shape_summary(s) << " in " << secs << " s\n";
@@ -110,16 +110,13 @@ void register_run(CLI::App& app, int& rc) {
                   "refused above ATTNJIT_MAX_WEIGHTS elements");
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
   add_cu_seqlens_option(sub, o->cu_seqlens);
-  sub->add_option("--device", o->device,
-                  "where to run: cpu (reference or plan executor), gpu, or emu (the GPU kernel in the CPU emulator)")
-      ->check(CLI::IsMember({"cpu", "gpu", "emu"}))
-      ->capture_default_str();
-  sub->add_option("--dtype", o->dtype, "with --device gpu|emu: the dtype the inputs are converted to (fp32, fp16, bf16)")
+  add_device_option(sub, o->device, "the GPU kernel");
+  sub->add_option("--dtype", o->dtype, "with --device cuda|emu: the dtype the inputs are converted to (fp32, fp16, bf16)")
       ->capture_default_str();
   o->arch_option = sub->add_option("--arch", o->arch, "with --device emu: the GPU arch whose kernel is emulated (sm_75, sm_80, ...)")
                        ->capture_default_str();
-  sub->add_option("--kernel-tile", o->kernel_tile, "with --device gpu|emu: kernel tile QxK, or QxKwN for N warps, or default")->capture_default_str();
-  sub->add_option("--stages", o->stages, "with --device gpu|emu: cp.async stages (0: default)");
+  sub->add_option("--kernel-tile", o->kernel_tile, "with --device cuda|emu: kernel tile QxK, or QxKwN for N warps, or default")->capture_default_str();
+  sub->add_option("--stages", o->stages, "with --device cuda|emu: cp.async stages (0: default)");
   sub->add_option("--threads", o->threads, "CPU threads (0: all)");
   o->executor_option = sub->add_option("--executor", o->executor,
                                         "with --device cpu: the float64 reference, or the plan executor (float32, tile by tile)")

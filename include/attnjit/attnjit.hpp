@@ -28,7 +28,7 @@
 #pragma GCC visibility push(default)
 namespace attnjit {
 
-class TemplateSet;  // compiler/codegen/templates.hpp: the kernels' templates (RuntimeOptions::templates)
+struct TemplateSet;  // compiler/codegen/templates.hpp: the kernels' templates (RuntimeOptions::templates)
 
 // CPU: the plan executor. CUDA: a GPU. EMU: the generated kernel of a GPU of compute capability
 // `arch` (80: sm_80), run by the CPU emulator of the CUDA execution model (emulator/) on host memory.
