@@ -44,7 +44,7 @@ def _register_nvrtc_wheels():
 
 _register_nvrtc_wheels()
 __version__ = _attnjit.info()["version"]
-__all__ = ["AttnjitError", "PatternError", "Pattern", "attention", "distributed", "dump", "info", "nn", "precompile"]
+__all__ = ["AttnjitError", "PatternError", "Pattern", "attention", "distributed", "dump", "info", "nn", "precompile", "serving"]
 
 
 def info():
@@ -55,9 +55,9 @@ def info():
 
 
 def __getattr__(name):
-    # attnjit.nn and attnjit.distributed need PyTorch: imported on first use, so that `import
-    # attnjit` does not.
-    if name in ("nn", "distributed"):
+    # attnjit.nn, attnjit.distributed and attnjit.serving need PyTorch: imported on first use, so
+    # that `import attnjit` does not.
+    if name in ("nn", "distributed", "serving"):
         import importlib
 
         return importlib.import_module("." + name, __name__)

@@ -689,10 +689,11 @@ def test_gpu_packed_documents_equal_each_document_alone():
 
 
 def test_the_lazy_submodules_are_the_ones_named():
-    # attnjit.nn and attnjit.distributed are imported on first use, each as itself.
+    # attnjit.nn, attnjit.distributed and attnjit.serving are imported on first use, each as itself.
     import subprocess
     import sys
     code = ("import attnjit; assert attnjit.distributed.__name__ == 'attnjit.distributed', attnjit.distributed.__name__; "
-            "assert attnjit.nn.__name__ == 'attnjit.nn'; assert hasattr(attnjit.distributed, 'ring_attention')")
+            "assert attnjit.nn.__name__ == 'attnjit.nn'; assert hasattr(attnjit.distributed, 'ring_attention'); "
+            "assert attnjit.serving.__name__ == 'attnjit.serving'; assert hasattr(attnjit.serving, 'paged_attention')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

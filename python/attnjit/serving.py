@@ -1,0 +1,183 @@
+"""attnjit.serving: attention over a paged KV cache, for decode, chunked prefill and speculative
+decoding, with any pattern.
+
+The cache layout is vLLM's and FlashInfer's: K and V caches of pages [num_pages, page_size, Hkv, D]
+in any page order, a block table [B, max_pages] (int32 or int64) naming request b's pages in
+order, and kv_lens [B], each request's number of cached tokens, the new ones already appended
+(append_kv). Queries are packed [total_q, Hq, D] with cu_seqlens_q [B + 1] (default: one query per
+request, decode). Request b's queries are its last n_b = cu_seqlens_q[b + 1] - cu_seqlens_q[b]
+tokens: query i sits at position kv_lens[b] - n_b + i, the keys at 0 .. kv_lens[b] - 1, and the
+pattern (causal, windows, LongNet segments and dilations, block layouts) is evaluated at those
+absolute positions, exactly as attnjit.attention with q_offset = kv_lens[b] - n_b on the gathered
+sequence.
+
+How it runs today: each request's pages are gathered into a contiguous sequence and that request
+runs as one attnjit.attention call (the generated kernels on CUDA tensors, the CPU paths on CPU
+tensors, the emulator under ATTNJIT_CPU_DEVICE=emu). That is exact but reads every page and makes
+a plan per distinct length; the decode kernels that read only the pages the pattern attends, with
+no host work per step, are what comes next on this path.
+"""
+import torch
+
+from ._attention import attention
+from ._inputs import INT32, int_arg
+
+__all__ = ["append_kv", "paged_attention"]
+
+
+def _lengths(name, x, batch, device=None):
+    """`x` (a tensor, array or list of integers) as a list of Python ints of length `batch`."""
+    if isinstance(x, torch.Tensor):
+        if x.dtype.is_floating_point or x.dtype == torch.bool or x.dtype.is_complex:
+            raise TypeError(f"{name}: expected an integer tensor, got {x.dtype}")
+        if x.dim() != 1:
+            raise ValueError(f"{name}: expected a 1-D tensor, got shape {tuple(x.shape)}")
+        values = x.tolist()
+    else:
+        values = [int_arg(f"{name}[{i}]", v, INT32) for i, v in enumerate(x)]
+    if len(values) != batch:
+        raise ValueError(f"{name}: expected {batch} entries, got {len(values)}")
+    return values
+
+
+def _check_cache(k_cache, v_cache):
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(c, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch tensor [num_pages, page_size, Hkv, D], got {type(c).__name__}")
+        if c.dim() != 4:
+            raise ValueError(f"{name}: expected [num_pages, page_size, Hkv, D], got shape {tuple(c.shape)}")
+    if k_cache.shape[:3] != v_cache.shape[:3]:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}: the pages, page size and "
+                         "kv heads must agree")
+    if k_cache.dtype != v_cache.dtype or k_cache.device != v_cache.device:
+        raise ValueError(f"k_cache ({k_cache.dtype}, {k_cache.device}) and v_cache ({v_cache.dtype}, {v_cache.device}): "
+                         "one dtype and one device")
+    page_size = k_cache.shape[1]
+    if not 1 <= page_size <= 256:
+        raise ValueError(f"k_cache: page size {page_size} is out of range; pages hold 1 to 256 tokens")
+
+
+def _table(block_table, batch, num_pages):
+    if not isinstance(block_table, torch.Tensor):
+        block_table = torch.as_tensor(block_table)
+    if block_table.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"block_table: expected int32 or int64, got {block_table.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"block_table: expected [B = {batch}, max_pages], got shape {tuple(block_table.shape)}")
+    return block_table.to("cpu", torch.int64)
+
+
+def _pages_of(table, b, length, page_size, num_pages, what=None):
+    """Request b's first pages holding `length` tokens (`what` says where the length comes from),
+    checked: ValueError naming the entry."""
+    need = -(-length // page_size)
+    if need > table.shape[1]:
+        raise ValueError(f"{what or f'kv_lens[{b}]'} = {length} needs {need} pages of {page_size} tokens; block_table has "
+                         f"{table.shape[1]} per request (make it wider, or the length shorter)")
+    pages = table[b, :need]
+    bad = ((pages < 0) | (pages >= num_pages)).nonzero()
+    if bad.numel():
+        j = int(bad[0, 0])
+        raise ValueError(f"block_table[{b}, {j}] = {int(pages[j])} is not a page of the cache (0 .. {num_pages - 1})")
+    return pages
+
+
+def _gather(cache, pages, length):
+    """The contiguous [1, length, Hkv, D] sequence of `pages`' first `length` tokens."""
+    rows = cache.index_select(0, pages.to(cache.device))
+    return rows.reshape(1, -1, cache.shape[2], cache.shape[3])[:, :length]
+
+
+def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_seqlens_q=None, scale=None,
+                    return_lse=False):
+    """Attention of `pattern` for packed queries q [total_q, Hq, D] over a paged KV cache.
+
+    `k_cache`/`v_cache` [num_pages, page_size, Hkv, D] (V may have its own head dim), `block_table`
+    int [B, max_pages], `kv_lens` [B] (cached tokens per request, the queries' own tokens
+    included), `cu_seqlens_q` [B + 1] (0, ..., total_q; default one query per request). Returns o
+    [total_q, Hq, Dv] in q's dtype, and with return_lse=True also lse [total_q, Hq] (fp32; float64
+    for float64 queries, which run the float64 reference; -inf for a query that attends nothing). A request with no queries is skipped; its length may be 0.
+    Errors name the argument: a page index outside the cache, a length past the block table, a
+    negative length, more queries than cached tokens, shapes that disagree.
+    """
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q: expected a torch tensor [total_q, Hq, D], got {getattr(q, 'shape', type(q).__name__)}")
+    _check_cache(k_cache, v_cache)
+    num_pages, page_size, hkv, d = k_cache.shape
+    if q.shape[2] != d:
+        raise ValueError(f"q's head dim {q.shape[2]} differs from k_cache's {d}")
+    if q.shape[1] % hkv:
+        raise ValueError(f"q has {q.shape[1]} heads, not a multiple of the cache's {hkv} kv heads")
+    if q.device != k_cache.device:
+        raise ValueError(f"q is on {q.device}, the cache on {k_cache.device}: one device")
+    batch = len(kv_lens)  # B: one length per request
+    lens = _lengths("kv_lens", kv_lens, batch)
+    if cu_seqlens_q is None:
+        if q.shape[0] != batch:
+            raise ValueError(f"q has {q.shape[0]} queries for {batch} requests: pass cu_seqlens_q for several per request")
+        starts = list(range(batch + 1))
+    else:
+        starts = _lengths("cu_seqlens_q", cu_seqlens_q, batch + 1)
+        if starts[0] != 0 or starts[-1] != q.shape[0] or any(a > b for a, b in zip(starts, starts[1:])):
+            raise ValueError(f"cu_seqlens_q: expected 0 = c_0 <= c_1 <= ... <= c_B = total_q = {q.shape[0]}, got {starts}")
+    table = _table(block_table, batch, num_pages)
+    dv = v_cache.shape[3]
+    o = q.new_zeros((q.shape[0], q.shape[1], dv))
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # as attnjit.attention's
+    lse = torch.full((q.shape[0], q.shape[1]), float("-inf"), dtype=lse_dtype, device=q.device)
+    for b in range(batch):
+        length, n = lens[b], starts[b + 1] - starts[b]
+        if length < 0:
+            raise ValueError(f"kv_lens[{b}] = {length} is negative")
+        pages = _pages_of(table, b, length, page_size, num_pages)
+        if n == 0:
+            continue
+        if n > length:
+            raise ValueError(f"request {b} has {n} queries but kv_lens[{b}] = {length}: append the queries' own K/V "
+                             "first (append_kv), so that each query's position kv_len - n + i is a cached token")
+        k = _gather(k_cache, pages, length)
+        v = _gather(v_cache, pages, length)
+        qb = q[starts[b]:starts[b + 1]].unsqueeze(0)
+        ob, lb = attention(qb, k, v, pattern, scale=scale, q_offset=length - n, return_lse=True)
+        o[starts[b]:starts[b + 1]] = ob[0]
+        lse[starts[b]:starts[b + 1]] = lb[0].transpose(0, 1)
+    return (o, lse) if return_lse else o
+
+
+def append_kv(k_cache, v_cache, block_table, kv_lens, k_new, v_new, cu_seqlens_new=None):
+    """Writes new K/V rows into their pages: request b's rows k_new[c_b:c_{b+1}] ([total_new, Hkv,
+    D], likewise v_new) go to positions kv_lens[b], kv_lens[b] + 1, ... of its pages
+    (cu_seqlens_new [B + 1]; default one row per request). Returns the new lengths, int32 [B] on
+    the cache's device. The pages must already be in the block table: a row past the table's
+    pages is a ValueError naming the request, and nothing is written then."""
+    _check_cache(k_cache, v_cache)
+    num_pages, page_size, hkv, d = k_cache.shape
+    for name, x, c in (("k_new", k_new, k_cache), ("v_new", v_new, v_cache)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or tuple(x.shape[1:]) != tuple(c.shape[2:]):
+            raise ValueError(f"{name}: expected [total_new, {c.shape[2]}, {c.shape[3]}], got "
+                             f"{tuple(getattr(x, 'shape', ()))}")
+    if k_new.shape[0] != v_new.shape[0]:
+        raise ValueError(f"k_new has {k_new.shape[0]} rows, v_new {v_new.shape[0]}")
+    batch = len(kv_lens)
+    lens = _lengths("kv_lens", kv_lens, batch)
+    if cu_seqlens_new is None and k_new.shape[0] != batch:
+        raise ValueError(f"k_new has {k_new.shape[0]} rows for {batch} requests: pass cu_seqlens_new for several per request")
+    starts = list(range(batch + 1)) if cu_seqlens_new is None else _lengths("cu_seqlens_new", cu_seqlens_new, batch + 1)
+    if starts[0] != 0 or starts[-1] != k_new.shape[0] or any(a > b for a, b in zip(starts, starts[1:])):
+        raise ValueError(f"cu_seqlens_new: expected 0 = c_0 <= ... <= c_B = total_new = {k_new.shape[0]}, got {starts}")
+    table = _table(block_table, batch, num_pages)
+    # Every request's slots first, so that a bad one writes nothing.
+    slots = []
+    for b in range(batch):
+        if lens[b] < 0:
+            raise ValueError(f"kv_lens[{b}] = {lens[b]} is negative")
+        end = lens[b] + starts[b + 1] - starts[b]
+        pages = _pages_of(table, b, end, page_size, num_pages, f"kv_lens[{b}] + {starts[b + 1] - starts[b]} new rows")
+        pos = torch.arange(lens[b], end)
+        slots.append(pages[pos // page_size] * page_size + pos % page_size)
+    flat = torch.cat(slots).to(k_cache.device) if slots else torch.zeros(0, dtype=torch.int64, device=k_cache.device)
+    with torch.no_grad():
+        k_cache.view(-1, hkv, d).index_copy_(0, flat, k_new.to(k_cache.dtype))
+        v_cache.view(-1, hkv, v_cache.shape[3]).index_copy_(0, flat, v_new.to(v_cache.dtype))
+    new = [lens[b] + starts[b + 1] - starts[b] for b in range(batch)]
+    return torch.tensor(new, dtype=torch.int32, device=k_cache.device)

@@ -1,0 +1,220 @@
+"""attnjit.serving: attention over a paged KV cache against the float64 contract on the gathered
+sequence. The oracle never touches pages: each request's K/V is made contiguous first, the test
+scatters it into shuffled pages itself, and the answer is the dense contract at the queries'
+absolute positions (kv_len - n + i)."""
+import random
+
+import pytest
+import torch
+
+import attnjit
+from attnjit import serving
+from conftest import dense_attention, example_specs, rel_error
+
+
+class Cache:
+    """Requests' contiguous K/V and the same rows scattered into shuffled pages."""
+
+    def __init__(self, lens, page_size, hkv, d, dv, dtype, seed, spare_pages=3):
+        g = torch.Generator().manual_seed(seed)
+        rng = random.Random(seed)
+        self.lens, self.page_size = lens, page_size
+        self.k = [torch.randn(n, hkv, d, generator=g, dtype=torch.float64) for n in lens]
+        self.v = [torch.randn(n, hkv, dv, generator=g, dtype=torch.float64) for n in lens]
+        need = [-(-n // page_size) for n in lens]
+        num_pages = sum(need) + spare_pages
+        order = list(range(num_pages))
+        rng.shuffle(order)  # any page order
+        width = max(need + [1]) + 1
+        self.table = torch.full((len(lens), width), -1, dtype=torch.int32)
+        self.k_cache = torch.full((num_pages, page_size, hkv, d), float("nan"), dtype=dtype)  # unused slots: NaN
+        self.v_cache = torch.full((num_pages, page_size, hkv, dv), float("nan"), dtype=dtype)
+        for b, n in enumerate(lens):
+            for j in range(need[b]):
+                page = order.pop()
+                self.table[b, j] = page
+                rows = slice(j * page_size, min(n, (j + 1) * page_size))
+                self.k_cache[page, :rows.stop - rows.start] = self.k[b][rows].to(dtype)
+                self.v_cache[page, :rows.stop - rows.start] = self.v[b][rows].to(dtype)
+        self.table[self.table < 0] = 0  # entries past a request's pages are never read
+
+
+def expected(cache, q, starts, pattern, scale=None):
+    """The contract per request on the contiguous sequence, packed like q."""
+    o = torch.zeros(q.shape[0], q.shape[1], cache.v[0].shape[2] if cache.v else q.shape[2], dtype=torch.float64)
+    lse = torch.full((q.shape[0], q.shape[1]), float("-inf"), dtype=torch.float64)
+    for b, n in enumerate(cache.lens):
+        a, e = starts[b], starts[b + 1]
+        if e == a:
+            continue
+        k = cache.k[b].to(q.dtype).to(torch.float64)[None]
+        v = cache.v[b].to(q.dtype).to(torch.float64)[None]
+        ob, lb = dense_attention(q[a:e].to(torch.float64)[None], k, v, pattern, q_offset=n - (e - a), scale=scale)
+        o[a:e], lse[a:e] = ob[0], lb[0].transpose(0, 1)
+    return o, lse
+
+
+def check(cache, q, starts, pattern, tol, cu=True, scale=None):
+    got, got_lse = serving.paged_attention(q, cache.k_cache, cache.v_cache, cache.table, torch.tensor(cache.lens),
+                                           pattern, cu_seqlens_q=torch.tensor(starts) if cu else None, scale=scale,
+                                           return_lse=True)
+    want, want_lse = expected(cache, q, starts, pattern, scale)
+    assert got.shape == want.shape and got.dtype == q.dtype
+    assert rel_error(got, want) <= tol
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(got_lse), finite), "rows that attend nothing: lse -inf exactly there"
+    if finite.any():
+        assert (got_lse[finite].to(torch.float64) - want_lse[finite]).abs().max() <= 10 * tol
+    return got
+
+
+@pytest.mark.parametrize("spec", example_specs(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_decode_every_example_over_shuffled_pages(spec, page_size):
+    # Decode: one query per request, lengths 1 to several pages (partial last pages), GQA 4.
+    pattern = attnjit.Pattern.load(spec)
+    rng = random.Random(page_size)
+    lens = [rng.randint(1, 5 * page_size + 40) for _ in range(4)] + [page_size]
+    cache = Cache(lens, page_size, hkv=3, d=32, dv=32, dtype=torch.float32, seed=page_size)
+    q = torch.randn(len(lens), 12, 32, generator=torch.Generator().manual_seed(7))
+    check(cache, q, list(range(len(lens) + 1)), pattern, 1e-4, cu=False)
+
+
+@pytest.mark.parametrize("spec", example_specs(), ids=lambda p: p.stem)
+def test_chunked_prefill_at_far_positions(spec):
+    # Several queries per request (chunked prefill, speculative decoding), requests with none, long
+    # caches so that windows, LongNet segments and block layouts meet positions in the thousands.
+    pattern = attnjit.Pattern.load(spec)
+    lens = [0, 4500, 97, 2049, 300]
+    nq = [0, 37, 1, 128, 0]
+    starts = [0]
+    for n in nq:
+        starts.append(starts[-1] + n)
+    cache = Cache(lens, 64, hkv=4, d=16, dv=24, dtype=torch.float32, seed=3)
+    q = torch.randn(starts[-1], 12, 16, generator=torch.Generator().manual_seed(11))
+    check(cache, q, starts, pattern, 1e-4)
+
+
+@pytest.mark.parametrize("group", [1, 2, 8, 16])
+def test_gqa_groups_in_float64_match_the_contract_exactly(group):
+    pattern = attnjit.Pattern.from_json({"attnjit": 1, "causal": True, "window": [100, 0], "branches": [{"segment": 64, "dilation": 2}]})
+    lens = [5, 130, 300]
+    cache = Cache(lens, 16, hkv=16 // group, d=8, dv=8, dtype=torch.float64, seed=group)
+    starts = [0, 3, 3 + 17, 3 + 17 + 1]
+    q = torch.randn(starts[-1], 16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(group))
+    check(cache, q, starts, pattern, 1e-12)
+
+
+def test_bf16_cache_and_queries():
+    pattern = attnjit.Pattern.load(example_specs()[0])
+    cache = Cache([700, 33], 16, hkv=2, d=64, dv=64, dtype=torch.bfloat16, seed=5)
+    q = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    check(cache, q, [0, 1, 2], pattern, 2e-2, cu=False)
+
+
+def test_append_then_decode_equals_recomputing_the_whole_sequence():
+    # A few generation steps: append each new token's K/V, decode it, compare with attention over
+    # the whole sequence so far (its last row).
+    pattern = attnjit.Pattern.from_json({"attnjit": 1, "causal": True, "combine": "softmax",
+                               "branches": [{"segment": 8, "dilation": 1}, {"segment": 32, "dilation": 4}]})
+    g = torch.Generator().manual_seed(1)
+    hq, hkv, d, page = 4, 2, 16, 8
+    num_pages = 24
+    k_cache = torch.zeros(num_pages, page, hkv, d)
+    v_cache = torch.zeros(num_pages, page, hkv, d)
+    table = torch.tensor([[5, 9, 1, 20, 3, 7, 11, 13], [2, 4, 6, 8, 10, 12, 14, 16]], dtype=torch.int32)
+    prompt = [torch.randn(n, hkv, d, generator=g) for n in (19, 3)]
+    vals = [torch.randn(n, hkv, d, generator=g) for n in (19, 3)]
+    lens = serving.append_kv(k_cache, v_cache, table, torch.tensor([0, 0]), torch.cat(prompt), torch.cat(vals),
+                             cu_seqlens_new=torch.tensor([0, 19, 22]))
+    assert lens.tolist() == [19, 3] and lens.dtype == torch.int32
+    ks, vs = [p.clone() for p in prompt], [v.clone() for v in vals]
+    for _ in range(6):
+        k_new, v_new = torch.randn(2, hkv, d, generator=g), torch.randn(2, hkv, d, generator=g)
+        lens = serving.append_kv(k_cache, v_cache, table, lens, k_new, v_new)
+        for b in range(2):
+            ks[b] = torch.cat([ks[b], k_new[b:b + 1]])
+            vs[b] = torch.cat([vs[b], v_new[b:b + 1]])
+        q = torch.randn(2, hq, d, generator=g)
+        got = serving.paged_attention(q, k_cache, v_cache, table, lens, pattern)
+        for b in range(2):
+            n = ks[b].shape[0]
+            qs = torch.cat([torch.zeros(n - 1, hq, d), q[b:b + 1]])[None]  # the row at position n - 1
+            want = attnjit.attention(qs, ks[b][None], vs[b][None], pattern)[0, -1]
+            assert rel_error(got[b], want) <= 1e-5
+
+
+def test_append_writes_only_its_slots_and_a_bad_request_writes_nothing():
+    k_cache = torch.zeros(4, 2, 1, 2)
+    v_cache = torch.zeros(4, 2, 1, 2)
+    table = torch.tensor([[3, 1], [0, 2]])
+    lens = serving.append_kv(k_cache, v_cache, table, [1, 0], torch.ones(3, 1, 2), 2 * torch.ones(3, 1, 2),
+                             cu_seqlens_new=[0, 2, 3])
+    assert lens.tolist() == [3, 1]
+    written = (k_cache != 0).any(dim=-1)[..., 0]
+    # request 0: positions 1, 2 -> page 3 slot 1, page 1 slot 0; request 1: position 0 -> page 0 slot 0
+    assert written.nonzero().tolist() == [[0, 0], [1, 0], [3, 1]]
+    before = k_cache.clone()
+    with pytest.raises(ValueError, match=r"kv_lens\[1\] \+ 4 new rows = 5 needs 3 pages of 2 tokens"):
+        serving.append_kv(k_cache, v_cache, table, [3, 1], torch.ones(5, 1, 2), torch.ones(5, 1, 2),
+                          cu_seqlens_new=[0, 1, 5])
+    assert torch.equal(k_cache, before)
+
+
+def bad_inputs():
+    cache = Cache([10, 20], 8, hkv=2, d=4, dv=4, dtype=torch.float32, seed=0)
+    q = torch.randn(2, 2, 4)
+    return cache, q
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c, q, a: a.update(block_table=torch.tensor([[0, 99, 0, 0], [1, 2, 3, 4]], dtype=torch.int32)),
+     r"block_table\[0, 1\] = 99 is not a page of the cache"),
+    (lambda c, q, a: a.update(kv_lens=torch.tensor([10, 200])), r"kv_lens\[1\] = 200 needs 25 pages of 8 tokens"),
+    (lambda c, q, a: a.update(kv_lens=torch.tensor([10, -1])), r"kv_lens\[1\] = -1 is negative"),
+    (lambda c, q, a: a.update(kv_lens=torch.tensor([0, 20])), r"request 0 has 1 queries but kv_lens\[0\] = 0"),
+    (lambda c, q, a: a.update(q=torch.randn(3, 2, 4)), r"q has 3 queries for 2 requests"),
+    (lambda c, q, a: a.update(q=torch.randn(2, 2, 5)), r"head dim 5 differs"),
+    (lambda c, q, a: a.update(q=torch.randn(2, 3, 4), v_cache=c.v_cache), r"3 heads, not a multiple"),
+    (lambda c, q, a: a.update(cu_seqlens_q=[0, 2, 1]), r"cu_seqlens_q: expected 0 = c_0"),
+    (lambda c, q, a: a.update(kv_lens=[10.0, 20]), r"expected an integer"),
+    (lambda c, q, a: a.update(block_table=c.table.float()), r"block_table: expected int32 or int64"),
+    (lambda c, q, a: a.update(v_cache=c.v_cache[:, :4]), r"the pages, page size and kv heads must agree"),
+])
+def test_bad_inputs_name_what_is_wrong(change, message):
+    cache, q = bad_inputs()
+    args = dict(q=q, k_cache=cache.k_cache, v_cache=cache.v_cache, block_table=cache.table,
+                kv_lens=torch.tensor(cache.lens), cu_seqlens_q=None)
+    change(cache, q, args)
+    pattern = attnjit.Pattern.from_json({"attnjit": 1, "branches": [{"segment": 8, "dilation": 1}]})
+    with pytest.raises((ValueError, TypeError), match=message):
+        serving.paged_attention(args["q"], args["k_cache"], args["v_cache"], args["block_table"], args["kv_lens"],
+                                pattern, cu_seqlens_q=args["cu_seqlens_q"])
+
+
+def test_the_emulated_kernels_serve_the_same(monkeypatch):
+    # ATTNJIT_CPU_DEVICE=emu: the generated sm_80 kernels in the CPU emulator read the gathered pages.
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu")
+    pattern = attnjit.Pattern.load(example_specs()[0])
+    cache = Cache([150, 64], 16, hkv=2, d=64, dv=64, dtype=torch.bfloat16, seed=9)
+    q = torch.randn(5, 4, 64, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    check(cache, q, [0, 4, 5], pattern, 2e-2)
+
+
+def _broken_gather(cache, pages, length):  # the pages in the wrong order
+    rows = cache.index_select(0, pages.flip(0).to(cache.device))
+    return rows.reshape(1, -1, cache.shape[2], cache.shape[3])[:, :length]
+
+
+def _shifted_attention(q, k, v, pattern, *, q_offset, **kw):  # each query one position late
+    return attnjit.attention(q, k, v, pattern, q_offset=q_offset + 1, **kw)
+
+
+@pytest.mark.parametrize("name, value", [("_gather", _broken_gather), ("attention", _shifted_attention)])
+def test_a_wrong_page_lookup_or_a_wrong_position_fails_the_check(monkeypatch, name, value):
+    monkeypatch.setattr(serving, name, value)
+    pattern = attnjit.Pattern.load(example_specs()[2])
+    cache = Cache([300, 41], 16, hkv=2, d=16, dv=16, dtype=torch.float32, seed=4)
+    q = torch.randn(5, 4, 16, generator=torch.Generator().manual_seed(4))
+    with pytest.raises(AssertionError):
+        check(cache, q, [0, 3, 5], pattern, 1e-4)
