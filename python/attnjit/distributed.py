@@ -6,7 +6,10 @@ group (sequence or context parallelism), with communication that the pattern dec
     o = attnjit.distributed.unshard(o_l, layout="zigzag")  # equals attnjit.attention(q, k, v, pattern)
 
 Rank r of W holds its chunks of the sequence: `contiguous`, one chunk of S/W rows; `zigzag`,
-chunks r and 2W-1-r of S/(2W) rows each, which gives every rank the same share of a causal mask.
+chunks r and 2W-1-r of S/(2W) rows each, which gives every rank the same share of a causal mask;
+or a ChunkLayout from balanced_layout(pattern, ...), which cuts the sequence into more equal chunks
+and deals them out so that every rank gets the same share of the pattern's attended pairs, for any
+mask (block layouts, windows, LongNet; for a causal mask with two chunks per rank it is zigzag).
 Positions are global (docs/spec.md), so each step is the ordinary kernel on a chunk pair
 with the chunks' global offsets, and partial results merge by their log-sum-exp in fp32.
 
@@ -35,6 +38,7 @@ Not supported here: float64 (it runs the reference, which cannot take a partial 
 layouts and packed documents (plain attnjit.attention has them). Tested on CPUs with gloo (world
 sizes 2 and 4); NCCL uses the same calls.
 """
+import dataclasses
 import functools
 import weakref
 
@@ -63,10 +67,103 @@ def reset_traffic():
         _TRAFFIC[key] = 0
 
 
-def chunks_of(seq_len: int, world_size: int, rank: int, layout: str = "contiguous"):
-    """The chunks rank `rank` holds, in local order, as (global start, length)."""
+@dataclasses.dataclass(frozen=True)
+class ChunkLayout:
+    """Which chunks of the sequence each rank holds: `chunks[r]` is rank r's (global start,
+    length) pairs in local order. Every rank holds the same number of chunks, all of one length,
+    and together they cut [0, seq_len) exactly (checked when made). `work[r]` is the attended pairs
+    (per branch, over all heads) of rank r's query rows, what its kernels compute."""
+    name: str
+    seq_len: int
+    chunks: tuple
+    work: tuple = ()
+
+    def __post_init__(self):
+        starts = sorted(c for rank in self.chunks for c in rank)
+        sizes = {n for _, n in starts}
+        counts = {len(rank) for rank in self.chunks}
+        if len(sizes) != 1 or len(counts) != 1:
+            raise ValueError(f"layout {self.name!r}: every rank must hold the same number of chunks of one length "
+                             f"(got lengths {sorted(sizes)}, counts per rank {sorted(counts)})")
+        at = 0
+        for start, n in starts:
+            if start != at:
+                raise ValueError(f"layout {self.name!r}: the chunks must cut [0, {self.seq_len}) exactly; " +
+                                 (f"position {start} is held twice" if start < at else f"position {at} is held by no rank"))
+            at += n
+        if at != self.seq_len:
+            raise ValueError(f"layout {self.name!r}: the chunks cover [0, {at}), not [0, {self.seq_len})")
+
+    @property
+    def imbalance(self) -> float:
+        """max(work) / mean(work) - 1: 0 when every rank computes the same number of pairs."""
+        mean = sum(self.work) / len(self.work) if self.work else 0
+        return max(self.work) / mean - 1 if mean else 0.0
+
+    def __str__(self):
+        return self.name
+
+
+def balanced_layout(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *, world_size: int,
+                    chunks_per_rank: int = 2) -> ChunkLayout:
+    """A layout that gives every rank the same share of `pattern`'s work: the sequence is cut into
+    world_size * chunks_per_rank equal chunks, each weighed by the attended pairs of its query rows
+    against the whole sequence (Pattern.stats at the chunk's offset), and dealt out largest first to
+    the rank with the least work that still has room, then improved by swaps between the heaviest and
+    the lightest rank. The same on every rank (it depends only on its arguments)."""
+    from ._pattern import as_pattern
+
+    p = as_pattern(pattern)
+    heads_kv = heads_q if heads_kv is None else heads_kv
+    parts = world_size * chunks_per_rank
+    if chunks_per_rank < 1 or world_size < 1:
+        raise ValueError(f"balanced_layout: world_size ({world_size}) and chunks_per_rank ({chunks_per_rank}) must be >= 1")
+    if seq_len <= 0 or seq_len % parts:
+        raise ValueError(f"sequence length {seq_len} is not a positive multiple of {parts} (balanced layout: "
+                         f"{world_size} ranks x {chunks_per_rank} chunks); pad the sequence or pick another chunks_per_rank")
+    n = seq_len // parts
+    weight = [int(p.stats(n, heads_q, seq_len, heads_kv, q_offset=c * n)["attended_pairs"]) for c in range(parts)]
+    owner, load, held = [None] * parts, [0] * world_size, [[] for _ in range(world_size)]
+    for c in sorted(range(parts), key=lambda c: (-weight[c], c)):
+        r = min((r for r in range(world_size) if len(held[r]) < chunks_per_rank), key=lambda r: (load[r], r))
+        held[r].append(c)
+        load[r] += weight[c]
+    for _ in range(parts * parts):  # swaps between the heaviest and the lightest rank while they help
+        hi = max(range(world_size), key=lambda r: (load[r], -r))
+        lo = min(range(world_size), key=lambda r: (load[r], r))
+        best = None
+        for a in held[hi]:
+            for b in held[lo]:
+                d = weight[a] - weight[b]
+                peak = max(load[hi] - d, load[lo] + d)
+                if d > 0 and peak < load[hi] and (best is None or peak < best[0]):
+                    best = (peak, a, b, d)
+        if best is None:
+            break
+        _, a, b, d = best
+        held[hi][held[hi].index(a)], held[lo][held[lo].index(b)] = b, a
+        load[hi] -= d
+        load[lo] += d
+    chunks = tuple(tuple((c * n, n) for c in sorted(h)) for h in held)
+    return ChunkLayout(f"balanced:{chunks_per_rank}", seq_len, chunks, tuple(load))
+
+
+def _check_layout(layout):
+    if isinstance(layout, ChunkLayout):
+        return
     if layout not in LAYOUTS:
-        raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+        raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)} or a ChunkLayout (balanced_layout), got {layout!r}")
+
+
+def chunks_of(seq_len: int, world_size: int, rank: int, layout="contiguous"):
+    """The chunks rank `rank` holds, in local order, as (global start, length)."""
+    if isinstance(layout, ChunkLayout):
+        if layout.seq_len != seq_len or len(layout.chunks) != world_size:
+            raise ValueError(f"layout {layout.name!r} was made for {layout.seq_len} rows over {len(layout.chunks)} ranks, "
+                             f"not {seq_len} over {world_size}")
+        return list(layout.chunks[rank])
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)} or a ChunkLayout (balanced_layout), got {layout!r}")
     parts = world_size if layout == "contiguous" else 2 * world_size
     if seq_len <= 0 or seq_len % parts:
         raise ValueError(f"sequence length {seq_len} is not a positive multiple of {parts} (layout {layout!r} over "
@@ -140,6 +237,9 @@ class CommPlan:
         lines = [f"; comm plan: {self.seq_len} rows over {w} ranks ({self.layout}), heads {self.heads_q}/{self.heads_kv}",
                  f"; chunks: " + "; ".join(f"rank {r} {', '.join(f'[{s}, {s + n})' for s, n in c)}"
                                           for r, c in enumerate(self.chunks))]
+        if isinstance(self.layout, ChunkLayout) and self.layout.work:
+            lines.append("; attended pairs per rank: " + ", ".join(f"r{r} {x}" for r, x in enumerate(self.layout.work))
+                         + f" (imbalance {100.0 * self.layout.imbalance:.1f}%)")
         for s in range(w):
             cells = []
             for r in range(w):

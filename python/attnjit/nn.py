@@ -58,8 +58,7 @@ class _PatternAttention(nn.Module):
         attnjit.distributed.ring_attention does the rest. Returns the module."""
         from . import distributed
 
-        if layout not in distributed.LAYOUTS:
-            raise ValueError(f"layout: expected one of {', '.join(distributed.LAYOUTS)}, got {layout!r}")
+        distributed._check_layout(layout)
         if strategy not in distributed.STRATEGIES:
             raise ValueError(f"strategy: expected one of {', '.join(distributed.STRATEGIES)}, got {strategy!r}")
         self._parallel = (group, layout, strategy)

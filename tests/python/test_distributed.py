@@ -56,6 +56,8 @@ def _equality_worker(rank, world, store, layouts, device="cpu"):
             torch.autograd.backward((o_ref, lse_ref), (do, dl))
             for layout, strategy in ((layout, strategy) for layout in layouts for strategy in ad.STRATEGIES):
                 what = f"{name}, {layout}, {strategy}, world {world}, rank {rank}"
+                if layout == "balanced":  # the pattern's own layout: 4 chunks per rank dealt out by work
+                    layout = ad.balanced_layout(spec, SEQ, hq, hkv, world_size=world, chunks_per_rank=4)
                 local = [ad.shard(x, layout=layout).requires_grad_() for x in (q, k, v)]
                 o, lse = ad.ring_attention(*local, spec, layout=layout, return_lse=True, strategy=strategy)
                 dl_local = ad.shard(dl.transpose(1, 2), layout=layout).transpose(1, 2)
@@ -99,7 +101,7 @@ def _spawn(worker, world, tmp_path, *args):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_attention_equals_attention_on_the_whole_sequence(world, tmp_path):
-    _spawn(_equality_worker, world, tmp_path, ("contiguous", "zigzag"))
+    _spawn(_equality_worker, world, tmp_path, ("contiguous", "zigzag", "balanced"))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
@@ -187,8 +189,67 @@ def test_the_layouts_cut_the_sequence_as_documented():
     assert ad.chunks_of(16, 2, 1, "zigzag") == [(4, 4), (8, 4)]
     with pytest.raises(ValueError, match="sequence length 10 is not a positive multiple of 4 .*pad the sequence"):
         ad.chunks_of(10, 2, 0, "zigzag")
-    with pytest.raises(ValueError, match="layout: expected one of contiguous, zigzag, got 'ring'"):
+    with pytest.raises(ValueError, match=r"layout: expected one of contiguous, zigzag or a ChunkLayout \(balanced_layout\), got 'ring'"):
         ad.chunks_of(16, 2, 0, "ring")
+
+
+def _rank_pairs(spec, seq, hq, hkv, chunks):
+    """A rank's attended pairs counted from the mask itself (per branch, over all heads)."""
+    p = attnjit.Pattern.from_json(spec)
+    return sum(int(p.mask(n, hq, seq, hkv, q_offset=s).astype("int64").sum()) for s, n in chunks)
+
+
+def test_the_balanced_layout_is_zigzag_for_a_causal_mask_and_counts_what_the_mask_says():
+    causal = CASES["causal"][0]
+    lay = ad.balanced_layout(causal, 64, 2, world_size=4)
+    assert [ad.chunks_of(64, 4, r, lay) for r in range(4)] == [ad.chunks_of(64, 4, r, "zigzag") for r in range(4)]
+    assert lay.imbalance == 0.0 and str(lay) == "balanced:2"
+    for name in ("longnet", "block-sparse local+global", "sliding window"):
+        spec, hq, hkv = CASES[name]
+        lay = ad.balanced_layout(spec, 256, hq, hkv, world_size=4, chunks_per_rank=2)
+        assert list(lay.work) == [_rank_pairs(spec, 256, hq, hkv, lay.chunks[r]) for r in range(4)], name
+
+
+def _imbalance(spec, seq, hq, world, layout):
+    work = [_rank_pairs(spec, seq, hq, hq, ad.chunks_of(seq, world, r, layout)) for r in range(world)]
+    return max(work) / (sum(work) / world) - 1
+
+
+def test_the_balanced_layout_evens_out_the_work_where_zigzag_does_not():
+    # A window, a window with a dilated branch, LongNet's causal form: rows near the start attend
+    # fewer keys, so cutting by rows alone leaves ranks idle. Measured from the masks.
+    window = {"attnjit": 1, "causal": True, "window": [383, 0], "branches": [{"segment": "full"}]}
+    longnet = {"attnjit": 1, "causal": True, "combine": "softmax", "branches": [
+        {"segment": 256, "dilation": 1}, {"segment": 1024, "dilation": 4}, {"segment": 2048, "dilation": 8}]}
+    for spec in (window, longnet):
+        lay = ad.balanced_layout(spec, 2048, 2, world_size=4, chunks_per_rank=8)
+        got = _imbalance(spec, 2048, 2, 4, lay)
+        assert abs(got - lay.imbalance) < 1e-12
+        assert got <= 0.05, (spec, got)
+        assert got <= _imbalance(spec, 2048, 2, 4, "zigzag") + 1e-12
+        assert got <= _imbalance(spec, 2048, 2, 4, "contiguous") + 1e-12
+
+
+def test_a_layout_that_does_not_cut_the_sequence_exactly_is_refused():
+    with pytest.raises(ValueError, match=r"position 8 is held twice"):
+        ad.ChunkLayout("mine", 32, (((0, 8), (8, 8)), ((8, 8), (24, 8))))
+    with pytest.raises(ValueError, match=r"position 16 is held by no rank"):
+        ad.ChunkLayout("mine", 32, (((0, 8), (8, 8)), ((24, 8), (32, 8))))
+    with pytest.raises(ValueError, match=r"same number of chunks of one length"):
+        ad.ChunkLayout("mine", 32, (((0, 8), (8, 16)), ((24, 8),)))
+    lay = ad.balanced_layout(CASES["causal"][0], 64, 2, world_size=4)
+    with pytest.raises(ValueError, match=r"made for 64 rows over 4 ranks, not 128 over 4"):
+        ad.chunks_of(128, 4, 0, lay)
+    with pytest.raises(ValueError, match=r"not a positive multiple of 12 .*balanced layout: 4 ranks x 3 chunks"):
+        ad.balanced_layout(CASES["causal"][0], 64, 2, world_size=4, chunks_per_rank=3)
+
+
+def test_the_comm_plan_prints_the_balanced_assignment_and_each_ranks_pairs():
+    spec, hq, hkv = CASES["sliding window"]
+    lay = ad.balanced_layout(spec, SEQ, hq, hkv, world_size=4, chunks_per_rank=4)
+    text = str(ad.comm_plan(spec, SEQ, hq, hkv, world_size=4, layout=lay))
+    assert text.startswith("; comm plan: 512 rows over 4 ranks (balanced:4), heads 2/2\n")
+    assert "; attended pairs per rank: r0 " in text and "(imbalance " in text
 
 
 @pytest.fixture
@@ -233,7 +294,7 @@ def test_bad_input_is_refused_naming_what_is_wrong(one_rank):
         ad.ring_attention(q, k, v, LONGNET, layout="striped")
     with pytest.raises(ValueError, match="strategy: expected one of ring, longnet, got 'allgather'"):
         ad.ring_attention(q, k, v, LONGNET, strategy="allgather")
-    with pytest.raises(ValueError, match="layout: expected one of contiguous, zigzag, got 'striped'"):
+    with pytest.raises(ValueError, match=r"layout: expected one of contiguous, zigzag or a ChunkLayout \(balanced_layout\), got 'striped'"):
         attnjit.nn.DilatedAttention([64], [1]).sequence_parallel(layout="striped")
     with pytest.raises(ValueError, match="strategy: expected one of ring, longnet"):
         attnjit.nn.MultiheadDilatedAttention(32, 4, [64], [1]).sequence_parallel(strategy="tree")
