@@ -5,7 +5,7 @@
 #ifndef ATTNJIT_EMU_ABI_H
 #define ATTNJIT_EMU_ABI_H
 
-#define AJ_EMU_ABI_VERSION 8
+#define AJ_EMU_ABI_VERSION 9
 #define AJ_EMU_F16 1
 #define AJ_EMU_BF16 2
 #define AJ_EMU_RARE_PATHS 8
@@ -72,6 +72,8 @@ typedef struct AjEmuApi {
      non-finite value, which finite inputs never need): counted, so tests can tell that finite
      inputs stay on the fast path */
   void (*rare_path)(int path);
+  /* cvt.rn.satfinite.e4m3x2.f32 (sm_89+): hi to the upper byte, lo to the lower */
+  unsigned short (*cvt_rn_satfinite_e4m3x2)(float hi, float lo);
 } AjEmuApi;
 
 #ifdef __cplusplus

@@ -31,6 +31,10 @@ float cvt_f32_bf16(uint16_t h) { return bfloat16_to_float(h); }
 
 float cvt_f32_of_type(uint16_t h, int type) { return type == AJ_EMU_BF16 ? cvt_f32_bf16(h) : cvt_f32_f16(h); }
 
+uint16_t cvt_rn_satfinite_e4m3x2(float a, float b) {
+  return static_cast<uint16_t>(uint32_t{float_to_e4m3(a)} << 8 | float_to_e4m3(b));
+}
+
 uint32_t cvt_rn_x2(float a, float b, int type) {
   const auto one = type == AJ_EMU_BF16 ? cvt_rn_bf16_f32 : cvt_rn_f16_f32;
   return static_cast<uint32_t>(one(a)) << 16 | one(b);

@@ -3,6 +3,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace attnjit {
 
@@ -56,6 +57,40 @@ uint16_t float_to_bfloat16(float f) {
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>(bits >> 16);
+}
+
+float e4m3_to_float(uint8_t x) {
+  const bool negative = x & 0x80;
+  const int exp = (x >> 3) & 0xf, mant = x & 7;
+  if (exp == 0xf && mant == 7) return std::numeric_limits<float>::quiet_NaN();
+  // Subnormal: mant * 2^-9; normal: (8 + mant) * 2^(exp - 10). Both exact in binary32.
+  const float v = exp == 0 ? std::ldexp(static_cast<float>(mant), -9) : std::ldexp(static_cast<float>(8 + mant), exp - 10);
+  return negative ? -v : v;
+}
+
+uint8_t float_to_e4m3(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80);
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7f;  // NaN
+  // Past 448 + half an ulp (464), infinities included: the largest finite value. 464 itself is a
+  // tie that rounds to 448's even mantissa below.
+  if (abs > 0x43e80000u) return sign | 0x7e;
+  const int exp = static_cast<int>(abs >> 23) - 127 + 7;  // e4m3-biased exponent
+  const uint32_t full = (abs & 0x7fffff) | 0x800000;      // 24-bit significand with its leading 1
+  auto round_shift = [](uint32_t v, int shift) {          // v >> shift, to nearest, ties to even
+    if (shift >= 32) return 0u;
+    const uint32_t q = v >> shift, rem = v & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    return q + ((rem > halfway || (rem == halfway && (q & 1))) ? 1u : 0u);
+  };
+  if (abs < 0x00800000u) return sign;  // binary32 zero or subnormal: far below e4m3's smallest (2^-9)
+  if (exp <= 0) {                      // e4m3 subnormal: value / 2^-9 = full * 2^(exp - 1 - 23 + 3)
+    // A carry out of the subnormal mantissa gives the smallest normal, 0x08: the bits say so.
+    return sign | static_cast<uint8_t>(round_shift(full, 21 - exp));
+  }
+  // Normal: the exponent field and the mantissa rounded from 23 to 3 bits; a carry bumps the
+  // exponent (at most to 0x7e: 464 and above were handled).
+  return sign | static_cast<uint8_t>((static_cast<uint32_t>(exp) << 3) + round_shift(full & 0x7fffff, 20));
 }
 
 }  // namespace attnjit

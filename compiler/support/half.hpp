@@ -1,4 +1,4 @@
-// fp16 and bf16 <-> fp32 on the host, bit-exact: the .npy readers, the plan executor, the float64
+// fp16, bf16 and fp8 (e4m3) <-> fp32 on the host, bit-exact: the .npy readers, the plan executor, the float64
 // reference's inputs and the emulator's conversion instructions all use these.
 #pragma once
 
@@ -13,5 +13,12 @@ uint16_t float_to_half(float f);
 // bfloat16 (the top half of a binary32) <-> binary32; rounds to nearest even, NaN stays NaN.
 float bfloat16_to_float(uint16_t b);
 uint16_t float_to_bfloat16(float f);
+
+// FP8 e4m3 (OCP "E4M3FN": 1 sign, 4 exponent bits with bias 7, 3 mantissa bits, no infinities,
+// NaN = S.1111.111, largest finite 448) <-> binary32, as cvt.rn.satfinite.e4m3x2.f32 converts:
+// round to nearest, ties to even; magnitudes past 448 (infinities included) saturate to +-448;
+// a NaN becomes 0x7F with the input's sign. Decoding is exact; either NaN code decodes to a NaN.
+float e4m3_to_float(uint8_t x);
+uint8_t float_to_e4m3(float f);
 
 }  // namespace attnjit

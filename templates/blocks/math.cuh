@@ -44,6 +44,16 @@ __device__ __forceinline__ float aj_lg2(float x) {
   return y;
 }
 
+// cvt.rn.satfinite.e4m3x2.f32 d, hi, lo (sm_89+): two floats to FP8 e4m3, to nearest even,
+// saturated to +-448, a NaN to 0x7F with its sign; hi in the upper byte (PTX operand order).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+__device__ __forceinline__ aj_u16 aj_cvt_e4m3x2(float hi, float lo) {
+  aj_u16 r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+#endif
+
 #else  // ---- emulation twins (the emulator's runtime, emulator/emu_abi.h) ----
 
 __device__ __forceinline__ float aj_int_as_float(int x) { float f; __builtin_memcpy(&f, &x, 4); return f; }
@@ -59,6 +69,7 @@ __device__ __forceinline__ aj_u32 aj_cvt_f16x2(float hi, float lo) { return aj_e
 __device__ __forceinline__ aj_u32 aj_cvt_bf16x2(float hi, float lo) { return aj_emu_cvt_rn_x2(hi, lo, AJ_EMU_BF16); }
 __device__ __forceinline__ float aj_cvt_f32_f16(aj_u16 h) { return aj_emu_cvt_f32_f16(h); }
 __device__ __forceinline__ aj_u16 aj_cvt_f16_f32(float f) { return aj_emu_cvt_rn_f16_f32(f); }
+__device__ __forceinline__ aj_u16 aj_cvt_e4m3x2(float hi, float lo) { return aj_emu_cvt_e4m3x2(hi, lo); }
 
 __device__ __forceinline__ float aj_ex2(float x) { return aj_emu_ex2_approx_ftz(x); }
 __device__ __forceinline__ float aj_lg2(float x) { return aj_emu_lg2_approx_ftz(x); }

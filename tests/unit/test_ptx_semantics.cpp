@@ -120,6 +120,78 @@ TEST_CASE("cvt.rn.{f16,bf16}x2.f32 puts its first source in the upper half", "[e
   CHECK(cvt_rn_x2(-3.0f, 0.5f, AJ_EMU_F16) == (0xc200u << 16 | 0x3800u));
 }
 
+// FP8 e4m3 from its definition (OCP E4M3FN): code c = S.EEEE.MMM is (-1)^S * M * 2^-9 when E = 0,
+// (-1)^S * (8 + M) * 2^(E - 10) otherwise; S.1111.111 is NaN; no infinities.
+double e4m3_value(int c) {
+  const int e = (c >> 3) & 15, m = c & 7;
+  const double v = e == 0 ? std::ldexp(double(m), -9) : std::ldexp(double(8 + m), e - 10);
+  return c & 0x80 ? -v : v;
+}
+
+// The correctly rounded e4m3 code of a finite x with |x| <= 464 by search: the nearest of the 127
+// non-negative finite codes, a tie to the even code (mantissa bit 0).
+int e4m3_nearest(double x) {
+  const double a = std::fabs(x);
+  int best = 0;
+  for (int c = 1; c <= 0x7e; ++c) {
+    const double d = std::fabs(a - e4m3_value(c)), db = std::fabs(a - e4m3_value(best));
+    if (d < db || (d == db && (c & 1) == 0)) best = c;
+  }
+  return best | (std::signbit(x) ? 0x80 : 0);
+}
+
+TEST_CASE("FP8 e4m3 conversions: every code decodes exactly, fp32 rounds to the nearest code, ties to even, saturating", "[emu][ptx][fp8]") {
+  for (int c = 0; c < 256; ++c) {
+    const float f = e4m3_to_float(static_cast<uint8_t>(c));
+    if ((c & 0x7f) == 0x7f) {
+      CHECK(std::isnan(f));
+      continue;
+    }
+    CHECK(double(f) == e4m3_value(c));
+    CHECK(std::signbit(f) == bool(c & 0x80));
+    CHECK(int(float_to_e4m3(f)) == c);  // every finite code round trips, -0 included
+  }
+  // The midpoints between neighbouring codes, and the floats just beside them.
+  for (int c = 0; c < 0x7e; ++c) {
+    const double lo = e4m3_value(c), hi = e4m3_value(c + 1);
+    const float mid = static_cast<float>((lo + hi) / 2);  // exact: a few more bits than e4m3
+    REQUIRE(double(mid) == (lo + hi) / 2);
+    CHECK(int(float_to_e4m3(mid)) == ((c & 1) ? c + 1 : c));
+    CHECK(int(float_to_e4m3(-mid)) == (((c & 1) ? c + 1 : c) | 0x80));
+    CHECK(int(float_to_e4m3(std::nextafter(mid, 0.0f))) == c);
+    CHECK(int(float_to_e4m3(std::nextafter(mid, 1e9f))) == c + 1);
+  }
+  // Random magnitudes across every binade, against the search.
+  uint64_t s = 12345;
+  for (int i = 0; i < 20000; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    const float m = 1.0f + float(s >> 41) / float(1 << 23);
+    const int e = int((s >> 20) % 22) - 13;  // 2^-13 .. 2^8
+    const float x = std::ldexp(m, e) * ((s >> 63) ? -1.0f : 1.0f);
+    if (std::fabs(x) > 464.0f) continue;
+    CHECK(int(float_to_e4m3(x)) == e4m3_nearest(x));
+  }
+  // Saturation (satfinite): past 448 + half an ulp, and infinities, to +-448; 464 itself is a tie
+  // that goes to 448's even mantissa. NaN keeps its sign. Zeros and binary32 subnormals to zero.
+  CHECK(int(float_to_e4m3(464.0f)) == 0x7e);
+  CHECK(int(float_to_e4m3(std::nextafter(464.0f, 1e9f))) == 0x7e);
+  CHECK(int(float_to_e4m3(1e30f)) == 0x7e);
+  CHECK(int(float_to_e4m3(std::numeric_limits<float>::infinity())) == 0x7e);
+  CHECK(int(float_to_e4m3(-std::numeric_limits<float>::infinity())) == 0xfe);
+  CHECK(int(float_to_e4m3(std::numeric_limits<float>::quiet_NaN())) == 0x7f);
+  CHECK(int(float_to_e4m3(-std::numeric_limits<float>::quiet_NaN())) == 0xff);
+  CHECK(int(float_to_e4m3(from_bits(0x00000001u))) == 0x00);
+  CHECK(int(float_to_e4m3(from_bits(0x807fffffu))) == 0x80);
+  CHECK(int(float_to_e4m3(std::ldexp(1.0f, -10))) == 0x00);  // half the smallest subnormal: a tie to 0
+  CHECK(int(float_to_e4m3(std::nextafter(std::ldexp(1.0f, -10), 1.0f))) == 0x01);
+  CHECK(int(float_to_e4m3(std::ldexp(15.0f, -10))) == 0x08);  // between 7 * 2^-9 and 2^-6: a tie to 2^-6
+}
+
+TEST_CASE("cvt.rn.satfinite.e4m3x2.f32 puts its first source in the upper byte", "[emu][ptx][fp8]") {
+  CHECK(cvt_rn_satfinite_e4m3x2(1.0f, -2.0f) == ((0x38u << 8) | 0xc0u));
+  CHECK(cvt_rn_satfinite_e4m3x2(std::numeric_limits<float>::quiet_NaN(), 1e9f) == ((0x7fu << 8) | 0x7eu));
+}
+
 TEST_CASE("cvt.rn.f16.f32 and cvt.rn.bf16.f32 round to nearest even and keep NaN a NaN", "[emu][ptx]") {
   // f16 has 10 fraction bits: 1 + 2^-11 is a tie between 1 and 1 + 2^-10 (even: 1).
   CHECK(cvt_rn_f16_f32(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);

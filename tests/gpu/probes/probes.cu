@@ -220,6 +220,15 @@ AJ_PROBE_WGMMA(probe_wgmma_ss_sw32_interleave, 64, AJ_WGMMA_F16, 32, 16, 256, 20
 // backward's dQ = dS K: dS K-major, K's rows the k dimension).
 AJ_PROBE_WGMMA(probe_wgmma_ss_mn_sw128, 64, AJ_WGMMA_BF16, 128, 16, 1024, 32, 128, 1, 8192, 1024, 2048)
 
+// cvt.rn.satfinite.e4m3x2.f32 (FP8, sm_89+; run on sm_90a and the emulator): out[t] holds
+// cvt(in[4t], in[4t+1]) in its low 16 bits and cvt(in[4t+2], in[4t+3]) in its high 16 bits.
+extern "C" __global__ void probe_cvt_e4m3x2(const aj_u32* in, aj_u32* out) {
+  const int t = aj_thread_idx();
+  const aj_u32 lo = aj_cvt_e4m3x2(aj_probe_f(in[4 * t]), aj_probe_f(in[4 * t + 1]));
+  const aj_u32 hi = aj_cvt_e4m3x2(aj_probe_f(in[4 * t + 2]), aj_probe_f(in[4 * t + 3]));
+  out[t] = hi << 16 | lo;
+}
+
 // ---- sm_90: mbarrier and TMA (built on the emulator and for sm_90a; other GPUs skip these) ------
 // An mbarrier of all 128 threads as a barrier over three phases, exchanging words through shared
 // memory; and test_wait on an mbarrier nobody arrives at: parity 0 (its first phase) is not

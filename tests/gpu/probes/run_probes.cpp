@@ -107,6 +107,27 @@ std::vector<uint32_t> cvt_inputs() {
   return w;
 }
 
+// FP8 e4m3: ties at every scale (subnormal, normal, around the smallest normal 2^-6), the largest
+// finite 448 and the saturation edge 464, infinities, NaNs of both signs, zeros, binary32
+// subnormals, then random magnitudes from 2^-12 to 2^10 of both signs.
+std::vector<uint32_t> e4m3_inputs() {
+  std::vector<uint32_t> w = {
+      bits(std::ldexp(1.0f, -10)), bits(std::ldexp(3.0f, -11)), bits(std::ldexp(5.0f, -11)), bits(std::ldexp(1.0f, -9)),
+      bits(std::ldexp(15.0f, -10)), bits(std::ldexp(1.0f, -6)), bits(std::ldexp(17.0f, -10)), bits(1.0f + 1.0f / 16),
+      bits(1.0f + 3.0f / 16),       bits(448.0f),               bits(456.0f),               bits(463.99997f),
+      bits(464.0f),                 bits(464.00003f),           bits(480.0f),               bits(1e30f),
+      0x7f800000u,                  0xff800000u,                0x7fc00000u,                0xffc00000u,
+      0x7f800001u,                  0x00000000u,                0x80000000u,                0x00000001u,
+      0x807fffffu,                  bits(-448.0f),              bits(-464.0f),              bits(-1e-3f),
+      bits(0.1f),                   bits(-0.333333343f),        bits(240.0f),               bits(248.0f)};
+  Rng r{91};
+  while (w.size() < 256) {
+    const float m = std::ldexp(r.uniform(1.0f, 2.0f), r.small_int(-12, 9));
+    w.push_back(bits(r.next() & 1 ? -m : m));
+  }
+  return w;
+}
+
 std::vector<uint32_t> ex2_lg2_inputs() {
   std::vector<uint32_t> w = {0xff800000u, 0x7f800000u, 0x7fc00000u, 0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u,
                              bits(1.0f), bits(-1.0f), bits(0.5f), bits(127.0f), bits(128.0f), bits(-126.0f),
@@ -185,6 +206,7 @@ const std::vector<Probe>& probes() {
       {"probe_wgmma_rs_mn_sw128", 1, 1, 128, 1024 + 32768, 64 * 128, Compare::Exact, [] { return wgmma_inputs(128, true, 13); }, true},
       {"probe_wgmma_ss_sw32_interleave", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, false, 14); }, true},
       {"probe_wgmma_ss_mn_sw128", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, true, 19); }, true},
+      {"probe_cvt_e4m3x2", 1, 1, 64, 0, 64, Compare::Exact, e4m3_inputs, true},
       {"probe_mbarrier", 1, 1, 128, 16 + 1024, 4 * 128, Compare::Exact, [] { return random_words(128, 15); }, true},
       {"probe_tma_2d_sw128", 1, 1, 128, 1024 + 2 * 8192 + 8, 2 * 8192 / 4, Compare::Exact, [] { return random_words(100 * 64 / 2, 16); },
        true, tma_2d_map},
