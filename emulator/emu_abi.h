@@ -74,6 +74,8 @@ typedef struct AjEmuApi {
   void (*rare_path)(int path);
   /* cvt.rn.satfinite.e4m3x2.f32 (sm_89+): hi to the upper byte, lo to the lower */
   unsigned short (*cvt_rn_satfinite_e4m3x2)(float hi, float lo);
+  /* cvt.rn.f16x2.e4m3x2 (sm_89+): the upper byte to the upper half, the lower to the lower */
+  unsigned (*cvt_f16x2_e4m3x2)(unsigned short x);
 } AjEmuApi;
 
 #ifdef __cplusplus

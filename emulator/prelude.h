@@ -51,6 +51,7 @@ AJ_EMU_SHIM unsigned aj_emu_cvt_rn_x2(float hi, float lo, int type) { return aj_
 AJ_EMU_SHIM float aj_emu_cvt_f32_f16(unsigned short h) { return aj_emu_api->cvt_f32_f16(h); }
 AJ_EMU_SHIM unsigned short aj_emu_cvt_rn_f16_f32(float f) { return aj_emu_api->cvt_rn_f16_f32(f); }
 AJ_EMU_SHIM unsigned short aj_emu_cvt_e4m3x2(float hi, float lo) { return aj_emu_api->cvt_rn_satfinite_e4m3x2(hi, lo); }
+AJ_EMU_SHIM unsigned aj_emu_cvt_f16x2_e4m3x2(unsigned short x) { return aj_emu_api->cvt_f16x2_e4m3x2(x); }
 AJ_EMU_SHIM float aj_emu_ex2_approx_ftz(float x) { return aj_emu_api->ex2_approx_ftz(x); }
 AJ_EMU_SHIM float aj_emu_lg2_approx_ftz(float x) { return aj_emu_api->lg2_approx_ftz(x); }
 AJ_EMU_SHIM void aj_emu_red_add_f32(float* p, float v) { aj_emu_api->red_add_f32(p, v, AJ_EMU_PC); }

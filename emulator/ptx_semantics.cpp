@@ -35,6 +35,11 @@ uint16_t cvt_rn_satfinite_e4m3x2(float a, float b) {
   return static_cast<uint16_t>(uint32_t{float_to_e4m3(a)} << 8 | float_to_e4m3(b));
 }
 
+uint32_t cvt_f16x2_e4m3x2(uint16_t a) {
+  auto one = [](uint8_t x) -> uint32_t { return (x & 0x7f) == 0x7f ? 0x7fffu : float_to_half(e4m3_to_float(x)); };
+  return one(static_cast<uint8_t>(a >> 8)) << 16 | one(static_cast<uint8_t>(a & 0xff));
+}
+
 uint32_t cvt_rn_x2(float a, float b, int type) {
   const auto one = type == AJ_EMU_BF16 ? cvt_rn_bf16_f32 : cvt_rn_f16_f32;
   return static_cast<uint32_t>(one(a)) << 16 | one(b);

@@ -26,6 +26,10 @@ uint32_t cvt_rn_x2(float a, float b, int type);
 // +-448 (infinities too), a NaN to 0x7F with its sign (compiler/support/half.hpp: float_to_e4m3);
 // "a" to the upper byte of d, "b" to the lower.
 uint16_t cvt_rn_satfinite_e4m3x2(float a, float b);
+// cvt.rn.f16x2.e4m3x2 d, a (sm_89+): each byte of a to fp16, exactly (every e4m3 value is an fp16
+// value); a NaN byte gives the canonical fp16 NaN 0x7fff, its sign dropped, as CUDA's host
+// conversion does. The upper byte goes to the upper half of d.
+uint32_t cvt_f16x2_e4m3x2(uint16_t a);
 float cvt_f32_of_type(uint16_t h, int type);
 
 // ---- "Floating Point Instructions: ex2" / "lg2" (.approx.ftz.f32) ----------------------------

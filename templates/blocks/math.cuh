@@ -52,6 +52,13 @@ __device__ __forceinline__ aj_u16 aj_cvt_e4m3x2(float hi, float lo) {
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
   return r;
 }
+// cvt.rn.f16x2.e4m3x2 d, x (sm_89+): both FP8 bytes of x to fp16, exactly; the upper byte to the
+// upper half. A NaN byte gives an fp16 NaN.
+__device__ __forceinline__ aj_u32 aj_cvt_f16x2_e4m3x2(aj_u16 x) {
+  aj_u32 r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(x));
+  return r;
+}
 #endif
 
 #else  // ---- emulation twins (the emulator's runtime, emulator/emu_abi.h) ----
@@ -70,6 +77,7 @@ __device__ __forceinline__ aj_u32 aj_cvt_bf16x2(float hi, float lo) { return aj_
 __device__ __forceinline__ float aj_cvt_f32_f16(aj_u16 h) { return aj_emu_cvt_f32_f16(h); }
 __device__ __forceinline__ aj_u16 aj_cvt_f16_f32(float f) { return aj_emu_cvt_rn_f16_f32(f); }
 __device__ __forceinline__ aj_u16 aj_cvt_e4m3x2(float hi, float lo) { return aj_emu_cvt_e4m3x2(hi, lo); }
+__device__ __forceinline__ aj_u32 aj_cvt_f16x2_e4m3x2(aj_u16 x) { return aj_emu_cvt_f16x2_e4m3x2(x); }
 
 __device__ __forceinline__ float aj_ex2(float x) { return aj_emu_ex2_approx_ftz(x); }
 __device__ __forceinline__ float aj_lg2(float x) { return aj_emu_lg2_approx_ftz(x); }

@@ -192,6 +192,22 @@ TEST_CASE("cvt.rn.satfinite.e4m3x2.f32 puts its first source in the upper byte",
   CHECK(cvt_rn_satfinite_e4m3x2(std::numeric_limits<float>::quiet_NaN(), 1e9f) == ((0x7fu << 8) | 0x7eu));
 }
 
+TEST_CASE("cvt.rn.f16x2.e4m3x2 decodes both bytes exactly, the upper byte to the upper half", "[emu][ptx][fp8]") {
+  for (int hi = 0; hi < 256; ++hi) {
+    for (int lo = 0; lo < 256; lo += 37) {
+      const uint32_t d = cvt_f16x2_e4m3x2(static_cast<uint16_t>(hi << 8 | lo));
+      for (const auto& [code, half] : {std::pair{hi, d >> 16}, std::pair{lo, d & 0xffffu}}) {
+        if ((code & 0x7f) == 0x7f) {
+          CHECK(half == 0x7fffu);  // canonical NaN, sign dropped
+        } else {
+          CHECK(double(half_to_float(static_cast<uint16_t>(half))) == e4m3_value(code));
+          CHECK(bool(half & 0x8000) == bool(code & 0x80));  // -0 stays -0
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("cvt.rn.f16.f32 and cvt.rn.bf16.f32 round to nearest even and keep NaN a NaN", "[emu][ptx]") {
   // f16 has 10 fraction bits: 1 + 2^-11 is a tie between 1 and 1 + 2^-10 (even: 1).
   CHECK(cvt_rn_f16_f32(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);

@@ -222,11 +222,16 @@ AJ_PROBE_WGMMA(probe_wgmma_ss_mn_sw128, 64, AJ_WGMMA_BF16, 128, 16, 1024, 32, 12
 
 // cvt.rn.satfinite.e4m3x2.f32 (FP8, sm_89+; run on sm_90a and the emulator): out[t] holds
 // cvt(in[4t], in[4t+1]) in its low 16 bits and cvt(in[4t+2], in[4t+3]) in its high 16 bits.
+// Then cvt.rn.f16x2.e4m3x2 of every 16-bit pair of codes: out[64 + 2t], out[64 + 2t + 1] are the
+// fp16 pairs of in[t]'s low and high halves as raw codes (every byte value among the inputs).
 extern "C" __global__ void probe_cvt_e4m3x2(const aj_u32* in, aj_u32* out) {
   const int t = aj_thread_idx();
   const aj_u32 lo = aj_cvt_e4m3x2(aj_probe_f(in[4 * t]), aj_probe_f(in[4 * t + 1]));
   const aj_u32 hi = aj_cvt_e4m3x2(aj_probe_f(in[4 * t + 2]), aj_probe_f(in[4 * t + 3]));
   out[t] = hi << 16 | lo;
+  const aj_u32 codes = in[256 + t];
+  out[64 + 2 * t] = aj_cvt_f16x2_e4m3x2((aj_u16)(codes & 0xffffu));
+  out[64 + 2 * t + 1] = aj_cvt_f16x2_e4m3x2((aj_u16)(codes >> 16));
 }
 
 // ---- sm_90: mbarrier and TMA (built on the emulator and for sm_90a; other GPUs skip these) ------

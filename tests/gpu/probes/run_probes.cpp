@@ -125,6 +125,8 @@ std::vector<uint32_t> e4m3_inputs() {
     const float m = std::ldexp(r.uniform(1.0f, 2.0f), r.small_int(-12, 9));
     w.push_back(bits(r.next() & 1 ? -m : m));
   }
+  // Then every byte value 0..255 once, four to a word, as raw FP8 codes for the decode.
+  for (uint32_t c = 0; c < 256; c += 4) w.push_back(c | (c + 1) << 8 | (c + 2) << 16 | (c + 3) << 24);
   return w;
 }
 
@@ -206,7 +208,7 @@ const std::vector<Probe>& probes() {
       {"probe_wgmma_rs_mn_sw128", 1, 1, 128, 1024 + 32768, 64 * 128, Compare::Exact, [] { return wgmma_inputs(128, true, 13); }, true},
       {"probe_wgmma_ss_sw32_interleave", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, false, 14); }, true},
       {"probe_wgmma_ss_mn_sw128", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, true, 19); }, true},
-      {"probe_cvt_e4m3x2", 1, 1, 64, 0, 64, Compare::Exact, e4m3_inputs, true},
+      {"probe_cvt_e4m3x2", 1, 1, 64, 0, 64 + 128, Compare::Exact, e4m3_inputs, true},
       {"probe_mbarrier", 1, 1, 128, 16 + 1024, 4 * 128, Compare::Exact, [] { return random_words(128, 15); }, true},
       {"probe_tma_2d_sw128", 1, 1, 128, 1024 + 2 * 8192 + 8, 2 * 8192 / 4, Compare::Exact, [] { return random_words(100 * 64 / 2, 16); },
        true, tma_2d_map},
