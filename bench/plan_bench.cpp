@@ -2,7 +2,7 @@
 //   waste = computed pairs (tile_q * tile_k per visited tile) / attended pairs, and the median
 //   planning time, per spec at --seq;
 //   planning time and plan memory for every spec at --big-seq (a million tokens by default).
-// Targets (issue 16): bigbird at 32K tokens, 16 heads <= 20 ms; every example at 1M <= 100 ms.
+// Targets: bigbird at 32K tokens, 16 heads <= 20 ms; every example at 1M <= 100 ms.
 // Plans are made as the GPU and emulator devices make them: random layouts whose plan would hash
 // more blocks than the ATTNJIT_RANDOM_IN_KERNEL knob (default 2^26) are left to the kernels
 // (column "random": plan or kernel; such a plan's visited tiles are what the band allows).

@@ -14,8 +14,8 @@
 // back to back, waits for the first only, runs the mask and the softmax of S(j+1) while P(j) V(j)
 // is still in flight, then waits for it and rescales O. K therefore runs one tile ahead of V: they
 // stream through separate rings of AJ_STAGES stages, K(j + AJ_STAGES) and V(j + AJ_STAGES - 1)
-// prefetched at iteration j, each its own cp.async group. Not yet here: TMA, warp specialisation
-// (issue 15's later steps).
+// prefetched at iteration j, each its own cp.async group. TMA loads by a producer warpgroup are
+// fwd_sm90_tma.cuh's, which runs this loop.
 //
 // AJ_TILE_Q is 64 per warpgroup (AJ_WARPS = AJ_TILE_Q / 16), AJ_TILE_K the wgmma N of S (64 or
 // 128), AJ_HEAD_DIM_V the wgmma N of O (64, 128 or 256); codegen checks these.

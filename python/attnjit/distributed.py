@@ -111,8 +111,6 @@ def balanced_layout(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *
     against the whole sequence (Pattern.stats at the chunk's offset), and dealt out largest first to
     the rank with the least work that still has room, then improved by swaps between the heaviest and
     the lightest rank. The same on every rank (it depends only on its arguments)."""
-    from ._pattern import as_pattern
-
     p = as_pattern(pattern)
     heads_kv = heads_q if heads_kv is None else heads_kv
     parts = world_size * chunks_per_rank
@@ -162,8 +160,7 @@ def chunks_of(seq_len: int, world_size: int, rank: int, layout="contiguous"):
             raise ValueError(f"layout {layout.name!r} was made for {layout.seq_len} rows over {len(layout.chunks)} ranks, "
                              f"not {seq_len} over {world_size}")
         return list(layout.chunks[rank])
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)} or a ChunkLayout (balanced_layout), got {layout!r}")
+    _check_layout(layout)
     parts = world_size if layout == "contiguous" else 2 * world_size
     if seq_len <= 0 or seq_len % parts:
         raise ValueError(f"sequence length {seq_len} is not a positive multiple of {parts} (layout {layout!r} over "

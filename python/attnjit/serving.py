@@ -40,6 +40,19 @@ def _lengths(name, x, batch, device=None):
     return values
 
 
+def _starts(name, cu_seqlens, batch, total, what, unit="rows"):
+    """Each request's first row in a packed tensor of `total` rows: `cu_seqlens` checked (B + 1
+    non-decreasing entries from 0 to total), or one row per request when it is None."""
+    if cu_seqlens is None:
+        if total != batch:
+            raise ValueError(f"{what} has {total} {unit} for {batch} requests: pass {name} for several per request")
+        return list(range(batch + 1))
+    starts = _lengths(name, cu_seqlens, batch + 1)
+    if starts[0] != 0 or starts[-1] != total or any(a > b for a, b in zip(starts, starts[1:])):
+        raise ValueError(f"{name}: expected 0 = c_0 <= c_1 <= ... <= c_B = {total} ({what}'s rows), got {starts}")
+    return starts
+
+
 def _check_cache(k_cache, v_cache):
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(c, torch.Tensor):
@@ -112,14 +125,7 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
         raise ValueError(f"q is on {q.device}, the cache on {k_cache.device}: one device")
     batch = len(kv_lens)  # B: one length per request
     lens = _lengths("kv_lens", kv_lens, batch)
-    if cu_seqlens_q is None:
-        if q.shape[0] != batch:
-            raise ValueError(f"q has {q.shape[0]} queries for {batch} requests: pass cu_seqlens_q for several per request")
-        starts = list(range(batch + 1))
-    else:
-        starts = _lengths("cu_seqlens_q", cu_seqlens_q, batch + 1)
-        if starts[0] != 0 or starts[-1] != q.shape[0] or any(a > b for a, b in zip(starts, starts[1:])):
-            raise ValueError(f"cu_seqlens_q: expected 0 = c_0 <= c_1 <= ... <= c_B = total_q = {q.shape[0]}, got {starts}")
+    starts = _starts("cu_seqlens_q", cu_seqlens_q, batch, q.shape[0], "q", "queries")
     table = _table(block_table, batch, num_pages)
     dv = v_cache.shape[3]
     o = q.new_zeros((q.shape[0], q.shape[1], dv))
@@ -160,11 +166,7 @@ def append_kv(k_cache, v_cache, block_table, kv_lens, k_new, v_new, cu_seqlens_n
         raise ValueError(f"k_new has {k_new.shape[0]} rows, v_new {v_new.shape[0]}")
     batch = len(kv_lens)
     lens = _lengths("kv_lens", kv_lens, batch)
-    if cu_seqlens_new is None and k_new.shape[0] != batch:
-        raise ValueError(f"k_new has {k_new.shape[0]} rows for {batch} requests: pass cu_seqlens_new for several per request")
-    starts = list(range(batch + 1)) if cu_seqlens_new is None else _lengths("cu_seqlens_new", cu_seqlens_new, batch + 1)
-    if starts[0] != 0 or starts[-1] != k_new.shape[0] or any(a > b for a, b in zip(starts, starts[1:])):
-        raise ValueError(f"cu_seqlens_new: expected 0 = c_0 <= ... <= c_B = total_new = {k_new.shape[0]}, got {starts}")
+    starts = _starts("cu_seqlens_new", cu_seqlens_new, batch, k_new.shape[0], "k_new")
     table = _table(block_table, batch, num_pages)
     # Every request's slots first, so that a bad one writes nothing.
     slots = []
