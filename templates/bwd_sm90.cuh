@@ -13,7 +13,7 @@
 // the next tile's products (FlashAttention-3's backward); each group of wgmmas is waited for.
 // The two-pass form (deterministic) keeps bwd_sm80.cuh's _dq, and this kernel then skips dQ.
 
-#if AJ_TILE_K != 64 || AJ_TILE_Q != 64
+#if !defined(AJ_BWD_PRODUCER) && (AJ_TILE_K != 64 || AJ_TILE_Q != 64)
 #error "the sm_90a backward needs 64 x 64 tiles"
 #endif
 #define AJ_BWD90_THREADS 128
@@ -82,8 +82,11 @@ __device__ __forceinline__ void aj_bwd90_stage_queries(const AjBwdParams& bp, co
 // these queries mask reaches them through the product as their dS = 0 times NaN. Rare: only a
 // non-finite block of a partial entry whose key tile holds a non-finite value gets here. One
 // element at a time, so the rare path adds few registers to the kernel's.
-__device__ __forceinline__ void aj_bwd90_dq_exact(const AjBwdParams& bp, const AjBwd90Shared& sh, const AjKeyItem& ki,
-                                                  const AjQueryEntry& qe, aj_i64 b, int c0, int warp, int lane) {
+// dS is [keys / 64][AJ_TILE_Q][128 B] at `ds`, K the key tile at `k`; the sum runs over key rows
+// k_lo .. k_hi - 1 (the rows whose dS this warpgroup's product read).
+__device__ __forceinline__ void aj_bwd90_dq_exact(const AjBwdParams& bp, const unsigned char* ds, const unsigned char* k,
+                                                  const AjKeyItem& ki, const AjQueryEntry& qe, aj_i64 b, int c0, int k_lo,
+                                                  int k_hi, int warp, int lane) {
   const AjParams& p = bp.fwd;
   const int g = lane / 4, quad = lane % 4;
   const aj_i64 doc = aj_doc_start(p, ki.keys_start), q_origin = p.q_offset - doc + qe.rows_start;
@@ -98,11 +101,11 @@ __device__ __forceinline__ void aj_bwd90_dq_exact(const AjBwdParams& bp, const A
     for (int x = 0; x < 16; ++x) {  // columns n * 8 + e of this thread, n < 8, e < 2
       const int col = c0 + (x / 2) * 8 + quad * 2 + (x & 1);
       float sum = 0.0f;
-      for (int kr = 0; kr < ki.keys_count; ++kr) {
+      for (int kr = k_lo; kr < k_hi; ++kr) {
         const aj_i64 kpos = p.k_offset - doc + ki.keys_start + (aj_i64)kr * ki.keys_stride;
         if (!aj_queries_allowed(p, qe.branch, qe.head, kpos, q_origin, (aj_cs)r * (aj_cs)qe.rows_stride)) continue;
-        sum += aj_load((const aj_elem*)(sh.ds + aj_sw_offset<AJ_TILE_Q>(r, kr))) *
-               aj_load((const aj_elem*)(sh.k + aj_sw_offset<AJ_TILE_K>(kr, col)));
+        sum += aj_load((const aj_elem*)(ds + aj_sw_offset<AJ_TILE_Q>(r, kr))) *
+               aj_load((const aj_elem*)(k + aj_sw_offset<AJ_TILE_K>(kr, col)));
       }
       aj_red_add_f32(dst + (x / 2) * 8 + (x & 1), sum * bp.scale);
     }
@@ -229,7 +232,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90(const AjBwdParams& bp) {
           aj_wgmma_commit();
           aj_wgmma_wait<0>();
           if (kbad && !full && aj_bwd_any_nonfinite(acc)) {
-            aj_bwd90_dq_exact(bp, sh, ki, qe, b, c0, warp, lane);
+            aj_bwd90_dq_exact(bp, sh.ds, sh.k, ki, qe, b, c0, 0, ki.keys_count, warp, lane);
             continue;
           }
 #pragma unroll

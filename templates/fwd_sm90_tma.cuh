@@ -59,10 +59,12 @@
 #error "setmaxnreg: the consumer warpgroups take more registers than the launch and the producer leave"
 #endif
 
+// The forward's K and V maps, one pair per key stride of the plan; the backward's TMA kernel
+// (bwd_sm90_tma.cuh) holds Q's maps in k and dO's in v, one pair per query stride.
 struct AjTmaMaps {
   aj_tensor_map k[AJ_TMA_MAPS];
   aj_tensor_map v[AJ_TMA_MAPS];
-  aj_i64 stride[AJ_TMA_MAPS];  // the key stride each pair of maps serves (0: unused)
+  aj_i64 stride[AJ_TMA_MAPS];  // the row stride each pair of maps serves (0: unused)
   int rows[AJ_TMA_MAPS];       // dilated rows per box
   int fold[AJ_TMA_MAPS];       // 0: the plain rows (stride <= 8); else the rows folded by it
 };
@@ -107,29 +109,39 @@ struct AjSm90TmaHooks {
   __device__ void pv_read() const { aj_mbarrier_arrive(&v_empty[sv]); }
 };
 
-// One K (or V) tile: a box per 64-column block of the head dim, all completing on `bar`.
-template <bool IS_K>
-__device__ __forceinline__ void aj_sm90_tma_tile(const AjTmaMaps& maps, unsigned char* dst, aj_u64* bar, const AjTile& t, int kvh,
-                                                 int b) {
+// ROWS dilated rows (first + i * stride) of one head of a [B, S, H, D] tensor into a swizzled
+// [D / 64][ROWS][128 B] tile at `dst`, through the map of that stride (the first tensor's maps, K
+// or the backward's Q, when FIRST; else the second's, V or dO): a box per 64-column block and
+// `rows` rows, all completing on `bar`.
+template <int ROWS, int D, bool FIRST>
+__device__ __forceinline__ void aj_tma_rows(const AjTmaMaps& maps, unsigned char* dst, aj_u64* bar, aj_i64 first, aj_i64 stride,
+                                            int head, int b) {
   int mi = 0;
 #pragma unroll
   for (int i = 1; i < AJ_TMA_MAPS; ++i)
-    if (maps.stride[i] == t.stride) mi = i;
-  const aj_tensor_map& map = IS_K ? maps.k[mi] : maps.v[mi];
+    if (maps.stride[i] == stride) mi = i;
+  const aj_tensor_map& map = FIRST ? maps.k[mi] : maps.v[mi];
   const int rows = maps.rows[mi], fold = maps.fold[mi];
-  constexpr int BLOCKS = (IS_K ? AJ_HEAD_DIM : AJ_HEAD_DIM_V) / AJ_COLS;
+  constexpr int BLOCKS = D / AJ_COLS;
   if (fold == 0) {
 #pragma unroll
     for (int cb = 0; cb < BLOCKS; ++cb)
-      for (int r0 = 0; r0 < AJ_TILE_K; r0 += rows)
-        aj_tma_load_4d(dst + (cb * AJ_TILE_K + r0) * AJ_SW, map, bar, cb * AJ_COLS, kvh, (int)(t.first + r0 * t.stride), b);
+      for (int r0 = 0; r0 < ROWS; r0 += rows)
+        aj_tma_load_4d(dst + (cb * ROWS + r0) * AJ_SW, map, bar, cb * AJ_COLS, head, (int)(first + r0 * stride), b);
   } else {
-    const int residue = (int)(t.first % fold), row = (int)(t.first / fold), step = (int)(t.stride / fold);
+    const int residue = (int)(first % fold), row = (int)(first / fold), step = (int)(stride / fold);
 #pragma unroll
     for (int cb = 0; cb < BLOCKS; ++cb)
-      for (int r0 = 0; r0 < AJ_TILE_K; r0 += rows)
-        aj_tma_load_5d(dst + (cb * AJ_TILE_K + r0) * AJ_SW, map, bar, cb * AJ_COLS, kvh, residue, row + r0 * step, b);
+      for (int r0 = 0; r0 < ROWS; r0 += rows)
+        aj_tma_load_5d(dst + (cb * ROWS + r0) * AJ_SW, map, bar, cb * AJ_COLS, head, residue, row + r0 * step, b);
   }
+}
+
+// One K (or V) tile of the forward.
+template <bool IS_K>
+__device__ __forceinline__ void aj_sm90_tma_tile(const AjTmaMaps& maps, unsigned char* dst, aj_u64* bar, const AjTile& t, int kvh,
+                                                 int b) {
+  aj_tma_rows<AJ_TILE_K, IS_K ? AJ_HEAD_DIM : AJ_HEAD_DIM_V, IS_K>(maps, dst, bar, t.first, t.stride, kvh, b);
 }
 
 __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMaps& maps) {

@@ -136,6 +136,14 @@ int backward_dkdv_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c)
          2 * 2 * c.tile_q * 4 + 1024;
 }
 
+// templates/bwd_sm90_tma.cuh: K and V of the 128-key tile, `stages` stages of Q and dO, two dS
+// buffers (64 x 128), two buffers of LSE and D (64 floats each), a full and an empty mbarrier per
+// stage, and 1024 bytes to align the start.
+int backward_dkdv_sm90_tma_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
+  return 2 * (c.tile_k * (r.head_dim + r.head_dim_v) + c.stages * c.tile_q * (r.head_dim + r.head_dim_v) + 2 * c.tile_q * c.tile_k) +
+         2 * 2 * c.tile_q * 4 + 2 * 8 * c.stages + 1024;
+}
+
 int backward_dkdv_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
   const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
   // dS^T of the tile's keys by AJ_BWD_SUB_Q query rows, for the single pass's dQ = dS K.
@@ -191,8 +199,8 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   os << "#define AJ_HEAD_DIM " << r.head_dim << "\n#define AJ_HEAD_DIM_V " << r.head_dim_v << "\n";
   os << "#define AJ_TILE_Q " << k.config.tile_q << "\n#define AJ_TILE_K " << k.config.tile_k << "\n";
   os << "#define AJ_STAGES " << k.config.stages << "\n#define AJ_WARPS " << k.config.warps << "\n";
-  if ((k.path == KernelPath::Sm80 || k.path == KernelPath::Sm90) && !forward)
-    os << "#define AJ_BWD_SUB_MAX " << backward_sub_max(r) << "\n";
+  if (k.path != KernelPath::Simt && !forward) os << "#define AJ_BWD_SUB_MAX " << backward_sub_max(r) << "\n";
+  if (k.path == KernelPath::Sm90Tma && !forward) os << "#define AJ_BWD_PRODUCER 1\n";  // bwd_sm90_tma.cuh
   if (k.path == KernelPath::Sm80) {
     // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
     os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "
@@ -389,30 +397,42 @@ KernelPath choose_backward_path(const KernelRequest& r) {
   // The tensor-core kernels keep a 16-row slice of dK and dV (or of dQ) in registers per warp;
   // past head dim 128 that no longer fits, and the SIMT kernels take over.
   const KernelPath forward_path = choose_path(r);  // what no path supports is refused as for the forward
-  // The Hopper forward's backward: bwd_sm90.cuh's dK/dV kernel when asked for (head dims 64 and
-  // 128), else the sm_80 kernels, compiled for sm_90a.
-  if (r.wgmma_backward && hopper(forward_path) && std::max(r.head_dim, r.head_dim_v) <= 128) return KernelPath::Sm90;
+  // The Hopper forward's backward when asked for (head dims 64 and 128): bwd_sm90_tma.cuh's dK/dV
+  // kernel (TMA, a producer warpgroup), or bwd_sm90.cuh's (cp.async) where the request says no TMA;
+  // else the sm_80 kernels, compiled for sm_90a.
+  if (r.wgmma_backward && hopper(forward_path) && std::max(r.head_dim, r.head_dim_v) <= 128)
+    return r.tma ? KernelPath::Sm90Tma : KernelPath::Sm90;
   return forward_path != KernelPath::Simt && std::max(r.head_dim, r.head_dim_v) <= 128 ? KernelPath::Sm80 : KernelPath::Simt;
 }
 
 // The sm_90a backward's tiles are fixed: 64 x 64, two stages, four warps (one warpgroup of 64 key
 // rows, 64-row query tiles; bwd_sm90.cuh), which bwd_sm80.cuh's _dq takes too.
-KernelConfig resolve_backward_sm90_config(const KernelRequest& r) {
-  const KernelConfig fixed{64, 64, 2, 4};
+// The TMA kernel's are 64 x 128 (two consumer warpgroups of 64 key rows; bwd_sm90_tma.cuh), and
+// its two-pass form runs bwd_sm80.cuh's _dq at those tiles.
+KernelConfig resolve_backward_sm90_config(const KernelRequest& r, bool tma) {
+  const KernelConfig fixed{64, tma ? 128 : 64, 2, 4};
   KernelConfig c = r.config;
   if (c == KernelConfig{}) return fixed;
   if (!c.stages) c.stages = 2;
   if (!c.warps) c.warps = 4;
   require(c == fixed, "backward tile",
-          "the sm_90a backward (wgmma) runs 64 x 64 tiles with 2 stages and 4 warps, got " + std::to_string(c.tile_q) + "x" +
+          std::string("the sm_90a backward (wgmma") + (tma ? ", TMA) runs 64 x 128" : ") runs 64 x 64") +
+              " tiles with 2 stages and 4 warps, got " + std::to_string(c.tile_q) + "x" +
               std::to_string(c.tile_k) + " s" + std::to_string(c.stages) + " w" + std::to_string(c.warps) +
               "; leave the backward config at its default, or turn the wgmma backward off");
   return c;
 }
 
+KernelRequest backward_fallback_request(KernelRequest r, const BackwardKernels& tma) {
+  r.wgmma_backward = false;
+  r.config = tma.source.config;
+  return r;
+}
+
 KernelConfig resolve_backward_config(const KernelRequest& r) {
   switch (choose_backward_path(r)) {
-    case KernelPath::Sm90: return resolve_backward_sm90_config(r);
+    case KernelPath::Sm90: return resolve_backward_sm90_config(r, false);
+    case KernelPath::Sm90Tma: return resolve_backward_sm90_config(r, true);
     case KernelPath::Sm80: return resolve_backward_sm80_config(r);
     default: return resolve_simt_config(r, r.config);
   }
@@ -448,6 +468,16 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
     bodies = {"fwd_sm80.cuh", "fwd_sm90.cuh", "bwd_common.cuh", "bwd_sm80.cuh", "bwd_sm90.cuh"};
     body = "_sm80";
     dkdv_body = "_sm90";
+  } else if (k.path == KernelPath::Sm90Tma) {
+    out.dq_threads = k.config.tile_q * 2;  // bwd_sm80.cuh's _dq (the two-pass form)
+    out.dkdv_threads = 384;                // two consumer warpgroups and the producer
+    out.dq_shared_bytes = backward_dq_smem_bytes(r, k.config);
+    out.dkdv_shared_bytes = backward_dkdv_sm90_tma_smem_bytes(r, k.config);
+    out.single_pass = true;
+    k.tma_maps = kTmaMaps;  // Q's and dO's, per query stride: _dkdv's second parameter
+    bodies = {"fwd_sm80.cuh", "fwd_sm90.cuh", "fwd_sm90_tma.cuh", "bwd_common.cuh", "bwd_sm80.cuh", "bwd_sm90.cuh", "bwd_sm90_tma.cuh"};
+    body = "_sm80";
+    dkdv_body = "_sm90_tma";
   } else {
     out.dq_threads = k.config.tile_q * 4;
     out.dkdv_threads = k.config.tile_k * 4;
@@ -464,8 +494,10 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
                                                                {"dkdv", out.dkdv_threads, dkdv_body ? dkdv_body : body},
                                                                {"cvt", out.aux_threads, ""}};
   for (const auto& [suffix, threads, impl] : entries) {
+    const bool maps = k.tma_maps && std::string(suffix) == "dkdv";  // the TMA kernel's maps
     os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ", 1) AJ_KERNEL_NAME_" << suffix
-       << "(const AjBwdParams p) {\n  aj_bwd_" << suffix << impl << "(p);\n}\n";
+       << "(const AjBwdParams p" << (maps ? ", const __grid_constant__ AjTmaMaps maps" : "") << ") {\n  aj_bwd_" << suffix
+       << impl << (maps ? "(p, maps);" : "(p);") << "\n}\n";
   }
   name_by_hash(k, os.str(), "attnjit_bwd_");
   out.pre = k.name + "_pre", out.dq = k.name + "_dq", out.dkdv = k.name + "_dkdv", out.cvt = k.name + "_cvt";

@@ -120,6 +120,9 @@ struct BackwardKernels {
   bool single_pass = false;
 };
 KernelPath choose_backward_path(const KernelRequest& r);
+// What a TMA backward (KernelPath::Sm90Tma) falls back to for calls whose query rows no tensor map
+// describes: the request for bwd_sm80.cuh's kernels at the same tiles, so the same backward plans.
+KernelRequest backward_fallback_request(KernelRequest r, const BackwardKernels& tma);
 // r.config for the backward kernels validated (a UserError naming the fix), or their default.
 KernelConfig resolve_backward_config(const KernelRequest& r);
 BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest& r,

@@ -127,8 +127,9 @@ struct RuntimeOptions {
   // 0 decides every random layout in the kernels.
   int64_t random_in_kernel_above = -1;
   // On the Hopper path (sm_90a): the forward's TMA kernel (a producer warpgroup loads K and V) for
-  // every call whose key rows tensor maps describe; false (or the ATTNJIT_TMA=0 knob): always the
-  // kernel that loads with cp.async.
+  // every call whose key rows tensor maps describe, and with wgmma_backward the backward's (a
+  // producer loads Q and dO) for every call whose query rows they describe; false (or the
+  // ATTNJIT_TMA=0 knob): always the kernels that load with cp.async.
   bool tma = true;
   // On the Hopper path (sm_90a, head dims 64 and 128): the backward's dK/dV kernel on the warpgroup
   // MMA (wgmma) instead of the sm_80 kernel's mma.sync; also the ATTNJIT_BWD_WGMMA=1 knob. Off by

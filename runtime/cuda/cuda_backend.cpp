@@ -192,7 +192,9 @@ public:
     }
     r.config = backward_config;
     r.wgmma_backward = wgmma_backward;
-    bwd_ = generate_backward_kernels(p, r, templates);
+    r.tma = tma && knobs().tma;
+    bwd_[0] = generate_backward_kernels(p, r, templates);
+    if (bwd_[0].source.tma_maps) bwd_[1] = generate_backward_kernels(p, backward_fallback_request(r, bwd_[0]), templates);
   }
 
   // Packs the tables on the host; the first call that runs the plan copies them (StagedTables).
@@ -239,24 +241,22 @@ public:
     const CUstream stream = static_cast<CUstream>(options.stream);
     const bool capturing = stream_capturing(stream);
     const RelaxedCapture relaxed(capturing);  // a first backward in a graph compiles and loads its kernels
-    std::call_once(bwd_once_, [&] {
-      KernelCompiler compiler(kernel_cache_for(cache_dir_), knobs());
-      bwd_kernel_ = compiler.get(bwd_.source);
-      bwd_module_ = load_module(device_, *bwd_kernel_);
-      // The tensor-core gradient kernels may need the opt-in above 48 KB of shared memory.
-      const DeviceInfo info = device_info(device_);
-      for (const auto& [kernel, bytes] : {std::pair<const std::string&, int>{bwd_.dq, bwd_.dq_shared_bytes}, {bwd_.dkdv, bwd_.dkdv_shared_bytes}}) {
-        if (bytes <= 48 * 1024) continue;
-        if (bytes > info.max_shared_per_block_optin) {
-          throw UserError(kernel, "needs " + std::to_string(bytes) + " bytes of shared memory; " + info.name + " allows " +
-                                      std::to_string(info.max_shared_per_block_optin));
-        }
-        bwd_module_->set_max_dynamic_shared(bwd_module_->function(kernel), bytes);
-      }
-    });
+    const BackwardKernels& bwd = bwd_[0];
     const BackwardPlans& plans = entry.backward_plans(pattern_, planning_table(options),
-                                                      TileConfig{bwd_.source.config.tile_q, bwd_.source.config.tile_k});
-    check_kernel_seeks(plans.query_major, bwd_.source);
+                                                      TileConfig{bwd.source.config.tile_q, bwd.source.config.tile_k});
+    check_kernel_seeks(plans.query_major, bwd.source);
+    // The TMA kernel's maps of Q and dO; where no map describes the query rows, the fallback kernels
+    // (the same tiles, so the same plans and tables).
+    int which = 0;
+    TmaMaps maps{};
+    if (bwd.source.tma_maps) {
+      if (const auto specs = backward_tma_map_specs(plans.key_major, problem_, q, dout, bwd.source.config.tile_q))
+        maps = encode_tma_maps(*specs, false);
+      else
+        which = 1;
+    }
+    const BackwardKernels& kk = bwd_[which];
+    Module& module = backward_module(which);
     const auto& t = *static_cast<const GpuBackwardTables*>(entry.backward_device_state([&] {
       auto bt = std::make_shared<GpuBackwardTables>();
       pack_tables(bt->query_major, plans.query_major, options.dynamic_layout);
@@ -267,11 +267,11 @@ public:
       bt->num_key_items = static_cast<int32_t>(kp.items.size());
       return std::shared_ptr<void>(bt);
     }));
-    t.query_major.staged.ready_on(stream, capturing, bwd_.source.name, "backward");
-    t.key_major.ready_on(stream, capturing, bwd_.source.name, "backward key-major");
+    t.query_major.staged.ready_on(stream, capturing, kk.source.name, "backward");
+    t.key_major.ready_on(stream, capturing, kk.source.name, "backward key-major");
     if (capturing) entry.in_graph = true;
     const Problem& pb = problem_;
-    const BackwardScratch layout(pb, bwd_.single_pass);
+    const BackwardScratch layout(pb, kk.single_pass);
     if (options.workspace) {
       TensorView w;
       w.data = options.workspace;
@@ -284,7 +284,7 @@ public:
     memset_d8_async(reinterpret_cast<CUdeviceptr>(dk_acc), 0, layout.dk_bytes, stream);
     memset_d8_async(reinterpret_cast<CUdeviceptr>(dv_acc), 0, layout.dv_bytes, stream);
     const GpuTables& f = t.query_major;
-    const BackwardGrids g = backward_grids(pb, bwd_, size_t(f.num_items), plans.key_major, options.deterministic);
+    const BackwardGrids g = backward_grids(pb, kk, size_t(f.num_items), plans.key_major, options.deterministic);
     float* const dq_acc = g.single_pass ? ws.at(layout.dq) : nullptr;
     if (dq_acc) memset_d8_async(reinterpret_cast<CUdeviceptr>(dq_acc), 0, layout.dq_bytes, stream);
     const KernelTables tables = f.kernel_tables();
@@ -293,22 +293,22 @@ public:
                             dk_acc, dv_acc, dq_acc};
     KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, q, k, v, o, lse, dout, dq, dk, dv, options);
     bp.fwd.dyn_errors = nullptr;  // the forward counted the table's problems
-    void* args[] = {&bp};
+    void* args[] = {&bp, &maps};  // only the TMA kernel's _dkdv takes the second
     auto run = [&](const std::string& kernel, uint64_t gx, int64_t batch, int threads, int shared_bytes) {
       if (gx == 0) return;
       const BatchGrid b = batch_grid(batch);
-      launch(bwd_module_->function(kernel), static_cast<unsigned>(gx), b.y, b.z, static_cast<unsigned>(threads),
+      launch(module.function(kernel), static_cast<unsigned>(gx), b.y, b.z, static_cast<unsigned>(threads),
              static_cast<unsigned>(shared_bytes), stream, args,
              kernel + " grid=(" + std::to_string(gx) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
                  ") block=" + std::to_string(threads));
     };
-    run(bwd_.pre, g.pre, pb.batch, bwd_.aux_threads, 0);
-    run(bwd_.dq, g.dq, pb.batch, bwd_.dq_threads, bwd_.dq_shared_bytes);
+    run(kk.pre, g.pre, pb.batch, kk.aux_threads, 0);
+    run(kk.dq, g.dq, pb.batch, kk.dq_threads, kk.dq_shared_bytes);
     for (const DkdvLaunch& d : g.dkdv) {  // the launch copies the arguments: bp may change after it
       bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add;
-      run(bwd_.dkdv, d.blocks, pb.batch, bwd_.dkdv_threads, bwd_.dkdv_shared_bytes);
+      run(kk.dkdv, d.blocks, pb.batch, kk.dkdv_threads, kk.dkdv_shared_bytes);
     }
-    run(bwd_.cvt, g.cvt, 1, bwd_.aux_threads, 0);
+    run(kk.cvt, g.cvt, 1, kk.aux_threads, 0);
   }
 
   void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
@@ -350,7 +350,7 @@ public:
   int alignment() const override { return source_.path != KernelPath::Simt ? 16 : dtype_bytes(problem_.dtype); }
   bool reads_device_tables() const override { return true; }
   bool tables_in_host_memory() const override { return false; }
-  size_t backward_workspace_bytes() const override { return BackwardScratch(problem_, bwd_.single_pass).total; }
+  size_t backward_workspace_bytes() const override { return BackwardScratch(problem_, bwd_[0].single_pass).total; }
 
 private:
   void check_device_memory(std::initializer_list<std::pair<const char*, const TensorView*>> tensors) const {
@@ -447,10 +447,32 @@ private:
   std::string device_name_;
   std::once_flag fallback_once_;
   Loaded fallback_;
-  BackwardKernels bwd_;  // rendered in the constructor, compiled on the first backward call
-  std::once_flag bwd_once_;
-  std::shared_ptr<const CompiledKernel> bwd_kernel_;
-  std::shared_ptr<Module> bwd_module_;
+  // The backward kernels (index 0; rendered in the constructor, compiled on their first call)
+  // and, with a TMA backward, those for calls whose query rows no tensor map describes (index 1).
+  Module& backward_module(int index) {
+    std::call_once(bwd_once_[index], [&] {
+      const BackwardKernels& k = bwd_[index];
+      KernelCompiler compiler(kernel_cache_for(cache_dir_), knobs());
+      bwd_kernel_[index] = compiler.get(k.source);
+      bwd_module_[index] = load_module(device_, *bwd_kernel_[index]);
+      // The tensor-core gradient kernels may need the opt-in above 48 KB of shared memory.
+      const DeviceInfo info = device_info(device_);
+      for (const auto& [kernel, bytes] : {std::pair<const std::string&, int>{k.dq, k.dq_shared_bytes}, {k.dkdv, k.dkdv_shared_bytes}}) {
+        if (bytes <= 48 * 1024) continue;
+        if (bytes > info.max_shared_per_block_optin) {
+          throw UserError(kernel, "needs " + std::to_string(bytes) + " bytes of shared memory; " + info.name + " allows " +
+                                      std::to_string(info.max_shared_per_block_optin));
+        }
+        bwd_module_[index]->set_max_dynamic_shared(bwd_module_[index]->function(kernel), bytes);
+      }
+    });
+    return *bwd_module_[index];
+  }
+
+  BackwardKernels bwd_[2];
+  std::once_flag bwd_once_[2];
+  std::shared_ptr<const CompiledKernel> bwd_kernel_[2];
+  std::shared_ptr<Module> bwd_module_[2];
 };
 
 }  // namespace

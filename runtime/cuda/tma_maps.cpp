@@ -25,7 +25,7 @@ int64_t fold_for(int64_t r, int64_t seq) {
   return 0;
 }
 
-// One tensor's map for key stride r, boxes of 64 columns (one 128-byte swizzled column block) and
+// One tensor's map for row stride r (key rows, or the backward's query rows), boxes of 64 columns (one 128-byte swizzled column block) and
 // one head and batch entry. Up to stride 8, dimensions (innermost first) head dim, head, row,
 // batch, the row traversed with element stride r (fold f = 0); beyond, head dim, head, row mod f,
 // row / f, batch (f = fold_for(r, seq_k)), the fourth traversed with element stride r / f.
@@ -58,34 +58,59 @@ emu::TensorMapSpec map_for(const TensorView& t, const Problem& pb, int64_t heads
 
 }  // namespace
 
-std::optional<TmaMapSpecs> tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& k, const TensorView& v, int tile_k,
-                                         std::string* why) {
+namespace {
+
+// The specs for rows of the given strides (in order of first use) of tensors a and b (heads,
+// head dims da and db), tiles of `tile` rows along a sequence of `seq` rows.
+std::optional<TmaMapSpecs> specs_for(const std::vector<int64_t>& row_strides, const char* rows, const char* seq_name, const Problem& pb,
+                                     const TensorView& a, const TensorView& b, int64_t heads, int64_t da, int64_t db, int64_t seq,
+                                     int tile, std::string* why) {
   auto refuse = [&](const std::string& reason) -> std::optional<TmaMapSpecs> {
     if (why) *why = reason;
     return std::nullopt;
   };
   TmaMapSpecs out;
-  for (const KeySpan& s : plan.spans) {
-    const int64_t r = s.keys.stride;  // the kernel picks a tile's map by this stride, whatever the count
+  for (const int64_t r : row_strides) {  // the kernel picks a tile's map by its stride, whatever the count
     if (std::find(out.strides, out.strides + out.used, r) != out.strides + out.used) continue;
-    if (r < 1) return refuse("a key span with stride " + std::to_string(r));
-    if (out.used == kTmaMaps) return refuse("more than " + std::to_string(kTmaMaps) + " key strides");
-    const int64_t f = r <= kMaxElementStride ? 0 : fold_for(r, pb.seq_k);
+    if (r < 1) return refuse(std::string("a ") + rows + " stride of " + std::to_string(r));
+    if (out.used == kTmaMaps) return refuse("more than " + std::to_string(kTmaMaps) + " " + rows + " strides");
+    const int64_t f = r <= kMaxElementStride ? 0 : fold_for(r, seq);
     if (r > kMaxElementStride && f == 0)
-      return refuse("key stride " + std::to_string(r) + " (above 8) has no divisor f of seq_k " + std::to_string(pb.seq_k) +
-                    " with stride / f <= 8 (TMA's element strides end at 8)");
-    out.rows[out.used] = rows_per_box(f ? r / f : r, tile_k);
+      return refuse(std::string(rows) + " stride " + std::to_string(r) + " (above 8) has no divisor f of " + seq_name + " " +
+                    std::to_string(seq) + " with stride / f <= 8 (TMA's element strides end at 8)");
+    out.rows[out.used] = rows_per_box(f ? r / f : r, tile);
     out.fold[out.used] = int32_t(f);
     out.strides[out.used++] = r;
   }
-  if (out.used == 0) out.strides[0] = 1, out.rows[0] = tile_k, out.used = 1;
+  if (out.used == 0) out.strides[0] = 1, out.rows[0] = tile, out.used = 1;
   for (int i = 0; i < out.used; ++i) {
-    out.k[i] = map_for(k, pb, pb.heads_kv, pb.head_dim, out.strides[i], out.fold[i], tile_k);
-    out.v[i] = map_for(v, pb, pb.heads_kv, pb.head_dim_v, out.strides[i], out.fold[i], tile_k);
+    out.k[i] = map_for(a, pb, heads, da, out.strides[i], out.fold[i], tile);
+    out.v[i] = map_for(b, pb, heads, db, out.strides[i], out.fold[i], tile);
     for (const emu::TensorMapSpec* m : {&out.k[i], &out.v[i]})
       if (const std::string p = emu::tensor_map_problem(*m); !p.empty()) return refuse(p);
   }
   return out;
+}
+
+}  // namespace
+
+std::optional<TmaMapSpecs> tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& k, const TensorView& v, int tile_k,
+                                         std::string* why) {
+  std::vector<int64_t> strides;
+  strides.reserve(plan.spans.size());
+  for (const KeySpan& s : plan.spans) strides.push_back(s.keys.stride);
+  return specs_for(strides, "key", "seq_k", pb, k, v, pb.heads_kv, pb.head_dim, pb.head_dim_v, pb.seq_k, tile_k, why);
+}
+
+std::optional<TmaMapSpecs> backward_tma_map_specs(const BackwardPlan& key_major, const Problem& pb, const TensorView& q,
+                                                  const TensorView& dout, int tile_q, std::string* why) {
+  std::vector<int64_t> strides;
+  strides.reserve(key_major.entries.size());
+  // An entry of one row reads it right through any map (row `first` is the box's first), so its
+  // stride, which the key-major plan leaves as whatever the rows' spacing was, takes none.
+  for (const QueryEntry& e : key_major.entries)
+    if (e.rows.count > 1) strides.push_back(e.rows.stride);
+  return specs_for(strides, "query", "seq_q", pb, q, dout, pb.heads_q, pb.head_dim, pb.head_dim_v, pb.seq_q, tile_q, why);
 }
 
 TmaMaps encode_tma_maps(const TmaMapSpecs& specs, bool emulated) {

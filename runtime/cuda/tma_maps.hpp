@@ -10,6 +10,7 @@
 #include "attnjit/attnjit.hpp"
 #include "compiler/codegen/codegen.hpp"
 #include "compiler/plan/plan.hpp"
+#include "compiler/plan/plan_backward.hpp"
 #include "emulator/tensor_map.hpp"
 
 namespace attnjit {
@@ -40,6 +41,13 @@ struct TmaMapSpecs {
 };
 std::optional<TmaMapSpecs> tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& k, const TensorView& v, int tile_k,
                                          std::string* why = nullptr);
+
+// The backward TMA kernel's maps (templates/bwd_sm90_tma.cuh): Q's in `k` and dO's in `v`, one
+// pair per query-row stride of the key-major plan's entries of more than one row (the kernel reads
+// a one-row entry through map 0), tiles of `tile_q` rows; the same rules and refusals as the
+// forward's.
+std::optional<TmaMapSpecs> backward_tma_map_specs(const BackwardPlan& key_major, const Problem& pb, const TensorView& q,
+                                                  const TensorView& dout, int tile_q, std::string* why = nullptr);
 
 // Encoded for the emulator, or by the CUDA driver (runtime/cuda/cuda_driver.hpp) for a GPU.
 TmaMaps encode_tma_maps(const TmaMapSpecs& specs, bool emulated);

@@ -125,7 +125,9 @@ public:
     }
     r.config = backward_config;
     r.wgmma_backward = wgmma_backward;
+    r.tma = tma && knobs().tma;
     bwd_ = generate_backward_kernels(p, r, templates);  // text only: compiled on the first backward call
+    if (bwd_.source.tma_maps) bwd_fallback_ = generate_backward_kernels(p, backward_fallback_request(r, bwd_), templates);
   }
 
   void upload(PlanEntry& entry, const DynamicLayout* dynamic) override {
@@ -212,11 +214,6 @@ public:
   void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, const ForwardOptions& options) override {
-    std::call_once(bwd_once_, [&] {
-      emu::EmuSource s = emu::emu_source_of(bwd_.source);
-      s.kernels = {bwd_.pre, bwd_.dq, bwd_.dkdv, bwd_.cvt};
-      bwd_module_ = emu::load_emu_module(emu::compile_for_emulator(s, kernel_cache_for(cache_dir_), knobs()));
-    });
     const TileConfig tiles{bwd_.source.config.tile_q, bwd_.source.config.tile_k};
     const BackwardPlans& plans = entry.backward_plans(pattern_, planning_table(options), tiles);
     check_kernel_seeks(plans.query_major, bwd_.source);
@@ -275,7 +272,19 @@ public:
     if (options.dlse) bp.dlse = static_cast<const float*>(img.at(idlse));
     device_table.rebase(img, bp.fwd);
     bp.fwd.dyn_errors = nullptr;  // the forward counted its problems
-    void* args[] = {&bp};
+    // The TMA kernel's maps of Q and dO; where no map describes the query rows, the fallback kernels
+    // (the same tiles, so the same plans).
+    const BackwardKernels* kernels = &bwd_;
+    TmaMaps maps{};
+    if (bwd_.source.tma_maps) {
+      if (const auto specs = backward_tma_map_specs(plans.key_major, pb, rebased(q, iq), rebased(dout, ido), tiles.tile_q))
+        maps = encode_tma_maps(*specs, true);
+      else
+        kernels = &bwd_fallback_;
+    }
+    const BackwardKernels& kk = *kernels;
+    const emu::EmuModule& module = backward_module(kernels == &bwd_ ? 0 : 1, kk);
+    void* args[] = {&bp, &maps};  // only the TMA kernel's _dkdv takes the second
     auto launch = [&](const std::string& kernel, uint64_t grid_x, int64_t batch, int threads, int shared_bytes) {
       if (grid_x == 0) return;
       emu::LaunchRequest r;
@@ -287,15 +296,15 @@ public:
       r.dynamic_shared = static_cast<size_t>(shared_bytes);
       r.args = args;
       r.buffers = img.buffers();
-      bwd_module_->launch(r);
+      module.launch(r);
     };
-    launch(bwd_.pre, g.pre, pb.batch, bwd_.aux_threads, 0);
-    launch(bwd_.dq, g.dq, pb.batch, bwd_.dq_threads, bwd_.dq_shared_bytes);
+    launch(kk.pre, g.pre, pb.batch, kk.aux_threads, 0);
+    launch(kk.dq, g.dq, pb.batch, kk.dq_threads, kk.dq_shared_bytes);
     for (const DkdvLaunch& d : g.dkdv) {
       bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add;
-      launch(bwd_.dkdv, d.blocks, pb.batch, bwd_.dkdv_threads, bwd_.dkdv_shared_bytes);
+      launch(kk.dkdv, d.blocks, pb.batch, kk.dkdv_threads, kk.dkdv_shared_bytes);
     }
-    launch(bwd_.cvt, g.cvt, 1, bwd_.aux_threads, 0);  // covers every batch itself
+    launch(kk.cvt, g.cvt, 1, kk.aux_threads, 0);  // covers every batch itself
     img.copy_back(idq, dq.data);
     img.copy_back(idk, dk.data);
     img.copy_back(idv, dv.data);
@@ -315,9 +324,20 @@ private:
   std::once_flag fallback_once_;
   std::shared_ptr<const emu::EmuModule> fallback_module_;
   std::shared_ptr<const emu::EmuModule> module_;
-  BackwardKernels bwd_;
-  std::once_flag bwd_once_;
-  std::shared_ptr<const emu::EmuModule> bwd_module_;
+  // The backward kernels, compiled on their first call (index 0), and with a TMA backward the
+  // kernels for calls whose query rows no tensor map describes (index 1).
+  const emu::EmuModule& backward_module(int index, const BackwardKernels& k) {
+    std::call_once(bwd_once_[index], [&] {
+      emu::EmuSource s = emu::emu_source_of(k.source);
+      s.kernels = {k.pre, k.dq, k.dkdv, k.cvt};
+      bwd_module_[index] = emu::load_emu_module(emu::compile_for_emulator(s, kernel_cache_for(cache_dir_), knobs()));
+    });
+    return *bwd_module_[index];
+  }
+
+  BackwardKernels bwd_, bwd_fallback_;
+  std::once_flag bwd_once_[2];
+  std::shared_ptr<const emu::EmuModule> bwd_module_[2];
 };
 
 }  // namespace

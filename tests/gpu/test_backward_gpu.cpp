@@ -480,16 +480,21 @@ TEST_CASE("backward: a NaN or inf in Q or K or dO reaches only the gradients the
   }
 }
 
-// The Hopper backward's dK/dV kernel on the warpgroup MMA (templates/bwd_sm90.cuh, opt-in:
-// RuntimeOptions::wgmma_backward): emulated as sm_90a, or on a GPU of compute capability 9.0 (other
-// GPUs run the sm_80 kernels for the same options, and the case says so). Every example pattern,
-// fp16 and bf16, head dims 64 and 128, the single pass and the two-pass form (its dQ from
-// bwd_sm80.cuh's _dq), rows that attend nothing, and non-finite inputs at masked pairs.
-TEST_CASE("backward: the sm_90a wgmma dK/dV kernel matches the reference gradients", "[gpu][emu][grad][sm90a]") {
+// The Hopper backward's dK/dV kernels on the warpgroup MMA (opt-in: RuntimeOptions::wgmma_backward):
+// the TMA kernel with its producer warpgroup (templates/bwd_sm90_tma.cuh, 64 x 128 tiles) and the
+// cp.async one (templates/bwd_sm90.cuh, RuntimeOptions::tma off), emulated as sm_90a, or on a GPU
+// of compute capability 9.0 (other GPUs run the sm_80 kernels for the same options, and the case
+// says so). Every example pattern, fp16 and bf16, head dims 64 and 128, the single pass and the
+// two-pass form (its dQ from bwd_sm80.cuh's _dq), rows that attend nothing, and non-finite inputs
+// at masked pairs.
+TEST_CASE("backward: the sm_90a wgmma dK/dV kernels match the reference gradients", "[gpu][emu][grad][sm90a]") {
   if (on_gpu()) shared_context(0).make_current();
+  const bool tma = GENERATE(true, false);
+  INFO((tma ? "the TMA kernel (bwd_sm90_tma.cuh)" : "the cp.async kernel (bwd_sm90.cuh)"));
   RuntimeOptions ro;
   ro.device = gputest::target() == gputest::Target::Emu ? Device::emu(90, true) : device_under_test();
   ro.wgmma_backward = true;
+  ro.tma = tma;
   if (on_gpu() && device_info(0).cc_major * 10 + device_info(0).cc_minor != 90)
     WARN("not a Hopper GPU: the sm_80 backward kernels run instead of the wgmma one");
   Runtime rt(ro);
@@ -502,6 +507,20 @@ TEST_CASE("backward: the sm_90a wgmma dK/dV kernel matches the reference gradien
       s.head_dim = s.head_dim_v = d;
       INFO(file << " " << to_string(dt) << " head_dim " << d << (deterministic ? " deterministic" : ""));
       CHECK(check_backward(rt, p, s, dt, nullptr, 700 + n++, deterministic, nullptr, false, false, false, {}, true) == "");
+    }
+  }
+  {
+    // Query rows no tensor map describes (stride 16, an odd length: no fold): the TMA kernel's
+    // call runs its fallback (the sm_80 kernels at the same tiles); stride 12 folds by 3.
+    for (const int64_t rate : {16, 12}) {
+      const Pattern dilated = PatternBuilder()
+                                  .branch(BranchSpec().segment(64).dilation(1))
+                                  .branch(BranchSpec().segment(64 * rate).dilation(rate).offset(OffsetRule::HeadMod))
+                                  .build();
+      Shape s;
+      s.seq_q = s.seq_k = on_gpu() ? 1001 : 301, s.heads_q = 2, s.heads_kv = 1, s.head_dim = s.head_dim_v = 64;
+      INFO("query stride " << rate << " at " << s.seq_q << " rows");
+      CHECK(check_backward(rt, dilated, s, DType::BF16, nullptr, 96) == "");
     }
   }
   const Pattern p = PatternBuilder()

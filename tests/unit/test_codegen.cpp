@@ -204,18 +204,21 @@ TEST_CASE("the backward kernels compile with NVRTC: four entry points, no spills
         r.arch = arch;
         kernels.push_back(generate_backward_kernels(every_mask_kind(), r));
       }
-  // The Hopper backward's dK/dV on wgmma (sm_90a, head dims 64 and 128).
+  // The Hopper backward's dK/dV on wgmma (sm_90a, head dims 64 and 128): the TMA kernel with its
+  // producer warpgroup, and the cp.async one.
   for (DType dt : {DType::F16, DType::BF16})
-    for (int d : {64, 128}) {
-      KernelRequest r;
-      r.head_dim = r.head_dim_v = d;
-      r.dtype = dt;
-      r.arch = 90;
-      r.arch_specific = true;
-      r.wgmma_backward = true;
-      kernels.push_back(generate_backward_kernels(every_mask_kind(), r));
-      REQUIRE(kernels.back().source.path == KernelPath::Sm90);
-    }
+    for (int d : {64, 128})
+      for (bool tma : {true, false}) {
+        KernelRequest r;
+        r.head_dim = r.head_dim_v = d;
+        r.dtype = dt;
+        r.arch = 90;
+        r.arch_specific = true;
+        r.wgmma_backward = true;
+        r.tma = tma;
+        kernels.push_back(generate_backward_kernels(every_mask_kind(), r));
+        REQUIRE(kernels.back().source.path == (tma ? KernelPath::Sm90Tma : KernelPath::Sm90));
+      }
   std::vector<CompileRequest> requests;
   for (const BackwardKernels& k : kernels)
     requests.push_back({k.source.name, k.source.source, k.source.arch, {"--use_fast_math"}, 0});
@@ -227,6 +230,13 @@ TEST_CASE("the backward kernels compile with NVRTC: four entry points, no spills
     const CompileResult& r = std::get<CompileResult>(results[n]);
     if (k.source.path == KernelPath::Sm80) CHECK(disassemble_cubin(r.cubin).find("HMMA") != std::string::npos);
     if (k.source.path == KernelPath::Sm90) CHECK(disassemble_cubin(r.cubin).find("HGMMA") != std::string::npos);
+    if (k.source.path == KernelPath::Sm90Tma) {  // wgmma, TMA loads, the producer's registers given to the consumers
+      const std::string sass = disassemble_cubin(r.cubin);
+      for (const char* op : {"HGMMA", "UTMALDG", "USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC"}) {
+        INFO(op);
+        CHECK(sass.find(op) != std::string::npos);
+      }
+    }
     for (const auto& [entry, dynamic_bytes] : {std::pair<std::string, int>{k.pre, 0}, {k.dq, k.dq_shared_bytes},
                                               {k.dkdv, k.dkdv_shared_bytes}, {k.cvt, 0}}) {
       INFO(entry << " " << u_info(r, entry));

@@ -233,10 +233,10 @@ const Mutation kMutations[] = {
      true},
     {"sm_90a, TMA: expect_tx announces half of K's bytes", "fwd_sm90_tma.cuh", "aj_mbarrier_arrive_expect_tx(&k_full[s], AJ_SM90_K_STAGE);",
      "aj_mbarrier_arrive_expect_tx(&k_full[s], AJ_SM90_K_STAGE / 2);", DType::BF16, false, false, 64, true},
-    {"sm_90a, TMA: a tile's first row given as its dilated index", "fwd_sm90_tma.cuh", "(int)(t.first + r0 * t.stride)",
-     "(int)(t.first / t.stride + r0 * t.stride)", DType::BF16, false, false, 128, true},
+    {"sm_90a, TMA: a tile's first row given as its dilated index", "fwd_sm90_tma.cuh", "(int)(first + r0 * stride)",
+     "(int)(first / stride + r0 * stride)", DType::BF16, false, false, 128, true},
     {"sm_90a, TMA: folded rows stepped by the stride instead of stride / fold", "fwd_sm90_tma.cuh", "row + r0 * step, b)",
-     "row + r0 * (int)t.stride, b)", DType::BF16, false, false, 64, true, true, false, false, false, true},
+     "row + r0 * (int)stride, b)", DType::BF16, false, false, 64, true, true, false, false, false, true},
     {"sm_90a, TMA: no fence.proxy.async after Q's cp.async", "fwd_sm90_tma.cuh",
      "    aj_fence_proxy_async();  // Q is read by wgmma", "    // Q is read by wgmma", DType::BF16, false, false, 64, true},
     {"sm_90a, TMA: ping-pong without warpgroup 1's first handoff", "fwd_sm90_tma.cuh",
@@ -303,33 +303,59 @@ const Mutation kMutations[] = {
      false, false, false, false, KernelConfig{}, false, false, 'k'},
     {"sm_90a backward: dS read by the dQ wgmma without the barrier after its stores", "bwd_sm90.cuh",
      "        aj_fence_proxy_async();  // dS's generic stores, then the wgmma that reads them\n        aj_syncthreads();\n",
-     "        aj_fence_proxy_async();  // dS's generic stores, then the wgmma that reads them\n", DType::BF16, true, false, 64, true},
+     "        aj_fence_proxy_async();  // dS's generic stores, then the wgmma that reads them\n", DType::BF16, true, false, 64, true, false},
     {"sm_90a backward: dS read by the dQ wgmma without the proxy fence after its stores", "bwd_sm90.cuh",
      "        aj_fence_proxy_async();  // dS's generic stores, then the wgmma that reads them\n", "\n", DType::BF16, true, false,
-     64, true},
+     64, true, false},
     {"sm_90a backward: the next query tile's loads overwrite a stage the wgmmas may still read (no wait)", "bwd_sm90.cuh",
-     "      aj_wgmma_wait<0>();\n    }\n    aj_syncthreads();", "    }\n    aj_syncthreads();", DType::BF16, true, true, 64, true},
+     "      aj_wgmma_wait<0>();\n    }\n    aj_syncthreads();", "    }\n    aj_syncthreads();", DType::BF16, true, true, 64, true, false},
     {"sm_90a backward: dK's B operand read K-major (Q's leading offset of the S^T product)", "bwd_sm90.cuh",
      "dsa[kk],\n                                                     q_n + ", "dsa[kk],\n                                                     q_b + ",
-     DType::BF16, true, false, 128, true},
+     DType::BF16, true, false, 128, true, false},
     {"sm_90a backward, head dim 128: every query sub-block's S^T reads Q's first rows", "bwd_sm90.cuh",
      "(ks / 4) * AJ_TILE_Q * AJ_SW + c0 * AJ_SW + (ks % 4) * 32) >> 4),\n                                                      ks > 0);\n#pragma",
      "(ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 32) >> 4),\n                                                      ks > 0);\n#pragma",
-     DType::BF16, true, false, 128, true},
+     DType::BF16, true, false, 128, true, false},
     {"sm_90a backward: every dQ column block reads K's first", "bwd_sm90.cuh",
      "k_b + (((c0 / AJ_COLS) * AJ_TILE_K * AJ_SW + ks * 16 * AJ_SW) >> 4)", "k_b + ((ks * 16 * AJ_SW) >> 4)", DType::BF16,
-     true, false, 128, true},
+     true, false, 128, true, false},
     {"sm_90a backward: dS of key rows past the tile's count not zeroed", "bwd_sm90.cuh",
-     "(x < 2 ? in0 : in1) ? s[j][x] : 0.0f", "s[j][x]", DType::BF16, true, false, 64, true, true, true},
+     "(x < 2 ? in0 : in1) ? s[j][x] : 0.0f", "s[j][x]", DType::BF16, true, false, 64, true, false, true},
     {"sm_90a backward: the key tile's NaN test skipped", "bwd_sm90.cuh", "      kbad = aj_warp_any(bad);", "      kbad = false;",
-     DType::BF16, true, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 'k'},
+     DType::BF16, true, false, 64, true, false, false, false, false, false, KernelConfig{}, false, false, 'k'},
     {"sm_90a backward: the exact dQ block weighs the pairs that mask the key too", "bwd_sm90.cuh",
      "        if (!aj_queries_allowed(p, qe.branch, qe.head, kpos, q_origin, (aj_cs)r * (aj_cs)qe.rows_stride)) continue;",
-     "", DType::BF16, true, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 'k'},
+     "", DType::BF16, true, false, 64, true, false, false, false, false, false, KernelConfig{}, false, false, 'k'},
     {"sm_90a backward: a masked pair's P^T not selected", "bwd_sm80.cuh",
      "      const float pr = ok ? aj_ex2(aj_mul_rn(s[j][x], p.scale_log2) - lse2[col]) : 0.0f;\n      s[j][x] = ok ? pr",
      "      const float pr = aj_ex2(aj_mul_rn(s[j][x], p.scale_log2) - lse2[col]);\n      s[j][x] = ok ? pr", DType::BF16,
      true, false, 64, true},
+    {"sm_90a TMA backward: dQ read dS without the consumers' barrier after its stores", "bwd_sm90_tma.cuh",
+     "    aj_named_sync(1, AJ_BWDT_CONSUMERS);", "", DType::BF16, true, false, 128, true},
+    {"sm_90a TMA backward, head dim 64: dQ read dS without the consumers' barrier after its stores", "bwd_sm90_tma.cuh",
+     "    aj_named_sync(1, AJ_BWDT_CONSUMERS);", "", DType::BF16, true, false, 64, true},
+    {"sm_90a TMA backward: a stage released before the wgmmas that read it are waited for", "bwd_sm90_tma.cuh",
+     "      aj_wgmma_wait<0>();\n    }\n    aj_mbarrier_arrive(&sh.empty[stage]);", "    }\n    aj_mbarrier_arrive(&sh.empty[stage]);",
+     DType::BF16, true, true, 64, true},
+    {"sm_90a TMA backward: the producer refills a stage without waiting for its release", "bwd_sm90_tma.cuh",
+     "        if (use > 0) aj_mbarrier_wait(&sh.empty[s], (aj_u32)((use - 1) & 1));", "", DType::BF16, true, false, 64, true},
+    {"sm_90a TMA backward: the second warpgroup takes the first one's key rows", "bwd_sm90_tma.cuh",
+     "const int kr0 = wg * 64 + warp * 16 + g", "const int kr0 = warp * 16 + g", DType::BF16, true, false, 64, true},
+    {"sm_90a TMA backward: the second warpgroup's S^T and dP^T read the first one's K and V rows", "bwd_sm90_tma.cuh",
+     "aj_smem_addr(sh.k + wg * 64 * AJ_SW), 16", "aj_smem_addr(sh.k), 16", DType::BF16, true, false, 64, true},
+    {"sm_90a TMA backward, head dim 64: both warpgroups' dQ over the first one's keys", "bwd_sm90_tma.cuh",
+     "AJ_BWDT_DQ_BY_COLUMNS ? 0 : wg * 64", "0", DType::BF16, true, false, 64, true},
+    {"sm_90a TMA backward, head dim 128: both warpgroups' dQ in the first column block", "bwd_sm90_tma.cuh",
+     "AJ_BWDT_DQ_BY_COLUMNS ? wg * AJ_COLS : 0", "0", DType::BF16, true, false, 128, true},
+    {"sm_90a TMA backward: the next entry's statistics written over this entry's", "bwd_sm90_tma.cuh",
+     "(wg == 0 ? sh.lse2(buf ^ 1) : sh.delta(buf ^ 1))", "(wg == 0 ? sh.lse2(buf) : sh.delta(buf))", DType::BF16, true, false, 64,
+     true},
+    {"sm_90a TMA backward: dQ's exact block sums over the other warpgroup's keys", "bwd_sm90_tma.cuh",
+     "dq_c0, dq_k0, dq_k0 + DQ_KEYS < ki.keys_count", "dq_c0, 64 - dq_k0, dq_k0 + DQ_KEYS < ki.keys_count", DType::BF16, true,
+     false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 'k'},
+    {"sm_90a TMA backward: the query tiles' maps take the key stride's rows per box", "fwd_sm90_tma.cuh",
+     "      for (int r0 = 0; r0 < ROWS; r0 += rows)\n        aj_tma_load_5d", "      for (int r0 = 0; r0 < ROWS; r0 += 2 * rows)\n        aj_tma_load_5d",
+     DType::BF16, true, false, 64, true, true, false, false, false, true},
     {"backward, two-pass dQ: the exact sum weighs the keys a row masks too", "fwd_sm80.cuh", "att[h] = want[h] && (t.full || ",
      "att[h] = want[h] && (true || ", DType::BF16, true, true, 64, false, true, false, false, false, false, KernelConfig{}, false,
      false, 'k'},
@@ -555,15 +581,22 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, false, true, false, false, false, false, {}, false, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, false, {}, true) == "");
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, false, {}, false, true) == "");
-  // The Hopper backward (wgmma dK/dV): single pass and two-pass form, two column blocks of dQ at
-  // head dim 128, non-finite Q, dO and K at masked pairs.
-  CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true) == "");
-  CHECK(check_kernel(embedded, DType::BF16, true, true, 64, true) == "");
-  CHECK(check_kernel(embedded, DType::BF16, true, false, 128, true) == "");
-  for (const char in : {'q', 'k'}) {
-    INFO("sm_90a backward, a NaN in " << (in == 'q' ? "Q and dO" : "K"));
-    CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, true, false, false, false, false, {}, false, false, in) == "");
+  // The Hopper backward (wgmma dK/dV, the TMA kernel and the cp.async one): single pass and
+  // two-pass form, two column blocks of dQ at head dim 128, non-finite Q, dO and K at masked pairs,
+  // scores far below zero.
+  for (bool tma : {true, false}) {
+    INFO("sm_90a backward, " << (tma ? "TMA" : "cp.async"));
+    CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, tma) == "");
+    CHECK(check_kernel(embedded, DType::BF16, true, true, 64, true, tma) == "");
+    CHECK(check_kernel(embedded, DType::BF16, true, false, 128, true, tma) == "");
+    CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, tma, true) == "");
+    for (const char in : {'q', 'k'}) {
+      INFO("a NaN in " << (in == 'q' ? "Q and dO" : "K"));
+      CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, tma, false, false, false, false, {}, false, false, in) == "");
+    }
   }
+  // Dilation 12: the TMA backward's folded query maps.
+  CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, true, false, false, false, true) == "");
   // 192-row tiles: three consumer warpgroups in the TMA kernel, twelve warps in the cp.async one.
   for (bool tma : {true, false}) {
     INFO("sm_90a, 192x128, " << (tma ? "TMA" : "cp.async"));

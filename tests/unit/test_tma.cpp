@@ -5,6 +5,7 @@
 // (swizzle, element strides, out-of-bounds fill) are the probes' (tests/gpu/probes).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 
 #include "compiler/codegen/templates.hpp"
@@ -415,4 +416,55 @@ TEST_CASE("the TMA forward's tensor maps: one per key stride, element strides up
     CHECK_FALSE(specs_for({1, 2}, 512, k + 1, &why));
     CHECK_THAT(why, Catch::Contains("16-byte aligned"));
   }
+}
+
+// The backward TMA kernel's maps (templates/bwd_sm90_tma.cuh): Q's and dO's, one pair per query
+// stride of the key-major plan, 64-row query tiles, the query heads; the forward's rules.
+TEST_CASE("the TMA backward's tensor maps: Q and dO per query stride of the key-major plan", "[tma][grad]") {
+  alignas(64) static uint16_t q[2 * 2520 * 4 * 128 + 8], dout[2 * 2520 * 4 * 128];
+  // One branch of dilation `rate` (segments of 64 x rate) beside a dense one of 64-row segments.
+  auto specs = [&](const std::vector<int>& rates, int64_t seq, std::string* why, uint16_t* q_data) {
+    PatternBuilder b;
+    for (int r : rates) b.branch(BranchSpec().segment(64 * r).dilation(r));
+    const Pattern p = b.build();
+    Shape s;
+    s.batch = 2, s.seq_q = s.seq_k = seq, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 128;
+    const BackwardPlan kp = lower_to_backward_plan(lower_to_plan(p, s, TileConfig{64, 128}));
+    const Problem pb{2, seq, seq, 4, 2, 128, 128, DType::BF16};
+    const TensorView qv = TensorView::contiguous(q_data, DType::BF16, {2, seq, 4, 128});
+    const TensorView dv = TensorView::contiguous(dout, DType::BF16, {2, seq, 4, 128});
+    auto out = backward_tma_map_specs(kp, pb, qv, dv, 64, why);
+    if (out)  // every entry of more than one row has its stride's maps
+      for (const QueryEntry& e : kp.entries)
+        if (e.rows.count > 1) CHECK(std::count(out->strides, out->strides + out->used, e.rows.stride) == 1);
+    return out;
+  };
+  std::string why;
+  const auto dense = specs({1}, 1000, &why, q);
+  REQUIRE(dense);
+  REQUIRE(dense->used == 1);
+  CHECK(dense->rows[0] == 64);  // a 64-row query tile in one box
+  const emu::TensorMapSpec& m = dense->k[0];  // Q
+  CHECK(m.rank == 4);
+  CHECK(m.dims == std::array<uint64_t, 5>{128, 4, 1000, 2, 0});  // the query heads
+  CHECK(m.strides[1] == 256);
+  CHECK(m.strides[2] == 4 * 128 * 2);
+  CHECK(m.box == std::array<uint32_t, 5>{64, 1, 64, 1, 0});
+  CHECK(m.address == reinterpret_cast<uintptr_t>(q));
+  CHECK(dense->v[0].address == reinterpret_cast<uintptr_t>(dout));  // dO's maps in the second array
+  const auto dilated = specs({12}, 1000, &why, q);  // stride 12, folded by 2: 6 x 32 = 192 rows a box
+  REQUIRE(dilated);
+  REQUIRE(dilated->used == 1);
+  CHECK(dilated->strides[0] == 12);
+  CHECK(dilated->fold[0] == 2);
+  CHECK(dilated->rows[0] == 32);
+  CHECK(dilated->k[0].dims == std::array<uint64_t, 5>{128, 4, 2, 500, 2});
+  CHECK(specs({1, 2, 12}, 1000, &why, q));
+  // What they cannot describe: the backward's fallback kernels run (the sm_80 ones at these tiles).
+  CHECK_FALSE(specs({16}, 1001, &why, q));
+  CHECK_THAT(why, Catch::Contains("query stride 16 (above 8) has no divisor f of seq_q 1001 with stride / f <= 8"));
+  CHECK_FALSE(specs({1, 2, 3, 4, 5, 6, 7, 8, 9}, 2520, &why, q));  // 12 strides, each folding into 2520 rows
+  CHECK_THAT(why, Catch::Contains("more than 8 query strides"));
+  CHECK_FALSE(specs({1, 2}, 512, &why, q + 1));
+  CHECK_THAT(why, Catch::Contains("16-byte aligned"));
 }

@@ -1,0 +1,262 @@
+// The Hopper backward's dK/dV kernel with TMA and a producer warpgroup (sm_90a; FlashAttention-3's
+// backward, section 3 of its paper): a key tile of 128 rows, 64 per consumer warpgroup, against
+// query tiles of 64 rows that a producer brings in.
+//
+//   producer (warpgroup 2)   its first thread loads each query entry's Q and dO tiles with
+//                            cp.async.bulk.tensor into a ring of AJ_STAGES stages, completing on
+//                            the stage's "full" mbarrier, after the consumers released the stage's
+//                            last use on its "empty" one; then it gives its registers away.
+//   consumers (0 and 1)      bwd_sm90.cuh's products for their 64 key rows: S^T = K Q^T and
+//                            dP^T = V dO^T (wgmma, shared operands), P^T and dS^T in registers
+//                            (bwd_sm80.cuh's element rule), dV += P^T dO and dK += dS^T Q (A from
+//                            registers); each writes its dS^T rows into dS (queries x 128 keys),
+//                            releases the stage, and after a barrier of both computes its share of
+//                            dQ = dS K: past head dim 64 the columns are split (warpgroup w the
+//                            w-th 64, over all 128 keys), at 64 the keys (warpgroup w over its
+//                            own 64 rows, both adding into the same columns).
+//
+// A query tile's Q and dO are read from shared memory by twice the keys of bwd_sm90.cuh's kernel,
+// which halves their loads per key; the loads no longer stand in the consumers' instruction
+// stream. Each entry's LSE (exp2 domain, +inf for rows that must give P = 0) and D are loaded by the
+// consumers themselves one entry ahead (a float per row each, into registers at the top of an
+// entry, stored after its products) and made visible by the entry's barrier; dS is double-
+// buffered, so that barrier is the only one an entry needs: a warpgroup writes dS of entry e + 2
+// only after the barrier of e + 1, which the other passes only once it has finished e's dQ.
+//
+// Rows are the plan's: a query entry's rows first + i * stride come through the tensor map for
+// that stride (runtime/cuda/tma_maps.hpp, as the forward's key rows). Rows past the entry's count
+// read their true values (zero past the tensor's end): their LSE is +inf, so P = dS = 0 there, and a
+// non-finite value among them reaches dK or dV only as 0 * NaN, which the exact key-row path
+// (aj_bwd_dkdv_store) sums again. K and V are loaded once per block by the consumers with cp.async
+// (zero past the key count). The two-pass form (deterministic) runs this kernel without dQ and
+// bwd_sm80.cuh's _dq at the same 64 x 128 tiles.
+
+#if AJ_TILE_K != 128 || AJ_TILE_Q != 64
+#error "the TMA backward runs 64-query x 128-key tiles"
+#endif
+#define AJ_BWDT_CONSUMERS 256
+#define AJ_BWDT_THREADS 384
+// setmaxnreg (as fwd_sm90_tma.cuh's two consumer warpgroups): 384 threads get 168 registers each
+// at launch; the producer keeps 24 and the consumers take 240 (2 x 240 + 24 = 3 x 168).
+#define AJ_BWDT_PRODUCER_REGS 24
+#define AJ_BWDT_CONSUMER_REGS 240
+#define AJ_BWDT_SUB AJ_BWD90_SUB
+#define AJ_BWDT_K_BYTES (AJ_TILE_K * AJ_HEAD_DIM * 2)
+#define AJ_BWDT_V_BYTES (AJ_TILE_K * AJ_HEAD_DIM_V * 2)
+#define AJ_BWDT_Q_BYTES (AJ_TILE_Q * AJ_HEAD_DIM * 2)
+#define AJ_BWDT_DO_BYTES (AJ_TILE_Q * AJ_HEAD_DIM_V * 2)
+#define AJ_BWDT_STAGE_BYTES (AJ_BWDT_Q_BYTES + AJ_BWDT_DO_BYTES)
+#define AJ_BWDT_DS_BYTES (AJ_TILE_Q * AJ_TILE_K * 2)  // [128 keys / 64][64 queries][128 B]
+// dQ's split between the warpgroups (above): by columns past head dim 64, by keys at 64.
+#define AJ_BWDT_DQ_BY_COLUMNS (AJ_HEAD_DIM > 64)
+
+// Dynamic shared memory from its first 1024-byte boundary (compiler/codegen/codegen.cpp:
+// backward_dkdv_sm90_tma_smem_bytes): K, V, AJ_STAGES stages of (Q, dO), two dS buffers, two
+// buffers of (LSE, D) floats, then the mbarriers.
+struct AjBwdTmaShared {
+  unsigned char *k, *v, *stages, *ds0;
+  float* stats0;
+  aj_u64 *full, *empty;
+  __device__ unsigned char* q(int s) const { return stages + s * AJ_BWDT_STAGE_BYTES; }
+  __device__ unsigned char* dout(int s) const { return q(s) + AJ_BWDT_Q_BYTES; }
+  __device__ unsigned char* ds(int buf) const { return ds0 + buf * AJ_BWDT_DS_BYTES; }
+  __device__ float* lse2(int buf) const { return stats0 + buf * 2 * AJ_TILE_Q; }
+  __device__ float* delta(int buf) const { return lse2(buf) + AJ_TILE_Q; }
+};
+__device__ __forceinline__ AjBwdTmaShared aj_bwdt_shared(unsigned char* smem) {
+  AjBwdTmaShared sh;
+  sh.k = smem;
+  sh.v = sh.k + AJ_BWDT_K_BYTES;
+  sh.stages = sh.v + AJ_BWDT_V_BYTES;
+  sh.ds0 = sh.stages + AJ_STAGES * AJ_BWDT_STAGE_BYTES;
+  sh.stats0 = (float*)(sh.ds0 + 2 * AJ_BWDT_DS_BYTES);
+  sh.full = (aj_u64*)(sh.stats0 + 2 * 2 * AJ_TILE_Q);
+  sh.empty = sh.full + AJ_STAGES;
+  return sh;
+}
+
+// The statistic thread t of a warpgroup's first 64 keeps for query entry qe: warpgroup 0 row t's
+// LSE (exp2 domain, +inf past the rows), warpgroup 1 row t's D.
+__device__ __forceinline__ float aj_bwdt_stat(const AjBwdParams& bp, const AjQueryEntry& qe, aj_i64 b, int wg, int t) {
+  const bool valid = t < qe.rows_count;
+  const aj_i64 i = qe.rows_start + (aj_i64)(valid ? t : 0) * qe.rows_stride;
+  if (wg == 0) return aj_bwd_lse2_or_inf(bp.fwd, b, qe.head, i, valid);
+  return valid ? bp.delta[(b * bp.heads_q + qe.head) * bp.seq_q + i] : 0.0f;
+}
+
+__device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, const AjTmaMaps& maps) {
+  const AjParams& p = bp.fwd;
+  AJ_DYNAMIC_SHARED(aj_smem);
+  const AjBwdTmaShared sh = aj_bwdt_shared(aj_smem + ((1024 - aj_smem_addr(aj_smem) % 1024) % 1024));
+  const bool single = bp.dq_acc != nullptr;
+  const AjKeyItem ki = bp.key_items[bp.key_item_base + aj_block_idx_x()];
+  const aj_i64 b = aj_batch_index();
+  if (b >= p.batch) return;
+  const int tid = aj_thread_idx();
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < AJ_STAGES; ++s) {
+      aj_mbarrier_init(&sh.full[s], 1);
+      aj_mbarrier_init(&sh.empty[s], AJ_BWDT_CONSUMERS);
+    }
+  }
+  if (tid < AJ_BWDT_CONSUMERS) {  // K and V of the key tile, and the first entry's statistics
+    aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM, AJ_BWDT_CONSUMERS>(
+        sh.k, (const aj_elem*)p.k + b * p.k_batch_stride + ki.kv_head * p.k_head_stride, p.k_row_stride, ki.keys_start,
+        ki.keys_stride, ki.keys_count);
+    aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V, AJ_BWDT_CONSUMERS>(
+        sh.v, (const aj_elem*)p.v + b * p.v_batch_stride + ki.kv_head * p.v_head_stride, p.v_row_stride, ki.keys_start,
+        ki.keys_stride, ki.keys_count);
+    aj_cp_async_commit();
+    if (tid % 128 < AJ_TILE_Q && ki.entry_begin < ki.entry_end) {
+      const float x = aj_bwdt_stat(bp, bp.query_entries[ki.entry_begin], b, tid / 128, tid % 128);
+      (tid < 128 ? sh.lse2(0) : sh.delta(0))[tid % 128] = x;
+    }
+    aj_cp_async_wait<0>();
+    aj_fence_proxy_async();  // K and V are read by wgmma (the async proxy) after the barrier
+  }
+  aj_syncthreads();  // K, V and the first statistics in place, the mbarriers initialised, for every thread
+
+  if (tid >= AJ_BWDT_CONSUMERS) {  // the producer warpgroup: its first thread issues every load
+    aj_setmaxnreg_dec<AJ_BWDT_PRODUCER_REGS>();
+    if (tid == AJ_BWDT_CONSUMERS) {
+      for (int e = ki.entry_begin, it = 0; e < ki.entry_end; ++e, ++it) {
+        const AjQueryEntry qe = bp.query_entries[e];
+        const int s = it % AJ_STAGES, use = it / AJ_STAGES;
+        // A stage's use u waits for the consumers' release of its use u - 1 (phase u - 1).
+        if (use > 0) aj_mbarrier_wait(&sh.empty[s], (aj_u32)((use - 1) & 1));
+        aj_mbarrier_arrive_expect_tx(&sh.full[s], AJ_BWDT_STAGE_BYTES);
+        aj_tma_rows<AJ_TILE_Q, AJ_HEAD_DIM, true>(maps, sh.q(s), &sh.full[s], qe.rows_start, qe.rows_stride, qe.head, (int)b);
+        aj_tma_rows<AJ_TILE_Q, AJ_HEAD_DIM_V, false>(maps, sh.dout(s), &sh.full[s], qe.rows_start, qe.rows_stride, qe.head,
+                                                     (int)b);
+      }
+    }
+    return;
+  }
+
+  aj_setmaxnreg_inc<AJ_BWDT_CONSUMER_REGS>();
+  const int wg = aj_warp_uniform(tid / 128), warp = (tid / 32) % 4, lane = tid % 32;
+  const int g = lane / 4, quad = lane % 4;
+  const int kr0 = wg * 64 + warp * 16 + g, kr1 = kr0 + 8;  // this thread's key rows of the tile
+  const aj_i64 doc = aj_doc_start(p, ki.keys_start);
+  const aj_i64 kpos0 = p.k_offset - doc + ki.keys_start + (aj_i64)kr0 * ki.keys_stride;
+  const aj_i64 kpos1 = p.k_offset - doc + ki.keys_start + (aj_i64)kr1 * ki.keys_stride;
+  // Descriptors (fwd_sm90.cuh): this warpgroup's 64 rows of K and V as the K-major A of S^T and
+  // dP^T, K as the N-major B of dQ = dS K, dS as its K-major A.
+  const aj_u64 k_a = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.k + wg * 64 * AJ_SW), 16, 8 * AJ_SW);
+  const aj_u64 v_a = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.v + wg * 64 * AJ_SW), 16, 8 * AJ_SW);
+  const aj_u64 k_b = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.k), AJ_TILE_K * AJ_SW, 8 * AJ_SW);
+  // This warpgroup's share of dQ: columns dq_c0 .. + 63 over key rows dq_k0 .. dq_k0 + dq_keys - 1.
+  const int dq_c0 = AJ_BWDT_DQ_BY_COLUMNS ? wg * AJ_COLS : 0;
+  const int dq_k0 = AJ_BWDT_DQ_BY_COLUMNS ? 0 : wg * 64;
+  constexpr int DQ_KEYS = AJ_BWDT_DQ_BY_COLUMNS ? AJ_TILE_K : 64;
+
+  float dk[AJ_HEAD_DIM / 8][4], dv[AJ_HEAD_DIM_V / 8][4];
+  aj_zero<AJ_HEAD_DIM>(dk);
+  aj_zero<AJ_HEAD_DIM_V>(dv);
+  bool kbad = false;  // the single pass: the key tile holds a NaN or an inf
+  if (single) {
+    bool bad = false;
+    for (int x = lane; x < AJ_BWDT_K_BYTES / 4; x += 32) bad |= aj_tc_word_nonfinite(((const aj_u32*)sh.k)[x]);
+    kbad = aj_warp_any(bad);
+  }
+  aj_u32 pa[AJ_BWDT_SUB / 16][4], dsa[AJ_BWDT_SUB / 16][4];  // A operands of dV and dK, in flight until waited for
+  for (int e = ki.entry_begin, it = 0; e < ki.entry_end; ++e, ++it) {
+    const int stage = it % AJ_STAGES, buf = it & 1;
+    const AjQueryEntry qe = bp.query_entries[e];
+    // The next entry's statistic, stored after this entry's products (its buffer's last readers
+    // passed the previous entry's barrier).
+    const bool stat_thread = tid % 128 < AJ_TILE_Q && e + 1 < ki.entry_end;
+    const float next_stat = stat_thread ? aj_bwdt_stat(bp, bp.query_entries[e + 1], b, wg, tid % 128) : 0.0f;
+    aj_mbarrier_wait(&sh.full[stage], (aj_u32)((it / AJ_STAGES) & 1));
+    bool full;
+    const bool visit = aj_bwd_entry_visit(p, ki, qe, full);
+    if (visit) {
+      const aj_u64 q_b = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.q(stage)), 16, 8 * AJ_SW);
+      const aj_u64 do_b = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.dout(stage)), 16, 8 * AJ_SW);
+      const aj_u64 q_n = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.q(stage)), AJ_TILE_Q * AJ_SW, 8 * AJ_SW);
+      const aj_u64 do_n = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.dout(stage)), AJ_TILE_Q * AJ_SW, 8 * AJ_SW);
+      const float* lse2 = sh.lse2(buf);
+      const float* delta = sh.delta(buf);
+      unsigned char* const ds = sh.ds(buf);
+#pragma unroll 1
+      for (int c0 = 0; c0 < AJ_TILE_Q; c0 += AJ_BWDT_SUB) {
+        float s[AJ_BWDT_SUB / 8][4], dp[AJ_BWDT_SUB / 8][4];
+        aj_wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < AJ_HEAD_DIM / 16; ++ks)
+          aj_wgmma_ss<AJ_BWDT_SUB, AJ_WGMMA_TYPE, 0>(*(float(*)[AJ_BWDT_SUB / 2]) & s[0][0],
+                                                     k_a + (((ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32) >> 4),
+                                                     q_b + (((ks / 4) * AJ_TILE_Q * AJ_SW + c0 * AJ_SW + (ks % 4) * 32) >> 4),
+                                                     ks > 0);
+#pragma unroll
+        for (int ks = 0; ks < AJ_HEAD_DIM_V / 16; ++ks)
+          aj_wgmma_ss<AJ_BWDT_SUB, AJ_WGMMA_TYPE, 0>(*(float(*)[AJ_BWDT_SUB / 2]) & dp[0][0],
+                                                     v_a + (((ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32) >> 4),
+                                                     do_b + (((ks / 4) * AJ_TILE_Q * AJ_SW + c0 * AJ_SW + (ks % 4) * 32) >> 4),
+                                                     ks > 0);
+        aj_wgmma_commit();
+        aj_wgmma_wait<0>();  // also the last sub-block's dV, dK: its A registers are free again
+        aj_bwd_pt_dst<AJ_BWDT_SUB>(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, lse2, delta, s, dp);
+        aj_sm90_pack<AJ_BWDT_SUB>(dp, pa);
+        aj_sm90_pack<AJ_BWDT_SUB>(s, dsa);
+        if (single) {  // dS (queries x keys, K-major), key rows past the tile's count zeroed
+          const bool in0 = kr0 < ki.keys_count, in1 = kr1 < ki.keys_count;
+#pragma unroll
+          for (int j = 0; j < AJ_BWDT_SUB / 8; ++j)
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+              const int col = c0 + j * 8 + quad * 2 + (x & 1), kr = x < 2 ? kr0 : kr1;
+              aj_store((aj_elem*)(ds + aj_sw_offset<AJ_TILE_Q>(col, kr)), (x < 2 ? in0 : in1) ? s[j][x] : 0.0f);
+            }
+        }
+        aj_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < AJ_BWDT_SUB / 16; ++kk)
+          aj_wgmma_rs<AJ_HEAD_DIM_V, AJ_WGMMA_TYPE, 1>(*(float(*)[AJ_HEAD_DIM_V / 2]) & dv[0][0], pa[kk],
+                                                       do_n + (((c0 + kk * 16) * AJ_SW) >> 4), true);
+#pragma unroll
+        for (int kk = 0; kk < AJ_BWDT_SUB / 16; ++kk)
+          aj_wgmma_rs<AJ_HEAD_DIM, AJ_WGMMA_TYPE, 1>(*(float(*)[AJ_HEAD_DIM / 2]) & dk[0][0], dsa[kk],
+                                                     q_n + (((c0 + kk * 16) * AJ_SW) >> 4), true);
+        aj_wgmma_commit();
+      }
+      aj_wgmma_wait<0>();
+    }
+    aj_mbarrier_arrive(&sh.empty[stage]);  // this warpgroup has read the stage's Q and dO
+    if (stat_thread) (wg == 0 ? sh.lse2(buf ^ 1) : sh.delta(buf ^ 1))[tid % 128] = next_stat;
+    if (single && visit) aj_fence_proxy_async();  // dS's generic stores, then the wgmmas that read them
+    aj_named_sync(1, AJ_BWDT_CONSUMERS);  // both warpgroups' dS and the next statistics are in place
+    if (single && visit) {
+      const unsigned char* const ds = sh.ds(buf);
+      const aj_u64 ds_a = aj_wgmma_desc<AJ_SW>(aj_smem_addr(ds), 16, 8 * AJ_SW);
+      float acc[8][4];
+      aj_wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < DQ_KEYS / 16; ++kk) {
+        const int ks = dq_k0 / 16 + kk;  // 16 keys
+        aj_wgmma_ss<64, AJ_WGMMA_TYPE, 1>(*(float(*)[32]) & acc[0][0],
+                                          ds_a + (((ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 32) >> 4),
+                                          k_b + (((dq_c0 / AJ_COLS) * AJ_TILE_K * AJ_SW + ks * 16 * AJ_SW) >> 4), kk > 0);
+      }
+      aj_wgmma_commit();
+      aj_wgmma_wait<0>();
+      if (kbad && !full && aj_bwd_any_nonfinite(acc)) {
+        aj_bwd90_dq_exact(bp, ds, sh.k, ki, qe, b, dq_c0, dq_k0, dq_k0 + DQ_KEYS < ki.keys_count ? dq_k0 + DQ_KEYS : ki.keys_count, warp, lane);
+      } else {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = warp * 16 + g + half * 8;
+          if (r >= qe.rows_count) continue;
+          const aj_i64 i = qe.rows_start + (aj_i64)r * qe.rows_stride;
+          float* dst = bp.dq_acc + ((b * bp.seq_q + i) * bp.heads_q + qe.head) * AJ_HEAD_DIM + dq_c0 + quad * 2;
+#pragma unroll
+          for (int n = 0; n < 8; ++n)
+            aj_red_add_f32x2(dst + n * 8, acc[n][2 * half] * bp.scale, acc[n][2 * half + 1] * bp.scale);
+        }
+      }
+    }
+  }
+  aj_bwd_dkdv_store(bp, ki, b, kr0, kr1, quad, dk, dv);
+}
