@@ -75,6 +75,10 @@ void BlockExecutor::fiber_main(void* arg) {
     ex.fail(ex.who(t.tid) + " exits with wgmma.mma_async in flight (issued at " +
             ex.where((t.wg_open.empty() ? t.wg_committed.back() : t.wg_open).back()->pc) +
             "): its accumulators are never written; end with wgmma.commit_group and wgmma.wait_group 0");
+  if (!t.bulk_open.empty() || !t.bulk_committed.empty())
+    ex.fail(ex.who(t.tid) + " exits with a cp.reduce.async.bulk not waited for (issued at " +
+            ex.where((t.bulk_open.empty() ? t.bulk_committed.back() : t.bulk_open).back().pc) +
+            "): its shared source may be gone before it is read; commit the group and wait for it (cp.async.bulk.wait_group)");
   t.state = State::Done;
   ++ex.done_;
   switch_to_scheduler();  // never resumed
@@ -110,6 +114,8 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
     t.wgmma_fenced = false;
     t.wg_open.clear();
     t.wg_committed.clear();
+    t.bulk_open.clear();
+    t.bulk_committed.clear();
     t.proxy_fences = 0;
     t.observed.clear();
     t.wait_bar = -1;
@@ -349,6 +355,56 @@ void BlockExecutor::red_add_f32x2(float* addr, float a, float b, const void* pc)
   // Each element is its own atomic add (the PTX ISA makes no promise for the pair as a whole).
   std::atomic_ref<float>(addr[0]).fetch_add(a);
   std::atomic_ref<float>(addr[1]).fetch_add(b);
+}
+
+// ---- bulk asynchronous reductions ------------------------------------------------------------
+
+void BlockExecutor::bulk_reduce_add_f32(float* dst, const void* src, unsigned bytes, const void* pc) {
+  tick();
+  Thread& t = *current_;
+  const std::string what = "cp.reduce.async.bulk.add.f32 by " + who(t.tid) + " at " + where(pc);
+  if (bytes == 0 || bytes % 16) fail(what + ": the size must be a non-zero multiple of 16 bytes, got " + std::to_string(bytes));
+  if (reinterpret_cast<uintptr_t>(dst) % 16) fail(what + ": the global destination is not 16-byte aligned");
+  const size_t off = shared_offset(src, bytes, "cp.reduce.async.bulk source", pc);
+  if (off % 16) fail(what + ": the shared source (offset " + std::to_string(off) + ") is not 16-byte aligned");
+  check_global(dst, bytes, true, "cp.reduce.async.bulk destination", pc);
+  // The source is read through the async proxy: a generic store to it needs its writer's
+  // fence.proxy.async (and a barrier, which shared_read checks) before the issue.
+  for (size_t b = off; b < off + bytes; ++b) {
+    const Shadow& s = shadow_[b];
+    if (s.write_epoch >= block_epoch_ && s.write_epoch != 0 && threads_[s.writer].proxy_fences == s.write_fence)
+      fail(what + " reads shared offset " + std::to_string(b) + ", which " + who(s.writer) + " wrote at " + where(s.write_pc) +
+           " through the generic proxy with no fence.proxy.async after it (the bulk copy reads through the async proxy)");
+  }
+  shared_read(off, bytes, t.tid, pc);
+  BulkReduce r{dst, off, std::vector<uint8_t>(arena_.data() + off, arena_.data() + off + bytes), pc};
+  t.bulk_open.push_back(std::move(r));
+}
+
+void BlockExecutor::bulk_commit(const void*) {
+  Thread& t = *current_;
+  t.bulk_committed.push_back(std::move(t.bulk_open));
+  t.bulk_open.clear();
+}
+
+void BlockExecutor::bulk_wait(int n, const void* pc) {
+  tick();
+  Thread& t = *current_;
+  while (static_cast<int>(t.bulk_committed.size()) > n) {
+    for (const BulkReduce& r : t.bulk_committed.front()) {
+      if (std::memcmp(arena_.data() + r.src, r.bytes.data(), r.bytes.size()) != 0)
+        fail("shared memory at offset " + std::to_string(r.src) + ", the source of the cp.reduce.async.bulk issued at " + where(r.pc) +
+             ", changed before " + who(t.tid) + " waited for its group (cp.async.bulk.wait_group.read, at " + where(pc) +
+             "): the copy may still read it");
+      const size_t count = r.bytes.size() / 4;
+      for (size_t i = 0; i < count; ++i) {
+        float v;
+        std::memcpy(&v, r.bytes.data() + 4 * i, 4);
+        std::atomic_ref<float>(r.dst[i]).fetch_add(v);  // as red.global.add.f32 (the workers flush subnormals)
+      }
+    }
+    t.bulk_committed.pop_front();
+  }
 }
 
 // ---- cp.async --------------------------------------------------------------------------------

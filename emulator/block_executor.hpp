@@ -121,6 +121,11 @@ public:
   void red_add_f32(float* addr, float value, const void* pc);
   void red_add_u32(unsigned* addr, unsigned value, const void* pc);
   void red_add_f32x2(float* addr, float a, float b, const void* pc);
+  // cp.reduce.async.bulk ... .add.f32 and its bulk groups (emulator/block_executor.cpp): the adds
+  // land when the issuing thread waits for the group; its source must not change before then.
+  void bulk_reduce_add_f32(float* dst, const void* src, unsigned bytes, const void* pc);
+  void bulk_commit(const void* pc);
+  void bulk_wait(int n, const void* pc);
   // sm_90a (emulator/wgmma.cpp)
   unsigned smem_addr(const void* p);
   void wgmma(float* d, int n, const unsigned* a_regs, uint64_t a_desc, uint64_t b_desc, int type, int flags,
@@ -145,6 +150,12 @@ private:
     const void* pc;
     uint8_t data[16];
   };
+  struct BulkReduce {  // one cp.reduce.async.bulk in flight
+    float* dst;
+    size_t src;  // shared offset
+    std::vector<uint8_t> bytes;  // the source as issued
+    const void* pc;
+  };
   struct Thread {
     int tid = 0;
     State state = State::Ready;
@@ -153,6 +164,9 @@ private:
     // cp.async: the open group and the committed ones, oldest first
     std::vector<PendingCopy> open;
     std::deque<std::vector<PendingCopy>> committed;
+    // bulk asynchronous reductions: the open group and the committed ones, oldest first
+    std::vector<BulkReduce> bulk_open;
+    std::deque<std::vector<BulkReduce>> bulk_committed;
     // operands of the collective this thread waits at
     Op op = Op::None;
     unsigned value = 0, result = 0;

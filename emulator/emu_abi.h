@@ -5,7 +5,7 @@
 #ifndef ATTNJIT_EMU_ABI_H
 #define ATTNJIT_EMU_ABI_H
 
-#define AJ_EMU_ABI_VERSION 9
+#define AJ_EMU_ABI_VERSION 10
 #define AJ_EMU_F16 1
 #define AJ_EMU_BF16 2
 #define AJ_EMU_RARE_PATHS 8
@@ -76,6 +76,13 @@ typedef struct AjEmuApi {
   unsigned short (*cvt_rn_satfinite_e4m3x2)(float hi, float lo);
   /* cvt.rn.f16x2.e4m3x2 (sm_89+): the upper byte to the upper half, the lower to the lower */
   unsigned (*cvt_f16x2_e4m3x2)(unsigned short x);
+  /* cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 (sm_90): `bytes` (a multiple of 16)
+     of floats at shared `src` added into global `dst` (both 16-byte aligned), in the thread's open
+     bulk group; bulk_commit (cp.async.bulk.commit_group) closes the group; bulk_wait
+     (cp.async.bulk.wait_group[.read] n) returns once at most n of the thread's groups are pending */
+  void (*bulk_reduce_add_f32)(float* dst, const void* src, unsigned bytes, const void* pc);
+  void (*bulk_commit)(const void* pc);
+  void (*bulk_wait)(int n, const void* pc);
 } AjEmuApi;
 
 #ifdef __cplusplus

@@ -37,6 +37,11 @@ void api_mma(float* d, const unsigned* a, const unsigned* b, int type, const voi
 void api_red_add_f32(float* p, float v, const void* pc) { ex().red_add_f32(p, v, pc); }
 void api_red_add_u32(unsigned* p, unsigned v, const void* pc) { ex().red_add_u32(p, v, pc); }
 void api_red_add_f32x2(float* p, float a, float b, const void* pc) { ex().red_add_f32x2(p, a, b, pc); }
+void api_bulk_reduce_add_f32(float* dst, const void* src, unsigned bytes, const void* pc) {
+  ex().bulk_reduce_add_f32(dst, src, bytes, pc);
+}
+void api_bulk_commit(const void* pc) { ex().bulk_commit(pc); }
+void api_bulk_wait(int n, const void* pc) { ex().bulk_wait(n, pc); }
 unsigned api_smem_addr(const void* p) { return ex().smem_addr(p); }
 void api_wgmma(float* d, int n, const unsigned* a, unsigned long long da, unsigned long long db, int type, int flags,
                const void* pc) {
@@ -71,7 +76,7 @@ const AjEmuApi& emu_api() {
       api_wgmma,          api_wgmma_fence,     api_wgmma_commit,     api_wgmma_wait,    api_fence_proxy_async,
       api_mbarrier_init,  api_mbarrier_arrive, api_mbarrier_wait,    api_mbarrier_test_wait, api_tma_load,
       api_named_barrier,  api_red_add_u32,     api_red_add_f32x2,   api_rare_path,     cvt_rn_satfinite_e4m3x2,
-      cvt_f16x2_e4m3x2,
+      cvt_f16x2_e4m3x2,   api_bulk_reduce_add_f32, api_bulk_commit, api_bulk_wait,
   };
   return api;
 }

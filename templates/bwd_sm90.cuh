@@ -83,10 +83,12 @@ __device__ __forceinline__ void aj_bwd90_stage_queries(const AjBwdParams& bp, co
 // non-finite block of a partial entry whose key tile holds a non-finite value gets here. One
 // element at a time, so the rare path adds few registers to the kernel's.
 // dS is [keys / 64][AJ_TILE_Q][128 B] at `ds`, K the key tile at `k`; the sum runs over key rows
-// k_lo .. k_hi - 1 (the rows whose dS this warpgroup's product read).
+// k_lo .. k_hi - 1 (the rows whose dS this warpgroup's product read). Each sum, scaled, goes to
+// sink(r, c, x): row r of the entry, column c of the block.
+template <class Sink>
 __device__ __forceinline__ void aj_bwd90_dq_exact(const AjBwdParams& bp, const unsigned char* ds, const unsigned char* k,
-                                                  const AjKeyItem& ki, const AjQueryEntry& qe, aj_i64 b, int c0, int k_lo,
-                                                  int k_hi, int warp, int lane) {
+                                                  const AjKeyItem& ki, const AjQueryEntry& qe, int c0, int k_lo, int k_hi,
+                                                  int warp, int lane, const Sink& sink) {
   const AjParams& p = bp.fwd;
   const int g = lane / 4, quad = lane % 4;
   const aj_i64 doc = aj_doc_start(p, ki.keys_start), q_origin = p.q_offset - doc + qe.rows_start;
@@ -95,8 +97,6 @@ __device__ __forceinline__ void aj_bwd90_dq_exact(const AjBwdParams& bp, const u
   for (int half = 0; half < 2; ++half) {
     const int r = warp * 16 + g + half * 8;
     if (r >= qe.rows_count) continue;
-    const aj_i64 i = qe.rows_start + (aj_i64)r * qe.rows_stride;
-    float* dst = bp.dq_acc + ((b * bp.seq_q + i) * bp.heads_q + qe.head) * AJ_HEAD_DIM + c0 + quad * 2;
 #pragma unroll 1
     for (int x = 0; x < 16; ++x) {  // columns n * 8 + e of this thread, n < 8, e < 2
       const int col = c0 + (x / 2) * 8 + quad * 2 + (x & 1);
@@ -107,7 +107,7 @@ __device__ __forceinline__ void aj_bwd90_dq_exact(const AjBwdParams& bp, const u
         sum += aj_load((const aj_elem*)(ds + aj_sw_offset<AJ_TILE_Q>(r, kr))) *
                aj_load((const aj_elem*)(k + aj_sw_offset<AJ_TILE_K>(kr, col)));
       }
-      aj_red_add_f32(dst + (x / 2) * 8 + (x & 1), sum * bp.scale);
+      sink(r, col - c0, sum * bp.scale);
     }
   }
 }
@@ -232,7 +232,10 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90(const AjBwdParams& bp) {
           aj_wgmma_commit();
           aj_wgmma_wait<0>();
           if (kbad && !full && aj_bwd_any_nonfinite(acc)) {
-            aj_bwd90_dq_exact(bp, sh.ds, sh.k, ki, qe, b, c0, 0, ki.keys_count, warp, lane);
+            aj_bwd90_dq_exact(bp, sh.ds, sh.k, ki, qe, c0, 0, ki.keys_count, warp, lane, [&](int r, int c, float x) {
+              const aj_i64 i = qe.rows_start + (aj_i64)r * qe.rows_stride;
+              aj_red_add_f32(bp.dq_acc + ((b * bp.seq_q + i) * bp.heads_q + qe.head) * AJ_HEAD_DIM + c0 + c, x);
+            });
             continue;
           }
 #pragma unroll

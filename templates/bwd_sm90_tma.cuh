@@ -13,7 +13,10 @@
 //                            releases the stage, and after a barrier of both computes its share of
 //                            dQ = dS K: past head dim 64 the columns are split (warpgroup w the
 //                            w-th 64, over all 128 keys), at 64 the keys (warpgroup w over its
-//                            own 64 rows, both adding into the same columns).
+//                            own 64 rows, both adding into the same columns). Its 64 x 64 block
+//                            goes to shared memory and into the fp32 dQ accumulator by bulk
+//                            asynchronous reduce, one cp.reduce.async.bulk per query row (256
+//                            bytes), which the next entry's block waits for before reusing the rows.
 //
 // A query tile's Q and dO are read from shared memory by twice the keys of bwd_sm90.cuh's kernel,
 // which halves their loads per key; the loads no longer stand in the consumers' instruction
@@ -47,21 +50,26 @@
 #define AJ_BWDT_DO_BYTES (AJ_TILE_Q * AJ_HEAD_DIM_V * 2)
 #define AJ_BWDT_STAGE_BYTES (AJ_BWDT_Q_BYTES + AJ_BWDT_DO_BYTES)
 #define AJ_BWDT_DS_BYTES (AJ_TILE_Q * AJ_TILE_K * 2)  // [128 keys / 64][64 queries][128 B]
+// A warpgroup's dQ block (64 rows x 64 columns, fp32) before its bulk reduce: rows of 272 bytes,
+// 16 more than the data, so that the eight rows a warp's quad columns store fall on different banks.
+#define AJ_BWDT_DQ_PITCH 68
+#define AJ_BWDT_DQ_BYTES (AJ_TILE_Q * AJ_BWDT_DQ_PITCH * 4)
 // dQ's split between the warpgroups (above): by columns past head dim 64, by keys at 64.
 #define AJ_BWDT_DQ_BY_COLUMNS (AJ_HEAD_DIM > 64)
 
 // Dynamic shared memory from its first 1024-byte boundary (compiler/codegen/codegen.cpp:
 // backward_dkdv_sm90_tma_smem_bytes): K, V, AJ_STAGES stages of (Q, dO), two dS buffers, two
-// buffers of (LSE, D) floats, then the mbarriers.
+// buffers of (LSE, D) floats, each consumer warpgroup's dQ block, then the mbarriers.
 struct AjBwdTmaShared {
   unsigned char *k, *v, *stages, *ds0;
-  float* stats0;
+  float *stats0, *dq0;
   aj_u64 *full, *empty;
   __device__ unsigned char* q(int s) const { return stages + s * AJ_BWDT_STAGE_BYTES; }
   __device__ unsigned char* dout(int s) const { return q(s) + AJ_BWDT_Q_BYTES; }
   __device__ unsigned char* ds(int buf) const { return ds0 + buf * AJ_BWDT_DS_BYTES; }
   __device__ float* lse2(int buf) const { return stats0 + buf * 2 * AJ_TILE_Q; }
   __device__ float* delta(int buf) const { return lse2(buf) + AJ_TILE_Q; }
+  __device__ float* dq(int wg) const { return dq0 + wg * (AJ_BWDT_DQ_BYTES / 4); }
 };
 __device__ __forceinline__ AjBwdTmaShared aj_bwdt_shared(unsigned char* smem) {
   AjBwdTmaShared sh;
@@ -70,7 +78,8 @@ __device__ __forceinline__ AjBwdTmaShared aj_bwdt_shared(unsigned char* smem) {
   sh.stages = sh.v + AJ_BWDT_V_BYTES;
   sh.ds0 = sh.stages + AJ_STAGES * AJ_BWDT_STAGE_BYTES;
   sh.stats0 = (float*)(sh.ds0 + 2 * AJ_BWDT_DS_BYTES);
-  sh.full = (aj_u64*)(sh.stats0 + 2 * 2 * AJ_TILE_Q);
+  sh.dq0 = sh.stats0 + 2 * 2 * AJ_TILE_Q;
+  sh.full = (aj_u64*)(sh.dq0 + 2 * (AJ_BWDT_DQ_BYTES / 4));
   sh.empty = sh.full + AJ_STAGES;
   return sh;
 }
@@ -242,21 +251,37 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
       }
       aj_wgmma_commit();
       aj_wgmma_wait<0>();
+      // The block into this warpgroup's staging rows, once the previous entry's reduce has read
+      // them (its issuing threads wait, then the warpgroup's barrier), then one bulk reduce per row
+      // into the fp32 accumulator.
+      float* const stage = sh.dq(wg);
+      const int lt = tid % 128;
+      if (lt < AJ_TILE_Q) aj_bulk_wait_read<0>();
+      aj_named_sync(2 + wg, 128);
       if (kbad && !full && aj_bwd_any_nonfinite(acc)) {
-        aj_bwd90_dq_exact(bp, ds, sh.k, ki, qe, b, dq_c0, dq_k0, dq_k0 + DQ_KEYS < ki.keys_count ? dq_k0 + DQ_KEYS : ki.keys_count, warp, lane);
+        aj_bwd90_dq_exact(bp, ds, sh.k, ki, qe, dq_c0, dq_k0, dq_k0 + DQ_KEYS < ki.keys_count ? dq_k0 + DQ_KEYS : ki.keys_count, warp,
+                          lane, [&](int r, int c, float x) { stage[r * AJ_BWDT_DQ_PITCH + c] = x; });
       } else {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int r = warp * 16 + g + half * 8;
-          if (r >= qe.rows_count) continue;
-          const aj_i64 i = qe.rows_start + (aj_i64)r * qe.rows_stride;
-          float* dst = bp.dq_acc + ((b * bp.seq_q + i) * bp.heads_q + qe.head) * AJ_HEAD_DIM + dq_c0 + quad * 2;
+          float* const row = stage + (warp * 16 + g + half * 8) * AJ_BWDT_DQ_PITCH + quad * 2;
 #pragma unroll
-          for (int n = 0; n < 8; ++n)
-            aj_red_add_f32x2(dst + n * 8, acc[n][2 * half] * bp.scale, acc[n][2 * half + 1] * bp.scale);
+          for (int n = 0; n < 8; ++n) {
+            row[n * 8] = acc[n][2 * half] * bp.scale;
+            row[n * 8 + 1] = acc[n][2 * half + 1] * bp.scale;
+          }
         }
       }
+      aj_fence_proxy_async();  // the generic stores, then the bulk copies that read them
+      aj_named_sync(2 + wg, 128);
+      if (lt < qe.rows_count) {
+        const aj_i64 i = qe.rows_start + (aj_i64)lt * qe.rows_stride;
+        aj_bulk_reduce_add_f32(bp.dq_acc + ((b * bp.seq_q + i) * bp.heads_q + qe.head) * AJ_HEAD_DIM + dq_c0,
+                               stage + lt * AJ_BWDT_DQ_PITCH, AJ_COLS * 4);
+      }
+      if (lt < AJ_TILE_Q) aj_bulk_commit();
     }
   }
+  if (single && tid % 128 < AJ_TILE_Q) aj_bulk_wait<0>();  // every reduce this thread issued
   aj_bwd_dkdv_store(bp, ki, b, kr0, kr1, quad, dk, dv);
 }

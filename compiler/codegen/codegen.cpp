@@ -137,11 +137,12 @@ int backward_dkdv_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c)
 }
 
 // templates/bwd_sm90_tma.cuh: K and V of the 128-key tile, `stages` stages of Q and dO, two dS
-// buffers (64 x 128), two buffers of LSE and D (64 floats each), a full and an empty mbarrier per
-// stage, and 1024 bytes to align the start.
+// buffers (64 x 128), two buffers of LSE and D (64 floats each), each consumer warpgroup's dQ
+// block (64 rows of 68 floats), a full and an empty mbarrier per stage, and 1024 bytes to align
+// the start.
 int backward_dkdv_sm90_tma_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
   return 2 * (c.tile_k * (r.head_dim + r.head_dim_v) + c.stages * c.tile_q * (r.head_dim + r.head_dim_v) + 2 * c.tile_q * c.tile_k) +
-         2 * 2 * c.tile_q * 4 + 2 * 8 * c.stages + 1024;
+         2 * 2 * c.tile_q * 4 + 2 * c.tile_q * 68 * 4 + 2 * 8 * c.stages + 1024;
 }
 
 int backward_dkdv_smem_bytes(const KernelRequest& r, const KernelConfig& c) {

@@ -72,6 +72,31 @@ __device__ __forceinline__ void aj_red_add_f32x2(float* p, float a, float b) {
 #endif
 }
 
+// Bulk asynchronous reduction (sm_90): aj_bulk_reduce_add_f32 adds `bytes` (a non-zero multiple of
+// 16) of floats at shared `src` into global `dst`, element by element (each an fp32 add, as
+// red.global.add.f32), both 16-byte aligned, through the async proxy: a thread that wrote `src`
+// runs aj_fence_proxy_async() before the barrier that orders it before the issue. The operation
+// joins the issuing thread's open bulk group; aj_bulk_commit closes it; aj_bulk_wait_read<N>()
+// returns once at most N of the thread's groups may still read their sources (which may then be
+// overwritten), aj_bulk_wait<N>() once at most N are incomplete. A thread waits for every group it
+// issued before it exits.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void aj_bulk_reduce_add_f32(float* dst, const float* src, aj_u32 bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst), "r"(aj_smem_addr(src)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void aj_bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void aj_bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void aj_bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+#endif  // __CUDA_ARCH__ >= 900
+
 // TMA (sm_90): aj_tma_load_Nd loads one box of a tensor map (made on the host, a __grid_constant__
 // kernel parameter) at the given element coordinates (innermost first; out of bounds reads zero)
 // into shared memory (aligned to 128 bytes, or 8 x the swizzle width), completing its bytes on the
@@ -126,6 +151,20 @@ __device__ __forceinline__ void aj_ldmatrix_x4_trans(aj_u32 (&r)[4], const void*
 __device__ __forceinline__ void aj_red_add_f32(float* p, float v) { aj_emu_red_add_f32(p, v); }
 __device__ __forceinline__ void aj_red_add_u32(aj_u32* p, aj_u32 v) { aj_emu_red_add_u32(p, v); }
 __device__ __forceinline__ void aj_red_add_f32x2(float* p, float a, float b) { aj_emu_red_add_f32x2(p, a, b); }
+// The adds land when the thread waits for their group (either wait): the emulator checks there
+// that the source did not change since the issue.
+__device__ __forceinline__ void aj_bulk_reduce_add_f32(float* dst, const float* src, aj_u32 bytes) {
+  aj_emu_bulk_reduce_add_f32(dst, src, bytes);
+}
+__device__ __forceinline__ void aj_bulk_commit() { aj_emu_bulk_commit(); }
+template <int N>
+__device__ __forceinline__ void aj_bulk_wait_read() {
+  aj_emu_bulk_wait(N);
+}
+template <int N>
+__device__ __forceinline__ void aj_bulk_wait() {
+  aj_emu_bulk_wait(N);
+}
 
 struct __align__(64) aj_tensor_map {
   aj_u64 opaque[16];

@@ -258,6 +258,33 @@ extern "C" __global__ void probe_mbarrier(const aj_u32* in, aj_u32* out) {
   }
 }
 
+// Bulk asynchronous reductions (cp.reduce.async.bulk ... .add.f32) from shared memory into `out`
+// (which starts at zero): 16 threads each add a 64-byte row of shared floats into out[16t ..], wait
+// for completion, then add another thread's row into the same words (so each word is a + b rounded
+// once, in a defined order); thread 0 then adds 16 bytes from the middle of a row at out[260 ..].
+extern "C" __global__ void probe_red_add_bulk_f32(const aj_u32* in, aj_u32* out) {
+  AJ_DYNAMIC_SHARED(smem);
+  float* buf = (float*)smem;
+  const int t = aj_thread_idx();
+  for (int k = 0; k < 4; ++k) buf[t * 4 + k] = aj_probe_f(in[t * 4 + k]);
+  aj_fence_proxy_async();
+  aj_syncthreads();
+  if (t < 16) {
+    aj_bulk_reduce_add_f32((float*)out + t * 16, buf + t * 16, 64);
+    aj_bulk_commit();
+    aj_bulk_wait<0>();
+    aj_bulk_reduce_add_f32((float*)out + t * 16, buf + ((t + 5) % 16) * 16, 64);
+    aj_bulk_commit();
+    aj_bulk_wait<0>();
+  }
+  if (t == 0) {
+    aj_bulk_reduce_add_f32((float*)out + 260, buf + 36, 16);
+    aj_bulk_commit();
+    aj_bulk_wait_read<0>();
+    aj_bulk_wait<0>();
+  }
+}
+
 // TMA tile loads of two boxes completing on one mbarrier (one thread announces the bytes and
 // issues both; every thread waits), then every thread copies shared memory out word by word, so
 // the golden file shows the layout in shared memory, swizzle included. The tensor map (made by

@@ -209,6 +209,7 @@ const std::vector<Probe>& probes() {
       {"probe_wgmma_ss_sw32_interleave", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, false, 14); }, true},
       {"probe_wgmma_ss_mn_sw128", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, true, 19); }, true},
       {"probe_cvt_e4m3x2", 1, 1, 64, 0, 64 + 128, Compare::Exact, e4m3_inputs, true},
+      {"probe_red_add_bulk_f32", 1, 1, 64, 1024, 272, Compare::Exact, [] { return random_floats(256, 20); }, true},
       {"probe_mbarrier", 1, 1, 128, 16 + 1024, 4 * 128, Compare::Exact, [] { return random_words(128, 15); }, true},
       {"probe_tma_2d_sw128", 1, 1, 128, 1024 + 2 * 8192 + 8, 2 * 8192 / 4, Compare::Exact, [] { return random_words(100 * 64 / 2, 16); },
        true, tma_2d_map},
