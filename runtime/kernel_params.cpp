@@ -64,13 +64,14 @@ BackwardGrids backward_grids(const Problem& pb, const BackwardKernels& k, size_t
   g.single_pass = k.single_pass && !deterministic && knobs().bwd_single_pass;
   g.pre = (static_cast<uint64_t>(pb.seq_q * pb.heads_q) + aux - 1) / aux;
   g.dq = g.single_pass ? 0 : items;
-  const int64_t cvt_elems = pb.batch * pb.seq_k * pb.heads_kv * (pb.head_dim + pb.head_dim_v) +
+  g.direct_dkdv = key_major.keys_cover_all;
+  const int64_t cvt_elems = (g.direct_dkdv ? 0 : pb.batch * pb.seq_k * pb.heads_kv * (pb.head_dim + pb.head_dim_v)) +
                             (g.single_pass ? pb.batch * pb.seq_q * pb.heads_q * pb.head_dim : 0);
   g.cvt = (static_cast<uint64_t>(cvt_elems) + aux - 1) / aux;
   if (key_major.keys_disjoint || deterministic) {
     for (size_t l = 0; l + 1 < key_major.layers.size(); ++l) {
       g.dkdv.push_back({static_cast<int32_t>(key_major.layers[l]),
-                        static_cast<uint64_t>(key_major.layers[l + 1] - key_major.layers[l]), 1});
+                        static_cast<uint64_t>(key_major.layers[l + 1] - key_major.layers[l]), g.direct_dkdv ? 2 : 1});
     }
   } else if (!key_major.items.empty()) {
     g.dkdv.push_back({0, key_major.items.size(), 0});

@@ -60,13 +60,16 @@ BatchGrid batch_grid(int64_t batch);
 struct DkdvLaunch {
   int32_t key_item_base = 0;
   uint64_t blocks = 0;
-  int32_t plain_add = 0;
+  int32_t plain_add = 0;  // AjBwdParams::plain_add: 0 atomic adds, 1 plain adds, 2 stores in the storage type
 };
 // The launches of one backward: _pre, then _dq (none in the single pass, where _dkdv adds dQ into
 // its fp32 accumulator: the tensor-core kernels, unless deterministic or ATTNJIT_BWD_SINGLE_PASS=0),
 // _dkdv by layers, _cvt.
 struct BackwardGrids {
   bool single_pass = false;
+  // dK and dV stored by _dkdv in the storage type (BackwardPlan::keys_cover_all): their fp32
+  // workspaces are neither zeroed nor converted (_cvt converts dQ alone, with plain_add = 2).
+  bool direct_dkdv = false;
   uint64_t pre = 0, dq = 0, cvt = 0;
   std::vector<DkdvLaunch> dkdv;
 };

@@ -63,8 +63,9 @@ __device__ __forceinline__ void aj_bwd_pre(const AjBwdParams& bp) {
 
 __device__ __forceinline__ void aj_bwd_cvt(const AjBwdParams& bp) {
   const aj_i64 rows = bp.batch * bp.seq_k * bp.heads_kv;
-  const aj_i64 x = (aj_i64)aj_block_idx_x() * AJ_BWD_THREADS + aj_thread_idx();
   const aj_i64 n_dk = rows * AJ_HEAD_DIM;
+  // With dK and dV stored by _dkdv (plain_add 2) only dQ is left: the launch covers it alone.
+  const aj_i64 x = (aj_i64)aj_block_idx_x() * AJ_BWD_THREADS + aj_thread_idx() + (bp.plain_add == 2 ? n_dk + rows * AJ_HEAD_DIM_V : 0);
   if (x < n_dk) {
     const aj_i64 row = x / AJ_HEAD_DIM, d = x % AJ_HEAD_DIM;
     const aj_i64 b = row / (bp.seq_k * bp.heads_kv), j = row / bp.heads_kv % bp.seq_k, h = row % bp.heads_kv;

@@ -151,6 +151,15 @@ __device__ __forceinline__ void aj_bwd_dkdv(const AjBwdParams& bp) {
   if (!live) return;
   float* dka = bp.dk_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM;
   float* dva = bp.dv_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM_V;
+  if (bp.plain_add == 2) {  // this block alone writes the row: stored in the storage type
+    aj_elem* dks = (aj_elem*)bp.dk + b * bp.dk_batch_stride + j * bp.dk_row_stride + ki.kv_head * bp.dk_head_stride;
+    aj_elem* dvs = (aj_elem*)bp.dv + b * bp.dv_batch_stride + j * bp.dv_row_stride + ki.kv_head * bp.dv_head_stride;
+#pragma unroll
+    for (int x = 0; x < AJ_QD; ++x) aj_store(dks + lane + AJ_SIMT_LANES * x, dk[x] * bp.scale);
+#pragma unroll
+    for (int x = 0; x < AJ_VD; ++x) aj_store(dvs + lane + AJ_SIMT_LANES * x, dv[x]);
+    return;
+  }
   if (bp.plain_add) {  // one layer of disjoint key tiles: reproducible bit for bit
 #pragma unroll
     for (int x = 0; x < AJ_QD; ++x) dka[lane + AJ_SIMT_LANES * x] += dk[x] * bp.scale;

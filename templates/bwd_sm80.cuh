@@ -494,9 +494,11 @@ __device__ __forceinline__ void aj_bwd_pt_dst(const AjParams& p, const AjKeyItem
 }
 
 // The end of a key tile: this thread's key rows kr0, kr1 (as the 16-row accumulator layout holds
-// them) of dK (scaled) and dV added to the fp32 workspaces, plainly when no other block of this
-// launch has these key rows, else atomically; a row a masked non-finite Q or dO reached is summed
-// again exactly instead. Shared by the sm_80 and sm_90a kernels (their accumulators have one layout).
+// them) of dK (scaled) and dV stored into dK, dV in the storage type when this block is the only
+// writer of its rows (plain_add 2), else added to the fp32 workspaces, plainly when no other block
+// of this launch has these key rows, atomically when one may; a row a masked non-finite Q or dO
+// reached is summed again exactly instead. Shared by the sm_80 and sm_90a kernels (their
+// accumulators have one layout).
 __device__ __forceinline__ void aj_bwd_dkdv_store(const AjBwdParams& bp, const AjKeyItem& ki, aj_i64 b, int kr0, int kr1,
                                                   int quad, const float (&dk)[AJ_HEAD_DIM / 8][4],
                                                   const float (&dv)[AJ_HEAD_DIM_V / 8][4]) {
@@ -507,6 +509,9 @@ __device__ __forceinline__ void aj_bwd_dkdv_store(const AjBwdParams& bp, const A
     const aj_i64 j = ki.keys_start + (aj_i64)kr * ki.keys_stride;
     float* dka = bp.dk_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM + quad * 2;
     float* dva = bp.dv_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM_V + quad * 2;
+    aj_elem* dks = (aj_elem*)bp.dk + b * bp.dk_batch_stride + j * bp.dk_row_stride + ki.kv_head * bp.dk_head_stride + quad * 2;
+    aj_elem* dvs = (aj_elem*)bp.dv + b * bp.dv_batch_stride + j * bp.dv_row_stride + ki.kv_head * bp.dv_head_stride + quad * 2;
+    const bool direct = bp.plain_add == 2;
     // A NaN or inf in the Q or dO row of a query that masks this key reaches it through dK += dS^T Q
     // and dV += P^T dO (its dS = P = 0 times NaN): such a key row is summed again, exactly.
     bool bad = false;
@@ -518,7 +523,8 @@ __device__ __forceinline__ void aj_bwd_dkdv_store(const AjBwdParams& bp, const A
       aj_bwd_exact_key_row(bp, ki, b, kr, quad, [&](bool is_dk, int c, float x0, float x1) {
         float* dst = (is_dk ? dka : dva) + c * 8;
         if (is_dk) x0 *= bp.scale, x1 *= bp.scale;
-        if (bp.plain_add) dst[0] += x0, dst[1] += x1;
+        if (direct) *(aj_u32*)((is_dk ? dks : dvs) + c * 8) = aj_pack2(x0, x1);
+        else if (bp.plain_add) dst[0] += x0, dst[1] += x1;
         else aj_red_add_f32x2(dst, x0, x1);
       });
       continue;
@@ -526,13 +532,15 @@ __device__ __forceinline__ void aj_bwd_dkdv_store(const AjBwdParams& bp, const A
 #pragma unroll
     for (int c = 0; c < AJ_HEAD_DIM / 8; ++c) {
       const float x0 = dk[c][2 * half] * bp.scale, x1 = dk[c][2 * half + 1] * bp.scale;
-      if (bp.plain_add) dka[c * 8] += x0, dka[c * 8 + 1] += x1;
+      if (direct) *(aj_u32*)(dks + c * 8) = aj_pack2(x0, x1);
+      else if (bp.plain_add) dka[c * 8] += x0, dka[c * 8 + 1] += x1;
       else aj_red_add_f32x2(dka + c * 8, x0, x1);
     }
 #pragma unroll
     for (int c = 0; c < AJ_HEAD_DIM_V / 8; ++c) {
       const float x0 = dv[c][2 * half], x1 = dv[c][2 * half + 1];
-      if (bp.plain_add) dva[c * 8] += x0, dva[c * 8 + 1] += x1;
+      if (direct) *(aj_u32*)(dvs + c * 8) = aj_pack2(x0, x1);
+      else if (bp.plain_add) dva[c * 8] += x0, dva[c * 8 + 1] += x1;
       else aj_red_add_f32x2(dva + c * 8, x0, x1);
     }
   }

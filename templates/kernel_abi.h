@@ -104,7 +104,10 @@ typedef struct AjBwdParams {
   float scale;                            // softmax scale (fwd.scale_log2 = scale * log2 e)
   int num_key_items;
   int key_item_base;                      // _dkdv: block x runs key_items[key_item_base + x]
-  int plain_add;                          // _dkdv: no two blocks of this launch share a key row: add without atomics
+  int plain_add;                          // _dkdv: 0 atomic adds into dk_acc/dv_acc; 1 no two blocks of this
+                                          // launch share a key row: plain adds; 2 each key row is written by
+                                          // one block of the one launch: stored into dk/dv (and _cvt then
+                                          // converts dQ alone)
 } AjBwdParams;
 
 /* ---- the layout, field by field ------------------------------------------------------------ */

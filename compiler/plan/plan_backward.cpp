@@ -85,6 +85,7 @@ BackwardPlan lower_to_backward_plan(const Plan& fwd) {
   }
   out.layers.push_back(static_cast<int64_t>(out.items.size()));
   out.keys_disjoint = out.layers.size() <= 2;
+  out.keys_cover_all = out.keys_disjoint && !taken.empty() && std::all_of(taken[0].begin(), taken[0].end(), [](char c) { return c != 0; });
   return out;
 }
 
@@ -102,7 +103,10 @@ std::string print_backward_plan(const BackwardPlan& plan, int64_t max_items) {
   os << "tile: " << plan.tiles.tile_q << "x" << plan.tiles.tile_k << "\n";
   os << "key items: " << plan.items.size() << ", query entries: " << plan.entries.size() << " (= the forward plan's "
      << plan.pairs << " visited tiles)\n";
-  os << "key tiles: " << (plan.keys_disjoint ? "disjoint (dK, dV stored directly)" : "overlapping (dK, dV accumulated)")
+  os << "key tiles: "
+     << (plan.keys_cover_all  ? "disjoint, every key in one (dK, dV stored directly)"
+         : plan.keys_disjoint ? "disjoint, some keys in none (dK, dV added once into zeroed fp32)"
+                              : "overlapping (dK, dV accumulated)")
      << ", " << plan.layers.size() - 1 << " layer(s) of disjoint key tiles\n";
   const int64_t total = static_cast<int64_t>(plan.items.size());
   const int64_t n = max_items < 0 ? total : std::min(max_items, total);

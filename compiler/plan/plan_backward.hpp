@@ -44,6 +44,10 @@ struct BackwardPlan {
   std::vector<int64_t> layers;  // layer boundaries; {0, items.size()} when the key tiles are disjoint
   std::vector<QueryEntry> entries;
   bool keys_disjoint = true;   // no key row is in two key items of the same kv head (one layer)
+  // Disjoint, and every key row of every kv head is in an item: each row of dK and dV is written by
+  // exactly one block, so the kernels store them in the storage type (no fp32 workspace to zero,
+  // nothing to convert after).
+  bool keys_cover_all = false;
   int64_t pairs = 0;           // (query tile, key tile) pairs: the forward plan's visited tiles, summed over heads
 };
 

@@ -281,10 +281,12 @@ public:
     float* const delta = ws.at(layout.delta);
     float* const dk_acc = ws.at(layout.dk);
     float* const dv_acc = ws.at(layout.dv);
-    memset_d8_async(reinterpret_cast<CUdeviceptr>(dk_acc), 0, layout.dk_bytes, stream);
-    memset_d8_async(reinterpret_cast<CUdeviceptr>(dv_acc), 0, layout.dv_bytes, stream);
     const GpuTables& f = t.query_major;
     const BackwardGrids g = backward_grids(pb, kk, size_t(f.num_items), plans.key_major, options.deterministic);
+    if (!g.direct_dkdv) {  // else _dkdv stores dK and dV itself, every row
+      memset_d8_async(reinterpret_cast<CUdeviceptr>(dk_acc), 0, layout.dk_bytes, stream);
+      memset_d8_async(reinterpret_cast<CUdeviceptr>(dv_acc), 0, layout.dv_bytes, stream);
+    }
     float* const dq_acc = g.single_pass ? ws.at(layout.dq) : nullptr;
     if (dq_acc) memset_d8_async(reinterpret_cast<CUdeviceptr>(dq_acc), 0, layout.dq_bytes, stream);
     const KernelTables tables = f.kernel_tables();
@@ -308,6 +310,7 @@ public:
       bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add;
       run(kk.dkdv, d.blocks, pb.batch, kk.dkdv_threads, kk.dkdv_shared_bytes);
     }
+    bp.plain_add = g.direct_dkdv ? 2 : 0;  // _cvt: with dK, dV stored, dQ alone
     run(kk.cvt, g.cvt, 1, kk.aux_threads, 0);
   }
 

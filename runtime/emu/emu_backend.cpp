@@ -304,6 +304,7 @@ public:
       bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add;
       launch(kk.dkdv, d.blocks, pb.batch, kk.dkdv_threads, kk.dkdv_shared_bytes);
     }
+    bp.plain_add = g.direct_dkdv ? 2 : 0;  // _cvt: with dK, dV stored, dQ alone
     launch(kk.cvt, g.cvt, 1, kk.aux_threads, 0);  // covers every batch itself
     img.copy_back(idq, dq.data);
     img.copy_back(idk, dk.data);

@@ -57,6 +57,9 @@ struct Mutation {
   // pairs, and they must reach only the reference's gradients (through the exact sums). 'v': the
   // NaN of nonfinite_v alone, which the two-pass dQ must not need its exact sum for.
   char nonfinite_in = 0;
+  // One causal branch: disjoint key tiles that cover every key, so _dkdv stores dK and dV itself
+  // (BackwardPlan::keys_cover_all; the other patterns' key tiles overlap or leave keys out).
+  bool causal = false;
 };
 
 const Mutation kMutations[] = {
@@ -368,6 +371,21 @@ const Mutation kMutations[] = {
      "      if (lt < AJ_TILE_Q) {", DType::BF16, true, false, 64, true},
     {"sm_90a TMA backward: threads exit with their last bulk reduce not waited for", "bwd_sm90_tma.cuh",
      "  if (single && tid % 128 < AJ_TILE_Q) aj_bulk_wait<0>();", "", DType::BF16, true, false, 64, true},
+    {"backward: _cvt converts the untouched fp32 workspaces over the dK and dV _dkdv stored", "bwd_common.cuh",
+     " + (bp.plain_add == 2 ? n_dk + rows * AJ_HEAD_DIM_V : 0);", ";", DType::BF16, true, false, 64, false, true, false, false, false,
+     false, KernelConfig{}, false, false, 0, true},
+    {"backward: dK and dV stored with dK's row for both of a thread's key rows", "bwd_sm80.cuh",
+     "    const aj_i64 j = ki.keys_start + (aj_i64)kr * ki.keys_stride;\n    float* dka",
+     "    const aj_i64 j = ki.keys_start + (aj_i64)kr0 * ki.keys_stride;\n    float* dka", DType::BF16, true, false, 64, false, true,
+     false, false, false, false, KernelConfig{}, false, false, 0, true},
+    {"sm_90a TMA backward: dK and dV stored with dK's row for both of a thread's key rows", "bwd_sm80.cuh",
+     "    const aj_i64 j = ki.keys_start + (aj_i64)kr * ki.keys_stride;\n    float* dka",
+     "    const aj_i64 j = ki.keys_start + (aj_i64)kr0 * ki.keys_stride;\n    float* dka", DType::BF16, true, false, 128, true, true,
+     false, false, false, false, KernelConfig{}, false, false, 0, true},
+    {"backward, SIMT: dV stored into dK's place", "bwd_simt.cuh",
+     "    for (int x = 0; x < AJ_VD; ++x) aj_store(dvs + lane + AJ_SIMT_LANES * x, dv[x]);",
+     "    for (int x = 0; x < AJ_VD; ++x) aj_store(dks + lane + AJ_SIMT_LANES * x, dv[x]);", DType::F32, true, false, 64, false,
+     true, false, false, false, false, KernelConfig{}, false, false, 0, true},
     {"backward, two-pass dQ: the exact sum weighs the keys a row masks too", "fwd_sm80.cuh", "att[h] = want[h] && (t.full || ",
      "att[h] = want[h] && (true || ", DType::BF16, true, true, 64, false, true, false, false, false, false, KernelConfig{}, false,
      false, 'k'},
@@ -379,8 +397,9 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
                          bool deterministic = false, int64_t d = 64, bool sm90a = false, bool tma = true,
                          bool far_below = false, bool device_table = false, bool random_in_kernel = false, bool folded = false,
                          const KernelConfig& config = {}, bool nonfinite_v = false, bool extreme = false,
-                         char nonfinite_in = 0) {
-  const Pattern p = folded ? PatternBuilder()
+                         char nonfinite_in = 0, bool causal = false) {
+  const Pattern p = causal ? PatternBuilder().branch(BranchSpec().causal()).build()
+                    : folded ? PatternBuilder()
                                  .branch(BranchSpec().segment(128).dilation(1).causal())
                                  .branch(BranchSpec().segment(768).dilation(12).offset(OffsetRule::HeadMod))
                                  .build()
@@ -607,6 +626,16 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
       CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, tma, false, false, false, false, {}, false, false, in) == "");
     }
   }
+  // One causal branch: dK and dV stored by _dkdv (every key in one key tile), on every path.
+  for (const DType dt : {DType::BF16, DType::F32}) {
+    INFO("causal, dK and dV stored directly, " << to_string(dt));
+    CHECK(check_kernel(embedded, dt, true, false, 64, false, true, false, false, false, false, {}, false, false, 0, true) == "");
+    CHECK(check_kernel(embedded, dt, true, true, 64, false, true, false, false, false, false, {}, false, false, 0, true) == "");
+  }
+  for (bool tma : {true, false}) {
+    INFO("causal, dK and dV stored directly, sm_90a " << (tma ? "TMA" : "cp.async"));
+    CHECK(check_kernel(embedded, DType::BF16, true, false, 128, true, tma, false, false, false, false, {}, false, false, 0, true) == "");
+  }
   // Dilation 12: the TMA backward's folded query maps.
   CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, true, false, false, false, true) == "");
   // 192-row tiles: three consumer warpgroups in the TMA kernel, twelve warps in the cp.async one.
@@ -627,7 +656,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     t->replace(m.file, text);
     const std::string outcome =
         check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below, m.device_table,
-                     m.random_in_kernel, m.folded, m.config, m.nonfinite_v, m.extreme, m.nonfinite_in);
+                     m.random_in_kernel, m.folded, m.config, m.nonfinite_v, m.extreme, m.nonfinite_in, m.causal);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }

@@ -210,7 +210,7 @@ TEST_CASE("offsets a pattern cannot tell apart give the same plan in local rows"
 
 TEST_CASE("the key-major backward plan covers exactly the mask, with multiplicity", "[plan][grad][property]") {
   CaseGenerator gen(1717);
-  int overlapping = 0;
+  int overlapping = 0, uncovered = 0, direct = 0;
   for (int n = 0; n < 300; ++n) {
     const auto c = gen.next();
     const TileConfig tiles = random_tiles(gen);
@@ -260,10 +260,17 @@ TEST_CASE("the key-major backward plan covers exactly the mask, with multiplicit
     const bool disjoint = std::all_of(key_cover.begin(), key_cover.end(), [](int v) { return v <= 1; });
     CHECK(bwd.keys_disjoint == disjoint);
     CHECK(bwd.keys_disjoint == (bwd.layers.size() <= 2));
+    // Covering every key row once: the kernels then store dK and dV themselves.
+    const bool covered = std::all_of(key_cover.begin(), key_cover.end(), [](int v) { return v == 1; });
+    CHECK(bwd.keys_cover_all == covered);
     overlapping += !disjoint;
+    uncovered += disjoint && !covered;
+    direct += covered;
     require_mask_counts(c.pattern, s, dyn, count);
   }
   CHECK(overlapping > 0);  // the generator made patterns whose key tiles overlap
+  CHECK(uncovered > 0);    // ... disjoint ones that leave keys out
+  CHECK(direct > 0);       // ... and ones whose key tiles cover every key once
 }
 
 namespace {
