@@ -112,6 +112,58 @@ __device__ __forceinline__ void aj_bwd90_dq_exact(const AjBwdParams& bp, const u
   }
 }
 
+// One sub-block of a query entry: its AJ_BWD90_SUB query columns from c0 (8-row aligned, so the
+// swizzle holds). S^T = K Q^T and dP^T = V dO^T (k_a, v_a: this warpgroup's 64 key rows, K-major;
+// q_b, do_b: Q and dO as the K-major B), waited for with the previous sub-block's dV and dK (whose A
+// registers pa, dsa are then free); P^T and dS^T (aj_bwd_pt_dst); dS written K-major into `ds`
+// (queries x keys, the A of dQ = dS K) where ds is not null, key rows past the tile's count zeroed (a
+// full entry skips the checks); then dV += f P^T dO and dK += dS^T Q issued (q_n, do_n: Q and dO
+// N-major) and left in flight. The two Hopper backward kernels' one body.
+__device__ __forceinline__ void aj_bwd90_sub_block(const AjParams& p, const AjKeyItem& ki, const AjQueryEntry& qe, bool full, int c0,
+                                                   int quad, int kr0, int kr1, aj_i64 kpos0, aj_i64 kpos1, const float* lse2,
+                                                   const float* delta, aj_u64 k_a, aj_u64 v_a, aj_u64 q_b, aj_u64 do_b, aj_u64 q_n,
+                                                   aj_u64 do_n, unsigned char* ds, float (&dk)[AJ_HEAD_DIM / 8][4],
+                                                   float (&dv)[AJ_HEAD_DIM_V / 8][4], aj_u32 (&pa)[AJ_BWD90_SUB / 16][4],
+                                                   aj_u32 (&dsa)[AJ_BWD90_SUB / 16][4]) {
+  float s[AJ_BWD90_SUB / 8][4], dp[AJ_BWD90_SUB / 8][4];
+  aj_wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < AJ_HEAD_DIM / 16; ++ks)
+    aj_wgmma_ss<AJ_BWD90_SUB, AJ_WGMMA_TYPE, 0>(*(float(*)[AJ_BWD90_SUB / 2]) & s[0][0],
+                                                k_a + (((ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32) >> 4),
+                                                q_b + (((ks / 4) * AJ_TILE_Q * AJ_SW + c0 * AJ_SW + (ks % 4) * 32) >> 4), ks > 0);
+#pragma unroll
+  for (int ks = 0; ks < AJ_HEAD_DIM_V / 16; ++ks)
+    aj_wgmma_ss<AJ_BWD90_SUB, AJ_WGMMA_TYPE, 0>(*(float(*)[AJ_BWD90_SUB / 2]) & dp[0][0],
+                                                v_a + (((ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32) >> 4),
+                                                do_b + (((ks / 4) * AJ_TILE_Q * AJ_SW + c0 * AJ_SW + (ks % 4) * 32) >> 4), ks > 0);
+  aj_wgmma_commit();
+  aj_wgmma_wait<0>();  // also the last sub-block's dV, dK: its A registers are free again
+  aj_bwd_pt_dst<AJ_BWD90_SUB>(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, lse2, delta, s, dp);
+  aj_sm90_pack<AJ_BWD90_SUB>(dp, pa);  // fwd_sm90.cuh
+  aj_sm90_pack<AJ_BWD90_SUB>(s, dsa);
+  if (ds) {
+    const bool in0 = kr0 < ki.keys_count, in1 = kr1 < ki.keys_count;
+#pragma unroll
+    for (int j = 0; j < AJ_BWD90_SUB / 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int col = c0 + j * 8 + quad * 2 + (x & 1), kr = x < 2 ? kr0 : kr1;
+        aj_store((aj_elem*)(ds + aj_sw_offset<AJ_TILE_Q>(col, kr)), (x < 2 ? in0 : in1) ? s[j][x] : 0.0f);
+      }
+  }
+  aj_wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < AJ_BWD90_SUB / 16; ++kk)
+    aj_wgmma_rs<AJ_HEAD_DIM_V, AJ_WGMMA_TYPE, 1>(*(float(*)[AJ_HEAD_DIM_V / 2]) & dv[0][0], pa[kk],
+                                                 do_n + (((c0 + kk * 16) * AJ_SW) >> 4), true);
+#pragma unroll
+  for (int kk = 0; kk < AJ_BWD90_SUB / 16; ++kk)
+    aj_wgmma_rs<AJ_HEAD_DIM, AJ_WGMMA_TYPE, 1>(*(float(*)[AJ_HEAD_DIM / 2]) & dk[0][0], dsa[kk],
+                                               q_n + (((c0 + kk * 16) * AJ_SW) >> 4), true);
+  aj_wgmma_commit();
+}
+
 __device__ __forceinline__ void aj_bwd_dkdv_sm90(const AjBwdParams& bp) {
   const AjParams& p = bp.fwd;
   AJ_DYNAMIC_SHARED(aj_smem);
@@ -173,51 +225,9 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90(const AjBwdParams& bp) {
       // The query tile AJ_BWD90_SUB columns at a time: S^T and dP^T of a sub-block, its P^T and
       // dS^T, then dV and dK from it (the wgmma of one sub-block runs under the next one's).
 #pragma unroll 1
-      for (int c0 = 0; c0 < AJ_TILE_Q; c0 += AJ_BWD90_SUB) {
-        // S^T = K Q^T, dP^T = V dO^T (Q's and dO's rows c0 .., 8-row aligned: the swizzle holds).
-        float s[AJ_BWD90_SUB / 8][4], dp[AJ_BWD90_SUB / 8][4];
-        aj_wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < AJ_HEAD_DIM / 16; ++ks)
-          aj_wgmma_ss<AJ_BWD90_SUB, AJ_WGMMA_TYPE, 0>(*(float(*)[AJ_BWD90_SUB / 2]) & s[0][0],
-                                                      k_a + (((ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32) >> 4),
-                                                      q_b + (((ks / 4) * AJ_TILE_Q * AJ_SW + c0 * AJ_SW + (ks % 4) * 32) >> 4),
-                                                      ks > 0);
-#pragma unroll
-        for (int ks = 0; ks < AJ_HEAD_DIM_V / 16; ++ks)
-          aj_wgmma_ss<AJ_BWD90_SUB, AJ_WGMMA_TYPE, 0>(*(float(*)[AJ_BWD90_SUB / 2]) & dp[0][0],
-                                                      v_a + (((ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32) >> 4),
-                                                      do_b + (((ks / 4) * AJ_TILE_Q * AJ_SW + c0 * AJ_SW + (ks % 4) * 32) >> 4),
-                                                      ks > 0);
-        aj_wgmma_commit();
-        aj_wgmma_wait<0>();  // also the last sub-block's dV, dK: its A registers are free again
-        aj_bwd_pt_dst<AJ_BWD90_SUB>(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, lse2, delta, s, dp);
-        aj_sm90_pack<AJ_BWD90_SUB>(dp, pa);  // fwd_sm90.cuh
-        aj_sm90_pack<AJ_BWD90_SUB>(s, dsa);
-        if (single) {
-          // dS (queries x keys, K-major: the A operand of dQ = dS K), from this thread's dS^T
-          // elements. Key rows past the tile's count are zeroed (a full entry skips the checks above).
-          const bool in0 = kr0 < ki.keys_count, in1 = kr1 < ki.keys_count;
-#pragma unroll
-          for (int j = 0; j < AJ_BWD90_SUB / 8; ++j)
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-              const int col = c0 + j * 8 + quad * 2 + (x & 1), kr = x < 2 ? kr0 : kr1;
-              aj_store((aj_elem*)(sh.ds + aj_sw_offset<AJ_TILE_Q>(col, kr)), (x < 2 ? in0 : in1) ? s[j][x] : 0.0f);
-            }
-        }
-        // dV += f P^T dO, dK += dS^T Q over the sub-block's queries (dO's and Q's rows c0 ..).
-        aj_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < AJ_BWD90_SUB / 16; ++kk)
-          aj_wgmma_rs<AJ_HEAD_DIM_V, AJ_WGMMA_TYPE, 1>(*(float(*)[AJ_HEAD_DIM_V / 2]) & dv[0][0], pa[kk],
-                                                       do_n + (((c0 + kk * 16) * AJ_SW) >> 4), true);
-#pragma unroll
-        for (int kk = 0; kk < AJ_BWD90_SUB / 16; ++kk)
-          aj_wgmma_rs<AJ_HEAD_DIM, AJ_WGMMA_TYPE, 1>(*(float(*)[AJ_HEAD_DIM / 2]) & dk[0][0], dsa[kk],
-                                                     q_n + (((c0 + kk * 16) * AJ_SW) >> 4), true);
-        aj_wgmma_commit();
-      }
+      for (int c0 = 0; c0 < AJ_TILE_Q; c0 += AJ_BWD90_SUB)
+        aj_bwd90_sub_block(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, lse2, delta, k_a, v_a, q_b, do_b, q_n, do_n,
+                           single ? sh.ds : nullptr, dk, dv, pa, dsa);
       if (single) {
         aj_fence_proxy_async();  // dS's generic stores, then the wgmma that reads them
         aj_syncthreads();

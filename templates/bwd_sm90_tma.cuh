@@ -188,49 +188,10 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
       const aj_u64 do_n = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.dout(stage)), AJ_TILE_Q * AJ_SW, 8 * AJ_SW);
       const float* lse2 = sh.lse2(buf);
       const float* delta = sh.delta(buf);
-      unsigned char* const ds = sh.ds(buf);
 #pragma unroll 1
-      for (int c0 = 0; c0 < AJ_TILE_Q; c0 += AJ_BWDT_SUB) {
-        float s[AJ_BWDT_SUB / 8][4], dp[AJ_BWDT_SUB / 8][4];
-        aj_wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < AJ_HEAD_DIM / 16; ++ks)
-          aj_wgmma_ss<AJ_BWDT_SUB, AJ_WGMMA_TYPE, 0>(*(float(*)[AJ_BWDT_SUB / 2]) & s[0][0],
-                                                     k_a + (((ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32) >> 4),
-                                                     q_b + (((ks / 4) * AJ_TILE_Q * AJ_SW + c0 * AJ_SW + (ks % 4) * 32) >> 4),
-                                                     ks > 0);
-#pragma unroll
-        for (int ks = 0; ks < AJ_HEAD_DIM_V / 16; ++ks)
-          aj_wgmma_ss<AJ_BWDT_SUB, AJ_WGMMA_TYPE, 0>(*(float(*)[AJ_BWDT_SUB / 2]) & dp[0][0],
-                                                     v_a + (((ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32) >> 4),
-                                                     do_b + (((ks / 4) * AJ_TILE_Q * AJ_SW + c0 * AJ_SW + (ks % 4) * 32) >> 4),
-                                                     ks > 0);
-        aj_wgmma_commit();
-        aj_wgmma_wait<0>();  // also the last sub-block's dV, dK: its A registers are free again
-        aj_bwd_pt_dst<AJ_BWDT_SUB>(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, lse2, delta, s, dp);
-        aj_sm90_pack<AJ_BWDT_SUB>(dp, pa);
-        aj_sm90_pack<AJ_BWDT_SUB>(s, dsa);
-        if (single) {  // dS (queries x keys, K-major), key rows past the tile's count zeroed
-          const bool in0 = kr0 < ki.keys_count, in1 = kr1 < ki.keys_count;
-#pragma unroll
-          for (int j = 0; j < AJ_BWDT_SUB / 8; ++j)
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-              const int col = c0 + j * 8 + quad * 2 + (x & 1), kr = x < 2 ? kr0 : kr1;
-              aj_store((aj_elem*)(ds + aj_sw_offset<AJ_TILE_Q>(col, kr)), (x < 2 ? in0 : in1) ? s[j][x] : 0.0f);
-            }
-        }
-        aj_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < AJ_BWDT_SUB / 16; ++kk)
-          aj_wgmma_rs<AJ_HEAD_DIM_V, AJ_WGMMA_TYPE, 1>(*(float(*)[AJ_HEAD_DIM_V / 2]) & dv[0][0], pa[kk],
-                                                       do_n + (((c0 + kk * 16) * AJ_SW) >> 4), true);
-#pragma unroll
-        for (int kk = 0; kk < AJ_BWDT_SUB / 16; ++kk)
-          aj_wgmma_rs<AJ_HEAD_DIM, AJ_WGMMA_TYPE, 1>(*(float(*)[AJ_HEAD_DIM / 2]) & dk[0][0], dsa[kk],
-                                                     q_n + (((c0 + kk * 16) * AJ_SW) >> 4), true);
-        aj_wgmma_commit();
-      }
+      for (int c0 = 0; c0 < AJ_TILE_Q; c0 += AJ_BWDT_SUB)  // bwd_sm90.cuh's sub-blocks
+        aj_bwd90_sub_block(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, lse2, delta, k_a, v_a, q_b, do_b, q_n, do_n,
+                           single ? sh.ds(buf) : nullptr, dk, dv, pa, dsa);
       aj_wgmma_wait<0>();
     }
     aj_mbarrier_arrive(&sh.empty[stage]);  // this warpgroup has read the stage's Q and dO

@@ -262,14 +262,22 @@ TEST_CASE("backward: a small subset for compute-sanitizer", "[gpu][grad][sanitiz
       ++n;
     }
   }
-  // The wgmma dK/dV kernel (a Hopper GPU; others run the sm_80 kernels for these options).
+  // The wgmma dK/dV kernels (a Hopper GPU; others run the sm_80 kernels for these options): the
+  // TMA kernel on every example, the cp.async one on two.
   ro.wgmma_backward = true;
   Runtime hopper(ro);
+  ro.tma = false;
+  Runtime hopper_cp_async(ro);
+  int cp_async_cases = 0;
   for (const auto& [file, p] : example_patterns()) {
     Shape s;
     s.batch = 1, s.seq_q = s.seq_k = 200, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 128;
     INFO("wgmma backward: " << file);
     CHECK(check_backward(hopper, p, s, DType::BF16, nullptr, 800 + n++) == "");
+    if (cp_async_cases++ < 2) {
+      INFO("the cp.async kernel");
+      CHECK(check_backward(hopper_cp_async, p, s, DType::BF16, nullptr, 800 + n++) == "");
+    }
   }
 }
 
