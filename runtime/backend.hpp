@@ -121,22 +121,34 @@ int64_t plan_bytes(const Plan& plan);
 std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o);
 
 std::unique_ptr<Backend> make_cpu_backend(const Pattern& p, const Problem& pb);
+// What the runtime chose for a prepared attention's kernels besides their tiles (the runtime folds
+// in the knobs that have an option).
+struct KernelChoices {
+  // On the Hopper path: the TMA kernels where tensor maps describe a call's rows (ATTNJIT_TMA=0,
+  // folded in by the backends, turns them off).
+  bool tma = true;
+  // How the runtime lowers the pattern's random layouts (InKernel: the kernels carry the seek).
+  RandomLayouts random = RandomLayouts::InPlan;
+  // The Hopper backward's dK/dV kernel on the warpgroup MMA.
+  bool wgmma_backward = false;
+  // The tensor-core forwards rescale O only once a row's maximum has grown past a threshold.
+  bool lazy_rescale = false;
+};
+// The forward's and the backward's requests: `r` (the problem's) with `config` and the choices.
+KernelRequest forward_request(KernelRequest r, const KernelConfig& config, const KernelChoices& c);
+KernelRequest backward_request(KernelRequest r, const KernelConfig& config, const KernelChoices& c);
+
 // The emulator: `arch` is the GPU it stands in for (sm_90a: its arch-specific kernels). `config` (forward) and `backward_config`:
 // zeros mean the path's default tiles; others are validated here (a UserError naming the fix).
-// `random`: how the runtime lowers the pattern's random layouts (InKernel: the kernels carry the seek).
 std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir,
                                           const KernelConfig& config, const KernelConfig& backward_config,
-                                          const TemplateSet& templates, bool tma = true,
-                                          RandomLayouts random = RandomLayouts::InPlan, bool wgmma_backward = false);
+                                          const TemplateSet& templates, const KernelChoices& choices = {});
 // Whether the CUDA backend runs a GPU's arch-specific kernels: the Hopper forward (sm_90a) on
 // compute capability 9.0 unless ATTNJIT_SM90A=0. The tuning key follows it (TuneKey::arch_specific).
 bool cuda_arch_specific(int arch);
-// `tma`: on the Hopper path, the TMA kernel where tensor maps describe a call's key rows.
-// `wgmma_backward`: the Hopper backward's dK/dV kernel on wgmma (the runtime folds in the knob).
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
                                            const KernelConfig& config, const KernelConfig& backward_config,
-                                           const TemplateSet& templates, bool tma = true,
-                                           RandomLayouts random = RandomLayouts::InPlan, bool wgmma_backward = false);
+                                           const TemplateSet& templates, const KernelChoices& choices = {});
 
 // A plan that leaves layouts to the kernels needs kernels that seek (an internal error otherwise:
 // the kernels would take every tile of the band).

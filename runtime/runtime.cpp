@@ -206,6 +206,12 @@ KernelConfig tuned_config(const Pattern& pattern, const Problem& problem, const 
 // Whether the Hopper backward's dK/dV runs on wgmma: the option or the ATTNJIT_BWD_WGMMA knob.
 bool wgmma_backward(const RuntimeOptions& o) { return o.wgmma_backward || knobs().bwd_wgmma; }
 
+// What the prepared attention's kernels are asked for besides their tiles: the options, and the
+// knobs that stand for them.
+KernelChoices kernel_choices(const RuntimeOptions& o, RandomLayouts random) {
+  return KernelChoices{o.tma, random, wgmma_backward(o), o.lazy_rescale || knobs().lazy_rescale};
+}
+
 KernelConfig tuned_backward_config(const Pattern& pattern, const Problem& problem, const RuntimeOptions& o) {
   if (!(o.backward_config == KernelConfig{})) return o.backward_config;
   // The wgmma backward's tiles are fixed (a tuned entry is for the sm_80 kernels' tiles; asked for on
@@ -223,6 +229,20 @@ KernelConfig tuned_backward_config(const Pattern& pattern, const Problem& proble
 }
 
 }  // namespace
+
+KernelRequest forward_request(KernelRequest r, const KernelConfig& config, const KernelChoices& c) {
+  r.config = config;
+  r.tma = c.tma && knobs().tma;
+  r.random_in_kernel = c.random == RandomLayouts::InKernel;
+  r.lazy_rescale = c.lazy_rescale;
+  return r;
+}
+
+KernelRequest backward_request(KernelRequest r, const KernelConfig& config, const KernelChoices& c) {
+  r = forward_request(r, config, c);
+  r.wgmma_backward = c.wgmma_backward;
+  return r;
+}
 
 Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<Impl>()) { impl_->options = std::move(options); }
 Runtime::~Runtime() = default;
@@ -246,13 +266,12 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   switch (o.device.kind) {
     case DeviceKind::CPU: st->backend = make_cpu_backend(st->pattern, problem); break;
     case DeviceKind::EMU:
-      st->backend = make_emu_backend(st->pattern, problem, {o.device.index, o.device.arch_specific}, o.cache_dir, o.config, o.backward_config, templates, o.tma,
-                                     st->random, wgmma_backward(o));
+      st->backend = make_emu_backend(st->pattern, problem, {o.device.index, o.device.arch_specific}, o.cache_dir, o.config,
+                                     o.backward_config, templates, kernel_choices(o, st->random));
       break;
     case DeviceKind::CUDA:
       st->backend = make_cuda_backend(st->pattern, problem, o.device.index, o.cache_dir, tuned_config(pattern, problem, o),
-                                      tuned_backward_config(pattern, problem, o), templates, o.tma, st->random,
-                                      wgmma_backward(o));
+                                      tuned_backward_config(pattern, problem, o), templates, kernel_choices(o, st->random));
       break;
   }
   // Plan the common case now (offsets 0), so forward() only launches.

@@ -196,7 +196,15 @@ __device__ __forceinline__ void aj_tc_softmax_scores(float (&s)[AJ_TILE_K / 8][4
     mx[h] *= scale_log2;
     mx[h] = fmaxf(mx[h], aj_shfl_xor(mx[h], 1));  // the four threads of a quad share a row
     mx[h] = fmaxf(mx[h], aj_shfl_xor(mx[h], 2));
+#ifdef AJ_LAZY_RESCALE
+    // FlashAttention-4's lazy rescale: the running maximum moves only when the tile's passes it by
+    // more than AJ_LAZY_RESCALE; below that P is taken against the old one (at most 2^8, within
+    // fp16 and bf16), c is exactly 1 and O is not rescaled. The result is the same softmax (O and l
+    // share the base). A NaN maximum keeps the old one, as fmaxf does.
+    const float n = mx[h] > m[h] + AJ_LAZY_RESCALE ? mx[h] : m[h];
+#else
     const float n = fmaxf(m[h], mx[h]);
+#endif
     base[h] = n == AJ_NEG_INF ? 0.0f : n;  // a row that has seen nothing: exp2(-inf - 0) = 0, never NaN
     c[h] = aj_ex2(m[h] - base[h]);
     m[h] = n;
@@ -211,8 +219,11 @@ __device__ __forceinline__ void aj_tc_softmax_scores(float (&s)[AJ_TILE_K / 8][4
   }
 }
 
-// O's rows g and g + 8 times c[0] and c[1].
+// O's rows g and g + 8 times c[0] and c[1] (with the lazy rescale, only when one of them moved).
 __device__ __forceinline__ void aj_tc_rescale(float (&acc)[AJ_HEAD_DIM_V / 8][4], const float (&c)[2]) {
+#ifdef AJ_LAZY_RESCALE
+  if (c[0] == 1.0f && c[1] == 1.0f) return;
+#endif
 #pragma unroll
   for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
     acc[j][0] *= c[0];

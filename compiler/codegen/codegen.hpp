@@ -50,6 +50,8 @@ struct KernelRequest {
   // takes the Hopper path at head dims 64 or 128 (64 x 64 tiles); else bwd_sm80.cuh's. Off by
   // default until a GPU has measured it (RuntimeOptions::wgmma_backward, ATTNJIT_BWD_WGMMA=1).
   bool wgmma_backward = false;
+  // The tensor-core forwards' lazy rescale (AJ_LAZY_RESCALE; RuntimeOptions::lazy_rescale).
+  bool lazy_rescale = false;
   KernelConfig config;
 };
 

@@ -49,6 +49,7 @@ KernelRequest knob_request(const Shape& s, DType dtype, int arch, bool arch_spec
   KernelRequest r = kernel_request(s, dtype, arch, arch_specific);
   r.tma = knobs().tma;
   r.wgmma_backward = knobs().bwd_wgmma;
+  r.lazy_rescale = knobs().lazy_rescale;
   return r;
 }
 

@@ -177,6 +177,8 @@ const KnobSpec kKnobs[] = {
      [](const Knobs& k) { return print_bool(k.bwd_single_pass); }},
     {"ATTNJIT_BWD_WGMMA", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.bwd_wgmma); },
      [](const Knobs& k) { return print_bool(k.bwd_wgmma); }},
+    {"ATTNJIT_LAZY_RESCALE", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.lazy_rescale); },
+     [](const Knobs& k) { return print_bool(k.lazy_rescale); }},
     {"ATTNJIT_DETERMINISTIC", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.deterministic); },
      [](const Knobs& k) { return print_bool(k.deterministic); }},
     {"ATTNJIT_MAX_WEIGHTS", [](const char* n, const std::string& v, Knobs& k) { parse_elements(n, v, k.max_weights); },

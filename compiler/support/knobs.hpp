@@ -44,6 +44,10 @@ struct Knobs {
   // kernel runs on the warpgroup MMA (templates/bwd_sm90.cuh) instead of the sm_80 kernel's
   // mma.sync; off by default until a GPU has measured it (RuntimeOptions::wgmma_backward).
   bool bwd_wgmma = false;
+  // ATTNJIT_LAZY_RESCALE=1: the tensor-core forwards keep a row's running maximum until a tile's
+  // passes it by more than 2^8 and rescale O only then (FlashAttention-4); off by default until a
+  // GPU has measured it (RuntimeOptions::lazy_rescale).
+  bool lazy_rescale = false;
   // A GPU of compute capability 9.0 runs the Hopper forward (sm_90a: wgmma, TMA) where it supports
   // the request, as proven in the emulator; ATTNJIT_SM90A=0 runs the sm_80 kernel there instead.
   bool sm90a = true;

@@ -135,6 +135,10 @@ struct RuntimeOptions {
   // MMA (wgmma) instead of the sm_80 kernel's mma.sync; also the ATTNJIT_BWD_WGMMA=1 knob. Off by
   // default until measured on a GPU.
   bool wgmma_backward = false;
+  // The tensor-core forwards keep a row's running maximum until a tile's passes it by more than
+  // 2^8 and rescale O only then (FlashAttention-4's lazy rescale: the same result, fewer multiplies);
+  // also the ATTNJIT_LAZY_RESCALE=1 knob. Off by default until measured on a GPU.
+  bool lazy_rescale = false;
   // Kernels are rendered from these templates instead of the embedded ones (tests render
   // deliberately broken kernels this way; a changed template changes the kernel's cache key).
   std::shared_ptr<const TemplateSet> templates;

@@ -170,18 +170,14 @@ private:
 class CudaBackend final : public Backend {
 public:
   CudaBackend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir, const KernelConfig& config,
-              const KernelConfig& backward_config, const TemplateSet& templates, bool tma, RandomLayouts random,
-                                          bool wgmma_backward)
+              const KernelConfig& backward_config, const TemplateSet& templates, const KernelChoices& choices)
       : pattern_(p), problem_(pb), device_(device), cache_dir_(cache_dir), context_(shared_context(device)) {
     const ScopedCurrentContext current(context_);
     const RelaxedCapture relaxed(true);  // prepared inside a capture: loading a module is no stream work
     prefer_nvrtc_for_driver(driver_version() / 1000);  // 13000 -> 13: kernels this driver loads
     const DeviceInfo info = device_info(device);
     const int arch = info.cc_major * 10 + info.cc_minor;
-    KernelRequest r = problem_request(pb, arch, cuda_arch_specific(arch));
-    r.config = config;
-    r.tma = tma && knobs().tma;
-    r.random_in_kernel = random == RandomLayouts::InKernel;
+    KernelRequest r = forward_request(problem_request(pb, arch, cuda_arch_specific(arch)), config, choices);
     source_ = generate_kernel(p, r, templates);
     max_shared_ = info.max_shared_per_block_optin;
     main_ = load(source_, info.name);
@@ -190,9 +186,7 @@ public:
       fallback_source_ = generate_kernel(p, r, templates);
       device_name_ = info.name;
     }
-    r.config = backward_config;
-    r.wgmma_backward = wgmma_backward;
-    r.tma = tma && knobs().tma;
+    r = backward_request(problem_request(pb, arch, cuda_arch_specific(arch)), backward_config, choices);
     bwd_[0] = generate_backward_kernels(p, r, templates);
     if (bwd_[0].source.tma_maps) bwd_[1] = generate_backward_kernels(p, backward_fallback_request(r, bwd_[0]), templates);
   }
@@ -484,9 +478,8 @@ bool cuda_arch_specific(int arch) { return arch == 90 && knobs().sm90a; }
 
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
                                            const KernelConfig& config, const KernelConfig& backward_config,
-                                           const TemplateSet& templates, bool tma, RandomLayouts random,
-                                          bool wgmma_backward) {
-  return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config, backward_config, templates, tma, random, wgmma_backward);
+                                           const TemplateSet& templates, const KernelChoices& choices) {
+  return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config, backward_config, templates, choices);
 }
 
 }  // namespace attnjit

@@ -110,22 +110,16 @@ DeviceTableRegions add_device_table(DeviceImage& img, const DeviceDynamicLayout*
 class EmuBackend final : public Backend {
 public:
   EmuBackend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir, const KernelConfig& config,
-             const KernelConfig& backward_config, const TemplateSet& templates, bool tma, RandomLayouts random,
-                                          bool wgmma_backward)
+             const KernelConfig& backward_config, const TemplateSet& templates, const KernelChoices& choices)
       : pattern_(p), problem_(pb), cache_dir_(cache_dir) {
-    KernelRequest r = problem_request(pb, arch.arch, arch.specific);
-    r.tma = tma && knobs().tma;
-    r.random_in_kernel = random == RandomLayouts::InKernel;
-    r.config = config;
+    KernelRequest r = forward_request(problem_request(pb, arch.arch, arch.specific), config, choices);
     source_ = generate_kernel(p, r, templates);
     module_ = emu::load_emu_module(emu::compile_for_emulator(emu::emu_source_of(source_), kernel_cache_for(cache_dir), knobs()));
     if (source_.tma_maps) {  // the cp.async kernel, for calls whose key rows no tensor map describes
       r.tma = false;
       fallback_ = generate_kernel(p, r, templates);
     }
-    r.config = backward_config;
-    r.wgmma_backward = wgmma_backward;
-    r.tma = tma && knobs().tma;
+    r = backward_request(problem_request(pb, arch.arch, arch.specific), backward_config, choices);
     bwd_ = generate_backward_kernels(p, r, templates);  // text only: compiled on the first backward call
     if (bwd_.source.tma_maps) bwd_fallback_ = generate_backward_kernels(p, backward_fallback_request(r, bwd_), templates);
   }
@@ -345,9 +339,8 @@ private:
 
 std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir,
                                           const KernelConfig& config, const KernelConfig& backward_config,
-                                          const TemplateSet& templates, bool tma, RandomLayouts random,
-                                          bool wgmma_backward) {
-  return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config, backward_config, templates, tma, random, wgmma_backward);
+                                          const TemplateSet& templates, const KernelChoices& choices) {
+  return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config, backward_config, templates, choices);
 }
 
 }  // namespace attnjit

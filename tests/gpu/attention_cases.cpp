@@ -155,6 +155,15 @@ Prepared prepare_case(Runtime& rt, const Case& c) {
     p.k = dequantised(scaled(testing::random_tensor(size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim), 3 * c.seed + 1)), c.dtype);
     p.v = dequantised(testing::random_tensor(size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 3 * c.seed + 2), c.dtype);
     for (const auto& [at, value] : c.v_values) p.v.at(at) = value;  // NaN and inf are exact in every dtype
+    if (c.key_ramp != 0.0f) {
+      for (size_t x = 0; x < p.q.size(); x += size_t(s.head_dim)) p.q[x] = dequantised({std::abs(p.q[x]) + 1.0f}, c.dtype)[0];
+      for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t j = 0; j < s.seq_k; ++j)
+          for (int64_t h = 0; h < s.heads_kv; ++h) {
+            float& e = p.k[size_t(((b * s.seq_k + j) * s.heads_kv + h) * s.head_dim)];
+            e = dequantised({e + c.key_ramp * float(j)}, c.dtype)[0];
+          }
+    }
     p.want = reference_attention(c.pattern, s, p.q.data(), p.k.data(), p.v.data(), c.dynamic ? &*c.dynamic : nullptr,
                                  c.ref_threads);
     const auto t0 = std::chrono::steady_clock::now();
@@ -319,13 +328,15 @@ public:
   Runtime& operator()(const Case& c) {
     const Device d = device_for(c);
     const std::string key =
-        d.describe() + "/" + describe(c.config) + (c.tma ? "" : "/cp.async") + (c.random_in_kernel ? "/random-in-kernel" : "");
+        d.describe() + "/" + describe(c.config) + (c.tma ? "" : "/cp.async") + (c.random_in_kernel ? "/random-in-kernel" : "") +
+        (c.lazy_rescale ? "/lazy-rescale" : "");
     std::lock_guard<std::mutex> lock(m_);
     std::unique_ptr<Runtime>& rt = map_[key];
     if (!rt) {
       RuntimeOptions o = options_for(d);
       o.config = c.config;
       o.tma = c.tma;
+      o.lazy_rescale = c.lazy_rescale;
       if (c.random_in_kernel) o.random_in_kernel_above = 0;
       rt = std::make_unique<Runtime>(o);
     }

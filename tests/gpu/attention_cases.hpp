@@ -138,6 +138,10 @@ struct Case {
   uint64_t seed = 0;
   unsigned ref_threads = 1;
   float input_scale = 1.0f;  // q and k times this: large scores test the softmax's running maximum
+  // Added to element 0 of key j's K rows: key_ramp * j (and q's element 0 made positive): scores
+  // that rise along the keys, so rows' maxima grow tile after tile.
+  float key_ramp = 0.0f;
+  bool lazy_rescale = false;  // RuntimeOptions::lazy_rescale
   // V elements set after the inputs are drawn ([B, S, H, Dv] contiguous index, value): a NaN or an
   // inf the reference confines to the rows that attend its key. Where the reference's output is
   // NaN the device's must be NaN; where it is infinite, the same infinity.

@@ -235,6 +235,37 @@ TEST_CASE("extreme finite scores: the maximum's weight is exactly 1 on every ker
   check_cases("extreme", cases);
 }
 
+// FlashAttention-4's lazy rescale (RuntimeOptions::lazy_rescale): a row's running maximum moves only
+// once a tile's passes it by more than 2^8, and O is rescaled only then. Every tensor-core path,
+// on every example: random scores (the maximum rarely moves far enough: the skip), scores rising
+// along the keys by about 7 (log2 units) a 64-key tile and 14 a 128-key one (some rows move at
+// every tile, some every other: the rescale after skips), and extreme scores (the old maximum plus
+// 8 rounds to itself: every growth moves it).
+TEST_CASE("the lazy rescale gives the reference's softmax on every tensor-core path", "[gpu][emu][attention][lazy]") {
+  SKIP_WITHOUT_GPU();
+  std::vector<Case> cases;
+  uint64_t seed = 4700;
+  for (const Path& path : forward_paths()) {
+    if (path.arch < 80 || path.dtype == DType::F32) continue;  // the SIMT paths have no rescale of their own
+    for (const auto& [pname, pattern] : example_patterns())
+      for (const char* data : {"random", "rising", "extreme"}) {
+        if (std::string(data) != "random" && pname != "longnet" && pname != "causal_local") continue;
+        Case c;
+        c.name = pname + "/lazy-" + data + "-" + path.name;
+        c.pattern = pattern, c.dtype = path.dtype, c.arch = path.arch, c.sm90a = path.sm90a, c.tma = path.tma;
+        c.lazy_rescale = true;
+        c.seed = seed++;
+        c.shape = make_shape(1, 300, 300, 4, 2, 64);
+        // k[j][0] grows by 0.5 a key and q[i][0] >= 1 (about 1.8): with the scale 1/8, about 7 in
+        // log2 units a 64-key tile.
+        if (std::string(data) == "rising") c.key_ramp = 0.5f;
+        if (std::string(data) == "extreme") c.input_scale = path.dtype == DType::F16 ? 3e4f : 1e11f;
+        cases.push_back(std::move(c));
+      }
+  }
+  check_cases("lazy-rescale", cases);
+}
+
 // A dynamic table on the device with problems: entries past the key blocks, negative ones, repeats,
 // a last row offset past the entries, rows out of order. The kernels count them as
 // sanitize_dynamic_table does, skip the bad entries (the answer is the reference's over the table

@@ -60,6 +60,7 @@ struct Mutation {
   // One causal branch: disjoint key tiles that cover every key, so _dkdv stores dK and dV itself
   // (BackwardPlan::keys_cover_all; the other patterns' key tiles overlap or leave keys out).
   bool causal = false;
+  bool lazy = false;  // RuntimeOptions::lazy_rescale (the forwards' AJ_LAZY_RESCALE)
 };
 
 const Mutation kMutations[] = {
@@ -313,11 +314,11 @@ const Mutation kMutations[] = {
     {"sm_90a backward: the next query tile's loads overwrite a stage the wgmmas may still read (no wait)", "bwd_sm90.cuh",
      "      aj_wgmma_wait<0>();\n    }\n    aj_syncthreads();", "    }\n    aj_syncthreads();", DType::BF16, true, true, 64, true, false},
     {"sm_90a backward: dK's B operand read K-major (Q's leading offset of the S^T product)", "bwd_sm90.cuh",
-     "dsa[kk],\n                                                     q_n + ", "dsa[kk],\n                                                     q_b + ",
+     "dsa[kk],\n                                               q_n + ", "dsa[kk],\n                                               q_b + ",
      DType::BF16, true, false, 128, true, false},
     {"sm_90a backward, head dim 128: every query sub-block's S^T reads Q's first rows", "bwd_sm90.cuh",
-     "(ks / 4) * AJ_TILE_Q * AJ_SW + c0 * AJ_SW + (ks % 4) * 32) >> 4),\n                                                      ks > 0);\n#pragma",
-     "(ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 32) >> 4),\n                                                      ks > 0);\n#pragma",
+     "q_b + (((ks / 4) * AJ_TILE_Q * AJ_SW + c0 * AJ_SW + (ks % 4) * 32) >> 4), ks > 0);",
+     "q_b + (((ks / 4) * AJ_TILE_Q * AJ_SW + (ks % 4) * 32) >> 4), ks > 0);",
      DType::BF16, true, false, 128, true, false},
     {"sm_90a backward: every dQ column block reads K's first", "bwd_sm90.cuh",
      "k_b + (((c0 / AJ_COLS) * AJ_TILE_K * AJ_SW + ks * 16 * AJ_SW) >> 4)", "k_b + ((ks * 16 * AJ_SW) >> 4)", DType::BF16,
@@ -386,6 +387,13 @@ const Mutation kMutations[] = {
      "    for (int x = 0; x < AJ_VD; ++x) aj_store(dvs + lane + AJ_SIMT_LANES * x, dv[x]);",
      "    for (int x = 0; x < AJ_VD; ++x) aj_store(dks + lane + AJ_SIMT_LANES * x, dv[x]);", DType::F32, true, false, 64, false,
      true, false, false, false, false, KernelConfig{}, false, false, 0, true},
+    {"lazy rescale: O never rescaled", "fwd_sm80.cuh", "  if (c[0] == 1.0f && c[1] == 1.0f) return;", "  return;", DType::BF16, false,
+     false, 64, false, true, false, false, false, false, KernelConfig{}, false, true, 0, false, true},
+    {"sm_90a, TMA, lazy rescale: O never rescaled", "fwd_sm80.cuh", "  if (c[0] == 1.0f && c[1] == 1.0f) return;", "  return;",
+     DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{}, false, true, 0, false, true},
+    {"lazy rescale: the maximum set by the first tile only", "fwd_sm80.cuh", "mx[h] > m[h] + AJ_LAZY_RESCALE ? mx[h] : m[h]",
+     "m[h] == AJ_NEG_INF ? mx[h] : m[h]", DType::BF16, false, false, 64, false, true, false, false, false, false, KernelConfig{}, false,
+     true, 0, false, true},
     {"backward, two-pass dQ: the exact sum weighs the keys a row masks too", "fwd_sm80.cuh", "att[h] = want[h] && (t.full || ",
      "att[h] = want[h] && (true || ", DType::BF16, true, true, 64, false, true, false, false, false, false, KernelConfig{}, false,
      false, 'k'},
@@ -397,7 +405,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
                          bool deterministic = false, int64_t d = 64, bool sm90a = false, bool tma = true,
                          bool far_below = false, bool device_table = false, bool random_in_kernel = false, bool folded = false,
                          const KernelConfig& config = {}, bool nonfinite_v = false, bool extreme = false,
-                         char nonfinite_in = 0, bool causal = false) {
+                         char nonfinite_in = 0, bool causal = false, bool lazy = false) {
   const Pattern p = causal ? PatternBuilder().branch(BranchSpec().causal()).build()
                     : folded ? PatternBuilder()
                                  .branch(BranchSpec().segment(128).dilation(1).causal())
@@ -491,6 +499,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   ro.templates = templates;
   ro.tma = tma;
   ro.wgmma_backward = sm90a;  // the backward's dK/dV on wgmma (bwd_sm90.cuh)
+  ro.lazy_rescale = lazy;
   ro.config = config;
   if (random_in_kernel) ro.random_in_kernel_above = 0;
   Runtime rt(ro);
@@ -636,6 +645,12 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
     INFO("causal, dK and dV stored directly, sm_90a " << (tma ? "TMA" : "cp.async"));
     CHECK(check_kernel(embedded, DType::BF16, true, false, 128, true, tma, false, false, false, false, {}, false, false, 0, true) == "");
   }
+  // The lazy rescale, extreme scores (every growth moves the maximum), on the sm_80 and both Hopper
+  // forwards.
+  for (const auto& [sm90a, tma] : {std::pair<bool, bool>{false, true}, {true, true}, {true, false}}) {
+    INFO("lazy rescale, extreme scores, " << (sm90a ? (tma ? "sm_90a TMA" : "sm_90a cp.async") : "sm_80"));
+    CHECK(check_kernel(embedded, DType::BF16, false, false, 64, sm90a, tma, false, false, false, false, {}, false, true, 0, false, true) == "");
+  }
   // Dilation 12: the TMA backward's folded query maps.
   CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, true, false, false, false, true) == "");
   // 192-row tiles: three consumer warpgroups in the TMA kernel, twelve warps in the cp.async one.
@@ -656,7 +671,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     t->replace(m.file, text);
     const std::string outcome =
         check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below, m.device_table,
-                     m.random_in_kernel, m.folded, m.config, m.nonfinite_v, m.extreme, m.nonfinite_in, m.causal);
+                     m.random_in_kernel, m.folded, m.config, m.nonfinite_v, m.extreme, m.nonfinite_in, m.causal, m.lazy);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }
