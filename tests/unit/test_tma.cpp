@@ -468,3 +468,64 @@ TEST_CASE("the TMA backward's tensor maps: Q and dO per query stride of the key-
   CHECK_FALSE(specs({1, 2}, 512, &why, q + 1));
   CHECK_THAT(why, Catch::Contains("16-byte aligned"));
 }
+
+// cp.reduce.async.bulk ... .add.f32 in the emulator: the adds land at the issuing thread's wait;
+// a wrong size, a misaligned end, a source written without fence.proxy.async, a source changed
+// before the wait and a thread that exits with its group pending are each reported by name.
+TEST_CASE("bulk reduce: the adds land at the wait and its misuses are reported", "[emu][tma]") {
+  const char* body = R"(
+extern "C" __global__ void bulk(const float* in, float* out) {
+  AJ_DYNAMIC_SHARED(smem);
+  float* buf = (float*)smem;
+  const int t = aj_thread_idx();
+  buf[t] = in[t];
+  FENCE;
+  aj_syncthreads();
+  if (t == 0) {
+    aj_bulk_reduce_add_f32(out + DST, buf + SRC, BYTES);
+    aj_bulk_commit();
+    CHANGE;
+    WAIT;
+  }
+}
+)";
+  std::vector<float> in(32), out(48);
+  for (int i = 0; i < 32; ++i) in[size_t(i)] = 0.25f * float(i) - 3.0f;
+  auto run = [&](const std::string& defines) {
+    const std::string source = TemplateSet::embedded().blocks() + "\n" + defines + "\n" + body;
+    auto m = load_emu_module(compile_for_emulator({"bulk", source, "sm_90a", "", {}}, default_kernel_cache(), knobs()));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = float(i);
+    const float* pin = in.data();
+    float* pout = out.data();
+    void* args[] = {&pin, &pout};
+    LaunchRequest r;
+    r.block_threads = 32;
+    r.dynamic_shared = 128;
+    r.args = args;
+    r.timeout_s = 60;
+    r.buffers = {{"in", in.data(), in.size() * 4, 4, false}, {"out", out.data(), out.size() * 4, 4, true}};
+    try {
+      m->launch(r);
+    } catch (const KernelFault& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string ok = "#define FENCE aj_fence_proxy_async()\n#define CHANGE\n#define WAIT aj_bulk_wait_read<0>()\n";
+  REQUIRE(run(ok + "#define DST 4\n#define SRC 8\n#define BYTES 64\n") == "");
+  for (int i = 0; i < 48; ++i) {
+    INFO("out[" << i << "]");
+    CHECK(out[size_t(i)] == (i >= 4 && i < 20 ? float(i) + in[size_t(i + 4)] : float(i)));  // 16 floats from buf[8 ..] into out[4 ..]
+  }
+  CHECK_THAT(run(ok + "#define DST 4\n#define SRC 8\n#define BYTES 24\n"), Catch::Contains("a non-zero multiple of 16 bytes, got 24"));
+  CHECK_THAT(run(ok + "#define DST 2\n#define SRC 8\n#define BYTES 16\n"), Catch::Contains("the global destination is not 16-byte aligned"));
+  CHECK_THAT(run(ok + "#define DST 4\n#define SRC 2\n#define BYTES 16\n"), Catch::Contains("is not 16-byte aligned"));
+  CHECK_THAT(run(ok + "#define DST 40\n#define SRC 0\n#define BYTES 64\n"), Catch::Contains("outside every buffer"));
+  CHECK_THAT(run("#define FENCE\n#define CHANGE\n#define WAIT aj_bulk_wait_read<0>()\n#define DST 4\n#define SRC 8\n#define BYTES 64\n"),
+             Catch::Contains("with no fence.proxy.async after it"));
+  CHECK_THAT(run("#define FENCE aj_fence_proxy_async()\n#define CHANGE buf[9] = 1.0f\n#define WAIT aj_bulk_wait_read<0>()\n"
+                 "#define DST 4\n#define SRC 8\n#define BYTES 64\n"),
+             Catch::Contains("changed before thread 0") && Catch::Contains("the copy may still read it"));
+  CHECK_THAT(run("#define FENCE aj_fence_proxy_async()\n#define CHANGE\n#define WAIT\n#define DST 4\n#define SRC 8\n#define BYTES 64\n"),
+             Catch::Contains("exits with a cp.reduce.async.bulk not waited for"));
+}
