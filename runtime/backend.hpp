@@ -133,6 +133,8 @@ struct KernelChoices {
   bool wgmma_backward = false;
   // The tensor-core forwards rescale O only once a row's maximum has grown past a threshold.
   bool lazy_rescale = false;
+  // Part of the tensor-core forwards' exponentials on the FMA pipe.
+  bool poly_exp2 = false;
 };
 // The forward's and the backward's requests: `r` (the problem's) with `config` and the choices.
 KernelRequest forward_request(KernelRequest r, const KernelConfig& config, const KernelChoices& c);

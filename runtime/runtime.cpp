@@ -209,7 +209,7 @@ bool wgmma_backward(const RuntimeOptions& o) { return o.wgmma_backward || knobs(
 // What the prepared attention's kernels are asked for besides their tiles: the options, and the
 // knobs that stand for them.
 KernelChoices kernel_choices(const RuntimeOptions& o, RandomLayouts random) {
-  return KernelChoices{o.tma, random, wgmma_backward(o), o.lazy_rescale || knobs().lazy_rescale};
+  return KernelChoices{o.tma, random, wgmma_backward(o), o.lazy_rescale || knobs().lazy_rescale, o.poly_exp2 || knobs().poly_exp2};
 }
 
 KernelConfig tuned_backward_config(const Pattern& pattern, const Problem& problem, const RuntimeOptions& o) {
@@ -235,6 +235,7 @@ KernelRequest forward_request(KernelRequest r, const KernelConfig& config, const
   r.tma = c.tma && knobs().tma;
   r.random_in_kernel = c.random == RandomLayouts::InKernel;
   r.lazy_rescale = c.lazy_rescale;
+  r.poly_exp2 = c.poly_exp2;
   return r;
 }
 

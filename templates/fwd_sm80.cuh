@@ -213,7 +213,18 @@ __device__ __forceinline__ void aj_tc_softmax_scores(float (&s)[AJ_TILE_K / 8][4
 #pragma unroll
   for (int j = 0; j < AJ_TILE_K / 8; ++j) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] = aj_ex2(aj_mul_rn(s[j][e], scale_log2) - base[e >> 1]);
+    for (int e = 0; e < 4; ++e) {
+      const float x = aj_mul_rn(s[j][e], scale_log2) - base[e >> 1];
+#ifdef AJ_POLY_EXP2
+      // FlashAttention-4: every AJ_POLY_EXP2-th n-tile's exponentials on the FMA pipe, so that the
+      // SFU and the FMA units share the work (the maximum's weight is still exactly 1: 2^0 is).
+      if (j % AJ_POLY_EXP2 == AJ_POLY_EXP2 - 1) {
+        s[j][e] = aj_ex2_poly(x);
+        continue;
+      }
+#endif
+      s[j][e] = aj_ex2(x);
+    }
     l[0] += s[j][0] + s[j][1];
     l[1] += s[j][2] + s[j][3];
   }

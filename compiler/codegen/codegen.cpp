@@ -204,6 +204,8 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   if (k.path == KernelPath::Sm90Tma && !forward) os << "#define AJ_BWD_PRODUCER 1\n";  // bwd_sm90_tma.cuh
   // fwd_sm80.cuh's softmax: the running maximum moves only past 8 (log2 units) above itself.
   if (r.lazy_rescale && forward && k.path != KernelPath::Simt) os << "#define AJ_LAZY_RESCALE 8.0f\n";
+  // ... and every AJ_POLY_EXP2-th n-tile's exponentials by aj_ex2_poly.
+  if (r.poly_exp2 && forward && k.path != KernelPath::Simt) os << "#define AJ_POLY_EXP2 4\n";
   if (k.path == KernelPath::Sm80) {
     // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
     os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "

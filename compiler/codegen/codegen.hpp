@@ -52,6 +52,8 @@ struct KernelRequest {
   bool wgmma_backward = false;
   // The tensor-core forwards' lazy rescale (AJ_LAZY_RESCALE; RuntimeOptions::lazy_rescale).
   bool lazy_rescale = false;
+  // Part of the tensor-core forwards' exponentials on the FMA pipe (AJ_POLY_EXP2; RuntimeOptions::poly_exp2).
+  bool poly_exp2 = false;
   KernelConfig config;
 };
 

@@ -179,6 +179,8 @@ const KnobSpec kKnobs[] = {
      [](const Knobs& k) { return print_bool(k.bwd_wgmma); }},
     {"ATTNJIT_LAZY_RESCALE", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.lazy_rescale); },
      [](const Knobs& k) { return print_bool(k.lazy_rescale); }},
+    {"ATTNJIT_POLY_EXP2", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.poly_exp2); },
+     [](const Knobs& k) { return print_bool(k.poly_exp2); }},
     {"ATTNJIT_DETERMINISTIC", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.deterministic); },
      [](const Knobs& k) { return print_bool(k.deterministic); }},
     {"ATTNJIT_MAX_WEIGHTS", [](const char* n, const std::string& v, Knobs& k) { parse_elements(n, v, k.max_weights); },

@@ -48,6 +48,10 @@ struct Knobs {
   // passes it by more than 2^8 and rescale O only then (FlashAttention-4); off by default until a
   // GPU has measured it (RuntimeOptions::lazy_rescale).
   bool lazy_rescale = false;
+  // ATTNJIT_POLY_EXP2=1: the tensor-core forwards take every fourth n-tile's exponentials on the
+  // FMA pipe (a cubic, aj_ex2_poly) instead of the SFU (FlashAttention-4); off by default until a
+  // GPU has measured it (RuntimeOptions::poly_exp2).
+  bool poly_exp2 = false;
   // A GPU of compute capability 9.0 runs the Hopper forward (sm_90a: wgmma, TMA) where it supports
   // the request, as proven in the emulator; ATTNJIT_SM90A=0 runs the sm_80 kernel there instead.
   bool sm90a = true;

@@ -139,6 +139,10 @@ struct RuntimeOptions {
   // 2^8 and rescale O only then (FlashAttention-4's lazy rescale: the same result, fewer multiplies);
   // also the ATTNJIT_LAZY_RESCALE=1 knob. Off by default until measured on a GPU.
   bool lazy_rescale = false;
+  // The tensor-core forwards take every fourth n-tile's exponentials on the FMA pipe (a cubic,
+  // relative error below 1e-4, far below fp16's and bf16's rounding) instead of the SFU
+  // (FlashAttention-4); also the ATTNJIT_POLY_EXP2=1 knob. Off by default until measured on a GPU.
+  bool poly_exp2 = false;
   // Kernels are rendered from these templates instead of the embedded ones (tests render
   // deliberately broken kernels this way; a changed template changes the kernel's cache key).
   std::shared_ptr<const TemplateSet> templates;

@@ -32,6 +32,10 @@ __device__ __forceinline__ aj_u16 aj_cvt_f16_f32(float f) {
   return h;
 }
 
+// fma.rn.f32 and cvt.rmi.f32.f32: a * b + c rounded once, and x rounded down to an integer.
+__device__ __forceinline__ float aj_fma(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ float aj_floor(float x) { return floorf(x); }
+
 // ex2.approx.ftz.f32 and lg2.approx.ftz.f32: the SFU's approximations, subnormals flushed.
 __device__ __forceinline__ float aj_ex2(float x) {
   float y;
@@ -79,7 +83,25 @@ __device__ __forceinline__ aj_u16 aj_cvt_f16_f32(float f) { return aj_emu_cvt_rn
 __device__ __forceinline__ aj_u16 aj_cvt_e4m3x2(float hi, float lo) { return aj_emu_cvt_e4m3x2(hi, lo); }
 __device__ __forceinline__ aj_u32 aj_cvt_f16x2_e4m3x2(aj_u16 x) { return aj_emu_cvt_f16x2_e4m3x2(x); }
 
+__device__ __forceinline__ float aj_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+__device__ __forceinline__ float aj_floor(float x) { return __builtin_floorf(x); }
+
 __device__ __forceinline__ float aj_ex2(float x) { return aj_emu_ex2_approx_ftz(x); }
 __device__ __forceinline__ float aj_lg2(float x) { return aj_emu_lg2_approx_ftz(x); }
 
 #endif  // AJ_EMULATE
+
+// 2^x on the FMA pipe instead of the SFU (FlashAttention-4's exponentials): x = n + f with
+// n = floor(x) and f in [0, 1); 2^f by a cubic in f (least relative error on [0, 1): at most
+// 8.6e-5, 2^0 exactly 1), then n added to its exponent bits. Below -126 the result is +0 (as
+// ex2.approx.ftz flushes subnormal results), -inf gives +0, from 128 on +inf, NaN stays NaN. The same
+// arithmetic (fma, floor, integer add) on the hardware and in the emulator, so the two agree bit
+// for bit (probe_ex2_poly).
+__device__ __forceinline__ float aj_ex2_poly(float x) {
+  if ((aj_float_as_uint(x) & 0x7fffffffu) > 0x7f800000u) return x;  // NaN (a bit test no fast-math rule folds)
+  if (x < -126.0f) return 0.0f;
+  if (x >= 128.0f) return aj_uint_as_float(0x7f800000u);
+  const float n = aj_floor(x), f = x - n;
+  const float p = aj_fma(aj_fma(aj_fma(0.07706263f, f, 0.22764981f), f, 0.69511571f), f, 1.0f);
+  return aj_uint_as_float(aj_float_as_uint(p) + ((aj_u32)(int)n << 23));
+}

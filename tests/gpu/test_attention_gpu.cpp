@@ -266,6 +266,32 @@ TEST_CASE("the lazy rescale gives the reference's softmax on every tensor-core p
   check_cases("lazy-rescale", cases);
 }
 
+// Part of the exponentials on the FMA pipe (RuntimeOptions::poly_exp2: every fourth n-tile's by
+// aj_ex2_poly), alone and with the lazy rescale (exponents up to 8): every tensor-core path, every
+// example with random scores, two with extreme ones.
+TEST_CASE("exponentials on the FMA pipe give the reference's softmax on every tensor-core path", "[gpu][emu][attention][poly]") {
+  SKIP_WITHOUT_GPU();
+  std::vector<Case> cases;
+  uint64_t seed = 4800;
+  for (const Path& path : forward_paths()) {
+    if (path.arch < 80 || path.dtype == DType::F32) continue;
+    for (const auto& [pname, pattern] : example_patterns())
+      for (const char* data : {"random", "lazy", "extreme"}) {
+        if (std::string(data) != "random" && pname != "longnet" && pname != "sliding_window") continue;
+        Case c;
+        c.name = pname + "/poly-" + data + "-" + path.name;
+        c.pattern = pattern, c.dtype = path.dtype, c.arch = path.arch, c.sm90a = path.sm90a, c.tma = path.tma;
+        c.poly_exp2 = true;
+        c.lazy_rescale = std::string(data) == "lazy";
+        c.seed = seed++;
+        c.shape = make_shape(1, 300, 300, 4, 2, 64);
+        if (std::string(data) == "extreme") c.input_scale = path.dtype == DType::F16 ? 3e4f : 1e11f;
+        cases.push_back(std::move(c));
+      }
+  }
+  check_cases("poly-exp2", cases);
+}
+
 // A dynamic table on the device with problems: entries past the key blocks, negative ones, repeats,
 // a last row offset past the entries, rows out of order. The kernels count them as
 // sanitize_dynamic_table does, skip the bad entries (the answer is the reference's over the table

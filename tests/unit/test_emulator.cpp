@@ -319,3 +319,48 @@ TEST_CASE("named barriers: bar.sync waits for the count, bar.arrive goes on, mis
   if (aj_thread_idx() < 64) aj_named_arrive(3, 128);)");
   CHECK_THAT(fault(*unmatched, r), Catch::Contains("64 of 128 threads arrived at named barrier 3"));
 }
+
+// aj_ex2_poly, the softmax's FMA-pipe exponential: 2^x within 1e-4 relative (the cubic's 8.6e-5 plus
+// fp32 rounding) over the softmax's range and beyond, 2^n exactly at integers n, +0 below -126 and
+// at -inf, +inf at +inf, NaN kept; monotone, as a softmax's weights must be in their scores.
+TEST_CASE("the FMA-pipe exponential: within 1e-4 of 2^x and exact at integers", "[emulator][ptx]") {
+  const auto m = kernel("ex2_poly", "const int t = aj_block_idx_x() * 64 + aj_thread_idx(); if (t < n) b[t] = "
+                                    "aj_float_as_uint(aj_ex2_poly(aj_uint_as_float(a[t])));");
+  std::vector<float> xs;
+  for (int i = 0; i <= 13600; ++i) xs.push_back(-126.0f + 0.01f * float(i));  // -126 .. 10
+  for (int n = -126; n <= 127; ++n) xs.push_back(float(n));
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (float x : {-126.5f, -150.0f, -inf, inf, nan, -0.0f, 0.0f}) xs.push_back(x);
+  Run r;
+  r.n = int(xs.size());
+  r.grid = unsigned((xs.size() + 63) / 64);
+  r.a.resize(xs.size());
+  std::memcpy(r.a.data(), xs.data(), xs.size() * 4);
+  r.b.assign(xs.size(), 0);
+  r(*m);
+  auto got = [&](size_t i) {
+    float y;
+    std::memcpy(&y, &r.b[i], 4);
+    return y;
+  };
+  double worst = 0;
+  for (size_t i = 0; i <= 13600; ++i) {
+    const double want = std::exp2(double(xs[i]));
+    worst = std::max(worst, std::abs(double(got(i)) - want) / want);
+    if (i > 0) REQUIRE(got(i) >= got(i - 1));  // monotone over the grid
+  }
+  CHECK(worst < 1e-4);
+  CHECK(worst > 1e-6);  // a cubic, not the SFU's approximation: the test can tell them apart
+  for (size_t i = 13601; i < 13601 + 254; ++i) {
+    INFO("2^" << xs[i]);
+    CHECK(got(i) == std::ldexp(1.0f, int(xs[i])));
+  }
+  const size_t s = 13601 + 254;
+  CHECK(got(s) == 0.0f);      // -126.5: flushed, as ex2.approx.ftz flushes subnormal results
+  CHECK(got(s + 1) == 0.0f);  // -150
+  CHECK(got(s + 2) == 0.0f);  // -inf
+  CHECK(std::isinf(got(s + 3)));
+  CHECK(std::isnan(got(s + 4)));
+  CHECK(got(s + 5) == 1.0f);
+  CHECK(got(s + 6) == 1.0f);
+}

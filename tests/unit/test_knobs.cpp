@@ -28,7 +28,7 @@ const std::vector<std::string> kAllVariables = {
     "ATTNJIT_LOG_LEVEL", "ATTNJIT_CACHE_MAX_BYTES", "ATTNJIT_PRINT_AUTOTUNING", "ATTNJIT_TUNE",  "XDG_CACHE_HOME",
     "HOME", "ATTNJIT_DETERMINISTIC", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT",
     "ATTNJIT_CPU_SIMD", "ATTNJIT_MAX_WEIGHTS", "ATTNJIT_NVRTC", "ATTNJIT_PLAN_CACHE_BYTES", "ATTNJIT_SM90A", "ATTNJIT_TMA",
-    "ATTNJIT_RANDOM_IN_KERNEL", "ATTNJIT_PROGRESS_AFTER", "ATTNJIT_BWD_WGMMA", "ATTNJIT_LAZY_RESCALE"};
+    "ATTNJIT_RANDOM_IN_KERNEL", "ATTNJIT_PROGRESS_AFTER", "ATTNJIT_BWD_WGMMA", "ATTNJIT_LAZY_RESCALE", "ATTNJIT_POLY_EXP2"};
 
 // Clears every variable the knobs read and restores the caller's environment afterwards.
 class CleanEnvironment {
@@ -139,6 +139,9 @@ TEST_CASE("knobs parse every variable", "[knobs]") {
   CHECK_FALSE(Knobs::from_environment().lazy_rescale);
   env.set("ATTNJIT_LAZY_RESCALE", "1");
   CHECK(Knobs::from_environment().lazy_rescale);
+  CHECK_FALSE(Knobs::from_environment().poly_exp2);
+  env.set("ATTNJIT_POLY_EXP2", "1");
+  CHECK(Knobs::from_environment().poly_exp2);
   CHECK(Knobs::from_environment().progress_after_s == 1.0);
   env.set("ATTNJIT_PROGRESS_AFTER", "0");
   CHECK(Knobs::from_environment().progress_after_s == 0.0);
@@ -281,6 +284,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_BWD_SINGLE_PASS=1\n"
         "ATTNJIT_BWD_WGMMA=0\n"
         "ATTNJIT_LAZY_RESCALE=0\n"
+        "ATTNJIT_POLY_EXP2=0\n"
         "ATTNJIT_DETERMINISTIC=0\n"
         "ATTNJIT_MAX_WEIGHTS=268435456\n"
         "ATTNJIT_SHIPPED_DB_DIR=none\n"

@@ -61,6 +61,7 @@ struct Mutation {
   // (BackwardPlan::keys_cover_all; the other patterns' key tiles overlap or leave keys out).
   bool causal = false;
   bool lazy = false;  // RuntimeOptions::lazy_rescale (the forwards' AJ_LAZY_RESCALE)
+  bool poly = false;  // RuntimeOptions::poly_exp2 (the forwards' AJ_POLY_EXP2)
 };
 
 const Mutation kMutations[] = {
@@ -261,10 +262,10 @@ const Mutation kMutations[] = {
      "  aj_syncthreads();  // Q is in place and the mbarriers are initialised, for every thread\n", "\n", DType::BF16, false, false, 64,
      true},
     {"the softmax's exponent fused with the scale (the maximum's weight not exactly 1)", "fwd_sm80.cuh",
-     "aj_ex2(aj_mul_rn(s[j][e], scale_log2) - base[e >> 1])", "aj_ex2(fmaf(s[j][e], scale_log2, -base[e >> 1]))", DType::BF16,
+     "aj_mul_rn(s[j][e], scale_log2) - base[e >> 1]", "fmaf(s[j][e], scale_log2, -base[e >> 1])", DType::BF16,
      false, false, 64, false, true, false, false, false, false, KernelConfig{}, false, true},
     {"sm_90a: the softmax's exponent fused with the scale", "fwd_sm80.cuh",
-     "aj_ex2(aj_mul_rn(s[j][e], scale_log2) - base[e >> 1])", "aj_ex2(fmaf(s[j][e], scale_log2, -base[e >> 1]))", DType::BF16,
+     "aj_mul_rn(s[j][e], scale_log2) - base[e >> 1]", "fmaf(s[j][e], scale_log2, -base[e >> 1])", DType::BF16,
      false, false, 64, true, true, false, false, false, false, KernelConfig{}, false, true},
     {"a row a masked non-finite V reached is not summed again", "fwd_sm80.cuh",
      "    *(aj_u32*)(tile + r0 * AJ_DVP + col) = w0;", "    bad[0] = bad[1] = false;\n    *(aj_u32*)(tile + r0 * AJ_DVP + col) = w0;",
@@ -394,6 +395,11 @@ const Mutation kMutations[] = {
     {"lazy rescale: the maximum set by the first tile only", "fwd_sm80.cuh", "mx[h] > m[h] + AJ_LAZY_RESCALE ? mx[h] : m[h]",
      "m[h] == AJ_NEG_INF ? mx[h] : m[h]", DType::BF16, false, false, 64, false, true, false, false, false, false, KernelConfig{}, false,
      true, 0, false, true},
+    {"FMA-pipe exponentials: 2^n put one binade too high", "blocks/math.cuh", "((aj_u32)(int)n << 23)", "((aj_u32)((int)n + 1) << 23)",
+     DType::BF16, false, false, 64, false, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, true},
+    {"sm_90a, TMA, FMA-pipe exponentials: the cubic's linear term dropped", "blocks/math.cuh", ", f, 0.69511571f), f, 1.0f)",
+     ", f, 0.0f), f, 1.0f)", DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0,
+     false, false, true},
     {"backward, two-pass dQ: the exact sum weighs the keys a row masks too", "fwd_sm80.cuh", "att[h] = want[h] && (t.full || ",
      "att[h] = want[h] && (true || ", DType::BF16, true, true, 64, false, true, false, false, false, false, KernelConfig{}, false,
      false, 'k'},
@@ -405,7 +411,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
                          bool deterministic = false, int64_t d = 64, bool sm90a = false, bool tma = true,
                          bool far_below = false, bool device_table = false, bool random_in_kernel = false, bool folded = false,
                          const KernelConfig& config = {}, bool nonfinite_v = false, bool extreme = false,
-                         char nonfinite_in = 0, bool causal = false, bool lazy = false) {
+                         char nonfinite_in = 0, bool causal = false, bool lazy = false, bool poly = false) {
   const Pattern p = causal ? PatternBuilder().branch(BranchSpec().causal()).build()
                     : folded ? PatternBuilder()
                                  .branch(BranchSpec().segment(128).dilation(1).causal())
@@ -500,6 +506,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   ro.tma = tma;
   ro.wgmma_backward = sm90a;  // the backward's dK/dV on wgmma (bwd_sm90.cuh)
   ro.lazy_rescale = lazy;
+  ro.poly_exp2 = poly;
   ro.config = config;
   if (random_in_kernel) ro.random_in_kernel_above = 0;
   Runtime rt(ro);
@@ -651,6 +658,13 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
     INFO("lazy rescale, extreme scores, " << (sm90a ? (tma ? "sm_90a TMA" : "sm_90a cp.async") : "sm_80"));
     CHECK(check_kernel(embedded, DType::BF16, false, false, 64, sm90a, tma, false, false, false, false, {}, false, true, 0, false, true) == "");
   }
+  // Exponentials on the FMA pipe (with extreme scores, and with the lazy rescale) on the sm_80 and
+  // the Hopper TMA forward.
+  for (const bool sm90a : {false, true}) {
+    INFO("FMA-pipe exponentials, " << (sm90a ? "sm_90a TMA" : "sm_80"));
+    CHECK(check_kernel(embedded, DType::BF16, false, false, 64, sm90a, true, false, false, false, false, {}, false, false, 0, false, false, true) == "");
+    CHECK(check_kernel(embedded, DType::BF16, false, false, 64, sm90a, true, false, false, false, false, {}, false, true, 0, false, true, true) == "");
+  }
   // Dilation 12: the TMA backward's folded query maps.
   CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, true, false, false, false, true) == "");
   // 192-row tiles: three consumer warpgroups in the TMA kernel, twelve warps in the cp.async one.
@@ -671,7 +685,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     t->replace(m.file, text);
     const std::string outcome =
         check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below, m.device_table,
-                     m.random_in_kernel, m.folded, m.config, m.nonfinite_v, m.extreme, m.nonfinite_in, m.causal, m.lazy);
+                     m.random_in_kernel, m.folded, m.config, m.nonfinite_v, m.extreme, m.nonfinite_in, m.causal, m.lazy, m.poly);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }

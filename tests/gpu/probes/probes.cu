@@ -128,6 +128,13 @@ extern "C" __global__ void probe_red_add_u32(const aj_u32* in, aj_u32* out) {
   aj_red_add_u32(out + (t + aj_block_idx_x()) % 8, in[t]);
 }
 
+// aj_ex2_poly (the FMA-pipe exp2 of the softmax's option): out[i] = 2^in[i], two a thread. Pure
+// fma, floor and integer arithmetic: the hardware and the emulator must agree bit for bit.
+extern "C" __global__ void probe_ex2_poly(const aj_u32* in, aj_u32* out) {
+  const int t = aj_thread_idx();
+  for (int i = 2 * t; i < 2 * t + 2; ++i) out[i] = aj_float_as_uint(aj_ex2_poly(aj_probe_f(in[i])));
+}
+
 // fp32 arithmetic as NVRTC compiles it (--use_fast_math: contraction to fma, subnormals flushed):
 // out[2t] = a * b + c, out[2t+1] = a * b (in[3t..3t+2] = a, b, c).
 extern "C" __global__ void probe_fp32_arith(const aj_u32* in, aj_u32* out) {

@@ -139,6 +139,18 @@ std::vector<uint32_t> ex2_lg2_inputs() {
   return w;
 }
 
+// The polynomial exp2's edges (NaN, infinities, the flush below -126, zeros of either sign,
+// subnormals, integers, the largest fraction below one) and the softmax's range.
+std::vector<uint32_t> ex2_poly_inputs() {
+  std::vector<uint32_t> w = {0xff800000u, 0x7f800000u, 0x7fc00000u, 0xffc00000u, 0x00000000u, 0x80000000u, 0x00000001u,
+                             0x80000001u, bits(-126.0f), bits(-126.5f), bits(-125.99f), bits(-150.0f), bits(8.0f),
+                             bits(1.0f), bits(-1.0f), bits(0.5f), bits(-0.5f), bits(std::nextafter(1.0f, 0.0f)),
+                             bits(-std::nextafter(1.0f, 0.0f)), bits(-1e-7f), bits(100.25f), bits(-33.75f)};
+  Rng r{21};
+  while (w.size() < 128) w.push_back(bits(r.uniform(-40.0f, 8.0f)));
+  return w;
+}
+
 // a * b + c where fusing changes the result, and products that fall into the subnormal range.
 std::vector<uint32_t> arith_inputs() {
   const float e = std::ldexp(1.0f, -12);
@@ -201,6 +213,7 @@ const std::vector<Probe>& probes() {
       {"probe_cvt", 1, 1, 64, 0, 256, Compare::Exact, cvt_inputs},
       {"probe_ex2_lg2", 1, 1, 64, 0, 128, Compare::Approx, ex2_lg2_inputs},
       {"probe_fp32_arith", 1, 1, 64, 0, 128, Compare::Exact, arith_inputs},
+      {"probe_ex2_poly", 1, 1, 64, 0, 128, Compare::Exact, ex2_poly_inputs},
       {"probe_red_add", 2, 1, 64, 0, 8, Compare::Exact, small_integer_floats},
       {"probe_red_add_u32", 2, 1, 64, 0, 8, Compare::Exact, [] { return random_words(64, 18); }},
       {"probe_red_add_f32x2", 2, 1, 64, 0, 8, Compare::Exact, small_integer_floats},
