@@ -33,6 +33,11 @@
 # e.g. "probes gpu_forward_examples gpu_forward gpu_backward gpu_driver" and then
 # "gpu_backward_random gpu_forward_sm80 gpu_forward_sm90a_cpasync python_tests memcheck racecheck
 # synccheck initcheck"),
+# ATTNJIT_DC_LANES (groups of step names separated by ';': after the probes each group runs in its
+# own process, all at once on the one GPU, sharing the build and the kernel cache; one report. The
+# correctness steps fit one call that way, e.g. "gpu_forward_examples gpu_forward;gpu_backward;
+# gpu_backward_random gpu_driver;gpu_forward_sm80 gpu_forward_sm90a_cpasync python_tests;
+# memcheck synccheck;racecheck initcheck" with ATTNJIT_DC_ONLY="probes". Not for timings),
 # ATTNJIT_DC_FULL_UNIT=1 also runs the NVRTC matrix unit test (about 4 minutes of compiles that
 # do not need a GPU and run on every CPU machine; left out by default to keep this under 10 minutes).
 set -uo pipefail
@@ -46,8 +51,10 @@ jobs="${JOBS:-$(nproc)}"
 budget="${ATTNJIT_DC_BUDGET:-540}"
 t_start=$(date +%s)
 steps="$out/steps.tsv"
-: > "$steps"
-rm -f "$out/gpu_cases.jsonl" "$out/bench.json"
+if [ "${ATTNJIT_DC_JOIN:-0}" != 1 ]; then  # a lane adds to the run that started it
+  : > "$steps"
+  rm -f "$out/gpu_cases.jsonl" "$out/gpu_cases_sm80.jsonl" "$out/bench.json"
+fi
 export ATTNJIT_CACHE_DIR="$build/kernel-cache"  # kernels compiled by the GPU tests are reused by the sanitizer runs
 # The GPU tests run on the GPU here, whatever the calling shell set (ctest's emu_suite sets its own).
 export ATTNJIT_GPU_TESTS_DEVICE=gpu
@@ -62,6 +69,7 @@ elapsed() { echo $(( $(date +%s) - t_start )); }
 # tool that degrades).
 step() {
   local name="$1" limit="$2" reserve="$3" cmd="$4" log="$out/logs/$1.log"
+  quiet "$name" && return
   if [[ " ${ATTNJIT_DC_SKIP:-} " == *" $name "* ]]; then skip "$name" "left out by ATTNJIT_DC_SKIP"; return; fi
   if [ -n "${ATTNJIT_DC_ONLY:-}" ] && [[ " $ATTNJIT_DC_ONLY versions configure build nvidia_smi attnjit_info " != *" $name "* ]]; then
     skip "$name" "not in ATTNJIT_DC_ONLY"; return
@@ -95,7 +103,13 @@ record() {  # NAME STATUS SECONDS RC NOTE
   printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$(echo "$5" | tr '\t\n' '  ')" >> "$steps"
   write_report
 }
-skip() { echo "skipped: $2" > "$out/logs/$1.log"; record "$1" skipped 0 - "$2"; echo "== $1: skipped: $2"; }
+skip() { quiet "$1" && return; echo "skipped: $2" > "$out/logs/$1.log"; record "$1" skipped 0 - "$2"; echo "== $1: skipped: $2"; }
+# Steps another process records: a lane records only its own steps (ATTNJIT_DC_JOIN), and the
+# run that started the lanes leaves theirs to them.
+quiet() {
+  [ "${ATTNJIT_DC_JOIN:-0}" = 1 ] && [[ " ${ATTNJIT_DC_ONLY:-} " != *" $1 "* ]] && return 0
+  [[ " ${lane_steps:-} " == *" $1 "* ]]
+}
 status_of() { awk -F'\t' -v n="$1" '$1 == n { print $2 }' "$steps"; }  # a recorded step's status
 
 write_report() {
@@ -263,6 +277,24 @@ gpu_run() {  # STEP TIMEOUT RESERVE FILTER
   step "$1" "$2" "$3" "cd '$build' && ATTNJIT_GPU_TEST_REPORT='$out/gpu_cases.jsonl' ./tests/attnjit_gpu_tests '$4' \
     -r junit -o '$out/catch_$1.xml'"
 }
+# Lanes (ATTNJIT_DC_LANES="steps;steps;..."): after the build and the probes, each group of steps
+# runs in a process of its own, all at once on the one GPU, and this run waits for them; the
+# kernel cache is shared (its writes are atomic renames). Correctness steps only: timings taken
+# side by side mean nothing.
+lane_steps=""
+if [ -n "${ATTNJIT_DC_LANES:-}" ] && [ "${ATTNJIT_DC_JOIN:-0}" != 1 ]; then
+  IFS=';' read -ra lanes <<< "$ATTNJIT_DC_LANES"
+  pids=()
+  for i in "${!lanes[@]}"; do
+    echo "== [$(elapsed)s] lane $i: ${lanes[$i]} (log: logs/lane$i.out)"
+    ATTNJIT_DC_JOIN=1 ATTNJIT_DC_ONLY="${lanes[$i]}" ATTNJIT_DC_BUDGET=$(( budget - $(elapsed) )) ATTNJIT_DC_PACK=0 \
+      BUILD_DIR="$build" bash "$root/tests/device/device_check.sh" "$out" > "$out/logs/lane$i.out" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  lane_steps="${ATTNJIT_DC_LANES//;/ }"
+  echo "== [$(elapsed)s] lanes done"
+fi
 if (( have_gpu )); then
   # The examples first, on their own: a kernel that never finishes (an mbarrier nobody completes)
   # costs this step's 90 seconds, not the whole forward step's, and the rest of the run goes on
@@ -280,7 +312,7 @@ if (( have_gpu )); then
   gpu_run gpu_forward 300 280 '[attention]~[graph]~[examples]'
   # The backward's random sweep compiles a kernel set per case (about 100 s on a fresh machine): a
   # step of its own, after the driver and graph tests, so that a short budget cuts it and not them.
-  gpu_run gpu_backward 200 250 '[grad]~[random]'  # about 125 s on an H200
+  gpu_run gpu_backward 300 250 '[grad]~[random]'  # about 125 s on an H200 before the TMA backward's cases
   gpu_run gpu_driver 90 240 '~[attention]~[grad],[graph]'
   gpu_run gpu_backward_random 150 200 '[grad][random]'
   # On compute capability 9.0 the steps above ran the Hopper forward (sm_90a: wgmma, the TMA
@@ -350,6 +382,7 @@ unit_filter="-E 'every template variant compiles'"
 [ "${ATTNJIT_DC_FULL_UNIT:-0}" = 1 ] && unit_filter=""
 step unit_tests 240 0 "cd '$build' && ctest -LE 'gpu|python' $unit_filter -j $jobs --output-on-failure --timeout 230 $(junit ctest_unit.xml)"
 
+[ "${ATTNJIT_DC_JOIN:-0}" = 1 ] && exit 0  # the run that started this lane writes the report last
 write_report
 echo "== [$(elapsed)s] done: $out/report.md, $out/report.json"
 failed="$(awk -F'\t' '$2=="fail"||$2=="timeout"||$2=="no_time"{printf "%s ", $1}' "$steps")"

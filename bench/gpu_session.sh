@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: correctness first, then timings, inside the call's limit.
+#
+#   bash bench/gpu_session.sh OUTDIR [DC_BUDGET] [BENCH_BUDGET]   (repository root, .deps carried)
+#
+# 1. tests/device/device_check.sh with every correctness step (probes, then the GPU tests,
+#    Python's GPU subset and the four sanitizers in lanes side by side: ATTNJIT_DC_LANES), within
+#    DC_BUDGET seconds (360); OUTDIR/dc/report.{md,json}, the logs packed in OUTDIR/dc.tgz.
+# 2. Kernel options against the default, attnjit alone: attnjit_gpu_bench on dense and BigBird
+#    (16384 tokens, 16 heads, head dim 128, bf16) per setting in processes of its own, the
+#    settings interleaved in rounds so drift hits each alike; OUTDIR/ab.txt.
+#    Settings: default; ATTNJIT_BWD_WGMMA=1 (the Hopper backward); ATTNJIT_LAZY_RESCALE=1 and
+#    ATTNJIT_POLY_EXP2=1 (forward only).
+# 3. bench/peers.py on the cases that decide the headline (dense d128, BigBird, LongNet 32K) with
+#    what is left of BENCH_BUDGET (150); OUTDIR/peers/peers.{md,json}.
+# Everything else (logs, peers.png) in OUTDIR/session.tgz. At most 8 files come back from a lent
+# machine: this leaves dc/report.md, dc/report.json, dc.tgz, ab.txt, peers/peers.md,
+# peers/peers.json, session.tgz.
+set -u
+[ $# -ge 1 ] || { echo "usage: bash bench/gpu_session.sh OUTDIR [DC_BUDGET] [BENCH_BUDGET]" >&2; exit 2; }
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mkdir -p "$1" || exit 2
+out="$(cd "$1" && pwd)"
+dc_budget="${2:-360}"
+bench_budget="${3:-150}"
+cd "$root" || exit 2
+build="$root/build-device"
+mkdir -p "$out/logs"
+
+echo "== device check (budget ${dc_budget}s)"
+ATTNJIT_DC_BUDGET="$dc_budget" ATTNJIT_DC_PACK=1 ATTNJIT_DC_ONLY=probes \
+ATTNJIT_DC_LANES="gpu_forward_examples gpu_forward;gpu_backward;gpu_backward_random gpu_driver;gpu_forward_sm80 gpu_forward_sm90a_cpasync;python_tests;memcheck synccheck;racecheck initcheck" \
+  bash tests/device/device_check.sh "$out/dc" > "$out/logs/device_check.out" 2>&1
+echo "device check: exit $? ($SECONDS s)"
+grep -m1 'result:' "$out/dc/report.md"
+
+t_bench=$SECONDS
+left() { echo $(( bench_budget - (SECONDS - t_bench) )); }
+export ATTNJIT_CACHE_DIR="$build/kernel-cache"
+bench_bin="$build/bench/attnjit_gpu_bench"
+common=(--seq 16384 --heads 16 --head-dim 128 --dtype bf16 --batch 1 --no-ttfr)
+: > "$out/ab.txt"
+if [ -x "$bench_bin" ]; then
+  for round in 1 2; do
+    for setting in default ATTNJIT_BWD_WGMMA=1 ATTNJIT_LAZY_RESCALE=1 ATTNJIT_POLY_EXP2=1; do
+      (( $(left) < 60 )) && { echo "round $round $setting: not run (budget)" >> "$out/ab.txt"; continue; }
+      extra=()
+      [[ "$setting" == *RESCALE* || "$setting" == *POLY* ]] && extra=(--no-backward)
+      env_set=()
+      [ "$setting" != default ] && env_set=("$setting")
+      echo "## round $round: $setting" >> "$out/ab.txt"
+      env "${env_set[@]}" timeout 60 "$bench_bin" "${common[@]}" "${extra[@]}" \
+        "$root/bench/patterns/dense.json" "$root/examples/bigbird.json" >> "$out/ab.txt" 2>&1
+      echo "exit $?" >> "$out/ab.txt"
+    done
+  done
+fi
+echo "ab: done ($SECONDS s)"
+
+peers_budget=$(( $(left) - 20 ))
+if (( peers_budget >= 40 )) && [ -d "$build/python/attnjit" ]; then
+  PYTHONUNBUFFERED=1 PYTHONPATH="$build/python" timeout $(( peers_budget + 15 )) python3 bench/peers.py \
+    --out "$out/peers" --budget "$peers_budget" --cases 'dense-d128-s16384,bigbird-s16384,longnet-s32768' \
+    > "$out/logs/peers.out" 2>&1
+  echo "peers: exit $? ($SECONDS s)"
+else
+  echo "peers: not run (${peers_budget}s left, or no Python package)"
+fi
+mkdir -p "$out/peers"
+[ -f "$out/peers/peers.png" ] && mv "$out/peers/peers.png" "$out/logs/"
+tar czf "$out/session.tgz" -C "$out" logs && rm -rf "$out/logs"
+echo "done ($SECONDS s)"
