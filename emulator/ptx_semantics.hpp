@@ -23,7 +23,7 @@ float cvt_f32_bf16(uint16_t h);
 // the lower half. `type` is AJ_EMU_F16 or AJ_EMU_BF16.
 uint32_t cvt_rn_x2(float a, float b, int type);
 // cvt.rn.satfinite.e4m3x2.f32 d, a, b (sm_89+): each to FP8 e4m3, to nearest even, saturated to
-// +-448 (infinities too), a NaN to 0x7F with its sign (compiler/support/half.hpp: float_to_e4m3);
+// +-448 (infinities too), a NaN to 0x7F whatever its sign (compiler/support/half.hpp: float_to_e4m3);
 // "a" to the upper byte of d, "b" to the lower.
 uint16_t cvt_rn_satfinite_e4m3x2(float a, float b);
 // cvt.rn.f16x2.e4m3x2 d, a (sm_89+): each byte of a to fp16, exactly (every e4m3 value is an fp16

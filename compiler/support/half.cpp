@@ -72,7 +72,7 @@ uint8_t float_to_e4m3(float f) {
   const uint32_t x = std::bit_cast<uint32_t>(f);
   const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80);
   const uint32_t abs = x & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7f;  // NaN
+  if (abs > 0x7f800000u) return 0x7f;  // NaN: the canonical 0x7F whatever its sign, as the H200 gives
   // Past 448 + half an ulp (464), infinities included: the largest finite value. 464 itself is a
   // tie that rounds to 448's even mantissa below.
   if (abs > 0x43e80000u) return sign | 0x7e;

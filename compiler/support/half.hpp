@@ -17,7 +17,7 @@ uint16_t float_to_bfloat16(float f);
 // FP8 e4m3 (OCP "E4M3FN": 1 sign, 4 exponent bits with bias 7, 3 mantissa bits, no infinities,
 // NaN = S.1111.111, largest finite 448) <-> binary32, as cvt.rn.satfinite.e4m3x2.f32 converts:
 // round to nearest, ties to even; magnitudes past 448 (infinities included) saturate to +-448;
-// a NaN becomes 0x7F with the input's sign. Decoding is exact; either NaN code decodes to a NaN.
+// a NaN becomes 0x7F whatever its sign (the hardware's canonical NaN, seen on an H200). Decoding is exact; either NaN code decodes to a NaN.
 float e4m3_to_float(uint8_t x);
 uint8_t float_to_e4m3(float f);
 

@@ -2,6 +2,7 @@
 torch.library (fake implementations included, so torch.compile(fullgraph=True) traces them) and
 differentiable in q, k and v through the backward kernels."""
 import operator
+import os
 from typing import Optional
 
 import torch
@@ -25,6 +26,12 @@ def op_spec(pattern, scale=None) -> str:
 
 
 def _constants(x):
+    # A Pattern and a path as their text: older Dynamo (torch 2.11) passes only constants it can
+    # read to an assume_constant_result function, and neither object is one.
+    if isinstance(x, _pattern.Pattern):
+        return x.op_spec
+    if isinstance(x, os.PathLike):
+        return os.fspath(x)
     if isinstance(x, dict):
         return {key: _constants(value) for key, value in x.items()}
     if isinstance(x, (list, tuple)):

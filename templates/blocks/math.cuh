@@ -49,7 +49,7 @@ __device__ __forceinline__ float aj_lg2(float x) {
 }
 
 // cvt.rn.satfinite.e4m3x2.f32 d, hi, lo (sm_89+): two floats to FP8 e4m3, to nearest even,
-// saturated to +-448, a NaN to 0x7F with its sign; hi in the upper byte (PTX operand order).
+// saturated to +-448, a NaN to 0x7F whatever its sign; hi in the upper byte (PTX operand order).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 __device__ __forceinline__ aj_u16 aj_cvt_e4m3x2(float hi, float lo) {
   aj_u16 r;

@@ -457,9 +457,8 @@ def test_empty_problems_give_empty_outputs_and_gradients(shape, device, monkeypa
     dq, dk, dv = torch.autograd.grad(o.sum(), (q, k, v))
     for g, x in zip((dq, dk, dv), (q, k, v)):
         assert g.shape == x.shape and g.dtype == dtype and not g.any()
-    if sq and sk:  # SDPA's answer, where it has one (it has no rule for rows without keys)
-        want = torch.nn.functional.scaled_dot_product_attention(*(x.detach().transpose(1, 2) for x in (q, k, v)))
-        assert want.numel() == 0 and want.transpose(1, 2).shape == o.shape
+    # Not compared with SDPA: torch 2.11's CPU SDPA dies of SIGFPE (an integer division by zero)
+    # on zero heads, which takes the whole test session with it.
     on, lsen, wn = attnjit.attention(*(x.detach().numpy() for x in (q, k, v)), p, return_lse=True, return_weights=True)
     assert on.shape == o.shape and lsen.shape == lse.shape and wn.shape == w.shape and not on.any()
 
