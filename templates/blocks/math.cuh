@@ -35,6 +35,12 @@ __device__ __forceinline__ aj_u16 aj_cvt_f16_f32(float f) {
 // fma.rn.f32 and cvt.rmi.f32.f32: a * b + c rounded once, and x rounded down to an integer.
 __device__ __forceinline__ float aj_fma(float a, float b, float c) { return fmaf(a, b, c); }
 __device__ __forceinline__ float aj_floor(float x) { return floorf(x); }
+// add.rm.f32: a + b rounded toward minus infinity (one FADD on the FMA pipe).
+__device__ __forceinline__ float aj_add_rm(float a, float b) {
+  float y;
+  asm("add.rm.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
+  return y;
+}
 
 // ex2.approx.ftz.f32 and lg2.approx.ftz.f32: the SFU's approximations, subnormals flushed.
 __device__ __forceinline__ float aj_ex2(float x) {
@@ -85,6 +91,11 @@ __device__ __forceinline__ aj_u32 aj_cvt_f16x2_e4m3x2(aj_u16 x) { return aj_emu_
 
 __device__ __forceinline__ float aj_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 __device__ __forceinline__ float aj_floor(float x) { return __builtin_floorf(x); }
+// The nearest sum, one step down where it rounded up (the rounding error by Knuth's two-sum).
+__device__ __forceinline__ float aj_add_rm(float a, float b) {
+  const float s = a + b, bb = s - a, err = (a - (s - bb)) + (b - bb);
+  return err < 0.0f ? __builtin_nextafterf(s, -__builtin_inff()) : s;
+}
 
 __device__ __forceinline__ float aj_ex2(float x) { return aj_emu_ex2_approx_ftz(x); }
 __device__ __forceinline__ float aj_lg2(float x) { return aj_emu_lg2_approx_ftz(x); }
@@ -93,15 +104,18 @@ __device__ __forceinline__ float aj_lg2(float x) { return aj_emu_lg2_approx_ftz(
 
 // 2^x on the FMA pipe instead of the SFU (FlashAttention-4's exponentials): x = n + f with
 // n = floor(x) and f in [0, 1); 2^f by a cubic in f (least relative error on [0, 1): at most
-// 8.6e-5, 2^0 exactly 1), then n added to its exponent bits. Below -126 the result is +0 (as
-// ex2.approx.ftz flushes subnormal results), -inf gives +0, from 128 on +inf, NaN stays NaN. The same
-// arithmetic (fma, floor, integer add) on the hardware and in the emulator, so the two agree bit
-// for bit (probe_ex2_poly).
+// 8.6e-5, 2^0 exactly 1), then n added to its exponent bits. The floor without a conversion (a
+// conversion shares the exponential unit's pipe, which is what this is to relieve): x + 1.5 * 2^23
+// rounded down holds floor(x) in its low mantissa bits, so its bits shifted by 23 add n to the
+// exponent. Below -126 the result is +0 (as ex2.approx.ftz flushes subnormal results), -inf gives
+// +0, from 128 on +inf, NaN stays NaN. The same arithmetic on the hardware and in the emulator,
+// so the two agree bit for bit (probe_ex2_poly).
 __device__ __forceinline__ float aj_ex2_poly(float x) {
-  if ((aj_float_as_uint(x) & 0x7fffffffu) > 0x7f800000u) return x;  // NaN (a bit test no fast-math rule folds)
-  if (x < -126.0f) return 0.0f;
-  if (x >= 128.0f) return aj_uint_as_float(0x7f800000u);
-  const float n = aj_floor(x), f = x - n;
+  const float t = aj_add_rm(x, 12582912.0f);  // 1.5 * 2^23 + floor(x), for |x| < 2^22
+  const float f = x - (t - 12582912.0f);      // exact
   const float p = aj_fma(aj_fma(aj_fma(0.07706263f, f, 0.22764981f), f, 0.69511571f), f, 1.0f);
-  return aj_uint_as_float(aj_float_as_uint(p) + ((aj_u32)(int)n << 23));
+  float r = aj_uint_as_float(aj_float_as_uint(p) + (aj_float_as_uint(t) << 23));
+  r = x < -126.0f ? 0.0f : r;
+  r = x >= 128.0f ? aj_uint_as_float(0x7f800000u) : r;
+  return (aj_float_as_uint(x) & 0x7fffffffu) > 0x7f800000u ? x : r;  // NaN (a bit test no fast-math rule folds)
 }
