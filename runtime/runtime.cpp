@@ -203,8 +203,12 @@ KernelConfig tuned_config(const Pattern& pattern, const Problem& problem, const 
 
 // The backward kernels' configuration: the caller's, else the tuning database's backward entry
 // (exact key or nearest bucket; filled by `attnjit tune --backward`), else the path's default.
-// Whether the Hopper backward's dK/dV runs on wgmma: the option or the ATTNJIT_BWD_WGMMA knob.
-bool wgmma_backward(const RuntimeOptions& o) { return o.wgmma_backward || knobs().bwd_wgmma; }
+// Whether the Hopper backward's dK/dV runs on wgmma: the option and the ATTNJIT_BWD_WGMMA knob (on
+// by default), unless the caller chose backward tiles, which are the sm_80 kernels' (the wgmma
+// kernels' tiles are fixed).
+bool wgmma_backward(const RuntimeOptions& o) {
+  return o.wgmma_backward && knobs().bwd_wgmma && o.backward_config == KernelConfig{};
+}
 
 // What the prepared attention's kernels are asked for besides their tiles: the options, and the
 // knobs that stand for them.

@@ -46,10 +46,10 @@ struct KernelRequest {
   // generate_kernel sets it from the pattern; a caller resolving configs for a pattern without
   // generating a kernel (the tuner's baseline) uses for_pattern.
   bool block_layouts = false;
-  // The backward's dK/dV kernel on the warpgroup MMA (templates/bwd_sm90.cuh) where the forward
-  // takes the Hopper path at head dims 64 or 128 (64 x 64 tiles); else bwd_sm80.cuh's. Off by
-  // default until a GPU has measured it (RuntimeOptions::wgmma_backward, ATTNJIT_BWD_WGMMA=1).
-  bool wgmma_backward = false;
+  // The backward's dK/dV kernel on the warpgroup MMA (templates/bwd_sm90_tma.cuh, 64 x 128 tiles;
+  // bwd_sm90.cuh without TMA, 64 x 64) where the forward takes the Hopper path at head dims 64 or
+  // 128; else bwd_sm80.cuh's (RuntimeOptions::wgmma_backward, ATTNJIT_BWD_WGMMA=0 turns it off).
+  bool wgmma_backward = true;
   // The tensor-core forwards' lazy rescale (AJ_LAZY_RESCALE; RuntimeOptions::lazy_rescale).
   bool lazy_rescale = false;
   // Part of the tensor-core forwards' exponentials on the FMA pipe (AJ_POLY_EXP2; RuntimeOptions::poly_exp2).

@@ -40,10 +40,11 @@ struct Knobs {
   // the forward plan, then dK/dV) even where it is not asked to be deterministic; by default the
   // dK/dV kernel also adds dS K into an fp32 dQ accumulator (one pass, atomics).
   bool bwd_single_pass = true;
-  // ATTNJIT_BWD_WGMMA=1: on the Hopper path (sm_90a, head dims 64 and 128) the backward's dK/dV
-  // kernel runs on the warpgroup MMA (templates/bwd_sm90.cuh) instead of the sm_80 kernel's
-  // mma.sync; off by default until a GPU has measured it (RuntimeOptions::wgmma_backward).
-  bool bwd_wgmma = false;
+  // On the Hopper path (sm_90a, head dims 64 and 128) the backward's dK/dV kernel runs on the
+  // warpgroup MMA (templates/bwd_sm90_tma.cuh, bwd_sm90.cuh without TMA; 1.15-1.22x the sm_80
+  // kernels on an H200); ATTNJIT_BWD_WGMMA=0 runs the sm_80 kernel's mma.sync there instead
+  // (as RuntimeOptions::wgmma_backward = false).
+  bool bwd_wgmma = true;
   // ATTNJIT_LAZY_RESCALE=1: the tensor-core forwards keep a row's running maximum until a tile's
   // passes it by more than 2^8 and rescale O only then (FlashAttention-4); off by default until a
   // GPU has measured it (RuntimeOptions::lazy_rescale).

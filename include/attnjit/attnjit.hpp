@@ -132,9 +132,9 @@ struct RuntimeOptions {
   // ATTNJIT_TMA=0 knob): always the kernels that load with cp.async.
   bool tma = true;
   // On the Hopper path (sm_90a, head dims 64 and 128): the backward's dK/dV kernel on the warpgroup
-  // MMA (wgmma) instead of the sm_80 kernel's mma.sync; also the ATTNJIT_BWD_WGMMA=1 knob. Off by
-  // default until measured on a GPU.
-  bool wgmma_backward = false;
+  // MMA (wgmma) instead of the sm_80 kernel's mma.sync. False (or the ATTNJIT_BWD_WGMMA=0 knob, or
+  // a backward_config other than its fixed tiles) runs the sm_80 kernels.
+  bool wgmma_backward = true;
   // The tensor-core forwards keep a row's running maximum until a tile's passes it by more than
   // 2^8 and rescale O only then (FlashAttention-4's lazy rescale: the same result, fewer multiplies);
   // also the ATTNJIT_LAZY_RESCALE=1 knob. Off by default until measured on a GPU.

@@ -488,7 +488,7 @@ TEST_CASE("backward: a NaN or inf in Q or K or dO reaches only the gradients the
   }
 }
 
-// The Hopper backward's dK/dV kernels on the warpgroup MMA (opt-in: RuntimeOptions::wgmma_backward):
+// The Hopper backward's dK/dV kernels on the warpgroup MMA (the default there: RuntimeOptions::wgmma_backward):
 // the TMA kernel with its producer warpgroup (templates/bwd_sm90_tma.cuh, 64 x 128 tiles) and the
 // cp.async one (templates/bwd_sm90.cuh, RuntimeOptions::tma off), emulated as sm_90a, or on a GPU
 // of compute capability 9.0 (other GPUs run the sm_80 kernels for the same options, and the case

@@ -133,9 +133,9 @@ TEST_CASE("knobs parse every variable", "[knobs]") {
   CHECK(Knobs::from_environment().random_in_kernel_above == 0);
   env.set("ATTNJIT_TMA", "0");
   CHECK_FALSE(Knobs::from_environment().tma);
-  CHECK_FALSE(Knobs::from_environment().bwd_wgmma);
-  env.set("ATTNJIT_BWD_WGMMA", "1");
   CHECK(Knobs::from_environment().bwd_wgmma);
+  env.set("ATTNJIT_BWD_WGMMA", "0");
+  CHECK_FALSE(Knobs::from_environment().bwd_wgmma);
   CHECK_FALSE(Knobs::from_environment().lazy_rescale);
   env.set("ATTNJIT_LAZY_RESCALE", "1");
   CHECK(Knobs::from_environment().lazy_rescale);
@@ -282,7 +282,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_SM90A=1\n"
         "ATTNJIT_TMA=1\n"
         "ATTNJIT_BWD_SINGLE_PASS=1\n"
-        "ATTNJIT_BWD_WGMMA=0\n"
+        "ATTNJIT_BWD_WGMMA=1\n"
         "ATTNJIT_LAZY_RESCALE=0\n"
         "ATTNJIT_POLY_EXP2=0\n"
         "ATTNJIT_DETERMINISTIC=0\n"
