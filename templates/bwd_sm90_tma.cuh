@@ -50,9 +50,12 @@
 #define AJ_BWDT_DO_BYTES (AJ_TILE_Q * AJ_HEAD_DIM_V * 2)
 #define AJ_BWDT_STAGE_BYTES (AJ_BWDT_Q_BYTES + AJ_BWDT_DO_BYTES)
 #define AJ_BWDT_DS_BYTES (AJ_TILE_Q * AJ_TILE_K * 2)  // [128 keys / 64][64 queries][128 B]
-// A warpgroup's dQ block (64 rows x 64 columns, fp32) before its bulk reduce: rows of 272 bytes,
-// 16 more than the data, so that the eight rows a warp's quad columns store fall on different banks.
-#define AJ_BWDT_DQ_PITCH 68
+// A warpgroup's dQ block (64 rows x 64 columns, fp32) before its bulk reduce: rows of
+// AJ_BWDT_DQ_PITCH floats (68: 16 bytes more than the data, so that the eight rows a warp's quad
+// columns store fall on different banks), emitted by codegen, which sizes shared memory with it.
+#ifndef AJ_BWDT_DQ_PITCH
+#error "AJ_BWDT_DQ_PITCH: the dQ staging pitch comes from codegen (compiler/codegen/codegen.cpp)"
+#endif
 #define AJ_BWDT_DQ_BYTES (AJ_TILE_Q * AJ_BWDT_DQ_PITCH * 4)
 // dQ's split between the warpgroups (above): by columns past head dim 64, by keys at 64.
 #define AJ_BWDT_DQ_BY_COLUMNS (AJ_HEAD_DIM > 64)

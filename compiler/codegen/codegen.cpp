@@ -136,13 +136,18 @@ int backward_dkdv_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c)
          2 * 2 * c.tile_q * 4 + 1024;
 }
 
+// templates/bwd_sm90_tma.cuh's dQ staging rows (AJ_BWDT_DQ_PITCH, emitted with the kernel): 64
+// floats of data and 4 more, so that the eight rows a warp's quad columns store fall on different
+// banks.
+constexpr int kBwdTmaDqPitch = 68;
+
 // templates/bwd_sm90_tma.cuh: K and V of the 128-key tile, `stages` stages of Q and dO, two dS
 // buffers (64 x 128), two buffers of LSE and D (64 floats each), each consumer warpgroup's dQ
-// block (64 rows of 68 floats), a full and an empty mbarrier per stage, and 1024 bytes to align
-// the start.
+// block (64 rows of kBwdTmaDqPitch floats), a full and an empty mbarrier per stage, and 1024 bytes
+// to align the start.
 int backward_dkdv_sm90_tma_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
   return 2 * (c.tile_k * (r.head_dim + r.head_dim_v) + c.stages * c.tile_q * (r.head_dim + r.head_dim_v) + 2 * c.tile_q * c.tile_k) +
-         2 * 2 * c.tile_q * 4 + 2 * c.tile_q * 68 * 4 + 2 * 8 * c.stages + 1024;
+         2 * 2 * c.tile_q * 4 + 2 * c.tile_q * kBwdTmaDqPitch * 4 + 2 * 8 * c.stages + 1024;
 }
 
 int backward_dkdv_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
@@ -201,7 +206,8 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   os << "#define AJ_TILE_Q " << k.config.tile_q << "\n#define AJ_TILE_K " << k.config.tile_k << "\n";
   os << "#define AJ_STAGES " << k.config.stages << "\n#define AJ_WARPS " << k.config.warps << "\n";
   if (k.path != KernelPath::Simt && !forward) os << "#define AJ_BWD_SUB_MAX " << backward_sub_max(r) << "\n";
-  if (k.path == KernelPath::Sm90Tma && !forward) os << "#define AJ_BWD_PRODUCER 1\n";  // bwd_sm90_tma.cuh
+  if (k.path == KernelPath::Sm90Tma && !forward)  // bwd_sm90_tma.cuh
+    os << "#define AJ_BWD_PRODUCER 1\n#define AJ_BWDT_DQ_PITCH " << kBwdTmaDqPitch << "\n";
   // fwd_sm80.cuh's softmax: the running maximum moves only past 8 (log2 units) above itself.
   if (r.lazy_rescale && forward && k.path != KernelPath::Simt) os << "#define AJ_LAZY_RESCALE 8.0f\n";
   // ... and every AJ_POLY_EXP2-th n-tile's exponentials by aj_ex2_poly.

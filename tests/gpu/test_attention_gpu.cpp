@@ -14,7 +14,9 @@
 // lengths (1).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
@@ -235,6 +237,36 @@ TEST_CASE("extreme finite scores: the maximum's weight is exactly 1 on every ker
   check_cases("extreme", cases);
 }
 
+namespace {
+
+// The softmax options' cases: every tensor-core path (the SIMT paths have no rescale or polynomial
+// of their own), every example with random scores, and `examples` with each further kind of
+// `data` ("extreme": scores past the old maximum plus 8 in every dtype); `set` turns the option
+// on for a case of that kind.
+std::vector<Case> softmax_option_cases(const std::string& option, uint64_t seed, const std::vector<std::string>& data_kinds,
+                                       const std::vector<std::string>& examples,
+                                       const std::function<void(Case&, const std::string&)>& set) {
+  std::vector<Case> cases;
+  for (const Path& path : forward_paths()) {
+    if (path.arch < 80 || path.dtype == DType::F32) continue;
+    for (const auto& [pname, pattern] : example_patterns())
+      for (const std::string& data : data_kinds) {
+        if (data != "random" && std::find(examples.begin(), examples.end(), pname) == examples.end()) continue;
+        Case c;
+        c.name = pname + "/" + option + "-" + data + "-" + path.name;
+        c.pattern = pattern, c.dtype = path.dtype, c.arch = path.arch, c.sm90a = path.sm90a, c.tma = path.tma;
+        c.seed = seed++;
+        c.shape = make_shape(1, 300, 300, 4, 2, 64);
+        if (data == "extreme") c.input_scale = path.dtype == DType::F16 ? 3e4f : 1e11f;
+        set(c, data);
+        cases.push_back(std::move(c));
+      }
+  }
+  return cases;
+}
+
+}  // namespace
+
 // FlashAttention-4's lazy rescale (RuntimeOptions::lazy_rescale): a row's running maximum moves only
 // once a tile's passes it by more than 2^8, and O is rescaled only then. Every tensor-core path,
 // on every example: random scores (the maximum rarely moves far enough: the skip), scores rising
@@ -243,27 +275,13 @@ TEST_CASE("extreme finite scores: the maximum's weight is exactly 1 on every ker
 // 8 rounds to itself: every growth moves it).
 TEST_CASE("the lazy rescale gives the reference's softmax on every tensor-core path", "[gpu][emu][attention][lazy]") {
   SKIP_WITHOUT_GPU();
-  std::vector<Case> cases;
-  uint64_t seed = 4700;
-  for (const Path& path : forward_paths()) {
-    if (path.arch < 80 || path.dtype == DType::F32) continue;  // the SIMT paths have no rescale of their own
-    for (const auto& [pname, pattern] : example_patterns())
-      for (const char* data : {"random", "rising", "extreme"}) {
-        if (std::string(data) != "random" && pname != "longnet" && pname != "causal_local") continue;
-        Case c;
-        c.name = pname + "/lazy-" + data + "-" + path.name;
-        c.pattern = pattern, c.dtype = path.dtype, c.arch = path.arch, c.sm90a = path.sm90a, c.tma = path.tma;
-        c.lazy_rescale = true;
-        c.seed = seed++;
-        c.shape = make_shape(1, 300, 300, 4, 2, 64);
-        // k[j][0] grows by 0.5 a key and q[i][0] >= 1 (about 1.8): with the scale 1/8, about 7 in
-        // log2 units a 64-key tile.
-        if (std::string(data) == "rising") c.key_ramp = 0.5f;
-        if (std::string(data) == "extreme") c.input_scale = path.dtype == DType::F16 ? 3e4f : 1e11f;
-        cases.push_back(std::move(c));
-      }
-  }
-  check_cases("lazy-rescale", cases);
+  check_cases("lazy-rescale", softmax_option_cases("lazy", 4700, {"random", "rising", "extreme"}, {"longnet", "causal_local"},
+                                                   [](Case& c, const std::string& data) {
+                                                     c.lazy_rescale = true;
+                                                     // k[j][0] grows by 0.5 a key and q[i][0] >= 1 (about 1.8):
+                                                     // with the scale 1/8, about 7 in log2 units a 64-key tile.
+                                                     if (data == "rising") c.key_ramp = 0.5f;
+                                                   }));
 }
 
 // Part of the exponentials on the FMA pipe (RuntimeOptions::poly_exp2: every fourth n-tile's by
@@ -271,25 +289,11 @@ TEST_CASE("the lazy rescale gives the reference's softmax on every tensor-core p
 // example with random scores, two with extreme ones.
 TEST_CASE("exponentials on the FMA pipe give the reference's softmax on every tensor-core path", "[gpu][emu][attention][poly]") {
   SKIP_WITHOUT_GPU();
-  std::vector<Case> cases;
-  uint64_t seed = 4800;
-  for (const Path& path : forward_paths()) {
-    if (path.arch < 80 || path.dtype == DType::F32) continue;
-    for (const auto& [pname, pattern] : example_patterns())
-      for (const char* data : {"random", "lazy", "extreme"}) {
-        if (std::string(data) != "random" && pname != "longnet" && pname != "sliding_window") continue;
-        Case c;
-        c.name = pname + "/poly-" + data + "-" + path.name;
-        c.pattern = pattern, c.dtype = path.dtype, c.arch = path.arch, c.sm90a = path.sm90a, c.tma = path.tma;
-        c.poly_exp2 = true;
-        c.lazy_rescale = std::string(data) == "lazy";
-        c.seed = seed++;
-        c.shape = make_shape(1, 300, 300, 4, 2, 64);
-        if (std::string(data) == "extreme") c.input_scale = path.dtype == DType::F16 ? 3e4f : 1e11f;
-        cases.push_back(std::move(c));
-      }
-  }
-  check_cases("poly-exp2", cases);
+  check_cases("poly-exp2", softmax_option_cases("poly", 4800, {"random", "lazy", "extreme"}, {"longnet", "sliding_window"},
+                                                [](Case& c, const std::string& data) {
+                                                  c.poly_exp2 = true;
+                                                  c.lazy_rescale = data == "lazy";
+                                                }));
 }
 
 // A dynamic table on the device with problems: entries past the key blocks, negative ones, repeats,
