@@ -1,28 +1,31 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: correctness first, then timings, inside the call's limit.
 #
-#   bash bench/gpu_session.sh OUTDIR [DC_BUDGET] [BENCH_BUDGET]   (repository root, .deps carried)
+#   bash bench/gpu_session.sh OUTDIR [DC_BUDGET] [BENCH_BUDGET]   (repository root, .deps carried;
+#   the two budgets and about 20 s more within the call: timeout_s 580 with the defaults)
 #
 # 1. tests/device/device_check.sh with every correctness step (probes, then the GPU tests,
 #    Python's GPU subset and the four sanitizers in lanes side by side: ATTNJIT_DC_LANES), within
-#    DC_BUDGET seconds (360); OUTDIR/dc/report.{md,json}, the logs packed in OUTDIR/dc.tgz.
+#    DC_BUDGET seconds (330); OUTDIR/dc/report.{md,json}, the logs packed in OUTDIR/dc.tgz.
 # 2. Kernel options against the default, attnjit alone: attnjit_gpu_bench on dense and BigBird
 #    (16384 tokens, 16 heads, head dim 128, bf16) per setting in processes of its own, the
 #    settings interleaved in rounds so drift hits each alike; OUTDIR/ab.txt.
-#    Settings: default; ATTNJIT_BWD_WGMMA=1 (the Hopper backward); ATTNJIT_LAZY_RESCALE=1 and
-#    ATTNJIT_POLY_EXP2=1 (forward only).
-# 3. bench/peers.py on the cases that decide the headline (dense d128, BigBird, LongNet 32K) with
-#    what is left of BENCH_BUDGET (150); OUTDIR/peers/peers.{md,json}.
-# Everything else (logs, peers.png) in OUTDIR/session.tgz. At most 8 files come back from a lent
-# machine: this leaves dc/report.md, dc/report.json, dc.tgz, ab.txt, peers/peers.md,
-# peers/peers.json, session.tgz.
+#    Settings: default; ATTNJIT_BWD_WGMMA=0 (the sm_80 backward on Hopper); ATTNJIT_LAZY_RESCALE=1
+#    and ATTNJIT_POLY_EXP2=1 (forward only).
+# 3. Nsight Compute on the dense backward's dK/dV kernel (bench/ncu_profile.sh), where ncu is
+#    there; OUTDIR/ncu_summary.txt.
+# 4. bench/peers.py on the cases that decide the headline (dense d128, BigBird, LongNet 32K) with
+#    what is left of BENCH_BUDGET (230); OUTDIR/peers/peers.{md,json}.
+# Everything else (logs, profiles, peers.png) in OUTDIR/session.tgz. At most 8 files come back
+# from a lent machine: this leaves dc/report.md, dc/report.json, dc.tgz, ab.txt, ncu_summary.txt,
+# peers/peers.md, peers/peers.json, session.tgz.
 set -u
 [ $# -ge 1 ] || { echo "usage: bash bench/gpu_session.sh OUTDIR [DC_BUDGET] [BENCH_BUDGET]" >&2; exit 2; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$1" || exit 2
 out="$(cd "$1" && pwd)"
-dc_budget="${2:-360}"
-bench_budget="${3:-150}"
+dc_budget="${2:-330}"
+bench_budget="${3:-230}"
 cd "$root" || exit 2
 build="$root/build-device"
 mkdir -p "$out/logs"
@@ -42,7 +45,7 @@ common=(--seq 16384 --heads 16 --head-dim 128 --dtype bf16 --batch 1 --no-ttfr)
 : > "$out/ab.txt"
 if [ -x "$bench_bin" ]; then
   for round in 1 2; do
-    for setting in default ATTNJIT_BWD_WGMMA=1 ATTNJIT_LAZY_RESCALE=1 ATTNJIT_POLY_EXP2=1; do
+    for setting in default ATTNJIT_BWD_WGMMA=0 ATTNJIT_LAZY_RESCALE=1 ATTNJIT_POLY_EXP2=1; do
       (( $(left) < 60 )) && { echo "round $round $setting: not run (budget)" >> "$out/ab.txt"; continue; }
       extra=()
       [[ "$setting" == *RESCALE* || "$setting" == *POLY* ]] && extra=(--no-backward)
@@ -56,6 +59,14 @@ if [ -x "$bench_bin" ]; then
   done
 fi
 echo "ab: done ($SECONDS s)"
+
+if (( $(left) > 120 )); then
+  KERNELS=dkdv BUILD_DIR="$build" timeout 90 bash bench/ncu_profile.sh "$out/logs/ncu" "$root/bench/patterns/dense.json" \
+    > "$out/logs/ncu.out" 2>&1
+  echo "ncu: exit $? ($SECONDS s)"
+  cp "$out/logs/ncu/summary.txt" "$out/ncu_summary.txt" 2>/dev/null
+  rm -f "$out"/logs/ncu/*.ncu-rep  # the text exports stay; the reports are too big to bring back
+fi
 
 peers_budget=$(( $(left) - 20 ))
 if (( peers_budget >= 40 )) && [ -d "$build/python/attnjit" ]; then

@@ -62,6 +62,9 @@ unset ATTNJIT_GPU_TESTS_ON_CPU
 export PATH="$PATH:/usr/local/cuda/bin:/usr/local/cuda/compute-sanitizer"
 
 elapsed() { echo $(( $(date +%s) - t_start )); }
+# The steps the lanes run (ATTNJIT_DC_LANES, below): this run neither runs nor records them.
+lane_steps=""
+[ -n "${ATTNJIT_DC_LANES:-}" ] && [ "${ATTNJIT_DC_JOIN:-0}" != 1 ] && lane_steps="${ATTNJIT_DC_LANES//;/ }"
 
 # step NAME TIMEOUT RESERVE COMMAND: runs COMMAND (a bash string) with its output in logs/NAME.log,
 # for at most min(TIMEOUT, what is left of the budget after RESERVE seconds kept for later steps).
@@ -281,8 +284,7 @@ gpu_run() {  # STEP TIMEOUT RESERVE FILTER
 # runs in a process of its own, all at once on the one GPU, and this run waits for them; the
 # kernel cache is shared (its writes are atomic renames). Correctness steps only: timings taken
 # side by side mean nothing.
-lane_steps=""
-if [ -n "${ATTNJIT_DC_LANES:-}" ] && [ "${ATTNJIT_DC_JOIN:-0}" != 1 ]; then
+if [ -n "$lane_steps" ]; then
   IFS=';' read -ra lanes <<< "$ATTNJIT_DC_LANES"
   pids=()
   for i in "${!lanes[@]}"; do
@@ -292,7 +294,6 @@ if [ -n "${ATTNJIT_DC_LANES:-}" ] && [ "${ATTNJIT_DC_JOIN:-0}" != 1 ]; then
     pids+=($!)
   done
   wait "${pids[@]}"
-  lane_steps="${ATTNJIT_DC_LANES//;/ }"
   echo "== [$(elapsed)s] lanes done"
 fi
 if (( have_gpu )); then
@@ -341,7 +342,7 @@ fi
 # The Python package on the GPU (its GPU subset: examples forward and backward, side streams, CUDA
 # graphs, torch.compile with inductor), when the build made it.
 if [ -d "$build/python/attnjit" ]; then
-  step python_tests 280 190 "cd '$build' && ctest -L python -E python_wheel --output-on-failure --timeout 270 $(junit ctest_python.xml)"
+  step python_tests 280 190 "cd '$build' && ctest -L python -E python_wheel -j 4 --output-on-failure --timeout 270 $(junit ctest_python.xml)"
 else
   skip python_tests "the build made no Python package (python3 -m nanobind not found)"
 fi
