@@ -35,7 +35,11 @@ Each case, the method:
     torch.cuda) at the start and end of the case, a visible "skipped" where they cannot be;
   - useful TFLOP/s = 4 * D * distinct attended pairs * batch / time (a pair two branches attend
     counts once: `Pattern.stats`' distinct_pairs), backward 2.5x that; per-branch TFLOP/s (pairs
-    counted once per branch) in a column of its own.
+    counted once per branch) in a column of its own;
+  - the training step: each round's forward and backward added (run back to back in the round),
+    median over the rounds, with its own ours/peer ratio;
+  - peers.png: grouped bars per case, one panel each for forward, backward and training step, one
+    colour per system everywhere, each peer's bar labelled with ours/peer.
 Every system runs in its own try/except; DIR/peers.json and peers.md are rewritten after each system,
 peers.png after each case; past --budget seconds the remaining systems are recorded as
 "not run: budget" (and no new round starts past it, after at least 3).
@@ -87,6 +91,9 @@ from peers_torch import (  # noqa: E402  (bench/, beside this script)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DENSE = {"attnjit": 1, "description": "dense", "branches": [{"segment": "full"}]}
 DENSE_CAUSAL = {**DENSE, "description": "dense causal", "causal": True}
+# A causal window of 1,638 keys: about 10% of the pairs at 16384 tokens.
+SLIDING_WINDOW_10 = {"attnjit": 1, "description": "causal sliding window, 10% at 16384", "causal": True,
+                     "window": [1637, 0], "branches": [{"segment": "full"}]}
 LOCAL_GLOBAL = {"attnjit": 1, "description": "local (4 blocks each side) + 2 global blocks, 128x128: ~10% at 16384",
                 "layout": {"block": 128, "union": [{"local": 4}, {"global": [0, 1]}]}, "branches": [{"segment": "full"}]}
 
@@ -121,6 +128,8 @@ def gpu_cases():
                        (64, 4096, DENSE), (64, 4096, DENSE_CAUSAL)):
         causal = "-causal" if spec.get("causal") else ""
         cases.append(_case(f"dense{causal}-d{D}-s{S}", "dense", spec, S, 16, D, DENSE_SYSTEMS))
+    cases += [_case("sliding_window-s16384", "layout", SLIDING_WINDOW_10, 16384, 16, 128, LAYOUT_SYSTEMS),
+              _case("dense-d256-s16384", "dense", DENSE, 16384, 16, 256, DENSE_SYSTEMS)]
     return cases
 
 
@@ -620,6 +629,10 @@ def run_case(case, ctx, writer):
             srec[pas] = summary(ts, flop, flop_b)
             if host.get((name, pas)):
                 srec[pas]["host_ms"] = statistics.median(host[(name, pas)])
+    for name, srec in rec["systems"].items():
+        step = training_step(times, errors, name)
+        if step:
+            srec["step"] = summary(step, srec["flop_fwd"] * 3.5, srec["flop_fwd_per_branch"] * 3.5)
     rec["clocks"]["end"] = gpu_state(dev)
     for name, srec in rec["systems"].items():
         print(f"{case['name']:28s} {name:20s} {_line(srec)}", flush=True)
@@ -627,6 +640,16 @@ def run_case(case, ctx, writer):
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     writer.write(plot=True)
+
+
+def training_step(times, errors, name):
+    """A system's training step per round: its forward and its backward of the same round, added
+    (the two run back to back in each round, so a round's sum is one step under that round's clocks).
+    None where either pass failed or did not run."""
+    f, b = times.get((name, "fwd")), times.get((name, "bwd"))
+    if not f or not b or (name, "fwd") in errors or (name, "bwd") in errors:
+        return None
+    return [x + y for x, y in zip(f, b)]
 
 
 def _error(e, prefix=""):
@@ -643,6 +666,8 @@ def _line(s):
                      f"{f['tflops'] or 0:.1f} TF/s")
     if b:
         parts.append(f"bwd {b['median_ms']:.3f} ms (min {b['min_ms']:.3f}) {b['tflops'] or 0:.1f} TF/s")
+    if s.get("step"):
+        parts.append(f"step {s['step']['median_ms']:.3f} ms")
     if f.get("host_ms") is not None:
         parts.append(f"host {f['host_ms']:.3f}" + (f"/{b['host_ms']:.3f}" if b.get("host_ms") is not None else "") + " ms")
     if "max_err" in s:
@@ -689,8 +714,9 @@ def markdown(data):
              "in it; host ms: the median wall time a call takes to return on the host (enqueueing only). "
              "TFLOP/s: useful, on distinct attended pairs (a pair two branches attend counts once), at the median; "
              "per-branch: the same time over pairs counted once per branch that attends them (differs for "
-             "overlapping branches only). ours/peer: peer ms / ours ms (> 1: ours faster), by median and by "
-             "minimum, forward / backward. err: max |x - ref| / (1 + |ref|) on the sampled heads and rows against "
+             "overlapping branches only). step: the training step, each round's forward and backward added, median "
+             "over the rounds (useful FLOPs 3.5x the forward's); step ours/peer by median. ours/peer: peer ms / ours "
+             "ms (> 1: ours faster), by median and by minimum, forward / backward. err: max |x - ref| / (1 + |ref|) on the sampled heads and rows against "
              "an fp64 reference from attnjit's mask: forward, then the worst of dQ, dK, dV (see each case's grad "
              "check); **WRONG** marks a row over the tolerance. peak MB: PyTorch allocator peak above what was held "
              "before, reset per system, forward (forward + backward). "
@@ -700,11 +726,11 @@ def markdown(data):
         if c["family"] not in families:
             families.append(c["family"])
     head = ("| case | system | fwd ms | min | spread | fwd TFLOP/s | per-branch | bwd ms | min | spread | bwd TFLOP/s | "
-            "ours/peer median | ours/peer min | err fwd / grad | peak MB | host ms fwd / bwd |")
+            "step ms | step ours/peer | ours/peer median | ours/peer min | err fwd / grad | peak MB | host ms fwd / bwd |")
     for fam in families:
         lines += [f"## {fam}", "", head, "|" + " --- |" * (head.count("|") - 1)]
         for c in (c for c in data["cases"] if c["family"] == fam):
-            blank = " |" * 13
+            blank = " |" * 15
             if "error" in c:
                 lines.append(f"| {c['name']} | (setup) | error: {c['error']['message'][:120].replace('|', '/')} |{blank}")
             ours = c["systems"].get("ours", {})
@@ -713,8 +739,10 @@ def markdown(data):
                     why = s.get("status", "") if "error" not in s else f"{s['error']['type']}: {s['error']['message'][:120]}"
                     lines.append(f"| {c['name']} | {name} | {why.replace('|', '/')} |{blank}")
                     continue
-                f, b = s.get("fwd", {}), s.get("bwd", {})
-                rmed = rmin = ""
+                f, b, st = s.get("fwd", {}), s.get("bwd", {}), s.get("step", {})
+                rmed = rmin = rstep = ""
+                if name != "ours":
+                    rstep = _ratio(st, ours.get("step"))
                 if name != "ours":
                     rmed = " / ".join(x for x in (_ratio(f, ours.get("fwd")), _ratio(b, ours.get("bwd"))) if x)
                     rmin = " / ".join(x for x in (_ratio(f, ours.get("fwd"), "min_ms"), _ratio(b, ours.get("bwd"), "min_ms")) if x)
@@ -734,7 +762,7 @@ def markdown(data):
                              f"{_fmt(f.get('spread_pct'), '.0f')}{'%' if f else ''} | {_fmt(f.get('tflops'), '.1f')} | "
                              f"{_fmt(f.get('tflops_per_branch'), '.1f')} | {_fmt(b.get('median_ms'))} | {_fmt(b.get('min_ms'))} | "
                              f"{_fmt(b.get('spread_pct'), '.0f')}{'%' if b else ''} | {_fmt(b.get('tflops'), '.1f')} | "
-                             f"{rmed} | {rmin} | {err} | {mem} | "
+                             f"{_fmt(st.get('median_ms'))} | {rstep} | {rmed} | {rmin} | {err} | {mem} | "
                              f"{' / '.join(_fmt(x.get('host_ms'), '.3f') for x in (f, b) if x)} |")
         lines.append("")
     lines += ["## Cases: pairs, order, grad check, clocks", ""]
@@ -771,8 +799,16 @@ def _ratio(peer, ours, key="median_ms"):
     return f"{peer[key] / ours[key]:.2f}"
 
 
+# One colour per system, in every panel and every run.
+SYSTEM_COLOURS = {"ours": "#d62728", "sdpa-flash": "#1f77b4", "sdpa-cudnn": "#2ca02c", "flex": "#9467bd",
+                  "torch-longnet": "#ff7f0e", "torch-dilated-pieces": "#8c564b", "sdpa-flash-dense": "#7f7f7f"}
+
+
 def plot_png(cases, path):
-    """Forward TFLOP/s against sequence length, one panel per family (skipped, saying so, without matplotlib)."""
+    """Grouped bars: one panel each for the forward, the backward and the training step; per case
+    one bar per system (useful TFLOP/s at the median, one colour per system everywhere), each
+    peer's bar labelled with ours/peer by median time (> 1: ours faster). Skipped, saying so,
+    without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -780,25 +816,30 @@ def plot_png(cases, path):
     except ImportError:
         print(f"peers: {path} not written: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
         return
-    families = sorted({c["family"] for c in cases})
-    fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 4), squeeze=False)
-    for ax, fam in zip(axes[0], families):
-        series = {}
-        for c in (c for c in cases if c["family"] == fam):
-            variant = f" d{c['D']}" + (" causal" if c["spec"].get("causal") else "") if fam == "dense" else ""
-            variant += f" {c['name'].split('-s')[0]}" if fam == "layout" else ""
-            for name, s in c["systems"].items():
-                for pas, style in (("fwd", "-o"), ("bwd", "--x")):
-                    if s.get(pas, {}).get("tflops"):
-                        series.setdefault((f"{name}{variant} {pas}", style), []).append((c["S"], s[pas]["tflops"]))
-        for (label, style), pts in sorted(series.items()):
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_title(fam)
-        ax.set_xlabel("sequence length")
+    shown = [c for c in cases if any(s.get("fwd") for s in c["systems"].values())]
+    if not shown:
+        return
+    names = list(dict.fromkeys(n for c in shown for n in c["systems"]))
+    fig, axes = plt.subplots(3, 1, figsize=(max(6.0, 1.6 * len(shown)), 10), squeeze=False)
+    width = 0.8 / max(1, max(len(c["systems"]) for c in shown))
+    for ax, (pas, title) in zip(axes[:, 0], (("fwd", "forward"), ("bwd", "backward"), ("step", "training step"))):
+        for x, c in enumerate(shown):
+            present = [n for n in c["systems"] if c["systems"][n].get(pas, {}).get("tflops")]
+            ours = c["systems"].get("ours", {}).get(pas)
+            for i, name in enumerate(present):
+                t = c["systems"][name][pas]
+                pos = x + (i - (len(present) - 1) / 2) * width
+                ax.bar(pos, t["tflops"], width, color=SYSTEM_COLOURS.get(name, "#17becf"),
+                       label=name if name not in ax.get_legend_handles_labels()[1] else None)
+                if name != "ours" and ours:
+                    ax.text(pos, t["tflops"], _ratio(t, ours) + "x", ha="center", va="bottom", fontsize=6)
+        ax.set_xticks(range(len(shown)))
+        ax.set_xticklabels([c["name"] for c in shown], rotation=20, ha="right", fontsize=7)
         ax.set_ylabel("useful TFLOP/s")
-        ax.legend(fontsize=6)
+        ax.set_title(f"{title} (labels: ours/peer by median time)")
+        handles, labels = ax.get_legend_handles_labels()
+        order = sorted(range(len(labels)), key=lambda i: names.index(labels[i]) if labels[i] in names else 99)
+        ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=7, ncol=4)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -1068,7 +1109,11 @@ def smoke_pipeline(check, args):
             good = good or (name == "sdpa-cudnn" and s.get("status") == "error")
             if good and s.get("status") == "ok":
                 f, b = s["fwd"], s["bwd"]
-                good = (f["runs"] == b["runs"] == 3 and f["min_ms"] <= f["median_ms"] <= f["max_ms"]
+                # The training step: each round's forward and backward added (times rounded to 1e-4 ms).
+                step = s.get("step", {})
+                good = (step.get("runs") == 3 and all(abs(t - x - y) < 2e-4 for t, x, y in
+                                                      zip(step["times_ms"], f["times_ms"], b["times_ms"])))
+                good = (good and f["runs"] == b["runs"] == 3 and f["min_ms"] <= f["median_ms"] <= f["max_ms"]
                         and "spread_pct" in f and (name == "sdpa-flash-dense" or set(s["grad_err"]) == {"dq", "dk", "dv"})
                         and "peak_fwd_mb" in s and "peak_fwdbwd_mb" in s and "ttfr_first" in s and "ttfr_bwd_first" in s
                         and s["ttfr_first"]["attnjit"] == (name == "ours")
@@ -1089,6 +1134,10 @@ def smoke_pipeline(check, args):
           f"{ln['attended_pairs_per_branch']}")
     check("pipeline: torch-longnet ran and matched", ln["systems"]["torch-longnet"].get("status") == "ok"
           and not ln["systems"]["torch-longnet"].get("wrong"), _line(ln["systems"]["torch-longnet"]))
+    dense_rows = [l for l in md.split("## Cases")[0].splitlines() if l.startswith("| dense-tiny | sdpa-flash |")]
+    check("pipeline: the table has the training step and its ratio",
+          "| step ms | step ours/peer |" in md and len(dense_rows) == 1 and float(dense_rows[0].split("|")[13]) > 0,
+          dense_rows[0] if dense_rows else "no sdpa-flash row")
     check("pipeline: peers.json and peers.md written", ok, out)
     if importlib.util.find_spec("matplotlib"):
         check("pipeline: peers.png written", os.path.exists(os.path.join(out, "peers.png")))
