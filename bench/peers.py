@@ -836,6 +836,7 @@ def plot_png(cases, path):
         ax.set_xticks(range(len(shown)))
         ax.set_xticklabels([c["name"] for c in shown], rotation=20, ha="right", fontsize=7)
         ax.set_ylabel("useful TFLOP/s")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.4)  # room for the legend above the bars
         ax.set_title(f"{title} (labels: ours/peer by median time)")
         handles, labels = ax.get_legend_handles_labels()
         order = sorted(range(len(labels)), key=lambda i: names.index(labels[i]) if labels[i] in names else 99)
@@ -1138,6 +1139,21 @@ def smoke_pipeline(check, args):
     check("pipeline: the table has the training step and its ratio",
           "| step ms | step ours/peer |" in md and len(dense_rows) == 1 and float(dense_rows[0].split("|")[13]) > 0,
           dense_rows[0] if dense_rows else "no sdpa-flash row")
+    # --merge of a run made before the step column: the step comes back from the stored rounds.
+    old_run = tempfile.mkdtemp(prefix="peers-smoke-old-")
+    for c in data["cases"]:
+        for srec in c["systems"].values():
+            srec.pop("step", None)
+    with open(os.path.join(old_run, "peers.json"), "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    merged = os.path.join(old_run, "merged")
+    merge([old_run], merged)
+    with open(os.path.join(merged, "peers.json"), encoding="utf-8") as f:
+        back = json.load(f)
+    flash = next(c for c in back["cases"] if c["name"] == "dense-tiny")["systems"]["sdpa-flash"]
+    check("pipeline: --merge rebuilds the training step from a run's rounds",
+          flash.get("step", {}).get("runs") == 3 and all(abs(t - x - y) < 1e-9 for t, x, y in zip(
+              flash["step"]["times_ms"], flash["fwd"]["times_ms"], flash["bwd"]["times_ms"])))
     check("pipeline: peers.json and peers.md written", ok, out)
     if importlib.util.find_spec("matplotlib"):
         check("pipeline: peers.png written", os.path.exists(os.path.join(out, "peers.png")))
@@ -1192,6 +1208,12 @@ def merge(dirs, out):
     names = sorted(by_name, key=lambda n: order.index(n) if n in order else len(order))
     meta = {k: v for k, v in runs[0].items() if k != "cases"}
     meta["merged_from"] = [{"dir": d, "args": r.get("args")} for d, r in zip(dirs, runs)]
+    for c in by_name.values():  # runs made before the training-step column: the step from their rounds
+        for srec in c["systems"].values():
+            f, b = srec.get("fwd", {}), srec.get("bwd", {})
+            if "step" not in srec and srec.get("status") == "ok" and f.get("times_ms") and b.get("times_ms"):
+                step = [x + y for x, y in zip(f["times_ms"], b["times_ms"])]
+                srec["step"] = summary(step, srec["flop_fwd"] * 3.5, srec["flop_fwd_per_branch"] * 3.5)
     writer = Writer(out, meta)
     writer.cases = [by_name[n] for n in names]
     writer.write(plot=True)
