@@ -9,6 +9,8 @@
 //     device, so no module load here) and one already in memory (warm memory).
 //   - backward (unless --no-backward): Attention::backward timed the same way (dO random, O and
 //     LSE from the forward), useful TFLOP/s = 2.5 x the forward's useful FLOP / time;
+//   - the SM clock and board power after each timed run (NVML, bench/nvml_clocks.hpp): sm_mhz and
+//     power_w beside times_ms in the JSON, or "clocks": "skipped: <why>";
 // One line per (spec, seq), then `JSON {...}` with every number. Without a GPU it prints
 // "SKIPPED: no GPU: <why>" and exits 0; --dry-run only counts pairs (no GPU needed).
 // Usage: attnjit_gpu_bench [--seq 4096,16384] [--heads 16] [--heads-kv H] [--head-dim 128]
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "attnjit/attnjit.hpp"
+#include "bench/nvml_clocks.hpp"
 #include "compiler/pattern/pattern_stats.hpp"
 #include "compiler/support/error.hpp"
 #include "runtime/cuda/cuda_driver.hpp"
@@ -172,6 +175,7 @@ struct Tensors {
 // The runs of one timed body (time_runs) and their median and minimum, in ms.
 struct Timing {
   std::vector<double> times;
+  std::vector<double> sm_mhz, power_w;  // after each run, where NVML reads them
   double median = NAN, best = NAN;
 };
 
@@ -204,9 +208,18 @@ double median(std::vector<double> v) {
 
 json num(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
 
+// A timing's clocks for the JSON: the SM clock and power after each run, or why they are missing.
+void put_clocks(json& r, const Timing& t, const attnjit_bench::NvmlClocks& clocks) {
+  if (t.sm_mhz.size() == t.times.size() && !t.times.empty())
+    r["sm_mhz"] = t.sm_mhz, r["power_w"] = t.power_w;
+  else
+    r["clocks"] = "skipped: " + (clocks.ok() ? std::string("NVML did not answer for every run") : clocks.why());
+}
+
 // `opt.warmup` untimed runs of `body`, then `opt.runs` timed by CUDA events, the L2 flushed before each.
 template <class Body>
-Timing time_runs(const Options& opt, const DeviceBuffer& flush, EventTimer& timer, CUstream stream, Body body) {
+Timing time_runs(const Options& opt, const DeviceBuffer& flush, EventTimer& timer, CUstream stream,
+                 const attnjit_bench::NvmlClocks& clocks, Body body) {
   for (int w = 0; w < opt.warmup; ++w) body();
   Timing t;
   for (int n = 0; n < opt.runs; ++n) {
@@ -215,6 +228,8 @@ Timing time_runs(const Options& opt, const DeviceBuffer& flush, EventTimer& time
     body();
     timer.record_stop(stream);
     t.times.push_back(timer.elapsed_ms());
+    double mhz = 0, watts = 0;
+    if (clocks.read(mhz, watts)) t.sm_mhz.push_back(mhz), t.power_w.push_back(watts);
   }
   t.median = median(t.times);
   t.best = *std::min_element(t.times.begin(), t.times.end());
@@ -247,6 +262,7 @@ int main(int argc, char** argv) {
     CUstream stream = nullptr;
     DeviceBuffer flush;
     std::unique_ptr<EventTimer> timer;
+    std::unique_ptr<attnjit_bench::NvmlClocks> clocks;
     if (!opt.dry_run) {
       shared_context(opt.device).make_current();
       const DeviceInfo d = device_info(opt.device);
@@ -258,6 +274,8 @@ int main(int argc, char** argv) {
       stream = create_stream();
       flush = DeviceBuffer(opt.flush_bytes, "L2 flush buffer");
       timer = std::make_unique<EventTimer>();
+      clocks = std::make_unique<attnjit_bench::NvmlClocks>(d.uuid_or_empty);
+      if (!clocks->ok()) std::printf("clocks: skipped: %s\n", clocks->why().c_str());
       // First use of NVRTC and the driver's module loader, so that no spec's cold time pays for it.
       const auto t0 = Clock::now();
       const Pattern warm = PatternBuilder().branch(BranchSpec().full().causal()).build();
@@ -307,17 +325,19 @@ int main(int argc, char** argv) {
               first_result(opt, "", p, pb, t, stream, &op);
             }
             kernel = op.kernel_name();
-            const Timing fwd = time_runs(opt, flush, *timer, stream, [&] { t.forward(op, stream); });
+            const Timing fwd = time_runs(opt, flush, *timer, stream, *clocks, [&] { t.forward(op, stream); });
             med = fwd.median, best = fwd.best;
             tflops = flop / (med * 1e-3) / 1e12;
             r["times_ms"] = fwd.times;
+            put_clocks(r, fwd, *clocks);
             if (opt.backward) {
               t.with_backward(pb, 99 + uint64_t(index));
-              const Timing bwd = time_runs(opt, flush, *timer, stream, [&] { t.backward(op, stream); });
+              const Timing bwd = time_runs(opt, flush, *timer, stream, *clocks, [&] { t.backward(op, stream); });
               bwd_med = bwd.median;
               bwd_tflops = 2.5 * flop / (bwd.median * 1e-3) / 1e12;
               r["backward"] = {{"times_ms", bwd.times}, {"median_ms", bwd.median}, {"min_ms", bwd.best},
                                {"useful_flop", 2.5 * flop}, {"tflops", num(bwd_tflops)}};
+              put_clocks(r["backward"], bwd, *clocks);
             }
             r["median_ms"] = med;
             r["min_ms"] = best;
