@@ -629,10 +629,8 @@ def run_case(case, ctx, writer):
             srec[pas] = summary(ts, flop, flop_b)
             if host.get((name, pas)):
                 srec[pas]["host_ms"] = statistics.median(host[(name, pas)])
-    for name, srec in rec["systems"].items():
-        step = training_step(times, errors, name)
-        if step:
-            srec["step"] = summary(step, srec["flop_fwd"] * 3.5, srec["flop_fwd_per_branch"] * 3.5)
+    for srec in rec["systems"].values():
+        add_training_step(srec)
     rec["clocks"]["end"] = gpu_state(dev)
     for name, srec in rec["systems"].items():
         print(f"{case['name']:28s} {name:20s} {_line(srec)}", flush=True)
@@ -642,14 +640,13 @@ def run_case(case, ctx, writer):
     writer.write(plot=True)
 
 
-def training_step(times, errors, name):
-    """A system's training step per round: its forward and its backward of the same round, added
-    (the two run back to back in each round, so a round's sum is one step under that round's clocks).
-    None where either pass failed or did not run."""
-    f, b = times.get((name, "fwd")), times.get((name, "bwd"))
-    if not f or not b or (name, "fwd") in errors or (name, "bwd") in errors:
-        return None
-    return [x + y for x, y in zip(f, b)]
+def add_training_step(srec):
+    """srec["step"]: a system's training step per round, its forward and backward of the same round
+    added (the two run back to back in each round, so a round's sum is one step under that round's
+    clocks), where both passes ran in every round without an error."""
+    f, b = srec.get("fwd", {}).get("times_ms"), srec.get("bwd", {}).get("times_ms")
+    if srec.get("status") == "ok" and f and b and len(f) == len(b):
+        srec["step"] = summary([x + y for x, y in zip(f, b)], srec["flop_fwd"] * 3.5, srec["flop_fwd_per_branch"] * 3.5)
 
 
 def _error(e, prefix=""):
@@ -1210,10 +1207,8 @@ def merge(dirs, out):
     meta["merged_from"] = [{"dir": d, "args": r.get("args")} for d, r in zip(dirs, runs)]
     for c in by_name.values():  # runs made before the training-step column: the step from their rounds
         for srec in c["systems"].values():
-            f, b = srec.get("fwd", {}), srec.get("bwd", {})
-            if "step" not in srec and srec.get("status") == "ok" and f.get("times_ms") and b.get("times_ms"):
-                step = [x + y for x, y in zip(f["times_ms"], b["times_ms"])]
-                srec["step"] = summary(step, srec["flop_fwd"] * 3.5, srec["flop_fwd_per_branch"] * 3.5)
+            if "step" not in srec:
+                add_training_step(srec)
     writer = Writer(out, meta)
     writer.cases = [by_name[n] for n in names]
     writer.write(plot=True)
