@@ -34,7 +34,6 @@ __device__ __forceinline__ aj_u16 aj_cvt_f16_f32(float f) {
 
 // fma.rn.f32 and cvt.rmi.f32.f32: a * b + c rounded once, and x rounded down to an integer.
 __device__ __forceinline__ float aj_fma(float a, float b, float c) { return fmaf(a, b, c); }
-__device__ __forceinline__ float aj_floor(float x) { return floorf(x); }
 // add.rm.f32: a + b rounded toward minus infinity (one FADD on the FMA pipe).
 __device__ __forceinline__ float aj_add_rm(float a, float b) {
   float y;
@@ -90,7 +89,6 @@ __device__ __forceinline__ aj_u16 aj_cvt_e4m3x2(float hi, float lo) { return aj_
 __device__ __forceinline__ aj_u32 aj_cvt_f16x2_e4m3x2(aj_u16 x) { return aj_emu_cvt_f16x2_e4m3x2(x); }
 
 __device__ __forceinline__ float aj_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
-__device__ __forceinline__ float aj_floor(float x) { return __builtin_floorf(x); }
 // The nearest sum, one step down where it rounded up (the rounding error by Knuth's two-sum).
 __device__ __forceinline__ float aj_add_rm(float a, float b) {
   const float s = a + b, bb = s - a, err = (a - (s - bb)) + (b - bb);
