@@ -17,6 +17,7 @@
 #include "compiler/codegen/codegen.hpp"
 #include "compiler/plan/plan.hpp"
 #include "compiler/plan/plan_backward.hpp"
+#include "compiler/plan/paged_plan.hpp"
 
 namespace attnjit {
 
@@ -151,6 +152,27 @@ bool cuda_arch_specific(int arch);
 std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir,
                                            const KernelConfig& config, const KernelConfig& backward_config,
                                            const TemplateSet& templates, const KernelChoices& choices = {});
+
+// The paged forward on a device (runtime/paged.cpp checks the call and plans it).
+class PagedBackend {
+public:
+  virtual ~PagedBackend() = default;
+  virtual void forward(const PagedPlan& plan, const PagedCall& call, int32_t splits) = 0;
+  virtual TileConfig tiles() const = 0;
+  virtual int64_t target_blocks() const = 0;  // blocks that fill the device: split-KV aims for them
+  virtual std::string kernel_name() const = 0;
+  // Whether the block table is host memory (the CPU and emu devices check its entries).
+  virtual bool host_memory() const { return true; }
+};
+std::unique_ptr<PagedBackend> make_cpu_paged(const Pattern& p, const PagedProblem& pb);
+std::unique_ptr<PagedBackend> make_emu_paged(const Pattern& p, const PagedProblem& pb, ArchName arch, const std::string& cache_dir,
+                                             const KernelConfig& config, const TemplateSet& templates);
+std::unique_ptr<PagedBackend> make_cuda_paged(const Pattern& p, const PagedProblem& pb, int device, const std::string& cache_dir,
+                                              const KernelConfig& config, const TemplateSet& templates);
+// A prepared paged attention's state (runtime/paged.cpp): validated, its device's backend made.
+std::shared_ptr<PagedState> make_paged_state(const Pattern& p, const PagedProblem& pb, const RuntimeOptions& o);
+// The paged kernels' request: the problem's head dims and dtype on `arch`, with `config`.
+KernelRequest paged_request(const PagedProblem& pb, int arch, const KernelConfig& config);
 
 // A plan that leaves layouts to the kernels needs kernels that seek (an internal error otherwise:
 // the kernels would take every tile of the band).

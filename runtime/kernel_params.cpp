@@ -52,6 +52,41 @@ KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTabl
   return kp;
 }
 
+AjPagedParams paged_params(const PagedPlan& plan, const PagedProblem& pb, const PagedTables& t, const TensorView& q,
+                           const TensorView& k_cache, const TensorView& v_cache, const TensorView& o, const TensorView* lse,
+                           const int32_t* block_table, int64_t block_table_stride, int32_t splits) {
+  AjPagedParams pp{};
+  KernelParams& kp = pp.fwd;
+  kp.q = q.data, kp.k = k_cache.data, kp.v = v_cache.data, kp.o = o.data;
+  kp.lse = lse ? static_cast<float*>(lse->data) : nullptr;
+  kp.q_row_stride = q.strides[0], kp.q_head_stride = q.strides[1];
+  kp.k_batch_stride = k_cache.strides[0], kp.k_row_stride = k_cache.strides[1], kp.k_head_stride = k_cache.strides[2];
+  kp.v_batch_stride = v_cache.strides[0], kp.v_row_stride = v_cache.strides[1], kp.v_head_stride = v_cache.strides[2];
+  kp.o_row_stride = o.strides[0], kp.o_head_stride = o.strides[1];
+  kp.lse_head_stride = lse ? lse->strides[1] : 0;
+  kp.heads_per_kv = static_cast<int32_t>(pb.heads_q / pb.heads_kv);
+  kp.num_items = static_cast<int32_t>(plan.tables.items.size());
+  kp.scale_log2 = static_cast<float>(plan.tables.softmax_scale * 1.4426950408889634);
+  kp.output_scale = static_cast<float>(plan.tables.output_scale);
+  kp.items = t.items, kp.spans = t.spans, kp.entries = t.entries;
+  kp.batch = 1;
+  pp.item_request = t.item_request, pp.q_start = t.q_start, pp.q_pos = t.q_pos;
+  pp.block_table = block_table;
+  pp.part_o = t.part_o, pp.part_lse = t.part_lse;
+  pp.table_stride = block_table_stride;
+  pp.num_pages = k_cache.shape[0];
+  pp.lse_row_stride = lse ? lse->strides[0] : 0;
+  pp.page_size = static_cast<int32_t>(k_cache.shape[1]);
+  pp.splits = splits;
+  return pp;
+}
+
+PagedPartials paged_partials(const PagedPlan& plan, const PagedProblem& pb, int32_t splits) {
+  if (splits <= 1) return {};
+  const size_t rows = plan.tables.items.size() * size_t(splits) * size_t(plan.tables.tiles.tile_q);
+  return {rows * size_t(pb.head_dim_v) * 4, rows * 4};
+}
+
 BatchGrid batch_grid(int64_t batch) {
   constexpr int64_t kMaxY = 65535;  // AJ_GRID_Y_MAX
   return {static_cast<unsigned>(std::min(batch, kMaxY)), static_cast<unsigned>((batch + kMaxY - 1) / kMaxY)};

@@ -5,6 +5,7 @@
 #include "attnjit/attnjit.hpp"
 #include "compiler/codegen/codegen.hpp"
 #include "compiler/plan/device_plan.hpp"
+#include "compiler/plan/paged_plan.hpp"
 
 namespace attnjit {
 
@@ -28,6 +29,28 @@ struct KernelTables {
 KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTables& t, const TensorView& q,
                            const TensorView& k, const TensorView& v, const TensorView& o, const TensorView* lse,
                            const ForwardOptions& options);
+
+// The paged forward's argument block (AjPagedParams): the packed paged plan's tables where the
+// device keeps them, the call's tensors (device addresses), `splits` blocks per item, and for
+// splits > 1 the partial buffers ([items, splits, tile_q, head_dim_v] and [items, splits, tile_q]).
+struct PagedTables {
+  const DeviceItem* items = nullptr;
+  const DeviceSpan* spans = nullptr;
+  const int32_t* entries = nullptr;
+  const int32_t* item_request = nullptr;
+  const int64_t* q_start = nullptr;
+  const int64_t* q_pos = nullptr;
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+};
+AjPagedParams paged_params(const PagedPlan& plan, const PagedProblem& pb, const PagedTables& t, const TensorView& q,
+                           const TensorView& k_cache, const TensorView& v_cache, const TensorView& o, const TensorView* lse,
+                           const int32_t* block_table, int64_t block_table_stride, int32_t splits);
+// Bytes of the partial buffers a call with `splits` needs (0 for one split), and where lse starts.
+struct PagedPartials {
+  size_t o_bytes = 0, lse_bytes = 0;
+};
+PagedPartials paged_partials(const PagedPlan& plan, const PagedProblem& pb, int32_t splits);
 
 // The argument block of the backward kernels (AjBwdParams): the forward's over `plan` (the
 // backward's query-major plan), the key-major tables, the gradient tensors and the workspaces

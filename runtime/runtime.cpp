@@ -286,6 +286,12 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   return a;
 }
 
+PagedAttention Runtime::prepare_paged(const Pattern& pattern, const PagedProblem& problem) {
+  PagedAttention a;
+  a.state_ = make_paged_state(pattern, problem, impl_->options);
+  return a;
+}
+
 const BackwardPlans& PlanEntry::backward_plans(const Pattern& p, const DynamicLayout* dynamic, const TileConfig& tiles) const {
   std::call_once(backward_once_, [&] {
     auto b = std::make_unique<BackwardPlans>();

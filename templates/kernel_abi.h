@@ -110,6 +110,27 @@ typedef struct AjBwdParams {
                                           // converts dQ alone)
 } AjBwdParams;
 
+/* ---- the paged forward (templates/fwd_paged.cuh): queries packed across requests, K and V in a
+   paged cache; the tables are the requests' plans concatenated (compiler/plan/paged_plan.hpp) -- */
+
+typedef struct AjPagedParams {
+  AjParams fwd;                 // q [total_q, Hq, D] by q_row_stride/q_head_stride; k, v the caches
+                                // [num_pages, page_size, Hkv, D]: *_batch_stride is the page stride,
+                                // *_row_stride the token stride; o like q; lse [total_q, Hq] by
+                                // lse_row_stride and lse_head_stride; the items, spans and entries
+  const int* item_request;      // the request of each item
+  const aj_i64* q_start;        // per request: its first row of q (cu_seqlens_q)
+  const aj_i64* q_pos;          // per request: the position of its first query (kv_len - queries)
+  const int* block_table;       // [requests, table_stride] page indices
+  float* part_o;                // splits > 1: [items, splits, AJ_TILE_Q, head_dim_v] normalised partial O
+  float* part_lse;              // splits > 1: [items, splits, AJ_TILE_Q] partial LSE, log2 domain
+  aj_i64 table_stride;
+  aj_i64 num_pages;
+  aj_i64 lse_row_stride;
+  int page_size;
+  int splits;                   // blocks per item (grid y)
+} AjPagedParams;
+
 /* ---- the layout, field by field ------------------------------------------------------------ */
 #define AJ_ABI_SIZE(T, bytes) static_assert(sizeof(T) == (bytes), "kernel ABI: the size of " #T " changed")
 /* NVRTC has no offsetof without headers: there the sizes are checked, and the same text's
@@ -227,6 +248,18 @@ AJ_ABI_FIELD(AjBwdParams, scale, 520);
 AJ_ABI_FIELD(AjBwdParams, num_key_items, 524);
 AJ_ABI_FIELD(AjBwdParams, key_item_base, 528);
 AJ_ABI_FIELD(AjBwdParams, plain_add, 532);
+AJ_ABI_SIZE(AjPagedParams, 368);
+AJ_ABI_FIELD(AjPagedParams, item_request, 288);
+AJ_ABI_FIELD(AjPagedParams, q_start, 296);
+AJ_ABI_FIELD(AjPagedParams, q_pos, 304);
+AJ_ABI_FIELD(AjPagedParams, block_table, 312);
+AJ_ABI_FIELD(AjPagedParams, part_o, 320);
+AJ_ABI_FIELD(AjPagedParams, part_lse, 328);
+AJ_ABI_FIELD(AjPagedParams, table_stride, 336);
+AJ_ABI_FIELD(AjPagedParams, num_pages, 344);
+AJ_ABI_FIELD(AjPagedParams, lse_row_stride, 352);
+AJ_ABI_FIELD(AjPagedParams, page_size, 360);
+AJ_ABI_FIELD(AjPagedParams, splits, 364);
 #undef AJ_ABI_SIZE
 #undef AJ_ABI_FIELD
 

@@ -516,3 +516,63 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
 }
 
 }  // namespace attnjit
+
+namespace attnjit {
+
+namespace {
+// Static shared memory of the paged forward (fwd_paged.cuh's AjPagedShared).
+int paged_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
+  return 4 * (c.tile_q * r.head_dim + c.tile_k * (r.head_dim + 1) + c.tile_k * r.head_dim_v + 4 * c.tile_k);
+}
+}  // namespace
+
+KernelConfig resolve_paged_config(const KernelRequest& r) {
+  require(r.arch >= 60, "--arch " + arch_name(r.arch), "attnjit needs sm_60 or newer");
+  require(r.head_dim >= 1 && r.head_dim_v >= 1 && r.head_dim <= 256 && r.head_dim_v <= 256, "--head-dim",
+          "the paged forward takes head dims 1 to 256, got " + std::to_string(r.head_dim) + " and " +
+              std::to_string(r.head_dim_v));
+  KernelConfig c = r.config;
+  const bool default_q = c.tile_q == 0, default_k = c.tile_k == 0;
+  if (default_q) c.tile_q = 16;
+  if (default_k) c.tile_k = 32;
+  require(c.tile_q >= 1 && c.tile_q <= 64, "tile_q", "the paged forward takes 1 to 64 query rows per item, got " +
+                                                         std::to_string(c.tile_q));
+  require(c.tile_k == 16 || c.tile_k == 32 || c.tile_k == 64, "tile_k",
+          "the paged forward takes tile_k 16, 32 or 64, got " + std::to_string(c.tile_k));
+  // Past head dim 128 the default tiles shrink to fit: 16 keys, then 8 rows.
+  if (default_k && paged_smem_bytes(r, c) > 48 * 1024) c.tile_k = 16;
+  if (default_q && paged_smem_bytes(r, c) > 48 * 1024) c.tile_q = 8;
+  require(paged_smem_bytes(r, c) <= 48 * 1024, "config",
+          "the paged forward's tiles " + std::to_string(c.tile_q) + "x" + std::to_string(c.tile_k) + " need " +
+              std::to_string(paged_smem_bytes(r, c)) + " bytes of static shared memory, over 48 KB; use smaller tiles");
+  require(c.stages == 0 || c.stages == 1, "stages", "the paged forward has one stage, got " + std::to_string(c.stages));
+  require(c.warps == 0 || c.warps == 4, "warps", "the paged forward runs 4 warps, got " + std::to_string(c.warps));
+  c.stages = 1;
+  c.warps = 4;
+  return c;
+}
+
+PagedKernels generate_paged_kernels(const Pattern& p, const KernelRequest& request, const TemplateSet& templates) {
+  const KernelRequest r = for_pattern(request, p);
+  PagedKernels out;
+  KernelSource& k = out.source;
+  k.path = KernelPath::Simt;
+  k.config = resolve_paged_config(r);
+  k.arch = arch_name(r);
+  k.threads = out.threads;
+  k.template_hash = templates.hash();
+  k.has_mask = pattern_has_mask(p);
+  std::ostringstream os;
+  os << render_prefix("paged forward", k, r, p, generate_mask_predicate(p), templates, {"fwd_paged.cuh"}, true);
+  os << "\n// ---- generated: entry points\n";
+  for (const char* entry : {"fwd", "merge"}) {
+    os << "extern \"C\" __global__ void __launch_bounds__(" << out.threads << ", 1) AJ_KERNEL_NAME_" << entry
+       << "(const AjPagedParams p) {\n  " << (std::string(entry) == "fwd" ? "aj_fwd_paged(p);" : "aj_paged_merge(p);") << "\n}\n";
+  }
+  name_by_hash(k, os.str(), "attnjit_paged_");
+  out.forward = k.name + "_fwd";
+  out.merge = k.name + "_merge";
+  return out;
+}
+
+}  // namespace attnjit

@@ -132,6 +132,21 @@ KernelConfig resolve_backward_config(const KernelRequest& r);
 BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest& r,
                                           const TemplateSet& templates = TemplateSet::embedded());
 
+// The paged forward (templates/fwd_paged.cuh; decode and chunked prefill over a paged KV cache):
+// `forward` runs a paged plan's items x splits blocks (grid x: items, y: splits), `merge` its items
+// when splits > 1, both `threads` per block with static shared memory. SIMT with fp32 arithmetic on
+// every dtype and arch (sm_60+). Its config: tile_q query rows per work item (default 16, up to
+// 64), tile_k keys per tile (16, 32 or 64; default 32); past head dim 128 the defaults shrink to
+// 16 keys and then 8 rows, to fit 48 KB of static shared memory.
+struct PagedKernels {
+  KernelSource source;
+  std::string forward, merge;
+  int threads = 128;
+};
+KernelConfig resolve_paged_config(const KernelRequest& r);
+PagedKernels generate_paged_kernels(const Pattern& p, const KernelRequest& r,
+                                    const TemplateSet& templates = TemplateSet::embedded());
+
 // The mask predicate alone (the generated part between the templates), for tests and dumps.
 std::string generate_mask_predicate(const Pattern& p);
 // Does some branch have a causal, window or layout condition (so partial tiles run a predicate)?

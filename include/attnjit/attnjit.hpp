@@ -199,6 +199,52 @@ private:
   std::shared_ptr<PreparedState> state_;
 };
 
+// ---- attention over a paged KV cache: decode, chunked prefill, speculative decoding ----------
+// The cache layout is vLLM's and FlashInfer's: K and V caches of pages [num_pages, page_size, Hkv,
+// D] (V: Dv), page sizes 1 to 256, in any page order; request b's pages listed in its row of the
+// block table. Queries are packed [total_q, Hq, D]: request b's n_b queries are its last n_b cached
+// tokens, so query i sits at position kv_lens[b] - n_b + i and attends the keys at 0 ..
+// kv_lens[b] - 1 the pattern allows there (the call equals Attention::forward with q_offset =
+// kv_lens[b] - n_b over the request's gathered tokens). Only the tokens the pattern attends are read.
+struct PagedProblem {
+  int64_t heads_q = 1, heads_kv = 1;
+  int64_t head_dim = kDefaultHeadDim, head_dim_v = kDefaultHeadDim;
+  DType dtype = DType::BF16;
+};
+
+// One call. Tensors (and the block table) in the runtime device's memory (host memory on the CPU
+// and emu devices), each with last stride 1; lengths on the host.
+struct PagedCall {
+  TensorView q;                          // [total_q, Hq, D]
+  TensorView k_cache, v_cache;           // [num_pages, page_size, Hkv, D] and [.., Hkv, Dv]
+  const int32_t* block_table = nullptr;  // [requests, block_table_stride]: page indices
+  int64_t block_table_stride = 0;        // entries per request: enough pages for its kv_len
+  std::vector<int64_t> kv_lens;          // per request: cached tokens, the queries' own included
+  std::vector<int64_t> cu_seqlens_q;     // 0 = c_0 <= ... <= c_B = total_q; empty: one query per request
+  TensorView o;                          // [total_q, Hq, Dv], q's dtype
+  const TensorView* lse = nullptr;       // optional: fp32 [total_q, Hq] (-inf: attended nothing)
+  // Blocks sharing one work item's key tiles (split-KV, merged by LSE); 0: enough to fill the device.
+  int32_t splits = 0;
+  void* stream = nullptr;                // CUstream of the caller (CUDA device)
+};
+
+struct PagedState;
+// A prepared paged attention: the paged kernels rendered and loaded for (pattern, problem); each
+// call plans its requests (one lowering per distinct (queries, kv_len)) and runs. On a GPU a page
+// index outside the cache is never read: the keys it would hold read as NaN, so the rows attending
+// them come out NaN (the CPU and emu devices refuse the call, naming the entry).
+class PagedAttention {
+public:
+  void forward(const PagedCall& call);
+  const Pattern& pattern() const;
+  const PagedProblem& problem() const;
+  std::string kernel_name() const;  // the generated kernel's, or "cpu plan executor"
+
+private:
+  friend class Runtime;
+  std::shared_ptr<PagedState> state_;
+};
+
 class Runtime {
 public:
   explicit Runtime(RuntimeOptions options = {});
@@ -212,6 +258,9 @@ public:
   // prepare() once per (pattern, problem) in this runtime's life: later calls return the same
   // Attention (attention() below and the Python package call this). Thread-safe.
   Attention prepared(const Pattern& pattern, const Problem& problem);
+  // The paged forward for (pattern, problem): validated, kernels rendered and loaded. Thread-safe;
+  // the PagedAttention's calls are too.
+  PagedAttention prepare_paged(const Pattern& pattern, const PagedProblem& problem);
   const Device& device() const;
 
   struct Impl;

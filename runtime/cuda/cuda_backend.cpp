@@ -472,6 +472,93 @@ private:
   std::shared_ptr<Module> bwd_module_[2];
 };
 
+// The paged forward on a GPU. Each call's tables (its requests' plans) are packed on the host and
+// copied in the caller's stream order into a stream-ordered allocation that also holds the split
+// partials, freed on the stream after the kernels; nothing synchronises.
+class CudaPaged final : public PagedBackend {
+public:
+  CudaPaged(const Pattern& p, const PagedProblem& pb, int device, const std::string& cache_dir, const KernelConfig& config,
+            const TemplateSet& templates)
+      : problem_(pb), device_(device), context_(shared_context(device)) {
+    const ScopedCurrentContext current(context_);
+    prefer_nvrtc_for_driver(driver_version() / 1000);
+    const DeviceInfo info = device_info(device);
+    sm_count_ = info.sm_count;
+    kernels_ = generate_paged_kernels(p, paged_request(pb, info.cc_major * 10 + info.cc_minor, config), templates);
+    KernelCompiler compiler(kernel_cache_for(cache_dir), knobs());
+    kernel_ = compiler.get(kernels_.source);
+    module_ = std::make_shared<Module>(kernel_->cubin, kernel_->name);
+    forward_ = module_->function(kernels_.forward);
+    merge_ = module_->function(kernels_.merge);
+  }
+
+  void forward(const PagedPlan& plan, const PagedCall& c, int32_t splits) override {
+    const ScopedCurrentContext current(context_);
+    const TensorView table{const_cast<int32_t*>(c.block_table), DType::F32, {1}, {1}};  // checked as a pointer only
+    for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"q", &c.q}, {"k_cache", &c.k_cache}, {"v_cache", &c.v_cache},
+                                  {"o", &c.o}, {"lse", c.lse}, {"block_table", &table}}) {
+      if (!t) continue;
+      const PointerInfo pi = pointer_info(t->data);
+      if (!pi.is_device_memory || pi.device_ordinal != device_)
+        throw UserError(name, "is not device memory of cuda:" + std::to_string(device_) + "; copy it to the runtime's GPU");
+    }
+    if (plan.tables.items.empty()) return;
+    const CUstream stream = static_cast<CUstream>(c.stream);
+    if (stream_capturing(stream))
+      throw UserError("PagedCall.stream", "is capturing a CUDA graph; paged calls plan every step on the host and cannot be "
+                                          "captured yet: run them eagerly");
+    const DevicePlan d = pack_plan(plan.tables);
+    std::vector<uint8_t> host;
+    auto add = [&](const auto& vec) {
+      using T = typename std::decay_t<decltype(vec)>::value_type;
+      const size_t at = (host.size() + 255) / 256 * 256;
+      host.resize(at + vec.size() * sizeof(T));
+      if (!vec.empty()) std::memcpy(host.data() + at, vec.data(), vec.size() * sizeof(T));
+      return at;
+    };
+    const size_t items = add(d.items), spans = add(d.spans), entries = add(d.entries), req = add(plan.item_request);
+    const size_t start = add(plan.q_start), pos = add(plan.q_pos);
+    const PagedPartials parts = paged_partials(plan, problem_, splits);
+    const size_t part_o = (host.size() + 255) / 256 * 256, part_lse = part_o + (parts.o_bytes + 255) / 256 * 256;
+    const size_t total = part_lse + parts.lse_bytes;
+    const CUdeviceptr base = alloc_async(std::max<size_t>(total, 16), stream, "paged plan tables");
+    copy_to_device_async(base, host.data(), host.size(), stream, "paged plan tables");
+    auto at = [&](size_t offset) { return reinterpret_cast<void*>(base + offset); };
+    PagedTables t;
+    t.items = static_cast<const DeviceItem*>(at(items));
+    t.spans = static_cast<const DeviceSpan*>(at(spans));
+    t.entries = d.entries.empty() ? nullptr : static_cast<const int32_t*>(at(entries));
+    t.item_request = static_cast<const int32_t*>(at(req));
+    t.q_start = static_cast<const int64_t*>(at(start));
+    t.q_pos = static_cast<const int64_t*>(at(pos));
+    t.part_o = parts.o_bytes ? static_cast<float*>(at(part_o)) : nullptr;
+    t.part_lse = parts.lse_bytes ? static_cast<float*>(at(part_lse)) : nullptr;
+    AjPagedParams pp = paged_params(plan, problem_, t, c.q, c.k_cache, c.v_cache, c.o, c.lse, c.block_table,
+                                    c.block_table_stride, splits);
+    void* args[] = {&pp};
+    const unsigned grid = static_cast<unsigned>(d.items.size());
+    launch(forward_, grid, static_cast<unsigned>(splits), 1, static_cast<unsigned>(kernels_.threads), 0, stream, args,
+           kernels_.forward + " grid=(" + std::to_string(grid) + "," + std::to_string(splits) + ")");
+    if (splits > 1)
+      launch(merge_, grid, 1, 1, static_cast<unsigned>(kernels_.threads), 0, stream, args, kernels_.merge + " grid=" + std::to_string(grid));
+    free_async(base, stream, "paged plan tables");
+  }
+  TileConfig tiles() const override { return TileConfig{kernels_.source.config.tile_q, kernels_.source.config.tile_k}; }
+  int64_t target_blocks() const override { return 2 * int64_t{sm_count_}; }
+  std::string kernel_name() const override { return kernels_.source.name; }
+  bool host_memory() const override { return false; }
+
+private:
+  PagedProblem problem_;
+  int device_;
+  Context& context_;
+  int sm_count_ = 0;
+  PagedKernels kernels_;
+  std::shared_ptr<const CompiledKernel> kernel_;
+  std::shared_ptr<Module> module_;
+  CUfunction forward_ = nullptr, merge_ = nullptr;
+};
+
 }  // namespace
 
 bool cuda_arch_specific(int arch) { return arch == 90 && knobs().sm90a; }
@@ -480,6 +567,11 @@ std::unique_ptr<Backend> make_cuda_backend(const Pattern& p, const Problem& pb, 
                                            const KernelConfig& config, const KernelConfig& backward_config,
                                            const TemplateSet& templates, const KernelChoices& choices) {
   return std::make_unique<CudaBackend>(p, pb, device, cache_dir, config, backward_config, templates, choices);
+}
+
+std::unique_ptr<PagedBackend> make_cuda_paged(const Pattern& p, const PagedProblem& pb, int device, const std::string& cache_dir,
+                                              const KernelConfig& config, const TemplateSet& templates) {
+  return std::make_unique<CudaPaged>(p, pb, device, cache_dir, config, templates);
 }
 
 }  // namespace attnjit

@@ -335,12 +335,100 @@ private:
   std::shared_ptr<const emu::EmuModule> bwd_module_[2];
 };
 
+// The paged forward, emulated: every call's tensors, block table and packed plan copied into a
+// launch image (as the forward's), the kernels run, O and the LSE copied back.
+class EmuPaged final : public PagedBackend {
+public:
+  EmuPaged(const Pattern& p, const PagedProblem& pb, ArchName arch, const std::string& cache_dir, const KernelConfig& config,
+           const TemplateSet& templates)
+      : problem_(pb) {
+    KernelRequest r = paged_request(pb, arch.arch, config);
+    r.arch_specific = arch.specific;
+    kernels_ = generate_paged_kernels(p, r, templates);
+    emu::EmuSource s = emu::emu_source_of(kernels_.source);
+    s.kernels = {kernels_.forward, kernels_.merge};
+    module_ = emu::load_emu_module(emu::compile_for_emulator(s, kernel_cache_for(cache_dir), knobs()));
+  }
+
+  void forward(const PagedPlan& plan, const PagedCall& c, int32_t splits) override {
+    if (plan.tables.items.empty()) return;
+    const DevicePlan d = pack_plan(plan.tables);
+    const PagedPartials parts = paged_partials(plan, problem_, splits);
+    DeviceImage img;
+    auto tensor = [&](const char* name, const TensorView& view, bool writable) {
+      return img.add(name, view.data, size_t(extent_bytes(view)), dtype_bytes(view.dtype), writable);
+    };
+    auto table = [&](const char* name, const auto& vec) {
+      using T = typename std::decay_t<decltype(vec)>::value_type;
+      return img.add(name, vec.data(), vec.size() * sizeof(T), sizeof(T), false);
+    };
+    const size_t iq = tensor("q", c.q, false), ik = tensor("k_cache", c.k_cache, false);
+    const size_t iv = tensor("v_cache", c.v_cache, false), io = tensor("o", c.o, true);
+    const size_t il = c.lse ? tensor("lse", *c.lse, true) : 0;
+    const size_t ibt = img.add("block_table", c.block_table, size_t(plan.requests.size() * c.block_table_stride) * 4, 4, false);
+    const size_t items = table("plan items", d.items), spans = table("plan spans", d.spans), entries = table("plan entries", d.entries);
+    const size_t ireq = table("item requests", plan.item_request), istart = table("query starts", plan.q_start);
+    const size_t ipos = table("query positions", plan.q_pos);
+    const size_t ipo = img.add("partial O", nullptr, parts.o_bytes, 4, true), ipl = img.add("partial LSE", nullptr, parts.lse_bytes, 4, true);
+    img.materialise();
+    auto rebased = [&](const TensorView& view, size_t region) {
+      TensorView r = view;
+      r.data = img.at(region);
+      return r;
+    };
+    const TensorView lse = c.lse ? rebased(*c.lse, il) : TensorView{};
+    PagedTables t;
+    t.items = static_cast<const DeviceItem*>(img.at(items));
+    t.spans = static_cast<const DeviceSpan*>(img.at(spans));
+    t.entries = d.entries.empty() ? nullptr : static_cast<const int32_t*>(img.at(entries));
+    t.item_request = static_cast<const int32_t*>(img.at(ireq));
+    t.q_start = static_cast<const int64_t*>(img.at(istart));
+    t.q_pos = static_cast<const int64_t*>(img.at(ipos));
+    t.part_o = parts.o_bytes ? static_cast<float*>(img.at(ipo)) : nullptr;
+    t.part_lse = parts.lse_bytes ? static_cast<float*>(img.at(ipl)) : nullptr;
+    AjPagedParams pp = paged_params(plan, problem_, t, rebased(c.q, iq), rebased(c.k_cache, ik), rebased(c.v_cache, iv),
+                                    rebased(c.o, io), c.lse ? &lse : nullptr, static_cast<const int32_t*>(img.at(ibt)),
+                                    c.block_table_stride, splits);
+    void* args[] = {&pp};
+    auto launch = [&](const std::string& kernel, unsigned gy) {
+      emu::LaunchRequest r;
+      r.kernel = kernel;
+      r.grid[0] = static_cast<unsigned>(d.items.size());
+      r.grid[1] = gy;
+      r.grid[2] = 1;
+      r.block_threads = static_cast<unsigned>(kernels_.threads);
+      r.dynamic_shared = 0;
+      r.args = args;
+      r.buffers = img.buffers();
+      module_->launch(r);
+    };
+    launch(kernels_.forward, static_cast<unsigned>(splits));
+    if (splits > 1) launch(kernels_.merge, 1);
+    img.copy_back(io, c.o.data);
+    if (c.lse) img.copy_back(il, c.lse->data);
+  }
+  TileConfig tiles() const override { return TileConfig{kernels_.source.config.tile_q, kernels_.source.config.tile_k}; }
+  // An H100's 132 SMs, two blocks each: splits as a GPU would take them.
+  int64_t target_blocks() const override { return 264; }
+  std::string kernel_name() const override { return kernels_.source.name + " (emulated " + kernels_.source.arch + ")"; }
+
+private:
+  PagedProblem problem_;
+  PagedKernels kernels_;
+  std::shared_ptr<const emu::EmuModule> module_;
+};
+
 }  // namespace
 
 std::unique_ptr<Backend> make_emu_backend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir,
                                           const KernelConfig& config, const KernelConfig& backward_config,
                                           const TemplateSet& templates, const KernelChoices& choices) {
   return std::make_unique<EmuBackend>(p, pb, arch, cache_dir, config, backward_config, templates, choices);
+}
+
+std::unique_ptr<PagedBackend> make_emu_paged(const Pattern& p, const PagedProblem& pb, ArchName arch, const std::string& cache_dir,
+                                             const KernelConfig& config, const TemplateSet& templates) {
+  return std::make_unique<EmuPaged>(p, pb, arch, cache_dir, config, templates);
 }
 
 }  // namespace attnjit

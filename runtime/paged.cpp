@@ -1,0 +1,207 @@
+// PagedAttention: checks a call against the problem, plans its requests (compiler/plan/paged_plan),
+// and hands it to the device: the CPU gathers each request's tokens and runs the plan executor; the
+// emu and CUDA devices run the paged kernels (templates/fwd_paged.cuh).
+#include <algorithm>
+#include <map>
+
+#include "attnjit/attnjit.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/half.hpp"
+#include "runtime/backend.hpp"
+#include "runtime/cpu/plan_executor.hpp"
+#include "runtime/host_tensors.hpp"
+
+namespace attnjit {
+
+struct PagedState {
+  Pattern pattern;
+  PagedProblem problem;
+  std::unique_ptr<PagedBackend> backend;
+};
+
+KernelRequest paged_request(const PagedProblem& pb, int arch, const KernelConfig& config) {
+  KernelRequest r;
+  r.head_dim = static_cast<int>(pb.head_dim);
+  r.head_dim_v = static_cast<int>(pb.head_dim_v);
+  r.dtype = pb.dtype;
+  r.arch = arch;
+  r.config = config;
+  return r;
+}
+
+namespace {
+
+void require(bool ok, const std::string& what, const std::string& fix) {
+  if (!ok) throw UserError(what, fix);
+}
+
+std::string dims(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// `t` has `rank` dims equal to `want` where want >= 0, the dtype, last stride 1, strides >= 0.
+void check_view(const char* name, const TensorView& t, std::vector<int64_t> want, DType dtype) {
+  require(t.shape.size() == want.size() && t.strides.size() == want.size(), name,
+          "expected " + std::to_string(want.size()) + " dimensions, got shape " + dims(t.shape));
+  for (size_t d = 0; d < want.size(); ++d)
+    require(want[d] < 0 || t.shape[d] == want[d], name, "has shape " + dims(t.shape) + "; dimension " + std::to_string(d) +
+                                                            " must be " + std::to_string(want[d]));
+  require(t.dtype == dtype, name, std::string("is ") + to_string(t.dtype) + "; expected " + to_string(dtype));
+  require(t.strides.back() == 1, name, "needs last stride 1 (contiguous head dims)");
+  for (int64_t s : t.strides) require(s >= 0, name, "has a negative stride; make it contiguous");
+  for (int64_t n : t.shape) require(n >= 0, name, "has a negative size");
+  require(t.data != nullptr || std::any_of(t.shape.begin(), t.shape.end(), [](int64_t n) { return n == 0; }), name,
+          "is null");
+}
+
+}  // namespace
+
+std::shared_ptr<PagedState> make_paged_state(const Pattern& pattern, const PagedProblem& pb, const RuntimeOptions& o) {
+  require(pb.heads_q >= 1 && pb.heads_kv >= 1 && pb.heads_q % pb.heads_kv == 0, "PagedProblem.heads_q",
+          std::to_string(pb.heads_q) + " query heads over " + std::to_string(pb.heads_kv) +
+              " kv heads: both >= 1, and heads_kv must divide heads_q");
+  require(pb.head_dim >= 1 && pb.head_dim_v >= 1, "PagedProblem.head_dim", "head dims must be >= 1");
+  require(!pattern.has_dynamic_layout(), "pattern", "paged attention cannot take a dynamic layout; use a fixed or random layout");
+  Shape s;
+  s.seq_q = s.seq_k = 1, s.heads_q = pb.heads_q, s.heads_kv = pb.heads_kv, s.head_dim = pb.head_dim, s.head_dim_v = pb.head_dim_v;
+  check_pattern_fits(pattern, s);  // heads, head groups, GQA
+  auto st = std::make_shared<PagedState>();
+  st->pattern = pattern;
+  st->problem = pb;
+  const TemplateSet& templates = o.templates ? *o.templates : TemplateSet::embedded();
+  switch (o.device.kind) {
+    case DeviceKind::CPU: st->backend = make_cpu_paged(pattern, pb); break;
+    case DeviceKind::EMU:
+      st->backend = make_emu_paged(pattern, pb, {o.device.index, o.device.arch_specific}, o.cache_dir, o.config, templates);
+      break;
+    case DeviceKind::CUDA: st->backend = make_cuda_paged(pattern, pb, o.device.index, o.cache_dir, o.config, templates); break;
+  }
+  return st;
+}
+
+const Pattern& PagedAttention::pattern() const { return state_->pattern; }
+const PagedProblem& PagedAttention::problem() const { return state_->problem; }
+std::string PagedAttention::kernel_name() const { return state_->backend->kernel_name(); }
+
+void PagedAttention::forward(const PagedCall& c) {
+  require(state_ != nullptr, "PagedAttention", "is empty; get one from Runtime::prepare_paged");
+  const PagedProblem& pb = state_->problem;
+  const int64_t batch = static_cast<int64_t>(c.kv_lens.size());
+  require(c.q.shape.size() == 3, "q", "expected [total_q, Hq, D], got shape " + dims(c.q.shape));
+  const int64_t total = c.q.shape[0];
+  check_view("q", c.q, {-1, pb.heads_q, pb.head_dim}, pb.dtype);
+  check_view("k_cache", c.k_cache, {-1, -1, pb.heads_kv, pb.head_dim}, pb.dtype);
+  check_view("v_cache", c.v_cache, {c.k_cache.shape[0], c.k_cache.shape[1], pb.heads_kv, pb.head_dim_v}, pb.dtype);
+  check_view("o", c.o, {total, pb.heads_q, pb.head_dim_v}, pb.dtype);
+  if (c.lse) check_view("lse", *c.lse, {total, pb.heads_q}, DType::F32);
+  const int64_t num_pages = c.k_cache.shape[0], page_size = c.k_cache.shape[1];
+  require(page_size >= 1 && page_size <= 256, "k_cache", "page size " + std::to_string(page_size) + " is out of range; pages hold 1 to 256 tokens");
+  require(c.splits >= 0 && c.splits <= 64, "splits", "expected 0 (automatic) to 64, got " + std::to_string(c.splits));
+  // The queries of each request.
+  std::vector<int64_t> cu = c.cu_seqlens_q;
+  if (cu.empty()) {
+    require(total == batch, "q", "has " + std::to_string(total) + " queries for " + std::to_string(batch) +
+                                     " requests; pass cu_seqlens_q for several per request");
+    for (int64_t b = 0; b <= batch; ++b) cu.push_back(b);
+  }
+  require(static_cast<int64_t>(cu.size()) == batch + 1, "cu_seqlens_q",
+          "expected " + std::to_string(batch + 1) + " entries (requests + 1), got " + std::to_string(cu.size()));
+  require(cu.front() == 0 && cu.back() == total, "cu_seqlens_q", "must run from 0 to total_q = " + std::to_string(total));
+  std::vector<PagedRequest> requests(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    const std::string at = "[" + std::to_string(b) + "]";
+    require(cu[b] <= cu[b + 1], "cu_seqlens_q", "must not decrease (entry " + std::to_string(b + 1) + ")");
+    const int64_t len = c.kv_lens[b];
+    require(len >= 0, "kv_lens" + at, "= " + std::to_string(len) + " is negative");
+    const int64_t pages = (len + page_size - 1) / page_size;
+    require(pages <= c.block_table_stride, "kv_lens" + at,
+            "= " + std::to_string(len) + " needs " + std::to_string(pages) + " pages of " + std::to_string(page_size) +
+                " tokens; the block table has " + std::to_string(c.block_table_stride) + " per request");
+    requests[b] = {cu[b + 1] - cu[b], len};
+  }
+  require(batch == 0 || c.block_table != nullptr, "block_table", "is null");
+  if (state_->backend->host_memory()) {
+    for (int64_t b = 0; b < batch; ++b) {
+      if (requests[b].queries == 0) continue;
+      for (int64_t j = 0; j * page_size < requests[b].kv_len; ++j) {
+        const int64_t page = c.block_table[b * c.block_table_stride + j];
+        require(page >= 0 && page < num_pages, "block_table[" + std::to_string(b) + ", " + std::to_string(j) + "]",
+                "= " + std::to_string(page) + " is not a page of the cache (0 .. " + std::to_string(num_pages - 1) + ")");
+      }
+    }
+  }
+  if (total == 0) return;
+  const PagedPlan plan = lower_paged_plan(state_->pattern, pb.heads_q, pb.heads_kv, pb.head_dim, pb.head_dim_v, requests,
+                                          state_->backend->tiles());
+  // Rows of a request with no attended key, and requests with nothing cached, still get O = 0 and
+  // LSE = -inf from their items; requests with no queries have none.
+  const int32_t splits = c.splits ? c.splits : paged_splits(plan, state_->backend->target_blocks());
+  state_->backend->forward(plan, c, splits);
+}
+
+namespace {
+
+// The CPU device: each request's queries and tokens gathered into float32 and run by the plan
+// executor over the request's own plan (lowered with the executor's tiles).
+class CpuPaged final : public PagedBackend {
+public:
+  CpuPaged(const Pattern& p, const PagedProblem& pb) : pattern_(p), problem_(pb) {}
+
+  void forward(const PagedPlan& plan, const PagedCall& c, int32_t) override {
+    const PagedProblem& pb = problem_;
+    const int64_t page_size = c.k_cache.shape[1];
+    for (size_t b = 0; b < plan.requests.size(); ++b) {
+      const PagedRequest& r = plan.requests[b];
+      if (r.queries == 0) continue;
+      // The request's queries [1, n, Hq, D] and tokens [1, L, Hkv, D] as contiguous float32.
+      TensorView qv = c.q;
+      qv.data = static_cast<char*>(c.q.data) + plan.q_start[b] * c.q.strides[0] * dtype_bytes(c.q.dtype);
+      qv.shape[0] = r.queries;
+      const std::vector<float> q = gather(qv);
+      auto tokens = [&](const TensorView& cache) {
+        std::vector<float> out;
+        out.reserve(static_cast<size_t>(r.kv_len * cache.shape[2] * cache.shape[3]));
+        for (int64_t j = 0; j * page_size < r.kv_len; ++j) {
+          TensorView page = cache;
+          page.shape.erase(page.shape.begin());
+          page.strides.erase(page.strides.begin());
+          page.shape[0] = std::min(page_size, r.kv_len - j * page_size);
+          page.data = static_cast<char*>(cache.data) +
+                      c.block_table[int64_t(b) * c.block_table_stride + j] * cache.strides[0] * dtype_bytes(cache.dtype);
+          const std::vector<float> rows = gather(page);
+          out.insert(out.end(), rows.begin(), rows.end());
+        }
+        return out;
+      };
+      const std::vector<float> k = tokens(c.k_cache), v = tokens(c.v_cache);
+      const ExecutorOutput out = execute_plan(*plan.request_plans[b], pattern_, q.data(), k.data(), v.data());
+      TensorView ov = c.o;
+      ov.data = static_cast<char*>(c.o.data) + plan.q_start[b] * c.o.strides[0] * dtype_bytes(c.o.dtype);
+      ov.shape[0] = r.queries;
+      scatter(ov, out.o);
+      if (c.lse) {  // the executor's [1, Hq, n] into [n, Hq]
+        float* lse = static_cast<float*>(c.lse->data);
+        for (int64_t i = 0; i < r.queries; ++i)
+          for (int64_t h = 0; h < pb.heads_q; ++h)
+            lse[(plan.q_start[b] + i) * c.lse->strides[0] + h * c.lse->strides[1]] = out.lse[h * r.queries + i];
+      }
+    }
+  }
+  TileConfig tiles() const override { return TileConfig{64, 64}; }
+  int64_t target_blocks() const override { return 1; }
+  std::string kernel_name() const override { return "cpu plan executor"; }
+
+private:
+  Pattern pattern_;
+  PagedProblem problem_;
+};
+
+}  // namespace
+
+std::unique_ptr<PagedBackend> make_cpu_paged(const Pattern& p, const PagedProblem& pb) {
+  return std::make_unique<CpuPaged>(p, pb);
+}
+
+}  // namespace attnjit

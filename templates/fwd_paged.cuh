@@ -1,0 +1,210 @@
+// The paged forward (decode, chunked prefill, speculative decoding): queries packed across
+// requests, keys and values read from a paged KV cache through each request's block table, the
+// key tiles those of the request's own plan (compiler/plan/paged_plan.hpp), so only the pages the
+// pattern attends are read. SIMT, fp32 arithmetic on every storage type (sm_60 and newer): a
+// decode step is bound by reading the cache, not by arithmetic.
+//
+// A block runs one work item (up to AJ_TILE_Q query rows of one head of one request) over a share
+// of its key tiles: with AJ split-KV (AjPagedParams::splits > 1) block (x, y) takes the item's
+// tiles n with n % splits == y and writes its normalised partial output and log2-domain LSE, and
+// _merge combines the splits (NaN-safe: a NaN split makes the row NaN; splits that attended nothing
+// weigh 0). Four warps: all load the tile (K, V as float in shared memory), then warp w runs rows
+// w, w + 4, ...: lane c scores key c (one key per lane and 32-key step), the row's probabilities go
+// through shared memory, and lane l accumulates output dims l, l + 32, ...
+//
+// A page index outside the cache (0 .. num_pages - 1) is never read: the key reads as NaN, so the
+// rows that attend it come out NaN instead of reading memory that is not the cache's.
+
+#define AJ_PG_WARPS 4
+#define AJ_PG_THREADS (32 * AJ_PG_WARPS)
+#define AJ_PG_ROWS ((AJ_TILE_Q + AJ_PG_WARPS - 1) / AJ_PG_WARPS)  // rows per warp
+#define AJ_PG_KL ((AJ_TILE_K + 31) / 32)                           // keys per lane
+#define AJ_PG_VD ((AJ_HEAD_DIM_V + 31) / 32)                       // output dims per lane
+
+struct AjPagedShared {
+  float q[AJ_TILE_Q][AJ_HEAD_DIM];
+  float k[AJ_TILE_K][AJ_HEAD_DIM + 1];  // odd pitch: lanes reading one dim of 32 keys hit 32 banks
+  float v[AJ_TILE_K][AJ_HEAD_DIM_V];
+  float p[AJ_PG_WARPS][AJ_TILE_K];      // each warp's row probabilities (-1: the key is masked)
+};
+
+// The first element of the cache row of request `req`'s token at `pos` for kv head `kvh`, or null
+// for a page outside the cache.
+__device__ __forceinline__ const aj_elem* aj_paged_row(const AjPagedParams& pp, const void* cache, aj_i64 page_stride,
+                                                        aj_i64 row_stride, aj_i64 head_stride, int req, aj_i64 pos, int kvh) {
+  const aj_i64 page = pp.block_table[(aj_i64)req * pp.table_stride + pos / pp.page_size];
+  if (page < 0 || page >= pp.num_pages) return nullptr;
+  return (const aj_elem*)cache + page * page_stride + (pos % pp.page_size) * row_stride + kvh * head_stride;
+}
+
+__device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
+  const AjParams& p = pp.fwd;
+  AJ_STATIC_SHARED(AjPagedShared, sh);
+  const int index = aj_block_idx_x(), split = aj_block_idx_y();
+  const AjItem item = p.items[index];
+  const int req = pp.item_request[index];
+  const int warp = aj_thread_idx() / 32, lane = aj_thread_idx() % 32;
+  const int kvh = item.head / p.heads_per_kv;
+  const aj_i64 q_first = pp.q_start[req], q_pos = pp.q_pos[req];
+
+  for (int x = aj_thread_idx(); x < AJ_TILE_Q * AJ_HEAD_DIM; x += AJ_PG_THREADS) {
+    const int r = x / AJ_HEAD_DIM, d = x % AJ_HEAD_DIM;
+    const aj_i64 row = q_first + item.rows_start + (aj_i64)r * item.rows_stride;
+    sh.q[r][d] = r < item.rows_count ? aj_load((const aj_elem*)p.q + row * p.q_row_stride + item.head * p.q_head_stride + d) : 0.0f;
+  }
+
+  float m[AJ_PG_ROWS], l[AJ_PG_ROWS], acc[AJ_PG_ROWS][AJ_PG_VD];
+#pragma unroll
+  for (int j = 0; j < AJ_PG_ROWS; ++j) {
+    m[j] = AJ_NEG_INF;
+    l[j] = 0.0f;
+#pragma unroll
+    for (int x = 0; x < AJ_PG_VD; ++x) acc[j][x] = 0.0f;
+  }
+
+  AjTileCursor cursor;
+  cursor.begin(p, item);
+  for (int n = 0; !cursor.done(); cursor.next(), ++n) {
+    if (n % pp.splits != split) continue;
+    const AjTile t = cursor.tile();
+    aj_syncthreads();  // the previous tile is no longer read (and Q is in place)
+    for (int x = aj_thread_idx(); x < AJ_TILE_K * AJ_HEAD_DIM; x += AJ_PG_THREADS) {
+      const int r = x / AJ_HEAD_DIM, d = x % AJ_HEAD_DIM;
+      float val = 0.0f;
+      if (r < t.count) {
+        const aj_elem* row = aj_paged_row(pp, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, req, t.first + r * t.stride, kvh);
+        val = row ? aj_load(row + d) : aj_int_as_float(0x7fffffff);
+      }
+      sh.k[r][d] = val;
+    }
+    for (int x = aj_thread_idx(); x < AJ_TILE_K * AJ_HEAD_DIM_V; x += AJ_PG_THREADS) {
+      const int r = x / AJ_HEAD_DIM_V, d = x % AJ_HEAD_DIM_V;
+      float val = 0.0f;
+      if (r < t.count) {
+        const aj_elem* row = aj_paged_row(pp, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, req, t.first + r * t.stride, kvh);
+        val = row ? aj_load(row + d) : aj_int_as_float(0x7fffffff);
+      }
+      sh.v[r][d] = val;
+    }
+    aj_syncthreads();
+
+#pragma unroll
+    for (int j = 0; j < AJ_PG_ROWS; ++j) {
+      const int r = warp + j * AJ_PG_WARPS;
+      if (r >= item.rows_count) break;  // the same for the whole warp
+      const aj_i64 qpos = q_pos + item.rows_start + (aj_i64)r * item.rows_stride;
+      float s[AJ_PG_KL];
+      float tile_max = AJ_NEG_INF;
+      bool nan = false;  // fmaxf drops a NaN score; the row must still come out NaN
+#pragma unroll
+      for (int e = 0; e < AJ_PG_KL; ++e) {
+        const int c = lane + 32 * e;
+        bool ok = c < t.count;
+        float dot = 0.0f;
+        if (ok) {
+#pragma unroll 8
+          for (int d = 0; d < AJ_HEAD_DIM; ++d) dot += sh.q[r][d] * sh.k[c][d];
+          if (!t.full) ok = aj_keys_allowed(p, t.branch, item.head, qpos, t.first, (aj_cs)c * (aj_cs)t.stride);
+        }
+        s[e] = ok ? aj_mul_rn(dot, p.scale_log2) : AJ_NEG_INF;  // rounded as m_new is: the maximum's weight is 1
+        tile_max = fmaxf(tile_max, s[e]);
+        nan |= s[e] != s[e];
+      }
+#pragma unroll
+      for (int mask = 16; mask > 0; mask >>= 1) tile_max = fmaxf(tile_max, aj_shfl_xor(tile_max, mask));
+      nan = aj_warp_any(nan);
+      const float m_new = nan ? aj_int_as_float(0x7fffffff) : fmaxf(m[j], tile_max);
+      if (m_new == AJ_NEG_INF) continue;  // nothing attended yet in this row
+      const float rescale = aj_ex2(m[j] - m_new);
+      float sum = 0.0f;
+#pragma unroll
+      for (int e = 0; e < AJ_PG_KL; ++e) {
+        const int c = lane + 32 * e;
+        // A masked key is skipped, not weighted by 0: 0 times a NaN or inf in its V would be NaN.
+        const float pr = s[e] == AJ_NEG_INF ? -1.0f : aj_ex2(s[e] - m_new);
+        if (s[e] != AJ_NEG_INF) sum += pr;
+        if (c < AJ_TILE_K) sh.p[warp][c] = pr;
+      }
+#pragma unroll
+      for (int mask = 16; mask > 0; mask >>= 1) sum += aj_shfl_xor(sum, mask);
+      l[j] = l[j] * rescale + sum;
+      aj_named_sync(1 + warp, 32);  // the warp's probabilities are in place
+#pragma unroll
+      for (int x = 0; x < AJ_PG_VD; ++x) {
+        const int d = lane + 32 * x;
+        if (d >= AJ_HEAD_DIM_V) break;
+        float a = acc[j][x] * rescale;
+        for (int c = 0; c < t.count; ++c) {
+          const float pc = sh.p[warp][c];
+          if (pc == -1.0f) continue;
+          a += pc * sh.v[c][d];
+        }
+        acc[j][x] = a;
+      }
+      aj_named_sync(1 + warp, 32);  // read before the next row writes them
+      m[j] = m_new;
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < AJ_PG_ROWS; ++j) {
+    const int r = warp + j * AJ_PG_WARPS;
+    if (r >= item.rows_count) break;
+    const aj_i64 row = q_first + item.rows_start + (aj_i64)r * item.rows_stride;
+    // l is 0 for a row that attended nothing (O = 0, LSE = -inf) and NaN for one that saw a NaN.
+    const float lse2 = l[j] == 0.0f ? AJ_NEG_INF : m[j] + aj_lg2(l[j]);
+    if (pp.splits == 1) {
+      const float inv = l[j] == 0.0f ? 0.0f : p.output_scale / l[j];
+      aj_elem* orow = (aj_elem*)p.o + row * p.o_row_stride + item.head * p.o_head_stride;
+#pragma unroll
+      for (int x = 0; x < AJ_PG_VD; ++x)
+        if (lane + 32 * x < AJ_HEAD_DIM_V) aj_store(orow + lane + 32 * x, acc[j][x] * inv);
+      if (lane == 0 && p.lse) p.lse[row * pp.lse_row_stride + item.head * p.lse_head_stride] = lse2 * AJ_LN2;
+    } else {
+      const aj_i64 part = ((aj_i64)index * pp.splits + split) * AJ_TILE_Q + r;
+      const float inv = l[j] == 0.0f ? 0.0f : 1.0f / l[j];
+#pragma unroll
+      for (int x = 0; x < AJ_PG_VD; ++x)
+        if (lane + 32 * x < AJ_HEAD_DIM_V) pp.part_o[part * AJ_HEAD_DIM_V + lane + 32 * x] = acc[j][x] * inv;
+      if (lane == 0) pp.part_lse[part] = lse2;
+    }
+  }
+}
+
+// Combines an item's splits: O = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse2_s - max), LSE from
+// the same sums. A NaN split makes the row NaN; a row no split attended is O = 0, LSE = -inf.
+__device__ __forceinline__ void aj_paged_merge(const AjPagedParams& pp) {
+  const AjParams& p = pp.fwd;
+  const int index = aj_block_idx_x();
+  const AjItem item = p.items[index];
+  const aj_i64 q_first = pp.q_start[pp.item_request[index]];
+  for (int x = aj_thread_idx(); x < item.rows_count * AJ_HEAD_DIM_V; x += AJ_PG_THREADS) {
+    const int r = x / AJ_HEAD_DIM_V, d = x % AJ_HEAD_DIM_V;
+    const aj_i64 base = (aj_i64)index * pp.splits * AJ_TILE_Q + r;
+    float top = AJ_NEG_INF;
+    bool nan = false;
+    for (int s = 0; s < pp.splits; ++s) {
+      const float v = pp.part_lse[base + (aj_i64)s * AJ_TILE_Q];
+      top = fmaxf(top, v);
+      nan |= v != v;
+    }
+    const aj_i64 row = q_first + item.rows_start + (aj_i64)r * item.rows_stride;
+    float out = 0.0f, lse2 = AJ_NEG_INF;
+    if (nan) {
+      out = lse2 = aj_int_as_float(0x7fffffff);
+    } else if (top != AJ_NEG_INF) {
+      float weight = 0.0f, sum = 0.0f;
+      for (int s = 0; s < pp.splits; ++s) {
+        const aj_i64 part = base + (aj_i64)s * AJ_TILE_Q;
+        const float v = pp.part_lse[part];
+        const float w = aj_ex2(v - top);  // 0 for a split that attended nothing (its O is 0)
+        weight += w;
+        sum += w * pp.part_o[part * AJ_HEAD_DIM_V + d];
+      }
+      out = sum * (p.output_scale / weight);
+      lse2 = top + aj_lg2(weight);
+    }
+    aj_store((aj_elem*)p.o + row * p.o_row_stride + item.head * p.o_head_stride + d, out);
+    if (d == 0 && p.lse) p.lse[row * pp.lse_row_stride + item.head * p.lse_head_stride] = lse2 * AJ_LN2;
+  }
+}

@@ -1,0 +1,388 @@
+// The paged forward (PagedAttention; templates/fwd_paged.cuh) against the float64 reference on
+// each request's gathered tokens, on the device under test (tests/gpu/test_target.hpp): every
+// example pattern, decode and chunked prefill, GQA, fp32/fp16/bf16, page sizes 1 to 64 in shuffled
+// order with NaN in every slot no request owns, split-KV from one split to many, every tile the
+// paged kernel takes, non-finite values, and the refusals.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "attnjit/reference.hpp"
+#include "compiler/pattern/spec_json.hpp"
+#include "compiler/support/error.hpp"
+#include "compiler/support/half.hpp"
+#include "tests/gpu/attention_cases.hpp"
+
+namespace attnjit::gputest {
+namespace {
+
+struct PagedCase {
+  std::string name;
+  Pattern pattern;
+  int64_t heads_q = 6, heads_kv = 2, head_dim = 64, head_dim_v = 64;
+  DType dtype = DType::BF16;
+  int64_t page_size = 16;
+  std::vector<int64_t> kv_lens, queries;  // per request
+  int32_t splits = 0;
+  int arch = 80;
+  KernelConfig config;
+  uint64_t seed = 1;
+  std::shared_ptr<const TemplateSet> templates;  // a deliberately broken kernel (null: the embedded templates)
+  // V elements of one request's token set to a value (request, position, kv head, dim, value).
+  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, float>> v_values;
+};
+
+Device device_for(int arch) {
+  switch (target()) {
+    case Target::Gpu: return Device::cuda(0);
+    case Target::Emu: return Device::emu(arch);
+    case Target::Cpu: return Device::cpu();
+  }
+  return Device::cpu();
+}
+
+// Values as stored (rounded to the dtype) and their bytes.
+float rounded(float x, DType dt) {
+  return dt == DType::F16 ? half_to_float(float_to_half(x)) : dt == DType::BF16 ? bfloat16_to_float(float_to_bfloat16(x)) : x;
+}
+std::vector<unsigned char> bytes_of(const std::vector<float>& v, DType dt) {
+  std::vector<unsigned char> b(v.size() * dtype_bytes(dt));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dt == DType::F32) {
+      std::memcpy(b.data() + 4 * i, &v[i], 4);
+    } else {
+      const uint16_t h = dt == DType::F16 ? float_to_half(v[i]) : float_to_bfloat16(v[i]);
+      std::memcpy(b.data() + 2 * i, &h, 2);
+    }
+  }
+  return b;
+}
+float value_at(const std::vector<unsigned char>& b, size_t i, DType dt) {
+  if (dt == DType::F32) {
+    float f;
+    std::memcpy(&f, b.data() + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, b.data() + 2 * i, 2);
+  return dt == DType::F16 ? half_to_float(h) : bfloat16_to_float(h);
+}
+
+struct PagedResult {
+  size_t rows = 0, mismatches = 0;
+  double worst = 0;
+};
+
+PagedResult run_paged(const PagedCase& c) {
+  const size_t batch = c.kv_lens.size();
+  std::mt19937_64 rng(c.seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // Pages: each request's, then three spare, all in a shuffled order.
+  int64_t pages = 3, max_pages = 1;
+  for (int64_t L : c.kv_lens) {
+    pages += (L + c.page_size - 1) / c.page_size;
+    max_pages = std::max(max_pages, (L + c.page_size - 1) / c.page_size);
+  }
+  std::vector<int32_t> order(static_cast<size_t>(pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<int32_t> table(batch * size_t(max_pages), -1);
+  const int64_t hkv = c.heads_kv, d = c.head_dim, dv = c.head_dim_v;
+  std::vector<float> kc(size_t(pages * c.page_size * hkv * d), nan), vc(size_t(pages * c.page_size * hkv * dv), nan);
+  // Each request's tokens contiguous [L, Hkv, D] for the reference.
+  std::vector<std::vector<float>> ks(batch), vs(batch), qs(batch);
+  size_t next = 0;
+  int64_t total_q = 0;
+  for (size_t b = 0; b < batch; ++b) {
+    const int64_t L = c.kv_lens[b];
+    ks[b].resize(size_t(L * hkv * d));
+    vs[b].resize(size_t(L * hkv * dv));
+    for (int64_t j = 0; j * c.page_size < L; ++j) table[b * max_pages + j] = order[next++];
+    for (int64_t pos = 0; pos < L; ++pos) {
+      const int64_t slot = table[b * max_pages + pos / c.page_size] * c.page_size + pos % c.page_size;
+      for (int64_t h = 0; h < hkv; ++h) {
+        for (int64_t x = 0; x < d; ++x) kc[(slot * hkv + h) * d + x] = ks[b][(pos * hkv + h) * d + x] = rounded(uni(rng), c.dtype);
+        for (int64_t x = 0; x < dv; ++x) vc[(slot * hkv + h) * dv + x] = vs[b][(pos * hkv + h) * dv + x] = rounded(uni(rng), c.dtype);
+      }
+    }
+    for (const auto& [rb, pos, h, x, val] : c.v_values) {
+      if (size_t(rb) != b) continue;
+      const int64_t slot = table[b * max_pages + pos / c.page_size] * c.page_size + pos % c.page_size;
+      vc[(slot * hkv + h) * dv + x] = vs[b][(pos * hkv + h) * dv + x] = val;
+    }
+    qs[b].resize(size_t(c.queries[b] * c.heads_q * d));
+    for (float& x : qs[b]) x = rounded(uni(rng), c.dtype);
+    total_q += c.queries[b];
+  }
+  std::vector<float> q;
+  std::vector<int64_t> cu{0};
+  for (size_t b = 0; b < batch; ++b) {
+    q.insert(q.end(), qs[b].begin(), qs[b].end());
+    cu.push_back(cu.back() + c.queries[b]);
+  }
+
+  const size_t eb = size_t(dtype_bytes(c.dtype));
+  Buf qb(std::max<size_t>(q.size() * eb, 16)), kb(kc.size() * eb), vb(vc.size() * eb), tb(table.size() * 4);
+  Buf ob(std::max<size_t>(size_t(total_q * c.heads_q * dv) * eb, 16)), lb(std::max<size_t>(size_t(total_q * c.heads_q) * 4, 16));
+  qb.upload(bytes_of(q, c.dtype));
+  kb.upload(bytes_of(kc, c.dtype));
+  vb.upload(bytes_of(vc, c.dtype));
+  std::vector<unsigned char> tbytes(table.size() * 4);
+  std::memcpy(tbytes.data(), table.data(), tbytes.size());
+  tb.upload(tbytes);
+  ob.poison(nullptr);
+  lb.poison(nullptr);
+
+  RuntimeOptions options = options_for(device_for(c.arch));
+  options.config = c.config;
+  options.templates = c.templates;
+  Runtime rt(options);
+  PagedProblem pb{c.heads_q, c.heads_kv, d, dv, c.dtype};
+  PagedAttention pa = rt.prepare_paged(c.pattern, pb);
+  PagedCall call;
+  call.q = TensorView::contiguous(qb.data(), c.dtype, {total_q, c.heads_q, d});
+  call.k_cache = TensorView::contiguous(kb.data(), c.dtype, {pages, c.page_size, hkv, d});
+  call.v_cache = TensorView::contiguous(vb.data(), c.dtype, {pages, c.page_size, hkv, dv});
+  call.block_table = static_cast<const int32_t*>(tb.data());
+  call.block_table_stride = max_pages;
+  call.kv_lens = c.kv_lens;
+  call.cu_seqlens_q = cu;
+  call.o = TensorView::contiguous(ob.data(), c.dtype, {total_q, c.heads_q, dv});
+  const TensorView lse = TensorView::contiguous(lb.data(), DType::F32, {total_q, c.heads_q});
+  call.lse = &lse;
+  call.splits = c.splits;
+  pa.forward(call);
+  if (target() == Target::Gpu) synchronize(nullptr, "paged test");
+  const std::vector<unsigned char> o = ob.download(), l = lb.download();
+
+  PagedResult res;
+  const double tol = c.dtype == DType::F32 ? 2e-5 : c.dtype == DType::F16 ? 2e-3 : 1.6e-2;
+  for (size_t b = 0; b < batch; ++b) {
+    const int64_t n = c.queries[b], L = c.kv_lens[b];
+    if (n == 0) continue;
+    const Shape s = make_shape(1, n, L, c.heads_q, hkv, d, L - n, 0);
+    Shape sv = s;
+    sv.head_dim_v = dv;
+    const ReferenceOutput ref = reference_attention(c.pattern, sv, qs[b].data(), ks[b].data(), vs[b].data(), nullptr, 1);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t h = 0; h < c.heads_q; ++h) {
+        ++res.rows;
+        bool bad = false;
+        for (int64_t x = 0; x < dv; ++x) {
+          const double want = ref.o[size_t((i * c.heads_q + h) * dv + x)];
+          const double got = value_at(o, size_t(((cu[b] + i) * c.heads_q + h) * dv + x), c.dtype);
+          if (std::isnan(want) != std::isnan(got) || (std::isinf(want) && want != got)) bad = true;
+          if (std::isfinite(want)) {
+            const double err = std::abs(got - want);
+            if (!(err <= tol + tol * std::abs(want))) bad = true;
+            if (err > res.worst || std::isnan(err)) res.worst = err;
+          }
+        }
+        const double want = ref.lse[size_t(h * n + i)];
+        float got;
+        std::memcpy(&got, l.data() + 4 * size_t((cu[b] + i) * c.heads_q + h), 4);
+        if (std::isnan(want) != std::isnan(got) || (std::isinf(want) && want != got) ||
+            (std::isfinite(want) && !(std::abs(got - want) <= 1e-3 + 1e-5 * std::abs(want))))
+          bad = true;
+        if (bad && res.mismatches++ < 3)
+          UNSCOPED_INFO(c.name << ": request " << b << " query " << i << " head " << h << " differs (lse " << got << " want "
+                               << want << ")");
+      }
+    }
+  }
+  return res;
+}
+
+void check(const PagedCase& c) {
+  INFO(c.name);
+  const PagedResult r = run_paged(c);
+  CHECK(r.rows > 0);
+  CHECK(r.mismatches == 0);
+}
+
+// Decode (one query per request), speculative decoding (4) and chunked prefill (a chunk of 37)
+// at lengths around LongNet's segments and the block layouts' blocks, one request with no queries.
+PagedCase mixed(std::string name, Pattern p, DType dt, int64_t page_size, int32_t splits) {
+  PagedCase c;
+  c.name = std::move(name);
+  c.pattern = std::move(p);
+  c.dtype = dt;
+  c.page_size = page_size;
+  c.kv_lens = {1, 70, 2100, 4500, 9, 300};
+  c.queries = {1, 1, 4, 1, 0, 37};
+  c.splits = splits;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("paged attention: every example pattern, decode and chunked prefill, matches the reference", "[gpu][emu][paged]") {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (const auto& [name, p] : example_patterns()) {
+    const DType dt = i % 3 == 0 ? DType::BF16 : i % 3 == 1 ? DType::F16 : DType::F32;
+    check(mixed(name + "-" + to_string(dt), p, dt, i % 2 ? 16 : 64, 0));
+    ++i;
+  }
+}
+
+TEST_CASE("paged attention: page sizes, splits, tiles and head dims", "[gpu][emu][paged]") {
+  SKIP_WITHOUT_GPU();
+  const Pattern longnet = example_patterns().at(2).second;  // bigbird, causal_local, longnet, ...
+  REQUIRE(example_patterns().at(2).first == "longnet");
+  for (int64_t page : {1, 7, 256}) check(mixed("page " + std::to_string(page), longnet, DType::BF16, page, 0));
+  for (int32_t splits : {1, 2, 5, 64}) check(mixed("splits " + std::to_string(splits), longnet, DType::BF16, 16, splits));
+  for (const auto& [tq, tk] : std::vector<std::pair<int, int>>{{1, 16}, {8, 32}, {16, 64}, {64, 32}}) {
+    PagedCase c = mixed("tile " + std::to_string(tq) + "x" + std::to_string(tk), longnet, DType::F16, 16, 3);
+    c.config.tile_q = tq, c.config.tile_k = tk;
+    check(c);
+  }
+  for (const auto& [d, dv] : std::vector<std::pair<int64_t, int64_t>>{{32, 32}, {128, 128}, {256, 256}, {64, 32}, {40, 72}}) {
+    PagedCase c = mixed("head dims " + std::to_string(d) + "/" + std::to_string(dv), longnet, DType::BF16, 16, 2);
+    c.head_dim = d, c.head_dim_v = dv;
+    c.heads_q = 4, c.heads_kv = 4;
+    check(c);
+  }
+  PagedCase sm61 = mixed("sm_61", longnet, DType::F16, 16, 0);
+  sm61.arch = 61;
+  check(sm61);
+}
+
+TEST_CASE("paged attention: a NaN or inf in V reaches only the rows that attend its key", "[gpu][emu][paged]") {
+  SKIP_WITHOUT_GPU();
+  const Pattern window = example_patterns().at(4).second;
+  REQUIRE(example_patterns().at(4).first == "sliding_window");
+  for (int32_t splits : {1, 4}) {
+    PagedCase c = mixed("non-finite V, splits " + std::to_string(splits), window, DType::F32, 16, splits);
+    const float inf = std::numeric_limits<float>::infinity();
+    c.v_values = {{3, 4490, 0, 5, std::numeric_limits<float>::quiet_NaN()}, {3, 10, 1, 0, inf}, {5, 299, 1, 3, -inf}};
+    check(c);
+  }
+}
+
+TEST_CASE("paged attention: bad calls are refused by name", "[gpu][emu][paged][errors]") {
+  SKIP_WITHOUT_GPU();
+  Runtime rt(options_for(device_for(80)));
+  PagedAttention pa = rt.prepare_paged(example_patterns().at(1).second, PagedProblem{2, 1, 32, 32, DType::F32});
+  Buf qb(2 * 2 * 32 * 4), kb(4 * 8 * 32 * 4), vb(4 * 8 * 32 * 4), ob(2 * 2 * 32 * 4), tb(2 * 2 * 4);
+  std::vector<unsigned char> t(16);
+  const int32_t pages[4] = {0, 1, 2, 3};
+  std::memcpy(t.data(), pages, 16);
+  tb.upload(t);
+  auto base = [&] {
+    PagedCall c;
+    c.q = TensorView::contiguous(qb.data(), DType::F32, {2, 2, 32});
+    c.k_cache = TensorView::contiguous(kb.data(), DType::F32, {4, 8, 1, 32});
+    c.v_cache = TensorView::contiguous(vb.data(), DType::F32, {4, 8, 1, 32});
+    c.block_table = static_cast<const int32_t*>(tb.data());
+    c.block_table_stride = 2;
+    c.kv_lens = {5, 16};
+    c.o = TensorView::contiguous(ob.data(), DType::F32, {2, 2, 32});
+    return c;
+  };
+  auto refused = [&](PagedCall c, const std::string& word) {
+    INFO(word);
+    try {
+      pa.forward(c);
+      FAIL("not refused");
+    } catch (const UserError& e) {
+      CHECK(std::string(e.what()).find(word) != std::string::npos);
+    }
+  };
+  PagedCall c = base();
+  c.kv_lens = {5, 17};
+  refused(c, "kv_lens[1]");  // 17 tokens need 3 pages of 8, the table has 2
+  c = base();
+  c.kv_lens = {-1, 3};
+  refused(c, "negative");
+  c = base();
+  c.cu_seqlens_q = {0, 2, 2};
+  c.kv_lens = {1, 3};
+  refused(c, "request 0");  // two queries, one cached token
+  c = base();
+  c.cu_seqlens_q = {0, 1};
+  refused(c, "cu_seqlens_q");
+  c = base();
+  c.q = TensorView::contiguous(qb.data(), DType::F32, {2, 2, 16});
+  refused(c, "q");
+  c = base();
+  c.k_cache = TensorView::contiguous(kb.data(), DType::F16, {4, 8, 1, 32});
+  refused(c, "k_cache");
+  c = base();
+  c.splits = 65;
+  refused(c, "splits");
+  if (on_host()) {  // a GPU reads the table on the device: a bad page makes its rows NaN instead
+    const int32_t bad[4] = {0, 1, 7, 3};
+    std::memcpy(t.data(), bad, 16);
+    tb.upload(t);
+    refused(base(), "block_table[1, 0]");
+  }
+  // A pattern with a dynamic layout has no table for a paged cache.
+  const Pattern dynamic = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "layout": {"dynamic": true}}]})");
+  try {
+    rt.prepare_paged(dynamic, PagedProblem{2, 1, 32, 32, DType::F32});
+    FAIL("not refused");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("dynamic layout") != std::string::npos);
+  }
+}
+
+// Deliberately broken paged kernels: each must fail the check the unmutated kernel passes (two
+// examples, decode and chunked prefill, one split and several, a NaN and an inf in V).
+TEST_CASE("paged attention: every deliberately broken paged kernel fails in the emulator", "[emu][paged][mutation]") {
+  if (target() != Target::Emu) {
+    WARN("SKIPPED: the mutations run in the emulator (ATTNJIT_GPU_TESTS_DEVICE=emu)");
+    return;
+  }
+  const Pattern longnet = example_patterns().at(2).second, window = example_patterns().at(4).second;
+  auto outcome = [&](std::shared_ptr<const TemplateSet> t) {
+    size_t bad = 0, rows = 0;
+    for (const Pattern* p : {&longnet, &window}) {
+      for (int32_t splits : {1, 3}) {
+        PagedCase c = mixed("mutation", *p, DType::F32, 16, splits);
+        c.templates = t;
+        const float inf = std::numeric_limits<float>::infinity();
+        c.v_values = {{3, 4490, 0, 5, std::numeric_limits<float>::quiet_NaN()}, {5, 299, 1, 3, -inf}};
+        try {
+          const PagedResult r = run_paged(c);
+          bad += r.mismatches, rows += r.rows;
+        } catch (const std::exception& e) {
+          UNSCOPED_INFO("fault: " << e.what());
+          ++bad;
+        }
+      }
+    }
+    return std::make_pair(bad, rows);
+  };
+  const auto clean = outcome(nullptr);
+  CHECK(clean.first == 0);
+  CHECK(clean.second > 0);
+  const std::tuple<const char*, const char*, const char*> mutations[] = {
+      {"the running sum not rescaled", "      l[j] = l[j] * rescale + sum;", "      l[j] = l[j] + sum;"},
+      {"a masked key weighted instead of skipped", "          if (pc == -1.0f) continue;\n", "\n"},
+      {"the mask not asked on partial tiles", "          if (!t.full) ok = aj_keys_allowed", "          if (false) ok = aj_keys_allowed"},
+      {"queries at their request's row, not its position", "const aj_i64 qpos = q_pos + item.rows_start", "const aj_i64 qpos = item.rows_start"},
+      {"the token's slot one past its own", "(pos % pp.page_size) * row_stride", "((pos + 1) % pp.page_size) * row_stride"},
+      {"every split takes every tile", "    if (n % pp.splits != split) continue;\n", "\n"},
+      {"the merge weighs every split alike", "        const float w = aj_ex2(v - top);", "        const float w = 1.0f;"},
+      {"no warp barrier before the probabilities are read", "      aj_named_sync(1 + warp, 32);  // the warp's probabilities are in place\n", "\n"},
+      {"no barrier before the next tile overwrites K and V", "    aj_syncthreads();  // the previous tile is no longer read (and Q is in place)\n", "\n"},
+  };
+  for (const auto& [name, from, to] : mutations) {
+    INFO("mutation: " << name);
+    auto t = std::make_shared<TemplateSet>(TemplateSet::embedded());
+    std::string text = t->text("fwd_paged.cuh");
+    const size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);  // the template changed: update the mutation
+    text.replace(at, std::string(from).size(), to);
+    t->replace("fwd_paged.cuh", text);
+    CHECK(outcome(t).first > 0);
+  }
+}
+
+}  // namespace attnjit::gputest
