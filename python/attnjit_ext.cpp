@@ -204,6 +204,49 @@ void backward(const std::string& spec, const std::string& device, int index, con
               view(dk, dt), view(dv, dt), fo);
 }
 
+// The paged forward (attnjit.serving): one PagedAttention per device, pattern and problem.
+void paged_forward(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
+                   const Tensor& k_cache, const Tensor& v_cache, uintptr_t block_table, int64_t block_table_stride,
+                   const std::vector<int64_t>& kv_lens, const std::vector<int64_t>& cu_seqlens_q, const Tensor& o,
+                   const std::optional<Tensor>& lse, int32_t splits, uintptr_t stream) {
+  const DType dt = parse_dtype(dtype);
+  const auto& qs = std::get<1>(q);
+  const auto& ks = std::get<1>(k_cache);
+  const auto& vs = std::get<1>(v_cache);
+  if (qs.size() != 3 || ks.size() != 4 || vs.size() != 4) throw UserError("q, k_cache, v_cache", "expected [total_q, Hq, D] and [pages, page_size, Hkv, D]");
+  const PagedProblem pb{qs[1], ks[2], qs[2], vs[3], dt};
+  const Device dev = device_of(device, index);
+  PagedAttention op;
+  {
+    static std::mutex mu;
+    static std::map<std::string, std::pair<std::unique_ptr<Runtime>, std::map<std::string, PagedAttention>>> runtimes;
+    std::lock_guard<std::mutex> lock(mu);
+    auto& [rt, prepared] = runtimes[dev.describe()];
+    if (!rt) {
+      RuntimeOptions ro;
+      ro.device = dev;
+      rt = std::make_unique<Runtime>(ro);
+    }
+    const std::string key = spec + "|" + std::to_string(pb.heads_q) + "," + std::to_string(pb.heads_kv) + "," +
+                            std::to_string(pb.head_dim) + "," + std::to_string(pb.head_dim_v) + "," + dtype;
+    auto it = prepared.find(key);
+    if (it == prepared.end()) it = prepared.emplace(key, rt->prepare_paged(pattern_of(spec), pb)).first;
+    op = it->second;
+  }
+  PagedCall c;
+  c.q = view(q, dt), c.k_cache = view(k_cache, dt), c.v_cache = view(v_cache, dt), c.o = view(o, dt);
+  const TensorView lv = lse ? view(*lse, DType::F32) : TensorView{};
+  c.lse = lse ? &lv : nullptr;
+  c.block_table = reinterpret_cast<const int32_t*>(block_table);
+  c.block_table_stride = block_table_stride;
+  c.kv_lens = kv_lens;
+  c.cu_seqlens_q = cu_seqlens_q;
+  c.splits = splits;
+  c.stream = reinterpret_cast<void*>(stream);
+  nb::gil_scoped_release release;
+  op.forward(c);
+}
+
 // The attention weights into w (float32 contiguous [B, Hq, Sq, Sk]) from q, k and the forward's lse.
 void attention_weights(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
              const Tensor& k, const Tensor& v, const Tensor& lse, const Tensor& w, int64_t q_offset, int64_t k_offset,
@@ -465,6 +508,7 @@ NB_MODULE(_attnjit, m) {
   }, "(canonical text, hash) of a spec; raises PatternError naming what is wrong");
   m.def("forward", &forward);
   m.def("backward", &backward);
+  m.def("paged_forward", &paged_forward);
   m.def("sanitize_dynamic", &sanitize_dynamic);
   m.def("reference_forward", &reference_forward);
   m.def("reference_backward", &reference_backward);

@@ -11,16 +11,18 @@ pattern (causal, windows, LongNet segments and dilations, block layouts) is eval
 absolute positions, exactly as attnjit.attention with q_offset = kv_lens[b] - n_b on the gathered
 sequence.
 
-How it runs today: each request's pages are gathered into a contiguous sequence and that request
-runs as one attnjit.attention call (the generated kernels on CUDA tensors, the CPU paths on CPU
-tensors, the emulator under ATTNJIT_CPU_DEVICE=emu). That is exact but reads every page and makes
-a plan per distinct length; the decode kernels that read only the pages the pattern attends, with
-no host work per step, are what comes next on this path.
+How it runs: fp32, fp16 and bf16 calls run attnjit's paged forward (the C++ PagedAttention): each
+step plans its requests on the host (one lowering per distinct (queries, length)), and the paged
+kernel reads, through the block table, only the tokens the pattern attends, with split-KV over
+long caches (CUDA tensors; the emulator under ATTNJIT_CPU_DEVICE=emu; the plan executor on other
+CPU tensors). float64 queries run the float64 reference on each request's gathered tokens. CUDA
+graph capture of a paged call is refused (the tables change every step).
 """
 import torch
 
 from ._attention import attention
-from ._inputs import INT32, int_arg
+from ._inputs import INT32, cpu_device, int_arg
+from ._pattern import op_spec
 
 __all__ = ["append_kv", "paged_attention"]
 
@@ -131,6 +133,7 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
     o = q.new_zeros((q.shape[0], q.shape[1], dv))
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # as attnjit.attention's
     lse = torch.full((q.shape[0], q.shape[1]), float("-inf"), dtype=lse_dtype, device=q.device)
+    requests = []
     for b in range(batch):
         length, n = lens[b], starts[b + 1] - starts[b]
         if length < 0:
@@ -141,6 +144,11 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
         if n > length:
             raise ValueError(f"request {b} has {n} queries but kv_lens[{b}] = {length}: append the queries' own K/V "
                              "first (append_kv), so that each query's position kv_len - n + i is a cached token")
+        requests.append((b, n, length, pages))
+    if q.dtype != torch.float64:
+        _paged_kernels(q, k_cache, v_cache, table, lens, starts, pattern, scale, o, lse)
+        return (o, lse) if return_lse else o
+    for b, n, length, pages in requests:
         k = _gather(k_cache, pages, length)
         v = _gather(v_cache, pages, length)
         qb = q[starts[b]:starts[b + 1]].unsqueeze(0)
@@ -148,6 +156,30 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
         o[starts[b]:starts[b + 1]] = ob[0]
         lse[starts[b]:starts[b + 1]] = lb[0].transpose(0, 1)
     return (o, lse) if return_lse else o
+
+
+def _paged_kernels(q, k_cache, v_cache, table, lens, starts, pattern, scale, o, lse):
+    """The paged forward of the C++ runtime into o and lse (the checks above already passed)."""
+    from . import _attnjit
+    from ._torch_ops import _DTYPES
+
+    if q.dtype not in _DTYPES or k_cache.dtype != q.dtype:
+        raise TypeError(f"q ({q.dtype}) and the cache ({k_cache.dtype}): one dtype of fp32, fp16, bf16 (or float64 q)")
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name}: the last dimension must be contiguous (stride 1), got strides {tuple(x.stride())}")
+    if q.device.type == "cuda":
+        device, index, stream = "cuda", q.device.index or 0, torch.cuda.current_stream(q.device).cuda_stream
+    else:
+        device, index, stream = cpu_device(), 0, 0
+    # The table as the kernel reads it: int32, contiguous, on the cache's device (entries past a
+    # request's pages are never read; they are clamped so the narrowing cannot fail).
+    table32 = table.clamp(-1, 2**31 - 1).to(torch.int32).contiguous().to(q.device)
+    spec = op_spec(pattern, scale)
+    desc = lambda x: (x.data_ptr(), list(x.shape), list(x.stride()))  # noqa: E731
+    q, k_cache, v_cache = q.detach(), k_cache.detach(), v_cache.detach()
+    _attnjit.paged_forward(spec, device, index, _DTYPES[q.dtype], desc(q), desc(k_cache), desc(v_cache), table32.data_ptr(),
+                           table32.shape[1], list(lens), list(starts), desc(o), desc(lse), 0, stream)
 
 
 def append_kv(k_cache, v_cache, block_table, kv_lens, k_new, v_new, cu_seqlens_new=None):

@@ -193,7 +193,7 @@ def test_bad_inputs_name_what_is_wrong(change, message):
 
 
 def test_the_emulated_kernels_serve_the_same(monkeypatch):
-    # ATTNJIT_CPU_DEVICE=emu: the generated sm_80 kernels in the CPU emulator read the gathered pages.
+    # ATTNJIT_CPU_DEVICE=emu: the paged kernel in the CPU emulator reads the pages through the table.
     monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu")
     pattern = attnjit.Pattern.load(example_specs()[0])
     cache = Cache([150, 64], 16, hkv=2, d=64, dv=64, dtype=torch.bfloat16, seed=9)
@@ -212,9 +212,41 @@ def _shifted_attention(q, k, v, pattern, *, q_offset, **kw):  # each query one p
 
 @pytest.mark.parametrize("name, value", [("_gather", _broken_gather), ("attention", _shifted_attention)])
 def test_a_wrong_page_lookup_or_a_wrong_position_fails_the_check(monkeypatch, name, value):
+    # float64 queries: the reference over each request's gathered pages.
+    pattern = attnjit.Pattern.load(example_specs()[2])
+    cache = Cache([300, 41], 16, hkv=2, d=16, dv=16, dtype=torch.float64, seed=4)
+    q = torch.randn(5, 4, 16, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    check(cache, q, [0, 3, 5], pattern, 1e-12)  # unbroken, it passes
     monkeypatch.setattr(serving, name, value)
+    with pytest.raises(AssertionError):
+        check(cache, q, [0, 3, 5], pattern, 1e-12)
+
+
+def _reversed_pages(real):  # each request's pages in the wrong order
+    def run(q, k_cache, v_cache, table, lens, starts, *rest):
+        t = table.clone()
+        for b, n in enumerate(lens):
+            need = -(-n // k_cache.shape[1])
+            t[b, :need] = table[b, :need].flip(0)
+        return real(q, k_cache, v_cache, t, lens, starts, *rest)
+    return run
+
+
+def _one_early(real):  # each request one token shorter: every query one position early
+    def run(q, k_cache, v_cache, table, lens, starts, *rest):
+        return real(q, k_cache, v_cache, table, [n - 1 for n in lens], starts, *rest)
+    return run
+
+
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+@pytest.mark.parametrize("broken", [_reversed_pages, _one_early], ids=["pages-reversed", "one-early"])
+def test_the_paged_forward_fails_the_check_with_a_wrong_page_lookup_or_position(monkeypatch, device, broken):
+    # fp32 queries: the C++ paged forward (the plan executor, or the paged kernel in the emulator).
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", device)
     pattern = attnjit.Pattern.load(example_specs()[2])
     cache = Cache([300, 41], 16, hkv=2, d=16, dv=16, dtype=torch.float32, seed=4)
     q = torch.randn(5, 4, 16, generator=torch.Generator().manual_seed(4))
+    check(cache, q, [0, 3, 5], pattern, 1e-4)  # unbroken, it passes
+    monkeypatch.setattr(serving, "_paged_kernels", broken(serving._paged_kernels))
     with pytest.raises(AssertionError):
         check(cache, q, [0, 3, 5], pattern, 1e-4)
