@@ -32,7 +32,7 @@ mkdir -p "$out/logs"
 
 echo "== device check (budget ${dc_budget}s)"
 ATTNJIT_DC_BUDGET="$dc_budget" ATTNJIT_DC_PACK=1 ATTNJIT_DC_ONLY=lanes \
-ATTNJIT_DC_LANES="probes;gpu_forward_examples gpu_forward;gpu_backward;gpu_backward_wgmma;gpu_backward_random gpu_driver;gpu_forward_sm80 gpu_forward_sm90a_cpasync;python_tests;memcheck synccheck;racecheck initcheck" \
+ATTNJIT_DC_LANES="probes;gpu_forward_examples gpu_forward;gpu_backward;gpu_backward_wgmma;gpu_backward_random gpu_driver;gpu_paged gpu_forward_sm80 gpu_forward_sm90a_cpasync;python_tests;memcheck synccheck;racecheck initcheck" \
   bash tests/device/device_check.sh "$out/dc" > "$out/logs/device_check.out" 2>&1
 echo "device check: exit $? ($SECONDS s)"
 grep -m1 'result:' "$out/dc/report.md"

@@ -36,7 +36,7 @@
 # ATTNJIT_DC_LANES (groups of step names separated by ';': after the probes each group runs in its
 # own process, all at once on the one GPU, sharing the build and the kernel cache; one report. The
 # correctness steps fit one call that way, e.g. "gpu_forward_examples gpu_forward;gpu_backward;
-# gpu_backward_wgmma;gpu_backward_random gpu_driver;gpu_forward_sm80 gpu_forward_sm90a_cpasync python_tests;
+# gpu_backward_wgmma;gpu_backward_random gpu_driver gpu_paged;gpu_forward_sm80 gpu_forward_sm90a_cpasync python_tests;
 # memcheck synccheck;racecheck initcheck" with ATTNJIT_DC_ONLY="probes". Not for timings),
 # ATTNJIT_DC_FULL_UNIT=1 also runs the NVRTC matrix unit test (about 4 minutes of compiles that
 # do not need a GPU and run on every CPU machine; left out by default to keep this under 10 minutes).
@@ -175,7 +175,7 @@ report = {"generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "
           "budget_s": int(os.environ["BUDGET"]), "elapsed_s": int(os.environ["ELAPSED"]),
           "ok": not failed, "failed_steps": failed, "versions": versions, "nvidia_smi": smi,
           "device": (bench or {}).get("device"), "steps": steps,
-          "gpu_tests": {"catch_summary": {n: grab(n, r"^(test cases|assertions|All tests passed).*$") for n in ("gpu_forward", "gpu_backward", "gpu_backward_wgmma", "gpu_driver", "gpu_backward_random")},
+          "gpu_tests": {"catch_summary": {n: grab(n, r"^(test cases|assertions|All tests passed).*$") for n in ("gpu_forward", "gpu_backward", "gpu_backward_wgmma", "gpu_driver", "gpu_paged", "gpu_backward_random")},
                         "suite_lines": grab("gpu_forward", r"^\w+: \d+/\d+ cases passed.*$"),
                         "suites": suites, "cases": cases},
           "unit_tests": {"summary": grab("unit_tests", r"^\d+% tests passed.*$"),
@@ -316,7 +316,9 @@ if (( have_gpu )); then
   gpu_run gpu_backward 300 250 '[grad]~[random]~[sm90a]'  # about 160 s on an H200
   # The Hopper wgmma backward (both kernels, every example): about 36 kernel sets to compile.
   gpu_run gpu_backward_wgmma 300 250 '[grad][sm90a]'
-  gpu_run gpu_driver 90 240 '~[attention]~[grad],[graph]'
+  gpu_run gpu_driver 90 240 '~[attention]~[grad]~[paged],[graph]'
+  # The paged forward (decode and chunked prefill over a paged KV cache): its own kernels.
+  gpu_run gpu_paged 150 220 '[paged]'
   gpu_run gpu_backward_random 280 200 '[grad][random]'
   # On compute capability 9.0 the steps above ran the Hopper forward (sm_90a: wgmma, the TMA
   # kernel where tensor maps describe the keys). The sm_80 kernel, which A100s run and H100s run
@@ -335,6 +337,7 @@ else
   skip gpu_backward "no GPU"
   skip gpu_backward_wgmma "no GPU"
   skip gpu_driver "no GPU"
+  skip gpu_paged "no GPU"
   skip gpu_backward_random "no GPU"
   skip gpu_forward_sm80 "no GPU"
   skip gpu_forward_sm90a_cpasync "no GPU"

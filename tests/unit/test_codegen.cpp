@@ -253,6 +253,63 @@ TEST_CASE("the backward kernels compile with NVRTC: four entry points, no spills
   }
 }
 
+TEST_CASE("the paged kernels compile with NVRTC: two entry points, no spills, static shared memory under 48 KB",
+          "[codegen][nvrtc][paged]") {
+  if (!nvrtc_available()) {
+    WARN("SKIPPED: no NVRTC found; the paged kernels cannot be compiled");
+    return;
+  }
+  std::vector<PagedKernels> kernels;
+  for (int arch : {61, 80, 90})
+    for (DType dt : {DType::F16, DType::BF16, DType::F32})
+      for (int d : {32, 64, 128, 256}) {
+        if (dt == DType::BF16 && arch < 80) continue;
+        KernelRequest r;
+        r.head_dim = r.head_dim_v = d;
+        r.dtype = dt;
+        r.arch = arch;
+        kernels.push_back(generate_paged_kernels(every_mask_kind(), r));
+      }
+  std::vector<CompileRequest> requests;
+  for (const PagedKernels& k : kernels) requests.push_back({k.source.name, k.source.source, k.source.arch, {"--use_fast_math"}, 0});
+  const auto results = compile_many(requests, 2);
+  for (size_t n = 0; n < kernels.size(); ++n) {
+    const PagedKernels& k = kernels[n];
+    INFO(k.source.name << " " << k.source.arch << "\n" << k.source.source.substr(0, 200));
+    if (const auto* err = std::get_if<std::string>(&results[n])) FAIL(*err);
+    const CompileResult& r = std::get<CompileResult>(results[n]);
+    for (const std::string& entry : {k.forward, k.merge}) {
+      INFO(entry << " " << u_info(r, entry));
+      const auto u = std::find_if(r.usage.begin(), r.usage.end(), [&](const ResourceUsage& x) { return x.kernel == entry; });
+      REQUIRE(u != r.usage.end());
+      CHECK(u->shared_bytes <= 48 * 1024);
+      CHECK(u->spill_store_bytes == 0);
+      CHECK(u->spill_load_bytes == 0);
+    }
+  }
+}
+
+TEST_CASE("the paged kernels' tiles: defaults that fit, refusals that name the fix", "[codegen][paged]") {
+  KernelRequest r;
+  r.arch = 80;
+  r.head_dim = r.head_dim_v = 128;
+  CHECK(resolve_paged_config(r) == KernelConfig{16, 32, 1, 4});
+  r.head_dim = r.head_dim_v = 256;
+  CHECK(resolve_paged_config(r) == KernelConfig{8, 16, 1, 4});  // shrunk to fit 48 KB
+  r.config = KernelConfig{16, 64, 0, 0};
+  CHECK_THROWS_WITH(resolve_paged_config(r), Catch::Contains("48 KB"));
+  r.head_dim = r.head_dim_v = 64;
+  r.config = KernelConfig{65, 32, 0, 0};
+  CHECK_THROWS_WITH(resolve_paged_config(r), Catch::Contains("1 to 64 query rows"));
+  r.config = KernelConfig{16, 48, 0, 0};
+  CHECK_THROWS_WITH(resolve_paged_config(r), Catch::Contains("tile_k 16, 32 or 64"));
+  r.config = KernelConfig{16, 32, 2, 0};
+  CHECK_THROWS_WITH(resolve_paged_config(r), Catch::Contains("one stage"));
+  r.config = {};
+  r.head_dim = 300;
+  CHECK_THROWS_WITH(resolve_paged_config(r), Catch::Contains("head dims 1 to 256"));
+}
+
 TEST_CASE("archs NVRTC cannot target are refused clearly", "[codegen][nvrtc]") {
   if (!nvrtc_available()) {
     WARN("SKIPPED: no NVRTC found");

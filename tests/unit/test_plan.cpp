@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "compiler/plan/plan.hpp"
+#include "compiler/plan/paged_plan.hpp"
+#include "compiler/pattern/spec_json.hpp"
 #include "compiler/plan/plan_backward.hpp"
 #include "compiler/support/error.hpp"
 #include "runtime/cpu/plan_executor.hpp"
@@ -532,4 +534,69 @@ TEST_CASE("a plan's key rows are exactly the keys the pattern attends, its query
   CHECK(std::count(none.begin(), none.end(), uint8_t{1}) == 0);
   const std::vector<uint8_t> no_queries = plan_query_rows(lower_to_plan(p, s, TileConfig{64, 64}));
   CHECK(std::count(no_queries.begin(), no_queries.end(), uint8_t{1}) == 0);
+}
+
+// ---- the paged plan ----------------------------------------------------------------------------
+
+TEST_CASE("a paged plan is each request's plan at its positions, concatenated", "[plan][paged]") {
+  const Pattern p = parse_spec(R"({"attnjit": 1, "branches": [{"segment": 64, "dilation": 1, "causal": true},
+                                                             {"segment": 256, "dilation": 4}]})");
+  const std::vector<PagedRequest> requests{{1, 300}, {0, 50}, {5, 70}, {1, 300}};
+  const PagedPlan pp = lower_paged_plan(p, 4, 2, 32, 32, requests, TileConfig{16, 32});
+  CHECK(pp.q_start == std::vector<int64_t>{0, 1, 1, 6});
+  CHECK(pp.q_pos == std::vector<int64_t>{299, 50, 65, 299});
+  REQUIRE(pp.request_plans.size() == 4);
+  CHECK(pp.request_plans[1] == nullptr);               // no queries, no plan
+  CHECK(pp.request_plans[0] == pp.request_plans[3]);   // one lowering per (queries, kv_len)
+  CHECK(pp.tables.shape.seq_q == 7);
+  CHECK(pp.tables.shape.seq_k == 300);
+  // Item by item, span by span, the request's own plan with its tables moved.
+  size_t at = 0;
+  int64_t pairs = 0;
+  for (int32_t b : {0, 2, 3}) {
+    const Plan& one = *pp.request_plans[b];
+    CHECK(one.shape.q_offset == requests[b].kv_len - requests[b].queries);
+    pairs += one.stats.attended_pairs;
+    for (const WorkItem& it : one.items) {
+      REQUIRE(at < pp.tables.items.size());
+      CHECK(pp.item_request[at] == b);
+      const WorkItem& got = pp.tables.items[at++];
+      CHECK(got.head == it.head);
+      CHECK(got.rows.start == it.rows.start);
+      CHECK(got.rows.count == it.rows.count);
+      REQUIRE(got.span_end - got.span_begin == it.span_end - it.span_begin);
+      for (int64_t s = 0; s < it.span_end - it.span_begin; ++s) {
+        const KeySpan& a = pp.tables.spans[got.span_begin + s];
+        const KeySpan& e = one.spans[it.span_begin + s];
+        CHECK(a.keys.start == e.keys.start);
+        CHECK(a.keys.stride == e.keys.stride);
+        CHECK(a.keys.count == e.keys.count);
+        CHECK(span_tile_count(pp.tables, a) == span_tile_count(one, e));
+        for (int64_t t = 0; a.listed() && t < a.entry_end - a.entry_begin; ++t) {
+          CHECK(pp.tables.tile_entries[a.entry_begin + t].tile == one.tile_entries[e.entry_begin + t].tile);
+          CHECK(pp.tables.tile_entries[a.entry_begin + t].full == one.tile_entries[e.entry_begin + t].full);
+        }
+      }
+    }
+  }
+  CHECK(at == pp.tables.items.size());
+  CHECK(pp.tables.stats.attended_pairs == pairs);
+  CHECK(pp.max_item_tiles > 0);
+  CHECK(print_paged_plan(pp, 4).find("request 2: queries=5 kv_len=70 first row=1 first position=65") != std::string::npos);
+}
+
+TEST_CASE("paged splits fill the target without idle blocks; bad requests are refused by name", "[plan][paged][errors]") {
+  const Pattern dense = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "causal": true}]})");
+  const PagedPlan one = lower_paged_plan(dense, 1, 1, 32, 32, {{1, 1000}}, TileConfig{16, 32});
+  CHECK(one.max_item_tiles == 32);  // 1000 keys in tiles of 32
+  CHECK(paged_splits(one, 264) == 32);  // no more splits than tiles
+  CHECK(paged_splits(one, 8) == 8);
+  const PagedPlan many = lower_paged_plan(dense, 8, 8, 32, 32, std::vector<PagedRequest>(64, {1, 5000}), TileConfig{16, 32});
+  CHECK(paged_splits(many, 264) == 1);  // 512 items already fill it
+  CHECK(paged_splits(lower_paged_plan(dense, 1, 1, 32, 32, {}, TileConfig{16, 32}), 264) == 1);
+  CHECK_THROWS_WITH(lower_paged_plan(dense, 1, 1, 32, 32, {{1, 5}, {6, 5}}, TileConfig{16, 32}),
+                    Catch::Contains("request 1") && Catch::Contains("append the queries' own K/V"));
+  CHECK_THROWS_WITH(lower_paged_plan(dense, 1, 1, 32, 32, {{0, -1}}, TileConfig{16, 32}), Catch::Contains(">= 0"));
+  const Pattern table = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "layout": {"dynamic": true}}]})");
+  CHECK_THROWS_WITH(lower_paged_plan(table, 1, 1, 32, 32, {{1, 5}}, TileConfig{16, 32}), Catch::Contains("dynamic layout"));
 }
