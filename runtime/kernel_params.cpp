@@ -70,7 +70,7 @@ AjPagedParams paged_params(const PagedPlan& plan, const PagedProblem& pb, const 
   kp.output_scale = static_cast<float>(plan.tables.output_scale);
   kp.items = t.items, kp.spans = t.spans, kp.entries = t.entries;
   kp.batch = 1;
-  pp.item_request = t.item_request, pp.q_start = t.q_start, pp.q_pos = t.q_pos;
+  pp.item_request = t.item_request, pp.item_heads = t.item_heads, pp.q_start = t.q_start, pp.q_pos = t.q_pos;
   pp.block_table = block_table;
   pp.part_o = t.part_o, pp.part_lse = t.part_lse;
   pp.table_stride = block_table_stride;

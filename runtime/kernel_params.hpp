@@ -38,6 +38,7 @@ struct PagedTables {
   const DeviceSpan* spans = nullptr;
   const int32_t* entries = nullptr;
   const int32_t* item_request = nullptr;
+  const int32_t* item_heads = nullptr;
   const int64_t* q_start = nullptr;
   const int64_t* q_pos = nullptr;
   float* part_o = nullptr;

@@ -4,8 +4,10 @@
 // pattern attends are read. SIMT, fp32 arithmetic on every storage type (sm_60 and newer): a
 // decode step is bound by reading the cache, not by arithmetic.
 //
-// A block runs one work item (up to AJ_TILE_Q query rows of one head of one request) over a share
-// of its key tiles: with AJ split-KV (AjPagedParams::splits > 1) block (x, y) takes the item's
+// A block runs one work item over a share of its key tiles. An item holds query rows of one
+// request for one or more heads of one kv group (GQA: the heads whose key tiles are the same share
+// the item, so each K/V tile is read once for all of them); its rows are (head, query) pairs,
+// head-major, at most AJ_TILE_Q. With split-KV (AjPagedParams::splits > 1) block (x, y) takes the item's
 // tiles n with n % splits == y and writes its normalised partial output and log2-domain LSE, and
 // _merge combines the splits (NaN-safe: a NaN split makes the row NaN; splits that attended nothing
 // weigh 0). Four warps: all load the tile (K, V as float in shared memory), then warp w runs rows
@@ -28,6 +30,21 @@ struct AjPagedShared {
   float p[AJ_PG_WARPS][AJ_TILE_K];      // each warp's row probabilities (-1: the key is masked)
 };
 
+// Row r of an item: its head and its query row (the packed row of q, o and lse) and position.
+struct AjPagedRow {
+  int head;
+  aj_i64 row, pos;
+};
+__device__ __forceinline__ AjPagedRow aj_paged_row_of(const AjItem& item, aj_i64 q_first, aj_i64 q_pos, int r) {
+  const int h = r / item.rows_count;
+  const aj_i64 local = item.rows_start + (aj_i64)(r - h * item.rows_count) * item.rows_stride;
+  AjPagedRow out;
+  out.head = item.head + h;
+  out.row = q_first + local;
+  out.pos = q_pos + local;
+  return out;
+}
+
 // The first element of the cache row of request `req`'s token at `pos` for kv head `kvh`, or null
 // for a page outside the cache.
 __device__ __forceinline__ const aj_elem* aj_paged_row(const AjPagedParams& pp, const void* cache, aj_i64 page_stride,
@@ -45,12 +62,17 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
   const int req = pp.item_request[index];
   const int warp = aj_thread_idx() / 32, lane = aj_thread_idx() % 32;
   const int kvh = item.head / p.heads_per_kv;
+  const int rows = item.rows_count * pp.item_heads[index];
   const aj_i64 q_first = pp.q_start[req], q_pos = pp.q_pos[req];
 
   for (int x = aj_thread_idx(); x < AJ_TILE_Q * AJ_HEAD_DIM; x += AJ_PG_THREADS) {
     const int r = x / AJ_HEAD_DIM, d = x % AJ_HEAD_DIM;
-    const aj_i64 row = q_first + item.rows_start + (aj_i64)r * item.rows_stride;
-    sh.q[r][d] = r < item.rows_count ? aj_load((const aj_elem*)p.q + row * p.q_row_stride + item.head * p.q_head_stride + d) : 0.0f;
+    float val = 0.0f;
+    if (r < rows) {
+      const AjPagedRow at = aj_paged_row_of(item, q_first, q_pos, r);
+      val = aj_load((const aj_elem*)p.q + at.row * p.q_row_stride + at.head * p.q_head_stride + d);
+    }
+    sh.q[r][d] = val;
   }
 
   float m[AJ_PG_ROWS], l[AJ_PG_ROWS], acc[AJ_PG_ROWS][AJ_PG_VD];
@@ -91,8 +113,8 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
 #pragma unroll
     for (int j = 0; j < AJ_PG_ROWS; ++j) {
       const int r = warp + j * AJ_PG_WARPS;
-      if (r >= item.rows_count) break;  // the same for the whole warp
-      const aj_i64 qpos = q_pos + item.rows_start + (aj_i64)r * item.rows_stride;
+      if (r >= rows) break;  // the same for the whole warp
+      const AjPagedRow at = aj_paged_row_of(item, q_first, q_pos, r);
       float s[AJ_PG_KL];
       float tile_max = AJ_NEG_INF;
       bool nan = false;  // fmaxf drops a NaN score; the row must still come out NaN
@@ -104,7 +126,7 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
         if (ok) {
 #pragma unroll 8
           for (int d = 0; d < AJ_HEAD_DIM; ++d) dot += sh.q[r][d] * sh.k[c][d];
-          if (!t.full) ok = aj_keys_allowed(p, t.branch, item.head, qpos, t.first, (aj_cs)c * (aj_cs)t.stride);
+          if (!t.full) ok = aj_keys_allowed(p, t.branch, at.head, at.pos, t.first, (aj_cs)c * (aj_cs)t.stride);
         }
         s[e] = ok ? aj_mul_rn(dot, p.scale_log2) : AJ_NEG_INF;  // rounded as m_new is: the maximum's weight is 1
         tile_max = fmaxf(tile_max, s[e]);
@@ -149,17 +171,17 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
 #pragma unroll
   for (int j = 0; j < AJ_PG_ROWS; ++j) {
     const int r = warp + j * AJ_PG_WARPS;
-    if (r >= item.rows_count) break;
-    const aj_i64 row = q_first + item.rows_start + (aj_i64)r * item.rows_stride;
+    if (r >= rows) break;
+    const AjPagedRow at = aj_paged_row_of(item, q_first, q_pos, r);
     // l is 0 for a row that attended nothing (O = 0, LSE = -inf) and NaN for one that saw a NaN.
     const float lse2 = l[j] == 0.0f ? AJ_NEG_INF : m[j] + aj_lg2(l[j]);
     if (pp.splits == 1) {
       const float inv = l[j] == 0.0f ? 0.0f : p.output_scale / l[j];
-      aj_elem* orow = (aj_elem*)p.o + row * p.o_row_stride + item.head * p.o_head_stride;
+      aj_elem* orow = (aj_elem*)p.o + at.row * p.o_row_stride + at.head * p.o_head_stride;
 #pragma unroll
       for (int x = 0; x < AJ_PG_VD; ++x)
         if (lane + 32 * x < AJ_HEAD_DIM_V) aj_store(orow + lane + 32 * x, acc[j][x] * inv);
-      if (lane == 0 && p.lse) p.lse[row * pp.lse_row_stride + item.head * p.lse_head_stride] = lse2 * AJ_LN2;
+      if (lane == 0 && p.lse) p.lse[at.row * pp.lse_row_stride + at.head * p.lse_head_stride] = lse2 * AJ_LN2;
     } else {
       const aj_i64 part = ((aj_i64)index * pp.splits + split) * AJ_TILE_Q + r;
       const float inv = l[j] == 0.0f ? 0.0f : 1.0f / l[j];
@@ -177,8 +199,9 @@ __device__ __forceinline__ void aj_paged_merge(const AjPagedParams& pp) {
   const AjParams& p = pp.fwd;
   const int index = aj_block_idx_x();
   const AjItem item = p.items[index];
-  const aj_i64 q_first = pp.q_start[pp.item_request[index]];
-  for (int x = aj_thread_idx(); x < item.rows_count * AJ_HEAD_DIM_V; x += AJ_PG_THREADS) {
+  const int req = pp.item_request[index];
+  const int rows = item.rows_count * pp.item_heads[index];
+  for (int x = aj_thread_idx(); x < rows * AJ_HEAD_DIM_V; x += AJ_PG_THREADS) {
     const int r = x / AJ_HEAD_DIM_V, d = x % AJ_HEAD_DIM_V;
     const aj_i64 base = (aj_i64)index * pp.splits * AJ_TILE_Q + r;
     float top = AJ_NEG_INF;
@@ -188,7 +211,7 @@ __device__ __forceinline__ void aj_paged_merge(const AjPagedParams& pp) {
       top = fmaxf(top, v);
       nan |= v != v;
     }
-    const aj_i64 row = q_first + item.rows_start + (aj_i64)r * item.rows_stride;
+    const AjPagedRow at = aj_paged_row_of(item, pp.q_start[req], pp.q_pos[req], r);
     float out = 0.0f, lse2 = AJ_NEG_INF;
     if (nan) {
       out = lse2 = aj_int_as_float(0x7fffffff);
@@ -204,7 +227,7 @@ __device__ __forceinline__ void aj_paged_merge(const AjPagedParams& pp) {
       out = sum * (p.output_scale / weight);
       lse2 = top + aj_lg2(weight);
     }
-    aj_store((aj_elem*)p.o + row * p.o_row_stride + item.head * p.o_head_stride + d, out);
-    if (d == 0 && p.lse) p.lse[row * pp.lse_row_stride + item.head * p.lse_head_stride] = lse2 * AJ_LN2;
+    aj_store((aj_elem*)p.o + at.row * p.o_row_stride + at.head * p.o_head_stride + d, out);
+    if (d == 0 && p.lse) p.lse[at.row * pp.lse_row_stride + at.head * p.lse_head_stride] = lse2 * AJ_LN2;
   }
 }

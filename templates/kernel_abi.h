@@ -119,6 +119,8 @@ typedef struct AjPagedParams {
                                 // *_row_stride the token stride; o like q; lse [total_q, Hq] by
                                 // lse_row_stride and lse_head_stride; the items, spans and entries
   const int* item_request;      // the request of each item
+  const int* item_heads;        // heads of each item: heads item.head, item.head + 1, ... of one kv
+                                // group, each with the item's rows (rows_count x heads <= AJ_TILE_Q)
   const aj_i64* q_start;        // per request: its first row of q (cu_seqlens_q)
   const aj_i64* q_pos;          // per request: the position of its first query (kv_len - queries)
   const int* block_table;       // [requests, table_stride] page indices
@@ -248,18 +250,19 @@ AJ_ABI_FIELD(AjBwdParams, scale, 520);
 AJ_ABI_FIELD(AjBwdParams, num_key_items, 524);
 AJ_ABI_FIELD(AjBwdParams, key_item_base, 528);
 AJ_ABI_FIELD(AjBwdParams, plain_add, 532);
-AJ_ABI_SIZE(AjPagedParams, 368);
+AJ_ABI_SIZE(AjPagedParams, 376);
 AJ_ABI_FIELD(AjPagedParams, item_request, 288);
-AJ_ABI_FIELD(AjPagedParams, q_start, 296);
-AJ_ABI_FIELD(AjPagedParams, q_pos, 304);
-AJ_ABI_FIELD(AjPagedParams, block_table, 312);
-AJ_ABI_FIELD(AjPagedParams, part_o, 320);
-AJ_ABI_FIELD(AjPagedParams, part_lse, 328);
-AJ_ABI_FIELD(AjPagedParams, table_stride, 336);
-AJ_ABI_FIELD(AjPagedParams, num_pages, 344);
-AJ_ABI_FIELD(AjPagedParams, lse_row_stride, 352);
-AJ_ABI_FIELD(AjPagedParams, page_size, 360);
-AJ_ABI_FIELD(AjPagedParams, splits, 364);
+AJ_ABI_FIELD(AjPagedParams, item_heads, 296);
+AJ_ABI_FIELD(AjPagedParams, q_start, 304);
+AJ_ABI_FIELD(AjPagedParams, q_pos, 312);
+AJ_ABI_FIELD(AjPagedParams, block_table, 320);
+AJ_ABI_FIELD(AjPagedParams, part_o, 328);
+AJ_ABI_FIELD(AjPagedParams, part_lse, 336);
+AJ_ABI_FIELD(AjPagedParams, table_stride, 344);
+AJ_ABI_FIELD(AjPagedParams, num_pages, 352);
+AJ_ABI_FIELD(AjPagedParams, lse_row_stride, 360);
+AJ_ABI_FIELD(AjPagedParams, page_size, 368);
+AJ_ABI_FIELD(AjPagedParams, splits, 372);
 #undef AJ_ABI_SIZE
 #undef AJ_ABI_FIELD
 

@@ -8,6 +8,52 @@
 
 namespace attnjit {
 
+namespace {
+
+// What a work item visits, as values: its rows and, span by span, the keys, the branch and the
+// visited tiles with their full flags.
+std::vector<int64_t> visit_signature(const Plan& plan, const WorkItem& item) {
+  std::vector<int64_t> sig{item.rows.start, item.rows.stride, item.rows.count};
+  for (int64_t s = item.span_begin; s < item.span_end; ++s) {
+    const KeySpan& k = plan.spans[s];
+    sig.insert(sig.end(), {-1, k.keys.start, k.keys.stride, k.keys.count, k.branch});
+    for_each_planned_tile(plan, k, [&](int32_t tile, bool full) { sig.push_back(int64_t{tile} * 2 + (full ? 1 : 0)); });
+  }
+  return sig;
+}
+
+// The plan's items packed by heads (GQA): items of consecutive heads of one kv group that visit
+// the same rows and the same tiles become one item of several heads (its first item's index and
+// the head count), while heads x rows fit `tile_q`; the kernel reads each K/V tile once for them.
+// Masks are still asked per head (a partial tile's predicate takes each row's head).
+std::vector<std::pair<size_t, int32_t>> pack_heads(const Plan& plan, int64_t group, int32_t tile_q) {
+  std::map<std::pair<int64_t, std::vector<int64_t>>, std::vector<size_t>> same;  // (kv head, visits) -> items by head
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> order;
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    auto key = std::make_pair(plan.items[i].head / group, visit_signature(plan, plan.items[i]));
+    auto [it, fresh] = same.try_emplace(key);
+    if (fresh) order.push_back(key);
+    it->second.push_back(i);
+  }
+  std::vector<std::pair<size_t, int32_t>> out;
+  for (const auto& key : order) {
+    std::vector<size_t>& items = same[key];
+    std::sort(items.begin(), items.end(), [&](size_t a, size_t b) { return plan.items[a].head < plan.items[b].head; });
+    const int64_t rows = std::max<int64_t>(1, plan.items[items[0]].rows.count);
+    for (size_t n = 0; n < items.size();) {
+      size_t e = n + 1;
+      while (e < items.size() && plan.items[items[e]].head == plan.items[items[e - 1]].head + 1 &&
+             int64_t(e - n + 1) * rows <= tile_q)
+        ++e;
+      out.emplace_back(items[n], static_cast<int32_t>(e - n));
+      n = e;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 PagedPlan lower_paged_plan(const Pattern& p, int64_t heads_q, int64_t heads_kv, int64_t head_dim, int64_t head_dim_v,
                            const std::vector<PagedRequest>& requests, const TileConfig& tiles) {
   if (p.has_dynamic_layout())
@@ -44,13 +90,15 @@ PagedPlan lower_paged_plan(const Pattern& p, int64_t heads_q, int64_t heads_kv, 
     const Plan& one = *it->second;
     t.softmax_scale = one.softmax_scale, t.output_scale = one.output_scale, t.combine = one.combine;
     const int64_t span0 = static_cast<int64_t>(t.spans.size()), entry0 = static_cast<int64_t>(t.tile_entries.size());
-    for (WorkItem item : one.items) {
+    for (const auto& [first, heads] : pack_heads(one, heads_q / heads_kv, tiles.tile_q)) {
+      WorkItem item = one.items[first];
       int64_t visits = 0;
       for (int64_t s = item.span_begin; s < item.span_end; ++s) visits += span_tile_count(one, one.spans[s]);
       out.max_item_tiles = std::max(out.max_item_tiles, visits);
       item.span_begin += span0, item.span_end += span0;
       t.items.push_back(item);
       out.item_request.push_back(static_cast<int32_t>(b));
+      out.item_heads.push_back(heads);
     }
     for (KeySpan s : one.spans) {
       if (s.listed()) s.entry_begin += entry0, s.entry_end += entry0;
@@ -78,14 +126,15 @@ int32_t paged_splits(const PagedPlan& plan, int64_t target_blocks) {
 
 std::string print_paged_plan(const PagedPlan& plan, int64_t max_items) {
   std::ostringstream os;
-  os << "paged plan: " << plan.requests.size() << " requests, " << plan.tables.items.size() << " work items, longest "
+  os << "paged plan: " << plan.requests.size() << " requests, " << plan.tables.items.size()
+     << " work items (heads of a kv group with the same tiles share one), longest "
      << plan.max_item_tiles << " key tiles\n";
   for (size_t b = 0; b < plan.requests.size(); ++b)
     os << "  request " << b << ": queries=" << plan.requests[b].queries << " kv_len=" << plan.requests[b].kv_len
        << " first row=" << plan.q_start[b] << " first position=" << plan.q_pos[b] << "\n";
-  os << "items by request:";
+  os << "items (request:heads):";
   for (size_t i = 0; i < plan.item_request.size() && (max_items < 0 || int64_t(i) < max_items); ++i)
-    os << " " << plan.item_request[i];
+    os << " " << plan.item_request[i] << ":" << plan.item_heads[i];
   os << "\n" << print_plan(plan.tables, max_items);
   return os.str();
 }

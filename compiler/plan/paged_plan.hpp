@@ -27,6 +27,10 @@ struct PagedPlan {
   // `tables.shape` describes no single call: seq_q is the total of queries, seq_k the longest cache.
   Plan tables;
   std::vector<int32_t> item_request;
+  // Heads per item: `tables.items[i]` stands for heads head .. head + item_heads[i] - 1 of one kv
+  // group, each with the item's rows (GQA: heads whose rows and key tiles are the same share an
+  // item while heads x rows fit tile_q, so the kernel reads each K/V tile once for all of them).
+  std::vector<int32_t> item_heads;
   std::vector<int64_t> q_start;  // per request: its first row of the packed queries
   std::vector<int64_t> q_pos;    // per request: the position of its first query (kv_len - n)
   std::vector<PagedRequest> requests;

@@ -517,6 +517,7 @@ public:
       return at;
     };
     const size_t items = add(d.items), spans = add(d.spans), entries = add(d.entries), req = add(plan.item_request);
+    const size_t heads = add(plan.item_heads);
     const size_t start = add(plan.q_start), pos = add(plan.q_pos);
     const PagedPartials parts = paged_partials(plan, problem_, splits);
     const size_t part_o = (host.size() + 255) / 256 * 256, part_lse = part_o + (parts.o_bytes + 255) / 256 * 256;
@@ -529,6 +530,7 @@ public:
     t.spans = static_cast<const DeviceSpan*>(at(spans));
     t.entries = d.entries.empty() ? nullptr : static_cast<const int32_t*>(at(entries));
     t.item_request = static_cast<const int32_t*>(at(req));
+    t.item_heads = static_cast<const int32_t*>(at(heads));
     t.q_start = static_cast<const int64_t*>(at(start));
     t.q_pos = static_cast<const int64_t*>(at(pos));
     t.part_o = parts.o_bytes ? static_cast<float*>(at(part_o)) : nullptr;

@@ -367,7 +367,8 @@ public:
     const size_t il = c.lse ? tensor("lse", *c.lse, true) : 0;
     const size_t ibt = img.add("block_table", c.block_table, size_t(plan.requests.size() * c.block_table_stride) * 4, 4, false);
     const size_t items = table("plan items", d.items), spans = table("plan spans", d.spans), entries = table("plan entries", d.entries);
-    const size_t ireq = table("item requests", plan.item_request), istart = table("query starts", plan.q_start);
+    const size_t ireq = table("item requests", plan.item_request), iheads = table("item heads", plan.item_heads);
+    const size_t istart = table("query starts", plan.q_start);
     const size_t ipos = table("query positions", plan.q_pos);
     const size_t ipo = img.add("partial O", nullptr, parts.o_bytes, 4, true), ipl = img.add("partial LSE", nullptr, parts.lse_bytes, 4, true);
     img.materialise();
@@ -382,6 +383,7 @@ public:
     t.spans = static_cast<const DeviceSpan*>(img.at(spans));
     t.entries = d.entries.empty() ? nullptr : static_cast<const int32_t*>(img.at(entries));
     t.item_request = static_cast<const int32_t*>(img.at(ireq));
+    t.item_heads = static_cast<const int32_t*>(img.at(iheads));
     t.q_start = static_cast<const int64_t*>(img.at(istart));
     t.q_pos = static_cast<const int64_t*>(img.at(ipos));
     t.part_o = parts.o_bytes ? static_cast<float*>(img.at(ipo)) : nullptr;

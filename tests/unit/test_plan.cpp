@@ -550,39 +550,59 @@ TEST_CASE("a paged plan is each request's plan at its positions, concatenated", 
   CHECK(pp.request_plans[0] == pp.request_plans[3]);   // one lowering per (queries, kv_len)
   CHECK(pp.tables.shape.seq_q == 7);
   CHECK(pp.tables.shape.seq_k == 300);
-  // Item by item, span by span, the request's own plan with its tables moved.
+  // Every (head, rows) of a request's own plan is in exactly one packed item: its heads consecutive
+  // in one kv group, heads x rows within tile_q, and the packed item's spans (tables moved) those
+  // of each of its heads' own items.
   size_t at = 0;
   int64_t pairs = 0;
+  auto same_spans = [&](const Plan& one, const WorkItem& own, const WorkItem& got) {
+    if (got.span_end - got.span_begin != own.span_end - own.span_begin) return false;
+    for (int64_t s = 0; s < own.span_end - own.span_begin; ++s) {
+      const KeySpan& a = pp.tables.spans[got.span_begin + s];
+      const KeySpan& e = one.spans[own.span_begin + s];
+      if (a.keys.start != e.keys.start || a.keys.stride != e.keys.stride || a.keys.count != e.keys.count || a.branch != e.branch)
+        return false;
+      std::vector<std::pair<int32_t, bool>> ta, te;
+      for_each_planned_tile(pp.tables, a, [&](int32_t t, bool f) { ta.emplace_back(t, f); });
+      for_each_planned_tile(one, e, [&](int32_t t, bool f) { te.emplace_back(t, f); });
+      if (ta != te) return false;
+    }
+    return true;
+  };
+  int packed = 0;
   for (int32_t b : {0, 2, 3}) {
     const Plan& one = *pp.request_plans[b];
     CHECK(one.shape.q_offset == requests[b].kv_len - requests[b].queries);
     pairs += one.stats.attended_pairs;
-    for (const WorkItem& it : one.items) {
-      REQUIRE(at < pp.tables.items.size());
-      CHECK(pp.item_request[at] == b);
-      const WorkItem& got = pp.tables.items[at++];
-      CHECK(got.head == it.head);
-      CHECK(got.rows.start == it.rows.start);
-      CHECK(got.rows.count == it.rows.count);
-      REQUIRE(got.span_end - got.span_begin == it.span_end - it.span_begin);
-      for (int64_t s = 0; s < it.span_end - it.span_begin; ++s) {
-        const KeySpan& a = pp.tables.spans[got.span_begin + s];
-        const KeySpan& e = one.spans[it.span_begin + s];
-        CHECK(a.keys.start == e.keys.start);
-        CHECK(a.keys.stride == e.keys.stride);
-        CHECK(a.keys.count == e.keys.count);
-        CHECK(span_tile_count(pp.tables, a) == span_tile_count(one, e));
-        for (int64_t t = 0; a.listed() && t < a.entry_end - a.entry_begin; ++t) {
-          CHECK(pp.tables.tile_entries[a.entry_begin + t].tile == one.tile_entries[e.entry_begin + t].tile);
-          CHECK(pp.tables.tile_entries[a.entry_begin + t].full == one.tile_entries[e.entry_begin + t].full);
+    std::vector<int> covered(one.items.size(), 0);
+    for (; at < pp.tables.items.size() && pp.item_request[at] == b; ++at) {
+      const WorkItem& got = pp.tables.items[at];
+      const int32_t heads = pp.item_heads[at];
+      CHECK(heads >= 1);
+      CHECK(got.rows.count * heads <= 16);
+      CHECK(got.head / 2 == (got.head + heads - 1) / 2);  // one kv group (4 heads over 2)
+      packed += heads > 1;
+      for (int32_t h = got.head; h < got.head + heads; ++h) {
+        int found = 0;
+        for (size_t i = 0; i < one.items.size(); ++i) {
+          const WorkItem& own = one.items[i];
+          if (own.head == h && own.rows.start == got.rows.start && own.rows.stride == got.rows.stride &&
+              own.rows.count == got.rows.count && same_spans(one, own, got)) {
+            ++covered[i], ++found;
+          }
         }
+        CHECK(found == 1);
       }
     }
+    CHECK(std::all_of(covered.begin(), covered.end(), [](int c) { return c == 1; }));
   }
+  CHECK(packed > 0);  // decode rows of the two heads of a kv group share their items
   CHECK(at == pp.tables.items.size());
   CHECK(pp.tables.stats.attended_pairs == pairs);
   CHECK(pp.max_item_tiles > 0);
-  CHECK(print_paged_plan(pp, 4).find("request 2: queries=5 kv_len=70 first row=1 first position=65") != std::string::npos);
+  const std::string text = print_paged_plan(pp, 4);
+  CHECK(text.find("request 2: queries=5 kv_len=70 first row=1 first position=65") != std::string::npos);
+  CHECK(text.find("items (request:heads): 0:" + std::to_string(pp.item_heads[0]) + " ") != std::string::npos);
 }
 
 TEST_CASE("paged splits fill the target without idle blocks; bad requests are refused by name", "[plan][paged][errors]") {
@@ -591,8 +611,10 @@ TEST_CASE("paged splits fill the target without idle blocks; bad requests are re
   CHECK(one.max_item_tiles == 32);  // 1000 keys in tiles of 32
   CHECK(paged_splits(one, 264) == 32);  // no more splits than tiles
   CHECK(paged_splits(one, 8) == 8);
-  const PagedPlan many = lower_paged_plan(dense, 8, 8, 32, 32, std::vector<PagedRequest>(64, {1, 5000}), TileConfig{16, 32});
-  CHECK(paged_splits(many, 264) == 1);  // 512 items already fill it
+  const PagedPlan many = lower_paged_plan(dense, 8, 1, 32, 32, std::vector<PagedRequest>(64, {1, 5000}), TileConfig{16, 32});
+  CHECK(std::all_of(many.item_heads.begin(), many.item_heads.end(), [](int32_t h) { return h == 8; }));
+  CHECK(many.tables.items.size() == 64);  // a decode row of eight heads of one kv group: one item each
+  CHECK(paged_splits(many, 264) == 5);    // 64 items x 5 splits fill 264 blocks
   CHECK(paged_splits(lower_paged_plan(dense, 1, 1, 32, 32, {}, TileConfig{16, 32}), 264) == 1);
   CHECK_THROWS_WITH(lower_paged_plan(dense, 1, 1, 32, 32, {{1, 5}, {6, 5}}, TileConfig{16, 32}),
                     Catch::Contains("request 1") && Catch::Contains("append the queries' own K/V"));
