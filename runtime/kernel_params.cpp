@@ -78,6 +78,13 @@ AjPagedParams paged_params(const PagedPlan& plan, const PagedProblem& pb, const 
   pp.lse_row_stride = lse ? lse->strides[0] : 0;
   pp.page_size = static_cast<int32_t>(k_cache.shape[1]);
   pp.splits = splits;
+  // Rows load 16 bytes at a time where every cache row starts 16-byte aligned.
+  auto aligned = [](const TensorView& c) {
+    const int64_t e = dtype_bytes(c.dtype);
+    return reinterpret_cast<uintptr_t>(c.data) % 16 == 0 && (c.strides[0] * e) % 16 == 0 && (c.strides[1] * e) % 16 == 0 &&
+           (c.strides[2] * e) % 16 == 0;
+  };
+  pp.vec16 = aligned(k_cache) && aligned(v_cache) ? 1 : 0;
   return pp;
 }
 

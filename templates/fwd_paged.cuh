@@ -54,6 +54,44 @@ __device__ __forceinline__ const aj_elem* aj_paged_row(const AjPagedParams& pp, 
   return (const aj_elem*)cache + page * page_stride + (pos % pp.page_size) * row_stride + kvh * head_stride;
 }
 
+// A tile's K or V rows (`D` wide) into shared memory as float (`PITCH` floats a row): 16 bytes a
+// thread where every row is 16-byte aligned (AjPagedParams::vec16), else one element. Keys past the
+// tile's count are 0; the rows of a page outside the cache NaN.
+template <int D, int PITCH>
+__device__ __forceinline__ void aj_paged_load_tile(const AjPagedParams& pp, const void* cache, aj_i64 page_stride,
+                                                   aj_i64 row_stride, aj_i64 head_stride, int req, int kvh, const AjTile& t,
+                                                   float* dst) {
+  constexpr int kVec = 16 / (int)sizeof(aj_elem);  // elements in 16 bytes
+  if (D % kVec == 0 && pp.vec16) {
+    for (int x = aj_thread_idx(); x < AJ_TILE_K * (D / kVec); x += AJ_PG_THREADS) {
+      const int r = x / (D / kVec), d = x % (D / kVec) * kVec;
+      float val[kVec];
+      const aj_elem* row = r < t.count ? aj_paged_row(pp, cache, page_stride, row_stride, head_stride, req, t.first + r * t.stride, kvh) : nullptr;
+      if (row) {
+        const aj_u32x4 raw = *(const aj_u32x4*)(row + d);
+        const aj_elem* e = (const aj_elem*)&raw;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) val[i] = aj_load(e + i);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) val[i] = r < t.count ? aj_int_as_float(0x7fffffff) : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) dst[r * PITCH + d + i] = val[i];
+    }
+    return;
+  }
+  for (int x = aj_thread_idx(); x < AJ_TILE_K * D; x += AJ_PG_THREADS) {
+    const int r = x / D, d = x % D;
+    float val = 0.0f;
+    if (r < t.count) {
+      const aj_elem* row = aj_paged_row(pp, cache, page_stride, row_stride, head_stride, req, t.first + r * t.stride, kvh);
+      val = row ? aj_load(row + d) : aj_int_as_float(0x7fffffff);
+    }
+    dst[r * PITCH + d] = val;
+  }
+}
+
 __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
   const AjParams& p = pp.fwd;
   AJ_STATIC_SHARED(AjPagedShared, sh);
@@ -90,24 +128,8 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
     if (n % pp.splits != split) continue;
     const AjTile t = cursor.tile();
     aj_syncthreads();  // the previous tile is no longer read (and Q is in place)
-    for (int x = aj_thread_idx(); x < AJ_TILE_K * AJ_HEAD_DIM; x += AJ_PG_THREADS) {
-      const int r = x / AJ_HEAD_DIM, d = x % AJ_HEAD_DIM;
-      float val = 0.0f;
-      if (r < t.count) {
-        const aj_elem* row = aj_paged_row(pp, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, req, t.first + r * t.stride, kvh);
-        val = row ? aj_load(row + d) : aj_int_as_float(0x7fffffff);
-      }
-      sh.k[r][d] = val;
-    }
-    for (int x = aj_thread_idx(); x < AJ_TILE_K * AJ_HEAD_DIM_V; x += AJ_PG_THREADS) {
-      const int r = x / AJ_HEAD_DIM_V, d = x % AJ_HEAD_DIM_V;
-      float val = 0.0f;
-      if (r < t.count) {
-        const aj_elem* row = aj_paged_row(pp, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, req, t.first + r * t.stride, kvh);
-        val = row ? aj_load(row + d) : aj_int_as_float(0x7fffffff);
-      }
-      sh.v[r][d] = val;
-    }
+    aj_paged_load_tile<AJ_HEAD_DIM, AJ_HEAD_DIM + 1>(pp, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, req, kvh, t, &sh.k[0][0]);
+    aj_paged_load_tile<AJ_HEAD_DIM_V, AJ_HEAD_DIM_V>(pp, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, req, kvh, t, &sh.v[0][0]);
     aj_syncthreads();
 
 #pragma unroll

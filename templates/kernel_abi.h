@@ -131,6 +131,7 @@ typedef struct AjPagedParams {
   aj_i64 lse_row_stride;
   int page_size;
   int splits;                   // blocks per item (grid y)
+  int vec16;                    // 1: every cache row starts 16-byte aligned (rows load 16 bytes at a time)
 } AjPagedParams;
 
 /* ---- the layout, field by field ------------------------------------------------------------ */
@@ -250,7 +251,7 @@ AJ_ABI_FIELD(AjBwdParams, scale, 520);
 AJ_ABI_FIELD(AjBwdParams, num_key_items, 524);
 AJ_ABI_FIELD(AjBwdParams, key_item_base, 528);
 AJ_ABI_FIELD(AjBwdParams, plain_add, 532);
-AJ_ABI_SIZE(AjPagedParams, 376);
+AJ_ABI_SIZE(AjPagedParams, 384);
 AJ_ABI_FIELD(AjPagedParams, item_request, 288);
 AJ_ABI_FIELD(AjPagedParams, item_heads, 296);
 AJ_ABI_FIELD(AjPagedParams, q_start, 304);
@@ -263,6 +264,7 @@ AJ_ABI_FIELD(AjPagedParams, num_pages, 352);
 AJ_ABI_FIELD(AjPagedParams, lse_row_stride, 360);
 AJ_ABI_FIELD(AjPagedParams, page_size, 368);
 AJ_ABI_FIELD(AjPagedParams, splits, 372);
+AJ_ABI_FIELD(AjPagedParams, vec16, 376);
 #undef AJ_ABI_SIZE
 #undef AJ_ABI_FIELD
 

@@ -242,7 +242,8 @@ TEST_CASE("paged attention: page sizes, splits, tiles and head dims", "[gpu][emu
     c.config.tile_q = tq, c.config.tile_k = tk;
     check(c);
   }
-  for (const auto& [d, dv] : std::vector<std::pair<int64_t, int64_t>>{{32, 32}, {128, 128}, {256, 256}, {64, 32}, {40, 72}}) {
+  // 36: rows of 72 bytes, no 16-byte loads (AjPagedParams::vec16 off).
+  for (const auto& [d, dv] : std::vector<std::pair<int64_t, int64_t>>{{32, 32}, {128, 128}, {256, 256}, {64, 32}, {40, 72}, {36, 36}}) {
     PagedCase c = mixed("head dims " + std::to_string(d) + "/" + std::to_string(dv), longnet, DType::BF16, 16, 2);
     c.head_dim = d, c.head_dim_v = dv;
     c.heads_q = 4, c.heads_kv = 4;
@@ -355,7 +356,9 @@ TEST_CASE("paged attention: every deliberately broken paged kernel fails in the 
     size_t bad = 0, rows = 0;
     for (const Pattern* p : {&longnet, &window}) {
       for (int32_t splits : {1, 3}) {
-        PagedCase c = mixed("mutation", *p, DType::F32, 16, splits);
+        PagedCase c = mixed("mutation", *p, splits == 1 ? DType::F32 : DType::BF16, 16, splits);
+        if (p == &window && splits == 1) c.head_dim = c.head_dim_v = 36;  // rows of 144 bytes for fp32: 16-byte loads
+        if (p == &window && splits == 3) c.head_dim = c.head_dim_v = 36;  // 72 bytes for bf16: one element at a time
         c.templates = t;
         const float inf = std::numeric_limits<float>::infinity();
         c.v_values = {{3, 4490, 0, 5, std::numeric_limits<float>::quiet_NaN()}, {5, 299, 1, 3, -inf}};
@@ -382,6 +385,10 @@ TEST_CASE("paged attention: every deliberately broken paged kernel fails in the 
       {"the token's slot one past its own", "(pos % pp.page_size) * row_stride", "((pos + 1) % pp.page_size) * row_stride"},
       {"every split takes every tile", "    if (n % pp.splits != split) continue;\n", "\n"},
       {"the merge weighs every split alike", "        const float w = aj_ex2(v - top);", "        const float w = 1.0f;"},
+      {"16-byte loads: a row's vectors one element off", "      const int r = x / (D / kVec), d = x % (D / kVec) * kVec;",
+       "      const int r = x / (D / kVec), d = x % (D / kVec) * kVec + (x % 2);"},
+      {"element loads: each element read from its neighbour", "      val = row ? aj_load(row + d) : aj_int_as_float(0x7fffffff);",
+       "      val = row ? aj_load(row + (d + 1) % D) : aj_int_as_float(0x7fffffff);"},
       {"no warp barrier before the probabilities are read", "      aj_named_sync(1 + warp, 32);  // the warp's probabilities are in place\n", "\n"},
       {"no barrier before the next tile overwrites K and V", "    aj_syncthreads();  // the previous tile is no longer read (and Q is in place)\n", "\n"},
   };
