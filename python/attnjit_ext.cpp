@@ -402,11 +402,17 @@ nb::ndarray<nb::numpy, uint8_t> mask(const std::string& spec, int64_t seq_q, int
 // head dims, dtype and arch.
 std::string dump(const std::string& spec, const std::string& stage, const std::vector<int64_t>& dims, int64_t q_offset,
                  int64_t k_offset, int tile_q, int tile_k, const std::string& arch, const std::string& dtype, bool backward,
-                 bool full) {
+                 bool full, bool paged, const std::vector<int64_t>& kv_lens, const std::vector<int64_t>& queries) {
   const Pattern p = pattern_of(spec);
   DumpRequest r;
-  r.stage = stage, r.backward = backward, r.full = full, r.tiles = TileConfig{tile_q, tile_k};
-  r.full_hint = "full=True", r.seq_name = "seq", r.backward_name = "backward", r.stage_name = "stage";
+  r.stage = stage, r.backward = backward, r.full = full, r.tiles = TileConfig{tile_q, tile_k}, r.paged = paged;
+  r.full_hint = "full=True", r.seq_name = "seq", r.backward_name = "backward", r.stage_name = "stage", r.kv_lens_name = "kv_lens";
+  if (!queries.empty() && queries.size() != kv_lens.size())
+    throw UserError("queries", "has " + std::to_string(queries.size()) + " entries for " + std::to_string(kv_lens.size()) +
+                                   " requests (kv_lens); give one per request, or None for one query each");
+  for (size_t b = 0; b < kv_lens.size(); ++b) r.paged_requests.push_back({queries.empty() ? 1 : queries[b], kv_lens[b]});
+  r.paged_heads.heads_q = dims.at(3), r.paged_heads.heads_kv = dims.at(4);
+  r.paged_heads.head_dim = dims.at(5), r.paged_heads.head_dim_v = dims.at(6);
   if (dims.size() == 7 && dims[1] > 0) {
     Shape s;
     s.batch = dims[0], s.seq_q = dims[1], s.seq_k = dims[2], s.heads_q = dims[3], s.heads_kv = dims[4];

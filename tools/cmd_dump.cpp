@@ -1,4 +1,5 @@
-// attnjit dump SPEC --stage pattern|plan|plan-bwd|cuda|ptx|sass [--backward]: the pipeline's values, printed.
+// attnjit dump SPEC --stage pattern|plan|plan-bwd|plan-paged|cuda|ptx|sass [--backward|--paged]: the pipeline's
+// values, printed.
 #include <iostream>
 #include <memory>
 
@@ -13,9 +14,10 @@ namespace attnjit::cli {
 namespace {
 struct DumpOptions {
   std::string spec, stage = "pattern", tile = "64x64", dynamic;
+  std::vector<int64_t> kv_lens, queries;
   ShapeOptions shape;
   KernelOptions kernel;
-  bool full = false, backward = false;
+  bool full = false, backward = false, paged = false;
 };
 
 int run_dump(const DumpOptions& o) {
@@ -24,6 +26,15 @@ int run_dump(const DumpOptions& o) {
   r.stage = o.stage;
   r.full = o.full;
   r.backward = o.backward;
+  r.paged = o.paged;
+  if (!o.queries.empty() && o.queries.size() != o.kv_lens.size())
+    throw UserError("--queries", "has " + std::to_string(o.queries.size()) + " entries for " + std::to_string(o.kv_lens.size()) +
+                                     " requests (--kv-lens); give one per request, or leave it out for one query each");
+  for (size_t b = 0; b < o.kv_lens.size(); ++b) r.paged_requests.push_back({o.queries.empty() ? 1 : o.queries[b], o.kv_lens[b]});
+  r.paged_heads.heads_q = o.shape.heads_q;
+  r.paged_heads.heads_kv = o.shape.heads_kv > 0 ? o.shape.heads_kv : o.shape.heads_q;
+  r.paged_heads.head_dim = o.shape.head_dim;
+  r.paged_heads.head_dim_v = o.shape.head_dim_v > 0 ? o.shape.head_dim_v : o.shape.head_dim;
   std::optional<DynamicLayout> dyn;
   if (o.shape.has_seq()) {
     r.shape = o.shape.shape();
@@ -45,16 +56,21 @@ int run_dump(const DumpOptions& o) {
 
 void register_dump(CLI::App& app, int& rc) {
   auto o = std::make_shared<DumpOptions>();
-  CLI::App* sub = app.add_subcommand("dump", "print a stage of the pipeline: pattern, plan, plan-bwd, cuda, ptx or sass");
+  CLI::App* sub = app.add_subcommand("dump", "print a stage of the pipeline: pattern, plan, plan-bwd, plan-paged, cuda, ptx or sass");
   sub->add_option("spec", o->spec, "pattern spec (JSON)")->required();
-  sub->add_option("--stage", o->stage, "what to print (plan-bwd: the key-major plan of the backward pass)")
-      ->check(CLI::IsMember({"pattern", "plan", "plan-bwd", "cuda", "ptx", "sass"}))
+  sub->add_option("--stage", o->stage, "what to print (plan-bwd: the key-major plan of the backward pass; plan-paged: a call over a paged KV cache)")
+      ->check(CLI::IsMember({"pattern", "plan", "plan-bwd", "plan-paged", "cuda", "ptx", "sass"}))
       ->capture_default_str();
   o->shape.add_to(sub, true);
   sub->add_option("--tile", o->tile, "query x key tile size of the plan")->capture_default_str();
   o->kernel.add_to(sub, false);
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
   sub->add_flag("--full", o->full, "print every work item (default: the first 8), or with --stage pattern every block of long explicit lists (default: the first 16 of each)");
+  sub->add_option("--kv-lens", o->kv_lens, "--stage plan-paged: each request's cached tokens (its queries' own included)")
+      ->delimiter(',');
+  sub->add_option("--queries", o->queries, "--stage plan-paged: each request's queries, its last tokens (default: 1 each)")
+      ->delimiter(',');
+  sub->add_flag("--paged", o->paged, "--stage cuda|ptx|sass: the paged forward's kernels (fwd, merge)");
   sub->add_flag("--backward", o->backward, "--stage cuda|ptx|sass: the backward kernels (pre, dq, dkdv, cvt) instead of the forward");
   sub->callback([o, &rc] { rc = guarded([&] { return run_dump(*o); }); });
 }

@@ -12,7 +12,7 @@
 namespace attnjit {
 
 const std::vector<std::string>& dump_stages() {
-  static const std::vector<std::string> stages = {"pattern", "plan", "plan-bwd", "cuda", "ptx", "sass"};
+  static const std::vector<std::string> stages = {"pattern", "plan", "plan-bwd", "plan-paged", "cuda", "ptx", "sass"};
   return stages;
 }
 
@@ -50,10 +50,25 @@ std::string plan_text(const Pattern& p, const DumpRequest& r) {
   return text + print_plan(plan, items) + print_plan_sharing(p, s);  // which calls a runtime serves with this plan
 }
 
+std::string paged_plan_text(const Pattern& p, const DumpRequest& r) {
+  if (r.paged_requests.empty())
+    throw UserError(r.kv_lens_name, "is required for " + r.stage_name + " plan-paged: each request's cached tokens");
+  KernelRequest k;
+  k.head_dim = static_cast<int>(r.paged_heads.head_dim), k.head_dim_v = static_cast<int>(r.paged_heads.head_dim_v);
+  k.config = r.paged_config;
+  const KernelConfig c = resolve_paged_config(k);
+  const PagedPlan plan = lower_paged_plan(p, r.paged_heads.heads_q, r.paged_heads.heads_kv, r.paged_heads.head_dim,
+                                          r.paged_heads.head_dim_v, r.paged_requests, TileConfig{c.tile_q, c.tile_k});
+  return "; pattern " + pattern_hash(p) + "\n" + print_paged_plan(plan, r.full ? -1 : 8);
+}
+
 std::string kernel_text(const Pattern& p, const DumpRequest& r) {
+  if (r.paged && r.backward) throw UserError(r.backward_name, "the paged forward has no backward kernels");
   std::string text;
   for (const KernelRequest& k : r.kernels) {
-    const KernelSource source = r.backward ? generate_backward_kernels(p, k).source : generate_kernel(p, k);
+    const KernelSource source = r.paged      ? generate_paged_kernels(p, k).source
+                                : r.backward ? generate_backward_kernels(p, k).source
+                                             : generate_kernel(p, k);
     if (r.stage == "cuda") {
       text += source.source;
       continue;
@@ -75,6 +90,7 @@ std::string kernel_text(const Pattern& p, const DumpRequest& r) {
 std::string dump_stage(const Pattern& p, const DumpRequest& r) {
   if (r.stage == "pattern") return pattern_text(p, r);
   if (r.stage == "plan" || r.stage == "plan-bwd") return plan_text(p, r);
+  if (r.stage == "plan-paged") return paged_plan_text(p, r);
   if (r.stage == "cuda" || r.stage == "ptx" || r.stage == "sass") return kernel_text(p, r);
   throw UserError(r.stage_name, "expected one of " + joined_stages() + ", got \"" + r.stage + "\"");
 }

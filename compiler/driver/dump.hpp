@@ -4,7 +4,9 @@
 //   pattern    the canonical spec and its hash
 //   plan       the forward plan of one shape (work items, spans, tiles, statistics)
 //   plan-bwd   the backward's key-major plan of one shape
-//   cuda       the generated kernel source (the backward kernels with `backward`), per request
+//   plan-paged the plan of one call over a paged KV cache (requests' queries and cached tokens)
+//   cuda       the generated kernel source (the backward kernels with `backward`, the paged ones
+//              with `paged`), per request
 //   ptx        that source compiled by NVRTC
 //   sass       the CUBIN's machine code (nvdisasm), compiled through the kernel cache
 #pragma once
@@ -15,6 +17,7 @@
 
 #include "compiler/codegen/codegen.hpp"
 #include "compiler/pattern/pattern.hpp"
+#include "compiler/plan/paged_plan.hpp"
 #include "compiler/plan/plan.hpp"
 
 namespace attnjit {
@@ -27,11 +30,17 @@ struct DumpRequest {
   bool random_in_kernel = false;             // plan: random layouts left to the kernels
   std::vector<KernelRequest> kernels;        // cuda, ptx, sass: one text per request (arch)
   bool backward = false;                     // cuda, ptx, sass: the backward kernels
+  bool paged = false;                        // cuda, ptx, sass: the paged kernels
+  // plan-paged: the requests, their heads and head dims (heads_q, heads_kv, head_dim, head_dim_v of
+  // `paged_heads`) and the paged kernel's tiles (zeros: its default)
+  std::vector<PagedRequest> paged_requests;
+  Shape paged_heads;
+  KernelConfig paged_config;
   bool full = false;                         // every work item / every block of long explicit lists
   std::string full_hint = "--full";          // how the caller asks for `full`, in the "not shown" line
   // The names the caller gives the sequence length, the backward flag and the stage, in errors
   // (the CLI's "--seq", "--backward", "--stage"; Python's "seq", "backward", "stage").
-  std::string seq_name = "--seq", backward_name = "--backward", stage_name = "--stage";
+  std::string seq_name = "--seq", backward_name = "--backward", stage_name = "--stage", kv_lens_name = "--kv-lens";
 };
 
 // The stages, in pipeline order.

@@ -113,6 +113,7 @@ PagedPlan lower_paged_plan(const Pattern& p, int64_t heads_q, int64_t heads_kv, 
     st.table_bytes += one.stats.table_bytes;
   }
   t.shape.seq_q = row;
+  t.stats.work_items = static_cast<int64_t>(t.items.size());  // packed: what the kernel runs
   if (lowered.empty()) t.softmax_scale = softmax_scale(p, t.shape);
   return out;
 }

@@ -32,14 +32,17 @@ def precompile(manifest, archs, cache_dir=None, jobs=1, top_k=1) -> dict:
 
 
 def dump(pattern, stage="pattern", *, seq=None, seq_k=None, heads=1, heads_kv=None, head_dim=128, head_dim_v=None,
-         batch=1, q_offset=0, k_offset=0, tile=(64, 64), arch="sm_80", dtype="bf16", backward=False, full=False) -> str:
+         batch=1, q_offset=0, k_offset=0, tile=(64, 64), arch="sm_80", dtype="bf16", backward=False, full=False,
+         paged=False, kv_lens=None, queries=None) -> str:
     """One stage of the pipeline for `pattern` (a Pattern, a dict or a path), as text:
 
     - "pattern": the canonical spec and its hash;
     - "plan" / "plan-bwd": the forward plan / the backward's key-major plan for a shape (`seq`
       required; `tile` the plan's query x key tile; the first 8 work items, or all with `full`);
+    - "plan-paged": the plan of one call over a paged KV cache (attnjit.serving): requests with
+      `kv_lens` cached tokens and `queries` queries each (default 1), `heads`/`heads_kv`;
     - "cuda" / "ptx" / "sass": the generated forward kernel (the backward kernels with
-      `backward`) for `head_dim`, `dtype` and `arch` ("sm_80", "sm_90", "sm_90a" for the Hopper
+      `backward`, the paged forward's with `paged`) for `head_dim`, `dtype` and `arch` ("sm_80", "sm_90", "sm_90a" for the Hopper
       kernels, ...); "ptx" compiles it with NVRTC, "sass" disassembles its CUBIN (through the
       kernel cache).
 
@@ -52,4 +55,5 @@ def dump(pattern, stage="pattern", *, seq=None, seq_k=None, heads=1, heads_kv=No
             int(head_dim_v if head_dim_v is not None else head_dim)]
     tq, tk = tile
     return _attnjit.dump(p.op_spec, stage, dims, int(q_offset), int(k_offset), int(tq), int(tk), arch, dtype,
-                         bool(backward), bool(full))
+                         bool(backward), bool(full), bool(paged), [int(n) for n in kv_lens or []],
+                         [int(n) for n in queries or []])

@@ -87,6 +87,9 @@ def _cli():
     ("cuda", {"head_dim": 64, "dtype": "fp16", "arch": "sm_90"}, ["--head-dim", "64", "--dtype", "fp16", "--arch", "sm_90"]),
     ("cuda", {"head_dim": 64, "backward": True}, ["--head-dim", "64", "--backward"]),
     ("sass", {"head_dim": 64, "arch": "sm_80"}, ["--head-dim", "64", "--arch", "sm_80"]),
+    ("plan-paged", {"kv_lens": [1, 3000, 70], "queries": [1, 4, 0], "heads": 4, "heads_kv": 2, "head_dim": 128},
+     ["--kv-lens", "1,3000,70", "--queries", "1,4,0", "--heads-q", "4", "--heads-kv", "2", "--head-dim", "128"]),
+    ("cuda", {"head_dim": 64, "paged": True}, ["--head-dim", "64", "--paged"]),
 ])
 def test_dump_prints_what_the_cli_prints(stage, args, cli):
     import subprocess
@@ -106,8 +109,12 @@ def test_dump_stages_and_errors():
     with pytest.raises(attnjit.AttnjitError, match="seq: is required for stage plan"):
         attnjit.dump(p, "plan")
     assert "HMMA" in attnjit.dump(p, "sass", head_dim=64, arch="sm_80")
-    with pytest.raises(attnjit.AttnjitError, match='stage: expected one of pattern, plan, plan-bwd, cuda, ptx, sass, got "llvm"'):
+    with pytest.raises(attnjit.AttnjitError, match='stage: expected one of pattern, plan, plan-bwd, plan-paged, cuda, ptx, sass, got "llvm"'):
         attnjit.dump(p, "llvm")
+    with pytest.raises(attnjit.AttnjitError, match="kv_lens: is required for stage plan-paged"):
+        attnjit.dump(p, "plan-paged")
+    with pytest.raises(attnjit.AttnjitError, match=r"queries: has 1 entries for 2 requests \(kv_lens\)"):
+        attnjit.dump(p, "plan-paged", kv_lens=[5, 6], queries=[1])
     with pytest.raises(attnjit.AttnjitError, match="backward: applies to stage cuda, ptx and sass"):
         attnjit.dump(p, "plan", seq=64, backward=True)
     with pytest.raises(ValueError, match="arch: expected"):
