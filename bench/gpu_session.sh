@@ -13,12 +13,13 @@
 #    Settings: default; ATTNJIT_BWD_WGMMA=0 (the sm_80 backward on Hopper); ATTNJIT_LAZY_RESCALE=1
 #    and ATTNJIT_POLY_EXP2=1 (forward only).
 # 3. Nsight Compute on the dense backward's dK/dV kernel (bench/ncu_profile.sh), where ncu is
-#    there; OUTDIR/ncu_summary.txt.
+#    there; its summary appended to OUTDIR/ab.txt.
 # 4. bench/peers.py on the cases that decide the headline (dense d128, BigBird, LongNet 32K) with
-#    what is left of BENCH_BUDGET (230); OUTDIR/peers/peers.{md,json}.
+#    what is left of BENCH_BUDGET (230); OUTDIR/peers/peers.{md,json}; then, where 60 s are left
+#    beside at least 90 for the peers, bench/decode_peers.py (OUTDIR/decode.md; its JSON in the logs).
 # Everything else (logs, profiles, peers.png) in OUTDIR/session.tgz. At most 8 files come back
-# from a lent machine: this leaves dc/report.md, dc/report.json, dc.tgz, ab.txt, ncu_summary.txt,
-# peers/peers.md, peers/peers.json, session.tgz.
+# from a lent machine: this leaves dc/report.md, dc/report.json, dc.tgz, ab.txt (the Nsight
+# summary at its end), decode.md, peers/peers.md, peers/peers.json, session.tgz.
 set -u
 [ $# -ge 1 ] || { echo "usage: bash bench/gpu_session.sh OUTDIR [DC_BUDGET] [BENCH_BUDGET]" >&2; exit 2; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -64,11 +65,15 @@ if (( $(left) > 120 )); then
   KERNELS=dkdv BUILD_DIR="$build" timeout 90 bash bench/ncu_profile.sh "$out/logs/ncu" "$root/bench/patterns/dense.json" \
     > "$out/logs/ncu.out" 2>&1
   echo "ncu: exit $? ($SECONDS s)"
-  cp "$out/logs/ncu/summary.txt" "$out/ncu_summary.txt" 2>/dev/null
+  { echo; echo "== Nsight Compute, the dK/dV kernel (bench/ncu_profile.sh)"; cat "$out/logs/ncu/summary.txt"; } >> "$out/ab.txt" 2>/dev/null
   rm -f "$out"/logs/ncu/*.ncu-rep  # the text exports stay; the reports are too big to bring back
 fi
 
-peers_budget=$(( $(left) - 20 ))
+# The decode benchmark (the paged forward against SDPA on a contiguous cache) gets 60 s of it
+# where the peers keep at least 90.
+decode_budget=0
+(( $(left) - 20 - 60 >= 90 )) && decode_budget=60
+peers_budget=$(( $(left) - 20 - decode_budget ))
 if (( peers_budget >= 40 )) && [ -d "$build/python/attnjit" ]; then
   PYTHONUNBUFFERED=1 PYTHONPATH="$build/python" timeout $(( peers_budget + 15 )) python3 bench/peers.py \
     --out "$out/peers" --budget "$peers_budget" --cases 'dense-d128-s16384,bigbird-s16384,longnet-s32768' \
@@ -76,6 +81,14 @@ if (( peers_budget >= 40 )) && [ -d "$build/python/attnjit" ]; then
   echo "peers: exit $? ($SECONDS s)"
 else
   echo "peers: not run (${peers_budget}s left, or no Python package)"
+fi
+if (( decode_budget > 0 )) && [ -d "$build/python/attnjit" ]; then
+  PYTHONUNBUFFERED=1 PYTHONPATH="$build/python" timeout $(( decode_budget + 15 )) python3 bench/decode_peers.py \
+    --out "$out/logs/decode" --budget 8 > "$out/logs/decode.out" 2>&1
+  echo "decode: exit $? ($SECONDS s)"
+  cp "$out/logs/decode/decode.md" "$out/decode.md" 2>/dev/null
+else
+  echo "decode: not run (budget, or no Python package)"
 fi
 mkdir -p "$out/peers"
 [ -f "$out/peers/peers.png" ] && mv "$out/peers/peers.png" "$out/logs/"

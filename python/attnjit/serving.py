@@ -72,24 +72,31 @@ def _check_cache(k_cache, v_cache):
         raise ValueError(f"k_cache: page size {page_size} is out of range; pages hold 1 to 256 tokens")
 
 
-def _table(block_table, batch, num_pages):
+def _checked_table(block_table, batch):
+    """The block table as given (a tensor), its dtype and shape checked."""
     if not isinstance(block_table, torch.Tensor):
         block_table = torch.as_tensor(block_table)
     if block_table.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"block_table: expected int32 or int64, got {block_table.dtype}")
     if block_table.dim() != 2 or block_table.shape[0] != batch:
         raise ValueError(f"block_table: expected [B = {batch}, max_pages], got shape {tuple(block_table.shape)}")
-    return block_table.to("cpu", torch.int64)
+    return block_table
 
 
-def _pages_of(table, b, length, page_size, num_pages, what=None):
+def _table(block_table, batch, num_pages):
+    return _checked_table(block_table, batch).to("cpu", torch.int64)
+
+
+def _pages_of(table, b, length, page_size, num_pages, what=None, checked=True):
     """Request b's first pages holding `length` tokens (`what` says where the length comes from),
-    checked: ValueError naming the entry."""
+    checked (unless not `checked`: a table on the GPU): ValueError naming the entry."""
     need = -(-length // page_size)
     if need > table.shape[1]:
         raise ValueError(f"{what or f'kv_lens[{b}]'} = {length} needs {need} pages of {page_size} tokens; block_table has "
                          f"{table.shape[1]} per request (make it wider, or the length shorter)")
     pages = table[b, :need]
+    if not checked:
+        return pages
     bad = ((pages < 0) | (pages >= num_pages)).nonzero()
     if bad.numel():
         j = int(bad[0, 0])
@@ -113,7 +120,11 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
     [total_q, Hq, Dv] in q's dtype, and with return_lse=True also lse [total_q, Hq] (fp32; float64
     for float64 queries, which run the float64 reference; -inf for a query that attends nothing). A request with no queries is skipped; its length may be 0.
     Errors name the argument: a page index outside the cache, a length past the block table, a
-    negative length, more queries than cached tokens, shapes that disagree.
+    negative length, more queries than cached tokens, shapes that disagree. Each step is planned on
+    the host from the lengths: give `kv_lens` (and `cu_seqlens_q`) as lists or CPU tensors, since
+    reading a CUDA tensor's values synchronises. A block table on the GPU is not read back (no
+    synchronisation): there a page index outside the cache is not an error but reads as NaN, so
+    the rows that attend it come out NaN.
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q: expected a torch tensor [total_q, Hq, D], got {getattr(q, 'shape', type(q).__name__)}")
@@ -128,7 +139,11 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
     batch = len(kv_lens)  # B: one length per request
     lens = _lengths("kv_lens", kv_lens, batch)
     starts = _starts("cu_seqlens_q", cu_seqlens_q, batch, q.shape[0], "q", "queries")
-    table = _table(block_table, batch, num_pages)
+    # A table on the GPU is not copied back to be checked (that would synchronise every step): the
+    # kernel never reads a page outside the cache, and the rows attending one come out NaN.
+    given = _checked_table(block_table, batch)
+    on_gpu = given.device.type == "cuda" and q.dtype != torch.float64
+    table = given if on_gpu else given.to("cpu", torch.int64)
     dv = v_cache.shape[3]
     o = q.new_zeros((q.shape[0], q.shape[1], dv))
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # as attnjit.attention's
@@ -138,7 +153,7 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
         length, n = lens[b], starts[b + 1] - starts[b]
         if length < 0:
             raise ValueError(f"kv_lens[{b}] = {length} is negative")
-        pages = _pages_of(table, b, length, page_size, num_pages)
+        pages = _pages_of(table, b, length, page_size, num_pages, checked=not on_gpu)
         if n == 0:
             continue
         if n > length:
@@ -172,9 +187,10 @@ def _paged_kernels(q, k_cache, v_cache, table, lens, starts, pattern, scale, o, 
         device, index, stream = "cuda", q.device.index or 0, torch.cuda.current_stream(q.device).cuda_stream
     else:
         device, index, stream = cpu_device(), 0, 0
-    # The table as the kernel reads it: int32, contiguous, on the cache's device (entries past a
-    # request's pages are never read; they are clamped so the narrowing cannot fail).
-    table32 = table.clamp(-1, 2**31 - 1).to(torch.int32).contiguous().to(q.device)
+    # The table as the kernel reads it: int32, contiguous, on the cache's device (an int64 entry past
+    # int32 is clamped to one the kernel refuses to read, never wrapped onto a real page).
+    table32 = table if table.dtype == torch.int32 else table.clamp(-1, 2**31 - 1).to(torch.int32)
+    table32 = table32.contiguous().to(q.device)
     spec = op_spec(pattern, scale)
     desc = lambda x: (x.data_ptr(), list(x.shape), list(x.stride()))  # noqa: E731
     q, k_cache, v_cache = q.detach(), k_cache.detach(), v_cache.detach()

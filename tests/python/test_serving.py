@@ -250,3 +250,25 @@ def test_the_paged_forward_fails_the_check_with_a_wrong_page_lookup_or_position(
     monkeypatch.setattr(serving, "_paged_kernels", broken(serving._paged_kernels))
     with pytest.raises(AssertionError):
         check(cache, q, [0, 3, 5], pattern, 1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the paged kernel on the GPU is not run")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_paged_kernel_on_the_gpu(dtype):
+    # Every example, decode and chunked prefill, the block table on the GPU (not read back), the
+    # lengths on the host; then a page outside the cache: the rows that attend it are NaN, no others.
+    for spec in example_specs():
+        pattern = attnjit.Pattern.load(spec)
+        cache = Cache([1, 70, 2100, 300], 16, hkv=2, d=64, dv=64, dtype=dtype, seed=11)
+        q = torch.randn(7, 6, 64, generator=torch.Generator().manual_seed(11)).to(dtype)
+        starts = [0, 1, 2, 6, 7]
+        got = serving.paged_attention(q.cuda(), cache.k_cache.cuda(), cache.v_cache.cuda(), cache.table.cuda(), cache.lens,
+                                      pattern, cu_seqlens_q=starts)
+        want, _ = expected(cache, q, starts, pattern)
+        assert rel_error(got.cpu(), want) <= (2e-2 if dtype == torch.bfloat16 else 1e-4), spec.stem
+    table = cache.table.clone()
+    table[3, 0] = cache.k_cache.shape[0] + 5  # request 3's first page: outside the cache
+    got = serving.paged_attention(q.cuda(), cache.k_cache.cuda(), cache.v_cache.cuda(), table.cuda(), cache.lens, pattern,
+                                  cu_seqlens_q=starts)
+    rows = got.float().isnan().any(-1).any(-1).cpu()
+    assert rows[6] and not rows[:6].any()

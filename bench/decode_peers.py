@@ -1,0 +1,257 @@
+"""Decode over a KV cache: attnjit's paged forward against what a PyTorch user runs, side by side on
+one GPU, in one run.
+
+    PYTHONPATH=build-device/python python3 bench/decode_peers.py --out DIR [--budget 120] [--cases 'dense*']
+    PYTHONPATH=build/python python3 bench/decode_peers.py --smoke     # CPU: every system's correctness, tiny shapes
+
+Systems:
+  ours            attnjit.serving.paged_attention: the whole call (the host's plan of the step and the
+                  kernel), K/V in shuffled pages of 16 tokens read through the block table
+  sdpa-contiguous torch SDPA on a contiguous cache [B, Hkv, L, D] per request (the keys the pattern
+                  attends sliced out where they are one range: a sliding window's last W), GQA by
+                  enable_gqa; no paging (the layout a user without a paged kernel keeps)
+
+The method (that of bench/peers.py): the same seeded inputs for every system; every system's output
+checked in the same run against the float64 contract (attnjit.attention on float64 CPU tensors over
+each sampled request's gathered tokens at q_offset = L - 1): a mismatch marks the row WRONG; times in
+interleaved rounds (A B A B ..., L2 flushed and the stream kept busy before each run, CUDA events:
+the GPU's time; the host's enqueueing, attnjit's plan included, reported on its own as host_ms);
+median and minimum; useful bandwidth = bytes of the distinct (kv head, token) K and V rows the
+pattern attends / time (a decode step is bound by reading them). Launch-bound rows (under 20 us)
+are marked and not to be quoted. DIR/decode.json and decode.md are rewritten after each case.
+"""
+import argparse
+import fnmatch
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import attnjit  # noqa: E402
+from attnjit import serving  # noqa: E402
+from peers import gpu_state, interleaved, sync  # noqa: E402  (bench/, beside this script)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _example(name):
+    with open(os.path.join(REPO, "examples", name), encoding="utf-8") as f:
+        return json.load(f)
+
+
+DENSE_CAUSAL = {"attnjit": 1, "description": "dense causal", "causal": True, "branches": [{"segment": "full"}]}
+
+
+def gpu_cases():
+    """(name, pattern, batch, kv_len, Hq, Hkv, D, window or None: the peer's slice)."""
+    return [
+        dict(name="dense-b32-l8192", pattern=DENSE_CAUSAL, B=32, L=8192, Hq=32, Hkv=8, D=128, window=None),
+        dict(name="dense-b8-l65536", pattern=DENSE_CAUSAL, B=8, L=65536, Hq=32, Hkv=8, D=128, window=None),
+        dict(name="window4096-b32-l32768", pattern=_example("sliding_window.json"), B=32, L=32768, Hq=32, Hkv=8, D=128,
+             window=4096),
+        dict(name="longnet-b16-l32768", pattern=_example("longnet.json"), B=16, L=32768, Hq=16, Hkv=16, D=128, window=None),
+    ]
+
+
+def smoke_cases():
+    return [
+        dict(name="dense-smoke", pattern=DENSE_CAUSAL, B=3, L=150, Hq=4, Hkv=2, D=32, window=None),
+        dict(name="window-smoke", pattern={**DENSE_CAUSAL, "window": [63, 0]}, B=3, L=200, Hq=4, Hkv=2, D=32, window=64),
+        dict(name="longnet-smoke", pattern=_example("longnet.json"), B=2, L=2300, Hq=2, Hkv=2, D=32, window=None),
+    ]
+
+
+def make_case(case, device, dtype, page_size=16, seed=0):
+    """Contiguous caches [B, L, Hkv, D], the same rows in shuffled pages, the block table, one query
+    per request (the request's last token)."""
+    g = torch.Generator().manual_seed(seed)
+    B, L, Hq, Hkv, D = case["B"], case["L"], case["Hq"], case["Hkv"], case["D"]
+    k = torch.randn(B, L, Hkv, D, generator=g).to(dtype)
+    v = torch.randn(B, L, Hkv, D, generator=g).to(dtype)
+    q = torch.randn(B, Hq, D, generator=g).to(dtype)
+    per = -(-L // page_size)
+    order = list(range(B * per))
+    random.Random(seed).shuffle(order)
+    table = torch.tensor(order, dtype=torch.int32).reshape(B, per)
+    k_cache = torch.empty(B * per, page_size, Hkv, D, dtype=dtype)
+    v_cache = torch.empty_like(k_cache)
+    pad = per * page_size - L
+    kp = torch.cat([k, k.new_zeros(B, pad, Hkv, D)], 1).reshape(B * per, page_size, Hkv, D)
+    vp = torch.cat([v, v.new_zeros(B, pad, Hkv, D)], 1).reshape(B * per, page_size, Hkv, D)
+    k_cache[table.reshape(-1).long()] = kp
+    v_cache[table.reshape(-1).long()] = vp
+    lens = [L] * B  # on the host, as a server keeps them: reading a CUDA tensor's values would synchronise
+    on = lambda x: x.to(device)  # noqa: E731
+    return dict(q=on(q), k=on(k), v=on(v), k_cache=on(k_cache), v_cache=on(v_cache), table=on(table), lens=lens)
+
+
+def systems(case, x):
+    pattern, L, W = case["pattern"], case["L"], case["window"]
+
+    def ours():
+        return serving.paged_attention(x["q"], x["k_cache"], x["v_cache"], x["table"], x["lens"], pattern)
+
+    # The contiguous layout a user without a paged kernel keeps, heads first for SDPA.
+    kt = x["k"].transpose(1, 2).contiguous()
+    vt = x["v"].transpose(1, 2).contiguous()
+
+    def sdpa():
+        k, v = (kt, vt) if W is None else (kt[:, :, L - W:], vt[:, :, L - W:])
+        o = F.scaled_dot_product_attention(x["q"][:, :, None], k, v, enable_gqa=True)
+        return o[:, :, 0]
+
+    out = {"ours": ours}
+    # SDPA has no dilated or block-sparse mask: LongNet's decode has no such peer.
+    if "segment" in pattern["branches"][0] and pattern["branches"][0]["segment"] == "full" and len(pattern["branches"]) == 1:
+        out["sdpa-contiguous"] = sdpa
+    return out
+
+
+def reference(case, x, requests):
+    """The float64 contract for the sampled requests' queries: [len(requests), Hq, D]."""
+    out = []
+    for b in requests:
+        q = x["q"][b].to("cpu", torch.float64)[None, None]
+        k = x["k"][b].to("cpu", torch.float64)[None]
+        v = x["v"][b].to("cpu", torch.float64)[None]
+        out.append(attnjit.attention(q, k, v, case["pattern"], q_offset=case["L"] - 1)[0, 0])
+    return torch.stack(out)
+
+
+def attended_bytes(case, elem_bytes):
+    """Bytes of the distinct (kv head, token) K and V rows the last query of each request attends."""
+    p = attnjit.Pattern.from_json(case["pattern"])
+    L, Hq, Hkv, D = case["L"], case["Hq"], case["Hkv"], case["D"]
+    rows = 0
+    mask = p.mask(1, Hq, seq_k=L, heads_kv=Hkv, q_offset=L - 1)  # [Hq, 1, L]
+    group = Hq // Hkv
+    for h in range(Hkv):
+        rows += int(mask[h * group:(h + 1) * group, 0].any(0).sum())
+    return case["B"] * rows * 2 * D * elem_bytes
+
+
+def run_case(case, args, device, dtype, tol, out):
+    rec = {"case": {k: v for k, v in case.items() if k != "pattern"}, "description": case["pattern"].get("description", ""),
+           "clocks": {"start": gpu_state(device)}, "systems": {}}
+    x = make_case(case, device, dtype)
+    sample = sorted({0, case["B"] - 1, case["B"] // 2})
+    want = reference(case, x, sample)
+    fns = systems(case, x)
+    nbytes = attended_bytes(case, torch.tensor([], dtype=dtype).element_size())
+    rec["attended_bytes"] = nbytes
+    for name, fn in fns.items():
+        got = fn()
+        sync(device)
+        err = (got[sample].to("cpu", torch.float64) - want).abs().max().item()
+        rec["systems"][name] = {"max_err": err, "wrong": not err <= tol}
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device) if device.type == "cuda" else None
+    host = {}
+    deadline = time.time() + args.budget if args.budget else None
+    times, errors = interleaved(list(fns.items()), device, args.runs, 3, flush, deadline, host_times=host)
+    for name in fns:
+        s = rec["systems"][name]
+        if name in errors:
+            s["error"] = f"{type(errors[name]).__name__}: {errors[name]}"
+            continue
+        t = times[name]
+        med, lo = statistics.median(t), min(t)
+        s.update({"times_ms": [round(v, 4) for v in t], "median_ms": med, "min_ms": lo,
+                  "host_ms": statistics.median(host[name]) if host.get(name) else None,
+                  "gb_s": nbytes / (med * 1e-3) / 1e9, "gb_s_at_min": nbytes / (lo * 1e-3) / 1e9,
+                  "launch_bound": med < 0.02})
+    rec["clocks"]["end"] = gpu_state(device)
+    out.append(rec)
+    return rec
+
+
+def write(out, dirname, meta):
+    os.makedirs(dirname, exist_ok=True)
+    with open(os.path.join(dirname, "decode.json"), "w", encoding="utf-8") as f:
+        json.dump({"meta": meta, "cases": out}, f, indent=1)
+    lines = [f"# Decode, one query per request ({meta['device']}, {meta['dtype']})", "",
+             f"Command: `{meta['command']}`", "",
+             "| case | system | median ms (min) | host ms | useful GB/s (at min) | max error | |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for rec in out:
+        c = rec["case"]
+        for name, s in rec["systems"].items():
+            if "median_ms" not in s:
+                lines.append(f"| {c['name']} | {name} | {s.get('error', 'not run')} | | | {s['max_err']:.2e} | |")
+                continue
+            flags = ("WRONG " if s["wrong"] else "") + ("launch-bound, not quoted" if s["launch_bound"] else "")
+            lines.append(f"| {c['name']} | {name} | {s['median_ms']:.4f} ({s['min_ms']:.4f}) | "
+                         f"{s['host_ms']:.3f} | {s['gb_s']:.0f} ({s['gb_s_at_min']:.0f}) | {s['max_err']:.2e} | {flags} |")
+    with open(os.path.join(dirname, "decode.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def smoke(args):
+    """The CPU, tiny shapes: every system's output against the contract, the table written; a
+    deliberately wrong system must come out WRONG."""
+    os.environ.setdefault("ATTNJIT_CPU_DEVICE", "emu")
+    ok = True
+    out = []
+    args.runs, args.budget = 3, None
+    for case in smoke_cases():
+        rec = run_case(case, args, torch.device("cpu"), torch.float32, 2e-4, out)
+        for name, s in rec["systems"].items():
+            good = not s["wrong"] and "median_ms" in s
+            print(f"{'ok  ' if good else 'FAIL'} {case['name']} {name}: max error {s['max_err']:.2e}", flush=True)
+            ok &= good
+    # A system one position late must be caught.
+    case = smoke_cases()[1]
+    x = make_case(case, torch.device("cpu"), torch.float32)
+    late = serving.paged_attention(x["q"], x["k_cache"], x["v_cache"], x["table"], [n - 1 for n in x["lens"]], case["pattern"])
+    err = (late - reference(case, x, list(range(case["B"])))).abs().max().item()
+    caught = not err <= 2e-4
+    print(f"{'ok  ' if caught else 'FAIL'} a system one position late is WRONG (max error {err:.2e})", flush=True)
+    ok &= caught
+    if args.out:
+        write(out, args.out, {"device": "cpu (smoke)", "dtype": "float32", "command": " ".join(sys.argv)})
+    return 0 if ok else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out")
+    ap.add_argument("--budget", type=float, default=120, help="seconds of timed rounds per case (at least 3 rounds)")
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--cases", help="comma-separated globs of case names")
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--keep-cache", action="store_true", help="(accepted for bench/peers.py's argument parsing)")
+    args = ap.parse_args()
+    if args.smoke:
+        return smoke(args)
+    if not args.out:
+        ap.error("--out DIR is required (or --smoke)")
+    if not torch.cuda.is_available():
+        print("no CUDA device: the benchmark needs a GPU (run --smoke on the CPU)", file=sys.stderr)
+        return 77
+    cases = gpu_cases()
+    if args.cases:
+        globs = [g.strip() for g in args.cases.split(",") if g.strip()]
+        cases = [c for c in cases if any(fnmatch.fnmatch(c["name"], g) for g in globs)]
+    device = torch.device("cuda")
+    meta = {"device": torch.cuda.get_device_name(device), "dtype": "bfloat16", "command": " ".join(sys.argv),
+            "torch": torch.__version__}
+    out = []
+    for case in cases:
+        try:
+            rec = run_case(case, args, device, torch.bfloat16, 2e-2, out)
+            for name, s in rec["systems"].items():
+                print(f"{case['name']:24s} {name:16s} {s.get('median_ms', float('nan')):.4f} ms  "
+                      f"{s.get('gb_s', float('nan')):.0f} GB/s  err {s['max_err']:.1e}{'  WRONG' if s['wrong'] else ''}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            out.append({"case": {"name": case["name"]}, "error": f"{type(e).__name__}: {e}", "systems": {}})
+            print(f"{case['name']}: {type(e).__name__}: {e}", flush=True)
+        write(out, args.out, meta)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
