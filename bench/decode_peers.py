@@ -55,6 +55,8 @@ def gpu_cases():
         dict(name="window4096-b32-l32768", pattern=_example("sliding_window.json"), B=32, L=32768, Hq=32, Hkv=8, D=128,
              window=4096),
         dict(name="longnet-b16-l32768", pattern=_example("longnet.json"), B=16, L=32768, Hq=16, Hkv=16, D=128, window=None),
+        # FP8 e4m3 caches (per-head scales): half the bytes of the bf16 row above it; ours alone
+        dict(name="dense-b32-l8192-fp8", pattern=DENSE_CAUSAL, B=32, L=8192, Hq=32, Hkv=8, D=128, window=None, fp8=True),
     ]
 
 
@@ -63,6 +65,7 @@ def smoke_cases():
         dict(name="dense-smoke", pattern=DENSE_CAUSAL, B=3, L=150, Hq=4, Hkv=2, D=32, window=None),
         dict(name="window-smoke", pattern={**DENSE_CAUSAL, "window": [63, 0]}, B=3, L=200, Hq=4, Hkv=2, D=32, window=64),
         dict(name="longnet-smoke", pattern=_example("longnet.json"), B=2, L=2300, Hq=2, Hkv=2, D=32, window=None),
+        dict(name="dense-smoke-fp8", pattern=DENSE_CAUSAL, B=3, L=150, Hq=4, Hkv=2, D=32, window=None, fp8=True),
     ]
 
 
@@ -86,15 +89,31 @@ def make_case(case, device, dtype, page_size=16, seed=0):
     k_cache[table.reshape(-1).long()] = kp
     v_cache[table.reshape(-1).long()] = vp
     lens = [L] * B  # on the host, as a server keeps them: reading a CUDA tensor's values would synchronise
+    k_scale = v_scale = None
+    if case.get("fp8"):  # e4m3 codes, a scale per kv head from its largest value; k and v become what they hold
+        fp8 = torch.float8_e4m3fn
+        k_scale = k.float().abs().amax((0, 1, 3)) / 448
+        v_scale = v.float().abs().amax((0, 1, 3)) / 448
+        k_cache = (k_cache.float() / k_scale[:, None]).to(fp8)
+        v_cache = (v_cache.float() / v_scale[:, None]).to(fp8)
+        k = ((k.float() / k_scale[:, None]).to(fp8).float() * k_scale[:, None]).to(torch.float64)
+        v = ((v.float() / v_scale[:, None]).to(fp8).float() * v_scale[:, None]).to(torch.float64)
+        k_scale, v_scale = k_scale.to(device), v_scale.to(device)
     on = lambda x: x.to(device)  # noqa: E731
-    return dict(q=on(q), k=on(k), v=on(v), k_cache=on(k_cache), v_cache=on(v_cache), table=on(table), lens=lens)
+    if case.get("fp8"):  # the float64 values only feed the reference, on the host
+        on_k = lambda x: x  # noqa: E731
+    else:
+        on_k = on
+    return dict(q=on(q), k=on_k(k), v=on_k(v), k_cache=on(k_cache), v_cache=on(v_cache), table=on(table), lens=lens,
+                k_scale=k_scale, v_scale=v_scale)
 
 
 def systems(case, x):
     pattern, L, W = case["pattern"], case["L"], case["window"]
 
     def ours():
-        return serving.paged_attention(x["q"], x["k_cache"], x["v_cache"], x["table"], x["lens"], pattern)
+        return serving.paged_attention(x["q"], x["k_cache"], x["v_cache"], x["table"], x["lens"], pattern,
+                                       k_scale=x["k_scale"], v_scale=x["v_scale"])
 
     # The contiguous layout a user without a paged kernel keeps, heads first for SDPA.
     kt = x["k"].transpose(1, 2).contiguous()
@@ -106,6 +125,8 @@ def systems(case, x):
         return o[:, :, 0]
 
     out = {"ours": ours}
+    if case.get("fp8"):
+        return out
     # SDPA has no dilated or block-sparse mask: LongNet's decode has no such peer.
     if "segment" in pattern["branches"][0] and pattern["branches"][0]["segment"] == "full" and len(pattern["branches"]) == 1:
         out["sdpa-contiguous"] = sdpa
@@ -142,7 +163,7 @@ def run_case(case, args, device, dtype, tol, out):
     sample = sorted({0, case["B"] - 1, case["B"] // 2})
     want = reference(case, x, sample)
     fns = systems(case, x)
-    nbytes = attended_bytes(case, torch.tensor([], dtype=dtype).element_size())
+    nbytes = attended_bytes(case, 1 if case.get("fp8") else torch.tensor([], dtype=dtype).element_size())
     rec["attended_bytes"] = nbytes
     for name, fn in fns.items():
         got = fn()

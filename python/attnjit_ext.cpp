@@ -208,13 +208,14 @@ void backward(const std::string& spec, const std::string& device, int index, con
 void paged_forward(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
                    const Tensor& k_cache, const Tensor& v_cache, uintptr_t block_table, int64_t block_table_stride,
                    const std::vector<int64_t>& kv_lens, const std::vector<int64_t>& cu_seqlens_q, const Tensor& o,
-                   const std::optional<Tensor>& lse, int32_t splits, uintptr_t stream) {
-  const DType dt = parse_dtype(dtype);
+                   const std::optional<Tensor>& lse, int32_t splits, uintptr_t stream, const std::string& kv_dtype,
+                   uintptr_t k_scale, uintptr_t v_scale) {
+  const DType dt = parse_dtype(dtype), kv = parse_kv_dtype(kv_dtype);
   const auto& qs = std::get<1>(q);
   const auto& ks = std::get<1>(k_cache);
   const auto& vs = std::get<1>(v_cache);
   if (qs.size() != 3 || ks.size() != 4 || vs.size() != 4) throw UserError("q, k_cache, v_cache", "expected [total_q, Hq, D] and [pages, page_size, Hkv, D]");
-  const PagedProblem pb{qs[1], ks[2], qs[2], vs[3], dt};
+  const PagedProblem pb{qs[1], ks[2], qs[2], vs[3], dt, kv};
   const Device dev = device_of(device, index);
   PagedAttention op;
   {
@@ -228,13 +229,15 @@ void paged_forward(const std::string& spec, const std::string& device, int index
       rt = std::make_unique<Runtime>(ro);
     }
     const std::string key = spec + "|" + std::to_string(pb.heads_q) + "," + std::to_string(pb.heads_kv) + "," +
-                            std::to_string(pb.head_dim) + "," + std::to_string(pb.head_dim_v) + "," + dtype;
+                            std::to_string(pb.head_dim) + "," + std::to_string(pb.head_dim_v) + "," + dtype + "," + kv_dtype;
     auto it = prepared.find(key);
     if (it == prepared.end()) it = prepared.emplace(key, rt->prepare_paged(pattern_of(spec), pb)).first;
     op = it->second;
   }
   PagedCall c;
-  c.q = view(q, dt), c.k_cache = view(k_cache, dt), c.v_cache = view(v_cache, dt), c.o = view(o, dt);
+  c.q = view(q, dt), c.k_cache = view(k_cache, kv), c.v_cache = view(v_cache, kv), c.o = view(o, dt);
+  c.k_scale = reinterpret_cast<const float*>(k_scale);
+  c.v_scale = reinterpret_cast<const float*>(v_scale);
   const TensorView lv = lse ? view(*lse, DType::F32) : TensorView{};
   c.lse = lse ? &lv : nullptr;
   c.block_table = reinterpret_cast<const int32_t*>(block_table);

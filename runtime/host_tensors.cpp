@@ -13,6 +13,7 @@ float load_element(const void* base, DType dt, int64_t index) {
     case DType::F32: return static_cast<const float*>(base)[index];
     case DType::F16: return half_to_float(static_cast<const uint16_t*>(base)[index]);
     case DType::BF16: return bfloat16_to_float(static_cast<const uint16_t*>(base)[index]);
+    case DType::E4M3: return e4m3_to_float(static_cast<const uint8_t*>(base)[index]);
   }
   return 0.0f;
 }
@@ -22,6 +23,7 @@ void store_element(void* base, DType dt, int64_t index, float value) {
     case DType::F32: static_cast<float*>(base)[index] = value; return;
     case DType::F16: static_cast<uint16_t*>(base)[index] = float_to_half(value); return;
     case DType::BF16: static_cast<uint16_t*>(base)[index] = float_to_bfloat16(value); return;
+    case DType::E4M3: static_cast<uint8_t*>(base)[index] = float_to_e4m3(value); return;
   }
 }
 
@@ -55,6 +57,7 @@ void with_storage(DType dt, F&& f) {
     case DType::F32: return f(float{});
     case DType::F16:
     case DType::BF16: return f(uint16_t{});
+    case DType::E4M3: return f(uint8_t{});
   }
 }
 

@@ -89,7 +89,12 @@ KernelRequest problem_request(const Problem& pb, int arch, bool arch_specific) {
   return kernel_request(problem_shape(pb, 0, 0), pb.dtype, arch, arch_specific);
 }
 
-void check_problem(const Problem& pb) { check_shape(problem_shape(pb, 0, 0), "problem."); }
+void check_problem(const Problem& pb) {
+  if (pb.dtype == DType::E4M3)
+    throw UserError("problem.dtype", "fp8_e4m3 is so far the dtype of a paged KV cache only (PagedProblem::kv_dtype); "
+                                     "use fp32, fp16 or bf16");
+  check_shape(problem_shape(pb, 0, 0), "problem.");
+}
 
 void check_forward_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& o, const TensorView* lse, int align_bytes) {

@@ -54,7 +54,8 @@ KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTabl
 
 AjPagedParams paged_params(const PagedPlan& plan, const PagedProblem& pb, const PagedTables& t, const TensorView& q,
                            const TensorView& k_cache, const TensorView& v_cache, const TensorView& o, const TensorView* lse,
-                           const int32_t* block_table, int64_t block_table_stride, int32_t splits) {
+                           const int32_t* block_table, int64_t block_table_stride, int32_t splits, const float* k_scale,
+                           const float* v_scale) {
   AjPagedParams pp{};
   KernelParams& kp = pp.fwd;
   kp.q = q.data, kp.k = k_cache.data, kp.v = v_cache.data, kp.o = o.data;
@@ -85,6 +86,7 @@ AjPagedParams paged_params(const PagedPlan& plan, const PagedProblem& pb, const 
            (c.strides[2] * e) % 16 == 0;
   };
   pp.vec16 = aligned(k_cache) && aligned(v_cache) ? 1 : 0;
+  pp.k_scale = k_scale, pp.v_scale = v_scale;
   return pp;
 }
 

@@ -46,7 +46,8 @@ struct PagedTables {
 };
 AjPagedParams paged_params(const PagedPlan& plan, const PagedProblem& pb, const PagedTables& t, const TensorView& q,
                            const TensorView& k_cache, const TensorView& v_cache, const TensorView& o, const TensorView* lse,
-                           const int32_t* block_table, int64_t block_table_stride, int32_t splits);
+                           const int32_t* block_table, int64_t block_table_stride, int32_t splits, const float* k_scale,
+                           const float* v_scale);
 // Bytes of the partial buffers a call with `splits` needs (0 for one split), and where lse starts.
 struct PagedPartials {
   size_t o_bytes = 0, lse_bytes = 0;

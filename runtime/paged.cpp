@@ -3,6 +3,7 @@
 // emu and CUDA devices run the paged kernels (templates/fwd_paged.cuh).
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "attnjit/attnjit.hpp"
 #include "compiler/support/error.hpp"
@@ -26,6 +27,7 @@ KernelRequest paged_request(const PagedProblem& pb, int arch, const KernelConfig
   r.dtype = pb.dtype;
   r.arch = arch;
   r.config = config;
+  r.kv_dtype = pb.kv_dtype;
   return r;
 }
 
@@ -63,6 +65,10 @@ std::shared_ptr<PagedState> make_paged_state(const Pattern& pattern, const Paged
           std::to_string(pb.heads_q) + " query heads over " + std::to_string(pb.heads_kv) +
               " kv heads: both >= 1, and heads_kv must divide heads_q");
   require(pb.head_dim >= 1 && pb.head_dim_v >= 1, "PagedProblem.head_dim", "head dims must be >= 1");
+  require(pb.dtype != DType::E4M3, "PagedProblem.dtype", "q and o are fp32, fp16 or bf16; fp8_e4m3 is a cache dtype (kv_dtype)");
+  require(!pb.kv_dtype || *pb.kv_dtype == pb.dtype || *pb.kv_dtype == DType::E4M3, "PagedProblem.kv_dtype",
+          std::string("the caches are q's dtype (") + to_string(pb.dtype) + ") or fp8_e4m3, got " +
+              (pb.kv_dtype ? to_string(*pb.kv_dtype) : ""));
   require(!pattern.has_dynamic_layout(), "pattern", "paged attention cannot take a dynamic layout; use a fixed or random layout");
   Shape s;
   s.seq_q = s.seq_k = 1, s.heads_q = pb.heads_q, s.heads_kv = pb.heads_kv, s.head_dim = pb.head_dim, s.head_dim_v = pb.head_dim_v;
@@ -92,8 +98,12 @@ void PagedAttention::forward(const PagedCall& c) {
   require(c.q.shape.size() == 3, "q", "expected [total_q, Hq, D], got shape " + dims(c.q.shape));
   const int64_t total = c.q.shape[0];
   check_view("q", c.q, {-1, pb.heads_q, pb.head_dim}, pb.dtype);
-  check_view("k_cache", c.k_cache, {-1, -1, pb.heads_kv, pb.head_dim}, pb.dtype);
-  check_view("v_cache", c.v_cache, {c.k_cache.shape[0], c.k_cache.shape[1], pb.heads_kv, pb.head_dim_v}, pb.dtype);
+  const DType kv = pb.kv_dtype.value_or(pb.dtype);
+  check_view("k_cache", c.k_cache, {-1, -1, pb.heads_kv, pb.head_dim}, kv);
+  check_view("v_cache", c.v_cache, {c.k_cache.shape[0], c.k_cache.shape[1], pb.heads_kv, pb.head_dim_v}, kv);
+  if (kv != DType::E4M3)
+    require(!c.k_scale && !c.v_scale, c.k_scale ? "k_scale" : "v_scale",
+            "applies to fp8_e4m3 caches (PagedProblem::kv_dtype); these are " + std::string(to_string(kv)));
   check_view("o", c.o, {total, pb.heads_q, pb.head_dim_v}, pb.dtype);
   if (c.lse) check_view("lse", *c.lse, {total, pb.heads_q}, DType::F32);
   const int64_t num_pages = c.k_cache.shape[0], page_size = c.k_cache.shape[1];
@@ -175,7 +185,13 @@ public:
         }
         return out;
       };
-      const std::vector<float> k = tokens(c.k_cache), v = tokens(c.v_cache);
+      std::vector<float> k = tokens(c.k_cache), v = tokens(c.v_cache);
+      // FP8 caches: stored value x the kv head's scale.
+      for (const auto& [values, scale, width] : {std::tuple<std::vector<float>*, const float*, int64_t>{&k, c.k_scale, pb.head_dim},
+                                                 {&v, c.v_scale, pb.head_dim_v}}) {
+        if (!scale) continue;
+        for (size_t n = 0; n < values->size(); ++n) (*values)[n] *= scale[(n / width) % pb.heads_kv];
+      }
       const ExecutorOutput out = execute_plan(*plan.request_plans[b], pattern_, q.data(), k.data(), v.data());
       TensorView ov = c.o;
       ov.data = static_cast<char*>(c.o.data) + plan.q_start[b] * c.o.strides[0] * dtype_bytes(c.o.dtype);

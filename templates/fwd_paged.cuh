@@ -17,6 +17,28 @@
 // A page index outside the cache (0 .. num_pages - 1) is never read: the key reads as NaN, so the
 // rows that attend it come out NaN instead of reading memory that is not the cache's.
 
+// The caches' storage (AJ_KV_DTYPE, the generated header's; AJ_DTYPE's where it says none): q's, or
+// 3 = FP8 e4m3 (OCP E4M3FN: bias 7, no infinities, S.1111.111 NaN), decoded exactly in software
+// (integer and float operations alike on every arch and in the emulator) and scaled per kv head.
+#ifndef AJ_KV_DTYPE
+#define AJ_KV_DTYPE AJ_DTYPE
+#endif
+#if AJ_KV_DTYPE == 3
+typedef unsigned char aj_kv_elem;
+__device__ __forceinline__ float aj_kv_load(const aj_kv_elem* p) {
+  const aj_u32 x = *p, sign = (x & 0x80u) << 24, e = (x >> 3) & 15u, m = x & 7u;
+  if (e == 15u && m == 7u) return aj_uint_as_float(0x7fc00000u | sign);  // NaN
+  if (e == 0u) {  // subnormal: m x 2^-9
+    const float f = (float)m * 0.001953125f;
+    return sign ? -f : f;
+  }
+  return aj_uint_as_float(sign | ((e + 120u) << 23) | (m << 20));  // (1 + m/8) x 2^(e - 7)
+}
+#else
+typedef aj_elem aj_kv_elem;
+__device__ __forceinline__ float aj_kv_load(const aj_kv_elem* p) { return aj_load(p); }
+#endif
+
 #define AJ_PG_WARPS 4
 #define AJ_PG_THREADS (32 * AJ_PG_WARPS)
 #define AJ_PG_ROWS ((AJ_TILE_Q + AJ_PG_WARPS - 1) / AJ_PG_WARPS)  // rows per warp
@@ -47,31 +69,32 @@ __device__ __forceinline__ AjPagedRow aj_paged_row_of(const AjItem& item, aj_i64
 
 // The first element of the cache row of request `req`'s token at `pos` for kv head `kvh`, or null
 // for a page outside the cache.
-__device__ __forceinline__ const aj_elem* aj_paged_row(const AjPagedParams& pp, const void* cache, aj_i64 page_stride,
+__device__ __forceinline__ const aj_kv_elem* aj_paged_row(const AjPagedParams& pp, const void* cache, aj_i64 page_stride,
                                                         aj_i64 row_stride, aj_i64 head_stride, int req, aj_i64 pos, int kvh) {
   const aj_i64 page = pp.block_table[(aj_i64)req * pp.table_stride + pos / pp.page_size];
   if (page < 0 || page >= pp.num_pages) return nullptr;
-  return (const aj_elem*)cache + page * page_stride + (pos % pp.page_size) * row_stride + kvh * head_stride;
+  return (const aj_kv_elem*)cache + page * page_stride + (pos % pp.page_size) * row_stride + kvh * head_stride;
 }
 
 // A tile's K or V rows (`D` wide) into shared memory as float (`PITCH` floats a row): 16 bytes a
 // thread where every row is 16-byte aligned (AjPagedParams::vec16), else one element. Keys past the
-// tile's count are 0; the rows of a page outside the cache NaN.
+// tile's count are 0; the rows of a page outside the cache NaN. Values are times `scale` (1 unless
+// the caches are FP8).
 template <int D, int PITCH>
 __device__ __forceinline__ void aj_paged_load_tile(const AjPagedParams& pp, const void* cache, aj_i64 page_stride,
                                                    aj_i64 row_stride, aj_i64 head_stride, int req, int kvh, const AjTile& t,
-                                                   float* dst) {
-  constexpr int kVec = 16 / (int)sizeof(aj_elem);  // elements in 16 bytes
+                                                   float scale, float* dst) {
+  constexpr int kVec = 16 / (int)sizeof(aj_kv_elem);  // elements in 16 bytes
   if (D % kVec == 0 && pp.vec16) {
     for (int x = aj_thread_idx(); x < AJ_TILE_K * (D / kVec); x += AJ_PG_THREADS) {
       const int r = x / (D / kVec), d = x % (D / kVec) * kVec;
       float val[kVec];
-      const aj_elem* row = r < t.count ? aj_paged_row(pp, cache, page_stride, row_stride, head_stride, req, t.first + r * t.stride, kvh) : nullptr;
+      const aj_kv_elem* row = r < t.count ? aj_paged_row(pp, cache, page_stride, row_stride, head_stride, req, t.first + r * t.stride, kvh) : nullptr;
       if (row) {
         const aj_u32x4 raw = *(const aj_u32x4*)(row + d);
-        const aj_elem* e = (const aj_elem*)&raw;
+        const aj_kv_elem* e = (const aj_kv_elem*)&raw;
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) val[i] = aj_load(e + i);
+        for (int i = 0; i < kVec; ++i) val[i] = aj_kv_load(e + i) * scale;
       } else {
 #pragma unroll
         for (int i = 0; i < kVec; ++i) val[i] = r < t.count ? aj_int_as_float(0x7fffffff) : 0.0f;
@@ -85,8 +108,8 @@ __device__ __forceinline__ void aj_paged_load_tile(const AjPagedParams& pp, cons
     const int r = x / D, d = x % D;
     float val = 0.0f;
     if (r < t.count) {
-      const aj_elem* row = aj_paged_row(pp, cache, page_stride, row_stride, head_stride, req, t.first + r * t.stride, kvh);
-      val = row ? aj_load(row + d) : aj_int_as_float(0x7fffffff);
+      const aj_kv_elem* row = aj_paged_row(pp, cache, page_stride, row_stride, head_stride, req, t.first + r * t.stride, kvh);
+      val = row ? aj_kv_load(row + d) * scale : aj_int_as_float(0x7fffffff);
     }
     dst[r * PITCH + d] = val;
   }
@@ -102,6 +125,7 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
   const int kvh = item.head / p.heads_per_kv;
   const int rows = item.rows_count * pp.item_heads[index];
   const aj_i64 q_first = pp.q_start[req], q_pos = pp.q_pos[req];
+  const float k_scale = pp.k_scale ? pp.k_scale[kvh] : 1.0f, v_scale = pp.v_scale ? pp.v_scale[kvh] : 1.0f;
 
   for (int x = aj_thread_idx(); x < AJ_TILE_Q * AJ_HEAD_DIM; x += AJ_PG_THREADS) {
     const int r = x / AJ_HEAD_DIM, d = x % AJ_HEAD_DIM;
@@ -128,8 +152,8 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
     if (n % pp.splits != split) continue;
     const AjTile t = cursor.tile();
     aj_syncthreads();  // the previous tile is no longer read (and Q is in place)
-    aj_paged_load_tile<AJ_HEAD_DIM, AJ_HEAD_DIM + 1>(pp, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, req, kvh, t, &sh.k[0][0]);
-    aj_paged_load_tile<AJ_HEAD_DIM_V, AJ_HEAD_DIM_V>(pp, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, req, kvh, t, &sh.v[0][0]);
+    aj_paged_load_tile<AJ_HEAD_DIM, AJ_HEAD_DIM + 1>(pp, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, req, kvh, t, k_scale, &sh.k[0][0]);
+    aj_paged_load_tile<AJ_HEAD_DIM_V, AJ_HEAD_DIM_V>(pp, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, req, kvh, t, v_scale, &sh.v[0][0]);
     aj_syncthreads();
 
 #pragma unroll

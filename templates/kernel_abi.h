@@ -132,6 +132,8 @@ typedef struct AjPagedParams {
   int page_size;
   int splits;                   // blocks per item (grid y)
   int vec16;                    // 1: every cache row starts 16-byte aligned (rows load 16 bytes at a time)
+  const float* k_scale;         // per kv head: K = stored value x k_scale[kv head] (null: 1; fp8 caches)
+  const float* v_scale;         // likewise for V
 } AjPagedParams;
 
 /* ---- the layout, field by field ------------------------------------------------------------ */
@@ -251,7 +253,7 @@ AJ_ABI_FIELD(AjBwdParams, scale, 520);
 AJ_ABI_FIELD(AjBwdParams, num_key_items, 524);
 AJ_ABI_FIELD(AjBwdParams, key_item_base, 528);
 AJ_ABI_FIELD(AjBwdParams, plain_add, 532);
-AJ_ABI_SIZE(AjPagedParams, 384);
+AJ_ABI_SIZE(AjPagedParams, 400);
 AJ_ABI_FIELD(AjPagedParams, item_request, 288);
 AJ_ABI_FIELD(AjPagedParams, item_heads, 296);
 AJ_ABI_FIELD(AjPagedParams, q_start, 304);
@@ -265,6 +267,8 @@ AJ_ABI_FIELD(AjPagedParams, lse_row_stride, 360);
 AJ_ABI_FIELD(AjPagedParams, page_size, 368);
 AJ_ABI_FIELD(AjPagedParams, splits, 372);
 AJ_ABI_FIELD(AjPagedParams, vec16, 376);
+AJ_ABI_FIELD(AjPagedParams, k_scale, 384);
+AJ_ABI_FIELD(AjPagedParams, v_scale, 392);
 #undef AJ_ABI_SIZE
 #undef AJ_ABI_FIELD
 

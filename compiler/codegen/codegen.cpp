@@ -248,6 +248,7 @@ void name_by_hash(KernelSource& k, std::string source, const std::string& prefix
 KernelPath choose_path(const KernelRequest& r) {
   require(r.arch >= 60, "--arch " + arch_name(r.arch), "attnjit needs sm_60 or newer");
   require(r.head_dim >= 1 && r.head_dim_v >= 1, "--head-dim", "head dims must be positive");
+  require(r.dtype != DType::E4M3, "--dtype fp8_e4m3", "is so far the dtype of a paged KV cache only; use fp32, fp16 or bf16");
   // Below sm_80 fp16 and bf16 take the SIMT path, which converts them to fp32 as it loads them and
   // does all arithmetic in fp32: sm_60/61 have no fast half arithmetic, and bf16 has none before sm_80.
   require(!r.arch_specific || r.arch == 90, "--arch " + arch_name(r), "attnjit has arch-specific kernels for sm_90a only");
@@ -531,6 +532,11 @@ KernelConfig resolve_paged_config(const KernelRequest& r) {
   require(r.head_dim >= 1 && r.head_dim_v >= 1 && r.head_dim <= 256 && r.head_dim_v <= 256, "--head-dim",
           "the paged forward takes head dims 1 to 256, got " + std::to_string(r.head_dim) + " and " +
               std::to_string(r.head_dim_v));
+  require(r.dtype != DType::E4M3, "--dtype fp8_e4m3",
+          "the paged forward's queries and output are fp32, fp16 or bf16; fp8_e4m3 is a KV cache dtype (kv_dtype)");
+  require(!r.kv_dtype || *r.kv_dtype == r.dtype || *r.kv_dtype == DType::E4M3, "kv_dtype",
+          std::string("the KV caches are the queries' dtype (") + to_string(r.dtype) + ") or fp8_e4m3, got " +
+              (r.kv_dtype ? to_string(*r.kv_dtype) : ""));
   KernelConfig c = r.config;
   const bool default_q = c.tile_q == 0, default_k = c.tile_k == 0;
   if (default_q) c.tile_q = 16;
@@ -563,7 +569,12 @@ PagedKernels generate_paged_kernels(const Pattern& p, const KernelRequest& reque
   k.template_hash = templates.hash();
   k.has_mask = pattern_has_mask(p);
   std::ostringstream os;
-  os << render_prefix("paged forward", k, r, p, generate_mask_predicate(p), templates, {"fwd_paged.cuh"}, true);
+  std::string prefix = render_prefix("paged forward", k, r, p, generate_mask_predicate(p), templates, {"fwd_paged.cuh"}, true);
+  if (r.kv_dtype && *r.kv_dtype == DType::E4M3) {  // before the templates: fwd_paged.cuh reads it
+    const std::string at = "#define AJ_DTYPE ";
+    prefix.insert(prefix.find(at), "#define AJ_KV_DTYPE 3  // the caches: fp8 e4m3, scaled per kv head\n");
+  }
+  os << prefix;
   os << "\n// ---- generated: entry points\n";
   for (const char* entry : {"fwd", "merge"}) {
     os << "extern \"C\" __global__ void __launch_bounds__(" << out.threads << ", 1) AJ_KERNEL_NAME_" << entry

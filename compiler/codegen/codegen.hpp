@@ -4,6 +4,7 @@
 // predicates) is a compile-time constant. A new sequence length never recompiles.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,8 @@ struct KernelRequest {
   bool lazy_rescale = false;
   // Part of the tensor-core forwards' exponentials on the FMA pipe (AJ_POLY_EXP2; RuntimeOptions::poly_exp2).
   bool poly_exp2 = false;
+  // The paged forward: the KV caches' dtype where it is not `dtype` (fp8_e4m3, scaled per kv head).
+  std::optional<DType> kv_dtype;
   KernelConfig config;
 };
 

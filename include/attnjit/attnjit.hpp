@@ -209,7 +209,10 @@ private:
 struct PagedProblem {
   int64_t heads_q = 1, heads_kv = 1;
   int64_t head_dim = kDefaultHeadDim, head_dim_v = kDefaultHeadDim;
-  DType dtype = DType::BF16;
+  DType dtype = DType::BF16;      // q and o
+  // The caches' dtype: empty (= dtype), or DType::E4M3 (FP8 e4m3, half of bf16's bytes), read as
+  // stored value x the call's per-kv-head scale (PagedCall::k_scale, v_scale).
+  std::optional<DType> kv_dtype;
 };
 
 // One call. Tensors (and the block table) in the runtime device's memory (host memory on the CPU
@@ -226,6 +229,10 @@ struct PagedCall {
   // Blocks sharing one work item's key tiles (split-KV, merged by LSE); 0: enough to fill the device.
   int32_t splits = 0;
   void* stream = nullptr;                // CUstream of the caller (CUDA device)
+  // FP8 caches: K = stored value x k_scale[kv head], V likewise; fp32 [Hkv] in the device's memory
+  // (host memory on the CPU and emu devices); null: 1. Only with kv_dtype fp8_e4m3.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
 };
 
 struct PagedState;

@@ -26,6 +26,8 @@ from ._pattern import op_spec
 
 __all__ = ["append_kv", "paged_attention"]
 
+FP8 = getattr(torch, "float8_e4m3fn", None)  # FP8 caches (torch 2.1 and later)
+
 
 def _lengths(name, x, batch, device=None):
     """`x` (a tensor, array or list of integers) as a list of Python ints of length `batch`."""
@@ -111,7 +113,7 @@ def _gather(cache, pages, length):
 
 
 def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_seqlens_q=None, scale=None,
-                    return_lse=False):
+                    return_lse=False, k_scale=None, v_scale=None):
     """Attention of `pattern` for packed queries q [total_q, Hq, D] over a paged KV cache.
 
     `k_cache`/`v_cache` [num_pages, page_size, Hkv, D] (V may have its own head dim), `block_table`
@@ -125,6 +127,10 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
     reading a CUDA tensor's values synchronises. A block table on the GPU is not read back (no
     synchronisation): there a page index outside the cache is not an error but reads as NaN, so
     the rows that attend it come out NaN.
+
+    FP8 caches: `k_cache`/`v_cache` of torch.float8_e4m3fn (half of bf16's bytes, so half the reads
+    of a decode step) with q in bf16, fp16 or fp32; K is read as stored value x `k_scale` (a float,
+    or fp32 [Hkv] per kv head; default 1), V likewise (append_kv with the same scales writes them).
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q: expected a torch tensor [total_q, Hq, D], got {getattr(q, 'shape', type(q).__name__)}")
@@ -160,12 +166,17 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
             raise ValueError(f"request {b} has {n} queries but kv_lens[{b}] = {length}: append the queries' own K/V "
                              "first (append_kv), so that each query's position kv_len - n + i is a cached token")
         requests.append((b, n, length, pages))
+    k_scale = _scales("k_scale", k_scale, k_cache, hkv)
+    v_scale = _scales("v_scale", v_scale, v_cache, hkv)
     if q.dtype != torch.float64:
-        _paged_kernels(q, k_cache, v_cache, table, lens, starts, pattern, scale, o, lse)
+        _paged_kernels(q, k_cache, v_cache, table, lens, starts, pattern, scale, o, lse, k_scale, v_scale)
         return (o, lse) if return_lse else o
     for b, n, length, pages in requests:
         k = _gather(k_cache, pages, length)
         v = _gather(v_cache, pages, length)
+        if k_cache.dtype == FP8:  # the reference reads what the kernels read: stored value x scale
+            k = k.to(torch.float64) * k_scale.to(k.device, torch.float64)[:, None]
+            v = v.to(torch.float64) * v_scale.to(v.device, torch.float64)[:, None]
         qb = q[starts[b]:starts[b + 1]].unsqueeze(0)
         ob, lb = attention(qb, k, v, pattern, scale=scale, q_offset=length - n, return_lse=True)
         o[starts[b]:starts[b + 1]] = ob[0]
@@ -173,13 +184,30 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
     return (o, lse) if return_lse else o
 
 
-def _paged_kernels(q, k_cache, v_cache, table, lens, starts, pattern, scale, o, lse):
+def _scales(name, s, cache, hkv):
+    """A cache's per-kv-head scales as fp32 [Hkv] on its device, for FP8 caches (None elsewhere)."""
+    if cache.dtype != FP8:
+        if s is not None:
+            raise ValueError(f"{name}: applies to float8_e4m3fn caches; this cache is {cache.dtype}")
+        return None
+    if s is None:
+        s = 1.0
+    t = torch.as_tensor(s, dtype=torch.float32)
+    if t.dim() == 0:
+        t = t.expand(hkv)
+    if t.shape != (hkv,):
+        raise ValueError(f"{name}: expected a float or [Hkv = {hkv}] scales, got shape {tuple(t.shape)}")
+    return t.to(cache.device).contiguous()
+
+
+def _paged_kernels(q, k_cache, v_cache, table, lens, starts, pattern, scale, o, lse, k_scale, v_scale):
     """The paged forward of the C++ runtime into o and lse (the checks above already passed)."""
     from . import _attnjit
     from ._torch_ops import _DTYPES
 
-    if q.dtype not in _DTYPES or k_cache.dtype != q.dtype:
-        raise TypeError(f"q ({q.dtype}) and the cache ({k_cache.dtype}): one dtype of fp32, fp16, bf16 (or float64 q)")
+    if q.dtype not in _DTYPES or k_cache.dtype not in (q.dtype, FP8):
+        raise TypeError(f"q ({q.dtype}) and the cache ({k_cache.dtype}): the cache in q's dtype (fp32, fp16, bf16) or "
+                        "float8_e4m3fn (or float64 q)")
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if x.stride(-1) != 1:
             raise ValueError(f"{name}: the last dimension must be contiguous (stride 1), got strides {tuple(x.stride())}")
@@ -194,16 +222,21 @@ def _paged_kernels(q, k_cache, v_cache, table, lens, starts, pattern, scale, o, 
     spec = op_spec(pattern, scale)
     desc = lambda x: (x.data_ptr(), list(x.shape), list(x.stride()))  # noqa: E731
     q, k_cache, v_cache = q.detach(), k_cache.detach(), v_cache.detach()
+    kv_dtype = "fp8_e4m3" if k_cache.dtype == FP8 else _DTYPES[q.dtype]
+    ptr = lambda s: s.data_ptr() if s is not None else 0  # noqa: E731
     _attnjit.paged_forward(spec, device, index, _DTYPES[q.dtype], desc(q), desc(k_cache), desc(v_cache), table32.data_ptr(),
-                           table32.shape[1], list(lens), list(starts), desc(o), desc(lse), 0, stream)
+                           table32.shape[1], list(lens), list(starts), desc(o), desc(lse), 0, stream, kv_dtype,
+                           ptr(k_scale), ptr(v_scale))
 
 
-def append_kv(k_cache, v_cache, block_table, kv_lens, k_new, v_new, cu_seqlens_new=None):
+def append_kv(k_cache, v_cache, block_table, kv_lens, k_new, v_new, cu_seqlens_new=None, *, k_scale=None, v_scale=None):
     """Writes new K/V rows into their pages: request b's rows k_new[c_b:c_{b+1}] ([total_new, Hkv,
     D], likewise v_new) go to positions kv_lens[b], kv_lens[b] + 1, ... of its pages
     (cu_seqlens_new [B + 1]; default one row per request). Returns the new lengths, int32 [B] on
     the cache's device. The pages must already be in the block table: a row past the table's
-    pages is a ValueError naming the request, and nothing is written then."""
+    pages is a ValueError naming the request, and nothing is written then. FP8 caches
+    (float8_e4m3fn): each row is divided by its kv head's scale (`k_scale`, `v_scale`: a float or
+    [Hkv]; default 1) and rounded to the nearest e4m3 value, saturating at +-448 (NaN stays NaN)."""
     _check_cache(k_cache, v_cache)
     num_pages, page_size, hkv, d = k_cache.shape
     for name, x, c in (("k_new", k_new, k_cache), ("v_new", v_new, v_cache)):
@@ -226,8 +259,15 @@ def append_kv(k_cache, v_cache, block_table, kv_lens, k_new, v_new, cu_seqlens_n
         pos = torch.arange(lens[b], end)
         slots.append(pages[pos // page_size] * page_size + pos % page_size)
     flat = torch.cat(slots).to(k_cache.device) if slots else torch.zeros(0, dtype=torch.int64, device=k_cache.device)
+    k_scale = _scales("k_scale", k_scale, k_cache, hkv)
+    v_scale = _scales("v_scale", v_scale, v_cache, hkv)
     with torch.no_grad():
-        k_cache.view(-1, hkv, d).index_copy_(0, flat, k_new.to(k_cache.dtype))
-        v_cache.view(-1, hkv, v_cache.shape[3]).index_copy_(0, flat, v_new.to(v_cache.dtype))
+        for cache, new, s in ((k_cache, k_new, k_scale), (v_cache, v_new, v_scale)):
+            rows = cache.view(-1, hkv, cache.shape[3])
+            if cache.dtype == FP8:  # stored as value / scale; index_copy_ has no float8 kernel: copied as bytes
+                q8 = (new.to(torch.float32) / s.to(new.device)[:, None]).clamp(-448.0, 448.0).to(FP8)
+                rows.view(torch.uint8).index_copy_(0, flat, q8.to(cache.device).view(torch.uint8))
+            else:
+                rows.index_copy_(0, flat, new.to(cache.dtype))
     new = [lens[b] + starts[b + 1] - starts[b] for b in range(batch)]
     return torch.tensor(new, dtype=torch.int32, device=k_cache.device)

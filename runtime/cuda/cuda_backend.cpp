@@ -494,9 +494,12 @@ public:
 
   void forward(const PagedPlan& plan, const PagedCall& c, int32_t splits) override {
     const ScopedCurrentContext current(context_);
-    const TensorView table{const_cast<int32_t*>(c.block_table), DType::F32, {1}, {1}};  // checked as a pointer only
+    // The table and the scales checked as pointers only.
+    const TensorView table{const_cast<int32_t*>(c.block_table), DType::F32, {1}, {1}};
+    const TensorView ks{const_cast<float*>(c.k_scale), DType::F32, {1}, {1}}, vs{const_cast<float*>(c.v_scale), DType::F32, {1}, {1}};
     for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"q", &c.q}, {"k_cache", &c.k_cache}, {"v_cache", &c.v_cache},
-                                  {"o", &c.o}, {"lse", c.lse}, {"block_table", &table}}) {
+                                  {"o", &c.o}, {"lse", c.lse}, {"block_table", &table}, {"k_scale", c.k_scale ? &ks : nullptr},
+                                  {"v_scale", c.v_scale ? &vs : nullptr}}) {
       if (!t) continue;
       const PointerInfo pi = pointer_info(t->data);
       if (!pi.is_device_memory || pi.device_ordinal != device_)
@@ -536,7 +539,7 @@ public:
     t.part_o = parts.o_bytes ? static_cast<float*>(at(part_o)) : nullptr;
     t.part_lse = parts.lse_bytes ? static_cast<float*>(at(part_lse)) : nullptr;
     AjPagedParams pp = paged_params(plan, problem_, t, c.q, c.k_cache, c.v_cache, c.o, c.lse, c.block_table,
-                                    c.block_table_stride, splits);
+                                    c.block_table_stride, splits, c.k_scale, c.v_scale);
     void* args[] = {&pp};
     const unsigned grid = static_cast<unsigned>(d.items.size());
     launch(forward_, grid, static_cast<unsigned>(splits), 1, static_cast<unsigned>(kernels_.threads), 0, stream, args,

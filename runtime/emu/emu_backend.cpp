@@ -370,6 +370,8 @@ public:
     const size_t ireq = table("item requests", plan.item_request), iheads = table("item heads", plan.item_heads);
     const size_t istart = table("query starts", plan.q_start);
     const size_t ipos = table("query positions", plan.q_pos);
+    const size_t iks = img.add("k_scale", c.k_scale, c.k_scale ? size_t(problem_.heads_kv) * 4 : 0, 4, false);
+    const size_t ivs = img.add("v_scale", c.v_scale, c.v_scale ? size_t(problem_.heads_kv) * 4 : 0, 4, false);
     const size_t ipo = img.add("partial O", nullptr, parts.o_bytes, 4, true), ipl = img.add("partial LSE", nullptr, parts.lse_bytes, 4, true);
     img.materialise();
     auto rebased = [&](const TensorView& view, size_t region) {
@@ -390,7 +392,8 @@ public:
     t.part_lse = parts.lse_bytes ? static_cast<float*>(img.at(ipl)) : nullptr;
     AjPagedParams pp = paged_params(plan, problem_, t, rebased(c.q, iq), rebased(c.k_cache, ik), rebased(c.v_cache, iv),
                                     rebased(c.o, io), c.lse ? &lse : nullptr, static_cast<const int32_t*>(img.at(ibt)),
-                                    c.block_table_stride, splits);
+                                    c.block_table_stride, splits, c.k_scale ? static_cast<const float*>(img.at(iks)) : nullptr,
+                                    c.v_scale ? static_cast<const float*>(img.at(ivs)) : nullptr);
     void* args[] = {&pp};
     auto launch = [&](const std::string& kernel, unsigned gy) {
       emu::LaunchRequest r;

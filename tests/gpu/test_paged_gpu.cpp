@@ -32,6 +32,7 @@ struct PagedCase {
   KernelConfig config;
   uint64_t seed = 1;
   std::shared_ptr<const TemplateSet> templates;  // a deliberately broken kernel (null: the embedded templates)
+  bool fp8 = false;  // FP8 e4m3 caches with a random scale per kv head for K and for V
   // V elements of one request's token set to a value (request, position, kv head, dim, value).
   std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, float>> v_values;
 };
@@ -47,12 +48,15 @@ Device device_for(int arch) {
 
 // Values as stored (rounded to the dtype) and their bytes.
 float rounded(float x, DType dt) {
+  if (dt == DType::E4M3) return e4m3_to_float(float_to_e4m3(x));
   return dt == DType::F16 ? half_to_float(float_to_half(x)) : dt == DType::BF16 ? bfloat16_to_float(float_to_bfloat16(x)) : x;
 }
 std::vector<unsigned char> bytes_of(const std::vector<float>& v, DType dt) {
   std::vector<unsigned char> b(v.size() * dtype_bytes(dt));
   for (size_t i = 0; i < v.size(); ++i) {
-    if (dt == DType::F32) {
+    if (dt == DType::E4M3) {
+      b[i] = float_to_e4m3(v[i]);
+    } else if (dt == DType::F32) {
       std::memcpy(b.data() + 4 * i, &v[i], 4);
     } else {
       const uint16_t h = dt == DType::F16 ? float_to_half(v[i]) : float_to_bfloat16(v[i]);
@@ -93,6 +97,14 @@ PagedResult run_paged(const PagedCase& c) {
   std::shuffle(order.begin(), order.end(), rng);
   std::vector<int32_t> table(batch * size_t(max_pages), -1);
   const int64_t hkv = c.heads_kv, d = c.head_dim, dv = c.head_dim_v;
+  // FP8 caches: values of e4m3 (about +-2), each kv head's K and V times a scale of its own.
+  const DType kvdt = c.fp8 ? DType::E4M3 : c.dtype;
+  const float spread = c.fp8 ? 2.0f : 1.0f;
+  std::vector<float> k_scale(size_t(hkv), 1.0f), v_scale(size_t(hkv), 1.0f);
+  if (c.fp8) {
+    std::uniform_real_distribution<float> scales(0.25f, 2.0f);
+    for (int64_t h = 0; h < hkv; ++h) k_scale[h] = scales(rng), v_scale[h] = scales(rng);
+  }
   std::vector<float> kc(size_t(pages * c.page_size * hkv * d), nan), vc(size_t(pages * c.page_size * hkv * dv), nan);
   // Each request's tokens contiguous [L, Hkv, D] for the reference.
   std::vector<std::vector<float>> ks(batch), vs(batch), qs(batch);
@@ -106,14 +118,21 @@ PagedResult run_paged(const PagedCase& c) {
     for (int64_t pos = 0; pos < L; ++pos) {
       const int64_t slot = table[b * max_pages + pos / c.page_size] * c.page_size + pos % c.page_size;
       for (int64_t h = 0; h < hkv; ++h) {
-        for (int64_t x = 0; x < d; ++x) kc[(slot * hkv + h) * d + x] = ks[b][(pos * hkv + h) * d + x] = rounded(uni(rng), c.dtype);
-        for (int64_t x = 0; x < dv; ++x) vc[(slot * hkv + h) * dv + x] = vs[b][(pos * hkv + h) * dv + x] = rounded(uni(rng), c.dtype);
+        for (int64_t x = 0; x < d; ++x) {
+          kc[(slot * hkv + h) * d + x] = rounded(spread * uni(rng), kvdt);
+          ks[b][(pos * hkv + h) * d + x] = kc[(slot * hkv + h) * d + x] * k_scale[h];
+        }
+        for (int64_t x = 0; x < dv; ++x) {
+          vc[(slot * hkv + h) * dv + x] = rounded(spread * uni(rng), kvdt);
+          vs[b][(pos * hkv + h) * dv + x] = vc[(slot * hkv + h) * dv + x] * v_scale[h];
+        }
       }
     }
     for (const auto& [rb, pos, h, x, val] : c.v_values) {
       if (size_t(rb) != b) continue;
       const int64_t slot = table[b * max_pages + pos / c.page_size] * c.page_size + pos % c.page_size;
-      vc[(slot * hkv + h) * dv + x] = vs[b][(pos * hkv + h) * dv + x] = val;
+      vc[(slot * hkv + h) * dv + x] = val;
+      vs[b][(pos * hkv + h) * dv + x] = val * v_scale[h];
     }
     qs[b].resize(size_t(c.queries[b] * c.heads_q * d));
     for (float& x : qs[b]) x = rounded(uni(rng), c.dtype);
@@ -126,12 +145,20 @@ PagedResult run_paged(const PagedCase& c) {
     cu.push_back(cu.back() + c.queries[b]);
   }
 
-  const size_t eb = size_t(dtype_bytes(c.dtype));
-  Buf qb(std::max<size_t>(q.size() * eb, 16)), kb(kc.size() * eb), vb(vc.size() * eb), tb(table.size() * 4);
+  const size_t eb = size_t(dtype_bytes(c.dtype)), kvb = size_t(dtype_bytes(kvdt));
+  Buf qb(std::max<size_t>(q.size() * eb, 16)), kb(kc.size() * kvb), vb(vc.size() * kvb), tb(table.size() * 4);
+  Buf ksb(size_t(hkv) * 4), vsb(size_t(hkv) * 4);
+  auto float_bytes = [](const std::vector<float>& f) {
+    std::vector<unsigned char> b(f.size() * 4);
+    std::memcpy(b.data(), f.data(), b.size());
+    return b;
+  };
+  ksb.upload(float_bytes(k_scale));
+  vsb.upload(float_bytes(v_scale));
   Buf ob(std::max<size_t>(size_t(total_q * c.heads_q * dv) * eb, 16)), lb(std::max<size_t>(size_t(total_q * c.heads_q) * 4, 16));
   qb.upload(bytes_of(q, c.dtype));
-  kb.upload(bytes_of(kc, c.dtype));
-  vb.upload(bytes_of(vc, c.dtype));
+  kb.upload(bytes_of(kc, kvdt));
+  vb.upload(bytes_of(vc, kvdt));
   std::vector<unsigned char> tbytes(table.size() * 4);
   std::memcpy(tbytes.data(), table.data(), tbytes.size());
   tb.upload(tbytes);
@@ -143,11 +170,16 @@ PagedResult run_paged(const PagedCase& c) {
   options.templates = c.templates;
   Runtime rt(options);
   PagedProblem pb{c.heads_q, c.heads_kv, d, dv, c.dtype};
+  if (c.fp8) pb.kv_dtype = DType::E4M3;
   PagedAttention pa = rt.prepare_paged(c.pattern, pb);
   PagedCall call;
   call.q = TensorView::contiguous(qb.data(), c.dtype, {total_q, c.heads_q, d});
-  call.k_cache = TensorView::contiguous(kb.data(), c.dtype, {pages, c.page_size, hkv, d});
-  call.v_cache = TensorView::contiguous(vb.data(), c.dtype, {pages, c.page_size, hkv, dv});
+  call.k_cache = TensorView::contiguous(kb.data(), kvdt, {pages, c.page_size, hkv, d});
+  call.v_cache = TensorView::contiguous(vb.data(), kvdt, {pages, c.page_size, hkv, dv});
+  if (c.fp8) {
+    call.k_scale = static_cast<const float*>(ksb.data());
+    call.v_scale = static_cast<const float*>(vsb.data());
+  }
   call.block_table = static_cast<const int32_t*>(tb.data());
   call.block_table_stride = max_pages;
   call.kv_lens = c.kv_lens;
@@ -254,6 +286,22 @@ TEST_CASE("paged attention: page sizes, splits, tiles and head dims", "[gpu][emu
   check(sm61);
 }
 
+TEST_CASE("paged attention: FP8 e4m3 caches with per-head scales match the reference on their values", "[gpu][emu][paged][fp8]") {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [name, p] : example_patterns()) {
+    for (const DType dt : {DType::BF16, DType::F16, DType::F32}) {
+      PagedCase c = mixed(name + " fp8 caches, " + to_string(dt) + " queries", p, dt, 16, dt == DType::F32 ? 1 : 3);
+      c.fp8 = true;
+      if (dt == DType::F16) c.head_dim = c.head_dim_v = 40;  // rows of 40 bytes: element loads
+      check(c);
+    }
+  }
+  PagedCase nan = mixed("fp8 caches, a NaN code in V", example_patterns().at(4).second, DType::BF16, 16, 2);
+  nan.fp8 = true;
+  nan.v_values = {{3, 4490, 0, 5, std::numeric_limits<float>::quiet_NaN()}};
+  check(nan);
+}
+
 TEST_CASE("paged attention: a NaN or inf in V reaches only the rows that attend its key", "[gpu][emu][paged]") {
   SKIP_WITHOUT_GPU();
   const Pattern window = example_patterns().at(4).second;
@@ -328,11 +376,28 @@ TEST_CASE("paged attention: bad calls are refused by name", "[gpu][emu][paged][e
   c = base();
   c.splits = 65;
   refused(c, "splits");
+  c = base();
+  const float one = 1.0f;
+  c.k_scale = &one;
+  refused(c, "k_scale");  // fp32 caches take no scales
+  try {
+    rt.prepare_paged(example_patterns().at(1).second, PagedProblem{2, 1, 32, 32, DType::F32, DType::F16});
+    FAIL("not refused");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("kv_dtype") != std::string::npos);
+  }
   if (on_host()) {  // a GPU reads the table on the device: a bad page makes its rows NaN instead
     const int32_t bad[4] = {0, 1, 7, 3};
     std::memcpy(t.data(), bad, 16);
     tb.upload(t);
     refused(base(), "block_table[1, 0]");
+  }
+  // fp8_e4m3 is a cache dtype: an ordinary attention refuses it by name.
+  try {
+    rt.prepare(example_patterns().at(1).second, Problem{1, 8, 8, 2, 1, 32, 32, DType::E4M3});
+    FAIL("not refused");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("paged KV cache only") != std::string::npos);
   }
   // A pattern with a dynamic layout has no table for a paged cache.
   const Pattern dynamic = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "layout": {"dynamic": true}}]})");
@@ -359,9 +424,11 @@ TEST_CASE("paged attention: every deliberately broken paged kernel fails in the 
         PagedCase c = mixed("mutation", *p, splits == 1 ? DType::F32 : DType::BF16, 16, splits);
         if (p == &window && splits == 1) c.head_dim = c.head_dim_v = 36;  // rows of 144 bytes for fp32: 16-byte loads
         if (p == &window && splits == 3) c.head_dim = c.head_dim_v = 36;  // 72 bytes for bf16: one element at a time
+        if (p == &longnet && splits == 3) c.fp8 = true;  // FP8 caches (16-byte loads of 16 codes)
         c.templates = t;
         const float inf = std::numeric_limits<float>::infinity();
         c.v_values = {{3, 4490, 0, 5, std::numeric_limits<float>::quiet_NaN()}, {5, 299, 1, 3, -inf}};
+        if (c.fp8) c.v_values.resize(1);  // e4m3 has no infinity
         try {
           const PagedResult r = run_paged(c);
           bad += r.mismatches, rows += r.rows;
@@ -385,10 +452,15 @@ TEST_CASE("paged attention: every deliberately broken paged kernel fails in the 
       {"the token's slot one past its own", "(pos % pp.page_size) * row_stride", "((pos + 1) % pp.page_size) * row_stride"},
       {"every split takes every tile", "    if (n % pp.splits != split) continue;\n", "\n"},
       {"the merge weighs every split alike", "        const float w = aj_ex2(v - top);", "        const float w = 1.0f;"},
-      {"16-byte loads: a row's vectors one element off", "      const int r = x / (D / kVec), d = x % (D / kVec) * kVec;",
-       "      const int r = x / (D / kVec), d = x % (D / kVec) * kVec + (x % 2);"},
-      {"element loads: each element read from its neighbour", "      val = row ? aj_load(row + d) : aj_int_as_float(0x7fffffff);",
-       "      val = row ? aj_load(row + (d + 1) % D) : aj_int_as_float(0x7fffffff);"},
+      {"16-byte loads: each vector stored one vector along", "      for (int i = 0; i < kVec; ++i) dst[r * PITCH + d + i] = val[i];",
+       "      for (int i = 0; i < kVec; ++i) dst[r * PITCH + (d + kVec) % D + i] = val[i];"},
+      {"element loads: each element read from its neighbour", "      val = row ? aj_kv_load(row + d) * scale : aj_int_as_float(0x7fffffff);",
+       "      val = row ? aj_kv_load(row + (d + 1) % D) * scale : aj_int_as_float(0x7fffffff);"},
+      {"fp8: the scale not applied", "        for (int i = 0; i < kVec; ++i) val[i] = aj_kv_load(e + i) * scale;",
+       "        for (int i = 0; i < kVec; ++i) val[i] = aj_kv_load(e + i);"},
+      {"fp8: the exponent bias one off", "((e + 120u) << 23)", "((e + 121u) << 23)"},
+      {"fp8: subnormals read as zero", "const float f = (float)m * 0.001953125f;", "const float f = 0.0f;"},
+      {"fp8: the scales of the first kv head for every head", "pp.k_scale ? pp.k_scale[kvh] : 1.0f", "pp.k_scale ? pp.k_scale[0] : 1.0f"},
       {"no warp barrier before the probabilities are read", "      aj_named_sync(1 + warp, 32);  // the warp's probabilities are in place\n", "\n"},
       {"no barrier before the next tile overwrites K and V", "    aj_syncthreads();  // the previous tile is no longer read (and Q is in place)\n", "\n"},
   };

@@ -272,3 +272,81 @@ def test_the_paged_kernel_on_the_gpu(dtype):
                                   cu_seqlens_q=starts)
     rows = got.float().isnan().any(-1).any(-1).cpu()
     assert rows[6] and not rows[:6].any()
+
+
+FP8 = getattr(torch, "float8_e4m3fn", None)
+
+
+def _fp8_cache(lens, page_size, hkv, d, seed):
+    """A Cache whose pages hold e4m3 codes with per-kv-head scales; its contiguous K/V (what the
+    oracle reads) are the codes' values times the scales."""
+    cache = Cache(lens, page_size, hkv, d, d, torch.float32, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    k_scale, v_scale = torch.rand(hkv, generator=g) * 1.5 + 0.25, torch.rand(hkv, generator=g) * 1.5 + 0.25
+    cache.k_cache = (cache.k_cache * 2 / k_scale[:, None]).to(FP8)
+    cache.v_cache = (cache.v_cache * 2 / v_scale[:, None]).to(FP8)
+    for b in range(len(lens)):
+        kb = (cache.k[b] * 2 / k_scale[:, None].double()).to(FP8)
+        vb = (cache.v[b] * 2 / v_scale[:, None].double()).to(FP8)
+        cache.k[b] = kb.double() * k_scale[:, None].double()
+        cache.v[b] = vb.double() * v_scale[:, None].double()
+    return cache, k_scale, v_scale
+
+
+@pytest.mark.skipif(FP8 is None, reason="this torch has no float8_e4m3fn")
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+def test_fp8_caches_read_as_code_times_scale(monkeypatch, device):
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", device)
+    for spec in example_specs():
+        pattern = attnjit.Pattern.load(spec)
+        cache, k_scale, v_scale = _fp8_cache([1, 70, 2100, 300], 16, 2, 32, seed=5)
+        q = torch.randn(7, 4, 32, generator=torch.Generator().manual_seed(5))
+        starts = [0, 1, 2, 6, 7]
+        got = serving.paged_attention(q, cache.k_cache, cache.v_cache, cache.table, cache.lens, pattern,
+                                      cu_seqlens_q=torch.tensor(starts), k_scale=k_scale, v_scale=v_scale)
+        want, _ = expected(cache, q, starts, pattern)
+        assert rel_error(got, want) <= 1e-4, spec.stem
+        # The float64 path reads the same values.
+        got64 = serving.paged_attention(q.double(), cache.k_cache, cache.v_cache, cache.table, cache.lens, pattern,
+                                        cu_seqlens_q=torch.tensor(starts), k_scale=k_scale, v_scale=v_scale)
+        assert rel_error(got64, want) <= 1e-6, spec.stem
+    # A wrong scale is seen; scales on a cache that is not FP8 are refused.
+    wrong = serving.paged_attention(q, cache.k_cache, cache.v_cache, cache.table, cache.lens, pattern,
+                                    cu_seqlens_q=torch.tensor(starts), k_scale=k_scale, v_scale=v_scale * 1.01)
+    assert rel_error(wrong, want) > 1e-3
+    with pytest.raises(ValueError, match="k_scale: applies to float8_e4m3fn caches"):
+        serving.paged_attention(q, cache.k_cache.float(), cache.v_cache.float(), cache.table, cache.lens, pattern,
+                                cu_seqlens_q=torch.tensor(starts), k_scale=k_scale)
+    with pytest.raises(ValueError, match=r"v_scale: expected a float or \[Hkv = 2\]"):
+        serving.paged_attention(q, cache.k_cache, cache.v_cache, cache.table, cache.lens, pattern,
+                                cu_seqlens_q=torch.tensor(starts), v_scale=torch.ones(3))
+
+
+@pytest.mark.skipif(FP8 is None, reason="this torch has no float8_e4m3fn")
+def test_append_kv_quantises_fp8_rows_by_their_scale():
+    hkv, d, page = 2, 16, 8
+    k_cache = torch.zeros(6, page, hkv, d, dtype=FP8)
+    v_cache = torch.zeros(6, page, hkv, d, dtype=FP8)
+    table = torch.tensor([[3, 1, 5]], dtype=torch.int32)
+    k_new, v_new = torch.randn(20, hkv, d) * 3, torch.randn(20, hkv, d)
+    k_new[0, 0, 0] = 1e6  # saturates at 448 x scale
+    k_scale, v_scale = torch.tensor([0.5, 2.0]), 1.5
+    lens = serving.append_kv(k_cache, v_cache, table, [0], k_new, v_new, torch.tensor([0, 20]), k_scale=k_scale, v_scale=v_scale)
+    assert lens.tolist() == [20]
+    stored = k_cache[[3, 1, 5]].reshape(-1, hkv, d)[:20].float() * k_scale[:, None]
+    want = (k_new / k_scale[:, None]).clamp(-448, 448).to(FP8).float() * k_scale[:, None]
+    assert torch.equal(stored, want)
+    assert stored[0, 0, 0] == 448 * 0.5
+    assert torch.equal(v_cache[[3, 1, 5]].reshape(-1, hkv, d)[:20].float() * v_scale, (v_new / v_scale).to(FP8).float() * v_scale)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or FP8 is None, reason="no CUDA GPU (or no float8 in torch): FP8 caches on the GPU not run")
+def test_fp8_caches_on_the_gpu():
+    pattern = attnjit.Pattern.load(example_specs()[2])
+    cache, k_scale, v_scale = _fp8_cache([1, 70, 2100, 300], 16, 2, 64, seed=8)
+    q = torch.randn(7, 4, 64, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    starts = [0, 1, 2, 6, 7]
+    got = serving.paged_attention(q.cuda(), cache.k_cache.cuda(), cache.v_cache.cuda(), cache.table.cuda(), cache.lens,
+                                  pattern, cu_seqlens_q=starts, k_scale=k_scale.cuda(), v_scale=v_scale.cuda())
+    want, _ = expected(cache, q.float(), starts, pattern)
+    assert rel_error(got.cpu(), want) <= 2e-2

@@ -269,6 +269,11 @@ TEST_CASE("the paged kernels compile with NVRTC: two entry points, no spills, st
         r.dtype = dt;
         r.arch = arch;
         kernels.push_back(generate_paged_kernels(every_mask_kind(), r));
+        if (d == 128 && dt != DType::F32) {  // FP8 e4m3 caches
+          r.kv_dtype = DType::E4M3;
+          kernels.push_back(generate_paged_kernels(every_mask_kind(), r));
+          REQUIRE(kernels.back().source.source.find("#define AJ_KV_DTYPE 3") != std::string::npos);
+        }
       }
   std::vector<CompileRequest> requests;
   for (const PagedKernels& k : kernels) requests.push_back({k.source.name, k.source.source, k.source.arch, {"--use_fast_math"}, 0});
@@ -308,6 +313,23 @@ TEST_CASE("the paged kernels' tiles: defaults that fit, refusals that name the f
   r.config = {};
   r.head_dim = 300;
   CHECK_THROWS_WITH(resolve_paged_config(r), Catch::Contains("head dims 1 to 256"));
+  r.head_dim = 64;
+  r.kv_dtype = DType::F16;  // bf16 queries over fp16 caches: not a pair the kernel reads
+  CHECK_THROWS_WITH(resolve_paged_config(r), Catch::Contains("kv_dtype"));
+  r.kv_dtype = DType::E4M3;
+  CHECK(resolve_paged_config(r) == KernelConfig{16, 32, 1, 4});
+  r.dtype = DType::E4M3;
+  CHECK_THROWS_WITH(resolve_paged_config(r), Catch::Contains("queries and output are fp32, fp16 or bf16"));
+  // Everywhere else fp8_e4m3 is refused by name: the dtype parser, the forward's path, a problem.
+  CHECK_THROWS_WITH(parse_dtype("fp8_e4m3"), Catch::Contains("paged KV cache only"));
+  CHECK(parse_kv_dtype("fp8_e4m3") == DType::E4M3);
+  CHECK(parse_kv_dtype("float8_e4m3fn") == DType::E4M3);
+  CHECK(parse_kv_dtype("bf16") == DType::BF16);
+  CHECK(std::string(to_string(DType::E4M3)) == "fp8_e4m3");
+  CHECK(dtype_bytes(DType::E4M3) == 1);
+  KernelRequest fwd;
+  fwd.dtype = DType::E4M3;
+  CHECK_THROWS_WITH(choose_path(fwd), Catch::Contains("paged KV cache only"));
 }
 
 TEST_CASE("archs NVRTC cannot target are refused clearly", "[codegen][nvrtc]") {
