@@ -49,6 +49,15 @@ public:
     end_ = at + bytes;
     return regions_.size() - 1;
   }
+  // A tensor's extent (read-only unless `writable`), and a host table read-only.
+  size_t add_tensor(const char* name, const TensorView& view, bool writable) {
+    return add(name, view.data, size_t(extent_bytes(view)), dtype_bytes(view.dtype), writable);
+  }
+  template <typename V>
+  size_t add_table(const char* name, const V& vec) {
+    using T = typename V::value_type;
+    return add(name, vec.data(), vec.size() * sizeof(T), sizeof(T), false);
+  }
   // A workspace of `bytes` that starts zeroed (others without host data start poisoned).
   size_t add_zeroed(std::string name, size_t bytes, int elem_bytes) {
     const size_t r = add(std::move(name), nullptr, bytes, elem_bytes, true);
@@ -143,19 +152,14 @@ public:
     const auto& t = *static_cast<const HostTables*>(entry.device_state.get());
     if (t.plan.items.empty()) return;
     DeviceImage img;
-    auto tensor = [&](const char* name, const TensorView& view, bool writable) {
-      return img.add(name, view.data, size_t(extent_bytes(view)), dtype_bytes(view.dtype), writable);
-    };
-    auto table = [&](const char* name, const auto& vec) {
-      using T = typename std::decay_t<decltype(vec)>::value_type;
-      return img.add(name, vec.data(), vec.size() * sizeof(T), sizeof(T), false);
-    };
-    const size_t iq = tensor("q", q, false), ik = tensor("k", k, false), iv = tensor("v", v, false), io = tensor("o", o, true);
-    const size_t il = lse ? tensor("lse", *lse, true) : 0;
-    const size_t items = table("plan items", t.plan.items), spans = table("plan spans", t.plan.spans);
-    const size_t entries = table("plan entries", t.plan.entries);
-    const size_t rows = table("dynamic row_offsets", t.dyn_rows), cols = table("dynamic col_indices", t.dyn_cols);
-    const size_t docs = table("document starts", t.plan.doc_base);
+    const size_t iq = img.add_tensor("q", q, false), ik = img.add_tensor("k", k, false);
+    const size_t iv = img.add_tensor("v", v, false), io = img.add_tensor("o", o, true);
+    const size_t il = lse ? img.add_tensor("lse", *lse, true) : 0;
+    const size_t items = img.add_table("plan items", t.plan.items), spans = img.add_table("plan spans", t.plan.spans);
+    const size_t entries = img.add_table("plan entries", t.plan.entries);
+    const size_t rows = img.add_table("dynamic row_offsets", t.dyn_rows);
+    const size_t cols = img.add_table("dynamic col_indices", t.dyn_cols);
+    const size_t docs = img.add_table("document starts", t.plan.doc_base);
     const DeviceTableRegions device_table = add_device_table(img, options.device_dynamic_layout);
     img.materialise();
 
@@ -215,30 +219,26 @@ public:
     const DeviceBackwardPlan kp = pack_backward_plan(plans.key_major);
     const Problem& pb = problem_;
     DeviceImage img;
-    auto tensor = [&](const char* name, const TensorView& view, bool writable) {
-      return img.add(name, view.data, size_t(extent_bytes(view)), dtype_bytes(view.dtype), writable);
-    };
-    auto table = [&](const char* name, const auto& vec) {
-      using T = typename std::decay_t<decltype(vec)>::value_type;
-      return img.add(name, vec.data(), vec.size() * sizeof(T), sizeof(T), false);
-    };
-    const size_t iq = tensor("q", q, false), ik = tensor("k", k, false), iv = tensor("v", v, false), io = tensor("o", o, false);
-    const size_t il = tensor("lse", lse, false), ido = tensor("dout", dout, false);
-    const size_t idq = tensor("dq", dq, true), idk = tensor("dk", dk, true), idv = tensor("dv", dv, true);
-    const size_t idlse = options.dlse ? tensor("dlse", *options.dlse, false) : 0;
+    const size_t iq = img.add_tensor("q", q, false), ik = img.add_tensor("k", k, false);
+    const size_t iv = img.add_tensor("v", v, false), io = img.add_tensor("o", o, false);
+    const size_t il = img.add_tensor("lse", lse, false), ido = img.add_tensor("dout", dout, false);
+    const size_t idq = img.add_tensor("dq", dq, true), idk = img.add_tensor("dk", dk, true), idv = img.add_tensor("dv", dv, true);
+    const size_t idlse = options.dlse ? img.add_tensor("dlse", *options.dlse, false) : 0;
     const size_t idelta = img.add("D workspace", nullptr, size_t(pb.batch * pb.heads_q * pb.seq_q) * 4, 4, true);
     const size_t idka = img.add_zeroed("dK workspace", size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim) * 4, 4);
     const size_t idva = img.add_zeroed("dV workspace", size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim_v) * 4, 4);
     const BackwardGrids g = backward_grids(pb, bwd_, fp.items.size(), plans.key_major, options.deterministic);
     const size_t idqa = img.add_zeroed("dQ workspace", g.single_pass ? size_t(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim) * 4 : 0, 4);
-    const size_t items = table("plan items", fp.items), spans = table("plan spans", fp.spans), entries = table("plan entries", fp.entries);
-    const size_t kitems = table("backward key items", kp.items), qentries = table("backward query entries", kp.entries);
+    const size_t items = img.add_table("plan items", fp.items), spans = img.add_table("plan spans", fp.spans);
+    const size_t entries = img.add_table("plan entries", fp.entries);
+    const size_t kitems = img.add_table("backward key items", kp.items);
+    const size_t qentries = img.add_table("backward query entries", kp.entries);
     const DynamicLayout* dyn = options.dynamic_layout;
     const std::vector<int64_t> no_rows;
     const std::vector<int32_t> no_cols;
-    const size_t rows = table("dynamic row_offsets", dyn ? dyn->row_offsets : no_rows);
-    const size_t cols = table("dynamic col_indices", dyn ? dyn->col_indices : no_cols);
-    const size_t docs = table("document starts", fp.doc_base);
+    const size_t rows = img.add_table("dynamic row_offsets", dyn ? dyn->row_offsets : no_rows);
+    const size_t cols = img.add_table("dynamic col_indices", dyn ? dyn->col_indices : no_cols);
+    const size_t docs = img.add_table("document starts", fp.doc_base);
     const DeviceTableRegions device_table = add_device_table(img, options.device_dynamic_layout);
     img.materialise();
     auto rebased = [&](const TensorView& view, size_t region) {
@@ -355,21 +355,16 @@ public:
     const DevicePlan d = pack_plan(plan.tables);
     const PagedPartials parts = paged_partials(plan, problem_, splits);
     DeviceImage img;
-    auto tensor = [&](const char* name, const TensorView& view, bool writable) {
-      return img.add(name, view.data, size_t(extent_bytes(view)), dtype_bytes(view.dtype), writable);
-    };
-    auto table = [&](const char* name, const auto& vec) {
-      using T = typename std::decay_t<decltype(vec)>::value_type;
-      return img.add(name, vec.data(), vec.size() * sizeof(T), sizeof(T), false);
-    };
-    const size_t iq = tensor("q", c.q, false), ik = tensor("k_cache", c.k_cache, false);
-    const size_t iv = tensor("v_cache", c.v_cache, false), io = tensor("o", c.o, true);
-    const size_t il = c.lse ? tensor("lse", *c.lse, true) : 0;
+    const size_t iq = img.add_tensor("q", c.q, false), ik = img.add_tensor("k_cache", c.k_cache, false);
+    const size_t iv = img.add_tensor("v_cache", c.v_cache, false), io = img.add_tensor("o", c.o, true);
+    const size_t il = c.lse ? img.add_tensor("lse", *c.lse, true) : 0;
     const size_t ibt = img.add("block_table", c.block_table, size_t(plan.requests.size() * c.block_table_stride) * 4, 4, false);
-    const size_t items = table("plan items", d.items), spans = table("plan spans", d.spans), entries = table("plan entries", d.entries);
-    const size_t ireq = table("item requests", plan.item_request), iheads = table("item heads", plan.item_heads);
-    const size_t istart = table("query starts", plan.q_start);
-    const size_t ipos = table("query positions", plan.q_pos);
+    const size_t items = img.add_table("plan items", d.items), spans = img.add_table("plan spans", d.spans);
+    const size_t entries = img.add_table("plan entries", d.entries);
+    const size_t ireq = img.add_table("item requests", plan.item_request);
+    const size_t iheads = img.add_table("item heads", plan.item_heads);
+    const size_t istart = img.add_table("query starts", plan.q_start);
+    const size_t ipos = img.add_table("query positions", plan.q_pos);
     const size_t iks = img.add("k_scale", c.k_scale, c.k_scale ? size_t(problem_.heads_kv) * 4 : 0, 4, false);
     const size_t ivs = img.add("v_scale", c.v_scale, c.v_scale ? size_t(problem_.heads_kv) * 4 : 0, 4, false);
     const size_t ipo = img.add("partial O", nullptr, parts.o_bytes, 4, true), ipl = img.add("partial LSE", nullptr, parts.lse_bytes, 4, true);
