@@ -18,6 +18,7 @@
 #include "compiler/plan/plan.hpp"
 #include "compiler/plan/plan_backward.hpp"
 #include "compiler/plan/paged_plan.hpp"
+#include "runtime/kernel_params.hpp"
 
 namespace attnjit {
 
@@ -163,6 +164,13 @@ public:
   virtual std::string kernel_name() const = 0;
   // Whether the block table is host memory (the CPU and emu devices check its entries).
   virtual bool host_memory() const { return true; }
+  // CUDA graphs (PagedAttention::plan/run), where the device has them (not the CPU, whose run() is
+  // forward()): a step's header and tables written into the workspace in the call's stream order,
+  // and the kernels launched over it with a grid of the capacity.
+  virtual bool graphs() const { return true; }
+  virtual void write_workspace(void* workspace, const std::vector<uint8_t>& bytes, const PagedCall& call) = 0;
+  virtual void run_workspace(const PagedCall& call, void* workspace, const PagedWorkspace& w, const PagedCapacity& cap,
+                             double softmax_scale, double output_scale) = 0;
 };
 std::unique_ptr<PagedBackend> make_cpu_paged(const Pattern& p, const PagedProblem& pb);
 std::unique_ptr<PagedBackend> make_emu_paged(const Pattern& p, const PagedProblem& pb, ArchName arch, const std::string& cache_dir,

@@ -1,7 +1,10 @@
 #include "runtime/kernel_params.hpp"
 
 #include <algorithm>
+#include <cstring>
+#include <tuple>
 
+#include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
 
 namespace attnjit {
@@ -52,7 +55,7 @@ KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTabl
   return kp;
 }
 
-AjPagedParams paged_params(const PagedPlan& plan, const PagedProblem& pb, const PagedTables& t, const TensorView& q,
+AjPagedParams paged_params(double softmax_scale, double output_scale, const PagedProblem& pb, const PagedTables& t, const TensorView& q,
                            const TensorView& k_cache, const TensorView& v_cache, const TensorView& o, const TensorView* lse,
                            const int32_t* block_table, int64_t block_table_stride, int32_t splits, const float* k_scale,
                            const float* v_scale) {
@@ -66,9 +69,8 @@ AjPagedParams paged_params(const PagedPlan& plan, const PagedProblem& pb, const 
   kp.o_row_stride = o.strides[0], kp.o_head_stride = o.strides[1];
   kp.lse_head_stride = lse ? lse->strides[1] : 0;
   kp.heads_per_kv = static_cast<int32_t>(pb.heads_q / pb.heads_kv);
-  kp.num_items = static_cast<int32_t>(plan.tables.items.size());
-  kp.scale_log2 = static_cast<float>(plan.tables.softmax_scale * 1.4426950408889634);
-  kp.output_scale = static_cast<float>(plan.tables.output_scale);
+  kp.scale_log2 = static_cast<float>(softmax_scale * 1.4426950408889634);
+  kp.output_scale = static_cast<float>(output_scale);
   kp.items = t.items, kp.spans = t.spans, kp.entries = t.entries;
   kp.batch = 1;
   pp.item_request = t.item_request, pp.item_heads = t.item_heads, pp.q_start = t.q_start, pp.q_pos = t.q_pos;
@@ -87,6 +89,7 @@ AjPagedParams paged_params(const PagedPlan& plan, const PagedProblem& pb, const 
   };
   pp.vec16 = aligned(k_cache) && aligned(v_cache) ? 1 : 0;
   pp.k_scale = k_scale, pp.v_scale = v_scale;
+  pp.header = t.header;
   return pp;
 }
 
@@ -94,6 +97,74 @@ PagedPartials paged_partials(const PagedPlan& plan, const PagedProblem& pb, int3
   if (splits <= 1) return {};
   const size_t rows = plan.tables.items.size() * size_t(splits) * size_t(plan.tables.tiles.tile_q);
   return {rows * size_t(pb.head_dim_v) * 4, rows * 4};
+}
+
+PagedWorkspace paged_workspace(const PagedCapacity& cap, int32_t tile_q, int64_t head_dim_v) {
+  PagedWorkspace w;
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t here = at;
+    at = (at + bytes + 255) / 256 * 256;
+    return here;
+  };
+  const size_t items = size_t(std::max<int64_t>(cap.items, 0)), requests = size_t(std::max<int64_t>(cap.requests, 0));
+  w.header = take(16);
+  w.items = take(items * sizeof(DeviceItem));
+  w.spans = take(size_t(std::max<int64_t>(cap.spans, 0)) * sizeof(DeviceSpan));
+  w.entries = take(size_t(std::max<int64_t>(cap.entries, 0)) * 4);
+  w.item_request = take(items * 4);
+  w.item_heads = take(items * 4);
+  w.q_start = take(requests * 8);
+  w.q_pos = take(requests * 8);
+  w.tables_bytes = at;
+  const size_t rows = items * size_t(std::max(cap.splits, 1)) * size_t(tile_q);
+  w.part_o = take(rows * size_t(head_dim_v) * 4);
+  w.part_lse = take(rows * 4);
+  w.total = at;
+  return w;
+}
+
+std::vector<uint8_t> pack_paged_workspace(const PagedPlan& plan, int32_t splits, const PagedCapacity& cap,
+                                          const PagedWorkspace& w) {
+  const DevicePlan d = pack_plan(plan.tables);
+  for (const auto& [name, need, have] : {std::tuple<const char*, size_t, int64_t>{"requests", plan.requests.size(), cap.requests},
+                                         {"items", d.items.size(), cap.items}, {"spans", d.spans.size(), cap.spans},
+                                         {"entries", d.entries.size(), cap.entries}, {"splits", size_t(splits), cap.splits}}) {
+    if (int64_t(need) > have)
+      throw UserError(std::string("PagedCapacity.") + name, "the step's plan needs " + std::to_string(need) +
+                                                                 ", the workspace holds " + std::to_string(have) +
+                                                                 "; size it from needs() at the largest batch and lengths served");
+  }
+  std::vector<uint8_t> out(w.tables_bytes, 0);
+  auto put = [&](size_t offset, const auto& vec) {
+    if (!vec.empty()) std::memcpy(out.data() + offset, vec.data(), vec.size() * sizeof(vec[0]));
+  };
+  const int32_t header[4] = {static_cast<int32_t>(d.items.size()), splits, 0, 0};
+  std::memcpy(out.data() + w.header, header, sizeof header);
+  put(w.items, d.items);
+  put(w.spans, d.spans);
+  put(w.entries, d.entries);
+  put(w.item_request, plan.item_request);
+  put(w.item_heads, plan.item_heads);
+  put(w.q_start, plan.q_start);
+  put(w.q_pos, plan.q_pos);
+  return out;
+}
+
+PagedTables paged_workspace_tables(void* base, const PagedWorkspace& w) {
+  auto at = [&](size_t offset) { return static_cast<void*>(static_cast<char*>(base) + offset); };
+  PagedTables t;
+  t.items = static_cast<const DeviceItem*>(at(w.items));
+  t.spans = static_cast<const DeviceSpan*>(at(w.spans));
+  t.entries = static_cast<const int32_t*>(at(w.entries));
+  t.item_request = static_cast<const int32_t*>(at(w.item_request));
+  t.item_heads = static_cast<const int32_t*>(at(w.item_heads));
+  t.q_start = static_cast<const int64_t*>(at(w.q_start));
+  t.q_pos = static_cast<const int64_t*>(at(w.q_pos));
+  t.part_o = static_cast<float*>(at(w.part_o));
+  t.part_lse = static_cast<float*>(at(w.part_lse));
+  t.header = static_cast<const int32_t*>(at(w.header));
+  return t;
 }
 
 BatchGrid batch_grid(int64_t batch) {

@@ -2,6 +2,7 @@
 // and hands it to the device: the CPU gathers each request's tokens and runs the plan executor; the
 // emu and CUDA devices run the paged kernels (templates/fwd_paged.cuh).
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <tuple>
 
@@ -18,6 +19,7 @@ struct PagedState {
   Pattern pattern;
   PagedProblem problem;
   std::unique_ptr<PagedBackend> backend;
+  double softmax_scale = 1.0, output_scale = 1.0;  // the pattern's (a graph's run() has no plan)
 };
 
 KernelRequest paged_request(const PagedProblem& pb, int arch, const KernelConfig& config) {
@@ -84,6 +86,10 @@ std::shared_ptr<PagedState> make_paged_state(const Pattern& pattern, const Paged
       break;
     case DeviceKind::CUDA: st->backend = make_cuda_paged(pattern, pb, o.device.index, o.cache_dir, o.config, templates); break;
   }
+  const PagedPlan one = lower_paged_plan(pattern, pb.heads_q, pb.heads_kv, pb.head_dim, pb.head_dim_v, {{1, 1}},
+                                         st->backend->tiles());
+  st->softmax_scale = one.tables.softmax_scale;
+  st->output_scale = one.tables.output_scale;
   return st;
 }
 
@@ -91,9 +97,11 @@ const Pattern& PagedAttention::pattern() const { return state_->pattern; }
 const PagedProblem& PagedAttention::problem() const { return state_->problem; }
 std::string PagedAttention::kernel_name() const { return state_->backend->kernel_name(); }
 
-void PagedAttention::forward(const PagedCall& c) {
-  require(state_ != nullptr, "PagedAttention", "is empty; get one from Runtime::prepare_paged");
-  const PagedProblem& pb = state_->problem;
+namespace {
+
+// A call checked against the problem: its requests (UserError naming what is wrong).
+std::vector<PagedRequest> checked_requests(const PagedState& st, const PagedCall& c) {
+  const PagedProblem& pb = st.problem;
   const int64_t batch = static_cast<int64_t>(c.kv_lens.size());
   require(c.q.shape.size() == 3, "q", "expected [total_q, Hq, D], got shape " + dims(c.q.shape));
   const int64_t total = c.q.shape[0];
@@ -132,7 +140,7 @@ void PagedAttention::forward(const PagedCall& c) {
     requests[b] = {cu[b + 1] - cu[b], len};
   }
   require(batch == 0 || c.block_table != nullptr, "block_table", "is null");
-  if (state_->backend->host_memory()) {
+  if (st.backend->host_memory()) {
     for (int64_t b = 0; b < batch; ++b) {
       if (requests[b].queries == 0) continue;
       for (int64_t j = 0; j * page_size < requests[b].kv_len; ++j) {
@@ -142,14 +150,75 @@ void PagedAttention::forward(const PagedCall& c) {
       }
     }
   }
-  if (total == 0) return;
-  const PagedPlan plan = lower_paged_plan(state_->pattern, pb.heads_q, pb.heads_kv, pb.head_dim, pb.head_dim_v, requests,
-                                          state_->backend->tiles());
-  // Rows of a request with no attended key, and requests with nothing cached, still get O = 0 and
-  // LSE = -inf from their items; requests with no queries have none.
-  const int32_t splits = c.splits ? c.splits : paged_splits(plan, state_->backend->target_blocks());
-  state_->backend->forward(plan, c, splits);
+  return requests;
 }
+
+// Rows of a request with no attended key, and requests with nothing cached, still get O = 0 and
+// LSE = -inf from their items; requests with no queries have none.
+PagedPlan plan_of(const PagedState& st, const std::vector<PagedRequest>& requests) {
+  const PagedProblem& pb = st.problem;
+  return lower_paged_plan(st.pattern, pb.heads_q, pb.heads_kv, pb.head_dim, pb.head_dim_v, requests, st.backend->tiles());
+}
+
+int32_t splits_of(const PagedState& st, const PagedPlan& plan, const PagedCall& c) {
+  return c.splits ? c.splits : paged_splits(plan, st.backend->target_blocks());
+}
+
+const PagedState& state_of(const std::shared_ptr<PagedState>& st) {
+  require(st != nullptr, "PagedAttention", "is empty; get one from Runtime::prepare_paged");
+  return *st;
+}
+
+}  // namespace
+
+void PagedAttention::forward(const PagedCall& c) {
+  const PagedState& st = state_of(state_);
+  const std::vector<PagedRequest> requests = checked_requests(st, c);
+  if (c.q.shape[0] == 0) return;
+  const PagedPlan plan = plan_of(st, requests);
+  st.backend->forward(plan, c, splits_of(st, plan, c));
+}
+
+PagedCapacity PagedAttention::needs(const PagedCall& c) const {
+  const PagedState& st = state_of(state_);
+  const PagedPlan plan = plan_of(st, checked_requests(st, c));
+  PagedCapacity cap;
+  cap.requests = static_cast<int64_t>(plan.requests.size());
+  cap.items = static_cast<int64_t>(plan.tables.items.size());
+  cap.spans = static_cast<int64_t>(plan.tables.spans.size());
+  cap.entries = static_cast<int64_t>(plan.tables.tile_entries.size());
+  cap.splits = splits_of(st, plan, c);
+  return cap;
+}
+
+size_t PagedAttention::workspace_bytes(const PagedCapacity& cap) const {
+  const PagedState& st = state_of(state_);
+  return paged_workspace(cap, st.backend->tiles().tile_q, st.problem.head_dim_v).total;
+}
+
+void PagedAttention::plan(const PagedCall& c, void* workspace, const PagedCapacity& cap) {
+  const PagedState& st = state_of(state_);
+  require(workspace != nullptr, "workspace", "is null; allocate workspace_bytes(cap) bytes");
+  require(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace", "must be 256-byte aligned");
+  require(cap.splits >= 1 && cap.splits <= 64, "PagedCapacity.splits", "expected 1 to 64, got " + std::to_string(cap.splits));
+  const PagedPlan plan = plan_of(st, checked_requests(st, c));
+  // The step's splits: the call's, or what fills the device, at most the capacity's.
+  const int32_t splits = c.splits ? c.splits : std::min(splits_of(st, plan, c), cap.splits);
+  const PagedWorkspace w = paged_workspace(cap, st.backend->tiles().tile_q, st.problem.head_dim_v);
+  st.backend->write_workspace(workspace, pack_paged_workspace(plan, splits, cap, w), c);
+}
+
+void PagedAttention::run(const PagedCall& c, void* workspace, const PagedCapacity& cap) {
+  const PagedState& st = state_of(state_);
+  if (!st.backend->graphs()) return forward(c);  // the CPU: no graphs, its own plan
+  checked_requests(st, c);
+  require(workspace != nullptr, "workspace", "is null; give plan()'s workspace");
+  if (c.q.shape[0] == 0 || cap.items == 0) return;
+  const PagedWorkspace w = paged_workspace(cap, st.backend->tiles().tile_q, st.problem.head_dim_v);
+  st.backend->run_workspace(c, workspace, w, cap, st.softmax_scale, st.output_scale);
+}
+
+
 
 namespace {
 
@@ -208,6 +277,14 @@ public:
   TileConfig tiles() const override { return TileConfig{64, 64}; }
   int64_t target_blocks() const override { return 1; }
   std::string kernel_name() const override { return "cpu plan executor"; }
+  // No graphs: plan() still writes its tables (host memory), run() is forward().
+  bool graphs() const override { return false; }
+  void write_workspace(void* workspace, const std::vector<uint8_t>& bytes, const PagedCall&) override {
+    std::memcpy(workspace, bytes.data(), bytes.size());
+  }
+  void run_workspace(const PagedCall&, void*, const PagedWorkspace&, const PagedCapacity&, double, double) override {
+    ATTNJIT_CHECK(false, "the CPU device runs paged calls with forward()");
+  }
 
 private:
   Pattern pattern_;

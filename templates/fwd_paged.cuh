@@ -67,6 +67,17 @@ __device__ __forceinline__ AjPagedRow aj_paged_row_of(const AjItem& item, aj_i64
   return out;
 }
 
+// The call's splits, and whether this block has work: in a graph's launch (AjPagedParams::header)
+// the grid is the workspace's capacity and the plan of the step says how much of it is used.
+__device__ __forceinline__ bool aj_paged_block_live(const AjPagedParams& pp, int& splits) {
+  if (pp.header == nullptr) {
+    splits = pp.splits;
+    return true;
+  }
+  splits = pp.header[1];
+  return aj_block_idx_x() < pp.header[0] && aj_block_idx_y() < splits;
+}
+
 // The first element of the cache row of request `req`'s token at `pos` for kv head `kvh`, or null
 // for a page outside the cache.
 __device__ __forceinline__ const aj_kv_elem* aj_paged_row(const AjPagedParams& pp, const void* cache, aj_i64 page_stride,
@@ -118,6 +129,8 @@ __device__ __forceinline__ void aj_paged_load_tile(const AjPagedParams& pp, cons
 __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
   const AjParams& p = pp.fwd;
   AJ_STATIC_SHARED(AjPagedShared, sh);
+  int splits;
+  if (!aj_paged_block_live(pp, splits)) return;  // the whole block, before any barrier
   const int index = aj_block_idx_x(), split = aj_block_idx_y();
   const AjItem item = p.items[index];
   const int req = pp.item_request[index];
@@ -149,7 +162,7 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
   AjTileCursor cursor;
   cursor.begin(p, item);
   for (int n = 0; !cursor.done(); cursor.next(), ++n) {
-    if (n % pp.splits != split) continue;
+    if (n % splits != split) continue;
     const AjTile t = cursor.tile();
     aj_syncthreads();  // the previous tile is no longer read (and Q is in place)
     aj_paged_load_tile<AJ_HEAD_DIM, AJ_HEAD_DIM + 1>(pp, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, req, kvh, t, k_scale, &sh.k[0][0]);
@@ -221,7 +234,7 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
     const AjPagedRow at = aj_paged_row_of(item, q_first, q_pos, r);
     // l is 0 for a row that attended nothing (O = 0, LSE = -inf) and NaN for one that saw a NaN.
     const float lse2 = l[j] == 0.0f ? AJ_NEG_INF : m[j] + aj_lg2(l[j]);
-    if (pp.splits == 1) {
+    if (splits == 1) {
       const float inv = l[j] == 0.0f ? 0.0f : p.output_scale / l[j];
       aj_elem* orow = (aj_elem*)p.o + at.row * p.o_row_stride + at.head * p.o_head_stride;
 #pragma unroll
@@ -229,7 +242,7 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
         if (lane + 32 * x < AJ_HEAD_DIM_V) aj_store(orow + lane + 32 * x, acc[j][x] * inv);
       if (lane == 0 && p.lse) p.lse[at.row * pp.lse_row_stride + at.head * p.lse_head_stride] = lse2 * AJ_LN2;
     } else {
-      const aj_i64 part = ((aj_i64)index * pp.splits + split) * AJ_TILE_Q + r;
+      const aj_i64 part = ((aj_i64)index * splits + split) * AJ_TILE_Q + r;
       const float inv = l[j] == 0.0f ? 0.0f : 1.0f / l[j];
 #pragma unroll
       for (int x = 0; x < AJ_PG_VD; ++x)
@@ -243,16 +256,18 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
 // the same sums. A NaN split makes the row NaN; a row no split attended is O = 0, LSE = -inf.
 __device__ __forceinline__ void aj_paged_merge(const AjPagedParams& pp) {
   const AjParams& p = pp.fwd;
+  int splits;
+  if (!aj_paged_block_live(pp, splits) || splits == 1) return;  // one split wrote O itself
   const int index = aj_block_idx_x();
   const AjItem item = p.items[index];
   const int req = pp.item_request[index];
   const int rows = item.rows_count * pp.item_heads[index];
   for (int x = aj_thread_idx(); x < rows * AJ_HEAD_DIM_V; x += AJ_PG_THREADS) {
     const int r = x / AJ_HEAD_DIM_V, d = x % AJ_HEAD_DIM_V;
-    const aj_i64 base = (aj_i64)index * pp.splits * AJ_TILE_Q + r;
+    const aj_i64 base = (aj_i64)index * splits * AJ_TILE_Q + r;
     float top = AJ_NEG_INF;
     bool nan = false;
-    for (int s = 0; s < pp.splits; ++s) {
+    for (int s = 0; s < splits; ++s) {
       const float v = pp.part_lse[base + (aj_i64)s * AJ_TILE_Q];
       top = fmaxf(top, v);
       nan |= v != v;
@@ -263,7 +278,7 @@ __device__ __forceinline__ void aj_paged_merge(const AjPagedParams& pp) {
       out = lse2 = aj_int_as_float(0x7fffffff);
     } else if (top != AJ_NEG_INF) {
       float weight = 0.0f, sum = 0.0f;
-      for (int s = 0; s < pp.splits; ++s) {
+      for (int s = 0; s < splits; ++s) {
         const aj_i64 part = base + (aj_i64)s * AJ_TILE_Q;
         const float v = pp.part_lse[part];
         const float w = aj_ex2(v - top);  // 0 for a split that attended nothing (its O is 0)

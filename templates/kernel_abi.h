@@ -134,6 +134,9 @@ typedef struct AjPagedParams {
   int vec16;                    // 1: every cache row starts 16-byte aligned (rows load 16 bytes at a time)
   const float* k_scale;         // per kv head: K = stored value x k_scale[kv head] (null: 1; fp8 caches)
   const float* v_scale;         // likewise for V
+  const int* header;            // CUDA graphs: {items, splits} of the plan in the workspace, read by the
+                                // blocks of a grid sized to its capacity (blocks past them return);
+                                // null: the grid's items and `splits`
 } AjPagedParams;
 
 /* ---- the layout, field by field ------------------------------------------------------------ */
@@ -253,7 +256,7 @@ AJ_ABI_FIELD(AjBwdParams, scale, 520);
 AJ_ABI_FIELD(AjBwdParams, num_key_items, 524);
 AJ_ABI_FIELD(AjBwdParams, key_item_base, 528);
 AJ_ABI_FIELD(AjBwdParams, plain_add, 532);
-AJ_ABI_SIZE(AjPagedParams, 400);
+AJ_ABI_SIZE(AjPagedParams, 408);
 AJ_ABI_FIELD(AjPagedParams, item_request, 288);
 AJ_ABI_FIELD(AjPagedParams, item_heads, 296);
 AJ_ABI_FIELD(AjPagedParams, q_start, 304);
@@ -269,6 +272,7 @@ AJ_ABI_FIELD(AjPagedParams, splits, 372);
 AJ_ABI_FIELD(AjPagedParams, vec16, 376);
 AJ_ABI_FIELD(AjPagedParams, k_scale, 384);
 AJ_ABI_FIELD(AjPagedParams, v_scale, 392);
+AJ_ABI_FIELD(AjPagedParams, header, 400);
 #undef AJ_ABI_SIZE
 #undef AJ_ABI_FIELD
 

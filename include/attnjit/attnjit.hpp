@@ -235,6 +235,16 @@ struct PagedCall {
   const float* v_scale = nullptr;
 };
 
+// CUDA graphs (a decode loop captured once): a step's tables in a workspace at a fixed address,
+// sized for the most any step will need. PagedAttention::needs says what one call's plan takes.
+struct PagedCapacity {
+  int64_t requests = 0;  // requests (kv_lens entries)
+  int64_t items = 0;     // work items of the plan
+  int64_t spans = 0;     // key spans
+  int64_t entries = 0;   // listed tiles (block layouts)
+  int32_t splits = 1;    // blocks sharing an item at most (the grid's y)
+};
+
 struct PagedState;
 // A prepared paged attention: the paged kernels rendered and loaded for (pattern, problem); each
 // call plans its requests (one lowering per distinct (queries, kv_len)) and runs. On a GPU a page
@@ -243,6 +253,18 @@ struct PagedState;
 class PagedAttention {
 public:
   void forward(const PagedCall& call);
+  // CUDA graphs: plan() checks and plans the call and copies its tables into `workspace` in the
+  // call's stream order (device memory of workspace_bytes(cap), 256-byte aligned; host memory on
+  // the CPU and emu devices); it runs eagerly, never in a capture. run() launches the kernels over
+  // the workspace with a grid of `cap` (blocks past the step's plan return at once), so a run()
+  // captured once replays every later step whose plan() came before it on the stream; its call
+  // must be plan()'s (the same tensors, lengths and splits). A plan above `cap` is refused by
+  // plan(), naming the count (size `cap` from needs() at the largest batch and lengths served).
+  // The CPU device has no graphs: its run() is forward().
+  PagedCapacity needs(const PagedCall& call) const;
+  size_t workspace_bytes(const PagedCapacity& cap) const;
+  void plan(const PagedCall& call, void* workspace, const PagedCapacity& cap);
+  void run(const PagedCall& call, void* workspace, const PagedCapacity& cap);
   const Pattern& pattern() const;
   const PagedProblem& problem() const;
   std::string kernel_name() const;  // the generated kernel's, or "cpu plan executor"

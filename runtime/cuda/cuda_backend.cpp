@@ -494,22 +494,12 @@ public:
 
   void forward(const PagedPlan& plan, const PagedCall& c, int32_t splits) override {
     const ScopedCurrentContext current(context_);
-    // The table and the scales checked as pointers only.
-    const TensorView table{const_cast<int32_t*>(c.block_table), DType::F32, {1}, {1}};
-    const TensorView ks{const_cast<float*>(c.k_scale), DType::F32, {1}, {1}}, vs{const_cast<float*>(c.v_scale), DType::F32, {1}, {1}};
-    for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"q", &c.q}, {"k_cache", &c.k_cache}, {"v_cache", &c.v_cache},
-                                  {"o", &c.o}, {"lse", c.lse}, {"block_table", &table}, {"k_scale", c.k_scale ? &ks : nullptr},
-                                  {"v_scale", c.v_scale ? &vs : nullptr}}) {
-      if (!t) continue;
-      const PointerInfo pi = pointer_info(t->data);
-      if (!pi.is_device_memory || pi.device_ordinal != device_)
-        throw UserError(name, "is not device memory of cuda:" + std::to_string(device_) + "; copy it to the runtime's GPU");
-    }
+    check_pointers(c);
     if (plan.tables.items.empty()) return;
     const CUstream stream = static_cast<CUstream>(c.stream);
     if (stream_capturing(stream))
-      throw UserError("PagedCall.stream", "is capturing a CUDA graph; paged calls plan every step on the host and cannot be "
-                                          "captured yet: run them eagerly");
+      throw UserError("PagedCall.stream", "is capturing a CUDA graph; forward() plans on the host every step: capture run() "
+                                          "instead, with plan() before each replay (PagedAttention::plan/run)");
     const DevicePlan d = pack_plan(plan.tables);
     std::vector<uint8_t> host;
     auto add = [&](const auto& vec) {
@@ -538,22 +528,66 @@ public:
     t.q_pos = static_cast<const int64_t*>(at(pos));
     t.part_o = parts.o_bytes ? static_cast<float*>(at(part_o)) : nullptr;
     t.part_lse = parts.lse_bytes ? static_cast<float*>(at(part_lse)) : nullptr;
-    AjPagedParams pp = paged_params(plan, problem_, t, c.q, c.k_cache, c.v_cache, c.o, c.lse, c.block_table,
-                                    c.block_table_stride, splits, c.k_scale, c.v_scale);
-    void* args[] = {&pp};
+    AjPagedParams pp = paged_params(plan.tables.softmax_scale, plan.tables.output_scale, problem_, t, c.q, c.k_cache, c.v_cache,
+                                    c.o, c.lse, c.block_table, c.block_table_stride, splits, c.k_scale, c.v_scale);
     const unsigned grid = static_cast<unsigned>(d.items.size());
-    launch(forward_, grid, static_cast<unsigned>(splits), 1, static_cast<unsigned>(kernels_.threads), 0, stream, args,
-           kernels_.forward + " grid=(" + std::to_string(grid) + "," + std::to_string(splits) + ")");
-    if (splits > 1)
-      launch(merge_, grid, 1, 1, static_cast<unsigned>(kernels_.threads), 0, stream, args, kernels_.merge + " grid=" + std::to_string(grid));
+    run_kernels(pp, grid, static_cast<unsigned>(splits), splits > 1, stream);
     free_async(base, stream, "paged plan tables");
   }
+
+  // The host's bytes into the workspace in the stream's order (from pageable memory the driver
+  // stages them before returning); not in a capture, where a replay would copy the same step again.
+  void write_workspace(void* workspace, const std::vector<uint8_t>& bytes, const PagedCall& c) override {
+    const ScopedCurrentContext current(context_);
+    const TensorView ws{workspace, DType::F32, {1}, {1}};
+    const PointerInfo pi = pointer_info(ws.data);
+    if (!pi.is_device_memory || pi.device_ordinal != device_)
+      throw UserError("workspace", "is not device memory of cuda:" + std::to_string(device_));
+    const CUstream stream = static_cast<CUstream>(c.stream);
+    if (stream_capturing(stream))
+      throw UserError("PagedAttention::plan", "runs eagerly before each replay, never in a capture: capture run() alone");
+    copy_to_device_async(reinterpret_cast<CUdeviceptr>(workspace), bytes.data(), bytes.size(), stream, "paged workspace tables");
+  }
+
+  // The capacity's grid over the workspace's tables (capturable: nothing here touches the host's
+  // data of the step).
+  void run_workspace(const PagedCall& c, void* workspace, const PagedWorkspace& w, const PagedCapacity& cap,
+                     double softmax_scale, double output_scale) override {
+    const ScopedCurrentContext current(context_);
+    check_pointers(c);
+    AjPagedParams pp = paged_params(softmax_scale, output_scale, problem_, paged_workspace_tables(workspace, w), c.q, c.k_cache,
+                                    c.v_cache, c.o, c.lse, c.block_table, c.block_table_stride, 0, c.k_scale, c.v_scale);
+    run_kernels(pp, static_cast<unsigned>(cap.items), static_cast<unsigned>(cap.splits), true, static_cast<CUstream>(c.stream));
+  }
+
   TileConfig tiles() const override { return TileConfig{kernels_.source.config.tile_q, kernels_.source.config.tile_k}; }
   int64_t target_blocks() const override { return 2 * int64_t{sm_count_}; }
   std::string kernel_name() const override { return kernels_.source.name; }
   bool host_memory() const override { return false; }
 
 private:
+  void run_kernels(AjPagedParams& pp, unsigned grid, unsigned splits, bool merge, CUstream stream) {
+    void* args[] = {&pp};
+    launch(forward_, grid, splits, 1, static_cast<unsigned>(kernels_.threads), 0, stream, args,
+           kernels_.forward + " grid=(" + std::to_string(grid) + "," + std::to_string(splits) + ")");
+    if (merge)
+      launch(merge_, grid, 1, 1, static_cast<unsigned>(kernels_.threads), 0, stream, args, kernels_.merge + " grid=" + std::to_string(grid));
+  }
+
+  void check_pointers(const PagedCall& c) const {
+    // The table and the scales checked as pointers only.
+    const TensorView table{const_cast<int32_t*>(c.block_table), DType::F32, {1}, {1}};
+    const TensorView ks{const_cast<float*>(c.k_scale), DType::F32, {1}, {1}}, vs{const_cast<float*>(c.v_scale), DType::F32, {1}, {1}};
+    for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"q", &c.q}, {"k_cache", &c.k_cache}, {"v_cache", &c.v_cache},
+                                  {"o", &c.o}, {"lse", c.lse}, {"block_table", &table}, {"k_scale", c.k_scale ? &ks : nullptr},
+                                  {"v_scale", c.v_scale ? &vs : nullptr}}) {
+      if (!t) continue;
+      const PointerInfo pi = pointer_info(t->data);
+      if (!pi.is_device_memory || pi.device_ordinal != device_)
+        throw UserError(name, "is not device memory of cuda:" + std::to_string(device_) + "; copy it to the runtime's GPU");
+    }
+  }
+
   PagedProblem problem_;
   int device_;
   Context& context_;

@@ -385,34 +385,70 @@ public:
     t.q_pos = static_cast<const int64_t*>(img.at(ipos));
     t.part_o = parts.o_bytes ? static_cast<float*>(img.at(ipo)) : nullptr;
     t.part_lse = parts.lse_bytes ? static_cast<float*>(img.at(ipl)) : nullptr;
-    AjPagedParams pp = paged_params(plan, problem_, t, rebased(c.q, iq), rebased(c.k_cache, ik), rebased(c.v_cache, iv),
+    AjPagedParams pp = paged_params(plan.tables.softmax_scale, plan.tables.output_scale, problem_, t, rebased(c.q, iq), rebased(c.k_cache, ik), rebased(c.v_cache, iv),
                                     rebased(c.o, io), c.lse ? &lse : nullptr, static_cast<const int32_t*>(img.at(ibt)),
                                     c.block_table_stride, splits, c.k_scale ? static_cast<const float*>(img.at(iks)) : nullptr,
                                     c.v_scale ? static_cast<const float*>(img.at(ivs)) : nullptr);
-    void* args[] = {&pp};
-    auto launch = [&](const std::string& kernel, unsigned gy) {
-      emu::LaunchRequest r;
-      r.kernel = kernel;
-      r.grid[0] = static_cast<unsigned>(d.items.size());
-      r.grid[1] = gy;
-      r.grid[2] = 1;
-      r.block_threads = static_cast<unsigned>(kernels_.threads);
-      r.dynamic_shared = 0;
-      r.args = args;
-      r.buffers = img.buffers();
-      module_->launch(r);
-    };
-    launch(kernels_.forward, static_cast<unsigned>(splits));
-    if (splits > 1) launch(kernels_.merge, 1);
+    launch(img, pp, kernels_.forward, unsigned(d.items.size()), unsigned(splits));
+    if (splits > 1) launch(img, pp, kernels_.merge, unsigned(d.items.size()), 1);
     img.copy_back(io, c.o.data);
     if (c.lse) img.copy_back(il, c.lse->data);
   }
+  // Host memory stands in for the device's: the bytes are copied now.
+  void write_workspace(void* workspace, const std::vector<uint8_t>& bytes, const PagedCall&) override {
+    std::memcpy(workspace, bytes.data(), bytes.size());
+  }
+
+  // As a graph's launch: the workspace one region of the image (its header says how much of the
+  // capacity's grid has work), the grid the capacity's.
+  void run_workspace(const PagedCall& c, void* workspace, const PagedWorkspace& w, const PagedCapacity& cap,
+                     double softmax_scale, double output_scale) override {
+    DeviceImage img;
+    const size_t iq = img.add_tensor("q", c.q, false), ik = img.add_tensor("k_cache", c.k_cache, false);
+    const size_t iv = img.add_tensor("v_cache", c.v_cache, false), io = img.add_tensor("o", c.o, true);
+    const size_t il = c.lse ? img.add_tensor("lse", *c.lse, true) : 0;
+    const size_t ibt = img.add("block_table", c.block_table, size_t(c.kv_lens.size() * c.block_table_stride) * 4, 4, false);
+    const size_t iks = img.add("k_scale", c.k_scale, c.k_scale ? size_t(problem_.heads_kv) * 4 : 0, 4, false);
+    const size_t ivs = img.add("v_scale", c.v_scale, c.v_scale ? size_t(problem_.heads_kv) * 4 : 0, 4, false);
+    const size_t iws = img.add("paged workspace", workspace, w.total, 4, true);
+    img.materialise();
+    auto rebased = [&](const TensorView& view, size_t region) {
+      TensorView r = view;
+      r.data = img.at(region);
+      return r;
+    };
+    const TensorView lse = c.lse ? rebased(*c.lse, il) : TensorView{};
+    AjPagedParams pp = paged_params(softmax_scale, output_scale, problem_, paged_workspace_tables(img.at(iws), w),
+                                    rebased(c.q, iq), rebased(c.k_cache, ik), rebased(c.v_cache, iv), rebased(c.o, io),
+                                    c.lse ? &lse : nullptr, static_cast<const int32_t*>(img.at(ibt)), c.block_table_stride,
+                                    /*splits: the header's*/ 0, c.k_scale ? static_cast<const float*>(img.at(iks)) : nullptr,
+                                    c.v_scale ? static_cast<const float*>(img.at(ivs)) : nullptr);
+    launch(img, pp, kernels_.forward, unsigned(cap.items), unsigned(cap.splits));
+    launch(img, pp, kernels_.merge, unsigned(cap.items), 1);
+    img.copy_back(io, c.o.data);
+    if (c.lse) img.copy_back(il, c.lse->data);
+  }
+
   TileConfig tiles() const override { return TileConfig{kernels_.source.config.tile_q, kernels_.source.config.tile_k}; }
   // An H100's 132 SMs, two blocks each: splits as a GPU would take them.
   int64_t target_blocks() const override { return 264; }
   std::string kernel_name() const override { return kernels_.source.name + " (emulated " + kernels_.source.arch + ")"; }
 
 private:
+  void launch(DeviceImage& img, AjPagedParams& pp, const std::string& kernel, unsigned gx, unsigned gy) {
+    void* args[] = {&pp};
+    emu::LaunchRequest r;
+    r.kernel = kernel;
+    r.grid[0] = gx;
+    r.grid[1] = gy;
+    r.grid[2] = 1;
+    r.block_threads = static_cast<unsigned>(kernels_.threads);
+    r.dynamic_shared = 0;
+    r.args = args;
+    r.buffers = img.buffers();
+    module_->launch(r);
+  }
+
   PagedProblem problem_;
   PagedKernels kernels_;
   std::shared_ptr<const emu::EmuModule> module_;

@@ -33,6 +33,10 @@ struct PagedCase {
   uint64_t seed = 1;
   std::shared_ptr<const TemplateSet> templates;  // a deliberately broken kernel (null: the embedded templates)
   bool fp8 = false;  // FP8 e4m3 caches with a random scale per kv head for K and for V
+  // How the call runs: forward(); plan() and run() over a workspace whose capacity exceeds the plan
+  // (blocks past it return); or (a GPU) run() captured once in a CUDA graph and replayed after the
+  // plan() of a step one token shorter, then after plan() of this call.
+  enum class Mode { Forward, PlanRun, Graph } mode = Mode::Forward;
   // V elements of one request's token set to a value (request, position, kv head, dim, value).
   std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, float>> v_values;
 };
@@ -188,7 +192,31 @@ PagedResult run_paged(const PagedCase& c) {
   const TensorView lse = TensorView::contiguous(lb.data(), DType::F32, {total_q, c.heads_q});
   call.lse = &lse;
   call.splits = c.splits;
-  pa.forward(call);
+  if (c.mode == PagedCase::Mode::Forward) {
+    pa.forward(call);
+  } else {
+    PagedCall early = call;  // a step one token shorter where its queries allow: other positions, the same buffers
+    for (size_t b = 0; b < batch; ++b)
+      if (early.kv_lens[b] > c.queries[b]) --early.kv_lens[b];
+    PagedCapacity cap = pa.needs(call);
+    cap.items += 8, cap.spans += 64, cap.entries += 64, cap.splits = std::max(cap.splits, 8);
+    Buf ws(pa.workspace_bytes(cap));
+    ws.upload(std::vector<unsigned char>(pa.workspace_bytes(cap), 0));
+    if (c.mode == PagedCase::Mode::PlanRun) {
+      pa.plan(early, ws.data(), cap);  // its tables are then overwritten by the step's
+      pa.plan(call, ws.data(), cap);
+      pa.run(call, ws.data(), cap);
+    } else {
+      CUstream stream = create_stream();
+      call.stream = early.stream = stream;
+      pa.plan(early, ws.data(), cap);
+      CapturedGraph graph(stream, [&] { pa.run(early, ws.data(), cap); });
+      graph.launch(stream);
+      pa.plan(call, ws.data(), cap);
+      graph.launch(stream);
+      synchronize(stream);
+    }
+  }
   if (target() == Target::Gpu) synchronize(nullptr, "paged test");
   const std::vector<unsigned char> o = ob.download(), l = lb.download();
 
@@ -300,6 +328,66 @@ TEST_CASE("paged attention: FP8 e4m3 caches with per-head scales match the refer
   nan.fp8 = true;
   nan.v_values = {{3, 4490, 0, 5, std::numeric_limits<float>::quiet_NaN()}};
   check(nan);
+}
+
+TEST_CASE("paged attention: plan() and run() over a workspace give forward()'s answer", "[gpu][emu][paged][graph]") {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [name, p] : example_patterns()) {
+    PagedCase c = mixed(name + " plan/run", p, DType::BF16, 16, name == "bigbird" ? 3 : 0);
+    c.mode = PagedCase::Mode::PlanRun;
+    c.fp8 = name == "longnet";
+    check(c);
+  }
+}
+
+TEST_CASE("paged attention: run() captured in a CUDA graph replays each step's plan()", "[gpu][paged][graph]") {
+  SKIP_WITHOUT_GPU();
+  if (on_host()) { WARN("SKIPPED on the emulator and the CPU device: CUDA graphs need a GPU"); return; }
+  shared_context(0).make_current();
+  for (const auto& [name, p] : example_patterns()) {
+    PagedCase c = mixed(name + " graph", p, DType::BF16, 16, 0);
+    c.mode = PagedCase::Mode::Graph;
+    check(c);
+  }
+}
+
+TEST_CASE("paged attention: a plan above the workspace's capacity is refused, naming the count", "[gpu][emu][paged][graph][errors]") {
+  SKIP_WITHOUT_GPU();
+  Runtime rt(options_for(device_for(80)));
+  PagedAttention pa = rt.prepare_paged(example_patterns().at(1).second, PagedProblem{2, 1, 32, 32, DType::F32});
+  Buf qb(3 * 2 * 32 * 4), kb(8 * 8 * 32 * 4), vb(8 * 8 * 32 * 4), ob(3 * 2 * 32 * 4), tb(3 * 2 * 4);
+  std::vector<unsigned char> t(24);
+  const int32_t pages[6] = {0, 1, 2, 3, 4, 5};
+  std::memcpy(t.data(), pages, 24);
+  tb.upload(t);
+  PagedCall c;
+  c.q = TensorView::contiguous(qb.data(), DType::F32, {3, 2, 32});
+  c.k_cache = TensorView::contiguous(kb.data(), DType::F32, {8, 8, 1, 32});
+  c.v_cache = TensorView::contiguous(vb.data(), DType::F32, {8, 8, 1, 32});
+  c.block_table = static_cast<const int32_t*>(tb.data());
+  c.block_table_stride = 2;
+  c.kv_lens = {5, 16, 9};
+  c.o = TensorView::contiguous(ob.data(), DType::F32, {3, 2, 32});
+  const PagedCapacity need = pa.needs(c);
+  CHECK(need.requests == 3);
+  CHECK(need.items >= 3);
+  for (const auto& [field, cap] : std::vector<std::pair<std::string, PagedCapacity>>{
+           {"requests", PagedCapacity{2, need.items, need.spans, need.entries, 1}},
+           {"items", PagedCapacity{3, need.items - 1, need.spans, need.entries, 1}},
+           {"spans", PagedCapacity{3, need.items, need.spans - 1, need.entries, 1}}}) {
+    Buf ws(pa.workspace_bytes(cap));
+    try {
+      pa.plan(c, ws.data(), cap);
+      FAIL("not refused: " << field);
+    } catch (const UserError& e) {
+      CHECK(std::string(e.what()).find("PagedCapacity." + field) != std::string::npos);
+    }
+  }
+  Buf ws(pa.workspace_bytes(need));
+  CHECK_THROWS_WITH(pa.plan(c, nullptr, need), Catch::Contains("workspace"));
+  PagedCapacity bad = need;
+  bad.splits = 0;
+  CHECK_THROWS_WITH(pa.plan(c, ws.data(), bad), Catch::Contains("PagedCapacity.splits"));
 }
 
 TEST_CASE("paged attention: a NaN or inf in V reaches only the rows that attend its key", "[gpu][emu][paged]") {
@@ -425,6 +513,7 @@ TEST_CASE("paged attention: every deliberately broken paged kernel fails in the 
         if (p == &window && splits == 1) c.head_dim = c.head_dim_v = 36;  // rows of 144 bytes for fp32: 16-byte loads
         if (p == &window && splits == 3) c.head_dim = c.head_dim_v = 36;  // 72 bytes for bf16: one element at a time
         if (p == &longnet && splits == 3) c.fp8 = true;  // FP8 caches (16-byte loads of 16 codes)
+        if (p == &window && splits == 3) c.mode = PagedCase::Mode::PlanRun;  // a graph's launch, in the emulator
         c.templates = t;
         const float inf = std::numeric_limits<float>::infinity();
         c.v_values = {{3, 4490, 0, 5, std::numeric_limits<float>::quiet_NaN()}, {5, 299, 1, 3, -inf}};
@@ -450,7 +539,9 @@ TEST_CASE("paged attention: every deliberately broken paged kernel fails in the 
       {"queries at their request's row, not its position", "  out.pos = q_pos + local;", "  out.pos = local;"},
       {"every row of a packed item taken as its first head's", "  out.head = item.head + h;", "  out.head = item.head;"},
       {"the token's slot one past its own", "(pos % pp.page_size) * row_stride", "((pos + 1) % pp.page_size) * row_stride"},
-      {"every split takes every tile", "    if (n % pp.splits != split) continue;\n", "\n"},
+      {"every split takes every tile", "    if (n % splits != split) continue;\n", "\n"},
+      {"a graph's launch: blocks past the step's plan run", "  return aj_block_idx_x() < pp.header[0] && aj_block_idx_y() < splits;",
+       "  return true;"},
       {"the merge weighs every split alike", "        const float w = aj_ex2(v - top);", "        const float w = 1.0f;"},
       {"16-byte loads: each vector stored one vector along", "      for (int i = 0; i < kVec; ++i) dst[r * PITCH + d + i] = val[i];",
        "      for (int i = 0; i < kVec; ++i) dst[r * PITCH + (d + kVec) % D + i] = val[i];"},
