@@ -204,12 +204,15 @@ void backward(const std::string& spec, const std::string& device, int index, con
               view(dk, dt), view(dv, dt), fo);
 }
 
-// The paged forward (attnjit.serving): one PagedAttention per device, pattern and problem.
-void paged_forward(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
-                   const Tensor& k_cache, const Tensor& v_cache, uintptr_t block_table, int64_t block_table_stride,
-                   const std::vector<int64_t>& kv_lens, const std::vector<int64_t>& cu_seqlens_q, const Tensor& o,
-                   const std::optional<Tensor>& lse, int32_t splits, uintptr_t stream, const std::string& kv_dtype,
-                   uintptr_t k_scale, uintptr_t v_scale) {
+// The paged forward (attnjit.serving): one PagedAttention per device, pattern and problem. `action`:
+// "forward"; "needs" (returns the call's PagedCapacity: requests, items, spans, entries, splits);
+// "workspace_bytes" (of `capacity`); "plan" and "run" over `workspace` with `capacity` (CUDA graphs).
+std::vector<int64_t> paged(const std::string& action, const std::string& spec, const std::string& device, int index,
+                           const std::string& dtype, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                           uintptr_t block_table, int64_t block_table_stride, const std::vector<int64_t>& kv_lens,
+                           const std::vector<int64_t>& cu_seqlens_q, const Tensor& o, const std::optional<Tensor>& lse,
+                           int32_t splits, uintptr_t stream, const std::string& kv_dtype, uintptr_t k_scale, uintptr_t v_scale,
+                           uintptr_t workspace, const std::vector<int64_t>& capacity) {
   const DType dt = parse_dtype(dtype), kv = parse_kv_dtype(kv_dtype);
   const auto& qs = std::get<1>(q);
   const auto& ks = std::get<1>(k_cache);
@@ -246,8 +249,24 @@ void paged_forward(const std::string& spec, const std::string& device, int index
   c.cu_seqlens_q = cu_seqlens_q;
   c.splits = splits;
   c.stream = reinterpret_cast<void*>(stream);
+  PagedCapacity cap;
+  if (capacity.size() == 5) {
+    cap.requests = capacity[0], cap.items = capacity[1], cap.spans = capacity[2], cap.entries = capacity[3];
+    cap.splits = static_cast<int32_t>(capacity[4]);
+  }
+  void* ws = reinterpret_cast<void*>(workspace);
   nb::gil_scoped_release release;
-  op.forward(c);
+  if (action == "forward") op.forward(c);
+  else if (action == "plan") op.plan(c, ws, cap);
+  else if (action == "run") op.run(c, ws, cap);
+  else if (action == "workspace_bytes") return {static_cast<int64_t>(op.workspace_bytes(cap))};
+  else if (action == "needs") {
+    const PagedCapacity n = op.needs(c);
+    return {n.requests, n.items, n.spans, n.entries, n.splits};
+  } else {
+    throw UserError("action", "expected forward, needs, workspace_bytes, plan or run, got " + action);
+  }
+  return {};
 }
 
 // The attention weights into w (float32 contiguous [B, Hq, Sq, Sk]) from q, k and the forward's lse.
@@ -517,7 +536,7 @@ NB_MODULE(_attnjit, m) {
   }, "(canonical text, hash) of a spec; raises PatternError naming what is wrong");
   m.def("forward", &forward);
   m.def("backward", &backward);
-  m.def("paged_forward", &paged_forward);
+  m.def("paged", &paged);
   m.def("sanitize_dynamic", &sanitize_dynamic);
   m.def("reference_forward", &reference_forward);
   m.def("reference_backward", &reference_backward);

@@ -24,7 +24,7 @@ from ._attention import attention
 from ._inputs import INT32, cpu_device, int_arg
 from ._pattern import op_spec
 
-__all__ = ["append_kv", "paged_attention"]
+__all__ = ["GraphWorkspace", "append_kv", "paged_attention", "paged_capacity"]
 
 FP8 = getattr(torch, "float8_e4m3fn", None)  # FP8 caches (torch 2.1 and later)
 
@@ -132,6 +132,32 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
     of a decode step) with q in bf16, fp16 or fp32; K is read as stored value x `k_scale` (a float,
     or fp32 [Hkv] per kv head; default 1), V likewise (append_kv with the same scales writes them).
     """
+    c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale)
+    o = q.new_zeros((q.shape[0], q.shape[1], v_cache.shape[3]))
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # as attnjit.attention's
+    lse = torch.full((q.shape[0], q.shape[1]), float("-inf"), dtype=lse_dtype, device=q.device)
+    if q.dtype != torch.float64:
+        _paged_kernels("forward", c, pattern, scale, o, lse)
+        return (o, lse) if return_lse else o
+    for b, n, length, pages in c.requests:
+        k = _gather(k_cache, pages, length)
+        v = _gather(v_cache, pages, length)
+        if k_cache.dtype == FP8:  # the reference reads what the kernels read: stored value x scale
+            k = k.to(torch.float64) * c.k_scale.to(k.device, torch.float64)[:, None]
+            v = v.to(torch.float64) * c.v_scale.to(v.device, torch.float64)[:, None]
+        qb = q[c.starts[b]:c.starts[b + 1]].unsqueeze(0)
+        ob, lb = attention(qb, k, v, pattern, scale=scale, q_offset=length - n, return_lse=True)
+        o[c.starts[b]:c.starts[b + 1]] = ob[0]
+        lse[c.starts[b]:c.starts[b + 1]] = lb[0].transpose(0, 1)
+    return (o, lse) if return_lse else o
+
+
+class _Call:
+    """A call's arguments, checked (paged_attention's errors): the lengths, query starts, block
+    table (on the host, or as given on the GPU), scales and each request with queries."""
+
+
+def _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale):
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q: expected a torch tensor [total_q, Hq, D], got {getattr(q, 'shape', type(q).__name__)}")
     _check_cache(k_cache, v_cache)
@@ -142,46 +168,31 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
         raise ValueError(f"q has {q.shape[1]} heads, not a multiple of the cache's {hkv} kv heads")
     if q.device != k_cache.device:
         raise ValueError(f"q is on {q.device}, the cache on {k_cache.device}: one device")
+    c = _Call()
     batch = len(kv_lens)  # B: one length per request
-    lens = _lengths("kv_lens", kv_lens, batch)
-    starts = _starts("cu_seqlens_q", cu_seqlens_q, batch, q.shape[0], "q", "queries")
+    c.q, c.k_cache, c.v_cache = q, k_cache, v_cache
+    c.lens = _lengths("kv_lens", kv_lens, batch)
+    c.starts = _starts("cu_seqlens_q", cu_seqlens_q, batch, q.shape[0], "q", "queries")
     # A table on the GPU is not copied back to be checked (that would synchronise every step): the
     # kernel never reads a page outside the cache, and the rows attending one come out NaN.
     given = _checked_table(block_table, batch)
     on_gpu = given.device.type == "cuda" and q.dtype != torch.float64
-    table = given if on_gpu else given.to("cpu", torch.int64)
-    dv = v_cache.shape[3]
-    o = q.new_zeros((q.shape[0], q.shape[1], dv))
-    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # as attnjit.attention's
-    lse = torch.full((q.shape[0], q.shape[1]), float("-inf"), dtype=lse_dtype, device=q.device)
-    requests = []
+    c.table = given if on_gpu else given.to("cpu", torch.int64)
+    c.requests = []
     for b in range(batch):
-        length, n = lens[b], starts[b + 1] - starts[b]
+        length, n = c.lens[b], c.starts[b + 1] - c.starts[b]
         if length < 0:
             raise ValueError(f"kv_lens[{b}] = {length} is negative")
-        pages = _pages_of(table, b, length, page_size, num_pages, checked=not on_gpu)
+        pages = _pages_of(c.table, b, length, page_size, num_pages, checked=not on_gpu)
         if n == 0:
             continue
         if n > length:
             raise ValueError(f"request {b} has {n} queries but kv_lens[{b}] = {length}: append the queries' own K/V "
                              "first (append_kv), so that each query's position kv_len - n + i is a cached token")
-        requests.append((b, n, length, pages))
-    k_scale = _scales("k_scale", k_scale, k_cache, hkv)
-    v_scale = _scales("v_scale", v_scale, v_cache, hkv)
-    if q.dtype != torch.float64:
-        _paged_kernels(q, k_cache, v_cache, table, lens, starts, pattern, scale, o, lse, k_scale, v_scale)
-        return (o, lse) if return_lse else o
-    for b, n, length, pages in requests:
-        k = _gather(k_cache, pages, length)
-        v = _gather(v_cache, pages, length)
-        if k_cache.dtype == FP8:  # the reference reads what the kernels read: stored value x scale
-            k = k.to(torch.float64) * k_scale.to(k.device, torch.float64)[:, None]
-            v = v.to(torch.float64) * v_scale.to(v.device, torch.float64)[:, None]
-        qb = q[starts[b]:starts[b + 1]].unsqueeze(0)
-        ob, lb = attention(qb, k, v, pattern, scale=scale, q_offset=length - n, return_lse=True)
-        o[starts[b]:starts[b + 1]] = ob[0]
-        lse[starts[b]:starts[b + 1]] = lb[0].transpose(0, 1)
-    return (o, lse) if return_lse else o
+        c.requests.append((b, n, length, pages))
+    c.k_scale = _scales("k_scale", k_scale, k_cache, hkv)
+    c.v_scale = _scales("v_scale", v_scale, v_cache, hkv)
+    return c
 
 
 def _scales(name, s, cache, hkv):
@@ -200,11 +211,13 @@ def _scales(name, s, cache, hkv):
     return t.to(cache.device).contiguous()
 
 
-def _paged_kernels(q, k_cache, v_cache, table, lens, starts, pattern, scale, o, lse, k_scale, v_scale):
-    """The paged forward of the C++ runtime into o and lse (the checks above already passed)."""
+def _paged_kernels(action, c, pattern, scale, o, lse, workspace=0, capacity=()):
+    """The C++ runtime's paged forward (`action`: forward, needs, workspace_bytes, plan, run) on a
+    checked call; o and lse are written by forward and run."""
     from . import _attnjit
     from ._torch_ops import _DTYPES
 
+    q, k_cache, v_cache = c.q.detach(), c.k_cache.detach(), c.v_cache.detach()
     if q.dtype not in _DTYPES or k_cache.dtype not in (q.dtype, FP8):
         raise TypeError(f"q ({q.dtype}) and the cache ({k_cache.dtype}): the cache in q's dtype (fp32, fp16, bf16) or "
                         "float8_e4m3fn (or float64 q)")
@@ -217,16 +230,78 @@ def _paged_kernels(q, k_cache, v_cache, table, lens, starts, pattern, scale, o, 
         device, index, stream = cpu_device(), 0, 0
     # The table as the kernel reads it: int32, contiguous, on the cache's device (an int64 entry past
     # int32 is clamped to one the kernel refuses to read, never wrapped onto a real page).
-    table32 = table if table.dtype == torch.int32 else table.clamp(-1, 2**31 - 1).to(torch.int32)
+    table32 = c.table if c.table.dtype == torch.int32 else c.table.clamp(-1, 2**31 - 1).to(torch.int32)
     table32 = table32.contiguous().to(q.device)
     spec = op_spec(pattern, scale)
-    desc = lambda x: (x.data_ptr(), list(x.shape), list(x.stride()))  # noqa: E731
-    q, k_cache, v_cache = q.detach(), k_cache.detach(), v_cache.detach()
-    kv_dtype = "fp8_e4m3" if k_cache.dtype == FP8 else _DTYPES[q.dtype]
+    desc = lambda x: (x.data_ptr(), list(x.shape), list(x.stride())) if x is not None else None  # noqa: E731
     ptr = lambda s: s.data_ptr() if s is not None else 0  # noqa: E731
-    _attnjit.paged_forward(spec, device, index, _DTYPES[q.dtype], desc(q), desc(k_cache), desc(v_cache), table32.data_ptr(),
-                           table32.shape[1], list(lens), list(starts), desc(o), desc(lse), 0, stream, kv_dtype,
-                           ptr(k_scale), ptr(v_scale))
+    kv_dtype = "fp8_e4m3" if k_cache.dtype == FP8 else _DTYPES[q.dtype]
+    return _attnjit.paged(action, spec, device, index, _DTYPES[q.dtype], desc(q), desc(k_cache), desc(v_cache),
+                          table32.data_ptr(), table32.shape[1], list(c.lens), list(c.starts), desc(o), desc(lse), 0, stream,
+                          kv_dtype, ptr(c.k_scale), ptr(c.v_scale), workspace, list(capacity))
+
+
+CAPACITY_FIELDS = ("requests", "items", "spans", "entries", "splits")
+
+
+def paged_capacity(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_seqlens_q=None, scale=None, k_scale=None,
+                   v_scale=None):
+    """What one call's plan takes in a GraphWorkspace: {"requests", "items", "spans", "entries",
+    "splits"}. Size a workspace from the largest batch and lengths served (with a margin)."""
+    c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale)
+    o = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
+    return dict(zip(CAPACITY_FIELDS, _paged_kernels("needs", c, pattern, scale, o, None)))
+
+
+class GraphWorkspace:
+    """A decode loop in a CUDA graph (vLLM's and FlashInfer's plan/run split): a step's plan changes
+    with its lengths, so it lives in this workspace at a fixed address; `run()` is captured once and
+    `plan()` is called before each replay, eagerly, with the step's lengths.
+
+        ws = serving.GraphWorkspace(q, k_cache, v_cache, pattern, capacity)
+        ws.plan(q, k_cache, v_cache, block_table, kv_lens)            # step 0, eager
+        with torch.cuda.graph(g):
+            ws.run(q, k_cache, v_cache, block_table, kv_lens, out)   # captured: the launches only
+        for each step: ws.plan(q, k_cache, v_cache, block_table, new_lens); g.replay()
+
+    `capacity`: a dict as paged_capacity returns (requests, items, spans, entries, splits), for the
+    largest step; a step above it is refused by plan(), naming the count. run()'s tensors (q,
+    caches, table, out, lse, scales) must be the same every step (a graph reads fixed addresses: pass
+    FP8 scales as tensors on the GPU); its lengths are read from the workspace, not from the call.
+    CPU tensors run in the emulator under ATTNJIT_CPU_DEVICE=emu (run() then launches over the
+    workspace as a graph would); on the CPU device run() is paged_attention's forward."""
+
+    def __init__(self, q, k_cache, v_cache, pattern, capacity, *, scale=None):
+        missing = [f for f in CAPACITY_FIELDS if f not in capacity]
+        if missing:
+            raise ValueError(f"capacity: missing {', '.join(missing)} (paged_capacity gives every field)")
+        self.pattern, self.scale = pattern, scale
+        self.capacity = [int(capacity[f]) for f in CAPACITY_FIELDS]
+        table = torch.zeros((0, 1), dtype=torch.int32, device=q.device)
+        c = _call(q[:0], k_cache, v_cache, table, [], [0], None, None)
+        c.k_scale = c.v_scale = None
+        o = q.new_empty((0, q.shape[1], v_cache.shape[3]))
+        nbytes = _paged_kernels("workspace_bytes", c, pattern, scale, o, None, 0, self.capacity)[0]
+        self._buffer = torch.zeros(nbytes + 256, dtype=torch.uint8, device=q.device)  # 256-byte aligned inside
+        self._ptr = (self._buffer.data_ptr() + 255) // 256 * 256
+
+    def plan(self, q, k_cache, v_cache, block_table, kv_lens, *, cu_seqlens_q=None, k_scale=None, v_scale=None):
+        """The step's plan into the workspace, in the current stream's order (eager; never captured)."""
+        c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale)
+        o = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
+        _paged_kernels("plan", c, self.pattern, self.scale, o, None, self._ptr, self.capacity)
+
+    def run(self, q, k_cache, v_cache, block_table, kv_lens, out, *, cu_seqlens_q=None, lse=None, k_scale=None,
+            v_scale=None):
+        """The kernels over the workspace's plan into out [total_q, Hq, Dv] (q's dtype) and lse
+        [total_q, Hq] (fp32) if given; capturable."""
+        c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale)
+        want = (q.shape[0], q.shape[1], v_cache.shape[3])
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != q.dtype:
+            raise ValueError(f"out: expected {q.dtype} {list(want)}, got {getattr(out, 'dtype', None)} "
+                             f"{list(getattr(out, 'shape', []))}")
+        _paged_kernels("run", c, self.pattern, self.scale, out, lse, self._ptr, self.capacity)
+        return out
 
 
 def append_kv(k_cache, v_cache, block_table, kv_lens, k_new, v_new, cu_seqlens_new=None, *, k_scale=None, v_scale=None):

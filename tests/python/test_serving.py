@@ -223,18 +223,20 @@ def test_a_wrong_page_lookup_or_a_wrong_position_fails_the_check(monkeypatch, na
 
 
 def _reversed_pages(real):  # each request's pages in the wrong order
-    def run(q, k_cache, v_cache, table, lens, starts, *rest):
-        t = table.clone()
-        for b, n in enumerate(lens):
-            need = -(-n // k_cache.shape[1])
-            t[b, :need] = table[b, :need].flip(0)
-        return real(q, k_cache, v_cache, t, lens, starts, *rest)
+    def run(action, c, *rest):
+        t = c.table.clone()
+        for b, n in enumerate(c.lens):
+            need = -(-n // c.k_cache.shape[1])
+            t[b, :need] = c.table[b, :need].flip(0)
+        c.table = t
+        return real(action, c, *rest)
     return run
 
 
 def _one_early(real):  # each request one token shorter: every query one position early
-    def run(q, k_cache, v_cache, table, lens, starts, *rest):
-        return real(q, k_cache, v_cache, table, [n - 1 for n in lens], starts, *rest)
+    def run(action, c, *rest):
+        c.lens = [n - 1 for n in c.lens]
+        return real(action, c, *rest)
     return run
 
 
@@ -350,3 +352,58 @@ def test_fp8_caches_on_the_gpu():
                                   pattern, cu_seqlens_q=starts, k_scale=k_scale.cuda(), v_scale=v_scale.cuda())
     want, _ = expected(cache, q.float(), starts, pattern)
     assert rel_error(got.cpu(), want) <= 2e-2
+
+
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+def test_graph_workspace_plans_each_step_and_runs_it(monkeypatch, device):
+    # plan() then run() over one workspace, step after step (lengths growing, the same tensors), as
+    # a captured decode loop does; each step equals paged_attention's answer. In the emulator run()
+    # launches over the workspace as a graph's replay would.
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", device)
+    pattern = attnjit.Pattern.load(example_specs()[4])  # a sliding window
+    cache = Cache([40, 300, 90], 16, hkv=2, d=32, dv=32, dtype=torch.float32, seed=3)
+    q = torch.randn(3, 4, 32, generator=torch.Generator().manual_seed(3))
+    lens = [n - 5 for n in cache.lens]
+    cap = serving.paged_capacity(q, cache.k_cache, cache.v_cache, cache.table, cache.lens, pattern)
+    assert set(cap) == {"requests", "items", "spans", "entries", "splits"} and cap["requests"] == 3
+    cap = {**cap, "items": cap["items"] + 4, "spans": cap["spans"] + 16, "splits": max(cap["splits"], 4)}
+    ws = serving.GraphWorkspace(q, cache.k_cache, cache.v_cache, pattern, cap)
+    out = torch.full((3, 4, 32), float("nan"))
+    for step in range(6):
+        ws.plan(q, cache.k_cache, cache.v_cache, cache.table, lens)
+        ws.run(q, cache.k_cache, cache.v_cache, cache.table, lens, out)
+        want = serving.paged_attention(q, cache.k_cache, cache.v_cache, cache.table, lens, pattern)
+        assert torch.allclose(out, want, atol=1e-6, rtol=1e-5), step
+        lens = [n + 1 for n in lens]
+    small = {**cap, "items": 1}
+    with pytest.raises(attnjit.AttnjitError, match="PagedCapacity.items: the step's plan needs"):
+        serving.GraphWorkspace(q, cache.k_cache, cache.v_cache, pattern, small).plan(q, cache.k_cache, cache.v_cache,
+                                                                                    cache.table, lens)
+    with pytest.raises(ValueError, match="out: expected"):
+        ws.run(q, cache.k_cache, cache.v_cache, cache.table, lens, out[:2])
+    with pytest.raises(ValueError, match="capacity: missing splits"):
+        serving.GraphWorkspace(q, cache.k_cache, cache.v_cache, pattern, {k: v for k, v in cap.items() if k != "splits"})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the captured decode loop is not run")
+def test_a_decode_loop_captured_in_a_cuda_graph():
+    pattern = attnjit.Pattern.load(example_specs()[2])  # LongNet
+    cache = Cache([40, 3000, 900], 16, hkv=2, d=64, dv=64, dtype=torch.bfloat16, seed=6)
+    q = torch.randn(3, 4, 64, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).cuda()
+    k_cache, v_cache, table = cache.k_cache.cuda(), cache.v_cache.cuda(), cache.table.cuda()
+    lens = [n - 8 for n in cache.lens]
+    cap = serving.paged_capacity(q, k_cache, v_cache, table, cache.lens, pattern)
+    cap = {**cap, "items": cap["items"] + 8, "spans": cap["spans"] + 64, "splits": max(cap["splits"], 8)}
+    ws = serving.GraphWorkspace(q, k_cache, v_cache, pattern, cap)
+    out = torch.empty(3, 4, 64, dtype=torch.bfloat16, device="cuda")
+    ws.plan(q, k_cache, v_cache, table, lens)
+    ws.run(q, k_cache, v_cache, table, lens, out)  # warm-up: compiles and loads before the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ws.run(q, k_cache, v_cache, table, lens, out)
+    for step in range(8):
+        lens = [n + 1 for n in lens]
+        ws.plan(q, k_cache, v_cache, table, lens)
+        g.replay()
+        want = serving.paged_attention(q, k_cache, v_cache, table, lens, pattern)
+        assert torch.allclose(out.float(), want.float(), atol=2e-2, rtol=2e-2), step
