@@ -106,6 +106,24 @@ def _pages_of(table, b, length, page_size, num_pages, what=None, checked=True):
     return pages
 
 
+def _check_pages(table, lens, page_size, num_pages, entries=True):
+    """Every page the requests use (lens[b] tokens each) is in the table's width and (with
+    `entries`: a table on the host) names a page of the cache, all at once: ValueError naming the
+    first entry that does not."""
+    need = [-(-n // page_size) for n in lens]
+    for b, (n, k) in enumerate(zip(lens, need)):
+        if k > table.shape[1]:
+            raise ValueError(f"kv_lens[{b}] = {n} needs {k} pages of {page_size} tokens; block_table has "
+                             f"{table.shape[1]} per request (make it wider, or the length shorter)")
+    if not entries:
+        return
+    used = torch.arange(table.shape[1])[None, :] < torch.tensor(need, dtype=torch.int64)[:, None]
+    bad = (used & ((table < 0) | (table >= num_pages))).nonzero()
+    if bad.numel():
+        b, j = int(bad[0, 0]), int(bad[0, 1])
+        raise ValueError(f"block_table[{b}, {j}] = {int(table[b, j])} is not a page of the cache (0 .. {num_pages - 1})")
+
+
 def _gather(cache, pages, length):
     """The contiguous [1, length, Hkv, D] sequence of `pages`' first `length` tokens."""
     rows = cache.index_select(0, pages.to(cache.device))
@@ -139,7 +157,8 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
     if q.dtype != torch.float64:
         _paged_kernels("forward", c, pattern, scale, o, lse)
         return (o, lse) if return_lse else o
-    for b, n, length, pages in c.requests:
+    for b, n, length in c.requests:
+        pages = c.table[b, :-(-length // k_cache.shape[1])]
         k = _gather(k_cache, pages, length)
         v = _gather(v_cache, pages, length)
         if k_cache.dtype == FP8:  # the reference reads what the kernels read: stored value x scale
@@ -178,18 +197,17 @@ def _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_sc
     given = _checked_table(block_table, batch)
     on_gpu = given.device.type == "cuda" and q.dtype != torch.float64
     c.table = given if on_gpu else given.to("cpu", torch.int64)
-    c.requests = []
+    c.requests = []  # (b, queries, length) of the requests with queries
     for b in range(batch):
         length, n = c.lens[b], c.starts[b + 1] - c.starts[b]
         if length < 0:
             raise ValueError(f"kv_lens[{b}] = {length} is negative")
-        pages = _pages_of(c.table, b, length, page_size, num_pages, checked=not on_gpu)
-        if n == 0:
-            continue
         if n > length:
             raise ValueError(f"request {b} has {n} queries but kv_lens[{b}] = {length}: append the queries' own K/V "
                              "first (append_kv), so that each query's position kv_len - n + i is a cached token")
-        c.requests.append((b, n, length, pages))
+        if n:
+            c.requests.append((b, n, length))
+    _check_pages(c.table, c.lens, page_size, num_pages, entries=not on_gpu)  # on the GPU: the widths only
     c.k_scale = _scales("k_scale", k_scale, k_cache, hkv)
     c.v_scale = _scales("v_scale", v_scale, v_cache, hkv)
     return c

@@ -605,7 +605,7 @@ TEST_CASE("a paged plan is each request's plan at its positions, concatenated", 
   CHECK(text.find("items (request:heads): 0:" + std::to_string(pp.item_heads[0]) + " ") != std::string::npos);
 }
 
-TEST_CASE("paged splits fill the target without idle blocks; bad requests are refused by name", "[plan][paged][errors]") {
+TEST_CASE("paged splits fill the target without idle blocks, and bad requests are refused by name", "[plan][paged][errors]") {
   const Pattern dense = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "causal": true}]})");
   const PagedPlan one = lower_paged_plan(dense, 1, 1, 32, 32, {{1, 1000}}, TileConfig{16, 32});
   CHECK(one.max_item_tiles == 32);  // 1000 keys in tiles of 32
