@@ -211,14 +211,12 @@ void PagedAttention::plan(const PagedCall& c, void* workspace, const PagedCapaci
 void PagedAttention::run(const PagedCall& c, void* workspace, const PagedCapacity& cap) {
   const PagedState& st = state_of(state_);
   if (!st.backend->graphs()) return forward(c);  // the CPU: no graphs, its own plan
-  checked_requests(st, c);
+  checked_requests(st, c);  // the tensors and lengths as plan() saw them (a graph's launch reads its workspace)
   require(workspace != nullptr, "workspace", "is null; give plan()'s workspace");
   if (c.q.shape[0] == 0 || cap.items == 0) return;
   const PagedWorkspace w = paged_workspace(cap, st.backend->tiles().tile_q, st.problem.head_dim_v);
   st.backend->run_workspace(c, workspace, w, cap, st.softmax_scale, st.output_scale);
 }
-
-
 
 namespace {
 

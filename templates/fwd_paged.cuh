@@ -7,10 +7,10 @@
 // A block runs one work item over a share of its key tiles. An item holds query rows of one
 // request for one or more heads of one kv group (GQA: the heads whose key tiles are the same share
 // the item, so each K/V tile is read once for all of them); its rows are (head, query) pairs,
-// head-major, at most AJ_TILE_Q. With split-KV (AjPagedParams::splits > 1) block (x, y) takes the item's
-// tiles n with n % splits == y and writes its normalised partial output and log2-domain LSE, and
-// _merge combines the splits (NaN-safe: a NaN split makes the row NaN; splits that attended nothing
-// weigh 0). Four warps: all load the tile (K, V as float in shared memory), then warp w runs rows
+// head-major, at most AJ_TILE_Q. With split-KV (splits > 1: AjPagedParams::splits, or a graph
+// workspace's header) block (x, y) takes the item's tiles n with n % splits == y and writes its
+// normalised partial output and log2-domain LSE, and _merge combines the splits (NaN-safe: a NaN
+// split makes the row NaN; splits that attended nothing weigh 0). Four warps: all load the tile (K, V as float in shared memory), then warp w runs rows
 // w, w + 4, ...: lane c scores key c (one key per lane and 32-key step), the row's probabilities go
 // through shared memory, and lane l accumulates output dims l, l + 32, ...
 //

@@ -15,8 +15,10 @@ How it runs: fp32, fp16 and bf16 calls run attnjit's paged forward (the C++ Page
 step plans its requests on the host (one lowering per distinct (queries, length)), and the paged
 kernel reads, through the block table, only the tokens the pattern attends, with split-KV over
 long caches (CUDA tensors; the emulator under ATTNJIT_CPU_DEVICE=emu; the plan executor on other
-CPU tensors). float64 queries run the float64 reference on each request's gathered tokens. CUDA
-graph capture of a paged call is refused (the tables change every step).
+CPU tensors). float64 queries run the float64 reference on each request's gathered tokens. Caches
+may be FP8 (torch.float8_e4m3fn, with per-kv-head scales). paged_attention is not captured in a CUDA
+graph (its plan changes every step); a captured decode loop uses GraphWorkspace: plan() each step,
+eagerly, then replay a graph that captured run().
 """
 import torch
 
