@@ -45,9 +45,19 @@ __device__ __forceinline__ float aj_kv_load(const aj_kv_elem* p) { return aj_loa
 #define AJ_PG_KL ((AJ_TILE_K + 31) / 32)                           // keys per lane
 #define AJ_PG_VD ((AJ_HEAD_DIM_V + 31) / 32)                       // output dims per lane
 
-struct AjPagedShared {
+// K's row pitch: where the head dim is a multiple of 4 the scores read 16 bytes of K (and of Q) at a
+// time, and a pitch of 4 floats past it puts the 8 lanes of each 16-byte phase on 32 distinct
+// banks; otherwise an odd pitch does the same for 4-byte reads.
+#define AJ_PG_VEC_DOT (AJ_HEAD_DIM % 4 == 0)
+#define AJ_PG_KPITCH (AJ_PG_VEC_DOT ? AJ_HEAD_DIM + 4 : AJ_HEAD_DIM + 1)
+
+struct __align__(16) aj_f32x4 {
+  float x, y, z, w;
+};
+
+struct __align__(16) AjPagedShared {
   float q[AJ_TILE_Q][AJ_HEAD_DIM];
-  float k[AJ_TILE_K][AJ_HEAD_DIM + 1];  // odd pitch: lanes reading one dim of 32 keys hit 32 banks
+  float k[AJ_TILE_K][AJ_PG_KPITCH];
   float v[AJ_TILE_K][AJ_HEAD_DIM_V];
   float p[AJ_PG_WARPS][AJ_TILE_K];      // each warp's row probabilities (-1: the key is masked)
 };
@@ -165,7 +175,7 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
     if (n % splits != split) continue;
     const AjTile t = cursor.tile();
     aj_syncthreads();  // the previous tile is no longer read (and Q is in place)
-    aj_paged_load_tile<AJ_HEAD_DIM, AJ_HEAD_DIM + 1>(pp, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, req, kvh, t, k_scale, &sh.k[0][0]);
+    aj_paged_load_tile<AJ_HEAD_DIM, AJ_PG_KPITCH>(pp, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, req, kvh, t, k_scale, &sh.k[0][0]);
     aj_paged_load_tile<AJ_HEAD_DIM_V, AJ_HEAD_DIM_V>(pp, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, req, kvh, t, v_scale, &sh.v[0][0]);
     aj_syncthreads();
 
@@ -183,8 +193,19 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
         bool ok = c < t.count;
         float dot = 0.0f;
         if (ok) {
+#if AJ_PG_VEC_DOT
+#pragma unroll 8
+          for (int d = 0; d < AJ_HEAD_DIM; d += 4) {
+            const aj_f32x4 a = *(const aj_f32x4*)&sh.q[r][d], b = *(const aj_f32x4*)&sh.k[c][d];
+            dot += a.x * b.x;
+            dot += a.y * b.y;
+            dot += a.z * b.z;
+            dot += a.w * b.w;
+          }
+#else
 #pragma unroll 8
           for (int d = 0; d < AJ_HEAD_DIM; ++d) dot += sh.q[r][d] * sh.k[c][d];
+#endif
           if (!t.full) ok = aj_keys_allowed(p, t.branch, at.head, at.pos, t.first, (aj_cs)c * (aj_cs)t.stride);
         }
         s[e] = ok ? aj_mul_rn(dot, p.scale_log2) : AJ_NEG_INF;  // rounded as m_new is: the maximum's weight is 1

@@ -523,7 +523,8 @@ namespace attnjit {
 namespace {
 // Static shared memory of the paged forward (fwd_paged.cuh's AjPagedShared).
 int paged_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
-  return 4 * (c.tile_q * r.head_dim + c.tile_k * (r.head_dim + 1) + c.tile_k * r.head_dim_v + 4 * c.tile_k);
+  const int pitch = r.head_dim % 4 == 0 ? r.head_dim + 4 : r.head_dim + 1;  // fwd_paged.cuh's AJ_PG_KPITCH
+  return 4 * (c.tile_q * r.head_dim + c.tile_k * pitch + c.tile_k * r.head_dim_v + 4 * c.tile_k);
 }
 }  // namespace
 
