@@ -232,16 +232,15 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
       l[j] = l[j] * rescale + sum;
       aj_named_sync(1 + warp, 32);  // the warp's probabilities are in place
 #pragma unroll
-      for (int x = 0; x < AJ_PG_VD; ++x) {
-        const int d = lane + 32 * x;
-        if (d >= AJ_HEAD_DIM_V) break;
-        float a = acc[j][x] * rescale;
-        for (int c = 0; c < t.count; ++c) {
-          const float pc = sh.p[warp][c];
-          if (pc == -1.0f) continue;
-          a += pc * sh.v[c][d];
-        }
-        acc[j][x] = a;
+#pragma unroll
+      for (int x = 0; x < AJ_PG_VD; ++x) acc[j][x] *= rescale;
+      // Each probability read once for all of the lane's dims; each dim's sum in key order.
+      for (int c = 0; c < t.count; ++c) {
+        const float pc = sh.p[warp][c];
+        if (pc == -1.0f) continue;
+#pragma unroll
+        for (int x = 0; x < AJ_PG_VD; ++x)
+          if (lane + 32 * x < AJ_HEAD_DIM_V) acc[j][x] += pc * sh.v[c][lane + 32 * x];
       }
       aj_named_sync(1 + warp, 32);  // read before the next row writes them
       m[j] = m_new;

@@ -534,7 +534,7 @@ TEST_CASE("paged attention: every deliberately broken paged kernel fails in the 
   CHECK(clean.second > 0);
   const std::tuple<const char*, const char*, const char*> mutations[] = {
       {"the running sum not rescaled", "      l[j] = l[j] * rescale + sum;", "      l[j] = l[j] + sum;"},
-      {"a masked key weighted instead of skipped", "          if (pc == -1.0f) continue;\n", "\n"},
+      {"a masked key weighted instead of skipped", "        if (pc == -1.0f) continue;\n", "\n"},
       {"the mask not asked on partial tiles", "          if (!t.full) ok = aj_keys_allowed", "          if (false) ok = aj_keys_allowed"},
       {"queries at their request's row, not its position", "  out.pos = q_pos + local;", "  out.pos = local;"},
       {"every row of a packed item taken as its first head's", "  out.head = item.head + h;", "  out.head = item.head;"},
