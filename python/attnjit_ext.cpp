@@ -212,7 +212,7 @@ std::vector<int64_t> paged(const std::string& action, const std::string& spec, c
                            uintptr_t block_table, int64_t block_table_stride, const std::vector<int64_t>& kv_lens,
                            const std::vector<int64_t>& cu_seqlens_q, const Tensor& o, const std::optional<Tensor>& lse,
                            int32_t splits, uintptr_t stream, const std::string& kv_dtype, uintptr_t k_scale, uintptr_t v_scale,
-                           uintptr_t workspace, const std::vector<int64_t>& capacity) {
+                           uintptr_t workspace, const std::vector<int64_t>& capacity, uintptr_t errors) {
   const DType dt = parse_dtype(dtype), kv = parse_kv_dtype(kv_dtype);
   const auto& qs = std::get<1>(q);
   const auto& ks = std::get<1>(k_cache);
@@ -241,6 +241,7 @@ std::vector<int64_t> paged(const std::string& action, const std::string& spec, c
   c.q = view(q, dt), c.k_cache = view(k_cache, kv), c.v_cache = view(v_cache, kv), c.o = view(o, dt);
   c.k_scale = reinterpret_cast<const float*>(k_scale);
   c.v_scale = reinterpret_cast<const float*>(v_scale);
+  c.errors = reinterpret_cast<int32_t*>(errors);
   const TensorView lv = lse ? view(*lse, DType::F32) : TensorView{};
   c.lse = lse ? &lv : nullptr;
   c.block_table = reinterpret_cast<const int32_t*>(block_table);

@@ -58,7 +58,7 @@ KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTabl
 AjPagedParams paged_params(double softmax_scale, double output_scale, const PagedProblem& pb, const PagedTables& t, const TensorView& q,
                            const TensorView& k_cache, const TensorView& v_cache, const TensorView& o, const TensorView* lse,
                            const int32_t* block_table, int64_t block_table_stride, int32_t splits, const float* k_scale,
-                           const float* v_scale) {
+                           const float* v_scale, int32_t* errors) {
   AjPagedParams pp{};
   KernelParams& kp = pp.fwd;
   kp.q = q.data, kp.k = k_cache.data, kp.v = v_cache.data, kp.o = o.data;
@@ -90,6 +90,7 @@ AjPagedParams paged_params(double softmax_scale, double output_scale, const Page
   pp.vec16 = aligned(k_cache) && aligned(v_cache) ? 1 : 0;
   pp.k_scale = k_scale, pp.v_scale = v_scale;
   pp.header = t.header;
+  pp.errors = errors;
   return pp;
 }
 

@@ -49,7 +49,7 @@ struct PagedTables {
 AjPagedParams paged_params(double softmax_scale, double output_scale, const PagedProblem& pb, const PagedTables& t, const TensorView& q,
                            const TensorView& k_cache, const TensorView& v_cache, const TensorView& o, const TensorView* lse,
                            const int32_t* block_table, int64_t block_table_stride, int32_t splits, const float* k_scale,
-                           const float* v_scale);
+                           const float* v_scale, int32_t* errors);
 // Bytes of the partial buffers a call with `splits` needs (0 for one split), and where lse starts.
 struct PagedPartials {
   size_t o_bytes = 0, lse_bytes = 0;

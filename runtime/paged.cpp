@@ -140,7 +140,9 @@ std::vector<PagedRequest> checked_requests(const PagedState& st, const PagedCall
     requests[b] = {cu[b + 1] - cu[b], len};
   }
   require(batch == 0 || c.block_table != nullptr, "block_table", "is null");
-  if (st.backend->host_memory()) {
+  // The table's entries where the host can read them; a GPU's kernel counts or poisons bad ones, as
+  // the emu device's does when given a counter.
+  if (st.backend->host_memory() && (c.errors == nullptr || !st.backend->graphs())) {
     for (int64_t b = 0; b < batch; ++b) {
       if (requests[b].queries == 0) continue;
       for (int64_t j = 0; j * page_size < requests[b].kv_len; ++j) {

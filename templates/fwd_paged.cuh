@@ -14,8 +14,9 @@
 // w, w + 4, ...: lane c scores key c (one key per lane and 32-key step), the row's probabilities go
 // through shared memory, and lane l accumulates output dims l, l + 32, ...
 //
-// A page index outside the cache (0 .. num_pages - 1) is never read: the key reads as NaN, so the
-// rows that attend it come out NaN instead of reading memory that is not the cache's.
+// A page index outside the cache (0 .. num_pages - 1) is never read. With a counter
+// (AjPagedParams::errors) each such key's read is counted and the key skipped, as if masked;
+// without one it reads as NaN, so the rows that attend it come out NaN.
 
 // The caches' storage (AJ_KV_DTYPE, the generated header's; AJ_DTYPE's where it says none): q's, or
 // 3 = FP8 e4m3 (OCP E4M3FN: bias 7, no infinities, S.1111.111 NaN), decoded exactly in software
@@ -60,6 +61,7 @@ struct __align__(16) AjPagedShared {
   float k[AJ_TILE_K][AJ_PG_KPITCH];
   float v[AJ_TILE_K][AJ_HEAD_DIM_V];
   float p[AJ_PG_WARPS][AJ_TILE_K];      // each warp's row probabilities (-1: the key is masked)
+  int skip[AJ_TILE_K];                  // 1: the key's page is outside the cache, counted and skipped
 };
 
 // Row r of an item: its head and its query row (the packed row of q, o and lse) and position.
@@ -99,12 +101,20 @@ __device__ __forceinline__ const aj_kv_elem* aj_paged_row(const AjPagedParams& p
 
 // A tile's K or V rows (`D` wide) into shared memory as float (`PITCH` floats a row): 16 bytes a
 // thread where every row is 16-byte aligned (AjPagedParams::vec16), else one element. Keys past the
-// tile's count are 0; the rows of a page outside the cache NaN. Values are times `scale` (1 unless
-// the caches are FP8).
+// tile's count are 0; the rows of a page outside the cache NaN, or 0 where such reads are counted
+// (pp.errors). Values are times `scale` (1 unless the caches are FP8). With `skip` (K's load) the
+// thread loading a row's first element marks there whether the row is a counted bad one, and
+// counts it.
 template <int D, int PITCH>
 __device__ __forceinline__ void aj_paged_load_tile(const AjPagedParams& pp, const void* cache, aj_i64 page_stride,
                                                    aj_i64 row_stride, aj_i64 head_stride, int req, int kvh, const AjTile& t,
-                                                   float scale, float* dst) {
+                                                   float scale, float* dst, int* skip) {
+  const float bad = pp.errors ? 0.0f : aj_int_as_float(0x7fffffff);
+  auto mark = [&](int r, bool missing) {
+    if (skip == nullptr) return;
+    skip[r] = missing && pp.errors ? 1 : 0;
+    if (missing && pp.errors) aj_red_add_u32((aj_u32*)pp.errors, 1u);
+  };
   constexpr int kVec = 16 / (int)sizeof(aj_kv_elem);  // elements in 16 bytes
   if (D % kVec == 0 && pp.vec16) {
     for (int x = aj_thread_idx(); x < AJ_TILE_K * (D / kVec); x += AJ_PG_THREADS) {
@@ -118,8 +128,9 @@ __device__ __forceinline__ void aj_paged_load_tile(const AjPagedParams& pp, cons
         for (int i = 0; i < kVec; ++i) val[i] = aj_kv_load(e + i) * scale;
       } else {
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) val[i] = r < t.count ? aj_int_as_float(0x7fffffff) : 0.0f;
+        for (int i = 0; i < kVec; ++i) val[i] = r < t.count ? bad : 0.0f;
       }
+      if (d == 0) mark(r, r < t.count && row == nullptr);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) dst[r * PITCH + d + i] = val[i];
     }
@@ -128,11 +139,14 @@ __device__ __forceinline__ void aj_paged_load_tile(const AjPagedParams& pp, cons
   for (int x = aj_thread_idx(); x < AJ_TILE_K * D; x += AJ_PG_THREADS) {
     const int r = x / D, d = x % D;
     float val = 0.0f;
+    bool missing = false;
     if (r < t.count) {
       const aj_kv_elem* row = aj_paged_row(pp, cache, page_stride, row_stride, head_stride, req, t.first + r * t.stride, kvh);
-      val = row ? aj_kv_load(row + d) * scale : aj_int_as_float(0x7fffffff);
+      missing = row == nullptr;
+      val = row ? aj_kv_load(row + d) * scale : bad;
     }
     dst[r * PITCH + d] = val;
+    if (d == 0) mark(r, missing);
   }
 }
 
@@ -175,8 +189,8 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
     if (n % splits != split) continue;
     const AjTile t = cursor.tile();
     aj_syncthreads();  // the previous tile is no longer read (and Q is in place)
-    aj_paged_load_tile<AJ_HEAD_DIM, AJ_PG_KPITCH>(pp, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, req, kvh, t, k_scale, &sh.k[0][0]);
-    aj_paged_load_tile<AJ_HEAD_DIM_V, AJ_HEAD_DIM_V>(pp, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, req, kvh, t, v_scale, &sh.v[0][0]);
+    aj_paged_load_tile<AJ_HEAD_DIM, AJ_PG_KPITCH>(pp, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, req, kvh, t, k_scale, &sh.k[0][0], sh.skip);
+    aj_paged_load_tile<AJ_HEAD_DIM_V, AJ_HEAD_DIM_V>(pp, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, req, kvh, t, v_scale, &sh.v[0][0], nullptr);
     aj_syncthreads();
 
 #pragma unroll
@@ -190,7 +204,7 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
 #pragma unroll
       for (int e = 0; e < AJ_PG_KL; ++e) {
         const int c = lane + 32 * e;
-        bool ok = c < t.count;
+        bool ok = c < t.count && !sh.skip[c];
         float dot = 0.0f;
         if (ok) {
 #if AJ_PG_VEC_DOT

@@ -137,6 +137,8 @@ typedef struct AjPagedParams {
   const int* header;            // CUDA graphs: {items, splits} of the plan in the workspace, read by the
                                 // blocks of a grid sized to its capacity (blocks past them return);
                                 // null: the grid's items and `splits`
+  int* errors;                  // reads of a page outside the cache counted here, and those keys
+                                // skipped (null: they read as NaN)
 } AjPagedParams;
 
 /* ---- the layout, field by field ------------------------------------------------------------ */
@@ -256,7 +258,7 @@ AJ_ABI_FIELD(AjBwdParams, scale, 520);
 AJ_ABI_FIELD(AjBwdParams, num_key_items, 524);
 AJ_ABI_FIELD(AjBwdParams, key_item_base, 528);
 AJ_ABI_FIELD(AjBwdParams, plain_add, 532);
-AJ_ABI_SIZE(AjPagedParams, 408);
+AJ_ABI_SIZE(AjPagedParams, 416);
 AJ_ABI_FIELD(AjPagedParams, item_request, 288);
 AJ_ABI_FIELD(AjPagedParams, item_heads, 296);
 AJ_ABI_FIELD(AjPagedParams, q_start, 304);
@@ -273,6 +275,7 @@ AJ_ABI_FIELD(AjPagedParams, vec16, 376);
 AJ_ABI_FIELD(AjPagedParams, k_scale, 384);
 AJ_ABI_FIELD(AjPagedParams, v_scale, 392);
 AJ_ABI_FIELD(AjPagedParams, header, 400);
+AJ_ABI_FIELD(AjPagedParams, errors, 408);
 #undef AJ_ABI_SIZE
 #undef AJ_ABI_FIELD
 

@@ -233,6 +233,11 @@ struct PagedCall {
   // (host memory on the CPU and emu devices); null: 1. Only with kv_dtype fp8_e4m3.
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
+  // A counter (int32, the device's memory) of reads of a page outside the cache, whose keys are then
+  // skipped as if masked; null: such keys read as NaN (a GPU), or the call is refused (CPU and emu
+  // devices, which check the table on the host unless a counter is given: the emu device then runs
+  // what a GPU would; the CPU device always checks).
+  int32_t* errors = nullptr;
 };
 
 // CUDA graphs (a decode loop captured once): a step's tables in a workspace at a fixed address,
@@ -248,8 +253,9 @@ struct PagedCapacity {
 struct PagedState;
 // A prepared paged attention: the paged kernels rendered and loaded for (pattern, problem); each
 // call plans its requests (one lowering per distinct (queries, kv_len)) and runs. On a GPU a page
-// index outside the cache is never read: the keys it would hold read as NaN, so the rows attending
-// them come out NaN (the CPU and emu devices refuse the call, naming the entry).
+// index outside the cache is never read: its keys are counted and skipped (PagedCall::errors) or
+// read as NaN, so the rows attending them come out NaN (the CPU and emu devices refuse the call,
+// naming the entry).
 class PagedAttention {
 public:
   void forward(const PagedCall& call);

@@ -133,7 +133,7 @@ def _gather(cache, pages, length):
 
 
 def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_seqlens_q=None, scale=None,
-                    return_lse=False, k_scale=None, v_scale=None):
+                    return_lse=False, k_scale=None, v_scale=None, errors=None):
     """Attention of `pattern` for packed queries q [total_q, Hq, D] over a paged KV cache.
 
     `k_cache`/`v_cache` [num_pages, page_size, Hkv, D] (V may have its own head dim), `block_table`
@@ -146,13 +146,14 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
     the host from the lengths: give `kv_lens` (and `cu_seqlens_q`) as lists or CPU tensors, since
     reading a CUDA tensor's values synchronises. A block table on the GPU is not read back (no
     synchronisation): there a page index outside the cache is not an error but reads as NaN, so
-    the rows that attend it come out NaN.
+    the rows that attend it come out NaN; or, given `errors` (an int32 tensor of one element on the
+    GPU), each read of such a page is counted there and its keys are skipped as if masked.
 
     FP8 caches: `k_cache`/`v_cache` of torch.float8_e4m3fn (half of bf16's bytes, so half the reads
     of a decode step) with q in bf16, fp16 or fp32; K is read as stored value x `k_scale` (a float,
     or fp32 [Hkv] per kv head; default 1), V likewise (append_kv with the same scales writes them).
     """
-    c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale)
+    c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, errors)
     o = q.new_zeros((q.shape[0], q.shape[1], v_cache.shape[3]))
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # as attnjit.attention's
     lse = torch.full((q.shape[0], q.shape[1]), float("-inf"), dtype=lse_dtype, device=q.device)
@@ -178,7 +179,7 @@ class _Call:
     table (on the host, or as given on the GPU), scales and each request with queries."""
 
 
-def _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale):
+def _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, errors=None):
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q: expected a torch tensor [total_q, Hq, D], got {getattr(q, 'shape', type(q).__name__)}")
     _check_cache(k_cache, v_cache)
@@ -212,6 +213,10 @@ def _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_sc
     _check_pages(c.table, c.lens, page_size, num_pages, entries=not on_gpu)  # on the GPU: the widths only
     c.k_scale = _scales("k_scale", k_scale, k_cache, hkv)
     c.v_scale = _scales("v_scale", v_scale, v_cache, hkv)
+    if errors is not None and (not isinstance(errors, torch.Tensor) or errors.dtype != torch.int32 or errors.numel() < 1
+                               or errors.device != q.device):
+        raise ValueError(f"errors: expected an int32 tensor of one element on {q.device}")
+    c.errors = errors
     return c
 
 
@@ -258,7 +263,7 @@ def _paged_kernels(action, c, pattern, scale, o, lse, workspace=0, capacity=()):
     kv_dtype = "fp8_e4m3" if k_cache.dtype == FP8 else _DTYPES[q.dtype]
     return _attnjit.paged(action, spec, device, index, _DTYPES[q.dtype], desc(q), desc(k_cache), desc(v_cache),
                           table32.data_ptr(), table32.shape[1], list(c.lens), list(c.starts), desc(o), desc(lse), 0, stream,
-                          kv_dtype, ptr(c.k_scale), ptr(c.v_scale), workspace, list(capacity))
+                          kv_dtype, ptr(c.k_scale), ptr(c.v_scale), workspace, list(capacity), ptr(c.errors))
 
 
 CAPACITY_FIELDS = ("requests", "items", "spans", "entries", "splits")
@@ -312,10 +317,10 @@ class GraphWorkspace:
         _paged_kernels("plan", c, self.pattern, self.scale, o, None, self._ptr, self.capacity)
 
     def run(self, q, k_cache, v_cache, block_table, kv_lens, out, *, cu_seqlens_q=None, lse=None, k_scale=None,
-            v_scale=None):
+            v_scale=None, errors=None):
         """The kernels over the workspace's plan into out [total_q, Hq, Dv] (q's dtype) and lse
-        [total_q, Hq] (fp32) if given; capturable."""
-        c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale)
+        [total_q, Hq] (fp32) if given; capturable. `errors`: as paged_attention's."""
+        c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, errors)
         want = (q.shape[0], q.shape[1], v_cache.shape[3])
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != q.dtype:
             raise ValueError(f"out: expected {q.dtype} {list(want)}, got {getattr(out, 'dtype', None)} "

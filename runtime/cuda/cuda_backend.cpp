@@ -529,7 +529,7 @@ public:
     t.part_o = parts.o_bytes ? static_cast<float*>(at(part_o)) : nullptr;
     t.part_lse = parts.lse_bytes ? static_cast<float*>(at(part_lse)) : nullptr;
     AjPagedParams pp = paged_params(plan.tables.softmax_scale, plan.tables.output_scale, problem_, t, c.q, c.k_cache, c.v_cache,
-                                    c.o, c.lse, c.block_table, c.block_table_stride, splits, c.k_scale, c.v_scale);
+                                    c.o, c.lse, c.block_table, c.block_table_stride, splits, c.k_scale, c.v_scale, c.errors);
     const unsigned grid = static_cast<unsigned>(d.items.size());
     run_kernels(pp, grid, static_cast<unsigned>(splits), splits > 1, stream);
     free_async(base, stream, "paged plan tables");
@@ -556,7 +556,7 @@ public:
     const ScopedCurrentContext current(context_);
     check_pointers(c);
     AjPagedParams pp = paged_params(softmax_scale, output_scale, problem_, paged_workspace_tables(workspace, w), c.q, c.k_cache,
-                                    c.v_cache, c.o, c.lse, c.block_table, c.block_table_stride, 0, c.k_scale, c.v_scale);
+                                    c.v_cache, c.o, c.lse, c.block_table, c.block_table_stride, 0, c.k_scale, c.v_scale, c.errors);
     run_kernels(pp, static_cast<unsigned>(cap.items), static_cast<unsigned>(cap.splits), true, static_cast<CUstream>(c.stream));
   }
 
@@ -578,9 +578,10 @@ private:
     // The table and the scales checked as pointers only.
     const TensorView table{const_cast<int32_t*>(c.block_table), DType::F32, {1}, {1}};
     const TensorView ks{const_cast<float*>(c.k_scale), DType::F32, {1}, {1}}, vs{const_cast<float*>(c.v_scale), DType::F32, {1}, {1}};
+    const TensorView er{c.errors, DType::F32, {1}, {1}};
     for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"q", &c.q}, {"k_cache", &c.k_cache}, {"v_cache", &c.v_cache},
                                   {"o", &c.o}, {"lse", c.lse}, {"block_table", &table}, {"k_scale", c.k_scale ? &ks : nullptr},
-                                  {"v_scale", c.v_scale ? &vs : nullptr}}) {
+                                  {"v_scale", c.v_scale ? &vs : nullptr}, {"errors", c.errors ? &er : nullptr}}) {
       if (!t) continue;
       const PointerInfo pi = pointer_info(t->data);
       if (!pi.is_device_memory || pi.device_ordinal != device_)

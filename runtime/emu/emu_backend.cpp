@@ -367,6 +367,7 @@ public:
     const size_t ipos = img.add_table("query positions", plan.q_pos);
     const size_t iks = img.add("k_scale", c.k_scale, c.k_scale ? size_t(problem_.heads_kv) * 4 : 0, 4, false);
     const size_t ivs = img.add("v_scale", c.v_scale, c.v_scale ? size_t(problem_.heads_kv) * 4 : 0, 4, false);
+    const size_t ierr = img.add("errors", c.errors, c.errors ? 4 : 0, 4, true);
     const size_t ipo = img.add("partial O", nullptr, parts.o_bytes, 4, true), ipl = img.add("partial LSE", nullptr, parts.lse_bytes, 4, true);
     img.materialise();
     auto rebased = [&](const TensorView& view, size_t region) {
@@ -388,11 +389,13 @@ public:
     AjPagedParams pp = paged_params(plan.tables.softmax_scale, plan.tables.output_scale, problem_, t, rebased(c.q, iq), rebased(c.k_cache, ik), rebased(c.v_cache, iv),
                                     rebased(c.o, io), c.lse ? &lse : nullptr, static_cast<const int32_t*>(img.at(ibt)),
                                     c.block_table_stride, splits, c.k_scale ? static_cast<const float*>(img.at(iks)) : nullptr,
-                                    c.v_scale ? static_cast<const float*>(img.at(ivs)) : nullptr);
+                                    c.v_scale ? static_cast<const float*>(img.at(ivs)) : nullptr,
+                                    c.errors ? static_cast<int32_t*>(img.at(ierr)) : nullptr);
     launch(img, pp, kernels_.forward, unsigned(d.items.size()), unsigned(splits));
     if (splits > 1) launch(img, pp, kernels_.merge, unsigned(d.items.size()), 1);
     img.copy_back(io, c.o.data);
     if (c.lse) img.copy_back(il, c.lse->data);
+    if (c.errors) img.copy_back(ierr, c.errors);
   }
   // Host memory stands in for the device's: the bytes are copied now.
   void write_workspace(void* workspace, const std::vector<uint8_t>& bytes, const PagedCall&) override {
@@ -410,6 +413,7 @@ public:
     const size_t ibt = img.add("block_table", c.block_table, size_t(c.kv_lens.size() * c.block_table_stride) * 4, 4, false);
     const size_t iks = img.add("k_scale", c.k_scale, c.k_scale ? size_t(problem_.heads_kv) * 4 : 0, 4, false);
     const size_t ivs = img.add("v_scale", c.v_scale, c.v_scale ? size_t(problem_.heads_kv) * 4 : 0, 4, false);
+    const size_t ierr = img.add("errors", c.errors, c.errors ? 4 : 0, 4, true);
     const size_t iws = img.add("paged workspace", workspace, w.total, 4, true);
     img.materialise();
     auto rebased = [&](const TensorView& view, size_t region) {
@@ -422,11 +426,13 @@ public:
                                     rebased(c.q, iq), rebased(c.k_cache, ik), rebased(c.v_cache, iv), rebased(c.o, io),
                                     c.lse ? &lse : nullptr, static_cast<const int32_t*>(img.at(ibt)), c.block_table_stride,
                                     /*splits: the header's*/ 0, c.k_scale ? static_cast<const float*>(img.at(iks)) : nullptr,
-                                    c.v_scale ? static_cast<const float*>(img.at(ivs)) : nullptr);
+                                    c.v_scale ? static_cast<const float*>(img.at(ivs)) : nullptr,
+                                    c.errors ? static_cast<int32_t*>(img.at(ierr)) : nullptr);
     launch(img, pp, kernels_.forward, unsigned(cap.items), unsigned(cap.splits));
     launch(img, pp, kernels_.merge, unsigned(cap.items), 1);
     img.copy_back(io, c.o.data);
     if (c.lse) img.copy_back(il, c.lse->data);
+    if (c.errors) img.copy_back(ierr, c.errors);
   }
 
   TileConfig tiles() const override { return TileConfig{kernels_.source.config.tile_q, kernels_.source.config.tile_k}; }

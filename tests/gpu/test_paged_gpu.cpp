@@ -37,6 +37,9 @@ struct PagedCase {
   // (blocks past it return); or (a GPU) run() captured once in a CUDA graph and replayed after the
   // plan() of a step one token shorter, then after plan() of this call.
   enum class Mode { Forward, PlanRun, Graph } mode = Mode::Forward;
+  // A request whose first page index is past the cache, with an error counter: its keys there are
+  // counted and skipped (its rows only finite), every other request's rows exact.
+  int bad_page_request = -1;
   // V elements of one request's token set to a value (request, position, kv head, dim, value).
   std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, float>> v_values;
 };
@@ -83,6 +86,7 @@ float value_at(const std::vector<unsigned char>& b, size_t i, DType dt) {
 struct PagedResult {
   size_t rows = 0, mismatches = 0;
   double worst = 0;
+  int32_t errors = 0;  // the counter's value (bad_page_request)
 };
 
 PagedResult run_paged(const PagedCase& c) {
@@ -163,8 +167,11 @@ PagedResult run_paged(const PagedCase& c) {
   qb.upload(bytes_of(q, c.dtype));
   kb.upload(bytes_of(kc, kvdt));
   vb.upload(bytes_of(vc, kvdt));
+  if (c.bad_page_request >= 0) table[size_t(c.bad_page_request) * max_pages] = int32_t(pages + 5);
   std::vector<unsigned char> tbytes(table.size() * 4);
   std::memcpy(tbytes.data(), table.data(), tbytes.size());
+  Buf eb4(4);
+  eb4.upload(std::vector<unsigned char>(4, 0));
   tb.upload(tbytes);
   ob.poison(nullptr);
   lb.poison(nullptr);
@@ -192,6 +199,7 @@ PagedResult run_paged(const PagedCase& c) {
   const TensorView lse = TensorView::contiguous(lb.data(), DType::F32, {total_q, c.heads_q});
   call.lse = &lse;
   call.splits = c.splits;
+  if (c.bad_page_request >= 0) call.errors = static_cast<int32_t*>(eb4.data());
   if (c.mode == PagedCase::Mode::Forward) {
     pa.forward(call);
   } else {
@@ -221,14 +229,19 @@ PagedResult run_paged(const PagedCase& c) {
   const std::vector<unsigned char> o = ob.download(), l = lb.download();
 
   PagedResult res;
+  if (c.bad_page_request >= 0) std::memcpy(&res.errors, eb4.download().data(), 4);
   const double tol = c.dtype == DType::F32 ? 2e-5 : c.dtype == DType::F16 ? 2e-3 : 1.6e-2;
   for (size_t b = 0; b < batch; ++b) {
     const int64_t n = c.queries[b], L = c.kv_lens[b];
     if (n == 0) continue;
-    const Shape s = make_shape(1, n, L, c.heads_q, hkv, d, L - n, 0);
+    // The request with a bad first page: its keys there skipped, so the reference over the tokens
+    // from the second page on (k_offset keeps the positions).
+    const int64_t from = int64_t(b) == c.bad_page_request ? c.page_size : 0;
+    const Shape s = make_shape(1, n, L - from, c.heads_q, hkv, d, L - n, from);
     Shape sv = s;
     sv.head_dim_v = dv;
-    const ReferenceOutput ref = reference_attention(c.pattern, sv, qs[b].data(), ks[b].data(), vs[b].data(), nullptr, 1);
+    const ReferenceOutput ref = reference_attention(c.pattern, sv, qs[b].data(), ks[b].data() + from * hkv * d,
+                                                    vs[b].data() + from * hkv * dv, nullptr, 1);
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t h = 0; h < c.heads_q; ++h) {
         ++res.rows;
@@ -413,6 +426,18 @@ TEST_CASE("paged attention: a small subset for compute-sanitizer", "[gpu][paged]
   }
 }
 
+TEST_CASE("paged attention: with a counter, keys on a page outside the cache are counted and skipped", "[gpu][emu][paged][errors]") {
+  SKIP_WITHOUT_GPU();
+  if (target() == Target::Cpu) { WARN("SKIPPED on the CPU device: it refuses a bad table on the host"); return; }
+  for (int32_t splits : {1, 3}) {
+    PagedCase c = mixed("a bad page, counted, splits " + std::to_string(splits), example_patterns().at(4).second, DType::BF16, 16, splits);
+    c.bad_page_request = 5;  // 300 tokens, 37 queries: its first 16 tokens are in the window of every query
+    const PagedResult r = run_paged(c);
+    CHECK(r.mismatches == 0);
+    CHECK(r.errors > 0);
+  }
+}
+
 TEST_CASE("paged attention: bad calls are refused by name", "[gpu][emu][paged][errors]") {
   SKIP_WITHOUT_GPU();
   Runtime rt(options_for(device_for(80)));
@@ -514,6 +539,7 @@ TEST_CASE("paged attention: every deliberately broken paged kernel fails in the 
         if (p == &window && splits == 3) c.head_dim = c.head_dim_v = 36;  // 72 bytes for bf16: one element at a time
         if (p == &longnet && splits == 3) c.fp8 = true;  // FP8 caches (16-byte loads of 16 codes)
         if (p == &window && splits == 3) c.mode = PagedCase::Mode::PlanRun;  // a graph's launch, in the emulator
+        if (p == &window && splits == 1) c.bad_page_request = 5;            // a bad page, counted and skipped
         c.templates = t;
         const float inf = std::numeric_limits<float>::infinity();
         c.v_values = {{3, 4490, 0, 5, std::numeric_limits<float>::quiet_NaN()}, {5, 299, 1, 3, -inf}};
@@ -545,8 +571,9 @@ TEST_CASE("paged attention: every deliberately broken paged kernel fails in the 
       {"the merge weighs every split alike", "        const float w = aj_ex2(v - top);", "        const float w = 1.0f;"},
       {"16-byte loads: each vector stored one vector along", "      for (int i = 0; i < kVec; ++i) dst[r * PITCH + d + i] = val[i];",
        "      for (int i = 0; i < kVec; ++i) dst[r * PITCH + (d + kVec) % D + i] = val[i];"},
-      {"element loads: each element read from its neighbour", "      val = row ? aj_kv_load(row + d) * scale : aj_int_as_float(0x7fffffff);",
-       "      val = row ? aj_kv_load(row + (d + 1) % D) * scale : aj_int_as_float(0x7fffffff);"},
+      {"element loads: each element read from its neighbour", "      val = row ? aj_kv_load(row + d) * scale : bad;",
+       "      val = row ? aj_kv_load(row + (d + 1) % D) * scale : bad;"},
+      {"a counted bad page's keys attended, not skipped", "        bool ok = c < t.count && !sh.skip[c];", "        bool ok = c < t.count;"},
       {"fp8: the scale not applied", "        for (int i = 0; i < kVec; ++i) val[i] = aj_kv_load(e + i) * scale;",
        "        for (int i = 0; i < kVec; ++i) val[i] = aj_kv_load(e + i);"},
       {"fp8: the exponent bias one off", "((e + 120u) << 23)", "((e + 121u) << 23)"},

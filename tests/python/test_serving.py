@@ -274,6 +274,11 @@ def test_the_paged_kernel_on_the_gpu(dtype):
                                   cu_seqlens_q=starts)
     rows = got.float().isnan().any(-1).any(-1).cpu()
     assert rows[6] and not rows[:6].any()
+    # With a counter the page's reads are counted and its keys skipped: no NaN, the count above 0.
+    errors = torch.zeros(1, dtype=torch.int32, device="cuda")
+    got = serving.paged_attention(q.cuda(), cache.k_cache.cuda(), cache.v_cache.cuda(), table.cuda(), cache.lens, pattern,
+                                  cu_seqlens_q=starts, errors=errors)
+    assert not got.float().isnan().any() and int(errors) > 0
 
 
 FP8 = getattr(torch, "float8_e4m3fn", None)
