@@ -335,6 +335,40 @@ private:
   std::shared_ptr<const emu::EmuModule> bwd_module_[2];
 };
 
+// A paged call's tensors, block table, scales and counter as regions of a launch image: the
+// argument block over them (with the plan's tables `t`, already in the image), and the outputs
+// copied back.
+struct CallRegions {
+  size_t q, k, v, o, lse, table, k_scale, v_scale, errors;
+  CallRegions(DeviceImage& img, const PagedCall& c, int64_t heads_kv)
+      : q(img.add_tensor("q", c.q, false)), k(img.add_tensor("k_cache", c.k_cache, false)),
+        v(img.add_tensor("v_cache", c.v_cache, false)), o(img.add_tensor("o", c.o, true)),
+        lse(c.lse ? img.add_tensor("lse", *c.lse, true) : 0),
+        table(img.add("block_table", c.block_table, size_t(c.kv_lens.size() * c.block_table_stride) * 4, 4, false)),
+        k_scale(img.add("k_scale", c.k_scale, c.k_scale ? size_t(heads_kv) * 4 : 0, 4, false)),
+        v_scale(img.add("v_scale", c.v_scale, c.v_scale ? size_t(heads_kv) * 4 : 0, 4, false)),
+        errors(img.add("errors", c.errors, c.errors ? 4 : 0, 4, true)) {}
+  AjPagedParams params(DeviceImage& img, const PagedCall& c, const PagedProblem& pb, double softmax_scale, double output_scale,
+                       const PagedTables& t, int32_t splits) const {
+    auto rebased = [&](const TensorView& view, size_t region) {
+      TensorView r = view;
+      r.data = img.at(region);
+      return r;
+    };
+    const TensorView lse_view = c.lse ? rebased(*c.lse, lse) : TensorView{};
+    return paged_params(softmax_scale, output_scale, pb, t, rebased(c.q, q), rebased(c.k_cache, k), rebased(c.v_cache, v),
+                        rebased(c.o, o), c.lse ? &lse_view : nullptr, static_cast<const int32_t*>(img.at(table)),
+                        c.block_table_stride, splits, c.k_scale ? static_cast<const float*>(img.at(k_scale)) : nullptr,
+                        c.v_scale ? static_cast<const float*>(img.at(v_scale)) : nullptr,
+                        c.errors ? static_cast<int32_t*>(img.at(errors)) : nullptr);
+  }
+  void copy_back(DeviceImage& img, const PagedCall& c) const {
+    img.copy_back(o, c.o.data);
+    if (c.lse) img.copy_back(lse, c.lse->data);
+    if (c.errors) img.copy_back(errors, c.errors);
+  }
+};
+
 // The paged forward, emulated: every call's tensors, block table and packed plan copied into a
 // launch image (as the forward's), the kernels run, O and the LSE copied back.
 class EmuPaged final : public PagedBackend {
@@ -355,27 +389,16 @@ public:
     const DevicePlan d = pack_plan(plan.tables);
     const PagedPartials parts = paged_partials(plan, problem_, splits);
     DeviceImage img;
-    const size_t iq = img.add_tensor("q", c.q, false), ik = img.add_tensor("k_cache", c.k_cache, false);
-    const size_t iv = img.add_tensor("v_cache", c.v_cache, false), io = img.add_tensor("o", c.o, true);
-    const size_t il = c.lse ? img.add_tensor("lse", *c.lse, true) : 0;
-    const size_t ibt = img.add("block_table", c.block_table, size_t(plan.requests.size() * c.block_table_stride) * 4, 4, false);
+    const CallRegions call(img, c, problem_.heads_kv);
     const size_t items = img.add_table("plan items", d.items), spans = img.add_table("plan spans", d.spans);
     const size_t entries = img.add_table("plan entries", d.entries);
     const size_t ireq = img.add_table("item requests", plan.item_request);
     const size_t iheads = img.add_table("item heads", plan.item_heads);
     const size_t istart = img.add_table("query starts", plan.q_start);
     const size_t ipos = img.add_table("query positions", plan.q_pos);
-    const size_t iks = img.add("k_scale", c.k_scale, c.k_scale ? size_t(problem_.heads_kv) * 4 : 0, 4, false);
-    const size_t ivs = img.add("v_scale", c.v_scale, c.v_scale ? size_t(problem_.heads_kv) * 4 : 0, 4, false);
-    const size_t ierr = img.add("errors", c.errors, c.errors ? 4 : 0, 4, true);
-    const size_t ipo = img.add("partial O", nullptr, parts.o_bytes, 4, true), ipl = img.add("partial LSE", nullptr, parts.lse_bytes, 4, true);
+    const size_t ipo = img.add("partial O", nullptr, parts.o_bytes, 4, true);
+    const size_t ipl = img.add("partial LSE", nullptr, parts.lse_bytes, 4, true);
     img.materialise();
-    auto rebased = [&](const TensorView& view, size_t region) {
-      TensorView r = view;
-      r.data = img.at(region);
-      return r;
-    };
-    const TensorView lse = c.lse ? rebased(*c.lse, il) : TensorView{};
     PagedTables t;
     t.items = static_cast<const DeviceItem*>(img.at(items));
     t.spans = static_cast<const DeviceSpan*>(img.at(spans));
@@ -386,16 +409,10 @@ public:
     t.q_pos = static_cast<const int64_t*>(img.at(ipos));
     t.part_o = parts.o_bytes ? static_cast<float*>(img.at(ipo)) : nullptr;
     t.part_lse = parts.lse_bytes ? static_cast<float*>(img.at(ipl)) : nullptr;
-    AjPagedParams pp = paged_params(plan.tables.softmax_scale, plan.tables.output_scale, problem_, t, rebased(c.q, iq), rebased(c.k_cache, ik), rebased(c.v_cache, iv),
-                                    rebased(c.o, io), c.lse ? &lse : nullptr, static_cast<const int32_t*>(img.at(ibt)),
-                                    c.block_table_stride, splits, c.k_scale ? static_cast<const float*>(img.at(iks)) : nullptr,
-                                    c.v_scale ? static_cast<const float*>(img.at(ivs)) : nullptr,
-                                    c.errors ? static_cast<int32_t*>(img.at(ierr)) : nullptr);
+    AjPagedParams pp = call.params(img, c, problem_, plan.tables.softmax_scale, plan.tables.output_scale, t, splits);
     launch(img, pp, kernels_.forward, unsigned(d.items.size()), unsigned(splits));
     if (splits > 1) launch(img, pp, kernels_.merge, unsigned(d.items.size()), 1);
-    img.copy_back(io, c.o.data);
-    if (c.lse) img.copy_back(il, c.lse->data);
-    if (c.errors) img.copy_back(ierr, c.errors);
+    call.copy_back(img, c);
   }
   // Host memory stands in for the device's: the bytes are copied now.
   void write_workspace(void* workspace, const std::vector<uint8_t>& bytes, const PagedCall&) override {
@@ -407,32 +424,14 @@ public:
   void run_workspace(const PagedCall& c, void* workspace, const PagedWorkspace& w, const PagedCapacity& cap,
                      double softmax_scale, double output_scale) override {
     DeviceImage img;
-    const size_t iq = img.add_tensor("q", c.q, false), ik = img.add_tensor("k_cache", c.k_cache, false);
-    const size_t iv = img.add_tensor("v_cache", c.v_cache, false), io = img.add_tensor("o", c.o, true);
-    const size_t il = c.lse ? img.add_tensor("lse", *c.lse, true) : 0;
-    const size_t ibt = img.add("block_table", c.block_table, size_t(c.kv_lens.size() * c.block_table_stride) * 4, 4, false);
-    const size_t iks = img.add("k_scale", c.k_scale, c.k_scale ? size_t(problem_.heads_kv) * 4 : 0, 4, false);
-    const size_t ivs = img.add("v_scale", c.v_scale, c.v_scale ? size_t(problem_.heads_kv) * 4 : 0, 4, false);
-    const size_t ierr = img.add("errors", c.errors, c.errors ? 4 : 0, 4, true);
+    const CallRegions call(img, c, problem_.heads_kv);
     const size_t iws = img.add("paged workspace", workspace, w.total, 4, true);
     img.materialise();
-    auto rebased = [&](const TensorView& view, size_t region) {
-      TensorView r = view;
-      r.data = img.at(region);
-      return r;
-    };
-    const TensorView lse = c.lse ? rebased(*c.lse, il) : TensorView{};
-    AjPagedParams pp = paged_params(softmax_scale, output_scale, problem_, paged_workspace_tables(img.at(iws), w),
-                                    rebased(c.q, iq), rebased(c.k_cache, ik), rebased(c.v_cache, iv), rebased(c.o, io),
-                                    c.lse ? &lse : nullptr, static_cast<const int32_t*>(img.at(ibt)), c.block_table_stride,
-                                    /*splits: the header's*/ 0, c.k_scale ? static_cast<const float*>(img.at(iks)) : nullptr,
-                                    c.v_scale ? static_cast<const float*>(img.at(ivs)) : nullptr,
-                                    c.errors ? static_cast<int32_t*>(img.at(ierr)) : nullptr);
+    AjPagedParams pp = call.params(img, c, problem_, softmax_scale, output_scale, paged_workspace_tables(img.at(iws), w),
+                                   /*splits: the header's*/ 0);
     launch(img, pp, kernels_.forward, unsigned(cap.items), unsigned(cap.splits));
     launch(img, pp, kernels_.merge, unsigned(cap.items), 1);
-    img.copy_back(io, c.o.data);
-    if (c.lse) img.copy_back(il, c.lse->data);
-    if (c.errors) img.copy_back(ierr, c.errors);
+    call.copy_back(img, c);
   }
 
   TileConfig tiles() const override { return TileConfig{kernels_.source.config.tile_q, kernels_.source.config.tile_k}; }
