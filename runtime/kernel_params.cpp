@@ -57,7 +57,7 @@ KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTabl
 
 AjPagedParams paged_params(double softmax_scale, double output_scale, const PagedProblem& pb, const PagedTables& t, const TensorView& q,
                            const TensorView& k_cache, const TensorView& v_cache, const TensorView& o, const TensorView* lse,
-                           const int32_t* block_table, int64_t block_table_stride, int32_t splits, const float* k_scale,
+                           const int32_t* block_table, int64_t block_table_stride, const float* k_scale,
                            const float* v_scale, int32_t* errors) {
   AjPagedParams pp{};
   KernelParams& kp = pp.fwd;
@@ -80,7 +80,6 @@ AjPagedParams paged_params(double softmax_scale, double output_scale, const Page
   pp.num_pages = k_cache.shape[0];
   pp.lse_row_stride = lse ? lse->strides[0] : 0;
   pp.page_size = static_cast<int32_t>(k_cache.shape[1]);
-  pp.splits = splits;
   // Rows load 16 bytes at a time where every cache row starts 16-byte aligned.
   auto aligned = [](const TensorView& c) {
     const int64_t e = dtype_bytes(c.dtype);
@@ -94,10 +93,14 @@ AjPagedParams paged_params(double softmax_scale, double output_scale, const Page
   return pp;
 }
 
-PagedPartials paged_partials(const PagedPlan& plan, const PagedProblem& pb, int32_t splits) {
-  if (splits <= 1) return {};
-  const size_t rows = plan.tables.items.size() * size_t(splits) * size_t(plan.tables.tiles.tile_q);
-  return {rows * size_t(pb.head_dim_v) * 4, rows * 4};
+PagedCapacity paged_capacity_of(const PagedPlan& plan, int32_t splits) {
+  PagedCapacity cap;
+  cap.requests = static_cast<int64_t>(plan.requests.size());
+  cap.items = static_cast<int64_t>(plan.tables.items.size());
+  cap.spans = static_cast<int64_t>(plan.tables.spans.size());
+  cap.entries = static_cast<int64_t>(plan.tables.tile_entries.size());
+  cap.splits = splits;
+  return cap;
 }
 
 PagedWorkspace paged_workspace(const PagedCapacity& cap, int32_t tile_q, int64_t head_dim_v) {

@@ -43,27 +43,26 @@ struct PagedTables {
   const int64_t* q_pos = nullptr;
   float* part_o = nullptr;
   float* part_lse = nullptr;
-  const int32_t* header = nullptr;  // a graph's launch: {items, splits} in the workspace
+  const int32_t* header = nullptr;  // {items, splits} of the plan
 };
 // `softmax_scale` and `output_scale` are the pattern's (a plan's; PagedState keeps them).
 AjPagedParams paged_params(double softmax_scale, double output_scale, const PagedProblem& pb, const PagedTables& t, const TensorView& q,
                            const TensorView& k_cache, const TensorView& v_cache, const TensorView& o, const TensorView* lse,
-                           const int32_t* block_table, int64_t block_table_stride, int32_t splits, const float* k_scale,
+                           const int32_t* block_table, int64_t block_table_stride, const float* k_scale,
                            const float* v_scale, int32_t* errors);
-// Bytes of the partial buffers a call with `splits` needs (0 for one split), and where lse starts.
-struct PagedPartials {
-  size_t o_bytes = 0, lse_bytes = 0;
-};
-PagedPartials paged_partials(const PagedPlan& plan, const PagedProblem& pb, int32_t splits);
 
-// A graph's workspace (PagedAttention::plan/run): the header {items, splits}, then the tables and
-// the partial buffers at offsets fixed by the capacity (each 256-byte aligned). `tables_bytes`
-// is what plan() writes (header and tables), `total` the workspace's size.
+// The tables the paged kernels read, in one workspace: the header {items, splits}, then the tables
+// and the partial buffers at offsets fixed by a capacity (each 256-byte aligned). An eager call's
+// workspace has the capacity of its own plan (paged_capacity_of); a CUDA graph's is sized ahead
+// (PagedAttention::plan/run). `tables_bytes` is what a plan writes (header and tables), `total`
+// the workspace's size.
 struct PagedWorkspace {
   size_t header = 0, items = 0, spans = 0, entries = 0, item_request = 0, item_heads = 0, q_start = 0, q_pos = 0;
   size_t part_o = 0, part_lse = 0, tables_bytes = 0, total = 0;
 };
 PagedWorkspace paged_workspace(const PagedCapacity& cap, int32_t tile_q, int64_t head_dim_v);
+// What `plan` run with `splits` takes.
+PagedCapacity paged_capacity_of(const PagedPlan& plan, int32_t splits);
 // The header and tables of `plan` laid out as `w` says (tables_bytes bytes); the plan must fit `cap`
 // (a UserError naming the count otherwise).
 std::vector<uint8_t> pack_paged_workspace(const PagedPlan& plan, int32_t splits, const PagedCapacity& cap,

@@ -184,13 +184,7 @@ void PagedAttention::forward(const PagedCall& c) {
 PagedCapacity PagedAttention::needs(const PagedCall& c) const {
   const PagedState& st = state_of(state_);
   const PagedPlan plan = plan_of(st, checked_requests(st, c));
-  PagedCapacity cap;
-  cap.requests = static_cast<int64_t>(plan.requests.size());
-  cap.items = static_cast<int64_t>(plan.tables.items.size());
-  cap.spans = static_cast<int64_t>(plan.tables.spans.size());
-  cap.entries = static_cast<int64_t>(plan.tables.tile_entries.size());
-  cap.splits = splits_of(st, plan, c);
-  return cap;
+  return paged_capacity_of(plan, splits_of(st, plan, c));
 }
 
 size_t PagedAttention::workspace_bytes(const PagedCapacity& cap) const {

@@ -7,11 +7,11 @@
 // A block runs one work item over a share of its key tiles. An item holds query rows of one
 // request for one or more heads of one kv group (GQA: the heads whose key tiles are the same share
 // the item, so each K/V tile is read once for all of them); its rows are (head, query) pairs,
-// head-major, at most AJ_TILE_Q. With split-KV (splits > 1: AjPagedParams::splits, or a graph
-// workspace's header) block (x, y) takes the item's tiles n with n % splits == y and writes its
-// normalised partial output and log2-domain LSE, and _merge combines the splits (NaN-safe: a NaN
-// split makes the row NaN; splits that attended nothing weigh 0). Four warps: all load the tile (K, V as float in shared memory), then warp w runs rows
-// w, w + 4, ...: lane c scores key c (one key per lane and 32-key step), the row's probabilities go
+// head-major, at most AJ_TILE_Q. With split-KV (splits > 1, from the tables' header) block (x, y)
+// takes the item's tiles n with n % splits == y and writes its normalised partial output and
+// log2-domain LSE, and _merge combines the splits (NaN-safe: a NaN split makes the row NaN; splits
+// that attended nothing weigh 0). Four warps: all load the tile (K, V as float in shared memory),
+// then warp w runs rows w, w + 4, ...: lane c scores key c (one key per lane and 32-key step), the row's probabilities go
 // through shared memory, and lane l accumulates output dims l, l + 32, ...
 //
 // A page index outside the cache (0 .. num_pages - 1) is never read. With a counter
@@ -79,13 +79,9 @@ __device__ __forceinline__ AjPagedRow aj_paged_row_of(const AjItem& item, aj_i64
   return out;
 }
 
-// The call's splits, and whether this block has work: in a graph's launch (AjPagedParams::header)
-// the grid is the workspace's capacity and the plan of the step says how much of it is used.
+// The call's splits, and whether this block has work: the header says how much of the grid the
+// step's plan uses (all of it in an eager call; a CUDA graph's grid is the workspace's capacity).
 __device__ __forceinline__ bool aj_paged_block_live(const AjPagedParams& pp, int& splits) {
-  if (pp.header == nullptr) {
-    splits = pp.splits;
-    return true;
-  }
   splits = pp.header[1];
   return aj_block_idx_x() < pp.header[0] && aj_block_idx_y() < splits;
 }

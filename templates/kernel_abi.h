@@ -130,13 +130,12 @@ typedef struct AjPagedParams {
   aj_i64 num_pages;
   aj_i64 lse_row_stride;
   int page_size;
-  int splits;                   // blocks per item (grid y)
   int vec16;                    // 1: every cache row starts 16-byte aligned (rows load 16 bytes at a time)
   const float* k_scale;         // per kv head: K = stored value x k_scale[kv head] (null: 1; fp8 caches)
   const float* v_scale;         // likewise for V
-  const int* header;            // CUDA graphs: {items, splits} of the plan in the workspace, read by the
-                                // blocks of a grid sized to its capacity (blocks past them return);
-                                // null: the grid's items and `splits`
+  const int* header;            // {items, splits} of the plan in the tables' workspace: a grid may be
+                                // larger (a CUDA graph's, sized to the workspace's capacity), and
+                                // blocks past them return
   int* errors;                  // reads of a page outside the cache counted here, and those keys
                                 // skipped (null: they read as NaN)
 } AjPagedParams;
@@ -258,7 +257,7 @@ AJ_ABI_FIELD(AjBwdParams, scale, 520);
 AJ_ABI_FIELD(AjBwdParams, num_key_items, 524);
 AJ_ABI_FIELD(AjBwdParams, key_item_base, 528);
 AJ_ABI_FIELD(AjBwdParams, plain_add, 532);
-AJ_ABI_SIZE(AjPagedParams, 416);
+AJ_ABI_SIZE(AjPagedParams, 408);
 AJ_ABI_FIELD(AjPagedParams, item_request, 288);
 AJ_ABI_FIELD(AjPagedParams, item_heads, 296);
 AJ_ABI_FIELD(AjPagedParams, q_start, 304);
@@ -270,12 +269,11 @@ AJ_ABI_FIELD(AjPagedParams, table_stride, 344);
 AJ_ABI_FIELD(AjPagedParams, num_pages, 352);
 AJ_ABI_FIELD(AjPagedParams, lse_row_stride, 360);
 AJ_ABI_FIELD(AjPagedParams, page_size, 368);
-AJ_ABI_FIELD(AjPagedParams, splits, 372);
-AJ_ABI_FIELD(AjPagedParams, vec16, 376);
-AJ_ABI_FIELD(AjPagedParams, k_scale, 384);
-AJ_ABI_FIELD(AjPagedParams, v_scale, 392);
-AJ_ABI_FIELD(AjPagedParams, header, 400);
-AJ_ABI_FIELD(AjPagedParams, errors, 408);
+AJ_ABI_FIELD(AjPagedParams, vec16, 372);
+AJ_ABI_FIELD(AjPagedParams, k_scale, 376);
+AJ_ABI_FIELD(AjPagedParams, v_scale, 384);
+AJ_ABI_FIELD(AjPagedParams, header, 392);
+AJ_ABI_FIELD(AjPagedParams, errors, 400);
 #undef AJ_ABI_SIZE
 #undef AJ_ABI_FIELD
 

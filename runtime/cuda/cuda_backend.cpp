@@ -494,44 +494,19 @@ public:
 
   void forward(const PagedPlan& plan, const PagedCall& c, int32_t splits) override {
     const ScopedCurrentContext current(context_);
-    check_pointers(c);
     if (plan.tables.items.empty()) return;
     const CUstream stream = static_cast<CUstream>(c.stream);
     if (stream_capturing(stream))
       throw UserError("PagedCall.stream", "is capturing a CUDA graph; forward() plans on the host every step: capture run() "
                                           "instead, with plan() before each replay (PagedAttention::plan/run)");
-    const DevicePlan d = pack_plan(plan.tables);
-    std::vector<uint8_t> host;
-    auto add = [&](const auto& vec) {
-      using T = typename std::decay_t<decltype(vec)>::value_type;
-      const size_t at = (host.size() + 255) / 256 * 256;
-      host.resize(at + vec.size() * sizeof(T));
-      if (!vec.empty()) std::memcpy(host.data() + at, vec.data(), vec.size() * sizeof(T));
-      return at;
-    };
-    const size_t items = add(d.items), spans = add(d.spans), entries = add(d.entries), req = add(plan.item_request);
-    const size_t heads = add(plan.item_heads);
-    const size_t start = add(plan.q_start), pos = add(plan.q_pos);
-    const PagedPartials parts = paged_partials(plan, problem_, splits);
-    const size_t part_o = (host.size() + 255) / 256 * 256, part_lse = part_o + (parts.o_bytes + 255) / 256 * 256;
-    const size_t total = part_lse + parts.lse_bytes;
-    const CUdeviceptr base = alloc_async(std::max<size_t>(total, 16), stream, "paged plan tables");
-    copy_to_device_async(base, host.data(), host.size(), stream, "paged plan tables");
-    auto at = [&](size_t offset) { return reinterpret_cast<void*>(base + offset); };
-    PagedTables t;
-    t.items = static_cast<const DeviceItem*>(at(items));
-    t.spans = static_cast<const DeviceSpan*>(at(spans));
-    t.entries = d.entries.empty() ? nullptr : static_cast<const int32_t*>(at(entries));
-    t.item_request = static_cast<const int32_t*>(at(req));
-    t.item_heads = static_cast<const int32_t*>(at(heads));
-    t.q_start = static_cast<const int64_t*>(at(start));
-    t.q_pos = static_cast<const int64_t*>(at(pos));
-    t.part_o = parts.o_bytes ? static_cast<float*>(at(part_o)) : nullptr;
-    t.part_lse = parts.lse_bytes ? static_cast<float*>(at(part_lse)) : nullptr;
-    AjPagedParams pp = paged_params(plan.tables.softmax_scale, plan.tables.output_scale, problem_, t, c.q, c.k_cache, c.v_cache,
-                                    c.o, c.lse, c.block_table, c.block_table_stride, splits, c.k_scale, c.v_scale, c.errors);
-    const unsigned grid = static_cast<unsigned>(d.items.size());
-    run_kernels(pp, grid, static_cast<unsigned>(splits), splits > 1, stream);
+    // A stream-ordered workspace of the plan's own size: its tables copied in, the kernels run over
+    // it as a graph's would, freed on the stream after them.
+    const PagedCapacity cap = paged_capacity_of(plan, splits);
+    const PagedWorkspace w = paged_workspace(cap, tiles().tile_q, problem_.head_dim_v);
+    const std::vector<uint8_t> tables = pack_paged_workspace(plan, splits, cap, w);
+    const CUdeviceptr base = alloc_async(w.total, stream, "paged plan tables");
+    copy_to_device_async(base, tables.data(), tables.size(), stream, "paged plan tables");
+    run_workspace(c, reinterpret_cast<void*>(base), w, cap, plan.tables.softmax_scale, plan.tables.output_scale);
     free_async(base, stream, "paged plan tables");
   }
 
@@ -556,8 +531,9 @@ public:
     const ScopedCurrentContext current(context_);
     check_pointers(c);
     AjPagedParams pp = paged_params(softmax_scale, output_scale, problem_, paged_workspace_tables(workspace, w), c.q, c.k_cache,
-                                    c.v_cache, c.o, c.lse, c.block_table, c.block_table_stride, 0, c.k_scale, c.v_scale, c.errors);
-    run_kernels(pp, static_cast<unsigned>(cap.items), static_cast<unsigned>(cap.splits), true, static_cast<CUstream>(c.stream));
+                                    c.v_cache, c.o, c.lse, c.block_table, c.block_table_stride, c.k_scale, c.v_scale, c.errors);
+    run_kernels(pp, static_cast<unsigned>(cap.items), static_cast<unsigned>(cap.splits), cap.splits > 1,
+                static_cast<CUstream>(c.stream));
   }
 
   TileConfig tiles() const override { return TileConfig{kernels_.source.config.tile_q, kernels_.source.config.tile_k}; }

@@ -336,8 +336,8 @@ private:
 };
 
 // A paged call's tensors, block table, scales and counter as regions of a launch image: the
-// argument block over them (with the plan's tables `t`, already in the image), and the outputs
-// copied back.
+// argument block over them (with the tables' workspace `t`, already in the image), and the
+// outputs copied back.
 struct CallRegions {
   size_t q, k, v, o, lse, table, k_scale, v_scale, errors;
   CallRegions(DeviceImage& img, const PagedCall& c, int64_t heads_kv)
@@ -349,7 +349,7 @@ struct CallRegions {
         v_scale(img.add("v_scale", c.v_scale, c.v_scale ? size_t(heads_kv) * 4 : 0, 4, false)),
         errors(img.add("errors", c.errors, c.errors ? 4 : 0, 4, true)) {}
   AjPagedParams params(DeviceImage& img, const PagedCall& c, const PagedProblem& pb, double softmax_scale, double output_scale,
-                       const PagedTables& t, int32_t splits) const {
+                       const PagedTables& t) const {
     auto rebased = [&](const TensorView& view, size_t region) {
       TensorView r = view;
       r.data = img.at(region);
@@ -358,7 +358,7 @@ struct CallRegions {
     const TensorView lse_view = c.lse ? rebased(*c.lse, lse) : TensorView{};
     return paged_params(softmax_scale, output_scale, pb, t, rebased(c.q, q), rebased(c.k_cache, k), rebased(c.v_cache, v),
                         rebased(c.o, o), c.lse ? &lse_view : nullptr, static_cast<const int32_t*>(img.at(table)),
-                        c.block_table_stride, splits, c.k_scale ? static_cast<const float*>(img.at(k_scale)) : nullptr,
+                        c.block_table_stride, c.k_scale ? static_cast<const float*>(img.at(k_scale)) : nullptr,
                         c.v_scale ? static_cast<const float*>(img.at(v_scale)) : nullptr,
                         c.errors ? static_cast<int32_t*>(img.at(errors)) : nullptr);
   }
@@ -384,53 +384,31 @@ public:
     module_ = emu::load_emu_module(emu::compile_for_emulator(s, kernel_cache_for(cache_dir), knobs()));
   }
 
+  // An eager call: a workspace of its own plan's size, in host memory, run as a graph's would be.
   void forward(const PagedPlan& plan, const PagedCall& c, int32_t splits) override {
     if (plan.tables.items.empty()) return;
-    const DevicePlan d = pack_plan(plan.tables);
-    const PagedPartials parts = paged_partials(plan, problem_, splits);
-    DeviceImage img;
-    const CallRegions call(img, c, problem_.heads_kv);
-    const size_t items = img.add_table("plan items", d.items), spans = img.add_table("plan spans", d.spans);
-    const size_t entries = img.add_table("plan entries", d.entries);
-    const size_t ireq = img.add_table("item requests", plan.item_request);
-    const size_t iheads = img.add_table("item heads", plan.item_heads);
-    const size_t istart = img.add_table("query starts", plan.q_start);
-    const size_t ipos = img.add_table("query positions", plan.q_pos);
-    const size_t ipo = img.add("partial O", nullptr, parts.o_bytes, 4, true);
-    const size_t ipl = img.add("partial LSE", nullptr, parts.lse_bytes, 4, true);
-    img.materialise();
-    PagedTables t;
-    t.items = static_cast<const DeviceItem*>(img.at(items));
-    t.spans = static_cast<const DeviceSpan*>(img.at(spans));
-    t.entries = d.entries.empty() ? nullptr : static_cast<const int32_t*>(img.at(entries));
-    t.item_request = static_cast<const int32_t*>(img.at(ireq));
-    t.item_heads = static_cast<const int32_t*>(img.at(iheads));
-    t.q_start = static_cast<const int64_t*>(img.at(istart));
-    t.q_pos = static_cast<const int64_t*>(img.at(ipos));
-    t.part_o = parts.o_bytes ? static_cast<float*>(img.at(ipo)) : nullptr;
-    t.part_lse = parts.lse_bytes ? static_cast<float*>(img.at(ipl)) : nullptr;
-    AjPagedParams pp = call.params(img, c, problem_, plan.tables.softmax_scale, plan.tables.output_scale, t, splits);
-    launch(img, pp, kernels_.forward, unsigned(d.items.size()), unsigned(splits));
-    if (splits > 1) launch(img, pp, kernels_.merge, unsigned(d.items.size()), 1);
-    call.copy_back(img, c);
+    const PagedCapacity cap = paged_capacity_of(plan, splits);
+    const PagedWorkspace w = paged_workspace(cap, tiles().tile_q, problem_.head_dim_v);
+    std::vector<uint8_t> workspace = pack_paged_workspace(plan, splits, cap, w);
+    workspace.resize(w.total);  // the partial buffers after the tables
+    run_workspace(c, workspace.data(), w, cap, plan.tables.softmax_scale, plan.tables.output_scale);
   }
   // Host memory stands in for the device's: the bytes are copied now.
   void write_workspace(void* workspace, const std::vector<uint8_t>& bytes, const PagedCall&) override {
     std::memcpy(workspace, bytes.data(), bytes.size());
   }
 
-  // As a graph's launch: the workspace one region of the image (its header says how much of the
-  // capacity's grid has work), the grid the capacity's.
+  // The kernels over a workspace, one region of the image: the grid the capacity's (the header says
+  // how much of it the step's plan uses).
   void run_workspace(const PagedCall& c, void* workspace, const PagedWorkspace& w, const PagedCapacity& cap,
                      double softmax_scale, double output_scale) override {
     DeviceImage img;
     const CallRegions call(img, c, problem_.heads_kv);
     const size_t iws = img.add("paged workspace", workspace, w.total, 4, true);
     img.materialise();
-    AjPagedParams pp = call.params(img, c, problem_, softmax_scale, output_scale, paged_workspace_tables(img.at(iws), w),
-                                   /*splits: the header's*/ 0);
+    AjPagedParams pp = call.params(img, c, problem_, softmax_scale, output_scale, paged_workspace_tables(img.at(iws), w));
     launch(img, pp, kernels_.forward, unsigned(cap.items), unsigned(cap.splits));
-    launch(img, pp, kernels_.merge, unsigned(cap.items), 1);
+    if (cap.splits > 1) launch(img, pp, kernels_.merge, unsigned(cap.items), 1);
     call.copy_back(img, c);
   }
 
