@@ -212,7 +212,8 @@ std::vector<int64_t> paged(const std::string& action, const std::string& spec, c
                            uintptr_t block_table, int64_t block_table_stride, const std::vector<int64_t>& kv_lens,
                            const std::vector<int64_t>& cu_seqlens_q, const Tensor& o, const std::optional<Tensor>& lse,
                            int32_t splits, uintptr_t stream, const std::string& kv_dtype, uintptr_t k_scale, uintptr_t v_scale,
-                           uintptr_t workspace, const std::vector<int64_t>& capacity, uintptr_t errors) {
+                           uintptr_t workspace, const std::vector<int64_t>& capacity, uintptr_t errors,
+                           const std::vector<uint64_t>& device_lengths) {
   const DType dt = parse_dtype(dtype), kv = parse_kv_dtype(kv_dtype);
   const auto& qs = std::get<1>(q);
   const auto& ks = std::get<1>(k_cache);
@@ -248,6 +249,11 @@ std::vector<int64_t> paged(const std::string& action, const std::string& spec, c
   c.block_table_stride = block_table_stride;
   c.kv_lens = kv_lens;
   c.cu_seqlens_q = cu_seqlens_q;
+  if (device_lengths.size() == 3) {  // (kv_lens, cu_seqlens_q or 0, requests): int32 arrays on the call's device
+    c.device_kv_lens = reinterpret_cast<const int32_t*>(static_cast<uintptr_t>(device_lengths[0]));
+    c.device_cu_seqlens_q = reinterpret_cast<const int32_t*>(static_cast<uintptr_t>(device_lengths[1]));
+    c.requests = static_cast<int64_t>(device_lengths[2]);
+  }
   c.splits = splits;
   c.stream = reinterpret_cast<void*>(stream);
   PagedCapacity cap;

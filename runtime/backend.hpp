@@ -168,9 +168,13 @@ public:
   // forward()): a step's header and tables written into the workspace in the call's stream order,
   // and the kernels launched over it with a grid of the capacity.
   virtual bool graphs() const { return true; }
+  // With `planning` (a call with device lengths) the _plan kernel writes the tables first.
   virtual void write_workspace(void* workspace, const std::vector<uint8_t>& bytes, const PagedCall& call) = 0;
   virtual void run_workspace(const PagedCall& call, void* workspace, const PagedWorkspace& w, const PagedCapacity& cap,
-                             double softmax_scale, double output_scale) = 0;
+                             double softmax_scale, double output_scale, const DevicePlanning* planning = nullptr) = 0;
+  // A call with device lengths run eagerly: a workspace of `cap` of its own, planned on the device.
+  virtual void forward_planned(const PagedCall& call, const PagedCapacity& cap, double softmax_scale, double output_scale,
+                               const DevicePlanning& planning) = 0;
 };
 std::unique_ptr<PagedBackend> make_cpu_paged(const Pattern& p, const PagedProblem& pb);
 std::unique_ptr<PagedBackend> make_emu_paged(const Pattern& p, const PagedProblem& pb, ArchName arch, const std::string& cache_dir,

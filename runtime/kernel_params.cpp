@@ -171,6 +171,37 @@ PagedTables paged_workspace_tables(void* base, const PagedWorkspace& w) {
   return t;
 }
 
+void set_device_planning(AjPagedParams& pp, const DevicePlanning& d, const PagedCapacity& cap, int64_t total_q) {
+  pp.dev_kv_lens = d.kv_lens;
+  pp.dev_cu_seqlens_q = d.cu_seqlens_q;
+  pp.requests = static_cast<int32_t>(d.requests);
+  pp.total_q = static_cast<int32_t>(total_q);
+  pp.cap_items = static_cast<int32_t>(cap.items);
+  pp.cap_splits = cap.splits;
+  pp.target_blocks = static_cast<int32_t>(std::min<int64_t>(d.target_blocks, 1 << 30));
+  pp.fixed_splits = d.fixed_splits;
+  pp.fwd.seek_branches = d.seek_branches;
+}
+
+PagedCapacity device_planned_capacity(const Pattern& p, const PagedProblem& pb, int32_t tile_q, int64_t requests,
+                                      int64_t total_q, int32_t splits, int64_t target_blocks) {
+  const std::vector<PagedHeadClass> classes = paged_head_classes(p, pb.heads_q, pb.heads_kv, tile_q);
+  int64_t fewest = 0;  // items when every run is as long as a class's items allow
+  for (const PagedHeadClass& c : classes) {
+    const int64_t rows = std::max<int64_t>(1, tile_q / c.heads);
+    fewest += (total_q + rows - 1) / rows;
+  }
+  PagedCapacity cap;
+  cap.requests = requests;
+  cap.items = total_q * static_cast<int64_t>(classes.size());
+  cap.spans = cap.items * static_cast<int64_t>(p.branches.size());
+  cap.entries = 0;
+  cap.splits = splits > 0 ? splits
+                          : static_cast<int32_t>(std::clamp<int64_t>((target_blocks + std::max<int64_t>(fewest, 1) - 1) /
+                                                                         std::max<int64_t>(fewest, 1), 1, 64));
+  return cap;
+}
+
 BatchGrid batch_grid(int64_t batch) {
   constexpr int64_t kMaxY = 65535;  // AJ_GRID_Y_MAX
   return {static_cast<unsigned>(std::min(batch, kMaxY)), static_cast<unsigned>((batch + kMaxY - 1) / kMaxY)};

@@ -70,6 +70,24 @@ std::vector<uint8_t> pack_paged_workspace(const PagedPlan& plan, int32_t splits,
 // The kernels' view of a workspace at `base` (device, or image, addresses).
 PagedTables paged_workspace_tables(void* base, const PagedWorkspace& w);
 
+// A call planned on the device (PagedCall::device_kv_lens; the _plan kernel, templates/plan_paged.cuh):
+// its lengths (device, or image, addresses), how many, and what the planner is to aim for.
+struct DevicePlanning {
+  const int32_t* kv_lens = nullptr;
+  const int32_t* cu_seqlens_q = nullptr;  // null: one query per request
+  int64_t requests = 0;
+  int32_t fixed_splits = 0;     // the call's splits (0: automatic)
+  int64_t target_blocks = 1;    // blocks that fill the device
+  uint64_t seek_branches = 0;   // the pattern's branches with a layout: the forward seeks through them
+};
+// `pp` (a call's paged_params over a workspace of capacity `cap`) with the planner's fields set.
+void set_device_planning(AjPagedParams& pp, const DevicePlanning& d, const PagedCapacity& cap, int64_t total_q);
+// The most a call planned on the device can need: every query row its own item in every class of
+// heads (paged_head_classes), each with a span per branch; splits the call's, or what the fewest
+// items the rows can make would take to fill `target_blocks` (at most 64).
+PagedCapacity device_planned_capacity(const Pattern& p, const PagedProblem& pb, int32_t tile_q, int64_t requests,
+                                      int64_t total_q, int32_t splits, int64_t target_blocks);
+
 // The argument block of the backward kernels (AjBwdParams): the forward's over `plan` (the
 // backward's query-major plan), the key-major tables, the gradient tensors and the workspaces
 // (delta [batch, heads_q, seq_q]; dk_acc, dv_acc contiguous [batch, seq_k, heads_kv, d], zeroed).

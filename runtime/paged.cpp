@@ -99,10 +99,9 @@ std::string PagedAttention::kernel_name() const { return state_->backend->kernel
 
 namespace {
 
-// A call checked against the problem: its requests (UserError naming what is wrong).
-std::vector<PagedRequest> checked_requests(const PagedState& st, const PagedCall& c) {
+// The call's tensors checked against the problem (UserError naming what is wrong).
+void check_tensors(const PagedState& st, const PagedCall& c) {
   const PagedProblem& pb = st.problem;
-  const int64_t batch = static_cast<int64_t>(c.kv_lens.size());
   require(c.q.shape.size() == 3, "q", "expected [total_q, Hq, D], got shape " + dims(c.q.shape));
   const int64_t total = c.q.shape[0];
   check_view("q", c.q, {-1, pb.heads_q, pb.head_dim}, pb.dtype);
@@ -114,9 +113,22 @@ std::vector<PagedRequest> checked_requests(const PagedState& st, const PagedCall
             "applies to fp8_e4m3 caches (PagedProblem::kv_dtype); these are " + std::string(to_string(kv)));
   check_view("o", c.o, {total, pb.heads_q, pb.head_dim_v}, pb.dtype);
   if (c.lse) check_view("lse", *c.lse, {total, pb.heads_q}, DType::F32);
-  const int64_t num_pages = c.k_cache.shape[0], page_size = c.k_cache.shape[1];
+  const int64_t page_size = c.k_cache.shape[1];
   require(page_size >= 1 && page_size <= 256, "k_cache", "page size " + std::to_string(page_size) + " is out of range; pages hold 1 to 256 tokens");
   require(c.splits >= 0 && c.splits <= 64, "splits", "expected 0 (automatic) to 64, got " + std::to_string(c.splits));
+}
+
+bool device_lengths(const PagedCall& c) { return c.device_kv_lens != nullptr; }
+
+// A call checked against the problem: its requests (UserError naming what is wrong).
+std::vector<PagedRequest> checked_requests(const PagedState& st, const PagedCall& c) {
+  require(!device_lengths(c), "PagedCall.device_kv_lens", "is set: this call is planned on the device (internal: host path)");
+  require(c.device_cu_seqlens_q == nullptr, "PagedCall.device_cu_seqlens_q",
+          "needs device_kv_lens too (lengths on the device); with host lengths give cu_seqlens_q");
+  check_tensors(st, c);
+  const int64_t batch = static_cast<int64_t>(c.kv_lens.size());
+  const int64_t total = c.q.shape[0];
+  const int64_t num_pages = c.k_cache.shape[0], page_size = c.k_cache.shape[1];
   // The queries of each request.
   std::vector<int64_t> cu = c.cu_seqlens_q;
   if (cu.empty()) {
@@ -171,10 +183,60 @@ const PagedState& state_of(const std::shared_ptr<PagedState>& st) {
   return *st;
 }
 
+// A call with lengths on the device, checked as far as the host can without reading them.
+void check_device_call(const PagedState& st, const PagedCall& c) {
+  require(c.kv_lens.empty() && c.cu_seqlens_q.empty(), c.kv_lens.empty() ? "cu_seqlens_q" : "kv_lens",
+          "is given with device_kv_lens; give the lengths on the host or on the device, not both");
+  check_tensors(st, c);
+  const int64_t total = c.q.shape[0];
+  require(c.requests >= 0 && c.requests < (int64_t{1} << 31), "PagedCall.requests",
+          "= " + std::to_string(c.requests) + "; expected the entries of device_kv_lens (0 to 2^31 - 1)");
+  require(total < (int64_t{1} << 31), "q", "has " + std::to_string(total) + " queries; device planning takes fewer than 2^31");
+  require(c.device_cu_seqlens_q || total == c.requests, "q",
+          "has " + std::to_string(total) + " queries for " + std::to_string(c.requests) +
+              " requests; pass device_cu_seqlens_q for several per request");
+  require(c.requests == 0 || c.block_table != nullptr, "block_table", "is null");
+  require(c.block_table_stride >= 0, "block_table_stride", "is negative");
+}
+
+// The CPU device's memory is the host's: a call with device lengths read into host lengths.
+PagedCall with_host_lengths(const PagedCall& c) {
+  PagedCall h = c;
+  h.device_kv_lens = nullptr, h.device_cu_seqlens_q = nullptr;
+  require(c.requests >= 0, "PagedCall.requests", "is negative");
+  h.kv_lens.assign(c.device_kv_lens, c.device_kv_lens + c.requests);
+  if (c.device_cu_seqlens_q) h.cu_seqlens_q.assign(c.device_cu_seqlens_q, c.device_cu_seqlens_q + c.requests + 1);
+  return h;
+}
+
+DevicePlanning planning_of(const PagedState& st, const PagedCall& c) {
+  DevicePlanning d;
+  d.kv_lens = c.device_kv_lens;
+  d.cu_seqlens_q = c.device_cu_seqlens_q;
+  d.requests = c.requests;
+  d.fixed_splits = c.splits;
+  d.target_blocks = st.backend->target_blocks();
+  for (size_t b = 0; b < st.pattern.branches.size(); ++b)
+    if (st.pattern.branches[b].layout) d.seek_branches |= uint64_t{1} << b;
+  return d;
+}
+
+PagedCapacity device_needs(const PagedState& st, const PagedCall& c) {
+  return device_planned_capacity(st.pattern, st.problem, st.backend->tiles().tile_q, c.requests, c.q.shape[0], c.splits,
+                                 st.backend->target_blocks());
+}
+
 }  // namespace
 
 void PagedAttention::forward(const PagedCall& c) {
   const PagedState& st = state_of(state_);
+  if (device_lengths(c)) {
+    if (!st.backend->graphs()) return forward(with_host_lengths(c));
+    check_device_call(st, c);
+    if (c.q.shape[0] == 0) return;
+    st.backend->forward_planned(c, device_needs(st, c), st.softmax_scale, st.output_scale, planning_of(st, c));
+    return;
+  }
   const std::vector<PagedRequest> requests = checked_requests(st, c);
   if (c.q.shape[0] == 0) return;
   const PagedPlan plan = plan_of(st, requests);
@@ -183,6 +245,11 @@ void PagedAttention::forward(const PagedCall& c) {
 
 PagedCapacity PagedAttention::needs(const PagedCall& c) const {
   const PagedState& st = state_of(state_);
+  if (device_lengths(c)) {
+    if (!st.backend->graphs()) return needs(with_host_lengths(c));
+    check_device_call(st, c);
+    return device_needs(st, c);
+  }
   const PagedPlan plan = plan_of(st, checked_requests(st, c));
   return paged_capacity_of(plan, splits_of(st, plan, c));
 }
@@ -197,6 +264,9 @@ void PagedAttention::plan(const PagedCall& c, void* workspace, const PagedCapaci
   require(workspace != nullptr, "workspace", "is null; allocate workspace_bytes(cap) bytes");
   require(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace", "must be 256-byte aligned");
   require(cap.splits >= 1 && cap.splits <= 64, "PagedCapacity.splits", "expected 1 to 64, got " + std::to_string(cap.splits));
+  require(!device_lengths(c) || !st.backend->graphs(), "PagedAttention::plan",
+          "is for calls with host lengths; a call with device_kv_lens is planned on the device by run(): call run() alone");
+  if (device_lengths(c)) return;  // the CPU device: run() is forward()
   const PagedPlan plan = plan_of(st, checked_requests(st, c));
   // The step's splits: the call's, or what fills the device, at most the capacity's.
   const int32_t splits = c.splits ? c.splits : std::min(splits_of(st, plan, c), cap.splits);
@@ -207,6 +277,25 @@ void PagedAttention::plan(const PagedCall& c, void* workspace, const PagedCapaci
 void PagedAttention::run(const PagedCall& c, void* workspace, const PagedCapacity& cap) {
   const PagedState& st = state_of(state_);
   if (!st.backend->graphs()) return forward(c);  // the CPU: no graphs, its own plan
+  if (device_lengths(c)) {
+    check_device_call(st, c);
+    require(workspace != nullptr, "workspace", "is null; allocate workspace_bytes(needs(call)) bytes");
+    require(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace", "must be 256-byte aligned");
+    const PagedCapacity need = device_needs(st, c);
+    for (const auto& [name, want, have] : {std::tuple<const char*, int64_t, int64_t>{"requests", need.requests, cap.requests},
+                                           {"items", need.items, cap.items}, {"spans", need.spans, cap.spans}}) {
+      require(have >= want, std::string("PagedCapacity.") + name,
+              "holds " + std::to_string(have) + "; a call of " + std::to_string(c.requests) + " requests and " +
+                  std::to_string(c.q.shape[0]) + " queries planned on the device may need " + std::to_string(want) +
+                  " (size it with needs(call))");
+    }
+    require(cap.splits >= 1 && cap.splits <= 64, "PagedCapacity.splits", "expected 1 to 64, got " + std::to_string(cap.splits));
+    if (c.q.shape[0] == 0) return;
+    const PagedWorkspace w = paged_workspace(cap, st.backend->tiles().tile_q, st.problem.head_dim_v);
+    const DevicePlanning d = planning_of(st, c);
+    st.backend->run_workspace(c, workspace, w, cap, st.softmax_scale, st.output_scale, &d);
+    return;
+  }
   checked_requests(st, c);  // the tensors and lengths as plan() saw them (a graph's launch reads its workspace)
   require(workspace != nullptr, "workspace", "is null; give plan()'s workspace");
   if (c.q.shape[0] == 0 || cap.items == 0) return;
@@ -276,8 +365,12 @@ public:
   void write_workspace(void* workspace, const std::vector<uint8_t>& bytes, const PagedCall&) override {
     std::memcpy(workspace, bytes.data(), bytes.size());
   }
-  void run_workspace(const PagedCall&, void*, const PagedWorkspace&, const PagedCapacity&, double, double) override {
+  void run_workspace(const PagedCall&, void*, const PagedWorkspace&, const PagedCapacity&, double, double,
+                     const DevicePlanning*) override {
     ATTNJIT_CHECK(false, "the CPU device runs paged calls with forward()");
+  }
+  void forward_planned(const PagedCall&, const PagedCapacity&, double, double, const DevicePlanning&) override {
+    ATTNJIT_CHECK(false, "the CPU device reads device lengths on the host");
   }
 
 private:

@@ -59,16 +59,29 @@ struct AjTileCursor {
 #endif
 
   __device__ void begin(const AjParams& params, const AjItem& item) {
+#ifdef AJ_KERNEL_SEEK
+    const aj_i64 d = aj_doc_start(params, item.rows_start);
+    start(params, item, params.q_offset - d, d);
+#else
+    start(params, item, params.q_offset, 0);
+#endif
+  }
+  // The same with row 0 of the item's rows at position `row0` (the paged forward: its request's).
+  __device__ void begin_at(const AjParams& params, const AjItem& item, aj_i64 row0) { start(params, item, row0, 0); }
+  __device__ void start(const AjParams& params, const AjItem& item, aj_i64 row0, aj_i64 doc_start) {
     p = &params;
     span = item.span_begin;
     span_end = item.span_end;
     visit = 0;
 #ifdef AJ_KERNEL_SEEK
     head = item.head;
-    doc = aj_doc_start(params, item.rows_start);
-    q_lo = params.q_offset + item.rows_start - doc;
+    doc = doc_start;
+    q_lo = row0 + item.rows_start;
     q_hi = q_lo + (aj_i64)(item.rows_count > 0 ? item.rows_count - 1 : 0) * item.rows_stride;
     layout_whole = true;
+#else
+    (void)row0;
+    (void)doc_start;
 #endif
     skip_empty();
   }

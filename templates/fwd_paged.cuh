@@ -180,7 +180,7 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
   }
 
   AjTileCursor cursor;
-  cursor.begin(p, item);
+  cursor.begin_at(p, item, q_pos);
   for (int n = 0; !cursor.done(); cursor.next(), ++n) {
     if (n % splits != split) continue;
     const AjTile t = cursor.tile();
@@ -257,6 +257,12 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
     }
   }
 
+  // A request the device planner found wrong (its lengths) has items without spans marked so:
+  // its rows come out NaN.
+  if (item.span_begin < 0) {
+#pragma unroll
+    for (int j = 0; j < AJ_PG_ROWS; ++j) m[j] = l[j] = aj_int_as_float(0x7fffffff);
+  }
 #pragma unroll
   for (int j = 0; j < AJ_PG_ROWS; ++j) {
     const int r = warp + j * AJ_PG_WARPS;

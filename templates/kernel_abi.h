@@ -137,7 +137,16 @@ typedef struct AjPagedParams {
                                 // larger (a CUDA graph's, sized to the workspace's capacity), and
                                 // blocks past them return
   int* errors;                  // reads of a page outside the cache counted here, and those keys
-                                // skipped (null: they read as NaN)
+                                // skipped (null: they read as NaN); with device planning, requests
+                                // whose lengths are wrong too
+  /* Device planning (_plan, templates/plan_paged.cuh): the step's lengths in device memory, the
+     tables above written by one block on the device, so nothing of a step comes from the host. */
+  const int* dev_kv_lens;       // per request (null: the host planned this call)
+  const int* dev_cu_seqlens_q;  // [requests + 1] (null: one query per request)
+  int requests, total_q;
+  int cap_items, cap_splits;    // what the workspace holds
+  int target_blocks;            // blocks that fill the device (automatic splits aim for them)
+  int fixed_splits;             // the call's splits (0: automatic)
 } AjPagedParams;
 
 /* ---- the layout, field by field ------------------------------------------------------------ */
@@ -257,7 +266,7 @@ AJ_ABI_FIELD(AjBwdParams, scale, 520);
 AJ_ABI_FIELD(AjBwdParams, num_key_items, 524);
 AJ_ABI_FIELD(AjBwdParams, key_item_base, 528);
 AJ_ABI_FIELD(AjBwdParams, plain_add, 532);
-AJ_ABI_SIZE(AjPagedParams, 408);
+AJ_ABI_SIZE(AjPagedParams, 448);
 AJ_ABI_FIELD(AjPagedParams, item_request, 288);
 AJ_ABI_FIELD(AjPagedParams, item_heads, 296);
 AJ_ABI_FIELD(AjPagedParams, q_start, 304);
@@ -274,6 +283,14 @@ AJ_ABI_FIELD(AjPagedParams, k_scale, 376);
 AJ_ABI_FIELD(AjPagedParams, v_scale, 384);
 AJ_ABI_FIELD(AjPagedParams, header, 392);
 AJ_ABI_FIELD(AjPagedParams, errors, 400);
+AJ_ABI_FIELD(AjPagedParams, dev_kv_lens, 408);
+AJ_ABI_FIELD(AjPagedParams, dev_cu_seqlens_q, 416);
+AJ_ABI_FIELD(AjPagedParams, requests, 424);
+AJ_ABI_FIELD(AjPagedParams, total_q, 428);
+AJ_ABI_FIELD(AjPagedParams, cap_items, 432);
+AJ_ABI_FIELD(AjPagedParams, cap_splits, 436);
+AJ_ABI_FIELD(AjPagedParams, target_blocks, 440);
+AJ_ABI_FIELD(AjPagedParams, fixed_splits, 444);
 #undef AJ_ABI_SIZE
 #undef AJ_ABI_FIELD
 

@@ -70,7 +70,7 @@ void register_dump(CLI::App& app, int& rc) {
       ->delimiter(',');
   sub->add_option("--queries", o->queries, "--stage plan-paged: each request's queries, its last tokens (default: 1 each)")
       ->delimiter(',');
-  sub->add_flag("--paged", o->paged, "--stage cuda|ptx|sass: the paged forward's kernels (fwd, merge)");
+  sub->add_flag("--paged", o->paged, "--stage cuda|ptx|sass: the paged forward's kernels (fwd, merge, plan)");
   sub->add_flag("--backward", o->backward, "--stage cuda|ptx|sass: the backward kernels (pre, dq, dkdv, cvt) instead of the forward");
   sub->callback([o, &rc] { rc = guarded([&] { return run_dump(*o); }); });
 }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "compiler/support/sha256.hpp"
+#include "compiler/plan/paged_plan.hpp"
 #include "compiler/plan/plan.hpp"
 #include "compiler/support/error.hpp"
 
@@ -559,7 +560,49 @@ KernelConfig resolve_paged_config(const KernelRequest& r) {
   return c;
 }
 
-PagedKernels generate_paged_kernels(const Pattern& p, const KernelRequest& request, const TemplateSet& templates) {
+namespace {
+// The device planner's tables (templates/plan_paged.cuh says what each holds).
+std::string paged_planner_tables(const Pattern& p, const PagedHeads& heads, int32_t tile_q) {
+  if (heads.heads_q < 1 || heads.heads_kv < 1 || heads.heads_q % heads.heads_kv)
+    throw UserError("heads", std::to_string(heads.heads_q) + " query heads over " + std::to_string(heads.heads_kv) +
+                                 " kv heads: both >= 1, and heads_kv must divide heads_q");
+  const std::vector<PagedHeadClass> classes = paged_head_classes(p, heads.heads_q, heads.heads_kv, tile_q);
+  std::ostringstream os;
+  auto list = [&](const char* type, const char* name, const auto& values, const char* what) {
+    os << "__device__ const " << type << " " << name << "[] = {";
+    for (size_t i = 0; i < values.size(); ++i) os << (i ? ", " : "") << values[i] << (std::string(type) == "aj_i64" ? "ll" : "");
+    os << "};  // " << what << "\n";
+  };
+  std::vector<int64_t> segment, dilation, left, right, offsets;
+  std::vector<int32_t> first, count;
+  for (const Branch& b : p.branches) {
+    segment.push_back(b.segment.value_or(0));
+    dilation.push_back(b.dilation);
+    left.push_back(b.window.left >= 0 ? b.window.left : -1);
+    const bool has_right = b.window.right >= 0 || b.causal;
+    right.push_back(!has_right ? -1 : b.causal ? std::min<int64_t>(b.window.right >= 0 ? b.window.right : 0, 0) : b.window.right);
+  }
+  for (const PagedHeadClass& c : classes) {
+    first.push_back(c.head);
+    count.push_back(c.heads);
+    offsets.insert(offsets.end(), c.offsets.begin(), c.offsets.end());
+  }
+  os << "// The device planner's pattern (templates/plan_paged.cuh), for " << heads.heads_q << " query heads over "
+     << heads.heads_kv << " kv heads\n";
+  os << "#define AJ_PG_NB " << p.branches.size() << "\n#define AJ_PG_CLASSES " << classes.size() << "\n";
+  list("aj_i64", "aj_pg_segment", segment, "per branch: segment length (0: none)");
+  list("aj_i64", "aj_pg_dilation", dilation, "dilation");
+  list("aj_i64", "aj_pg_left", left, "band: kpos >= qpos - left (-1: unbounded)");
+  list("aj_i64", "aj_pg_right", right, "band: kpos <= qpos + right (-1: unbounded)");
+  list("int", "aj_pg_class_head", first, "per class of heads: its first head");
+  list("int", "aj_pg_class_heads", count, "its heads");
+  list("aj_i64", "aj_pg_class_offset", offsets, "[class][branch]: the offset, -1: the branch does not apply");
+  return os.str();
+}
+}  // namespace
+
+PagedKernels generate_paged_kernels(const Pattern& p, const KernelRequest& request, const PagedHeads& heads,
+                                    const TemplateSet& templates) {
   const KernelRequest r = for_pattern(request, p);
   PagedKernels out;
   KernelSource& k = out.source;
@@ -569,21 +612,25 @@ PagedKernels generate_paged_kernels(const Pattern& p, const KernelRequest& reque
   k.threads = out.threads;
   k.template_hash = templates.hash();
   k.has_mask = pattern_has_mask(p);
+  k.seeks = pattern_has_layout(p);  // the device planner leaves every layout to the forward
   std::ostringstream os;
-  std::string prefix = render_prefix("paged forward", k, r, p, generate_mask_predicate(p), templates, {"fwd_paged.cuh"}, true);
+  const std::string generated = generate_mask_predicate(p, true) + paged_planner_tables(p, heads, k.config.tile_q);
+  std::string prefix = render_prefix("paged forward", k, r, p, generated, templates, {"fwd_paged.cuh", "plan_paged.cuh"}, true);
   if (r.kv_dtype && *r.kv_dtype == DType::E4M3) {  // before the templates: fwd_paged.cuh reads it
     const std::string at = "#define AJ_DTYPE ";
     prefix.insert(prefix.find(at), "#define AJ_KV_DTYPE 3  // the caches: fp8 e4m3, scaled per kv head\n");
   }
   os << prefix;
   os << "\n// ---- generated: entry points\n";
-  for (const char* entry : {"fwd", "merge"}) {
+  for (const auto& [entry, body] : {std::pair<const char*, const char*>{"fwd", "aj_fwd_paged(p);"}, {"merge", "aj_paged_merge(p);"},
+                                    {"plan", "aj_paged_plan(p);"}}) {
     os << "extern \"C\" __global__ void __launch_bounds__(" << out.threads << ", 1) AJ_KERNEL_NAME_" << entry
-       << "(const AjPagedParams p) {\n  " << (std::string(entry) == "fwd" ? "aj_fwd_paged(p);" : "aj_paged_merge(p);") << "\n}\n";
+       << "(const AjPagedParams p) {\n  " << body << "\n}\n";
   }
   name_by_hash(k, os.str(), "attnjit_paged_");
   out.forward = k.name + "_fwd";
   out.merge = k.name + "_merge";
+  out.plan = k.name + "_plan";
   return out;
 }
 

@@ -141,17 +141,28 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
 // every dtype and arch (sm_60+). Its config: tile_q query rows per work item (default 16, up to
 // 64), tile_k keys per tile (16, 32 or 64; default 32); past head dim 128 the defaults shrink to
 // 16 keys and then 8 rows, to fit 48 KB of static shared memory.
+// `plan` (one block of `threads`) plans a step on the device from lengths in device memory
+// (templates/plan_paged.cuh) for `heads`' query heads, whose classes (paged_head_classes) the
+// source holds as tables; kernels of patterns with a block layout carry the seek for every layout
+// branch, which that planner leaves to them.
+struct PagedHeads {
+  int64_t heads_q = 1, heads_kv = 1;
+};
 struct PagedKernels {
   KernelSource source;
-  std::string forward, merge;
+  std::string forward, merge, plan;
   int threads = 128;
 };
 KernelConfig resolve_paged_config(const KernelRequest& r);
-PagedKernels generate_paged_kernels(const Pattern& p, const KernelRequest& r,
+PagedKernels generate_paged_kernels(const Pattern& p, const KernelRequest& r, const PagedHeads& heads = {},
                                     const TemplateSet& templates = TemplateSet::embedded());
 
-// The mask predicate alone (the generated part between the templates), for tests and dumps.
-std::string generate_mask_predicate(const Pattern& p);
+// The mask predicate alone (the generated part between the templates), for tests and dumps. With
+// `seek_every_layout` the seek functions cover every branch with a layout (the paged forward, whose
+// device planner leaves every layout to the kernel), not only those pattern_may_seek names.
+std::string generate_mask_predicate(const Pattern& p, bool seek_every_layout = false);
+// Does some branch have a block layout?
+bool pattern_has_layout(const Pattern& p);
 // Does some branch have a causal, window or layout condition (so partial tiles run a predicate)?
 bool pattern_has_mask(const Pattern& p);
 // Can the kernels be asked to decide one of the pattern's layouts (a dynamic table read on the

@@ -466,13 +466,13 @@ private:
 // The functions templates/mask_lib.cuh declares for layouts the kernel decides, by branch:
 // aj_layout_next_key (NextKeyWriter; x itself for a branch the kernel never seeks through, whose
 // plan is exact) and aj_layout_whole (WholeWriter).
-std::string seek_functions(const Pattern& p, PredicateWriter& tables) {
+std::string seek_functions(const Pattern& p, PredicateWriter& tables, bool every_layout) {
   std::ostringstream next, whole;
   NextKeyWriter next_writer(tables);
   WholeWriter whole_writer(tables);
   for (size_t b = 0; b < p.branches.size(); ++b) {
     const Branch& br = p.branches[b];
-    if (!br.layout || !kernel_may_seek(*br.layout)) continue;
+    if (!br.layout || !(every_layout || kernel_may_seek(*br.layout))) continue;
     std::string v;
     next << "    case " << b << ": {\n" << next_writer.write(*br.layout, "x", v, "      ") << "      return " << v << ";\n    }\n";
     whole << "    case " << b << ": {\n" << whole_writer.write(*br.layout, v, "      ") << "      return " << v << ";\n    }\n";
@@ -495,13 +495,17 @@ bool pattern_may_seek(const Pattern& p) {
   return std::any_of(p.branches.begin(), p.branches.end(), [](const Branch& b) { return b.layout && kernel_may_seek(*b.layout); });
 }
 
+bool pattern_has_layout(const Pattern& p) {
+  return std::any_of(p.branches.begin(), p.branches.end(), [](const Branch& b) { return b.layout.has_value(); });
+}
+
 bool pattern_has_mask(const Pattern& p) {
   for (const Branch& br : p.branches)
     if (br.causal || br.window.left >= 0 || br.window.right >= 0 || br.layout) return true;
   return false;
 }
 
-std::string generate_mask_predicate(const Pattern& p) {
+std::string generate_mask_predicate(const Pattern& p, bool seek_every_layout) {
   std::ostringstream os;
   const int64_t strides = stride_bound(p);
   const bool narrow = strides < kCsLimit / kMaxTileRows;
@@ -531,9 +535,9 @@ std::string generate_mask_predicate(const Pattern& p) {
       }
     }
     // Layouts the kernel may decide: the seek's functions, whose tables join the predicate's.
-    if (pattern_may_seek(p)) {
+    if (pattern_may_seek(p) || (seek_every_layout && pattern_has_layout(p))) {
       PredicateWriter w(PredicateWriter::Form::Pairs, strides, tables, table_text);
-      seek = seek_functions(p, w);
+      seek = seek_functions(p, w, seek_every_layout);
     }
     os << "// mask, by branch (qb = qpos / bq, kb = kpos / bk):\n";
     for (size_t b = 0; b < p.branches.size(); ++b) {

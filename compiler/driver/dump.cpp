@@ -66,7 +66,7 @@ std::string kernel_text(const Pattern& p, const DumpRequest& r) {
   if (r.paged && r.backward) throw UserError(r.backward_name, "the paged forward has no backward kernels");
   std::string text;
   for (const KernelRequest& k : r.kernels) {
-    const KernelSource source = r.paged      ? generate_paged_kernels(p, k).source
+    const KernelSource source = r.paged      ? generate_paged_kernels(p, k, PagedHeads{r.paged_heads.heads_q, r.paged_heads.heads_kv}).source
                                 : r.backward ? generate_backward_kernels(p, k).source
                                              : generate_kernel(p, k);
     if (r.stage == "cuda") {

@@ -4,6 +4,7 @@
 #include <map>
 #include <sstream>
 
+#include "compiler/pattern/mask.hpp"
 #include "compiler/support/error.hpp"
 
 namespace attnjit {
@@ -115,6 +116,36 @@ PagedPlan lower_paged_plan(const Pattern& p, int64_t heads_q, int64_t heads_kv, 
   t.shape.seq_q = row;
   t.stats.work_items = static_cast<int64_t>(t.items.size());  // packed: what the kernel runs
   if (lowered.empty()) t.softmax_scale = softmax_scale(p, t.shape);
+  return out;
+}
+
+namespace {
+bool layout_per_head(const Layout& l) {
+  if (l.kind == Layout::Kind::Random || l.kind == Layout::Kind::Dynamic) return true;
+  if (l.kind == Layout::Kind::Explicit && !l.per_head.empty()) return true;
+  return std::any_of(l.children.begin(), l.children.end(), layout_per_head);
+}
+}  // namespace
+
+std::vector<PagedHeadClass> paged_head_classes(const Pattern& p, int64_t heads_q, int64_t heads_kv, int32_t tile_q) {
+  const int64_t group = heads_q / heads_kv;
+  std::vector<PagedHeadClass> out;
+  bool open = false;  // may the next head join the last class?
+  for (int64_t h = 0; h < heads_q; ++h) {
+    std::vector<int64_t> offsets(p.branches.size(), -1);
+    bool alone = false;
+    for (size_t b = 0; b < p.branches.size(); ++b) {
+      if (!branch_has_head(p, b, h, heads_q)) continue;
+      offsets[b] = branch_offset(p.branches[b], h, heads_q);
+      alone |= p.branches[b].layout && layout_per_head(*p.branches[b].layout);
+    }
+    if (open && !alone && h % group != 0 && out.back().offsets == offsets && out.back().heads < tile_q) {
+      ++out.back().heads;
+    } else {
+      out.push_back({static_cast<int32_t>(h), 1, offsets});
+    }
+    open = !alone;
+  }
   return out;
 }
 

@@ -51,6 +51,17 @@ PagedPlan lower_paged_plan(const Pattern& p, int64_t heads_q, int64_t heads_kv, 
 // `target_blocks`, at most the longest item's tiles and at most 64; 1 for a plan with no items.
 int32_t paged_splits(const PagedPlan& plan, int64_t target_blocks);
 
+// Planning on the device (templates/plan_paged.cuh, from lengths in device memory): the query
+// heads in classes that plan alike. A class is consecutive heads of one kv group with the same
+// branches and offsets and no layout that depends on the head (random, per-head lists), at most
+// `tile_q` heads; they share each work item. `offsets[b]` is the class's offset in branch b, -1
+// where b does not apply to its heads.
+struct PagedHeadClass {
+  int32_t head = 0, heads = 1;
+  std::vector<int64_t> offsets;
+};
+std::vector<PagedHeadClass> paged_head_classes(const Pattern& p, int64_t heads_q, int64_t heads_kv, int32_t tile_q);
+
 // Readable text: the requests, then the concatenated tables (print_plan's, first `max_items` items).
 std::string print_paged_plan(const PagedPlan& plan, int64_t max_items);
 

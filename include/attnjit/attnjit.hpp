@@ -238,6 +238,16 @@ struct PagedCall {
   // devices, which check the table on the host unless a counter is given: the emu device then runs
   // what a GPU would; the CPU device always checks).
   int32_t* errors = nullptr;
+  // The lengths in device memory instead (kv_lens and cu_seqlens_q then empty): int32 kv lengths
+  // [requests] and cu_seqlens_q [requests + 1] (null: one query per request). Such a call is
+  // planned on the device, from what those arrays hold when its kernels run: no work on the host
+  // per step and nothing read back, so a run() captured in a CUDA graph replays correctly while
+  // lengths change. Lengths the kernels find wrong (fewer tokens than queries, more than the block
+  // table's pages) make that request's rows NaN and are counted in `errors`; cu_seqlens_q entries
+  // out of order or past total_q leave the request's rows unwritten, counted too.
+  const int32_t* device_kv_lens = nullptr;
+  const int32_t* device_cu_seqlens_q = nullptr;
+  int64_t requests = 0;  // with device_kv_lens: entries of it
 };
 
 // CUDA graphs (a decode loop captured once): a step's tables in a workspace at a fixed address,
@@ -267,6 +277,9 @@ public:
   // must be plan()'s (the same tensors, lengths and splits). A plan above `cap` is refused by
   // plan(), naming the count (size `cap` from needs() at the largest batch and lengths served).
   // The CPU device has no graphs: its run() is forward().
+  // A call with device lengths (PagedCall::device_kv_lens) needs no plan(): its run() plans on the
+  // device first, so the captured run() alone replays a step. Its needs() depend only on the
+  // requests, total_q and splits (the most items any lengths can make).
   PagedCapacity needs(const PagedCall& call) const;
   size_t workspace_bytes(const PagedCapacity& cap) const;
   void plan(const PagedCall& call, void* workspace, const PagedCapacity& cap);

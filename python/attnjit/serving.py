@@ -19,6 +19,12 @@ CPU tensors). float64 queries run the float64 reference on each request's gather
 may be FP8 (torch.float8_e4m3fn, with per-kv-head scales). paged_attention is not captured in a CUDA
 graph (its plan changes every step); a captured decode loop uses GraphWorkspace: plan() each step,
 eagerly, then replay a graph that captured run().
+
+Planning on the device: with kv_lens (and cu_seqlens_q) as tensors on the GPU, a step is planned
+by a kernel from the lengths it finds there (plan_on_device; the default for CUDA lengths): nothing
+is read back, no work per step on the host, and a GraphWorkspace's captured run() replays alone
+while the lengths in those tensors change. Lengths the kernel finds wrong make their request's rows
+NaN (and are counted in `errors`); on the host they are refused by name.
 """
 import torch
 
@@ -133,7 +139,7 @@ def _gather(cache, pages, length):
 
 
 def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_seqlens_q=None, scale=None,
-                    return_lse=False, k_scale=None, v_scale=None, errors=None):
+                    return_lse=False, k_scale=None, v_scale=None, errors=None, plan_on_device=None):
     """Attention of `pattern` for packed queries q [total_q, Hq, D] over a paged KV cache.
 
     `k_cache`/`v_cache` [num_pages, page_size, Hkv, D] (V may have its own head dim), `block_table`
@@ -152,8 +158,14 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
     FP8 caches: `k_cache`/`v_cache` of torch.float8_e4m3fn (half of bf16's bytes, so half the reads
     of a decode step) with q in bf16, fp16 or fp32; K is read as stored value x `k_scale` (a float,
     or fp32 [Hkv] per kv head; default 1), V likewise (append_kv with the same scales writes them).
+
+    `plan_on_device`: plan the step on the device from the values `kv_lens` and `cu_seqlens_q`
+    hold when the kernels run (int tensors on q's device, or moved there), with no host check of
+    the lengths: a request whose length is below its queries, negative, or past its block table
+    gets NaN rows (counted in `errors`). Default: True when `kv_lens` is a CUDA tensor. Not for
+    float64 queries (the reference plans on the host).
     """
-    c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, errors)
+    c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, errors, plan_on_device)
     o = q.new_zeros((q.shape[0], q.shape[1], v_cache.shape[3]))
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # as attnjit.attention's
     lse = torch.full((q.shape[0], q.shape[1]), float("-inf"), dtype=lse_dtype, device=q.device)
@@ -179,7 +191,20 @@ class _Call:
     table (on the host, or as given on the GPU), scales and each request with queries."""
 
 
-def _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, errors=None):
+def _device_lengths(name, x, count, device):
+    """Lengths for the device planner: int32, contiguous, on `device`, `count` entries (no values read)."""
+    if not isinstance(x, torch.Tensor):
+        x = torch.as_tensor([int_arg(f"{name}[{i}]", v, INT32) for i, v in enumerate(x)], dtype=torch.int32)
+    if x.dtype.is_floating_point or x.dtype == torch.bool or x.dtype.is_complex:
+        raise TypeError(f"{name}: expected an integer tensor, got {x.dtype}")
+    if x.dim() != 1 or x.shape[0] != count:
+        raise ValueError(f"{name}: expected {count} entries, got shape {tuple(x.shape)}")
+    if x.dtype != torch.int32:  # out-of-range values stay out of range, never wrap onto valid ones
+        x = x.clamp(-1, 2**31 - 1)
+    return x.to(device, torch.int32).contiguous()
+
+
+def _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, errors=None, plan_on_device=None):
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q: expected a torch tensor [total_q, Hq, D], got {getattr(q, 'shape', type(q).__name__)}")
     _check_cache(k_cache, v_cache)
@@ -193,6 +218,22 @@ def _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_sc
     c = _Call()
     batch = len(kv_lens)  # B: one length per request
     c.q, c.k_cache, c.v_cache = q, k_cache, v_cache
+    if plan_on_device is None:
+        plan_on_device = isinstance(kv_lens, torch.Tensor) and kv_lens.device.type == "cuda" and q.dtype != torch.float64
+    c.on_device = bool(plan_on_device)
+    if c.on_device:
+        if q.dtype == torch.float64:
+            raise ValueError("plan_on_device: float64 queries run the reference, planned on the host; use fp32, fp16 or bf16")
+        c.device_lens = _device_lengths("kv_lens", kv_lens, batch, q.device)
+        c.device_cu = None if cu_seqlens_q is None else _device_lengths("cu_seqlens_q", cu_seqlens_q, batch + 1, q.device)
+        if cu_seqlens_q is None and q.shape[0] != batch:
+            raise ValueError(f"q has {q.shape[0]} queries for {batch} requests: pass cu_seqlens_q for several per request")
+        c.table = _checked_table(block_table, batch)
+        c.lens, c.starts, c.requests = [], [], None
+        c.k_scale = _scales("k_scale", k_scale, k_cache, hkv)
+        c.v_scale = _scales("v_scale", v_scale, v_cache, hkv)
+        c.errors = _errors(errors, q)
+        return c
     c.lens = _lengths("kv_lens", kv_lens, batch)
     c.starts = _starts("cu_seqlens_q", cu_seqlens_q, batch, q.shape[0], "q", "queries")
     # A table on the GPU is not copied back to be checked (that would synchronise every step): the
@@ -213,11 +254,15 @@ def _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_sc
     _check_pages(c.table, c.lens, page_size, num_pages, entries=not on_gpu)  # on the GPU: the widths only
     c.k_scale = _scales("k_scale", k_scale, k_cache, hkv)
     c.v_scale = _scales("v_scale", v_scale, v_cache, hkv)
+    c.errors = _errors(errors, q)
+    return c
+
+
+def _errors(errors, q):
     if errors is not None and (not isinstance(errors, torch.Tensor) or errors.dtype != torch.int32 or errors.numel() < 1
                                or errors.device != q.device):
         raise ValueError(f"errors: expected an int32 tensor of one element on {q.device}")
-    c.errors = errors
-    return c
+    return errors
 
 
 def _scales(name, s, cache, hkv):
@@ -261,19 +306,22 @@ def _paged_kernels(action, c, pattern, scale, o, lse, workspace=0, capacity=()):
     desc = lambda x: (x.data_ptr(), list(x.shape), list(x.stride())) if x is not None else None  # noqa: E731
     ptr = lambda s: s.data_ptr() if s is not None else 0  # noqa: E731
     kv_dtype = "fp8_e4m3" if k_cache.dtype == FP8 else _DTYPES[q.dtype]
+    lengths = [c.device_lens.data_ptr(), ptr(c.device_cu), c.device_lens.shape[0]] if c.on_device else []
     return _attnjit.paged(action, spec, device, index, _DTYPES[q.dtype], desc(q), desc(k_cache), desc(v_cache),
                           table32.data_ptr(), table32.shape[1], list(c.lens), list(c.starts), desc(o), desc(lse), 0, stream,
-                          kv_dtype, ptr(c.k_scale), ptr(c.v_scale), workspace, list(capacity), ptr(c.errors))
+                          kv_dtype, ptr(c.k_scale), ptr(c.v_scale), workspace, list(capacity), ptr(c.errors), lengths)
 
 
 CAPACITY_FIELDS = ("requests", "items", "spans", "entries", "splits")
 
 
 def paged_capacity(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_seqlens_q=None, scale=None, k_scale=None,
-                   v_scale=None):
+                   v_scale=None, plan_on_device=None):
     """What one call's plan takes in a GraphWorkspace: {"requests", "items", "spans", "entries",
-    "splits"}. Size a workspace from the largest batch and lengths served (with a margin)."""
-    c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale)
+    "splits"}. Size a workspace from the largest batch and lengths served (with a margin). Planned
+    on the device (plan_on_device, as paged_attention's): the most any lengths can need for this
+    batch, query count and splits, read from no length."""
+    c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, None, plan_on_device)
     o = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
     return dict(zip(CAPACITY_FIELDS, _paged_kernels("needs", c, pattern, scale, o, None)))
 
@@ -294,7 +342,12 @@ class GraphWorkspace:
     caches, table, out, lse, scales) must be the same every step (a graph reads fixed addresses: pass
     FP8 scales as tensors on the GPU); its lengths are read from the workspace, not from the call.
     CPU tensors run in the emulator under ATTNJIT_CPU_DEVICE=emu (run() then launches over the
-    workspace as a graph would); on the CPU device run() is paged_attention's forward."""
+    workspace as a graph would); on the CPU device run() is paged_attention's forward.
+
+    Lengths on the device (kv_lens and cu_seqlens_q CUDA tensors, or plan_on_device=True; size
+    the workspace with paged_capacity(..., plan_on_device=True)): there is no plan(); run() plans
+    on the device from what those tensors hold at each replay, so the loop is a replay per step,
+    after writing the step's lengths into the same tensors."""
 
     def __init__(self, q, k_cache, v_cache, pattern, capacity, *, scale=None):
         missing = [f for f in CAPACITY_FIELDS if f not in capacity]
@@ -310,17 +363,20 @@ class GraphWorkspace:
         self._buffer = torch.zeros(nbytes + 256, dtype=torch.uint8, device=q.device)  # 256-byte aligned inside
         self._ptr = (self._buffer.data_ptr() + 255) // 256 * 256
 
-    def plan(self, q, k_cache, v_cache, block_table, kv_lens, *, cu_seqlens_q=None, k_scale=None, v_scale=None):
-        """The step's plan into the workspace, in the current stream's order (eager; never captured)."""
-        c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale)
+    def plan(self, q, k_cache, v_cache, block_table, kv_lens, *, cu_seqlens_q=None, k_scale=None, v_scale=None,
+             plan_on_device=None):
+        """The step's plan into the workspace, in the current stream's order (eager; never captured).
+        Refused for lengths on the device (plan_on_device), which run() plans itself."""
+        c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, None, plan_on_device)
         o = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
         _paged_kernels("plan", c, self.pattern, self.scale, o, None, self._ptr, self.capacity)
 
     def run(self, q, k_cache, v_cache, block_table, kv_lens, out, *, cu_seqlens_q=None, lse=None, k_scale=None,
-            v_scale=None, errors=None):
+            v_scale=None, errors=None, plan_on_device=None):
         """The kernels over the workspace's plan into out [total_q, Hq, Dv] (q's dtype) and lse
-        [total_q, Hq] (fp32) if given; capturable. `errors`: as paged_attention's."""
-        c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, errors)
+        [total_q, Hq] (fp32) if given; capturable. `errors`, `plan_on_device`: as paged_attention's
+        (planned on the device, run() needs no plan() before it)."""
+        c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, errors, plan_on_device)
         want = (q.shape[0], q.shape[1], v_cache.shape[3])
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != q.dtype:
             raise ValueError(f"out: expected {q.dtype} {list(want)}, got {getattr(out, 'dtype', None)} "

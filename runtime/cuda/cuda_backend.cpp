@@ -484,12 +484,14 @@ public:
     prefer_nvrtc_for_driver(driver_version() / 1000);
     const DeviceInfo info = device_info(device);
     sm_count_ = info.sm_count;
-    kernels_ = generate_paged_kernels(p, paged_request(pb, info.cc_major * 10 + info.cc_minor, config), templates);
+    kernels_ = generate_paged_kernels(p, paged_request(pb, info.cc_major * 10 + info.cc_minor, config),
+                                      PagedHeads{pb.heads_q, pb.heads_kv}, templates);
     KernelCompiler compiler(kernel_cache_for(cache_dir), knobs());
     kernel_ = compiler.get(kernels_.source);
     module_ = std::make_shared<Module>(kernel_->cubin, kernel_->name);
     forward_ = module_->function(kernels_.forward);
     merge_ = module_->function(kernels_.merge);
+    plan_ = module_->function(kernels_.plan);
   }
 
   void forward(const PagedPlan& plan, const PagedCall& c, int32_t splits) override {
@@ -506,8 +508,23 @@ public:
     const std::vector<uint8_t> tables = pack_paged_workspace(plan, splits, cap, w);
     const CUdeviceptr base = alloc_async(w.total, stream, "paged plan tables");
     copy_to_device_async(base, tables.data(), tables.size(), stream, "paged plan tables");
-    run_workspace(c, reinterpret_cast<void*>(base), w, cap, plan.tables.softmax_scale, plan.tables.output_scale);
+    run_workspace(c, reinterpret_cast<void*>(base), w, cap, plan.tables.softmax_scale, plan.tables.output_scale, nullptr);
     free_async(base, stream, "paged plan tables");
+  }
+
+  // A stream-ordered workspace of `cap`, planned and run on the device, freed after the kernels.
+  void forward_planned(const PagedCall& c, const PagedCapacity& cap, double softmax_scale, double output_scale,
+                       const DevicePlanning& planning) override {
+    const ScopedCurrentContext current(context_);
+    if (cap.items == 0) return;
+    const CUstream stream = static_cast<CUstream>(c.stream);
+    if (stream_capturing(stream))
+      throw UserError("PagedCall.stream", "is capturing a CUDA graph; capture run() over a workspace of needs(call) bytes "
+                                          "(PagedAttention::run plans on the device from the same lengths)");
+    const PagedWorkspace w = paged_workspace(cap, tiles().tile_q, problem_.head_dim_v);
+    const CUdeviceptr base = alloc_async(w.total, stream, "paged workspace");
+    run_workspace(c, reinterpret_cast<void*>(base), w, cap, softmax_scale, output_scale, &planning);
+    free_async(base, stream, "paged workspace");
   }
 
   // The host's bytes into the workspace in the stream's order (from pageable memory the driver
@@ -527,11 +544,16 @@ public:
   // The capacity's grid over the workspace's tables (capturable: nothing here touches the host's
   // data of the step).
   void run_workspace(const PagedCall& c, void* workspace, const PagedWorkspace& w, const PagedCapacity& cap,
-                     double softmax_scale, double output_scale) override {
+                     double softmax_scale, double output_scale, const DevicePlanning* planning) override {
     const ScopedCurrentContext current(context_);
     check_pointers(c);
     AjPagedParams pp = paged_params(softmax_scale, output_scale, problem_, paged_workspace_tables(workspace, w), c.q, c.k_cache,
                                     c.v_cache, c.o, c.lse, c.block_table, c.block_table_stride, c.k_scale, c.v_scale, c.errors);
+    if (planning) {
+      set_device_planning(pp, *planning, cap, c.q.shape[0]);
+      void* args[] = {&pp};
+      launch(plan_, 1, 1, 1, static_cast<unsigned>(kernels_.threads), 0, static_cast<CUstream>(c.stream), args, kernels_.plan);
+    }
     run_kernels(pp, static_cast<unsigned>(cap.items), static_cast<unsigned>(cap.splits), cap.splits > 1,
                 static_cast<CUstream>(c.stream));
   }
@@ -555,9 +577,13 @@ private:
     const TensorView table{const_cast<int32_t*>(c.block_table), DType::F32, {1}, {1}};
     const TensorView ks{const_cast<float*>(c.k_scale), DType::F32, {1}, {1}}, vs{const_cast<float*>(c.v_scale), DType::F32, {1}, {1}};
     const TensorView er{c.errors, DType::F32, {1}, {1}};
+    const TensorView kl{const_cast<int32_t*>(c.device_kv_lens), DType::F32, {1}, {1}},
+        cu{const_cast<int32_t*>(c.device_cu_seqlens_q), DType::F32, {1}, {1}};
     for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"q", &c.q}, {"k_cache", &c.k_cache}, {"v_cache", &c.v_cache},
                                   {"o", &c.o}, {"lse", c.lse}, {"block_table", &table}, {"k_scale", c.k_scale ? &ks : nullptr},
-                                  {"v_scale", c.v_scale ? &vs : nullptr}, {"errors", c.errors ? &er : nullptr}}) {
+                                  {"v_scale", c.v_scale ? &vs : nullptr}, {"errors", c.errors ? &er : nullptr},
+                                  {"device_kv_lens", c.device_kv_lens ? &kl : nullptr},
+                                  {"device_cu_seqlens_q", c.device_cu_seqlens_q ? &cu : nullptr}}) {
       if (!t) continue;
       const PointerInfo pi = pointer_info(t->data);
       if (!pi.is_device_memory || pi.device_ordinal != device_)
@@ -572,7 +598,7 @@ private:
   PagedKernels kernels_;
   std::shared_ptr<const CompiledKernel> kernel_;
   std::shared_ptr<Module> module_;
-  CUfunction forward_ = nullptr, merge_ = nullptr;
+  CUfunction forward_ = nullptr, merge_ = nullptr, plan_ = nullptr;
 };
 
 }  // namespace

@@ -339,15 +339,28 @@ private:
 // argument block over them (with the tables' workspace `t`, already in the image), and the
 // outputs copied back.
 struct CallRegions {
-  size_t q, k, v, o, lse, table, k_scale, v_scale, errors;
-  CallRegions(DeviceImage& img, const PagedCall& c, int64_t heads_kv)
+  size_t q, k, v, o, lse, table, k_scale, v_scale, errors, kv_lens, cu_seqlens_q;
+  CallRegions(DeviceImage& img, const PagedCall& c, int64_t heads_kv, const DevicePlanning* d)
       : q(img.add_tensor("q", c.q, false)), k(img.add_tensor("k_cache", c.k_cache, false)),
         v(img.add_tensor("v_cache", c.v_cache, false)), o(img.add_tensor("o", c.o, true)),
         lse(c.lse ? img.add_tensor("lse", *c.lse, true) : 0),
-        table(img.add("block_table", c.block_table, size_t(c.kv_lens.size() * c.block_table_stride) * 4, 4, false)),
+        table(img.add("block_table", c.block_table, size_t(requests(c) * c.block_table_stride) * 4, 4, false)),
         k_scale(img.add("k_scale", c.k_scale, c.k_scale ? size_t(heads_kv) * 4 : 0, 4, false)),
         v_scale(img.add("v_scale", c.v_scale, c.v_scale ? size_t(heads_kv) * 4 : 0, 4, false)),
-        errors(img.add("errors", c.errors, c.errors ? 4 : 0, 4, true)) {}
+        errors(img.add("errors", c.errors, c.errors ? 4 : 0, 4, true)),
+        kv_lens(img.add("device_kv_lens", d ? d->kv_lens : nullptr, d ? size_t(d->requests) * 4 : 0, 4, false)),
+        cu_seqlens_q(img.add("device_cu_seqlens_q", d ? d->cu_seqlens_q : nullptr,
+                             d && d->cu_seqlens_q ? size_t(d->requests + 1) * 4 : 0, 4, false)) {}
+  static int64_t requests(const PagedCall& c) {
+    return c.device_kv_lens ? c.requests : static_cast<int64_t>(c.kv_lens.size());
+  }
+  // The planner's lengths at their image addresses.
+  DevicePlanning planning(DeviceImage& img, const DevicePlanning& d) const {
+    DevicePlanning out = d;
+    out.kv_lens = static_cast<const int32_t*>(img.at(kv_lens));
+    out.cu_seqlens_q = d.cu_seqlens_q ? static_cast<const int32_t*>(img.at(cu_seqlens_q)) : nullptr;
+    return out;
+  }
   AjPagedParams params(DeviceImage& img, const PagedCall& c, const PagedProblem& pb, double softmax_scale, double output_scale,
                        const PagedTables& t) const {
     auto rebased = [&](const TensorView& view, size_t region) {
@@ -378,9 +391,9 @@ public:
       : problem_(pb) {
     KernelRequest r = paged_request(pb, arch.arch, config);
     r.arch_specific = arch.specific;
-    kernels_ = generate_paged_kernels(p, r, templates);
+    kernels_ = generate_paged_kernels(p, r, PagedHeads{pb.heads_q, pb.heads_kv}, templates);
     emu::EmuSource s = emu::emu_source_of(kernels_.source);
-    s.kernels = {kernels_.forward, kernels_.merge};
+    s.kernels = {kernels_.forward, kernels_.merge, kernels_.plan};
     module_ = emu::load_emu_module(emu::compile_for_emulator(s, kernel_cache_for(cache_dir), knobs()));
   }
 
@@ -391,7 +404,14 @@ public:
     const PagedWorkspace w = paged_workspace(cap, tiles().tile_q, problem_.head_dim_v);
     std::vector<uint8_t> workspace = pack_paged_workspace(plan, splits, cap, w);
     workspace.resize(w.total);  // the partial buffers after the tables
-    run_workspace(c, workspace.data(), w, cap, plan.tables.softmax_scale, plan.tables.output_scale);
+    run_workspace(c, workspace.data(), w, cap, plan.tables.softmax_scale, plan.tables.output_scale, nullptr);
+  }
+  void forward_planned(const PagedCall& c, const PagedCapacity& cap, double softmax_scale, double output_scale,
+                       const DevicePlanning& planning) override {
+    if (cap.items == 0) return;
+    const PagedWorkspace w = paged_workspace(cap, tiles().tile_q, problem_.head_dim_v);
+    std::vector<uint8_t> workspace(w.total, 0);
+    run_workspace(c, workspace.data(), w, cap, softmax_scale, output_scale, &planning);
   }
   // Host memory stands in for the device's: the bytes are copied now.
   void write_workspace(void* workspace, const std::vector<uint8_t>& bytes, const PagedCall&) override {
@@ -401,15 +421,20 @@ public:
   // The kernels over a workspace, one region of the image: the grid the capacity's (the header says
   // how much of it the step's plan uses).
   void run_workspace(const PagedCall& c, void* workspace, const PagedWorkspace& w, const PagedCapacity& cap,
-                     double softmax_scale, double output_scale) override {
+                     double softmax_scale, double output_scale, const DevicePlanning* planning) override {
     DeviceImage img;
-    const CallRegions call(img, c, problem_.heads_kv);
+    const CallRegions call(img, c, problem_.heads_kv, planning);
     const size_t iws = img.add("paged workspace", workspace, w.total, 4, true);
     img.materialise();
     AjPagedParams pp = call.params(img, c, problem_, softmax_scale, output_scale, paged_workspace_tables(img.at(iws), w));
+    if (planning) {
+      set_device_planning(pp, call.planning(img, *planning), cap, c.q.shape[0]);
+      launch(img, pp, kernels_.plan, 1, 1);
+    }
     launch(img, pp, kernels_.forward, unsigned(cap.items), unsigned(cap.splits));
     if (cap.splits > 1) launch(img, pp, kernels_.merge, unsigned(cap.items), 1);
     call.copy_back(img, c);
+    img.copy_back(iws, workspace);  // what the kernels wrote there (the planner's tables), as on a GPU
   }
 
   TileConfig tiles() const override { return TileConfig{kernels_.source.config.tile_q, kernels_.source.config.tile_k}; }

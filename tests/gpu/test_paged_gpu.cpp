@@ -15,6 +15,9 @@
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/half.hpp"
+#include "compiler/codegen/codegen.hpp"
+#include "compiler/plan/paged_plan.hpp"
+#include "runtime/kernel_params.hpp"
 #include "tests/gpu/attention_cases.hpp"
 
 namespace attnjit::gputest {
@@ -36,7 +39,16 @@ struct PagedCase {
   // How the call runs: forward(); plan() and run() over a workspace whose capacity exceeds the plan
   // (blocks past it return); or (a GPU) run() captured once in a CUDA graph and replayed after the
   // plan() of a step one token shorter, then after plan() of this call.
-  enum class Mode { Forward, PlanRun, Graph } mode = Mode::Forward;
+  // With lengths on the device (PagedCall::device_kv_lens, planned by the _plan kernel): forward();
+  // run() over a workspace of needs() after a run() of the step one token shorter; or (a GPU) that
+  // run() captured once and replayed after each step's lengths are copied into the same buffers.
+  enum class Mode { Forward, PlanRun, Graph, DeviceForward, DeviceRun, DeviceGraph } mode = Mode::Forward;
+  // Lengths on the device: one request's kv_len replaced by this (its rows then NaN, counted).
+  int bad_length_request = -1;
+  int64_t bad_length = 0;
+  // DeviceRun: the workspace after the run (the device planner's tables) and its capacity.
+  std::vector<unsigned char>* workspace_out = nullptr;
+  PagedCapacity* capacity_out = nullptr;
   // A request whose first page index is past the cache, with an error counter: its keys there are
   // counted and skipped (its rows only finite), every other request's rows exact.
   int bad_page_request = -1;
@@ -199,9 +211,58 @@ PagedResult run_paged(const PagedCase& c) {
   const TensorView lse = TensorView::contiguous(lb.data(), DType::F32, {total_q, c.heads_q});
   call.lse = &lse;
   call.splits = c.splits;
-  if (c.bad_page_request >= 0) call.errors = static_cast<int32_t*>(eb4.data());
-  if (c.mode == PagedCase::Mode::Forward) {
+  if (c.bad_page_request >= 0 || c.bad_length_request >= 0) call.errors = static_cast<int32_t*>(eb4.data());
+  const bool on_device = c.mode == PagedCase::Mode::DeviceForward || c.mode == PagedCase::Mode::DeviceRun ||
+                         c.mode == PagedCase::Mode::DeviceGraph;
+  // Lengths on the device: int32 arrays the kernels read (the step's, or one token shorter).
+  Buf lens_buf(std::max<size_t>(batch * 4, 16)), cu_buf((batch + 1) * 4);
+  auto put_lengths = [&](bool shorter) {
+    std::vector<int32_t> lens(batch), cu32(cu.begin(), cu.end());
+    for (size_t b = 0; b < batch; ++b) {
+      lens[b] = int32_t(c.kv_lens[b] - (shorter && c.kv_lens[b] > c.queries[b] ? 1 : 0));
+      if (int(b) == c.bad_length_request) lens[b] = int32_t(c.bad_length);
+    }
+    std::vector<unsigned char> lb8(std::max<size_t>(batch * 4, 16), 0), cb8(cu32.size() * 4);
+    std::memcpy(lb8.data(), lens.data(), batch * 4);
+    std::memcpy(cb8.data(), cu32.data(), cb8.size());
+    lens_buf.upload(lb8);
+    cu_buf.upload(cb8);
+  };
+  if (on_device) {
+    put_lengths(false);
+    call.kv_lens.clear();
+    call.cu_seqlens_q.clear();
+    call.device_kv_lens = static_cast<const int32_t*>(lens_buf.data());
+    // One query per request: the default (no cu_seqlens_q) where the call allows it.
+    const bool one_each = std::all_of(c.queries.begin(), c.queries.end(), [](int64_t n) { return n == 1; });
+    call.device_cu_seqlens_q = one_each ? nullptr : static_cast<const int32_t*>(cu_buf.data());
+    call.requests = int64_t(batch);
+  }
+  if (c.mode == PagedCase::Mode::Forward || c.mode == PagedCase::Mode::DeviceForward) {
     pa.forward(call);
+  } else if (on_device) {
+    const PagedCapacity cap = pa.needs(call);
+    Buf ws(std::max<size_t>(pa.workspace_bytes(cap), 16));
+    ws.poison(nullptr);  // the planner writes what the kernels read
+    if (c.mode == PagedCase::Mode::DeviceRun) {
+      put_lengths(true);
+      pa.run(call, ws.data(), cap);
+      put_lengths(false);
+      eb4.upload(std::vector<unsigned char>(4, 0));
+      pa.run(call, ws.data(), cap);
+      if (c.workspace_out) *c.workspace_out = ws.download(), *c.capacity_out = cap;
+    } else {
+      CUstream stream = create_stream();
+      call.stream = stream;
+      put_lengths(true);
+      CapturedGraph graph(stream, [&] { pa.run(call, ws.data(), cap); });
+      graph.launch(stream);
+      synchronize(stream);
+      put_lengths(false);
+      eb4.upload(std::vector<unsigned char>(4, 0));
+      graph.launch(stream);
+      synchronize(stream);
+    }
   } else {
     PagedCall early = call;  // a step one token shorter where its queries allow: other positions, the same buffers
     for (size_t b = 0; b < batch; ++b)
@@ -229,11 +290,24 @@ PagedResult run_paged(const PagedCase& c) {
   const std::vector<unsigned char> o = ob.download(), l = lb.download();
 
   PagedResult res;
-  if (c.bad_page_request >= 0) std::memcpy(&res.errors, eb4.download().data(), 4);
+  if (c.bad_page_request >= 0 || c.bad_length_request >= 0) std::memcpy(&res.errors, eb4.download().data(), 4);
   const double tol = c.dtype == DType::F32 ? 2e-5 : c.dtype == DType::F16 ? 2e-3 : 1.6e-2;
   for (size_t b = 0; b < batch; ++b) {
     const int64_t n = c.queries[b], L = c.kv_lens[b];
     if (n == 0) continue;
+    if (int(b) == c.bad_length_request) {  // lengths the planner refused: every row NaN
+      for (int64_t i = 0; i < n * c.heads_q * dv; ++i) {
+        ++res.rows;
+        if (!std::isnan(value_at(o, size_t(cu[b] * c.heads_q * dv + i), c.dtype)) && res.mismatches++ < 3)
+          UNSCOPED_INFO(c.name << ": request " << b << " (wrong length) has a number in its output");
+      }
+      for (int64_t i = 0; i < n * c.heads_q; ++i) {
+        float got;
+        std::memcpy(&got, l.data() + 4 * size_t(cu[b] * c.heads_q + i), 4);
+        if (!std::isnan(got) && res.mismatches++ < 3) UNSCOPED_INFO(c.name << ": request " << b << " (wrong length) has an lse");
+      }
+      continue;
+    }
     // The request with a bad first page: its keys there skipped, so the reference over the tokens
     // from the second page on (k_offset keeps the positions).
     const int64_t from = int64_t(b) == c.bad_page_request ? c.page_size : 0;
@@ -590,6 +664,214 @@ TEST_CASE("paged attention: every deliberately broken paged kernel fails in the 
     REQUIRE(at != std::string::npos);  // the template changed: update the mutation
     text.replace(at, std::string(from).size(), to);
     t->replace("fwd_paged.cuh", text);
+    CHECK(outcome(t).first > 0);
+  }
+}
+
+}  // namespace attnjit::gputest
+
+namespace attnjit::gputest {
+namespace {
+
+// Decode at lengths around LongNet's segments and the layouts' blocks: one query per request, no
+// cu_seqlens_q, GQA 4:1 (the heads of a kv group share items where their offsets agree).
+PagedCase decode(std::string name, Pattern p, DType dt, int64_t page_size, int32_t splits) {
+  PagedCase c = mixed(std::move(name), std::move(p), dt, page_size, splits);
+  c.kv_lens = {1, 64, 65, 2048, 2049, 4500, 300, 17};
+  c.queries.assign(c.kv_lens.size(), 1);
+  c.heads_q = 8, c.heads_kv = 2;
+  return c;
+}
+
+// Deliberately broken device planners (plan_paged.cuh) and the forward's NaN rows for refused
+// lengths: each fails a check the unmutated kernels pass.
+struct PlannerMutation {
+  const char* name;
+  const char* file;
+  const char* from;
+  const char* to;
+};
+
+}  // namespace
+
+TEST_CASE("paged attention planned on the device: every example, decode, speculative and chunked prefill", "[gpu][emu][paged][device-plan]") {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (const auto& [name, p] : example_patterns()) {
+    const DType dt = i % 3 == 0 ? DType::BF16 : i % 3 == 1 ? DType::F16 : DType::F32;
+    PagedCase m = mixed(name + " mixed, planned on the device", p, dt, i % 2 ? 16 : 64, 0);
+    m.mode = i % 2 ? PagedCase::Mode::DeviceForward : PagedCase::Mode::DeviceRun;
+    check(m);
+    PagedCase d = decode(name + " decode, planned on the device", p, dt, i % 2 ? 64 : 16, i % 3 == 2 ? 4 : 0);
+    d.mode = i % 2 ? PagedCase::Mode::DeviceRun : PagedCase::Mode::DeviceForward;
+    d.fp8 = name == "longnet";
+    check(d);
+    ++i;
+  }
+}
+
+TEST_CASE("paged attention planned on the device: tiles, page sizes and head classes", "[gpu][emu][paged][device-plan]") {
+  SKIP_WITHOUT_GPU();
+  const Pattern longnet = example_patterns().at(2).second;
+  for (const auto& [tq, tk] : std::vector<std::pair<int, int>>{{1, 16}, {4, 32}, {64, 32}}) {
+    PagedCase c = mixed("tile " + std::to_string(tq) + "x" + std::to_string(tk), longnet, DType::BF16, 7, 2);
+    c.config.tile_q = tq, c.config.tile_k = tk;
+    c.mode = PagedCase::Mode::DeviceRun;
+    check(c);
+  }
+  // 16 query heads over 2: classes of up to tile_q heads where offsets agree (none for LongNet's
+  // rates, all 8 for the window's), and page size 1.
+  for (const auto& [name, p] : std::vector<std::pair<std::string, Pattern>>{{"longnet", longnet}, {"window", example_patterns().at(4).second}}) {
+    PagedCase c = decode(name + " 16:2 heads, page size 1", p, DType::F16, 1, 0);
+    c.heads_q = 16;
+    c.mode = PagedCase::Mode::DeviceForward;
+    check(c);
+  }
+}
+
+TEST_CASE("paged attention planned on the device: wrong lengths make their request's rows NaN, counted (CPU: refused)", "[gpu][emu][paged][device-plan][errors]") {
+  SKIP_WITHOUT_GPU();
+  const Pattern causal = example_patterns().at(1).second;
+  // Request 2 has 4 queries: fewer cached tokens than that, a negative length, more than its table.
+  for (const int64_t wrong : {int64_t{2}, int64_t{-5}, int64_t{1} << 30}) {
+    PagedCase c = mixed("kv_len " + std::to_string(wrong) + " for 4 queries", causal, DType::BF16, 16, wrong == 2 ? 3 : 0);
+    c.mode = wrong == 2 ? PagedCase::Mode::DeviceRun : PagedCase::Mode::DeviceForward;
+    c.bad_length_request = 2;
+    c.bad_length = wrong;
+    INFO(c.name);
+    if (target() == Target::Cpu) {  // its memory is the host's: the lengths are checked, the call refused by name
+      CHECK_THROWS_WITH(run_paged(c), Catch::Contains("request 2") || Catch::Contains("kv_lens[2]"));
+      continue;
+    }
+    const PagedResult r = run_paged(c);
+    CHECK(r.mismatches == 0);
+    CHECK(r.errors == 1);
+  }
+}
+
+TEST_CASE("paged attention planned on the device: a decode step visits the host plan's key tiles", "[emu][paged][device-plan]") {
+  if (target() != Target::Emu) {
+    WARN("SKIPPED: the device planner's tables are read back in the emulator (ATTNJIT_GPU_TESTS_DEVICE=emu)");
+    return;
+  }
+  for (const auto& [name, p] : example_patterns()) {
+    INFO(name);
+    PagedCase c = decode(name + " tables", p, DType::BF16, 16, 0);
+    c.mode = PagedCase::Mode::DeviceRun;
+    std::vector<unsigned char> bytes;
+    PagedCapacity cap;
+    c.workspace_out = &bytes, c.capacity_out = &cap;
+    CHECK(run_paged(c).mismatches == 0);
+    KernelRequest k;
+    k.head_dim = int(c.head_dim), k.head_dim_v = int(c.head_dim_v);
+    const KernelConfig kc = resolve_paged_config(k);
+    const PagedWorkspace w = paged_workspace(cap, kc.tile_q, c.head_dim_v);
+    int32_t items = 0;
+    std::memcpy(&items, bytes.data() + w.header, 4);
+    // Tiles visited per (request, head): the device plan's items against the host's.
+    auto at = [&](size_t offset, size_t i, auto type) {
+      decltype(type) v;
+      std::memcpy(&v, bytes.data() + offset + i * sizeof(v), sizeof(v));
+      return v;
+    };
+    int64_t device_tiles = 0;
+    for (int32_t i = 0; i < items; ++i) {
+      const DeviceItem it = at(w.items, size_t(i), DeviceItem{});
+      for (int s = it.span_begin; s < it.span_end; ++s) {
+        const DeviceSpan sp = at(w.spans, size_t(s), DeviceSpan{});
+        device_tiles += int64_t(sp.tile_end - sp.tile_begin) * at(w.item_heads, size_t(i), int32_t{});
+      }
+    }
+    std::vector<PagedRequest> requests;
+    for (size_t b = 0; b < c.kv_lens.size(); ++b) requests.push_back({c.queries[b], c.kv_lens[b]});
+    const PagedPlan host = lower_paged_plan(p, c.heads_q, c.heads_kv, c.head_dim, c.head_dim_v, requests, {kc.tile_q, kc.tile_k});
+    int64_t host_tiles = 0;
+    for (size_t i = 0; i < host.tables.items.size(); ++i) {
+      const WorkItem& it = host.tables.items[i];
+      for (int64_t s = it.span_begin; s < it.span_end; ++s)
+        host_tiles += span_tile_count(host.tables, host.tables.spans[size_t(s)]) * host.item_heads[i];
+    }
+    // A layout's tiles are the band's on the device (the forward seeks through the layout), the
+    // layout's own in the host's plan.
+    if (pattern_has_layout(p)) {
+      CHECK(device_tiles >= host_tiles);
+    } else {
+      CHECK(device_tiles == host_tiles);
+    }
+    CHECK(host_tiles > 0);
+  }
+}
+
+TEST_CASE("paged attention planned on the device: run() captured once replays while lengths change", "[gpu][paged][device-plan][graph]") {
+  SKIP_WITHOUT_GPU();
+  if (on_host()) { WARN("SKIPPED on the emulator and the CPU device: CUDA graphs need a GPU"); return; }
+  shared_context(0).make_current();
+  for (const auto& [name, p] : example_patterns()) {
+    PagedCase c = decode(name + " captured decode, planned on the device", p, DType::BF16, 16, 0);
+    c.mode = PagedCase::Mode::DeviceGraph;
+    check(c);
+    PagedCase m = mixed(name + " captured chunks, planned on the device", p, DType::BF16, 16, 3);
+    m.mode = PagedCase::Mode::DeviceGraph;
+    check(m);
+  }
+}
+
+TEST_CASE("paged attention planned on the device: every deliberately broken planner fails in the emulator", "[emu][paged][device-plan][mutation]") {
+  if (target() != Target::Emu) {
+    WARN("SKIPPED: the mutations run in the emulator (ATTNJIT_GPU_TESTS_DEVICE=emu)");
+    return;
+  }
+  const Pattern longnet = example_patterns().at(2).second, window = example_patterns().at(4).second;
+  // Causal segments of 64 tokens: consecutive rows share items, and a chunk crosses a boundary.
+  const Pattern segments = parse_spec(R"({"attnjit": 1, "branches": [{"segment": 64, "dilation": 1, "causal": true}]})");
+  auto outcome = [&](std::shared_ptr<const TemplateSet> t) {
+    size_t bad = 0, rows = 0;
+    for (const Pattern* p : {&longnet, &window, &segments}) {
+      for (int n = 0; n < 3; ++n) {
+        PagedCase c = n == 1 ? decode("mutation", *p, DType::F32, 16, 0) : mixed("mutation", *p, DType::F32, 16, n == 0 ? 1 : 3);
+        c.mode = n == 0 ? PagedCase::Mode::DeviceForward : PagedCase::Mode::DeviceRun;
+        if (n == 2) c.bad_length_request = 2, c.bad_length = 3;
+        if (p == &segments && n != 1) c.kv_lens[5] = 340;  // queries at 303 .. 339, across 320
+        c.templates = t;
+        try {
+          const PagedResult r = run_paged(c);
+          bad += r.mismatches + (n == 2 && r.errors != 1), rows += r.rows;
+        } catch (const std::exception& e) {
+          UNSCOPED_INFO("fault: " << e.what());
+          ++bad;
+        }
+      }
+    }
+    return std::make_pair(bad, rows);
+  };
+  const auto clean = outcome(nullptr);
+  CHECK(clean.first == 0);
+  CHECK(clean.second > 0);
+  const PlannerMutation mutations[] = {
+      {"keys one past the step's length", "plan_paged.cuh", "seg + seg_len < kv_len ? seg + seg_len : kv_len;",
+       "seg + seg_len < kv_len ? seg + seg_len : kv_len + 1;"},
+      {"the band's left edge taken as full", "plan_paged.cuh", "    fb = (flo + tk - 1) / tk;\n", "    fb = 0;\n"},
+      {"rows of different branches in one item", "plan_paged.cuh", "    if (sa != aj_pg_selected(b, off, c)) return false;\n", "\n"},
+      {"rows of different segments in one item", "plan_paged.cuh",
+       "    if (sa && aj_pg_segment_of(b, a) != aj_pg_segment_of(b, c)) return false;\n", "\n"},
+      {"every class at offset 0", "plan_paged.cuh", "!aj_pg_selected(br, off, r.q_pos + i)", "!aj_pg_selected(br, 0, r.q_pos + i)"},
+      {"queries one position late", "plan_paged.cuh", "r.q_pos = r.len_ok ? r.kv_len - r.queries : 0;",
+       "r.q_pos = r.len_ok ? r.kv_len - r.queries + 1 : 0;"},
+      {"each thread's items from its count, not the prefix", "plan_paged.cuh", "      sums[x] = run;\n", "\n"},
+      {"no barrier before the prefix is read", "plan_paged.cuh", "    tiles[0] = run;  // the total, until the barrier below\n  }\n  aj_syncthreads();\n",
+       "    tiles[0] = run;  // the total, until the barrier below\n  }\n"},
+      {"a refused length's rows left as numbers", "fwd_paged.cuh", "  if (item.span_begin < 0) {", "  if (false) {"},
+      {"a refused length attended anyway", "plan_paged.cuh", "  r.len_ok = r.kv_len >= r.queries && pages <= pp.table_stride;",
+       "  r.len_ok = r.kv_len >= 0;"},
+  };
+  for (const PlannerMutation& m : mutations) {
+    INFO("mutation: " << m.name);
+    auto t = std::make_shared<TemplateSet>(TemplateSet::embedded());
+    std::string text = t->text(m.file);
+    const size_t at = text.find(m.from);
+    REQUIRE(at != std::string::npos);  // the template changed: update the mutation
+    text.replace(at, std::string(m.from).size(), m.to);
+    t->replace(m.file, text);
     CHECK(outcome(t).first > 0);
   }
 }

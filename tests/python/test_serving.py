@@ -412,3 +412,86 @@ def test_a_decode_loop_captured_in_a_cuda_graph():
         g.replay()
         want = serving.paged_attention(q, k_cache, v_cache, table, lens, pattern)
         assert torch.allclose(out.float(), want.float(), atol=2e-2, rtol=2e-2), step
+
+
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+@pytest.mark.parametrize("spec", example_specs(), ids=lambda p: p.stem)
+def test_planned_on_the_device_matches_the_contract(monkeypatch, device, spec):
+    # plan_on_device: the lengths go to the C++ runtime as int32 arrays it reads itself (in the
+    # emulator the _plan kernel reads them; the CPU device reads them on the host).
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", device)
+    pattern = attnjit.Pattern.load(spec)
+    cache = Cache([300, 41, 2100], 16, hkv=2, d=32, dv=32, dtype=torch.float32, seed=8)
+    q = torch.randn(8, 4, 32, generator=torch.Generator().manual_seed(8))
+    starts = [0, 3, 4, 8]
+    got, got_lse = serving.paged_attention(q, cache.k_cache, cache.v_cache, cache.table, torch.tensor(cache.lens), pattern,
+                                           cu_seqlens_q=torch.tensor(starts), return_lse=True, plan_on_device=True)
+    want, want_lse = expected(cache, q, starts, pattern)
+    assert rel_error(got, want) <= 1e-4
+    assert torch.equal(torch.isfinite(got_lse), torch.isfinite(want_lse))
+
+
+def test_lengths_the_device_planner_refuses_make_nan_rows_counted_in_the_emulator(monkeypatch):
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu")
+    pattern = attnjit.Pattern.load(example_specs()[1])
+    cache = Cache([300, 41, 90], 16, hkv=2, d=32, dv=32, dtype=torch.float32, seed=2)
+    q = torch.randn(3, 4, 32, generator=torch.Generator().manual_seed(2))
+    errors = torch.zeros(1, dtype=torch.int32)
+    lens = torch.tensor([300, 41 + 16 * 100, 90])  # request 1: past its block table
+    out = serving.paged_attention(q, cache.k_cache, cache.v_cache, cache.table, lens, pattern, plan_on_device=True,
+                                  errors=errors)
+    assert int(errors) == 1
+    assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2]]).all()
+    # On the host the same call is refused by name.
+    with pytest.raises(ValueError, match=r"kv_lens\[1\]"):
+        serving.paged_attention(q, cache.k_cache, cache.v_cache, cache.table, lens, pattern)
+
+
+def test_plan_on_device_refuses_float64_queries():
+    pattern = attnjit.Pattern.load(example_specs()[1])
+    cache = Cache([30], 16, hkv=1, d=8, dv=8, dtype=torch.float64, seed=1)
+    q = torch.randn(1, 1, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="float64 queries run the reference"):
+        serving.paged_attention(q, cache.k_cache, cache.v_cache, cache.table, [30], pattern, plan_on_device=True)
+
+
+def test_graph_workspace_planned_on_the_device_needs_no_plan(monkeypatch):
+    # The workspace sized for the batch and query count alone; each run() plans from the lengths it
+    # is given (tensors whose contents change step by step), with no plan(). In the emulator run()
+    # launches the planner, then the kernels, over the workspace, as a graph's replay would.
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu")
+    pattern = attnjit.Pattern.load(example_specs()[2])  # LongNet
+    cache = Cache([40, 300, 2100], 16, hkv=2, d=32, dv=32, dtype=torch.float32, seed=5)
+    q = torch.randn(3, 4, 32, generator=torch.Generator().manual_seed(5))
+    lens = torch.tensor([n - 4 for n in cache.lens], dtype=torch.int32)
+    cap = serving.paged_capacity(q, cache.k_cache, cache.v_cache, cache.table, lens, pattern, plan_on_device=True)
+    ws = serving.GraphWorkspace(q, cache.k_cache, cache.v_cache, pattern, cap)
+    out = torch.full((3, 4, 32), float("nan"))
+    for step in range(4):
+        ws.run(q, cache.k_cache, cache.v_cache, cache.table, lens, out, plan_on_device=True)
+        want = serving.paged_attention(q, cache.k_cache, cache.v_cache, cache.table, lens.tolist(), pattern)
+        assert torch.allclose(out, want, atol=1e-6, rtol=1e-5), step
+        lens += 1  # in place: the same tensor, as a graph's replay reads it
+    with pytest.raises(attnjit.AttnjitError, match="call run\\(\\) alone"):
+        ws.plan(q, cache.k_cache, cache.v_cache, cache.table, lens, plan_on_device=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the decode loop planned on the device is not run")
+def test_a_decode_loop_planned_on_the_device_replays_alone():
+    pattern = attnjit.Pattern.load(example_specs()[2])  # LongNet
+    cache = Cache([40, 3000, 900], 16, hkv=2, d=64, dv=64, dtype=torch.bfloat16, seed=7)
+    q = torch.randn(3, 4, 64, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16).cuda()
+    k_cache, v_cache, table = cache.k_cache.cuda(), cache.v_cache.cuda(), cache.table.cuda()
+    lens = torch.tensor([n - 8 for n in cache.lens], dtype=torch.int32, device="cuda")
+    cap = serving.paged_capacity(q, k_cache, v_cache, table, lens, pattern)
+    ws = serving.GraphWorkspace(q, k_cache, v_cache, pattern, cap)
+    out = torch.empty(3, 4, 64, dtype=torch.bfloat16, device="cuda")
+    ws.run(q, k_cache, v_cache, table, lens, out)  # warm-up: compiles and loads before the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ws.run(q, k_cache, v_cache, table, lens, out)
+    for step in range(8):
+        lens += 1
+        g.replay()
+        want = serving.paged_attention(q, k_cache, v_cache, table, lens.tolist(), pattern)
+        assert torch.allclose(out.float(), want.float(), atol=2e-2, rtol=2e-2), step

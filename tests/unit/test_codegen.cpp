@@ -253,7 +253,7 @@ TEST_CASE("the backward kernels compile with NVRTC: four entry points, no spills
   }
 }
 
-TEST_CASE("the paged kernels compile with NVRTC: two entry points, no spills, static shared memory under 48 KB",
+TEST_CASE("the paged kernels compile with NVRTC: three entry points, no spills, static shared memory under 48 KB",
           "[codegen][nvrtc][paged]") {
   if (!nvrtc_available()) {
     WARN("SKIPPED: no NVRTC found; the paged kernels cannot be compiled");
@@ -268,7 +268,7 @@ TEST_CASE("the paged kernels compile with NVRTC: two entry points, no spills, st
         r.head_dim = r.head_dim_v = d;
         r.dtype = dt;
         r.arch = arch;
-        kernels.push_back(generate_paged_kernels(every_mask_kind(), r));
+        kernels.push_back(generate_paged_kernels(every_mask_kind(), r, PagedHeads{32, 8}));
         if (d == 128 && dt != DType::F32) {  // FP8 e4m3 caches
           r.kv_dtype = DType::E4M3;
           kernels.push_back(generate_paged_kernels(every_mask_kind(), r));
@@ -283,7 +283,7 @@ TEST_CASE("the paged kernels compile with NVRTC: two entry points, no spills, st
     INFO(k.source.name << " " << k.source.arch << "\n" << k.source.source.substr(0, 200));
     if (const auto* err = std::get_if<std::string>(&results[n])) FAIL(*err);
     const CompileResult& r = std::get<CompileResult>(results[n]);
-    for (const std::string& entry : {k.forward, k.merge}) {
+    for (const std::string& entry : {k.forward, k.merge, k.plan}) {
       INFO(entry << " " << u_info(r, entry));
       const auto u = std::find_if(r.usage.begin(), r.usage.end(), [&](const ResourceUsage& x) { return x.kernel == entry; });
       REQUIRE(u != r.usage.end());

@@ -622,3 +622,31 @@ TEST_CASE("paged splits fill the target without idle blocks, and bad requests ar
   const Pattern table = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "layout": {"dynamic": true}}]})");
   CHECK_THROWS_WITH(lower_paged_plan(table, 1, 1, 32, 32, {{1, 5}}, TileConfig{16, 32}), Catch::Contains("dynamic layout"));
 }
+
+TEST_CASE("the device planner's head classes: consecutive heads of a kv group that plan alike", "[plan][paged]") {
+  // Dense: every head of a kv group in one class, at most tile_q heads each.
+  const Pattern dense = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "causal": true}]})");
+  std::vector<PagedHeadClass> c = paged_head_classes(dense, 8, 2, 16);
+  REQUIRE(c.size() == 2);
+  CHECK((c[0].head == 0 && c[0].heads == 4 && c[1].head == 4 && c[1].heads == 4));
+  CHECK(c[0].offsets == std::vector<int64_t>{0});
+  c = paged_head_classes(dense, 8, 1, 3);  // tile_q 3: classes of 3, 3, 2
+  REQUIRE(c.size() == 3);
+  CHECK((c[0].heads == 3 && c[1].heads == 3 && c[2].head == 6 && c[2].heads == 2));
+  // LongNet's head_mod offsets: heads h and h + 1 differ at dilation 2, so each head alone; the
+  // offsets are branch_offset's, -1 for a branch that does not take part.
+  const Pattern longnet = parse_spec(R"({"attnjit": 1, "branches": [{"segment": 8, "dilation": 1},
+      {"segment": 16, "dilation": 2, "offset": "head_mod"}, {"segment": "full", "dilation": 1, "heads": [1, 3]}]})");
+  c = paged_head_classes(longnet, 4, 2, 16);
+  REQUIRE(c.size() == 4);
+  for (int h = 0; h < 4; ++h) {
+    CHECK(c[size_t(h)].head == h);
+    CHECK(c[size_t(h)].offsets == std::vector<int64_t>{0, h % 2, h % 2 ? 0 : -1});
+  }
+  // A random layout hashes the head: no two heads share a class, even with equal offsets.
+  const Pattern random = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "layout": {"random": {"density": 0.5, "seed": 3}}}]})");
+  c = paged_head_classes(random, 4, 1, 16);
+  CHECK(c.size() == 4);
+  const Pattern local = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "layout": {"local": 1}}]})");
+  CHECK(paged_head_classes(local, 4, 1, 16).size() == 1);
+}
