@@ -186,6 +186,36 @@ __device__ __forceinline__ void aj_store(aj_elem* p, float v) {
 }
 #endif
 
+// ---- tensor-core helpers of the 16-bit types (the sm_80 forward and backward, the paged forward) ----
+
+// D += A * B for one m16n8k16 tile in the kernel's input type.
+__device__ __forceinline__ void aj_mma(float (&d)[4], const aj_u32 (&a)[4], aj_u32 b0, aj_u32 b1) {
+#if AJ_DTYPE == 2
+  aj_mma_bf16(d, a, b0, b1);
+#else
+  aj_mma_f16(d, a, b0, b1);
+#endif
+}
+
+// Two floats to one register of two 16-bit values, `lo` in the low half (the lower column).
+__device__ __forceinline__ aj_u32 aj_pack2(float lo, float hi) {
+#if AJ_DTYPE == 2
+  return aj_cvt_bf16x2(hi, lo);
+#else
+  return aj_cvt_f16x2(hi, lo);
+#endif
+}
+
+// A 32-bit word of two 16-bit values holds a non-finite one (exponent bits all ones: a bit test
+// no fast-math rule can fold away).
+#if AJ_DTYPE == 1
+#define AJ_HALF_EXP 0x7c00u  // fp16
+#else
+#define AJ_HALF_EXP 0x7f80u  // bf16
+#endif
+__device__ __forceinline__ bool aj_tc_word_nonfinite(aj_u32 w) {
+  return (w & AJ_HALF_EXP) == AJ_HALF_EXP || (w & (AJ_HALF_EXP << 16)) == (AJ_HALF_EXP << 16);
+}
 // Sixteen bytes moved as one (a 128-bit load or store; the address must be 16-byte aligned).
 struct __align__(16) aj_u32x4 {
   aj_u32 x, y, z, w;

@@ -21,24 +21,6 @@
 #error "the Q tile can lie over a V stage only when Q moves to registers"
 #endif
 
-// D += A * B for one m16n8k16 tile in the kernel's input type.
-__device__ __forceinline__ void aj_mma(float (&d)[4], const aj_u32 (&a)[4], aj_u32 b0, aj_u32 b1) {
-#if AJ_DTYPE == 2
-  aj_mma_bf16(d, a, b0, b1);
-#else
-  aj_mma_f16(d, a, b0, b1);
-#endif
-}
-
-// Two floats to one register of two 16-bit values, `lo` in the low half (the lower column).
-__device__ __forceinline__ aj_u32 aj_pack2(float lo, float hi) {
-#if AJ_DTYPE == 2
-  return aj_cvt_bf16x2(hi, lo);
-#else
-  return aj_cvt_f16x2(hi, lo);
-#endif
-}
-
 // ---- tile loads through row maps --------------------------------------------------------------
 
 // Rows first + r * stride (r < count) of a [.., D] tensor into a [rows][pitch] shared tile, by a
@@ -255,19 +237,11 @@ __device__ __forceinline__ void aj_sm80_softmax(float (&s)[AJ_TILE_K / 8][4], fl
 // A key a row does not attend must not reach it, but the tensor cores multiply a non-finite V by
 // that row's P = 0 all the same (0 * NaN is NaN): an uninitialised tail of a KV cache, or a NaN
 // beside a causal diagonal, would poison every row of the tile. So the epilogue looks at the two
-// 16-bit values it stores per word (aj_tc_word_nonfinite: exponent bits all ones, a bit test that
-// no fast-math rule can fold away), and a row with such a value whose softmax sum l is finite
+// 16-bit values it stores per word (aj_tc_word_nonfinite in common.cuh: exponent bits all ones, a
+// bit test that no fast-math rule can fold away), and a row with such a value whose softmax sum l is finite
 // (every score it attended was) is summed again (aj_tc_exact_rows) and stored once more. The test
 // reads the packed words, not the accumulators: on the Hopper kernels, touching the wgmma
 // accumulators outside the multiplies makes ptxas serialise every wgmma of the loop.
-#if AJ_DTYPE == 1
-#define AJ_HALF_EXP 0x7c00u  // fp16
-#else
-#define AJ_HALF_EXP 0x7f80u  // bf16
-#endif
-__device__ __forceinline__ bool aj_tc_word_nonfinite(aj_u32 w) {
-  return (w & AJ_HALF_EXP) == AJ_HALF_EXP || (w & (AJ_HALF_EXP << 16)) == (AJ_HALF_EXP << 16);
-}
 // Bit h of the answer: row r0 + 8 h, whose stored words showed a non-finite value (bad[h]), needs
 // the exact sum.
 __device__ __forceinline__ int aj_tc_poisoned_rows(const AjItem& item, int r0, const bool (&bad)[2], const float (&l)[2]) {

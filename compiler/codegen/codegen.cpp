@@ -197,7 +197,7 @@ KernelConfig resolve_backward_sm80_config(const KernelRequest& r) {
 // templates with the mask predicate, then `bodies`.
 std::string render_prefix(const char* kind, const KernelSource& k, const KernelRequest& r, const Pattern& p,
                           const std::string& predicate, const TemplateSet& templates, const std::vector<std::string>& bodies,
-                          bool forward = false) {
+                          bool forward = false, bool paged = false) {
   std::ostringstream os;
   os << "// attnjit generated " << kind << ": path=" << to_string(k.path) << " arch=" << k.arch << " dtype=" << to_string(r.dtype)
      << " head_dim=" << r.head_dim << " head_dim_v=" << r.head_dim_v << " tile=" << k.config.tile_q << "x"
@@ -213,7 +213,7 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   if (r.lazy_rescale && forward && k.path != KernelPath::Simt) os << "#define AJ_LAZY_RESCALE 8.0f\n";
   // ... and every AJ_POLY_EXP2-th n-tile's exponentials by aj_ex2_poly.
   if (r.poly_exp2 && forward && k.path != KernelPath::Simt) os << "#define AJ_POLY_EXP2 4\n";
-  if (k.path == KernelPath::Sm80) {
+  if (k.path == KernelPath::Sm80 && !paged) {
     // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
     os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "
        << (forward && q_over_kv(r, k.config)) << "\n";
@@ -529,6 +529,12 @@ int paged_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
 }
 }  // namespace
 
+KernelPath choose_paged_path(const KernelRequest& r) {
+  const bool tiles = (r.config.tile_q == 0 || r.config.tile_q == 16) && (r.config.tile_k == 0 || r.config.tile_k == 64);
+  const bool dims = r.head_dim % 16 == 0 && r.head_dim_v % 16 == 0 && r.head_dim <= 128 && r.head_dim_v <= 128;
+  return r.arch >= 80 && (r.dtype == DType::F16 || r.dtype == DType::BF16) && dims && tiles ? KernelPath::Sm80 : KernelPath::Simt;
+}
+
 KernelConfig resolve_paged_config(const KernelRequest& r) {
   require(r.arch >= 60, "--arch " + arch_name(r.arch), "attnjit needs sm_60 or newer");
   require(r.head_dim >= 1 && r.head_dim_v >= 1 && r.head_dim <= 256 && r.head_dim_v <= 256, "--head-dim",
@@ -540,6 +546,11 @@ KernelConfig resolve_paged_config(const KernelRequest& r) {
           std::string("the KV caches are the queries' dtype (") + to_string(r.dtype) + ") or fp8_e4m3, got " +
               (r.kv_dtype ? to_string(*r.kv_dtype) : ""));
   KernelConfig c = r.config;
+  if (choose_paged_path(r) == KernelPath::Sm80) {  // fwd_paged_tc.cuh: one m16 tile of rows, 16 keys per warp
+    require(c.stages == 0 || c.stages == 1, "stages", "the paged forward has one stage, got " + std::to_string(c.stages));
+    require(c.warps == 0 || c.warps == 4, "warps", "the paged forward runs 4 warps, got " + std::to_string(c.warps));
+    return KernelConfig{16, 64, 1, 4};
+  }
   const bool default_q = c.tile_q == 0, default_k = c.tile_k == 0;
   if (default_q) c.tile_q = 16;
   if (default_k) c.tile_k = 32;
@@ -606,7 +617,7 @@ PagedKernels generate_paged_kernels(const Pattern& p, const KernelRequest& reque
   const KernelRequest r = for_pattern(request, p);
   PagedKernels out;
   KernelSource& k = out.source;
-  k.path = KernelPath::Simt;
+  k.path = choose_paged_path(r);
   k.config = resolve_paged_config(r);
   k.arch = arch_name(r);
   k.threads = out.threads;
@@ -615,14 +626,19 @@ PagedKernels generate_paged_kernels(const Pattern& p, const KernelRequest& reque
   k.seeks = pattern_has_layout(p);  // the device planner leaves every layout to the forward
   std::ostringstream os;
   const std::string generated = generate_mask_predicate(p, true) + paged_planner_tables(p, heads, k.config.tile_q);
-  std::string prefix = render_prefix("paged forward", k, r, p, generated, templates, {"fwd_paged.cuh", "plan_paged.cuh"}, true);
+  const bool tc = k.path == KernelPath::Sm80;
+  std::vector<std::string> bodies{"fwd_paged.cuh"};
+  if (tc) bodies.push_back("fwd_paged_tc.cuh");
+  bodies.push_back("plan_paged.cuh");
+  std::string prefix = render_prefix("paged forward", k, r, p, generated, templates, bodies, true, true);
   if (r.kv_dtype && *r.kv_dtype == DType::E4M3) {  // before the templates: fwd_paged.cuh reads it
     const std::string at = "#define AJ_DTYPE ";
     prefix.insert(prefix.find(at), "#define AJ_KV_DTYPE 3  // the caches: fp8 e4m3, scaled per kv head\n");
   }
   os << prefix;
   os << "\n// ---- generated: entry points\n";
-  for (const auto& [entry, body] : {std::pair<const char*, const char*>{"fwd", "aj_fwd_paged(p);"}, {"merge", "aj_paged_merge(p);"},
+  for (const auto& [entry, body] : {std::pair<const char*, const char*>{"fwd", tc ? "aj_fwd_paged_tc(p);" : "aj_fwd_paged(p);"},
+                                    {"merge", "aj_paged_merge(p);"},
                                     {"plan", "aj_paged_plan(p);"}}) {
     os << "extern \"C\" __global__ void __launch_bounds__(" << out.threads << ", 1) AJ_KERNEL_NAME_" << entry
        << "(const AjPagedParams p) {\n  " << body << "\n}\n";

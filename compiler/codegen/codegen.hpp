@@ -137,10 +137,11 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
 
 // The paged forward (templates/fwd_paged.cuh; decode and chunked prefill over a paged KV cache):
 // `forward` runs a paged plan's items x splits blocks (grid x: items, y: splits), `merge` its items
-// when splits > 1, both `threads` per block with static shared memory. SIMT with fp32 arithmetic on
-// every dtype and arch (sm_60+). Its config: tile_q query rows per work item (default 16, up to
-// 64), tile_k keys per tile (16, 32 or 64; default 32); past head dim 128 the defaults shrink to
-// 16 keys and then 8 rows, to fit 48 KB of static shared memory.
+// when splits > 1, both `threads` per block with static shared memory. On tensor cores where
+// choose_paged_path says so (16 x 64 tiles); else SIMT with fp32 arithmetic on every dtype and arch
+// (sm_60+), whose config is tile_q query rows per work item (default 16, up to 64) and tile_k keys
+// per tile (16, 32 or 64; default 32); past head dim 128 the defaults shrink to 16 keys and then 8
+// rows, to fit 48 KB of static shared memory.
 // `plan` (one block of `threads`) plans a step on the device from lengths in device memory
 // (templates/plan_paged.cuh) for `heads`' query heads, whose classes (paged_head_classes) the
 // source holds as tables; kernels of patterns with a block layout carry the seek for every layout
@@ -153,6 +154,10 @@ struct PagedKernels {
   std::string forward, merge, plan;
   int threads = 128;
 };
+// The paged forward's path: tensor cores (KernelPath::Sm80, templates/fwd_paged_tc.cuh: 16 rows,
+// 64-key tiles, mma.sync on sm_80 and newer) for fp16/bf16 queries with head dims that are
+// multiples of 16 up to 128, unless other tiles are asked for; SIMT (fwd_paged.cuh) otherwise.
+KernelPath choose_paged_path(const KernelRequest& r);
 KernelConfig resolve_paged_config(const KernelRequest& r);
 PagedKernels generate_paged_kernels(const Pattern& p, const KernelRequest& r, const PagedHeads& heads = {},
                                     const TemplateSet& templates = TemplateSet::embedded());

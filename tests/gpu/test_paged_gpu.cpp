@@ -598,7 +598,7 @@ TEST_CASE("paged attention: bad calls are refused by name", "[gpu][emu][paged][e
 
 // Deliberately broken paged kernels: each must fail the check the unmutated kernel passes (two
 // examples, decode and chunked prefill, one split and several, a NaN and an inf in V).
-TEST_CASE("paged attention: every deliberately broken paged kernel fails in the emulator", "[emu][paged][mutation]") {
+TEST_CASE("paged attention: every deliberately broken SIMT paged kernel fails in the emulator", "[emu][paged][mutation]") {
   if (target() != Target::Emu) {
     WARN("SKIPPED: the mutations run in the emulator (ATTNJIT_GPU_TESTS_DEVICE=emu)");
     return;
@@ -609,6 +609,7 @@ TEST_CASE("paged attention: every deliberately broken paged kernel fails in the 
     for (const Pattern* p : {&longnet, &window}) {
       for (int32_t splits : {1, 3}) {
         PagedCase c = mixed("mutation", *p, splits == 1 ? DType::F32 : DType::BF16, 16, splits);
+        c.config.tile_k = 32;  // the SIMT kernel (fwd_paged.cuh), where tensor cores would take bf16
         if (p == &window && splits == 1) c.head_dim = c.head_dim_v = 36;  // rows of 144 bytes for fp32: 16-byte loads
         if (p == &window && splits == 3) c.head_dim = c.head_dim_v = 36;  // 72 bytes for bf16: one element at a time
         if (p == &longnet && splits == 3) c.fp8 = true;  // FP8 caches (16-byte loads of 16 codes)
@@ -872,6 +873,74 @@ TEST_CASE("paged attention planned on the device: every deliberately broken plan
     REQUIRE(at != std::string::npos);  // the template changed: update the mutation
     text.replace(at, std::string(m.from).size(), m.to);
     t->replace(m.file, text);
+    CHECK(outcome(t).first > 0);
+  }
+}
+
+}  // namespace attnjit::gputest
+
+namespace attnjit::gputest {
+
+TEST_CASE("paged attention on tensor cores: every deliberately broken kernel fails in the emulator", "[emu][paged][mutation]") {
+  if (target() != Target::Emu) {
+    WARN("SKIPPED: the mutations run in the emulator (ATTNJIT_GPU_TESTS_DEVICE=emu)");
+    return;
+  }
+  const Pattern longnet = example_patterns().at(2).second, window = example_patterns().at(4).second;
+  auto outcome = [&](std::shared_ptr<const TemplateSet> t) {
+    size_t bad = 0, rows = 0;
+    for (const Pattern* p : {&longnet, &window}) {
+      for (int n = 0; n < 3; ++n) {
+        PagedCase c = mixed("tensor-core mutation", *p, n == 1 ? DType::F16 : DType::BF16, 16, n == 0 ? 1 : 3);
+        KernelRequest k;
+        k.head_dim = int(c.head_dim), k.head_dim_v = int(c.head_dim_v), k.dtype = c.dtype, k.arch = c.arch;
+        REQUIRE(choose_paged_path(k) == KernelPath::Sm80);
+        c.fp8 = n == 2;
+        if (p == &window && n == 0) c.bad_page_request = 5;  // a bad page, counted and skipped
+        if (p == &longnet && n == 1) c.mode = PagedCase::Mode::DeviceRun;
+        c.templates = t;
+        const float inf = std::numeric_limits<float>::infinity();
+        // The inf: key 299 of request 5, attended by its last query alone (a masked non-finite V).
+        c.v_values = {{3, 4490, 0, 5, std::numeric_limits<float>::quiet_NaN()}, {5, 299, 1, 3, -inf}};
+        if (c.fp8) c.v_values.resize(1);  // e4m3 has no infinity
+        try {
+          const PagedResult r = run_paged(c);
+          bad += r.mismatches, rows += r.rows;
+        } catch (const std::exception& e) {
+          UNSCOPED_INFO("fault: " << e.what());
+          ++bad;
+        }
+      }
+    }
+    return std::make_pair(bad, rows);
+  };
+  const auto clean = outcome(nullptr);
+  CHECK(clean.first == 0);
+  CHECK(clean.second > 0);
+  const std::tuple<const char*, const char*, const char*> mutations[] = {
+      {"the running sum not rescaled", "      l[h] = l[h] * rescale[h] + sum[h];", "      l[h] = l[h] + sum[h];"},
+      {"the output not rescaled", "      acc[j][0] *= rescale[0], acc[j][1] *= rescale[0];", "      acc[j][0] *= 1.0f, acc[j][1] *= rescale[0];"},
+      {"the mask not asked on partial tiles", "        if (ok && !t.full) ok = aj_keys_allowed", "        if (false) ok = aj_keys_allowed"},
+      {"a masked non-finite V multiplied by P = 0", "    if (aj_warp_any(bad)) {", "    if (false) {"},
+      {"the warps' results merged with equal weights", "sh.m[w][r] == AJ_NEG_INF ? 0.0f : aj_ex2(sh.m[w][r] - top);",
+       "sh.m[w][r] == AJ_NEG_INF ? 0.0f : 1.0f;"},
+      {"fp8: K's scale not applied", "p.scale_log2 * (pp.k_scale ? pp.k_scale[kvh] : 1.0f);", "p.scale_log2;"},
+      {"fp8: V's scale not applied", "const float v_scale = pp.v_scale ? pp.v_scale[kvh] : 1.0f;", "const float v_scale = 1.0f;"},
+      {"every warp on the first 16 keys", "  const int k0 = warp * AJ_PT_KEYS;", "  const int k0 = 0;"},
+      {"P's second register from the wrong columns", "    pa[1] = aj_pack2(s[0][2], s[0][3]);", "    pa[1] = aj_pack2(s[0][0], s[0][1]);"},
+      {"Q's fragments from the wrong columns", "&sh.q[lane % 16][ks * 16 + (lane / 16) * 8]", "&sh.q[lane % 16][ks * 16]"},
+      {"no barrier before the next tile overwrites K and V", "    aj_syncthreads();  // the previous tile is no longer read\n", "\n"},
+      {"the copies not waited for", "  aj_cp_async_commit();\n  aj_cp_async_wait<0>();\n", "  aj_cp_async_commit();\n"},
+      {"a counted bad page's keys attended", "c < t.count && !sh.skip[c];", "c < t.count;"},
+  };
+  for (const auto& [name, from, to] : mutations) {
+    INFO("mutation: " << name);
+    auto t = std::make_shared<TemplateSet>(TemplateSet::embedded());
+    std::string text = t->text("fwd_paged_tc.cuh");
+    const size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);  // the template changed: update the mutation
+    text.replace(at, std::string(from).size(), to);
+    t->replace("fwd_paged_tc.cuh", text);
     CHECK(outcome(t).first > 0);
   }
 }
