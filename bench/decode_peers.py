@@ -2,14 +2,26 @@
 one GPU, in one run.
 
     PYTHONPATH=build-device/python python3 bench/decode_peers.py --out DIR [--budget 120] [--cases 'dense*']
+    PYTHONPATH=build-device/python python3 bench/decode_peers.py --out DIR --sweep [--cases ...]
     PYTHONPATH=build/python python3 bench/decode_peers.py --smoke     # CPU: every system's correctness, tiny shapes
 
 Systems:
   ours            attnjit.serving.paged_attention: the whole call (the host's plan of the step and the
                   kernel), K/V in shuffled pages of 16 tokens read through the block table
+  ours-device-plan  the same call with the lengths in a CUDA int32 tensor: planned on the device
+                  (no host work per step, what a CUDA graph replays)
   sdpa-contiguous torch SDPA on a contiguous cache [B, Hkv, L, D] per request (the keys the pattern
                   attends sliced out where they are one range: a sliding window's last W), GQA by
                   enable_gqa; no paging (the layout a user without a paged kernel keeps)
+  flex-gathered   FlexAttention (compiled; its decoding kernel for one query) over that contiguous
+                  cache with a BlockMask of the pattern's mask for the query (blocks of 128 keys), a
+                  key attended by k branches weighted k times by a score_mod
+  flex-paged      FlexAttention over a paged cache: torch's PagedAttention (experimental) maps the
+                  same logical BlockMask onto pages of 128 tokens (its kernel's block size) in a
+                  shuffled order; skipped, saying why, where the installed torch has none
+  copy            a device-to-device copy of as many bytes as the pattern's attended K/V rows: the
+                  memory's speed in the same run (a copy reads and writes each byte; its GB/s counts
+                  each once)
 
 The method (that of bench/peers.py): the same seeded inputs for every system; every system's output
 checked in the same run against the float64 contract (attnjit.attention on float64 CPU tensors over
@@ -19,6 +31,9 @@ the GPU's time; the host's enqueueing, attnjit's plan included, reported on its 
 median and minimum; useful bandwidth = bytes of the distinct (kv head, token) K and V rows the
 pattern attends / time (a decode step is bound by reading them). Launch-bound rows (under 20 us)
 are marked and not to be quoted. DIR/decode.json and decode.md are rewritten after each case.
+--sweep runs the grid batch 1, 16, 64, 256 x context 4K, 32K, 128K, 1M for dense causal and LongNet
+(GQA 32:8, head dim 128, bf16), leaving out shapes of more than 2^22 cached tokens (their caches and
+the peers' copies would pass 48 GB).
 """
 import argparse
 import fnmatch
@@ -60,6 +75,20 @@ def gpu_cases():
     ]
 
 
+MAX_SWEEP_TOKENS = 1 << 22
+
+
+def sweep_cases():
+    """Batch x context for dense causal and LongNet, GQA 32:8, head dim 128."""
+    out = []
+    for name, pattern in (("dense", DENSE_CAUSAL), ("longnet", _example("longnet.json"))):
+        for L in (4096, 32768, 131072, 1048576):
+            for B in (1, 16, 64, 256):
+                if B * L <= MAX_SWEEP_TOKENS:
+                    out.append(dict(name=f"{name}-b{B}-l{L}", pattern=pattern, B=B, L=L, Hq=32, Hkv=8, D=128, window=None))
+    return out
+
+
 def smoke_cases():
     return [
         dict(name="dense-smoke", pattern=DENSE_CAUSAL, B=3, L=150, Hq=4, Hkv=2, D=32, window=None),
@@ -72,16 +101,16 @@ def smoke_cases():
 def make_case(case, device, dtype, page_size=16, seed=0):
     """Contiguous caches [B, L, Hkv, D], the same rows in shuffled pages, the block table, one query
     per request (the request's last token)."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device).manual_seed(seed)  # made where they run: the sweep's caches reach 16 GB
     B, L, Hq, Hkv, D = case["B"], case["L"], case["Hq"], case["Hkv"], case["D"]
-    k = torch.randn(B, L, Hkv, D, generator=g).to(dtype)
-    v = torch.randn(B, L, Hkv, D, generator=g).to(dtype)
-    q = torch.randn(B, Hq, D, generator=g).to(dtype)
+    k = torch.randn(B, L, Hkv, D, generator=g, device=device).to(dtype)
+    v = torch.randn(B, L, Hkv, D, generator=g, device=device).to(dtype)
+    q = torch.randn(B, Hq, D, generator=g, device=device).to(dtype)
     per = -(-L // page_size)
     order = list(range(B * per))
     random.Random(seed).shuffle(order)
-    table = torch.tensor(order, dtype=torch.int32).reshape(B, per)
-    k_cache = torch.empty(B * per, page_size, Hkv, D, dtype=dtype)
+    table = torch.tensor(order, dtype=torch.int32, device=device).reshape(B, per)
+    k_cache = torch.empty(B * per, page_size, Hkv, D, dtype=dtype, device=device)
     v_cache = torch.empty_like(k_cache)
     pad = per * page_size - L
     kp = torch.cat([k, k.new_zeros(B, pad, Hkv, D)], 1).reshape(B * per, page_size, Hkv, D)
@@ -105,7 +134,76 @@ def make_case(case, device, dtype, page_size=16, seed=0):
     else:
         on_k = on
     return dict(q=on(q), k=on_k(k), v=on_k(v), k_cache=on(k_cache), v_cache=on(v_cache), table=on(table), lens=lens,
-                k_scale=k_scale, v_scale=v_scale)
+                lens_device=torch.tensor(lens, dtype=torch.int32, device=device), k_scale=k_scale, v_scale=v_scale)
+
+
+def key_counts(case, device):
+    """int [Hq, L]: how many branches attend each key from the decode query (position L - 1)."""
+    p = attnjit.Pattern.from_json(case["pattern"])
+    m = p.mask(1, case["Hq"], seq_k=case["L"], heads_kv=case["Hkv"], q_offset=case["L"] - 1)
+    return torch.as_tensor(m[:, 0]).to(device, torch.int32)
+
+
+def flex_systems(case, x, device):
+    """FlexAttention's decoding over the contiguous cache and over pages (torch's PagedAttention):
+    {name: fn} and {name: why it is skipped}."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as e:
+        return {}, {"flex-gathered": f"no FlexAttention: {e}", "flex-paged": f"no FlexAttention: {e}"}
+    B, L, Hq, Hkv, D = case["B"], case["L"], case["Hq"], case["Hkv"], case["D"]
+    counts = key_counts(case, device)
+    twice = bool((counts > 1).any())
+
+    def count(h, kv):  # Flex asks for keys past L too (its blocks are padded): none attended there
+        return torch.where(kv < L, counts[h, kv.clamp(0, L - 1)], 0)
+
+    def mask_mod(b, h, q, kv):
+        return count(h, kv) > 0
+
+    def score_mod(score, b, h, q, kv):  # a key that k branches attend counts k times
+        return score + torch.log(count(h, kv).clamp(min=1).to(score.dtype))
+    run = flex_attention if device.type != "cuda" else torch.compile(flex_attention, dynamic=False)
+    block = 128
+    logical = create_block_mask(mask_mod, None, Hq, 1, L, device=device, BLOCK_SIZE=block)
+    kt = x["k"].transpose(1, 2).contiguous()
+    vt = x["v"].transpose(1, 2).contiguous()
+    sm = score_mod if twice else None
+    out, skipped = {}, {}
+
+    def gathered():
+        return run(x["q"][:, :, None], kt, vt, score_mod=sm, block_mask=logical, enable_gqa=True)[:, :, 0]
+    out["flex-gathered"] = gathered
+    try:
+        from torch.nn.attention.experimental._paged_attention import PagedAttention
+    except ImportError as e:
+        skipped["flex-paged"] = f"no torch PagedAttention: {e}"
+        return out, skipped
+    per = -(-L // block)
+    pages = B * per
+    order = list(range(pages))
+    random.Random(1).shuffle(order)
+    table = torch.tensor(order, dtype=torch.int64, device=device).reshape(B, per)
+    paged = PagedAttention(pages, block, B, device=str(device))
+    paged.page_table[:, :per] = table  # the pages set directly (reserve() reads values on the host)
+    for b in range(B):
+        paged.physical_to_logical[b, table[b]] = torch.arange(per, device=device)
+    paged.capacity[:] = per * block
+    # Flex's paged layout [1, Hkv, pages x 128, D], rows written through the table.
+    kf = torch.zeros(1, Hkv, pages * block, D, dtype=kt.dtype, device=device)
+    vf = torch.zeros_like(kf)
+    slots = (table[:, :, None] * block + torch.arange(block, device=device)).reshape(B, -1)[:, :L]
+    for b in range(B):
+        kf[0, :, slots[b]] = kt[b]
+        vf[0, :, slots[b]] = vt[b]
+    physical = paged.convert_logical_block_mask(
+        create_block_mask(mask_mod, B, Hq, 1, L, device=device, BLOCK_SIZE=block))
+    psm = paged.get_score_mod(sm) if twice else None
+
+    def flex_paged():  # one cache for the batch (its batch dimension 1), the pages its mask maps
+        return run(x["q"][:, :, None], kf, vf, score_mod=psm, block_mask=physical, enable_gqa=True)[:, :, 0]
+    out["flex-paged"] = flex_paged
+    return out, skipped
 
 
 def systems(case, x):
@@ -124,13 +222,30 @@ def systems(case, x):
         o = F.scaled_dot_product_attention(x["q"][:, :, None], k, v, enable_gqa=True)
         return o[:, :, 0]
 
-    out = {"ours": ours}
+    def ours_device_plan():
+        return serving.paged_attention(x["q"], x["k_cache"], x["v_cache"], x["table"], x["lens_device"], pattern,
+                                       k_scale=x["k_scale"], v_scale=x["v_scale"], plan_on_device=True)
+
+    out, skipped = {"ours": ours, "ours-device-plan": ours_device_plan}, {}
     if case.get("fp8"):
-        return out
+        return out, skipped
     # SDPA has no dilated or block-sparse mask: LongNet's decode has no such peer.
     if "segment" in pattern["branches"][0] and pattern["branches"][0]["segment"] == "full" and len(pattern["branches"]) == 1:
         out["sdpa-contiguous"] = sdpa
-    return out
+    try:
+        flex, why = flex_systems(case, x, x["q"].device)
+        out.update(flex)
+        skipped.update(why)
+    except Exception as e:  # noqa: BLE001  (a peer that cannot be set up is reported, not fatal)
+        skipped["flex"] = f"{type(e).__name__}: {e}"
+    return out, skipped
+
+
+def copy_baseline(nbytes, device):
+    """A device-to-device copy of `nbytes`: the memory's speed beside the systems."""
+    src = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
 
 
 def reference(case, x, requests):
@@ -162,14 +277,19 @@ def run_case(case, args, device, dtype, tol, out):
     x = make_case(case, device, dtype)
     sample = sorted({0, case["B"] - 1, case["B"] // 2})
     want = reference(case, x, sample)
-    fns = systems(case, x)
+    fns, skipped = systems(case, x)
     nbytes = attended_bytes(case, 1 if case.get("fp8") else torch.tensor([], dtype=dtype).element_size())
     rec["attended_bytes"] = nbytes
+    rec["skipped"] = skipped
+    for name, why in skipped.items():
+        print(f"{case['name']}: {name} skipped: {why}", flush=True)
     for name, fn in fns.items():
         got = fn()
         sync(device)
         err = (got[sample].to("cpu", torch.float64) - want).abs().max().item()
         rec["systems"][name] = {"max_err": err, "wrong": not err <= tol}
+    fns["copy"] = copy_baseline(nbytes, device)
+    rec["systems"]["copy"] = {"max_err": 0.0, "wrong": False, "baseline": True}
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device) if device.type == "cuda" else None
     host = {}
     deadline = time.time() + args.budget if args.budget else None
@@ -205,8 +325,12 @@ def write(out, dirname, meta):
                 lines.append(f"| {c['name']} | {name} | {s.get('error', 'not run')} | | | {s['max_err']:.2e} | |")
                 continue
             flags = ("WRONG " if s["wrong"] else "") + ("launch-bound, not quoted" if s["launch_bound"] else "")
+            if s.get("baseline"):
+                flags = "baseline: a copy of the attended bytes" + (", launch-bound" if s["launch_bound"] else "")
             lines.append(f"| {c['name']} | {name} | {s['median_ms']:.4f} ({s['min_ms']:.4f}) | "
                          f"{s['host_ms']:.3f} | {s['gb_s']:.0f} ({s['gb_s_at_min']:.0f}) | {s['max_err']:.2e} | {flags} |")
+        for name, why in rec.get("skipped", {}).items():
+            lines.append(f"| {c['name']} | {name} | skipped: {why} | | | | |")
     with open(os.path.join(dirname, "decode.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -222,8 +346,16 @@ def smoke(args):
         rec = run_case(case, args, torch.device("cpu"), torch.float32, 2e-4, out)
         for name, s in rec["systems"].items():
             good = not s["wrong"] and "median_ms" in s
-            print(f"{'ok  ' if good else 'FAIL'} {case['name']} {name}: max error {s['max_err']:.2e}", flush=True)
+            what = "timed (a baseline, no output to check)" if s.get("baseline") else f"max error {s['max_err']:.2e}"
+            print(f"{'ok  ' if good else 'FAIL'} {case['name']} {name}: {what}", flush=True)
             ok &= good
+        # Every system of the GPU run took part (FlexAttention's too, eager on the CPU), or the case
+        # says why not (FP8 caches: ours alone).
+        want = {"ours", "ours-device-plan", "copy"} | (set() if case.get("fp8") else {"flex-gathered", "flex-paged"})
+        missing = want - set(rec["systems"])
+        if missing:
+            print(f"FAIL {case['name']}: {sorted(missing)} did not run ({rec.get('skipped')})", flush=True)
+            ok = False
     # A system one position late must be caught.
     case = smoke_cases()[1]
     x = make_case(case, torch.device("cpu"), torch.float32)
@@ -244,6 +376,7 @@ def main():
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--cases", help="comma-separated globs of case names")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="the batch x context grid (sweep_cases) instead of the short list")
     ap.add_argument("--keep-cache", action="store_true", help="(accepted for bench/peers.py's argument parsing)")
     args = ap.parse_args()
     if args.smoke:
@@ -253,7 +386,7 @@ def main():
     if not torch.cuda.is_available():
         print("no CUDA device: the benchmark needs a GPU (run --smoke on the CPU)", file=sys.stderr)
         return 77
-    cases = gpu_cases()
+    cases = sweep_cases() if args.sweep else gpu_cases()
     if args.cases:
         globs = [g.strip() for g in args.cases.split(",") if g.strip()]
         cases = [c for c in cases if any(fnmatch.fnmatch(c["name"], g) for g in globs)]
