@@ -121,7 +121,8 @@ PagedWorkspace paged_workspace(const PagedCapacity& cap, int32_t tile_q, int64_t
   w.q_start = take(requests * 8);
   w.q_pos = take(requests * 8);
   w.tables_bytes = at;
-  const size_t rows = items * size_t(std::max(cap.splits, 1)) * size_t(tile_q);
+  // The partial buffers only where blocks share items (one split writes O itself).
+  const size_t rows = cap.splits > 1 ? items * size_t(cap.splits) * size_t(tile_q) : 0;
   w.part_o = take(rows * size_t(head_dim_v) * 4);
   w.part_lse = take(rows * 4);
   w.total = at;

@@ -42,9 +42,10 @@ def dump(pattern, stage="pattern", *, seq=None, seq_k=None, heads=1, heads_kv=No
     - "plan-paged": the plan of one call over a paged KV cache (attnjit.serving): requests with
       `kv_lens` cached tokens and `queries` queries each (default 1), `heads`/`heads_kv`;
     - "cuda" / "ptx" / "sass": the generated forward kernel (the backward kernels with
-      `backward`, the paged forward's with `paged`) for `head_dim`, `dtype` and `arch` ("sm_80", "sm_90", "sm_90a" for the Hopper
-      kernels, ...); "ptx" compiles it with NVRTC, "sass" disassembles its CUBIN (through the
-      kernel cache).
+      `backward`, the paged forward's with `paged`: its device planner holds the classes of
+      `heads`/`heads_kv`) for `head_dim`, `dtype` and `arch` ("sm_80", "sm_90", "sm_90a" for the
+      Hopper kernels, ...); "ptx" compiles it with NVRTC, "sass" disassembles its CUBIN (through
+      the kernel cache).
 
     The same stages, with the same text, as the CLI's `attnjit dump` (one registry serves both).
     """

@@ -46,6 +46,8 @@ struct PagedCase {
   // Lengths on the device: one request's kv_len replaced by this (its rows then NaN, counted).
   int bad_length_request = -1;
   int64_t bad_length = 0;
+  // The mutation tests: the counter's value a run must end with (-1: not checked).
+  int expected_errors = -1;
   // DeviceRun: the workspace after the run (the device planner's tables) and its capacity.
   std::vector<unsigned char>* workspace_out = nullptr;
   PagedCapacity* capacity_out = nullptr;
@@ -596,6 +598,59 @@ TEST_CASE("paged attention: bad calls are refused by name", "[gpu][emu][paged][e
   }
 }
 
+namespace {
+
+// A deliberately broken kernel: `from` replaced by `to` in the template `file`.
+struct TemplateMutation {
+  const char* name;
+  const char* file;
+  const char* from;
+  const char* to;
+};
+
+// Rows that came out wrong over `cases` run with `templates` (a fault counts one; so does a counter
+// other than a case's expected_errors), and the rows checked.
+std::pair<size_t, size_t> failures(std::vector<PagedCase> cases, std::shared_ptr<const TemplateSet> templates) {
+  size_t bad = 0, rows = 0;
+  for (PagedCase& c : cases) {
+    c.templates = templates;
+    try {
+      const PagedResult r = run_paged(c);
+      bad += r.mismatches + (c.expected_errors >= 0 && r.errors != c.expected_errors), rows += r.rows;
+    } catch (const std::exception& e) {
+      UNSCOPED_INFO("fault: " << e.what());
+      ++bad;
+    }
+  }
+  return {bad, rows};
+}
+
+// The cases pass with the embedded templates, and each mutation makes some row of them fail.
+void check_mutations(const std::vector<PagedCase>& cases, const std::vector<TemplateMutation>& mutations) {
+  const auto clean = failures(cases, nullptr);
+  CHECK(clean.first == 0);
+  CHECK(clean.second > 0);
+  for (const TemplateMutation& m : mutations) {
+    INFO("mutation: " << m.name);
+    auto t = std::make_shared<TemplateSet>(TemplateSet::embedded());
+    std::string text = t->text(m.file);
+    const size_t at = text.find(m.from);
+    REQUIRE(at != std::string::npos);  // the template changed: update the mutation
+    text.replace(at, std::string(m.from).size(), m.to);
+    t->replace(m.file, text);
+    CHECK(failures(cases, t).first > 0);
+  }
+}
+
+// A NaN in V at a key its request's query attends, and an inf at key 299 of request 5, which only
+// its last query attends (a masked non-finite V for the others); FP8 caches keep the NaN alone.
+void put_non_finite_values(PagedCase& c) {
+  c.v_values = {{3, 4490, 0, 5, std::numeric_limits<float>::quiet_NaN()}, {5, 299, 1, 3, -std::numeric_limits<float>::infinity()}};
+  if (c.fp8) c.v_values.resize(1);  // e4m3 has no infinity
+}
+
+}  // namespace
+
 // Deliberately broken paged kernels: each must fail the check the unmutated kernel passes (two
 // examples, decode and chunked prefill, one split and several, a NaN and an inf in V).
 TEST_CASE("paged attention: every deliberately broken SIMT paged kernel fails in the emulator", "[emu][paged][mutation]") {
@@ -604,69 +659,45 @@ TEST_CASE("paged attention: every deliberately broken SIMT paged kernel fails in
     return;
   }
   const Pattern longnet = example_patterns().at(2).second, window = example_patterns().at(4).second;
-  auto outcome = [&](std::shared_ptr<const TemplateSet> t) {
-    size_t bad = 0, rows = 0;
-    for (const Pattern* p : {&longnet, &window}) {
-      for (int32_t splits : {1, 3}) {
-        PagedCase c = mixed("mutation", *p, splits == 1 ? DType::F32 : DType::BF16, 16, splits);
-        c.config.tile_k = 32;  // the SIMT kernel (fwd_paged.cuh), where tensor cores would take bf16
-        if (p == &window && splits == 1) c.head_dim = c.head_dim_v = 36;  // rows of 144 bytes for fp32: 16-byte loads
-        if (p == &window && splits == 3) c.head_dim = c.head_dim_v = 36;  // 72 bytes for bf16: one element at a time
-        if (p == &longnet && splits == 3) c.fp8 = true;  // FP8 caches (16-byte loads of 16 codes)
-        if (p == &window && splits == 3) c.mode = PagedCase::Mode::PlanRun;  // a graph's launch, in the emulator
-        if (p == &window && splits == 1) c.bad_page_request = 5;            // a bad page, counted and skipped
-        c.templates = t;
-        const float inf = std::numeric_limits<float>::infinity();
-        c.v_values = {{3, 4490, 0, 5, std::numeric_limits<float>::quiet_NaN()}, {5, 299, 1, 3, -inf}};
-        if (c.fp8) c.v_values.resize(1);  // e4m3 has no infinity
-        try {
-          const PagedResult r = run_paged(c);
-          bad += r.mismatches, rows += r.rows;
-        } catch (const std::exception& e) {
-          UNSCOPED_INFO("fault: " << e.what());
-          ++bad;
-        }
-      }
+  std::vector<PagedCase> cases;
+  for (const Pattern* p : {&longnet, &window}) {
+    for (int32_t splits : {1, 3}) {
+      PagedCase c = mixed("mutation", *p, splits == 1 ? DType::F32 : DType::BF16, 16, splits);
+      c.config.tile_k = 32;  // the SIMT kernel (fwd_paged.cuh), where tensor cores would take bf16
+      if (p == &window && splits == 1) c.head_dim = c.head_dim_v = 36;  // rows of 144 bytes for fp32: 16-byte loads
+      if (p == &window && splits == 3) c.head_dim = c.head_dim_v = 36;  // 72 bytes for bf16: one element at a time
+      if (p == &longnet && splits == 3) c.fp8 = true;  // FP8 caches (16-byte loads of 16 codes)
+      if (p == &window && splits == 3) c.mode = PagedCase::Mode::PlanRun;  // a graph's launch, in the emulator
+      if (p == &window && splits == 1) c.bad_page_request = 5;            // a bad page, counted and skipped
+      put_non_finite_values(c);
+      cases.push_back(c);
     }
-    return std::make_pair(bad, rows);
-  };
-  const auto clean = outcome(nullptr);
-  CHECK(clean.first == 0);
-  CHECK(clean.second > 0);
-  const std::tuple<const char*, const char*, const char*> mutations[] = {
-      {"the running sum not rescaled", "      l[j] = l[j] * rescale + sum;", "      l[j] = l[j] + sum;"},
-      {"a masked key weighted instead of skipped", "        if (pc == -1.0f) continue;\n", "\n"},
-      {"the mask not asked on partial tiles", "          if (!t.full) ok = aj_keys_allowed", "          if (false) ok = aj_keys_allowed"},
-      {"queries at their request's row, not its position", "  out.pos = q_pos + local;", "  out.pos = local;"},
-      {"every row of a packed item taken as its first head's", "  out.head = item.head + h;", "  out.head = item.head;"},
-      {"the token's slot one past its own", "(pos % pp.page_size) * row_stride", "((pos + 1) % pp.page_size) * row_stride"},
-      {"every split takes every tile", "    if (n % splits != split) continue;\n", "\n"},
-      {"a graph's launch: blocks past the step's plan run", "  return aj_block_idx_x() < pp.header[0] && aj_block_idx_y() < splits;",
-       "  return true;"},
-      {"the merge weighs every split alike", "        const float w = aj_ex2(v - top);", "        const float w = 1.0f;"},
-      {"16-byte loads: each vector stored one vector along", "      for (int i = 0; i < kVec; ++i) dst[r * PITCH + d + i] = val[i];",
-       "      for (int i = 0; i < kVec; ++i) dst[r * PITCH + (d + kVec) % D + i] = val[i];"},
-      {"element loads: each element read from its neighbour", "      val = row ? aj_kv_load(row + d) * scale : bad;",
-       "      val = row ? aj_kv_load(row + (d + 1) % D) * scale : bad;"},
-      {"a counted bad page's keys attended, not skipped", "        bool ok = c < t.count && !sh.skip[c];", "        bool ok = c < t.count;"},
-      {"fp8: the scale not applied", "        for (int i = 0; i < kVec; ++i) val[i] = aj_kv_load(e + i) * scale;",
-       "        for (int i = 0; i < kVec; ++i) val[i] = aj_kv_load(e + i);"},
-      {"fp8: the exponent bias one off", "((e + 120u) << 23)", "((e + 121u) << 23)"},
-      {"fp8: subnormals read as zero", "const float f = (float)m * 0.001953125f;", "const float f = 0.0f;"},
-      {"fp8: the scales of the first kv head for every head", "pp.k_scale ? pp.k_scale[kvh] : 1.0f", "pp.k_scale ? pp.k_scale[0] : 1.0f"},
-      {"no warp barrier before the probabilities are read", "      aj_named_sync(1 + warp, 32);  // the warp's probabilities are in place\n", "\n"},
-      {"no barrier before the next tile overwrites K and V", "    aj_syncthreads();  // the previous tile is no longer read (and Q is in place)\n", "\n"},
-  };
-  for (const auto& [name, from, to] : mutations) {
-    INFO("mutation: " << name);
-    auto t = std::make_shared<TemplateSet>(TemplateSet::embedded());
-    std::string text = t->text("fwd_paged.cuh");
-    const size_t at = text.find(from);
-    REQUIRE(at != std::string::npos);  // the template changed: update the mutation
-    text.replace(at, std::string(from).size(), to);
-    t->replace("fwd_paged.cuh", text);
-    CHECK(outcome(t).first > 0);
   }
+  const char* f = "fwd_paged.cuh";
+  check_mutations(cases, {
+      {"the running sum not rescaled", f, "      l[j] = l[j] * rescale + sum;", "      l[j] = l[j] + sum;"},
+      {"a masked key weighted instead of skipped", f, "        if (pc == -1.0f) continue;\n", "\n"},
+      {"the mask not asked on partial tiles", f, "          if (!t.full) ok = aj_keys_allowed", "          if (false) ok = aj_keys_allowed"},
+      {"queries at their request's row, not its position", f, "  out.pos = q_pos + local;", "  out.pos = local;"},
+      {"every row of a packed item taken as its first head's", f, "  out.head = item.head + h;", "  out.head = item.head;"},
+      {"the token's slot one past its own", f, "(pos % pp.page_size) * row_stride", "((pos + 1) % pp.page_size) * row_stride"},
+      {"every split takes every tile", f, "    if (n % splits != split) continue;\n", "\n"},
+      {"a graph's launch: blocks past the step's plan run", f, "  return aj_block_idx_x() < pp.header[0] && aj_block_idx_y() < splits;",
+       "  return true;"},
+      {"the merge weighs every split alike", f, "        const float w = aj_ex2(v - top);", "        const float w = 1.0f;"},
+      {"16-byte loads: each vector stored one vector along", f, "      for (int i = 0; i < kVec; ++i) dst[r * PITCH + d + i] = val[i];",
+       "      for (int i = 0; i < kVec; ++i) dst[r * PITCH + (d + kVec) % D + i] = val[i];"},
+      {"element loads: each element read from its neighbour", f, "      val = row ? aj_kv_load(row + d) * scale : bad;",
+       "      val = row ? aj_kv_load(row + (d + 1) % D) * scale : bad;"},
+      {"a counted bad page's keys attended, not skipped", f, "        bool ok = c < t.count && !sh.skip[c];", "        bool ok = c < t.count;"},
+      {"fp8: the scale not applied", f, "        for (int i = 0; i < kVec; ++i) val[i] = aj_kv_load(e + i) * scale;",
+       "        for (int i = 0; i < kVec; ++i) val[i] = aj_kv_load(e + i);"},
+      {"fp8: the exponent bias one off", f, "((e + 120u) << 23)", "((e + 121u) << 23)"},
+      {"fp8: subnormals read as zero", f, "const float f = (float)m * 0.001953125f;", "const float f = 0.0f;"},
+      {"fp8: the scales of the first kv head for every head", f, "pp.k_scale ? pp.k_scale[kvh] : 1.0f", "pp.k_scale ? pp.k_scale[0] : 1.0f"},
+      {"no warp barrier before the probabilities are read", f, "      aj_named_sync(1 + warp, 32);  // the warp's probabilities are in place\n", "\n"},
+      {"no barrier before the next tile overwrites K and V", f, "    aj_syncthreads();  // the previous tile is no longer read (and Q is in place)\n", "\n"},
+  });
 }
 
 }  // namespace attnjit::gputest
@@ -684,14 +715,6 @@ PagedCase decode(std::string name, Pattern p, DType dt, int64_t page_size, int32
   return c;
 }
 
-// Deliberately broken device planners (plan_paged.cuh) and the forward's NaN rows for refused
-// lengths: each fails a check the unmutated kernels pass.
-struct PlannerMutation {
-  const char* name;
-  const char* file;
-  const char* from;
-  const char* to;
-};
 
 }  // namespace
 
@@ -727,6 +750,15 @@ TEST_CASE("paged attention planned on the device: tiles, page sizes and head cla
     c.heads_q = 16;
     c.mode = PagedCase::Mode::DeviceForward;
     check(c);
+    // GQA 16:1 (a class of 16 heads fills the tensor cores' 16 rows) and a chunk of 128 queries.
+    PagedCase g = mixed(name + " 16:1 heads, 128 queries", p, DType::BF16, 16, 0);
+    g.heads_q = 16, g.heads_kv = 1;
+    g.kv_lens = {1, 2100, 700};
+    g.queries = {1, 1, 128};
+    for (const PagedCase::Mode mode : {PagedCase::Mode::Forward, PagedCase::Mode::DeviceRun}) {
+      g.mode = mode;
+      check(g);
+    }
   }
 }
 
@@ -825,30 +857,17 @@ TEST_CASE("paged attention planned on the device: every deliberately broken plan
   const Pattern longnet = example_patterns().at(2).second, window = example_patterns().at(4).second;
   // Causal segments of 64 tokens: consecutive rows share items, and a chunk crosses a boundary.
   const Pattern segments = parse_spec(R"({"attnjit": 1, "branches": [{"segment": 64, "dilation": 1, "causal": true}]})");
-  auto outcome = [&](std::shared_ptr<const TemplateSet> t) {
-    size_t bad = 0, rows = 0;
-    for (const Pattern* p : {&longnet, &window, &segments}) {
-      for (int n = 0; n < 3; ++n) {
-        PagedCase c = n == 1 ? decode("mutation", *p, DType::F32, 16, 0) : mixed("mutation", *p, DType::F32, 16, n == 0 ? 1 : 3);
-        c.mode = n == 0 ? PagedCase::Mode::DeviceForward : PagedCase::Mode::DeviceRun;
-        if (n == 2) c.bad_length_request = 2, c.bad_length = 3;
-        if (p == &segments && n != 1) c.kv_lens[5] = 340;  // queries at 303 .. 339, across 320
-        c.templates = t;
-        try {
-          const PagedResult r = run_paged(c);
-          bad += r.mismatches + (n == 2 && r.errors != 1), rows += r.rows;
-        } catch (const std::exception& e) {
-          UNSCOPED_INFO("fault: " << e.what());
-          ++bad;
-        }
-      }
+  std::vector<PagedCase> cases;
+  for (const Pattern* p : {&longnet, &window, &segments}) {
+    for (int n = 0; n < 3; ++n) {
+      PagedCase c = n == 1 ? decode("mutation", *p, DType::F32, 16, 0) : mixed("mutation", *p, DType::F32, 16, n == 0 ? 1 : 3);
+      c.mode = n == 0 ? PagedCase::Mode::DeviceForward : PagedCase::Mode::DeviceRun;
+      if (n == 2) c.bad_length_request = 2, c.bad_length = 3, c.expected_errors = 1;
+      if (p == &segments && n != 1) c.kv_lens[5] = 340;  // queries at 303 .. 339, across 320
+      cases.push_back(c);
     }
-    return std::make_pair(bad, rows);
-  };
-  const auto clean = outcome(nullptr);
-  CHECK(clean.first == 0);
-  CHECK(clean.second > 0);
-  const PlannerMutation mutations[] = {
+  }
+  check_mutations(cases, {
       {"keys one past the step's length", "plan_paged.cuh", "seg + seg_len < kv_len ? seg + seg_len : kv_len;",
        "seg + seg_len < kv_len ? seg + seg_len : kv_len + 1;"},
       {"the band's left edge taken as full", "plan_paged.cuh", "    fb = (flo + tk - 1) / tk;\n", "    fb = 0;\n"},
@@ -864,17 +883,7 @@ TEST_CASE("paged attention planned on the device: every deliberately broken plan
       {"a refused length's rows left as numbers", "fwd_paged.cuh", "  if (item.span_begin < 0) {", "  if (false) {"},
       {"a refused length attended anyway", "plan_paged.cuh", "  r.len_ok = r.kv_len >= r.queries && pages <= pp.table_stride;",
        "  r.len_ok = r.kv_len >= 0;"},
-  };
-  for (const PlannerMutation& m : mutations) {
-    INFO("mutation: " << m.name);
-    auto t = std::make_shared<TemplateSet>(TemplateSet::embedded());
-    std::string text = t->text(m.file);
-    const size_t at = text.find(m.from);
-    REQUIRE(at != std::string::npos);  // the template changed: update the mutation
-    text.replace(at, std::string(m.from).size(), m.to);
-    t->replace(m.file, text);
-    CHECK(outcome(t).first > 0);
-  }
+  });
 }
 
 }  // namespace attnjit::gputest
@@ -887,62 +896,37 @@ TEST_CASE("paged attention on tensor cores: every deliberately broken kernel fai
     return;
   }
   const Pattern longnet = example_patterns().at(2).second, window = example_patterns().at(4).second;
-  auto outcome = [&](std::shared_ptr<const TemplateSet> t) {
-    size_t bad = 0, rows = 0;
-    for (const Pattern* p : {&longnet, &window}) {
-      for (int n = 0; n < 3; ++n) {
-        PagedCase c = mixed("tensor-core mutation", *p, n == 1 ? DType::F16 : DType::BF16, 16, n == 0 ? 1 : 3);
-        KernelRequest k;
-        k.head_dim = int(c.head_dim), k.head_dim_v = int(c.head_dim_v), k.dtype = c.dtype, k.arch = c.arch;
-        REQUIRE(choose_paged_path(k) == KernelPath::Sm80);
-        c.fp8 = n == 2;
-        if (p == &window && n == 0) c.bad_page_request = 5;  // a bad page, counted and skipped
-        if (p == &longnet && n == 1) c.mode = PagedCase::Mode::DeviceRun;
-        c.templates = t;
-        const float inf = std::numeric_limits<float>::infinity();
-        // The inf: key 299 of request 5, attended by its last query alone (a masked non-finite V).
-        c.v_values = {{3, 4490, 0, 5, std::numeric_limits<float>::quiet_NaN()}, {5, 299, 1, 3, -inf}};
-        if (c.fp8) c.v_values.resize(1);  // e4m3 has no infinity
-        try {
-          const PagedResult r = run_paged(c);
-          bad += r.mismatches, rows += r.rows;
-        } catch (const std::exception& e) {
-          UNSCOPED_INFO("fault: " << e.what());
-          ++bad;
-        }
-      }
+  std::vector<PagedCase> cases;
+  for (const Pattern* p : {&longnet, &window}) {
+    for (int n = 0; n < 3; ++n) {
+      PagedCase c = mixed("tensor-core mutation", *p, n == 1 ? DType::F16 : DType::BF16, 16, n == 0 ? 1 : 3);
+      KernelRequest k;
+      k.head_dim = int(c.head_dim), k.head_dim_v = int(c.head_dim_v), k.dtype = c.dtype, k.arch = c.arch;
+      REQUIRE(choose_paged_path(k) == KernelPath::Sm80);
+      c.fp8 = n == 2;
+      if (p == &window && n == 0) c.bad_page_request = 5;  // a bad page, counted and skipped
+      if (p == &longnet && n == 1) c.mode = PagedCase::Mode::DeviceRun;
+      put_non_finite_values(c);
+      cases.push_back(c);
     }
-    return std::make_pair(bad, rows);
-  };
-  const auto clean = outcome(nullptr);
-  CHECK(clean.first == 0);
-  CHECK(clean.second > 0);
-  const std::tuple<const char*, const char*, const char*> mutations[] = {
-      {"the running sum not rescaled", "      l[h] = l[h] * rescale[h] + sum[h];", "      l[h] = l[h] + sum[h];"},
-      {"the output not rescaled", "      acc[j][0] *= rescale[0], acc[j][1] *= rescale[0];", "      acc[j][0] *= 1.0f, acc[j][1] *= rescale[0];"},
-      {"the mask not asked on partial tiles", "        if (ok && !t.full) ok = aj_keys_allowed", "        if (false) ok = aj_keys_allowed"},
-      {"a masked non-finite V multiplied by P = 0", "    if (aj_warp_any(bad)) {", "    if (false) {"},
-      {"the warps' results merged with equal weights", "sh.m[w][r] == AJ_NEG_INF ? 0.0f : aj_ex2(sh.m[w][r] - top);",
-       "sh.m[w][r] == AJ_NEG_INF ? 0.0f : 1.0f;"},
-      {"fp8: K's scale not applied", "p.scale_log2 * (pp.k_scale ? pp.k_scale[kvh] : 1.0f);", "p.scale_log2;"},
-      {"fp8: V's scale not applied", "const float v_scale = pp.v_scale ? pp.v_scale[kvh] : 1.0f;", "const float v_scale = 1.0f;"},
-      {"every warp on the first 16 keys", "  const int k0 = warp * AJ_PT_KEYS;", "  const int k0 = 0;"},
-      {"P's second register from the wrong columns", "    pa[1] = aj_pack2(s[0][2], s[0][3]);", "    pa[1] = aj_pack2(s[0][0], s[0][1]);"},
-      {"Q's fragments from the wrong columns", "&sh.q[lane % 16][ks * 16 + (lane / 16) * 8]", "&sh.q[lane % 16][ks * 16]"},
-      {"no barrier before the next tile overwrites K and V", "    aj_syncthreads();  // the previous tile is no longer read\n", "\n"},
-      {"the copies not waited for", "  aj_cp_async_commit();\n  aj_cp_async_wait<0>();\n", "  aj_cp_async_commit();\n"},
-      {"a counted bad page's keys attended", "c < t.count && !sh.skip[c];", "c < t.count;"},
-  };
-  for (const auto& [name, from, to] : mutations) {
-    INFO("mutation: " << name);
-    auto t = std::make_shared<TemplateSet>(TemplateSet::embedded());
-    std::string text = t->text("fwd_paged_tc.cuh");
-    const size_t at = text.find(from);
-    REQUIRE(at != std::string::npos);  // the template changed: update the mutation
-    text.replace(at, std::string(from).size(), to);
-    t->replace("fwd_paged_tc.cuh", text);
-    CHECK(outcome(t).first > 0);
   }
+  const char* f = "fwd_paged_tc.cuh";
+  check_mutations(cases, {
+      {"the running sum not rescaled", f, "      l[h] = l[h] * rescale[h] + sum[h];", "      l[h] = l[h] + sum[h];"},
+      {"the output not rescaled", f, "      acc[j][0] *= rescale[0], acc[j][1] *= rescale[0];", "      acc[j][0] *= 1.0f, acc[j][1] *= rescale[0];"},
+      {"the mask not asked on partial tiles", f, "        if (ok && !t.full) ok = aj_keys_allowed", "        if (false) ok = aj_keys_allowed"},
+      {"a masked non-finite V multiplied by P = 0", f, "    if (aj_warp_any(bad)) {", "    if (false) {"},
+      {"the warps' results merged with equal weights", f, "sh.m[w][r] == AJ_NEG_INF ? 0.0f : aj_ex2(sh.m[w][r] - top);",
+       "sh.m[w][r] == AJ_NEG_INF ? 0.0f : 1.0f;"},
+      {"fp8: K's scale not applied", f, "p.scale_log2 * (pp.k_scale ? pp.k_scale[kvh] : 1.0f);", "p.scale_log2;"},
+      {"fp8: V's scale not applied", f, "const float v_scale = pp.v_scale ? pp.v_scale[kvh] : 1.0f;", "const float v_scale = 1.0f;"},
+      {"every warp on the first 16 keys", f, "  const int k0 = warp * AJ_PT_KEYS;", "  const int k0 = 0;"},
+      {"P's second register from the wrong columns", f, "    pa[1] = aj_pack2(s[0][2], s[0][3]);", "    pa[1] = aj_pack2(s[0][0], s[0][1]);"},
+      {"Q's fragments from the wrong columns", f, "&sh.q[lane % 16][ks * 16 + (lane / 16) * 8]", "&sh.q[lane % 16][ks * 16]"},
+      {"no barrier before the next tile overwrites K and V", f, "    aj_syncthreads();  // the previous tile is no longer read\n", "\n"},
+      {"the copies not waited for", f, "  aj_cp_async_commit();\n  aj_cp_async_wait<0>();\n", "  aj_cp_async_commit();\n"},
+      {"a counted bad page's keys attended", f, "c < t.count && !sh.skip[c];", "c < t.count;"},
+  });
 }
 
 }  // namespace attnjit::gputest

@@ -89,7 +89,8 @@ def _cli():
     ("sass", {"head_dim": 64, "arch": "sm_80"}, ["--head-dim", "64", "--arch", "sm_80"]),
     ("plan-paged", {"kv_lens": [1, 3000, 70], "queries": [1, 4, 0], "heads": 4, "heads_kv": 2, "head_dim": 128},
      ["--kv-lens", "1,3000,70", "--queries", "1,4,0", "--heads-q", "4", "--heads-kv", "2", "--head-dim", "128"]),
-    ("cuda", {"head_dim": 64, "paged": True}, ["--head-dim", "64", "--paged"]),
+    ("cuda", {"head_dim": 64, "paged": True, "heads": 8, "heads_kv": 2},
+     ["--head-dim", "64", "--paged", "--heads-q", "8", "--heads-kv", "2"]),
 ])
 def test_dump_prints_what_the_cli_prints(stage, args, cli):
     import subprocess

@@ -294,9 +294,43 @@ TEST_CASE("the paged kernels compile with NVRTC: three entry points, no spills, 
   }
 }
 
+TEST_CASE("the paged kernels' path: tensor cores for 16-bit queries on sm_80+, SIMT elsewhere", "[codegen][paged]") {
+  KernelRequest r;
+  r.arch = 80;
+  r.head_dim = r.head_dim_v = 128;
+  CHECK(choose_paged_path(r) == KernelPath::Sm80);  // bf16
+  CHECK(resolve_paged_config(r) == KernelConfig{16, 64, 1, 4});
+  r.dtype = DType::F16;
+  r.arch = 90;
+  CHECK(choose_paged_path(r) == KernelPath::Sm80);
+  r.config = KernelConfig{16, 64, 1, 4};
+  CHECK(choose_paged_path(r) == KernelPath::Sm80);  // its own tiles, asked for
+  r.config = KernelConfig{16, 32, 0, 0};  // other tiles: SIMT
+  CHECK(choose_paged_path(r) == KernelPath::Simt);
+  r.config = {};
+  r.arch = 70;
+  CHECK(choose_paged_path(r) == KernelPath::Simt);  // no bf16/fp16 mma.m16n8k16 path before sm_80 here
+  r.arch = 80;
+  r.dtype = DType::F32;
+  CHECK(choose_paged_path(r) == KernelPath::Simt);
+  r.dtype = DType::BF16;
+  for (const auto& [d, dv] : std::vector<std::pair<int, int>>{{40, 40}, {256, 256}, {128, 256}, {64, 72}}) {
+    r.head_dim = d, r.head_dim_v = dv;
+    CHECK(choose_paged_path(r) == KernelPath::Simt);
+  }
+  r.head_dim = r.head_dim_v = 64;
+  r.kv_dtype = DType::E4M3;  // FP8 pages decoded into bf16
+  CHECK(choose_paged_path(r) == KernelPath::Sm80);
+  r.config = KernelConfig{16, 64, 2, 0};
+  CHECK_THROWS_WITH(resolve_paged_config(r), Catch::Contains("one stage"));
+  r.config = KernelConfig{0, 0, 0, 8};
+  CHECK_THROWS_WITH(resolve_paged_config(r), Catch::Contains("4 warps"));
+}
+
 TEST_CASE("the paged kernels' tiles: defaults that fit, refusals that name the fix", "[codegen][paged]") {
   KernelRequest r;
   r.arch = 80;
+  r.dtype = DType::F32;  // the SIMT kernel's tiles (bf16 at head dims up to 128 takes tensor cores)
   r.head_dim = r.head_dim_v = 128;
   CHECK(resolve_paged_config(r) == KernelConfig{16, 32, 1, 4});
   r.head_dim = r.head_dim_v = 256;
@@ -314,10 +348,13 @@ TEST_CASE("the paged kernels' tiles: defaults that fit, refusals that name the f
   r.head_dim = 300;
   CHECK_THROWS_WITH(resolve_paged_config(r), Catch::Contains("head dims 1 to 256"));
   r.head_dim = 64;
+  r.dtype = DType::BF16;
   r.kv_dtype = DType::F16;  // bf16 queries over fp16 caches: not a pair the kernel reads
   CHECK_THROWS_WITH(resolve_paged_config(r), Catch::Contains("kv_dtype"));
   r.kv_dtype = DType::E4M3;
+  r.arch = 61;  // SIMT (f16 and bf16 take tensor cores from sm_80)
   CHECK(resolve_paged_config(r) == KernelConfig{16, 32, 1, 4});
+  r.arch = 80;
   r.dtype = DType::E4M3;
   CHECK_THROWS_WITH(resolve_paged_config(r), Catch::Contains("queries and output are fp32, fp16 or bf16"));
   // Everywhere else fp8_e4m3 is refused by name: the dtype parser, the forward's path, a problem.
