@@ -206,7 +206,7 @@ def flex_systems(case, x, device):
     return out, skipped
 
 
-def systems(case, x):
+def systems(case, x, with_flex=True):
     pattern, L, W = case["pattern"], case["L"], case["window"]
 
     def ours():
@@ -232,6 +232,8 @@ def systems(case, x):
     # SDPA has no dilated or block-sparse mask: LongNet's decode has no such peer.
     if "segment" in pattern["branches"][0] and pattern["branches"][0]["segment"] == "full" and len(pattern["branches"]) == 1:
         out["sdpa-contiguous"] = sdpa
+    if not with_flex:
+        return out, skipped
     try:
         flex, why = flex_systems(case, x, x["q"].device)
         out.update(flex)
@@ -277,7 +279,11 @@ def run_case(case, args, device, dtype, tol, out):
     x = make_case(case, device, dtype)
     sample = sorted({0, case["B"] - 1, case["B"] // 2})
     want = reference(case, x, sample)
-    fns, skipped = systems(case, x)
+    globs = [g.strip() for g in (args.systems or "*").split(",") if g.strip()]
+    wanted = lambda name: any(fnmatch.fnmatch(name, g) for g in globs)  # noqa: E731
+    # Only the systems asked for (the copy runs always: it is the baseline); Flex not even set up.
+    fns, skipped = systems(case, x, with_flex=wanted("flex-gathered") or wanted("flex-paged"))
+    fns = {k: f for k, f in fns.items() if wanted(k)}
     nbytes = attended_bytes(case, 1 if case.get("fp8") else torch.tensor([], dtype=dtype).element_size())
     rec["attended_bytes"] = nbytes
     rec["skipped"] = skipped
@@ -341,7 +347,7 @@ def smoke(args):
     os.environ.setdefault("ATTNJIT_CPU_DEVICE", "emu")
     ok = True
     out = []
-    args.runs, args.budget = 3, None
+    args.runs, args.budget, args.systems = 3, None, None
     for case in smoke_cases():
         rec = run_case(case, args, torch.device("cpu"), torch.float32, 2e-4, out)
         for name, s in rec["systems"].items():
@@ -377,6 +383,7 @@ def main():
     ap.add_argument("--cases", help="comma-separated globs of case names")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="the batch x context grid (sweep_cases) instead of the short list")
+    ap.add_argument("--systems", help="comma-separated globs of system names (default: all; the copy runs always)")
     ap.add_argument("--keep-cache", action="store_true", help="(accepted for bench/peers.py's argument parsing)")
     args = ap.parse_args()
     if args.smoke:
