@@ -3,7 +3,9 @@ the whole sequence at every step.
 
 Two requests of different prompt lengths share one cache of shuffled 8-token pages. The prompts are
 prefilled in one call (several queries per request, cu_seqlens_q), then each step appends the new
-token's K/V (append_kv) and decodes one query per request (paged_attention). Every step's
+token's K/V (append_kv) and decodes one query per request twice: with paged_attention (planned on
+the host) and through a GraphWorkspace planned on the device from a lengths tensor updated in place
+(on a GPU that run() is what a CUDA graph captures once and replays every step). Every step's
 attention output is compared with attnjit.attention over the request's whole sequence so far, and
 the greedy tokens with those the recomputation picks.
 
@@ -57,7 +59,12 @@ worst = max(float((o[cu[b]:cu[b + 1]] - full_attention(prompts[b])).abs().max())
 sequences = [p.tolist() for p in prompts]
 last = [o[cu[1] - 1], o[cu[2] - 1]]
 
-# Decode: one token per request per step.
+# Decode: one token per request per step. The workspace planned on the device reads its lengths
+# from `lens` (the same tensor every step, as a replayed graph would) and needs no plan().
+lens = kv_lens.clone()
+q_step, out = torch.zeros(2, HEADS, HEAD_DIM), torch.zeros(2, HEADS, HEAD_DIM)
+capacity = serving.paged_capacity(q_step, k_cache, v_cache, block_table, lens, PATTERN, plan_on_device=True)
+graph_ws = serving.GraphWorkspace(q_step, k_cache, v_cache, PATTERN, capacity)
 for step in range(steps):
     new = [int(((last[b].reshape(-1)) @ w_o).argmax()) for b in range(2)]
     for b in range(2):
@@ -65,9 +72,12 @@ for step in range(steps):
     q, k, v = project(torch.tensor(new))
     kv_lens = serving.append_kv(k_cache, v_cache, block_table, kv_lens, k, v)
     o = serving.paged_attention(q, k_cache, v_cache, block_table, kv_lens, PATTERN)
+    lens.copy_(kv_lens)
+    q_step.copy_(q)
+    graph_ws.run(q_step, k_cache, v_cache, block_table, lens, out, plan_on_device=True)
     for b in range(2):
         want = full_attention(torch.tensor(sequences[b]))[-1]
-        worst = max(worst, float((o[b] - want).abs().max()))
+        worst = max(worst, float((o[b] - want).abs().max()), float((out[b] - want).abs().max()))
     last = [o[0], o[1]]
 
 # The recomputation's own greedy choices, token by token, must be the ones served.
