@@ -183,10 +183,14 @@ const PagedState& state_of(const std::shared_ptr<PagedState>& st) {
   return *st;
 }
 
-// A call with lengths on the device, checked as far as the host can without reading them.
-void check_device_call(const PagedState& st, const PagedCall& c) {
+void check_lengths_given_once(const PagedCall& c) {
   require(c.kv_lens.empty() && c.cu_seqlens_q.empty(), c.kv_lens.empty() ? "cu_seqlens_q" : "kv_lens",
           "is given with device_kv_lens; give the lengths on the host or on the device, not both");
+}
+
+// A call with lengths on the device, checked as far as the host can without reading them.
+void check_device_call(const PagedState& st, const PagedCall& c) {
+  check_lengths_given_once(c);
   check_tensors(st, c);
   const int64_t total = c.q.shape[0];
   require(c.requests >= 0 && c.requests < (int64_t{1} << 31), "PagedCall.requests",
@@ -201,6 +205,7 @@ void check_device_call(const PagedState& st, const PagedCall& c) {
 
 // The CPU device's memory is the host's: a call with device lengths read into host lengths.
 PagedCall with_host_lengths(const PagedCall& c) {
+  check_lengths_given_once(c);
   PagedCall h = c;
   h.device_kv_lens = nullptr, h.device_cu_seqlens_q = nullptr;
   require(c.requests >= 0, "PagedCall.requests", "is negative");

@@ -581,6 +581,46 @@ TEST_CASE("paged attention: bad calls are refused by name", "[gpu][emu][paged][e
     tb.upload(t);
     refused(base(), "block_table[1, 0]");
   }
+  // Lengths on the device: given twice, a request count that is not the queries', a workspace
+  // smaller than needs(), and plan() for such a call, each refused by name.
+  Buf lb(16);
+  const int32_t lens[2] = {5, 16};
+  std::vector<unsigned char> lbytes(16, 0);
+  std::memcpy(lbytes.data(), lens, 8);
+  lb.upload(lbytes);
+  auto on_device = [&] {
+    PagedCall d = base();
+    d.kv_lens.clear();
+    d.device_kv_lens = static_cast<const int32_t*>(lb.data());
+    d.requests = 2;
+    return d;
+  };
+  c = on_device();
+  c.kv_lens = {5, 16};
+  refused(c, "not both");
+  c = on_device();
+  c.requests = 3;
+  refused(c, "queries for 3 requests");
+  if (target() != Target::Cpu) {  // the CPU device reads the lengths and takes its own path
+    c = on_device();
+    PagedCapacity cap = pa.needs(c);
+    CHECK(cap.items == 2 * 1);  // two queries, one class of heads (the two heads of the kv head)
+    Buf ws(pa.workspace_bytes(cap));
+    try {
+      pa.plan(c, ws.data(), cap);
+      FAIL("not refused");
+    } catch (const UserError& e) {
+      CHECK(std::string(e.what()).find("call run() alone") != std::string::npos);
+    }
+    PagedCapacity small = cap;
+    small.items = 1;
+    try {
+      pa.run(c, ws.data(), small);
+      FAIL("not refused");
+    } catch (const UserError& e) {
+      CHECK(std::string(e.what()).find("PagedCapacity.items") != std::string::npos);
+    }
+  }
   // fp8_e4m3 is a cache dtype: an ordinary attention refuses it by name.
   try {
     rt.prepare(example_patterns().at(1).second, Problem{1, 8, 8, 2, 1, 32, 32, DType::E4M3});
