@@ -26,7 +26,9 @@
 // span_begin = -1, which the forward writes as NaN; one whose cu_seqlens_q entries are out of order
 // or past total_q gets none. Each such request is counted in AjPagedParams::errors (when given).
 // Items past the workspace's capacity are dropped and counted (only inconsistent cu_seqlens_q
-// entries can make them).
+// entries can make them). Threads share out (request, class) pairs and walk their rows one by one:
+// made for decode and speculative steps, a few rows per request (a long prefill chunk is one
+// thread's walk; docs/performance.md, "Planning on the device").
 
 #define AJ_PG_PLAN_THREADS AJ_PG_THREADS
 
