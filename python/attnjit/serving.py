@@ -26,6 +26,8 @@ is read back, no work per step on the host, and a GraphWorkspace's captured run(
 while the lengths in those tensors change. Lengths the kernel finds wrong make their request's rows
 NaN (and are counted in `errors`); on the host they are refused by name.
 """
+from typing import Optional
+
 import torch
 
 from ._attention import attention
@@ -166,11 +168,16 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
     float64 queries (the reference plans on the host).
     """
     c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, errors, plan_on_device)
+    if c.on_device:  # one operator: traced by torch.compile, captured in a CUDA graph
+        table = c.table if c.table.dtype == torch.int32 else c.table.clamp(-1, 2**31 - 1).to(torch.int32)
+        o, lse = torch.ops.attnjit.paged_attention(q, k_cache, v_cache, table.to(q.device), c.device_lens, c.device_cu,
+                                                   c.k_scale, c.v_scale, c.errors, op_spec(pattern, scale))
+        return (o, lse) if return_lse else o
     o = q.new_zeros((q.shape[0], q.shape[1], v_cache.shape[3]))
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # as attnjit.attention's
     lse = torch.full((q.shape[0], q.shape[1]), float("-inf"), dtype=lse_dtype, device=q.device)
     if q.dtype != torch.float64:
-        _paged_kernels("forward", c, pattern, scale, o, lse)
+        _paged_kernels("forward", c, op_spec(pattern, scale), o, lse)
         return (o, lse) if return_lse else o
     for b, n, length in c.requests:
         pages = c.table[b, :-(-length // k_cache.shape[1])]
@@ -281,9 +288,9 @@ def _scales(name, s, cache, hkv):
     return t.to(cache.device).contiguous()
 
 
-def _paged_kernels(action, c, pattern, scale, o, lse, workspace=0, capacity=()):
+def _paged_kernels(action, c, spec, o, lse, workspace=0, capacity=()):
     """The C++ runtime's paged forward (`action`: forward, needs, workspace_bytes, plan, run) on a
-    checked call; o and lse are written by forward and run."""
+    checked call and the pattern's op spec (op_spec); o and lse are written by forward and run."""
     from . import _attnjit
     from ._torch_ops import _DTYPES
 
@@ -302,7 +309,6 @@ def _paged_kernels(action, c, pattern, scale, o, lse, workspace=0, capacity=()):
     # int32 is clamped to one the kernel refuses to read, never wrapped onto a real page).
     table32 = c.table if c.table.dtype == torch.int32 else c.table.clamp(-1, 2**31 - 1).to(torch.int32)
     table32 = table32.contiguous().to(q.device)
-    spec = op_spec(pattern, scale)
     desc = lambda x: (x.data_ptr(), list(x.shape), list(x.stride())) if x is not None else None  # noqa: E731
     ptr = lambda s: s.data_ptr() if s is not None else 0  # noqa: E731
     kv_dtype = "fp8_e4m3" if k_cache.dtype == FP8 else _DTYPES[q.dtype]
@@ -315,6 +321,36 @@ def _paged_kernels(action, c, pattern, scale, o, lse, workspace=0, capacity=()):
 CAPACITY_FIELDS = ("requests", "items", "spans", "entries", "splits")
 
 
+# A call planned on the device as one operator (paged_attention with plan_on_device): its own
+# workspace from torch's allocator, sized by needs() (which reads no length), and run(): the
+# planner and the kernels on the current stream, nothing on the host that depends on the step, so
+# torch.compile traces it and a CUDA graph captures it. `errors` is added to by the kernels.
+@torch.library.custom_op("attnjit::paged_attention", mutates_args=("errors",))
+def _paged_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                        kv_lens: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], k_scale: Optional[torch.Tensor],
+                        v_scale: Optional[torch.Tensor], errors: Optional[torch.Tensor],
+                        spec: str) -> tuple[torch.Tensor, torch.Tensor]:
+    c = _Call()
+    c.q, c.k_cache, c.v_cache, c.table = q, k_cache, v_cache, block_table
+    c.on_device, c.device_lens, c.device_cu = True, kv_lens, cu_seqlens_q
+    c.lens, c.starts, c.k_scale, c.v_scale, c.errors = [], [], k_scale, v_scale, errors
+    o = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
+    lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
+    if q.shape[0] == 0:
+        return o, lse
+    capacity = _paged_kernels("needs", c, spec, o, lse)
+    nbytes = _paged_kernels("workspace_bytes", c, spec, o, lse, 0, capacity)[0]
+    workspace = torch.empty(nbytes + 256, dtype=torch.uint8, device=q.device)
+    _paged_kernels("run", c, spec, o, lse, (workspace.data_ptr() + 255) // 256 * 256, capacity)
+    return o, lse
+
+
+@_paged_attention_op.register_fake
+def _(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, errors, spec):
+    return (q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3])),
+            q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32))
+
+
 def paged_capacity(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_seqlens_q=None, scale=None, k_scale=None,
                    v_scale=None, plan_on_device=None):
     """What one call's plan takes in a GraphWorkspace: {"requests", "items", "spans", "entries",
@@ -323,7 +359,7 @@ def paged_capacity(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_seq
     batch, query count and splits, read from no length."""
     c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, None, plan_on_device)
     o = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
-    return dict(zip(CAPACITY_FIELDS, _paged_kernels("needs", c, pattern, scale, o, None)))
+    return dict(zip(CAPACITY_FIELDS, _paged_kernels("needs", c, op_spec(pattern, scale), o, None)))
 
 
 class GraphWorkspace:
@@ -359,7 +395,7 @@ class GraphWorkspace:
         c = _call(q[:0], k_cache, v_cache, table, [], [0], None, None)
         c.k_scale = c.v_scale = None
         o = q.new_empty((0, q.shape[1], v_cache.shape[3]))
-        nbytes = _paged_kernels("workspace_bytes", c, pattern, scale, o, None, 0, self.capacity)[0]
+        nbytes = _paged_kernels("workspace_bytes", c, op_spec(pattern, scale), o, None, 0, self.capacity)[0]
         self._buffer = torch.zeros(nbytes + 256, dtype=torch.uint8, device=q.device)  # 256-byte aligned inside
         self._ptr = (self._buffer.data_ptr() + 255) // 256 * 256
 
@@ -369,7 +405,7 @@ class GraphWorkspace:
         Refused for lengths on the device (plan_on_device), which run() plans itself."""
         c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, None, plan_on_device)
         o = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
-        _paged_kernels("plan", c, self.pattern, self.scale, o, None, self._ptr, self.capacity)
+        _paged_kernels("plan", c, op_spec(self.pattern, self.scale), o, None, self._ptr, self.capacity)
 
     def run(self, q, k_cache, v_cache, block_table, kv_lens, out, *, cu_seqlens_q=None, lse=None, k_scale=None,
             v_scale=None, errors=None, plan_on_device=None):
@@ -381,7 +417,7 @@ class GraphWorkspace:
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != q.dtype:
             raise ValueError(f"out: expected {q.dtype} {list(want)}, got {getattr(out, 'dtype', None)} "
                              f"{list(getattr(out, 'shape', []))}")
-        _paged_kernels("run", c, self.pattern, self.scale, out, lse, self._ptr, self.capacity)
+        _paged_kernels("run", c, op_spec(self.pattern, self.scale), out, lse, self._ptr, self.capacity)
         return out
 
 

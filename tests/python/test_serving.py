@@ -495,3 +495,47 @@ def test_a_decode_loop_planned_on_the_device_replays_alone():
         g.replay()
         want = serving.paged_attention(q, k_cache, v_cache, table, lens.tolist(), pattern)
         assert torch.allclose(out.float(), want.float(), atol=2e-2, rtol=2e-2), step
+
+
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+def test_a_step_planned_on_the_device_is_one_operator_torch_compile_traces(monkeypatch, device):
+    # torch.ops.attnjit.paged_attention: the whole call (lengths read by the kernels, not the host),
+    # so torch.compile(fullgraph=True) traces paged_attention and its answer is the eager one's.
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", device)
+    pattern = attnjit.Pattern.load(example_specs()[2])  # LongNet
+    cache = Cache([300, 41, 2100], 16, hkv=2, d=32, dv=32, dtype=torch.float32, seed=12)
+    q = torch.randn(3, 4, 32, generator=torch.Generator().manual_seed(12))
+    lens = torch.tensor(cache.lens, dtype=torch.int32)
+
+    def step(q, lens):
+        return serving.paged_attention(q, cache.k_cache, cache.v_cache, cache.table, lens, pattern, plan_on_device=True,
+                                       return_lse=True)
+    eager = step(q, lens)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="eager")(q, lens)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+    want, _ = expected(cache, q, [0, 1, 2, 3], pattern)
+    assert rel_error(eager[0], want) <= 1e-4
+    torch.library.opcheck(torch.ops.attnjit.paged_attention.default,
+                          (q, cache.k_cache, cache.v_cache, cache.table, lens, None, None, None, None,
+                           attnjit.Pattern.load(example_specs()[2]).op_spec),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: paged_attention captured in a CUDA graph is not run")
+def test_paged_attention_planned_on_the_device_is_captured_whole_in_a_cuda_graph():
+    pattern = attnjit.Pattern.load(example_specs()[4])  # a sliding window
+    cache = Cache([40, 3000, 900], 16, hkv=2, d=64, dv=64, dtype=torch.bfloat16, seed=13)
+    q = torch.randn(3, 8, 64, generator=torch.Generator().manual_seed(13)).to(torch.bfloat16).cuda()
+    k_cache, v_cache, table = cache.k_cache.cuda(), cache.v_cache.cuda(), cache.table.cuda()
+    lens = torch.tensor([n - 8 for n in cache.lens], dtype=torch.int32, device="cuda")
+    serving.paged_attention(q, k_cache, v_cache, table, lens, pattern)  # warm-up: compiles and loads
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = serving.paged_attention(q, k_cache, v_cache, table, lens, pattern)
+    for step in range(8):
+        lens += 1
+        g.replay()
+        want = serving.paged_attention(q, k_cache, v_cache, table, lens.tolist(), pattern)
+        assert torch.allclose(out.float(), want.float(), atol=2e-2, rtol=2e-2), step
