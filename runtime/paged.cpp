@@ -227,8 +227,12 @@ DevicePlanning planning_of(const PagedState& st, const PagedCall& c) {
 }
 
 PagedCapacity device_needs(const PagedState& st, const PagedCall& c) {
-  return device_planned_capacity(st.pattern, st.problem, st.backend->tiles().tile_q, c.requests, c.q.shape[0], c.splits,
-                                 st.backend->target_blocks());
+  const PagedCapacity cap = device_planned_capacity(st.pattern, st.problem, st.backend->tiles().tile_q, c.requests,
+                                                    c.q.shape[0], c.splits, st.backend->target_blocks());
+  require(cap.items < (int64_t{1} << 31) && cap.spans < (int64_t{1} << 31), "q",
+          "has " + std::to_string(c.q.shape[0]) + " queries: planned on the device they could make " + std::to_string(cap.items) +
+              " work items, past 2^31; split the call, or give the lengths on the host");
+  return cap;
 }
 
 }  // namespace
