@@ -268,8 +268,8 @@ std::vector<int64_t> paged(const std::string& action, const std::string& spec, c
   else if (action == "run") op.run(c, ws, cap);
   else if (action == "workspace_bytes") return {static_cast<int64_t>(op.workspace_bytes(cap))};
   else if (action == "needs") {
-    const PagedCapacity n = op.needs(c);
-    return {n.requests, n.items, n.spans, n.entries, n.splits};
+    const PagedCapacity n = op.needs(c);  // and the workspace bytes it takes, saving a call per step
+    return {n.requests, n.items, n.spans, n.entries, n.splits, static_cast<int64_t>(op.workspace_bytes(n))};
   } else {
     throw UserError("action", "expected forward, needs, workspace_bytes, plan or run, got " + action);
   }

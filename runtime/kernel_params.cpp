@@ -184,9 +184,8 @@ void set_device_planning(AjPagedParams& pp, const DevicePlanning& d, const Paged
   pp.fwd.seek_branches = d.seek_branches;
 }
 
-PagedCapacity device_planned_capacity(const Pattern& p, const PagedProblem& pb, int32_t tile_q, int64_t requests,
-                                      int64_t total_q, int32_t splits, int64_t target_blocks) {
-  const std::vector<PagedHeadClass> classes = paged_head_classes(p, pb.heads_q, pb.heads_kv, tile_q);
+PagedCapacity device_planned_capacity(const std::vector<PagedHeadClass>& classes, int64_t branches, int32_t tile_q,
+                                      int64_t requests, int64_t total_q, int32_t splits, int64_t target_blocks) {
   int64_t fewest = 0;  // items when every run is as long as a class's items allow
   for (const PagedHeadClass& c : classes) {
     const int64_t rows = std::max<int64_t>(1, tile_q / c.heads);
@@ -195,7 +194,7 @@ PagedCapacity device_planned_capacity(const Pattern& p, const PagedProblem& pb, 
   PagedCapacity cap;
   cap.requests = requests;
   cap.items = total_q * static_cast<int64_t>(classes.size());
-  cap.spans = cap.items * static_cast<int64_t>(p.branches.size());
+  cap.spans = cap.items * branches;
   cap.entries = 0;
   cap.splits = splits > 0 ? splits
                           : static_cast<int32_t>(std::clamp<int64_t>((target_blocks + std::max<int64_t>(fewest, 1) - 1) /

@@ -83,10 +83,10 @@ struct DevicePlanning {
 // `pp` (a call's paged_params over a workspace of capacity `cap`) with the planner's fields set.
 void set_device_planning(AjPagedParams& pp, const DevicePlanning& d, const PagedCapacity& cap, int64_t total_q);
 // The most a call planned on the device can need: every query row its own item in every class of
-// heads (paged_head_classes), each with a span per branch; splits the call's, or what the fewest
-// items the rows can make would take to fill `target_blocks` (at most 64).
-PagedCapacity device_planned_capacity(const Pattern& p, const PagedProblem& pb, int32_t tile_q, int64_t requests,
-                                      int64_t total_q, int32_t splits, int64_t target_blocks);
+// heads (`classes`, paged_head_classes), each with a span per branch; splits the call's, or what
+// the fewest items the rows can make would take to fill `target_blocks` (at most 64).
+PagedCapacity device_planned_capacity(const std::vector<PagedHeadClass>& classes, int64_t branches, int32_t tile_q,
+                                      int64_t requests, int64_t total_q, int32_t splits, int64_t target_blocks);
 
 // The argument block of the backward kernels (AjBwdParams): the forward's over `plan` (the
 // backward's query-major plan), the key-major tables, the gradient tensors and the workspaces

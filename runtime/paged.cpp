@@ -20,6 +20,10 @@ struct PagedState {
   PagedProblem problem;
   std::unique_ptr<PagedBackend> backend;
   double softmax_scale = 1.0, output_scale = 1.0;  // the pattern's (a graph's run() has no plan)
+  // Planning on the device: the classes of heads its kernel plans alike (at the backend's tile_q)
+  // and the branches with a layout, which the forward seeks through.
+  std::vector<PagedHeadClass> head_classes;
+  uint64_t layout_branches = 0;
 };
 
 KernelRequest paged_request(const PagedProblem& pb, int arch, const KernelConfig& config) {
@@ -90,6 +94,9 @@ std::shared_ptr<PagedState> make_paged_state(const Pattern& pattern, const Paged
                                          st->backend->tiles());
   st->softmax_scale = one.tables.softmax_scale;
   st->output_scale = one.tables.output_scale;
+  st->head_classes = paged_head_classes(pattern, pb.heads_q, pb.heads_kv, st->backend->tiles().tile_q);
+  for (size_t b = 0; b < pattern.branches.size(); ++b)
+    if (pattern.branches[b].layout) st->layout_branches |= uint64_t{1} << b;
   return st;
 }
 
@@ -221,14 +228,14 @@ DevicePlanning planning_of(const PagedState& st, const PagedCall& c) {
   d.requests = c.requests;
   d.fixed_splits = c.splits;
   d.target_blocks = st.backend->target_blocks();
-  for (size_t b = 0; b < st.pattern.branches.size(); ++b)
-    if (st.pattern.branches[b].layout) d.seek_branches |= uint64_t{1} << b;
+  d.seek_branches = st.layout_branches;
   return d;
 }
 
 PagedCapacity device_needs(const PagedState& st, const PagedCall& c) {
-  const PagedCapacity cap = device_planned_capacity(st.pattern, st.problem, st.backend->tiles().tile_q, c.requests,
-                                                    c.q.shape[0], c.splits, st.backend->target_blocks());
+  const PagedCapacity cap =
+      device_planned_capacity(st.head_classes, static_cast<int64_t>(st.pattern.branches.size()), st.backend->tiles().tile_q,
+                              c.requests, c.q.shape[0], c.splits, st.backend->target_blocks());
   require(cap.items < (int64_t{1} << 31) && cap.spans < (int64_t{1} << 31), "q",
           "has " + std::to_string(c.q.shape[0]) + " queries: planned on the device they could make " + std::to_string(cap.items) +
               " work items, past 2^31; split the call, or give the lengths on the host");

@@ -338,8 +338,7 @@ def _paged_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
     if q.shape[0] == 0:
         return o, lse
-    capacity = _paged_kernels("needs", c, spec, o, lse)
-    nbytes = _paged_kernels("workspace_bytes", c, spec, o, lse, 0, capacity)[0]
+    *capacity, nbytes = _paged_kernels("needs", c, spec, o, lse)  # the capacity's five fields, then its bytes
     workspace = torch.empty(nbytes + 256, dtype=torch.uint8, device=q.device)
     _paged_kernels("run", c, spec, o, lse, (workspace.data_ptr() + 255) // 256 * 256, capacity)
     return o, lse
@@ -359,7 +358,8 @@ def paged_capacity(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_seq
     batch, query count and splits, read from no length."""
     c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, None, plan_on_device)
     o = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
-    return dict(zip(CAPACITY_FIELDS, _paged_kernels("needs", c, op_spec(pattern, scale), o, None)))
+    need = _paged_kernels("needs", c, op_spec(pattern, scale), o, None)  # the fields, then the workspace's bytes
+    return dict(zip(CAPACITY_FIELDS, need[:len(CAPACITY_FIELDS)]))
 
 
 class GraphWorkspace:
