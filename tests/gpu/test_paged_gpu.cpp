@@ -136,13 +136,17 @@ TEST_CASE("paged attention: a NaN or inf in V reaches only the rows that attend 
   }
 }
 
-// Decode and chunked prefill with splits, in bf16 and fp32, small enough for compute-sanitizer.
+// Decode and chunked prefill with splits, in bf16 and fp32, planned on the host and on the device,
+// small enough for compute-sanitizer.
 TEST_CASE("paged attention: a small subset for compute-sanitizer", "[gpu][paged][sanitize]") {
   SKIP_WITHOUT_GPU();
   for (const auto& [name, p] : example_patterns()) {
     if (name != "longnet" && name != "bigbird") continue;
     PagedCase c = mixed(name + " sanitize", p, name == "longnet" ? DType::BF16 : DType::F32, 16, 3);
     c.kv_lens = {1, 70, 2100, 300, 9, 300};
+    check(c);
+    c.name += " planned on the device";  // the planner kernel too
+    c.mode = PagedCase::Mode::DeviceRun;
     check(c);
   }
 }
