@@ -298,8 +298,17 @@ void BlockExecutor::execute_collective(int warp) {
     }
     attnjit::emu::mma_m16n8k16(a, b, d, lane[0].type);
     for (int l = 0; l < 32; ++l) std::memcpy(lane[l].d, d[l], sizeof d[l]);
+  } else if (op == Op::WarpSync) {
+    // Shared-memory accesses of the warp's lanes before and after it no longer race (a new barrier
+    // interval for all: lenient for the other warps, as the named barriers are).
+    ++epoch_;
   }
   for (int l = 0; l < 32; ++l) lane[l].op = Op::None;
+}
+
+void BlockExecutor::warp_sync(const void* pc) {
+  tick();
+  arrive_collective(*current_, Op::WarpSync, pc);
 }
 
 unsigned BlockExecutor::shfl_xor(unsigned value, int lane_mask, const void* pc) {

@@ -110,6 +110,8 @@ public:
   // bar.sync (wait) / bar.arrive id, count: barrier `id` (1..15) completes when `count` threads
   // have arrived; the threads that sync wait for it.
   void named_barrier(int id, int count, bool wait, const void* pc);
+  // __syncwarp(): the warp's 32 lanes meet (a warp collective), then a new barrier interval.
+  void warp_sync(const void* pc);
   unsigned shfl_xor(unsigned value, int lane_mask, const void* pc);
   void* dynamic_shared();
   void* static_shared(const void* key, size_t bytes, size_t align, const void* pc);
@@ -143,7 +145,7 @@ public:
 
 private:
   enum class State : uint8_t { Ready, Running, AtBarrier, AtCollective, AtMbarrier, AtNamedBarrier, Done, Aborted };
-  enum class Op : uint8_t { None, Shfl, Ldmatrix, Mma, Wgmma };
+  enum class Op : uint8_t { None, Shfl, Ldmatrix, Mma, Wgmma, WarpSync };
   struct PendingCopy {
     uint8_t* dst;
     unsigned bytes;

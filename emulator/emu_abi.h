@@ -5,7 +5,7 @@
 #ifndef ATTNJIT_EMU_ABI_H
 #define ATTNJIT_EMU_ABI_H
 
-#define AJ_EMU_ABI_VERSION 10
+#define AJ_EMU_ABI_VERSION 11
 #define AJ_EMU_F16 1
 #define AJ_EMU_BF16 2
 #define AJ_EMU_RARE_PATHS 8
@@ -83,6 +83,9 @@ typedef struct AjEmuApi {
   void (*bulk_reduce_add_f32)(float* dst, const void* src, unsigned bytes, const void* pc);
   void (*bulk_commit)(const void* pc);
   void (*bulk_wait)(int n, const void* pc);
+  /* __syncwarp() (bar.warp.sync 0xffffffff): the 32 lanes of the warp meet; shared memory written
+     before it by one lane is read after it by another without a race */
+  void (*warp_sync)(const void* pc);
 } AjEmuApi;
 
 #ifdef __cplusplus

@@ -240,7 +240,7 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
 #pragma unroll
       for (int mask = 16; mask > 0; mask >>= 1) sum += aj_shfl_xor(sum, mask);
       l[j] = l[j] * rescale + sum;
-      aj_named_sync(1 + warp, 32);  // the warp's probabilities are in place
+      aj_syncwarp();  // the warp's probabilities are in place
 #pragma unroll
 #pragma unroll
       for (int x = 0; x < AJ_PG_VD; ++x) acc[j][x] *= rescale;
@@ -252,7 +252,7 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
         for (int x = 0; x < AJ_PG_VD; ++x)
           if (lane + 32 * x < AJ_HEAD_DIM_V) acc[j][x] += pc * sh.v[c][lane + 32 * x];
       }
-      aj_named_sync(1 + warp, 32);  // read before the next row writes them
+      aj_syncwarp();  // read before the next row writes them
       m[j] = m_new;
     }
   }

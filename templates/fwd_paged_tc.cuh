@@ -198,7 +198,7 @@ __device__ __forceinline__ void aj_fwd_paged_tc(const AjPagedParams& pp) {
       bad |= aj_tc_word_nonfinite(w.x) | aj_tc_word_nonfinite(w.y) | aj_tc_word_nonfinite(w.z) | aj_tc_word_nonfinite(w.w);
     }
     if (aj_warp_any(bad)) {
-      aj_named_sync(1 + warp, 32);  // the warp's probabilities are in place
+      aj_syncwarp();  // the warp's probabilities are in place
 #pragma unroll
       for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j)
 #pragma unroll
@@ -209,7 +209,7 @@ __device__ __forceinline__ void aj_fwd_paged_tc(const AjPagedParams& pp) {
             if (pc != -1.0f) acc[j][e] += pc * aj_load(&sh.kv.v[k0 + c][d]);
           }
         }
-      aj_named_sync(1 + warp, 32);  // read before the next tile's probabilities are written
+      aj_syncwarp();  // read before the next tile's probabilities are written
       continue;
     }
     aj_u32 pa[4];

@@ -34,10 +34,11 @@ __device__ __forceinline__ aj_u16 aj_cvt_f16_f32(float f) {
 
 // fma.rn.f32 and cvt.rmi.f32.f32: a * b + c rounded once, and x rounded down to an integer.
 __device__ __forceinline__ float aj_fma(float a, float b, float c) { return fmaf(a, b, c); }
-// add.rm.f32: a + b rounded toward minus infinity (one FADD on the FMA pipe).
+// add.rm.ftz.f32: a + b rounded toward minus infinity (one FADD on the FMA pipe), subnormals
+// flushed as everywhere else (-ftz=true): a subnormal x then gives floor 0 and 2^x exactly 1.
 __device__ __forceinline__ float aj_add_rm(float a, float b) {
   float y;
-  asm("add.rm.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
+  asm("add.rm.ftz.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
   return y;
 }
 

@@ -10,6 +10,9 @@ __device__ __forceinline__ void aj_named_sync(int id, int count) { asm volatile(
 __device__ __forceinline__ void aj_named_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
+// The warp's 32 lanes meet, and what one wrote to shared memory before is seen by the others
+// after: the barrier for a buffer private to a warp.
+__device__ __forceinline__ void aj_syncwarp() { __syncwarp(); }
 // Every lane of the warp takes part; lane i receives `v` of lane i ^ lane_mask.
 __device__ __forceinline__ float aj_shfl_xor(float v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
 // Lane 0's value in every lane (shfl.sync.idx from lane 0). Besides broadcasting, it tells ptxas that
@@ -56,6 +59,7 @@ __device__ __forceinline__ bool aj_mbarrier_test_wait(aj_u64* bar, aj_u32 parity
 __device__ __forceinline__ void aj_syncthreads() { aj_emu_syncthreads(); }
 __device__ __forceinline__ void aj_named_sync(int id, int count) { aj_emu_named_barrier(id, count, 1); }
 __device__ __forceinline__ void aj_named_arrive(int id, int count) { aj_emu_named_barrier(id, count, 0); }
+__device__ __forceinline__ void aj_syncwarp() { aj_emu_warp_sync(); }
 __device__ __forceinline__ float aj_shfl_xor(float v, int lane_mask) {
   aj_u32 u;
   __builtin_memcpy(&u, &v, 4);

@@ -40,7 +40,10 @@ class Buf {
 public:
   explicit Buf(size_t bytes) : bytes_(bytes) {
     if (on_host()) host_.reset(static_cast<unsigned char*>(std::aligned_alloc(256, (bytes + 255) / 256 * 256)));
-    else dev_ = DeviceBuffer(bytes);
+    else {
+      shared_context(0).make_current();  // a test's first allocation may come before any runtime call
+      dev_ = DeviceBuffer(bytes);
+    }
   }
   void* data() const { return on_host() ? static_cast<void*>(host_.get()) : reinterpret_cast<void*>(dev_.get()); }
   void upload(const std::vector<unsigned char>& b) {

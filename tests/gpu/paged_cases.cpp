@@ -238,6 +238,7 @@ PagedResult run_paged(const PagedCase& c) {
       pa.plan(early, ws.data(), cap);
       CapturedGraph graph(stream, [&] { pa.run(early, ws.data(), cap); });
       graph.launch(stream);
+      if (c.graph_wait) synchronize(stream);
       pa.plan(call, ws.data(), cap);
       graph.launch(stream);
       synchronize(stream);
@@ -256,12 +257,12 @@ PagedResult run_paged(const PagedCase& c) {
       for (int64_t i = 0; i < n * c.heads_q * dv; ++i) {
         ++res.rows;
         if (!std::isnan(value_at(o, size_t(cu[b] * c.heads_q * dv + i), c.dtype)) && res.mismatches++ < 3)
-          UNSCOPED_INFO(c.name << ": request " << b << " (wrong length) has a number in its output");
+          res.detail += "request " + std::to_string(b) + " (wrong length) has a number in its output\n";
       }
       for (int64_t i = 0; i < n * c.heads_q; ++i) {
         float got;
         std::memcpy(&got, l.data() + 4 * size_t(cu[b] * c.heads_q + i), 4);
-        if (!std::isnan(got) && res.mismatches++ < 3) UNSCOPED_INFO(c.name << ": request " << b << " (wrong length) has an lse");
+        if (!std::isnan(got) && res.mismatches++ < 3) res.detail += "request " + std::to_string(b) + " (wrong length) has an lse\n";
       }
       continue;
     }
@@ -294,8 +295,9 @@ PagedResult run_paged(const PagedCase& c) {
             (std::isfinite(want) && !(std::abs(got - want) <= 1e-3 + 1e-5 * std::abs(want))))
           bad = true;
         if (bad && res.mismatches++ < 3)
-          UNSCOPED_INFO(c.name << ": request " << b << " query " << i << " head " << h << " differs (lse " << got << " want "
-                               << want << ")");
+          res.detail += "request " + std::to_string(b) + " (" + std::to_string(L) + " tokens) query " + std::to_string(i) +
+                        " head " + std::to_string(h) + " differs (lse " + std::to_string(got) + ", want " +
+                        std::to_string(want) + ")\n";
       }
     }
   }
@@ -305,6 +307,7 @@ PagedResult run_paged(const PagedCase& c) {
 void check(const PagedCase& c) {
   INFO(c.name);
   const PagedResult r = run_paged(c);
+  INFO(r.detail);
   CHECK(r.rows > 0);
   CHECK(r.mismatches == 0);
 }

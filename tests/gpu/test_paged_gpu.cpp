@@ -82,6 +82,9 @@ TEST_CASE("paged attention: run() captured in a CUDA graph replays each step's p
     PagedCase c = mixed(name + " graph", p, DType::BF16, 16, 0);
     c.mode = PagedCase::Mode::Graph;
     check(c);
+    c.name += ", the first replay waited for";
+    c.graph_wait = true;
+    check(c);
   }
 }
 
@@ -331,7 +334,7 @@ TEST_CASE("paged attention: every deliberately broken SIMT paged kernel fails in
       {"fp8: the exponent bias one off", f, "((e + 120u) << 23)", "((e + 121u) << 23)"},
       {"fp8: subnormals read as zero", f, "const float f = (float)m * 0.001953125f;", "const float f = 0.0f;"},
       {"fp8: the scales of the first kv head for every head", f, "pp.k_scale ? pp.k_scale[kvh] : 1.0f", "pp.k_scale ? pp.k_scale[0] : 1.0f"},
-      {"no warp barrier before the probabilities are read", f, "      aj_named_sync(1 + warp, 32);  // the warp's probabilities are in place\n", "\n"},
+      {"no warp barrier before the probabilities are read", f, "      aj_syncwarp();  // the warp's probabilities are in place\n", "\n"},
       {"no barrier before the next tile overwrites K and V", f, "    aj_syncthreads();  // the previous tile is no longer read (and Q is in place)\n", "\n"},
   });
 }
