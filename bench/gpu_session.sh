@@ -1,46 +1,86 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine: correctness first, then timings, inside the call's limit.
+# A lent GPU session in two calls: correctness first, then timings, each inside its call's limit.
 #
-#   bash bench/gpu_session.sh OUTDIR [DC_BUDGET] [BENCH_BUDGET]   (repository root, .deps carried;
-#   the two budgets and about 20 s more within the call: timeout_s 580 with the defaults)
+#   bash bench/gpu_session.sh OUTDIR check [BUDGET]   (repository root, .deps carried; BUDGET 520 s,
+#                                                     timeout_s 560)
+#   bash bench/gpu_session.sh OUTDIR bench [BUDGET]   (the same machine while warm, or a fresh one:
+#                                                     it builds what it lacks; BUDGET 220 s,
+#                                                     timeout_s 260)
 #
-# 1. tests/device/device_check.sh with every correctness step (probes, then the GPU tests,
-#    Python's GPU subset and the four sanitizers in lanes side by side: ATTNJIT_DC_LANES), within
-#    DC_BUDGET seconds (330); OUTDIR/dc/report.{md,json}, the logs packed in OUTDIR/dc.tgz.
-# 2. Kernel options against the default, attnjit alone: attnjit_gpu_bench on dense and BigBird
-#    (16384 tokens, 16 heads, head dim 128, bf16) per setting in processes of its own, the
-#    settings interleaved in rounds so drift hits each alike; OUTDIR/ab.txt.
-#    Settings: default; ATTNJIT_BWD_WGMMA=0 (the sm_80 backward on Hopper); ATTNJIT_LAZY_RESCALE=1
-#    and ATTNJIT_POLY_EXP2=1 (forward only).
-# 3. Nsight Compute on the dense backward's dK/dV kernel (bench/ncu_profile.sh), where ncu is
-#    there; its summary appended to OUTDIR/ab.txt.
-# 4. bench/peers.py on the cases that decide the headline (dense d128, BigBird, LongNet 32K) with
-#    what is left of BENCH_BUDGET (230); OUTDIR/peers/peers.{md,json}; then, where 60 s are left
-#    beside at least 90 for the peers, bench/decode_peers.py (OUTDIR/decode.md; its JSON in the logs).
-# Everything else (logs, profiles, peers.png) in OUTDIR/session.tgz. At most 8 files come back
-# from a lent machine: this leaves dc/report.md, dc/report.json, dc.tgz, ab.txt (the Nsight
-# summary at its end), decode.md, peers/peers.md, peers/peers.json, session.tgz.
+# check: tests/device/device_check.sh with every correctness step: the probes, then six lanes side
+#   by side (the GPU tests, the Python package's GPU subset and the four sanitizers:
+#   ATTNJIT_DC_LANES), within BUDGET seconds; OUTDIR/dc/report.{md,json}, the logs packed in
+#   OUTDIR/dc.tgz. Kernel compiles dominate these steps and share the CPU: more lanes make each
+#   slower (nine lanes on 16 cores cut five steps at 320 s on an H200), fewer leave the GPU idle.
+# bench: what each call of a session has measured so far, by priority: bench/peers.py on the cases
+#   that decide the headline (dense d128, BigBird, LongNet 32K; OUTDIR/peers/peers.{md,json}), then
+#   bench/decode_peers.py (OUTDIR/decode.md) where 60 s are left, then kernel options against the
+#   default (attnjit_gpu_bench on dense and BigBird per setting in processes of their own, the
+#   settings interleaved in rounds: default, ATTNJIT_BWD_WGMMA=0, ATTNJIT_LAZY_RESCALE=1,
+#   ATTNJIT_POLY_EXP2=1; OUTDIR/ab.txt) and Nsight Compute on the dense backward's dK/dV kernel
+#   (bench/ncu_profile.sh; its summary appended to ab.txt) with what is left.
+# Everything else (logs, profiles, peers.png) in OUTDIR/session.tgz. At most 8 files come back from
+# a lent machine: check leaves dc/report.md, dc/report.json, dc.tgz; bench leaves peers/peers.md,
+# peers/peers.json, decode.md, ab.txt, session.tgz.
 set -u
-[ $# -ge 1 ] || { echo "usage: bash bench/gpu_session.sh OUTDIR [DC_BUDGET] [BENCH_BUDGET]" >&2; exit 2; }
+[ $# -ge 2 ] && [[ "$2" == check || "$2" == bench ]] || {
+  echo "usage: bash bench/gpu_session.sh OUTDIR check|bench [BUDGET]" >&2
+  exit 2
+}
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$1" || exit 2
 out="$(cd "$1" && pwd)"
-dc_budget="${2:-330}"
-bench_budget="${3:-230}"
+part="$2"
 cd "$root" || exit 2
 build="$root/build-device"
 mkdir -p "$out/logs"
 
-echo "== device check (budget ${dc_budget}s)"
-ATTNJIT_DC_BUDGET="$dc_budget" ATTNJIT_DC_PACK=1 ATTNJIT_DC_ONLY=lanes \
-ATTNJIT_DC_LANES="probes;gpu_forward_examples gpu_forward;gpu_backward;gpu_backward_wgmma;gpu_backward_random gpu_driver;gpu_paged gpu_forward_sm80 gpu_forward_sm90a_cpasync;python_tests;memcheck synccheck;racecheck initcheck" \
-  bash tests/device/device_check.sh "$out/dc" > "$out/logs/device_check.out" 2>&1
-echo "device check: exit $? ($SECONDS s)"
-grep -m1 'result:' "$out/dc/report.md"
+if [ "$part" = check ]; then
+  budget="${3:-520}"
+  echo "== device check (budget ${budget}s)"
+  ATTNJIT_DC_BUDGET="$budget" ATTNJIT_DC_PACK=1 ATTNJIT_DC_ONLY=probes \
+  ATTNJIT_DC_LANES="gpu_forward_examples gpu_forward gpu_forward_sm90a_cpasync;gpu_backward;gpu_backward_wgmma;gpu_backward_random gpu_forward_sm80;gpu_paged gpu_driver;python_tests memcheck synccheck racecheck initcheck" \
+    bash tests/device/device_check.sh "$out/dc" > "$out/logs/device_check.out" 2>&1
+  echo "device check: exit $? ($SECONDS s)"
+  grep -m1 'result:' "$out/dc/report.md"
+  rm -rf "$out/logs"
+  exit 0
+fi
 
+bench_budget="${3:-220}"
+# A fresh machine (no warm one from the check): configure and build what the timings need.
+if [ ! -x "$build/bench/attnjit_gpu_bench" ] || [ ! -d "$build/python/attnjit" ]; then
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DATTNJIT_LIT_TESTS=OFF > "$out/logs/build.out" 2>&1 &&
+    cmake --build "$build" -j "$(nproc)" >> "$out/logs/build.out" 2>&1
+  echo "build: exit $? ($SECONDS s)"
+fi
 t_bench=$SECONDS
 left() { echo $(( bench_budget - (SECONDS - t_bench) )); }
 export ATTNJIT_CACHE_DIR="$build/kernel-cache"
+py=(env PYTHONUNBUFFERED=1 PYTHONPATH="$build/python" python3)
+
+# 1. The peers, keeping 20 s for packing and, where the budget allows, 60 s for decode.
+decode_budget=0
+(( $(left) - 20 - 60 >= 120 )) && decode_budget=60
+peers_budget=$(( $(left) - 20 - decode_budget ))
+if (( peers_budget >= 40 )) && [ -d "$build/python/attnjit" ]; then
+  timeout $(( peers_budget + 15 )) "${py[@]}" bench/peers.py --out "$out/peers" --budget "$peers_budget" \
+    --cases 'dense-d128-s16384,bigbird-s16384,longnet-s32768' > "$out/logs/peers.out" 2>&1
+  echo "peers: exit $? ($SECONDS s)"
+else
+  echo "peers: not run (${peers_budget}s left, or no Python package)"
+fi
+# 2. Decode: the paged forward, planned on the host and on the device, against SDPA on a contiguous
+#    cache and a copy of the same bytes (FlexAttention's compiles do not fit here: --systems).
+if (( decode_budget > 0 )) && [ -d "$build/python/attnjit" ]; then
+  timeout $(( decode_budget + 15 )) "${py[@]}" bench/decode_peers.py --out "$out/logs/decode" --budget 8 \
+    --systems 'ours*,sdpa*' > "$out/logs/decode.out" 2>&1
+  echo "decode: exit $? ($SECONDS s)"
+  cp "$out/logs/decode/decode.md" "$out/decode.md" 2>/dev/null
+else
+  echo "decode: not run (budget, or no Python package)"
+fi
+# 3. Kernel options against the default, attnjit alone, in interleaved rounds, while 60 s are left.
 bench_bin="$build/bench/attnjit_gpu_bench"
 common=(--seq 16384 --heads 16 --head-dim 128 --dtype bf16 --batch 1 --no-ttfr)
 : > "$out/ab.txt"
@@ -60,36 +100,13 @@ if [ -x "$bench_bin" ]; then
   done
 fi
 echo "ab: done ($SECONDS s)"
-
-if (( $(left) > 120 )); then
+# 4. Nsight Compute on the dense dK/dV kernel, where 110 s are left.
+if (( $(left) > 110 )); then
   KERNELS=dkdv BUILD_DIR="$build" timeout 90 bash bench/ncu_profile.sh "$out/logs/ncu" "$root/bench/patterns/dense.json" \
     > "$out/logs/ncu.out" 2>&1
   echo "ncu: exit $? ($SECONDS s)"
   { echo; echo "== Nsight Compute, the dK/dV kernel (bench/ncu_profile.sh)"; cat "$out/logs/ncu/summary.txt"; } >> "$out/ab.txt" 2>/dev/null
   rm -f "$out"/logs/ncu/*.ncu-rep  # the text exports stay; the reports are too big to bring back
-fi
-
-# The decode benchmark (the paged forward, planned on the host and on the device, against SDPA on a
-# contiguous cache and a copy of the same bytes; FlexAttention's compiles do not fit) gets 60 s of it
-# where the peers keep at least 90.
-decode_budget=0
-(( $(left) - 20 - 60 >= 90 )) && decode_budget=60
-peers_budget=$(( $(left) - 20 - decode_budget ))
-if (( peers_budget >= 40 )) && [ -d "$build/python/attnjit" ]; then
-  PYTHONUNBUFFERED=1 PYTHONPATH="$build/python" timeout $(( peers_budget + 15 )) python3 bench/peers.py \
-    --out "$out/peers" --budget "$peers_budget" --cases 'dense-d128-s16384,bigbird-s16384,longnet-s32768' \
-    > "$out/logs/peers.out" 2>&1
-  echo "peers: exit $? ($SECONDS s)"
-else
-  echo "peers: not run (${peers_budget}s left, or no Python package)"
-fi
-if (( decode_budget > 0 )) && [ -d "$build/python/attnjit" ]; then
-  PYTHONUNBUFFERED=1 PYTHONPATH="$build/python" timeout $(( decode_budget + 15 )) python3 bench/decode_peers.py \
-    --out "$out/logs/decode" --budget 8 --systems 'ours*,sdpa*' > "$out/logs/decode.out" 2>&1
-  echo "decode: exit $? ($SECONDS s)"
-  cp "$out/logs/decode/decode.md" "$out/decode.md" 2>/dev/null
-else
-  echo "decode: not run (budget, or no Python package)"
 fi
 mkdir -p "$out/peers"
 [ -f "$out/peers/peers.png" ] && mv "$out/peers/peers.png" "$out/logs/"
