@@ -22,6 +22,8 @@ Systems:
   copy            a device-to-device copy of as many bytes as the pattern's attended K/V rows: the
                   memory's speed in the same run (a copy reads and writes each byte; its GB/s counts
                   each once)
+  read            a reduction (the maximum of int32 words) over as many bytes as those rows: each
+                  byte read once and nothing written, the read bandwidth that bounds a decode step
 
 The method (that of bench/peers.py): the same seeded inputs for every system; every system's output
 checked in the same run against the float64 contract (attnjit.attention on float64 CPU tensors over
@@ -250,6 +252,16 @@ def copy_baseline(nbytes, device):
     return lambda: dst.copy_(src)
 
 
+def read_baseline(nbytes, device):
+    """A reduction over `nbytes` (int32 words): each byte read once, nothing written back."""
+    src = torch.zeros((max(nbytes, 4) + 3) // 4, dtype=torch.int32, device=device)
+    return lambda: torch.amax(src)
+
+
+BASELINES = {"copy": (copy_baseline, "baseline: a copy of the attended bytes"),
+             "read": (read_baseline, "baseline: one read of the attended bytes")}
+
+
 def reference(case, x, requests):
     """The float64 contract for the sampled requests' queries: [len(requests), Hq, D]."""
     out = []
@@ -281,7 +293,7 @@ def run_case(case, args, device, dtype, tol, out):
     want = reference(case, x, sample)
     globs = [g.strip() for g in (args.systems or "*").split(",") if g.strip()]
     wanted = lambda name: any(fnmatch.fnmatch(name, g) for g in globs)  # noqa: E731
-    # Only the systems asked for (the copy runs always: it is the baseline); Flex not even set up.
+    # Only the systems asked for (the baselines run always); Flex not even set up.
     fns, skipped = systems(case, x, with_flex=wanted("flex-gathered") or wanted("flex-paged"))
     fns = {k: f for k, f in fns.items() if wanted(k)}
     nbytes = attended_bytes(case, 1 if case.get("fp8") else torch.tensor([], dtype=dtype).element_size())
@@ -294,8 +306,9 @@ def run_case(case, args, device, dtype, tol, out):
         sync(device)
         err = (got[sample].to("cpu", torch.float64) - want).abs().max().item()
         rec["systems"][name] = {"max_err": err, "wrong": not err <= tol}
-    fns["copy"] = copy_baseline(nbytes, device)
-    rec["systems"]["copy"] = {"max_err": 0.0, "wrong": False, "baseline": True}
+    for name, (make, _) in BASELINES.items():
+        fns[name] = make(nbytes, device)
+        rec["systems"][name] = {"max_err": 0.0, "wrong": False, "baseline": True}
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device) if device.type == "cuda" else None
     host = {}
     deadline = time.time() + args.budget if args.budget else None
@@ -332,7 +345,7 @@ def write(out, dirname, meta):
                 continue
             flags = ("WRONG " if s["wrong"] else "") + ("launch-bound, not quoted" if s["launch_bound"] else "")
             if s.get("baseline"):
-                flags = "baseline: a copy of the attended bytes" + (", launch-bound" if s["launch_bound"] else "")
+                flags = BASELINES[name][1] + (", launch-bound" if s["launch_bound"] else "")
             lines.append(f"| {c['name']} | {name} | {s['median_ms']:.4f} ({s['min_ms']:.4f}) | "
                          f"{s['host_ms']:.3f} | {s['gb_s']:.0f} ({s['gb_s_at_min']:.0f}) | {s['max_err']:.2e} | {flags} |")
         for name, why in rec.get("skipped", {}).items():
@@ -357,7 +370,7 @@ def smoke(args):
             ok &= good
         # Every system of the GPU run took part (FlexAttention's too, eager on the CPU), or the case
         # says why not (FP8 caches: ours alone).
-        want = {"ours", "ours-device-plan", "copy"} | (set() if case.get("fp8") else {"flex-gathered", "flex-paged"})
+        want = {"ours", "ours-device-plan", *BASELINES} | (set() if case.get("fp8") else {"flex-gathered", "flex-paged"})
         missing = want - set(rec["systems"])
         if missing:
             print(f"FAIL {case['name']}: {sorted(missing)} did not run ({rec.get('skipped')})", flush=True)
@@ -383,7 +396,7 @@ def main():
     ap.add_argument("--cases", help="comma-separated globs of case names")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="the batch x context grid (sweep_cases) instead of the short list")
-    ap.add_argument("--systems", help="comma-separated globs of system names (default: all; the copy runs always)")
+    ap.add_argument("--systems", help="comma-separated globs of system names (default: all; the baselines run always)")
     ap.add_argument("--keep-cache", action="store_true", help="(accepted for bench/peers.py's argument parsing)")
     args = ap.parse_args()
     if args.smoke:

@@ -56,12 +56,18 @@ struct __align__(16) aj_f32x4 {
   float x, y, z, w;
 };
 
+// Where a key of a tile lies in the cache (aj_paged_slot, below).
+struct AjPagedSlot {
+  int page, slot;
+};
+
 struct __align__(16) AjPagedShared {
   float q[AJ_TILE_Q][AJ_HEAD_DIM];
   float k[AJ_TILE_K][AJ_PG_KPITCH];
   float v[AJ_TILE_K][AJ_HEAD_DIM_V];
   float p[AJ_PG_WARPS][AJ_TILE_K];      // each warp's row probabilities (-1: the key is masked)
   int skip[AJ_TILE_K];                  // 1: the key's page is outside the cache, counted and skipped
+  AjPagedSlot slots[AJ_TILE_K];         // the tile's keys' places in the cache
 };
 
 // Row r of an item: its head and its query row (the packed row of q, o and lse) and position.
@@ -86,13 +92,25 @@ __device__ __forceinline__ bool aj_paged_block_live(const AjPagedParams& pp, int
   return aj_block_idx_x() < pp.header[0] && aj_block_idx_y() < splits;
 }
 
-// The first element of the cache row of request `req`'s token at `pos` for kv head `kvh`, or null
-// for a page outside the cache.
-__device__ __forceinline__ const aj_kv_elem* aj_paged_row(const AjPagedParams& pp, const void* cache, aj_i64 page_stride,
-                                                        aj_i64 row_stride, aj_i64 head_stride, int req, aj_i64 pos, int kvh) {
-  const aj_i64 page = pp.block_table[(aj_i64)req * pp.table_stride + pos / pp.page_size];
-  if (page < 0 || page >= pp.num_pages) return nullptr;
-  return (const aj_kv_elem*)cache + page * page_stride + (pos % pp.page_size) * row_stride + kvh * head_stride;
+// Where a key of a tile lies in the cache: its page (-1: past the tile's count, or a page index
+// outside the cache, which is never read) and its slot within the page. A loader looks each key up
+// once per tile, not once per chunk it copies: the block table read and the division by the page
+// size are then off the copies' path (AjPagedSlot, above).
+__device__ __forceinline__ AjPagedSlot aj_paged_slot(const AjPagedParams& pp, int req, const AjTile& t, int r) {
+  AjPagedSlot s{-1, 0};
+  if (r < t.count) {
+    const aj_i64 pos = t.first + (aj_i64)r * t.stride;
+    const aj_i64 page = pp.block_table[(aj_i64)req * pp.table_stride + pos / pp.page_size];
+    s.page = page < 0 || page >= pp.num_pages ? -1 : (int)page;
+    s.slot = (int)(pos % pp.page_size);
+  }
+  return s;
+}
+// The first element of a slot's cache row for kv head `kvh` (null: no row to read).
+__device__ __forceinline__ const aj_kv_elem* aj_paged_slot_row(const void* cache, aj_i64 page_stride, aj_i64 row_stride,
+                                                              aj_i64 head_stride, AjPagedSlot s, int kvh) {
+  if (s.page < 0) return nullptr;
+  return (const aj_kv_elem*)cache + s.page * page_stride + s.slot * row_stride + kvh * head_stride;
 }
 
 // A tile's K or V rows (`D` wide) into shared memory as float (`PITCH` floats a row): 16 bytes a
@@ -103,8 +121,8 @@ __device__ __forceinline__ const aj_kv_elem* aj_paged_row(const AjPagedParams& p
 // counts it.
 template <int D, int PITCH>
 __device__ __forceinline__ void aj_paged_load_tile(const AjPagedParams& pp, const void* cache, aj_i64 page_stride,
-                                                   aj_i64 row_stride, aj_i64 head_stride, int req, int kvh, const AjTile& t,
-                                                   float scale, float* dst, int* skip) {
+                                                   aj_i64 row_stride, aj_i64 head_stride, const AjPagedSlot* slots, int kvh,
+                                                   const AjTile& t, float scale, float* dst, int* skip) {
   const float bad = pp.errors ? 0.0f : aj_int_as_float(0x7fffffff);
   auto mark = [&](int r, bool missing) {
     if (skip == nullptr) return;
@@ -116,7 +134,7 @@ __device__ __forceinline__ void aj_paged_load_tile(const AjPagedParams& pp, cons
     for (int x = aj_thread_idx(); x < AJ_TILE_K * (D / kVec); x += AJ_PG_THREADS) {
       const int r = x / (D / kVec), d = x % (D / kVec) * kVec;
       float val[kVec];
-      const aj_kv_elem* row = r < t.count ? aj_paged_row(pp, cache, page_stride, row_stride, head_stride, req, t.first + r * t.stride, kvh) : nullptr;
+      const aj_kv_elem* row = aj_paged_slot_row(cache, page_stride, row_stride, head_stride, slots[r], kvh);
       if (row) {
         const aj_u32x4 raw = *(const aj_u32x4*)(row + d);
         const aj_kv_elem* e = (const aj_kv_elem*)&raw;
@@ -137,7 +155,7 @@ __device__ __forceinline__ void aj_paged_load_tile(const AjPagedParams& pp, cons
     float val = 0.0f;
     bool missing = false;
     if (r < t.count) {
-      const aj_kv_elem* row = aj_paged_row(pp, cache, page_stride, row_stride, head_stride, req, t.first + r * t.stride, kvh);
+      const aj_kv_elem* row = aj_paged_slot_row(cache, page_stride, row_stride, head_stride, slots[r], kvh);
       missing = row == nullptr;
       val = row ? aj_kv_load(row + d) * scale : bad;
     }
@@ -184,9 +202,10 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
   for (int n = 0; !cursor.done(); cursor.next(), ++n) {
     if (n % splits != split) continue;
     const AjTile t = cursor.tile();
-    aj_syncthreads();  // the previous tile is no longer read (and Q is in place)
-    aj_paged_load_tile<AJ_HEAD_DIM, AJ_PG_KPITCH>(pp, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, req, kvh, t, k_scale, &sh.k[0][0], sh.skip);
-    aj_paged_load_tile<AJ_HEAD_DIM_V, AJ_HEAD_DIM_V>(pp, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, req, kvh, t, v_scale, &sh.v[0][0], nullptr);
+    for (int r = aj_thread_idx(); r < AJ_TILE_K; r += AJ_PG_THREADS) sh.slots[r] = aj_paged_slot(pp, req, t, r);
+    aj_syncthreads();  // the keys' slots are in place, the previous tile no longer read (and Q in place)
+    aj_paged_load_tile<AJ_HEAD_DIM, AJ_PG_KPITCH>(pp, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, sh.slots, kvh, t, k_scale, &sh.k[0][0], sh.skip);
+    aj_paged_load_tile<AJ_HEAD_DIM_V, AJ_HEAD_DIM_V>(pp, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, sh.slots, kvh, t, v_scale, &sh.v[0][0], nullptr);
     aj_syncthreads();
 
 #pragma unroll

@@ -3,8 +3,9 @@
 // items and splits as the SIMT kernel, S = Q K^T and O += P V by mma.m16n8k16 with fp32
 // accumulators. An item's rows (heads x queries, at most AJ_TILE_Q = 16) are one m16 tile; each
 // 64-key tile is shared out between the four warps, 16 keys each (flash-decoding inside the block):
-// every warp keeps its own running maximum, sum and output for all 16 rows over its keys, and the
-// four are merged at the end through shared memory. A GQA group of 4 to 16 query heads fills the
+// every warp copies its own keys' K and V rows and keeps its own running maximum, sum and output
+// for all 16 rows over them, with no block barrier until the four are merged at the end through
+// shared memory. A GQA group of 4 to 16 query heads fills the
 // tile's rows, which is what the SIMT kernel's per-row dot products cannot use.
 //
 // FP8 caches are decoded exactly into the queries' type as they are loaded (every e4m3 value is an
@@ -31,51 +32,82 @@ struct __align__(16) AjPagedTcShared {
   float p[AJ_PG_WARPS][16][AJ_PT_KEYS];       // the rare path's probabilities (-1: not attended)
   float m[AJ_PG_WARPS][16], l[AJ_PG_WARPS][16];
   int skip[AJ_TILE_K];                        // 1: the key's page is outside the cache, counted and skipped
+  AjPagedSlot slots[AJ_PG_WARPS][AJ_PT_KEYS]; // each warp's keys' places in the cache
 };
 
 // Eight elements of a cache row into shared memory in the queries' type: 16 bytes by cp.async where
-// the cache is the queries' type and rows are aligned, else one element at a time (FP8: decoded,
-// exact). `row` null: a key past the tile (0) or on a page outside the cache (`bad`).
+// the cache is the queries' type and rows are aligned; FP8 codes 8 to a read where rows are
+// aligned, decoded exactly; else one element at a time. `row` null: a key past the tile (0) or on a
+// page outside the cache (`bad`).
 __device__ __forceinline__ void aj_pt_load8(aj_elem* dst, const aj_kv_elem* row, bool vec16, float bad) {
 #if AJ_KV_DTYPE == AJ_DTYPE
   if (row && vec16) {
     aj_cp_async16(dst, row, true);
     return;
   }
+#elif AJ_KV_DTYPE == 3
+  if (row && vec16) {  // a chunk of 8 codes starts 8 bytes into an aligned row
+    const aj_u64 raw = *(const aj_u64*)row;
+#if AJ_KV_CVT
+    // Two codes at a time to fp16 (cvt.rn.f16x2.e4m3x2: the upper byte to the upper half), then,
+    // for bf16 queries, through fp32 (every e4m3 value is a bf16 value: exact).
+    aj_u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[i] = aj_cvt_f16x2_e4m3x2((aj_u16)(raw >> (16 * i)));
+#if AJ_DTYPE == 2
+      w[i] = aj_cvt_bf16x2(aj_cvt_f32_f16((aj_u16)(w[i] >> 16)), aj_cvt_f32_f16((aj_u16)w[i]));
+#endif
+    }
+    *(aj_u32x4*)dst = aj_u32x4{w[0], w[1], w[2], w[3]};
 #else
-  (void)vec16;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const aj_kv_elem code = (aj_kv_elem)(raw >> (8 * i));
+      aj_store(dst + i, aj_kv_load(&code));
+    }
+#endif
+    return;
+  }
 #endif
 #pragma unroll
   for (int i = 0; i < 8; ++i) aj_store(dst + i, row ? aj_kv_load(row + i) : bad);
 }
 
-// A tile's K and V rows into shared memory; with a counter, the keys on pages outside the cache are
-// marked in `skip` and counted (their rows 0), without one they read as NaN.
-__device__ __forceinline__ void aj_pt_load_tile(const AjPagedParams& pp, AjPagedTcShared& sh, int req, int kvh, const AjTile& t) {
+// The warp's 16 keys of a tile: their K and V rows, which only this warp reads. Lanes 0-15 look
+// their key up once (the block table and the division by the page size, off the copies' path) and
+// mark it in `skip` where a counter takes keys on pages outside the cache (counted, their rows 0;
+// without a counter such rows read as NaN). Then every lane copies 16-byte chunks. The warp waits
+// for its own copies only: no block barrier in the loop, so one warp's copies overlap the other
+// warps' arithmetic.
+__device__ __forceinline__ void aj_pt_load_keys(const AjPagedParams& pp, AjPagedTcShared& sh, int req, int kvh, const AjTile& t,
+                                                int warp, int lane, int k0) {
   const AjParams& p = pp.fwd;
   const float nan = aj_int_as_float(0x7fffffff);
+  if (lane < AJ_PT_KEYS) {
+    const AjPagedSlot s = aj_paged_slot(pp, req, t, k0 + lane);
+    const bool missing = k0 + lane < t.count && s.page < 0;
+    sh.slots[warp][lane] = s;
+    sh.skip[k0 + lane] = missing && pp.errors ? 1 : 0;
+    if (missing && pp.errors) aj_red_add_u32((aj_u32*)pp.errors, 1u);
+  }
+  aj_syncwarp();  // the keys' slots are in place
   constexpr int KC = AJ_HEAD_DIM / 8, VC = AJ_HEAD_DIM_V / 8;
-  for (int x = aj_thread_idx(); x < AJ_TILE_K * (KC + VC); x += AJ_PG_THREADS) {
-    const bool is_k = x < AJ_TILE_K * KC;
-    const int y = is_k ? x : x - AJ_TILE_K * KC, chunks = is_k ? KC : VC;
+#pragma unroll 4
+  for (int x = lane; x < AJ_PT_KEYS * (KC + VC); x += 32) {
+    const bool is_k = x < AJ_PT_KEYS * KC;
+    const int y = is_k ? x : x - AJ_PT_KEYS * KC, chunks = is_k ? KC : VC;
     const int r = y / chunks, c = y % chunks * 8;
-    const aj_kv_elem* row = nullptr;
-    bool missing = false;
-    if (r < t.count) {
-      const aj_i64 pos = t.first + (aj_i64)r * t.stride;
-      row = is_k ? aj_paged_row(pp, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, req, pos, kvh)
-                 : aj_paged_row(pp, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, req, pos, kvh);
-      missing = row == nullptr;
-    }
-    aj_elem* dst = is_k ? &sh.kv.k[r][c] : &sh.kv.v[r][c];
+    const AjPagedSlot s = sh.slots[warp][r];
+    const aj_kv_elem* row = is_k ? aj_paged_slot_row(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, s, kvh)
+                                 : aj_paged_slot_row(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, s, kvh);
+    const bool missing = k0 + r < t.count && row == nullptr;
+    aj_elem* dst = is_k ? &sh.kv.k[k0 + r][c] : &sh.kv.v[k0 + r][c];
     aj_pt_load8(dst, row ? row + c : nullptr, pp.vec16 != 0, missing && !pp.errors ? nan : 0.0f);
-    if (is_k && c == 0) {
-      sh.skip[r] = missing && pp.errors ? 1 : 0;
-      if (missing && pp.errors) aj_red_add_u32((aj_u32*)pp.errors, 1u);
-    }
   }
   aj_cp_async_commit();
   aj_cp_async_wait<0>();
+  aj_syncwarp();  // every lane's copies are in place
 }
 
 __device__ __forceinline__ void aj_fwd_paged_tc(const AjPagedParams& pp) {
@@ -107,10 +139,8 @@ __device__ __forceinline__ void aj_fwd_paged_tc(const AjPagedParams& pp) {
   AjPagedRow at[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) at[h] = aj_paged_row_of(item, q_first, q_pos, g + 8 * h < rows ? g + 8 * h : 0);
-  aj_syncthreads();
-  aj_u32 qf[AJ_HEAD_DIM / 16][4];
-#pragma unroll
-  for (int ks = 0; ks < AJ_HEAD_DIM / 16; ++ks) aj_ldmatrix_x4(qf[ks], &sh.q[lane % 16][ks * 16 + (lane / 16) * 8]);
+  aj_syncthreads();  // Q is in place (its fragments are read from shared memory per tile: 32 registers
+                     // fewer, so three blocks fit an SM at head dim 128, not two)
 
   float acc[AJ_HEAD_DIM_V / 8][4];
 #pragma unroll
@@ -125,20 +155,20 @@ __device__ __forceinline__ void aj_fwd_paged_tc(const AjPagedParams& pp) {
   for (int n = 0; !cursor.done(); cursor.next(), ++n) {
     if (n % splits != split) continue;
     const AjTile t = cursor.tile();
-    aj_syncthreads();  // the previous tile is no longer read
-    aj_pt_load_tile(pp, sh, req, kvh, t);
-    aj_syncthreads();
     if (k0 >= t.count) continue;  // the whole warp: none of its keys in this tile
+    aj_syncwarp();  // the warp's keys of the previous tile are no longer read
+    aj_pt_load_keys(pp, sh, req, kvh, t, warp, lane, k0);
 
     float s[2][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < AJ_HEAD_DIM / 16; ++ks) {
-      aj_u32 kf[4];
+      aj_u32 qf[4], kf[4];
+      aj_ldmatrix_x4(qf, &sh.q[lane % 16][ks * 16 + (lane / 16) * 8]);
       aj_ldmatrix_x4(kf, &sh.kv.k[k0 + k_row][ks * 16 + k_col]);
-      aj_mma(s[0], qf[ks], kf[0], kf[1]);
-      aj_mma(s[1], qf[ks], kf[2], kf[3]);
+      aj_mma(s[0], qf, kf[0], kf[1]);
+      aj_mma(s[1], qf, kf[2], kf[3]);
     }
     // Mask and scale: element e of n-tile j is row g + 8 (e / 2), key k0 + 8 j + 2 quad + e % 2.
     bool nan[2] = {false, false};

@@ -633,7 +633,11 @@ PagedKernels generate_paged_kernels(const Pattern& p, const KernelRequest& reque
   std::string prefix = render_prefix("paged forward", k, r, p, generated, templates, bodies, true, true);
   if (r.kv_dtype && *r.kv_dtype == DType::E4M3) {  // before the templates: fwd_paged.cuh reads it
     const std::string at = "#define AJ_DTYPE ";
-    prefix.insert(prefix.find(at), "#define AJ_KV_DTYPE 3  // the caches: fp8 e4m3, scaled per kv head\n");
+    std::string kv = "#define AJ_KV_DTYPE 3  // the caches: fp8 e4m3, scaled per kv head\n";
+    // sm_89 and newer decode the codes with cvt.rn.f16x2.e4m3x2 (exact, two at a time), older archs
+    // in software (exact too).
+    if (r.arch >= 89) kv += "#define AJ_KV_CVT 1\n";
+    prefix.insert(prefix.find(at), kv);
   }
   os << prefix;
   os << "\n// ---- generated: entry points\n";

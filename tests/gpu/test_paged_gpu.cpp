@@ -56,6 +56,12 @@ TEST_CASE("paged attention: FP8 e4m3 caches with per-head scales match the refer
       c.fp8 = true;
       if (dt == DType::F16) c.head_dim = c.head_dim_v = 40;  // rows of 40 bytes: element loads
       check(c);
+      if (target() == Target::Emu && dt != DType::F32) {  // sm_89 and newer decode by cvt (a GPU: its own arch)
+        c.name += ", sm_90";
+        c.arch = 90;
+        c.head_dim = c.head_dim_v = 64;  // aligned rows: the codes 8 to a read
+        check(c);
+      }
     }
   }
   PagedCase nan = mixed("fp8 caches, a NaN code in V", example_patterns().at(4).second, DType::BF16, 16, 2);
@@ -319,7 +325,10 @@ TEST_CASE("paged attention: every deliberately broken SIMT paged kernel fails in
       {"the mask not asked on partial tiles", f, "          if (!t.full) ok = aj_keys_allowed", "          if (false) ok = aj_keys_allowed"},
       {"queries at their request's row, not its position", f, "  out.pos = q_pos + local;", "  out.pos = local;"},
       {"every row of a packed item taken as its first head's", f, "  out.head = item.head + h;", "  out.head = item.head;"},
-      {"the token's slot one past its own", f, "(pos % pp.page_size) * row_stride", "((pos + 1) % pp.page_size) * row_stride"},
+      {"the token's slot one past its own", f, "s.slot = (int)(pos % pp.page_size);", "s.slot = (int)((pos + 1) % pp.page_size);"},
+      {"the page of the tile's first key for every key", f, "pos / pp.page_size]", "t.first / pp.page_size]"},
+      {"no barrier between the slots' lookup and the copies", f,
+       "    aj_syncthreads();  // the keys' slots are in place, the previous tile no longer read (and Q in place)\n", "\n"},
       {"every split takes every tile", f, "    if (n % splits != split) continue;\n", "\n"},
       {"a graph's launch: blocks past the step's plan run", f, "  return aj_block_idx_x() < pp.header[0] && aj_block_idx_y() < splits;",
        "  return true;"},
@@ -335,7 +344,6 @@ TEST_CASE("paged attention: every deliberately broken SIMT paged kernel fails in
       {"fp8: subnormals read as zero", f, "const float f = (float)m * 0.001953125f;", "const float f = 0.0f;"},
       {"fp8: the scales of the first kv head for every head", f, "pp.k_scale ? pp.k_scale[kvh] : 1.0f", "pp.k_scale ? pp.k_scale[0] : 1.0f"},
       {"no warp barrier before the probabilities are read", f, "      aj_syncwarp();  // the warp's probabilities are in place\n", "\n"},
-      {"no barrier before the next tile overwrites K and V", f, "    aj_syncthreads();  // the previous tile is no longer read (and Q is in place)\n", "\n"},
   });
 }
 
@@ -353,6 +361,7 @@ TEST_CASE("paged attention on tensor cores: every deliberately broken kernel fai
       k.head_dim = int(c.head_dim), k.head_dim_v = int(c.head_dim_v), k.dtype = c.dtype, k.arch = c.arch;
       REQUIRE(choose_paged_path(k) == KernelPath::Sm80);
       c.fp8 = n == 2;
+      if (p == &window && n == 2) c.arch = 90;  // FP8 decoded by cvt (sm_89 and newer); LongNet's in software
       if (p == &window && n == 0) c.bad_page_request = 5;  // a bad page, counted and skipped
       if (p == &longnet && n == 1) c.mode = PagedCase::Mode::DeviceRun;
       put_non_finite_values(c);
@@ -372,8 +381,17 @@ TEST_CASE("paged attention on tensor cores: every deliberately broken kernel fai
       {"every warp on the first 16 keys", f, "  const int k0 = warp * AJ_PT_KEYS;", "  const int k0 = 0;"},
       {"P's second register from the wrong columns", f, "    pa[1] = aj_pack2(s[0][2], s[0][3]);", "    pa[1] = aj_pack2(s[0][0], s[0][1]);"},
       {"Q's fragments from the wrong columns", f, "&sh.q[lane % 16][ks * 16 + (lane / 16) * 8]", "&sh.q[lane % 16][ks * 16]"},
-      {"no barrier before the next tile overwrites K and V", f, "    aj_syncthreads();  // the previous tile is no longer read\n", "\n"},
+      {"no barrier before the next tile overwrites K and V", f, "    aj_syncwarp();  // the warp's keys of the previous tile are no longer read\n", "\n"},
       {"the copies not waited for", f, "  aj_cp_async_commit();\n  aj_cp_async_wait<0>();\n", "  aj_cp_async_commit();\n"},
+      {"no barrier between the slots' lookup and the copies", f, "  aj_syncwarp();  // the keys' slots are in place\n", "\n"},
+      {"the copies not waited for by the other lanes", f, "  aj_syncwarp();  // every lane's copies are in place\n", "\n"},
+      {"each warp's keys looked up at the tile's first", f, "aj_paged_slot(pp, req, t, k0 + lane)", "aj_paged_slot(pp, req, t, lane)"},
+      {"fp8: the codes of a chunk in reverse order", f, "(aj_kv_elem)(raw >> (8 * i))", "(aj_kv_elem)(raw >> (8 * (7 - i)))"},
+      {"fp8 by cvt: the pairs of a chunk in reverse order", f, "aj_cvt_f16x2_e4m3x2((aj_u16)(raw >> (16 * i)))",
+       "aj_cvt_f16x2_e4m3x2((aj_u16)(raw >> (16 * (3 - i))))"},
+      {"fp8 by cvt, bf16: the halves of a pair swapped", f,
+       "aj_cvt_bf16x2(aj_cvt_f32_f16((aj_u16)(w[i] >> 16)), aj_cvt_f32_f16((aj_u16)w[i]))",
+       "aj_cvt_bf16x2(aj_cvt_f32_f16((aj_u16)w[i]), aj_cvt_f32_f16((aj_u16)(w[i] >> 16)))"},
       {"a counted bad page's keys attended", f, "c < t.count && !sh.skip[c];", "c < t.count;"},
   });
 }

@@ -320,6 +320,39 @@ TEST_CASE("named barriers: bar.sync waits for the count, bar.arrive goes on, mis
   CHECK_THAT(fault(*unmatched, r), Catch::Contains("64 of 128 threads arrived at named barrier 3"));
 }
 
+TEST_CASE("__syncwarp: a warp's lanes meet, and a buffer private to the warp needs nothing more", "[emu][warp]") {
+  // Each warp's lanes write their slot of the warp's buffer, meet, then read a neighbour's slot.
+  auto swap = kernel("emu_syncwarp", R"(
+  AJ_DYNAMIC_SHARED(sm);
+  aj_u32* w = (aj_u32*)sm;
+  const int t = aj_thread_idx();
+  w[t] = a[t] + 1u;
+  aj_syncwarp();
+  b[t] = w[(t & ~31) | ((t + 1) & 31)];)");
+  Run r;
+  r.threads = 128, r.shared = 512;
+  for (uint32_t i = 0; i < 128; ++i) r.a.push_back(i * 5u);
+  for (uint64_t seed : {0, 1, 2}) {
+    r.seed = seed;
+    r.b.assign(128, 0);
+    r(*swap);
+    for (uint32_t i = 0; i < 128; ++i) CHECK(r.b[i] == r.a[(i & ~31u) | ((i + 1) & 31u)] + 1u);
+  }
+  r.seed = 0;
+  // Without it, the read races the neighbour's write.
+  auto racy = kernel("emu_syncwarp_missing", R"(
+  AJ_DYNAMIC_SHARED(sm);
+  aj_u32* w = (aj_u32*)sm;
+  const int t = aj_thread_idx();
+  w[t] = a[t] + 1u;
+  b[t] = w[(t & ~31) | ((t + 1) & 31)];)");
+  CHECK_THAT(fault(*racy, r), Catch::Contains("shared-memory race"));
+  // A lane that skips it leaves the other 31 waiting: an error, not a hang.
+  auto skipped = kernel("emu_syncwarp_divergent", R"(
+  if (aj_thread_idx() % 32 != 7) aj_syncwarp();)");
+  CHECK_THAT(fault(*skipped, r), Catch::Contains("can never finish"));
+}
+
 // aj_ex2_poly, the softmax's FMA-pipe exponential: 2^x within 1e-4 relative (the cubic's 8.6e-5 plus
 // fp32 rounding) over the softmax's range and beyond, 2^n exactly at integers n, +0 below -126 and
 // at -inf, +inf at +inf, NaN kept; monotone, as a softmax's weights must be in their scores.
