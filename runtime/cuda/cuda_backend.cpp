@@ -492,6 +492,9 @@ public:
     forward_ = module_->function(kernels_.forward);
     merge_ = module_->function(kernels_.merge);
     plan_ = module_->function(kernels_.plan);
+    // A step's splits aim at one wave of the forward's resident blocks (three per SM for the
+    // tensor-core kernel at head dim 128, by its registers).
+    resident_per_sm_ = std::max(1, module_->resident_blocks_per_sm(forward_, kernels_.threads, 0));
   }
 
   void forward(const PagedPlan& plan, const PagedCall& c, int32_t splits) override {
@@ -559,7 +562,7 @@ public:
   }
 
   TileConfig tiles() const override { return TileConfig{kernels_.source.config.tile_q, kernels_.source.config.tile_k}; }
-  int64_t target_blocks() const override { return 2 * int64_t{sm_count_}; }
+  int64_t target_blocks() const override { return int64_t{resident_per_sm_} * sm_count_; }
   std::string kernel_name() const override { return kernels_.source.name; }
   bool host_memory() const override { return false; }
 
@@ -595,6 +598,7 @@ private:
   int device_;
   Context& context_;
   int sm_count_ = 0;
+  int resident_per_sm_ = 2;  // the forward's blocks an SM holds at once
   PagedKernels kernels_;
   std::shared_ptr<const CompiledKernel> kernel_;
   std::shared_ptr<Module> module_;

@@ -85,6 +85,7 @@ CUdevice device_handle(int ordinal) {
   X(cuCtxSynchronize, "cuCtxSynchronize", nullptr) \
   X(cuModuleLoadData, "cuModuleLoadData", nullptr) X(cuModuleUnload, "cuModuleUnload", nullptr) \
   X(cuModuleGetFunction, "cuModuleGetFunction", nullptr) X(cuFuncSetAttribute, "cuFuncSetAttribute", nullptr) \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor", nullptr) \
   X(cuLaunchKernel, "cuLaunchKernel", nullptr) X(cuMemAlloc, "cuMemAlloc_v2", nullptr) \
   X(cuMemFree, "cuMemFree_v2", nullptr) X(cuMemAllocAsync, "cuMemAllocAsync", nullptr) \
   X(cuMemFreeAsync, "cuMemFreeAsync", nullptr) X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", nullptr) \
@@ -329,6 +330,13 @@ CUfunction Module::function(const std::string& name) const {
 void Module::set_max_dynamic_shared(CUfunction f, int bytes) const {
   check(api().cuFuncSetAttribute(f, cu::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes), "cuFuncSetAttribute",
         with_context("CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = " + std::to_string(bytes), context_));
+}
+
+int Module::resident_blocks_per_sm(CUfunction f, int threads, size_t dynamic_shared) const {
+  int blocks = 0;
+  check(api().cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, threads, dynamic_shared),
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor", with_context(std::to_string(threads) + " threads", context_));
+  return blocks;
 }
 
 void launch(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x, unsigned shared_bytes,

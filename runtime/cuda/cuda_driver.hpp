@@ -128,6 +128,7 @@ struct DriverApi {
   CUresult (*cuModuleUnload)(CUmodule);
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
+  CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void**, void**);
   CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);                    // cuMemAlloc_v2
@@ -262,6 +263,9 @@ public:
   CUfunction function(const std::string& name) const;
   // Opts `f` in to `bytes` of dynamic shared memory (needed above 48 KiB).
   void set_max_dynamic_shared(CUfunction f, int bytes) const;
+  // How many blocks of `threads` threads and `dynamic_shared` bytes of `f` an SM holds at once
+  // (cuOccupancyMaxActiveBlocksPerMultiprocessor: registers, shared memory, block and warp limits).
+  int resident_blocks_per_sm(CUfunction f, int threads, size_t dynamic_shared) const;
   CUmodule handle() const { return module_; }
 
 private:
