@@ -86,6 +86,9 @@ BackwardPlan lower_to_backward_plan(const Plan& fwd) {
   out.layers.push_back(static_cast<int64_t>(out.items.size()));
   out.keys_disjoint = out.layers.size() <= 2;
   out.keys_cover_all = out.keys_disjoint && !taken.empty() && std::all_of(taken[0].begin(), taken[0].end(), [](char c) { return c != 0; });
+  for (const QueryEntry& e : out.entries)
+    if (e.rows.count > 1 && std::find(out.entry_row_strides.begin(), out.entry_row_strides.end(), e.rows.stride) == out.entry_row_strides.end())
+      out.entry_row_strides.push_back(e.rows.stride);
   return out;
 }
 

@@ -49,6 +49,10 @@ struct BackwardPlan {
   // nothing to convert after).
   bool keys_cover_all = false;
   int64_t pairs = 0;           // (query tile, key tile) pairs: the forward plan's visited tiles, summed over heads
+  // The distinct row strides of the entries of more than one row, first seen first: what the TMA
+  // backward's maps of Q and dO are chosen by, kept here so that a call does not walk every entry
+  // (524,288 of them for 16 heads of dense attention at 16K tokens).
+  std::vector<int64_t> entry_row_strides;
 };
 
 // The most query entries a key-major plan holds (2^28, about 10 GB of host tables).

@@ -104,13 +104,11 @@ std::optional<TmaMapSpecs> tma_map_specs(const Plan& plan, const Problem& pb, co
 
 std::optional<TmaMapSpecs> backward_tma_map_specs(const BackwardPlan& key_major, const Problem& pb, const TensorView& q,
                                                   const TensorView& dout, int tile_q, std::string* why) {
-  std::vector<int64_t> strides;
-  strides.reserve(key_major.entries.size());
   // An entry of one row reads it right through any map (row `first` is the box's first), so its
-  // stride, which the key-major plan leaves as whatever the rows' spacing was, takes none.
-  for (const QueryEntry& e : key_major.entries)
-    if (e.rows.count > 1) strides.push_back(e.rows.stride);
-  return specs_for(strides, "query", "seq_q", pb, q, dout, pb.heads_q, pb.head_dim, pb.head_dim_v, pb.seq_q, tile_q, why);
+  // stride, which the key-major plan leaves as whatever the rows' spacing was, takes none: the
+  // plan's entry_row_strides leave them out.
+  return specs_for(key_major.entry_row_strides, "query", "seq_q", pb, q, dout, pb.heads_q, pb.head_dim, pb.head_dim_v, pb.seq_q,
+                   tile_q, why);
 }
 
 TmaMaps encode_tma_maps(const TmaMapSpecs& specs, bool emulated) {

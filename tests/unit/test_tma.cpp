@@ -433,6 +433,12 @@ TEST_CASE("the TMA backward's tensor maps: Q and dO per query stride of the key-
     const Problem pb{2, seq, seq, 4, 2, 128, 128, DType::BF16};
     const TensorView qv = TensorView::contiguous(q_data, DType::BF16, {2, seq, 4, 128});
     const TensorView dv = TensorView::contiguous(dout, DType::BF16, {2, seq, 4, 128});
+    // The plan keeps its entries' distinct strides (of more than one row), each once.
+    std::vector<int64_t> distinct;
+    for (const QueryEntry& e : kp.entries)
+      if (e.rows.count > 1 && std::find(distinct.begin(), distinct.end(), e.rows.stride) == distinct.end())
+        distinct.push_back(e.rows.stride);
+    CHECK(kp.entry_row_strides == distinct);
     auto out = backward_tma_map_specs(kp, pb, qv, dv, 64, why);
     if (out)  // every entry of more than one row has its stride's maps
       for (const QueryEntry& e : kp.entries)
