@@ -11,6 +11,10 @@
 //     LSE from the forward), useful TFLOP/s = 2.5 x the forward's useful FLOP / time;
 //   - the SM clock and board power after each timed run (NVML, bench/nvml_clocks.hpp): sm_mhz and
 //     power_w beside times_ms in the JSON, or "clocks": "skipped: <why>";
+//   - before each timed run the stream spins (a one-thread kernel reading clock64) for 2 ms or 1.5x
+//     the call's host time as its warm-ups measured it, whichever is longer, so that the events time
+//     the GPU's work and not the GPU waiting for the host to enqueue it; the host's time per call is
+//     reported apart (host_ms, the median over the timed runs);
 // One line per (spec, seq), then `JSON {...}` with every number. Without a GPU it prints
 // "SKIPPED: no GPU: <why>" and exits 0; --dry-run only counts pairs (no GPU needed).
 // Usage: attnjit_gpu_bench [--seq 4096,16384] [--heads 16] [--heads-kv H] [--head-dim 128]
@@ -31,6 +35,7 @@
 #include "bench/nvml_clocks.hpp"
 #include "compiler/pattern/pattern_stats.hpp"
 #include "compiler/support/error.hpp"
+#include "compiler/nvrtc/nvrtc_compiler.hpp"
 #include "runtime/cuda/cuda_driver.hpp"
 #include "runtime/npy.hpp"
 
@@ -176,7 +181,34 @@ struct Tensors {
 struct Timing {
   std::vector<double> times;
   std::vector<double> sm_mhz, power_w;  // after each run, where NVML reads them
+  std::vector<double> host_ms;          // each run's enqueueing on the host
   double median = NAN, best = NAN;
+  double spin_ms = 0;                   // the spin before each run
+};
+
+// A kernel that keeps the stream busy for a number of GPU clock cycles (one thread).
+class Spinner {
+public:
+  explicit Spinner(const DeviceInfo& d)
+      : module_(compile_cubin(CompileRequest{"attnjit_bench_spin", kSource,
+                                             "sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor), {}, 0})
+                    .cubin,
+                "attnjit_bench_spin"),
+        function_(module_.function("attnjit_bench_spin")) {}
+  void spin(double ms, CUstream stream) const {
+    long long cycles = static_cast<long long>(ms * 2e6);  // about 2 GHz: at a lower clock it spins longer
+    void* args[] = {&cycles};
+    launch(function_, 1, 1, 1, 32, 0, stream, args, "attnjit_bench_spin");
+  }
+
+private:
+  static constexpr const char* kSource =
+      "extern \"C\" __global__ void attnjit_bench_spin(long long cycles) {\n"
+      "  const long long t0 = clock64();\n"
+      "  while (clock64() - t0 < cycles) {}\n"
+      "}\n";
+  Module module_;
+  CUfunction function_;
 };
 
 RuntimeOptions on_device(int device, const std::string& cache_dir) {
@@ -216,16 +248,27 @@ void put_clocks(json& r, const Timing& t, const attnjit_bench::NvmlClocks& clock
     r["clocks"] = "skipped: " + (clocks.ok() ? std::string("NVML did not answer for every run") : clocks.why());
 }
 
-// `opt.warmup` untimed runs of `body`, then `opt.runs` timed by CUDA events, the L2 flushed before each.
+// `opt.warmup` untimed runs of `body` (each one's host time measured, the stream idle before it),
+// then `opt.runs` timed by CUDA events, the L2 flushed and the stream kept busy (`spinner`) before each.
 template <class Body>
 Timing time_runs(const Options& opt, const DeviceBuffer& flush, EventTimer& timer, CUstream stream,
-                 const attnjit_bench::NvmlClocks& clocks, Body body) {
-  for (int w = 0; w < opt.warmup; ++w) body();
+                 const attnjit_bench::NvmlClocks& clocks, const Spinner& spinner, Body body) {
+  std::vector<double> warm;
+  for (int w = 0; w < opt.warmup; ++w) {
+    synchronize(stream, "bench warm-up");
+    const auto t0 = Clock::now();
+    body();
+    warm.push_back(ms_since(t0));
+  }
   Timing t;
+  t.spin_ms = std::max(2.0, 1.5 * (warm.empty() ? 0.0 : median(warm)));
   for (int n = 0; n < opt.runs; ++n) {
     memset_d8_async(flush.get(), static_cast<unsigned char>(n), flush.size(), stream, "L2 flush");
+    spinner.spin(t.spin_ms, stream);
     timer.record_start(stream);
+    const auto t0 = Clock::now();
     body();
+    t.host_ms.push_back(ms_since(t0));
     timer.record_stop(stream);
     t.times.push_back(timer.elapsed_ms());
     double mhz = 0, watts = 0;
@@ -263,6 +306,7 @@ int main(int argc, char** argv) {
     DeviceBuffer flush;
     std::unique_ptr<EventTimer> timer;
     std::unique_ptr<attnjit_bench::NvmlClocks> clocks;
+    std::unique_ptr<Spinner> spinner;
     if (!opt.dry_run) {
       shared_context(opt.device).make_current();
       const DeviceInfo d = device_info(opt.device);
@@ -275,6 +319,7 @@ int main(int argc, char** argv) {
       flush = DeviceBuffer(opt.flush_bytes, "L2 flush buffer");
       timer = std::make_unique<EventTimer>();
       clocks = std::make_unique<attnjit_bench::NvmlClocks>(d.uuid_or_empty);
+      spinner = std::make_unique<Spinner>(d);
       if (!clocks->ok()) std::printf("clocks: skipped: %s\n", clocks->why().c_str());
       // First use of NVRTC and the driver's module loader, so that no spec's cold time pays for it.
       const auto t0 = Clock::now();
@@ -325,18 +370,21 @@ int main(int argc, char** argv) {
               first_result(opt, "", p, pb, t, stream, &op);
             }
             kernel = op.kernel_name();
-            const Timing fwd = time_runs(opt, flush, *timer, stream, *clocks, [&] { t.forward(op, stream); });
+            const Timing fwd = time_runs(opt, flush, *timer, stream, *clocks, *spinner, [&] { t.forward(op, stream); });
             med = fwd.median, best = fwd.best;
             tflops = flop / (med * 1e-3) / 1e12;
             r["times_ms"] = fwd.times;
+            r["host_ms"] = median(fwd.host_ms);
+            r["spin_ms"] = fwd.spin_ms;
             put_clocks(r, fwd, *clocks);
             if (opt.backward) {
               t.with_backward(pb, 99 + uint64_t(index));
-              const Timing bwd = time_runs(opt, flush, *timer, stream, *clocks, [&] { t.backward(op, stream); });
+              const Timing bwd = time_runs(opt, flush, *timer, stream, *clocks, *spinner, [&] { t.backward(op, stream); });
               bwd_med = bwd.median;
               bwd_tflops = 2.5 * flop / (bwd.median * 1e-3) / 1e12;
               r["backward"] = {{"times_ms", bwd.times}, {"median_ms", bwd.median}, {"min_ms", bwd.best},
-                               {"useful_flop", 2.5 * flop}, {"tflops", num(bwd_tflops)}};
+                               {"useful_flop", 2.5 * flop}, {"tflops", num(bwd_tflops)},
+                               {"host_ms", median(bwd.host_ms)}, {"spin_ms", bwd.spin_ms}};
               put_clocks(r["backward"], bwd, *clocks);
             }
             r["median_ms"] = med;

@@ -16,8 +16,9 @@
 #   that decide the headline (dense d128, BigBird, LongNet 32K; OUTDIR/peers/peers.{md,json}), then
 #   bench/decode_peers.py (OUTDIR/decode.md) where 60 s are left, then kernel options against the
 #   default (attnjit_gpu_bench on dense and BigBird per setting in processes of their own, the
-#   settings interleaved in rounds: default, ATTNJIT_BWD_WGMMA=0, ATTNJIT_LAZY_RESCALE=1,
-#   ATTNJIT_POLY_EXP2=1; OUTDIR/ab.txt) and Nsight Compute on the dense backward's dK/dV kernel
+#   settings interleaved in rounds: default, ATTNJIT_KEEP_POOL_MEMORY=1, ATTNJIT_BWD_WGMMA=0,
+#   ATTNJIT_LAZY_RESCALE=1, ATTNJIT_POLY_EXP2=1; OUTDIR/ab.txt; the bench reports each call's host
+#   time too) and Nsight Compute on the dense backward's dK/dV kernel
 #   (bench/ncu_profile.sh; its summary appended to ab.txt) with what is left.
 # Everything else (logs, profiles, peers.png) in OUTDIR/session.tgz. At most 8 files come back from
 # a lent machine: check leaves dc/report.md, dc/report.json, dc.tgz; bench leaves peers/peers.md,
@@ -86,7 +87,7 @@ common=(--seq 16384 --heads 16 --head-dim 128 --dtype bf16 --batch 1 --no-ttfr)
 : > "$out/ab.txt"
 if [ -x "$bench_bin" ]; then
   for round in 1 2; do
-    for setting in default ATTNJIT_BWD_WGMMA=0 ATTNJIT_LAZY_RESCALE=1 ATTNJIT_POLY_EXP2=1; do
+    for setting in default ATTNJIT_KEEP_POOL_MEMORY=1 ATTNJIT_BWD_WGMMA=0 ATTNJIT_LAZY_RESCALE=1 ATTNJIT_POLY_EXP2=1; do
       (( $(left) < 60 )) && { echo "round $round $setting: not run (budget)" >> "$out/ab.txt"; continue; }
       extra=()
       [[ "$setting" == *RESCALE* || "$setting" == *POLY* ]] && extra=(--no-backward)

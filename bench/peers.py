@@ -30,7 +30,8 @@ Each case, the method:
     the time-to-first-result legend says what that call did; the kernel caches start empty unless
     --keep-cache; peak memory (torch.cuda.max_memory_allocated, reset per system);
   - then every system's forward and backward timed in interleaved rounds (A B C A B C ..., after
-    warm-ups, L2 flushed and the stream kept busy for ~2 ms before each run, CUDA events), so clock
+    warm-ups, L2 flushed and the stream kept busy before each run for 2 ms or 1.5x the system's host
+    time per call, whichever is longer, CUDA events), so clock
     and temperature drift hits all alike and the host's enqueueing is not in the GPU time (it is
     reported on its own, host_ms): median, minimum, maximum and spread; GPU clocks, temperature and power read (nvidia-smi,
     torch.cuda) at the start and end of the case, a visible "skipped" where they cannot be;
@@ -211,20 +212,28 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-# GPU cycles the stream spins before each timed run (about 2 ms at 2 GHz): the host's work to
-# enqueue the run (Python, argument checks, plan lookup) then happens while the GPU is busy, so the
-# events time the GPU's work alone; the host's time per call is measured on its own (host_ms).
+# GPU cycles the stream spins before each timed run, at least (about 2 ms at 2 GHz), and 1.5x the
+# system's host time per call as its warm-ups measured it (spin_cycles): the host's work to enqueue
+# the run (Python, argument checks, plan lookup, allocations) then happens while the GPU is busy,
+# so the events time the GPU's work alone; the host's time per call is reported on its own
+# (host_ms). A spin shorter than the host's work would put the GPU's idle wait into the system's time.
 SPIN_CYCLES = 4_000_000
+SPIN_CYCLES_PER_MS = 2_000_000  # about 2 GHz
 
 
-def timed_call(fn, device, flush, host_times=None):
+def spin_cycles(host_ms):
+    """The spin before a system's timed runs, from its host time per call in ms (median of its warm-ups)."""
+    return max(SPIN_CYCLES, int(1.5 * host_ms * SPIN_CYCLES_PER_MS))
+
+
+def timed_call(fn, device, flush, host_times=None, spin=SPIN_CYCLES):
     """One run in ms: CUDA events around it, L2 flushed (a 256 MB write) and the stream kept busy
-    (SPIN_CYCLES) before it; perf_counter on the CPU. `host_times` (a list) receives the wall time
-    the call took to return on the host (enqueueing only, on CUDA)."""
+    (`spin` GPU cycles) before it; perf_counter on the CPU. `host_times` (a list) receives the wall
+    time the call took to return on the host (enqueueing only, on CUDA)."""
     if device.type == "cuda":
         flush.zero_()
         if hasattr(torch.cuda, "_sleep"):
-            torch.cuda._sleep(SPIN_CYCLES)
+            torch.cuda._sleep(spin)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         t = time.perf_counter()
@@ -252,10 +261,16 @@ def interleaved(fns, device, rounds, warmup, flush, deadline=None, timeline=None
     times, errors, live = {key: [] for key, _ in fns}, {}, dict(fns)
     if host_times is not None:
         host_times.update({key: [] for key, _ in fns})
+    spins = {}
     for key, fn in fns:
         try:
+            warm = []
             for _ in range(warmup):
+                sync(device)
+                t = time.perf_counter()
                 fn()
+                warm.append((time.perf_counter() - t) * 1e3)
+            spins[key] = spin_cycles(statistics.median(warm) if warm else 0.0)
         except Exception as e:  # noqa: BLE001
             errors[key] = e
             live.pop(key)
@@ -265,7 +280,7 @@ def interleaved(fns, device, rounds, warmup, flush, deadline=None, timeline=None
         for key in list(live):
             try:
                 times[key].append(timed_call(live[key], device, flush,
-                                             None if host_times is None else host_times[key]))
+                                             None if host_times is None else host_times[key], spins[key]))
             except Exception as e:  # noqa: BLE001
                 errors[key] = e
                 live.pop(key)

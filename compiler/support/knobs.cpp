@@ -177,6 +177,8 @@ const KnobSpec kKnobs[] = {
      [](const Knobs& k) { return print_bool(k.bwd_single_pass); }},
     {"ATTNJIT_BWD_WGMMA", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.bwd_wgmma); },
      [](const Knobs& k) { return print_bool(k.bwd_wgmma); }},
+    {"ATTNJIT_KEEP_POOL_MEMORY", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.keep_pool_memory); },
+     [](const Knobs& k) { return print_bool(k.keep_pool_memory); }},
     {"ATTNJIT_LAZY_RESCALE", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.lazy_rescale); },
      [](const Knobs& k) { return print_bool(k.lazy_rescale); }},
     {"ATTNJIT_POLY_EXP2", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.poly_exp2); },

@@ -45,6 +45,12 @@ struct Knobs {
   // kernels on an H200); ATTNJIT_BWD_WGMMA=0 runs the sm_80 kernel's mma.sync there instead
   // (as RuntimeOptions::wgmma_backward = false).
   bool bwd_wgmma = true;
+  // ATTNJIT_KEEP_POOL_MEMORY=1: the CUDA device's default memory pool (where the backward's and the
+  // paged forward's stream-ordered workspaces come from) keeps what is freed instead of returning it
+  // at each synchronisation (its release threshold raised to the maximum), so a later call's
+  // allocation maps no memory. Off by default until a GPU has measured what it saves: it changes
+  // the pool for the whole process.
+  bool keep_pool_memory = false;
   // ATTNJIT_LAZY_RESCALE=1: the tensor-core forwards keep a row's running maximum until a tile's
   // passes it by more than 2^8 and rescale O only then (FlashAttention-4); off by default until a
   // GPU has measured it (RuntimeOptions::lazy_rescale).

@@ -174,6 +174,7 @@ public:
       : pattern_(p), problem_(pb), device_(device), cache_dir_(cache_dir), context_(shared_context(device)) {
     const ScopedCurrentContext current(context_);
     const RelaxedCapture relaxed(true);  // prepared inside a capture: loading a module is no stream work
+    if (knobs().keep_pool_memory) keep_pool_memory(device);
     prefer_nvrtc_for_driver(driver_version() / 1000);  // 13000 -> 13: kernels this driver loads
     const DeviceInfo info = device_info(device);
     const int arch = info.cc_major * 10 + info.cc_minor;
@@ -482,6 +483,7 @@ public:
       : problem_(pb), device_(device), context_(shared_context(device)) {
     const ScopedCurrentContext current(context_);
     prefer_nvrtc_for_driver(driver_version() / 1000);
+    if (knobs().keep_pool_memory) keep_pool_memory(device);
     const DeviceInfo info = device_info(device);
     sm_count_ = info.sm_count;
     kernels_ = generate_paged_kernels(p, paged_request(pb, info.cc_major * 10 + info.cc_minor, config),

@@ -283,6 +283,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_TMA=1\n"
         "ATTNJIT_BWD_SINGLE_PASS=1\n"
         "ATTNJIT_BWD_WGMMA=1\n"
+        "ATTNJIT_KEEP_POOL_MEMORY=0\n"
         "ATTNJIT_LAZY_RESCALE=0\n"
         "ATTNJIT_POLY_EXP2=0\n"
         "ATTNJIT_DETERMINISTIC=0\n"
