@@ -11,6 +11,7 @@
 
 #include "attnjit/reference.hpp"
 #include "compiler/support/half.hpp"
+#include "tests/unit/template_mutation.hpp"
 
 namespace attnjit::gputest {
 
@@ -365,12 +366,8 @@ void check_mutations(const std::vector<PagedCase>& cases, const std::vector<Temp
   CHECK(clean.second > 0);
   for (const TemplateMutation& m : mutations) {
     INFO("mutation: " << m.name);
-    auto t = std::make_shared<TemplateSet>(TemplateSet::embedded());
-    std::string text = t->text(m.file);
-    const size_t at = text.find(m.from);
-    REQUIRE(at != std::string::npos);  // the template changed: update the mutation
-    text.replace(at, std::string(m.from).size(), m.to);
-    t->replace(m.file, text);
+    const auto t = testing::mutated_templates(m.file, m.from, m.to);
+    REQUIRE(t);  // the template changed: update the mutation
     CHECK(failures(cases, t).first > 0);
   }
 }

@@ -15,6 +15,7 @@
 #include "runtime/npy.hpp"
 #include "attnjit/reference.hpp"
 #include "tests/unit/random_patterns.hpp"
+#include "tests/unit/template_mutation.hpp"
 
 using namespace attnjit;
 
@@ -678,12 +679,8 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
 TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutation]") {
   for (const Mutation& m : kMutations) {
     INFO("mutation: " << m.name);
-    auto t = std::make_shared<TemplateSet>(TemplateSet::embedded());
-    std::string text = t->text(m.file);
-    const size_t at = text.find(m.from);
-    REQUIRE(at != std::string::npos);  // the template changed: update the mutation
-    text.replace(at, std::string(m.from).size(), m.to);
-    t->replace(m.file, text);
+    const auto t = testing::mutated_templates(m.file, m.from, m.to);
+    REQUIRE(t);  // the template changed: update the mutation
     const std::string outcome =
         check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below, m.device_table,
                      m.random_in_kernel, m.folded, m.config, m.nonfinite_v, m.extreme, m.nonfinite_in, m.causal, m.lazy, m.poly);
@@ -696,12 +693,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
 // where the kernels' text is compiled: a kernel built from a header whose fields moved does not
 // build (here two int fields swapped, the sizes unchanged), and the error names the field.
 TEST_CASE("a kernel ABI field moved in the kernels' text fails to build, naming the field", "[emu][mutation]") {
-  auto t = std::make_shared<TemplateSet>(TemplateSet::embedded());
-  std::string text = t->text("kernel_abi.h");
-  const std::string from = "  int rows_count;\n  int head;\n", to = "  int head;\n  int rows_count;\n";
-  const size_t at = text.find(from);
-  REQUIRE(at != std::string::npos);
-  text.replace(at, from.size(), to);
-  t->replace("kernel_abi.h", text);
+  const auto t = testing::mutated_templates("kernel_abi.h", "  int rows_count;\n  int head;\n", "  int head;\n  int rows_count;\n");
+  REQUIRE(t);
   CHECK_THROWS_WITH(check_kernel(t, DType::BF16), Catch::Contains("kernel ABI: AjItem::rows_count moved"));
 }
