@@ -239,7 +239,6 @@ PagedResult run_paged(const PagedCase& c) {
       pa.plan(early, ws.data(), cap);
       CapturedGraph graph(stream, [&] { pa.run(early, ws.data(), cap); });
       graph.launch(stream);
-      if (c.graph_wait) synchronize(stream);
       pa.plan(call, ws.data(), cap);
       graph.launch(stream);
       synchronize(stream);

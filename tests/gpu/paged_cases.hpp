@@ -36,9 +36,6 @@ struct PagedCase {
   // run() over a workspace of needs() after a run() of the step one token shorter; or (a GPU) that
   // run() captured once and replayed after each step's lengths are copied into the same buffers.
   enum class Mode { Forward, PlanRun, Graph, DeviceForward, DeviceRun, DeviceGraph } mode = Mode::Forward;
-  // Graph: the stream synchronised after the first replay, before this call's plan() (else the plan's
-  // copy is ordered after that replay by the stream alone).
-  bool graph_wait = false;
   // Lengths on the device: one request's kv_len replaced by this (its rows then NaN, counted).
   int bad_length_request = -1;
   int64_t bad_length = 0;
