@@ -431,11 +431,14 @@ nb::ndarray<nb::numpy, uint8_t> mask(const std::string& spec, int64_t seq_q, int
 // head dims, dtype and arch.
 std::string dump(const std::string& spec, const std::string& stage, const std::vector<int64_t>& dims, int64_t q_offset,
                  int64_t k_offset, int tile_q, int tile_k, const std::string& arch, const std::string& dtype, bool backward,
-                 bool full, bool paged, const std::vector<int64_t>& kv_lens, const std::vector<int64_t>& queries) {
+                 bool full, bool paged, const std::vector<int64_t>& kv_lens, const std::vector<int64_t>& queries,
+                 bool pack_branches) {
   const Pattern p = pattern_of(spec);
   DumpRequest r;
   r.stage = stage, r.backward = backward, r.full = full, r.tiles = TileConfig{tile_q, tile_k}, r.paged = paged;
+  r.pack_branches = pack_branches;
   r.full_hint = "full=True", r.seq_name = "seq", r.backward_name = "backward", r.stage_name = "stage", r.kv_lens_name = "kv_lens";
+  r.pack_branches_name = "pack_branches";
   if (!queries.empty() && queries.size() != kv_lens.size())
     throw UserError("queries", "has " + std::to_string(queries.size()) + " entries for " + std::to_string(kv_lens.size()) +
                                    " requests (kv_lens); give one per request, or None for one query each");

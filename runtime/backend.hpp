@@ -82,6 +82,8 @@ public:
   // else the runtime hands the backend a host table made from it), and whether its arrays are host
   // memory (the CPU and emu devices).
   virtual bool reads_device_tables() const { return false; }
+  // Its forward reads a packed plan's key weights (BranchPacking::Packed); else plans are Separate.
+  virtual bool reads_key_weights() const { return false; }
   virtual bool tables_in_host_memory() const { return true; }
 };
 
@@ -111,6 +113,8 @@ struct PreparedState {
   // Random layouts in the kernels (Plan::kernel_seeks) where the backend's kernels seek and a plan
   // would hash more than RuntimeOptions::random_in_kernel_above blocks.
   RandomLayouts random = RandomLayouts::InPlan;
+  // Packed where the options allow and the backend's forward reads key weights.
+  BranchPacking packing = BranchPacking::Separate;
 };
 
 // The host bytes of a plan's tables (what PlanCacheStats counts).
@@ -137,6 +141,8 @@ struct KernelChoices {
   bool lazy_rescale = false;
   // Part of the tensor-core forwards' exponentials on the FMA pipe.
   bool poly_exp2 = false;
+  // The forward's plans packed (BranchPacking::Packed) and its kernels reading their key weights.
+  bool pack_branches = true;
 };
 // The forward's and the backward's requests: `r` (the problem's) with `config` and the choices.
 KernelRequest forward_request(KernelRequest r, const KernelConfig& config, const KernelChoices& c);

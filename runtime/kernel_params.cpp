@@ -51,6 +51,7 @@ KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTabl
   }
   kp.doc_base = t.doc_base;
   kp.doc_rows = t.doc_rows;
+  kp.key_extra = t.key_extra;
   kp.batch = static_cast<int32_t>(pb.batch);  // at most kMaxSize (2^31 - 1): Problem checks it
   return kp;
 }

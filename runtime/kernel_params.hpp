@@ -23,6 +23,7 @@ struct KernelTables {
   int64_t doc_rows = 0;
   int64_t dyn_entries = 0;   // entries of dyn_cols
   int64_t dyn_k_blocks = 0;  // the pattern's key blocks for this call (dynamic_key_blocks)
+  const float* key_extra = nullptr;  // a packed plan's weights less one (DevicePlan::key_extra; null: none)
 };
 
 // The call's table, where a DeviceDynamicLayout in `options` overrides the uploaded one.

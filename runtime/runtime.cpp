@@ -104,7 +104,7 @@ std::shared_ptr<PlanEntry> plan_for(PreparedState& st, const ForwardOptions& o) 
   auto entry = std::make_shared<PlanEntry>();
   entry->random = st.random;
   entry->plan = lower_to_plan(st.pattern, problem_shape(st.problem, o.q_offset, o.k_offset), st.backend->tiles(),
-                              planning_table(o), o.cu_seqlens, st.random);
+                              planning_table(o), o.cu_seqlens, st.random, st.packing);
   st.backend->upload(*entry, o.dynamic_layout);
   st.plans.emplace_front(key, entry);
   st.plan_index.emplace(key, st.plans.begin());
@@ -213,7 +213,12 @@ bool wgmma_backward(const RuntimeOptions& o) {
 // What the prepared attention's kernels are asked for besides their tiles: the options, and the
 // knobs that stand for them.
 KernelChoices kernel_choices(const RuntimeOptions& o, RandomLayouts random) {
-  return KernelChoices{o.tma, random, wgmma_backward(o), o.lazy_rescale || knobs().lazy_rescale, o.poly_exp2 || knobs().poly_exp2};
+  return KernelChoices{o.tma,
+                       random,
+                       wgmma_backward(o),
+                       o.lazy_rescale || knobs().lazy_rescale,
+                       o.poly_exp2 || knobs().poly_exp2,
+                       o.pack_branches && knobs().pack_branches};
 }
 
 KernelConfig tuned_backward_config(const Pattern& pattern, const Problem& problem, const RuntimeOptions& o) {
@@ -240,6 +245,7 @@ KernelRequest forward_request(KernelRequest r, const KernelConfig& config, const
   r.random_in_kernel = c.random == RandomLayouts::InKernel;
   r.lazy_rescale = c.lazy_rescale;
   r.poly_exp2 = c.poly_exp2;
+  r.pack_branches = c.pack_branches;
   return r;
 }
 
@@ -279,6 +285,7 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
                                       tuned_backward_config(pattern, problem, o), templates, kernel_choices(o, st->random));
       break;
   }
+  if (kernel_choices(o, st->random).pack_branches && st->backend->reads_key_weights()) st->packing = BranchPacking::Packed;
   // Plan the common case now (offsets 0), so forward() only launches.
   if (!pattern.has_dynamic_layout()) plan_for(*st, ForwardOptions{});
   Attention a;
@@ -295,9 +302,9 @@ PagedAttention Runtime::prepare_paged(const Pattern& pattern, const PagedProblem
 const BackwardPlans& PlanEntry::backward_plans(const Pattern& p, const DynamicLayout* dynamic, const TileConfig& tiles) const {
   std::call_once(backward_once_, [&] {
     auto b = std::make_unique<BackwardPlans>();
-    b->query_major = tiles.tile_q == plan.tiles.tile_q && tiles.tile_k == plan.tiles.tile_k ? plan
-                                                                                              : lower_to_plan(p, plan.shape, tiles, dynamic,
-                                                                                                              plan.documents.empty() ? nullptr : &plan.documents, random);
+    // The backward's plans are Separate (a key-major entry carries no key weights).
+    const bool same = tiles.tile_q == plan.tiles.tile_q && tiles.tile_k == plan.tiles.tile_k && !plan.packed();
+    b->query_major = same ? plan : lower_to_plan(p, plan.shape, tiles, dynamic, plan.documents.empty() ? nullptr : &plan.documents, random);
     b->key_major = lower_to_backward_plan(b->query_major);
     backward_ = std::move(b);
   });

@@ -113,7 +113,7 @@ __device__ __forceinline__ void aj_bwd_exact_dq_rows(const AjBwdParams& bp, cons
     float ex[CHUNK][4];
 #pragma unroll
     for (int j = 0; j < CHUNK; ++j) ex[j][0] = ex[j][1] = ex[j][2] = ex[j][3] = 0.0f;
-    aj_tc_attended_keys(p, item, rs.qpos, want, [&](const bool (&att)[2], aj_i64 key) {
+    aj_tc_attended_keys(p, item, rs.qpos, want, [&](const bool (&att)[2], aj_i64 key, float) {  // Separate plans: no weights
       const aj_elem* krow = kb + key * p.k_row_stride;
       const aj_elem* vrow = vb + key * p.v_row_stride;
       float ds[2];

@@ -35,6 +35,8 @@ struct AjTile {
   int count;      // keys in the tile (<= AJ_TILE_K)
   int branch;
   bool full;      // every pair attended: no mask
+  int weight;     // a packed plan's weighted tile: key c's probability times 1 + AjParams::key_extra[weight
+                  // + c] (aj_key_extra); -1: unweighted
 };
 
 #ifdef AJ_KERNEL_SEEK
@@ -143,6 +145,7 @@ struct AjTileCursor {
     out.count = left < AJ_TILE_K ? left : AJ_TILE_K;
     out.branch = s.branch;
     out.full = full;
+    out.weight = s.weight_begin >= 0 ? s.weight_begin + from : -1;
     return out;
   }
   __device__ void next() {
@@ -150,6 +153,13 @@ struct AjTileCursor {
     skip_empty();
   }
 };
+
+// Key c of a weighted tile stands for 1 + this many branches (a packed plan: compiler/plan/plan.hpp,
+// BranchPacking): its probability, in O's sum and in the row sum, counts once for each, P + extra *
+// P. 0 for an unweighted tile and past the tile's keys.
+__device__ __forceinline__ float aj_key_extra(const AjParams& p, const AjTile& t, int c) {
+  return t.weight >= 0 && c < t.count ? p.key_extra[t.weight + c] : 0.0f;
+}
 
 // ---- conversions between storage types and float, without cuda_fp16.h --------------------
 
@@ -219,6 +229,10 @@ __device__ __forceinline__ bool aj_tc_word_nonfinite(aj_u32 w) {
 // Sixteen bytes moved as one (a 128-bit load or store; the address must be 16-byte aligned).
 struct __align__(16) aj_u32x4 {
   aj_u32 x, y, z, w;
+};
+// Two floats as one 8-byte load (the address must be 8-byte aligned).
+struct __align__(8) aj_f32x2 {
+  float x, y;
 };
 
 #define AJ_NEG_INF (aj_int_as_float((int)0xff800000u))

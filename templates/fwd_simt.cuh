@@ -83,7 +83,12 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
     for (int c = 0; c < AJ_TILE_K; ++c) {
       // A masked key is skipped, not weighted by 0: 0 times a NaN or inf in its V would be NaN.
       if (s[c] == AJ_NEG_INF) continue;
+#ifdef AJ_KEY_WEIGHTS
+      float pr = aj_ex2(s[c] - m_new);
+      pr = aj_fma(pr, aj_key_extra(p, t, c), pr);  // a packed plan's weighted key counts for each of its branches
+#else
       const float pr = aj_ex2(s[c] - m_new);
+#endif
       l += pr;
 #pragma unroll
       for (int x = 0; x < AJ_VD; ++x) acc[x] += pr * sh.v[c][lane + AJ_SIMT_LANES * x];

@@ -67,8 +67,9 @@ struct AjSm80Shared {
 // and the loop reads it back after the barrier that makes the stage's keys visible, so only the
 // prefetch walks the plan's tables. A stage's slot is the padding of its K tile's first row
 // (columns AJ_HEAD_DIM .. AJ_DP - 1, 16 bytes, which no copy and no ldmatrix touches): the first
-// key, the stride, the count and branch << 1 | full in 32 bits each (key rows lie below seq_k <=
-// 2^31 - 1: check_shape), one 16-byte store and one 16-byte load.
+// key, the stride, count | full << 15 | branch << 16 and the weight's offset (-1: none) in 32 bits
+// each (key rows lie below seq_k <= 2^31 - 1: check_shape; a count is at most AJ_TILE_K, a branch
+// below 64), one 16-byte store and one 16-byte load.
 static_assert((AJ_DP - AJ_HEAD_DIM) * sizeof(aj_elem) >= 16, "a K row's padding holds a slot");
 __device__ __forceinline__ aj_u32x4* aj_sm80_slot(const AjSm80Shared& sh, int stage) {
   return (aj_u32x4*)(sh.k + stage * AJ_TILE_K * AJ_DP + AJ_HEAD_DIM);
@@ -76,7 +77,8 @@ __device__ __forceinline__ aj_u32x4* aj_sm80_slot(const AjSm80Shared& sh, int st
 __device__ __forceinline__ AjTile aj_sm80_issued(const AjSm80Shared& sh, int stage) {
   const aj_u32x4 a = *aj_sm80_slot(sh, stage);
   AjTile t;
-  t.first = (int)a.x, t.stride = (int)a.y, t.count = (int)a.z, t.branch = (int)(a.w >> 1), t.full = (a.w & 1) != 0;
+  t.first = (int)a.x, t.stride = (int)a.y, t.count = (int)(a.z & 0x7fffu), t.full = (a.z >> 15 & 1u) != 0;
+  t.branch = (int)(a.z >> 16), t.weight = (int)a.w;
   return t;
 }
 
@@ -101,7 +103,8 @@ __device__ __forceinline__ const aj_elem** aj_sm80_bases(const AjSm80Shared& sh)
 __device__ __forceinline__ void aj_sm80_record(const AjSm80Shared& sh, int stage, const AjTile& t) {
   if (aj_thread_idx() == 0) {
     aj_u32x4 a;
-    a.x = (aj_u32)t.first, a.y = (aj_u32)t.stride, a.z = (aj_u32)t.count, a.w = (aj_u32)(t.branch << 1 | (t.full ? 1 : 0));
+    a.x = (aj_u32)t.first, a.y = (aj_u32)t.stride, a.z = (aj_u32)t.count | (t.full ? 1u << 15 : 0u) | (aj_u32)t.branch << 16;
+    a.w = (aj_u32)t.weight;
     *aj_sm80_slot(sh, stage) = a;
   }
 }
@@ -147,6 +150,34 @@ __device__ __forceinline__ void aj_sm80_mask(float (&s)[AJ_TILE_K / 8][4], const
     }
   };
   aj_keys_rule(p, t.branch, head, t.full, apply);  // a full tile (cut short): only the count
+}
+
+// A weighted tile's probabilities (one 16-row group's, after the softmax step): key c's P becomes
+// P + extra * P (aj_key_extra) and the row sums take the extra too, so the pair counts once for each
+// branch it stands for. This thread's columns j * 8 + quad * 2 and + 1, the same for its two rows,
+// one 8-byte load per 8 columns. Nothing for an unweighted tile, no code where the pattern's plans
+// cannot be packed (codegen defines AJ_KEY_WEIGHTS where they can). After the softmax, not on the
+// scores: on sm_90a that is after P(j) V(j)'s wait, when P(j)'s registers are free again (with the
+// scores' terms loaded beside S, P and O, the 192-row tile at head dim 64 spilled). Every run of
+// the extras starts at an even offset and the table runs on past its last key
+// (DevicePlan::key_extra), so a tile cut short reads finite extras past its count, for keys whose P
+// is 0.
+__device__ __forceinline__ void aj_tc_weigh(float (&s)[AJ_TILE_K / 8][4], float (&l)[2], const AjParams& p, const AjTile& t,
+                                            int quad) {
+#ifdef AJ_KEY_WEIGHTS
+  if (t.weight < 0) return;
+  const aj_f32x2* x = (const aj_f32x2*)(p.key_extra + t.weight + quad * 2);
+#pragma unroll
+  for (int j = 0; j < AJ_TILE_K / 8; ++j) {
+    const aj_f32x2 e = x[j * 4];
+    l[0] = aj_fma(s[j][0], e.x, l[0]), s[j][0] = aj_fma(s[j][0], e.x, s[j][0]);
+    l[0] = aj_fma(s[j][1], e.y, l[0]), s[j][1] = aj_fma(s[j][1], e.y, s[j][1]);
+    l[1] = aj_fma(s[j][2], e.x, l[1]), s[j][2] = aj_fma(s[j][2], e.x, s[j][2]);
+    l[1] = aj_fma(s[j][3], e.y, l[1]), s[j][3] = aj_fma(s[j][3], e.y, s[j][3]);
+  }
+#else
+  (void)s, (void)l, (void)p, (void)t, (void)quad;
+#endif
 }
 
 // One online-softmax step of one 16-row group's scores, for this thread's rows g and g + 8: m, l
@@ -254,7 +285,8 @@ __device__ __forceinline__ int aj_tc_poisoned_rows(const AjItem& item, int r0, c
 
 // Calls visit(att, key) for every key of the item's tiles that row r0 (att[0]) or r0 + 8 (att[1])
 // attends, of the rows in `want`, in the plan's order: the walk of the exact sums below and of
-// the backward's (bwd_sm80.cuh). qpos: the two rows' positions within their document.
+// the backward's (bwd_sm80.cuh). qpos: the two rows' positions within their document. The third
+// argument is the key's extra branches (aj_key_extra: 0 but in a packed plan's weighted tile).
 template <typename Visit>
 __device__ __forceinline__ void aj_tc_attended_keys(const AjParams& p, const AjItem& item, const aj_i64 (&qpos)[2],
                                                     const bool (&want)[2], const Visit& visit) {
@@ -268,7 +300,7 @@ __device__ __forceinline__ void aj_tc_attended_keys(const AjParams& p, const AjI
       for (int h = 0; h < 2; ++h)
         att[h] = want[h] && (t.full || aj_keys_allowed(p, t.branch, item.head, qpos[h], k_origin + t.first,
                                                        (aj_cs)c * (aj_cs)t.stride));
-      if (att[0] | att[1]) visit(att, t.first + (aj_i64)c * t.stride);
+      if (att[0] | att[1]) visit(att, t.first + (aj_i64)c * t.stride, aj_key_extra(p, t, c));
     }
   }
 }
@@ -323,12 +355,15 @@ __device__ __forceinline__ void aj_tc_exact_rows(const AjParams& p, const AjItem
     float ex[CHUNK][4];
 #pragma unroll
     for (int j = 0; j < CHUNK; ++j) ex[j][0] = ex[j][1] = ex[j][2] = ex[j][3] = 0.0f;
-    aj_tc_attended_keys(p, item, rs.qpos, want, [&](const bool (&att)[2], aj_i64 key) {
+    aj_tc_attended_keys(p, item, rs.qpos, want, [&](const bool (&att)[2], aj_i64 key, float extra) {
       const aj_elem* krow = kb + key * p.k_row_stride;
       const aj_elem* vrow = vb + key * p.v_row_stride + j0 * 8 + quad * 2;
       float pr[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) pr[h] = att[h] ? aj_ex2(aj_mul_rn(aj_dot_rows(rs.q[h], krow, AJ_HEAD_DIM), p.scale_log2) - m[h]) : 0.0f;
+      for (int h = 0; h < 2; ++h) {
+        pr[h] = att[h] ? aj_ex2(aj_mul_rn(aj_dot_rows(rs.q[h], krow, AJ_HEAD_DIM), p.scale_log2) - m[h]) : 0.0f;
+        pr[h] = aj_fma(pr[h], extra, pr[h]);  // a weighted key counts for each of its branches
+      }
 #pragma unroll
       for (int j = 0; j < CHUNK; ++j) {
         if (BLOCKS % CHUNK != 0 && j0 + j >= BLOCKS) break;
@@ -605,6 +640,7 @@ __device__ __forceinline__ void aj_fwd_sm80(const AjParams& p) {
     for (int gi = 0; gi < AJ_ROW_GROUPS; ++gi) {
       if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s[gi], p, t, item.head, qpos + 2 * gi * q_step8, q_step8, k_origin, quad);
       aj_sm80_softmax(s[gi], acc[gi], m[gi], l[gi], p.scale_log2);
+      aj_tc_weigh(s[gi], l[gi], p, t, quad);
     }
   };
 

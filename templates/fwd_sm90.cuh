@@ -196,6 +196,7 @@ __device__ __forceinline__ void aj_sm90_step(float (&s)[AJ_TILE_K / 8][4], float
   aj_wgmma_wait<0>();  // P(j) V(j) is done
   hooks.pv_read();
   aj_tc_rescale(acc, c);
+  aj_tc_weigh(s, l, p, t, quad);  // P(j)'s registers are free: the extras' loads fit beside S
   aj_sm90_pack(s, pa);
 }
 
@@ -256,6 +257,7 @@ __device__ __forceinline__ void aj_fwd_sm90(const AjParams& p) {
     aj_wgmma_wait<0>();
     if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
     aj_tc_softmax_scores(s, m, l, c, p.scale_log2);  // O is still zero: no rescaling
+    aj_tc_weigh(s, l, p, t, quad);
     aj_sm90_pack(s, pa);
   }
   aj_syncthreads();

@@ -241,6 +241,7 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
       hooks.s_read();
       if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
       aj_tc_softmax_scores(s, m, l, c, p.scale_log2);
+      aj_tc_weigh(s, l, p, t, quad);
       aj_sm90_pack(s, pa);
     } else {
       hooks.turn();

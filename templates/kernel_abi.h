@@ -33,6 +33,8 @@ typedef struct AjSpan {         // the keys one branch offers the item, cut into
   int tile_begin, tile_end;    // range form: visited tiles
   int full_begin, full_end;    // range form: tiles needing no mask
   int entry_begin, entry_end;  // list form when entry_begin >= 0: entries[e] = tile << 1 | full
+  int weight_begin;            // a packed plan's weighted span (range form): key c's probability
+                               // times 1 + AjParams::key_extra[weight_begin + c]; -1: no weights
 } AjSpan;
 
 typedef struct AjParams {
@@ -65,6 +67,8 @@ typedef struct AjParams {
   aj_i64 dyn_k_blocks;                       // key blocks in range (the table check's bound)
   int* dyn_errors;                           // the table check counts problems here (null: no check)
   aj_u64 seek_branches;                      // bit b: branch b's layout is decided here, not by the plan (aj_layout_seek)
+  const float* key_extra;                    // a packed plan's key weights less one: the branches beyond the
+                                             // first that a key stands for (AjSpan::weight_begin); null: none
 } AjParams;
 
 /* ---- the backward: the key-major plan's tables and the argument block of its kernels -------- */
@@ -165,7 +169,7 @@ AJ_ABI_FIELD(AjItem, rows_count, 16);
 AJ_ABI_FIELD(AjItem, head, 20);
 AJ_ABI_FIELD(AjItem, span_begin, 24);
 AJ_ABI_FIELD(AjItem, span_end, 28);
-AJ_ABI_SIZE(AjSpan, 48);
+AJ_ABI_SIZE(AjSpan, 56);
 AJ_ABI_FIELD(AjSpan, keys_start, 0);
 AJ_ABI_FIELD(AjSpan, keys_stride, 8);
 AJ_ABI_FIELD(AjSpan, keys_count, 16);
@@ -176,7 +180,8 @@ AJ_ABI_FIELD(AjSpan, full_begin, 32);
 AJ_ABI_FIELD(AjSpan, full_end, 36);
 AJ_ABI_FIELD(AjSpan, entry_begin, 40);
 AJ_ABI_FIELD(AjSpan, entry_end, 44);
-AJ_ABI_SIZE(AjParams, 288);
+AJ_ABI_FIELD(AjSpan, weight_begin, 48);
+AJ_ABI_SIZE(AjParams, 296);
 AJ_ABI_FIELD(AjParams, q, 0);
 AJ_ABI_FIELD(AjParams, k, 8);
 AJ_ABI_FIELD(AjParams, v, 16);
@@ -216,6 +221,7 @@ AJ_ABI_FIELD(AjParams, dyn_entries, 256);
 AJ_ABI_FIELD(AjParams, dyn_k_blocks, 264);
 AJ_ABI_FIELD(AjParams, dyn_errors, 272);
 AJ_ABI_FIELD(AjParams, seek_branches, 280);
+AJ_ABI_FIELD(AjParams, key_extra, 288);
 AJ_ABI_SIZE(AjKeyItem, 32);
 AJ_ABI_FIELD(AjKeyItem, keys_start, 0);
 AJ_ABI_FIELD(AjKeyItem, keys_stride, 8);
@@ -230,67 +236,67 @@ AJ_ABI_FIELD(AjQueryEntry, rows_count, 16);
 AJ_ABI_FIELD(AjQueryEntry, head, 20);
 AJ_ABI_FIELD(AjQueryEntry, branch, 24);
 AJ_ABI_FIELD(AjQueryEntry, full, 28);
-AJ_ABI_SIZE(AjBwdParams, 536);
+AJ_ABI_SIZE(AjBwdParams, 544);
 AJ_ABI_FIELD(AjBwdParams, fwd, 0);
-AJ_ABI_FIELD(AjBwdParams, dout, 288);
-AJ_ABI_FIELD(AjBwdParams, dq, 296);
-AJ_ABI_FIELD(AjBwdParams, dk, 304);
-AJ_ABI_FIELD(AjBwdParams, dv, 312);
-AJ_ABI_FIELD(AjBwdParams, delta, 320);
-AJ_ABI_FIELD(AjBwdParams, dk_acc, 328);
-AJ_ABI_FIELD(AjBwdParams, dv_acc, 336);
-AJ_ABI_FIELD(AjBwdParams, dq_acc, 344);
-AJ_ABI_FIELD(AjBwdParams, dlse, 352);
-AJ_ABI_FIELD(AjBwdParams, dlse_batch_stride, 360);
-AJ_ABI_FIELD(AjBwdParams, dlse_head_stride, 368);
-AJ_ABI_FIELD(AjBwdParams, key_items, 376);
-AJ_ABI_FIELD(AjBwdParams, query_entries, 384);
-AJ_ABI_FIELD(AjBwdParams, do_batch_stride, 392);
-AJ_ABI_FIELD(AjBwdParams, do_row_stride, 400);
-AJ_ABI_FIELD(AjBwdParams, do_head_stride, 408);
-AJ_ABI_FIELD(AjBwdParams, dq_batch_stride, 416);
-AJ_ABI_FIELD(AjBwdParams, dq_row_stride, 424);
-AJ_ABI_FIELD(AjBwdParams, dq_head_stride, 432);
-AJ_ABI_FIELD(AjBwdParams, dk_batch_stride, 440);
-AJ_ABI_FIELD(AjBwdParams, dk_row_stride, 448);
-AJ_ABI_FIELD(AjBwdParams, dk_head_stride, 456);
-AJ_ABI_FIELD(AjBwdParams, dv_batch_stride, 464);
-AJ_ABI_FIELD(AjBwdParams, dv_row_stride, 472);
-AJ_ABI_FIELD(AjBwdParams, dv_head_stride, 480);
-AJ_ABI_FIELD(AjBwdParams, batch, 488);
-AJ_ABI_FIELD(AjBwdParams, seq_q, 496);
-AJ_ABI_FIELD(AjBwdParams, seq_k, 504);
-AJ_ABI_FIELD(AjBwdParams, heads_q, 512);
-AJ_ABI_FIELD(AjBwdParams, heads_kv, 516);
-AJ_ABI_FIELD(AjBwdParams, scale, 520);
-AJ_ABI_FIELD(AjBwdParams, num_key_items, 524);
-AJ_ABI_FIELD(AjBwdParams, key_item_base, 528);
-AJ_ABI_FIELD(AjBwdParams, plain_add, 532);
-AJ_ABI_SIZE(AjPagedParams, 448);
-AJ_ABI_FIELD(AjPagedParams, item_request, 288);
-AJ_ABI_FIELD(AjPagedParams, item_heads, 296);
-AJ_ABI_FIELD(AjPagedParams, q_start, 304);
-AJ_ABI_FIELD(AjPagedParams, q_pos, 312);
-AJ_ABI_FIELD(AjPagedParams, block_table, 320);
-AJ_ABI_FIELD(AjPagedParams, part_o, 328);
-AJ_ABI_FIELD(AjPagedParams, part_lse, 336);
-AJ_ABI_FIELD(AjPagedParams, table_stride, 344);
-AJ_ABI_FIELD(AjPagedParams, num_pages, 352);
-AJ_ABI_FIELD(AjPagedParams, lse_row_stride, 360);
-AJ_ABI_FIELD(AjPagedParams, page_size, 368);
-AJ_ABI_FIELD(AjPagedParams, vec16, 372);
-AJ_ABI_FIELD(AjPagedParams, k_scale, 376);
-AJ_ABI_FIELD(AjPagedParams, v_scale, 384);
-AJ_ABI_FIELD(AjPagedParams, header, 392);
-AJ_ABI_FIELD(AjPagedParams, errors, 400);
-AJ_ABI_FIELD(AjPagedParams, dev_kv_lens, 408);
-AJ_ABI_FIELD(AjPagedParams, dev_cu_seqlens_q, 416);
-AJ_ABI_FIELD(AjPagedParams, requests, 424);
-AJ_ABI_FIELD(AjPagedParams, total_q, 428);
-AJ_ABI_FIELD(AjPagedParams, cap_items, 432);
-AJ_ABI_FIELD(AjPagedParams, cap_splits, 436);
-AJ_ABI_FIELD(AjPagedParams, target_blocks, 440);
-AJ_ABI_FIELD(AjPagedParams, fixed_splits, 444);
+AJ_ABI_FIELD(AjBwdParams, dout, 296);
+AJ_ABI_FIELD(AjBwdParams, dq, 304);
+AJ_ABI_FIELD(AjBwdParams, dk, 312);
+AJ_ABI_FIELD(AjBwdParams, dv, 320);
+AJ_ABI_FIELD(AjBwdParams, delta, 328);
+AJ_ABI_FIELD(AjBwdParams, dk_acc, 336);
+AJ_ABI_FIELD(AjBwdParams, dv_acc, 344);
+AJ_ABI_FIELD(AjBwdParams, dq_acc, 352);
+AJ_ABI_FIELD(AjBwdParams, dlse, 360);
+AJ_ABI_FIELD(AjBwdParams, dlse_batch_stride, 368);
+AJ_ABI_FIELD(AjBwdParams, dlse_head_stride, 376);
+AJ_ABI_FIELD(AjBwdParams, key_items, 384);
+AJ_ABI_FIELD(AjBwdParams, query_entries, 392);
+AJ_ABI_FIELD(AjBwdParams, do_batch_stride, 400);
+AJ_ABI_FIELD(AjBwdParams, do_row_stride, 408);
+AJ_ABI_FIELD(AjBwdParams, do_head_stride, 416);
+AJ_ABI_FIELD(AjBwdParams, dq_batch_stride, 424);
+AJ_ABI_FIELD(AjBwdParams, dq_row_stride, 432);
+AJ_ABI_FIELD(AjBwdParams, dq_head_stride, 440);
+AJ_ABI_FIELD(AjBwdParams, dk_batch_stride, 448);
+AJ_ABI_FIELD(AjBwdParams, dk_row_stride, 456);
+AJ_ABI_FIELD(AjBwdParams, dk_head_stride, 464);
+AJ_ABI_FIELD(AjBwdParams, dv_batch_stride, 472);
+AJ_ABI_FIELD(AjBwdParams, dv_row_stride, 480);
+AJ_ABI_FIELD(AjBwdParams, dv_head_stride, 488);
+AJ_ABI_FIELD(AjBwdParams, batch, 496);
+AJ_ABI_FIELD(AjBwdParams, seq_q, 504);
+AJ_ABI_FIELD(AjBwdParams, seq_k, 512);
+AJ_ABI_FIELD(AjBwdParams, heads_q, 520);
+AJ_ABI_FIELD(AjBwdParams, heads_kv, 524);
+AJ_ABI_FIELD(AjBwdParams, scale, 528);
+AJ_ABI_FIELD(AjBwdParams, num_key_items, 532);
+AJ_ABI_FIELD(AjBwdParams, key_item_base, 536);
+AJ_ABI_FIELD(AjBwdParams, plain_add, 540);
+AJ_ABI_SIZE(AjPagedParams, 456);
+AJ_ABI_FIELD(AjPagedParams, item_request, 296);
+AJ_ABI_FIELD(AjPagedParams, item_heads, 304);
+AJ_ABI_FIELD(AjPagedParams, q_start, 312);
+AJ_ABI_FIELD(AjPagedParams, q_pos, 320);
+AJ_ABI_FIELD(AjPagedParams, block_table, 328);
+AJ_ABI_FIELD(AjPagedParams, part_o, 336);
+AJ_ABI_FIELD(AjPagedParams, part_lse, 344);
+AJ_ABI_FIELD(AjPagedParams, table_stride, 352);
+AJ_ABI_FIELD(AjPagedParams, num_pages, 360);
+AJ_ABI_FIELD(AjPagedParams, lse_row_stride, 368);
+AJ_ABI_FIELD(AjPagedParams, page_size, 376);
+AJ_ABI_FIELD(AjPagedParams, vec16, 380);
+AJ_ABI_FIELD(AjPagedParams, k_scale, 384);
+AJ_ABI_FIELD(AjPagedParams, v_scale, 392);
+AJ_ABI_FIELD(AjPagedParams, header, 400);
+AJ_ABI_FIELD(AjPagedParams, errors, 408);
+AJ_ABI_FIELD(AjPagedParams, dev_kv_lens, 416);
+AJ_ABI_FIELD(AjPagedParams, dev_cu_seqlens_q, 424);
+AJ_ABI_FIELD(AjPagedParams, requests, 432);
+AJ_ABI_FIELD(AjPagedParams, total_q, 436);
+AJ_ABI_FIELD(AjPagedParams, cap_items, 440);
+AJ_ABI_FIELD(AjPagedParams, cap_splits, 444);
+AJ_ABI_FIELD(AjPagedParams, target_blocks, 448);
+AJ_ABI_FIELD(AjPagedParams, fixed_splits, 452);
 #undef AJ_ABI_SIZE
 #undef AJ_ABI_FIELD
 

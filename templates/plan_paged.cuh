@@ -127,6 +127,7 @@ __device__ __forceinline__ bool aj_pg_span(int b, aj_i64 off, aj_i64 q_lo, aj_i6
   s.tile_begin = (int)tb, s.tile_end = (int)te;
   s.full_begin = (int)fb, s.full_end = (int)fe;
   s.entry_begin = s.entry_end = -1;
+  s.weight_begin = -1;
   return true;
 }
 

@@ -17,7 +17,7 @@ struct DumpOptions {
   std::vector<int64_t> kv_lens, queries;
   ShapeOptions shape;
   KernelOptions kernel;
-  bool full = false, backward = false, paged = false;
+  bool full = false, backward = false, paged = false, pack_branches = false;
 };
 
 int run_dump(const DumpOptions& o) {
@@ -43,6 +43,7 @@ int run_dump(const DumpOptions& o) {
   r.dynamic = dyn ? &*dyn : nullptr;
   r.tiles = parse_tile_config(o.tile);
   r.random_in_kernel = o.kernel.random_in_kernel;
+  r.pack_branches = o.pack_branches;
   if (o.stage == "cuda" || o.stage == "ptx" || o.stage == "sass") {
     Shape heads;
     heads.head_dim = o.shape.head_dim;
@@ -70,6 +71,8 @@ void register_dump(CLI::App& app, int& rc) {
       ->delimiter(',');
   sub->add_option("--queries", o->queries, "--stage plan-paged: each request's queries, its last tokens (default: 1 each)")
       ->delimiter(',');
+  sub->add_flag("--pack-branches", o->pack_branches,
+                "--stage plan: a pair several branches attend computed once (the tiles left out and the key weights shown)");
   sub->add_flag("--paged", o->paged, "--stage cuda|ptx|sass: the paged forward's kernels (fwd, merge, plan)");
   sub->add_flag("--backward", o->backward, "--stage cuda|ptx|sass: the backward kernels (pre, dq, dkdv, cvt) instead of the forward");
   sub->callback([o, &rc] { rc = guarded([&] { return run_dump(*o); }); });

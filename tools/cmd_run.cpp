@@ -28,6 +28,7 @@ struct RunOptions {
   int stages = 0;
   InputOptions in;
   unsigned threads = 0;
+  bool pack_branches = false;
   CLI::Option *executor_option = nullptr, *arch_option = nullptr;
 };
 
@@ -58,7 +59,8 @@ int run_attention(const RunOptions& o) {
     const Device d = o.device == "cuda" ? Device::cuda(0) : emu_device(o.arch);
     run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), config, of, lf, nullptr, weights, documents);
   } else if (o.executor == "plan") {
-    const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table, documents);
+    const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table, documents, RandomLayouts::InPlan,
+                                    o.pack_branches ? BranchPacking::Packed : BranchPacking::Separate);
     ExecutorOutput r = execute_plan(plan, p, in.q.data(), in.k.data(), in.v.data(), table, {.threads = o.threads});
     of = std::move(r.o);
     lf = std::move(r.lse);
@@ -123,6 +125,8 @@ void register_run(CLI::App& app, int& rc) {
                            ->check(CLI::IsMember({"reference", "plan"}))
                            ->capture_default_str();
   sub->add_option("--tile", o->tile, "tile size for --executor plan")->capture_default_str();
+  sub->add_flag("--pack-branches", o->pack_branches,
+                "--executor plan: a pair several branches attend computed once, weighted by their number (as the CPU device runs it)");
   sub->callback([o, &rc] { rc = guarded([&] { return run_attention(*o); }); });
 }
 

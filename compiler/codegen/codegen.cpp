@@ -213,6 +213,8 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   if (r.lazy_rescale && forward && k.path != KernelPath::Simt) os << "#define AJ_LAZY_RESCALE 8.0f\n";
   // ... and every AJ_POLY_EXP2-th n-tile's exponentials by aj_ex2_poly.
   if (r.poly_exp2 && forward && k.path != KernelPath::Simt) os << "#define AJ_POLY_EXP2 4\n";
+  // The forward of a pattern whose plans may be packed weighs its weighted keys (aj_tc_weigh).
+  if (r.pack_branches && forward && !paged && branches_may_pack(p)) os << "#define AJ_KEY_WEIGHTS 1\n";
   if (k.path == KernelPath::Sm80 && !paged) {
     // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
     os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "

@@ -55,6 +55,9 @@ struct KernelRequest {
   bool lazy_rescale = false;
   // Part of the tensor-core forwards' exponentials on the FMA pipe (AJ_POLY_EXP2; RuntimeOptions::poly_exp2).
   bool poly_exp2 = false;
+  // The forwards read a packed plan's key weights (AJ_KEY_WEIGHTS, where the pattern's plans can be
+  // packed: branches_may_pack; RuntimeOptions::pack_branches). Off: they run Separate plans only.
+  bool pack_branches = true;
   // The paged forward: the KV caches' dtype where it is not `dtype` (fp8_e4m3, scaled per kv head).
   std::optional<DType> kv_dtype;
   KernelConfig config;

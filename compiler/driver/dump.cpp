@@ -42,7 +42,10 @@ std::string plan_text(const Pattern& p, const DumpRequest& r) {
                                          " plan-bwd");
   if (!r.shape) throw UserError(r.seq_name, "is required for " + r.stage_name + " " + r.stage + ": a plan is made for one shape");
   const Shape& s = *r.shape;
-  Plan plan = lower_to_plan(p, s, r.tiles, r.dynamic, nullptr, r.random_in_kernel ? RandomLayouts::InKernel : RandomLayouts::InPlan);
+  if (r.pack_branches && r.stage == "plan-bwd")
+    throw UserError(r.pack_branches_name, "applies to " + r.stage_name + " plan; the backward's plans are never packed");
+  Plan plan = lower_to_plan(p, s, r.tiles, r.dynamic, nullptr, r.random_in_kernel ? RandomLayouts::InKernel : RandomLayouts::InPlan,
+                            r.pack_branches ? BranchPacking::Packed : BranchPacking::Separate);
   std::string text = "; pattern " + pattern_hash(p) + "\n";
   const int64_t items = r.full ? -1 : 8;
   if (r.stage == "plan-bwd") return text + print_backward_plan(lower_to_backward_plan(plan), items);

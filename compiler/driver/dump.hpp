@@ -28,6 +28,8 @@ struct DumpRequest {
   TileConfig tiles{64, 64};                  // plan, plan-bwd
   const DynamicLayout* dynamic = nullptr;    // plan, plan-bwd: a dynamic layout's table
   bool random_in_kernel = false;             // plan: random layouts left to the kernels
+  bool pack_branches = false;                // plan: BranchPacking::Packed (not with plan-bwd)
+  std::string pack_branches_name = "--pack-branches";
   std::vector<KernelRequest> kernels;        // cuda, ptx, sass: one text per request (arch)
   bool backward = false;                     // cuda, ptx, sass: the backward kernels
   bool paged = false;                        // cuda, ptx, sass: the paged kernels

@@ -51,6 +51,7 @@ KernelRequest knob_request(const Shape& s, DType dtype, int arch, bool arch_spec
   r.wgmma_backward = knobs().bwd_wgmma;
   r.lazy_rescale = knobs().lazy_rescale;
   r.poly_exp2 = knobs().poly_exp2;
+  r.pack_branches = knobs().pack_branches;
   return r;
 }
 

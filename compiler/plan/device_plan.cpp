@@ -8,7 +8,7 @@ namespace attnjit {
 
 size_t DevicePlan::bytes() const {
   return items.size() * sizeof(DeviceItem) + spans.size() * sizeof(DeviceSpan) + entries.size() * sizeof(int32_t) +
-         doc_base.size() * sizeof(int64_t);
+         doc_base.size() * sizeof(int64_t) + key_extra.size() * sizeof(float);
 }
 
 DevicePlan pack_plan(const Plan& plan) {
@@ -27,7 +27,16 @@ DevicePlan pack_plan(const Plan& plan) {
   for (const KeySpan& s : plan.spans) {
     if (s.keys.count > kMax) throw UserError("plan", "a key span has more than 2^31 keys; split the sequence");
     d.spans.push_back({s.keys.start, s.keys.stride, static_cast<int32_t>(s.keys.count), s.branch, s.tile_begin, s.tile_end,
-                       s.full_begin, s.full_end, static_cast<int32_t>(s.entry_begin), static_cast<int32_t>(s.entry_end)});
+                       s.full_begin, s.full_end, static_cast<int32_t>(s.entry_begin), static_cast<int32_t>(s.entry_end),
+                       static_cast<int32_t>(s.weight_begin)});
+  }
+  // The kernels take a weighted key's probability P + (w - 1) P (aj_tc_weigh): the extras w - 1,
+  // then 256 zeros after the last (the widest key tile), as a kernel reads a whole tile's.
+  if (static_cast<int64_t>(plan.key_weights.size()) > kMax) throw UserError("plan", "has more than 2^31 key weights; split the sequence");
+  if (plan.packed()) {
+    d.key_extra.reserve(plan.key_weights.size() + 256);
+    for (uint8_t w : plan.key_weights) d.key_extra.push_back(static_cast<float>(w) - 1.0f);
+    d.key_extra.resize(d.key_extra.size() + 256, 0.0f);
   }
   d.entries.reserve(plan.tile_entries.size());
   for (const TileEntry& e : plan.tile_entries) d.entries.push_back(e.tile << 1 | (e.full ? 1 : 0));

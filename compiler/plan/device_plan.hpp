@@ -34,6 +34,7 @@ struct DevicePlan {
   std::vector<DeviceSpan> spans;
   std::vector<int32_t> entries;  // tile << 1 | full
   std::vector<int64_t> doc_base;  // Plan::doc_base (empty without packed documents)
+  std::vector<float> key_extra;   // AjParams::key_extra: Plan::key_weights less one, then 256 zeros (empty: not packed)
   size_t bytes() const;
 };
 

@@ -64,8 +64,10 @@ std::vector<int64_t> divisors(int64_t n) {
 
 class PlanBuilder {
 public:
-  PlanBuilder(const Pattern& p, const Shape& s, const TileConfig& t, const DynamicLayout* d, RandomLayouts random)
-      : pattern_(p), shape_(s), tiles_(t), geometry_(p, d, random) {}
+  PlanBuilder(const Pattern& p, const Shape& s, const TileConfig& t, const DynamicLayout* d, RandomLayouts random,
+              BranchPacking packing)
+      : pattern_(p), shape_(s), tiles_(t), geometry_(p, d, random),
+        packing_(branches_may_pack(p) ? packing : BranchPacking::Separate) {}
 
   uint64_t kernel_seeks() const { return geometry_.kernel_seeks(); }
 
@@ -142,7 +144,7 @@ private:
       per_tile |= b.causal || !b.window.unbounded() || geometry_.planned_layout(active[static_cast<size_t>(k)].index);
     }
     SpanTotals totals;
-    int64_t span_begin = -1, span_end = -1;
+    int64_t span_begin = -1, span_end = -1, packed = 0;
     PlanStats& st = plan.stats;
     for (int64_t t = 0; t * tiles_.tile_q < g.rows.count; ++t) {
       WorkItem item;
@@ -153,6 +155,7 @@ private:
       if (per_tile || span_begin < 0) {
         span_begin = static_cast<int64_t>(plan.spans.size());
         for (const auto& [hb, kp] : keys_) geometry_.add_span(h, hb->index, q, kp, tiles_, shape_, plan);
+        packed = packing_ == BranchPacking::Packed ? pack_spans(span_begin, plan) : 0;
         span_end = static_cast<int64_t>(plan.spans.size());
         totals = span_totals(plan, span_begin, span_end);
       }
@@ -161,6 +164,8 @@ private:
       item.cost = totals.visited * tiles_.tile_q * tiles_.tile_k;
       st.full_tiles += totals.full;
       st.partial_tiles += totals.visited - totals.full;
+      st.packed_tiles += packed;
+      st.weighted_tiles += totals.weighted;
       st.computed_pairs += item.cost;
       st.computed_real_pairs += q.count * totals.keys;
       st.empty_items += span_begin == span_end;
@@ -168,9 +173,106 @@ private:
     }
   }
 
+  // BranchPacking::Packed over the spans [begin, end) of one query tile (plan.hpp). Spans are
+  // taken densest first (smallest key stride, then most keys); a tile of span j is left out when
+  // one earlier span i of the same band, with no layout, holds every key of the tile in tiles it
+  // keeps. Then each of those keys counts one more branch in i's weights. The rows are the same
+  // for every span (one query tile), so "i holds the key" means i attends every pair j does: the
+  // masks of a band are the same predicate in both, evaluated in i's tile.
+  // Returns the number of tiles left out.
+  int64_t pack_spans(int64_t begin, Plan& plan) {
+    const int64_t end = static_cast<int64_t>(plan.spans.size());
+    std::vector<int64_t> order;
+    for (int64_t s = begin; s < end; ++s) {
+      const KeySpan& sp = plan.spans[static_cast<size_t>(s)];
+      if (!sp.listed() && !geometry_.planned_layout(sp.branch) && !plan.kernel_seeks_branch(sp.branch) && sp.tile_end > sp.tile_begin)
+        order.push_back(s);
+    }
+    if (order.size() < 2) return 0;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      const KeySpan &x = plan.spans[static_cast<size_t>(a)], &y = plan.spans[static_cast<size_t>(b)];
+      return x.keys.stride != y.keys.stride ? x.keys.stride < y.keys.stride : x.keys.count > y.keys.count;
+    });
+    const int64_t tk = tiles_.tile_k;
+    const size_t n = order.size();
+    std::vector<std::vector<char>> kept(n);
+    std::vector<std::vector<uint8_t>> weights(n);
+    int64_t left_out = 0;
+    for (size_t j = 0; j < n; ++j) {
+      const KeySpan& sj = plan.spans[static_cast<size_t>(order[j])];
+      kept[j].assign(static_cast<size_t>(sj.tile_end - sj.tile_begin), 1);
+      for (int32_t t = sj.tile_begin; t < sj.tile_end; ++t) {
+        const RowMap keys = tile_keys(sj, t, tiles_.tile_k);
+        for (size_t i = 0; i < j; ++i) {
+          const KeySpan& si = plan.spans[static_cast<size_t>(order[i])];
+          if (!same_band(si.branch, sj.branch)) continue;
+          // Key keys.at(m) is si's key c0 + m * step; every tile of si it falls in must be kept.
+          const int64_t from = keys.start - si.keys.start;
+          if (from < 0 || from % si.keys.stride || (keys.count > 1 && keys.stride % si.keys.stride)) continue;
+          const int64_t c0 = from / si.keys.stride, step = keys.count > 1 ? keys.stride / si.keys.stride : 1;
+          const int64_t c1 = c0 + (keys.count - 1) * step;
+          if (c1 >= si.keys.count || c0 / tk < si.tile_begin || c1 / tk >= si.tile_end) continue;
+          bool all_kept = true;
+          for (int64_t u = c0 / tk; u <= c1 / tk && all_kept; ++u) all_kept = kept[i][static_cast<size_t>(u - si.tile_begin)] != 0;
+          std::vector<uint8_t>& w = weights[i];
+          if (w.empty()) w.assign(static_cast<size_t>(si.keys.count), 1);
+          for (int64_t c = c0; c <= c1 && all_kept; c += step) all_kept = w[static_cast<size_t>(c)] < 255;
+          if (!all_kept) continue;
+          for (int64_t c = c0; c <= c1; c += step) ++w[static_cast<size_t>(c)];
+          kept[j][static_cast<size_t>(t - sj.tile_begin)] = 0;
+          ++left_out;
+          break;
+        }
+      }
+    }
+    if (!left_out) return 0;
+    // The spans again, in their order, each cut into its kept runs of tiles.
+    std::vector<KeySpan> out;
+    for (int64_t s = begin; s < end; ++s) {
+      const KeySpan& sp = plan.spans[static_cast<size_t>(s)];
+      const size_t j = static_cast<size_t>(std::find(order.begin(), order.end(), s) - order.begin());
+      if (j == n) {
+        out.push_back(sp);
+        continue;
+      }
+      KeySpan piece = sp;
+      if (!weights[j].empty() && std::any_of(weights[j].begin(), weights[j].end(), [](uint8_t w) { return w > 1; }))
+        piece.weight_begin = intern_weights(weights[j], plan);
+      for (int32_t t = sp.tile_begin; t < sp.tile_end;) {
+        if (!kept[j][static_cast<size_t>(t - sp.tile_begin)]) {
+          ++t;
+          continue;
+        }
+        int32_t u = t;
+        while (u < sp.tile_end && kept[j][static_cast<size_t>(u - sp.tile_begin)]) ++u;
+        piece.tile_begin = t, piece.tile_end = u;
+        out.push_back(piece);
+        t = u;
+      }
+    }
+    plan.spans.resize(static_cast<size_t>(begin));
+    plan.spans.insert(plan.spans.end(), out.begin(), out.end());
+    return left_out;
+  }
+
+  bool same_band(int32_t a, int32_t b) const {
+    const Branch &x = pattern_.branches[static_cast<size_t>(a)], &y = pattern_.branches[static_cast<size_t>(b)];
+    return x.causal == y.causal && x.window == y.window;
+  }
+
+  // The offset of `w` in plan.key_weights, appended unless the same run is there already. Runs start
+  // at even offsets (a kernel reads a tile's terms two keys at a time, 8-byte aligned).
+  int64_t intern_weights(const std::vector<uint8_t>& w, Plan& plan) {
+    std::string key(w.begin(), w.end());
+    if (plan.key_weights.size() % 2) plan.key_weights.push_back(1);
+    auto [it, inserted] = weight_runs_.emplace(std::move(key), static_cast<int64_t>(plan.key_weights.size()));
+    if (inserted) plan.key_weights.insert(plan.key_weights.end(), w.begin(), w.end());
+    return it->second;
+  }
+
   // Visited tiles, full tiles and keys in visited tiles over a range of spans.
   struct SpanTotals {
-    int64_t visited = 0, full = 0, keys = 0;
+    int64_t visited = 0, full = 0, keys = 0, weighted = 0;
   };
   SpanTotals span_totals(const Plan& plan, int64_t begin, int64_t end) const {
     SpanTotals t;
@@ -178,6 +280,7 @@ private:
     for (int64_t s = begin; s < end; ++s) {
       const KeySpan& span = plan.spans[static_cast<size_t>(s)];
       t.visited += span_tile_count(plan, span);
+      if (span.weighted()) t.weighted += span_tile_count(plan, span);
       if (span.listed()) {
         for (int64_t e = span.entry_begin; e < span.entry_end; ++e) {
           const TileEntry& te = plan.tile_entries[static_cast<size_t>(e)];
@@ -196,6 +299,8 @@ private:
   const Shape& shape_;
   const TileConfig& tiles_;
   SpanGeometry geometry_;
+  BranchPacking packing_;
+  std::unordered_map<std::string, int64_t> weight_runs_;  // packed plans: key_weights runs by content
   std::vector<int64_t> divisors_of_lcm_;
   std::vector<std::pair<const HeadBranch*, Prog>> keys_;  // reused across groups
 };
@@ -238,16 +343,17 @@ Plan empty_plan(const Pattern& p, const Shape& s, const TileConfig& tiles) {
 // and key maps shifted by its start). No tile crosses a document; masks on partial tiles see
 // positions within the document through Plan::doc_base.
 Plan lower_documents(const Pattern& p, const Shape& s, const TileConfig& tiles, const std::vector<int64_t>& cu,
-                     RandomLayouts random) {
+                     RandomLayouts random, BranchPacking packing) {
   Plan plan = empty_plan(p, s, tiles);
   for (size_t d = 0; d + 1 < cu.size(); ++d) {
     const int64_t start = cu[d], len = cu[d + 1] - cu[d];
     if (len == 0) continue;
     Shape sub = s;
     sub.seq_q = sub.seq_k = len;
-    const Plan one = lower_to_plan(p, sub, tiles, nullptr, nullptr, random);
+    const Plan one = lower_to_plan(p, sub, tiles, nullptr, nullptr, random, packing);
     plan.kernel_seeks |= one.kernel_seeks;
     const int64_t span_base = static_cast<int64_t>(plan.spans.size()), entry_base = static_cast<int64_t>(plan.tile_entries.size());
+    const int64_t weight_base = static_cast<int64_t>(plan.key_weights.size());
     for (WorkItem it : one.items) {
       it.rows.start += start;
       it.span_begin += span_base, it.span_end += span_base;
@@ -256,8 +362,10 @@ Plan lower_documents(const Pattern& p, const Shape& s, const TileConfig& tiles, 
     for (KeySpan sp : one.spans) {
       sp.keys.start += start;
       if (sp.listed()) sp.entry_begin += entry_base, sp.entry_end += entry_base;
+      if (sp.weighted()) sp.weight_begin += weight_base;
       plan.spans.push_back(sp);
     }
+    plan.key_weights.insert(plan.key_weights.end(), one.key_weights.begin(), one.key_weights.end());
     plan.tile_entries.insert(plan.tile_entries.end(), one.tile_entries.begin(), one.tile_entries.end());
     PlanStats& st = plan.stats;
     st.computed_pairs += one.stats.computed_pairs;
@@ -265,6 +373,8 @@ Plan lower_documents(const Pattern& p, const Shape& s, const TileConfig& tiles, 
     st.empty_items += one.stats.empty_items;
     st.full_tiles += one.stats.full_tiles;
     st.partial_tiles += one.stats.partial_tiles;
+    st.packed_tiles += one.stats.packed_tiles;
+    st.weighted_tiles += one.stats.weighted_tiles;
   }
   plan.documents = cu;
   plan.doc_base.resize(static_cast<size_t>(s.seq_q));
@@ -280,10 +390,20 @@ void finish_plan(Plan& plan) {
   st.spans = static_cast<int64_t>(plan.spans.size());
   st.tile_entries = static_cast<int64_t>(plan.tile_entries.size());
   st.table_bytes = static_cast<int64_t>(plan.items.size() * sizeof(WorkItem) + plan.spans.size() * sizeof(KeySpan) +
-                                        plan.tile_entries.size() * sizeof(TileEntry));
+                                        plan.tile_entries.size() * sizeof(TileEntry) + plan.key_weights.size());
 }
 
 }  // namespace
+
+bool branches_may_pack(const Pattern& p) {
+  if (p.combine != Combine::Softmax) return false;
+  for (size_t i = 0; i < p.branches.size(); ++i)
+    for (size_t j = i + 1; j < p.branches.size(); ++j) {
+      const Branch &a = p.branches[i], &b = p.branches[j];
+      if (!a.layout && !b.layout && a.causal == b.causal && a.window == b.window) return true;
+    }
+  return false;
+}
 
 int64_t random_layout_hashes(const Pattern& p, const Shape& s) {
   int64_t total = 0;
@@ -302,7 +422,7 @@ int64_t random_layout_hashes(const Pattern& p, const Shape& s) {
 }
 
 Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, const DynamicLayout* dynamic,
-                   const std::vector<int64_t>* documents, RandomLayouts random) {
+                   const std::vector<int64_t>* documents, RandomLayouts random, BranchPacking packing) {
   check_pattern_fits(p, s);
   if (tiles.tile_q < 1 || tiles.tile_k < 1 || tiles.tile_q > 1024 || tiles.tile_k > 1024) {
     throw UserError("--tile", "tile sizes must lie in [1, 1024], got " + std::to_string(tiles.tile_q) + "x" +
@@ -313,13 +433,13 @@ Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, co
   }
   if (documents) {
     check_documents(p, s, *documents, dynamic != nullptr, "cu_seqlens");
-    Plan plan = lower_documents(p, s, tiles, *documents, random);
+    Plan plan = lower_documents(p, s, tiles, *documents, random, packing);
     finish_plan(plan);
     return plan;
   }
   if (dynamic && dynamic->standin == DynamicLayout::Standin::None) check_dynamic_layout(p, s, *dynamic, "dynamic layout");
   Plan plan = empty_plan(p, s, tiles);
-  PlanBuilder builder(p, s, tiles, dynamic, random);
+  PlanBuilder builder(p, s, tiles, dynamic, random, packing);
   plan.kernel_seeks = builder.kernel_seeks();
   // A first guess at the tables' size (heads_q * seq_q < 2^62, check_shape); a shape whose tables
   // cannot fit in memory fails here, at once, rather than after planning most of it.

@@ -55,7 +55,12 @@ struct KeySpan {
   int32_t tile_begin = 0, tile_end = 0;
   int32_t full_begin = 0, full_end = 0;
   int64_t entry_begin = -1, entry_end = -1;  // -1: no list, use the ranges
+  // Packed plans (BranchPacking::Packed): key c of the span (keys.at(c)) stands for
+  // Plan::key_weights[weight_begin + c] branches, its score weighted by that many (a term
+  // exp(s + ln w) of the softmax); -1: every key stands for its own branch alone (weight 1).
+  int64_t weight_begin = -1;
   bool listed() const { return entry_begin >= 0; }
+  bool weighted() const { return weight_begin >= 0; }
 };
 
 // One query tile of one head: its rows, and the spans to visit (a range of Plan::spans, shared
@@ -75,7 +80,9 @@ struct PlanStats {
   int64_t work_items = 0, empty_items = 0;
   int64_t full_tiles = 0, partial_tiles = 0;
   int64_t spans = 0, tile_entries = 0;
-  int64_t table_bytes = 0;         // bytes of items, spans and tile entries
+  int64_t table_bytes = 0;         // bytes of items, spans, tile entries and key weights
+  int64_t packed_tiles = 0;        // packed plans: key tiles not visited because another branch's visit covers them
+  int64_t weighted_tiles = 0;      // packed plans: visited tiles whose keys carry weights (an add per score)
   double waste() const { return attended_pairs ? double(computed_pairs) / double(attended_pairs) : 0.0; }
 };
 
@@ -101,6 +108,11 @@ struct Plan {
   // paths mask every such tile (for_each_visited_tile).
   uint64_t kernel_seeks = 0;
   bool kernel_seeks_branch(int32_t b) const { return (kernel_seeks >> b & 1) != 0; }
+  // Packed plans: the multiplicities their weighted spans point into (KeySpan::weight_begin), one
+  // byte per key of such a span, identical runs shared, each starting at an even offset. Empty in a
+  // plan lowered Separate.
+  std::vector<uint8_t> key_weights;
+  bool packed() const { return !key_weights.empty(); }
 };
 
 inline int64_t span_tile_count(const Plan& plan, const KeySpan& s) {
@@ -133,6 +145,24 @@ void for_each_visited_tile(const Plan& plan, const KeySpan& s, F&& f) {
   for_each_planned_tile(plan, s, [&](int32_t t, bool full) { f(t, full && !seek); });
 }
 
+// What a lowering does with a pair of positions that several branches attend, as LongNet's do (a
+// dense branch of segment w and a dilated one of segment 2w share every second key of the first
+// w). Under the softmax combine such a pair is one term per branch in the one softmax, so
+// computing it once with its score raised by ln(branches) gives the same output and LSE.
+//   Separate: every branch's span visits its tiles (each such pair computed once per branch).
+//   Packed: a key tile of a span is left out when every key in it lies in a tile that a denser
+//     span of the same band (causal flag and window; no layout on either) keeps for the same
+//     rows; the keeping span's keys then carry the multiplicity (KeySpan::weight_begin). Spans
+//     may be split (one span per kept range of tiles). Only the softmax combine packs; layouts,
+//     tables and the kernels' seeks are never packed.
+// The forward takes either. A packed plan's key-major transpose would need the weights in the
+// backward too: the backward lowers Separate.
+enum class BranchPacking { Separate, Packed };
+// Can a packed plan of `p` leave anything out (two branches of one band, neither with a layout,
+// under the softmax combine)? Only then do the forward kernels carry the key weights (AJ_KEY_WEIGHTS),
+// and only then does lowering Packed differ from Separate.
+bool branches_may_pack(const Pattern& p);
+
 // Who decides a random layout's blocks: the plan (each kept block listed: a hash per head, query
 // block and key block, 1 G of them for BigBird at a million tokens) or the kernels (Plan::kernel_seeks).
 enum class RandomLayouts { InPlan, InKernel };
@@ -147,7 +177,8 @@ int64_t random_layout_hashes(const Pattern& p, const Shape& s);
 // device, not planned from). `documents` (cu_seqlens): packed documents, each lowered as a call of
 // its own (mask.hpp, check_documents). Throws UserError on a bad shape, tile, table or cu_seqlens.
 Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, const DynamicLayout* dynamic = nullptr,
-                   const std::vector<int64_t>* documents = nullptr, RandomLayouts random = RandomLayouts::InPlan);
+                   const std::vector<int64_t>* documents = nullptr, RandomLayouts random = RandomLayouts::InPlan,
+                   BranchPacking packing = BranchPacking::Separate);
 
 // The key rows a plan attends: uint8 [heads_kv * seq_k], 1 where some query head reading that kv
 // head attends the key in a visited tile (full tiles whole, partial tiles asked per pair, as the

@@ -11,6 +11,8 @@
 namespace attnjit {
 
 BackwardPlan lower_to_backward_plan(const Plan& fwd) {
+  // A query entry carries no key weights: transposing a packed plan would drop them.
+  ATTNJIT_CHECK(!fwd.packed(), "the key-major plan is made from a plan lowered BranchPacking::Separate");
   // One query entry (32 bytes on the device, more on the host) per visited tile of the forward.
   // A layout the kernels decide visits every tile its band allows: at a million tokens without a
   // band that is billions of entries, refused here rather than allocated.

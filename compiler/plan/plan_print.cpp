@@ -89,6 +89,10 @@ std::string print_plan(const Plan& plan, int64_t max_items) {
   }
   os << "tiles: " << st.full_tiles + st.partial_tiles << " visited, " << st.full_tiles << " full, " << st.partial_tiles
      << " partial\n";
+  if (plan.packed() || st.packed_tiles > 0) {
+    os << "packed: " << st.packed_tiles << " tiles left out (another branch's tile holds every key: its weights count them), "
+       << st.weighted_tiles << " visited tiles weighted, " << plan.key_weights.size() << " bytes of key weights\n";
+  }
   if (st.attended_pairs > 0) {
     char w[32];
     std::snprintf(w, sizeof w, "%.4f", st.waste());
@@ -115,7 +119,14 @@ std::string print_plan(const Plan& plan, int64_t max_items) {
         os << "]\n";
       } else {
         os << " tiles=" << span.tile_begin << ".." << span.tile_end << " full=" << span.full_begin << ".." << span.full_end
-           << (plan.kernel_seeks_branch(span.branch) ? " (the kernel seeks through the layout)" : "") << "\n";
+           << (plan.kernel_seeks_branch(span.branch) ? " (the kernel seeks through the layout)" : "");
+        if (span.weighted()) {
+          const auto w = plan.key_weights.begin() + span.weight_begin;
+          const int64_t heavier = std::count_if(w, w + span.keys.count, [](uint8_t x) { return x > 1; });
+          os << " weights: " << heavier << " of " << span.keys.count << " keys stand for up to "
+             << int{*std::max_element(w, w + span.keys.count)} << " branches";
+        }
+        os << "\n";
       }
     }
   }

@@ -55,6 +55,10 @@ struct Knobs {
   // passes it by more than 2^8 and rescale O only then (FlashAttention-4); off by default until a
   // GPU has measured it (RuntimeOptions::lazy_rescale).
   bool lazy_rescale = false;
+  // ATTNJIT_PACK_BRANCHES=0: every branch's tiles computed, also a pair other branches attend too
+  // (BranchPacking::Separate), where the forward otherwise computes such a pair once with its
+  // multiplicity as a weight (RuntimeOptions::pack_branches).
+  bool pack_branches = true;
   // ATTNJIT_POLY_EXP2=1: the tensor-core forwards take every fourth n-tile's exponentials on the
   // FMA pipe (a cubic, aj_ex2_poly) instead of the SFU (FlashAttention-4); off by default until a
   // GPU has measured it (RuntimeOptions::poly_exp2).

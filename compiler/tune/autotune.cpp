@@ -92,7 +92,8 @@ std::vector<KernelConfig> candidate_backward_configs(const KernelRequest& base) 
 int64_t planned_pairs(const Pattern& p, const Shape& s, const KernelConfig& c, const DynamicLayout* dynamic) {
   Shape one = s;
   one.batch = 1;
-  return lower_to_plan(p, one, TileConfig{c.tile_q, c.tile_k}, dynamic).stats.computed_pairs;
+  return lower_to_plan(p, one, TileConfig{c.tile_q, c.tile_k}, dynamic, nullptr, RandomLayouts::InPlan, BranchPacking::Packed)
+      .stats.computed_pairs;
 }
 
 std::vector<std::string> prune_candidates(const std::vector<KernelConfig>& candidates, const CostModel& cost,

@@ -77,7 +77,8 @@ using CostModel = std::function<int64_t(const KernelConfig&)>;
 // not timed: see prune_candidates.
 constexpr double kMaxPairsRatio = 1.5;
 
-// computed_pairs of the plan with the config's tiles (batch 1): the work the MMA units do.
+// computed_pairs of the plan with the config's tiles (batch 1, packed as the runtime's forward
+// plans are: BranchPacking::Packed): the work the MMA units do.
 int64_t planned_pairs(const Pattern& p, const Shape& s, const KernelConfig& c, const DynamicLayout* dynamic = nullptr);
 
 // Why each candidate is skipped ("pruned: ..." or "failed: ..."), index-aligned with `candidates`;

@@ -143,6 +143,11 @@ struct RuntimeOptions {
   // relative error below 1e-4, far below fp16's and bf16's rounding) instead of the SFU
   // (FlashAttention-4); also the ATTNJIT_POLY_EXP2=1 knob. Off by default until measured on a GPU.
   bool poly_exp2 = false;
+  // The forward computes a pair that several branches attend (LongNet's overlapping segments) once,
+  // its score weighted by the number of branches, where the device's forward reads such weights
+  // (the CPU device); false (or the ATTNJIT_PACK_BRANCHES=0 knob): once per branch. The same
+  // softmax either way; `attnjit dump SPEC --stage plan --pack-branches` shows what is left out.
+  bool pack_branches = true;
   // Kernels are rendered from these templates instead of the embedded ones (tests render
   // deliberately broken kernels this way; a changed template changes the kernel's cache key).
   std::shared_ptr<const TemplateSet> templates;

@@ -33,12 +33,14 @@ def precompile(manifest, archs, cache_dir=None, jobs=1, top_k=1) -> dict:
 
 def dump(pattern, stage="pattern", *, seq=None, seq_k=None, heads=1, heads_kv=None, head_dim=128, head_dim_v=None,
          batch=1, q_offset=0, k_offset=0, tile=(64, 64), arch="sm_80", dtype="bf16", backward=False, full=False,
-         paged=False, kv_lens=None, queries=None) -> str:
+         paged=False, kv_lens=None, queries=None, pack_branches=False) -> str:
     """One stage of the pipeline for `pattern` (a Pattern, a dict or a path), as text:
 
     - "pattern": the canonical spec and its hash;
     - "plan" / "plan-bwd": the forward plan / the backward's key-major plan for a shape (`seq`
-      required; `tile` the plan's query x key tile; the first 8 work items, or all with `full`);
+      required; `tile` the plan's query x key tile; the first 8 work items, or all with `full`;
+      `pack_branches`: a pair several branches attend computed once, weighted, as the CPU device
+      runs it: the tiles left out and the key weights shown);
     - "plan-paged": the plan of one call over a paged KV cache (attnjit.serving): requests with
       `kv_lens` cached tokens and `queries` queries each (default 1), `heads`/`heads_kv`;
     - "cuda" / "ptx" / "sass": the generated forward kernel (the backward kernels with
@@ -57,4 +59,4 @@ def dump(pattern, stage="pattern", *, seq=None, seq_k=None, heads=1, heads_kv=No
     tq, tk = tile
     return _attnjit.dump(p.op_spec, stage, dims, int(q_offset), int(k_offset), int(tq), int(tk), arch, dtype,
                          bool(backward), bool(full), bool(paged), [int(n) for n in kv_lens or []],
-                         [int(n) for n in queries or []])
+                         [int(n) for n in queries or []], bool(pack_branches))

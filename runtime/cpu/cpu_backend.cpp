@@ -89,6 +89,7 @@ public:
   // 128x128: the tile products are large enough for Eigen's GEMM to run near its peak, small enough
   // that causal and window diagonals waste little (docs/performance.md, "The CPU device").
   TileConfig tiles() const override { return TileConfig{128, 128}; }
+  bool reads_key_weights() const override { return true; }
   int alignment() const override { return 1; }
 
 private:

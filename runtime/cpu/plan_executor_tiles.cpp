@@ -80,6 +80,19 @@ void product(bool full, const A& a, const Keep& keep, const B& b, Acc&& acc) {
   else masked_product(a, keep, b, acc);
 }
 
+// A packed plan's weights of tile t of a span (null where every key stands for one branch).
+const uint8_t* tile_weights(const Plan& plan, const KeySpan& span, int32_t t) {
+  return span.weighted() ? plan.key_weights.data() + span.weight_begin + int64_t{t} * plan.tiles.tile_k : nullptr;
+}
+
+// Scaled scores of a tile whose key c stands for w[c] branches: + ln w[c], so exp(s + ln w) = w exp(s)
+// (plan.hpp, BranchPacking). Before the mask: a masked pair stays -inf.
+void add_key_weights(const uint8_t* w, Matrix& scores) {
+  if (!w) return;
+  for (Eigen::Index c = 0; c < scores.cols(); ++c)
+    if (w[c] > 1) scores.col(c).array() += std::log(static_cast<float>(w[c]));
+}
+
 // One query tile's running state and its scratch, reused across the units a worker takes.
 struct ForwardState {
   Matrix scores, keep, acc;
@@ -106,6 +119,7 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
       // Scaled in a pass of its own, so that each exponent is the rounded scaled score minus the
       // rounded maximum (the maximum's weight exactly 1 at any score), whatever the compiler fuses.
       st.scores *= scale;
+      add_key_weights(tile_weights(plan, span, t), st.scores);
       if (!full) apply_mask(job, span.branch, item.head, item.rows, keys, st.scores, st.keep);
       // The online-softmax step, a row at a time (rows are contiguous, so Eigen vectorises exp). A
       // row that has seen no key yet (max -inf) keeps its empty state.
@@ -160,7 +174,7 @@ struct BackwardScratch {
 // P = exp(scale Q K^T - LSE) of one pair of tiles into sc.p: 0 where masked or where the row
 // attends nothing.
 void probabilities(const ExecutorJob& job, int64_t b, int32_t head, int64_t kvh, int32_t branch, const RowMap& rows,
-                   const RowMap& keys, bool full, BackwardScratch& sc) {
+                   const RowMap& keys, bool full, BackwardScratch& sc, const uint8_t* weights = nullptr) {
   const Plan& plan = *job.plan;
   const Shape& s = plan.shape;
   const float scale = static_cast<float>(plan.softmax_scale);
@@ -170,6 +184,7 @@ void probabilities(const ExecutorJob& job, int64_t b, int32_t head, int64_t kvh,
   sc.p.resize(rows.count, keys.count);
   sc.p.noalias() = q * k.transpose();
   sc.p *= scale;  // rounded before the exp, as the forward's (its LSE holds the rounded maximum)
+  add_key_weights(weights, sc.p);
   if (!full) apply_mask(job, branch, head, rows, keys, sc.p, sc.keep);
   for (int64_t r = 0; r < rows.count; ++r) {
     auto row = sc.p.row(r).array();
@@ -182,14 +197,14 @@ void probabilities(const ExecutorJob& job, int64_t b, int32_t head, int64_t kvh,
 }
 
 void probabilities_and_ds(const ExecutorJob& job, int64_t b, int32_t head, int64_t kvh, int32_t branch, const RowMap& rows,
-                          const RowMap& keys, bool full, BackwardScratch& sc) {
+                          const RowMap& keys, bool full, BackwardScratch& sc, const uint8_t* weights = nullptr) {
   const Plan& plan = *job.plan;
   const Shape& s = plan.shape;
   const float scale = static_cast<float>(plan.softmax_scale), f = static_cast<float>(plan.output_scale);
   const Rows dout = rows_of<Rows>(job.dout, job.q_layout, b, head, s.head_dim_v, rows);
   const Rows v = rows_of<Rows>(job.v, job.k_layout, b, kvh, s.head_dim_v, keys);
   const Column delta = row_values(job.delta, b, s.seq_q, s.heads_q, head, rows);
-  probabilities(job, b, head, kvh, branch, rows, keys, full, sc);
+  probabilities(job, b, head, kvh, branch, rows, keys, full, sc, weights);
   sc.ds.resize(rows.count, keys.count);
   sc.ds.noalias() = dout * v.transpose();
   for (int64_t r = 0; r < rows.count; ++r) {
@@ -223,7 +238,7 @@ void weights_worker(const ExecutorJob& job, std::atomic<int64_t>& next) {
       const KeySpan& span = plan.spans[static_cast<size_t>(sp)];
       for_each_visited_tile(plan, span, [&](int32_t t, bool full) {
         const RowMap keys = tile_keys(span, t, plan.tiles.tile_k);
-        probabilities(job, b, item.head, kvh, span.branch, item.rows, keys, full, sc);
+        probabilities(job, b, item.head, kvh, span.branch, item.rows, keys, full, sc, tile_weights(plan, span, t));
         // W[rows, keys] += f P: a key another branch (or span) also reaches adds up. Items own their
         // rows, so no other unit writes these elements.
         Strided w(w_head + item.rows.start * s.seq_k + keys.start, item.rows.count, keys.count,
@@ -248,7 +263,7 @@ void dq_worker(const ExecutorJob& job, std::atomic<int64_t>& next) {
       const KeySpan& span = plan.spans[static_cast<size_t>(sp)];
       for_each_visited_tile(plan, span, [&](int32_t t, bool full) {
         const RowMap keys = tile_keys(span, t, plan.tiles.tile_k);
-        probabilities_and_ds(job, b, item.head, kvh, span.branch, item.rows, keys, full, sc);
+        probabilities_and_ds(job, b, item.head, kvh, span.branch, item.rows, keys, full, sc, tile_weights(plan, span, t));
         product(full, sc.ds, sc.keep, rows_of<Rows>(job.k, job.k_layout, b, kvh, s.head_dim, keys), dq_tile);
       });
     }

@@ -104,8 +104,8 @@ private:
 // The tables of one plan: where each array sits in the staged tables, and their sizes.
 struct GpuTables {
   StagedTables staged;
-  size_t items = 0, spans = 0, entries = 0, dyn_rows = 0, dyn_cols = 0, doc_base = 0;
-  bool has_dyn = false, has_doc = false;
+  size_t items = 0, spans = 0, entries = 0, dyn_rows = 0, dyn_cols = 0, doc_base = 0, key_extra = 0;
+  bool has_dyn = false, has_doc = false, has_extra = false;
   int64_t doc_rows = 0;
   int32_t num_items = 0;
   int64_t dyn_q_blocks = 0;
@@ -118,7 +118,8 @@ struct GpuTables {
     return KernelTables{static_cast<const DeviceItem*>(ptr(true, items)), static_cast<const DeviceSpan*>(ptr(true, spans)),
                         static_cast<const int32_t*>(ptr(true, entries)), static_cast<const int64_t*>(ptr(has_dyn, dyn_rows)),
                         static_cast<const int32_t*>(ptr(has_dyn, dyn_cols)), num_items, dyn_q_blocks, dyn_heads,
-                        static_cast<const int64_t*>(ptr(has_doc, doc_base)), doc_rows, dyn_entries, dyn_k_blocks};
+                        static_cast<const int64_t*>(ptr(has_doc, doc_base)), doc_rows, dyn_entries, dyn_k_blocks,
+                        static_cast<const float*>(ptr(has_extra, key_extra))};
   }
 };
 
@@ -347,6 +348,7 @@ public:
   TileConfig tiles() const override { return TileConfig{source_.config.tile_q, source_.config.tile_k}; }
   int alignment() const override { return source_.path != KernelPath::Simt ? 16 : dtype_bytes(problem_.dtype); }
   bool reads_device_tables() const override { return true; }
+  bool reads_key_weights() const override { return true; }
   bool tables_in_host_memory() const override { return false; }
   size_t backward_workspace_bytes() const override { return BackwardScratch(problem_, bwd_[0].single_pass).total; }
 
@@ -385,6 +387,7 @@ private:
     t.spans = t.staged.add(d.spans);
     t.entries = t.staged.add(d.entries);
     t.num_items = static_cast<int32_t>(d.items.size());
+    if (!d.key_extra.empty()) t.key_extra = t.staged.add(d.key_extra), t.has_extra = true;
     if (!d.doc_base.empty()) {
       t.doc_base = t.staged.add(d.doc_base), t.has_doc = true;
       t.doc_rows = static_cast<int64_t>(d.doc_base.size());

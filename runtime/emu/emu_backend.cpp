@@ -160,6 +160,7 @@ public:
     const size_t rows = img.add_table("dynamic row_offsets", t.dyn_rows);
     const size_t cols = img.add_table("dynamic col_indices", t.dyn_cols);
     const size_t docs = img.add_table("document starts", t.plan.doc_base);
+    const size_t extra = img.add_table("key weights", t.plan.key_extra);
     const DeviceTableRegions device_table = add_device_table(img, options.device_dynamic_layout);
     img.materialise();
 
@@ -176,7 +177,7 @@ public:
                               static_cast<int32_t>(t.plan.items.size()), t.dyn_q_blocks, t.dyn_heads,
                               t.plan.doc_base.empty() ? nullptr : static_cast<const int64_t*>(img.at(docs)),
                               static_cast<int64_t>(t.plan.doc_base.size()), static_cast<int64_t>(t.dyn_cols.size()),
-                              t.dyn_k_blocks};
+                              t.dyn_k_blocks, t.plan.key_extra.empty() ? nullptr : static_cast<const float*>(img.at(extra))};
     KernelParams kp = kernel_params(entry.plan, problem_, tables, rebased(q, iq), rebased(k, ik), rebased(v, iv),
                                     rebased(o, io), lse ? &lse_dev : nullptr, options);
     device_table.rebase(img, kp);
@@ -309,6 +310,7 @@ public:
   TileConfig tiles() const override { return TileConfig{source_.config.tile_q, source_.config.tile_k}; }
   int alignment() const override { return source_.path != KernelPath::Simt ? 16 : dtype_bytes(problem_.dtype); }
   bool reads_device_tables() const override { return true; }
+  bool reads_key_weights() const override { return true; }
 
 private:
   Pattern pattern_;

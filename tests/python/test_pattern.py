@@ -84,6 +84,8 @@ def _cli():
     ("plan", {"seq": 300, "heads": 4, "heads_kv": 2, "q_offset": 5, "head_dim": 96},
      ["--seq", "300", "--heads-q", "4", "--heads-kv", "2", "--q-offset", "5", "--head-dim", "96"]),
     ("plan-bwd", {"seq": 300, "heads": 2, "tile": (32, 64), "head_dim": 64}, ["--seq", "300", "--heads-q", "2", "--tile", "32x64"]),
+    ("plan", {"seq": 4096, "heads": 2, "tile": (32, 32), "pack_branches": True},
+     ["--seq", "4096", "--heads-q", "2", "--tile", "32x32", "--pack-branches"]),
     ("cuda", {"head_dim": 64, "dtype": "fp16", "arch": "sm_90"}, ["--head-dim", "64", "--dtype", "fp16", "--arch", "sm_90"]),
     ("cuda", {"head_dim": 64, "backward": True}, ["--head-dim", "64", "--backward"]),
     ("sass", {"head_dim": 64, "arch": "sm_80"}, ["--head-dim", "64", "--arch", "sm_80"]),
@@ -118,6 +120,12 @@ def test_dump_stages_and_errors():
         attnjit.dump(p, "plan-paged", kv_lens=[5, 6], queries=[1])
     with pytest.raises(attnjit.AttnjitError, match="backward: applies to stage cuda, ptx and sass"):
         attnjit.dump(p, "plan", seq=64, backward=True)
+    with pytest.raises(attnjit.AttnjitError, match="pack_branches: applies to stage plan; the backward's plans are never packed"):
+        attnjit.dump(p, "plan-bwd", seq=64, pack_branches=True)
+    longnet = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    assert "packed: " not in attnjit.dump(longnet, "plan", seq=4096, heads=2)
+    packed = attnjit.dump(longnet, "plan", seq=4096, heads=2, pack_branches=True)
+    assert "tiles left out" in packed and "keys stand for up to" in packed
     with pytest.raises(ValueError, match="arch: expected"):
         attnjit.dump(p, "cuda", arch="ampere")
     # The Hopper kernels: sm_90a keeps its suffix (warpgroup MMA and TMA in the PTX); others have none.

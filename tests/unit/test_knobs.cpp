@@ -28,7 +28,8 @@ const std::vector<std::string> kAllVariables = {
     "ATTNJIT_LOG_LEVEL", "ATTNJIT_CACHE_MAX_BYTES", "ATTNJIT_PRINT_AUTOTUNING", "ATTNJIT_TUNE",  "XDG_CACHE_HOME",
     "HOME", "ATTNJIT_DETERMINISTIC", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT",
     "ATTNJIT_CPU_SIMD", "ATTNJIT_MAX_WEIGHTS", "ATTNJIT_NVRTC", "ATTNJIT_PLAN_CACHE_BYTES", "ATTNJIT_SM90A", "ATTNJIT_TMA",
-    "ATTNJIT_RANDOM_IN_KERNEL", "ATTNJIT_PROGRESS_AFTER", "ATTNJIT_BWD_WGMMA", "ATTNJIT_LAZY_RESCALE", "ATTNJIT_POLY_EXP2"};
+    "ATTNJIT_RANDOM_IN_KERNEL", "ATTNJIT_PROGRESS_AFTER", "ATTNJIT_BWD_WGMMA", "ATTNJIT_LAZY_RESCALE", "ATTNJIT_POLY_EXP2",
+    "ATTNJIT_PACK_BRANCHES"};
 
 // Clears every variable the knobs read and restores the caller's environment afterwards.
 class CleanEnvironment {
@@ -139,6 +140,9 @@ TEST_CASE("knobs parse every variable", "[knobs]") {
   CHECK_FALSE(Knobs::from_environment().lazy_rescale);
   env.set("ATTNJIT_LAZY_RESCALE", "1");
   CHECK(Knobs::from_environment().lazy_rescale);
+  CHECK(Knobs::from_environment().pack_branches);
+  env.set("ATTNJIT_PACK_BRANCHES", "0");
+  CHECK_FALSE(Knobs::from_environment().pack_branches);
   CHECK_FALSE(Knobs::from_environment().poly_exp2);
   env.set("ATTNJIT_POLY_EXP2", "1");
   CHECK(Knobs::from_environment().poly_exp2);
@@ -285,6 +289,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_BWD_WGMMA=1\n"
         "ATTNJIT_KEEP_POOL_MEMORY=0\n"
         "ATTNJIT_LAZY_RESCALE=0\n"
+        "ATTNJIT_PACK_BRANCHES=1\n"
         "ATTNJIT_POLY_EXP2=0\n"
         "ATTNJIT_DETERMINISTIC=0\n"
         "ATTNJIT_MAX_WEIGHTS=268435456\n"

@@ -63,6 +63,12 @@ struct Mutation {
   bool causal = false;
   bool lazy = false;  // RuntimeOptions::lazy_rescale (the forwards' AJ_LAZY_RESCALE)
   bool poly = false;  // RuntimeOptions::poly_exp2 (the forwards' AJ_POLY_EXP2)
+  // A causal LongNet-like pattern (segment 256 dilation 1, 128 dilation 2, 512 dilation 4; head
+  // offsets) whose packed plan leaves out the dilated branches' tiles (the dense branch holds their
+  // keys) and weights the dense branch's keys (the runtime packs by default), differently in
+  // different tiles of a span (the second branch covers only the query's 128 positions): the
+  // weights must reach every score they stand for.
+  bool packed = false;
 };
 
 const Mutation kMutations[] = {
@@ -405,6 +411,17 @@ const Mutation kMutations[] = {
     {"backward, two-pass dQ: the exact sum weighs the keys a row masks too", "fwd_sm80.cuh", "att[h] = want[h] && (t.full || ",
      "att[h] = want[h] && (true || ", DType::BF16, true, true, 64, false, true, false, false, false, false, KernelConfig{}, false,
      false, 'k'},
+    {"packed plan: a weighted key's P weighted, its row sum not", "fwd_sm80.cuh", "    l[0] = aj_fma(s[j][1], e.y, l[0]), ", "    ", DType::BF16, false, false, 64, false, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, true},
+    {"packed plan: the extras read one key late", "fwd_sm80.cuh", "(p.key_extra + t.weight + quad * 2);",
+     "(p.key_extra + t.weight + quad * 2 + 2);", DType::BF16, false, false, 64, false, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, true},
+    {"packed plan: the tile slot drops the weights' offset", "fwd_sm80.cuh", "    a.w = (aj_u32)t.weight;", "    a.w = 0xFFFFFFFFu;", DType::BF16, false, false, 64, false, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, true},
+    {"packed plan: every tile of a span reads the weights of its first", "common.cuh",
+     "out.weight = s.weight_begin >= 0 ? s.weight_begin + from : -1;", "out.weight = s.weight_begin;", DType::BF16, false, false, 64, false, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, true},
+    {"packed plan, sm_90a TMA: the loop's probabilities unweighted", "fwd_sm90.cuh", "  aj_tc_weigh(s, l, p, t, quad);  // P(j)'s registers",
+     "  // P(j)'s registers", DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, true},
+    {"packed plan, SIMT: a weighted key counted once", "fwd_simt.cuh", "      pr = aj_fma(pr, aj_key_extra(p, t, c), pr);", "", DType::F32, false, false, 64, false, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, true},
+    {"packed plan: the exact sum after a masked non-finite V counts each key once", "fwd_sm80.cuh",
+     "        pr[h] = aj_fma(pr[h], extra, pr[h]);", "", DType::BF16, false, false, 64, false, true, false, false, false, false, KernelConfig{}, true, false, 0, false, false, false, true},
 };
 
 // Runs `templates`' kernels on the emulator; "" when they match the reference (O and LSE, and with
@@ -413,8 +430,14 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
                          bool deterministic = false, int64_t d = 64, bool sm90a = false, bool tma = true,
                          bool far_below = false, bool device_table = false, bool random_in_kernel = false, bool folded = false,
                          const KernelConfig& config = {}, bool nonfinite_v = false, bool extreme = false,
-                         char nonfinite_in = 0, bool causal = false, bool lazy = false, bool poly = false) {
-  const Pattern p = causal ? PatternBuilder().branch(BranchSpec().causal()).build()
+                         char nonfinite_in = 0, bool causal = false, bool lazy = false, bool poly = false,
+                         bool packed = false) {
+  const Pattern p = packed ? PatternBuilder()
+                                 .branch(BranchSpec().segment(256).dilation(1).causal())
+                                 .branch(BranchSpec().segment(128).dilation(2).offset(OffsetRule::HeadMod).causal())
+                                 .branch(BranchSpec().segment(512).dilation(4).offset(OffsetRule::HeadMod).causal())
+                                 .build()
+                    : causal ? PatternBuilder().branch(BranchSpec().causal()).build()
                     : folded ? PatternBuilder()
                                  .branch(BranchSpec().segment(128).dilation(1).causal())
                                  .branch(BranchSpec().segment(768).dilation(12).offset(OffsetRule::HeadMod))
@@ -669,6 +692,16 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   }
   // Dilation 12: the TMA backward's folded query maps.
   CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, true, false, false, false, true) == "");
+  // A packed plan (a causal LongNet): forward and backward on every forward path, and the exact
+  // sums after a masked non-finite V with weighted keys.
+  for (const auto& [dt, sm90a, tma] : {std::tuple<DType, bool, bool>{DType::BF16, false, true}, {DType::F32, false, true},
+                                        {DType::BF16, true, true}, {DType::BF16, true, false}}) {
+    INFO("packed plan, " << to_string(dt) << (sm90a ? (tma ? ", sm_90a TMA" : ", sm_90a cp.async") : ""));
+    CHECK(check_kernel(embedded, dt, true, false, 64, sm90a, tma, false, false, false, false, {}, false, false, 0, false, false, false,
+                       true) == "");
+  }
+  CHECK(check_kernel(embedded, DType::BF16, false, false, 64, false, true, false, false, false, false, {}, true, false, 0, false, false,
+                     false, true) == "");
   // 192-row tiles: three consumer warpgroups in the TMA kernel, twelve warps in the cp.async one.
   for (bool tma : {true, false}) {
     INFO("sm_90a, 192x128, " << (tma ? "TMA" : "cp.async"));
@@ -683,7 +716,8 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     REQUIRE(t);  // the template changed: update the mutation
     const std::string outcome =
         check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below, m.device_table,
-                     m.random_in_kernel, m.folded, m.config, m.nonfinite_v, m.extreme, m.nonfinite_in, m.causal, m.lazy, m.poly);
+                     m.random_in_kernel, m.folded, m.config, m.nonfinite_v, m.extreme, m.nonfinite_in, m.causal, m.lazy, m.poly,
+                     m.packed);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }

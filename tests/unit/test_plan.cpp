@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "compiler/pattern/pattern_stats.hpp"
 #include "compiler/plan/plan.hpp"
 #include "compiler/plan/paged_plan.hpp"
 #include "compiler/pattern/spec_json.hpp"
@@ -44,14 +45,21 @@ void require_mask_counts(const Pattern& p, const Shape& s, const DynamicLayout* 
 
 }  // namespace
 
+// Packed plans (BranchPacking::Packed) too: there a visited pair counts its key's weight, so the
+// counts say that every pair is computed as often as the branches that attend it, once or weighted.
 TEST_CASE("plan tiles cover exactly the mask, with multiplicity, every row once, no empty tile", "[plan][property]") {
   CaseGenerator gen(777);
-  for (int n = 0; n < 400; ++n) {
+  int64_t packed_tiles = 0, packed_plans = 0;
+  for (int n = 0; n < 800; ++n) {
     const auto c = gen.next();
     const TileConfig tiles = random_tiles(gen);
     const DynamicLayout* dyn = c.dynamic ? &*c.dynamic : nullptr;
-    INFO("case " << n << "\n" << describe(c, tiles));
-    const Plan plan = lower_to_plan(c.pattern, c.shape, tiles, dyn);
+    const BranchPacking packing = n % 2 ? BranchPacking::Packed : BranchPacking::Separate;
+    INFO("case " << n << (n % 2 ? " (packed)" : "") << "\n" << describe(c, tiles));
+    const Plan plan = lower_to_plan(c.pattern, c.shape, tiles, dyn, nullptr, RandomLayouts::InPlan, packing);
+    if (packing == BranchPacking::Separate) REQUIRE_FALSE(plan.packed());
+    packed_tiles += plan.stats.packed_tiles;
+    packed_plans += plan.packed();
     const Shape& s = c.shape;
     std::vector<int> count(static_cast<size_t>(s.heads_q * s.seq_q * s.seq_k), 0);
     std::vector<int> written(static_cast<size_t>(s.heads_q * s.seq_q), 0);
@@ -72,8 +80,10 @@ TEST_CASE("plan tiles cover exactly the mask, with multiplicity, every row once,
               REQUIRE(i < s.seq_q);
               REQUIRE(j >= 0);
               REQUIRE(j < s.seq_k);
+              const int weight = span.weighted() ? plan.key_weights[static_cast<size_t>(span.weight_begin + int64_t{t} * tiles.tile_k + kc)] : 1;
+              REQUIRE(weight >= 1);
               if (full || partial_tile_allows(c.pattern, span.branch, item.head, s.q_offset + i, s.k_offset + j, dyn)) {
-                ++count[static_cast<size_t>((item.head * s.seq_q + i) * s.seq_k + j)];
+                count[static_cast<size_t>((item.head * s.seq_q + i) * s.seq_k + j)] += weight;
                 ++attended;
               }
             }
@@ -85,6 +95,9 @@ TEST_CASE("plan tiles cover exactly the mask, with multiplicity, every row once,
     for (int v : written) REQUIRE(v == 1);
     require_mask_counts(c.pattern, s, dyn, count);
   }
+  // The sweep's patterns overlap often enough that packing must have left tiles out.
+  CHECK(packed_plans > 20);
+  CHECK(packed_tiles > 100);
 }
 
 TEST_CASE("a partial tile's row mask at once equals the predicate asked pair by pair", "[plan][mask][property]") {
@@ -307,7 +320,9 @@ TEST_CASE("the plan executor matches the reference (float32 tolerance)", "[plan]
     const auto k = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 10 * n + 2);
     const auto v = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 10 * n + 3);
     // Every third case with its random layouts left to the kernels: the executor masks those tiles.
-    const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn, nullptr, n % 3 == 2 ? RandomLayouts::InKernel : RandomLayouts::InPlan);
+    // Every other case packed (the CPU device's plans): a weighted key's score raised by ln(weight).
+    const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn, nullptr, n % 3 == 2 ? RandomLayouts::InKernel : RandomLayouts::InPlan,
+                                    n % 4 < 2 ? BranchPacking::Packed : BranchPacking::Separate);
     const ReferenceOutput want = reference_attention(c.pattern, s, q.data(), k.data(), v.data(), dyn, 1);
     // Each variant, in both orders (cases alternate between them), on 1 or 2 threads.
     for (const CpuSimd simd : variants) {
@@ -354,6 +369,12 @@ TEST_CASE("the plan executor's backward matches the reference gradients (float32
     const auto dout = random_tensor(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v), 10 * n + 4);
     const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn, nullptr, n % 3 == 2 ? RandomLayouts::InKernel : RandomLayouts::InPlan);
     const BackwardPlan bwd = lower_to_backward_plan(plan);
+    // Half the cases take O and LSE from a packed forward, as the CPU device does (its backward
+    // plans are Separate): the LSE is the same softmax's.
+    const bool packed_forward = n % 8 < 4;
+    const Plan fwd_plan = packed_forward ? lower_to_plan(c.pattern, s, tiles, dyn, nullptr,
+                                                         n % 3 == 2 ? RandomLayouts::InKernel : RandomLayouts::InPlan, BranchPacking::Packed)
+                                         : plan;
     const ReferenceGradients want = reference_attention_backward(c.pattern, s, q.data(), k.data(), v.data(), dout.data(), dyn, 1);
     for (const CpuSimd simd : variants) {
       const bool head_major = n % 2 == 1;
@@ -361,7 +382,7 @@ TEST_CASE("the plan executor's backward matches the reference gradients (float32
                    << describe(c, tiles));
       // Both schedules (cases alternate, independently of the order).
       const BackwardSchedule schedule = n % 4 < 2 ? BackwardSchedule::Fused : BackwardSchedule::Split;
-      INFO((schedule == BackwardSchedule::Fused ? "fused" : "split") << " schedule");
+      INFO((schedule == BackwardSchedule::Fused ? "fused" : "split") << " schedule" << (packed_forward ? ", packed forward" : ""));
       const ExecutorOptions opts{.threads = 1u + static_cast<unsigned>(n % 2), .simd = simd,
                                  .order = head_major ? ExecutorOrder::HeadMajor : ExecutorOrder::SeqMajor,
                                  .schedule = schedule};
@@ -371,14 +392,14 @@ TEST_CASE("the plan executor's backward matches the reference gradients (float32
         const auto kh = permute(k, s.batch, s.seq_k, s.heads_kv, s.head_dim, true);
         const auto vh = permute(v, s.batch, s.seq_k, s.heads_kv, s.head_dim_v, true);
         const auto dh = permute(dout, s.batch, s.seq_q, s.heads_q, s.head_dim_v, true);
-        const ExecutorOutput fwd = execute_plan(plan, c.pattern, qh.data(), kh.data(), vh.data(), dyn, opts);
+        const ExecutorOutput fwd = execute_plan(fwd_plan, c.pattern, qh.data(), kh.data(), vh.data(), dyn, opts);
         got = execute_plan_backward(plan, bwd, c.pattern, qh.data(), kh.data(), vh.data(), fwd.o.data(), fwd.lse.data(),
                                     dh.data(), dyn, opts);
         got.dq = permute(got.dq, s.batch, s.seq_q, s.heads_q, s.head_dim, false);
         got.dk = permute(got.dk, s.batch, s.seq_k, s.heads_kv, s.head_dim, false);
         got.dv = permute(got.dv, s.batch, s.seq_k, s.heads_kv, s.head_dim_v, false);
       } else {
-        const ExecutorOutput fwd = execute_plan(plan, c.pattern, q.data(), k.data(), v.data(), dyn, opts);
+        const ExecutorOutput fwd = execute_plan(fwd_plan, c.pattern, q.data(), k.data(), v.data(), dyn, opts);
         got = execute_plan_backward(plan, bwd, c.pattern, q.data(), k.data(), v.data(), fwd.o.data(), fwd.lse.data(),
                                     dout.data(), dyn, opts);
       }
@@ -408,7 +429,9 @@ TEST_CASE("the plan executor's attention weights match the reference's, and O = 
     const auto q = random_tensor(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim), 10 * n + 1);
     const auto k = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 10 * n + 2);
     const auto v = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 10 * n + 3);
-    const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn);
+    // Every other case packed: a weighted key's W is its branches' sum, as the reference's.
+    const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn, nullptr, RandomLayouts::InPlan,
+                                    n % 2 ? BranchPacking::Packed : BranchPacking::Separate);
     const std::vector<double> want = reference_weights(c.pattern, s, q.data(), k.data(), dyn, 1);
     for (const CpuSimd simd : variants) {
       const bool head_major = n % 2 == 1;
@@ -450,7 +473,8 @@ TEST_CASE("the plan executor's attention weights match the reference's, and O = 
   }
 }
 
-TEST_CASE("dilated rows are gathered into full tiles: LongNet waste stays small", "[plan]") {
+// The geometric LongNet (segments w, 2w, 4w; dilations 1, 2, 4).
+TEST_CASE("LongNet: dilated rows gather into full tiles; packed, each distinct pair is computed once", "[plan]") {
   const Pattern p = PatternBuilder()
                         .branch(BranchSpec().segment(256).dilation(1))
                         .branch(BranchSpec().segment(512).dilation(2))
@@ -463,6 +487,38 @@ TEST_CASE("dilated rows are gathered into full tiles: LongNet waste stays small"
   // Every tile is full: rows of one residue class share their branches and key lists exactly.
   CHECK(plan.stats.partial_tiles == 0);
   CHECK(plan.stats.computed_pairs == plan.stats.computed_real_pairs);
+  // Packed: a pair the dilated branches share with the dense one is left to the dense one's tile.
+  const PatternStats st = pattern_stats(MaskContext{p, s, nullptr});
+  REQUIRE(st.distinct_pairs < st.attended_pairs);
+  CHECK(plan.stats.computed_pairs == st.attended_pairs);
+  CHECK(plan.stats.packed_tiles == 0);
+  const Plan packed = lower_to_plan(p, s, TileConfig{16, 16}, nullptr, nullptr, RandomLayouts::InPlan, BranchPacking::Packed);
+  CHECK(packed.stats.computed_pairs == st.distinct_pairs);
+  CHECK(packed.stats.packed_tiles * 16 * 16 == st.attended_pairs - st.distinct_pairs);
+  // A key of the dense branch that the two dilated ones also reach (for rows in all three) counts 3.
+  CHECK(*std::max_element(packed.key_weights.begin(), packed.key_weights.end()) == 3);
+  // The backward's key-major plan is made from Separate plans only (its entries carry no weights).
+  REQUIRE_THROWS_WITH(lower_to_backward_plan(packed), Catch::Contains("BranchPacking::Separate"));
+}
+
+TEST_CASE("packing leaves branches with other bands, layouts, or the head_groups combine alone", "[plan]") {
+  Shape s;
+  s.seq_q = s.seq_k = 512;
+  s.heads_q = s.heads_kv = 2;
+  const auto packed = [&](const Pattern& p) {
+    return lower_to_plan(p, s, TileConfig{16, 16}, nullptr, nullptr, RandomLayouts::InPlan, BranchPacking::Packed).stats.packed_tiles;
+  };
+  // The dense branch is causal, the dilated one not: a pair the dilated one attends above the
+  // diagonal is not the dense one's, so nothing may be left out on the strength of the dense tile.
+  CHECK(packed(PatternBuilder().branch(BranchSpec().segment(256).dilation(1).causal()).branch(BranchSpec().segment(512).dilation(2)).build()) == 0);
+  // Both causal: the same band, packed.
+  CHECK(packed(PatternBuilder().branch(BranchSpec().segment(256).dilation(1).causal()).branch(BranchSpec().segment(512).dilation(2).causal()).build()) > 0);
+  // A layout decides per block: never packed.
+  CHECK(packed(PatternBuilder().branch(BranchSpec().segment(256).layout(layouts::local(1, 16, 16))).branch(BranchSpec().segment(512).dilation(2)).build()) == 0);
+  // head_groups: the branches are separate outputs, not one softmax.
+  Pattern groups = PatternBuilder().branch(BranchSpec().segment(256).dilation(1)).branch(BranchSpec().segment(512).dilation(2)).build();
+  groups.combine = Combine::HeadGroups;
+  CHECK(packed(groups) == 0);
 }
 
 TEST_CASE("bad tiles and tables are rejected", "[plan][errors]") {
