@@ -353,6 +353,7 @@ Plan lower_documents(const Pattern& p, const Shape& s, const TileConfig& tiles, 
     const Plan one = lower_to_plan(p, sub, tiles, nullptr, nullptr, random, packing);
     plan.kernel_seeks |= one.kernel_seeks;
     const int64_t span_base = static_cast<int64_t>(plan.spans.size()), entry_base = static_cast<int64_t>(plan.tile_entries.size());
+    if (plan.key_weights.size() % 2) plan.key_weights.push_back(1);  // runs start at even offsets
     const int64_t weight_base = static_cast<int64_t>(plan.key_weights.size());
     for (WorkItem it : one.items) {
       it.rows.start += start;

@@ -92,8 +92,14 @@ TEST_CASE("documents: the plan never visits a tile across documents, runs as the
     const DocCase c = next_doc_case(gen);
     const Shape& s = c.shape;
     const TileConfig tiles{int32_t(8 << (n % 3)), int32_t(8 << (n % 2))};
-    INFO("case " << n << " tiles " << tiles.tile_q << "x" << tiles.tile_k << "\n" << canonical_text(c.pattern));
-    const Plan plan = lower_to_plan(c.pattern, s, tiles, nullptr, &c.cu);
+    // Every other case packed (a pair several branches attend computed once, weighted): each
+    // document's weights keep their runs at even offsets (the kernels read two at a time).
+    const BranchPacking packing = n % 4 < 2 ? BranchPacking::Packed : BranchPacking::Separate;
+    INFO("case " << n << " tiles " << tiles.tile_q << "x" << tiles.tile_k << (n % 4 < 2 ? " packed" : "") << "\n"
+                 << canonical_text(c.pattern));
+    const Plan plan = lower_to_plan(c.pattern, s, tiles, nullptr, &c.cu, RandomLayouts::InPlan, packing);
+    for (const KeySpan& span : plan.spans)
+      if (span.weighted()) REQUIRE(span.weight_begin % 2 == 0);
     REQUIRE(plan.documents == c.cu);
     REQUIRE(plan.doc_base.size() == size_t(s.seq_q));
     for (int64_t r = 0; r < s.seq_q; ++r) REQUIRE(plan.doc_base[size_t(r)] == c.cu[size_t(document_of(c.cu, r))]);
