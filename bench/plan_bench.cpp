@@ -5,7 +5,9 @@
 // Targets: bigbird at 32K tokens, 16 heads <= 20 ms; every example at 1M <= 100 ms.
 // Plans are made as the GPU and emulator devices make them: random layouts whose plan would hash
 // more blocks than the ATTNJIT_RANDOM_IN_KERNEL knob (default 2^26) are left to the kernels
-// (column "random": plan or kernel; such a plan's visited tiles are what the band allows).
+// (column "random": plan or kernel; such a plan's visited tiles are what the band allows), and
+// packed where the ATTNJIT_PACK_BRANCHES knob allows (a pair several branches attend computed
+// once: a LongNet's waste is then below 1, its computed pairs near its distinct ones).
 // Usage: attnjit_plan_bench [--seq N] [--big-seq N] [--heads H] [--tile QxK] [--repeat R] SPEC...
 #include <algorithm>
 #include <chrono>
@@ -33,7 +35,8 @@ double plan_ms(const Pattern& p, const Shape& s, const TileConfig& t, int repeat
   std::vector<double> ms;
   for (int r = 0; r < repeat; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    Plan plan = lower_to_plan(p, s, t, nullptr, nullptr, random_for(p, s));
+    Plan plan = lower_to_plan(p, s, t, nullptr, nullptr, random_for(p, s),
+                              knobs().pack_branches ? BranchPacking::Packed : BranchPacking::Separate);
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     if (r == repeat - 1 && keep) *keep = std::move(plan);
   }

@@ -195,5 +195,7 @@ KernelRequest paged_request(const PagedProblem& pb, int arch, const KernelConfig
 // A plan that leaves layouts to the kernels needs kernels that seek (an internal error otherwise:
 // the kernels would take every tile of the band).
 void check_kernel_seeks(const Plan& plan, const KernelSource& k);
+// A packed plan (Plan::packed) meets only a forward kernel that weighs its keys (KernelSource::key_weights).
+void check_kernel_weights(const Plan& plan, const KernelSource& k);
 
 }  // namespace attnjit

@@ -61,6 +61,10 @@ void check_kernel_seeks(const Plan& plan, const KernelSource& k) {
                 "a plan that leaves layouts to the kernels met kernel " + k.name + ", which does not seek");
 }
 
+void check_kernel_weights(const Plan& plan, const KernelSource& k) {
+  ATTNJIT_CHECK(!plan.packed() || k.key_weights, "a packed plan met kernel " + k.name + ", which does not weigh its keys");
+}
+
 int64_t plan_bytes(const Plan& plan) {
   return plan.stats.table_bytes + static_cast<int64_t>((plan.doc_base.size() + plan.documents.size()) * sizeof(int64_t));
 }

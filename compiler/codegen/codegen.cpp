@@ -214,7 +214,7 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   // ... and every AJ_POLY_EXP2-th n-tile's exponentials by aj_ex2_poly.
   if (r.poly_exp2 && forward && k.path != KernelPath::Simt) os << "#define AJ_POLY_EXP2 4\n";
   // The forward of a pattern whose plans may be packed weighs its weighted keys (aj_tc_weigh).
-  if (r.pack_branches && forward && !paged && branches_may_pack(p)) os << "#define AJ_KEY_WEIGHTS 1\n";
+  if (k.key_weights) os << "#define AJ_KEY_WEIGHTS 1\n";
   if (k.path == KernelPath::Sm80 && !paged) {
     // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
     os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "
@@ -382,6 +382,7 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& request, con
   const std::string predicate = generate_mask_predicate(p);
   k.has_mask = pattern_has_mask(p);
   k.seeks = kernel_seeks(p, r);
+  k.key_weights = r.pack_branches && branches_may_pack(p);
 
   std::ostringstream os;
   const std::vector<std::string> bodies =

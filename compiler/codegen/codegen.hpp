@@ -94,6 +94,7 @@ struct KernelSource {
   int shared_bytes = 0;       // dynamic shared memory the launch needs
   bool has_mask = false;      // some branch has a causal, window or layout predicate
   bool seeks = false;         // carries the seek (kernel_seeks): runs plans that leave layouts to it
+  bool key_weights = false;   // a forward that weighs a packed plan's keys (AJ_KEY_WEIGHTS): runs packed plans
   int tma_maps = 0;           // Sm90Tma: tensor maps per K and V (the kernel's second parameter, AjTmaMaps)
   std::string template_hash;  // of the templates it was rendered from
   std::string source_hash;    // sha256 of `source` (part of the cache key)

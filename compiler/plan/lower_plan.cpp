@@ -14,6 +14,10 @@ namespace attnjit {
 namespace {
 
 constexpr int64_t kMaxResidues = 4096;  // larger lcm(dilations): rows are grouped one residue at a time
+// A packed plan's key weights at most (64 MiB): past it, query tiles are left Separate. Segments
+// keep the weights' runs few (identical runs are stored once: 698 KB for examples/longnet.json at
+// any length); a pattern without segments can make a run per query tile, as long as the sequence.
+constexpr size_t kMaxKeyWeights = size_t{1} << 26;
 
 struct HeadBranch {
   int32_t index;
@@ -226,6 +230,13 @@ private:
       }
     }
     if (!left_out) return 0;
+    // The weights' runs first: past the budget this query tile stays Separate (spans untouched).
+    std::vector<int64_t> run_at(n, -1);
+    for (size_t j = 0; j < n; ++j) {
+      if (weights[j].empty() || std::none_of(weights[j].begin(), weights[j].end(), [](uint8_t w) { return w > 1; })) continue;
+      run_at[j] = intern_weights(weights[j], plan);
+      if (run_at[j] < 0) return 0;
+    }
     // The spans again, in their order, each cut into its kept runs of tiles.
     std::vector<KeySpan> out;
     for (int64_t s = begin; s < end; ++s) {
@@ -236,8 +247,7 @@ private:
         continue;
       }
       KeySpan piece = sp;
-      if (!weights[j].empty() && std::any_of(weights[j].begin(), weights[j].end(), [](uint8_t w) { return w > 1; }))
-        piece.weight_begin = intern_weights(weights[j], plan);
+      piece.weight_begin = run_at[j];
       for (int32_t t = sp.tile_begin; t < sp.tile_end;) {
         if (!kept[j][static_cast<size_t>(t - sp.tile_begin)]) {
           ++t;
@@ -260,14 +270,18 @@ private:
     return x.causal == y.causal && x.window == y.window;
   }
 
-  // The offset of `w` in plan.key_weights, appended unless the same run is there already. Runs start
-  // at even offsets (a kernel reads a tile's terms two keys at a time, 8-byte aligned).
+  // The offset of `w` in plan.key_weights, appended unless the same run is there already; -1 when it
+  // would take the weights past kMaxKeyWeights. Runs start at even offsets (a kernel reads a tile's
+  // weights two keys at a time, 8-byte aligned).
   int64_t intern_weights(const std::vector<uint8_t>& w, Plan& plan) {
     std::string key(w.begin(), w.end());
+    if (const auto it = weight_runs_.find(key); it != weight_runs_.end()) return it->second;
+    if (plan.key_weights.size() + w.size() + 1 > kMaxKeyWeights) return -1;
     if (plan.key_weights.size() % 2) plan.key_weights.push_back(1);
-    auto [it, inserted] = weight_runs_.emplace(std::move(key), static_cast<int64_t>(plan.key_weights.size()));
-    if (inserted) plan.key_weights.insert(plan.key_weights.end(), w.begin(), w.end());
-    return it->second;
+    const int64_t at = static_cast<int64_t>(plan.key_weights.size());
+    plan.key_weights.insert(plan.key_weights.end(), w.begin(), w.end());
+    weight_runs_.emplace(std::move(key), at);
+    return at;
   }
 
   // Visited tiles, full tiles and keys in visited tiles over a range of spans.

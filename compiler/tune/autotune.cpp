@@ -89,11 +89,11 @@ std::vector<KernelConfig> candidates_of(const KernelRequest& base, bool backward
 std::vector<KernelConfig> candidate_configs(const KernelRequest& base) { return candidates_of(base, false); }
 std::vector<KernelConfig> candidate_backward_configs(const KernelRequest& base) { return candidates_of(base, true); }
 
-int64_t planned_pairs(const Pattern& p, const Shape& s, const KernelConfig& c, const DynamicLayout* dynamic) {
+int64_t planned_pairs(const Pattern& p, const Shape& s, const KernelConfig& c, const DynamicLayout* dynamic,
+                      BranchPacking packing) {
   Shape one = s;
   one.batch = 1;
-  return lower_to_plan(p, one, TileConfig{c.tile_q, c.tile_k}, dynamic, nullptr, RandomLayouts::InPlan, BranchPacking::Packed)
-      .stats.computed_pairs;
+  return lower_to_plan(p, one, TileConfig{c.tile_q, c.tile_k}, dynamic, nullptr, RandomLayouts::InPlan, packing).stats.computed_pairs;
 }
 
 std::vector<std::string> prune_candidates(const std::vector<KernelConfig>& candidates, const CostModel& cost,

@@ -17,6 +17,7 @@
 #include "compiler/codegen/codegen.hpp"
 #include "compiler/pattern/mask.hpp"
 #include "compiler/pattern/pattern.hpp"
+#include "compiler/plan/plan.hpp"
 
 namespace attnjit {
 
@@ -77,9 +78,10 @@ using CostModel = std::function<int64_t(const KernelConfig&)>;
 // not timed: see prune_candidates.
 constexpr double kMaxPairsRatio = 1.5;
 
-// computed_pairs of the plan with the config's tiles (batch 1, packed as the runtime's forward
-// plans are: BranchPacking::Packed): the work the MMA units do.
-int64_t planned_pairs(const Pattern& p, const Shape& s, const KernelConfig& c, const DynamicLayout* dynamic = nullptr);
+// computed_pairs of the plan with the config's tiles (batch 1): the work the MMA units do. The
+// forward's plans are packed as the runtime packs them (`packing`); the backward's never are.
+int64_t planned_pairs(const Pattern& p, const Shape& s, const KernelConfig& c, const DynamicLayout* dynamic = nullptr,
+                      BranchPacking packing = BranchPacking::Separate);
 
 // Why each candidate is skipped ("pruned: ..." or "failed: ..."), index-aligned with `candidates`;
 // an empty string keeps it. The cost model runs first (planning takes milliseconds, compiling

@@ -144,9 +144,10 @@ struct RuntimeOptions {
   // (FlashAttention-4); also the ATTNJIT_POLY_EXP2=1 knob. Off by default until measured on a GPU.
   bool poly_exp2 = false;
   // The forward computes a pair that several branches attend (LongNet's overlapping segments) once,
-  // its score weighted by the number of branches, where the device's forward reads such weights
-  // (the CPU device); false (or the ATTNJIT_PACK_BRANCHES=0 knob): once per branch. The same
-  // softmax either way; `attnjit dump SPEC --stage plan --pack-branches` shows what is left out.
+  // its probability weighted by the number of branches (every device; the backward's plans stay
+  // per branch); false (or the ATTNJIT_PACK_BRANCHES=0 knob): once per branch, and kernels without
+  // the weights. The same softmax either way; `attnjit dump SPEC --stage plan --pack-branches`
+  // shows what is left out.
   bool pack_branches = true;
   // Kernels are rendered from these templates instead of the embedded ones (tests render
   // deliberately broken kernels this way; a changed template changes the kernel's cache key).

@@ -85,18 +85,23 @@ const uint8_t* tile_weights(const Plan& plan, const KeySpan& span, int32_t t) {
   return span.weighted() ? plan.key_weights.data() + span.weight_begin + int64_t{t} * plan.tiles.tile_k : nullptr;
 }
 
-// Scaled scores of a tile whose key c stands for w[c] branches: + ln w[c], so exp(s + ln w) = w exp(s)
-// (plan.hpp, BranchPacking). Before the mask: a masked pair stays -inf.
-void add_key_weights(const uint8_t* w, Matrix& scores) {
+// Probabilities of a tile whose key c stands for w[c] branches (plan.hpp, BranchPacking): w[c] P,
+// the pair's term once for each branch. After the exponential, as the kernels do: ln w added to a
+// score would be lost in its rounding at scores past 2^21. Returns what the row sums gain, row by
+// row, into `extra` (sized by the caller). A masked pair's P is 0 and stays 0.
+void weigh_probabilities(const uint8_t* w, Matrix& p, Eigen::ArrayXf* extra) {
   if (!w) return;
-  for (Eigen::Index c = 0; c < scores.cols(); ++c)
-    if (w[c] > 1) scores.col(c).array() += std::log(static_cast<float>(w[c]));
+  for (Eigen::Index c = 0; c < p.cols(); ++c) {
+    if (w[c] <= 1) continue;
+    if (extra) *extra += p.col(c).array() * static_cast<float>(w[c] - 1);
+    p.col(c) *= static_cast<float>(w[c]);
+  }
 }
 
 // One query tile's running state and its scratch, reused across the units a worker takes.
 struct ForwardState {
   Matrix scores, keep, acc;
-  Eigen::ArrayXf m, l;
+  Eigen::ArrayXf m, l, extra;
 };
 
 void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, ForwardState& st) {
@@ -119,7 +124,6 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
       // Scaled in a pass of its own, so that each exponent is the rounded scaled score minus the
       // rounded maximum (the maximum's weight exactly 1 at any score), whatever the compiler fuses.
       st.scores *= scale;
-      add_key_weights(tile_weights(plan, span, t), st.scores);
       if (!full) apply_mask(job, span.branch, item.head, item.rows, keys, st.scores, st.keep);
       // The online-softmax step, a row at a time (rows are contiguous, so Eigen vectorises exp). A
       // row that has seen no key yet (max -inf) keeps its empty state.
@@ -146,6 +150,11 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
           st.m(r) = m_new;
         }
         st.l(r) += sum;
+      }
+      if (const uint8_t* w = tile_weights(plan, span, t)) {  // a packed plan's weighted keys: w P
+        st.extra.setZero(n);
+        weigh_probabilities(w, st.scores, &st.extra);
+        st.l += st.extra;
       }
       product(full, st.scores, st.keep, v, st.acc);
     });
@@ -184,7 +193,6 @@ void probabilities(const ExecutorJob& job, int64_t b, int32_t head, int64_t kvh,
   sc.p.resize(rows.count, keys.count);
   sc.p.noalias() = q * k.transpose();
   sc.p *= scale;  // rounded before the exp, as the forward's (its LSE holds the rounded maximum)
-  add_key_weights(weights, sc.p);
   if (!full) apply_mask(job, branch, head, rows, keys, sc.p, sc.keep);
   for (int64_t r = 0; r < rows.count; ++r) {
     auto row = sc.p.row(r).array();
@@ -194,6 +202,7 @@ void probabilities(const ExecutorJob& job, int64_t b, int32_t head, int64_t kvh,
     }
     exp_row(row.data(), full ? nullptr : sc.keep.row(r).data(), keys.count, 1.0f, lse(r));
   }
+  weigh_probabilities(weights, sc.p, nullptr);
 }
 
 void probabilities_and_ds(const ExecutorJob& job, int64_t b, int32_t head, int64_t kvh, int32_t branch, const RowMap& rows,

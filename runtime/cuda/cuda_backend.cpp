@@ -316,6 +316,7 @@ public:
     check_device_memory({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", lse}});
     check_device_table(options.device_dynamic_layout);
     check_kernel_seeks(entry.plan, source_);
+    check_kernel_weights(entry.plan, source_);
     const auto& t = *static_cast<const GpuTables*>(entry.device_state.get());
     if (t.num_items == 0) return;
     const CUstream stream = static_cast<CUstream>(options.stream);

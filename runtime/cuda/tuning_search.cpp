@@ -204,7 +204,12 @@ GpuTuneOutcome tune_on_gpu(const Pattern& p, const Problem& pb, const TuneBudget
   if (!options.cache_dir.empty()) own = std::make_unique<KernelCache>(options.cache_dir, knobs().cache_max_bytes, true);
   KernelCompiler compiler(own ? *own : default_kernel_cache(), knobs());
   const std::vector<std::string> skip = prune_candidates(
-      candidates, [&](const KernelConfig& c) { return planned_pairs(p, shape, c); },
+      candidates,
+      [&](const KernelConfig& c) {
+        // The forward's plans packed as the runtime packs them (its options are the knobs' here).
+        const bool packed = !options.backward && knobs().pack_branches;
+        return planned_pairs(p, shape, c, nullptr, packed ? BranchPacking::Packed : BranchPacking::Separate);
+      },
       kernel_compile_check(p, base, compiler, budget.compile_timeout_s, options.backward),
       [&](size_t done, size_t total) {
         if (progress) progress("compiling", done, total);

@@ -149,6 +149,7 @@ public:
   void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView* lse, const ForwardOptions& options) override {
     check_kernel_seeks(entry.plan, source_);
+    check_kernel_weights(entry.plan, source_);
     const auto& t = *static_cast<const HostTables*>(entry.device_state.get());
     if (t.plan.items.empty()) return;
     DeviceImage img;

@@ -474,7 +474,7 @@ TEST_CASE("the plan executor's attention weights match the reference's, and O = 
 }
 
 // The geometric LongNet (segments w, 2w, 4w; dilations 1, 2, 4).
-TEST_CASE("LongNet: dilated rows gather into full tiles; packed, each distinct pair is computed once", "[plan]") {
+TEST_CASE("LongNet: dilated rows gather into full tiles, and packed, each distinct pair is computed once", "[plan]") {
   const Pattern p = PatternBuilder()
                         .branch(BranchSpec().segment(256).dilation(1))
                         .branch(BranchSpec().segment(512).dilation(2))

@@ -249,6 +249,34 @@ TEST_CASE("the plan executor: extreme finite scores keep the maximum's weight at
   }
 }
 
+// A packed plan weights a key that two branches attend by 2. Scores near 2^22 that differ by less
+// than one (float spacing 0.5 there): ln 2 added to such a score would round to 0.5 (a weight of
+// 1.65); the executor multiplies the probability instead, so O weighs the shared keys exactly twice.
+TEST_CASE("the plan executor: a packed plan's weights stay exact at large scores", "[plan][executor]") {
+  const Pattern p = PatternBuilder().scale(1.0).branch(BranchSpec().full()).branch(BranchSpec().full().dilation(2)).build();
+  Shape s;
+  s.seq_q = s.seq_k = 32;
+  s.heads_q = s.heads_kv = 1;
+  s.head_dim = s.head_dim_v = 4;
+  std::vector<float> q(128, 0.0f), k(128, 0.0f);
+  const std::vector<float> v = random_tensor(128, 9);
+  for (int64_t i = 0; i < 32; ++i) {
+    q[size_t(i * 4)] = 4194304.0f;                                     // 2^22
+    k[size_t(i * 4)] = 1.0f + float((i * 7) % 11) * 1.1920929e-7f;    // scores 2^22 + 0.5 * (0..10)
+  }
+  const ReferenceOutput want = reference_attention(p, s, q.data(), k.data(), v.data());
+  const Plan plan = lower_to_plan(p, s, TileConfig{8, 8}, nullptr, nullptr, RandomLayouts::InPlan, BranchPacking::Packed);
+  REQUIRE(plan.stats.packed_tiles > 0);
+  for (const CpuSimd simd : simd_variants()) {
+    INFO(cpu_simd_name(simd));
+    const ExecutorOutput got = execute_plan(plan, p, q.data(), k.data(), v.data(), nullptr, {.simd = simd});
+    for (size_t x = 0; x < got.o.size(); ++x) {
+      INFO("o index " << x);
+      REQUIRE(std::abs(got.o[x] - want.o[x]) < 1e-5);
+    }
+  }
+}
+
 TEST_CASE("the plan executor uses one thread for a small call and every core for a large one", "[plan][executor]") {
   const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
