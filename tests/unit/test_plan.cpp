@@ -501,6 +501,27 @@ TEST_CASE("LongNet: dilated rows gather into full tiles, and packed, each distin
   REQUIRE_THROWS_WITH(lower_to_backward_plan(packed), Catch::Contains("BranchPacking::Separate"));
 }
 
+// Without segments a causal pair of branches makes a weight run per query tile as long as its
+// keys: the runs stop at 64 MiB and the query tiles past that stay Separate (still exact).
+TEST_CASE("packing: the key weights stop at their budget, the rest of the plan stays Separate", "[plan]") {
+  const Pattern p = PatternBuilder().causal().branch(BranchSpec().full()).branch(BranchSpec().full().dilation(2)).build();
+  Shape s;
+  s.seq_q = s.seq_k = 65536;
+  s.heads_q = s.heads_kv = 1;
+  const Plan separate = lower_to_plan(p, s, TileConfig{8, 8});
+  const Plan packed = lower_to_plan(p, s, TileConfig{8, 8}, nullptr, nullptr, RandomLayouts::InPlan, BranchPacking::Packed);
+  int64_t dilated_tiles = 0;
+  for (const WorkItem& item : separate.items)
+    for (int64_t sp = item.span_begin; sp < item.span_end; ++sp)
+      if (separate.spans[size_t(sp)].branch == 1) dilated_tiles += span_tile_count(separate, separate.spans[size_t(sp)]);
+  CHECK(packed.key_weights.size() <= size_t{1} << 26);
+  CHECK(packed.key_weights.size() > size_t{1} << 25);  // the budget was reached
+  CHECK(packed.stats.packed_tiles > 0);
+  CHECK(packed.stats.packed_tiles < dilated_tiles);  // uncapped, every dilated tile would be left out
+  CHECK(packed.stats.full_tiles + packed.stats.partial_tiles + packed.stats.packed_tiles ==
+        separate.stats.full_tiles + separate.stats.partial_tiles);
+}
+
 TEST_CASE("packing leaves branches with other bands, layouts, or the head_groups combine alone", "[plan]") {
   Shape s;
   s.seq_q = s.seq_k = 512;
