@@ -183,8 +183,39 @@ private:
   // keeps. Then each of those keys counts one more branch in i's weights. The rows are the same
   // for every span (one query tile), so "i holds the key" means i attends every pair j does: the
   // masks of a band are the same predicate in both, evaluated in i's tile.
-  // Returns the number of tiles left out.
+  // Returns the number of tiles left out. The answer depends only on the spans' geometry relative to
+  // the first one's first key, which repeats from cell to cell and head to head: it is computed once
+  // per such geometry and replayed (at a million tokens LongNet has 65,536 query groups and a few
+  // dozen geometries).
   int64_t pack_spans(int64_t begin, Plan& plan) {
+    const int64_t end = static_cast<int64_t>(plan.spans.size());
+    if (end - begin < 2) return 0;
+    const int64_t base = plan.spans[static_cast<size_t>(begin)].keys.start;
+    std::vector<int64_t> shape;
+    for (int64_t s = begin; s < end; ++s) {
+      const KeySpan& sp = plan.spans[static_cast<size_t>(s)];
+      shape.insert(shape.end(), {sp.keys.start - base, sp.keys.stride, sp.keys.count, sp.branch, sp.tile_begin, sp.tile_end,
+                                 sp.full_begin, sp.full_end, sp.entry_begin, sp.entry_end});
+    }
+    if (const auto it = packed_by_shape_.find(shape); it != packed_by_shape_.end()) {
+      plan.spans.resize(static_cast<size_t>(begin));
+      for (KeySpan sp : it->second.spans) {
+        sp.keys.start += base;
+        plan.spans.push_back(sp);
+      }
+      return it->second.left_out;
+    }
+    const int64_t left_out = pack_spans_once(begin, plan);
+    PackedShape& memo = packed_by_shape_[std::move(shape)];
+    memo.left_out = left_out;
+    for (size_t s = static_cast<size_t>(begin); s < plan.spans.size(); ++s) {
+      memo.spans.push_back(plan.spans[s]);
+      memo.spans.back().keys.start -= base;
+    }
+    return left_out;
+  }
+
+  int64_t pack_spans_once(int64_t begin, Plan& plan) {
     const int64_t end = static_cast<int64_t>(plan.spans.size());
     std::vector<int64_t> order;
     for (int64_t s = begin; s < end; ++s) {
@@ -315,6 +346,11 @@ private:
   SpanGeometry geometry_;
   BranchPacking packing_;
   std::unordered_map<std::string, int64_t> weight_runs_;  // packed plans: key_weights runs by content
+  struct PackedShape {
+    std::vector<KeySpan> spans;  // keys.start relative to the first span's
+    int64_t left_out = 0;
+  };
+  std::map<std::vector<int64_t>, PackedShape> packed_by_shape_;  // pack_spans by the spans' relative geometry
   std::vector<int64_t> divisors_of_lcm_;
   std::vector<std::pair<const HeadBranch*, Prog>> keys_;  // reused across groups
 };
