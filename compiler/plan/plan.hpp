@@ -56,8 +56,8 @@ struct KeySpan {
   int32_t full_begin = 0, full_end = 0;
   int64_t entry_begin = -1, entry_end = -1;  // -1: no list, use the ranges
   // Packed plans (BranchPacking::Packed): key c of the span (keys.at(c)) stands for
-  // Plan::key_weights[weight_begin + c] branches, its score weighted by that many (a term
-  // exp(s + ln w) of the softmax); -1: every key stands for its own branch alone (weight 1).
+  // Plan::key_weights[weight_begin + c] branches: its term of the softmax counts w times (w exp(s));
+  // -1: every key stands for its own branch alone (weight 1).
   int64_t weight_begin = -1;
   bool listed() const { return entry_begin >= 0; }
   bool weighted() const { return weight_begin >= 0; }
