@@ -19,6 +19,10 @@ constexpr int64_t kMaxResidues = 4096;  // larger lcm(dilations): rows are group
 // any length); a pattern without segments can make a run per query tile, as long as the sequence.
 constexpr size_t kMaxKeyWeights = size_t{1} << 26;
 
+// Do two branches mask a pair alike beyond segment and selection (causal flag and window)? Only
+// such branches pack (BranchPacking).
+bool same_band(const Branch& a, const Branch& b) { return a.causal == b.causal && a.window == b.window; }
+
 struct HeadBranch {
   int32_t index;
   const Branch* branch;
@@ -297,8 +301,7 @@ private:
   }
 
   bool same_band(int32_t a, int32_t b) const {
-    const Branch &x = pattern_.branches[static_cast<size_t>(a)], &y = pattern_.branches[static_cast<size_t>(b)];
-    return x.causal == y.causal && x.window == y.window;
+    return attnjit::same_band(pattern_.branches[static_cast<size_t>(a)], pattern_.branches[static_cast<size_t>(b)]);
   }
 
   // The offset of `w` in plan.key_weights, appended unless the same run is there already; -1 when it
@@ -451,7 +454,7 @@ bool branches_may_pack(const Pattern& p) {
   for (size_t i = 0; i < p.branches.size(); ++i)
     for (size_t j = i + 1; j < p.branches.size(); ++j) {
       const Branch &a = p.branches[i], &b = p.branches[j];
-      if (!a.layout && !b.layout && a.causal == b.causal && a.window == b.window) return true;
+      if (!a.layout && !b.layout && same_band(a, b)) return true;
     }
   return false;
 }
