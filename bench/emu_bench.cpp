@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
     for (const std::string& path : specs) {
       if (path.find("manifest") != std::string::npos) continue;  // a precompile manifest, not a pattern
       const Pattern p = load_spec_file(path);
-      const Problem pb{1, seq, seq, heads, heads, head_dim, head_dim, dtype};
+      const Problem pb{1, seq, seq, heads, heads, head_dim, head_dim, dtype, {}};
       RuntimeOptions ro;
       ro.device = Device::emu(arch);
       ro.cache_dir = dir;

@@ -324,7 +324,7 @@ int main(int argc, char** argv) {
       // First use of NVRTC and the driver's module loader, so that no spec's cold time pays for it.
       const auto t0 = Clock::now();
       const Pattern warm = PatternBuilder().branch(BranchSpec().full().causal()).build();
-      const Problem wpb{1, 64, 64, 1, 1, 64, 64, opt.dtype == DType::F32 ? DType::F16 : DType::F32};
+      const Problem wpb{1, 64, 64, 1, 1, 64, 64, opt.dtype == DType::F32 ? DType::F16 : DType::F32, {}};
       Tensors wt(wpb, 1);
       first_result(opt, tmp + "/warmup", warm, wpb, wt, stream);
       out["warmup_ms"] = ms_since(t0);
@@ -354,7 +354,7 @@ int main(int argc, char** argv) {
           std::string kernel = "-";
           double med = NAN, best = NAN, tflops = NAN, cold = NAN, disk = NAN, mem = NAN, bwd_med = NAN, bwd_tflops = NAN;
           if (!opt.dry_run) {
-            const Problem pb{opt.batch, seq, seq, opt.heads, opt.heads_kv, opt.head_dim, opt.head_dim, opt.dtype};
+            const Problem pb{opt.batch, seq, seq, opt.heads, opt.heads_kv, opt.head_dim, opt.head_dim, opt.dtype, {}};
             Tensors t(pb, 17 + uint64_t(index));
             Attention op;
             const std::string cold_dir = tmp + "/cold-" + std::to_string(index), disk_dir = tmp + "/disk-" + std::to_string(index);

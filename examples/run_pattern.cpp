@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     const aj::Pattern p = aj::load_spec_file(o.spec);
-    aj::Problem pb{1, o.seq, o.seq, o.heads, o.heads, o.head_dim, o.head_dim, aj::DType::BF16};
+    aj::Problem pb{1, o.seq, o.seq, o.heads, o.heads, o.head_dim, o.head_dim, aj::DType::BF16, {}};
     std::printf("%s: seq %lld, %lld heads, head dim %lld, bf16\n", o.spec.c_str(), static_cast<long long>(o.seq),
                 static_cast<long long>(o.heads), static_cast<long long>(o.head_dim));
     const size_t n = static_cast<size_t>(o.seq * o.heads * o.head_dim);

@@ -86,14 +86,53 @@ Shape problem_shape(const Problem& pb, int64_t q_offset, int64_t k_offset) {
 }
 
 KernelRequest problem_request(const Problem& pb, int arch, bool arch_specific) {
-  return kernel_request(problem_shape(pb, 0, 0), pb.dtype, arch, arch_specific);
+  KernelRequest r = kernel_request(problem_shape(pb, 0, 0), pb.dtype, arch, arch_specific);
+  if (pb.dtype == DType::E4M3) r.out_dtype = pb.o_dtype();
+  return r;
 }
 
 void check_problem(const Problem& pb) {
-  if (pb.dtype == DType::E4M3)
-    throw UserError("problem.dtype", "fp8_e4m3 is so far the dtype of a paged KV cache only (PagedProblem::kv_dtype); "
-                                     "use fp32, fp16 or bf16");
+  if (pb.out_dtype && *pb.out_dtype != pb.dtype) {
+    if (pb.dtype != DType::E4M3)
+      throw UserError("problem.out_dtype", std::string("differs from the inputs' dtype ") + to_string(pb.dtype) +
+                                               "; only fp8_e4m3 inputs have an output of another dtype (leave it empty)");
+    if (*pb.out_dtype != DType::BF16 && *pb.out_dtype != DType::F16)
+      throw UserError("problem.out_dtype", std::string("is ") + to_string(*pb.out_dtype) +
+                                               "; fp8_e4m3 attention writes bf16 or fp16");
+  }
   check_shape(problem_shape(pb, 0, 0), "problem.");
+}
+
+void check_forward_only(const Problem& pb, const char* call) {
+  if (pb.dtype == DType::E4M3)
+    throw UserError(call, "is not available for fp8_e4m3 inputs: FP8 attention is forward only (inference); "
+                          "train in bf16 or fp16");
+}
+
+void check_descales(const Problem& pb, const ForwardOptions& options, const TensorView& q, const TensorView& k,
+                    const TensorView& v, const TensorView& o) {
+  const std::pair<const char*, const TensorView*> scales[] = {
+      {"q_descale", options.q_descale}, {"k_descale", options.k_descale}, {"v_descale", options.v_descale}};
+  for (const auto& [name, t] : scales) {
+    if (pb.dtype != DType::E4M3) {
+      if (t) throw UserError(name, std::string("is only for fp8_e4m3 inputs; these are ") + to_string(pb.dtype));
+      continue;
+    }
+    if (!t)
+      throw UserError(name, "is missing: fp8_e4m3 inputs need q_descale, k_descale and v_descale (fp32 [batch, heads_kv]; "
+                            "strides 0 for one factor per tensor, 1.0 where the codes are the values)");
+    if (t->shape.size() != 2 || t->strides.size() != 2)
+      throw UserError(name, "must be a 2-D fp32 view [batch, heads_kv] (strides 0 broadcast one factor); got shape " +
+                                dims(t->shape));
+    if (t->shape[0] != pb.batch || t->shape[1] != pb.heads_kv)
+      throw UserError(name, "has shape " + dims(t->shape) + " but the problem needs [" + std::to_string(pb.batch) + ", " +
+                                std::to_string(pb.heads_kv) + "] ([batch, heads_kv]; strides 0 broadcast one factor)");
+    if (t->dtype != DType::F32) throw UserError(name, std::string("has dtype ") + to_string(t->dtype) + " but must be fp32");
+    if (!t->data) throw UserError(name, "is a null pointer");
+    if (t->strides[0] < 0 || t->strides[1] < 0) throw UserError(name, "has a negative stride");
+    for (const auto& [other, u] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}})
+      if (overlap(*t, *u)) throw UserError(name, std::string("overlaps ") + other + "; give the factors their own memory");
+  }
 }
 
 void check_forward_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -103,7 +142,7 @@ void check_forward_inputs(const Problem& pb, const TensorView& q, const TensorVi
   check_view("v", v, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim_v}, pb.dtype, align_bytes);
   // The tensor-core epilogue stores O in 16-byte chunks: o needs the inputs' alignment; the LSE is
   // written a float at a time.
-  check_view("o", o, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim_v}, pb.dtype, align_bytes);
+  check_view("o", o, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim_v}, pb.o_dtype(), align_bytes);
   for (const auto* in : {&q, &k, &v}) {
     if (overlap(o, *in)) throw UserError("o", "overlaps an input (q, k or v); the output must alias nothing");
   }

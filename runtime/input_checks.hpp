@@ -35,7 +35,15 @@ Shape problem_shape(const Problem& pb, int64_t q_offset, int64_t k_offset);
 // request's defaults (the caller sets tiles, TMA, seeks).
 KernelRequest problem_request(const Problem& pb, int arch, bool arch_specific);
 
-// The problem itself: sizes >= 1, heads_kv divides heads_q.
+// The problem itself: sizes >= 1, heads_kv divides heads_q, an out_dtype only for fp8_e4m3 inputs.
 void check_problem(const Problem& pb);
+
+// `call` ("backward", "weights") refused for fp8_e4m3 inputs, which are forward only.
+void check_forward_only(const Problem& pb, const char* call);
+
+// A forward call's descale factors (ForwardOptions::q_descale, ...): fp32 [batch, heads_kv] views,
+// each required with fp8_e4m3 inputs and refused otherwise.
+void check_descales(const Problem& pb, const ForwardOptions& options, const TensorView& q, const TensorView& k,
+                    const TensorView& v, const TensorView& o);
 
 }  // namespace attnjit

@@ -52,6 +52,15 @@ KernelParams kernel_params(const Plan& plan, const Problem& pb, const KernelTabl
   kp.doc_base = t.doc_base;
   kp.doc_rows = t.doc_rows;
   kp.key_extra = t.key_extra;
+  // FP8 inputs: each factor where the call's view says (device addresses; the emulator rebases them).
+  const TensorView* descales[3] = {options.q_descale, options.k_descale, options.v_descale};
+  const float** ptrs[3] = {&kp.q_descale, &kp.k_descale, &kp.v_descale};
+  for (int n = 0; n < 3; ++n) {
+    if (!descales[n]) continue;
+    *ptrs[n] = static_cast<const float*>(descales[n]->data);
+    kp.descale_strides[2 * n] = descales[n]->shape[0] == 1 ? 0 : descales[n]->strides[0];
+    kp.descale_strides[2 * n + 1] = descales[n]->shape[1] == 1 ? 0 : descales[n]->strides[1];
+  }
   kp.batch = static_cast<int32_t>(pb.batch);  // at most kMaxSize (2^31 - 1): Problem checks it
   return kp;
 }

@@ -5,7 +5,9 @@
 //   AJ_HEAD_DIM, AJ_HEAD_DIM_V   head dims of q/k and of v
 //   AJ_TILE_Q, AJ_TILE_K         query rows and keys per tile
 //   AJ_STAGES                    cp.async pipeline depth (sm_80 path)
-//   AJ_DTYPE                     0 = float32, 1 = float16, 2 = bfloat16 (storage of q, k, v, o)
+//   AJ_DTYPE                     0 = float32, 1 = float16, 2 = bfloat16, 3 = FP8 e4m3 (storage of
+//                                q, k, v, and of o unless AJ_OUT_DTYPE says otherwise)
+//   AJ_OUT_DTYPE                 o's storage where it is not AJ_DTYPE's (FP8 inputs: 1 or 2)
 // and, after it, aj_keys_allowed() and aj_queries_allowed() (the mask predicate of partial tiles,
 // compiler/codegen/codegen_mask.cpp).
 
@@ -174,10 +176,42 @@ __device__ __forceinline__ aj_u16 aj_float_to_bf16(float f) {
   return (aj_u16)(u >> 16);
 }
 
+// FP8 e4m3 (OCP E4M3FN: bias 7, no infinities, S.1111.111 NaN) to float, exactly, in software
+// (integer and float operations alike on every arch and in the emulator).
+__device__ __forceinline__ float aj_e4m3_to_float(unsigned char code) {
+  const aj_u32 x = code, sign = (x & 0x80u) << 24, e = (x >> 3) & 15u, m = x & 7u;
+  if (e == 15u && m == 7u) return aj_uint_as_float(0x7fc00000u | sign);  // NaN
+  if (e == 0u) {  // subnormal: m x 2^-9
+    const float f = (float)m * 0.001953125f;
+    return sign ? -f : f;
+  }
+  return aj_uint_as_float(sign | ((e + 120u) << 23) | (m << 20));  // (1 + m/8) x 2^(e - 7)
+}
+
+// x rounded to the nearest e4m3 value, ties to even, as a float: what cvt.rn.satfinite.e4m3x2.f32
+// and back gives for 0 <= x <= 448 (the probabilities the FP8 forward rounds; NaN stays NaN). In
+// software: one rounding of the float's bits at e4m3's quantum (2^-9 below 2^-6, else 3 mantissa
+// bits), so the emulator and every arch compute the same.
+__device__ __forceinline__ float aj_round_e4m3(float x) {
+  const aj_u32 u = aj_float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return x;  // NaN
+  const int e = (int)((u >> 23) & 255u) - 127;   // x = 1.m x 2^e (0 and binary32 subnormals: e = -127)
+  if (e < -10) return 0.0f;                       // below half of the smallest subnormal, 2^-10
+  const int drop = e >= -6 ? 20 : 14 - e;         // mantissa bits below e4m3's quantum (21..24 under 2^-6)
+  if (drop >= 24) return x > 0.0009765625f ? 0.001953125f : 0.0f;  // [2^-10, 2^-9): to 2^-9, or the tie to 0
+  // Ties go to the even code: the kept lowest bit is the code's last bit, except in [2^-9, 2^-8),
+  // whose only code is 1 x 2^-9 (odd): its tie goes up to 2 x 2^-9.
+  const aj_u32 half = 1u << (drop - 1), keep = ~((half << 1) - 1u), odd = drop == 23 ? 1u : (u >> drop) & 1u;
+  return aj_uint_as_float((u + (half - 1u) + odd) & keep);
+}
+
 #if AJ_DTYPE == 0
 typedef float aj_elem;
 __device__ __forceinline__ float aj_load(const aj_elem* p) { return *p; }
 __device__ __forceinline__ void aj_store(aj_elem* p, float v) { *p = v; }
+#elif AJ_DTYPE == 3
+typedef unsigned char aj_elem;  // FP8 inputs: read-only (o is AJ_OUT_DTYPE's)
+__device__ __forceinline__ float aj_load(const aj_elem* p) { return aj_e4m3_to_float(*p); }
 #else
 typedef aj_u16 aj_elem;
 __device__ __forceinline__ float aj_load(const aj_elem* p) {
@@ -193,6 +227,32 @@ __device__ __forceinline__ void aj_store(aj_elem* p, float v) {
 #else
   *p = aj_float_to_bf16(v);
 #endif
+}
+#endif
+
+// O's storage: AJ_DTYPE's, or AJ_OUT_DTYPE's (fp16 or bf16) for FP8 inputs.
+#ifndef AJ_OUT_DTYPE
+#define AJ_OUT_DTYPE AJ_DTYPE
+#endif
+#if AJ_OUT_DTYPE == AJ_DTYPE
+typedef aj_elem aj_out_elem;
+__device__ __forceinline__ void aj_store_out(aj_out_elem* p, float v) { aj_store(p, v); }
+#else
+typedef aj_u16 aj_out_elem;
+__device__ __forceinline__ void aj_store_out(aj_out_elem* p, float v) {
+#if AJ_OUT_DTYPE == 1
+  *p = aj_float_to_half(v);
+#else
+  *p = aj_float_to_bf16(v);
+#endif
+}
+#endif
+
+// FP8 inputs: the descale factor of (batch b, kv head h) of q (t = 0), k (1) or v (2); AjParams::q_descale.
+#if AJ_DTYPE == 3
+__device__ __forceinline__ float aj_descale(const AjParams& p, int t, aj_i64 b, int h) {
+  const float* f = t == 0 ? p.q_descale : t == 1 ? p.k_descale : p.v_descale;
+  return f[b * p.descale_strides[2 * t] + (aj_i64)h * p.descale_strides[2 * t + 1]];
 }
 #endif
 

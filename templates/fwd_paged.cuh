@@ -26,15 +26,7 @@
 #endif
 #if AJ_KV_DTYPE == 3
 typedef unsigned char aj_kv_elem;
-__device__ __forceinline__ float aj_kv_load(const aj_kv_elem* p) {
-  const aj_u32 x = *p, sign = (x & 0x80u) << 24, e = (x >> 3) & 15u, m = x & 7u;
-  if (e == 15u && m == 7u) return aj_uint_as_float(0x7fc00000u | sign);  // NaN
-  if (e == 0u) {  // subnormal: m x 2^-9
-    const float f = (float)m * 0.001953125f;
-    return sign ? -f : f;
-  }
-  return aj_uint_as_float(sign | ((e + 120u) << 23) | (m << 20));  // (1 + m/8) x 2^(e - 7)
-}
+__device__ __forceinline__ float aj_kv_load(const aj_kv_elem* p) { return aj_e4m3_to_float(*p); }
 #else
 typedef aj_elem aj_kv_elem;
 __device__ __forceinline__ float aj_kv_load(const aj_kv_elem* p) { return aj_load(p); }

@@ -1,5 +1,8 @@
 // The SIMT forward kernel (sm_60 and newer; the fp32 path everywhere): four threads per query row,
 // each owning every fourth head dimension, float32 arithmetic, online softmax per key tile.
+// FP8 inputs (AJ_DTYPE 3): codes decoded exactly as they are loaded, the scores times q_descale x
+// k_descale, P rounded to e4m3 after a factor 2^8 for the P V sum (the row sum takes it unrounded),
+// O times v_descale: the FP8 forward's arithmetic (docs/spec.md, "FP8 inputs").
 
 #define AJ_SIMT_LANES 4
 #define AJ_SIMT_THREADS (AJ_TILE_Q * AJ_SIMT_LANES)
@@ -47,6 +50,11 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
 #pragma unroll
   for (int x = 0; x < AJ_VD; ++x) acc[x] = 0.0f;
   float m = AJ_NEG_INF, l = 0.0f;
+#if AJ_DTYPE == 3
+  const float scale_log2 = p.scale_log2 * (aj_descale(p, 0, b, kvh) * aj_descale(p, 1, b, kvh));
+#else
+  const float scale_log2 = p.scale_log2;
+#endif
 
   AjTileCursor cursor;
   cursor.begin(p, item);
@@ -69,7 +77,7 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
       dot += aj_shfl_xor(dot, 2);
       bool ok = live && c < t.count;
       if (ok && !t.full) ok = aj_keys_allowed(p, t.branch, item.head, qpos, k_origin + t.first, (aj_cs)c * (aj_cs)t.stride);
-      s[c] = ok ? aj_mul_rn(dot, p.scale_log2) : AJ_NEG_INF;  // rounded as m_new is: the maximum's weight is 1
+      s[c] = ok ? aj_mul_rn(dot, scale_log2) : AJ_NEG_INF;  // rounded as m_new is: the maximum's weight is 1
       tile_max = fmaxf(tile_max, s[c]);
       nan |= s[c] != s[c];
     }
@@ -90,18 +98,28 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
       const float pr = aj_ex2(s[c] - m_new);
 #endif
       l += pr;
+#if AJ_DTYPE == 3
+      const float pv = aj_round_e4m3(pr * 256.0f) * 0.00390625f;  // P8: 2^8 P rounded to e4m3, times 2^-8
+#else
+      const float pv = pr;
+#endif
 #pragma unroll
-      for (int x = 0; x < AJ_VD; ++x) acc[x] += pr * sh.v[c][lane + AJ_SIMT_LANES * x];
+      for (int x = 0; x < AJ_VD; ++x) acc[x] += pv * sh.v[c][lane + AJ_SIMT_LANES * x];
     }
     m = m_new;
   }
 
   if (!live) return;
-  aj_elem* orow = (aj_elem*)p.o + b * p.o_batch_stride + i * p.o_row_stride + item.head * p.o_head_stride;
+  aj_out_elem* orow = (aj_out_elem*)p.o + b * p.o_batch_stride + i * p.o_row_stride + item.head * p.o_head_stride;
+#if AJ_DTYPE == 3
+  const float out_scale = p.output_scale * aj_descale(p, 2, b, kvh);
+#else
+  const float out_scale = p.output_scale;
+#endif
   // l is 0 for a row that attended nothing (O = 0, LSE = -inf) and NaN for one that saw a NaN.
-  const float inv = l == 0.0f ? 0.0f : p.output_scale / l;
+  const float inv = l == 0.0f ? 0.0f : out_scale / l;
 #pragma unroll
-  for (int x = 0; x < AJ_VD; ++x) aj_store(orow + lane + AJ_SIMT_LANES * x, acc[x] * inv);
+  for (int x = 0; x < AJ_VD; ++x) aj_store_out(orow + lane + AJ_SIMT_LANES * x, acc[x] * inv);
   if (lane == 0 && p.lse) {
     p.lse[b * p.lse_batch_stride + item.head * p.lse_head_stride + i] = l == 0.0f ? AJ_NEG_INF : (m + aj_lg2(l)) * AJ_LN2;
   }

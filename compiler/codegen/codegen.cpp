@@ -200,6 +200,7 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
                           bool forward = false, bool paged = false) {
   std::ostringstream os;
   os << "// attnjit generated " << kind << ": path=" << to_string(k.path) << " arch=" << k.arch << " dtype=" << to_string(r.dtype)
+     << (r.out_dtype && *r.out_dtype != r.dtype ? std::string(" out_dtype=") + to_string(*r.out_dtype) : "")
      << " head_dim=" << r.head_dim << " head_dim_v=" << r.head_dim_v << " tile=" << k.config.tile_q << "x"
      << k.config.tile_k << " stages=" << k.config.stages << " warps=" << k.config.warps << "\n";
   os << "// Sequence lengths, strides, offsets and the plan tables are kernel arguments (AjParams).\n";
@@ -223,7 +224,9 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
     os << "#define AJ_Q_IN_REGS 0\n#define AJ_Q_OVER_KV 0\n";  // fwd_sm80.cuh's, unused here
     if (k.tma_maps) os << "#define AJ_TMA_MAPS " << k.tma_maps << "\n";
   }
-  os << "#define AJ_DTYPE " << (r.dtype == DType::F32 ? 0 : r.dtype == DType::F16 ? 1 : 2) << "\n";
+  auto dtype_code = [](DType d) { return d == DType::F32 ? 0 : d == DType::F16 ? 1 : d == DType::BF16 ? 2 : 3; };
+  os << "#define AJ_DTYPE " << dtype_code(r.dtype) << "\n";
+  if (r.out_dtype && *r.out_dtype != r.dtype) os << "#define AJ_OUT_DTYPE " << dtype_code(*r.out_dtype) << "\n";
   // Layouts the plan leaves to the kernel (AjParams::seek_branches): the tile cursor asks them.
   if (k.seeks) os << "#define AJ_KERNEL_SEEK 1\n";
   auto include = [&](const std::string& name) { os << "\n// ---- templates/" << name << "\n" << templates.text(name); };
@@ -251,11 +254,14 @@ void name_by_hash(KernelSource& k, std::string source, const std::string& prefix
 KernelPath choose_path(const KernelRequest& r) {
   require(r.arch >= 60, "--arch " + arch_name(r.arch), "attnjit needs sm_60 or newer");
   require(r.head_dim >= 1 && r.head_dim_v >= 1, "--head-dim", "head dims must be positive");
-  require(r.dtype != DType::E4M3, "--dtype fp8_e4m3", "is so far the dtype of a paged KV cache only; use fp32, fp16 or bf16");
+  require(!r.out_dtype || *r.out_dtype == r.dtype || (r.dtype == DType::E4M3 && *r.out_dtype != DType::F32 &&
+                                                        *r.out_dtype != DType::E4M3),
+          "--out-dtype " + std::string(r.out_dtype ? to_string(*r.out_dtype) : ""),
+          "only fp8_e4m3 inputs have an output of another dtype, bf16 or fp16");
   // Below sm_80 fp16 and bf16 take the SIMT path, which converts them to fp32 as it loads them and
   // does all arithmetic in fp32: sm_60/61 have no fast half arithmetic, and bf16 has none before sm_80.
   require(!r.arch_specific || r.arch == 90, "--arch " + arch_name(r), "attnjit has arch-specific kernels for sm_90a only");
-  if (r.dtype != DType::F32 && r.arch >= 80) {
+  if (r.dtype != DType::F32 && r.dtype != DType::E4M3 && r.arch >= 80) {
     auto hopper_dim = [](int d) { return d == 64 || d == 128 || d == 256; };
     if (r.arch_specific && hopper_dim(r.head_dim) && hopper_dim(r.head_dim_v)) return r.tma ? KernelPath::Sm90Tma : KernelPath::Sm90;
     require(r.head_dim % 16 == 0 && r.head_dim_v % 16 == 0 && r.head_dim <= 256 && r.head_dim_v <= 256, "--head-dim",
@@ -358,6 +364,7 @@ KernelRequest kernel_request(const Shape& s, DType dtype, int arch, bool arch_sp
   r.head_dim = static_cast<int>(s.head_dim);
   r.head_dim_v = static_cast<int>(s.head_dim_v);
   r.dtype = dtype;
+  if (dtype == DType::E4M3) r.out_dtype = DType::BF16;  // FP8 inputs' default output
   r.arch = arch;
   r.arch_specific = arch_specific;
   return r;
@@ -382,7 +389,7 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& request, con
   const std::string predicate = generate_mask_predicate(p);
   k.has_mask = pattern_has_mask(p);
   k.seeks = kernel_seeks(p, r);
-  k.key_weights = r.pack_branches && branches_may_pack(p);
+  k.key_weights = r.pack_branches && branches_may_pack(p) && r.dtype != DType::E4M3;  // FP8: Separate plans
 
   std::ostringstream os;
   const std::vector<std::string> bodies =
@@ -412,6 +419,7 @@ namespace attnjit {
 KernelPath choose_backward_path(const KernelRequest& r) {
   // The tensor-core kernels keep a 16-row slice of dK and dV (or of dQ) in registers per warp;
   // past head dim 128 that no longer fits, and the SIMT kernels take over.
+  require(r.dtype != DType::E4M3, "--dtype fp8_e4m3", "has no backward: FP8 attention is forward only; train in bf16 or fp16");
   const KernelPath forward_path = choose_path(r);  // what no path supports is refused as for the forward
   // The Hopper forward's backward when asked for (head dims 64 and 128): bwd_sm90_tma.cuh's dK/dV
   // kernel (TMA, a producer warpgroup), or bwd_sm90.cuh's (cp.async) where the request says no TMA;

@@ -60,6 +60,8 @@ struct KernelRequest {
   bool pack_branches = true;
   // The paged forward: the KV caches' dtype where it is not `dtype` (fp8_e4m3, scaled per kv head).
   std::optional<DType> kv_dtype;
+  // O's dtype where it is not `dtype`: FP8 inputs (dtype fp8_e4m3) write bf16 or fp16.
+  std::optional<DType> out_dtype;
   KernelConfig config;
 };
 
@@ -101,7 +103,9 @@ struct KernelSource {
 };
 
 // The path a request takes: tensor cores for fp16/bf16 on sm_80+, SIMT otherwise (fp32 arithmetic
-// on every dtype: fp16/bf16 are converted as they are loaded). Rejects what no path supports (head
+// on every dtype: fp16/bf16 are converted as they are loaded). FP8 inputs (fp8_e4m3) take the SIMT
+// path on every arch so far: their codes decoded exactly, P rounded to e4m3 as the FP8 tensor-core
+// product would take it (docs/spec.md, "FP8 inputs"). Rejects what no path supports (head
 // dims that are not multiples of 16 on the tensor path, archs below sm_60) with a UserError naming
 // the fix.
 KernelPath choose_path(const KernelRequest& r);

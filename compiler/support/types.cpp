@@ -23,12 +23,8 @@ DType parse_dtype(const std::string& s) {
   if (s == "fp32" || s == "float32" || s == "f32") return DType::F32;
   if (s == "fp16" || s == "float16" || s == "f16" || s == "half") return DType::F16;
   if (s == "bf16" || s == "bfloat16") return DType::BF16;
-  if (is_e4m3(s))
-    throw UserError("--dtype " + s, "fp8_e4m3 is so far the dtype of a paged KV cache only (PagedProblem::kv_dtype, "
-                                    "attnjit.serving with float8_e4m3fn caches); use fp32, fp16 or bf16 here");
-  throw UserError("--dtype " + s, "unknown dtype; use fp32, fp16 or bf16");
+  if (is_e4m3(s)) return DType::E4M3;
+  throw UserError("--dtype " + s, "unknown dtype; use fp32, fp16, bf16 or fp8_e4m3");
 }
-
-DType parse_kv_dtype(const std::string& s) { return is_e4m3(s) ? DType::E4M3 : parse_dtype(s); }
 
 }  // namespace attnjit

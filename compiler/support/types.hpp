@@ -12,15 +12,13 @@ namespace attnjit {
 // plan's Shape, a KernelRequest and every CLI command. One value, declared here only.
 inline constexpr int kDefaultHeadDim = 64;
 
-// E4M3: FP8 e4m3 (OCP E4M3FN), one byte: so far the KV caches' dtype of the paged forward only
-// (PagedProblem::kv_dtype, with per-head scales); every other place refuses it.
+// E4M3: FP8 e4m3 (OCP E4M3FN), one byte: the forward's q, k and v with descale factors (its O is
+// bf16 or fp16; no backward), and the paged forward's KV caches with per-head scales.
 enum class DType { F32, F16, BF16, E4M3 };
 const char* to_string(DType d);  // "fp32", "fp16", "bf16", "fp8_e4m3"
-// "fp32|float32|f32", "fp16|float16|f16", "bf16|bfloat16"; UserError otherwise (fp8_e4m3 too, naming
-// where it is accepted).
+// "fp32|float32|f32", "fp16|float16|f16", "bf16|bfloat16", "fp8_e4m3|e4m3|float8_e4m3fn"; UserError
+// otherwise.
 DType parse_dtype(const std::string& s);
-// A KV cache's dtype: parse_dtype's, or "fp8_e4m3|e4m3|float8_e4m3fn".
-DType parse_kv_dtype(const std::string& s);
 int dtype_bytes(DType d);
 
 struct KernelConfig {

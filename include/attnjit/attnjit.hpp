@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,7 +59,12 @@ struct TensorView {
 struct Problem {
   int64_t batch = 1, seq_q = 0, seq_k = 0, heads_q = 1, heads_kv = 1;
   int64_t head_dim = kDefaultHeadDim, head_dim_v = kDefaultHeadDim;
-  DType dtype = DType::BF16;
+  DType dtype = DType::BF16;  // q, k and v (and o, unless out_dtype says otherwise)
+  // O's dtype where it is not `dtype`: only with dtype fp8_e4m3, whose O is bf16 (the default
+  // there) or fp16. FP8 attention is forward only (no backward, no weights): see
+  // ForwardOptions::q_descale and docs/spec.md, "FP8 inputs".
+  std::optional<DType> out_dtype;
+  DType o_dtype() const { return out_dtype ? *out_dtype : dtype == DType::E4M3 ? DType::BF16 : dtype; }
 };
 
 // A dynamic layout's CSR table where the device reads it (a layout recomputed every step on the
@@ -108,6 +114,15 @@ struct ForwardOptions {
   // backward's kernels have run. Null: the pool. The CPU and emu devices need none.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // FP8 inputs (Problem::dtype fp8_e4m3): q, k and v hold codes whose values are the inputs divided
+  // by these factors (FlashAttention-3's q_descale, k_descale, v_descale). Each is fp32 of shape
+  // [batch, heads_kv] in the device's memory (host memory on the CPU and emu devices), by its
+  // strides (0 and 0: one factor for the whole tensor; q's heads read their kv head's factor).
+  // Required with fp8_e4m3 and refused otherwise. The scores are (q . k) * q_descale * k_descale *
+  // scale and O is v_descale times the softmax of them applied to v's values.
+  const TensorView* q_descale = nullptr;
+  const TensorView* k_descale = nullptr;
+  const TensorView* v_descale = nullptr;
 };
 
 struct RuntimeOptions {

@@ -44,6 +44,18 @@ bool contiguous_f32(const TensorView& t) {
   return true;
 }
 
+// The descale factors of an FP8 call (ForwardOptions::q_descale, ...: host fp32 [batch, heads_kv]
+// views) as the executor's per-(batch, kv head) factors; null for other dtypes.
+std::optional<Fp8Arithmetic> fp8_arithmetic(const ForwardOptions& o) {
+  if (!o.q_descale) return std::nullopt;
+  Fp8Arithmetic a;
+  const std::vector<float> q = gather(*o.q_descale), k = gather(*o.k_descale);
+  a.v = gather(*o.v_descale);
+  a.qk.resize(q.size());
+  for (size_t i = 0; i < q.size(); ++i) a.qk[i] = q[i] * k[i];  // as the kernels: one fp32 product
+  return a;
+}
+
 class CpuBackend final : public Backend {
 public:
   explicit CpuBackend(const Pattern& p) : pattern_(p) {}
@@ -54,9 +66,12 @@ public:
     // (check_forward_inputs has refused an O that overlaps an input.)
     const bool in_place = qr && kr && vr && contiguous_f32(o);
     if (!in_place) {
+      // FP8 codes decode exactly to float32 here; the executor applies the descales and rounds P.
+      const std::optional<Fp8Arithmetic> fp8 = fp8_arithmetic(options);
+      ExecutorOptions eo = executor_options(options);
+      eo.fp8 = fp8 ? &*fp8 : nullptr;
       const std::vector<float> qf = gather(head_major(q)), kf = gather(head_major(k)), vf = gather(head_major(v));
-      const ExecutorOutput r = execute_plan(entry.plan, pattern_, qf.data(), kf.data(), vf.data(), options.dynamic_layout,
-                                            executor_options(options));
+      const ExecutorOutput r = execute_plan(entry.plan, pattern_, qf.data(), kf.data(), vf.data(), options.dynamic_layout, eo);
       scatter(head_major(o), r.o);
       if (lse) scatter(*lse, r.lse);
       return;

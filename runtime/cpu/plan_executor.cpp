@@ -171,6 +171,7 @@ void execute_plan_into(const Plan& plan, const Pattern& pattern, RowsAt q, RowsA
   job.dynamic = dynamic;
   job.q = q.data, job.k = k.data, job.v = v.data;
   job.o = o, job.lse_out = lse;
+  job.fp8 = options.fp8;
   // Work items write disjoint rows, so workers take (batch, item) units from a shared counter.
   run_workers(w.forward, job, s.batch * static_cast<int64_t>(plan.items.size()), executor_threads(plan, options.threads));
 }

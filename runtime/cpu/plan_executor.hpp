@@ -34,6 +34,17 @@ enum class ExecutorOrder { SeqMajor, HeadMajor };
 // Auto: Fused when there are at least as many (batch, kv head) units as threads.
 enum class BackwardSchedule { Auto, Fused, Split };
 
+// The forward's arithmetic on FP8 inputs (docs/spec.md, "FP8 inputs"), as the kernels do it: the
+// scores of (batch b, kv head h) are multiplied by qk[b * heads_kv + h] (q_descale * k_descale) with
+// the softmax scale, P is rounded to e4m3 after a factor 2^8 (kP8Scale) for the P V product while
+// the row sums take it unrounded, and O is multiplied by v[b * heads_kv + h] (v_descale).
+struct Fp8Arithmetic {
+  std::vector<float> qk, v;  // [batch * heads_kv] each
+};
+// P's factor before it is rounded to e4m3: the largest probability, 1, becomes 256 (e4m3 reaches
+// 448), and e4m3's subnormals (2^-9 apart) hold probabilities down to 2^-17.
+constexpr float kP8Scale = 256.0f;
+
 struct ExecutorOptions {
   unsigned threads = 0;             // 0: one per core
   CpuSimd simd = CpuSimd::Auto;     // the compiled variant of the tile arithmetic (Auto: ATTNJIT_CPU_SIMD,
@@ -44,6 +55,8 @@ struct ExecutorOptions {
   // every pair of offsets its pattern cannot tell apart (translation_period), and the partial
   // tiles' predicate takes the call's. nullopt: the plan's own.
   std::optional<std::pair<int64_t, int64_t>> offsets = std::nullopt;
+  // The forward on FP8 inputs (their values already decoded); null: the 16/32-bit arithmetic.
+  const Fp8Arithmetic* fp8 = nullptr;
 };
 
 // Inputs as for reference_attention (contiguous [B, S, H, D], or [B, H, S, D] by `options`).

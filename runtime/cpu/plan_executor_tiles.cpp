@@ -13,6 +13,7 @@
 #include <cmath>
 #include <limits>
 
+#include "compiler/support/half.hpp"
 #include "runtime/cpu/plan_executor_exp.hpp"
 #include "runtime/cpu/plan_executor_tiles.hpp"
 
@@ -98,6 +99,15 @@ void weigh_probabilities(const uint8_t* w, Matrix& p, Eigen::ArrayXf* extra) {
   }
 }
 
+// P V's operand on FP8 inputs: each probability times 2^8 rounded to e4m3 (the kernels' P8), and
+// back by 2^-8 (exact: a power of two), so the product and the epilogue read probabilities. A
+// masked pair's 0 stays 0; a NaN stays NaN.
+void round_probabilities_e4m3(Matrix& p) {
+  for (Eigen::Index c = 0; c < p.cols(); ++c)
+    for (Eigen::Index r = 0; r < p.rows(); ++r)
+      p(r, c) = e4m3_to_float(float_to_e4m3(p(r, c) * kP8Scale)) * (1.0f / kP8Scale);
+}
+
 // One query tile's running state and its scratch, reused across the units a worker takes.
 struct ForwardState {
   Matrix scores, keep, acc;
@@ -108,7 +118,9 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
   const Plan& plan = *job.plan;
   const Shape& s = plan.shape;
   const int64_t n = item.rows.count, kvh = item.head / (s.heads_q / s.heads_kv);
-  const float scale = static_cast<float>(plan.softmax_scale);
+  const int64_t fp8_at = b * s.heads_kv + kvh;  // the descale factors of (b, kv head) on FP8 inputs
+  const float scale = job.fp8 ? static_cast<float>(plan.softmax_scale) * job.fp8->qk[size_t(fp8_at)]
+                              : static_cast<float>(plan.softmax_scale);
   const Rows q = rows_of<Rows>(job.q, job.q_layout, b, item.head, s.head_dim, item.rows);
   st.acc.setZero(n, s.head_dim_v);
   st.m.setConstant(n, kNegInf);
@@ -156,19 +168,22 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
         weigh_probabilities(w, st.scores, &st.extra);
         st.l += st.extra;
       }
+      if (job.fp8) round_probabilities_e4m3(st.scores);  // after the row sums took them unrounded
       product(full, st.scores, st.keep, v, st.acc);
     });
   }
   // The epilogue: O = acc / l (scaled under head_groups), LSE = m + log l; empty rows 0 and -inf.
   MutableRows o = rows_of<MutableRows>(job.o, job.o_layout, b, item.head, s.head_dim_v, item.rows);
   float* lse = job.lse_out + (b * s.heads_q + item.head) * s.seq_q;
+  const float out_scale = job.fp8 ? static_cast<float>(plan.output_scale) * job.fp8->v[size_t(fp8_at)]
+                                  : static_cast<float>(plan.output_scale);
   for (int64_t r = 0; r < n; ++r) {
     const float l = st.l(r);
     if (l == 0.0f) {
       o.row(r).setZero();
       lse[item.rows.at(r)] = kNegInf;
     } else {
-      o.row(r) = st.acc.row(r) * (static_cast<float>(plan.output_scale) / l);
+      o.row(r) = st.acc.row(r) * (out_scale / l);
       lse[item.rows.at(r)] = st.m(r) + std::log(l);
     }
   }

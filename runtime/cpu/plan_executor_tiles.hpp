@@ -29,6 +29,7 @@ struct ExecutorJob {
   float *o = nullptr, *lse_out = nullptr;                         // forward outputs
   float *dq = nullptr, *dk = nullptr, *dv = nullptr;              // backward outputs (zeroed by the caller)
   float* w = nullptr;  // attention weights [B, Hq, Sq, Sk] (zeroed by the caller); read q, k, lse
+  const Fp8Arithmetic* fp8 = nullptr;  // the forward on FP8 inputs (ExecutorOptions::fp8)
 };
 
 #define ATTNJIT_DECLARE_EXECUTOR_TILES(NS)                                                          \

@@ -188,6 +188,7 @@ public:
       fallback_source_ = generate_kernel(p, r, templates);
       device_name_ = info.name;
     }
+    if (pb.dtype == DType::E4M3) return;  // FP8 attention is forward only (check_forward_only)
     r = backward_request(problem_request(pb, arch, cuda_arch_specific(arch)), backward_config, choices);
     bwd_[0] = generate_backward_kernels(p, r, templates);
     if (bwd_[0].source.tma_maps) bwd_[1] = generate_backward_kernels(p, backward_fallback_request(r, bwd_[0]), templates);

@@ -128,6 +128,7 @@ public:
       r.tma = false;
       fallback_ = generate_kernel(p, r, templates);
     }
+    if (pb.dtype == DType::E4M3) return;  // FP8 attention is forward only (check_forward_only)
     r = backward_request(problem_request(pb, arch.arch, arch.specific), backward_config, choices);
     bwd_ = generate_backward_kernels(p, r, templates);  // text only: compiled on the first backward call
     if (bwd_.source.tma_maps) bwd_fallback_ = generate_backward_kernels(p, backward_fallback_request(r, bwd_), templates);
@@ -163,6 +164,10 @@ public:
     const size_t docs = img.add_table("document starts", t.plan.doc_base);
     const size_t extra = img.add_table("key weights", t.plan.key_extra);
     const DeviceTableRegions device_table = add_device_table(img, options.device_dynamic_layout);
+    const TensorView* descales[3] = {options.q_descale, options.k_descale, options.v_descale};
+    size_t descale_at[3] = {};
+    for (int n = 0; n < 3; ++n)
+      if (descales[n]) descale_at[n] = img.add_tensor(n == 0 ? "q_descale" : n == 1 ? "k_descale" : "v_descale", *descales[n], false);
     img.materialise();
 
     auto rebased = [&](const TensorView& view, size_t region) {
@@ -182,6 +187,11 @@ public:
     KernelParams kp = kernel_params(entry.plan, problem_, tables, rebased(q, iq), rebased(k, ik), rebased(v, iv),
                                     rebased(o, io), lse ? &lse_dev : nullptr, options);
     device_table.rebase(img, kp);
+    if (descales[0]) {
+      kp.q_descale = static_cast<const float*>(img.at(descale_at[0]));
+      kp.k_descale = static_cast<const float*>(img.at(descale_at[1]));
+      kp.v_descale = static_cast<const float*>(img.at(descale_at[2]));
+    }
     const KernelSource* source = &source_;
     const emu::EmuModule* module = module_.get();
     TmaMaps maps{};

@@ -167,7 +167,7 @@ Prepared prepare_case(Runtime& rt, const Case& c) {
     p.want = reference_attention(c.pattern, s, p.q.data(), p.k.data(), p.v.data(), c.dynamic ? &*c.dynamic : nullptr,
                                  c.ref_threads);
     const auto t0 = std::chrono::steady_clock::now();
-    p.op = rt.prepare(c.pattern, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, c.dtype});
+    p.op = rt.prepare(c.pattern, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, c.dtype, {}});
     p.prepare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } catch (const std::exception& e) {
     p.error = std::string("prepare: ") + e.what();

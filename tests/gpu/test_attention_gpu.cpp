@@ -443,7 +443,7 @@ TEST_CASE("a forward() captured in a CUDA graph and replayed gives the eager ans
   for (DType dt : {DType::BF16, DType::F32}) {
     INFO(to_string(dt));
     const std::vector<int64_t> shape{1, 1000, 4, 64};
-    Attention op = rt.prepare(p, Problem{1, 1000, 1000, 4, 4, 64, 64, dt});
+    Attention op = rt.prepare(p, Problem{1, 1000, 1000, 4, 4, 64, 64, dt, {}});
     const std::vector<float> x1 = testing::random_tensor(1000 * 4 * 64, 11), x2 = testing::random_tensor(1000 * 4 * 64, 12);
     Tensor q(&x1, shape, dt, Mem::BSHD), k(&x1, shape, dt, Mem::BSHD), v(&x1, shape, dt, Mem::BSHD);
     Tensor q2(&x2, shape, dt, Mem::BSHD), o(nullptr, shape, dt, Mem::BSHD);
@@ -498,7 +498,7 @@ TEST_CASE("a first forward() captured in a CUDA graph plans, copies its tables a
   for (DType dt : {DType::BF16, DType::F32}) {
     INFO(to_string(dt));
     const std::vector<int64_t> shape{1, 1000, 4, 64};
-    const Problem pb{1, 1000, 1000, 4, 4, 64, 64, dt};
+    const Problem pb{1, 1000, 1000, 4, 4, 64, 64, dt, {}};
     Attention reference = rt.prepare(p, pb), op = rt.prepare(p, pb);
     const std::vector<float> x1 = testing::random_tensor(1000 * 4 * 64, 21), x2 = testing::random_tensor(1000 * 4 * 64, 22);
     Tensor q(&x1, shape, dt, Mem::BSHD), k(&x1, shape, dt, Mem::BSHD), v(&x1, shape, dt, Mem::BSHD);
@@ -561,7 +561,7 @@ TEST_CASE("a plan a CUDA graph reads outlives the plan cache's byte budget", "[g
   ro.plan_cache_bytes = 0;
   Runtime rt(ro);
   const Pattern p = parse_spec(R"({"attnjit": 1, "branches": [{"segment": 64}, {"segment": 256, "dilation": 4}]})");
-  const Problem pb{1, 64, 256, 2, 2, 64, 64, DType::BF16};
+  const Problem pb{1, 64, 256, 2, 2, 64, 64, DType::BF16, {}};
   Attention reference = rt.prepare(p, pb), op = rt.prepare(p, pb);
   const std::vector<float> xq = testing::random_tensor(64 * 2 * 64, 31), xkv = testing::random_tensor(256 * 2 * 64, 32);
   Tensor q(&xq, {1, 64, 2, 64}, DType::BF16, Mem::BSHD), kv(&xkv, {1, 256, 2, 64}, DType::BF16, Mem::BSHD);
@@ -613,7 +613,7 @@ TEST_CASE("host memory and misaligned device pointers are rejected before launch
   const Pattern p = PatternBuilder().branch(BranchSpec().full().causal()).build();
   for (DType dt : {DType::BF16, DType::F32}) {
     INFO(to_string(dt));
-    Attention op = rt.prepare(p, Problem{1, 128, 128, 2, 2, 64, 64, dt});
+    Attention op = rt.prepare(p, Problem{1, 128, 128, 2, 2, 64, 64, dt, {}});
     const std::vector<float> x = testing::random_tensor(128 * 2 * 64, 5);
     Tensor q(&x, {1, 128, 2, 64}, dt, Mem::BSHD), k(&x, {1, 128, 2, 64}, dt, Mem::BSHD), v(&x, {1, 128, 2, 64}, dt, Mem::BSHD);
     Tensor o(nullptr, {1, 128, 2, 64}, dt, Mem::BSHD);

@@ -111,7 +111,7 @@ std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType 
   }
   const ReferenceGradients want = reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data(), dyn, 0, nullptr,
                                                                with_dlse ? dlse.data() : nullptr);
-  Attention op = rt.prepare(p, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt});
+  Attention op = rt.prepare(p, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt, {}});
   auto make = [&](const std::vector<float>* x, size_t n) {
     auto m = std::make_unique<Mem>(n * size_t(dtype_bytes(dt)));
     if (x) m->upload(encode(*x, dt));
@@ -565,7 +565,7 @@ TEST_CASE("backward: a caller's workspace gives the same bits as the pool's, a w
   CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 5, true, &pool) == "");
   CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 5, true, &caller, true) == "");
   CHECK(pool == caller);
-  Attention op = rt.prepare(p, Problem{1, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, 64, 64, DType::BF16});
+  Attention op = rt.prepare(p, Problem{1, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, 64, 64, DType::BF16, {}});
   const size_t need = op.backward_workspace_bytes();
   if (on_gpu()) CHECK(need >= size_t(s.seq_k * s.heads_kv * 64) * 8);  // at least the fp32 dK and dV accumulators
   else CHECK(need == 0);                                                // the emulator and the CPU need none
@@ -659,7 +659,7 @@ TEST_CASE("backward: a tile configuration no kernel supports is a clear error", 
   ro.backward_config = KernelConfig{48, 64, 2};
   Runtime rt(ro);
   const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
-  CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 128, 128, 2, 2, 64, 64, DType::BF16}),
+  CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 128, 128, 2, 2, 64, 64, DType::BF16, {}}),
                     Catch::Contains("backward tile") && Catch::Contains("{16, 32, 64, 128}"));
 }
 
@@ -679,7 +679,7 @@ TEST_CASE("weights: from the device's own LSE, equal to the reference's and expl
   Mem mq(q.size() * 2), mk(k.size() * 2), mv(v.size() * 2), mo(q.size() * 2), ml(size_t(s.batch * s.heads_q * s.seq_q) * 4),
       mw(size_t(s.batch * s.heads_q * s.seq_q * s.seq_k) * 4);
   mq.upload(encode(q, dt)), mk.upload(encode(k, dt)), mv.upload(encode(v, dt));
-  Attention op = rt.prepare(p, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, 64, 64, dt});
+  Attention op = rt.prepare(p, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, 64, 64, dt, {}});
   const TensorView Q = TensorView::contiguous(mq.data(), dt, qs), K = TensorView::contiguous(mk.data(), dt, ks),
                    V = TensorView::contiguous(mv.data(), dt, ks), O = TensorView::contiguous(mo.data(), dt, qs),
                    L = TensorView::contiguous(ml.data(), DType::F32, {s.batch, s.heads_q, s.seq_q}),
@@ -732,7 +732,7 @@ TEST_CASE("documents: packed documents on the device equal the packed reference,
     Mem mq(q.size() * 2), mk(k.size() * 2), mv(v.size() * 2), mo(q.size() * 2), mdo(q.size() * 2), ml(size_t(s.heads_q * s.seq_q) * 4),
         mdq(q.size() * 2), mdk(k.size() * 2), mdv(v.size() * 2);
     mq.upload(encode(q, dt)), mk.upload(encode(k, dt)), mv.upload(encode(v, dt)), mdo.upload(encode(dout, dt));
-    Attention op = runtime->prepare(*p, Problem{1, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, 64, 64, dt});
+    Attention op = runtime->prepare(*p, Problem{1, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, 64, 64, dt, {}});
     const TensorView Q = TensorView::contiguous(mq.data(), dt, qs), K = TensorView::contiguous(mk.data(), dt, ks),
                      V = TensorView::contiguous(mv.data(), dt, ks), O = TensorView::contiguous(mo.data(), dt, qs),
                      dO = TensorView::contiguous(mdo.data(), dt, qs), L = TensorView::contiguous(ml.data(), DType::F32, {1, s.heads_q, s.seq_q}),

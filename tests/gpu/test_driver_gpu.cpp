@@ -242,7 +242,7 @@ TEST_CASE("a call into attnjit leaves the caller's current context as it found i
   CHECK(current() == nullptr);
 
   // Prepare (compile, load, upload the tables) and run with no context current on the thread.
-  const Problem pb{1, 64, 64, 2, 2, 64, 64, DType::F16};
+  const Problem pb{1, 64, 64, 2, 2, 64, 64, DType::F16, {}};
   const size_t bytes = 64 * 2 * 64 * 2;
   std::vector<DeviceBuffer> buffers;
   {
@@ -271,7 +271,7 @@ TEST_CASE("plans dropped from the plan cache while their kernels may still run: 
   // A budget of 0 keeps only the plan in use, so each new q_offset drops the previous plan (and
   // frees its device tables) while the kernel that reads them may still be queued on the stream.
   const Pattern p = parse_spec(R"({"attnjit": 1, "branches": [{"segment": 64}, {"segment": 256, "dilation": 4}]})");
-  const Problem pb{1, 64, 256, 2, 2, 64, 64, DType::F32};
+  const Problem pb{1, 64, 256, 2, 2, 64, 64, DType::F32, {}};
   RuntimeOptions ro;
   ro.device = Device::cuda(0);
   ro.plan_cache_bytes = 0;

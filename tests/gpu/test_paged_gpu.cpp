@@ -276,12 +276,12 @@ TEST_CASE("paged attention: bad calls are refused by name", "[gpu][emu][paged][e
       CHECK(std::string(e.what()).find("PagedCapacity.items") != std::string::npos);
     }
   }
-  // fp8_e4m3 is a cache dtype: an ordinary attention refuses it by name.
+  // FP8 inputs are forward only: their output dtype is bf16 or fp16.
   try {
-    rt.prepare(example_patterns().at(1).second, Problem{1, 8, 8, 2, 1, 32, 32, DType::E4M3});
+    rt.prepare(example_patterns().at(1).second, Problem{1, 8, 8, 2, 1, 32, 32, DType::E4M3, DType::F32});
     FAIL("not refused");
   } catch (const UserError& e) {
-    CHECK(std::string(e.what()).find("paged KV cache only") != std::string::npos);
+    CHECK(std::string(e.what()).find("bf16 or fp16") != std::string::npos);
   }
   // A pattern with a dynamic layout has no table for a paged cache.
   const Pattern dynamic = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "layout": {"dynamic": true}}]})");

@@ -73,7 +73,7 @@ TEST_CASE("the shipped tuning database of this GPU is what prepare uses", "[gpu]
       o.device = Device::cuda(0);
       o.cache_dir = user.string();
       Runtime rt(o);
-      const Problem pb{1, e.key.seq_bucket, e.key.seq_bucket, 16, 16, e.key.head_dim, e.key.head_dim_v, e.key.dtype};
+      const Problem pb{1, e.key.seq_bucket, e.key.seq_bucket, 16, 16, e.key.head_dim, e.key.head_dim_v, e.key.dtype, {}};
       KernelRequest req;
       req.head_dim = e.key.head_dim, req.head_dim_v = e.key.head_dim_v, req.dtype = e.key.dtype, req.arch = gpu.arch;
       req.arch_specific = specific;

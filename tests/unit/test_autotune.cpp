@@ -690,7 +690,7 @@ TEST_CASE("attnjit tune without a GPU fails with a clear error", "[autotune]") {
     return;
   }
   const Pattern p = PatternBuilder().branch(BranchSpec().segment(2048)).build();
-  const Problem pb{1, 4096, 4096, 16, 16, 128, 128, DType::BF16};
+  const Problem pb{1, 4096, 4096, 16, 16, 128, 128, DType::BF16, {}};
   try {
     tune_on_gpu(p, pb, TuneBudget{});
     FAIL("tune_on_gpu ran without a GPU");

@@ -357,16 +357,24 @@ TEST_CASE("the paged kernels' tiles: defaults that fit, refusals that name the f
   r.arch = 80;
   r.dtype = DType::E4M3;
   CHECK_THROWS_WITH(resolve_paged_config(r), Catch::Contains("queries and output are fp32, fp16 or bf16"));
-  // Everywhere else fp8_e4m3 is refused by name: the dtype parser, the forward's path, a problem.
-  CHECK_THROWS_WITH(parse_dtype("fp8_e4m3"), Catch::Contains("paged KV cache only"));
-  CHECK(parse_kv_dtype("fp8_e4m3") == DType::E4M3);
-  CHECK(parse_kv_dtype("float8_e4m3fn") == DType::E4M3);
-  CHECK(parse_kv_dtype("bf16") == DType::BF16);
+  CHECK(parse_dtype("fp8_e4m3") == DType::E4M3);
+  CHECK(parse_dtype("float8_e4m3fn") == DType::E4M3);
+  CHECK(parse_dtype("bf16") == DType::BF16);
   CHECK(std::string(to_string(DType::E4M3)) == "fp8_e4m3");
   CHECK(dtype_bytes(DType::E4M3) == 1);
+  // FP8 inputs take the SIMT forward (bf16 or fp16 out) and have no backward.
   KernelRequest fwd;
   fwd.dtype = DType::E4M3;
-  CHECK_THROWS_WITH(choose_path(fwd), Catch::Contains("paged KV cache only"));
+  fwd.arch = 90;
+  fwd.arch_specific = true;
+  CHECK(choose_path(fwd) == KernelPath::Simt);
+  fwd.out_dtype = DType::F32;
+  CHECK_THROWS_WITH(choose_path(fwd), Catch::Contains("bf16 or fp16"));
+  fwd.out_dtype = DType::F16;
+  CHECK_THROWS_WITH(choose_backward_path(fwd), Catch::Contains("forward only"));
+  KernelRequest bf16;
+  bf16.out_dtype = DType::F16;  // only FP8 inputs write another dtype
+  CHECK_THROWS_WITH(choose_path(bf16), Catch::Contains("--out-dtype fp16"));
 }
 
 TEST_CASE("archs NVRTC cannot target are refused clearly", "[codegen][nvrtc]") {
@@ -544,7 +552,7 @@ TEST_CASE("unsupported requests are user errors naming the fix", "[codegen]") {
   r.config = KernelConfig{128, 128, 4};
   r.head_dim = r.head_dim_v = 256;
   CHECK_THROWS_WITH(generate_kernel(no_mask(), r), Catch::Contains("shared memory"));
-  CHECK_THROWS_WITH(parse_dtype("int8"), Catch::Contains("use fp32, fp16 or bf16"));
+  CHECK_THROWS_WITH(parse_dtype("int8"), Catch::Contains("use fp32, fp16, bf16 or fp8_e4m3"));
   // Warps: 16 or 32 rows each on the tensor-core path, 32 only up to head dim 128; the SIMT path's
   // block shape follows its tile.
   r.config = KernelConfig{128, 64, 2, 3};

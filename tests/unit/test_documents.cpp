@@ -169,7 +169,7 @@ void check_runtime_documents(const Device& device, int cases, uint64_t seed) {
       return TensorView::contiguous(const_cast<float*>(x.data()), DType::F32, {1, seq, heads, d});
     };
     const TensorView lv = TensorView::contiguous(lse.data(), DType::F32, {1, s.heads_q, s.seq_q});
-    Attention op = rt.prepare(c.pattern, Problem{1, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, DType::F32});
+    Attention op = rt.prepare(c.pattern, Problem{1, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, DType::F32, {}});
     ForwardOptions fo;
     fo.cu_seqlens = &c.cu;
     const TensorView tq = view(q, s.seq_q, s.heads_q, s.head_dim), tk = view(k, s.seq_k, s.heads_kv, s.head_dim),
@@ -242,7 +242,7 @@ TEST_CASE("documents: every malformed cu_seqlens is a clear error", "[documents]
 
   // The runtime checks them before anything runs.
   Runtime rt;
-  Attention op = rt.prepare(p, Problem{1, 10, 10, 1, 1, 4, 4, DType::F32});
+  Attention op = rt.prepare(p, Problem{1, 10, 10, 1, 1, 4, 4, DType::F32, {}});
   std::vector<float> x(40), o(40);
   const TensorView t = TensorView::contiguous(x.data(), DType::F32, {1, 10, 1, 4});
   const TensorView to = TensorView::contiguous(o.data(), DType::F32, {1, 10, 1, 4});

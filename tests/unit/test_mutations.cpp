@@ -580,7 +580,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   std::vector<float> dq(nq), dk(nk), dv(nk);
   std::vector<uint16_t> doh = store(dout), dqh(nq), dkh(nk), dvh(nk);
   try {
-    Attention op = rt.prepare(p, Problem{1, s.seq_q, s.seq_k, 2, 1, d, d, dt});
+    Attention op = rt.prepare(p, Problem{1, s.seq_q, s.seq_k, 2, 1, d, d, dt, {}});
     op.backward(view(f32 ? (void*)q.data() : qh.data(), s.seq_q, 2), view(f32 ? (void*)k.data() : kh.data(), s.seq_k, 1),
                 view(f32 ? (void*)v.data() : vh.data(), s.seq_k, 1), view(f32 ? (void*)o.data() : oh.data(), s.seq_q, 2), lv,
                 view(f32 ? (void*)dout.data() : doh.data(), s.seq_q, 2), view(f32 ? (void*)dq.data() : dqh.data(), s.seq_q, 2),

@@ -94,7 +94,7 @@ TEST_CASE("the CPU device matches the reference through any layout and dtype", "
     const auto lse_at = [&](int64_t b, int64_t h, int64_t i) {
       return lse[static_cast<size_t>(b * lse_view.strides[0] + h * lse_view.strides[1] + i * lse_view.strides[2])];
     };
-    Problem pb{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt};
+    Problem pb{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt, {}};
     ForwardOptions fo;
     fo.q_offset = s.q_offset;
     fo.k_offset = s.k_offset;
@@ -135,7 +135,7 @@ TEST_CASE("the CPU device reads float32 inputs in place through any row strides"
   vview.strides = {S * 2 * H * D, 2 * H * D, D, 1};
   std::vector<float> o(q.size(), NAN), lse(static_cast<size_t>(B * H * S), NAN);
   Runtime rt;
-  Attention a = rt.prepare(p, Problem{B, S, S, H, H, D, D, DType::F32});
+  Attention a = rt.prepare(p, Problem{B, S, S, H, H, D, D, DType::F32, {}});
   const TensorView lview = TensorView::contiguous(lse.data(), DType::F32, {B, H, S});
   a.forward(TensorView::contiguous(const_cast<float*>(q.data()), DType::F32, {B, S, H, D}), kview, vview,
             TensorView::contiguous(o.data(), DType::F32, {B, S, H, D}), &lview);
@@ -148,7 +148,7 @@ TEST_CASE("the CPU device reads float32 inputs in place through any row strides"
   // Batch 1 with strides that mean nothing on the size-1 dimension (7 for the batch, -3 for one
   // kv head): read in place as if they were 0.
   Runtime rt1;
-  Attention one = rt1.prepare(p, Problem{1, S, S, H, 1, D, D, DType::F32});
+  Attention one = rt1.prepare(p, Problem{1, S, S, H, 1, D, D, DType::F32, {}});
   TensorView q1 = TensorView::contiguous(const_cast<float*>(q.data()), DType::F32, {1, S, H, D});
   q1.strides[0] = 7;
   TensorView k1 = TensorView::contiguous(const_cast<float*>(k.data()), DType::F32, {1, S, 1, D});
@@ -178,11 +178,11 @@ TEST_CASE("attention() prepares once per pattern and problem", "[runtime]") {
   CHECK(o == o2);
   // The same prepared attention (shared state): its plan cache served both calls from the plan
   // prepare made.
-  const Attention op = rt.prepared(p, Problem{2, 8, 8, 2, 2, 4, 4, DType::F32});
+  const Attention op = rt.prepared(p, Problem{2, 8, 8, 2, 2, 4, 4, DType::F32, {}});
   CHECK(op.plan_cache_stats().plans == 1);
   CHECK(op.plan_cache_stats().hits == 2);
   // Another problem is another attention, which no call has used yet.
-  CHECK(rt.prepared(p, Problem{2, 16, 16, 2, 2, 4, 4, DType::F32}).plan_cache_stats().hits == 0);
+  CHECK(rt.prepared(p, Problem{2, 16, 16, 2, 2, 4, 4, DType::F32, {}}).plan_cache_stats().hits == 0);
 }
 
 TEST_CASE("a prepared attention keeps its plans within a byte budget, least recently used dropped", "[runtime][plans]") {
@@ -385,7 +385,7 @@ TEST_CASE("offsets the mask cannot tell apart share one plan in the emulator (ke
 TEST_CASE("every bad input is a clear error before anything runs", "[runtime][errors]") {
   Runtime rt;
   const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
-  const Problem pb{1, 8, 8, 2, 1, 16, 16, DType::F32};
+  const Problem pb{1, 8, 8, 2, 1, 16, 16, DType::F32, {}};
   Attention op = rt.prepare(p, pb);
   std::vector<float> q(8 * 2 * 16), k(8 * 16), v(8 * 16), o(8 * 2 * 16), lse(2 * 8);
   auto Q = TensorView::contiguous(q.data(), DType::F32, {1, 8, 2, 16});
@@ -436,8 +436,8 @@ TEST_CASE("every bad input is a clear error before anything runs", "[runtime][er
   o_odd_stride.strides = {8 * 2 * 18, 2 * 18, 18, 1};
   CHECK_THROWS_WITH(check_forward_inputs(pb, Q, K, V, o_odd_stride, &L, 16), Catch::Contains("o: stride of dimension 2 (18 elements) is not a multiple of 16 bytes"));
 
-  CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 0, 8, 2, 1, 16, 16, DType::F32}), Catch::Contains("problem.seq_q: must be at least 1"));
-  CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 8, 8, 3, 2, 16, 16, DType::F32}), Catch::Contains("problem.heads_kv: 2 does not divide"));
+  CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 0, 8, 2, 1, 16, 16, DType::F32, {}}), Catch::Contains("problem.seq_q: must be at least 1"));
+  CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 8, 8, 3, 2, 16, 16, DType::F32, {}}), Catch::Contains("problem.heads_kv: 2 does not divide"));
   ForwardOptions neg;
   neg.q_offset = -1;
   CHECK_THROWS_WITH(op.forward(Q, K, V, O, &L, neg), Catch::Contains("offsets must be >= 0"));
@@ -448,7 +448,7 @@ TEST_CASE("every bad input is a clear error before anything runs", "[runtime][er
 TEST_CASE("a device dynamic table: the answer of its sanitised host table, problems counted, bad inputs clear errors", "[runtime][dynamic][errors]") {
   Runtime rt;
   const Pattern p = PatternBuilder().branch(BranchSpec().full().layout(layouts::dynamic(4, 4))).build();
-  const Problem pb{1, 8, 8, 2, 1, 16, 16, DType::F32};  // 2 query blocks per head, 2 key blocks
+  const Problem pb{1, 8, 8, 2, 1, 16, 16, DType::F32, {}};  // 2 query blocks per head, 2 key blocks
   Attention op = rt.prepare(p, pb);
   const std::vector<float> q = random_tensor(8 * 2 * 16, 1), k = random_tensor(8 * 16, 2), v = random_tensor(8 * 16, 3);
   std::vector<float> o(8 * 2 * 16), o_host(8 * 2 * 16), lse(2 * 8);
@@ -516,7 +516,7 @@ TEST_CASE("a CUDA device on a machine without a GPU is a clear error", "[runtime
   options.device = Device::cuda(0);
   Runtime rt(options);
   const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
-  CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 8, 8, 1, 1, 64, 64, DType::BF16}),
+  CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 8, 8, 1, 1, 64, 64, DType::BF16, {}}),
                     Catch::Contains("no CUDA driver (libcuda.so.1) on this machine: no GPU is available; use the CPU device"));
 }
 
@@ -555,7 +555,7 @@ void check_backward(const Device& device, int cases, uint64_t seed, bool with_bf
     HostTensor to(std::vector<float>(dout.size()), os, dt, bhsd), tdq(q, qs, dt, bhsd), tdk(k, ks, dt, bhsd), tdv(v, vs, dt, bhsd);
     std::vector<float> lse(size_t(s.batch * s.heads_q * s.seq_q));
     const TensorView lv = TensorView::contiguous(lse.data(), DType::F32, {s.batch, s.heads_q, s.seq_q});
-    Attention op = rt.prepare(c.pattern, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt});
+    Attention op = rt.prepare(c.pattern, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt, {}});
     ForwardOptions fo;
     fo.q_offset = s.q_offset, fo.k_offset = s.k_offset, fo.dynamic_layout = dyn;
     op.forward(tq.view, tk.view, tv.view, to.view, &lv, fo);
@@ -591,7 +591,7 @@ TEST_CASE("backward on the emulator (the generated SIMT backward kernels) matche
 TEST_CASE("backward: every bad input is a clear error", "[runtime][grad][errors]") {
   Runtime rt;
   const Pattern p = PatternBuilder().branch(BranchSpec().full().causal()).build();
-  Attention op = rt.prepare(p, Problem{1, 16, 16, 2, 1, 8, 8, DType::F32});
+  Attention op = rt.prepare(p, Problem{1, 16, 16, 2, 1, 8, 8, DType::F32, {}});
   std::vector<float> q(16 * 2 * 8), k(16 * 8), v(16 * 8), o(16 * 2 * 8), dout(16 * 2 * 8), dq(q.size()), dk(k.size()),
       dv(v.size()), lse(2 * 16);
   auto t = [](std::vector<float>& x, std::vector<int64_t> shape) { return TensorView::contiguous(x.data(), DType::F32, std::move(shape)); };
@@ -649,7 +649,7 @@ void check_weights(const Device& device, int cases, uint64_t seed) {
     std::vector<float> lse(size_t(s.batch * s.heads_q * s.seq_q)), w(want.size(), -7.0f);
     const TensorView lv = TensorView::contiguous(lse.data(), DType::F32, {s.batch, s.heads_q, s.seq_q});
     const TensorView wv = TensorView::contiguous(w.data(), DType::F32, {s.batch, s.heads_q, s.seq_q, s.seq_k});
-    Attention op = rt.prepare(c.pattern, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt});
+    Attention op = rt.prepare(c.pattern, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt, {}});
     ForwardOptions fo;
     fo.q_offset = s.q_offset, fo.k_offset = s.k_offset, fo.dynamic_layout = dyn;
     op.forward(tq.view, tk.view, tv.view, to.view, &lv, fo);
@@ -686,7 +686,7 @@ TEST_CASE("weights on the emulator (from the generated kernel's LSE) match the r
 TEST_CASE("weights: every bad input is a clear error", "[runtime][weights][errors]") {
   Runtime rt;
   const Pattern p = PatternBuilder().branch(BranchSpec().full().causal()).build();
-  Attention op = rt.prepare(p, Problem{1, 16, 12, 2, 1, 8, 8, DType::F32});
+  Attention op = rt.prepare(p, Problem{1, 16, 12, 2, 1, 8, 8, DType::F32, {}});
   std::vector<float> q(16 * 2 * 8), k(12 * 8), v(12 * 8), o(16 * 2 * 8), lse(2 * 16), w(2 * 16 * 12);
   auto t = [](std::vector<float>& x, std::vector<int64_t> shape) { return TensorView::contiguous(x.data(), DType::F32, std::move(shape)); };
   const TensorView Q = t(q, {1, 16, 2, 8}), K = t(k, {1, 12, 1, 8}), V = t(v, {1, 12, 1, 8}), O = t(o, {1, 16, 2, 8}),

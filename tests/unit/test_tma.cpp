@@ -350,7 +350,7 @@ std::optional<TmaMapSpecs> specs_for(const std::vector<int>& rates, int64_t seq,
   Shape s;
   s.batch = 2, s.seq_q = s.seq_k = seq, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = d;
   const Plan plan = lower_to_plan(p, s, TileConfig{128, 128});
-  const Problem pb{2, seq, seq, 4, 2, d, d, DType::BF16};
+  const Problem pb{2, seq, seq, 4, 2, d, d, DType::BF16, {}};
   static std::vector<uint16_t> v(size_t(2 * 1024 * 2 * 128));
   const TensorView k = TensorView::contiguous(k_data, DType::BF16, {2, seq, 2, d});
   const TensorView vv = TensorView::contiguous(v.data(), DType::BF16, {2, seq, 2, d});
@@ -430,7 +430,7 @@ TEST_CASE("the TMA backward's tensor maps: Q and dO per query stride of the key-
     Shape s;
     s.batch = 2, s.seq_q = s.seq_k = seq, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 128;
     const BackwardPlan kp = lower_to_backward_plan(lower_to_plan(p, s, TileConfig{64, 128}));
-    const Problem pb{2, seq, seq, 4, 2, 128, 128, DType::BF16};
+    const Problem pb{2, seq, seq, 4, 2, 128, 128, DType::BF16, {}};
     const TensorView qv = TensorView::contiguous(q_data, DType::BF16, {2, seq, 4, 128});
     const TensorView dv = TensorView::contiguous(dout, DType::BF16, {2, seq, 4, 128});
     // The plan keeps its entries' distinct strides (of more than one row), each once.

@@ -1,0 +1,410 @@
+// FP8 inputs (fp8_e4m3 q, k, v with descale factors; bf16 or fp16 O): the CPU device (the plan
+// executor) and the emulated SIMT kernel against the float64 reference on the quantised inputs,
+// within the bound the arithmetic allows (docs/spec.md, "FP8 inputs"); the kernels' e4m3 helpers
+// against the host's conversions; every refusal a clear error.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "attnjit/attnjit.hpp"
+#include "attnjit/reference.hpp"
+#include "compiler/codegen/templates.hpp"
+#include "compiler/jit/jit.hpp"
+#include "compiler/plan/plan.hpp"
+#include "compiler/support/half.hpp"
+#include "compiler/support/knobs.hpp"
+#include "emulator/emu_compiler.hpp"
+#include "emulator/emu_module.hpp"
+#include "runtime/cpu/plan_executor.hpp"
+#include "tests/unit/random_patterns.hpp"
+#include "tests/unit/template_mutation.hpp"
+#include "tests/unit/test_support.hpp"
+
+using namespace attnjit;
+using attnjit::testing::CaseGenerator;
+
+namespace {
+
+// One FP8 call: codes, descales (per (batch, kv head), or one per tensor through zero strides),
+// and what they stand for in float64 (code value x descale), the reference's inputs.
+struct Fp8Call {
+  Shape s;
+  std::vector<uint8_t> q, k, v;
+  std::vector<float> q_descale, k_descale, v_descale;  // [B, Hkv] (size 1: broadcast)
+  std::vector<double> qd, kd, vd;                      // the values, [B, S, H, D]
+  double max_v = 0;                                    // the largest |value| of v
+};
+
+// Values of spread `sigma` (normal), stored as codes of value / descale.
+Fp8Call make_call(const Shape& s, uint64_t seed, bool per_head, float sigma = 2.0f) {
+  Fp8Call c;
+  c.s = s;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> scale(0.25f, 4.0f);
+  const size_t n_scales = per_head ? size_t(s.batch * s.heads_kv) : 1;
+  for (auto* d : {&c.q_descale, &c.k_descale, &c.v_descale}) {
+    d->resize(n_scales);
+    for (float& x : *d) x = scale(rng);
+  }
+  std::normal_distribution<float> value(0.0f, sigma);
+  auto fill = [&](std::vector<uint8_t>& codes, std::vector<double>& values, const std::vector<float>& ds, int64_t seq,
+                  int64_t heads, int64_t dim) {
+    const size_t n = size_t(s.batch * seq * heads * dim);
+    codes.resize(n);
+    values.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t b = int64_t(i) / (seq * heads * dim), h = int64_t(i) / dim % heads;
+      const int64_t kvh = h / (heads / s.heads_kv);
+      const float f = ds.size() == 1 ? ds[0] : ds[size_t(b * s.heads_kv + kvh)];
+      codes[i] = float_to_e4m3(value(rng) / f);
+      values[i] = double(e4m3_to_float(codes[i])) * f;
+    }
+  };
+  fill(c.q, c.qd, c.q_descale, s.seq_q, s.heads_q, s.head_dim);
+  fill(c.k, c.kd, c.k_descale, s.seq_k, s.heads_kv, s.head_dim);
+  fill(c.v, c.vd, c.v_descale, s.seq_k, s.heads_kv, s.head_dim_v);
+  for (double x : c.vd) c.max_v = std::max(c.max_v, std::abs(x));
+  return c;
+}
+
+TensorView descale_view(std::vector<float>& d, const Shape& s) {
+  TensorView t = TensorView::contiguous(d.data(), DType::F32, {s.batch, s.heads_kv});
+  if (d.size() == 1) t.strides = {0, 0};
+  return t;
+}
+
+struct Fp8Result {
+  std::vector<float> o, lse;
+};
+
+// The call on `rt`, O in `out` (bf16 or fp16); `wrong_v` multiplies the v descale the device is
+// given (a deliberately wrong factor must fail the checks).
+Fp8Result run(Runtime& rt, const Pattern& p, Fp8Call& c, DType out, float wrong_v = 1.0f) {
+  const Shape& s = c.s;
+  Problem pb{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, DType::E4M3, out};
+  std::vector<uint16_t> o(size_t(s.batch * s.seq_q * s.heads_q * s.head_dim_v), 0xffff);
+  Fp8Result r;
+  r.lse.assign(size_t(s.batch * s.heads_q * s.seq_q), NAN);
+  std::vector<float> vd = c.v_descale;
+  for (float& x : vd) x *= wrong_v;
+  TensorView qs = descale_view(c.q_descale, s), ks = descale_view(c.k_descale, s), vs = descale_view(vd, s);
+  ForwardOptions fo;
+  fo.q_offset = s.q_offset;
+  fo.k_offset = s.k_offset;
+  fo.q_descale = &qs, fo.k_descale = &ks, fo.v_descale = &vs;
+  const TensorView lse = TensorView::contiguous(r.lse.data(), DType::F32, {s.batch, s.heads_q, s.seq_q});
+  rt.prepare(p, pb).forward(TensorView::contiguous(c.q.data(), DType::E4M3, {s.batch, s.seq_q, s.heads_q, s.head_dim}),
+                            TensorView::contiguous(c.k.data(), DType::E4M3, {s.batch, s.seq_k, s.heads_kv, s.head_dim}),
+                            TensorView::contiguous(c.v.data(), DType::E4M3, {s.batch, s.seq_k, s.heads_kv, s.head_dim_v}),
+                            TensorView::contiguous(o.data(), out, {s.batch, s.seq_q, s.heads_q, s.head_dim_v}), &lse, fo);
+  r.o.resize(o.size());
+  for (size_t i = 0; i < o.size(); ++i) r.o[i] = out == DType::BF16 ? bfloat16_to_float(o[i]) : half_to_float(o[i]);
+  return r;
+}
+
+// The plan executor's FP8 arithmetic at the SIMT kernel's default tiles (32 x 32): the same tiles
+// give the same running maxima, so the same P is rounded (other tiles round other multiples of it).
+Fp8Result run_executor(const Pattern& p, const Fp8Call& c) {
+  const Shape& s = c.s;
+  const Plan plan = lower_to_plan(p, s, TileConfig{32, 32});
+  Fp8Arithmetic a;
+  for (int64_t u = 0; u < s.batch * s.heads_kv; ++u) {
+    auto at = [&](const std::vector<float>& d) { return d.size() == 1 ? d[0] : d[size_t(u)]; };
+    a.qk.push_back(at(c.q_descale) * at(c.k_descale));
+    a.v.push_back(at(c.v_descale));
+  }
+  auto values = [](const std::vector<uint8_t>& codes) {
+    std::vector<float> f(codes.size());
+    for (size_t i = 0; i < f.size(); ++i) f[i] = e4m3_to_float(codes[i]);
+    return f;
+  };
+  const std::vector<float> q = values(c.q), k = values(c.k), v = values(c.v);
+  ExecutorOutput out = execute_plan(plan, p, q.data(), k.data(), v.data(), nullptr, {.fp8 = &a});
+  return Fp8Result{std::move(out.o), std::move(out.lse)};
+}
+
+// How far a result lies from the float64 reference on the quantised inputs, against the bound.
+// O: P is rounded to e4m3 (relative error <= 2^-4 each, the row sums unrounded), so |O - O*| <=
+// 2^-4 max|v| plus the output's rounding (2^-8 relative covers bf16's 2^-9) and fp32 slack; on
+// average far less (the roundings are independent): the mean error must stay under 2^-8 max|v|.
+// LSE: P's rounding does not reach it; the scores are fp32 dot products of exact products.
+struct Fp8Check {
+  bool within = true;
+  std::string first_failure;
+  double mean_err = 0;
+};
+
+Fp8Check check_against_reference(const Pattern& p, const Fp8Call& c, const Fp8Result& r) {
+  const Shape& s = c.s;
+  const ReferenceOutput want = reference_attention(p, s, c.qd.data(), c.kd.data(), c.vd.data(), nullptr, 1);
+  Fp8Check out;
+  const double bound = c.max_v / 16.0 + 1e-6;
+  double sum = 0;
+  for (size_t i = 0; i < want.o.size(); ++i) {
+    const double err = std::abs(double(r.o[i]) - want.o[i]);
+    sum += err;
+    if (!(err <= bound + std::abs(want.o[i]) / 256.0) && out.within) {
+      out.within = false;
+      out.first_failure = "O[" + std::to_string(i) + "] = " + std::to_string(r.o[i]) + ", reference " + std::to_string(want.o[i]);
+    }
+  }
+  out.mean_err = want.o.empty() ? 0 : sum / double(want.o.size());
+  if (out.mean_err > c.max_v / 256.0 && out.within) {
+    out.within = false;
+    out.first_failure = "mean |O - reference| = " + std::to_string(out.mean_err) + " over max|v| / 256";
+  }
+  for (size_t i = 0; i < want.lse.size(); ++i) {
+    const double w = want.lse[i], g = r.lse[i];
+    const bool ok = std::isinf(w) ? g == -INFINITY : std::abs(g - w) <= 1e-4 * (1 + std::abs(w));
+    if (!ok && out.within) {
+      out.within = false;
+      out.first_failure = "LSE[" + std::to_string(i) + "] = " + std::to_string(g) + ", reference " + std::to_string(w);
+    }
+  }
+  return out;
+}
+
+// Whether the kernel's output agrees with the executor's at the same tiles as the same arithmetic
+// must: apart from fp32 orderings (the products' sums, ex2 against exp) they round the same P, so
+// what is left is O's bf16 rounding (2^-9 relative; 2^-8 allowed) and a rare P that lies within an
+// fp32 ulp or two of a midpoint between e4m3 values (2^-11 max|v| allowed).
+bool devices_agree(const Fp8Call& c, const Fp8Result& a, const Fp8Result& b, std::string* failure = nullptr) {
+  for (size_t i = 0; i < a.o.size(); ++i) {
+    if (std::abs(a.o[i] - b.o[i]) <= std::abs(b.o[i]) / 256 + c.max_v / 2048) continue;
+    if (failure) *failure = "O[" + std::to_string(i) + "]: " + std::to_string(a.o[i]) + " against " + std::to_string(b.o[i]);
+    return false;
+  }
+  return true;
+}
+
+// Head dims the SIMT kernel takes: multiples of 4.
+Shape simt_shape(Shape s) {
+  s.head_dim = (s.head_dim + 3) / 4 * 4;
+  s.head_dim_v = (s.head_dim_v + 3) / 4 * 4;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("FP8 inputs on the CPU device are within the bound of the float64 reference", "[fp8][runtime][property]") {
+  CaseGenerator gen(4848);
+  Runtime rt;
+  double worst_mean = 0;
+  for (int n = 0; n < 60; ++n) {
+    const auto g = gen.next();
+    if (g.dynamic) continue;  // no table here: the FP8 path is the same for every mask
+    Fp8Call c = make_call(g.shape, 100 + n, n % 2 == 0);
+    const DType out = n % 3 == 0 ? DType::F16 : DType::BF16;
+    INFO("case " << n << "\n" << canonical_text(g.pattern));
+    const Fp8Check k = check_against_reference(g.pattern, c, run(rt, g.pattern, c, out));
+    INFO(k.first_failure);
+    REQUIRE(k.within);
+    worst_mean = std::max(worst_mean, k.mean_err / std::max(c.max_v, 1e-30));
+  }
+  // P's rounding is there: the error is not the fp32 forward's.
+  CHECK(worst_mean > 1e-4);
+}
+
+TEST_CASE("the emulated FP8 kernel is within the bound of the reference and agrees with the plan executor", "[fp8][emu]") {
+  CaseGenerator gen(4949);
+  Runtime emu(RuntimeOptions{.device = Device::emu(90, true)});
+  for (int n = 0; n < 12; ++n) {
+    auto g = gen.next();
+    if (g.dynamic) continue;
+    const Shape s = simt_shape(g.shape);
+    Fp8Call c = make_call(s, 200 + n, n % 2 == 1);
+    INFO("case " << n << "\n" << canonical_text(g.pattern));
+    const Fp8Result e = run(emu, g.pattern, c, DType::BF16), h = run_executor(g.pattern, c);
+    const Fp8Check k = check_against_reference(g.pattern, c, e);
+    INFO(k.first_failure);
+    REQUIRE(k.within);
+    std::string failure;
+    const bool agree = devices_agree(c, e, h, &failure);
+    INFO(failure);
+    REQUIRE(agree);
+  }
+}
+
+TEST_CASE("a wrong descale fails the FP8 checks, on the CPU device and in the kernel", "[fp8][emu]") {
+  const Pattern p = PatternBuilder().causal().branch(BranchSpec().segment(16).dilation(1)).branch(BranchSpec().segment(32).dilation(2)).build();
+  Shape s;
+  s.batch = 2, s.seq_q = s.seq_k = 64, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 32;
+  Runtime cpu, emu(RuntimeOptions{.device = Device::emu(80)});
+  for (Runtime* rt : {&cpu, &emu}) {
+    Fp8Call c = make_call(s, 7, true);
+    CHECK(check_against_reference(p, c, run(*rt, p, c, DType::BF16)).within);
+    CHECK_FALSE(check_against_reference(p, c, run(*rt, p, c, DType::BF16, 1.05f)).within);
+    // A wrong q descale moves the LSE.
+    Fp8Call bad = c;
+    for (float& x : bad.q_descale) x *= 1.05f;
+    CHECK_FALSE(check_against_reference(p, c, run(*rt, p, bad, DType::BF16)).within);
+  }
+}
+
+TEST_CASE("deliberately broken FP8 kernels fail the checks in the emulator", "[fp8][emu][mutation]") {
+  // Each defect in the SIMT kernel's FP8 arithmetic; the unmutated kernel passes the same check
+  // (the test above). Wide dilated branches, so that P's rounding at small probabilities matters.
+  const Pattern p = PatternBuilder().branch(BranchSpec().segment(32).dilation(1)).branch(BranchSpec().segment(64).dilation(2)).build();
+  Shape s;
+  s.batch = 2, s.seq_q = s.seq_k = 64, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 16;
+  struct Defect {
+    const char *name, *from, *to;
+  };
+  const Defect defects[] = {
+      {"P rounded without its 2^8 (small probabilities flushed)", "aj_round_e4m3(pr * 256.0f) * 0.00390625f", "aj_round_e4m3(pr)"},
+      {"P rounded to e4m3 and its 2^8 kept", "aj_round_e4m3(pr * 256.0f) * 0.00390625f", "aj_round_e4m3(pr * 256.0f)"},
+      {"the k descale read from q's factors", "aj_descale(p, 1, b, kvh)", "aj_descale(p, 0, b, kvh)"},
+      {"O without its v descale", "p.output_scale * aj_descale(p, 2, b, kvh)", "p.output_scale"},
+      {"the descales of kv head 0 for every head", "aj_descale(p, 0, b, kvh) * aj_descale(p, 1, b, kvh)",
+       "aj_descale(p, 0, b, 0) * aj_descale(p, 1, b, 0)"},
+      {"e4m3 codes decoded with the exponent bias of fp8 e5m2", "((e + 120u) << 23)", "((e + 112u) << 23)"},
+  };
+  for (const Defect& d : defects) {
+    INFO(d.name);
+    const std::string file = std::string(d.to).find("120u") != std::string::npos || std::string(d.from).find("120u") != std::string::npos
+                                 ? "common.cuh"
+                                 : "fwd_simt.cuh";
+    auto t = attnjit::testing::mutated_templates(file, d.from, d.to);
+    REQUIRE(t);
+    Runtime emu(RuntimeOptions{.device = Device::emu(80), .templates = t});
+    Fp8Call c = make_call(s, 21, true);
+    const Fp8Result e = run(emu, p, c, DType::BF16);
+    CHECK_FALSE((check_against_reference(p, c, e).within && devices_agree(c, e, run_executor(p, c))));
+  }
+  Fp8Call c = make_call(s, 21, true);
+  Runtime emu(RuntimeOptions{.device = Device::emu(80)});
+  const Fp8Result e = run(emu, p, c, DType::BF16);
+  CHECK(check_against_reference(p, c, e).within);
+  CHECK(devices_agree(c, e, run_executor(p, c)));
+}
+
+TEST_CASE("the plan executor rounds P to e4m3 only on FP8 arithmetic", "[fp8][executor]") {
+  // The same values with and without Fp8Arithmetic: P's rounding must change O, and with factors
+  // of 1 nothing else may.
+  const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
+  Shape s;
+  s.batch = 1, s.seq_q = s.seq_k = 48, s.heads_q = s.heads_kv = 1, s.head_dim = s.head_dim_v = 16;
+  const Fp8Call c = make_call(s, 9, false);
+  std::vector<float> q(c.qd.begin(), c.qd.end()), k(c.kd.begin(), c.kd.end()), v(c.vd.begin(), c.vd.end());
+  const Plan plan = lower_to_plan(p, s, TileConfig{16, 16});
+  Fp8Arithmetic ones{{1.0f}, {1.0f}};
+  const ExecutorOutput plain = execute_plan(plan, p, q.data(), k.data(), v.data());
+  const ExecutorOutput fp8 = execute_plan(plan, p, q.data(), k.data(), v.data(), nullptr, {.fp8 = &ones});
+  double diff = 0;
+  for (size_t i = 0; i < plain.o.size(); ++i) diff = std::max(diff, double(std::abs(plain.o[i] - fp8.o[i])));
+  CHECK(diff > 1e-4);
+  CHECK(diff <= c.max_v / 16);
+  for (size_t i = 0; i < plain.lse.size(); ++i) CHECK(plain.lse[i] == fp8.lse[i]);
+}
+
+TEST_CASE("NaN inputs stay NaN in the FP8 forward", "[fp8][emu]") {
+  const Pattern p = PatternBuilder().causal().branch(BranchSpec().full()).build();
+  Shape s;
+  s.batch = 1, s.seq_q = s.seq_k = 24, s.heads_q = s.heads_kv = 1, s.head_dim = s.head_dim_v = 8;
+  Runtime cpu, emu(RuntimeOptions{.device = Device::emu(80)});
+  for (Runtime* rt : {&cpu, &emu}) {
+    Fp8Call c = make_call(s, 11, false);
+    c.q[5 * 8 + 3] = 0x7f;   // query row 5: a NaN code
+    c.v[20 * 8 + 1] = 0xff;  // key 20's V: NaN (sign set); rows 20.. attend it
+    const Fp8Result r = run(*rt, p, c, DType::BF16);
+    for (int64_t i = 0; i < s.seq_q; ++i) {
+      INFO("row " << i);
+      CHECK(std::isnan(r.o[size_t(i * 8 + 1)]) == (i == 5 || i >= 20));
+      CHECK(std::isnan(r.lse[size_t(i)]) == (i == 5));
+    }
+  }
+}
+
+TEST_CASE("FP8 calls that cannot run are refused by name", "[fp8][runtime]") {
+  const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
+  Runtime rt;
+  Shape s;
+  s.batch = 2, s.seq_q = s.seq_k = 8, s.heads_q = 2, s.heads_kv = 1, s.head_dim = s.head_dim_v = 8;
+  Fp8Call c = make_call(s, 3, true);
+  const Problem pb{2, 8, 8, 2, 1, 8, 8, DType::E4M3, {}};
+  CHECK(pb.o_dtype() == DType::BF16);
+  Attention a = rt.prepare(p, pb);
+  std::vector<uint16_t> o(size_t(2 * 8 * 2 * 8));
+  std::vector<float> lse(32), wrong(3, 1.0f);
+  const TensorView qv = TensorView::contiguous(c.q.data(), DType::E4M3, {2, 8, 2, 8});
+  const TensorView kv = TensorView::contiguous(c.k.data(), DType::E4M3, {2, 8, 1, 8});
+  const TensorView vv = TensorView::contiguous(c.v.data(), DType::E4M3, {2, 8, 1, 8});
+  const TensorView ov = TensorView::contiguous(o.data(), DType::BF16, {2, 8, 2, 8});
+  TensorView qs = descale_view(c.q_descale, s), ks = descale_view(c.k_descale, s), vs = descale_view(c.v_descale, s);
+  ForwardOptions fo;
+  fo.q_descale = &qs, fo.k_descale = &ks;
+  CHECK_THROWS_WITH(a.forward(qv, kv, vv, ov, nullptr, fo), Catch::Contains("v_descale: is missing"));
+  TensorView bad = TensorView::contiguous(wrong.data(), DType::F32, {3, 1});
+  fo.v_descale = &bad;
+  CHECK_THROWS_WITH(a.forward(qv, kv, vv, ov, nullptr, fo), Catch::Contains("[batch, heads_kv]"));
+  fo.v_descale = &vs;
+  a.forward(qv, kv, vv, ov, nullptr, fo);  // the good call runs
+  const TensorView of16 = TensorView::contiguous(o.data(), DType::F16, {2, 8, 2, 8});
+  CHECK_THROWS_WITH(a.forward(qv, kv, vv, of16, nullptr, fo), Catch::Contains("o: has dtype fp16 but must be bf16"));
+  const TensorView l = TensorView::contiguous(lse.data(), DType::F32, {2, 2, 8});
+  CHECK_THROWS_WITH(a.backward(qv, kv, vv, ov, l, ov, ov, ov, ov), Catch::Contains("forward only"));
+  std::vector<float> w(size_t(2 * 2 * 8 * 8));
+  CHECK_THROWS_WITH(a.weights(qv, kv, l, TensorView::contiguous(w.data(), DType::F32, {2, 2, 8, 8})),
+                    Catch::Contains("forward only"));
+  // Output dtypes: bf16 or fp16 for FP8 inputs; none other than the inputs' elsewhere.
+  CHECK_THROWS_WITH(rt.prepare(p, Problem{2, 8, 8, 2, 1, 8, 8, DType::E4M3, DType::F32}), Catch::Contains("bf16 or fp16"));
+  CHECK_THROWS_WITH(rt.prepare(p, Problem{2, 8, 8, 2, 1, 8, 8, DType::BF16, DType::F16}),
+                    Catch::Contains("only fp8_e4m3 inputs"));
+  // Descales with other inputs are refused, not ignored.
+  std::vector<uint16_t> b16(size_t(2 * 8 * 2 * 8));
+  Attention bf = rt.prepare(p, Problem{2, 8, 8, 2, 1, 8, 8, DType::BF16, {}});
+  const TensorView bq = TensorView::contiguous(b16.data(), DType::BF16, {2, 8, 2, 8});
+  std::vector<uint16_t> bk(size_t(2 * 8 * 8)), bvv(size_t(2 * 8 * 8));
+  CHECK_THROWS_WITH(bf.forward(bq, TensorView::contiguous(bk.data(), DType::BF16, {2, 8, 1, 8}),
+                               TensorView::contiguous(bvv.data(), DType::BF16, {2, 8, 1, 8}), ov, nullptr, fo),
+                    Catch::Contains("q_descale: is only for fp8_e4m3 inputs"));
+}
+
+TEST_CASE("the kernels' e4m3 decoding and rounding equal the host's conversions", "[fp8][emu]") {
+  // Every code decoded; then the rounding at every midpoint between neighbouring non-negative
+  // codes, a float either side of it, the codes themselves and random values, up to 448.
+  std::vector<float> in;
+  for (int c = 0; c < 0x7f; ++c) {
+    const float a = e4m3_to_float(uint8_t(c)), b = e4m3_to_float(uint8_t(c + 1));
+    const float mid = (a + b) / 2;  // exact: both have 4 significant bits
+    in.insert(in.end(), {a, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f)});
+  }
+  std::mt19937_64 rng(5);
+  for (int n = 0; n < 4000; ++n) in.push_back(std::ldexp(std::uniform_real_distribution<float>(1, 2)(rng), int(rng() % 20) - 12));
+  in.insert(in.end(), {0.0f, 1e-30f, std::numeric_limits<float>::denorm_min(), 448.0f, std::nanf("")});
+  const int n = int(in.size());
+  std::vector<float> out(in.size() + 256, -1.0f);
+  const TemplateSet& t = TemplateSet::embedded();
+  const std::string source =
+      "#define AJ_HEAD_DIM 8\n#define AJ_HEAD_DIM_V 8\n#define AJ_TILE_Q 16\n#define AJ_TILE_K 16\n#define AJ_STAGES 1\n"
+      "#define AJ_WARPS 1\n#define AJ_DTYPE 3\n#define AJ_OUT_DTYPE 2\n" +
+      t.blocks() + t.text("kernel_abi.h") + t.text("common.cuh") +
+      "extern \"C\" __global__ void e4m3_helpers(const float* in, float* out, int n) {\n"
+      "  for (int i = aj_thread_idx(); i < n; i += 64) out[i] = aj_round_e4m3(in[i]);\n"
+      "  for (int c = aj_thread_idx(); c < 256; c += 64) { const unsigned char code = (unsigned char)c; "
+      "out[n + c] = aj_load(&code); }\n}\n";
+  auto m = emu::load_emu_module(emu::compile_for_emulator({"e4m3_helpers", source, "sm_80", "", {}}, default_kernel_cache(), knobs()));
+  const float* pin = in.data();
+  float* pout = out.data();
+  int count = n;
+  void* args[] = {&pin, &pout, &count};
+  emu::LaunchRequest r;
+  r.block_threads = 64;
+  r.args = args;
+  r.buffers = {{"in", in.data(), in.size() * 4, 4, false}, {"out", out.data(), out.size() * 4, 4, true}};
+  m->launch(r);
+  for (int i = 0; i < n; ++i) {
+    const float want = e4m3_to_float(float_to_e4m3(in[size_t(i)]));
+    INFO("x = " << in[size_t(i)]);
+    if (std::isnan(want)) CHECK(std::isnan(out[size_t(i)]));
+    else CHECK(out[size_t(i)] == want);
+  }
+  for (int c = 0; c < 256; ++c) {
+    const float want = e4m3_to_float(uint8_t(c)), got = out[size_t(n + c)];
+    INFO("code " << c);
+    if (std::isnan(want)) CHECK(std::isnan(got));
+    else CHECK(std::memcmp(&want, &got, 4) == 0);
+  }
+}
