@@ -50,6 +50,8 @@ std::vector<float> load_lse(const std::string& path, const Shape& s, const char*
 }
 
 int run_grad(const GradOptions& o) {
+  if (parse_dtype(o.dtype) == DType::E4M3)
+    throw UserError("--dtype fp8_e4m3", "has no gradients: FP8 attention is forward only; use fp32, fp16 or bf16");
   const Pattern p = load_spec(o.spec);
   if (o.o.empty() != o.lse.empty()) {
     throw UserError(o.o.empty() ? "--lse" : "--o", "give the forward's O and LSE together (--o O.npy --lse LSE.npy), or "

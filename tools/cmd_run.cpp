@@ -29,8 +29,25 @@ struct RunOptions {
   InputOptions in;
   unsigned threads = 0;
   bool pack_branches = false;
+  std::string out_dtype;                          // fp8_e4m3 inputs: bf16 (default) or fp16
+  float q_descale = 1, k_descale = 1, v_descale = 1;  // fp8_e4m3 inputs: value = code x descale
   CLI::Option *executor_option = nullptr, *arch_option = nullptr;
 };
+
+// FP8 inputs: each tensor's values x quantised to e4m3 codes of x / descale (ties to even,
+// saturating at 448). `codes` gets the codes' values (what the executor and the devices read),
+// `values` code x descale (what the reference reads). Returns how many saturated.
+int64_t quantise_e4m3(std::vector<float>& x, float descale, std::vector<float>& codes) {
+  int64_t saturated = 0;
+  codes.resize(x.size());
+  for (size_t n = 0; n < x.size(); ++n) {
+    const float scaled = x[n] / descale;
+    codes[n] = e4m3_to_float(float_to_e4m3(scaled));
+    if (std::isfinite(scaled) && std::abs(scaled) > 464.0f) ++saturated;  // past 448's rounding range
+    x[n] = codes[n] * descale;
+  }
+  return saturated;
+}
 
 int run_attention(const RunOptions& o) {
   const Pattern p = load_spec(o.spec);
@@ -38,8 +55,30 @@ int run_attention(const RunOptions& o) {
   check_distinct_outputs({{"--out", o.out}, {"--lse", o.lse}, {"--weights", o.weights}});
   InputOptions inputs = o.in;
   inputs.executor = o.device == "cpu" ? o.executor : o.device;
-  const Inputs in = load_or_random_inputs(inputs, p);
+  Inputs in = load_or_random_inputs(inputs, p);
   const Shape& s = in.shape;
+  const DType dtype = parse_dtype(o.dtype);
+  if (!o.out_dtype.empty() && dtype != DType::E4M3)
+    throw UserError("--out-dtype", "is for --dtype fp8_e4m3 only (other dtypes write O in their own)");
+  if (dtype != DType::E4M3 && (o.q_descale != 1 || o.k_descale != 1 || o.v_descale != 1))
+    throw UserError("--q-descale/--k-descale/--v-descale", "are for --dtype fp8_e4m3 only");
+  // FP8: every executor reads the quantised inputs (the reference their values, code x descale).
+  std::optional<DeviceFp8> fp8;
+  std::vector<float> q8, k8, v8;
+  if (dtype == DType::E4M3) {
+    fp8.emplace();
+    fp8->q_descale = o.q_descale, fp8->k_descale = o.k_descale, fp8->v_descale = o.v_descale;
+    for (float f : {o.q_descale, o.k_descale, o.v_descale})
+      if (!(f > 0 && std::isfinite(f)))
+        throw UserError("--q-descale/--k-descale/--v-descale", "must be positive and finite, got " + std::to_string(f));
+    if (!o.weights.empty()) throw UserError("--weights", "is not available for --dtype fp8_e4m3 (FP8 attention is forward only)");
+    fp8->out_dtype = o.out_dtype.empty() ? DType::BF16 : parse_dtype(o.out_dtype);
+    const int64_t sat = quantise_e4m3(in.q, o.q_descale, q8) + quantise_e4m3(in.k, o.k_descale, k8) +
+                        quantise_e4m3(in.v, o.v_descale, v8);
+    if (sat > 0)
+      std::cerr << "warning: --dtype fp8_e4m3: " << sat << " input value" << (sat == 1 ? "" : "s")
+                << " past 448 x its descale saturated to +-448; raise --q-descale, --k-descale or --v-descale\n";
+  }
   check_pattern_fits(p, s);
   // Without offsets the call is taken to be the whole sequence; with offsets it may be one chunk
   // of a longer one, where explicit blocks outside the chunk legitimately attend nothing.
@@ -57,11 +96,16 @@ int run_attention(const RunOptions& o) {
     KernelConfig config = parse_kernel_tile(o.kernel_tile);
     config.stages = o.stages;
     const Device d = o.device == "cuda" ? Device::cuda(0) : emu_device(o.arch);
-    run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), config, of, lf, nullptr, weights, documents);
+    if (fp8) run_on_device(d, p, s, q8, k8, v8, table, dtype, config, of, lf, nullptr, weights, documents, &*fp8);
+    else run_on_device(d, p, s, in.q, in.k, in.v, table, dtype, config, of, lf, nullptr, weights, documents);
   } else if (o.executor == "plan") {
     const Plan plan = lower_to_plan(p, s, parse_tile_config(o.tile), table, documents, RandomLayouts::InPlan,
                                     o.pack_branches ? BranchPacking::Packed : BranchPacking::Separate);
-    ExecutorOutput r = execute_plan(plan, p, in.q.data(), in.k.data(), in.v.data(), table, {.threads = o.threads});
+    // FP8: the codes' values, with the descales and P's rounding as the kernels do them.
+    const size_t units = size_t(s.batch * s.heads_kv);
+    const Fp8Arithmetic arith{std::vector<float>(units, o.q_descale * o.k_descale), std::vector<float>(units, o.v_descale)};
+    ExecutorOutput r = fp8 ? execute_plan(plan, p, q8.data(), k8.data(), v8.data(), table, {.threads = o.threads, .fp8 = &arith})
+                           : execute_plan(plan, p, in.q.data(), in.k.data(), in.v.data(), table, {.threads = o.threads});
     of = std::move(r.o);
     lf = std::move(r.lse);
     if (weights) {
@@ -89,7 +133,7 @@ int run_attention(const RunOptions& o) {
   mean_abs /= static_cast<double>(of.size());
   const std::string where = o.device == "cuda"   ? "cuda (" + o.dtype + ")"
                             : o.device == "emu" ? "the emulator (" + o.arch + ", " + o.dtype + ")"
-                                                : "the cpu " + o.executor + " executor";
+                                                : "the cpu " + o.executor + " executor" + (fp8 ? " (fp8_e4m3 inputs)" : "");
   std::cout << "ran " << pattern_hash(p) << " on " << where << ": " << shape_summary(s) << " in " << secs << " s\n";
   if (documents) std::cout << "  packed documents: " << documents->size() - 1 << "\n";
   std::cout << "  mean |O| = " << mean_abs << ", rows with no keys: " << empty << " of " << lf.size() << "\n";
@@ -113,8 +157,14 @@ void register_run(CLI::App& app, int& rc) {
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
   add_cu_seqlens_option(sub, o->cu_seqlens);
   add_device_option(sub, o->device, "the GPU kernel");
-  sub->add_option("--dtype", o->dtype, "with --device cuda|emu: the dtype the inputs are converted to (fp32, fp16, bf16)")
+  sub->add_option("--dtype", o->dtype,
+                  "with --device cuda|emu: the dtype the inputs are converted to (fp32, fp16, bf16); fp8_e4m3 on every "
+                  "device and executor: the inputs quantised to e4m3 codes of value / descale")
       ->capture_default_str();
+  sub->add_option("--out-dtype", o->out_dtype, "with --dtype fp8_e4m3: O's dtype, bf16 (default) or fp16");
+  sub->add_option("--q-descale", o->q_descale, "with --dtype fp8_e4m3: q's descale factor (value = code x factor)")->capture_default_str();
+  sub->add_option("--k-descale", o->k_descale, "with --dtype fp8_e4m3: k's descale factor")->capture_default_str();
+  sub->add_option("--v-descale", o->v_descale, "with --dtype fp8_e4m3: v's descale factor")->capture_default_str();
   o->arch_option = sub->add_option("--arch", o->arch, "with --device emu: the GPU arch whose kernel is emulated (sm_75, sm_80, ...)")
                        ->capture_default_str();
   sub->add_option("--kernel-tile", o->kernel_tile, "with --device cuda|emu: kernel tile QxK, or QxKwN for N warps, or default")->capture_default_str();

@@ -23,6 +23,10 @@ std::vector<uint8_t> encode(const std::vector<float>& x, DType dt, int64_t* over
       std::memcpy(out.data() + 4 * n, &x[n], 4);
       continue;
     }
+    if (dt == DType::E4M3) {  // the values of codes (cmd_run quantises): exact
+      out[n] = float_to_e4m3(x[n]);
+      continue;
+    }
     const uint16_t h = dt == DType::F16 ? float_to_half(x[n]) : float_to_bfloat16(x[n]);
     if (overflows && (h & 0x7fff) == inf && std::isfinite(x[n])) ++*overflows;
     std::memcpy(out.data() + 2 * n, &h, 2);
@@ -51,6 +55,8 @@ std::vector<float> decode(const std::vector<uint8_t>& b, DType dt) {
   for (size_t n = 0; n < out.size(); ++n) {
     if (dt == DType::F32) {
       std::memcpy(&out[n], b.data() + 4 * n, 4);
+    } else if (dt == DType::E4M3) {
+      out[n] = e4m3_to_float(b[n]);
     } else {
       uint16_t h;
       std::memcpy(&h, b.data() + 2 * n, 2);
@@ -88,13 +94,15 @@ private:
 void run_on_device(const Device& device, const Pattern& p, const Shape& s, const std::vector<float>& q,
                    const std::vector<float>& k, const std::vector<float>& v, const DynamicLayout* dynamic, DType dtype,
                    const KernelConfig& config, std::vector<float>& o, std::vector<float>& lse, DeviceBackward* backward,
-                   std::vector<float>* weights, const std::vector<int64_t>* documents) {
+                   std::vector<float>* weights, const std::vector<int64_t>* documents, const DeviceFp8* fp8) {
   const bool gpu = device.kind == DeviceKind::CUDA;
   RuntimeOptions ro;
   ro.device = device;
   ro.config = config;
   Runtime rt(ro);
-  const Problem pb{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dtype};
+  const DType out_dtype = fp8 ? fp8->out_dtype : dtype;  // O's (and dO's, dQ's ...: no FP8 backward)
+  const Problem pb{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dtype,
+                   fp8 ? std::optional<DType>(out_dtype) : std::nullopt};
   Attention op = rt.prepare(p, pb);
   auto upload = [&](const std::vector<float>& x, int64_t* overflows) {
     const std::vector<uint8_t> bytes = encode(x, dtype, overflows);
@@ -108,7 +116,7 @@ void run_on_device(const Device& device, const Pattern& p, const Shape& s, const
   if (backward) ddo.emplace(upload(backward->dout, &do_over));
   warn_overflows(dtype, {{"q", q_over}, {"k", k_over}, {"v", v_over}, {"dO", do_over}});
   const std::vector<int64_t> os{s.batch, s.seq_q, s.heads_q, s.head_dim_v};
-  std::vector<uint8_t> obytes(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v * dtype_bytes(dtype)));
+  std::vector<uint8_t> obytes(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v * dtype_bytes(out_dtype)));
   DeviceBytes dout(gpu, obytes.size()), dlse(gpu, static_cast<size_t>(s.batch * s.heads_q * s.seq_q) * sizeof(float));
   auto view = [&](DeviceBytes& b, DType dt, std::vector<int64_t> shape) { return TensorView::contiguous(b.data(), dt, std::move(shape)); };
   const TensorView lse_view = view(dlse, DType::F32, {s.batch, s.heads_q, s.seq_q});
@@ -117,6 +125,21 @@ void run_on_device(const Device& device, const Pattern& p, const Shape& s, const
   fo.k_offset = s.k_offset;
   fo.dynamic_layout = dynamic;
   fo.cu_seqlens = documents;
+  // FP8: one factor per tensor, [batch, heads_kv] through zero strides, in the device's memory.
+  std::optional<DeviceBytes> descales;
+  TensorView descale_views[3];
+  if (fp8) {
+    const float f[3] = {fp8->q_descale, fp8->k_descale, fp8->v_descale};
+    std::vector<uint8_t> fb(sizeof f);
+    std::memcpy(fb.data(), f, sizeof f);
+    descales.emplace(gpu, fb.size());
+    descales->upload(fb);
+    for (int n = 0; n < 3; ++n) {
+      descale_views[n] = TensorView::contiguous(static_cast<float*>(descales->data()) + n, DType::F32, {s.batch, s.heads_kv});
+      descale_views[n].strides = {0, 0};
+    }
+    fo.q_descale = &descale_views[0], fo.k_descale = &descale_views[1], fo.v_descale = &descale_views[2];
+  }
   const std::vector<int64_t> qs{s.batch, s.seq_q, s.heads_q, s.head_dim}, ks{s.batch, s.seq_k, s.heads_kv, s.head_dim},
       vs{s.batch, s.seq_k, s.heads_kv, s.head_dim_v};
   if (backward && backward->forward_given) {
@@ -125,10 +148,10 @@ void run_on_device(const Device& device, const Pattern& p, const Shape& s, const
     std::memcpy(lb.data(), lse.data(), lb.size());
     dlse.upload(lb);
   } else {
-    op.forward(view(dq, dtype, qs), view(dk, dtype, ks), view(dv, dtype, vs), view(dout, dtype, os), &lse_view, fo);
+    op.forward(view(dq, dtype, qs), view(dk, dtype, ks), view(dv, dtype, vs), view(dout, out_dtype, os), &lse_view, fo);
     if (gpu) synchronize(nullptr);
     dout.download(obytes.data(), obytes.size());
-    o = decode(obytes, dtype);
+    o = decode(obytes, out_dtype);
     lse.resize(static_cast<size_t>(s.batch * s.heads_q * s.seq_q));
     dlse.download(lse.data(), lse.size() * sizeof(float));
   }
