@@ -110,7 +110,7 @@ Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, DType dt) 
   const auto& ks = std::get<1>(k);
   const auto& vs = std::get<1>(v);
   if (qs.size() != 4 || ks.size() != 4 || vs.size() != 4) throw UserError("q, k, v", "expected [B, S, H, D] tensors");
-  return Problem{qs[0], qs[1], ks[1], qs[2], ks[2], qs[3], vs[3], dt};
+  return Problem{qs[0], qs[1], ks[1], qs[2], ks[2], qs[3], vs[3], dt, {}};
 }
 
 std::optional<DynamicLayout> dynamic_of(const std::optional<std::tuple<int64_t, std::vector<int64_t>, std::vector<int32_t>>>& d) {
@@ -184,6 +184,24 @@ void forward(const std::string& spec, const std::string& device, int index, cons
   op.forward(view(q, dt), view(k, dt), view(v, dt), view(o, dt), lse ? &lv : nullptr, fo);
 }
 
+// FP8 inputs: q, k, v of e4m3 codes, each with its descale factors (fp32 [B, Hkv] views; strides
+// 0 broadcast one factor), O in `out_dtype` (bf16 or fp16). Forward only.
+void forward_fp8(const std::string& spec, const std::string& device, int index, const std::string& out_dtype,
+                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const std::optional<Tensor>& lse,
+                 int64_t q_offset, int64_t k_offset, uintptr_t stream, const DynamicArg& dynamic,
+                 const DocumentsArg& documents, const Tensor& q_descale, const Tensor& k_descale, const Tensor& v_descale) {
+  Problem pb = problem_of(q, k, v, DType::E4M3);
+  pb.out_dtype = parse_dtype(out_dtype);
+  const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
+  Attention op = prepared(spec, device_of(device, index), pb);
+  ForwardOptions fo = options_of(q_offset, k_offset, stream, dyn, documents);
+  const TensorView qd = view(q_descale, DType::F32), kd = view(k_descale, DType::F32), vd = view(v_descale, DType::F32);
+  fo.q_descale = &qd, fo.k_descale = &kd, fo.v_descale = &vd;
+  const TensorView lv = lse ? view(*lse, DType::F32) : TensorView{};
+  nb::gil_scoped_release release;
+  op.forward(view(q, DType::E4M3), view(k, DType::E4M3), view(v, DType::E4M3), view(o, pb.o_dtype()), lse ? &lv : nullptr, fo);
+}
+
 void backward(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
               const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq,
               const Tensor& dk, const Tensor& dv, int64_t q_offset, int64_t k_offset, uintptr_t stream,
@@ -214,7 +232,7 @@ std::vector<int64_t> paged(const std::string& action, const std::string& spec, c
                            int32_t splits, uintptr_t stream, const std::string& kv_dtype, uintptr_t k_scale, uintptr_t v_scale,
                            uintptr_t workspace, const std::vector<int64_t>& capacity, uintptr_t errors,
                            const std::vector<uint64_t>& device_lengths) {
-  const DType dt = parse_dtype(dtype), kv = parse_kv_dtype(kv_dtype);
+  const DType dt = parse_dtype(dtype), kv = parse_dtype(kv_dtype);
   const auto& qs = std::get<1>(q);
   const auto& ks = std::get<1>(k_cache);
   const auto& vs = std::get<1>(v_cache);
@@ -545,6 +563,7 @@ NB_MODULE(_attnjit, m) {
     return std::make_tuple(canonical_text(p), pattern_hash(p));
   }, "(canonical text, hash) of a spec; raises PatternError naming what is wrong");
   m.def("forward", &forward);
+  m.def("forward_fp8", &forward_fp8);
   m.def("backward", &backward);
   m.def("paged", &paged);
   m.def("sanitize_dynamic", &sanitize_dynamic);

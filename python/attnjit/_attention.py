@@ -10,7 +10,7 @@ _NUMPY_DTYPES = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16"}
 
 
 def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_lse=False, return_weights=False,
-              dynamic_layout=None, cu_seqlens=None):
+              dynamic_layout=None, cu_seqlens=None, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """Attention of `pattern` over q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv].
 
     Returns o [B, Sq, Hq, Dv] in the inputs' dtype, or (o, lse) with lse fp32 [B, Hq, Sq] (the
@@ -43,6 +43,13 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
     (ATTNJIT_CPU_DEVICE=emu runs the generated kernels in the CPU emulator instead, emu:sm_90a the
     Hopper ones); float64 CPU
     tensors the float64 reference (for gradcheck). Differentiable in q, k and v.
+    FP8 inputs: torch.float8_e4m3fn q, k and v with `q_descale`, `k_descale`, `v_descale` (each a
+    number, or an fp32 tensor on q's device of shape [] / [1] or [B, Hkv]: the input a code stands
+    for is its value times the factor, as FlashAttention-3's descales) and `out_dtype`
+    (torch.bfloat16, the default, or torch.float16). Forward only (no gradients, no weights); P is
+    rounded to e4m3 for the P V product as the FP8 tensor cores take it, so O is within 2^-4 max|v|
+    of exact attention on the quantised inputs (docs/spec.md, "FP8 inputs"). CPU tensors run the
+    same arithmetic in the plan executor.
     numpy arrays (fp32, fp16; CPU, no autograd) are accepted too. Empty inputs (batch, sequence
     or heads 0) give empty outputs and gradients; query rows with no keys attend nothing.
     """
@@ -50,6 +57,18 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
     k_offset = int_arg("k_offset", k_offset, OFFSET)
     dyn = dynamic_arg(dynamic_layout)
     docs = documents_arg(cu_seqlens)
+    descales = (q_descale, k_descale, v_descale)
+    if str(getattr(q, "dtype", "")) == "torch.float8_e4m3fn":
+        from . import _torch_ops
+
+        if return_weights:
+            raise TypeError("return_weights: not available for FP8 inputs (FP8 attention is forward only)")
+        o, lse = _torch_ops.fp8_attention(q, k, v, _torch_ops.op_spec(pattern, scale), q_offset, k_offset, dyn, docs,
+                                          descales, out_dtype)
+        return (o, lse) if return_lse else o
+    for name, d in zip(("q_descale", "k_descale", "v_descale", "out_dtype"), descales + (out_dtype,)):
+        if d is not None:
+            raise TypeError(f"{name}: is for FP8 inputs (torch.float8_e4m3fn q, k, v) only; q is {getattr(q, 'dtype', type(q))}")
     if isinstance(q, np.ndarray) or isinstance(k, np.ndarray) or isinstance(v, np.ndarray):
         spec = op_spec(pattern, scale)
         if device_table(dyn):

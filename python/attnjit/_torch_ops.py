@@ -70,6 +70,58 @@ def attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, docs=None):
     return o, lse
 
 
+_FP8_OUT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def fp8_attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, docs, descales, out_dtype):
+    """FP8 inputs (torch.float8_e4m3fn q, k, v): the forward only (no autograd), O in `out_dtype`
+    (bfloat16 by default, or float16), lse fp32. `descales`: (q_descale, k_descale, v_descale), each
+    a Python number or an fp32 tensor on q's device of shape [] / [1] (one factor) or [B, Hkv]."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.float8_e4m3fn:
+            what = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+            raise TypeError(f"{name}: FP8 attention takes torch.float8_e4m3fn q, k and v; got {what}")
+    check_shapes(q.shape, k.shape, v.shape)
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v: devices differ ({q.device}, {k.device}, {v.device})")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() == 4 and x.stride(3) != 1:
+            raise ValueError(f"{name}: the last dimension must be contiguous (stride 1); call .contiguous()")
+    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    if out_dtype not in _FP8_OUT:
+        raise TypeError(f"out_dtype: FP8 attention writes torch.bfloat16 or torch.float16, got {out_dtype}")
+    if device_table(dyn):
+        raise TypeError("dynamic_layout: FP8 inputs take host tables (lists, arrays or CPU tensors) so far")
+    b, hkv = q.shape[0], k.shape[2]
+    views = []
+    for name, d in zip(("q_descale", "k_descale", "v_descale"), descales):
+        if d is None:
+            raise TypeError(f"{name}: FP8 inputs need q_descale, k_descale and v_descale (a number, or an fp32 tensor "
+                            "[] / [1] / [batch, heads_kv]; 1.0 where the codes are the values)")
+        if not isinstance(d, torch.Tensor):
+            d = torch.tensor(float(d), dtype=torch.float32, device=q.device)
+        if d.dtype != torch.float32:
+            raise TypeError(f"{name}: expected an fp32 tensor, got {d.dtype}")
+        if d.device != q.device:
+            raise ValueError(f"{name}: is on {d.device} but q is on {q.device}")
+        if d.numel() == 1 and d.dim() <= 1:
+            d = d.reshape(1, 1).expand(b, hkv)
+        elif tuple(d.shape) != (b, hkv):
+            raise ValueError(f"{name}: expected shape [] or [1] (one factor) or [batch, heads_kv] = [{b}, {hkv}], got "
+                             f"{tuple(d.shape)}")
+        views.append(d)
+    o_shape, lse_shape = _out_shapes(q, v)
+    if is_empty(q.shape, k.shape):
+        return (torch.zeros(o_shape, dtype=out_dtype, device=q.device),
+                torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device))
+    o = torch.empty(o_shape, dtype=out_dtype, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    device, index, stream = _device(q)
+    _attnjit.forward_fp8(spec, device, index, _FP8_OUT[out_dtype], _desc(q), _desc(k), _desc(v), _desc(o), _desc(lse),
+                         q_offset, k_offset, stream, host_table(dyn), docs, *(_desc(d) for d in views))
+    return o, lse
+
+
 def _table_tensors(d, device):
     """The op's table arguments for the dynamic_layout dict `d`: (heads, row_offsets, col_indices,
     whether the kernels read them in place, the caller's errors counter or None)."""

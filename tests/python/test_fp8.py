@@ -1,0 +1,105 @@
+"""FP8 inputs through attnjit.attention: torch.float8_e4m3fn q, k, v with descales, against the
+float64 contract (conftest.dense_attention) on the values the codes stand for, within the bound
+docs/spec.md states ("FP8 inputs"); the emulated kernels (ATTNJIT_CPU_DEVICE=emu) alike; every
+refusal a clear error."""
+import pytest
+import torch
+
+import attnjit
+from conftest import dense_attention, example_specs, needs_gpu
+
+FP8 = getattr(torch, "float8_e4m3fn", None)
+pytestmark = pytest.mark.skipif(FP8 is None, reason="this torch has no float8_e4m3fn: FP8 inputs not run")
+
+
+def quantised(shape, descale, seed):
+    """(codes, values): normal inputs as e4m3 codes of value / descale, and code x descale in float64.
+    `descale` is a number or a [B, Hkv] tensor (broadcast over rows, query heads of a group, dims)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * 2
+    d = torch.as_tensor(descale, dtype=torch.float64)
+    if d.dim() == 2:  # [B, Hkv] -> [B, 1, H, 1]
+        d = d.repeat_interleave(shape[2] // d.shape[1], dim=1)[:, None, :, None]
+    codes = (x / d).to(FP8)
+    return codes, codes.to(torch.float64) * d
+
+
+def check_within(o, lse, want_o, want_lse, v_values):
+    """O within 2^-4 max|v| plus its own rounding, mean error under 2^-8 max|v|; the LSE as fp32."""
+    bound = v_values.abs().max().item() / 16
+    err = (o.to(torch.float64) - want_o).abs()
+    assert (err <= bound + want_o.abs() / 128).all(), err.max().item()
+    assert err.mean().item() <= v_values.abs().max().item() / 256
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert torch.allclose(lse[finite].to(torch.float64), want_lse[finite], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("path", example_specs(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_fp8_examples_on_the_cpu(path, out_dtype):
+    pattern = attnjit.Pattern.load(path)
+    b, s, hq, hkv, d = 2, 96, 4, 2, 16
+    qd = torch.tensor([[0.5, 2.0], [1.0, 0.25]])  # per (batch, kv head)
+    q, qv = quantised((b, s, hq, d), qd, 1)
+    k, kv = quantised((b, s, hkv, d), 0.5, 2)
+    v, vv = quantised((b, s, hkv, d), 3.0, 3)
+    o, lse = attnjit.attention(q, k, v, pattern, q_descale=qd, k_descale=0.5, v_descale=torch.tensor(3.0),
+                               out_dtype=out_dtype, return_lse=True)
+    assert o.dtype == out_dtype and o.shape == (b, s, hq, d) and lse.dtype == torch.float32
+    want_o, want_lse = dense_attention(qv, kv, vv, pattern)
+    check_within(o, lse, want_o, want_lse, vv)
+
+
+def test_fp8_in_the_emulated_kernel(monkeypatch):
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu:sm_90a")
+    pattern = attnjit.Pattern.load(example_specs()[0])
+    q, qv = quantised((1, 64, 2, 32), 0.25, 4)
+    k, kv = quantised((1, 64, 2, 32), 1.0, 5)
+    v, vv = quantised((1, 64, 2, 32), 2.0, 6)
+    o, lse = attnjit.attention(q, k, v, pattern, q_descale=0.25, k_descale=1.0, v_descale=2.0, return_lse=True)
+    want_o, want_lse = dense_attention(qv, kv, vv, pattern)
+    check_within(o, lse, want_o, want_lse, vv)
+
+
+def test_fp8_refusals():
+    pattern = {"attnjit": 1, "branches": [{"segment": "full"}]}
+    q, _ = quantised((1, 8, 2, 8), 1.0, 7)
+    one = dict(q_descale=1.0, k_descale=1.0, v_descale=1.0)
+    with pytest.raises(TypeError, match="v_descale: FP8 inputs need"):
+        attnjit.attention(q, q, q, pattern, q_descale=1.0, k_descale=1.0)
+    with pytest.raises(TypeError, match="out_dtype: FP8 attention writes"):
+        attnjit.attention(q, q, q, pattern, out_dtype=torch.float32, **one)
+    with pytest.raises(ValueError, match=r"k_descale: expected shape"):
+        attnjit.attention(q, q, q, pattern, q_descale=1.0, k_descale=torch.ones(3), v_descale=1.0)
+    with pytest.raises(TypeError, match="k: FP8 attention takes torch.float8_e4m3fn"):
+        attnjit.attention(q, q.to(torch.bfloat16), q, pattern, **one)
+    with pytest.raises(TypeError, match="return_weights: not available for FP8"):
+        attnjit.attention(q, q, q, pattern, return_weights=True, **one)
+    x = torch.randn(1, 8, 2, 8)
+    with pytest.raises(TypeError, match="q_descale: is for FP8 inputs"):
+        attnjit.attention(x, x, x, pattern, q_descale=1.0)
+
+
+def test_fp8_nan_codes_stay_nan():
+    pattern = {"attnjit": 1, "causal": True, "branches": [{"segment": "full"}]}
+    q, _ = quantised((1, 16, 1, 8), 1.0, 8)
+    k, _ = quantised((1, 16, 1, 8), 1.0, 9)
+    v, _ = quantised((1, 16, 1, 8), 1.0, 10)
+    q.view(torch.uint8)[0, 3, 0, 2] = 0x7F  # query row 3: NaN
+    o, lse = attnjit.attention(q, k, v, pattern, q_descale=1.0, k_descale=1.0, v_descale=1.0, return_lse=True)
+    rows = torch.isnan(o[0, :, 0, 0])
+    assert rows.tolist() == [i == 3 for i in range(16)]
+    assert torch.isnan(lse[0, 0, 3]) and torch.isfinite(lse[0, 0, :3]).all()
+
+
+@needs_gpu
+def test_fp8_on_the_gpu():
+    pattern = attnjit.Pattern.load(example_specs()[0])
+    q, qv = quantised((1, 256, 4, 64), 0.5, 11)
+    k, kv = quantised((1, 256, 4, 64), 0.5, 12)
+    v, vv = quantised((1, 256, 4, 64), 1.0, 13)
+    o, lse = attnjit.attention(q.cuda(), k.cuda(), v.cuda(), pattern, q_descale=0.5, k_descale=0.5, v_descale=1.0,
+                               return_lse=True)
+    want_o, want_lse = dense_attention(qv, kv, vv, pattern)
+    check_within(o.cpu(), lse.cpu(), want_o, want_lse, vv)
