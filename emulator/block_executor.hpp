@@ -44,8 +44,9 @@ struct WgmmaOp {
   float* dst[128] = {};               // each thread's accumulator registers
   const unsigned* a[128] = {};        // each thread's A registers (A from registers), and their values
   uint32_t a_values[128][4] = {};
-  std::vector<uint32_t> read_addrs;   // the operand bytes read, by shared-window address
+  std::vector<uint32_t> read_addrs;   // the operand elements read, by shared-window address
   std::vector<uint16_t> read_values;  // and their values at issue
+  int elem_bytes = 2;                 // 2, or 1 for e4m3 operands
   int waiting = 128;                  // threads that have not waited for it yet
 };
 

@@ -8,6 +8,7 @@
 #define AJ_EMU_ABI_VERSION 11
 #define AJ_EMU_F16 1
 #define AJ_EMU_BF16 2
+#define AJ_EMU_E4M3 3 /* wgmma: FP8 e4m3 operands (k32, K-major) */
 #define AJ_EMU_RARE_PATHS 8
 /* wgmma flags: scale-d (accumulate into D), imm-trans-a / -b (MN-major operands), imm-scale -1 */
 #define AJ_EMU_WGMMA_SCALE_D 1
@@ -44,8 +45,9 @@ typedef struct AjEmuApi {
   void (*red_add_f32)(float* addr, float value, const void* pc);
   /* sm_90a */
   unsigned (*smem_addr)(const void* p); /* the shared-window address of a generic pointer */
-  /* wgmma.mma_async m64nNk16, f32 += {f16,bf16}: A from a_regs (4 per thread) or, when a_regs is
-     null, from shared memory through a_desc; B through b_desc; flags AJ_EMU_WGMMA_* */
+  /* wgmma.mma_async m64nNk16, f32 += {f16,bf16} (m64nNk32 for type AJ_EMU_E4M3): A from a_regs (4
+     per thread) or, when a_regs is null, from shared memory through a_desc; B through b_desc;
+     flags AJ_EMU_WGMMA_* */
   void (*wgmma)(float* d, int n, const unsigned* a_regs, unsigned long long a_desc, unsigned long long b_desc,
                 int type, int flags, const void* pc);
   void (*wgmma_fence)(const void* pc);

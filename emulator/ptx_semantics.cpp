@@ -116,15 +116,15 @@ WgmmaDesc decode_wgmma_desc(uint64_t desc) {
   return d;
 }
 
-uint32_t wgmma_element_address(const WgmmaDesc& d, bool mn_major, int mn, int k) {
-  const uint32_t w = static_cast<uint32_t>(d.swizzle);
+uint32_t wgmma_element_address(const WgmmaDesc& d, bool mn_major, int mn, int k, int elem_bytes) {
+  const uint32_t w = static_cast<uint32_t>(d.swizzle), eb = static_cast<uint32_t>(elem_bytes);
   uint32_t off;
   if (!mn_major) {
-    const uint32_t kb = 2u * static_cast<uint32_t>(k);  // byte along K
+    const uint32_t kb = eb * static_cast<uint32_t>(k);  // byte along K
     const uint32_t m = static_cast<uint32_t>(mn);
     off = w == 0 ? (m % 8) * 16 + (m / 8) * d.sbo + (kb / 16) * d.lbo + kb % 16 : (m % 8) * w + (m / 8) * d.sbo + kb;
   } else {
-    const uint32_t mb = 2u * static_cast<uint32_t>(mn);  // byte along M/N
+    const uint32_t mb = eb * static_cast<uint32_t>(mn);  // byte along M/N
     const uint32_t kk = static_cast<uint32_t>(k);
     off = w == 0 ? mb % 16 + (mb / 16) * d.sbo + (kk % 8) * 16 + (kk / 8) * d.lbo
                  : mb % w + (mb / w) * d.lbo + (kk % 8) * w + (kk / 8) * d.sbo;
@@ -143,11 +143,16 @@ MmaRowCol wgmma_a_element(int thread, int reg, int half) {
   return {16 * (thread / 32) + e.row, e.col};
 }
 
-void wgmma_m64nNk16(const double* a, const double* b, float* d, int n, bool scale_d) {
+MmaRowCol wgmma_a_element_8bit(int thread, int reg, int byte) {
+  const int lane = thread % 32;
+  return {16 * (thread / 32) + lane / 4 + 8 * (reg % 2), 4 * (lane % 4) + byte + 16 * (reg / 2)};
+}
+
+void wgmma_m64nNk(const double* a, const double* b, float* d, int n, int kk, bool scale_d) {
   for (int r = 0; r < 64; ++r)
     for (int c = 0; c < n; ++c) {
       double sum = scale_d ? d[r * n + c] : 0.0;
-      for (int k = 0; k < 16; ++k) sum += a[r * 16 + k] * b[k * n + c];
+      for (int k = 0; k < kk; ++k) sum += a[r * kk + k] * b[k * n + c];
       d[r * n + c] = static_cast<float>(sum);
     }
 }

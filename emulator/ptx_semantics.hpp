@@ -75,8 +75,9 @@ void ldmatrix(const uint16_t* const (*rows)[8], int num, bool trans, uint32_t (*
 
 // ---- "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async" (sm_90a) -------
 // A warpgroup (4 warps, 128 threads) computes D[64][N] = A[64][16] * B[16][N] + (scale_d ? D : 0)
-// for 16-bit inputs. A comes from registers (thread t of the warpgroup holds the mma.m16n8k16 A
-// fragment of rows 16 * (t / 32) ..) or, like B, from shared memory through a matrix descriptor.
+// for 16-bit inputs (A[64][32] * B[32][N] for e4m3, whose operands are K-major). A comes from
+// registers (thread t of the warpgroup holds the mma.m16n8k16 A fragment of rows 16 * (t / 32) ..)
+// or, like B, from shared memory through a matrix descriptor.
 //
 // Matrix descriptor ("Matrix Descriptor Format"): bits 0-13 start address >> 4, 16-29 leading
 // dimension byte offset (LBO) >> 4, 32-45 stride dimension byte offset (SBO) >> 4, 49-51 base
@@ -95,15 +96,22 @@ WgmmaDesc decode_wgmma_desc(uint64_t desc);
 // then the swizzle of the address itself: for width W, bits [7, 7 + log2(W/16)) are XORed into
 // bits [4, 4 + log2(W/16)) (CuTe's Swizzle<3,4,3>, <2,4,3>, <1,4,3>), so a start address moved by
 // 32 bytes along K within a swizzled row keeps addressing the same rows.
-uint32_t wgmma_element_address(const WgmmaDesc& d, bool mn_major, int mn, int k);
+// For 8-bit operands (e4m3: K = 32 per instruction, K-major only) the same layouts hold in bytes:
+// `elem_bytes` 1 makes element k the k-th byte along K (a 128-byte swizzled row holds 128 of them).
+uint32_t wgmma_element_address(const WgmmaDesc& d, bool mn_major, int mn, int k, int elem_bytes = 2);
 // The thread (0..127) and register that hold an element of a warpgroup fragment ("Register
 // Fragments"): D (fp32, N/2 registers): warp w owns rows 16w..16w+15 and, in each 8-column block j,
 // d[4j + e] = mma.m16n8k16's C/D element e; A in registers: mma.m16n8k16's A fragment of warp w's rows.
 MmaRowCol wgmma_d_element(int thread, int index);
 MmaRowCol wgmma_a_element(int thread, int reg, int half);
-// D = A * B (+ D when scale_d) on values already converted from the 16-bit inputs (negations
-// of imm-scale-a/-b applied): a[64][16], b[16][n], d[64][n], row-major. Accumulation model as for
-// mma_m16n8k16: exact products, C and the 16 products summed in double, rounded once.
-void wgmma_m64nNk16(const double* a, const double* b, float* d, int n, bool scale_d);
+// A in registers for 8-bit inputs (m64nNk32, e4m3): byte `byte` of register `reg` of thread t
+// (warp w = t / 32, lane l) holds row 16w + l / 4 + 8 (reg % 2), column 4 (l % 4) + byte + 16
+// (reg / 2) (CUTLASS's ALayout_64x32 for 8-bit register sources).
+MmaRowCol wgmma_a_element_8bit(int thread, int reg, int byte);
+// D = A * B (+ D when scale_d) on values already converted from the inputs (negations of
+// imm-scale-a/-b applied): a[64][kk], b[kk][n], d[64][n], row-major; kk = 16 (16-bit inputs) or
+// 32 (e4m3). Accumulation model as for mma_m16n8k16: exact products, C and the kk products summed
+// in double, rounded once (for e4m3 an assumption the wgmma e4m3 probes check on hardware).
+void wgmma_m64nNk(const double* a, const double* b, float* d, int n, int kk, bool scale_d);
 
 }  // namespace attnjit::emu

@@ -12,6 +12,7 @@
 #include <limits>
 #include <sstream>
 
+#include "compiler/support/half.hpp"
 #include "emulator/block_executor.hpp"
 #include "emulator/emu_abi.h"
 #include "emulator/ptx_semantics.hpp"
@@ -51,8 +52,8 @@ void BlockExecutor::finish_wgmma(Thread& t, WgmmaOp& op) {
   // The last of the warpgroup to wait checks that the operands never changed in between.
   if (--op.waiting == 0) {
     for (size_t i = 0; i < op.read_addrs.size(); ++i) {
-      uint16_t now;
-      std::memcpy(&now, arena_.data() + op.read_addrs[i], 2);
+      uint16_t now = 0;
+      std::memcpy(&now, arena_.data() + op.read_addrs[i], size_t(op.elem_bytes));
       if (now != op.read_values[i]) {
         std::ostringstream os;
         os << "shared memory at shared address " << op.read_addrs[i] << ", an operand of the wgmma.mma_async at "
@@ -70,15 +71,16 @@ void BlockExecutor::finish_wgmma(Thread& t, WgmmaOp& op) {
 }
 
 double BlockExecutor::wgmma_operand(uint64_t desc, const WgmmaDesc& d, bool mn_major, int mn, int k, int type, WgmmaOp& op) {
-  const uint32_t addr = wgmma_element_address(d, mn_major, mn, k);
+  const uint32_t eb = type == AJ_EMU_E4M3 ? 1 : 2;
+  const uint32_t addr = wgmma_element_address(d, mn_major, mn, k, int(eb));
   const size_t limit = launch_.dynamic_shared;
-  if (size_t(addr) + 2 > limit) {
+  if (size_t(addr) + eb > limit) {
     std::ostringstream os;
     os << "wgmma.mma_async at " << where(op.pc) << ": descriptor 0x" << std::hex << desc << std::dec << " addresses element ("
        << mn << ", " << k << ") at shared address " << addr << ", outside the block's " << limit << " bytes of dynamic shared memory";
     fail(os.str());
   }
-  for (uint32_t b = addr; b < addr + 2; ++b) {
+  for (uint32_t b = addr; b < addr + eb; ++b) {
     const Shadow& s = shadow_[b];
     if (s.write_epoch >= block_epoch_ && s.write_epoch != 0 && threads_[s.writer].proxy_fences == s.write_fence) {
       fail("wgmma.mma_async at " + where(op.pc) + " reads shared address " + std::to_string(b) + ", which " + who(s.writer) +
@@ -86,13 +88,13 @@ double BlockExecutor::wgmma_operand(uint64_t desc, const WgmmaDesc& d, bool mn_m
            " through the generic proxy with no fence.proxy.async after it (wgmma reads through the async proxy)");
     }
   }
-  check_tma_visible(addr, 2, wg_observed_, current_->tid, op.pc);
-  shared_read(addr, 2, current_->tid, op.pc);
-  uint16_t h;
-  std::memcpy(&h, arena_.data() + addr, 2);
+  check_tma_visible(addr, eb, wg_observed_, current_->tid, op.pc);
+  shared_read(addr, eb, current_->tid, op.pc);
+  uint16_t h = 0;
+  std::memcpy(&h, arena_.data() + addr, eb);
   op.read_addrs.push_back(addr);
   op.read_values.push_back(h);
-  return cvt_f32_of_type(h, type);
+  return type == AJ_EMU_E4M3 ? e4m3_to_float(static_cast<uint8_t>(h)) : cvt_f32_of_type(h, type);
 }
 
 void BlockExecutor::wgmma(float* d, int n, const unsigned* a_regs, uint64_t a_desc, uint64_t b_desc, int type,
@@ -163,23 +165,39 @@ void BlockExecutor::execute_wgmma(int wg) {
       fail("wgmma.mma_async at " + where(op->pc) + ": a descriptor with a non-zero base offset (the emulator expects swizzled "
            "operands to start on their pattern's boundary, as the kernels place them)");
   const double sa = flags & AJ_EMU_WGMMA_NEG_A ? -1.0 : 1.0, sb = flags & AJ_EMU_WGMMA_NEG_B ? -1.0 : 1.0;
-  std::vector<double> a(64 * 16), b(size_t(16) * size_t(n));
+  // e4m3: K = 32 per instruction, both shared-memory operands K-major (the PTX ISA gives the
+  // 8-bit types no imm-trans), A's registers 4 bytes each.
+  const bool fp8 = type == AJ_EMU_E4M3;
+  const int kk = fp8 ? 32 : 16;
+  op->elem_bytes = fp8 ? 1 : 2;
+  if (fp8 && (flags & (AJ_EMU_WGMMA_TRANS_A | AJ_EMU_WGMMA_TRANS_B)))
+    fail("wgmma.mma_async at " + where(op->pc) + ": e4m3 operands are K-major only (no imm-trans for 8-bit types); "
+         "transpose the operand in shared memory");
+  std::vector<double> a(size_t(64 * kk)), b(size_t(kk) * size_t(n));
   if (t0.a) {
     for (int l = 0; l < 128; ++l)
-      for (int reg = 0; reg < 4; ++reg)
+      for (int reg = 0; reg < 4; ++reg) {
+        if (fp8) {
+          for (int byte = 0; byte < 4; ++byte) {
+            const MmaRowCol e = wgmma_a_element_8bit(l, reg, byte);
+            a[size_t(e.row * kk + e.col)] = sa * e4m3_to_float(static_cast<uint8_t>(th[l].a[reg] >> (8 * byte)));
+          }
+          continue;
+        }
         for (int half = 0; half < 2; ++half) {
           const MmaRowCol e = wgmma_a_element(l, reg, half);
-          a[size_t(e.row * 16 + e.col)] = sa * cvt_f32_of_type(static_cast<uint16_t>(th[l].a[reg] >> (16 * half)), type);
+          a[size_t(e.row * kk + e.col)] = sa * cvt_f32_of_type(static_cast<uint16_t>(th[l].a[reg] >> (16 * half)), type);
         }
+      }
   } else {
     const WgmmaDesc da = decode_wgmma_desc(t0.desc_a);
     for (int m = 0; m < 64; ++m)
-      for (int k = 0; k < 16; ++k)
-        a[size_t(m * 16 + k)] = sa * wgmma_operand(t0.desc_a, da, flags & AJ_EMU_WGMMA_TRANS_A, m, k, type, *op);
+      for (int k = 0; k < kk; ++k)
+        a[size_t(m * kk + k)] = sa * wgmma_operand(t0.desc_a, da, flags & AJ_EMU_WGMMA_TRANS_A, m, k, type, *op);
   }
   const WgmmaDesc db = decode_wgmma_desc(t0.desc_b);
   for (int c = 0; c < n; ++c)
-    for (int k = 0; k < 16; ++k)
+    for (int k = 0; k < kk; ++k)
       b[size_t(k * n + c)] = sb * wgmma_operand(t0.desc_b, db, flags & AJ_EMU_WGMMA_TRANS_B, c, k, type, *op);
 
   // C: each thread's accumulators, or the result of its latest wgmma in flight into the same
@@ -207,7 +225,7 @@ void BlockExecutor::execute_wgmma(int wg) {
       op->d[at] = chained ? chained->d[at] : o.d[i];
     }
   }
-  wgmma_m64nNk16(a.data(), b.data(), op->d.data(), n, flags & AJ_EMU_WGMMA_SCALE_D);
+  wgmma_m64nNk(a.data(), b.data(), op->d.data(), n, kk, flags & AJ_EMU_WGMMA_SCALE_D);
   for (int l = 0; l < 128; ++l) {
     for (int i = 0; i < n / 2; ++i) th[l].d[i] = std::numeric_limits<float>::quiet_NaN();
     th[l].wg_open.push_back(op);

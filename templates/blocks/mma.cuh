@@ -25,9 +25,12 @@ __device__ __forceinline__ void aj_mma_bf16(float (&d)[4], const aj_u32 (&a)[4],
 // thread's own accesses to d or a and a wgmma that uses them comes aj_wgmma_fence(); a wgmma's
 // results are there only after aj_wgmma_commit() and aj_wgmma_wait<n>(); its shared-memory operands
 // must not change before then. Shared memory written by threads (stores, cp.async) is read by a
-// wgmma only after the writer's aj_fence_proxy_async() and a barrier.
+// wgmma only after the writer's aj_fence_proxy_async() and a barrier. AJ_WGMMA_E4M3: m64nNk32 on
+// FP8 e4m3 operands, both K-major in shared memory (TRANS_B 0), or A from registers where byte b
+// of register r holds row 16w + l/4 + 8(r % 2), column 4(l % 4) + b + 16(r / 2) (lane l of warp w).
 #define AJ_WGMMA_F16 1
 #define AJ_WGMMA_BF16 2
+#define AJ_WGMMA_E4M3 3
 
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
 __device__ __forceinline__ void aj_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -113,24 +116,47 @@ struct AjWgmma;
                  : AJ_WGMMA_D##N                                                                                      \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TRANS_B));                  \
   }
-#define AJ_WGMMA_SHAPE(N, SP, SS, RP, RS) \
-  template <>                             \
-  struct AjWgmma<N> {                     \
-    AJ_WGMMA_OPS(N, f16, SP, SS, RP, RS)  \
-    AJ_WGMMA_OPS(N, bf16, SP, SS, RP, RS) \
+// m64nNk32 on FP8 e4m3 operands: K-major only (no imm-trans operands), A's registers 4 bytes each.
+#define AJ_WGMMA_OPS_E4M3(N, SP, SS, RP, RS)                                                                          \
+  __device__ __forceinline__ static void ss_e4m3(float (&d)[N / 2], aj_u64 da, aj_u64 db, int scale_d) {             \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, " SP ", 0; wgmma.mma_async.sync.aligned.m64n" #N                     \
+                 "k32.f32.e4m3.e4m3 " AJ_WGMMA_R##N ", " SS "; }"                                                     \
+                 : AJ_WGMMA_D##N                                                                                      \
+                 : "l"(da), "l"(db), "r"(scale_d));                                                                   \
+  }                                                                                                                   \
+  __device__ __forceinline__ static void rs_e4m3(float (&d)[N / 2], const aj_u32 (&a)[4], aj_u64 db, int scale_d) {  \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, " RP ", 0; wgmma.mma_async.sync.aligned.m64n" #N                     \
+                 "k32.f32.e4m3.e4m3 " AJ_WGMMA_R##N ", " RS "; }"                                                     \
+                 : AJ_WGMMA_D##N                                                                                      \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));                                \
+  }
+#define AJ_WGMMA_SHAPE(N, SP, SS, RP, RS, SS8, RS8) \
+  template <>                                       \
+  struct AjWgmma<N> {                               \
+    AJ_WGMMA_OPS(N, f16, SP, SS, RP, RS)            \
+    AJ_WGMMA_OPS(N, bf16, SP, SS, RP, RS)           \
+    AJ_WGMMA_OPS_E4M3(N, SP, SS8, RP, RS8)          \
   };
-AJ_WGMMA_SHAPE(32, "%18", "%16, %17, p, 1, 1, 0, %19", "%21", "{%16, %17, %18, %19}, %20, p, 1, 1, %22")
-AJ_WGMMA_SHAPE(64, "%34", "%32, %33, p, 1, 1, 0, %35", "%37", "{%32, %33, %34, %35}, %36, p, 1, 1, %38")
-AJ_WGMMA_SHAPE(128, "%66", "%64, %65, p, 1, 1, 0, %67", "%69", "{%64, %65, %66, %67}, %68, p, 1, 1, %70")
-AJ_WGMMA_SHAPE(256, "%130", "%128, %129, p, 1, 1, 0, %131", "%133", "{%128, %129, %130, %131}, %132, p, 1, 1, %134")
+AJ_WGMMA_SHAPE(32, "%18", "%16, %17, p, 1, 1, 0, %19", "%21", "{%16, %17, %18, %19}, %20, p, 1, 1, %22", "%16, %17, p, 1, 1",
+               "{%16, %17, %18, %19}, %20, p, 1, 1")
+AJ_WGMMA_SHAPE(64, "%34", "%32, %33, p, 1, 1, 0, %35", "%37", "{%32, %33, %34, %35}, %36, p, 1, 1, %38", "%32, %33, p, 1, 1",
+               "{%32, %33, %34, %35}, %36, p, 1, 1")
+AJ_WGMMA_SHAPE(128, "%66", "%64, %65, p, 1, 1, 0, %67", "%69", "{%64, %65, %66, %67}, %68, p, 1, 1, %70", "%64, %65, p, 1, 1",
+               "{%64, %65, %66, %67}, %68, p, 1, 1")
+AJ_WGMMA_SHAPE(256, "%130", "%128, %129, p, 1, 1, 0, %131", "%133", "{%128, %129, %130, %131}, %132, p, 1, 1, %134",
+               "%128, %129, p, 1, 1", "{%128, %129, %130, %131}, %132, p, 1, 1")
 template <int N, int TYPE, int TRANS_B>
 __device__ __forceinline__ void aj_wgmma_ss(float (&d)[N / 2], aj_u64 da, aj_u64 db, bool accumulate) {
-  if (TYPE == AJ_WGMMA_BF16) AjWgmma<N>::template ss_bf16<TRANS_B>(d, da, db, accumulate ? 1 : 0);
+  static_assert(TYPE != AJ_WGMMA_E4M3 || TRANS_B == 0, "e4m3 wgmma operands are K-major");
+  if (TYPE == AJ_WGMMA_E4M3) AjWgmma<N>::ss_e4m3(d, da, db, accumulate ? 1 : 0);
+  else if (TYPE == AJ_WGMMA_BF16) AjWgmma<N>::template ss_bf16<TRANS_B>(d, da, db, accumulate ? 1 : 0);
   else AjWgmma<N>::template ss_f16<TRANS_B>(d, da, db, accumulate ? 1 : 0);
 }
 template <int N, int TYPE, int TRANS_B>
 __device__ __forceinline__ void aj_wgmma_rs(float (&d)[N / 2], const aj_u32 (&a)[4], aj_u64 db, bool accumulate) {
-  if (TYPE == AJ_WGMMA_BF16) AjWgmma<N>::template rs_bf16<TRANS_B>(d, a, db, accumulate ? 1 : 0);
+  static_assert(TYPE != AJ_WGMMA_E4M3 || TRANS_B == 0, "e4m3 wgmma operands are K-major");
+  if (TYPE == AJ_WGMMA_E4M3) AjWgmma<N>::rs_e4m3(d, a, db, accumulate ? 1 : 0);
+  else if (TYPE == AJ_WGMMA_BF16) AjWgmma<N>::template rs_bf16<TRANS_B>(d, a, db, accumulate ? 1 : 0);
   else AjWgmma<N>::template rs_f16<TRANS_B>(d, a, db, accumulate ? 1 : 0);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -148,6 +174,7 @@ __device__ __forceinline__ void aj_mma_bf16(float (&d)[4], const aj_u32 (&a)[4],
 
 #define AJ_WGMMA_F16 1
 #define AJ_WGMMA_BF16 2
+#define AJ_WGMMA_E4M3 3
 __device__ __forceinline__ void aj_wgmma_fence() { aj_emu_wgmma_fence(); }
 __device__ __forceinline__ void aj_wgmma_commit() { aj_emu_wgmma_commit(); }
 template <int N>

@@ -5,6 +5,7 @@
 // the hardware leaves undefined, reported.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -275,4 +276,101 @@ TEST_CASE("wgmma misuse the hardware leaves undefined is reported", "[emu][wgmma
     auto m = kernel("wgmma_ok", with_n(ss_body(true, true, false, false, true), 64));
     CHECK_THAT(run(*m, a, b, shared, 0, 96), Catch::Contains("multiple of 128"));
   }
+}
+
+namespace {
+
+// FP8 e4m3 codes of small integers (-3..3, a few zeros), so every product and sum is exact.
+std::vector<uint8_t> small_e4m3(size_t n, int salt) {
+  std::vector<uint8_t> c(n);
+  for (size_t i = 0; i < n; ++i) c[i] = float_to_e4m3(static_cast<float>(int((i * 5 + size_t(salt) * 11) % 7) - 3));
+  return c;
+}
+
+// A [64][128] and B [NN][128] e4m3 codes, K-major with the 128-byte swizzle (a row of 128 bytes is
+// 128 codes: the forward's Q K^T at head dim 128); four k32 steps move the descriptors' start 32
+// bytes each. A from shared memory, or (A_REGS) from registers in the 8-bit fragment layout. TB:
+// the imm-trans of B the emulator must refuse for 8-bit types.
+std::string e4m3_body(bool a_regs, int trans_b = 0) {
+  std::string s = R"(
+  AJ_DYNAMIC_SHARED(sm);
+  const int t = aj_thread_idx();
+  unsigned char* tiles = sm + (1024 - aj_smem_addr(sm) % 1024) % 1024;
+  const unsigned char* g = (const unsigned char*)a;
+  for (int x = t; x < (64 + NN) * 8; x += 128) {
+    const int r = x / 8, c = x % 8;
+    unsigned char* dst = tiles + r * 128 + (c ^ (r % 8)) * 16;
+    for (int e = 0; e < 16; ++e) dst[e] = g[r * 128 + c * 16 + e];
+  }
+  aj_fence_proxy_async();
+  aj_syncthreads();
+  const int w = t / 32, grp = (t % 32) / 4, q = t % 4;
+  aj_u32 af[4][4];
+  for (int ks = 0; ks < 4; ++ks)
+    for (int reg = 0; reg < 4; ++reg) {
+      const int row = 16 * w + grp + 8 * (reg & 1), col = 32 * ks + 4 * q + 16 * (reg >> 1);
+      af[ks][reg] = 0;
+      for (int byte = 0; byte < 4; ++byte) af[ks][reg] |= (aj_u32)g[row * 128 + col + byte] << (8 * byte);
+    }
+  float d[NN / 2];
+  aj_wgmma_fence();
+  const aj_u32 sa = aj_smem_addr(tiles), sb = sa + 64 * 128;
+  for (int ks = 0; ks < 4; ++ks) {
+    const aj_u64 db = aj_wgmma_desc<128>(sb + ks * 32, 16, 1024);
+)";
+  s += a_regs ? "    aj_wgmma_rs<NN, AJ_WGMMA_E4M3, TB>(d, af[ks], db, ks > 0);\n"
+              : "    aj_wgmma_ss<NN, AJ_WGMMA_E4M3, TB>(d, aj_wgmma_desc<128>(sa + ks * 32, 16, 1024), db, ks > 0);\n";
+  s += "  }\n  aj_wgmma_commit();\n  aj_wgmma_wait<0>();\n";
+  s += kStoreD;
+  return "#define TB " + std::to_string(trans_b) + "\n" + s + "\n#undef TB";
+}
+
+}  // namespace
+
+TEST_CASE("wgmma register fragments of 8-bit A: four bytes a register, columns 4(l % 4) + byte + 16(r / 2)", "[emu][ptx][wgmma]") {
+  // Thread 37 (warp 1, lane 5: group 1, thread-in-group 1), register 3, byte 2: row 16 + 1 + 8,
+  // column 4 + 2 + 16.
+  CHECK(wgmma_a_element_8bit(37, 3, 2).row == 25);
+  CHECK(wgmma_a_element_8bit(37, 3, 2).col == 22);
+  CHECK(wgmma_a_element_8bit(0, 0, 0).row == 0);
+  CHECK(wgmma_a_element_8bit(127, 3, 3).row == 63);
+  CHECK(wgmma_a_element_8bit(127, 3, 3).col == 31);
+  // Every (row, column) of the 64 x 32 operand held exactly once.
+  std::vector<int> seen(64 * 32, 0);
+  for (int t = 0; t < 128; ++t)
+    for (int r = 0; r < 4; ++r)
+      for (int b = 0; b < 4; ++b) ++seen[size_t(wgmma_a_element_8bit(t, r, b).row * 32 + wgmma_a_element_8bit(t, r, b).col)];
+  CHECK(std::count(seen.begin(), seen.end(), 1) == 64 * 32);
+  // 8-bit K-major elements are bytes: element k of a swizzled row is its k-th byte.
+  WgmmaDesc d;
+  d.start = 4096, d.lbo = 16, d.sbo = 1024, d.swizzle = 128;
+  CHECK(wgmma_element_address(d, false, 0, 17, 1) == 4096 + 17);
+  CHECK(wgmma_element_address(d, false, 1, 0, 1) == 4096 + 128 + 16);  // row 1's chunk 0 -> chunk 1
+  CHECK(wgmma_element_address(d, false, 8, 127, 1) == ((4096 + 1024 + 127) ^ 0));
+}
+
+TEST_CASE("wgmma on e4m3 operands (k32, shared memory or registers, 128-byte swizzle) is A * B", "[emu][wgmma][fp8]") {
+  for (bool a_regs : {false, true})
+    for (int nn : {64, 128}) {
+      auto m = kernel(std::string("wgmma_e4m3_") + (a_regs ? "rs_" : "ss_") + std::to_string(nn), with_n(e4m3_body(a_regs), nn));
+      const std::vector<uint8_t> ca = small_e4m3(64 * 128, 1), cb = small_e4m3(size_t(nn) * 128, 2);
+      std::vector<uint8_t> all = ca;
+      all.insert(all.end(), cb.begin(), cb.end());
+      std::vector<uint32_t> a((all.size() + 3) / 4), b(size_t(64 * nn), 0);
+      std::memcpy(a.data(), all.data(), all.size());
+      REQUIRE(run(*m, a, b, 1024 + size_t(64 + nn) * 128).empty());
+      for (int r = 0; r < 64; ++r)
+        for (int c = 0; c < nn; ++c) {
+          float want = 0;
+          for (int k = 0; k < 128; ++k) want += e4m3_to_float(ca[size_t(r * 128 + k)]) * e4m3_to_float(cb[size_t(c * 128 + k)]);
+          INFO((a_regs ? "A in registers" : "A in shared memory") << ", N " << nn << " row " << r << " col " << c);
+          REQUIRE(std::bit_cast<float>(b[size_t(r * nn + c)]) == want);
+        }
+    }
+}
+
+TEST_CASE("an e4m3 wgmma with a transposed operand is refused", "[emu][wgmma][fp8]") {
+  auto m = kernel("wgmma_e4m3_trans", with_n(e4m3_body(false, 1), 64));
+  std::vector<uint32_t> a(128 * 128 / 4, 0), b(64 * 64, 0);
+  CHECK_THAT(run(*m, a, b, 1024 + 128 * 128), Catch::Contains("e4m3 operands are K-major only"));
 }

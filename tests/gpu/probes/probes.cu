@@ -227,6 +227,54 @@ AJ_PROBE_WGMMA(probe_wgmma_ss_sw32_interleave, 64, AJ_WGMMA_F16, 32, 16, 256, 20
 // backward's dQ = dS K: dS K-major, K's rows the k dimension).
 AJ_PROBE_WGMMA(probe_wgmma_ss_mn_sw128, 64, AJ_WGMMA_BF16, 128, 16, 1024, 32, 128, 1, 8192, 1024, 2048)
 
+// D [64][64] = A [64][128] * B [128][64] on FP8 e4m3 codes in four k32 steps (the forward's S =
+// Q K^T at head dim 128): in = A's codes (row-major bytes), then B's as [n][k] bytes (K-major);
+// both K-major in shared memory with the 128-byte swizzle (a row of 128 bytes is 128 codes, a k32
+// step 32 bytes along it), or A (A_REGS) from registers: byte b of register r holds row 16w + l/4 +
+// 8(r % 2), column 4(l % 4) + b + 16(r / 2). out[row * 64 + col] = D.
+#define AJ_PROBE_WGMMA_E4M3(NAME, A_REGS)                                                                         \
+  extern "C" __global__ void NAME(const aj_u32* in, aj_u32* out) {                                                \
+    AJ_DYNAMIC_SHARED(smem);                                                                                      \
+    const int t = aj_thread_idx();                                                                                \
+    unsigned char* tiles = smem + (1024 - aj_smem_addr(smem) % 1024) % 1024;                                      \
+    const unsigned char* g = (const unsigned char*)in;                                                            \
+    for (int x = t; x < (64 + 64) * 8; x += 128) {                                                                \
+      const int r = x / 8, c = x % 8;                                                                             \
+      unsigned char* dst = tiles + r * 128 + ((c ^ (r % 8)) << 4);                                                \
+      for (int e = 0; e < 16; ++e) dst[e] = g[r * 128 + c * 16 + e];                                              \
+    }                                                                                                             \
+    aj_fence_proxy_async();                                                                                       \
+    aj_syncthreads();                                                                                             \
+    const int w = t / 32, grp = (t % 32) / 4, q = t % 4;                                                          \
+    aj_u32 af[4][4];                                                                                              \
+    for (int ks = 0; ks < 4; ++ks)                                                                                \
+      for (int reg = 0; reg < 4; ++reg) {                                                                         \
+        const int row = 16 * w + grp + 8 * (reg & 1), col = 32 * ks + 4 * q + 16 * (reg >> 1);                    \
+        af[ks][reg] = 0;                                                                                          \
+        for (int b = 0; b < 4; ++b) af[ks][reg] |= (aj_u32)g[row * 128 + col + b] << (8 * b);                     \
+      }                                                                                                           \
+    const aj_u32 sa = aj_smem_addr(tiles), sb = sa + 64 * 128;                                                    \
+    float d[32];                                                                                                  \
+    aj_wgmma_fence();                                                                                             \
+    for (int ks = 0; ks < 4; ++ks) {                                                                              \
+      const aj_u64 db = aj_wgmma_desc<128>(sb + ks * 32, 16, 1024);                                               \
+      if (A_REGS) aj_wgmma_rs<64, AJ_WGMMA_E4M3, 0>(d, af[ks], db, ks > 0);                                       \
+      else aj_wgmma_ss<64, AJ_WGMMA_E4M3, 0>(d, aj_wgmma_desc<128>(sa + ks * 32, 16, 1024), db, ks > 0);           \
+    }                                                                                                             \
+    aj_wgmma_commit();                                                                                            \
+    aj_wgmma_wait<0>();                                                                                           \
+    for (int i = 0; i < 32; ++i) {                                                                                \
+      const int row = 16 * w + grp + 8 * ((i % 4) >> 1), col = 8 * (i / 4) + 2 * q + (i & 1);                    \
+      out[row * 64 + col] = aj_float_as_uint(d[i]);                                                               \
+    }                                                                                                             \
+  }
+// Small integers (exact whatever the accumulation): the layouts, from shared memory and registers.
+AJ_PROBE_WGMMA_E4M3(probe_wgmma_e4m3_ss_sw128, 0)
+AJ_PROBE_WGMMA_E4M3(probe_wgmma_e4m3_rs_sw128, 1)
+// Codes over e4m3's whole range: how the tensor cores sum 32 products and the accumulator (the
+// emulator sums exactly and rounds once per k32 step).
+AJ_PROBE_WGMMA_E4M3(probe_wgmma_e4m3_rounding, 0)
+
 // cvt.rn.satfinite.e4m3x2.f32 (FP8, sm_89+; run on sm_90a and the emulator): out[t] holds
 // cvt(in[4t], in[4t+1]) in its low 16 bits and cvt(in[4t+2], in[4t+3]) in its high 16 bits.
 // Then cvt.rn.f16x2.e4m3x2 of every 16-bit pair of codes: out[64 + 2t], out[64 + 2t + 1] are the

@@ -174,6 +174,24 @@ std::vector<uint32_t> wgmma_inputs(int n, bool bf16, uint64_t seed) {
   return w;
 }
 
+// FP8 e4m3 codes of A [64][128] then B [64][128] (K-major): small integers (-4..4: every product and
+// sum exact), or (`full_range`) any finite code, both signs, 2^-9 to 448.
+std::vector<uint32_t> wgmma_e4m3_inputs(bool full_range, uint64_t seed) {
+  Rng r{seed};
+  std::vector<uint8_t> c(size_t(2 * 64 * 128));
+  for (auto& x : c) {
+    if (!full_range) {
+      x = float_to_e4m3(float(r.small_int(-4, 4)));
+    } else {
+      do x = uint8_t(r.next());
+      while ((x & 0x7f) == 0x7f);  // not NaN
+    }
+  }
+  std::vector<uint32_t> w(c.size() / 4);
+  std::memcpy(w.data(), c.data(), c.size());
+  return w;
+}
+
 std::vector<uint32_t> small_integer_floats() {
   Rng r{11};
   std::vector<uint32_t> w(64);
@@ -222,6 +240,9 @@ const std::vector<Probe>& probes() {
       {"probe_wgmma_ss_sw32_interleave", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, false, 14); }, true},
       {"probe_wgmma_ss_mn_sw128", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, true, 19); }, true},
       {"probe_cvt_e4m3x2", 1, 1, 64, 0, 64 + 128, Compare::Exact, e4m3_inputs, true},
+      {"probe_wgmma_e4m3_ss_sw128", 1, 1, 128, 1024 + 16384, 64 * 64, Compare::Exact, [] { return wgmma_e4m3_inputs(false, 21); }, true},
+      {"probe_wgmma_e4m3_rs_sw128", 1, 1, 128, 1024 + 16384, 64 * 64, Compare::Exact, [] { return wgmma_e4m3_inputs(false, 22); }, true},
+      {"probe_wgmma_e4m3_rounding", 1, 1, 128, 1024 + 16384, 64 * 64, Compare::Exact, [] { return wgmma_e4m3_inputs(true, 23); }, true},
       {"probe_red_add_bulk_f32", 1, 1, 64, 1024, 272, Compare::Exact, [] { return random_floats(256, 20); }, true},
       {"probe_mbarrier", 1, 1, 128, 16 + 1024, 4 * 128, Compare::Exact, [] { return random_words(128, 15); }, true},
       {"probe_tma_2d_sw128", 1, 1, 128, 1024 + 2 * 8192 + 8, 2 * 8192 / 4, Compare::Exact, [] { return random_words(100 * 64 / 2, 16); },
