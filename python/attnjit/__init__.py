@@ -44,7 +44,8 @@ def _register_nvrtc_wheels():
 
 _register_nvrtc_wheels()
 __version__ = _attnjit.info()["version"]
-__all__ = ["AttnjitError", "PatternError", "Pattern", "attention", "distributed", "dump", "info", "nn", "precompile", "serving"]
+__all__ = ["AttnjitError", "PatternError", "Pattern", "attention", "distributed", "dump", "fp8", "info", "nn", "precompile",
+           "serving"]
 
 
 def info():
@@ -55,9 +56,9 @@ def info():
 
 
 def __getattr__(name):
-    # attnjit.nn, attnjit.distributed and attnjit.serving need PyTorch: imported on first use, so
-    # that `import attnjit` does not.
-    if name in ("nn", "distributed", "serving"):
+    # attnjit.nn, attnjit.distributed, attnjit.serving and attnjit.fp8 need PyTorch: imported on
+    # first use, so that `import attnjit` does not.
+    if name in ("nn", "distributed", "serving", "fp8"):
         import importlib
 
         return importlib.import_module("." + name, __name__)
