@@ -70,7 +70,8 @@ struct AjSm80Shared {
 // key, the stride, count | full << 15 | branch << 16 and the weight's offset (-1: none) in 32 bits
 // each (key rows lie below seq_k <= 2^31 - 1: check_shape; a count is at most AJ_TILE_K, a branch
 // below 64), one 16-byte store and one 16-byte load.
-static_assert((AJ_DP - AJ_HEAD_DIM) * sizeof(aj_elem) >= 16, "a K row's padding holds a slot");
+// (FP8 inputs reach this file for its softmax and epilogue helpers only: fwd_sm90_fp8.cuh has its own layout.)
+static_assert((AJ_DP - AJ_HEAD_DIM) * sizeof(aj_elem) >= 16 || AJ_DTYPE == 3, "a K row's padding holds a slot");
 __device__ __forceinline__ aj_u32x4* aj_sm80_slot(const AjSm80Shared& sh, int stage) {
   return (aj_u32x4*)(sh.k + stage * AJ_TILE_K * AJ_DP + AJ_HEAD_DIM);
 }
@@ -349,6 +350,11 @@ __device__ __forceinline__ void aj_tc_exact_rows(const AjParams& p, const AjItem
   const int kvh = item.head / p.heads_per_kv;
   const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
   const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
+#if AJ_DTYPE == 3
+  const float scale_log2 = p.scale_log2 * (aj_descale(p, 0, b, kvh) * aj_descale(p, 1, b, kvh));  // FP8: as the loop's
+#else
+  const float scale_log2 = p.scale_log2;
+#endif
   const AjTcRows rs = aj_tc_rows(p, item, b, r0, want);
 #pragma unroll 1
   for (int j0 = 0; j0 < BLOCKS; j0 += CHUNK) {
@@ -361,7 +367,7 @@ __device__ __forceinline__ void aj_tc_exact_rows(const AjParams& p, const AjItem
       float pr[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        pr[h] = att[h] ? aj_ex2(aj_mul_rn(aj_dot_rows(rs.q[h], krow, AJ_HEAD_DIM), p.scale_log2) - m[h]) : 0.0f;
+        pr[h] = att[h] ? aj_ex2(aj_mul_rn(aj_dot_rows(rs.q[h], krow, AJ_HEAD_DIM), scale_log2) - m[h]) : 0.0f;
         pr[h] = aj_fma(pr[h], extra, pr[h]);  // a weighted key counts for each of its branches
       }
 #pragma unroll

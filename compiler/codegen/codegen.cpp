@@ -84,7 +84,8 @@ bool q_over_kv(const KernelRequest& r, const KernelConfig& c) {
 // bytes to start them on the swizzle pattern's boundary.
 // The TMA kernel adds four mbarriers per stage (full and empty, for K and for V).
 int forward_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c, bool tma) {
-  return 2 * (c.tile_q * r.head_dim + c.stages * c.tile_k * (r.head_dim + r.head_dim_v)) + 1024 + (tma ? 4 * 8 * c.stages : 0);
+  const int bytes = dtype_bytes(r.dtype);  // 1 for FP8 (fwd_sm90_fp8.cuh: Q, one K tile, one V^T tile)
+  return bytes * (c.tile_q * r.head_dim + c.stages * c.tile_k * (r.head_dim + r.head_dim_v)) + 1024 + (tma ? 4 * 8 * c.stages : 0);
 }
 bool hopper(KernelPath p) { return p == KernelPath::Sm90 || p == KernelPath::Sm90Tma; }
 
@@ -211,7 +212,8 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   if (k.path == KernelPath::Sm90Tma && !forward)  // bwd_sm90_tma.cuh
     os << "#define AJ_BWD_PRODUCER 1\n#define AJ_BWDT_DQ_PITCH " << kBwdTmaDqPitch << "\n";
   // fwd_sm80.cuh's softmax: the running maximum moves only past 8 (log2 units) above itself.
-  if (r.lazy_rescale && forward && k.path != KernelPath::Simt) os << "#define AJ_LAZY_RESCALE 8.0f\n";
+  // (Not for FP8: a maximum kept 2^8 below the row's would put 2^8 P past e4m3's 448.)
+  if (r.lazy_rescale && forward && k.path != KernelPath::Simt && r.dtype != DType::E4M3) os << "#define AJ_LAZY_RESCALE 8.0f\n";
   // ... and every AJ_POLY_EXP2-th n-tile's exponentials by aj_ex2_poly.
   if (r.poly_exp2 && forward && k.path != KernelPath::Simt) os << "#define AJ_POLY_EXP2 4\n";
   // The forward of a pattern whose plans may be packed weighs its weighted keys (aj_tc_weigh).
@@ -261,6 +263,8 @@ KernelPath choose_path(const KernelRequest& r) {
   // Below sm_80 fp16 and bf16 take the SIMT path, which converts them to fp32 as it loads them and
   // does all arithmetic in fp32: sm_60/61 have no fast half arithmetic, and bf16 has none before sm_80.
   require(!r.arch_specific || r.arch == 90, "--arch " + arch_name(r), "attnjit has arch-specific kernels for sm_90a only");
+  // FP8 on sm_90a at head dim 128: wgmma on e4m3 operands (fwd_sm90_fp8.cuh); elsewhere the SIMT kernel.
+  if (r.dtype == DType::E4M3 && r.arch_specific && r.head_dim == 128 && r.head_dim_v == 128) return KernelPath::Sm90;
   if (r.dtype != DType::F32 && r.dtype != DType::E4M3 && r.arch >= 80) {
     auto hopper_dim = [](int d) { return d == 64 || d == 128 || d == 256; };
     if (r.arch_specific && hopper_dim(r.head_dim) && hopper_dim(r.head_dim_v)) return r.tma ? KernelPath::Sm90Tma : KernelPath::Sm90;
@@ -300,7 +304,20 @@ KernelConfig parse_kernel_tile(const std::string& text) {
 KernelConfig resolve_config(const KernelRequest& r) {
   const KernelPath path = choose_path(r);
   KernelConfig c = r.config;
-  if (hopper(path)) {
+  if (hopper(path) && r.dtype == DType::E4M3) {
+    // fwd_sm90_fp8.cuh: 64 query rows per warpgroup, 128-key tiles (V^T's rows: the 128-byte
+    // swizzle), one stage.
+    if (!c.tile_q) c.tile_q = 128;
+    if (!c.tile_k) c.tile_k = 128;
+    if (!c.stages) c.stages = 1;
+    if (!c.warps) c.warps = c.tile_q / 16;
+    require(c.tile_q == 64 || c.tile_q == 128, "tile_q", "the FP8 sm_90a path needs tile_q 64 or 128, got " + std::to_string(c.tile_q));
+    require(c.tile_k == 128, "tile_k", "the FP8 sm_90a path takes 128-key tiles, got " + std::to_string(c.tile_k));
+    require(c.stages == 1, "stages", "the FP8 sm_90a path has one stage, got " + std::to_string(c.stages));
+    require(c.warps == c.tile_q / 16, "warps",
+            "the FP8 sm_90a path runs one warpgroup per 64 query rows: tile_q " + std::to_string(c.tile_q) + " takes " +
+                std::to_string(c.tile_q / 16) + " warps, got " + std::to_string(c.warps));
+  } else if (hopper(path)) {
     // One warpgroup per 64 query rows; S's wgmma N is tile_k, O's the head dim. Up to head dim 64
     // three warpgroups (192 rows) unless the pattern has block layouts (KernelRequest::block_layouts).
     if (!c.tile_q) c.tile_q = std::max(r.head_dim, r.head_dim_v) <= 64 && !r.block_layouts ? 192 : 128;
@@ -392,8 +409,10 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& request, con
   k.key_weights = r.pack_branches && branches_may_pack(p) && r.dtype != DType::E4M3;  // FP8: Separate plans
 
   std::ostringstream os;
+  const bool fp8 = r.dtype == DType::E4M3 && k.path == KernelPath::Sm90;
   const std::vector<std::string> bodies =
-      k.path == KernelPath::Sm90Tma ? std::vector<std::string>{"fwd_sm80.cuh", "fwd_sm90.cuh", "fwd_sm90_tma.cuh"}
+      fp8                           ? std::vector<std::string>{"fwd_sm80.cuh", "fwd_sm90_fp8.cuh"}
+      : k.path == KernelPath::Sm90Tma ? std::vector<std::string>{"fwd_sm80.cuh", "fwd_sm90.cuh", "fwd_sm90_tma.cuh"}
       : k.path == KernelPath::Sm90  ? std::vector<std::string>{"fwd_sm80.cuh", "fwd_sm90.cuh"}
       : k.path == KernelPath::Sm80  ? std::vector<std::string>{"fwd_sm80.cuh"}
                                     : std::vector<std::string>{"fwd_simt.cuh"};
@@ -403,7 +422,8 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& request, con
   os << "extern \"C\" __global__ void __launch_bounds__(" << k.threads << ", 1) AJ_KERNEL_NAME(const AjParams p"
      << (k.tma_maps ? ", const __grid_constant__ AjTmaMaps maps" : "") << ") {\n  "
      << (p.has_dynamic_layout() ? "aj_dynamic_check(p, " + std::to_string(k.threads) + ");  // a table on the device: count its problems\n  " : "")
-     << (k.path == KernelPath::Sm90Tma ? "aj_fwd_sm90_tma(p, maps);"
+     << (fp8                           ? "aj_fwd_sm90_fp8(p);"
+         : k.path == KernelPath::Sm90Tma ? "aj_fwd_sm90_tma(p, maps);"
          : k.path == KernelPath::Sm90  ? "aj_fwd_sm90(p);"
          : k.path == KernelPath::Sm80  ? "aj_fwd_sm80(p);"
                                        : "aj_fwd_simt(p);")

@@ -94,11 +94,12 @@ def test_fp8_nan_codes_stay_nan():
 
 
 @needs_gpu
-def test_fp8_on_the_gpu():
+@pytest.mark.parametrize("d", [128, 64])  # 128: wgmma on e4m3 on Hopper; 64: the SIMT kernel
+def test_fp8_on_the_gpu(d):
     pattern = attnjit.Pattern.load(example_specs()[0])
-    q, qv = quantised((1, 256, 4, 64), 0.5, 11)
-    k, kv = quantised((1, 256, 4, 64), 0.5, 12)
-    v, vv = quantised((1, 256, 4, 64), 1.0, 13)
+    q, qv = quantised((1, 256, 4, d), 0.5, 11)
+    k, kv = quantised((1, 256, 4, d), 0.5, 12)
+    v, vv = quantised((1, 256, 4, d), 1.0, 13)
     o, lse = attnjit.attention(q.cuda(), k.cuda(), v.cuda(), pattern, q_descale=0.5, k_descale=0.5, v_descale=1.0,
                                return_lse=True)
     want_o, want_lse = dense_attention(qv, kv, vv, pattern)

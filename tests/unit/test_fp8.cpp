@@ -104,11 +104,12 @@ Fp8Result run(Runtime& rt, const Pattern& p, Fp8Call& c, DType out, float wrong_
   return r;
 }
 
-// The plan executor's FP8 arithmetic at the SIMT kernel's default tiles (32 x 32): the same tiles
-// give the same running maxima, so the same P is rounded (other tiles round other multiples of it).
-Fp8Result run_executor(const Pattern& p, const Fp8Call& c) {
+// The plan executor's FP8 arithmetic at a kernel's tiles (the SIMT kernel's default 32 x 32, the
+// Hopper kernel's 128 x 128 or 64 x 128): the same tiles give the same running maxima, so the same
+// P is rounded (other tiles round other multiples of it).
+Fp8Result run_executor(const Pattern& p, const Fp8Call& c, TileConfig tiles = TileConfig{32, 32}) {
   const Shape& s = c.s;
-  const Plan plan = lower_to_plan(p, s, TileConfig{32, 32});
+  const Plan plan = lower_to_plan(p, s, tiles);
   Fp8Arithmetic a;
   for (int64_t u = 0; u < s.batch * s.heads_kv; ++u) {
     auto at = [&](const std::vector<float>& d) { return d.size() == 1 ? d[0] : d[size_t(u)]; };
@@ -171,12 +172,17 @@ Fp8Check check_against_reference(const Pattern& p, const Fp8Call& c, const Fp8Re
 // what is left is O's bf16 rounding (2^-9 relative; 2^-8 allowed) and a rare P that lies within an
 // fp32 ulp or two of a midpoint between e4m3 values (2^-11 max|v| allowed).
 bool devices_agree(const Fp8Call& c, const Fp8Result& a, const Fp8Result& b, std::string* failure = nullptr) {
-  for (size_t i = 0; i < a.o.size(); ++i) {
-    if (std::abs(a.o[i] - b.o[i]) <= std::abs(b.o[i]) / 256 + c.max_v / 2048) continue;
-    if (failure) *failure = "O[" + std::to_string(i) + "]: " + std::to_string(a.o[i]) + " against " + std::to_string(b.o[i]);
-    return false;
-  }
-  return true;
+  // A P within an ulp or two of a midpoint rounds either way (ex2.approx against exp differ by
+  // ulps): about one probability in 2^17 does, so a few outputs may differ by that term (each still
+  // within the reference's bound, checked apart); a defect moves many.
+  size_t off = 0, first = 0;
+  for (size_t i = 0; i < a.o.size(); ++i)
+    if (!(std::abs(a.o[i] - b.o[i]) <= std::abs(b.o[i]) / 256 + c.max_v / 2048) && off++ == 0) first = i;
+  if (off <= std::max<size_t>(2, a.o.size() / 2000)) return true;
+  if (failure)
+    *failure = std::to_string(off) + " of " + std::to_string(a.o.size()) + " outputs differ, the first O[" + std::to_string(first) +
+               "]: " + std::to_string(a.o[first]) + " against " + std::to_string(b.o[first]);
+  return false;
 }
 
 // Head dims the SIMT kernel takes: multiples of 4.
@@ -406,5 +412,99 @@ TEST_CASE("the kernels' e4m3 decoding and rounding equal the host's conversions"
     INFO("code " << c);
     if (std::isnan(want)) CHECK(std::isnan(got));
     else CHECK(std::memcmp(&want, &got, 4) == 0);
+  }
+}
+
+namespace {
+
+// The Hopper FP8 kernel (wgmma on e4m3 operands, head dim 128) on `p` at `shape` (its head dims
+// set to 128) with tiles `tile_q` x 128: within the bound of the reference, and agreeing with the
+// plan executor at the same tiles.
+std::string check_hopper(const Pattern& p, Shape s, uint64_t seed, int tile_q, const std::shared_ptr<TemplateSet>& templates = nullptr) {
+  s.head_dim = s.head_dim_v = 128;
+  RuntimeOptions ro{.device = Device::emu(90, true), .config = KernelConfig{tile_q, 128, 0, 0}};
+  ro.templates = templates;
+  Runtime emu(ro);
+  Fp8Call c = make_call(s, seed, seed % 2 == 0);
+  const Fp8Result e = run(emu, p, c, seed % 3 == 0 ? DType::F16 : DType::BF16);
+  const Fp8Check k = check_against_reference(p, c, e);
+  if (!k.within) return k.first_failure;
+  std::string failure;
+  if (!devices_agree(c, e, run_executor(p, c, TileConfig{tile_q, 128}), &failure)) return "against the executor: " + failure;
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("the FP8 Hopper kernel (wgmma on e4m3) is right on every example, a random sweep and both tiles", "[fp8][emu]") {
+  // Every example at 200 tokens (GQA, per-head descales on even seeds), then random patterns.
+  int n = 0;
+  for (const char* name : {"bigbird", "causal_local", "longnet", "seed_dilated", "sliding_window"}) {
+    const Pattern pattern = load_spec_file(std::string(ATTNJIT_EXAMPLES_DIR) + "/" + name + ".json");
+    Shape s;
+    s.batch = 1, s.seq_q = s.seq_k = 200, s.heads_q = 4, s.heads_kv = 2;
+    for (int tile_q : {128, 64}) {
+      INFO(name << ", tile " << tile_q << "x128");
+      const std::string failure = check_hopper(pattern, s, 300 + n++, tile_q);
+      INFO(failure);
+      CHECK(failure.empty());
+    }
+  }
+  CaseGenerator gen(5151);
+  for (int i = 0; i < 10; ++i) {
+    const auto g = gen.next();
+    if (g.dynamic) continue;
+    INFO("random case " << i << "\n" << canonical_text(g.pattern));
+    const std::string failure = check_hopper(g.pattern, g.shape, 400 + i, i % 2 ? 64 : 128);
+    INFO(failure);
+    CHECK(failure.empty());
+  }
+}
+
+TEST_CASE("deliberately broken FP8 Hopper kernels fail in the emulator", "[fp8][emu][mutation]") {
+  const Pattern p = PatternBuilder().causal().branch(BranchSpec().segment(64).dilation(1)).branch(BranchSpec().segment(256).dilation(2)).build();
+  Shape s;
+  s.batch = 1, s.seq_q = s.seq_k = 256, s.heads_q = 2, s.heads_kv = 1;
+  REQUIRE(check_hopper(p, s, 31, 128).empty());
+  struct Defect {
+    const char *name, *from, *to;
+  };
+  const Defect defects[] = {
+      {"V^T's columns not renumbered as P's", "const int col = (key & ~31) | aj_fp8_column(key & 31);", "const int col = key;"},
+      {"P rounded without its 2^8", "aj_cvt_e4m3x2(256.0f * s[j][e + 1], 256.0f * s[j][e])", "aj_cvt_e4m3x2(s[j][e + 1], s[j][e])"},
+      {"P's bytes of a register in the wrong order", "pa[kc][reg] = hi << 16 | lo;", "pa[kc][reg] = lo << 16 | hi;"},
+      {"V^T's byte stores not fenced for the async proxy", "    aj_fence_proxy_async();  // the copies and the byte stores", "    // the copies and the byte stores"},
+      {"the k descale read from q's factors", "aj_descale(p, 0, b, kvh) * aj_descale(p, 1, b, kvh));\n\n", "aj_descale(p, 0, b, kvh) * aj_descale(p, 0, b, kvh));\n\n"},
+      {"a k32 step of S moved 16 bytes", "q_desc + ks * 2, k_desc + ks * 2", "q_desc + ks, k_desc + ks"},
+      {"O without the 2^-8 of P's factor", "inv[0] * dv * 0.00390625f, inv[1] * dv * 0.00390625f", "inv[0] * dv, inv[1] * dv"},
+  };
+  for (const Defect& d : defects) {
+    INFO(d.name);
+    auto t = attnjit::testing::mutated_templates("fwd_sm90_fp8.cuh", d.from, d.to);
+    REQUIRE(t);
+    std::string failure;
+    try {
+      failure = check_hopper(p, s, 31, 128, t);
+    } catch (const std::exception& e) {
+      failure = e.what();  // a fault the emulator reports
+    }
+    CHECK_FALSE(failure.empty());
+  }
+}
+
+TEST_CASE("a NaN in V reaches only the rows that attend it in the FP8 Hopper kernel", "[fp8][emu]") {
+  // Key 100's V is NaN: causal rows below 100 share its tiles but mask it, and are summed again
+  // exactly where the tensor cores let 0 x NaN through; rows from 100 on attend it.
+  const Pattern p = PatternBuilder().causal().branch(BranchSpec().full()).build();
+  Shape s;
+  s.batch = 1, s.seq_q = s.seq_k = 160, s.heads_q = s.heads_kv = 1, s.head_dim = s.head_dim_v = 128;
+  Runtime emu(RuntimeOptions{.device = Device::emu(90, true)});
+  Fp8Call c = make_call(s, 41, false);
+  c.v[100 * 128 + 7] = 0x7f;
+  const Fp8Result r = run(emu, p, c, DType::BF16);
+  for (int64_t i = 0; i < s.seq_q; ++i) {
+    INFO("row " << i);
+    CHECK(std::isnan(r.o[size_t(i * 128 + 7)]) == (i >= 100));
+    CHECK(std::isfinite(r.o[size_t(i * 128 + 8)]));
   }
 }
