@@ -410,27 +410,32 @@ __device__ __forceinline__ void aj_tc_finish_rows(const AjParams& p, const AjIte
 }
 
 // The epilogue of one 16-row group straight to global memory (the Hopper kernels): O = acc * inv
-// for this thread's rows r0 and r0 + 8, two adjacent columns per 4-byte store.
+// for this thread's rows r0 and r0 + 8, two adjacent columns per 4-byte store. FP8 inputs
+// (fwd_sm90_fp8.cuh) scale O by out_scale (v_descale) and acc alone by acc_scale (2^-8, P's
+// factor; the exact sums are of P itself).
 __device__ __forceinline__ void aj_tc_store_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
-                                                 float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2]) {
+                                                 float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2],
+                                                 float acc_scale = 1.0f, float out_scale = 1.0f) {
   float inv[2];
   aj_tc_finish_rows(p, item, b, r0, quad, m, l, inv);
-  aj_elem* ob = (aj_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
+  inv[0] *= out_scale, inv[1] *= out_scale;
+  const float ia[2] = {inv[0] * acc_scale, inv[1] * acc_scale};
+  aj_out_elem* ob = (aj_out_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
   const int r1 = r0 + 8;
   const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
   bool bad[2] = {false, false};
 #pragma unroll
   for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
     const int col = j * 8 + quad * 2;
-    const aj_u32 w0 = aj_pack2(acc[j][0] * inv[0], acc[j][1] * inv[0]), w1 = aj_pack2(acc[j][2] * inv[1], acc[j][3] * inv[1]);
-    bad[0] |= aj_tc_word_nonfinite(w0);
-    bad[1] |= aj_tc_word_nonfinite(w1);
+    const aj_u32 w0 = aj_out_pack2(acc[j][0] * ia[0], acc[j][1] * ia[0]), w1 = aj_out_pack2(acc[j][2] * ia[1], acc[j][3] * ia[1]);
+    bad[0] |= aj_out_word_nonfinite(w0);
+    bad[1] |= aj_out_word_nonfinite(w1);
     if (r0 < item.rows_count) *(aj_u32*)(ob + i0 * p.o_row_stride + col) = w0;
     if (r1 < item.rows_count) *(aj_u32*)(ob + i1 * p.o_row_stride + col) = w1;
   }
   if (const int redo = aj_tc_poisoned_rows(item, r0, bad, l))  // rows a masked non-finite V reached: written again, exactly
     aj_tc_exact_rows(p, item, b, r0, quad, m, l, redo, [&](int h, int j, float x0, float x1) {
-      *(aj_u32*)(ob + (h ? i1 : i0) * p.o_row_stride + j * 8 + quad * 2) = aj_pack2(x0 * inv[h], x1 * inv[h]);
+      *(aj_u32*)(ob + (h ? i1 : i0) * p.o_row_stride + j * 8 + quad * 2) = aj_out_pack2(x0 * inv[h], x1 * inv[h]);
     });
 }
 

@@ -77,20 +77,6 @@ __device__ __forceinline__ void aj_fp8_pack(const float (&s)[AJ_TILE_K / 8][4], 
     }
 }
 
-// O's two values as one word of its storage type (AJ_OUT_DTYPE), and whether a value in it is
-// NaN or infinite (the exponent bits all ones).
-__device__ __forceinline__ aj_u32 aj_fp8_out2(float lo, float hi) {
-#if AJ_OUT_DTYPE == 2
-  return aj_cvt_bf16x2(hi, lo);
-#else
-  return aj_cvt_f16x2(hi, lo);
-#endif
-}
-__device__ __forceinline__ bool aj_fp8_out_nonfinite(aj_u32 w) {
-  const aj_u32 e = AJ_OUT_DTYPE == 2 ? 0x7f80u : 0x7c00u;
-  return (w & e) == e || (w & (e << 16)) == (e << 16);
-}
-
 __device__ __forceinline__ void aj_fwd_sm90_fp8(const AjParams& p) {
   AJ_DYNAMIC_SHARED(aj_smem);
   unsigned char* const smem = aj_smem + ((1024 - aj_smem_addr(aj_smem) % 1024) % 1024);
@@ -159,25 +145,7 @@ __device__ __forceinline__ void aj_fwd_sm90_fp8(const AjParams& p) {
   aj_cp_async_wait<0>();  // an item without tiles: Q's copy
   if (!busy) return;
 
-  // The epilogue: LSE, then O = acc x v_descale / (2^8 l) (the exact sums are of P itself).
-  float inv[2];
-  aj_tc_finish_rows(p, item, b, row, quad, m, l, inv);
-  const float dv = aj_descale(p, 2, b, kvh);
-  const float out[2] = {inv[0] * dv * 0.00390625f, inv[1] * dv * 0.00390625f};
-  aj_out_elem* ob = (aj_out_elem*)p.o + b * p.o_batch_stride + item.head * p.o_head_stride;
-  const aj_i64 i0 = item.rows_start + (aj_i64)row * item.rows_stride, i1 = i0 + q_step8;
-  bool bad[2] = {false, false};
-#pragma unroll
-  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
-    const int col = j * 8 + quad * 2;
-    const aj_u32 w0 = aj_fp8_out2(acc[j][0] * out[0], acc[j][1] * out[0]), w1 = aj_fp8_out2(acc[j][2] * out[1], acc[j][3] * out[1]);
-    bad[0] |= aj_fp8_out_nonfinite(w0);
-    bad[1] |= aj_fp8_out_nonfinite(w1);
-    if (row < item.rows_count) *(aj_u32*)(ob + i0 * p.o_row_stride + col) = w0;
-    if (row + 8 < item.rows_count) *(aj_u32*)(ob + i1 * p.o_row_stride + col) = w1;
-  }
-  if (const int redo = aj_tc_poisoned_rows(item, row, bad, l))  // rows a masked non-finite V reached: written again, exactly
-    aj_tc_exact_rows(p, item, b, row, quad, m, l, redo, [&](int h, int j, float x0, float x1) {
-      *(aj_u32*)(ob + (h ? i1 : i0) * p.o_row_stride + j * 8 + quad * 2) = aj_fp8_out2(x0 * inv[h] * dv, x1 * inv[h] * dv);
-    });
+  // The epilogue, as the other Hopper kernels': O = acc x v_descale / (2^8 l) (the exact sums of
+  // rows a masked NaN in V reached are of P itself).
+  aj_tc_store_rows(p, item, b, row, quad, acc, m, l, 0.00390625f, aj_descale(p, 2, b, kvh));
 }
