@@ -5,8 +5,8 @@
 // sums take it unrounded, O times v_descale.
 //
 // FP8 wgmma reads both shared-memory operands K-major, so:
-// - S = Q K^T takes Q and K as they lie (rows of AJ_HEAD_DIM = 128 bytes, the 128-byte swizzle),
-//   one wgmma per 32 columns of the head dim;
+// - S = Q K^T takes Q and K as they lie (rows of AJ_HEAD_DIM = 64 or 128 bytes, the swizzle of
+//   that width), one wgmma per 32 columns of the head dim;
 // - O += P V needs V^T (for each output column, the tile's keys contiguous): each tile of V is
 //   transposed as it is loaded (16 bytes from a key's row, one byte to each of 16 rows of V^T);
 // - P comes from registers in the 8-bit A layout: thread (lane l) holds, of each 32-key chunk,
@@ -22,44 +22,56 @@
 // masked NaN in V reached are summed again exactly (aj_tc_exact_rows, as the other tensor-core
 // kernels do).
 
-#if AJ_HEAD_DIM != 128 || AJ_HEAD_DIM_V != 128 || AJ_TILE_K != 128 || AJ_TILE_Q % 64 || AJ_WARPS * 16 != AJ_TILE_Q
-#error "the FP8 Hopper forward takes head dims 128, 128-key tiles and 64 query rows per warpgroup"
+#if (AJ_HEAD_DIM != 64 && AJ_HEAD_DIM != 128) || (AJ_HEAD_DIM_V != 64 && AJ_HEAD_DIM_V != 128) || AJ_TILE_K != 128 || \
+    AJ_TILE_Q % 64 || AJ_WARPS * 16 != AJ_TILE_Q
+#error "the FP8 Hopper forward takes head dims 64 or 128, 128-key tiles and 64 query rows per warpgroup"
 #endif
 
-#define AJ_FP8_ROW 128  // bytes of a shared row: 128 codes, the 128-byte swizzle's width
+// Q's and K's rows are AJ_HEAD_DIM bytes with the swizzle of that width (128 or 64 bytes); V^T's
+// rows are a tile's 128 keys (the 128-byte swizzle).
+#define AJ_FP8_QK (AJ_HEAD_DIM)
+#define AJ_FP8_VT 128
 
-// Byte offset of column k (a byte) of row r in a [rows][128 B] tile with the 128-byte swizzle.
-__device__ __forceinline__ int aj_fp8_at(int r, int k) { return r * AJ_FP8_ROW + ((((k >> 4) ^ r) & 7) << 4) + (k & 15); }
+// Byte offset of byte k of row r in a [rows][W B] tile with the W-byte swizzle (W = 64 or 128):
+// the address's bits [7, 7 + log2(W / 16)) XORed into its 16-byte chunk (the tiles start on
+// 1024-byte boundaries, so the offset stands for the address).
+template <int W>
+__device__ __forceinline__ int aj_fp8_at(int r, int k) {
+  const int at = r * W + k;
+  return at ^ (((at >> 7) & (W / 16 - 1)) << 4);
+}
 
 // The key (within its 32-key chunk) that P's column k stands for, and back: column 16h + 4q + 2b
 // + e holds key 16h + 8b + 2q + e (h, b, e in {0, 1}, q < 4).
 __device__ __forceinline__ int aj_fp8_key(int k) { return (k & 16) | ((k & 2) << 2) | ((k >> 1) & 6) | (k & 1); }
 __device__ __forceinline__ int aj_fp8_column(int key) { return (key & 16) | ((key & 6) << 1) | ((key >> 2) & 2) | (key & 1); }
 
-// Rows first + r * stride (r < count) of a [.., 128] e4m3 tensor into a swizzled [ROWS][128 B]
-// tile by cp.async, 16 bytes a copy; rows past `count` are zero-filled.
+// Rows first + r * stride (r < count) of a [.., AJ_HEAD_DIM] e4m3 tensor into a swizzled
+// [ROWS][AJ_HEAD_DIM B] tile by cp.async, 16 bytes a copy; rows past `count` are zero-filled.
 template <int ROWS>
 __device__ __forceinline__ void aj_fp8_load_rows(unsigned char* dst, const aj_elem* base, aj_i64 row_stride, aj_i64 first,
                                                  aj_i64 stride, int count) {
-  for (int x = aj_thread_idx(); x < ROWS * 8; x += AJ_THREADS) {
-    const int r = x / 8, c = x % 8;
-    aj_cp_async16(dst + aj_fp8_at(r, c * 16), base + (first + (aj_i64)(r < count ? r : 0) * stride) * row_stride + c * 16,
-                  r < count);
+  constexpr int CHUNKS = AJ_FP8_QK / 16;
+  for (int x = aj_thread_idx(); x < ROWS * CHUNKS; x += AJ_THREADS) {
+    const int r = x / CHUNKS, c = x % CHUNKS;
+    aj_cp_async16(dst + aj_fp8_at<AJ_FP8_QK>(r, c * 16),
+                  base + (first + (aj_i64)(r < count ? r : 0) * stride) * row_stride + c * 16, r < count);
   }
 }
 
-// V's rows of tile t as V^T ([128 output columns][128 B], swizzled): key c's value of column d at
-// V^T row d, byte aj_fp8_column(c % 32) of its chunk. Keys past the count are zeros (their P is 0
-// and 0 x 0 adds nothing).
+// V's rows of tile t as V^T ([AJ_HEAD_DIM_V output columns][128 B], swizzled): key c's value of
+// column d at V^T row d, byte aj_fp8_column(c % 32) of its chunk. Keys past the count are zeros
+// (their P is 0 and 0 x 0 adds nothing).
 __device__ __forceinline__ void aj_fp8_load_vt(unsigned char* vt, const aj_elem* vb, aj_i64 row_stride, const AjTile& t) {
-  for (int x = aj_thread_idx(); x < AJ_TILE_K * 8; x += AJ_THREADS) {
-    const int key = x / 8, c = x % 8;
+  constexpr int CHUNKS = AJ_HEAD_DIM_V / 16;
+  for (int x = aj_thread_idx(); x < AJ_TILE_K * CHUNKS; x += AJ_THREADS) {
+    const int key = x / CHUNKS, c = x % CHUNKS;
     aj_u32x4 w = {0u, 0u, 0u, 0u};
     if (key < t.count) w = *(const aj_u32x4*)(vb + (t.first + (aj_i64)key * t.stride) * row_stride + c * 16);
     const aj_u32 words[4] = {w.x, w.y, w.z, w.w};
     const int col = (key & ~31) | aj_fp8_column(key & 31);
 #pragma unroll
-    for (int e = 0; e < 16; ++e) vt[aj_fp8_at(c * 16 + e, col)] = (unsigned char)(words[e / 4] >> (8 * (e % 4)));
+    for (int e = 0; e < 16; ++e) vt[aj_fp8_at<AJ_FP8_VT>(c * 16 + e, col)] = (unsigned char)(words[e / 4] >> (8 * (e % 4)));
   }
 }
 
@@ -80,9 +92,9 @@ __device__ __forceinline__ void aj_fp8_pack(const float (&s)[AJ_TILE_K / 8][4], 
 __device__ __forceinline__ void aj_fwd_sm90_fp8(const AjParams& p) {
   AJ_DYNAMIC_SHARED(aj_smem);
   unsigned char* const smem = aj_smem + ((1024 - aj_smem_addr(aj_smem) % 1024) % 1024);
-  unsigned char* const sq = smem;                         // [AJ_TILE_Q][128 B]
-  unsigned char* const sk = sq + AJ_TILE_Q * AJ_FP8_ROW;  // [AJ_TILE_K][128 B]
-  unsigned char* const svt = sk + AJ_TILE_K * AJ_FP8_ROW; // [AJ_HEAD_DIM_V][128 B]
+  unsigned char* const sq = smem;                        // [AJ_TILE_Q][AJ_HEAD_DIM B]
+  unsigned char* const sk = sq + AJ_TILE_Q * AJ_FP8_QK;  // [AJ_TILE_K][AJ_HEAD_DIM B]
+  unsigned char* const svt = sk + AJ_TILE_K * AJ_FP8_QK; // [AJ_HEAD_DIM_V][128 B]
 
   const AjItem item = p.items[aj_block_idx_x()];
   const aj_i64 b = aj_batch_index();
@@ -102,9 +114,9 @@ __device__ __forceinline__ void aj_fwd_sm90_fp8(const AjParams& p) {
   const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
   aj_fp8_load_rows<AJ_TILE_Q>(sq, qb, p.q_row_stride, item.rows_start, item.rows_stride, item.rows_count);
   aj_cp_async_commit();
-  const aj_u64 q_desc = aj_wgmma_desc<128>(aj_smem_addr(sq) + wg_row * AJ_FP8_ROW, 16, 8 * AJ_FP8_ROW);
-  const aj_u64 k_desc = aj_wgmma_desc<128>(aj_smem_addr(sk), 16, 8 * AJ_FP8_ROW);
-  const aj_u64 v_desc = aj_wgmma_desc<128>(aj_smem_addr(svt), 16, 8 * AJ_FP8_ROW);
+  const aj_u64 q_desc = aj_wgmma_desc<AJ_FP8_QK>(aj_smem_addr(sq) + wg_row * AJ_FP8_QK, 16, 8 * AJ_FP8_QK);
+  const aj_u64 k_desc = aj_wgmma_desc<AJ_FP8_QK>(aj_smem_addr(sk), 16, 8 * AJ_FP8_QK);
+  const aj_u64 v_desc = aj_wgmma_desc<AJ_FP8_VT>(aj_smem_addr(svt), 16, 8 * AJ_FP8_VT);
 
   float acc[AJ_HEAD_DIM_V / 8][4];
   float m[2] = {AJ_NEG_INF, AJ_NEG_INF}, l[2] = {0.0f, 0.0f}, c[2];

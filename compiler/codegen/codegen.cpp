@@ -263,8 +263,10 @@ KernelPath choose_path(const KernelRequest& r) {
   // Below sm_80 fp16 and bf16 take the SIMT path, which converts them to fp32 as it loads them and
   // does all arithmetic in fp32: sm_60/61 have no fast half arithmetic, and bf16 has none before sm_80.
   require(!r.arch_specific || r.arch == 90, "--arch " + arch_name(r), "attnjit has arch-specific kernels for sm_90a only");
-  // FP8 on sm_90a at head dim 128: wgmma on e4m3 operands (fwd_sm90_fp8.cuh); elsewhere the SIMT kernel.
-  if (r.dtype == DType::E4M3 && r.arch_specific && r.head_dim == 128 && r.head_dim_v == 128) return KernelPath::Sm90;
+  // FP8 on sm_90a at head dims 64 and 128: wgmma on e4m3 operands (fwd_sm90_fp8.cuh); elsewhere the
+  // SIMT kernel.
+  auto fp8_dim = [](int d) { return d == 64 || d == 128; };
+  if (r.dtype == DType::E4M3 && r.arch_specific && fp8_dim(r.head_dim) && fp8_dim(r.head_dim_v)) return KernelPath::Sm90;
   if (r.dtype != DType::F32 && r.dtype != DType::E4M3 && r.arch >= 80) {
     auto hopper_dim = [](int d) { return d == 64 || d == 128 || d == 256; };
     if (r.arch_specific && hopper_dim(r.head_dim) && hopper_dim(r.head_dim_v)) return r.tma ? KernelPath::Sm90Tma : KernelPath::Sm90;

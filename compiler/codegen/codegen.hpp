@@ -105,7 +105,7 @@ struct KernelSource {
 // The path a request takes: tensor cores for fp16/bf16 on sm_80+, SIMT otherwise (fp32 arithmetic
 // on every dtype: fp16/bf16 are converted as they are loaded). FP8 inputs (fp8_e4m3) take the
 // Hopper path (KernelPath::Sm90, templates/fwd_sm90_fp8.cuh: wgmma on e4m3 operands) on sm_90a at
-// head dim 128, the SIMT path elsewhere (codes decoded exactly); both round P to e4m3 alike
+// head dims 64 and 128, the SIMT path elsewhere (codes decoded exactly); both round P to e4m3 alike
 // (docs/spec.md, "FP8 inputs"). Rejects what no path supports (head
 // dims that are not multiples of 16 on the tensor path, archs below sm_60) with a UserError naming
 // the fix.

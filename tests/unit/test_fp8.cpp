@@ -417,11 +417,12 @@ TEST_CASE("the kernels' e4m3 decoding and rounding equal the host's conversions"
 
 namespace {
 
-// The Hopper FP8 kernel (wgmma on e4m3 operands, head dim 128) on `p` at `shape` (its head dims
-// set to 128) with tiles `tile_q` x 128: within the bound of the reference, and agreeing with the
+// The Hopper FP8 kernel (wgmma on e4m3 operands) on `p` at `shape` with head dims `d` and `dv`
+// (64 or 128) and tiles `tile_q` x 128: within the bound of the reference, and agreeing with the
 // plan executor at the same tiles.
-std::string check_hopper(const Pattern& p, Shape s, uint64_t seed, int tile_q, const std::shared_ptr<TemplateSet>& templates = nullptr) {
-  s.head_dim = s.head_dim_v = 128;
+std::string check_hopper(const Pattern& p, Shape s, uint64_t seed, int tile_q, const std::shared_ptr<TemplateSet>& templates = nullptr,
+                         int d = 128, int dv = 128) {
+  s.head_dim = d, s.head_dim_v = dv;
   RuntimeOptions ro{.device = Device::emu(90, true), .config = KernelConfig{tile_q, 128, 0, 0}};
   ro.templates = templates;
   Runtime emu(ro);
@@ -436,16 +437,18 @@ std::string check_hopper(const Pattern& p, Shape s, uint64_t seed, int tile_q, c
 
 }  // namespace
 
-TEST_CASE("the FP8 Hopper kernel (wgmma on e4m3) is right on every example, a random sweep and both tiles", "[fp8][emu]") {
-  // Every example at 200 tokens (GQA, per-head descales on even seeds), then random patterns.
+TEST_CASE("the FP8 Hopper kernel (wgmma on e4m3) is right on every example, a random sweep, both tiles and head dims", "[fp8][emu]") {
+  // Every example at 200 tokens (GQA, per-head descales on even seeds) at 128 x 128 tiles with head
+  // dim 128 and at 64 x 128 with head dim 64, then random patterns and head dims.
   int n = 0;
   for (const char* name : {"bigbird", "causal_local", "longnet", "seed_dilated", "sliding_window"}) {
     const Pattern pattern = load_spec_file(std::string(ATTNJIT_EXAMPLES_DIR) + "/" + name + ".json");
     Shape s;
     s.batch = 1, s.seq_q = s.seq_k = 200, s.heads_q = 4, s.heads_kv = 2;
     for (int tile_q : {128, 64}) {
-      INFO(name << ", tile " << tile_q << "x128");
-      const std::string failure = check_hopper(pattern, s, 300 + n++, tile_q);
+      const int d = tile_q == 128 ? 128 : 64;
+      INFO(name << ", tile " << tile_q << "x128, head dim " << d);
+      const std::string failure = check_hopper(pattern, s, 300 + n++, tile_q, nullptr, d, d);
       INFO(failure);
       CHECK(failure.empty());
     }
@@ -455,7 +458,7 @@ TEST_CASE("the FP8 Hopper kernel (wgmma on e4m3) is right on every example, a ra
     const auto g = gen.next();
     if (g.dynamic) continue;
     INFO("random case " << i << "\n" << canonical_text(g.pattern));
-    const std::string failure = check_hopper(g.pattern, g.shape, 400 + i, i % 2 ? 64 : 128);
+    const std::string failure = check_hopper(g.pattern, g.shape, 400 + i, i % 2 ? 64 : 128, nullptr, i % 3 ? 128 : 64, i % 4 ? 128 : 64);
     INFO(failure);
     CHECK(failure.empty());
   }
