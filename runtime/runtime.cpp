@@ -188,9 +188,7 @@ KernelConfig tuned_config(const Pattern& pattern, const Problem& problem, const 
   const TuningGpu gpu = tuning_gpu(o.device.index);
   const TuneKey key = tune_key_for(gpu, pattern, problem);
   TuningDb db(default_db_files(knobs(), gpu.name), running_metadata(gpu.arch));
-  // FP8 inputs are not tuned yet (their SIMT kernel takes its default tiles; a tuning run has no
-  // descales to give).
-  if ((o.tune || knobs().tune) && db.needs_retune(key) && !pattern.has_dynamic_layout() && problem.dtype != DType::E4M3) {
+  if ((o.tune || knobs().tune) && db.needs_retune(key) && !pattern.has_dynamic_layout()) {
     log(LogLevel::Warn, "tuning " + key.describe() + " on first use (tuning is on); the result goes to " + db.files()[0].path);
     GpuTuneOptions to;
     to.device = o.device.index;

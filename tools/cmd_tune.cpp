@@ -61,8 +61,6 @@ std::vector<int64_t> parse_seqs(const std::string& text) {
 // "head_dims", "dtypes"}]}) one per pattern, head dim and dtype (the options fill what it omits).
 std::vector<TuneJob> load_jobs(const TuneOptions& o) {
   const DType dtype = parse_dtype(o.dtype);
-  if (dtype == DType::E4M3)
-    throw UserError("--dtype fp8_e4m3", "is not tuned yet: FP8 inputs run the SIMT kernel at its default tiles");
   const int dv = o.head_dim_v ? o.head_dim_v : o.head_dim;
   const std::string text = read_small_file(o.input, "spec or manifest");
   nlohmann::json j;
@@ -80,10 +78,7 @@ std::vector<TuneJob> load_jobs(const TuneOptions& o) {
       std::vector<DType> dtypes = {dtype};
       if (e.contains("dtypes")) {
         dtypes.clear();
-        for (const std::string& d : e["dtypes"].get<std::vector<std::string>>()) {
-          if (parse_dtype(d) != DType::E4M3) dtypes.push_back(parse_dtype(d));
-          else std::cerr << "note: the manifest's fp8_e4m3 entries are not tuned (FP8 runs the SIMT kernel at its default tiles)\n";
-        }
+        for (const std::string& d : e["dtypes"].get<std::vector<std::string>>()) dtypes.push_back(parse_dtype(d));
       }
       for (const std::string& spec : e.at("patterns").get<std::vector<std::string>>()) {
         const Pattern p = load_spec_file((dir / spec).string());

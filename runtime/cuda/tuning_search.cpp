@@ -67,6 +67,10 @@ DeviceBuffer random_device_buffer(int64_t elements, DType dtype, uint64_t seed) 
       std::memcpy(host.data() + 4 * n, &x, 4);
       continue;
     }
+    if (dtype == DType::E4M3) {  // FP8 codes (the timed call's descales are 1)
+      host[size_t(n)] = float_to_e4m3(x);
+      continue;
+    }
     uint16_t h;
     if (dtype == DType::F16) {
       h = float_to_half(x);
@@ -101,7 +105,12 @@ GpuCandidateTimer::GpuCandidateTimer(const Pattern& p, const Problem& pb, GpuTim
     inputs_.push_back(InputSet{random_device_buffer(q_elems, pb.dtype, seed), random_device_buffer(k_elems, pb.dtype, seed + 1),
                                random_device_buffer(v_elems, pb.dtype, seed + 2)});
   }
-  o_ = DeviceBuffer(static_cast<size_t>(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim_v * dtype_bytes(pb.dtype)), "tuning O");
+  o_ = DeviceBuffer(static_cast<size_t>(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim_v * dtype_bytes(pb.o_dtype())), "tuning O");
+  if (pb.dtype == DType::E4M3) {  // FP8 inputs: descale factors of 1, one per tensor
+    const float ones[3] = {1.0f, 1.0f, 1.0f};
+    descales_ = DeviceBuffer(sizeof ones, "tuning descales");
+    copy_to_device(descales_.get(), ones, sizeof ones, "tuning descales");
+  }
   lse_ = DeviceBuffer(static_cast<size_t>(pb.batch * pb.heads_q * pb.seq_q) * sizeof(float), "tuning LSE");
   flush_ = DeviceBuffer(options_.l2_flush_bytes, "L2 flush buffer");
   if (options_.backward) {
@@ -138,10 +147,13 @@ std::vector<double> GpuCandidateTimer::time_ms(const KernelConfig& c, int warmup
   auto view = [&](const DeviceBuffer& b, DType dt, std::vector<int64_t> shape) {
     return TensorView::contiguous(reinterpret_cast<void*>(b.get()), dt, std::move(shape));
   };
-  const TensorView o = view(o_, pb.dtype, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim_v});
+  const TensorView o = view(o_, pb.o_dtype(), {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim_v});
   const TensorView lse = view(lse_, DType::F32, {pb.batch, pb.heads_q, pb.seq_q});
   ForwardOptions fo;
   fo.stream = stream_;
+  TensorView descale = view(descales_, DType::F32, {pb.batch, pb.heads_kv});
+  descale.strides = {0, 0};
+  if (pb.dtype == DType::E4M3) fo.q_descale = fo.k_descale = fo.v_descale = &descale;
   auto forward = [&](size_t n) {
     const InputSet& in = inputs_[n % inputs_.size()];
     op.forward(view(in.q, pb.dtype, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim}),

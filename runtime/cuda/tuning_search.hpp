@@ -65,6 +65,7 @@ private:
   CUstream stream_ = nullptr;
   std::vector<InputSet> inputs_;
   DeviceBuffer o_, lse_, flush_;
+  DeviceBuffer descales_;  // FP8 inputs: three factors of 1
   DeviceBuffer dout_, dq_, dk_, dv_;  // with `backward`
 };
 

@@ -10,7 +10,9 @@
 
 #include "attnjit/attnjit.hpp"
 #include "attnjit/reference.hpp"
+#include "compiler/codegen/codegen.hpp"
 #include "compiler/codegen/templates.hpp"
+#include "compiler/tune/autotune.hpp"
 #include "compiler/jit/jit.hpp"
 #include "compiler/plan/plan.hpp"
 #include "compiler/support/half.hpp"
@@ -510,4 +512,28 @@ TEST_CASE("a NaN in V reaches only the rows that attend it in the FP8 Hopper ker
     CHECK(std::isnan(r.o[size_t(i * 128 + 7)]) == (i >= 100));
     CHECK(std::isfinite(r.o[size_t(i * 128 + 8)]));
   }
+}
+
+TEST_CASE("the tuner's FP8 candidates are the tiles the FP8 kernels take", "[fp8][autotune]") {
+  KernelRequest r;
+  r.dtype = DType::E4M3;
+  r.out_dtype = DType::BF16;
+  r.head_dim = r.head_dim_v = 128;
+  r.arch = 90;
+  r.arch_specific = true;
+  const std::vector<KernelConfig> hopper = candidate_configs(r);
+  REQUIRE(hopper.size() == 2);
+  CHECK(hopper[0] == KernelConfig{128, 128, 1, 8});  // the default first
+  CHECK(hopper[1] == KernelConfig{64, 128, 1, 4});
+  for (const KernelConfig& c : hopper) {  // each renders the FP8 Hopper kernel
+    r.config = c;
+    CHECK(generate_kernel(PatternBuilder().branch(BranchSpec().full()).build(), r).source.find("aj_fwd_sm90_fp8(p);") != std::string::npos);
+  }
+  r.config = {};
+  r.head_dim = r.head_dim_v = 96;  // no FP8 wgmma kernel at this head dim: the SIMT kernel's tiles
+  for (const KernelConfig& c : candidate_configs(r)) CHECK(c.stages == 1);
+  CHECK(choose_path(r) == KernelPath::Simt);
+  r.head_dim = r.head_dim_v = 128;
+  r.config = KernelConfig{128, 64, 1, 0};
+  CHECK_THROWS_WITH(resolve_config(r), Catch::Contains("the FP8 sm_90a path takes 128-key tiles"));
 }
