@@ -248,22 +248,6 @@ __device__ __forceinline__ void aj_store_out(aj_out_elem* p, float v) {
 }
 #endif
 
-// Two values of O as one word of its storage (the tensor-core epilogues), and whether a value in
-// such a word is NaN or infinite (exponent bits all ones: a bit test no fast-math rule folds away).
-#if AJ_OUT_DTYPE == 1 || AJ_OUT_DTYPE == 2
-__device__ __forceinline__ aj_u32 aj_out_pack2(float lo, float hi) {
-#if AJ_OUT_DTYPE == 2
-  return aj_cvt_bf16x2(hi, lo);
-#else
-  return aj_cvt_f16x2(hi, lo);
-#endif
-}
-__device__ __forceinline__ bool aj_out_word_nonfinite(aj_u32 w) {
-  const aj_u32 e = AJ_OUT_DTYPE == 2 ? 0x7f80u : 0x7c00u;
-  return (w & e) == e || (w & (e << 16)) == (e << 16);
-}
-#endif
-
 // FP8 inputs: the descale factor of (batch b, kv head h) of q (t = 0), k (1) or v (2); AjParams::q_descale.
 #if AJ_DTYPE == 3
 __device__ __forceinline__ float aj_descale(const AjParams& p, int t, aj_i64 b, int h) {
@@ -302,6 +286,22 @@ __device__ __forceinline__ aj_u32 aj_pack2(float lo, float hi) {
 __device__ __forceinline__ bool aj_tc_word_nonfinite(aj_u32 w) {
   return (w & AJ_HALF_EXP) == AJ_HALF_EXP || (w & (AJ_HALF_EXP << 16)) == (AJ_HALF_EXP << 16);
 }
+
+// Two values of O as one word of its storage (the Hopper epilogue), and whether a value in such a
+// word is NaN or infinite: the input type's (aj_pack2, aj_tc_word_nonfinite), or for FP8 inputs
+// AJ_OUT_DTYPE's (fp16 or bf16).
+#if AJ_OUT_DTYPE == AJ_DTYPE
+__device__ __forceinline__ aj_u32 aj_out_pack2(float lo, float hi) { return aj_pack2(lo, hi); }
+__device__ __forceinline__ bool aj_out_word_nonfinite(aj_u32 w) { return aj_tc_word_nonfinite(w); }
+#elif AJ_OUT_DTYPE == 1 || AJ_OUT_DTYPE == 2
+__device__ __forceinline__ aj_u32 aj_out_pack2(float lo, float hi) {
+  return AJ_OUT_DTYPE == 2 ? aj_cvt_bf16x2(hi, lo) : aj_cvt_f16x2(hi, lo);
+}
+__device__ __forceinline__ bool aj_out_word_nonfinite(aj_u32 w) {
+  const aj_u32 e = AJ_OUT_DTYPE == 2 ? 0x7f80u : 0x7c00u;
+  return (w & e) == e || (w & (e << 16)) == (e << 16);
+}
+#endif
 // Sixteen bytes moved as one (a 128-bit load or store; the address must be 16-byte aligned).
 struct __align__(16) aj_u32x4 {
   aj_u32 x, y, z, w;
