@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "compiler/support/error.hpp"
+#include "emulator/emu_abi.h"
 #include "emulator/ptx_semantics.hpp"
 
 namespace attnjit::emu {
@@ -296,7 +297,8 @@ void BlockExecutor::execute_collective(int warp) {
       std::memcpy(b[l], lane[l].b, sizeof b[l]);
       std::memcpy(d[l], lane[l].d, sizeof d[l]);
     }
-    attnjit::emu::mma_m16n8k16(a, b, d, lane[0].type);
+    if (lane[0].type == AJ_EMU_E4M3) attnjit::emu::mma_m16n8k32_e4m3(a, b, d);
+    else attnjit::emu::mma_m16n8k16(a, b, d, lane[0].type);
     for (int l = 0; l < 32; ++l) std::memcpy(lane[l].d, d[l], sizeof d[l]);
   } else if (op == Op::WarpSync) {
     // Shared-memory accesses of the warp's lanes before and after it no longer race (a new barrier
@@ -330,7 +332,7 @@ void BlockExecutor::ldmatrix(unsigned* regs, const void* smem, int num, int tran
   arrive_collective(t, Op::Ldmatrix, pc);
 }
 
-void BlockExecutor::mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, int type, const void* pc) {
+void BlockExecutor::mma_sync(float* d, const unsigned* a, const unsigned* b, int type, const void* pc) {
   tick();
   Thread& t = *current_;
   t.d = d;

@@ -120,7 +120,7 @@ public:
   void cp_async_commit(const void* pc);
   void cp_async_wait(int n, const void* pc);
   void ldmatrix(unsigned* regs, const void* smem, int num, int trans, const void* pc);
-  void mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, int type, const void* pc);
+  void mma_sync(float* d, const unsigned* a, const unsigned* b, int type, const void* pc);
   void red_add_f32(float* addr, float value, const void* pc);
   void red_add_u32(unsigned* addr, unsigned value, const void* pc);
   void red_add_f32x2(float* addr, float a, float b, const void* pc);

@@ -5,10 +5,10 @@
 #ifndef ATTNJIT_EMU_ABI_H
 #define ATTNJIT_EMU_ABI_H
 
-#define AJ_EMU_ABI_VERSION 11
+#define AJ_EMU_ABI_VERSION 12
 #define AJ_EMU_F16 1
 #define AJ_EMU_BF16 2
-#define AJ_EMU_E4M3 3 /* wgmma: FP8 e4m3 operands (k32, K-major) */
+#define AJ_EMU_E4M3 3 /* FP8 e4m3 operands: wgmma k32 (K-major), mma.sync m16n8k32 */
 #define AJ_EMU_RARE_PATHS 8
 /* wgmma flags: scale-d (accumulate into D), imm-trans-a / -b (MN-major operands), imm-scale -1 */
 #define AJ_EMU_WGMMA_SCALE_D 1
@@ -36,7 +36,8 @@ typedef struct AjEmuApi {
   void (*cp_async_commit)(const void* pc);
   void (*cp_async_wait)(int n, const void* pc);
   void (*ldmatrix)(unsigned* regs, const void* smem, int num, int trans, const void* pc);
-  void (*mma_m16n8k16)(float* d, const unsigned* a, const unsigned* b, int in_type, const void* pc);
+  /* mma.sync m16n8k16 on f16/bf16, m16n8k32 on e4m3 (in_type AJ_EMU_E4M3): 4 A and 2 B registers a lane */
+  void (*mma_sync)(float* d, const unsigned* a, const unsigned* b, int in_type, const void* pc);
   unsigned (*cvt_rn_x2)(float hi, float lo, int type);
   float (*cvt_f32_f16)(unsigned short h);
   unsigned short (*cvt_rn_f16_f32)(float f);

@@ -33,7 +33,7 @@ void api_cp_async(void* s, const void* g, unsigned cp, unsigned src, const void*
 void api_cp_async_commit(const void* pc) { ex().cp_async_commit(pc); }
 void api_cp_async_wait(int n, const void* pc) { ex().cp_async_wait(n, pc); }
 void api_ldmatrix(unsigned* r, const void* s, int num, int trans, const void* pc) { ex().ldmatrix(r, s, num, trans, pc); }
-void api_mma(float* d, const unsigned* a, const unsigned* b, int type, const void* pc) { ex().mma_m16n8k16(d, a, b, type, pc); }
+void api_mma(float* d, const unsigned* a, const unsigned* b, int type, const void* pc) { ex().mma_sync(d, a, b, type, pc); }
 void api_red_add_f32(float* p, float v, const void* pc) { ex().red_add_f32(p, v, pc); }
 void api_red_add_u32(unsigned* p, unsigned v, const void* pc) { ex().red_add_u32(p, v, pc); }
 void api_red_add_f32x2(float* p, float a, float b, const void* pc) { ex().red_add_f32x2(p, a, b, pc); }

@@ -44,8 +44,8 @@ AJ_EMU_SHIM void aj_emu_cp_async_wait(int n) { aj_emu_api->cp_async_wait(n, AJ_E
 AJ_EMU_SHIM void aj_emu_ldmatrix(unsigned* regs, const void* smem, int num, int trans) {
   aj_emu_api->ldmatrix(regs, smem, num, trans, AJ_EMU_PC);
 }
-AJ_EMU_SHIM void aj_emu_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, int in_type) {
-  aj_emu_api->mma_m16n8k16(d, a, b, in_type, AJ_EMU_PC);
+AJ_EMU_SHIM void aj_emu_mma_sync(float* d, const unsigned* a, const unsigned* b, int in_type) {
+  aj_emu_api->mma_sync(d, a, b, in_type, AJ_EMU_PC);
 }
 AJ_EMU_SHIM unsigned aj_emu_cvt_rn_x2(float hi, float lo, int type) { return aj_emu_api->cvt_rn_x2(hi, lo, type); }
 AJ_EMU_SHIM float aj_emu_cvt_f32_f16(unsigned short h) { return aj_emu_api->cvt_f32_f16(h); }

@@ -95,6 +95,37 @@ void mma_m16n8k16(const uint32_t (*a)[4], const uint32_t (*b)[2], float (*d)[4],
     }
 }
 
+MmaRowCol mma_a_element_8bit(int lane, int reg, int byte) {
+  const int g = lane / 4, t = lane % 4;
+  return {g + 8 * (reg % 2), 4 * t + byte + 16 * (reg / 2)};
+}
+MmaRowCol mma_b_element_8bit(int lane, int reg, int byte) {
+  const int g = lane / 4, t = lane % 4;
+  return {4 * t + byte + 16 * reg, g};
+}
+
+void mma_m16n8k32_e4m3(const uint32_t (*a)[4], const uint32_t (*b)[2], float (*d)[4]) {
+  double A[16][32], B[32][8];
+  for (int lane = 0; lane < 32; ++lane)
+    for (int byte = 0; byte < 4; ++byte) {
+      for (int reg = 0; reg < 4; ++reg) {
+        const MmaRowCol e = mma_a_element_8bit(lane, reg, byte);
+        A[e.row][e.col] = e4m3_to_float(static_cast<uint8_t>(a[lane][reg] >> (8 * byte)));
+      }
+      for (int reg = 0; reg < 2; ++reg) {
+        const MmaRowCol e = mma_b_element_8bit(lane, reg, byte);
+        B[e.row][e.col] = e4m3_to_float(static_cast<uint8_t>(b[lane][reg] >> (8 * byte)));
+      }
+    }
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 4; ++i) {
+      const MmaRowCol e = mma_cd_element(lane, i);
+      double sum = d[lane][i];
+      for (int k = 0; k < 32; ++k) sum += A[e.row][k] * B[k][e.col];
+      d[lane][i] = static_cast<float>(sum);
+    }
+}
+
 void ldmatrix(const uint16_t* const (*rows)[8], int num, bool trans, uint32_t (*out)[4]) {
   for (int j = 0; j < num; ++j)
     for (int lane = 0; lane < 32; ++lane) {

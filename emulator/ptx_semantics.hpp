@@ -66,6 +66,18 @@ MmaRowCol mma_cd_element(int lane, int index);
 // the last bits of the fp32 result. Inputs made of small integers are exact in both.
 void mma_m16n8k16(const uint32_t (*a)[4], const uint32_t (*b)[2], float (*d)[4], int type);
 
+// ---- "Matrix Fragments for mma.m16n8k32" (.e4m3, sm_89+): 8-bit A and B, 4 bytes a register -----
+//   A (16x32, row): byte j of a[r] = (row g + 8 (r % 2), col 4t + j + 16 (r / 2))
+//   B (32x8, col):  byte j of b[r] = (row 4t + j + 16 r, col g)
+//   C/D: as m16n8k16's.
+// So A's registers are ldmatrix's (.b16, no .trans) of the byte rows, and B's those of the rows of
+// B^T, as for 16-bit inputs with twice the K.
+MmaRowCol mma_a_element_8bit(int lane, int reg, int byte);
+MmaRowCol mma_b_element_8bit(int lane, int reg, int byte);
+// mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32, with the accumulation model above (for
+// e4m3 an assumption the probe probe_mma_e4m3 checks on hardware).
+void mma_m16n8k32_e4m3(const uint32_t (*a)[4], const uint32_t (*b)[2], float (*d)[4]);
+
 // ---- "Data Movement and Conversion Instructions: ldmatrix" (.m8n8 .b16) -----------------------
 // For matrix j of an .x1/.x2/.x4, lanes 8j..8j+7 give the addresses of its rows 0..7 (16 bytes
 // each). Without .trans, lane l receives in register j the elements (row l/4, cols 2*(l%4) and +1);

@@ -256,6 +256,18 @@ __device__ __forceinline__ float aj_descale(const AjParams& p, int t, aj_i64 b, 
 }
 #endif
 
+// The scores' factor in exp2 units for (batch b, kv head kvh): the call's scale, and for FP8
+// inputs the q and k descales too (docs/spec.md, "FP8 inputs"). Every forward kernel's loop and
+// the exact sums of the tensor-core kernels take it from here, so they round the same P.
+__device__ __forceinline__ float aj_scale_log2(const AjParams& p, aj_i64 b, int kvh) {
+#if AJ_DTYPE == 3
+  return p.scale_log2 * (aj_descale(p, 0, b, kvh) * aj_descale(p, 1, b, kvh));
+#else
+  (void)b, (void)kvh;
+  return p.scale_log2;
+#endif
+}
+
 // ---- tensor-core helpers of the 16-bit types (the sm_80 forward and backward, the paged forward) ----
 
 // D += A * B for one m16n8k16 tile in the kernel's input type.

@@ -50,11 +50,7 @@ __device__ __forceinline__ void aj_fwd_simt(const AjParams& p) {
 #pragma unroll
   for (int x = 0; x < AJ_VD; ++x) acc[x] = 0.0f;
   float m = AJ_NEG_INF, l = 0.0f;
-#if AJ_DTYPE == 3
-  const float scale_log2 = p.scale_log2 * (aj_descale(p, 0, b, kvh) * aj_descale(p, 1, b, kvh));
-#else
-  const float scale_log2 = p.scale_log2;
-#endif
+  const float scale_log2 = aj_scale_log2(p, b, kvh);
 
   AjTileCursor cursor;
   cursor.begin(p, item);

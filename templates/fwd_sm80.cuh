@@ -350,11 +350,7 @@ __device__ __forceinline__ void aj_tc_exact_rows(const AjParams& p, const AjItem
   const int kvh = item.head / p.heads_per_kv;
   const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
   const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
-#if AJ_DTYPE == 3
-  const float scale_log2 = p.scale_log2 * (aj_descale(p, 0, b, kvh) * aj_descale(p, 1, b, kvh));  // FP8: as the loop's
-#else
-  const float scale_log2 = p.scale_log2;
-#endif
+  const float scale_log2 = aj_scale_log2(p, b, kvh);  // as the loop's
   const AjTcRows rs = aj_tc_rows(p, item, b, r0, want);
 #pragma unroll 1
   for (int j0 = 0; j0 < BLOCKS; j0 += CHUNK) {

@@ -84,14 +84,23 @@ bool q_over_kv(const KernelRequest& r, const KernelConfig& c) {
 // bytes to start them on the swizzle pattern's boundary.
 // The TMA kernel adds four mbarriers per stage (full and empty, for K and for V).
 int forward_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c, bool tma) {
-  const int bytes = dtype_bytes(r.dtype);  // 1 for FP8 (fwd_sm90_fp8.cuh: Q, one K tile, one V^T tile)
+  const int bytes = dtype_bytes(r.dtype);  // 1 for FP8 (fwd_sm90_fp8.cuh: Q, and K and V^T tiles a stage)
   return bytes * (c.tile_q * r.head_dim + c.stages * c.tile_k * (r.head_dim + r.head_dim_v)) + 1024 + (tma ? 4 * 8 * c.stages : 0);
 }
 bool hopper(KernelPath p) { return p == KernelPath::Sm90 || p == KernelPath::Sm90Tma; }
 
+// Dynamic shared memory of the FP8 forward on sm_89 (templates/fwd_sm89_fp8.cuh): the Q tile and
+// the stages' K and V^T tiles of bytes, swizzled, and 1024 bytes to start them on the pattern's
+// boundary.
+int forward_sm89_fp8_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
+  return c.tile_q * r.head_dim + c.stages * c.tile_k * (r.head_dim + r.head_dim_v) + 1024;
+}
+bool fp8_sm89(KernelPath path, const KernelRequest& r) { return path == KernelPath::Sm80 && r.dtype == DType::E4M3; }
+
 int smem_bytes(KernelPath path, const KernelRequest& r, const KernelConfig& c) {
   if (path == KernelPath::Simt) return 0;  // static shared memory, checked by its own limit
   if (hopper(path)) return forward_sm90_smem_bytes(r, c, path == KernelPath::Sm90Tma);
+  if (fp8_sm89(path, r)) return forward_sm89_fp8_smem_bytes(r, c);
   return forward_sm80_smem_bytes(r, c, q_over_kv(r, c));
 }
 
@@ -218,11 +227,11 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   if (r.poly_exp2 && forward && k.path != KernelPath::Simt) os << "#define AJ_POLY_EXP2 4\n";
   // The forward of a pattern whose plans may be packed weighs its weighted keys (aj_tc_weigh).
   if (k.key_weights) os << "#define AJ_KEY_WEIGHTS 1\n";
-  if (k.path == KernelPath::Sm80 && !paged) {
+  if (k.path == KernelPath::Sm80 && !paged && r.dtype != DType::E4M3) {
     // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
     os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "
        << (forward && q_over_kv(r, k.config)) << "\n";
-  } else if (hopper(k.path)) {
+  } else if (hopper(k.path) || (k.path == KernelPath::Sm80 && !paged)) {
     os << "#define AJ_Q_IN_REGS 0\n#define AJ_Q_OVER_KV 0\n";  // fwd_sm80.cuh's, unused here
     if (k.tma_maps) os << "#define AJ_TMA_MAPS " << k.tma_maps << "\n";
   }
@@ -263,10 +272,13 @@ KernelPath choose_path(const KernelRequest& r) {
   // Below sm_80 fp16 and bf16 take the SIMT path, which converts them to fp32 as it loads them and
   // does all arithmetic in fp32: sm_60/61 have no fast half arithmetic, and bf16 has none before sm_80.
   require(!r.arch_specific || r.arch == 90, "--arch " + arch_name(r), "attnjit has arch-specific kernels for sm_90a only");
-  // FP8 on sm_90a at head dims 64 and 128: wgmma on e4m3 operands (fwd_sm90_fp8.cuh); elsewhere the
-  // SIMT kernel.
+  // FP8 at head dims 64 and 128: wgmma on e4m3 operands on sm_90a (fwd_sm90_fp8.cuh), mma.sync
+  // m16n8k32 on sm_89 and newer (fwd_sm89_fp8.cuh, the Sm80 path); elsewhere the SIMT kernel.
   auto fp8_dim = [](int d) { return d == 64 || d == 128; };
-  if (r.dtype == DType::E4M3 && r.arch_specific && fp8_dim(r.head_dim) && fp8_dim(r.head_dim_v)) return KernelPath::Sm90;
+  if (r.dtype == DType::E4M3 && fp8_dim(r.head_dim) && fp8_dim(r.head_dim_v)) {
+    if (r.arch_specific) return KernelPath::Sm90;
+    if (r.arch >= 89) return KernelPath::Sm80;
+  }
   if (r.dtype != DType::F32 && r.dtype != DType::E4M3 && r.arch >= 80) {
     auto hopper_dim = [](int d) { return d == 64 || d == 128 || d == 256; };
     if (r.arch_specific && hopper_dim(r.head_dim) && hopper_dim(r.head_dim_v)) return r.tma ? KernelPath::Sm90Tma : KernelPath::Sm90;
@@ -308,16 +320,29 @@ KernelConfig resolve_config(const KernelRequest& r) {
   KernelConfig c = r.config;
   if (hopper(path) && r.dtype == DType::E4M3) {
     // fwd_sm90_fp8.cuh: 64 query rows per warpgroup, 128-key tiles (V^T's rows: the 128-byte
-    // swizzle), one stage.
+    // swizzle), two stages (fwd_fp8.cuh's pipeline).
     if (!c.tile_q) c.tile_q = 128;
     if (!c.tile_k) c.tile_k = 128;
-    if (!c.stages) c.stages = 1;
+    if (!c.stages) c.stages = 2;
     if (!c.warps) c.warps = c.tile_q / 16;
     require(c.tile_q == 64 || c.tile_q == 128, "tile_q", "the FP8 sm_90a path needs tile_q 64 or 128, got " + std::to_string(c.tile_q));
     require(c.tile_k == 128, "tile_k", "the FP8 sm_90a path takes 128-key tiles, got " + std::to_string(c.tile_k));
-    require(c.stages == 1, "stages", "the FP8 sm_90a path has one stage, got " + std::to_string(c.stages));
+    require(c.stages == 2, "stages", "the FP8 sm_90a path has two stages, got " + std::to_string(c.stages));
     require(c.warps == c.tile_q / 16, "warps",
             "the FP8 sm_90a path runs one warpgroup per 64 query rows: tile_q " + std::to_string(c.tile_q) + " takes " +
+                std::to_string(c.tile_q / 16) + " warps, got " + std::to_string(c.warps));
+  } else if (fp8_sm89(path, r)) {
+    // fwd_sm89_fp8.cuh: 16 query rows per warp, 64-key tiles (V^T's rows: the 64-byte swizzle), two
+    // stages (fwd_fp8.cuh's pipeline).
+    if (!c.tile_q) c.tile_q = 128;
+    if (!c.tile_k) c.tile_k = 64;
+    if (!c.stages) c.stages = 2;
+    if (!c.warps) c.warps = c.tile_q / 16;
+    require(c.tile_q == 64 || c.tile_q == 128, "tile_q", "the FP8 sm_89 path needs tile_q 64 or 128, got " + std::to_string(c.tile_q));
+    require(c.tile_k == 64, "tile_k", "the FP8 sm_89 path takes 64-key tiles, got " + std::to_string(c.tile_k));
+    require(c.stages == 2, "stages", "the FP8 sm_89 path has two stages, got " + std::to_string(c.stages));
+    require(c.warps == c.tile_q / 16, "warps",
+            "the FP8 sm_89 path runs one warp per 16 query rows: tile_q " + std::to_string(c.tile_q) + " takes " +
                 std::to_string(c.tile_q / 16) + " warps, got " + std::to_string(c.warps));
   } else if (hopper(path)) {
     // One warpgroup per 64 query rows; S's wgmma N is tile_k, O's the head dim. Up to head dim 64
@@ -411,9 +436,10 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& request, con
   k.key_weights = r.pack_branches && branches_may_pack(p) && r.dtype != DType::E4M3;  // FP8: Separate plans
 
   std::ostringstream os;
-  const bool fp8 = r.dtype == DType::E4M3 && k.path == KernelPath::Sm90;
+  const bool fp8 = r.dtype == DType::E4M3 && k.path == KernelPath::Sm90, fp8_89 = fp8_sm89(k.path, r);
   const std::vector<std::string> bodies =
-      fp8                           ? std::vector<std::string>{"fwd_sm80.cuh", "fwd_sm90_fp8.cuh"}
+      fp8                           ? std::vector<std::string>{"fwd_sm80.cuh", "fwd_fp8.cuh", "fwd_sm90_fp8.cuh"}
+      : fp8_89                      ? std::vector<std::string>{"fwd_sm80.cuh", "fwd_fp8.cuh", "fwd_sm89_fp8.cuh"}
       : k.path == KernelPath::Sm90Tma ? std::vector<std::string>{"fwd_sm80.cuh", "fwd_sm90.cuh", "fwd_sm90_tma.cuh"}
       : k.path == KernelPath::Sm90  ? std::vector<std::string>{"fwd_sm80.cuh", "fwd_sm90.cuh"}
       : k.path == KernelPath::Sm80  ? std::vector<std::string>{"fwd_sm80.cuh"}
@@ -425,6 +451,7 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& request, con
      << (k.tma_maps ? ", const __grid_constant__ AjTmaMaps maps" : "") << ") {\n  "
      << (p.has_dynamic_layout() ? "aj_dynamic_check(p, " + std::to_string(k.threads) + ");  // a table on the device: count its problems\n  " : "")
      << (fp8                           ? "aj_fwd_sm90_fp8(p);"
+         : fp8_89                      ? "aj_fwd_sm89_fp8(p);"
          : k.path == KernelPath::Sm90Tma ? "aj_fwd_sm90_tma(p, maps);"
          : k.path == KernelPath::Sm90  ? "aj_fwd_sm90(p);"
          : k.path == KernelPath::Sm80  ? "aj_fwd_sm80(p);"

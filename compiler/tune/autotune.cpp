@@ -65,7 +65,9 @@ std::vector<KernelConfig> candidates_of(const KernelRequest& base, bool backward
     for (int tq : {32, 64, 128})
       for (int tk : {32, 64, 128}) add(tq, tk, 2);
   } else if (!backward && r.dtype == DType::E4M3 && choose_path(r) == KernelPath::Sm90) {
-    for (int tq : {64, 128}) add(tq, 128, 1);  // the FP8 Hopper kernel: 128-key tiles, one stage
+    for (int tq : {64, 128}) add(tq, 128, 2);  // the FP8 Hopper kernel: 128-key tiles, two stages
+  } else if (!backward && r.dtype == DType::E4M3 && choose_path(r) == KernelPath::Sm80) {
+    for (int tq : {64, 128}) add(tq, 64, 2);  // the FP8 sm_89 kernel: 64-key tiles, two stages
   } else if (!backward && (choose_path(r) == KernelPath::Sm90 || choose_path(r) == KernelPath::Sm90Tma)) {
     for (int tq : {64, 128, 192})  // 192: three warpgroups, up to head dim 64 (refused past it)
       for (int tk : {64, 128})

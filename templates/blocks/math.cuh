@@ -32,6 +32,10 @@ __device__ __forceinline__ aj_u16 aj_cvt_f16_f32(float f) {
   return h;
 }
 
+// prmt.b32 (CUDA's __byte_perm): byte i of the result is byte (sel >> 4i) & 7 of the eight bytes
+// a (0..3) and b (4..7). The FP8 forward transposes V's bytes with it.
+__device__ __forceinline__ aj_u32 aj_prmt(aj_u32 a, aj_u32 b, aj_u32 sel) { return __byte_perm(a, b, sel); }
+
 // fma.rn.f32 and cvt.rmi.f32.f32: a * b + c rounded once, and x rounded down to an integer.
 __device__ __forceinline__ float aj_fma(float a, float b, float c) { return fmaf(a, b, c); }
 // add.rm.ftz.f32: a + b rounded toward minus infinity (one FADD on the FMA pipe), subnormals
@@ -88,6 +92,13 @@ __device__ __forceinline__ float aj_cvt_f32_f16(aj_u16 h) { return aj_emu_cvt_f3
 __device__ __forceinline__ aj_u16 aj_cvt_f16_f32(float f) { return aj_emu_cvt_rn_f16_f32(f); }
 __device__ __forceinline__ aj_u16 aj_cvt_e4m3x2(float hi, float lo) { return aj_emu_cvt_e4m3x2(hi, lo); }
 __device__ __forceinline__ aj_u32 aj_cvt_f16x2_e4m3x2(aj_u16 x) { return aj_emu_cvt_f16x2_e4m3x2(x); }
+
+__device__ __forceinline__ aj_u32 aj_prmt(aj_u32 a, aj_u32 b, aj_u32 sel) {
+  const unsigned long long bytes = (unsigned long long)b << 32 | a;
+  aj_u32 r = 0;
+  for (int i = 0; i < 4; ++i) r |= (aj_u32)(bytes >> (8 * ((sel >> (4 * i)) & 7)) & 0xffu) << (8 * i);
+  return r;
+}
 
 __device__ __forceinline__ float aj_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 // The nearest sum, one step down where it rounded up (the rounding error by Knuth's two-sum).

@@ -15,6 +15,16 @@ __device__ __forceinline__ void aj_mma_bf16(float (&d)[4], const aj_u32 (&a)[4],
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// m16n8k32 on FP8 e4m3 (sm_89 and newer): A row-major 16x32 bytes, B column-major 32x8; byte j of
+// a[r] is (row g + 8 (r % 2), column 4t + j + 16 (r / 2)), byte j of b[r] is (row 4t + j + 16 r,
+// column g) (lane 4g + t): ldmatrix's registers of the byte rows, as for 16-bit inputs.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+__device__ __forceinline__ void aj_mma_e4m3(float (&d)[4], const aj_u32 (&a)[4], aj_u32 b0, aj_u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
 
 // ---- Hopper (sm_90a): warpgroup MMA -----------------------------------------------------------
 // wgmma.mma_async m64nNk16, fp32 += {f16,bf16}: the 128 threads of a warpgroup compute a 64 x N
@@ -165,11 +175,15 @@ __device__ __forceinline__ void aj_wgmma_rs(float (&d)[N / 2], const aj_u32 (&a)
 
 __device__ __forceinline__ void aj_mma_f16(float (&d)[4], const aj_u32 (&a)[4], aj_u32 b0, aj_u32 b1) {
   const aj_u32 b[2] = {b0, b1};
-  aj_emu_mma_m16n8k16(d, a, b, AJ_EMU_F16);
+  aj_emu_mma_sync(d, a, b, AJ_EMU_F16);
 }
 __device__ __forceinline__ void aj_mma_bf16(float (&d)[4], const aj_u32 (&a)[4], aj_u32 b0, aj_u32 b1) {
   const aj_u32 b[2] = {b0, b1};
-  aj_emu_mma_m16n8k16(d, a, b, AJ_EMU_BF16);
+  aj_emu_mma_sync(d, a, b, AJ_EMU_BF16);
+}
+__device__ __forceinline__ void aj_mma_e4m3(float (&d)[4], const aj_u32 (&a)[4], aj_u32 b0, aj_u32 b1) {
+  const aj_u32 b[2] = {b0, b1};
+  aj_emu_mma_sync(d, a, b, AJ_EMU_E4M3);
 }
 
 #define AJ_WGMMA_F16 1

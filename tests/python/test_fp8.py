@@ -51,12 +51,15 @@ def test_fp8_examples_on_the_cpu(path, out_dtype):
     check_within(o, lse, want_o, want_lse, vv)
 
 
-def test_fp8_in_the_emulated_kernel(monkeypatch):
-    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu:sm_90a")
+# Head dim 32: the SIMT kernel; 64 on sm_89: mma.sync m16n8k32 on e4m3 (the sm_90a wgmma kernel is
+# the C++ tests'; it costs the emulator more).
+@pytest.mark.parametrize("device,d", [("emu:sm_90a", 32), ("emu:sm_89", 64)])
+def test_fp8_in_the_emulated_kernel(monkeypatch, device, d):
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", device)
     pattern = attnjit.Pattern.load(example_specs()[0])
-    q, qv = quantised((1, 64, 2, 32), 0.25, 4)
-    k, kv = quantised((1, 64, 2, 32), 1.0, 5)
-    v, vv = quantised((1, 64, 2, 32), 2.0, 6)
+    q, qv = quantised((1, 64, 2, d), 0.25, 4)
+    k, kv = quantised((1, 64, 2, d), 1.0, 5)
+    v, vv = quantised((1, 64, 2, d), 2.0, 6)
     o, lse = attnjit.attention(q, k, v, pattern, q_descale=0.25, k_descale=1.0, v_descale=2.0, return_lse=True)
     want_o, want_lse = dense_attention(qv, kv, vv, pattern)
     check_within(o, lse, want_o, want_lse, vv)
@@ -93,9 +96,7 @@ def test_fp8_nan_codes_stay_nan():
     assert torch.isnan(lse[0, 0, 3]) and torch.isfinite(lse[0, 0, :3]).all()
 
 
-@needs_gpu
-@pytest.mark.parametrize("d", [128, 64])  # 128: wgmma on e4m3 on Hopper; 64: the SIMT kernel
-def test_fp8_on_the_gpu(d):
+def check_on_the_gpu(d):
     pattern = attnjit.Pattern.load(example_specs()[0])
     q, qv = quantised((1, 256, 4, d), 0.5, 11)
     k, kv = quantised((1, 256, 4, d), 0.5, 12)
@@ -104,6 +105,26 @@ def test_fp8_on_the_gpu(d):
                                return_lse=True)
     want_o, want_lse = dense_attention(qv, kv, vv, pattern)
     check_within(o.cpu(), lse.cpu(), want_o, want_lse, vv)
+
+
+@needs_gpu
+@pytest.mark.parametrize("d", [128, 64, 96])  # 128, 64: FP8 tensor cores (wgmma on Hopper); 96: the SIMT kernel
+def test_fp8_on_the_gpu(d):
+    check_on_the_gpu(d)
+
+
+@needs_gpu
+def test_fp8_on_the_gpu_without_wgmma():
+    """The mma.sync m16n8k32 kernel (sm_89 and newer): on Hopper with ATTNJIT_SM90A=0, read once per
+    process, hence the child process; elsewhere what runs anyway."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = "import test_fp8; test_fp8.check_on_the_gpu(128); test_fp8.check_on_the_gpu(64); print('fp8 mma.sync ok')"
+    env = dict(os.environ, ATTNJIT_SM90A="0", PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=here, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "fp8 mma.sync ok" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
 
 
 def outlier_inputs(seed, b=1, s=128, h=2, d=64):

@@ -363,14 +363,17 @@ TEST_CASE("the paged kernels' tiles: defaults that fit, refusals that name the f
   CHECK(std::string(to_string(DType::E4M3)) == "fp8_e4m3");
   CHECK(dtype_bytes(DType::E4M3) == 1);
   // FP8 inputs (bf16 or fp16 out) take the Hopper FP8 kernel at head dims 64 and 128 on sm_90a,
-  // the SIMT forward elsewhere, and have no backward.
+  // the mma.sync one on sm_89 and newer, the SIMT forward elsewhere, and have no backward.
   KernelRequest fwd;
   fwd.dtype = DType::E4M3;
   fwd.arch = 90;
   fwd.arch_specific = true;
   CHECK(choose_path(fwd) == KernelPath::Sm90);
   fwd.arch_specific = false;
+  CHECK(choose_path(fwd) == KernelPath::Sm80);
+  fwd.arch = 80;
   CHECK(choose_path(fwd) == KernelPath::Simt);
+  fwd.arch = 90;
   fwd.arch_specific = true;
   fwd.out_dtype = DType::F32;
   CHECK_THROWS_WITH(choose_path(fwd), Catch::Contains("bf16 or fp16"));

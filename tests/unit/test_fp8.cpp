@@ -187,6 +187,11 @@ bool devices_agree(const Fp8Call& c, const Fp8Result& a, const Fp8Result& b, std
   return false;
 }
 
+// A deliberately broken kernel: `from` replaced by `to` in template `file`.
+struct Defect {
+  const char *name, *file, *from, *to;
+};
+
 // Head dims the SIMT kernel takes: multiples of 4.
 Shape simt_shape(Shape s) {
   s.head_dim = (s.head_dim + 3) / 4 * 4;
@@ -257,24 +262,19 @@ TEST_CASE("deliberately broken FP8 kernels fail the checks in the emulator", "[f
   const Pattern p = PatternBuilder().branch(BranchSpec().segment(32).dilation(1)).branch(BranchSpec().segment(64).dilation(2)).build();
   Shape s;
   s.batch = 2, s.seq_q = s.seq_k = 64, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 16;
-  struct Defect {
-    const char *name, *from, *to;
-  };
   const Defect defects[] = {
-      {"P rounded without its 2^8 (small probabilities flushed)", "aj_round_e4m3(pr * 256.0f) * 0.00390625f", "aj_round_e4m3(pr)"},
-      {"P rounded to e4m3 and its 2^8 kept", "aj_round_e4m3(pr * 256.0f) * 0.00390625f", "aj_round_e4m3(pr * 256.0f)"},
-      {"the k descale read from q's factors", "aj_descale(p, 1, b, kvh)", "aj_descale(p, 0, b, kvh)"},
-      {"O without its v descale", "p.output_scale * aj_descale(p, 2, b, kvh)", "p.output_scale"},
-      {"the descales of kv head 0 for every head", "aj_descale(p, 0, b, kvh) * aj_descale(p, 1, b, kvh)",
+      {"P rounded without its 2^8 (small probabilities flushed)", "fwd_simt.cuh", "aj_round_e4m3(pr * 256.0f) * 0.00390625f", "aj_round_e4m3(pr)"},
+      {"P rounded to e4m3 and its 2^8 kept", "fwd_simt.cuh", "aj_round_e4m3(pr * 256.0f) * 0.00390625f", "aj_round_e4m3(pr * 256.0f)"},
+      {"the k descale read from q's factors", "common.cuh", "aj_descale(p, 0, b, kvh) * aj_descale(p, 1, b, kvh)",
+       "aj_descale(p, 0, b, kvh) * aj_descale(p, 0, b, kvh)"},
+      {"O without its v descale", "fwd_simt.cuh", "p.output_scale * aj_descale(p, 2, b, kvh)", "p.output_scale"},
+      {"the descales of kv head 0 for every head", "common.cuh", "aj_descale(p, 0, b, kvh) * aj_descale(p, 1, b, kvh)",
        "aj_descale(p, 0, b, 0) * aj_descale(p, 1, b, 0)"},
-      {"e4m3 codes decoded with the exponent bias of fp8 e5m2", "((e + 120u) << 23)", "((e + 112u) << 23)"},
+      {"e4m3 codes decoded with the exponent bias of fp8 e5m2", "common.cuh", "((e + 120u) << 23)", "((e + 112u) << 23)"},
   };
   for (const Defect& d : defects) {
     INFO(d.name);
-    const std::string file = std::string(d.to).find("120u") != std::string::npos || std::string(d.from).find("120u") != std::string::npos
-                                 ? "common.cuh"
-                                 : "fwd_simt.cuh";
-    auto t = attnjit::testing::mutated_templates(file, d.from, d.to);
+    auto t = attnjit::testing::mutated_templates(d.file, d.from, d.to);
     REQUIRE(t);
     Runtime emu(RuntimeOptions{.device = Device::emu(80), .templates = t});
     Fp8Call c = make_call(s, 21, true);
@@ -419,13 +419,24 @@ TEST_CASE("the kernels' e4m3 decoding and rounding equal the host's conversions"
 
 namespace {
 
-// The Hopper FP8 kernel (wgmma on e4m3 operands) on `p` at `shape` with head dims `d` and `dv`
-// (64 or 128) and tiles `tile_q` x 128: within the bound of the reference, and agreeing with the
-// plan executor at the same tiles.
-std::string check_hopper(const Pattern& p, Shape s, uint64_t seed, int tile_q, const std::shared_ptr<TemplateSet>& templates = nullptr,
-                         int d = 128, int dv = 128) {
+// The FP8 tensor-core kernels: where each runs (the emulated device), its key tile, its template.
+struct Fp8Kernel {
+  const char* name;
+  int arch;
+  bool arch_specific;
+  int tile_k;
+  const char* file;
+};
+const Fp8Kernel kHopper{"the FP8 Hopper kernel (wgmma)", 90, true, 128, "fwd_sm90_fp8.cuh"};
+const Fp8Kernel kSm89{"the FP8 sm_89 kernel (mma.sync)", 89, false, 64, "fwd_sm89_fp8.cuh"};
+
+// An FP8 tensor-core kernel on `p` at `shape` with head dims `d` and `dv` (64 or 128) and tiles
+// `tile_q` x the kernel's: within the bound of the reference, and agreeing with the plan executor
+// at the same tiles. Empty when both hold, else what failed.
+std::string check_kernel(const Fp8Kernel& kernel, const Pattern& p, Shape s, uint64_t seed, int tile_q,
+                         const std::shared_ptr<TemplateSet>& templates = nullptr, int d = 128, int dv = 128) {
   s.head_dim = d, s.head_dim_v = dv;
-  RuntimeOptions ro{.device = Device::emu(90, true), .config = KernelConfig{tile_q, 128, 0, 0}};
+  RuntimeOptions ro{.device = Device::emu(kernel.arch, kernel.arch_specific), .config = KernelConfig{tile_q, kernel.tile_k, 0, 0}};
   ro.templates = templates;
   Runtime emu(ro);
   Fp8Call c = make_call(s, seed, seed % 2 == 0);
@@ -433,15 +444,13 @@ std::string check_hopper(const Pattern& p, Shape s, uint64_t seed, int tile_q, c
   const Fp8Check k = check_against_reference(p, c, e);
   if (!k.within) return k.first_failure;
   std::string failure;
-  if (!devices_agree(c, e, run_executor(p, c, TileConfig{tile_q, 128}), &failure)) return "against the executor: " + failure;
+  if (!devices_agree(c, e, run_executor(p, c, TileConfig{tile_q, kernel.tile_k}), &failure)) return "against the executor: " + failure;
   return "";
 }
 
-}  // namespace
-
-TEST_CASE("the FP8 Hopper kernel (wgmma on e4m3) is right on every example, a random sweep, both tiles and head dims", "[fp8][emu]") {
-  // Every example at 200 tokens (GQA, per-head descales on even seeds) at 128 x 128 tiles with head
-  // dim 128 and at 64 x 128 with head dim 64, then random patterns and head dims.
+// Every example at 200 tokens (GQA, per-head descales on even seeds) at tile_q 128 with head dim
+// 128 and at 64 with head dim 64, then random patterns, tiles and head dims.
+void check_examples_and_sweep(const Fp8Kernel& kernel, uint64_t seed) {
   int n = 0;
   for (const char* name : {"bigbird", "causal_local", "longnet", "seed_dilated", "sliding_window"}) {
     const Pattern pattern = load_spec_file(std::string(ATTNJIT_EXAMPLES_DIR) + "/" + name + ".json");
@@ -449,47 +458,38 @@ TEST_CASE("the FP8 Hopper kernel (wgmma on e4m3) is right on every example, a ra
     s.batch = 1, s.seq_q = s.seq_k = 200, s.heads_q = 4, s.heads_kv = 2;
     for (int tile_q : {128, 64}) {
       const int d = tile_q == 128 ? 128 : 64;
-      INFO(name << ", tile " << tile_q << "x128, head dim " << d);
-      const std::string failure = check_hopper(pattern, s, 300 + n++, tile_q, nullptr, d, d);
+      INFO(kernel.name << ": " << name << ", tile " << tile_q << "x" << kernel.tile_k << ", head dim " << d);
+      const std::string failure = check_kernel(kernel, pattern, s, seed + n++, tile_q, nullptr, d, d);
       INFO(failure);
       CHECK(failure.empty());
     }
   }
-  CaseGenerator gen(5151);
+  CaseGenerator gen(seed);
   for (int i = 0; i < 10; ++i) {
     const auto g = gen.next();
     if (g.dynamic) continue;
-    INFO("random case " << i << "\n" << canonical_text(g.pattern));
-    const std::string failure = check_hopper(g.pattern, g.shape, 400 + i, i % 2 ? 64 : 128, nullptr, i % 3 ? 128 : 64, i % 4 ? 128 : 64);
+    INFO(kernel.name << ": random case " << i << "\n" << canonical_text(g.pattern));
+    const std::string failure =
+        check_kernel(kernel, g.pattern, g.shape, seed + 100 + i, i % 2 ? 64 : 128, nullptr, i % 3 ? 128 : 64, i % 4 ? 128 : 64);
     INFO(failure);
     CHECK(failure.empty());
   }
 }
 
-TEST_CASE("deliberately broken FP8 Hopper kernels fail in the emulator", "[fp8][emu][mutation]") {
+// Each defect must fail check_kernel (or fault in the emulator) on a causal dilated pattern whose
+// unmutated run passes.
+void check_defects_fail(const Fp8Kernel& kernel, const std::vector<Defect>& defects) {
   const Pattern p = PatternBuilder().causal().branch(BranchSpec().segment(64).dilation(1)).branch(BranchSpec().segment(256).dilation(2)).build();
   Shape s;
   s.batch = 1, s.seq_q = s.seq_k = 256, s.heads_q = 2, s.heads_kv = 1;
-  REQUIRE(check_hopper(p, s, 31, 128).empty());
-  struct Defect {
-    const char *name, *from, *to;
-  };
-  const Defect defects[] = {
-      {"V^T's columns not renumbered as P's", "const int col = (key & ~31) | aj_fp8_column(key & 31);", "const int col = key;"},
-      {"P rounded without its 2^8", "aj_cvt_e4m3x2(256.0f * s[j][e + 1], 256.0f * s[j][e])", "aj_cvt_e4m3x2(s[j][e + 1], s[j][e])"},
-      {"P's bytes of a register in the wrong order", "pa[kc][reg] = hi << 16 | lo;", "pa[kc][reg] = lo << 16 | hi;"},
-      {"V^T's byte stores not fenced for the async proxy", "    aj_fence_proxy_async();  // the copies and the byte stores", "    // the copies and the byte stores"},
-      {"the k descale read from q's factors", "aj_descale(p, 0, b, kvh) * aj_descale(p, 1, b, kvh));\n\n", "aj_descale(p, 0, b, kvh) * aj_descale(p, 0, b, kvh));\n\n"},
-      {"a k32 step of S moved 16 bytes", "q_desc + ks * 2, k_desc + ks * 2", "q_desc + ks, k_desc + ks"},
-      {"O without the 2^-8 of P's factor", "acc, m, l, 0.00390625f,", "acc, m, l, 1.0f,"},
-  };
+  REQUIRE(check_kernel(kernel, p, s, 31, 128).empty());
   for (const Defect& d : defects) {
-    INFO(d.name);
-    auto t = attnjit::testing::mutated_templates("fwd_sm90_fp8.cuh", d.from, d.to);
+    INFO(kernel.name << ": " << d.name);
+    auto t = attnjit::testing::mutated_templates(d.file, d.from, d.to);
     REQUIRE(t);
     std::string failure;
     try {
-      failure = check_hopper(p, s, 31, 128, t);
+      failure = check_kernel(kernel, p, s, 31, 128, t);
     } catch (const std::exception& e) {
       failure = e.what();  // a fault the emulator reports
     }
@@ -497,21 +497,71 @@ TEST_CASE("deliberately broken FP8 Hopper kernels fail in the emulator", "[fp8][
   }
 }
 
-TEST_CASE("a NaN in V reaches only the rows that attend it in the FP8 Hopper kernel", "[fp8][emu]") {
-  // Key 100's V is NaN: causal rows below 100 share its tiles but mask it, and are summed again
-  // exactly where the tensor cores let 0 x NaN through; rows from 100 on attend it.
+// Key 100's V is NaN: causal rows below 100 share its tiles but mask it, and are summed again
+// exactly where the tensor cores let 0 x NaN through; rows from 100 on attend it.
+void check_nan_in_v(const Fp8Kernel& kernel) {
   const Pattern p = PatternBuilder().causal().branch(BranchSpec().full()).build();
   Shape s;
   s.batch = 1, s.seq_q = s.seq_k = 160, s.heads_q = s.heads_kv = 1, s.head_dim = s.head_dim_v = 128;
-  Runtime emu(RuntimeOptions{.device = Device::emu(90, true)});
+  Runtime emu(RuntimeOptions{.device = Device::emu(kernel.arch, kernel.arch_specific)});
   Fp8Call c = make_call(s, 41, false);
   c.v[100 * 128 + 7] = 0x7f;
   const Fp8Result r = run(emu, p, c, DType::BF16);
   for (int64_t i = 0; i < s.seq_q; ++i) {
-    INFO("row " << i);
+    INFO(kernel.name << ": row " << i);
     CHECK(std::isnan(r.o[size_t(i * 128 + 7)]) == (i >= 100));
     CHECK(std::isfinite(r.o[size_t(i * 128 + 8)]));
   }
+}
+
+}  // namespace
+
+TEST_CASE("the FP8 Hopper kernel (wgmma on e4m3) is right on every example, a random sweep, both tiles and head dims", "[fp8][emu]") {
+  check_examples_and_sweep(kHopper, 300);
+}
+
+TEST_CASE("the FP8 sm_89 kernel (mma.sync m16n8k32) is right on every example, a random sweep, both tiles and head dims", "[fp8][emu]") {
+  check_examples_and_sweep(kSm89, 500);
+}
+
+TEST_CASE("deliberately broken FP8 Hopper kernels fail in the emulator", "[fp8][emu][mutation]") {
+  check_defects_fail(kHopper, {
+      {"V^T's columns not renumbered as P's", "fwd_fp8.cuh", "const int k0 = (4 * g & ~31) | aj_fp8_key(4 * g & 31);", "const int k0 = 4 * g;"},
+      {"V's bytes transposed into the wrong columns", "fwd_fp8.cuh", "aj_prmt(ab01, cd01, 0x7632)", "aj_prmt(ab01, cd01, 0x7610)"},
+      {"P rounded without its 2^8", "fwd_fp8.cuh", "aj_cvt_e4m3x2(256.0f * s[j][e + 1], 256.0f * s[j][e])", "aj_cvt_e4m3x2(s[j][e + 1], s[j][e])"},
+      {"P's bytes of a register in the wrong order", "fwd_fp8.cuh", "pa[kc][reg] = hi << 16 | lo;", "pa[kc][reg] = lo << 16 | hi;"},
+      {"V^T's byte stores not fenced for the async proxy", "fwd_sm90_fp8.cuh", "[] { aj_fence_proxy_async(); }", "[] {}"},
+      {"the next tile's V^T stored while this tile's P V reads it", "fwd_fp8.cuh", "aj_fp8_store_vt(svt + (stage ^ 1) * AJ_FP8_VT_STAGE, v)",
+       "aj_fp8_store_vt(svt + stage * AJ_FP8_VT_STAGE, v)"},
+      {"P V from the other stage's V^T", "fwd_sm90_fp8.cuh", "v_desc + stage * (AJ_FP8_VT_STAGE >> 4)", "v_desc + (stage ^ 1) * (AJ_FP8_VT_STAGE >> 4)"},
+      {"the k descale read from q's factors", "common.cuh", "aj_descale(p, 0, b, kvh) * aj_descale(p, 1, b, kvh)",
+       "aj_descale(p, 0, b, kvh) * aj_descale(p, 0, b, kvh)"},
+      {"a k32 step of S moved 16 bytes in K", "fwd_sm90_fp8.cuh", "(AJ_FP8_K_STAGE >> 4) + ks * 2", "(AJ_FP8_K_STAGE >> 4) + ks"},
+      {"O without the 2^-8 of P's factor", "fwd_sm90_fp8.cuh", "acc, m, l, 0.00390625f,", "acc, m, l, 1.0f,"},
+  });
+}
+
+TEST_CASE("deliberately broken FP8 sm_89 kernels fail in the emulator", "[fp8][emu][mutation]") {
+  check_defects_fail(kSm89, {
+      {"V^T's columns not renumbered as P's", "fwd_fp8.cuh", "const int k0 = (4 * g & ~31) | aj_fp8_key(4 * g & 31);", "const int k0 = 4 * g;"},
+      {"V's bytes transposed into the wrong columns", "fwd_fp8.cuh", "aj_prmt(ab01, cd01, 0x7632)", "aj_prmt(ab01, cd01, 0x7610)"},
+      {"K's fragments read with Q's matrix order", "fwd_sm89_fp8.cuh", "k_at[ks] = aj_fp8_frag<AJ_FP8_QK, 2, 1>", "k_at[ks] = aj_fp8_frag<AJ_FP8_QK, 1, 2>"},
+      {"Q's fragments read with K's matrix order", "fwd_sm89_fp8.cuh", "aj_fp8_frag<AJ_FP8_QK, 1, 2>(ks * 32, lane)", "aj_fp8_frag<AJ_FP8_QK, 2, 1>(ks * 32, lane)"},
+      {"V^T's fragments of the second key chunk read from the first", "fwd_sm89_fp8.cuh", "vt_at[kc] = aj_fp8_frag<AJ_FP8_VT, 2, 1>(kc * 32, lane)",
+       "vt_at[kc] = aj_fp8_frag<AJ_FP8_VT, 2, 1>(0, lane)"},
+      {"the second n-tile of a K load given the first's B registers", "fwd_sm89_fp8.cuh", "aj_mma_e4m3(s[j + 1], qa[ks], kf[2], kf[3]);",
+       "aj_mma_e4m3(s[j + 1], qa[ks], kf[0], kf[1]);"},
+      {"the next tile loaded before every warp has read the stage it overwrites", "fwd_fp8.cuh",
+       "    aj_syncthreads();  // tile j's stage has landed; tile j - 1's is read no more\n", ""},
+      {"the next tile's K copied into the stage being read", "fwd_fp8.cuh", "sk + (stage ^ 1) * AJ_FP8_K_STAGE, kb", "sk + stage * AJ_FP8_K_STAGE, kb"},
+      {"O without the 2^-8 of P's factor", "fwd_sm89_fp8.cuh", "acc, m, l, 0.00390625f,", "acc, m, l, 1.0f,"},
+      {"O without its v descale", "fwd_sm89_fp8.cuh", "0.00390625f, aj_descale(p, 2, b, kvh)", "0.00390625f, 1.0f"},
+  });
+}
+
+TEST_CASE("a NaN in V reaches only the rows that attend it in the FP8 tensor-core kernels", "[fp8][emu]") {
+  check_nan_in_v(kHopper);
+  check_nan_in_v(kSm89);
 }
 
 TEST_CASE("the tuner's FP8 candidates are the tiles the FP8 kernels take", "[fp8][autotune]") {
@@ -523,8 +573,8 @@ TEST_CASE("the tuner's FP8 candidates are the tiles the FP8 kernels take", "[fp8
   r.arch_specific = true;
   const std::vector<KernelConfig> hopper = candidate_configs(r);
   REQUIRE(hopper.size() == 2);
-  CHECK(hopper[0] == KernelConfig{128, 128, 1, 8});  // the default first
-  CHECK(hopper[1] == KernelConfig{64, 128, 1, 4});
+  CHECK(hopper[0] == KernelConfig{128, 128, 2, 8});  // the default first
+  CHECK(hopper[1] == KernelConfig{64, 128, 2, 4});
   for (const KernelConfig& c : hopper) {  // each renders the FP8 Hopper kernel
     r.config = c;
     CHECK(generate_kernel(PatternBuilder().branch(BranchSpec().full()).build(), r).source.find("aj_fwd_sm90_fp8(p);") != std::string::npos);
@@ -534,6 +584,38 @@ TEST_CASE("the tuner's FP8 candidates are the tiles the FP8 kernels take", "[fp8
   for (const KernelConfig& c : candidate_configs(r)) CHECK(c.stages == 1);
   CHECK(choose_path(r) == KernelPath::Simt);
   r.head_dim = r.head_dim_v = 128;
-  r.config = KernelConfig{128, 64, 1, 0};
+  r.config = KernelConfig{128, 64, 2, 0};
   CHECK_THROWS_WITH(resolve_config(r), Catch::Contains("the FP8 sm_90a path takes 128-key tiles"));
+}
+
+TEST_CASE("FP8 on sm_89 and newer without wgmma takes mma.sync at head dims 64 and 128, the SIMT kernel elsewhere", "[fp8][autotune]") {
+  KernelRequest r;
+  r.dtype = DType::E4M3;
+  r.out_dtype = DType::BF16;
+  r.head_dim = r.head_dim_v = 128;
+  const Pattern full = PatternBuilder().branch(BranchSpec().full()).build();
+  for (int arch : {89, 90, 120}) {
+    INFO("sm_" << arch);
+    r.arch = arch, r.arch_specific = false, r.config = {};
+    CHECK(choose_path(r) == KernelPath::Sm80);
+    const std::vector<KernelConfig> candidates = candidate_configs(r);
+    REQUIRE(candidates.size() == 2);
+    CHECK(candidates[0] == KernelConfig{128, 64, 2, 8});  // the default first
+    CHECK(candidates[1] == KernelConfig{64, 64, 2, 4});
+    for (const KernelConfig& c : candidates) {
+      r.config = c;
+      CHECK(generate_kernel(full, r).source.find("aj_fwd_sm89_fp8(p);") != std::string::npos);
+    }
+  }
+  r.arch = 89, r.config = KernelConfig{128, 128, 2, 0};
+  CHECK_THROWS_WITH(resolve_config(r), Catch::Contains("the FP8 sm_89 path takes 64-key tiles"));
+  r.config = KernelConfig{128, 64, 2, 4};
+  CHECK_THROWS_WITH(resolve_config(r), Catch::Contains("one warp per 16 query rows"));
+  r.config = KernelConfig{128, 64, 1, 8};
+  CHECK_THROWS_WITH(resolve_config(r), Catch::Contains("the FP8 sm_89 path has two stages"));
+  r.config = {};
+  r.arch = 86;  // no e4m3 tensor cores before sm_89
+  CHECK(choose_path(r) == KernelPath::Simt);
+  r.arch = 89, r.head_dim = r.head_dim_v = 96;
+  CHECK(choose_path(r) == KernelPath::Simt);
 }

@@ -83,6 +83,49 @@ TEST_CASE("mma accumulates exact products and rounds the sum once to fp32", "[em
   CHECK(d[1][0] == 0.0f);
 }
 
+// PTX ISA, "Matrix Fragments for mma.m16n8k32" (.e4m3): A's elements a_0..a_15, four to a
+// register, lowest byte first: row = groupID for a_i with i < 4 || 8 <= i < 12, else groupID + 8;
+// col = threadID_in_group * 4 + (i & 3) for i < 8, else + 16. B's b_0..b_7: row =
+// threadID_in_group * 4 + (i & 3) for i < 4, else + 16; col = groupID. C/D as m16n8k16's.
+TEST_CASE("mma.m16n8k32 on e4m3 follows the PTX ISA figures and D = A * B + C exactly", "[emu][ptx][fp8]") {
+  float A[16][32], B[32][8], C[16][8];
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 32; ++c) A[r][c] = float((r * 7 + c * 3) % 9 - 4);
+  for (int r = 0; r < 32; ++r)
+    for (int c = 0; c < 8; ++c) B[r][c] = float((r * 5 + c * 11) % 7 - 3) * 0.5f;
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 8; ++c) C[r][c] = float(r * 8 + c);
+  uint32_t a[32][4] = {}, b[32][2] = {};
+  float d[32][4];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, t = lane % 4;
+    for (int i = 0; i < 16; ++i) {
+      const int row = (i < 4 || (i >= 8 && i < 12)) ? g : g + 8;
+      const int col = t * 4 + (i & 3) + (i >= 8 ? 16 : 0);
+      a[lane][i / 4] |= uint32_t(float_to_e4m3(A[row][col])) << (8 * (i & 3));
+    }
+    for (int i = 0; i < 8; ++i) {
+      const int row = t * 4 + (i & 3) + (i >= 4 ? 16 : 0);
+      b[lane][i / 4] |= uint32_t(float_to_e4m3(B[row][g])) << (8 * (i & 3));
+    }
+    for (int i = 0; i < 4; ++i) d[lane][i] = C[i < 2 ? g : g + 8][t * 2 + (i & 1)];
+  }
+  mma_m16n8k32_e4m3(a, b, d);
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 4; ++i) {
+      const int row = i < 2 ? lane / 4 : lane / 4 + 8, col = (lane % 4) * 2 + (i & 1);
+      float want = C[row][col];
+      for (int k = 0; k < 32; ++k) want += A[row][k] * B[k][col];
+      INFO("lane " << lane << " d" << i << " (row " << row << ", col " << col << ")");
+      CHECK(d[lane][i] == want);
+    }
+  // The element maps the kernels use are the same figures.
+  CHECK(mma_a_element_8bit(13, 3, 2).row == 11);
+  CHECK(mma_a_element_8bit(13, 3, 2).col == 22);
+  CHECK(mma_b_element_8bit(13, 1, 3).row == 23);
+  CHECK(mma_b_element_8bit(13, 1, 3).col == 3);
+}
+
 // PTX ISA, "Data Movement and Conversion Instructions: ldmatrix": for .m8n8 each matrix's eight
 // rows come from the addresses of threads 8j..8j+7; without .trans thread l receives row l / 4,
 // elements 2 * (l % 4) and + 1 of each matrix; .trans delivers the transpose (the same positions

@@ -135,6 +135,18 @@ extern "C" __global__ void probe_ex2_poly(const aj_u32* in, aj_u32* out) {
   for (int i = 2 * t; i < 2 * t + 2; ++i) out[i] = aj_float_as_uint(aj_ex2_poly(aj_probe_f(in[i])));
 }
 
+// prmt.b32 (__byte_perm): out[5t + k] = prmt(in[3t], in[3t + 1], selector k) for the FP8 forward's
+// V transpose (0x5140, 0x7362, 0x5410, 0x7632) and in[3t + 2] & 0x7777 (any four of the eight bytes).
+extern "C" __global__ void probe_prmt(const aj_u32* in, aj_u32* out) {
+  const int t = aj_thread_idx();
+  const aj_u32 a = in[3 * t], b = in[3 * t + 1];
+  out[5 * t] = aj_prmt(a, b, 0x5140);
+  out[5 * t + 1] = aj_prmt(a, b, 0x7362);
+  out[5 * t + 2] = aj_prmt(a, b, 0x5410);
+  out[5 * t + 3] = aj_prmt(a, b, 0x7632);
+  out[5 * t + 4] = aj_prmt(a, b, in[3 * t + 2] & 0x7777u);
+}
+
 // fp32 arithmetic as NVRTC compiles it (--use_fast_math: contraction to fma, subnormals flushed):
 // out[2t] = a * b + c, out[2t+1] = a * b (in[3t..3t+2] = a, b, c).
 extern "C" __global__ void probe_fp32_arith(const aj_u32* in, aj_u32* out) {
@@ -288,6 +300,14 @@ extern "C" __global__ void probe_cvt_e4m3x2(const aj_u32* in, aj_u32* out) {
   out[64 + 2 * t] = aj_cvt_f16x2_e4m3x2((aj_u16)(codes & 0xffffu));
   out[64 + 2 * t + 1] = aj_cvt_f16x2_e4m3x2((aj_u16)(codes >> 16));
 }
+
+// mma.sync m16n8k32 on e4m3 (sm_89+; run on sm_90a and the emulator), laid out as the f16 probes:
+// in[lane * 10 + 0..3] = A registers (4 codes each), 4..5 = B registers, 6..9 = C (fp32 bits);
+// out = D. Small integers: the fragments, exact in any order of summation. How the sums round is
+// not probed: on sm_90 ptxas builds the instruction from two f16 HMMAs and an add of C (not the
+// QMMA of sm_89 and sm_120, which no GPU here has), so a hardware answer would be of another
+// instruction than the one the kernel is for.
+AJ_PROBE_MMA(probe_mma_e4m3, aj_mma_e4m3)
 
 // ---- sm_90: mbarrier and TMA (built on the emulator and for sm_90a; other GPUs skip these) ------
 // An mbarrier of all 128 threads as a barrier over three phases, exchanging words through shared

@@ -192,6 +192,19 @@ std::vector<uint32_t> wgmma_e4m3_inputs(bool full_range, uint64_t seed) {
   return w;
 }
 
+// mma.m16n8k32 e4m3's registers as mma_inputs lays them out: codes of small integers (-4..4:
+// every product and sum exact), C small integers too.
+std::vector<uint32_t> mma_e4m3_inputs(uint64_t seed) {
+  Rng r{seed};
+  std::vector<uint32_t> w(32 * 10);
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < 6; ++i)
+      for (int byte = 0; byte < 4; ++byte) w[lane * 10 + i] |= uint32_t(float_to_e4m3(float(r.small_int(-4, 4)))) << (8 * byte);
+    for (int i = 6; i < 10; ++i) w[lane * 10 + i] = bits(float(r.small_int(-64, 64)));
+  }
+  return w;
+}
+
 std::vector<uint32_t> small_integer_floats() {
   Rng r{11};
   std::vector<uint32_t> w(64);
@@ -232,6 +245,7 @@ const std::vector<Probe>& probes() {
       {"probe_ex2_lg2", 1, 1, 64, 0, 128, Compare::Approx, ex2_lg2_inputs},
       {"probe_fp32_arith", 1, 1, 64, 0, 128, Compare::Exact, arith_inputs},
       {"probe_ex2_poly", 1, 1, 64, 0, 128, Compare::Exact, ex2_poly_inputs},
+      {"probe_prmt", 1, 1, 64, 0, 5 * 64, Compare::Exact, [] { return random_words(3 * 64, 26); }},
       {"probe_red_add", 2, 1, 64, 0, 8, Compare::Exact, small_integer_floats},
       {"probe_red_add_u32", 2, 1, 64, 0, 8, Compare::Exact, [] { return random_words(64, 18); }},
       {"probe_red_add_f32x2", 2, 1, 64, 0, 8, Compare::Exact, small_integer_floats},
@@ -240,6 +254,7 @@ const std::vector<Probe>& probes() {
       {"probe_wgmma_ss_sw32_interleave", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, false, 14); }, true},
       {"probe_wgmma_ss_mn_sw128", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, true, 19); }, true},
       {"probe_cvt_e4m3x2", 1, 1, 64, 0, 64 + 128, Compare::Exact, e4m3_inputs, true},
+      {"probe_mma_e4m3", 1, 1, 32, 0, 128, Compare::Exact, [] { return mma_e4m3_inputs(24); }, true},
       {"probe_wgmma_e4m3_ss_sw128", 1, 1, 128, 1024 + 16384, 64 * 64, Compare::Exact, [] { return wgmma_e4m3_inputs(false, 21); }, true},
       {"probe_wgmma_e4m3_rs_sw128", 1, 1, 128, 1024 + 16384, 64 * 64, Compare::Exact, [] { return wgmma_e4m3_inputs(false, 22); }, true},
       {"probe_wgmma_e4m3_rounding", 1, 1, 128, 1024 + 16384, 64 * 64, Compare::Exact, [] { return wgmma_e4m3_inputs(true, 23); }, true},
