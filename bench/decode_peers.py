@@ -51,7 +51,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import attnjit  # noqa: E402
 from attnjit import serving  # noqa: E402
-from peers import gpu_state, interleaved, sync  # noqa: E402  (bench/, beside this script)
+from peers_timing import gpu_state, interleaved, sync  # noqa: E402  (bench/, beside this script)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

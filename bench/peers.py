@@ -46,12 +46,12 @@ Every system runs in its own try/except; DIR/peers.json and peers.md are rewritt
 peers.png after each case; past --budget seconds the remaining systems are recorded as
 "not run: budget" (and no new round starts past it, after at least 3).
 --smoke runs all of this on the CPU at tiny sizes (perf_counter timing, clocks skipped), with two
-deliberately broken systems that must come out marked wrong; it exits 1 if any check fails.
+deliberately broken systems that must come out marked wrong; it exits 1 if any check fails
+(bench/peers_smoke.py). How runs are timed and described: bench/peers_timing.py.
 """
 import argparse
 import atexit
 import fnmatch
-import importlib.util
 import json
 import os
 import shutil
@@ -77,19 +77,20 @@ def _cold_caches(argv):
 
 
 CACHE_INFO = _cold_caches(sys.argv)
+if __name__ == "__main__":  # bench/peers_smoke.py imports this script as `peers`: the same module, not a second copy
+    sys.modules.setdefault("peers", sys.modules[__name__])
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-from torch.nn.attention.flex_attention import flex_attention  # noqa: E402
 
 import attnjit  # noqa: E402
-from peers_report import Writer, clocks_text, ttfr_legend  # noqa: E402  (bench/, beside this script)
+from peers_report import Writer  # noqa: E402  (bench/, beside this script)
+from peers_timing import first_call, gpu_state, interleaved, peak_mb, summary, wall  # noqa: E402  (bench/)
 from peers_torch import (  # noqa: E402  (bench/, beside this script)
-    segment_length, dilated_terms, group_divisor, softmax_scale, mask_rows,
-    reference_rows, reference_grads, max_err, torch_dilated, torch_longnet, branch_count_fn, dilated_mods,
-    dilated_block_layout, layout_block_layout, flex_setup, flex_system)
+    dilated_terms, group_divisor, softmax_scale, mask_rows, reference_rows, reference_grads, max_err, torch_dilated,
+    torch_longnet, branch_count_fn, layout_block_layout, flex_system)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DENSE = {"attnjit": 1, "description": "dense", "branches": [{"segment": "full"}]}
@@ -228,208 +229,11 @@ NOTES = {
 }
 
 
-# ---------------------------------------------------------------------------------------------
-# Measurement
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-# GPU cycles the stream spins before each timed run, at least (about 2 ms at 2 GHz), and 1.5x the
-# system's host time per call as its warm-ups measured it (spin_cycles): the host's work to enqueue
-# the run (Python, argument checks, plan lookup, allocations) then happens while the GPU is busy,
-# so the events time the GPU's work alone; the host's time per call is reported on its own
-# (host_ms). A spin shorter than the host's work would put the GPU's idle wait into the system's time.
-SPIN_CYCLES = 4_000_000
-SPIN_CYCLES_PER_MS = 2_000_000  # about 2 GHz
-
-
-def spin_cycles(host_ms):
-    """The spin before a system's timed runs, from its host time per call in ms (median of its warm-ups)."""
-    return max(SPIN_CYCLES, int(1.5 * host_ms * SPIN_CYCLES_PER_MS))
-
-
-def timed_call(fn, device, flush, host_times=None, spin=SPIN_CYCLES):
-    """One run in ms: CUDA events around it, L2 flushed (a 256 MB write) and the stream kept busy
-    (`spin` GPU cycles) before it; perf_counter on the CPU. `host_times` (a list) receives the wall
-    time the call took to return on the host (enqueueing only, on CUDA)."""
-    if device.type == "cuda":
-        flush.zero_()
-        if hasattr(torch.cuda, "_sleep"):
-            torch.cuda._sleep(spin)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        t = time.perf_counter()
-        fn()
-        host = (time.perf_counter() - t) * 1e3
-        end.record()
-        end.synchronize()
-        if host_times is not None:
-            host_times.append(host)
-        return start.elapsed_time(end)
-    t = time.perf_counter()
-    fn()
-    ms = (time.perf_counter() - t) * 1e3
-    if host_times is not None:
-        host_times.append(ms)
-    return ms
-
-
-def interleaved(fns, device, rounds, warmup, flush, deadline=None, timeline=None, host_times=None):
-    """fns: [(key, fn)]. Warm-ups of each, then `rounds` rounds A B C A B C ..., so that clock and
-    temperature drift hit every system alike. Returns ({key: [ms]}, {key: exception}); a key whose
-    call raises is dropped from the later rounds. Past `deadline` no new round starts (at least 3 run).
-    `timeline` (a list) receives the keys in the order they ran; `host_times` (a dict) each key's
-    host-side ms per call."""
-    times, errors, live = {key: [] for key, _ in fns}, {}, dict(fns)
-    if host_times is not None:
-        host_times.update({key: [] for key, _ in fns})
-    spins = {}
-    for key, fn in fns:
-        try:
-            warm = []
-            for _ in range(warmup):
-                sync(device)
-                t = time.perf_counter()
-                fn()
-                warm.append((time.perf_counter() - t) * 1e3)
-            spins[key] = spin_cycles(statistics.median(warm) if warm else 0.0)
-        except Exception as e:  # noqa: BLE001
-            errors[key] = e
-            live.pop(key)
-    for r in range(rounds):
-        if deadline is not None and r >= 3 and time.time() > deadline:
-            break
-        for key in list(live):
-            try:
-                times[key].append(timed_call(live[key], device, flush,
-                                             None if host_times is None else host_times[key], spins[key]))
-            except Exception as e:  # noqa: BLE001
-                errors[key] = e
-                live.pop(key)
-            if timeline is not None:
-                timeline.append(key)
-    return times, errors
-
-
-def wall(fn, device):
-    sync(device)
-    t = time.perf_counter()
-    r = fn()
-    sync(device)
-    return r, time.perf_counter() - t
-
-
 def cache_files():
     """Files in the cold cache directories (None with --keep-cache): more after a call means it compiled."""
     if not CACHE_INFO:
         return None
     return sum(len(files) for d in CACHE_INFO["cold"].values() for _, _, files in os.walk(d))
-
-
-JIT_KEYS = ("compiled", "cache_hits", "failed", "compile_seconds", "compile_wall_seconds", "lookup_seconds")
-
-
-def jit_counters():
-    """attnjit's process-wide JIT counters (kernels compiled by NVRTC and their seconds, cache hits), or
-    None from an attnjit without them."""
-    f = getattr(getattr(attnjit, "_attnjit", None), "jit_counters", None)
-    return dict(f()) if f else None
-
-
-def jit_delta(before, after):
-    if before is None or after is None:
-        return None
-    return {k: after[k] - before[k] for k in JIT_KEYS}
-
-
-def first_call(fn, device, attnjit_system):
-    """(result, {seconds, what it compiled}): attnjit's JIT counters (for an attnjit system) and the
-    cache directories' files read around one call."""
-    jit, files = jit_counters() if attnjit_system else None, cache_files()
-    r, seconds = wall(fn, device)
-    new_files = cache_files() - files if files is not None else None
-    return r, {"s": seconds, "jit": jit_delta(jit, jit_counters()) if attnjit_system else None,
-               "attnjit": attnjit_system, "new_cache_files": new_files}
-
-
-def peak_mb(fn, device):
-    """Peak bytes PyTorch's allocator held during fn() above what it held before (MB), and the absolute
-    peak; the peak counter is reset right before, so each system's number is its own."""
-    if device.type != "cuda":
-        return None, None
-    sync(device)
-    base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    sync(device)
-    peak = torch.cuda.max_memory_allocated(device)
-    return (peak - base) / 2**20, peak / 2**20
-
-
-def summary(times, flop, flop_per_branch=None):
-    """Median, minimum, maximum and spread ((max - min) / median, and the interquartile range / median,
-    in %); useful TFLOP/s on distinct pairs at the median and the minimum, and per branch where it differs."""
-    med, lo, hi = statistics.median(times), min(times), max(times)
-    q = statistics.quantiles(times, n=4) if len(times) >= 2 else [med, med, med]
-    s = {"times_ms": [round(t, 4) for t in times], "runs": len(times), "median_ms": med, "min_ms": lo, "max_ms": hi,
-         "spread_pct": 100 * (hi - lo) / med if med else 0.0, "iqr_pct": 100 * (q[2] - q[0]) / med if med else 0.0,
-         "tflops": flop / (med * 1e-3) / 1e12 if flop and med else None,
-         "tflops_at_min": flop / (lo * 1e-3) / 1e12 if flop and lo else None}
-    if flop_per_branch and flop_per_branch != flop:
-        s["tflops_per_branch"] = flop_per_branch / (med * 1e-3) / 1e12 if med else None
-    return s
-
-
-# ---------------------------------------------------------------------------------------------
-# GPU clocks and temperature, at the start and end of each case
-
-SMI_FIELDS = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw", "clocks_event_reasons.active")
-
-
-def parse_smi(text, fields=SMI_FIELDS):
-    """One nvidia-smi CSV line (noheader, nounits) -> {field: number or text}."""
-    values = [x.strip() for x in text.strip().splitlines()[0].split(",")]
-    if len(values) != len(fields):
-        raise ValueError(f"nvidia-smi gave {len(values)} values for {len(fields)} fields: {text.strip()[:200]}")
-    out = {}
-    for f, x in zip(fields, values):
-        try:
-            out[f] = float(x)
-        except ValueError:
-            out[f] = x
-    return out
-
-
-def gpu_state(device):
-    """SM and memory clocks (MHz), temperature (C), power (W) and the clock event reasons now, from
-    nvidia-smi (older drivers: clocks_throttle_reasons) and torch.cuda where it reads them; on a
-    machine with neither, {"skipped": why}."""
-    if device.type != "cuda":
-        return {"skipped": f"no GPU ({device.type}): clocks and temperature not read"}
-    st = {"t": time.time()}
-    ident = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
-    ident = ("GPU-" + ident if ident and not ident.startswith("GPU-") else ident) or str(device.index or 0)
-    for fields in (SMI_FIELDS, SMI_FIELDS[:-1] + ("clocks_throttle_reasons.active",), SMI_FIELDS[:4]):
-        try:
-            r = subprocess.run(["nvidia-smi", "-i", ident, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
-                               capture_output=True, text=True, timeout=20)
-            if r.returncode == 0:
-                st.update(parse_smi(r.stdout, fields))
-                break
-            st["nvidia_smi"] = f"rc {r.returncode}: {(r.stdout + r.stderr).strip()[:200]}"
-        except (OSError, subprocess.SubprocessError, ValueError) as e:
-            st["nvidia_smi"] = f"unavailable: {e}"
-            break
-    for name in ("clock_rate", "temperature", "power_draw"):
-        try:
-            st[f"torch.cuda.{name}"] = getattr(torch.cuda, name)(device)
-        except Exception:  # noqa: BLE001 -- needs pynvml / amdsmi; nvidia-smi above is the main source
-            pass
-    if len(st) == 1 or (len(st) == 2 and "nvidia_smi" in st):
-        st["skipped"] = "neither nvidia-smi nor torch.cuda could read clocks and temperature"
-    return st
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,7 +277,7 @@ def prepare_system(name, case, pattern, ctx, rec, timed):
     wrong = rec["wrong_what"] = []
 
     with torch.no_grad():
-        out, rec["ttfr_first"] = first_call(lambda: fwd(q, k, v), dev, is_attnjit)
+        out, rec["ttfr_first"] = first_call(lambda: fwd(q, k, v), dev, is_attnjit, cache_files)
         out, rec["ttfr_second_s"] = wall(lambda: fwd(q, k, v), dev)
         got = sampled(to_bhsd(out), heads, rows).clone()
         del out
@@ -502,7 +306,7 @@ def prepare_system(name, case, pattern, ctx, rec, timed):
         return
 
     inputs = [x.detach().requires_grad_() for x in (q, k, v)]
-    grads, rec["ttfr_bwd_first"] = first_call(lambda: torch.autograd.grad(fwd(*inputs), inputs, dout), dev, is_attnjit)
+    grads, rec["ttfr_bwd_first"] = first_call(lambda: torch.autograd.grad(fwd(*inputs), inputs, dout), dev, is_attnjit, cache_files)
     grads = [sampled(to_bhsd(g), heads, rows) for g in grads]
     if checked:
         ref = ctx["ref_grads"]
@@ -720,321 +524,6 @@ def run_cases(cases, args, device, dtype, tol, grad_tol):
     return writer
 
 
-# ---------------------------------------------------------------------------------------------
-# --smoke: every system against attnjit and the mask on tiny shapes, on the CPU
-
-class Checks:
-    def __init__(self):
-        self.failed = 0
-
-    def __call__(self, name, ok, detail=""):
-        print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
-        self.failed += not ok
-
-
-def smoke_family(check, name, family, spec, S, H, D):
-    pattern = attnjit.Pattern.from_json(spec)
-    counts = pattern.mask(S, H)
-    rows = list(range(S))
-    check(f"{name}: mask rows by q_offset == mask", np.array_equal(mask_rows(pattern, rows, H, S), counts))
-    case = {"name": name, "family": family, "spec": spec, "S": S, "H": H, "D": D, "B": 2}
-    scale, divisor = softmax_scale(spec, D), group_divisor(spec)
-    dev = torch.device("cpu")
-    st = pattern.stats(S, H)
-    check(f"{name}: stats distinct_pairs == pairs of the mask (each counted once)",
-          st["distinct_pairs"] == int((counts > 0).sum()), f"{st['distinct_pairs']} vs {int((counts > 0).sum())}")
-    check(f"{name}: stats attended_pairs == mask counts summed (once per branch)",
-          st["attended_pairs"] == int(counts.astype(np.int64).sum()), f"{st['attended_pairs']}")
-    if family == "longnet":
-        check(f"{name}: overlapping branches: distinct pairs < per-branch pairs",
-              st["distinct_pairs"] < st["attended_pairs"], f"{st['distinct_pairs']} < {st['attended_pairs']}")
-    block = spec.get("layout", {}).get("block", 64)
-    blocks = torch.as_tensor(counts > 0).view(H, S // block, block, S // block, block)
-    if family in ("longnet", "seed_dilated"):
-        terms = dilated_terms(spec, H)
-        idx = torch.arange(S)
-        count = branch_count_fn(terms, H, S, dev)(0, torch.arange(H)[:, None, None], idx[None, :, None], idx[None, None, :])
-        check(f"{name}: flex count(b, h, q, kv) == Pattern.mask", np.array_equal(count.numpy(), counts))
-        mask_mod, score_mod = dilated_mods(terms, H, S, dev)
-        if score_mod is not None:
-            w = torch.exp(score_mod(torch.zeros(()), 0, torch.arange(H)[:, None, None], idx[None, :, None], idx[None, None, :]))
-            check(f"{name}: exp(score_mod(0)) == count inside the mask", torch.allclose(w[count > 0], count[count > 0].float()))
-        touched, full = dilated_block_layout(terms, H, S, block)
-        check(f"{name}: flex block layout == blocks of the mask",
-              np.array_equal(touched, blocks.any(4).any(2).numpy()) and not (full & ~blocks.all(4).all(2).numpy()).any(),
-              f"{int(full.sum())} full, {int((touched & ~full).sum())} partial blocks")
-    if family == "layout":
-        layout, _ = layout_block_layout(pattern, spec, H, S)
-        check(f"{name}: layout from sampled mask rows == blocks of the mask", np.array_equal(layout, blocks.any(4).any(2).numpy()))
-
-    (q, k, v, dout), (qh, kh, vh, douth) = make_inputs(case, dev, torch.float32, seed=3)
-    ref = reference_rows(qh, kh, vh, counts, list(range(H)), rows, scale, divisor)
-    ours = attnjit.attention(q, k, v, pattern).transpose(1, 2)
-    check(f"{name}: ours (plan executor, fp32) vs fp64 reference from the mask", max_err(ours, ref) < 1e-4, f"{max_err(ours, ref):.1e}")
-    a64 = [x.double().requires_grad_() for x in (q, k, v)]
-    g_a = [g.transpose(1, 2) for g in torch.autograd.grad(attnjit.attention(*a64, pattern), a64, dout.double())]
-    heads, srows = sample_positions(H, S)
-    refg = reference_grads(qh, kh, vh, douth, pattern, heads, srows, scale, divisor, chunk_elems=H * S * 37)
-    err = max(max_err(r, sampled(g, heads, srows)) for r, g in zip(refg, g_a))
-    check(f"{name}: fp64 reference grads (chunked pass over the mask) vs attnjit fp64 autograd", err < 1e-10, f"{err:.1e}")
-    tc = torch_counts(case, pattern, heads, dev)
-    if tc is not None:
-        check(f"{name}: PyTorch counts of the reference's row pass == Pattern.mask",
-              np.array_equal(tc(37, 91).numpy(), counts[heads][:, 37:128]))
-        refc = reference_grads(qh, kh, vh, douth, pattern, heads, srows, scale, divisor, chunk_elems=H * S * 53, counts_fn=tc)
-        err = max(max_err(a, b) for a, b in zip(refc, refg))
-        check(f"{name}: fp64 reference grads from the PyTorch counts == from Pattern.mask", err < 1e-12, f"{err:.1e}")
-    else:
-        check(f"{name}: PyTorch counts exist for every smoke family", False)
-    dq_only = reference_grads(qh, kh, vh, douth, pattern, heads, srows, scale, divisor, keys=False)
-    check(f"{name}: fp64 reference dQ alone == with dK, dV", dq_only[1] is None and max_err(dq_only[0], refg[0]) < 1e-12)
-    if family in ("longnet", "seed_dilated"):
-        try:
-            fwd_b = torch_longnet(spec, H, S, D, dev)
-        except NotImplementedError as e:
-            fwd_b = None
-            check(f"{name}: torch-longnet refuses only what it cannot batch (a segment not dividing S, a head list "
-                  "that is no range)", name in SMOKE_UNBATCHED, str(e))
-        if fwd_b is not None:
-            q64, k64, v64 = (x.double().requires_grad_() for x in (qh, kh, vh))
-            o64 = fwd_b(q64, k64, v64)
-            check(f"{name}: torch-longnet vs fp64 reference (fp64)", max_err(o64, ref) < 1e-10, f"{max_err(o64, ref):.1e}")
-            g_b = torch.autograd.grad(o64, (q64, k64, v64), douth.double())
-            err = max(max_err(a, b) for a, b in zip(g_b, g_a))
-            check(f"{name}: torch-longnet grads vs attnjit fp64 grads (fp64)", err < 1e-10, f"{err:.1e}")
-            o32 = fwd_b(qh, kh, vh)
-            check(f"{name}: torch-longnet vs ours (fp32)", max_err(o32, ours) < 1e-4, f"{max_err(o32, ours):.1e}")
-    if family == "dense":
-        o = sdpa_system(SDPBackend.FLASH_ATTENTION, bool(spec.get("causal")))(qh, kh, vh)
-        check(f"{name}: sdpa-flash vs ours", max_err(o, ours) < 1e-4, f"{max_err(o, ours):.1e}")
-    if family in ("longnet", "seed_dilated"):
-        fwd = torch_dilated(spec, H, S, D, dev)
-        o = fwd(qh, kh, vh)
-        check(f"{name}: torch-dilated vs ours (fp32)", max_err(o, ours) < 1e-4, f"{max_err(o, ours):.1e}")
-        q64, k64, v64 = (x.double().requires_grad_() for x in (qh, kh, vh))
-        o64 = fwd(q64, k64, v64)
-        check(f"{name}: torch-dilated vs fp64 reference (fp64)", max_err(o64, ref) < 1e-10, f"{max_err(o64, ref):.1e}")
-        g_t = torch.autograd.grad(o64, (q64, k64, v64), douth.double())
-        a64 = [x.double().requires_grad_() for x in (q, k, v)]
-        g_a = torch.autograd.grad(attnjit.attention(*a64, pattern), a64, dout.double())
-        err = max(max_err(a, b.transpose(1, 2)) for a, b in zip(g_t, g_a))
-        check(f"{name}: torch-dilated grads vs attnjit fp64 reference grads", err < 1e-10, f"{err:.1e}")
-        a32 = [x.clone().requires_grad_() for x in (q, k, v)]
-        g_o = torch.autograd.grad(attnjit.attention(*a32, pattern), a32, dout)
-        t32 = [x.clone().requires_grad_() for x in (qh, kh, vh)]
-        g_t = torch.autograd.grad(fwd(*t32), t32, douth)
-        err = max(max_err(a, b.transpose(1, 2)) for a, b in zip(g_t, g_o))
-        check(f"{name}: torch-dilated grads vs ours (fp32, plan executor)", err < 1e-4, f"{err:.1e}")
-    if family != "dense":
-        try:
-            o = flex_system(case, pattern, dev, block)(qh, kh, vh)
-            check(f"{name}: flex (eager) vs ours", max_err(o, ours) < 1e-4, f"{max_err(o, ours):.1e}")
-        except Exception as e:  # noqa: BLE001 -- a torch without CPU flex
-            print(f"skipped: flex_attention on CPU: {type(e).__name__}: {e}")
-    return pattern, case, ours
-
-
-def smoke_compiled_flex(check):
-    """The fused CPU FlexAttention kernel once: the only CPU path that reads the BlockMask's blocks."""
-    spec, S, H, D = SMOKE_LONGNET, 512, 8, 32
-    case = {"name": "longnet-small", "family": "longnet", "spec": spec, "S": S, "H": H, "D": D, "B": 1}
-    pattern = attnjit.Pattern.from_json(spec)
-    (q, k, v, _), (qh, kh, vh, _) = make_inputs(case, torch.device("cpu"), torch.float32, seed=5)
-    block_mask, score_mod, divisor = flex_setup(case, pattern, torch.device("cpu"), block=64)
-    try:
-        o = torch.compile(flex_attention, dynamic=False)(qh, kh, vh, score_mod=score_mod, block_mask=block_mask) / divisor
-    except Exception as e:  # noqa: BLE001
-        print(f"skipped: compiled flex_attention on CPU: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-        return
-    ours = attnjit.attention(q, k, v, pattern).transpose(1, 2)
-    check("longnet-small: flex (compiled, BlockMask with full and partial blocks) vs ours", max_err(o, ours) < 1e-4,
-          f"{max_err(o, ours):.1e}")
-
-
-def smoke_meta_plumbing(check):
-    """torch-dilated's CUDA branch (the CUDA flash ops' arguments, fwd + bwd) on meta tensors: shapes only."""
-    S, H, D = 512, 8, 64
-    q, k, v, dout = (torch.empty(2, H, S, D, device="meta", dtype=torch.bfloat16) for _ in range(4))
-    q, k, v = (x.requires_grad_() for x in (q, k, v))
-    o = torch_dilated(SMOKE_LONGNET, H, S, D, torch.device("meta"))(q, k, v)
-    grads = torch.autograd.grad(o, (q, k, v), dout)
-    check("torch-dilated: CUDA flash op plumbing on meta tensors (fwd + bwd)",
-          o.shape == q.shape and all(g.shape == q.shape and g.dtype == q.dtype for g in grads))
-    S = 768
-    q, k, v, dout = (torch.empty(2, H, S, D, device="meta", dtype=torch.bfloat16) for _ in range(4))
-    q, k, v = (x.requires_grad_() for x in (q, k, v))
-    o = torch_longnet(SMOKE_LONGNET_BATCHED, H, S, D, torch.device("meta"))(q, k, v)
-    grads = torch.autograd.grad(o, (q, k, v), dout)
-    check("torch-longnet: CUDA flash op plumbing on meta tensors (fwd + bwd, a padded branch)",
-          o.shape == q.shape and all(g.shape == q.shape and g.dtype == q.dtype for g in grads))
-
-
-def _broken_systems():
-    """Two systems the checks must catch: a forward off by 1%, and a right forward whose dQ is wrong."""
-    def broken_fwd(c, p, dev):
-        return (lambda q, k, v: attnjit.attention(q, k, v, p) * 1.01), "bshd", None
-
-    def broken_grad(c, p, dev):
-        def fwd(q, k, v):
-            return attnjit.attention(q, k, v, p) + 0.1 * (q - q.detach())  # same values, dQ off by 0.1 dO
-        return fwd, "bshd", None
-    return {"broken-fwd": broken_fwd, "broken-grad": broken_grad}
-
-
-def smoke_units(check):
-    """The method's helpers on made-up inputs: the summary's spread, the nvidia-smi parser, the time to
-    first result's legend (a call that counted compiles says so; one that counted more compile time
-    than it took is flagged), and the round order."""
-    s = summary([2.0, 1.0, 4.0, 3.0], 8e9, 1.2e10)
-    check("units: summary median, min, max, spread, per-branch TFLOP/s",
-          s["median_ms"] == 2.5 and s["min_ms"] == 1.0 and s["max_ms"] == 4.0 and abs(s["spread_pct"] - 120) < 1e-9
-          and abs(s["tflops"] - 8e9 / 2.5e-3 / 1e12) < 1e-12 and abs(s["tflops_per_branch"] / s["tflops"] - 1.5) < 1e-12
-          and abs(s["tflops_at_min"] - 8e9 / 1e-3 / 1e12) < 1e-12, str(s))
-    check("units: no per-branch column where the counts agree", "tflops_per_branch" not in summary([1.0], 1e9, 1e9))
-    p = parse_smi("1980, 2619, 41, 312.55, 0x0000000000000000\n")
-    check("units: nvidia-smi line parsed", p == {"clocks.sm": 1980.0, "clocks.mem": 2619.0, "temperature.gpu": 41.0,
-                                                  "power.draw": 312.55, "clocks_event_reasons.active": "0x0000000000000000"}, str(p))
-    try:
-        parse_smi("1980, 2619")
-        check("units: a short nvidia-smi line is refused", False)
-    except ValueError:
-        check("units: a short nvidia-smi line is refused", True)
-    text = clocks_text({"start": {"clocks.sm": 1980.0, "temperature.gpu": 41.0}, "end": {"clocks.sm": 1755.0}})
-    check("units: clocks text shows start and end", "SM 1980" in text and "SM 1755" in text, text)
-    zero = dict.fromkeys(JIT_KEYS, 0)
-    compiled = ttfr_legend({"s": 2.1, "jit": {**zero, "compiled": 2, "compile_wall_seconds": 1.9}})
-    hit = ttfr_legend({"s": 0.04, "jit": {**zero, "cache_hits": 2, "lookup_seconds": 0.002}})
-    bad = ttfr_legend({"s": 0.04, "jit": {**zero, "compiled": 1, "compile_wall_seconds": 1.4}})
-    check("units: time to first result legend from the counters",
-          compiled.startswith("compiled 2 kernel(s) in 1.90 s") and "inconsistent" not in compiled
-          and hit.startswith("2 kernel(s) from the cache") and "compiled" not in hit and "inconsistent" in bad,
-          f"{compiled} | {hit} | {bad}")
-    check("units: jit counters delta", jit_delta({**zero, "compiled": 1}, {**zero, "compiled": 3})["compiled"] == 2)
-    order = []
-    t, e = interleaved([("a", lambda: None), ("b", lambda: 1 / 0), ("c", lambda: None)], torch.device("cpu"), 3, 0,
-                       None, timeline=order)
-    check("units: rounds run A B C A C A C: a failing system dropped after its error",
-          order == ["a", "b", "c", "a", "c", "a", "c"] and len(t["a"]) == 3 and not t["b"] and isinstance(e["b"], ZeroDivisionError), str(order))
-    order = []
-    interleaved([("a", lambda: None), ("b", lambda: None)], torch.device("cpu"), 4, 1, None, timeline=order)
-    check("units: rounds interleave A B A B", order == ["a", "b"] * 4, str(order))
-
-
-def smoke_pipeline(check, args):
-    """The benchmark's own loop (rounds, references, correctness marks, files) on tiny CPU cases,
-    with two broken systems that must come out marked wrong."""
-    SYSTEMS.update(_broken_systems())
-    cases = [_case("dense-tiny", "dense", DENSE, 128, 2, 16, DENSE_SYSTEMS),
-             _case("longnet-tiny", "longnet", SMOKE_LONGNET_PIPELINE, 384, 4, 16,
-                   DILATED_SYSTEMS + ["broken-fwd", "broken-grad"]),
-             _case("bigbird-tiny", "layout", SMOKE_BIGBIRD, 256, 2, 16, LAYOUT_SYSTEMS)]
-    out = tempfile.mkdtemp(prefix="peers-smoke-")
-    a = argparse.Namespace(**{**vars(args), "out": out, "runs": 3, "warmup": 1, "budget": 120.0})
-    writer = run_cases(cases, a, torch.device("cpu"), torch.float32, 1e-4, 1e-4)
-    with open(os.path.join(out, "peers.json"), encoding="utf-8") as f:
-        data = json.load(f)
-    with open(os.path.join(out, "peers.md"), encoding="utf-8") as f:
-        md = f.read()
-    ok = len(data["cases"]) == 3
-    jit_present = jit_counters() is not None
-    for c in data["cases"]:
-        for name, s in c["systems"].items():
-            if name.startswith("broken"):
-                what = "forward" if name == "broken-fwd" else "gradients"  # O * 1.01 has wrong gradients too
-                good = (s.get("wrong") and s.get("wrong_what", [None])[0] == what and f"**{name} (WRONG)**" in md
-                        and (name == "broken-fwd" or s["wrong_what"] == ["gradients"]))
-                check(f"pipeline: {c['name']} {name} marked wrong ({what}) in the JSON and the table", good, _line(s))
-                ok = ok and good
-                continue
-            expect_ok = name not in ("sdpa-cudnn", "flex")  # no cuDNN, no flex backward on the CPU
-            good = "fwd" in s and not s.get("wrong") and (s.get("status") == "ok" or not expect_ok)
-            good = good or (name == "sdpa-cudnn" and s.get("status") == "error")
-            if good and name in FORWARD_ONLY:  # timed forward, checked at its tolerance, no backward
-                f = s["fwd"]
-                good = (s.get("status") == "ok" and f["runs"] == 3 and f["min_ms"] <= f["median_ms"] <= f["max_ms"]
-                        and s.get("bwd_status") == "not run: forward only" and "bwd" not in s
-                        and s["max_err"] <= TOLERANCE[name] and s["ttfr_first"]["attnjit"])
-            elif good and s.get("status") == "ok":
-                f, b = s["fwd"], s["bwd"]
-                # The training step: each round's forward and backward added (times rounded to 1e-4 ms).
-                step = s.get("step", {})
-                good = (step.get("runs") == 3 and all(abs(t - x - y) < 2e-4 for t, x, y in
-                                                      zip(step["times_ms"], f["times_ms"], b["times_ms"])))
-                good = (good and f["runs"] == b["runs"] == 3 and f["min_ms"] <= f["median_ms"] <= f["max_ms"]
-                        and "spread_pct" in f and (name == "sdpa-flash-dense" or set(s["grad_err"]) == {"dq", "dk", "dv"})
-                        and "peak_fwd_mb" in s and "peak_fwdbwd_mb" in s and "ttfr_first" in s and "ttfr_bwd_first" in s
-                        and s["ttfr_first"]["attnjit"] == (name == "ours")
-                        and (s["ttfr_first"]["jit"] is not None) == (jit_present and name == "ours"))
-            check(f"pipeline: {c['name']} {name}", good, _line(s))
-            ok = ok and good
-        first_round = list(dict.fromkeys(x.split()[0] for x in c["order"]))
-        check(f"pipeline: {c['name']} one round runs every timed system once, in order",
-              first_round == [n for n, s in c["systems"].items() if "fwd" in s] and len(c["order"]) == len(set(c["order"])),
-              ", ".join(c["order"]))
-        check(f"pipeline: {c['name']} clocks read or skipped visibly at start and end",
-              "skipped" in c["clocks"]["start"] and "skipped" in c["clocks"]["end"] and "clocks: skipped" in md)
-    ln = next(c for c in data["cases"] if c["name"] == "longnet-tiny")
-    ours = ln["systems"]["ours"]
-    check("pipeline: longnet distinct pairs < per-branch pairs, TFLOP/s on distinct pairs below per-branch",
-          ln["attended_pairs_distinct"] < ln["attended_pairs_per_branch"]
-          and ours["fwd"]["tflops"] < ours["fwd"]["tflops_per_branch"], f"{ln['attended_pairs_distinct']} < "
-          f"{ln['attended_pairs_per_branch']}")
-    check("pipeline: torch-longnet ran and matched", ln["systems"]["torch-longnet"].get("status") == "ok"
-          and not ln["systems"]["torch-longnet"].get("wrong"), _line(ln["systems"]["torch-longnet"]))
-    dense_rows = [l for l in md.split("## Cases")[0].splitlines() if l.startswith("| dense-tiny | sdpa-flash |")]
-    check("pipeline: the table has the training step and its ratio",
-          "| step ms | step ours/peer |" in md and len(dense_rows) == 1 and float(dense_rows[0].split("|")[13]) > 0,
-          dense_rows[0] if dense_rows else "no sdpa-flash row")
-    # --merge of a run made before the step column: the step comes back from the stored rounds.
-    old_run = tempfile.mkdtemp(prefix="peers-smoke-old-")
-    for c in data["cases"]:
-        for srec in c["systems"].values():
-            srec.pop("step", None)
-    with open(os.path.join(old_run, "peers.json"), "w", encoding="utf-8") as f:
-        json.dump(data, f)
-    merged = os.path.join(old_run, "merged")
-    merge([old_run], merged)
-    with open(os.path.join(merged, "peers.json"), encoding="utf-8") as f:
-        back = json.load(f)
-    flash = next(c for c in back["cases"] if c["name"] == "dense-tiny")["systems"]["sdpa-flash"]
-    check("pipeline: --merge rebuilds the training step from a run's rounds",
-          flash.get("step", {}).get("runs") == 3 and all(abs(t - x - y) < 1e-9 for t, x, y in zip(
-              flash["step"]["times_ms"], flash["fwd"]["times_ms"], flash["bwd"]["times_ms"])))
-    check("pipeline: peers.json and peers.md written", ok, out)
-    if importlib.util.find_spec("matplotlib"):
-        check("pipeline: peers.png written", os.path.exists(os.path.join(out, "peers.png")))
-    else:
-        print("skipped: peers.png: no matplotlib")
-    if jit_present:
-        check("pipeline: the CPU device compiled nothing (JIT counters around ours' first calls)",
-              ours["ttfr_first"]["jit"]["compiled"] == 0 and ours["ttfr_bwd_first"]["jit"]["compiled"] == 0)
-    else:
-        print("skipped: JIT counters: this attnjit build has no jit_counters (rebuild the extension)")
-    for name in _broken_systems():
-        SYSTEMS.pop(name)
-    return writer
-
-
-def smoke(args):
-    import warnings
-    warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-    t0 = time.time()
-    check = Checks()
-    torch.manual_seed(0)
-    for name, family, spec, S, H, D in smoke_cases():
-        try:
-            smoke_family(check, name, family, spec, S, H, D)
-        except Exception as e:  # noqa: BLE001
-            check(f"{name}: ran", False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
-    smoke_units(check)
-    smoke_meta_plumbing(check)
-    smoke_compiled_flex(check)
-    smoke_pipeline(check, args)
-    print(f"smoke: {'FAILED ' + str(check.failed) + ' check(s)' if check.failed else 'all checks passed'} "
-          f"in {time.time() - t0:.1f} s")
-    return 1 if check.failed else 0
-
-
 def merge(dirs, out):
     """One table from runs on one GPU that split the cases between them: the cases in gpu_cases()
     order (a case in several runs: the last run's), the first run's metadata, each run's arguments."""
@@ -1083,7 +572,8 @@ def main():
                     help="no runs: the peers.json of these runs (one GPU, cases split over calls) into --out as one table")
     args = ap.parse_args()
     if args.smoke:
-        return smoke(args)
+        import peers_smoke  # noqa: PLC0415 (bench/, beside this script; it imports this module as `peers`)
+        return peers_smoke.smoke(args)
     if args.merge:
         if not args.out:
             ap.error("--merge needs --out DIR")
