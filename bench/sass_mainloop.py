@@ -15,7 +15,8 @@ the loop has more than X other instructions per HMMA (a lit test keeps the figur
 
 Hopper's warpgroup MMA (HGMMA.64xNx16, the sm_90a path) counts as the m16n8k16 HMMA it equals in
 work per warp, N / 8 (each of the warpgroup's 4 warps issues it: 64 x N x 16 / 4 warps /
-(16 x 8 x 16)), so the figure compares across the paths.
+(16 x 8 x 16)), so the figure compares across the paths; the FP8 forms (k32) twice that: QGMMA.64xNx32
+N / 4, QMMA.16832 2.
 
 On sm_90a it also counts the softmax's exponentials (MUFU.EX2) that lie between the loop's wait for
 S(j + 1) and its wait for P(j) V(j): those overlap P V on the tensor cores. --min-overlap N fails when
@@ -43,11 +44,14 @@ def parse(lines):
 
 
 def mma_weight(op):
-    """m16n8k16 HMMA-equivalents of one instruction per warp (0: not an MMA)."""
+    """m16n8k16 HMMA-equivalents (in multiply-adds) of one instruction per warp (0: not an MMA); FP8's
+    QMMA.16832 counts 2, QGMMA.64xNx32 N / 4."""
     if op.startswith("HMMA"):
         return 1
-    m = re.match(r"HGMMA\.64x(\d+)x16", op)
-    return int(m.group(1)) // 8 if m else 0
+    if op.startswith("QMMA.16832"):
+        return 2
+    m = re.match(r"([HQ])GMMA\.64x(\d+)x(16|32)", op)
+    return int(m.group(2)) // 8 * (2 if m.group(3) == "32" else 1) if m else 0
 
 
 def main_loop(ins, labels):
@@ -109,8 +113,9 @@ def main():
     mix = collections.Counter(x[1].split(".")[0] for x in body)
     mma_ops = sum(1 for x in body if mma_weight(x[1]))
     per_hmma = (len(body) - mma_ops) / hmma
-    hgmma = mix.get("HGMMA", 0)
-    what = f"{hmma} HMMA" if not hgmma else f"{hgmma} HGMMA = {hmma} HMMA-equivalents per warp"
+    gmma = mix.get("HGMMA", 0) + mix.get("QGMMA", 0) + mix.get("QMMA", 0)
+    kinds = "/".join(k for k in ("HGMMA", "QGMMA", "QMMA") if mix.get(k))
+    what = f"{hmma} HMMA" if not gmma else f"{gmma} {kinds} = {hmma} HMMA-equivalents per warp"
     print(f"main loop: {len(body)} instructions, {what}, {per_hmma:.2f} others per HMMA")
     print(" ".join(f"{k}:{v}" for k, v in mix.most_common()))
     overlap = softmax_overlap(body)

@@ -106,15 +106,15 @@ __device__ __forceinline__ void aj_fp8_store_vt(unsigned char* vt, const AjFp8V&
 #define AJ_FP8_K_STAGE (AJ_TILE_K * AJ_FP8_QK)
 #define AJ_FP8_VT_STAGE (AJ_HEAD_DIM_V * AJ_FP8_VT)
 
-// The item's key tiles, two stages deep: while tile j is computed from stage j % 2, tile j + 1's K
-// is on its way into the other stage by cp.async and its V rows into registers (issued before tile
-// j's products), and its V^T is stored from them where compute() says: compute(t, stage,
-// store_next) runs tile t's products from `stage` and calls store_next() once, after it no longer
-// needs its registers for anything else the loads might delay (the Hopper kernel: with P V in
-// flight). Before each tile: the copies waited for, fence() (the wgmma kernel's proxy fence: its
-// products read through the async proxy what threads wrote), one barrier: tile j's stage has
-// landed and tile j - 1's is read no more. The caller has committed Q's copy: the first wait takes
-// it too.
+// The item's key tiles, two stages deep (the sm_89 kernel's loop; the Hopper one runs K a tile
+// ahead of V instead, to overlap its softmax with P V): while tile j is computed from stage j % 2,
+// tile j + 1's K is on its way into the other stage by cp.async and its V rows into registers
+// (issued before tile j's products), and its V^T is stored from them where compute() says:
+// compute(t, stage, store_next) runs tile t's products from `stage` and calls store_next() once.
+// Before each tile: the copies waited for, fence() (a wgmma kernel's proxy fence: its products
+// read through the async proxy what threads wrote; nothing for mma.sync), one barrier: tile j's
+// stage has landed and tile j - 1's is read no more. The caller has committed Q's copy: the first
+// wait takes it too.
 template <typename Fence, typename Compute>
 __device__ __forceinline__ void aj_fp8_tiles(const AjParams& p, const AjItem& item, const aj_elem* kb, const aj_elem* vb,
                                              unsigned char* sk, unsigned char* svt, Fence fence, Compute compute) {

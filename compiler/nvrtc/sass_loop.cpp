@@ -13,11 +13,14 @@ struct Instruction {
   std::string text;  // the whole instruction
 };
 
+// m16n8k16-equivalents (in multiply-adds) of one MMA per warp: HMMA 1, the FP8 QMMA.16832 2, a
+// warpgroup's HGMMA.64xNx16 N / 8 and QGMMA.64xNx32 N / 4.
 int mma_weight(const std::string& op) {
   if (op.rfind("HMMA", 0) == 0) return 1;
-  static const std::regex hgmma(R"(^HGMMA\.64x(\d+)x16)");
+  if (op.rfind("QMMA.16832", 0) == 0) return 2;
+  static const std::regex gmma(R"(^([HQ])GMMA\.64x(\d+)x(16|32))");
   std::smatch m;
-  return std::regex_search(op, m, hgmma) ? std::stoi(m[1]) / 8 : 0;
+  return std::regex_search(op, m, gmma) ? std::stoi(m[2]) / 8 * (m[3] == "32" ? 2 : 1) : 0;
 }
 
 bool is_local_access(const std::string& op) {

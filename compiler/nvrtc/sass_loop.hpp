@@ -12,7 +12,7 @@ namespace attnjit {
 
 struct SassLoop {
   int instructions = 0;    // in the loop's body, both sides of every branch in it
-  int hmma = 0;            // m16n8k16-equivalents per warp (an HGMMA.64xNx16 counts N / 8)
+  int hmma = 0;            // m16n8k16-equivalents per warp (an HGMMA.64xNx16 counts N / 8; FP8's QMMA 2, QGMMA.64xNx32 N / 4)
   int local_accesses = 0;  // LDL and STL in the body: spill traffic every tile pays
 };
 

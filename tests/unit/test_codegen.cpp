@@ -145,6 +145,14 @@ TEST_CASE("find_main_loop: the back edge with the most HMMA and its local loads 
   REQUIRE(hopper.has_value());
   CHECK(hopper->hmma == 16);  // 64 x 128 x 16 by a warpgroup: 16 m16n8k16 a warp
   CHECK(hopper->local_accesses == 0);
+  const std::optional<SassLoop> fp8 = find_main_loop(R"(
+.L_x_3:
+        /*0000*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24 ;
+        /*0010*/                   QMMA.16832.F32.E4M3.E4M3 R4, R8, R12, R4 ;
+        /*0020*/                   BRA `(.L_x_3) ;
+)");
+  REQUIRE(fp8.has_value());
+  CHECK(fp8->hmma == 32 + 2);  // FP8's k32: twice the multiply-adds of the 16-bit forms
   CHECK_FALSE(find_main_loop("        /*0000*/                   EXIT ;\n").has_value());
 }
 

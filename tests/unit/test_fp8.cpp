@@ -477,11 +477,12 @@ void check_examples_and_sweep(const Fp8Kernel& kernel, uint64_t seed) {
 }
 
 // Each defect must fail check_kernel (or fault in the emulator) on a causal dilated pattern whose
-// unmutated run passes.
+// unmutated run passes; the dense branch's last rows visit 4 tiles of 128 keys (8 of 64), so every
+// stage of the pipelines is reused.
 void check_defects_fail(const Fp8Kernel& kernel, const std::vector<Defect>& defects) {
-  const Pattern p = PatternBuilder().causal().branch(BranchSpec().segment(64).dilation(1)).branch(BranchSpec().segment(256).dilation(2)).build();
+  const Pattern p = PatternBuilder().causal().branch(BranchSpec().segment(512).dilation(1)).branch(BranchSpec().segment(512).dilation(2)).build();
   Shape s;
-  s.batch = 1, s.seq_q = s.seq_k = 256, s.heads_q = 2, s.heads_kv = 1;
+  s.batch = 1, s.seq_q = s.seq_k = 512, s.heads_q = 2, s.heads_kv = 1;
   REQUIRE(check_kernel(kernel, p, s, 31, 128).empty());
   for (const Defect& d : defects) {
     INFO(kernel.name << ": " << d.name);
@@ -530,9 +531,14 @@ TEST_CASE("deliberately broken FP8 Hopper kernels fail in the emulator", "[fp8][
       {"V's bytes transposed into the wrong columns", "fwd_fp8.cuh", "aj_prmt(ab01, cd01, 0x7632)", "aj_prmt(ab01, cd01, 0x7610)"},
       {"P rounded without its 2^8", "fwd_fp8.cuh", "aj_cvt_e4m3x2(256.0f * s[j][e + 1], 256.0f * s[j][e])", "aj_cvt_e4m3x2(s[j][e + 1], s[j][e])"},
       {"P's bytes of a register in the wrong order", "fwd_fp8.cuh", "pa[kc][reg] = hi << 16 | lo;", "pa[kc][reg] = lo << 16 | hi;"},
-      {"V^T's byte stores not fenced for the async proxy", "fwd_sm90_fp8.cuh", "[] { aj_fence_proxy_async(); }", "[] {}"},
-      {"the next tile's V^T stored while this tile's P V reads it", "fwd_fp8.cuh", "aj_fp8_store_vt(svt + (stage ^ 1) * AJ_FP8_VT_STAGE, v)",
-       "aj_fp8_store_vt(svt + stage * AJ_FP8_VT_STAGE, v)"},
+      {"V^T's byte stores not fenced for the async proxy", "fwd_sm90_fp8.cuh", "      aj_fence_proxy_async();  // the copies", "      // the copies"},
+      {"the next tile's V^T stored while this tile's P V reads it", "fwd_sm90_fp8.cuh",
+       "unsigned char* const vt_next = svt + (stage ^ 1) * AJ_FP8_VT_STAGE;", "unsigned char* const vt_next = svt + stage * AJ_FP8_VT_STAGE;"},
+      {"K(j + 2) copied into the stage S(j + 1) reads", "fwd_sm90_fp8.cuh", "sk + stage * AJ_FP8_K_STAGE, kb, p.k_row_stride, t2.first",
+       "sk + (stage ^ 1) * AJ_FP8_K_STAGE, kb, p.k_row_stride, t2.first"},
+      {"the softmax of S(j + 1) before it has landed", "fwd_sm90_fp8.cuh", "        aj_wgmma_wait<1>();  // S(j + 1) has landed", "        //"},
+      {"O rescaled while P(j) V(j) is in flight", "fwd_sm90_fp8.cuh", "        aj_wgmma_wait<0>();  // P(j) V(j) has landed\n        aj_tc_rescale(acc, c);\n",
+       "        aj_tc_rescale(acc, c);\n        aj_wgmma_wait<0>();  // P(j) V(j) has landed\n"},
       {"P V from the other stage's V^T", "fwd_sm90_fp8.cuh", "v_desc + stage * (AJ_FP8_VT_STAGE >> 4)", "v_desc + (stage ^ 1) * (AJ_FP8_VT_STAGE >> 4)"},
       {"the k descale read from q's factors", "common.cuh", "aj_descale(p, 0, b, kvh) * aj_descale(p, 1, b, kvh)",
        "aj_descale(p, 0, b, kvh) * aj_descale(p, 0, b, kvh)"},
@@ -554,6 +560,8 @@ TEST_CASE("deliberately broken FP8 sm_89 kernels fail in the emulator", "[fp8][e
       {"the next tile loaded before every warp has read the stage it overwrites", "fwd_fp8.cuh",
        "    aj_syncthreads();  // tile j's stage has landed; tile j - 1's is read no more\n", ""},
       {"the next tile's K copied into the stage being read", "fwd_fp8.cuh", "sk + (stage ^ 1) * AJ_FP8_K_STAGE, kb", "sk + stage * AJ_FP8_K_STAGE, kb"},
+      {"the next tile's V^T stored while this tile's P V reads it", "fwd_fp8.cuh", "aj_fp8_store_vt(svt + (stage ^ 1) * AJ_FP8_VT_STAGE, v)",
+       "aj_fp8_store_vt(svt + stage * AJ_FP8_VT_STAGE, v)"},
       {"O without the 2^-8 of P's factor", "fwd_sm89_fp8.cuh", "acc, m, l, 0.00390625f,", "acc, m, l, 1.0f,"},
       {"O without its v descale", "fwd_sm89_fp8.cuh", "0.00390625f, aj_descale(p, 2, b, kvh)", "0.00390625f, 1.0f"},
   });
