@@ -51,6 +51,40 @@ __device__ __forceinline__ void aj_fp8_load_rows(unsigned char* dst, const aj_el
   }
 }
 
+// The dynamic shared memory of an FP8 kernel, from a 1024-byte boundary (the swizzle's pattern):
+// the Q tile, then two stages of K and two of V^T.
+struct AjFp8Smem {
+  unsigned char* q;   // [AJ_TILE_Q][AJ_HEAD_DIM B]
+  unsigned char* k;   // [2][AJ_TILE_K][AJ_HEAD_DIM B]
+  unsigned char* vt;  // [2][AJ_HEAD_DIM_V][AJ_TILE_K B]
+};
+
+// What a thread of an FP8 kernel needs of its item for its accumulator rows `row` and row + 8:
+// its kv head and score factor, where the K and V rows of (batch, kv head) start, and the
+// positions aj_sm80_mask compares (k_origin, qpos, q_step8). Taking it starts the copy of the
+// item's Q rows into the Q tile (one commit group).
+struct AjFp8Item {
+  int kvh;
+  float scale_log2;
+  aj_i64 k_origin, qpos, q_step8;
+  const aj_elem *kb, *vb;
+};
+__device__ __forceinline__ AjFp8Item aj_fp8_item(const AjParams& p, const AjItem& item, aj_i64 b, int row, unsigned char* sq) {
+  AjFp8Item w;
+  w.kvh = item.head / p.heads_per_kv;
+  w.scale_log2 = aj_scale_log2(p, b, w.kvh);
+  const aj_i64 doc = aj_doc_start(p, item.rows_start);
+  w.k_origin = p.k_offset - doc;
+  w.qpos = p.q_offset - doc + item.rows_start + (aj_i64)row * item.rows_stride;
+  w.q_step8 = 8 * item.rows_stride;
+  w.kb = (const aj_elem*)p.k + b * p.k_batch_stride + w.kvh * p.k_head_stride;
+  w.vb = (const aj_elem*)p.v + b * p.v_batch_stride + w.kvh * p.v_head_stride;
+  const aj_elem* qb = (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride;
+  aj_fp8_load_rows<AJ_TILE_Q>(sq, qb, p.q_row_stride, item.rows_start, item.rows_stride, item.rows_count);
+  aj_cp_async_commit();
+  return w;
+}
+
 // V's rows of a tile on their way to V^T, in units of four keys by 16 columns: unit u holds the
 // keys k0, k0 + 1, k0 + 8, k0 + 9 that P's columns 4g .. 4g + 3 stand for (g = u % (AJ_TILE_K / 4),
 // k0 = aj_fp8_key(4g) within its 32-key chunk), at columns 16 (u / (AJ_TILE_K / 4)) .. + 15: 16
@@ -105,6 +139,15 @@ __device__ __forceinline__ void aj_fp8_store_vt(unsigned char* vt, const AjFp8V&
 // the swizzle pattern's boundary).
 #define AJ_FP8_K_STAGE (AJ_TILE_K * AJ_FP8_QK)
 #define AJ_FP8_VT_STAGE (AJ_HEAD_DIM_V * AJ_FP8_VT)
+
+__device__ __forceinline__ AjFp8Smem aj_fp8_smem() {
+  AJ_DYNAMIC_SHARED(aj_smem);
+  AjFp8Smem sh;
+  sh.q = aj_smem + ((1024 - aj_smem_addr(aj_smem) % 1024) % 1024);
+  sh.k = sh.q + AJ_TILE_Q * AJ_FP8_QK;
+  sh.vt = sh.k + 2 * AJ_FP8_K_STAGE;
+  return sh;
+}
 
 // The item's key tiles, two stages deep (the sm_89 kernel's loop; the Hopper one runs K a tile
 // ahead of V instead, to overlap its softmax with P V): while tile j is computed from stage j % 2,

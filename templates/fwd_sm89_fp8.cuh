@@ -30,30 +30,15 @@ __device__ __forceinline__ int aj_fp8_frag(int k0, int lane) {
 }
 
 __device__ __forceinline__ void aj_fwd_sm89_fp8(const AjParams& p) {
-  AJ_DYNAMIC_SHARED(aj_smem);
-  unsigned char* const smem = aj_smem + ((1024 - aj_smem_addr(aj_smem) % 1024) % 1024);
-  unsigned char* const sq = smem;                        // [AJ_TILE_Q][AJ_HEAD_DIM B]
-  unsigned char* const sk = sq + AJ_TILE_Q * AJ_FP8_QK;  // [2][AJ_TILE_K][AJ_HEAD_DIM B]
-  unsigned char* const svt = sk + 2 * AJ_FP8_K_STAGE;    // [2][AJ_HEAD_DIM_V][AJ_TILE_K B]
-
+  const AjFp8Smem sh = aj_fp8_smem();
   const AjItem item = p.items[aj_block_idx_x()];
   const aj_i64 b = aj_batch_index();
   if (b >= p.batch) return;
   const int warp = aj_warp_uniform(aj_thread_idx() / 32), lane = aj_thread_idx() % 32;
   const int g = lane / 4, quad = lane % 4;
-  const int kvh = item.head / p.heads_per_kv;
   const int row = warp * 16 + g;
   const bool busy = warp * 16 < item.rows_count;  // a warp past the item's rows loads and waits only
-  const float scale_log2 = aj_scale_log2(p, b, kvh);
-
-  const aj_i64 doc = aj_doc_start(p, item.rows_start);
-  const aj_i64 k_origin = p.k_offset - doc, qpos = p.q_offset - doc + item.rows_start + (aj_i64)row * item.rows_stride;
-  const aj_i64 q_step8 = 8 * item.rows_stride;
-  const aj_elem* qb = (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride;
-  const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
-  const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
-  aj_fp8_load_rows<AJ_TILE_Q>(sq, qb, p.q_row_stride, item.rows_start, item.rows_stride, item.rows_count);
-  aj_cp_async_commit();
+  const AjFp8Item w = aj_fp8_item(p, item, b, row, sh.q);
 
   float acc[AJ_HEAD_DIM_V / 8][4];
   float m[2] = {AJ_NEG_INF, AJ_NEG_INF}, l[2] = {0.0f, 0.0f}, c[2];
@@ -69,16 +54,16 @@ __device__ __forceinline__ void aj_fwd_sm89_fp8(const AjParams& p) {
   aj_u32 pa[AJ_TILE_K / 32][4];
 
   bool first = true;
-  aj_fp8_tiles(p, item, kb, vb, sk, svt, [] {}, [&](const AjTile& t, int stage, auto store_next) {
+  aj_fp8_tiles(p, item, w.kb, w.vb, sh.k, sh.vt, [] {}, [&](const AjTile& t, int stage, auto store_next) {
     if (first) {  // Q has landed with the first tile: its fragments to registers
 #pragma unroll
       for (int ks = 0; ks < AJ_HEAD_DIM / 32; ++ks)
-        aj_ldmatrix_x4(qa[ks], sq + warp * 16 * AJ_FP8_QK + aj_fp8_frag<AJ_FP8_QK, 1, 2>(ks * 32, lane));
+        aj_ldmatrix_x4(qa[ks], sh.q + warp * 16 * AJ_FP8_QK + aj_fp8_frag<AJ_FP8_QK, 1, 2>(ks * 32, lane));
       first = false;
     }
     if (busy) {
-      const unsigned char* const k = sk + stage * AJ_FP8_K_STAGE;
-      const unsigned char* const vt = svt + stage * AJ_FP8_VT_STAGE;
+      const unsigned char* const k = sh.k + stage * AJ_FP8_K_STAGE;
+      const unsigned char* const vt = sh.vt + stage * AJ_FP8_VT_STAGE;
 #pragma unroll
       for (int j = 0; j < AJ_TILE_K / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
@@ -90,8 +75,8 @@ __device__ __forceinline__ void aj_fwd_sm89_fp8(const AjParams& p) {
           aj_mma_e4m3(s[j], qa[ks], kf[0], kf[1]);
           aj_mma_e4m3(s[j + 1], qa[ks], kf[2], kf[3]);
         }
-      if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
-      aj_tc_softmax_scores(s, m, l, c, scale_log2);
+      if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, w.qpos, w.q_step8, w.k_origin, quad);
+      aj_tc_softmax_scores(s, m, l, c, w.scale_log2);
       aj_tc_rescale(acc, c);
       aj_fp8_pack(s, pa);
 #pragma unroll
@@ -110,5 +95,5 @@ __device__ __forceinline__ void aj_fwd_sm89_fp8(const AjParams& p) {
   if (!busy) return;
 
   // O = acc x v_descale / (2^8 l) (the exact sums of rows a masked NaN in V reached are of P itself).
-  aj_tc_store_rows(p, item, b, row, quad, acc, m, l, 0.00390625f, aj_descale(p, 2, b, kvh));
+  aj_tc_store_rows(p, item, b, row, quad, acc, m, l, 0.00390625f, aj_descale(p, 2, b, w.kvh));
 }

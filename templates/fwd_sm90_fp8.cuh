@@ -22,31 +22,19 @@
 #endif
 
 __device__ __forceinline__ void aj_fwd_sm90_fp8(const AjParams& p) {
-  AJ_DYNAMIC_SHARED(aj_smem);
-  unsigned char* const smem = aj_smem + ((1024 - aj_smem_addr(aj_smem) % 1024) % 1024);
-  unsigned char* const sq = smem;                         // [AJ_TILE_Q][AJ_HEAD_DIM B]
-  unsigned char* const sk = sq + AJ_TILE_Q * AJ_FP8_QK;   // [2][AJ_TILE_K][AJ_HEAD_DIM B]
-  unsigned char* const svt = sk + 2 * AJ_FP8_K_STAGE;     // [2][AJ_HEAD_DIM_V][128 B]
-
+  const AjFp8Smem sh = aj_fp8_smem();
+  unsigned char* const sk = sh.k;
+  unsigned char* const svt = sh.vt;
   const AjItem item = p.items[aj_block_idx_x()];
   const aj_i64 b = aj_batch_index();
   if (b >= p.batch) return;
   const int wg = aj_warp_uniform(aj_thread_idx() / 128), warp = (aj_thread_idx() / 32) % 4, lane = aj_thread_idx() % 32;
   const int g = lane / 4, quad = lane % 4;
-  const int kvh = item.head / p.heads_per_kv;
   const int wg_row = wg * 64, row = wg_row + warp * 16 + g;
   const bool busy = wg_row < item.rows_count;  // a warpgroup past the item's rows loads and waits only
-  const float scale_log2 = aj_scale_log2(p, b, kvh);
-
-  const aj_i64 doc = aj_doc_start(p, item.rows_start);
-  const aj_i64 k_origin = p.k_offset - doc, qpos = p.q_offset - doc + item.rows_start + (aj_i64)row * item.rows_stride;
-  const aj_i64 q_step8 = 8 * item.rows_stride;
-  const aj_elem* qb = (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride;
-  const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
-  const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
-  aj_fp8_load_rows<AJ_TILE_Q>(sq, qb, p.q_row_stride, item.rows_start, item.rows_stride, item.rows_count);
-  aj_cp_async_commit();
-  const aj_u64 q_desc = aj_wgmma_desc<AJ_FP8_QK>(aj_smem_addr(sq) + wg_row * AJ_FP8_QK, 16, 8 * AJ_FP8_QK);
+  const AjFp8Item w = aj_fp8_item(p, item, b, row, sh.q);
+  const aj_elem *const kb = w.kb, *const vb = w.vb;
+  const aj_u64 q_desc = aj_wgmma_desc<AJ_FP8_QK>(aj_smem_addr(sh.q) + wg_row * AJ_FP8_QK, 16, 8 * AJ_FP8_QK);
   const aj_u64 k_desc = aj_wgmma_desc<AJ_FP8_QK>(aj_smem_addr(sk), 16, 8 * AJ_FP8_QK);
   const aj_u64 v_desc = aj_wgmma_desc<AJ_FP8_VT>(aj_smem_addr(svt), 16, 8 * AJ_FP8_VT);
 
@@ -97,8 +85,8 @@ __device__ __forceinline__ void aj_fwd_sm90_fp8(const AjParams& p) {
       aj_wgmma_fence();
       issue_s(0);
       aj_wgmma_wait<0>();
-      if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, qpos, q_step8, k_origin, quad);
-      aj_tc_softmax_scores(s, m, l, c, scale_log2);
+      if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, w.qpos, w.q_step8, w.k_origin, quad);
+      aj_tc_softmax_scores(s, m, l, c, w.scale_log2);
       aj_fp8_pack(s, pa);  // O is still 0: no rescale
     }
     for (int j = 0;; ++j) {
@@ -129,10 +117,10 @@ __device__ __forceinline__ void aj_fwd_sm90_fp8(const AjParams& p) {
         // The softmax in both arms of the mask's branch, so that the wait below stays after it
         // (ptxas puts a wgmma wait at the top of its basic block).
         if (!(tn.full && tn.count == AJ_TILE_K)) {
-          aj_sm80_mask(s, p, tn, item.head, qpos, q_step8, k_origin, quad);
-          aj_tc_softmax_scores(s, m, l, c, scale_log2);
+          aj_sm80_mask(s, p, tn, item.head, w.qpos, w.q_step8, w.k_origin, quad);
+          aj_tc_softmax_scores(s, m, l, c, w.scale_log2);
         } else {
-          aj_tc_softmax_scores(s, m, l, c, scale_log2);
+          aj_tc_softmax_scores(s, m, l, c, w.scale_log2);
         }
         aj_wgmma_wait<0>();  // P(j) V(j) has landed
         aj_tc_rescale(acc, c);
@@ -153,5 +141,5 @@ __device__ __forceinline__ void aj_fwd_sm90_fp8(const AjParams& p) {
 
   // The epilogue, as the other Hopper kernels': O = acc x v_descale / (2^8 l) (the exact sums of
   // rows a masked NaN in V reached are of P itself).
-  aj_tc_store_rows(p, item, b, row, quad, acc, m, l, 0.00390625f, aj_descale(p, 2, b, kvh));
+  aj_tc_store_rows(p, item, b, row, quad, acc, m, l, 0.00390625f, aj_descale(p, 2, b, w.kvh));
 }

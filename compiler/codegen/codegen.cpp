@@ -315,35 +315,34 @@ KernelConfig parse_kernel_tile(const std::string& text) {
   return c;
 }
 
+namespace {
+
+// The FP8 tensor-core kernels' tiles: 64 or 128 query rows (16 a warp), one key tile, two stages
+// (fwd_fp8.cuh). The Hopper kernel (fwd_sm90_fp8.cuh) takes 128 keys a tile, one warpgroup per 64
+// rows (V^T's rows: the 128-byte swizzle); the sm_89 one (fwd_sm89_fp8.cuh) 64 (the 64-byte swizzle).
+KernelConfig resolve_fp8_config(KernelConfig c, bool wgmma) {
+  const std::string path = wgmma ? "the FP8 sm_90a path" : "the FP8 sm_89 path";
+  const int tile_k = wgmma ? 128 : 64;
+  if (!c.tile_q) c.tile_q = 128;
+  if (!c.tile_k) c.tile_k = tile_k;
+  if (!c.stages) c.stages = 2;
+  if (!c.warps) c.warps = c.tile_q / 16;
+  require(c.tile_q == 64 || c.tile_q == 128, "tile_q", path + " needs tile_q 64 or 128, got " + std::to_string(c.tile_q));
+  require(c.tile_k == tile_k, "tile_k", path + " takes " + std::to_string(tile_k) + "-key tiles, got " + std::to_string(c.tile_k));
+  require(c.stages == 2, "stages", path + " has two stages, got " + std::to_string(c.stages));
+  require(c.warps == c.tile_q / 16, "warps",
+          path + (wgmma ? " runs one warpgroup per 64 query rows" : " runs one warp per 16 query rows") + ": tile_q " +
+              std::to_string(c.tile_q) + " takes " + std::to_string(c.tile_q / 16) + " warps, got " + std::to_string(c.warps));
+  return c;
+}
+
+}  // namespace
+
 KernelConfig resolve_config(const KernelRequest& r) {
   const KernelPath path = choose_path(r);
   KernelConfig c = r.config;
-  if (hopper(path) && r.dtype == DType::E4M3) {
-    // fwd_sm90_fp8.cuh: 64 query rows per warpgroup, 128-key tiles (V^T's rows: the 128-byte
-    // swizzle), two stages (fwd_fp8.cuh's pipeline).
-    if (!c.tile_q) c.tile_q = 128;
-    if (!c.tile_k) c.tile_k = 128;
-    if (!c.stages) c.stages = 2;
-    if (!c.warps) c.warps = c.tile_q / 16;
-    require(c.tile_q == 64 || c.tile_q == 128, "tile_q", "the FP8 sm_90a path needs tile_q 64 or 128, got " + std::to_string(c.tile_q));
-    require(c.tile_k == 128, "tile_k", "the FP8 sm_90a path takes 128-key tiles, got " + std::to_string(c.tile_k));
-    require(c.stages == 2, "stages", "the FP8 sm_90a path has two stages, got " + std::to_string(c.stages));
-    require(c.warps == c.tile_q / 16, "warps",
-            "the FP8 sm_90a path runs one warpgroup per 64 query rows: tile_q " + std::to_string(c.tile_q) + " takes " +
-                std::to_string(c.tile_q / 16) + " warps, got " + std::to_string(c.warps));
-  } else if (fp8_sm89(path, r)) {
-    // fwd_sm89_fp8.cuh: 16 query rows per warp, 64-key tiles (V^T's rows: the 64-byte swizzle), two
-    // stages (fwd_fp8.cuh's pipeline).
-    if (!c.tile_q) c.tile_q = 128;
-    if (!c.tile_k) c.tile_k = 64;
-    if (!c.stages) c.stages = 2;
-    if (!c.warps) c.warps = c.tile_q / 16;
-    require(c.tile_q == 64 || c.tile_q == 128, "tile_q", "the FP8 sm_89 path needs tile_q 64 or 128, got " + std::to_string(c.tile_q));
-    require(c.tile_k == 64, "tile_k", "the FP8 sm_89 path takes 64-key tiles, got " + std::to_string(c.tile_k));
-    require(c.stages == 2, "stages", "the FP8 sm_89 path has two stages, got " + std::to_string(c.stages));
-    require(c.warps == c.tile_q / 16, "warps",
-            "the FP8 sm_89 path runs one warp per 16 query rows: tile_q " + std::to_string(c.tile_q) + " takes " +
-                std::to_string(c.tile_q / 16) + " warps, got " + std::to_string(c.warps));
+  if (r.dtype == DType::E4M3 && path != KernelPath::Simt) {
+    c = resolve_fp8_config(c, hopper(path));
   } else if (hopper(path)) {
     // One warpgroup per 64 query rows; S's wgmma N is tile_k, O's the head dim. Up to head dim 64
     // three warpgroups (192 rows) unless the pattern has block layouts (KernelRequest::block_layouts).

@@ -563,7 +563,7 @@ TEST_CASE("deliberately broken FP8 sm_89 kernels fail in the emulator", "[fp8][e
       {"the next tile's V^T stored while this tile's P V reads it", "fwd_fp8.cuh", "aj_fp8_store_vt(svt + (stage ^ 1) * AJ_FP8_VT_STAGE, v)",
        "aj_fp8_store_vt(svt + stage * AJ_FP8_VT_STAGE, v)"},
       {"O without the 2^-8 of P's factor", "fwd_sm89_fp8.cuh", "acc, m, l, 0.00390625f,", "acc, m, l, 1.0f,"},
-      {"O without its v descale", "fwd_sm89_fp8.cuh", "0.00390625f, aj_descale(p, 2, b, kvh)", "0.00390625f, 1.0f"},
+      {"O without its v descale", "fwd_sm89_fp8.cuh", "0.00390625f, aj_descale(p, 2, b, w.kvh)", "0.00390625f, 1.0f"},
   });
 }
 
