@@ -77,8 +77,6 @@ def _cold_caches(argv):
 
 
 CACHE_INFO = _cold_caches(sys.argv)
-if __name__ == "__main__":  # bench/peers_smoke.py imports this script as `peers`: the same module, not a second copy
-    sys.modules.setdefault("peers", sys.modules[__name__])
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -572,8 +570,8 @@ def main():
                     help="no runs: the peers.json of these runs (one GPU, cases split over calls) into --out as one table")
     args = ap.parse_args()
     if args.smoke:
-        import peers_smoke  # noqa: PLC0415 (bench/, beside this script; it imports this module as `peers`)
-        return peers_smoke.smoke(args)
+        import peers_smoke  # noqa: PLC0415 (bench/, beside this script)
+        return peers_smoke.smoke(args, sys.modules[__name__])
     if args.merge:
         if not args.out:
             ap.error("--merge needs --out DIR")

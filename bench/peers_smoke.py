@@ -1,7 +1,7 @@
 """bench/peers.py --smoke: every system against attnjit and the mask on tiny shapes on the CPU, the
 method's helpers on made-up inputs, and the benchmark's own loop with two deliberately broken
 systems that must come out marked wrong. Run through `bench/peers.py --smoke` (exit 1 on a failed
-check)."""
+check), which hands this file its module: this file imports nothing of it."""
 import argparse
 import importlib.util
 import json
@@ -16,14 +16,16 @@ from torch.nn.attention import SDPBackend
 from torch.nn.attention.flex_attention import flex_attention
 
 import attnjit
-from peers import (DENSE, DENSE_SYSTEMS, DILATED_SYSTEMS, FORWARD_ONLY, LAYOUT_SYSTEMS, SMOKE_BIGBIRD, SMOKE_LONGNET,
-                   SMOKE_LONGNET_BATCHED, SMOKE_LONGNET_PIPELINE, SMOKE_UNBATCHED, SYSTEMS, TOLERANCE, _case, _line,
-                   make_inputs, merge, run_cases, sample_positions, sampled, sdpa_system, smoke_cases, torch_counts)
 from peers_report import clocks_text, ttfr_legend
 from peers_timing import JIT_KEYS, interleaved, jit_counters, jit_delta, parse_smi, summary
 from peers_torch import (branch_count_fn, dilated_block_layout, dilated_mods, dilated_terms, flex_setup, flex_system,
                          group_divisor, layout_block_layout, mask_rows, max_err, reference_grads, reference_rows,
                          softmax_scale, torch_dilated, torch_longnet)
+
+# The benchmark script's module (bench/peers.py): its cases, systems and run loop, handed over by
+# smoke() rather than imported (this file is what peers.py --smoke runs).
+P = None
+
 
 class Checks:
     def __init__(self):
@@ -69,17 +71,17 @@ def smoke_family(check, name, family, spec, S, H, D):
         layout, _ = layout_block_layout(pattern, spec, H, S)
         check(f"{name}: layout from sampled mask rows == blocks of the mask", np.array_equal(layout, blocks.any(4).any(2).numpy()))
 
-    (q, k, v, dout), (qh, kh, vh, douth) = make_inputs(case, dev, torch.float32, seed=3)
+    (q, k, v, dout), (qh, kh, vh, douth) = P.make_inputs(case, dev, torch.float32, seed=3)
     ref = reference_rows(qh, kh, vh, counts, list(range(H)), rows, scale, divisor)
     ours = attnjit.attention(q, k, v, pattern).transpose(1, 2)
     check(f"{name}: ours (plan executor, fp32) vs fp64 reference from the mask", max_err(ours, ref) < 1e-4, f"{max_err(ours, ref):.1e}")
     a64 = [x.double().requires_grad_() for x in (q, k, v)]
     g_a = [g.transpose(1, 2) for g in torch.autograd.grad(attnjit.attention(*a64, pattern), a64, dout.double())]
-    heads, srows = sample_positions(H, S)
+    heads, srows = P.sample_positions(H, S)
     refg = reference_grads(qh, kh, vh, douth, pattern, heads, srows, scale, divisor, chunk_elems=H * S * 37)
-    err = max(max_err(r, sampled(g, heads, srows)) for r, g in zip(refg, g_a))
+    err = max(max_err(r, P.sampled(g, heads, srows)) for r, g in zip(refg, g_a))
     check(f"{name}: fp64 reference grads (chunked pass over the mask) vs attnjit fp64 autograd", err < 1e-10, f"{err:.1e}")
-    tc = torch_counts(case, pattern, heads, dev)
+    tc = P.torch_counts(case, pattern, heads, dev)
     if tc is not None:
         check(f"{name}: PyTorch counts of the reference's row pass == Pattern.mask",
               np.array_equal(tc(37, 91).numpy(), counts[heads][:, 37:128]))
@@ -96,7 +98,7 @@ def smoke_family(check, name, family, spec, S, H, D):
         except NotImplementedError as e:
             fwd_b = None
             check(f"{name}: torch-longnet refuses only what it cannot batch (a segment not dividing S, a head list "
-                  "that is no range)", name in SMOKE_UNBATCHED, str(e))
+                  "that is no range)", name in P.SMOKE_UNBATCHED, str(e))
         if fwd_b is not None:
             q64, k64, v64 = (x.double().requires_grad_() for x in (qh, kh, vh))
             o64 = fwd_b(q64, k64, v64)
@@ -107,7 +109,7 @@ def smoke_family(check, name, family, spec, S, H, D):
             o32 = fwd_b(qh, kh, vh)
             check(f"{name}: torch-longnet vs ours (fp32)", max_err(o32, ours) < 1e-4, f"{max_err(o32, ours):.1e}")
     if family == "dense":
-        o = sdpa_system(SDPBackend.FLASH_ATTENTION, bool(spec.get("causal")))(qh, kh, vh)
+        o = P.sdpa_system(SDPBackend.FLASH_ATTENTION, bool(spec.get("causal")))(qh, kh, vh)
         check(f"{name}: sdpa-flash vs ours", max_err(o, ours) < 1e-4, f"{max_err(o, ours):.1e}")
     if family in ("longnet", "seed_dilated"):
         fwd = torch_dilated(spec, H, S, D, dev)
@@ -138,10 +140,10 @@ def smoke_family(check, name, family, spec, S, H, D):
 
 def smoke_compiled_flex(check):
     """The fused CPU FlexAttention kernel once: the only CPU path that reads the BlockMask's blocks."""
-    spec, S, H, D = SMOKE_LONGNET, 512, 8, 32
+    spec, S, H, D = P.SMOKE_LONGNET, 512, 8, 32
     case = {"name": "longnet-small", "family": "longnet", "spec": spec, "S": S, "H": H, "D": D, "B": 1}
     pattern = attnjit.Pattern.from_json(spec)
-    (q, k, v, _), (qh, kh, vh, _) = make_inputs(case, torch.device("cpu"), torch.float32, seed=5)
+    (q, k, v, _), (qh, kh, vh, _) = P.make_inputs(case, torch.device("cpu"), torch.float32, seed=5)
     block_mask, score_mod, divisor = flex_setup(case, pattern, torch.device("cpu"), block=64)
     try:
         o = torch.compile(flex_attention, dynamic=False)(qh, kh, vh, score_mod=score_mod, block_mask=block_mask) / divisor
@@ -158,14 +160,14 @@ def smoke_meta_plumbing(check):
     S, H, D = 512, 8, 64
     q, k, v, dout = (torch.empty(2, H, S, D, device="meta", dtype=torch.bfloat16) for _ in range(4))
     q, k, v = (x.requires_grad_() for x in (q, k, v))
-    o = torch_dilated(SMOKE_LONGNET, H, S, D, torch.device("meta"))(q, k, v)
+    o = torch_dilated(P.SMOKE_LONGNET, H, S, D, torch.device("meta"))(q, k, v)
     grads = torch.autograd.grad(o, (q, k, v), dout)
     check("torch-dilated: CUDA flash op plumbing on meta tensors (fwd + bwd)",
           o.shape == q.shape and all(g.shape == q.shape and g.dtype == q.dtype for g in grads))
     S = 768
     q, k, v, dout = (torch.empty(2, H, S, D, device="meta", dtype=torch.bfloat16) for _ in range(4))
     q, k, v = (x.requires_grad_() for x in (q, k, v))
-    o = torch_longnet(SMOKE_LONGNET_BATCHED, H, S, D, torch.device("meta"))(q, k, v)
+    o = torch_longnet(P.SMOKE_LONGNET_BATCHED, H, S, D, torch.device("meta"))(q, k, v)
     grads = torch.autograd.grad(o, (q, k, v), dout)
     check("torch-longnet: CUDA flash op plumbing on meta tensors (fwd + bwd, a padded branch)",
           o.shape == q.shape and all(g.shape == q.shape and g.dtype == q.dtype for g in grads))
@@ -225,14 +227,14 @@ def smoke_units(check):
 def smoke_pipeline(check, args):
     """The benchmark's own loop (rounds, references, correctness marks, files) on tiny CPU cases,
     with two broken systems that must come out marked wrong."""
-    SYSTEMS.update(_broken_systems())
-    cases = [_case("dense-tiny", "dense", DENSE, 128, 2, 16, DENSE_SYSTEMS),
-             _case("longnet-tiny", "longnet", SMOKE_LONGNET_PIPELINE, 384, 4, 16,
-                   DILATED_SYSTEMS + ["broken-fwd", "broken-grad"]),
-             _case("bigbird-tiny", "layout", SMOKE_BIGBIRD, 256, 2, 16, LAYOUT_SYSTEMS)]
+    P.SYSTEMS.update(_broken_systems())
+    cases = [P._case("dense-tiny", "dense", P.DENSE, 128, 2, 16, P.DENSE_SYSTEMS),
+             P._case("longnet-tiny", "longnet", P.SMOKE_LONGNET_PIPELINE, 384, 4, 16,
+                   P.DILATED_SYSTEMS + ["broken-fwd", "broken-grad"]),
+             P._case("bigbird-tiny", "layout", P.SMOKE_BIGBIRD, 256, 2, 16, P.LAYOUT_SYSTEMS)]
     out = tempfile.mkdtemp(prefix="peers-smoke-")
     a = argparse.Namespace(**{**vars(args), "out": out, "runs": 3, "warmup": 1, "budget": 120.0})
-    writer = run_cases(cases, a, torch.device("cpu"), torch.float32, 1e-4, 1e-4)
+    writer = P.run_cases(cases, a, torch.device("cpu"), torch.float32, 1e-4, 1e-4)
     with open(os.path.join(out, "peers.json"), encoding="utf-8") as f:
         data = json.load(f)
     with open(os.path.join(out, "peers.md"), encoding="utf-8") as f:
@@ -245,17 +247,17 @@ def smoke_pipeline(check, args):
                 what = "forward" if name == "broken-fwd" else "gradients"  # O * 1.01 has wrong gradients too
                 good = (s.get("wrong") and s.get("wrong_what", [None])[0] == what and f"**{name} (WRONG)**" in md
                         and (name == "broken-fwd" or s["wrong_what"] == ["gradients"]))
-                check(f"pipeline: {c['name']} {name} marked wrong ({what}) in the JSON and the table", good, _line(s))
+                check(f"pipeline: {c['name']} {name} marked wrong ({what}) in the JSON and the table", good, P._line(s))
                 ok = ok and good
                 continue
             expect_ok = name not in ("sdpa-cudnn", "flex")  # no cuDNN, no flex backward on the CPU
             good = "fwd" in s and not s.get("wrong") and (s.get("status") == "ok" or not expect_ok)
             good = good or (name == "sdpa-cudnn" and s.get("status") == "error")
-            if good and name in FORWARD_ONLY:  # timed forward, checked at its tolerance, no backward
+            if good and name in P.FORWARD_ONLY:  # timed forward, checked at its tolerance, no backward
                 f = s["fwd"]
                 good = (s.get("status") == "ok" and f["runs"] == 3 and f["min_ms"] <= f["median_ms"] <= f["max_ms"]
                         and s.get("bwd_status") == "not run: forward only" and "bwd" not in s
-                        and s["max_err"] <= TOLERANCE[name] and s["ttfr_first"]["attnjit"])
+                        and s["max_err"] <= P.TOLERANCE[name] and s["ttfr_first"]["attnjit"])
             elif good and s.get("status") == "ok":
                 f, b = s["fwd"], s["bwd"]
                 # The training step: each round's forward and backward added (times rounded to 1e-4 ms).
@@ -267,7 +269,7 @@ def smoke_pipeline(check, args):
                         and "peak_fwd_mb" in s and "peak_fwdbwd_mb" in s and "ttfr_first" in s and "ttfr_bwd_first" in s
                         and s["ttfr_first"]["attnjit"] == (name == "ours")
                         and (s["ttfr_first"]["jit"] is not None) == (jit_present and name == "ours"))
-            check(f"pipeline: {c['name']} {name}", good, _line(s))
+            check(f"pipeline: {c['name']} {name}", good, P._line(s))
             ok = ok and good
         first_round = list(dict.fromkeys(x.split()[0] for x in c["order"]))
         check(f"pipeline: {c['name']} one round runs every timed system once, in order",
@@ -282,7 +284,7 @@ def smoke_pipeline(check, args):
           and ours["fwd"]["tflops"] < ours["fwd"]["tflops_per_branch"], f"{ln['attended_pairs_distinct']} < "
           f"{ln['attended_pairs_per_branch']}")
     check("pipeline: torch-longnet ran and matched", ln["systems"]["torch-longnet"].get("status") == "ok"
-          and not ln["systems"]["torch-longnet"].get("wrong"), _line(ln["systems"]["torch-longnet"]))
+          and not ln["systems"]["torch-longnet"].get("wrong"), P._line(ln["systems"]["torch-longnet"]))
     dense_rows = [l for l in md.split("## Cases")[0].splitlines() if l.startswith("| dense-tiny | sdpa-flash |")]
     check("pipeline: the table has the training step and its ratio",
           "| step ms | step ours/peer |" in md and len(dense_rows) == 1 and float(dense_rows[0].split("|")[13]) > 0,
@@ -295,7 +297,7 @@ def smoke_pipeline(check, args):
     with open(os.path.join(old_run, "peers.json"), "w", encoding="utf-8") as f:
         json.dump(data, f)
     merged = os.path.join(old_run, "merged")
-    merge([old_run], merged)
+    P.merge([old_run], merged)
     with open(os.path.join(merged, "peers.json"), encoding="utf-8") as f:
         back = json.load(f)
     flash = next(c for c in back["cases"] if c["name"] == "dense-tiny")["systems"]["sdpa-flash"]
@@ -313,17 +315,20 @@ def smoke_pipeline(check, args):
     else:
         print("skipped: JIT counters: this attnjit build has no jit_counters (rebuild the extension)")
     for name in _broken_systems():
-        SYSTEMS.pop(name)
+        P.SYSTEMS.pop(name)
     return writer
 
 
-def smoke(args):
+def smoke(args, peers):
+    """Every check; `peers` is bench/peers.py's module. Returns the exit status (1 if a check failed)."""
+    global P
+    P = peers
     import warnings
     warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
     t0 = time.time()
     check = Checks()
     torch.manual_seed(0)
-    for name, family, spec, S, H, D in smoke_cases():
+    for name, family, spec, S, H, D in P.smoke_cases():
         try:
             smoke_family(check, name, family, spec, S, H, D)
         except Exception as e:  # noqa: BLE001
