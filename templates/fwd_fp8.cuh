@@ -4,7 +4,8 @@
 // does its B register. So:
 // - S = Q K^T takes Q and K as they lie (rows of AJ_HEAD_DIM = 64 or 128 bytes);
 // - O += P V needs V^T (for each output column, the tile's keys contiguous): each tile of V is
-//   transposed as it is loaded (16 bytes from a key's row, one byte to each of 16 rows of V^T);
+//   transposed on its way to shared memory (four keys' 16 bytes become 16 words of V^T by byte
+//   permutes, aj_fp8_store_vt);
 // - P comes from registers in the 8-bit A layout: lane l holds, of each 32-key chunk of its rows,
 //   columns 4(l % 4) .. + 3 and 16 + 4(l % 4) .. + 3, while its S accumulators (the C layout of
 //   m16n8, the same in both instructions) hold keys 2(l % 4), + 1, 8 + 2(l % 4), + 1 (and 16
@@ -114,6 +115,9 @@ __device__ __forceinline__ void aj_fp8_load_v(AjFp8V& v, const aj_elem* vb, aj_i
   }
 }
 
+// Word i of a 16-byte vector (i known at compile time: a register, no indexing).
+__device__ __forceinline__ aj_u32 aj_word(const aj_u32x4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
 // ... and from them into V^T ([AJ_HEAD_DIM_V output columns][AJ_TILE_K B], swizzled): the value of
 // key aj_fp8_key(k) at column d lies at V^T row d, byte k of its 32-key chunk. Each 4 x 4 block of
 // bytes (four keys' words of four columns) is transposed by eight byte permutes.
@@ -124,7 +128,8 @@ __device__ __forceinline__ void aj_fp8_store_vt(unsigned char* vt, const AjFp8V&
     if (u >= AJ_FP8_V_UNITS) break;
 #pragma unroll
     for (int w = 0; w < 4; ++w) {  // columns col + 4w .. + 3
-      const aj_u32 a = (&v.rows[i][0].x)[w], b = (&v.rows[i][1].x)[w], c = (&v.rows[i][2].x)[w], d = (&v.rows[i][3].x)[w];
+      const aj_u32 a = aj_word(v.rows[i][0], w), b = aj_word(v.rows[i][1], w), c = aj_word(v.rows[i][2], w),
+                   d = aj_word(v.rows[i][3], w);
       const aj_u32 ab01 = aj_prmt(a, b, 0x5140), cd01 = aj_prmt(c, d, 0x5140);  // a0 b0 a1 b1, c0 d0 c1 d1
       const aj_u32 ab23 = aj_prmt(a, b, 0x7362), cd23 = aj_prmt(c, d, 0x7362);  // a2 b2 a3 b3, c2 d2 c3 d3
       const aj_u32 out[4] = {aj_prmt(ab01, cd01, 0x5410), aj_prmt(ab01, cd01, 0x7632), aj_prmt(ab23, cd23, 0x5410),
