@@ -10,8 +10,10 @@
 // no .trans) delivers the 8-bit fragments of Q, K and V^T: a register of 4 bytes along K is one
 // 16-bit pair's worth. Q's fragments stay in registers from the first tile on.
 //
-// Two stages, as fwd_sm90_fp8.cuh (aj_fp8_tiles): the next tile's K copies and V loads are in
-// flight through this tile's products, and its V^T is stored after them. Rows whose O a masked
+// Two stages (aj_fp8_tiles): the next tile's K copies and V loads are in flight through this
+// tile's products, and its V^T is stored after them. (With mma.sync a warp's softmax overlaps the
+// tensor cores through the other warps' products, as in the sm_80 kernel, not within the warp as
+// the Hopper kernel's does.) Rows whose O a masked
 // NaN in V reached are summed again exactly (aj_tc_exact_rows).
 
 #if AJ_TILE_K != 64 || (AJ_TILE_Q != 64 && AJ_TILE_Q != 128) || AJ_WARPS * 16 != AJ_TILE_Q
