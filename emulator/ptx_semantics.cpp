@@ -72,6 +72,21 @@ MmaRowCol mma_cd_element(int lane, int index) {
   return {g + (index >> 1) * 8, 2 * t + (index & 1)};
 }
 
+namespace {
+// Each lane's C/D elements plus their K products (exact in double), rounded once to fp32: the
+// accumulation model of mma.sync (ptx_semantics.hpp).
+template <int K>
+void mma_accumulate(const double (&A)[16][K], const double (&B)[K][8], float (*d)[4]) {
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 4; ++i) {
+      const MmaRowCol e = mma_cd_element(lane, i);
+      double sum = d[lane][i];
+      for (int k = 0; k < K; ++k) sum += A[e.row][k] * B[k][e.col];
+      d[lane][i] = static_cast<float>(sum);
+    }
+}
+}  // namespace
+
 void mma_m16n8k16(const uint32_t (*a)[4], const uint32_t (*b)[2], float (*d)[4], int type) {
   double A[16][16], B[16][8];
   for (int lane = 0; lane < 32; ++lane) {
@@ -86,13 +101,7 @@ void mma_m16n8k16(const uint32_t (*a)[4], const uint32_t (*b)[2], float (*d)[4],
         B[e.row][e.col] = cvt_f32_of_type(static_cast<uint16_t>(b[lane][reg] >> (16 * half)), type);
       }
   }
-  for (int lane = 0; lane < 32; ++lane)
-    for (int i = 0; i < 4; ++i) {
-      const MmaRowCol e = mma_cd_element(lane, i);
-      double sum = d[lane][i];
-      for (int k = 0; k < 16; ++k) sum += A[e.row][k] * B[k][e.col];
-      d[lane][i] = static_cast<float>(sum);
-    }
+  mma_accumulate(A, B, d);
 }
 
 MmaRowCol mma_a_element_8bit(int lane, int reg, int byte) {
@@ -117,13 +126,7 @@ void mma_m16n8k32_e4m3(const uint32_t (*a)[4], const uint32_t (*b)[2], float (*d
         B[e.row][e.col] = e4m3_to_float(static_cast<uint8_t>(b[lane][reg] >> (8 * byte)));
       }
     }
-  for (int lane = 0; lane < 32; ++lane)
-    for (int i = 0; i < 4; ++i) {
-      const MmaRowCol e = mma_cd_element(lane, i);
-      double sum = d[lane][i];
-      for (int k = 0; k < 32; ++k) sum += A[e.row][k] * B[k][e.col];
-      d[lane][i] = static_cast<float>(sum);
-    }
+  mma_accumulate(A, B, d);
 }
 
 void ldmatrix(const uint16_t* const (*rows)[8], int num, bool trans, uint32_t (*out)[4]) {

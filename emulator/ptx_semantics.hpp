@@ -74,8 +74,9 @@ void mma_m16n8k16(const uint32_t (*a)[4], const uint32_t (*b)[2], float (*d)[4],
 // B^T, as for 16-bit inputs with twice the K.
 MmaRowCol mma_a_element_8bit(int lane, int reg, int byte);
 MmaRowCol mma_b_element_8bit(int lane, int reg, int byte);
-// mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32, with the accumulation model above (for
-// e4m3 an assumption the probe probe_mma_e4m3 checks on hardware).
+// mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32, with the accumulation model above. The
+// probe probe_mma_e4m3 checks the fragments (small integers, exact in any model); the rounding of
+// the sums is an assumption no GPU here can check (sm_90 builds the instruction from f16 HMMAs).
 void mma_m16n8k32_e4m3(const uint32_t (*a)[4], const uint32_t (*b)[2], float (*d)[4]);
 
 // ---- "Data Movement and Conversion Instructions: ldmatrix" (.m8n8 .b16) -----------------------

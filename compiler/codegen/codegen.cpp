@@ -81,26 +81,20 @@ bool q_over_kv(const KernelRequest& r, const KernelConfig& c) {
 
 // Dynamic shared memory of the Hopper forward (templates/fwd_sm90.cuh): the Q tile and the K/V
 // stages, unpadded (the 128-byte swizzle keeps wgmma's reads off each other's banks), and 1024
-// bytes to start them on the swizzle pattern's boundary.
+// bytes to start them on the swizzle pattern's boundary. The FP8 kernels (fwd_fp8.cuh's tiles, on
+// sm_90a and sm_89) lay out the same: bytes of Q, then K and V^T tiles a stage.
 // The TMA kernel adds four mbarriers per stage (full and empty, for K and for V).
 int forward_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c, bool tma) {
-  const int bytes = dtype_bytes(r.dtype);  // 1 for FP8 (fwd_sm90_fp8.cuh: Q, and K and V^T tiles a stage)
+  const int bytes = dtype_bytes(r.dtype);  // 1 for FP8
   return bytes * (c.tile_q * r.head_dim + c.stages * c.tile_k * (r.head_dim + r.head_dim_v)) + 1024 + (tma ? 4 * 8 * c.stages : 0);
 }
 bool hopper(KernelPath p) { return p == KernelPath::Sm90 || p == KernelPath::Sm90Tma; }
 
-// Dynamic shared memory of the FP8 forward on sm_89 (templates/fwd_sm89_fp8.cuh): the Q tile and
-// the stages' K and V^T tiles of bytes, swizzled, and 1024 bytes to start them on the pattern's
-// boundary.
-int forward_sm89_fp8_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
-  return c.tile_q * r.head_dim + c.stages * c.tile_k * (r.head_dim + r.head_dim_v) + 1024;
-}
 bool fp8_sm89(KernelPath path, const KernelRequest& r) { return path == KernelPath::Sm80 && r.dtype == DType::E4M3; }
 
 int smem_bytes(KernelPath path, const KernelRequest& r, const KernelConfig& c) {
   if (path == KernelPath::Simt) return 0;  // static shared memory, checked by its own limit
-  if (hopper(path)) return forward_sm90_smem_bytes(r, c, path == KernelPath::Sm90Tma);
-  if (fp8_sm89(path, r)) return forward_sm89_fp8_smem_bytes(r, c);
+  if (hopper(path) || fp8_sm89(path, r)) return forward_sm90_smem_bytes(r, c, path == KernelPath::Sm90Tma);
   return forward_sm80_smem_bytes(r, c, q_over_kv(r, c));
 }
 
@@ -227,11 +221,11 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   if (r.poly_exp2 && forward && k.path != KernelPath::Simt) os << "#define AJ_POLY_EXP2 4\n";
   // The forward of a pattern whose plans may be packed weighs its weighted keys (aj_tc_weigh).
   if (k.key_weights) os << "#define AJ_KEY_WEIGHTS 1\n";
-  if (k.path == KernelPath::Sm80 && !paged && r.dtype != DType::E4M3) {
+  if (k.path == KernelPath::Sm80 && !paged && !fp8_sm89(k.path, r)) {
     // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
     os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "
        << (forward && q_over_kv(r, k.config)) << "\n";
-  } else if (hopper(k.path) || (k.path == KernelPath::Sm80 && !paged)) {
+  } else if (hopper(k.path) || (fp8_sm89(k.path, r) && !paged)) {
     os << "#define AJ_Q_IN_REGS 0\n#define AJ_Q_OVER_KV 0\n";  // fwd_sm80.cuh's, unused here
     if (k.tma_maps) os << "#define AJ_TMA_MAPS " << k.tma_maps << "\n";
   }
