@@ -172,13 +172,14 @@ std::tuple<std::vector<int64_t>, std::vector<int32_t>, int64_t> sanitize_dynamic
 void forward(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
              const Tensor& k, const Tensor& v, const Tensor& o, const std::optional<Tensor>& lse, int64_t q_offset,
              int64_t k_offset, uintptr_t stream, const DynamicArg& dynamic, const DocumentsArg& documents,
-             const DeviceDynamicArg& device_dynamic) {
+             const DeviceDynamicArg& device_dynamic, bool rows_with_work_only) {
   const DType dt = parse_dtype(dtype);
   const Problem pb = problem_of(q, k, v, dt);
   const std::optional<DynamicLayout> dyn = dynamic_of(dynamic);
   const std::optional<DeviceDynamicLayout> device_dyn = device_dynamic_of(device_dynamic);
   Attention op = prepared(spec, device_of(device, index), pb);
   ForwardOptions fo = options_of(q_offset, k_offset, stream, dyn, documents, device_dyn);
+  fo.rows_with_work_only = rows_with_work_only;
   const TensorView lv = lse ? view(*lse, DType::F32) : TensorView{};
   nb::gil_scoped_release release;
   op.forward(view(q, dt), view(k, dt), view(v, dt), view(o, dt), lse ? &lv : nullptr, fo);
@@ -403,9 +404,10 @@ nb::dict stats(const std::string& spec, int64_t seq_q, int64_t heads_q, int64_t 
   return d;
 }
 
-// What one call touches: (key rows attended, uint8 [Hkv, Sk]; query rows computed, uint8 [Hq, Sq])
-// (plan_key_rows, plan_query_rows). What attnjit.distributed sends of a K/V shard and merges of a
-// step's output; both all zero when the call attends nothing.
+// What one call touches: (key rows attended, uint8 [Hkv, Sk]; query rows that attend a key, uint8
+// [Hq, Sq]) (plan_key_rows, plan_attending_rows), the same whatever the tiles. What
+// attnjit.distributed sends of a K/V shard and merges of a step's output; both all zero when the
+// call attends nothing.
 std::tuple<nb::ndarray<nb::numpy, uint8_t>, nb::ndarray<nb::numpy, uint8_t>> call_rows(
     const std::string& spec, int64_t seq_q, int64_t heads_q, int64_t seq_k, int64_t heads_kv, int64_t q_offset, int64_t k_offset) {
   const Shape s = shape_of(1, seq_q, seq_k, heads_q, heads_kv, 64, 64, q_offset, k_offset);
@@ -416,7 +418,7 @@ std::tuple<nb::ndarray<nb::numpy, uint8_t>, nb::ndarray<nb::numpy, uint8_t>> cal
     nb::gil_scoped_release release;
     const Plan plan = lower_to_plan(p, s, TileConfig{64, 64});
     keys = plan_key_rows(plan, p);
-    queries = plan_query_rows(plan);
+    queries = plan_attending_rows(plan, p);
   }
   return {numpy_of(std::move(keys), {static_cast<size_t>(heads_kv), static_cast<size_t>(seq_k)}),
           numpy_of(std::move(queries), {static_cast<size_t>(heads_q), static_cast<size_t>(seq_q)})};

@@ -188,9 +188,21 @@ Plan lower_to_plan(const Pattern& p, const Shape& s, const TileConfig& tiles, co
 std::vector<uint8_t> plan_key_rows(const Plan& plan, const Pattern& p, const DynamicLayout* dynamic = nullptr);
 
 // The query rows a plan computes: uint8 [heads_q * seq_q], 1 for the rows of work items that visit
-// a tile (a superset of the rows that attend a key); every other row comes out as O = 0,
-// LSE = -inf. Ring attention merges only these rows of a step's output.
+// a tile (a superset of the rows that attend a key, and it depends on the tiles); every other row
+// comes out as O = 0, LSE = -inf.
 std::vector<uint8_t> plan_query_rows(const Plan& plan);
+
+// The query rows that attend a key by the plan: uint8 [heads_q * seq_q], 1 where a visited tile
+// holds a pair of the row that the pattern attends (full tiles whole, partial tiles asked per pair,
+// as plan_key_rows), i.e. exactly the rows the pattern lets attend something. Every plan of the
+// call writes these rows whatever its tiles; ring attention merges only these rows of a step.
+std::vector<uint8_t> plan_attending_rows(const Plan& plan, const Pattern& p, const DynamicLayout* dynamic = nullptr);
+
+// How many leading work items hold every item that visits a tile: a launch over items [0, n)
+// writes exactly the rows plan_query_rows marks and leaves every other row of O and the LSE as it
+// was (ForwardOptions::rows_with_work_only). Items are scheduled heaviest first, so the items that
+// visit nothing come last and n is usually the count of those that visit something.
+int64_t work_item_prefix(const Plan& plan);
 
 // Does the mask of `branch` allow the global positions (qpos, kpos) inside a partial tile? This is
 // the per-element predicate a kernel evaluates: causal, window and layout (segments and

@@ -141,5 +141,5 @@ def _numpy_attention(q, k, v, spec, q_offset, k_offset, dyn, docs):
         return (x.ctypes.data, list(x.shape), [s // x.itemsize for s in x.strides])
 
     _attnjit.forward(spec, cpu_device(), 0, _NUMPY_DTYPES[q.dtype], desc(q), desc(k), desc(v), desc(o), desc(lse),
-                     q_offset, k_offset, 0, dyn, docs, None)
+                     q_offset, k_offset, 0, dyn, docs, None, False)
     return o, lse

@@ -258,8 +258,20 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: str, q_o
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     device, index, stream = _device(q)
     _attnjit.forward(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v), _desc(o), _desc(lse), q_offset,
-                     k_offset, stream, dyn, docs, device_dyn)
+                     k_offset, stream, dyn, docs, device_dyn, False)
     return o, lse, problems
+
+
+def forward_rows_with_work(q, k, v, o, lse, spec: str, q_offset: int, k_offset: int):
+    """The forward into `o` [B, Sq, Hq, Dv] (q's dtype) and `lse` fp32 [B, Hq, Sq], the caller's,
+    writing only the rows that attend a key (_attnjit.call_rows' query rows): the others keep what
+    they held. No autograd, no dynamic layouts or documents: one step of attnjit.distributed, which
+    merges just those rows, so a step costs its rows with work rather than the whole chunk."""
+    if is_empty(q.shape, k.shape):
+        return
+    device, index, stream = _device(q)
+    _attnjit.forward(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v), _desc(o), _desc(lse), q_offset,
+                     k_offset, stream, None, None, None, True)
 
 
 @_attention.register_fake

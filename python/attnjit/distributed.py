@@ -15,8 +15,11 @@ with the chunks' global offsets, and partial results merge by their log-sum-exp 
 
 Before the first step a CommPlan is made from the pattern, the same on every rank (`comm_plan`
 prints it): for every (query rank, key rank) the chunk pairs that attend anything, the key rows,
-per kv head, that they attend (compiler/plan, plan_key_rows) and the query rows their kernels
-compute (plan_query_rows: a step merges only those into the running result). Step
+per kv head, that they attend (compiler/plan, plan_key_rows) and the query rows that attend a key
+(plan_attending_rows). A step's kernels write only those rows (ForwardOptions::rows_with_work_only)
+into one scratch (O, LSE) pair, and the step merges just those rows into the running result; the
+rows a rank receives are placed into a staging K/V pair that is zero elsewhere and zeroed again at
+those rows after the step. So a forward step costs its rows with work, not its whole chunk. Step
 s = 1..W-1 moves K/V straight from its owner r to rank r+s (mod W), as batch_isend_irecv started
 one step ahead so the transfer overlaps the step before; a rank receives only the rows it reads
 (a dilated branch's selected rows, the edge of a window) and nothing when it reads none, so steps
@@ -25,9 +28,11 @@ along a ring moves the same bytes per step on a switched fabric (NVSwitch, Infin
 skipped transfer vanish instead of travelling on to the ranks after it.
 
 The backward uses the final O and LSE at every step: dQ stays where it is computed, the dK/dV of
-a received chunk (the rows read only) goes straight back to its owner. Each chunk pair's
-gradients come out of the kernels in the inputs' dtype and are summed in fp32 (and sent in fp32),
-so fp16/bf16 gradients carry one rounding per chunk pair more than a single call's.
+a received chunk (the rows read only) goes straight back to its owner, gathered from one fp32 pair
+that is zeroed again at those rows. Each chunk pair's gradients come out of the kernels in the
+inputs' dtype and are summed in fp32 (and sent in fp32), so fp16/bf16 gradients carry one rounding
+per chunk pair more than a single call's; and the backward kernel call of a step still works over
+its whole chunk pair (its scratch, D and the dtype conversion), not over its rows with work.
 
 strategy="longnet" is LongNet's own scheme instead (its paper, section 3.2): every rank sends each
 other rank the rows it reads in one collective before any kernel, dK/dV back the same way after.
@@ -49,6 +54,7 @@ import torch.distributed as dist
 from . import _attnjit
 from ._inputs import check_shapes
 from ._pattern import as_pattern
+from ._torch_ops import forward_rows_with_work
 
 LAYOUTS = ("contiguous", "zigzag")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -397,15 +403,6 @@ def _gather(units, t):
     return t if units is None else _flat(t).index_select(1, units.local)
 
 
-def _place(units, buf, like):
-    """A tensor like `like` (zero outside the units) holding the gathered `buf`."""
-    if units is None:
-        return buf.view(like.shape)
-    full = torch.zeros_like(like)
-    _flat(full).index_copy_(1, units.local, buf)
-    return full
-
-
 def _add_gathered(units, acc, buf):
     """acc [B, rows, heads, D] += the gathered `buf` at its units (a whole tensor when None)."""
     if units is None:
@@ -433,6 +430,9 @@ class _Ring:
         # The index tensors of this rank's rows, made once per plan, rank and device (a copy to the
         # GPU from ordinary host memory waits for the GPU: never in the middle of the steps).
         self._cache = plan._units.setdefault((rank, strategy), {})
+        self._stage = None  # received K/V placed at their rows (unpack)
+        self._scratch = None  # one chunk pair's (O, LSE), its rows with work only (attend)
+        self._partial = None  # dK/dV of a received chunk (partial)
 
     def rows(self, qr, kr, device):
         """The K/V units rank qr reads of rank kr's (None: all)."""
@@ -468,17 +468,37 @@ class _Ring:
         return self._cache[key]
 
     def unpack(self, src, bufs, k, v):
-        """Rank src's K/V, local-sized, from the rows this rank received (zero elsewhere: unread)."""
+        """Rank src's K/V, local-sized, from the rows this rank received (zero elsewhere: unread).
+        They are placed into this call's staging pair, zero but for the rows of the step in use, which
+        release(src) zeroes again: a step costs the rows it receives, not a local-sized memset."""
         units = self.rows(self.rank, src, k.device)
-        return _place(units, bufs[0], k), _place(units, bufs[1], v)
+        if units is None:
+            return bufs[0].view(k.shape), bufs[1].view(v.shape)
+        if self._stage is None:
+            self._stage = torch.zeros_like(k), torch.zeros_like(v)
+        for stage, buf in zip(self._stage, bufs):
+            _flat(stage).index_copy_(1, units.local, buf)
+        return self._stage
 
-    # The kernels of the chunk pairs of (this rank's queries, rank kr's keys).
+    def release(self, src, device):
+        """Zeroes the staging rows unpack(src, ...) filled, once that step's kernels are queued."""
+        units = self.rows(self.rank, src, device)
+        if units is not None and self._stage is not None:
+            for stage in self._stage:
+                _flat(stage).index_fill_(1, units.local, 0)
+
+    # The kernels of the chunk pairs of (this rank's queries, rank kr's keys). Each writes only the
+    # rows that attend a key into one scratch pair, and the merge reads just those rows.
     def attend(self, q, kr, kk, vv, acc_o, acc_lse):
         for qi, ki, computed, _ in self.chunk_pairs(kr, q.device):
             qa, qn, qs = self.chunk(self.rank, qi)
             ka, kn, ks = self.chunk(kr, ki)
-            o, lse, _ = torch.ops.attnjit.attention(q[:, qa:qa + qn], kk[:, ka:ka + kn], vv[:, ka:ka + kn], self.spec, qs, ks,
-                                                    0, None, None, False, None)
+            if self._scratch is None or self._scratch[0].shape[1] != qn:
+                b, _, hq, _ = q.shape
+                self._scratch = (torch.empty((b, qn, hq, vv.shape[3]), dtype=q.dtype, device=q.device),
+                                 torch.empty((b, hq, qn), dtype=torch.float32, device=q.device))
+            o, lse = self._scratch
+            forward_rows_with_work(q[:, qa:qa + qn], kk[:, ka:ka + kn], vv[:, ka:ka + kn], o, lse, self.spec, qs, ks)
             _merge(acc_o, acc_lse, qa, o, lse, computed)
 
     def attend_backward(self, q, o, lse, do, dlse, kr, kk, vv, dq, dkk, dvv):
@@ -493,6 +513,27 @@ class _Ring:
             _add_part(computed, dq if computed is not None else dq[:, rows], gq)
             for acc, part in ((dkk, gk), (dvv, gv)):
                 _add_part(read, acc if read is not None else acc[:, keys], part)
+
+    def partial(self, src, dk, dv):
+        """fp32 dK/dV of rank src's rows for one step. Where this rank reads some of them, one pair
+        kept across the steps, zero but for the rows of the step in use: give_back gathers those
+        rows (a copy) and zeroes them again. Where it reads every row, a fresh pair (the whole pair
+        is the message then, still in flight during the next step)."""
+        if self.rows(self.rank, src, dk.device) is None:
+            return torch.zeros_like(dk), torch.zeros_like(dv)
+        if self._partial is None:
+            self._partial = torch.zeros_like(dk), torch.zeros_like(dv)
+        return self._partial
+
+    def gather_partial(self, src, partial):
+        """The rows of rank src this rank read, from `partial` (its dK/dV), as the message back; the
+        kept pair is zeroed at those rows for the next step."""
+        units = self.rows(self.rank, src, partial[0].device)
+        out = [_gather(units, t) for t in partial]
+        if units is not None:
+            for t in partial:
+                _flat(t).index_fill_(1, units.local, 0)
+        return out
 
     def moves(self, k, v):
         return _RingMoves(self, k, v) if self.strategy == "ring" else _GatherMoves(self, k, v)
@@ -529,7 +570,7 @@ class _Ring:
         for src, kv in moves.sources():
             partial = None
             if kv is not None:
-                partial = torch.zeros_like(dk), torch.zeros_like(dv)
+                partial = self.partial(src, dk, dv)
                 self.attend_backward(q, o, lse, do, dlse, src, *kv, dq, *partial)
             moves.give_back(src, partial, dk, dv)
         moves.finish(dk, dv)
@@ -572,6 +613,8 @@ class _RingMoves:
             pending = self.start_kv(step + 1) if step + 1 < w else None
             self.step = step
             yield src, (None if bufs is None else self.ring.unpack(src, bufs, self.k, self.v))
+            if bufs is not None:
+                self.ring.release(src, self.k.device)
 
     def give_back(self, src, partial, dk, dv):
         # The dK/dV of rank src's rows go back to it; rank+step sends this rank's.
@@ -580,9 +623,8 @@ class _RingMoves:
         dst = (r + step) % w
         ex = _Exchange(ring.group, "grad_bytes")
         if partial is not None:
-            units = ring.rows(r, src, dk.device)
-            for t, tag in zip(partial, (2, 3)):
-                ex.send(_gather(units, t), src, 4 * step + tag)
+            for t, tag in zip(ring.gather_partial(src, partial), (2, 3)):
+                ex.send(t, src, 4 * step + tag)
         bufs = None
         if ring.plan.pair(dst, r) is not None:
             n = ring.count(dst, r, dk)
@@ -654,11 +696,12 @@ class _GatherMoves:
         for src in range(w):
             if src != r:
                 yield src, (ring.unpack(src, got[src], k, v) if got[src] else None)
+                if got[src]:
+                    ring.release(src, k.device)
 
     def give_back(self, src, partial, dk, dv):
         if partial is not None:
-            units = self.ring.rows(self.ring.rank, src, dk.device)
-            self.partials[src] = [_gather(units, t) for t in partial]
+            self.partials[src] = self.ring.gather_partial(src, partial)
 
     def finish(self, dk, dv):
         ring = self.ring
@@ -759,8 +802,6 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
         p = p.with_scale(scale)
     if "dynamic<" in p.canonical:  # a dynamic layout anywhere in the tree (its canonical text)
         raise ValueError("pattern: a dynamic layout is not supported by ring_attention; use attnjit.attention")
-    from . import _torch_ops  # noqa: F401  (registers torch.ops.attnjit)
-
     if w > 1:
         _check_agreement(group, (p.hash, tuple(q.shape), tuple(k.shape), tuple(v.shape), str(q.dtype), layout, strategy))
     plan = comm_plan(p, q.shape[1] * w, q.shape[2], k.shape[2], world_size=w, layout=layout)

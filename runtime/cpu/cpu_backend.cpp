@@ -16,7 +16,9 @@ namespace {
 
 // Head-major, at the call's positions (the plan may have been lowered for others with the same mask).
 ExecutorOptions executor_options(const ForwardOptions& o) {
-  return ExecutorOptions{.order = ExecutorOrder::HeadMajor, .offsets = std::pair{o.q_offset, o.k_offset}};
+  return ExecutorOptions{.order = ExecutorOrder::HeadMajor,
+                         .offsets = std::pair{o.q_offset, o.k_offset},
+                         .rows_with_work_only = o.rows_with_work_only};
 }
 
 // A float32 [B, S, H, width] view's rows as the executor reads them in place: the last dimension
@@ -71,7 +73,15 @@ public:
       ExecutorOptions eo = executor_options(options);
       eo.fp8 = fp8 ? &*fp8 : nullptr;
       const std::vector<float> qf = gather(head_major(q)), kf = gather(head_major(k)), vf = gather(head_major(v));
-      const ExecutorOutput r = execute_plan(entry.plan, pattern_, qf.data(), kf.data(), vf.data(), options.dynamic_layout, eo);
+      ExecutorOutput r;
+      if (options.rows_with_work_only) {  // the rows without work keep what o and lse hold
+        const Shape& s = entry.plan.shape;
+        r.o = gather(head_major(o));
+        r.lse = lse ? gather(*lse) : std::vector<float>(static_cast<size_t>(s.batch * s.heads_q * s.seq_q));
+        execute_plan_onto(entry.plan, pattern_, qf.data(), kf.data(), vf.data(), r, options.dynamic_layout, eo);
+      } else {
+        r = execute_plan(entry.plan, pattern_, qf.data(), kf.data(), vf.data(), options.dynamic_layout, eo);
+      }
       scatter(head_major(o), r.o);
       if (lse) scatter(*lse, r.lse);
       return;
@@ -79,7 +89,9 @@ public:
     // O contiguous [B, S, H, Dv]: rows {S * H, H, 1}. The LSE goes straight to a contiguous float32 one.
     const Shape& s = entry.plan.shape;
     const bool lse_direct = lse && contiguous_f32(*lse);
-    std::vector<float> lse_tmp(lse_direct ? 0 : static_cast<size_t>(s.batch * s.heads_q * s.seq_q));
+    std::vector<float> lse_tmp = lse_direct                             ? std::vector<float>{}
+                                 : lse && options.rows_with_work_only ? gather(*lse)
+                                                                      : std::vector<float>(size_t(s.batch * s.heads_q * s.seq_q));
     float* lse_out = lse_direct ? static_cast<float*>(lse->data) : lse_tmp.data();
     execute_plan_into(entry.plan, pattern_, {static_cast<const float*>(q.data), *qr}, {static_cast<const float*>(k.data), *kr},
                       {static_cast<const float*>(v.data), *vr}, static_cast<float*>(o.data),

@@ -155,10 +155,15 @@ ExecutorOutput execute_plan(const Plan& plan, const Pattern& pattern, const floa
   const float nan = std::numeric_limits<float>::quiet_NaN();
   out.o.assign(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v), nan);
   out.lse.assign(static_cast<size_t>(s.batch * s.heads_q * s.seq_q), nan);
+  execute_plan_onto(plan, pattern, q, k, v, out, dynamic, options);
+  return out;
+}
+
+void execute_plan_onto(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* v,
+                       ExecutorOutput& out, const DynamicLayout* dynamic, const ExecutorOptions& options) {
   const ExecutorJob layouts = job_for(plan, options);
   execute_plan_into(plan, pattern, {q, layouts.q_layout}, {k, layouts.k_layout}, {v, layouts.v_layout}, out.o.data(),
                     layouts.o_layout, out.lse.data(), dynamic, options);
-  return out;
 }
 
 void execute_plan_into(const Plan& plan, const Pattern& pattern, RowsAt q, RowsAt k, RowsAt v, float* o, RowLayout o_rows,
@@ -172,8 +177,9 @@ void execute_plan_into(const Plan& plan, const Pattern& pattern, RowsAt q, RowsA
   job.q = q.data, job.k = k.data, job.v = v.data;
   job.o = o, job.lse_out = lse;
   job.fp8 = options.fp8;
+  job.items = options.rows_with_work_only ? work_item_prefix(plan) : static_cast<int64_t>(plan.items.size());
   // Work items write disjoint rows, so workers take (batch, item) units from a shared counter.
-  run_workers(w.forward, job, s.batch * static_cast<int64_t>(plan.items.size()), executor_threads(plan, options.threads));
+  run_workers(w.forward, job, s.batch * job.items, executor_threads(plan, options.threads));
 }
 
 void execute_plan_weights(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* lse,

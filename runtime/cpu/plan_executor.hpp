@@ -57,6 +57,9 @@ struct ExecutorOptions {
   std::optional<std::pair<int64_t, int64_t>> offsets = std::nullopt;
   // The forward on FP8 inputs (their values already decoded); null: the 16/32-bit arithmetic.
   const Fp8Arithmetic* fp8 = nullptr;
+  // The forward runs only the work items that visit a tile (work_item_prefix): rows that attend
+  // nothing keep what O and the LSE held (ForwardOptions::rows_with_work_only).
+  bool rows_with_work_only = false;
 };
 
 // Inputs as for reference_attention (contiguous [B, S, H, D], or [B, H, S, D] by `options`).
@@ -64,6 +67,11 @@ struct ExecutorOptions {
 // the partial-tile predicate.
 ExecutorOutput execute_plan(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* v,
                             const DynamicLayout* dynamic = nullptr, const ExecutorOptions& options = {});
+
+// The same into outputs the caller sized and filled (out.o and out.lse in the layouts of
+// `options.order`): the rows the forward writes are overwritten, the others kept.
+void execute_plan_onto(const Plan& plan, const Pattern& pattern, const float* q, const float* k, const float* v,
+                       ExecutorOutput& out, const DynamicLayout* dynamic = nullptr, const ExecutorOptions& options = {});
 
 // A float32 tensor read (or written) in place: its first element and its row layout.
 struct RowsAt {
@@ -74,7 +82,7 @@ struct RowsAt {
 // The forward on tensors of any row layout, read and written in place (the CPU device's path for
 // float32 tensors): O by `o_rows` (which must not overlap the inputs), the LSE into `lse`
 // ([B, Hq, Sq], contiguous). `options.order` is not used. Nothing is poisoned: every row of O
-// and the LSE is written.
+// and the LSE is written (those the work items cover, with options.rows_with_work_only).
 void execute_plan_into(const Plan& plan, const Pattern& pattern, RowsAt q, RowsAt k, RowsAt v, float* o,
                        RowLayout o_rows, float* lse, const DynamicLayout* dynamic = nullptr,
                        const ExecutorOptions& options = {});

@@ -242,7 +242,7 @@ void probabilities_and_ds(const ExecutorJob& job, int64_t b, int32_t head, int64
 
 void forward_worker(const ExecutorJob& job, std::atomic<int64_t>& next) {
   const Plan& plan = *job.plan;
-  const int64_t n_items = static_cast<int64_t>(plan.items.size()), units = plan.shape.batch * n_items;
+  const int64_t n_items = job.items, units = plan.shape.batch * n_items;
   ForwardState st;
   for (int64_t u; (u = next++) < units;) forward_item(job, plan.items[static_cast<size_t>(u % n_items)], u / n_items, st);
 }

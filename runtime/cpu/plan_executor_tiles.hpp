@@ -30,11 +30,12 @@ struct ExecutorJob {
   float *dq = nullptr, *dk = nullptr, *dv = nullptr;              // backward outputs (zeroed by the caller)
   float* w = nullptr;  // attention weights [B, Hq, Sq, Sk] (zeroed by the caller); read q, k, lse
   const Fp8Arithmetic* fp8 = nullptr;  // the forward on FP8 inputs (ExecutorOptions::fp8)
+  int64_t items = 0;  // forward: the work items run, plan->items[0, items)
 };
 
 #define ATTNJIT_DECLARE_EXECUTOR_TILES(NS)                                                          \
   namespace NS {                                                                                    \
-  /* Units (batch, work item): u = b * items + item. Writes O and the LSE of the item's rows. */    \
+  /* Units (batch, work item < job.items): u = b * items + item. Writes O and the item's LSE. */   \
   void forward_worker(const ExecutorJob& job, std::atomic<int64_t>& next);                          \
   /* Units (batch, work item): adds f exp(S - LSE) of the item's visited tiles to W. */             \
   void weights_worker(const ExecutorJob& job, std::atomic<int64_t>& next);                          \

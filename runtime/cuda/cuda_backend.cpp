@@ -108,6 +108,7 @@ struct GpuTables {
   bool has_dyn = false, has_doc = false, has_extra = false;
   int64_t doc_rows = 0;
   int32_t num_items = 0;
+  int32_t work_items = 0;  // work_item_prefix: the launch of ForwardOptions::rows_with_work_only
   int64_t dyn_q_blocks = 0;
   int32_t dyn_heads = 1;
   int64_t dyn_entries = 0, dyn_k_blocks = 0;
@@ -319,13 +320,17 @@ public:
     check_kernel_seeks(entry.plan, source_);
     check_kernel_weights(entry.plan, source_);
     const auto& t = *static_cast<const GpuTables*>(entry.device_state.get());
-    if (t.num_items == 0) return;
+    // Every item runs; with rows_with_work_only, those that visit a tile (the other rows of o and
+    // lse keep their contents).
+    const int32_t launched = options.rows_with_work_only ? t.work_items : t.num_items;
+    if (launched == 0) return;
     const CUstream stream = static_cast<CUstream>(options.stream);
     const bool capturing = stream_capturing(stream);
     const RelaxedCapture relaxed(capturing);  // a first call in a graph allocates and may load the fallback kernel
     t.staged.ready_on(stream, capturing, source_.name, "forward");
     if (capturing) entry.in_graph = true;
-    const KernelTables tables = t.kernel_tables();
+    KernelTables tables = t.kernel_tables();
+    tables.num_items = launched;  // the blocks that share out a device table's check
     KernelParams kp = kernel_params(entry.plan, problem_, tables, q, k, v, o, lse, options);
     const KernelSource* source = &source_;
     CUfunction function = main_.function;
@@ -340,9 +345,9 @@ public:
     }
     void* args[] = {&kp, &maps};  // the cp.async kernels take only the first
     const BatchGrid b = batch_grid(problem_.batch);
-    launch(function, static_cast<unsigned>(t.num_items), b.y, b.z, static_cast<unsigned>(source->threads),
+    launch(function, static_cast<unsigned>(launched), b.y, b.z, static_cast<unsigned>(source->threads),
            static_cast<unsigned>(source->shared_bytes), stream, args,
-           source->name + " grid=(" + std::to_string(t.num_items) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
+           source->name + " grid=(" + std::to_string(launched) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
                ") block=" + std::to_string(source->threads) + " smem=" + std::to_string(source->shared_bytes));
   }
 
@@ -389,6 +394,7 @@ private:
     t.spans = t.staged.add(d.spans);
     t.entries = t.staged.add(d.entries);
     t.num_items = static_cast<int32_t>(d.items.size());
+    t.work_items = static_cast<int32_t>(work_item_prefix(plan));
     if (!d.key_extra.empty()) t.key_extra = t.staged.add(d.key_extra), t.has_extra = true;
     if (!d.doc_base.empty()) {
       t.doc_base = t.staged.add(d.doc_base), t.has_doc = true;

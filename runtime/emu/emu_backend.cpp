@@ -24,6 +24,7 @@ struct HostTables {
   int64_t dyn_q_blocks = 0;
   int32_t dyn_heads = 1;
   int64_t dyn_k_blocks = 0;
+  int64_t work_items = 0;  // work_item_prefix: the launch of ForwardOptions::rows_with_work_only
 };
 
 int64_t extent_bytes(const TensorView& t) {
@@ -137,6 +138,7 @@ public:
   void upload(PlanEntry& entry, const DynamicLayout* dynamic) override {
     auto t = std::make_shared<HostTables>();
     t->plan = pack_plan(entry.plan);
+    t->work_items = work_item_prefix(entry.plan);
     if (dynamic) {
       t->dyn_rows = dynamic->row_offsets;
       t->dyn_cols = dynamic->col_indices;
@@ -152,7 +154,10 @@ public:
     check_kernel_seeks(entry.plan, source_);
     check_kernel_weights(entry.plan, source_);
     const auto& t = *static_cast<const HostTables*>(entry.device_state.get());
-    if (t.plan.items.empty()) return;
+    // Every item runs; with rows_with_work_only, those that visit a tile, and the other rows keep
+    // o's and lse's contents (the image starts with them).
+    const int64_t launched = options.rows_with_work_only ? t.work_items : static_cast<int64_t>(t.plan.items.size());
+    if (launched == 0) return;
     DeviceImage img;
     const size_t iq = img.add_tensor("q", q, false), ik = img.add_tensor("k", k, false);
     const size_t iv = img.add_tensor("v", v, false), io = img.add_tensor("o", o, true);
@@ -180,7 +185,7 @@ public:
                               t.plan.entries.empty() ? nullptr : static_cast<const int32_t*>(img.at(entries)),
                               t.dyn_rows.empty() ? nullptr : static_cast<const int64_t*>(img.at(rows)),
                               t.dyn_cols.empty() ? nullptr : static_cast<const int32_t*>(img.at(cols)),
-                              static_cast<int32_t>(t.plan.items.size()), t.dyn_q_blocks, t.dyn_heads,
+                              static_cast<int32_t>(launched), t.dyn_q_blocks, t.dyn_heads,
                               t.plan.doc_base.empty() ? nullptr : static_cast<const int64_t*>(img.at(docs)),
                               static_cast<int64_t>(t.plan.doc_base.size()), static_cast<int64_t>(t.dyn_cols.size()),
                               t.dyn_k_blocks, t.plan.key_extra.empty() ? nullptr : static_cast<const float*>(img.at(extra))};
@@ -208,7 +213,7 @@ public:
     }
     void* args[] = {&kp, &maps};  // the cp.async kernels take only the first
     emu::LaunchRequest r;
-    r.grid[0] = static_cast<unsigned>(t.plan.items.size());
+    r.grid[0] = static_cast<unsigned>(launched);
     r.grid[1] = batch_grid(problem_.batch).y;
     r.grid[2] = batch_grid(problem_.batch).z;
     r.block_threads = static_cast<unsigned>(source->threads);

@@ -203,6 +203,7 @@ Outcome run_case(const Case& c, Prepared& p, CUstream own) {
     fo.q_offset = s.q_offset;
     fo.k_offset = s.k_offset;
     fo.dynamic_layout = c.dynamic ? &*c.dynamic : nullptr;
+    fo.rows_with_work_only = c.rows_with_work_only;
     // A table on the device: read in place by the kernels, its problems counted (none here).
     std::optional<DeviceTable> device_table;
     if (c.device_table && c.dynamic) {
@@ -239,8 +240,20 @@ Outcome run_case(const Case& c, Prepared& p, CUstream own) {
     const int eb = dtype_bytes(c.dtype);
     std::vector<char> covered(ob.size(), 0);
     double diff2 = 0, want2 = 0;  // relative Frobenius error of O
+    auto poisoned = [](const unsigned char* x, int bytes) { return std::all_of(x, x + bytes, [](unsigned char b) { return b == 0xFF; }); };
+    // rows_with_work_only: is row i of head h in batch b one that attends nothing?
+    auto idle_row = [&](int64_t b, int64_t h, int64_t i) {
+      return c.rows_with_work_only && p.want.lse[size_t((b * s.heads_q + h) * s.seq_q + i)] == -INFINITY;
+    };
+    int64_t kept = 0;  // O elements of idle rows that kept their poison
     for_each_element(o.view.shape, o.view.strides, [&](size_t n, int64_t at) {
       std::memset(&covered[size_t(at * eb)], 1, size_t(eb));
+      const int64_t row = int64_t(n) / s.head_dim_v;  // (b, i, h) flattened, [B, S, H]
+      if (idle_row(row / (s.heads_q * s.seq_q), row % s.heads_q, row / s.heads_q % s.seq_q) &&
+          poisoned(&ob[size_t(at * eb)], eb)) {
+        ++kept;
+        return;
+      }
       const double g = load(&ob[size_t(at * eb)], c.dtype), w = p.want.o[n];
       // A reference NaN or inf (a non-finite V the row attends) must be matched exactly; it stays
       // out of the Frobenius sums. A NaN the reference lacks never passes.
@@ -266,7 +279,9 @@ Outcome run_case(const Case& c, Prepared& p, CUstream own) {
       for (int64_t h = 0; h < s.heads_q; ++h)
         for (int64_t i = 0; i < s.seq_q; ++i) {
           float g;
-          std::memcpy(&g, &lb[size_t(((b * s.heads_q + h) * lse_pitch + i) * 4)], 4);
+          const unsigned char* raw = &lb[size_t(((b * s.heads_q + h) * lse_pitch + i) * 4)];
+          if (idle_row(b, h, i) && poisoned(raw, 4)) continue;
+          std::memcpy(&g, raw, 4);
           const double w = p.want.lse[size_t((b * s.heads_q + h) * s.seq_q + i)];
           const double err = std::isinf(w) ? (g == w ? 0.0 : INFINITY) : std::abs(g - w) / (1 + std::abs(w));
           r.err_lse = std::max(r.err_lse, std::isnan(g) ? INFINITY : err);
@@ -274,6 +289,7 @@ Outcome run_case(const Case& c, Prepared& p, CUstream own) {
         }
     for (size_t at = c.lse ? size_t(extent(lse.shape, lse.strides)) * 4 : 0; at < lb.size(); ++at)  // lse nullptr: all poisoned
       if (lb[at] != 0xFF) { note("lse: byte " + std::to_string(at) + " outside the view was written", lb[at], 0xFF); break; }
+    if (c.rows_with_work_only && kept == 0) note("rows_with_work_only: O elements of rows without work left unwritten", 0, 1);
     if (device_table) {
       const int32_t problems = device_table->problems();
       if (problems != c.table_problems) note("device table: problems counted", problems, c.table_problems);

@@ -150,6 +150,10 @@ struct Case {
   // inf the reference confines to the rows that attend its key. Where the reference's output is
   // NaN the device's must be NaN; where it is infinite, the same infinity.
   std::vector<std::pair<size_t, float>> v_values;
+  // ForwardOptions::rows_with_work_only: a row that attends nothing may keep its poison (every byte
+  // 0xFF, in O and the LSE) or hold (0, -inf); every other row must match. At least one row must
+  // keep its poison, or the option did nothing.
+  bool rows_with_work_only = false;
 };
 
 RuntimeOptions options_for(Device d);

@@ -211,6 +211,32 @@ TEST_CASE("a NaN or inf in V reaches only the rows that attend its key, on every
   check_cases("nonfinite-v", cases);
 }
 
+// One step of ring attention: the forward writes only the rows that attend a key and leaves the
+// others as they were (ForwardOptions::rows_with_work_only), on every kernel path. Keys after most
+// queries (causal at k_offset 200: rows 0..199 attend nothing, whole tiles of them), and a dilated
+// branch whose other residues attend nothing; GQA, a last tile cut short.
+TEST_CASE("the forward of rows with work only writes those rows and leaves the others, on every kernel path", "[gpu][emu][attention][work_rows]") {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::tuple<std::string, Pattern, int64_t>> patterns = {
+      {"causal-keys-later", PatternBuilder().branch(BranchSpec().full().causal()).build(), 200},
+      {"dilated", PatternBuilder().branch(BranchSpec().segment(128).dilation(4).offset(OffsetRule::HeadMod)).build(), 0},
+  };
+  std::vector<Case> cases;
+  uint64_t seed = 5100;
+  for (const auto& [pname, pattern, k_offset] : patterns)
+    for (const Path& path : forward_paths())
+      for (const Mem mem : {Mem::BSHD, Mem::Padded}) {
+        Case c;
+        c.name = pname + "/" + path.name + "/" + to_string(mem);
+        c.pattern = pattern, c.dtype = path.dtype, c.arch = path.arch, c.sm90a = path.sm90a, c.tma = path.tma, c.mem = mem;
+        c.seed = seed++;
+        c.shape = make_shape(1, 300, 300, 4, 2, 64, 0, k_offset);
+        c.rows_with_work_only = true;
+        cases.push_back(std::move(c));
+      }
+  check_cases("work-rows", cases);
+}
+
 // Scores so large that a fused exponent (s * scale - max in one fma) is off by the product's
 // rounding error, which reaches hundreds here: P of the maximum would overflow fp16 (at about 1e9)
 // or float (bf16 inputs at about 4e20) and the row come out inf or NaN. The maximum's weight must

@@ -183,6 +183,36 @@ def test_the_comm_plan_prints_its_steps():
     assert "step 0: r0<-r0 " in text and "step 3: " in text and "; K/V moved: " in text
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_step_writes_only_the_rows_that_attend_and_those_as_attention_does(dtype):
+    """One ring step's kernel call: the rows call_rows names (exactly the rows that attend a key, by
+    the mask) come out as attnjit.attention's; the others keep what the scratch held."""
+    from attnjit._torch_ops import forward_rows_with_work
+    from attnjit import _attnjit
+
+    spec = attnjit.Pattern.from_json(LONGNET)
+    for q_offset, k_offset in ((0, 256), (256, 0), (64, 320)):  # across the 64- and 256-row segments
+        q, k, v, _ = (x[:, :256].to(dtype) for x in _inputs(4, 2, seed=q_offset))
+        _, rows = _attnjit.call_rows(spec.op_spec, 256, 4, 256, 2, q_offset, k_offset)
+        attends = spec.mask(256, 4, 256, 2, q_offset, k_offset).any(axis=2)  # [H, Sq]
+        assert (rows.astype(bool) == attends).all()
+        o = torch.full((2, 256, 4, HEAD_DIM), 7.0, dtype=dtype)
+        lse = torch.full((2, 4, 256), 3.0)
+        forward_rows_with_work(q, k, v, o, lse, spec.op_spec, q_offset, k_offset)
+        o_ref, lse_ref = attnjit.attention(q, k, v, LONGNET, q_offset=q_offset, k_offset=k_offset, return_lse=True)
+        work = torch.from_numpy(attends).T  # [Sq, H]
+        torch.testing.assert_close(o[:, work], o_ref[:, work], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse.transpose(1, 2)[:, work], lse_ref.transpose(1, 2)[:, work], atol=1e-5, rtol=1e-5)
+        idle = ~work
+        assert idle.any()
+        lse_rows = lse.transpose(1, 2)[:, idle]  # [B, idle rows]
+        kept = lse_rows == 3.0
+        # A row without work keeps the scratch or holds (0, -inf); most keep it (whole items idle).
+        assert (kept | (lse_rows == float("-inf"))).all()
+        assert (o[:, idle] == torch.where(kept, 7.0, 0.0).unsqueeze(-1).to(dtype)).all()
+        assert kept.float().mean() > 0.5
+
+
 def test_the_layouts_cut_the_sequence_as_documented():
     assert ad.chunks_of(16, 2, 1) == [(8, 8)]
     assert ad.chunks_of(16, 2, 0, "zigzag") == [(0, 4), (12, 4)]

@@ -554,7 +554,7 @@ TEST_CASE("bad tiles and tables are rejected", "[plan][errors]") {
   CHECK(parse_tile_config("128x64").tile_q == 128);
 }
 
-TEST_CASE("a plan's key rows are exactly the keys the pattern attends, its query rows hold every row that attends, dilated: the selected rows", "[plan][key_rows][property]") {
+TEST_CASE("a plan's key rows are exactly the keys the pattern attends, its attending rows exactly the rows that attend, its query rows hold them, dilated: the selected rows", "[plan][key_rows][property]") {
   CaseGenerator gen(4242);
   for (int n = 0; n < 200; ++n) {
     const auto c = gen.next();
@@ -576,15 +576,31 @@ TEST_CASE("a plan's key rows are exactly the keys the pattern attends, its query
         any[static_cast<size_t>((h / group) * s.seq_k + j)] |= attended;
       }
     CHECK(rows == any);
-    // Every query row that attends a key is computed (a superset: a row may share a tile and attend nothing).
-    const std::vector<uint8_t> queries = plan_query_rows(lower_to_plan(c.pattern, s, tiles, dyn));
+    // Every query row that attends a key is computed (a superset: a row may share a tile and attend
+    // nothing); the attending rows are exactly those, whatever the tiles.
+    const Plan plan = lower_to_plan(c.pattern, s, tiles, dyn);
+    const std::vector<uint8_t> queries = plan_query_rows(plan), attending = plan_attending_rows(plan, c.pattern, dyn);
+    std::vector<uint8_t> want(attending.size(), 0);
     for (int64_t h = 0; h < s.heads_q; ++h)
       for (int64_t i = 0; i < s.seq_q; ++i) {
         bool attends = false;
         for (int64_t j = 0; j < s.seq_k && !attends; ++j) attends = attend_count(ctx, h, i, j) > 0;
         INFO("head " << h << " row " << i);
         if (attends) REQUIRE(queries[static_cast<size_t>(h * s.seq_q + i)] == 1);
+        want[static_cast<size_t>(h * s.seq_q + i)] = attends;
       }
+    CHECK(attending == want);
+    // The items past work_item_prefix visit no tile: their rows are the query rows of no item before.
+    const int64_t n_work = work_item_prefix(plan);
+    REQUIRE(n_work <= static_cast<int64_t>(plan.items.size()));
+    Plan head = plan;
+    head.items.resize(static_cast<size_t>(n_work));
+    CHECK(plan_query_rows(head) == queries);
+    if (n_work > 0) {  // the prefix is the shortest: its last item visits a tile
+      head.items.erase(head.items.begin(), head.items.end() - 1);
+      const std::vector<uint8_t> last = plan_query_rows(head);
+      CHECK(std::count(last.begin(), last.end(), uint8_t{1}) > 0);
+    }
   }
   // A dilated branch reads its selected rows only: rate 4 at head offset h mod 4, in one segment.
   const Pattern p = PatternBuilder().branch(BranchSpec().segment(1024).dilation(4)).build();
@@ -598,8 +614,10 @@ TEST_CASE("a plan's key rows are exactly the keys the pattern attends, its query
       INFO("head " << h << " key " << j);
       CHECK(rows[static_cast<size_t>(h * 512 + j)] == ((512 + j) % 4 == h ? 1 : 0));
     }
-  // ... and computes the selected query rows only.
-  const std::vector<uint8_t> queries = plan_query_rows(lower_to_plan(p, s, TileConfig{64, 64}));
+  // ... and computes the selected query rows only (the plan's rows and the attending rows alike).
+  const Plan dilated = lower_to_plan(p, s, TileConfig{64, 64});
+  const std::vector<uint8_t> queries = plan_query_rows(dilated);
+  CHECK(plan_attending_rows(dilated, p) == queries);
   for (int64_t h = 0; h < 4; ++h)
     for (int64_t i = 0; i < 512; ++i) {
       INFO("head " << h << " row " << i);
@@ -609,8 +627,36 @@ TEST_CASE("a plan's key rows are exactly the keys the pattern attends, its query
   s.k_offset = 1024;
   const std::vector<uint8_t> none = plan_key_rows(lower_to_plan(p, s, TileConfig{64, 64}), p);
   CHECK(std::count(none.begin(), none.end(), uint8_t{1}) == 0);
-  const std::vector<uint8_t> no_queries = plan_query_rows(lower_to_plan(p, s, TileConfig{64, 64}));
+  const Plan far = lower_to_plan(p, s, TileConfig{64, 64});
+  const std::vector<uint8_t> no_queries = plan_query_rows(far);
   CHECK(std::count(no_queries.begin(), no_queries.end(), uint8_t{1}) == 0);
+  CHECK(plan_attending_rows(far, p) == no_queries);
+  CHECK(work_item_prefix(far) == 0);
+}
+
+TEST_CASE("the attending rows do not depend on the tiles; a causal diagonal's tile holds rows that attend nothing", "[plan][key_rows]") {
+  // Causal with keys after the queries: in the tile on the diagonal, rows before the first key
+  // attend nothing. The plan's rows depend on the tile size; the attending rows do not.
+  const Pattern p = PatternBuilder().branch(BranchSpec().full().causal()).build();
+  Shape s;
+  s.seq_q = s.seq_k = 256;
+  s.heads_q = s.heads_kv = 2;
+  s.k_offset = 40;  // key j sits at 40 + j: query i attends from i >= 40 on
+  std::vector<uint8_t> first;
+  for (const TileConfig tiles : {TileConfig{64, 64}, TileConfig{128, 64}, TileConfig{16, 32}}) {
+    INFO("tiles " << tiles.tile_q << "x" << tiles.tile_k);
+    const Plan plan = lower_to_plan(p, s, tiles);
+    const std::vector<uint8_t> attending = plan_attending_rows(plan, p), queries = plan_query_rows(plan);
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < 256; ++i) {
+        INFO("head " << h << " row " << i);
+        CHECK(attending[static_cast<size_t>(h * 256 + i)] == (i >= 40 ? 1 : 0));
+      }
+    // With 64 or 128 rows a tile, rows 0..39 share the diagonal tile: computed, attending nothing.
+    if (tiles.tile_q >= 64) CHECK(queries[0] == 1);
+    if (first.empty()) first = attending;
+    CHECK(attending == first);
+  }
 }
 
 // ---- the paged plan ----------------------------------------------------------------------------

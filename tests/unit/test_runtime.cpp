@@ -118,6 +118,64 @@ TEST_CASE("the CPU device matches the reference through any layout and dtype", "
   }
 }
 
+TEST_CASE("rows with work only: the CPU device writes the rows that attend and leaves the others", "[runtime][property]") {
+  // O and the LSE start as sentinels; a row that attends nothing keeps them or holds (0, -inf),
+  // every other row is the reference's. float32 (written in place) and float16 (converted back).
+  CaseGenerator gen(9191);
+  Runtime rt;
+  int64_t kept_rows = 0, idle_rows = 0;
+  for (int n = 0; n < 80; ++n) {
+    const auto c = gen.next();
+    const Shape& s = c.shape;
+    const DType dt = n % 2 ? DType::F16 : DType::F32;
+    auto qv = random_tensor(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim), 5 * n);
+    auto kv = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 5 * n + 1);
+    auto vv = random_tensor(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 5 * n + 2);
+    if (dt == DType::F16) qv = rounded_to_half(qv), kv = rounded_to_half(kv), vv = rounded_to_half(vv);
+    HostTensor q(qv, {s.batch, s.seq_q, s.heads_q, s.head_dim}, dt, false);
+    HostTensor k(kv, {s.batch, s.seq_k, s.heads_kv, s.head_dim}, dt, false);
+    HostTensor v(vv, {s.batch, s.seq_k, s.heads_kv, s.head_dim_v}, dt, false);
+    const float sentinel = 7.0f, lse_sentinel = 3.0f;
+    HostTensor o(std::vector<float>(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim_v), sentinel),
+                 {s.batch, s.seq_q, s.heads_q, s.head_dim_v}, dt, false);
+    std::vector<float> lse(static_cast<size_t>(s.batch * s.heads_q * s.seq_q), lse_sentinel);
+    const TensorView lse_view = TensorView::contiguous(lse.data(), DType::F32, {s.batch, s.heads_q, s.seq_q});
+    ForwardOptions fo;
+    fo.q_offset = s.q_offset;
+    fo.k_offset = s.k_offset;
+    fo.dynamic_layout = c.dynamic ? &*c.dynamic : nullptr;
+    fo.rows_with_work_only = true;
+    INFO("case " << n << " " << to_string(dt) << "\n" << canonical_text(c.pattern));
+    rt.prepare(c.pattern, Problem{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v, dt, {}})
+        .forward(q.view, k.view, v.view, o.view, &lse_view, fo);
+    const ReferenceOutput want = reference_attention(c.pattern, s, qv.data(), kv.data(), vv.data(), fo.dynamic_layout, 1);
+    const double tol = dt == DType::F16 ? 2e-3 : 1e-5;
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t i = 0; i < s.seq_q; ++i)
+        for (int64_t h = 0; h < s.heads_q; ++h) {
+          INFO("b " << b << " i " << i << " h " << h);
+          const double wl = want.lse[static_cast<size_t>((b * s.heads_q + h) * s.seq_q + i)];
+          const float gl = lse[static_cast<size_t>((b * s.heads_q + h) * s.seq_q + i)];
+          if (std::isinf(wl)) {
+            ++idle_rows;
+            const bool kept = gl == lse_sentinel;
+            kept_rows += kept;
+            REQUIRE((kept || gl == -INFINITY));
+            for (int64_t d = 0; d < s.head_dim_v; ++d) REQUIRE(o.at(b, i, h, d) == (kept ? sentinel : 0.0f));
+            continue;
+          }
+          REQUIRE(gl == Approx(wl).epsilon(1e-5).margin(1e-5));
+          for (int64_t d = 0; d < s.head_dim_v; ++d) {
+            const double w = want.o[static_cast<size_t>(((b * s.seq_q + i) * s.heads_q + h) * s.head_dim_v + d)];
+            REQUIRE(o.at(b, i, h, d) == Approx(w).epsilon(tol).margin(tol));
+          }
+        }
+  }
+  // The cases hold rows without work, and the option leaves most of them alone.
+  CHECK(idle_rows > 0);
+  CHECK(kept_rows > idle_rows / 2);
+}
+
 TEST_CASE("the CPU device reads float32 inputs in place through any row strides", "[runtime]") {
   // K read with a zero batch stride (one K for every batch) and V out of a packed [B, S, 2, H, D]
   // tensor: the in-place forward must index each by its own strides.
