@@ -28,13 +28,24 @@ NVLINK = 450e9  # bytes/s each way per GPU (NVLink 4: 900 GB/s both ways), 8 GPU
 IB = 50e9  # bytes/s each way per GPU (one 400 Gb/s InfiniBand NIC per GPU)
 HBM = 3.35e12  # bytes/s, H100 SXM's HBM3
 HEADS, HEAD_DIM, BYTES = 16, 128, 2  # bf16
-# Memory passes of a step with work, bytes per (row, head, dim) element (estimates): its kernel
-# writes every local row (forward: O in bf16; backward: dQ, dK, dV in bf16, the fp32 dK/dV
-# accumulators zeroed and read, and the fp32 partials this module zeroes for a received chunk);
-# the merge of its (O, LSE) into the running fp32 result, or the accumulation of its gradients,
-# touches the rows it computes only (index_select / index_copy_ / index_add_).
-FULL_BYTES = {"forward": 2, "backward": 22}
-MERGE_BYTES = {"forward": 24, "backward": 30}
+# Memory passes of a step with work, bytes per (row, head, dim) element (estimates).
+# - Over the whole chunk pair, per step with work (FULL_BYTES): the backward's kernel call writes
+#   dQ, dK and dV in bf16 and zeroes and reads its fp32 dK/dV accumulators. The forward has none:
+#   its kernels write only the rows that attend (ForwardOptions::rows_with_work_only).
+# - Over the query rows that attend (MERGE_BYTES): the forward kernels' O in bf16 and the merge of
+#   (O, LSE) into the running fp32 result; the backward's accumulation of its gradients
+#   (index_select / index_copy_ / index_add_).
+# - Over the K/V rows received (STAGE_BYTES): placed into the staging pair and zeroed again (K and
+#   V, bf16), and in the backward the dK/dV partial rows gathered and zeroed (fp32).
+# The first merge into a query chunk is a copy (its rows are still (0, -inf)): FIRST_MERGE_BYTES,
+# taken for the local step's rows (every chunk attends itself in the patterns here).
+FULL_BYTES = {"forward": 0, "backward": 14}
+MERGE_BYTES = {"forward": 26, "backward": 30}
+FIRST_MERGE_BYTES = {"forward": 8, "backward": 30}
+STAGE_BYTES = {"forward": 8, "backward": 24}
+# What the backward would cost if its kernel call, too, touched only the rows with work (the
+# dQ/dK/dV accumulated in place in fp32): the next change, modelled beside the one implemented.
+FULL_BYTES_ROWS_ONLY = {"forward": 0, "backward": 0}
 
 
 def longnet_example():
@@ -132,7 +143,7 @@ def pair_counts(kind, branches, seq, world, layout, heads):
             if kind == "dense causal":
                 pairs[q, k] = causal_pairs(qc, kc, heads)
                 rows[q, k] = causal_rows(qc, kc, heads) if q != k else 0
-                qrows[q, k] = sum(n for a, n in qc if any(a >= b for b, _ in kc)) * heads
+                qrows[q, k] = sum(n for a, n in qc for b, _ in kc if a >= b) * heads  # per chunk pair (one merge each)
             else:
                 pairs[q, k] = sum(dilated_pairs(branches, a, n, b, m, heads) for a, n in qc for b, m in kc)
                 rows[q, k] = sum(dilated_rows(branches, a, n, b, m, heads) for a, n in qc for b, m in kc) if q != k else 0
@@ -147,7 +158,8 @@ def bandwidth(src, dst):
 
 
 def model(kind, branches, seq, world, layout):
-    """Per-step compute and transfer times (s) and the efficiencies of both strategies."""
+    """Per-step compute and transfer times (s) and the efficiencies of both strategies, and of the
+    ring with a backward on the rows with work only."""
     pairs, rows, qrows = pair_counts(kind, branches, seq, world, layout, HEADS)
     local = seq // world * HEADS
     fwd_tp, bwd_tp = THROUGHPUT[kind]
@@ -155,14 +167,22 @@ def model(kind, branches, seq, world, layout):
     out = {}
     for direction, tp, flops_factor, bytes_factor in (("forward", fwd_tp, 1.0, 1.0), ("backward", bwd_tp, 2.5, 3.0)):
         # The backward moves the K/V rows again and sends their dK/dV (fp32: twice the bytes) back.
+        def per_step(m):  # m[query rank, key rank] laid out by step: [s][r] = m[r, r - s]
+            return np.array([[m[r, (r - s) % world] for r in range(world)] for s in range(world)])
+
         full = local * HEAD_DIM * FULL_BYTES[direction] / HBM
+        full_rows_only = local * HEAD_DIM * FULL_BYTES_ROWS_ONLY[direction] / HBM
         merge = local * HEAD_DIM * MERGE_BYTES[direction] / HBM
-        kernels = np.array([[pairs[r, (r - s) % world] * 4 * HEAD_DIM * flops_factor / tp for r in range(world)]
-                            for s in range(world)])
-        busy = np.array([[pairs[r, (r - s) % world] > 0 for r in range(world)] for s in range(world)])
-        part = np.array([[qrows[r, (r - s) % world] / local for r in range(world)] for s in range(world)])
-        comp = kernels + full * busy + merge * part  # as implemented
-        comp_rows = kernels + (full + merge) * part  # if the kernels touched only the rows with work
+        first_merge = local * HEAD_DIM * FIRST_MERGE_BYTES[direction] / HBM
+        kernels = per_step(pairs) * 4 * HEAD_DIM * flops_factor / tp
+        busy = per_step(pairs) > 0
+        part = per_step(qrows) / local
+        first = np.zeros_like(part)
+        first[0] = np.minimum(part[0], 1.0)  # the local step: each row's first merge
+        merges = merge * (part - first) + first_merge * first
+        stage = per_step(rows) * HEAD_DIM * STAGE_BYTES[direction] / HBM
+        comp = kernels + full * busy + merges + stage  # as implemented
+        comp_rows = kernels + full_rows_only * busy + merges + stage  # a backward on the rows with work too
         xfer = np.array([[rows[r, (r - s) % world] * kv * bytes_factor / bandwidth((r - s) % world, r) for r in range(world)]
                          for s in range(world)])
         # Ring: step s's transfer overlaps step s-1's kernels; a step lasts as long as its slowest rank.
@@ -178,6 +198,7 @@ def model(kind, branches, seq, world, layout):
                           "transfer_ms": 1e3 * xfer[1:].max() if world > 1 else 0.0,
                           "ring": ideal / steps, "ring_rows": ideal / ring_time(comp_rows), "longnet": ideal / gather,
                           "total_ms": 1e3 * steps}
+    out["qrows"] = qrows
     out["gb_per_rank"] = rows.sum(axis=1).max() * kv / 1e9
     out["ring_gb_per_rank"] = (world - 1) * seq / world * HEADS * kv / 1e9
     return out
@@ -188,7 +209,7 @@ CASES = [("dense causal", None, "zigzag"), ("longnet", "example", "contiguous"),
 
 def tables(seqs, worlds):
     print("| pattern | tokens | GPUs | step compute ms | step transfer ms | K/V GB per GPU (plain ring) "
-          "| ring fwd / bwd | LongNet scheme fwd / bwd | ring, kernels on rows with work only | forward s |")
+          "| ring fwd / bwd | LongNet scheme fwd / bwd | ring, backward on rows with work too | forward s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for kind, config, layout in CASES:
         for seq in seqs:
@@ -219,17 +240,23 @@ def check():
                 spec = {"attnjit": 1, "branches": [{"segment": w, "dilation": r} for w, r in branches]}
             p = attnjit.Pattern.from_json(spec)
             plan = ad.comm_plan(p, seq, heads, world_size=world, layout=layout)
-            pairs, rows, _ = pair_counts(kind, branches, seq, world, layout, heads)
+            pairs, rows, qrows = pair_counts(kind, branches, seq, world, layout, heads)
             for q in range(world):
                 for k in range(world):
                     qc, kc = chunks_of(seq, world, q, layout), chunks_of(seq, world, k, layout)
                     want_pairs = sum(p.stats(n, heads, m, heads, a, b)["attended_pairs"] for a, n in qc for b, m in kc)
                     want_rows = int(plan.rows[(q, k)].sum()) if (q, k) in plan.rows and q != k else 0
-                    ok = pairs[q, k] == want_pairs and rows[q, k] == want_rows and (pairs[q, k] > 0) == ((q, k) in plan.pairs)
+                    # The query rows each chunk pair's kernels write and its merge reads (one per pair).
+                    got = plan.pair(q, k)
+                    want_qrows = 0 if got is None else sum(qc[qi][1] * heads if m is None else int(m.sum())
+                                                           for (qi, _), m in got[2].items())
+                    ok = (pairs[q, k] == want_pairs and rows[q, k] == want_rows and qrows[q, k] == want_qrows and
+                          (pairs[q, k] > 0) == ((q, k) in plan.pairs))
                     if not ok:
                         failures += 1
                         print(f"MISMATCH {kind} {layout} seq {seq} world {world} ranks ({q}, {k}): model pairs "
-                              f"{pairs[q, k]:.0f} rows {rows[q, k]:.0f}; attnjit pairs {want_pairs} rows {want_rows}")
+                              f"{pairs[q, k]:.0f} rows {rows[q, k]:.0f} query rows {qrows[q, k]:.0f}; attnjit pairs "
+                              f"{want_pairs} rows {want_rows} query rows {want_qrows}")
             print(f"checked {kind} ({'example-like' if branches and branches[-1][1] == 12 else 'geometric' if branches else 'causal'}), "
                   f"{layout}, seq {seq}, {world} ranks: steps with work {len(plan.pairs)}, rows moved {plan.moved_rows()}")
     print("model == attnjit" if not failures else f"{failures} mismatches")

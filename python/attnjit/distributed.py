@@ -488,8 +488,9 @@ class _Ring:
                 _flat(stage).index_fill_(1, units.local, 0)
 
     # The kernels of the chunk pairs of (this rank's queries, rank kr's keys). Each writes only the
-    # rows that attend a key into one scratch pair, and the merge reads just those rows.
-    def attend(self, q, kr, kk, vv, acc_o, acc_lse):
+    # rows that attend a key into one scratch pair, and the merge reads just those rows; the first
+    # merge into a query chunk (its rows still (0, -inf)) is a copy.
+    def attend(self, q, kr, kk, vv, acc_o, acc_lse, merged):
         for qi, ki, computed, _ in self.chunk_pairs(kr, q.device):
             qa, qn, qs = self.chunk(self.rank, qi)
             ka, kn, ks = self.chunk(kr, ki)
@@ -499,7 +500,8 @@ class _Ring:
                                  torch.empty((b, hq, qn), dtype=torch.float32, device=q.device))
             o, lse = self._scratch
             forward_rows_with_work(q[:, qa:qa + qn], kk[:, ka:ka + kn], vv[:, ka:ka + kn], o, lse, self.spec, qs, ks)
-            _merge(acc_o, acc_lse, qa, o, lse, computed)
+            _merge(acc_o, acc_lse, qa, o, lse, computed, fresh=qi not in merged)
+            merged.add(qi)
 
     def attend_backward(self, q, o, lse, do, dlse, kr, kk, vv, dq, dkk, dvv):
         for qi, ki, computed, read in self.chunk_pairs(kr, q.device):
@@ -552,10 +554,11 @@ class _Ring:
         acc_lse = torch.full((b, hq, n), float("-inf"), dtype=torch.float32, device=q.device)
         self.prepare(q.device)
         moves = self.moves(k, v)  # the first transfer starts here, before the local kernels
-        self.attend(q, self.rank, k, v, acc_o, acc_lse)
+        merged = set()  # the query chunks merged into so far
+        self.attend(q, self.rank, k, v, acc_o, acc_lse, merged)
         for src, kv in moves.sources():
             if kv is not None:
-                self.attend(q, src, *kv, acc_o, acc_lse)
+                self.attend(q, src, *kv, acc_o, acc_lse, merged)
         return acc_o.to(q.dtype), acc_lse
 
     def backward(self, q, k, v, o, lse, do, dlse=None):
@@ -720,22 +723,24 @@ class _GatherMoves:
                 _add_gathered(units, dv, got[other][1])
 
 
-def _merge(acc_o, acc_lse, at, o, lse, computed):
+def _merge(acc_o, acc_lse, at, o, lse, computed, fresh=False):
     """acc <- the softmax over both key sets, from each part's (O, LSE); in place, fp32. The part
-    covers local rows [at, at + rows); `computed`: its units that may attend something (None: all),
-    the others are (0, -inf) and leave acc as it is. A row that neither part attends stays
-    (0, -inf); never NaN."""
+    covers local rows [at, at + rows); `computed`: its units that attend something (None: all),
+    the others leave acc as it is. A row that neither part attends stays (0, -inf); never NaN.
+    `fresh`: acc's rows are still (0, -inf), so the merge is the part itself (a copy; the same
+    values, NaN included)."""
     n = o.shape[1]
     if computed is None:
         acc_o_rows, acc_l = acc_o[:, at:at + n], acc_lse[:, :, at:at + n].transpose(1, 2)
-        new_o, new_l = _merged(acc_o_rows, acc_l, o, lse.transpose(1, 2))
+        new_o, new_l = (o, lse.transpose(1, 2)) if fresh else _merged(acc_o_rows, acc_l, o, lse.transpose(1, 2))
         acc_o_rows.copy_(new_o)
         acc_l.copy_(new_l)
         return
     b = acc_o.shape[0]
     flat_o, flat_l = _flat(acc_o), acc_lse.view(b, -1)
-    new_o, new_l = _merged(flat_o.index_select(1, computed.placed), flat_l.index_select(1, computed.placed_lse),
-                           _flat(o).index_select(1, computed.local), lse.reshape(b, -1).index_select(1, computed.local_lse))
+    part_o, part_l = _flat(o).index_select(1, computed.local), lse.reshape(b, -1).index_select(1, computed.local_lse)
+    new_o, new_l = (part_o.float(), part_l) if fresh else _merged(flat_o.index_select(1, computed.placed),
+                                                                  flat_l.index_select(1, computed.placed_lse), part_o, part_l)
     flat_o.index_copy_(1, computed.placed, new_o)
     flat_l.index_copy_(1, computed.placed_lse, new_l)
 
