@@ -157,6 +157,38 @@ def bandwidth(src, dst):
     return NVLINK if src // 8 == dst // 8 else IB
 
 
+def forward_ring_time(comp, xfer, moved, budget):
+    """The ring forward's time: each rank runs its steps in order (comp[s][r], the local step 0
+    first) and starts their transfers (xfer[s][r] to receive; moved[s][r] bytes sent and received)
+    as many steps ahead as fit in `budget` bytes, at least one step ahead, as
+    attnjit.distributed does; a step's kernels wait for its rows, and the transfers into a rank take
+    its NVLink or its InfiniBand link one after another. The slowest rank's end."""
+    world, end = comp.shape[1], 0.0
+    for r in range(world):
+        link_free, arrive = {}, {}
+        state = {"next": 1, "waited": 0, "in_flight": 0.0}
+
+        def top_up(now):
+            while state["next"] < world:
+                s = state["next"]
+                if s - 1 > state["waited"] and state["in_flight"] + moved[s, r] > budget:
+                    break  # a step is under way and this one does not fit beside it
+                link = bandwidth((r - s) % world, r)
+                arrive[s] = link_free[link] = max(now, link_free.get(link, 0.0)) + xfer[s, r]
+                state["in_flight"] += moved[s, r]
+                state["next"] += 1
+
+        top_up(0.0)
+        t = comp[0, r]
+        for s in range(1, world):
+            t = max(t, arrive[s])
+            state["waited"], state["in_flight"] = s, state["in_flight"] - moved[s, r]
+            top_up(t)
+            t += comp[s, r]
+        end = max(end, t)
+    return end
+
+
 def model(kind, branches, seq, world, layout):
     """Per-step compute and transfer times (s) and the efficiencies of both strategies, and of the
     ring with a backward on the rows with work only."""
@@ -185,9 +217,17 @@ def model(kind, branches, seq, world, layout):
         comp_rows = kernels + full_rows_only * busy + merges + stage  # a backward on the rows with work too
         xfer = np.array([[rows[r, (r - s) % world] * kv * bytes_factor / bandwidth((r - s) % world, r) for r in range(world)]
                          for s in range(world)])
-        # Ring: step s's transfer overlaps step s-1's kernels; a step lasts as long as its slowest rank.
+        # Ring, forward: steps started ahead within the local K/V's bytes (forward_ring_time).
+        # Ring, backward: step s's transfer overlaps step s-1's kernels, and a step lasts as long as
+        # its slowest rank (a step's dK/dV go back to the rank that sent its K/V).
+        moved = np.array([[(rows[r, (r - s) % world] + rows[(r + s) % world, r]) * kv for r in range(world)]
+                          for s in range(world)])
+
         def ring_time(c):
+            if direction == "forward":
+                return forward_ring_time(c, xfer, moved, local * kv)
             return sum(max(c[s].max(), xfer[s + 1].max() if s + 1 < world else 0.0) for s in range(world))
+
         steps = ring_time(comp)
         ideal = pairs.sum() * 4 * HEAD_DIM * flops_factor / tp / world  # the kernels alone, balanced
         # LongNet's scheme: everything moved first (the links of a rank in parallel), then the kernels.

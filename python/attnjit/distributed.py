@@ -21,7 +21,8 @@ into one scratch (O, LSE) pair, and the step merges just those rows into the run
 rows a rank receives are placed into a staging K/V pair that is zero elsewhere and zeroed again at
 those rows after the step. So a forward step costs its rows with work, not its whole chunk. Step
 s = 1..W-1 moves K/V straight from its owner r to rank r+s (mod W), as batch_isend_irecv started
-one step ahead so the transfer overlaps the step before; a rank receives only the rows it reads
+ahead so the transfer overlaps the steps before (the forward: as many steps ahead as fit in the
+bytes of the local K/V; the backward: one); a rank receives only the rows it reads
 (a dilated branch's selected rows, the edge of a window) and nothing when it reads none, so steps
 without work cost neither compute nor bytes. Sending from the owner instead of passing chunks
 along a ring moves the same bytes per step on a switched fabric (NVSwitch, InfiniBand) and lets a
@@ -43,6 +44,7 @@ Not supported here: float64 (it runs the reference, which cannot take a partial 
 layouts and packed documents (plain attnjit.attention has them). Tested on CPUs with gloo (world
 sizes 2 and 4); NCCL uses the same calls.
 """
+import collections
 import dataclasses
 import functools
 import weakref
@@ -58,13 +60,14 @@ from ._torch_ops import forward_rows_with_work
 
 LAYOUTS = ("contiguous", "zigzag")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TRAFFIC = {"kv_bytes": 0, "grad_bytes": 0, "messages": 0}
+_TRAFFIC = {"kv_bytes": 0, "grad_bytes": 0, "messages": 0, "steps_in_flight": 0}
 _AGREED = weakref.WeakKeyDictionary()  # process group -> the call signatures all its ranks made
 
 
 def traffic() -> dict:
     """Bytes this process has sent through ring_attention since the last reset_traffic(): K/V rows
-    (`kv_bytes`), dK/dV rows of the backward (`grad_bytes`), and the number of sends."""
+    (`kv_bytes`), dK/dV rows of the backward (`grad_bytes`), the number of sends, and the most
+    steps' K/V transfers a ring forward had under way at once (`steps_in_flight`)."""
     return dict(_TRAFFIC)
 
 
@@ -537,8 +540,8 @@ class _Ring:
                 _flat(t).index_fill_(1, units.local, 0)
         return out
 
-    def moves(self, k, v):
-        return _RingMoves(self, k, v) if self.strategy == "ring" else _GatherMoves(self, k, v)
+    def moves(self, k, v, ahead_bytes=None):
+        return _RingMoves(self, k, v, ahead_bytes) if self.strategy == "ring" else _GatherMoves(self, k, v)
 
     def prepare(self, device):
         """Every index this rank's steps use, made before the first kernel runs."""
@@ -553,7 +556,10 @@ class _Ring:
         acc_o = torch.zeros((b, n, hq, v.shape[3]), dtype=torch.float32, device=q.device)
         acc_lse = torch.full((b, hq, n), float("-inf"), dtype=torch.float32, device=q.device)
         self.prepare(q.device)
-        moves = self.moves(k, v)  # the first transfer starts here, before the local kernels
+        # The first transfers start here, before the local kernels: as many steps ahead as fit in
+        # the bytes of the local K/V (one step where each moves whole chunks, all of them where a
+        # pattern moves a few rows), so a step's rows are there however short the steps before.
+        moves = self.moves(k, v, ahead_bytes=k.nbytes + v.nbytes)
         merged = set()  # the query chunks merged into so far
         self.attend(q, self.rank, k, v, acc_o, acc_lse, merged)
         for src, kv in moves.sources():
@@ -581,13 +587,40 @@ class _Ring:
 
 
 class _RingMoves:
-    """Step s = 1..W-1: this rank's K/V rows to rank+s, rank-s's to this rank, started a step
-    ahead; the dK/dV of a received chunk go back to its owner during the next step."""
+    """Step s = 1..W-1: this rank's K/V rows to rank+s, rank-s's to this rank, started ahead of
+    their step: one step ahead, or (forward, `ahead_bytes`) as many steps as fit in that many bytes
+    sent and received, at least one. Every rank starts them in step order, so the transfers between
+    any two ranks pair up in order (NCCL needs that; gloo has the tags). The backward stays one step
+    ahead: the dK/dV of a received chunk go back to its owner during the next step, and those
+    messages must keep their order against the K/V ones."""
 
-    def __init__(self, ring, k, v):
+    def __init__(self, ring, k, v, ahead_bytes=None):
         self.ring, self.k, self.v = ring, k, v
         self.grads = None
-        self.pending = self.start_kv(1) if ring.w > 1 else None  # overlaps the local step's kernels
+        self.budget, self.in_flight = ahead_bytes, 0
+        self.pending, self.next = collections.deque(), 1
+        self.top_up()  # overlaps the local step's kernels
+
+    def step_bytes(self, step):
+        """Bytes step `step` sends and receives on this rank (K and V rows)."""
+        ring, k, v = self.ring, self.k, self.v
+        r, w = ring.rank, ring.w
+        row = k.shape[0] * (k.shape[3] + v.shape[3]) * k.element_size()
+        dst, src = (r + step) % w, (r - step) % w
+        sent = ring.count(dst, r, k) if ring.plan.pair(dst, r) is not None else 0
+        received = ring.count(r, src, k) if ring.plan.pair(r, src) is not None else 0
+        return (sent + received) * row
+
+    def top_up(self):
+        w = self.ring.w
+        while self.next < w:
+            b = self.step_bytes(self.next)
+            if self.pending and (self.budget is None or self.in_flight + b > self.budget):
+                break
+            self.pending.append(self.start_kv(self.next) + (b,))
+            self.in_flight += b
+            self.next += 1
+        _TRAFFIC["steps_in_flight"] = max(_TRAFFIC["steps_in_flight"], len(self.pending))
 
     def start_kv(self, step):
         ring, k, v = self.ring, self.k, self.v
@@ -608,12 +641,11 @@ class _RingMoves:
 
     def sources(self):
         """(src, (k, v) or None) for each step, in step order."""
-        w = self.ring.w
-        pending, self.pending = self.pending, None
-        for step in range(1, w):
-            ex, src, bufs = pending
+        for step in range(1, self.ring.w):
+            ex, src, bufs, b = self.pending.popleft()
             ex.wait()
-            pending = self.start_kv(step + 1) if step + 1 < w else None
+            self.in_flight -= b
+            self.top_up()
             self.step = step
             yield src, (None if bufs is None else self.ring.unpack(src, bufs, self.k, self.v))
             if bufs is not None:

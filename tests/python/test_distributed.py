@@ -162,6 +162,13 @@ def test_the_pattern_decides_what_each_rank_sends(tmp_path):
     # A 32-token causal window: only the previous rank, only its last 31 rows; rank 3 sends nothing.
     assert sorted(k for k in window.rows if k[0] != k[1]) == [(1, 0), (2, 1), (3, 2)]
     assert sent[3]["window ring"]["total"]["kv_bytes"] == 0
+    # The forward starts as many steps' transfers ahead as fit in the local K/V's bytes: one where
+    # each step moves whole chunks, more where the pattern moves a few rows, all three for the window.
+    for r in range(world):
+        assert sent[r]["dense ring"]["forward"]["steps_in_flight"] == 1
+        assert sent[r]["dilated ring"]["forward"]["steps_in_flight"] == 2  # a quarter sent, a quarter received
+        assert sent[r]["window ring"]["forward"]["steps_in_flight"] == world - 1
+        assert sent[r]["window longnet"]["forward"]["steps_in_flight"] == 0  # one collective, no steps
     for r in range(world):
         assert "the ranks called with different arguments" in sent[r]["disagreement"], sent[r]["disagreement"]
         assert "rank 0: " in sent[r]["disagreement"] and "'longnet')" in sent[r]["disagreement"]
