@@ -4,6 +4,7 @@ pattern decides what moves (the bytes each rank sends are counted); bad input is
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -102,6 +103,66 @@ def _spawn(worker, world, tmp_path, *args):
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_attention_equals_attention_on_the_whole_sequence(world, tmp_path):
     _spawn(_equality_worker, world, tmp_path, ("contiguous", "zigzag", "balanced"))
+
+
+def _mutation_worker(rank, world, store, out):
+    """The ring forward with one piece broken on every rank: the equality check must see each."""
+    _init(rank, world, store)
+    try:
+        q, k, v, _ = _inputs(4, 4)
+        want = ad.shard(attnjit.attention(q, k, v, LONGNET), layout="zigzag")
+        merge, pair = ad._merge, ad.CommPlan.pair
+
+        def skip_later_merges(*args, fresh=False):  # only the first merge into each chunk
+            if fresh:
+                merge(*args, fresh=fresh)
+
+        def drop(what):
+            def mutated(self, qr, kr):
+                got = pair(self, qr, kr)
+                if got is None:
+                    return None
+                pairs, need, queries = got
+                if what == "key rows":  # every other key row a rank reads of another is not sent
+                    need = need.copy()
+                    if qr != kr:
+                        need[:, ::2] = False
+                    return pairs, need, queries
+                first = pairs[0]  # the first chunk pair merges half its query rows
+                rows = np.ones((self.chunks[qr][first[0]][1], self.heads_q), dtype=bool) if queries[first] is None \
+                    else queries[first].copy()
+                rows[::2] = False
+                return pairs, need, {**queries, first: rows}
+            return mutated
+
+        errors = {}
+        for name, target, replacement in (("none", None, None), ("a merge dropped", "_merge", skip_later_merges),
+                                          ("key rows not sent", "pair", drop("key rows")),
+                                          ("query rows not merged", "pair", drop("query rows"))):
+            if target == "_merge":
+                ad._merge = replacement
+            elif target == "pair":
+                ad.CommPlan.pair = replacement
+            ad._cached_plan.cache_clear()
+            try:
+                o = ad.ring_attention(*(ad.shard(x, layout="zigzag") for x in (q, k, v)), LONGNET, layout="zigzag")
+                errors[name] = float((o - want).abs().max())
+            finally:
+                ad._merge, ad.CommPlan.pair = merge, pair
+                ad._cached_plan.cache_clear()
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+            json.dump(errors, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_dropped_merge_or_a_row_left_out_fails_the_equality_check(tmp_path):
+    world = 2
+    _spawn(_mutation_worker, world, tmp_path, str(tmp_path))
+    errors = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(world)]
+    for name in ("a merge dropped", "key rows not sent", "query rows not merged"):
+        assert max(e[name] for e in errors) > 1e-2, (name, errors)  # caught on some rank
+    assert max(e["none"] for e in errors) < 1e-5, errors
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
