@@ -286,10 +286,7 @@ def check():
                     qc, kc = chunks_of(seq, world, q, layout), chunks_of(seq, world, k, layout)
                     want_pairs = sum(p.stats(n, heads, m, heads, a, b)["attended_pairs"] for a, n in qc for b, m in kc)
                     want_rows = int(plan.rows[(q, k)].sum()) if (q, k) in plan.rows and q != k else 0
-                    # The query rows each chunk pair's kernels write and its merge reads (one per pair).
-                    got = plan.pair(q, k)
-                    want_qrows = 0 if got is None else sum(qc[qi][1] * heads if m is None else int(m.sum())
-                                                           for (qi, _), m in got[2].items())
+                    want_qrows = plan.query_rows(q, k)  # what each chunk pair's kernels write and merge
                     ok = (pairs[q, k] == want_pairs and rows[q, k] == want_rows and qrows[q, k] == want_qrows and
                           (pairs[q, k] > 0) == ((q, k) in plan.pairs))
                     if not ok:

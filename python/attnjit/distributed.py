@@ -233,6 +233,15 @@ class CommPlan:
         """Where chunk `chunk` of a rank starts in its local tensor."""
         return sum(n for _, n in self.chunks[0][:chunk])
 
+    def query_rows(self, qr: int, kr: int) -> int:
+        """(row, query head) units of rank qr that attend rank kr's keys, summed over their chunk
+        pairs (each is one kernel call and one merge): what the step writes and merges."""
+        got = self.pair(qr, kr)
+        if got is None:
+            return 0
+        return int(sum(self.chunks[qr][qi][1] * self.heads_q if rows is None else rows.sum()
+                       for (qi, _), rows in got[2].items()))
+
     def moved_rows(self) -> int:
         """(row, kv head) units of K/V moved in one forward; a plain ring moves
         world_size * (world_size - 1) * S/W * heads_kv."""
@@ -255,7 +264,8 @@ class CommPlan:
                     cells.append(f"r{r}<-r{src} -")
                 else:
                     moved = "local" if s == 0 else f"{100.0 * got[1].sum() / full:.1f}% rows"
-                    cells.append(f"r{r}<-r{src} {len(got[0])} pairs, {moved}")
+                    queries = 100.0 * self.query_rows(r, src) / (self.local_len * self.heads_q)
+                    cells.append(f"r{r}<-r{src} {len(got[0])} pairs, {moved}, {queries:.1f}% queries")
             lines.append(f"step {s}: " + " | ".join(cells))
         ring = w * (w - 1) * full
         moved = self.moved_rows()

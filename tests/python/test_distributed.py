@@ -249,6 +249,14 @@ def test_the_comm_plan_prints_its_steps():
     assert text.startswith("; comm plan: 512 rows over 4 ranks (zigzag), heads 4/4\n")
     assert "rank 0 [0, 64), [448, 512)" in text
     assert "step 0: r0<-r0 " in text and "step 3: " in text and "; K/V moved: " in text
+    # Each step names the share of the local query rows it computes and merges (summed over its
+    # chunk pairs: zigzag's local step merges some rows twice).
+    assert "r0<-r0 4 pairs, local, 125.0% queries" in text
+    plan = ad.comm_plan(LONGNET, SEQ, 4, world_size=4, layout="contiguous")
+    # Rank 1's rows [128, 256) against rank 0's keys [0, 128): only the 256- and 512-row segments
+    # reach across, at dilations 2 and 4 (every second row, per head offset): half the rows.
+    assert plan.query_rows(1, 0) == 128 * 4 // 2
+    assert f"r1<-r0 1 pairs, " in str(plan) and "50.0% queries" in str(plan)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
