@@ -151,6 +151,10 @@ ForwardOptions resolve_device_table(PreparedState& st, const ForwardOptions& o, 
   if (o.cu_seqlens) {
     throw UserError(what, "packed documents with a dynamic layout are not supported yet; run the documents as separate calls");
   }
+  if (o.rows_with_work_only) {  // the kernels' launch checks the table: it must run whole
+    throw UserError(what, "with ForwardOptions.rows_with_work_only is not supported; pass the table as "
+                          "ForwardOptions.dynamic_layout or leave rows_with_work_only off");
+  }
   const Shape s = problem_shape(st.problem, o.q_offset, o.k_offset);
   if (d->heads != 1 && d->heads != s.heads_q) {
     throw UserError(what + ".heads", "is " + std::to_string(d->heads) + "; give 1 (one table for every head) or heads_q (" +

@@ -99,11 +99,11 @@ struct ForwardOptions {
   // non-decreasing, batch 1, seq_q == seq_k. Queries attend keys of their own document only, and
   // positions restart at 0 in each document; not with offsets. Each distinct list gets its plan.
   const std::vector<int64_t>* cu_seqlens = nullptr;
-  // forward(): write O and the LSE only at the rows that attend something by the plan (the rows of
-  // work items that visit a key tile; Python: attnjit.distributed's call_rows); every other row of
-  // o and lse keeps what it held. One step of ring attention then costs its rows with work, not
-  // the whole chunk, and the caller merges just those rows. Default: every row is written (a row
-  // that attends nothing as O = 0, LSE = -inf).
+  // forward(): write O and the LSE only at the rows of work items that visit a key tile (they hold
+  // every row that attends a key, whatever the tiles; a row among them that attends nothing gets
+  // O = 0, LSE = -inf); every other row of o and lse keeps what it held. One step of ring attention
+  // then costs its rows with work, not its whole chunk, and merges just the rows that attend
+  // (plan_attending_rows). Default: every row is written. Not with device_dynamic_layout.
   bool rows_with_work_only = false;
   // backward(): bitwise-reproducible gradients (dK/dV added layer by layer, dQ by its own pass over
   // the forward plan: no atomics). Also the ATTNJIT_DETERMINISTIC knob. Otherwise the tensor-core

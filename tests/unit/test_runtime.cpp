@@ -551,6 +551,7 @@ TEST_CASE("a device dynamic table: the answer of its sanitised host table, probl
   bad([&](auto&, ForwardOptions& f) { f.dynamic_layout = &host; }, "and ForwardOptions.dynamic_layout are both set");
   const std::vector<int64_t> cu{0, 4, 8};
   bad([&](auto&, ForwardOptions& f) { f.cu_seqlens = &cu; }, "packed documents with a dynamic layout are not supported yet");
+  bad([&](auto&, ForwardOptions& f) { f.rows_with_work_only = true; }, "with ForwardOptions.rows_with_work_only is not supported");
   // An empty table is fine without column indices: nothing attends, every row is empty.
   const std::vector<int64_t> none{0, 0, 0};
   DeviceDynamicLayout empty{none.data(), nullptr, 2, 0, 1, nullptr};
