@@ -634,7 +634,7 @@ TEST_CASE("a plan's key rows are exactly the keys the pattern attends, its atten
   CHECK(work_item_prefix(far) == 0);
 }
 
-TEST_CASE("the attending rows do not depend on the tiles; a causal diagonal's tile holds rows that attend nothing", "[plan][key_rows]") {
+TEST_CASE("the attending rows do not depend on the tiles, and a causal diagonal tile holds rows that attend nothing", "[plan][key_rows]") {
   // Causal with keys after the queries: in the tile on the diagonal, rows before the first key
   // attend nothing. The plan's rows depend on the tile size; the attending rows do not.
   const Pattern p = PatternBuilder().branch(BranchSpec().full().causal()).build();
