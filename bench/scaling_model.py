@@ -43,9 +43,8 @@ FULL_BYTES = {"forward": 0, "backward": 14}
 MERGE_BYTES = {"forward": 26, "backward": 30}
 FIRST_MERGE_BYTES = {"forward": 8, "backward": 30}
 STAGE_BYTES = {"forward": 8, "backward": 24}
-# What the backward would cost if its kernel call, too, touched only the rows with work (the
-# dQ/dK/dV accumulated in place in fp32): the next change, modelled beside the one implemented.
-FULL_BYTES_ROWS_ONLY = {"forward": 0, "backward": 0}
+# The model's last column: the backward's kernel call, too, touching only the rows with work (the
+# dQ/dK/dV accumulated in place in fp32), i.e. without FULL_BYTES; the next change.
 
 
 def longnet_example():
@@ -165,25 +164,16 @@ def forward_ring_time(comp, xfer, moved, budget):
     its NVLink or its InfiniBand link one after another. The slowest rank's end."""
     world, end = comp.shape[1], 0.0
     for r in range(world):
-        link_free, arrive = {}, {}
-        state = {"next": 1, "waited": 0, "in_flight": 0.0}
-
-        def top_up(now):
-            while state["next"] < world:
-                s = state["next"]
-                if s - 1 > state["waited"] and state["in_flight"] + moved[s, r] > budget:
-                    break  # a step is under way and this one does not fit beside it
-                link = bandwidth((r - s) % world, r)
-                arrive[s] = link_free[link] = max(now, link_free.get(link, 0.0)) + xfer[s, r]
-                state["in_flight"] += moved[s, r]
-                state["next"] += 1
-
-        top_up(0.0)
-        t = comp[0, r]
-        for s in range(1, world):
-            t = max(t, arrive[s])
-            state["waited"], state["in_flight"] = s, state["in_flight"] - moved[s, r]
-            top_up(t)
+        link_free, arrive, started, in_flight, t = {}, {}, 1, 0.0, 0.0
+        for s in range(world):  # step 0 is local: the first transfers start before it
+            if s:
+                t = max(t, arrive[s])
+                in_flight -= moved[s, r]
+            while started < world and (started == s + 1 or in_flight + moved[started, r] <= budget):
+                link = bandwidth((r - started) % world, r)
+                arrive[started] = link_free[link] = max(t, link_free.get(link, 0.0)) + xfer[started, r]
+                in_flight += moved[started, r]
+                started += 1
             t += comp[s, r]
         end = max(end, t)
     return end
@@ -203,7 +193,6 @@ def model(kind, branches, seq, world, layout):
             return np.array([[m[r, (r - s) % world] for r in range(world)] for s in range(world)])
 
         full = local * HEAD_DIM * FULL_BYTES[direction] / HBM
-        full_rows_only = local * HEAD_DIM * FULL_BYTES_ROWS_ONLY[direction] / HBM
         merge = local * HEAD_DIM * MERGE_BYTES[direction] / HBM
         first_merge = local * HEAD_DIM * FIRST_MERGE_BYTES[direction] / HBM
         kernels = per_step(pairs) * 4 * HEAD_DIM * flops_factor / tp
@@ -214,7 +203,7 @@ def model(kind, branches, seq, world, layout):
         merges = merge * (part - first) + first_merge * first
         stage = per_step(rows) * HEAD_DIM * STAGE_BYTES[direction] / HBM
         comp = kernels + full * busy + merges + stage  # as implemented
-        comp_rows = kernels + full_rows_only * busy + merges + stage  # a backward on the rows with work too
+        comp_rows = kernels + merges + stage  # a backward on the rows with work too
         xfer = np.array([[rows[r, (r - s) % world] * kv * bytes_factor / bandwidth((r - s) % world, r) for r in range(world)]
                          for s in range(world)])
         # Ring, forward: steps started ahead within the local K/V's bytes (forward_ring_time).
@@ -238,7 +227,6 @@ def model(kind, branches, seq, world, layout):
                           "transfer_ms": 1e3 * xfer[1:].max() if world > 1 else 0.0,
                           "ring": ideal / steps, "ring_rows": ideal / ring_time(comp_rows), "longnet": ideal / gather,
                           "total_ms": 1e3 * steps}
-    out["qrows"] = qrows
     out["gb_per_rank"] = rows.sum(axis=1).max() * kv / 1e9
     out["ring_gb_per_rank"] = (world - 1) * seq / world * HEADS * kv / 1e9
     return out
