@@ -157,20 +157,18 @@ def smoke_compiled_flex(check):
 
 def smoke_meta_plumbing(check):
     """torch-dilated's CUDA branch (the CUDA flash ops' arguments, fwd + bwd) on meta tensors: shapes only."""
-    S, H, D = 512, 8, 64
-    q, k, v, dout = (torch.empty(2, H, S, D, device="meta", dtype=torch.bfloat16) for _ in range(4))
-    q, k, v = (x.requires_grad_() for x in (q, k, v))
-    o = torch_dilated(P.SMOKE_LONGNET, H, S, D, torch.device("meta"))(q, k, v)
-    grads = torch.autograd.grad(o, (q, k, v), dout)
-    check("torch-dilated: CUDA flash op plumbing on meta tensors (fwd + bwd)",
-          o.shape == q.shape and all(g.shape == q.shape and g.dtype == q.dtype for g in grads))
-    S = 768
-    q, k, v, dout = (torch.empty(2, H, S, D, device="meta", dtype=torch.bfloat16) for _ in range(4))
-    q, k, v = (x.requires_grad_() for x in (q, k, v))
-    o = torch_longnet(P.SMOKE_LONGNET_BATCHED, H, S, D, torch.device("meta"))(q, k, v)
-    grads = torch.autograd.grad(o, (q, k, v), dout)
+    H, D = 8, 64
+
+    def shapes_hold(system, spec, S):
+        q, k, v, dout = (torch.empty(2, H, S, D, device="meta", dtype=torch.bfloat16) for _ in range(4))
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        o = system(spec, H, S, D, torch.device("meta"))(q, k, v)
+        grads = torch.autograd.grad(o, (q, k, v), dout)
+        return o.shape == q.shape and all(g.shape == q.shape and g.dtype == q.dtype for g in grads)
+
+    check("torch-dilated: CUDA flash op plumbing on meta tensors (fwd + bwd)", shapes_hold(torch_dilated, P.SMOKE_LONGNET, 512))
     check("torch-longnet: CUDA flash op plumbing on meta tensors (fwd + bwd, a padded branch)",
-          o.shape == q.shape and all(g.shape == q.shape and g.dtype == q.dtype for g in grads))
+          shapes_hold(torch_longnet, P.SMOKE_LONGNET_BATCHED, 768))
 
 
 def _broken_systems():
