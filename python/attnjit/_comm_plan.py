@@ -1,0 +1,227 @@
+"""The planning half of attnjit.distributed, with no torch in it: how a sequence is cut into chunks
+and dealt out to the ranks (the layouts: contiguous, zigzag, a ChunkLayout from balanced_layout),
+and the CommPlan of a ring over them, which names for every pair of ranks the chunk pairs that
+attend anything, the K/V rows they read and the query rows that attend (compiler/plan's
+plan_key_rows and plan_attending_rows, through call_rows). attnjit.distributed exports all of it."""
+import dataclasses
+import functools
+
+import numpy as np
+
+from . import _attnjit
+from ._pattern import as_pattern
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkLayout:
+    """Which chunks of the sequence each rank holds: `chunks[r]` is rank r's (global start,
+    length) pairs in local order. Every rank holds the same number of chunks, all of one length,
+    and together they cut [0, seq_len) exactly (checked when made). `work[r]` is the attended pairs
+    (per branch, over all heads) of rank r's query rows, what its kernels compute."""
+    name: str
+    seq_len: int
+    chunks: tuple
+    work: tuple = ()
+
+    def __post_init__(self):
+        starts = sorted(c for rank in self.chunks for c in rank)
+        sizes = {n for _, n in starts}
+        counts = {len(rank) for rank in self.chunks}
+        if len(sizes) != 1 or len(counts) != 1:
+            raise ValueError(f"layout {self.name!r}: every rank must hold the same number of chunks of one length "
+                             f"(got lengths {sorted(sizes)}, counts per rank {sorted(counts)})")
+        at = 0
+        for start, n in starts:
+            if start != at:
+                raise ValueError(f"layout {self.name!r}: the chunks must cut [0, {self.seq_len}) exactly; " +
+                                 (f"position {start} is held twice" if start < at else f"position {at} is held by no rank"))
+            at += n
+        if at != self.seq_len:
+            raise ValueError(f"layout {self.name!r}: the chunks cover [0, {at}), not [0, {self.seq_len})")
+
+    @property
+    def imbalance(self) -> float:
+        """max(work) / mean(work) - 1: 0 when every rank computes the same number of pairs."""
+        mean = sum(self.work) / len(self.work) if self.work else 0
+        return max(self.work) / mean - 1 if mean else 0.0
+
+    def __str__(self):
+        return self.name
+
+
+def balanced_layout(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *, world_size: int,
+                    chunks_per_rank: int = 2) -> ChunkLayout:
+    """A layout that gives every rank the same share of `pattern`'s work: the sequence is cut into
+    world_size * chunks_per_rank equal chunks, each weighed by the attended pairs of its query rows
+    against the whole sequence (Pattern.stats at the chunk's offset), and dealt out largest first to
+    the rank with the least work that still has room, then improved by swaps between the heaviest and
+    the lightest rank. The same on every rank (it depends only on its arguments)."""
+    p = as_pattern(pattern)
+    heads_kv = heads_q if heads_kv is None else heads_kv
+    parts = world_size * chunks_per_rank
+    if chunks_per_rank < 1 or world_size < 1:
+        raise ValueError(f"balanced_layout: world_size ({world_size}) and chunks_per_rank ({chunks_per_rank}) must be >= 1")
+    if seq_len <= 0 or seq_len % parts:
+        raise ValueError(f"sequence length {seq_len} is not a positive multiple of {parts} (balanced layout: "
+                         f"{world_size} ranks x {chunks_per_rank} chunks); pad the sequence or pick another chunks_per_rank")
+    n = seq_len // parts
+    weight = [int(p.stats(n, heads_q, seq_len, heads_kv, q_offset=c * n)["attended_pairs"]) for c in range(parts)]
+    owner, load, held = [None] * parts, [0] * world_size, [[] for _ in range(world_size)]
+    for c in sorted(range(parts), key=lambda c: (-weight[c], c)):
+        r = min((r for r in range(world_size) if len(held[r]) < chunks_per_rank), key=lambda r: (load[r], r))
+        held[r].append(c)
+        load[r] += weight[c]
+    for _ in range(parts * parts):  # swaps between the heaviest and the lightest rank while they help
+        hi = max(range(world_size), key=lambda r: (load[r], -r))
+        lo = min(range(world_size), key=lambda r: (load[r], r))
+        best = None
+        for a in held[hi]:
+            for b in held[lo]:
+                d = weight[a] - weight[b]
+                peak = max(load[hi] - d, load[lo] + d)
+                if d > 0 and peak < load[hi] and (best is None or peak < best[0]):
+                    best = (peak, a, b, d)
+        if best is None:
+            break
+        _, a, b, d = best
+        held[hi][held[hi].index(a)], held[lo][held[lo].index(b)] = b, a
+        load[hi] -= d
+        load[lo] += d
+    chunks = tuple(tuple((c * n, n) for c in sorted(h)) for h in held)
+    return ChunkLayout(f"balanced:{chunks_per_rank}", seq_len, chunks, tuple(load))
+
+
+def _check_layout(layout):
+    if isinstance(layout, ChunkLayout):
+        return
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)} or a ChunkLayout (balanced_layout), got {layout!r}")
+
+
+def chunks_of(seq_len: int, world_size: int, rank: int, layout="contiguous"):
+    """The chunks rank `rank` holds, in local order, as (global start, length)."""
+    if isinstance(layout, ChunkLayout):
+        if layout.seq_len != seq_len or len(layout.chunks) != world_size:
+            raise ValueError(f"layout {layout.name!r} was made for {layout.seq_len} rows over {len(layout.chunks)} ranks, "
+                             f"not {seq_len} over {world_size}")
+        return list(layout.chunks[rank])
+    _check_layout(layout)
+    parts = world_size if layout == "contiguous" else 2 * world_size
+    if seq_len <= 0 or seq_len % parts:
+        raise ValueError(f"sequence length {seq_len} is not a positive multiple of {parts} (layout {layout!r} over "
+                         f"{world_size} ranks cuts it into {parts} equal chunks); pad the sequence")
+    n = seq_len // parts
+    if layout == "contiguous":
+        return [(rank * n, n)]
+    return [(rank * n, n), ((2 * world_size - 1 - rank) * n, n)]
+
+
+class CommPlan:
+    """What ring_attention computes and moves for one pattern, sequence, head count, world size and
+    layout; the same on every rank. Made per pair of ranks on first use (a rank needs only the pairs
+    it takes part in); `pairs` and `rows` give them all, print() shows them step by step.
+
+    `pairs[(qr, kr)]`: the (query chunk, key chunk) index pairs of ranks qr and kr that attend
+    anything; `rows[(qr, kr)]`: bool [heads_kv, S/W], the K/V rows of rank kr that rank qr reads
+    (a pair with nothing to attend is absent from both)."""
+
+    def __init__(self, spec: str, seq_len: int, heads_q: int, heads_kv: int, world_size: int, layout: str):
+        self.spec = spec
+        self.seq_len, self.heads_q, self.heads_kv = seq_len, heads_q, heads_kv
+        self.world_size, self.layout = world_size, layout
+        self.chunks = [chunks_of(seq_len, world_size, r, layout) for r in range(world_size)]
+        self.local_len = seq_len // world_size
+        self._pairs = {}
+        self._units = {}  # _Ring's index tensors, by (rank, strategy), then by what and device
+
+    def pair(self, qr: int, kr: int):
+        """(chunk pairs, key rows read, {chunk pair: query rows computed}) of ranks qr and kr, or
+        None when they attend nothing. Query rows: bool [rows, heads_q] of the query chunk, None
+        when all."""
+        if (qr, kr) not in self._pairs:
+            need = np.zeros((self.heads_kv, self.local_len), dtype=bool)
+            pairs, queries = [], {}
+            for qi, (qs, ql) in enumerate(self.chunks[qr]):
+                for ki, (ks, kl) in enumerate(self.chunks[kr]):
+                    read, computed = _attnjit.call_rows(self.spec, ql, self.heads_q, kl, self.heads_kv, qs, ks)
+                    if read.any():
+                        pairs.append((qi, ki))
+                        a = self.local_start(ki)
+                        need[:, a:a + kl] |= read.astype(bool)
+                        computed = computed.astype(bool)
+                        queries[(qi, ki)] = None if computed.all() else np.ascontiguousarray(computed.T)
+            self._pairs[(qr, kr)] = (pairs, need, queries) if pairs else None
+        return self._pairs[(qr, kr)]
+
+    def _all(self, index):
+        w = self.world_size
+        return {(q, k): self.pair(q, k)[index] for q in range(w) for k in range(w) if self.pair(q, k) is not None}
+
+    @property
+    def pairs(self):
+        return self._all(0)
+
+    @property
+    def rows(self):
+        return self._all(1)
+
+    def local_start(self, chunk: int) -> int:
+        """Where chunk `chunk` of a rank starts in its local tensor."""
+        return sum(n for _, n in self.chunks[0][:chunk])
+
+    def query_rows(self, qr: int, kr: int) -> int:
+        """(row, query head) units of rank qr that attend rank kr's keys, summed over their chunk
+        pairs (each is one kernel call and one merge): what the step writes and merges."""
+        got = self.pair(qr, kr)
+        if got is None:
+            return 0
+        return int(sum(self.chunks[qr][qi][1] * self.heads_q if rows is None else rows.sum()
+                       for (qi, _), rows in got[2].items()))
+
+    def moved_rows(self) -> int:
+        """(row, kv head) units of K/V moved in one forward; a plain ring moves
+        world_size * (world_size - 1) * S/W * heads_kv."""
+        return int(sum(need.sum() for (qr, kr), need in self.rows.items() if qr != kr))
+
+    def __str__(self):
+        w, full = self.world_size, self.local_len * self.heads_kv
+        lines = [f"; comm plan: {self.seq_len} rows over {w} ranks ({self.layout}), heads {self.heads_q}/{self.heads_kv}",
+                 f"; chunks: " + "; ".join(f"rank {r} {', '.join(f'[{s}, {s + n})' for s, n in c)}"
+                                          for r, c in enumerate(self.chunks))]
+        if isinstance(self.layout, ChunkLayout) and self.layout.work:
+            lines.append("; attended pairs per rank: " + ", ".join(f"r{r} {x}" for r, x in enumerate(self.layout.work))
+                         + f" (imbalance {100.0 * self.layout.imbalance:.1f}%)")
+        for s in range(w):
+            cells = []
+            for r in range(w):
+                src = (r - s) % w
+                got = self.pair(r, src)
+                if got is None:
+                    cells.append(f"r{r}<-r{src} -")
+                else:
+                    moved = "local" if s == 0 else f"{100.0 * got[1].sum() / full:.1f}% rows"
+                    queries = 100.0 * self.query_rows(r, src) / (self.local_len * self.heads_q)
+                    cells.append(f"r{r}<-r{src} {len(got[0])} pairs, {moved}, {queries:.1f}% queries")
+            lines.append(f"step {s}: " + " | ".join(cells))
+        ring = w * (w - 1) * full
+        moved = self.moved_rows()
+        lines.append(f"; K/V moved: {moved} of the {ring} (row, kv head) units a plain ring moves"
+                     + (f" ({100.0 * moved / ring:.1f}%)" if ring else ""))
+        return "\n".join(lines) + "\n"
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_plan(spec, seq_len, heads_q, heads_kv, world_size, layout):
+    return CommPlan(spec, seq_len, heads_q, heads_kv, world_size, layout)
+
+
+def comm_plan(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *, world_size: int,
+              layout: str = "contiguous") -> CommPlan:
+    """The CommPlan of ring_attention for a pattern over `seq_len` rows on `world_size` ranks."""
+    p = as_pattern(pattern)
+    heads_kv = heads_q if heads_kv is None else heads_kv
+    if world_size < 1:
+        raise ValueError(f"world_size: expected >= 1, got {world_size}")
+    return _cached_plan(p.op_spec, int(seq_len), int(heads_q), int(heads_kv), int(world_size), layout)
