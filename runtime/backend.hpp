@@ -53,6 +53,16 @@ private:
   mutable std::unique_ptr<BackwardPlans> backward_;
 };
 
+// Attention::backward_add's D and fp32 accumulators (contiguous, checked): with them a backend's
+// backward() reads neither o nor dq, dk, dv (the call passes dout and the accumulators there), runs
+// no pass over every row, and adds the gradients of the rows with work into the accumulators.
+struct GradientSink {
+  const TensorView* delta = nullptr;  // D [batch, heads_q, seq_q]
+  const TensorView* dq = nullptr;
+  const TensorView* dk = nullptr;
+  const TensorView* dv = nullptr;
+};
+
 class Backend {
 public:
   virtual ~Backend() = default;
@@ -64,10 +74,12 @@ public:
   virtual bool capturing(const ForwardOptions&) const { return false; }
   virtual void forward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& o, const TensorView* lse, const ForwardOptions& options) = 0;
-  // The backward pass: dq, dk, dv from the forward's inputs and outputs and dout.
+  // The backward pass: dq, dk, dv from the forward's inputs and outputs and dout; or, with `sink`,
+  // the gradients added into its accumulators.
   virtual void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
-                        const TensorView& dk, const TensorView& dv, const ForwardOptions& options) = 0;
+                        const TensorView& dk, const TensorView& dv, const ForwardOptions& options,
+                        const GradientSink* sink) = 0;
   // The attention weights of forward() (Attention::weights) into `w`, float32 contiguous
   // [B, Hq, Sq, Sk], from q, k and the forward's lse over the entry's plan. This default computes
   // on the host with the plan executor, reading the views as host memory (the CPU and emu devices);

@@ -180,6 +180,37 @@ void check_backward_inputs(const Problem& pb, const TensorView& q, const TensorV
       if (overlap(*t, *dlse)) throw UserError(name, "overlaps dlse; each gradient needs its own memory");
 }
 
+void check_backward_add_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& lse, const TensorView& dout, const TensorView& delta, const TensorView& dq_acc,
+                               const TensorView& dk_acc, const TensorView& dv_acc, int align_bytes) {
+  check_view("q", q, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim}, pb.dtype, align_bytes);
+  check_view("k", k, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim}, pb.dtype, align_bytes);
+  check_view("v", v, {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim_v}, pb.dtype, align_bytes);
+  check_view("lse", lse, {pb.batch, pb.heads_q, pb.seq_q}, DType::F32, align_bytes > 1 ? 4 : 1);
+  check_view("dout", dout, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim_v}, pb.dtype, align_bytes);
+  // The kernels address D and the accumulators as the fp32 workspaces they stand for: contiguous.
+  const std::pair<const char*, const TensorView*> fp32[] = {{"delta", &delta}, {"dq_acc", &dq_acc}, {"dk_acc", &dk_acc}, {"dv_acc", &dv_acc}};
+  const std::vector<int64_t> shapes[] = {{pb.batch, pb.heads_q, pb.seq_q},
+                                         {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim},
+                                         {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim},
+                                         {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim_v}};
+  for (size_t x = 0; x < 4; ++x) {
+    const auto& [name, t] = fp32[x];
+    check_view(name, *t, shapes[x], DType::F32, align_bytes > 1 ? 4 : 1);
+    if (t->strides != TensorView::contiguous(nullptr, DType::F32, t->shape).strides) {
+      throw UserError(name, "must be contiguous float32 " + dims(t->shape) + " (strides " + dims(t->strides) +
+                                " given); allocate it contiguous");
+    }
+  }
+  const std::pair<const char*, const TensorView*> all[] = {{"q", &q}, {"k", &k}, {"v", &v}, {"lse", &lse}, {"dout", &dout},
+                                                           {"delta", &delta}, {"dq_acc", &dq_acc}, {"dk_acc", &dk_acc}, {"dv_acc", &dv_acc}};
+  for (size_t x = 1; x < 4; ++x)
+    for (const auto& [other, u] : all)
+      if (std::string(fp32[x].first) != other && overlap(*fp32[x].second, *u)) {
+        throw UserError(fp32[x].first, std::string("overlaps ") + other + "; each accumulator needs its own memory");
+      }
+}
+
 void check_weights_size(int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k) {
   // The product passes int64 for long sequences: an overflow is a count above any cap.
   int64_t elements = 0;

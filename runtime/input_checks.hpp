@@ -18,6 +18,11 @@ void check_forward_inputs(const Problem& pb, const TensorView& q, const TensorVi
 void check_backward_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& v,
                            const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
                            const TensorView& dk, const TensorView& dv, int align_bytes, const TensorView* dlse = nullptr);
+// backward_add(): the inputs as backward()'s, and delta and the accumulators float32 and
+// contiguous (the kernels address them as their workspaces), the accumulators apart from the rest.
+void check_backward_add_inputs(const Problem& pb, const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& lse, const TensorView& dout, const TensorView& delta, const TensorView& dq_acc,
+                               const TensorView& dk_acc, const TensorView& dv_acc, int align_bytes);
 
 // A weights call: q, k and the forward's lse as for backward, w float32 contiguous
 // [batch, heads_q, seq_q, seq_k] aliasing none of them, and no more than ATTNJIT_MAX_WEIGHTS elements.

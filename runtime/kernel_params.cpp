@@ -218,15 +218,16 @@ BatchGrid batch_grid(int64_t batch) {
 }
 
 BackwardGrids backward_grids(const Problem& pb, const BackwardKernels& k, size_t items, const BackwardPlan& key_major,
-                             bool deterministic) {
+                             bool deterministic, bool add) {
   const uint64_t aux = static_cast<uint64_t>(k.aux_threads);
   BackwardGrids g;
   g.single_pass = k.single_pass && !deterministic && knobs().bwd_single_pass;
-  g.pre = (static_cast<uint64_t>(pb.seq_q * pb.heads_q) + aux - 1) / aux;
+  g.pre = add ? 0 : (static_cast<uint64_t>(pb.seq_q * pb.heads_q) + aux - 1) / aux;
   g.dq = g.single_pass ? 0 : items;
-  g.direct_dkdv = key_major.keys_cover_all;
-  const int64_t cvt_elems = (g.direct_dkdv ? 0 : pb.batch * pb.seq_k * pb.heads_kv * (pb.head_dim + pb.head_dim_v)) +
-                            (g.single_pass ? pb.batch * pb.seq_q * pb.heads_q * pb.head_dim : 0);
+  g.direct_dkdv = key_major.keys_cover_all && !add;
+  const int64_t cvt_elems = add ? 0
+                                : (g.direct_dkdv ? 0 : pb.batch * pb.seq_k * pb.heads_kv * (pb.head_dim + pb.head_dim_v)) +
+                                      (g.single_pass ? pb.batch * pb.seq_q * pb.heads_q * pb.head_dim : 0);
   g.cvt = (static_cast<uint64_t>(cvt_elems) + aux - 1) / aux;
   if (key_major.keys_disjoint || deterministic) {
     for (size_t l = 0; l + 1 < key_major.layers.size(); ++l) {

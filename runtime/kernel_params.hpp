@@ -124,7 +124,9 @@ struct DkdvLaunch {
 };
 // The launches of one backward: _pre, then _dq (none in the single pass, where _dkdv adds dQ into
 // its fp32 accumulator: the tensor-core kernels, unless deterministic or ATTNJIT_BWD_SINGLE_PASS=0),
-// _dkdv by layers, _cvt.
+// _dkdv by layers, _cvt. With `add` (Attention::backward_add: D given, the gradients added into the
+// caller's fp32 accumulators) neither _pre nor _cvt runs and _dkdv never stores; `items` is then
+// the forward plan's items with work (work_item_prefix), the blocks of _dq.
 struct BackwardGrids {
   bool single_pass = false;
   // dK and dV stored by _dkdv in the storage type (BackwardPlan::keys_cover_all): their fp32
@@ -134,6 +136,6 @@ struct BackwardGrids {
   std::vector<DkdvLaunch> dkdv;
 };
 BackwardGrids backward_grids(const Problem& pb, const BackwardKernels& k, size_t items, const BackwardPlan& key_major,
-                             bool deterministic);
+                             bool deterministic, bool add = false);
 
 }  // namespace attnjit

@@ -380,7 +380,29 @@ void Attention::backward(const TensorView& q, const TensorView& k, const TensorV
   ForwardOptions o2 = resolve_device_table(*state_, options, host, /*to_host=*/false, /*count=*/false);
   o2.deterministic = options.deterministic || knobs().deterministic;
   const std::shared_ptr<PlanEntry> entry = plan_for(*state_, o2);
-  state_->backend->backward(*entry, q, k, v, o, lse, dout, dq, dk, dv, o2);
+  state_->backend->backward(*entry, q, k, v, o, lse, dout, dq, dk, dv, o2, nullptr);
+}
+
+void Attention::backward_add(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lse,
+                             const TensorView& dout, const TensorView& delta, const TensorView& dq_acc,
+                             const TensorView& dk_acc, const TensorView& dv_acc, const ForwardOptions& options) {
+  if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
+  check_forward_only(state_->problem, "backward_add");
+  if (options.dlse) {
+    throw UserError("dlse", "is not an option of backward_add: subtract it from delta (D = rowsum(dout * o) - dlse)");
+  }
+  if (options.device_dynamic_layout) {
+    throw UserError("device_dynamic_layout", "is not supported by backward_add; give the table on the host "
+                                             "(ForwardOptions::dynamic_layout) or use backward()");
+  }
+  check_backward_add_inputs(state_->problem, q, k, v, lse, dout, delta, dq_acc, dk_acc, dv_acc, state_->backend->alignment());
+  DynamicLayout host;
+  ForwardOptions o2 = resolve_device_table(*state_, options, host, /*to_host=*/false, /*count=*/false);
+  o2.deterministic = options.deterministic || knobs().deterministic;
+  const std::shared_ptr<PlanEntry> entry = plan_for(*state_, o2);
+  const GradientSink sink{&delta, &dq_acc, &dk_acc, &dv_acc};
+  // o is never read (D is given): dout stands in its place; the accumulators in the gradients'.
+  state_->backend->backward(*entry, q, k, v, dout, lse, dout, dq_acc, dk_acc, dv_acc, o2, &sink);
 }
 
 void Attention::weights(const TensorView& q, const TensorView& k, const TensorView& lse, const TensorView& w,

@@ -38,6 +38,13 @@ __device__ __forceinline__ bool aj_bwd_entry_visit(const AjParams& p, const AjKe
   return true;
 }
 
+// A key tile that no query tile attends adds nothing to dK, dV: its block returns at once unless
+// it is the one writer of its rows (plain_add 2 stores zeros there). One step of ring attention
+// then costs the key tiles with work, not the whole chunk.
+__device__ __forceinline__ bool aj_bwd_adds_nothing(const AjBwdParams& bp, const AjKeyItem& ki) {
+  return ki.entry_begin == ki.entry_end && bp.plain_add != 2;
+}
+
 // ---- _pre: D = rowsum(dO * O) --------------------------------------------------------------
 
 __device__ __forceinline__ void aj_bwd_pre(const AjBwdParams& bp) {

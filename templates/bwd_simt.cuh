@@ -60,6 +60,12 @@ __device__ __forceinline__ void aj_bwd_dq(const AjBwdParams& bp) {
     }
   }
   if (row >= item.rows_count) return;
+  if (bp.dq_acc) {  // added into the caller's fp32 accumulator (this item alone holds the row)
+    float* acc = bp.dq_acc + ((b * bp.seq_q + i) * bp.heads_q + item.head) * AJ_HEAD_DIM;
+#pragma unroll
+    for (int x = 0; x < AJ_QD; ++x) acc[lane + AJ_SIMT_LANES * x] += dq[x] * bp.scale;
+    return;
+  }
   aj_elem* out = (aj_elem*)bp.dq + b * bp.dq_batch_stride + i * bp.dq_row_stride + item.head * bp.dq_head_stride;
 #pragma unroll
   for (int x = 0; x < AJ_QD; ++x) aj_store(out + lane + AJ_SIMT_LANES * x, dq[x] * bp.scale);
@@ -84,7 +90,7 @@ __device__ __forceinline__ void aj_bwd_dkdv(const AjBwdParams& bp) {
   AJ_STATIC_SHARED(AjBwdQueryShared, sh);
   const AjKeyItem ki = bp.key_items[bp.key_item_base + aj_block_idx_x()];
   const aj_i64 b = aj_batch_index();
-  if (b >= p.batch) return;
+  if (b >= p.batch || aj_bwd_adds_nothing(bp, ki)) return;
   const int krow = aj_thread_idx() / AJ_SIMT_LANES, lane = aj_thread_idx() % AJ_SIMT_LANES;
   const bool live = krow < ki.keys_count;
   const aj_i64 j = ki.keys_start + (aj_i64)(live ? krow : 0) * ki.keys_stride;

@@ -172,7 +172,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90(const AjBwdParams& bp) {
   const bool single = bp.dq_acc != nullptr;
   const AjKeyItem ki = bp.key_items[bp.key_item_base + aj_block_idx_x()];
   const aj_i64 b = aj_batch_index();
-  if (b >= p.batch) return;
+  if (b >= p.batch || aj_bwd_adds_nothing(bp, ki)) return;
   const int warp = aj_warp_uniform(aj_thread_idx() / 32), lane = aj_thread_idx() % 32;
   const int g = lane / 4, quad = lane % 4;
 

@@ -103,7 +103,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
   const bool single = bp.dq_acc != nullptr;
   const AjKeyItem ki = bp.key_items[bp.key_item_base + aj_block_idx_x()];
   const aj_i64 b = aj_batch_index();
-  if (b >= p.batch) return;
+  if (b >= p.batch || aj_bwd_adds_nothing(bp, ki)) return;
   const int tid = aj_thread_idx();
 
   if (tid == 0) {

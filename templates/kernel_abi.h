@@ -95,10 +95,12 @@ typedef struct AjBwdParams {
   void* dk;
   void* dv;
   float* delta;                           // [batch, heads_q, seq_q]: D
-  float* dk_acc;                          // [batch, seq_k, heads_kv, head_dim], zeroed
-  float* dv_acc;                          // [batch, seq_k, heads_kv, head_dim_v], zeroed
+  float* dk_acc;                          // [batch, seq_k, heads_kv, head_dim], zeroed (or the caller's)
+  float* dv_acc;                          // [batch, seq_k, heads_kv, head_dim_v], zeroed (or the caller's)
   float* dq_acc;                          // [batch, seq_q, heads_q, head_dim], zeroed: the single pass's
-                                          // dQ (scaled), added by _dkdv; null in the two-pass form
+                                          // dQ (scaled), added by _dkdv; null in the two-pass form. In a
+                                          // _dq launch: set when dQ is added into it instead of stored
+                                          // (Attention::backward_add)
   const float* dlse;                      // the gradient of lse (lse's layout), or null: D -= dlse
   aj_i64 dlse_batch_stride, dlse_head_stride;
   const AjKeyItem* key_items;

@@ -203,6 +203,21 @@ public:
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
                 const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                 const ForwardOptions& options = {});
+  // The gradients of forward() added into float32 accumulators: dq_acc += dL/dq, dk_acc += dL/dk,
+  // dv_acc += dL/dv, for a caller that sums the gradients of several calls (one step of ring
+  // attention's backward per call) and rounds them once. Only the rows with work are touched: the
+  // key tiles no query attends and the query tiles that attend no key are skipped, and nothing is
+  // zeroed, converted or computed per row of the call, so a call costs its attended pairs. `delta`
+  // is D = rowsum(dout * o) - dlse per query row (dlse where the lse output is used, else 0), which
+  // the caller computes once from the final o: float32 [batch, heads_q, seq_q], contiguous. The
+  // accumulators are float32 and contiguous, of q's, k's and v's shapes; the forward's o is not
+  // read. Not with ForwardOptions::dlse (it is in delta), device_dynamic_layout or FP8. The emu and
+  // CUDA devices run the backward kernels with these accumulators as their fp32 workspaces (dQ
+  // atomically added in the single pass, plainly by its own pass when deterministic); the CPU device
+  // adds the plan executor's gradients.
+  void backward_add(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lse,
+                    const TensorView& dout, const TensorView& delta, const TensorView& dq_acc, const TensorView& dk_acc,
+                    const TensorView& dv_acc, const ForwardOptions& options = {});
   // The attention weights, for inspection: w is float32, contiguous [batch, heads_q, seq_q, seq_k],
   // written whole with O = W V: W[b, h, i, j] is the softmax weight of key j for query i (a key
   // two branches attend appears once with its summed weight; the head_groups "mean" factor is

@@ -100,17 +100,26 @@ public:
   }
   void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
-                const TensorView& dv, const ForwardOptions& options) override {
+                const TensorView& dv, const ForwardOptions& options, const GradientSink* sink) override {
     const std::vector<float> qf = gather(head_major(q)), kf = gather(head_major(k)), vf = gather(head_major(v)),
-                             of = gather(head_major(o)), lf = gather(lse), df = gather(head_major(dout));
+                             of = sink ? std::vector<float>{} : gather(head_major(o)), lf = gather(lse),
+                             df = gather(head_major(dout));
     const std::vector<float> dlf = options.dlse ? gather(*options.dlse) : std::vector<float>{};
     const BackwardPlans& plans = entry.backward_plans(pattern_, options.dynamic_layout, entry.plan.tiles);
-    const ExecutorGradients g = execute_plan_backward(plans.query_major, plans.key_major, pattern_, qf.data(), kf.data(),
-                                                      vf.data(), of.data(), lf.data(), df.data(), options.dynamic_layout,
-                                                      executor_options(options), options.dlse ? dlf.data() : nullptr);
-    scatter(head_major(dq), g.dq);
-    scatter(head_major(dk), g.dk);
-    scatter(head_major(dv), g.dv);
+    const ExecutorGradients g = execute_plan_backward(
+        plans.query_major, plans.key_major, pattern_, qf.data(), kf.data(), vf.data(), of.data(), lf.data(), df.data(),
+        options.dynamic_layout, executor_options(options), options.dlse ? dlf.data() : nullptr,
+        sink ? static_cast<const float*>(sink->delta->data) : nullptr);
+    // backward_add: the gradients of every row added (rows without work add zeros), in float32.
+    auto put = [&](const TensorView& out, const std::vector<float>& grad) {
+      if (!sink) return scatter(head_major(out), grad);
+      std::vector<float> sum = gather(head_major(out));
+      for (size_t x = 0; x < sum.size(); ++x) sum[x] += grad[x];
+      scatter(head_major(out), sum);
+    };
+    put(dq, g.dq);
+    put(dk, g.dk);
+    put(dv, g.dv);
   }
   std::string kernel_name() const override { return "cpu plan executor"; }
   // 128x128: the tile products are large enough for Eigen's GEMM to run near its peak, small enough

@@ -197,7 +197,7 @@ void execute_plan_weights(const Plan& plan, const Pattern& pattern, const float*
 ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bwd, const Pattern& pattern, const float* q,
                                         const float* k, const float* v, const float* o, const float* lse,
                                         const float* dout, const DynamicLayout* dynamic, const ExecutorOptions& options,
-                                        const float* dlse) {
+                                        const float* dlse, const float* given_delta) {
   const Shape& s = plan.shape;
   const Workers w = workers_for(options.simd);
   ExecutorGradients g;
@@ -205,9 +205,9 @@ ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bw
   g.dk.assign(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim), 0.0f);
   g.dv.assign(static_cast<size_t>(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), 0.0f);
   ExecutorJob job = job_for(plan, options);
-  // D = rowsum(dO * O) - dlse, [batch, heads_q, seq_q] like the LSE.
-  std::vector<float> delta(static_cast<size_t>(s.batch * s.heads_q * s.seq_q), 0.0f);
-  for (int64_t b = 0; b < s.batch; ++b)
+  // D = rowsum(dO * O) - dlse, [batch, heads_q, seq_q] like the LSE (or the caller's).
+  std::vector<float> delta(given_delta ? 0 : static_cast<size_t>(s.batch * s.heads_q * s.seq_q), 0.0f);
+  for (int64_t b = 0; b < (given_delta ? 0 : s.batch); ++b)
     for (int64_t i = 0; i < s.seq_q; ++i)
       for (int64_t h = 0; h < s.heads_q; ++h) {
         const int64_t off = (b * job.q_layout.batch + i * job.q_layout.pos + h * job.q_layout.head) * s.head_dim_v;
@@ -220,7 +220,7 @@ ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bw
   job.pattern = &pattern;
   job.dynamic = dynamic;
   job.q = q, job.k = k, job.v = v;
-  job.lse = lse, job.dout = dout, job.delta = delta.data();
+  job.lse = lse, job.dout = dout, job.delta = given_delta ? given_delta : delta.data();
   job.dq = g.dq.data(), job.dk = g.dk.data(), job.dv = g.dv.data();
   // A (batch, kv head) unit adds the key tiles of that head one after another (they may overlap).
   const int64_t kv_units = s.batch * s.heads_kv;

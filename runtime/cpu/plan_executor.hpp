@@ -105,10 +105,12 @@ struct ExecutorGradients {
 // and dV += f P^T dO over the key-major plan `bwd` (lower_to_backward_plan(plan)). `o` and `lse` are
 // the forward's outputs; `dlse` ([batch, heads_q, seq_q], or null) the gradient of lse, which joins
 // D (dS = P (f dP - D + dlse)). dK and dV of a kv head sum over the query heads that read it.
+// `delta` ([batch, heads_q, seq_q], or null): D given by the caller; o and dlse are then not read.
 ExecutorGradients execute_plan_backward(const Plan& plan, const BackwardPlan& bwd, const Pattern& pattern, const float* q,
                                         const float* k, const float* v, const float* o, const float* lse,
                                         const float* dout, const DynamicLayout* dynamic = nullptr,
-                                        const ExecutorOptions& options = {}, const float* dlse = nullptr);
+                                        const ExecutorOptions& options = {}, const float* dlse = nullptr,
+                                        const float* delta = nullptr);
 
 // The threads a call on `plan` uses: `requested` (ExecutorOptions::threads) when non-zero, else one
 // per core but no more than the call's work fills (each thread past the first gets at least 2^24

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "compiler/jit/jit.hpp"
 #include "compiler/nvrtc/nvrtc_library.hpp"
@@ -232,10 +233,10 @@ public:
 
   void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
-                const TensorView& dv, const ForwardOptions& options) override {
+                const TensorView& dv, const ForwardOptions& options, const GradientSink* sink) override {
     const ScopedCurrentContext current(context_);
     check_device_memory({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv},
-                         {"dlse", options.dlse}});
+                         {"dlse", options.dlse}, {"delta", sink ? sink->delta : nullptr}});
     const CUstream stream = static_cast<CUstream>(options.stream);
     const bool capturing = stream_capturing(stream);
     const RelaxedCapture relaxed(capturing);  // a first backward in a graph compiles and loads its kernels
@@ -270,28 +271,36 @@ public:
     if (capturing) entry.in_graph = true;
     const Problem& pb = problem_;
     const BackwardScratch layout(pb, kk.single_pass);
-    if (options.workspace) {
+    if (options.workspace && !sink) {
       TensorView w;
       w.data = options.workspace;
       check_device_memory({{"workspace", &w}});
     }
-    const Workspace ws(layout.total, stream, options.workspace);
-    float* const delta = ws.at(layout.delta);
-    float* const dk_acc = ws.at(layout.dk);
-    float* const dv_acc = ws.at(layout.dv);
     const GpuTables& f = t.query_major;
-    const BackwardGrids g = backward_grids(pb, kk, size_t(f.num_items), plans.key_major, options.deterministic);
-    if (!g.direct_dkdv) {  // else _dkdv stores dK and dV itself, every row
-      memset_d8_async(reinterpret_cast<CUdeviceptr>(dk_acc), 0, layout.dk_bytes, stream);
-      memset_d8_async(reinterpret_cast<CUdeviceptr>(dv_acc), 0, layout.dv_bytes, stream);
+    const BackwardGrids g = backward_grids(pb, kk, size_t(sink ? f.work_items : f.num_items), plans.key_major,
+                                           options.deterministic, sink != nullptr);
+    // The scratch: D and the fp32 accumulators, zeroed; with a sink, the caller's, as they are.
+    std::optional<Workspace> ws;
+    float *delta, *dk_acc, *dv_acc, *dq_all;
+    if (sink) {
+      delta = static_cast<float*>(sink->delta->data), dk_acc = static_cast<float*>(dk.data);
+      dv_acc = static_cast<float*>(dv.data), dq_all = static_cast<float*>(dq.data);
+    } else {
+      ws.emplace(layout.total, stream, options.workspace);
+      delta = ws->at(layout.delta), dk_acc = ws->at(layout.dk), dv_acc = ws->at(layout.dv), dq_all = ws->at(layout.dq);
+      if (!g.direct_dkdv) {  // else _dkdv stores dK and dV itself, every row
+        memset_d8_async(reinterpret_cast<CUdeviceptr>(dk_acc), 0, layout.dk_bytes, stream);
+        memset_d8_async(reinterpret_cast<CUdeviceptr>(dv_acc), 0, layout.dv_bytes, stream);
+      }
+      if (g.single_pass) memset_d8_async(reinterpret_cast<CUdeviceptr>(dq_all), 0, layout.dq_bytes, stream);
     }
-    float* const dq_acc = g.single_pass ? ws.at(layout.dq) : nullptr;
-    if (dq_acc) memset_d8_async(reinterpret_cast<CUdeviceptr>(dq_acc), 0, layout.dq_bytes, stream);
+    float* const dq_acc = g.single_pass ? dq_all : nullptr;
     const KernelTables tables = f.kernel_tables();
     const BackwardTables bt{reinterpret_cast<const DeviceKeyItem*>(t.key_major.at(t.key_items)),
                             reinterpret_cast<const DeviceQueryEntry*>(t.key_major.at(t.query_entries)), t.num_key_items, delta,
                             dk_acc, dv_acc, dq_acc};
     KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, q, k, v, o, lse, dout, dq, dk, dv, options);
+    if (sink) bp.dq = bp.dk = bp.dv = nullptr;  // nothing is stored in the storage type
     bp.fwd.dyn_errors = nullptr;  // the forward counted the table's problems
     void* args[] = {&bp, &maps};  // only the TMA kernel's _dkdv takes the second
     auto run = [&](const std::string& kernel, uint64_t gx, int64_t batch, int threads, int shared_bytes) {
@@ -303,7 +312,9 @@ public:
                  ") block=" + std::to_string(threads));
     };
     run(kk.pre, g.pre, pb.batch, kk.aux_threads, 0);
+    if (sink && !g.single_pass) bp.dq_acc = dq_all;  // _dq adds into the caller's accumulator
     run(kk.dq, g.dq, pb.batch, kk.dq_threads, kk.dq_shared_bytes);
+    bp.dq_acc = dq_acc;
     for (const DkdvLaunch& d : g.dkdv) {  // the launch copies the arguments: bp may change after it
       bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add;
       run(kk.dkdv, d.blocks, pb.batch, kk.dkdv_threads, kk.dkdv_shared_bytes);

@@ -228,7 +228,7 @@ public:
 
   void backward(const PlanEntry& entry, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
-                const TensorView& dv, const ForwardOptions& options) override {
+                const TensorView& dv, const ForwardOptions& options, const GradientSink* sink) override {
     const TileConfig tiles{bwd_.source.config.tile_q, bwd_.source.config.tile_k};
     const BackwardPlans& plans = entry.backward_plans(pattern_, planning_table(options), tiles);
     check_kernel_seeks(plans.query_major, bwd_.source);
@@ -239,13 +239,23 @@ public:
     const size_t iq = img.add_tensor("q", q, false), ik = img.add_tensor("k", k, false);
     const size_t iv = img.add_tensor("v", v, false), io = img.add_tensor("o", o, false);
     const size_t il = img.add_tensor("lse", lse, false), ido = img.add_tensor("dout", dout, false);
-    const size_t idq = img.add_tensor("dq", dq, true), idk = img.add_tensor("dk", dk, true), idv = img.add_tensor("dv", dv, true);
     const size_t idlse = options.dlse ? img.add_tensor("dlse", *options.dlse, false) : 0;
-    const size_t idelta = img.add("D workspace", nullptr, size_t(pb.batch * pb.heads_q * pb.seq_q) * 4, 4, true);
-    const size_t idka = img.add_zeroed("dK workspace", size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim) * 4, 4);
-    const size_t idva = img.add_zeroed("dV workspace", size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim_v) * 4, 4);
-    const BackwardGrids g = backward_grids(pb, bwd_, fp.items.size(), plans.key_major, options.deterministic);
-    const size_t idqa = img.add_zeroed("dQ workspace", g.single_pass ? size_t(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim) * 4 : 0, 4);
+    const BackwardGrids g = backward_grids(pb, bwd_, sink ? work_item_prefix(plans.query_major) : fp.items.size(),
+                                           plans.key_major, options.deterministic, sink != nullptr);
+    // The gradients' storage and the fp32 workspaces; with a sink its D and accumulators instead
+    // (and no storage-type gradients: the kernels must not write any).
+    size_t idq = 0, idk = 0, idv = 0, idelta, idka, idva, idqa;
+    if (sink) {
+      idelta = img.add_tensor("delta", *sink->delta, false);
+      idka = img.add_tensor("dk_acc", *sink->dk, true), idva = img.add_tensor("dv_acc", *sink->dv, true);
+      idqa = img.add_tensor("dq_acc", *sink->dq, true);
+    } else {
+      idq = img.add_tensor("dq", dq, true), idk = img.add_tensor("dk", dk, true), idv = img.add_tensor("dv", dv, true);
+      idelta = img.add("D workspace", nullptr, size_t(pb.batch * pb.heads_q * pb.seq_q) * 4, 4, true);
+      idka = img.add_zeroed("dK workspace", size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim) * 4, 4);
+      idva = img.add_zeroed("dV workspace", size_t(pb.batch * pb.seq_k * pb.heads_kv * pb.head_dim_v) * 4, 4);
+      idqa = img.add_zeroed("dQ workspace", g.single_pass ? size_t(pb.batch * pb.seq_q * pb.heads_q * pb.head_dim) * 4 : 0, 4);
+    }
     const size_t items = img.add_table("plan items", fp.items), spans = img.add_table("plan spans", fp.spans);
     const size_t entries = img.add_table("plan entries", fp.entries);
     const size_t kitems = img.add_table("backward key items", kp.items);
@@ -277,9 +287,11 @@ public:
                             static_cast<int32_t>(kp.items.size()), static_cast<float*>(img.at(idelta)),
                             static_cast<float*>(img.at(idka)), static_cast<float*>(img.at(idva)),
                             g.single_pass ? static_cast<float*>(img.at(idqa)) : nullptr};
+    auto out = [&](const TensorView& view, size_t region) { return sink ? view : rebased(view, region); };
     KernelBwdParams bp = backward_params(plans.query_major, pb, tables, bt, rebased(q, iq), rebased(k, ik), rebased(v, iv),
-                                         rebased(o, io), rebased(lse, il), rebased(dout, ido), rebased(dq, idq),
-                                         rebased(dk, idk), rebased(dv, idv), options);
+                                         rebased(o, io), rebased(lse, il), rebased(dout, ido), out(dq, idq),
+                                         out(dk, idk), out(dv, idv), options);
+    if (sink) bp.dq = bp.dk = bp.dv = nullptr;
     if (options.dlse) bp.dlse = static_cast<const float*>(img.at(idlse));
     device_table.rebase(img, bp.fwd);
     bp.fwd.dyn_errors = nullptr;  // the forward counted its problems
@@ -310,13 +322,21 @@ public:
       module.launch(r);
     };
     launch(kk.pre, g.pre, pb.batch, kk.aux_threads, 0);
+    if (sink && !g.single_pass) bp.dq_acc = static_cast<float*>(img.at(idqa));  // _dq adds into it
     launch(kk.dq, g.dq, pb.batch, kk.dq_threads, kk.dq_shared_bytes);
+    bp.dq_acc = bt.dq_acc;
     for (const DkdvLaunch& d : g.dkdv) {
       bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add;
       launch(kk.dkdv, d.blocks, pb.batch, kk.dkdv_threads, kk.dkdv_shared_bytes);
     }
     bp.plain_add = g.direct_dkdv ? 2 : 0;  // _cvt: with dK, dV stored, dQ alone
     launch(kk.cvt, g.cvt, 1, kk.aux_threads, 0);  // covers every batch itself
+    if (sink) {
+      img.copy_back(idqa, sink->dq->data);
+      img.copy_back(idka, sink->dk->data);
+      img.copy_back(idva, sink->dv->data);
+      return;
+    }
     img.copy_back(idq, dq.data);
     img.copy_back(idk, dk.data);
     img.copy_back(idv, dv.data);

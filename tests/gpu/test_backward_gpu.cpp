@@ -22,6 +22,7 @@
 #include "tests/gpu/test_target.hpp"
 #include "tests/gpu/attention_cases.hpp"
 #include "tests/unit/random_patterns.hpp"
+#include "tests/unit/template_mutation.hpp"
 
 using namespace attnjit;
 
@@ -88,13 +89,27 @@ struct Poke {
   float value;
 };
 
+std::vector<uint8_t> float_bytes(const std::vector<float>& x) {
+  std::vector<uint8_t> out(x.size() * 4);
+  if (!x.empty()) std::memcpy(out.data(), x.data(), out.size());
+  return out;
+}
+std::vector<float> bytes_float(const std::vector<uint8_t>& b) {
+  std::vector<float> out(b.size() / 4);
+  if (!out.empty()) std::memcpy(out.data(), b.data(), out.size() * 4);
+  return out;
+}
+
 // "" when dQ, dK, dV match the reference, else the first problem. `bytes` receives the gradients'
 // bytes (dq, dk, dv in turn) when given. `in_graph` (a GPU): the first forward and backward calls
-// are captured in one CUDA graph on a stream of their own, which then runs twice.
+// are captured in one CUDA graph on a stream of their own, which then runs twice. `add`: the
+// gradients by Attention::backward_add, onto fp32 accumulators that start random, with D computed
+// here from the forward's O (the dlse subtracted); what they gained is checked (and `bytes` are
+// the accumulators').
 std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType dt, const DynamicLayout* dyn, uint64_t seed,
                            bool deterministic = false, std::vector<uint8_t>* bytes = nullptr, bool caller_workspace = false,
                            bool device_table = false, bool in_graph = false,
-                           const std::vector<Poke>& pokes = {}, bool with_dlse = false) {
+                           const std::vector<Poke>& pokes = {}, bool with_dlse = false, bool add = false) {
   const size_t nq = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim), nk = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim),
                nv = size_t(s.batch * s.seq_k * s.heads_kv * s.head_dim_v), no = size_t(s.batch * s.seq_q * s.heads_q * s.head_dim_v);
   std::vector<float> q = rounded(testing::random_tensor(nq, seed), dt), k = rounded(testing::random_tensor(nk, seed + 1), dt),
@@ -161,8 +176,33 @@ std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType 
   if (caller_workspace && op.backward_workspace_bytes() > 0) {
     workspace = std::make_unique<Mem>(op.backward_workspace_bytes());
   }
+  // backward_add: accumulators that start random, and D from the forward's O.
+  const std::vector<float> init[3] = {testing::random_tensor(nq, seed + 5), testing::random_tensor(nk, seed + 6),
+                                      testing::random_tensor(nv, seed + 7)};
+  Mem mdelta(size_t(s.batch * s.heads_q * s.seq_q) * 4), macc[3] = {Mem(nq * 4), Mem(nk * 4), Mem(nv * 4)};
+  auto run_add = [&] {
+    for (int x = 0; x < 3; ++x) macc[x].upload(float_bytes(init[x]));
+    const std::vector<float> o = decode(mo->download(), dt), l = bytes_float(mlse.download());
+    std::vector<float> delta(size_t(s.batch * s.heads_q * s.seq_q));
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t h = 0; h < s.heads_q; ++h)
+        for (int64_t i = 0; i < s.seq_q; ++i) {
+          float sum = 0.0f;
+          const size_t row = size_t(((b * s.seq_q + i) * s.heads_q + h) * s.head_dim_v);
+          for (int64_t c = 0; c < s.head_dim_v; ++c) sum += dout[row + size_t(c)] * o[row + size_t(c)];
+          const size_t at = size_t((b * s.heads_q + h) * s.seq_q + i);
+          delta[at] = with_dlse && l[at] != -std::numeric_limits<float>::infinity() ? sum - dlse[at] : sum;
+        }
+    mdelta.upload(float_bytes(delta));
+    ForwardOptions ao = fo;
+    ao.dlse = nullptr;
+    op.backward_add(view(*mq, dt, qs), view(*mk, dt, ks), view(*mv, dt, vs), lse, view(*mdo, dt, os),
+                    view(mdelta, DType::F32, {s.batch, s.heads_q, s.seq_q}), view(macc[0], DType::F32, qs),
+                    view(macc[1], DType::F32, ks), view(macc[2], DType::F32, vs), ao);
+  };
   auto run = [&] {
     op.forward(view(*mq, dt, qs), view(*mk, dt, ks), view(*mv, dt, vs), view(*mo, dt, os), &lse, fo);
+    if (add) return run_add();
     if (workspace) fo.workspace = workspace->data(), fo.workspace_bytes = op.backward_workspace_bytes();
     op.backward(view(*mq, dt, qs), view(*mk, dt, ks), view(*mv, dt, vs), view(*mo, dt, os), lse, view(*mdo, dt, os),
                 view(*mdq, dt, qs), view(*mdk, dt, ks), view(*mdv, dt, vs), fo);
@@ -181,11 +221,15 @@ std::string check_backward(Runtime& rt, const Pattern& p, const Shape& s, DType 
   }
   if (on_gpu()) synchronize(nullptr, "after backward");
   const double tol = dt == DType::F32 ? 1e-5 : 3e-2;
+  int n = 0;
   for (const auto& [name, m, w] : {std::tuple<const char*, Mem*, const std::vector<double>*>{"dq", mdq.get(), &want.dq},
                                    {"dk", mdk.get(), &want.dk}, {"dv", mdv.get(), &want.dv}}) {
-    const std::vector<uint8_t> raw = m->download();
+    const std::vector<uint8_t> raw = add ? macc[n].download() : m->download();
     if (bytes) bytes->insert(bytes->end(), raw.begin(), raw.end());
-    const std::vector<float> got = decode(raw, dt);
+    std::vector<float> got = add ? bytes_float(raw) : decode(raw, dt);
+    if (add)  // what the accumulator gained (exact up to its rounding: init is about 1)
+      for (size_t i = 0; i < got.size(); ++i) got[i] -= init[n][i];
+    ++n;
     double d2 = 0, w2 = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       if (!std::isfinite((*w)[i])) {  // a non-finite input the reference carries here: the same NaN or inf
@@ -551,6 +595,117 @@ TEST_CASE("backward: the sm_90a wgmma dK/dV kernels match the reference gradient
     INFO("causal with empty rows, non-finite " << what);
     CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 95, false, nullptr, false, false, false, pokes) == "");
   }
+}
+
+// Attention::backward_add, one step of ring attention's backward: the gradients added into fp32
+// accumulators that hold earlier steps' sums, with D given, on every kernel path: the sm_80 single
+// pass (dQ atomically added by _dkdv) and two-pass form (deterministic: _dq adds, bitwise
+// repeatable), the SIMT kernels (fp32), the sm_90a wgmma kernels (TMA and cp.async). Patterns: keys
+// after most queries (whole query tiles attend nothing, whole key tiles are attended by nobody),
+// a dilated branch (its other residues idle), dense (keys that cover every row: the plain backward
+// stores dK, dV, the add must not), overlapping branches (atomic dK/dV), and the lse's gradient.
+TEST_CASE("backward_add: the gradients added into fp32 accumulators match the reference, on every kernel path",
+          "[gpu][emu][grad][backward_add]") {
+  if (on_gpu()) shared_context(0).make_current();
+  struct Path {
+    const char* name;
+    int arch;
+    bool tma;
+    DType dt;
+    int64_t d;
+    bool deterministic;
+  };
+  std::vector<Path> paths = {{"sm80 single pass", 80, false, DType::BF16, 64, false},
+                             {"sm80 two-pass", 80, false, DType::F16, 128, true},
+                             {"simt", 80, false, DType::F32, 32, false},
+                             {"simt deterministic", 80, false, DType::F32, 32, true}};
+  if (gputest::target() == gputest::Target::Emu || (on_gpu() && device_info(0).cc_major == 9)) {
+    paths.push_back({"sm90a wgmma tma", 90, true, DType::BF16, 64, false});
+    paths.push_back({"sm90a wgmma cp.async", 90, false, DType::BF16, 128, false});
+  }
+  const std::vector<std::tuple<std::string, Pattern, int64_t>> patterns = {
+      {"causal-keys-later", PatternBuilder().branch(BranchSpec().full().causal()).build(), 200},
+      {"dilated", PatternBuilder().branch(BranchSpec().segment(128).dilation(4).offset(OffsetRule::HeadMod)).build(), 0},
+      {"dense", PatternBuilder().branch(BranchSpec().full()).build(), 0},
+      {"overlapping", PatternBuilder()
+                          .branch(BranchSpec().segment(64).dilation(1))
+                          .branch(BranchSpec().segment(128).dilation(2).offset(OffsetRule::HeadMod).causal())
+                          .build(),
+       0},
+  };
+  uint64_t seed = 7300;
+  for (const Path& path : paths) {
+    RuntimeOptions ro;
+    ro.device = gputest::target() == gputest::Target::Emu ? Device::emu(path.arch, path.arch == 90) : device_under_test();
+    ro.tma = path.tma;
+    Runtime rt(ro);
+    for (const auto& [pname, p, k_offset] : patterns)
+      for (const bool dlse : {false, true}) {
+        Shape s;
+        s.seq_q = s.seq_k = 300, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = path.d, s.k_offset = k_offset;
+        INFO(path.name << " " << pname << (dlse ? " with dlse" : ""));
+        std::vector<uint8_t> first, again;
+        CHECK(check_backward(rt, p, s, path.dt, nullptr, seed, path.deterministic, &first, false, false, false, {}, dlse, true) == "");
+        if (path.deterministic) {
+          CHECK(check_backward(rt, p, s, path.dt, nullptr, seed, true, &again, false, false, false, {}, dlse, true) == "");
+          CHECK(again == first);
+        }
+        ++seed;
+      }
+  }
+}
+
+// The check above fails for kernels that store where backward_add must add, or that skip key tiles
+// with work.
+TEST_CASE("backward_add: every deliberately broken add fails in the emulator", "[emu][grad][backward_add][mutation]") {
+  if (gputest::target() != gputest::Target::Emu) {
+    WARN("SKIPPED: the mutations run in the emulator (ATTNJIT_GPU_TESTS_DEVICE=emu)");
+    return;
+  }
+  struct M {
+    const char* name;
+    const char* file;
+    const char* from;
+    const char* to;
+    DType dt;
+    bool deterministic;
+  };
+  const M mutations[] = {
+      {"tensor-core two-pass dQ: the accumulator stored, not added to", "bwd_sm80.cuh", "acc[0] += x0, acc[1] += x1;",
+       "acc[0] = x0, acc[1] = x1;", DType::BF16, true},
+      {"SIMT dQ: the accumulator stored, not added to", "bwd_simt.cuh", "acc[lane + AJ_SIMT_LANES * x] += dq[x] * bp.scale;",
+       "acc[lane + AJ_SIMT_LANES * x] = dq[x] * bp.scale;", DType::F32, true},
+      {"every key tile skipped as if no query attended it", "bwd_common.cuh",
+       "return ki.entry_begin == ki.entry_end && bp.plain_add != 2;", "return bp.plain_add != 2;", DType::BF16, false},
+      {"tensor-core dQ: rows whose exact sum runs added twice", "bwd_sm80.cuh", "(h ? valid1 : valid0) && !(redo >> h & 1)",
+       "(h ? valid1 : valid0)", DType::BF16, true},
+  };
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(64).dilation(1).causal())
+                        .branch(BranchSpec().segment(128).dilation(2).offset(OffsetRule::HeadMod).causal())
+                        .build();
+  Shape s;
+  s.seq_q = s.seq_k = 200, s.heads_q = 2, s.heads_kv = 1, s.k_offset = 30;
+  // A NaN in K at keys some rows mask: the tensor-core dQ sums those rows again, exactly.
+  auto at = [&](int64_t row) { return size_t(row * 64 + 1); };
+  const std::vector<Poke> pokes = {{'k', at(180), std::numeric_limits<float>::quiet_NaN()}, {'k', at(60), std::numeric_limits<float>::quiet_NaN()}};
+  for (const bool mutated : {false, true})
+    for (const M& m : mutations) {
+      INFO((mutated ? "mutation: " : "unmutated, for: ") << m.name);
+      RuntimeOptions ro;
+      ro.device = Device::emu(80);
+      if (mutated) {
+        const auto t = testing::mutated_templates(m.file, m.from, m.to);
+        REQUIRE(t);  // the template changed: update the mutation
+        ro.templates = t;
+      }
+      Runtime rt(ro);
+      s.head_dim = s.head_dim_v = m.dt == DType::F32 ? 32 : 64;
+      const std::string outcome = check_backward(rt, p, s, m.dt, nullptr, 91, m.deterministic, nullptr, false, false, false,
+                                                 m.dt == DType::F32 ? std::vector<Poke>{} : pokes, false, true);
+      INFO("outcome: " << outcome);
+      CHECK(outcome.empty() != mutated);
+    }
 }
 
 TEST_CASE("backward: a caller's workspace gives the same bits as the pool's, a wrong one is a clear error", "[gpu][emu][grad][workspace]") {

@@ -321,7 +321,8 @@ struct GraphBackend final : Backend {
     if (capturing_now) e.in_graph = true;
   }
   void backward(const PlanEntry&, const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                const TensorView&, const TensorView&, const TensorView&, const TensorView&, const ForwardOptions&) override {}
+                const TensorView&, const TensorView&, const TensorView&, const TensorView&, const ForwardOptions&,
+                const GradientSink*) override {}
   std::string kernel_name() const override { return "graph_backend"; }
   TileConfig tiles() const override { return TileConfig{16, 16}; }
   int alignment() const override { return 4; }
