@@ -239,49 +239,56 @@ __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
   }
   aj_cp_async_wait<0>();
 
-  // dQ's rows are stored in the storage type, or with dq_acc (Attention::backward_add) added into
-  // that fp32 accumulator (this item alone holds its rows). Either way a row with a non-finite value
-  // is first checked for the case below, and written once.
-  aj_elem* out = (aj_elem*)bp.dq + b * bp.dq_batch_stride + item.head * bp.dq_head_stride;
-  const bool add = bp.dq_acc != nullptr;
-  auto put = [&](int h, int j, float x0, float x1) {  // columns j * 8 + quad * 2 and + 1 of row h, scaled
-    const aj_i64 i = h ? i1 : i0;
-    const int col = j * 8 + quad * 2;
-    if (add) {
-      float* acc = bp.dq_acc + ((b * bp.seq_q + i) * bp.heads_q + item.head) * AJ_HEAD_DIM + col;
-      acc[0] += x0, acc[1] += x1;
-    } else {
-      *(aj_u32*)(out + i * bp.dq_row_stride + col) = aj_pack2(x0, x1);
-    }
-  };
-  bool bad[2] = {false, false};
-#pragma unroll
-  for (int j = 0; j < AJ_HEAD_DIM / 8; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float x0 = dq[j][2 * h] * bp.scale, x1 = dq[j][2 * h + 1] * bp.scale;
-      bad[h] |= add ? aj_nonfinite(x0) || aj_nonfinite(x1) : aj_tc_word_nonfinite(aj_pack2(x0, x1));
-    }
-  }
   // A NaN or inf in a K row that a row masks still reaches it through dQ += dS K (0 times NaN): such
   // rows are summed again, exactly (aj_bwd_exact_dq_rows). A row that attends something and whose
   // LSE or D is NaN has dS NaN at every pair it attends: NaN in every column either way.
-  int redo = 0;
+  auto redo_rows = [&](const bool (&bad)[2]) {
+    int redo = 0;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float lse = h ? lse1 : lse0;
-    if (bad[h] && (h ? valid1 : valid0) && !aj_isnan(lse) && !(aj_isnan(h ? delta1 : delta0) && !aj_nonfinite(lse))) redo |= 1 << h;
-  }
+    for (int h = 0; h < 2; ++h) {
+      const float lse = h ? lse1 : lse0;
+      if (bad[h] && (h ? valid1 : valid0) && !aj_isnan(lse) && !(aj_isnan(h ? delta1 : delta0) && !aj_nonfinite(lse))) redo |= 1 << h;
+    }
+    return redo;
+  };
+  const float lse2[2] = {lse0, lse1}, deltas[2] = {delta0, delta1};
+  if (bp.dq_acc) {
+    // Attention::backward_add: added into the caller's fp32 accumulator (this item alone holds its
+    // rows), each row once: those summed again are left to the exact sum.
+    float* acc[2] = {bp.dq_acc + ((b * bp.seq_q + i0) * bp.heads_q + item.head) * AJ_HEAD_DIM + quad * 2,
+                     bp.dq_acc + ((b * bp.seq_q + i1) * bp.heads_q + item.head) * AJ_HEAD_DIM + quad * 2};
+    bool bad[2] = {false, false};
 #pragma unroll
-  for (int j = 0; j < AJ_HEAD_DIM / 8; ++j) {
+    for (int j = 0; j < AJ_HEAD_DIM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) bad[e / 2] |= aj_nonfinite(dq[j][e] * bp.scale);
+    const int redo = redo_rows(bad);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      if ((h ? valid1 : valid0) && !(redo >> h & 1)) put(h, j, dq[j][2 * h] * bp.scale, dq[j][2 * h + 1] * bp.scale);
+      if ((h ? valid1 : valid0) && !(redo >> h & 1))
+#pragma unroll
+        for (int j = 0; j < AJ_HEAD_DIM / 8; ++j) acc[h][j * 8] += dq[j][2 * h] * bp.scale, acc[h][j * 8 + 1] += dq[j][2 * h + 1] * bp.scale;
+    if (redo)
+      aj_bwd_exact_dq_rows(bp, item, b, r0, quad, lse2, deltas, redo, [&](int h, int j, float x0, float x1) {
+        acc[h][j * 8] += x0 * bp.scale, acc[h][j * 8 + 1] += x1 * bp.scale;
+      });
+    return;
   }
-  if (redo) {
-    const float lse2[2] = {lse0, lse1}, deltas[2] = {delta0, delta1};
-    aj_bwd_exact_dq_rows(bp, item, b, r0, quad, lse2, deltas, redo,
-                         [&](int h, int j, float x0, float x1) { put(h, j, x0 * bp.scale, x1 * bp.scale); });
+  aj_elem* out = (aj_elem*)bp.dq + b * bp.dq_batch_stride + item.head * bp.dq_head_stride;
+  bool bad[2] = {false, false};
+#pragma unroll
+  for (int j = 0; j < AJ_HEAD_DIM / 8; ++j) {
+    const int col = j * 8 + quad * 2;  // two adjacent columns per 4-byte store
+    const aj_u32 w0 = aj_pack2(dq[j][0] * bp.scale, dq[j][1] * bp.scale), w1 = aj_pack2(dq[j][2] * bp.scale, dq[j][3] * bp.scale);
+    bad[0] |= aj_tc_word_nonfinite(w0);
+    bad[1] |= aj_tc_word_nonfinite(w1);
+    if (valid0) *(aj_u32*)(out + i0 * bp.dq_row_stride + col) = w0;
+    if (valid1) *(aj_u32*)(out + i1 * bp.dq_row_stride + col) = w1;
+  }
+  if (const int redo = redo_rows(bad)) {
+    aj_bwd_exact_dq_rows(bp, item, b, r0, quad, lse2, deltas, redo, [&](int h, int j, float x0, float x1) {
+      *(aj_u32*)(out + (h ? i1 : i0) * bp.dq_row_stride + j * 8 + quad * 2) = aj_pack2(x0 * bp.scale, x1 * bp.scale);
+    });
   }
 }
 

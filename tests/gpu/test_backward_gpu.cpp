@@ -671,8 +671,12 @@ TEST_CASE("backward_add: every deliberately broken add fails in the emulator", "
     bool deterministic;
   };
   const M mutations[] = {
-      {"tensor-core two-pass dQ: the accumulator stored, not added to", "bwd_sm80.cuh", "acc[0] += x0, acc[1] += x1;",
-       "acc[0] = x0, acc[1] = x1;", DType::BF16, true},
+      {"tensor-core two-pass dQ: the accumulator stored, not added to", "bwd_sm80.cuh",
+       "acc[h][j * 8] += dq[j][2 * h] * bp.scale, acc[h][j * 8 + 1] += dq[j][2 * h + 1] * bp.scale;",
+       "acc[h][j * 8] = dq[j][2 * h] * bp.scale, acc[h][j * 8 + 1] = dq[j][2 * h + 1] * bp.scale;", DType::BF16, true},
+      {"tensor-core two-pass dQ: the exact sum stored, not added to", "bwd_sm80.cuh",
+       "acc[h][j * 8] += x0 * bp.scale, acc[h][j * 8 + 1] += x1 * bp.scale;", "acc[h][j * 8] = x0 * bp.scale, acc[h][j * 8 + 1] = x1 * bp.scale;",
+       DType::BF16, true},
       {"SIMT dQ: the accumulator stored, not added to", "bwd_simt.cuh", "acc[lane + AJ_SIMT_LANES * x] += dq[x] * bp.scale;",
        "acc[lane + AJ_SIMT_LANES * x] = dq[x] * bp.scale;", DType::F32, true},
       {"every key tile skipped as if no query attended it", "bwd_common.cuh",

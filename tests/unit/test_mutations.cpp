@@ -311,7 +311,7 @@ const Mutation kMutations[] = {
      "(aj_cs)(q0 + r) * (aj_cs)qe.rows_stride))", "(aj_cs)(q0 + r) * (aj_cs)qe.rows_stride) && false)", DType::BF16, true, false,
      64, false, true, false, false, false, false, KernelConfig{}, false, false, 'k'},
     {"backward, two-pass dQ: a row that a masked non-finite K reached is not stored again", "bwd_sm80.cuh",
-     "  if (redo) {\n    const float lse2[2]", "  if (false) {\n    const float lse2[2]", DType::BF16, true, true, 64, false, true,
+     "  if (const int redo = redo_rows(bad)) {", "  if (const int redo = 0 * redo_rows(bad)) {", DType::BF16, true, true, 64, false, true,
      false, false, false, false, KernelConfig{}, false, false, 'k'},
     {"sm_90a backward: dS read by the dQ wgmma without the barrier after its stores", "bwd_sm90.cuh",
      "        aj_fence_proxy_async();  // dS's generic stores, then the wgmma that reads them\n        aj_syncthreads();\n",

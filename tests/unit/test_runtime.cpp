@@ -582,7 +582,8 @@ TEST_CASE("a CUDA device on a machine without a GPU is a clear error", "[runtime
 
 namespace {
 
-// Backward on `device` against the reference gradients, over random patterns, layouts and dtypes.
+// Backward on `device` against the reference gradients, over random patterns, layouts and dtypes;
+// and backward_add (D from the forward's O, onto accumulators that start random) likewise.
 void check_backward(const Device& device, int cases, uint64_t seed, bool with_bf16) {
   CaseGenerator gen(seed);
   RuntimeOptions ro;
@@ -635,6 +636,29 @@ void check_backward(const Device& device, int cases, uint64_t seed, bool with_bf
     compare("dq", tdq, want.dq, s.seq_q, s.heads_q, s.head_dim);
     compare("dk", tdk, want.dk, s.seq_k, s.heads_kv, s.head_dim);
     compare("dv", tdv, want.dv, s.seq_k, s.heads_kv, s.head_dim_v);
+    // backward_add: fp32 [B, S, H, D] accumulators that start random gain the same gradients.
+    std::vector<float> delta(lse.size());
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t h = 0; h < s.heads_q; ++h)
+        for (int64_t i = 0; i < s.seq_q; ++i) {
+          float sum = 0.0f;
+          for (int64_t e = 0; e < s.head_dim_v; ++e) sum += float(tdo.at(b, i, h, e)) * float(to.at(b, i, h, e));
+          delta[size_t((b * s.heads_q + h) * s.seq_q + i)] = sum;
+        }
+    const std::vector<float> init[3] = {random_tensor(q.size(), 4 * n + 7), random_tensor(k.size(), 4 * n + 8),
+                                        random_tensor(v.size(), 4 * n + 9)};
+    std::vector<float> acc[3] = {init[0], init[1], init[2]};
+    op.backward_add(tq.view, tk.view, tv.view, lv, tdo.view, TensorView::contiguous(delta.data(), DType::F32, {s.batch, s.heads_q, s.seq_q}),
+                    TensorView::contiguous(acc[0].data(), DType::F32, qs), TensorView::contiguous(acc[1].data(), DType::F32, ks),
+                    TensorView::contiguous(acc[2].data(), DType::F32, vs), fo);
+    const double atol = dt == DType::F32 ? 1e-4 : 3e-2;
+    for (int x = 0; x < 3; ++x) {
+      const std::vector<double>& w = x == 0 ? want.dq : x == 1 ? want.dk : want.dv;
+      for (size_t i = 0; i < w.size(); ++i) {
+        INFO("backward_add, " << (x == 0 ? "dq" : x == 1 ? "dk" : "dv") << " element " << i);
+        REQUIRE(double(acc[x][i]) - double(init[x][i]) == Approx(w[i]).epsilon(atol).margin(atol));
+      }
+    }
   }
 }
 
@@ -670,6 +694,27 @@ TEST_CASE("backward: every bad input is a clear error", "[runtime][grad][errors]
   bad.q_offset = -1;
   CHECK_THROWS_WITH(op.backward(Q, K, V, O, L, DO, DQ, DK, DV, bad), Catch::Contains("offsets must be >= 0"));
   CHECK_THROWS_WITH(Attention().backward(Q, K, V, O, L, DO, DQ, DK, DV), Catch::Contains("is empty"));
+  // backward_add: float32 contiguous accumulators and D, apart from the inputs; no dlse option.
+  std::vector<float> delta(2 * 16), aq(q.size()), ak(k.size()), av(v.size());
+  const TensorView D = t(delta, {1, 2, 16}), AQ = t(aq, {1, 16, 2, 8}), AK = t(ak, {1, 16, 1, 8}), AV = t(av, {1, 16, 1, 8});
+  CHECK_NOTHROW(op.backward_add(Q, K, V, L, DO, D, AQ, AK, AV));
+  CHECK_THROWS_WITH(op.backward_add(Q, K, V, L, DO, t(delta, {1, 16, 2}), AQ, AK, AV),
+                    Catch::Contains("delta: has shape [1, 16, 2] but the problem needs [1, 2, 16]"));
+  TensorView strided = AQ;
+  strided.strides = {256, 8, 128, 1};  // [B, H, S, D] memory seen as [B, S, H, D]
+  CHECK_THROWS_WITH(op.backward_add(Q, K, V, L, DO, D, strided, AK, AV),
+                    Catch::Contains("dq_acc: must be contiguous float32 [1, 16, 2, 8] (strides [256, 8, 128, 1] given)"));
+  std::vector<uint16_t> half_acc(q.size());
+  CHECK_THROWS_WITH(op.backward_add(Q, K, V, L, DO, D, TensorView::contiguous(half_acc.data(), DType::F16, {1, 16, 2, 8}), AK, AV),
+                    Catch::Contains("dq_acc"));
+  CHECK_THROWS_WITH(op.backward_add(Q, K, V, L, DO, D, AQ, AK, AK), Catch::Contains("dk_acc: overlaps dv_acc"));
+  CHECK_THROWS_WITH(op.backward_add(Q, K, V, L, DO, D, AQ, t(delta, {1, 16, 1, 2}), AV), Catch::Contains("dk_acc: has shape"));
+  const TensorView dl = t(delta, {1, 2, 16});
+  ForwardOptions with_dlse;
+  with_dlse.dlse = &dl;
+  CHECK_THROWS_WITH(op.backward_add(Q, K, V, L, DO, D, AQ, AK, AV, with_dlse),
+                    Catch::Contains("dlse: is not an option of backward_add: subtract it from delta"));
+  CHECK_THROWS_WITH(Attention().backward_add(Q, K, V, L, DO, D, AQ, AK, AV), Catch::Contains("is empty"));
 }
 
 namespace {
