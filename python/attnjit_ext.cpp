@@ -223,6 +223,22 @@ void backward(const std::string& spec, const std::string& device, int index, con
               view(dk, dt), view(dv, dt), fo);
 }
 
+// Attention::backward_add: the gradients added into fp32 accumulators (one step of
+// attnjit.distributed's backward), D given.
+void backward_add(const std::string& spec, const std::string& device, int index, const std::string& dtype, const Tensor& q,
+                  const Tensor& k, const Tensor& v, const Tensor& lse, const Tensor& dout, const Tensor& delta,
+                  const Tensor& dq_acc, const Tensor& dk_acc, const Tensor& dv_acc, int64_t q_offset, int64_t k_offset,
+                  uintptr_t stream, bool deterministic) {
+  const DType dt = parse_dtype(dtype);
+  const Problem pb = problem_of(q, k, v, dt);
+  Attention op = prepared(spec, device_of(device, index), pb);
+  ForwardOptions fo = options_of(q_offset, k_offset, stream, std::nullopt, DocumentsArg{}, std::nullopt);
+  fo.deterministic = deterministic;
+  nb::gil_scoped_release release;
+  op.backward_add(view(q, dt), view(k, dt), view(v, dt), view(lse, DType::F32), view(dout, dt), view(delta, DType::F32),
+                  view(dq_acc, DType::F32), view(dk_acc, DType::F32), view(dv_acc, DType::F32), fo);
+}
+
 // The paged forward (attnjit.serving): one PagedAttention per device, pattern and problem. `action`:
 // "forward"; "needs" (returns the call's PagedCapacity: requests, items, spans, entries, splits);
 // "workspace_bytes" (of `capacity`); "plan" and "run" over `workspace` with `capacity` (CUDA graphs).
@@ -567,6 +583,7 @@ NB_MODULE(_attnjit, m) {
   m.def("forward", &forward);
   m.def("forward_fp8", &forward_fp8);
   m.def("backward", &backward);
+  m.def("backward_add", &backward_add);
   m.def("paged", &paged);
   m.def("sanitize_dynamic", &sanitize_dynamic);
   m.def("reference_forward", &reference_forward);

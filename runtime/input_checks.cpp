@@ -197,7 +197,10 @@ void check_backward_add_inputs(const Problem& pb, const TensorView& q, const Ten
   for (size_t x = 0; x < 4; ++x) {
     const auto& [name, t] = fp32[x];
     check_view(name, *t, shapes[x], DType::F32, align_bytes > 1 ? 4 : 1);
-    if (t->strides != TensorView::contiguous(nullptr, DType::F32, t->shape).strides) {
+    const std::vector<int64_t> dense = TensorView::contiguous(nullptr, DType::F32, t->shape).strides;
+    bool contiguous = true;  // a dimension of size 1 may have any stride (as in PyTorch)
+    for (size_t d = 0; d < dense.size(); ++d) contiguous &= t->shape[d] == 1 || t->strides[d] == dense[d];
+    if (!contiguous) {
       throw UserError(name, "must be contiguous float32 " + dims(t->shape) + " (strides " + dims(t->strides) +
                                 " given); allocate it contiguous");
     }

@@ -274,6 +274,21 @@ def forward_rows_with_work(q, k, v, o, lse, spec: str, q_offset: int, k_offset: 
                      k_offset, stream, None, None, None, True)
 
 
+def backward_add(q, k, v, lse, dout, delta, dq_acc, dk_acc, dv_acc, spec: str, q_offset: int, k_offset: int,
+                 deterministic: bool = False):
+    """The gradients added into the caller's fp32 accumulators `dq_acc`, `dk_acc`, `dv_acc`
+    (contiguous, q's, k's and v's shapes), with D = rowsum(dO * O) - dlse given as `delta` fp32
+    [B, Hq, Sq] (contiguous): only the tiles with work are touched, nothing is zeroed or converted
+    (Attention::backward_add). No autograd, no dynamic layouts or documents: one step of
+    attnjit.distributed's backward, which sums every step's gradients in fp32 and rounds once."""
+    if is_empty(q.shape, k.shape):
+        return
+    device, index, stream = _device(q)
+    _attnjit.backward_add(spec, device, index, _DTYPES[q.dtype], _desc(q), _desc(k), _desc(v), _desc(lse), _desc(dout),
+                          _desc(delta), _desc(dq_acc), _desc(dk_acc), _desc(dv_acc), q_offset, k_offset, stream,
+                          deterministic)
+
+
 @_attention.register_fake
 def _(q, k, v, spec, q_offset, k_offset, dyn_heads, dyn_rows, dyn_cols, dyn_on_device, cu_seqlens):
     o_shape, lse_shape = _out_shapes(q, v)

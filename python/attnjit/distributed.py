@@ -58,7 +58,7 @@ from ._comm_plan import (LAYOUTS, ChunkLayout, CommPlan, _cached_plan, _check_la
                          balanced_layout, chunks_of, comm_plan)
 from ._inputs import check_shapes
 from ._pattern import as_pattern
-from ._torch_ops import forward_rows_with_work
+from ._torch_ops import backward_add, forward_rows_with_work
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TRAFFIC = {"kv_bytes": 0, "grad_bytes": 0, "messages": 0, "steps_in_flight": 0}
@@ -212,15 +212,6 @@ def _add_gathered(units, acc, buf):
         _flat(acc).index_add_(1, units.placed, buf.to(acc.dtype))
 
 
-def _add_part(units, acc, part):
-    """acc [B, total, heads, D] += part [B, rows, heads, D] (a chunk's gradient placed at the units'
-    offset) on the units only: elsewhere the part is zero."""
-    if units is None:
-        acc += part
-    else:
-        _flat(acc).index_add_(1, units.placed, _flat(part).index_select(1, units.local).to(acc.dtype))
-
-
 class _Ring:
     """One ring_attention call on this rank: the chunk-pair kernels, and the K/V they need moved
     by `strategy` ("ring": point to point, a step at a time; "longnet": one all_to_all up front)."""
@@ -304,18 +295,21 @@ class _Ring:
             _merge(acc_o, acc_lse, qa, o, lse, computed, fresh=qi not in merged)
             merged.add(qi)
 
-    def attend_backward(self, q, o, lse, do, dlse, kr, kk, vv, dq, dkk, dvv):
-        for qi, ki, computed, read in self.chunk_pairs(kr, q.device):
+    # The backward kernels of the chunk pairs of (this rank's queries, rank kr's keys): each adds its
+    # gradients into the fp32 accumulators at the rows with work only (backward_add), with D computed
+    # once per backward (delta, per query chunk): a step costs its attended pairs, and the gradients
+    # are rounded once, at the end.
+    def attend_backward(self, q, lse, do, delta, kr, kk, vv, dq, dkk, dvv):
+        for qi, ki, _, _ in self.chunk_pairs(kr, q.device):
             qa, qn, qs = self.chunk(self.rank, qi)
             ka, kn, ks = self.chunk(kr, ki)
             rows, keys = slice(qa, qa + qn), slice(ka, ka + kn)
-            gq, gk, gv = torch.ops.attnjit.attention_backward(
-                q[:, rows], kk[:, keys], vv[:, keys], o[:, rows], lse[:, :, rows].contiguous(), do[:, rows],
-                None if dlse is None else dlse[:, :, rows].contiguous(), self.spec, qs, ks, 0, None, None, False, None)
-            # Rows the call does not compute or read have zero gradients: only the others are added.
-            _add_part(computed, dq if computed is not None else dq[:, rows], gq)
-            for acc, part in ((dkk, gk), (dvv, gv)):
-                _add_part(read, acc if read is not None else acc[:, keys], part)
+            args = (q[:, rows], kk[:, keys], vv[:, keys], lse[qi], do[:, rows], delta[qi], dq[:, rows], dkk[:, keys],
+                    dvv[:, keys])
+            # The accumulators' chunks are contiguous at batch 1 (or whole); else one call per batch entry.
+            batches = [slice(None)] if all(t.is_contiguous() for t in args[6:]) else [slice(b, b + 1) for b in range(q.shape[0])]
+            for b in batches:
+                backward_add(*(t[b] for t in args), self.spec, qs, ks)
 
     def partial(self, src, dk, dv):
         """fp32 dK/dV of rank src's rows for one step. Where this rank reads some of them, one pair
@@ -366,19 +360,27 @@ class _Ring:
         return acc_o.to(q.dtype), acc_lse
 
     def backward(self, q, k, v, o, lse, do, dlse=None):
-        # dlse, the gradient through the global lse, enters every chunk pair's dS as P dlse (P from
-        # the global lse, as the chunks compute it), so each chunk's backward takes its rows of it.
+        # D = rowsum(dO * O) - dlse per query row, once: dlse, the gradient through the global lse,
+        # enters every chunk pair's dS as P dlse (P from the global lse, as the chunks compute it).
+        # A row that attends nothing (lse -inf) takes none of it. D and the LSE per query chunk,
+        # contiguous [B, Hq, rows], as the kernels read them.
+        delta = (do.float() * o.float()).sum(-1).transpose(1, 2)
+        if dlse is not None:
+            delta = delta - torch.where(lse == float("-inf"), 0.0, dlse.float())
+        chunks = [self.chunk(self.rank, i) for i in range(len(self.plan.chunks[self.rank]))]
+        delta_of = [delta[:, :, a:a + n].contiguous() for a, n, _ in chunks]
+        lse_of = [lse[:, :, a:a + n].contiguous() for a, n, _ in chunks]
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         self.prepare(q.device)
         moves = self.moves(k, v)
-        self.attend_backward(q, o, lse, do, dlse, self.rank, k, v, dq, dk, dv)
+        self.attend_backward(q, lse_of, do, delta_of, self.rank, k, v, dq, dk, dv)
         for src, kv in moves.sources():
             partial = None
             if kv is not None:
                 partial = self.partial(src, dk, dv)
-                self.attend_backward(q, o, lse, do, dlse, src, *kv, dq, *partial)
+                self.attend_backward(q, lse_of, do, delta_of, src, *kv, dq, *partial)
             moves.give_back(src, partial, dk, dv)
         moves.finish(dk, dv)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -106,12 +106,22 @@ def test_ring_attention_equals_attention_on_the_whole_sequence(world, tmp_path):
 
 
 def _mutation_worker(rank, world, store, out):
-    """The ring forward with one piece broken on every rank: the equality check must see each."""
+    """The ring with one piece broken on every rank: the equality check (O and the gradients) must
+    see each."""
     _init(rank, world, store)
     try:
-        q, k, v, _ = _inputs(4, 4)
-        want = ad.shard(attnjit.attention(q, k, v, LONGNET), layout="zigzag")
-        merge, pair = ad._merge, ad.CommPlan.pair
+        q, k, v, do = _inputs(4, 4)
+        ref = [x.clone().requires_grad_() for x in (q, k, v)]
+        o_ref = attnjit.attention(*ref, LONGNET)
+        o_ref.backward(do)
+        want = ad.shard(o_ref.detach(), layout="zigzag")
+        merge, pair, add = ad._merge, ad.CommPlan.pair, ad.backward_add
+        calls = []
+
+        def every_other_backward_step(*args):  # every other chunk pair's gradients left out
+            calls.append(1)
+            if len(calls) % 2:
+                add(*args)
 
         def skip_later_merges(*args, fresh=False):  # only the first merge into each chunk
             if fresh:
@@ -138,17 +148,23 @@ def _mutation_worker(rank, world, store, out):
         errors = {}
         for name, target, replacement in (("none", None, None), ("a merge dropped", "_merge", skip_later_merges),
                                           ("key rows not sent", "pair", drop("key rows")),
-                                          ("query rows not merged", "pair", drop("query rows"))):
+                                          ("query rows not merged", "pair", drop("query rows")),
+                                          ("a backward step dropped", "backward_add", every_other_backward_step)):
             if target == "_merge":
                 ad._merge = replacement
             elif target == "pair":
                 ad.CommPlan.pair = replacement
+            elif target == "backward_add":
+                ad.backward_add = replacement
             ad._cached_plan.cache_clear()
             try:
-                o = ad.ring_attention(*(ad.shard(x, layout="zigzag") for x in (q, k, v)), LONGNET, layout="zigzag")
-                errors[name] = float((o - want).abs().max())
+                local = [ad.shard(x, layout="zigzag").requires_grad_() for x in (q, k, v)]
+                o = ad.ring_attention(*local, LONGNET, layout="zigzag")
+                o.backward(ad.shard(do, layout="zigzag"))
+                errors[name] = max([float((o - want).abs().max())] +
+                                   [float((x.grad - ad.shard(r.grad, layout="zigzag")).abs().max()) for x, r in zip(local, ref)])
             finally:
-                ad._merge, ad.CommPlan.pair = merge, pair
+                ad._merge, ad.CommPlan.pair, ad.backward_add = merge, pair, add
                 ad._cached_plan.cache_clear()
         with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
             json.dump(errors, f)
@@ -156,11 +172,11 @@ def _mutation_worker(rank, world, store, out):
         dist.destroy_process_group()
 
 
-def test_a_dropped_merge_or_a_row_left_out_fails_the_equality_check(tmp_path):
+def test_a_dropped_merge_a_row_left_out_or_a_dropped_backward_step_fails_the_equality_check(tmp_path):
     world = 2
     _spawn(_mutation_worker, world, tmp_path, str(tmp_path))
     errors = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(world)]
-    for name in ("a merge dropped", "key rows not sent", "query rows not merged"):
+    for name in ("a merge dropped", "key rows not sent", "query rows not merged", "a backward step dropped"):
         assert max(e[name] for e in errors) > 1e-2, (name, errors)  # caught on some rank
     assert max(e["none"] for e in errors) < 1e-5, errors
 
