@@ -28,23 +28,23 @@ NVLINK = 450e9  # bytes/s each way per GPU (NVLink 4: 900 GB/s both ways), 8 GPU
 IB = 50e9  # bytes/s each way per GPU (one 400 Gb/s InfiniBand NIC per GPU)
 HBM = 3.35e12  # bytes/s, H100 SXM's HBM3
 HEADS, HEAD_DIM, BYTES = 16, 128, 2  # bf16
-# Memory passes of a step with work, bytes per (row, head, dim) element (estimates).
-# - Over the whole chunk pair, per step with work (FULL_BYTES): the backward's kernel call writes
-#   dQ, dK and dV in bf16 and zeroes and reads its fp32 dK/dV accumulators. The forward has none:
-#   its kernels write only the rows that attend (ForwardOptions::rows_with_work_only).
+# Memory passes, bytes per (row, head, dim) element (estimates). Neither direction's kernel call
+# touches more than its rows with work: the forward's writes only the rows that attend
+# (ForwardOptions::rows_with_work_only), the backward's adds its gradients into the fp32
+# accumulators at those rows (Attention::backward_add: no memset, no conversion, D given).
 # - Over the query rows that attend (MERGE_BYTES): the forward kernels' O in bf16 and the merge of
-#   (O, LSE) into the running fp32 result; the backward's accumulation of its gradients
-#   (index_select / index_copy_ / index_add_).
+#   (O, LSE) into the running fp32 result (index_select / index_copy_); the backward's kernels add
+#   dQ themselves (their throughput includes it).
 # - Over the K/V rows received (STAGE_BYTES): placed into the staging pair and zeroed again (K and
 #   V, bf16), and in the backward the dK/dV partial rows gathered and zeroed (fp32).
+# - Once per call over the local rows (ONCE_BYTES): the forward's fp32 result zeroed and converted
+#   to bf16; the backward's fp32 dQ/dK/dV zeroed and converted, and D = rowsum(dO * O).
 # The first merge into a query chunk is a copy (its rows are still (0, -inf)): FIRST_MERGE_BYTES,
 # taken for the local step's rows (every chunk attends itself in the patterns here).
-FULL_BYTES = {"forward": 0, "backward": 14}
-MERGE_BYTES = {"forward": 26, "backward": 30}
-FIRST_MERGE_BYTES = {"forward": 8, "backward": 30}
+MERGE_BYTES = {"forward": 26, "backward": 0}
+FIRST_MERGE_BYTES = {"forward": 8, "backward": 0}
 STAGE_BYTES = {"forward": 8, "backward": 24}
-# The model's last column: the backward's kernel call, too, touching only the rows with work (the
-# dQ/dK/dV accumulated in place in fp32), i.e. without FULL_BYTES; the next change.
+ONCE_BYTES = {"forward": 10, "backward": 34}
 
 
 def longnet_example():
@@ -180,8 +180,7 @@ def forward_ring_time(comp, xfer, moved, budget):
 
 
 def model(kind, branches, seq, world, layout):
-    """Per-step compute and transfer times (s) and the efficiencies of both strategies, and of the
-    ring with a backward on the rows with work only."""
+    """Per-step compute and transfer times (s) and the efficiencies of both strategies."""
     pairs, rows, qrows = pair_counts(kind, branches, seq, world, layout, HEADS)
     local = seq // world * HEADS
     fwd_tp, bwd_tp = THROUGHPUT[kind]
@@ -192,7 +191,7 @@ def model(kind, branches, seq, world, layout):
         def per_step(m):  # m[query rank, key rank] laid out by step: [s][r] = m[r, r - s]
             return np.array([[m[r, (r - s) % world] for r in range(world)] for s in range(world)])
 
-        full = local * HEAD_DIM * FULL_BYTES[direction] / HBM
+        once = local * HEAD_DIM * ONCE_BYTES[direction] / HBM
         merge = local * HEAD_DIM * MERGE_BYTES[direction] / HBM
         first_merge = local * HEAD_DIM * FIRST_MERGE_BYTES[direction] / HBM
         kernels = per_step(pairs) * 4 * HEAD_DIM * flops_factor / tp
@@ -202,8 +201,7 @@ def model(kind, branches, seq, world, layout):
         first[0] = np.minimum(part[0], 1.0)  # the local step: each row's first merge
         merges = merge * (part - first) + first_merge * first
         stage = per_step(rows) * HEAD_DIM * STAGE_BYTES[direction] / HBM
-        comp = kernels + full * busy + merges + stage  # as implemented
-        comp_rows = kernels + merges + stage  # a backward on the rows with work too
+        comp = kernels + merges + stage
         xfer = np.array([[rows[r, (r - s) % world] * kv * bytes_factor / bandwidth((r - s) % world, r) for r in range(world)]
                          for s in range(world)])
         # Ring, forward: steps started ahead within the local K/V's bytes (forward_ring_time).
@@ -217,15 +215,15 @@ def model(kind, branches, seq, world, layout):
                 return forward_ring_time(c, xfer, moved, local * kv)
             return sum(max(c[s].max(), xfer[s + 1].max() if s + 1 < world else 0.0) for s in range(world))
 
-        steps = ring_time(comp)
+        steps = ring_time(comp) + once
         ideal = pairs.sum() * 4 * HEAD_DIM * flops_factor / tp / world  # the kernels alone, balanced
         # LongNet's scheme: everything moved first (the links of a rank in parallel), then the kernels.
         nv = np.array([sum(rows[r, k] for k in range(world) if k != r and k // 8 == r // 8) for r in range(world)])
         ib = np.array([sum(rows[r, k] for k in range(world) if k // 8 != r // 8) for r in range(world)])
-        gather = max(np.maximum(nv * kv * bytes_factor / NVLINK, ib * kv * bytes_factor / IB)) + comp.sum(axis=0).max()
+        gather = max(np.maximum(nv * kv * bytes_factor / NVLINK, ib * kv * bytes_factor / IB)) + comp.sum(axis=0).max() + once
         out[direction] = {"compute_ms": 1e3 * comp[1:].max() if world > 1 else 0.0,
                           "transfer_ms": 1e3 * xfer[1:].max() if world > 1 else 0.0,
-                          "ring": ideal / steps, "ring_rows": ideal / ring_time(comp_rows), "longnet": ideal / gather,
+                          "ring": ideal / steps, "longnet": ideal / gather,
                           "total_ms": 1e3 * steps}
     out["gb_per_rank"] = rows.sum(axis=1).max() * kv / 1e9
     out["ring_gb_per_rank"] = (world - 1) * seq / world * HEADS * kv / 1e9
@@ -237,8 +235,8 @@ CASES = [("dense causal", None, "zigzag"), ("longnet", "example", "contiguous"),
 
 def tables(seqs, worlds):
     print("| pattern | tokens | GPUs | step compute ms | step transfer ms | K/V GB per GPU (plain ring) "
-          "| ring fwd / bwd | LongNet scheme fwd / bwd | ring, backward on rows with work too | forward s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| ring fwd / bwd | LongNet scheme fwd / bwd | forward s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for kind, config, layout in CASES:
         for seq in seqs:
             for world in worlds:
@@ -248,8 +246,7 @@ def tables(seqs, worlds):
                 name = kind if config is None else f"LongNet ({config})"
                 print(f"| {name}, {layout} | {seq // 2**20}M | {world} | {f['compute_ms']:.1f} | {f['transfer_ms']:.1f} | "
                       f"{m['gb_per_rank']:.2f} ({m['ring_gb_per_rank']:.2f}) | {100 * f['ring']:.0f}% / {100 * b['ring']:.0f}% | "
-                      f"{100 * f['longnet']:.0f}% / {100 * b['longnet']:.0f}% | "
-                      f"{100 * f['ring_rows']:.0f}% / {100 * b['ring_rows']:.0f}% | {f['total_ms'] / 1e3:.2f} |")
+                      f"{100 * f['longnet']:.0f}% / {100 * b['longnet']:.0f}% | {f['total_ms'] / 1e3:.2f} |")
 
 
 def check():

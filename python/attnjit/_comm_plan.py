@@ -171,6 +171,20 @@ class CommPlan:
         """Where chunk `chunk` of a rank starts in its local tensor."""
         return sum(n for _, n in self.chunks[0][:chunk])
 
+    def steps_ahead(self, rank: int) -> int:
+        """How many steps' K/V transfers rank `rank` can have in flight within the bytes of its
+        local K/V (each step's rows sent and received, at the largest of its steps), at least one
+        and at most every step: what the ring's backward keeps in flight, agreed as the least over
+        the ranks."""
+        w, units = self.world_size, self.local_len * self.heads_kv
+
+        def read(qr, kr):
+            got = self.pair(qr, kr)
+            return 0 if got is None else int(np.count_nonzero(got[1]))
+
+        most = max((read((rank + s) % w, rank) + read(rank, (rank - s) % w) for s in range(1, w)), default=0)
+        return max(1, min(w - 1, units // most if most else w - 1))
+
     def query_rows(self, qr: int, kr: int) -> int:
         """(row, query head) units of rank qr that attend rank kr's keys, summed over their chunk
         pairs (each is one kernel call and one merge): what the step writes and merges."""

@@ -62,7 +62,7 @@ from ._torch_ops import backward_add, forward_rows_with_work
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TRAFFIC = {"kv_bytes": 0, "grad_bytes": 0, "messages": 0, "steps_in_flight": 0}
-_AGREED = weakref.WeakKeyDictionary()  # process group -> the call signatures all its ranks made
+_AGREED = weakref.WeakKeyDictionary()  # process group -> {call signature: the backward's steps in flight}
 
 
 def traffic() -> dict:
@@ -77,22 +77,26 @@ def reset_traffic():
         _TRAFFIC[key] = 0
 
 
-def _check_agreement(group, signature):
+def _check_agreement(group, signature, steps_ahead):
     """Once per process group and call signature: every rank must call with the same pattern,
     local shapes, dtype, layout and strategy, or the transfers would not pair up (a hang, or a
     size error deep in the backend). One all_gather_object; on NCCL it is also the group's first
-    full collective, which a batch of point-to-point calls that leaves a rank out must not be."""
+    full collective, which a batch of point-to-point calls that leaves a rank out must not be.
+    It also agrees on the backward's steps in flight (the least of the ranks' `steps_ahead`), which
+    every rank must share: the backward's dK/dV messages interleave with its K/V ones, and NCCL
+    pairs the transfers between two ranks in the order they are posted. Returns that number."""
     g = group if group is not None else dist.group.WORLD
-    seen = _AGREED.setdefault(g, set())
+    seen = _AGREED.setdefault(g, {})
     if signature in seen:
-        return
+        return seen[signature]
     sigs = [None] * dist.get_world_size(group)
-    dist.all_gather_object(sigs, signature, group=group)
-    if any(s != signature for s in sigs):
+    dist.all_gather_object(sigs, (signature, steps_ahead), group=group)
+    if any(s != signature for s, _ in sigs):
         raise ValueError("ring_attention: the ranks called with different arguments (pattern hash, q/k/v shapes, dtype, "
-                         "layout, strategy): " + "; ".join(f"rank {i}: {s}" for i, s in enumerate(sigs)) +
+                         "layout, strategy): " + "; ".join(f"rank {i}: {s}" for i, (s, _) in enumerate(sigs)) +
                          "; every rank must pass the same pattern, layout and strategy and shards of one shape")
-    seen.add(signature)
+    seen[signature] = min(a for _, a in sigs)
+    return seen[signature]
 
 
 def _group_rank(group):
@@ -225,6 +229,7 @@ class _Ring:
         self._stage = None  # received K/V placed at their rows (unpack)
         self._scratch = None  # one chunk pair's (O, LSE), its rows with work only (attend)
         self._partial = None  # dK/dV of a received chunk (partial)
+        self.steps_ahead = 1  # the backward's steps in flight, the same on every rank (_check_agreement)
 
     def rows(self, qr, kr, device):
         """The K/V units rank qr reads of rank kr's (None: all)."""
@@ -332,8 +337,8 @@ class _Ring:
                 _flat(t).index_fill_(1, units.local, 0)
         return out
 
-    def moves(self, k, v, ahead_bytes=None):
-        return _RingMoves(self, k, v, ahead_bytes) if self.strategy == "ring" else _GatherMoves(self, k, v)
+    def moves(self, k, v, ahead_bytes=None, ahead_steps=1):
+        return _RingMoves(self, k, v, ahead_bytes, ahead_steps) if self.strategy == "ring" else _GatherMoves(self, k, v)
 
     def prepare(self, device):
         """Every index this rank's steps use, made before the first kernel runs."""
@@ -374,7 +379,7 @@ class _Ring:
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         self.prepare(q.device)
-        moves = self.moves(k, v)
+        moves = self.moves(k, v, ahead_steps=self.steps_ahead)
         self.attend_backward(q, lse_of, do, delta_of, self.rank, k, v, dq, dk, dv)
         for src, kv in moves.sources():
             partial = None
@@ -388,16 +393,17 @@ class _Ring:
 
 class _RingMoves:
     """Step s = 1..W-1: this rank's K/V rows to rank+s, rank-s's to this rank, started ahead of
-    their step: one step ahead, or (forward, `ahead_bytes`) as many steps as fit in that many bytes
-    sent and received, at least one. Every rank starts them in step order, so the transfers between
-    any two ranks pair up in order (NCCL needs that; gloo has the tags). The backward stays one step
-    ahead: the dK/dV of a received chunk go back to its owner during the next step, and those
-    messages must keep their order against the K/V ones."""
+    their step: in the forward (`ahead_bytes`) as many steps as fit in that many bytes sent and
+    received, at least one; in the backward `ahead_steps` steps, a number every rank shares. Every
+    rank starts them in step order, so the transfers between any two ranks pair up in order (NCCL
+    needs that; gloo has the tags). In the backward the dK/dV of a received chunk go back to its
+    owner after its step, and those messages keep their order against the K/V ones because every
+    rank posts both kinds in the same sequence of steps."""
 
-    def __init__(self, ring, k, v, ahead_bytes=None):
+    def __init__(self, ring, k, v, ahead_bytes=None, ahead_steps=1):
         self.ring, self.k, self.v = ring, k, v
         self.grads = None
-        self.budget, self.in_flight = ahead_bytes, 0
+        self.budget, self.ahead, self.in_flight = ahead_bytes, ahead_steps, 0
         self.pending, self.next = collections.deque(), 1
         self.top_up()  # overlaps the local step's kernels
 
@@ -415,7 +421,7 @@ class _RingMoves:
         w = self.ring.w
         while self.next < w:
             b = self.step_bytes(self.next)
-            if self.pending and (self.budget is None or self.in_flight + b > self.budget):
+            if self.pending and (len(self.pending) >= self.ahead if self.budget is None else self.in_flight + b > self.budget):
                 break
             self.pending.append(self.start_kv(self.next) + (b,))
             self.in_flight += b
@@ -639,8 +645,10 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
         p = p.with_scale(scale)
     if "dynamic<" in p.canonical:  # a dynamic layout anywhere in the tree (its canonical text)
         raise ValueError("pattern: a dynamic layout is not supported by ring_attention; use attnjit.attention")
-    if w > 1:
-        _check_agreement(group, (p.hash, tuple(q.shape), tuple(k.shape), tuple(v.shape), str(q.dtype), layout, strategy))
     plan = comm_plan(p, q.shape[1] * w, q.shape[2], k.shape[2], world_size=w, layout=layout)
-    o, lse = _RingAttention.apply(q, k, v, _Ring(plan, p.op_spec, r, group, strategy))
+    ring = _Ring(plan, p.op_spec, r, group, strategy)
+    if w > 1:
+        ring.steps_ahead = _check_agreement(group, (p.hash, tuple(q.shape), tuple(k.shape), tuple(v.shape), str(q.dtype),
+                                                    layout, strategy), plan.steps_ahead(r))
+    o, lse = _RingAttention.apply(q, k, v, ring)
     return (o, lse) if return_lse else o

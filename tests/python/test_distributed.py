@@ -197,8 +197,11 @@ def _traffic_worker(rank, world, store, out):
             ad.reset_traffic()
             o = ad.ring_attention(*local, spec, strategy=strategy)
             forward = ad.traffic()
+            ad.reset_traffic()
             o.backward(ad.shard(do))
-            sent[f"{name} {strategy}"] = {"forward": forward, "total": ad.traffic()}
+            backward = ad.traffic()
+            sent[f"{name} {strategy}"] = {"forward": forward, "backward": backward,
+                                          "total": {x: forward[x] + backward[x] for x in forward}}
         # Ranks that disagree all get the same clear error instead of a hang.
         q, k, v, _ = _inputs(2, 2)
         try:
@@ -246,6 +249,11 @@ def test_the_pattern_decides_what_each_rank_sends(tmp_path):
         assert sent[r]["dilated ring"]["forward"]["steps_in_flight"] == 2  # a quarter sent, a quarter received
         assert sent[r]["window ring"]["forward"]["steps_in_flight"] == world - 1
         assert sent[r]["window longnet"]["forward"]["steps_in_flight"] == 0  # one collective, no steps
+        # The backward: a number of steps every rank shares, the least that fits every rank's bytes
+        # at its largest step (the window: rank 1 sends 31 rows and receives 31, of 128).
+        assert sent[r]["dense ring"]["backward"]["steps_in_flight"] == 1
+        assert sent[r]["dilated ring"]["backward"]["steps_in_flight"] == 2
+        assert sent[r]["window ring"]["backward"]["steps_in_flight"] == 2
     for r in range(world):
         assert "the ranks called with different arguments" in sent[r]["disagreement"], sent[r]["disagreement"]
         assert "rank 0: " in sent[r]["disagreement"] and "'longnet')" in sent[r]["disagreement"]
