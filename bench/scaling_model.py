@@ -156,12 +156,20 @@ def bandwidth(src, dst):
     return NVLINK if src // 8 == dst // 8 else IB
 
 
-def forward_ring_time(comp, xfer, moved, budget):
-    """The ring forward's time: each rank runs its steps in order (comp[s][r], the local step 0
-    first) and starts their transfers (xfer[s][r] to receive; moved[s][r] bytes sent and received)
-    as many steps ahead as fit in `budget` bytes, at least one step ahead, as
-    attnjit.distributed does; a step's kernels wait for its rows, and the transfers into a rank take
-    its NVLink or its InfiniBand link one after another. The slowest rank's end."""
+def steps_ahead(moved, budget):
+    """The backward's steps in flight (CommPlan.steps_ahead): as many as fit in `budget` bytes at
+    every rank's largest step, at least one, the least over the ranks."""
+    world = moved.shape[1]
+    most = moved[1:].max(axis=0) if world > 1 else np.zeros(world)
+    return int(min(max(1, min(world - 1, budget // m if m else world - 1)) for m in most)) if world > 1 else 0
+
+
+def ring_time(comp, xfer, moved, budget=None, ahead=None):
+    """The ring's time: each rank runs its steps in order (comp[s][r], the local step 0 first) and
+    starts their transfers (xfer[s][r] to receive; moved[s][r] bytes sent and received) ahead, as
+    attnjit.distributed does: in the forward as many steps as fit in `budget` bytes, at least one;
+    in the backward `ahead` steps. A step's kernels wait for its rows, and the transfers into a rank
+    take its NVLink or its InfiniBand link one after another. The slowest rank's end."""
     world, end = comp.shape[1], 0.0
     for r in range(world):
         link_free, arrive, started, in_flight, t = {}, {}, 1, 0.0, 0.0
@@ -169,7 +177,8 @@ def forward_ring_time(comp, xfer, moved, budget):
             if s:
                 t = max(t, arrive[s])
                 in_flight -= moved[s, r]
-            while started < world and (started == s + 1 or in_flight + moved[started, r] <= budget):
+            while started < world and (started == s + 1 or (started <= s + ahead if budget is None
+                                                             else in_flight + moved[started, r] <= budget)):
                 link = bandwidth((r - started) % world, r)
                 arrive[started] = link_free[link] = max(t, link_free.get(link, 0.0)) + xfer[started, r]
                 in_flight += moved[started, r]
@@ -195,7 +204,6 @@ def model(kind, branches, seq, world, layout):
         merge = local * HEAD_DIM * MERGE_BYTES[direction] / HBM
         first_merge = local * HEAD_DIM * FIRST_MERGE_BYTES[direction] / HBM
         kernels = per_step(pairs) * 4 * HEAD_DIM * flops_factor / tp
-        busy = per_step(pairs) > 0
         part = per_step(qrows) / local
         first = np.zeros_like(part)
         first[0] = np.minimum(part[0], 1.0)  # the local step: each row's first merge
@@ -204,18 +212,18 @@ def model(kind, branches, seq, world, layout):
         comp = kernels + merges + stage
         xfer = np.array([[rows[r, (r - s) % world] * kv * bytes_factor / bandwidth((r - s) % world, r) for r in range(world)]
                          for s in range(world)])
-        # Ring, forward: steps started ahead within the local K/V's bytes (forward_ring_time).
-        # Ring, backward: step s's transfer overlaps step s-1's kernels, and a step lasts as long as
-        # its slowest rank (a step's dK/dV go back to the rank that sent its K/V).
+        # The ring's steps started ahead (ring_time): the forward's within the local K/V's bytes, the
+        # backward's a number of steps every rank shares (steps_ahead). A backward step's transfer
+        # carries its K/V in and their dK/dV back (bytes_factor); the last step's dK/dV are waited
+        # for at the end.
         moved = np.array([[(rows[r, (r - s) % world] + rows[(r + s) % world, r]) * kv for r in range(world)]
                           for s in range(world)])
-
-        def ring_time(c):
-            if direction == "forward":
-                return forward_ring_time(c, xfer, moved, local * kv)
-            return sum(max(c[s].max(), xfer[s + 1].max() if s + 1 < world else 0.0) for s in range(world))
-
-        steps = ring_time(comp) + once
+        if direction == "forward":
+            steps = ring_time(comp, xfer, moved, budget=local * kv)
+        else:
+            steps = ring_time(comp, xfer, moved, ahead=steps_ahead(moved, local * kv))
+            steps += xfer[world - 1].max() * 2 / 3 if world > 1 else 0.0
+        steps += once
         ideal = pairs.sum() * 4 * HEAD_DIM * flops_factor / tp / world  # the kernels alone, balanced
         # LongNet's scheme: everything moved first (the links of a rank in parallel), then the kernels.
         nv = np.array([sum(rows[r, k] for k in range(world) if k != r and k // 8 == r // 8) for r in range(world)])
@@ -250,7 +258,7 @@ def tables(seqs, worlds):
 
 
 def check():
-    """The model's pair and row counts against attnjit's at small sizes (scaled-down LongNets)."""
+    """The model's pair, row and step counts against attnjit's at small sizes (scaled-down LongNets)."""
     import attnjit
     import attnjit.distributed as ad
 
@@ -279,8 +287,18 @@ def check():
                         print(f"MISMATCH {kind} {layout} seq {seq} world {world} ranks ({q}, {k}): model pairs "
                               f"{pairs[q, k]:.0f} rows {rows[q, k]:.0f} query rows {qrows[q, k]:.0f}; attnjit pairs "
                               f"{want_pairs} rows {want_rows} query rows {want_qrows}")
+            # The backward's steps in flight, from the model's rows and from the comm plan's.
+            moved = np.array([[rows[r, (r - s) % world] + rows[(r + s) % world, r] for r in range(world)]
+                              for s in range(world)])
+            model_ahead = steps_ahead(moved, seq // world * heads)
+            want_ahead = min(plan.steps_ahead(r) for r in range(world))
+            if model_ahead != want_ahead:
+                failures += 1
+                print(f"MISMATCH {kind} {layout} seq {seq} world {world}: backward steps in flight, model {model_ahead}, "
+                      f"attnjit {want_ahead}")
             print(f"checked {kind} ({'example-like' if branches and branches[-1][1] == 12 else 'geometric' if branches else 'causal'}), "
-                  f"{layout}, seq {seq}, {world} ranks: steps with work {len(plan.pairs)}, rows moved {plan.moved_rows()}")
+                  f"{layout}, seq {seq}, {world} ranks: steps with work {len(plan.pairs)}, rows moved {plan.moved_rows()}, "
+                  f"backward steps in flight {want_ahead}")
     print("model == attnjit" if not failures else f"{failures} mismatches")
     return failures == 0
 

@@ -22,18 +22,19 @@ rows a rank receives are placed into a staging K/V pair that is zero elsewhere a
 those rows after the step. So a forward step costs its rows with work, not its whole chunk. Step
 s = 1..W-1 moves K/V straight from its owner r to rank r+s (mod W), as batch_isend_irecv started
 ahead so the transfer overlaps the steps before (the forward: as many steps ahead as fit in the
-bytes of the local K/V; the backward: one); a rank receives only the rows it reads
+bytes of the local K/V; the backward: a number of steps every rank shares, CommPlan.steps_ahead's
+least, since its dK/dV messages interleave with the K/V ones); a rank receives only the rows it reads
 (a dilated branch's selected rows, the edge of a window) and nothing when it reads none, so steps
 without work cost neither compute nor bytes. Sending from the owner instead of passing chunks
 along a ring moves the same bytes per step on a switched fabric (NVSwitch, InfiniBand) and lets a
 skipped transfer vanish instead of travelling on to the ranks after it.
 
-The backward uses the final O and LSE at every step: dQ stays where it is computed, the dK/dV of
-a received chunk (the rows read only) goes straight back to its owner, gathered from one fp32 pair
-that is zeroed again at those rows. Each chunk pair's gradients come out of the kernels in the
-inputs' dtype and are summed in fp32 (and sent in fp32), so fp16/bf16 gradients carry one rounding
-per chunk pair more than a single call's; and the backward kernel call of a step still works over
-its whole chunk pair (its scratch, D and the dtype conversion), not over its rows with work.
+The backward uses the final O and LSE at every step, and D = rowsum(dO * O) - dlse computed once.
+Each chunk pair's kernels add their gradients into fp32 accumulators at the rows with work only
+(Attention::backward_add: nothing zeroed, converted or computed per row of the chunk pair): dQ
+where it is computed, the dK/dV of a received chunk into one fp32 pair whose rows read go
+straight back to their owner (in fp32) and are zeroed again. The sums are rounded to the inputs'
+dtype once, at the end, as a single call's are.
 
 strategy="longnet" is LongNet's own scheme instead (its paper, section 3.2): every rank sends each
 other rank the rows it reads in one collective before any kernel, dK/dV back the same way after.
@@ -68,7 +69,7 @@ _AGREED = weakref.WeakKeyDictionary()  # process group -> {call signature: the b
 def traffic() -> dict:
     """Bytes this process has sent through ring_attention since the last reset_traffic(): K/V rows
     (`kv_bytes`), dK/dV rows of the backward (`grad_bytes`), the number of sends, and the most
-    steps' K/V transfers a ring forward had under way at once (`steps_in_flight`)."""
+    steps' K/V transfers a ring forward or backward had under way at once (`steps_in_flight`)."""
     return dict(_TRAFFIC)
 
 
