@@ -23,7 +23,8 @@ from attnjit.distributed import chunks_of  # the layouts, as ring_attention cuts
 
 # Measured on an H100 (`bench/gpu_ab.sh`, docs/performance.md, "Tile loads: one address per tile"; 16K tokens,
 # 16 heads, D 128, bf16): useful TFLOP/s forward and backward.
-THROUGHPUT = {"dense causal": (232.2e12, 140.3e12), "longnet": (215.2e12, 150.0e12)}
+# BigBird's (examples/bigbird.json, 7.7% of the pairs at 16K tokens) is taken for its 2.6% at 1M+.
+THROUGHPUT = {"dense causal": (232.2e12, 140.3e12), "longnet": (215.2e12, 150.0e12), "bigbird": (161.3e12, 94.1e12)}
 NVLINK = 450e9  # bytes/s each way per GPU (NVLink 4: 900 GB/s both ways), 8 GPUs per node
 IB = 50e9  # bytes/s each way per GPU (one 400 Gb/s InfiniBand NIC per GPU)
 HBM = 3.35e12  # bytes/s, H100 SXM's HBM3
@@ -132,14 +133,89 @@ def causal_rows(qchunks, kchunks, heads):
     return sum(m for b, m in kchunks if any(a >= b for a, _ in qchunks)) * heads
 
 
-def pair_counts(kind, branches, seq, world, layout, heads):
+# BigBird as in examples/bigbird.json: 128-token blocks, a block attends its neighbours (local 1),
+# blocks 0 and 1 attend and are attended by every block (global), and each other block pair is
+# kept with probability 0.025, independently per query head (random; docs/spec.md).
+BIGBIRD = {"block": 128, "global": (0, 1), "density": 0.025, "seed": 2020}
+
+
+def _splitmix64(z):
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def bigbird_blocks(bb, h, qb, kb):
+    """The kept block pairs of head h between query blocks qb and key blocks kb (exact: the random
+    blocks as attnjit hashes them), bool [len(qb), len(kb)]."""
+    q, k = np.asarray(qb, dtype=np.int64)[:, None], np.asarray(kb, dtype=np.int64)[None, :]
+    glob = np.isin(q, bb["global"]) | np.isin(k, bb["global"])
+    with np.errstate(over="ignore"):
+        x = _splitmix64(np.uint64(bb["seed"]) ^ np.uint64(h))
+        x = _splitmix64(x ^ q.astype(np.uint64))
+        x = _splitmix64(x ^ k.astype(np.uint64))
+    rand = (x >> np.uint64(11)).astype(np.float64) * 2.0**-53 < bb["density"]
+    return (np.abs(k - q) <= 1) | glob | rand
+
+
+def _bigbird_fixed(bb, qb, kb):
+    """The local and global blocks (every head) between block ranges qb and kb, without a matrix:
+    kept pairs per query block, and whether each query block and each key block keeps any."""
+    g = np.asarray(bb["global"])
+    q0, q1, k0, k1 = qb[0], qb[-1] + 1, kb[0], kb[-1] + 1
+    kg, qg = g[(g >= k0) & (g < k1)], g[(g >= q0) & (g < q1)]
+    band = np.clip(np.minimum(qb + 2, k1) - np.maximum(qb - 1, k0), 0, None)
+    band_g = ((kg[None, :] >= qb[:, None] - 1) & (kg[None, :] <= qb[:, None] + 1)).sum(axis=1)
+    q_global = np.isin(qb, g)
+    per_row = np.where(q_global, len(kb), band - band_g + len(kg))
+    kband = np.clip(np.minimum(kb + 2, q1) - np.maximum(kb - 1, q0), 0, None)
+    return per_row, q_global | (len(kg) > 0) | (band > 0), np.isin(kb, g) | (len(qg) > 0) | (kband > 0)
+
+
+def bigbird_counts(bb, qc, kc, heads, exact):
+    """(pairs, key rows read, query rows with work summed over chunk pairs) between chunk lists qc
+    and kc, in (row, head) units: exact (the random blocks hashed, small sizes) or expected (each
+    random block kept with probability density, large sizes)."""
+    blk, d = bb["block"], bb["density"]
+    pairs = rows = qrows = 0.0
+    read_k = {}
+    for a, n in qc:
+        for b, m in kc:
+            qb, kb = np.arange(a // blk, (a + n) // blk), np.arange(b // blk, (b + m) // blk)
+            if exact:
+                for h in range(heads):
+                    kept = bigbird_blocks(bb, h, qb, kb)
+                    pairs += kept.sum() * blk * blk
+                    qrows += kept.any(axis=1).sum() * blk
+                    read_k.setdefault((b, h), np.zeros(len(kb), dtype=bool))
+                    read_k[(b, h)] |= kept.any(axis=0)
+                continue
+            per_row, q_any, k_any = _bigbird_fixed(bb, qb, kb)
+            fixed = per_row.sum()
+            pairs += heads * blk * blk * (fixed + d * (len(qb) * len(kb) - fixed))
+            qrows += heads * blk * np.where(q_any, 1.0, 1.0 - (1.0 - d) ** len(kb)).sum()
+            miss = read_k.setdefault((b, 0), np.ones(len(kb)))  # P(a key block is read by no query chunk)
+            miss *= np.where(k_any, 0.0, (1.0 - d) ** len(qb))
+    if exact:
+        rows = sum(r.sum() for r in read_k.values()) * blk
+    else:
+        rows = heads * blk * sum((1.0 - miss).sum() for miss in read_k.values())
+    return pairs, rows, qrows
+
+
+def pair_counts(kind, branches, seq, world, layout, heads, exact=False):
     """pairs[q][k], rows[q][k] (key rows read) and qrows[q][k] (query rows with work; (row, head)
     units) for every (query rank, key rank)."""
     pairs, rows, qrows = (np.zeros((world, world)) for _ in range(3))
     for q in range(world):
         for k in range(world):
             qc, kc = chunks_of(seq, world, q, layout), chunks_of(seq, world, k, layout)
-            if kind == "dense causal":
+            if kind == "bigbird":
+                pairs[q, k], rows[q, k], qrows[q, k] = bigbird_counts(branches, qc, kc, heads, exact)
+                if q == k:
+                    rows[q, k] = 0
+            elif kind == "dense causal":
                 pairs[q, k] = causal_pairs(qc, kc, heads)
                 rows[q, k] = causal_rows(qc, kc, heads) if q != k else 0
                 qrows[q, k] = sum(n for a, n in qc for b, _ in kc if a >= b) * heads  # per chunk pair (one merge each)
@@ -238,7 +314,8 @@ def model(kind, branches, seq, world, layout):
     return out
 
 
-CASES = [("dense causal", None, "zigzag"), ("longnet", "example", "contiguous"), ("longnet", "geometric", "contiguous")]
+CASES = [("dense causal", None, "zigzag"), ("longnet", "example", "contiguous"), ("longnet", "geometric", "contiguous"),
+         ("bigbird", "example", "contiguous")]
 
 
 def tables(seqs, worlds):
@@ -248,10 +325,11 @@ def tables(seqs, worlds):
     for kind, config, layout in CASES:
         for seq in seqs:
             for world in worlds:
-                branches = None if config is None else (longnet_example() if config == "example" else longnet_geometric(seq))
+                branches = (BIGBIRD if kind == "bigbird" else None if config is None else
+                            longnet_example() if config == "example" else longnet_geometric(seq))
                 m = model(kind, branches, seq, world, layout)
                 f, b = m["forward"], m["backward"]
-                name = kind if config is None else f"LongNet ({config})"
+                name = kind if config is None else "BigBird (example)" if kind == "bigbird" else f"LongNet ({config})"
                 print(f"| {name}, {layout} | {seq // 2**20}M | {world} | {f['compute_ms']:.1f} | {f['transfer_ms']:.1f} | "
                       f"{m['gb_per_rank']:.2f} ({m['ring_gb_per_rank']:.2f}) | {100 * f['ring']:.0f}% / {100 * b['ring']:.0f}% | "
                       f"{100 * f['longnet']:.0f}% / {100 * b['longnet']:.0f}% | {f['total_ms'] / 1e3:.2f} |")
@@ -265,15 +343,20 @@ def check():
     heads, failures = 4, 0
     specs = [("dense causal", None, {"attnjit": 1, "causal": True, "branches": [{"segment": "full"}]}, "zigzag"),
              ("longnet", [(128, 1), (256, 2), (512, 4), (1024, 6), (2048, 12)], None, "contiguous"),
-             ("longnet", None, None, "contiguous")]
+             ("longnet", None, None, "contiguous"),
+             ("bigbird", dict(BIGBIRD, block=32), None, "contiguous"), ("bigbird", dict(BIGBIRD, block=32), None, "zigzag")]
     for seq, world in ((4096, 2), (4096, 4), (4096, 8), (8192, 8)):
         for kind, branches, spec, layout in specs:
             if kind == "longnet":
                 branches = branches or longnet_geometric(seq, base=64)
                 spec = {"attnjit": 1, "branches": [{"segment": w, "dilation": r} for w, r in branches]}
+            if kind == "bigbird":
+                spec = {"attnjit": 1, "branches": [{"segment": "full"}], "layout": {"block": branches["block"], "union": [
+                    {"local": 1}, {"global": list(branches["global"])},
+                    {"random": {"density": branches["density"], "seed": branches["seed"]}}]}}
             p = attnjit.Pattern.from_json(spec)
             plan = ad.comm_plan(p, seq, heads, world_size=world, layout=layout)
-            pairs, rows, qrows = pair_counts(kind, branches, seq, world, layout, heads)
+            pairs, rows, qrows = pair_counts(kind, branches, seq, world, layout, heads, exact=True)
             for q in range(world):
                 for k in range(world):
                     qc, kc = chunks_of(seq, world, q, layout), chunks_of(seq, world, k, layout)
@@ -296,9 +379,23 @@ def check():
                 failures += 1
                 print(f"MISMATCH {kind} {layout} seq {seq} world {world}: backward steps in flight, model {model_ahead}, "
                       f"attnjit {want_ahead}")
-            print(f"checked {kind} ({'example-like' if branches and branches[-1][1] == 12 else 'geometric' if branches else 'causal'}), "
+            shape = ("scaled down" if kind == "bigbird" else "example-like" if branches and branches[-1][1] == 12
+                     else "geometric" if branches else "causal")
+            print(f"checked {kind} ({shape}), "
                   f"{layout}, seq {seq}, {world} ranks: steps with work {len(plan.pairs)}, rows moved {plan.moved_rows()}, "
                   f"backward steps in flight {want_ahead}")
+    # At the table's sizes the random blocks are counted by their probability: against the exact
+    # count (hashed) in total at 32768 tokens on 8 and 16 ranks.
+    bb = dict(BIGBIRD, block=32)
+    for seq, world, layout in ((32768, 8, "contiguous"), (32768, 16, "zigzag")):
+        exact = pair_counts("bigbird", bb, seq, world, layout, heads, exact=True)
+        expected = pair_counts("bigbird", bb, seq, world, layout, heads, exact=False)
+        ratios = [float(e.sum() / x.sum()) for e, x in zip(expected, exact)]
+        print(f"bigbird expected / exact at {seq} tokens, {world} ranks, {layout}: pairs {ratios[0]:.4f}, rows {ratios[1]:.4f}, "
+              f"query rows {ratios[2]:.4f}")
+        if any(abs(r - 1) > 0.02 for r in ratios):
+            failures += 1
+            print("MISMATCH bigbird: the expected counts are off the exact ones by more than 2%")
     print("model == attnjit" if not failures else f"{failures} mismatches")
     return failures == 0
 
