@@ -194,9 +194,12 @@ void check_backward_add_inputs(const Problem& pb, const TensorView& q, const Ten
                                          {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim},
                                          {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim},
                                          {pb.batch, pb.seq_k, pb.heads_kv, pb.head_dim_v}};
+  // The accumulators take the kernels' vector and bulk adds: the kernels' alignment (16 bytes on the
+  // tensor-core paths), D a float's.
+  const int acc_align = align_bytes > 4 ? align_bytes : align_bytes > 1 ? 4 : 1;
   for (size_t x = 0; x < 4; ++x) {
     const auto& [name, t] = fp32[x];
-    check_view(name, *t, shapes[x], DType::F32, align_bytes > 1 ? 4 : 1);
+    check_view(name, *t, shapes[x], DType::F32, x == 0 ? (align_bytes > 1 ? 4 : 1) : acc_align);
     const std::vector<int64_t> dense = TensorView::contiguous(nullptr, DType::F32, t->shape).strides;
     bool contiguous = true;  // a dimension of size 1 may have any stride (as in PyTorch)
     for (size_t d = 0; d < dense.size(); ++d) contiguous &= t->shape[d] == 1 || t->strides[d] == dense[d];

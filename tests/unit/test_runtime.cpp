@@ -715,6 +715,20 @@ TEST_CASE("backward: every bad input is a clear error", "[runtime][grad][errors]
   CHECK_THROWS_WITH(op.backward_add(Q, K, V, L, DO, D, AQ, AK, AV, with_dlse),
                     Catch::Contains("dlse: is not an option of backward_add: subtract it from delta"));
   CHECK_THROWS_WITH(Attention().backward_add(Q, K, V, L, DO, D, AQ, AK, AV), Catch::Contains("is empty"));
+  // The tensor-core kernels add into the accumulators 16 bytes at a time (bulk adds on Hopper): an
+  // accumulator 4 bytes off is refused on the emulator before anything runs.
+  RuntimeOptions emu;
+  emu.device = Device::emu(80);
+  Runtime ert(emu);
+  Attention eop = ert.prepare(p, Problem{1, 16, 16, 2, 1, 16, 16, DType::BF16, {}});
+  std::vector<uint16_t> hq(16 * 2 * 16), hk(16 * 16), hv(16 * 16), hdo(16 * 2 * 16);
+  alignas(16) float aqe[16 * 2 * 16 + 4], ake[16 * 16], ave[16 * 16];
+  auto h = [](std::vector<uint16_t>& x, std::vector<int64_t> shape) { return TensorView::contiguous(x.data(), DType::BF16, std::move(shape)); };
+  CHECK_THROWS_WITH(eop.backward_add(h(hq, {1, 16, 2, 16}), h(hk, {1, 16, 1, 16}), h(hv, {1, 16, 1, 16}), L, h(hdo, {1, 16, 2, 16}), D,
+                                     TensorView::contiguous(aqe + 1, DType::F32, {1, 16, 2, 16}),
+                                     TensorView::contiguous(ake, DType::F32, {1, 16, 1, 16}),
+                                     TensorView::contiguous(ave, DType::F32, {1, 16, 1, 16})),
+                    Catch::Contains("dq_acc: data pointer is not 16-byte aligned"));
 }
 
 namespace {
