@@ -93,9 +93,43 @@ def balanced_layout(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *
     return ChunkLayout(f"balanced:{chunks_per_rank}", seq_len, chunks, tuple(load))
 
 
+def best_layout(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *, world_size: int,
+                max_chunks_per_rank: int = 8, margin: float = 0.02):
+    """The layout under which `pattern`'s work is shared out most evenly at this length: of
+    "contiguous", "zigzag" and balanced_layout(..., chunks_per_rank) for 2, 4, ... up to
+    `max_chunks_per_rank` chunks, in that order, the first unless a later one's imbalance (max /
+    mean of the attended pairs of each rank's query rows, minus 1) is lower by more than `margin`
+    (an earlier layout has fewer, larger chunk pairs). A layout that cannot cut this length is
+    passed over. The same on every rank."""
+    p = as_pattern(pattern)
+    heads_kv = heads_q if heads_kv is None else heads_kv
+    best = None
+    cuts = [2 ** i for i in range(1, max(1, max_chunks_per_rank).bit_length()) if 2 ** i <= max_chunks_per_rank]
+    for name in LAYOUTS + tuple(cuts):
+        try:
+            if not isinstance(name, str):
+                layout = balanced_layout(p, seq_len, heads_q, heads_kv, world_size=world_size, chunks_per_rank=name)
+            else:
+                chunks = [chunks_of(seq_len, world_size, r, name) for r in range(world_size)]
+                work = tuple(sum(int(p.stats(n, heads_q, seq_len, heads_kv, q_offset=a)["attended_pairs"]) for a, n in c)
+                             for c in chunks)
+                layout = ChunkLayout(name, seq_len, tuple(tuple(c) for c in chunks), work)
+        except ValueError:
+            continue
+        if best is None or layout.imbalance < best.imbalance - margin:
+            best = layout
+    if best is None:
+        raise ValueError(f"sequence length {seq_len} is not a positive multiple of {world_size} (no layout cuts it over "
+                         f"{world_size} ranks); pad the sequence")
+    return best.name if best.name in LAYOUTS else best
+
+
 def _check_layout(layout):
     if isinstance(layout, ChunkLayout):
         return
+    if layout == "auto":
+        raise ValueError("layout: 'auto' needs the pattern; pass best_layout(pattern, seq_len, heads_q, heads_kv, "
+                         "world_size=...) here and to shard (an attnjit.nn module's sequence_parallel(layout='auto') does it)")
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)} or a ChunkLayout (balanced_layout), got {layout!r}")
 

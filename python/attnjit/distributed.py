@@ -56,7 +56,7 @@ import torch.distributed as dist
 # The layouts and the comm plan (no torch in them), exported here. _cached_plan and _check_layout
 # are used by the tests and attnjit.nn.
 from ._comm_plan import (LAYOUTS, ChunkLayout, CommPlan, _cached_plan, _check_layout,  # noqa: F401
-                         balanced_layout, chunks_of, comm_plan)
+                         balanced_layout, best_layout, chunks_of, comm_plan)
 from ._inputs import check_shapes
 from ._pattern import as_pattern
 from ._torch_ops import backward_add, forward_rows_with_work

@@ -45,6 +45,7 @@ class _PatternAttention(nn.Module):
         self.pattern = as_pattern(pattern)
         self._causal = None
         self._parallel = None
+        self._layouts = {}  # layout="auto": best_layout's answer per (pattern, length, heads, ranks)
 
     @classmethod
     def from_pattern(cls, pattern):
@@ -55,25 +56,51 @@ class _PatternAttention(nn.Module):
     def sequence_parallel(self, group=None, *, layout="contiguous", strategy="ring"):
         """From now on q, k, v are this rank's shard of a sequence split across `group` (as
         attnjit.distributed.shard cuts it with the same `layout`), and so is the output:
-        attnjit.distributed.ring_attention does the rest. Returns the module."""
+        attnjit.distributed.ring_attention does the rest. layout="auto": the layout under which
+        this pattern's work is shared out most evenly at the call's length and head counts
+        (attnjit.distributed.best_layout); sequence_layout() says which, to shard with. Returns the
+        module."""
         from . import distributed
 
-        distributed._check_layout(layout)
+        if layout != "auto":
+            distributed._check_layout(layout)
         if strategy not in distributed.STRATEGIES:
             raise ValueError(f"strategy: expected one of {', '.join(distributed.STRATEGIES)}, got {strategy!r}")
         self._parallel = (group, layout, strategy)
         return self
 
+    def _pattern_for(self, is_causal):
+        if not is_causal:
+            return self.pattern
+        if self._causal is None:
+            self._causal = _causal_variant(self.pattern)
+        return self._causal
+
+    def sequence_layout(self, seq_len: int, heads_q: int, heads_kv: int = None, *, is_causal=None):
+        """The layout the sequence-parallel calls over `seq_len` tokens use (shard q, k, v with it):
+        the one given to sequence_parallel, or for "auto" best_layout's for this pattern (with the
+        causal mask when is_causal), these head counts and the group's size."""
+        if self._parallel is None:
+            raise RuntimeError("sequence_layout: the module is not sequence-parallel; call sequence_parallel() first")
+        group, layout, _ = self._parallel
+        if layout != "auto":
+            return layout
+        from . import distributed
+
+        p, w = self._pattern_for(is_causal), distributed._group_rank(group)[0]
+        key = (p.hash, seq_len, heads_q, heads_q if heads_kv is None else heads_kv, w)
+        if key not in self._layouts:
+            self._layouts[key] = distributed.best_layout(p, seq_len, heads_q, heads_kv, world_size=w)
+        return self._layouts[key]
+
     def forward(self, q, k, v, is_causal=None):
-        p = self.pattern
-        if is_causal:
-            if self._causal is None:
-                self._causal = _causal_variant(p)
-            p = self._causal
+        p = self._pattern_for(is_causal)
         if self._parallel is not None:
             from . import distributed
 
-            group, layout, strategy = self._parallel
+            group, _, strategy = self._parallel
+            layout = self.sequence_layout(q.shape[1] * distributed._group_rank(group)[0], q.shape[2], k.shape[2],
+                                          is_causal=is_causal)
             return distributed.ring_attention(q, k, v, p, group=group, layout=layout, strategy=strategy)
         return attention(q, k, v, p)
 
@@ -174,10 +201,15 @@ class MultiheadDilatedAttention(nn.Module):
 
     def sequence_parallel(self, group=None, *, layout="contiguous", strategy="ring"):
         """Inputs and outputs become this rank's shard [B, S/W, E] of a sequence split across
-        `group` (attnjit.distributed.shard with the same `layout`); the projections and the norm
-        are per token, the attention runs attnjit.distributed.ring_attention. Returns the module."""
+        `group` (attnjit.distributed.shard with the same `layout`, or with sequence_layout()'s for
+        layout="auto"); the projections and the norm are per token, the attention runs
+        attnjit.distributed.ring_attention. Returns the module."""
         self.attention.sequence_parallel(group, layout=layout, strategy=strategy)
         return self
+
+    def sequence_layout(self, seq_len: int, *, is_causal=None):
+        """The layout to shard inputs of `seq_len` tokens with (see sequence_parallel)."""
+        return self.attention.sequence_layout(seq_len, self.num_heads, self.num_kv_heads, is_causal=is_causal)
 
     def forward(self, query, key, value, is_causal=None):
         for name, x in (("query", query), ("key", key), ("value", value)):

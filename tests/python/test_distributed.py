@@ -87,6 +87,17 @@ def _equality_worker(rank, world, store, layouts, device="cpu"):
         for w, want in zip(layer.parameters(), full_grads):
             dist.all_reduce(w.grad)
             torch.testing.assert_close(w.grad, want, atol=1e-4, rtol=1e-4)
+        # layout="auto": the module picks the layout that shares its pattern's work out most evenly
+        # (a causal window: the first rows attend fewer keys), and sharding with it gives the same.
+        window = attnjit.nn.MultiheadDilatedAttention.from_pattern(
+            32, 4, {"attnjit": 1, "causal": True, "window": [383, 0], "branches": [{"segment": "full"}]}).to(at)
+        out, _ = window(x, x, x)
+        window.sequence_parallel(layout="auto")
+        lay = window.sequence_layout(SEQ)
+        assert isinstance(lay, ad.ChunkLayout) and lay.name.startswith("balanced:"), lay
+        x_l = ad.shard(x, layout=lay)
+        out_l, _ = window(x_l, x_l, x_l)
+        torch.testing.assert_close(out_l, ad.shard(out.detach(), layout=lay), atol=1e-5, rtol=1e-5)
         # bf16 at bf16's precision; the dilated case at head dim 16 moves a quarter of the rows.
         q, k, v, do = (x.to(at) for x in _inputs(4, 4, torch.bfloat16))
         o_ref = attnjit.attention(q, k, v, LONGNET)
@@ -358,6 +369,23 @@ def test_the_balanced_layout_evens_out_the_work_where_zigzag_does_not():
         assert got <= 0.05, (spec, got)
         assert got <= _imbalance(spec, 2048, 2, 4, "zigzag") + 1e-12
         assert got <= _imbalance(spec, 2048, 2, 4, "contiguous") + 1e-12
+
+
+def test_the_best_layout_is_the_simplest_that_shares_the_work_out_evenly():
+    causal = {"attnjit": 1, "causal": True, "branches": [{"segment": "full"}]}
+    dense = {"attnjit": 1, "branches": [{"segment": "full"}]}
+    window = {"attnjit": 1, "causal": True, "window": [383, 0], "branches": [{"segment": "full"}]}
+    assert ad.best_layout(dense, 2048, 2, world_size=4) == "contiguous"  # every layout is even: the simplest
+    assert ad.best_layout(causal, 2048, 2, world_size=4) == "zigzag"  # even, where contiguous is not
+    lay = ad.best_layout(window, 2048, 2, world_size=4)  # the first 383 rows attend fewer keys
+    assert isinstance(lay, ad.ChunkLayout) and lay.name == "balanced:8", lay
+    assert lay.imbalance < _imbalance(window, 2048, 2, 4, "contiguous") - 0.02
+    assert abs(_imbalance(window, 2048, 2, 4, lay) - lay.imbalance) < 1e-12
+    # Only what can cut the length: 2047 tokens over 4 ranks is refused by every layout.
+    with pytest.raises(ValueError, match="sequence length 2047 is not a positive multiple of 4"):
+        ad.best_layout(dense, 2047, 2, world_size=4)
+    with pytest.raises(ValueError, match="layout: 'auto' needs the pattern"):
+        ad.chunks_of(2048, 4, 0, "auto")
 
 
 def test_a_layout_that_does_not_cut_the_sequence_exactly_is_refused():
