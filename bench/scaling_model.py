@@ -19,12 +19,14 @@ import sys
 
 import numpy as np
 
-from attnjit.distributed import chunks_of  # the layouts, as ring_attention cuts the sequence
+from attnjit.distributed import best_layout, chunks_of  # the layouts, as ring_attention cuts the sequence
 
 # Measured on an H100 (`bench/gpu_ab.sh`, docs/performance.md, "Tile loads: one address per tile"; 16K tokens,
 # 16 heads, D 128, bf16): useful TFLOP/s forward and backward.
 # BigBird's (examples/bigbird.json, 7.7% of the pairs at 16K tokens) is taken for its 2.6% at 1M+.
-THROUGHPUT = {"dense causal": (232.2e12, 140.3e12), "longnet": (215.2e12, 150.0e12), "bigbird": (161.3e12, 94.1e12)}
+# Causal documents take dense causal's.
+THROUGHPUT = {"dense causal": (232.2e12, 140.3e12), "longnet": (215.2e12, 150.0e12), "bigbird": (161.3e12, 94.1e12),
+              "documents": (232.2e12, 140.3e12)}
 NVLINK = 450e9  # bytes/s each way per GPU (NVLink 4: 900 GB/s both ways), 8 GPUs per node
 IB = 50e9  # bytes/s each way per GPU (one 400 Gb/s InfiniBand NIC per GPU)
 HBM = 3.35e12  # bytes/s, H100 SXM's HBM3
@@ -204,6 +206,55 @@ def bigbird_counts(bb, qc, kc, heads, exact):
     return pairs, rows, qrows
 
 
+# Documents packed into the sequence, each with a causal mask: documents of DOC_LEN tokens, as the
+# pattern {"segment": DOC_LEN, "causal": true} (a query attends the earlier keys of its segment).
+DOC_LEN = 98304
+
+
+def _doc_spans(lo, n, doc):
+    """(segment, start, end) of [lo, lo + n) cut at the segments of `doc` tokens."""
+    out, at = [], lo
+    while at < lo + n:
+        end = min(lo + n, (at // doc + 1) * doc)
+        out.append((at // doc, at, end))
+        at = end
+    return out
+
+
+def _causal_count(q0, q1, k0, k1):
+    """#{(i, j): q0 <= i < q1, k0 <= j < k1, j <= i}."""
+    def upto(x):  # sum over i in [k0, x) of (i + 1 - k0), then the rows past k1 with every key
+        a = min(max(x, k0), k1) - k0
+        return a * (a + 1) // 2 + max(0, x - k1) * (k1 - k0)
+    return upto(q1) - upto(q0)
+
+
+def document_counts(doc, qc, kc, heads):
+    """(pairs, key rows read, query rows with work summed over chunk pairs) between chunk lists qc
+    and kc of causal documents of `doc` tokens, in (row, head) units."""
+    pairs = qrows = 0
+    reach = {}  # (key chunk, segment) -> the last query row of this rank in that segment
+    for a, n in qc:
+        for b, m in kc:
+            for seg, q0, q1 in _doc_spans(a, n, doc):
+                for seg_k, k0, k1 in _doc_spans(b, m, doc):
+                    if seg_k != seg:
+                        continue
+                    pairs += _causal_count(q0, q1, k0, k1)
+                    qrows += max(0, q1 - max(q0, k0))
+                    reach[(b, seg)] = max(reach.get((b, seg), k0), q1)
+    rows = 0
+    for b, m in kc:
+        for seg, k0, k1 in _doc_spans(b, m, doc):
+            rows += max(0, min(k1, reach.get((b, seg), k0)) - k0)
+    return pairs * heads, rows * heads, qrows * heads
+
+
+def document_work(doc, heads):
+    """work(start, length) for balanced_layout and best_layout: a chunk's attended pairs."""
+    return lambda start, n: sum(_causal_count(q0, q1, seg * doc, q1) for seg, q0, q1 in _doc_spans(start, n, doc)) * heads
+
+
 def pair_counts(kind, branches, seq, world, layout, heads, exact=False):
     """pairs[q][k], rows[q][k] (key rows read) and qrows[q][k] (query rows with work; (row, head)
     units) for every (query rank, key rank)."""
@@ -211,7 +262,11 @@ def pair_counts(kind, branches, seq, world, layout, heads, exact=False):
     for q in range(world):
         for k in range(world):
             qc, kc = chunks_of(seq, world, q, layout), chunks_of(seq, world, k, layout)
-            if kind == "bigbird":
+            if kind == "documents":
+                pairs[q, k], rows[q, k], qrows[q, k] = document_counts(branches, qc, kc, heads)
+                if q == k:
+                    rows[q, k] = 0
+            elif kind == "bigbird":
                 pairs[q, k], rows[q, k], qrows[q, k] = bigbird_counts(branches, qc, kc, heads, exact)
                 if q == k:
                     rows[q, k] = 0
@@ -309,29 +364,45 @@ def model(kind, branches, seq, world, layout):
                           "transfer_ms": 1e3 * xfer[1:].max() if world > 1 else 0.0,
                           "ring": ideal / steps, "longnet": ideal / gather,
                           "total_ms": 1e3 * steps}
+    work = pairs.sum(axis=1)
+    out["imbalance"] = work.max() / work.mean() - 1 if work.mean() else 0.0
     out["gb_per_rank"] = rows.sum(axis=1).max() * kv / 1e9
     out["ring_gb_per_rank"] = (world - 1) * seq / world * HEADS * kv / 1e9
     return out
 
 
-CASES = [("dense causal", None, "zigzag"), ("longnet", "example", "contiguous"), ("longnet", "geometric", "contiguous"),
-         ("bigbird", "example", "contiguous")]
+CASES = [("dense causal", None, "zigzag"), ("documents", None, "auto"), ("longnet", "example", "contiguous"),
+         ("longnet", "geometric", "contiguous"), ("bigbird", "example", "contiguous")]
+
+
+def documents_spec(doc):
+    return {"attnjit": 1, "branches": [{"segment": doc, "causal": True}]}
+
+
+def auto_layout(kind, branches, seq, world, heads):
+    """The layout attnjit.nn's layout="auto" would pick (best_layout), weighed by the model's formula."""
+    assert kind == "documents"
+    return best_layout(documents_spec(branches), seq, heads, world_size=world, work=document_work(branches, heads))
 
 
 def tables(seqs, worlds):
-    print("| pattern | tokens | GPUs | step compute ms | step transfer ms | K/V GB per GPU (plain ring) "
-          "| ring fwd / bwd | LongNet scheme fwd / bwd | forward s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| pattern | tokens | GPUs | layout | work imbalance | step compute ms | step transfer ms "
+          "| K/V GB per GPU (plain ring) | ring fwd / bwd | LongNet scheme fwd / bwd | forward s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for kind, config, layout in CASES:
         for seq in seqs:
             for world in worlds:
-                branches = (BIGBIRD if kind == "bigbird" else None if config is None else
-                            longnet_example() if config == "example" else longnet_geometric(seq))
-                m = model(kind, branches, seq, world, layout)
+                branches = (BIGBIRD if kind == "bigbird" else DOC_LEN if kind == "documents" else None if config is None
+                            else longnet_example() if config == "example" else longnet_geometric(seq))
+                lay = auto_layout(kind, branches, seq, world, HEADS) if layout == "auto" else layout
+                m = model(kind, branches, seq, world, lay)
                 f, b = m["forward"], m["backward"]
-                name = kind if config is None else "BigBird (example)" if kind == "bigbird" else f"LongNet ({config})"
-                print(f"| {name}, {layout} | {seq // 2**20}M | {world} | {f['compute_ms']:.1f} | {f['transfer_ms']:.1f} | "
-                      f"{m['gb_per_rank']:.2f} ({m['ring_gb_per_rank']:.2f}) | {100 * f['ring']:.0f}% / {100 * b['ring']:.0f}% | "
+                name = ("BigBird (example)" if kind == "bigbird" else f"documents of {DOC_LEN // 1024}K, causal"
+                        if kind == "documents" else kind if config is None else f"LongNet ({config})")
+                shown = str(lay) + (" (auto)" if layout == "auto" else "")
+                print(f"| {name} | {seq // 2**20}M | {world} | {shown} | {100 * m['imbalance']:.1f}% | {f['compute_ms']:.1f} | "
+                      f"{f['transfer_ms']:.1f} | {m['gb_per_rank']:.2f} ({m['ring_gb_per_rank']:.2f}) | "
+                      f"{100 * f['ring']:.0f}% / {100 * b['ring']:.0f}% | "
                       f"{100 * f['longnet']:.0f}% / {100 * b['longnet']:.0f}% | {f['total_ms'] / 1e3:.2f} |")
 
 
@@ -344,17 +415,30 @@ def check():
     specs = [("dense causal", None, {"attnjit": 1, "causal": True, "branches": [{"segment": "full"}]}, "zigzag"),
              ("longnet", [(128, 1), (256, 2), (512, 4), (1024, 6), (2048, 12)], None, "contiguous"),
              ("longnet", None, None, "contiguous"),
-             ("bigbird", dict(BIGBIRD, block=32), None, "contiguous"), ("bigbird", dict(BIGBIRD, block=32), None, "zigzag")]
+             ("bigbird", dict(BIGBIRD, block=32), None, "contiguous"), ("bigbird", dict(BIGBIRD, block=32), None, "zigzag"),
+             ("documents", 1024, None, "contiguous"), ("documents", 1024, None, "auto"), ("documents", 1536, None, "auto")]
     for seq, world in ((4096, 2), (4096, 4), (4096, 8), (8192, 8)):
         for kind, branches, spec, layout in specs:
             if kind == "longnet":
                 branches = branches or longnet_geometric(seq, base=64)
                 spec = {"attnjit": 1, "branches": [{"segment": w, "dilation": r} for w, r in branches]}
-            if kind == "bigbird":
+            if kind == "documents":
+                pairs[q, k], rows[q, k], qrows[q, k] = document_counts(branches, qc, kc, heads)
+                if q == k:
+                    rows[q, k] = 0
+            elif kind == "bigbird":
                 spec = {"attnjit": 1, "branches": [{"segment": "full"}], "layout": {"block": branches["block"], "union": [
                     {"local": 1}, {"global": list(branches["global"])},
                     {"random": {"density": branches["density"], "seed": branches["seed"]}}]}}
+            if kind == "documents":
+                spec = documents_spec(branches)
             p = attnjit.Pattern.from_json(spec)
+            if layout == "auto":  # the model's layout (its formula's weights) is attnjit's own (Pattern.stats)
+                layout = auto_layout(kind, branches, seq, world, heads)
+                want_layout = ad.best_layout(p, seq, heads, world_size=world)
+                if str(layout) != str(want_layout) or (not isinstance(layout, str) and layout.chunks != want_layout.chunks):
+                    failures += 1
+                    print(f"MISMATCH {kind} seq {seq} world {world}: auto layout, model {layout}, attnjit {want_layout}")
             plan = ad.comm_plan(p, seq, heads, world_size=world, layout=layout)
             pairs, rows, qrows = pair_counts(kind, branches, seq, world, layout, heads, exact=True)
             for q in range(world):
@@ -379,7 +463,7 @@ def check():
                 failures += 1
                 print(f"MISMATCH {kind} {layout} seq {seq} world {world}: backward steps in flight, model {model_ahead}, "
                       f"attnjit {want_ahead}")
-            shape = ("scaled down" if kind == "bigbird" else "example-like" if branches and branches[-1][1] == 12
+            shape = ("scaled down" if kind in ("bigbird", "documents") else "example-like" if branches and branches[-1][1] == 12
                      else "geometric" if branches else "causal")
             print(f"checked {kind} ({shape}), "
                   f"{layout}, seq {seq}, {world} ranks: steps with work {len(plan.pairs)}, rows moved {plan.moved_rows()}, "

@@ -51,13 +51,19 @@ class ChunkLayout:
         return self.name
 
 
+def _stats_work(p, seq_len, heads_q, heads_kv):
+    """work(start, length): the attended pairs of those query rows against the whole sequence."""
+    return lambda start, n: int(p.stats(n, heads_q, seq_len, heads_kv, q_offset=start)["attended_pairs"])
+
+
 def balanced_layout(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *, world_size: int,
-                    chunks_per_rank: int = 2) -> ChunkLayout:
+                    chunks_per_rank: int = 2, work=None) -> ChunkLayout:
     """A layout that gives every rank the same share of `pattern`'s work: the sequence is cut into
     world_size * chunks_per_rank equal chunks, each weighed by the attended pairs of its query rows
     against the whole sequence (Pattern.stats at the chunk's offset), and dealt out largest first to
     the rank with the least work that still has room, then improved by swaps between the heaviest and
-    the lightest rank. The same on every rank (it depends only on its arguments)."""
+    the lightest rank. The same on every rank (it depends only on its arguments). `work(start,
+    length)`, when given, weighs a chunk instead (bench/scaling_model.py passes its formulas)."""
     p = as_pattern(pattern)
     heads_kv = heads_q if heads_kv is None else heads_kv
     parts = world_size * chunks_per_rank
@@ -67,7 +73,8 @@ def balanced_layout(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *
         raise ValueError(f"sequence length {seq_len} is not a positive multiple of {parts} (balanced layout: "
                          f"{world_size} ranks x {chunks_per_rank} chunks); pad the sequence or pick another chunks_per_rank")
     n = seq_len // parts
-    weight = [int(p.stats(n, heads_q, seq_len, heads_kv, q_offset=c * n)["attended_pairs"]) for c in range(parts)]
+    work = work or _stats_work(p, seq_len, heads_q, heads_kv)
+    weight = [work(c * n, n) for c in range(parts)]
     owner, load, held = [None] * parts, [0] * world_size, [[] for _ in range(world_size)]
     for c in sorted(range(parts), key=lambda c: (-weight[c], c)):
         r = min((r for r in range(world_size) if len(held[r]) < chunks_per_rank), key=lambda r: (load[r], r))
@@ -94,26 +101,27 @@ def balanced_layout(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *
 
 
 def best_layout(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *, world_size: int,
-                max_chunks_per_rank: int = 8, margin: float = 0.02):
+                max_chunks_per_rank: int = 8, margin: float = 0.02, work=None):
     """The layout under which `pattern`'s work is shared out most evenly at this length: of
     "contiguous", "zigzag" and balanced_layout(..., chunks_per_rank) for 2, 4, ... up to
     `max_chunks_per_rank` chunks, in that order, the first unless a later one's imbalance (max /
     mean of the attended pairs of each rank's query rows, minus 1) is lower by more than `margin`
     (an earlier layout has fewer, larger chunk pairs). A layout that cannot cut this length is
-    passed over. The same on every rank."""
+    passed over. The same on every rank. `work` as in balanced_layout."""
     p = as_pattern(pattern)
     heads_kv = heads_q if heads_kv is None else heads_kv
+    work = work or _stats_work(p, seq_len, heads_q, heads_kv)
     best = None
     cuts = [2 ** i for i in range(1, max(1, max_chunks_per_rank).bit_length()) if 2 ** i <= max_chunks_per_rank]
     for name in LAYOUTS + tuple(cuts):
         try:
             if not isinstance(name, str):
-                layout = balanced_layout(p, seq_len, heads_q, heads_kv, world_size=world_size, chunks_per_rank=name)
+                layout = balanced_layout(p, seq_len, heads_q, heads_kv, world_size=world_size, chunks_per_rank=name,
+                                         work=work)
             else:
                 chunks = [chunks_of(seq_len, world_size, r, name) for r in range(world_size)]
-                work = tuple(sum(int(p.stats(n, heads_q, seq_len, heads_kv, q_offset=a)["attended_pairs"]) for a, n in c)
-                             for c in chunks)
-                layout = ChunkLayout(name, seq_len, tuple(tuple(c) for c in chunks), work)
+                layout = ChunkLayout(name, seq_len, tuple(tuple(c) for c in chunks),
+                                     tuple(sum(work(a, n) for a, n in c) for c in chunks))
         except ValueError:
             continue
         if best is None or layout.imbalance < best.imbalance - margin:
