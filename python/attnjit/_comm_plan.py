@@ -176,6 +176,7 @@ class CommPlan:
         self.chunks = [chunks_of(seq_len, world_size, r, layout) for r in range(world_size)]
         self.local_len = seq_len // world_size
         self._pairs = {}
+        self._ahead = {}  # steps_ahead, by rank
         self._units = {}  # _Ring's index tensors, by (rank, strategy), then by what and device
 
     def pair(self, qr: int, kr: int):
@@ -218,6 +219,8 @@ class CommPlan:
         local K/V (each step's rows sent and received, at the largest of its steps), at least one
         and at most every step: what the ring's backward keeps in flight, agreed as the least over
         the ranks."""
+        if rank in self._ahead:
+            return self._ahead[rank]
         w, units = self.world_size, self.local_len * self.heads_kv
 
         def read(qr, kr):
@@ -225,7 +228,8 @@ class CommPlan:
             return 0 if got is None else int(np.count_nonzero(got[1]))
 
         most = max((read((rank + s) % w, rank) + read(rank, (rank - s) % w) for s in range(1, w)), default=0)
-        return max(1, min(w - 1, units // most if most else w - 1))
+        self._ahead[rank] = max(1, min(w - 1, units // most if most else w - 1))
+        return self._ahead[rank]
 
     def query_rows(self, qr: int, kr: int) -> int:
         """(row, query head) units of rank qr that attend rank kr's keys, summed over their chunk
