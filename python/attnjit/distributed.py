@@ -250,18 +250,16 @@ class _Ring:
         return self.plan.local_start(i), n, s
 
     def chunk_pairs(self, kr, device):
-        """(query chunk, key chunk, query units computed, key units read) of this rank's queries and
-        rank kr's keys; the units sit at the chunks' places in the local tensors."""
+        """(query chunk, key chunk, query units computed) of this rank's queries and rank kr's keys;
+        the units sit at the query chunk's place in the local tensors (None: every row)."""
         key = ("pairs", kr, str(device))
         if key not in self._cache:
             got = self.plan.pair(self.rank, kr)
             out, total = [], self.plan.local_len
             for qi, ki in (got[0] if got else ()):
-                qa, ka = self.chunk(self.rank, qi)[0], self.chunk(kr, ki)[0]
-                kn = self.chunk(kr, ki)[1]
                 computed = got[2][(qi, ki)]
-                out.append((qi, ki, None if computed is None else _Units(computed, device, qa, total),
-                            _Units.of(np.ascontiguousarray(got[1][:, ka:ka + kn].T), device, ka, total)))
+                qa = self.chunk(self.rank, qi)[0]
+                out.append((qi, ki, None if computed is None else _Units(computed, device, qa, total)))
             self._cache[key] = out
         return self._cache[key]
 
@@ -289,7 +287,7 @@ class _Ring:
     # rows that attend a key into one scratch pair, and the merge reads just those rows; the first
     # merge into a query chunk (its rows still (0, -inf)) is a copy.
     def attend(self, q, kr, kk, vv, acc_o, acc_lse, merged):
-        for qi, ki, computed, _ in self.chunk_pairs(kr, q.device):
+        for qi, ki, computed in self.chunk_pairs(kr, q.device):
             qa, qn, qs = self.chunk(self.rank, qi)
             ka, kn, ks = self.chunk(kr, ki)
             if self._scratch is None or self._scratch[0].shape[1] != qn:
@@ -306,7 +304,7 @@ class _Ring:
     # once per backward (delta, per query chunk): a step costs its attended pairs, and the gradients
     # are rounded once, at the end.
     def attend_backward(self, q, lse, do, delta, kr, kk, vv, dq, dkk, dvv):
-        for qi, ki, _, _ in self.chunk_pairs(kr, q.device):
+        for qi, ki, _ in self.chunk_pairs(kr, q.device):
             qa, qn, qs = self.chunk(self.rank, qi)
             ka, kn, ks = self.chunk(kr, ki)
             rows, keys = slice(qa, qa + qn), slice(ka, ka + kn)
