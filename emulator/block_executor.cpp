@@ -288,6 +288,25 @@ void BlockExecutor::execute_collective(int warp) {
     attnjit::emu::ldmatrix(rows, num, lane[0].trans != 0, out);
     for (int l = 0; l < 32; ++l)
       for (int j = 0; j < num; ++j) lane[l].regs[j] = out[l][j];
+  } else if (op == Op::Stmatrix) {
+    const int num = lane[0].num;
+    uint16_t* rows[4][8];
+    for (int j = 0; j < num; ++j)
+      for (int r = 0; r < 8; ++r) {
+        const Thread& src = lane[8 * j + r];
+        const void* a = src.addr;
+        if (reinterpret_cast<uintptr_t>(a) % 16 != 0) {
+          fail("stmatrix: " + who(src.tid) + " gives row address " + hex(a) + " of matrix " + std::to_string(j) +
+               ", which is not 16-byte aligned (at " + where(src.wait_pc) + ")");
+        }
+        const size_t off = shared_offset(a, 16, "stmatrix", src.wait_pc);
+        shared_write(off, 16, src.tid, src.wait_pc);
+        rows[j][r] = reinterpret_cast<uint16_t*>(arena_.data() + off);
+      }
+    uint32_t in[32][4];
+    for (int l = 0; l < 32; ++l)
+      for (int j = 0; j < num; ++j) in[l][j] = lane[l].a[j];
+    attnjit::emu::stmatrix(rows, num, lane[0].trans != 0, in);
   } else if (op == Op::Mma) {
     uint32_t a[32][4], b[32][2];
     float d[32][4];
@@ -330,6 +349,16 @@ void BlockExecutor::ldmatrix(unsigned* regs, const void* smem, int num, int tran
   t.num = num;
   t.trans = trans;
   arrive_collective(t, Op::Ldmatrix, pc);
+}
+
+void BlockExecutor::stmatrix(const unsigned* regs, void* smem, int num, int trans, const void* pc) {
+  tick();
+  Thread& t = *current_;
+  t.a = regs;  // the lane's registers, read when the warp's last lane arrives
+  t.addr = smem;
+  t.num = num;
+  t.trans = trans;
+  arrive_collective(t, Op::Stmatrix, pc);
 }
 
 void BlockExecutor::mma_sync(float* d, const unsigned* a, const unsigned* b, int type, const void* pc) {

@@ -120,6 +120,7 @@ public:
   void cp_async_commit(const void* pc);
   void cp_async_wait(int n, const void* pc);
   void ldmatrix(unsigned* regs, const void* smem, int num, int trans, const void* pc);
+  void stmatrix(const unsigned* regs, void* smem, int num, int trans, const void* pc);
   void mma_sync(float* d, const unsigned* a, const unsigned* b, int type, const void* pc);
   void red_add_f32(float* addr, float value, const void* pc);
   void red_add_u32(unsigned* addr, unsigned value, const void* pc);
@@ -146,7 +147,7 @@ public:
 
 private:
   enum class State : uint8_t { Ready, Running, AtBarrier, AtCollective, AtMbarrier, AtNamedBarrier, Done, Aborted };
-  enum class Op : uint8_t { None, Shfl, Ldmatrix, Mma, Wgmma, WarpSync };
+  enum class Op : uint8_t { None, Shfl, Ldmatrix, Stmatrix, Mma, Wgmma, WarpSync };
   struct PendingCopy {
     uint8_t* dst;
     unsigned bytes;

@@ -33,6 +33,7 @@ void api_cp_async(void* s, const void* g, unsigned cp, unsigned src, const void*
 void api_cp_async_commit(const void* pc) { ex().cp_async_commit(pc); }
 void api_cp_async_wait(int n, const void* pc) { ex().cp_async_wait(n, pc); }
 void api_ldmatrix(unsigned* r, const void* s, int num, int trans, const void* pc) { ex().ldmatrix(r, s, num, trans, pc); }
+void api_stmatrix(const unsigned* r, void* s, int num, int trans, const void* pc) { ex().stmatrix(r, s, num, trans, pc); }
 void api_mma(float* d, const unsigned* a, const unsigned* b, int type, const void* pc) { ex().mma_sync(d, a, b, type, pc); }
 void api_red_add_f32(float* p, float v, const void* pc) { ex().red_add_f32(p, v, pc); }
 void api_red_add_u32(unsigned* p, unsigned v, const void* pc) { ex().red_add_u32(p, v, pc); }
@@ -78,6 +79,7 @@ const AjEmuApi& emu_api() {
       api_mbarrier_init,  api_mbarrier_arrive, api_mbarrier_wait,    api_mbarrier_test_wait, api_tma_load,
       api_named_barrier,  api_red_add_u32,     api_red_add_f32x2,   api_rare_path,     cvt_rn_satfinite_e4m3x2,
       cvt_f16x2_e4m3x2,   api_bulk_reduce_add_f32, api_bulk_commit, api_bulk_wait, api_warp_sync,
+      api_stmatrix,
   };
   return api;
 }

@@ -44,6 +44,9 @@ AJ_EMU_SHIM void aj_emu_cp_async_wait(int n) { aj_emu_api->cp_async_wait(n, AJ_E
 AJ_EMU_SHIM void aj_emu_ldmatrix(unsigned* regs, const void* smem, int num, int trans) {
   aj_emu_api->ldmatrix(regs, smem, num, trans, AJ_EMU_PC);
 }
+AJ_EMU_SHIM void aj_emu_stmatrix(const unsigned* regs, void* smem, int num, int trans) {
+  aj_emu_api->stmatrix(regs, smem, num, trans, AJ_EMU_PC);
+}
 AJ_EMU_SHIM void aj_emu_mma_sync(float* d, const unsigned* a, const unsigned* b, int in_type) {
   aj_emu_api->mma_sync(d, a, b, in_type, AJ_EMU_PC);
 }

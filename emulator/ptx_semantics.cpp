@@ -139,6 +139,16 @@ void ldmatrix(const uint16_t* const (*rows)[8], int num, bool trans, uint32_t (*
     }
 }
 
+void stmatrix(uint16_t* const (*rows)[8], int num, bool trans, const uint32_t (*in)[4]) {
+  for (int j = 0; j < num; ++j)
+    for (int lane = 0; lane < 32; ++lane) {
+      const int r = lane / 4, c = 2 * (lane % 4);
+      const uint16_t lo = static_cast<uint16_t>(in[lane][j] & 0xffffu), hi = static_cast<uint16_t>(in[lane][j] >> 16);
+      (trans ? rows[j][c][r] : rows[j][r][c]) = lo;
+      (trans ? rows[j][c + 1][r] : rows[j][r][c + 1]) = hi;
+    }
+}
+
 WgmmaDesc decode_wgmma_desc(uint64_t desc) {
   WgmmaDesc d;
   d.start = static_cast<uint32_t>(desc & 0x3fff) << 4;

@@ -86,6 +86,12 @@ void mma_m16n8k32_e4m3(const uint32_t (*a)[4], const uint32_t (*b)[2], float (*d
 // transposed matrix. `rows[j][r]` points at row r of matrix j; `out[lane][j]`.
 void ldmatrix(const uint16_t* const (*rows)[8], int num, bool trans, uint32_t (*out)[4]);
 
+// ---- "Data Movement and Conversion Instructions: stmatrix" (.m8n8 .b16, sm_90) ----------------
+// ldmatrix's inverse: lane l's register j (`in[lane][j]`) is its piece of matrix j (row l/4, cols
+// 2*(l%4) and +1 in the low and high halves; with .trans, that piece of the transposed matrix),
+// written to the rows whose addresses lanes 8j..8j+7 give (`rows[j][r]`, 16 bytes each).
+void stmatrix(uint16_t* const (*rows)[8], int num, bool trans, const uint32_t (*in)[4]);
+
 // ---- "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async" (sm_90a) -------
 // A warpgroup (4 warps, 128 threads) computes D[64][N] = A[64][16] * B[16][N] + (scale_d ? D : 0)
 // for 16-bit inputs (A[64][32] * B[32][N] for e4m3, whose operands are K-major). A comes from

@@ -52,6 +52,16 @@ __device__ __forceinline__ void aj_ldmatrix_x4_trans(aj_u32 (&r)[4], const void*
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(aj_smem_addr(smem)));
 }
+// stmatrix .m8n8 .x4 .trans .b16 (sm_90): ldmatrix's inverse. r[j] is this lane's piece of matrix
+// j (row lane/4, columns 2*(lane%4) and +1), written transposed: lanes 8j..8j+7 give the addresses
+// of the 16-byte rows of the stored matrix j, whose row c holds column c of the lanes' matrix.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void aj_stmatrix_x4_trans(const aj_u32 (&r)[4], void* smem) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(aj_smem_addr(smem)), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+#endif
 
 // red.global.add.f32: *p += v atomically (no result); subnormals flushed.
 __device__ __forceinline__ void aj_red_add_f32(float* p, float v) {
@@ -147,6 +157,7 @@ __device__ __forceinline__ void aj_ldmatrix_x4(aj_u32 (&r)[4], const void* smem)
 __device__ __forceinline__ void aj_ldmatrix_x1_trans(aj_u32 (&r)[1], const void* smem) { aj_emu_ldmatrix(r, smem, 1, 1); }
 __device__ __forceinline__ void aj_ldmatrix_x2_trans(aj_u32 (&r)[2], const void* smem) { aj_emu_ldmatrix(r, smem, 2, 1); }
 __device__ __forceinline__ void aj_ldmatrix_x4_trans(aj_u32 (&r)[4], const void* smem) { aj_emu_ldmatrix(r, smem, 4, 1); }
+__device__ __forceinline__ void aj_stmatrix_x4_trans(const aj_u32 (&r)[4], void* smem) { aj_emu_stmatrix(r, smem, 4, 1); }
 
 __device__ __forceinline__ void aj_red_add_f32(float* p, float v) { aj_emu_red_add_f32(p, v); }
 __device__ __forceinline__ void aj_red_add_u32(aj_u32* p, aj_u32 v) { aj_emu_red_add_u32(p, v); }

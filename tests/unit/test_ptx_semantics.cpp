@@ -155,6 +155,41 @@ TEST_CASE("ldmatrix x1/x2/x4, with and without .trans, deliver the ISA's lane ma
     }
 }
 
+// PTX ISA, "stmatrix": the inverse of ldmatrix. Thread l's register j holds row l / 4, elements
+// 2 * (l % 4) and + 1 of matrix j; .trans stores the transpose. So a stmatrix then an ldmatrix of
+// the same rows and form gives back every register, and with .trans row c of the stored matrix
+// holds column c of the threads' matrix.
+TEST_CASE("stmatrix x1/x2/x4, with and without .trans, are ldmatrix's inverse", "[emu][ptx]") {
+  uint32_t regs[32][4];
+  for (int lane = 0; lane < 32; ++lane)
+    for (int j = 0; j < 4; ++j) regs[lane][j] = uint32_t(lane * 4 + j) << 16 | uint32_t(0x8000 + lane * 4 + j);
+  for (int num : {1, 2, 4})
+    for (bool trans : {false, true}) {
+      INFO("x" << num << (trans ? ".trans" : ""));
+      uint16_t m[4][8][8] = {};
+      uint16_t* rows[4][8];
+      for (int j = 0; j < 4; ++j)
+        for (int r = 0; r < 8; ++r) rows[j][r] = m[j][7 - r];  // rows go anywhere: reversed here
+      stmatrix(rows, num, trans, regs);
+      for (int lane = 0; lane < 32; ++lane)
+        for (int j = 0; j < num; ++j) {
+          const int r = lane / 4, c = 2 * (lane % 4);
+          const uint16_t lo = trans ? m[j][7 - c][r] : m[j][7 - r][c];
+          const uint16_t hi = trans ? m[j][7 - (c + 1)][r] : m[j][7 - r][c + 1];
+          INFO("lane " << lane << " matrix " << j);
+          CHECK(lo == uint16_t(regs[lane][j] & 0xffffu));
+          CHECK(hi == uint16_t(regs[lane][j] >> 16));
+        }
+      const uint16_t* back_rows[4][8];
+      for (int j = 0; j < 4; ++j)
+        for (int r = 0; r < 8; ++r) back_rows[j][r] = rows[j][r];
+      uint32_t back[32][4] = {};
+      ldmatrix(back_rows, num, trans, back);
+      for (int lane = 0; lane < 32; ++lane)
+        for (int j = 0; j < num; ++j) CHECK(back[lane][j] == regs[lane][j]);
+    }
+}
+
 // PTX ISA, "cvt": for .f16x2 / .bf16x2 destinations "the result of converting a is stored in the
 // upper half of d and b in the lower half"; .rn rounds to nearest even.
 TEST_CASE("cvt.rn.{f16,bf16}x2.f32 puts its first source in the upper half", "[emu][ptx]") {

@@ -74,6 +74,22 @@ AJ_PROBE_LDMATRIX(probe_ldmatrix_x1_trans, aj_ldmatrix_x1_trans, 1)
 AJ_PROBE_LDMATRIX(probe_ldmatrix_x2_trans, aj_ldmatrix_x2_trans, 2)
 AJ_PROBE_LDMATRIX(probe_ldmatrix_x4_trans, aj_ldmatrix_x4_trans, 4)
 
+// stmatrix .x4 .trans (sm_90; built on the emulator and for sm_90a only, as the wgmma probes): lane l stores registers in[l * 4 + j] into a zeroed 32x40 array of
+// 16-bit words at ldmatrix's addresses above; out = the array, two words to a 32-bit word.
+#if defined(AJ_EMULATE) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+extern "C" __global__ void probe_stmatrix_x4_trans(const aj_u32* in, aj_u32* out) {
+  AJ_DYNAMIC_SHARED(smem);
+  aj_u16* s = (aj_u16*)smem;
+  const int t = aj_thread_idx();
+  for (int i = t; i < 32 * 40; i += 32) s[i] = 0;
+  aj_syncthreads();
+  const aj_u32 r[4] = {in[t * 4], in[t * 4 + 1], in[t * 4 + 2], in[t * 4 + 3]};
+  aj_stmatrix_x4_trans(r, s + ((t % 16) * 2 + t / 16) * 40 + 8 * ((t / 8) % 2) + 16 * (t / 16));
+  aj_syncthreads();
+  for (int i = t; i < 32 * 40 / 2; i += 32) out[i] = (aj_u32)s[2 * i] | (aj_u32)s[2 * i + 1] << 16;
+}
+#endif
+
 // mma.sync m16n8k16 with f16 / bf16 inputs (small integers: exact on every model), 32 threads:
 // in[lane * 10 + 0..3] = A registers, 4..5 = B registers, 6..9 = C (fp32 bits); out = D.
 #define AJ_PROBE_MMA(NAME, CALL)                                                                \

@@ -254,6 +254,7 @@ const std::vector<Probe>& probes() {
       {"probe_wgmma_ss_sw32_interleave", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, false, 14); }, true},
       {"probe_wgmma_ss_mn_sw128", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, true, 19); }, true},
       {"probe_cvt_e4m3x2", 1, 1, 64, 0, 64 + 128, Compare::Exact, e4m3_inputs, true},
+      {"probe_stmatrix_x4_trans", 1, 1, 32, 2560, 640, Compare::Exact, [] { return random_words(128, 27); }, true},
       {"probe_mma_e4m3", 1, 1, 32, 0, 128, Compare::Exact, [] { return mma_e4m3_inputs(24); }, true},
       {"probe_wgmma_e4m3_ss_sw128", 1, 1, 128, 1024 + 16384, 64 * 64, Compare::Exact, [] { return wgmma_e4m3_inputs(false, 21); }, true},
       {"probe_wgmma_e4m3_rs_sw128", 1, 1, 128, 1024 + 16384, 64 * 64, Compare::Exact, [] { return wgmma_e4m3_inputs(false, 22); }, true},
@@ -393,8 +394,24 @@ int main(int argc, char** argv) {
   app.add_option("--golden", golden, "directory of the golden files")->capture_default_str();
   app.add_flag("--write-golden", write, "write the emulator's outputs as the golden files (device emu only)");
   app.add_option("--report", report, "append one line per probe (name, words, mismatches) to this file");
+  std::vector<std::string> compile_archs;
+  app.add_option("--compile", compile_archs,
+                 "only compile the probe kernels with NVRTC for these architectures (no GPU needed) and report")
+      ->excludes("--write-golden");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (!compile_archs.empty()) {  // the hardware forms of the building blocks assemble for each GPU
+      for (const std::string& arch : compile_archs) {
+        CompileRequest req;
+        req.name = "probes";
+        req.source = probe_source();
+        req.arch = arch;
+        req.options = kernel_compile_options();
+        const CompileResult c = compile_cubin(req);
+        std::printf("probes compile for %s: %zu bytes of cubin\n", arch.c_str(), c.cubin.size());
+      }
+      return 0;
+    }
     if (write && device != "emu") throw UserError("--write-golden", "golden files come from the emulator; use --device emu");
     if (device == "gpu") {
       std::string why;
