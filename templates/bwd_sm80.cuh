@@ -487,19 +487,18 @@ __device__ __forceinline__ void aj_bwd_exact_key_row(const AjBwdParams& bp, cons
   }
 }
 
-// P^T and dS^T of query columns c0 .. c0 + SUB of an entry, in place of S^T (s) and dP^T (dp) in
-// this thread's accumulator tiles (key rows kr0 and kr1 = kr0 + 8 at positions kpos0, kpos1;
-// columns c0 + j * 8 + quad * 2 and + 1): dp becomes f P^T (for dV), s becomes dS^T = P^T (f dP^T - D),
-// P^T = exp2(S^T scale_log2 - LSE) where the pair is attended and 0 where not, selected (a masked
-// pair's dP^T may be NaN: a NaN or inf in V). lse2 and delta: the entry's rows' statistics. The
-// rule is asked per element (aj_queries_allowed): a loop copy per branch, as the forward has,
-// holds too many registers next to dK and dV. The sm_80 and sm_90a kernels' one rule.
+// P^T of query columns c0 .. c0 + SUB of an entry, in place of S^T (s) in this thread's accumulator
+// tiles (key rows kr0 and kr1 = kr0 + 8 at positions kpos0, kpos1; columns c0 + j * 8 + quad * 2
+// and + 1): P^T = exp2(S^T scale_log2 - LSE) where the pair is attended, and -0.0 where it is not,
+// which marks the pair masked for aj_bwd_dst (an attended pair's P^T is never -0.0: ex2 gives +0
+// at the least, and a NaN is no zero). The rule is asked per element (aj_queries_allowed): a loop
+// copy per branch, as the forward has, holds too many registers next to dK and dV. lse2: the
+// entry's rows' LSE (exp2 domain). The Hopper kernels call it while dP^T is still in flight.
 template <int SUB>
-__device__ __forceinline__ void aj_bwd_pt_dst(const AjParams& p, const AjKeyItem& ki, const AjQueryEntry& qe, bool full, int c0,
-                                              int quad, int kr0, int kr1, aj_i64 kpos0, aj_i64 kpos1, const float* lse2,
-                                              const float* delta, float (&s)[SUB / 8][4], float (&dp)[SUB / 8][4]) {
+__device__ __forceinline__ void aj_bwd_pt(const AjParams& p, const AjKeyItem& ki, const AjQueryEntry& qe, bool full, int c0, int quad,
+                                          int kr0, int kr1, aj_i64 kpos0, aj_i64 kpos1, const float* lse2,
+                                          float (&s)[SUB / 8][4]) {
   const aj_i64 q_first = p.q_offset - aj_doc_start(p, ki.keys_start) + qe.rows_start;
-  const float f = p.output_scale;
 #pragma unroll
   for (int j = 0; j < SUB / 8; ++j) {
 #pragma unroll
@@ -511,11 +510,38 @@ __device__ __forceinline__ void aj_bwd_pt_dst(const AjParams& p, const AjKeyItem
         ok = col < qe.rows_count && kr < ki.keys_count &&
              aj_queries_allowed(p, qe.branch, qe.head, x < 2 ? kpos0 : kpos1, q_first, (aj_cs)col * (aj_cs)qe.rows_stride);
       }
-      const float pr = ok ? aj_ex2(aj_mul_rn(s[j][x], p.scale_log2) - lse2[col]) : 0.0f;
-      s[j][x] = ok ? pr * (f * dp[j][x] - delta[col]) : 0.0f;
+      s[j][x] = ok ? aj_ex2(aj_mul_rn(s[j][x], p.scale_log2) - lse2[col]) : -0.0f;
+    }
+  }
+}
+
+// dS^T and f P^T of the same columns from aj_bwd_pt's P^T (s) and dP^T (dp): dp becomes f P^T (for
+// dV), s becomes dS^T = P^T (f dP^T - D), and 0 at a masked pair, selected (its dP^T may be NaN: a
+// NaN or inf in V). delta: the entry's rows' D.
+template <int SUB>
+__device__ __forceinline__ void aj_bwd_dst(const AjParams& p, int c0, int quad, const float* delta, float (&s)[SUB / 8][4],
+                                           float (&dp)[SUB / 8][4]) {
+  const float f = p.output_scale;
+#pragma unroll
+  for (int j = 0; j < SUB / 8; ++j) {
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int col = c0 + j * 8 + quad * 2 + (x & 1);
+      const float pr = s[j][x];
+      const bool masked = aj_float_as_uint(pr) == 0x80000000u;
+      s[j][x] = masked ? 0.0f : pr * (f * dp[j][x] - delta[col]);
       dp[j][x] = f * pr;
     }
   }
+}
+
+// Both in one step (the sm_80 kernel's: its products are synchronous).
+template <int SUB>
+__device__ __forceinline__ void aj_bwd_pt_dst(const AjParams& p, const AjKeyItem& ki, const AjQueryEntry& qe, bool full, int c0,
+                                              int quad, int kr0, int kr1, aj_i64 kpos0, aj_i64 kpos1, const float* lse2,
+                                              const float* delta, float (&s)[SUB / 8][4], float (&dp)[SUB / 8][4]) {
+  aj_bwd_pt<SUB>(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, lse2, s);
+  aj_bwd_dst<SUB>(p, c0, quad, delta, s, dp);
 }
 
 // The end of a key tile: this thread's key rows kr0, kr1 (as the 16-row accumulator layout holds

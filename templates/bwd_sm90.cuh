@@ -118,7 +118,7 @@ __device__ __forceinline__ void aj_bwd90_dq_exact(const AjBwdParams& bp, const u
 // q_b, do_b: Q and dO as the K-major B), waited for with the previous sub-block's dV and dK (whose A
 // registers pa, dsa are then free); P^T and dS^T (aj_bwd_pt_dst); dS written K-major into `ds`
 // (queries x keys, the A of dQ = dS K) where ds is not null, key rows past the tile's count zeroed (a
-// full entry skips the checks); then dV += f P^T dO and dK += dS^T Q issued (q_n, do_n: Q and dO
+// full entry skips the checks; by stmatrix, from the registers dK's product reads); then dV += f P^T dO and dK += dS^T Q issued (q_n, do_n: Q and dO
 // N-major) and left in flight. The two Hopper backward kernels' one body.
 __device__ __forceinline__ void aj_bwd90_sub_block(const AjParams& p, const AjKeyItem& ki, const AjQueryEntry& qe, bool full, int c0,
                                                    int quad, int kr0, int kr1, aj_i64 kpos0, aj_i64 kpos1, const float* lse2,
@@ -133,25 +133,45 @@ __device__ __forceinline__ void aj_bwd90_sub_block(const AjParams& p, const AjKe
     aj_wgmma_ss<AJ_BWD90_SUB, AJ_WGMMA_TYPE, 0>(*(float(*)[AJ_BWD90_SUB / 2]) & s[0][0],
                                                 k_a + (((ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32) >> 4),
                                                 q_b + (((ks / 4) * AJ_TILE_Q * AJ_SW + c0 * AJ_SW + (ks % 4) * 32) >> 4), ks > 0);
+  aj_wgmma_commit();
 #pragma unroll
   for (int ks = 0; ks < AJ_HEAD_DIM_V / 16; ++ks)
     aj_wgmma_ss<AJ_BWD90_SUB, AJ_WGMMA_TYPE, 0>(*(float(*)[AJ_BWD90_SUB / 2]) & dp[0][0],
                                                 v_a + (((ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32) >> 4),
                                                 do_b + (((ks / 4) * AJ_TILE_Q * AJ_SW + c0 * AJ_SW + (ks % 4) * 32) >> 4), ks > 0);
   aj_wgmma_commit();
-  aj_wgmma_wait<0>();  // also the last sub-block's dV, dK: its A registers are free again
-  aj_bwd_pt_dst<AJ_BWD90_SUB>(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, lse2, delta, s, dp);
+  // S^T (with the last sub-block's dV, dK, committed before it: their A registers are free again),
+  // then P^T's exponentials while dP^T is still on the tensor cores; then dP^T and dS^T. P^T sits
+  // in both arms of a branch so that the wait for dP^T stays after it (ptxas puts a wgmma wait at
+  // the top of its basic block; fwd_sm90.cuh's softmax does the same).
+  aj_wgmma_wait<1>();
+  if (full) {
+    aj_bwd_pt<AJ_BWD90_SUB>(p, ki, qe, true, c0, quad, kr0, kr1, kpos0, kpos1, lse2, s);
+  } else {
+    aj_bwd_pt<AJ_BWD90_SUB>(p, ki, qe, false, c0, quad, kr0, kr1, kpos0, kpos1, lse2, s);
+  }
+  aj_wgmma_wait<0>();
+  aj_bwd_dst<AJ_BWD90_SUB>(p, c0, quad, delta, s, dp);
   aj_sm90_pack<AJ_BWD90_SUB>(dp, pa);  // fwd_sm90.cuh
   aj_sm90_pack<AJ_BWD90_SUB>(s, dsa);
   if (ds) {
-    const bool in0 = kr0 < ki.keys_count, in1 = kr1 < ki.keys_count;
+    // dS^T's packed registers are the 8 x 8 fragments stmatrix takes: dsa[kk][m] holds key rows
+    // kr0 - g + (m & 1) * 8 (+ g) by query columns c0 + kk * 16 + (m >> 1) * 8 (+ quad * 2, + 1).
+    // Stored transposed, each is 8 query rows of 8 keys (16 bytes, one swizzle chunk), whose
+    // addresses lanes 8m .. 8m + 7 give. Key rows past the tile's count go in as 0 (their K rows
+    // are zero-filled, so their P^T is not); dK never stores those rows.
+    if (kr0 >= ki.keys_count) {
 #pragma unroll
-    for (int j = 0; j < AJ_BWD90_SUB / 8; ++j)
+      for (int kk = 0; kk < AJ_BWD90_SUB / 16; ++kk) dsa[kk][0] = dsa[kk][2] = 0u;
+    }
+    if (kr1 >= ki.keys_count) {
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int col = c0 + j * 8 + quad * 2 + (x & 1), kr = x < 2 ? kr0 : kr1;
-        aj_store((aj_elem*)(ds + aj_sw_offset<AJ_TILE_Q>(col, kr)), (x < 2 ? in0 : in1) ? s[j][x] : 0.0f);
-      }
+      for (int kk = 0; kk < AJ_BWD90_SUB / 16; ++kk) dsa[kk][1] = dsa[kk][3] = 0u;
+    }
+    const int lane = aj_thread_idx() % 32, m = lane / 8;
+    unsigned char* const at = ds + aj_sw_offset<AJ_TILE_Q>(c0 + (m >> 1) * 8 + lane % 8, kr0 - lane / 4 + (m & 1) * 8);
+#pragma unroll
+    for (int kk = 0; kk < AJ_BWD90_SUB / 16; ++kk) aj_stmatrix_x4_trans(dsa[kk], at + kk * 16 * AJ_SW);
   }
   aj_wgmma_fence();
 #pragma unroll

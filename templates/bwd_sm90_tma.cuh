@@ -195,16 +195,14 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
       for (int c0 = 0; c0 < AJ_TILE_Q; c0 += AJ_BWDT_SUB)  // bwd_sm90.cuh's sub-blocks
         aj_bwd90_sub_block(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, lse2, delta, k_a, v_a, q_b, do_b, q_n, do_n,
                            single ? sh.ds(buf) : nullptr, dk, dv, pa, dsa);
-      aj_wgmma_wait<0>();
+      // The last sub-block's dV and dK stay on the tensor cores through the barrier below.
     }
-    aj_mbarrier_arrive(&sh.empty[stage]);  // this warpgroup has read the stage's Q and dO
     if (stat_thread) (wg == 0 ? sh.lse2(buf ^ 1) : sh.delta(buf ^ 1))[tid % 128] = next_stat;
     if (single && visit) aj_fence_proxy_async();  // dS's generic stores, then the wgmmas that read them
     aj_named_sync(1, AJ_BWDT_CONSUMERS);  // both warpgroups' dS and the next statistics are in place
+    float acc[8][4];  // this warpgroup's block of dQ = dS K (the single pass)
     if (single && visit) {
-      const unsigned char* const ds = sh.ds(buf);
-      const aj_u64 ds_a = aj_wgmma_desc<AJ_SW>(aj_smem_addr(ds), 16, 8 * AJ_SW);
-      float acc[8][4];
+      const aj_u64 ds_a = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.ds(buf)), 16, 8 * AJ_SW);
       aj_wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < DQ_KEYS / 16; ++kk) {
@@ -214,7 +212,11 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
                                           k_b + (((dq_c0 / AJ_COLS) * AJ_TILE_K * AJ_SW + ks * 16 * AJ_SW) >> 4), kk > 0);
       }
       aj_wgmma_commit();
-      aj_wgmma_wait<0>();
+    }
+    if (visit) aj_wgmma_wait<0>();  // dV, dK (and dQ): the stage's Q and dO are read
+    aj_mbarrier_arrive(&sh.empty[stage]);  // this warpgroup has read the stage's Q and dO
+    if (single && visit) {
+      const unsigned char* const ds = sh.ds(buf);
       // The block into this warpgroup's staging rows, once the previous entry's reduce has read
       // them (its issuing threads wait, then the warpgroup's barrier), then one bulk reduce per row
       // into the fp32 accumulator.

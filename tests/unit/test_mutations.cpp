@@ -172,7 +172,11 @@ const Mutation kMutations[] = {
      "for (int x = 0; x < AJ_VD; ++x) dva[lane + AJ_SIMT_LANES * x] += dv[x];",
      "for (int x = 0; x < AJ_VD; ++x) dva[lane + AJ_SIMT_LANES * x] = dv[x];", DType::F32, true, true},
     {"tensor-core backward: dS^T without D = rowsum(dO * O)", "bwd_sm80.cuh",
-     "      s[j][x] = ok ? pr * (f * dp[j][x] - delta[col]) : 0.0f;", "      s[j][x] = ok ? pr * f * dp[j][x] : 0.0f;", DType::BF16, true},
+     "      s[j][x] = masked ? 0.0f : pr * (f * dp[j][x] - delta[col]);", "      s[j][x] = masked ? 0.0f : pr * f * dp[j][x];", DType::BF16,
+     true},
+    {"tensor-core backward: a masked pair's dS^T multiplied by its marker P^T = -0 instead of selected", "bwd_sm80.cuh",
+     "      s[j][x] = masked ? 0.0f : pr * (f * dp[j][x] - delta[col]);", "      s[j][x] = pr * (f * dp[j][x] - delta[col]);",
+     DType::BF16, true, false, 64, false, true, false, false, false, false, KernelConfig{}, true},
     {"tensor-core backward: no barrier before the prefetch overwrites a query stage", "bwd_sm80.cuh",
      "    aj_syncthreads();  // this stage is overwritten by the prefetch two tiles on\n", "\n", DType::BF16, true, true},
     {"tensor-core backward: no cp.async wait before a query stage is read", "bwd_sm80.cuh", "    aj_cp_async_wait<1>();\n",
@@ -332,23 +336,37 @@ const Mutation kMutations[] = {
      "k_b + (((c0 / AJ_COLS) * AJ_TILE_K * AJ_SW + ks * 16 * AJ_SW) >> 4)", "k_b + ((ks * 16 * AJ_SW) >> 4)", DType::BF16,
      true, false, 128, true, false},
     {"sm_90a backward: dS of key rows past the tile's count not zeroed", "bwd_sm90.cuh",
-     "(x < 2 ? in0 : in1) ? s[j][x] : 0.0f", "s[j][x]", DType::BF16, true, false, 64, true, false, true},
+     "    if (kr0 >= ki.keys_count) {", "    if (false) {", DType::BF16, true, false, 64, true, false, true},
     {"sm_90a backward: the key tile's NaN test skipped", "bwd_sm90.cuh", "      kbad = aj_warp_any(bad);", "      kbad = false;",
      DType::BF16, true, false, 64, true, false, false, false, false, false, KernelConfig{}, false, false, 'k'},
     {"sm_90a backward: the exact dQ block weighs the pairs that mask the key too", "bwd_sm90.cuh",
      "        if (!aj_queries_allowed(p, qe.branch, qe.head, kpos, q_origin, (aj_cs)r * (aj_cs)qe.rows_stride)) continue;",
      "", DType::BF16, true, false, 64, true, false, false, false, false, false, KernelConfig{}, false, false, 'k'},
     {"sm_90a backward: a masked pair's P^T not selected", "bwd_sm80.cuh",
-     "      const float pr = ok ? aj_ex2(aj_mul_rn(s[j][x], p.scale_log2) - lse2[col]) : 0.0f;\n      s[j][x] = ok ? pr",
-     "      const float pr = aj_ex2(aj_mul_rn(s[j][x], p.scale_log2) - lse2[col]);\n      s[j][x] = ok ? pr", DType::BF16,
+     "      s[j][x] = ok ? aj_ex2(aj_mul_rn(s[j][x], p.scale_log2) - lse2[col]) : -0.0f;",
+     "      s[j][x] = aj_ex2(aj_mul_rn(s[j][x], p.scale_log2) - lse2[col]);", DType::BF16,
      true, false, 64, true},
     {"sm_90a TMA backward: dQ read dS without the consumers' barrier after its stores", "bwd_sm90_tma.cuh",
      "    aj_named_sync(1, AJ_BWDT_CONSUMERS);", "", DType::BF16, true, false, 128, true},
     {"sm_90a TMA backward, head dim 64: dQ read dS without the consumers' barrier after its stores", "bwd_sm90_tma.cuh",
      "    aj_named_sync(1, AJ_BWDT_CONSUMERS);", "", DType::BF16, true, false, 64, true},
     {"sm_90a TMA backward: a stage released before the wgmmas that read it are waited for", "bwd_sm90_tma.cuh",
-     "      aj_wgmma_wait<0>();\n    }\n    aj_mbarrier_arrive(&sh.empty[stage]);", "    }\n    aj_mbarrier_arrive(&sh.empty[stage]);",
-     DType::BF16, true, true, 64, true},
+     "    if (visit) aj_wgmma_wait<0>();  // dV, dK (and dQ): the stage's Q and dO are read\n"
+     "    aj_mbarrier_arrive(&sh.empty[stage]);  // this warpgroup has read the stage's Q and dO\n",
+     "    aj_mbarrier_arrive(&sh.empty[stage]);\n    if (visit) aj_wgmma_wait<0>();\n", DType::BF16, true, true, 64, true},
+    {"sm_90a TMA backward, single pass: a stage released before dV and dK read it, dQ's product issued", "bwd_sm90_tma.cuh",
+     "    if (visit) aj_wgmma_wait<0>();  // dV, dK (and dQ): the stage's Q and dO are read\n"
+     "    aj_mbarrier_arrive(&sh.empty[stage]);  // this warpgroup has read the stage's Q and dO\n",
+     "    aj_mbarrier_arrive(&sh.empty[stage]);\n    if (visit) aj_wgmma_wait<0>();\n", DType::BF16, true, false, 128, true},
+    {"sm_90a backward: P^T's exponentials read S^T before its wait", "bwd_sm90.cuh", "  aj_wgmma_wait<1>();\n  if (full) {",
+     "  if (full) {", DType::BF16, true, false, 64, true},
+    {"sm_90a backward: dS^T's stmatrix rows take the other half of the warp's keys", "bwd_sm90.cuh",
+     "kr0 - lane / 4 + (m & 1) * 8)", "kr0 - lane / 4 + (m >> 1) * 8)", DType::BF16, true, false, 128, true},
+    {"sm_90a backward: dS^T's stmatrix rows take the sub-block's other query columns", "bwd_sm90.cuh",
+     "c0 + (m >> 1) * 8 + lane % 8", "c0 + (m & 1) * 8 + lane % 8", DType::BF16, true, false, 64, true, false},
+    {"sm_90a TMA backward: a masked pair's dS^T not selected (a NaN in V at a masked key)", "bwd_sm80.cuh",
+     "      s[j][x] = masked ? 0.0f : pr * (f * dp[j][x] - delta[col]);", "      s[j][x] = pr * (f * dp[j][x] - delta[col]);",
+     DType::BF16, true, false, 64, true, true, false, false, false, false, KernelConfig{}, true},
     {"sm_90a TMA backward: the producer refills a stage without waiting for its release", "bwd_sm90_tma.cuh",
      "        if (use > 0) aj_mbarrier_wait(&sh.empty[s], (aj_u32)((use - 1) & 1));", "", DType::BF16, true, false, 64, true},
     {"sm_90a TMA backward: the second warpgroup takes the first one's key rows", "bwd_sm90_tma.cuh",
@@ -662,6 +680,7 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
     CHECK(check_kernel(embedded, DType::BF16, true, true, 64, true, tma) == "");
     CHECK(check_kernel(embedded, DType::BF16, true, false, 128, true, tma) == "");
     CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, tma, true) == "");
+    CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, tma, false, false, false, false, {}, true) == "");  // NaN, inf in V
     for (const char in : {'q', 'k'}) {
       INFO("a NaN in " << (in == 'q' ? "Q and dO" : "K"));
       CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, tma, false, false, false, false, {}, false, false, in) == "");
