@@ -19,7 +19,8 @@ work per warp, N / 8 (each of the warpgroup's 4 warps issues it: 64 x N x 16 / 4
 N / 4, QMMA.16832 2.
 
 On sm_90a it also counts the softmax's exponentials (MUFU.EX2) that lie between the loop's wait for
-S(j + 1) and its wait for P(j) V(j): those overlap P V on the tensor cores. --min-overlap N fails when
+S(j + 1) and its wait for P(j) V(j): those overlap P V on the tensor cores (in the backward's loop,
+P^T's exponentials between the waits for S^T and for dP^T). --min-overlap N fails when
 fewer than N do (ptxas moves a wgmma wait to the top of its basic block; fwd_sm90.cuh says how the
 kernel keeps it below the softmax).
 """
