@@ -269,26 +269,10 @@ void BlockExecutor::execute_collective(int warp) {
   const Op op = lane[0].op;
   if (op == Op::Shfl) {
     for (int l = 0; l < 32; ++l) lane[l].result = lane[(l ^ lane[l].lane_mask) & 31].value;
-  } else if (op == Op::Ldmatrix) {
-    const int num = lane[0].num;
-    const uint16_t* rows[4][8];
-    for (int j = 0; j < num; ++j)
-      for (int r = 0; r < 8; ++r) {
-        const Thread& src = lane[8 * j + r];
-        const void* a = src.addr;
-        if (reinterpret_cast<uintptr_t>(a) % 16 != 0) {
-          fail("ldmatrix: " + who(src.tid) + " gives row address " + hex(a) + " of matrix " + std::to_string(j) +
-               ", which is not 16-byte aligned (at " + where(src.wait_pc) + ")");
-        }
-        const size_t off = shared_offset(a, 16, "ldmatrix", src.wait_pc);
-        shared_read(off, 16, src.tid, src.wait_pc);
-        rows[j][r] = reinterpret_cast<const uint16_t*>(arena_.data() + off);
-      }
-    uint32_t out[32][4];
-    attnjit::emu::ldmatrix(rows, num, lane[0].trans != 0, out);
-    for (int l = 0; l < 32; ++l)
-      for (int j = 0; j < num; ++j) lane[l].regs[j] = out[l][j];
-  } else if (op == Op::Stmatrix) {
+  } else if (op == Op::Ldmatrix || op == Op::Stmatrix) {
+    // Lanes 8j..8j+7 give the 16-byte rows of matrix j, read (ldmatrix) or written (stmatrix).
+    const bool store = op == Op::Stmatrix;
+    const char* what = store ? "stmatrix" : "ldmatrix";
     const int num = lane[0].num;
     uint16_t* rows[4][8];
     for (int j = 0; j < num; ++j)
@@ -296,17 +280,26 @@ void BlockExecutor::execute_collective(int warp) {
         const Thread& src = lane[8 * j + r];
         const void* a = src.addr;
         if (reinterpret_cast<uintptr_t>(a) % 16 != 0) {
-          fail("stmatrix: " + who(src.tid) + " gives row address " + hex(a) + " of matrix " + std::to_string(j) +
+          fail(std::string(what) + ": " + who(src.tid) + " gives row address " + hex(a) + " of matrix " + std::to_string(j) +
                ", which is not 16-byte aligned (at " + where(src.wait_pc) + ")");
         }
-        const size_t off = shared_offset(a, 16, "stmatrix", src.wait_pc);
-        shared_write(off, 16, src.tid, src.wait_pc);
+        const size_t off = shared_offset(a, 16, what, src.wait_pc);
+        if (store) shared_write(off, 16, src.tid, src.wait_pc);
+        else shared_read(off, 16, src.tid, src.wait_pc);
         rows[j][r] = reinterpret_cast<uint16_t*>(arena_.data() + off);
       }
-    uint32_t in[32][4];
-    for (int l = 0; l < 32; ++l)
-      for (int j = 0; j < num; ++j) in[l][j] = lane[l].a[j];
-    attnjit::emu::stmatrix(rows, num, lane[0].trans != 0, in);
+    if (store) {
+      uint32_t in[32][4];
+      for (int l = 0; l < 32; ++l)
+        for (int j = 0; j < num; ++j) in[l][j] = lane[l].a[j];
+      attnjit::emu::stmatrix(rows, num, lane[0].trans != 0, in);
+    } else {
+      const uint16_t* const(*read)[8] = rows;
+      uint32_t out[32][4];
+      attnjit::emu::ldmatrix(read, num, lane[0].trans != 0, out);
+      for (int l = 0; l < 32; ++l)
+        for (int j = 0; j < num; ++j) lane[l].regs[j] = out[l][j];
+    }
   } else if (op == Op::Mma) {
     uint32_t a[32][4], b[32][2];
     float d[32][4];

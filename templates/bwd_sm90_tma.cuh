@@ -51,8 +51,8 @@
 #define AJ_BWDT_STAGE_BYTES (AJ_BWDT_Q_BYTES + AJ_BWDT_DO_BYTES)
 #define AJ_BWDT_DS_BYTES (AJ_TILE_Q * AJ_TILE_K * 2)  // [128 keys / 64][64 queries][128 B]
 // A warpgroup's dQ block (64 rows x 64 columns, fp32) before its bulk reduce: rows of
-// AJ_BWDT_DQ_PITCH floats (68: 16 bytes more than the data, so that the eight rows a warp's quad
-// columns store fall on different banks), emitted by codegen, which sizes shared memory with it.
+// AJ_BWDT_DQ_PITCH floats (72: 32 bytes more than the data, so that the 8-byte pairs half a warp
+// stores fall on distinct banks), emitted by codegen, which sizes shared memory with it.
 #ifndef AJ_BWDT_DQ_PITCH
 #error "AJ_BWDT_DQ_PITCH: the dQ staging pitch comes from codegen (compiler/codegen/codegen.cpp)"
 #endif
@@ -195,14 +195,16 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
       for (int c0 = 0; c0 < AJ_TILE_Q; c0 += AJ_BWDT_SUB)  // bwd_sm90.cuh's sub-blocks
         aj_bwd90_sub_block(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, lse2, delta, k_a, v_a, q_b, do_b, q_n, do_n,
                            single ? sh.ds(buf) : nullptr, dk, dv, pa, dsa);
-      // The last sub-block's dV and dK stay on the tensor cores through the barrier below.
+      aj_wgmma_wait<0>();
     }
+    aj_mbarrier_arrive(&sh.empty[stage]);  // this warpgroup has read the stage's Q and dO
     if (stat_thread) (wg == 0 ? sh.lse2(buf ^ 1) : sh.delta(buf ^ 1))[tid % 128] = next_stat;
     if (single && visit) aj_fence_proxy_async();  // dS's generic stores, then the wgmmas that read them
     aj_named_sync(1, AJ_BWDT_CONSUMERS);  // both warpgroups' dS and the next statistics are in place
-    float acc[8][4];  // this warpgroup's block of dQ = dS K (the single pass)
     if (single && visit) {
-      const aj_u64 ds_a = aj_wgmma_desc<AJ_SW>(aj_smem_addr(sh.ds(buf)), 16, 8 * AJ_SW);
+      const unsigned char* const ds = sh.ds(buf);
+      const aj_u64 ds_a = aj_wgmma_desc<AJ_SW>(aj_smem_addr(ds), 16, 8 * AJ_SW);
+      float acc[8][4];
       aj_wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < DQ_KEYS / 16; ++kk) {
@@ -212,11 +214,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
                                           k_b + (((dq_c0 / AJ_COLS) * AJ_TILE_K * AJ_SW + ks * 16 * AJ_SW) >> 4), kk > 0);
       }
       aj_wgmma_commit();
-    }
-    if (visit) aj_wgmma_wait<0>();  // dV, dK (and dQ): the stage's Q and dO are read
-    aj_mbarrier_arrive(&sh.empty[stage]);  // this warpgroup has read the stage's Q and dO
-    if (single && visit) {
-      const unsigned char* const ds = sh.ds(buf);
+      aj_wgmma_wait<0>();
       // The block into this warpgroup's staging rows, once the previous entry's reduce has read
       // them (its issuing threads wait, then the warpgroup's barrier), then one bulk reduce per row
       // into the fp32 accumulator.
@@ -232,10 +230,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
         for (int half = 0; half < 2; ++half) {
           float* const row = stage + (warp * 16 + g + half * 8) * AJ_BWDT_DQ_PITCH + quad * 2;
 #pragma unroll
-          for (int n = 0; n < 8; ++n) {
-            row[n * 8] = acc[n][2 * half] * bp.scale;
-            row[n * 8 + 1] = acc[n][2 * half + 1] * bp.scale;
-          }
+          for (int n = 0; n < 8; ++n) *(aj_f32x2*)(row + n * 8) = aj_f32x2{acc[n][2 * half] * bp.scale, acc[n][2 * half + 1] * bp.scale};
         }
       }
       aj_fence_proxy_async();  // the generic stores, then the bulk copies that read them

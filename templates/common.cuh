@@ -318,7 +318,7 @@ __device__ __forceinline__ bool aj_out_word_nonfinite(aj_u32 w) {
 struct __align__(16) aj_u32x4 {
   aj_u32 x, y, z, w;
 };
-// Two floats as one 8-byte load (the address must be 8-byte aligned).
+// Two floats as one 8-byte load or store (the address must be 8-byte aligned).
 struct __align__(8) aj_f32x2 {
   float x, y;
 };

@@ -142,9 +142,10 @@ int backward_dkdv_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c)
 }
 
 // templates/bwd_sm90_tma.cuh's dQ staging rows (AJ_BWDT_DQ_PITCH, emitted with the kernel): 64
-// floats of data and 4 more, so that the eight rows a warp's quad columns store fall on different
-// banks.
-constexpr int kBwdTmaDqPitch = 68;
+// floats of data and 8 more. A warp stores its block in 8-byte pairs, half a warp at a time: lanes
+// g * 4 + quad of a half put rows g (0..3 or 4..7) and columns quad * 2 on banks g * 8 + quad * 2
+// and + 1 (mod 32), all distinct, and the rows stay 16-byte aligned for the bulk reduce.
+constexpr int kBwdTmaDqPitch = 72;
 
 // templates/bwd_sm90_tma.cuh: K and V of the 128-key tile, `stages` stages of Q and dO, two dS
 // buffers (64 x 128), two buffers of LSE and D (64 floats each), each consumer warpgroup's dQ
