@@ -114,12 +114,13 @@ __device__ __forceinline__ void aj_bwd90_dq_exact(const AjBwdParams& bp, const u
 }
 
 // One sub-block of a query entry: its AJ_BWD90_SUB query columns from c0 (8-row aligned, so the
-// swizzle holds). S^T = K Q^T and dP^T = V dO^T (k_a, v_a: this warpgroup's 64 key rows, K-major;
-// q_b, do_b: Q and dO as the K-major B), waited for with the previous sub-block's dV and dK (whose A
-// registers pa, dsa are then free); P^T and dS^T (aj_bwd_pt_dst); dS written K-major into `ds`
-// (queries x keys, the A of dQ = dS K) where ds is not null, key rows past the tile's count zeroed (a
-// full entry skips the checks; by stmatrix, from the registers dK's product reads); then dV += f P^T dO and dK += dS^T Q issued (q_n, do_n: Q and dO
-// N-major) and left in flight. The two Hopper backward kernels' one body.
+// swizzle holds). S^T = K Q^T and dP^T = V dO^T as two wgmma groups (k_a, v_a: this warpgroup's 64
+// key rows, K-major; q_b, do_b: Q and dO as the K-major B); P^T (aj_bwd_pt) once S^T and the
+// previous sub-block's dV and dK have landed (the A registers pa, dsa are then free), while dP^T
+// runs; dS^T (aj_bwd_dst) once dP^T has. Where ds is not null, dS is written K-major into it
+// (queries x keys, the A of dQ = dS K) by stmatrix from the packed registers dK's product reads,
+// key rows past the tile's count zeroed. Then dV += f P^T dO and dK += dS^T Q are issued (q_n,
+// do_n: Q and dO N-major) and left in flight. The two Hopper backward kernels' one body.
 __device__ __forceinline__ void aj_bwd90_sub_block(const AjParams& p, const AjKeyItem& ki, const AjQueryEntry& qe, bool full, int c0,
                                                    int quad, int kr0, int kr1, aj_i64 kpos0, aj_i64 kpos1, const float* lse2,
                                                    const float* delta, aj_u64 k_a, aj_u64 v_a, aj_u64 q_b, aj_u64 do_b, aj_u64 q_n,

@@ -397,3 +397,43 @@ TEST_CASE("the FMA-pipe exponential: within 1e-4 of 2^x and exact at integers", 
   CHECK(got(s + 5) == 1.0f);
   CHECK(got(s + 6) == 1.0f);
 }
+
+// stmatrix (sm_90) run through the block executor: each of two warps stores four 8x8 matrices
+// transposed at rows its lanes 8j..8j+7 give (row r of matrix j at 16 * (8 * j + r) bytes of the
+// warp's 512), then, after a barrier, reads the other warp's. Without the barrier the read races
+// the stores; a row address off 16 bytes is an error naming stmatrix.
+TEST_CASE("stmatrix: the transposed rows land where the lanes say, race-checked and alignment-checked", "[emu][warp]") {
+  const std::string store = R"(
+  AJ_DYNAMIC_SHARED(sm);
+  aj_u16* s = (aj_u16*)sm;
+  const int t = aj_thread_idx(), w = t / 32, l = t % 32;
+  const aj_u32 r[4] = {a[t * 4], a[t * 4 + 1], a[t * 4 + 2], a[t * 4 + 3]};
+  aj_stmatrix_x4_trans(r, s + w * 256 + (8 * (l / 8) + l % 8) * 8 + SKEW);
+  BARRIER
+  for (int i = l; i < 256; i += 32) b[w * 256 + i] = s[(1 - w) * 256 + i];)";
+  auto with = [&](const char* skew, const char* barrier) {
+    std::string body = store;
+    body.replace(body.find("SKEW"), 4, skew);
+    body.replace(body.find("BARRIER"), 7, barrier);
+    return body;
+  };
+  Run r;
+  r.threads = 64, r.shared = 1024;
+  for (uint32_t i = 0; i < 256; ++i) r.a.push_back((i * 2 + 1) << 16 | (i * 2));
+  r.b.assign(512, 0xffffffffu);
+  r(*kernel("emu_stmatrix", with("0", "aj_syncthreads();")));
+  for (int w = 0; w < 2; ++w)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int j = 0; j < 4; ++j) {
+        const int row = lane / 4, col = 2 * (lane % 4);
+        const uint32_t reg = r.a[(w * 32 + lane) * 4 + j];
+        // .trans: element (row, col) of matrix j goes to stored row col, column row; warp w's
+        // matrices are read back by the other warp into b's other half.
+        INFO("warp " << w << " lane " << lane << " matrix " << j);
+        CHECK(r.b[(1 - w) * 256 + (8 * j + col) * 8 + row] == (reg & 0xffffu));
+        CHECK(r.b[(1 - w) * 256 + (8 * j + col + 1) * 8 + row] == reg >> 16);
+      }
+  CHECK_THAT(fault(*kernel("emu_stmatrix_race", with("0", "")), r), Catch::Contains("shared-memory race"));
+  CHECK_THAT(fault(*kernel("emu_stmatrix_misaligned", with("4", "aj_syncthreads();")), r),
+             Catch::Contains("stmatrix") && Catch::Contains("not 16-byte aligned"));
+}
