@@ -21,8 +21,10 @@
 // A query tile's Q and dO are read from shared memory by twice the keys of bwd_sm90.cuh's kernel,
 // which halves their loads per key; the loads no longer stand in the consumers' instruction
 // stream. Each entry's LSE (exp2 domain, +inf for rows that must give P = 0) and D are loaded by the
-// consumers themselves one entry ahead (a float per row each, into registers at the top of an
-// entry, stored after its products) and made visible by the entry's barrier; dS is double-
+// consumers themselves one entry ahead (a float per row each, raw into registers at the top of an
+// entry, turned into the statistic and stored after its products) and made visible by the entry's
+// barrier; the query entries are read two ahead, so that no global load is waited for in the entry
+// that issues it. dS is double-
 // buffered, so that barrier is the only one an entry needs: a warpgroup writes dS of entry e + 2
 // only after the barrier of e + 1, which the other passes only once it has finished e's dQ.
 //
@@ -88,12 +90,18 @@ __device__ __forceinline__ AjBwdTmaShared aj_bwdt_shared(unsigned char* smem) {
 }
 
 // The statistic thread t of a warpgroup's first 64 keeps for query entry qe: warpgroup 0 row t's
-// LSE (exp2 domain, +inf past the rows), warpgroup 1 row t's D.
-__device__ __forceinline__ float aj_bwdt_stat(const AjBwdParams& bp, const AjQueryEntry& qe, aj_i64 b, int wg, int t) {
-  const bool valid = t < qe.rows_count;
-  const aj_i64 i = qe.rows_start + (aj_i64)(valid ? t : 0) * qe.rows_stride;
-  if (wg == 0) return aj_bwd_lse2_or_inf(bp.fwd, b, qe.head, i, valid);
-  return valid ? bp.delta[(b * bp.heads_q + qe.head) * bp.seq_q + i] : 0.0f;
+// LSE (exp2 domain, +inf past the rows), warpgroup 1 row t's D. In two steps, so that nothing
+// waits for the load until the value is stored: aj_bwdt_stat_load reads the row's raw value (row
+// 0's past the rows), aj_bwdt_stat_finish makes the statistic of it.
+__device__ __forceinline__ float aj_bwdt_stat_load(const AjBwdParams& bp, const AjQueryEntry& qe, aj_i64 b, int wg, int t) {
+  const aj_i64 i = qe.rows_start + (aj_i64)(t < qe.rows_count ? t : 0) * qe.rows_stride;
+  if (wg == 0) return bp.fwd.lse[b * bp.fwd.lse_batch_stride + qe.head * bp.fwd.lse_head_stride + i];
+  return bp.delta[(b * bp.heads_q + qe.head) * bp.seq_q + i];
+}
+__device__ __forceinline__ float aj_bwdt_stat_finish(float raw, bool valid, int wg) {
+  if (wg != 0) return valid ? raw : 0.0f;
+  const float inf = -AJ_NEG_INF, l = raw * AJ_LOG2E;  // aj_bwd_lse2_or_inf's value
+  return !valid || l == AJ_NEG_INF ? inf : l;
 }
 
 __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, const AjTmaMaps& maps) {
@@ -122,7 +130,9 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
         ki.keys_stride, ki.keys_count);
     aj_cp_async_commit();
     if (tid % 128 < AJ_TILE_Q && ki.entry_begin < ki.entry_end) {
-      const float x = aj_bwdt_stat(bp, bp.query_entries[ki.entry_begin], b, tid / 128, tid % 128);
+      const AjQueryEntry first = bp.query_entries[ki.entry_begin];
+      const float x = aj_bwdt_stat_finish(aj_bwdt_stat_load(bp, first, b, tid / 128, tid % 128), tid % 128 < first.rows_count,
+                                          tid / 128);
       (tid < 128 ? sh.lse2(0) : sh.delta(0))[tid % 128] = x;
     }
     aj_cp_async_wait<0>();
@@ -174,13 +184,20 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
     kbad = aj_warp_any(bad);
   }
   aj_u32 pa[AJ_BWDT_SUB / 16][4], dsa[AJ_BWDT_SUB / 16][4];  // A operands of dV and dK, in flight until waited for
+  AjQueryEntry qe_cur = {}, qe_next = {};  // the entries e and e + 1 (zeros past the item's)
+  if (ki.entry_begin < ki.entry_end) qe_cur = bp.query_entries[ki.entry_begin];
+  if (ki.entry_begin + 1 < ki.entry_end) qe_next = bp.query_entries[ki.entry_begin + 1];
   for (int e = ki.entry_begin, it = 0; e < ki.entry_end; ++e, ++it) {
     const int stage = it % AJ_STAGES, buf = it & 1;
-    const AjQueryEntry qe = bp.query_entries[e];
-    // The next entry's statistic, stored after this entry's products (its buffer's last readers
-    // passed the previous entry's barrier).
+    // This entry, loaded an entry ago, and the one after next, loaded now: a global load is first
+    // used an entry after it was issued (the loop's only such loads).
+    const AjQueryEntry qe = qe_cur;
+    AjQueryEntry qe_far = qe_next;
+    if (e + 2 < ki.entry_end) qe_far = bp.query_entries[e + 2];
+    // The next entry's statistic, loaded now and stored after this entry's products (its buffer's
+    // last readers passed the previous entry's barrier).
     const bool stat_thread = tid % 128 < AJ_TILE_Q && e + 1 < ki.entry_end;
-    const float next_stat = stat_thread ? aj_bwdt_stat(bp, bp.query_entries[e + 1], b, wg, tid % 128) : 0.0f;
+    const float next_raw = stat_thread ? aj_bwdt_stat_load(bp, qe_next, b, wg, tid % 128) : 0.0f;
     aj_mbarrier_wait(&sh.full[stage], (aj_u32)((it / AJ_STAGES) & 1));
     bool full;
     const bool visit = aj_bwd_entry_visit(p, ki, qe, full);
@@ -198,7 +215,8 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
       aj_wgmma_wait<0>();
     }
     aj_mbarrier_arrive(&sh.empty[stage]);  // this warpgroup has read the stage's Q and dO
-    if (stat_thread) (wg == 0 ? sh.lse2(buf ^ 1) : sh.delta(buf ^ 1))[tid % 128] = next_stat;
+    if (stat_thread)
+      (wg == 0 ? sh.lse2(buf ^ 1) : sh.delta(buf ^ 1))[tid % 128] = aj_bwdt_stat_finish(next_raw, tid % 128 < qe_next.rows_count, wg);
     if (single && visit) aj_fence_proxy_async();  // dS's generic stores, then the wgmmas that read them
     aj_named_sync(1, AJ_BWDT_CONSUMERS);  // both warpgroups' dS and the next statistics are in place
     if (single && visit) {
@@ -242,6 +260,8 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
       }
       if (lt < AJ_TILE_Q) aj_bulk_commit();
     }
+    qe_cur = qe_next;
+    qe_next = qe_far;
   }
   if (single && tid % 128 < AJ_TILE_Q) aj_bulk_wait<0>();  // every reduce this thread issued
   aj_bwd_dkdv_store(bp, ki, b, kr0, kr1, quad, dk, dv);
