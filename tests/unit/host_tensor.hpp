@@ -48,5 +48,13 @@ inline std::vector<float> rounded_to_half(std::vector<float> v) {
   return v;
 }
 
+// v rounded to the values dtype dt holds (fp32: unchanged).
+inline std::vector<float> rounded_to(DType dt, std::vector<float> v) {
+  if (dt == DType::F16) return rounded_to_half(std::move(v));
+  if (dt == DType::BF16)
+    for (float& x : v) x = bfloat16_to_float(float_to_bfloat16(x));
+  return v;
+}
+
 
 }  // namespace attnjit::testing

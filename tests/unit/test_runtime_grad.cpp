@@ -16,9 +16,16 @@ using namespace attnjit;
 using attnjit::testing::CaseGenerator;
 using attnjit::testing::HostTensor;
 using attnjit::testing::random_tensor;
-using attnjit::testing::rounded_to_half;
+using attnjit::testing::rounded_to;
 
 namespace {
+
+// The generated kernels take head dims in multiples of 16 (4 on the SIMT path): the random case's
+// head dims mapped onto 16, 32, 48, 64.
+void emulated_head_dims(Shape& s) {
+  s.head_dim = 16 * (1 + s.head_dim % 4);
+  s.head_dim_v = 16 * (1 + s.head_dim_v % 4);
+}
 
 // Backward on `device` against the reference gradients, over random patterns, layouts and dtypes;
 // and backward_add (D from the forward's O, onto accumulators that start random) likewise.
@@ -31,17 +38,10 @@ void check_backward(const Device& device, int cases, uint64_t seed, bool with_bf
     auto c = gen.next();
     Shape& s = c.shape;
     const DType dt = n % 3 == 2 && with_bf16 ? DType::BF16 : n % 2 ? DType::F16 : DType::F32;
-    if (device.kind == DeviceKind::EMU) {  // kernels take head dims in multiples of 16 (4 on the SIMT path)
-      s.head_dim = 16 * (1 + s.head_dim % 4);
-      s.head_dim_v = 16 * (1 + s.head_dim_v % 4);
-    }
+    if (device.kind == DeviceKind::EMU) emulated_head_dims(s);
     const bool bhsd = n % 3 == 1;
     auto values = [&](int64_t seq, int64_t heads, int64_t d, uint64_t seed) {
-      std::vector<float> v = random_tensor(size_t(s.batch * seq * heads * d), seed);
-      if (dt == DType::F16) return rounded_to_half(v);
-      if (dt == DType::BF16)
-        for (float& x : v) x = bfloat16_to_float(float_to_bfloat16(x));
-      return v;
+      return rounded_to(dt, random_tensor(size_t(s.batch * seq * heads * d), seed));
     };
     const auto q = values(s.seq_q, s.heads_q, s.head_dim, 4 * n), k = values(s.seq_k, s.heads_kv, s.head_dim, 4 * n + 1),
                v = values(s.seq_k, s.heads_kv, s.head_dim_v, 4 * n + 2), dout = values(s.seq_q, s.heads_q, s.head_dim_v, 4 * n + 3);
@@ -182,17 +182,10 @@ void check_weights(const Device& device, int cases, uint64_t seed) {
     auto c = gen.next();
     Shape& s = c.shape;
     const DType dt = n % 3 == 2 ? DType::BF16 : n % 2 ? DType::F16 : DType::F32;
-    if (device.kind == DeviceKind::EMU) {
-      s.head_dim = 16 * (1 + s.head_dim % 4);
-      s.head_dim_v = 16 * (1 + s.head_dim_v % 4);
-    }
+    if (device.kind == DeviceKind::EMU) emulated_head_dims(s);
     const bool bhsd = n % 3 == 1;
     auto values = [&](int64_t seq, int64_t heads, int64_t d, uint64_t sd) {
-      std::vector<float> v = random_tensor(size_t(s.batch * seq * heads * d), sd);
-      if (dt == DType::F16) return rounded_to_half(v);
-      if (dt == DType::BF16)
-        for (float& x : v) x = bfloat16_to_float(float_to_bfloat16(x));
-      return v;
+      return rounded_to(dt, random_tensor(size_t(s.batch * seq * heads * d), sd));
     };
     const auto q = values(s.seq_q, s.heads_q, s.head_dim, 3 * n), k = values(s.seq_k, s.heads_kv, s.head_dim, 3 * n + 1),
                v = values(s.seq_k, s.heads_kv, s.head_dim_v, 3 * n + 2);

@@ -401,12 +401,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (!compile_archs.empty()) {  // the hardware forms of the building blocks assemble for each GPU
+      CompileRequest req;
+      req.name = "probes";
+      req.source = probe_source();
+      req.options = kernel_compile_options();
       for (const std::string& arch : compile_archs) {
-        CompileRequest req;
-        req.name = "probes";
-        req.source = probe_source();
         req.arch = arch;
-        req.options = kernel_compile_options();
         const CompileResult c = compile_cubin(req);
         std::printf("probes compile for %s: %zu bytes of cubin\n", arch.c_str(), c.cubin.size());
       }
