@@ -18,7 +18,8 @@
 #   default (attnjit_gpu_bench on dense and BigBird per setting in processes of their own, the
 #   settings interleaved in rounds: default (with LongNet), ATTNJIT_PACK_BRANCHES=0 (LongNet's forward),
 #   ATTNJIT_KEEP_POOL_MEMORY=1, ATTNJIT_BWD_WGMMA=0,
-#   ATTNJIT_LAZY_RESCALE=1, ATTNJIT_POLY_EXP2=1; OUTDIR/ab.txt; the bench reports each call's host
+#   ATTNJIT_LAZY_RESCALE=1, ATTNJIT_POLY_EXP2=1, ATTNJIT_PERSISTENT=1 (forward; with causal_local,
+#   whose short items should gain most, and the default on it too); OUTDIR/ab.txt; the bench reports each call's host
 #   time too) and Nsight Compute on the dense backward's dK/dV kernel
 #   (bench/ncu_profile.sh; its summary appended to ab.txt) with what is left.
 # Everything else (logs, profiles, peers.png) in OUTDIR/session.tgz. At most 8 files come back from
@@ -89,15 +90,17 @@ common=(--seq 16384 --heads 16 --head-dim 128 --dtype bf16 --batch 1 --no-ttfr)
 if [ -x "$bench_bin" ]; then
   for round in 1 2; do
     for setting in default ATTNJIT_PACK_BRANCHES=0 ATTNJIT_KEEP_POOL_MEMORY=1 ATTNJIT_BWD_WGMMA=0 ATTNJIT_LAZY_RESCALE=1 \
-      ATTNJIT_POLY_EXP2=1; do
+      ATTNJIT_POLY_EXP2=1 ATTNJIT_PERSISTENT=1; do
       (( $(left) < 60 )) && { echo "round $round $setting: not run (budget)" >> "$out/ab.txt"; continue; }
       extra=()
-      [[ "$setting" == *RESCALE* || "$setting" == *POLY* || "$setting" == *PACK* ]] && extra=(--no-backward)
+      [[ "$setting" == *RESCALE* || "$setting" == *POLY* || "$setting" == *PACK* || "$setting" == *PERSISTENT* ]] &&
+        extra=(--no-backward)
       env_set=()
       [ "$setting" != default ] && env_set=("$setting")
       # LongNet's packed plans (the default) against one tile per branch: its forward only.
       patterns=("$root/bench/patterns/dense.json" "$root/examples/bigbird.json")
-      [ "$setting" = default ] && patterns+=("$root/examples/longnet.json")
+      [ "$setting" = default ] && patterns+=("$root/examples/longnet.json" "$root/examples/causal_local.json")
+      [[ "$setting" == *PERSISTENT* ]] && patterns+=("$root/examples/causal_local.json")
       [[ "$setting" == *PACK* ]] && patterns=("$root/examples/longnet.json")
       echo "## round $round: $setting" >> "$out/ab.txt"
       env "${env_set[@]}" timeout 60 "$bench_bin" "${common[@]}" "${extra[@]}" "${patterns[@]}" >> "$out/ab.txt" 2>&1

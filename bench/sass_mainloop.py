@@ -10,7 +10,8 @@ wait's retry, spans the whole kernel). A static count: both sides of a branch in
 unmasked tile, say), so it bounds what a tile executes from above; Nsight Compute gives the
 executed figure on a GPU (bench/ncu_profile.sh). The autotuner finds the loop the same way
 (compiler/nvrtc/sass_loop.cpp, to see whether a spilling candidate's loop touches local memory):
-change both together. With --max-per-hmma X the exit status is 1 when
+change both together. --innermost takes the loop among those that hold no other loop with MMA
+(a persistent kernel's loop over one item's tiles rather than its loop over items). With --max-per-hmma X the exit status is 1 when
 the loop has more than X other instructions per HMMA (a lit test keeps the figure from creeping up).
 
 Hopper's warpgroup MMA (HGMMA.64xNx16, the sm_90a path) counts as the m16n8k16 HMMA it equals in
@@ -55,8 +56,8 @@ def mma_weight(op):
     return int(m.group(2)) // 8 * (2 if m.group(3) == "32" else 1) if m else 0
 
 
-def main_loop(ins, labels):
-    best = None
+def main_loop(ins, labels, innermost=False):
+    loops = []
     for i, (_, op, text) in enumerate(ins):
         m = re.search(r"\.(L_x_\d+)", text) if op.startswith("BRA") else None
         if not m or m.group(1) not in labels or labels[m.group(1)] > i:
@@ -67,8 +68,14 @@ def main_loop(ins, labels):
         if any(x[1] == "EXIT" for x in ins[j:i + 1]):
             continue
         hmma = sum(mma_weight(x[1]) for x in ins[j:i + 1])
-        if hmma and (best is None or (hmma, -(i - j)) > (best[2], -(best[1] - best[0]))):
-            best = (j, i, hmma)
+        if hmma:
+            loops.append((j, i, hmma))
+    if innermost:  # leave out the loops that hold another loop with MMA (a persistent block's loop over items)
+        loops = [a for a in loops if not any(b != a and a[0] <= b[0] and b[1] <= a[1] for b in loops)]
+    best = None
+    for loop in loops:
+        if best is None or (loop[2], -(loop[1] - loop[0])) > (best[2], -(best[1] - best[0])):
+            best = loop
     return best
 
 
@@ -97,6 +104,9 @@ def softmax_overlap(body):
 def main():
     ap = argparse.ArgumentParser(description="the main loop of a kernel's SASS (attnjit dump --stage sass on stdin)")
     ap.add_argument("--listing", action="store_true", help="print the loop's instructions too")
+    ap.add_argument("--innermost", action="store_true",
+                    help="the loop among those holding no other loop with MMA (a persistent kernel's loop over "
+                         "a work item's tiles, not the loop over its items)")
     ap.add_argument("--max-per-hmma", type=float, help="fail when the loop has more other instructions per HMMA")
     ap.add_argument("--min-overlap", type=int,
                     help="sm_90a: fail when fewer MUFU.EX2 lie between the loop's wait for S (WARPGROUP.DEPBAR.LE "
@@ -106,7 +116,7 @@ def main():
     args = ap.parse_args()
     lines = sys.stdin.read().splitlines()
     ins, labels = parse(lines)
-    loop = main_loop(ins, labels)
+    loop = main_loop(ins, labels, args.innermost)
     if loop is None:
         sys.exit("sass_mainloop: no loop with HMMA in this SASS (is it the tensor-core path? --stage sass)")
     j, i, hmma = loop

@@ -107,6 +107,7 @@ public:
   void access(const void* addr, size_t bytes, bool write, const void* pc);
   unsigned thread_idx(int dim) const;
   unsigned block_idx(int dim) const { return block_[dim]; }
+  unsigned grid_dim(int dim) const { return launch_.grid[dim]; }
   void syncthreads(const void* pc);
   // bar.sync (wait) / bar.arrive id, count: barrier `id` (1..15) completes when `count` threads
   // have arrived; the threads that sync wait for it.

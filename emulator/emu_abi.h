@@ -5,7 +5,7 @@
 #ifndef ATTNJIT_EMU_ABI_H
 #define ATTNJIT_EMU_ABI_H
 
-#define AJ_EMU_ABI_VERSION 13
+#define AJ_EMU_ABI_VERSION 14
 #define AJ_EMU_F16 1
 #define AJ_EMU_BF16 2
 #define AJ_EMU_E4M3 3 /* FP8 e4m3 operands: wgmma k32 (K-major), mma.sync m16n8k32 */
@@ -92,6 +92,8 @@ typedef struct AjEmuApi {
   /* stmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16 (sm_90): ldmatrix's inverse; lane l's
      register j is its piece of matrix j, lanes 8j..8j+7 give the addresses of that matrix's rows */
   void (*stmatrix)(const unsigned* regs, void* smem, int num, int trans, const void* pc);
+  /* gridDim.x, .y, .z (dim 0, 1, 2): the launch's blocks per dimension */
+  unsigned (*grid_dim)(int dim);
 } AjEmuApi;
 
 #ifdef __cplusplus

@@ -23,6 +23,7 @@ void api_access(const void* addr, unsigned long long bytes, int is_write, const 
 }
 unsigned api_thread_idx(int d) { return ex().thread_idx(d); }
 unsigned api_block_idx(int d) { return ex().block_idx(d); }
+unsigned api_grid_dim(int d) { return ex().grid_dim(d); }
 void api_syncthreads(const void* pc) { ex().syncthreads(pc); }
 unsigned api_shfl_xor(unsigned v, int m, const void* pc) { return ex().shfl_xor(v, m, pc); }
 void* api_dynamic_shared() { return ex().dynamic_shared(); }
@@ -79,7 +80,7 @@ const AjEmuApi& emu_api() {
       api_mbarrier_init,  api_mbarrier_arrive, api_mbarrier_wait,    api_mbarrier_test_wait, api_tma_load,
       api_named_barrier,  api_red_add_u32,     api_red_add_f32x2,   api_rare_path,     cvt_rn_satfinite_e4m3x2,
       cvt_f16x2_e4m3x2,   api_bulk_reduce_add_f32, api_bulk_commit, api_bulk_wait, api_warp_sync,
-      api_stmatrix,
+      api_stmatrix,       api_grid_dim,
   };
   return api;
 }

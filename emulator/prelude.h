@@ -30,6 +30,7 @@ extern "C" __attribute__((visibility("default"), no_sanitize_thread)) int aj_emu
 #define AJ_EMU_PC __builtin_return_address(0)
 AJ_EMU_SHIM unsigned aj_emu_thread_idx(int d) { return aj_emu_api->thread_idx(d); }
 AJ_EMU_SHIM unsigned aj_emu_block_idx(int d) { return aj_emu_api->block_idx(d); }
+AJ_EMU_SHIM unsigned aj_emu_grid_dim(int d) { return aj_emu_api->grid_dim(d); }
 AJ_EMU_SHIM void aj_emu_syncthreads() { aj_emu_api->syncthreads(AJ_EMU_PC); }
 AJ_EMU_SHIM unsigned aj_emu_shfl_xor(unsigned v, int m) { return aj_emu_api->shfl_xor(v, m, AJ_EMU_PC); }
 AJ_EMU_SHIM void* aj_emu_dynamic_shared() { return aj_emu_api->dynamic_shared(); }

@@ -155,7 +155,15 @@ struct KernelChoices {
   bool poly_exp2 = false;
   // The forward's plans packed (BranchPacking::Packed) and its kernels reading their key weights.
   bool pack_branches = true;
+  // The Hopper TMA forward's persistent blocks (RuntimeOptions::persistent_blocks: -1 one per SM,
+  // 0 off, else at most that many).
+  int persistent_blocks = 0;
 };
+// The blocks a persistent forward launches for `units` work units (items x batch entries) on a
+// device of `sms` multiprocessors, as `choice` (KernelChoices::persistent_blocks, not 0) asks.
+int64_t persistent_grid(int choice, int64_t units, int64_t sms);
+// The multiprocessors the emu device stands for in a persistent launch of one block per SM.
+constexpr int kEmuPersistentSms = 4;
 // The forward's and the backward's requests: `r` (the problem's) with `config` and the choices.
 KernelRequest forward_request(KernelRequest r, const KernelConfig& config, const KernelChoices& c);
 KernelRequest backward_request(KernelRequest r, const KernelConfig& config, const KernelChoices& c);

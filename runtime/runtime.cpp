@@ -226,7 +226,8 @@ KernelChoices kernel_choices(const RuntimeOptions& o, RandomLayouts random) {
                        wgmma_backward(o),
                        o.lazy_rescale || knobs().lazy_rescale,
                        o.poly_exp2 || knobs().poly_exp2,
-                       o.pack_branches && knobs().pack_branches};
+                       o.pack_branches && knobs().pack_branches,
+                       o.persistent_blocks != 0 ? o.persistent_blocks : knobs().persistent ? -1 : 0};
 }
 
 KernelConfig tuned_backward_config(const Pattern& pattern, const Problem& problem, const RuntimeOptions& o) {
@@ -254,7 +255,12 @@ KernelRequest forward_request(KernelRequest r, const KernelConfig& config, const
   r.lazy_rescale = c.lazy_rescale;
   r.poly_exp2 = c.poly_exp2;
   r.pack_branches = c.pack_branches;
+  r.persistent = c.persistent_blocks != 0;
   return r;
+}
+
+int64_t persistent_grid(int choice, int64_t units, int64_t sms) {
+  return std::max<int64_t>(1, std::min(units, choice < 0 ? sms : int64_t{choice}));
 }
 
 KernelRequest backward_request(KernelRequest r, const KernelConfig& config, const KernelChoices& c) {
@@ -274,6 +280,10 @@ Attention Runtime::prepare(const Pattern& pattern, const Problem& problem) {
   st->pattern = pattern;
   st->problem = problem;
   const RuntimeOptions& o = impl_->options;
+  if (o.persistent_blocks < -1) {
+    throw UserError("RuntimeOptions.persistent_blocks", std::to_string(o.persistent_blocks) +
+                                             " is not a block count; use -1 (one per SM), 0 (one per work item) or a positive count");
+  }
   st->plan_budget = o.plan_cache_bytes >= 0 ? o.plan_cache_bytes : knobs().plan_cache_bytes;
   st->period = translation_period(pattern);
   // Random layouts whose plan would hash too many blocks are left to the kernels (not on the CPU,

@@ -18,7 +18,8 @@
 // are masked.
 //
 // Q is loaded once per item by the consumers with cp.async, before the block's only barrier (which
-// also makes the mbarriers' init visible); the epilogue is fwd_sm80.cuh's.
+// also makes the mbarriers' init visible); the epilogue is fwd_sm80.cuh's. Persistent blocks
+// (AJ_PERSISTENT, below) take several items each, the rings running on from one to the next.
 //
 // Two or three consumer warpgroups take turns at the tensor cores (FlashAttention-3's ping-pong):
 // each issues a step's wgmmas only after the one before it has issued its own (named barrier
@@ -144,67 +145,63 @@ __device__ __forceinline__ void aj_sm90_tma_tile(const AjTmaMaps& maps, unsigned
   aj_tma_rows<AJ_TILE_K, IS_K ? AJ_HEAD_DIM : AJ_HEAD_DIM_V, IS_K>(maps, dst, bar, t.first, t.stride, kvh, b);
 }
 
-__device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMaps& maps) {
-  AJ_DYNAMIC_SHARED(aj_smem);
-  unsigned char* const smem = aj_smem + ((1024 - aj_smem_addr(aj_smem) % 1024) % 1024);
+// The block's shared memory: Q, the K and V rings, then their full and empty mbarriers.
+struct AjSm90TmaRings {
   AjSm90Shared sh;
-  sh.q = smem;
-  sh.k = sh.q + AJ_TILE_Q * AJ_HEAD_DIM * 2;
-  sh.v = sh.k + AJ_STAGES * AJ_SM90_K_STAGE;
-  aj_u64* const k_full = (aj_u64*)(sh.v + AJ_STAGES * AJ_SM90_V_STAGE);
-  aj_u64* const k_empty = k_full + AJ_STAGES;
-  aj_u64* const v_full = k_full + 2 * AJ_STAGES;
-  aj_u64* const v_empty = k_full + 3 * AJ_STAGES;
+  aj_u64 *k_full, *k_empty, *v_full, *v_empty;
+};
+__device__ __forceinline__ AjSm90TmaRings aj_sm90_tma_rings(unsigned char* smem) {
+  AjSm90TmaRings r;
+  r.sh.q = smem;
+  r.sh.k = r.sh.q + AJ_TILE_Q * AJ_HEAD_DIM * 2;
+  r.sh.v = r.sh.k + AJ_STAGES * AJ_SM90_K_STAGE;
+  r.k_full = (aj_u64*)(r.sh.v + AJ_STAGES * AJ_SM90_V_STAGE);
+  r.k_empty = r.k_full + AJ_STAGES;
+  r.v_full = r.k_full + 2 * AJ_STAGES;
+  r.v_empty = r.k_full + 3 * AJ_STAGES;
+  return r;
+}
 
-  const AjItem item = p.items[aj_block_idx_x()];
-  const aj_i64 b = aj_batch_index();
-  if (b >= p.batch) return;
-  const int tid = aj_thread_idx();
+// The block's n-th K/V tile (counted from 0 across a persistent block's items): its stage, and
+// the parity of the phase its load completes (the stage's use n / AJ_STAGES). Unsigned: no sign
+// handling in the division.
+__device__ __forceinline__ int aj_ring_stage(aj_u32 n) { return (int)(n % AJ_STAGES); }
+__device__ __forceinline__ aj_u32 aj_ring_parity(aj_u32 n) { return (n / AJ_STAGES) & 1; }
+
+// The producer's thread: every K and V tile of one work item into the rings. `j0` counts the tiles
+// the block loaded before this item (a persistent block's rings run on across its items: tile j
+// takes stage j % AJ_STAGES in its use j / AJ_STAGES); returns the count after it.
+__device__ __forceinline__ int aj_sm90_tma_produce(const AjParams& p, const AjTmaMaps& maps, const AjSm90TmaRings& r,
+                                                   const AjItem& item, aj_i64 b, int j0) {
   const int kvh = item.head / p.heads_per_kv;
+  AjTileCursor pre;
+  pre.begin(p, item);
+  int j = j0;
+  for (; !pre.done(); ++j, pre.next()) {
+    const AjTile t = pre.tile();
+    const int s = j % AJ_STAGES, use = j / AJ_STAGES;
+    // A stage's use u waits for the consumers' release of its use u - 1 (phase u - 1).
+    if (use > 0) aj_mbarrier_wait(&r.k_empty[s], (aj_u32)((use - 1) & 1));
+    aj_mbarrier_arrive_expect_tx(&r.k_full[s], AJ_SM90_K_STAGE);
+    aj_sm90_tma_tile<true>(maps, r.sh.k + s * AJ_SM90_K_STAGE, &r.k_full[s], t, kvh, (int)b);
+    if (use > 0) aj_mbarrier_wait(&r.v_empty[s], (aj_u32)((use - 1) & 1));
+    aj_mbarrier_arrive_expect_tx(&r.v_full[s], AJ_SM90_V_STAGE);
+    aj_sm90_tma_tile<false>(maps, r.sh.v + s * AJ_SM90_V_STAGE, &r.v_full[s], t, kvh, (int)b);
+  }
+  return j;
+}
+
+// A consumer thread's whole work item, Q in place: the loop over its key tiles, then the epilogue.
+// `j0` as for the producer; returns the tiles counted after the item.
+__device__ __forceinline__ int aj_sm90_tma_consume(const AjParams& p, const AjSm90TmaRings& r, const AjItem& item, aj_i64 b,
+                                                   int j0) {
+  const AjSm90Shared& sh = r.sh;
+  aj_u64* const k_full = r.k_full;
+  aj_u64* const v_full = r.v_full;
+  const int tid = aj_thread_idx();
   AjTileCursor cur;
   cur.begin(p, item);
   const bool any = !cur.done();
-
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < AJ_STAGES; ++s) {
-      aj_mbarrier_init(&k_full[s], 1);
-      aj_mbarrier_init(&v_full[s], 1);
-      aj_mbarrier_init(&k_empty[s], AJ_CONSUMERS);
-      aj_mbarrier_init(&v_empty[s], AJ_CONSUMERS);
-    }
-  }
-  if (tid < AJ_CONSUMERS && any) {
-    const aj_elem* qb = (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride;
-    aj_sm90_load_rows<AJ_TILE_Q, AJ_HEAD_DIM, AJ_CONSUMERS>(sh.q, qb, p.q_row_stride, item.rows_start, item.rows_stride,
-                                                            item.rows_count);
-    aj_cp_async_commit();
-    aj_cp_async_wait<0>();
-    aj_fence_proxy_async();  // Q is read by wgmma (the async proxy) after the barrier
-  }
-  aj_syncthreads();  // Q is in place and the mbarriers are initialised, for every thread
-
-  if (tid >= AJ_CONSUMERS) {  // the producer warpgroup: its first thread issues every load
-    if (AJ_CONSUMER_WGS > 1) aj_setmaxnreg_dec<AJ_PRODUCER_REGS>();
-    if (tid == AJ_CONSUMERS) {
-      AjTileCursor pre;
-      pre.begin(p, item);
-      for (int j = 0; !pre.done(); ++j, pre.next()) {
-        const AjTile t = pre.tile();
-        const int s = j % AJ_STAGES, use = j / AJ_STAGES;
-        // A stage's use u waits for the consumers' release of its use u - 1 (phase u - 1).
-        if (use > 0) aj_mbarrier_wait(&k_empty[s], (aj_u32)((use - 1) & 1));
-        aj_mbarrier_arrive_expect_tx(&k_full[s], AJ_SM90_K_STAGE);
-        aj_sm90_tma_tile<true>(maps, sh.k + s * AJ_SM90_K_STAGE, &k_full[s], t, kvh, (int)b);
-        if (use > 0) aj_mbarrier_wait(&v_empty[s], (aj_u32)((use - 1) & 1));
-        aj_mbarrier_arrive_expect_tx(&v_full[s], AJ_SM90_V_STAGE);
-        aj_sm90_tma_tile<false>(maps, sh.v + s * AJ_SM90_V_STAGE, &v_full[s], t, kvh, (int)b);
-      }
-    }
-    return;
-  }
-
-  if (AJ_CONSUMER_WGS > 1) aj_setmaxnreg_inc<AJ_CONSUMER_REGS>();
   // The warpgroup's index, warp-uniform to ptxas: its descriptors then live in uniform registers
   // (no conversion before each wgmma).
   const int wg = aj_warp_uniform(tid / 128), warp = (tid / 32) % 4, lane = tid % 32;
@@ -227,14 +224,16 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
   aj_u32 pa[AJ_TILE_K / 16][4];
   AjTile next{};      // tile j + 1 at the top of iteration j
   bool more = false;  // whether there is one
-  AjSm90TmaHooks hooks{k_empty, v_empty, &cur, &next, &more, 0, 0, wg, false};
+  const int s0 = aj_ring_stage(j0);
+  AjSm90TmaHooks hooks{r.k_empty, r.v_empty, &cur, &next, &more, s0, 0, wg, false};
+  int j = 0;  // the item's tiles: j0 + j is the block's count, which picks stages and phases
   if (any) {
     if (AJ_CONSUMER_WGS > 1 && wg == AJ_CONSUMER_WGS - 1) aj_named_arrive(1, 256);  // warpgroup 0 issues first
-    aj_mbarrier_wait(&k_full[0], 0);
+    aj_mbarrier_wait(&k_full[s0], aj_ring_parity(j0));
     if (busy) {
       const AjTile t = cur.tile();
       hooks.turn();
-      aj_sm90_issue_s(s, q_desc, k_desc);
+      aj_sm90_issue_s(s, q_desc, k_desc + s0 * (AJ_SM90_K_STAGE >> 4));
       hooks.pass();
       hooks.issued();  // now at tile 1 (with the lookahead)
       aj_wgmma_wait<0>();
@@ -251,19 +250,19 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
     }
   }
 
-  for (int j = 0; any; ++j) {
+  for (; any; ++j) {
     if (!AJ_SM90_LOOKAHEAD) hooks.advance();
     // `next` is tile j + 1 (`more`: there is one); the cursor stands on it.
-    const int sv = j % AJ_STAGES;
+    const int sv = aj_ring_stage(j0 + j);
     const aj_u64 vj = v_desc + sv * (AJ_SM90_V_STAGE >> 4);
     hooks.sv = sv;
     hooks.last = !more;
     if (more) {
-      const int sk = (j + 1) % AJ_STAGES;
+      const int sk = aj_ring_stage(j0 + j + 1);
       const AjTile t = next;
       hooks.sk = sk;
-      aj_mbarrier_wait(&k_full[sk], (aj_u32)(((j + 1) / AJ_STAGES) & 1));
-      aj_mbarrier_wait(&v_full[sv], (aj_u32)((j / AJ_STAGES) & 1));
+      aj_mbarrier_wait(&k_full[sk], aj_ring_parity(j0 + j + 1));
+      aj_mbarrier_wait(&v_full[sv], aj_ring_parity(j0 + j));
       // Straight-line branches, as in fwd_sm90.cuh (C7514). K(j + 1)'s stage is released once
       // S(j + 1) has read it, V(j)'s once P(j) V(j) has (the hooks).
       if (busy) {
@@ -277,7 +276,7 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
         hooks.pv_read();
       }
     } else {
-      aj_mbarrier_wait(&v_full[sv], (aj_u32)((j / AJ_STAGES) & 1));
+      aj_mbarrier_wait(&v_full[sv], aj_ring_parity(j0 + j));
       hooks.turn();
       if (busy) {
         aj_sm90_issue_pv(acc, pa, vj);  // the last tile
@@ -287,9 +286,104 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
         hooks.pass();
       }
       hooks.pv_read();
+      ++j;
       break;
     }
   }
 
   aj_tc_store_rows(p, item, b, warp_row + g, quad, acc, m, l);
+  return j0 + j;
+}
+
+// Q's rows of one work item into shared memory by the consumers' cp.async, visible to wgmma (the
+// async proxy) once every consumer has passed the next barrier.
+__device__ __forceinline__ void aj_sm90_tma_load_q(const AjParams& p, const AjSm90Shared& sh, const AjItem& item, aj_i64 b) {
+  const aj_elem* qb = (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride;
+  aj_sm90_load_rows<AJ_TILE_Q, AJ_HEAD_DIM, AJ_CONSUMERS>(sh.q, qb, p.q_row_stride, item.rows_start, item.rows_stride,
+                                                          item.rows_count);
+  aj_cp_async_commit();
+  aj_cp_async_wait<0>();
+  aj_fence_proxy_async();  // Q is read by wgmma (the async proxy) after the barrier
+}
+
+// Persistent blocks (AJ_PERSISTENT): the launch has fewer blocks than work (one per SM), and each
+// takes the units u = blockIdx.x, blockIdx.x + gridDim.x, ... of the items x batch entries, unit u
+// being item u / batch of batch entry u % batch: a static scheduler over the plan's heaviest-first
+// order, so every round of blocks takes the heaviest items left. The producer walks the same
+// units and runs on into the next item's K and V while the consumers finish this one (its last
+// products, the epilogue, the next Q), where a block per item would drain its rings and start
+// cold. Between items the consumers meet on their own barrier twice: before Q is overwritten
+// (every warpgroup's wgmmas on the old Q have been waited for) and after the new Q has landed
+// (with three warpgroups, warpgroup 0's first issue waits only for warpgroup 2's handoff, not for
+// warpgroup 1's share of Q). The emulator does not see either barrier missing: it completes a
+// wgmma at its thread's wait in index order and lands the first K tile only once every consumer
+// waits for it, which hides both races; they are argued here, not caught by a broken variant.
+#define AJ_Q_BARRIER 4  // the ping-pong takes barriers 1 to 3
+struct AjFwdUnits {
+  aj_i64 first, step, end;  // units first, first + step, ... below end
+};
+__device__ __forceinline__ AjFwdUnits aj_fwd_units(const AjParams& p) {
+  return AjFwdUnits{(aj_i64)aj_block_idx_x(), (aj_i64)aj_grid_dim_x(), (aj_i64)p.num_items * p.batch};
+}
+
+__device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMaps& maps) {
+  AJ_DYNAMIC_SHARED(aj_smem);
+  unsigned char* const smem = aj_smem + ((1024 - aj_smem_addr(aj_smem) % 1024) % 1024);
+  const AjSm90TmaRings r = aj_sm90_tma_rings(smem);
+  const int tid = aj_thread_idx();
+#ifdef AJ_PERSISTENT
+  const AjFwdUnits units = aj_fwd_units(p);
+  if (units.first >= units.end) return;  // more blocks than work
+#else
+  const AjItem item = p.items[aj_block_idx_x()];
+  const aj_i64 b = aj_batch_index();
+  if (b >= p.batch) return;
+#endif
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < AJ_STAGES; ++s) {
+      aj_mbarrier_init(&r.k_full[s], 1);
+      aj_mbarrier_init(&r.v_full[s], 1);
+      aj_mbarrier_init(&r.k_empty[s], AJ_CONSUMERS);
+      aj_mbarrier_init(&r.v_empty[s], AJ_CONSUMERS);
+    }
+  }
+#ifndef AJ_PERSISTENT
+  if (tid < AJ_CONSUMERS) {
+    AjTileCursor probe;
+    probe.begin(p, item);
+    if (!probe.done()) aj_sm90_tma_load_q(p, r.sh, item, b);
+  }
+#endif
+  aj_syncthreads();  // the mbarriers are initialised (and Q is in place) for every thread
+
+  if (tid >= AJ_CONSUMERS) {  // the producer warpgroup: its first thread issues every load
+    if (AJ_CONSUMER_WGS > 1) aj_setmaxnreg_dec<AJ_PRODUCER_REGS>();
+    if (tid == AJ_CONSUMERS) {
+#ifdef AJ_PERSISTENT
+      int j = 0;
+      for (aj_i64 u = units.first; u < units.end; u += units.step)
+        j = aj_sm90_tma_produce(p, maps, r, p.items[u / p.batch], u % p.batch, j);
+#else
+      aj_sm90_tma_produce(p, maps, r, item, b, 0);
+#endif
+    }
+    return;
+  }
+
+  if (AJ_CONSUMER_WGS > 1) aj_setmaxnreg_inc<AJ_CONSUMER_REGS>();
+#ifdef AJ_PERSISTENT
+  int j = 0;
+  for (aj_i64 u = units.first; u < units.end; u += units.step) {
+    const AjItem item = p.items[u / p.batch];
+    const aj_i64 b = u % p.batch;
+    aj_named_sync(AJ_Q_BARRIER, AJ_CONSUMERS);  // every consumer is done with the last item's Q
+    aj_sm90_tma_load_q(p, r.sh, item, b);
+    aj_named_sync(AJ_Q_BARRIER, AJ_CONSUMERS);
+    j = aj_sm90_tma_consume(p, r, item, b, j);
+  }
+#else
+  aj_sm90_tma_consume(p, r, item, b, 0);
+#endif
 }

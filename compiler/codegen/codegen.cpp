@@ -222,6 +222,7 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   if (r.poly_exp2 && forward && k.path != KernelPath::Simt) os << "#define AJ_POLY_EXP2 4\n";
   // The forward of a pattern whose plans may be packed weighs its weighted keys (aj_tc_weigh).
   if (k.key_weights) os << "#define AJ_KEY_WEIGHTS 1\n";
+  if (k.persistent && forward) os << "#define AJ_PERSISTENT 1\n";  // fwd_sm90_tma.cuh's persistent blocks
   if (k.path == KernelPath::Sm80 && !paged && !fp8_sm89(k.path, r)) {
     // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
     os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "
@@ -427,6 +428,9 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& request, con
   const std::string predicate = generate_mask_predicate(p);
   k.has_mask = pattern_has_mask(p);
   k.seeks = kernel_seeks(p, r);
+  // Persistent blocks on the TMA forward, but not in a kernel that seeks: its larger cursor, kept
+  // across the loop over items, spilled into the tile loop (16 local accesses a tile at head dim 128).
+  k.persistent = r.persistent && k.path == KernelPath::Sm90Tma && !k.seeks;
   k.key_weights = r.pack_branches && branches_may_pack(p) && r.dtype != DType::E4M3;  // FP8: Separate plans
 
   std::ostringstream os;

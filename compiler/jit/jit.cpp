@@ -52,6 +52,7 @@ KernelRequest knob_request(const Shape& s, DType dtype, int arch, bool arch_spec
   r.lazy_rescale = knobs().lazy_rescale;
   r.poly_exp2 = knobs().poly_exp2;
   r.pack_branches = knobs().pack_branches;
+  r.persistent = knobs().persistent;
   return r;
 }
 

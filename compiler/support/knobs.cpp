@@ -183,6 +183,8 @@ const KnobSpec kKnobs[] = {
      [](const Knobs& k) { return print_bool(k.lazy_rescale); }},
     {"ATTNJIT_PACK_BRANCHES", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.pack_branches); },
      [](const Knobs& k) { return print_bool(k.pack_branches); }},
+    {"ATTNJIT_PERSISTENT", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.persistent); },
+     [](const Knobs& k) { return print_bool(k.persistent); }},
     {"ATTNJIT_POLY_EXP2", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.poly_exp2); },
      [](const Knobs& k) { return print_bool(k.poly_exp2); }},
     {"ATTNJIT_DETERMINISTIC", [](const char* n, const std::string& v, Knobs& k) { parse_bool(n, v, k.deterministic); },

@@ -63,6 +63,10 @@ struct Knobs {
   // FMA pipe (a cubic, aj_ex2_poly) instead of the SFU (FlashAttention-4); off by default until a
   // GPU has measured it (RuntimeOptions::poly_exp2).
   bool poly_exp2 = false;
+  // ATTNJIT_PERSISTENT=1: the Hopper TMA forward runs persistent blocks, one per SM, each taking
+  // work items in turn (RuntimeOptions::persistent_blocks = -1); off by default until a GPU has
+  // measured it.
+  bool persistent = false;
   // A GPU of compute capability 9.0 runs the Hopper forward (sm_90a: wgmma, TMA) where it supports
   // the request, as proven in the emulator; ATTNJIT_SM90A=0 runs the sm_80 kernel there instead.
   bool sm90a = true;

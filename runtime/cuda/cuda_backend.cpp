@@ -174,7 +174,8 @@ class CudaBackend final : public Backend {
 public:
   CudaBackend(const Pattern& p, const Problem& pb, int device, const std::string& cache_dir, const KernelConfig& config,
               const KernelConfig& backward_config, const TemplateSet& templates, const KernelChoices& choices)
-      : pattern_(p), problem_(pb), device_(device), cache_dir_(cache_dir), context_(shared_context(device)) {
+      : pattern_(p), problem_(pb), device_(device), cache_dir_(cache_dir), context_(shared_context(device)),
+        persistent_blocks_(choices.persistent_blocks) {
     const ScopedCurrentContext current(context_);
     const RelaxedCapture relaxed(true);  // prepared inside a capture: loading a module is no stream work
     if (knobs().keep_pool_memory) keep_pool_memory(device);
@@ -184,6 +185,7 @@ public:
     KernelRequest r = forward_request(problem_request(pb, arch, cuda_arch_specific(arch)), config, choices);
     source_ = generate_kernel(p, r, templates);
     max_shared_ = info.max_shared_per_block_optin;
+    sm_count_ = info.sm_count;
     main_ = load(source_, info.name);
     if (source_.tma_maps) {  // the cp.async kernel, for calls whose key rows no tensor map describes
       r.tma = false;
@@ -355,10 +357,15 @@ public:
       }
     }
     void* args[] = {&kp, &maps};  // the cp.async kernels take only the first
-    const BatchGrid b = batch_grid(problem_.batch);
-    launch(function, static_cast<unsigned>(launched), b.y, b.z, static_cast<unsigned>(source->threads),
-           static_cast<unsigned>(source->shared_bytes), stream, args,
-           source->name + " grid=(" + std::to_string(launched) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
+    BatchGrid b = batch_grid(problem_.batch);
+    unsigned gx = static_cast<unsigned>(launched);
+    if (source->persistent) {  // blocks take the items x batch entries in turn (fwd_sm90_tma.cuh); one fits an SM
+      gx = static_cast<unsigned>(persistent_grid(persistent_blocks_, int64_t{launched} * problem_.batch, sm_count_));
+      b.y = b.z = 1;
+    }
+    launch(function, gx, b.y, b.z, static_cast<unsigned>(source->threads), static_cast<unsigned>(source->shared_bytes), stream,
+           args,
+           source->name + " grid=(" + std::to_string(gx) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
                ") block=" + std::to_string(source->threads) + " smem=" + std::to_string(source->shared_bytes));
   }
 
@@ -460,7 +467,9 @@ private:
   int device_;
   std::string cache_dir_;
   Context& context_;
+  int persistent_blocks_ = 0;  // KernelChoices::persistent_blocks
   int max_shared_ = 0;
+  int sm_count_ = 0;
   KernelSource source_;
   Loaded main_;
   KernelSource fallback_source_;  // with a TMA kernel: the cp.async kernel, loaded on first need

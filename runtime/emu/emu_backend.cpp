@@ -121,7 +121,7 @@ class EmuBackend final : public Backend {
 public:
   EmuBackend(const Pattern& p, const Problem& pb, ArchName arch, const std::string& cache_dir, const KernelConfig& config,
              const KernelConfig& backward_config, const TemplateSet& templates, const KernelChoices& choices)
-      : pattern_(p), problem_(pb), cache_dir_(cache_dir) {
+      : pattern_(p), problem_(pb), cache_dir_(cache_dir), persistent_blocks_(choices.persistent_blocks) {
     KernelRequest r = forward_request(problem_request(pb, arch.arch, arch.specific), config, choices);
     source_ = generate_kernel(p, r, templates);
     module_ = emu::load_emu_module(emu::compile_for_emulator(emu::emu_source_of(source_), kernel_cache_for(cache_dir), knobs()));
@@ -213,9 +213,14 @@ public:
     }
     void* args[] = {&kp, &maps};  // the cp.async kernels take only the first
     emu::LaunchRequest r;
-    r.grid[0] = static_cast<unsigned>(launched);
-    r.grid[1] = batch_grid(problem_.batch).y;
-    r.grid[2] = batch_grid(problem_.batch).z;
+    if (source->persistent) {  // blocks take the items x batch entries in turn (fwd_sm90_tma.cuh)
+      r.grid[0] = static_cast<unsigned>(persistent_grid(persistent_blocks_, launched * problem_.batch, kEmuPersistentSms));
+      r.grid[1] = r.grid[2] = 1;
+    } else {
+      r.grid[0] = static_cast<unsigned>(launched);
+      r.grid[1] = batch_grid(problem_.batch).y;
+      r.grid[2] = batch_grid(problem_.batch).z;
+    }
     r.block_threads = static_cast<unsigned>(source->threads);
     r.dynamic_shared = static_cast<size_t>(source->shared_bytes);
     r.args = args;
@@ -352,6 +357,7 @@ private:
   Pattern pattern_;
   Problem problem_;
   std::string cache_dir_;
+  int persistent_blocks_ = 0;  // KernelChoices::persistent_blocks
   KernelSource source_;
   KernelSource fallback_;  // with a TMA kernel: the cp.async kernel, compiled on first need
   std::once_flag fallback_once_;

@@ -21,6 +21,7 @@ __device__ __forceinline__ int aj_thread_idx() { return (int)threadIdx.x; }
 __device__ __forceinline__ int aj_block_idx_x() { return (int)blockIdx.x; }
 __device__ __forceinline__ int aj_block_idx_y() { return (int)blockIdx.y; }
 __device__ __forceinline__ int aj_block_idx_z() { return (int)blockIdx.z; }
+__device__ __forceinline__ int aj_grid_dim_x() { return (int)gridDim.x; }
 
 // Marks rare path `path` taken (AJ_RARE_*, common.cuh: the exact sums after a non-finite value):
 // nothing on a GPU; the emulator counts them, so tests can tell that finite inputs never take one.
@@ -34,6 +35,7 @@ __device__ __forceinline__ int aj_thread_idx() { return (int)aj_emu_thread_idx(0
 __device__ __forceinline__ int aj_block_idx_x() { return (int)aj_emu_block_idx(0); }
 __device__ __forceinline__ int aj_block_idx_y() { return (int)aj_emu_block_idx(1); }
 __device__ __forceinline__ int aj_block_idx_z() { return (int)aj_emu_block_idx(2); }
+__device__ __forceinline__ int aj_grid_dim_x() { return (int)aj_emu_grid_dim(0); }
 __device__ __forceinline__ void aj_rare_path(int path) { aj_emu_rare_path(path); }
 
 #endif  // AJ_EMULATE

@@ -345,7 +345,8 @@ public:
     const Device d = device_for(c);
     const std::string key =
         d.describe() + "/" + describe(c.config) + (c.tma ? "" : "/cp.async") + (c.random_in_kernel ? "/random-in-kernel" : "") +
-        (c.lazy_rescale ? "/lazy-rescale" : "") + (c.poly_exp2 ? "/poly-exp2" : "");
+        (c.lazy_rescale ? "/lazy-rescale" : "") + (c.poly_exp2 ? "/poly-exp2" : "") +
+        (c.persistent_blocks ? "/persistent" + std::to_string(c.persistent_blocks) : "");
     std::lock_guard<std::mutex> lock(m_);
     std::unique_ptr<Runtime>& rt = map_[key];
     if (!rt) {
@@ -354,6 +355,7 @@ public:
       o.tma = c.tma;
       o.lazy_rescale = c.lazy_rescale;
       o.poly_exp2 = c.poly_exp2;
+      o.persistent_blocks = c.persistent_blocks;
       if (c.random_in_kernel) o.random_in_kernel_above = 0;
       rt = std::make_unique<Runtime>(o);
     }

@@ -146,6 +146,7 @@ struct Case {
   float key_ramp = 0.0f;
   bool lazy_rescale = false;  // RuntimeOptions::lazy_rescale
   bool poly_exp2 = false;     // RuntimeOptions::poly_exp2
+  int persistent_blocks = 0;  // RuntimeOptions::persistent_blocks
   // V elements set after the inputs are drawn ([B, S, H, Dv] contiguous index, value): a NaN or an
   // inf the reference confines to the rows that attend its key. Where the reference's output is
   // NaN the device's must be NaN; where it is infinite, the same infinity.

@@ -322,6 +322,47 @@ TEST_CASE("exponentials on the FMA pipe give the reference's softmax on every te
                                                 }));
 }
 
+// Persistent blocks (RuntimeOptions::persistent_blocks): the Hopper TMA forward launched with fewer
+// blocks than work units (items x batch entries), each block taking units in turn, its K/V rings
+// running on from one item into the next. Every example at head dims 64 (192-row tiles, three
+// consumer warpgroups) and 128; one block (every unit in it), two and three (rounds that leave
+// blocks idle at the end), one per SM (the emu device's 4); a batch of 3 (units interleave the batch
+// entries); GQA and a last tile cut short; rows with work only (items without tiles between
+// others). On a GPU without the Hopper kernels the option must change nothing, which the same
+// cases check.
+TEST_CASE("persistent blocks give the reference on every example", "[gpu][emu][attention][persistent]") {
+  SKIP_WITHOUT_GPU();
+  std::vector<Case> cases;
+  uint64_t seed = 9100;
+  int n = 0;
+  const std::vector<Path> paths = target() == Target::Emu ? std::vector<Path>{{"sm90a-tma-bf16", DType::BF16, 90, true, true}}
+                                                          : std::vector<Path>{{"bf16", DType::BF16, 80, false, true}};
+  for (const Path& path : paths)
+    for (const auto& [pname, pattern] : example_patterns())
+      for (const int64_t d : {int64_t(64), int64_t(128)}) {
+        const int blocks = std::vector<int>{1, 2, 3, -1}[size_t(n++ % 4)];
+        Case c;
+        c.name = pname + "/persistent" + std::to_string(blocks) + "-" + path.name + "/d" + std::to_string(d);
+        c.pattern = pattern, c.dtype = path.dtype, c.arch = path.arch, c.sm90a = path.sm90a, c.tma = path.tma;
+        c.seed = seed++;
+        c.shape = make_shape(d == 64 ? 3 : 1, 300, 300, 4, 2, d);
+        c.persistent_blocks = blocks;
+        cases.push_back(std::move(c));
+      }
+  for (const Path& path : paths) {  // rows with work only: causal keys after most queries
+    Case c;
+    c.name = "causal-keys-later/persistent2-" + std::string(path.name);
+    c.pattern = PatternBuilder().branch(BranchSpec().full().causal()).build();
+    c.dtype = path.dtype, c.arch = path.arch, c.sm90a = path.sm90a, c.tma = path.tma;
+    c.seed = seed++;
+    c.shape = make_shape(2, 300, 300, 4, 2, 64, 0, 200);
+    c.rows_with_work_only = true;
+    c.persistent_blocks = 2;
+    cases.push_back(std::move(c));
+  }
+  check_cases("persistent", cases);
+}
+
 // A dynamic table on the device with problems: entries past the key blocks, negative ones, repeats,
 // a last row offset past the entries, rows out of order. The kernels count them as
 // sanitize_dynamic_table does, skip the bad entries (the answer is the reference's over the table

@@ -29,7 +29,7 @@ const std::vector<std::string> kAllVariables = {
     "HOME", "ATTNJIT_DETERMINISTIC", "ATTNJIT_EMU_CXX", "ATTNJIT_EMU_SEED", "ATTNJIT_EMU_THREADS", "ATTNJIT_EMU_TIMEOUT",
     "ATTNJIT_CPU_SIMD", "ATTNJIT_MAX_WEIGHTS", "ATTNJIT_NVRTC", "ATTNJIT_PLAN_CACHE_BYTES", "ATTNJIT_SM90A", "ATTNJIT_TMA",
     "ATTNJIT_RANDOM_IN_KERNEL", "ATTNJIT_PROGRESS_AFTER", "ATTNJIT_BWD_WGMMA", "ATTNJIT_LAZY_RESCALE", "ATTNJIT_POLY_EXP2",
-    "ATTNJIT_PACK_BRANCHES"};
+    "ATTNJIT_PACK_BRANCHES", "ATTNJIT_PERSISTENT"};
 
 // Clears every variable the knobs read and restores the caller's environment afterwards.
 class CleanEnvironment {
@@ -137,6 +137,9 @@ TEST_CASE("knobs parse every variable", "[knobs]") {
   CHECK(Knobs::from_environment().bwd_wgmma);
   env.set("ATTNJIT_BWD_WGMMA", "0");
   CHECK_FALSE(Knobs::from_environment().bwd_wgmma);
+  CHECK_FALSE(Knobs::from_environment().persistent);
+  env.set("ATTNJIT_PERSISTENT", "1");
+  CHECK(Knobs::from_environment().persistent);
   CHECK_FALSE(Knobs::from_environment().lazy_rescale);
   env.set("ATTNJIT_LAZY_RESCALE", "1");
   CHECK(Knobs::from_environment().lazy_rescale);
@@ -290,6 +293,7 @@ TEST_CASE("knobs describe lists every knob once as NAME=value", "[knobs]") {
         "ATTNJIT_KEEP_POOL_MEMORY=0\n"
         "ATTNJIT_LAZY_RESCALE=0\n"
         "ATTNJIT_PACK_BRANCHES=1\n"
+        "ATTNJIT_PERSISTENT=0\n"
         "ATTNJIT_POLY_EXP2=0\n"
         "ATTNJIT_DETERMINISTIC=0\n"
         "ATTNJIT_MAX_WEIGHTS=268435456\n"

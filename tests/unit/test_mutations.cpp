@@ -69,6 +69,7 @@ struct Mutation {
   // different tiles of a span (the second branch covers only the query's 128 positions): the
   // weights must reach every score they stand for.
   bool packed = false;
+  int persistent = 0;  // RuntimeOptions::persistent_blocks (the TMA forward's AJ_PERSISTENT)
 };
 
 const Mutation kMutations[] = {
@@ -236,25 +237,25 @@ const Mutation kMutations[] = {
     {"sm_90a, cp.async: no barrier before a stage is overwritten (head dim 256: 64-key tiles, so a stage is reused)", "fwd_sm90.cuh",
      "    aj_syncthreads();  // K(j + 1)'s and V(j)'s stages are overwritten by later prefetches\n", "\n", DType::BF16, false, false, 256, true, false},
     {"sm_90a, TMA: consumers read K(j + 1) without waiting for its load", "fwd_sm90_tma.cuh",
-     "      aj_mbarrier_wait(&k_full[sk], (aj_u32)(((j + 1) / AJ_STAGES) & 1));\n", "\n", DType::BF16, false, false, 64, true},
+     "      aj_mbarrier_wait(&k_full[sk], aj_ring_parity(j0 + j + 1));\n", "\n", DType::BF16, false, false, 64, true},
     // (head dim 256: 64-key tiles, so stages are reused)
     {"sm_90a, TMA: the producer refills a V stage without waiting for its release", "fwd_sm90_tma.cuh",
-     "        if (use > 0) aj_mbarrier_wait(&v_empty[s], (aj_u32)((use - 1) & 1));\n", "\n", DType::BF16, false, false, 256, true},
+     "    if (use > 0) aj_mbarrier_wait(&r.v_empty[s], (aj_u32)((use - 1) & 1));\n", "\n", DType::BF16, false, false, 256, true},
     {"sm_90a, TMA: a V stage released before P V's wgmma has read it", "fwd_sm90.cuh",
      "  aj_wgmma_wait<0>();  // P(j) V(j) is done\n  hooks.pv_read();\n", "  hooks.pv_read();\n  aj_wgmma_wait<0>();\n", DType::BF16, false, false,
      256, true},
     {"sm_90a, TMA: consumers wait on V's stage with the wrong parity", "fwd_sm90_tma.cuh",
-     "      aj_mbarrier_wait(&v_full[sv], (aj_u32)((j / AJ_STAGES) & 1));\n      // Straight-line",
-     "      aj_mbarrier_wait(&v_full[sv], (aj_u32)((j / AJ_STAGES + 1) & 1));\n      // Straight-line", DType::BF16, false, false, 64,
+     "      aj_mbarrier_wait(&v_full[sv], aj_ring_parity(j0 + j));\n      // Straight-line",
+     "      aj_mbarrier_wait(&v_full[sv], aj_ring_parity(j0 + j) ^ 1);\n      // Straight-line", DType::BF16, false, false, 64,
      true},
-    {"sm_90a, TMA: expect_tx announces half of K's bytes", "fwd_sm90_tma.cuh", "aj_mbarrier_arrive_expect_tx(&k_full[s], AJ_SM90_K_STAGE);",
-     "aj_mbarrier_arrive_expect_tx(&k_full[s], AJ_SM90_K_STAGE / 2);", DType::BF16, false, false, 64, true},
+    {"sm_90a, TMA: expect_tx announces half of K's bytes", "fwd_sm90_tma.cuh", "aj_mbarrier_arrive_expect_tx(&r.k_full[s], AJ_SM90_K_STAGE);",
+     "aj_mbarrier_arrive_expect_tx(&r.k_full[s], AJ_SM90_K_STAGE / 2);", DType::BF16, false, false, 64, true},
     {"sm_90a, TMA: a tile's first row given as its dilated index", "fwd_sm90_tma.cuh", "(int)(first + r0 * stride)",
      "(int)(first / stride + r0 * stride)", DType::BF16, false, false, 128, true},
     {"sm_90a, TMA: folded rows stepped by the stride instead of stride / fold", "fwd_sm90_tma.cuh", "row + r0 * step, b)",
      "row + r0 * (int)stride, b)", DType::BF16, false, false, 64, true, true, false, false, false, true},
     {"sm_90a, TMA: no fence.proxy.async after Q's cp.async", "fwd_sm90_tma.cuh",
-     "    aj_fence_proxy_async();  // Q is read by wgmma", "    // Q is read by wgmma", DType::BF16, false, false, 64, true},
+     "  aj_fence_proxy_async();  // Q is read by wgmma", "  // Q is read by wgmma", DType::BF16, false, false, 64, true},
     {"sm_90a, TMA: ping-pong without warpgroup 1's first handoff", "fwd_sm90_tma.cuh",
      "    if (AJ_CONSUMER_WGS > 1 && wg == AJ_CONSUMER_WGS - 1) aj_named_arrive(1, 256);  // warpgroup 0 issues first\n", "\n",
      DType::BF16, false, false, 64, true},
@@ -270,8 +271,21 @@ const Mutation kMutations[] = {
      ": 1 + (wg + 1) % AJ_CONSUMER_WGS;", ": 1 + (wg + 1) % 2;", DType::BF16, false, false,
      64, true, true, false, false, false, false, KernelConfig{192, 128, 2}},
     {"sm_90a, TMA: the mbarriers used before the barrier after their init", "fwd_sm90_tma.cuh",
-     "  aj_syncthreads();  // Q is in place and the mbarriers are initialised, for every thread\n", "\n", DType::BF16, false, false, 64,
+     "  aj_syncthreads();  // the mbarriers are initialised (and Q is in place) for every thread\n", "\n", DType::BF16, false, false, 64,
      true},
+    // Persistent blocks (two: block 0 takes items 0 and 2, block 1 items 1 and 3; one: all four).
+    {"sm_90a, TMA, persistent: each block's next unit one too far (units left out)", "fwd_sm90_tma.cuh",
+     "(aj_i64)aj_grid_dim_x(), (aj_i64)p.num_items * p.batch}", "(aj_i64)aj_grid_dim_x() + 1, (aj_i64)p.num_items * p.batch}",
+     DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 2},
+    {"sm_90a, TMA, persistent: the producer's tile count restarts at each item (stages out of step)", "fwd_sm90_tma.cuh",
+     "u % p.batch, j);", "u % p.batch, 0);", DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{}, false,
+     false, 0, false, false, false, false, 1},
+    {"sm_90a, TMA, persistent: the consumers' tile count restarts at each item", "fwd_sm90_tma.cuh",
+     "    j = aj_sm90_tma_consume(p, r, item, b, j);", "    j = aj_sm90_tma_consume(p, r, item, b, 0);", DType::BF16, false, false, 64,
+     true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 1},
+    {"sm_90a, TMA, persistent: the consumers count an item's tiles one short", "fwd_sm90_tma.cuh", "      ++j;\n      break;",
+     "      break;", DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false,
+     false, false, 1},
     {"the softmax's exponent fused with the scale (the maximum's weight not exactly 1)", "fwd_sm80.cuh",
      "aj_mul_rn(s[j][e], scale_log2) - base[e >> 1]", "fmaf(s[j][e], scale_log2, -base[e >> 1])", DType::BF16,
      false, false, 64, false, true, false, false, false, false, KernelConfig{}, false, true},
@@ -451,7 +465,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
                          bool far_below = false, bool device_table = false, bool random_in_kernel = false, bool folded = false,
                          const KernelConfig& config = {}, bool nonfinite_v = false, bool extreme = false,
                          char nonfinite_in = 0, bool causal = false, bool lazy = false, bool poly = false,
-                         bool packed = false) {
+                         bool packed = false, int persistent = 0) {
   const Pattern p = packed ? PatternBuilder()
                                  .branch(BranchSpec().segment(256).dilation(1).causal())
                                  .branch(BranchSpec().segment(128).dilation(2).offset(OffsetRule::HeadMod).causal())
@@ -553,6 +567,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   ro.lazy_rescale = lazy;
   ro.poly_exp2 = poly;
   ro.config = config;
+  ro.persistent_blocks = persistent;
   if (random_in_kernel) ro.random_in_kernel_above = 0;
   Runtime rt(ro);
   std::vector<float> o(nq, NAN), lse(size_t(s.heads_q * s.seq_q), NAN);
@@ -723,6 +738,14 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   }
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, false, true, false, false, false, false, {}, true, false, 0, false, false,
                      false, true) == "");
+  // Persistent blocks in the TMA forward: one block for every item, two, three consumer warpgroups.
+  for (const int blocks : {1, 2}) {
+    INFO("sm_90a TMA, " << blocks << " persistent blocks");
+    CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, false, {}, false, false, 0, false, false,
+                       false, false, blocks) == "");
+  }
+  CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{192, 128, 2}, false,
+                     false, 0, false, false, false, false, 2) == "");
   // 192-row tiles: three consumer warpgroups in the TMA kernel, twelve warps in the cp.async one.
   for (bool tma : {true, false}) {
     INFO("sm_90a, 192x128, " << (tma ? "TMA" : "cp.async"));
@@ -738,7 +761,7 @@ TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutat
     const std::string outcome =
         check_kernel(t, m.dtype, m.backward, m.deterministic, m.head_dim, m.sm90a, m.tma, m.far_below, m.device_table,
                      m.random_in_kernel, m.folded, m.config, m.nonfinite_v, m.extreme, m.nonfinite_in, m.causal, m.lazy, m.poly,
-                     m.packed);
+                     m.packed, m.persistent);
     INFO("outcome: " << outcome);
     CHECK(!outcome.empty());
   }

@@ -459,6 +459,10 @@ TEST_CASE("every bad input is a clear error before anything runs", "[runtime][er
 
   CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 0, 8, 2, 1, 16, 16, DType::F32, {}}), Catch::Contains("problem.seq_q: must be at least 1"));
   CHECK_THROWS_WITH(rt.prepare(p, Problem{1, 8, 8, 3, 2, 16, 16, DType::F32, {}}), Catch::Contains("problem.heads_kv: 2 does not divide"));
+  RuntimeOptions bad_blocks;
+  bad_blocks.persistent_blocks = -2;
+  CHECK_THROWS_WITH(Runtime(bad_blocks).prepare(p, pb),
+                    Catch::Contains("RuntimeOptions.persistent_blocks: -2 is not a block count; use -1 (one per SM)"));
   ForwardOptions neg;
   neg.q_offset = -1;
   CHECK_THROWS_WITH(op.forward(Q, K, V, O, &L, neg), Catch::Contains("offsets must be >= 0"));
