@@ -104,6 +104,7 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
   mbarriers_.clear();
   tma_ops_.clear();
   tma_pending_ = 0;
+  wgmma_waiting_ = 0;
   deadline_ = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                       std::chrono::duration<double>(launch_.timeout_s));
   for (size_t i = 0; i < threads_.size(); ++i) {
@@ -137,7 +138,8 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
       if (!error_.empty()) break;
     }
     if (!error_.empty()) break;
-    if (!ran && done_ < n && !land_tma_ops()) {  // TMA loads land when nothing else can go on
+    // wgmmas complete, then TMA loads land, when nothing else can go on.
+    if (!ran && done_ < n && !release_wgmma_waits() && !land_tma_ops()) {
       error_ = deadlock_report();
       break;
     }
@@ -514,6 +516,7 @@ std::string BlockExecutor::deadlock_report() const {
         what = "wait at bar.sync " + std::to_string(t.wait_bar) + " (" + std::to_string(named_[t.wait_bar].arrived) + " of " +
                std::to_string(named_[t.wait_bar].count) + " threads arrived) at " + where(t.wait_pc);
         break;
+      case State::AtWgmmaWait: what = "wait for a wgmma (wgmma.wait_group) at " + where(t.wait_pc); break;
       case State::AtMbarrier:
         what = "wait on " + mbarrier_name(t.wait_bar) + " for the phase of parity " + std::to_string(t.wait_parity) + " at " + where(t.wait_pc);
         break;

@@ -147,7 +147,7 @@ public:
   void tma_load(void* dst, const void* tensor_map, const int* coords, int rank, void* bar, const void* pc);
 
 private:
-  enum class State : uint8_t { Ready, Running, AtBarrier, AtCollective, AtMbarrier, AtNamedBarrier, Done, Aborted };
+  enum class State : uint8_t { Ready, Running, AtBarrier, AtCollective, AtMbarrier, AtNamedBarrier, AtWgmmaWait, Done, Aborted };
   enum class Op : uint8_t { None, Shfl, Ldmatrix, Stmatrix, Mma, Wgmma, WarpSync };
   struct PendingCopy {
     uint8_t* dst;
@@ -269,6 +269,10 @@ private:
   std::vector<Mbarrier> mbarriers_;
   std::vector<TmaOp> tma_ops_;
   size_t tma_pending_ = 0;  // ops not landed
+  int wgmma_waiting_ = 0;   // threads in wgmma.wait_group for a wgmma that has not completed
+  // Completes the wgmmas every waiting thread waits for (they run again), when no thread of the
+  // block can go on; false when none waits.
+  bool release_wgmma_waits();
   std::vector<uint32_t> wg_observed_;  // the phases every thread of the wgmma's warpgroup observed
 };
 

@@ -5,7 +5,8 @@
 // still read it, A registers that change before their thread's wait, shared memory written through
 // the generic proxy (stores, cp.async) and read by a wgmma with no fence.proxy.async by the writer
 // in between, a thread that exits with wgmmas in flight. The accumulators read as NaN from issue to
-// wait.
+// wait, and a wgmma completes as late as it may: its waiting threads go on only once no thread of
+// the block can, one warpgroup at a time.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -33,14 +34,39 @@ void BlockExecutor::wgmma_commit(const void*) {
   t.wg_open.clear();
 }
 
-void BlockExecutor::wgmma_wait(int n, const void*) {
+void BlockExecutor::wgmma_wait(int n, const void* pc) {
   tick();
   Thread& t = *current_;
+  if (static_cast<int>(t.wg_committed.size()) > n) {
+    // A wgmma completes as late as it may: once no thread of the block can go on (as a TMA load
+    // lands), and one warpgroup's at a time, so shared memory another warpgroup changes while it
+    // may still read its operands is caught below, where index order alone would have let this
+    // thread finish first.
+    t.state = State::AtWgmmaWait;
+    t.wait_pc = pc;
+    ++wgmma_waiting_;
+    block_until_released(t);
+  }
   while (static_cast<int>(t.wg_committed.size()) > n) {
     for (const std::shared_ptr<WgmmaOp>& op : t.wg_committed.front()) finish_wgmma(t, *op);
     t.wg_committed.pop_front();
   }
   t.wgmma_fenced = false;  // the accumulators are the kernel's again: the next wgmma needs a fence
+}
+
+bool BlockExecutor::release_wgmma_waits() {
+  if (wgmma_waiting_ == 0) return false;
+  // One warpgroup at a time, the lowest waiting: the others' wgmmas stay in flight while it goes
+  // on (completions across warpgroups are unordered on the hardware).
+  int wg = -1;
+  for (Thread& t : threads_) {
+    if (t.state != State::AtWgmmaWait) continue;
+    if (wg < 0) wg = t.tid / 128;
+    if (t.tid / 128 != wg) break;
+    t.state = State::Ready;
+    --wgmma_waiting_;
+  }
+  return true;
 }
 
 void BlockExecutor::finish_wgmma(Thread& t, WgmmaOp& op) {

@@ -315,9 +315,9 @@ __device__ __forceinline__ void aj_sm90_tma_load_q(const AjParams& p, const AjSm
 // cold. Between items the consumers meet on their own barrier twice: before Q is overwritten
 // (every warpgroup's wgmmas on the old Q have been waited for) and after the new Q has landed
 // (with three warpgroups, warpgroup 0's first issue waits only for warpgroup 2's handoff, not for
-// warpgroup 1's share of Q). The emulator does not see either barrier missing: it completes a
-// wgmma at its thread's wait in index order and lands the first K tile only once every consumer
-// waits for it, which hides both races; they are argued here, not caught by a broken variant.
+// warpgroup 1's share of Q). The emulator catches the first missing (a wgmma of another warpgroup
+// still reading the old Q); not the second: it lands the next item's first K tile only once no
+// consumer can go on, so every share of Q is in place before any S is issued.
 #define AJ_Q_BARRIER 4  // the ping-pong takes barriers 1 to 3
 struct AjFwdUnits {
   aj_i64 first, step, end;  // units first, first + step, ... below end

@@ -283,6 +283,9 @@ const Mutation kMutations[] = {
     {"sm_90a, TMA, persistent: the consumers' tile count restarts at each item", "fwd_sm90_tma.cuh",
      "    j = aj_sm90_tma_consume(p, r, item, b, j);", "    j = aj_sm90_tma_consume(p, r, item, b, 0);", DType::BF16, false, false, 64,
      true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 1},
+    {"sm_90a, TMA, persistent: the next item's Q loaded before every consumer is done with the last", "fwd_sm90_tma.cuh",
+     "    aj_named_sync(AJ_Q_BARRIER, AJ_CONSUMERS);  // every consumer is done with the last item's Q\n", "\n", DType::BF16, false, false,
+     64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, true, false, false, false, 1},
     {"sm_90a, TMA, persistent: the consumers count an item's tiles one short", "fwd_sm90_tma.cuh", "      ++j;\n      break;",
      "      break;", DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false,
      false, false, 1},
@@ -746,6 +749,8 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   }
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{192, 128, 2}, false,
                      false, 0, false, false, false, false, 2) == "");
+  CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, false, {}, false, false, 0, true, false,
+                     false, false, 1) == "");  // causal: items whose three warpgroups all read Q
   // 192-row tiles: three consumer warpgroups in the TMA kernel, twelve warps in the cp.async one.
   for (bool tma : {true, false}) {
     INFO("sm_90a, 192x128, " << (tma ? "TMA" : "cp.async"));

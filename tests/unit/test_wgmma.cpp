@@ -263,6 +263,18 @@ TEST_CASE("wgmma misuse the hardware leaves undefined is reported", "[emu][wgmma
     auto m = kernel("wgmma_overwrite", with_n(ss_body(true, true, true, false, true), 64));
     CHECK_THAT(run(*m, a, b, shared), Catch::Contains("changed before") && Catch::Contains("wgmma.wait_group"));
   }
+  SECTION("an operand overwritten by another warpgroup before the wait (a wgmma completes as late as it may)") {
+    // Warpgroup 0 issues, then lets warpgroup 1 past a named barrier, which overwrites an operand;
+    // in index order warpgroup 0 would have waited before warpgroup 1 ran, but the wgmma completes
+    // only once nothing else can go on, as on the hardware it may.
+    std::string body = ss_body(true, true, false, false, false);
+    body.replace(body.find("x += 128"), 8, "x += 256");  // 256 threads copy the tiles
+    body.replace(body.find("  const aj_u32 sa"), 0, "  if (t >= 128) {\n    aj_named_sync(1, 256);\n    if (t == 128) ((aj_u16*)tiles)[5] = 0;\n    return;\n  }\n");
+    body += "aj_named_arrive(1, 256);\naj_wgmma_wait<0>();\n";
+    body += kStoreD;
+    auto m = kernel("wgmma_overwrite_other_wg", with_n(body, 64));
+    CHECK_THAT(run(*m, a, b, shared, 0, 256), Catch::Contains("changed before") && Catch::Contains("wgmma.wait_group"));
+  }
   SECTION("accumulators read before the wait are NaN") {
     auto m = kernel("wgmma_read_early", with_n(ss_body(true, true, false, true, true), 64));
     REQUIRE(run(*m, a, b, shared).empty());
