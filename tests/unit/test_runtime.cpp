@@ -532,6 +532,23 @@ TEST_CASE("a device dynamic table: the answer of its sanitised host table, probl
   CHECK_THROWS_WITH(dense.forward(Q, K, V, O, &L, fo), Catch::Contains("was given, but the pattern has no \"dynamic\" layout"));
 }
 
+// A persistent forward's launch: one block per SM (-1) or the count asked for, never more blocks
+// than work units and never none; the request asks for the persistent kernel exactly when the
+// choice is not 0.
+TEST_CASE("persistent blocks: the grid a launch takes, and the kernel request", "[runtime]") {
+  CHECK(persistent_grid(-1, 2048, 132) == 132);
+  CHECK(persistent_grid(-1, 100, 132) == 100);
+  CHECK(persistent_grid(3, 100, 132) == 3);
+  CHECK(persistent_grid(500, 100, 132) == 100);
+  CHECK(persistent_grid(-1, 0, 132) == 1);
+  KernelChoices c;
+  CHECK_FALSE(forward_request(KernelRequest{}, {}, c).persistent);
+  c.persistent_blocks = -1;
+  CHECK(forward_request(KernelRequest{}, {}, c).persistent);
+  c.persistent_blocks = 2;
+  CHECK(forward_request(KernelRequest{}, {}, c).persistent);
+}
+
 TEST_CASE("a CUDA device on a machine without a GPU is a clear error", "[runtime][errors]") {
   std::string why;
   if (CudaDriver::available(&why)) {
