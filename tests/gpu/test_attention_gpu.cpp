@@ -471,6 +471,14 @@ TEST_CASE("random patterns match the float64 reference on the GPU", "[gpu][atten
 TEST_CASE("a small subset for compute-sanitizer", "[gpu][attention][sanitize]") {
   SKIP_WITHOUT_GPU();
   std::vector<Case> cases = example_cases(1.0, true);
+  // The persistent forward (a Hopper GPU's TMA kernel; elsewhere the option changes nothing): its
+  // rings running across items and its consumers' Q barrier under every tool.
+  for (size_t i = 0; i < 2 && i < cases.size(); ++i) {
+    Case c = cases[i];
+    c.name += "/persistent3";
+    c.persistent_blocks = 3;
+    cases.push_back(std::move(c));
+  }
   for (Case& c : random_cases(77, 12, false)) cases.push_back(std::move(c));
   check_cases("sanitize", cases);
 }
