@@ -191,16 +191,14 @@ __device__ __forceinline__ int aj_sm90_tma_produce(const AjParams& p, const AjTm
   return j;
 }
 
-// A consumer thread's whole work item, Q in place: the loop over its key tiles, then the epilogue.
-// `j0` as for the producer; returns the tiles counted after the item.
+// A consumer thread's whole work item, Q in place: the loop over its key tiles (`cur`, begun on the
+// item), then the epilogue. `j0` as for the producer; returns the tiles counted after the item.
 __device__ __forceinline__ int aj_sm90_tma_consume(const AjParams& p, const AjSm90TmaRings& r, const AjItem& item, aj_i64 b,
-                                                   int j0) {
+                                                   AjTileCursor cur, int j0) {
   const AjSm90Shared& sh = r.sh;
   aj_u64* const k_full = r.k_full;
   aj_u64* const v_full = r.v_full;
   const int tid = aj_thread_idx();
-  AjTileCursor cur;
-  cur.begin(p, item);
   const bool any = !cur.done();
   // The warpgroup's index, warp-uniform to ptxas: its descriptors then live in uniform registers
   // (no conversion before each wgmma).
@@ -350,11 +348,9 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
     }
   }
 #ifndef AJ_PERSISTENT
-  if (tid < AJ_CONSUMERS) {
-    AjTileCursor probe;
-    probe.begin(p, item);
-    if (!probe.done()) aj_sm90_tma_load_q(p, r.sh, item, b);
-  }
+  AjTileCursor cur;
+  cur.begin(p, item);
+  if (tid < AJ_CONSUMERS && !cur.done()) aj_sm90_tma_load_q(p, r.sh, item, b);
 #endif
   aj_syncthreads();  // the mbarriers are initialised (and Q is in place) for every thread
 
@@ -378,12 +374,14 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
   for (aj_i64 u = units.first; u < units.end; u += units.step) {
     const AjItem item = p.items[u / p.batch];
     const aj_i64 b = u % p.batch;
+    AjTileCursor cur;
+    cur.begin(p, item);
     aj_named_sync(AJ_Q_BARRIER, AJ_CONSUMERS);  // every consumer is done with the last item's Q
-    aj_sm90_tma_load_q(p, r.sh, item, b);
+    if (!cur.done()) aj_sm90_tma_load_q(p, r.sh, item, b);
     aj_named_sync(AJ_Q_BARRIER, AJ_CONSUMERS);
-    j = aj_sm90_tma_consume(p, r, item, b, j);
+    j = aj_sm90_tma_consume(p, r, item, b, cur, j);
   }
 #else
-  aj_sm90_tma_consume(p, r, item, b, 0);
+  aj_sm90_tma_consume(p, r, item, b, cur, 0);
 #endif
 }

@@ -281,7 +281,7 @@ const Mutation kMutations[] = {
      "u % p.batch, j);", "u % p.batch, 0);", DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{}, false,
      false, 0, false, false, false, false, 1},
     {"sm_90a, TMA, persistent: the consumers' tile count restarts at each item", "fwd_sm90_tma.cuh",
-     "    j = aj_sm90_tma_consume(p, r, item, b, j);", "    j = aj_sm90_tma_consume(p, r, item, b, 0);", DType::BF16, false, false, 64,
+     "    j = aj_sm90_tma_consume(p, r, item, b, cur, j);", "    j = aj_sm90_tma_consume(p, r, item, b, cur, 0);", DType::BF16, false, false, 64,
      true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 1},
     {"sm_90a, TMA, persistent: the next item's Q loaded before every consumer is done with the last", "fwd_sm90_tma.cuh",
      "    aj_named_sync(AJ_Q_BARRIER, AJ_CONSUMERS);  // every consumer is done with the last item's Q\n", "\n", DType::BF16, false, false,
