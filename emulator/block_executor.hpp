@@ -270,8 +270,8 @@ private:
   std::vector<TmaOp> tma_ops_;
   size_t tma_pending_ = 0;  // ops not landed
   int wgmma_waiting_ = 0;   // threads in wgmma.wait_group for a wgmma that has not completed
-  // Completes the wgmmas every waiting thread waits for (they run again), when no thread of the
-  // block can go on; false when none waits.
+  // When no thread of the block can go on: completes the wgmmas of the lowest warpgroup that
+  // waits (its waiting threads run again; the others' stay in flight); false when none waits.
   bool release_wgmma_waits();
   std::vector<uint32_t> wg_observed_;  // the phases every thread of the wgmma's warpgroup observed
 };

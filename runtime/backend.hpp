@@ -159,9 +159,6 @@ struct KernelChoices {
   // 0 off, else at most that many).
   int persistent_blocks = 0;
 };
-// The blocks a persistent forward launches for `units` work units (items x batch entries) on a
-// device of `sms` multiprocessors, as `choice` (KernelChoices::persistent_blocks, not 0) asks.
-int64_t persistent_grid(int choice, int64_t units, int64_t sms);
 // The multiprocessors the emu device stands for in a persistent launch of one block per SM.
 constexpr int kEmuPersistentSms = 4;
 // The forward's and the backward's requests: `r` (the problem's) with `config` and the choices.

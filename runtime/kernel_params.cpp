@@ -217,6 +217,15 @@ BatchGrid batch_grid(int64_t batch) {
   return {static_cast<unsigned>(std::min(batch, kMaxY)), static_cast<unsigned>((batch + kMaxY - 1) / kMaxY)};
 }
 
+LaunchGrid forward_grid(int64_t items, int64_t batch, bool persistent, int persistent_blocks, int64_t sms) {
+  if (!persistent) {
+    const BatchGrid b = batch_grid(batch);
+    return {static_cast<unsigned>(items), b.y, b.z};
+  }
+  const int64_t units = items * batch, most = persistent_blocks < 0 ? sms : int64_t{persistent_blocks};
+  return {static_cast<unsigned>(std::max<int64_t>(1, std::min(units, most))), 1, 1};
+}
+
 BackwardGrids backward_grids(const Problem& pb, const BackwardKernels& k, size_t items, const BackwardPlan& key_major,
                              bool deterministic, bool add) {
   const uint64_t aux = static_cast<uint64_t>(k.aux_threads);

@@ -259,9 +259,6 @@ KernelRequest forward_request(KernelRequest r, const KernelConfig& config, const
   return r;
 }
 
-int64_t persistent_grid(int choice, int64_t units, int64_t sms) {
-  return std::max<int64_t>(1, std::min(units, choice < 0 ? sms : int64_t{choice}));
-}
 
 KernelRequest backward_request(KernelRequest r, const KernelConfig& config, const KernelChoices& c) {
   r = forward_request(r, config, c);

@@ -357,15 +357,11 @@ public:
       }
     }
     void* args[] = {&kp, &maps};  // the cp.async kernels take only the first
-    BatchGrid b = batch_grid(problem_.batch);
-    unsigned gx = static_cast<unsigned>(launched);
-    if (source->persistent) {  // blocks take the items x batch entries in turn (fwd_sm90_tma.cuh); one fits an SM
-      gx = static_cast<unsigned>(persistent_grid(persistent_blocks_, int64_t{launched} * problem_.batch, sm_count_));
-      b.y = b.z = 1;
-    }
-    launch(function, gx, b.y, b.z, static_cast<unsigned>(source->threads), static_cast<unsigned>(source->shared_bytes), stream,
+    // A persistent kernel's block fills an SM (its shared memory): one per SM at most.
+    const LaunchGrid g = forward_grid(launched, problem_.batch, source->persistent, persistent_blocks_, sm_count_);
+    launch(function, g.x, g.y, g.z, static_cast<unsigned>(source->threads), static_cast<unsigned>(source->shared_bytes), stream,
            args,
-           source->name + " grid=(" + std::to_string(gx) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
+           source->name + " grid=(" + std::to_string(g.x) + "," + std::to_string(g.y) + "," + std::to_string(g.z) +
                ") block=" + std::to_string(source->threads) + " smem=" + std::to_string(source->shared_bytes));
   }
 

@@ -213,14 +213,8 @@ public:
     }
     void* args[] = {&kp, &maps};  // the cp.async kernels take only the first
     emu::LaunchRequest r;
-    if (source->persistent) {  // blocks take the items x batch entries in turn (fwd_sm90_tma.cuh)
-      r.grid[0] = static_cast<unsigned>(persistent_grid(persistent_blocks_, launched * problem_.batch, kEmuPersistentSms));
-      r.grid[1] = r.grid[2] = 1;
-    } else {
-      r.grid[0] = static_cast<unsigned>(launched);
-      r.grid[1] = batch_grid(problem_.batch).y;
-      r.grid[2] = batch_grid(problem_.batch).z;
-    }
+    const LaunchGrid g = forward_grid(launched, problem_.batch, source->persistent, persistent_blocks_, kEmuPersistentSms);
+    r.grid[0] = g.x, r.grid[1] = g.y, r.grid[2] = g.z;
     r.block_threads = static_cast<unsigned>(source->threads);
     r.dynamic_shared = static_cast<size_t>(source->shared_bytes);
     r.args = args;

@@ -8,6 +8,7 @@
 #include "compiler/support/error.hpp"
 #include "compiler/pattern/mask.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/kernel_params.hpp"
 #include "runtime/cuda/cuda_driver.hpp"
 #include "runtime/input_checks.hpp"
 #include "runtime/npy.hpp"
@@ -533,14 +534,26 @@ TEST_CASE("a device dynamic table: the answer of its sanitised host table, probl
 }
 
 // A persistent forward's launch: one block per SM (-1) or the count asked for, never more blocks
-// than work units and never none; the request asks for the persistent kernel exactly when the
-// choice is not 0.
+// than work units (items x batch entries) and never none, all in x; otherwise a block per item
+// with the batch in y and z. The request asks for the persistent kernel exactly when the choice
+// is not 0.
 TEST_CASE("persistent blocks: the grid a launch takes, and the kernel request", "[runtime]") {
-  CHECK(persistent_grid(-1, 2048, 132) == 132);
-  CHECK(persistent_grid(-1, 100, 132) == 100);
-  CHECK(persistent_grid(3, 100, 132) == 3);
-  CHECK(persistent_grid(500, 100, 132) == 100);
-  CHECK(persistent_grid(-1, 0, 132) == 1);
+  auto x = [](int64_t items, int64_t batch, int blocks, int64_t sms) {
+    const LaunchGrid g = forward_grid(items, batch, true, blocks, sms);
+    CHECK(g.y == 1);
+    CHECK(g.z == 1);
+    return int64_t{g.x};
+  };
+  CHECK(x(2048, 1, -1, 132) == 132);
+  CHECK(x(100, 1, -1, 132) == 100);
+  CHECK(x(50, 2, -1, 132) == 100);
+  CHECK(x(100, 1, 3, 132) == 3);
+  CHECK(x(100, 1, 500, 132) == 100);
+  CHECK(x(0, 1, -1, 132) == 1);
+  const LaunchGrid plain = forward_grid(100, 70000, false, -1, 132);
+  CHECK(plain.x == 100);
+  CHECK(plain.y == batch_grid(70000).y);
+  CHECK(plain.z == batch_grid(70000).z);
   KernelChoices c;
   CHECK_FALSE(forward_request(KernelRequest{}, {}, c).persistent);
   c.persistent_blocks = -1;
