@@ -420,6 +420,20 @@ nb::dict stats(const std::string& spec, int64_t seq_q, int64_t heads_q, int64_t 
   return d;
 }
 
+// The attended pairs of each query row over all query heads, int64 [Sq] (pairs_per_row).
+nb::ndarray<nb::numpy, int64_t> row_pairs(const std::string& spec, int64_t seq_q, int64_t heads_q, int64_t seq_k,
+                                          int64_t heads_kv, int64_t q_offset, int64_t k_offset) {
+  const Shape s = shape_of(1, seq_q, seq_k, heads_q, heads_kv, 64, 64, q_offset, k_offset);
+  const Pattern p = pattern_of(spec);
+  check_pattern_fits(p, s);
+  std::vector<int64_t> out;
+  {
+    nb::gil_scoped_release release;
+    out = pairs_per_row(MaskContext{p, s, nullptr});
+  }
+  return numpy_of(std::move(out), {static_cast<size_t>(seq_q)});
+}
+
 // What one call touches: (key rows attended, uint8 [Hkv, Sk]; query rows that attend a key, uint8
 // [Hq, Sq]) (plan_key_rows, plan_attending_rows), the same whatever the tiles. What
 // attnjit.distributed sends of a K/V shard and merges of a step's output; both all zero when the
@@ -594,6 +608,7 @@ NB_MODULE(_attnjit, m) {
   m.def("stats", &stats);
   m.def("mask", &mask);
   m.def("call_rows", &call_rows);
+  m.def("row_pairs", &row_pairs);
   m.def("info", &info);
   m.def("_add_nvrtc_search_path", &add_nvrtc_search_path, "a file or folder to search for NVRTC (the package registers PyPI's NVRTC wheels)");
   m.def("backward_workspace_bytes", &backward_workspace_bytes);

@@ -293,6 +293,20 @@ KeyProgression intersect(const KeyProgression& a, const KeyProgression& b) {
                         step > INT64_MAX ? 1 : static_cast<int64_t>(step)};
 }
 
+std::vector<int64_t> pairs_per_row(const MaskContext& c) {
+  const Shape& s = c.shape;
+  std::vector<int64_t> out(static_cast<size_t>(s.seq_q), 0);
+  RowCounter rows(c);
+  std::vector<int64_t> counts;
+  for (int64_t h = 0; h < s.heads_q; ++h) {
+    for (int64_t i = 0; i < s.seq_q; ++i) {
+      rows.row(h, i, counts);
+      for (int64_t n : counts) add_pairs(out[static_cast<size_t>(i)], n);
+    }
+  }
+  return out;
+}
+
 int64_t distinct_key_count(const MaskContext& c, int64_t h, int64_t i) {
   RowCounter rows(c);
   std::vector<int64_t> counts;

@@ -23,6 +23,11 @@ struct PatternStats {
 // `progress`, when given, hears how many of the (head, row) pairs are done.
 PatternStats pattern_stats(const MaskContext& c, Progress* progress = nullptr);
 
+// The attended pairs of each query row, over all query heads and with multiplicity ([seq_q]; they
+// sum to pattern_stats' attended_pairs): where a pattern's work sits along the sequence, which
+// attnjit.distributed reads to find the rows that attend far more than the rest (global rows).
+std::vector<int64_t> pairs_per_row(const MaskContext& c);
+
 // The keys a query row attends in at least one branch, however many attend each: |union over
 // branches|. Each branch's keys are arithmetic progressions (one per interval its layout keeps);
 // between consecutive ends of those pieces the union is counted by inclusion-exclusion (an

@@ -119,6 +119,27 @@ TEST_CASE("distinct pairs: each (head, query, key) once, however many branches a
   }
 }
 
+TEST_CASE("pairs_per_row: each query row's attended pairs over the heads, summing to attended_pairs", "[mask][property]") {
+  CaseGenerator gen(2718);
+  for (int n = 0; n < 200; ++n) {
+    const auto c = gen.next();
+    const MaskContext ctx{c.pattern, c.shape, c.dynamic ? &*c.dynamic : nullptr};
+    INFO("case " << n << "\n" << canonical_text(c.pattern) << "seq_q=" << c.shape.seq_q << " seq_k=" << c.shape.seq_k);
+    const std::vector<int64_t> rows = pairs_per_row(ctx);
+    REQUIRE(rows.size() == static_cast<size_t>(c.shape.seq_q));
+    int64_t total = 0;
+    for (int64_t i = 0; i < c.shape.seq_q; ++i) {
+      int64_t want = 0;
+      for (int64_t h = 0; h < c.shape.heads_q; ++h)
+        for (int64_t j = 0; j < c.shape.seq_k; ++j) want += attend_count(ctx, h, i, j);
+      INFO("row " << i);
+      REQUIRE(rows[static_cast<size_t>(i)] == want);
+      total += want;
+    }
+    REQUIRE(pattern_stats(ctx).attended_pairs == total);
+  }
+}
+
 TEST_CASE("a layout's key intervals for a block row are exactly the keys layout_allows", "[mask][property]") {
   CaseGenerator gen(5150);
   std::mt19937_64 rng(3);
