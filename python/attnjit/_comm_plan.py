@@ -160,33 +160,90 @@ def chunks_of(seq_len: int, world_size: int, rank: int, layout="contiguous"):
     return [(rank * n, n), ((2 * world_size - 1 - rank) * n, n)]
 
 
+# Heavy rows: a query row whose attended pairs are over HEAVY_ROWS times the mean row's (BigBird's
+# global rows, which attend every key) is computed by the ranks that hold its keys. Rows within
+# HEAVY_GAP of each other are taken together, and a rank with more than HEAVY_RUNS such runs keeps
+# every row at home (a kernel call per run and key chunk would cost more than it saves).
+HEAVY_ROWS, HEAVY_GAP, HEAVY_RUNS = 4.0, 64, 8
+
+
+def heavy_runs(row_pairs, chunks, factor=HEAVY_ROWS, gap=HEAVY_GAP, most=HEAVY_RUNS):
+    """The runs of heavy rows of each rank: per rank, (chunk index, global start, length) of the
+    rows whose entry of `row_pairs` (attended pairs per row, [seq_len]) is over `factor` times
+    the mean, runs closer than `gap` rows joined, never across a chunk's edge. Empty everywhere
+    when no row is that heavy, factor is None, or some rank would have more than `most` runs."""
+    out = [[] for _ in chunks]
+    mean = float(np.mean(row_pairs)) if len(row_pairs) else 0.0
+    if factor is None or mean <= 0:
+        return out
+    heavy = np.asarray(row_pairs) > factor * mean
+    for r, held in enumerate(chunks):
+        for ci, (start, n) in enumerate(held):
+            for i in map(int, np.flatnonzero(heavy[start:start + n])):
+                if out[r] and out[r][-1][0] == ci and start + i - (out[r][-1][1] + out[r][-1][2]) < gap:
+                    out[r][-1] = (ci, out[r][-1][1], start + i + 1 - out[r][-1][1])
+                else:
+                    out[r].append((ci, start + i, 1))
+        if len(out[r]) > most:
+            return [[] for _ in chunks]
+    return out
+
+
 class CommPlan:
     """What ring_attention computes and moves for one pattern, sequence, head count, world size and
     layout; the same on every rank. Made per pair of ranks on first use (a rank needs only the pairs
     it takes part in); `pairs` and `rows` give them all, print() shows them step by step.
 
-    `pairs[(qr, kr)]`: the (query chunk, key chunk) index pairs of ranks qr and kr that attend
-    anything; `rows[(qr, kr)]`: bool [heads_kv, S/W], the K/V rows of rank kr that rank qr reads
-    (a pair with nothing to attend is absent from both)."""
+    A rank's query rows are cut into pieces, (local start, length, global start), each inside one of
+    its chunks. Home pieces (`home[r]`) are computed on their rank against the K/V rows it receives;
+    away pieces (`away[r]`: heavy rows, see heavy_runs; none unless `heavy_rows` finds some) are
+    sent, as Q, to every rank whose keys they attend, which computes them against its own K/V and
+    returns partial (O, LSE) (dQ in the backward). Without heavy rows the home pieces are the chunks.
 
-    def __init__(self, spec: str, seq_len: int, heads_q: int, heads_kv: int, world_size: int, layout: str):
+    `pairs[(qr, kr)]`: the (home piece, key chunk) index pairs of ranks qr and kr that attend
+    anything; `rows[(qr, kr)]`: bool [heads_kv, S/W], the K/V rows of rank kr that rank qr's home
+    pieces read (a pair with nothing to attend is absent from both); `visit(qr, kr)`: the (away
+    piece, key chunk) pairs of qr's away pieces against kr's keys. Finding heavy rows counts every
+    row's pairs once per plan (Pattern row counts, linear in the rows: 1-3 s at 1M tokens and 16
+    heads on one core; plans are cached per shape)."""
+
+    def __init__(self, spec: str, seq_len: int, heads_q: int, heads_kv: int, world_size: int, layout: str,
+                 heavy_rows=HEAVY_ROWS):
         self.spec = spec
         self.seq_len, self.heads_q, self.heads_kv = seq_len, heads_q, heads_kv
-        self.world_size, self.layout = world_size, layout
+        self.world_size, self.layout, self.heavy_rows = world_size, layout, heavy_rows
         self.chunks = [chunks_of(seq_len, world_size, r, layout) for r in range(world_size)]
         self.local_len = seq_len // world_size
-        self._pairs = {}
+        runs = [[] for _ in range(world_size)]
+        if heavy_rows is not None and world_size > 1:
+            runs = heavy_runs(_attnjit.row_pairs(spec, seq_len, heads_q, seq_len, heads_kv, 0, 0), self.chunks,
+                              heavy_rows)
+        self.home, self.away = [], []
+        for r in range(world_size):
+            home, away = [], []
+            for ci, (start, n) in enumerate(self.chunks[r]):
+                base, at = self.local_start(ci), start
+                for _, rs, rn in (x for x in runs[r] if x[0] == ci):
+                    if rs > at:
+                        home.append((base + at - start, rs - at, at))
+                    away.append((base + rs - start, rn, rs))
+                    at = rs + rn
+                if at < start + n:
+                    home.append((base + at - start, start + n - at, at))
+            self.home.append(home)
+            self.away.append(away)
+        self._pairs, self._visits = {}, {}
         self._ahead = {}  # steps_ahead, by rank
         self._units = {}  # _Ring's index tensors, by (rank, strategy), then by what and device
 
     def pair(self, qr: int, kr: int):
-        """(chunk pairs, key rows read, {chunk pair: query rows computed}) of ranks qr and kr, or
-        None when they attend nothing. Query rows: bool [rows, heads_q] of the query chunk, None
-        when all."""
+        """(piece pairs, key rows read, {piece pair: query rows computed}) of rank qr's home pieces
+        and rank kr's key chunks, or None when they attend nothing. Query rows: bool [rows,
+        heads_q] of the piece, None when all."""
         if (qr, kr) not in self._pairs:
             need = np.zeros((self.heads_kv, self.local_len), dtype=bool)
             pairs, queries = [], {}
-            for qi, (qs, ql) in enumerate(self.chunks[qr]):
+            for qi, (_, ql, qs) in enumerate(self.home[qr]):
                 for ki, (ks, kl) in enumerate(self.chunks[kr]):
                     read, computed = _attnjit.call_rows(self.spec, ql, self.heads_q, kl, self.heads_kv, qs, ks)
                     if read.any():
@@ -197,6 +254,47 @@ class CommPlan:
                         queries[(qi, ki)] = None if computed.all() else np.ascontiguousarray(computed.T)
             self._pairs[(qr, kr)] = (pairs, need, queries) if pairs else None
         return self._pairs[(qr, kr)]
+
+    def visit(self, qr: int, kr: int):
+        """[(away piece, key chunk, query rows computed)] of rank qr's away pieces against rank kr's
+        key chunks that attend anything (query rows as in pair; None when all)."""
+        if (qr, kr) not in self._visits:
+            out = []
+            for ai, (_, an, gs) in enumerate(self.away[qr]):
+                for ki, (ks, kl) in enumerate(self.chunks[kr]):
+                    read, computed = _attnjit.call_rows(self.spec, an, self.heads_q, kl, self.heads_kv, gs, ks)
+                    if read.any():
+                        computed = computed.astype(bool)
+                        out.append((ai, ki, None if computed.all() else np.ascontiguousarray(computed.T)))
+            self._visits[(qr, kr)] = out
+        return self._visits[(qr, kr)]
+
+    def away_offsets(self, rank: int):
+        """Where each away piece of `rank` starts in the block of its away rows (the pieces one
+        after another, as they are sent), and the block's length."""
+        offsets, at = [], 0
+        for _, n, _ in self.away[rank]:
+            offsets.append(at)
+            at += n
+        return offsets, at
+
+    @property
+    def has_away(self) -> bool:
+        return any(self.away)
+
+    def work(self):
+        """The attended pairs (per branch, over all heads) each rank computes: its home pieces
+        against the whole sequence, and every rank's away pieces against its own keys."""
+        def pairs(n, qs, kn, ks):
+            return int(_attnjit.stats(self.spec, n, self.heads_q, kn, self.heads_kv, qs, ks)["attended_pairs"])
+
+        out = []
+        for r in range(self.world_size):
+            total = sum(pairs(n, qs, self.seq_len, 0) for _, n, qs in self.home[r])
+            total += sum(pairs(n, qs, kn, ks) for other in range(self.world_size) for _, n, qs in self.away[other]
+                         for ks, kn in self.chunks[r])
+            out.append(total)
+        return out
 
     def _all(self, index):
         w = self.world_size
@@ -237,8 +335,14 @@ class CommPlan:
         got = self.pair(qr, kr)
         if got is None:
             return 0
-        return int(sum(self.chunks[qr][qi][1] * self.heads_q if rows is None else rows.sum()
+        return int(sum(self.home[qr][qi][1] * self.heads_q if rows is None else rows.sum()
                        for (qi, _), rows in got[2].items()))
+
+    def visiting_rows(self) -> int:
+        """(row, query head) units of away pieces sent to other ranks in one forward (each comes back
+        as partial O and LSE)."""
+        return int(sum(self.away_offsets(qr)[1] * self.heads_q for qr in range(self.world_size)
+                       for kr in range(self.world_size) if kr != qr and self.visit(qr, kr)))
 
     def moved_rows(self) -> int:
         """(row, kv head) units of K/V moved in one forward; a plain ring moves
@@ -253,6 +357,10 @@ class CommPlan:
         if isinstance(self.layout, ChunkLayout) and self.layout.work:
             lines.append("; attended pairs per rank: " + ", ".join(f"r{r} {x}" for r, x in enumerate(self.layout.work))
                          + f" (imbalance {100.0 * self.layout.imbalance:.1f}%)")
+        if self.has_away:
+            lines.append("; heavy rows, computed where their keys are: " + "; ".join(
+                f"rank {r} {', '.join(f'[{s}, {s + n})' for _, n, s in a)}" for r, a in enumerate(self.away) if a)
+                + f" ({self.visiting_rows()} (row, query head) units sent out)")
         for s in range(w):
             cells = []
             for r in range(w):
@@ -273,15 +381,25 @@ class CommPlan:
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_plan(spec, seq_len, heads_q, heads_kv, world_size, layout):
-    return CommPlan(spec, seq_len, heads_q, heads_kv, world_size, layout)
+def _cached_plan(spec, seq_len, heads_q, heads_kv, world_size, layout, heavy_rows=HEAVY_ROWS):
+    return CommPlan(spec, seq_len, heads_q, heads_kv, world_size, layout, heavy_rows)
+
+
+def check_heavy_rows(heavy_rows):
+    if heavy_rows is not None and not (isinstance(heavy_rows, (int, float)) and heavy_rows >= 1):
+        raise ValueError(f"heavy_rows: expected a number >= 1 (rows over that many times the mean row's pairs are "
+                         f"computed where their keys are) or None (every row at home), got {heavy_rows!r}")
+    return None if heavy_rows is None else float(heavy_rows)
 
 
 def comm_plan(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *, world_size: int,
-              layout: str = "contiguous") -> CommPlan:
-    """The CommPlan of ring_attention for a pattern over `seq_len` rows on `world_size` ranks."""
+              layout: str = "contiguous", heavy_rows=HEAVY_ROWS) -> CommPlan:
+    """The CommPlan of ring_attention for a pattern over `seq_len` rows on `world_size` ranks.
+    `heavy_rows`: rows whose attended pairs are over this many times the mean row's are computed
+    by the ranks holding their keys (heavy_runs); None keeps every row on its rank."""
     p = as_pattern(pattern)
     heads_kv = heads_q if heads_kv is None else heads_kv
     if world_size < 1:
         raise ValueError(f"world_size: expected >= 1, got {world_size}")
-    return _cached_plan(p.op_spec, int(seq_len), int(heads_q), int(heads_kv), int(world_size), layout)
+    return _cached_plan(p.op_spec, int(seq_len), int(heads_q), int(heads_kv), int(world_size), layout,
+                        check_heavy_rows(heavy_rows))

@@ -36,6 +36,14 @@ where it is computed, the dK/dV of a received chunk into one fp32 pair whose row
 straight back to their owner (in fp32) and are zeroed again. The sums are rounded to the inputs'
 dtype once, at the end, as a single call's are.
 
+Heavy rows: a query row that attends far more than the rest (over `heavy_rows`, 4 by default,
+times the mean row's pairs: BigBird's global rows, which attend every key) would make its rank
+read every other rank's K/V and compute those rows' pairs alone. Such rows are computed where
+their keys are instead: before the ring, one all_to_all sends them as Q (with dO, LSE and D in
+the backward) to every rank whose keys they attend; after it, each rank computes its visitors
+against its own K/V and a second all_to_all returns the partial (O, LSE) in fp32, merged like a
+step's, or the fp32 dQ, added (their dK/dV are the host's own). CommPlan.away names them.
+
 strategy="longnet" is LongNet's own scheme instead (its paper, section 3.2): every rank sends each
 other rank the rows it reads in one collective before any kernel, dK/dV back the same way after.
 
@@ -55,20 +63,21 @@ import torch.distributed as dist
 
 # The layouts and the comm plan (no torch in them), exported here. _cached_plan and _check_layout
 # are used by the tests and attnjit.nn.
-from ._comm_plan import (LAYOUTS, ChunkLayout, CommPlan, _cached_plan, _check_layout,  # noqa: F401
-                         balanced_layout, best_layout, chunks_of, comm_plan)
+from ._comm_plan import (HEAVY_ROWS, LAYOUTS, ChunkLayout, CommPlan, _cached_plan, _check_layout,  # noqa: F401
+                         balanced_layout, best_layout, check_heavy_rows, chunks_of, comm_plan, heavy_runs)
 from ._inputs import check_shapes
 from ._pattern import as_pattern
 from ._torch_ops import backward_add, forward_rows_with_work
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TRAFFIC = {"kv_bytes": 0, "grad_bytes": 0, "messages": 0, "steps_in_flight": 0}
+_TRAFFIC = {"kv_bytes": 0, "grad_bytes": 0, "query_bytes": 0, "messages": 0, "steps_in_flight": 0}
 _AGREED = weakref.WeakKeyDictionary()  # process group -> {call signature: the backward's steps in flight}
 
 
 def traffic() -> dict:
     """Bytes this process has sent through ring_attention since the last reset_traffic(): K/V rows
-    (`kv_bytes`), dK/dV rows of the backward (`grad_bytes`), the number of sends, and the most
+    (`kv_bytes`), dK/dV rows of the backward (`grad_bytes`), the heavy rows' traffic (`query_bytes`:
+    their Q, dO, LSE and D out, partial (O, LSE) and dQ back), the number of sends, and the most
     steps' K/V transfers a ring forward or backward had under way at once (`steps_in_flight`)."""
     return dict(_TRAFFIC)
 
@@ -80,7 +89,7 @@ def reset_traffic():
 
 def _check_agreement(group, signature, steps_ahead):
     """Once per process group and call signature: every rank must call with the same pattern,
-    local shapes, dtype, layout and strategy, or the transfers would not pair up (a hang, or a
+    local shapes, dtype, layout, heavy rows and strategy, or the transfers would not pair up (a hang, or a
     size error deep in the backend). One all_gather_object; on NCCL it is also the group's first
     full collective, which a batch of point-to-point calls that leaves a rank out must not be.
     It also agrees on the backward's steps in flight (the least of the ranks' `steps_ahead`), which
@@ -94,8 +103,8 @@ def _check_agreement(group, signature, steps_ahead):
     dist.all_gather_object(sigs, (signature, steps_ahead), group=group)
     if any(s != signature for s, _ in sigs):
         raise ValueError("ring_attention: the ranks called with different arguments (pattern hash, q/k/v shapes, dtype, "
-                         "layout, strategy): " + "; ".join(f"rank {i}: {s}" for i, (s, _) in enumerate(sigs)) +
-                         "; every rank must pass the same pattern, layout and strategy and shards of one shape")
+                         "layout, heavy_rows, strategy): " + "; ".join(f"rank {i}: {s}" for i, (s, _) in enumerate(sigs)) +
+                         "; every rank must pass the same pattern, layout, heavy_rows and strategy and shards of one shape")
     seen[signature] = min(a for _, a in sigs)
     return seen[signature]
 
@@ -249,16 +258,20 @@ class _Ring:
         s, n = self.plan.chunks[r][i]
         return self.plan.local_start(i), n, s
 
+    def piece(self, i):
+        """(local start, length, global start) of this rank's home piece i (CommPlan.home)."""
+        return self.plan.home[self.rank][i]
+
     def chunk_pairs(self, kr, device):
-        """(query chunk, key chunk, query units computed) of this rank's queries and rank kr's keys;
-        the units sit at the query chunk's place in the local tensors (None: every row)."""
+        """(home piece, key chunk, query units computed) of this rank's queries and rank kr's keys;
+        the units sit at the piece's place in the local tensors (None: every row)."""
         key = ("pairs", kr, str(device))
         if key not in self._cache:
             got = self.plan.pair(self.rank, kr)
             out, total = [], self.plan.local_len
             for qi, ki in (got[0] if got else ()):
                 computed = got[2][(qi, ki)]
-                qa = self.chunk(self.rank, qi)[0]
+                qa = self.piece(qi)[0]
                 out.append((qi, ki, None if computed is None else _Units(computed, device, qa, total)))
             self._cache[key] = out
         return self._cache[key]
@@ -283,37 +296,37 @@ class _Ring:
             for stage in self._stage:
                 _flat(stage).index_fill_(1, units.local, 0)
 
-    # The kernels of the chunk pairs of (this rank's queries, rank kr's keys). Each writes only the
-    # rows that attend a key into one scratch pair, and the merge reads just those rows; the first
-    # merge into a query chunk (its rows still (0, -inf)) is a copy.
+    def scratch(self, q, n, dv):
+        """One (O, LSE) pair of n rows for a kernel's output, kept while the length stays."""
+        if self._scratch is None or self._scratch[0].shape[1] != n:
+            b, _, hq, _ = q.shape
+            self._scratch = (torch.empty((b, n, hq, dv), dtype=q.dtype, device=q.device),
+                             torch.empty((b, hq, n), dtype=torch.float32, device=q.device))
+        return self._scratch
+
+    # The kernels of the piece pairs of (this rank's home queries, rank kr's keys). Each writes only
+    # the rows that attend a key into one scratch pair, and the merge reads just those rows; the
+    # first merge into a piece (its rows still (0, -inf)) is a copy.
     def attend(self, q, kr, kk, vv, acc_o, acc_lse, merged):
         for qi, ki, computed in self.chunk_pairs(kr, q.device):
-            qa, qn, qs = self.chunk(self.rank, qi)
+            qa, qn, qs = self.piece(qi)
             ka, kn, ks = self.chunk(kr, ki)
-            if self._scratch is None or self._scratch[0].shape[1] != qn:
-                b, _, hq, _ = q.shape
-                self._scratch = (torch.empty((b, qn, hq, vv.shape[3]), dtype=q.dtype, device=q.device),
-                                 torch.empty((b, hq, qn), dtype=torch.float32, device=q.device))
-            o, lse = self._scratch
+            o, lse = self.scratch(q, qn, vv.shape[3])
             forward_rows_with_work(q[:, qa:qa + qn], kk[:, ka:ka + kn], vv[:, ka:ka + kn], o, lse, self.spec, qs, ks)
             _merge(acc_o, acc_lse, qa, o, lse, computed, fresh=qi not in merged)
             merged.add(qi)
 
-    # The backward kernels of the chunk pairs of (this rank's queries, rank kr's keys): each adds its
-    # gradients into the fp32 accumulators at the rows with work only (backward_add), with D computed
-    # once per backward (delta, per query chunk): a step costs its attended pairs, and the gradients
-    # are rounded once, at the end.
+    # The backward kernels of the piece pairs of (this rank's home queries, rank kr's keys): each
+    # adds its gradients into the fp32 accumulators at the rows with work only (backward_add), with D
+    # computed once per backward (delta, per piece): a step costs its attended pairs, and the
+    # gradients are rounded once, at the end.
     def attend_backward(self, q, lse, do, delta, kr, kk, vv, dq, dkk, dvv):
         for qi, ki, _ in self.chunk_pairs(kr, q.device):
-            qa, qn, qs = self.chunk(self.rank, qi)
+            qa, qn, qs = self.piece(qi)
             ka, kn, ks = self.chunk(kr, ki)
             rows, keys = slice(qa, qa + qn), slice(ka, ka + kn)
-            args = (q[:, rows], kk[:, keys], vv[:, keys], lse[qi], do[:, rows], delta[qi], dq[:, rows], dkk[:, keys],
-                    dvv[:, keys])
-            # The accumulators' chunks are contiguous at batch 1 (or whole); else one call per batch entry.
-            batches = [slice(None)] if all(t.is_contiguous() for t in args[6:]) else [slice(b, b + 1) for b in range(q.shape[0])]
-            for b in batches:
-                backward_add(*(t[b] for t in args), self.spec, qs, ks)
+            _backward_add(self.spec, qs, ks, q[:, rows], kk[:, keys], vv[:, keys], lse[qi], do[:, rows], delta[qi],
+                          dq[:, rows], dkk[:, keys], dvv[:, keys])
 
     def partial(self, src, dk, dv):
         """fp32 dK/dV of rank src's rows for one step. Where this rank reads some of them, one pair
@@ -346,6 +359,33 @@ class _Ring:
                 if self.plan.pair(qr, kr) is not None:
                     self.rows(qr, kr, device)
             self.chunk_pairs(other, device)
+            if self.plan.has_away:
+                self.visit_pairs(other, device)
+        if self.plan.has_away:
+            self.away_rows(device)
+
+    def away_rows(self, device):
+        """This rank's away rows (its heavy rows, CommPlan.away) as local row indices, in the order
+        they are sent."""
+        key = ("away", str(device))
+        if key not in self._cache:
+            rows = [np.arange(a, a + n) for a, n, _ in self.plan.away[self.rank]]
+            self._cache[key] = torch.from_numpy(np.concatenate(rows) if rows else np.zeros(0, np.int64)).to(device)
+        return self._cache[key]
+
+    def visit_pairs(self, src, device):
+        """(offset in src's away block, rows, global start, key chunk, query units computed) of rank
+        src's away pieces against this rank's keys; the units sit at the piece's place in src's
+        block of away rows (None: every row)."""
+        key = ("visits", src, str(device))
+        if key not in self._cache:
+            offsets, total = self.plan.away_offsets(src)
+            out = []
+            for ai, ki, computed in self.plan.visit(src, self.rank):
+                _, n, gs = self.plan.away[src][ai]
+                out.append((offsets[ai], n, gs, ki, None if computed is None else _Units(computed, device, offsets[ai], total)))
+            self._cache[key] = out
+        return self._cache[key]
 
     def forward(self, q, k, v):
         b, n, hq, _ = q.shape
@@ -355,12 +395,16 @@ class _Ring:
         # The first transfers start here, before the local kernels: as many steps ahead as fit in
         # the bytes of the local K/V (one step where each moves whole chunks, all of them where a
         # pattern moves a few rows), so a step's rows are there however short the steps before.
+        # The heavy rows' Q goes out first (one collective, under way during the ring).
+        visits = _Visits(self, q.device, (q,), (), v.shape[3]) if self.plan.has_away else None
         moves = self.moves(k, v, ahead_bytes=k.nbytes + v.nbytes)
-        merged = set()  # the query chunks merged into so far
+        merged = set()  # the home pieces merged into so far
         self.attend(q, self.rank, k, v, acc_o, acc_lse, merged)
         for src, kv in moves.sources():
             if kv is not None:
                 self.attend(q, src, *kv, acc_o, acc_lse, merged)
+        if visits is not None:
+            visits.forward(k, v, acc_o, acc_lse)
         return acc_o.to(q.dtype), acc_lse
 
     def backward(self, q, k, v, o, lse, do, dlse=None):
@@ -371,13 +415,15 @@ class _Ring:
         delta = (do.float() * o.float()).sum(-1).transpose(1, 2)
         if dlse is not None:
             delta = delta - torch.where(lse == float("-inf"), 0.0, dlse.float())
-        chunks = [self.chunk(self.rank, i) for i in range(len(self.plan.chunks[self.rank]))]
-        delta_of = [delta[:, :, a:a + n].contiguous() for a, n, _ in chunks]
-        lse_of = [lse[:, :, a:a + n].contiguous() for a, n, _ in chunks]
+        pieces = self.plan.home[self.rank]
+        delta_of = [delta[:, :, a:a + n].contiguous() for a, n, _ in pieces]
+        lse_of = [lse[:, :, a:a + n].contiguous() for a, n, _ in pieces]
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         self.prepare(q.device)
+        # The heavy rows' Q, dO, LSE and D go out first (one collective, under way during the ring).
+        visits = _Visits(self, q.device, (q, do), (lse, delta), q.shape[3]) if self.plan.has_away else None
         moves = self.moves(k, v, ahead_steps=self.steps_ahead)
         self.attend_backward(q, lse_of, do, delta_of, self.rank, k, v, dq, dk, dv)
         for src, kv in moves.sources():
@@ -387,7 +433,152 @@ class _Ring:
                 self.attend_backward(q, lse_of, do, delta_of, src, *kv, dq, *partial)
             moves.give_back(src, partial, dk, dv)
         moves.finish(dk, dv)
+        if visits is not None:
+            visits.backward(k, v, dq, dk, dv)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _backward_add(spec, qs, ks, q, k, v, lse, do, delta, dq, dk, dv):
+    """backward_add over views of the call's tensors: one call where the accumulators' views are
+    contiguous (batch 1, or whole), else one per batch entry."""
+    args = (q, k, v, lse, do, delta, dq, dk, dv)
+    batches = [slice(None)] if all(t.is_contiguous() for t in args[6:]) else [slice(b, b + 1) for b in range(q.shape[0])]
+    for b in batches:
+        backward_add(*(t[b] for t in args), spec, qs, ks)
+
+
+def _all_to_all(group, send, recv_shapes, dtype, kind, device, async_op=False):
+    """all_to_all of send[dst] (lists of tensors) into recv_shapes[src] (lists of shapes), in one
+    flat buffer of `dtype`. Returns (work or None, a function that gives got[src], the received
+    tensors as views of the buffer, once the work is done)."""
+    w = len(send)
+    flat = [t.reshape(-1).to(dtype) for dst in range(w) for t in send[dst]]
+    inp = torch.cat(flat) if flat else torch.empty(0, dtype=dtype, device=device)
+    in_splits = [sum(t.numel() for t in send[dst]) for dst in range(w)]
+    out_splits = [sum(int(np.prod(sh)) for sh in recv_shapes[src]) for src in range(w)]
+    out = torch.empty(sum(out_splits), dtype=dtype, device=device)
+    work = dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op)
+    _TRAFFIC[kind] += inp.numel() * inp.element_size()
+    _TRAFFIC["messages"] += sum(1 for n in in_splits if n)
+
+    def got():
+        views, at = [], 0
+        for src in range(w):
+            views.append([])
+            for sh in recv_shapes[src]:
+                n = int(np.prod(sh))
+                views[-1].append(out[at:at + n].view(sh))
+                at += n
+        return views
+
+    return work, got
+
+
+class _Visits:
+    """The heavy rows of one call (CommPlan.away): a rank's away rows go, as Q (with dO, LSE and D in
+    the backward), to every rank whose keys they attend, in one all_to_all started before the ring;
+    after the ring each rank computes its visitors against its own K/V, and a second all_to_all
+    returns the partial (O, LSE), merged by their log-sum-exp in fp32, or the fp32 dQ, added. In the
+    backward a visitor's dK/dV are the host rank's own, added into its accumulators. A rank's own
+    away rows against its own keys take the same path without a transfer. Collectives posted at the
+    same point of the call on every rank keep NCCL's ordering against the ring's transfers."""
+
+    def __init__(self, ring, device, rows, per_head, back_dim):
+        """rows: tensors [B, S/W, Hq, ...] (q; q, dO); per_head: fp32 [B, Hq, S/W] (none; LSE, D);
+        back_dim: the last dimension of what comes back (O's Dv in the forward, dQ's D)."""
+        self.ring, self.device, self.back_dim = ring, device, back_dim
+        plan, r, w = ring.plan, ring.rank, ring.w
+        idx = ring.away_rows(device)
+        mine = [t.index_select(1, idx) for t in rows] + [t.index_select(2, idx) for t in per_head]
+        self.mine = mine
+        self.hosts = [k for k in range(w) if k != r and plan.visit(r, k)]  # ranks my away rows visit
+        self.guests = [s for s in range(w) if s != r and plan.visit(s, r)]  # ranks whose away rows visit me
+        self.kinds = (rows, per_head)
+        self.exchanges = []
+        for group, start in ((rows, 0), (per_head, len(rows))):
+            if not group:
+                continue
+            send = [mine[start:start + len(group)] if dst in self.hosts else [] for dst in range(w)]
+            shapes = [[self._shape(t, src, per_row=start == 0) for t in group] if src in self.guests else []
+                      for src in range(w)]
+            self.exchanges.append(_all_to_all(ring.group, send, shapes, group[0].dtype, "query_bytes", device,
+                                              async_op=True))
+
+    def _shape(self, t, src, per_row):
+        n = self.ring.plan.away_offsets(src)[1]
+        return (t.shape[0], n) + tuple(t.shape[2:]) if per_row else (t.shape[0], t.shape[1], n)
+
+    def visitors(self):
+        """(src, its away block's tensors) for every rank whose away rows this rank computes,
+        itself included, once the first all_to_all is done."""
+        got = []
+        for work, views in self.exchanges:
+            if work is not None:
+                work.wait()
+            got.append(views())
+        r = self.ring.rank
+        out = []
+        for src in range(self.ring.w):
+            if src == r:
+                if self.ring.plan.visit(r, r):
+                    out.append((src, self.mine))
+            elif src in self.guests:
+                out.append((src, [t for g in got for t in g[src]]))
+        return out
+
+    def give_back(self, parts, dtype):
+        """Sends each visitor's part (a list of tensors) back to its rank; returns what came back
+        for this rank's away rows, one list per host (itself included when it hosts its own)."""
+        ring, r, w = self.ring, self.ring.rank, self.ring.w
+        send = [parts.get(dst, []) if dst != r else [] for dst in range(w)]
+        like = [self._part_shapes(r)] * w
+        shapes = [like[src] if src in self.hosts else [] for src in range(w)]
+        work, views = _all_to_all(ring.group, send, shapes, dtype, "query_bytes", self.device)
+        got = views()
+        back = [got[h] for h in self.hosts]
+        if r in parts:
+            back.append(parts[r])
+        return back
+
+    def forward(self, k, v, acc_o, acc_lse):
+        parts = {}
+        for src, (qv,) in self.visitors():
+            _, total = self.ring.plan.away_offsets(src)
+            b, _, hq, _ = qv.shape
+            part_o = torch.zeros((b, total, hq, v.shape[3]), dtype=torch.float32, device=self.device)
+            part_l = torch.full((b, hq, total), float("-inf"), dtype=torch.float32, device=self.device)
+            for a, n, gs, ki, computed in self.ring.visit_pairs(src, self.device):
+                ka, kn, ks = self.ring.chunk(self.ring.rank, ki)
+                o, lse = self.ring.scratch(qv, n, v.shape[3])
+                forward_rows_with_work(qv[:, a:a + n], k[:, ka:ka + kn], v[:, ka:ka + kn], o, lse, self.ring.spec, gs, ks)
+                _merge(part_o, part_l, a, o, lse, computed)
+            # (O, LSE) travel as one fp32 message: O flat, then LSE.
+            parts[src] = [part_o, part_l]
+        for part_o, part_l in self.give_back(parts, torch.float32):
+            for (la, n, _), a in zip(self.ring.plan.away[self.ring.rank], self.ring.plan.away_offsets(self.ring.rank)[0]):
+                _merge(acc_o, acc_lse, la, part_o[:, a:a + n], part_l[:, :, a:a + n], None)
+
+    def backward(self, k, v, dq, dk, dv):
+        parts = {}
+        for src, (qv, dov, lsev, deltav) in self.visitors():
+            dq_part = torch.zeros(qv.shape, dtype=torch.float32, device=self.device)
+            for a, n, gs, ki, _ in self.ring.visit_pairs(src, self.device):
+                ka, kn, ks = self.ring.chunk(self.ring.rank, ki)
+                rows, keys = slice(a, a + n), slice(ka, ka + kn)
+                _backward_add(self.ring.spec, gs, ks, qv[:, rows], k[:, keys], v[:, keys],
+                              lsev[:, :, rows].contiguous(), dov[:, rows], deltav[:, :, rows].contiguous(),
+                              dq_part[:, rows], dk[:, keys], dv[:, keys])
+            parts[src] = [dq_part]
+        idx = self.ring.away_rows(self.device)
+        for (dq_part,) in self.give_back(parts, torch.float32):
+            dq.index_add_(1, idx, dq_part)
+
+    def _part_shapes(self, r):
+        """The shapes of what comes back for rank r's away rows: O [B, n, Hq, Dv] and LSE [B, Hq, n]
+        in the forward, dQ [B, n, Hq, D] in the backward."""
+        q = self.kinds[0][0]
+        b, n, hq = q.shape[0], self.ring.plan.away_offsets(r)[1], q.shape[2]
+        return [(b, n, hq, self.back_dim)] + ([(b, hq, n)] if not self.kinds[1] else [])
 
 
 class _RingMoves:
@@ -500,24 +691,7 @@ class _GatherMoves:
 
     def _exchange(self, send, recv_shapes, dtype, kind, like):
         """all_to_all of send[dst] (tensors) -> recv_shapes[src] (shapes), flattened into one buffer."""
-        w = self.ring.w
-        flat = [t.reshape(-1).to(dtype) for dst in range(w) for t in send[dst]]
-        inp = torch.cat(flat) if flat else torch.empty(0, dtype=dtype, device=like.device)
-        in_splits = [sum(t.numel() for t in send[dst]) for dst in range(w)]
-        out_splits = [sum(int(np.prod(sh)) for sh in recv_shapes[src]) for src in range(w)]
-        out = torch.empty(sum(out_splits), dtype=dtype, device=like.device)
-        dist.all_to_all_single(out, inp, out_splits, in_splits, group=self.ring.group)
-        _TRAFFIC[kind] += inp.numel() * inp.element_size()
-        _TRAFFIC["messages"] += sum(1 for n in in_splits if n)
-        got, at = [], 0
-        for src in range(w):
-            views = []
-            for sh in recv_shapes[src]:
-                n = int(np.prod(sh))
-                views.append(out[at:at + n].view(sh))
-                at += n
-            got.append(views)
-        return got
+        return _all_to_all(self.ring.group, send, recv_shapes, dtype, kind, like.device)[1]()
 
     def sources(self):
         ring, k, v = self.ring, self.k, self.v
@@ -614,15 +788,19 @@ STRATEGIES = ("ring", "longnet")
 
 
 def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", scale=None, return_lse: bool = False,
-                   strategy: str = "ring"):
+                   strategy: str = "ring", heavy_rows=HEAVY_ROWS):
     """Attention of `pattern` over a sequence sharded across `group` (default: the whole world).
 
     q [B, S/W, Hq, D], k [B, S/W, Hkv, D], v [B, S/W, Hkv, Dv]: this rank's rows as `shard` cuts
     them with the same `layout`. Returns this rank's rows of o (and lse fp32 [B, Hq, S/W]), equal
     to attnjit.attention on the whole sequence. Differentiable in q, k and v; fp32, fp16, bf16.
     `strategy`: "ring" (point to point, a step at a time, overlapped) or "longnet" (LongNet's
-    scheme: the rows each rank reads, all exchanged at once in one collective)."""
+    scheme: the rows each rank reads, all exchanged at once in one collective). `heavy_rows`: query
+    rows whose attended pairs are over this many times the mean row's (BigBird's global rows) are
+    computed by the ranks that hold their keys, their Q sent out and partial results sent back, so
+    no rank carries them alone nor reads every K/V row for them; None keeps every row on its rank."""
     w, r = _group_rank(group)
+    heavy_rows = check_heavy_rows(heavy_rows)
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy: expected one of {', '.join(STRATEGIES)}, got {strategy!r}")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -644,10 +822,10 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
         p = p.with_scale(scale)
     if "dynamic<" in p.canonical:  # a dynamic layout anywhere in the tree (its canonical text)
         raise ValueError("pattern: a dynamic layout is not supported by ring_attention; use attnjit.attention")
-    plan = comm_plan(p, q.shape[1] * w, q.shape[2], k.shape[2], world_size=w, layout=layout)
+    plan = comm_plan(p, q.shape[1] * w, q.shape[2], k.shape[2], world_size=w, layout=layout, heavy_rows=heavy_rows)
     ring = _Ring(plan, p.op_spec, r, group, strategy)
     if w > 1:
         ring.steps_ahead = _check_agreement(group, (p.hash, tuple(q.shape), tuple(k.shape), tuple(v.shape), str(q.dtype),
-                                                    layout, strategy), plan.steps_ahead(r))
+                                                    layout, heavy_rows, strategy), plan.steps_ahead(r))
     o, lse = _RingAttention.apply(q, k, v, ring)
     return (o, lse) if return_lse else o

@@ -26,6 +26,10 @@ CASES = {
                                                                          {"segment": 512, "dilation": 2}]}, 4, 4),
 }
 SEQ, HEAD_DIM = 512, 16
+# A global block (rows [0, 32) attend every key and every row attends them) beside a sliding window:
+# its rows attend over 4 times the mean row's keys, so the ring computes them where their keys are.
+GLOBAL_ROWS = {"attnjit": 1, "layout": {"block": 16, "union": [{"local": 1}, {"global": [0, 1]}]},
+               "branches": [{"segment": "full"}]}
 
 
 def _inputs(hq, hkv, dtype=torch.float32, seed=0):
@@ -150,13 +154,36 @@ def _mutation_worker(rank, world, store, out):
                         need[:, ::2] = False
                     return pairs, need, queries
                 first = pairs[0]  # the first chunk pair merges half its query rows
-                rows = np.ones((self.chunks[qr][first[0]][1], self.heads_q), dtype=bool) if queries[first] is None \
+                rows = np.ones((self.home[qr][first[0]][1], self.heads_q), dtype=bool) if queries[first] is None \
                     else queries[first].copy()
                 rows[::2] = False
                 return pairs, need, {**queries, first: rows}
             return mutated
 
+        visit = ad.CommPlan.visit
+
+        def visit_dropped(self, qr, kr):  # the heavy rows skip the last key chunk they attend on another rank
+            got = visit(self, qr, kr)
+            return got[:-1] if qr != kr else got
+
+        # The heavy rows (the global block's) computed where their keys are: a visit left out is seen.
+        q_g, k_g, v_g, do_g = _inputs(2, 2)
+        ref_g = [x.clone().requires_grad_() for x in (q_g, k_g, v_g)]
+        o_g = attnjit.attention(*ref_g, GLOBAL_ROWS)
+        o_g.backward(do_g)
         errors = {}
+        for name, replacement in (("none, heavy rows", visit), ("a visit dropped", visit_dropped)):
+            ad.CommPlan.visit = replacement
+            ad._cached_plan.cache_clear()
+            try:
+                local = [ad.shard(x).requires_grad_() for x in (q_g, k_g, v_g)]
+                o = ad.ring_attention(*local, GLOBAL_ROWS)
+                o.backward(ad.shard(do_g))
+                errors[name] = max([float((o - ad.shard(o_g.detach())).abs().max())] +
+                                   [float((x.grad - ad.shard(r.grad)).abs().max()) for x, r in zip(local, ref_g)])
+            finally:
+                ad.CommPlan.visit = visit
+                ad._cached_plan.cache_clear()
         for name, target, replacement in (("none", None, None), ("a merge dropped", "_merge", skip_later_merges),
                                           ("key rows not sent", "pair", drop("key rows")),
                                           ("query rows not merged", "pair", drop("query rows")),
@@ -183,13 +210,15 @@ def _mutation_worker(rank, world, store, out):
         dist.destroy_process_group()
 
 
-def test_a_dropped_merge_a_row_left_out_or_a_dropped_backward_step_fails_the_equality_check(tmp_path):
+def test_a_dropped_merge_a_row_left_out_a_dropped_backward_step_or_visit_fails_the_equality_check(tmp_path):
     world = 2
     _spawn(_mutation_worker, world, tmp_path, str(tmp_path))
     errors = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(world)]
-    for name in ("a merge dropped", "key rows not sent", "query rows not merged", "a backward step dropped"):
+    for name in ("a merge dropped", "key rows not sent", "query rows not merged", "a backward step dropped",
+                 "a visit dropped"):
         assert max(e[name] for e in errors) > 1e-2, (name, errors)  # caught on some rank
     assert max(e["none"] for e in errors) < 1e-5, errors
+    assert max(e["none, heavy rows"] for e in errors) < 1e-5, errors
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
@@ -213,6 +242,12 @@ def _traffic_worker(rank, world, store, out):
             backward = ad.traffic()
             sent[f"{name} {strategy}"] = {"forward": forward, "backward": backward,
                                           "total": {x: forward[x] + backward[x] for x in forward}}
+        # The global rows kept on their rank instead: rank 0 reads every key row for them.
+        q, k, v, do = _inputs(2, 2)
+        local = [ad.shard(x).requires_grad_() for x in (q, k, v)]
+        ad.reset_traffic()
+        ad.ring_attention(*local, GLOBAL_ROWS, heavy_rows=None).backward(ad.shard(do))
+        sent["global at home"] = ad.traffic()
         # Ranks that disagree all get the same clear error instead of a hang.
         q, k, v, _ = _inputs(2, 2)
         try:
@@ -230,6 +265,7 @@ TRAFFIC_CASES = {
     "window": ({"attnjit": 1, "causal": True, "window": [31, 0], "branches": [{"segment": "full"}]}, 2, 2),
     "dilated": ({"attnjit": 1, "branches": [{"segment": "full", "dilation": 4}]}, 4, 4),
     "dense": ({"attnjit": 1, "branches": [{"segment": "full"}]}, 2, 2),
+    "global": (GLOBAL_ROWS, 2, 2),
 }
 
 
@@ -277,6 +313,26 @@ def test_the_pattern_decides_what_each_rank_sends(tmp_path):
     dense = ad.comm_plan(TRAFFIC_CASES["dense"][0], SEQ, 2, 2, world_size=world)
     assert dense.moved_rows() == ring * 2
     assert sum(s["dilated ring"]["forward"]["kv_bytes"] for s in sent) * 4 == sum(s["dense ring"]["forward"]["kv_bytes"] for s in sent) * 2
+    # The global block's rows [0, 32) go out as Q to the three other ranks (batch 2, 2 heads, fp32)
+    # and come back as partial O and LSE; in the backward Q, dO, LSE and D go out and dQ comes back.
+    glob = ad.comm_plan(GLOBAL_ROWS, SEQ, 2, 2, world_size=world)
+    assert glob.away == [[(0, 32, 0)], [], [], []] and glob.home[0] == [(32, 96, 32)]
+    unit = 2 * 2 * 4  # batch x heads x fp32
+    assert [s["global ring"]["forward"]["query_bytes"] for s in sent] == \
+        [3 * 32 * unit * HEAD_DIM] + [32 * unit * (HEAD_DIM + 1)] * 3
+    assert [s["global ring"]["backward"]["query_bytes"] for s in sent] == \
+        [3 * 32 * unit * (2 * HEAD_DIM + 2)] + [32 * unit * HEAD_DIM] * 3
+    # Rank 0 no longer reads every row of the other ranks (3 x 128 per kv head) for them: the K/V
+    # moved falls from 1120 (row, kv head) units to 384, the window's edges and the global keys.
+    at_home = ad.comm_plan(GLOBAL_ROWS, SEQ, 2, 2, world_size=world, heavy_rows=None)
+    assert not at_home.has_away and (at_home.moved_rows(), glob.moved_rows()) == (1120, 384)
+    assert sum(s["global at home"]["kv_bytes"] for s in sent) == 2 * 1120 * row_bytes  # forward and backward
+    assert sum(s["global ring"]["total"]["kv_bytes"] for s in sent) == 2 * 384 * row_bytes
+    # ... and the work is shared out: rank 0 computed 1.75x the mean of the pairs, now within 6%.
+    for plan, low, high in ((at_home, 1.7, 1.8), (glob, 1.0, 1.06)):
+        work = plan.work()
+        assert sum(work) == attnjit.Pattern.from_json(GLOBAL_ROWS).stats(SEQ, 2)["attended_pairs"]
+        assert low <= max(work) / (sum(work) / world) < high, (plan.heavy_rows, work)
 
 
 def test_the_comm_plan_prints_its_steps():
@@ -402,6 +458,31 @@ def test_a_layout_that_does_not_cut_the_sequence_exactly_is_refused():
         ad.balanced_layout(CASES["causal"][0], 64, 2, world_size=4, chunks_per_rank=3)
 
 
+def test_heavy_runs_join_close_rows_stay_inside_chunks_and_give_up_when_scattered():
+    pairs = np.ones(64)
+    pairs[[0, 1, 5, 40, 63]] = 100  # the mean is 8.7: 4 times it is 34.9
+    halves = [[(0, 32)], [(32, 32)]]
+    assert ad.heavy_runs(pairs, halves, gap=8) == [[(0, 0, 6)], [(0, 40, 1), (0, 63, 1)]]
+    assert ad.heavy_runs(pairs, halves, gap=32) == [[(0, 0, 6)], [(0, 40, 24)]]
+    assert ad.heavy_runs(pairs, halves, gap=8, most=1) == [[], []]  # rank 1 has two runs: none anywhere
+    assert ad.heavy_runs(pairs, halves, factor=None) == [[], []]
+    assert ad.heavy_runs(pairs, halves, factor=20) == [[], []]  # 100 is under 20 x 8.7
+    assert ad.heavy_runs(np.zeros(64), halves) == [[], []]
+    # Never across a chunk's edge, even where the chunks are neighbours in the sequence.
+    edge = np.ones(64)
+    edge[[14, 15, 16]] = 100
+    zigzag = [[(0, 16), (48, 16)], [(16, 16), (32, 16)]]
+    assert ad.heavy_runs(edge, zigzag) == [[(0, 14, 2)], [(0, 16, 1)]]
+    # The comm plan cuts the chunks into home and away pieces at those runs (local start, length, global start).
+    plan = ad.CommPlan(attnjit.Pattern.from_json(GLOBAL_ROWS).op_spec, SEQ, 2, 2, 2, "zigzag")
+    assert plan.away == [[(0, 32, 0)], []]
+    assert plan.home == [[(32, 96, 32), (128, 128, 384)], [(0, 128, 128), (128, 128, 256)]]
+    assert ad.CommPlan(plan.spec, SEQ, 2, 2, 2, "zigzag", None).home == [[(0, 128, 0), (128, 128, 384)],
+                                                                      [(0, 128, 128), (128, 128, 256)]]
+    text = str(plan)
+    assert "; heavy rows, computed where their keys are: rank 0 [0, 32) (64 (row, query head) units sent out)" in text
+
+
 def test_the_comm_plan_prints_the_balanced_assignment_and_each_ranks_pairs():
     spec, hq, hkv = CASES["sliding window"]
     lay = ad.balanced_layout(spec, SEQ, hq, hkv, world_size=4, chunks_per_rank=4)
@@ -452,6 +533,9 @@ def test_bad_input_is_refused_naming_what_is_wrong(one_rank):
         ad.ring_attention(q, k, v, LONGNET, layout="striped")
     with pytest.raises(ValueError, match="strategy: expected one of ring, longnet, got 'allgather'"):
         ad.ring_attention(q, k, v, LONGNET, strategy="allgather")
+    for bad in (0.5, "4", -1):
+        with pytest.raises(ValueError, match=r"heavy_rows: expected a number >= 1 .* or None \(every row at home\)"):
+            ad.ring_attention(q, k, v, LONGNET, heavy_rows=bad)
     with pytest.raises(ValueError, match=r"layout: expected one of contiguous, zigzag or a ChunkLayout \(balanced_layout\), got 'striped'"):
         attnjit.nn.DilatedAttention([64], [1]).sequence_parallel(layout="striped")
     with pytest.raises(ValueError, match="strategy: expected one of ring, longnet"):
