@@ -206,6 +206,31 @@ def bigbird_counts(bb, qc, kc, heads, exact):
     return pairs, rows, qrows
 
 
+def bigbird_split(bb, chunks):
+    """A rank's chunks cut at BigBird's global query blocks: (home, away) chunk lists. A global row
+    attends every key, far over 4 times the mean row at these sizes, so attnjit.distributed
+    computes it on the ranks that hold its keys (its heavy rows; --check compares these pieces with
+    the comm plan's)."""
+    blk, glob = bb["block"], sorted(bb["global"])
+    home, away = [], []
+    for a, n in chunks:
+        at = a
+        for g in glob:
+            lo, hi = max(g * blk, a), min((g + 1) * blk, a + n)
+            if lo >= hi:
+                continue
+            if lo > at:
+                home.append((at, lo - at))
+            if away and away[-1][0] + away[-1][1] == lo:
+                away[-1] = (away[-1][0], hi - away[-1][0])
+            else:
+                away.append((lo, hi - lo))
+            at = hi
+        if at < a + n:
+            home.append((at, a + n - at))
+    return home, away
+
+
 # Documents packed into the sequence, each with a causal mask: documents of DOC_LEN tokens, as the
 # pattern {"segment": DOC_LEN, "causal": true} (a query attends the earlier keys of its segment).
 DOC_LEN = 98304
@@ -257,11 +282,18 @@ def document_work(doc, heads):
 
 def pair_counts(kind, branches, seq, world, layout, heads, exact=False):
     """pairs[q][k], rows[q][k] (key rows read) and qrows[q][k] (query rows with work; (row, head)
-    units) for every (query rank, key rank)."""
-    pairs, rows, qrows = (np.zeros((world, world)) for _ in range(3))
+    units) for every (query rank, key rank), of the query rows computed on their rank; visits[q][k],
+    the pairs of rank q's heavy rows computed on rank k against its keys, and away[q], those rows
+    ((row, head) units; BigBird's global rows, none in the other patterns here)."""
+    pairs, rows, qrows, visits = (np.zeros((world, world)) for _ in range(4))
+    away = np.zeros(world)
     for q in range(world):
         for k in range(world):
             qc, kc = chunks_of(seq, world, q, layout), chunks_of(seq, world, k, layout)
+            if kind == "bigbird":
+                qc, gone = bigbird_split(branches, qc)
+                visits[q, k] = bigbird_counts(branches, gone, kc, heads, exact)[0] if gone else 0
+                away[q] = sum(n for _, n in gone) * heads
             if kind == "documents":
                 pairs[q, k], rows[q, k], qrows[q, k] = document_counts(branches, qc, kc, heads)
                 if q == k:
@@ -280,7 +312,7 @@ def pair_counts(kind, branches, seq, world, layout, heads, exact=False):
                 # The query side of the same count (the branches reaching across select rows alike).
                 qrows[q, k] = (sum(dilated_rows(branches, b, m, a, n, heads) for a, n in qc for b, m in kc) if q != k
                                else sum(n for _, n in qc) * heads)
-    return pairs, rows, qrows
+    return pairs, rows, qrows, visits, away
 
 
 def bandwidth(src, dst):
@@ -321,7 +353,7 @@ def ring_time(comp, xfer, moved, budget=None, ahead=None):
 
 def model(kind, branches, seq, world, layout):
     """Per-step compute and transfer times (s) and the efficiencies of both strategies."""
-    pairs, rows, qrows = pair_counts(kind, branches, seq, world, layout, HEADS)
+    pairs, rows, qrows, visits, away = pair_counts(kind, branches, seq, world, layout, HEADS)
     local = seq // world * HEADS
     fwd_tp, bwd_tp = THROUGHPUT[kind]
     kv = 2 * HEAD_DIM * BYTES  # K and V bytes per (row, kv head)
@@ -354,17 +386,34 @@ def model(kind, branches, seq, world, layout):
         else:
             steps = ring_time(comp, xfer, moved, ahead=steps_ahead(moved, local * kv))
             steps += xfer[world - 1].max() * 2 / 3 if world > 1 else 0.0
-        steps += once
-        ideal = pairs.sum() * 4 * HEAD_DIM * flops_factor / tp / world  # the kernels alone, balanced
+        # Heavy rows: their Q (dO, LSE and D in the backward) goes out in one collective before the
+        # ring, under way during it; after the ring each rank computes its visitors against its own
+        # keys and the partial (O, LSE) in fp32 (dQ in fp32) go back, to each owner over its links
+        # in parallel.
+        host = visits.sum(axis=0) * 4 * HEAD_DIM * flops_factor / tp
+        out_b = (HEAD_DIM * BYTES if direction == "forward" else 2 * HEAD_DIM * BYTES + 8)
+        back_b = (HEAD_DIM + 1) * 4 if direction == "forward" else HEAD_DIM * 4
+        hosts = [[k for k in range(world) if k != q and visits[q, k] > 0] for q in range(world)]
+
+        def links(q, unit):  # seconds for away[q] units of `unit` bytes to or from every host of q
+            nv = sum(away[q] * unit for k in hosts[q] if k // 8 == q // 8)
+            ib = sum(away[q] * unit for k in hosts[q] if k // 8 != q // 8)
+            return max(nv / NVLINK, ib / IB)
+
+        sent = max((links(q, out_b) for q in range(world)), default=0.0)
+        back = max((links(q, back_b) for q in range(world)), default=0.0)
+        steps = max(steps, sent) + host.max() + back + once
+        ideal = (pairs.sum() + visits.sum()) * 4 * HEAD_DIM * flops_factor / tp / world  # the kernels alone, balanced
         # LongNet's scheme: everything moved first (the links of a rank in parallel), then the kernels.
         nv = np.array([sum(rows[r, k] for k in range(world) if k != r and k // 8 == r // 8) for r in range(world)])
         ib = np.array([sum(rows[r, k] for k in range(world) if k // 8 != r // 8) for r in range(world)])
-        gather = max(np.maximum(nv * kv * bytes_factor / NVLINK, ib * kv * bytes_factor / IB)) + comp.sum(axis=0).max() + once
+        gather = (max(max(np.maximum(nv * kv * bytes_factor / NVLINK, ib * kv * bytes_factor / IB)), sent) +
+                  (comp.sum(axis=0) + host).max() + back + once)
         out[direction] = {"compute_ms": 1e3 * comp[1:].max() if world > 1 else 0.0,
                           "transfer_ms": 1e3 * xfer[1:].max() if world > 1 else 0.0,
                           "ring": ideal / steps, "longnet": ideal / gather,
                           "total_ms": 1e3 * steps}
-    work = pairs.sum(axis=1)
+    work = pairs.sum(axis=1) + visits.sum(axis=0)
     out["imbalance"] = work.max() / work.mean() - 1 if work.mean() else 0.0
     out["gb_per_rank"] = rows.sum(axis=1).max() * kv / 1e9
     out["ring_gb_per_rank"] = (world - 1) * seq / world * HEADS * kv / 1e9
@@ -422,11 +471,7 @@ def check():
             if kind == "longnet":
                 branches = branches or longnet_geometric(seq, base=64)
                 spec = {"attnjit": 1, "branches": [{"segment": w, "dilation": r} for w, r in branches]}
-            if kind == "documents":
-                pairs[q, k], rows[q, k], qrows[q, k] = document_counts(branches, qc, kc, heads)
-                if q == k:
-                    rows[q, k] = 0
-            elif kind == "bigbird":
+            if kind == "bigbird":
                 spec = {"attnjit": 1, "branches": [{"segment": "full"}], "layout": {"block": branches["block"], "union": [
                     {"local": 1}, {"global": list(branches["global"])},
                     {"random": {"density": branches["density"], "seed": branches["seed"]}}]}}
@@ -440,20 +485,31 @@ def check():
                     failures += 1
                     print(f"MISMATCH {kind} seq {seq} world {world}: auto layout, model {layout}, attnjit {want_layout}")
             plan = ad.comm_plan(p, seq, heads, world_size=world, layout=layout)
-            pairs, rows, qrows = pair_counts(kind, branches, seq, world, layout, heads, exact=True)
+            pairs, rows, qrows, visits, away = pair_counts(kind, branches, seq, world, layout, heads, exact=True)
             for q in range(world):
+                want_away = plan.away_offsets(q)[1] * heads
+                if away[q] != want_away:
+                    failures += 1
+                    print(f"MISMATCH {kind} {layout} seq {seq} world {world} rank {q}: heavy rows, model {away[q]:.0f}, "
+                          f"attnjit {want_away} ({plan.away[q]})")
                 for k in range(world):
-                    qc, kc = chunks_of(seq, world, q, layout), chunks_of(seq, world, k, layout)
-                    want_pairs = sum(p.stats(n, heads, m, heads, a, b)["attended_pairs"] for a, n in qc for b, m in kc)
+                    kc = chunks_of(seq, world, k, layout)
+
+                    def stats(pieces):
+                        return sum(p.stats(n, heads, m, heads, gs, b)["attended_pairs"] for _, n, gs in pieces for b, m in kc)
+
+                    want_pairs, want_visits = stats(plan.home[q]), stats(plan.away[q])
                     want_rows = int(plan.rows[(q, k)].sum()) if (q, k) in plan.rows and q != k else 0
-                    want_qrows = plan.query_rows(q, k)  # what each chunk pair's kernels write and merge
+                    want_qrows = plan.query_rows(q, k)  # what each piece pair's kernels write and merge
                     ok = (pairs[q, k] == want_pairs and rows[q, k] == want_rows and qrows[q, k] == want_qrows and
-                          (pairs[q, k] > 0) == ((q, k) in plan.pairs))
+                          (pairs[q, k] > 0) == ((q, k) in plan.pairs) and visits[q, k] == want_visits and
+                          (visits[q, k] > 0) == bool(plan.visit(q, k)))
                     if not ok:
                         failures += 1
                         print(f"MISMATCH {kind} {layout} seq {seq} world {world} ranks ({q}, {k}): model pairs "
-                              f"{pairs[q, k]:.0f} rows {rows[q, k]:.0f} query rows {qrows[q, k]:.0f}; attnjit pairs "
-                              f"{want_pairs} rows {want_rows} query rows {want_qrows}")
+                              f"{pairs[q, k]:.0f} rows {rows[q, k]:.0f} query rows {qrows[q, k]:.0f} visits "
+                              f"{visits[q, k]:.0f}; attnjit pairs {want_pairs} rows {want_rows} query rows {want_qrows} "
+                              f"visits {want_visits}")
             # The backward's steps in flight, from the model's rows and from the comm plan's.
             moved = np.array([[rows[r, (r - s) % world] + rows[(r + s) % world, r] for r in range(world)]
                               for s in range(world)])
@@ -467,13 +523,13 @@ def check():
                      else "geometric" if branches else "causal")
             print(f"checked {kind} ({shape}), "
                   f"{layout}, seq {seq}, {world} ranks: steps with work {len(plan.pairs)}, rows moved {plan.moved_rows()}, "
-                  f"backward steps in flight {want_ahead}")
+                  f"backward steps in flight {want_ahead}, heavy rows {plan.away_offsets(0)[1] if plan.has_away else 0}")
     # At the table's sizes the random blocks are counted by their probability: against the exact
     # count (hashed) in total at 32768 tokens on 8 and 16 ranks.
     bb = dict(BIGBIRD, block=32)
     for seq, world, layout in ((32768, 8, "contiguous"), (32768, 16, "zigzag")):
-        exact = pair_counts("bigbird", bb, seq, world, layout, heads, exact=True)
-        expected = pair_counts("bigbird", bb, seq, world, layout, heads, exact=False)
+        exact = pair_counts("bigbird", bb, seq, world, layout, heads, exact=True)[:3]
+        expected = pair_counts("bigbird", bb, seq, world, layout, heads, exact=False)[:3]
         ratios = [float(e.sum() / x.sum()) for e, x in zip(expected, exact)]
         print(f"bigbird expected / exact at {seq} tokens, {world} ranks, {layout}: pairs {ratios[0]:.4f}, rows {ratios[1]:.4f}, "
               f"query rows {ratios[2]:.4f}")
