@@ -184,6 +184,18 @@ def _mutation_worker(rank, world, store, out):
             finally:
                 ad.CommPlan.visit = visit
                 ad._cached_plan.cache_clear()
+        # NaN stays NaN: a NaN in one global row's Q gives that row NaN (from every rank that
+        # computes it) and no other; in bf16 the heavy rows agree at bf16's precision.
+        q_nan = q_g.clone()
+        q_nan[0, 3, 1, 0] = float("nan")
+        o = ad.ring_attention(*(ad.shard(x) for x in (q_nan, k_g, v_g)), GLOBAL_ROWS)
+        if rank == 0:
+            errors["nan row"] = bool(o[0, 3, 1].isnan().all())
+            o[0, 3, 1] = 0
+        errors["other rows finite"] = bool(o.isfinite().all())
+        bf = [x.bfloat16() for x in (q_g, k_g, v_g)]
+        o = ad.ring_attention(*(ad.shard(x) for x in bf), GLOBAL_ROWS)
+        errors["bf16"] = float((o.float() - ad.shard(attnjit.attention(*bf, GLOBAL_ROWS)).float()).abs().max())
         for name, target, replacement in (("none", None, None), ("a merge dropped", "_merge", skip_later_merges),
                                           ("key rows not sent", "pair", drop("key rows")),
                                           ("query rows not merged", "pair", drop("query rows")),
@@ -219,6 +231,8 @@ def test_a_dropped_merge_a_row_left_out_a_dropped_backward_step_or_visit_fails_t
         assert max(e[name] for e in errors) > 1e-2, (name, errors)  # caught on some rank
     assert max(e["none"] for e in errors) < 1e-5, errors
     assert max(e["none, heavy rows"] for e in errors) < 1e-5, errors
+    assert errors[0]["nan row"] and all(e["other rows finite"] for e in errors), errors
+    assert max(e["bf16"] for e in errors) < 2e-2, errors
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
