@@ -352,7 +352,15 @@ KernelConfig resolve_config(const KernelRequest& r) {
     require(c.tile_q < 192 || std::max(r.head_dim, r.head_dim_v) <= 64, "tile_q",
             "the sm_90a path runs 192-row tiles (three warpgroups) up to head dim 64, got " +
                 std::to_string(std::max(r.head_dim, r.head_dim_v)) + "; use tile_q 64 or 128");
-    require(c.tile_k == 64 || c.tile_k == 128, "tile_k", "the sm_90a path needs tile_k 64 or 128, got " + std::to_string(c.tile_k));
+    require(c.tile_k == 64 || c.tile_k == 128 || c.tile_k == 176, "tile_k",
+            "the sm_90a path needs tile_k 64, 128 or 176, got " + std::to_string(c.tile_k));
+    // 176-key tiles (FlashAttention-3's 128 x 176): S is 88 accumulators a thread beside O's, which
+    // fit two consumer warpgroups' registers up to head dim 128; key tiles that do not divide a
+    // layout's blocks are left to 64 and 128.
+    require(c.tile_k != 176 || (std::max(r.head_dim, r.head_dim_v) <= 128 && c.tile_q <= 128 && !r.block_layouts), "tile_k",
+            "the sm_90a path runs 176-key tiles up to head dim 128, with tile_q 64 or 128 and no block layout; got head dim " +
+                std::to_string(std::max(r.head_dim, r.head_dim_v)) + ", tile_q " + std::to_string(c.tile_q) +
+                (r.block_layouts ? " and a block layout" : "") + "; use tile_k 64 or 128");
     require(c.stages >= 2 && c.stages <= 4, "stages", "cp.async pipelines have 2 to 4 stages, got " + std::to_string(c.stages));
     if (!c.warps) c.warps = c.tile_q / 16;
     require(c.warps == c.tile_q / 16, "warps",

@@ -70,7 +70,7 @@ std::vector<KernelConfig> candidates_of(const KernelRequest& base, bool backward
     for (int tq : {64, 128}) add(tq, 64, 2);  // the FP8 sm_89 kernel: 64-key tiles, two stages
   } else if (!backward && (choose_path(r) == KernelPath::Sm90 || choose_path(r) == KernelPath::Sm90Tma)) {
     for (int tq : {64, 128, 192})  // 192: three warpgroups, up to head dim 64 (refused past it)
-      for (int tk : {64, 128})
+      for (int tk : {64, 128, 176})  // 176: up to head dim 128, no block layouts, two stages (refused otherwise)
         for (int stages : {2, 3}) add(tq, tk, stages);
   } else if (!backward && choose_path(r) == KernelPath::Sm80) {
     for (int tq : {64, 128})

@@ -9,11 +9,13 @@ namespace {
 
 constexpr int64_t kMaxElementStride = 8;
 
-// Dilated rows a box of stride r brings: a power of two dividing tile_k with r x rows <= 256.
+// Dilated rows a box of stride r brings: the most that divide tile_k, are a multiple of 8 (each box
+// lands on a 1024-byte boundary, as the 128-byte swizzle needs) and span r x rows <= 256 rows. For
+// tiles of 64 and 128 keys a power of two; a 176-key tile takes boxes of 88 or 16 rows.
 int32_t rows_per_box(int64_t r, int tile_k) {
-  int32_t rows = tile_k;
-  while (rows * r > 256) rows /= 2;
-  return rows;
+  for (int32_t rows = tile_k; rows >= 8; --rows)
+    if (tile_k % rows == 0 && rows % 8 == 0 && rows * r <= 256) return rows;
+  return 8;
 }
 
 // The fold of a stride above 8: the least f dividing both r and seq_k with r / f <= 8 (0: none).

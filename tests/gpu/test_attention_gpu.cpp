@@ -99,6 +99,20 @@ TEST_CASE("the sm_90a forward matches the float64 reference in the emulator", "[
     cases.push_back(std::move(c));
   }
   for (Case& c : config_cases(203, 90, true)) cases.push_back(std::move(c));
+  // 176-key tiles (FlashAttention-3's 128 x 176) on every example without a block layout (those are
+  // refused that tile: resolve_config), up to head dim 128, through both kernels: sequences of one
+  // partial key tile, of one whole and one partial, and a chunk at an offset.
+  int tile176 = 0;
+  for (const bool tma : {true, false})
+    for (Case c : emu_example_cases(true)) {
+      const bool layouts = std::any_of(c.pattern.branches.begin(), c.pattern.branches.end(),
+                                       [](const Branch& b) { return b.layout.has_value(); });
+      if (layouts || c.shape.head_dim > 128) continue;
+      c.config = KernelConfig{128, 176, 2}, c.tma = tma, c.name += std::string("/128x176") + (tma ? "" : "/cp.async");
+      cases.push_back(std::move(c));
+      ++tile176;
+    }
+  REQUIRE(tile176 >= 12);
   // The cp.async kernel (where tensor maps cannot describe the keys): every example once more.
   for (Case c : emu_example_cases(true)) {
     c.tma = false, c.name += "/cp.async";

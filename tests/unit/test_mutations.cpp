@@ -270,6 +270,9 @@ const Mutation kMutations[] = {
     {"sm_90a, TMA, three warpgroups: warpgroup 1 hands over to warpgroup 0, skipping warpgroup 2", "fwd_sm90_tma.cuh",
      ": 1 + (wg + 1) % AJ_CONSUMER_WGS;", ": 1 + (wg + 1) % 2;", DType::BF16, false, false,
      64, true, true, false, false, false, false, KernelConfig{192, 128, 2}},
+    {"sm_90a, 128x176: K's second 64-column block taken 128 key rows on (a power-of-two tile assumed)", "fwd_sm90.cuh",
+     "    const aj_u64 db = k_desc + (((ks / 4) * AJ_TILE_K * AJ_SW", "    const aj_u64 db = k_desc + (((ks / 4) * 128 * AJ_SW",
+     DType::BF16, false, false, 128, true, true, false, false, false, false, KernelConfig{128, 176, 2}},
     {"sm_90a, TMA: the mbarriers used before the barrier after their init", "fwd_sm90_tma.cuh",
      "  aj_syncthreads();  // the mbarriers are initialised (and Q is in place) for every thread\n", "\n", DType::BF16, false, false, 64,
      true},
@@ -755,6 +758,11 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   for (bool tma : {true, false}) {
     INFO("sm_90a, 192x128, " << (tma ? "TMA" : "cp.async"));
     CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, tma, false, false, false, false, KernelConfig{192, 128, 2}) == "");
+  }
+  // 176-key tiles at head dim 128 (the mutation below breaks them only there).
+  for (bool tma : {true, false}) {
+    INFO("sm_90a, 128x176, " << (tma ? "TMA" : "cp.async"));
+    CHECK(check_kernel(embedded, DType::BF16, false, false, 128, true, tma, false, false, false, false, KernelConfig{128, 176, 2}) == "");
   }
 }
 

@@ -343,18 +343,19 @@ extern "C" __global__ void bad_tma(const aj_u32* in, aj_u32* out, const __grid_c
 
 namespace {
 
-std::optional<TmaMapSpecs> specs_for(const std::vector<int>& rates, int64_t seq, void* k_data, std::string* why, int64_t d = 128) {
+std::optional<TmaMapSpecs> specs_for(const std::vector<int>& rates, int64_t seq, void* k_data, std::string* why, int64_t d = 128,
+                                     int tile_k = 128) {
   PatternBuilder b;
   for (int r : rates) b.branch(BranchSpec().segment(64 * r).dilation(r));
   const Pattern p = b.build();
   Shape s;
   s.batch = 2, s.seq_q = s.seq_k = seq, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = d;
-  const Plan plan = lower_to_plan(p, s, TileConfig{128, 128});
+  const Plan plan = lower_to_plan(p, s, TileConfig{128, tile_k});
   const Problem pb{2, seq, seq, 4, 2, d, d, DType::BF16, {}};
   static std::vector<uint16_t> v(size_t(2 * 1024 * 2 * 128));
   const TensorView k = TensorView::contiguous(k_data, DType::BF16, {2, seq, 2, d});
   const TensorView vv = TensorView::contiguous(v.data(), DType::BF16, {2, seq, 2, d});
-  return tma_map_specs(plan, pb, k, vv, 128, why);
+  return tma_map_specs(plan, pb, k, vv, tile_k, why);
 }
 
 }  // namespace
@@ -406,6 +407,22 @@ TEST_CASE("the TMA forward's tensor maps: one per key stride, element strides up
     REQUIRE(odd);
     CHECK(odd->fold[1] == 3);
     CHECK(odd->rows[1] == 64);  // 4 x 64 = 256
+  }
+  SECTION("176-key tiles: boxes of rows that divide the tile and are a multiple of 8 (1024-byte boundaries)") {
+    const auto s = specs_for({1, 2, 4, 6, 12}, 1056, k, &why, 128, 176);
+    REQUIRE(s);
+    REQUIRE(s->used == 5);
+    CHECK(s->rows[0] == 176);
+    CHECK(s->rows[1] == 88);  // 2 x 88 = 176; 2 x 176 > 256
+    CHECK(s->rows[2] == 16);  // 4 x 88 > 256: the next divisor that is a multiple of 8
+    CHECK(s->rows[3] == 16);
+    CHECK(s->fold[4] == 2);
+    CHECK(s->rows[4] == 16);  // 12 folded by 2: element stride 6, 6 x 16 = 96
+    for (int i = 0; i < s->used; ++i) {
+      INFO("map " << i);
+      CHECK(176 % s->rows[i] == 0);
+      CHECK(s->rows[i] % 8 == 0);
+    }
   }
   SECTION("what tensor maps cannot describe: the cp.async kernel runs instead") {
     CHECK_FALSE(specs_for({1, 16}, 1001, k, &why));  // 7 x 11 x 13: no even fold
