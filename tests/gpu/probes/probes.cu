@@ -245,6 +245,8 @@ __device__ __forceinline__ aj_u32 aj_probe_wgmma_at(aj_u32 start, int sw, bool m
 // Both K-major with the 128-byte swizzle (the forward's S = Q K^T): rows of 128 bytes, 8-row groups
 // 1024 bytes apart, a k16 step 32 bytes along the rows.
 AJ_PROBE_WGMMA(probe_wgmma_ss_sw128, 128, AJ_WGMMA_F16, 128, 16, 1024, 32, 128, 0, 16, 1024, 32)
+// The same at N = 176 (the forward's S over a 176-key tile): 22 8-row groups of keys.
+AJ_PROBE_WGMMA(probe_wgmma_ss_sw128_n176, 176, AJ_WGMMA_BF16, 128, 16, 1024, 32, 128, 0, 16, 1024, 32)
 // A in registers, B N-major with the 128-byte swizzle (the forward's O += P V): two 64-column
 // blocks 8192 bytes apart (LBO), 8-row groups of k 1024 bytes apart (SBO), a k16 step 2048 bytes.
 AJ_PROBE_WGMMA(probe_wgmma_rs_mn_sw128, 128, AJ_WGMMA_BF16, -1, 0, 0, 0, 128, 1, 8192, 1024, 2048)

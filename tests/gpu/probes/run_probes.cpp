@@ -250,6 +250,8 @@ const std::vector<Probe>& probes() {
       {"probe_red_add_u32", 2, 1, 64, 0, 8, Compare::Exact, [] { return random_words(64, 18); }},
       {"probe_red_add_f32x2", 2, 1, 64, 0, 8, Compare::Exact, small_integer_floats},
       {"probe_wgmma_ss_sw128", 1, 1, 128, 1024 + 32768, 64 * 128, Compare::Exact, [] { return wgmma_inputs(128, false, 12); }, true},
+      {"probe_wgmma_ss_sw128_n176", 1, 1, 128, 1024 + 16384 + 176 * 128, 64 * 176, Compare::Exact,
+       [] { return wgmma_inputs(176, true, 28); }, true},
       {"probe_wgmma_rs_mn_sw128", 1, 1, 128, 1024 + 32768, 64 * 128, Compare::Exact, [] { return wgmma_inputs(128, true, 13); }, true},
       {"probe_wgmma_ss_sw32_interleave", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, false, 14); }, true},
       {"probe_wgmma_ss_mn_sw128", 1, 1, 128, 1024 + 32768, 64 * 64, Compare::Exact, [] { return wgmma_inputs(64, true, 19); }, true},
