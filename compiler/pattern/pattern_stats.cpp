@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 #include <optional>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -296,14 +297,22 @@ KeyProgression intersect(const KeyProgression& a, const KeyProgression& b) {
 std::vector<int64_t> pairs_per_row(const MaskContext& c) {
   const Shape& s = c.shape;
   std::vector<int64_t> out(static_cast<size_t>(s.seq_q), 0);
-  RowCounter rows(c);
-  std::vector<int64_t> counts;
-  for (int64_t h = 0; h < s.heads_q; ++h) {
-    for (int64_t i = 0; i < s.seq_q; ++i) {
-      rows.row(h, i, counts);
-      for (int64_t n : counts) add_pairs(out[static_cast<size_t>(i)], n);
-    }
-  }
+  // Slices of rows on the machine's threads (each its own counter; the context is only read).
+  auto count = [&](int64_t lo, int64_t hi) {
+    RowCounter rows(c);
+    std::vector<int64_t> counts;
+    for (int64_t h = 0; h < s.heads_q; ++h)
+      for (int64_t i = lo; i < hi; ++i) {
+        rows.row(h, i, counts);
+        for (int64_t n : counts) add_pairs(out[static_cast<size_t>(i)], n);
+      }
+  };
+  const int64_t threads =
+      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::max<int64_t>(1, s.seq_q / 4096));
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(count, s.seq_q * t / threads, s.seq_q * (t + 1) / threads);
+  count(0, s.seq_q / threads);
+  for (std::thread& t : pool) t.join();
   return out;
 }
 

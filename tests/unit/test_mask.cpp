@@ -140,6 +140,31 @@ TEST_CASE("pairs_per_row: each query row's attended pairs over the heads, summin
   }
 }
 
+TEST_CASE("pairs_per_row on a long sequence (counted on several threads) is the rows' own counts", "[mask]") {
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().full().layout(layouts::union_of(
+                            {layouts::local(1, 64, 64), layouts::global({0, 7}, 64, 64), layouts::random(0.05, 11, 64, 64)}, 64, 64)))
+                        .branch(BranchSpec().segment(4096).dilation(4).offset(OffsetRule::HeadMod))
+                        .build();
+  Shape s;
+  s.batch = 1, s.seq_q = s.seq_k = 20000, s.heads_q = s.heads_kv = 2, s.head_dim = s.head_dim_v = 64;
+  const MaskContext ctx{p, s, nullptr};
+  const std::vector<int64_t> rows = pairs_per_row(ctx);
+  int64_t total = 0;
+  for (int64_t n : rows) total += n;
+  CHECK(total == pattern_stats(ctx).attended_pairs);
+  std::mt19937_64 rng(5);
+  for (int n = 0; n < 40; ++n) {
+    const int64_t i = n < 4 ? int64_t{n} * 4999 + 3 : static_cast<int64_t>(rng() % 20000);  // each quarter's slice too
+    int64_t want = 0;
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t j = 0; j < s.seq_k; ++j) want += attend_count(ctx, h, i, j);
+    INFO("row " << i);
+    CHECK(rows[static_cast<size_t>(i)] == want);
+  }
+  CHECK(rows[10] > 4 * total / 20000);  // a global row (block 0) attends every key
+}
+
 TEST_CASE("a layout's key intervals for a block row are exactly the keys layout_allows", "[mask][property]") {
   CaseGenerator gen(5150);
   std::mt19937_64 rng(3);
