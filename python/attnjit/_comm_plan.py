@@ -3,12 +3,14 @@ and dealt out to the ranks (the layouts: contiguous, zigzag, a ChunkLayout from 
 and the CommPlan of a ring over them, which names for every pair of ranks the chunk pairs that
 attend anything, the K/V rows they read and the query rows that attend (compiler/plan's
 plan_key_rows and plan_attending_rows, through call_rows). attnjit.distributed exports all of it."""
+import bisect
 import dataclasses
 import functools
 
 import numpy as np
 
 from . import _attnjit
+from ._inputs import documents_arg
 from ._pattern import as_pattern
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -203,19 +205,25 @@ class CommPlan:
     `pairs[(qr, kr)]`: the (home piece, key chunk) index pairs of ranks qr and kr that attend
     anything; `rows[(qr, kr)]`: bool [heads_kv, S/W], the K/V rows of rank kr that rank qr's home
     pieces read (a pair with nothing to attend is absent from both); `visit(qr, kr)`: the (away
-    piece, key chunk) pairs of qr's away pieces against kr's keys. Finding heavy rows counts every
+    piece, key chunk) pairs of qr's away pieces against kr's keys.
+
+    Packed documents (`documents`: the boundaries 0, e_1, ..., S; each attends only itself, its
+    positions restarting at 0): the pieces are cut at the boundaries too, a piece's kernels take
+    its document's part of a key chunk, and positions are counted from the document's start
+    (`call`); no heavy rows then. Finding heavy rows counts every
     row's pairs once per plan (linear in the rows, on every core: 0.3-1.7 s at 1M tokens and 16
     heads on two; plans are cached per shape)."""
 
     def __init__(self, spec: str, seq_len: int, heads_q: int, heads_kv: int, world_size: int, layout: str,
-                 heavy_rows=HEAVY_ROWS):
+                 heavy_rows=HEAVY_ROWS, documents=None):
         self.spec = spec
         self.seq_len, self.heads_q, self.heads_kv = seq_len, heads_q, heads_kv
         self.world_size, self.layout, self.heavy_rows = world_size, layout, heavy_rows
+        self.documents = None if documents is None else tuple(documents)
         self.chunks = [chunks_of(seq_len, world_size, r, layout) for r in range(world_size)]
         self.local_len = seq_len // world_size
         runs = [[] for _ in range(world_size)]
-        if heavy_rows is not None and world_size > 1:
+        if heavy_rows is not None and world_size > 1 and self.documents is None:
             runs = heavy_runs(_attnjit.row_pairs(spec, seq_len, heads_q, seq_len, heads_kv, 0, 0), self.chunks,
                               heavy_rows)
         self.home, self.away = [], []
@@ -225,16 +233,47 @@ class CommPlan:
                 base, at = self.local_start(ci), start
                 for _, rs, rn in (x for x in runs[r] if x[0] == ci):
                     if rs > at:
-                        home.append((base + at - start, rs - at, at))
+                        home += self._cut(base + at - start, rs - at, at)
                     away.append((base + rs - start, rn, rs))
                     at = rs + rn
                 if at < start + n:
-                    home.append((base + at - start, start + n - at, at))
+                    home += self._cut(base + at - start, start + n - at, at)
             self.home.append(home)
             self.away.append(away)
         self._pairs, self._visits = {}, {}
         self._ahead = {}  # steps_ahead, by rank
         self._units = {}  # _Ring's index tensors, by (rank, strategy), then by what and device
+
+    def _cut(self, local, n, start):
+        """Home pieces of rows [start, start + n) (at `local`): one, or one per document they touch."""
+        if self.documents is None:
+            return [(local, n, start)]
+        out, at = [], start
+        while at < start + n:
+            end = min(start + n, self.document(at)[1])
+            out.append((local + at - start, end - at, at))
+            at = end
+        return out
+
+    def document(self, pos: int):
+        """(start, end) of the document holding position `pos` ((0, S) without documents)."""
+        if self.documents is None:
+            return 0, self.seq_len
+        i = bisect.bisect_right(self.documents, pos) - 1
+        return self.documents[i], self.documents[i + 1]
+
+    def call(self, qr: int, qi: int, kr: int, ki: int):
+        """The kernel call of rank qr's home piece qi against rank kr's key chunk ki: (local query
+        start, rows, q_offset, local key start, keys, k_offset), the offsets counted from the
+        piece's document's start (global positions without documents); None when the chunk holds
+        none of that document's keys."""
+        la, n, qs = self.home[qr][qi]
+        ks, kn = self.chunks[kr][ki]
+        origin, end = self.document(qs)
+        lo, hi = max(ks, origin), min(ks + kn, end)
+        if lo >= hi:
+            return None
+        return la, n, qs - origin, self.local_start(ki) + lo - ks, hi - lo, lo - origin
 
     def pair(self, qr: int, kr: int):
         """(piece pairs, key rows read, {piece pair: query rows computed}) of rank qr's home pieces
@@ -243,13 +282,16 @@ class CommPlan:
         if (qr, kr) not in self._pairs:
             need = np.zeros((self.heads_kv, self.local_len), dtype=bool)
             pairs, queries = [], {}
-            for qi, (_, ql, qs) in enumerate(self.home[qr]):
-                for ki, (ks, kl) in enumerate(self.chunks[kr]):
-                    read, computed = _attnjit.call_rows(self.spec, ql, self.heads_q, kl, self.heads_kv, qs, ks)
+            for qi in range(len(self.home[qr])):
+                for ki in range(len(self.chunks[kr])):
+                    c = self.call(qr, qi, kr, ki)
+                    if c is None:
+                        continue
+                    _, ql, qo, ka, kl, ko = c
+                    read, computed = _attnjit.call_rows(self.spec, ql, self.heads_q, kl, self.heads_kv, qo, ko)
                     if read.any():
                         pairs.append((qi, ki))
-                        a = self.local_start(ki)
-                        need[:, a:a + kl] |= read.astype(bool)
+                        need[:, ka:ka + kl] |= read.astype(bool)
                         computed = computed.astype(bool)
                         queries[(qi, ki)] = None if computed.all() else np.ascontiguousarray(computed.T)
             self._pairs[(qr, kr)] = (pairs, need, queries) if pairs else None
@@ -290,7 +332,8 @@ class CommPlan:
 
         out = []
         for r in range(self.world_size):
-            total = sum(pairs(n, qs, self.seq_len, 0) for _, n, qs in self.home[r])
+            total = sum(pairs(n, qs - self.document(qs)[0], self.document(qs)[1] - self.document(qs)[0], 0)
+                        for _, n, qs in self.home[r])
             total += sum(pairs(n, qs, kn, ks) for other in range(self.world_size) for _, n, qs in self.away[other]
                          for ks, kn in self.chunks[r])
             out.append(total)
@@ -381,8 +424,21 @@ class CommPlan:
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_plan(spec, seq_len, heads_q, heads_kv, world_size, layout, heavy_rows=HEAVY_ROWS):
-    return CommPlan(spec, seq_len, heads_q, heads_kv, world_size, layout, heavy_rows)
+def _cached_plan(spec, seq_len, heads_q, heads_kv, world_size, layout, heavy_rows=HEAVY_ROWS, documents=None):
+    return CommPlan(spec, seq_len, heads_q, heads_kv, world_size, layout, heavy_rows, documents)
+
+
+def check_documents(cu_seqlens, seq_len):
+    """cu_seqlens as a tuple of boundaries 0, e_1, ..., seq_len (None when None), or a ValueError
+    naming what is wrong."""
+    if cu_seqlens is None:
+        return None
+    docs = tuple(documents_arg(cu_seqlens))
+    if len(docs) < 2 or docs[0] != 0 or docs[-1] != seq_len or any(b < a for a, b in zip(docs, docs[1:])):
+        raise ValueError(f"cu_seqlens: expected non-decreasing boundaries from 0 to the whole sequence's length {seq_len} "
+                         f"(FlashAttention's varlen, the same on every rank), got {list(docs[:4])}{' ...' if len(docs) > 4 else ''}"
+                         f"{' ending at ' + str(docs[-1]) if docs else ''}")
+    return docs
 
 
 def check_heavy_rows(heavy_rows):
@@ -393,13 +449,14 @@ def check_heavy_rows(heavy_rows):
 
 
 def comm_plan(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *, world_size: int,
-              layout: str = "contiguous", heavy_rows=HEAVY_ROWS) -> CommPlan:
+              layout: str = "contiguous", heavy_rows=HEAVY_ROWS, cu_seqlens=None) -> CommPlan:
     """The CommPlan of ring_attention for a pattern over `seq_len` rows on `world_size` ranks.
     `heavy_rows`: rows whose attended pairs are over this many times the mean row's are computed
-    by the ranks holding their keys (heavy_runs); None keeps every row on its rank."""
+    by the ranks holding their keys (heavy_runs); None keeps every row on its rank. `cu_seqlens`:
+    packed documents over the whole sequence (global boundaries)."""
     p = as_pattern(pattern)
     heads_kv = heads_q if heads_kv is None else heads_kv
     if world_size < 1:
         raise ValueError(f"world_size: expected >= 1, got {world_size}")
     return _cached_plan(p.op_spec, int(seq_len), int(heads_q), int(heads_kv), int(world_size), layout,
-                        check_heavy_rows(heavy_rows))
+                        check_heavy_rows(heavy_rows), check_documents(cu_seqlens, int(seq_len)))

@@ -50,11 +50,16 @@ other rank the rows it reads in one collective before any kernel, dK/dV back the
 docs/scaling.md models both on 8 to 64 GPUs; bench/ring_bench.py times them. The layouts and the
 comm plan live in _comm_plan.py (no torch there); this module runs the ring.
 
-Not supported here: float64 (it runs the reference, which cannot take a partial key set), dynamic
-layouts and packed documents (plain attnjit.attention has them). Tested on CPUs with gloo (world
+Packed documents (`cu_seqlens`, batch 1): the pieces are cut at the documents' boundaries as well,
+and each piece's kernels take its document's part of a key chunk with positions counted from the
+document's start; a rank reads only the K/V of documents it holds rows of.
+
+Not supported here: float64 (it runs the reference, which cannot take a partial key set) and
+dynamic layouts (plain attnjit.attention has them). Tested on CPUs with gloo (world
 sizes 2 and 4); NCCL uses the same calls.
 """
 import collections
+import hashlib
 import weakref
 
 import numpy as np
@@ -64,7 +69,8 @@ import torch.distributed as dist
 # The layouts and the comm plan (no torch in them), exported here. _cached_plan and _check_layout
 # are used by the tests and attnjit.nn.
 from ._comm_plan import (HEAVY_ROWS, LAYOUTS, ChunkLayout, CommPlan, _cached_plan, _check_layout,  # noqa: F401
-                         balanced_layout, best_layout, check_heavy_rows, chunks_of, comm_plan, heavy_runs)
+                         balanced_layout, best_layout, check_documents, check_heavy_rows, chunks_of, comm_plan,
+                         heavy_runs)
 from ._inputs import check_shapes
 from ._pattern import as_pattern
 from ._torch_ops import backward_add, forward_rows_with_work
@@ -103,8 +109,8 @@ def _check_agreement(group, signature, steps_ahead):
     dist.all_gather_object(sigs, (signature, steps_ahead), group=group)
     if any(s != signature for s, _ in sigs):
         raise ValueError("ring_attention: the ranks called with different arguments (pattern hash, q/k/v shapes, dtype, "
-                         "layout, heavy_rows, strategy): " + "; ".join(f"rank {i}: {s}" for i, (s, _) in enumerate(sigs)) +
-                         "; every rank must pass the same pattern, layout, heavy_rows and strategy and shards of one shape")
+                         "layout, heavy_rows, strategy, documents): " + "; ".join(f"rank {i}: {s}" for i, (s, _) in enumerate(sigs)) +
+                         "; every rank must pass the same pattern, layout, heavy_rows, strategy and cu_seqlens and shards of one shape")
     seen[signature] = min(a for _, a in sigs)
     return seen[signature]
 
@@ -309,8 +315,7 @@ class _Ring:
     # first merge into a piece (its rows still (0, -inf)) is a copy.
     def attend(self, q, kr, kk, vv, acc_o, acc_lse, merged):
         for qi, ki, computed in self.chunk_pairs(kr, q.device):
-            qa, qn, qs = self.piece(qi)
-            ka, kn, ks = self.chunk(kr, ki)
+            qa, qn, qs, ka, kn, ks = self.plan.call(self.rank, qi, kr, ki)
             o, lse = self.scratch(q, qn, vv.shape[3])
             forward_rows_with_work(q[:, qa:qa + qn], kk[:, ka:ka + kn], vv[:, ka:ka + kn], o, lse, self.spec, qs, ks)
             _merge(acc_o, acc_lse, qa, o, lse, computed, fresh=qi not in merged)
@@ -322,8 +327,7 @@ class _Ring:
     # gradients are rounded once, at the end.
     def attend_backward(self, q, lse, do, delta, kr, kk, vv, dq, dkk, dvv):
         for qi, ki, _ in self.chunk_pairs(kr, q.device):
-            qa, qn, qs = self.piece(qi)
-            ka, kn, ks = self.chunk(kr, ki)
+            qa, qn, qs, ka, kn, ks = self.plan.call(self.rank, qi, kr, ki)
             rows, keys = slice(qa, qa + qn), slice(ka, ka + kn)
             _backward_add(self.spec, qs, ks, q[:, rows], kk[:, keys], vv[:, keys], lse[qi], do[:, rows], delta[qi],
                           dq[:, rows], dkk[:, keys], dvv[:, keys])
@@ -787,8 +791,13 @@ class _RingAttention(torch.autograd.Function):
 STRATEGIES = ("ring", "longnet")
 
 
+def _digest(docs):
+    """A short name for the documents' boundaries in the ranks' agreement check (None: none)."""
+    return None if docs is None else hashlib.sha256(np.asarray(docs, dtype=np.int64).tobytes()).hexdigest()[:16]
+
+
 def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", scale=None, return_lse: bool = False,
-                   strategy: str = "ring", heavy_rows=HEAVY_ROWS):
+                   strategy: str = "ring", heavy_rows=HEAVY_ROWS, cu_seqlens=None):
     """Attention of `pattern` over a sequence sharded across `group` (default: the whole world).
 
     q [B, S/W, Hq, D], k [B, S/W, Hkv, D], v [B, S/W, Hkv, Dv]: this rank's rows as `shard` cuts
@@ -798,7 +807,10 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
     scheme: the rows each rank reads, all exchanged at once in one collective). `heavy_rows`: query
     rows whose attended pairs are over this many times the mean row's (BigBird's global rows) are
     computed by the ranks that hold their keys, their Q sent out and partial results sent back, so
-    no rank carries them alone nor reads every K/V row for them; None keeps every row on its rank."""
+    no rank carries them alone nor reads every K/V row for them; None keeps every row on its rank.
+    `cu_seqlens`: packed documents, as attnjit.attention takes them (batch 1; boundaries 0, e_1,
+    ..., S over the whole sequence, the same on every rank): each document attends only itself,
+    its positions restarting at 0; a rank reads only the K/V of its documents (no heavy rows then)."""
     w, r = _group_rank(group)
     heavy_rows = check_heavy_rows(heavy_rows)
     if strategy not in STRATEGIES:
@@ -822,10 +834,15 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
         p = p.with_scale(scale)
     if "dynamic<" in p.canonical:  # a dynamic layout anywhere in the tree (its canonical text)
         raise ValueError("pattern: a dynamic layout is not supported by ring_attention; use attnjit.attention")
-    plan = comm_plan(p, q.shape[1] * w, q.shape[2], k.shape[2], world_size=w, layout=layout, heavy_rows=heavy_rows)
+    docs = check_documents(cu_seqlens, q.shape[1] * w)
+    if docs is not None and q.shape[0] != 1:
+        raise ValueError(f"cu_seqlens: packed documents need batch 1 (the documents are packed along the sequence), "
+                         f"got batch {q.shape[0]}")
+    plan = comm_plan(p, q.shape[1] * w, q.shape[2], k.shape[2], world_size=w, layout=layout, heavy_rows=heavy_rows,
+                     cu_seqlens=docs)
     ring = _Ring(plan, p.op_spec, r, group, strategy)
     if w > 1:
         ring.steps_ahead = _check_agreement(group, (p.hash, tuple(q.shape), tuple(k.shape), tuple(v.shape), str(q.dtype),
-                                                    layout, heavy_rows, strategy), plan.steps_ahead(r))
+                                                    layout, heavy_rows, strategy, _digest(docs)), plan.steps_ahead(r))
     o, lse = _RingAttention.apply(q, k, v, ring)
     return (o, lse) if return_lse else o

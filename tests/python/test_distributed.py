@@ -235,6 +235,64 @@ def test_a_dropped_merge_a_row_left_out_a_dropped_backward_step_or_visit_fails_t
     assert max(e["bf16"] for e in errors) < 2e-2, errors
 
 
+# Packed documents over the whole sequence: a document inside one rank's chunk, documents across
+# two and three ranks' chunks (and zigzag's chunk edges), and an empty one.
+DOCS = [0, 40, 200, 200, 451, 512]
+
+
+def _documents_worker(rank, world, store, out):
+    _init(rank, world, store)
+    errors = {}
+    try:
+        for name in ("causal", "sliding window", "longnet", "block-sparse local+global"):
+            spec, hq, hkv = CASES[name]
+            q, k, v, do = (x[:1] for x in _inputs(hq, hkv))
+            dl = torch.randn(1, hq, SEQ, generator=torch.Generator().manual_seed(12))
+            ref = [x.clone().requires_grad_() for x in (q, k, v)]
+            o_ref, lse_ref = attnjit.attention(*ref, spec, cu_seqlens=DOCS, return_lse=True)
+            torch.autograd.backward((o_ref, lse_ref), (do, dl))
+            for layout, strategy in (("contiguous", "ring"), ("zigzag", "ring"), ("zigzag", "longnet")):
+                local = [ad.shard(x, layout=layout).requires_grad_() for x in (q, k, v)]
+                o, lse = ad.ring_attention(*local, spec, layout=layout, strategy=strategy, cu_seqlens=torch.tensor(DOCS),
+                                           return_lse=True)
+                torch.autograd.backward((o, lse), (ad.shard(do, layout=layout),
+                                                   ad.shard(dl.transpose(1, 2), layout=layout).transpose(1, 2)))
+                got = [o.detach(), lse.detach().transpose(1, 2)] + [x.grad for x in local]
+                want = [o_ref.detach(), lse_ref.transpose(1, 2)] + [x.grad for x in ref]
+                errors[f"{name} {layout} {strategy}"] = max(float((g - ad.shard(w, layout=layout)).abs().max())
+                                                            for g, w in zip(got, want))
+        # Without the documents the same call is another attention: the check can fail.
+        spec, hq, hkv = CASES["causal"]
+        q, k, v, _ = (x[:1] for x in _inputs(hq, hkv))
+        o = ad.ring_attention(*(ad.shard(x) for x in (q, k, v)), spec)
+        errors["documents left out"] = float((o - ad.shard(attnjit.attention(q, k, v, spec, cu_seqlens=DOCS))).abs().max())
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+            json.dump(errors, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_attention_with_packed_documents_equals_attention_with_them(world, tmp_path):
+    _spawn(_documents_worker, world, tmp_path, str(tmp_path))
+    errors = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(world)]
+    for name in errors[0]:
+        if name != "documents left out":
+            assert max(e[name] for e in errors) < 1e-5, (name, errors)
+    assert max(e["documents left out"] for e in errors) > 1e-2
+    # A rank reads only the K/V of documents it holds rows of (causal, contiguous, 4 ranks of 128):
+    # rank 1's rows of [40, 200) read rank 0's 40..127; [200, 451) starts in rank 1, so rank 2
+    # reads its 56 rows there and rank 3 those and rank 2's 128; [451, 512) is rank 3's alone;
+    # rank 0 reads nothing (2 kv heads).
+    plan = ad.comm_plan(CASES["causal"][0], SEQ, 2, 2, world_size=4, cu_seqlens=DOCS)
+    assert plan.home[1] == [(0, 72, 128), (72, 56, 200)] and plan.home[3] == [(0, 67, 384), (67, 61, 451)]
+    assert {k: int(v.sum()) for k, v in plan.rows.items() if k[0] != k[1]} == {(1, 0): 2 * 88, (2, 1): 2 * 56,
+                                                                               (3, 1): 2 * 56, (3, 2): 2 * 128}
+    assert plan.call(3, 1, 3, 0) == (67, 61, 0, 67, 61, 0)  # positions from the document's start
+    causal = attnjit.Pattern.from_json(CASES["causal"][0])
+    assert sum(plan.work()) == sum(causal.stats(b - a, 2)["attended_pairs"] for a, b in zip(DOCS, DOCS[1:]) if b > a)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
                     reason="needs 2 or more CUDA GPUs and NCCL")
 def test_ring_attention_on_gpus_with_nccl(tmp_path):
@@ -317,7 +375,7 @@ def test_the_pattern_decides_what_each_rank_sends(tmp_path):
         assert sent[r]["window ring"]["backward"]["steps_in_flight"] == 2
     for r in range(world):
         assert "the ranks called with different arguments" in sent[r]["disagreement"], sent[r]["disagreement"]
-        assert "rank 0: " in sent[r]["disagreement"] and "'longnet')" in sent[r]["disagreement"]
+        assert "rank 0: " in sent[r]["disagreement"] and "'longnet', None)" in sent[r]["disagreement"]
     for r in (1, 2, 3):
         assert window.rows[(r, r - 1)][:, -31:].all() and not window.rows[(r, r - 1)][:, :-31].any()
     assert window.moved_rows() == 3 * 2 * 31  # of the ring's 3072: 6%
@@ -556,6 +614,14 @@ def test_bad_input_is_refused_naming_what_is_wrong(one_rank):
         attnjit.nn.MultiheadDilatedAttention(32, 4, [64], [1]).sequence_parallel(strategy="tree")
     with pytest.raises(attnjit.PatternError):
         ad.ring_attention(q, k, v, {"attnjit": 1, "branches": [{"segment": 64, "dilation": 0}]})
+    with pytest.raises(ValueError, match="cu_seqlens: packed documents need batch 1"):
+        ad.ring_attention(q, k, v, LONGNET, cu_seqlens=[0, 100, 512])
+    with pytest.raises(ValueError, match=r"cu_seqlens: expected non-decreasing boundaries from 0 to the whole sequence's length 512"):
+        ad.ring_attention(q[:1], k[:1], v[:1], LONGNET, cu_seqlens=[0, 100, 500])
+    with pytest.raises(ValueError, match="cu_seqlens: expected non-decreasing"):
+        ad.ring_attention(q[:1], k[:1], v[:1], LONGNET, cu_seqlens=[0, 300, 200, 512])
+    with pytest.raises(TypeError, match="cu_seqlens"):
+        ad.ring_attention(q[:1], k[:1], v[:1], LONGNET, cu_seqlens=[0.0, 512.0])
     dyn = {"attnjit": 1, "layout": {"block": 16, "dynamic": True}, "branches": [{"segment": "full"}]}
     with pytest.raises(ValueError, match="dynamic layout is not supported by ring_attention"):
         ad.ring_attention(q, k, v, dyn)
