@@ -53,19 +53,37 @@ class ChunkLayout:
         return self.name
 
 
-def _stats_work(p, seq_len, heads_q, heads_kv):
-    """work(start, length): the attended pairs of those query rows against the whole sequence."""
-    return lambda start, n: int(p.stats(n, heads_q, seq_len, heads_kv, q_offset=start)["attended_pairs"])
+def _stats_work(p, seq_len, heads_q, heads_kv, cu_seqlens=None):
+    """work(start, length): the attended pairs of those query rows against the whole sequence, or,
+    with packed documents, against their documents (positions from each document's start)."""
+    docs = check_documents(cu_seqlens, seq_len)
+    if docs is None:
+        return lambda start, n: int(p.stats(n, heads_q, seq_len, heads_kv, q_offset=start)["attended_pairs"])
+
+    def work(start, n):
+        total = 0
+        for i in range(bisect.bisect_right(docs, start) - 1, len(docs) - 1):
+            ds, de = docs[i], docs[i + 1]
+            if ds >= start + n:
+                break
+            lo, hi = max(start, ds), min(start + n, de)
+            if lo < hi:
+                total += int(p.stats(hi - lo, heads_q, de - ds, heads_kv, q_offset=lo - ds)["attended_pairs"])
+        return total
+
+    return work
 
 
 def balanced_layout(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *, world_size: int,
-                    chunks_per_rank: int = 2, work=None) -> ChunkLayout:
+                    chunks_per_rank: int = 2, work=None, cu_seqlens=None) -> ChunkLayout:
     """A layout that gives every rank the same share of `pattern`'s work: the sequence is cut into
     world_size * chunks_per_rank equal chunks, each weighed by the attended pairs of its query rows
     against the whole sequence (Pattern.stats at the chunk's offset), and dealt out largest first to
     the rank with the least work that still has room, then improved by swaps between the heaviest and
     the lightest rank. The same on every rank (it depends only on its arguments). `work(start,
-    length)`, when given, weighs a chunk instead (bench/scaling_model.py passes its formulas)."""
+    length)`, when given, weighs a chunk instead (bench/scaling_model.py passes its formulas);
+    `cu_seqlens`, packed documents as ring_attention takes them, weighs each chunk within its
+    documents."""
     p = as_pattern(pattern)
     heads_kv = heads_q if heads_kv is None else heads_kv
     parts = world_size * chunks_per_rank
@@ -75,7 +93,7 @@ def balanced_layout(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *
         raise ValueError(f"sequence length {seq_len} is not a positive multiple of {parts} (balanced layout: "
                          f"{world_size} ranks x {chunks_per_rank} chunks); pad the sequence or pick another chunks_per_rank")
     n = seq_len // parts
-    work = work or _stats_work(p, seq_len, heads_q, heads_kv)
+    work = work or _stats_work(p, seq_len, heads_q, heads_kv, cu_seqlens)
     weight = [work(c * n, n) for c in range(parts)]
     owner, load, held = [None] * parts, [0] * world_size, [[] for _ in range(world_size)]
     for c in sorted(range(parts), key=lambda c: (-weight[c], c)):
@@ -103,16 +121,16 @@ def balanced_layout(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *
 
 
 def best_layout(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *, world_size: int,
-                max_chunks_per_rank: int = 8, margin: float = 0.02, work=None):
+                max_chunks_per_rank: int = 8, margin: float = 0.02, work=None, cu_seqlens=None):
     """The layout under which `pattern`'s work is shared out most evenly at this length: of
     "contiguous", "zigzag" and balanced_layout(..., chunks_per_rank) for 2, 4, ... up to
     `max_chunks_per_rank` chunks, in that order, the first unless a later one's imbalance (max /
     mean of the attended pairs of each rank's query rows, minus 1) is lower by more than `margin`
     (an earlier layout has fewer, larger chunk pairs). A layout that cannot cut this length is
-    passed over. The same on every rank. `work` as in balanced_layout."""
+    passed over. The same on every rank. `work` and `cu_seqlens` as in balanced_layout."""
     p = as_pattern(pattern)
     heads_kv = heads_q if heads_kv is None else heads_kv
-    work = work or _stats_work(p, seq_len, heads_q, heads_kv)
+    work = work or _stats_work(p, seq_len, heads_q, heads_kv, cu_seqlens)
     best = None
     cuts = [2 ** i for i in range(1, max(1, max_chunks_per_rank).bit_length()) if 2 ** i <= max_chunks_per_rank]
     for name in LAYOUTS + tuple(cuts):
