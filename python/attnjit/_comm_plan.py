@@ -453,9 +453,9 @@ def check_documents(cu_seqlens, seq_len):
         return None
     docs = tuple(documents_arg(cu_seqlens))
     if len(docs) < 2 or docs[0] != 0 or docs[-1] != seq_len or any(b < a for a, b in zip(docs, docs[1:])):
-        raise ValueError(f"cu_seqlens: expected non-decreasing boundaries from 0 to the whole sequence's length {seq_len} "
-                         f"(FlashAttention's varlen, the same on every rank), got {list(docs[:4])}{' ...' if len(docs) > 4 else ''}"
-                         f"{' ending at ' + str(docs[-1]) if docs else ''}")
+        shown = f"{list(docs[:4])}{' ...' if len(docs) > 4 else ''}{' ending at ' + str(docs[-1]) if docs else ''}"
+        raise ValueError(f"cu_seqlens: expected non-decreasing boundaries from 0 to the whole sequence's length "
+                         f"{seq_len} (FlashAttention's varlen, the same on every rank), got {shown}")
     return docs
 
 

@@ -95,8 +95,8 @@ def reset_traffic():
 
 def _check_agreement(group, signature, steps_ahead):
     """Once per process group and call signature: every rank must call with the same pattern,
-    local shapes, dtype, layout, heavy rows and strategy, or the transfers would not pair up (a hang, or a
-    size error deep in the backend). One all_gather_object; on NCCL it is also the group's first
+    local shapes, dtype, layout, heavy rows, strategy and documents, or the transfers would not pair
+    up (a hang, or a size error deep in the backend). One all_gather_object; on NCCL it is also the group's first
     full collective, which a batch of point-to-point calls that leaves a rank out must not be.
     It also agrees on the backward's steps in flight (the least of the ranks' `steps_ahead`), which
     every rank must share: the backward's dK/dV messages interleave with its K/V ones, and NCCL
@@ -109,8 +109,10 @@ def _check_agreement(group, signature, steps_ahead):
     dist.all_gather_object(sigs, (signature, steps_ahead), group=group)
     if any(s != signature for s, _ in sigs):
         raise ValueError("ring_attention: the ranks called with different arguments (pattern hash, q/k/v shapes, dtype, "
-                         "layout, heavy_rows, strategy, documents): " + "; ".join(f"rank {i}: {s}" for i, (s, _) in enumerate(sigs)) +
-                         "; every rank must pass the same pattern, layout, heavy_rows, strategy and cu_seqlens and shards of one shape")
+                         "layout, heavy_rows, strategy, documents): " +
+                         "; ".join(f"rank {i}: {s}" for i, (s, _) in enumerate(sigs)) +
+                         "; every rank must pass the same pattern, layout, heavy_rows, strategy and cu_seqlens "
+                         "and shards of one shape")
     seen[signature] = min(a for _, a in sigs)
     return seen[signature]
 
@@ -387,7 +389,8 @@ class _Ring:
             out = []
             for ai, ki, computed in self.plan.visit(src, self.rank):
                 _, n, gs = self.plan.away[src][ai]
-                out.append((offsets[ai], n, gs, ki, None if computed is None else _Units(computed, device, offsets[ai], total)))
+                units = None if computed is None else _Units(computed, device, offsets[ai], total)
+                out.append((offsets[ai], n, gs, ki, units))
             self._cache[key] = out
         return self._cache[key]
 
@@ -554,12 +557,14 @@ class _Visits:
             for a, n, gs, ki, computed in self.ring.visit_pairs(src, self.device):
                 ka, kn, ks = self.ring.chunk(self.ring.rank, ki)
                 o, lse = self.ring.scratch(qv, n, v.shape[3])
-                forward_rows_with_work(qv[:, a:a + n], k[:, ka:ka + kn], v[:, ka:ka + kn], o, lse, self.ring.spec, gs, ks)
+                forward_rows_with_work(qv[:, a:a + n], k[:, ka:ka + kn], v[:, ka:ka + kn], o, lse, self.ring.spec, gs,
+                                       ks)
                 _merge(part_o, part_l, a, o, lse, computed)
             # (O, LSE) travel as one fp32 message: O flat, then LSE.
             parts[src] = [part_o, part_l]
         for part_o, part_l in self.give_back(parts, torch.float32):
-            for (la, n, _), a in zip(self.ring.plan.away[self.ring.rank], self.ring.plan.away_offsets(self.ring.rank)[0]):
+            plan, r = self.ring.plan, self.ring.rank
+            for (la, n, _), a in zip(plan.away[r], plan.away_offsets(r)[0]):
                 _merge(acc_o, acc_lse, la, part_o[:, a:a + n], part_l[:, :, a:a + n], None)
 
     def backward(self, k, v, dq, dk, dv):
