@@ -48,7 +48,8 @@ strategy="longnet" is LongNet's own scheme instead (its paper, section 3.2): eve
 other rank the rows it reads in one collective before any kernel, dK/dV back the same way after.
 
 docs/scaling.md models both on 8 to 64 GPUs; bench/ring_bench.py times them. The layouts and the
-comm plan live in _comm_plan.py (no torch there); this module runs the ring.
+comm plan live in _comm_plan.py (no torch there), the transfers in _ring_transfers.py; this module
+runs the ring's kernels and merges.
 
 Packed documents (`cu_seqlens`, batch 1): the pieces are cut at the documents' boundaries as well,
 and each piece's kernels take its document's part of a key chunk with positions counted from the
@@ -58,7 +59,6 @@ Not supported here: float64 (it runs the reference, which cannot take a partial 
 dynamic layouts (plain attnjit.attention has them). Tested on CPUs with gloo (world
 sizes 2 and 4); NCCL uses the same calls.
 """
-import collections
 import hashlib
 import weakref
 
@@ -73,10 +73,10 @@ from ._comm_plan import (HEAVY_ROWS, LAYOUTS, ChunkLayout, CommPlan, _cached_pla
                          heavy_runs)
 from ._inputs import check_shapes
 from ._pattern import as_pattern
+from ._ring_transfers import _TRAFFIC, _all_to_all, _flat, _gather, _GatherMoves, _RingMoves, _Units
 from ._torch_ops import backward_add, forward_rows_with_work
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TRAFFIC = {"kv_bytes": 0, "grad_bytes": 0, "query_bytes": 0, "messages": 0, "steps_in_flight": 0}
 _AGREED = weakref.WeakKeyDictionary()  # process group -> {call signature: the backward's steps in flight}
 
 
@@ -166,74 +166,6 @@ def unshard(x_local: torch.Tensor, *, group=None, layout: str = "contiguous") ->
     return _Unshard.apply(x_local, group, layout)
 
 
-class _Exchange:
-    """One batch of point-to-point transfers, started together and waited for together."""
-
-    def __init__(self, group, kind):
-        self.group, self.kind, self.ops, self.works = group, kind, [], []
-
-    def send(self, t, to, tag):
-        t = t.contiguous()
-        self.ops.append(dist.P2POp(dist.isend, t, group=self.group, tag=tag, group_peer=to))
-        _TRAFFIC[self.kind] += t.numel() * t.element_size()
-        _TRAFFIC["messages"] += 1
-
-    def recv(self, t, frm, tag):
-        self.ops.append(dist.P2POp(dist.irecv, t, group=self.group, tag=tag, group_peer=frm))
-
-    def start(self):
-        if self.ops:
-            self.works = dist.batch_isend_irecv(self.ops)
-        return self
-
-    def wait(self):
-        for w in self.works:
-            w.wait()
-        self.works = []
-
-
-class _Units:
-    """Some (row, head) units of tensors laid out [B, rows, heads, ...] (K, V, O and gradients) and
-    [B, heads, rows] (LSE), chosen by a bool [rows, heads] mask over rows [offset, offset + rows)
-    of tensors with `total` rows, as flat indices: gathers, copies and sums go through index_select
-    / index_copy_ / index_add_, which (unlike boolean indexing) never wait for the GPU, so the
-    transfers queued behind the kernels keep flowing."""
-
-    def __init__(self, mask, device, offset=0, total=None):
-        rows, heads = mask.shape
-        total = rows if total is None else total
-        r, h = np.nonzero(mask)
-
-        def index(a):
-            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
-
-        self.count = len(r)
-        self.local, self.placed = index(r * heads + h), index((r + offset) * heads + h)
-        self.local_lse, self.placed_lse = index(h * rows + r), index(h * total + r + offset)
-
-    @staticmethod
-    def of(mask, device, offset=0, total=None):
-        """The units of `mask`, or None when it holds them all (whole tensors, no indexing)."""
-        return None if mask.all() else _Units(mask, device, offset, total)
-
-
-def _flat(t):
-    return t.reshape(t.shape[0], t.shape[1] * t.shape[2], *t.shape[3:])
-
-
-def _gather(units, t):
-    """The units of t [B, rows, heads, D] as [B, count, D] (t itself when units is None)."""
-    return t if units is None else _flat(t).index_select(1, units.local)
-
-
-def _add_gathered(units, acc, buf):
-    """acc [B, rows, heads, D] += the gathered `buf` at its units (a whole tensor when None)."""
-    if units is None:
-        acc += buf.view(acc.shape)
-    else:
-        _flat(acc).index_add_(1, units.placed, buf.to(acc.dtype))
-
-
 class _Ring:
     """One ring_attention call on this rank: the chunk-pair kernels, and the K/V they need moved
     by `strategy` ("ring": point to point, a step at a time; "longnet": one all_to_all up front)."""
@@ -266,21 +198,17 @@ class _Ring:
         s, n = self.plan.chunks[r][i]
         return self.plan.local_start(i), n, s
 
-    def piece(self, i):
-        """(local start, length, global start) of this rank's home piece i (CommPlan.home)."""
-        return self.plan.home[self.rank][i]
-
     def chunk_pairs(self, kr, device):
-        """(home piece, key chunk, query units computed) of this rank's queries and rank kr's keys;
-        the units sit at the piece's place in the local tensors (None: every row)."""
+        """(home piece, its kernel call (CommPlan.call), query units computed) of this rank's queries
+        and rank kr's keys; the units sit at the piece's place in the local tensors (None: every
+        row)."""
         key = ("pairs", kr, str(device))
         if key not in self._cache:
             got = self.plan.pair(self.rank, kr)
             out, total = [], self.plan.local_len
             for qi, ki in (got[0] if got else ()):
-                computed = got[2][(qi, ki)]
-                qa = self.piece(qi)[0]
-                out.append((qi, ki, None if computed is None else _Units(computed, device, qa, total)))
+                computed, call = got[2][(qi, ki)], self.plan.call(self.rank, qi, kr, ki)
+                out.append((qi, call, None if computed is None else _Units(computed, device, call[0], total)))
             self._cache[key] = out
         return self._cache[key]
 
@@ -316,8 +244,7 @@ class _Ring:
     # the rows that attend a key into one scratch pair, and the merge reads just those rows; the
     # first merge into a piece (its rows still (0, -inf)) is a copy.
     def attend(self, q, kr, kk, vv, acc_o, acc_lse, merged):
-        for qi, ki, computed in self.chunk_pairs(kr, q.device):
-            qa, qn, qs, ka, kn, ks = self.plan.call(self.rank, qi, kr, ki)
+        for qi, (qa, qn, qs, ka, kn, ks), computed in self.chunk_pairs(kr, q.device):
             o, lse = self.scratch(q, qn, vv.shape[3])
             forward_rows_with_work(q[:, qa:qa + qn], kk[:, ka:ka + kn], vv[:, ka:ka + kn], o, lse, self.spec, qs, ks)
             _merge(acc_o, acc_lse, qa, o, lse, computed, fresh=qi not in merged)
@@ -328,8 +255,7 @@ class _Ring:
     # computed once per backward (delta, per piece): a step costs its attended pairs, and the
     # gradients are rounded once, at the end.
     def attend_backward(self, q, lse, do, delta, kr, kk, vv, dq, dkk, dvv):
-        for qi, ki, _ in self.chunk_pairs(kr, q.device):
-            qa, qn, qs, ka, kn, ks = self.plan.call(self.rank, qi, kr, ki)
+        for qi, (qa, qn, qs, ka, kn, ks), _ in self.chunk_pairs(kr, q.device):
             rows, keys = slice(qa, qa + qn), slice(ka, ka + kn)
             _backward_add(self.spec, qs, ks, q[:, rows], kk[:, keys], vv[:, keys], lse[qi], do[:, rows], delta[qi],
                           dq[:, rows], dkk[:, keys], dvv[:, keys])
@@ -403,7 +329,7 @@ class _Ring:
         # the bytes of the local K/V (one step where each moves whole chunks, all of them where a
         # pattern moves a few rows), so a step's rows are there however short the steps before.
         # The heavy rows' Q goes out first (one collective, under way during the ring).
-        visits = _Visits(self, q.device, (q,), (), v.shape[3]) if self.plan.has_away else None
+        visits = _Visits(self, q.device, (q,), ()) if self.plan.has_away else None
         moves = self.moves(k, v, ahead_bytes=k.nbytes + v.nbytes)
         merged = set()  # the home pieces merged into so far
         self.attend(q, self.rank, k, v, acc_o, acc_lse, merged)
@@ -430,7 +356,7 @@ class _Ring:
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         self.prepare(q.device)
         # The heavy rows' Q, dO, LSE and D go out first (one collective, under way during the ring).
-        visits = _Visits(self, q.device, (q, do), (lse, delta), q.shape[3]) if self.plan.has_away else None
+        visits = _Visits(self, q.device, (q, do), (lse, delta)) if self.plan.has_away else None
         moves = self.moves(k, v, ahead_steps=self.steps_ahead)
         self.attend_backward(q, lse_of, do, delta_of, self.rank, k, v, dq, dk, dv)
         for src, kv in moves.sources():
@@ -454,33 +380,6 @@ def _backward_add(spec, qs, ks, q, k, v, lse, do, delta, dq, dk, dv):
         backward_add(*(t[b] for t in args), spec, qs, ks)
 
 
-def _all_to_all(group, send, recv_shapes, dtype, kind, device, async_op=False):
-    """all_to_all of send[dst] (lists of tensors) into recv_shapes[src] (lists of shapes), in one
-    flat buffer of `dtype`. Returns (work or None, a function that gives got[src], the received
-    tensors as views of the buffer, once the work is done)."""
-    w = len(send)
-    flat = [t.reshape(-1).to(dtype) for dst in range(w) for t in send[dst]]
-    inp = torch.cat(flat) if flat else torch.empty(0, dtype=dtype, device=device)
-    in_splits = [sum(t.numel() for t in send[dst]) for dst in range(w)]
-    out_splits = [sum(int(np.prod(sh)) for sh in recv_shapes[src]) for src in range(w)]
-    out = torch.empty(sum(out_splits), dtype=dtype, device=device)
-    work = dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op)
-    _TRAFFIC[kind] += inp.numel() * inp.element_size()
-    _TRAFFIC["messages"] += sum(1 for n in in_splits if n)
-
-    def got():
-        views, at = [], 0
-        for src in range(w):
-            views.append([])
-            for sh in recv_shapes[src]:
-                n = int(np.prod(sh))
-                views[-1].append(out[at:at + n].view(sh))
-                at += n
-        return views
-
-    return work, got
-
-
 class _Visits:
     """The heavy rows of one call (CommPlan.away): a rank's away rows go, as Q (with dO, LSE and D in
     the backward), to every rank whose keys they attend, in one all_to_all started before the ring;
@@ -490,17 +389,15 @@ class _Visits:
     away rows against its own keys take the same path without a transfer. Collectives posted at the
     same point of the call on every rank keep NCCL's ordering against the ring's transfers."""
 
-    def __init__(self, ring, device, rows, per_head, back_dim):
-        """rows: tensors [B, S/W, Hq, ...] (q; q, dO); per_head: fp32 [B, Hq, S/W] (none; LSE, D);
-        back_dim: the last dimension of what comes back (O's Dv in the forward, dQ's D)."""
-        self.ring, self.device, self.back_dim = ring, device, back_dim
+    def __init__(self, ring, device, rows, per_head):
+        """rows: tensors [B, S/W, Hq, ...] (q; q, dO); per_head: fp32 [B, Hq, S/W] (none; LSE, D)."""
+        self.ring, self.device = ring, device
         plan, r, w = ring.plan, ring.rank, ring.w
         idx = ring.away_rows(device)
         mine = [t.index_select(1, idx) for t in rows] + [t.index_select(2, idx) for t in per_head]
         self.mine = mine
         self.hosts = [k for k in range(w) if k != r and plan.visit(r, k)]  # ranks my away rows visit
         self.guests = [s for s in range(w) if s != r and plan.visit(s, r)]  # ranks whose away rows visit me
-        self.kinds = (rows, per_head)
         self.exchanges = []
         for group, start in ((rows, 0), (per_head, len(rows))):
             if not group:
@@ -533,15 +430,14 @@ class _Visits:
                 out.append((src, [t for g in got for t in g[src]]))
         return out
 
-    def give_back(self, parts, dtype):
-        """Sends each visitor's part (a list of tensors) back to its rank; returns what came back
-        for this rank's away rows, one list per host (itself included when it hosts its own)."""
+    def give_back(self, parts, shapes):
+        """Sends each visitor's part (a list of fp32 tensors) back to its rank; returns what came
+        back for this rank's away rows (`shapes`: the part's, for its block of away rows), one list
+        per host (itself included when it hosts its own)."""
         ring, r, w = self.ring, self.ring.rank, self.ring.w
         send = [parts.get(dst, []) if dst != r else [] for dst in range(w)]
-        like = [self._part_shapes(r)] * w
-        shapes = [like[src] if src in self.hosts else [] for src in range(w)]
-        work, views = _all_to_all(ring.group, send, shapes, dtype, "query_bytes", self.device)
-        got = views()
+        got = _all_to_all(ring.group, send, [shapes if src in self.hosts else [] for src in range(w)], torch.float32,
+                          "query_bytes", self.device)[1]()
         back = [got[h] for h in self.hosts]
         if r in parts:
             back.append(parts[r])
@@ -562,8 +458,9 @@ class _Visits:
                 _merge(part_o, part_l, a, o, lse, computed)
             # (O, LSE) travel as one fp32 message: O flat, then LSE.
             parts[src] = [part_o, part_l]
-        for part_o, part_l in self.give_back(parts, torch.float32):
-            plan, r = self.ring.plan, self.ring.rank
+        plan, r = self.ring.plan, self.ring.rank
+        b, rows, hq, _ = self.mine[0].shape  # this rank's away block: O and LSE come back for it
+        for part_o, part_l in self.give_back(parts, [(b, rows, hq, v.shape[3]), (b, hq, rows)]):
             for (la, n, _), a in zip(plan.away[r], plan.away_offsets(r)[0]):
                 _merge(acc_o, acc_lse, la, part_o[:, a:a + n], part_l[:, :, a:a + n], None)
 
@@ -579,168 +476,8 @@ class _Visits:
                               dq_part[:, rows], dk[:, keys], dv[:, keys])
             parts[src] = [dq_part]
         idx = self.ring.away_rows(self.device)
-        for (dq_part,) in self.give_back(parts, torch.float32):
+        for (dq_part,) in self.give_back(parts, [tuple(self.mine[0].shape)]):
             dq.index_add_(1, idx, dq_part)
-
-    def _part_shapes(self, r):
-        """The shapes of what comes back for rank r's away rows: O [B, n, Hq, Dv] and LSE [B, Hq, n]
-        in the forward, dQ [B, n, Hq, D] in the backward."""
-        q = self.kinds[0][0]
-        b, n, hq = q.shape[0], self.ring.plan.away_offsets(r)[1], q.shape[2]
-        return [(b, n, hq, self.back_dim)] + ([(b, hq, n)] if not self.kinds[1] else [])
-
-
-class _RingMoves:
-    """Step s = 1..W-1: this rank's K/V rows to rank+s, rank-s's to this rank, started ahead of
-    their step: in the forward (`ahead_bytes`) as many steps as fit in that many bytes sent and
-    received, at least one; in the backward `ahead_steps` steps, a number every rank shares. Every
-    rank starts them in step order, so the transfers between any two ranks pair up in order (NCCL
-    needs that; gloo has the tags). In the backward the dK/dV of a received chunk go back to its
-    owner after its step, and those messages keep their order against the K/V ones because every
-    rank posts both kinds in the same sequence of steps."""
-
-    def __init__(self, ring, k, v, ahead_bytes=None, ahead_steps=1):
-        self.ring, self.k, self.v = ring, k, v
-        self.grads = None
-        self.budget, self.ahead, self.in_flight = ahead_bytes, ahead_steps, 0
-        self.pending, self.next = collections.deque(), 1
-        self.top_up()  # overlaps the local step's kernels
-
-    def step_bytes(self, step):
-        """Bytes step `step` sends and receives on this rank (K and V rows)."""
-        ring, k, v = self.ring, self.k, self.v
-        r, w = ring.rank, ring.w
-        row = k.shape[0] * (k.shape[3] + v.shape[3]) * k.element_size()
-        dst, src = (r + step) % w, (r - step) % w
-        sent = ring.count(dst, r, k) if ring.plan.pair(dst, r) is not None else 0
-        received = ring.count(r, src, k) if ring.plan.pair(r, src) is not None else 0
-        return (sent + received) * row
-
-    def top_up(self):
-        w = self.ring.w
-        while self.next < w:
-            b = self.step_bytes(self.next)
-            if self.pending and (len(self.pending) >= self.ahead if self.budget is None else self.in_flight + b > self.budget):
-                break
-            self.pending.append(self.start_kv(self.next) + (b,))
-            self.in_flight += b
-            self.next += 1
-        _TRAFFIC["steps_in_flight"] = max(_TRAFFIC["steps_in_flight"], len(self.pending))
-
-    def start_kv(self, step):
-        ring, k, v = self.ring, self.k, self.v
-        r, w = ring.rank, ring.w
-        dst, src = (r + step) % w, (r - step) % w
-        ex = _Exchange(ring.group, "kv_bytes")
-        if ring.plan.pair(dst, r) is not None:
-            units = ring.rows(dst, r, k.device)
-            for t, tag in ((k, 0), (v, 1)):
-                ex.send(_gather(units, t), dst, 4 * step + tag)
-        bufs = None
-        if ring.plan.pair(r, src) is not None:
-            n = ring.count(r, src, k)
-            bufs = [torch.empty((k.shape[0], n, t.shape[3]), dtype=t.dtype, device=t.device) for t in (k, v)]
-            ex.recv(bufs[0], src, 4 * step)
-            ex.recv(bufs[1], src, 4 * step + 1)
-        return ex.start(), src, bufs
-
-    def sources(self):
-        """(src, (k, v) or None) for each step, in step order."""
-        for step in range(1, self.ring.w):
-            ex, src, bufs, b = self.pending.popleft()
-            ex.wait()
-            self.in_flight -= b
-            self.top_up()
-            self.step = step
-            yield src, (None if bufs is None else self.ring.unpack(src, bufs, self.k, self.v))
-            if bufs is not None:
-                self.ring.release(src, self.k.device)
-
-    def give_back(self, src, partial, dk, dv):
-        # The dK/dV of rank src's rows go back to it; rank+step sends this rank's.
-        ring, step = self.ring, self.step
-        r, w = ring.rank, ring.w
-        dst = (r + step) % w
-        ex = _Exchange(ring.group, "grad_bytes")
-        if partial is not None:
-            for t, tag in zip(ring.gather_partial(src, partial), (2, 3)):
-                ex.send(t, src, 4 * step + tag)
-        bufs = None
-        if ring.plan.pair(dst, r) is not None:
-            n = ring.count(dst, r, dk)
-            bufs = [torch.empty((dk.shape[0], n, t.shape[3]), dtype=torch.float32, device=t.device) for t in (dk, dv)]
-            ex.recv(bufs[0], dst, 4 * step + 2)
-            ex.recv(bufs[1], dst, 4 * step + 3)
-        self.finish(dk, dv)
-        self.grads = ex.start(), dst, bufs
-
-    def finish(self, dk, dv):
-        """Waits for the dK/dV rows sent to this rank last and adds them."""
-        if self.grads is None:
-            return
-        ex, dst, bufs = self.grads
-        self.grads = None
-        ex.wait()
-        if bufs is not None:
-            units = self.ring.rows(dst, self.ring.rank, dk.device)
-            _add_gathered(units, dk, bufs[0])
-            _add_gathered(units, dv, bufs[1])
-
-
-class _GatherMoves:
-    """LongNet's distributed scheme (Ding et al. 2023, section 3.2): before any kernel, every rank
-    sends each other rank the K/V rows it reads, in one collective (all_to_all_single, the splits
-    from the comm plan): for a dilated branch whose segment spans several ranks, the selected rows
-    within the segment's ranks, which is what the paper all-gathers; segments inside one rank
-    move nothing. dK/dV go back the same way after the last kernel. No overlap: one exchange."""
-
-    def __init__(self, ring, k, v):
-        self.ring, self.k, self.v = ring, k, v
-        self.partials = {}
-
-    def _exchange(self, send, recv_shapes, dtype, kind, like):
-        """all_to_all of send[dst] (tensors) -> recv_shapes[src] (shapes), flattened into one buffer."""
-        return _all_to_all(self.ring.group, send, recv_shapes, dtype, kind, like.device)[1]()
-
-    def sources(self):
-        ring, k, v = self.ring, self.k, self.v
-        r, w = ring.rank, ring.w
-        send, shapes = [[] for _ in range(w)], [[] for _ in range(w)]
-        for other in range(w):
-            if other == r:
-                continue
-            if ring.plan.pair(other, r) is not None:
-                units = ring.rows(other, r, k.device)
-                send[other] = [_gather(units, t) for t in (k, v)]
-            if ring.plan.pair(r, other) is not None:
-                n = ring.count(r, other, k)
-                shapes[other] = [(k.shape[0], n, t.shape[3]) for t in (k, v)]
-        got = self._exchange(send, shapes, k.dtype, "kv_bytes", k)
-        for src in range(w):
-            if src != r:
-                yield src, (ring.unpack(src, got[src], k, v) if got[src] else None)
-                if got[src]:
-                    ring.release(src, k.device)
-
-    def give_back(self, src, partial, dk, dv):
-        if partial is not None:
-            self.partials[src] = self.ring.gather_partial(src, partial)
-
-    def finish(self, dk, dv):
-        ring = self.ring
-        r, w = ring.rank, ring.w
-        send = [self.partials.get(dst, []) for dst in range(w)]
-        shapes = [[] for _ in range(w)]
-        for other in range(w):
-            if other != r and ring.plan.pair(other, r) is not None:
-                n = ring.count(other, r, dk)
-                shapes[other] = [(dk.shape[0], n, t.shape[3]) for t in (dk, dv)]
-        got = self._exchange(send, shapes, torch.float32, "grad_bytes", dk)
-        for other in range(w):
-            if got[other]:
-                units = ring.rows(other, r, dk.device)
-                _add_gathered(units, dk, got[other][0])
-                _add_gathered(units, dv, got[other][1])
 
 
 def _merge(acc_o, acc_lse, at, o, lse, computed, fresh=False):
