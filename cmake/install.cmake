@@ -13,7 +13,7 @@ include(CMakePackageConfigHelpers)
 # folders, mirrored).
 set(ATTNJIT_PUBLIC_HEADERS include/attnjit/attnjit.hpp include/attnjit/reference.hpp)
 set(ATTNJIT_PUBLIC_COMPILER_HEADERS compiler/pattern/pattern.hpp compiler/pattern/spec_json.hpp
-    compiler/pattern/mask.hpp compiler/codegen/codegen.hpp compiler/codegen/templates.hpp
+    compiler/pattern/mask.hpp compiler/pattern/head_slice.hpp compiler/codegen/codegen.hpp compiler/codegen/templates.hpp
     compiler/support/error.hpp compiler/support/types.hpp)
 
 # The same objects as attnjit_core (the layers', compiled once: position-independent, hidden unless a public

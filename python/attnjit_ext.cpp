@@ -26,6 +26,7 @@
 #include "compiler/nvrtc/nvrtc_compiler.hpp"
 #include "compiler/nvrtc/nvrtc_library.hpp"
 #include "compiler/pattern/mask.hpp"
+#include "compiler/pattern/head_slice.hpp"
 #include "compiler/pattern/pattern_stats.hpp"
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/plan/plan.hpp"
@@ -594,6 +595,13 @@ NB_MODULE(_attnjit, m) {
     const Pattern p = pattern_of(spec);
     return std::make_tuple(canonical_text(p), pattern_hash(p));
   }, "(canonical text, hash) of a spec; raises PatternError naming what is wrong");
+  m.def("head_slice", [](const std::string& spec, int64_t first, int64_t count, int64_t heads_q) {
+    const std::string text = spec_json_text(head_slice(pattern_of(spec), first, count, heads_q));
+    pattern_of(text);  // what it wrote reads back (a PatternError here is attnjit's bug, not the caller's)
+    return text;
+  }, "the JSON spec of the pattern over query heads [first, first + count) of heads_q (head parallelism)");
+  m.def("spec_json", [](const std::string& spec) { return spec_json_text(pattern_of(spec)); },
+        "the spec with every default written out, as attnjit reads it");
   m.def("forward", &forward);
   m.def("forward_fp8", &forward_fp8);
   m.def("backward", &backward);

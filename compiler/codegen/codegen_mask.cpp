@@ -38,6 +38,10 @@ std::string random_threshold(const Layout& l) {
   return std::to_string(static_cast<unsigned long long>(std::ceil(std::ldexp(l.density, 53)))) + "ull";
 }
 
+// The head a random layout hashes: the kernel's head index, plus the layout's head_base when the
+// call is a slice of the heads (a rank of a head-parallel group).
+std::string random_head(const Layout& l) { return l.head_base ? "(head + " + ll(l.head_base) + ")" : "head"; }
+
 // The largest distance between consecutive elements of a tile: key strides are the branches'
 // dilations, and query rows of a work item are at most their lcm apart. Capped at
 // kCsLimit / kMaxTileRows, where cs = column x stride stops fitting 32 bits.
@@ -150,7 +154,7 @@ public:
         return "(" + kb + " % " + ll(l.stride) + " == " + ll(l.phase) + ")";
       case Layout::Kind::Random: {
         const std::string threshold = random_threshold(l);
-        const std::string row = "aj_random_row(" + std::to_string(l.seed) + "ull, head, " + qb + ")";
+        const std::string row = "aj_random_row(" + std::to_string(l.seed) + "ull, " + random_head(l) + ", " + qb + ")";
         // A tile no wider than a key block (AJ_TILE_K x stride <= bk) sees the base's block and
         // the next only: aj_random_pick hashes both once per row.
         if (keys_ && step32)
@@ -352,7 +356,7 @@ public:
         os << in << "if (" << qbh << " - " << qbl << " > 3) " << c << " = " << kb << ";\n"
            << in << "for (aj_i64 b = " << kb << "; b < " << lim << " && " << c << " == AJ_NEVER; ++b)\n"
            << in << "  for (aj_i64 qb = " << qbl << "; qb <= " << qbh << "; ++qb)\n"
-           << in << "    if (aj_random_col(aj_random_row(" << l.seed << "ull, head, qb), " << threshold << ", b)) {\n"
+           << in << "    if (aj_random_col(aj_random_row(" << l.seed << "ull, " << random_head(l) << ", qb), " << threshold << ", b)) {\n"
            << in << "      " << c << " = b;\n" << in << "      break;\n" << in << "    }\n"
            << in << "if (" << c << " == AJ_NEVER) " << c << " = " << lim << ";  // none before lim: look again from there\n";
         break;
@@ -439,7 +443,7 @@ public:
         break;
       }
       case Layout::Kind::Random:
-        e = "(" + one + " && aj_random_col(aj_random_row(" + std::to_string(l.seed) + "ull, head, " + qbl + "), " +
+        e = "(" + one + " && aj_random_col(aj_random_row(" + std::to_string(l.seed) + "ull, " + random_head(l) + ", " + qbl + "), " +
             random_threshold(l) + ", " + kbl + "))";
         break;
       case Layout::Kind::Explicit: {

@@ -53,7 +53,10 @@ void print_layout(std::ostream& os, const Layout& l, Listing& listing) {
     case Layout::Kind::Global:
     case Layout::Kind::Offsets: join(os, l.blocks, [&](int64_t b) { os << b; }); break;
     case Layout::Kind::Strided: os << "stride=" << l.stride << ",phase=" << l.phase; break;
-    case Layout::Kind::Random: os << "density=" << num(l.density) << ",seed=" << l.seed; break;
+    case Layout::Kind::Random:
+      os << "density=" << num(l.density) << ",seed=" << l.seed;
+      if (l.head_base) os << ",head_base=" << l.head_base;  // only when set: hashes of existing specs stay
+      break;
     case Layout::Kind::Explicit:
       if (l.per_head.empty()) {
         print_pairs(os, l.explicit_blocks, listing);

@@ -79,7 +79,7 @@ bool layout_allows(const Layout& l, int64_t h, int64_t qpos, int64_t kpos, const
     case Layout::Kind::Strided: return kb % l.stride == l.phase;
     case Layout::Kind::Offsets: return std::binary_search(l.blocks.begin(), l.blocks.end(), kb - qb);
     case Layout::Kind::Random:
-      return random_block_kept(l.seed, l.density, static_cast<uint64_t>(h), static_cast<uint64_t>(qb), static_cast<uint64_t>(kb));
+      return random_block_kept(l.seed, l.density, static_cast<uint64_t>(l.head_base + h), static_cast<uint64_t>(qb), static_cast<uint64_t>(kb));
     case Layout::Kind::Explicit: {
       const auto& pairs = l.per_head.empty() ? l.explicit_blocks : l.per_head.at(static_cast<size_t>(h));
       return std::binary_search(pairs.begin(), pairs.end(), Layout::BlockPair{qb, kb});
@@ -167,7 +167,7 @@ void layout_key_intervals(const Layout& l, int64_t h, int64_t qpos, int64_t lo, 
         if (qb + off >= r.first && qb + off <= r.last) block(qb + off);
       return;
     case Layout::Kind::Random: {
-      const RandomBlockRow row(l.seed, l.density, static_cast<uint64_t>(h), static_cast<uint64_t>(qb));
+      const RandomBlockRow row(l.seed, l.density, static_cast<uint64_t>(l.head_base + h), static_cast<uint64_t>(qb));
       for (int64_t kb = r.first; kb <= r.last; ++kb)
         if (row.kept(static_cast<uint64_t>(kb))) block(kb);
       return;

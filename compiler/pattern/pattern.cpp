@@ -13,6 +13,7 @@ namespace attnjit {
 bool Layout::operator==(const Layout& o) const {
   return kind == o.kind && bq == o.bq && bk == o.bk && local == o.local && blocks == o.blocks &&
          stride == o.stride && phase == o.phase && density == o.density && seed == o.seed &&
+         head_base == o.head_base &&
          explicit_blocks == o.explicit_blocks && per_head == o.per_head && children == o.children;
 }
 

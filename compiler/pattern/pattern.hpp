@@ -58,6 +58,7 @@ struct Layout {
   int64_t stride = 1, phase = 0;            // Strided: kb % stride == phase
   double density = 0.0;                     // Random
   uint64_t seed = 0;                        // Random
+  int64_t head_base = 0;                    // Random: head h hashes as head_base + h (a slice of the heads)
   std::vector<BlockPair> explicit_blocks;   // Explicit (shared by all heads), sorted, unique
   std::vector<std::vector<BlockPair>> per_head;  // Explicit per query head, each sorted, unique
   // Explicit, written as "bitmap" / "per_head_bitmap": names those fields in errors. Not part of

@@ -109,6 +109,10 @@ void validate_layout(Layout& l, const std::string& path) {
       if (!(l.density >= 0.0 && l.density <= 1.0)) {
         throw UserError(p + "/random/density", "density must lie in [0, 1], got " + num(l.density));
       }
+      if (l.head_base < 0 || l.head_base > kMaxSize) {
+        throw UserError(p + "/random/head_base", "head_base must lie in [0, 2^31 - 1] (the global index of the call's "
+                                                 "head 0), got " + str(l.head_base));
+      }
       break;
     case Layout::Kind::Explicit: {
       uint64_t total = l.explicit_blocks.size();

@@ -201,10 +201,11 @@ Layout parse_layout(const json& j, const std::string& path, std::pair<int64_t, i
     if (v.contains("phase")) l.phase = get_int(v["phase"], gp + "/phase");
   } else if (g == "random") {
     l.kind = Layout::Kind::Random;
-    check_fields(v, gp, {"density", "seed"});
+    check_fields(v, gp, {"density", "seed", "head_base"});
     if (!v.contains("density")) throw UserError(gp, "needs \"density\" (the fraction of blocks kept, in [0, 1])");
     l.density = get_number(v["density"], gp + "/density");
     if (v.contains("seed")) l.seed = get_u64(v["seed"], gp + "/seed");
+    if (v.contains("head_base")) l.head_base = get_int(v["head_base"], gp + "/head_base");
   } else if (g == "explicit") {
     l.kind = Layout::Kind::Explicit;
     check_fields(v, gp, {"blocks", "per_head", "bitmap", "per_head_bitmap"});
@@ -429,6 +430,72 @@ Pattern parse_spec(const std::string& text, const std::string& source) {
   if (!br.is_array()) wrong_type(br, "/branches", "an array of branches");
   for (size_t n = 0; n < br.size(); ++n) u.branches.push_back(parse_branch(br[n], "/branches/" + std::to_string(n)));
   return resolve_and_validate(std::move(u));
+}
+
+namespace {
+
+json layout_json(const Layout& l) {
+  json j;
+  j["block"] = json::array({l.bq, l.bk});
+  auto pairs = [](const std::vector<Layout::BlockPair>& v) {
+    json a = json::array();
+    for (const auto& [qb, kb] : v) a.push_back(json::array({qb, kb}));
+    return a;
+  };
+  switch (l.kind) {
+    case Layout::Kind::Local: j["local"] = l.local; break;
+    case Layout::Kind::Global: j["global"] = l.blocks; break;
+    case Layout::Kind::Offsets: j["offsets"] = l.blocks; break;
+    case Layout::Kind::Strided: j["strided"] = {{"stride", l.stride}, {"phase", l.phase}}; break;
+    case Layout::Kind::Random:
+      j["random"] = {{"density", l.density}, {"seed", l.seed}};
+      if (l.head_base) j["random"]["head_base"] = l.head_base;
+      break;
+    case Layout::Kind::Explicit:
+      if (l.per_head.empty()) {
+        j["explicit"] = {{"blocks", pairs(l.explicit_blocks)}};
+      } else {
+        json ph = json::array();
+        for (const auto& h : l.per_head) ph.push_back(pairs(h));
+        j["explicit"] = {{"per_head", ph}};
+      }
+      break;
+    case Layout::Kind::Union:
+    case Layout::Kind::Intersect: {
+      json c = json::array();
+      for (const Layout& child : l.children) c.push_back(layout_json(child));
+      j[l.kind == Layout::Kind::Union ? "union" : "intersect"] = c;
+      break;
+    }
+    case Layout::Kind::Dynamic: j["dynamic"] = true; break;
+  }
+  return j;
+}
+
+}  // namespace
+
+std::string spec_json_text(const Pattern& p) {
+  json j;
+  j["attnjit"] = kSpecVersion;
+  j["combine"] = p.combine == Combine::Softmax ? "softmax" : "head_groups";
+  if (p.combine == Combine::HeadGroups) j["group_scale"] = p.group_scale == GroupScale::Mean ? "mean" : "none";
+  if (p.scale) j["scale"] = *p.scale;
+  json branches = json::array();
+  for (const Branch& b : p.branches) {
+    json br;
+    br["segment"] = b.segment ? json(*b.segment) : json("full");
+    br["dilation"] = b.dilation;
+    // Under head_groups a "group" offset is resolved to the branch index mod r when the pattern is
+    // built, so every offset is written as the rule or the integer it is.
+    br["offset"] = b.offset.rule == OffsetRule::Fixed ? json(b.offset.value) : json(to_string(b.offset.rule));
+    if (b.heads) br["heads"] = *b.heads;
+    br["causal"] = b.causal;
+    br["window"] = json::array({b.window.left, b.window.right});
+    if (b.layout) br["layout"] = layout_json(*b.layout);
+    branches.push_back(br);
+  }
+  j["branches"] = branches;
+  return j.dump();
 }
 
 Pattern load_spec_file(const std::string& path) {

@@ -16,5 +16,10 @@ Pattern parse_spec(const std::string& text, const std::string& source = "<spec>"
 // Same, reading a file; where() is prefixed with the file name.
 Pattern load_spec_file(const std::string& path);
 
+// The JSON spec of a Pattern, on one line, with every default written out: parse_spec of it gives
+// a Pattern equal to `p` (explicit blocks are written as pairs, hierarchical layouts as the unions
+// they stand for). What a pattern made in C++ (head_slice) hands to another process or language.
+std::string spec_json_text(const Pattern& p);
+
 }  // namespace attnjit
 #pragma GCC visibility pop

@@ -61,6 +61,13 @@ class Pattern:
         d["scale"] = float(scale)
         return Pattern(json.dumps(d))
 
+    def head_slice(self, first: int, count: int, heads_q: int) -> "Pattern":
+        """The pattern that query heads [first, first + count) of a `heads_q`-head call follow, as
+        a pattern of `count` heads: its head j attends what head first + j attends here (offset
+        rules resolved for those heads, `heads` lists renumbered, per-head blocks sliced, random
+        layouts hashed from `first` on). What one rank of a head-parallel group computes."""
+        return Pattern(_attnjit.head_slice(self._spec, int(first), int(count), int(heads_q)))
+
     def stats(self, seq_q, heads_q, seq_k=None, heads_kv=None, q_offset=0, k_offset=0) -> dict:
         """attended_pairs (over all heads, a key counted once per branch), pairs_per_head,
         pairs_per_branch, empty_rows and density for one shape; distinct_pairs and
