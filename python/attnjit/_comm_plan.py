@@ -180,6 +180,24 @@ def chunks_of(seq_len: int, world_size: int, rank: int, layout="contiguous"):
     return [(rank * n, n), ((2 * world_size - 1 - rank) * n, n)]
 
 
+def head_parallel_layout(seq_len: int, world_size: int, head_parallel: int, layout="contiguous"):
+    """The layout of the ring inside head-parallel attention: with `head_parallel` = u, ranks
+    g*u .. g*u + u - 1 (a head group) pool their rows under `layout` by one all_to_all, so ring rank g
+    of world_size / u holds the chunks of those ranks, in rank order, for its share of the heads.
+    "contiguous" stays "contiguous" (the pooled chunks are adjacent); any other layout becomes a
+    ChunkLayout named after it. u = 1 returns `layout` itself."""
+    u = int(head_parallel)
+    if u < 1 or world_size % u:
+        raise ValueError(f"head_parallel: expected a divisor of the world size {world_size}, got {head_parallel}")
+    if u == 1:
+        return layout
+    chunks = [[c for i in range(u) for c in chunks_of(seq_len, world_size, g * u + i, layout)]
+              for g in range(world_size // u)]
+    if layout == "contiguous":
+        return layout
+    return ChunkLayout(f"{layout}/heads:{u}", seq_len, tuple(tuple(c) for c in chunks))
+
+
 # Heavy rows: a query row whose attended pairs are over HEAVY_ROWS times the mean row's (BigBird's
 # global rows, which attend every key) is computed by the ranks that hold its keys. Rows within
 # HEAVY_GAP of each other are taken together, and a rank with more than HEAVY_RUNS such runs keeps

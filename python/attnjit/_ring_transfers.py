@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-_TRAFFIC = {"kv_bytes": 0, "grad_bytes": 0, "query_bytes": 0, "messages": 0, "steps_in_flight": 0}
+_TRAFFIC = {"kv_bytes": 0, "grad_bytes": 0, "query_bytes": 0, "head_bytes": 0, "messages": 0, "steps_in_flight": 0}
 
 
 class _Exchange:

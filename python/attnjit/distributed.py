@@ -44,6 +44,15 @@ the backward) to every rank whose keys they attend; after it, each rank computes
 against its own K/V and a second all_to_all returns the partial (O, LSE) in fp32, merged like a
 step's, or the fp32 dQ, added (their dK/dV are the host's own). CommPlan.away names them.
 
+Head parallelism (`head_parallel` = u, DeepSpeed-Ulysses' all_to_all inside the ring): ranks
+g*u .. g*u + u - 1 form a head group (best within a node) and trade rows for heads by one
+all_to_all, so each holds the group's rows for 1/u of the heads; the ring then runs over the W/u
+ranks holding the same heads (head_parallel_groups), on the pattern those heads follow
+(Pattern.head_slice: the offsets, per-head blocks and random blocks of the whole pattern's heads),
+with the group's chunks pooled (head_parallel_layout), and the reverse all_to_all returns O. A
+step computes u times the pairs for the same bytes moved, which is what a pattern whose K/V
+transfers outlast its kernels (BigBird's random blocks reach every rank) needs.
+
 strategy="longnet" is LongNet's own scheme instead (its paper, section 3.2): every rank sends each
 other rank the rows it reads in one collective before any kernel, dK/dV back the same way after.
 
@@ -70,7 +79,8 @@ import torch.distributed as dist
 # are used by the tests and attnjit.nn.
 from ._comm_plan import (HEAVY_ROWS, LAYOUTS, ChunkLayout, CommPlan, _cached_plan, _check_layout,  # noqa: F401
                          balanced_layout, best_layout, check_documents, check_heavy_rows, chunks_of, comm_plan,
-                         heavy_runs)
+                         head_parallel_layout, heavy_runs)
+from ._head_parallel import HeadsToRows, RowsToHeads, head_parallel_groups  # noqa: F401
 from ._inputs import check_shapes
 from ._pattern import as_pattern
 from ._ring_transfers import _TRAFFIC, _all_to_all, _flat, _gather, _GatherMoves, _RingMoves, _Units
@@ -83,7 +93,8 @@ _AGREED = weakref.WeakKeyDictionary()  # process group -> {call signature: the b
 def traffic() -> dict:
     """Bytes this process has sent through ring_attention since the last reset_traffic(): K/V rows
     (`kv_bytes`), dK/dV rows of the backward (`grad_bytes`), the heavy rows' traffic (`query_bytes`:
-    their Q, dO, LSE and D out, partial (O, LSE) and dQ back), the number of sends, and the most
+    their Q, dO, LSE and D out, partial (O, LSE) and dQ back), head parallelism's all_to_all
+    (`head_bytes`: q, k, v and their gradients, o and lse), the number of sends, and the most
     steps' K/V transfers a ring forward or backward had under way at once (`steps_in_flight`)."""
     return dict(_TRAFFIC)
 
@@ -539,7 +550,7 @@ def _digest(docs):
 
 
 def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", scale=None, return_lse: bool = False,
-                   strategy: str = "ring", heavy_rows=HEAVY_ROWS, cu_seqlens=None):
+                   strategy: str = "ring", heavy_rows=HEAVY_ROWS, cu_seqlens=None, head_parallel: int = 1):
     """Attention of `pattern` over a sequence sharded across `group` (default: the whole world).
 
     q [B, S/W, Hq, D], k [B, S/W, Hkv, D], v [B, S/W, Hkv, Dv]: this rank's rows as `shard` cuts
@@ -552,7 +563,13 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
     no rank carries them alone nor reads every K/V row for them; None keeps every row on its rank.
     `cu_seqlens`: packed documents, as attnjit.attention takes them (batch 1; boundaries 0, e_1,
     ..., S over the whole sequence, the same on every rank): each document attends only itself,
-    its positions restarting at 0; a rank reads only the K/V of its documents (no heavy rows then)."""
+    its positions restarting at 0; a rank reads only the K/V of its documents (no heavy rows then).
+    `head_parallel` = u > 1: head parallelism inside the ring (DeepSpeed-Ulysses' all_to_all): the
+    ranks g*u .. g*u + u - 1 of the group (keep them within a node) pool their rows by one
+    all_to_all, each keeping 1/u of the heads, the ring runs over the W/u ranks that hold the same
+    heads, and O goes back by the reverse all_to_all. A ring step then computes u times the pairs for
+    the same bytes moved. u must divide W and both head counts (head_parallel_groups says how the
+    sub-groups are made)."""
     w, r = _group_rank(group)
     heavy_rows = check_heavy_rows(heavy_rows)
     if strategy not in STRATEGIES:
@@ -580,6 +597,9 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
     if docs is not None and q.shape[0] != 1:
         raise ValueError(f"cu_seqlens: packed documents need batch 1 (the documents are packed along the sequence), "
                          f"got batch {q.shape[0]}")
+    if head_parallel != 1:
+        o, lse = _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_parallel)
+        return (o, lse) if return_lse else o
     plan = comm_plan(p, q.shape[1] * w, q.shape[2], k.shape[2], world_size=w, layout=layout, heavy_rows=heavy_rows,
                      cu_seqlens=docs)
     ring = _Ring(plan, p.op_spec, r, group, strategy)
@@ -588,3 +608,30 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
                                                     layout, heavy_rows, strategy, _digest(docs)), plan.steps_ahead(r))
     o, lse = _RingAttention.apply(q, k, v, ring)
     return (o, lse) if return_lse else o
+
+
+def _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_parallel):
+    """ring_attention with head parallelism of degree head_parallel: (o, lse) of this rank's rows."""
+    w, r = _group_rank(group)
+    u = head_parallel
+    if isinstance(u, bool) or not isinstance(u, int) or u < 1 or w % u:
+        raise ValueError(f"head_parallel: expected a divisor of the world size {w}, got {u!r}")
+    hq, hkv = q.shape[2], k.shape[2]
+    if hq % u or hkv % u:
+        raise ValueError(f"head_parallel: {u} must divide the query heads ({hq}) and the key/value heads ({hkv}); "
+                         f"pick a divisor of both")
+    _check_layout(layout)
+    seq = q.shape[1] * w
+    ring_layout = head_parallel_layout(seq, w, u, layout)  # errors on a length the layout cannot cut, before any transfer
+    if w > 1:  # the all_to_all needs the same shapes on every rank of a head group, and the groups the same u
+        _check_agreement(group, ("head_parallel", u, p.hash, tuple(q.shape), tuple(k.shape), tuple(v.shape),
+                                 str(q.dtype), str(layout)), 0)
+    heads, ring = head_parallel_groups(u, group)
+    j = r % u
+    part = p.head_slice(j * hq // u, hq // u, hq)
+    qh, kh, vh = (RowsToHeads.apply(x, heads, u) for x in (q, k, v))
+    o, lse = ring_attention(qh, kh, vh, part, group=ring, layout=ring_layout, return_lse=True, strategy=strategy,
+                            heavy_rows=heavy_rows, cu_seqlens=docs)
+    o = HeadsToRows.apply(o, heads, u)
+    lse = HeadsToRows.apply(lse.transpose(1, 2), heads, u).transpose(1, 2)  # [B, H, n], as the rows' own call gives
+    return o, lse

@@ -53,20 +53,23 @@ class _PatternAttention(nn.Module):
         _PatternAttention.__init__(m, pattern)
         return m
 
-    def sequence_parallel(self, group=None, *, layout="contiguous", strategy="ring"):
+    def sequence_parallel(self, group=None, *, layout="contiguous", strategy="ring", head_parallel: int = 1):
         """From now on q, k, v are this rank's shard of a sequence split across `group` (as
         attnjit.distributed.shard cuts it with the same `layout`), and so is the output:
         attnjit.distributed.ring_attention does the rest. layout="auto": the layout under which
         this pattern's work is shared out most evenly at the call's length and head counts
-        (attnjit.distributed.best_layout); sequence_layout() says which, to shard with. Returns the
-        module."""
+        (attnjit.distributed.best_layout); sequence_layout() says which, to shard with.
+        `head_parallel`: ring_attention's head parallelism (u consecutive ranks trade heads for rows
+        by an all_to_all; u divides the group's size and the head counts). Returns the module."""
         from . import distributed
 
         if layout != "auto":
             distributed._check_layout(layout)
         if strategy not in distributed.STRATEGIES:
             raise ValueError(f"strategy: expected one of {', '.join(distributed.STRATEGIES)}, got {strategy!r}")
-        self._parallel = (group, layout, strategy)
+        if isinstance(head_parallel, bool) or not isinstance(head_parallel, int) or head_parallel < 1:
+            raise ValueError(f"head_parallel: expected a positive int, got {head_parallel!r}")
+        self._parallel = (group, layout, strategy, head_parallel)
         return self
 
     def _pattern_for(self, is_causal):
@@ -82,7 +85,7 @@ class _PatternAttention(nn.Module):
         causal mask when is_causal), these head counts and the group's size."""
         if self._parallel is None:
             raise RuntimeError("sequence_layout: the module is not sequence-parallel; call sequence_parallel() first")
-        group, layout, _ = self._parallel
+        group, layout = self._parallel[:2]
         if layout != "auto":
             return layout
         from . import distributed
@@ -98,10 +101,11 @@ class _PatternAttention(nn.Module):
         if self._parallel is not None:
             from . import distributed
 
-            group, _, strategy = self._parallel
+            group, _, strategy, head_parallel = self._parallel
             layout = self.sequence_layout(q.shape[1] * distributed._group_rank(group)[0], q.shape[2], k.shape[2],
                                           is_causal=is_causal)
-            return distributed.ring_attention(q, k, v, p, group=group, layout=layout, strategy=strategy)
+            return distributed.ring_attention(q, k, v, p, group=group, layout=layout, strategy=strategy,
+                                              head_parallel=head_parallel)
         return attention(q, k, v, p)
 
     def extra_repr(self):
@@ -199,12 +203,13 @@ class MultiheadDilatedAttention(nn.Module):
     def from_pattern(cls, embed_dim, num_heads, pattern, **kwargs):
         return cls(embed_dim, num_heads, [], [], pattern=pattern, **kwargs)
 
-    def sequence_parallel(self, group=None, *, layout="contiguous", strategy="ring"):
+    def sequence_parallel(self, group=None, *, layout="contiguous", strategy="ring", head_parallel: int = 1):
         """Inputs and outputs become this rank's shard [B, S/W, E] of a sequence split across
         `group` (attnjit.distributed.shard with the same `layout`, or with sequence_layout()'s for
         layout="auto"); the projections and the norm are per token, the attention runs
-        attnjit.distributed.ring_attention. Returns the module."""
-        self.attention.sequence_parallel(group, layout=layout, strategy=strategy)
+        attnjit.distributed.ring_attention (with `head_parallel`, its head parallelism). Returns the
+        module."""
+        self.attention.sequence_parallel(group, layout=layout, strategy=strategy, head_parallel=head_parallel)
         return self
 
     def sequence_layout(self, seq_len: int, *, is_causal=None):

@@ -310,6 +310,95 @@ def test_ring_attention_on_gpus_with_nccl(tmp_path):
     _spawn(_equality_worker, 2, tmp_path, ("contiguous", "zigzag"), "cuda")
 
 
+# Patterns whose heads differ (LongNet's offsets, random blocks hashed per head, per-head lists),
+# so a rank that computed the wrong heads' pattern would fail the equality check.
+HEAD_PARALLEL_CASES = {
+    "longnet": (LONGNET, 4, 4, {}),
+    "longnet-gqa": (LONGNET, 4, 2, {}),
+    "bigbird": ({"attnjit": 1, "layout": {"block": 16, "union": [{"local": 1}, {"global": [0]},
+                                                                 {"random": {"density": 0.2, "seed": 5}}]},
+                 "branches": [{"segment": "full"}]}, 4, 4, {}),
+    "head_groups": ({"attnjit": 1, "combine": "head_groups", "group_scale": "none",
+                     "branches": [{"segment": 128, "dilation": 1}, {"segment": 512, "dilation": 2}]}, 4, 4, {}),
+    "documents": ({"attnjit": 1, "causal": True, "branches": [{"segment": "full"}]}, 4, 4, {"cu_seqlens": DOCS}),
+}
+
+
+def _head_parallel_worker(rank, world, store):
+    _init(rank, world, store)
+    try:
+        for name, (spec, hq, hkv, extra) in HEAD_PARALLEL_CASES.items():
+            q, k, v, do = _inputs(hq, hkv)
+            if "cu_seqlens" in extra:
+                q, k, v, do = (x[:1] for x in (q, k, v, do))
+            dl = torch.randn(q.shape[0], hq, SEQ, generator=torch.Generator().manual_seed(11))
+            ref = [x.clone().requires_grad_() for x in (q, k, v)]
+            o_ref, lse_ref = attnjit.attention(*ref, spec, return_lse=True, **extra)
+            torch.autograd.backward((o_ref, lse_ref), (do, dl))
+            for u, layout in ((2, "contiguous"), (2, "zigzag"), (4, "zigzag"), (2, "balanced")):
+                if hkv % u:
+                    continue
+                what = f"{name}, head_parallel {u}, {layout}, world {world}, rank {rank}"
+                if layout == "balanced":
+                    layout = ad.balanced_layout(spec, SEQ, hq, hkv, world_size=world, chunks_per_rank=2,
+                                                cu_seqlens=extra.get("cu_seqlens"))
+                ad.reset_traffic()
+                local = [ad.shard(x, layout=layout).requires_grad_() for x in (q, k, v)]
+                o, lse = ad.ring_attention(*local, spec, layout=layout, return_lse=True, head_parallel=u, **extra)
+                dl_local = ad.shard(dl.transpose(1, 2), layout=layout).transpose(1, 2)
+                torch.autograd.backward((o, lse), (ad.shard(do, layout=layout), dl_local))
+                torch.testing.assert_close(o, ad.shard(o_ref.detach(), layout=layout), atol=1e-5, rtol=1e-5,
+                                           msg=lambda m: f"{what}: o: {m}")
+                torch.testing.assert_close(lse, ad.shard(lse_ref.detach().transpose(1, 2), layout=layout).transpose(1, 2),
+                                           atol=1e-5, rtol=1e-5, msg=lambda m: f"{what}: lse: {m}")
+                for label, got, want in zip("qkv", local, ref):
+                    torch.testing.assert_close(got.grad, ad.shard(want.grad, layout=layout), atol=1e-5, rtol=1e-5,
+                                               msg=lambda m: f"{what}: d{label}: {m}")
+                # q, k, v in and o, lse out, forward; their gradients the other way, backward: (u - 1) / u of each.
+                assert ad.traffic()["head_bytes"] > 0, what
+        # attnjit.nn with head parallelism: the local output and the summed weight gradients as on the
+        # whole sequence.
+        torch.manual_seed(1)
+        layer = attnjit.nn.MultiheadDilatedAttention(32, 4, [64, 256, 512], [1, 2, 4], num_kv_heads=2)
+        x = torch.randn(2, SEQ, 32, generator=torch.Generator().manual_seed(3))
+        out, _ = layer(x, x, x)
+        out.square().sum().backward()
+        full_grads = [w.grad.clone() for w in layer.parameters()]
+        layer.zero_grad()
+        layer.sequence_parallel(layout="zigzag", head_parallel=2)
+        x_l = ad.shard(x, layout="zigzag")
+        out_l, _ = layer(x_l, x_l, x_l)
+        torch.testing.assert_close(out_l, ad.shard(out.detach(), layout="zigzag"), atol=1e-5, rtol=1e-5)
+        out_l.square().sum().backward()
+        for w, want in zip(layer.parameters(), full_grads):
+            dist.all_reduce(w.grad)
+            torch.testing.assert_close(w.grad, want, atol=1e-4, rtol=1e-4)
+        q, k, v, _ = _inputs(4, 4)
+        local = [ad.shard(x) for x in (q, k, v)]
+        with pytest.raises(ValueError, match="head_parallel: expected a divisor of the world size 4, got 3"):
+            ad.ring_attention(*local, LONGNET, head_parallel=3)
+        with pytest.raises(ValueError, match=r"head_parallel: 4 must divide the query heads \(4\) and the key/value heads \(2\)"):
+            ad.ring_attention(local[0], local[1][:, :, :2], local[2][:, :, :2], LONGNET, head_parallel=4)
+        with pytest.raises(attnjit.AttnjitError, match="group_scale"):  # head_groups' mean scale: no slice can say it
+            ad.ring_attention(*local, CASES["head_groups"][0], head_parallel=2)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_head_parallel_ring_attention_equals_attention_on_the_whole_sequence(tmp_path):
+    _spawn(_head_parallel_worker, 4, tmp_path)
+
+
+def test_head_parallel_layouts_pool_a_head_group_s_chunks():
+    assert ad.head_parallel_layout(1024, 8, 1, "zigzag") == "zigzag"
+    assert ad.head_parallel_layout(1024, 8, 4, "contiguous") == "contiguous"
+    pooled = ad.head_parallel_layout(1024, 8, 4, "zigzag")  # ring ranks 0 and 1 of 2, each 4 ranks' chunks
+    assert pooled.chunks[0] == tuple(c for r in range(4) for c in ad.chunks_of(1024, 8, r, "zigzag"))
+    assert ad.chunks_of(1024, 2, 1, pooled) == [c for r in range(4, 8) for c in ad.chunks_of(1024, 8, r, "zigzag")]
+    with pytest.raises(ValueError, match="head_parallel: expected a divisor of the world size 8, got 3"):
+        ad.head_parallel_layout(1024, 8, 3)
+
+
 def _traffic_worker(rank, world, store, out):
     _init(rank, world, store)
     try:
