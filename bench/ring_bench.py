@@ -3,7 +3,7 @@ on one GPU per process), forward and forward+backward, median over runs, with th
 sent.
 
     PYTHONPATH=build/python python3 bench/ring_bench.py SPEC [--seq 16384] [--heads 8] [--head-dim 64]
-        [--world 4] [--layout contiguous] [--strategy ring] [--heavy-rows 4|none] [--device cpu] [--runs 5]
+        [--world 4] [--layout contiguous] [--strategy ring] [--heavy-rows 4|none] [--head-parallel 1] [--device cpu] [--runs 5]
 
 SPEC: a pattern file, or "geometric:BASE" for LongNet grown to the whole sequence (segments
 BASE * 2^i, dilations 2^i; docs/scaling.md). On a CPU the W processes share its cores: the times
@@ -54,7 +54,8 @@ def worker(rank, args, store, out):
         for what in times:
             sync()
             t = time.perf_counter()
-            o = ad.ring_attention(q, k, v, pattern, layout=args.layout, strategy=args.strategy, heavy_rows=args.heavy_rows)
+            o = ad.ring_attention(q, k, v, pattern, layout=args.layout, strategy=args.strategy, heavy_rows=args.heavy_rows,
+                                  head_parallel=args.head_parallel)
             if what == "forward+backward":
                 o.backward(do)
             sync()
@@ -79,6 +80,8 @@ def main():
     ap.add_argument("--strategy", default="ring")
     ap.add_argument("--heavy-rows", type=lambda x: None if x == "none" else float(x), default=4.0,
                     help="rows over this many times the mean row's pairs computed where their keys are (none: at home)")
+    ap.add_argument("--head-parallel", type=int, default=1,
+                    help="head parallelism: this many consecutive ranks trade rows for heads, the ring runs over the rest")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--runs", type=int, default=5)
@@ -88,15 +91,17 @@ def main():
         mp.spawn(worker, args=(args, os.path.join(tmp, "store"), tmp), nprocs=args.world, join=True)
         ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(args.world)]
     print(f"{args.spec} seq {args.seq} heads {args.heads} d {args.head_dim} {args.dtype} on {args.world} "
-          f"{args.device} processes, {args.layout}, {args.strategy}, heavy rows {args.heavy_rows}; {args.runs} runs")
+          f"{args.device} processes, {args.layout}, {args.strategy}, heavy rows {args.heavy_rows}, head parallel {args.head_parallel}; "
+          f"{args.runs} runs")
     for what in ("forward", "forward+backward"):
         slowest = [max(r["times"][what][i] for r in ranks) for i in range(args.runs)]
         print(f"  {what}: median {statistics.median(slowest):.1f} ms (min {min(slowest):.1f}, max {max(slowest):.1f})")
     kv = max(r["sent"]["kv_bytes"] for r in ranks)
     grad = max(r["sent"]["grad_bytes"] for r in ranks)
     query = max(r["sent"]["query_bytes"] for r in ranks)
+    heads = max(r["sent"]["head_bytes"] for r in ranks)
     print(f"  sent per forward+backward, busiest rank: K/V {kv / 1e6:.2f} MB, dK/dV {grad / 1e6:.2f} MB, "
-          f"heavy rows {query / 1e6:.2f} MB")
+          f"heavy rows {query / 1e6:.2f} MB, head all_to_all {heads / 1e6:.2f} MB")
 
 
 if __name__ == "__main__":
