@@ -79,10 +79,11 @@ class _PatternAttention(nn.Module):
             self._causal = _causal_variant(self.pattern)
         return self._causal
 
-    def sequence_layout(self, seq_len: int, heads_q: int, heads_kv: int = None, *, is_causal=None):
+    def sequence_layout(self, seq_len: int, heads_q: int, heads_kv: int = None, *, is_causal=None, cu_seqlens=None):
         """The layout the sequence-parallel calls over `seq_len` tokens use (shard q, k, v with it):
         the one given to sequence_parallel, or for "auto" best_layout's for this pattern (with the
-        causal mask when is_causal), these head counts and the group's size."""
+        causal mask when is_causal), these head counts, the group's size and the packed documents
+        `cu_seqlens` if given."""
         if self._parallel is None:
             raise RuntimeError("sequence_layout: the module is not sequence-parallel; call sequence_parallel() first")
         group, layout = self._parallel[:2]
@@ -91,22 +92,27 @@ class _PatternAttention(nn.Module):
         from . import distributed
 
         p, w = self._pattern_for(is_causal), distributed._group_rank(group)[0]
-        key = (p.hash, seq_len, heads_q, heads_q if heads_kv is None else heads_kv, w)
+        docs = distributed.check_documents(cu_seqlens, seq_len)
+        key = (p.hash, seq_len, heads_q, heads_q if heads_kv is None else heads_kv, w,
+               None if docs is None else tuple(int(x) for x in docs))
         if key not in self._layouts:
-            self._layouts[key] = distributed.best_layout(p, seq_len, heads_q, heads_kv, world_size=w)
+            self._layouts[key] = distributed.best_layout(p, seq_len, heads_q, heads_kv, world_size=w, cu_seqlens=docs)
         return self._layouts[key]
 
-    def forward(self, q, k, v, is_causal=None):
+    def forward(self, q, k, v, is_causal=None, cu_seqlens=None):
+        """q [B, S, Hq, D], k and v [B, S, Hkv, D] (a rank's shard when sequence-parallel);
+        `cu_seqlens`: packed documents (batch 1), as attnjit.attention takes them, over the whole
+        sequence when sequence-parallel."""
         p = self._pattern_for(is_causal)
         if self._parallel is not None:
             from . import distributed
 
             group, _, strategy, head_parallel = self._parallel
             layout = self.sequence_layout(q.shape[1] * distributed._group_rank(group)[0], q.shape[2], k.shape[2],
-                                          is_causal=is_causal)
+                                          is_causal=is_causal, cu_seqlens=cu_seqlens)
             return distributed.ring_attention(q, k, v, p, group=group, layout=layout, strategy=strategy,
-                                              head_parallel=head_parallel)
-        return attention(q, k, v, p)
+                                              head_parallel=head_parallel, cu_seqlens=cu_seqlens)
+        return attention(q, k, v, p, cu_seqlens=cu_seqlens)
 
     def extra_repr(self):
         return f"pattern={self.pattern.hash}" + (f", sequence_parallel={self._parallel[1:]}" if self._parallel else "")
@@ -212,11 +218,15 @@ class MultiheadDilatedAttention(nn.Module):
         self.attention.sequence_parallel(group, layout=layout, strategy=strategy, head_parallel=head_parallel)
         return self
 
-    def sequence_layout(self, seq_len: int, *, is_causal=None):
+    def sequence_layout(self, seq_len: int, *, is_causal=None, cu_seqlens=None):
         """The layout to shard inputs of `seq_len` tokens with (see sequence_parallel)."""
-        return self.attention.sequence_layout(seq_len, self.num_heads, self.num_kv_heads, is_causal=is_causal)
+        return self.attention.sequence_layout(seq_len, self.num_heads, self.num_kv_heads, is_causal=is_causal,
+                                              cu_seqlens=cu_seqlens)
 
-    def forward(self, query, key, value, is_causal=None):
+    def forward(self, query, key, value, is_causal=None, cu_seqlens=None):
+        """query, key, value [B, S, E] (a rank's shard when sequence-parallel); `cu_seqlens`:
+        packed documents (batch 1) as attnjit.attention takes them: each attends only itself.
+        Returns (output, None), as torch.nn.MultiheadAttention without weights."""
         for name, x in (("query", query), ("key", key), ("value", value)):
             if x.dim() != 3 or x.shape[2] != self.embed_dim:
                 raise ValueError(f"{name}: expected a [batch, seq, embed_dim={self.embed_dim}] tensor, got shape "
@@ -228,7 +238,7 @@ class MultiheadDilatedAttention(nn.Module):
         q = self.q_proj(query).view(b, s, self.num_heads, self.head_dim)
         k = self.k_proj(key).view(b, key.shape[1], self.num_kv_heads, self.head_dim)
         v = self.v_proj(value).view(b, value.shape[1], self.num_kv_heads, self.head_dim)
-        x = self.attention(q, k, v, is_causal=is_causal).reshape(b, s, self.embed_dim)
+        x = self.attention(q, k, v, is_causal=is_causal, cu_seqlens=cu_seqlens).reshape(b, s, self.embed_dim)
         x = self.dropout(x)
         if self.norm is not None:
             x = self.norm(x)

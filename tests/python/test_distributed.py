@@ -365,6 +365,7 @@ def _head_parallel_worker(rank, world, store):
         out.square().sum().backward()
         full_grads = [w.grad.clone() for w in layer.parameters()]
         layer.zero_grad()
+        out_docs, _ = layer(x[:1], x[:1], x[:1], cu_seqlens=DOCS)
         layer.sequence_parallel(layout="zigzag", head_parallel=2)
         x_l = ad.shard(x, layout="zigzag")
         out_l, _ = layer(x_l, x_l, x_l)
@@ -373,6 +374,10 @@ def _head_parallel_worker(rank, world, store):
         for w, want in zip(layer.parameters(), full_grads):
             dist.all_reduce(w.grad)
             torch.testing.assert_close(w.grad, want, atol=1e-4, rtol=1e-4)
+        # ... and with packed documents, whose boundaries fall inside the ranks' chunks.
+        x_l = ad.shard(x[:1], layout="zigzag")
+        out_l, _ = layer(x_l, x_l, x_l, cu_seqlens=DOCS)
+        torch.testing.assert_close(out_l, ad.shard(out_docs.detach(), layout="zigzag"), atol=1e-5, rtol=1e-5)
         q, k, v, _ = _inputs(4, 4)
         local = [ad.shard(x) for x in (q, k, v)]
         with pytest.raises(ValueError, match="head_parallel: expected a divisor of the world size 4, got 3"):

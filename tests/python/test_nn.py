@@ -116,3 +116,21 @@ def test_modules_on_empty_batches_and_sequences():
         assert out.shape == shape
         out.sum().backward()
         assert x.grad.shape == shape
+
+
+def test_packed_documents_attend_only_themselves():
+    # One call over documents packed along the sequence equals a call per document.
+    torch.manual_seed(0)
+    layer = ann.MultiheadDilatedAttention(32, 4, [16, 64], [1, 2], num_kv_heads=2)
+    docs = [0, 37, 37, 100, 128]
+    x = torch.randn(1, 128, 32)
+    out, _ = layer(x, x, x, cu_seqlens=docs)
+    for a, b in zip(docs, docs[1:]):
+        if a < b:
+            alone, _ = layer(x[:, a:b], x[:, a:b], x[:, a:b])
+            torch.testing.assert_close(out[:, a:b], alone, atol=1e-5, rtol=1e-5)
+    plain, _ = layer(x, x, x)
+    assert not torch.allclose(out, plain, atol=1e-3)  # the documents change the result
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        layer.attention(x.view(1, 128, 4, 8)[..., :8], x.view(1, 128, 4, 8)[:, :, :2], x.view(1, 128, 4, 8)[:, :, :2],
+                        cu_seqlens=[0, 5, 100])
