@@ -1,6 +1,8 @@
 """A model on paper of attnjit.distributed on 8 to 64 H100s (docs/scaling.md): per-step compute
-time against transfer time, and the efficiency of the ring, for dense causal attention and
-LongNet at 1M to 16M tokens.
+time against transfer time, and the efficiency of the ring, for dense causal attention, packed
+causal documents, LongNet and BigBird at 1M to 16M tokens, with head parallelism (ring_attention's
+head_parallel = u: an all_to_all inside groups of u GPUs of a node, a ring over W / u ranks, each on
+H / u heads and u ranks' rows) at the u in 1, 2, 4, 8 that the model finds fastest.
 
     PYTHONPATH=build/python python3 bench/scaling_model.py            # the tables of docs/scaling.md
     PYTHONPATH=build/python python3 bench/scaling_model.py --check    # the model against comm plans
@@ -9,9 +11,11 @@ The model counts, for every (query rank, key rank), the attended pairs and the K
 query rank reads, by formula (segments, residues, chunk order), so it runs at 16M tokens; --check
 compares those counts with what attnjit computes at small sizes (Pattern.stats with the chunks'
 offsets, and the comm plan's rows and chunk pairs, which the gloo tests show equal to the bytes
-each rank sends). Times: pairs x 4 x D / throughput (+ the steps' memory passes), bytes /
-bandwidth, with the throughputs measured on an H100 (docs/performance.md) and the links' nominal
-bandwidths. Efficiency: the kernels' time alone, spread evenly, over the modelled time."""
+each rank sends), for the plain ring and for the rings of head parallelism (the comm plan of one
+head slice, Pattern.head_slice, over head_parallel_layout). Times: pairs x 4 x D / throughput (+
+the steps' memory passes), bytes / bandwidth, with the throughputs measured on an H100
+(docs/performance.md) and the links' nominal bandwidths. Efficiency: the kernels' time alone,
+spread evenly over the W GPUs, over the modelled time (the all_to_alls included)."""
 import argparse
 import functools
 import math
@@ -20,6 +24,11 @@ import sys
 import numpy as np
 
 from attnjit.distributed import best_layout, chunks_of  # the layouts, as ring_attention cuts the sequence
+
+try:  # the ring's layout with head parallelism (ring_attention's head_parallel)
+    from attnjit.distributed import head_parallel_layout
+except ImportError:  # not exported by attnjit.distributed yet
+    from attnjit._comm_plan import head_parallel_layout
 
 # Measured on an H100 (`bench/gpu_ab.sh`, docs/performance.md, "Tile loads: one address per tile"; 16K tokens,
 # 16 heads, D 128, bf16): useful TFLOP/s forward and backward.
@@ -73,16 +82,18 @@ def _shared_segments(qlo, qn, klo, kn, w):
     return max(qlo // w, klo // w), min((qlo + qn - 1) // w, (klo + kn - 1) // w)
 
 
-def dilated_pairs(branches, qlo, qn, klo, kn, heads):
-    """Pairs (over heads, head_mod offsets) of a non-causal dilated pattern between two chunks."""
+def dilated_pairs(branches, qlo, qn, klo, kn, heads, head_base=0):
+    """Pairs (over heads, head_mod offsets) of a non-causal dilated pattern between two chunks, for
+    heads head_base .. head_base + heads - 1 of the pattern (head h at offset h mod r)."""
     total = 0
     for w, r in branches:
         s0, s1 = _shared_segments(qlo, qn, klo, kn, w)
         for seg in range(s0, s1 + 1):
             a = seg * w
             for h in range(min(heads, r)):
-                nq = _count(min(a + w, qlo + qn) - a, r, h) - _count(max(a, qlo) - a, r, h)
-                nk = _count(min(a + w, klo + kn) - a, r, h) - _count(max(a, klo) - a, r, h)
+                o = (head_base + h) % r
+                nq = _count(min(a + w, qlo + qn) - a, r, o) - _count(max(a, qlo) - a, r, o)
+                nk = _count(min(a + w, klo + kn) - a, r, o) - _count(max(a, klo) - a, r, o)
                 total += nq * nk * len(range(h, heads, r))
     return total
 
@@ -105,12 +116,12 @@ def _count_hits(hit, lo, n):
     return full * int(hit.sum()) + int(hit[tail].sum())
 
 
-def dilated_rows(branches, qlo, qn, klo, kn, heads):
+def dilated_rows(branches, qlo, qn, klo, kn, heads, head_base=0):
     """(row, head) units of the key chunk the query chunk reads: per head, the rows selected by a
     branch whose segment holds both chunks (each chunk inside one segment of every branch that
-    reaches across: the sizes here are powers of two)."""
+    reaches across: the sizes here are powers of two). Heads as in dilated_pairs."""
     total = 0
-    for h in range(heads):
+    for h in range(head_base, head_base + heads):
         classes = []
         for w, r in branches:
             s0, s1 = _shared_segments(qlo, qn, klo, kn, w)
@@ -175,10 +186,11 @@ def _bigbird_fixed(bb, qb, kb):
     return per_row, q_global | (len(kg) > 0) | (band > 0), np.isin(kb, g) | (len(qg) > 0) | (kband > 0)
 
 
-def bigbird_counts(bb, qc, kc, heads, exact):
+def bigbird_counts(bb, qc, kc, heads, exact, head_base=0):
     """(pairs, key rows read, query rows with work summed over chunk pairs) between chunk lists qc
-    and kc, in (row, head) units: exact (the random blocks hashed, small sizes) or expected (each
-    random block kept with probability density, large sizes)."""
+    and kc, in (row, head) units: exact (the random blocks hashed, small sizes; heads head_base ..
+    head_base + heads - 1, as a head slice hashes them) or expected (each random block kept with
+    probability density, large sizes)."""
     blk, d = bb["block"], bb["density"]
     pairs = rows = qrows = 0.0
     read_k = {}
@@ -187,7 +199,7 @@ def bigbird_counts(bb, qc, kc, heads, exact):
             qb, kb = np.arange(a // blk, (a + n) // blk), np.arange(b // blk, (b + m) // blk)
             if exact:
                 for h in range(heads):
-                    kept = bigbird_blocks(bb, h, qb, kb)
+                    kept = bigbird_blocks(bb, head_base + h, qb, kb)
                     pairs += kept.sum() * blk * blk
                     qrows += kept.any(axis=1).sum() * blk
                     read_k.setdefault((b, h), np.zeros(len(kb), dtype=bool))
@@ -280,11 +292,13 @@ def document_work(doc, heads):
     return lambda start, n: sum(_causal_count(q0, q1, seg * doc, q1) for seg, q0, q1 in _doc_spans(start, n, doc)) * heads
 
 
-def pair_counts(kind, branches, seq, world, layout, heads, exact=False):
+def pair_counts(kind, branches, seq, world, layout, heads, exact=False, head_base=0):
     """pairs[q][k], rows[q][k] (key rows read) and qrows[q][k] (query rows with work; (row, head)
     units) for every (query rank, key rank), of the query rows computed on their rank; visits[q][k],
     the pairs of rank q's heavy rows computed on rank k against its keys, and away[q], those rows
-    ((row, head) units; BigBird's global rows, none in the other patterns here)."""
+    ((row, head) units; BigBird's global rows, none in the other patterns here). With head
+    parallelism: the ring's ranks (world = W / u), its layout (head_parallel_layout) and the heads
+    of one slice (heads = H / u from head_base on)."""
     pairs, rows, qrows, visits = (np.zeros((world, world)) for _ in range(4))
     away = np.zeros(world)
     for q in range(world):
@@ -292,14 +306,14 @@ def pair_counts(kind, branches, seq, world, layout, heads, exact=False):
             qc, kc = chunks_of(seq, world, q, layout), chunks_of(seq, world, k, layout)
             if kind == "bigbird":
                 qc, gone = bigbird_split(branches, qc)
-                visits[q, k] = bigbird_counts(branches, gone, kc, heads, exact)[0] if gone else 0
+                visits[q, k] = bigbird_counts(branches, gone, kc, heads, exact, head_base)[0] if gone else 0
                 away[q] = sum(n for _, n in gone) * heads
             if kind == "documents":
                 pairs[q, k], rows[q, k], qrows[q, k] = document_counts(branches, qc, kc, heads)
                 if q == k:
                     rows[q, k] = 0
             elif kind == "bigbird":
-                pairs[q, k], rows[q, k], qrows[q, k] = bigbird_counts(branches, qc, kc, heads, exact)
+                pairs[q, k], rows[q, k], qrows[q, k] = bigbird_counts(branches, qc, kc, heads, exact, head_base)
                 if q == k:
                     rows[q, k] = 0
             elif kind == "dense causal":
@@ -307,16 +321,19 @@ def pair_counts(kind, branches, seq, world, layout, heads, exact=False):
                 rows[q, k] = causal_rows(qc, kc, heads) if q != k else 0
                 qrows[q, k] = sum(n for a, n in qc for b, _ in kc if a >= b) * heads  # per chunk pair (one merge each)
             else:
-                pairs[q, k] = sum(dilated_pairs(branches, a, n, b, m, heads) for a, n in qc for b, m in kc)
-                rows[q, k] = sum(dilated_rows(branches, a, n, b, m, heads) for a, n in qc for b, m in kc) if q != k else 0
+                pairs[q, k] = sum(dilated_pairs(branches, a, n, b, m, heads, head_base) for a, n in qc for b, m in kc)
+                rows[q, k] = (sum(dilated_rows(branches, a, n, b, m, heads, head_base) for a, n in qc for b, m in kc)
+                              if q != k else 0)
                 # The query side of the same count (the branches reaching across select rows alike).
-                qrows[q, k] = (sum(dilated_rows(branches, b, m, a, n, heads) for a, n in qc for b, m in kc) if q != k
-                               else sum(n for _, n in qc) * heads)
+                qrows[q, k] = (sum(dilated_rows(branches, b, m, a, n, heads, head_base) for a, n in qc for b, m in kc)
+                               if q != k else sum(n for _, n in qc) * heads)
     return pairs, rows, qrows, visits, away
 
 
-def bandwidth(src, dst):
-    return NVLINK if src // 8 == dst // 8 else IB
+def bandwidth(src, dst, per_node=8):
+    """The link between two ranks of a ring with `per_node` ranks per node of 8 GPUs (8 / u with
+    head parallelism: ring rank g's GPUs are g*u .. g*u + u - 1, inside one node)."""
+    return NVLINK if src // per_node == dst // per_node else IB
 
 
 def steps_ahead(moved, budget):
@@ -327,7 +344,7 @@ def steps_ahead(moved, budget):
     return int(min(max(1, min(world - 1, budget // m if m else world - 1)) for m in most)) if world > 1 else 0
 
 
-def ring_time(comp, xfer, moved, budget=None, ahead=None):
+def ring_time(comp, xfer, moved, budget=None, ahead=None, per_node=8):
     """The ring's time: each rank runs its steps in order (comp[s][r], the local step 0 first) and
     starts their transfers (xfer[s][r] to receive; moved[s][r] bytes sent and received) ahead, as
     attnjit.distributed does: in the forward as many steps as fit in `budget` bytes, at least one;
@@ -342,7 +359,7 @@ def ring_time(comp, xfer, moved, budget=None, ahead=None):
                 in_flight -= moved[s, r]
             while started < world and (started == s + 1 or (started <= s + ahead if budget is None
                                                              else in_flight + moved[started, r] <= budget)):
-                link = bandwidth((r - started) % world, r)
+                link = bandwidth((r - started) % world, r, per_node)
                 arrive[started] = link_free[link] = max(t, link_free.get(link, 0.0)) + xfer[started, r]
                 in_flight += moved[started, r]
                 started += 1
@@ -351,73 +368,142 @@ def ring_time(comp, xfer, moved, budget=None, ahead=None):
     return end
 
 
-def model(kind, branches, seq, world, layout):
-    """Per-step compute and transfer times (s) and the efficiencies of both strategies."""
-    pairs, rows, qrows, visits, away = pair_counts(kind, branches, seq, world, layout, HEADS)
-    local = seq // world * HEADS
+# Head parallelism (ring_attention's head_parallel = u): an all_to_all inside each head group of u
+# GPUs (one node, NVLink) before the ring and its reverse after it, one per tensor
+# (python/attnjit/_head_parallel.py). Bytes per (row, head) element of a GPU's local rows, (in
+# before the ring, back after it); 16 kv heads as 16 query heads here.
+# - forward: Q, K, V in (bf16); O (bf16) and LSE (fp32) back;
+# - backward: dO in (bf16: the ring's backward keeps the pooled Q, K, V, O and LSE of its forward;
+#   the LSE's gradient would go in too where the LSE is in the loss); dQ, dK, dV back in the inputs'
+#   dtype (bf16).
+# A GPU sends and receives (u - 1) / u of those bytes at NVLINK each way, and each tensor is copied
+# once between the local and the pooled order (the send buffer going in, the received pieces coming
+# back: read and write at HBM); not overlapped with the ring's kernels.
+A2A_BYTES = {"forward": (3 * HEAD_DIM * BYTES, HEAD_DIM * BYTES + 4),
+             "backward": (HEAD_DIM * BYTES, 3 * HEAD_DIM * BYTES)}
+HEAD_GROUPS = (1, 2, 4, 8)  # u: a head group inside one node of 8
+
+
+def all_to_all(units, unit_bytes, u):
+    """(bytes each GPU sends, seconds) of one all_to_all of `units` (row, head) elements of
+    `unit_bytes` each inside a head group of u GPUs, with its copy between the two orders."""
+    if u == 1:
+        return 0.0, 0.0
+    sent = units * unit_bytes * (u - 1) / u
+    return sent, sent / NVLINK + 2 * units * unit_bytes / HBM
+
+
+def ring_model(kind, counts, world, per_node, local, direction):
+    """One direction of one ring (one head slice with head parallelism): its time and the LongNet
+    scheme's, both without the all_to_alls, its kernels' time summed over its ranks, and its
+    slowest rank's per-step compute and transfer, from pair_counts' counts over its `world` ranks."""
+    pairs, rows, qrows, visits, away = counts
     fwd_tp, bwd_tp = THROUGHPUT[kind]
+    tp, flops_factor, bytes_factor = (fwd_tp, 1.0, 1.0) if direction == "forward" else (bwd_tp, 2.5, 3.0)
+    # The backward moves the K/V rows again and sends their dK/dV (fp32: twice the bytes) back.
     kv = 2 * HEAD_DIM * BYTES  # K and V bytes per (row, kv head)
-    out = {}
-    for direction, tp, flops_factor, bytes_factor in (("forward", fwd_tp, 1.0, 1.0), ("backward", bwd_tp, 2.5, 3.0)):
-        # The backward moves the K/V rows again and sends their dK/dV (fp32: twice the bytes) back.
-        def per_step(m):  # m[query rank, key rank] laid out by step: [s][r] = m[r, r - s]
-            return np.array([[m[r, (r - s) % world] for r in range(world)] for s in range(world)])
 
-        once = local * HEAD_DIM * ONCE_BYTES[direction] / HBM
-        merge = local * HEAD_DIM * MERGE_BYTES[direction] / HBM
-        first_merge = local * HEAD_DIM * FIRST_MERGE_BYTES[direction] / HBM
-        kernels = per_step(pairs) * 4 * HEAD_DIM * flops_factor / tp
-        part = per_step(qrows) / local
-        first = np.zeros_like(part)
-        first[0] = np.minimum(part[0], 1.0)  # the local step: each row's first merge
-        merges = merge * (part - first) + first_merge * first
-        stage = per_step(rows) * HEAD_DIM * STAGE_BYTES[direction] / HBM
-        comp = kernels + merges + stage
-        xfer = np.array([[rows[r, (r - s) % world] * kv * bytes_factor / bandwidth((r - s) % world, r) for r in range(world)]
-                         for s in range(world)])
-        # The ring's steps started ahead (ring_time): the forward's within the local K/V's bytes, the
-        # backward's a number of steps every rank shares (steps_ahead). A backward step's transfer
-        # carries its K/V in and their dK/dV back (bytes_factor); the last step's dK/dV are waited
-        # for at the end.
-        moved = np.array([[(rows[r, (r - s) % world] + rows[(r + s) % world, r]) * kv for r in range(world)]
-                          for s in range(world)])
-        if direction == "forward":
-            steps = ring_time(comp, xfer, moved, budget=local * kv)
-        else:
-            steps = ring_time(comp, xfer, moved, ahead=steps_ahead(moved, local * kv))
-            steps += xfer[world - 1].max() * 2 / 3 if world > 1 else 0.0
-        # Heavy rows: their Q (dO, LSE and D in the backward) goes out in one collective before the
-        # ring, under way during it; after the ring each rank computes its visitors against its own
-        # keys and the partial (O, LSE) in fp32 (dQ in fp32) go back, to each owner over its links
-        # in parallel.
-        host = visits.sum(axis=0) * 4 * HEAD_DIM * flops_factor / tp
-        out_b = (HEAD_DIM * BYTES if direction == "forward" else 2 * HEAD_DIM * BYTES + 8)
-        back_b = (HEAD_DIM + 1) * 4 if direction == "forward" else HEAD_DIM * 4
-        hosts = [[k for k in range(world) if k != q and visits[q, k] > 0] for q in range(world)]
+    def per_step(m):  # m[query rank, key rank] laid out by step: [s][r] = m[r, r - s]
+        return np.array([[m[r, (r - s) % world] for r in range(world)] for s in range(world)])
 
-        def links(q, unit):  # seconds for away[q] units of `unit` bytes to or from every host of q
-            nv = sum(away[q] * unit for k in hosts[q] if k // 8 == q // 8)
-            ib = sum(away[q] * unit for k in hosts[q] if k // 8 != q // 8)
-            return max(nv / NVLINK, ib / IB)
+    def link(src, dst):
+        return bandwidth(src, dst, per_node)
 
-        sent = max((links(q, out_b) for q in range(world)), default=0.0)
-        back = max((links(q, back_b) for q in range(world)), default=0.0)
-        steps = max(steps, sent) + host.max() + back + once
-        ideal = (pairs.sum() + visits.sum()) * 4 * HEAD_DIM * flops_factor / tp / world  # the kernels alone, balanced
-        # LongNet's scheme: everything moved first (the links of a rank in parallel), then the kernels.
-        nv = np.array([sum(rows[r, k] for k in range(world) if k != r and k // 8 == r // 8) for r in range(world)])
-        ib = np.array([sum(rows[r, k] for k in range(world) if k // 8 != r // 8) for r in range(world)])
-        gather = (max(max(np.maximum(nv * kv * bytes_factor / NVLINK, ib * kv * bytes_factor / IB)), sent) +
-                  (comp.sum(axis=0) + host).max() + back + once)
-        out[direction] = {"compute_ms": 1e3 * comp[1:].max() if world > 1 else 0.0,
-                          "transfer_ms": 1e3 * xfer[1:].max() if world > 1 else 0.0,
-                          "ring": ideal / steps, "longnet": ideal / gather,
-                          "total_ms": 1e3 * steps}
-    work = pairs.sum(axis=1) + visits.sum(axis=0)
+    once = local * HEAD_DIM * ONCE_BYTES[direction] / HBM
+    merge = local * HEAD_DIM * MERGE_BYTES[direction] / HBM
+    first_merge = local * HEAD_DIM * FIRST_MERGE_BYTES[direction] / HBM
+    kernels = per_step(pairs) * 4 * HEAD_DIM * flops_factor / tp
+    part = per_step(qrows) / local
+    first = np.zeros_like(part)
+    first[0] = np.minimum(part[0], 1.0)  # the local step: each row's first merge
+    merges = merge * (part - first) + first_merge * first
+    stage = per_step(rows) * HEAD_DIM * STAGE_BYTES[direction] / HBM
+    comp = kernels + merges + stage
+    xfer = np.array([[rows[r, (r - s) % world] * kv * bytes_factor / link((r - s) % world, r) for r in range(world)]
+                     for s in range(world)])
+    # The ring's steps started ahead (ring_time): the forward's within the local K/V's bytes, the
+    # backward's a number of steps every rank shares (steps_ahead). A backward step's transfer
+    # carries its K/V in and their dK/dV back (bytes_factor); the last step's dK/dV are waited
+    # for at the end.
+    moved = np.array([[(rows[r, (r - s) % world] + rows[(r + s) % world, r]) * kv for r in range(world)]
+                      for s in range(world)])
+    if direction == "forward":
+        steps = ring_time(comp, xfer, moved, budget=local * kv, per_node=per_node)
+    else:
+        steps = ring_time(comp, xfer, moved, ahead=steps_ahead(moved, local * kv), per_node=per_node)
+        steps += xfer[world - 1].max() * 2 / 3 if world > 1 else 0.0
+    # Heavy rows: their Q (dO, LSE and D in the backward) goes out in one collective before the
+    # ring, under way during it; after the ring each rank computes its visitors against its own
+    # keys and the partial (O, LSE) in fp32 (dQ in fp32) go back, to each owner over its links
+    # in parallel.
+    host = visits.sum(axis=0) * 4 * HEAD_DIM * flops_factor / tp
+    out_b = (HEAD_DIM * BYTES if direction == "forward" else 2 * HEAD_DIM * BYTES + 8)
+    back_b = (HEAD_DIM + 1) * 4 if direction == "forward" else HEAD_DIM * 4
+    hosts = [[k for k in range(world) if k != q and visits[q, k] > 0] for q in range(world)]
+
+    def links(q, unit):  # seconds for away[q] units of `unit` bytes to or from every host of q
+        nv = sum(away[q] * unit for k in hosts[q] if link(k, q) == NVLINK)
+        ib = sum(away[q] * unit for k in hosts[q] if link(k, q) == IB)
+        return max(nv / NVLINK, ib / IB)
+
+    sent = max((links(q, out_b) for q in range(world)), default=0.0)
+    back = max((links(q, back_b) for q in range(world)), default=0.0)
+    steps = max(steps, sent) + host.max() + back + once
+    # LongNet's scheme: everything moved first (the links of a rank in parallel), then the kernels.
+    nv = np.array([sum(rows[r, k] for k in range(world) if k != r and link(k, r) == NVLINK) for r in range(world)])
+    ib = np.array([sum(rows[r, k] for k in range(world) if link(k, r) == IB) for r in range(world)])
+    gather = (max(max(np.maximum(nv * kv * bytes_factor / NVLINK, ib * kv * bytes_factor / IB)), sent) +
+              (comp.sum(axis=0) + host).max() + back + once)
+    return {"steps": steps, "gather": gather,
+            "kernels": (pairs.sum() + visits.sum()) * 4 * HEAD_DIM * flops_factor / tp,
+            "compute": comp[1:].max() if world > 1 else 0.0, "transfer": xfer[1:].max() if world > 1 else 0.0}
+
+
+def model(kind, branches, seq, world, layout, u=1):
+    """Per-step compute and transfer times (s) and the efficiencies of both strategies, with head
+    parallelism u: the all_to_alls inside head groups of u GPUs around rings of world / u ranks,
+    each over H / u heads and pooled chunks (head_parallel_layout) of u * S / W rows."""
+    ring, heads, per_node = world // u, HEADS // u, 8 // u
+    ring_layout = head_parallel_layout(seq, world, u, layout)
+    # The rings of the u head slices run side by side. Dense causal, documents and BigBird (its random
+    # blocks counted by their probability) cost the same in every head; LongNet's heads differ in
+    # their offsets (h mod r), so each slice is counted.
+    slices = range(u) if kind == "longnet" else range(1)
+    counts = [pair_counts(kind, branches, seq, ring, ring_layout, heads, head_base=j * heads) for j in slices]
+    local = seq // world * HEADS  # (row, head) units per GPU: u * S/W rows of H/u heads in the ring
+    kv = 2 * HEAD_DIM * BYTES
+    out = {"u": u, "ring_layout": ring_layout}
+    for direction in ("forward", "backward"):
+        rings = [ring_model(kind, c, ring, per_node, local, direction) for c in counts]
+        a_in, t_in = all_to_all(local, A2A_BYTES[direction][0], u)
+        a_out, t_out = all_to_all(local, A2A_BYTES[direction][1], u)
+        ideal = sum(x["kernels"] for x in rings) * u / len(rings) / world  # the kernels alone, balanced over W GPUs
+        steps = t_in + max(x["steps"] for x in rings) + t_out
+        gather = t_in + max(x["gather"] for x in rings) + t_out
+        out[direction] = {"compute_ms": 1e3 * max(x["compute"] for x in rings),
+                          "transfer_ms": 1e3 * max(x["transfer"] for x in rings),
+                          "a2a_gb": (a_in + a_out) / 1e9, "a2a_ms": 1e3 * (t_in + t_out),
+                          "ring": ideal / steps, "longnet": ideal / gather, "total_ms": 1e3 * steps}
+    work = np.concatenate([pairs.sum(axis=1) + visits.sum(axis=0) for pairs, _, _, visits, _ in counts])
     out["imbalance"] = work.max() / work.mean() - 1 if work.mean() else 0.0
-    out["gb_per_rank"] = rows.sum(axis=1).max() * kv / 1e9
-    out["ring_gb_per_rank"] = (world - 1) * seq / world * HEADS * kv / 1e9
+    out["gb_per_rank"] = max(rows.sum(axis=1).max() for _, rows, _, _, _ in counts) * kv / 1e9
+    out["ring_gb_per_rank"] = (ring - 1) * local * kv / 1e9  # every pooled chunk to every ring rank
     return out
+
+
+def head_groups(world):
+    """The u that fit: dividing the world size and the heads, inside a node of 8."""
+    return [u for u in HEAD_GROUPS if world % u == 0 and HEADS % u == 0 and u <= 8]
+
+
+def best_model(kind, branches, seq, world, layout, tie=0.02):
+    """The model at the u whose forward plus backward is fastest, and the model at u = 1. Times within
+    `tie` of the fastest count as a tie, won by the smaller u: the model's memory passes are estimates,
+    and a larger u adds collectives whose latency it leaves out."""
+    models = [model(kind, branches, seq, world, layout, u) for u in head_groups(world)]
+    total = [m["forward"]["total_ms"] + m["backward"]["total_ms"] for m in models]
+    best = next(m for m, t in zip(models, total) if t <= min(total) * (1 + tie))
+    return best, models[0]
 
 
 CASES = [("dense causal", None, "zigzag"), ("documents", None, "auto"), ("longnet", "example", "contiguous"),
@@ -435,28 +521,84 @@ def auto_layout(kind, branches, seq, world, heads):
 
 
 def tables(seqs, worlds):
-    print("| pattern | tokens | GPUs | layout | work imbalance | step compute ms | step transfer ms "
-          "| K/V GB per GPU (plain ring) | ring fwd / bwd | LongNet scheme fwd / bwd | forward s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| pattern | tokens | GPUs | layout | u | work imbalance | step compute ms | step transfer ms "
+          "| K/V GB per GPU (plain ring) | all_to_all GB fwd / bwd | all_to_all ms fwd / bwd | ring fwd / bwd "
+          "| ring at u = 1 fwd / bwd | LongNet scheme fwd / bwd | forward s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kind, config, layout in CASES:
         for seq in seqs:
             for world in worlds:
                 branches = (BIGBIRD if kind == "bigbird" else DOC_LEN if kind == "documents" else None if config is None
                             else longnet_example() if config == "example" else longnet_geometric(seq))
                 lay = auto_layout(kind, branches, seq, world, HEADS) if layout == "auto" else layout
-                m = model(kind, branches, seq, world, lay)
+                m, plain = best_model(kind, branches, seq, world, lay)
                 f, b = m["forward"], m["backward"]
                 name = ("BigBird (example)" if kind == "bigbird" else f"documents of {DOC_LEN // 1024}K, causal"
                         if kind == "documents" else kind if config is None else f"LongNet ({config})")
                 shown = str(lay) + (" (auto)" if layout == "auto" else "")
-                print(f"| {name} | {seq // 2**20}M | {world} | {shown} | {100 * m['imbalance']:.1f}% | {f['compute_ms']:.1f} | "
-                      f"{f['transfer_ms']:.1f} | {m['gb_per_rank']:.2f} ({m['ring_gb_per_rank']:.2f}) | "
-                      f"{100 * f['ring']:.0f}% / {100 * b['ring']:.0f}% | "
-                      f"{100 * f['longnet']:.0f}% / {100 * b['longnet']:.0f}% | {f['total_ms'] / 1e3:.2f} |")
+                a2a = ("- | -" if m["u"] == 1 else
+                       f"{f['a2a_gb']:.2f} / {b['a2a_gb']:.2f} | {f['a2a_ms']:.1f} / {b['a2a_ms']:.1f}")
+                print(f"| {name} | {seq // 2**20}M | {world} | {shown} | {m['u']} | {100 * m['imbalance']:.1f}% | "
+                      f"{f['compute_ms']:.1f} | {f['transfer_ms']:.1f} | {m['gb_per_rank']:.2f} ({m['ring_gb_per_rank']:.2f}) | "
+                      f"{a2a} | {100 * f['ring']:.0f}% / {100 * b['ring']:.0f}% | "
+                      f"{100 * plain['forward']['ring']:.0f}% / {100 * plain['backward']['ring']:.0f}% | "
+                      f"{100 * f['longnet']:.0f}% / {100 * b['longnet']:.0f}% | {f['total_ms'] / 1e3:.2f} |", flush=True)
+
+
+def compare(kind, branches, p, seq, world, layout, heads, head_base=0, what=""):
+    """The model's counts (pair_counts) against the comm plan's for pattern p over `world` ranks:
+    per rank pair the pairs, rows and query rows, the heavy rows and their visits, and the backward's
+    steps in flight. The number of mismatches, each printed."""
+    import attnjit.distributed as ad
+
+    failures = 0
+    plan = ad.comm_plan(p, seq, heads, world_size=world, layout=layout)
+    pairs, rows, qrows, visits, away = pair_counts(kind, branches, seq, world, layout, heads, exact=True,
+                                                   head_base=head_base)
+    for q in range(world):
+        want_away = plan.away_offsets(q)[1] * heads
+        if away[q] != want_away:
+            failures += 1
+            print(f"MISMATCH {kind} {layout}{what} seq {seq} world {world} rank {q}: heavy rows, model {away[q]:.0f}, "
+                  f"attnjit {want_away} ({plan.away[q]})")
+        for k in range(world):
+            kc = chunks_of(seq, world, k, layout)
+
+            def stats(pieces):
+                return sum(p.stats(n, heads, m, heads, gs, b)["attended_pairs"] for _, n, gs in pieces for b, m in kc)
+
+            want_pairs, want_visits = stats(plan.home[q]), stats(plan.away[q])
+            want_rows = int(plan.rows[(q, k)].sum()) if (q, k) in plan.rows and q != k else 0
+            want_qrows = plan.query_rows(q, k)  # what each piece pair's kernels write and merge
+            ok = (pairs[q, k] == want_pairs and rows[q, k] == want_rows and qrows[q, k] == want_qrows and
+                  (pairs[q, k] > 0) == ((q, k) in plan.pairs) and visits[q, k] == want_visits and
+                  (visits[q, k] > 0) == bool(plan.visit(q, k)))
+            if not ok:
+                failures += 1
+                print(f"MISMATCH {kind} {layout}{what} seq {seq} world {world} ranks ({q}, {k}): model pairs "
+                      f"{pairs[q, k]:.0f} rows {rows[q, k]:.0f} query rows {qrows[q, k]:.0f} visits "
+                      f"{visits[q, k]:.0f}; attnjit pairs {want_pairs} rows {want_rows} query rows {want_qrows} "
+                      f"visits {want_visits}")
+    # The backward's steps in flight, from the model's rows and from the comm plan's.
+    moved = np.array([[rows[r, (r - s) % world] + rows[(r + s) % world, r] for r in range(world)]
+                      for s in range(world)])
+    model_ahead = steps_ahead(moved, seq // world * heads)
+    want_ahead = min(plan.steps_ahead(r) for r in range(world)) if world > 1 else 0
+    if model_ahead != want_ahead:
+        failures += 1
+        print(f"MISMATCH {kind} {layout}{what} seq {seq} world {world}: backward steps in flight, model {model_ahead}, "
+              f"attnjit {want_ahead}")
+    shape = ("scaled down" if kind in ("bigbird", "documents") else "example-like" if branches and branches[-1][1] == 12
+             else "geometric" if branches else "causal")
+    print(f"checked {kind} ({shape}), {layout}{what}, seq {seq}, {world} ranks: steps with work {len(plan.pairs)}, "
+          f"rows moved {plan.moved_rows()}, backward steps in flight {want_ahead}, "
+          f"heavy rows {plan.away_offsets(0)[1] if plan.has_away else 0}")
+    return failures
 
 
 def check():
-    """The model's pair, row and step counts against attnjit's at small sizes (scaled-down LongNets)."""
+    """The model's pair, row and step counts against attnjit's at small sizes (scaled-down LongNets),
+    without and with head parallelism."""
     import attnjit
     import attnjit.distributed as ad
 
@@ -466,7 +608,9 @@ def check():
              ("longnet", None, None, "contiguous"),
              ("bigbird", dict(BIGBIRD, block=32), None, "contiguous"), ("bigbird", dict(BIGBIRD, block=32), None, "zigzag"),
              ("documents", 1024, None, "contiguous"), ("documents", 1024, None, "auto"), ("documents", 1536, None, "auto")]
-    for seq, world in ((4096, 2), (4096, 4), (4096, 8), (8192, 8)):
+    # (seq, world, u): u = 1 is the plain ring; u > 1 the rings of head parallelism, one per head slice
+    # (world / u ring ranks, heads / u heads, the pooled chunks of head_parallel_layout).
+    for seq, world, u in ((4096, 2, 1), (4096, 4, 1), (4096, 8, 1), (8192, 8, 1), (4096, 4, 2), (8192, 8, 2)):
         for kind, branches, spec, layout in specs:
             if kind == "longnet":
                 branches = branches or longnet_geometric(seq, base=64)
@@ -484,46 +628,25 @@ def check():
                 if str(layout) != str(want_layout) or (not isinstance(layout, str) and layout.chunks != want_layout.chunks):
                     failures += 1
                     print(f"MISMATCH {kind} seq {seq} world {world}: auto layout, model {layout}, attnjit {want_layout}")
-            plan = ad.comm_plan(p, seq, heads, world_size=world, layout=layout)
-            pairs, rows, qrows, visits, away = pair_counts(kind, branches, seq, world, layout, heads, exact=True)
-            for q in range(world):
-                want_away = plan.away_offsets(q)[1] * heads
-                if away[q] != want_away:
+            if u == 1:
+                failures += compare(kind, branches, p, seq, world, layout, heads)
+                continue
+            ring_layout = head_parallel_layout(seq, world, u, layout)
+
+            def rows_of(chunks):
+                return np.concatenate([np.arange(a, a + n) for a, n in chunks])
+
+            for g in range(world // u):  # ring rank g: the rows of ranks g*u .. g*u + u - 1, in order
+                pooled = [c for i in range(u) for c in chunks_of(seq, world, g * u + i, layout)]
+                if not np.array_equal(rows_of(chunks_of(seq, world // u, g, ring_layout)), rows_of(pooled)):
                     failures += 1
-                    print(f"MISMATCH {kind} {layout} seq {seq} world {world} rank {q}: heavy rows, model {away[q]:.0f}, "
-                          f"attnjit {want_away} ({plan.away[q]})")
-                for k in range(world):
-                    kc = chunks_of(seq, world, k, layout)
-
-                    def stats(pieces):
-                        return sum(p.stats(n, heads, m, heads, gs, b)["attended_pairs"] for _, n, gs in pieces for b, m in kc)
-
-                    want_pairs, want_visits = stats(plan.home[q]), stats(plan.away[q])
-                    want_rows = int(plan.rows[(q, k)].sum()) if (q, k) in plan.rows and q != k else 0
-                    want_qrows = plan.query_rows(q, k)  # what each piece pair's kernels write and merge
-                    ok = (pairs[q, k] == want_pairs and rows[q, k] == want_rows and qrows[q, k] == want_qrows and
-                          (pairs[q, k] > 0) == ((q, k) in plan.pairs) and visits[q, k] == want_visits and
-                          (visits[q, k] > 0) == bool(plan.visit(q, k)))
-                    if not ok:
-                        failures += 1
-                        print(f"MISMATCH {kind} {layout} seq {seq} world {world} ranks ({q}, {k}): model pairs "
-                              f"{pairs[q, k]:.0f} rows {rows[q, k]:.0f} query rows {qrows[q, k]:.0f} visits "
-                              f"{visits[q, k]:.0f}; attnjit pairs {want_pairs} rows {want_rows} query rows {want_qrows} "
-                              f"visits {want_visits}")
-            # The backward's steps in flight, from the model's rows and from the comm plan's.
-            moved = np.array([[rows[r, (r - s) % world] + rows[(r + s) % world, r] for r in range(world)]
-                              for s in range(world)])
-            model_ahead = steps_ahead(moved, seq // world * heads)
-            want_ahead = min(plan.steps_ahead(r) for r in range(world))
-            if model_ahead != want_ahead:
-                failures += 1
-                print(f"MISMATCH {kind} {layout} seq {seq} world {world}: backward steps in flight, model {model_ahead}, "
-                      f"attnjit {want_ahead}")
-            shape = ("scaled down" if kind in ("bigbird", "documents") else "example-like" if branches and branches[-1][1] == 12
-                     else "geometric" if branches else "causal")
-            print(f"checked {kind} ({shape}), "
-                  f"{layout}, seq {seq}, {world} ranks: steps with work {len(plan.pairs)}, rows moved {plan.moved_rows()}, "
-                  f"backward steps in flight {want_ahead}, heavy rows {plan.away_offsets(0)[1] if plan.has_away else 0}")
+                    print(f"MISMATCH {kind} {layout} seq {seq} world {world}: head_parallel_layout's ring rank {g} "
+                          f"holds {chunks_of(seq, world // u, g, ring_layout)}, not the chunks of its head group {pooled}")
+            h = heads // u
+            for j in range(u):
+                failures += compare(kind, branches, p.head_slice(j * h, h, heads), seq, world // u, ring_layout, h,
+                                    head_base=j * h,
+                                    what=f" (head parallel {u} of {world} ranks, heads {j * h}-{j * h + h - 1})")
     # At the table's sizes the random blocks are counted by their probability: against the exact
     # count (hashed) in total at 32768 tokens on 8 and 16 ranks.
     bb = dict(BIGBIRD, block=32)
