@@ -598,8 +598,7 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
         raise ValueError(f"cu_seqlens: packed documents need batch 1 (the documents are packed along the sequence), "
                          f"got batch {q.shape[0]}")
     if head_parallel != 1:
-        o, lse = _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_parallel)
-        return (o, lse) if return_lse else o
+        return _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_parallel, return_lse)
     plan = comm_plan(p, q.shape[1] * w, q.shape[2], k.shape[2], world_size=w, layout=layout, heavy_rows=heavy_rows,
                      cu_seqlens=docs)
     ring = _Ring(plan, p.op_spec, r, group, strategy)
@@ -610,8 +609,8 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
     return (o, lse) if return_lse else o
 
 
-def _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_parallel):
-    """ring_attention with head parallelism of degree head_parallel: (o, lse) of this rank's rows."""
+def _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_parallel, return_lse):
+    """ring_attention with head parallelism of degree head_parallel: o (and lse) of this rank's rows."""
     w, r = _group_rank(group)
     u = head_parallel
     if isinstance(u, bool) or not isinstance(u, int) or u < 1 or w % u:
@@ -633,5 +632,6 @@ def _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_p
     o, lse = ring_attention(qh, kh, vh, part, group=ring, layout=ring_layout, return_lse=True, strategy=strategy,
                             heavy_rows=heavy_rows, cu_seqlens=docs)
     o = HeadsToRows.apply(o, heads, u)
-    lse = HeadsToRows.apply(lse.transpose(1, 2), heads, u).transpose(1, 2)  # [B, H, n], as the rows' own call gives
-    return o, lse
+    if not return_lse:  # the ring's backward keeps its own LSE: this one only goes back when asked for
+        return o
+    return o, HeadsToRows.apply(lse.transpose(1, 2), heads, u).transpose(1, 2)  # [B, H, n], as the rows' own call gives
