@@ -62,23 +62,15 @@ def heads_to_rows(y, group, u):
     return recv.movedim(0, 2).reshape((b, un // u, u * hs) + rest)
 
 
-class RowsToHeads(torch.autograd.Function):
+class HeadExchange(torch.autograd.Function):
+    """rows_to_heads (to_heads) or heads_to_rows, differentiable: the gradient takes the other way."""
+
     @staticmethod
-    def forward(ctx, x, group, u):
-        ctx.info = (group, u)
-        return rows_to_heads(x, group, u)
+    def forward(ctx, x, group, u, to_heads):
+        ctx.info = (group, u, to_heads)
+        return (rows_to_heads if to_heads else heads_to_rows)(x, group, u)
 
     @staticmethod
     def backward(ctx, g):
-        return heads_to_rows(g, *ctx.info), None, None
-
-
-class HeadsToRows(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y, group, u):
-        ctx.info = (group, u)
-        return heads_to_rows(y, group, u)
-
-    @staticmethod
-    def backward(ctx, g):
-        return rows_to_heads(g, *ctx.info), None, None
+        group, u, to_heads = ctx.info
+        return (heads_to_rows if to_heads else rows_to_heads)(g, group, u), None, None, None

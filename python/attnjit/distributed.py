@@ -80,7 +80,7 @@ import torch.distributed as dist
 from ._comm_plan import (HEAVY_ROWS, LAYOUTS, ChunkLayout, CommPlan, _cached_plan, _check_layout,  # noqa: F401
                          balanced_layout, best_layout, check_documents, check_heavy_rows, chunks_of, comm_plan,
                          head_parallel_layout, heavy_runs)
-from ._head_parallel import HeadsToRows, RowsToHeads, head_parallel_groups  # noqa: F401
+from ._head_parallel import HeadExchange, head_parallel_groups  # noqa: F401
 from ._inputs import check_shapes
 from ._pattern import as_pattern
 from ._ring_transfers import _TRAFFIC, _all_to_all, _flat, _gather, _GatherMoves, _RingMoves, _Units
@@ -628,10 +628,10 @@ def _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_p
     heads, ring = head_parallel_groups(u, group)
     j = r % u
     part = p.head_slice(j * hq // u, hq // u, hq)
-    qh, kh, vh = (RowsToHeads.apply(x, heads, u) for x in (q, k, v))
+    qh, kh, vh = (HeadExchange.apply(x, heads, u, True) for x in (q, k, v))
     o, lse = ring_attention(qh, kh, vh, part, group=ring, layout=ring_layout, return_lse=True, strategy=strategy,
                             heavy_rows=heavy_rows, cu_seqlens=docs)
-    o = HeadsToRows.apply(o, heads, u)
+    o = HeadExchange.apply(o, heads, u, False)
     if not return_lse:  # the ring's backward keeps its own LSE: this one only goes back when asked for
         return o
-    return o, HeadsToRows.apply(lse.transpose(1, 2), heads, u).transpose(1, 2)  # [B, H, n], as the rows' own call gives
+    return o, HeadExchange.apply(lse.transpose(1, 2), heads, u, False).transpose(1, 2)  # [B, H, n], as the rows' own call gives

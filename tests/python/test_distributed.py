@@ -48,6 +48,33 @@ def _init(rank, world, store, device="cpu"):
                             world_size=world)
 
 
+def _check_sequence_parallel_module(at, **parallel):
+    """attnjit.nn in sequence-parallel mode (zigzag; `parallel` passed on to sequence_parallel): the
+    local output and, summed over ranks, the weights' gradients equal the module's on the whole
+    sequence, and so does the output with packed documents whose boundaries fall inside the ranks'
+    chunks. Returns the module's input."""
+    torch.manual_seed(1)
+    layer = attnjit.nn.MultiheadDilatedAttention(32, 4, [64, 256, 512], [1, 2, 4], num_kv_heads=2).to(at)
+    x = torch.randn(2, SEQ, 32, generator=torch.Generator().manual_seed(3)).to(at)
+    out, _ = layer(x, x, x)
+    out.square().sum().backward()
+    full_grads = [w.grad.clone() for w in layer.parameters()]
+    layer.zero_grad()
+    out_docs, _ = layer(x[:1], x[:1], x[:1], cu_seqlens=DOCS)
+    layer.sequence_parallel(layout="zigzag", **parallel)
+    x_l = ad.shard(x, layout="zigzag")
+    out_l, _ = layer(x_l, x_l, x_l)
+    torch.testing.assert_close(out_l, ad.shard(out.detach(), layout="zigzag"), atol=1e-5, rtol=1e-5)
+    out_l.square().sum().backward()
+    for w, want in zip(layer.parameters(), full_grads):
+        dist.all_reduce(w.grad)
+        torch.testing.assert_close(w.grad, want, atol=1e-4, rtol=1e-4)
+    x_l = ad.shard(x[:1], layout="zigzag")
+    out_l, _ = layer(x_l, x_l, x_l, cu_seqlens=DOCS)
+    torch.testing.assert_close(out_l, ad.shard(out_docs.detach(), layout="zigzag"), atol=1e-5, rtol=1e-5)
+    return x
+
+
 def _equality_worker(rank, world, store, layouts, device="cpu"):
     _init(rank, world, store, device)
     at = torch.device(f"cuda:{rank}") if device == "cuda" else torch.device("cpu")
@@ -74,23 +101,7 @@ def _equality_worker(rank, world, store, layouts, device="cpu"):
                     torch.testing.assert_close(got.grad, ad.shard(want.grad, layout=layout), atol=1e-5, rtol=1e-5,
                                                msg=lambda m: f"{what}: d{label}: {m}")
                 torch.testing.assert_close(ad.unshard(o.detach(), layout=layout), o_ref.detach(), atol=1e-5, rtol=1e-5)
-        # attnjit.nn in sequence-parallel mode: the local output and, summed over ranks, the weights'
-        # gradients equal the module's on the whole sequence.
-        torch.manual_seed(1)
-        layer = attnjit.nn.MultiheadDilatedAttention(32, 4, [64, 256, 512], [1, 2, 4], num_kv_heads=2).to(at)
-        x = torch.randn(2, SEQ, 32, generator=torch.Generator().manual_seed(3)).to(at)
-        out, _ = layer(x, x, x)
-        out.square().sum().backward()
-        full_grads = [w.grad.clone() for w in layer.parameters()]
-        layer.zero_grad()
-        layer.sequence_parallel(layout="zigzag")
-        x_l = ad.shard(x, layout="zigzag")
-        out_l, _ = layer(x_l, x_l, x_l)
-        torch.testing.assert_close(out_l, ad.shard(out.detach(), layout="zigzag"), atol=1e-5, rtol=1e-5)
-        out_l.square().sum().backward()
-        for w, want in zip(layer.parameters(), full_grads):
-            dist.all_reduce(w.grad)
-            torch.testing.assert_close(w.grad, want, atol=1e-4, rtol=1e-4)
+        x = _check_sequence_parallel_module(at)
         # layout="auto": the module picks the layout that shares its pattern's work out most evenly
         # (a causal window: the first rows attend fewer keys), and sharding with it gives the same.
         window = attnjit.nn.MultiheadDilatedAttention.from_pattern(
@@ -356,28 +367,7 @@ def _head_parallel_worker(rank, world, store):
                                                msg=lambda m: f"{what}: d{label}: {m}")
                 # q, k, v in and o, lse out, forward; their gradients the other way, backward: (u - 1) / u of each.
                 assert ad.traffic()["head_bytes"] > 0, what
-        # attnjit.nn with head parallelism: the local output and the summed weight gradients as on the
-        # whole sequence.
-        torch.manual_seed(1)
-        layer = attnjit.nn.MultiheadDilatedAttention(32, 4, [64, 256, 512], [1, 2, 4], num_kv_heads=2)
-        x = torch.randn(2, SEQ, 32, generator=torch.Generator().manual_seed(3))
-        out, _ = layer(x, x, x)
-        out.square().sum().backward()
-        full_grads = [w.grad.clone() for w in layer.parameters()]
-        layer.zero_grad()
-        out_docs, _ = layer(x[:1], x[:1], x[:1], cu_seqlens=DOCS)
-        layer.sequence_parallel(layout="zigzag", head_parallel=2)
-        x_l = ad.shard(x, layout="zigzag")
-        out_l, _ = layer(x_l, x_l, x_l)
-        torch.testing.assert_close(out_l, ad.shard(out.detach(), layout="zigzag"), atol=1e-5, rtol=1e-5)
-        out_l.square().sum().backward()
-        for w, want in zip(layer.parameters(), full_grads):
-            dist.all_reduce(w.grad)
-            torch.testing.assert_close(w.grad, want, atol=1e-4, rtol=1e-4)
-        # ... and with packed documents, whose boundaries fall inside the ranks' chunks.
-        x_l = ad.shard(x[:1], layout="zigzag")
-        out_l, _ = layer(x_l, x_l, x_l, cu_seqlens=DOCS)
-        torch.testing.assert_close(out_l, ad.shard(out_docs.detach(), layout="zigzag"), atol=1e-5, rtol=1e-5)
+        _check_sequence_parallel_module(torch.device("cpu"), head_parallel=2)
         q, k, v, _ = _inputs(4, 4)
         local = [ad.shard(x) for x in (q, k, v)]
         with pytest.raises(ValueError, match="head_parallel: expected a divisor of the world size 4, got 3"):
