@@ -23,12 +23,8 @@ import sys
 
 import numpy as np
 
-from attnjit.distributed import best_layout, chunks_of  # the layouts, as ring_attention cuts the sequence
-
-try:  # the ring's layout with head parallelism (ring_attention's head_parallel)
-    from attnjit.distributed import head_parallel_layout
-except ImportError:  # not exported by attnjit.distributed yet
-    from attnjit._comm_plan import head_parallel_layout
+# The layouts, as ring_attention cuts the sequence (with head parallelism, the ring's pooled chunks).
+from attnjit.distributed import best_layout, chunks_of, head_parallel_layout
 
 # Measured on an H100 (`bench/gpu_ab.sh`, docs/performance.md, "Tile loads: one address per tile"; 16K tokens,
 # 16 heads, D 128, bf16): useful TFLOP/s forward and backward.

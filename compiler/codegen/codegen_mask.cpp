@@ -69,7 +69,9 @@ std::string meaning(const Layout& l, const Layout* parent = nullptr) {
     case Layout::Kind::Offsets: s = "kb - qb in " + list(l.blocks); break;
     case Layout::Kind::Random: {
       std::ostringstream os;
-      os << "random(density " << l.density << ", seed " << l.seed << ")";
+      os << "random(density " << l.density << ", seed " << l.seed;
+      if (l.head_base) os << ", head_base " << l.head_base;
+      os << ")";
       s = os.str();
       break;
     }

@@ -30,7 +30,9 @@ void check_layout_slice(const Layout& l, int64_t first, int64_t count, int64_t h
                                                        std::to_string(heads_q) + " query heads; give one list per query head");
   }
   if (l.kind == Layout::Kind::Random && l.head_base + first + count - 1 > kMaxSize) {
-    throw UserError(l.path + "/random/head_base", "head_base + the slice's last head passes 2^31 - 1");
+    throw UserError(l.path + "/random/head_base", "head_base " + std::to_string(l.head_base) + " plus the slice's last head (" +
+                                                      std::to_string(first + count - 1) + ") passes 2^31 - 1, the largest "
+                                                      "head_base; use a smaller head_base");
   }
   for (const Layout& c : l.children) check_layout_slice(c, first, count, heads_q);
 }
@@ -48,6 +50,12 @@ Pattern head_slice(const Pattern& p, int64_t first, int64_t count, int64_t heads
                                     "which a slice of the heads cannot say; use group_scale \"none\" and divide O "
                                     "yourself, or run this pattern without head parallelism");
   }
+  // What the whole call must satisfy (heads in range, one head per group, one list per head),
+  // checked here: a slice would keep only its own heads' share of the mistake.
+  Shape whole;
+  whole.seq_q = whole.seq_k = 1;
+  whole.heads_q = whole.heads_kv = heads_q;
+  check_pattern_fits(p, whole);
   Pattern out = p;
   out.combine = Combine::Softmax;
   out.group_scale = GroupScale::Mean;  // the default, as parse_spec leaves it under softmax
@@ -68,9 +76,10 @@ Pattern head_slice(const Pattern& p, int64_t first, int64_t count, int64_t heads
       out.branches.push_back(std::move(nb));
     }
   }
-  if (out.branches.empty()) {
-    throw UserError("heads", "no branch attends anything for query heads [" + std::to_string(first) + ", " +
-                                 std::to_string(first + count) + "); a slice of the heads needs at least one branch");
+  if (out.branches.empty()) {  // heads no branch takes part in attend nothing: O = 0, LSE = -inf, as in the whole
+    Branch none;
+    none.layout = layouts::explicit_blocks({});
+    out.branches.push_back(std::move(none));
   }
   if (out.branches.size() > kMaxBranches) {
     throw UserError("heads", "the slice needs " + std::to_string(out.branches.size()) + " branches (one per offset its "

@@ -222,8 +222,8 @@ Layout strided(int64_t stride, int64_t phase, int64_t bq, int64_t bk) {
 Layout offsets(std::vector<int64_t> d, int64_t bq, int64_t bk) {
   Layout l = make(Layout::Kind::Offsets, bq, bk); l.blocks = std::move(d); return l;
 }
-Layout random(double density, uint64_t seed, int64_t bq, int64_t bk) {
-  Layout l = make(Layout::Kind::Random, bq, bk); l.density = density; l.seed = seed; return l;
+Layout random(double density, uint64_t seed, int64_t bq, int64_t bk, int64_t head_base) {
+  Layout l = make(Layout::Kind::Random, bq, bk); l.density = density; l.seed = seed; l.head_base = head_base; return l;
 }
 Layout explicit_blocks(std::vector<Layout::BlockPair> b, int64_t bq, int64_t bk) {
   Layout l = make(Layout::Kind::Explicit, bq, bk); l.explicit_blocks = std::move(b); return l;

@@ -214,7 +214,8 @@ Layout local(int64_t max_block_distance, int64_t bq = kDefaultBlock, int64_t bk 
 Layout global(std::vector<int64_t> blocks, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
 Layout strided(int64_t stride, int64_t phase, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
 Layout offsets(std::vector<int64_t> kb_minus_qb, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
-Layout random(double density, uint64_t seed, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
+// head_base: head h of a call hashes as head_base + h (a call over a slice of the heads).
+Layout random(double density, uint64_t seed, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock, int64_t head_base = 0);
 Layout explicit_blocks(std::vector<Layout::BlockPair> blocks, int64_t bq = kDefaultBlock, int64_t bk = kDefaultBlock);
 Layout explicit_per_head(std::vector<std::vector<Layout::BlockPair>> per_head, int64_t bq = kDefaultBlock,
                          int64_t bk = kDefaultBlock);

@@ -1,36 +1,33 @@
 """Head parallelism for attnjit.distributed (DeepSpeed-Ulysses' all_to_all, inside the ring): the
 sub-groups of a group, and the all_to_all that trades a rank's rows of every head for its head
 group's rows of its share of the heads, and back, as differentiable functions."""
-import weakref
-
 import torch
 import torch.distributed as dist
 
 from ._ring_transfers import _TRAFFIC
 
-_GROUPS = weakref.WeakKeyDictionary()  # process group -> {u: (head group, ring group)}
+_GROUPS = {}  # (the group's ranks, u) -> (head group, ring group) of this process
 
 
 def head_parallel_groups(head_parallel: int, group=None):
     """(head group, ring group) of this rank for head parallelism of degree u = `head_parallel` over
     `group` (default: the world): ranks g*u .. g*u + u - 1 of the group form head group g (keep u
     within a node: its all_to_all carries every row), and the ranks with the same place j in their
-    head groups form the ring group j. Made once per group and u, then reused. torch.distributed
-    makes a group by a call on every process of the job, so the first call with a given group and
-    u must be made on every process, members of `group` or not (ring_attention makes it on its
-    first call; with a group other than the world, call this first on every process)."""
-    g = group if group is not None else dist.group.WORLD
+    head groups form the ring group j. Made once per group and u, by the members of each only
+    (`use_local_synchronization`: the group's other processes need not call), then reused."""
     u = int(head_parallel)
-    made = _GROUPS.setdefault(g, {})
-    if u not in made:
-        ranks = dist.get_process_group_ranks(g)
+    ranks = tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
+    key = (ranks, u)
+    if key not in _GROUPS:
         w = len(ranks)
         if u < 1 or w % u:
             raise ValueError(f"head_parallel: expected a divisor of the group's size {w}, got {head_parallel}")
-        heads, _ = dist.new_subgroups_by_enumeration([ranks[i:i + u] for i in range(0, w, u)])
-        rings, _ = dist.new_subgroups_by_enumeration([ranks[j::u] for j in range(u)])
-        made[u] = (heads, rings)
-    return made[u]
+        me = ranks.index(dist.get_rank())
+        g, j = me // u, me % u
+        heads = dist.new_group(list(ranks[g * u:(g + 1) * u]), use_local_synchronization=True)
+        ring = dist.new_group(list(ranks[j::u]), use_local_synchronization=True)
+        _GROUPS[key] = (heads, ring)
+    return _GROUPS[key]
 
 
 def _exchange(send, group):
@@ -63,14 +60,18 @@ def heads_to_rows(y, group, u):
 
 
 class HeadExchange(torch.autograd.Function):
-    """rows_to_heads (to_heads) or heads_to_rows, differentiable: the gradient takes the other way."""
+    """rows_to_heads (to_heads) or heads_to_rows of each tensor, differentiable: the gradients take
+    the other way. Every output's gradient is exchanged, zeros where a loss did not use it, so the
+    ranks of a head group make the same collectives whatever their losses read."""
 
     @staticmethod
-    def forward(ctx, x, group, u, to_heads):
+    def forward(ctx, group, u, to_heads, *xs):
         ctx.info = (group, u, to_heads)
-        return (rows_to_heads if to_heads else heads_to_rows)(x, group, u)
+        move = rows_to_heads if to_heads else heads_to_rows
+        return tuple(move(x, group, u) for x in xs)
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, *gs):
         group, u, to_heads = ctx.info
-        return (heads_to_rows if to_heads else rows_to_heads)(g, group, u), None, None, None
+        move = heads_to_rows if to_heads else rows_to_heads
+        return (None, None, None) + tuple(move(g, group, u) for g in gs)

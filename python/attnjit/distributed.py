@@ -597,6 +597,8 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
     if docs is not None and q.shape[0] != 1:
         raise ValueError(f"cu_seqlens: packed documents need batch 1 (the documents are packed along the sequence), "
                          f"got batch {q.shape[0]}")
+    if isinstance(head_parallel, bool) or not isinstance(head_parallel, int) or head_parallel < 1:
+        raise ValueError(f"head_parallel: expected a positive int (the ranks of a head group), got {head_parallel!r}")
     if head_parallel != 1:
         return _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_parallel, return_lse)
     plan = comm_plan(p, q.shape[1] * w, q.shape[2], k.shape[2], world_size=w, layout=layout, heavy_rows=heavy_rows,
@@ -613,7 +615,7 @@ def _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_p
     """ring_attention with head parallelism of degree head_parallel: o (and lse) of this rank's rows."""
     w, r = _group_rank(group)
     u = head_parallel
-    if isinstance(u, bool) or not isinstance(u, int) or u < 1 or w % u:
+    if w % u:
         raise ValueError(f"head_parallel: expected a divisor of the world size {w}, got {u!r}")
     hq, hkv = q.shape[2], k.shape[2]
     if hq % u or hkv % u:
@@ -622,16 +624,17 @@ def _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_p
     _check_layout(layout)
     seq = q.shape[1] * w
     ring_layout = head_parallel_layout(seq, w, u, layout)  # errors on a length the layout cannot cut, before any transfer
-    if w > 1:  # the all_to_all needs the same shapes on every rank of a head group, and the groups the same u
+    # Every slice on every rank, before any collective: a slice that cannot be made fails on every
+    # rank alike instead of leaving its head group's other ranks in an all_to_all.
+    parts = [p.head_slice(i * hq // u, hq // u, hq) for i in range(u)]
+    if w > 1:  # the exchanges need the same call on every rank, and the ring groups the same slices of it
         _check_agreement(group, ("head_parallel", u, p.hash, tuple(q.shape), tuple(k.shape), tuple(v.shape),
-                                 str(q.dtype), str(layout)), 0)
+                                 str(q.dtype), layout, heavy_rows, strategy, _digest(docs), return_lse), 0)
     heads, ring = head_parallel_groups(u, group)
-    j = r % u
-    part = p.head_slice(j * hq // u, hq // u, hq)
-    qh, kh, vh = (HeadExchange.apply(x, heads, u, True) for x in (q, k, v))
-    o, lse = ring_attention(qh, kh, vh, part, group=ring, layout=ring_layout, return_lse=True, strategy=strategy,
-                            heavy_rows=heavy_rows, cu_seqlens=docs)
-    o = HeadExchange.apply(o, heads, u, False)
+    qh, kh, vh = HeadExchange.apply(heads, u, True, q, k, v)
+    o, lse = ring_attention(qh, kh, vh, parts[r % u], group=ring, layout=ring_layout, return_lse=True,
+                            strategy=strategy, heavy_rows=heavy_rows, cu_seqlens=docs)
     if not return_lse:  # the ring's backward keeps its own LSE: this one only goes back when asked for
-        return o
-    return o, HeadExchange.apply(lse.transpose(1, 2), heads, u, False).transpose(1, 2)  # [B, H, n], as the rows' own call gives
+        return HeadExchange.apply(heads, u, False, o)[0]
+    o, lse = HeadExchange.apply(heads, u, False, o, lse.transpose(1, 2))
+    return o, lse.transpose(1, 2).contiguous()  # [B, H, n], as the rows' own call gives

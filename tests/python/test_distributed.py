@@ -321,8 +321,8 @@ def test_ring_attention_on_gpus_with_nccl(tmp_path):
     _spawn(_equality_worker, 2, tmp_path, ("contiguous", "zigzag"), "cuda")
 
 
-# Patterns whose heads differ (LongNet's offsets, random blocks hashed per head, per-head lists),
-# so a rank that computed the wrong heads' pattern would fail the equality check.
+# Patterns whose heads differ (LongNet's offsets, random blocks hashed per head, per-head lists,
+# heads no branch takes), so a rank that computed the wrong heads' pattern would fail the check.
 HEAD_PARALLEL_CASES = {
     "longnet": (LONGNET, 4, 4, {}),
     "longnet-gqa": (LONGNET, 4, 2, {}),
@@ -332,6 +332,10 @@ HEAD_PARALLEL_CASES = {
     "head_groups": ({"attnjit": 1, "combine": "head_groups", "group_scale": "none",
                      "branches": [{"segment": 128, "dilation": 1}, {"segment": 512, "dilation": 2}]}, 4, 4, {}),
     "documents": ({"attnjit": 1, "causal": True, "branches": [{"segment": "full"}]}, 4, 4, {"cu_seqlens": DOCS}),
+    "per-head blocks": ({"attnjit": 1, "branches": [{"segment": "full", "layout": {"block": 64, "explicit": {"per_head": [
+        [[0, 0], [3, 1], [7, 7]], [[1, 1], [5, 0]], [[2, 6], [6, 6]], [[4, 4], [7, 0]]]}}}]}, 4, 4, {}),
+    # Heads 2 and 3 take part in no branch: a head group's slice of them attends nothing (O = 0).
+    "some heads": ({"attnjit": 1, "branches": [{"segment": 128, "heads": [0, 1]}]}, 4, 4, {}),
 }
 
 
@@ -368,6 +372,12 @@ def _head_parallel_worker(rank, world, store):
                 # q, k, v in and o, lse out, forward; their gradients the other way, backward: (u - 1) / u of each.
                 assert ad.traffic()["head_bytes"] > 0, what
         _check_sequence_parallel_module(torch.device("cpu"), head_parallel=2)
+        # Over a group other than the world: two groups of 2 ranks, each a head group (a ring of one).
+        pairs, _ = dist.new_subgroups(2)
+        q, k, v, _ = _inputs(4, 4)
+        o_ref = attnjit.attention(q, k, v, LONGNET)
+        o = ad.ring_attention(*(ad.shard(x, group=pairs) for x in (q, k, v)), LONGNET, group=pairs, head_parallel=2)
+        torch.testing.assert_close(o, ad.shard(o_ref, group=pairs), atol=1e-5, rtol=1e-5)
         q, k, v, _ = _inputs(4, 4)
         local = [ad.shard(x) for x in (q, k, v)]
         with pytest.raises(ValueError, match="head_parallel: expected a divisor of the world size 4, got 3"):
@@ -376,6 +386,10 @@ def _head_parallel_worker(rank, world, store):
             ad.ring_attention(local[0], local[1][:, :, :2], local[2][:, :, :2], LONGNET, head_parallel=4)
         with pytest.raises(attnjit.AttnjitError, match="group_scale"):  # head_groups' mean scale: no slice can say it
             ad.ring_attention(*local, CASES["head_groups"][0], head_parallel=2)
+        with pytest.raises(ValueError, match="head_parallel: expected a positive int"):
+            ad.ring_attention(*local, LONGNET, head_parallel=True)
+        with pytest.raises(attnjit.AttnjitError, match=r"heads: head 7 is out of range|head 7"):  # the whole call's check
+            ad.ring_attention(*local, {"attnjit": 1, "branches": [{"segment": 64, "heads": [0, 7]}]}, head_parallel=2)
     finally:
         dist.destroy_process_group()
 

@@ -88,8 +88,15 @@ def test_bad_slices_say_what_to_change():
     p = attnjit.Pattern.from_json({"attnjit": 1, "branches": [{"segment": 64, "heads": [0, 1]}]})
     with pytest.raises(attnjit.AttnjitError, match=r"does not lie in the 4 query heads"):
         p.head_slice(3, 2, 4)
-    with pytest.raises(attnjit.AttnjitError, match=r"no branch attends anything for query heads \[2, 4\)"):
-        p.head_slice(2, 2, 4)
+    # Heads no branch takes part in attend nothing, in a slice as in the whole.
+    assert not p.head_slice(2, 2, 4).mask(128, 2).any() and p.mask(128, 4)[2:].sum() == 0
+    # The whole call's checks hold for a slice too (a slice would otherwise keep only its share).
+    with pytest.raises(attnjit.AttnjitError, match="7"):
+        attnjit.Pattern.from_json({"attnjit": 1, "branches": [{"segment": 64, "heads": [0, 7]}]}).head_slice(0, 2, 4)
+    groups = attnjit.Pattern.from_json({"attnjit": 1, "combine": "head_groups", "group_scale": "none",
+                                        "branches": [{"segment": 8}, {"segment": 16}, {"segment": 32}]})
+    with pytest.raises(attnjit.AttnjitError, match="head"):
+        groups.head_slice(0, 1, 2)
     dyn = attnjit.Pattern.from_json({"attnjit": 1, "branches": [{"segment": "full", "layout": {"dynamic": True}}]})
     with pytest.raises(attnjit.AttnjitError, match="given at run time"):
         dyn.head_slice(0, 1, 2)
