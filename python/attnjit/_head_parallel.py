@@ -1,6 +1,8 @@
 """Head parallelism for attnjit.distributed (DeepSpeed-Ulysses' all_to_all, inside the ring): the
 sub-groups of a group, and the all_to_all that trades a rank's rows of every head for its head
 group's rows of its share of the heads, and back, as differentiable functions."""
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -28,6 +30,13 @@ def head_parallel_groups(head_parallel: int, group=None):
         ring = dist.new_group(list(ranks[j::u]), use_local_synchronization=True)
         _GROUPS[key] = (heads, ring)
     return _GROUPS[key]
+
+
+@functools.lru_cache(maxsize=64)
+def head_slices(pattern, u: int, heads_q: int):
+    """The patterns of the u slices of `pattern`'s heads_q heads (Pattern.head_slice), made once
+    per pattern and shape: a training step calls with the same ones every time."""
+    return tuple(pattern.head_slice(i * heads_q // u, heads_q // u, heads_q) for i in range(u))
 
 
 def _exchange(send, group):

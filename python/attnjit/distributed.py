@@ -80,7 +80,7 @@ import torch.distributed as dist
 from ._comm_plan import (HEAVY_ROWS, LAYOUTS, ChunkLayout, CommPlan, _cached_plan, _check_layout,  # noqa: F401
                          balanced_layout, best_layout, check_documents, check_heavy_rows, chunks_of, comm_plan,
                          head_parallel_layout, heavy_runs)
-from ._head_parallel import HeadExchange, head_parallel_groups  # noqa: F401
+from ._head_parallel import HeadExchange, head_parallel_groups, head_slices  # noqa: F401
 from ._inputs import check_shapes
 from ._pattern import as_pattern
 from ._ring_transfers import _TRAFFIC, _all_to_all, _flat, _gather, _GatherMoves, _RingMoves, _Units
@@ -626,7 +626,7 @@ def _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_p
     ring_layout = head_parallel_layout(seq, w, u, layout)  # errors on a length the layout cannot cut, before any transfer
     # Every slice on every rank, before any collective: a slice that cannot be made fails on every
     # rank alike instead of leaving its head group's other ranks in an all_to_all.
-    parts = [p.head_slice(i * hq // u, hq // u, hq) for i in range(u)]
+    parts = head_slices(p, u, hq)
     if w > 1:  # the exchanges need the same call on every rank, and the ring groups the same slices of it
         _check_agreement(group, ("head_parallel", u, p.hash, tuple(q.shape), tuple(k.shape), tuple(v.shape),
                                  str(q.dtype), layout, heavy_rows, strategy, _digest(docs), return_lse), 0)
