@@ -189,12 +189,11 @@ def head_parallel_layout(seq_len: int, world_size: int, head_parallel: int, layo
     u = int(head_parallel)
     if u < 1 or world_size % u:
         raise ValueError(f"head_parallel: expected a divisor of the world size {world_size}, got {head_parallel}")
-    if u == 1:
+    if u == 1 or layout == "contiguous":
+        chunks_of(seq_len, world_size, 0, layout)  # a length the layout cannot cut fails here too
         return layout
     chunks = [[c for i in range(u) for c in chunks_of(seq_len, world_size, g * u + i, layout)]
               for g in range(world_size // u)]
-    if layout == "contiguous":
-        return layout
     return ChunkLayout(f"{layout}/heads:{u}", seq_len, tuple(tuple(c) for c in chunks))
 
 

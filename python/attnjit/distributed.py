@@ -615,15 +615,13 @@ def _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_p
     """ring_attention with head parallelism of degree head_parallel: o (and lse) of this rank's rows."""
     w, r = _group_rank(group)
     u = head_parallel
-    if w % u:
-        raise ValueError(f"head_parallel: expected a divisor of the world size {w}, got {u!r}")
+    _check_layout(layout)
+    # u dividing W, and a length the layout cannot cut: refused here, before any transfer.
+    ring_layout = head_parallel_layout(q.shape[1] * w, w, u, layout)
     hq, hkv = q.shape[2], k.shape[2]
     if hq % u or hkv % u:
         raise ValueError(f"head_parallel: {u} must divide the query heads ({hq}) and the key/value heads ({hkv}); "
                          f"pick a divisor of both")
-    _check_layout(layout)
-    seq = q.shape[1] * w
-    ring_layout = head_parallel_layout(seq, w, u, layout)  # errors on a length the layout cannot cut, before any transfer
     # Every slice on every rank, before any collective: a slice that cannot be made fails on every
     # rank alike instead of leaving its head group's other ranks in an all_to_all.
     parts = head_slices(p, u, hq)
