@@ -11,8 +11,10 @@ unmasked tile, say), so it bounds what a tile executes from above; Nsight Comput
 executed figure on a GPU (bench/ncu_profile.sh). The autotuner finds the loop the same way
 (compiler/nvrtc/sass_loop.cpp, to see whether a spilling candidate's loop touches local memory):
 change both together. --innermost takes the loop among those that hold no other loop with MMA
-(a persistent kernel's loop over one item's tiles rather than its loop over items). With --max-per-hmma X the exit status is 1 when
-the loop has more than X other instructions per HMMA (a lit test keeps the figure from creeping up).
+(a persistent kernel's loop over one item's tiles rather than its loop over items). --kernel SUFFIX
+looks at one kernel of the dump only (a backward module's _dkdv or _dq). With --max-per-hmma X the
+exit status is 1 when the loop has more than X other instructions per HMMA (a lit test keeps the
+figure from creeping up).
 
 Hopper's warpgroup MMA (HGMMA.64xNx16, the sm_90a path) counts as the m16n8k16 HMMA it equals in
 work per warp, N / 8 (each of the warpgroup's 4 warps issues it: 64 x N x 16 / 4 warps /
@@ -101,6 +103,19 @@ def softmax_overlap(body):
     return count
 
 
+def kernel_lines(lines, suffix):
+    """The lines of the one kernel whose name ends with `suffix`: from its '.text.<name>:' label to
+    the next kernel's."""
+    out, inside = [], False
+    for line in lines:
+        m = re.match(r"\s*\.text\.(\S+):", line)
+        if m:
+            inside = m.group(1).endswith(suffix)
+        if inside:
+            out.append(line)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description="the main loop of a kernel's SASS (attnjit dump --stage sass on stdin)")
     ap.add_argument("--listing", action="store_true", help="print the loop's instructions too")
@@ -113,8 +128,15 @@ def main():
                          "gsb0, 0x1) and its wait for P V (0x0), i.e. when the softmax no longer overlaps P V")
     ap.add_argument("--no-local", action="store_true",
                     help="fail when the loop loads or stores local memory (spills reloaded every tile)")
+    ap.add_argument("--kernel", metavar="SUFFIX",
+                    help="only the kernel whose name ends with SUFFIX (a backward module holds _dq and _dkdv: "
+                         "--kernel _dkdv, --kernel _dq); by default every kernel of the dump")
     args = ap.parse_args()
     lines = sys.stdin.read().splitlines()
+    if args.kernel:
+        lines = kernel_lines(lines, args.kernel)
+        if not lines:
+            sys.exit(f"sass_mainloop: no kernel whose name ends with {args.kernel} in this SASS")
     ins, labels = parse(lines)
     loop = main_loop(ins, labels, args.innermost)
     if loop is None:

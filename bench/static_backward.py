@@ -52,13 +52,7 @@ def dkdv_line(a, spec, arch, d, env):
 
 def dkdv_sass(a, spec, arch, d, env):
     sass = run([a, "dump", spec, "--stage", "sass", "--backward", "--arch", arch, "--head-dim", str(d), "--dtype", "bf16"], env)
-    lines, inside = [], False
-    for line in sass.splitlines():
-        if re.match(r"\s*\.text\.attnjit_bwd_[0-9a-f]+_(\w+):", line):
-            inside = line.strip().endswith("_dkdv:")
-        if inside:
-            lines.append(line)
-    ins, _ = sass_mainloop.parse(lines)
+    ins, _ = sass_mainloop.parse(sass_mainloop.kernel_lines(sass.splitlines(), "_dkdv"))
     ops = [op for _, op, _ in ins]
     return dict(instructions=len(ops), mma=sum(sass_mainloop.mma_weight(op) for op in ops),
                 tma=sum(op.startswith("UTMALDG") for op in ops), bulk=sum(op.startswith("UBLKRED") for op in ops),

@@ -141,104 +141,64 @@ __device__ __forceinline__ void aj_bwd_exact_dq_rows(const AjBwdParams& bp, cons
   }
 }
 
-
-// Dynamic shared memory: Q [AJ_TILE_Q][AJ_DP], dO [AJ_TILE_Q][AJ_DVP], then AJ_STAGES stages of
-// K [AJ_TILE_K][AJ_DP] (their padding holds the tiles in flight, fwd_sm80.cuh) and V
-// [AJ_TILE_K][AJ_DVP] (compiler/codegen/codegen.cpp: backward_dq_smem_bytes).
-__device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
+// A _dq thread's two query rows of its item, r0 and r0 + 8 (bwd_sm80.cuh's and bwd_sm90_dq.cuh's
+// kernels): their rows i, whether they lie within the item, their positions for the mask, their
+// LSE in the exp2 domain (+inf where P must be 0) and D.
+struct AjBwdDqRows {
+  aj_i64 i0, i1, qpos0, qpos1, k_origin;
+  bool valid0, valid1;
+  float lse0, lse1, delta0, delta1;
+};
+__device__ __forceinline__ AjBwdDqRows aj_bwd_dq_rows(const AjBwdParams& bp, const AjItem& item, aj_i64 b, int r0) {
   const AjParams& p = bp.fwd;
-  AJ_DYNAMIC_SHARED(aj_smem);
-  aj_elem* const sq = (aj_elem*)aj_smem;
-  aj_elem* const sdo = sq + AJ_TILE_Q * AJ_DP;
-  AjSm80Shared sh;
-  sh.q = sq;
-  sh.k = sdo + AJ_TILE_Q * AJ_DVP;
-  sh.v = sh.k + AJ_STAGES * AJ_TILE_K * AJ_DP;
-
-  const AjItem item = p.items[aj_block_idx_x()];
-  const aj_i64 b = aj_batch_index();
-  if (b >= p.batch) return;
-  const int warp = aj_thread_idx() / 32, lane = aj_thread_idx() % 32;
-  const int g = lane / 4, quad = lane % 4;
-  const int kvh = item.head / p.heads_per_kv;
-
-  // Q and dO of the tile (one cp.async group), then the first AJ_STAGES - 1 key tiles.
-  aj_load_rows<AJ_TILE_Q, AJ_HEAD_DIM, AJ_DP>(sq, (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride,
-                                              p.q_row_stride, item.rows_start, item.rows_stride, item.rows_count);
-  aj_load_rows<AJ_TILE_Q, AJ_HEAD_DIM_V, AJ_DVP>(
-      sdo, (const aj_elem*)bp.dout + b * bp.do_batch_stride + item.head * bp.do_head_stride, bp.do_row_stride,
-      item.rows_start, item.rows_stride, item.rows_count);
-  aj_cp_async_commit();
-  AjTileCursor pre;
-  pre.begin(p, item);
-  int issued = 0;  // tiles loaded so far
-#pragma unroll
-  for (int s = 0; s < AJ_STAGES - 1; ++s) {
-    if (!pre.done()) {
-      aj_sm80_issue(p, sh, s, pre.tile(), aj_sm80_k_base(p, b, kvh), aj_sm80_v_base(p, b, kvh));
-      pre.next();
-      ++issued;
-    }
-    aj_cp_async_commit();
-  }
-
-  // This thread's two rows of the accumulator tiles: their positions, LSE and D.
-  const int r0 = warp * 16 + g, r1 = r0 + 8;
-  const aj_i64 i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
-  const aj_i64 doc = aj_doc_start(p, item.rows_start), k_origin = p.k_offset - doc;
-  const aj_i64 qpos0 = p.q_offset - doc + i0, qpos1 = p.q_offset - doc + i1;
-  const bool valid0 = r0 < item.rows_count, valid1 = r1 < item.rows_count;
-  const float lse0 = aj_bwd_lse2_or_inf(p, b, item.head, i0, valid0), lse1 = aj_bwd_lse2_or_inf(p, b, item.head, i1, valid1);
+  AjBwdDqRows w;
+  const int r1 = r0 + 8;
+  w.i0 = item.rows_start + (aj_i64)r0 * item.rows_stride, w.i1 = item.rows_start + (aj_i64)r1 * item.rows_stride;
+  const aj_i64 doc = aj_doc_start(p, item.rows_start);
+  w.k_origin = p.k_offset - doc;
+  w.qpos0 = p.q_offset - doc + w.i0, w.qpos1 = p.q_offset - doc + w.i1;
+  w.valid0 = r0 < item.rows_count, w.valid1 = r1 < item.rows_count;
+  w.lse0 = aj_bwd_lse2_or_inf(p, b, item.head, w.i0, w.valid0), w.lse1 = aj_bwd_lse2_or_inf(p, b, item.head, w.i1, w.valid1);
   const float* drow = bp.delta + (b * bp.heads_q + item.head) * bp.seq_q;
-  const float delta0 = valid0 ? drow[i0] : 0.0f, delta1 = valid1 ? drow[i1] : 0.0f;
+  w.delta0 = w.valid0 ? drow[w.i0] : 0.0f, w.delta1 = w.valid1 ? drow[w.i1] : 0.0f;
+  return w;
+}
+
+// dS = P (f dP - D) of a warp's 16 query rows (w) by COLS keys of tile t from column c0, in place
+// of S: P = exp2(S scale_log2 - LSE) where the pair is attended, else 0. Keys past the tile's count
+// are refused too (a whole tile with every pair needs no test). The _dq kernels' element rule (this
+// file's and bwd_sm90_dq.cuh's): s and dp in the accumulator layout of mma.sync, which wgmma shares.
+template <int COLS>
+__device__ __forceinline__ void aj_bwd_dq_ds(const AjParams& p, const AjTile& t, int head, int c0, int quad, const AjBwdDqRows& w,
+                                             float (&s)[COLS / 8][4], const float (&dp)[COLS / 8][4]) {
   const float f = p.output_scale;
-
-  float dq[AJ_HEAD_DIM / 8][4];
-  aj_zero<AJ_HEAD_DIM>(dq);
-  for (int iter = 0; iter < issued; ++iter) {
-    const int stage = iter % AJ_STAGES;
-    if (!pre.done()) {
-      aj_sm80_issue(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), aj_sm80_k_base(p, b, kvh),
-                    aj_sm80_v_base(p, b, kvh));
-      pre.next();
-      ++issued;
-    }
-    aj_cp_async_commit();
-    aj_cp_async_wait<AJ_STAGES - 1>();
-    aj_syncthreads();
-    const AjTile t = aj_sm80_issued(sh, stage);
-    const aj_elem* ks = sh.k + stage * AJ_TILE_K * AJ_DP;
-    const aj_elem* vs = sh.v + stage * AJ_TILE_K * AJ_DVP;
-
-    for (int c0 = 0; c0 < t.count; c0 += AJ_BWD_SUB_K) {  // the tile's keys, AJ_BWD_SUB_K at a time
-      float s[AJ_BWD_SUB_K / 8][4], dp[AJ_BWD_SUB_K / 8][4];
-      aj_zero<AJ_BWD_SUB_K>(s);
-      aj_zero<AJ_BWD_SUB_K>(dp);
-      aj_mma_abt<AJ_HEAD_DIM, AJ_BWD_SUB_K, AJ_DP, AJ_DP>(s, sq + warp * 16 * AJ_DP, ks + c0 * AJ_DP, lane);  // S = Q K^T
-      aj_mma_abt<AJ_HEAD_DIM_V, AJ_BWD_SUB_K, AJ_DVP, AJ_DVP>(dp, sdo + warp * 16 * AJ_DVP, vs + c0 * AJ_DVP, lane);  // dP = dO V^T
-      // dS = P (f dP - D), P = exp2(S scale_log2 - LSE) where the pair is attended, else 0.
-      // counted: keys past the tile's count are refused too (a whole tile with every pair needs neither).
-      auto apply = [&](auto rule, bool counted) {
+  const aj_i64 qpos0 = w.qpos0, qpos1 = w.qpos1, k_origin = w.k_origin;
+  const float lse0 = w.lse0, lse1 = w.lse1, delta0 = w.delta0, delta1 = w.delta1;
+  auto apply = [&](auto rule, bool counted) {
 #pragma unroll
-        for (int j = 0; j < AJ_BWD_SUB_K / 8; ++j) {
+    for (int j = 0; j < COLS / 8; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = c0 + j * 8 + quad * 2 + (e & 1);
-            const bool ok = (!counted || col < t.count) & rule(e < 2 ? qpos0 : qpos1, k_origin + t.first, (aj_cs)col * (aj_cs)t.stride);
-            // Selected, not multiplied by P = 0: a masked key's dP may be NaN (a NaN or inf in its V).
-            const float pr = aj_ex2(aj_mul_rn(s[j][e], p.scale_log2) - (e < 2 ? lse0 : lse1));
-            s[j][e] = ok ? pr * (f * dp[j][e] - (e < 2 ? delta0 : delta1)) : 0.0f;
-          }
-        }
-      };
-      if (t.full && t.count == AJ_TILE_K) apply(AjAllowAll(), false);
-      else aj_keys_rule(p, t.branch, item.head, t.full, [&](auto rule) { apply(rule, true); });
-      aj_mma_xb<AJ_BWD_SUB_K, AJ_HEAD_DIM, AJ_DP>(dq, s, ks + c0 * AJ_DP, lane);  // dQ += dS K
+      for (int e = 0; e < 4; ++e) {
+        const int col = c0 + j * 8 + quad * 2 + (e & 1);
+        const bool ok = (!counted || col < t.count) & rule(e < 2 ? qpos0 : qpos1, k_origin + t.first, (aj_cs)col * (aj_cs)t.stride);
+        // Selected, not multiplied by P = 0: a masked key's dP may be NaN (a NaN or inf in its V).
+        const float pr = aj_ex2(aj_mul_rn(s[j][e], p.scale_log2) - (e < 2 ? lse0 : lse1));
+        s[j][e] = ok ? pr * (f * dp[j][e] - (e < 2 ? delta0 : delta1)) : 0.0f;
+      }
     }
-    aj_syncthreads();  // this stage is overwritten by a later prefetch
-  }
-  aj_cp_async_wait<0>();
+  };
+  if (t.full && t.count == AJ_TILE_K) apply(AjAllowAll(), false);
+  else aj_keys_rule(p, t.branch, head, t.full, [&](auto rule) { apply(rule, true); });
+}
 
+// The end of a _dq thread's item (either kernel): its columns of dQ (the accumulator layout, summed
+// over every key tile, unscaled) scaled and stored in the storage type, or added into the caller's
+// fp32 accumulator (Attention::backward_add).
+__device__ __forceinline__ void aj_bwd_dq_finish(const AjBwdParams& bp, const AjItem& item, aj_i64 b, int r0, int quad,
+                                                 const AjBwdDqRows& w, const float (&dq)[AJ_HEAD_DIM / 8][4]) {
+  const aj_i64 i0 = w.i0, i1 = w.i1;
+  const bool valid0 = w.valid0, valid1 = w.valid1;
+  const float lse0 = w.lse0, lse1 = w.lse1, delta0 = w.delta0, delta1 = w.delta1;
   // A NaN or inf in a K row that a row masks still reaches it through dQ += dS K (0 times NaN): such
   // rows are summed again, exactly (aj_bwd_exact_dq_rows). A row that attends something and whose
   // LSE or D is NaN has dS NaN at every pair it attends: NaN in every column either way.
@@ -290,6 +250,83 @@ __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
       *(aj_u32*)(out + (h ? i1 : i0) * bp.dq_row_stride + j * 8 + quad * 2) = aj_pack2(x0 * bp.scale, x1 * bp.scale);
     });
   }
+}
+
+// Dynamic shared memory: Q [AJ_TILE_Q][AJ_DP], dO [AJ_TILE_Q][AJ_DVP], then AJ_STAGES stages of
+// K [AJ_TILE_K][AJ_DP] (their padding holds the tiles in flight, fwd_sm80.cuh) and V
+// [AJ_TILE_K][AJ_DVP] (compiler/codegen/codegen.cpp: backward_dq_smem_bytes).
+__device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
+  const AjParams& p = bp.fwd;
+  AJ_DYNAMIC_SHARED(aj_smem);
+  aj_elem* const sq = (aj_elem*)aj_smem;
+  aj_elem* const sdo = sq + AJ_TILE_Q * AJ_DP;
+  AjSm80Shared sh;
+  sh.q = sq;
+  sh.k = sdo + AJ_TILE_Q * AJ_DVP;
+  sh.v = sh.k + AJ_STAGES * AJ_TILE_K * AJ_DP;
+
+  const AjItem item = p.items[aj_block_idx_x()];
+  const aj_i64 b = aj_batch_index();
+  if (b >= p.batch) return;
+  const int warp = aj_thread_idx() / 32, lane = aj_thread_idx() % 32;
+  const int g = lane / 4, quad = lane % 4;
+  const int kvh = item.head / p.heads_per_kv;
+
+  // Q and dO of the tile (one cp.async group), then the first AJ_STAGES - 1 key tiles.
+  aj_load_rows<AJ_TILE_Q, AJ_HEAD_DIM, AJ_DP>(sq, (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride,
+                                              p.q_row_stride, item.rows_start, item.rows_stride, item.rows_count);
+  aj_load_rows<AJ_TILE_Q, AJ_HEAD_DIM_V, AJ_DVP>(
+      sdo, (const aj_elem*)bp.dout + b * bp.do_batch_stride + item.head * bp.do_head_stride, bp.do_row_stride,
+      item.rows_start, item.rows_stride, item.rows_count);
+  aj_cp_async_commit();
+  AjTileCursor pre;
+  pre.begin(p, item);
+  int issued = 0;  // tiles loaded so far
+#pragma unroll
+  for (int s = 0; s < AJ_STAGES - 1; ++s) {
+    if (!pre.done()) {
+      aj_sm80_issue(p, sh, s, pre.tile(), aj_sm80_k_base(p, b, kvh), aj_sm80_v_base(p, b, kvh));
+      pre.next();
+      ++issued;
+    }
+    aj_cp_async_commit();
+  }
+
+  // This thread's two rows of the accumulator tiles: their positions, LSE and D.
+  const int r0 = warp * 16 + g;
+  const AjBwdDqRows w = aj_bwd_dq_rows(bp, item, b, r0);
+
+  float dq[AJ_HEAD_DIM / 8][4];
+  aj_zero<AJ_HEAD_DIM>(dq);
+  for (int iter = 0; iter < issued; ++iter) {
+    const int stage = iter % AJ_STAGES;
+    if (!pre.done()) {
+      aj_sm80_issue(p, sh, (iter + AJ_STAGES - 1) % AJ_STAGES, pre.tile(), aj_sm80_k_base(p, b, kvh),
+                    aj_sm80_v_base(p, b, kvh));
+      pre.next();
+      ++issued;
+    }
+    aj_cp_async_commit();
+    aj_cp_async_wait<AJ_STAGES - 1>();
+    aj_syncthreads();
+    const AjTile t = aj_sm80_issued(sh, stage);
+    const aj_elem* ks = sh.k + stage * AJ_TILE_K * AJ_DP;
+    const aj_elem* vs = sh.v + stage * AJ_TILE_K * AJ_DVP;
+
+    for (int c0 = 0; c0 < t.count; c0 += AJ_BWD_SUB_K) {  // the tile's keys, AJ_BWD_SUB_K at a time
+      float s[AJ_BWD_SUB_K / 8][4], dp[AJ_BWD_SUB_K / 8][4];
+      aj_zero<AJ_BWD_SUB_K>(s);
+      aj_zero<AJ_BWD_SUB_K>(dp);
+      aj_mma_abt<AJ_HEAD_DIM, AJ_BWD_SUB_K, AJ_DP, AJ_DP>(s, sq + warp * 16 * AJ_DP, ks + c0 * AJ_DP, lane);  // S = Q K^T
+      aj_mma_abt<AJ_HEAD_DIM_V, AJ_BWD_SUB_K, AJ_DVP, AJ_DVP>(dp, sdo + warp * 16 * AJ_DVP, vs + c0 * AJ_DVP, lane);  // dP = dO V^T
+      aj_bwd_dq_ds<AJ_BWD_SUB_K>(p, t, item.head, c0, quad, w, s, dp);
+      aj_mma_xb<AJ_BWD_SUB_K, AJ_HEAD_DIM, AJ_DP>(dq, s, ks + c0 * AJ_DP, lane);  // dQ += dS K
+    }
+    aj_syncthreads();  // this stage is overwritten by a later prefetch
+  }
+  aj_cp_async_wait<0>();
+
+  aj_bwd_dq_finish(bp, item, b, r0, quad, w, dq);
 }
 
 // ---- _dkdv: over the key-major plan ---------------------------------------------------------

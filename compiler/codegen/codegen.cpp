@@ -156,6 +156,13 @@ int backward_dkdv_sm90_tma_smem_bytes(const KernelRequest& r, const KernelConfig
          2 * 2 * c.tile_q * 4 + 2 * c.tile_q * kBwdTmaDqPitch * 4 + 2 * 8 * c.stages + 1024;
 }
 
+// templates/bwd_sm90_dq.cuh: Q and dO of the 64-row query tile, `stages` K/V tiles (fwd_sm90.cuh's
+// swizzled layout: every piece a multiple of 8 KiB, so 1024-byte aligned), and 1024 bytes to align
+// the start. Warpgroup 1's dQ sums (64 x head dim floats) reuse the K ring at the end.
+int backward_dq_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
+  return 2 * (c.tile_q + c.stages * c.tile_k) * (r.head_dim + r.head_dim_v) + 1024;
+}
+
 int backward_dkdv_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
   const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
   // dS^T of the tile's keys by AJ_BWD_SUB_Q query rows, for the single pass's dQ = dS K.
@@ -485,9 +492,9 @@ KernelPath choose_backward_path(const KernelRequest& r) {
 }
 
 // The sm_90a backward's tiles are fixed: 64 x 64, two stages, four warps (one warpgroup of 64 key
-// rows, 64-row query tiles; bwd_sm90.cuh), which bwd_sm80.cuh's _dq takes too.
+// rows, 64-row query tiles; bwd_sm90.cuh), which the two-pass form's _dq (bwd_sm90_dq.cuh) takes too.
 // The TMA kernel's are 64 x 128 (two consumer warpgroups of 64 key rows; bwd_sm90_tma.cuh), and
-// its two-pass form runs bwd_sm80.cuh's _dq at those tiles.
+// its two-pass form runs bwd_sm90_dq.cuh's _dq at those tiles.
 KernelConfig resolve_backward_sm90_config(const KernelRequest& r, bool tma) {
   const KernelConfig fixed{64, tma ? 128 : 64, 2, 4};
   KernelConfig c = r.config;
@@ -539,23 +546,23 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
     bodies = {"fwd_sm80.cuh", "bwd_common.cuh", "bwd_sm80.cuh"};
     body = "_sm80";
   } else if (k.path == KernelPath::Sm90) {
-    out.dq_threads = k.config.tile_q * 2;  // bwd_sm80.cuh's _dq (the two-pass form)
-    out.dkdv_threads = 128;                // one warpgroup
-    out.dq_shared_bytes = backward_dq_smem_bytes(r, k.config);
+    out.dq_threads = 256;    // bwd_sm90_dq.cuh's _dq (the two-pass form): two warpgroups
+    out.dkdv_threads = 128;  // one warpgroup
+    out.dq_shared_bytes = backward_dq_sm90_smem_bytes(r, k.config);
     out.dkdv_shared_bytes = backward_dkdv_sm90_smem_bytes(r, k.config);
     out.single_pass = true;
-    bodies = {"fwd_sm80.cuh", "fwd_sm90.cuh", "bwd_common.cuh", "bwd_sm80.cuh", "bwd_sm90.cuh"};
-    body = "_sm80";
-    dkdv_body = "_sm90";
+    bodies = {"fwd_sm80.cuh", "fwd_sm90.cuh", "bwd_common.cuh", "bwd_sm80.cuh", "bwd_sm90.cuh", "bwd_sm90_dq.cuh"};
+    body = "_sm90";
   } else if (k.path == KernelPath::Sm90Tma) {
-    out.dq_threads = k.config.tile_q * 2;  // bwd_sm80.cuh's _dq (the two-pass form)
-    out.dkdv_threads = 384;                // two consumer warpgroups and the producer
-    out.dq_shared_bytes = backward_dq_smem_bytes(r, k.config);
+    out.dq_threads = 256;    // bwd_sm90_dq.cuh's _dq (the two-pass form): two warpgroups
+    out.dkdv_threads = 384;  // two consumer warpgroups and the producer
+    out.dq_shared_bytes = backward_dq_sm90_smem_bytes(r, k.config);
     out.dkdv_shared_bytes = backward_dkdv_sm90_tma_smem_bytes(r, k.config);
     out.single_pass = true;
     k.tma_maps = kTmaMaps;  // Q's and dO's, per query stride: _dkdv's second parameter
-    bodies = {"fwd_sm80.cuh", "fwd_sm90.cuh", "fwd_sm90_tma.cuh", "bwd_common.cuh", "bwd_sm80.cuh", "bwd_sm90.cuh", "bwd_sm90_tma.cuh"};
-    body = "_sm80";
+    bodies = {"fwd_sm80.cuh",  "fwd_sm90.cuh", "fwd_sm90_tma.cuh", "bwd_common.cuh",
+              "bwd_sm80.cuh", "bwd_sm90.cuh", "bwd_sm90_tma.cuh", "bwd_sm90_dq.cuh"};
+    body = "_sm90";
     dkdv_body = "_sm90_tma";
   } else {
     out.dq_threads = k.config.tile_q * 4;

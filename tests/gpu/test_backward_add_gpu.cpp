@@ -41,6 +41,8 @@ TEST_CASE("backward_add: the gradients added into fp32 accumulators match the re
   if (gputest::target() == gputest::Target::Emu || (on_gpu() && device_info(0).cc_major == 9)) {
     paths.push_back({"sm90a wgmma tma", 90, true, DType::BF16, 64, false});
     paths.push_back({"sm90a wgmma cp.async", 90, false, DType::BF16, 128, false});
+    paths.push_back({"sm90a two-pass, tma", 90, true, DType::BF16, 128, true});  // bwd_sm90_dq.cuh adds dQ
+    paths.push_back({"sm90a two-pass, cp.async", 90, false, DType::F16, 64, true});
   }
   const std::vector<std::tuple<std::string, Pattern, int64_t>> patterns = {
       {"causal-keys-later", PatternBuilder().branch(BranchSpec().full().causal()).build(), 200},

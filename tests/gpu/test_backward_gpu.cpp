@@ -350,8 +350,47 @@ TEST_CASE("backward: the sm_90a wgmma dK/dV kernels match the reference gradient
       {"v", {{'v', at(40, 0, 1), nan}, {'v', at(195, 0, 1), inf}}},
   };
   for (const auto& [what, pokes] : cases) {
-    INFO("causal with empty rows, non-finite " << what);
-    CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 95, false, nullptr, false, false, false, pokes) == "");
+    for (const bool deterministic : {false, true}) {  // the single pass; the two-pass form's dQ kernel (bwd_sm90_dq.cuh)
+      INFO("causal with empty rows, non-finite " << what << (deterministic ? ", deterministic" : ""));
+      CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 95, deterministic, nullptr, false, false, false, pokes) == "");
+    }
+  }
+}
+
+// The Hopper two-pass form's dQ kernel (templates/bwd_sm90_dq.cuh: two warpgroups over each key
+// tile's halves, warpgroup 1's sums added to warpgroup 0's in a fixed order), which the
+// deterministic mode runs beside either dK/dV kernel: the same bits on every run, with key tiles of
+// several branches overlapping, head dims 64 and 128 with Dv != D, fp16 and bf16, tiles whose
+// second half holds no key (a 64-key segment in a 128-key tile; 280 rows end in a tile of 24),
+// against the reference.
+TEST_CASE("backward: the sm_90a dQ kernel of the deterministic mode gives the same bits every time", "[gpu][emu][grad][sm90a][deterministic]") {
+  if (on_gpu()) shared_context(0).make_current();
+  const bool tma = GENERATE(true, false);
+  INFO((tma ? "beside the TMA dK/dV kernel (64 x 128 tiles)" : "beside the cp.async dK/dV kernel (64 x 64 tiles)"));
+  RuntimeOptions ro;
+  ro.device = gputest::target() == gputest::Target::Emu ? Device::emu(90, true) : device_under_test();
+  ro.wgmma_backward = true;
+  ro.tma = tma;
+  Runtime rt(ro);
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(64).dilation(1))
+                        .branch(BranchSpec().segment(128).dilation(2).offset(OffsetRule::HeadMod))
+                        .branch(BranchSpec().segment(256).dilation(4).offset(OffsetRule::HeadMod).causal())
+                        .build();
+  int n = 0;
+  for (const auto& [dt, d, dv, len] : std::vector<std::tuple<DType, int64_t, int64_t, int64_t>>{
+           {DType::BF16, 64, 64, 300}, {DType::F16, 128, 64, 280}, {DType::BF16, 64, 128, 161}}) {
+    Shape s;
+    s.seq_q = s.seq_k = on_gpu() ? len * 10 + 3 : len, s.heads_q = 4, s.heads_kv = 2, s.head_dim = d, s.head_dim_v = dv;
+    INFO(to_string(dt) << " head dims " << d << "/" << dv << " at " << s.seq_q << " rows");
+    std::vector<uint8_t> first, again;
+    REQUIRE(check_backward(rt, p, s, dt, nullptr, 60 + n, true, &first) == "");
+    for (int run = 0; run < 2; ++run) {
+      again.clear();
+      REQUIRE(check_backward(rt, p, s, dt, nullptr, 60 + n, true, &again) == "");
+      CHECK(again == first);
+    }
+    ++n;
   }
 }
 

@@ -5,6 +5,8 @@
 // so the check is what tells them apart.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -418,6 +420,29 @@ const Mutation kMutations[] = {
      "*(aj_f32x2*)(row + n * 8 + 2) =", DType::BF16, true, false, 128, true},
     {"sm_90a TMA backward: bulk reduces of the rows past the entry's count", "bwd_sm90_tma.cuh", "      if (lt < qe.rows_count) {",
      "      if (lt < AJ_TILE_Q) {", DType::BF16, true, false, 64, true},
+    {"sm_90a dQ kernel: warpgroup 1's sums not added to warpgroup 0's", "bwd_sm90_dq.cuh", "dq[j][e] += part[",
+     "dq[j][e] += 0.0f * part[", DType::BF16, true, true, 64, true, true},
+    {"sm_90a dQ kernel: warpgroup 1's sums read before the barrier after their stores", "bwd_sm90_dq.cuh",
+     "  aj_syncthreads();\n  if (wg == 1) return;", "  if (wg == 1) return;", DType::BF16, true, true, 64, true, false},
+    {"sm_90a dQ kernel, head dim 128: both warpgroups over the first half of each tile's keys", "bwd_sm90_dq.cuh",
+     "const int c0 = wg * AJ_BWDQ_KEYS;", "const int c0 = 0;", DType::BF16, true, true, 128, true, true},
+    {"sm_90a dQ kernel: dQ's B operand (K) read K-major", "bwd_sm90_dq.cuh", "aj_wgmma_rs<AJ_HEAD_DIM, AJ_WGMMA_TYPE, 1>",
+     "aj_wgmma_rs<AJ_HEAD_DIM, AJ_WGMMA_TYPE, 0>", DType::BF16, true, true, 64, true, true},
+    {"sm_90a dQ kernel: a stage reloaded while dQ's wgmma may still read its K (no wait)", "bwd_sm90_dq.cuh",
+     "      aj_wgmma_wait<0>();  // K's stage is read", "      // K's stage is read", DType::BF16, true, true, 64, true, false},
+    {"sm_90a dQ kernel: warpgroup 1's dP reads warpgroup 0's V rows", "bwd_sm90_dq.cuh", "aj_smem_addr(sh.v + c0 * AJ_SW)",
+     "aj_smem_addr(sh.v)", DType::BF16, true, true, 64, true, true},
+    {"sm_90a dQ kernel: S and dP read before their wgmmas are waited for", "bwd_sm90_dq.cuh",
+     "        aj_wgmma_wait<0>();  // S and dP, and the previous", "        // S and dP, and the previous",
+     DType::BF16, true, true, 64, true, true},
+    {"sm_90a dQ kernel, head dim 128: every sub-block's S over the first sub-block's keys", "bwd_sm90_dq.cuh",
+     "kd + (((ks / 4) * AJ_TILE_K * AJ_SW + sb * AJ_SW + (ks % 4) * 32) >> 4)", "kd + (((ks / 4) * AJ_TILE_K * AJ_SW + (ks % 4) * 32) >> 4)",
+     DType::BF16, true, true, 128, true, true},
+    {"sm_90a dQ kernel, head dim 128: every sub-block's dS times the first sub-block's K rows", "bwd_sm90_dq.cuh",
+     "kn + (((sb + kk * 16) * AJ_SW) >> 4)", "kn + (((kk * 16) * AJ_SW) >> 4)", DType::BF16, true, true, 128, true, true},
+    {"sm_90a dQ kernel: a tile's copies read by wgmma without the proxy fence", "bwd_sm90_dq.cuh",
+     "    aj_fence_proxy_async();  // the copies this thread waited for", "    // the copies this thread waited for", DType::BF16, true,
+     true, 64, true, true},
     {"sm_90a TMA backward: threads exit with their last bulk reduce not waited for", "bwd_sm90_tma.cuh",
      "  if (single && tid % 128 < AJ_TILE_Q) aj_bulk_wait<0>();", "", DType::BF16, true, false, 64, true},
     {"backward: _cvt converts the untouched fp32 workspaces over the dK and dV _dkdv stored", "bwd_common.cuh",
@@ -701,12 +726,14 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
     INFO("sm_90a backward, " << (tma ? "TMA" : "cp.async"));
     CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, tma) == "");
     CHECK(check_kernel(embedded, DType::BF16, true, true, 64, true, tma) == "");
+    CHECK(check_kernel(embedded, DType::BF16, true, true, 128, true, tma) == "");  // the two-pass form's dQ kernel at 128
     CHECK(check_kernel(embedded, DType::BF16, true, false, 128, true, tma) == "");
     CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, tma, true) == "");
     CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, tma, false, false, false, false, {}, true) == "");  // NaN, inf in V
     for (const char in : {'q', 'k'}) {
       INFO("a NaN in " << (in == 'q' ? "Q and dO" : "K"));
       CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, tma, false, false, false, false, {}, false, false, in) == "");
+      CHECK(check_kernel(embedded, DType::BF16, true, true, 64, true, tma, false, false, false, false, {}, false, false, in) == "");
     }
   }
   // One causal branch: dK and dV stored by _dkdv (every key in one key tile), on every path.
@@ -767,7 +794,11 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
 }
 
 TEST_CASE("every deliberately broken kernel fails in the emulator", "[emu][mutation]") {
+  // ATTNJIT_MUTATIONS=<text>: only the mutations whose name contains it (while changing a kernel).
+  const char* only = std::getenv("ATTNJIT_MUTATIONS");
+  if (only && *only) WARN("ATTNJIT_MUTATIONS is set: only the mutations whose name contains \"" << only << "\" run");
   for (const Mutation& m : kMutations) {
+    if (only && *only && std::string(m.name).find(only) == std::string::npos) continue;
     INFO("mutation: " << m.name);
     const auto t = testing::mutated_templates(m.file, m.from, m.to);
     REQUIRE(t);  // the template changed: update the mutation
