@@ -18,9 +18,10 @@
 #   default (attnjit_gpu_bench on dense and BigBird per setting in processes of their own, the
 #   settings interleaved in rounds: default (with LongNet), ATTNJIT_PACK_BRANCHES=0 (LongNet's forward),
 #   ATTNJIT_KEEP_POOL_MEMORY=1, ATTNJIT_BWD_WGMMA=0, ATTNJIT_DETERMINISTIC=1 (the backward's two-pass
-#   form: its target is 85% of the default's speed), ATTNJIT_LAZY_RESCALE=1, ATTNJIT_POLY_EXP2=1, ATTNJIT_PERSISTENT=1 (forward; with causal_local,
-#   whose short items should gain most, and the default on it too); OUTDIR/ab.txt; the bench reports each call's host
-#   time too) and Nsight Compute on the dense backward's dK/dV kernel
+#   form: its target is 85% of the default's speed), ATTNJIT_LAZY_RESCALE=1, ATTNJIT_POLY_EXP2=1,
+#   ATTNJIT_PERSISTENT=1 (forward and backward; with causal_local, whose short items should gain
+#   most, and the default on it too); OUTDIR/ab.txt; the bench reports each call's host time too)
+#   and Nsight Compute on the dense backward's dK/dV kernel
 #   (bench/ncu_profile.sh; its summary appended to ab.txt) with what is left.
 # Everything else (logs, profiles, peers.png) in OUTDIR/session.tgz. At most 8 files come back from
 # a lent machine: check leaves dc/report.md, dc/report.json, dc.tgz; bench leaves peers/peers.md,
@@ -93,8 +94,7 @@ if [ -x "$bench_bin" ]; then
       ATTNJIT_LAZY_RESCALE=1 ATTNJIT_POLY_EXP2=1 ATTNJIT_PERSISTENT=1; do
       (( $(left) < 60 )) && { echo "round $round $setting: not run (budget)" >> "$out/ab.txt"; continue; }
       extra=()
-      [[ "$setting" == *RESCALE* || "$setting" == *POLY* || "$setting" == *PACK* || "$setting" == *PERSISTENT* ]] &&
-        extra=(--no-backward)
+      [[ "$setting" == *RESCALE* || "$setting" == *POLY* || "$setting" == *PACK* ]] && extra=(--no-backward)
       env_set=()
       [ "$setting" != default ] && env_set=("$setting")
       # LongNet's packed plans (the default) against one tile per branch: its forward only.

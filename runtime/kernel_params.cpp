@@ -217,7 +217,7 @@ BatchGrid batch_grid(int64_t batch) {
   return {static_cast<unsigned>(std::min(batch, kMaxY)), static_cast<unsigned>((batch + kMaxY - 1) / kMaxY)};
 }
 
-LaunchGrid forward_grid(int64_t items, int64_t batch, bool persistent, int persistent_blocks, int64_t sms) {
+LaunchGrid item_grid(int64_t items, int64_t batch, bool persistent, int persistent_blocks, int64_t sms) {
   if (!persistent) {
     const BatchGrid b = batch_grid(batch);
     return {static_cast<unsigned>(items), b.y, b.z};

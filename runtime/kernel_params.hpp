@@ -113,13 +113,14 @@ struct BatchGrid {
 };
 BatchGrid batch_grid(int64_t batch);
 
-// A forward launch's grid: a block per work item in x and the batch in y and z; for a persistent
-// kernel (KernelSource::persistent: blocks take the items x batch entries in turn) at most
+// The grid of a launch over work items (the forward's query items, a _dkdv launch's key items): a
+// block per item in x and the batch in y and z; for a persistent kernel (KernelSource::persistent:
+// blocks take the items x batch entries in turn) at most
 // `persistent_blocks` blocks in x (-1: one per SM of `sms`), never more than those units, never none.
 struct LaunchGrid {
   unsigned x = 1, y = 1, z = 1;
 };
-LaunchGrid forward_grid(int64_t items, int64_t batch, bool persistent, int persistent_blocks, int64_t sms);
+LaunchGrid item_grid(int64_t items, int64_t batch, bool persistent, int persistent_blocks, int64_t sms);
 
 // The grids of the backward launches (x dimension; pre, dq and dkdv have `batch` rows of blocks,
 // cvt one). A zero means the launch has nothing to do. dK/dV take one launch per layer of disjoint

@@ -57,6 +57,17 @@ __device__ __forceinline__ int aj_sw_offset(int row, int col) {
   return (col / AJ_COLS) * ROWS * AJ_SW + row * AJ_SW + ((((col % AJ_COLS) / 8) ^ (row & 7)) << 4) + (col % 8) * 2;
 }
 
+// Key item ki's K and V rows into swizzled tiles at k and v (cp.async by THREADS threads, zero past
+// the key count; the caller commits): both Hopper dK/dV kernels'.
+template <int THREADS>
+__device__ __forceinline__ void aj_bwd90_load_keys(const AjParams& p, unsigned char* k, unsigned char* v, const AjKeyItem& ki,
+                                                   aj_i64 b) {
+  aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM, THREADS>(k, (const aj_elem*)p.k + b * p.k_batch_stride + ki.kv_head * p.k_head_stride,
+                                                      p.k_row_stride, ki.keys_start, ki.keys_stride, ki.keys_count);
+  aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V, THREADS>(v, (const aj_elem*)p.v + b * p.v_batch_stride + ki.kv_head * p.v_head_stride,
+                                                        p.v_row_stride, ki.keys_start, ki.keys_stride, ki.keys_count);
+}
+
 // Query entry `qe` into stage `s`: Q and dO through cp.async (the caller commits), LSE and D by
 // plain loads (visible after the next barrier).
 __device__ __forceinline__ void aj_bwd90_stage_queries(const AjBwdParams& bp, const AjBwd90Shared& sh, int s,
@@ -198,12 +209,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90(const AjBwdParams& bp) {
   const int g = lane / 4, quad = lane % 4;
 
   // K and V of the key tile with the first query tile (one cp.async group).
-  aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM, AJ_BWD90_THREADS>(
-      sh.k, (const aj_elem*)p.k + b * p.k_batch_stride + ki.kv_head * p.k_head_stride, p.k_row_stride, ki.keys_start,
-      ki.keys_stride, ki.keys_count);
-  aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V, AJ_BWD90_THREADS>(
-      sh.v, (const aj_elem*)p.v + b * p.v_batch_stride + ki.kv_head * p.v_head_stride, p.v_row_stride, ki.keys_start,
-      ki.keys_stride, ki.keys_count);
+  aj_bwd90_load_keys<AJ_BWD90_THREADS>(p, sh.k, sh.v, ki, b);
   if (ki.entry_begin < ki.entry_end) aj_bwd90_stage_queries(bp, sh, 0, bp.query_entries[ki.entry_begin], b);
   aj_cp_async_commit();
 

@@ -104,60 +104,47 @@ __device__ __forceinline__ float aj_bwdt_stat_finish(float raw, bool valid, int 
   return !valid || l == AJ_NEG_INF ? inf : l;
 }
 
-__device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, const AjTmaMaps& maps) {
+// The producer's thread: every query entry's Q and dO of key item `ki` into the ring. `it0` counts
+// the entries the block loaded before this item (a persistent block's ring runs on across its
+// items: entry it takes stage it % AJ_STAGES in its use it / AJ_STAGES); returns the count after.
+__device__ __forceinline__ int aj_bwdt_produce(const AjTmaMaps& maps, const AjBwdTmaShared& sh, const AjBwdParams& bp,
+                                               const AjKeyItem& ki, aj_i64 b, int it0) {
+  int it = it0;
+  for (int e = ki.entry_begin; e < ki.entry_end; ++e, ++it) {
+    const AjQueryEntry qe = bp.query_entries[e];
+    const int s = it % AJ_STAGES, use = it / AJ_STAGES;
+    // A stage's use u waits for the consumers' release of its use u - 1 (phase u - 1).
+    if (use > 0) aj_mbarrier_wait(&sh.empty[s], (aj_u32)((use - 1) & 1));
+    aj_mbarrier_arrive_expect_tx(&sh.full[s], AJ_BWDT_STAGE_BYTES);
+    aj_tma_rows<AJ_TILE_Q, AJ_HEAD_DIM, true>(maps, sh.q(s), &sh.full[s], qe.rows_start, qe.rows_stride, qe.head, (int)b);
+    aj_tma_rows<AJ_TILE_Q, AJ_HEAD_DIM_V, false>(maps, sh.dout(s), &sh.full[s], qe.rows_start, qe.rows_stride, qe.head, (int)b);
+  }
+  return it;
+}
+
+// A consumer thread's share of key item `ki`'s K and V (cp.async, zero past the key count) and of
+// its first entry's statistics (into the buffer `buf` of the entry's count), in place for every
+// consumer once the caller's barrier has passed.
+__device__ __forceinline__ void aj_bwdt_load_item(const AjBwdParams& bp, const AjBwdTmaShared& sh, const AjKeyItem& ki, aj_i64 b,
+                                                  int buf, int tid) {
+  aj_bwd90_load_keys<AJ_BWDT_CONSUMERS>(bp.fwd, sh.k, sh.v, ki, b);
+  aj_cp_async_commit();
+  if (tid % 128 < AJ_TILE_Q && ki.entry_begin < ki.entry_end) {
+    const AjQueryEntry first = bp.query_entries[ki.entry_begin];
+    const float x = aj_bwdt_stat_finish(aj_bwdt_stat_load(bp, first, b, tid / 128, tid % 128), tid % 128 < first.rows_count,
+                                        tid / 128);
+    (tid < 128 ? sh.lse2(buf) : sh.delta(buf))[tid % 128] = x;
+  }
+  aj_cp_async_wait<0>();
+  aj_fence_proxy_async();  // K and V are read by wgmma (the async proxy) after the barrier
+}
+
+// A consumer thread's key item, K, V and the first statistics in place: the query entries (the
+// stage ring's entries it0, it0 + 1, ...; returns the count after), then dK and dV.
+__device__ __forceinline__ int aj_bwdt_consume(const AjBwdParams& bp, const AjBwdTmaShared& sh, const AjKeyItem& ki, aj_i64 b,
+                                               int it0, int tid) {
   const AjParams& p = bp.fwd;
-  AJ_DYNAMIC_SHARED(aj_smem);
-  const AjBwdTmaShared sh = aj_bwdt_shared(aj_smem + ((1024 - aj_smem_addr(aj_smem) % 1024) % 1024));
   const bool single = bp.dq_acc != nullptr;
-  const AjKeyItem ki = bp.key_items[bp.key_item_base + aj_block_idx_x()];
-  const aj_i64 b = aj_batch_index();
-  if (b >= p.batch || aj_bwd_adds_nothing(bp, ki)) return;
-  const int tid = aj_thread_idx();
-
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < AJ_STAGES; ++s) {
-      aj_mbarrier_init(&sh.full[s], 1);
-      aj_mbarrier_init(&sh.empty[s], AJ_BWDT_CONSUMERS);
-    }
-  }
-  if (tid < AJ_BWDT_CONSUMERS) {  // K and V of the key tile, and the first entry's statistics
-    aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM, AJ_BWDT_CONSUMERS>(
-        sh.k, (const aj_elem*)p.k + b * p.k_batch_stride + ki.kv_head * p.k_head_stride, p.k_row_stride, ki.keys_start,
-        ki.keys_stride, ki.keys_count);
-    aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V, AJ_BWDT_CONSUMERS>(
-        sh.v, (const aj_elem*)p.v + b * p.v_batch_stride + ki.kv_head * p.v_head_stride, p.v_row_stride, ki.keys_start,
-        ki.keys_stride, ki.keys_count);
-    aj_cp_async_commit();
-    if (tid % 128 < AJ_TILE_Q && ki.entry_begin < ki.entry_end) {
-      const AjQueryEntry first = bp.query_entries[ki.entry_begin];
-      const float x = aj_bwdt_stat_finish(aj_bwdt_stat_load(bp, first, b, tid / 128, tid % 128), tid % 128 < first.rows_count,
-                                          tid / 128);
-      (tid < 128 ? sh.lse2(0) : sh.delta(0))[tid % 128] = x;
-    }
-    aj_cp_async_wait<0>();
-    aj_fence_proxy_async();  // K and V are read by wgmma (the async proxy) after the barrier
-  }
-  aj_syncthreads();  // K, V and the first statistics in place, the mbarriers initialised, for every thread
-
-  if (tid >= AJ_BWDT_CONSUMERS) {  // the producer warpgroup: its first thread issues every load
-    aj_setmaxnreg_dec<AJ_BWDT_PRODUCER_REGS>();
-    if (tid == AJ_BWDT_CONSUMERS) {
-      for (int e = ki.entry_begin, it = 0; e < ki.entry_end; ++e, ++it) {
-        const AjQueryEntry qe = bp.query_entries[e];
-        const int s = it % AJ_STAGES, use = it / AJ_STAGES;
-        // A stage's use u waits for the consumers' release of its use u - 1 (phase u - 1).
-        if (use > 0) aj_mbarrier_wait(&sh.empty[s], (aj_u32)((use - 1) & 1));
-        aj_mbarrier_arrive_expect_tx(&sh.full[s], AJ_BWDT_STAGE_BYTES);
-        aj_tma_rows<AJ_TILE_Q, AJ_HEAD_DIM, true>(maps, sh.q(s), &sh.full[s], qe.rows_start, qe.rows_stride, qe.head, (int)b);
-        aj_tma_rows<AJ_TILE_Q, AJ_HEAD_DIM_V, false>(maps, sh.dout(s), &sh.full[s], qe.rows_start, qe.rows_stride, qe.head,
-                                                     (int)b);
-      }
-    }
-    return;
-  }
-
-  aj_setmaxnreg_inc<AJ_BWDT_CONSUMER_REGS>();
   const int wg = aj_warp_uniform(tid / 128), warp = (tid / 32) % 4, lane = tid % 32;
   const int g = lane / 4, quad = lane % 4;
   const int kr0 = wg * 64 + warp * 16 + g, kr1 = kr0 + 8;  // this thread's key rows of the tile
@@ -187,7 +174,8 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
   AjQueryEntry qe_cur = {}, qe_next = {};  // the entries e and e + 1 (zeros past the item's)
   if (ki.entry_begin < ki.entry_end) qe_cur = bp.query_entries[ki.entry_begin];
   if (ki.entry_begin + 1 < ki.entry_end) qe_next = bp.query_entries[ki.entry_begin + 1];
-  for (int e = ki.entry_begin, it = 0; e < ki.entry_end; ++e, ++it) {
+  int it = it0;
+  for (int e = ki.entry_begin; e < ki.entry_end; ++e, ++it) {
     const int stage = it % AJ_STAGES, buf = it & 1;
     // This entry, loaded an entry ago, and the one after next, loaded now: a global load is first
     // used an entry after it was issued (the loop's only such loads).
@@ -263,6 +251,79 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
     qe_cur = qe_next;
     qe_next = qe_far;
   }
-  if (single && tid % 128 < AJ_TILE_Q) aj_bulk_wait<0>();  // every reduce this thread issued
   aj_bwd_dkdv_store(bp, ki, b, kr0, kr1, quad, dk, dv);
+  return it;
+}
+
+// Persistent blocks (AJ_PERSISTENT; RuntimeOptions::persistent_blocks, as the TMA forward's): the
+// launch has at most one block per SM, and each takes the units u = blockIdx.x, + gridDim.x, ... of
+// the launch's key items x batch entries (unit u: key item key_item_base + u / batch of batch entry
+// u % batch), a static scheduler over the plan's heaviest-first order within the launch's layer.
+// The producer walks the same units and runs on into the next item's query entries while the
+// consumers finish this one (its last products and dQ, dK and dV's stores, the next K and V),
+// where a block per item would drain its ring and start cold. Between items the consumers meet on
+// their own barrier twice: before K, V and the first statistics are overwritten (every wgmma on the
+// last item's K and V has been waited for) and after the new ones have landed.
+#define AJ_BWDT_ITEM_BARRIER 4  // the consumers' barriers 1 (dS) and 2, 3 (each warpgroup's dQ block)
+
+__device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, const AjTmaMaps& maps) {
+  AJ_DYNAMIC_SHARED(aj_smem);
+  const AjBwdTmaShared sh = aj_bwdt_shared(aj_smem + ((1024 - aj_smem_addr(aj_smem) % 1024) % 1024));
+#ifdef AJ_PERSISTENT
+  const aj_i64 first = (aj_i64)aj_block_idx_x(), step = (aj_i64)aj_grid_dim_x(), end = (aj_i64)bp.key_item_count * bp.batch;
+  if (first >= end) return;  // more blocks than work
+#else
+  const AjKeyItem ki = bp.key_items[bp.key_item_base + aj_block_idx_x()];
+  const aj_i64 b = aj_batch_index();
+  if (b >= bp.fwd.batch || aj_bwd_adds_nothing(bp, ki)) return;
+#endif
+  const int tid = aj_thread_idx();
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < AJ_STAGES; ++s) {
+      aj_mbarrier_init(&sh.full[s], 1);
+      aj_mbarrier_init(&sh.empty[s], AJ_BWDT_CONSUMERS);
+    }
+  }
+#ifndef AJ_PERSISTENT
+  if (tid < AJ_BWDT_CONSUMERS) aj_bwdt_load_item(bp, sh, ki, b, 0, tid);  // K, V and the first statistics
+#endif
+  aj_syncthreads();  // the mbarriers initialised (and K, V, the first statistics in place) for every thread
+
+  if (tid >= AJ_BWDT_CONSUMERS) {  // the producer warpgroup: its first thread issues every load
+    aj_setmaxnreg_dec<AJ_BWDT_PRODUCER_REGS>();
+    if (tid == AJ_BWDT_CONSUMERS) {
+#ifdef AJ_PERSISTENT
+      int it = 0;
+      for (aj_i64 u = first; u < end; u += step) {
+        const AjKeyItem ki = bp.key_items[bp.key_item_base + (int)(u / bp.batch)];
+        if (!aj_bwd_adds_nothing(bp, ki)) it = aj_bwdt_produce(maps, sh, bp, ki, u % bp.batch, it);
+      }
+#else
+      aj_bwdt_produce(maps, sh, bp, ki, b, 0);
+#endif
+    }
+    return;
+  }
+
+  aj_setmaxnreg_inc<AJ_BWDT_CONSUMER_REGS>();
+#ifdef AJ_PERSISTENT
+  // The unit counter in 32 bits and the bounds read again from the parameters and special registers
+  // at each item: at head dim 128 the loop state spilled 136 bytes with 64-bit counters held across
+  // the item, now one word (stored and loaded once per item, outside the entries' loop).
+  int it = 0;
+  for (aj_u32 u = aj_block_idx_x(); u < (aj_u32)bp.key_item_count * (aj_u32)bp.batch; u += aj_grid_dim_x()) {
+    const AjKeyItem ki = bp.key_items[bp.key_item_base + (int)(u / (aj_u32)bp.batch)];
+    const aj_i64 b = u % (aj_u32)bp.batch;
+    if (aj_bwd_adds_nothing(bp, ki)) continue;
+    aj_named_sync(AJ_BWDT_ITEM_BARRIER, AJ_BWDT_CONSUMERS);  // every consumer is done with the last item's K and V
+    aj_bwdt_load_item(bp, sh, ki, b, it & 1, tid);
+    aj_named_sync(AJ_BWDT_ITEM_BARRIER, AJ_BWDT_CONSUMERS);
+    it = aj_bwdt_consume(bp, sh, ki, b, it, tid);
+  }
+#else
+  aj_bwdt_consume(bp, sh, ki, b, 0, tid);
+#endif
+  if (bp.dq_acc != nullptr && tid % 128 < AJ_TILE_Q) aj_bulk_wait<0>();  // every reduce this thread issued
 }

@@ -118,6 +118,8 @@ typedef struct AjBwdParams {
                                           // launch share a key row: plain adds; 2 each key row is written by
                                           // one block of the one launch: stored into dk/dv (and _cvt then
                                           // converts dQ alone)
+  int key_item_count;                     // _dkdv: the launch's key items (a persistent launch's blocks
+                                          // take key_items[key_item_base ..] in turn)
 } AjBwdParams;
 
 /* ---- the paged forward (templates/fwd_paged.cuh): queries packed across requests, K and V in a
@@ -246,7 +248,7 @@ AJ_ABI_FIELD(AjQueryEntry, rows_count, 16);
 AJ_ABI_FIELD(AjQueryEntry, head, 20);
 AJ_ABI_FIELD(AjQueryEntry, branch, 24);
 AJ_ABI_FIELD(AjQueryEntry, full, 28);
-AJ_ABI_SIZE(AjBwdParams, 616);
+AJ_ABI_SIZE(AjBwdParams, 624);
 AJ_ABI_FIELD(AjBwdParams, fwd, 0);
 AJ_ABI_FIELD(AjBwdParams, dout, 368);
 AJ_ABI_FIELD(AjBwdParams, dq, 376);
@@ -282,6 +284,7 @@ AJ_ABI_FIELD(AjBwdParams, scale, 600);
 AJ_ABI_FIELD(AjBwdParams, num_key_items, 604);
 AJ_ABI_FIELD(AjBwdParams, key_item_base, 608);
 AJ_ABI_FIELD(AjBwdParams, plain_add, 612);
+AJ_ABI_FIELD(AjBwdParams, key_item_count, 616);
 AJ_ABI_SIZE(AjPagedParams, 528);
 AJ_ABI_FIELD(AjPagedParams, item_request, 368);
 AJ_ABI_FIELD(AjPagedParams, item_heads, 376);

@@ -229,7 +229,8 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   if (r.poly_exp2 && forward && k.path != KernelPath::Simt) os << "#define AJ_POLY_EXP2 4\n";
   // The forward of a pattern whose plans may be packed weighs its weighted keys (aj_tc_weigh).
   if (k.key_weights) os << "#define AJ_KEY_WEIGHTS 1\n";
-  if (k.persistent && forward) os << "#define AJ_PERSISTENT 1\n";  // fwd_sm90_tma.cuh's persistent blocks
+  // fwd_sm90_tma.cuh's and bwd_sm90_tma.cuh's persistent blocks
+  if (k.persistent) os << "#define AJ_PERSISTENT 1\n";
   if (k.path == KernelPath::Sm80 && !paged && !fp8_sm89(k.path, r)) {
     // Where the tensor-core forward keeps Q (both decided here, with the shared memory they take).
     os << "#define AJ_Q_IN_REGS " << q_in_registers(r, k.config) << "\n#define AJ_Q_OVER_KV "
@@ -534,6 +535,7 @@ BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest&
   const std::string predicate = generate_mask_predicate(p);
   k.has_mask = pattern_has_mask(p);
   k.seeks = kernel_seeks(p, r);
+  k.persistent = r.persistent && k.path == KernelPath::Sm90Tma && !k.seeks;  // bwd_sm90_tma.cuh's _dkdv
   const char* body;       // _dq's (and _dkdv's unless dkdv_body says otherwise)
   const char* dkdv_body = nullptr;
   std::vector<std::string> bodies;

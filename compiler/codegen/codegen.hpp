@@ -58,8 +58,9 @@ struct KernelRequest {
   // The forwards read a packed plan's key weights (AJ_KEY_WEIGHTS, where the pattern's plans can be
   // packed: branches_may_pack; RuntimeOptions::pack_branches). Off: they run Separate plans only.
   bool pack_branches = true;
-  // The Hopper TMA forward's persistent form (AJ_PERSISTENT: fewer blocks than work items, each
-  // taking items in turn; RuntimeOptions::persistent_blocks). Other paths ignore it.
+  // The Hopper TMA kernels' persistent form (AJ_PERSISTENT: fewer blocks than work items, each
+  // taking items in turn; RuntimeOptions::persistent_blocks): the forward, and the backward's
+  // _dkdv. Other paths ignore it.
   bool persistent = false;
   // The paged forward: the KV caches' dtype where it is not `dtype` (fp8_e4m3, scaled per kv head).
   std::optional<DType> kv_dtype;
@@ -101,7 +102,8 @@ struct KernelSource {
   bool seeks = false;         // carries the seek (kernel_seeks): runs plans that leave layouts to it
   bool key_weights = false;   // a forward that weighs a packed plan's keys (AJ_KEY_WEIGHTS): runs packed plans
   int tma_maps = 0;           // Sm90Tma: tensor maps per K and V (the kernel's second parameter, AjTmaMaps)
-  bool persistent = false;    // Sm90Tma forward without the seek: launched with at most one block per SM (AJ_PERSISTENT)
+  bool persistent = false;    // Sm90Tma without the seek: the forward (or the backward's _dkdv) launched with at most
+                              // one block per SM (AJ_PERSISTENT)
   std::string template_hash;  // of the templates it was rendered from
   std::string source_hash;    // sha256 of `source` (part of the cache key)
 };

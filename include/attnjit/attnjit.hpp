@@ -170,11 +170,11 @@ struct RuntimeOptions {
   // the weights. The same softmax either way; `attnjit dump SPEC --stage plan --pack-branches`
   // shows what is left out.
   bool pack_branches = true;
-  // On the Hopper path (sm_90a): the forward's TMA kernel in its persistent form, launched with at
-  // most this many blocks, each taking work items in turn (heaviest first) while its producer runs
-  // on into the next item's keys. -1: one block per SM (the emu device stands for a GPU of
-  // 4 SMs); 0: one block per work item, as the other kernels. Also the
-  // ATTNJIT_PERSISTENT=1 knob (-1). Off by default until a GPU has measured it.
+  // On the Hopper path (sm_90a): the TMA kernels in their persistent form (the forward, and the
+  // backward's dK/dV kernel), launched with at most this many blocks, each taking work items in turn
+  // (heaviest first) while its producer runs on into the next item's loads. -1: one block per SM
+  // (the emu device stands for a GPU of 4 SMs); 0: one block per work item, as the other kernels.
+  // Also the ATTNJIT_PERSISTENT=1 knob (-1). Off by default until a GPU has measured it.
   int persistent_blocks = 0;
   // Kernels are rendered from these templates instead of the embedded ones (tests render
   // deliberately broken kernels this way; a changed template changes the kernel's cache key).

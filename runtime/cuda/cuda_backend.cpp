@@ -305,21 +305,25 @@ public:
     if (sink) bp.dq = bp.dk = bp.dv = nullptr;  // nothing is stored in the storage type
     bp.fwd.dyn_errors = nullptr;  // the forward counted the table's problems
     void* args[] = {&bp, &maps};  // only the TMA kernel's _dkdv takes the second
-    auto run = [&](const std::string& kernel, uint64_t gx, int64_t batch, int threads, int shared_bytes) {
-      if (gx == 0) return;
-      const BatchGrid b = batch_grid(batch);
-      launch(module.function(kernel), static_cast<unsigned>(gx), b.y, b.z, static_cast<unsigned>(threads),
-             static_cast<unsigned>(shared_bytes), stream, args,
-             kernel + " grid=(" + std::to_string(gx) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
+    auto run_at = [&](const std::string& kernel, const LaunchGrid& g, int threads, int shared_bytes) {
+      launch(module.function(kernel), g.x, g.y, g.z, static_cast<unsigned>(threads), static_cast<unsigned>(shared_bytes), stream,
+             args,
+             kernel + " grid=(" + std::to_string(g.x) + "," + std::to_string(g.y) + "," + std::to_string(g.z) +
                  ") block=" + std::to_string(threads));
+    };
+    auto run = [&](const std::string& kernel, uint64_t gx, int64_t batch, int threads, int shared_bytes) {
+      if (gx != 0) run_at(kernel, item_grid(static_cast<int64_t>(gx), batch, false, 0, 0), threads, shared_bytes);
     };
     run(kk.pre, g.pre, pb.batch, kk.aux_threads, 0);
     if (sink && !g.single_pass) bp.dq_acc = dq_all;  // _dq adds into the caller's accumulator
     run(kk.dq, g.dq, pb.batch, kk.dq_threads, kk.dq_shared_bytes);
     bp.dq_acc = dq_acc;
     for (const DkdvLaunch& d : g.dkdv) {  // the launch copies the arguments: bp may change after it
-      bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add;
-      run(kk.dkdv, d.blocks, pb.batch, kk.dkdv_threads, kk.dkdv_shared_bytes);
+      if (d.blocks == 0) continue;
+      bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add, bp.key_item_count = static_cast<int32_t>(d.blocks);
+      // A persistent _dkdv's block fills an SM (its shared memory): one per SM at most.
+      run_at(kk.dkdv, item_grid(static_cast<int64_t>(d.blocks), pb.batch, kk.source.persistent, persistent_blocks_, sm_count_),
+             kk.dkdv_threads, kk.dkdv_shared_bytes);
     }
     bp.plain_add = g.direct_dkdv ? 2 : 0;  // _cvt: with dK, dV stored, dQ alone
     run(kk.cvt, g.cvt, 1, kk.aux_threads, 0);
@@ -358,7 +362,7 @@ public:
     }
     void* args[] = {&kp, &maps};  // the cp.async kernels take only the first
     // A persistent kernel's block fills an SM (its shared memory): one per SM at most.
-    const LaunchGrid g = forward_grid(launched, problem_.batch, source->persistent, persistent_blocks_, sm_count_);
+    const LaunchGrid g = item_grid(launched, problem_.batch, source->persistent, persistent_blocks_, sm_count_);
     launch(function, g.x, g.y, g.z, static_cast<unsigned>(source->threads), static_cast<unsigned>(source->shared_bytes), stream,
            args,
            source->name + " grid=(" + std::to_string(g.x) + "," + std::to_string(g.y) + "," + std::to_string(g.z) +

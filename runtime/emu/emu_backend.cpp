@@ -213,7 +213,7 @@ public:
     }
     void* args[] = {&kp, &maps};  // the cp.async kernels take only the first
     emu::LaunchRequest r;
-    const LaunchGrid g = forward_grid(launched, problem_.batch, source->persistent, persistent_blocks_, kEmuPersistentSms);
+    const LaunchGrid g = item_grid(launched, problem_.batch, source->persistent, persistent_blocks_, kEmuPersistentSms);
     r.grid[0] = g.x, r.grid[1] = g.y, r.grid[2] = g.z;
     r.block_threads = static_cast<unsigned>(source->threads);
     r.dynamic_shared = static_cast<size_t>(source->shared_bytes);
@@ -307,26 +307,30 @@ public:
     const BackwardKernels& kk = *kernels;
     const emu::EmuModule& module = backward_module(kernels == &bwd_ ? 0 : 1, kk);
     void* args[] = {&bp, &maps};  // only the TMA kernel's _dkdv takes the second
-    auto launch = [&](const std::string& kernel, uint64_t grid_x, int64_t batch, int threads, int shared_bytes) {
-      if (grid_x == 0) return;
+    auto launch_at = [&](const std::string& kernel, const LaunchGrid& grid, int threads, int shared_bytes) {
       emu::LaunchRequest r;
       r.kernel = kernel;
-      r.grid[0] = static_cast<unsigned>(grid_x);
-      r.grid[1] = batch_grid(batch).y;
-      r.grid[2] = batch_grid(batch).z;
+      r.grid[0] = grid.x;
+      r.grid[1] = grid.y;
+      r.grid[2] = grid.z;
       r.block_threads = static_cast<unsigned>(threads);
       r.dynamic_shared = static_cast<size_t>(shared_bytes);
       r.args = args;
       r.buffers = img.buffers();
       module.launch(r);
     };
+    auto launch = [&](const std::string& kernel, uint64_t grid_x, int64_t batch, int threads, int shared_bytes) {
+      if (grid_x != 0) launch_at(kernel, item_grid(static_cast<int64_t>(grid_x), batch, false, 0, 0), threads, shared_bytes);
+    };
     launch(kk.pre, g.pre, pb.batch, kk.aux_threads, 0);
     if (sink && !g.single_pass) bp.dq_acc = static_cast<float*>(img.at(idqa));  // _dq adds into it
     launch(kk.dq, g.dq, pb.batch, kk.dq_threads, kk.dq_shared_bytes);
     bp.dq_acc = bt.dq_acc;
     for (const DkdvLaunch& d : g.dkdv) {
-      bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add;
-      launch(kk.dkdv, d.blocks, pb.batch, kk.dkdv_threads, kk.dkdv_shared_bytes);
+      if (d.blocks == 0) continue;
+      bp.key_item_base = d.key_item_base, bp.plain_add = d.plain_add, bp.key_item_count = static_cast<int32_t>(d.blocks);
+      launch_at(kk.dkdv, item_grid(static_cast<int64_t>(d.blocks), pb.batch, kk.source.persistent, persistent_blocks_, kEmuPersistentSms),
+                kk.dkdv_threads, kk.dkdv_shared_bytes);
     }
     bp.plain_add = g.direct_dkdv ? 2 : 0;  // _cvt: with dK, dV stored, dQ alone
     launch(kk.cvt, g.cvt, 1, kk.aux_threads, 0);  // covers every batch itself

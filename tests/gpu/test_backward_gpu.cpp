@@ -81,6 +81,20 @@ TEST_CASE("backward: a small subset for compute-sanitizer", "[gpu][grad][sanitiz
       CHECK(check_backward(hopper_cp_async, p, s, DType::BF16, nullptr, 800 + n++) == "");
     }
   }
+  // The persistent TMA _dkdv (three blocks taking the key items in turn), single pass and
+  // deterministic, on two examples: its ring across items and its consumers' item barriers.
+  ro.tma = true;
+  ro.persistent_blocks = 3;
+  Runtime persistent(ro);
+  int persistent_cases = 0;
+  for (const auto& [file, p] : example_patterns()) {
+    if (persistent_cases++ == 2) break;
+    Shape s;
+    s.batch = 2, s.seq_q = s.seq_k = 200, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 64;
+    INFO("persistent wgmma backward: " << file);
+    CHECK(check_backward(persistent, p, s, DType::BF16, nullptr, 850 + n, n % 2 == 1) == "");
+    ++n;
+  }
 }
 
 TEST_CASE("backward: Pascal's kernels (sm_61: SIMT, fp32 arithmetic on fp16/bf16) match the reference gradients",
@@ -354,6 +368,47 @@ TEST_CASE("backward: the sm_90a wgmma dK/dV kernels match the reference gradient
       INFO("causal with empty rows, non-finite " << what << (deterministic ? ", deterministic" : ""));
       CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 95, deterministic, nullptr, false, false, false, pokes) == "");
     }
+  }
+}
+
+// Persistent _dkdv blocks (RuntimeOptions::persistent_blocks): the Hopper TMA backward launched with
+// fewer blocks than units (a launch's key items x batch entries), each block taking units in turn,
+// its producer running on into the next item's query entries while the consumers finish the last.
+// Every example at head dims 64 and 128; one block (every unit in it), two, three and one per SM
+// (the emu device's 4); a batch of 2 (units interleave the batch entries); the single pass, the
+// deterministic mode (one launch per layer of disjoint key tiles) and one causal branch (dK and dV
+// stored, items without query entries included: the keys that no row attends). On a GPU without
+// the Hopper kernels the option must change nothing, which the same cases check.
+TEST_CASE("backward: persistent dK/dV blocks give the reference gradients on every example", "[gpu][emu][grad][persistent]") {
+  if (on_gpu()) shared_context(0).make_current();
+  int n = 0;
+  auto runtime = [&](int blocks) {
+    RuntimeOptions ro;
+    ro.device = gputest::target() == gputest::Target::Emu ? Device::emu(90, true) : device_under_test();
+    ro.wgmma_backward = true;
+    ro.persistent_blocks = blocks;
+    return Runtime(ro);
+  };
+  for (const auto& [file, p] : example_patterns()) {
+    for (const int64_t d : {int64_t(64), int64_t(128)}) {
+      const int blocks = std::vector<int>{1, 2, 3, -1}[size_t(n % 4)];
+      const bool deterministic = n % 3 == 1;
+      Runtime rt = runtime(blocks);
+      Shape s;
+      s.batch = 2, s.seq_q = s.seq_k = on_gpu() ? 777 : 150, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = d;
+      INFO(file << " head_dim " << d << ", " << blocks << " persistent blocks" << (deterministic ? ", deterministic" : ""));
+      CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 9300 + n, deterministic, nullptr, false, false, false, {}, true) == "");
+      ++n;
+    }
+  }
+  const Pattern causal = PatternBuilder().branch(BranchSpec().full().causal()).build();
+  Shape s;
+  s.batch = 2, s.seq_q = s.seq_k = 300, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 64;
+  s.k_offset = 100;  // the last 100 keys are attended by no row
+  for (const int blocks : {2, 3}) {
+    Runtime rt = runtime(blocks);
+    INFO("one causal branch, dK and dV stored, " << blocks << " persistent blocks");
+    CHECK(check_backward(rt, causal, s, DType::BF16, nullptr, 9390 + blocks) == "");
   }
 }
 

@@ -385,7 +385,7 @@ const Mutation kMutations[] = {
      "      s[j][x] = masked ? 0.0f : pr * (f * dp[j][x] - delta[col]);", "      s[j][x] = pr * (f * dp[j][x] - delta[col]);",
      DType::BF16, true, false, 64, true, true, false, false, false, false, KernelConfig{}, true},
     {"sm_90a TMA backward: the producer refills a stage without waiting for its release", "bwd_sm90_tma.cuh",
-     "        if (use > 0) aj_mbarrier_wait(&sh.empty[s], (aj_u32)((use - 1) & 1));", "", DType::BF16, true, false, 64, true},
+     "    if (use > 0) aj_mbarrier_wait(&sh.empty[s], (aj_u32)((use - 1) & 1));", "", DType::BF16, true, false, 64, true},
     {"sm_90a TMA backward: the second warpgroup takes the first one's key rows", "bwd_sm90_tma.cuh",
      "const int kr0 = wg * 64 + warp * 16 + g", "const int kr0 = warp * 16 + g", DType::BF16, true, false, 64, true},
     {"sm_90a TMA backward: the second warpgroup's S^T and dP^T read the first one's K and V rows", "bwd_sm90_tma.cuh",
@@ -420,6 +420,20 @@ const Mutation kMutations[] = {
      "*(aj_f32x2*)(row + n * 8 + 2) =", DType::BF16, true, false, 128, true},
     {"sm_90a TMA backward: bulk reduces of the rows past the entry's count", "bwd_sm90_tma.cuh", "      if (lt < qe.rows_count) {",
      "      if (lt < AJ_TILE_Q) {", DType::BF16, true, false, 64, true},
+    {"persistent TMA backward: the consumers' entry count restarting at each item", "bwd_sm90_tma.cuh",
+     "    it = aj_bwdt_consume(bp, sh, ki, b, it, tid);", "    aj_bwdt_consume(bp, sh, ki, b, 0, tid);", DType::BF16, true, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 1},
+    {"persistent TMA backward: the producer's entry count restarting at each item", "bwd_sm90_tma.cuh",
+     "it = aj_bwdt_produce(maps, sh, bp, ki, u % bp.batch, it);", "aj_bwdt_produce(maps, sh, bp, ki, u % bp.batch, 0);", DType::BF16, true, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 1},
+    {"persistent TMA backward: K and V overwritten before every consumer is done with the last item's", "bwd_sm90_tma.cuh",
+     "    aj_named_sync(AJ_BWDT_ITEM_BARRIER, AJ_BWDT_CONSUMERS);  // every consumer is done", "    // every consumer is done", DType::BF16, true, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 1},
+    {"persistent TMA backward: an item's K and V read before every consumer's copies have landed", "bwd_sm90_tma.cuh",
+     "    aj_bwdt_load_item(bp, sh, ki, b, it & 1, tid);\n    aj_named_sync(AJ_BWDT_ITEM_BARRIER, AJ_BWDT_CONSUMERS);\n",
+     "    aj_bwdt_load_item(bp, sh, ki, b, it & 1, tid);\n", DType::BF16, true, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 1},
+    {"persistent TMA backward: an item's first statistics in the first buffer whatever the entry count", "bwd_sm90_tma.cuh",
+     "aj_bwdt_load_item(bp, sh, ki, b, it & 1, tid);", "aj_bwdt_load_item(bp, sh, ki, b, 0, tid);", DType::BF16, true, false, 64, true, true, false, false, false, true, KernelConfig{}, false, false, 0, false, false, false, false, 1},
+    {"persistent TMA backward: every block's units stepped by twice the grid", "bwd_sm90_tma.cuh",
+     "for (aj_i64 u = first; u < end; u += step) {\n        const AjKeyItem ki", "for (aj_i64 u = first; u < end; u += 2 * step) {\n        const AjKeyItem ki",
+     DType::BF16, true, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 1},
     {"sm_90a dQ kernel: warpgroup 1's sums not added to warpgroup 0's", "bwd_sm90_dq.cuh", "dq[j][e] += part[",
      "dq[j][e] += 0.0f * part[", DType::BF16, true, true, 64, true, true},
     {"sm_90a dQ kernel: warpgroup 1's sums read before the barrier after their stores", "bwd_sm90_dq.cuh",
@@ -444,7 +458,7 @@ const Mutation kMutations[] = {
      "    aj_fence_proxy_async();  // the copies this thread waited for", "    // the copies this thread waited for", DType::BF16, true,
      true, 64, true, true},
     {"sm_90a TMA backward: threads exit with their last bulk reduce not waited for", "bwd_sm90_tma.cuh",
-     "  if (single && tid % 128 < AJ_TILE_Q) aj_bulk_wait<0>();", "", DType::BF16, true, false, 64, true},
+     "  if (bp.dq_acc != nullptr && tid % 128 < AJ_TILE_Q) aj_bulk_wait<0>();", "", DType::BF16, true, false, 64, true},
     {"backward: _cvt converts the untouched fp32 workspaces over the dK and dV _dkdv stored", "bwd_common.cuh",
      " + (bp.plain_add == 2 ? n_dk + rows * AJ_HEAD_DIM_V : 0);", ";", DType::BF16, true, false, 64, false, true, false, false, false,
      false, KernelConfig{}, false, false, 0, true},
@@ -781,6 +795,16 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
                      false, 0, false, false, false, false, 2) == "");
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, false, {}, false, false, 0, true, false,
                      false, false, 1) == "");  // causal: items whose three warpgroups all read Q
+  // Persistent blocks in the TMA backward: one block for every key item, two (single pass), two in
+  // the deterministic mode (a launch per layer).
+  for (const auto& [blocks, deterministic] : {std::pair<int, bool>{1, false}, {2, false}, {2, true}}) {
+    INFO("sm_90a TMA backward, " << blocks << " persistent blocks" << (deterministic ? ", deterministic" : ""));
+    CHECK(check_kernel(embedded, DType::BF16, true, deterministic, 64, true, true, false, false, false, false, {}, false, false, 0, false,
+                       false, false, false, blocks) == "");
+  }
+  // ... and one block over the folded strides' key items (their query entries: odd counts too).
+  CHECK(check_kernel(embedded, DType::BF16, true, false, 64, true, true, false, false, false, true, {}, false, false, 0, false, false, false,
+                     false, 1) == "");
   // 192-row tiles: three consumer warpgroups in the TMA kernel, twelve warps in the cp.async one.
   for (bool tma : {true, false}) {
     INFO("sm_90a, 192x128, " << (tma ? "TMA" : "cp.async"));

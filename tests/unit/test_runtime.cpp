@@ -539,7 +539,7 @@ TEST_CASE("a device dynamic table: the answer of its sanitised host table, probl
 // is not 0.
 TEST_CASE("persistent blocks: the grid a launch takes, and the kernel request", "[runtime]") {
   auto x = [](int64_t items, int64_t batch, int blocks, int64_t sms) {
-    const LaunchGrid g = forward_grid(items, batch, true, blocks, sms);
+    const LaunchGrid g = item_grid(items, batch, true, blocks, sms);
     CHECK(g.y == 1);
     CHECK(g.z == 1);
     return int64_t{g.x};
@@ -550,7 +550,7 @@ TEST_CASE("persistent blocks: the grid a launch takes, and the kernel request", 
   CHECK(x(100, 1, 3, 132) == 3);
   CHECK(x(100, 1, 500, 132) == 100);
   CHECK(x(0, 1, -1, 132) == 1);
-  const LaunchGrid plain = forward_grid(100, 70000, false, -1, 132);
+  const LaunchGrid plain = item_grid(100, 70000, false, -1, 132);
   CHECK(plain.x == 100);
   CHECK(plain.y == batch_grid(70000).y);
   CHECK(plain.z == batch_grid(70000).z);
