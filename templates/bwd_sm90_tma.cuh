@@ -309,9 +309,11 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm90_tma(const AjBwdParams& bp, cons
 
   aj_setmaxnreg_inc<AJ_BWDT_CONSUMER_REGS>();
 #ifdef AJ_PERSISTENT
-  // The unit counter in 32 bits and the bounds read again from the parameters and special registers
-  // at each item: at head dim 128 the loop state spilled 136 bytes with 64-bit counters held across
-  // the item, now one word (stored and loaded once per item, outside the entries' loop).
+  // The unit counter in 32 bits (the launch refuses more than 2^31 - 1 units: item_grid; the
+  // producer's 64-bit count therefore walks the same units) and the bounds read again from the
+  // parameters and special registers at each item: at head dim 128 the loop state spilled 136 bytes
+  // with 64-bit counters held across the item, now one word (stored and loaded once per item,
+  // outside the entries' loop).
   int it = 0;
   for (aj_u32 u = aj_block_idx_x(); u < (aj_u32)bp.key_item_count * (aj_u32)bp.batch; u += aj_grid_dim_x()) {
     const AjKeyItem ki = bp.key_items[bp.key_item_base + (int)(u / (aj_u32)bp.batch)];

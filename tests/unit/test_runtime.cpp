@@ -550,6 +550,9 @@ TEST_CASE("persistent blocks: the grid a launch takes, and the kernel request", 
   CHECK(x(100, 1, 3, 132) == 3);
   CHECK(x(100, 1, 500, 132) == 100);
   CHECK(x(0, 1, -1, 132) == 1);
+  CHECK(x(int64_t{1} << 20, (int64_t{1} << 11) - 1, -1, 132) == 132);  // under 2^31 units
+  CHECK_THROWS_WITH(item_grid(int64_t{1} << 20, int64_t{1} << 11, true, -1, 132),  // 2^31: one more than fits
+                    Catch::Contains("RuntimeOptions.persistent_blocks") && Catch::Contains("more than 2^31 - 1"));
   const LaunchGrid plain = item_grid(100, 70000, false, -1, 132);
   CHECK(plain.x == 100);
   CHECK(plain.y == batch_grid(70000).y);
