@@ -224,7 +224,7 @@ LaunchGrid item_grid(int64_t items, int64_t batch, bool persistent, int persiste
     return {static_cast<unsigned>(items), b.y, b.z};
   }
   const int64_t units = items * batch, most = persistent_blocks < 0 ? sms : int64_t{persistent_blocks};
-  if (units > int64_t{INT32_MAX}) {  // the kernels count units in 32 bits
+  if (units > int64_t{INT32_MAX}) {  // the persistent backward's consumers count units in 32 bits
     throw UserError("RuntimeOptions.persistent_blocks",
                     "a persistent launch holds " + std::to_string(units) + " work units (items x batch entries), more than 2^31 - 1; "
                     "set persistent_blocks to 0 (ATTNJIT_PERSISTENT=0) for this call, or split the batch");

@@ -117,7 +117,7 @@ BatchGrid batch_grid(int64_t batch);
 // block per item in x and the batch in y and z; for a persistent kernel (KernelSource::persistent:
 // blocks take the items x batch entries in turn) at most `persistent_blocks` blocks in x (-1: one
 // per SM of `sms`), never more than those units, never none; UserError past 2^31 - 1 units (the
-// persistent kernels count them in 32 bits).
+// persistent backward's consumers count them in 32 bits).
 struct LaunchGrid {
   unsigned x = 1, y = 1, z = 1;
 };

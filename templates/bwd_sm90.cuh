@@ -11,8 +11,8 @@
 // Every shared tile has fwd_sm90.cuh's 128-byte-swizzle layout (64-element column blocks); each
 // group of wgmmas is waited for. This is the cp.async form (RuntimeOptions::tma off); the TMA form
 // with a producer and two consumer warpgroups (bwd_sm90_tma.cuh) shares its sub-block body
-// (aj_bwd90_sub_block) and its exact dQ sum. The two-pass form (deterministic) keeps
-// bwd_sm80.cuh's _dq, and this kernel then skips dQ.
+// (aj_bwd90_sub_block) and its exact dQ sum. The two-pass form (deterministic) runs
+// bwd_sm90_dq.cuh's _dq, and this kernel then skips dQ.
 
 #if !defined(AJ_BWD_PRODUCER) && (AJ_TILE_K != 64 || AJ_TILE_Q != 64)
 #error "the sm_90a backward needs 64 x 64 tiles"

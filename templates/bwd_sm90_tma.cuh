@@ -32,9 +32,9 @@
 // that stride (runtime/cuda/tma_maps.hpp, as the forward's key rows). Rows past the entry's count
 // read their true values (zero past the tensor's end): their LSE is +inf, so P = dS = 0 there, and a
 // non-finite value among them reaches dK or dV only as 0 * NaN, which the exact key-row path
-// (aj_bwd_dkdv_store) sums again. K and V are loaded once per block by the consumers with cp.async
-// (zero past the key count). The two-pass form (deterministic) runs this kernel without dQ and
-// bwd_sm80.cuh's _dq at the same 64 x 128 tiles.
+// (aj_bwd_dkdv_store) sums again. K and V are loaded once per key item by the consumers with
+// cp.async (zero past the key count). The two-pass form (deterministic) runs this kernel without
+// dQ and bwd_sm90_dq.cuh's _dq at the same 64 x 128 tiles.
 
 #if AJ_TILE_K != 128 || AJ_TILE_Q != 64
 #error "the TMA backward runs 64-query x 128-key tiles"

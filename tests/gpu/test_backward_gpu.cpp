@@ -309,7 +309,7 @@ TEST_CASE("backward: a NaN or inf in Q or K or dO reaches only the gradients the
 // cp.async one (templates/bwd_sm90.cuh, RuntimeOptions::tma off), emulated as sm_90a, or on a GPU
 // of compute capability 9.0 (other GPUs run the sm_80 kernels for the same options, and the case
 // says so). Every example pattern, fp16 and bf16, head dims 64 and 128, the single pass and the
-// two-pass form (its dQ from bwd_sm80.cuh's _dq), rows that attend nothing, and non-finite inputs
+// two-pass form (its dQ from bwd_sm90_dq.cuh's _dq), rows that attend nothing, and non-finite inputs
 // at masked pairs.
 TEST_CASE("backward: the sm_90a wgmma dK/dV kernels match the reference gradients", "[gpu][emu][grad][sm90a]") {
   if (on_gpu()) shared_context(0).make_current();
