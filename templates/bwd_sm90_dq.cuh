@@ -51,9 +51,15 @@ __device__ __forceinline__ void aj_bwd_dq_sm90(const AjBwdParams& bp) {
   const int wg = aj_warp_uniform(tid / 128), warp = (tid / 32) % 4, lane = tid % 32;
   const int g = lane / 4, quad = lane % 4;
   const int kvh = item.head / p.heads_per_kv;
-  auto load_tile = [&](int stage, const AjTile& t) {  // K and V of a tile (the forward's loads)
-    aj_sm90_load<true, AJ_BWDQ_THREADS>(p, sh, stage, t, b, kvh);
-    aj_sm90_load<false, AJ_BWDQ_THREADS>(p, sh, stage, t, b, kvh);
+  const aj_elem* const kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
+  const aj_elem* const vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
+  // K and V of a tile: fwd_sm90.cuh's aj_sm90_load with the bases hoisted out of the loop (calling
+  // it, which forms them per tile, spilled 32 bytes at head dim 128 in the codegen test's kernel).
+  auto load_tile = [&](int stage, const AjTile& t) {
+    aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM, AJ_BWDQ_THREADS>(sh.k + stage * AJ_SM90_K_STAGE, kb, p.k_row_stride, t.first,
+                                                               t.stride, t.count);
+    aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V, AJ_BWDQ_THREADS>(sh.v + stage * AJ_SM90_V_STAGE, vb, p.v_row_stride, t.first,
+                                                                 t.stride, t.count);
   };
 
   // Q and dO of the tile (one cp.async group), then the first AJ_STAGES - 1 key tiles, a group each.

@@ -61,19 +61,16 @@ struct AjSm90Shared {
 #define AJ_SM90_V_STAGE (AJ_HEAD_DIM_V * AJ_TILE_K * 2)
 #define AJ_SM90_AHEAD (2 * (AJ_STAGES - 1))  // cp.async groups committed after the ones a tile waits for
 
-// K (or V) rows of tile `t` into stage `stage` of its ring, copied by THREADS threads (the block's;
-// the backward's dQ kernel, bwd_sm90_dq.cuh, has its own count).
-template <bool IS_K, int THREADS = AJ_THREADS>
+// K (or V) rows of tile `t` into stage `stage` of its ring.
+template <bool IS_K>
 __device__ __forceinline__ void aj_sm90_load(const AjParams& p, const AjSm90Shared& sh, int stage, const AjTile& t, aj_i64 b,
                                              int kvh) {
   if (IS_K) {
     const aj_elem* kb = (const aj_elem*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
-    aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM, THREADS>(sh.k + stage * AJ_SM90_K_STAGE, kb, p.k_row_stride, t.first, t.stride,
-                                                       t.count);
+    aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM>(sh.k + stage * AJ_SM90_K_STAGE, kb, p.k_row_stride, t.first, t.stride, t.count);
   } else {
     const aj_elem* vb = (const aj_elem*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
-    aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V, THREADS>(sh.v + stage * AJ_SM90_V_STAGE, vb, p.v_row_stride, t.first, t.stride,
-                                                         t.count);
+    aj_sm90_load_rows<AJ_TILE_K, AJ_HEAD_DIM_V>(sh.v + stage * AJ_SM90_V_STAGE, vb, p.v_row_stride, t.first, t.stride, t.count);
   }
 }
 
