@@ -116,8 +116,8 @@ __device__ __forceinline__ int aj_bwdt_produce(const AjTmaMaps& maps, const AjBw
     // A stage's use u waits for the consumers' release of its use u - 1 (phase u - 1).
     if (use > 0) aj_mbarrier_wait(&sh.empty[s], (aj_u32)((use - 1) & 1));
     aj_mbarrier_arrive_expect_tx(&sh.full[s], AJ_BWDT_STAGE_BYTES);
-    aj_tma_rows<AJ_TILE_Q, AJ_HEAD_DIM, true>(maps, sh.q(s), &sh.full[s], qe.rows_start, qe.rows_stride, qe.head, (int)b);
-    aj_tma_rows<AJ_TILE_Q, AJ_HEAD_DIM_V, false>(maps, sh.dout(s), &sh.full[s], qe.rows_start, qe.rows_stride, qe.head, (int)b);
+    aj_tma_rows<AJ_TILE_Q, AJ_HEAD_DIM, AJ_MAPS_K>(maps, sh.q(s), &sh.full[s], qe.rows_start, qe.rows_stride, qe.head, (int)b);
+    aj_tma_rows<AJ_TILE_Q, AJ_HEAD_DIM_V, AJ_MAPS_V>(maps, sh.dout(s), &sh.full[s], qe.rows_start, qe.rows_stride, qe.head, (int)b);
   }
   return it;
 }

@@ -17,9 +17,14 @@
 // Rows past the tensor's end read zero; rows past the span's count read their true values and
 // are masked.
 //
-// Q is loaded once per item by the consumers with cp.async, before the block's only barrier (which
-// also makes the mbarriers' init visible); the epilogue is fwd_sm80.cuh's. Persistent blocks
-// (AJ_PERSISTENT, below) take several items each, the rings running on from one to the next.
+// The producer loads Q too, first of an item's tiles, by TMA through maps per query-row stride
+// (the items' rows first + i * stride, i < AJ_TILE_Q, the same rules as the keys'), into one of
+// AJ_Q_BUFFERS buffers: its "full" mbarrier completes when Q has landed, and the consumers arrive
+// on its "empty" one once the item's last wgmma has been waited for. Rows past the item's count
+// read their true values (past the tensor's end, zero): a row of the forward is computed from its
+// own Q row alone, and the epilogue stores only the item's rows. The epilogue is fwd_sm80.cuh's.
+// Persistent blocks (AJ_PERSISTENT, below) take several items each, the rings running on from one
+// to the next, and with two Q buffers the next item's Q lands while this item's loop runs.
 //
 // Two or three consumer warpgroups take turns at the tensor cores (FlashAttention-3's ping-pong):
 // each issues a step's wgmmas only after the one before it has issued its own (named barrier
@@ -60,15 +65,25 @@
 #error "setmaxnreg: the consumer warpgroups take more registers than the launch and the producer leave"
 #endif
 
-// The forward's K and V maps, one pair per key stride of the plan; the backward's TMA kernel
-// (bwd_sm90_tma.cuh) holds Q's maps in k and dO's in v, one pair per query stride.
-struct AjTmaMaps {
-  aj_tensor_map k[AJ_TMA_MAPS];
-  aj_tensor_map v[AJ_TMA_MAPS];
-  aj_i64 stride[AJ_TMA_MAPS];  // the row stride each pair of maps serves (0: unused)
+// How a set of maps reads rows, map by map.
+struct AjTmaRows {
+  aj_i64 stride[AJ_TMA_MAPS];  // the row stride the map serves (0: unused)
   int rows[AJ_TMA_MAPS];       // dilated rows per box
   int fold[AJ_TMA_MAPS];       // 0: the plain rows (stride <= 8); else the rows folded by it
 };
+// The forward's K and V maps, one pair per key stride of the plan, and its Q maps, one per query-row
+// stride of the plan's items; the backward's TMA kernel (bwd_sm90_tma.cuh) holds Q's maps in k and
+// dO's in v, one pair per query stride, and no q.
+struct AjTmaMaps {
+  aj_tensor_map k[AJ_TMA_MAPS];
+  aj_tensor_map v[AJ_TMA_MAPS];
+  AjTmaRows kv;
+  aj_tensor_map q[AJ_TMA_MAPS];
+  AjTmaRows qr;
+};
+#define AJ_MAPS_K 0  // which of a AjTmaMaps' sets aj_tma_rows reads through
+#define AJ_MAPS_V 1
+#define AJ_MAPS_Q 2
 
 // The TMA kernel's step hooks: turns between the consumer warpgroups (with one, none), the stages'
 // releases, and the consumers' walk through the plan a tile ahead: once a step's wgmmas are issued,
@@ -111,18 +126,19 @@ struct AjSm90TmaHooks {
 };
 
 // ROWS dilated rows (first + i * stride) of one head of a [B, S, H, D] tensor into a swizzled
-// [D / 64][ROWS][128 B] tile at `dst`, through the map of that stride (the first tensor's maps, K
-// or the backward's Q, when FIRST; else the second's, V or dO): a box per 64-column block and
-// `rows` rows, all completing on `bar`.
-template <int ROWS, int D, bool FIRST>
+// [D / 64][ROWS][128 B] tile at `dst`, through the map of that stride in set SET (AJ_MAPS_K: K, or
+// the backward's Q; AJ_MAPS_V: V, or dO; AJ_MAPS_Q: the forward's Q): a box per 64-column block
+// and `rows` rows, all completing on `bar`.
+template <int ROWS, int D, int SET>
 __device__ __forceinline__ void aj_tma_rows(const AjTmaMaps& maps, unsigned char* dst, aj_u64* bar, aj_i64 first, aj_i64 stride,
                                             int head, int b) {
+  const AjTmaRows& table = SET == AJ_MAPS_Q ? maps.qr : maps.kv;
   int mi = 0;
 #pragma unroll
   for (int i = 1; i < AJ_TMA_MAPS; ++i)
-    if (maps.stride[i] == stride) mi = i;
-  const aj_tensor_map& map = FIRST ? maps.k[mi] : maps.v[mi];
-  const int rows = maps.rows[mi], fold = maps.fold[mi];
+    if (table.stride[i] == stride) mi = i;
+  const aj_tensor_map& map = SET == AJ_MAPS_K ? maps.k[mi] : SET == AJ_MAPS_V ? maps.v[mi] : maps.q[mi];
+  const int rows = table.rows[mi], fold = table.fold[mi];
   constexpr int BLOCKS = D / AJ_COLS;
   if (fold == 0) {
 #pragma unroll
@@ -142,23 +158,30 @@ __device__ __forceinline__ void aj_tma_rows(const AjTmaMaps& maps, unsigned char
 template <bool IS_K>
 __device__ __forceinline__ void aj_sm90_tma_tile(const AjTmaMaps& maps, unsigned char* dst, aj_u64* bar, const AjTile& t, int kvh,
                                                  int b) {
-  aj_tma_rows<AJ_TILE_K, IS_K ? AJ_HEAD_DIM : AJ_HEAD_DIM_V, IS_K>(maps, dst, bar, t.first, t.stride, kvh, b);
+  aj_tma_rows<AJ_TILE_K, IS_K ? AJ_HEAD_DIM : AJ_HEAD_DIM_V, IS_K ? AJ_MAPS_K : AJ_MAPS_V>(maps, dst, bar, t.first, t.stride, kvh, b);
 }
 
-// The block's shared memory: Q, the K and V rings, then their full and empty mbarriers.
+// The block's shared memory: the Q buffers, the K and V rings, then their full and empty
+// mbarriers, then Q's. sh.q is buffer 0.
+#ifndef AJ_Q_BUFFERS
+#define AJ_Q_BUFFERS 1
+#endif
+#define AJ_SM90_Q_TILE (AJ_TILE_Q * AJ_HEAD_DIM * 2)
 struct AjSm90TmaRings {
   AjSm90Shared sh;
-  aj_u64 *k_full, *k_empty, *v_full, *v_empty;
+  aj_u64 *k_full, *k_empty, *v_full, *v_empty, *q_full, *q_empty;
 };
 __device__ __forceinline__ AjSm90TmaRings aj_sm90_tma_rings(unsigned char* smem) {
   AjSm90TmaRings r;
   r.sh.q = smem;
-  r.sh.k = r.sh.q + AJ_TILE_Q * AJ_HEAD_DIM * 2;
+  r.sh.k = r.sh.q + AJ_Q_BUFFERS * AJ_SM90_Q_TILE;
   r.sh.v = r.sh.k + AJ_STAGES * AJ_SM90_K_STAGE;
   r.k_full = (aj_u64*)(r.sh.v + AJ_STAGES * AJ_SM90_V_STAGE);
   r.k_empty = r.k_full + AJ_STAGES;
   r.v_full = r.k_full + 2 * AJ_STAGES;
   r.v_empty = r.k_full + 3 * AJ_STAGES;
+  r.q_full = r.k_full + 4 * AJ_STAGES;
+  r.q_empty = r.q_full + AJ_Q_BUFFERS;
   return r;
 }
 
@@ -168,34 +191,58 @@ __device__ __forceinline__ AjSm90TmaRings aj_sm90_tma_rings(unsigned char* smem)
 __device__ __forceinline__ int aj_ring_stage(aj_u32 n) { return (int)(n % AJ_STAGES); }
 __device__ __forceinline__ aj_u32 aj_ring_parity(aj_u32 n) { return (n / AJ_STAGES) & 1; }
 
-// The producer's thread: every K and V tile of one work item into the rings. `j0` counts the tiles
-// the block loaded before this item (a persistent block's rings run on across its items: tile j
-// takes stage j % AJ_STAGES in its use j / AJ_STAGES); returns the count after it.
-__device__ __forceinline__ int aj_sm90_tma_produce(const AjParams& p, const AjTmaMaps& maps, const AjSm90TmaRings& r,
-                                                   const AjItem& item, aj_i64 b, int j0) {
+// A block's place in its rings before a work item: the K/V tiles it loaded (a persistent block's
+// rings run on across its items: tile n takes stage n % AJ_STAGES in its use n / AJ_STAGES) and
+// the items with tiles (the n-th takes Q buffer n % AJ_Q_BUFFERS in its use n / AJ_Q_BUFFERS; an
+// item without tiles loads no Q). Unsigned: no sign handling in the divisions.
+struct AjTmaCount {
+  aj_u32 tiles, items;
+};
+__device__ __forceinline__ AjTmaCount aj_tma_count_after(AjTmaCount c, aj_u32 tiles) {
+  return AjTmaCount{c.tiles + tiles, c.items + (tiles != 0)};
+}
+
+// The producer's thread: one work item's Q, then every K and V tile of it, into the buffers and
+// rings; returns the count after the item.
+__device__ __forceinline__ AjTmaCount aj_sm90_tma_produce(const AjParams& p, const AjTmaMaps& maps, const AjSm90TmaRings& r,
+                                                          const AjItem& item, aj_i64 b, AjTmaCount c) {
   const int kvh = item.head / p.heads_per_kv;
   AjTileCursor pre;
   pre.begin(p, item);
-  int j = j0;
+  if (pre.done()) return c;  // no tiles: the consumers read no Q
+  {
+    const int qb = (int)(c.items % AJ_Q_BUFFERS);
+    const aj_u32 use = c.items / AJ_Q_BUFFERS;
+    // A buffer's use u waits for the consumers' release of its use u - 1 (phase u - 1).
+    if (use > 0) aj_mbarrier_wait(&r.q_empty[qb], (use - 1) & 1);
+    aj_mbarrier_arrive_expect_tx(&r.q_full[qb], AJ_SM90_Q_TILE);
+    aj_tma_rows<AJ_TILE_Q, AJ_HEAD_DIM, AJ_MAPS_Q>(maps, r.sh.q + qb * AJ_SM90_Q_TILE, &r.q_full[qb], item.rows_start,
+                                                   item.rows_stride, item.head, (int)b);
+  }
+  aj_u32 j = c.tiles;
   for (; !pre.done(); ++j, pre.next()) {
     const AjTile t = pre.tile();
-    const int s = j % AJ_STAGES, use = j / AJ_STAGES;
+    const int s = aj_ring_stage(j);
+    const aj_u32 use = j / AJ_STAGES;
     // A stage's use u waits for the consumers' release of its use u - 1 (phase u - 1).
-    if (use > 0) aj_mbarrier_wait(&r.k_empty[s], (aj_u32)((use - 1) & 1));
+    if (use > 0) aj_mbarrier_wait(&r.k_empty[s], (use - 1) & 1);
     aj_mbarrier_arrive_expect_tx(&r.k_full[s], AJ_SM90_K_STAGE);
     aj_sm90_tma_tile<true>(maps, r.sh.k + s * AJ_SM90_K_STAGE, &r.k_full[s], t, kvh, (int)b);
-    if (use > 0) aj_mbarrier_wait(&r.v_empty[s], (aj_u32)((use - 1) & 1));
+    if (use > 0) aj_mbarrier_wait(&r.v_empty[s], (use - 1) & 1);
     aj_mbarrier_arrive_expect_tx(&r.v_full[s], AJ_SM90_V_STAGE);
     aj_sm90_tma_tile<false>(maps, r.sh.v + s * AJ_SM90_V_STAGE, &r.v_full[s], t, kvh, (int)b);
   }
-  return j;
+  return aj_tma_count_after(c, j - c.tiles);
 }
 
-// A consumer thread's whole work item, Q in place: the loop over its key tiles (`cur`, begun on the
-// item), then the epilogue. `j0` as for the producer; returns the tiles counted after the item.
-__device__ __forceinline__ int aj_sm90_tma_consume(const AjParams& p, const AjSm90TmaRings& r, const AjItem& item, aj_i64 b,
-                                                   AjTileCursor cur, int j0) {
-  const AjSm90Shared& sh = r.sh;
+// A consumer thread's whole work item: the loop over its key tiles (`cur`, begun on the item), Q's
+// buffer released after the last, then the epilogue; returns the count after the item.
+__device__ __forceinline__ AjTmaCount aj_sm90_tma_consume(const AjParams& p, const AjSm90TmaRings& r, const AjItem& item, aj_i64 b,
+                                                          AjTileCursor cur, AjTmaCount count) {
+  const aj_u32 j0 = count.tiles;
+  const int qb = (int)(count.items % AJ_Q_BUFFERS);
+  AjSm90Shared sh = r.sh;
+  sh.q += qb * AJ_SM90_Q_TILE;
   aj_u64* const k_full = r.k_full;
   aj_u64* const v_full = r.v_full;
   const int tid = aj_thread_idx();
@@ -227,6 +274,7 @@ __device__ __forceinline__ int aj_sm90_tma_consume(const AjParams& p, const AjSm
   int j = 0;  // the item's tiles: j0 + j is the block's count, which picks stages and phases
   if (any) {
     if (AJ_CONSUMER_WGS > 1 && wg == AJ_CONSUMER_WGS - 1) aj_named_arrive(1, 256);  // warpgroup 0 issues first
+    aj_mbarrier_wait(&r.q_full[qb], (count.items / AJ_Q_BUFFERS) & 1);
     aj_mbarrier_wait(&k_full[s0], aj_ring_parity(j0));
     if (busy) {
       const AjTile t = cur.tile();
@@ -288,35 +336,23 @@ __device__ __forceinline__ int aj_sm90_tma_consume(const AjParams& p, const AjSm
       break;
     }
   }
+  if (any) aj_mbarrier_arrive(&r.q_empty[qb]);  // every wgmma on Q has been waited for
 
   aj_tc_store_rows(p, item, b, warp_row + g, quad, acc, m, l);
-  return j0 + j;
-}
-
-// Q's rows of one work item into shared memory by the consumers' cp.async, visible to wgmma (the
-// async proxy) once every consumer has passed the next barrier.
-__device__ __forceinline__ void aj_sm90_tma_load_q(const AjParams& p, const AjSm90Shared& sh, const AjItem& item, aj_i64 b) {
-  const aj_elem* qb = (const aj_elem*)p.q + b * p.q_batch_stride + item.head * p.q_head_stride;
-  aj_sm90_load_rows<AJ_TILE_Q, AJ_HEAD_DIM, AJ_CONSUMERS>(sh.q, qb, p.q_row_stride, item.rows_start, item.rows_stride,
-                                                          item.rows_count);
-  aj_cp_async_commit();
-  aj_cp_async_wait<0>();
-  aj_fence_proxy_async();  // Q is read by wgmma (the async proxy) after the barrier
+  return aj_tma_count_after(count, (aj_u32)j);
 }
 
 // Persistent blocks (AJ_PERSISTENT): the launch has fewer blocks than work (one per SM), and each
 // takes the units u = blockIdx.x, blockIdx.x + gridDim.x, ... of the items x batch entries, unit u
 // being item u / batch of batch entry u % batch: a static scheduler over the plan's heaviest-first
 // order, so every round of blocks takes the heaviest items left. The producer walks the same
-// units and runs on into the next item's K and V while the consumers finish this one (its last
-// products, the epilogue, the next Q), where a block per item would drain its rings and start
-// cold. Between items the consumers meet on their own barrier twice: before Q is overwritten
-// (every warpgroup's wgmmas on the old Q have been waited for) and after the new Q has landed
-// (with three warpgroups, warpgroup 0's first issue waits only for warpgroup 2's handoff, not for
-// warpgroup 1's share of Q). The emulator catches the first missing (a wgmma of another warpgroup
-// still reading the old Q); not the second: it lands the next item's first K tile only once no
-// consumer can go on, so every share of Q is in place before any S is issued.
-#define AJ_Q_BARRIER 4  // the ping-pong takes barriers 1 to 3
+// units and runs on into the next item's Q, K and V while the consumers finish this one (its last
+// products, the epilogue), where a block per item would drain its rings and start cold. With two Q
+// buffers (codegen gives them where they fit: AJ_Q_BUFFERS) the next item's Q is in place when the
+// consumers reach it; with one, its load waits for every consumer's release of this item's. The
+// consumers never meet between items: each waits for its item's Q on the buffer's mbarrier, and
+// the ping-pong's barriers keep their turns across items (a warpgroup's first turn of an item waits
+// for the last warpgroup's first handoff of it, given after it finished the item before).
 struct AjFwdUnits {
   aj_i64 first, step, end;  // units first, first + step, ... below end
 };
@@ -346,23 +382,23 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
       aj_mbarrier_init(&r.k_empty[s], AJ_CONSUMERS);
       aj_mbarrier_init(&r.v_empty[s], AJ_CONSUMERS);
     }
+#pragma unroll
+    for (int qb = 0; qb < AJ_Q_BUFFERS; ++qb) {
+      aj_mbarrier_init(&r.q_full[qb], 1);
+      aj_mbarrier_init(&r.q_empty[qb], AJ_CONSUMERS);
+    }
   }
-#ifndef AJ_PERSISTENT
-  AjTileCursor cur;
-  cur.begin(p, item);
-  if (tid < AJ_CONSUMERS && !cur.done()) aj_sm90_tma_load_q(p, r.sh, item, b);
-#endif
-  aj_syncthreads();  // the mbarriers are initialised (and Q is in place) for every thread
+  aj_syncthreads();  // the mbarriers are initialised for every thread
 
   if (tid >= AJ_CONSUMERS) {  // the producer warpgroup: its first thread issues every load
     if (AJ_CONSUMER_WGS > 1) aj_setmaxnreg_dec<AJ_PRODUCER_REGS>();
     if (tid == AJ_CONSUMERS) {
 #ifdef AJ_PERSISTENT
-      int j = 0;
+      AjTmaCount c{0, 0};
       for (aj_i64 u = units.first; u < units.end; u += units.step)
-        j = aj_sm90_tma_produce(p, maps, r, p.items[u / p.batch], u % p.batch, j);
+        c = aj_sm90_tma_produce(p, maps, r, p.items[u / p.batch], u % p.batch, c);
 #else
-      aj_sm90_tma_produce(p, maps, r, item, b, 0);
+      aj_sm90_tma_produce(p, maps, r, item, b, AjTmaCount{0, 0});
 #endif
     }
     return;
@@ -370,18 +406,16 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
 
   if (AJ_CONSUMER_WGS > 1) aj_setmaxnreg_inc<AJ_CONSUMER_REGS>();
 #ifdef AJ_PERSISTENT
-  int j = 0;
+  AjTmaCount c{0, 0};
   for (aj_i64 u = units.first; u < units.end; u += units.step) {
     const AjItem item = p.items[u / p.batch];
-    const aj_i64 b = u % p.batch;
     AjTileCursor cur;
     cur.begin(p, item);
-    aj_named_sync(AJ_Q_BARRIER, AJ_CONSUMERS);  // every consumer is done with the last item's Q
-    if (!cur.done()) aj_sm90_tma_load_q(p, r.sh, item, b);
-    aj_named_sync(AJ_Q_BARRIER, AJ_CONSUMERS);
-    j = aj_sm90_tma_consume(p, r, item, b, cur, j);
+    c = aj_sm90_tma_consume(p, r, item, u % p.batch, cur, c);
   }
 #else
-  aj_sm90_tma_consume(p, r, item, b, cur, 0);
+  AjTileCursor cur;
+  cur.begin(p, item);
+  aj_sm90_tma_consume(p, r, item, b, cur, AjTmaCount{0, 0});
 #endif
 }

@@ -83,10 +83,18 @@ bool q_over_kv(const KernelRequest& r, const KernelConfig& c) {
 // stages, unpadded (the 128-byte swizzle keeps wgmma's reads off each other's banks), and 1024
 // bytes to start them on the swizzle pattern's boundary. The FP8 kernels (fwd_fp8.cuh's tiles, on
 // sm_90a and sm_89) lay out the same: bytes of Q, then K and V^T tiles a stage.
-// The TMA kernel adds four mbarriers per stage (full and empty, for K and for V).
-int forward_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c, bool tma) {
+// The TMA kernel adds four mbarriers per stage (full and empty, for K and for V) and two per Q
+// buffer; a persistent one may take two Q buffers (forward_q_buffers).
+int forward_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c, bool tma, int q_buffers = 1) {
   const int bytes = dtype_bytes(r.dtype);  // 1 for FP8
-  return bytes * (c.tile_q * r.head_dim + c.stages * c.tile_k * (r.head_dim + r.head_dim_v)) + 1024 + (tma ? 4 * 8 * c.stages : 0);
+  return bytes * (q_buffers * c.tile_q * r.head_dim + c.stages * c.tile_k * (r.head_dim + r.head_dim_v)) + 1024 +
+         (tma ? 4 * 8 * c.stages + 2 * 8 * q_buffers : 0);
+}
+
+// The TMA forward's Q buffers (AJ_Q_BUFFERS): two for a persistent kernel where they fit, so the
+// next item's Q lands while this item's loop runs; else one.
+int forward_q_buffers(const KernelRequest& r, const KernelConfig& c, bool persistent) {
+  return persistent && forward_sm90_smem_bytes(r, c, true, 2) <= shared_limit(r.arch) ? 2 : 1;
 }
 bool hopper(KernelPath p) { return p == KernelPath::Sm90 || p == KernelPath::Sm90Tma; }
 
@@ -238,6 +246,7 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   } else if (hopper(k.path) || (fp8_sm89(k.path, r) && !paged)) {
     os << "#define AJ_Q_IN_REGS 0\n#define AJ_Q_OVER_KV 0\n";  // fwd_sm80.cuh's, unused here
     if (k.tma_maps) os << "#define AJ_TMA_MAPS " << k.tma_maps << "\n";
+    if (k.q_buffers) os << "#define AJ_Q_BUFFERS " << k.q_buffers << "\n";
   }
   auto dtype_code = [](DType d) { return d == DType::F32 ? 0 : d == DType::F16 ? 1 : d == DType::BF16 ? 2 : 3; };
   os << "#define AJ_DTYPE " << dtype_code(r.dtype) << "\n";
@@ -439,7 +448,6 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& request, con
   // The TMA kernel's consumer warps, and its producer warpgroup.
   k.threads = k.path == KernelPath::Simt ? k.config.tile_q * 4 : k.config.warps * 32 + (k.path == KernelPath::Sm90Tma ? 128 : 0);
   k.tma_maps = k.path == KernelPath::Sm90Tma ? kTmaMaps : 0;
-  k.shared_bytes = smem_bytes(k.path, r, k.config);
   k.template_hash = templates.hash();
   const std::string predicate = generate_mask_predicate(p);
   k.has_mask = pattern_has_mask(p);
@@ -447,6 +455,8 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& request, con
   // Persistent blocks on the TMA forward, but not in a kernel that seeks: its larger cursor, kept
   // across the loop over items, spilled into the tile loop (16 local accesses a tile at head dim 128).
   k.persistent = r.persistent && k.path == KernelPath::Sm90Tma && !k.seeks;
+  k.q_buffers = k.path == KernelPath::Sm90Tma ? forward_q_buffers(r, k.config, k.persistent) : 0;
+  k.shared_bytes = k.q_buffers ? forward_sm90_smem_bytes(r, k.config, true, k.q_buffers) : smem_bytes(k.path, r, k.config);
   k.key_weights = r.pack_branches && branches_may_pack(p) && r.dtype != DType::E4M3;  // FP8: Separate plans
 
   std::ostringstream os;

@@ -104,6 +104,7 @@ struct KernelSource {
   int tma_maps = 0;           // Sm90Tma: tensor maps per K and V (the kernel's second parameter, AjTmaMaps)
   bool persistent = false;    // Sm90Tma without the seek: the forward (or the backward's _dkdv) launched with at most
                               // one block per SM (AJ_PERSISTENT)
+  int q_buffers = 0;          // the Sm90Tma forward's Q buffers (AJ_Q_BUFFERS): 2 where persistent and they fit, else 1
   std::string template_hash;  // of the templates it was rendered from
   std::string source_hash;    // sha256 of `source` (part of the cache key)
 };

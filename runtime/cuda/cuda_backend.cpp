@@ -187,7 +187,7 @@ public:
     max_shared_ = info.max_shared_per_block_optin;
     sm_count_ = info.sm_count;
     main_ = load(source_, info.name);
-    if (source_.tma_maps) {  // the cp.async kernel, for calls whose key rows no tensor map describes
+    if (source_.tma_maps) {  // the cp.async kernel, for calls whose rows no tensor map describes
       r.tma = false;
       fallback_source_ = generate_kernel(p, r, templates);
       device_name_ = info.name;
@@ -353,8 +353,8 @@ public:
     CUfunction function = main_.function;
     TmaMaps maps{};
     if (source_.tma_maps) {
-      if (const auto specs = tma_map_specs(entry.plan, problem_, k, v, source_.config.tile_k)) {
-        maps = encode_tma_maps(*specs, false);
+      if (const auto specs = forward_tma_map_specs(entry.plan, problem_, q, k, v, source_.config.tile_q, source_.config.tile_k)) {
+        maps = encode_tma_maps(specs->kv, false, &specs->q);
       } else {
         std::call_once(fallback_once_, [&] { fallback_ = load(fallback_source_, device_name_); });
         source = &fallback_source_, function = fallback_.function;

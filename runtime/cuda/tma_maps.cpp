@@ -63,9 +63,10 @@ emu::TensorMapSpec map_for(const TensorView& t, const Problem& pb, int64_t heads
 namespace {
 
 // The specs for rows of the given strides (in order of first use) of tensors a and b (heads,
-// head dims da and db), tiles of `tile` rows along a sequence of `seq` rows.
+// head dims da and db; b may be absent: no v maps), tiles of `tile` rows along a sequence of `seq`
+// rows.
 std::optional<TmaMapSpecs> specs_for(const std::vector<int64_t>& row_strides, const char* rows, const char* seq_name, const Problem& pb,
-                                     const TensorView& a, const TensorView& b, int64_t heads, int64_t da, int64_t db, int64_t seq,
+                                     const TensorView& a, const TensorView* b, int64_t heads, int64_t da, int64_t db, int64_t seq,
                                      int tile, std::string* why) {
   auto refuse = [&](const std::string& reason) -> std::optional<TmaMapSpecs> {
     if (why) *why = reason;
@@ -87,9 +88,10 @@ std::optional<TmaMapSpecs> specs_for(const std::vector<int64_t>& row_strides, co
   if (out.used == 0) out.strides[0] = 1, out.rows[0] = tile, out.used = 1;
   for (int i = 0; i < out.used; ++i) {
     out.k[i] = map_for(a, pb, heads, da, out.strides[i], out.fold[i], tile);
-    out.v[i] = map_for(b, pb, heads, db, out.strides[i], out.fold[i], tile);
-    for (const emu::TensorMapSpec* m : {&out.k[i], &out.v[i]})
-      if (const std::string p = emu::tensor_map_problem(*m); !p.empty()) return refuse(p);
+    if (const std::string p = emu::tensor_map_problem(out.k[i]); !p.empty()) return refuse(p);
+    if (!b) continue;
+    out.v[i] = map_for(*b, pb, heads, db, out.strides[i], out.fold[i], tile);
+    if (const std::string p = emu::tensor_map_problem(out.v[i]); !p.empty()) return refuse(p);
   }
   return out;
 }
@@ -101,7 +103,27 @@ std::optional<TmaMapSpecs> tma_map_specs(const Plan& plan, const Problem& pb, co
   std::vector<int64_t> strides;
   strides.reserve(plan.spans.size());
   for (const KeySpan& s : plan.spans) strides.push_back(s.keys.stride);
-  return specs_for(strides, "key", "seq_k", pb, k, v, pb.heads_kv, pb.head_dim, pb.head_dim_v, pb.seq_k, tile_k, why);
+  return specs_for(strides, "key", "seq_k", pb, k, &v, pb.heads_kv, pb.head_dim, pb.head_dim_v, pb.seq_k, tile_k, why);
+}
+
+std::optional<TmaMapSpecs> query_tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& q, int tile_q,
+                                               std::string* why) {
+  // A one-row item's stride is whatever its rows' spacing was and takes no map (as the backward's
+  // one-row entries).
+  std::vector<int64_t> strides;
+  for (const WorkItem& it : plan.items)
+    if (it.rows.count > 1 && std::find(strides.begin(), strides.end(), it.rows.stride) == strides.end())
+      strides.push_back(it.rows.stride);
+  return specs_for(strides, "query", "seq_q", pb, q, nullptr, pb.heads_q, pb.head_dim, 0, pb.seq_q, tile_q, why);
+}
+
+std::optional<TmaForwardSpecs> forward_tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& q, const TensorView& k,
+                                                     const TensorView& v, int tile_q, int tile_k, std::string* why) {
+  auto kv = tma_map_specs(plan, pb, k, v, tile_k, why);
+  if (!kv) return std::nullopt;
+  auto qs = query_tma_map_specs(plan, pb, q, tile_q, why);
+  if (!qs) return std::nullopt;
+  return TmaForwardSpecs{*kv, *qs};
 }
 
 std::optional<TmaMapSpecs> backward_tma_map_specs(const BackwardPlan& key_major, const Problem& pb, const TensorView& q,
@@ -109,18 +131,21 @@ std::optional<TmaMapSpecs> backward_tma_map_specs(const BackwardPlan& key_major,
   // An entry of one row reads it right through any map (row `first` is the box's first), so its
   // stride, which the key-major plan leaves as whatever the rows' spacing was, takes none: the
   // plan's entry_row_strides leave them out.
-  return specs_for(key_major.entry_row_strides, "query", "seq_q", pb, q, dout, pb.heads_q, pb.head_dim, pb.head_dim_v, pb.seq_q,
+  return specs_for(key_major.entry_row_strides, "query", "seq_q", pb, q, &dout, pb.heads_q, pb.head_dim, pb.head_dim_v, pb.seq_q,
                    tile_q, why);
 }
 
-TmaMaps encode_tma_maps(const TmaMapSpecs& specs, bool emulated) {
+TmaMaps encode_tma_maps(const TmaMapSpecs& specs, bool emulated, const TmaMapSpecs* query) {
+  auto encode = [&](const emu::TensorMapSpec& m) { return emulated ? emu::encode_emulated_tensor_map(m) : encode_tensor_map(m); };
+  auto rows = [](const TmaMapSpecs& s, TmaRows& out) {
+    for (int i = 0; i < s.used; ++i) out.stride[i] = s.strides[i], out.rows[i] = s.rows[i], out.fold[i] = s.fold[i];
+  };
   TmaMaps maps{};
-  for (int i = 0; i < specs.used; ++i) {
-    maps.k[i] = emulated ? emu::encode_emulated_tensor_map(specs.k[i]) : encode_tensor_map(specs.k[i]);
-    maps.v[i] = emulated ? emu::encode_emulated_tensor_map(specs.v[i]) : encode_tensor_map(specs.v[i]);
-    maps.stride[i] = specs.strides[i];
-    maps.rows[i] = specs.rows[i];
-    maps.fold[i] = specs.fold[i];
+  for (int i = 0; i < specs.used; ++i) maps.k[i] = encode(specs.k[i]), maps.v[i] = encode(specs.v[i]);
+  rows(specs, maps.kv);
+  if (query) {
+    for (int i = 0; i < query->used; ++i) maps.q[i] = encode(query->k[i]);
+    rows(*query, maps.qr);
   }
   return maps;  // unused entries: stride 0, never chosen (a tile's stride is at least 1)
 }

@@ -1,9 +1,10 @@
 // The tensor maps of the Hopper TMA forward (templates/fwd_sm90_tma.cuh): one K map and one V map
-// per key stride of the plan, made per call (they hold the tensors' addresses), and the test of
-// whether TMA describes a call's key rows at all. Where it does not, the backend launches the
-// cp.async Hopper kernel instead (KernelRequest::tma = false).
+// per key stride of the plan and one Q map per query-row stride of its items, made per call (they
+// hold the tensors' addresses), and the test of whether TMA describes a call's rows at all. Where
+// it does not, the backend launches the cp.async Hopper kernel instead (KernelRequest::tma = false).
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 
@@ -15,14 +16,21 @@
 
 namespace attnjit {
 
-// AjTmaMaps, byte for byte.
-struct alignas(64) TmaMaps {
-  emu::TensorMapBytes k[kTmaMaps];
-  emu::TensorMapBytes v[kTmaMaps];
+// AjTmaRows and AjTmaMaps, byte for byte.
+struct TmaRows {
   int64_t stride[kTmaMaps];
   int32_t rows[kTmaMaps];
   int32_t fold[kTmaMaps];
 };
+struct alignas(64) TmaMaps {
+  emu::TensorMapBytes k[kTmaMaps];
+  emu::TensorMapBytes v[kTmaMaps];
+  TmaRows kv;
+  emu::TensorMapBytes q[kTmaMaps];  // the forward's; none in the backward's
+  TmaRows qr;
+};
+static_assert(sizeof(TmaMaps) == 3328 && offsetof(TmaMaps, q) == 2176 && offsetof(TmaMaps, qr) == 3200,
+              "TmaMaps must match templates/fwd_sm90_tma.cuh's AjTmaMaps");
 
 // The maps' specs for a call: key tensor k, value tensor v ([B, S, H, D], any strides with a
 // contiguous last dimension) and the plan's key spans, tiles of `tile_k` keys. Stride r up to 8:
@@ -42,6 +50,12 @@ struct TmaMapSpecs {
 std::optional<TmaMapSpecs> tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& k, const TensorView& v, int tile_k,
                                          std::string* why = nullptr);
 
+// The forward's Q maps (in `k`; `v` unused): one per query-row stride of the plan's items of more
+// than one row (the kernel reads a one-row item's row through map 0), tiles of `tile_q` rows, the
+// query heads; the same rules and refusals as the keys'.
+std::optional<TmaMapSpecs> query_tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& q, int tile_q,
+                                               std::string* why = nullptr);
+
 // The backward TMA kernel's maps (templates/bwd_sm90_tma.cuh): Q's in `k` and dO's in `v`, one
 // pair per query-row stride of the key-major plan's entries of more than one row (the kernel reads
 // a one-row entry through map 0), tiles of `tile_q` rows; the same rules and refusals as the
@@ -49,7 +63,15 @@ std::optional<TmaMapSpecs> tma_map_specs(const Plan& plan, const Problem& pb, co
 std::optional<TmaMapSpecs> backward_tma_map_specs(const BackwardPlan& key_major, const Problem& pb, const TensorView& q,
                                                   const TensorView& dout, int tile_q, std::string* why = nullptr);
 
-// Encoded for the emulator, or by the CUDA driver (runtime/cuda/cuda_driver.hpp) for a GPU.
-TmaMaps encode_tma_maps(const TmaMapSpecs& specs, bool emulated);
+// Encoded for the emulator, or by the CUDA driver (runtime/cuda/cuda_driver.hpp) for a GPU: the
+// K/V (or backward's Q/dO) maps, and the forward's Q maps where given.
+TmaMaps encode_tma_maps(const TmaMapSpecs& specs, bool emulated, const TmaMapSpecs* query = nullptr);
+
+// Both of a forward call's sets of specs, or nullopt with the reason in *why.
+struct TmaForwardSpecs {
+  TmaMapSpecs kv, q;
+};
+std::optional<TmaForwardSpecs> forward_tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& q, const TensorView& k,
+                                                     const TensorView& v, int tile_q, int tile_k, std::string* why = nullptr);
 
 }  // namespace attnjit

@@ -125,7 +125,7 @@ public:
     KernelRequest r = forward_request(problem_request(pb, arch.arch, arch.specific), config, choices);
     source_ = generate_kernel(p, r, templates);
     module_ = emu::load_emu_module(emu::compile_for_emulator(emu::emu_source_of(source_), kernel_cache_for(cache_dir), knobs()));
-    if (source_.tma_maps) {  // the cp.async kernel, for calls whose key rows no tensor map describes
+    if (source_.tma_maps) {  // the cp.async kernel, for calls whose rows no tensor map describes
       r.tma = false;
       fallback_ = generate_kernel(p, r, templates);
     }
@@ -201,8 +201,9 @@ public:
     const emu::EmuModule* module = module_.get();
     TmaMaps maps{};
     if (source_.tma_maps) {
-      if (const auto specs = tma_map_specs(entry.plan, problem_, rebased(k, ik), rebased(v, iv), source_.config.tile_k)) {
-        maps = encode_tma_maps(*specs, true);
+      if (const auto specs = forward_tma_map_specs(entry.plan, problem_, rebased(q, iq), rebased(k, ik), rebased(v, iv),
+                                                   source_.config.tile_q, source_.config.tile_k)) {
+        maps = encode_tma_maps(specs->kv, true, &specs->q);
       } else {
         std::call_once(fallback_once_, [&] {
           fallback_module_ =

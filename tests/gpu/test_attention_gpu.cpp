@@ -341,8 +341,8 @@ TEST_CASE("exponentials on the FMA pipe give the reference's softmax on every te
 // running on from one item into the next. Every example at head dims 64 (192-row tiles, three
 // consumer warpgroups) and 128; one block (every unit in it), two and three (rounds that leave
 // blocks idle at the end), one per SM (the emu device's 4); a batch of 3 (units interleave the batch
-// entries); GQA and a last tile cut short; rows with work only (items without tiles between
-// others). On a GPU without the Hopper kernels the option must change nothing, which the same
+// entries); GQA and a last tile cut short; head dim 256 in one block (one Q buffer, reused by
+// every item); rows with work only (items without tiles between others). On a GPU without the Hopper kernels the option must change nothing, which the same
 // cases check.
 TEST_CASE("persistent blocks give the reference on every example", "[gpu][emu][attention][persistent]") {
   SKIP_WITHOUT_GPU();
@@ -363,6 +363,16 @@ TEST_CASE("persistent blocks give the reference on every example", "[gpu][emu][a
         c.persistent_blocks = blocks;
         cases.push_back(std::move(c));
       }
+  for (const Path& path : paths) {  // head dim 256: one Q buffer, which each item's Q waits for
+    const auto [pname, pattern] = example_patterns().front();
+    Case c;
+    c.name = pname + "/persistent1-" + path.name + "/d256";
+    c.pattern = pattern, c.dtype = path.dtype, c.arch = path.arch, c.sm90a = path.sm90a, c.tma = path.tma;
+    c.seed = seed++;
+    c.shape = make_shape(2, 300, 300, 4, 2, 256);
+    c.persistent_blocks = 1;
+    cases.push_back(std::move(c));
+  }
   for (const Path& path : paths) {  // rows with work only: causal keys after most queries
     Case c;
     c.name = "causal-keys-later/persistent2-" + std::string(path.name);

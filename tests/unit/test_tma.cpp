@@ -492,6 +492,89 @@ TEST_CASE("the TMA backward's tensor maps: Q and dO per query stride of the key-
   CHECK_THAT(why, Catch::Contains("16-byte aligned"));
 }
 
+// The forward's Q maps (templates/fwd_sm90_tma.cuh loads Q by TMA too): one per query-row stride of
+// the plan's items of more than one row, tile_q-row boxes, the query heads; the keys' rules.
+TEST_CASE("the TMA forward's Q maps: one per query-row stride of the plan's items", "[tma]") {
+  alignas(64) static uint16_t q[2 * 2520 * 4 * 128 + 8], k[2 * 2520 * 2 * 128], v[2 * 2520 * 2 * 128];
+  auto specs = [&](const std::vector<int>& rates, int64_t seq, int tile_q, std::string* why, uint16_t* q_data) {
+    PatternBuilder b;
+    for (int r : rates) b.branch(BranchSpec().segment(64 * r).dilation(r));
+    Shape s;
+    s.batch = 2, s.seq_q = s.seq_k = seq, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 128;
+    const Plan plan = lower_to_plan(b.build(), s, TileConfig{tile_q, 128});
+    const Problem pb{2, seq, seq, 4, 2, 128, 128, DType::BF16, {}};
+    const TensorView qv = TensorView::contiguous(q_data, DType::BF16, {2, seq, 4, 128});
+    auto out = query_tma_map_specs(plan, pb, qv, tile_q, why);
+    if (out) {  // every item of more than one row has its stride's map; a one-row item's takes none
+      std::vector<int64_t> distinct;
+      for (const WorkItem& it : plan.items)
+        if (it.rows.count > 1 && std::find(distinct.begin(), distinct.end(), it.rows.stride) == distinct.end())
+          distinct.push_back(it.rows.stride);
+      CHECK(std::vector<int64_t>(out->strides, out->strides + out->used) == (distinct.empty() ? std::vector<int64_t>{1} : distinct));
+    }
+    return out;
+  };
+  std::string why;
+  const auto dense = specs({1}, 1000, 128, &why, q);
+  REQUIRE(dense);
+  REQUIRE(dense->used == 1);
+  CHECK(dense->rows[0] == 128);  // a 128-row query tile in one box
+  const emu::TensorMapSpec& m = dense->k[0];
+  CHECK(m.rank == 4);
+  CHECK(m.dims == std::array<uint64_t, 5>{128, 4, 1000, 2, 0});  // the query heads
+  CHECK(m.strides[2] == 4 * 128 * 2);
+  CHECK(m.box == std::array<uint32_t, 5>{64, 1, 128, 1, 0});
+  CHECK(m.address == reinterpret_cast<uintptr_t>(q));
+  CHECK(dense->v[0].address == 0);  // no second tensor
+  CHECK(specs({1}, 1000, 192, &why, q)->rows[0] == 192);  // three warpgroups' rows in one box
+  // The items of a LongNet-like plan split the rows by the branches that attend them: strides 12,
+  // 4 and 2 here.
+  auto map_of = [](const TmaMapSpecs& t, int64_t stride) {
+    const int i = int(std::find(t.strides, t.strides + t.used, stride) - t.strides);
+    REQUIRE(i < t.used);
+    return i;
+  };
+  const auto dilated = specs({1, 2, 12}, 1000, 128, &why, q);
+  REQUIRE(dilated);
+  const int m12 = map_of(*dilated, 12), m4 = map_of(*dilated, 4);
+  CHECK(dilated->fold[m12] == 2);  // 12 folded by 2: 6 x 32 = 192 rows a box
+  CHECK(dilated->rows[m12] == 32);
+  CHECK(dilated->k[m12].dims == std::array<uint64_t, 5>{128, 4, 2, 500, 2});
+  CHECK(dilated->fold[m4] == 0);
+  CHECK(dilated->rows[m4] == 64);  // 4 x 64 = 256
+  // What they cannot describe: the forward's cp.async kernel runs, as for the keys' maps.
+  CHECK_FALSE(specs({1, 16}, 1001, 128, &why, q));
+  CHECK_THAT(why, Catch::Contains("query stride 16 (above 8) has no divisor f of seq_q 1001 with stride / f <= 8"));
+  CHECK_FALSE(specs({1, 2}, 512, 128, &why, q + 1));
+  CHECK_THAT(why, Catch::Contains("16-byte aligned"));
+  // Both sets together: the keys' refusal or the queries' refuses the call.
+  PatternBuilder b;
+  b.branch(BranchSpec().segment(64).dilation(1)).branch(BranchSpec().segment(1024).dilation(16));
+  Shape s;
+  s.batch = 2, s.seq_q = s.seq_k = 1024, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 128;
+  const Plan plan = lower_to_plan(b.build(), s, TileConfig{128, 128});
+  const Problem pb{2, 1024, 1024, 4, 2, 128, 128, DType::BF16, {}};
+  const auto both = forward_tma_map_specs(plan, pb, TensorView::contiguous(q, DType::BF16, {2, 1024, 4, 128}),
+                                          TensorView::contiguous(k, DType::BF16, {2, 1024, 2, 128}),
+                                          TensorView::contiguous(v, DType::BF16, {2, 1024, 2, 128}), 128, 128, &why);
+  REQUIRE(both);
+  CHECK(both->kv.used == 2);
+  CHECK(both->kv.strides[1] == 16);
+  const int m16 = map_of(both->q, 16);
+  CHECK(both->q.fold[m16] == 2);  // 16 folded by 2
+  CHECK_FALSE(forward_tma_map_specs(plan, pb, TensorView::contiguous(q + 1, DType::BF16, {2, 1024, 4, 128}),
+                                    TensorView::contiguous(k, DType::BF16, {2, 1024, 2, 128}),
+                                    TensorView::contiguous(v, DType::BF16, {2, 1024, 2, 128}), 128, 128, &why));
+  CHECK_THAT(why, Catch::Contains("16-byte aligned"));
+  // Encoded, the Q maps and their rows sit after the keys' (AjTmaMaps::q and qr).
+  const TmaMaps maps = encode_tma_maps(both->kv, true, &both->q);
+  CHECK(maps.kv.stride[1] == 16);
+  for (int i = 0; i < both->q.used; ++i) CHECK(maps.qr.stride[i] == both->q.strides[i]);
+  CHECK(maps.qr.fold[m16] == 2);
+  CHECK(maps.qr.stride[both->q.used] == 0);  // unused
+  CHECK(encode_tma_maps(both->kv, true).qr.stride[0] == 0);  // the backward's: no Q maps
+}
+
 // cp.reduce.async.bulk ... .add.f32 in the emulator: the adds land at the issuing thread's wait;
 // a wrong size, a misaligned end, a source written without fence.proxy.async, a source changed
 // before the wait and a thread that exits with its group pending are each reported by name.
