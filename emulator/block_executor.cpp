@@ -77,7 +77,7 @@ void BlockExecutor::fiber_main(void* arg) {
             ex.where((t.wg_open.empty() ? t.wg_committed.back() : t.wg_open).back()->pc) +
             "): its accumulators are never written; end with wgmma.commit_group and wgmma.wait_group 0");
   if (!t.bulk_open.empty() || !t.bulk_committed.empty())
-    ex.fail(ex.who(t.tid) + " exits with a cp.reduce.async.bulk not waited for (issued at " +
+    ex.fail(ex.who(t.tid) + " exits with a bulk copy (cp.reduce.async.bulk or a TMA store) not waited for (issued at " +
             ex.where((t.bulk_open.empty() ? t.bulk_committed.back() : t.bulk_open).back().pc) +
             "): its shared source may be gone before it is read; commit the group and wait for it (cp.async.bulk.wait_group)");
   t.state = State::Done;
@@ -418,6 +418,7 @@ void BlockExecutor::bulk_reduce_add_f32(float* dst, const void* src, unsigned by
 
 void BlockExecutor::bulk_commit(const void*) {
   Thread& t = *current_;
+  if (t.bulk_open.empty()) return;  // an empty group is complete at once: never waited for
   t.bulk_committed.push_back(std::move(t.bulk_open));
   t.bulk_open.clear();
 }
@@ -427,6 +428,20 @@ void BlockExecutor::bulk_wait(int n, const void* pc) {
   Thread& t = *current_;
   while (static_cast<int>(t.bulk_committed.size()) > n) {
     for (const BulkReduce& r : t.bulk_committed.front()) {
+      if (!r.to.empty()) {  // a TMA store
+        const size_t eb = size_t(r.element_bytes);
+        for (size_t l = 0; l < r.to.size(); ++l) {
+          // The copy may read its source up to this wait: a read by this thread now, so a store by
+          // another thread that no barrier orders after the wait is a race.
+          shared_read(r.from[l], eb, t.tid, pc);
+          if (std::memcmp(arena_.data() + r.from[l], r.bytes.data() + l * eb, eb) != 0)
+            fail("shared memory at offset " + std::to_string(r.from[l]) + ", the source of the TMA store issued at " + where(r.pc) +
+                 ", changed before " + who(t.tid) + " waited for its group (cp.async.bulk.wait_group.read, at " + where(pc) +
+                 "): the copy may still read it");
+          if (r.to[l]) std::memcpy(r.to[l], r.bytes.data() + l * eb, eb);
+        }
+        continue;
+      }
       if (std::memcmp(arena_.data() + r.src, r.bytes.data(), r.bytes.size()) != 0)
         fail("shared memory at offset " + std::to_string(r.src) + ", the source of the cp.reduce.async.bulk issued at " + where(r.pc) +
              ", changed before " + who(t.tid) + " waited for its group (cp.async.bulk.wait_group.read, at " + where(pc) +

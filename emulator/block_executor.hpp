@@ -145,6 +145,9 @@ public:
   void mbarrier_wait(void* bar, unsigned parity, const void* pc);
   bool mbarrier_test(void* bar, unsigned parity, const void* pc);
   void tma_load(void* dst, const void* tensor_map, const int* coords, int rank, void* bar, const void* pc);
+  // cp.async.bulk.tensor ... global.shared::cta ... bulk_group: a bulk group's copy, which lands
+  // (and must find its source unchanged) when the issuing thread waits for the group.
+  void tma_store(const void* tensor_map, const int* coords, int rank, const void* src, const void* pc);
 
 private:
   enum class State : uint8_t { Ready, Running, AtBarrier, AtCollective, AtMbarrier, AtNamedBarrier, AtWgmmaWait, Done, Aborted };
@@ -155,11 +158,15 @@ private:
     const void* pc;
     uint8_t data[16];
   };
-  struct BulkReduce {  // one cp.reduce.async.bulk in flight
+  struct BulkReduce {  // one cp.reduce.async.bulk (or, with `to`, one TMA store) in flight
     float* dst;
     size_t src;  // shared offset
-    std::vector<uint8_t> bytes;  // the source as issued
+    std::vector<uint8_t> bytes;  // the source as issued (a store: its elements in box order)
     const void* pc;
+    // A TMA store: each element's shared offset and global destination (null: outside the tensor).
+    std::vector<uint32_t> from;
+    std::vector<uint8_t*> to;
+    int element_bytes = 0;
   };
   struct Thread {
     int tid = 0;

@@ -5,7 +5,7 @@
 #ifndef ATTNJIT_EMU_ABI_H
 #define ATTNJIT_EMU_ABI_H
 
-#define AJ_EMU_ABI_VERSION 14
+#define AJ_EMU_ABI_VERSION 15
 #define AJ_EMU_F16 1
 #define AJ_EMU_BF16 2
 #define AJ_EMU_E4M3 3 /* FP8 e4m3 operands: wgmma k32 (K-major), mma.sync m16n8k32 */
@@ -94,6 +94,10 @@ typedef struct AjEmuApi {
   void (*stmatrix)(const unsigned* regs, void* smem, int num, int trans, const void* pc);
   /* gridDim.x, .y, .z (dim 0, 1, 2): the launch's blocks per dimension */
   unsigned (*grid_dim)(int dim);
+  /* cp.async.bulk.tensor.<rank>d.global.shared::cta.tile.bulk_group (sm_90): the box of the tensor
+     map at `coords` from shared `src` (laid out as a load of that box would leave it) to global
+     memory, elements outside the tensor dropped, in the thread's open bulk group (bulk_wait) */
+  void (*tma_store)(const void* tensor_map, const int* coords, int rank, const void* src, const void* pc);
 } AjEmuApi;
 
 #ifdef __cplusplus

@@ -86,6 +86,9 @@ AJ_EMU_SHIM int aj_emu_mbarrier_test_wait(void* bar, unsigned parity) {
 }
 AJ_EMU_SHIM void aj_emu_named_barrier(int id, int count, int wait) { aj_emu_api->named_barrier(id, count, wait, AJ_EMU_PC); }
 AJ_EMU_SHIM void aj_emu_warp_sync(void) { aj_emu_api->warp_sync(AJ_EMU_PC); }
+AJ_EMU_SHIM void aj_emu_tma_store(const void* map, const int* coords, int rank, const void* src) {
+  aj_emu_api->tma_store(map, coords, rank, src, AJ_EMU_PC);
+}
 AJ_EMU_SHIM void aj_emu_tma_load(void* dst, const void* map, const int* coords, int rank, void* bar) {
   aj_emu_api->tma_load(dst, map, coords, rank, bar, AJ_EMU_PC);
 }

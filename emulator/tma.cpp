@@ -223,6 +223,62 @@ void BlockExecutor::tma_load(void* dst, const void* tensor_map, const int* coord
   ++tma_pending_;
 }
 
+void BlockExecutor::tma_store(const void* tensor_map, const int* coords, int rank, const void* src, const void* pc) {
+  tick();
+  Thread& t = *current_;
+  const std::string what = "cp.async.bulk.tensor." + std::to_string(rank) + "d (a store) by " + who(t.tid) + " at " + where(pc);
+  const std::optional<TensorMapSpec> map = decode_emulated_tensor_map(tensor_map);
+  if (!map)
+    fail(what + ": the tensor map is not one the emulator can read (made by attnjit::emu::encode_emulated_tensor_map; a map "
+                "the CUDA driver encoded is opaque here)");
+  const TensorMapSpec& s = *map;
+  if (s.rank != rank) fail(what + ": the tensor map has rank " + std::to_string(s.rank) + ", the instruction gives " + std::to_string(rank) + " coordinates");
+  const uint64_t bytes = box_bytes(s);
+  const size_t off = shared_offset(src, bytes, "cp.async.bulk.tensor source", pc);
+  if (off % box_alignment(s))
+    fail(what + ": the source (shared offset " + std::to_string(off) + ") is not " + std::to_string(box_alignment(s)) + "-byte aligned, as " +
+         (s.swizzle ? "a " + std::to_string(s.swizzle) + "-byte swizzle" : std::string("a box")) + " needs");
+  if (s.swizzle && uint64_t(s.box[0]) * uint64_t(element_bytes(s.type)) != uint64_t(s.swizzle))
+    fail(what + ": a swizzled box whose inner dimension is narrower than the swizzle is not modelled by the emulator; make box[0] span the swizzle");
+  // Read through the async proxy: a generic store to the source needs its writer's
+  // fence.proxy.async, and a barrier between the writers and this thread (shared_read).
+  for (size_t b = off; b < off + bytes; ++b) {
+    const Shadow& sh = shadow_[b];
+    if (sh.write_epoch >= block_epoch_ && sh.write_epoch != 0 && threads_[sh.writer].proxy_fences == sh.write_fence)
+      fail(what + " reads shared offset " + std::to_string(b) + ", which " + who(sh.writer) + " wrote at " + where(sh.write_pc) +
+           " through the generic proxy with no fence.proxy.async after it (the store reads through the async proxy)");
+  }
+  shared_read(off, size_t(bytes), t.tid, pc);
+
+  BulkReduce op{nullptr, off, {}, pc, {}, {}, element_bytes(s.type)};
+  const int eb = op.element_bytes;
+  uint32_t n[5] = {1, 1, 1, 1, 1};
+  uint64_t total = 1;
+  for (int d = 0; d < rank; ++d) total *= (n[d] = box_elements(s, d));
+  op.from.resize(total);
+  op.to.resize(total);
+  op.bytes.resize(total * size_t(eb));
+  for (uint64_t l = 0; l < total; ++l) {
+    uint64_t rest = l, addr = s.address;
+    bool inside = true;
+    for (int d = 0; d < rank; ++d) {
+      const int64_t i = int64_t(rest % n[d]);
+      rest /= n[d];
+      const int64_t g = int64_t(coords[d]) + i * (d == 0 ? 1 : int64_t(s.element_strides[size_t(d)]));
+      if (g < 0 || g >= int64_t(s.dims[size_t(d)])) inside = false;
+      else addr += uint64_t(g) * (d == 0 ? uint64_t(eb) : s.strides[size_t(d)]);
+    }
+    op.from[l] = swizzle_address(uint32_t(off + l * size_t(eb)), s.swizzle);
+    std::memcpy(op.bytes.data() + l * size_t(eb), arena_.data() + op.from[l], size_t(eb));
+    if (inside) {
+      uint8_t* dst = reinterpret_cast<uint8_t*>(uintptr_t(addr));
+      check_global(dst, size_t(eb), true, "cp.async.bulk.tensor destination (the tensor map reaches past its buffer)", pc);
+      op.to[l] = dst;
+    }
+  }
+  t.bulk_open.push_back(std::move(op));
+}
+
 bool BlockExecutor::land_tma_ops() {
   if (tma_pending_ == 0) return false;
   for (TmaOp& op : tma_ops_) {

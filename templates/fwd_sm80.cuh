@@ -435,12 +435,13 @@ __device__ __forceinline__ void aj_tc_store_rows(const AjParams& p, const AjItem
     });
 }
 
-// The same into a shared O tile ([AJ_TILE_Q][AJ_DVP], rows of the item's tile): this thread's
-// rows r0 and r0 + 8, written as they lie in the accumulators; aj_store_tile_rows then moves the
-// tile to global memory in 16-byte chunks.
-__device__ __forceinline__ void aj_tc_stage_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
-                                                 float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2],
-                                                 aj_elem* tile) {
+// The same into a shared O tile: this thread's rows r0 and r0 + 8, each pair of adjacent columns
+// (col, col + 1) to the 4 bytes at(r, col) (rows of the item's tile), as they lie in the
+// accumulators; the tile then goes to global memory in 16-byte chunks (aj_store_tile_rows, from
+// [AJ_TILE_Q][AJ_DVP] below) or by a TMA store (fwd_sm90_tma.cuh, from its swizzled layout).
+template <typename At>
+__device__ __forceinline__ void aj_tc_stage_rows_at(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
+                                                    float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2], const At& at) {
   float inv[2];
   aj_tc_finish_rows(p, item, b, r0, quad, m, l, inv);
   bool bad[2] = {false, false};
@@ -450,13 +451,18 @@ __device__ __forceinline__ void aj_tc_stage_rows(const AjParams& p, const AjItem
     const aj_u32 w0 = aj_pack2(acc[j][0] * inv[0], acc[j][1] * inv[0]), w1 = aj_pack2(acc[j][2] * inv[1], acc[j][3] * inv[1]);
     bad[0] |= aj_tc_word_nonfinite(w0);
     bad[1] |= aj_tc_word_nonfinite(w1);
-    *(aj_u32*)(tile + r0 * AJ_DVP + col) = w0;
-    *(aj_u32*)(tile + (r0 + 8) * AJ_DVP + col) = w1;
+    *at(r0, col) = w0;
+    *at(r0 + 8, col) = w1;
   }
   if (const int redo = aj_tc_poisoned_rows(item, r0, bad, l))  // rows a masked non-finite V reached: written again, exactly
     aj_tc_exact_rows(p, item, b, r0, quad, m, l, redo, [&](int h, int j, float x0, float x1) {
-      *(aj_u32*)(tile + (r0 + 8 * h) * AJ_DVP + j * 8 + quad * 2) = aj_pack2(x0 * inv[h], x1 * inv[h]);
+      *at(r0 + 8 * h, j * 8 + quad * 2) = aj_pack2(x0 * inv[h], x1 * inv[h]);
     });
+}
+__device__ __forceinline__ void aj_tc_stage_rows(const AjParams& p, const AjItem& item, aj_i64 b, int r0, int quad,
+                                                 float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2],
+                                                 aj_elem* tile) {
+  aj_tc_stage_rows_at(p, item, b, r0, quad, acc, m, l, [&](int r, int col) { return (aj_u32*)(tile + r * AJ_DVP + col); });
 }
 
 // Rows r < count of a shared [ROWS][PITCH] tile to rows first + r * stride of a [.., D] tensor,

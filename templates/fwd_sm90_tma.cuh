@@ -81,6 +81,15 @@ struct AjTmaMaps {
   aj_tensor_map q[AJ_TMA_MAPS];
   AjTmaRows qr;
 };
+// The forward kernel's parameter: K's, V's and Q's maps, and where the kernel stages O (below)
+// O's, one per query-row stride of the plan's items, boxes of at most a warpgroup's 64 rows.
+struct AjFwdTmaMaps {
+  AjTmaMaps in;
+#ifdef AJ_O_STAGED
+  aj_tensor_map o[AJ_TMA_MAPS];
+  AjTmaRows orows;
+#endif
+};
 #define AJ_MAPS_K 0  // which of a AjTmaMaps' sets aj_tma_rows reads through
 #define AJ_MAPS_V 1
 #define AJ_MAPS_Q 2
@@ -125,33 +134,48 @@ struct AjSm90TmaHooks {
   __device__ void pv_read() const { aj_mbarrier_arrive(&v_empty[sv]); }
 };
 
-// ROWS dilated rows (first + i * stride) of one head of a [B, S, H, D] tensor into a swizzled
-// [D / 64][ROWS][128 B] tile at `dst`, through the map of that stride in set SET (AJ_MAPS_K: K, or
-// the backward's Q; AJ_MAPS_V: V, or dO; AJ_MAPS_Q: the forward's Q): a box per 64-column block
-// and `rows` rows, all completing on `bar`.
-template <int ROWS, int D, int SET>
-__device__ __forceinline__ void aj_tma_rows(const AjTmaMaps& maps, unsigned char* dst, aj_u64* bar, aj_i64 first, aj_i64 stride,
-                                            int head, int b) {
-  const AjTmaRows& table = SET == AJ_MAPS_Q ? maps.qr : maps.kv;
+// The boxes that cover ROWS dilated rows (first + i * stride) of one head of a [B, S, H, D] tensor
+// in a swizzled [D / 64][BLOCK_ROWS][128 B] tile, through the map of that stride among `maps`
+// (their rows per box and folds in `table`): box(map, byte offset in the tile, coordinates) for
+// each 64-column block and `rows` rows, the coordinates of the rank-4 map (head dim, head, row,
+// batch) or, for a stride folded by f, of the rank-5 one (head dim, head, row mod f, row / f,
+// batch).
+template <int ROWS, int D, int BLOCK_ROWS, typename Box4, typename Box5>
+__device__ __forceinline__ void aj_tma_boxes(const aj_tensor_map* maps, const AjTmaRows& table, aj_i64 first, aj_i64 stride,
+                                             int head, int b, const Box4& box4, const Box5& box5) {
   int mi = 0;
 #pragma unroll
   for (int i = 1; i < AJ_TMA_MAPS; ++i)
     if (table.stride[i] == stride) mi = i;
-  const aj_tensor_map& map = SET == AJ_MAPS_K ? maps.k[mi] : SET == AJ_MAPS_V ? maps.v[mi] : maps.q[mi];
+  const aj_tensor_map& map = maps[mi];
   const int rows = table.rows[mi], fold = table.fold[mi];
   constexpr int BLOCKS = D / AJ_COLS;
   if (fold == 0) {
 #pragma unroll
     for (int cb = 0; cb < BLOCKS; ++cb)
       for (int r0 = 0; r0 < ROWS; r0 += rows)
-        aj_tma_load_4d(dst + (cb * ROWS + r0) * AJ_SW, map, bar, cb * AJ_COLS, head, (int)(first + r0 * stride), b);
+        box4(map, (cb * BLOCK_ROWS + r0) * AJ_SW, cb * AJ_COLS, head, (int)(first + r0 * stride), b);
   } else {
     const int residue = (int)(first % fold), row = (int)(first / fold), step = (int)(stride / fold);
 #pragma unroll
     for (int cb = 0; cb < BLOCKS; ++cb)
       for (int r0 = 0; r0 < ROWS; r0 += rows)
-        aj_tma_load_5d(dst + (cb * ROWS + r0) * AJ_SW, map, bar, cb * AJ_COLS, head, residue, row + r0 * step, b);
+        box5(map, (cb * BLOCK_ROWS + r0) * AJ_SW, cb * AJ_COLS, head, residue, row + r0 * step, b);
   }
+}
+
+// ROWS dilated rows of one head of a [B, S, H, D] tensor into a swizzled [D / 64][ROWS][128 B]
+// tile at `dst`, through the map of that stride in set SET (AJ_MAPS_K: K, or the backward's Q;
+// AJ_MAPS_V: V, or dO; AJ_MAPS_Q: the forward's Q), all completing on `bar`.
+template <int ROWS, int D, int SET>
+__device__ __forceinline__ void aj_tma_rows(const AjTmaMaps& maps, unsigned char* dst, aj_u64* bar, aj_i64 first, aj_i64 stride,
+                                            int head, int b) {
+  aj_tma_boxes<ROWS, D, ROWS>(
+      SET == AJ_MAPS_K ? maps.k : SET == AJ_MAPS_V ? maps.v : maps.q, SET == AJ_MAPS_Q ? maps.qr : maps.kv, first, stride, head, b,
+      [&](const aj_tensor_map& map, int at, int c0, int c1, int c2, int c3) { aj_tma_load_4d(dst + at, map, bar, c0, c1, c2, c3); },
+      [&](const aj_tensor_map& map, int at, int c0, int c1, int c2, int c3, int c4) {
+        aj_tma_load_5d(dst + at, map, bar, c0, c1, c2, c3, c4);
+      });
 }
 
 // One K (or V) tile of the forward.
@@ -161,14 +185,21 @@ __device__ __forceinline__ void aj_sm90_tma_tile(const AjTmaMaps& maps, unsigned
   aj_tma_rows<AJ_TILE_K, IS_K ? AJ_HEAD_DIM : AJ_HEAD_DIM_V, IS_K ? AJ_MAPS_K : AJ_MAPS_V>(maps, dst, bar, t.first, t.stride, kvh, b);
 }
 
-// The block's shared memory: the Q buffers, the K and V rings, then their full and empty
+// The block's shared memory: the Q buffers, the K and V rings, O's staging tile (AJ_O_STAGED:
+// [AJ_HEAD_DIM_V / 64][AJ_TILE_Q][128 B], swizzled as Q's), then the rings' full and empty
 // mbarriers, then Q's. sh.q is buffer 0.
 #ifndef AJ_Q_BUFFERS
 #define AJ_Q_BUFFERS 1
 #endif
 #define AJ_SM90_Q_TILE (AJ_TILE_Q * AJ_HEAD_DIM * 2)
+#ifdef AJ_O_STAGED
+#define AJ_SM90_O_TILE (AJ_TILE_Q * AJ_HEAD_DIM_V * 2)
+#else
+#define AJ_SM90_O_TILE 0
+#endif
 struct AjSm90TmaRings {
   AjSm90Shared sh;
+  unsigned char* o;
   aj_u64 *k_full, *k_empty, *v_full, *v_empty, *q_full, *q_empty;
 };
 __device__ __forceinline__ AjSm90TmaRings aj_sm90_tma_rings(unsigned char* smem) {
@@ -176,7 +207,8 @@ __device__ __forceinline__ AjSm90TmaRings aj_sm90_tma_rings(unsigned char* smem)
   r.sh.q = smem;
   r.sh.k = r.sh.q + AJ_Q_BUFFERS * AJ_SM90_Q_TILE;
   r.sh.v = r.sh.k + AJ_STAGES * AJ_SM90_K_STAGE;
-  r.k_full = (aj_u64*)(r.sh.v + AJ_STAGES * AJ_SM90_V_STAGE);
+  r.o = r.sh.v + AJ_STAGES * AJ_SM90_V_STAGE;
+  r.k_full = (aj_u64*)(r.o + AJ_SM90_O_TILE);
   r.k_empty = r.k_full + AJ_STAGES;
   r.v_full = r.k_full + 2 * AJ_STAGES;
   r.v_empty = r.k_full + 3 * AJ_STAGES;
@@ -235,10 +267,52 @@ __device__ __forceinline__ AjTmaCount aj_sm90_tma_produce(const AjParams& p, con
   return aj_tma_count_after(c, j - c.tiles);
 }
 
+// O staged (AJ_O_STAGED: a persistent kernel where shared memory allows): a warpgroup whose 64
+// rows are all the item's writes them, normalised and packed, into its rows of the staging tile
+// (swizzled as a TMA load would leave them, so the quads' 4-byte stores meet no bank twice), and
+// the lanes of its first warp store them by TMA through the O map of the item's row stride, lane
+// k the boxes k, k + 32, ... (one bulk group each). The stores run on while the warpgroup starts
+// its next item; those lanes wait for them to have read the tile before the warpgroup writes it
+// again (the first barrier), and for every store before the block ends. The boxes are issued by
+// a whole warp, not one elected thread: one thread's loop over boxes, inlined or called, took the
+// consumers' descriptors out of uniform registers (1114 -> 1232 instructions a tile at head dim
+// 128) and spilled. A warpgroup with rows past the item's end stores from registers
+// (aj_tc_store_rows).
+#ifdef AJ_O_STAGED
+#define AJ_O_BARRIER 4  // + the warpgroup: the ping-pong takes barriers 1 to 3
+__device__ __forceinline__ void aj_sm90_tma_store_o(const AjParams& p, const AjFwdTmaMaps& maps, const AjSm90TmaRings& r,
+                                                    const AjItem& item, aj_i64 b, int wg, int row, int quad,
+                                                    float (&acc)[AJ_HEAD_DIM_V / 8][4], float (&m)[2], float (&l)[2]) {
+  unsigned char* const o = r.o;
+  const bool issuers = aj_warp_uniform(aj_thread_idx() / 32 % 4) == 0;  // the warpgroup's first warp
+  if (issuers) aj_bulk_wait_read<0>();  // the last stores have read the staging rows
+  aj_named_sync(AJ_O_BARRIER + wg, 128);
+  aj_tc_stage_rows_at(p, item, b, row, quad, acc, m, l, [&](int tr, int col) {
+    return (aj_u32*)(o + (col / AJ_COLS) * (AJ_TILE_Q * AJ_SW) + tr * AJ_SW + ((((col % AJ_COLS) / 8) ^ (tr % 8)) << 4) + (col % 8) * 2);
+  });
+  aj_fence_proxy_async();  // the generic stores, then the TMA stores that read them
+  aj_named_sync(AJ_O_BARRIER + wg, 128);
+  if (issuers) {
+    const unsigned char* const src = o + wg * AJ_WG_ROWS * AJ_SW;
+    const int lane = aj_thread_idx() % 32;
+    int k = 0;
+    aj_tma_boxes<AJ_WG_ROWS, AJ_HEAD_DIM_V, AJ_TILE_Q>(
+        maps.o, maps.orows, item.rows_start + (aj_i64)(wg * AJ_WG_ROWS) * item.rows_stride, item.rows_stride, item.head, (int)b,
+        [&](const aj_tensor_map& map, int at, int c0, int c1, int c2, int c3) {
+          if (k++ % 32 == lane) aj_tma_store_4d(map, src + at, c0, c1, c2, c3);
+        },
+        [&](const aj_tensor_map& map, int at, int c0, int c1, int c2, int c3, int c4) {
+          if (k++ % 32 == lane) aj_tma_store_5d(map, src + at, c0, c1, c2, c3, c4);
+        });
+    aj_bulk_commit();
+  }
+}
+#endif
+
 // A consumer thread's whole work item: the loop over its key tiles (`cur`, begun on the item), Q's
 // buffer released after the last, then the epilogue; returns the count after the item.
-__device__ __forceinline__ AjTmaCount aj_sm90_tma_consume(const AjParams& p, const AjSm90TmaRings& r, const AjItem& item, aj_i64 b,
-                                                          AjTileCursor cur, AjTmaCount count) {
+__device__ __forceinline__ AjTmaCount aj_sm90_tma_consume(const AjParams& p, const AjFwdTmaMaps& maps, const AjSm90TmaRings& r,
+                                                          const AjItem& item, aj_i64 b, AjTileCursor cur, AjTmaCount count) {
   const aj_u32 j0 = count.tiles;
   const int qb = (int)(count.items % AJ_Q_BUFFERS);
   AjSm90Shared sh = r.sh;
@@ -338,7 +412,12 @@ __device__ __forceinline__ AjTmaCount aj_sm90_tma_consume(const AjParams& p, con
   }
   if (any) aj_mbarrier_arrive(&r.q_empty[qb]);  // every wgmma on Q has been waited for
 
-  aj_tc_store_rows(p, item, b, warp_row + g, quad, acc, m, l);
+#ifdef AJ_O_STAGED
+  if (busy && wg_row + AJ_WG_ROWS <= item.rows_count)  // every row of the warpgroup's is the item's
+    aj_sm90_tma_store_o(p, maps, r, item, b, wg, warp_row + g, quad, acc, m, l);
+  else
+#endif
+    aj_tc_store_rows(p, item, b, warp_row + g, quad, acc, m, l);
   return aj_tma_count_after(count, (aj_u32)j);
 }
 
@@ -360,7 +439,7 @@ __device__ __forceinline__ AjFwdUnits aj_fwd_units(const AjParams& p) {
   return AjFwdUnits{(aj_i64)aj_block_idx_x(), (aj_i64)aj_grid_dim_x(), (aj_i64)p.num_items * p.batch};
 }
 
-__device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMaps& maps) {
+__device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjFwdTmaMaps& maps) {
   AJ_DYNAMIC_SHARED(aj_smem);
   unsigned char* const smem = aj_smem + ((1024 - aj_smem_addr(aj_smem) % 1024) % 1024);
   const AjSm90TmaRings r = aj_sm90_tma_rings(smem);
@@ -396,9 +475,9 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
 #ifdef AJ_PERSISTENT
       AjTmaCount c{0, 0};
       for (aj_i64 u = units.first; u < units.end; u += units.step)
-        c = aj_sm90_tma_produce(p, maps, r, p.items[u / p.batch], u % p.batch, c);
+        c = aj_sm90_tma_produce(p, maps.in, r, p.items[u / p.batch], u % p.batch, c);
 #else
-      aj_sm90_tma_produce(p, maps, r, item, b, AjTmaCount{0, 0});
+      aj_sm90_tma_produce(p, maps.in, r, item, b, AjTmaCount{0, 0});
 #endif
     }
     return;
@@ -411,11 +490,14 @@ __device__ __forceinline__ void aj_fwd_sm90_tma(const AjParams& p, const AjTmaMa
     const AjItem item = p.items[u / p.batch];
     AjTileCursor cur;
     cur.begin(p, item);
-    c = aj_sm90_tma_consume(p, r, item, u % p.batch, cur, c);
+    c = aj_sm90_tma_consume(p, maps, r, item, u % p.batch, cur, c);
   }
 #else
   AjTileCursor cur;
   cur.begin(p, item);
-  aj_sm90_tma_consume(p, r, item, b, cur, AjTmaCount{0, 0});
+  aj_sm90_tma_consume(p, maps, r, item, b, cur, AjTmaCount{0, 0});
+#endif
+#ifdef AJ_O_STAGED
+  if (tid / 32 % 4 == 0) aj_bulk_wait<0>();  // the warpgroup's last O stores are done before the block ends
 #endif
 }

@@ -96,6 +96,13 @@ int forward_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c, bool 
 int forward_q_buffers(const KernelRequest& r, const KernelConfig& c, bool persistent) {
   return persistent && forward_sm90_smem_bytes(r, c, true, 2) <= shared_limit(r.arch) ? 2 : 1;
 }
+
+// O's staging tile (AJ_O_STAGED: O stored by TMA, the store under the next item's loop): a
+// persistent kernel's, where it fits beside the Q buffers.
+int forward_o_staging_bytes(const KernelRequest& r, const KernelConfig& c) { return c.tile_q * r.head_dim_v * dtype_bytes(r.dtype); }
+bool forward_o_staged(const KernelRequest& r, const KernelConfig& c, bool persistent, int q_buffers) {
+  return persistent && forward_sm90_smem_bytes(r, c, true, q_buffers) + forward_o_staging_bytes(r, c) <= shared_limit(r.arch);
+}
 bool hopper(KernelPath p) { return p == KernelPath::Sm90 || p == KernelPath::Sm90Tma; }
 
 bool fp8_sm89(KernelPath path, const KernelRequest& r) { return path == KernelPath::Sm80 && r.dtype == DType::E4M3; }
@@ -247,6 +254,7 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
     os << "#define AJ_Q_IN_REGS 0\n#define AJ_Q_OVER_KV 0\n";  // fwd_sm80.cuh's, unused here
     if (k.tma_maps) os << "#define AJ_TMA_MAPS " << k.tma_maps << "\n";
     if (k.q_buffers) os << "#define AJ_Q_BUFFERS " << k.q_buffers << "\n";
+    if (k.o_staged) os << "#define AJ_O_STAGED 1\n";
   }
   auto dtype_code = [](DType d) { return d == DType::F32 ? 0 : d == DType::F16 ? 1 : d == DType::BF16 ? 2 : 3; };
   os << "#define AJ_DTYPE " << dtype_code(r.dtype) << "\n";
@@ -456,7 +464,10 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& request, con
   // across the loop over items, spilled into the tile loop (16 local accesses a tile at head dim 128).
   k.persistent = r.persistent && k.path == KernelPath::Sm90Tma && !k.seeks;
   k.q_buffers = k.path == KernelPath::Sm90Tma ? forward_q_buffers(r, k.config, k.persistent) : 0;
-  k.shared_bytes = k.q_buffers ? forward_sm90_smem_bytes(r, k.config, true, k.q_buffers) : smem_bytes(k.path, r, k.config);
+  k.o_staged = k.q_buffers && forward_o_staged(r, k.config, k.persistent, k.q_buffers);
+  k.shared_bytes = k.q_buffers ? forward_sm90_smem_bytes(r, k.config, true, k.q_buffers) +
+                                     (k.o_staged ? forward_o_staging_bytes(r, k.config) : 0)
+                               : smem_bytes(k.path, r, k.config);
   k.key_weights = r.pack_branches && branches_may_pack(p) && r.dtype != DType::E4M3;  // FP8: Separate plans
 
   std::ostringstream os;
@@ -472,7 +483,7 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& request, con
   os << "\n// ---- generated: entry point\n";
   // Minimum one block per SM: lets ptxas use every register it needs rather than spill.
   os << "extern \"C\" __global__ void __launch_bounds__(" << k.threads << ", 1) AJ_KERNEL_NAME(const AjParams p"
-     << (k.tma_maps ? ", const __grid_constant__ AjTmaMaps maps" : "") << ") {\n  "
+     << (k.tma_maps ? ", const __grid_constant__ AjFwdTmaMaps maps" : "") << ") {\n  "
      << (p.has_dynamic_layout() ? "aj_dynamic_check(p, " + std::to_string(k.threads) + ");  // a table on the device: count its problems\n  " : "")
      << (fp8                           ? "aj_fwd_sm90_fp8(p);"
          : fp8_89                      ? "aj_fwd_sm89_fp8(p);"

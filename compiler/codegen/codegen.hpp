@@ -105,6 +105,8 @@ struct KernelSource {
   bool persistent = false;    // Sm90Tma without the seek: the forward (or the backward's _dkdv) launched with at most
                               // one block per SM (AJ_PERSISTENT)
   int q_buffers = 0;          // the Sm90Tma forward's Q buffers (AJ_Q_BUFFERS): 2 where persistent and they fit, else 1
+  bool o_staged = false;      // the Sm90Tma forward stores O by TMA from shared memory (AJ_O_STAGED): persistent, where it fits;
+                              // its maps parameter then holds O's maps too (past 4 KB of parameters: CUDA 12.1 or later)
   std::string template_hash;  // of the templates it was rendered from
   std::string source_hash;    // sha256 of `source` (part of the cache key)
 };

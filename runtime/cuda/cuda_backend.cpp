@@ -351,10 +351,11 @@ public:
     KernelParams kp = kernel_params(entry.plan, problem_, tables, q, k, v, o, lse, options);
     const KernelSource* source = &source_;
     CUfunction function = main_.function;
-    TmaMaps maps{};
+    TmaForwardMaps maps{};
     if (source_.tma_maps) {
-      if (const auto specs = forward_tma_map_specs(entry.plan, problem_, q, k, v, source_.config.tile_q, source_.config.tile_k)) {
-        maps = encode_tma_maps(specs->kv, false, &specs->q);
+      if (const auto specs = forward_tma_map_specs(entry.plan, problem_, q, k, v, source_.o_staged ? &o : nullptr, source_.config.tile_q,
+                                                   source_.config.tile_k)) {
+        maps = encode_forward_tma_maps(*specs, false);
       } else {
         std::call_once(fallback_once_, [&] { fallback_ = load(fallback_source_, device_name_); });
         source = &fallback_source_, function = fallback_.function;

@@ -106,24 +106,43 @@ std::optional<TmaMapSpecs> tma_map_specs(const Plan& plan, const Problem& pb, co
   return specs_for(strides, "key", "seq_k", pb, k, &v, pb.heads_kv, pb.head_dim, pb.head_dim_v, pb.seq_k, tile_k, why);
 }
 
-std::optional<TmaMapSpecs> query_tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& q, int tile_q,
-                                               std::string* why) {
-  // A one-row item's stride is whatever its rows' spacing was and takes no map (as the backward's
-  // one-row entries).
+namespace {
+
+// The row strides of the plan's items of more than one row: a one-row item's stride is whatever
+// its rows' spacing was and takes no map (as the backward's one-row entries).
+std::vector<int64_t> item_row_strides(const Plan& plan) {
   std::vector<int64_t> strides;
   for (const WorkItem& it : plan.items)
     if (it.rows.count > 1 && std::find(strides.begin(), strides.end(), it.rows.stride) == strides.end())
       strides.push_back(it.rows.stride);
-  return specs_for(strides, "query", "seq_q", pb, q, nullptr, pb.heads_q, pb.head_dim, 0, pb.seq_q, tile_q, why);
+  return strides;
+}
+
+}  // namespace
+
+std::optional<TmaMapSpecs> query_tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& q, int tile_q,
+                                               std::string* why) {
+  return specs_for(item_row_strides(plan), "query", "seq_q", pb, q, nullptr, pb.heads_q, pb.head_dim, 0, pb.seq_q, tile_q, why);
+}
+
+std::optional<TmaMapSpecs> output_tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& o, int rows,
+                                                std::string* why) {
+  return specs_for(item_row_strides(plan), "query", "seq_q", pb, o, nullptr, pb.heads_q, pb.head_dim_v, 0, pb.seq_q, rows, why);
 }
 
 std::optional<TmaForwardSpecs> forward_tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& q, const TensorView& k,
-                                                     const TensorView& v, int tile_q, int tile_k, std::string* why) {
+                                                     const TensorView& v, const TensorView* o, int tile_q, int tile_k,
+                                                     std::string* why) {
   auto kv = tma_map_specs(plan, pb, k, v, tile_k, why);
   if (!kv) return std::nullopt;
   auto qs = query_tma_map_specs(plan, pb, q, tile_q, why);
   if (!qs) return std::nullopt;
-  return TmaForwardSpecs{*kv, *qs};
+  TmaForwardSpecs out{*kv, *qs, std::nullopt};
+  if (o) {
+    out.o = output_tma_map_specs(plan, pb, *o, std::min(tile_q, 64), why);  // a warpgroup's rows (AJ_WG_ROWS)
+    if (!out.o) return std::nullopt;
+  }
+  return out;
 }
 
 std::optional<TmaMapSpecs> backward_tma_map_specs(const BackwardPlan& key_major, const Problem& pb, const TensorView& q,
@@ -135,19 +154,36 @@ std::optional<TmaMapSpecs> backward_tma_map_specs(const BackwardPlan& key_major,
                    tile_q, why);
 }
 
+namespace {
+
+emu::TensorMapBytes encode(const emu::TensorMapSpec& m, bool emulated) {
+  return emulated ? emu::encode_emulated_tensor_map(m) : encode_tensor_map(m);
+}
+void rows_of(const TmaMapSpecs& s, TmaRows& out) {
+  for (int i = 0; i < s.used; ++i) out.stride[i] = s.strides[i], out.rows[i] = s.rows[i], out.fold[i] = s.fold[i];
+}
+
+}  // namespace
+
 TmaMaps encode_tma_maps(const TmaMapSpecs& specs, bool emulated, const TmaMapSpecs* query) {
-  auto encode = [&](const emu::TensorMapSpec& m) { return emulated ? emu::encode_emulated_tensor_map(m) : encode_tensor_map(m); };
-  auto rows = [](const TmaMapSpecs& s, TmaRows& out) {
-    for (int i = 0; i < s.used; ++i) out.stride[i] = s.strides[i], out.rows[i] = s.rows[i], out.fold[i] = s.fold[i];
-  };
   TmaMaps maps{};
-  for (int i = 0; i < specs.used; ++i) maps.k[i] = encode(specs.k[i]), maps.v[i] = encode(specs.v[i]);
-  rows(specs, maps.kv);
+  for (int i = 0; i < specs.used; ++i) maps.k[i] = encode(specs.k[i], emulated), maps.v[i] = encode(specs.v[i], emulated);
+  rows_of(specs, maps.kv);
   if (query) {
-    for (int i = 0; i < query->used; ++i) maps.q[i] = encode(query->k[i]);
-    rows(*query, maps.qr);
+    for (int i = 0; i < query->used; ++i) maps.q[i] = encode(query->k[i], emulated);
+    rows_of(*query, maps.qr);
   }
   return maps;  // unused entries: stride 0, never chosen (a tile's stride is at least 1)
+}
+
+TmaForwardMaps encode_forward_tma_maps(const TmaForwardSpecs& specs, bool emulated) {
+  TmaForwardMaps maps{};
+  maps.in = encode_tma_maps(specs.kv, emulated, &specs.q);
+  if (specs.o) {
+    for (int i = 0; i < specs.o->used; ++i) maps.o[i] = encode(specs.o->k[i], emulated);
+    rows_of(*specs.o, maps.orows);
+  }
+  return maps;
 }
 
 }  // namespace attnjit

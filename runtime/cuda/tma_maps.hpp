@@ -31,6 +31,14 @@ struct alignas(64) TmaMaps {
 };
 static_assert(sizeof(TmaMaps) == 3328 && offsetof(TmaMaps, q) == 2176 && offsetof(TmaMaps, qr) == 3200,
               "TmaMaps must match templates/fwd_sm90_tma.cuh's AjTmaMaps");
+// AjFwdTmaMaps of a kernel that stages O (AJ_O_STAGED); one that does not reads `in` alone.
+struct alignas(64) TmaForwardMaps {
+  TmaMaps in;
+  emu::TensorMapBytes o[kTmaMaps];
+  TmaRows orows;
+};
+static_assert(sizeof(TmaForwardMaps) == 4480 && offsetof(TmaForwardMaps, o) == 3328 && offsetof(TmaForwardMaps, orows) == 4352,
+              "TmaForwardMaps must match templates/fwd_sm90_tma.cuh's AjFwdTmaMaps");
 
 // The maps' specs for a call: key tensor k, value tensor v ([B, S, H, D], any strides with a
 // contiguous last dimension) and the plan's key spans, tiles of `tile_k` keys. Stride r up to 8:
@@ -55,6 +63,9 @@ std::optional<TmaMapSpecs> tma_map_specs(const Plan& plan, const Problem& pb, co
 // query heads; the same rules and refusals as the keys'.
 std::optional<TmaMapSpecs> query_tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& q, int tile_q,
                                                std::string* why = nullptr);
+// The same rows of the output O (head dim head_dim_v), for TMA stores of `rows` rows at most.
+std::optional<TmaMapSpecs> output_tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& o, int rows,
+                                                std::string* why = nullptr);
 
 // The backward TMA kernel's maps (templates/bwd_sm90_tma.cuh): Q's in `k` and dO's in `v`, one
 // pair per query-row stride of the key-major plan's entries of more than one row (the kernel reads
@@ -67,11 +78,15 @@ std::optional<TmaMapSpecs> backward_tma_map_specs(const BackwardPlan& key_major,
 // K/V (or backward's Q/dO) maps, and the forward's Q maps where given.
 TmaMaps encode_tma_maps(const TmaMapSpecs& specs, bool emulated, const TmaMapSpecs* query = nullptr);
 
-// Both of a forward call's sets of specs, or nullopt with the reason in *why.
+// A forward call's sets of specs (O's where `o` is given: a kernel that stages O, whose maps take
+// boxes of a warpgroup's 64 rows at most), or nullopt with the reason in *why.
 struct TmaForwardSpecs {
   TmaMapSpecs kv, q;
+  std::optional<TmaMapSpecs> o;
 };
 std::optional<TmaForwardSpecs> forward_tma_map_specs(const Plan& plan, const Problem& pb, const TensorView& q, const TensorView& k,
-                                                     const TensorView& v, int tile_q, int tile_k, std::string* why = nullptr);
+                                                     const TensorView& v, const TensorView* o, int tile_q, int tile_k,
+                                                     std::string* why = nullptr);
+TmaForwardMaps encode_forward_tma_maps(const TmaForwardSpecs& specs, bool emulated);
 
 }  // namespace attnjit

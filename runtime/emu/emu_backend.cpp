@@ -199,11 +199,12 @@ public:
     }
     const KernelSource* source = &source_;
     const emu::EmuModule* module = module_.get();
-    TmaMaps maps{};
+    TmaForwardMaps maps{};
+    const TensorView o_dev = rebased(o, io);
     if (source_.tma_maps) {
       if (const auto specs = forward_tma_map_specs(entry.plan, problem_, rebased(q, iq), rebased(k, ik), rebased(v, iv),
-                                                   source_.config.tile_q, source_.config.tile_k)) {
-        maps = encode_tma_maps(specs->kv, true, &specs->q);
+                                                   source_.o_staged ? &o_dev : nullptr, source_.config.tile_q, source_.config.tile_k)) {
+        maps = encode_forward_tma_maps(*specs, true);
       } else {
         std::call_once(fallback_once_, [&] {
           fallback_module_ =

@@ -133,6 +133,20 @@ __device__ __forceinline__ void aj_tma_load_5d(void* dst, const aj_tensor_map& m
                                                int c4) {
   AJ_TMA_LOAD(5, "%3, %4, %5, %6, %7", "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4));
 }
+// aj_tma_store_Nd: the reverse, one box from shared memory (laid out as a load of it would leave
+// it; written through the generic proxy, then fence.proxy.async and a barrier before the issue)
+// to the tensor, elements outside it dropped, in the issuing thread's open bulk group
+// (aj_bulk_commit; aj_bulk_wait_read before the source is written again).
+#define AJ_TMA_STORE(RANK, COORDS, ...)                                                                                      \
+  asm volatile("cp.async.bulk.tensor." #RANK "d.global.shared::cta.tile.bulk_group [%0, {" COORDS "}], [%1];" ::"l"((aj_u64)&map), \
+               "r"(aj_smem_addr(src)), __VA_ARGS__                                                                          \
+               : "memory")
+__device__ __forceinline__ void aj_tma_store_4d(const aj_tensor_map& map, const void* src, int c0, int c1, int c2, int c3) {
+  AJ_TMA_STORE(4, "%2, %3, %4, %5", "r"(c0), "r"(c1), "r"(c2), "r"(c3));
+}
+__device__ __forceinline__ void aj_tma_store_5d(const aj_tensor_map& map, const void* src, int c0, int c1, int c2, int c3, int c4) {
+  AJ_TMA_STORE(5, "%2, %3, %4, %5, %6", "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4));
+}
 #endif  // __CUDA_ARCH__ >= 900
 
 #else  // ---- emulation twins (the emulator's runtime, emulator/emu_abi.h) ----
@@ -196,6 +210,14 @@ __device__ __forceinline__ void aj_tma_load_5d(void* dst, const aj_tensor_map& m
                                                int c4) {
   const int c[5] = {c0, c1, c2, c3, c4};
   aj_emu_tma_load(dst, &map, c, 5, bar);
+}
+__device__ __forceinline__ void aj_tma_store_4d(const aj_tensor_map& map, const void* src, int c0, int c1, int c2, int c3) {
+  const int c[4] = {c0, c1, c2, c3};
+  aj_emu_tma_store(&map, c, 4, src);
+}
+__device__ __forceinline__ void aj_tma_store_5d(const aj_tensor_map& map, const void* src, int c0, int c1, int c2, int c3, int c4) {
+  const int c[5] = {c0, c1, c2, c3, c4};
+  aj_emu_tma_store(&map, c, 5, src);
 }
 
 #endif  // AJ_EMULATE

@@ -303,6 +303,21 @@ const Mutation kMutations[] = {
     {"sm_90a, TMA, persistent: the consumers count an item's tiles one short", "fwd_sm90_tma.cuh", "      ++j;\n      break;",
      "      break;", DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false,
      false, false, 1},
+    {"sm_90a, TMA, persistent, O by TMA: the staging rows written without fence.proxy.async", "fwd_sm90_tma.cuh",
+     "  aj_fence_proxy_async();  // the generic stores, then the TMA stores that read them\n", "\n", DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 1},
+    {"sm_90a, TMA, persistent, O by TMA: the staging rows rewritten before the last stores have read them", "fwd_sm90_tma.cuh",
+     "  if (issuers) aj_bulk_wait_read<0>();  // the last stores have read the staging rows\n", "\n", DType::BF16, false, false, 128, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 1},
+    {"sm_90a, TMA, persistent, O by TMA: no barrier before the staging rows are rewritten", "fwd_sm90_tma.cuh",
+     "  if (issuers) aj_bulk_wait_read<0>();  // the last stores have read the staging rows\n  aj_named_sync(AJ_O_BARRIER + wg, 128);\n", "  if (issuers) aj_bulk_wait_read<0>();  // the last stores have read the staging rows\n", DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 1},
+    {"sm_90a, TMA, persistent, O by TMA: no barrier between the staging rows' stores and the TMA stores", "fwd_sm90_tma.cuh",
+     "  aj_fence_proxy_async();  // the generic stores, then the TMA stores that read them\n  aj_named_sync(AJ_O_BARRIER + wg, 128);\n", "  aj_fence_proxy_async();  // the generic stores, then the TMA stores that read them\n", DType::BF16, false, false, 128, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 1},
+    {"sm_90a, TMA, persistent, O by TMA: the block ends before its last stores are done", "fwd_sm90_tma.cuh",
+     "  if (tid / 32 % 4 == 0) aj_bulk_wait<0>();", "", DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 1},
+    // (one causal branch: items of 128 rows, so both warpgroups store by TMA)
+    {"sm_90a, TMA, persistent, O by TMA: every warpgroup's boxes from warpgroup 0's staging rows", "fwd_sm90_tma.cuh",
+     "    const unsigned char* const src = o + wg * AJ_WG_ROWS * AJ_SW;", "    const unsigned char* const src = o;", DType::BF16, false, false, 128, true, true, false, false, false, false, KernelConfig{}, false, false, 0, true, false, false, false, 1},
+    {"sm_90a, TMA, persistent, O by TMA: the staging rows written without the swizzle", "fwd_sm90_tma.cuh",
+     "((((col % AJ_COLS) / 8) ^ (tr % 8)) << 4)", "(((col % AJ_COLS) / 8) << 4)", DType::BF16, false, false, 64, true, true, false, false, false, false, KernelConfig{}, false, false, 0, false, false, false, false, 1},
     {"the softmax's exponent fused with the scale (the maximum's weight not exactly 1)", "fwd_sm80.cuh",
      "aj_mul_rn(s[j][e], scale_log2) - base[e >> 1]", "fmaf(s[j][e], scale_log2, -base[e >> 1])", DType::BF16,
      false, false, 64, false, true, false, false, false, false, KernelConfig{}, false, true},
@@ -310,7 +325,7 @@ const Mutation kMutations[] = {
      "aj_mul_rn(s[j][e], scale_log2) - base[e >> 1]", "fmaf(s[j][e], scale_log2, -base[e >> 1])", DType::BF16,
      false, false, 64, true, true, false, false, false, false, KernelConfig{}, false, true},
     {"a row a masked non-finite V reached is not summed again", "fwd_sm80.cuh",
-     "    *(aj_u32*)(tile + r0 * AJ_DVP + col) = w0;", "    bad[0] = bad[1] = false;\n    *(aj_u32*)(tile + r0 * AJ_DVP + col) = w0;",
+     "    *at(r0, col) = w0;", "    bad[0] = bad[1] = false;\n    *at(r0, col) = w0;",
      DType::BF16, false, false, 64, false, true, false, false, false, false, KernelConfig{}, true},
     {"sm_90a, TMA: a row a masked non-finite V reached is not summed again", "fwd_sm80.cuh",
      "    if (r0 < item.rows_count) *(aj_u32*)(ob + i0", "    bad[0] = bad[1] = false;\n    if (r0 < item.rows_count) *(aj_u32*)(ob + i0",
@@ -615,6 +630,13 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
                      false, 0, false, false, false, false, 2) == "");
   CHECK(check_kernel(embedded, DType::BF16, false, false, 64, true, true, false, false, false, false, {}, false, false, 0, true, false,
                      false, false, 1) == "");  // causal: items whose three warpgroups all read Q
+  // ... at head dim 128 (two Q buffers; O staged and stored by TMA, by both warpgroups on the causal
+  // branch's 128-row items) and 256 (one Q buffer, O stored from registers).
+  for (const auto& [d, causal] : {std::pair<int64_t, bool>{128, false}, {128, true}, {256, false}}) {
+    INFO("sm_90a TMA, one persistent block, head dim " << d << (causal ? ", causal" : ""));
+    CHECK(check_kernel(embedded, DType::BF16, false, false, d, true, true, false, false, false, false, {}, false, false, 0, causal, false,
+                       false, false, 1) == "");
+  }
   // Persistent blocks in the TMA backward: one block for every key item, two (single pass), two in
   // the deterministic mode (a launch per layer).
   for (const auto& [blocks, deterministic] : {std::pair<int, bool>{1, false}, {2, false}, {2, true}}) {

@@ -556,15 +556,44 @@ TEST_CASE("the TMA forward's Q maps: one per query-row stride of the plan's item
   const Problem pb{2, 1024, 1024, 4, 2, 128, 128, DType::BF16, {}};
   const auto both = forward_tma_map_specs(plan, pb, TensorView::contiguous(q, DType::BF16, {2, 1024, 4, 128}),
                                           TensorView::contiguous(k, DType::BF16, {2, 1024, 2, 128}),
-                                          TensorView::contiguous(v, DType::BF16, {2, 1024, 2, 128}), 128, 128, &why);
+                                          TensorView::contiguous(v, DType::BF16, {2, 1024, 2, 128}), nullptr, 128, 128, &why);
   REQUIRE(both);
+  CHECK_FALSE(both->o);  // a kernel that does not stage O takes no O maps
   CHECK(both->kv.used == 2);
   CHECK(both->kv.strides[1] == 16);
   const int m16 = map_of(both->q, 16);
   CHECK(both->q.fold[m16] == 2);  // 16 folded by 2
   CHECK_FALSE(forward_tma_map_specs(plan, pb, TensorView::contiguous(q + 1, DType::BF16, {2, 1024, 4, 128}),
                                     TensorView::contiguous(k, DType::BF16, {2, 1024, 2, 128}),
-                                    TensorView::contiguous(v, DType::BF16, {2, 1024, 2, 128}), 128, 128, &why));
+                                    TensorView::contiguous(v, DType::BF16, {2, 1024, 2, 128}), nullptr, 128, 128, &why));
+  CHECK_THAT(why, Catch::Contains("16-byte aligned"));
+  // O's maps (a kernel that stages O and stores it by TMA): the same strides, boxes of a
+  // warpgroup's 64 rows at most, the query heads and head_dim_v.
+  alignas(64) static uint16_t o[2 * 1024 * 4 * 64 + 8];
+  const TensorView ov = TensorView::contiguous(o, DType::BF16, {2, 1024, 4, 64});
+  const Problem pbv{2, 1024, 1024, 4, 2, 128, 64, DType::BF16, {}};
+  const auto with_o = forward_tma_map_specs(plan, pbv, TensorView::contiguous(q, DType::BF16, {2, 1024, 4, 128}),
+                                            TensorView::contiguous(k, DType::BF16, {2, 1024, 2, 128}),
+                                            TensorView::contiguous(v, DType::BF16, {2, 1024, 2, 64}), &ov, 128, 128, &why);
+  REQUIRE(with_o);
+  REQUIRE(with_o->o);
+  CHECK(std::vector<int64_t>(with_o->o->strides, with_o->o->strides + with_o->o->used) ==
+        std::vector<int64_t>(with_o->q.strides, with_o->q.strides + with_o->q.used));
+  for (int i = 0; i < with_o->o->used; ++i) {
+    INFO("map " << i);
+    CHECK(with_o->o->rows[i] <= 64);
+    CHECK(64 % with_o->o->rows[i] == 0);
+    CHECK(with_o->o->k[i].address == reinterpret_cast<uintptr_t>(o));
+    CHECK(with_o->o->k[i].dims[0] == 64);  // head_dim_v
+  }
+  CHECK(with_o->o->rows[map_of(*with_o->o, 2)] == 64);  // 2 x 64 = 128 <= 256
+  const TmaForwardMaps fmaps = encode_forward_tma_maps(*with_o, true);
+  CHECK(fmaps.orows.stride[0] == with_o->o->strides[0]);
+  CHECK(fmaps.in.qr.stride[0] == with_o->q.strides[0]);
+  const TensorView o_misaligned = TensorView::contiguous(o + 1, DType::BF16, {2, 1024, 4, 64});
+  CHECK_FALSE(forward_tma_map_specs(plan, pbv, TensorView::contiguous(q, DType::BF16, {2, 1024, 4, 128}),
+                                    TensorView::contiguous(k, DType::BF16, {2, 1024, 2, 128}),
+                                    TensorView::contiguous(v, DType::BF16, {2, 1024, 2, 64}), &o_misaligned, 128, 128, &why));
   CHECK_THAT(why, Catch::Contains("16-byte aligned"));
   // Encoded, the Q maps and their rows sit after the keys' (AjTmaMaps::q and qr).
   const TmaMaps maps = encode_tma_maps(both->kv, true, &both->q);
@@ -633,5 +662,72 @@ extern "C" __global__ void bulk(const float* in, float* out) {
                  "#define DST 4\n#define SRC 8\n#define BYTES 64\n"),
              Catch::Contains("changed before thread 0") && Catch::Contains("the copy may still read it"));
   CHECK_THAT(run("#define FENCE aj_fence_proxy_async()\n#define CHANGE\n#define WAIT\n#define DST 4\n#define SRC 8\n#define BYTES 64\n"),
-             Catch::Contains("exits with a cp.reduce.async.bulk not waited for"));
+             Catch::Contains("exits with a bulk copy (cp.reduce.async.bulk or a TMA store) not waited for"));
+}
+
+// A TMA store in the emulator (cp.async.bulk.tensor ... global.shared::cta ... bulk_group): a box
+// of 32 rows written by 128 threads in the 128-byte swizzle's layout goes to rows ROW0.. of a
+// [40][64] matrix, rows past its end dropped; it lands at the issuing thread's wait, and a source
+// written without fence.proxy.async, changed before the wait or never waited for is reported.
+TEST_CASE("TMA store: a swizzled box lands at the wait, rows outside dropped; its misuses are reported", "[emu][tma]") {
+  const char* body = R"(
+extern "C" __global__ void store(const aj_tensor_map* maps, unsigned short* out) {
+  AJ_DYNAMIC_SHARED(smem);
+  unsigned char* tile = smem + ((1024 - aj_smem_addr(smem) % 1024) % 1024);
+  const int t = aj_thread_idx();
+  for (int e = t; e < 32 * 64; e += 128) {  // element (r, c) = 1000 r + c, where a load would put it
+    const int r = e / 64, c = e % 64;
+    *(unsigned short*)(tile + r * 128 + (((c / 8) ^ (r % 8)) << 4) + (c % 8) * 2) = (unsigned short)(1000 * r + c);
+  }
+  FENCE;
+  aj_syncthreads();
+  if (t == 0) {
+    aj_tma_store_2d(maps[0], tile, 0, ROW0);
+    aj_bulk_commit();
+    CHANGE;
+    WAIT;
+  }
+}
+)";
+  std::vector<uint16_t> out(40 * 64);
+  auto run = [&](const std::string& defines) {
+    const std::string source = TemplateSet::embedded().blocks() + "\n" + defines + "\n" +
+                               "__device__ __forceinline__ void aj_tma_store_2d(const aj_tensor_map& map, const void* src, int c0, int c1) {\n"
+                               "  const int c[2] = {c0, c1};\n  aj_emu_tma_store(&map, c, 2, src);\n}\n" + body;
+    auto m = load_emu_module(compile_for_emulator({"store", source, "sm_90a", "", {}}, default_kernel_cache(), knobs()));
+    std::fill(out.begin(), out.end(), uint16_t(7));
+    alignas(64) static TensorMapBytes map;
+    map = encode_emulated_tensor_map(matrix_map(uintptr_t(out.data()), 40, 32, 128));
+    const TensorMapBytes* pmap = &map;
+    uint16_t* pout = out.data();
+    void* args[] = {&pmap, &pout};
+    LaunchRequest r;
+    r.block_threads = 128;
+    r.dynamic_shared = 2 * 4096;
+    r.args = args;
+    r.timeout_s = 60;
+    r.buffers = {{"maps", &map, sizeof(map), 64, false}, {"out", out.data(), out.size() * 2, 2, true}};
+    try {
+      m->launch(r);
+    } catch (const KernelFault& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string ok = "#define FENCE aj_fence_proxy_async()\n#define CHANGE\n#define WAIT aj_bulk_wait_read<0>()\n";
+  REQUIRE(run(ok + "#define ROW0 20\n") == "");
+  for (int r = 0; r < 40; ++r)
+    for (int c = 0; c < 64; ++c) {
+      INFO("row " << r << ", column " << c);
+      CHECK(out[size_t(r * 64 + c)] == (r >= 20 ? uint16_t(1000 * (r - 20) + c) : uint16_t(7)));  // box rows 20..39 land, 40..51 dropped
+    }
+  REQUIRE(run(ok + "#define ROW0 0\n") == "");
+  CHECK(out[size_t(31 * 64 + 5)] == 31005);
+  CHECK(out[size_t(32 * 64 + 5)] == 7);
+  CHECK_THAT(run("#define FENCE\n#define CHANGE\n#define WAIT aj_bulk_wait_read<0>()\n#define ROW0 0\n"),
+             Catch::Contains("with no fence.proxy.async after it (the store reads through the async proxy)"));
+  CHECK_THAT(run("#define FENCE aj_fence_proxy_async()\n#define CHANGE tile[0] = 1\n#define WAIT aj_bulk_wait_read<0>()\n#define ROW0 0\n"),
+             Catch::Contains("the source of the TMA store") && Catch::Contains("changed before thread 0"));
+  CHECK_THAT(run("#define FENCE aj_fence_proxy_async()\n#define CHANGE\n#define WAIT\n#define ROW0 0\n"),
+             Catch::Contains("exits with a bulk copy"));
 }
