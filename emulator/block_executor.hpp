@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "emulator/fiber.hpp"
+#include "emulator/tensor_map.hpp"
 
 namespace attnjit::emu {
 
@@ -150,6 +151,10 @@ public:
   void tma_store(const void* tensor_map, const int* coords, int rank, const void* src, const void* pc);
 
 private:
+  // A TMA instruction's map, decoded and checked against its rank, and its shared box (`role`:
+  // destination or source) checked for size, alignment and swizzle; the box's offset in *off.
+  TensorMapSpec tma_box(const void* tensor_map, int rank, const void* smem, const std::string& what, const char* role, size_t* off,
+                        const void* pc);
   enum class State : uint8_t { Ready, Running, AtBarrier, AtCollective, AtMbarrier, AtNamedBarrier, AtWgmmaWait, Done, Aborted };
   enum class Op : uint8_t { None, Shfl, Ldmatrix, Stmatrix, Mma, Wgmma, WarpSync };
   struct PendingCopy {

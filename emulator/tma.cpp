@@ -153,40 +153,16 @@ bool BlockExecutor::mbarrier_test(void* bar, unsigned parity, const void* pc) {
   return true;
 }
 
-void BlockExecutor::tma_load(void* dst, const void* tensor_map, const int* coords, int rank, void* bar, const void* pc) {
-  tick();
-  const std::string what = "cp.async.bulk.tensor." + std::to_string(rank) + "d by " + who(current_->tid) + " at " + where(pc);
-  const std::optional<TensorMapSpec> map = decode_emulated_tensor_map(tensor_map);
-  if (!map)
-    fail(what + ": the tensor map is not one the emulator can read (made by attnjit::emu::encode_emulated_tensor_map; a map "
-                "the CUDA driver encoded is opaque here)");
-  const TensorMapSpec& s = *map;
-  if (s.rank != rank) fail(what + ": the tensor map has rank " + std::to_string(s.rank) + ", the instruction gives " + std::to_string(rank) + " coordinates");
-  const int b = find_mbarrier(bar, "cp.async.bulk.tensor", pc);
-  const uint64_t bytes = box_bytes(s);
-  const size_t off = shared_offset(dst, bytes, "cp.async.bulk.tensor destination", pc);
-  if (off + bytes > launch_.dynamic_shared)
-    fail(what + ": the box of " + std::to_string(bytes) + " bytes at shared offset " + std::to_string(off) + " does not fit the block's dynamic shared memory");
-  if (off % box_alignment(s))
-    fail(what + ": the destination (shared offset " + std::to_string(off) + ") is not " + std::to_string(box_alignment(s)) + "-byte aligned, as " +
-         (s.swizzle ? "a " + std::to_string(s.swizzle) + "-byte swizzle" : std::string("a box")) + " needs");
-  if (s.swizzle && uint64_t(s.box[0]) * uint64_t(element_bytes(s.type)) != uint64_t(s.swizzle))
-    fail(what + ": a swizzled box whose inner dimension is narrower than the swizzle is not modelled by the emulator; make box[0] span the swizzle");
+namespace {
 
-  TmaOp op;
-  op.bar = b, op.pc = pc, op.tid = current_->tid, op.bytes = bytes;
-  op.element_bytes = element_bytes(s.type);
-  const int eb = op.element_bytes;
+// Calls at(l, address) for each element l of the box at `coords` (innermost first, in the order a
+// load lays them out), with the element's global address, or 0 where it lies outside the tensor.
+template <typename At>
+void for_each_box_element(const TensorMapSpec& s, const int* coords, int rank, At&& at) {
+  const uint64_t eb = uint64_t(element_bytes(s.type));
   uint32_t n[5] = {1, 1, 1, 1, 1};
   uint64_t total = 1;
   for (int d = 0; d < rank; ++d) total *= (n[d] = box_elements(s, d));
-  op.dst.resize(total);
-  op.data.resize(total * size_t(eb));
-  uint8_t fill[4] = {0, 0, 0, 0};
-  if (s.oob_nan) {  // the canonical NaN of the type
-    const uint32_t nan = eb == 4 ? 0x7fffffffu : 0x7fffu;
-    std::memcpy(fill, &nan, size_t(eb));
-  }
   for (uint64_t l = 0; l < total; ++l) {
     uint64_t rest = l, addr = s.address;
     bool inside = true;
@@ -195,10 +171,57 @@ void BlockExecutor::tma_load(void* dst, const void* tensor_map, const int* coord
       rest /= n[d];
       const int64_t g = int64_t(coords[d]) + i * (d == 0 ? 1 : int64_t(s.element_strides[size_t(d)]));
       if (g < 0 || g >= int64_t(s.dims[size_t(d)])) inside = false;
-      else addr += uint64_t(g) * (d == 0 ? uint64_t(eb) : s.strides[size_t(d)]);
+      else addr += uint64_t(g) * (d == 0 ? eb : s.strides[size_t(d)]);
     }
+    at(l, inside ? addr : 0);
+  }
+}
+
+}  // namespace
+
+TensorMapSpec BlockExecutor::tma_box(const void* tensor_map, int rank, const void* smem, const std::string& what, const char* role,
+                                     size_t* off, const void* pc) {
+  const std::optional<TensorMapSpec> map = decode_emulated_tensor_map(tensor_map);
+  if (!map)
+    fail(what + ": the tensor map is not one the emulator can read (made by attnjit::emu::encode_emulated_tensor_map; a map "
+                "the CUDA driver encoded is opaque here)");
+  const TensorMapSpec& s = *map;
+  if (s.rank != rank) fail(what + ": the tensor map has rank " + std::to_string(s.rank) + ", the instruction gives " + std::to_string(rank) + " coordinates");
+  const uint64_t bytes = box_bytes(s);
+  *off = shared_offset(smem, bytes, (std::string("cp.async.bulk.tensor ") + role).c_str(), pc);
+  if (*off + bytes > launch_.dynamic_shared)
+    fail(what + ": the box of " + std::to_string(bytes) + " bytes at shared offset " + std::to_string(*off) + " does not fit the block's dynamic shared memory");
+  if (*off % box_alignment(s))
+    fail(what + ": the " + role + " (shared offset " + std::to_string(*off) + ") is not " + std::to_string(box_alignment(s)) + "-byte aligned, as " +
+         (s.swizzle ? "a " + std::to_string(s.swizzle) + "-byte swizzle" : std::string("a box")) + " needs");
+  if (s.swizzle && uint64_t(s.box[0]) * uint64_t(element_bytes(s.type)) != uint64_t(s.swizzle))
+    fail(what + ": a swizzled box whose inner dimension is narrower than the swizzle is not modelled by the emulator; make box[0] span the swizzle");
+  return s;
+}
+
+void BlockExecutor::tma_load(void* dst, const void* tensor_map, const int* coords, int rank, void* bar, const void* pc) {
+  tick();
+  const std::string what = "cp.async.bulk.tensor." + std::to_string(rank) + "d by " + who(current_->tid) + " at " + where(pc);
+  size_t off = 0;
+  const TensorMapSpec s = tma_box(tensor_map, rank, dst, what, "destination", &off, pc);
+  const int b = find_mbarrier(bar, "cp.async.bulk.tensor", pc);
+  const uint64_t bytes = box_bytes(s);
+
+  TmaOp op;
+  op.bar = b, op.pc = pc, op.tid = current_->tid, op.bytes = bytes;
+  op.element_bytes = element_bytes(s.type);
+  const int eb = op.element_bytes;
+  const uint64_t total = bytes / uint64_t(eb);
+  op.dst.resize(total);
+  op.data.resize(total * size_t(eb));
+  uint8_t fill[4] = {0, 0, 0, 0};
+  if (s.oob_nan) {  // the canonical NaN of the type
+    const uint32_t nan = eb == 4 ? 0x7fffffffu : 0x7fffu;
+    std::memcpy(fill, &nan, size_t(eb));
+  }
+  for_each_box_element(s, coords, rank, [&](uint64_t l, uint64_t addr) {
     uint8_t* out = op.data.data() + l * size_t(eb);
-    if (inside) {
+    if (addr) {
       const void* src = reinterpret_cast<const void*>(uintptr_t(addr));
       check_global(src, size_t(eb), false, "cp.async.bulk.tensor source (the tensor map reaches past its buffer)", pc);
       std::memcpy(out, src, size_t(eb));
@@ -206,7 +229,7 @@ void BlockExecutor::tma_load(void* dst, const void* tensor_map, const int* coord
       std::memcpy(out, fill, size_t(eb));
     }
     op.dst[l] = swizzle_address(uint32_t(off + l * size_t(eb)), s.swizzle);
-  }
+  });
   const uint32_t id = uint32_t(tma_ops_.size()) + 1;
   for (uint32_t a : op.dst)
     for (uint32_t k = a; k < a + uint32_t(eb); ++k) {
@@ -227,19 +250,9 @@ void BlockExecutor::tma_store(const void* tensor_map, const int* coords, int ran
   tick();
   Thread& t = *current_;
   const std::string what = "cp.async.bulk.tensor." + std::to_string(rank) + "d (a store) by " + who(t.tid) + " at " + where(pc);
-  const std::optional<TensorMapSpec> map = decode_emulated_tensor_map(tensor_map);
-  if (!map)
-    fail(what + ": the tensor map is not one the emulator can read (made by attnjit::emu::encode_emulated_tensor_map; a map "
-                "the CUDA driver encoded is opaque here)");
-  const TensorMapSpec& s = *map;
-  if (s.rank != rank) fail(what + ": the tensor map has rank " + std::to_string(s.rank) + ", the instruction gives " + std::to_string(rank) + " coordinates");
+  size_t off = 0;
+  const TensorMapSpec s = tma_box(tensor_map, rank, src, what, "source", &off, pc);
   const uint64_t bytes = box_bytes(s);
-  const size_t off = shared_offset(src, bytes, "cp.async.bulk.tensor source", pc);
-  if (off % box_alignment(s))
-    fail(what + ": the source (shared offset " + std::to_string(off) + ") is not " + std::to_string(box_alignment(s)) + "-byte aligned, as " +
-         (s.swizzle ? "a " + std::to_string(s.swizzle) + "-byte swizzle" : std::string("a box")) + " needs");
-  if (s.swizzle && uint64_t(s.box[0]) * uint64_t(element_bytes(s.type)) != uint64_t(s.swizzle))
-    fail(what + ": a swizzled box whose inner dimension is narrower than the swizzle is not modelled by the emulator; make box[0] span the swizzle");
   // Read through the async proxy: a generic store to the source needs its writer's
   // fence.proxy.async, and a barrier between the writers and this thread (shared_read).
   for (size_t b = off; b < off + bytes; ++b) {
@@ -251,31 +264,19 @@ void BlockExecutor::tma_store(const void* tensor_map, const int* coords, int ran
   shared_read(off, size_t(bytes), t.tid, pc);
 
   BulkReduce op{nullptr, off, {}, pc, {}, {}, element_bytes(s.type)};
-  const int eb = op.element_bytes;
-  uint32_t n[5] = {1, 1, 1, 1, 1};
-  uint64_t total = 1;
-  for (int d = 0; d < rank; ++d) total *= (n[d] = box_elements(s, d));
+  const size_t eb = size_t(op.element_bytes), total = size_t(bytes) / eb;
   op.from.resize(total);
   op.to.resize(total);
-  op.bytes.resize(total * size_t(eb));
-  for (uint64_t l = 0; l < total; ++l) {
-    uint64_t rest = l, addr = s.address;
-    bool inside = true;
-    for (int d = 0; d < rank; ++d) {
-      const int64_t i = int64_t(rest % n[d]);
-      rest /= n[d];
-      const int64_t g = int64_t(coords[d]) + i * (d == 0 ? 1 : int64_t(s.element_strides[size_t(d)]));
-      if (g < 0 || g >= int64_t(s.dims[size_t(d)])) inside = false;
-      else addr += uint64_t(g) * (d == 0 ? uint64_t(eb) : s.strides[size_t(d)]);
-    }
-    op.from[l] = swizzle_address(uint32_t(off + l * size_t(eb)), s.swizzle);
-    std::memcpy(op.bytes.data() + l * size_t(eb), arena_.data() + op.from[l], size_t(eb));
-    if (inside) {
+  op.bytes.resize(total * eb);
+  for_each_box_element(s, coords, rank, [&](uint64_t l, uint64_t addr) {
+    op.from[l] = swizzle_address(uint32_t(off + l * eb), s.swizzle);
+    std::memcpy(op.bytes.data() + l * eb, arena_.data() + op.from[l], eb);
+    if (addr) {
       uint8_t* dst = reinterpret_cast<uint8_t*>(uintptr_t(addr));
-      check_global(dst, size_t(eb), true, "cp.async.bulk.tensor destination (the tensor map reaches past its buffer)", pc);
+      check_global(dst, eb, true, "cp.async.bulk.tensor destination (the tensor map reaches past its buffer)", pc);
       op.to[l] = dst;
     }
-  }
+  });
   t.bulk_open.push_back(std::move(op));
 }
 

@@ -90,6 +90,11 @@ struct AjFwdTmaMaps {
   AjTmaRows orows;
 #endif
 };
+// The host's TmaMaps and TmaForwardMaps (runtime/cuda/tma_maps.hpp), byte for byte.
+static_assert(AJ_TMA_MAPS != 8 || sizeof(AjTmaMaps) == 3328, "kernel ABI: AjTmaMaps changed size");
+#ifdef AJ_O_STAGED
+static_assert(AJ_TMA_MAPS != 8 || sizeof(AjFwdTmaMaps) == 4480, "kernel ABI: AjFwdTmaMaps changed size");
+#endif
 #define AJ_MAPS_K 0  // which of a AjTmaMaps' sets aj_tma_rows reads through
 #define AJ_MAPS_V 1
 #define AJ_MAPS_Q 2

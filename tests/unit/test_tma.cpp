@@ -604,6 +604,26 @@ TEST_CASE("the TMA forward's Q maps: one per query-row stride of the plan's item
   CHECK(encode_tma_maps(both->kv, true).qr.stride[0] == 0);  // the backward's: no Q maps
 }
 
+namespace {
+
+// One block of `threads` running a kernel of the emulator module, its fault's text ("" if none).
+std::string launch_block(const EmuModule& m, unsigned threads, size_t shared, void** args, std::vector<GlobalBuffer> buffers) {
+  LaunchRequest r;
+  r.block_threads = threads;
+  r.dynamic_shared = shared;
+  r.args = args;
+  r.timeout_s = 60;
+  r.buffers = std::move(buffers);
+  try {
+    m.launch(r);
+  } catch (const KernelFault& e) {
+    return std::string(e.what());
+  }
+  return std::string();
+}
+
+}  // namespace
+
 // cp.reduce.async.bulk ... .add.f32 in the emulator: the adds land at the issuing thread's wait;
 // a wrong size, a misaligned end, a source written without fence.proxy.async, a source changed
 // before the wait and a thread that exits with its group pending are each reported by name.
@@ -633,18 +653,7 @@ extern "C" __global__ void bulk(const float* in, float* out) {
     const float* pin = in.data();
     float* pout = out.data();
     void* args[] = {&pin, &pout};
-    LaunchRequest r;
-    r.block_threads = 32;
-    r.dynamic_shared = 128;
-    r.args = args;
-    r.timeout_s = 60;
-    r.buffers = {{"in", in.data(), in.size() * 4, 4, false}, {"out", out.data(), out.size() * 4, 4, true}};
-    try {
-      m->launch(r);
-    } catch (const KernelFault& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return launch_block(*m, 32, 128, args, {{"in", in.data(), in.size() * 4, 4, false}, {"out", out.data(), out.size() * 4, 4, true}});
   };
   const std::string ok = "#define FENCE aj_fence_proxy_async()\n#define CHANGE\n#define WAIT aj_bulk_wait_read<0>()\n";
   REQUIRE(run(ok + "#define DST 4\n#define SRC 8\n#define BYTES 64\n") == "");
@@ -701,18 +710,7 @@ extern "C" __global__ void store(const aj_tensor_map* maps, unsigned short* out)
     const TensorMapBytes* pmap = &map;
     uint16_t* pout = out.data();
     void* args[] = {&pmap, &pout};
-    LaunchRequest r;
-    r.block_threads = 128;
-    r.dynamic_shared = 2 * 4096;
-    r.args = args;
-    r.timeout_s = 60;
-    r.buffers = {{"maps", &map, sizeof(map), 64, false}, {"out", out.data(), out.size() * 2, 2, true}};
-    try {
-      m->launch(r);
-    } catch (const KernelFault& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return launch_block(*m, 128, 2 * 4096, args, {{"maps", &map, sizeof(map), 64, false}, {"out", out.data(), out.size() * 2, 2, true}});
   };
   const std::string ok = "#define FENCE aj_fence_proxy_async()\n#define CHANGE\n#define WAIT aj_bulk_wait_read<0>()\n";
   REQUIRE(run(ok + "#define ROW0 20\n") == "");
