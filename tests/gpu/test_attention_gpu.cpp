@@ -342,8 +342,9 @@ TEST_CASE("exponentials on the FMA pipe give the reference's softmax on every te
 // consumer warpgroups) and 128; one block (every unit in it), two and three (rounds that leave
 // blocks idle at the end), one per SM (the emu device's 4); a batch of 3 (units interleave the batch
 // entries); GQA and a last tile cut short; head dim 256 in one block (one Q buffer, reused by
-// every item); rows with work only (items without tiles between others). On a GPU without the Hopper kernels the option must change nothing, which the same
-// cases check.
+// every item); rows with work only (items without tiles between others); in the emulator also a
+// random sweep and every tile the autotuner offers the Hopper path. On a GPU without the Hopper
+// kernels the option must change nothing, which the same cases check.
 TEST_CASE("persistent blocks give the reference on every example", "[gpu][emu][attention][persistent]") {
   SKIP_WITHOUT_GPU();
   std::vector<Case> cases;
@@ -363,6 +364,27 @@ TEST_CASE("persistent blocks give the reference on every example", "[gpu][emu][a
         c.persistent_blocks = blocks;
         cases.push_back(std::move(c));
       }
+  // A random sweep (head dims 64, 128, 256; 1, 2 and 3 blocks) and every tile configuration the
+  // autotuner offers the Hopper path, in two blocks: the Q buffers, O's staging and stores (where
+  // shared memory has room for them) at every tile.
+  if (target() == Target::Emu) {
+    std::mt19937_64 rng(9190);
+    int r = 0;
+    for (Case& c : random_cases(9190, int(env_number("ATTNJIT_GPU_TESTS_RANDOM_PERSISTENT", 12)), true)) {
+      const int64_t dims[] = {64, 128, 256};
+      c.shape.head_dim = c.shape.head_dim_v = dims[rng() % 3];
+      if (c.dtype == DType::F32) c.dtype = DType::BF16;
+      c.arch = 90, c.sm90a = true, c.tma = true;
+      c.persistent_blocks = 1 + r++ % 3;
+      c.name += "/sm90a/persistent" + std::to_string(c.persistent_blocks);
+      cases.push_back(std::move(c));
+    }
+    for (Case& c : config_cases(203, 90, true)) {
+      c.persistent_blocks = 2;
+      c.name += "/persistent2";
+      cases.push_back(std::move(c));
+    }
+  }
   for (const Path& path : paths) {  // head dim 256: one Q buffer, which each item's Q waits for
     const auto [pname, pattern] = example_patterns().front();
     Case c;
@@ -371,6 +393,17 @@ TEST_CASE("persistent blocks give the reference on every example", "[gpu][emu][a
     c.seed = seed++;
     c.shape = make_shape(2, 300, 300, 4, 2, 256);
     c.persistent_blocks = 1;
+    cases.push_back(std::move(c));
+  }
+  for (const Path& path : paths) {  // O stored by TMA through a map of row stride 2 (items of 128 rows)
+    Case c;
+    c.name = "dilated2-rows-with-work/persistent2-" + std::string(path.name);
+    c.pattern = PatternBuilder().branch(BranchSpec().segment(512).dilation(2).offset(OffsetRule::HeadMod)).build();
+    c.dtype = path.dtype, c.arch = path.arch, c.sm90a = path.sm90a, c.tma = path.tma;
+    c.seed = seed++;
+    c.shape = make_shape(1, 600, 600, 2, 1, 128);
+    c.rows_with_work_only = true;  // the rows between a head's keep their poison: a store that strays there is caught
+    c.persistent_blocks = 2;
     cases.push_back(std::move(c));
   }
   for (const Path& path : paths) {  // rows with work only: causal keys after most queries

@@ -259,7 +259,7 @@ const Mutation kMutations[] = {
     {"sm_90a, TMA: expect_tx announces half of Q's bytes", "fwd_sm90_tma.cuh", "aj_mbarrier_arrive_expect_tx(&r.q_full[qb], AJ_SM90_Q_TILE);",
      "aj_mbarrier_arrive_expect_tx(&r.q_full[qb], AJ_SM90_Q_TILE / 2);", DType::BF16, false, false, 64, true},
     {"sm_90a, TMA: Q's boxes over the key maps (Q's rows read from K)", "fwd_sm90_tma.cuh",
-     ": SET == AJ_MAPS_V ? maps.v[mi] : maps.q[mi];", ": SET == AJ_MAPS_V ? maps.v[mi] : maps.k[mi];", DType::BF16, false, false, 64, true},
+     "SET == AJ_MAPS_V ? maps.v : maps.q,", "SET == AJ_MAPS_V ? maps.v : maps.k,", DType::BF16, false, false, 64, true},
     {"sm_90a, TMA: ping-pong without warpgroup 1's first handoff", "fwd_sm90_tma.cuh",
      "    if (AJ_CONSUMER_WGS > 1 && wg == AJ_CONSUMER_WGS - 1) aj_named_arrive(1, 256);  // warpgroup 0 issues first\n", "\n",
      DType::BF16, false, false, 64, true},
