@@ -336,6 +336,34 @@ TEST_CASE("exponentials on the FMA pipe give the reference's softmax on every te
                                                 }));
 }
 
+// Both softmax options at once (the lazy rescale and the FMA-pipe exponentials) over a random sweep
+// and every tile configuration the autotuner can choose, on the sm_80 and the Hopper TMA paths:
+// every tile width the rescale skip and the polynomial's n-tiles meet (fp32 cases become bf16; the
+// SIMT path takes neither option).
+TEST_CASE("the softmax options give the reference on a random sweep and every tile", "[emu][attention][lazy][poly]") {
+  if (target() != Target::Emu) { WARN("SKIPPED: an emulator case (ATTNJIT_GPU_TESTS_DEVICE=emu)"); return; }
+  std::vector<Case> cases;
+  for (const bool sm90a : {false, true}) {
+    int n = 0;
+    for (Case& c : random_cases(sm90a ? 4990 : 4900, int(env_number("ATTNJIT_GPU_TESTS_RANDOM_SOFTMAX", 8)), true)) {
+      if (c.dtype == DType::F32) c.dtype = DType::BF16;
+      if (sm90a) c.shape.head_dim = c.shape.head_dim_v = int64_t{64} << (n % 3);  // the Hopper kernels' head dims
+      c.arch = sm90a ? 90 : 80, c.sm90a = sm90a, c.tma = true;
+      c.lazy_rescale = c.poly_exp2 = true;
+      c.input_scale = n++ % 2 ? 3.0f : 1.0f;  // larger scores: the maximum moves past the skip's threshold more often
+      c.name += sm90a ? "/sm90a/lazy-poly" : "/lazy-poly";
+      cases.push_back(std::move(c));
+    }
+    for (Case& c : config_cases(203, sm90a ? 90 : 80, sm90a)) {
+      if (c.dtype == DType::F32 || c.arch < 80) continue;
+      c.lazy_rescale = c.poly_exp2 = true;
+      c.name += "/lazy-poly";
+      cases.push_back(std::move(c));
+    }
+  }
+  check_cases("softmax-options", cases);
+}
+
 // Persistent blocks (RuntimeOptions::persistent_blocks): the Hopper TMA forward launched with fewer
 // blocks than work units (items x batch entries), each block taking units in turn, its K/V rings
 // running on from one item into the next. Every example at head dims 64 (192-row tiles, three
