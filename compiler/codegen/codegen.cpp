@@ -101,7 +101,7 @@ int forward_q_buffers(const KernelRequest& r, const KernelConfig& c, bool persis
 // persistent kernel's, where it fits beside the Q buffers.
 int forward_o_staging_bytes(const KernelRequest& r, const KernelConfig& c) { return c.tile_q * r.head_dim_v * dtype_bytes(r.dtype); }
 bool forward_o_staged(const KernelRequest& r, const KernelConfig& c, bool persistent, int q_buffers) {
-  return persistent && forward_sm90_smem_bytes(r, c, true, q_buffers) + forward_o_staging_bytes(r, c) <= shared_limit(r.arch);
+  return persistent && r.large_params && forward_sm90_smem_bytes(r, c, true, q_buffers) + forward_o_staging_bytes(r, c) <= shared_limit(r.arch);
 }
 bool hopper(KernelPath p) { return p == KernelPath::Sm90 || p == KernelPath::Sm90Tma; }
 

@@ -62,6 +62,9 @@ struct KernelRequest {
   // taking items in turn; RuntimeOptions::persistent_blocks): the forward, and the backward's
   // _dkdv. Other paths ignore it.
   bool persistent = false;
+  // The toolchain and the driver take kernel parameters past 4 KB (CUDA 12.1 and later): the
+  // persistent TMA forward stages O and stores it by TMA only then (its O maps pass 4 KB).
+  bool large_params = true;
   // The paged forward: the KV caches' dtype where it is not `dtype` (fp8_e4m3, scaled per kv head).
   std::optional<DType> kv_dtype;
   // O's dtype where it is not `dtype`: FP8 inputs (dtype fp8_e4m3) write bf16 or fp16.

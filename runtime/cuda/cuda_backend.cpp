@@ -183,6 +183,9 @@ public:
     const DeviceInfo info = device_info(device);
     const int arch = info.cc_major * 10 + info.cc_minor;
     KernelRequest r = forward_request(problem_request(pb, arch, cuda_arch_specific(arch)), config, choices);
+    // Kernel parameters past 4 KB (a persistent forward's O maps): CUDA 12.1's driver and NVRTC on.
+    const std::optional<NvrtcLibrary> nvrtc = nvrtc_for_arch(arch);
+    r.large_params = driver_version() >= 12010 && nvrtc && (nvrtc->major > 12 || (nvrtc->major == 12 && nvrtc->minor >= 1));
     source_ = generate_kernel(p, r, templates);
     max_shared_ = info.max_shared_per_block_optin;
     sm_count_ = info.sm_count;

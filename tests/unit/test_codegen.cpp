@@ -619,6 +619,32 @@ TEST_CASE("Q lies over the last V stage where that lets one more block onto an S
   CHECK(generate_backward_kernels(no_mask(), r).source.source.find("#define AJ_Q_OVER_KV 0\n") != std::string::npos);
 }
 
+// The persistent TMA forward's shared memory: a second Q buffer where it fits, then O's staging
+// tile where that fits too and the toolchain takes its parameters past 4 KB; the one-block-per-item
+// kernel takes one Q buffer and no staging.
+TEST_CASE("the persistent Hopper forward: two Q buffers and O's staging tile where they fit", "[codegen]") {
+  KernelRequest r;
+  r.arch = 90, r.arch_specific = true;
+  const int barriers = 4 * 8 * 2 + 1024;  // the rings' mbarriers (two stages) and the alignment slack
+  struct Want { int d; bool persistent, large; int q_buffers; bool staged; int bytes; };
+  for (const Want& w : {Want{128, false, true, 1, false, 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + barriers + 16},
+                        Want{128, true, true, 2, true, 2 * 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + barriers + 32 + 128 * 128 * 2},
+                        Want{128, true, false, 2, false, 2 * 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + barriers + 32},
+                        Want{256, true, true, 1, false, 128 * 256 * 2 + 2 * 2 * 64 * 256 * 2 + barriers + 16}}) {
+    INFO("head dim " << w.d << (w.persistent ? ", persistent" : "") << (w.large ? "" : ", parameters up to 4 KB"));
+    r.head_dim = r.head_dim_v = w.d;
+    r.persistent = w.persistent, r.large_params = w.large;
+    const KernelSource k = generate_kernel(no_mask(), r);
+    REQUIRE(k.path == KernelPath::Sm90Tma);
+    CHECK(k.q_buffers == w.q_buffers);
+    CHECK(k.o_staged == w.staged);
+    CHECK(k.shared_bytes == w.bytes);
+    CHECK(k.shared_bytes <= 232448);
+    CHECK((k.source.find("#define AJ_O_STAGED 1\n") != std::string::npos) == w.staged);
+    CHECK(k.source.find("#define AJ_Q_BUFFERS " + std::to_string(w.q_buffers) + "\n") != std::string::npos);
+  }
+}
+
 TEST_CASE("one K and one V buffer: FlashAttention-2's 128x64 tile takes two blocks per SM on an A100", "[codegen]") {
   KernelRequest r;
   r.head_dim = r.head_dim_v = 128;
