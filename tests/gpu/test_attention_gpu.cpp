@@ -113,6 +113,19 @@ TEST_CASE("the sm_90a forward matches the float64 reference in the emulator", "[
       ++tile176;
     }
   REQUIRE(tile176 >= 12);
+  // ... and on a random sweep (patterns without block layouts, head dims 64 and 128), through the
+  // TMA kernel.
+  int random176 = 0;
+  for (Case& c : random_cases(2176, int(env_number("ATTNJIT_GPU_TESTS_RANDOM_SM90A", 30)), true)) {
+    if (std::any_of(c.pattern.branches.begin(), c.pattern.branches.end(), [](const Branch& b) { return b.layout.has_value(); }))
+      continue;
+    c.shape.head_dim = c.shape.head_dim_v = random176 % 2 ? 128 : 64;
+    if (c.dtype == DType::F32) c.dtype = DType::BF16;
+    c.arch = 90, c.sm90a = true, c.config = KernelConfig{128, 176, 2}, c.name += "/sm90a/128x176";
+    cases.push_back(std::move(c));
+    if (++random176 == 8) break;
+  }
+  REQUIRE(random176 >= 4);
   // The cp.async kernel (where tensor maps cannot describe the keys): every example once more.
   for (Case c : emu_example_cases(true)) {
     c.tma = false, c.name += "/cp.async";
