@@ -678,7 +678,7 @@ extern "C" __global__ void bulk(const float* in, float* out) {
 // of 32 rows written by 128 threads in the 128-byte swizzle's layout goes to rows ROW0.. of a
 // [40][64] matrix, rows past its end dropped; it lands at the issuing thread's wait, and a source
 // written without fence.proxy.async, changed before the wait or never waited for is reported.
-TEST_CASE("TMA store: a swizzled box lands at the wait, rows outside dropped; its misuses are reported", "[emu][tma]") {
+TEST_CASE("TMA store: a swizzled box lands at the wait, rows outside dropped, and its misuses are reported", "[emu][tma]") {
   const char* body = R"(
 extern "C" __global__ void store(const aj_tensor_map* maps, unsigned short* out) {
   AJ_DYNAMIC_SHARED(smem);
