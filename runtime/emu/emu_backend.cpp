@@ -180,6 +180,7 @@ public:
       r.data = img.at(region);
       return r;
     };
+    const TensorView q_dev = rebased(q, iq), k_dev = rebased(k, ik), v_dev = rebased(v, iv), o_dev = rebased(o, io);
     const TensorView lse_dev = lse ? rebased(*lse, il) : TensorView{};
     const KernelTables tables{static_cast<const DeviceItem*>(img.at(items)), static_cast<const DeviceSpan*>(img.at(spans)),
                               t.plan.entries.empty() ? nullptr : static_cast<const int32_t*>(img.at(entries)),
@@ -189,8 +190,7 @@ public:
                               t.plan.doc_base.empty() ? nullptr : static_cast<const int64_t*>(img.at(docs)),
                               static_cast<int64_t>(t.plan.doc_base.size()), static_cast<int64_t>(t.dyn_cols.size()),
                               t.dyn_k_blocks, t.plan.key_extra.empty() ? nullptr : static_cast<const float*>(img.at(extra))};
-    KernelParams kp = kernel_params(entry.plan, problem_, tables, rebased(q, iq), rebased(k, ik), rebased(v, iv),
-                                    rebased(o, io), lse ? &lse_dev : nullptr, options);
+    KernelParams kp = kernel_params(entry.plan, problem_, tables, q_dev, k_dev, v_dev, o_dev, lse ? &lse_dev : nullptr, options);
     device_table.rebase(img, kp);
     if (descales[0]) {
       kp.q_descale = static_cast<const float*>(img.at(descale_at[0]));
@@ -200,10 +200,8 @@ public:
     const KernelSource* source = &source_;
     const emu::EmuModule* module = module_.get();
     TmaForwardMaps maps{};
-    const TensorView o_dev = rebased(o, io);
     if (source_.tma_maps) {
-      if (const auto specs = forward_tma_map_specs(entry.plan, problem_, rebased(q, iq), rebased(k, ik), rebased(v, iv),
-                                                   source_.o_staged ? &o_dev : nullptr, source_.config.tile_q, source_.config.tile_k)) {
+      if (const auto specs = forward_tma_map_specs(entry.plan, problem_, q_dev, k_dev, v_dev, source_.o_staged ? &o_dev : nullptr, source_.config.tile_q, source_.config.tile_k)) {
         maps = encode_forward_tma_maps(*specs, true);
       } else {
         std::call_once(fallback_once_, [&] {
