@@ -650,4 +650,13 @@ std::string byte_difference(const std::vector<unsigned char>& got, const std::ve
   return "";
 }
 
+std::vector<Path> forward_paths() {
+  if (target() != Target::Emu) return {{"bf16", DType::BF16, 80, false, true}, {"fp16", DType::F16, 80, false, true},
+                                       {"fp32", DType::F32, 80, false, true}};
+  return {{"sm80-bf16", DType::BF16, 80, false, true},  {"sm80-fp16", DType::F16, 80, false, true},
+          {"simt-fp32", DType::F32, 80, false, true},   {"sm75-fp16", DType::F16, 75, false, true},
+          {"sm61-bf16", DType::BF16, 61, false, true},  {"sm90a-tma-bf16", DType::BF16, 90, true, true},
+          {"sm90a-cp.async-fp16", DType::F16, 90, true, false}};
+}
+
 }  // namespace attnjit::gputest

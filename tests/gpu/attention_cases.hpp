@@ -164,6 +164,18 @@ void check_cases(const std::string& suite, const std::vector<Case>& cases);
 
 // ---- the suites ---------------------------------------------------------------------------------
 
+// The kernel paths a forward case can take on the device under test: on a GPU its own (the
+// Hopper kernels where it has them, as the runtime chooses); in the emulator the sm_80 tensor-core
+// kernel in fp16 and bf16, the SIMT kernel (fp32; fp16 through sm_75; bf16 through sm_61) and the
+// sm_90a kernels with and without TMA; on the CPU the plan executor.
+struct Path {
+  const char* name;
+  DType dtype;
+  int arch;
+  bool sm90a, tma;
+};
+std::vector<Path> forward_paths();
+
 // Every pattern of examples/ (not the precompile manifests), by file stem, sorted.
 std::vector<std::pair<std::string, Pattern>> example_patterns();
 Shape make_shape(int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, int64_t q_off = 0, int64_t k_off = 0);
