@@ -407,4 +407,28 @@ AJ_PROBE_TMA(probe_tma_2d_sw128, 8192,
 // head 1 from row 20 (rows 41..65 out of bounds), head 2 from row -5 (rows -5, -2 out of bounds).
 AJ_PROBE_TMA(probe_tma_3d_strided_sw64, 1024,
              (aj_tma_load_3d(tiles, map, bar, 0, 1, 20), aj_tma_load_3d(tiles + 1024, map, bar, 0, 2, -5)))
+
+// TMA tile stores, as the forward's staged O goes out: every thread copies words of `in` into two
+// 2048-byte boxes of shared memory (taken as laid out with the 128-byte swizzle), fence.proxy.async
+// and a barrier, then thread 0 stores both boxes through a map over `out` (made by run_probes.cpp)
+// in one bulk group and waits for it. `out` is a [2 batch][40 rows][3 heads][64] 16-bit tensor
+// (dimensions innermost first: 64, 3 heads, 40 rows, 2 batch) that starts poisoned; boxes of one
+// head and every second row (box 32, element stride 2: 16 rows): head 1 of batch 1 from row 10
+// (row 40 out of bounds: dropped), head 2 of batch 0 from row -4 (rows -4, -2 dropped). The words
+// no box reaches, the odd rows among them, must keep the poison.
+extern "C" __global__ void probe_tma_store_strided_sw128(const aj_u32* in, aj_u32* out, const __grid_constant__ aj_tensor_map map) {
+  AJ_DYNAMIC_SHARED(smem);
+  unsigned char* tiles = smem + (1024 - aj_smem_addr(smem) % 1024) % 1024;
+  const int t = aj_thread_idx();
+  for (int i = t; i < 2 * 2048 / 4; i += 128) ((aj_u32*)tiles)[i] = in[i];
+  aj_fence_proxy_async();  // the generic stores, then the TMA stores that read them
+  aj_syncthreads();
+  if (t == 0) {
+    aj_tma_store_4d(map, tiles, 0, 1, 10, 1);
+    aj_tma_store_4d(map, tiles + 2048, 0, 2, -4, 0);
+    aj_bulk_commit();
+    aj_bulk_wait<0>();
+  }
+  (void)out;
+}
 #endif

@@ -37,8 +37,9 @@ struct Probe {
   Compare compare;
   std::function<std::vector<uint32_t>()> inputs;
   bool sm90a = false;  // built for sm_90a only: a GPU of another arch skips it
-  // A TMA probe's tensor map over `in`, given its address; the kernel's third parameter.
-  std::function<emu::TensorMapSpec(uint64_t in_address)> map = nullptr;
+  // A TMA probe's tensor map over `in` (loads) or `out` (stores), given their addresses; the
+  // kernel's third parameter.
+  std::function<emu::TensorMapSpec(uint64_t in_address, uint64_t out_address)> map = nullptr;
 };
 
 uint32_t bits(float f) {
@@ -213,16 +214,26 @@ std::vector<uint32_t> small_integer_floats() {
 }
 
 // The TMA probes' tensors (16-bit words, `in` as written) and maps.
-emu::TensorMapSpec tma_2d_map(uint64_t in) {
+emu::TensorMapSpec tma_2d_map(uint64_t in, uint64_t) {
   emu::TensorMapSpec m;
   m.type = emu::TensorMapType::U16, m.rank = 2, m.address = in;
   m.dims = {64, 100}, m.strides = {0, 128}, m.box = {64, 64}, m.swizzle = 128;
   return m;
 }
-emu::TensorMapSpec tma_3d_strided_map(uint64_t in) {
+emu::TensorMapSpec tma_3d_strided_map(uint64_t in, uint64_t) {
   emu::TensorMapSpec m;
   m.type = emu::TensorMapType::U16, m.rank = 3, m.address = in;
   m.dims = {32, 3, 40}, m.strides = {0, 64, 192}, m.box = {32, 1, 48}, m.element_strides = {1, 1, 3}, m.swizzle = 64;
+  return m;
+}
+
+// The store probe's map over `out`: the forward's O maps' shape (head dim, head, row, batch; the
+// row traversed with the element stride).
+emu::TensorMapSpec tma_store_map(uint64_t, uint64_t out) {
+  emu::TensorMapSpec m;
+  m.type = emu::TensorMapType::BF16, m.rank = 4, m.address = out;
+  m.dims = {64, 3, 40, 2}, m.strides = {0, 128, 384, 40 * 384}, m.box = {64, 1, 32, 1}, m.element_strides = {1, 1, 2, 1};
+  m.swizzle = 128;
   return m;
 }
 
@@ -267,6 +278,8 @@ const std::vector<Probe>& probes() {
        true, tma_2d_map},
       {"probe_tma_3d_strided_sw64", 1, 1, 128, 1024 + 2 * 1024 + 8, 2 * 1024 / 4, Compare::Exact,
        [] { return random_words(40 * 3 * 32 / 2, 17); }, true, tma_3d_strided_map},
+      {"probe_tma_store_strided_sw128", 1, 1, 128, 1024 + 2 * 2048, 2 * 40 * 3 * 64 / 2, Compare::Exact,
+       [] { return random_words(2 * 2048 / 4, 29); }, true, tma_store_map},
   };
   return p;
 }
@@ -299,7 +312,7 @@ struct EmuRunner : Runner {
     const uint32_t* pin = in.data();
     uint32_t* pout = out.data();
     emu::TensorMapBytes map{};
-    if (p.map) map = emu::encode_emulated_tensor_map(p.map(reinterpret_cast<uintptr_t>(in.data())));
+    if (p.map) map = emu::encode_emulated_tensor_map(p.map(reinterpret_cast<uintptr_t>(in.data()), reinterpret_cast<uintptr_t>(out.data())));
     void* args[] = {&pin, &pout, &map};
     emu::LaunchRequest r;
     r.kernel = p.name;
@@ -336,7 +349,7 @@ struct GpuRunner : Runner {
     copy_to_device(dout.get(), out.data(), out.size() * 4);
     CUdeviceptr pin = din.get(), pout = dout.get();
     emu::TensorMapBytes map{};
-    if (p.map) map = encode_tensor_map(p.map(pin));
+    if (p.map) map = encode_tensor_map(p.map(pin, pout));
     void* args[] = {&pin, &pout, &map};
     launch(m.function(p.name), p.grid_x, p.grid_y, 1, p.threads, p.shared_bytes, nullptr, args, p.name);
     synchronize(nullptr, p.name);
