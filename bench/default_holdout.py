@@ -30,23 +30,16 @@ import statistics
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from tuning_table import ROOT, describe  # noqa: E402
+from tuning_table import ROOT, describe, shipped_patterns  # noqa: E402
 
 
 def pattern_features():
     """signature -> (name, has block layouts, dilated), for the specs shipped with the repository."""
-    try:
-        import attnjit
-    except ImportError:
-        return {}
     out = {}
-    for path in sorted(ROOT.glob("examples/*.json")) + sorted(ROOT.glob("bench/patterns/*.json")):
-        if "attnjit_manifest" in path.read_text():
-            continue
-        p = attnjit.Pattern.load(path)
+    for name, p in shipped_patterns():
         text = p.canonical
         dilated = any(int(w.split("=")[1]) > 1 for w in text.split() if w.startswith("dilation="))
-        out[p.hash] = (path.stem, text.count("layout=") > text.count("layout=none"), dilated)
+        out[p.hash] = (name, text.count("layout=") > text.count("layout=none"), dilated)
     return out
 
 

@@ -16,17 +16,20 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def pattern_names():
+def shipped_patterns():
+    """(name, attnjit.Pattern) of each spec in examples/ and bench/patterns/; none without the
+    attnjit Python package."""
     try:
         import attnjit
     except ImportError:
-        return {}
-    names = {}
-    for path in sorted(ROOT.glob("examples/*.json")) + sorted(ROOT.glob("bench/patterns/*.json")):
-        if "attnjit_manifest" in path.read_text():
-            continue
-        names[attnjit.Pattern.load(path).hash] = path.stem
-    return names
+        return []
+    return [(path.stem, attnjit.Pattern.load(path))
+            for path in sorted(ROOT.glob("examples/*.json")) + sorted(ROOT.glob("bench/patterns/*.json"))
+            if "attnjit_manifest" not in path.read_text()]
+
+
+def pattern_names():
+    return {p.hash: name for name, p in shipped_patterns()}
 
 
 def describe(c):
