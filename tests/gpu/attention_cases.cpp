@@ -28,12 +28,16 @@
 #include "attnjit/reference.hpp"
 #include "tests/gpu/test_target.hpp"
 #include "tests/unit/random_patterns.hpp"
+#include "tests/unit/test_support.hpp"
 
 namespace attnjit::gputest {
 
 double env_number(const char* name, double fallback) {
   const char* e = std::getenv(name);
   return e && *e ? std::atof(e) : fallback;
+}
+int sweep_count(const char* name, int ci, int full) {
+  return int(env_number(name, !on_host() || testing::full_sweep() ? full : ci));
 }
 std::string no_gpu_reason() {
   if (on_host()) return "";

@@ -28,6 +28,10 @@ namespace attnjit::gputest {
 
 // The environment variable `name` as a number, or `fallback` when unset or empty.
 double env_number(const char* name, double fallback);
+// How many cases a sweep takes: the environment's `name` where set, else `full` under
+// ATTNJIT_TEST_SWEEP=1 (the ctest entries labelled "sweep"; on a GPU, where cases are cheap, the
+// GPU tests ask for `full` themselves), else `ci`, the part that fits a CI run.
+int sweep_count(const char* name, int ci, int full);
 // Why there is no GPU to test ("" when there is one, or when the target runs on the host).
 std::string no_gpu_reason();
 

@@ -10,8 +10,9 @@
 // or cpu (the plan executor; ATTNJIT_GPU_TESTS_ON_CPU=1 is the same), to dry-run this file.
 //
 // Knobs: ATTNJIT_GPU_TEST_REPORT=FILE appends one JSON line per case (tests/device/device_check.sh);
-// ATTNJIT_GPU_TESTS_RANDOM=N random cases (240); ATTNJIT_GPU_TESTS_SCALE=x scales the example
-// lengths (1).
+// ATTNJIT_GPU_TESTS_RANDOM=N random cases (240 on a GPU; in the emulator 60, or 200 under
+// ATTNJIT_TEST_SWEEP=1, as the other sweeps' counts: sweep_count); ATTNJIT_GPU_TESTS_SCALE=x
+// scales the example lengths (1).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -41,7 +42,7 @@ TEST_CASE("every example pattern matches the float64 reference in the emulator",
 
 TEST_CASE("random patterns match the float64 reference in the emulator", "[emu][attention][random]") {
   if (target() != Target::Emu) { WARN("SKIPPED: an emulator case (ATTNJIT_GPU_TESTS_DEVICE=emu)"); return; }
-  std::vector<Case> cases = random_cases(2026, int(env_number("ATTNJIT_GPU_TESTS_RANDOM", 200)), true);
+  std::vector<Case> cases = random_cases(2026, sweep_count("ATTNJIT_GPU_TESTS_RANDOM", 60, 200), true);
   for (size_t n = 0; n < cases.size(); n += 5) {
     if (cases[n].dtype == DType::F16) cases[n].arch = 75;  // the SIMT path for half too
     if (cases[n].dtype == DType::BF16) cases[n].arch = 61;  // and for bf16 on Pascal
@@ -90,7 +91,7 @@ TEST_CASE("the sm_90a forward matches the float64 reference in the emulator", "[
   if (target() != Target::Emu) { WARN("SKIPPED: an emulator case (ATTNJIT_GPU_TESTS_DEVICE=emu)"); return; }
   std::vector<Case> cases = emu_example_cases(true);
   std::mt19937_64 rng(2090);
-  for (Case& c : random_cases(2090, int(env_number("ATTNJIT_GPU_TESTS_RANDOM_SM90A", 30)), true)) {
+  for (Case& c : random_cases(2090, sweep_count("ATTNJIT_GPU_TESTS_RANDOM_SM90A", 12, 30), true)) {
     const int64_t dims[] = {64, 128, 256};
     c.shape.head_dim = dims[rng() % 3];
     c.shape.head_dim_v = rng() % 4 ? c.shape.head_dim : dims[rng() % 3];
@@ -116,16 +117,16 @@ TEST_CASE("the sm_90a forward matches the float64 reference in the emulator", "[
   // ... and on a random sweep (patterns without block layouts, head dims 64 and 128), through the
   // TMA kernel.
   int random176 = 0;
-  for (Case& c : random_cases(2176, int(env_number("ATTNJIT_GPU_TESTS_RANDOM_SM90A", 30)), true)) {
+  for (Case& c : random_cases(2176, 30, true)) {
     if (std::any_of(c.pattern.branches.begin(), c.pattern.branches.end(), [](const Branch& b) { return b.layout.has_value(); }))
       continue;
     c.shape.head_dim = c.shape.head_dim_v = random176 % 2 ? 128 : 64;
     if (c.dtype == DType::F32) c.dtype = DType::BF16;
     c.arch = 90, c.sm90a = true, c.config = KernelConfig{128, 176, 2}, c.name += "/sm90a/128x176";
     cases.push_back(std::move(c));
-    if (++random176 == 8) break;
+    if (++random176 == sweep_count("ATTNJIT_GPU_TESTS_RANDOM_176", 4, 8)) break;
   }
-  REQUIRE(random176 >= 4);
+  REQUIRE(random176 >= std::min(4, sweep_count("ATTNJIT_GPU_TESTS_RANDOM_176", 4, 8)));
   // The cp.async kernel (where tensor maps cannot describe the keys): every example once more.
   for (Case c : emu_example_cases(true)) {
     c.tma = false, c.name += "/cp.async";

@@ -125,7 +125,8 @@ TEST_CASE("backward: random patterns match the reference gradients", "[gpu][emu]
   ro.random_in_kernel_above = 0;
   Runtime rt_seek(ro);  // random layouts decided in the kernels
   testing::CaseGenerator gen(31337);
-  for (int n = 0; n < 40; ++n) {
+  const int count = gputest::sweep_count("ATTNJIT_GPU_TESTS_RANDOM_BACKWARD", 16, 40);
+  for (int n = 0; n < count; ++n) {
     auto c = gen.next();
     const DType dt = n % 3 == 0 ? DType::F32 : n % 3 == 1 ? DType::F16 : DType::BF16;
     c.shape.head_dim = 16 * (1 + c.shape.head_dim % 4);

@@ -84,7 +84,7 @@ TEST_CASE("the softmax options give the reference on a random sweep and every ti
   std::vector<Case> cases;
   for (const bool sm90a : {false, true}) {
     int n = 0;
-    for (Case& c : random_cases(sm90a ? 4990 : 4900, int(env_number("ATTNJIT_GPU_TESTS_RANDOM_SOFTMAX", 8)), true)) {
+    for (Case& c : random_cases(sm90a ? 4990 : 4900, sweep_count("ATTNJIT_GPU_TESTS_RANDOM_SOFTMAX", 4, 8), true)) {
       if (c.dtype == DType::F32) c.dtype = DType::BF16;
       if (sm90a) c.shape.head_dim = c.shape.head_dim_v = int64_t{64} << (n % 3);  // the Hopper kernels' head dims
       c.arch = sm90a ? 90 : 80, c.sm90a = sm90a, c.tma = true;
@@ -137,7 +137,7 @@ TEST_CASE("persistent blocks give the reference on every example", "[gpu][emu][a
   if (target() == Target::Emu) {
     std::mt19937_64 rng(9190);
     int r = 0;
-    for (Case& c : random_cases(9190, int(env_number("ATTNJIT_GPU_TESTS_RANDOM_PERSISTENT", 12)), true)) {
+    for (Case& c : random_cases(9190, sweep_count("ATTNJIT_GPU_TESTS_RANDOM_PERSISTENT", 6, 12), true)) {
       const int64_t dims[] = {64, 128, 256};
       c.shape.head_dim = c.shape.head_dim_v = dims[rng() % 3];
       if (c.dtype == DType::F32) c.dtype = DType::BF16;

@@ -94,7 +94,7 @@ TEST_CASE("paged attention: run() captured in a CUDA graph replays each step's p
 TEST_CASE("paged attention: a plan above the workspace's capacity is refused, naming the count", "[gpu][emu][paged][graph][errors]") {
   SKIP_WITHOUT_GPU();
   Runtime rt(options_for(device_for(80)));
-  PagedAttention pa = rt.prepare_paged(example_patterns().at(1).second, PagedProblem{2, 1, 32, 32, DType::F32});
+  PagedAttention pa = rt.prepare_paged(example_patterns().at(1).second, PagedProblem{2, 1, 32, 32, DType::F32, std::nullopt});
   Buf qb(3 * 2 * 32 * 4), kb(8 * 8 * 32 * 4), vb(8 * 8 * 32 * 4), ob(3 * 2 * 32 * 4), tb(3 * 2 * 4);
   std::vector<unsigned char> t(24);
   const int32_t pages[6] = {0, 1, 2, 3, 4, 5};
@@ -172,7 +172,7 @@ TEST_CASE("paged attention: with a counter, keys on a page outside the cache are
 TEST_CASE("paged attention: bad calls are refused by name", "[gpu][emu][paged][errors]") {
   SKIP_WITHOUT_GPU();
   Runtime rt(options_for(device_for(80)));
-  PagedAttention pa = rt.prepare_paged(example_patterns().at(1).second, PagedProblem{2, 1, 32, 32, DType::F32});
+  PagedAttention pa = rt.prepare_paged(example_patterns().at(1).second, PagedProblem{2, 1, 32, 32, DType::F32, std::nullopt});
   Buf qb(2 * 2 * 32 * 4), kb(4 * 8 * 32 * 4), vb(4 * 8 * 32 * 4), ob(2 * 2 * 32 * 4), tb(2 * 2 * 4);
   std::vector<unsigned char> t(16);
   const int32_t pages[4] = {0, 1, 2, 3};
@@ -286,7 +286,7 @@ TEST_CASE("paged attention: bad calls are refused by name", "[gpu][emu][paged][e
   // A pattern with a dynamic layout has no table for a paged cache.
   const Pattern dynamic = parse_spec(R"({"attnjit": 1, "branches": [{"segment": "full", "layout": {"dynamic": true}}]})");
   try {
-    rt.prepare_paged(dynamic, PagedProblem{2, 1, 32, 32, DType::F32});
+    rt.prepare_paged(dynamic, PagedProblem{2, 1, 32, 32, DType::F32, std::nullopt});
     FAIL("not refused");
   } catch (const UserError& e) {
     CHECK(std::string(e.what()).find("dynamic layout") != std::string::npos);

@@ -490,7 +490,7 @@ TEST_CASE("a config's warps survive the database, and entries without them read 
 TEST_CASE("entries tuned with another attnjit or NVRTC version are ignored", "[autotune]") {
   TempDir tmp;
   const std::string file = tmp.file("gpu.json");
-  write_text(file, serialize_tuning_db(meta("0.0.1-old"), {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}}}));
+  write_text(file, serialize_tuning_db(meta("0.0.1-old"), {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}, {}}}));
   const TuningDb db({file}, meta());
   CHECK(db.files()[0].present);
   CHECK_FALSE(db.files()[0].trusted);
@@ -502,14 +502,14 @@ TEST_CASE("entries tuned with another attnjit or NVRTC version are ignored", "[a
 
   DbMetadata nvrtc = meta();
   nvrtc.nvrtc_version = "1.0";
-  write_text(file, serialize_tuning_db(nvrtc, {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}}}));
+  write_text(file, serialize_tuning_db(nvrtc, {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}, {}}}));
   CHECK(TuningDb({file}, meta()).lookup(key_for(4096)).source == LookupResult::Source::Heuristic);
   // Another minor release of the same NVRTC is trusted (13.0's entries under 13.2).
   DbMetadata minor = meta();
   minor.nvrtc_version = minor.nvrtc_version.substr(0, minor.nvrtc_version.find('.')) + ".99";
-  write_text(file, serialize_tuning_db(minor, {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}}}));
+  write_text(file, serialize_tuning_db(minor, {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}, {}}}));
   CHECK(TuningDb({file}, meta()).lookup(key_for(4096)).source == LookupResult::Source::Exact);
-  write_text(file, serialize_tuning_db(nvrtc, {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}}}));
+  write_text(file, serialize_tuning_db(nvrtc, {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}, {}}}));
   // Recording with today's versions starts the file afresh.
   TuningDb({file}).record(file, key_for(8192), result_for(kC), meta());
   const TuningDb fresh({file}, meta());
@@ -561,7 +561,7 @@ TEST_CASE("entries timed with other kernel templates are stale: skipped, re-tune
 TEST_CASE("a corrupt database file is one warning, then ignored", "[autotune]") {
   TempDir tmp;
   const std::string file = tmp.file("gpu.json");
-  const std::string good = serialize_tuning_db(meta(), {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}}});
+  const std::string good = serialize_tuning_db(meta(), {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}, {}}});
   std::string wrong_type = good;
   wrong_type.replace(wrong_type.find("\"head_dim\": 128"), 15, "\"head_dim\": \"x\"");
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -602,9 +602,9 @@ TEST_CASE("an entry whose tiles cannot be built for its key is one warning namin
   bad_best.best = KernelConfig{-64, 64, 99};
   TuneResult bad_candidate = result_for(kB);
   bad_candidate.candidates[0].config = KernelConfig{64, 64, 99};  // timed "ok": --top-k would build it
-  write_text(file, serialize_tuning_db(meta(), {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}},
-                                                DbEntry{key_for(8192), bad_best, "2024-01-01T00:00:00Z", {}},
-                                                DbEntry{key_for(16384), bad_candidate, "2024-01-01T00:00:00Z", {}}}));
+  write_text(file, serialize_tuning_db(meta(), {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}, {}},
+                                                DbEntry{key_for(8192), bad_best, "2024-01-01T00:00:00Z", {}, {}},
+                                                DbEntry{key_for(16384), bad_candidate, "2024-01-01T00:00:00Z", {}, {}}}));
   StderrCapture err;
   const TuningDb db({file}, meta());
   const std::string out = err.text();

@@ -2,8 +2,11 @@
 // spills and within shared memory; tensor-core variants use HMMA; codegen is deterministic; a
 // changed template changes the key; a broken template shows numbered source and the log.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
+#include <tuple>
 
 #include "compiler/codegen/codegen.hpp"
 #include "compiler/jit/jit.hpp"
@@ -60,7 +63,79 @@ bool have_disassembler() {
   return true;
 }
 
+// The (arch, dtype, head dim) variants a compile matrix builds: the whole product under
+// ATTNJIT_TEST_SWEEP (bf16 from sm_80 on), else a pairwise cover of it: every (arch, head dim)
+// once, each with the dtype that adds the most (arch, dtype) and (dtype, head dim) pairs not yet
+// built, then any such pair still missing. What a variant's spills and shared memory depend on
+// (the arch's budget, a 16- or 32-bit dtype, the head dim) are pairs, so the cover builds a third
+// of the product and meets each of them.
+struct Variant {
+  int arch;
+  DType dtype;
+  int head_dim;
+};
+
+std::vector<Variant> compile_variants(const std::vector<int>& archs, const std::vector<int>& head_dims) {
+  const DType dtypes[] = {DType::F16, DType::BF16, DType::F32};
+  auto valid = [](int arch, DType dt) { return dt != DType::BF16 || arch >= 80; };
+  std::vector<Variant> out;
+  if (testing::full_sweep()) {
+    for (int arch : archs)
+      for (DType dt : dtypes)
+        for (int d : head_dims)
+          if (valid(arch, dt)) out.push_back({arch, dt, d});
+    return out;
+  }
+  std::set<std::pair<int, DType>> arch_dt;
+  std::set<std::pair<DType, int>> dt_d;
+  auto add = [&](int arch, DType dt, int d) {
+    out.push_back({arch, dt, d});
+    arch_dt.insert({arch, dt});
+    dt_d.insert({dt, d});
+  };
+  for (int arch : archs)
+    for (int d : head_dims) {
+      int best = -1;
+      DType pick = DType::F32;
+      for (DType dt : dtypes) {
+        if (!valid(arch, dt)) continue;
+        const int gain = int(!arch_dt.count({arch, dt})) + int(!dt_d.count({dt, d}));
+        if (gain > best) best = gain, pick = dt;
+      }
+      add(arch, pick, d);
+    }
+  for (int arch : archs)
+    for (DType dt : dtypes)
+      if (valid(arch, dt) && !arch_dt.count({arch, dt})) add(arch, dt, head_dims.front());
+  for (DType dt : dtypes)
+    for (int d : head_dims)
+      if (!dt_d.count({dt, d})) add(dt == DType::BF16 ? 80 : archs.front(), dt, d);
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("the compile matrices' cover builds every pair of arch, dtype and head dim", "[codegen]") {
+  const std::vector<int> archs = {75, 80, 86, 90}, dims = {32, 64, 96, 128, 256};
+  const std::vector<Variant> v = compile_variants(archs, dims);
+  std::set<std::tuple<int, int, int>> built;
+  for (const Variant& x : v) {
+    CHECK((x.dtype != DType::BF16 || x.arch >= 80));
+    built.insert({x.arch, int(x.dtype), x.head_dim});
+  }
+  CHECK(built.size() == v.size());  // nothing built twice
+  for (int arch : archs)
+    for (DType dt : {DType::F16, DType::BF16, DType::F32})
+      for (int d : dims) {
+        if (dt == DType::BF16 && arch < 80) continue;
+        auto has = [&](auto pred) { return std::any_of(v.begin(), v.end(), pred); };
+        INFO("sm_" << arch << " " << to_string(dt) << " head dim " << d);
+        CHECK(has([&](const Variant& x) { return x.arch == arch && x.dtype == dt; }));
+        CHECK(has([&](const Variant& x) { return x.arch == arch && x.head_dim == d; }));
+        CHECK(has([&](const Variant& x) { return x.dtype == dt && x.head_dim == d; }));
+      }
+  if (!testing::full_sweep()) CHECK(v.size() <= 24);  // a third of the product's 55
+}
 
 TEST_CASE("every template variant compiles for every arch: no spills, shared memory in budget, HMMA on tensor cores",
           "[codegen][nvrtc]") {
@@ -70,17 +145,14 @@ TEST_CASE("every template variant compiles for every arch: no spills, shared mem
   }
   std::vector<KernelSource> kernels;
   const Pattern masks = every_mask_kind(), plain = no_mask();
-  for (int arch : {75, 80, 86, 90})
-    for (DType dt : {DType::F16, DType::BF16, DType::F32})
-      for (int d : {32, 64, 96, 128, 256}) {
-        if (dt == DType::BF16 && arch < 80) continue;
-        KernelRequest r;
-        r.head_dim = r.head_dim_v = d;
-        r.dtype = dt;
-        r.arch = arch;
-        kernels.push_back(generate_kernel(masks, r));
-        if (d == 64 || d == 128) kernels.push_back(generate_kernel(plain, r));
-      }
+  for (const auto& [arch, dt, d] : compile_variants({75, 80, 86, 90}, {32, 64, 96, 128, 256})) {
+    KernelRequest r;
+    r.head_dim = r.head_dim_v = d;
+    r.dtype = dt;
+    r.arch = arch;
+    kernels.push_back(generate_kernel(masks, r));
+    if (d == 64 || d == 128) kernels.push_back(generate_kernel(plain, r));
+  }
   std::vector<CompileRequest> requests;
   for (const KernelSource& k : kernels) requests.push_back({k.name, k.source, k.arch, {"--use_fast_math"}, 0});
   const auto results = compile_many(requests, 2);
@@ -202,21 +274,20 @@ TEST_CASE("the backward kernels compile with NVRTC: four entry points, no spills
     return;
   }
   std::vector<BackwardKernels> kernels;
-  for (int arch : {75, 80, 90})
-    for (DType dt : {DType::F16, DType::BF16, DType::F32})
-      for (int d : {32, 64, 128, 256}) {
-        if (dt == DType::BF16 && arch < 80) continue;
-        KernelRequest r;
-        r.head_dim = r.head_dim_v = d;
-        r.dtype = dt;
-        r.arch = arch;
-        kernels.push_back(generate_backward_kernels(every_mask_kind(), r));
-      }
+  for (const auto& [arch, dt, d] : compile_variants({75, 80, 90}, {32, 64, 128, 256})) {
+    KernelRequest r;
+    r.head_dim = r.head_dim_v = d;
+    r.dtype = dt;
+    r.arch = arch;
+    kernels.push_back(generate_backward_kernels(every_mask_kind(), r));
+  }
   // The Hopper backward's dK/dV on wgmma (sm_90a, head dims 64 and 128): the TMA kernel with its
-  // producer warpgroup, and the cp.async one.
+  // producer warpgroup, and the cp.async one (outside a full sweep, the half of the eight where
+  // each pair of dtype, head dim and kernel appears once).
   for (DType dt : {DType::F16, DType::BF16})
     for (int d : {64, 128})
       for (bool tma : {true, false}) {
+        if (!testing::full_sweep() && ((dt == DType::BF16) != (d == 128)) != tma) continue;
         KernelRequest r;
         r.head_dim = r.head_dim_v = d;
         r.dtype = dt;
@@ -268,21 +339,27 @@ TEST_CASE("the paged kernels compile with NVRTC: three entry points, no spills, 
     return;
   }
   std::vector<PagedKernels> kernels;
+  for (const auto& [arch, dt, d] : compile_variants({61, 80, 90}, {32, 64, 128, 256})) {
+    KernelRequest r;
+    r.head_dim = r.head_dim_v = d;
+    r.dtype = dt;
+    r.arch = arch;
+    kernels.push_back(generate_paged_kernels(every_mask_kind(), r, PagedHeads{32, 8}));
+  }
+  // FP8 e4m3 caches (head dim 128, 16-bit queries): every pair of arch and query dtype in a full
+  // sweep, else each arch once.
   for (int arch : {61, 80, 90})
-    for (DType dt : {DType::F16, DType::BF16, DType::F32})
-      for (int d : {32, 64, 128, 256}) {
-        if (dt == DType::BF16 && arch < 80) continue;
-        KernelRequest r;
-        r.head_dim = r.head_dim_v = d;
-        r.dtype = dt;
-        r.arch = arch;
-        kernels.push_back(generate_paged_kernels(every_mask_kind(), r, PagedHeads{32, 8}));
-        if (d == 128 && dt != DType::F32) {  // FP8 e4m3 caches
-          r.kv_dtype = DType::E4M3;
-          kernels.push_back(generate_paged_kernels(every_mask_kind(), r));
-          REQUIRE(kernels.back().source.source.find("#define AJ_KV_DTYPE 3") != std::string::npos);
-        }
-      }
+    for (DType dt : {DType::F16, DType::BF16}) {
+      if (dt == DType::BF16 && arch < 80) continue;
+      if (!testing::full_sweep() && (dt == DType::BF16) != (arch == 80)) continue;
+      KernelRequest r;
+      r.head_dim = r.head_dim_v = 128;
+      r.dtype = dt;
+      r.arch = arch;
+      r.kv_dtype = DType::E4M3;
+      kernels.push_back(generate_paged_kernels(every_mask_kind(), r));
+      REQUIRE(kernels.back().source.source.find("#define AJ_KV_DTYPE 3") != std::string::npos);
+    }
   std::vector<CompileRequest> requests;
   for (const PagedKernels& k : kernels) requests.push_back({k.source.name, k.source.source, k.source.arch, {"--use_fast_math"}, 0});
   const auto results = compile_many(requests, 2);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -15,6 +16,15 @@
 #include "compiler/support/error.hpp"
 
 namespace attnjit::testing {
+
+// Whether the long sweeps run in full: ATTNJIT_TEST_SWEEP=1, which the ctest entries labelled
+// "sweep" set (tests/run.sh --sweep). Otherwise a sweep runs the part of it that fits CI's time
+// and still covers what each test names (every example, every candidate tile, every pair of
+// parameters, a random sweep).
+inline bool full_sweep() {
+  const char* e = std::getenv("ATTNJIT_TEST_SWEEP");
+  return e && *e && std::string(e) != "0";
+}
 
 // The message of the UserError `f` throws, or "(no error)".
 inline std::string error_of(const std::function<void()>& f) {
