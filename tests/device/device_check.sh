@@ -389,7 +389,7 @@ done
 # Last, with what is left: the CPU-side tests (CI runs them on every push; here they show the GPU
 # machine's toolchain builds and passes them too).
 unit_filter="-E 'every template variant compiles'"
-[ "${ATTNJIT_DC_FULL_UNIT:-0}" = 1 ] && unit_filter=""
+[ "${ATTNJIT_DC_FULL_UNIT:-0}" = 1 ] && unit_filter="" && export ATTNJIT_TEST_SWEEP=1  # the compile matrices whole
 step unit_tests 240 0 "cd '$build' && ctest -LE 'gpu|python|sweep' $unit_filter -j $jobs --output-on-failure --timeout 230 $(junit ctest_unit.xml)"
 
 [ "${ATTNJIT_DC_JOIN:-0}" = 1 ] && exit 0  # the run that started this lane writes the report last

@@ -68,7 +68,7 @@ bool have_disassembler() {
 // once, each with the dtype that adds the most (arch, dtype) and (dtype, head dim) pairs not yet
 // built, then any such pair still missing. What a variant's spills and shared memory depend on
 // (the arch's budget, a 16- or 32-bit dtype, the head dim) are pairs, so the cover builds a third
-// of the product and meets each of them.
+// to a half of the product and meets each of them.
 struct Variant {
   int arch;
   DType dtype;
@@ -109,32 +109,43 @@ std::vector<Variant> compile_variants(const std::vector<int>& archs, const std::
       if (valid(arch, dt) && !arch_dt.count({arch, dt})) add(arch, dt, head_dims.front());
   for (DType dt : dtypes)
     for (int d : head_dims)
-      if (!dt_d.count({dt, d})) add(dt == DType::BF16 ? 80 : archs.front(), dt, d);
+      if (!dt_d.count({dt, d})) add(*std::find_if(archs.begin(), archs.end(), [&](int a) { return valid(a, dt); }), dt, d);
   return out;
 }
+
+// The compile matrices: forward (every mask kind, and no mask at head dims 64 and 128), backward,
+// paged.
+const std::vector<int> kForwardArchs = {75, 80, 86, 90}, kForwardDims = {32, 64, 96, 128, 256}, kPlainDims = {64, 128};
+const std::vector<int> kBackwardArchs = {75, 80, 90}, kBackwardDims = {32, 64, 128, 256};
+const std::vector<int> kPagedArchs = {61, 80, 90}, kPagedDims = {32, 64, 128, 256};
 
 }  // namespace
 
 TEST_CASE("the compile matrices' cover builds every pair of arch, dtype and head dim", "[codegen]") {
-  const std::vector<int> archs = {75, 80, 86, 90}, dims = {32, 64, 96, 128, 256};
-  const std::vector<Variant> v = compile_variants(archs, dims);
-  std::set<std::tuple<int, int, int>> built;
-  for (const Variant& x : v) {
-    CHECK((x.dtype != DType::BF16 || x.arch >= 80));
-    built.insert({x.arch, int(x.dtype), x.head_dim});
+  for (const auto& [archs, dims] : {std::pair{kForwardArchs, kForwardDims}, {kForwardArchs, kPlainDims},
+                                    {kBackwardArchs, kBackwardDims}, {kPagedArchs, kPagedDims}}) {
+    const std::vector<Variant> v = compile_variants(archs, dims);
+    std::set<std::tuple<int, int, int>> built;
+    for (const Variant& x : v) {
+      CHECK((x.dtype != DType::BF16 || x.arch >= 80));
+      built.insert({x.arch, int(x.dtype), x.head_dim});
+    }
+    CHECK(built.size() == v.size());  // nothing built twice
+    for (int arch : archs)
+      for (DType dt : {DType::F16, DType::BF16, DType::F32})
+        for (int d : dims) {
+          if (dt == DType::BF16 && arch < 80) continue;
+          auto has = [&](auto pred) { return std::any_of(v.begin(), v.end(), pred); };
+          INFO("sm_" << arch << " " << to_string(dt) << " head dim " << d);
+          CHECK(has([&](const Variant& x) { return x.arch == arch && x.dtype == dt; }));
+          CHECK(has([&](const Variant& x) { return x.arch == arch && x.head_dim == d; }));
+          CHECK(has([&](const Variant& x) { return x.dtype == dt && x.head_dim == d; }));
+        }
+    for (const Variant& x : v) CHECK(std::find(archs.begin(), archs.end(), x.arch) != archs.end());
+    const size_t product = archs.size() * dims.size() * 3 - std::count_if(archs.begin(), archs.end(), [](int a) { return a < 80; }) * dims.size();
+    if (!testing::full_sweep()) CHECK(v.size() <= product / 2);
+    if (testing::full_sweep()) CHECK(v.size() == product);
   }
-  CHECK(built.size() == v.size());  // nothing built twice
-  for (int arch : archs)
-    for (DType dt : {DType::F16, DType::BF16, DType::F32})
-      for (int d : dims) {
-        if (dt == DType::BF16 && arch < 80) continue;
-        auto has = [&](auto pred) { return std::any_of(v.begin(), v.end(), pred); };
-        INFO("sm_" << arch << " " << to_string(dt) << " head dim " << d);
-        CHECK(has([&](const Variant& x) { return x.arch == arch && x.dtype == dt; }));
-        CHECK(has([&](const Variant& x) { return x.arch == arch && x.head_dim == d; }));
-        CHECK(has([&](const Variant& x) { return x.dtype == dt && x.head_dim == d; }));
-      }
-  if (!testing::full_sweep()) CHECK(v.size() <= 24);  // a third of the product's 55
 }
 
 TEST_CASE("every template variant compiles for every arch: no spills, shared memory in budget, HMMA on tensor cores",
@@ -145,14 +156,14 @@ TEST_CASE("every template variant compiles for every arch: no spills, shared mem
   }
   std::vector<KernelSource> kernels;
   const Pattern masks = every_mask_kind(), plain = no_mask();
-  for (const auto& [arch, dt, d] : compile_variants({75, 80, 86, 90}, {32, 64, 96, 128, 256})) {
-    KernelRequest r;
-    r.head_dim = r.head_dim_v = d;
-    r.dtype = dt;
-    r.arch = arch;
-    kernels.push_back(generate_kernel(masks, r));
-    if (d == 64 || d == 128) kernels.push_back(generate_kernel(plain, r));
-  }
+  for (const bool with_masks : {true, false})
+    for (const auto& [arch, dt, d] : compile_variants(kForwardArchs, with_masks ? kForwardDims : kPlainDims)) {
+      KernelRequest r;
+      r.head_dim = r.head_dim_v = d;
+      r.dtype = dt;
+      r.arch = arch;
+      kernels.push_back(generate_kernel(with_masks ? masks : plain, r));
+    }
   std::vector<CompileRequest> requests;
   for (const KernelSource& k : kernels) requests.push_back({k.name, k.source, k.arch, {"--use_fast_math"}, 0});
   const auto results = compile_many(requests, 2);
@@ -274,7 +285,7 @@ TEST_CASE("the backward kernels compile with NVRTC: four entry points, no spills
     return;
   }
   std::vector<BackwardKernels> kernels;
-  for (const auto& [arch, dt, d] : compile_variants({75, 80, 90}, {32, 64, 128, 256})) {
+  for (const auto& [arch, dt, d] : compile_variants(kBackwardArchs, kBackwardDims)) {
     KernelRequest r;
     r.head_dim = r.head_dim_v = d;
     r.dtype = dt;
@@ -339,19 +350,19 @@ TEST_CASE("the paged kernels compile with NVRTC: three entry points, no spills, 
     return;
   }
   std::vector<PagedKernels> kernels;
-  for (const auto& [arch, dt, d] : compile_variants({61, 80, 90}, {32, 64, 128, 256})) {
+  for (const auto& [arch, dt, d] : compile_variants(kPagedArchs, kPagedDims)) {
     KernelRequest r;
     r.head_dim = r.head_dim_v = d;
     r.dtype = dt;
     r.arch = arch;
     kernels.push_back(generate_paged_kernels(every_mask_kind(), r, PagedHeads{32, 8}));
   }
-  // FP8 e4m3 caches (head dim 128, 16-bit queries): every pair of arch and query dtype in a full
-  // sweep, else each arch once.
-  for (int arch : {61, 80, 90})
+  // FP8 e4m3 caches (head dim 128, 16-bit queries): every pair of arch and query dtype but sm_80's
+  // fp16 (a full sweep builds that too).
+  for (int arch : kPagedArchs)
     for (DType dt : {DType::F16, DType::BF16}) {
       if (dt == DType::BF16 && arch < 80) continue;
-      if (!testing::full_sweep() && (dt == DType::BF16) != (arch == 80)) continue;
+      if (!testing::full_sweep() && arch == 80 && dt == DType::F16) continue;
       KernelRequest r;
       r.head_dim = r.head_dim_v = 128;
       r.dtype = dt;

@@ -29,6 +29,14 @@ using attnjit::testing::CaseGenerator;
 
 namespace {
 
+// Runtime options on `device` (with `templates` where given).
+RuntimeOptions options_on(Device device, std::shared_ptr<const TemplateSet> templates = nullptr) {
+  RuntimeOptions o;
+  o.device = device;
+  o.templates = std::move(templates);
+  return o;
+}
+
 // One FP8 call: codes, descales (per (batch, kv head), or one per tensor through zero strides),
 // and what they stand for in float64 (code value x descale), the reference's inputs.
 struct Fp8Call {
@@ -222,7 +230,7 @@ TEST_CASE("FP8 inputs on the CPU device are within the bound of the float64 refe
 
 TEST_CASE("the emulated FP8 kernel is within the bound of the reference and agrees with the plan executor", "[fp8][emu]") {
   CaseGenerator gen(4949);
-  Runtime emu(RuntimeOptions{.device = Device::emu(90, true)});
+  Runtime emu(options_on(Device::emu(90, true)));
   for (int n = 0; n < 12; ++n) {
     auto g = gen.next();
     if (g.dynamic) continue;
@@ -244,7 +252,7 @@ TEST_CASE("a wrong descale fails the FP8 checks, on the CPU device and in the ke
   const Pattern p = PatternBuilder().causal().branch(BranchSpec().segment(16).dilation(1)).branch(BranchSpec().segment(32).dilation(2)).build();
   Shape s;
   s.batch = 2, s.seq_q = s.seq_k = 64, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 32;
-  Runtime cpu, emu(RuntimeOptions{.device = Device::emu(80)});
+  Runtime cpu, emu(options_on(Device::emu(80)));
   for (Runtime* rt : {&cpu, &emu}) {
     Fp8Call c = make_call(s, 7, true);
     CHECK(check_against_reference(p, c, run(*rt, p, c, DType::BF16)).within);
@@ -276,13 +284,13 @@ TEST_CASE("deliberately broken FP8 kernels fail the checks in the emulator", "[f
     INFO(d.name);
     auto t = attnjit::testing::mutated_templates(d.file, d.from, d.to);
     REQUIRE(t);
-    Runtime emu(RuntimeOptions{.device = Device::emu(80), .templates = t});
+    Runtime emu(options_on(Device::emu(80), t));
     Fp8Call c = make_call(s, 21, true);
     const Fp8Result e = run(emu, p, c, DType::BF16);
     CHECK_FALSE((check_against_reference(p, c, e).within && devices_agree(c, e, run_executor(p, c))));
   }
   Fp8Call c = make_call(s, 21, true);
-  Runtime emu(RuntimeOptions{.device = Device::emu(80)});
+  Runtime emu(options_on(Device::emu(80)));
   const Fp8Result e = run(emu, p, c, DType::BF16);
   CHECK(check_against_reference(p, c, e).within);
   CHECK(devices_agree(c, e, run_executor(p, c)));
@@ -311,7 +319,7 @@ TEST_CASE("NaN inputs stay NaN in the FP8 forward", "[fp8][emu]") {
   const Pattern p = PatternBuilder().causal().branch(BranchSpec().full()).build();
   Shape s;
   s.batch = 1, s.seq_q = s.seq_k = 24, s.heads_q = s.heads_kv = 1, s.head_dim = s.head_dim_v = 8;
-  Runtime cpu, emu(RuntimeOptions{.device = Device::emu(80)});
+  Runtime cpu, emu(options_on(Device::emu(80)));
   for (Runtime* rt : {&cpu, &emu}) {
     Fp8Call c = make_call(s, 11, false);
     c.q[5 * 8 + 3] = 0x7f;   // query row 5: a NaN code
@@ -436,8 +444,8 @@ const Fp8Kernel kSm89{"the FP8 sm_89 kernel (mma.sync)", 89, false, 64, "fwd_sm8
 std::string check_kernel(const Fp8Kernel& kernel, const Pattern& p, Shape s, uint64_t seed, int tile_q,
                          const std::shared_ptr<TemplateSet>& templates = nullptr, int d = 128, int dv = 128) {
   s.head_dim = d, s.head_dim_v = dv;
-  RuntimeOptions ro{.device = Device::emu(kernel.arch, kernel.arch_specific), .config = KernelConfig{tile_q, kernel.tile_k, 0, 0}};
-  ro.templates = templates;
+  RuntimeOptions ro = options_on(Device::emu(kernel.arch, kernel.arch_specific), templates);
+  ro.config = KernelConfig{tile_q, kernel.tile_k, 0, 0};
   Runtime emu(ro);
   Fp8Call c = make_call(s, seed, seed % 2 == 0);
   const Fp8Result e = run(emu, p, c, seed % 3 == 0 ? DType::F16 : DType::BF16);
@@ -504,7 +512,7 @@ void check_nan_in_v(const Fp8Kernel& kernel) {
   const Pattern p = PatternBuilder().causal().branch(BranchSpec().full()).build();
   Shape s;
   s.batch = 1, s.seq_q = s.seq_k = 160, s.heads_q = s.heads_kv = 1, s.head_dim = s.head_dim_v = 128;
-  Runtime emu(RuntimeOptions{.device = Device::emu(kernel.arch, kernel.arch_specific)});
+  Runtime emu(options_on(Device::emu(kernel.arch, kernel.arch_specific)));
   Fp8Call c = make_call(s, 41, false);
   c.v[100 * 128 + 7] = 0x7f;
   const Fp8Result r = run(emu, p, c, DType::BF16);

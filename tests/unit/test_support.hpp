@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -23,7 +24,10 @@ namespace attnjit::testing {
 // parameters, a random sweep).
 inline bool full_sweep() {
   const char* e = std::getenv("ATTNJIT_TEST_SWEEP");
-  return e && *e && std::string(e) != "0";
+  if (!e || !*e) return false;
+  std::string v(e);
+  for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return v != "0" && v != "false" && v != "off" && v != "no";
 }
 
 // The message of the UserError `f` throws, or "(no error)".
