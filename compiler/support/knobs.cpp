@@ -218,6 +218,12 @@ const KnobSpec kKnobs[] = {
 
 }  // namespace
 
+bool env_flag(const char* name, bool fallback) {
+  bool out = fallback;
+  if (const auto v = env(name)) parse_bool(name, *v, out);
+  return out;
+}
+
 const char* log_level_name(LogLevel level) {
   switch (level) {
     case LogLevel::Error: return "error";

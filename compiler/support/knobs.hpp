@@ -120,6 +120,11 @@ const Knobs& knobs();
 // level <= knobs().log_level. Never throws: with a malformed environment it logs at the default level.
 void log(LogLevel level, const std::string& message);
 
+// A boolean environment variable spelt as the knobs' are (1/0, true/false, yes/no, on/off, in any
+// case): `fallback` when unset or empty, a UserError naming the variable for any other value. For
+// variables outside Knobs (the tests' own).
+bool env_flag(const char* name, bool fallback);
+
 const char* log_level_name(LogLevel level);  // "error", "warn", "info", "debug"
 const char* cpu_simd_name(CpuSimd simd);     // "auto", "generic", "avx2", "avx512"
 

@@ -16,7 +16,9 @@
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
 #include "compiler/support/progress.hpp"
+#include "tests/unit/test_support.hpp"
 
+using attnjit::env_flag;
 using attnjit::Knobs;
 using attnjit::LogLevel;
 using attnjit::UserError;
@@ -193,6 +195,28 @@ TEST_CASE("knobs booleans take every spelling in any case", "[knobs]") {
   }
   env.set("ATTNJIT_TUNE", "");  // empty counts as unset
   CHECK_FALSE(Knobs::from_environment().tune);
+}
+
+TEST_CASE("env_flag reads a variable outside the knobs with their spellings, junk named", "[knobs]") {
+  const char* name = "ATTNJIT_ENV_FLAG_UNDER_TEST";
+  ::unsetenv(name);
+  CHECK(env_flag(name, true));  // unset: the fallback
+  CHECK_FALSE(env_flag(name, false));
+  ::setenv(name, "", 1);  // empty counts as unset
+  CHECK(env_flag(name, true));
+  for (const char* yes : {"1", "TRUE", "yes", "On"}) {
+    ::setenv(name, yes, 1);
+    CHECK(env_flag(name, false));
+  }
+  for (const char* no : {"0", "False", "NO", "off"}) {
+    ::setenv(name, no, 1);
+    CHECK_FALSE(env_flag(name, true));
+  }
+  ::setenv(name, "maybe", 1);
+  const std::string e = attnjit::testing::error_of([&] { env_flag(name, false); });
+  CHECK(e.find(name) != std::string::npos);
+  CHECK(e.find("is not a boolean") != std::string::npos);
+  ::unsetenv(name);
 }
 
 TEST_CASE("knobs log levels in any case", "[knobs]") {

@@ -6,15 +6,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "compiler/support/error.hpp"
+#include "compiler/support/knobs.hpp"
 
 namespace attnjit::testing {
 
@@ -22,13 +21,7 @@ namespace attnjit::testing {
 // "sweep" set (tests/run.sh --sweep). Otherwise a sweep runs the part of it that fits CI's time
 // and still covers what each test names (every example, every candidate tile, every pair of
 // parameters, a random sweep).
-inline bool full_sweep() {
-  const char* e = std::getenv("ATTNJIT_TEST_SWEEP");
-  if (!e || !*e) return false;
-  std::string v(e);
-  for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return v != "0" && v != "false" && v != "off" && v != "no";
-}
+inline bool full_sweep() { return env_flag("ATTNJIT_TEST_SWEEP", false); }
 
 // The message of the UserError `f` throws, or "(no error)".
 inline std::string error_of(const std::function<void()>& f) {
