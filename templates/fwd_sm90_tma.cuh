@@ -20,7 +20,7 @@
 // The producer loads Q too, first of an item's tiles, by TMA through maps per query-row stride
 // (the items' rows first + i * stride, i < AJ_TILE_Q, the same rules as the keys'), into one of
 // AJ_Q_BUFFERS buffers: its "full" mbarrier completes when Q has landed, and the consumers arrive
-// on its "empty" one once the item's last wgmma has been waited for. Rows past the item's count
+// on its "empty" one once the item's last S = Q K^T has been waited for. Rows past the item's count
 // read their true values (past the tensor's end, zero): a row of the forward is computed from its
 // own Q row alone, and the epilogue stores only the item's rows. The epilogue is fwd_sm80.cuh's.
 // Persistent blocks (AJ_PERSISTENT, below) take several items each, the rings running on from one
@@ -315,7 +315,8 @@ __device__ __forceinline__ void aj_sm90_tma_store_o(const AjParams& p, const AjF
 #endif
 
 // A consumer thread's whole work item: the loop over its key tiles (`cur`, begun on the item), Q's
-// buffer released after the last, then the epilogue; returns the count after the item.
+// buffer released once the last tile's S has been read, then the epilogue; returns the count after
+// the item.
 __device__ __forceinline__ AjTmaCount aj_sm90_tma_consume(const AjParams& p, const AjFwdTmaMaps& maps, const AjSm90TmaRings& r,
                                                           const AjItem& item, aj_i64 b, AjTileCursor cur, AjTmaCount count) {
   const aj_u32 j0 = count.tiles;
@@ -382,6 +383,10 @@ __device__ __forceinline__ AjTmaCount aj_sm90_tma_consume(const AjParams& p, con
     const aj_u64 vj = v_desc + sv * (AJ_SM90_V_STAGE >> 4);
     hooks.sv = sv;
     hooks.last = !more;
+    // Q's last reader, the last tile's S, has been waited for (in the step before, or the
+    // prologue): the buffer goes back to the producer before the last P V and the epilogue, so a
+    // persistent block's next Q lands while they run (with one Q buffer it waited for them).
+    if (!more) aj_mbarrier_arrive(&r.q_empty[qb]);
     if (more) {
       const int sk = aj_ring_stage(j0 + j + 1);
       const AjTile t = next;
@@ -415,7 +420,6 @@ __device__ __forceinline__ AjTmaCount aj_sm90_tma_consume(const AjParams& p, con
       break;
     }
   }
-  if (any) aj_mbarrier_arrive(&r.q_empty[qb]);  // every wgmma on Q has been waited for
 
 #ifdef AJ_O_STAGED
   if (busy && wg_row + AJ_WG_ROWS <= item.rows_count)  // every row of the warpgroup's is the item's
@@ -433,7 +437,8 @@ __device__ __forceinline__ AjTmaCount aj_sm90_tma_consume(const AjParams& p, con
 // units and runs on into the next item's Q, K and V while the consumers finish this one (its last
 // products, the epilogue), where a block per item would drain its rings and start cold. With two Q
 // buffers (codegen gives them where they fit: AJ_Q_BUFFERS) the next item's Q is in place when the
-// consumers reach it; with one, its load waits for every consumer's release of this item's. The
+// consumers reach it; with one, its load waits for every consumer's release of this item's, which
+// comes after the item's last S, before its last P V and the epilogue. The
 // consumers never meet between items: each waits for its item's Q on the buffer's mbarrier, and
 // the ping-pong's barriers keep their turns across items (a warpgroup's first turn of an item waits
 // for the last warpgroup's first handoff of it, given after it finished the item before).
