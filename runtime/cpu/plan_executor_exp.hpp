@@ -10,16 +10,18 @@ namespace {
 // exp on a packet of Eigen's SIMD layer (SSE2 or AVX2+FMA, by the variant): Eigen's own float exp
 // (the Cephes polynomial on x = m ln 2 + r) with its exponent scaling replaced by the fast one
 // Eigen provides (pldexp_fast: 2^m by integer addition, about 7x cheaper than the generic scaling,
-// which guards against overflow and denormals). The argument is clamped to [-87.3, 88.3]: scores
-// minus their running max are <= 0 (up to rounding), and below -87.3 the true result (< 1.2e-38)
-// is returned as 1.2e-38, a difference no float sum of probabilities <= 1 can see; above 88.3
-// (an LSE from the caller smaller than the scores) the result saturates. NaN propagates.
-// Masked scores (-inf) come out as 1.2e-38 too; callers pass `keep` to make them 0.
+// which guards against overflow and denormals). The polynomial runs on the argument clamped to
+// [-87.3, 88.3]; below -87.3 (the true result < 1.2e-38, subnormal or 0 in float) the result is
+// exactly 0, as the kernels' flushed ex2 gives: a weight of 1.2e-38 would reach O through a V of
+// 1e38, and a -inf score (a key of inf in a tile without a mask) would weigh an inf key in dQ.
+// Above 88.3 (an LSE from the caller smaller than the scores) the result saturates. NaN propagates.
 using Packet = Eigen::internal::packet_traits<float>::type;
 
 inline Packet exp_packet(Packet x) {
   namespace ei = Eigen::internal;
-  x = ei::pmax(ei::pmin(x, ei::pset1<Packet>(88.3f)), ei::pset1<Packet>(-87.3f));
+  const Packet lo = ei::pset1<Packet>(-87.3f);
+  const Packet under = ei::pcmp_lt(x, lo);  // false for NaN
+  x = ei::pmax(ei::pmin(x, ei::pset1<Packet>(88.3f)), lo);
   const Packet m = ei::pfloor(ei::pmadd(x, ei::pset1<Packet>(1.44269504088896341f), ei::pset1<Packet>(0.5f)));
   Packet r = ei::pmadd(m, ei::pset1<Packet>(-0.693359375f), x);
   r = ei::pmadd(m, ei::pset1<Packet>(2.12194440e-4f), r);
@@ -31,7 +33,7 @@ inline Packet exp_packet(Packet x) {
   y1 = ei::pmadd(y1, r, ei::pset1<Packet>(5.0000001201e-1f));
   y = ei::pmadd(y, r3, y1);
   y = ei::pmadd(y, r2, y2);
-  return ei::pldexp_fast_impl<Packet>::run(y, m);
+  return ei::pselect(under, ei::pset1<Packet>(0.0f), ei::pldexp_fast_impl<Packet>::run(y, m));
 }
 
 // row[c] = exp(scale * row[c] - shift) for c < n, and 0 where `keep` (when given) is 0, selected:

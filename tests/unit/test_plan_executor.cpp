@@ -26,7 +26,7 @@ using attnjit::testing::simd_variants;
 
 TEST_CASE("the plan executor: a masked pair contributes exactly nothing, whatever its value", "[plan][executor]") {
   // Causal, 4x4 tiles: key 3 is masked for rows 0-2 inside the first (partial) tile. Its value is
-  // huge, so a masked probability that were merely tiny (exp clamps -inf to about 3e-39) would show.
+  // huge, so a masked probability that were merely tiny would show.
   const Pattern p = PatternBuilder().causal().branch(BranchSpec().full()).build();
   Shape s;
   s.seq_q = s.seq_k = 8;
@@ -42,6 +42,44 @@ TEST_CASE("the plan executor: a masked pair contributes exactly nothing, whateve
     const ExecutorGradients g = execute_plan_backward(plan, lower_to_backward_plan(plan), p, q.data(), k.data(), v.data(),
                                                       got.o.data(), got.lse.data(), q.data(), nullptr, {.simd = simd});
     for (float x : g.dq) REQUIRE(std::isfinite(x));
+  }
+}
+
+// A full tile (no mask, so no `keep` to zero anything): a score 1000 below the row's maximum has
+// a weight of exactly 0 in float (e^-1000), as in the reference and the kernels' flushed ex2; a
+// weight of 1.2e-38 (exp's argument clamped, not its result) made O 2.2 where the reference's is 1,
+// through a V of 1e38. And a key of -inf's score at a query of +1 is -inf: its probability is 0,
+// its dS 0, and dQ meets 0 * -inf, NaN as in the reference (a tiny probability made it -inf).
+TEST_CASE("the plan executor: a score far below the maximum weighs exactly 0 in a tile without a mask", "[plan][executor]") {
+  const Pattern p = PatternBuilder().scale(1.0).branch(BranchSpec().full()).build();
+  Shape s;
+  s.seq_q = 1;
+  s.seq_k = 2;
+  s.heads_q = s.heads_kv = 1;
+  s.head_dim = s.head_dim_v = 1;
+  const Plan plan = lower_to_plan(p, s, TileConfig{16, 16});
+  const std::vector<float> q{1.0f}, v{1.0f, 1e38f}, dout{1.0f};
+  for (const float far : {-1000.0f, -std::numeric_limits<float>::infinity()}) {
+    const std::vector<float> k{0.0f, far};
+    const ReferenceOutput want = reference_attention(p, s, q.data(), k.data(), v.data());
+    const ReferenceGradients want_g = reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data());
+    for (const CpuSimd simd : simd_variants()) {
+      INFO(cpu_simd_name(simd) << ", key " << far);
+      const ExecutorOutput got = execute_plan(plan, p, q.data(), k.data(), v.data(), nullptr, {.simd = simd});
+      REQUIRE(want.o[0] == 1.0);
+      REQUIRE(got.o[0] == 1.0f);
+      REQUIRE(got.lse[0] == 0.0f);
+      const ExecutorGradients g = execute_plan_backward(plan, lower_to_backward_plan(plan), p, q.data(), k.data(), v.data(),
+                                                        got.o.data(), got.lse.data(), dout.data(), nullptr, {.simd = simd});
+      INFO("dq " << g.dq[0] << ", reference " << want_g.dq[0]);
+      REQUIRE(std::isnan(g.dq[0]) == std::isnan(want_g.dq[0]));
+      if (!std::isnan(want_g.dq[0])) CHECK(g.dq[0] == Approx(want_g.dq[0]).margin(1e-6));
+      for (size_t e = 0; e < 2; ++e) {
+        INFO("dk/dv element " << e << ": " << g.dk[e] << " " << g.dv[e] << ", reference " << want_g.dk[e] << " " << want_g.dv[e]);
+        CHECK(g.dk[e] == Approx(want_g.dk[e]).margin(1e-6));
+        CHECK(g.dv[e] == Approx(want_g.dv[e]).margin(1e-6));
+      }
+    }
   }
 }
 
