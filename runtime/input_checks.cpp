@@ -1,6 +1,8 @@
 #include "runtime/input_checks.hpp"
 
 #include <algorithm>
+#include <optional>
+#include <utility>
 
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
@@ -12,6 +14,11 @@ std::string dims(const std::vector<int64_t>& v) {
   std::string s = "[";
   for (size_t n = 0; n < v.size(); ++n) s += (n ? ", " : "") + std::to_string(v[n]);
   return s + "]";
+}
+
+// A view with no elements (a dimension of size 0).
+bool empty_view(const TensorView& t) {
+  return std::any_of(t.shape.begin(), t.shape.end(), [](int64_t n) { return n <= 0; });
 }
 
 void check_view(const char* name, const TensorView& t, const std::vector<int64_t>& want, DType dtype, int align) {
@@ -38,6 +45,7 @@ void check_view(const char* name, const TensorView& t, const std::vector<int64_t
   for (size_t d = 0; d + 1 < t.strides.size(); ++d) {
     if (t.strides[d] < 0 && t.shape[d] != 1) throw UserError(name, "has a negative stride in dimension " + std::to_string(d));
   }
+  view_span_bytes(name, t);
   if (align > 1) {
     const int64_t bytes = dtype_bytes(t.dtype);
     if (reinterpret_cast<uintptr_t>(t.data) % static_cast<uintptr_t>(align) != 0) {
@@ -55,10 +63,11 @@ void check_view(const char* name, const TensorView& t, const std::vector<int64_t
   }
 }
 
-// The byte range a view can touch.
+// The byte range a view can touch (its span checked by view_span_bytes first).
 std::pair<uintptr_t, uintptr_t> extent(const TensorView& t) {
   int64_t last = 0;
-  for (size_t d = 0; d < t.shape.size(); ++d) last += (t.shape[d] - 1) * t.strides[d];
+  for (size_t d = 0; d < t.shape.size(); ++d)
+    if (t.shape[d] > 1) last += (t.shape[d] - 1) * t.strides[d];
   const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data);
   return {begin, begin + static_cast<uintptr_t>((last + 1) * dtype_bytes(t.dtype))};
 }
@@ -70,6 +79,48 @@ bool overlap(const TensorView& a, const TensorView& b) {
 }
 
 }  // namespace
+
+uint64_t view_span_bytes(const char* name, const TensorView& t) {
+  if (empty_view(t)) return 0;
+  // The furthest element's offset, in elements then bytes, every step checked: a stride past any
+  // memory would make the extent wrap and the kernels read or write wrapped addresses.
+  int64_t last = 0;
+  bool wraps = false;
+  for (size_t d = 0; d < t.shape.size() && d < t.strides.size(); ++d) {
+    if (t.shape[d] == 1) continue;  // its stride is never used
+    int64_t step = 0;
+    wraps |= __builtin_mul_overflow(t.shape[d] - 1, t.strides[d] < 0 ? -t.strides[d] : t.strides[d], &step) ||
+             __builtin_add_overflow(last, step, &last);
+  }
+  int64_t bytes = 0;
+  wraps |= __builtin_add_overflow(last, int64_t{1}, &bytes) || __builtin_mul_overflow(bytes, int64_t{dtype_bytes(t.dtype)}, &bytes);
+  constexpr int64_t kMaxSpan = int64_t{1} << 56;  // no address space holds more
+  if (wraps || bytes > kMaxSpan)
+    throw UserError(name, "strides " + dims(t.strides) + " over shape " + dims(t.shape) +
+                              " reach more than 2^56 bytes past the data pointer, beyond any memory; check the strides "
+                              "(in elements, not bytes)");
+  return static_cast<uint64_t>(bytes);
+}
+
+void check_no_self_overlap(const char* name, const TensorView& t) {
+  if (empty_view(t)) return;
+  // Dimensions of more than one index, smallest stride first: each stride must step past every
+  // element the smaller ones reach, or two indices share an element (a stride 0, a broadcast, or
+  // strides that interleave). Any dense layout, permuted or padded, passes.
+  std::vector<size_t> order;
+  for (size_t d = 0; d < t.shape.size(); ++d)
+    if (t.shape[d] > 1) order.push_back(d);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return t.strides[a] < t.strides[b]; });
+  int64_t reach = 0;  // the largest offset the dimensions before reach
+  for (size_t d : order) {
+    if (t.strides[d] <= reach)
+      throw UserError(name, "is an output whose elements overlap: dimension " + std::to_string(d) + " (size " +
+                                std::to_string(t.shape[d]) + ", stride " + std::to_string(t.strides[d]) +
+                                ") lands on elements other indices write (strides " + dims(t.strides) + " over shape " +
+                                dims(t.shape) + "); give each element its own memory (a contiguous tensor)");
+    reach += (t.shape[d] - 1) * t.strides[d];
+  }
+}
 
 Shape problem_shape(const Problem& pb, int64_t q_offset, int64_t k_offset) {
   Shape s;
@@ -92,6 +143,9 @@ KernelRequest problem_request(const Problem& pb, int arch, bool arch_specific) {
 }
 
 void check_problem(const Problem& pb) {
+  for (const auto& [name, d] : {std::pair<const char*, std::optional<DType>>{"problem.dtype", pb.dtype}, {"problem.out_dtype", pb.out_dtype}})
+    if (d && (static_cast<int>(*d) < static_cast<int>(DType::F32) || static_cast<int>(*d) > static_cast<int>(DType::E4M3)))
+      throw UserError(name, std::to_string(static_cast<int>(*d)) + " is no dtype; use DType::F32, F16, BF16 or E4M3");
   if (pb.out_dtype && *pb.out_dtype != pb.dtype) {
     if (pb.dtype != DType::E4M3)
       throw UserError("problem.out_dtype", std::string("differs from the inputs' dtype ") + to_string(pb.dtype) +
@@ -130,6 +184,7 @@ void check_descales(const Problem& pb, const ForwardOptions& options, const Tens
     if (t->dtype != DType::F32) throw UserError(name, std::string("has dtype ") + to_string(t->dtype) + " but must be fp32");
     if (!t->data) throw UserError(name, "is a null pointer");
     if (t->strides[0] < 0 || t->strides[1] < 0) throw UserError(name, "has a negative stride");
+    view_span_bytes(name, *t);
     for (const auto& [other, u] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}})
       if (overlap(*t, *u)) throw UserError(name, std::string("overlaps ") + other + "; give the factors their own memory");
   }
@@ -143,11 +198,13 @@ void check_forward_inputs(const Problem& pb, const TensorView& q, const TensorVi
   // The tensor-core epilogue stores O in 16-byte chunks: o needs the inputs' alignment; the LSE is
   // written a float at a time.
   check_view("o", o, {pb.batch, pb.seq_q, pb.heads_q, pb.head_dim_v}, pb.o_dtype(), align_bytes);
+  check_no_self_overlap("o", o);
   for (const auto* in : {&q, &k, &v}) {
     if (overlap(o, *in)) throw UserError("o", "overlaps an input (q, k or v); the output must alias nothing");
   }
   if (lse) {
     check_view("lse", *lse, {pb.batch, pb.heads_q, pb.seq_q}, DType::F32, align_bytes > 1 ? 4 : 1);
+    check_no_self_overlap("lse", *lse);
     if (overlap(*lse, o) || overlap(*lse, q) || overlap(*lse, k) || overlap(*lse, v)) {
       throw UserError("lse", "overlaps another tensor; give it its own memory");
     }
@@ -170,6 +227,7 @@ void check_backward_inputs(const Problem& pb, const TensorView& q, const TensorV
   const std::pair<const char*, const TensorView*> outs[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
   const std::pair<const char*, const TensorView*> all[] = {{"q", &q},       {"k", &k},   {"v", &v},   {"o", &o}, {"lse", &lse},
                                                            {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
+  for (const auto& [name, t] : outs) check_no_self_overlap(name, *t);
   for (const auto& [name, t] : outs)
     for (const auto& [other, u] : all)
       if (std::string(name) != other && overlap(*t, *u)) {

@@ -32,6 +32,15 @@ void check_weights_inputs(const Problem& pb, const TensorView& q, const TensorVi
 // The weights' size against ATTNJIT_MAX_WEIGHTS: a UserError naming the knob above it.
 void check_weights_size(int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k);
 
+// The bytes a view's elements span from its data pointer (0 for a view with no elements): a
+// UserError naming the view when its strides reach past any memory (2^56 bytes) or the arithmetic
+// would wrap. Strides of size-1 dimensions are not used.
+uint64_t view_span_bytes(const char* name, const TensorView& t);
+
+// An output's elements must each have their own memory: a UserError naming the view when two
+// indices land on one element (a stride 0 over more than one index, strides that interleave).
+void check_no_self_overlap(const char* name, const TensorView& t);
+
 // The Shape of a call of this problem at these offsets.
 Shape problem_shape(const Problem& pb, int64_t q_offset, int64_t k_offset);
 

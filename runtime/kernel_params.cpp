@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <utility>
 
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
@@ -115,6 +116,15 @@ PagedCapacity paged_capacity_of(const PagedPlan& plan, int32_t splits) {
 }
 
 PagedWorkspace paged_workspace(const PagedCapacity& cap, int32_t tile_q, int64_t head_dim_v) {
+  // The kernels index the tables with 32-bit counts, and the sizes below must not wrap: a capacity
+  // past them is a mistake, named before any byte is laid out.
+  for (const auto& [name, n] : {std::pair<const char*, int64_t>{"requests", cap.requests}, {"items", cap.items},
+                                {"spans", cap.spans}, {"entries", cap.entries}})
+    if (n < 0 || n > INT32_MAX)
+      throw UserError(std::string("PagedCapacity.") + name,
+                      "is " + std::to_string(n) + "; expected 0 to 2^31 - 1 (size it with needs(call))");
+  if (cap.splits < 0 || cap.splits > 64)
+    throw UserError("PagedCapacity.splits", "is " + std::to_string(cap.splits) + "; expected 1 to 64");
   PagedWorkspace w;
   size_t at = 0;
   auto take = [&](size_t bytes) {
@@ -122,11 +132,11 @@ PagedWorkspace paged_workspace(const PagedCapacity& cap, int32_t tile_q, int64_t
     at = (at + bytes + 255) / 256 * 256;
     return here;
   };
-  const size_t items = size_t(std::max<int64_t>(cap.items, 0)), requests = size_t(std::max<int64_t>(cap.requests, 0));
+  const size_t items = size_t(cap.items), requests = size_t(cap.requests);
   w.header = take(16);
   w.items = take(items * sizeof(DeviceItem));
-  w.spans = take(size_t(std::max<int64_t>(cap.spans, 0)) * sizeof(DeviceSpan));
-  w.entries = take(size_t(std::max<int64_t>(cap.entries, 0)) * 4);
+  w.spans = take(size_t(cap.spans) * sizeof(DeviceSpan));
+  w.entries = take(size_t(cap.entries) * 4);
   w.item_request = take(items * 4);
   w.item_heads = take(items * 4);
   w.q_start = take(requests * 8);

@@ -12,6 +12,7 @@
 #include "runtime/backend.hpp"
 #include "runtime/cpu/plan_executor.hpp"
 #include "runtime/host_tensors.hpp"
+#include "runtime/input_checks.hpp"
 
 namespace attnjit {
 
@@ -62,6 +63,7 @@ void check_view(const char* name, const TensorView& t, std::vector<int64_t> want
   for (int64_t n : t.shape) require(n >= 0, name, "has a negative size");
   require(t.data != nullptr || std::any_of(t.shape.begin(), t.shape.end(), [](int64_t n) { return n == 0; }), name,
           "is null");
+  view_span_bytes(name, t);
 }
 
 }  // namespace
@@ -119,7 +121,11 @@ void check_tensors(const PagedState& st, const PagedCall& c) {
     require(!c.k_scale && !c.v_scale, c.k_scale ? "k_scale" : "v_scale",
             "applies to fp8_e4m3 caches (PagedProblem::kv_dtype); these are " + std::string(to_string(kv)));
   check_view("o", c.o, {total, pb.heads_q, pb.head_dim_v}, pb.dtype);
-  if (c.lse) check_view("lse", *c.lse, {total, pb.heads_q}, DType::F32);
+  check_no_self_overlap("o", c.o);
+  if (c.lse) {
+    check_view("lse", *c.lse, {total, pb.heads_q}, DType::F32);
+    check_no_self_overlap("lse", *c.lse);
+  }
   const int64_t page_size = c.k_cache.shape[1];
   require(page_size >= 1 && page_size <= 256, "k_cache", "page size " + std::to_string(page_size) + " is out of range; pages hold 1 to 256 tokens");
   require(c.splits >= 0 && c.splits <= 64, "splits", "expected 0 (automatic) to 64, got " + std::to_string(c.splits));

@@ -266,7 +266,26 @@ KernelRequest backward_request(KernelRequest r, const KernelConfig& config, cons
   return r;
 }
 
-Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<Impl>()) { impl_->options = std::move(options); }
+namespace {
+
+// The options' values that name nothing: a UserError naming the field, before anything runs on them.
+void check_runtime_options(const RuntimeOptions& o) {
+  const int kind = static_cast<int>(o.device.kind);
+  if (kind < static_cast<int>(DeviceKind::CPU) || kind > static_cast<int>(DeviceKind::EMU))
+    throw UserError("RuntimeOptions.device.kind", std::to_string(kind) +
+                                                      " is no device kind; use Device::cpu(), Device::cuda(index) or "
+                                                      "Device::emu(arch)");
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"RuntimeOptions.plan_cache_bytes", o.plan_cache_bytes},
+                                    {"RuntimeOptions.random_in_kernel_above", o.random_in_kernel_above}})
+    if (value < -1) throw UserError(name, std::to_string(value) + " is negative; use -1 (the knob's value) or a count >= 0");
+}
+
+}  // namespace
+
+Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<Impl>()) {
+  check_runtime_options(options);
+  impl_->options = std::move(options);
+}
 Runtime::~Runtime() = default;
 const Device& Runtime::device() const { return impl_->options.device; }
 

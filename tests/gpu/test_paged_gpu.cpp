@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "compiler/codegen/codegen.hpp"
@@ -128,6 +129,18 @@ TEST_CASE("paged attention: a plan above the workspace's capacity is refused, na
   PagedCapacity bad = need;
   bad.splits = 0;
   CHECK_THROWS_WITH(pa.plan(c, ws.data(), bad), Catch::Contains("PagedCapacity.splits"));
+  // A capacity past the kernels' 32-bit counts, whose workspace size would wrap, or below zero is
+  // refused before any byte is laid out.
+  for (const auto& [field, cap] : std::vector<std::pair<std::string, PagedCapacity>>{
+           {"requests", PagedCapacity{int64_t{1} << 62, need.items, need.spans, need.entries, 1}},
+           {"items", PagedCapacity{3, int64_t{INT32_MAX} + 1, need.spans, need.entries, 1}},
+           {"spans", PagedCapacity{3, need.items, -1, need.entries, 1}},
+           {"entries", PagedCapacity{3, need.items, need.spans, int64_t{1} << 40, 1}},
+           {"splits", PagedCapacity{3, need.items, need.spans, need.entries, 65}}}) {
+    INFO(field);
+    CHECK_THROWS_WITH(pa.workspace_bytes(cap), Catch::Contains("PagedCapacity." + field));
+    CHECK_THROWS_WITH(pa.plan(c, ws.data(), cap), Catch::Contains("PagedCapacity." + field));
+  }
 }
 
 TEST_CASE("paged attention: a NaN or inf in V reaches only the rows that attend its key", "[gpu][emu][paged]") {

@@ -430,6 +430,23 @@ TEST_CASE("every bad input is a clear error before anything runs", "[runtime][er
   bad([](TensorView& q2, auto&, auto&, TensorView& o2, auto&) { o2.data = q2.data; }, "o: overlaps an input");
   bad([](auto&, auto&, auto&, auto&, TensorView& l2) { l2.shape = {1, 8, 2}; }, "lse: has shape [1, 8, 2]");
   bad([](auto&, auto&, auto&, auto&, TensorView& l2) { l2.strides.pop_back(); }, "lse: has 2 strides for 3 dimensions");
+  // An output whose indices share elements: every row of o on row 0 (a stride 0), heads laid over
+  // the head dim, the LSE's heads on one row. Each would be written by several threads at once.
+  bad([](auto&, auto&, auto&, TensorView& o2, auto&) { o2.strides[1] = 0; }, "o: is an output whose elements overlap: dimension 1 (size 8, stride 0)");
+  bad([](auto&, auto&, auto&, TensorView& o2, auto&) { o2.strides[2] = 1; }, "o: is an output whose elements overlap");
+  bad([](auto&, auto&, auto&, auto&, TensorView& l2) { l2.strides[1] = 0; }, "lse: is an output whose elements overlap: dimension 1");
+  // Strides past any memory: the extent's arithmetic would wrap (before, the kernels read wrapped
+  // addresses and forward returned).
+  bad([](TensorView& q2, auto&, auto&, auto&, auto&) { q2.strides[1] = INT64_MAX / 2; }, "q: strides [256, 4611686018427387903, 16, 1] over shape [1, 8, 2, 16] reach more than 2^56 bytes");
+  bad([](auto&, TensorView& k2, auto&, auto&, auto&) { k2.strides[1] = int64_t{1} << 60; }, "k: strides");
+  // A permuted or padded layout of o is no overlap: [batch, heads, seq, dim] storage, rows padded.
+  {
+    std::vector<float> wide(2 * 8 * 24);
+    TensorView o2 = O;
+    o2.data = wide.data();
+    o2.strides = {2 * 8 * 24, 24, 8 * 24, 1};
+    CHECK_NOTHROW(op.forward(Q, K, V, o2, &L));
+  }
 
   // Alignment the tensor-core kernel needs (checked the same way on a GPU).
   auto misaligned = Q;
@@ -464,6 +481,20 @@ TEST_CASE("every bad input is a clear error before anything runs", "[runtime][er
   bad_blocks.persistent_blocks = -2;
   CHECK_THROWS_WITH(Runtime(bad_blocks).prepare(p, pb),
                     Catch::Contains("RuntimeOptions.persistent_blocks: -2 is not a block count; use -1 (one per SM)"));
+  // Values that name nothing (before: a device kind past the enum had no backend and crashed
+  // prepare; a negative cap other than -1 was taken for the knob's).
+  RuntimeOptions bad_kind;
+  bad_kind.device.kind = static_cast<DeviceKind>(9);
+  CHECK_THROWS_WITH(Runtime(bad_kind), Catch::Contains("RuntimeOptions.device.kind: 9 is no device kind"));
+  RuntimeOptions bad_cap;
+  bad_cap.plan_cache_bytes = -5;
+  CHECK_THROWS_WITH(Runtime(bad_cap), Catch::Contains("RuntimeOptions.plan_cache_bytes: -5 is negative; use -1"));
+  bad_cap.plan_cache_bytes = -1;
+  bad_cap.random_in_kernel_above = -7;
+  CHECK_THROWS_WITH(Runtime(bad_cap), Catch::Contains("RuntimeOptions.random_in_kernel_above: -7 is negative"));
+  Problem bad_dtype = pb;
+  bad_dtype.dtype = static_cast<DType>(77);
+  CHECK_THROWS_WITH(rt.prepare(p, bad_dtype), Catch::Contains("problem.dtype: 77 is no dtype"));
   ForwardOptions neg;
   neg.q_offset = -1;
   CHECK_THROWS_WITH(op.forward(Q, K, V, O, &L, neg), Catch::Contains("offsets must be >= 0"));

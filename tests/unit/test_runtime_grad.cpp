@@ -127,6 +127,9 @@ TEST_CASE("backward: every bad input is a clear error", "[runtime][grad][errors]
   CHECK_THROWS_WITH(op.backward(Q, K, V, O, L, DO, DQ, t(dk, {1, 16, 2, 4}), DV), Catch::Contains("dk: has shape [1, 16, 2, 4]"));
   CHECK_THROWS_WITH(op.backward(Q, K, V, O, L, DO, Q, DK, DV), Catch::Contains("dq: overlaps q; each gradient needs its own memory"));
   CHECK_THROWS_WITH(op.backward(Q, K, V, O, L, DO, DQ, DK, DK), Catch::Contains("dk: overlaps dv"));
+  TensorView dv_rows_on_one = DV;  // every key's row of dV on row 0
+  dv_rows_on_one.strides[1] = 0;
+  CHECK_THROWS_WITH(op.backward(Q, K, V, O, L, DO, DQ, DK, dv_rows_on_one), Catch::Contains("dv: is an output whose elements overlap"));
   CHECK_THROWS_WITH(op.backward(Q, K, V, O, t(lse, {1, 1, 16}), DO, DQ, DK, DV), Catch::Contains("lse: has shape [1, 1, 16]"));
   ForwardOptions bad;
   bad.q_offset = -1;
