@@ -83,6 +83,34 @@ TEST_CASE("the plan executor: a score far below the maximum weighs exactly 0 in 
   }
 }
 
+// A scaled score past fp32's range is +inf: its row is NaN (the maximum +inf, inf - inf), never a
+// finite row unlike the reference's; rows whose scores stay finite are the reference's.
+TEST_CASE("the plan executor: a row whose scores overflow fp32 is NaN, the others the reference's", "[plan][executor]") {
+  const Pattern p = PatternBuilder().scale(1e38).causal().branch(BranchSpec().full()).build();
+  Shape s;
+  s.seq_q = s.seq_k = 4;
+  s.heads_q = s.heads_kv = 1;
+  s.head_dim = s.head_dim_v = 1;
+  // Scores scale * q_i * k_j: row 2 meets key 2 at 4e38 (past 3.4e38); rows 0, 1 and 3 stay finite
+  // (row 3 meets keys 0..3 at 0, ±1e38 and 1e38 * 0.5).
+  const std::vector<float> q{1.0f, 1.0f, 2.0f, 1.0f}, k{0.0f, 1.0f, 2.0f, -0.5f}, v{1.0f, 2.0f, 3.0f, 4.0f};
+  const ReferenceOutput want = reference_attention(p, s, q.data(), k.data(), v.data());
+  for (const CpuSimd simd : simd_variants()) {
+    INFO(cpu_simd_name(simd));
+    const ExecutorOutput got = execute_plan(lower_to_plan(p, s, TileConfig{16, 16}), p, q.data(), k.data(), v.data(), nullptr, {.simd = simd});
+    for (int r = 0; r < 4; ++r) {
+      INFO("row " << r << ": o " << got.o[size_t(r)] << " lse " << got.lse[size_t(r)] << ", reference " << want.o[size_t(r)]);
+      REQUIRE(std::isfinite(want.o[size_t(r)]));
+      if (r == 2) {
+        CHECK(std::isnan(got.o[size_t(r)]));
+        CHECK(std::isnan(got.lse[size_t(r)]));
+      } else {
+        CHECK(got.o[size_t(r)] == Approx(want.o[size_t(r)]).epsilon(1e-5));
+      }
+    }
+  }
+}
+
 TEST_CASE("the plan executor: a NaN input shows in the output rows it reaches, never hidden", "[plan][executor]") {
   // The vectorised exp clamps its argument; a NaN must come through it (and through the row max).
   const Pattern p = PatternBuilder().branch(BranchSpec().full()).build();
