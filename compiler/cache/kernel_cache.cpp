@@ -503,6 +503,11 @@ bool KernelCache::write_entry(const CacheKey& key, const std::vector<uint8_t>& b
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
+    if (err == EISDIR || err == ENOTEMPTY || err == EEXIST) {
+      // A directory holds this entry's name: the entry's problem, not the cache's; others are still written.
+      log(LogLevel::Warn, "kernel cache entry " + path + " is a directory, so this kernel is kept in memory only; remove it");
+      return false;
+    }
     disable_writes("cannot rename " + tmp + " to " + path + ": " + errno_text(err));
     return false;
   }

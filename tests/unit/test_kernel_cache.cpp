@@ -327,6 +327,22 @@ TEST_CASE("kernel cache in a read-only directory reads entries and keeps new one
   if (warnings_shown()) CHECK(count_of(text, "attnjit: warning:") == 1);
 }
 
+TEST_CASE("kernel cache with a directory in an entry's place keeps that kernel in memory and writes the others", "[cache]") {
+  TempDir tmp;
+  REQUIRE(std::filesystem::create_directories(entry_file(tmp.path, key_for(0)) + "/x"));  // not empty: rename cannot replace it
+  StderrCapture err;
+  KernelCache cache(tmp.path, 1 << 20);
+  for (int i = 0; i < 3; ++i) cache.put(key_for(i), payload_for(i), "k", "sm_80");
+  for (int i = 0; i < 3; ++i) CHECK(cache.get(key_for(i)) == payload_for(i));
+  CHECK(cache.disk_writable());  // the entry's problem, not the cache's
+  for (int i = 1; i < 3; ++i) CHECK(std::filesystem::is_regular_file(entry_file(tmp.path, key_for(i))));
+  const std::string text = err.text();
+  if (warnings_shown()) {
+    CHECK_THAT(text, Catch::Contains(entry_file(tmp.path, key_for(0)) + " is a directory"));
+    CHECK_THAT(text, !Catch::Contains("not writable"));
+  }
+}
+
 TEST_CASE("kernel cache evicts least recently used entries above its cap", "[cache]") {
   TempDir tmp;
   const int64_t entry_bytes = static_cast<int64_t>(encode_cache_entry(key_for(0).hex, payload_for(0), "k", "sm_90a").size());
