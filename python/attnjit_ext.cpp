@@ -27,6 +27,7 @@
 #include "compiler/nvrtc/nvrtc_library.hpp"
 #include "compiler/pattern/mask.hpp"
 #include "compiler/pattern/head_slice.hpp"
+#include "compiler/pattern/pattern.hpp"
 #include "compiler/pattern/pattern_stats.hpp"
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/plan/plan.hpp"
@@ -409,6 +410,7 @@ nb::dict stats(const std::string& spec, int64_t seq_q, int64_t heads_q, int64_t 
   const Shape s = shape_of(1, seq_q, seq_k, heads_q, heads_kv, 64, 64, q_offset, k_offset);
   const Pattern p = pattern_of(spec);
   check_pattern_fits(p, s);
+  check_blocks_inside_sequence(p, q_offset + seq_q, k_offset + seq_k);  // as `attnjit mask` and `validate`
   const PatternStats st = pattern_stats(MaskContext{p, s, nullptr});
   nb::dict d;
   d["attended_pairs"] = st.attended_pairs;
@@ -461,6 +463,7 @@ nb::ndarray<nb::numpy, uint8_t> mask(const std::string& spec, int64_t seq_q, int
   const Shape s = shape_of(1, seq_q, seq_k, heads_q, heads_kv, 64, 64, q_offset, k_offset);
   const Pattern p = pattern_of(spec);
   check_pattern_fits(p, s);
+  check_blocks_inside_sequence(p, q_offset + seq_q, k_offset + seq_k);  // as `attnjit mask` and `validate`
   if (heads_q * seq_q * seq_k > (int64_t{1} << 30)) {
     throw UserError("mask", "heads_q * seq_q * seq_k = " + std::to_string(heads_q * seq_q * seq_k) +
                                 " entries is over 2^30; ask for fewer heads or shorter sequences (or use stats())");

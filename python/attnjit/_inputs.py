@@ -1,5 +1,6 @@
 """The checks and conversions of attnjit.attention's arguments, shared by the numpy path
 (_attention.py), the PyTorch operators (_torch_ops.py) and attnjit.distributed."""
+import math
 import operator
 import os
 
@@ -29,6 +30,21 @@ def int_arg(name, x, limits):
         raise ValueError(f"{name}: {value} is out of range; must be >= {lo}")
     if value > hi:
         raise ValueError(f"{name}: {value} is out of range; must be <= {hi}")
+    return value
+
+
+def scale_arg(name, x, hint=""):
+    """`x` as a float: TypeError naming `name` unless it is a real number (a Python or numpy number,
+    or a one-element tensor; not a bool, not a string), ValueError unless it is finite and > 0
+    (`hint`, appended to that message, says what to do instead)."""
+    if isinstance(x, (bool, np.bool_, str, bytes, complex)) or str(getattr(x, "dtype", "")) in ("bool", "torch.bool"):
+        raise TypeError(f"{name}: expected a positive finite number, got {type(x).__name__} {x!r}")
+    try:
+        value = float(x)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name}: expected a positive finite number, got {type(x).__name__} {x!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}: must be a positive finite number, got {value}{hint}")
     return value
 
 

@@ -5,6 +5,9 @@ import os
 import numpy as np
 
 from . import _attnjit
+from ._inputs import scale_arg
+
+SCALE_HINT = "; leave it out for 1/sqrt(head_dim)"
 
 
 class Pattern:
@@ -57,8 +60,9 @@ class Pattern:
 
     def with_scale(self, scale: float) -> "Pattern":
         """The same pattern with softmax scale `scale` instead of its own (1/sqrt(head_dim) by default)."""
+        scale = scale_arg("scale", scale, SCALE_HINT)  # json.dumps would write nan and inf as no JSON reads them
         d = json.loads(self._spec)
-        d["scale"] = float(scale)
+        d["scale"] = scale
         return Pattern(json.dumps(d))
 
     def head_slice(self, first: int, count: int, heads_q: int) -> "Pattern":

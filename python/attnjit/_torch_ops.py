@@ -5,6 +5,7 @@ import operator
 import os
 from typing import Optional
 
+import numpy as np
 import torch
 
 from . import _attnjit, _pattern
@@ -99,6 +100,9 @@ def fp8_attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, docs, d
             raise TypeError(f"{name}: FP8 inputs need q_descale, k_descale and v_descale (a number, or an fp32 tensor "
                             "[] / [1] / [batch, heads_kv]; 1.0 where the codes are the values)")
         if not isinstance(d, torch.Tensor):
+            if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, float, np.integer, np.floating)):
+                raise TypeError(f"{name}: expected a number or an fp32 tensor [] / [1] / [batch, heads_kv], got "
+                                f"{type(d).__name__} {d!r}")
             d = torch.tensor(float(d), dtype=torch.float32, device=q.device)
         if d.dtype != torch.float32:
             raise TypeError(f"{name}: expected an fp32 tensor, got {d.dtype}")

@@ -41,20 +41,24 @@ def rotation(d, seed=0, device=None):
 
 def _quantize(x, heads_kv):
     """x [B, S, H, D] as e4m3 codes of x / f with one factor f per (batch, kv head): the group's
-    largest magnitude over 448 (1 where it is 0), so that nothing saturates."""
+    largest finite magnitude over 448 (1 where it is 0), so that nothing saturates. NaN and +-inf
+    become the NaN code where they are (e4m3fn has no infinity; torch's conversion would saturate
+    inf to 448), so only what attends them is non-finite, and the rest of their group keeps its factor."""
     b, s, h, d = x.shape
     group = x.detach().to(torch.float32).reshape(b, s, heads_kv, h // heads_kv, d)
-    amax = group.abs().amax(dim=(1, 3, 4))  # [B, Hkv]
+    finite = torch.isfinite(group)
+    amax = torch.where(finite, group.abs(), 0.0).amax(dim=(1, 3, 4))  # [B, Hkv]
     f = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    scaled = group / f[:, None, :, None, None]
+    scaled = torch.where(finite, group / f[:, None, :, None, None], float("nan"))
     return scaled.reshape(b, s, h, d).to(torch.float8_e4m3fn), f.contiguous()
 
 
 def quantize(q, k, v, *, incoherent=False, seed=0):
     """q, k, v (any float dtype, [B, S, H, D]) as FP8 e4m3 codes with per-(batch, kv head) descale
-    factors (Fp8Inputs). `incoherent`: q and k are first multiplied by one random orthogonal
+    factors (Fp8Inputs), from each group's largest finite magnitude; NaN and +-inf become the NaN
+    code in their own places. `incoherent`: q and k are first multiplied by one random orthogonal
     matrix (rotation(D, seed)), which changes no score and cuts the quantisation error of inputs
-    whose magnitude sits in a few channels."""
+    whose magnitude sits in a few channels (a non-finite channel then makes its whole row NaN)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_floating_point():
             raise TypeError(f"{name}: expected a floating-point torch tensor [batch, seq, heads, head_dim]")

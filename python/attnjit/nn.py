@@ -8,25 +8,42 @@ import torch
 from torch import nn
 
 from ._attention import attention
-from ._inputs import int_arg
-from ._pattern import Pattern, as_pattern
+from ._inputs import documents_arg, int_arg, scale_arg
+from ._pattern import SCALE_HINT, Pattern, as_pattern
+
+_POSITIVE = (1, 2**63 - 1)
+
+
+def positive_ints(name, values, limits=_POSITIVE):
+    """A list (tuple, array, 1-D tensor) of integers as Python ints, each checked by int_arg and
+    named by its index (`segment_lengths[1]`): a float, a bool or a string is a TypeError."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__") or getattr(values, "ndim", 1) != 1:
+        raise TypeError(f"{name}: expected a list of integers, got {type(values).__name__} {values!r}")
+    out = []
+    for i, x in enumerate(values):
+        if isinstance(x, str) and x == "full":
+            raise TypeError(f'{name}[{i}]: expected an integer, got "full"; a segment over the whole sequence is a '
+                            'spec\'s {"segment": "full"}: build the module with from_pattern(spec)')
+        out.append(int_arg(f"{name}[{i}]", x, limits))
+    return out
 
 
 def dilated_spec(segment_lengths, dilation_rates, *, combine="softmax", offset=None, causal=False, scale=None) -> dict:
     """The spec of LongNet dilated attention: one branch per (segment length, dilation rate)."""
-    segment_lengths, dilation_rates = list(segment_lengths), list(dilation_rates)
+    segment_lengths = positive_ints("segment_lengths", segment_lengths)
+    dilation_rates = positive_ints("dilation_rates", dilation_rates)
     if len(segment_lengths) != len(dilation_rates) or not segment_lengths:
         raise ValueError(f"segment_lengths and dilation_rates: expected equal, non-empty lists, got "
                          f"{len(segment_lengths)} and {len(dilation_rates)}")
     spec = {"attnjit": 1, "combine": combine,
-            "branches": [{"segment": int(w), "dilation": int(r)} for w, r in zip(segment_lengths, dilation_rates)]}
+            "branches": [{"segment": w, "dilation": r} for w, r in zip(segment_lengths, dilation_rates)]}
     if offset is not None:
         for b in spec["branches"]:
             b["offset"] = offset
     if causal:
         spec["causal"] = True
     if scale is not None:
-        spec["scale"] = float(scale)
+        spec["scale"] = scale_arg("scale", scale, SCALE_HINT)
     return spec
 
 
@@ -138,16 +155,50 @@ class BlockSparseAttention(_PatternAttention):
 
     def __init__(self, layout, *, block=128, causal=False):
         lay = _boolean_layout(layout)
+        block = int_arg("block", block, _POSITIVE)
         if lay.ndim == 2:
             explicit = {"blocks": [[int(a), int(b)] for a, b in np.argwhere(lay)]}
         elif lay.ndim == 3:
             explicit = {"per_head": [[[int(a), int(b)] for a, b in np.argwhere(h)] for h in lay]}
         else:
             raise ValueError(f"layout: expected a [Qb, Kb] or [H, Qb, Kb] boolean array, got shape {lay.shape}")
-        spec = {"attnjit": 1, "layout": {"block": int(block), "explicit": explicit}, "branches": [{"segment": "full"}]}
+        spec = {"attnjit": 1, "layout": {"block": block, "explicit": explicit}, "branches": [{"segment": "full"}]}
         if causal:
             spec["causal"] = True
         super().__init__(Pattern.from_json(spec))
+        self.layout_shape, self.block = tuple(lay.shape), block
+
+    def forward(self, q, k, v, is_causal=None, cu_seqlens=None):
+        """As _PatternAttention's, the layout's blocks first checked against the sequence: [Qb, Kb]
+        must be [ceil(Sq / block), ceil(Sk / block)] (with packed documents: cover the longest)."""
+        if getattr(self, "layout_shape", None) is not None and q.dim() == 4 and k.dim() == 4:
+            self._check_layout(q.shape[1], k.shape[1], cu_seqlens)
+        return super().forward(q, k, v, is_causal=is_causal, cu_seqlens=cu_seqlens)
+
+    def _check_layout(self, seq_q, seq_k, cu_seqlens):
+        if self._parallel is not None:  # a rank's shard: the layout covers the whole sequence
+            from . import distributed
+
+            w = distributed._group_rank(self._parallel[0])[0]
+            seq_q, seq_k = seq_q * w, seq_k * w
+        if seq_q == 0 or seq_k == 0:
+            return  # nothing is attended
+        qb, kb = self.layout_shape[-2:]
+        docs = documents_arg(cu_seqlens)
+        if docs is not None:  # each document from position 0: the layout must reach the longest's end
+            longest = max((b - a for a, b in zip(docs, docs[1:])), default=0)
+            need = -(-longest // self.block)
+            if qb >= need and kb >= need:
+                return
+            raise ValueError(f"layout: {list(self.layout_shape)} blocks of {self.block} tokens cover "
+                             f"{qb * self.block} query and {kb * self.block} key positions, but the longest document "
+                             f"has {longest} tokens: give a layout of at least {need} x {need} blocks")
+        need_q, need_k = -(-seq_q // self.block), -(-seq_k // self.block)
+        if (qb, kb) != (need_q, need_k):
+            want = list(self.layout_shape[:-2]) + [need_q, need_k]
+            raise ValueError(f"layout: {list(self.layout_shape)} blocks of {self.block} tokens do not fit a sequence "
+                             f"of {seq_q} queries and {seq_k} keys, which has {need_q} x {need_k} blocks: give a "
+                             f"{want} layout (or inputs of the length the layout is for)")
 
 
 def _boolean_layout(layout):
@@ -162,9 +213,6 @@ def _boolean_layout(layout):
         at = tuple(int(i) for i in bad[0])
         raise TypeError(f"layout: expected a boolean array (or one of 0s and 1s), got {lay[at].item()!r} at {at}")
     return lay.astype(bool)
-
-
-_POSITIVE = (1, 2**63 - 1)
 
 
 class MultiheadDilatedAttention(nn.Module):

@@ -26,6 +26,7 @@ is read back, no work per step on the host, and a GraphWorkspace's captured run(
 while the lengths in those tensors change. Lengths the kernel finds wrong make their request's rows
 NaN (and are counted in `errors`); on the host they are refused by name.
 """
+from collections.abc import Mapping
 from typing import Optional
 
 import torch
@@ -37,6 +38,23 @@ from ._pattern import op_spec
 __all__ = ["GraphWorkspace", "append_kv", "paged_attention", "paged_capacity"]
 
 FP8 = getattr(torch, "float8_e4m3fn", None)  # FP8 caches (torch 2.1 and later)
+INT32_COUNT = (0, 2**31 - 1)
+
+
+def _batch(kv_lens):
+    """B, the number of requests: how many lengths `kv_lens` holds (a list, an array or a 1-D tensor)."""
+    if isinstance(kv_lens, torch.Tensor):
+        if kv_lens.dim() != 1:
+            raise ValueError(f"kv_lens: expected a 1-D tensor [B] (one length per request), got shape "
+                             f"{tuple(kv_lens.shape)}")
+        return kv_lens.shape[0]
+    if isinstance(kv_lens, (str, bytes)):
+        raise TypeError(f"kv_lens: expected [B] integers (one length per request), got {type(kv_lens).__name__}")
+    try:
+        return len(kv_lens)
+    except TypeError:
+        raise TypeError(f"kv_lens: expected [B] integers (a list or a 1-D int tensor, one length per request), got "
+                        f"{type(kv_lens).__name__} {kv_lens!r}") from None
 
 
 def _lengths(name, x, batch, device=None):
@@ -159,7 +177,8 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, pattern, *, cu_se
 
     FP8 caches: `k_cache`/`v_cache` of torch.float8_e4m3fn (half of bf16's bytes, so half the reads
     of a decode step) with q in bf16, fp16 or fp32; K is read as stored value x `k_scale` (a float,
-    or fp32 [Hkv] per kv head; default 1), V likewise (append_kv with the same scales writes them).
+    or fp32 [Hkv] per kv head, positive and finite; default 1), V likewise (append_kv with the same
+    scales writes them).
 
     `plan_on_device`: plan the step on the device from the values `kv_lens` and `cu_seqlens_q`
     hold when the kernels run (int tensors on q's device, or moved there), with no host check of
@@ -223,7 +242,7 @@ def _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_sc
     if q.device != k_cache.device:
         raise ValueError(f"q is on {q.device}, the cache on {k_cache.device}: one device")
     c = _Call()
-    batch = len(kv_lens)  # B: one length per request
+    batch = _batch(kv_lens)  # B: one length per request
     c.q, c.k_cache, c.v_cache = q, k_cache, v_cache
     if plan_on_device is None:
         plan_on_device = isinstance(kv_lens, torch.Tensor) and kv_lens.device.type == "cuda" and q.dtype != torch.float64
@@ -280,11 +299,24 @@ def _scales(name, s, cache, hkv):
         return None
     if s is None:
         s = 1.0
-    t = torch.as_tensor(s, dtype=torch.float32)
-    if t.dim() == 0:
+    junk = TypeError(f"{name}: expected a positive float or [Hkv = {hkv}] fp32 scales, got {type(s).__name__} {s!r}")
+    if isinstance(s, (bool, str, bytes)) or (isinstance(s, torch.Tensor) and (s.dtype == torch.bool or s.is_complex())):
+        raise junk
+    try:
+        t = torch.as_tensor(s, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError):
+        raise junk from None
+    one = t.dim() == 0  # one scale for every kv head
+    if one:
         t = t.expand(hkv)
     if t.shape != (hkv,):
         raise ValueError(f"{name}: expected a float or [Hkv = {hkv}] scales, got shape {tuple(t.shape)}")
+    if t.device.type != "cuda":  # scales on the GPU are not read back (a captured graph reads them as they are)
+        bad = (~(torch.isfinite(t) & (t > 0))).nonzero()
+        if bad.numel():
+            i = int(bad[0, 0])
+            raise ValueError(f"{name}: must be positive and finite (a code stands for code x scale), got {float(t[i])}"
+                             + ("" if one else f" at index {i}"))
     return t.to(cache.device).contiguous()
 
 
@@ -319,6 +351,9 @@ def _paged_kernels(action, c, spec, o, lse, workspace=0, capacity=()):
 
 
 CAPACITY_FIELDS = ("requests", "items", "spans", "entries", "splits")
+# What the runtime takes (PagedCapacity): counts the kernels index in 32 bits, and 1 to 64 blocks sharing an item.
+CAPACITY_LIMITS = {"requests": INT32_COUNT, "items": INT32_COUNT, "spans": INT32_COUNT, "entries": INT32_COUNT,
+                   "splits": (1, 64)}
 
 
 # A call planned on the device as one operator (paged_attention with plan_on_device): its own
@@ -374,9 +409,10 @@ class GraphWorkspace:
         for each step: ws.plan(q, k_cache, v_cache, block_table, new_lens); g.replay()
 
     `capacity`: a dict as paged_capacity returns (requests, items, spans, entries, splits), for the
-    largest step; a step above it is refused by plan(), naming the count. run()'s tensors (q,
-    caches, table, out, lse, scales) must be the same every step (a graph reads fixed addresses: pass
-    FP8 scales as tensors on the GPU); its lengths are read from the workspace, not from the call.
+    largest step, integers 0 to 2^31 - 1 (splits 1 to 64); a step above it is refused by plan(),
+    naming the count. run()'s tensors (q, caches, table, out, lse, scales) must be the same every
+    step (a graph reads fixed addresses: pass FP8 scales as tensors on the GPU); its lengths are
+    read from the workspace, not from the call.
     CPU tensors run in the emulator under ATTNJIT_CPU_DEVICE=emu (run() then launches over the
     workspace as a graph would); on the CPU device run() is paged_attention's forward.
 
@@ -386,11 +422,14 @@ class GraphWorkspace:
     after writing the step's lengths into the same tensors."""
 
     def __init__(self, q, k_cache, v_cache, pattern, capacity, *, scale=None):
+        if not isinstance(capacity, Mapping):
+            raise TypeError(f"capacity: expected a dict as paged_capacity returns ({', '.join(CAPACITY_FIELDS)}), got "
+                            f"{type(capacity).__name__}")
         missing = [f for f in CAPACITY_FIELDS if f not in capacity]
         if missing:
             raise ValueError(f"capacity: missing {', '.join(missing)} (paged_capacity gives every field)")
         self.pattern, self.scale = pattern, scale
-        self.capacity = [int(capacity[f]) for f in CAPACITY_FIELDS]
+        self.capacity = [int_arg(f'capacity["{f}"]', capacity[f], CAPACITY_LIMITS[f]) for f in CAPACITY_FIELDS]
         table = torch.zeros((0, 1), dtype=torch.int32, device=q.device)
         c = _call(q[:0], k_cache, v_cache, table, [], [0], None, None)
         c.k_scale = c.v_scale = None
@@ -410,15 +449,55 @@ class GraphWorkspace:
     def run(self, q, k_cache, v_cache, block_table, kv_lens, out, *, cu_seqlens_q=None, lse=None, k_scale=None,
             v_scale=None, errors=None, plan_on_device=None):
         """The kernels over the workspace's plan into out [total_q, Hq, Dv] (q's dtype) and lse
-        [total_q, Hq] (fp32) if given; capturable. `errors`, `plan_on_device`: as paged_attention's
-        (planned on the device, run() needs no plan() before it)."""
+        [total_q, Hq] (fp32) if given, on q's device, each with memory of its own per entry and
+        shared with no input (ValueError otherwise); capturable. `errors`, `plan_on_device`: as
+        paged_attention's (planned on the device, run() needs no plan() before it)."""
         c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, errors, plan_on_device)
-        want = (q.shape[0], q.shape[1], v_cache.shape[3])
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != q.dtype:
-            raise ValueError(f"out: expected {q.dtype} {list(want)}, got {getattr(out, 'dtype', None)} "
-                             f"{list(getattr(out, 'shape', []))}")
+        _check_output("out", out, (q.shape[0], q.shape[1], v_cache.shape[3]), q.dtype, q.device)
+        if lse is not None:
+            _check_output("lse", lse, (q.shape[0], q.shape[1]), torch.float32, q.device)
+        for name, x in (("out", out), ("lse", lse)):
+            for other, y in (("out", out), ("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+                if x is not None and other != name and _share_memory(x, y):
+                    raise ValueError(f"{name} and {other} share memory: the kernels write {name} while they read "
+                                     f"{other}; give {name} a tensor of its own")
         _paged_kernels("run", c, op_spec(self.pattern, self.scale), out, lse, self._ptr, self.capacity)
         return out
+
+
+def _check_output(name, x, shape, dtype, device):
+    """An output tensor the kernels write: `shape`, `dtype`, on `device`, one element of memory per
+    entry (an expanded view would have several entries written to one place: the last write wins)."""
+    if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape or x.dtype != dtype or x.device != device:
+        got = f"{x.dtype} {list(x.shape)} on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name}: expected {dtype} {list(shape)} on {device}, got {got}")
+    if _overlapping(x):
+        raise ValueError(f"{name}: its entries overlap in memory (strides {tuple(x.stride())} for shape {tuple(x.shape)}, "
+                         "as an expanded view has); give a tensor with memory of its own per entry, e.g. torch.empty")
+
+
+def _overlapping(x):
+    """Whether two entries of `x` may share memory: its dimensions of size > 1, by stride, must each
+    step past all the smaller ones (as every dense tensor and every slice of one does)."""
+    extent = 0  # the largest offset the dimensions so far reach
+    for stride, size in sorted((st, n) for st, n in zip(x.stride(), x.shape) if n > 1):
+        if stride <= extent:
+            return True
+        extent += stride * (size - 1)
+    return False
+
+
+def _share_memory(x, y):
+    """Whether the bytes `x` spans and those `y` spans (first to last element) intersect."""
+    if x.numel() == 0 or y.numel() == 0 or x.device != y.device:
+        return False
+
+    def span(t):
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+    (a, b), (c, d) = span(x), span(y)
+    return a < d and c < b
 
 
 def append_kv(k_cache, v_cache, block_table, kv_lens, k_new, v_new, cu_seqlens_new=None, *, k_scale=None, v_scale=None):
@@ -426,9 +505,11 @@ def append_kv(k_cache, v_cache, block_table, kv_lens, k_new, v_new, cu_seqlens_n
     D], likewise v_new) go to positions kv_lens[b], kv_lens[b] + 1, ... of its pages
     (cu_seqlens_new [B + 1]; default one row per request). Returns the new lengths, int32 [B] on
     the cache's device. The pages must already be in the block table: a row past the table's
-    pages is a ValueError naming the request, and nothing is written then. FP8 caches
-    (float8_e4m3fn): each row is divided by its kv head's scale (`k_scale`, `v_scale`: a float or
-    [Hkv]; default 1) and rounded to the nearest e4m3 value, saturating at +-448 (NaN stays NaN)."""
+    pages, a page listed twice in the pages a request uses, or rows of two requests going to one
+    slot is a ValueError naming them, and nothing is written then. FP8 caches (float8_e4m3fn): each
+    row is divided by its kv head's scale (`k_scale`, `v_scale`: a positive float or [Hkv]; default
+    1) and rounded to the nearest e4m3 value, finite values saturating at +-448; NaN and +-inf are
+    stored as NaN (e4m3fn has no infinity), never as a finite value."""
     _check_cache(k_cache, v_cache)
     num_pages, page_size, hkv, d = k_cache.shape
     for name, x, c in (("k_new", k_new, k_cache), ("v_new", v_new, v_cache)):
@@ -437,7 +518,7 @@ def append_kv(k_cache, v_cache, block_table, kv_lens, k_new, v_new, cu_seqlens_n
                              f"{tuple(getattr(x, 'shape', ()))}")
     if k_new.shape[0] != v_new.shape[0]:
         raise ValueError(f"k_new has {k_new.shape[0]} rows, v_new {v_new.shape[0]}")
-    batch = len(kv_lens)
+    batch = _batch(kv_lens)
     lens = _lengths("kv_lens", kv_lens, batch)
     starts = _starts("cu_seqlens_new", cu_seqlens_new, batch, k_new.shape[0], "k_new")
     table = _table(block_table, batch, num_pages)
@@ -448,18 +529,43 @@ def append_kv(k_cache, v_cache, block_table, kv_lens, k_new, v_new, cu_seqlens_n
             raise ValueError(f"kv_lens[{b}] = {lens[b]} is negative")
         end = lens[b] + starts[b + 1] - starts[b]
         pages = _pages_of(table, b, end, page_size, num_pages, f"kv_lens[{b}] + {starts[b + 1] - starts[b]} new rows")
+        if end > lens[b] and pages.unique().numel() != pages.numel():  # two of its positions would share a slot
+            j = next(j for j in range(1, pages.numel()) if pages[j] in pages[:j])
+            i = int((pages[:j] == pages[j]).nonzero()[0, 0])
+            raise ValueError(f"block_table[{b}, {j}] = {int(pages[j])} repeats block_table[{b}, {i}]: a request's pages "
+                             "must be distinct, or its rows overwrite each other")
         pos = torch.arange(lens[b], end)
         slots.append(pages[pos // page_size] * page_size + pos % page_size)
-    flat = torch.cat(slots).to(k_cache.device) if slots else torch.zeros(0, dtype=torch.int64, device=k_cache.device)
+    flat = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64)
+    if flat.unique().numel() != flat.numel():  # a page two requests write into at the same slot
+        _refuse_shared_slot(flat.tolist(), lens, starts, page_size)
+    flat = flat.to(k_cache.device)
     k_scale = _scales("k_scale", k_scale, k_cache, hkv)
     v_scale = _scales("v_scale", v_scale, v_cache, hkv)
     with torch.no_grad():
         for cache, new, s in ((k_cache, k_new, k_scale), (v_cache, v_new, v_scale)):
             rows = cache.view(-1, hkv, cache.shape[3])
             if cache.dtype == FP8:  # stored as value / scale; index_copy_ has no float8 kernel: copied as bytes
-                q8 = (new.to(torch.float32) / s.to(new.device)[:, None]).clamp(-448.0, 448.0).to(FP8)
+                # Finite values saturate at +-448; e4m3fn has no infinity, so +-inf is stored as NaN (as
+                # NaN is), never as a finite 448 (torch's conversion would saturate it).
+                x = (new.to(torch.float32) / s.to(new.device)[:, None]).clamp(-448.0, 448.0)
+                q8 = torch.where(torch.isinf(new), float("nan"), x).to(FP8)
                 rows.view(torch.uint8).index_copy_(0, flat, q8.to(cache.device).view(torch.uint8))
             else:
                 rows.index_copy_(0, flat, new.to(cache.dtype))
     new = [lens[b] + starts[b + 1] - starts[b] for b in range(batch)]
     return torch.tensor(new, dtype=torch.int32, device=k_cache.device)
+
+
+def _refuse_shared_slot(slots, lens, starts, page_size):
+    """ValueError naming the first two new rows (request, position) that `slots` (each new row's
+    slot, request by request) send to one cache slot."""
+    rows = [(b, lens[b] + i) for b in range(len(lens)) for i in range(starts[b + 1] - starts[b])]
+    seen = {}
+    for (b, p), slot in zip(rows, slots):
+        if slot in seen:
+            a, o = seen[slot]
+            raise ValueError(f"request {a}'s new row at position {o} and request {b}'s at position {p} both go to "
+                             f"page {slot // page_size}, slot {slot % page_size}: that page is in both requests' "
+                             "block_table rows; each new row needs a slot of its own")
+        seen[slot] = (b, p)

@@ -66,6 +66,32 @@ def test_scale_and_pattern_forms():
         assert rel_error(attnjit.attention(q, k, v, form, scale=0.3), want) <= 1e-5
 
 
+
+@pytest.mark.parametrize("scale, error, message", [
+    (float("nan"), ValueError, r"^scale: must be a positive finite number, got nan; leave it out for 1/sqrt\(head_dim\)"),
+    (float("inf"), ValueError, r"^scale: must be a positive finite number, got inf"),
+    (-float("inf"), ValueError, r"^scale: must be a positive finite number, got -inf"),
+    (0, ValueError, r"^scale: must be a positive finite number, got 0.0"),
+    (True, TypeError, r"^scale: expected a positive finite number, got bool True"),
+    ("1", TypeError, r"^scale: expected a positive finite number, got str '1'"),
+])
+def test_scale_must_be_a_positive_finite_number(scale, error, message):
+    # json.dumps wrote nan and inf as no JSON parser reads them (a "parse error" in the pattern); a
+    # bool was silently 1.0 and a string read as its number. Each entry point names the argument.
+    spec = {"attnjit": 1, "branches": [{"segment": "full"}]}
+    q, k, v = inputs(1, 8, 8, 2, 2, 8)
+    from attnjit import serving
+    calls = [lambda: attnjit.attention(q, k, v, spec, scale=scale),
+             lambda: attnjit.attention(q.numpy(), k.numpy(), v.numpy(), spec, scale=scale),
+             lambda: attnjit.Pattern.from_json(spec).with_scale(scale),
+             lambda: serving.paged_attention(q[0], k[0, None], v[0, None], [[0]], [8], spec,
+                                             cu_seqlens_q=[0, 8], scale=scale)]
+    for call in calls:
+        with pytest.raises(error, match=message):
+            call()
+    assert attnjit.Pattern.from_json(spec).with_scale(np.float32(0.5)) == attnjit.Pattern.from_json({**spec, "scale": 0.5})
+
+
 GRAD_PATTERNS = {
     "softmax": ({"attnjit": 1, "branches": [{"segment": 8, "dilation": 1}, {"segment": 16, "dilation": 2}]}, 2, 2, 0, 0),
     "head_groups": ({"attnjit": 1, "combine": "head_groups",

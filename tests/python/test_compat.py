@@ -369,3 +369,37 @@ def test_dap_gradients():
     m = dap.MultiheadDilatedAttention(16, 4, [1, 2], [4, 6], dtype=torch.float64).eval()
     x = rand(1, 13, 16, seed=13, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: m(t, t, t, is_causal=True)[0], (x,))
+
+
+def test_bad_arguments_are_named_not_truncated():
+    # Segment lengths and dilation rates are integers (8.5 was truncated to 8; torchscale's module
+    # took the string "[8]" as the list of its characters and failed only at forward); a head count
+    # of 0 is named (it was a ZeroDivisionError); a softmax scale is a positive finite number.
+    with pytest.raises(TypeError, match=r"^args.segment_length: expected a list of integers, got str '\[8\]'"):
+        ts.DilatedAttention(ts_args([8], [1], segment_length="[8]"), 16, 2, self_attention=True)
+    with pytest.raises(TypeError, match=r"^args.segment_length\[0\]: expected an integer, got float 8.5"):
+        ts.DilatedAttention(ts_args([8.5], [1]), 16, 2, self_attention=True)
+    with pytest.raises(ValueError, match=r"^args.dilated_ratio\[1\]: 0 is out of range; must be >= 1"):
+        ts.DilatedAttention(ts_args([8, 16], [1, 0]), 16, 2, self_attention=True)
+    with pytest.raises(ValueError, match=r"^num_heads: 0 is out of range; must be >= 1"):
+        ts.DilatedAttention(ts_args([8], [1]), 16, 0, self_attention=True)
+    with pytest.raises(TypeError, match=r"^embed_dim: expected an integer, got float 16.0"):
+        ts.DilatedAttention(ts_args([8], [1]), 16.0, 2, self_attention=True)
+    with pytest.raises(TypeError, match=r"^segment_lengths\[0\]: expected an integer, got float 8.5"):
+        dap.DilatedAttention([8.5], [1])
+    with pytest.raises(TypeError, match=r"^dilation_rates\[0\]: expected an integer, got True"):
+        dap.MultiheadDilatedAttention(16, 2, [True], [8])
+    with pytest.raises(ValueError, match=r"^num_heads: 0 is out of range; must be >= 1"):
+        dap.MultiheadDilatedAttention(16, 0, [1], [8])
+    with pytest.raises(ValueError, match=r"^softmax_scale: must be a positive finite number, got nan"):
+        dap.DilatedAttention([8], [1], softmax_scale=float("nan"))
+    with pytest.raises(TypeError, match=r"^softmax_scale: expected a positive finite number, got bool True"):
+        dap.DilatedAttention([8], [1], softmax_scale=True)
+    # The package's attributes may be changed after construction: checked when the pattern is made.
+    m = dap.DilatedAttention([8], [1])
+    m.segment_lengths = [8.5]
+    with pytest.raises(TypeError, match=r"^segment_lengths\[0\]: expected an integer, got float 8.5"):
+        m(rand(1, 8, 2, 4, seed=9), rand(1, 8, 2, 4, seed=10), rand(1, 8, 2, 4, seed=11))
+    m.segment_lengths, m.softmax_scale = [8], float("inf")
+    with pytest.raises(ValueError, match=r"^softmax_scale: must be a positive finite number, got inf"):
+        m.pattern()

@@ -164,3 +164,42 @@ def test_incoherent_processing_cuts_the_error_on_outlier_inputs():
     # Reported, not hidden: both errors against the unquantised inputs, and the rotation's gain.
     print(f"relative error against unquantised inputs: plain {errs[False]:.4f}, incoherent {errs[True]:.4f}")
     assert errs[True] < 0.7 * errs[False], errs
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("inf"), -float("inf"), float("nan")])
+@pytest.mark.parametrize("incoherent", [False, True])
+def test_quantize_keeps_a_non_finite_input_in_its_own_rows(which, value, incoherent):
+    # The factors come from the finite values: one inf no longer makes its group's factor inf (every
+    # code of the group NaN), one NaN no longer makes it NaN (the group silently at factor 1). A
+    # non-finite input becomes the NaN code (e4m3fn has no infinity) where it is, so under a causal
+    # mask only the rows that attend it are non-finite.
+    pattern = {"attnjit": 1, "causal": True, "branches": [{"segment": "full"}]}
+    g = torch.Generator().manual_seed(15)
+    x = {name: torch.randn(1, 16, 2, 32, generator=g) for name in "qkv"}
+    clean = attnjit.fp8.quantize(x["q"], x["k"], x["v"], incoherent=incoherent)
+    x[which][0, 12, 0, 5] = value
+    got = attnjit.fp8.quantize(x["q"], x["k"], x["v"], incoherent=incoherent)
+    for name in ("q_descale", "k_descale", "v_descale"):
+        assert torch.isfinite(getattr(got, name)).all() and (getattr(got, name) <= getattr(clean, name)).all()
+    codes = getattr(got, which).float()
+    rows = torch.isnan(codes).any(dim=-1)[0]  # [S, H]
+    want = torch.zeros(16, 2, dtype=torch.bool)
+    want[12, 0] = True
+    assert torch.equal(rows, want) and not torch.isinf(codes).any()
+    if not incoherent:  # one code NaN, the others as they were
+        assert torch.isnan(codes).sum() == 1
+    o = attnjit.fp8.attention(x["q"], x["k"], x["v"], pattern, incoherent=incoherent)
+    bad = (~torch.isfinite(o.float())).any(dim=-1)[0, :, 0]  # head 0
+    attends = [i == 12 for i in range(16)] if which == "q" else [i >= 12 for i in range(16)]
+    assert bad.tolist() == attends
+    assert torch.isfinite(o[0, :, 1].float()).all()  # the other kv head's group is untouched
+
+
+def test_descales_must_be_numbers():
+    pattern = {"attnjit": 1, "branches": [{"segment": "full"}]}
+    q, _ = quantised((1, 8, 2, 8), 1.0, 7)
+    for bad in (True, "1", None, [1.0]):
+        message = "FP8 inputs need" if bad is None else r"expected a number or an fp32 tensor .* got (bool|str|list)"
+        with pytest.raises(TypeError, match=f"^q_descale: {message}"):
+            attnjit.attention(q, q, q, pattern, q_descale=bad, k_descale=1.0, v_descale=1.0)

@@ -134,3 +134,73 @@ def test_packed_documents_attend_only_themselves():
     with pytest.raises(ValueError, match="cu_seqlens"):
         layer.attention(x.view(1, 128, 4, 8)[..., :8], x.view(1, 128, 4, 8)[:, :, :2], x.view(1, 128, 4, 8)[:, :, :2],
                         cu_seqlens=[0, 5, 100])
+
+
+@pytest.mark.parametrize("segments, rates, error, message", [
+    ([8.7], [2], TypeError, r"^segment_lengths\[0\]: expected an integer, got float 8.7"),
+    ([8], [2.9], TypeError, r"^dilation_rates\[0\]: expected an integer, got float 2.9"),
+    ([8, True], [1, 1], TypeError, r"^segment_lengths\[1\]: expected an integer, got True"),
+    (["8"], [1], TypeError, r"^segment_lengths\[0\]: expected an integer, got str '8'"),
+    (["full"], [1], TypeError, r'^segment_lengths\[0\]: expected an integer, got "full"; .* from_pattern\(spec\)'),
+    (torch.tensor([8.5]), [2], TypeError, r"^segment_lengths\[0\]: expected an integer, got Tensor"),
+    (8, [2], TypeError, r"^segment_lengths: expected a list of integers, got int 8"),
+    ("[8]", [2], TypeError, r"^segment_lengths: expected a list of integers, got str '\[8\]'"),
+    ([8, 0], [1, 1], ValueError, r"^segment_lengths\[1\]: 0 is out of range; must be >= 1"),
+])
+def test_segment_lengths_and_dilation_rates_are_integers(segments, rates, error, message):
+    # They were truncated (8.7 -> 8, True -> 1, "8" -> 8); now named, with their index.
+    with pytest.raises(error, match=message):
+        ann.DilatedAttention(segments, rates)
+    with pytest.raises(error, match=message):
+        ann.MultiheadDilatedAttention(16, 2, segments, rates)
+    m = ann.DilatedAttention(torch.tensor([8, 16]), np.array([1, 2]))  # integer tensors and arrays are integers
+    assert m.pattern == ann.DilatedAttention([8, 16], [1, 2]).pattern
+
+
+@pytest.mark.parametrize("scale, error, message", [
+    (float("nan"), ValueError, r"^scale: must be a positive finite number, got nan"),
+    (float("inf"), ValueError, r"^scale: must be a positive finite number, got inf"),
+    (True, TypeError, r"^scale: expected a positive finite number, got bool True"),
+    ("0.5", TypeError, r"^scale: expected a positive finite number, got str '0.5'"),
+])
+def test_dilated_attention_scale_is_a_positive_finite_number(scale, error, message):
+    with pytest.raises(error, match=message):
+        ann.DilatedAttention([8], [2], scale=scale)
+
+
+@pytest.mark.parametrize("block, error, message", [
+    (16.5, TypeError, r"^block: expected an integer, got float 16.5"),
+    (True, TypeError, r"^block: expected an integer, got True"),
+    ("16", TypeError, r"^block: expected an integer, got str '16'"),
+    ([16, 8], TypeError, r"^block: expected an integer, got list \[16, 8\]"),
+    (0, ValueError, r"^block: 0 is out of range; must be >= 1"),
+])
+def test_block_sparse_block_is_an_integer(block, error, message):
+    with pytest.raises(error, match=message):
+        ann.BlockSparseAttention(np.ones((2, 2), dtype=bool), block=block)
+
+
+def test_block_sparse_layout_must_fit_the_sequence():
+    # A layout of other block counts than ceil(S / block) was accepted: the rows past it attended
+    # nothing (O = 0), the blocks past the sequence were ignored.
+    small = ann.BlockSparseAttention(torch.ones(2, 2, dtype=torch.bool), block=16)
+    x = torch.randn(1, 64, 1, 16)
+    with pytest.raises(ValueError, match=r"^layout: \[2, 2\] blocks of 16 tokens do not fit a sequence of 64 queries and "
+                                         r"64 keys, which has 4 x 4 blocks: give a \[4, 4\] layout"):
+        small(x, x, x)
+    per_head = ann.BlockSparseAttention(np.ones((2, 4, 4), dtype=bool), block=16)
+    y = torch.randn(1, 40, 2, 16)
+    with pytest.raises(ValueError, match=r"^layout: \[2, 4, 4\] blocks .* 40 queries and 40 keys, which has 3 x 3 blocks: "
+                                         r"give a \[2, 3, 3\] layout"):
+        per_head(y, y, y)
+    short = torch.randn(1, 20, 1, 16)
+    with pytest.raises(ValueError, match=r"which has 2 x 4 blocks: give a \[2, 4\] layout"):
+        small(short, x, x)  # queries 20 (2 blocks), keys 64 (4 blocks)
+    assert small(x[:, :32], x[:, :32], x[:, :32]).shape == (1, 32, 1, 16)
+    assert small(x[:, :25], x[:, :25], x[:, :25]).shape == (1, 25, 1, 16)  # a last block shorter
+    assert small(x[:, :0], x[:, :0], x[:, :0]).shape == (1, 0, 1, 16)  # nothing attended: nothing to fit
+    # Packed documents start at position 0 each: the layout covers the longest.
+    assert small(x, x, x, cu_seqlens=[0, 32, 64]).shape == (1, 64, 1, 16)
+    with pytest.raises(ValueError, match=r"^layout: \[2, 2\] blocks of 16 tokens cover 32 query and 32 key positions, "
+                                         r"but the longest document has 40 tokens"):
+        small(x, x, x, cu_seqlens=[0, 24, 64])

@@ -66,6 +66,18 @@ def test_a_huge_mask_is_refused_clearly():
         p.mask(65536, 16)
 
 
+def test_explicit_blocks_outside_the_sequence_are_refused_by_mask_and_stats():
+    # As `attnjit mask` and `validate`: a whole sequence is given, so a block past it is a mistake;
+    # with an offset the call may be one chunk of a longer sequence, and the block may lie beyond.
+    p = attnjit.Pattern.from_json({"attnjit": 1, "branches": [{"segment": "full", "layout": {
+        "block": 8, "explicit": {"blocks": [[0, 0], [100, 100]]}}}]})
+    for call in (p.mask, p.stats):
+        with pytest.raises(attnjit.AttnjitError, match="block \\[100, 100\\] lies outside the sequence"):
+            call(24, 1)
+    assert p.mask(24, 1, q_offset=800, k_offset=800).sum() > 0
+    assert p.stats(24, 1, q_offset=800, k_offset=800)["attended_pairs"] > 0
+
+
 def test_the_ops_carry_the_spec_on_one_line():
     p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
     assert "\n" in p.spec and "\n" not in p.op_spec

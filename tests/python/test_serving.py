@@ -539,3 +539,142 @@ def test_paged_attention_planned_on_the_device_is_captured_whole_in_a_cuda_graph
         g.replay()
         want = serving.paged_attention(q, k_cache, v_cache, table, lens.tolist(), pattern)
         assert torch.allclose(out.float(), want.float(), atol=2e-2, rtol=2e-2), step
+
+
+def _workspace():
+    """A GraphWorkspace planned for two requests (10 and 7 tokens, one query each), its call's tensors."""
+    pattern = {"attnjit": 1, "causal": True, "branches": [{"segment": "full"}]}
+    cache = Cache([10, 7], 4, hkv=2, d=16, dv=16, dtype=torch.float32, seed=21)
+    q = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(21))
+    cap = serving.paged_capacity(q, cache.k_cache, cache.v_cache, cache.table, cache.lens, pattern)
+    ws = serving.GraphWorkspace(q, cache.k_cache, cache.v_cache, pattern, cap)
+    ws.plan(q, cache.k_cache, cache.v_cache, cache.table, cache.lens)
+    return ws, cache, q, pattern
+
+
+@pytest.mark.parametrize("outputs, message", [
+    (lambda q: {"lse": torch.full((2, 4), -7.0, dtype=torch.float16)},
+     r"^lse: expected torch.float32 \[2, 4\] on cpu, got torch.float16 \[2, 4\] on cpu"),
+    (lambda q: {"lse": torch.full((2, 4), -7.0, dtype=torch.int8)}, r"^lse: expected torch.float32 .* got torch.int8"),
+    (lambda q: {"lse": torch.full((2, 4), -7.0, dtype=torch.float64)}, r"^lse: expected torch.float32 .* got torch.float64"),
+    (lambda q: {"lse": torch.full((3,), -7.0)}, r"^lse: expected torch.float32 \[2, 4\] on cpu, got torch.float32 \[3\]"),
+    (lambda q: {"lse": torch.full((1, 4), -7.0).expand(2, 4)}, r"^lse: its entries overlap in memory \(strides \(0, 1\)"),
+    (lambda q: {"out": torch.full((1, 4, 16), -7.0).expand(2, 4, 16)}, r"^out: its entries overlap in memory"),
+    (lambda q: {"out": torch.full((64,), -7.0).as_strided((2, 4, 16), (16, 8, 1))}, r"^out: its entries overlap"),
+    (lambda q: {"out": q}, r"^out and q share memory"),
+    (lambda q: (lambda o: {"out": o, "lse": o.view(-1)[:8].view(2, 4)})(torch.full((2, 4, 16), -7.0)),
+     r"^lse and out share memory"),
+], ids=["lse-fp16", "lse-int8", "lse-fp64", "lse-shape", "lse-expanded", "out-expanded", "out-overlapping", "out-is-q",
+        "lse-inside-out"])
+def test_graph_workspace_run_refuses_outputs_it_cannot_write(outputs, message):
+    # out and lse are written by the kernels through their pointers: a wrong dtype (lse in fp16
+    # overran its buffer), a wrong shape, entries sharing memory (an expanded view: one request's
+    # answer over another's) or memory shared with an input is refused, and nothing is written.
+    ws, cache, q, pattern = _workspace()
+    q = q.clone()
+    args = {"out": torch.full((2, 4, 16), -7.0), "lse": None, **outputs(q)}
+    before = {name: x.clone() for name, x in args.items() if x is not None}
+    with pytest.raises(ValueError, match=message):
+        ws.run(q, cache.k_cache, cache.v_cache, cache.table, cache.lens, args["out"], lse=args["lse"])
+    for name, x in before.items():
+        assert torch.equal(args[name], x), f"{name} was written"
+    # The right tensors: the answer and the LSE paged_attention gives.
+    out, lse = torch.empty(2, 4, 16), torch.empty(2, 4)
+    ws.run(q, cache.k_cache, cache.v_cache, cache.table, cache.lens, out, lse=lse)
+    want, want_lse = serving.paged_attention(q, cache.k_cache, cache.v_cache, cache.table, cache.lens, pattern,
+                                             return_lse=True)
+    assert torch.allclose(out, want, atol=1e-6) and torch.allclose(lse, want_lse, atol=1e-6)
+
+
+@pytest.mark.parametrize("field, value, error, message", [
+    ("requests", 2**62, ValueError, r'^capacity\["requests"\]: 4611686018427387904 is out of range; must be <= 2147483647'),
+    ("items", 2**31, ValueError, r'^capacity\["items"\]: 2147483648 is out of range; must be <= 2147483647'),
+    ("entries", -1, ValueError, r'^capacity\["entries"\]: -1 is out of range; must be >= 0'),
+    ("splits", 2**62, ValueError, r'^capacity\["splits"\]: 4611686018427387904 is out of range; must be <= 64'),
+    ("splits", 0, ValueError, r'^capacity\["splits"\]: 0 is out of range; must be >= 1'),
+    ("spans", 1.5, TypeError, r'^capacity\["spans"\]: expected an integer, got float 1.5'),
+    ("items", "x", TypeError, r"^capacity\[\"items\"\]: expected an integer, got str 'x'"),
+    ("requests", True, TypeError, r'^capacity\["requests"\]: expected an integer, got True'),
+])
+def test_graph_workspace_capacity_fields_are_checked(field, value, error, message):
+    # A capacity past what the runtime counts in 32 bits made the workspace's size wrap (then
+    # plan() wrote past it); a float was truncated. Each field is an integer in the runtime's range.
+    ws, cache, q, pattern = _workspace()
+    cap = serving.paged_capacity(q, cache.k_cache, cache.v_cache, cache.table, cache.lens, pattern)
+    with pytest.raises(error, match=message):
+        serving.GraphWorkspace(q, cache.k_cache, cache.v_cache, pattern, {**cap, field: value})
+    with pytest.raises(TypeError, match=r"^capacity: expected a dict as paged_capacity returns"):
+        serving.GraphWorkspace(q, cache.k_cache, cache.v_cache, pattern, list(cap.values()))
+    ws = serving.GraphWorkspace(q, cache.k_cache, cache.v_cache, pattern, {**cap, "splits": 64})  # the limits themselves
+    assert ws.capacity[-1] == 64
+
+
+@pytest.mark.parametrize("kv_lens, error, message", [
+    (None, TypeError, r"^kv_lens: expected \[B\] integers .* got NoneType None"),
+    (torch.tensor(10), ValueError, r"^kv_lens: expected a 1-D tensor \[B\] \(one length per request\), got shape \(\)"),
+    (10, TypeError, r"^kv_lens: expected \[B\] integers .* got int 10"),
+])
+def test_kv_lens_that_are_no_list_of_lengths_are_named(kv_lens, error, message):
+    cache, q = bad_inputs()
+    pattern = {"attnjit": 1, "branches": [{"segment": "full"}]}
+    with pytest.raises(error, match=message):
+        serving.paged_attention(q, cache.k_cache, cache.v_cache, cache.table, kv_lens, pattern)
+    with pytest.raises(error, match=message):
+        serving.append_kv(cache.k_cache, cache.v_cache, cache.table, kv_lens, torch.ones(2, 2, 4), torch.ones(2, 2, 4))
+
+
+def test_append_kv_refuses_new_rows_that_share_a_slot():
+    # A page listed twice in a request's row of the table, or a page two requests write into at the
+    # same slot: the rows would overwrite each other. Refused, and nothing is written.
+    k_cache, v_cache = torch.zeros(4, 2, 1, 4), torch.zeros(4, 2, 1, 4)
+    rows = torch.arange(4.0).view(4, 1, 1).expand(4, 1, 4).contiguous()
+    with pytest.raises(ValueError, match=r"^block_table\[0, 1\] = 0 repeats block_table\[0, 0\]: a request's pages must "
+                                         r"be distinct"):
+        serving.append_kv(k_cache, v_cache, torch.tensor([[0, 0]]), [0], rows, rows, [0, 4])
+    with pytest.raises(ValueError, match=r"^request 0's new row at position 1 and request 1's at position 1 both go to "
+                                         r"page 3, slot 1"):
+        serving.append_kv(k_cache, v_cache, torch.tensor([[3, 1], [3, 2]]), [1, 1], rows[:2], rows[:2], [0, 1, 2])
+    assert not k_cache.any() and not v_cache.any()
+    # Distinct pages (and a repeated one past the pages a request uses) are fine.
+    lens = serving.append_kv(k_cache, v_cache, torch.tensor([[3, 1, 3], [0, 2, 2]]), [1, 0], rows[:3], rows[:3], [0, 2, 3])
+    assert lens.tolist() == [3, 1]
+
+
+@pytest.mark.skipif(FP8 is None, reason="this torch has no float8_e4m3fn")
+@pytest.mark.parametrize("scale, error, message", [
+    (0.0, ValueError, r"^k_scale: must be positive and finite \(a code stands for code x scale\), got 0.0$"),
+    (-1.0, ValueError, r"^k_scale: must be positive and finite .* got -1.0$"),
+    (float("nan"), ValueError, r"^k_scale: must be positive and finite .* got nan$"),
+    (float("inf"), ValueError, r"^k_scale: must be positive and finite .* got inf$"),
+    (torch.tensor([1.0, 0.0]), ValueError, r"^k_scale: must be positive and finite .* got 0.0 at index 1$"),
+    (True, TypeError, r"^k_scale: expected a positive float or \[Hkv = 2\] fp32 scales, got bool True"),
+    ("1", TypeError, r"^k_scale: expected a positive float or \[Hkv = 2\] fp32 scales, got str '1'"),
+])
+def test_fp8_scales_must_be_positive_and_finite(scale, error, message):
+    cache, _, _ = _fp8_cache([10, 20], 8, 2, 16, seed=22)
+    q = torch.randn(2, 4, 16)
+    pattern = {"attnjit": 1, "causal": True, "branches": [{"segment": "full"}]}
+    with pytest.raises(error, match=message):
+        serving.paged_attention(q, cache.k_cache, cache.v_cache, cache.table, cache.lens, pattern, k_scale=scale)
+    before = cache.k_cache.view(torch.uint8).clone()
+    with pytest.raises(error, match=message):
+        serving.append_kv(cache.k_cache, cache.v_cache, cache.table, [2, 3], torch.ones(2, 2, 16), torch.ones(2, 2, 16),
+                          k_scale=scale)
+    assert torch.equal(cache.k_cache.view(torch.uint8), before)
+
+
+@pytest.mark.skipif(FP8 is None, reason="this torch has no float8_e4m3fn")
+def test_append_kv_stores_infinities_as_nan_in_fp8_caches():
+    # e4m3fn has no infinity: +-inf is stored as its NaN code, never as a finite +-448 (torch's own
+    # conversion saturates it), so only the queries that attend that row come out non-finite.
+    k_cache, v_cache = torch.zeros(2, 8, 1, 4, dtype=FP8), torch.zeros(2, 8, 1, 4, dtype=FP8)
+    k_new = torch.ones(8, 1, 4)
+    k_new[3, 0, 0], k_new[6, 0, 1], k_new[7, 0, 2], k_new[5, 0, 0] = float("inf"), -float("inf"), float("nan"), 1e6
+    serving.append_kv(k_cache, v_cache, torch.tensor([[1]]), [0], k_new, torch.ones(8, 1, 4), [0, 8], k_scale=2.0)
+    stored = k_cache[1, :, 0].float()
+    assert torch.isnan(stored[[3, 6, 7], [0, 1, 2]]).all() and torch.isnan(stored).sum() == 3
+    assert stored[5, 0] == 448 and stored[3, 1] == 0.5  # finite values saturate; the rest of the row as it was
+    pattern = {"attnjit": 1, "causal": True, "branches": [{"segment": "full"}]}
+    q = torch.ones(8, 1, 4)
+    o = serving.paged_attention(q, k_cache, v_cache, torch.tensor([[1]] * 8), list(range(1, 9)), pattern, k_scale=2.0)
+    assert (~torch.isfinite(o)).any(dim=(1, 2)).tolist() == [i >= 3 for i in range(8)]

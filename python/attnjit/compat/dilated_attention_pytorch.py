@@ -24,7 +24,8 @@ from torch import nn
 
 from .. import nn as ann
 from .._attention import attention
-from .._pattern import Pattern
+from .._inputs import int_arg, scale_arg
+from .._pattern import SCALE_HINT, Pattern
 from ._common import to_nn_module
 
 __all__ = ["DilatedAttention", "MultiheadDilatedAttention", "from_dilated_attention_pytorch", "spec_of"]
@@ -36,11 +37,19 @@ def spec_of(segment_lengths, dilation_rates, *, softmax_scale=None, causal=False
     return ann.dilated_spec(segment_lengths, dilation_rates, combine="head_groups", causal=causal, scale=softmax_scale)
 
 
+def _checked(segment_lengths, dilation_rates, softmax_scale):
+    """The segment lengths and dilation rates as ints and the softmax scale as a float (or None),
+    each checked: TypeError or ValueError naming it (segment_lengths[1], softmax_scale)."""
+    scale = None if softmax_scale is None else scale_arg("softmax_scale", softmax_scale, SCALE_HINT)
+    return ann.positive_ints("segment_lengths", segment_lengths), ann.positive_ints("dilation_rates", dilation_rates), scale
+
+
 class DilatedAttention(nn.Module):
     """Dilated scaled dot-product attention over query, key, value [b, n, h, d] -> [b, n, h, d]."""
 
     def __init__(self, segment_lengths, dilation_rates, softmax_scale=None, attention_dropout=0.0, op=None):
         super().__init__()
+        _checked(segment_lengths, dilation_rates, softmax_scale)
         if len(segment_lengths) != len(dilation_rates):
             raise ValueError("segment_lengths and dilation_rates must have the same length")
         self.segment_lengths = segment_lengths
@@ -52,8 +61,8 @@ class DilatedAttention(nn.Module):
 
     def pattern(self, is_causal=False) -> Pattern:
         """The attnjit pattern of the current segment lengths, dilation rates and softmax scale."""
-        key = (tuple(int(s) for s in self.segment_lengths), tuple(int(r) for r in self.dilation_rates),
-               None if self.softmax_scale is None else float(self.softmax_scale), bool(is_causal))
+        seg, dil, scale = _checked(self.segment_lengths, self.dilation_rates, self.softmax_scale)
+        key = (tuple(seg), tuple(dil), scale, bool(is_causal))
         if key not in self._patterns:
             self._patterns[key] = Pattern.from_json(spec_of(key[0], key[1], softmax_scale=key[2], causal=key[3]))
         return self._patterns[key]
@@ -66,9 +75,11 @@ class MultiheadDilatedAttention(nn.Module):
     def __init__(self, embed_dim, num_heads, dilation_rates, segment_lengths, dropout=0.0, bias=True, layer_norm=True,
                  layer_norm_eps=1e-5, gamma_init=1.0, device=None, dtype=None, op=None):
         super().__init__()
-        self.num_heads = num_heads
+        embed_dim = int_arg("embed_dim", embed_dim, ann._POSITIVE)
+        self.num_heads = num_heads = int_arg("num_heads", num_heads, ann._POSITIVE)
         self.layer_norm = layer_norm
         self.gamma_init = gamma_init
+        _checked(segment_lengths, dilation_rates, None)
         if not embed_dim % self.num_heads == 0:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
         if len(dilation_rates) != len(segment_lengths):

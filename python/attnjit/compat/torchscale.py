@@ -25,6 +25,7 @@ from torch import nn
 
 from .. import nn as ann
 from .._attention import attention
+from .._inputs import int_arg
 from .._pattern import Pattern
 from ._common import to_nn_module
 
@@ -36,7 +37,7 @@ def _branches(args):
     if seg is None or dil is None:
         raise ValueError("args.segment_length and args.dilated_ratio: torchscale's DilatedAttention needs both "
                          "(lists of segment lengths and dilation rates)")
-    seg, dil = list(seg), list(dil)
+    seg, dil = ann.positive_ints("args.segment_length", seg), ann.positive_ints("args.dilated_ratio", dil)
     if len(seg) != len(dil) or not seg:
         raise ValueError(f"args.segment_length and args.dilated_ratio: expected equal, non-empty lists, got {seg} and {dil}")
     return seg, dil
@@ -78,8 +79,8 @@ class DilatedAttention(nn.Module):
                  subln=False):
         super().__init__()
         self.args = args
-        self.embed_dim = embed_dim
-        self.num_heads = num_heads
+        self.embed_dim = embed_dim = int_arg("embed_dim", embed_dim, ann._POSITIVE)
+        self.num_heads = num_heads = int_arg("num_heads", num_heads, ann._POSITIVE)
         self.head_dim = embed_dim // num_heads
         self.scaling = self.head_dim ** -0.5
         self.dropout = dropout
