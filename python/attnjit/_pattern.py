@@ -5,6 +5,7 @@ import os
 import numpy as np
 
 from . import _attnjit
+from ._attnjit import PatternError
 from ._inputs import scale_arg
 
 SCALE_HINT = "; leave it out for 1/sqrt(head_dim)"
@@ -36,7 +37,12 @@ class Pattern:
     def from_json(cls, spec):
         """A spec given as JSON text or as a dict."""
         if isinstance(spec, dict):
-            return cls(json.dumps(spec))
+            try:  # JSON has no NaN or infinity: json.dumps would write tokens no JSON reader takes
+                text = json.dumps(spec, allow_nan=False)
+            except ValueError:
+                raise PatternError(f"pattern: a value of {spec!r} is NaN or infinite, which no field takes; "
+                                   "give finite numbers") from None
+            return cls(text)
         if isinstance(spec, (str, bytes)):
             return cls(spec.decode() if isinstance(spec, bytes) else spec)
         raise TypeError(f"Pattern.from_json: expected a str or a dict, got {type(spec).__name__}")

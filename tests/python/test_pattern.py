@@ -30,6 +30,9 @@ def test_a_bad_spec_names_the_field():
     assert issubclass(attnjit.PatternError, ValueError)
     with pytest.raises(TypeError, match="expected a str or a dict"):
         attnjit.Pattern.from_json(3)
+    for bad in (float("nan"), float("inf")):  # no JSON holds them: named, not an 'invalid JSON' parse error
+        with pytest.raises(attnjit.PatternError, match="NaN or infinite"):
+            attnjit.Pattern.from_json({"attnjit": 1, "scale": bad, "branches": [{"segment": 64}]})
     with pytest.raises(FileNotFoundError):
         attnjit.Pattern.load(EXAMPLES / "no_such_pattern.json")
 
