@@ -403,3 +403,16 @@ def test_bad_arguments_are_named_not_truncated():
     m.segment_lengths, m.softmax_scale = [8], float("inf")
     with pytest.raises(ValueError, match=r"^softmax_scale: must be a positive finite number, got inf"):
         m.pattern()
+
+
+def test_multihead_modules_name_inputs_that_are_not_batch_first():
+    # [batch, seq, embed_dim] in both packages' multi-head modules: a 2-D input was "not enough
+    # values to unpack" from inside the forward.
+    dm = dap.MultiheadDilatedAttention(16, 2, [1], [8])
+    tm = ts.DilatedAttention(ts_args([8], [1]), 16, 2, self_attention=True)
+    x = rand(1, 8, 16, seed=12)
+    for m in (dm, tm):
+        with pytest.raises(ValueError, match=r"^query: expected a batch-first \[batch, seq, embed_dim\] tensor, got \(8, 16\)"):
+            m(x[0], x, x)
+        with pytest.raises(ValueError, match=r"^value: expected a batch-first"):
+            m(x, x, x[None])

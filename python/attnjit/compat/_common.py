@@ -4,6 +4,14 @@ import torch
 from .. import nn as ann
 
 
+def check_batch_first(query, key, value):
+    """ValueError naming the tensor unless query, key and value are [batch, seq, embed_dim] tensors."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name}: expected a batch-first [batch, seq, embed_dim] tensor, got {got}")
+
+
 def copy_linear(dst, src):
     with torch.no_grad():
         dst.weight.copy_(src.weight)

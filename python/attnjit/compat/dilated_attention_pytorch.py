@@ -26,7 +26,7 @@ from .. import nn as ann
 from .._attention import attention
 from .._inputs import int_arg, scale_arg
 from .._pattern import SCALE_HINT, Pattern
-from ._common import to_nn_module
+from ._common import check_batch_first, to_nn_module
 
 __all__ = ["DilatedAttention", "MultiheadDilatedAttention", "from_dilated_attention_pytorch", "spec_of"]
 
@@ -103,6 +103,7 @@ class MultiheadDilatedAttention(nn.Module):
                 nn.init.constant_(lin.bias, 0)
 
     def forward(self, query, key, value, is_causal=False):
+        check_batch_first(query, key, value)
         b, n, e = query.shape
         q = self.q_proj(query).view(b, n, self.num_heads, e // self.num_heads)
         k = self.k_proj(key).view(b, key.shape[1], self.num_heads, e // self.num_heads)

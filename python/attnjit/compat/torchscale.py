@@ -27,7 +27,7 @@ from .. import nn as ann
 from .._attention import attention
 from .._inputs import int_arg
 from .._pattern import Pattern
-from ._common import to_nn_module
+from ._common import check_batch_first, to_nn_module
 
 __all__ = ["DilatedAttention", "from_torchscale", "spec_of"]
 
@@ -137,6 +137,7 @@ class DilatedAttention(nn.Module):
                 and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
             raise NotImplementedError("args.seq_parallel: torchscale's sequence parallelism is not supported by "
                                       "attnjit.compat.torchscale; use attnjit.nn's sequence_parallel()")
+        check_batch_first(query, key, value)
         bsz, tgt_len, embed_dim = query.size()
         if embed_dim != self.embed_dim:
             raise ValueError(f"query dim {embed_dim} != {self.embed_dim}")
