@@ -16,6 +16,7 @@
 #include "compiler/plan/plan.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
+#include "compiler/support/parse_int.hpp"
 #include "compiler/support/read_file.hpp"
 
 namespace attnjit::cli {
@@ -25,11 +26,7 @@ namespace attnjit::cli {
 CLI::Validator at_least(int64_t min) {
   return CLI::Validator(
       [min](std::string& v) {
-        try {
-          size_t used = 0;
-          if (std::stoll(v, &used) >= min && used == v.size()) return std::string();
-        } catch (const std::exception&) {
-        }
+        if (parse_int(v, min, INT64_MAX)) return std::string();
         return "must be an integer >= " + std::to_string(min) + ", got " + v;
       },
       ">=" + std::to_string(min));
@@ -285,15 +282,6 @@ void KernelOptions::add_to(CLI::App* app, bool with_head_dim) {
   app->add_flag("--random-in-kernel", random_in_kernel,
                 "random layouts left to the kernels, as the emu and CUDA devices do where a plan would hash more than "
                 "ATTNJIT_RANDOM_IN_KERNEL blocks (the kernels then carry the seek; plans list what the band allows)");
-}
-
-int parse_arch(const std::string& text) {
-  int arch = 0;
-  char tail = 0;
-  if (std::sscanf(text.c_str(), "sm_%d%c", &arch, &tail) != 1 || arch < 10) {
-    throw UserError("--arch " + text, "expected sm_XX, e.g. sm_80 or sm_90");
-  }
-  return arch;
 }
 
 Device emu_device(const std::string& arch) {

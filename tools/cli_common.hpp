@@ -94,7 +94,6 @@ struct KernelOptions {
   std::vector<KernelRequest> requests(const Shape& s) const;  // one per arch, at s's head dims
 };
 
-int parse_arch(const std::string& text);                  // "sm_80" -> 80; UserError otherwise
 // "sm_80" -> Device::emu(80), "sm_90a" -> Device::emu(90, true); an arch no GPU has is an error.
 Device emu_device(const std::string& arch);
 

@@ -12,6 +12,7 @@
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
+#include "compiler/support/parse_int.hpp"
 #include "compiler/support/read_file.hpp"
 #include "compiler/tune/tuning_db.hpp"
 #include "runtime/cuda/cuda_probe.hpp"
@@ -44,14 +45,9 @@ std::vector<int64_t> parse_seqs(const std::string& text) {
   std::vector<int64_t> out;
   std::stringstream ss(text);
   for (std::string s; std::getline(ss, s, ',');) {
-    try {
-      size_t used = 0;
-      const long long v = std::stoll(s, &used);
-      if (used != s.size() || v < 1) throw std::invalid_argument(s);
-      out.push_back(v);
-    } catch (const std::exception&) {
-      throw UserError("--seq", "expected positive integers separated by commas (4096,16384), got \"" + text + "\"");
-    }
+    const std::optional<int64_t> v = parse_int(s, 1, INT64_MAX);
+    if (!v) throw UserError("--seq", "expected positive integers separated by commas (4096,16384), got \"" + text + "\"");
+    out.push_back(*v);
   }
   if (out.empty()) throw UserError("--seq", "give at least one sequence length");
   return out;

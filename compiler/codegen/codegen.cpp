@@ -6,11 +6,13 @@
 #include <cstdio>
 #include <tuple>
 #include <sstream>
+#include <string_view>
 
 #include "compiler/support/sha256.hpp"
 #include "compiler/plan/paged_plan.hpp"
 #include "compiler/plan/plan.hpp"
 #include "compiler/support/error.hpp"
+#include "compiler/support/parse_int.hpp"
 
 namespace attnjit {
 
@@ -19,12 +21,20 @@ const char* to_string(KernelPath p) {
 }
 
 ArchName parse_arch_name(const std::string& text, const std::string& flag) {
-  int arch = 0;
-  char tail = 0, extra = 0;
-  const int n = std::sscanf(text.c_str(), "sm_%d%c%c", &arch, &tail, &extra);
-  const bool specific = n == 2 && tail == 'a';
-  if (!(n == 1 || specific) || arch < 10)
-    throw UserError(flag + " " + text, "expected sm_XX or sm_XXa, e.g. sm_80, sm_90 or sm_90a");
+  // Compute capabilities are 10 * major + minor: two or three digits (sm_121). The bound only keeps
+  // a number past 32 bits from wrapping to one that looks valid.
+  constexpr int64_t kMaxArch = 9999;
+  const std::string expected = "expected sm_XX or sm_XXa, e.g. sm_80, sm_90 or sm_90a";
+  if (text.compare(0, 3, "sm_") != 0) throw UserError(flag + " " + text, expected);
+  std::string_view digits = std::string_view(text).substr(3);
+  const bool specific = !digits.empty() && digits.back() == 'a';
+  if (specific) digits.remove_suffix(1);
+  const ParsedInt n = read_int(digits, 10, kMaxArch);
+  if (n.status == IntText::NotInteger) throw UserError(flag + " " + text, expected);
+  if (n.status == IntText::OutOfRange)
+    throw UserError(flag + " " + text, expected + "; the arch number must lie in [10, " + std::to_string(kMaxArch) +
+                                           "], got " + std::string(digits));
+  const int arch = static_cast<int>(n.value);
   if (specific && arch != 90)
     throw UserError(flag + " " + text, "attnjit has arch-specific kernels for sm_90a only; use sm_" + std::to_string(arch));
   return {arch, specific};
@@ -317,22 +327,27 @@ KernelPath choose_path(const KernelRequest& r) {
 KernelConfig parse_kernel_tile(const std::string& text) {
   KernelConfig c;
   if (text == "default") return c;
-  auto bad = [&] { return UserError("--kernel-tile " + text, "expected QxK, QxKwN (N warps) or default, e.g. 128x64 or 128x64w4"); };
-  const size_t w = text.find('w');
-  TileConfig t;
-  try {
-    t = parse_tile_config(text.substr(0, w));
-  } catch (const UserError&) {
-    throw bad();  // parse_tile_config's error names the plan's --tile
-  }
-  c.tile_q = t.tile_q;
-  c.tile_k = t.tile_k;
-  if (w != std::string::npos) {
-    int warps = 0;
-    char tail = 0;
-    if (std::sscanf(text.c_str() + w, "w%d%c", &warps, &tail) != 1 || warps < 1) throw bad();
-    c.warps = warps;
-  }
+  // Tiles of 1 to 1024 rows and keys (as the plan's, parse_tile_config), at most 32 warps (1024
+  // threads); resolve_config then checks what the kernel's path takes.
+  constexpr int64_t kMaxTile = 1024, kMaxWarps = 32;
+  auto bad = [&](const std::string& detail = "") {
+    return UserError("--kernel-tile " + text, "expected QxK, QxKwN (N warps) or default, e.g. 128x64 or 128x64w4" + detail);
+  };
+  const std::string_view all(text);
+  const size_t w = all.find('w');
+  const std::string_view tile = all.substr(0, w);
+  const size_t x = tile.find('x');
+  if (x == std::string_view::npos) throw bad();
+  auto number = [&](std::string_view part, const char* what, int64_t max) {
+    const ParsedInt r = read_int(part, 1, max);
+    if (r.status == IntText::NotInteger) throw bad();
+    if (r.status == IntText::OutOfRange)
+      throw bad("; " + std::string(what) + " must lie in [1, " + std::to_string(max) + "], got " + std::string(part));
+    return static_cast<int>(r.value);
+  };
+  c.tile_q = number(tile.substr(0, x), "Q", kMaxTile);
+  c.tile_k = number(tile.substr(x + 1), "K", kMaxTile);
+  if (w != std::string_view::npos) c.warps = number(all.substr(w + 1), "N", kMaxWarps);
   return c;
 }
 

@@ -2,10 +2,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "compiler/plan/plan.hpp"
 #include "compiler/support/error.hpp"
+#include "compiler/support/parse_int.hpp"
 
 namespace attnjit {
 
@@ -51,14 +53,25 @@ void partial_tile_row(const Pattern& p, int32_t branch, int32_t head, int64_t qp
 }
 
 TileConfig parse_tile_config(const std::string& text) {
-  TileConfig t;
-  int q = 0, k = 0;
-  char tail = 0;
-  if (std::sscanf(text.c_str(), "%dx%d%c", &q, &k, &tail) != 2 || q < 1 || k < 1) {
-    throw UserError("--tile " + text, "expected QxK with positive sizes, e.g. 64x64 or 128x64");
+  // The plan's tiles are 1 to 1024 rows and keys (lower_to_plan checks the same).
+  constexpr int64_t kMaxTile = 1024;
+  const std::string where = "--tile " + text;
+  const std::string expected = "expected QxK with positive sizes, e.g. 64x64 or 128x64";
+  const size_t x = text.find('x');
+  if (x == std::string::npos) throw UserError(where, expected);
+  const std::string_view parts[2] = {std::string_view(text).substr(0, x), std::string_view(text).substr(x + 1)};
+  int32_t sizes[2] = {0, 0};
+  for (int n = 0; n < 2; ++n) {
+    const ParsedInt r = read_int(parts[n], 1, kMaxTile);
+    if (r.status == IntText::NotInteger) throw UserError(where, expected);
+    if (r.status == IntText::OutOfRange)
+      throw UserError(where, "tile sizes must lie in [1, " + std::to_string(kMaxTile) + "], got " + std::string(parts[n]) +
+                                 "; e.g. 64x64 or 128x64");
+    sizes[n] = static_cast<int32_t>(r.value);
   }
-  t.tile_q = q;
-  t.tile_k = k;
+  TileConfig t;
+  t.tile_q = sizes[0];
+  t.tile_k = sizes[1];
   return t;
 }
 

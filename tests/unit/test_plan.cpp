@@ -554,6 +554,18 @@ TEST_CASE("bad tiles and tables are rejected", "[plan][errors]") {
   CHECK(parse_tile_config("128x64").tile_q == 128);
 }
 
+TEST_CASE("plan tile sizes are read whole and range checked, never wrapped", "[plan][errors][parse]") {
+  CHECK(parse_tile_config("1024x1").tile_q == 1024);
+  CHECK(parse_tile_config("16x8").tile_k == 8);
+  // 4294967312 is 2^32 + 16: sscanf("%d") read it as 16; 99999999999 came back as 1215752191.
+  CHECK_THROWS_WITH(parse_tile_config("4294967312x16"), Catch::Contains("--tile 4294967312x16: tile sizes must lie in [1, 1024], got 4294967312"));
+  CHECK_THROWS_WITH(parse_tile_config("99999999999x1"), Catch::Contains("got 99999999999"));
+  CHECK_THROWS_WITH(parse_tile_config("16x1025"), Catch::Contains("got 1025"));
+  CHECK_THROWS_WITH(parse_tile_config("0x16"), Catch::Contains("got 0"));
+  for (const char* bad : {"16", "x16", "16x", "16x16x16", "16x 16", " 16x16", "+16x16", "16x16 "})
+    CHECK_THROWS_WITH(parse_tile_config(bad), Catch::Contains("expected QxK with positive sizes"));
+}
+
 TEST_CASE("a plan's key rows are exactly the keys the pattern attends, its attending rows exactly the rows that attend, its query rows hold them, dilated: the selected rows", "[plan][key_rows][property]") {
   CaseGenerator gen(4242);
   for (int n = 0; n < 200; ++n) {
