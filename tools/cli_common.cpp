@@ -32,6 +32,16 @@ CLI::Validator at_least(int64_t min) {
       ">=" + std::to_string(min));
 }
 
+CLI::Validator in_range(int64_t min, int64_t max) {
+  const std::string range = "[" + std::to_string(min) + ", " + std::to_string(max) + "]";
+  return CLI::Validator(
+      [min, max, range](std::string& v) {
+        if (parse_int(v, min, max)) return std::string();
+        return "must be an integer in " + range + ", got " + v;
+      },
+      range);
+}
+
 void ShapeOptions::add_to(CLI::App* app, bool with_dims) {
   app->add_option("--seq,--seq-q", seq_q, "query sequence length")->check(at_least(1));
   app->add_option("--seq-k", seq_k, "key sequence length (default: --seq)")->check(at_least(1));

@@ -18,6 +18,8 @@ namespace attnjit::cli {
 
 // A CLI11 check: an integer >= min (a negative size or limit is an error, never "not given").
 CLI::Validator at_least(int64_t min);
+// The same for an integer in [min, max].
+CLI::Validator in_range(int64_t min, int64_t max);
 
 // --seq/--seq-q, --seq-k, --heads-q, --heads-kv, --q-offset, --k-offset (and optionally batch and head dims).
 struct ShapeOptions {

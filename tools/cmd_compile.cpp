@@ -18,6 +18,9 @@ namespace attnjit::cli {
 
 namespace {
 
+// -j: NVRTC compiles on as many threads, each holding a compile's memory; more than this is a typo.
+constexpr int kMaxJobs = 1024;
+
 struct CompileOptions {
   std::string spec, cache_dir;
   KernelOptions kernel;
@@ -115,6 +118,7 @@ int run_precompile(const PrecompileOptions& o) {
   std::stringstream ss(o.archs);
   for (std::string a; std::getline(ss, a, ',');)
     if (!a.empty()) archs.push_back(parse_arch_name(a));
+  if (archs.empty()) throw UserError("--arch", "name at least one arch, e.g. sm_80");
   const PrecompileReport r = precompile_manifest(o.manifest, archs, o.cache_dir, o.jobs, o.top_k, progress_bar);
   for (const std::string& e : r.errors) std::cerr << "error: " << e << "\n";
   std::printf("precompiled %zu kernels into %s in %.1f s: %d compiled, %d already cached, %d failed\n", r.kernels,
@@ -130,7 +134,9 @@ void register_compile(CLI::App& app, int& rc) {
   sub->add_option("spec", o->spec, "pattern spec (JSON)")->required();
   o->kernel.add_to(sub, true);
   sub->add_option("--cache-dir", o->cache_dir, "kernel cache directory (default: ATTNJIT_CACHE_DIR or ~/.cache/attnjit)");
-  sub->add_option("-j,--jobs", o->jobs, "parallel compiles")->capture_default_str();
+  sub->add_option("-j,--jobs", o->jobs, "parallel compiles (1 to " + std::to_string(kMaxJobs) + ")")
+      ->capture_default_str()
+      ->check(in_range(1, kMaxJobs));
   sub->add_flag("--backward", o->backward, "the backward kernels (one line per entry point; --kernel-tile is their tile)");
   sub->callback([o, &rc] { rc = guarded([&] { return run_compile(*o); }); });
 
@@ -139,9 +145,12 @@ void register_compile(CLI::App& app, int& rc) {
   pre->add_option("manifest", m->manifest, "manifest (JSON)")->required();
   pre->add_option("--arch", m->archs, "target archs, comma separated (sm_80, sm_90, sm_90a, ...)")->capture_default_str();
   pre->add_option("--cache-dir", m->cache_dir, "cache directory to fill");
-  pre->add_option("-j,--jobs", m->jobs, "parallel compiles")->capture_default_str();
-  pre->add_option("--top-k", m->top_k, "for \"default\" tiles: also the k fastest tuned configurations")
-      ->capture_default_str();
+  pre->add_option("-j,--jobs", m->jobs, "parallel compiles (1 to " + std::to_string(kMaxJobs) + ")")
+      ->capture_default_str()
+      ->check(in_range(1, kMaxJobs));
+  pre->add_option("--top-k", m->top_k, "for \"default\" tiles: also the k fastest tuned configurations (0: the best only)")
+      ->capture_default_str()
+      ->check(at_least(0));
   pre->callback([m, &rc] { rc = guarded([&] { return run_precompile(*m); }); });
 }
 

@@ -58,43 +58,165 @@ std::vector<KernelConfig> selected_configs(const TuningDb& db, const Pattern& p,
   return out;
 }
 
+using json = nlohmann::json;
+
+// The choice nearest to `word` (edit distance), for "did you mean" (the spec reader does the same
+// in compiler/pattern/spec_json.cpp, where its helper is private to that file).
+std::string nearest(const std::string& word, const std::vector<std::string>& choices) {
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diag = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        const size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+        diag = up;
+      }
+    }
+    return row[b.size()];
+  };
+  return *std::min_element(choices.begin(), choices.end(),
+                           [&](const std::string& x, const std::string& y) { return distance(word, x) < distance(word, y); });
+}
+
+// A JSON value as an error shows it: a scalar as written (at most 80 characters), else its type.
+std::string shown(const json& v) {
+  if (!v.is_primitive()) return std::string("an ") + v.type_name();
+  std::string text = v.dump();
+  return text.size() > 80 ? text.substr(0, 77) + "..." : text;
+}
+
+// A field the manifest format does not have is an error (a typo such as "backwards" would otherwise
+// leave a deployment without the kernels it asked for), naming the nearest valid one.
+void check_fields(const json& obj, const std::string& where, const std::vector<std::string>& allowed) {
+  for (const auto& [key, value] : obj.items()) {
+    if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
+    std::string valid;
+    for (const std::string& a : allowed) valid += (valid.empty() ? "" : ", ") + a;
+    throw UserError(where + "/" + printable(key), "unknown field \"" + printable(key) + "\"; did you mean \"" + nearest(key, allowed) +
+                                                      "\"? (valid here: " + valid + ")");
+  }
+}
+
+const char* const kEntryFields =
+    "needs \"patterns\" (paths), \"head_dims\" (integers), \"dtypes\" (strings) and optionally \"tiles\" (\"default\", "
+    "\"candidates\" or \"QxK\") and \"backward\" (true or false)";
+
+// entry[key]: a non-empty array (or nullptr when optional and absent). Missing, not an array or
+// empty is an error at `where` (the entry): an entry that gives no kernels is a mistake.
+const json* list_field(const json& entry, const std::string& key, const std::string& where, bool required, const std::string& what) {
+  const auto it = entry.find(key);
+  if (it == entry.end()) {
+    if (!required) return nullptr;
+    throw UserError(where, std::string(kEntryFields) + "; \"" + key + "\" is missing");
+  }
+  if (!it->is_array()) throw UserError(where, std::string(kEntryFields) + "; \"" + key + "\" is " + shown(*it));
+  if (it->empty())
+    throw UserError(where + "/" + key, "is empty, so this entry gives no kernels; list at least one " + what + " (or drop the entry)");
+  return &*it;
+}
+
 }  // namespace
 
-std::vector<KernelSource> manifest_kernels(const std::string& path, const std::vector<ArchName>& archs, int top_k) {
-  const TuningDb db = all_tuning_dbs();
+std::vector<ManifestEntry> read_manifest(const std::string& path) {
   const std::string text = read_small_file(path, "manifest");
-  nlohmann::json j;
+  json j;
   try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
     throw UserError(path, std::string("invalid JSON: ") + printable(e.what(), 300));
   }
-  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (!j.is_object() || j.value("attnjit_manifest", 0) != 1 || !j.contains("entries") || !j["entries"].is_array()) {
-    throw UserError(path, "expected {\"attnjit_manifest\": 1, \"entries\": [{\"patterns\": [...], \"head_dims\": [...], "
-                          "\"dtypes\": [...], \"tiles\": [\"default\"]}]}");
-  }
-  std::vector<KernelSource> kernels;
-  for (size_t e = 0; e < j["entries"].size(); ++e) {
-    const nlohmann::json& entry = j["entries"][e];
+  const std::string shape_hint = "expected {\"attnjit_manifest\": 1, \"entries\": [{\"patterns\": [...], \"head_dims\": [...], "
+                                 "\"dtypes\": [...], \"tiles\": [\"default\"]}]}";
+  if (j.is_object()) check_fields(j, path + ": ", {"attnjit_manifest", "entries"});
+  if (!j.is_object() || !j.contains("attnjit_manifest") || !j.contains("entries") || !j["entries"].is_array())
+    throw UserError(path, shape_hint);
+  const json& version = j["attnjit_manifest"];
+  if (!version.is_number_integer() || version.get<int64_t>() != 1)
+    throw UserError(path + ": /attnjit_manifest", "expected 1 (the manifest format this attnjit reads), got " + shown(version));
+  const json& entries = j["entries"];
+  if (entries.empty())
+    throw UserError(path + ": /entries", "is empty, so the manifest gives no kernels; add an entry: {\"patterns\": [...], "
+                                         "\"head_dims\": [...], \"dtypes\": [...]}");
+  std::vector<ManifestEntry> out;
+  for (size_t e = 0; e < entries.size(); ++e) {
+    const json& entry = entries[e];
     const std::string where = path + ": /entries/" + std::to_string(e);
-    std::vector<std::string> patterns, dtypes, tiles = {"default"};
-    std::vector<int> head_dims;
-    bool backward = false;
-    try {
-      patterns = entry.at("patterns").get<std::vector<std::string>>();
-      head_dims = entry.at("head_dims").get<std::vector<int>>();
-      dtypes = entry.at("dtypes").get<std::vector<std::string>>();
-      if (entry.contains("tiles")) tiles = entry["tiles"].get<std::vector<std::string>>();
-      if (entry.contains("backward")) backward = entry["backward"].get<bool>();
-    } catch (const nlohmann::json::exception&) {
-      throw UserError(where, "needs \"patterns\" (paths), \"head_dims\" (integers), \"dtypes\" (strings) and optionally "
-                             "\"tiles\" (\"default\", \"candidates\" or \"QxK\") and \"backward\" (true or false)");
+    if (!entry.is_object()) throw UserError(where, std::string(kEntryFields) + "; got " + shown(entry));
+    check_fields(entry, where, {"patterns", "head_dims", "dtypes", "tiles", "backward"});
+    ManifestEntry m;
+    const json& patterns = *list_field(entry, "patterns", where, true, "spec path");
+    for (size_t n = 0; n < patterns.size(); ++n) {
+      if (!patterns[n].is_string())
+        throw UserError(where + "/patterns/" + std::to_string(n), "expected a spec's path (a string), got " + shown(patterns[n]));
+      m.patterns.push_back(patterns[n].get<std::string>());
     }
+    // Integers only, checked before narrowing: 64.9 or 2^32 + 64 is never read as 64.
+    const json& dims = *list_field(entry, "head_dims", where, true, "head dim");
+    for (size_t n = 0; n < dims.size(); ++n) {
+      const json& d = dims[n];
+      const bool in_range = d.is_number_unsigned() ? d.get<uint64_t>() >= 1 && d.get<uint64_t>() <= uint64_t{INT32_MAX}
+                                                   : d.is_number_integer() && d.get<int64_t>() >= 1 && d.get<int64_t>() <= INT32_MAX;
+      if (!in_range)
+        throw UserError(where + "/head_dims/" + std::to_string(n),
+                        "expected a head dim, an integer in [1, " + std::to_string(INT32_MAX) + "], got " + shown(d));
+      m.head_dims.push_back(static_cast<int>(d.get<int64_t>()));
+    }
+    const json& dtypes = *list_field(entry, "dtypes", where, true, "dtype");
+    for (size_t n = 0; n < dtypes.size(); ++n) {
+      const std::string at = where + "/dtypes/" + std::to_string(n);
+      if (!dtypes[n].is_string()) throw UserError(at, "expected a dtype (fp32, fp16, bf16 or fp8_e4m3), got " + shown(dtypes[n]));
+      try {
+        m.dtypes.push_back(parse_dtype(dtypes[n].get<std::string>()));
+      } catch (const UserError&) {
+        throw UserError(at, "unknown dtype " + shown(dtypes[n]) + "; use fp32, fp16, bf16 or fp8_e4m3");
+      }
+    }
+    if (const json* tiles = list_field(entry, "tiles", where, false, "tile (\"default\")")) {
+      m.tiles.clear();
+      for (size_t n = 0; n < tiles->size(); ++n) {
+        const json& t = (*tiles)[n];
+        const std::string at = where + "/tiles/" + std::to_string(n);
+        if (!t.is_string()) throw UserError(at, "expected \"default\", \"candidates\" or a tile \"QxK\", got " + shown(t));
+        const std::string name = t.get<std::string>();
+        if (name != "default" && name != "candidates") {
+          try {
+            parse_kernel_tile(name);
+          } catch (const UserError& err) {
+            throw UserError(at, shown(t) + " is not \"default\", \"candidates\" or a tile: " + err.message());
+          }
+        }
+        m.tiles.push_back(name);
+      }
+    }
+    if (entry.contains("backward")) {
+      if (!entry["backward"].is_boolean())
+        throw UserError(where, std::string(kEntryFields) + "; \"backward\" is " + shown(entry["backward"]));
+      m.backward = entry["backward"].get<bool>();
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::vector<KernelSource> manifest_kernels(const std::string& path, const std::vector<ArchName>& archs, int top_k) {
+  if (archs.empty()) throw UserError("arch", "name at least one arch to compile for, e.g. sm_80");
+  const std::vector<ManifestEntry> entries = read_manifest(path);
+  const TuningDb db = all_tuning_dbs();
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::vector<KernelSource> kernels;
+  for (const ManifestEntry& entry : entries) {
+    const std::vector<std::string>& patterns = entry.patterns;
+    const std::vector<int>& head_dims = entry.head_dims;
+    const std::vector<DType>& dtypes = entry.dtypes;
+    const std::vector<std::string>& tiles = entry.tiles;
+    const bool backward = entry.backward;
     for (const std::string& spec : patterns) {
       const Pattern p = load_spec_file((dir / spec).string());
       for (int d : head_dims)
-        for (const std::string& dt : dtypes)
+        for (const DType dt : dtypes)
           for (const std::string& t : tiles)
             for (const ArchName& arch : archs)
               // Random layouts: also the kernels that decide them, which the runtime takes for
@@ -103,7 +225,7 @@ std::vector<KernelSource> manifest_kernels(const std::string& path, const std::v
                 if (random_in_kernel && !p.has_layout_kind(Layout::Kind::Random)) continue;
                 Shape heads;
                 heads.head_dim = heads.head_dim_v = d;
-                KernelRequest r = knob_request(heads, parse_dtype(dt), arch.arch, arch.specific);
+                KernelRequest r = knob_request(heads, dt, arch.arch, arch.specific);
                 r.tma = true;  // the TMA kernel, and its cp.async twin below: the runtime picks per call
                 r.random_in_kernel = random_in_kernel;
                 const std::vector<KernelConfig> configs = t == "default"      ? selected_configs(db, p, r, top_k)

@@ -14,6 +14,22 @@
 
 namespace attnjit {
 
+// One entry of a manifest, as read and checked by read_manifest.
+struct ManifestEntry {
+  std::vector<std::string> patterns;  // spec paths as written (relative to the manifest's folder)
+  std::vector<int> head_dims;
+  std::vector<DType> dtypes;
+  std::vector<std::string> tiles = {"default"};  // "default", "candidates" or a kernel tile "QxK[wN]"
+  bool backward = false;
+};
+
+// A manifest's entries. Strict, so that a mistake never leaves a deployment short of kernels: an
+// unknown field is an error naming the nearest valid one ("backwards": did you mean "backward"?),
+// numbers must be integers in range (64.9 or 2^32 + 64 is not read as 64), "attnjit_manifest" must
+// be exactly 1, and an empty "entries" or an empty list in an entry (no kernels) is an error.
+// UserErrors name the file and the JSON pointer (manifest.json: /entries/0/head_dims/1).
+std::vector<ManifestEntry> read_manifest(const std::string& path);
+
 // The kernels a manifest asks for on `archs` (10 * major + minor), each once. Pattern paths are
 // relative to the manifest. Tiles: "default" (the default configuration plus what the tuning
 // databases selected: their best and, with top_k, their k fastest), "candidates" (every
