@@ -67,7 +67,24 @@ const json& field(const json& obj, const std::string& name, const std::string& a
 int64_t get_int(const json& obj, const std::string& name, const std::string& at) {
   const json& v = field(obj, name, at);
   if (!v.is_number_integer()) throw Malformed{at + "/" + name, "expected an integer"};
+  // Above INT64_MAX nlohmann holds an unsigned value, which get<int64_t>() would wrap.
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX})
+    throw Malformed{at + "/" + name, v.dump() + " is out of range (at most " + std::to_string(INT64_MAX) + ")"};
   return v.get<int64_t>();
+}
+// An integer field read into an int: checked before narrowing, so 4294967360 is never read as 64.
+// Out of range, `range` (when still empty) gets the JSON path and the value, which makes the entry
+// invalid, and 0 is returned.
+int get_int32(const json& obj, const std::string& name, const std::string& at, std::string& range) {
+  const json& v = field(obj, name, at);
+  if (!v.is_number_integer()) throw Malformed{at + "/" + name, "expected an integer"};
+  const bool too_large = v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t{INT32_MAX} : v.get<int64_t>() > INT32_MAX;
+  const bool too_small = !v.is_number_unsigned() && v.get<int64_t>() < INT32_MIN;
+  if (!too_large && !too_small) return static_cast<int>(v.get<int64_t>());
+  if (range.empty())
+    range = at + "/" + name + ": " + v.dump() + " is out of range (at " +
+            (too_large ? "most " + std::to_string(INT32_MAX) : "least " + std::to_string(INT32_MIN)) + ")";
+  return 0;
 }
 std::string get_string(const json& obj, const std::string& name, const std::string& at) {
   const json& v = field(obj, name, at);
@@ -87,10 +104,13 @@ json config_json(const KernelConfig& c) {
   return {{"tile_q", c.tile_q}, {"tile_k", c.tile_k}, {"stages", c.stages}, {"warps", c.warps}};
 }
 // "warps" may be absent (databases written before it existed measured the default, 0).
-KernelConfig read_config(const json& j, const std::string& at) {
-  return KernelConfig{static_cast<int>(get_int(j, "tile_q", at)), static_cast<int>(get_int(j, "tile_k", at)),
-                      static_cast<int>(get_int(j, "stages", at)),
-                      j.is_object() && j.contains("warps") ? static_cast<int>(get_int(j, "warps", at)) : 0};
+KernelConfig read_config(const json& j, const std::string& at, std::string& range) {
+  KernelConfig c;
+  c.tile_q = get_int32(j, "tile_q", at, range);
+  c.tile_k = get_int32(j, "tile_k", at, range);
+  c.stages = get_int32(j, "stages", at, range);
+  if (j.is_object() && j.contains("warps")) c.warps = get_int32(j, "warps", at, range);
+  return c;
 }
 
 json key_json(const TuneKey& k) {
@@ -101,14 +121,14 @@ json key_json(const TuneKey& k) {
   if (k.arch_specific) j["arch_specific"] = true;
   return j;
 }
-TuneKey read_key(const json& j, const std::string& at) {
+TuneKey read_key(const json& j, const std::string& at, std::string& range) {
   TuneKey k;
   k.gpu = get_string(j, "gpu", at);
-  k.sm_count = static_cast<int>(get_int(j, "sm_count", at));
-  k.arch = static_cast<int>(get_int(j, "arch", at));
+  k.sm_count = get_int32(j, "sm_count", at, range);
+  k.arch = get_int32(j, "arch", at, range);
   k.pattern_signature = get_string(j, "pattern_signature", at);
-  k.head_dim = static_cast<int>(get_int(j, "head_dim", at));
-  k.head_dim_v = static_cast<int>(get_int(j, "head_dim_v", at));
+  k.head_dim = get_int32(j, "head_dim", at, range);
+  k.head_dim_v = get_int32(j, "head_dim_v", at, range);
   try {
     k.dtype = parse_dtype(get_string(j, "dtype", at));
   } catch (const UserError&) {
@@ -142,10 +162,12 @@ json entry_json(const DbEntry& e) {
   if (!e.templates.empty()) out["templates"] = e.templates;
   return out;
 }
+// An entry with an integer out of range (see get_int32) comes back with its `problem` set.
 DbEntry read_entry(const json& j, const std::string& at) {
   DbEntry e;
-  e.key = read_key(field(j, "key", at), at + "/key");
-  e.result.best = read_config(field(j, "best", at), at + "/best");
+  std::string range;
+  e.key = read_key(field(j, "key", at), at + "/key", range);
+  e.result.best = read_config(field(j, "best", at), at + "/best", range);
   e.result.best_ms = get_ms(j, "best_ms", at);
   e.result.default_ms = get_ms(j, "default_ms", at);
   e.tuned_at = get_string(j, "tuned_at", at);
@@ -155,14 +177,34 @@ DbEntry read_entry(const json& j, const std::string& at) {
   for (size_t n = 0; n < cands.size(); ++n) {
     const std::string c_at = at + "/candidates/" + std::to_string(n);
     CandidateResult c;
-    c.config = read_config(field(cands[n], "config", c_at), c_at + "/config");
+    c.config = read_config(field(cands[n], "config", c_at), c_at + "/config", range);
     c.status = get_string(cands[n], "status", c_at);
     c.median_ms = get_ms(cands[n], "median_ms", c_at);
     c.p20_ms = get_ms(cands[n], "p20_ms", c_at);
     c.p80_ms = get_ms(cands[n], "p80_ms", c_at);
     e.result.candidates.push_back(std::move(c));
   }
+  e.problem = range;
   return e;
+}
+
+// Why the entry's times cannot be right, or "": a time is a number of milliseconds >= 0, or null
+// for none (a candidate that failed or was pruned, a default that did not run); the best
+// configuration was timed, so its time is a number.
+std::string times_problem(const DbEntry& e, const std::string& at) {
+  auto bad = [](double ms) { return std::isnan(ms) || ms < 0; };
+  if (bad(e.result.best_ms) || !std::isfinite(e.result.best_ms))
+    return at + "/best_ms: the best configuration's time must be a number of milliseconds >= 0, got " + ms_json(e.result.best_ms).dump();
+  if (bad(e.result.default_ms)) return at + "/default_ms: a time must be >= 0 ms (or null: none), got " + ms_json(e.result.default_ms).dump();
+  for (size_t n = 0; n < e.result.candidates.size(); ++n) {
+    const CandidateResult& c = e.result.candidates[n];
+    const std::pair<const char*, double> times[] = {{"median_ms", c.median_ms}, {"p20_ms", c.p20_ms}, {"p80_ms", c.p80_ms}};
+    for (const auto& [name, ms] : times)
+      if (bad(ms))
+        return at + "/candidates/" + std::to_string(n) + "/" + name + ": a time must be >= 0 ms (or null: none), got " +
+               ms_json(ms).dump();
+  }
+  return "";
 }
 
 // Why `c` cannot be built for `key`'s kernels (the codegen's own checks), or "".
@@ -318,17 +360,31 @@ DbFile parse_tuning_db(const std::string& path, const std::string& text, const D
     const json& m = field(j, "metadata", "");
     f.metadata.attnjit_version = get_string(m, "attnjit_version", "/metadata");
     f.metadata.nvrtc_version = get_string(m, "nvrtc_version", "/metadata");
-    f.metadata.driver_version = static_cast<int>(get_int(m, "driver_version", "/metadata"));
+    std::string range;  // the metadata's integers: one out of range makes the file malformed
+    f.metadata.driver_version = get_int32(m, "driver_version", "/metadata", range);
     f.metadata.gpu = get_string(m, "gpu", "/metadata");
-    f.metadata.sm_count = static_cast<int>(get_int(m, "sm_count", "/metadata"));
-    f.metadata.arch = static_cast<int>(get_int(m, "arch", "/metadata"));
+    f.metadata.sm_count = get_int32(m, "sm_count", "/metadata", range);
+    f.metadata.arch = get_int32(m, "arch", "/metadata", range);
+    if (!range.empty()) throw Malformed{"", range};
     const json& entries = field(j, "entries", "");
     if (!entries.is_array()) throw Malformed{"/entries", "expected an array"};
+    std::vector<std::string> valid_at;  // f.entries' JSON paths
     for (size_t n = 0; n < entries.size(); ++n) {
       const std::string at = "/entries/" + std::to_string(n);
       DbEntry e = read_entry(entries[n], at);
-      e.problem = entry_problem(e, at);
-      (e.problem.empty() ? f.entries : f.invalid).push_back(std::move(e));
+      if (e.problem.empty()) e.problem = times_problem(e, at);
+      if (e.problem.empty()) e.problem = entry_problem(e, at);
+      // A key given twice: lookups take the first, so the second is reported and skipped.
+      for (size_t m2 = 0; m2 < f.entries.size() && e.problem.empty(); ++m2)
+        if (f.entries[m2].key == e.key)
+          e.problem = at + "/key: the same key as " + valid_at[m2] + ", which lookups use; delete one of the two";
+      if (e.problem.empty()) {
+        valid_at.push_back(at);
+        f.entries.push_back(std::move(e));
+      } else {
+        f.invalid.push_back(std::move(e));
+        f.invalid_json.push_back(entries[n].dump());
+      }
     }
   } catch (const json::exception& e) {
     f.problem = std::string("invalid JSON: ") + e.what();
@@ -338,6 +394,7 @@ DbFile parse_tuning_db(const std::string& path, const std::string& text, const D
   if (!f.problem.empty()) {
     f.entries.clear();
     f.invalid.clear();
+    f.invalid_json.clear();
     return f;
   }
   f.present = true;
@@ -345,7 +402,8 @@ DbFile parse_tuning_db(const std::string& path, const std::string& text, const D
   return f;
 }
 
-std::string serialize_tuning_db(const DbMetadata& m, const std::vector<DbEntry>& entries) {
+namespace {
+json tuning_db_json(const DbMetadata& m, const std::vector<DbEntry>& entries) {
   json out = {{"attnjit_tuning_db", kTuningDbFormatVersion},
               {"metadata",
                {{"attnjit_version", m.attnjit_version},
@@ -356,7 +414,12 @@ std::string serialize_tuning_db(const DbMetadata& m, const std::vector<DbEntry>&
                 {"arch", m.arch}}},
               {"entries", json::array()}};
   for (const DbEntry& e : entries) out["entries"].push_back(entry_json(e));
-  return out.dump(1) + "\n";
+  return out;
+}
+}  // namespace
+
+std::string serialize_tuning_db(const DbMetadata& m, const std::vector<DbEntry>& entries) {
+  return tuning_db_json(m, entries).dump(1) + "\n";
 }
 
 TuningDb::TuningDb(std::vector<std::string> files, DbMetadata current) : current_(std::move(current)) {
@@ -450,6 +513,7 @@ void TuningDb::record(const std::string& file, const TuneKey& key, const TuneRes
   FileLock lock(file + ".lock");
   // Under the lock: what other processes wrote since we read is in the file now.
   std::vector<DbEntry> entries;
+  std::vector<std::string> invalid;  // invalid entries as read, kept unless this entry replaces them
   std::string problem;
   if (const std::optional<std::string> text = read_text(file, &problem); text && problem.empty()) {
     DbFile old = parse_tuning_db(file, *text, metadata);
@@ -464,7 +528,8 @@ void TuningDb::record(const std::string& file, const TuneKey& key, const TuneRes
     } else {
       // Invalid entries are kept as they were (they are skipped with a warning on every read).
       entries = std::move(old.entries);
-      for (DbEntry& e : old.invalid) entries.push_back(std::move(e));
+      for (size_t n = 0; n < old.invalid.size(); ++n)
+        if (!(old.invalid[n].key == key)) invalid.push_back(old.invalid_json[n]);
     }
   } else if (!problem.empty()) {
     throw UserError(file, problem);
@@ -472,12 +537,14 @@ void TuningDb::record(const std::string& file, const TuneKey& key, const TuneRes
 
   DbEntry mine{key, result, utc_now(), {}, metadata.templates};
   mine.result.wall_s = 0;
-  auto same = std::find_if(entries.begin(), entries.end(), [&](const DbEntry& e) { return e.key == key; });
-  if (same != entries.end()) *same = std::move(mine);
-  else entries.push_back(std::move(mine));
+  // This entry replaces every one of its key (a duplicate too).
+  entries.erase(std::remove_if(entries.begin(), entries.end(), [&](const DbEntry& e) { return e.key == key; }), entries.end());
+  entries.push_back(std::move(mine));
   std::sort(entries.begin(), entries.end(),
             [](const DbEntry& a, const DbEntry& b) { return key_order(a.key) < key_order(b.key); });
-  const std::string text = serialize_tuning_db(metadata, entries);
+  json out = tuning_db_json(metadata, entries);
+  for (const std::string& e : invalid) out["entries"].push_back(json::parse(e));
+  const std::string text = out.dump(1) + "\n";
   write_atomically(file, text);
 
   for (DbFile& f : files_)

@@ -58,10 +58,15 @@ struct DbFile {
   bool trusted = false;  // present and its metadata matches the running versions
   DbMetadata metadata;
   std::vector<DbEntry> entries;
-  // Entries that parse but whose best (or a timed candidate) is not a configuration the kernels
-  // can be built with for the entry's key, e.g. a negative tile: kept out of `entries`, so no
-  // lookup or precompile uses them; their `problem` names the JSON path and what is wrong.
+  // Entries that parse but cannot be used: an integer out of its field's range (a tile of 2^32 + 64,
+  // never read as 64), a time that is negative (or a best time that is null), a best (or a timed
+  // candidate) that is not a configuration the kernels can be built with for the entry's key, e.g.
+  // a negative tile, or a key an earlier entry of the file already has. Kept out of `entries`, so
+  // no lookup or precompile uses them; their `problem` names the JSON path and what is wrong.
   std::vector<DbEntry> invalid;
+  // Each invalid entry's JSON as read, which record() writes back unchanged (an integer out of
+  // range is read as 0, which must never be written as if it were the entry's value).
+  std::vector<std::string> invalid_json;
 };
 
 struct LookupResult {

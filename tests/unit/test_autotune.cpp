@@ -638,6 +638,66 @@ TEST_CASE("an entry whose tiles cannot be built for its key is one warning namin
   CHECK(after.lookup(key_for(8192)).config == kC);
 }
 
+TEST_CASE("integers past their field's range, negative times and repeated keys make an entry invalid, never truncated",
+          "[autotune]") {
+  TempDir tmp;
+  const std::string file = tmp.file("gpu.json");
+  TuneResult negative = result_for(kB);
+  negative.best_ms = -0.5;
+  TuneResult no_time = result_for(kB);
+  no_time.best_ms = kInfMs;  // written as null
+  TuneResult bad_candidate = result_for(kB);
+  bad_candidate.candidates[1].p80_ms = -2;
+  std::string text = serialize_tuning_db(meta(), {DbEntry{key_for(4096), result_for(kB), "2024-01-01T00:00:00Z", {}, {}},
+                                                  DbEntry{key_for(8192), result_for(kA), "2024-01-01T00:00:00Z", {}, {}},
+                                                  DbEntry{key_for(16384), negative, "2024-01-01T00:00:00Z", {}, {}},
+                                                  DbEntry{key_for(32768), no_time, "2024-01-01T00:00:00Z", {}, {}},
+                                                  DbEntry{key_for(65536), bad_candidate, "2024-01-01T00:00:00Z", {}, {}},
+                                                  DbEntry{key_for(4096), result_for(kC), "2024-01-01T00:00:00Z", {}, {}}});
+  // 4294967360 is 2^32 + 64: a cast to int read it as 64, a valid tile.
+  const size_t best = text.rfind("\"best\"", text.find("\"seq_bucket\": 8192"));  // "best" precedes "key"
+  const size_t tile_k = text.find("\"tile_k\": 64", best);
+  REQUIRE(tile_k != std::string::npos);
+  text.replace(tile_k, std::string("\"tile_k\": 64").size(), "\"tile_k\": 4294967360");
+  write_text(file, text);
+  StderrCapture err;
+  const TuningDb db({file}, meta());
+  const DbFile& f = db.files()[0];
+  REQUIRE(f.problem.empty());
+  REQUIRE(f.entries.size() == 1);
+  REQUIRE(f.invalid.size() == 5);
+  CHECK(f.invalid[0].problem == "/entries/1/best/tile_k: 4294967360 is out of range (at most 2147483647)");
+  CHECK(f.invalid[1].problem.find("/entries/2/best_ms: the best configuration's time must be a number of milliseconds >= 0, got -0.5") == 0);
+  CHECK(f.invalid[2].problem.find("/entries/3/best_ms:") == 0);
+  CHECK(f.invalid[3].problem.find("/entries/4/candidates/1/p80_ms: a time must be >= 0 ms") == 0);
+  CHECK(f.invalid[4].problem == "/entries/5/key: the same key as /entries/0, which lookups use; delete one of the two");
+  CHECK(db.lookup(key_for(4096)).config == kB);
+  CHECK(db.lookup(key_for(8192)).source == LookupResult::Source::NearestBucket);
+  CHECK(db.needs_retune(key_for(8192)));
+  // Recording another key writes the invalid entries back as they were, never the 0 read for the
+  // value out of range; recording the repeated key replaces both of its entries.
+  {
+    StderrCapture quiet;
+    TuningDb({}).record(file, key_for(131072), result_for(kC), meta());
+  }
+  std::ifstream in(file);
+  std::stringstream written;
+  written << in.rdbuf();
+  CHECK(written.str().find("4294967360") != std::string::npos);
+  {
+    StderrCapture quiet;
+    const TuningDb again({file}, meta());
+    CHECK(again.files()[0].entries.size() == 2);
+    CHECK(again.files()[0].invalid.size() == 5);
+    TuningDb({}).record(file, key_for(4096), result_for(kA), meta());
+  }
+  StderrCapture quiet;
+  const TuningDb after({file}, meta());
+  CHECK(after.files()[0].entries.size() == 2);
+  CHECK(after.files()[0].invalid.size() == 4);
+  CHECK(after.lookup(key_for(4096)).config == kA);
+}
+
 TEST_CASE("concurrent processes recording into one file lose nothing", "[autotune]") {
   TempDir tmp;
   const std::string file = tmp.file("shared.json");
