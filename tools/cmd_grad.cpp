@@ -58,6 +58,11 @@ int run_grad(const GradOptions& o) {
                                                    "neither and grad runs the forward first");
   }
   check_device_options(o.device, o.executor_option, o.executor, o.arch_option, o.arch);
+  // The reference executor recomputes the forward itself: it would ignore the forward's outputs.
+  if (o.device == "cpu" && o.executor == "reference" && !o.o.empty())
+    throw UserError("--o/--lse", "are read by --executor plan and --device cuda or emu (the backward from the forward's O and LSE); "
+                                 "the reference executor recomputes the forward itself, so it would ignore them (drop them, or use "
+                                 "--executor plan)");
   check_distinct_outputs({{"--dq", o.dq}, {"--dk", o.dk}, {"--dv", o.dv}});
   InputOptions inputs = o.in;
   inputs.gradients = true;
@@ -111,7 +116,7 @@ int run_grad(const GradOptions& o) {
                                                 of.data(), lf.data(), dout.data(), table, {.threads = o.threads}, dlse_ptr);
     dq = std::move(g.dq), dk = std::move(g.dk), dv = std::move(g.dv);
   } else {
-    // The reference recomputes the softmax itself: --o/--lse are not needed (and not read).
+    // The reference recomputes the softmax itself (--o/--lse are refused for it above).
     const ReferenceGradients g =
         reference_attention_backward(p, s, in.q.data(), in.k.data(), in.v.data(), dout.data(), table, o.threads, documents, dlse_ptr);
     dq.assign(g.dq.begin(), g.dq.end()), dk.assign(g.dk.begin(), g.dk.end()), dv.assign(g.dv.begin(), g.dv.end());
@@ -134,7 +139,7 @@ void register_grad(CLI::App& app, int& rc) {
   sub->add_option("spec", o->spec, "pattern spec (JSON)")->required();
   o->in.add_to(sub);
   sub->add_option("--do", o->dout, "dO .npy [batch, seq_q, heads_q, head_dim_v] (random with --random)");
-  sub->add_option("--o", o->o, "the forward's O .npy (with --lse; default: the forward runs first)");
+  sub->add_option("--o", o->o, "the forward's O .npy (with --lse; --executor plan and --device cuda|emu; default: the forward runs first)");
   sub->add_option("--lse", o->lse, "the forward's LSE .npy [batch, heads_q, seq_q] (with --o)");
   sub->add_option("--dlse", o->dlse, "the gradient of the loss with respect to the LSE output .npy [batch, heads_q, seq_q] "
                                      "(default: none; a loss of O alone)");
