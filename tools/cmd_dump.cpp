@@ -1,5 +1,6 @@
 // attnjit dump SPEC --stage pattern|plan|plan-bwd|plan-paged|cuda|ptx|sass [--backward|--paged]: the pipeline's
 // values, printed.
+#include <algorithm>
 #include <iostream>
 #include <memory>
 
@@ -18,10 +19,55 @@ struct DumpOptions {
   ShapeOptions shape;
   KernelOptions kernel;
   bool full = false, backward = false, paged = false, pack_branches = false;
+  const CLI::App* app = nullptr;  // which options were given
 };
+
+// The options that only some stages read, the stages that do and what for: given with another
+// stage they would be ignored, so they are errors (docs/cli.md). The shape options are not here:
+// the kernel stages read --head-dim, --head-dim-v and (with --paged) the heads; plan-paged the heads
+// and head dims.
+struct StageOption {
+  const char* name;
+  std::vector<std::string> stages;
+  const char* why;
+};
+const StageOption kStageOptions[] = {
+    {"--backward", {"cuda", "ptx", "sass"}, "; the key-major plan is --stage plan-bwd"},
+    {"--paged", {"cuda", "ptx", "sass"}, " (the paged forward's kernels); the plan of a paged call is --stage plan-paged"},
+    {"--dtype", {"cuda", "ptx", "sass"}, " (the kernels' dtype)"},
+    {"--arch", {"cuda", "ptx", "sass"}, " (the kernels' archs)"},
+    {"--kernel-tile", {"cuda", "ptx", "sass"}, " (the kernels' tile); a plan's tile is --tile"},
+    {"--stages", {"cuda", "ptx", "sass"}, " (the kernels' cp.async stages)"},
+    {"--random-in-kernel", {"plan", "plan-bwd", "cuda", "ptx", "sass"}, " (random layouts left to the kernels)"},
+    {"--tile", {"plan", "plan-bwd"}, " (the plan's tile); the kernels' tile is --kernel-tile"},
+    {"--dynamic", {"plan", "plan-bwd"}, " (a dynamic layout's table, for a plan of one shape)"},
+    // plan-bwd: dump_stage says why the backward's plans are never packed.
+    {"--pack-branches", {"plan", "plan-bwd"}, " (the tiles packing leaves out and the key weights)"},
+    {"--kv-lens", {"plan-paged"}, " (each request's cached tokens)"},
+    {"--queries", {"plan-paged"}, " (each request's queries)"},
+    {"--full", {"pattern", "plan", "plan-bwd", "plan-paged"}, " (every explicit block or work item)"},
+};
+
+void check_stage_options(const DumpOptions& o) {
+  for (const StageOption& s : kStageOptions) {
+    const CLI::Option* opt = o.app->get_option(s.name);
+    if (opt->count() == 0 || std::find(s.stages.begin(), s.stages.end(), o.stage) != s.stages.end()) continue;
+    std::string given = s.name;
+    if (opt->get_expected_min() > 0) {  // an option with a value (not a flag): as given
+      std::string values;
+      for (const std::string& v : opt->results()) values += (values.empty() ? "" : ",") + v;
+      given += " " + values;
+    }
+    std::string stages;
+    for (size_t n = 0; n < s.stages.size(); ++n)
+      stages += (n == 0 ? "" : n + 1 == s.stages.size() ? " and " : ", ") + s.stages[n];
+    throw UserError(given, "applies to --stage " + stages + s.why);
+  }
+}
 
 int run_dump(const DumpOptions& o) {
   const Pattern p = load_spec(o.spec);
+  check_stage_options(o);
   DumpRequest r;
   r.stage = o.stage;
   r.full = o.full;
@@ -75,6 +121,7 @@ void register_dump(CLI::App& app, int& rc) {
                 "--stage plan: a pair several branches attend computed once (the tiles left out and the key weights shown)");
   sub->add_flag("--paged", o->paged, "--stage cuda|ptx|sass: the paged forward's kernels (fwd, merge, plan)");
   sub->add_flag("--backward", o->backward, "--stage cuda|ptx|sass: the backward kernels (pre, dq, dkdv, cvt) instead of the forward");
+  o->app = sub;
   sub->callback([o, &rc] { rc = guarded([&] { return run_dump(*o); }); });
 }
 

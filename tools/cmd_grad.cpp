@@ -26,8 +26,29 @@ struct GradOptions {
   InputOptions in;
   unsigned threads = 0;
   bool deterministic = false;
-  CLI::Option *executor_option = nullptr, *arch_option = nullptr;
+  CLI::Option *executor_option = nullptr, *arch_option = nullptr, *tile_option = nullptr;
 };
+
+// Options that only some devices or executors read: given where none does, they would be ignored,
+// so they are errors naming where they apply (docs/cli.md).
+void check_grad_options(const GradOptions& o) {
+  const bool kernel = o.device != "cpu";
+  if (!kernel && o.executor == "reference" && (!o.o.empty() || !o.lse.empty()))
+    throw UserError("--o/--lse", "are read by --executor plan and --device cuda or emu (the backward from the forward's O and LSE); "
+                                 "the reference executor recomputes the forward itself, so it would ignore them (drop them, or use "
+                                 "--executor plan)");
+  if (o.tile_option->count() > 0 && (kernel || o.executor != "plan"))
+    throw UserError("--tile " + o.tile, kernel ? "applies to --device cpu --executor plan (the plan's tile); --device " + o.device +
+                                                     " runs the generated kernels at their own tiles"
+                                               : std::string("applies to --executor plan (the plan's tile); the reference executor has no tiles"));
+  if (kernel) return;
+  const DType dtype = parse_dtype(o.dtype);
+  if (dtype == DType::F16 || dtype == DType::BF16)
+    throw UserError("--dtype " + o.dtype, "applies to --device cuda or emu (the dtype the kernels read); the cpu executors compute "
+                                          "from the inputs as given (the reference in float64, the plan executor in float32)");
+  if (o.deterministic)
+    throw UserError("--deterministic", "applies to --device cuda or emu; the cpu executors are always deterministic");
+}
 
 void write(const std::string& path, const std::vector<int64_t>& dims, const std::vector<float>& x) {
   if (!path.empty()) write_npy(path, NpyDtype::F32, dims, x.data());
@@ -58,11 +79,7 @@ int run_grad(const GradOptions& o) {
                                                    "neither and grad runs the forward first");
   }
   check_device_options(o.device, o.executor_option, o.executor, o.arch_option, o.arch);
-  // The reference executor recomputes the forward itself: it would ignore the forward's outputs.
-  if (o.device == "cpu" && o.executor == "reference" && !o.o.empty())
-    throw UserError("--o/--lse", "are read by --executor plan and --device cuda or emu (the backward from the forward's O and LSE); "
-                                 "the reference executor recomputes the forward itself, so it would ignore them (drop them, or use "
-                                 "--executor plan)");
+  check_grad_options(o);
   check_distinct_outputs({{"--dq", o.dq}, {"--dk", o.dk}, {"--dv", o.dv}});
   InputOptions inputs = o.in;
   inputs.gradients = true;
@@ -116,7 +133,7 @@ int run_grad(const GradOptions& o) {
                                                 of.data(), lf.data(), dout.data(), table, {.threads = o.threads}, dlse_ptr);
     dq = std::move(g.dq), dk = std::move(g.dk), dv = std::move(g.dv);
   } else {
-    // The reference recomputes the softmax itself (--o/--lse are refused for it above).
+    // The reference recomputes the softmax itself (--o/--lse are refused for it: check_grad_options).
     const ReferenceGradients g =
         reference_attention_backward(p, s, in.q.data(), in.k.data(), in.v.data(), dout.data(), table, o.threads, documents, dlse_ptr);
     dq.assign(g.dq.begin(), g.dq.end()), dk.assign(g.dk.begin(), g.dk.end()), dv.assign(g.dv.begin(), g.dv.end());
@@ -149,14 +166,15 @@ void register_grad(CLI::App& app, int& rc) {
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
   add_cu_seqlens_option(sub, o->cu_seqlens);
   add_device_option(sub, o->device, "the generated kernels");
-  sub->add_option("--dtype", o->dtype, "with --device cuda|emu: the dtype the inputs are converted to (fp32, fp16, bf16)")
+  sub->add_option("--dtype", o->dtype, "with --device cuda|emu: the dtype the inputs are converted to (fp32, fp16, bf16; the cpu "
+                                       "executors take fp32, the default)")
       ->capture_default_str();
   o->arch_option = sub->add_option("--arch", o->arch, "with --device emu: the GPU arch whose kernels are emulated")->capture_default_str();
   o->executor_option = sub->add_option("--executor", o->executor,
                                         "with --device cpu: the float64 reference, or the plan executor (float32, tile by tile)")
                            ->check(CLI::IsMember({"reference", "plan"}))
                            ->capture_default_str();
-  sub->add_option("--tile", o->tile, "tile size for --executor plan")->capture_default_str();
+  o->tile_option = sub->add_option("--tile", o->tile, "tile size for --executor plan")->capture_default_str();
   sub->add_option("--threads", o->threads, "CPU threads (0: all)");
   sub->add_flag("--deterministic", o->deterministic,
                 "with --device cuda|emu: bitwise-reproducible gradients (the CPU executors always are)");

@@ -31,8 +31,39 @@ struct RunOptions {
   bool pack_branches = false;
   std::string out_dtype;                          // fp8_e4m3 inputs: bf16 (default) or fp16
   float q_descale = 1, k_descale = 1, v_descale = 1;  // fp8_e4m3 inputs: value = code x descale
-  CLI::Option *executor_option = nullptr, *arch_option = nullptr;
+  CLI::Option *executor_option = nullptr, *arch_option = nullptr, *kernel_tile_option = nullptr, *stages_option = nullptr,
+              *tile_option = nullptr;
 };
+
+// Options that only some devices or executors read: given where none does, they would be ignored,
+// so they are errors naming where they apply (docs/cli.md).
+void check_run_options(const RunOptions& o) {
+  const bool kernel = o.device != "cpu";
+  if (!kernel) {
+    if (o.kernel_tile_option->count() > 0)
+      throw UserError("--kernel-tile " + o.kernel_tile, "applies to --device cuda or emu (the kernel's tile); the cpu device runs no "
+                                                        "kernel (the plan executor's tile is --tile)");
+    if (o.stages_option->count() > 0)
+      throw UserError("--stages " + std::to_string(o.stages),
+                      "applies to --device cuda or emu (the kernel's cp.async stages); the cpu device runs no kernel");
+    const DType dtype = parse_dtype(o.dtype);
+    if (dtype == DType::F16 || dtype == DType::BF16)
+      throw UserError("--dtype " + o.dtype, "applies to --device cuda or emu (the dtype the kernel reads); the cpu executors compute "
+                                            "from the inputs as given (the reference in float64, the plan executor in float32) "
+                                            "and take fp8_e4m3 alone of the other dtypes");
+    if (!o.out_dtype.empty())
+      throw UserError("--out-dtype " + o.out_dtype, "applies to --device cuda or emu (the dtype the kernel writes O in); the cpu "
+                                                    "executors write O in float32");
+  }
+  if (o.tile_option->count() > 0 && (kernel || o.executor != "plan"))
+    throw UserError("--tile " + o.tile, kernel ? "applies to --device cpu --executor plan (the plan's tile); --device " + o.device +
+                                                     " runs the kernel, whose tile is --kernel-tile"
+                                               : std::string("applies to --executor plan (the plan's tile); the reference executor has no tiles"));
+  if (o.pack_branches && (kernel || o.executor != "plan"))
+    throw UserError("--pack-branches", kernel ? "applies to --device cpu --executor plan; --device " + o.device +
+                                                    " packs branches already (ATTNJIT_PACK_BRANCHES=0 turns it off)"
+                                              : std::string("applies to --executor plan; the reference executor has no tiles to pack"));
+}
 
 // FP8 inputs: each tensor's values x quantised to e4m3 codes of x / descale (ties to even,
 // saturating at 448). `codes` gets the codes' values (what the executor and the devices read),
@@ -52,16 +83,17 @@ int64_t quantise_e4m3(std::vector<float>& x, float descale, std::vector<float>& 
 int run_attention(const RunOptions& o) {
   const Pattern p = load_spec(o.spec);
   check_device_options(o.device, o.executor_option, o.executor, o.arch_option, o.arch);
-  check_distinct_outputs({{"--out", o.out}, {"--lse", o.lse}, {"--weights", o.weights}});
-  InputOptions inputs = o.in;
-  inputs.executor = o.device == "cpu" ? o.executor : o.device;
-  Inputs in = load_or_random_inputs(inputs, p);
-  const Shape& s = in.shape;
   const DType dtype = parse_dtype(o.dtype);
   if (!o.out_dtype.empty() && dtype != DType::E4M3)
     throw UserError("--out-dtype", "is for --dtype fp8_e4m3 only (other dtypes write O in their own)");
   if (dtype != DType::E4M3 && (o.q_descale != 1 || o.k_descale != 1 || o.v_descale != 1))
     throw UserError("--q-descale/--k-descale/--v-descale", "are for --dtype fp8_e4m3 only");
+  check_run_options(o);
+  check_distinct_outputs({{"--out", o.out}, {"--lse", o.lse}, {"--weights", o.weights}});
+  InputOptions inputs = o.in;
+  inputs.executor = o.device == "cpu" ? o.executor : o.device;
+  Inputs in = load_or_random_inputs(inputs, p);
+  const Shape& s = in.shape;
   // FP8: every executor reads the quantised inputs (the reference their values, code x descale).
   std::optional<DeviceFp8> fp8;
   std::vector<float> q8, k8, v8;
@@ -159,22 +191,25 @@ void register_run(CLI::App& app, int& rc) {
   add_device_option(sub, o->device, "the GPU kernel");
   sub->add_option("--dtype", o->dtype,
                   "with --device cuda|emu: the dtype the inputs are converted to (fp32, fp16, bf16); fp8_e4m3 on every "
-                  "device and executor: the inputs quantised to e4m3 codes of value / descale")
+                  "device and executor: the inputs quantised to e4m3 codes of value / descale (the cpu executors take "
+                  "fp32, the default, or fp8_e4m3)")
       ->capture_default_str();
-  sub->add_option("--out-dtype", o->out_dtype, "with --dtype fp8_e4m3: O's dtype, bf16 (default) or fp16");
+  sub->add_option("--out-dtype", o->out_dtype, "with --dtype fp8_e4m3 and --device cuda|emu: O's dtype, bf16 (default) or fp16");
   sub->add_option("--q-descale", o->q_descale, "with --dtype fp8_e4m3: q's descale factor (value = code x factor)")->capture_default_str();
   sub->add_option("--k-descale", o->k_descale, "with --dtype fp8_e4m3: k's descale factor")->capture_default_str();
   sub->add_option("--v-descale", o->v_descale, "with --dtype fp8_e4m3: v's descale factor")->capture_default_str();
   o->arch_option = sub->add_option("--arch", o->arch, "with --device emu: the GPU arch whose kernel is emulated (sm_75, sm_80, ...)")
                        ->capture_default_str();
-  sub->add_option("--kernel-tile", o->kernel_tile, "with --device cuda|emu: kernel tile QxK, or QxKwN for N warps, or default")->capture_default_str();
-  sub->add_option("--stages", o->stages, "with --device cuda|emu: cp.async stages (0: default)");
+  o->kernel_tile_option =
+      sub->add_option("--kernel-tile", o->kernel_tile, "with --device cuda|emu: kernel tile QxK, or QxKwN for N warps, or default")
+          ->capture_default_str();
+  o->stages_option = sub->add_option("--stages", o->stages, "with --device cuda|emu: cp.async stages (0: default)");
   sub->add_option("--threads", o->threads, "CPU threads (0: all)");
   o->executor_option = sub->add_option("--executor", o->executor,
                                         "with --device cpu: the float64 reference, or the plan executor (float32, tile by tile)")
                            ->check(CLI::IsMember({"reference", "plan"}))
                            ->capture_default_str();
-  sub->add_option("--tile", o->tile, "tile size for --executor plan")->capture_default_str();
+  o->tile_option = sub->add_option("--tile", o->tile, "tile size for --executor plan")->capture_default_str();
   sub->add_flag("--pack-branches", o->pack_branches,
                 "--executor plan: a pair several branches attend computed once, weighted by their number (as the CPU device runs it)");
   sub->callback([o, &rc] { rc = guarded([&] { return run_attention(*o); }); });
