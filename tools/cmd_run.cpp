@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <random>
 
@@ -160,7 +161,8 @@ int run_attention(const RunOptions& o) {
   if (weights) write_npy(o.weights, NpyDtype::F32, {s.batch, s.heads_q, s.seq_q, s.seq_k}, wf.data());
   int64_t empty = 0;
   double mean_abs = 0.0;
-  for (float x : lf) empty += std::isinf(x);
+  // A row that attends nothing has LSE -inf (docs/spec.md); +inf is a row whose scores overflowed.
+  for (float x : lf) empty += x == -std::numeric_limits<float>::infinity();
   for (float x : of) mean_abs += std::abs(x);
   mean_abs /= static_cast<double>(of.size());
   const std::string where = o.device == "cuda"   ? "cuda (" + o.dtype + ")"
