@@ -1,5 +1,6 @@
 // attnjit cache ls|stats|verify|clear: look after the kernel cache.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -30,7 +31,23 @@ std::string payload_problem(const std::string& arch, const std::vector<uint8_t>&
   return emu::emulator_entry_problem(arch, payload);
 }
 
+// A --cache-dir given to look after must be a cache's directory: a file there would read as
+// "disk cache disabled", and a missing one (a typo) would be created, listed empty or "cleared".
+void check_cache_dir(const std::string& dir) {
+  if (dir.empty()) return;  // the default cache (ATTNJIT_CACHE_DIR or ~/.cache/attnjit)
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(dir, ec);
+  if (st.type() == std::filesystem::file_type::not_found)
+    throw UserError("--cache-dir " + dir, "does not exist; give the directory of an existing kernel cache (attnjit compile and "
+                                          "precompile create one with --cache-dir)");
+  if (ec) throw UserError("--cache-dir " + dir, "cannot be read: " + ec.message());
+  if (st.type() != std::filesystem::file_type::directory)
+    throw UserError("--cache-dir " + dir, std::string(st.type() == std::filesystem::file_type::regular ? "is a file" : "is not a directory") +
+                                              "; give the directory of a kernel cache");
+}
+
 int run_cache(const CacheOptions& o) {
+  check_cache_dir(o.cache_dir);
   KernelCache& cache = kernel_cache_for(o.cache_dir);
   if (!cache.disk_enabled()) {
     std::cout << "cache: disk cache disabled (" << (cache.dir().empty() ? "no directory" : cache.dir()) << ")\n";
@@ -66,7 +83,8 @@ void register_cache(CLI::App& app, int& rc) {
   sub->add_option("action", o->action, "ls, stats, verify or clear")
       ->required()
       ->check(CLI::IsMember({"ls", "stats", "verify", "clear"}));
-  sub->add_option("--cache-dir", o->cache_dir, "kernel cache directory (default: ATTNJIT_CACHE_DIR or ~/.cache/attnjit)");
+  sub->add_option("--cache-dir", o->cache_dir,
+                  "kernel cache directory, which must exist (default: ATTNJIT_CACHE_DIR or ~/.cache/attnjit)");
   sub->callback([o, &rc] { rc = guarded([&] { return run_cache(*o); }); });
 }
 
