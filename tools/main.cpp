@@ -27,6 +27,14 @@ int main(int argc, char** argv) {
     std::cerr << "error: unknown subcommand \"" << argv[1] << "\"; the subcommands are " << names << "\n";
     return 1;
   }
-  CLI11_PARSE(app, argc, argv);
+  // CLI11's own errors (a value that does not convert or check, an unknown option) read as the
+  // others do, "error: ...", and exit with the same code 1 (CLI11's are 100 and up); --help and
+  // --version still exit 0.
+  app.failure_message([](const CLI::App* a, const CLI::Error& e) { return "error: " + CLI::FailureMessage::simple(a, e); });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 1;
+  }
   return rc;
 }
