@@ -10,6 +10,7 @@
 #include "compiler/jit/jit.hpp"
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"
+#include "compiler/support/nearest.hpp"
 #include "compiler/support/knobs.hpp"
 #include "compiler/support/read_file.hpp"
 #include "compiler/tune/autotune.hpp"
@@ -59,27 +60,6 @@ std::vector<KernelConfig> selected_configs(const TuningDb& db, const Pattern& p,
 }
 
 using json = nlohmann::json;
-
-// The choice nearest to `word` (edit distance), for "did you mean" (the spec reader does the same
-// in compiler/pattern/spec_json.cpp, where its helper is private to that file).
-std::string nearest(const std::string& word, const std::vector<std::string>& choices) {
-  auto distance = [](const std::string& a, const std::string& b) {
-    std::vector<size_t> row(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-      size_t diag = row[0];
-      row[0] = i;
-      for (size_t j = 1; j <= b.size(); ++j) {
-        const size_t up = row[j];
-        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-        diag = up;
-      }
-    }
-    return row[b.size()];
-  };
-  return *std::min_element(choices.begin(), choices.end(),
-                           [&](const std::string& x, const std::string& y) { return distance(word, x) < distance(word, y); });
-}
 
 // A JSON value as an error shows it: a scalar as written (at most 80 characters), else its type.
 std::string shown(const json& v) {

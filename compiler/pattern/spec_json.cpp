@@ -11,33 +11,13 @@
 
 #include "compiler/pattern/pattern_validate.hpp"
 #include "compiler/support/error.hpp"
+#include "compiler/support/nearest.hpp"
 #include "compiler/support/read_file.hpp"
 
 namespace attnjit {
 namespace {
 
 using json = nlohmann::json;
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-std::string nearest(const std::string& word, const std::vector<std::string>& choices) {
-  return *std::min_element(choices.begin(), choices.end(), [&](const std::string& x, const std::string& y) {
-    return edit_distance(word, x) < edit_distance(word, y);
-  });
-}
 
 // A JSON value as an error shows it: at most 80 characters.
 std::string shown(const json& j) {

@@ -1,0 +1,34 @@
+// "Did you mean": the choice nearest to a word a user mistyped, by edit distance (the spec reader's
+// unknown fields and rules, the precompile manifest's fields).
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace attnjit {
+
+// Levenshtein distance: the fewest insertions, deletions and substitutions from `a` to `b`.
+inline size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The first of `choices` (not empty) nearest to `word`.
+inline std::string nearest(const std::string& word, const std::vector<std::string>& choices) {
+  return *std::min_element(choices.begin(), choices.end(), [&](const std::string& x, const std::string& y) {
+    return edit_distance(word, x) < edit_distance(word, y);
+  });
+}
+
+}  // namespace attnjit
