@@ -410,7 +410,6 @@ nb::dict stats(const std::string& spec, int64_t seq_q, int64_t heads_q, int64_t 
   const Shape s = shape_of(1, seq_q, seq_k, heads_q, heads_kv, 64, 64, q_offset, k_offset);
   const Pattern p = pattern_of(spec);
   check_pattern_fits(p, s);
-  check_blocks_inside_sequence(p, q_offset + seq_q, k_offset + seq_k);  // as `attnjit mask` and `validate`
   const PatternStats st = pattern_stats(MaskContext{p, s, nullptr});
   nb::dict d;
   d["attended_pairs"] = st.attended_pairs;
@@ -463,7 +462,9 @@ nb::ndarray<nb::numpy, uint8_t> mask(const std::string& spec, int64_t seq_q, int
   const Shape s = shape_of(1, seq_q, seq_k, heads_q, heads_kv, 64, 64, q_offset, k_offset);
   const Pattern p = pattern_of(spec);
   check_pattern_fits(p, s);
-  check_blocks_inside_sequence(p, q_offset + seq_q, k_offset + seq_k);  // as `attnjit mask` and `validate`
+  // A whole sequence (no offsets): explicit blocks past it are a mistake, as `attnjit run` says. With
+  // offsets the call may be one chunk of a longer sequence, where such blocks attend nothing.
+  if (q_offset == 0 && k_offset == 0) check_blocks_inside_sequence(p, seq_q, seq_k);
   if (heads_q * seq_q * seq_k > (int64_t{1} << 30)) {
     throw UserError("mask", "heads_q * seq_q * seq_k = " + std::to_string(heads_q * seq_q * seq_k) +
                                 " entries is over 2^30; ask for fewer heads or shorter sequences (or use stats())");

@@ -123,7 +123,7 @@ PagedWorkspace paged_workspace(const PagedCapacity& cap, int32_t tile_q, int64_t
     if (n < 0 || n > INT32_MAX)
       throw UserError(std::string("PagedCapacity.") + name,
                       "is " + std::to_string(n) + "; expected 0 to 2^31 - 1 (size it with needs(call))");
-  if (cap.splits < 0 || cap.splits > 64)
+  if (cap.splits < 1 || cap.splits > 64)
     throw UserError("PagedCapacity.splits", "is " + std::to_string(cap.splits) + "; expected 1 to 64");
   PagedWorkspace w;
   size_t at = 0;

@@ -94,7 +94,8 @@ const json* list_field(const json& entry, const std::string& key, const std::str
   }
   if (!it->is_array()) throw UserError(where, std::string(kEntryFields) + "; \"" + key + "\" is " + shown(*it));
   if (it->empty())
-    throw UserError(where + "/" + key, "is empty, so this entry gives no kernels; list at least one " + what + " (or drop the entry)");
+    throw UserError(where + "/" + key, "is empty, so this entry gives no kernels; list at least one " + what +
+                                          (required ? " (or drop the entry)" : " (or leave the field out for its default)"));
   return &*it;
 }
 

@@ -39,9 +39,9 @@ class Pattern:
         if isinstance(spec, dict):
             try:  # JSON has no NaN or infinity: json.dumps would write tokens no JSON reader takes
                 text = json.dumps(spec, allow_nan=False)
-            except ValueError:
-                raise PatternError(f"pattern: a value of {spec!r} is NaN or infinite, which no field takes; "
-                                   "give finite numbers") from None
+            except ValueError as e:  # NaN, an infinity, or a dict that holds itself
+                raise PatternError(f"pattern: a value in the dict is NaN or infinite, or the dict holds itself ({e}); "
+                                   "JSON has no NaN or infinity: give finite numbers") from None
             return cls(text)
         if isinstance(spec, (str, bytes)):
             return cls(spec.decode() if isinstance(spec, bytes) else spec)

@@ -99,6 +99,8 @@ def fp8_attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, docs, d
         if d is None:
             raise TypeError(f"{name}: FP8 inputs need q_descale, k_descale and v_descale (a number, or an fp32 tensor "
                             "[] / [1] / [batch, heads_kv]; 1.0 where the codes are the values)")
+        if isinstance(d, np.ndarray) and d.ndim == 0:
+            d = d[()]  # a 0-d array: its number
         if not isinstance(d, torch.Tensor):
             if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, float, np.integer, np.floating)):
                 raise TypeError(f"{name}: expected a number or an fp32 tensor [] / [1] / [batch, heads_kv], got "

@@ -170,7 +170,8 @@ class BlockSparseAttention(_PatternAttention):
 
     def forward(self, q, k, v, is_causal=None, cu_seqlens=None):
         """As _PatternAttention's, the layout's blocks first checked against the sequence: [Qb, Kb]
-        must be [ceil(Sq / block), ceil(Sk / block)] (with packed documents: cover the longest)."""
+        must be at least [ceil(Sq / block), ceil(Sk / block)] (with packed documents: cover the
+        longest); blocks past the sequence attend nothing."""
         if getattr(self, "layout_shape", None) is not None and q.dim() == 4 and k.dim() == 4:
             self._check_layout(q.shape[1], k.shape[1], cu_seqlens)
         return super().forward(q, k, v, is_causal=is_causal, cu_seqlens=cu_seqlens)
@@ -194,11 +195,11 @@ class BlockSparseAttention(_PatternAttention):
                              f"{qb * self.block} query and {kb * self.block} key positions, but the longest document "
                              f"has {longest} tokens: give a layout of at least {need} x {need} blocks")
         need_q, need_k = -(-seq_q // self.block), -(-seq_k // self.block)
-        if (qb, kb) != (need_q, need_k):
+        if qb < need_q or kb < need_k:  # larger is fine: blocks past the sequence attend nothing
             want = list(self.layout_shape[:-2]) + [need_q, need_k]
-            raise ValueError(f"layout: {list(self.layout_shape)} blocks of {self.block} tokens do not fit a sequence "
-                             f"of {seq_q} queries and {seq_k} keys, which has {need_q} x {need_k} blocks: give a "
-                             f"{want} layout (or inputs of the length the layout is for)")
+            raise ValueError(f"layout: {list(self.layout_shape)} blocks of {self.block} tokens do not cover a sequence "
+                             f"of {seq_q} queries and {seq_k} keys, which has {need_q} x {need_k} blocks: give a layout "
+                             f"of at least {want} (one for the longest sequence serves every shorter one)")
 
 
 def _boolean_layout(layout):

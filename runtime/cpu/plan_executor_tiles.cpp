@@ -45,8 +45,8 @@ Column row_values(const float* base, int64_t b, int64_t seq, int64_t heads, int6
 }
 
 // The mask of a partial tile: keep(r, c) = 1 where the pair is attended, else 0, and the score of
-// a removed pair becomes -inf (so the row max ignores it). Eigen's exp clamps its argument (exp(-inf)
-// comes out as about 3e-39, not 0), so probabilities are multiplied by `keep` after the exp.
+// a removed pair becomes -inf (so the row max ignores it). The exp gives -inf exactly 0, but a row
+// whose LSE is NaN (it attended a NaN) would give NaN there too, so the exp selects 0 where `keep` is 0.
 void apply_mask(const ExecutorJob& job, int32_t branch, int32_t head, const RowMap& rows, const RowMap& keys, Matrix& s,
                 Matrix& keep) {
   // Positions: within the row's document when documents are packed (a tile never crosses one).

@@ -2,6 +2,7 @@
 float64 contract (conftest.dense_attention) on the values the codes stand for, within the bound
 docs/spec.md states ("FP8 inputs"); the emulated kernels (ATTNJIT_CPU_DEVICE=emu) alike; every
 refusal a clear error."""
+import numpy as np
 import pytest
 import torch
 
@@ -203,3 +204,13 @@ def test_descales_must_be_numbers():
         message = "FP8 inputs need" if bad is None else r"expected a number or an fp32 tensor .* got (bool|str|list)"
         with pytest.raises(TypeError, match=f"^q_descale: {message}"):
             attnjit.attention(q, q, q, pattern, q_descale=bad, k_descale=1.0, v_descale=1.0)
+
+
+def test_a_zero_dimensional_array_descale_is_its_number():
+    pattern = {"attnjit": 1, "branches": [{"segment": "full"}]}
+    q, _ = quantised((1, 8, 2, 8), 1.0, 7)
+    want = attnjit.attention(q, q, q, pattern, q_descale=0.5, k_descale=1.0, v_descale=1.0)
+    got = attnjit.attention(q, q, q, pattern, q_descale=np.array(0.5), k_descale=np.float32(1.0), v_descale=1.0)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="^q_descale: expected a number"):
+        attnjit.attention(q, q, q, pattern, q_descale=np.array(True), k_descale=1.0, v_descale=1.0)

@@ -180,21 +180,23 @@ def test_block_sparse_block_is_an_integer(block, error, message):
         ann.BlockSparseAttention(np.ones((2, 2), dtype=bool), block=block)
 
 
-def test_block_sparse_layout_must_fit_the_sequence():
-    # A layout of other block counts than ceil(S / block) was accepted: the rows past it attended
-    # nothing (O = 0), the blocks past the sequence were ignored.
+def test_block_sparse_layout_must_cover_the_sequence():
+    # A layout of fewer blocks than ceil(S / block) was accepted: the rows past it attended nothing
+    # (O = 0). A larger one is right: built for the longest sequence, its blocks past a shorter one
+    # attend nothing, and the output is the cut layout's.
     small = ann.BlockSparseAttention(torch.ones(2, 2, dtype=torch.bool), block=16)
     x = torch.randn(1, 64, 1, 16)
-    with pytest.raises(ValueError, match=r"^layout: \[2, 2\] blocks of 16 tokens do not fit a sequence of 64 queries and "
-                                         r"64 keys, which has 4 x 4 blocks: give a \[4, 4\] layout"):
+    with pytest.raises(ValueError, match=r"^layout: \[2, 2\] blocks of 16 tokens do not cover a sequence of 64 queries "
+                                         r"and 64 keys, which has 4 x 4 blocks: give a layout of at least \[4, 4\]"):
         small(x, x, x)
-    per_head = ann.BlockSparseAttention(np.ones((2, 4, 4), dtype=bool), block=16)
+    lay = torch.rand(2, 4, 4, generator=torch.Generator().manual_seed(3)) < 0.6
+    lay[:, torch.arange(4), torch.arange(4)] = True
     y = torch.randn(1, 40, 2, 16)
-    with pytest.raises(ValueError, match=r"^layout: \[2, 4, 4\] blocks .* 40 queries and 40 keys, which has 3 x 3 blocks: "
-                                         r"give a \[2, 3, 3\] layout"):
-        per_head(y, y, y)
+    got = ann.BlockSparseAttention(lay, block=16)(y, y, y)
+    want = ann.BlockSparseAttention(lay[:, :3, :3], block=16)(y, y, y)
+    torch.testing.assert_close(got, want)
     short = torch.randn(1, 20, 1, 16)
-    with pytest.raises(ValueError, match=r"which has 2 x 4 blocks: give a \[2, 4\] layout"):
+    with pytest.raises(ValueError, match=r"which has 2 x 4 blocks: give a layout of at least \[2, 4\]"):
         small(short, x, x)  # queries 20 (2 blocks), keys 64 (4 blocks)
     assert small(x[:, :32], x[:, :32], x[:, :32]).shape == (1, 32, 1, 16)
     assert small(x[:, :25], x[:, :25], x[:, :25]).shape == (1, 25, 1, 16)  # a last block shorter

@@ -69,16 +69,19 @@ def test_a_huge_mask_is_refused_clearly():
         p.mask(65536, 16)
 
 
-def test_explicit_blocks_outside_the_sequence_are_refused_by_mask_and_stats():
-    # As `attnjit mask` and `validate`: a whole sequence is given, so a block past it is a mistake;
-    # with an offset the call may be one chunk of a longer sequence, and the block may lie beyond.
+def test_explicit_blocks_outside_a_whole_sequence_are_refused_by_mask():
+    # As `attnjit run` without offsets: mask() of a whole sequence (offsets 0) refuses a block past
+    # it. With offsets the call may be one chunk of a longer sequence, where the block may lie
+    # beyond the chunk (and attends nothing there) or inside it; stats() is what the
+    # sequence-parallel planners call per chunk, so it never refuses.
     p = attnjit.Pattern.from_json({"attnjit": 1, "branches": [{"segment": "full", "layout": {
         "block": 8, "explicit": {"blocks": [[0, 0], [100, 100]]}}}]})
-    for call in (p.mask, p.stats):
-        with pytest.raises(attnjit.AttnjitError, match="block \\[100, 100\\] lies outside the sequence"):
-            call(24, 1)
-    assert p.mask(24, 1, q_offset=800, k_offset=800).sum() > 0
-    assert p.stats(24, 1, q_offset=800, k_offset=800)["attended_pairs"] > 0
+    with pytest.raises(attnjit.AttnjitError, match="block \\[100, 100\\] lies outside the sequence"):
+        p.mask(24, 1)
+    assert p.mask(24, 1, q_offset=8, k_offset=8).sum() == 0  # neither block among rows and keys 8..31
+    assert p.mask(24, 1, q_offset=800, k_offset=800).sum() == 8 * 8  # block 100 is rows and keys 800..807
+    assert p.stats(24, 1)["attended_pairs"] == 8 * 8  # the chunk of rows 0..23: block 0 only
+    assert p.stats(24, 1, q_offset=800, k_offset=800)["attended_pairs"] == 8 * 8
 
 
 def test_the_ops_carry_the_spec_on_one_line():
