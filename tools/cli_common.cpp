@@ -228,7 +228,8 @@ void check_distinct_outputs(const std::vector<std::pair<std::string, std::string
 }
 
 void check_device_options(const std::string& device, const CLI::Option* executor, const std::string& executor_value,
-                          const CLI::Option* arch, const std::string& arch_value) {
+                          const CLI::Option* arch, const std::string& arch_value, const CLI::Option* tile,
+                          const std::string& tile_value, const std::string& dtype) {
   if (executor->count() > 0 && device != "cpu") {
     throw UserError("--executor " + executor_value, "chooses how the cpu device runs; --device " + device +
                                                         " runs the generated kernel (drop --executor, or use --device cpu)");
@@ -239,6 +240,16 @@ void check_device_options(const std::string& device, const CLI::Option* executor
                                                                             : "a gpu runs the kernel of its own arch"));
   }
   if (device == "emu") emu_device(arch_value);  // an arch no GPU has, before anything is read
+  const bool kernel = device != "cpu";
+  if (tile->count() > 0 && (kernel || executor_value != "plan"))
+    throw UserError("--tile " + tile_value, kernel ? "applies to --device cpu --executor plan (the plan's tile); --device " + device +
+                                                         " runs the generated kernels at their own tiles (--kernel-tile)"
+                                                   : std::string("applies to --executor plan (the plan's tile); the reference "
+                                                                 "executor has no tiles"));
+  const DType d = parse_dtype(dtype);
+  if (!kernel && (d == DType::F16 || d == DType::BF16))
+    throw UserError("--dtype " + dtype, "applies to --device cuda or emu (the dtype the kernels read); the cpu executors compute "
+                                        "from the inputs as given (the reference in float64, the plan executor in float32)");
 }
 
 void check_host_memory(double bytes, int64_t max_bytes, const std::string& tensors) {

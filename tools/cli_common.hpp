@@ -68,10 +68,12 @@ int guarded(const std::function<int()>& body);
 // file are an error (the second would overwrite the first).
 void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
 
-// run and grad: --executor chooses between the CPU device's executors and --arch names the
-// emulated arch; given for another device they would be ignored, so they are errors.
+// run and grad: --executor chooses between the CPU device's executors, --arch names the emulated
+// arch, --tile is the plan executor's and --dtype fp16/bf16 what the kernels read; given where
+// nothing reads them they would be ignored, so they are errors naming where they apply.
 void check_device_options(const std::string& device, const CLI::Option* executor, const std::string& executor_value,
-                          const CLI::Option* arch, const std::string& arch_value);
+                          const CLI::Option* arch, const std::string& arch_value, const CLI::Option* tile,
+                          const std::string& tile_value, const std::string& dtype);
 
 // Host memory a call's tensors need: above `max_bytes` (0: the machine's physical memory) a
 // UserError naming --max-bytes, the estimate and what it counts (`tensors`).

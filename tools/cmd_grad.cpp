@@ -29,23 +29,16 @@ struct GradOptions {
   CLI::Option *executor_option = nullptr, *arch_option = nullptr, *tile_option = nullptr;
 };
 
-// Options that only some devices or executors read: given where none does, they would be ignored,
-// so they are errors naming where they apply (docs/cli.md).
+// Options of grad's alone that only some devices or executors read (the ones run shares:
+// check_device_options): given where none does, they would be ignored, so they are errors naming
+// where they apply (docs/cli.md).
 void check_grad_options(const GradOptions& o) {
   const bool kernel = o.device != "cpu";
   if (!kernel && o.executor == "reference" && (!o.o.empty() || !o.lse.empty()))
     throw UserError("--o/--lse", "are read by --executor plan and --device cuda or emu (the backward from the forward's O and LSE); "
                                  "the reference executor recomputes the forward itself, so it would ignore them (drop them, or use "
                                  "--executor plan)");
-  if (o.tile_option->count() > 0 && (kernel || o.executor != "plan"))
-    throw UserError("--tile " + o.tile, kernel ? "applies to --device cpu --executor plan (the plan's tile); --device " + o.device +
-                                                     " runs the generated kernels at their own tiles"
-                                               : std::string("applies to --executor plan (the plan's tile); the reference executor has no tiles"));
   if (kernel) return;
-  const DType dtype = parse_dtype(o.dtype);
-  if (dtype == DType::F16 || dtype == DType::BF16)
-    throw UserError("--dtype " + o.dtype, "applies to --device cuda or emu (the dtype the kernels read); the cpu executors compute "
-                                          "from the inputs as given (the reference in float64, the plan executor in float32)");
   if (o.deterministic)
     throw UserError("--deterministic", "applies to --device cuda or emu; the cpu executors are always deterministic");
 }
@@ -78,7 +71,7 @@ int run_grad(const GradOptions& o) {
     throw UserError(o.o.empty() ? "--lse" : "--o", "give the forward's O and LSE together (--o O.npy --lse LSE.npy), or "
                                                    "neither and grad runs the forward first");
   }
-  check_device_options(o.device, o.executor_option, o.executor, o.arch_option, o.arch);
+  check_device_options(o.device, o.executor_option, o.executor, o.arch_option, o.arch, o.tile_option, o.tile, o.dtype);
   check_grad_options(o);
   check_distinct_outputs({{"--dq", o.dq}, {"--dk", o.dk}, {"--dv", o.dv}});
   InputOptions inputs = o.in;

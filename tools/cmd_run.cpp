@@ -36,8 +36,9 @@ struct RunOptions {
               *tile_option = nullptr;
 };
 
-// Options that only some devices or executors read: given where none does, they would be ignored,
-// so they are errors naming where they apply (docs/cli.md).
+// Options of run's alone that only some devices or executors read (the ones grad shares:
+// check_device_options): given where none does, they would be ignored, so they are errors naming
+// where they apply (docs/cli.md).
 void check_run_options(const RunOptions& o) {
   const bool kernel = o.device != "cpu";
   if (!kernel) {
@@ -47,19 +48,10 @@ void check_run_options(const RunOptions& o) {
     if (o.stages_option->count() > 0)
       throw UserError("--stages " + std::to_string(o.stages),
                       "applies to --device cuda or emu (the kernel's cp.async stages); the cpu device runs no kernel");
-    const DType dtype = parse_dtype(o.dtype);
-    if (dtype == DType::F16 || dtype == DType::BF16)
-      throw UserError("--dtype " + o.dtype, "applies to --device cuda or emu (the dtype the kernel reads); the cpu executors compute "
-                                            "from the inputs as given (the reference in float64, the plan executor in float32) "
-                                            "and take fp8_e4m3 alone of the other dtypes");
     if (!o.out_dtype.empty())
       throw UserError("--out-dtype " + o.out_dtype, "applies to --device cuda or emu (the dtype the kernel writes O in); the cpu "
                                                     "executors write O in float32");
   }
-  if (o.tile_option->count() > 0 && (kernel || o.executor != "plan"))
-    throw UserError("--tile " + o.tile, kernel ? "applies to --device cpu --executor plan (the plan's tile); --device " + o.device +
-                                                     " runs the kernel, whose tile is --kernel-tile"
-                                               : std::string("applies to --executor plan (the plan's tile); the reference executor has no tiles"));
   if (o.pack_branches && (kernel || o.executor != "plan"))
     throw UserError("--pack-branches", kernel ? "applies to --device cpu --executor plan; --device " + o.device +
                                                     " packs branches already (ATTNJIT_PACK_BRANCHES=0 turns it off)"
@@ -83,12 +75,12 @@ int64_t quantise_e4m3(std::vector<float>& x, float descale, std::vector<float>& 
 
 int run_attention(const RunOptions& o) {
   const Pattern p = load_spec(o.spec);
-  check_device_options(o.device, o.executor_option, o.executor, o.arch_option, o.arch);
   const DType dtype = parse_dtype(o.dtype);
   if (!o.out_dtype.empty() && dtype != DType::E4M3)
     throw UserError("--out-dtype", "is for --dtype fp8_e4m3 only (other dtypes write O in their own)");
   if (dtype != DType::E4M3 && (o.q_descale != 1 || o.k_descale != 1 || o.v_descale != 1))
     throw UserError("--q-descale/--k-descale/--v-descale", "are for --dtype fp8_e4m3 only");
+  check_device_options(o.device, o.executor_option, o.executor, o.arch_option, o.arch, o.tile_option, o.tile, o.dtype);
   check_run_options(o);
   check_distinct_outputs({{"--out", o.out}, {"--lse", o.lse}, {"--weights", o.weights}});
   InputOptions inputs = o.in;
