@@ -72,11 +72,7 @@ std::string shown(const json& v) {
 // leave a deployment without the kernels it asked for), naming the nearest valid one.
 void check_fields(const json& obj, const std::string& where, const std::vector<std::string>& allowed) {
   for (const auto& [key, value] : obj.items()) {
-    if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
-    std::string valid;
-    for (const std::string& a : allowed) valid += (valid.empty() ? "" : ", ") + a;
-    throw UserError(where + "/" + printable(key), "unknown field \"" + printable(key) + "\"; did you mean \"" + nearest(key, allowed) +
-                                                      "\"? (valid here: " + valid + ")");
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) throw unknown_field(where, key, allowed);
   }
 }
 

@@ -54,10 +54,7 @@ const char* type_name(const json& j) {
 void check_fields(const json& obj, const std::string& path, const std::vector<std::string>& allowed) {
   if (!obj.is_object()) wrong_type(obj, path.empty() ? "/" : path, "an object");
   for (const auto& [key, value] : obj.items()) {
-    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-      throw UserError(path + "/" + printable(key), "unknown field \"" + printable(key) + "\"; did you mean \"" +
-                                                       nearest(key, allowed) + "\"? (valid here: " + list(allowed) + ")");
-    }
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) throw unknown_field(path, key, allowed);
   }
 }
 

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "compiler/support/error.hpp"
+
 namespace attnjit {
 
 // Levenshtein distance: the fewest insertions, deletions and substitutions from `a` to `b`.
@@ -29,6 +31,14 @@ inline std::string nearest(const std::string& word, const std::vector<std::strin
   return *std::min_element(choices.begin(), choices.end(), [&](const std::string& x, const std::string& y) {
     return edit_distance(word, x) < edit_distance(word, y);
   });
+}
+
+// The error for a field `key` at `path` that is none of `allowed`: the nearest valid one, then all.
+inline UserError unknown_field(const std::string& path, const std::string& key, const std::vector<std::string>& allowed) {
+  std::string valid;
+  for (const std::string& a : allowed) valid += (valid.empty() ? "" : ", ") + a;
+  return UserError(path + "/" + printable(key), "unknown field \"" + printable(key) + "\"; did you mean \"" + nearest(key, allowed) +
+                                                    "\"? (valid here: " + valid + ")");
 }
 
 }  // namespace attnjit
