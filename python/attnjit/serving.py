@@ -466,25 +466,12 @@ class GraphWorkspace:
 
 
 def _check_output(name, x, shape, dtype, device):
-    """An output tensor the kernels write: `shape`, `dtype`, on `device`, one element of memory per
-    entry (an expanded view would have several entries written to one place: the last write wins)."""
+    """An output tensor the kernels write: `shape`, `dtype`, on `device` (the extension passes its
+    pointer, shape and strides, with the dtype taken as given). Entries that share memory (an
+    expanded view) are refused by the runtime's check of every output, as "o" and "lse"."""
     if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape or x.dtype != dtype or x.device != device:
         got = f"{x.dtype} {list(x.shape)} on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"{name}: expected {dtype} {list(shape)} on {device}, got {got}")
-    if _overlapping(x):
-        raise ValueError(f"{name}: its entries overlap in memory (strides {tuple(x.stride())} for shape {tuple(x.shape)}, "
-                         "as an expanded view has); give a tensor with memory of its own per entry, e.g. torch.empty")
-
-
-def _overlapping(x):
-    """Whether two entries of `x` may share memory: its dimensions of size > 1, by stride, must each
-    step past all the smaller ones (as every dense tensor and every slice of one does)."""
-    extent = 0  # the largest offset the dimensions so far reach
-    for stride, size in sorted((st, n) for st, n in zip(x.stride(), x.shape) if n > 1):
-        if stride <= extent:
-            return True
-        extent += stride * (size - 1)
-    return False
 
 
 def _share_memory(x, y):
