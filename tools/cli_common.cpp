@@ -70,13 +70,21 @@ Shape ShapeOptions::shape() const {
   return s;
 }
 
-void add_device_option(CLI::App* app, std::string& device, const std::string& emu_runs) {
+void DeviceOptions::add_to(CLI::App* app, const std::string& kernels) {
   app->add_option("--device", device,
-                  "where to run: cpu (reference or plan executor), cuda (GPU 0; gpu is the same), or emu (" + emu_runs +
+                  "where to run: cpu (reference or plan executor), cuda (GPU 0; gpu is the same), or emu (" + kernels +
                       " in the CPU emulator)")
       ->transform([](std::string v) { return v == "gpu" ? std::string("cuda") : v; }, "gpu is cuda")
       ->check(CLI::IsMember({"cpu", "cuda", "emu"}))
       ->capture_default_str();
+  arch_option = app->add_option("--arch", arch, "with --device emu: the GPU arch to emulate (sm_75, sm_80, ...)")
+                    ->capture_default_str();
+  executor_option = app->add_option("--executor", executor,
+                                    "with --device cpu: the float64 reference, or the plan executor (float32, tile by tile)")
+                        ->check(CLI::IsMember({"reference", "plan"}))
+                        ->capture_default_str();
+  tile_option = app->add_option("--tile", tile, "with --device cpu --executor plan: the plan's tile")->capture_default_str();
+  threads_option = app->add_option("--threads", threads, "with --device cpu: the executor's threads (0: all)");
 }
 
 void add_cu_seqlens_option(CLI::App* app, DocumentsOption& option) {
@@ -227,27 +235,29 @@ void check_distinct_outputs(const std::vector<std::pair<std::string, std::string
   }
 }
 
-void check_device_options(const std::string& device, const CLI::Option* executor, const std::string& executor_value,
-                          const CLI::Option* arch, const std::string& arch_value, const CLI::Option* tile,
-                          const std::string& tile_value, const std::string& dtype) {
-  if (executor->count() > 0 && device != "cpu") {
-    throw UserError("--executor " + executor_value, "chooses how the cpu device runs; --device " + device +
-                                                        " runs the generated kernel (drop --executor, or use --device cpu)");
+void DeviceOptions::check() const {
+  if (executor_option->count() > 0 && kernel()) {
+    throw UserError("--executor " + executor, "chooses how the cpu device runs; --device " + device +
+                                                  " runs the generated kernel (drop --executor, or use --device cpu)");
   }
-  if (arch->count() > 0 && device != "emu") {
-    throw UserError("--arch " + arch_value, "applies to --device emu (the arch whose kernel is emulated); " +
-                                                std::string(device == "cpu" ? "the cpu device runs no kernel"
-                                                                            : "a gpu runs the kernel of its own arch"));
+  if (threads_option->count() > 0 && kernel()) {
+    throw UserError("--threads " + std::to_string(threads),
+                    "applies to --device cpu (the executor's threads); " +
+                        std::string(device == "emu" ? "the emulator's threads are ATTNJIT_EMU_THREADS" : "a GPU runs the kernel itself"));
   }
-  if (device == "emu") emu_device(arch_value);  // an arch no GPU has, before anything is read
-  const bool kernel = device != "cpu";
-  if (tile->count() > 0 && (kernel || executor_value != "plan"))
-    throw UserError("--tile " + tile_value, kernel ? "applies to --device cpu --executor plan (the plan's tile); --device " + device +
-                                                         " runs the generated kernels at their own tiles (--kernel-tile)"
-                                                   : std::string("applies to --executor plan (the plan's tile); the reference "
-                                                                 "executor has no tiles"));
+  if (arch_option->count() > 0 && device != "emu") {
+    throw UserError("--arch " + arch, "applies to --device emu (the arch whose kernel is emulated); " +
+                                          std::string(device == "cpu" ? "the cpu device runs no kernel"
+                                                                      : "a gpu runs the kernel of its own arch"));
+  }
+  if (device == "emu") emu_device(arch);  // an arch no GPU has, before anything is read
+  if (tile_option->count() > 0 && (kernel() || executor != "plan"))
+    throw UserError("--tile " + tile, kernel() ? "applies to --device cpu --executor plan (the plan's tile); --device " + device +
+                                                     " runs the generated kernels at their own tiles (--kernel-tile)"
+                                               : std::string("applies to --executor plan (the plan's tile); the reference "
+                                                             "executor has no tiles"));
   const DType d = parse_dtype(dtype);
-  if (!kernel && (d == DType::F16 || d == DType::BF16))
+  if (!kernel() && (d == DType::F16 || d == DType::BF16))
     throw UserError("--dtype " + dtype, "applies to --device cuda or emu (the dtype the kernels read); the cpu executors compute "
                                         "from the inputs as given (the reference in float64, the plan executor in float32)");
 }

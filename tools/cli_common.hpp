@@ -46,8 +46,6 @@ struct DocumentsOption {
   bool given = false;
 };
 void add_cu_seqlens_option(CLI::App* app, DocumentsOption& option);
-// --device cpu|cuda|emu, the API's names (Device::cpu/cuda/emu); "gpu" is read as "cuda".
-void add_device_option(CLI::App* app, std::string& device, const std::string& emu_runs);
 // The documents of a call: parsed and checked against the pattern and shape (check_documents), or
 // nothing when the option was not given.
 std::optional<std::vector<int64_t>> documents_for(const Pattern& p, const Shape& s, const DocumentsOption& option,
@@ -68,12 +66,20 @@ int guarded(const std::function<int()>& body);
 // file are an error (the second would overwrite the first).
 void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
 
-// run and grad: --executor chooses between the CPU device's executors, --arch names the emulated
-// arch, --tile is the plan executor's and --dtype fp16/bf16 what the kernels read; given where
-// nothing reads them they would be ignored, so they are errors naming where they apply.
-void check_device_options(const std::string& device, const CLI::Option* executor, const std::string& executor_value,
-                          const CLI::Option* arch, const std::string& arch_value, const CLI::Option* tile,
-                          const std::string& tile_value, const std::string& dtype);
+// Where run and grad compute, and the options only some devices read: --device cpu|cuda|emu (the
+// API's names; "gpu" is read as "cuda"), --executor and --threads (the cpu device's executors),
+// --tile (the plan executor's), --arch (the emulated arch) and --dtype (fp16/bf16: what the kernels
+// read; each command registers it with its own help). check() makes an option given where nothing
+// reads it an error naming where it applies, since it would otherwise be ignored.
+struct DeviceOptions {
+  std::string device = "cpu", executor = "reference", tile = "64x64", dtype = "fp32", arch = "sm_80";
+  unsigned threads = 0;
+  CLI::Option *executor_option = nullptr, *arch_option = nullptr, *tile_option = nullptr, *threads_option = nullptr;
+  // `kernels`: what --device cuda|emu runs ("the GPU kernel"), for the help text.
+  void add_to(CLI::App* app, const std::string& kernels);
+  void check() const;
+  bool kernel() const { return device != "cpu"; }
+};
 
 // Host memory a call's tensors need: above `max_bytes` (0: the machine's physical memory) a
 // UserError naming --max-bytes, the estimate and what it counts (`tensors`).

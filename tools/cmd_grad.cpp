@@ -19,18 +19,15 @@
 namespace attnjit::cli {
 
 namespace {
-struct GradOptions {
-  std::string spec, dout, o, lse, dlse, dq, dk, dv, dynamic, device = "cpu", executor = "reference", tile = "64x64",
-              dtype = "fp32", arch = "sm_80";
+struct GradOptions : DeviceOptions {
+  std::string spec, dout, o, lse, dlse, dq, dk, dv, dynamic;
   DocumentsOption cu_seqlens;
   InputOptions in;
-  unsigned threads = 0;
   bool deterministic = false;
-  CLI::Option *executor_option = nullptr, *arch_option = nullptr, *tile_option = nullptr;
 };
 
 // Options of grad's alone that only some devices or executors read (the ones run shares:
-// check_device_options): given where none does, they would be ignored, so they are errors naming
+// DeviceOptions::check): given where none does, they would be ignored, so they are errors naming
 // where they apply (docs/cli.md).
 void check_grad_options(const GradOptions& o) {
   const bool kernel = o.device != "cpu";
@@ -71,7 +68,7 @@ int run_grad(const GradOptions& o) {
     throw UserError(o.o.empty() ? "--lse" : "--o", "give the forward's O and LSE together (--o O.npy --lse LSE.npy), or "
                                                    "neither and grad runs the forward first");
   }
-  check_device_options(o.device, o.executor_option, o.executor, o.arch_option, o.arch, o.tile_option, o.tile, o.dtype);
+  o.check();
   check_grad_options(o);
   check_distinct_outputs({{"--dq", o.dq}, {"--dk", o.dk}, {"--dv", o.dv}});
   InputOptions inputs = o.in;
@@ -158,17 +155,10 @@ void register_grad(CLI::App& app, int& rc) {
   sub->add_option("--dv", o->dv, "write dV (float32 [batch, seq_k, heads_kv, head_dim_v]) here");
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
   add_cu_seqlens_option(sub, o->cu_seqlens);
-  add_device_option(sub, o->device, "the generated kernels");
+  o->DeviceOptions::add_to(sub, "the generated kernels");
   sub->add_option("--dtype", o->dtype, "with --device cuda|emu: the dtype the inputs are converted to (fp32, fp16, bf16; the cpu "
                                        "executors take fp32, the default)")
       ->capture_default_str();
-  o->arch_option = sub->add_option("--arch", o->arch, "with --device emu: the GPU arch whose kernels are emulated")->capture_default_str();
-  o->executor_option = sub->add_option("--executor", o->executor,
-                                        "with --device cpu: the float64 reference, or the plan executor (float32, tile by tile)")
-                           ->check(CLI::IsMember({"reference", "plan"}))
-                           ->capture_default_str();
-  o->tile_option = sub->add_option("--tile", o->tile, "tile size for --executor plan")->capture_default_str();
-  sub->add_option("--threads", o->threads, "CPU threads (0: all)");
   sub->add_flag("--deterministic", o->deterministic,
                 "with --device cuda|emu: bitwise-reproducible gradients (the CPU executors always are)");
   sub->callback([o, &rc] { rc = guarded([&] { return run_grad(*o); }); });

@@ -22,22 +22,19 @@
 namespace attnjit::cli {
 
 namespace {
-struct RunOptions {
-  std::string spec, out, lse, weights, dynamic, device = "cpu", executor = "reference", tile = "64x64", dtype = "fp32",
-              arch = "sm_80", kernel_tile = "default";
+struct RunOptions : DeviceOptions {
+  std::string spec, out, lse, weights, dynamic, kernel_tile = "default";
   DocumentsOption cu_seqlens;
   int stages = 0;
   InputOptions in;
-  unsigned threads = 0;
   bool pack_branches = false;
   std::string out_dtype;                          // fp8_e4m3 inputs: bf16 (default) or fp16
   float q_descale = 1, k_descale = 1, v_descale = 1;  // fp8_e4m3 inputs: value = code x descale
-  CLI::Option *executor_option = nullptr, *arch_option = nullptr, *kernel_tile_option = nullptr, *stages_option = nullptr,
-              *tile_option = nullptr;
+  CLI::Option *kernel_tile_option = nullptr, *stages_option = nullptr;
 };
 
 // Options of run's alone that only some devices or executors read (the ones grad shares:
-// check_device_options): given where none does, they would be ignored, so they are errors naming
+// DeviceOptions::check): given where none does, they would be ignored, so they are errors naming
 // where they apply (docs/cli.md).
 void check_run_options(const RunOptions& o) {
   const bool kernel = o.device != "cpu";
@@ -80,7 +77,7 @@ int run_attention(const RunOptions& o) {
     throw UserError("--out-dtype", "is for --dtype fp8_e4m3 only (other dtypes write O in their own)");
   if (dtype != DType::E4M3 && (o.q_descale != 1 || o.k_descale != 1 || o.v_descale != 1))
     throw UserError("--q-descale/--k-descale/--v-descale", "are for --dtype fp8_e4m3 only");
-  check_device_options(o.device, o.executor_option, o.executor, o.arch_option, o.arch, o.tile_option, o.tile, o.dtype);
+  o.check();
   check_run_options(o);
   check_distinct_outputs({{"--out", o.out}, {"--lse", o.lse}, {"--weights", o.weights}});
   InputOptions inputs = o.in;
@@ -182,7 +179,7 @@ void register_run(CLI::App& app, int& rc) {
                   "refused above ATTNJIT_MAX_WEIGHTS elements");
   sub->add_option("--dynamic", o->dynamic, "CSR table for a dynamic layout (JSON)");
   add_cu_seqlens_option(sub, o->cu_seqlens);
-  add_device_option(sub, o->device, "the GPU kernel");
+  o->DeviceOptions::add_to(sub, "the GPU kernel");
   sub->add_option("--dtype", o->dtype,
                   "with --device cuda|emu: the dtype the inputs are converted to (fp32, fp16, bf16); fp8_e4m3 on every "
                   "device and executor: the inputs quantised to e4m3 codes of value / descale (the cpu executors take "
@@ -192,18 +189,10 @@ void register_run(CLI::App& app, int& rc) {
   sub->add_option("--q-descale", o->q_descale, "with --dtype fp8_e4m3: q's descale factor (value = code x factor)")->capture_default_str();
   sub->add_option("--k-descale", o->k_descale, "with --dtype fp8_e4m3: k's descale factor")->capture_default_str();
   sub->add_option("--v-descale", o->v_descale, "with --dtype fp8_e4m3: v's descale factor")->capture_default_str();
-  o->arch_option = sub->add_option("--arch", o->arch, "with --device emu: the GPU arch whose kernel is emulated (sm_75, sm_80, ...)")
-                       ->capture_default_str();
   o->kernel_tile_option =
       sub->add_option("--kernel-tile", o->kernel_tile, "with --device cuda|emu: kernel tile QxK, or QxKwN for N warps, or default")
           ->capture_default_str();
   o->stages_option = sub->add_option("--stages", o->stages, "with --device cuda|emu: cp.async stages (0: default)");
-  sub->add_option("--threads", o->threads, "CPU threads (0: all)");
-  o->executor_option = sub->add_option("--executor", o->executor,
-                                        "with --device cpu: the float64 reference, or the plan executor (float32, tile by tile)")
-                           ->check(CLI::IsMember({"reference", "plan"}))
-                           ->capture_default_str();
-  o->tile_option = sub->add_option("--tile", o->tile, "tile size for --executor plan")->capture_default_str();
   sub->add_flag("--pack-branches", o->pack_branches,
                 "--executor plan: a pair several branches attend computed once, weighted by their number (as the CPU device runs it)");
   sub->callback([o, &rc] { rc = guarded([&] { return run_attention(*o); }); });
