@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "compiler/driver/precompile.hpp"
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/knobs.hpp"
@@ -32,6 +33,7 @@ struct TuneOptions {
   int64_t heads_q = 16, heads_kv = 0;  // heads_kv 0: heads_q
   double seconds = 2.0;
   bool show = false, backward = false, refresh = false;
+  CLI::Option *head_dim_option = nullptr, *head_dim_v_option = nullptr, *dtype_option = nullptr;
 };
 
 struct TuneJob {
@@ -53,11 +55,13 @@ std::vector<int64_t> parse_seqs(const std::string& text) {
   return out;
 }
 
-// A spec gives one job; a precompile manifest ({"attnjit_manifest": 1, "entries": [{"patterns",
-// "head_dims", "dtypes"}]}) one per pattern, head dim and dtype (the options fill what it omits).
+// A spec gives one job, at --head-dim and --dtype; a precompile manifest one per pattern, head dim
+// and dtype of each entry, read as strictly as precompile reads it (read_manifest: a typo is an
+// error, never an entry tuned at other head dims than asked). Its head dims and dtypes are the
+// entries' own, so --head-dim, --head-dim-v and --dtype with a manifest are errors; its "tiles"
+// and "backward" are precompile's (tune times every candidate, of the forward or with --backward
+// of the backward kernels).
 std::vector<TuneJob> load_jobs(const TuneOptions& o) {
-  const DType dtype = parse_dtype(o.dtype);
-  const int dv = o.head_dim_v ? o.head_dim_v : o.head_dim;
   const std::string text = read_small_file(o.input, "spec or manifest");
   nlohmann::json j;
   try {
@@ -65,26 +69,22 @@ std::vector<TuneJob> load_jobs(const TuneOptions& o) {
   } catch (const nlohmann::json::exception&) {
     j = nullptr;  // load_spec_file reports the JSON error with its position
   }
-  if (!j.is_object() || !j.contains("attnjit_manifest")) return {TuneJob{o.input, load_spec_file(o.input), o.head_dim, dv, dtype}};
+  if (!j.is_object() || !j.contains("attnjit_manifest")) {
+    const int dv = o.head_dim_v ? o.head_dim_v : o.head_dim;
+    return {TuneJob{o.input, load_spec_file(o.input), o.head_dim, dv, parse_dtype(o.dtype)}};
+  }
+  for (const CLI::Option* given : {o.head_dim_option, o.head_dim_v_option, o.dtype_option})
+    if (given->count() > 0)
+      throw UserError(given->get_name(), "applies to a spec; " + o.input + " is a manifest, whose entries name their own "
+                                         "\"head_dims\" and \"dtypes\" (drop " + given->get_name() + ")");
   std::vector<TuneJob> jobs;
   const fs::path dir = fs::path(o.input).parent_path();
-  try {
-    for (const nlohmann::json& e : j.at("entries")) {
-      const auto dims = e.contains("head_dims") ? e["head_dims"].get<std::vector<int>>() : std::vector<int>{o.head_dim};
-      std::vector<DType> dtypes = {dtype};
-      if (e.contains("dtypes")) {
-        dtypes.clear();
-        for (const std::string& d : e["dtypes"].get<std::vector<std::string>>()) dtypes.push_back(parse_dtype(d));
-      }
-      for (const std::string& spec : e.at("patterns").get<std::vector<std::string>>()) {
-        const Pattern p = load_spec_file((dir / spec).string());
-        for (int d : dims)
-          for (DType dt : dtypes) jobs.push_back(TuneJob{spec, p, d, d, dt});
-      }
+  for (const ManifestEntry& e : read_manifest(o.input))
+    for (const std::string& spec : e.patterns) {
+      const Pattern p = load_spec_file((dir / spec).string());
+      for (int d : e.head_dims)
+        for (DType dt : e.dtypes) jobs.push_back(TuneJob{spec, p, d, d, dt});
     }
-  } catch (const nlohmann::json::exception&) {
-    throw UserError(o.input, "a manifest needs \"entries\": [{\"patterns\": [...], \"head_dims\": [...], \"dtypes\": [...]}]");
-  }
   return jobs;
 }
 
@@ -211,9 +211,10 @@ void register_tune(CLI::App& app, int& rc) {
   CLI::App* sub = app.add_subcommand("tune", "time kernel configs on this GPU and record the best in the tuning database");
   sub->add_option("input", o->input, "pattern spec or precompile manifest (JSON)");
   sub->add_option("--seq", o->seqs, "sequence lengths, comma separated")->capture_default_str();
-  sub->add_option("--head-dim", o->head_dim, "head dimension")->capture_default_str();
-  sub->add_option("--head-dim-v", o->head_dim_v, "head dimension of V (default: --head-dim)");
-  sub->add_option("--dtype", o->dtype, "fp16, bf16 or fp32")->capture_default_str();
+  o->head_dim_option = sub->add_option("--head-dim", o->head_dim, "a spec's head dimension (a manifest names its own)")->capture_default_str();
+  o->head_dim_v_option = sub->add_option("--head-dim-v", o->head_dim_v, "a spec's head dimension of V (default: --head-dim)");
+  o->dtype_option = sub->add_option("--dtype", o->dtype, "a spec's dtype: fp16, bf16, fp32 or fp8_e4m3 (a manifest names its own)")
+                        ->capture_default_str();
   // The same names as run, validate and mask.
   sub->add_option("--heads-q", o->heads_q, "query heads")->capture_default_str()->check(at_least(1));
   sub->add_option("--heads-kv", o->heads_kv, "key/value heads (default: --heads-q)")->check(at_least(1));
