@@ -6,6 +6,7 @@
 
 #include "compiler/jit/jit.hpp"
 #include "compiler/nvrtc/cubin_info.hpp"
+#include "compiler/support/knobs.hpp"
 #include "emulator/emu_compiler.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/commands.hpp"
@@ -48,6 +49,16 @@ void check_cache_dir(const std::string& dir) {
 
 int run_cache(const CacheOptions& o) {
   check_cache_dir(o.cache_dir);
+  // The default cache (ATTNJIT_CACHE_DIR or ~/.cache/attnjit) before anything was compiled into
+  // it: said as such, not created (ATTNJIT_CACHE_DIR=/typo would otherwise make /typo), and nothing
+  // is wrong with it.
+  const std::string dir = knobs().cache_dir;
+  std::error_code ec;
+  if (o.cache_dir.empty() && !dir.empty() && std::filesystem::status(dir, ec).type() == std::filesystem::file_type::not_found) {
+    std::cout << "cache: " << dir << " does not exist yet: nothing has been compiled into it (ATTNJIT_CACHE_DIR names the "
+              << "cache; compile or precompile creates it)\n";
+    return 0;
+  }
   KernelCache& cache = kernel_cache_for(o.cache_dir);
   if (!cache.disk_enabled()) {
     std::cout << "cache: disk cache disabled (" << (cache.dir().empty() ? "no directory" : cache.dir()) << ")\n";

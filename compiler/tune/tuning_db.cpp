@@ -14,8 +14,8 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -564,7 +564,17 @@ std::string sanitize_gpu_name(const std::string& gpu) {
 
 std::string shipped_db_dir() {
   const std::string& dir = knobs().shipped_db_dir;
-  return dir == "none" ? "" : dir;
+  if (dir == "none") return "";
+  // A folder named by ATTNJIT_SHIPPED_DB_DIR that is not one (a typo) would leave every lookup on
+  // the defaults without a word: said once per process. The compiled-in default is left quiet.
+  static std::once_flag warned;
+  std::error_code ec;
+  if (dir != default_shipped_db_dir() && !fs::is_directory(dir, ec))
+    std::call_once(warned, [&] {
+      log(LogLevel::Warn, "ATTNJIT_SHIPPED_DB_DIR=" + dir + " is not a folder, so no shipped tuning database is read; name the "
+                          "folder that holds them, or none to read only your own");
+    });
+  return dir;
 }
 
 std::vector<std::string> default_db_files(const Knobs& knobs, const std::string& gpu, const std::string& shipped_dir) {
