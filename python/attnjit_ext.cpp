@@ -83,6 +83,8 @@ Device device_of(const std::string& kind, int index) {
   if (kind == "emu") return Device::emu(index > 0 ? index : 80);
   if (kind.rfind("emu:", 0) == 0) {  // "emu:sm_90a": the emulator standing in for that arch
     const ArchName a = parse_arch_name(kind.substr(4), "ATTNJIT_CPU_DEVICE=" + kind + ":");
+    if (!is_gpu_arch(a.arch))
+      throw UserError("ATTNJIT_CPU_DEVICE=" + kind, "no GPU has this arch, so the emulator cannot model it; use one of " + gpu_arch_list());
     return Device::emu(a.arch, a.specific);
   }
   throw UserError("device", "expected cpu, cuda, emu or emu:sm_XX, got " + kind);

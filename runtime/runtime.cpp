@@ -275,6 +275,18 @@ void check_runtime_options(const RuntimeOptions& o) {
     throw UserError("RuntimeOptions.device.kind", std::to_string(kind) +
                                                       " is no device kind; use Device::cpu(), Device::cuda(index) or "
                                                       "Device::emu(arch)");
+  if (o.device.kind == DeviceKind::CUDA && o.device.index < 0)
+    throw UserError("RuntimeOptions.device", "Device::cuda(" + std::to_string(o.device.index) +
+                                                 "): a CUDA device ordinal is 0 or more (0: the first GPU)");
+  if (o.device.kind == DeviceKind::EMU) {
+    const std::string name = "sm_" + std::to_string(o.device.index) + (o.device.arch_specific ? "a" : "");
+    if (!is_gpu_arch(o.device.index))
+      throw UserError("RuntimeOptions.device", "Device::emu(" + std::to_string(o.device.index) + "): no GPU has " + name +
+                                                   ", so the emulator cannot model it; use one of " + gpu_arch_list());
+    if (o.device.arch_specific && o.device.index != 90)
+      throw UserError("RuntimeOptions.device", "Device::emu(" + std::to_string(o.device.index) +
+                                                   ", arch_specific): attnjit has arch-specific kernels for sm_90a only");
+  }
   for (const auto& [name, value] : {std::pair<const char*, int64_t>{"RuntimeOptions.plan_cache_bytes", o.plan_cache_bytes},
                                     {"RuntimeOptions.random_in_kernel_above", o.random_in_kernel_above}})
     if (value < -1) throw UserError(name, std::to_string(value) + " is negative; use -1 (the knob's value) or a count >= 0");
@@ -389,6 +401,11 @@ void Attention::forward(const TensorView& q, const TensorView& k, const TensorVi
   if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
   check_forward_inputs(state_->problem, q, k, v, o, lse, state_->backend->alignment());
   check_descales(state_->problem, options, q, k, v, o);
+  // backward()'s inputs, which forward() has no use for: given here they would be ignored.
+  if (options.dlse)
+    throw UserError("dlse", "is an input of backward() (the gradient of the loss with respect to lse); forward() takes none");
+  if (options.workspace || options.workspace_bytes)
+    throw UserError("workspace", "is backward()'s scratch memory; forward() needs none (leave workspace and workspace_bytes unset)");
   DynamicLayout host;
   const ForwardOptions o2 = resolve_device_table(*state_, options, host);
   const std::shared_ptr<PlanEntry> entry = plan_for(*state_, o2);

@@ -317,13 +317,8 @@ void KernelOptions::add_to(CLI::App* app, bool with_head_dim) {
 
 Device emu_device(const std::string& arch) {
   const ArchName a = parse_arch_name(arch);
-  // The archs of NVIDIA's GPUs that attnjit generates kernels for (sm_60 and newer).
-  static const int kArchs[] = {60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121};
-  if (std::find(std::begin(kArchs), std::end(kArchs), a.arch) == std::end(kArchs)) {
-    std::string known;
-    for (int k : kArchs) known += (known.empty() ? "" : ", ") + ("sm_" + std::to_string(k)) + (k == 90 ? ", sm_90a" : "");
-    throw UserError("--arch " + arch, "no GPU has this arch, so the emulator cannot model it; use one of " + known);
-  }
+  if (!is_gpu_arch(a.arch))
+    throw UserError("--arch " + arch, "no GPU has this arch, so the emulator cannot model it; use one of " + gpu_arch_list());
   return Device::emu(a.arch, a.specific);
 }
 

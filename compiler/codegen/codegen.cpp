@@ -43,6 +43,18 @@ ArchName parse_arch_name(const std::string& text, const std::string& flag) {
 std::string arch_name(const KernelRequest& r) { return "sm_" + std::to_string(r.arch) + (r.arch_specific ? "a" : ""); }
 
 namespace {
+constexpr int kGpuArchs[] = {60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121};
+}  // namespace
+
+bool is_gpu_arch(int arch) { return std::find(std::begin(kGpuArchs), std::end(kGpuArchs), arch) != std::end(kGpuArchs); }
+
+std::string gpu_arch_list() {
+  std::string out;
+  for (int a : kGpuArchs) out += (out.empty() ? "" : ", ") + ("sm_" + std::to_string(a)) + (a == 90 ? ", sm_90a" : "");
+  return out;
+}
+
+namespace {
 
 // Shared memory a block may use on each arch (bytes, with the opt-in above 48 KB where it exists).
 // Hopper and datacenter Blackwell (sm_90, sm_100, sm_103, sm_110) have 228 KB per SM; consumer

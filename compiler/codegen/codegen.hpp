@@ -89,6 +89,12 @@ ArchName parse_arch_name(const std::string& text, const std::string& flag = "--a
 // The name NVRTC and the cache use: "sm_90a" for an arch-specific request.
 std::string arch_name(const KernelRequest& r);
 
+// Whether an NVIDIA GPU has this arch (10 * major + minor, sm_60 and newer: those attnjit generates
+// kernels for), and the list for errors ("sm_60, sm_61, ..., sm_90, sm_90a, ..."). The emulator
+// models only these.
+bool is_gpu_arch(int arch);
+std::string gpu_arch_list();
+
 // Tensor maps the TMA kernel takes per K and V: one per key stride (dilation) of a plan. LongNet
 // has five rates; 8 pairs of maps are 2 KB of the kernel's parameters.
 constexpr int kTmaMaps = 8;

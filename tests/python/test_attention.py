@@ -155,6 +155,10 @@ def test_emulated_hopper_kernel_forward(monkeypatch):
     monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "gpu")
     with pytest.raises(ValueError, match="ATTNJIT_CPU_DEVICE=gpu: expected cpu, emu or emu:sm_XX"):
         attnjit.attention(q, k, v, p)
+    # An arch no GPU has is named with the variable that asked for it (before: run as sm_99).
+    monkeypatch.setenv("ATTNJIT_CPU_DEVICE", "emu:sm_99")
+    with pytest.raises(attnjit.AttnjitError, match="ATTNJIT_CPU_DEVICE=emu:sm_99: no GPU has this arch"):
+        attnjit.attention(q, k, v, p)
 
 
 @pytest.mark.parametrize("device", ["cpu", "emu"])

@@ -486,6 +486,16 @@ TEST_CASE("every bad input is a clear error before anything runs", "[runtime][er
   RuntimeOptions bad_kind;
   bad_kind.device.kind = static_cast<DeviceKind>(9);
   CHECK_THROWS_WITH(Runtime(bad_kind), Catch::Contains("RuntimeOptions.device.kind: 9 is no device kind"));
+  // An emulated arch no GPU has (before: compiled for sm_99 and failed deep in NVRTC, or ran an
+  // arch nobody can check against), sm_XXa other than sm_90a, a negative CUDA ordinal.
+  CHECK_THROWS_WITH(Runtime({.device = Device::emu(99)}),
+                    Catch::Contains("RuntimeOptions.device: Device::emu(99): no GPU has sm_99, so the emulator cannot model it; "
+                                    "use one of sm_60") && Catch::Contains("sm_90a"));
+  CHECK_THROWS_WITH(Runtime({.device = Device::emu(80, true)}),
+                    Catch::Contains("Device::emu(80, arch_specific): attnjit has arch-specific kernels for sm_90a only"));
+  CHECK_THROWS_WITH(Runtime({.device = Device::cuda(-1)}), Catch::Contains("Device::cuda(-1): a CUDA device ordinal is 0 or more"));
+  CHECK_NOTHROW(Runtime({.device = Device::emu(90, true)}));
+  CHECK_NOTHROW(Runtime({.device = Device::emu(75)}));
   RuntimeOptions bad_cap;
   bad_cap.plan_cache_bytes = -5;
   CHECK_THROWS_WITH(Runtime(bad_cap), Catch::Contains("RuntimeOptions.plan_cache_bytes: -5 is negative; use -1"));
@@ -498,6 +508,13 @@ TEST_CASE("every bad input is a clear error before anything runs", "[runtime][er
   ForwardOptions neg;
   neg.q_offset = -1;
   CHECK_THROWS_WITH(op.forward(Q, K, V, O, &L, neg), Catch::Contains("offsets must be >= 0"));
+  // backward()'s inputs given to forward() (before: ignored without a word).
+  ForwardOptions with_dlse;
+  with_dlse.dlse = &L;
+  CHECK_THROWS_WITH(op.forward(Q, K, V, O, &L, with_dlse), Catch::Contains("dlse: is an input of backward()"));
+  ForwardOptions with_workspace;
+  with_workspace.workspace_bytes = 256;
+  CHECK_THROWS_WITH(op.forward(Q, K, V, O, &L, with_workspace), Catch::Contains("workspace: is backward()'s scratch memory"));
   const Pattern dyn = PatternBuilder().branch(BranchSpec().full().layout(layouts::dynamic(4, 4))).build();
   CHECK_THROWS_WITH(rt.prepare(dyn, pb).forward(Q, K, V, O, &L), Catch::Contains("pass its CSR table"));
 }
