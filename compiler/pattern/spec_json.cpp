@@ -255,9 +255,9 @@ Offset parse_offset(const json& j, const std::string& path) {
   if (s == "head_block") return Offset{OffsetRule::HeadBlock, 0};
   if (s == "torchscale") return Offset{OffsetRule::Torchscale, 0};
   if (s == "group") return Offset{OffsetRule::Group, 0};
-  throw UserError(path, "unknown offset rule \"" + printable(s) + "\"; did you mean \"" +
-                            nearest(s, {"head_mod", "head_block", "torchscale", "group"}) +
-                            "\"? (valid: head_mod, head_block, torchscale, group, or an integer in [0, dilation))");
+  throw UserError(path, "unknown offset rule \"" + printable(s) + "\"" +
+                            did_you_mean(s, {"head_mod", "head_block", "torchscale", "group"}) +
+                            " (valid: head_mod, head_block, torchscale, group, or an integer in [0, dilation))");
 }
 
 UnresolvedBranch parse_branch(const json& j, const std::string& path) {
@@ -387,7 +387,9 @@ Pattern parse_spec(const std::string& text, const std::string& source) {
     const std::string s = c.get<std::string>();
     if (s == "softmax") u.combine = Combine::Softmax;
     else if (s == "head_groups") u.combine = Combine::HeadGroups;
-    else throw UserError("/combine", "unknown combine rule \"" + printable(s) + "\"; did you mean \"" + nearest(s, {"softmax", "head_groups"}) + "\"?");
+    else
+      throw UserError("/combine", "unknown combine rule \"" + printable(s) + "\"" + did_you_mean(s, {"softmax", "head_groups"}) +
+                                      " (valid: softmax, head_groups)");
   }
   if (j.contains("group_scale")) {
     const json& g = j["group_scale"];

@@ -33,12 +33,22 @@ inline std::string nearest(const std::string& word, const std::vector<std::strin
   });
 }
 
-// The error for a field `key` at `path` that is none of `allowed`: the nearest valid one, then all.
+// "; did you mean "x"?" for the choice nearest to `word`, when it is near enough to be a typo of it
+// (at most a third of the longer word's characters apart, at least one); else "", since a far
+// suggestion ("foo": did you mean "tiles"?) misleads more than it helps.
+inline std::string did_you_mean(const std::string& word, const std::vector<std::string>& choices) {
+  const std::string best = nearest(word, choices);
+  const size_t limit = std::max<size_t>(1, std::max(word.size(), best.size()) / 3);
+  return edit_distance(word, best) <= limit ? "; did you mean \"" + best + "\"?" : "";
+}
+
+// The error for a field `key` at `path` that is none of `allowed`: the nearest valid one if it is
+// near, then all.
 inline UserError unknown_field(const std::string& path, const std::string& key, const std::vector<std::string>& allowed) {
   std::string valid;
   for (const std::string& a : allowed) valid += (valid.empty() ? "" : ", ") + a;
-  return UserError(path + "/" + printable(key), "unknown field \"" + printable(key) + "\"; did you mean \"" + nearest(key, allowed) +
-                                                    "\"? (valid here: " + valid + ")");
+  return UserError(path + "/" + printable(key),
+                   "unknown field \"" + printable(key) + "\"" + did_you_mean(key, allowed) + " (valid here: " + valid + ")");
 }
 
 }  // namespace attnjit

@@ -4,6 +4,7 @@
 
 #include "compiler/pattern/spec_json.hpp"
 #include "compiler/support/error.hpp"
+#include "compiler/support/nearest.hpp"
 #include "tests/unit/test_support.hpp"
 
 using namespace attnjit;
@@ -178,6 +179,16 @@ TEST_CASE("bad values name the JSON pointer, from JSON and from the builder alik
              Catch::StartsWith("/branches/0/layout/block"));
   CHECK_THAT(error_of([] { parse_spec(R"({"attnjit": 1, "branches": [{"segment": 8, "dilaton": 2}]})"); }),
              Catch::Contains("did you mean \"dilation\""));
+  // A word near no valid one gets the list alone, not a misleading suggestion.
+  const std::string far = error_of([] { parse_spec(R"({"attnjit": 1, "branches": [{"segment": 8, "qqqqqqqq": 2}]})"); });
+  CHECK_THAT(far, Catch::StartsWith("/branches/0/qqqqqqqq: unknown field \"qqqqqqqq\" (valid here:"));
+  CHECK_THAT(far, !Catch::Contains("did you mean"));
+  CHECK_THAT(error_of([] { parse_spec(R"({"attnjit": 1, "branches": [{"segment": 8}], "combine": "mean"})"); }),
+             Catch::StartsWith("/combine: unknown combine rule \"mean\" (valid: softmax, head_groups)"));
+  CHECK(did_you_mean("backwards", {"backward", "tiles"}) == "; did you mean \"backward\"?");
+  CHECK(did_you_mean("foo", {"backward", "tiles"}).empty());
+  CHECK(did_you_mean("locl", {"local", "window"}) == "; did you mean \"local\"?");
+  CHECK(did_you_mean("xy", {"local", "ab"}) == "");  // two edits from "ab": more than a third of 2 letters
   CHECK_THAT(error_of([] { parse_spec("{\"attnjit\": 1,\n \"branches\": [}", "s.json"); }),
              Catch::Contains("line 2, column"));
 }
