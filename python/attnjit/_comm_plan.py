@@ -130,20 +130,23 @@ def best_layout(pattern, seq_len: int, heads_q: int, heads_kv: int = None, *, wo
     passed over. The same on every rank. `work` and `cu_seqlens` as in balanced_layout."""
     p = as_pattern(pattern)
     heads_kv = heads_q if heads_kv is None else heads_kv
+    if world_size < 1:
+        raise ValueError(f"best_layout: world_size ({world_size}) must be >= 1")
     work = work or _stats_work(p, seq_len, heads_q, heads_kv, cu_seqlens)
     best = None
     cuts = [2 ** i for i in range(1, max(1, max_chunks_per_rank).bit_length()) if 2 ** i <= max_chunks_per_rank]
     for name in LAYOUTS + tuple(cuts):
-        try:
-            if not isinstance(name, str):
-                layout = balanced_layout(p, seq_len, heads_q, heads_kv, world_size=world_size, chunks_per_rank=name,
-                                         work=work)
-            else:
-                chunks = [chunks_of(seq_len, world_size, r, name) for r in range(world_size)]
-                layout = ChunkLayout(name, seq_len, tuple(tuple(c) for c in chunks),
-                                     tuple(sum(work(a, n) for a, n in c) for c in chunks))
-        except ValueError:
+        # A layout that cannot cut this length is passed over; any other error (the pattern does not
+        # fit the heads, a bad cu_seqlens) is the caller's and goes up as it is.
+        parts = world_size * name if not isinstance(name, str) else _parts(name, world_size)
+        if seq_len <= 0 or seq_len % parts:
             continue
+        if not isinstance(name, str):
+            layout = balanced_layout(p, seq_len, heads_q, heads_kv, world_size=world_size, chunks_per_rank=name, work=work)
+        else:
+            chunks = [chunks_of(seq_len, world_size, r, name) for r in range(world_size)]
+            layout = ChunkLayout(name, seq_len, tuple(tuple(c) for c in chunks),
+                                 tuple(sum(work(a, n) for a, n in c) for c in chunks))
         if best is None or layout.imbalance < best.imbalance - margin:
             best = layout
     if best is None:
@@ -162,6 +165,11 @@ def _check_layout(layout):
         raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)} or a ChunkLayout (balanced_layout), got {layout!r}")
 
 
+def _parts(layout: str, world_size: int) -> int:
+    """How many equal chunks a named layout cuts the sequence into: one per rank, or two (zigzag)."""
+    return world_size if layout == "contiguous" else 2 * world_size
+
+
 def chunks_of(seq_len: int, world_size: int, rank: int, layout="contiguous"):
     """The chunks rank `rank` holds, in local order, as (global start, length)."""
     if isinstance(layout, ChunkLayout):
@@ -170,7 +178,7 @@ def chunks_of(seq_len: int, world_size: int, rank: int, layout="contiguous"):
                              f"not {seq_len} over {world_size}")
         return list(layout.chunks[rank])
     _check_layout(layout)
-    parts = world_size if layout == "contiguous" else 2 * world_size
+    parts = _parts(layout, world_size)
     if seq_len <= 0 or seq_len % parts:
         raise ValueError(f"sequence length {seq_len} is not a positive multiple of {parts} (layout {layout!r} over "
                          f"{world_size} ranks cuts it into {parts} equal chunks); pad the sequence")

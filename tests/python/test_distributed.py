@@ -623,6 +623,18 @@ def test_the_best_layout_is_the_simplest_that_shares_the_work_out_evenly():
         ad.best_layout(dense, 2047, 2, world_size=4)
     with pytest.raises(ValueError, match="layout: 'auto' needs the pattern"):
         ad.chunks_of(2048, 4, 0, "auto")
+    # An error of the pattern or the documents is the caller's, said as it is, not taken for a
+    # layout that cannot cut the length (once, every layout was passed over and the error blamed
+    # the length).
+    two_heads = {"attnjit": 1, "branches": [{"segment": "full", "heads": [1]}]}
+    with pytest.raises(ValueError, match="head 1") as err:
+        ad.best_layout(two_heads, 2048, 1, world_size=4)
+    assert "not a positive multiple" not in str(err.value)
+    with pytest.raises(ValueError, match="cu_seqlens") as err:
+        ad.best_layout(dense, 2048, 2, world_size=4, cu_seqlens=[0, 100, 50, 2048])
+    assert "not a positive multiple" not in str(err.value)
+    with pytest.raises(ValueError, match=r"world_size \(0\) must be >= 1"):
+        ad.best_layout(dense, 2048, 2, world_size=0)
 
 
 def test_a_layout_that_does_not_cut_the_sequence_exactly_is_refused():
