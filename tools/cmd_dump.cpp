@@ -23,9 +23,8 @@ struct DumpOptions {
 };
 
 // The options that only some stages read, the stages that do and what for: given with another
-// stage they would be ignored, so they are errors (docs/cli.md). The shape options are not here:
-// the kernel stages read --head-dim, --head-dim-v and (with --paged) the heads; plan-paged the heads
-// and head dims.
+// stage they would be ignored, so they are errors (docs/cli.md). The heads are read by the plans,
+// and by the kernel stages with --paged only (check_stage_options).
 struct StageOption {
   const char* name;
   std::vector<std::string> stages;
@@ -46,9 +45,25 @@ const StageOption kStageOptions[] = {
     {"--kv-lens", {"plan-paged"}, " (each request's cached tokens)"},
     {"--queries", {"plan-paged"}, " (each request's queries)"},
     {"--full", {"pattern", "plan", "plan-bwd", "plan-paged"}, " (every explicit block or work item)"},
+    // The shape: a plan is made for one; a kernel serves every length, offset and batch.
+    {"--seq", {"plan", "plan-bwd"}, " (a plan is made for one shape; the kernels serve every length)"},
+    {"--seq-k", {"plan", "plan-bwd"}, " (a plan is made for one shape; the kernels serve every length)"},
+    {"--q-offset", {"plan", "plan-bwd"}, " (a plan is made for one shape; the kernels serve every offset)"},
+    {"--k-offset", {"plan", "plan-bwd"}, " (a plan is made for one shape; the kernels serve every offset)"},
+    {"--batch", {"plan", "plan-bwd"}, " (a plan is made for one shape; the kernels serve every batch)"},
+    {"--heads-q", {"plan", "plan-bwd", "plan-paged", "cuda", "ptx", "sass"}, ""},
+    {"--heads-kv", {"plan", "plan-bwd", "plan-paged", "cuda", "ptx", "sass"}, ""},
+    {"--head-dim", {"plan", "plan-bwd", "plan-paged", "cuda", "ptx", "sass"}, ""},
+    {"--head-dim-v", {"plan", "plan-bwd", "plan-paged", "cuda", "ptx", "sass"}, ""},
 };
 
 void check_stage_options(const DumpOptions& o) {
+  const bool kernel_stage = o.stage == "cuda" || o.stage == "ptx" || o.stage == "sass";
+  for (const char* heads : {"--heads-q", "--heads-kv"})
+    if (kernel_stage && !o.paged && o.app->get_option(heads)->count() > 0)
+      throw UserError(std::string(heads) + " " + o.app->get_option(heads)->results().front(),
+                      "applies to --stage " + o.stage + " with --paged (the paged kernels' heads); the other kernels serve "
+                      "every head count");
   for (const StageOption& s : kStageOptions) {
     const CLI::Option* opt = o.app->get_option(s.name);
     if (opt->count() == 0 || std::find(s.stages.begin(), s.stages.end(), o.stage) != s.stages.end()) continue;
