@@ -56,15 +56,14 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
     q_offset = int_arg("q_offset", q_offset, OFFSET)
     k_offset = int_arg("k_offset", k_offset, OFFSET)
     dyn = dynamic_arg(dynamic_layout)
-    docs = documents_arg(cu_seqlens)
     descales = (q_descale, k_descale, v_descale)
     if str(getattr(q, "dtype", "")) == "torch.float8_e4m3fn":
         from . import _torch_ops
 
         if return_weights:
             raise TypeError("return_weights: not available for FP8 inputs (FP8 attention is forward only)")
-        o, lse = _torch_ops.fp8_attention(q, k, v, _torch_ops.op_spec(pattern, scale), q_offset, k_offset, dyn, docs,
-                                          descales, out_dtype)
+        o, lse = _torch_ops.fp8_attention(q, k, v, _torch_ops.op_spec(pattern, scale), q_offset, k_offset, dyn,
+                                          documents_arg(cu_seqlens), descales, out_dtype)
         return (o, lse) if return_lse else o
     for name, d in zip(("q_descale", "k_descale", "v_descale", "out_dtype"), descales + (out_dtype,)):
         if d is not None:
@@ -77,6 +76,7 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
         dyn = host_table(dyn)
         if return_weights and q.ndim == 4 and k.ndim == 4:  # refused before the forward runs
             _attnjit.check_weights_size(q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+        docs = documents_arg(cu_seqlens)
         o, lse = _numpy_attention(q, k, v, spec, q_offset, k_offset, dyn, docs)
         w = _numpy_weights(q, k, v, lse, spec, q_offset, k_offset, dyn, docs) if return_weights else None
     else:
@@ -85,8 +85,9 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
         spec = _torch_ops.op_spec(pattern, scale)  # a constant of the graph under torch.compile
         if return_weights:
             _torch_ops.check_weights_size(q, k)
-        o, lse = _torch_ops.attention(q, k, v, spec, q_offset, k_offset, dyn, docs)
-        w = _torch_ops.weights(q, k, v, lse, spec, q_offset, k_offset, dyn, docs) if return_weights else None
+        o, lse = _torch_ops.attention(q, k, v, spec, q_offset, k_offset, dyn, cu_seqlens)
+        w = (_torch_ops.weights(q, k, v, lse, spec, q_offset, k_offset, dyn, documents_arg(cu_seqlens)) if return_weights
+             else None)
     out = (o,) + ((lse,) if return_lse else ()) + ((w,) if return_weights else ())
     return out if len(out) > 1 else o
 

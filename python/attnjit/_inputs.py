@@ -35,10 +35,13 @@ def int_arg(name, x, limits):
 
 def scale_arg(name, x, hint=""):
     """`x` as a float: TypeError naming `name` unless it is a real number (a Python or numpy number,
-    or a one-element tensor; not a bool, not a string), ValueError unless it is finite and > 0
+    or a one-element tensor that does not require grad; not a bool, not a string), ValueError unless it is finite and > 0
     (`hint`, appended to that message, says what to do instead)."""
     if isinstance(x, (bool, np.bool_, str, bytes, complex)) or str(getattr(x, "dtype", "")) in ("bool", "torch.bool"):
         raise TypeError(f"{name}: expected a positive finite number, got {type(x).__name__} {x!r}")
+    if getattr(x, "requires_grad", False):  # its value is read; a gradient would never reach it
+        raise TypeError(f"{name}: is a tensor that requires grad, but the scale is a constant of the call (no gradient "
+                        "flows to it); pass a number, or scale.detach() if no gradient is wanted")
     try:
         value = float(x)
     except (TypeError, ValueError, RuntimeError):

@@ -1,6 +1,7 @@
 """attnjit's PyTorch operators: attnjit::attention and attnjit::attention_backward, registered with
 torch.library (fake implementations included, so torch.compile(fullgraph=True) traces them) and
 differentiable in q, k and v through the backward kernels."""
+import math
 import operator
 import os
 from typing import Optional
@@ -9,7 +10,7 @@ import numpy as np
 import torch
 
 from . import _attnjit, _pattern
-from ._inputs import INT64, check_shapes, cpu_device, device_table, host_table, int_arg, is_empty
+from ._inputs import INT64, check_shapes, cpu_device, device_table, documents_arg, host_table, int_arg, is_empty
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -20,10 +21,10 @@ def op_spec(pattern, scale=None) -> str:
     time and its text is a constant of the graph, guarded on the arguments (a dict's contents, a
     path's text, a Pattern's identity)."""
     if torch.compiler.is_compiling():
-        # Dynamo turns an int that changed between calls into a symbol, which is no constant:
-        # operator.index makes each one a constant again (a guard on its value).
-        pattern, scale = _constants(pattern), _constants(scale)
-    return _constant_op_spec(pattern, scale)
+        # Dynamo turns a number that changed between calls into a symbol, which is no constant:
+        # _constants makes each one a constant again (a guard on its value).
+        return _constant_op_spec(_constants(pattern), _constants(scale))
+    return _pattern.op_spec(pattern, scale)
 
 
 def _constants(x):
@@ -39,15 +40,52 @@ def _constants(x):
         return [_constants(value) for value in x]
     if isinstance(x, int) and not isinstance(x, bool):
         return operator.index(x)
+    # A float symbol (a scale that changed) has no operator.index, and Dynamo reads neither its
+    # text nor float() of it as a constant; its exact ratio of integers it does. A tuple stands for
+    # one (lists and tuples above became lists); NaN and inf, which have no ratio, stay as they are
+    # for the spec reader to name.
+    if isinstance(x, float) and x == x and -math.inf < x < math.inf:
+        return tuple(x.as_integer_ratio())
+    return x
+
+
+def _floats(x):
+    """_constants' ratios as the floats they were (exactly: a float's ratio divides back to it)."""
+    if isinstance(x, dict):
+        return {key: _floats(value) for key, value in x.items()}
+    if isinstance(x, list):
+        return [_floats(value) for value in x]
+    if isinstance(x, tuple):
+        return x[0] / x[1]
     return x
 
 
 @torch.compiler.assume_constant_result
 def _constant_op_spec(pattern, scale):
-    return _pattern.op_spec(pattern, scale)
+    """op_spec of _constants' pattern and scale."""
+    return _pattern.op_spec(_floats(pattern), _floats(scale))
 
 
-def attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, docs=None):
+def documents_tensor(cu_seqlens):
+    """The op's cu_seqlens argument: None, or int64 [n_docs + 1]. Eagerly it is checked here
+    (documents_arg); while torch.compile traces, numpy is not traceable and the values are not
+    known, so a tensor is passed on as it is (its type and shape checked) and a list as a tensor
+    of its integers: the runtime checks the values when the op runs, as it does for every call."""
+    if cu_seqlens is None:
+        return None
+    if not torch.compiler.is_compiling():
+        return torch.tensor(documents_arg(cu_seqlens), dtype=torch.int64)
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
+            raise TypeError(f"cu_seqlens: expected a 1-D integer tensor [n_docs + 1], got {cu_seqlens.dtype} of shape "
+                            f"{tuple(cu_seqlens.shape)}")
+        return cu_seqlens.to(torch.int64)
+    if not isinstance(cu_seqlens, (list, tuple)):
+        raise TypeError(f"cu_seqlens: under torch.compile pass a tensor or a list of integers, got {type(cu_seqlens).__name__}")
+    return torch.tensor([int_arg(f"cu_seqlens[{i}]", x, INT64) for i, x in enumerate(cu_seqlens)], dtype=torch.int64)
+
+
+def attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, cu_seqlens=None):
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor (or numpy arrays for all three), got {type(x).__name__}")
@@ -64,7 +102,7 @@ def attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, docs=None):
         if x.dim() == 4 and x.stride(3) != 1:
             raise ValueError(f"{name}: the last dimension must be contiguous (stride 1); call .contiguous()")
     heads, rows, cols, on_device, errors = _table_tensors(dyn, q.device)
-    cu = None if docs is None else torch.tensor(docs, dtype=torch.int64)
+    cu = documents_tensor(cu_seqlens)
     o, lse, problems = torch.ops.attnjit.attention(q, k, v, spec, q_offset, k_offset, heads, rows, cols, on_device, cu)
     if errors is not None:
         errors.view(1).add_(problems)

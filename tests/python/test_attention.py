@@ -74,6 +74,9 @@ def test_scale_and_pattern_forms():
     (0, ValueError, r"^scale: must be a positive finite number, got 0.0"),
     (True, TypeError, r"^scale: expected a positive finite number, got bool True"),
     ("1", TypeError, r"^scale: expected a positive finite number, got str '1'"),
+    # Read as a number: a gradient would never reach it (once only a PyTorch warning said so).
+    (torch.tensor(0.5, requires_grad=True), TypeError, r"^scale: is a tensor that requires grad, but the scale is a "
+                                                       r"constant of the call"),
 ])
 def test_scale_must_be_a_positive_finite_number(scale, error, message):
     # json.dumps wrote nan and inf as no JSON parser reads them (a "parse error" in the pattern); a
@@ -418,6 +421,50 @@ def test_torch_compile_traces_every_pattern_form(form):
         pattern["window"] = [8, 0]
         assert torch.allclose(compiled(q, k, v), f(q, k, v))
         assert not torch.allclose(compiled(q, k, v), loss)
+
+
+def test_torch_compile_traces_a_scale_that_changes():
+    # A float that changed between calls is a symbol to Dynamo, which could not pass it to the
+    # spec's constant (it failed on the second call); each value is now its own graph, guarded.
+    spec = {"attnjit": 1, "causal": True, "branches": [{"segment": "full"}]}
+    q, k, v = inputs(1, 32, 32, 2, 2, 16, seed=9)
+    by_argument = torch.compile(lambda a, b, c, s: attnjit.attention(a, b, c, spec, scale=s), fullgraph=True,
+                                backend="eager")
+    in_the_dict = torch.compile(lambda a, b, c, s: attnjit.attention(a, b, c, dict(spec, scale=s)), fullgraph=True,
+                                backend="eager")
+    for s in (0.3, 0.5, 0.3, 1 / 3):
+        want = attnjit.attention(q, k, v, spec, scale=s)
+        assert torch.equal(by_argument(q, k, v, s), want), s
+        assert torch.equal(in_the_dict(q, k, v, s), want), s
+    assert not torch.equal(by_argument(q, k, v, 0.5), by_argument(q, k, v, 0.3))
+
+
+@pytest.mark.parametrize("form", ["tensor", "list"])
+def test_torch_compile_traces_packed_documents(form):
+    # cu_seqlens under torch.compile: once its numpy conversion ran while tracing and failed; now
+    # it reaches the op as a tensor and the runtime checks it when the op runs.
+    p = attnjit.Pattern.load(EXAMPLES / "longnet.json")
+    q, k, v = inputs(1, 32, 32, 2, 1, 16, seed=10, requires_grad=True)
+    docs = [0, 5, 20, 32]
+    if form == "tensor":
+        f = torch.compile(lambda a, b, c, cu: attnjit.attention(a, b, c, p, cu_seqlens=cu), fullgraph=True, backend="eager")
+        call = lambda a, b, c, d=docs: f(a, b, c, torch.tensor(d))  # noqa: E731
+    else:
+        f = torch.compile(lambda a, b, c: attnjit.attention(a, b, c, p, cu_seqlens=[0, 5, 20, 32]), fullgraph=True,
+                          backend="eager")
+        call = lambda a, b, c: f(a, b, c)  # noqa: E731
+    got = call(q, k, v)
+    got.square().sum().backward()
+    want_in = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    want = attnjit.attention(*want_in, p, cu_seqlens=docs)
+    want.square().sum().backward()
+    assert torch.equal(got, want)
+    for a, b in zip((q, k, v), want_in):
+        assert torch.equal(a.grad, b.grad)
+    if form == "tensor":  # another list is another call, not the first one's answer
+        assert torch.equal(call(q, k, v, [0, 16, 32]), attnjit.attention(q, k, v, p, cu_seqlens=[0, 16, 32]))
+        with pytest.raises(attnjit.AttnjitError, match="cu_seqlens: must not decrease"):
+            call(q, k, v, [0, 20, 5, 32])
 
 
 def test_offsets_and_indices_must_be_integers():
