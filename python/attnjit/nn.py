@@ -61,6 +61,9 @@ class _PatternAttention(nn.Module):
         super().__init__()
         self.pattern = as_pattern(pattern)
         self._causal = None
+        # is_causal=True under torch.compile: building a Pattern is not traceable, so the traced
+        # call takes the causal spec as a dict (read when traced, a constant of the graph).
+        self._causal_spec = dict(json.loads(self.pattern.spec), causal=True)
         self._parallel = None
         self._layouts = {}  # layout="auto": best_layout's answer per (pattern, length, heads, ranks)
 
@@ -89,10 +92,13 @@ class _PatternAttention(nn.Module):
         self._parallel = (group, layout, strategy, head_parallel)
         return self
 
-    def _pattern_for(self, is_causal):
+    def _pattern_for(self, is_causal, as_spec=False):
+        """The pattern of a call; `as_spec`: a dict will do (attention's pattern argument)."""
         if not is_causal:
             return self.pattern
         if self._causal is None:
+            if as_spec and torch.compiler.is_compiling():
+                return self._causal_spec
             self._causal = _causal_variant(self.pattern)
         return self._causal
 
@@ -120,7 +126,7 @@ class _PatternAttention(nn.Module):
         """q [B, S, Hq, D], k and v [B, S, Hkv, D] (a rank's shard when sequence-parallel);
         `cu_seqlens`: packed documents (batch 1), as attnjit.attention takes them, over the whole
         sequence when sequence-parallel."""
-        p = self._pattern_for(is_causal)
+        p = self._pattern_for(is_causal, as_spec=self._parallel is None)
         if self._parallel is not None:
             from . import distributed
 
@@ -242,8 +248,21 @@ class MultiheadDilatedAttention(nn.Module):
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **kw)
         self.k_proj = nn.Linear(embed_dim, num_kv_heads * self.head_dim, bias=bias, **kw)
         self.v_proj = nn.Linear(embed_dim, num_kv_heads * self.head_dim, bias=bias, **kw)
-        self.attention = (_PatternAttention.from_pattern(pattern) if pattern is not None else
-                          DilatedAttention(segment_lengths, dilation_rates, combine=combine, offset=offset, causal=causal))
+        if pattern is None:
+            self.attention = DilatedAttention(segment_lengths, dilation_rates, combine=combine, offset=offset, causal=causal)
+        else:
+            # The pattern is the whole attention: arguments that describe another would be dropped
+            # without a word. causal=True is the one that composes: the pattern with a causal mask.
+            given = [name for name, value in (("segment_lengths", segment_lengths), ("dilation_rates", dilation_rates))
+                     if value is not None and len(value)]
+            given += [name for name, value, default in (("combine", combine, "softmax"), ("offset", offset, None))
+                      if not (value is default or value == default)]
+            if given:
+                raise TypeError(f"{', '.join(given)}: describe LongNet branches, but pattern= gives the whole attention; "
+                                "put them in the pattern's spec (a branch's \"segment\", \"dilation\", \"offset\"; "
+                                "\"combine\"), or leave pattern out")
+            p = as_pattern(pattern)
+            self.attention = _PatternAttention.from_pattern(_causal_variant(p) if causal else p)
         self.dropout = nn.Dropout(dropout)
         self.norm = nn.LayerNorm(embed_dim, **kw) if layer_norm else None
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **kw)

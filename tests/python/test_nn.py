@@ -70,6 +70,30 @@ def test_modules_from_a_pattern():
     x = torch.randn(1, 64, 48)
     assert layer(x, x, x)[0].shape == (1, 64, 48)
     assert ann.DilatedAttention.from_pattern(p).pattern == p
+    # causal=True with a pattern is that pattern with a causal mask; the arguments that describe
+    # LongNet branches are refused beside one (once they were dropped without a word).
+    spec = {"attnjit": 1, "branches": [{"segment": 8, "dilation": 1}]}
+    plain = ann.MultiheadDilatedAttention.from_pattern(32, 2, spec)
+    causal = ann.MultiheadDilatedAttention.from_pattern(32, 2, spec, causal=True)
+    causal.load_state_dict(plain.state_dict())
+    x = torch.randn(1, 32, 32)
+    assert torch.equal(causal(x, x, x)[0], plain(x, x, x, is_causal=True)[0])
+    assert not torch.equal(causal(x, x, x)[0], plain(x, x, x)[0])
+    for kw, named in (({"combine": "head_groups"}, "combine"), ({"offset": 3}, "offset")):
+        with pytest.raises(TypeError, match=f"^{named}: describe LongNet branches, but pattern= gives the whole"):
+            ann.MultiheadDilatedAttention.from_pattern(32, 2, spec, **kw)
+    with pytest.raises(TypeError, match="^segment_lengths, dilation_rates: describe LongNet branches"):
+        ann.MultiheadDilatedAttention(32, 2, [8], [1], pattern=spec)
+
+
+def test_a_compiled_module_traces_is_causal():
+    # is_causal=True builds the causal pattern on first use, which Dynamo cannot trace: a compiled
+    # module's first causal call failed under fullgraph unless an eager call had come first.
+    m = ann.DilatedAttention([8], [1])
+    q, k, v = (torch.randn(1, 32, 2, 16) for _ in range(3))
+    got = torch.compile(m, fullgraph=True, backend="eager")(q, k, v, is_causal=True)
+    assert torch.equal(got, m(q, k, v, is_causal=True))
+    assert not torch.equal(got, m(q, k, v))
 
 
 def test_block_sparse_layout_must_be_boolean():
