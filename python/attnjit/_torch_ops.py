@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from . import _attnjit, _pattern
-from ._inputs import INT64, check_shapes, cpu_device, device_table, documents_arg, host_table, int_arg, is_empty
+from ._inputs import INT32, INT64, check_shapes, cpu_device, device_table, documents_arg, host_table, int_arg, is_empty
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -66,23 +66,38 @@ def _constant_op_spec(pattern, scale):
     return _pattern.op_spec(_floats(pattern), _floats(scale))
 
 
+def _as_index(x, dtype):
+    """An integer tensor as `dtype`. Entries past int32 would wrap in the conversion and could name
+    a block in range: they become -1, which the kernels skip and count as a problem, as any other
+    bad block (no host round trip: the check runs on the tensor's device)."""
+    if dtype == torch.int32 and (torch.iinfo(x.dtype).bits > 32 or x.dtype == torch.uint32):
+        big = (x < torch.iinfo(torch.int32).min) | (x > torch.iinfo(torch.int32).max)
+        x = torch.where(big, torch.full_like(x, -1), x)
+    return x.to(dtype)
+
+
+def _traced_ints(name, x, dtype):
+    """A list of integers or a 1-D integer tensor as a `dtype` tensor, while torch.compile traces:
+    numpy is not traceable there and a tensor's values are not known, so they are checked when the
+    op runs (by the runtime, as for every call)."""
+    if isinstance(x, torch.Tensor):
+        if x.dim() != 1 or x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise TypeError(f"{name}: expected a 1-D integer tensor, got {x.dtype} of shape {tuple(x.shape)}")
+        return _as_index(x, dtype)
+    if not isinstance(x, (list, tuple)):
+        raise TypeError(f"{name}: under torch.compile pass a tensor or a list of integers, got {type(x).__name__}")
+    limits = INT64 if dtype == torch.int64 else INT32
+    return torch.tensor([int_arg(f"{name}[{i}]", e, limits) for i, e in enumerate(x)], dtype=dtype)
+
+
 def documents_tensor(cu_seqlens):
-    """The op's cu_seqlens argument: None, or int64 [n_docs + 1]. Eagerly it is checked here
-    (documents_arg); while torch.compile traces, numpy is not traceable and the values are not
-    known, so a tensor is passed on as it is (its type and shape checked) and a list as a tensor
-    of its integers: the runtime checks the values when the op runs, as it does for every call."""
+    """The op's cu_seqlens argument: None, or int64 [n_docs + 1], checked here (documents_arg) but
+    while torch.compile traces (_traced_ints)."""
     if cu_seqlens is None:
         return None
-    if not torch.compiler.is_compiling():
-        return torch.tensor(documents_arg(cu_seqlens), dtype=torch.int64)
-    if isinstance(cu_seqlens, torch.Tensor):
-        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
-            raise TypeError(f"cu_seqlens: expected a 1-D integer tensor [n_docs + 1], got {cu_seqlens.dtype} of shape "
-                            f"{tuple(cu_seqlens.shape)}")
-        return cu_seqlens.to(torch.int64)
-    if not isinstance(cu_seqlens, (list, tuple)):
-        raise TypeError(f"cu_seqlens: under torch.compile pass a tensor or a list of integers, got {type(cu_seqlens).__name__}")
-    return torch.tensor([int_arg(f"cu_seqlens[{i}]", x, INT64) for i, x in enumerate(cu_seqlens)], dtype=torch.int64)
+    if torch.compiler.is_compiling():
+        return _traced_ints("cu_seqlens", cu_seqlens, torch.int64)
+    return torch.tensor(documents_arg(cu_seqlens), dtype=torch.int64)
 
 
 def attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, cu_seqlens=None):
@@ -172,6 +187,10 @@ def _table_tensors(d, device):
     if d is None:
         return 0, None, None, False, None
     if not device_table(d):
+        if torch.compiler.is_compiling():
+            return (int_arg('dynamic_layout["heads"]', d.get("heads", 1), INT64),
+                    _traced_ints('dynamic_layout["row_offsets"]', d["row_offsets"], torch.int64),
+                    _traced_ints('dynamic_layout["col_indices"]', d["col_indices"], torch.int32), False, None)
         heads, rows, cols = host_table(d)
         return heads, torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int32), False, None
     tensors = []
@@ -183,13 +202,7 @@ def _table_tensors(d, device):
                             f"tensor, got a {what}")
         if x.device != device:
             raise ValueError(f'dynamic_layout["{name}"]: is on {x.device} but q is on {device}; keep the table on q\'s device')
-        if dtype == torch.int32 and (torch.iinfo(x.dtype).bits > 32 or x.dtype == torch.uint32):
-            # Blocks past int32 would wrap in the conversion and could name a block in range: they
-            # become -1, which the kernels skip and count as a problem, as any other bad block
-            # (no host round trip: the check runs on the table's device).
-            big = (x < torch.iinfo(torch.int32).min) | (x > torch.iinfo(torch.int32).max)
-            x = torch.where(big, torch.full_like(x, -1), x)
-        tensors.append(x.to(dtype).contiguous())
+        tensors.append(_as_index(x, dtype).contiguous())
     errors = d.get("errors")
     if errors is not None:
         if not isinstance(errors, torch.Tensor) or errors.dtype != torch.int32 or errors.numel() != 1:
