@@ -69,6 +69,7 @@ dynamic layouts (plain attnjit.attention has them). Tested on CPUs with gloo (wo
 sizes 2 and 4); NCCL uses the same calls.
 """
 import hashlib
+import os
 import weakref
 
 import numpy as np
@@ -104,28 +105,47 @@ def reset_traffic():
         _TRAFFIC[key] = 0
 
 
-def _check_agreement(group, signature, steps_ahead):
-    """Once per process group and call signature: every rank must call with the same pattern,
-    local shapes, dtype, layout, heavy rows, strategy and documents, or the transfers would not pair
-    up (a hang, or a size error deep in the backend). One all_gather_object; on NCCL it is also the group's first
-    full collective, which a batch of point-to-point calls that leaves a rank out must not be.
-    It also agrees on the backward's steps in flight (the least of the ranks' `steps_ahead`), which
-    every rank must share: the backward's dK/dV messages interleave with its K/V ones, and NCCL
-    pairs the transfers between two ranks in the order they are posted. Returns that number."""
+def _check_agreement(group, given, checked, steps_ahead, failure=None):
+    """Every rank must call with the same pattern, local shapes, dtype, layout, heavy rows,
+    strategy and documents, or the transfers would not pair up (a hang, or a size error deep in the
+    backend). `given`: what the caller passed, read before any check (shapes, dtype, layout, ...);
+    `checked`: what the checks made of the rest (the pattern's hash, the documents' digest), None
+    where this rank's checks failed with `failure`. One all_gather_object; on NCCL it is also the
+    group's first full collective, which a batch of point-to-point calls that leaves a rank out
+    must not be. A rank whose checks failed still joins it, so every rank stops with an error
+    (never the others waiting in a transfer): arguments that differ are named, else the failing
+    rank's error. It also agrees on the backward's steps in flight (the least of the ranks'
+    `steps_ahead`), which every rank must share: the backward's dK/dV messages interleave with its
+    K/V ones, and NCCL pairs the transfers between two ranks in the order they are posted. Returns
+    that number.
+
+    A signature this rank has agreed on before is not gathered again (a collective per call would
+    cost a host synchronisation on NCCL), so ranks that call differently after each has called
+    both ways are not caught; TORCH_DISTRIBUTED_DEBUG=DETAIL, PyTorch's switch for checking
+    collectives, gathers on every call."""
     g = group if group is not None else dist.group.WORLD
     seen = _AGREED.setdefault(g, {})
-    if signature in seen:
-        return seen[signature]
+    key = (given, checked)
+    every_call = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"
+    if failure is None and key in seen and not every_call:
+        return seen[key]
     sigs = [None] * dist.get_world_size(group)
-    dist.all_gather_object(sigs, (signature, steps_ahead), group=group)
-    if any(s != signature for s, _ in sigs):
-        raise ValueError("ring_attention: the ranks called with different arguments (pattern hash, q/k/v shapes, dtype, "
-                         "layout, heavy_rows, strategy, documents): " +
-                         "; ".join(f"rank {i}: {s}" for i, (s, _) in enumerate(sigs)) +
+    why = None if failure is None else f"{type(failure).__name__}: {failure}"
+    dist.all_gather_object(sigs, (given, checked, steps_ahead, why), group=group)
+    if any(s[0] != given for s in sigs) or (not any(s[3] for s in sigs) and any(s[1] != checked for s in sigs)):
+        raise ValueError("ring_attention: the ranks called with different arguments (q/k/v shapes, dtype, layout, "
+                         "heavy_rows, strategy, head_parallel, return_lse; pattern hash, documents): " +
+                         "; ".join(f"rank {i}: {s[:2]}" for i, s in enumerate(sigs)) +
                          "; every rank must pass the same pattern, layout, heavy_rows, strategy and cu_seqlens "
                          "and shards of one shape")
-    seen[signature] = min(a for _, a in sigs)
-    return seen[signature]
+    failed = [(i, s[3]) for i, s in enumerate(sigs) if s[3]]
+    if failed:
+        if failure is not None:
+            return 0  # the caller raises its own error
+        raise ValueError("ring_attention: " + "; ".join(f"rank {i} refused the call ({msg})" for i, msg in failed) +
+                         "; every rank stops here")
+    seen[key] = min(s[2] for s in sigs)
+    return seen[key]
 
 
 def _group_rank(group):
@@ -149,7 +169,7 @@ class _Unshard(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, layout):
         w, r = _group_rank(group)
-        parts = [torch.empty_like(x) for _ in range(w)]
+        parts = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for _ in range(w)]  # contiguous, as all_gather needs
         dist.all_gather(parts, x.contiguous(), group=group)
         out = x.new_empty((x.shape[0], x.shape[1] * w) + tuple(x.shape[2:]))
         for rr in range(w):
@@ -230,8 +250,9 @@ class _Ring:
         units = self.rows(self.rank, src, k.device)
         if units is None:
             return bufs[0].view(k.shape), bufs[1].view(v.shape)
-        if self._stage is None:
-            self._stage = torch.zeros_like(k), torch.zeros_like(v)
+        if self._stage is None:  # contiguous whatever k's and v's strides: _flat must be a view of it
+            self._stage = (torch.zeros(k.shape, dtype=k.dtype, device=k.device),
+                           torch.zeros(v.shape, dtype=v.dtype, device=v.device))
         for stage, buf in zip(self._stage, bufs):
             _flat(stage).index_copy_(1, units.local, buf)
         return self._stage
@@ -518,9 +539,12 @@ def _merged(acc_o, acc_l, o, lse):
     m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     w1, w2 = torch.exp(acc_l - m), torch.exp(lse - m)
     total = w1 + w2
-    inv = torch.where(total > 0, 1.0 / total, torch.zeros_like(total))
+    # Only a row that attends nothing in either part (total 0) is empty; a NaN stays NaN in O and
+    # in the LSE, as one call over the whole sequence gives, and so reaches the gradients.
+    empty = total == 0
+    inv = torch.where(empty, torch.zeros_like(total), 1.0 / total)
     new_o = acc_o * (w1 * inv).unsqueeze(-1) + o.float() * (w2 * inv).unsqueeze(-1)
-    return new_o, torch.where(total > 0, m + torch.log(total), torch.full_like(total, float("-inf")))
+    return new_o, torch.where(empty, torch.full_like(total, float("-inf")), m + torch.log(total))
 
 
 class _RingAttention(torch.autograd.Function):
@@ -571,6 +595,42 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
     the same bytes moved. u must divide W and both head counts (head_parallel_groups says how the
     sub-groups are made)."""
     w, r = _group_rank(group)
+    # What the caller passed, read before any check: the ranks agree on it (and on what the checks
+    # made of it) even where one rank's checks fail, so that every rank stops with an error.
+    given = (tuple(tuple(getattr(x, "shape", ())) for x in (q, k, v)), str(getattr(q, "dtype", type(q).__name__)),
+             *(_hashable(a) for a in (layout, heavy_rows, strategy, head_parallel, return_lse)))
+    try:
+        p, docs, heavy_rows, plan = _checked_call(q, k, v, pattern, w, layout, scale, strategy, heavy_rows, cu_seqlens,
+                                                  head_parallel)
+        failure = None
+    except (TypeError, ValueError) as e:  # an AttnjitError is a ValueError
+        failure = e
+    if w > 1:
+        steps = _check_agreement(group, given, None if failure else (p.hash, _digest(docs)),
+                                 plan.steps_ahead(r) if failure is None and plan is not None else 0, failure)
+    if failure is not None:
+        raise failure
+    if head_parallel != 1:
+        return _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_parallel, return_lse)
+    ring = _Ring(plan, p.op_spec, r, group, strategy)
+    if w > 1:
+        ring.steps_ahead = steps
+    o, lse = _RingAttention.apply(q, k, v, ring)
+    return (o, lse) if return_lse else o
+
+
+def _hashable(x):
+    """x, or its text where it cannot be a dict key (a wrong argument, refused by the checks)."""
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return repr(x)
+
+
+def _checked_call(q, k, v, pattern, w, layout, scale, strategy, heavy_rows, cu_seqlens, head_parallel):
+    """ring_attention's arguments checked: (pattern with the scale, documents, heavy_rows, the
+    CommPlan or None with head parallelism, whose ring plans its own), or a TypeError/ValueError."""
     heavy_rows = check_heavy_rows(heavy_rows)
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy: expected one of {', '.join(STRATEGIES)}, got {strategy!r}")
@@ -599,16 +659,9 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
                          f"got batch {q.shape[0]}")
     if isinstance(head_parallel, bool) or not isinstance(head_parallel, int) or head_parallel < 1:
         raise ValueError(f"head_parallel: expected a positive int (the ranks of a head group), got {head_parallel!r}")
-    if head_parallel != 1:
-        return _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_parallel, return_lse)
-    plan = comm_plan(p, q.shape[1] * w, q.shape[2], k.shape[2], world_size=w, layout=layout, heavy_rows=heavy_rows,
-                     cu_seqlens=docs)
-    ring = _Ring(plan, p.op_spec, r, group, strategy)
-    if w > 1:
-        ring.steps_ahead = _check_agreement(group, (p.hash, tuple(q.shape), tuple(k.shape), tuple(v.shape), str(q.dtype),
-                                                    layout, heavy_rows, strategy, _digest(docs)), plan.steps_ahead(r))
-    o, lse = _RingAttention.apply(q, k, v, ring)
-    return (o, lse) if return_lse else o
+    plan = None if head_parallel != 1 else comm_plan(p, q.shape[1] * w, q.shape[2], k.shape[2], world_size=w,
+                                                     layout=layout, heavy_rows=heavy_rows, cu_seqlens=docs)
+    return p, docs, heavy_rows, plan
 
 
 def _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_parallel, return_lse):
@@ -625,9 +678,6 @@ def _head_parallel(q, k, v, p, group, layout, strategy, heavy_rows, docs, head_p
     # Every slice on every rank, before any collective: a slice that cannot be made fails on every
     # rank alike instead of leaving its head group's other ranks in an all_to_all.
     parts = head_slices(p, u, hq)
-    if w > 1:  # the exchanges need the same call on every rank, and the ring groups the same slices of it
-        _check_agreement(group, ("head_parallel", u, p.hash, tuple(q.shape), tuple(k.shape), tuple(v.shape),
-                                 str(q.dtype), layout, heavy_rows, strategy, _digest(docs), return_lse), 0)
     heads, ring = head_parallel_groups(u, group)
     qh, kh, vh = HeadExchange.apply(heads, u, True, q, k, v)
     o, lse = ring_attention(qh, kh, vh, parts[r % u], group=ring, layout=ring_layout, return_lse=True,

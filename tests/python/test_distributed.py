@@ -1,6 +1,7 @@
 """attnjit.distributed on CPUs: ring attention over gloo with 2 and 4 processes equals
 single-process attention on the whole sequence, forward and backward, for both layouts; the
 pattern decides what moves (the bytes each rank sends are counted); bad input is refused clearly."""
+import datetime
 import json
 import os
 
@@ -398,6 +399,76 @@ def test_head_parallel_ring_attention_equals_attention_on_the_whole_sequence(tmp
     _spawn(_head_parallel_worker, 4, tmp_path)
 
 
+def _layouts_strides_and_nan_worker(rank, world, store, out):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))  # a hang fails the test, not the suite
+    try:
+        spec = CASES["sliding window"][0]  # rank 1 reads part of rank 0's chunk: the staged K/V path
+        q, k, v, do = _inputs(2, 2)
+        ref = [x.clone().requires_grad_() for x in (q, k, v)]
+        o_ref = attnjit.attention(*ref, spec)
+        o_ref.backward(do)
+        # K and V laid out [B, H, S, D] in memory (stride(3) is still 1): once the staged copy of
+        # the rows received took their strides, was not written, and rank 1 read zeros.
+        local = [ad.shard(x).transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for x in (q, k, v)]
+        o = ad.ring_attention(*local, spec)
+        o.backward(ad.shard(do))
+        torch.testing.assert_close(o, ad.shard(o_ref.detach()), atol=1e-5, rtol=1e-5)
+        for name, got, want in zip("qkv", local, ref):
+            torch.testing.assert_close(got.grad, ad.shard(want.grad), atol=1e-5, rtol=1e-5, msg=lambda m: f"d{name}: {m}")
+        # A NaN in rank 0's K reaches rank 1's rows by a merge: their O and LSE are NaN and so are
+        # the gradients it reaches, as on the whole sequence (once the merge made the LSE -inf, a
+        # row that attends nothing, and the backward dropped it).
+        causal = CASES["causal"][0]
+        k_nan = k.clone()
+        k_nan[0, 100, 0, 3] = float("nan")
+        ref = [x.clone().requires_grad_() for x in (q, k_nan, v)]
+        o_ref, lse_ref = attnjit.attention(*ref, causal, return_lse=True)
+        o_ref.backward(do)
+        local = [ad.shard(x).requires_grad_() for x in (q, k_nan, v)]
+        o, lse = ad.ring_attention(*local, causal, return_lse=True)
+        o.backward(ad.shard(do))
+        want_lse = ad.shard(lse_ref.detach().transpose(1, 2)).transpose(1, 2)
+        assert torch.equal(lse.isnan(), want_lse.isnan()) and torch.equal(o.isnan(), ad.shard(o_ref.detach()).isnan())
+        for name, got, want in zip("qkv", local, ref):
+            assert torch.equal(got.grad.isnan(), ad.shard(want.grad).isnan()), name
+        out[f"nan rows {rank}"] = int(lse.isnan().sum())
+        # One rank's arguments fail its checks: every rank stops with an error, none waits.
+        q, k, v, _ = (x[:1] for x in _inputs(2, 2))
+        local = [ad.shard(x) for x in (q, k, v)]
+        docs = [0, 100, 512] if rank == 0 else [0, 300, 200, 512]
+        with pytest.raises(ValueError) as err:
+            ad.ring_attention(*local, causal, cu_seqlens=docs)
+        out[f"docs {rank}"] = str(err.value)
+        with pytest.raises(ValueError) as err:  # a shard one row short on rank 1
+            ad.ring_attention(*(x[:, :255] if rank == 1 else x for x in local), causal, layout="contiguous")
+        out[f"rows {rank}"] = str(err.value)
+        # Ranks that call differently after each has called both ways: caught with PyTorch's
+        # switch for checking collectives.
+        for s in (0.25, 0.5):
+            ad.ring_attention(*local, causal, scale=s)
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        with pytest.raises(ValueError) as err:
+            ad.ring_attention(*local, causal, scale=0.25 if rank == 0 else 0.5)
+        out[f"scale {rank}"] = str(err.value)
+        del os.environ["TORCH_DISTRIBUTED_DEBUG"]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_strided_kv_nan_and_one_rank_s_bad_arguments(tmp_path):
+    out = mp.Manager().dict()
+    _spawn(_layouts_strides_and_nan_worker, 2, tmp_path, out)
+    # Batch 0, head 0: rank 0's rows from 100 on attend the NaN key in its own chunk, all of rank 1's
+    # through a merge.
+    assert out["nan rows 0"] == 156 and out["nan rows 1"] == 256
+    assert "cu_seqlens: expected non-decreasing" in out["docs 1"]
+    assert "rank 1 refused the call (ValueError: cu_seqlens: expected non-decreasing" in out["docs 0"]
+    for r in (0, 1):
+        assert "the ranks called with different arguments" in out[f"rows {r}"] and "255" in out[f"rows {r}"]
+        assert "the ranks called with different arguments" in out[f"scale {r}"]
+
+
 def test_head_parallel_layouts_pool_a_head_group_s_chunks():
     assert ad.head_parallel_layout(1024, 8, 1, "zigzag") == "zigzag"
     assert ad.head_parallel_layout(1024, 8, 4, "contiguous") == "contiguous"
@@ -484,7 +555,7 @@ def test_the_pattern_decides_what_each_rank_sends(tmp_path):
         assert sent[r]["window ring"]["backward"]["steps_in_flight"] == 2
     for r in range(world):
         assert "the ranks called with different arguments" in sent[r]["disagreement"], sent[r]["disagreement"]
-        assert "rank 0: " in sent[r]["disagreement"] and "'longnet', None)" in sent[r]["disagreement"]
+        assert "rank 0: " in sent[r]["disagreement"] and "'longnet', 1, False)" in sent[r]["disagreement"]
     for r in (1, 2, 3):
         assert window.rows[(r, r - 1)][:, -31:].all() and not window.rows[(r, r - 1)][:, :-31].any()
     assert window.moved_rows() == 3 * 2 * 31  # of the ring's 3072: 6%
