@@ -432,6 +432,8 @@ class GraphWorkspace:
         self.capacity = [int_arg(f'capacity["{f}"]', capacity[f], CAPACITY_LIMITS[f]) for f in CAPACITY_FIELDS]
         table = torch.zeros((0, 1), dtype=torch.int32, device=q.device)
         c = _call(q[:0], k_cache, v_cache, table, [], [0], None, None)
+        self._problem = _problem_of(q, k_cache, v_cache)
+        self._planned = self._ran = None  # (queries, requests, pages): what the last plan() reads, run()'s tensors hold
         c.k_scale = c.v_scale = None
         o = q.new_empty((0, q.shape[1], v_cache.shape[3]))
         nbytes = _paged_kernels("workspace_bytes", c, op_spec(pattern, scale), o, None, 0, self.capacity)[0]
@@ -442,9 +444,13 @@ class GraphWorkspace:
              plan_on_device=None):
         """The step's plan into the workspace, in the current stream's order (eager; never captured).
         Refused for lengths on the device (plan_on_device), which run() plans itself."""
+        self._check_problem("plan", q, k_cache, v_cache)
         c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, None, plan_on_device)
         o = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
+        planned = (q.shape[0], _batch(kv_lens), k_cache.shape[0])
+        self._check_extents("plan", planned, self._ran)
         _paged_kernels("plan", c, op_spec(self.pattern, self.scale), o, None, self._ptr, self.capacity)
+        self._planned = planned
 
     def run(self, q, k_cache, v_cache, block_table, kv_lens, out, *, cu_seqlens_q=None, lse=None, k_scale=None,
             v_scale=None, errors=None, plan_on_device=None):
@@ -452,8 +458,13 @@ class GraphWorkspace:
         [total_q, Hq] (fp32) if given, on q's device, each with memory of its own per entry and
         shared with no input (ValueError otherwise); capturable. `errors`, `plan_on_device`: as
         paged_attention's (planned on the device, run() needs no plan() before it)."""
+        self._check_problem("run", q, k_cache, v_cache)
         c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, errors, plan_on_device)
         _check_output("out", out, (q.shape[0], q.shape[1], v_cache.shape[3]), q.dtype, q.device)
+        ran = (q.shape[0], c.table.shape[0], k_cache.shape[0])
+        if not c.on_device:  # planned on the device, run() reads only what it planned from these tensors
+            self._check_extents("run", self._planned, ran)
+            self._ran = ran
         if lse is not None:
             _check_output("lse", lse, (q.shape[0], q.shape[1]), torch.float32, q.device)
         for name, x in (("out", out), ("lse", lse)):
@@ -463,6 +474,35 @@ class GraphWorkspace:
                                      f"{other}; give {name} a tensor of its own")
         _paged_kernels("run", c, op_spec(self.pattern, self.scale), out, lse, self._ptr, self.capacity)
         return out
+
+
+    def _check_problem(self, what, q, k_cache, v_cache):
+        """The problem the workspace was sized for (its kernels' tiles and head dims set its bytes):
+        another one would plan past the buffer."""
+        got = _problem_of(q, k_cache, v_cache)
+        if got != self._problem:
+            raise ValueError(f"{what}: this GraphWorkspace was made for {_describe_problem(self._problem)}, called with "
+                             f"{_describe_problem(got)}; a workspace serves the problem it was made for (make one per "
+                             "problem)")
+
+    def _check_extents(self, what, planned, ran):
+        """A plan reads `planned` queries, requests (block table rows) and cache pages of run()'s
+        tensors (`ran`): more than they hold would be read and written past them."""
+        if planned is None or ran is None:
+            return
+        for name, p, r in zip(("queries (q rows)", "requests (block_table rows)", "cache pages"), planned, ran):
+            if p > r:
+                raise ValueError(f"{what}: the plan reads {p} {name} but run()'s tensors hold {r}; run() must be given "
+                                 "plan()'s tensors (a CUDA graph replays run() over the same ones every step)")
+
+
+def _problem_of(q, k_cache, v_cache):
+    return (q.shape[1], k_cache.shape[2], q.shape[2], v_cache.shape[3], q.dtype, k_cache.dtype, v_cache.dtype, q.device)
+
+
+def _describe_problem(p):
+    return (f"{p[0]} query heads, {p[1]} kv heads, head dims {p[2]}/{p[3]}, q {p[4]}, caches {p[5]}/{p[6]} on "
+            f"{p[7]}")
 
 
 def _check_output(name, x, shape, dtype, device):
@@ -529,17 +569,17 @@ def append_kv(k_cache, v_cache, block_table, kv_lens, k_new, v_new, cu_seqlens_n
     flat = flat.to(k_cache.device)
     k_scale = _scales("k_scale", k_scale, k_cache, hkv)
     v_scale = _scales("v_scale", v_scale, v_cache, hkv)
+    page, slot = flat // page_size, flat % page_size  # indexed through the cache's strides: any layout
     with torch.no_grad():
         for cache, new, s in ((k_cache, k_new, k_scale), (v_cache, v_new, v_scale)):
-            rows = cache.view(-1, hkv, cache.shape[3])
-            if cache.dtype == FP8:  # stored as value / scale; index_copy_ has no float8 kernel: copied as bytes
+            if cache.dtype == FP8:  # stored as value / scale; float8 has no indexed-copy kernel: copied as bytes
                 # Finite values saturate at +-448; e4m3fn has no infinity, so +-inf is stored as NaN (as
                 # NaN is), never as a finite 448 (torch's conversion would saturate it).
                 x = (new.to(torch.float32) / s.to(new.device)[:, None]).clamp(-448.0, 448.0)
                 q8 = torch.where(torch.isinf(new), float("nan"), x).to(FP8)
-                rows.view(torch.uint8).index_copy_(0, flat, q8.to(cache.device).view(torch.uint8))
+                cache.view(torch.uint8)[page, slot] = q8.to(cache.device).view(torch.uint8)
             else:
-                rows.index_copy_(0, flat, new.to(cache.dtype))
+                cache[page, slot] = new.to(cache.device, cache.dtype)
     new = [lens[b] + starts[b + 1] - starts[b] for b in range(batch)]
     return torch.tensor(new, dtype=torch.int32, device=k_cache.device)
 

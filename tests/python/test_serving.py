@@ -161,6 +161,24 @@ def test_append_writes_only_its_slots_and_a_bad_request_writes_nothing():
     assert torch.equal(k_cache, before)
 
 
+def test_append_kv_writes_through_the_cache_s_strides():
+    # A combined K/V cache ([pages, 2, page_size, Hkv, D], FlashInfer's and vLLM's) viewed as two
+    # caches, which paged_attention takes: append_kv failed on them with torch's "view size is not
+    # compatible". It now writes through the strides, exactly where a contiguous cache is written.
+    for dtype in (torch.float32, torch.float8_e4m3fn):
+        kv = torch.zeros(6, 2, 4, 2, 8).to(dtype)
+        plain_k, plain_v = torch.zeros(6, 4, 2, 8).to(dtype), torch.zeros(6, 4, 2, 8).to(dtype)
+        table = torch.tensor([[5, 2], [0, 3]])
+        g = torch.Generator().manual_seed(4)
+        k_new, v_new = torch.randn(5, 2, 8, generator=g), torch.randn(5, 2, 8, generator=g)
+        for k_cache, v_cache in ((kv[:, 0], kv[:, 1]), (plain_k, plain_v)):
+            got = serving.append_kv(k_cache, v_cache, table, [2, 1], k_new, v_new, cu_seqlens_new=[0, 3, 5])
+            assert got.tolist() == [5, 3]
+        assert torch.equal(kv[:, 0].view(torch.uint8), plain_k.view(torch.uint8))
+        assert torch.equal(kv[:, 1].view(torch.uint8), plain_v.view(torch.uint8))
+        assert plain_k.float().abs().sum() > 0
+
+
 def bad_inputs():
     cache = Cache([10, 20], 8, hkv=2, d=4, dv=4, dtype=torch.float32, seed=0)
     q = torch.randn(2, 2, 4)
@@ -388,6 +406,23 @@ def test_graph_workspace_plans_each_step_and_runs_it(monkeypatch, device):
         ws.run(q, cache.k_cache, cache.v_cache, cache.table, lens, out[:2])
     with pytest.raises(ValueError, match="capacity: missing splits"):
         serving.GraphWorkspace(q, cache.k_cache, cache.v_cache, pattern, {k: v for k, v in cap.items() if k != "splits"})
+    # A workspace is sized for its problem (its kernels' tiles and head dims) and run() reads what
+    # plan() planned from run()'s tensors: another problem, or tensors smaller than the plan, would
+    # be read and written past their memory (once accepted: heap corruption in the emulator).
+    v_wide = torch.randn(cache.v_cache.shape[:3] + (64,))
+    with pytest.raises(ValueError, match=r"^plan: this GraphWorkspace was made for 4 query heads, 2 kv heads, head dims "
+                                         r"32/32, .*called with .*head dims 32/64"):
+        ws.plan(q, cache.k_cache, v_wide, cache.table, lens)
+    with pytest.raises(ValueError, match=r"^run: this GraphWorkspace was made for"):
+        ws.run(q.double(), cache.k_cache.double(), cache.v_cache.double(), cache.table, lens, out.double())
+    ws.plan(q, cache.k_cache, cache.v_cache, cache.table, lens)
+    with pytest.raises(ValueError, match=r"^run: the plan reads 3 queries \(q rows\) but run\(\)'s tensors hold 2; "
+                                         r"run\(\) must be given plan\(\)'s tensors"):
+        ws.run(q[:2].clone(), cache.k_cache, cache.v_cache, cache.table[:2], lens[:2], out[:2].clone())
+    ws.run(q, cache.k_cache, cache.v_cache, cache.table, lens, out)  # run()'s tensors, as a capture takes them
+    with pytest.raises(ValueError, match=r"^plan: the plan reads 4 queries \(q rows\) but run\(\)'s tensors hold 3"):
+        ws.plan(torch.cat([q, q[:1]]), cache.k_cache, cache.v_cache, torch.cat([cache.table, cache.table[:1]]),
+                lens + [lens[0]])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the captured decode loop is not run")
