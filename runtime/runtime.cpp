@@ -401,11 +401,6 @@ void Attention::forward(const TensorView& q, const TensorView& k, const TensorVi
   if (!state_) throw UserError("Attention", "is empty; get one from Runtime::prepare");
   check_forward_inputs(state_->problem, q, k, v, o, lse, state_->backend->alignment());
   check_descales(state_->problem, options, q, k, v, o);
-  // backward()'s inputs, which forward() has no use for: given here they would be ignored.
-  if (options.dlse)
-    throw UserError("dlse", "is an input of backward() (the gradient of the loss with respect to lse); forward() takes none");
-  if (options.workspace || options.workspace_bytes)
-    throw UserError("workspace", "is backward()'s scratch memory; forward() needs none (leave workspace and workspace_bytes unset)");
   DynamicLayout host;
   const ForwardOptions o2 = resolve_device_table(*state_, options, host);
   const std::shared_ptr<PlanEntry> entry = plan_for(*state_, o2);

@@ -112,13 +112,14 @@ struct ForwardOptions {
   // backward(): the gradient of the loss with respect to the forward's lse output, fp32
   // [batch, heads_q, seq_q] like lse (last stride 1); null: zero. It enters each row's dS as
   // P * dlse (d lse / d S = P), so a loss that uses lse (merging partial attentions) is
-  // differentiated exactly. Rows that attend nothing take none of it. forward() refuses it.
+  // differentiated exactly. Rows that attend nothing take none of it. forward() does not read it
+  // (one ForwardOptions may serve both calls).
   const TensorView* dlse = nullptr;
   // backward() scratch memory from the caller (e.g. PyTorch's caching allocator) instead of the
   // driver's stream-ordered pool: device memory of the runtime's GPU, 256-byte aligned, at least
   // Attention::backward_workspace_bytes() bytes, not used by other work on the stream until the
   // backward's kernels have run. Null: the pool. The CPU and emu devices need none; forward()
-  // refuses one.
+  // does not read it.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   // FP8 inputs (Problem::dtype fp8_e4m3): q, k and v hold codes whose values are the inputs divided
