@@ -54,7 +54,8 @@ int run_cache(const CacheOptions& o) {
   // is wrong with it.
   const std::string dir = knobs().cache_dir;
   std::error_code ec;
-  if (o.cache_dir.empty() && !dir.empty() && std::filesystem::status(dir, ec).type() == std::filesystem::file_type::not_found) {
+  if (o.cache_dir.empty() && !dir.empty() && !knobs().disable_cache &&
+      std::filesystem::status(dir, ec).type() == std::filesystem::file_type::not_found) {
     std::cout << "cache: " << dir << " does not exist yet: nothing has been compiled into it (ATTNJIT_CACHE_DIR names the "
               << "cache; compile or precompile creates it)\n";
     return 0;

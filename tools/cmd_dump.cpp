@@ -51,8 +51,8 @@ const StageOption kStageOptions[] = {
     {"--q-offset", {"plan", "plan-bwd"}, " (a plan is made for one shape; the kernels serve every offset)"},
     {"--k-offset", {"plan", "plan-bwd"}, " (a plan is made for one shape; the kernels serve every offset)"},
     {"--batch", {"plan", "plan-bwd"}, " (a plan is made for one shape; the kernels serve every batch)"},
-    {"--heads-q", {"plan", "plan-bwd", "plan-paged", "cuda", "ptx", "sass"}, ""},
-    {"--heads-kv", {"plan", "plan-bwd", "plan-paged", "cuda", "ptx", "sass"}, ""},
+    {"--heads-q", {"plan", "plan-bwd", "plan-paged", "cuda", "ptx", "sass"}, " (the kernel stages with --paged)"},
+    {"--heads-kv", {"plan", "plan-bwd", "plan-paged", "cuda", "ptx", "sass"}, " (the kernel stages with --paged)"},
     {"--head-dim", {"plan", "plan-bwd", "plan-paged", "cuda", "ptx", "sass"}, ""},
     {"--head-dim-v", {"plan", "plan-bwd", "plan-paged", "cuda", "ptx", "sass"}, ""},
 };

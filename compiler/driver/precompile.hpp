@@ -24,7 +24,8 @@ struct ManifestEntry {
 };
 
 // A manifest's entries. Strict, so that a mistake never leaves a deployment short of kernels: an
-// unknown field is an error naming the nearest valid one ("backwards": did you mean "backward"?),
+// unknown field is an error listing the valid ones, the nearest named when it is near ("backwards":
+// did you mean "backward"?),
 // numbers must be integers in range (64.9 or 2^32 + 64 is not read as 64), "attnjit_manifest" must
 // be exactly 1, and an empty "entries" or an empty list in an entry (no kernels) is an error.
 // UserErrors name the file and the JSON pointer (manifest.json: /entries/0/head_dims/1).

@@ -120,8 +120,9 @@ def _check_agreement(group, given, checked, steps_ahead, failure=None):
     that number.
 
     A signature this rank has agreed on before is not gathered again (a collective per call would
-    cost a host synchronisation on NCCL), so ranks that call differently after each has called
-    both ways are not caught; TORCH_DISTRIBUTED_DEBUG=DETAIL, PyTorch's switch for checking
+    cost a host synchronisation on NCCL). So ranks that call differently after each has called
+    both ways are not caught, and a rank whose checks fail in a call the others agreed on before
+    leaves them waiting; TORCH_DISTRIBUTED_DEBUG=DETAIL, PyTorch's switch for checking
     collectives, gathers on every call."""
     g = group if group is not None else dist.group.WORLD
     seen = _AGREED.setdefault(g, {})
@@ -134,7 +135,7 @@ def _check_agreement(group, given, checked, steps_ahead, failure=None):
     dist.all_gather_object(sigs, (given, checked, steps_ahead, why), group=group)
     if any(s[0] != given for s in sigs) or (not any(s[3] for s in sigs) and any(s[1] != checked for s in sigs)):
         raise ValueError("ring_attention: the ranks called with different arguments (q/k/v shapes, dtype, layout, "
-                         "heavy_rows, strategy, head_parallel, return_lse; pattern hash, documents): " +
+                         "heavy_rows, strategy, head_parallel; pattern hash, documents): " +
                          "; ".join(f"rank {i}: {s[:2]}" for i, s in enumerate(sigs)) +
                          "; every rank must pass the same pattern, layout, heavy_rows, strategy and cu_seqlens "
                          "and shards of one shape")
@@ -598,7 +599,7 @@ def ring_attention(q, k, v, pattern, *, group=None, layout: str = "contiguous", 
     # What the caller passed, read before any check: the ranks agree on it (and on what the checks
     # made of it) even where one rank's checks fail, so that every rank stops with an error.
     given = (tuple(tuple(getattr(x, "shape", ())) for x in (q, k, v)), str(getattr(q, "dtype", type(q).__name__)),
-             *(_hashable(a) for a in (layout, heavy_rows, strategy, head_parallel, return_lse)))
+             *(_hashable(a) for a in (layout, heavy_rows, strategy, head_parallel)))
     try:
         p, docs, heavy_rows, plan = _checked_call(q, k, v, pattern, w, layout, scale, strategy, heavy_rows, cu_seqlens,
                                                   head_parallel)

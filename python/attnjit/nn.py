@@ -53,6 +53,14 @@ def _causal_variant(p: Pattern) -> Pattern:
     return Pattern.from_json(d)
 
 
+@torch.compiler.assume_constant_result
+def _causal_text(op_spec: str) -> str:
+    """The causal variant's spec as JSON text, which attention() takes as a pattern: what a
+    compiled call with is_causal=True passes (building a Pattern is not traceable; this runs when
+    traced and its text is a constant of the graph)."""
+    return _causal_variant(Pattern.from_json(json.loads(op_spec))).op_spec
+
+
 class _PatternAttention(nn.Module):
     """Attention of a fixed pattern over q, k, v [B, S, H, D]; `is_causal=True` at call time adds a
     causal mask to a pattern that has none."""
@@ -61,9 +69,6 @@ class _PatternAttention(nn.Module):
         super().__init__()
         self.pattern = as_pattern(pattern)
         self._causal = None
-        # is_causal=True under torch.compile: building a Pattern is not traceable, so the traced
-        # call takes the causal spec as a dict (read when traced, a constant of the graph).
-        self._causal_spec = dict(json.loads(self.pattern.spec), causal=True)
         self._parallel = None
         self._layouts = {}  # layout="auto": best_layout's answer per (pattern, length, heads, ranks)
 
@@ -98,7 +103,7 @@ class _PatternAttention(nn.Module):
             return self.pattern
         if self._causal is None:
             if as_spec and torch.compiler.is_compiling():
-                return self._causal_spec
+                return _causal_text(self.pattern.op_spec)
             self._causal = _causal_variant(self.pattern)
         return self._causal
 

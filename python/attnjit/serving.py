@@ -444,8 +444,8 @@ class GraphWorkspace:
              plan_on_device=None):
         """The step's plan into the workspace, in the current stream's order (eager; never captured).
         Refused for lengths on the device (plan_on_device), which run() plans itself."""
-        self._check_problem("plan", q, k_cache, v_cache)
         c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, None, plan_on_device)
+        self._check_problem("plan", q, k_cache, v_cache)
         o = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
         planned = (q.shape[0], _batch(kv_lens), k_cache.shape[0])
         self._check_extents("plan", planned, self._ran)
@@ -458,8 +458,8 @@ class GraphWorkspace:
         [total_q, Hq] (fp32) if given, on q's device, each with memory of its own per entry and
         shared with no input (ValueError otherwise); capturable. `errors`, `plan_on_device`: as
         paged_attention's (planned on the device, run() needs no plan() before it)."""
-        self._check_problem("run", q, k_cache, v_cache)
         c = _call(q, k_cache, v_cache, block_table, kv_lens, cu_seqlens_q, k_scale, v_scale, errors, plan_on_device)
+        self._check_problem("run", q, k_cache, v_cache)
         _check_output("out", out, (q.shape[0], q.shape[1], v_cache.shape[3]), q.dtype, q.device)
         ran = (q.shape[0], c.table.shape[0], k_cache.shape[0])
         if not c.on_device:  # planned on the device, run() reads only what it planned from these tensors

@@ -415,6 +415,8 @@ def test_graph_workspace_plans_each_step_and_runs_it(monkeypatch, device):
         ws.plan(q, cache.k_cache, v_wide, cache.table, lens)
     with pytest.raises(ValueError, match=r"^run: this GraphWorkspace was made for"):
         ws.run(q.double(), cache.k_cache.double(), cache.v_cache.double(), cache.table, lens, out.double())
+    with pytest.raises(ValueError, match=r"^q: expected a torch tensor \[total_q, Hq, D\]"):  # checked before the problem
+        ws.plan(q[0], cache.k_cache, cache.v_cache, cache.table, lens)
     ws.plan(q, cache.k_cache, cache.v_cache, cache.table, lens)
     with pytest.raises(ValueError, match=r"^run: the plan reads 3 queries \(q rows\) but run\(\)'s tensors hold 2; "
                                          r"run\(\) must be given plan\(\)'s tensors"):
