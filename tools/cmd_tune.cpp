@@ -204,6 +204,20 @@ int run_show(const TuneOptions& o) {
   return 0;
 }
 
+// --show prints the databases: the options that choose what to tune (a spec, --seq, --backward,
+// ...) would be ignored beside it, so they are errors; --db says which database (else the
+// knobs': ATTNJIT_CACHE_DIR's tuning/ and the shipped ones; --cache-dir is the kernel cache tuning
+// compiles into).
+void check_show_options(const CLI::App& sub) {
+  for (const CLI::Option* opt : sub.get_options()) {
+    const std::string name = opt->get_name();
+    if (opt->count() == 0 || name == "--show" || name == "--db" || name == "--help") continue;
+    throw UserError(name == "input" ? "attnjit tune --show " + opt->results().front() : name,
+                    std::string(name == "input" ? "names what to tune" : "applies to tuning") +
+                        "; --show prints what the databases hold (drop it, or --show)");
+  }
+}
+
 }  // namespace
 
 void register_tune(CLI::App& app, int& rc) {
@@ -227,7 +241,12 @@ void register_tune(CLI::App& app, int& rc) {
   sub->add_flag("--refresh", o->refresh,
                 "tune only the keys whose entry is missing or was timed with other kernel templates (stale)");
   sub->add_flag("--show", o->show, "print what the tuning databases hold for this GPU (all entries without a GPU)");
-  sub->callback([o, &rc] { rc = guarded([&] { return o->show ? run_show(*o) : run_tune(*o); }); });
+  sub->callback([o, sub, &rc] {
+    rc = guarded([&] {
+      if (o->show) check_show_options(*sub);
+      return o->show ? run_show(*o) : run_tune(*o);
+    });
+  });
 }
 
 }  // namespace attnjit::cli
