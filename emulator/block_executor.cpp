@@ -80,6 +80,9 @@ void BlockExecutor::fiber_main(void* arg) {
     ex.fail(ex.who(t.tid) + " exits with a bulk copy (cp.reduce.async.bulk or a TMA store) not waited for (issued at " +
             ex.where((t.bulk_open.empty() ? t.bulk_committed.back() : t.bulk_open).back().pc) +
             "): its shared source may be gone before it is read; commit the group and wait for it (cp.async.bulk.wait_group)");
+  // What a .read wait left in flight lands by the kernel's end.
+  for (const std::vector<BulkReduce>& group : t.bulk_landing) ex.land_bulk_group(group);
+  t.bulk_landing.clear();
   t.state = State::Done;
   ++ex.done_;
   switch_to_scheduler();  // never resumed
@@ -118,6 +121,7 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
     t.wg_committed.clear();
     t.bulk_open.clear();
     t.bulk_committed.clear();
+    t.bulk_landing.clear();
     t.proxy_fences = 0;
     t.observed.clear();
     t.wait_bar = -1;
@@ -423,37 +427,59 @@ void BlockExecutor::bulk_commit(const void*) {
   t.bulk_open.clear();
 }
 
-void BlockExecutor::bulk_wait(int n, const void* pc) {
+void BlockExecutor::bulk_wait(int n, bool read, const void* pc) {
   tick();
   Thread& t = *current_;
+  const char* wait = read ? "cp.async.bulk.wait_group.read" : "cp.async.bulk.wait_group";
+  // Groups past the n most recent have read their sources: each source is checked unchanged since
+  // the issue (the copy may read it up to this wait). Their global writes land now for a full
+  // wait; after a .read wait they land later, so a thread that reads what it stored or added with
+  // only a .read wait between sees the old values, as it may on the GPU.
   while (static_cast<int>(t.bulk_committed.size()) > n) {
     for (const BulkReduce& r : t.bulk_committed.front()) {
       if (!r.to.empty()) {  // a TMA store
         const size_t eb = size_t(r.element_bytes);
         for (size_t l = 0; l < r.to.size(); ++l) {
-          // The copy may read its source up to this wait: a read by this thread now, so a store by
-          // another thread that no barrier orders after the wait is a race.
+          // A read by this thread now, so a store by another thread that no barrier orders after
+          // the wait is a race.
           shared_read(r.from[l], eb, t.tid, pc);
           if (std::memcmp(arena_.data() + r.from[l], r.bytes.data() + l * eb, eb) != 0)
             fail("shared memory at offset " + std::to_string(r.from[l]) + ", the source of the TMA store issued at " + where(r.pc) +
-                 ", changed before " + who(t.tid) + " waited for its group (cp.async.bulk.wait_group.read, at " + where(pc) +
+                 ", changed before " + who(t.tid) + " waited for its group (" + wait + ", at " + where(pc) +
                  "): the copy may still read it");
-          if (r.to[l]) std::memcpy(r.to[l], r.bytes.data() + l * eb, eb);
         }
         continue;
       }
       if (std::memcmp(arena_.data() + r.src, r.bytes.data(), r.bytes.size()) != 0)
         fail("shared memory at offset " + std::to_string(r.src) + ", the source of the cp.reduce.async.bulk issued at " + where(r.pc) +
-             ", changed before " + who(t.tid) + " waited for its group (cp.async.bulk.wait_group.read, at " + where(pc) +
+             ", changed before " + who(t.tid) + " waited for its group (" + wait + ", at " + where(pc) +
              "): the copy may still read it");
-      const size_t count = r.bytes.size() / 4;
-      for (size_t i = 0; i < count; ++i) {
-        float v;
-        std::memcpy(&v, r.bytes.data() + 4 * i, 4);
-        std::atomic_ref<float>(r.dst[i]).fetch_add(v);  // as red.global.add.f32 (the workers flush subnormals)
-      }
     }
+    t.bulk_landing.push_back(std::move(t.bulk_committed.front()));
     t.bulk_committed.pop_front();
+  }
+  // A full wait completes every group but the n most recent, those read before included.
+  if (!read)
+    while (!t.bulk_landing.empty() && t.bulk_landing.size() + t.bulk_committed.size() > size_t(n)) {
+      land_bulk_group(t.bulk_landing.front());
+      t.bulk_landing.pop_front();
+    }
+}
+
+void BlockExecutor::land_bulk_group(const std::vector<BulkReduce>& group) {
+  for (const BulkReduce& r : group) {
+    if (!r.to.empty()) {  // a TMA store: its box's elements inside the tensor
+      const size_t eb = size_t(r.element_bytes);
+      for (size_t l = 0; l < r.to.size(); ++l)
+        if (r.to[l]) std::memcpy(r.to[l], r.bytes.data() + l * eb, eb);
+      continue;
+    }
+    const size_t count = r.bytes.size() / 4;
+    for (size_t i = 0; i < count; ++i) {
+      float v;
+      std::memcpy(&v, r.bytes.data() + 4 * i, 4);
+      std::atomic_ref<float>(r.dst[i]).fetch_add(v);  // as red.global.add.f32 (the workers flush subnormals)
+    }
   }
 }
 

@@ -131,7 +131,7 @@ public:
   // land when the issuing thread waits for the group; its source must not change before then.
   void bulk_reduce_add_f32(float* dst, const void* src, unsigned bytes, const void* pc);
   void bulk_commit(const void* pc);
-  void bulk_wait(int n, const void* pc);
+  void bulk_wait(int n, bool read, const void* pc);
   // sm_90a (emulator/wgmma.cpp)
   unsigned smem_addr(const void* p);
   void wgmma(float* d, int n, const unsigned* a_regs, uint64_t a_desc, uint64_t b_desc, int type, int flags,
@@ -173,6 +173,7 @@ private:
     std::vector<uint8_t*> to;
     int element_bytes = 0;
   };
+  void land_bulk_group(const std::vector<BulkReduce>& group);  // a bulk group's global writes
   struct Thread {
     int tid = 0;
     State state = State::Ready;
@@ -184,6 +185,9 @@ private:
     // bulk asynchronous reductions: the open group and the committed ones, oldest first
     std::vector<BulkReduce> bulk_open;
     std::deque<std::vector<BulkReduce>> bulk_committed;
+    // groups whose sources are read (a .read wait) but whose global writes have not landed: they
+    // land at a full wait that covers them, or when the thread exits (the kernel's end)
+    std::deque<std::vector<BulkReduce>> bulk_landing;
     // operands of the collective this thread waits at
     Op op = Op::None;
     unsigned value = 0, result = 0;

@@ -82,10 +82,12 @@ typedef struct AjEmuApi {
   /* cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 (sm_90): `bytes` (a multiple of 16)
      of floats at shared `src` added into global `dst` (both 16-byte aligned), in the thread's open
      bulk group; bulk_commit (cp.async.bulk.commit_group) closes the group; bulk_wait
-     (cp.async.bulk.wait_group[.read] n) returns once at most n of the thread's groups are pending */
+     (cp.async.bulk.wait_group n, or with `read` cp.async.bulk.wait_group.read n) returns once at
+     most n of the thread's groups are pending (with `read`: pending reading their sources; their
+     global writes then land at a later full wait or when the thread exits) */
   void (*bulk_reduce_add_f32)(float* dst, const void* src, unsigned bytes, const void* pc);
   void (*bulk_commit)(const void* pc);
-  void (*bulk_wait)(int n, const void* pc);
+  void (*bulk_wait)(int n, int read, const void* pc);
   /* __syncwarp() (bar.warp.sync 0xffffffff): the 32 lanes of the warp meet; shared memory written
      before it by one lane is read after it by another without a race */
   void (*warp_sync)(const void* pc);

@@ -43,7 +43,7 @@ void api_bulk_reduce_add_f32(float* dst, const void* src, unsigned bytes, const 
   ex().bulk_reduce_add_f32(dst, src, bytes, pc);
 }
 void api_bulk_commit(const void* pc) { ex().bulk_commit(pc); }
-void api_bulk_wait(int n, const void* pc) { ex().bulk_wait(n, pc); }
+void api_bulk_wait(int n, int read, const void* pc) { ex().bulk_wait(n, read != 0, pc); }
 unsigned api_smem_addr(const void* p) { return ex().smem_addr(p); }
 void api_wgmma(float* d, int n, const unsigned* a, unsigned long long da, unsigned long long db, int type, int flags,
                const void* pc) {

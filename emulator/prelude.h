@@ -65,7 +65,7 @@ AJ_EMU_SHIM void aj_emu_bulk_reduce_add_f32(float* dst, const void* src, unsigne
   aj_emu_api->bulk_reduce_add_f32(dst, src, bytes, AJ_EMU_PC);
 }
 AJ_EMU_SHIM void aj_emu_bulk_commit() { aj_emu_api->bulk_commit(AJ_EMU_PC); }
-AJ_EMU_SHIM void aj_emu_bulk_wait(int n) { aj_emu_api->bulk_wait(n, AJ_EMU_PC); }
+AJ_EMU_SHIM void aj_emu_bulk_wait(int n, int read) { aj_emu_api->bulk_wait(n, read, AJ_EMU_PC); }
 AJ_EMU_SHIM void aj_emu_rare_path(int path) { aj_emu_api->rare_path(path); }
 AJ_EMU_SHIM unsigned aj_emu_smem_addr(const void* p) { return aj_emu_api->smem_addr(p); }
 AJ_EMU_SHIM void aj_emu_wgmma(float* d, int n, const unsigned* a, unsigned long long da, unsigned long long db, int type,

@@ -184,11 +184,11 @@ __device__ __forceinline__ void aj_bulk_reduce_add_f32(float* dst, const float* 
 __device__ __forceinline__ void aj_bulk_commit() { aj_emu_bulk_commit(); }
 template <int N>
 __device__ __forceinline__ void aj_bulk_wait_read() {
-  aj_emu_bulk_wait(N);
+  aj_emu_bulk_wait(N, 1);
 }
 template <int N>
 __device__ __forceinline__ void aj_bulk_wait() {
-  aj_emu_bulk_wait(N);
+  aj_emu_bulk_wait(N, 0);
 }
 
 struct __align__(64) aj_tensor_map {

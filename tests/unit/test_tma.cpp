@@ -624,12 +624,14 @@ std::string launch_block(const EmuModule& m, unsigned threads, size_t shared, vo
 
 }  // namespace
 
-// cp.reduce.async.bulk ... .add.f32 in the emulator: the adds land at the issuing thread's wait;
-// a wrong size, a misaligned end, a source written without fence.proxy.async, a source changed
-// before the wait and a thread that exits with its group pending are each reported by name.
+// cp.reduce.async.bulk ... .add.f32 in the emulator: the adds land at the issuing thread's full
+// wait, or after a .read wait by the kernel's end (the thread reading them back after only .read
+// sees the old values, as it may on the GPU); a wrong size, a misaligned end, a source written
+// without fence.proxy.async, a source changed before the wait and a thread that exits with its
+// group pending are each reported by name.
 TEST_CASE("bulk reduce: the adds land at the wait and its misuses are reported", "[emu][tma]") {
   const char* body = R"(
-extern "C" __global__ void bulk(const float* in, float* out) {
+extern "C" __global__ void bulk(const float* in, float* out, float* seen) {
   AJ_DYNAMIC_SHARED(smem);
   float* buf = (float*)smem;
   const int t = aj_thread_idx();
@@ -641,19 +643,22 @@ extern "C" __global__ void bulk(const float* in, float* out) {
     aj_bulk_commit();
     CHANGE;
     WAIT;
+    seen[0] = out[DST];  // what this thread reads back after the wait
   }
 }
 )";
-  std::vector<float> in(32), out(48);
+  std::vector<float> in(32), out(48), seen(1);
   for (int i = 0; i < 32; ++i) in[size_t(i)] = 0.25f * float(i) - 3.0f;
   auto run = [&](const std::string& defines) {
     const std::string source = TemplateSet::embedded().blocks() + "\n" + defines + "\n" + body;
     auto m = load_emu_module(compile_for_emulator({"bulk", source, "sm_90a", "", {}}, default_kernel_cache(), knobs()));
     for (size_t i = 0; i < out.size(); ++i) out[i] = float(i);
     const float* pin = in.data();
-    float* pout = out.data();
-    void* args[] = {&pin, &pout};
-    return launch_block(*m, 32, 128, args, {{"in", in.data(), in.size() * 4, 4, false}, {"out", out.data(), out.size() * 4, 4, true}});
+    float *pout = out.data(), *pseen = seen.data();
+    void* args[] = {&pin, &pout, &pseen};
+    return launch_block(*m, 32, 128, args,
+                        {{"in", in.data(), in.size() * 4, 4, false}, {"out", out.data(), out.size() * 4, 4, true},
+                         {"seen", seen.data(), 4, 4, true}});
   };
   const std::string ok = "#define FENCE aj_fence_proxy_async()\n#define CHANGE\n#define WAIT aj_bulk_wait_read<0>()\n";
   REQUIRE(run(ok + "#define DST 4\n#define SRC 8\n#define BYTES 64\n") == "");
@@ -661,6 +666,11 @@ extern "C" __global__ void bulk(const float* in, float* out) {
     INFO("out[" << i << "]");
     CHECK(out[size_t(i)] == (i >= 4 && i < 20 ? float(i) + in[size_t(i + 4)] : float(i)));  // 16 floats from buf[8 ..] into out[4 ..]
   }
+  CHECK(seen[0] == 4.0f);  // after .read the adds need not have landed: the old value
+  REQUIRE(run("#define FENCE aj_fence_proxy_async()\n#define CHANGE\n#define WAIT aj_bulk_wait<0>()\n#define DST 4\n#define SRC 8\n"
+              "#define BYTES 64\n") == "");
+  CHECK(seen[0] == 4.0f + in[8]);  // after a full wait they have
+  CHECK(out[4] == 4.0f + in[8]);
   CHECK_THAT(run(ok + "#define DST 4\n#define SRC 8\n#define BYTES 24\n"), Catch::Contains("a non-zero multiple of 16 bytes, got 24"));
   CHECK_THAT(run(ok + "#define DST 2\n#define SRC 8\n#define BYTES 16\n"), Catch::Contains("the global destination is not 16-byte aligned"));
   CHECK_THAT(run(ok + "#define DST 4\n#define SRC 2\n#define BYTES 16\n"), Catch::Contains("is not 16-byte aligned"));
@@ -677,10 +687,11 @@ extern "C" __global__ void bulk(const float* in, float* out) {
 // A TMA store in the emulator (cp.async.bulk.tensor ... global.shared::cta ... bulk_group): a box
 // of 32 rows written by 128 threads in the 128-byte swizzle's layout goes to rows ROW0.. of a
 // [40][64] matrix, rows past its end dropped; it lands at the issuing thread's wait, and a source
-// written without fence.proxy.async, changed before the wait or never waited for is reported.
+// written without fence.proxy.async, changed before the wait or never waited for is reported. Read
+// back after a .read wait it is not there yet (it lands by the kernel's end); after a full wait it is.
 TEST_CASE("TMA store: a swizzled box lands at the wait, rows outside dropped, and its misuses are reported", "[emu][tma]") {
   const char* body = R"(
-extern "C" __global__ void store(const aj_tensor_map* maps, unsigned short* out) {
+extern "C" __global__ void store(const aj_tensor_map* maps, unsigned short* out, unsigned short* seen) {
   AJ_DYNAMIC_SHARED(smem);
   unsigned char* tile = smem + ((1024 - aj_smem_addr(smem) % 1024) % 1024);
   const int t = aj_thread_idx();
@@ -695,10 +706,11 @@ extern "C" __global__ void store(const aj_tensor_map* maps, unsigned short* out)
     aj_bulk_commit();
     CHANGE;
     WAIT;
+    seen[0] = out[ROW0 * 64 + 5];
   }
 }
 )";
-  std::vector<uint16_t> out(40 * 64);
+  std::vector<uint16_t> out(40 * 64), seen(1);
   auto run = [&](const std::string& defines) {
     const std::string source = TemplateSet::embedded().blocks() + "\n" + defines + "\n" +
                                "__device__ __forceinline__ void aj_tma_store_2d(const aj_tensor_map& map, const void* src, int c0, int c1) {\n"
@@ -708,9 +720,11 @@ extern "C" __global__ void store(const aj_tensor_map* maps, unsigned short* out)
     alignas(64) static TensorMapBytes map;
     map = encode_emulated_tensor_map(matrix_map(uintptr_t(out.data()), 40, 32, 128));
     const TensorMapBytes* pmap = &map;
-    uint16_t* pout = out.data();
-    void* args[] = {&pmap, &pout};
-    return launch_block(*m, 128, 2 * 4096, args, {{"maps", &map, sizeof(map), 64, false}, {"out", out.data(), out.size() * 2, 2, true}});
+    uint16_t *pout = out.data(), *pseen = seen.data();
+    void* args[] = {&pmap, &pout, &pseen};
+    return launch_block(*m, 128, 2 * 4096, args,
+                        {{"maps", &map, sizeof(map), 64, false}, {"out", out.data(), out.size() * 2, 2, true},
+                         {"seen", seen.data(), 2, 2, true}});
   };
   const std::string ok = "#define FENCE aj_fence_proxy_async()\n#define CHANGE\n#define WAIT aj_bulk_wait_read<0>()\n";
   REQUIRE(run(ok + "#define ROW0 20\n") == "");
@@ -722,6 +736,9 @@ extern "C" __global__ void store(const aj_tensor_map* maps, unsigned short* out)
   REQUIRE(run(ok + "#define ROW0 0\n") == "");
   CHECK(out[size_t(31 * 64 + 5)] == 31005);
   CHECK(out[size_t(32 * 64 + 5)] == 7);
+  CHECK(seen[0] == 7);  // read back after .read: not landed yet
+  REQUIRE(run("#define FENCE aj_fence_proxy_async()\n#define CHANGE\n#define WAIT aj_bulk_wait<0>()\n#define ROW0 0\n") == "");
+  CHECK(seen[0] == 5);  // after a full wait: row 0, column 5
   CHECK_THAT(run("#define FENCE\n#define CHANGE\n#define WAIT aj_bulk_wait_read<0>()\n#define ROW0 0\n"),
              Catch::Contains("with no fence.proxy.async after it (the store reads through the async proxy)"));
   CHECK_THAT(run("#define FENCE aj_fence_proxy_async()\n#define CHANGE tile[0] = 1\n#define WAIT aj_bulk_wait_read<0>()\n#define ROW0 0\n"),
