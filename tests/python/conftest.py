@@ -1,5 +1,5 @@
-"""Shared pieces of the Python tests: the examples, and the contract (docs/spec.md) written
-again in PyTorch, dense, in float64, from the pattern's mask counts."""
+"""Shared pieces of the Python tests: the examples, the contract (docs/spec.md) written again in
+PyTorch, dense, in float64, from the pattern's mask counts, and attnjit.distributed's cases."""
 import json
 import os
 import pathlib
@@ -67,3 +67,32 @@ def rel_error(got, want):
 
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the GPU subset is skipped")
+
+
+# attnjit.distributed's cases (test_distributed.py over gloo, test_comm_plan.py in one process).
+LONGNET = {"attnjit": 1, "branches": [{"segment": 64, "dilation": 1}, {"segment": 256, "dilation": 2},
+                                      {"segment": 512, "dilation": 4}]}
+CASES = {
+    "longnet": (LONGNET, 4, 4),
+    "longnet-gqa": (LONGNET, 4, 2),
+    "causal": ({"attnjit": 1, "causal": True, "branches": [{"segment": "full"}]}, 2, 2),
+    "block-sparse local+global": ({"attnjit": 1, "layout": {"block": 16, "union": [{"local": 1}, {"global": [0, 5]}]},
+                                   "branches": [{"segment": "full"}]}, 2, 1),
+    "sliding window": ({"attnjit": 1, "causal": True, "window": [47, 0], "branches": [{"segment": "full"}]}, 2, 2),
+    "head_groups": ({"attnjit": 1, "combine": "head_groups", "branches": [{"segment": 128, "dilation": 1},
+                                                                         {"segment": 512, "dilation": 2}]}, 4, 4),
+}
+SEQ, HEAD_DIM = 512, 16  # ring_inputs: batch 2 of SEQ rows
+# A global block (rows [0, 32) attend every key and every row attends them) beside a sliding window:
+# its rows attend over 4 times the mean row's keys, so the ring computes them where their keys are.
+GLOBAL_ROWS = {"attnjit": 1, "layout": {"block": 16, "union": [{"local": 1}, {"global": [0, 1]}]},
+               "branches": [{"segment": "full"}]}
+
+
+def ring_inputs(hq, hkv, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, SEQ, hq, HEAD_DIM, generator=g)
+    k = torch.randn(2, SEQ, hkv, HEAD_DIM, generator=g)
+    v = torch.randn(2, SEQ, hkv, HEAD_DIM, generator=g)
+    do = torch.randn(2, SEQ, hq, HEAD_DIM, generator=g)
+    return [x.to(dtype) for x in (q, k, v, do)]
