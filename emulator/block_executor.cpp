@@ -94,6 +94,9 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
   tls_current = this;
   error_.clear();
   block_epoch_ = ++epoch_;
+  banks_ = bank_profile_on();
+  bank_groups_.assign((threads_.size() + 31) / 32, {});
+  bank_counts_.clear();
   barrier_arrived_ = 0, done_ = 0;
   std::fill(warp_arrived_.begin(), warp_arrived_.end(), 0);
   std::fill(warpgroup_arrived_.begin(), warpgroup_arrived_.end(), 0);
@@ -125,6 +128,8 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
     t.proxy_fences = 0;
     t.observed.clear();
     t.wait_bar = -1;
+    t.bank_seen.clear();
+    t.sync_epoch = 0;
     t.ctx = make_fiber(stacks_.top(i), stacks_.usable(), fiber_main);
   }
   const int n = static_cast<int>(threads_.size());
@@ -163,6 +168,7 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
         break;
       }
   }
+  if (banks_ && error_.empty()) end_bank_profile();
   tls_current = nullptr;
   return error_;
 }
@@ -208,6 +214,10 @@ void BlockExecutor::syncthreads(const void* pc) {
     }
   barrier_arrived_ = 0;
   ++epoch_;  // a new barrier interval: shared-memory accesses before it no longer race
+  if (banks_) {
+    for (Thread& o : threads_) bank_sync(o);
+    for (size_t w = 0; w < bank_groups_.size(); ++w) flush_bank_groups(int(w));
+  }
   join_observed();
   for (Thread& o : threads_) o.state = State::Ready;
   t.state = State::Running;
@@ -227,6 +237,7 @@ void BlockExecutor::named_barrier(int id, int count, bool wait, const void* pc) 
     fail(std::string(op) + " " + std::to_string(id) + ", " + std::to_string(count) + " by " + who(t.tid) + " at " + where(pc) +
          ": the barrier's other arrivals this round expect " + std::to_string(b.count) + " threads");
   b.count = count;
+  if (banks_) bank_sync(t);
   if (++b.arrived < count) {
     if (!wait) return;
     t.state = State::AtNamedBarrier;
@@ -253,6 +264,7 @@ void BlockExecutor::arrive_collective(Thread& t, Op op, const void* pc) {
   t.op = op;
   t.wait_pc = pc;
   t.state = State::AtCollective;
+  if (banks_) bank_sync(t);
   if (++warp_arrived_[size_t(warp)] < 32) {
     block_until_released(t);
     return;
@@ -265,6 +277,7 @@ void BlockExecutor::arrive_collective(Thread& t, Op op, const void* pc) {
            " at " + where(o.wait_pc) + ", " + who(t.tid) + " at " + where(pc));
     }
   }
+  if (banks_) flush_bank_groups(warp);
   execute_collective(warp);
   for (int l = 0; l < 32; ++l) threads_[size_t(warp * 32 + l)].state = State::Ready;
   t.state = State::Running;
@@ -281,6 +294,7 @@ void BlockExecutor::execute_collective(int warp) {
     const char* what = store ? "stmatrix" : "ldmatrix";
     const int num = lane[0].num;
     uint16_t* rows[4][8];
+    uint32_t offsets[4][8] = {};
     for (int j = 0; j < num; ++j)
       for (int r = 0; r < 8; ++r) {
         const Thread& src = lane[8 * j + r];
@@ -293,7 +307,9 @@ void BlockExecutor::execute_collective(int warp) {
         if (store) shared_write(off, 16, src.tid, src.wait_pc);
         else shared_read(off, 16, src.tid, src.wait_pc);
         rows[j][r] = reinterpret_cast<uint16_t*>(arena_.data() + off);
+        offsets[j][r] = uint32_t(off);
       }
+    if (banks_) count_matrix(offsets, num, store ? SharedOp::Stmatrix : SharedOp::Ldmatrix, lane[0].wait_pc);
     if (store) {
       uint32_t in[32][4];
       for (int l = 0; l < 32; ++l)
@@ -503,6 +519,7 @@ void BlockExecutor::cp_async(void* smem, const void* gmem, unsigned cp_size, uns
   // The destination holds garbage until the group completes: poison it now, so a read before the
   // wait (or before the barrier after it) sees NaN.
   shared_write(off, cp_size, t.tid, pc);
+  if (banks_) count_shared(off, cp_size, SharedOp::CpAsync, pc);
   std::memset(c.dst, 0xFF, cp_size);
   t.open.push_back(c);
 }

@@ -13,9 +13,11 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
+#include "emulator/bank_profile.hpp"
 #include "emulator/fiber.hpp"
 #include "emulator/tensor_map.hpp"
 
@@ -106,6 +108,8 @@ public:
   // ---- what the kernel calls (emulator/emu_api.cpp), always on one of this block's fibers ----
   static BlockExecutor* current();
   void access(const void* addr, size_t bytes, bool write, const void* pc);
+  // An 8- or 16-byte load or store as one access: its address must be aligned to its size.
+  void vector_access(const void* addr, size_t bytes, bool write, const void* pc);
   unsigned thread_idx(int dim) const;
   unsigned block_idx(int dim) const { return block_[dim]; }
   unsigned grid_dim(int dim) const { return launch_.grid[dim]; }
@@ -211,6 +215,12 @@ private:
     std::vector<uint32_t> observed;
     int wait_bar = -1;
     unsigned wait_parity = 0;
+    // the bank profile: the warp-wide synchronisations this thread has passed (collectives,
+    // barriers: every lane of a warp passes the same ones), and per shared access the epoch it
+    // last ran in and how often it ran there; the n-th execution in an epoch meets its warp's other
+    // lanes' n-th (lanes that skip an access in divergent code are simply absent)
+    uint32_t sync_epoch = 0;
+    std::unordered_map<const void*, std::pair<uint32_t, uint32_t>> bank_seen;
   };
   struct Shadow {  // per byte of shared memory: last writer and reader within a barrier interval
     uint32_t write_epoch = 0, read_epoch = 0;
@@ -258,6 +268,31 @@ private:
   void shared_read(size_t off, size_t bytes, int tid, const void* pc);
   void shared_write(size_t off, size_t bytes, int tid, const void* pc);
   std::string race_report(const char* kind, size_t off, int tid, const void* pc, int other, const void* other_pc) const;
+
+  // the bank profile (emulator/bank_profile.hpp), while it is on: a lane's access joins its warp
+  // instruction's group (its warp, the access, the epoch, the execution in the epoch), which is
+  // counted once all 32 lanes are in, or with the lanes that came when the warp next meets at a
+  // collective or a barrier (by then every lane has run past it)
+  struct BankGroupKey {
+    const void* pc;
+    uint32_t epoch, n;
+    SharedOp op;
+    bool operator==(const BankGroupKey& o) const { return pc == o.pc && epoch == o.epoch && n == o.n && op == o.op; }
+  };
+  struct BankGroupHash {
+    size_t operator()(const BankGroupKey& k) const {
+      return std::hash<const void*>()(k.pc) ^ (size_t(k.epoch) * 0x9E3779B97F4A7C15ull) ^ (size_t(k.n) << 40) ^ size_t(k.op);
+    }
+  };
+  using BankGroups = std::unordered_map<BankGroupKey, std::vector<LaneAccess>, BankGroupHash>;
+  void count_shared(size_t off, size_t bytes, SharedOp op, const void* pc);
+  void count_matrix(const uint32_t rows[][8], int num, SharedOp op, const void* pc);
+  void bank_sync(Thread& t) { ++t.sync_epoch; }  // t passes a synchronisation its whole warp passes
+  void flush_bank_groups(int warp);  // counts the warp's groups, whole or not
+  void end_bank_profile();           // the block's counts into the process-wide profile
+  bool banks_ = false;
+  std::vector<BankGroups> bank_groups_;  // by warp
+  std::map<std::pair<const void*, SharedOp>, Wavefronts> bank_counts_;  // this block's, by site
 
   const BlockLaunch& launch_;
   std::vector<GlobalBuffer> buffers_;  // sorted by address

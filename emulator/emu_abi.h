@@ -5,7 +5,7 @@
 #ifndef ATTNJIT_EMU_ABI_H
 #define ATTNJIT_EMU_ABI_H
 
-#define AJ_EMU_ABI_VERSION 15
+#define AJ_EMU_ABI_VERSION 16
 #define AJ_EMU_F16 1
 #define AJ_EMU_BF16 2
 #define AJ_EMU_E4M3 3 /* FP8 e4m3 operands: wgmma k32 (K-major), mma.sync m16n8k32 */
@@ -100,6 +100,9 @@ typedef struct AjEmuApi {
      map at `coords` from shared `src` (laid out as a load of that box would leave it) to global
      memory, elements outside the tensor dropped, in the thread's open bulk group (bulk_wait) */
   void (*tma_store)(const void* tensor_map, const int* coords, int rank, const void* src, const void* pc);
+  /* one 8- or 16-byte load or store (LD/ST .64/.128, the building blocks' aj_ld_u32x4 and the
+     like): `access` for its bytes, as one access, after checking the address is aligned to them */
+  void (*vector_access)(const void* addr, unsigned bytes, int is_write, const void* pc);
 } AjEmuApi;
 
 #ifdef __cplusplus

@@ -61,6 +61,9 @@ void api_mbarrier_wait(void* bar, unsigned parity, const void* pc) { ex().mbarri
 int api_mbarrier_test_wait(void* bar, unsigned parity, const void* pc) { return ex().mbarrier_test(bar, parity, pc) ? 1 : 0; }
 void api_named_barrier(int id, int count, int wait, const void* pc) { ex().named_barrier(id, count, wait != 0, pc); }
 void api_warp_sync(const void* pc) { ex().warp_sync(pc); }
+void api_vector_access(const void* addr, unsigned bytes, int is_write, const void* pc) {
+  ex().vector_access(addr, bytes, is_write != 0, pc);
+}
 void api_tma_store(const void* map, const int* coords, int rank, const void* src, const void* pc) {
   ex().tma_store(map, coords, rank, src, pc);
 }
@@ -83,7 +86,7 @@ const AjEmuApi& emu_api() {
       api_mbarrier_init,  api_mbarrier_arrive, api_mbarrier_wait,    api_mbarrier_test_wait, api_tma_load,
       api_named_barrier,  api_red_add_u32,     api_red_add_f32x2,   api_rare_path,     cvt_rn_satfinite_e4m3x2,
       cvt_f16x2_e4m3x2,   api_bulk_reduce_add_f32, api_bulk_commit, api_bulk_wait, api_warp_sync,
-      api_stmatrix,       api_grid_dim,        api_tma_store,
+      api_stmatrix,       api_grid_dim,        api_tma_store,        api_vector_access,
   };
   return api;
 }

@@ -24,6 +24,7 @@ void BlockExecutor::access(const void* addr, size_t bytes, bool write, const voi
       const size_t off = shared_offset(addr, bytes, write ? "shared store" : "shared load", pc);
       if (write) shared_write(off, bytes, current_->tid, pc);
       else shared_read(off, bytes, current_->tid, pc);
+      if (banks_) count_shared(off, bytes, write ? SharedOp::Store : SharedOp::Load, pc);
       return;
     }
     case Space::Global: {
@@ -35,6 +36,16 @@ void BlockExecutor::access(const void* addr, size_t bytes, bool write, const voi
       return;
     }
   }
+}
+
+void BlockExecutor::vector_access(const void* addr, size_t bytes, bool write, const void* pc) {
+  if (reinterpret_cast<uintptr_t>(addr) % bytes != 0) {
+    std::ostringstream os;
+    os << "a " << bytes << "-byte " << (write ? "store" : "load") << " by " << who(current_->tid) << " at " << addr
+       << " is not " << bytes << "-byte aligned (a misaligned address on a GPU) at " << where(pc);
+    fail(os.str());
+  }
+  access(addr, bytes, write, pc);
 }
 
 size_t BlockExecutor::shared_offset(const void* addr, size_t bytes, const char* what, const void* pc) {
@@ -110,6 +121,39 @@ void BlockExecutor::shared_write(size_t off, size_t bytes, int tid, const void* 
     s.write_pc = pc;
     s.write_fence = threads_[size_t(tid)].proxy_fences;
   }
+}
+
+// ---- the bank profile ------------------------------------------------------------------------
+
+void BlockExecutor::count_shared(size_t off, size_t bytes, SharedOp op, const void* pc) {
+  Thread& t = *current_;
+  std::pair<uint32_t, uint32_t>& seen = t.bank_seen[pc];
+  if (seen.first != t.sync_epoch) seen = {t.sync_epoch, 0};
+  const BankGroupKey key{pc, t.sync_epoch, seen.second++, op};
+  BankGroups& groups = bank_groups_[size_t(t.tid / 32)];
+  std::vector<LaneAccess>& group = groups[key];
+  group.push_back({uint32_t(off), uint32_t(bytes), uint8_t(t.tid % 32)});
+  if (group.size() < 32) return;
+  bank_counts_[{pc, op}] += thread_access_wavefronts(group);
+  groups.erase(key);
+}
+
+void BlockExecutor::count_matrix(const uint32_t rows[][8], int num, SharedOp op, const void* pc) {
+  bank_counts_[{pc, op}] += matrix_wavefronts(rows, num);
+}
+
+void BlockExecutor::flush_bank_groups(int warp) {
+  BankGroups& groups = bank_groups_[size_t(warp)];
+  for (const auto& [key, group] : groups) bank_counts_[{key.pc, key.op}] += thread_access_wavefronts(group);
+  groups.clear();
+}
+
+void BlockExecutor::end_bank_profile() {
+  for (size_t w = 0; w < bank_groups_.size(); ++w) flush_bank_groups(int(w));
+  std::vector<BankSite> sites;
+  for (const auto& [key, count] : bank_counts_) sites.push_back({where(key.first), key.second, count});
+  bank_counts_.clear();
+  add_to_bank_profile(sites);
 }
 
 std::string BlockExecutor::race_report(const char* kind, size_t off, int tid, const void* pc, int other,

@@ -66,6 +66,17 @@ AJ_EMU_SHIM void aj_emu_bulk_reduce_add_f32(float* dst, const void* src, unsigne
 }
 AJ_EMU_SHIM void aj_emu_bulk_commit() { aj_emu_api->bulk_commit(AJ_EMU_PC); }
 AJ_EMU_SHIM void aj_emu_bulk_wait(int n, int read) { aj_emu_api->bulk_wait(n, read, AJ_EMU_PC); }
+// One 8- or 16-byte load or store as a single access of that width, as the hardware's vector
+// instruction is (the building blocks' aj_ld_u32x4 and the like; compiled as a struct copy, the
+// access would reach the emulator split into its fields).
+AJ_EMU_SHIM void aj_emu_vector_load(void* out, const void* src, unsigned bytes) {
+  aj_emu_api->vector_access(src, bytes, 0, AJ_EMU_PC);
+  __builtin_memcpy(out, src, bytes);
+}
+AJ_EMU_SHIM void aj_emu_vector_store(void* dst, const void* value, unsigned bytes) {
+  aj_emu_api->vector_access(dst, bytes, 1, AJ_EMU_PC);
+  __builtin_memcpy(dst, value, bytes);
+}
 AJ_EMU_SHIM void aj_emu_rare_path(int path) { aj_emu_api->rare_path(path); }
 AJ_EMU_SHIM unsigned aj_emu_smem_addr(const void* p) { return aj_emu_api->smem_addr(p); }
 AJ_EMU_SHIM void aj_emu_wgmma(float* d, int n, const unsigned* a, unsigned long long da, unsigned long long db, int type,

@@ -150,11 +150,14 @@ void BlockExecutor::arrive_warpgroup(Thread& t, const void* pc) {
   t.op = Op::Wgmma;
   t.wait_pc = pc;
   t.state = State::AtCollective;
+  if (banks_) bank_sync(t);
   if (++warpgroup_arrived_[size_t(wg)] < 128) {
     block_until_released(t);
     return;
   }
   warpgroup_arrived_[size_t(wg)] = 0;
+  if (banks_)
+    for (int w = 4 * wg; w < 4 * wg + 4; ++w) flush_bank_groups(w);
   execute_wgmma(wg);
   for (int l = 0; l < 128; ++l) {
     threads_[size_t(wg * 128 + l)].state = State::Ready;

@@ -236,7 +236,7 @@ __device__ __forceinline__ int aj_bwdt_consume(const AjBwdParams& bp, const AjBw
         for (int half = 0; half < 2; ++half) {
           float* const row = stage + (warp * 16 + g + half * 8) * AJ_BWDT_DQ_PITCH + quad * 2;
 #pragma unroll
-          for (int n = 0; n < 8; ++n) *(aj_f32x2*)(row + n * 8) = aj_f32x2{acc[n][2 * half] * bp.scale, acc[n][2 * half + 1] * bp.scale};
+          for (int n = 0; n < 8; ++n) aj_st_f32x2(row + n * 8, aj_f32x2{acc[n][2 * half] * bp.scale, acc[n][2 * half + 1] * bp.scale});
         }
       }
       aj_fence_proxy_async();  // the generic stores, then the bulk copies that read them

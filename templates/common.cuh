@@ -314,14 +314,6 @@ __device__ __forceinline__ bool aj_out_word_nonfinite(aj_u32 w) {
   return (w & e) == e || (w & (e << 16)) == (e << 16);
 }
 #endif
-// Sixteen bytes moved as one (a 128-bit load or store; the address must be 16-byte aligned).
-struct __align__(16) aj_u32x4 {
-  aj_u32 x, y, z, w;
-};
-// Two floats as one 8-byte load or store (the address must be 8-byte aligned).
-struct __align__(8) aj_f32x2 {
-  float x, y;
-};
 
 #define AJ_NEG_INF (aj_int_as_float((int)0xff800000u))
 #define AJ_LN2 0.6931471805599453f

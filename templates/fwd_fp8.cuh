@@ -109,7 +109,7 @@ __device__ __forceinline__ void aj_fp8_load_v(AjFp8V& v, const aj_elem* vb, aj_i
     for (int r = 0; r < 4; ++r) {
       const int key = k0 + (r & 1) + 8 * (r >> 1);
       v.rows[i][r] = u < AJ_FP8_V_UNITS && key < t.count
-                         ? *(const aj_u32x4*)(vb + (t.first + (aj_i64)key * t.stride) * row_stride + col)
+                         ? aj_ld_u32x4(vb + (t.first + (aj_i64)key * t.stride) * row_stride + col)
                          : aj_u32x4{0u, 0u, 0u, 0u};
     }
   }

@@ -128,7 +128,7 @@ __device__ __forceinline__ void aj_paged_load_tile(const AjPagedParams& pp, cons
       float val[kVec];
       const aj_kv_elem* row = aj_paged_slot_row(cache, page_stride, row_stride, head_stride, slots[r], kvh);
       if (row) {
-        const aj_u32x4 raw = *(const aj_u32x4*)(row + d);
+        const aj_u32x4 raw = aj_ld_u32x4(row + d);
         const aj_kv_elem* e = (const aj_kv_elem*)&raw;
 #pragma unroll
         for (int i = 0; i < kVec; ++i) val[i] = aj_kv_load(e + i) * scale;

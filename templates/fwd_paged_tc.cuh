@@ -59,7 +59,7 @@ __device__ __forceinline__ void aj_pt_load8(aj_elem* dst, const aj_kv_elem* row,
       w[i] = aj_cvt_bf16x2(aj_cvt_f32_f16((aj_u16)(w[i] >> 16)), aj_cvt_f32_f16((aj_u16)w[i]));
 #endif
     }
-    *(aj_u32x4*)dst = aj_u32x4{w[0], w[1], w[2], w[3]};
+    aj_st_u32x4(dst, aj_u32x4{w[0], w[1], w[2], w[3]});
 #else
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -224,7 +224,7 @@ __device__ __forceinline__ void aj_fwd_paged_tc(const AjPagedParams& pp) {
     // the tensor cores.
     bool bad = false;
     for (int x = lane; x < AJ_PT_KEYS * AJ_HEAD_DIM_V / 8; x += 32) {
-      const aj_u32x4 w = *(const aj_u32x4*)&sh.kv.v[k0 + x / (AJ_HEAD_DIM_V / 8)][x % (AJ_HEAD_DIM_V / 8) * 8];
+      const aj_u32x4 w = aj_ld_u32x4(&sh.kv.v[k0 + x / (AJ_HEAD_DIM_V / 8)][x % (AJ_HEAD_DIM_V / 8) * 8]);
       bad |= aj_tc_word_nonfinite(w.x) | aj_tc_word_nonfinite(w.y) | aj_tc_word_nonfinite(w.z) | aj_tc_word_nonfinite(w.w);
     }
     if (aj_warp_any(bad)) {

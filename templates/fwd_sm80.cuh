@@ -76,7 +76,7 @@ __device__ __forceinline__ aj_u32x4* aj_sm80_slot(const AjSm80Shared& sh, int st
   return (aj_u32x4*)(sh.k + stage * AJ_TILE_K * AJ_DP + AJ_HEAD_DIM);
 }
 __device__ __forceinline__ AjTile aj_sm80_issued(const AjSm80Shared& sh, int stage) {
-  const aj_u32x4 a = *aj_sm80_slot(sh, stage);
+  const aj_u32x4 a = aj_ld_u32x4(aj_sm80_slot(sh, stage));
   AjTile t;
   t.first = (int)a.x, t.stride = (int)a.y, t.count = (int)(a.z & 0x7fffu), t.full = (a.z >> 15 & 1u) != 0;
   t.branch = (int)(a.z >> 16), t.weight = (int)a.w;
@@ -106,7 +106,7 @@ __device__ __forceinline__ void aj_sm80_record(const AjSm80Shared& sh, int stage
     aj_u32x4 a;
     a.x = (aj_u32)t.first, a.y = (aj_u32)t.stride, a.z = (aj_u32)t.count | (t.full ? 1u << 15 : 0u) | (aj_u32)t.branch << 16;
     a.w = (aj_u32)t.weight;
-    *aj_sm80_slot(sh, stage) = a;
+    aj_st_u32x4(aj_sm80_slot(sh, stage), a);
   }
 }
 // Starts loading the keys (K rows at kb) or the values (V rows at vb) of tile t into `stage`.
@@ -170,7 +170,7 @@ __device__ __forceinline__ void aj_tc_weigh(float (&s)[AJ_TILE_K / 8][4], float 
   const aj_f32x2* x = (const aj_f32x2*)(p.key_extra + t.weight + quad * 2);
 #pragma unroll
   for (int j = 0; j < AJ_TILE_K / 8; ++j) {
-    const aj_f32x2 e = x[j * 4];
+    const aj_f32x2 e = aj_ld_f32x2(x + j * 4);
     l[0] = aj_fma(s[j][0], e.x, l[0]), s[j][0] = aj_fma(s[j][0], e.x, s[j][0]);
     l[0] = aj_fma(s[j][1], e.y, l[0]), s[j][1] = aj_fma(s[j][1], e.y, s[j][1]);
     l[1] = aj_fma(s[j][2], e.x, l[1]), s[j][2] = aj_fma(s[j][2], e.x, s[j][2]);
@@ -474,7 +474,7 @@ __device__ __forceinline__ void aj_store_tile_rows(aj_elem* base, aj_i64 row_str
   constexpr int CHUNKS = D / 8;
   for (int x = aj_thread_idx(); x < ROWS * CHUNKS; x += AJ_THREADS) {
     const int r = x / CHUNKS, c = x % CHUNKS;
-    if (r < count) *(aj_u32x4*)(base + (first + (aj_i64)r * stride) * row_stride + c * 8) = *(const aj_u32x4*)(tile + r * PITCH + c * 8);
+    if (r < count) aj_st_u32x4(base + (first + (aj_i64)r * stride) * row_stride + c * 8, aj_ld_u32x4(tile + r * PITCH + c * 8));
   }
 }
 

@@ -18,6 +18,7 @@
 #include "compiler/support/knobs.hpp"
 #include "compiler/support/parse_int.hpp"
 #include "compiler/support/read_file.hpp"
+#include "emulator/bank_profile.hpp"
 
 namespace attnjit::cli {
 
@@ -85,6 +86,22 @@ void DeviceOptions::add_to(CLI::App* app, const std::string& kernels) {
                         ->capture_default_str();
   tile_option = app->add_option("--tile", tile, "with --device cpu --executor plan: the plan's tile")->capture_default_str();
   threads_option = app->add_option("--threads", threads, "with --device cpu: the executor's threads (0: all)");
+  app->add_flag("--banks", banks,
+                "with --device emu: count the shared-memory wavefronts of every access the kernels make (32 banks of "
+                "4 bytes) and print the sites, the most bank-conflicted first");
+}
+
+void DeviceOptions::start_bank_profile() const {
+  if (!banks) return;
+  emu::clear_bank_profile();
+  emu::set_bank_profile(true);
+}
+
+void DeviceOptions::print_bank_profile() const {
+  if (!banks) return;
+  emu::set_bank_profile(false);
+  const std::string report = emu::bank_report(emu::bank_profile());
+  std::cout << (report.empty() ? std::string("  no shared-memory access by threads was counted (TMA copies and wgmma operands are not)\n") : report);
 }
 
 void add_cu_seqlens_option(CLI::App* app, DocumentsOption& option) {
@@ -249,6 +266,11 @@ void DeviceOptions::check() const {
     throw UserError("--arch " + arch, "applies to --device emu (the arch whose kernel is emulated); " +
                                           std::string(device == "cpu" ? "the cpu device runs no kernel"
                                                                       : "a gpu runs the kernel of its own arch"));
+  }
+  if (banks && device != "emu") {
+    throw UserError("--banks", "counts the shared-memory accesses of kernels the emulator runs; use it with --device emu (" +
+                                   std::string(device == "cpu" ? "the cpu device runs no kernel" : "on a GPU, Nsight Compute's "
+                                                                 "l1tex shared-memory wavefront metrics say the same") + ")");
   }
   if (device == "emu") emu_device(arch);  // an arch no GPU has, before anything is read
   if (tile_option->count() > 0 && (kernel() || executor != "plan"))

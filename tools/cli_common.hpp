@@ -74,10 +74,15 @@ void check_distinct_outputs(const std::vector<std::pair<std::string, std::string
 struct DeviceOptions {
   std::string device = "cpu", executor = "reference", tile = "64x64", dtype = "fp32", arch = "sm_80";
   unsigned threads = 0;
+  bool banks = false;
   CLI::Option *executor_option = nullptr, *arch_option = nullptr, *tile_option = nullptr, *threads_option = nullptr;
   // `kernels`: what --device cuda|emu runs ("the GPU kernel"), for the help text.
   void add_to(CLI::App* app, const std::string& kernels);
   void check() const;
+  // --banks: the emulator's shared-memory bank profile (emulator/bank_profile.hpp) from before the
+  // run to its report.
+  void start_bank_profile() const;
+  void print_bank_profile() const;
   bool kernel() const { return device != "cpu"; }
 };
 

@@ -105,6 +105,7 @@ int run_grad(const GradOptions& o) {
     const Device d = o.device == "cuda" ? Device::cuda(0) : emu_device(o.arch);
     bwd.deterministic = o.deterministic;
     bwd.lse_grad = dlse;
+    o.start_bank_profile();
     run_on_device(d, p, s, in.q, in.k, in.v, table, parse_dtype(o.dtype), KernelConfig{}, of, lf, &bwd, nullptr, documents);
     dq = std::move(bwd.dq), dk = std::move(bwd.dk), dv = std::move(bwd.dv);
     where = o.device == "cuda" ? "cuda (" + o.dtype + ")" : "the emulator (" + o.arch + ", " + o.dtype + ")";
@@ -136,6 +137,7 @@ int run_grad(const GradOptions& o) {
   std::cout << "  mean |dQ| = " << mean_abs(dq) << ", mean |dK| = " << mean_abs(dk) << ", mean |dV| = " << mean_abs(dv) << "\n";
   for (const auto& [name, path] : {std::pair<const char*, std::string>{"dQ", o.dq}, {"dK", o.dk}, {"dV", o.dv}})
     if (!path.empty()) std::cout << "  wrote " << name << " to " << path << "\n";
+  o.print_bank_profile();
   return 0;
 }
 }  // namespace

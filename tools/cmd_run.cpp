@@ -118,6 +118,7 @@ int run_attention(const RunOptions& o) {
     KernelConfig config = parse_kernel_tile(o.kernel_tile);
     config.stages = o.stages;
     const Device d = o.device == "cuda" ? Device::cuda(0) : emu_device(o.arch);
+    o.start_bank_profile();
     if (fp8) run_on_device(d, p, s, q8, k8, v8, table, dtype, config, of, lf, nullptr, weights, documents, &*fp8);
     else run_on_device(d, p, s, in.q, in.k, in.v, table, dtype, config, of, lf, nullptr, weights, documents);
   } else if (o.executor == "plan") {
@@ -163,6 +164,7 @@ int run_attention(const RunOptions& o) {
   if (!o.out.empty()) std::cout << "  wrote O to " << o.out << "\n";
   if (!o.lse.empty()) std::cout << "  wrote LSE to " << o.lse << "\n";
   if (weights) std::cout << "  wrote the attention weights to " << o.weights << "\n";
+  o.print_bank_profile();
   return 0;
 }
 }  // namespace

@@ -10,6 +10,7 @@
 #include "compiler/jit/jit.hpp"
 #include "compiler/support/error.hpp"
 #include "emulator/emu_compiler.hpp"
+#include "emulator/bank_profile.hpp"
 #include "emulator/emu_module.hpp"
 #include "tests/unit/test_support.hpp"
 
@@ -436,4 +437,153 @@ TEST_CASE("stmatrix: the transposed rows land where the lanes say, race-checked 
   CHECK_THAT(fault(*kernel("emu_stmatrix_race", with("0", "")), r), Catch::Contains("shared-memory race"));
   CHECK_THAT(fault(*kernel("emu_stmatrix_misaligned", with("4", "aj_syncthreads();")), r),
              Catch::Contains("stmatrix") && Catch::Contains("not 16-byte aligned"));
+}
+
+TEST_CASE("the bank model: phases by access width, distinct words per bank, broadcasts free", "[emu][banks]") {
+  auto lanes = [](int count, uint32_t bytes, auto off) {
+    std::vector<emu::LaneAccess> out;
+    for (int l = 0; l < count; ++l) out.push_back({uint32_t(off(l)), bytes, uint8_t(l)});
+    return out;
+  };
+  auto wf = [](const std::vector<emu::LaneAccess>& l) {
+    const emu::Wavefronts w = emu::thread_access_wavefronts(l);
+    CHECK(w.instructions == 1);
+    return std::make_pair(w.wavefronts, w.ideal);
+  };
+  using P = std::pair<uint64_t, uint64_t>;
+  CHECK(wf(lanes(32, 4, [](int l) { return 4 * l; })) == P{1, 1});          // a word per bank
+  CHECK(wf(lanes(32, 4, [](int l) { return 128 * l; })) == P{32, 1});       // one bank, 32 words
+  CHECK(wf(lanes(32, 4, [](int l) { return 132 * l; })) == P{1, 1});        // a row of 33 words
+  CHECK(wf(lanes(32, 4, [](int) { return 64; })) == P{1, 1});               // a broadcast
+  CHECK(wf(lanes(32, 4, [](int l) { return 128 * (l % 4); })) == P{4, 1});  // four words, one bank
+  CHECK(wf(lanes(32, 2, [](int l) { return 2 * l; })) == P{1, 1});          // two lanes a word
+  CHECK(wf(lanes(32, 8, [](int l) { return 8 * l; })) == P{2, 2});          // half warps
+  CHECK(wf(lanes(32, 16, [](int l) { return 16 * l; })) == P{4, 4});        // quarter warps
+  CHECK(wf(lanes(32, 16, [](int l) { return 128 * l; })) == P{32, 4});      // 8 rows of 128 bytes, a quarter
+  CHECK(wf(lanes(32, 16, [](int l) { return 144 * l; })) == P{4, 4});       // rows padded by 16 bytes
+  CHECK(wf(lanes(8, 4, [](int l) { return 4 * l; })) == P{1, 1});           // a partial warp
+  CHECK(wf(lanes(16, 8, [](int l) { return 256 * l; })) == P{16, 1});       // one half warp, one bank pair
+  // Each half warp in its own bank pair: two phases of 16, where one phase would have been 16.
+  CHECK(wf(lanes(32, 8, [](int l) { return 256 * (l % 16) + 8 * (l / 16); })) == P{32, 2});
+
+  uint32_t rows[4][8];
+  for (int j = 0; j < 4; ++j)
+    for (int r = 0; r < 8; ++r) rows[j][r] = uint32_t(16 * (8 * j + r));  // contiguous rows
+  emu::Wavefronts w = emu::matrix_wavefronts(rows, 4);
+  CHECK((w.wavefronts == 4 && w.ideal == 4));
+  for (int j = 0; j < 4; ++j)
+    for (int r = 0; r < 8; ++r) rows[j][r] = uint32_t(128 * r + 16 * j);  // rows 128 bytes apart
+  w = emu::matrix_wavefronts(rows, 4);
+  CHECK((w.wavefronts == 32 && w.ideal == 4));
+  for (int j = 0; j < 4; ++j)
+    for (int r = 0; r < 8; ++r) rows[j][r] = uint32_t(128 * r + 16 * (j ^ r));  // the 128-byte swizzle
+  w = emu::matrix_wavefronts(rows, 2);
+  CHECK((w.wavefronts == 2 && w.ideal == 2));
+}
+
+// A kernel whose shared accesses conflict or not by its stride argument: the profile counts each
+// warp instruction's wavefronts at its source line, and nothing while it is off.
+TEST_CASE("the bank profile counts each shared access's wavefronts at its line", "[emu][banks]") {
+  auto m = kernel("emu_banks", R"(
+  AJ_DYNAMIC_SHARED(sm);
+  aj_u32* s = (aj_u32*)sm;
+  const int t = aj_thread_idx();
+  s[t * n] = a[t];
+  aj_syncthreads();
+  b[t] = s[(t % 4) * n];
+  aj_syncthreads();
+  aj_cp_async16(s + 4 * t * (n / 8), a + 4 * t, true);
+  aj_cp_async_commit();
+  aj_cp_async_wait<0>();
+  aj_syncthreads();
+  aj_u32 r[4];
+  aj_ldmatrix_x4(r, s + 4 * t * (n / 8));
+  b[t] += r[0];)");
+  Run run;
+  run.threads = 64, run.grid = 3, run.shared = 64 * 64 * 4 + 64;
+  run.a.assign(64 * 4, 1);
+  run.b.assign(64, 0);
+  auto profile = [&](int n) {
+    run.n = n;
+    emu::clear_bank_profile();
+    emu::set_bank_profile(true);
+    run(*m);
+    emu::set_bank_profile(false);
+    std::map<emu::SharedOp, emu::Wavefronts> by_op;
+    for (const emu::BankSite& s : emu::bank_profile()) {
+      INFO(s.where);
+      CHECK_THAT(s.where, Catch::Contains("emu_banks.cu:"));
+      by_op[s.op] += s.count;
+    }
+    return by_op;
+  };
+  // 3 blocks of 2 warps: 6 warp instructions a site. n = 8: the stores' lanes 8 words apart (4
+  // banks, 8 words each), the loads' 4 words in 4 banks, the cp.async and ldmatrix rows 16 bytes
+  // apart (no conflict).
+  auto ok = profile(8);
+  CHECK(ok[emu::SharedOp::Store].instructions == 6);
+  CHECK(ok[emu::SharedOp::Store].wavefronts == 6 * 8);
+  CHECK(ok[emu::SharedOp::Store].ideal == 6);
+  CHECK(ok[emu::SharedOp::Load].wavefronts == 6);
+  CHECK(ok[emu::SharedOp::CpAsync].wavefronts == 6 * 4);
+  CHECK(ok[emu::SharedOp::CpAsync].ideal == 6 * 4);
+  CHECK(ok[emu::SharedOp::Ldmatrix].wavefronts == 6 * 4);
+  CHECK(ok[emu::SharedOp::Ldmatrix].ideal == 6 * 4);
+  // n = 64: every store in one bank, the loads' four words in it, the cp.async and ldmatrix rows
+  // 128 bytes apart (8-way).
+  auto bad = profile(64);
+  CHECK(bad[emu::SharedOp::Store].wavefronts == 6 * 32);
+  CHECK(bad[emu::SharedOp::Store].ideal == 6);
+  CHECK(bad[emu::SharedOp::Load].wavefronts == 6 * 4);
+  CHECK(bad[emu::SharedOp::CpAsync].wavefronts == 6 * 32);
+  CHECK(bad[emu::SharedOp::Ldmatrix].wavefronts == 6 * 32);
+  CHECK(bad[emu::SharedOp::Ldmatrix].ideal == 6 * 4);
+  // The report puts the worst site first.
+  const std::string report = emu::bank_report(emu::bank_profile());
+  INFO(report);
+  CHECK_THAT(report, Catch::Contains("wavefronts") && Catch::Contains("emu_banks.cu:"));
+  const bool worst_first = report.find("32.00x") < report.find("8.00x") && report.find("8.00x") < report.find("4.00x");
+  CHECK(worst_first);
+  // Off: nothing counted.
+  emu::clear_bank_profile();
+  run.n = 32;
+  run(*m);
+  CHECK(emu::bank_profile().empty());
+  CHECK(emu::bank_report({}).empty());
+}
+
+TEST_CASE("8- and 16-byte loads and stores are one access each, and must be aligned", "[emu][vector]") {
+  auto m = kernel("emu_vector", R"(
+  AJ_DYNAMIC_SHARED(sm);
+  aj_u32* s = (aj_u32*)sm;
+  const int t = aj_thread_idx();
+  aj_st_u32x4(s + 4 * t + n, aj_ld_u32x4(a + 4 * t));
+  aj_syncthreads();
+  const aj_f32x2 f = aj_ld_f32x2(s + 2 * t);
+  aj_st_f32x2(b + 2 * t, aj_f32x2{f.y, f.x});)");
+  Run r;
+  r.threads = 32, r.shared = 1024;
+  for (uint32_t i = 0; i < 128; ++i) r.a.push_back(i * 7 + 1);
+  r.b.assign(64, 0);
+  r(*m);
+  for (int i = 0; i < 32; ++i) {
+    INFO("thread " << i);
+    CHECK(r.b[size_t(2 * i)] == r.a[size_t(2 * i + 1)]);
+    CHECK(r.b[size_t(2 * i + 1)] == r.a[size_t(2 * i)]);
+  }
+  // One word off: a 16-byte store at an address only 4-byte aligned (a misaligned address on a GPU).
+  r.n = 1;
+  CHECK_THAT(fault(*m, r), Catch::Contains("a 16-byte store by thread") && Catch::Contains("is not 16-byte aligned") &&
+                               Catch::Contains("emu_vector.cu:"));
+  // The bank profile sees the 16-byte store as one access: a quarter warp's 128 bytes a wavefront.
+  r.n = 0;
+  emu::clear_bank_profile();
+  emu::set_bank_profile(true);
+  r(*m);
+  emu::set_bank_profile(false);
+  uint64_t stores = 0, wavefronts = 0;
+  for (const emu::BankSite& s : emu::bank_profile())
+    if (s.op == emu::SharedOp::Store) stores += s.count.instructions, wavefronts += s.count.wavefronts;
+  CHECK(stores == 1);
+  CHECK(wavefronts == 4);
 }
