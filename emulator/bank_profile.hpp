@@ -12,10 +12,13 @@
 // words over 32, rounded up.
 //
 // What is approximate: the lanes of one warp instruction are matched by the order in which each
-// lane executes the instruction (its n-th execution since the last __syncthreads), which is exact
-// for the straight-line and uniform loops of attention kernels; the access widths are those the
-// host compiler emits for the kernel text, which for the building blocks' vector types are the
-// hardware's. TMA and wgmma operand reads are not counted (their swizzles are the hardware's own).
+// lane executes the instruction (its n-th execution since the warp's last warp-wide
+// synchronisation: a collective, wgmma, a barrier), which is exact for the straight-line and
+// uniform loops of attention kernels; where the host compiler duplicated the code of an access, its
+// lanes are split between the copies and conflicts between them go uncounted (never invented). The
+// access widths are those the kernel text asks for (8 and 16 bytes through the building blocks'
+// vector loads and stores). TMA and wgmma operand reads are not counted (their swizzles are the
+// hardware's own).
 #pragma once
 
 #include <cstdint>
@@ -59,6 +62,18 @@ Wavefronts matrix_wavefronts(const uint32_t rows[][8], int num);
 void set_bank_profile(bool on);
 bool bank_profile_on();
 void clear_bank_profile();
+
+// The profile cleared and on for a scope, and off when the scope ends (thrown through or not).
+class BankProfileScope {
+public:
+  BankProfileScope() {
+    clear_bank_profile();
+    set_bank_profile(true);
+  }
+  ~BankProfileScope() { set_bank_profile(false); }
+  BankProfileScope(const BankProfileScope&) = delete;
+  BankProfileScope& operator=(const BankProfileScope&) = delete;
+};
 
 struct BankSite {
   std::string where;  // the access's source line, with the lines it was inlined into

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "compiler/support/error.hpp"
 #include "emulator/block_executor.hpp"
 
 namespace attnjit::emu {
@@ -39,6 +40,7 @@ void BlockExecutor::access(const void* addr, size_t bytes, bool write, const voi
 }
 
 void BlockExecutor::vector_access(const void* addr, size_t bytes, bool write, const void* pc) {
+  ATTNJIT_CHECK(bytes == 8 || bytes == 16, "a vector access of " + std::to_string(bytes) + " bytes");
   if (reinterpret_cast<uintptr_t>(addr) % bytes != 0) {
     std::ostringstream os;
     os << "a " << bytes << "-byte " << (write ? "store" : "load") << " by " << who(current_->tid) << " at " << addr

@@ -505,10 +505,10 @@ TEST_CASE("the bank profile counts each shared access's wavefronts at its line",
   run.b.assign(64, 0);
   auto profile = [&](int n) {
     run.n = n;
-    emu::clear_bank_profile();
-    emu::set_bank_profile(true);
-    run(*m);
-    emu::set_bank_profile(false);
+    {
+      emu::BankProfileScope on;
+      run(*m);
+    }
     std::map<emu::SharedOp, emu::Wavefronts> by_op;
     for (const emu::BankSite& s : emu::bank_profile()) {
       INFO(s.where);
@@ -577,10 +577,10 @@ TEST_CASE("8- and 16-byte loads and stores are one access each, and must be alig
                                Catch::Contains("emu_vector.cu:"));
   // The bank profile sees the 16-byte store as one access: a quarter warp's 128 bytes a wavefront.
   r.n = 0;
-  emu::clear_bank_profile();
-  emu::set_bank_profile(true);
-  r(*m);
-  emu::set_bank_profile(false);
+  {
+    emu::BankProfileScope on;
+    r(*m);
+  }
   uint64_t stores = 0, wavefronts = 0;
   for (const emu::BankSite& s : emu::bank_profile())
     if (s.op == emu::SharedOp::Store) stores += s.count.instructions, wavefronts += s.count.wavefronts;
