@@ -44,10 +44,6 @@ __device__ __forceinline__ float aj_kv_load(const aj_kv_elem* p) { return aj_loa
 #define AJ_PG_VEC_DOT (AJ_HEAD_DIM % 4 == 0)
 #define AJ_PG_KPITCH (AJ_PG_VEC_DOT ? AJ_HEAD_DIM + 4 : AJ_HEAD_DIM + 1)
 
-struct __align__(16) aj_f32x4 {
-  float x, y, z, w;
-};
-
 // Where a key of a tile lies in the cache (aj_paged_slot, below).
 struct AjPagedSlot {
   int page, slot;
@@ -138,7 +134,10 @@ __device__ __forceinline__ void aj_paged_load_tile(const AjPagedParams& pp, cons
       }
       if (d == 0) mark(r, r < t.count && row == nullptr);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) dst[r * PITCH + d + i] = val[i];
+      for (int i = 0; i < kVec; i += 4) {  // 16 bytes a store where rows keep the alignment
+        if (PITCH % 4 == 0) aj_st_f32x4(dst + r * PITCH + d + i, aj_f32x4{val[i], val[i + 1], val[i + 2], val[i + 3]});
+        else dst[r * PITCH + d + i] = val[i], dst[r * PITCH + d + i + 1] = val[i + 1], dst[r * PITCH + d + i + 2] = val[i + 2], dst[r * PITCH + d + i + 3] = val[i + 3];
+      }
     }
     return;
   }
@@ -217,7 +216,7 @@ __device__ __forceinline__ void aj_fwd_paged(const AjPagedParams& pp) {
 #if AJ_PG_VEC_DOT
 #pragma unroll 8
           for (int d = 0; d < AJ_HEAD_DIM; d += 4) {
-            const aj_f32x4 a = *(const aj_f32x4*)&sh.q[r][d], b = *(const aj_f32x4*)&sh.k[c][d];
+            const aj_f32x4 a = aj_ld_f32x4(&sh.q[r][d]), b = aj_ld_f32x4(&sh.k[c][d]);
             dot += a.x * b.x;
             dot += a.y * b.y;
             dot += a.z * b.z;

@@ -19,6 +19,11 @@
 #define AJ_PT_DP (AJ_HEAD_DIM + 8)     // shared pitches in elements: ldmatrix rows 16 bytes apart in banks
 #define AJ_PT_DVP (AJ_HEAD_DIM_V + 8)
 #define AJ_PT_KEYS 16                  // keys per warp in a tile
+// The float rows the warps store their fragments' pairs into (P's copy, the outputs): 8 floats
+// longer than the data, so that a half warp's 8-byte pairs (four rows, eight words each) fall on 32
+// distinct banks; unpadded, a warp's single-float stores met four or eight to a bank.
+#define AJ_PT_KEYS_P (AJ_PT_KEYS + 8)
+#define AJ_PT_DVO (AJ_HEAD_DIM_V + 8)
 
 struct __align__(16) AjPagedTcShared {
   union {
@@ -26,10 +31,10 @@ struct __align__(16) AjPagedTcShared {
       aj_elem k[AJ_TILE_K][AJ_PT_DP];
       aj_elem v[AJ_TILE_K][AJ_PT_DVP];
     } kv;
-    float o[AJ_PG_WARPS][16][AJ_HEAD_DIM_V];  // after the loop: each warp's unnormalised output
+    float o[AJ_PG_WARPS][16][AJ_PT_DVO];  // after the loop: each warp's unnormalised output
   };
   aj_elem q[16][AJ_PT_DP];
-  float p[AJ_PG_WARPS][16][AJ_PT_KEYS];       // the rare path's probabilities (-1: not attended)
+  float p[AJ_PG_WARPS][16][AJ_PT_KEYS_P];     // the rare path's probabilities (-1: not attended)
   float m[AJ_PG_WARPS][16], l[AJ_PG_WARPS][16];
   int skip[AJ_TILE_K];                        // 1: the key's page is outside the cache, counted and skipped
   AjPagedSlot slots[AJ_PG_WARPS][AJ_PT_KEYS]; // each warp's keys' places in the cache
@@ -37,8 +42,9 @@ struct __align__(16) AjPagedTcShared {
 
 // Eight elements of a cache row into shared memory in the queries' type: 16 bytes by cp.async where
 // the cache is the queries' type and rows are aligned; FP8 codes 8 to a read where rows are
-// aligned, decoded exactly; else one element at a time. `row` null: a key past the tile (0) or on a
-// page outside the cache (`bad`).
+// aligned, decoded exactly; else read one element at a time. `row` null: a key past the tile (0) or
+// on a page outside the cache (`bad`). What is not a cp.async is one 16-byte store, as the copies
+// are (eight 2-byte stores a lane met four lanes to a bank).
 __device__ __forceinline__ void aj_pt_load8(aj_elem* dst, const aj_kv_elem* row, bool vec16, float bad) {
 #if AJ_KV_DTYPE == AJ_DTYPE
   if (row && vec16) {
@@ -61,17 +67,22 @@ __device__ __forceinline__ void aj_pt_load8(aj_elem* dst, const aj_kv_elem* row,
     }
     aj_st_u32x4(dst, aj_u32x4{w[0], w[1], w[2], w[3]});
 #else
+    aj_u32 w[4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const aj_kv_elem code = (aj_kv_elem)(raw >> (8 * i));
-      aj_store(dst + i, aj_kv_load(&code));
+    for (int i = 0; i < 4; ++i) {
+      const aj_kv_elem lo = (aj_kv_elem)(raw >> (16 * i)), hi = (aj_kv_elem)(raw >> (16 * i + 8));
+      w[i] = aj_pack2(aj_kv_load(&lo), aj_kv_load(&hi));
     }
+    aj_st_u32x4(dst, aj_u32x4{w[0], w[1], w[2], w[3]});
 #endif
     return;
   }
 #endif
+  // Exact: the elements are values of the queries' type (or e4m3 values, which all are), `bad` 0 or NaN.
+  aj_u32 w[4];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) aj_store(dst + i, row ? aj_kv_load(row + i) : bad);
+  for (int i = 0; i < 4; ++i) w[i] = row ? aj_pack2(aj_kv_load(row + 2 * i), aj_kv_load(row + 2 * i + 1)) : aj_pack2(bad, bad);
+  aj_st_u32x4(dst, aj_u32x4{w[0], w[1], w[2], w[3]});
 }
 
 // The warp's 16 keys of a tile: their K and V rows, which only this warp reads. Lanes 0-15 look
@@ -198,7 +209,8 @@ __device__ __forceinline__ void aj_fwd_paged_tc(const AjPagedParams& pp) {
     }
     float sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+    for (int j = 0; j < 2; ++j) {
+      float kept[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2;
@@ -206,8 +218,11 @@ __device__ __forceinline__ void aj_fwd_paged_tc(const AjPagedParams& pp) {
         const bool attended = s[j][e] != AJ_NEG_INF;
         s[j][e] = attended ? aj_ex2(s[j][e] - m_new[h]) : 0.0f;
         sum[h] += s[j][e];
-        sh.p[warp][g + 8 * h][8 * j + 2 * quad + e % 2] = attended ? s[j][e] : -1.0f;
+        kept[e] = attended ? s[j][e] : -1.0f;
       }
+      aj_st_f32x2(&sh.p[warp][g][8 * j + 2 * quad], aj_f32x2{kept[0], kept[1]});
+      aj_st_f32x2(&sh.p[warp][g + 8][8 * j + 2 * quad], aj_f32x2{kept[2], kept[3]});
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -259,17 +274,21 @@ __device__ __forceinline__ void aj_fwd_paged_tc(const AjPagedParams& pp) {
   // The four warps' partial results merged: O = sum_w 2^(m_w - M) O_w / sum_w 2^(m_w - M) l_w.
   aj_syncthreads();  // K and V are no longer read: their space holds the warps' outputs
 #pragma unroll
-  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sh.o[warp][g + 8 * (e / 2)][8 * j + 2 * quad + e % 2] = acc[j][e];
+  for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) {
+    aj_st_f32x2(&sh.o[warp][g][8 * j + 2 * quad], aj_f32x2{acc[j][0], acc[j][1]});
+    aj_st_f32x2(&sh.o[warp][g + 8][8 * j + 2 * quad], aj_f32x2{acc[j][2], acc[j][3]});
+  }
   if (quad == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) sh.m[warp][g + 8 * h] = m[h], sh.l[warp][g + 8 * h] = l[h];
   }
   aj_syncthreads();
   const bool poisoned = item.span_begin < 0;  // a request the device planner refused: NaN rows
-  for (int x = aj_thread_idx(); x < rows * AJ_HEAD_DIM_V; x += AJ_PG_THREADS) {
-    const int r = x / AJ_HEAD_DIM_V, d = x % AJ_HEAD_DIM_V;
+  // Over the padded rows, so that a warp's 32 reads of sh.o are 32 consecutive words at every head
+  // dim (over the data alone, a warp that crossed a row's end met two words on eight banks).
+  for (int x = aj_thread_idx(); x < rows * AJ_PT_DVO; x += AJ_PG_THREADS) {
+    const int r = x / AJ_PT_DVO, d = x % AJ_PT_DVO;
+    if (d >= AJ_HEAD_DIM_V) continue;
     float top = AJ_NEG_INF;
     bool any_nan = poisoned;
 #pragma unroll

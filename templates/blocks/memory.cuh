@@ -1,8 +1,8 @@
 // Building blocks (templates/blocks/base.cuh says how they work): memory. Shared memory, the
 // asynchronous global -> shared copies (cp.async, TMA), ldmatrix, and reductions into global memory.
 
-// Sixteen bytes moved as one (a 128-bit load or store; the address must be 16-byte aligned), and
-// two floats as one 8-byte load or store (8-byte aligned). Kernels load and store them through
+// Sixteen bytes moved as one (a 128-bit load or store; the address must be 16-byte aligned): four
+// words or four floats; and two floats as one 8-byte load or store (8-byte aligned). Kernels load and store them through
 // aj_ld_* and aj_st_*: one LDS/STS/LDG/STG of that width on hardware, and one access of that width
 // in the emulator (whose host compiler would split a struct copy into its fields, and whose bank
 // profile counts accesses by width).
@@ -12,11 +12,16 @@ struct __align__(16) aj_u32x4 {
 struct __align__(8) aj_f32x2 {
   float x, y;
 };
+struct __align__(16) aj_f32x4 {
+  float x, y, z, w;
+};
 #ifndef AJ_EMULATE
 __device__ __forceinline__ aj_u32x4 aj_ld_u32x4(const void* p) { return *(const aj_u32x4*)p; }
 __device__ __forceinline__ void aj_st_u32x4(void* p, aj_u32x4 v) { *(aj_u32x4*)p = v; }
 __device__ __forceinline__ aj_f32x2 aj_ld_f32x2(const void* p) { return *(const aj_f32x2*)p; }
 __device__ __forceinline__ void aj_st_f32x2(void* p, aj_f32x2 v) { *(aj_f32x2*)p = v; }
+__device__ __forceinline__ aj_f32x4 aj_ld_f32x4(const void* p) { return *(const aj_f32x4*)p; }
+__device__ __forceinline__ void aj_st_f32x4(void* p, aj_f32x4 v) { *(aj_f32x4*)p = v; }
 #else
 __device__ __forceinline__ aj_u32x4 aj_ld_u32x4(const void* p) {
   aj_u32x4 v;
@@ -30,6 +35,12 @@ __device__ __forceinline__ aj_f32x2 aj_ld_f32x2(const void* p) {
   return v;
 }
 __device__ __forceinline__ void aj_st_f32x2(void* p, aj_f32x2 v) { aj_emu_vector_store(p, &v, 8); }
+__device__ __forceinline__ aj_f32x4 aj_ld_f32x4(const void* p) {
+  aj_f32x4 v;
+  aj_emu_vector_load(&v, p, 16);
+  return v;
+}
+__device__ __forceinline__ void aj_st_f32x4(void* p, aj_f32x4 v) { aj_emu_vector_store(p, &v, 16); }
 #endif
 
 #ifndef AJ_EMULATE  // ---- hardware bodies (inline PTX) ----
