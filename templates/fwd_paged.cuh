@@ -118,7 +118,7 @@ __device__ __forceinline__ void aj_paged_load_tile(const AjPagedParams& pp, cons
     if (missing && pp.errors) aj_red_add_u32((aj_u32*)pp.errors, 1u);
   };
   constexpr int kVec = 16 / (int)sizeof(aj_kv_elem);  // elements in 16 bytes
-  if (D % kVec == 0 && pp.vec16) {
+  if (D % kVec == 0 && PITCH % 4 == 0 && pp.vec16) {  // 16 bytes a load, 16 bytes a store
     for (int x = aj_thread_idx(); x < AJ_TILE_K * (D / kVec); x += AJ_PG_THREADS) {
       const int r = x / (D / kVec), d = x % (D / kVec) * kVec;
       float val[kVec];
@@ -134,10 +134,7 @@ __device__ __forceinline__ void aj_paged_load_tile(const AjPagedParams& pp, cons
       }
       if (d == 0) mark(r, r < t.count && row == nullptr);
 #pragma unroll
-      for (int i = 0; i < kVec; i += 4) {  // 16 bytes a store where rows keep the alignment
-        if (PITCH % 4 == 0) aj_st_f32x4(dst + r * PITCH + d + i, aj_f32x4{val[i], val[i + 1], val[i + 2], val[i + 3]});
-        else dst[r * PITCH + d + i] = val[i], dst[r * PITCH + d + i + 1] = val[i + 1], dst[r * PITCH + d + i + 2] = val[i + 2], dst[r * PITCH + d + i + 3] = val[i + 3];
-      }
+      for (int i = 0; i < kVec; i += 4) aj_st_f32x4(dst + r * PITCH + d + i, aj_f32x4{val[i], val[i + 1], val[i + 2], val[i + 3]});
     }
     return;
   }
