@@ -11,9 +11,11 @@ set(ATTNJIT_FUZZ_FLAGS -fsanitize=${ATTNJIT_FUZZ_SANITIZERS} -fno-sanitize-recov
     -fno-omit-frame-pointer -gline-tables-only -O1)
 
 # The readers and what they link: the compiler's sources (the layers' own lists, ATTNJIT_COMPILER_SOURCES,
-# so a new file there is not forgotten here), the .npy reader and the CLI's dynamic-layout reader.
-# Instrumented for coverage too (fuzzer-no-link); only the objects a target needs are linked.
-add_library(attnjit_fuzz_core STATIC ${ATTNJIT_COMPILER_SOURCES} runtime/npy.cpp ${ATTNJIT_TEMPLATES_CPP} tools/cli_common.cpp)
+# so a new file there is not forgotten here), the .npy reader and the CLI's dynamic-layout reader
+# (with the emulator's bank profile, which the CLI's device options switch, and which needs nothing
+# else). Instrumented for coverage too (fuzzer-no-link); only the objects a target needs are linked.
+add_library(attnjit_fuzz_core STATIC ${ATTNJIT_COMPILER_SOURCES} runtime/npy.cpp ${ATTNJIT_TEMPLATES_CPP} tools/cli_common.cpp
+                                     emulator/bank_profile.cpp)
 target_include_directories(attnjit_fuzz_core PUBLIC ${CMAKE_SOURCE_DIR} ${CMAKE_SOURCE_DIR}/include)
 target_link_libraries(attnjit_fuzz_core PUBLIC nlohmann_json::nlohmann_json CLI11::CLI11 Threads::Threads ${CMAKE_DL_LIBS})
 # Nothing fuzzed compiles a kernel, so no NVRTC is ever loaded.
