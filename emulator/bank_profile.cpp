@@ -15,7 +15,8 @@ namespace {
 
 constexpr int kBanks = 32;
 
-// One phase: the 4-byte words its accesses touch, as (bank, word) pairs, duplicates included.
+// One phase's wavefronts and ideal from the 4-byte words its accesses touch (duplicates included:
+// a word several lanes share counts once).
 Wavefronts phase_wavefronts(std::vector<uint32_t>& words) {
   if (words.empty()) return {};
   std::sort(words.begin(), words.end());

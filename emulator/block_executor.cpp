@@ -95,8 +95,7 @@ std::string BlockExecutor::run(unsigned x, unsigned y, unsigned z) {
   error_.clear();
   block_epoch_ = ++epoch_;
   banks_ = bank_profile_on();
-  bank_groups_.assign((threads_.size() + 31) / 32, {});
-  bank_counts_.clear();
+  if (banks_) bank_groups_.assign((threads_.size() + 31) / 32, {}), bank_counts_.clear();
   barrier_arrived_ = 0, done_ = 0;
   std::fill(warp_arrived_.begin(), warp_arrived_.end(), 0);
   std::fill(warpgroup_arrived_.begin(), warpgroup_arrived_.end(), 0);
