@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # A lent GPU session in two calls: correctness first, then timings, each inside its call's limit.
 #
-#   bash bench/gpu_session.sh OUTDIR check [BUDGET]   (repository root, .deps carried; BUDGET 520 s,
+#   bash bench/gpu_session.sh OUTDIR check [BUDGET]   (repository root, .deps and .device-cache.txz carried; BUDGET 520 s,
 #                                                     timeout_s 560)
 #   bash bench/gpu_session.sh OUTDIR bench [BUDGET]   (the same machine while warm, or a fresh one:
 #                                                     it builds what it lacks; BUDGET 220 s,
 #                                                     timeout_s 260)
 #
-# check: tests/device/device_check.sh with every correctness step: the probes, then six lanes side
+# check: tests/device/device_check.sh with every correctness step: the probes, then eight lanes side
 #   by side (the GPU tests, the Python package's GPU subset and the four sanitizers:
 #   ATTNJIT_DC_LANES), within BUDGET seconds; OUTDIR/dc/report.{md,json}, the logs packed in
-#   OUTDIR/dc.tgz. Kernel compiles dominate these steps and share the CPU: more lanes make each
-#   slower (nine lanes on 16 cores cut five steps at 320 s on an H200), fewer leave the GPU idle.
+#   OUTDIR/dc.tgz. Kernel compiles dominated these steps and shared the CPU (nine lanes on 16
+#   cores cut five steps at 320 s on an H200): carry .device-cache.txz, the kernels compiled here
+#   beforehand (tests/device/precompile_cache.sh), and the lanes wait for the GPU instead.
 # bench: what each call of a session has measured so far, by priority: bench/peers.py on the cases
 #   that decide the headline (dense d128, BigBird, LongNet 32K; OUTDIR/peers/peers.{md,json}), then
 #   bench/decode_peers.py (OUTDIR/decode.md) where 60 s are left, then kernel options against the
@@ -43,7 +44,7 @@ if [ "$part" = check ]; then
   budget="${3:-520}"
   echo "== device check (budget ${budget}s)"
   ATTNJIT_DC_BUDGET="$budget" ATTNJIT_DC_PACK=1 ATTNJIT_DC_ONLY=probes \
-  ATTNJIT_DC_LANES="gpu_forward_examples gpu_forward gpu_forward_sm90a_cpasync;gpu_backward;gpu_backward_wgmma;gpu_backward_random gpu_forward_sm80;gpu_paged gpu_driver;python_tests memcheck synccheck racecheck initcheck" \
+  ATTNJIT_DC_LANES="gpu_forward_examples gpu_forward gpu_forward_sm90a_cpasync;gpu_backward;gpu_backward_wgmma;gpu_backward_random gpu_forward_sm80;gpu_paged gpu_driver;python_tests;memcheck synccheck;racecheck initcheck" \
     bash tests/device/device_check.sh "$out/dc" > "$out/logs/device_check.out" 2>&1
   echo "device check: exit $? ($SECONDS s)"
   grep -m1 'result:' "$out/dc/report.md"

@@ -74,7 +74,7 @@ step() {
   local name="$1" limit="$2" reserve="$3" cmd="$4" log="$out/logs/$1.log"
   quiet "$name" && return
   if [[ " ${ATTNJIT_DC_SKIP:-} " == *" $name "* ]]; then skip "$name" "left out by ATTNJIT_DC_SKIP"; return; fi
-  if [ -n "${ATTNJIT_DC_ONLY:-}" ] && [[ " $ATTNJIT_DC_ONLY versions configure build nvidia_smi attnjit_info " != *" $name "* ]]; then
+  if [ -n "${ATTNJIT_DC_ONLY:-}" ] && [[ " $ATTNJIT_DC_ONLY versions configure build seed_cache nvidia_smi attnjit_info " != *" $name "* ]]; then
     skip "$name" "not in ATTNJIT_DC_ONLY"; return
   fi
   reserve=$(( reserve * budget / 540 ))  # the reserves are written for the default budget
@@ -247,6 +247,16 @@ timeout 20 python3 -m nanobind --cmake_dir > /dev/null 2>&1 && py_opt="-DATTNJIT
 step configure 180 420 "cmake -S '$root' -B '$build' -DCMAKE_BUILD_TYPE=Release -DATTNJIT_LIT_TESTS=OFF $py_opt \
   -DATTNJIT_DEPS_DIR='$root/.deps' && grep -E '^(Catch2|CLI11|nlohmann_json|CUDAToolkit_NVCC_EXECUTABLE)[_A-Za-z]*:' '$build/CMakeCache.txt'"
 step build 420 330 "cmake --build '$build' -j $jobs"
+# Kernels compiled ahead on a machine without a GPU (tests/device/precompile_cache.sh), where the
+# tree carries them: the GPU steps find them in the cache instead of waiting for NVRTC (the Python
+# tests' cache gets them too, for the kernels they share).
+seed="${ATTNJIT_DC_SEED:-$root/.device-cache.txz}"
+if [ -f "$seed" ]; then
+  step seed_cache 60 320 "mkdir -p '$ATTNJIT_CACHE_DIR' '$build/test-kernel-cache' && tar xJf '$seed' -C '$ATTNJIT_CACHE_DIR' && \
+    tar xJf '$seed' -C '$build/test-kernel-cache' && echo \"\$(find '$ATTNJIT_CACHE_DIR' -name '*.ajk' | wc -l) kernels in the cache\""
+else
+  skip seed_cache "no kernels compiled ahead ($seed: tests/device/precompile_cache.sh)"
+fi
 if command -v nvidia-smi > /dev/null; then
   step nvidia_smi 30 320 "nvidia-smi; echo; echo \"QUERY \$(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit,compute_cap --format=csv,noheader | head -n1)\""
 else
