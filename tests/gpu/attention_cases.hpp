@@ -50,15 +50,22 @@ public:
     }
   }
   void* data() const { return on_host() ? static_cast<void*>(host_.get()) : reinterpret_cast<void*>(dev_.get()); }
+  // Landed when it returns: a copy from pageable memory on the legacy stream may return before its
+  // bytes arrive, and a non-blocking stream's work is not ordered after it.
   void upload(const std::vector<unsigned char>& b) {
-    if (on_host()) std::memcpy(host_.get(), b.data(), b.size()); else copy_to_device(dev_.get(), b.data(), b.size());
+    if (on_host()) {
+      std::memcpy(host_.get(), b.data(), b.size());
+    } else {
+      copy_to_device(dev_.get(), b.data(), b.size());
+      synchronize(nullptr, "an upload");
+    }
   }
   std::vector<unsigned char> download() const {
     std::vector<unsigned char> b(bytes_);
     if (on_host()) std::memcpy(b.data(), host_.get(), bytes_); else copy_to_host(b.data(), dev_.get(), bytes_);
     return b;
   }
-  void poison(CUstream s) {  // 0xFF bytes: NaN in fp32, fp16 and bf16
+  void poison(CUstream s) {  // 0xFF bytes: NaN in fp32, fp16 and bf16; ordered on s alone
     if (on_host()) std::memset(host_.get(), 0xFF, bytes_); else memset_d8_async(dev_.get(), 0xFF, bytes_, s);
   }
 

@@ -18,17 +18,29 @@ namespace attnjit::gradtest {
 // The device under test as main.cpp reads it (tests/gpu/test_target.hpp).
 bool on_gpu();
 
-// Memory of the device under test: device memory on a GPU, host memory for the emulator.
+// Memory of the device under test: device memory on a GPU, host memory for the emulator. Both
+// start poisoned (0xFF bytes: NaN), so an output a kernel leaves unwritten shows, and nothing a
+// kernel reads is uninitialised (compute-sanitizer's initcheck does not see the TMA unit's stores).
+// An upload has landed when it returns (the graph cases run on a non-blocking stream).
 class Mem {
 public:
   explicit Mem(size_t bytes) : bytes_(bytes) {
-    if (on_gpu()) dev_ = DeviceBuffer(bytes);
-    else host_.assign(bytes, 0xFF);
+    if (on_gpu()) {
+      dev_ = DeviceBuffer(bytes);
+      memset_d8_async(dev_.get(), 0xFF, bytes, nullptr);
+      synchronize(nullptr, "poisoning a test buffer");
+    } else {
+      host_.assign(bytes, 0xFF);
+    }
   }
   void* data() { return on_gpu() ? reinterpret_cast<void*>(dev_.get()) : static_cast<void*>(host_.data()); }
   void upload(const std::vector<uint8_t>& b) {
-    if (on_gpu()) copy_to_device(dev_.get(), b.data(), b.size());
-    else host_ = b;
+    if (on_gpu()) {
+      copy_to_device(dev_.get(), b.data(), b.size());
+      synchronize(nullptr, "an upload");
+    } else {
+      host_ = b;
+    }
   }
   std::vector<uint8_t> download() {
     if (!on_gpu()) return host_;

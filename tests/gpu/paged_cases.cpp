@@ -145,6 +145,8 @@ PagedResult run_paged(const PagedCase& c) {
   tb.upload(tbytes);
   ob.poison(nullptr);
   lb.poison(nullptr);
+  // The graph modes work on a non-blocking stream, which the legacy stream's memsets do not order.
+  if (target() == Target::Gpu) synchronize(nullptr, "the poisoned outputs");
 
   RuntimeOptions options = options_for(device_for(c.arch));
   options.config = c.config;
