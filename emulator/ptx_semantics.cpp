@@ -195,6 +195,10 @@ MmaRowCol wgmma_a_element_8bit(int thread, int reg, int byte) {
 void wgmma_m64nNk(const double* a, const double* b, float* d, int n, int kk, bool scale_d) {
   for (int r = 0; r < 64; ++r)
     for (int c = 0; c < n; ++c) {
+      if (kk == 32) {  // e4m3: the tensor core's fused sum (ptx_semantics.hpp)
+        d[r * n + c] = e4m3_fused_dot_add(a + r * kk, 1, b + c, size_t(n), kk, d[r * n + c], scale_d);
+        continue;
+      }
       double sum = scale_d ? d[r * n + c] : 0.0;
       for (int k = 0; k < kk; ++k) sum += a[r * kk + k] * b[k * n + c];
       d[r * n + c] = static_cast<float>(sum);

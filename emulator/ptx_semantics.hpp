@@ -3,6 +3,7 @@
 // these. Section titles below are those of the PTX ISA (version 8.x/9.x).
 #pragma once
 
+#include <cstddef>
 #include <array>
 #include <cstdint>
 
@@ -129,8 +130,10 @@ MmaRowCol wgmma_a_element(int thread, int reg, int half);
 MmaRowCol wgmma_a_element_8bit(int thread, int reg, int byte);
 // D = A * B (+ D when scale_d) on values already converted from the inputs (negations of
 // imm-scale-a/-b applied): a[64][kk], b[kk][n], d[64][n], row-major; kk = 16 (16-bit inputs) or
-// 32 (e4m3). Accumulation model as for mma_m16n8k16: exact products, C and the kk products summed
-// in double, rounded once (for e4m3 an assumption the wgmma e4m3 probes check on hardware).
+// 32 (e4m3). 16-bit inputs: as mma_m16n8k16, exact products, C and the kk products summed in
+// double, rounded once. e4m3: e4m3_fused_dot_add (compiler/support/half.hpp) per element, the
+// Hopper tensor core's own sum.
 void wgmma_m64nNk(const double* a, const double* b, float* d, int n, int kk, bool scale_d);
+
 
 }  // namespace attnjit::emu

@@ -1,5 +1,6 @@
 #include "compiler/support/half.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -91,6 +92,47 @@ uint8_t float_to_e4m3(float f) {
   // Normal: the exponent field and the mantissa rounded from 23 to 3 bits; a carry bumps the
   // exponent (at most to 0x7e: 464 and above were handled).
   return sign | static_cast<uint8_t>((static_cast<uint32_t>(exp) << 3) + round_shift(full & 0x7fffff, 20));
+}
+
+namespace {
+
+// The exponent a tensor-core term is aligned by: floor(log2 |x|), at least `least` (e4m3's
+// subnormals count as 2^-6, fp32's as 2^-126).
+int term_exponent(double x, int least) {
+  int e = 0;
+  std::frexp(x, &e);  // |x| = f 2^e, f in [0.5, 1)
+  return std::max(e - 1, least);
+}
+
+}  // namespace
+
+float e4m3_fused_dot_add(const double* a, size_t a_step, const double* b, size_t b_step, int count, float c, bool with_c) {
+  constexpr int kFractionBits = 13;
+  double naive = with_c ? double(c) : 0.0;  // what the special values come out as
+  for (int k = 0; k < count; ++k) naive += a[k * a_step] * b[k * b_step];
+  if (!std::isfinite(naive) || (with_c && !std::isfinite(c))) return static_cast<float>(naive);
+  // Each product is exact in a double (4-bit significands); its exponent is the sum of its
+  // factors', unnormalised (its significand may reach [2, 4)).
+  int top = INT32_MIN;
+  for (int k = 0; k < count; ++k) {
+    const double x = a[k * a_step], y = b[k * b_step];
+    if (x != 0.0 && y != 0.0) top = std::max(top, term_exponent(x, -6) + term_exponent(y, -6));
+  }
+  if (with_c && c != 0.0f) top = std::max(top, term_exponent(c, -126));
+  if (top == INT32_MIN) return with_c ? c + 0.0f : 0.0f;  // nothing but zeros
+  // Every term truncated toward zero to a multiple of 2^(top - 13) and summed exactly (the terms
+  // are below 2^(top + 2), so each is a 16-bit integer of that unit).
+  const double unit = std::ldexp(1.0, top - kFractionBits);
+  int64_t sum = 0;
+  for (int k = 0; k < count; ++k) sum += static_cast<int64_t>(std::trunc(a[k * a_step] * b[k * b_step] / unit));
+  if (with_c) sum += static_cast<int64_t>(std::trunc(double(c) / unit));
+  if (sum == 0) return 0.0f;
+  // The sum normalised and truncated toward zero to 13 fraction bits.
+  const uint64_t mag = static_cast<uint64_t>(sum < 0 ? -sum : sum);
+  const int width = 64 - __builtin_clzll(mag);
+  const uint64_t kept = width > kFractionBits + 1 ? mag >> (width - kFractionBits - 1) << (width - kFractionBits - 1) : mag;
+  const double v = std::ldexp(static_cast<double>(kept), top - kFractionBits);
+  return static_cast<float>(sum < 0 ? -v : v);
 }
 
 }  // namespace attnjit

@@ -2,6 +2,7 @@
 // reference's inputs and the emulator's conversion instructions all use these.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace attnjit {
@@ -20,5 +21,15 @@ uint16_t float_to_bfloat16(float f);
 // a NaN becomes 0x7F whatever its sign (the hardware's canonical NaN, seen on an H200). Decoding is exact; either NaN code decodes to a NaN.
 float e4m3_to_float(uint8_t x);
 uint8_t float_to_e4m3(float f);
+
+// One element of an e4m3 warpgroup MMA step: C (when with_c) plus the `count` products
+// a[k a_step] b[k b_step], summed as Hopper's tensor core sums them (measured bit for bit on an
+// H200 by the probe probe_wgmma_e4m3_rounding; the model Microsoft's MMA-Sim and Khattak and
+// Mikaitis's tensor-core models give): each product exact, with the exponent of its factors'
+// exponents added (e4m3 subnormals at 2^-6); every term, C included, truncated toward zero to a
+// multiple of 2^(E - 13), E the largest of their exponents; the terms summed exactly; the sum
+// truncated toward zero to 13 fraction bits. A NaN or infinity anywhere gives what an ordinary
+// sum gives.
+float e4m3_fused_dot_add(const double* a, size_t a_step, const double* b, size_t b_step, int count, float c, bool with_c);
 
 }  // namespace attnjit

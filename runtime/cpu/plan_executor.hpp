@@ -40,6 +40,10 @@ enum class BackwardSchedule { Auto, Fused, Split };
 // the row sums take it unrounded, and O is multiplied by v[b * heads_kv + h] (v_descale).
 struct Fp8Arithmetic {
   std::vector<float> qk, v;  // [batch * heads_kv] each
+  // Q K^T and P V summed as Hopper's FP8 tensor core sums them (steps of 32 terms, truncated:
+  // e4m3_fused_dot_add), where the FP8 wgmma kernel is to be matched (its tests); false: the
+  // contract's fp32 sums (docs/spec.md, "FP8 inputs").
+  bool tensor_core_sums = false;
 };
 // P's factor before it is rounded to e4m3: the largest probability, 1, becomes 256 (e4m3 reaches
 // 448), and e4m3's subnormals (2^-9 apart) hold probabilities down to 2^-17.

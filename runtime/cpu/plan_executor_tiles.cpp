@@ -10,6 +10,7 @@
 // Nothing here instantiates a standard-library template out of line (no containers, no threads):
 // buffers are Eigen objects, threads belong to plan_executor.cpp.
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -108,6 +109,43 @@ void round_probabilities_e4m3(Matrix& p) {
       p(r, c) = e4m3_to_float(float_to_e4m3(p(r, c) * kP8Scale)) * (1.0f / kP8Scale);
 }
 
+// Fp8Arithmetic::tensor_core_sums: Hopper's FP8 tensor core's sums (e4m3_fused_dot_add), as the
+// wgmma kernel takes them. S = Q K^T over the head dim in steps of 32, each step added to the
+// running score; P8 V over the tile's keys in steps of 32 into the running O (at P8's own scale,
+// 2^8 P, so that e4m3's subnormals align as in the kernel). Finite tiles only: the callers take
+// the ordinary products where a NaN or an infinity is about.
+constexpr int kTensorCoreStep = 32;
+
+void tensor_core_scores(const Rows& q, const Rows& k, Matrix& s) {
+  const Eigen::Index dim = q.cols();
+  double a[kTensorCoreStep], b[kTensorCoreStep];
+  for (Eigen::Index r = 0; r < q.rows(); ++r)
+    for (Eigen::Index c = 0; c < k.rows(); ++c) {
+      float acc = 0.0f;
+      for (Eigen::Index d0 = 0; d0 < dim; d0 += kTensorCoreStep) {
+        const int n = static_cast<int>(std::min<Eigen::Index>(kTensorCoreStep, dim - d0));
+        for (int d = 0; d < n; ++d) a[d] = q(r, d0 + d), b[d] = k(c, d0 + d);
+        acc = e4m3_fused_dot_add(a, 1, b, 1, n, acc, d0 > 0);
+      }
+      s(r, c) = acc;
+    }
+}
+
+void tensor_core_product(const Matrix& p, const Rows& v, Matrix& acc) {
+  const Eigen::Index keys = p.cols();
+  double a[kTensorCoreStep], b[kTensorCoreStep];
+  for (Eigen::Index r = 0; r < p.rows(); ++r)
+    for (Eigen::Index d = 0; d < v.cols(); ++d) {
+      float o = acc(r, d) * kP8Scale;
+      for (Eigen::Index k0 = 0; k0 < keys; k0 += kTensorCoreStep) {
+        const int n = static_cast<int>(std::min<Eigen::Index>(kTensorCoreStep, keys - k0));
+        for (int k = 0; k < n; ++k) a[k] = double(p(r, k0 + k)) * kP8Scale, b[k] = v(k0 + k, d);
+        o = e4m3_fused_dot_add(a, 1, b, 1, n, o, true);
+      }
+      acc(r, d) = o * (1.0f / kP8Scale);
+    }
+}
+
 // One query tile's running state and its scratch, reused across the units a worker takes.
 struct ForwardState {
   Matrix scores, keep, acc;
@@ -132,7 +170,9 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
       const Rows k = rows_of<Rows>(job.k, job.k_layout, b, kvh, s.head_dim, keys);
       const Rows v = rows_of<Rows>(job.v, job.v_layout, b, kvh, s.head_dim_v, keys);
       st.scores.resize(n, keys.count);
-      st.scores.noalias() = q * k.transpose();
+      const bool tensor_core = job.fp8 && job.fp8->tensor_core_sums && q.allFinite() && k.allFinite() && v.allFinite();
+      if (tensor_core) tensor_core_scores(q, k, st.scores);
+      else st.scores.noalias() = q * k.transpose();
       // Scaled in a pass of its own, so that each exponent is the rounded scaled score minus the
       // rounded maximum (the maximum's weight exactly 1 at any score), whatever the compiler fuses.
       st.scores *= scale;
@@ -169,7 +209,8 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
         st.l += st.extra;
       }
       if (job.fp8) round_probabilities_e4m3(st.scores);  // after the row sums took them unrounded
-      product(full, st.scores, st.keep, v, st.acc);
+      if (tensor_core) tensor_core_product(st.scores, v, st.acc);
+      else product(full, st.scores, st.keep, v, st.acc);
     });
   }
   // The epilogue: O = acc / l (scaled under head_groups), LSE = m + log l; empty rows 0 and -inf.

@@ -117,10 +117,11 @@ Fp8Result run(Runtime& rt, const Pattern& p, Fp8Call& c, DType out, float wrong_
 // The plan executor's FP8 arithmetic at a kernel's tiles (the SIMT kernel's default 32 x 32, the
 // Hopper kernel's 128 x 128 or 64 x 128): the same tiles give the same running maxima, so the same
 // P is rounded (other tiles round other multiples of it).
-Fp8Result run_executor(const Pattern& p, const Fp8Call& c, TileConfig tiles = TileConfig{32, 32}) {
+Fp8Result run_executor(const Pattern& p, const Fp8Call& c, TileConfig tiles = TileConfig{32, 32}, bool tensor_core_sums = false) {
   const Shape& s = c.s;
   const Plan plan = lower_to_plan(p, s, tiles);
   Fp8Arithmetic a;
+  a.tensor_core_sums = tensor_core_sums;
   for (int64_t u = 0; u < s.batch * s.heads_kv; ++u) {
     auto at = [&](const std::vector<float>& d) { return d.size() == 1 ? d[0] : d[size_t(u)]; };
     a.qk.push_back(at(c.q_descale) * at(c.k_descale));
@@ -140,16 +141,44 @@ Fp8Result run_executor(const Pattern& p, const Fp8Call& c, TileConfig tiles = Ti
 // O: P is rounded to e4m3 (relative error <= 2^-4 each, the row sums unrounded), so |O - O*| <=
 // 2^-4 max|v| plus the output's rounding (2^-8 relative covers bf16's 2^-9) and fp32 slack; on
 // average far less (the roundings are independent): the mean error must stay under 2^-8 max|v|.
-// LSE: P's rounding does not reach it; the scores are fp32 dot products of exact products.
+// LSE: P's rounding does not reach it; the scores are fp32 dot products of exact products, except
+// where Hopper's tensor core sums them (`tensor_core_sums`: the FP8 wgmma kernel, whose emulation
+// truncates as the hardware does): there each score may move by 2^-13 of the step's largest term
+// per k32 step and by the sum's own truncation, which the allowance 2^-10 of the row's largest
+// sum of |q_d k_d| times the softmax scale covers (docs/spec.md, "FP8 inputs").
 struct Fp8Check {
   bool within = true;
   std::string first_failure;
   double mean_err = 0;
 };
 
-Fp8Check check_against_reference(const Pattern& p, const Fp8Call& c, const Fp8Result& r) {
+// [B, H, S_q]: 2^-10 of each query row's largest sum over keys of |q_d k_d|, times the softmax scale.
+std::vector<double> tensor_core_lse_slack(const Pattern& p, const Fp8Call& c) {
+  const Shape& s = c.s;
+  const double scale = softmax_scale(p, s);
+  std::vector<double> out(size_t(s.batch * s.heads_q * s.seq_q), 0.0);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads_q; ++h) {
+      const int64_t kvh = h / (s.heads_q / s.heads_kv);
+      for (int64_t i = 0; i < s.seq_q; ++i) {
+        double most = 0;
+        for (int64_t j = 0; j < s.seq_k; ++j) {
+          double sum = 0;
+          for (int64_t d = 0; d < s.head_dim; ++d)
+            sum += std::abs(c.qd[size_t(((b * s.seq_q + i) * s.heads_q + h) * s.head_dim + d)] *
+                            c.kd[size_t(((b * s.seq_k + j) * s.heads_kv + kvh) * s.head_dim + d)]);
+          most = std::max(most, sum);
+        }
+        out[size_t((b * s.heads_q + h) * s.seq_q + i)] = std::ldexp(most * scale, -10);
+      }
+    }
+  return out;
+}
+
+Fp8Check check_against_reference(const Pattern& p, const Fp8Call& c, const Fp8Result& r, bool tensor_core_sums = false) {
   const Shape& s = c.s;
   const ReferenceOutput want = reference_attention(p, s, c.qd.data(), c.kd.data(), c.vd.data(), nullptr, 1);
+  const std::vector<double> slack = tensor_core_sums ? tensor_core_lse_slack(p, c) : std::vector<double>(want.lse.size(), 0.0);
   Fp8Check out;
   const double bound = c.max_v / 16.0 + 1e-6;
   double sum = 0;
@@ -168,7 +197,7 @@ Fp8Check check_against_reference(const Pattern& p, const Fp8Call& c, const Fp8Re
   }
   for (size_t i = 0; i < want.lse.size(); ++i) {
     const double w = want.lse[i], g = r.lse[i];
-    const bool ok = std::isinf(w) ? g == -INFINITY : std::abs(g - w) <= 1e-4 * (1 + std::abs(w));
+    const bool ok = std::isinf(w) ? g == -INFINITY : std::abs(g - w) <= 1e-4 * (1 + std::abs(w)) + slack[i];
     if (!ok && out.within) {
       out.within = false;
       out.first_failure = "LSE[" + std::to_string(i) + "] = " + std::to_string(g) + ", reference " + std::to_string(w);
@@ -449,10 +478,12 @@ std::string check_kernel(const Fp8Kernel& kernel, const Pattern& p, Shape s, uin
   Runtime emu(ro);
   Fp8Call c = make_call(s, seed, seed % 2 == 0);
   const Fp8Result e = run(emu, p, c, seed % 3 == 0 ? DType::F16 : DType::BF16);
-  const Fp8Check k = check_against_reference(p, c, e);
+  const bool tensor_core_sums = kernel.arch == 90 && kernel.arch_specific;  // the wgmma kernel
+  const Fp8Check k = check_against_reference(p, c, e, tensor_core_sums);
   if (!k.within) return k.first_failure;
   std::string failure;
-  if (!devices_agree(c, e, run_executor(p, c, TileConfig{tile_q, kernel.tile_k}), &failure)) return "against the executor: " + failure;
+  if (!devices_agree(c, e, run_executor(p, c, TileConfig{tile_q, kernel.tile_k}, tensor_core_sums), &failure))
+    return "against the executor: " + failure;
   return "";
 }
 

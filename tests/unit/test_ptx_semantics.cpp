@@ -330,3 +330,34 @@ TEST_CASE("ex2.approx.ftz and lg2.approx.ftz: exact on powers of two, special va
   CHECK(bits(lg2_approx_ftz(-1.0f)) == 0x7fffffffu);
   CHECK(bits(lg2_approx_ftz(std::nanf(""))) == 0x7fffffffu);
 }
+
+// Hopper's FP8 warpgroup MMA sums a k32 step's products and C in the tensor core: every term
+// truncated toward zero to 2^(E - 13), E the largest term exponent (C's included), the sum truncated
+// to 13 fraction bits (ptx_semantics.hpp; the probe probe_wgmma_e4m3_rounding holds it against an
+// H200 bit for bit). Designed terms show each part of the rule.
+TEST_CASE("the e4m3 warpgroup MMA sums its terms as the tensor core does", "[emu][ptx][fp8]") {
+  auto dot = [](std::vector<double> a, std::vector<double> b, float c, bool with_c) {
+    return e4m3_fused_dot_add(a.data(), 1, b.data(), 1, int(a.size()), c, with_c);
+  };
+  // Small integers: exact under any rule.
+  CHECK(dot({1, 2, -3, 4}, {2, 2, 2, 0.5}, 10.0f, true) == 10.0f + 2 + 4 - 6 + 2);
+  // One product of 2^8 beside ones of 2^-6: below 2^(8 - 13) each is truncated to zero.
+  CHECK(dot({16, 0.125, 0.125}, {16, 0.125, -0.125}, 0.0f, false) == 256.0f);
+  // The unit is 2^(8 - 13) = 2^-5: a term of 2^-4 is two units and stays, one of 2^-6 is none.
+  CHECK(dot({16, 0.25, 0.125}, {16, 0.25, 0.125}, 0.0f, false) == 256.0f + 0.0625f);
+  // A large C sets E: products under its unit vanish (C = 2^20, unit 2^7; 64 = 2^6 is lost).
+  CHECK(dot({8}, {8}, 1048576.0f, true) == 1048576.0f);
+  CHECK(dot({16}, {8}, 1048576.0f, true) == 1048576.0f + 128.0f);
+  // Truncation is toward zero for negative terms as well: -(2^8 + 2^-5 + 2^-6) keeps -(2^8 + 2^-5).
+  CHECK(dot({-16, -0.25, -0.125}, {16, 0.125, 0.125}, 0.0f, false) == -(256.0f + 0.03125f));
+  // The sum keeps 13 fraction bits, truncated: C = 2^13 + 1 + 2^-1 is 13 + 2 significant bits.
+  CHECK(dot({0.0}, {0.0}, 8193.5f, true) == 8193.0f);
+  // A product's exponent is its factors' added, unnormalised: 1.875 x 1.875 = 3.515625 counts as
+  // 2^0, so the unit is 2^-13 and a term of 2^-13 (2^-6 x 2^-7) is kept; the sum, 1.640625 after
+  // -1.5 x 1.25, is below 2 and keeps it too (normalised, E would be 1 and the term gone).
+  CHECK(dot({1.875, -1.5, 0.015625}, {1.875, 1.25, 0.0078125}, 0.0f, false) == 1.640625f + 0x1p-13f);
+  // Nothing but zeros; NaN stays NaN.
+  CHECK(dot({0.0, 0.0}, {1.0, -2.0}, 0.0f, true) == 0.0f);
+  CHECK(std::isnan(dot({std::nan("")}, {1.0}, 0.0f, false)));
+  CHECK(std::isnan(dot({1.0}, {1.0}, std::nanf(""), true)));
+}
