@@ -253,6 +253,13 @@ void BlockExecutor::tma_store(const void* tensor_map, const int* coords, int ran
   size_t off = 0;
   const TensorMapSpec s = tma_box(tensor_map, rank, src, what, "source", &off, pc);
   const uint64_t bytes = box_bytes(s);
+  // The PTX ISA ("Restriction on Tensor Copy instructions", the .global.shared::cta direction): a
+  // store's box starts at non-negative coordinates (it may run past the end). An H200 stops such a
+  // store with an illegal instruction.
+  for (int d = 0; d < rank; ++d)
+    if (coords[d] < 0)
+      fail(what + " starts its box at coordinate " + std::to_string(coords[d]) + " of dimension " + std::to_string(d) +
+           ": a TMA store's box must start at non-negative coordinates (only its far end may leave the tensor)");
   // Read through the async proxy: a generic store to the source needs its writer's
   // fence.proxy.async, and a barrier between the writers and this thread (shared_read).
   for (size_t b = off; b < off + bytes; ++b) {

@@ -689,6 +689,7 @@ extern "C" __global__ void bulk(const float* in, float* out, float* seen) {
 // [40][64] matrix, rows past its end dropped; it lands at the issuing thread's wait, and a source
 // written without fence.proxy.async, changed before the wait or never waited for is reported. Read
 // back after a .read wait it is not there yet (it lands by the kernel's end); after a full wait it is.
+// A box starting at a negative row is refused.
 TEST_CASE("TMA store: a swizzled box lands at the wait, rows outside dropped, and its misuses are reported", "[emu][tma]") {
   const char* body = R"(
 extern "C" __global__ void store(const aj_tensor_map* maps, unsigned short* out, unsigned short* seen) {
@@ -745,4 +746,7 @@ extern "C" __global__ void store(const aj_tensor_map* maps, unsigned short* out,
              Catch::Contains("the source of the TMA store") && Catch::Contains("changed before thread 0"));
   CHECK_THAT(run("#define FENCE aj_fence_proxy_async()\n#define CHANGE\n#define WAIT\n#define ROW0 0\n"),
              Catch::Contains("exits with a bulk copy"));
+  // A store's box may leave the tensor at its far end only (the PTX ISA; an H200 raises an
+  // illegal instruction for a box from row -4).
+  CHECK_THAT(run(ok + "#define ROW0 -4\n"), Catch::Contains("must start at non-negative coordinates"));
 }

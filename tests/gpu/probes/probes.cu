@@ -414,8 +414,9 @@ AJ_PROBE_TMA(probe_tma_3d_strided_sw64, 1024,
 // in one bulk group and waits for it. `out` is a [2 batch][40 rows][3 heads][64] 16-bit tensor
 // (dimensions innermost first: 64, 3 heads, 40 rows, 2 batch) that starts poisoned; boxes of one
 // head and every second row (box 32, element stride 2: 16 rows): head 1 of batch 1 from row 10
-// (row 40 out of bounds: dropped), head 2 of batch 0 from row -4 (rows -4, -2 dropped). The words
-// no box reaches, the odd rows among them, must keep the poison.
+// (row 40 out of bounds: dropped), head 2 of batch 0 from row 0. The words no box reaches, the odd
+// rows among them, must keep the poison. (A store box may not start at a negative coordinate: an
+// H200 raised an illegal instruction for one from row -4, and the emulator refuses it.)
 extern "C" __global__ void probe_tma_store_strided_sw128(const aj_u32* in, aj_u32* out, const __grid_constant__ aj_tensor_map map) {
   AJ_DYNAMIC_SHARED(smem);
   unsigned char* tiles = smem + (1024 - aj_smem_addr(smem) % 1024) % 1024;
@@ -425,7 +426,7 @@ extern "C" __global__ void probe_tma_store_strided_sw128(const aj_u32* in, aj_u3
   aj_syncthreads();
   if (t == 0) {
     aj_tma_store_4d(map, tiles, 0, 1, 10, 1);
-    aj_tma_store_4d(map, tiles + 2048, 0, 2, -4, 0);
+    aj_tma_store_4d(map, tiles + 2048, 0, 2, 0, 0);
     aj_bulk_commit();
     aj_bulk_wait<0>();
   }
