@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -483,6 +484,13 @@ int main(int argc, char** argv) {
       std::printf("%-26s %s%s%s\n", p.name, ok ? "ok" : "MISMATCH", error.empty() ? "" : (": " + error).c_str(),
                   bad ? (" (" + std::to_string(bad) + " words)" + detail.str()).c_str() : "");
       if (rep) rep << p.name << " " << (ok ? "ok" : "mismatch") << " words=" << got.size() << " mismatches=" << bad << "\n";
+      // Every word the device wrote, beside the report, for fitting the emulator to it afterwards
+      // (the inputs are seeded: the emulator makes them again).
+      if (rep && bad) {
+        const std::filesystem::path dir = std::filesystem::path(report).parent_path() / "probes_got";
+        std::filesystem::create_directories(dir);
+        write_golden(dir.string(), p, got);
+      }
     }
     std::printf("%zu passed, %zu failed\n", passed, failed);
     return failed ? 1 : 0;
