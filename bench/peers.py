@@ -88,7 +88,7 @@ from peers_report import Writer  # noqa: E402  (bench/, beside this script)
 from peers_timing import first_call, gpu_state, interleaved, peak_mb, summary, wall  # noqa: E402  (bench/)
 from peers_torch import (  # noqa: E402  (bench/, beside this script)
     dilated_terms, group_divisor, softmax_scale, mask_rows, reference_rows, reference_grads, max_err, torch_dilated,
-    torch_longnet, branch_count_fn, layout_block_layout, flex_system)
+    torch_longnet, branch_count_fn, layout_block_layout, flex_system, window_bounds)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DENSE = {"attnjit": 1, "description": "dense", "branches": [{"segment": "full"}]}
@@ -152,6 +152,7 @@ SMOKE_LONGNET_PIPELINE = {"attnjit": 1, "branches": [{"segment": 64, "dilation":
 SMOKE_SEED = {"attnjit": 1, "combine": "head_groups", "group_scale": "mean",
               "branches": [{"segment": 64, "dilation": 1}, {"segment": 128, "dilation": 2},
                            {"segment": 256, "dilation": 4}]}
+SMOKE_WINDOW = {"attnjit": 1, "causal": True, "window": [40, 0], "branches": [{"segment": "full"}]}
 SMOKE_BIGBIRD = {"attnjit": 1, "layout": {"block": 16, "union": [{"local": 1}, {"global": [0]},
                                                                  {"random": {"density": 0.1, "seed": 7}}]},
                  "branches": [{"segment": "full"}]}
@@ -348,6 +349,14 @@ def torch_counts(case, pattern, heads, device):
     if case["family"] in ("longnet", "seed_dilated"):
         count = branch_count_fn(dilated_terms(spec, H), H, S, device)
         return lambda start, n: count(0, hs, torch.arange(start, start + n, device=device)[None, :, None], kv)
+    if window_bounds(spec) is not None:
+        lo, hi = window_bounds(spec)
+
+        def window(start, n):
+            d = torch.arange(start, start + n, device=device)[None, :, None] - kv
+            keep = (d >= lo) & (d <= hi) if hi != float("inf") else d >= lo
+            return keep.expand(len(heads), n, S).int()
+        return window
     if case["family"] == "layout":
         layout, block = layout_block_layout(pattern, spec, H, S)
         lay = torch.as_tensor(layout, device=device)

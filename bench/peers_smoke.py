@@ -229,7 +229,8 @@ def smoke_pipeline(check, args):
     cases = [P._case("dense-tiny", "dense", P.DENSE, 128, 2, 16, P.DENSE_SYSTEMS),
              P._case("longnet-tiny", "longnet", P.SMOKE_LONGNET_PIPELINE, 384, 4, 16,
                    P.DILATED_SYSTEMS + ["broken-fwd", "broken-grad"]),
-             P._case("bigbird-tiny", "layout", P.SMOKE_BIGBIRD, 256, 2, 16, P.LAYOUT_SYSTEMS)]
+             P._case("bigbird-tiny", "layout", P.SMOKE_BIGBIRD, 256, 2, 16, P.LAYOUT_SYSTEMS),
+             P._case("window-tiny", "layout", P.SMOKE_WINDOW, 256, 2, 16, P.LAYOUT_SYSTEMS)]
     out = tempfile.mkdtemp(prefix="peers-smoke-")
     a = argparse.Namespace(**{**vars(args), "out": out, "runs": 3, "warmup": 1, "budget": 120.0})
     writer = P.run_cases(cases, a, torch.device("cpu"), torch.float32, 1e-4, 1e-4)
@@ -237,7 +238,7 @@ def smoke_pipeline(check, args):
         data = json.load(f)
     with open(os.path.join(out, "peers.md"), encoding="utf-8") as f:
         md = f.read()
-    ok = len(data["cases"]) == 3
+    ok = len(data["cases"]) == 4
     jit_present = jit_counters() is not None
     for c in data["cases"]:
         for name, s in c["systems"].items():

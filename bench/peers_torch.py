@@ -434,6 +434,31 @@ def layout_block_layout(pattern, spec, H, S):
     return layout, block
 
 
+def window_bounds(spec):
+    """(lo, hi): a pair is kept where lo <= qpos - kpos <= hi, for a pattern of one full branch with
+    the pattern-level causal and window masks alone (a sliding window); None for anything else."""
+    if "layout" in spec or len(spec["branches"]) != 1 or spec["branches"][0] != {"segment": "full"}:
+        return None
+    left, right = spec.get("window", [-1, -1])
+    hi = left if left >= 0 else float("inf")
+    lo = -right if right >= 0 else float("-inf")
+    if spec.get("causal"):
+        lo = max(lo, 0)
+    return lo, hi
+
+
+def window_block_layout(spec, H, S, block):
+    """(touched, full) bool [H, Qb, Kb] of a sliding window per block: a block is touched where some
+    pair in it is kept and full where every pair is (q - k spans (qb - kb) block +- (block - 1))."""
+    lo, hi = window_bounds(spec)
+    nb = S // block
+    d = (np.arange(nb)[:, None] - np.arange(nb)[None, :]) * block
+    dmin, dmax = d - (block - 1), d + (block - 1)
+    touched = (dmax >= lo) & (dmin <= hi)
+    full = (dmin >= lo) & (dmax <= hi)
+    return np.broadcast_to(touched, (H, nb, nb)).copy(), np.broadcast_to(full, (H, nb, nb)).copy()
+
+
 def _ordered(dense):
     """bool [H, Qb, Kb] -> (int32 [1, H, Qb] counts, int32 [1, H, Qb, Kb] kept key blocks first, ascending)."""
     dense = torch.as_tensor(dense)
@@ -476,6 +501,15 @@ def flex_fn(device):
 def flex_setup(case, pattern, device, block=128):
     """(block_mask, score_mod, divisor) for a case; the block mask exact per block."""
     spec, S, H = case["spec"], case["S"], case["H"]
+    if window_bounds(spec) is not None:
+        if S % block:
+            raise NotImplementedError(f"a sliding window at S={S}: blocks of {block} dividing S only")
+        lo, hi = window_bounds(spec)
+        touched, full = window_block_layout(spec, H, S, block)
+
+        def mask_mod(b, h, q, kv):
+            return (q - kv >= lo) & (q - kv <= hi) if hi != float("inf") else q - kv >= lo
+        return make_block_mask(touched & ~full, full, block, S, mask_mod, device), None, 1
     if case["family"] == "layout":
         layout, block = layout_block_layout(pattern, spec, H, S)
         lay = torch.as_tensor(layout, device=device)
