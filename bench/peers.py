@@ -19,6 +19,8 @@ Systems (the cases are one table, `gpu_cases()`, most important first; --list pr
                  earlier tables stay comparable
   flex           FlexAttention under torch.compile; a BlockMask built once (not timed), a mask_mod for
                  the union of the branches and a score_mod adding log(number of branches attending)
+  flex-autotune  the same, compiled in max-autotune mode (Inductor times its block sizes and stages as it
+                 compiles: minutes); with --flex-autotune, after each case's flex
 
 Each case, the method:
   - the same seeded inputs for every system; an fp64 reference of the forward and of dQ, dK, dV on
@@ -88,7 +90,7 @@ from peers_report import Writer  # noqa: E402  (bench/, beside this script)
 from peers_timing import first_call, gpu_state, interleaved, peak_mb, summary, wall  # noqa: E402  (bench/)
 from peers_torch import (  # noqa: E402  (bench/, beside this script)
     dilated_terms, group_divisor, softmax_scale, mask_rows, reference_rows, reference_grads, max_err, torch_dilated,
-    torch_longnet, branch_count_fn, layout_block_layout, flex_system, window_bounds)
+    torch_longnet, branch_count_fn, layout_block_layout, flex_system, window_bounds, FLEX_AUTOTUNE_MODE)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DENSE = {"attnjit": 1, "description": "dense", "branches": [{"segment": "full"}]}
@@ -107,6 +109,14 @@ def _example(name):
 
 def _case(name, family, spec, S, H, D, systems, B=1):
     return {"name": name, "family": family, "spec": spec, "S": S, "H": H, "D": D, "B": B, "systems": systems}
+
+
+def with_flex_autotune(case):
+    """The case with flex-autotune right after its flex (--flex-autotune), where it has flex."""
+    systems = list(case["systems"])
+    if "flex" in systems and "flex-autotune" not in systems:
+        systems.insert(systems.index("flex") + 1, "flex-autotune")
+    return {**case, "systems": systems}
 
 
 DENSE_SYSTEMS = ["ours", "sdpa-flash", "sdpa-cudnn", "ours-fp8"]
@@ -205,10 +215,11 @@ SYSTEMS = {
     "torch-longnet": lambda c, p, dev: (torch_longnet(c["spec"], c["H"], c["S"], c["D"], dev), "bhsd", None),
     "torch-dilated-pieces": lambda c, p, dev: (torch_dilated(c["spec"], c["H"], c["S"], c["D"], dev), "bhsd", None),
     "flex": lambda c, p, dev: (flex_system(c, p, dev), "bhsd", None),
+    "flex-autotune": lambda c, p, dev: (flex_system(c, p, dev, mode=FLEX_AUTOTUNE_MODE), "bhsd", None),
 }
 # A system is started only with this much of the budget left (half of it for its backward): FlexAttention
 # compiles for a minute or so, and a run killed by an outer timeout would leave the cases after it unrecorded.
-MIN_SECONDS_LEFT = {"flex": 60}
+MIN_SECONDS_LEFT = {"flex": 60, "flex-autotune": 240}
 # Systems with no backward, and systems whose forward is checked at another tolerance: FP8 inputs
 # carry e4m3's rounding of q, k and v (2^-4 relative each) against the reference on the unquantised ones.
 FORWARD_ONLY = {"ours-fp8"}
@@ -225,6 +236,10 @@ NOTES = {
                      "branches merged by LSE; exact gradients through each branch's flash backward",
     "torch-dilated-pieces": "the older, weaker PyTorch LongNet (kept to compare with earlier tables): one flash "
                             "call per (branch, dilation offset) on advanced-index gathers, fp32 index_put merges",
+    "flex": "FlexAttention under torch.compile in its default mode; the BlockMask built once, not timed",
+    "flex-autotune": f"FlexAttention under torch.compile(mode='{FLEX_AUTOTUNE_MODE}'): Inductor times its "
+                     "block sizes and stages while it compiles (--flex-autotune); the better of the two flex rows "
+                     "is the peer",
 }
 
 
@@ -573,6 +588,9 @@ def main():
                     help="largest S whose dK, dV are checked against the fp64 reference (a pass over every row); "
                          "above it dQ only")
     ap.add_argument("--keep-cache", action="store_true", help="use the environment's kernel caches (warm TTFR)")
+    ap.add_argument("--flex-autotune", action="store_true",
+                    help="also FlexAttention compiled in max-autotune mode (flex-autotune) after each case's flex "
+                         "(its compile takes minutes)")
     ap.add_argument("--list", action="store_true", help="print the case names and exit")
     ap.add_argument("--smoke", action="store_true", help="CPU correctness checks on tiny shapes (exit 1 on a mismatch)")
     ap.add_argument("--merge", nargs="+", metavar="DIR",
@@ -586,6 +604,8 @@ def main():
             ap.error("--merge needs --out DIR")
         return merge(args.merge, args.out)
     cases = gpu_cases()
+    if args.flex_autotune:
+        cases = [with_flex_autotune(c) for c in cases]
     if args.list:
         print("\n".join(f"{c['name']:28s} {', '.join(c['systems'])}" for c in cases))
         return 0

@@ -226,10 +226,11 @@ def smoke_pipeline(check, args):
     """The benchmark's own loop (rounds, references, correctness marks, files) on tiny CPU cases,
     with two broken systems that must come out marked wrong."""
     P.SYSTEMS.update(_broken_systems())
+    P.MIN_SECONDS_LEFT["flex-autotune"] = 0  # eager on the CPU: no minutes of autotuning to keep time for
     cases = [P._case("dense-tiny", "dense", P.DENSE, 128, 2, 16, P.DENSE_SYSTEMS),
              P._case("longnet-tiny", "longnet", P.SMOKE_LONGNET_PIPELINE, 384, 4, 16,
                    P.DILATED_SYSTEMS + ["broken-fwd", "broken-grad"]),
-             P._case("bigbird-tiny", "layout", P.SMOKE_BIGBIRD, 256, 2, 16, P.LAYOUT_SYSTEMS),
+             P.with_flex_autotune(P._case("bigbird-tiny", "layout", P.SMOKE_BIGBIRD, 256, 2, 16, P.LAYOUT_SYSTEMS)),
              P._case("window-tiny", "layout", P.SMOKE_WINDOW, 256, 2, 16, P.LAYOUT_SYSTEMS)]
     out = tempfile.mkdtemp(prefix="peers-smoke-")
     a = argparse.Namespace(**{**vars(args), "out": out, "runs": 3, "warmup": 1, "budget": 120.0})
@@ -239,6 +240,11 @@ def smoke_pipeline(check, args):
     with open(os.path.join(out, "peers.md"), encoding="utf-8") as f:
         md = f.read()
     ok = len(data["cases"]) == 4
+    bigbird = next(c for c in data["cases"] if c["name"] == "bigbird-tiny")
+    names = list(bigbird["systems"])
+    good = "flex-autotune" in names and names.index("flex-autotune") == names.index("flex") + 1
+    check("pipeline: --flex-autotune runs FlexAttention's autotuned mode right after its default", good, str(names))
+    ok = ok and good
     jit_present = jit_counters() is not None
     for c in data["cases"]:
         for name, s in c["systems"].items():
@@ -249,7 +255,7 @@ def smoke_pipeline(check, args):
                 check(f"pipeline: {c['name']} {name} marked wrong ({what}) in the JSON and the table", good, P._line(s))
                 ok = ok and good
                 continue
-            expect_ok = name not in ("sdpa-cudnn", "flex")  # no cuDNN, no flex backward on the CPU
+            expect_ok = name not in ("sdpa-cudnn", "flex", "flex-autotune")  # no cuDNN, no flex backward on the CPU
             good = "fwd" in s and not s.get("wrong") and (s.get("status") == "ok" or not expect_ok)
             good = good or (name == "sdpa-cudnn" and s.get("status") == "error")
             if good and name in P.FORWARD_ONLY:  # timed forward, checked at its tolerance, no backward

@@ -476,15 +476,18 @@ def make_block_mask(partial, full, block, S, mask_mod, device):
         return BlockMask.from_kv_blocks(num, idx, fnum, fidx, BLOCK_SIZE=block, mask_mod=mask_mod)
 
 
-_COMPILED_FLEX = None
+_COMPILED_FLEX = {}
+# FlexAttention's autotuned mode: Inductor times its kernels' block sizes and stages when it
+# compiles (minutes); no CUDA graphs, so that every system's rounds time the same kind of call.
+FLEX_AUTOTUNE_MODE = "max-autotune-no-cudagraphs"
 
 
-def flex_fn(device):
-    """Compiled FlexAttention on CUDA; eager on the CPU (--smoke: a fused CPU compile takes ~15 s)."""
-    global _COMPILED_FLEX
+def flex_fn(device, mode=None):
+    """Compiled FlexAttention on CUDA (torch.compile's default mode, or `mode`); eager on the CPU
+    (--smoke: a fused CPU compile takes ~15 s)."""
     if device.type != "cuda":
         return flex_attention
-    if _COMPILED_FLEX is None:
+    if mode not in _COMPILED_FLEX:
         for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, 256)
@@ -494,8 +497,8 @@ def flex_fn(device):
         # tensors' memory in place; it does not change the kernels that are timed.
         if hasattr(torch, "_functorch") and hasattr(torch._functorch.config, "donated_buffer"):
             torch._functorch.config.donated_buffer = False
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
-    return _COMPILED_FLEX
+        _COMPILED_FLEX[mode] = torch.compile(flex_attention, dynamic=False, **({"mode": mode} if mode else {}))
+    return _COMPILED_FLEX[mode]
 
 
 def flex_setup(case, pattern, device, block=128):
@@ -523,9 +526,9 @@ def flex_setup(case, pattern, device, block=128):
     return make_block_mask(touched & ~full, full, block, S, mask_mod, device), score_mod, group_divisor(spec)
 
 
-def flex_system(case, pattern, device, block=128):
+def flex_system(case, pattern, device, block=128, mode=None):
     block_mask, score_mod, divisor = flex_setup(case, pattern, device, block)
-    run, scale = flex_fn(device), softmax_scale(case["spec"], case["D"])
+    run, scale = flex_fn(device, mode), softmax_scale(case["spec"], case["D"])
 
     def fwd(q, k, v):
         o = run(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
