@@ -437,7 +437,7 @@ def layout_block_layout(pattern, spec, H, S):
 def window_bounds(spec):
     """(lo, hi): a pair is kept where lo <= qpos - kpos <= hi, for a pattern of one full branch with
     the pattern-level causal and window masks alone (a sliding window); None for anything else."""
-    if "layout" in spec or len(spec["branches"]) != 1 or spec["branches"][0] != {"segment": "full"}:
+    if "window" not in spec or "layout" in spec or len(spec["branches"]) != 1 or spec["branches"][0] != {"segment": "full"}:
         return None
     left, right = spec.get("window", [-1, -1])
     hi = left if left >= 0 else float("inf")

@@ -23,9 +23,9 @@ float e4m3_to_float(uint8_t x);
 uint8_t float_to_e4m3(float f);
 
 // One element of an e4m3 warpgroup MMA step: C (when with_c) plus the `count` products
-// a[k a_step] b[k b_step], summed as Hopper's tensor core sums them (measured bit for bit on an
-// H200 by the probe probe_wgmma_e4m3_rounding; the model Microsoft's MMA-Sim and Khattak and
-// Mikaitis's tensor-core models give): each product exact, with the exponent of its factors'
+// a[k a_step] b[k b_step], summed as Hopper's tensor core sums them (the model of Microsoft's
+// MMA-Sim and of Khattak and Mikaitis's tensor-core models; it reproduces the words of the probe
+// probe_wgmma_e4m3_rounding that an H200 run printed, 8 of its 4,096, the rest to be compared): each product exact, with the exponent of its factors'
 // exponents added (e4m3 subnormals at 2^-6); every term, C included, truncated toward zero to a
 // multiple of 2^(E - 13), E the largest of their exponents; the terms summed exactly; the sum
 // truncated toward zero to 13 fraction bits. A NaN or infinity anywhere gives what an ordinary

@@ -112,8 +112,9 @@ void round_probabilities_e4m3(Matrix& p) {
 // Fp8Arithmetic::tensor_core_sums: Hopper's FP8 tensor core's sums (e4m3_fused_dot_add), as the
 // wgmma kernel takes them. S = Q K^T over the head dim in steps of 32, each step added to the
 // running score; P8 V over the tile's keys in steps of 32 into the running O (at P8's own scale,
-// 2^8 P, so that e4m3's subnormals align as in the kernel). Finite tiles only: the callers take
-// the ordinary products where a NaN or an infinity is about.
+// 2^8 P, so that e4m3's subnormals align as in the kernel). Finite operands only: where a NaN or
+// an infinity is about the callers take the ordinary products, whose special values are the
+// model's too.
 constexpr int kTensorCoreStep = 32;
 
 void tensor_core_scores(const Rows& q, const Rows& k, Matrix& s) {
@@ -170,8 +171,8 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
       const Rows k = rows_of<Rows>(job.k, job.k_layout, b, kvh, s.head_dim, keys);
       const Rows v = rows_of<Rows>(job.v, job.v_layout, b, kvh, s.head_dim_v, keys);
       st.scores.resize(n, keys.count);
-      const bool tensor_core = job.fp8 && job.fp8->tensor_core_sums && q.allFinite() && k.allFinite() && v.allFinite();
-      if (tensor_core) tensor_core_scores(q, k, st.scores);
+      const bool tensor_core = job.fp8 && job.fp8->tensor_core_sums;
+      if (tensor_core && q.allFinite() && k.allFinite()) tensor_core_scores(q, k, st.scores);
       else st.scores.noalias() = q * k.transpose();
       // Scaled in a pass of its own, so that each exponent is the rounded scaled score minus the
       // rounded maximum (the maximum's weight exactly 1 at any score), whatever the compiler fuses.
@@ -209,7 +210,7 @@ void forward_item(const ExecutorJob& job, const WorkItem& item, int64_t b, Forwa
         st.l += st.extra;
       }
       if (job.fp8) round_probabilities_e4m3(st.scores);  // after the row sums took them unrounded
-      if (tensor_core) tensor_core_product(st.scores, v, st.acc);
+      if (tensor_core && v.allFinite() && st.scores.allFinite()) tensor_core_product(st.scores, v, st.acc);
       else product(full, st.scores, st.keep, v, st.acc);
     });
   }

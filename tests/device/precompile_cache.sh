@@ -51,7 +51,7 @@ steps=(
   "gpu_forward_sm90a_cpasync|ATTNJIT_TMA=0|[attention][examples]"
   "sanitize||[sanitize]"
 )
-share=$(( budget * 2 / ${#steps[@]} ))
+share=$(( budget * 2 / (${#steps[@]} + 8) ))  # two at a time: the steps and the 8 bench runs below
 run_step() {  # NAME KNOBS FILTER
   local t0=$SECONDS
   env ${2:+$2} LD_LIBRARY_PATH="$work/lib" ATTNJIT_CACHE_DIR="$work/cache" ATTNJIT_GPU_TESTS_DEVICE=gpu \

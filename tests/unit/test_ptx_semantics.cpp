@@ -350,8 +350,12 @@ TEST_CASE("the e4m3 warpgroup MMA sums its terms as the tensor core does", "[emu
   CHECK(dot({16}, {8}, 1048576.0f, true) == 1048576.0f + 128.0f);
   // Truncation is toward zero for negative terms as well: -(2^8 + 2^-5 + 2^-6) keeps -(2^8 + 2^-5).
   CHECK(dot({-16, -0.25, -0.125}, {16, 0.125, 0.125}, 0.0f, false) == -(256.0f + 0.03125f));
-  // The sum keeps 13 fraction bits, truncated: C = 2^13 + 1 + 2^-1 is 13 + 2 significant bits.
+  // The sum keeps 13 fraction bits, truncated: C = 2^13 + 1 + 2^-1 is 13 + 2 significant bits
+  // (already cut by its own term's truncation); 2^8 + 2^8 + 2^-5 keeps every term (the unit is
+  // 2^-5) and loses 2^-5 only when the sum, 2^9, is cut to 13 fraction bits.
   CHECK(dot({0.0}, {0.0}, 8193.5f, true) == 8193.0f);
+  CHECK(dot({16, 16, 0.25}, {16, 16, 0.125}, 0.0f, false) == 512.0f);
+  CHECK(dot({16, 16, 0.25}, {16, 15, 0.125}, 0.0f, false) == 496.03125f);
   // A product's exponent is its factors' added, unnormalised: 1.875 x 1.875 = 3.515625 counts as
   // 2^0, so the unit is 2^-13 and a term of 2^-13 (2^-6 x 2^-7) is kept; the sum, 1.640625 after
   // -1.5 x 1.25, is below 2 and keeps it too (normalised, E would be 1 and the term gone).

@@ -301,8 +301,8 @@ AJ_PROBE_WGMMA(probe_wgmma_ss_mn_sw128, 64, AJ_WGMMA_BF16, 128, 16, 1024, 32, 12
 // Small integers (exact whatever the accumulation): the layouts, from shared memory and registers.
 AJ_PROBE_WGMMA_E4M3(probe_wgmma_e4m3_ss_sw128, 0)
 AJ_PROBE_WGMMA_E4M3(probe_wgmma_e4m3_rs_sw128, 1)
-// Codes over e4m3's whole range: how the tensor cores sum 32 products and the accumulator (the
-// emulator sums exactly and rounds once per k32 step).
+// Codes over e4m3's whole range: how the tensor cores sum 32 products and the accumulator (each
+// term truncated to 2^(E - 13), the sum to 13 fraction bits: e4m3_fused_dot_add).
 AJ_PROBE_WGMMA_E4M3(probe_wgmma_e4m3_rounding, 0)
 
 // cvt.rn.satfinite.e4m3x2.f32 (FP8, sm_89+; run on sm_90a and the emulator): out[t] holds
