@@ -369,8 +369,7 @@ def torch_counts(case, pattern, heads, device):
 
         def window(start, n):
             d = torch.arange(start, start + n, device=device)[None, :, None] - kv
-            keep = (d >= lo) & (d <= hi) if hi != float("inf") else d >= lo
-            return keep.expand(len(heads), n, S).int()
+            return ((d >= lo) & (d <= hi)).expand(len(heads), n, S).int()
         return window
     if case["family"] == "layout":
         layout, block = layout_block_layout(pattern, spec, H, S)

@@ -436,12 +436,13 @@ def layout_block_layout(pattern, spec, H, S):
 
 def window_bounds(spec):
     """(lo, hi): a pair is kept where lo <= qpos - kpos <= hi, for a pattern of one full branch with
-    the pattern-level causal and window masks alone (a sliding window); None for anything else."""
+    the pattern-level causal and window masks alone (a sliding window); None for anything else. An
+    unbounded side is 2^62 away (the spec's largest position), so the bounds stay integers."""
     if "window" not in spec or "layout" in spec or len(spec["branches"]) != 1 or spec["branches"][0] != {"segment": "full"}:
         return None
-    left, right = spec.get("window", [-1, -1])
-    hi = left if left >= 0 else float("inf")
-    lo = -right if right >= 0 else float("-inf")
+    left, right = spec["window"]
+    hi = left if left >= 0 else 2 ** 62
+    lo = -right if right >= 0 else -2 ** 62
     if spec.get("causal"):
         lo = max(lo, 0)
     return lo, hi
@@ -511,7 +512,7 @@ def flex_setup(case, pattern, device, block=128):
         touched, full = window_block_layout(spec, H, S, block)
 
         def mask_mod(b, h, q, kv):
-            return (q - kv >= lo) & (q - kv <= hi) if hi != float("inf") else q - kv >= lo
+            return (q - kv >= lo) & (q - kv <= hi)
         return make_block_mask(touched & ~full, full, block, S, mask_mod, device), None, 1
     if case["family"] == "layout":
         layout, block = layout_block_layout(pattern, spec, H, S)

@@ -33,6 +33,7 @@ if [ -z "${ATTNJIT_NVRTC:-}" ]; then
   toolkit="$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")"
   export ATTNJIT_NVRTC="$(ls "$toolkit"/lib64/libnvrtc.so.* "$toolkit"/lib/libnvrtc.so.* 2>/dev/null | head -n1)"
 fi
+mkdir -p "$(dirname "$archive")" || exit 2
 log="${archive%.txz}.log"
 : > "$log"
 ATTNJIT_CACHE_DIR="$work/cache" "$build/attnjit" info | grep -A1 "^nvrtc" | tee -a "$log"
@@ -51,7 +52,6 @@ steps=(
   "gpu_forward_sm90a_cpasync|ATTNJIT_TMA=0|[attention][examples]"
   "sanitize||[sanitize]"
 )
-share=$(( budget * 2 / (${#steps[@]} + 8) ))  # two at a time: the steps and the 8 bench runs below
 run_step() {  # NAME KNOBS FILTER
   local t0=$SECONDS
   env ${2:+$2} LD_LIBRARY_PATH="$work/lib" ATTNJIT_CACHE_DIR="$work/cache" ATTNJIT_GPU_TESTS_DEVICE=gpu \
@@ -59,8 +59,8 @@ run_step() {  # NAME KNOBS FILTER
   local rc=$?
   echo "$1: $(( SECONDS - t0 )) s$([ $rc = 124 ] && echo ", cut at its ${share} s")" >> "$log"
 }
-# Then bench/gpu_session.sh's bench stage: attnjit_gpu_bench per kernel option (the same shapes;
-# bench/peers.py asks for the same kernels through the Python package), each a single run.
+# And bench/gpu_session.sh's bench stage, run first: attnjit_gpu_bench per kernel option (the same
+# shapes; bench/peers.py asks for the same kernels through the Python package), one run each.
 bench="$build/bench/attnjit_gpu_bench"
 shape=(--heads 16 --head-dim 128 --dtype bf16 --batch 1 --no-ttfr --runs 1 --warmup 0 --flush-mb 1)
 ex="$root/examples"
@@ -74,6 +74,8 @@ bench_runs=(
   "bench_poly_exp2|ATTNJIT_POLY_EXP2=1|--seq 16384 --no-backward $root/bench/patterns/dense.json $ex/bigbird.json"
   "bench_persistent|ATTNJIT_PERSISTENT=1|--seq 16384 $root/bench/patterns/dense.json $ex/bigbird.json $ex/causal_local.json"
 )
+# Each run's share of BUDGET: two run at a time.
+share=$(( budget * 2 / (${#steps[@]} + ${#bench_runs[@]}) ))
 run_bench() {  # NAME KNOBS ARGS
   local t0=$SECONDS
   # shellcheck disable=SC2086
