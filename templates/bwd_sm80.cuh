@@ -14,16 +14,21 @@
 //          pass (bp.dq_acc set) dS^T also goes through shared memory and dQ += dS K is added
 //          into the fp32 dQ accumulator with red.global.add, as FlashAttention-2 does: five
 //          products per tile pair instead of the two-pass form's seven, and no second walk.
+//          Past head dim 128 the accumulators of dK and dV no longer fit beside S^T and dP^T: the
+//          block walks its query tiles once per column slice (AJ_BWD_SLICES of AJ_BWD_DK_COLS and
+//          AJ_BWD_DV_COLS columns, compiler/codegen/codegen.cpp: backward_slices), each walk
+//          computing S^T and dP^T over the whole head dim and adding its columns of dK, dV and dQ.
 // The output scale f of the forward (O = f softmax(S) V) enters as dP -> f dP and dV -> f dV;
 // the softmax scale as dQ, dK -> scale dQ, scale dK. A query row that attends nothing has
 // LSE = -inf: its P is 0 (its LSE is read as +inf), so it gives and gets no gradient.
 
 // _dq blocks have fwd_sm80.cuh's AJ_THREADS (16 query rows per warp); _dkdv blocks 16 key rows per warp.
 #define AJ_BWD_KV_THREADS (AJ_TILE_K / 16 * 32)
-// Columns of S (and dP) a warp holds at once: AJ_BWD_SUB_MAX, defined by the generator
-// (compiler/codegen/codegen.cpp: backward_sub_max, which the shared-memory size uses too). Tiles
-// are powers of two, so a tile is a whole number of these.
-#define AJ_BWD_SUB_K (AJ_TILE_K > AJ_BWD_SUB_MAX ? AJ_BWD_SUB_MAX : AJ_TILE_K)
+// Columns of S (and dP) a warp holds at once: AJ_BWD_SUB_MAX in _dkdv, AJ_BWD_DQ_SUB_MAX in _dq,
+// defined by the generator (compiler/codegen/codegen.cpp: backward_sub_max, which the shared-memory
+// size uses too, and backward_dq_sub_max). Tiles are powers of two, so a tile is a whole number of
+// these.
+#define AJ_BWD_SUB_K (AJ_TILE_K > AJ_BWD_DQ_SUB_MAX ? AJ_BWD_DQ_SUB_MAX : AJ_TILE_K)
 #define AJ_BWD_SUB_Q (AJ_TILE_Q > AJ_BWD_SUB_MAX ? AJ_BWD_SUB_MAX : AJ_TILE_Q)
 
 // LSE of a row in the exp2 domain, +inf where P must be 0: past the tile's rows, or a row that
@@ -58,9 +63,10 @@ __device__ __forceinline__ void aj_mma_abt(float (&acc)[COLS / 8][4], const aj_e
 
 // acc[16][COLS] += X[16][K] B[K][COLS] where X is this warp's accumulator tile (x[K / 8][4], the
 // S/P layout, rounded to the input type) and B row-major in shared memory (pitch BPITCH): the
-// O += P V shape.
+// O += P V shape. Only B's first `cols` columns (a multiple of 16) where fewer: a narrower slice.
 template <int K, int COLS, int BPITCH>
-__device__ __forceinline__ void aj_mma_xb(float (&acc)[COLS / 8][4], const float (&x)[K / 8][4], const aj_elem* b, int lane) {
+__device__ __forceinline__ void aj_mma_xb(float (&acc)[COLS / 8][4], const float (&x)[K / 8][4], const aj_elem* b, int lane,
+                                          int cols = COLS) {
   const int b_row = (lane & 7) + ((lane >> 3) & 1) * 8, b_col = (lane >> 4) * 8;
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
@@ -71,6 +77,7 @@ __device__ __forceinline__ void aj_mma_xb(float (&acc)[COLS / 8][4], const float
     xa[3] = aj_pack2(x[2 * kk + 1][2], x[2 * kk + 1][3]);
 #pragma unroll
     for (int n = 0; n < COLS / 16; ++n) {
+      if (COLS > 16 && n * 16 >= cols) break;
       aj_u32 bf[4];
       aj_ldmatrix_x4_trans(bf, b + (kk * 16 + b_row) * BPITCH + n * 16 + b_col);
       aj_mma(acc[2 * n], xa, bf[0], bf[1]);
@@ -353,10 +360,10 @@ __device__ __forceinline__ void aj_mma_atb(float (&acc)[COLS / 8][4], const aj_e
   }
 }
 
-// The single pass's dQ rows c0 .. c0 + AJ_BWD_SUB_Q of query entry `qe`: every warp has written
-// its 16 key rows of dS^T (unscaled, masked pairs 0) into `sdst` ([AJ_TILE_K][AJ_BWD_DSP]); the
-// warps share the 16 x 16 blocks of dQ = dS K (K the tile in shared memory, rows past the tile's
-// count zero), each added, scaled, into the fp32 accumulator. The barrier before makes dS^T
+// The single pass's dQ rows c0 .. c0 + AJ_BWD_SUB_Q of query entry `qe`, columns k0 .. k0 + kcols
+// (the slice's): every warp has written its 16 key rows of dS^T (unscaled, masked pairs 0) into
+// `sdst` ([AJ_TILE_K][AJ_BWD_DSP]); the warps share the 16 x 16 blocks of dQ = dS K (K the tile in
+// shared memory, rows past the tile's count zero), each added, scaled, into the fp32 accumulator. The barrier before makes dS^T
 // complete when read; the caller's after it, that it is read before the next rows overwrite it.
 #define AJ_BWD_DSP (AJ_BWD_SUB_Q + 8)
 
@@ -409,12 +416,12 @@ __device__ __forceinline__ void aj_bwd_dq_single_exact(const AjParams& p, const 
 }
 __device__ __forceinline__ void aj_bwd_dq_single(const AjBwdParams& bp, const aj_elem* sdst, const aj_elem* sk,
                                                  const AjKeyItem& ki, const AjQueryEntry& qe, bool masked_kbad, int c0,
-                                                 aj_i64 b, int warp, int lane) {
-  constexpr int COL_BLOCKS = AJ_HEAD_DIM / 16, UNITS = AJ_BWD_SUB_Q / 16 * COL_BLOCKS;
+                                                 int k0, int kcols, aj_i64 b, int warp, int lane) {
+  const int col_blocks = kcols / 16, units = AJ_BWD_SUB_Q / 16 * col_blocks;
   const int g = lane / 4, quad = lane % 4;
   aj_syncthreads();
-  for (int u = warp; u < UNITS; u += AJ_TILE_K / 16) {
-    const int ur = u / COL_BLOCKS, uc = u % COL_BLOCKS;
+  for (int u = warp; u < units; u += AJ_TILE_K / 16) {
+    const int ur = u / col_blocks, uc = k0 / 16 + u % col_blocks;
     float acc[2][4];
     aj_zero<16>(acc);
     aj_mma_atb<AJ_TILE_K, 16, AJ_BWD_DSP, AJ_DP>(acc, sdst + ur * 16, sk + uc * 16, lane);
@@ -476,13 +483,15 @@ __device__ __forceinline__ void aj_bwd_stage_queries(const AjBwdParams& bp, cons
 // global memory over the queries that attend it only: dV = sum f P^T dO, dK = sum dS^T Q. The rare
 // path of a non-finite Q or dO row of a query that masks the key (the tensor cores multiply it by
 // that query's P = dS = 0). add(is_dk, c, x0, x1) receives dK's (or dV's) columns c * 8 + quad * 2
-// and + 1, dK unscaled. The column blocks go AJ_TC_EXACT_COLS at a time, each a walk over the
-// item's query entries.
+// and + 1, dK unscaled, for the 8-column blocks [k0, k0 + nk) of dK and [v0, v0 + nv) of dV (a
+// column slice's). The blocks go AJ_TC_EXACT_COLS at a time, each a walk over the item's query
+// entries.
 template <typename Add>
 __device__ __forceinline__ void aj_bwd_exact_key_row(const AjBwdParams& bp, const AjKeyItem& ki, aj_i64 b, int kr, int quad,
-                                                     const Add& add) {
+                                                     int k0, int nk, int v0, int nv, const Add& add) {
   const AjParams& p = bp.fwd;
-  constexpr int BK = AJ_HEAD_DIM / 8, BLOCKS = BK + AJ_HEAD_DIM_V / 8, CHUNK = AJ_TC_EXACT_COLS;
+  const int BK = nk, BLOCKS = nk + nv;
+  constexpr int CHUNK = AJ_TC_EXACT_COLS;
   aj_rare_path(AJ_RARE_KEY_ROW);
   const aj_i64 j = ki.keys_start + (aj_i64)kr * ki.keys_stride;
   const aj_i64 doc = aj_doc_start(p, ki.keys_start), q_origin = p.q_offset - doc, kpos = p.k_offset - doc + j;
@@ -509,7 +518,7 @@ __device__ __forceinline__ void aj_bwd_exact_key_row(const AjBwdParams& bp, cons
         for (int x = 0; x < CHUNK; ++x) {
           const int blk = j0 + x;
           if (blk >= BLOCKS) break;
-          const aj_elem* src = blk < BK ? qrow + blk * 8 : dorow + (blk - BK) * 8;
+          const aj_elem* src = blk < BK ? qrow + (k0 + blk) * 8 : dorow + (v0 + blk - BK) * 8;
           const float w = blk < BK ? ds : p.output_scale * pr;
           ex[x][0] += w * aj_load(src + quad * 2);
           ex[x][1] += w * aj_load(src + quad * 2 + 1);
@@ -519,7 +528,7 @@ __device__ __forceinline__ void aj_bwd_exact_key_row(const AjBwdParams& bp, cons
 #pragma unroll
     for (int x = 0; x < CHUNK; ++x) {
       const int blk = j0 + x;
-      if (blk < BLOCKS) add(blk < BK, blk < BK ? blk : blk - BK, ex[x][0], ex[x][1]);
+      if (blk < BLOCKS) add(blk < BK, blk < BK ? k0 + blk : v0 + blk - BK, ex[x][0], ex[x][1]);
     }
   }
 }
@@ -586,14 +595,17 @@ __device__ __forceinline__ void aj_bwd_pt_dst(const AjParams& p, const AjKeyItem
 // writer of its rows (plain_add 2), else added to the fp32 workspaces, plainly when no other block
 // of this launch has these key rows, atomically when one may; a row a masked non-finite Q or dO
 // reached is summed again exactly instead. Shared by the sm_80 and sm_90a kernels (their
-// accumulators have one layout).
+// accumulators have one layout). dk and dv hold the columns from k0 and v0 (a column slice's:
+// kcols and vcols of them, at most NK * 8 and NV * 8).
+template <int NK, int NV>
 __device__ __forceinline__ void aj_bwd_dkdv_store(const AjBwdParams& bp, const AjKeyItem& ki, aj_i64 b, int kr0, int kr1,
-                                                  int quad, const float (&dk)[AJ_HEAD_DIM / 8][4],
-                                                  const float (&dv)[AJ_HEAD_DIM_V / 8][4]) {
+                                                  int quad, int k0, int kcols, int v0, int vcols, const float (&dk)[NK][4],
+                                                  const float (&dv)[NV][4]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int kr = half ? kr1 : kr0;
     if (kr >= ki.keys_count) continue;
+    // Pointers at this thread's columns of the row in 8-column block 0 (the slice's start at k0, v0).
     const aj_i64 j = ki.keys_start + (aj_i64)kr * ki.keys_stride;
     float* dka = bp.dk_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM + quad * 2;
     float* dva = bp.dv_acc + ((b * bp.seq_k + j) * bp.heads_kv + ki.kv_head) * AJ_HEAD_DIM_V + quad * 2;
@@ -603,12 +615,13 @@ __device__ __forceinline__ void aj_bwd_dkdv_store(const AjBwdParams& bp, const A
     // A NaN or inf in the Q or dO row of a query that masks this key reaches it through dK += dS^T Q
     // and dV += P^T dO (its dS = P = 0 times NaN): such a key row is summed again, exactly.
     bool bad = false;
+    // (Columns past the slice's count hold zeros.)
 #pragma unroll
-    for (int c = 0; c < AJ_HEAD_DIM / 8; ++c) bad |= aj_nonfinite(dk[c][2 * half]) | aj_nonfinite(dk[c][2 * half + 1]);
+    for (int c = 0; c < NK; ++c) bad |= aj_nonfinite(dk[c][2 * half]) | aj_nonfinite(dk[c][2 * half + 1]);
 #pragma unroll
-    for (int c = 0; c < AJ_HEAD_DIM_V / 8; ++c) bad |= aj_nonfinite(dv[c][2 * half]) | aj_nonfinite(dv[c][2 * half + 1]);
+    for (int c = 0; c < NV; ++c) bad |= aj_nonfinite(dv[c][2 * half]) | aj_nonfinite(dv[c][2 * half + 1]);
     if (bad) {
-      aj_bwd_exact_key_row(bp, ki, b, kr, quad, [&](bool is_dk, int c, float x0, float x1) {
+      aj_bwd_exact_key_row(bp, ki, b, kr, quad, k0 / 8, kcols / 8, v0 / 8, vcols / 8, [&](bool is_dk, int c, float x0, float x1) {
         float* dst = (is_dk ? dka : dva) + c * 8;
         if (is_dk) x0 *= bp.scale, x1 *= bp.scale;
         if (direct) *(aj_u32*)((is_dk ? dks : dvs) + c * 8) = aj_pack2(x0, x1);
@@ -618,20 +631,30 @@ __device__ __forceinline__ void aj_bwd_dkdv_store(const AjBwdParams& bp, const A
       continue;
     }
 #pragma unroll
-    for (int c = 0; c < AJ_HEAD_DIM / 8; ++c) {
+    for (int c = 0; c < NK; ++c) {
+      if (NK > 1 && c * 8 >= kcols) break;
+      const int at = k0 + c * 8;
       const float x0 = dk[c][2 * half] * bp.scale, x1 = dk[c][2 * half + 1] * bp.scale;
-      if (direct) *(aj_u32*)(dks + c * 8) = aj_pack2(x0, x1);
-      else if (bp.plain_add) dka[c * 8] += x0, dka[c * 8 + 1] += x1;
-      else aj_red_add_f32x2(dka + c * 8, x0, x1);
+      if (direct) *(aj_u32*)(dks + at) = aj_pack2(x0, x1);
+      else if (bp.plain_add) dka[at] += x0, dka[at + 1] += x1;
+      else aj_red_add_f32x2(dka + at, x0, x1);
     }
 #pragma unroll
-    for (int c = 0; c < AJ_HEAD_DIM_V / 8; ++c) {
+    for (int c = 0; c < NV; ++c) {
+      if (NV > 1 && c * 8 >= vcols) break;
+      const int at = v0 + c * 8;
       const float x0 = dv[c][2 * half], x1 = dv[c][2 * half + 1];
-      if (direct) *(aj_u32*)(dvs + c * 8) = aj_pack2(x0, x1);
-      else if (bp.plain_add) dva[c * 8] += x0, dva[c * 8 + 1] += x1;
-      else aj_red_add_f32x2(dva + c * 8, x0, x1);
+      if (direct) *(aj_u32*)(dvs + at) = aj_pack2(x0, x1);
+      else if (bp.plain_add) dva[at] += x0, dva[at + 1] += x1;
+      else aj_red_add_f32x2(dva + at, x0, x1);
     }
   }
+}
+// Every column at once (the sm_90a kernels', and the sm_80 kernel's up to head dim 128).
+__device__ __forceinline__ void aj_bwd_dkdv_store(const AjBwdParams& bp, const AjKeyItem& ki, aj_i64 b, int kr0, int kr1,
+                                                  int quad, const float (&dk)[AJ_HEAD_DIM / 8][4],
+                                                  const float (&dv)[AJ_HEAD_DIM_V / 8][4]) {
+  aj_bwd_dkdv_store(bp, ki, b, kr0, kr1, quad, 0, AJ_HEAD_DIM, 0, AJ_HEAD_DIM_V, dk, dv);
 }
 
 __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
@@ -663,50 +686,62 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
   const aj_i64 kpos0 = p.k_offset - doc + ki.keys_start + (aj_i64)kr0 * ki.keys_stride;
   const aj_i64 kpos1 = p.k_offset - doc + ki.keys_start + (aj_i64)kr1 * ki.keys_stride;
 
-  float dk[AJ_HEAD_DIM / 8][4], dv[AJ_HEAD_DIM_V / 8][4];
-  aj_zero<AJ_HEAD_DIM>(dk);
-  aj_zero<AJ_HEAD_DIM_V>(dv);
   bool kbad = false;  // the single pass: the key tile holds a NaN or an inf (aj_bwd_tile_nonfinite)
-  for (int e = ki.entry_begin, it = 0; e < ki.entry_end; ++e, ++it) {
-    const AjBwdQueryStage st = aj_bwd_query_stage(aj_smem, it & 1);
-    // Prefetch the next query tile into the other stage: its readers passed the last barrier.
-    if (e + 1 < ki.entry_end) aj_bwd_stage_queries(bp, aj_bwd_query_stage(aj_smem, (it + 1) & 1), bp.query_entries[e + 1], b);
-    aj_cp_async_commit();
-    aj_cp_async_wait<1>();
-    aj_syncthreads();
-    if (single && it == 0) kbad = aj_bwd_tile_nonfinite(sk, lane);  // K landed with the first query tile
-    const AjQueryEntry qe = bp.query_entries[e];
-    bool full;
-    const bool visit = aj_bwd_entry_visit(p, ki, qe, full);
-
-    for (int c0 = 0; visit && c0 < qe.rows_count; c0 += AJ_BWD_SUB_Q) {  // the query rows, AJ_BWD_SUB_Q at a time
-      float s[AJ_BWD_SUB_Q / 8][4], dp[AJ_BWD_SUB_Q / 8][4];
-      aj_zero<AJ_BWD_SUB_Q>(s);
-      aj_zero<AJ_BWD_SUB_Q>(dp);
-      aj_mma_abt<AJ_HEAD_DIM, AJ_BWD_SUB_Q, AJ_DP, AJ_DP>(s, sk + warp * 16 * AJ_DP, st.q + c0 * AJ_DP, lane);  // S^T = K Q^T
-      aj_mma_abt<AJ_HEAD_DIM_V, AJ_BWD_SUB_Q, AJ_DVP, AJ_DVP>(dp, sv + warp * 16 * AJ_DVP, st.dout + c0 * AJ_DVP, lane);  // dP^T = V dO^T
-      aj_bwd_pt_dst<AJ_BWD_SUB_Q>(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, st.lse2, st.delta, s, dp);
-      aj_mma_xb<AJ_BWD_SUB_Q, AJ_HEAD_DIM_V, AJ_DVP>(dv, dp, st.dout + c0 * AJ_DVP, lane);  // dV += f P^T dO
-      aj_mma_xb<AJ_BWD_SUB_Q, AJ_HEAD_DIM, AJ_DP>(dk, s, st.q + c0 * AJ_DP, lane);         // dK += dS^T Q
-      if (single) {
-        // dS^T to shared memory (rounded as dK's product rounds it), then dQ += dS K. Key rows past
-        // the tile's count are zeroed: a full entry skips the checks above, and their dS^T (from a
-        // zero K row: P = exp2(-LSE), inf for rows far below zero) would reach dQ as inf * 0.
-        const bool in0 = kr0 < ki.keys_count, in1 = kr1 < ki.keys_count;
-#pragma unroll
-        for (int j = 0; j < AJ_BWD_SUB_Q / 8; ++j) {
-          *(aj_u32*)(sdst + kr0 * AJ_BWD_DSP + j * 8 + quad * 2) = in0 ? aj_pack2(s[j][0], s[j][1]) : 0u;
-          *(aj_u32*)(sdst + kr1 * AJ_BWD_DSP + j * 8 + quad * 2) = in1 ? aj_pack2(s[j][2], s[j][3]) : 0u;
-        }
-        aj_bwd_dq_single(bp, sdst, sk, ki, qe, kbad && !full, c0, b, warp, lane);
-        // dS^T is read before the next rows overwrite it (after an entry's last rows, the barrier
-        // at the end of the entry does that).
-        if (c0 + AJ_BWD_SUB_Q < qe.rows_count) aj_syncthreads();
-      }
+#pragma unroll 1
+  for (int slice = 0; slice < AJ_BWD_SLICES; ++slice) {  // the columns of dK, dV (and dQ), a slice at a time
+    const int k0 = slice * AJ_BWD_DK_COLS, v0 = slice * AJ_BWD_DV_COLS;
+    const int kcols = k0 >= AJ_HEAD_DIM ? 0 : AJ_HEAD_DIM - k0 < AJ_BWD_DK_COLS ? AJ_HEAD_DIM - k0 : AJ_BWD_DK_COLS;
+    const int vcols = v0 >= AJ_HEAD_DIM_V ? 0 : AJ_HEAD_DIM_V - v0 < AJ_BWD_DV_COLS ? AJ_HEAD_DIM_V - v0 : AJ_BWD_DV_COLS;
+    // The first query tile again (K and V stay): every reader of both stages passed the last
+    // barrier of the slice before.
+    if (slice > 0 && ki.entry_begin < ki.entry_end) {
+      aj_bwd_stage_queries(bp, aj_bwd_query_stage(aj_smem, 0), bp.query_entries[ki.entry_begin], b);
+      aj_cp_async_commit();
     }
-    aj_syncthreads();  // this stage is overwritten by the prefetch two tiles on
-  }
-  aj_cp_async_wait<0>();
+    float dk[AJ_BWD_DK_COLS / 8][4], dv[AJ_BWD_DV_COLS / 8][4];
+    aj_zero<AJ_BWD_DK_COLS>(dk);
+    aj_zero<AJ_BWD_DV_COLS>(dv);
+    for (int e = ki.entry_begin, it = 0; e < ki.entry_end; ++e, ++it) {
+      const AjBwdQueryStage st = aj_bwd_query_stage(aj_smem, it & 1);
+      // Prefetch the next query tile into the other stage: its readers passed the last barrier.
+      if (e + 1 < ki.entry_end) aj_bwd_stage_queries(bp, aj_bwd_query_stage(aj_smem, (it + 1) & 1), bp.query_entries[e + 1], b);
+      aj_cp_async_commit();
+      aj_cp_async_wait<1>();
+      aj_syncthreads();
+      if (single && slice == 0 && it == 0) kbad = aj_bwd_tile_nonfinite(sk, lane);  // K landed with the first query tile
+      const AjQueryEntry qe = bp.query_entries[e];
+      bool full;
+      const bool visit = aj_bwd_entry_visit(p, ki, qe, full);
 
-  aj_bwd_dkdv_store(bp, ki, b, kr0, kr1, quad, dk, dv);
+      for (int c0 = 0; visit && c0 < qe.rows_count; c0 += AJ_BWD_SUB_Q) {  // the query rows, AJ_BWD_SUB_Q at a time
+        float s[AJ_BWD_SUB_Q / 8][4], dp[AJ_BWD_SUB_Q / 8][4];
+        aj_zero<AJ_BWD_SUB_Q>(s);
+        aj_zero<AJ_BWD_SUB_Q>(dp);
+        aj_mma_abt<AJ_HEAD_DIM, AJ_BWD_SUB_Q, AJ_DP, AJ_DP>(s, sk + warp * 16 * AJ_DP, st.q + c0 * AJ_DP, lane);  // S^T = K Q^T
+        aj_mma_abt<AJ_HEAD_DIM_V, AJ_BWD_SUB_Q, AJ_DVP, AJ_DVP>(dp, sv + warp * 16 * AJ_DVP, st.dout + c0 * AJ_DVP, lane);  // dP^T = V dO^T
+        aj_bwd_pt_dst<AJ_BWD_SUB_Q>(p, ki, qe, full, c0, quad, kr0, kr1, kpos0, kpos1, st.lse2, st.delta, s, dp);
+        aj_mma_xb<AJ_BWD_SUB_Q, AJ_BWD_DV_COLS, AJ_DVP>(dv, dp, st.dout + c0 * AJ_DVP + v0, lane, vcols);  // dV += f P^T dO
+        aj_mma_xb<AJ_BWD_SUB_Q, AJ_BWD_DK_COLS, AJ_DP>(dk, s, st.q + c0 * AJ_DP + k0, lane, kcols);         // dK += dS^T Q
+        if (single) {
+          // dS^T to shared memory (rounded as dK's product rounds it), then dQ += dS K. Key rows past
+          // the tile's count are zeroed: a full entry skips the checks above, and their dS^T (from a
+          // zero K row: P = exp2(-LSE), inf for rows far below zero) would reach dQ as inf * 0.
+          const bool in0 = kr0 < ki.keys_count, in1 = kr1 < ki.keys_count;
+#pragma unroll
+          for (int j = 0; j < AJ_BWD_SUB_Q / 8; ++j) {
+            *(aj_u32*)(sdst + kr0 * AJ_BWD_DSP + j * 8 + quad * 2) = in0 ? aj_pack2(s[j][0], s[j][1]) : 0u;
+            *(aj_u32*)(sdst + kr1 * AJ_BWD_DSP + j * 8 + quad * 2) = in1 ? aj_pack2(s[j][2], s[j][3]) : 0u;
+          }
+          aj_bwd_dq_single(bp, sdst, sk, ki, qe, kbad && !full, c0, k0, kcols, b, warp, lane);
+          // dS^T is read before the next rows overwrite it (after an entry's last rows, the barrier
+          // at the end of the entry does that).
+          if (c0 + AJ_BWD_SUB_Q < qe.rows_count) aj_syncthreads();
+        }
+      }
+      aj_syncthreads();  // this stage is overwritten by the prefetch two tiles on
+    }
+    aj_cp_async_wait<0>();
+
+    aj_bwd_dkdv_store(bp, ki, b, kr0, kr1, quad, k0, kcols, v0, vcols, dk, dv);
+  }
 }

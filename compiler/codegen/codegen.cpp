@@ -169,6 +169,9 @@ int backward_dq_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
 // 32 past head dim 64, so that 16-row slices of S and dP fit beside the 16 x head-dim
 // accumulators without spilling.
 int backward_sub_max(const KernelRequest& r) { return r.head_dim > 64 || r.head_dim_v > 64 ? 32 : 64; }
+// ... and of _dq's S and dP (AJ_BWD_DQ_SUB_MAX): 16 past head dim 128, where its accumulator holds
+// every column of dQ (128 floats a thread at head dim 256) and no slices shrink it.
+int backward_dq_sub_max(const KernelRequest& r) { return r.head_dim > 128 || r.head_dim_v > 128 ? 16 : backward_sub_max(r); }
 
 // templates/bwd_sm90.cuh: K and V of the key tile, two stages of Q and dO, dS (64 x 64), two
 // stages of LSE and D (64 floats each); the swizzled tiles stay 1024-byte aligned (their sizes
@@ -256,7 +259,12 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   os << "#define AJ_HEAD_DIM " << r.head_dim << "\n#define AJ_HEAD_DIM_V " << r.head_dim_v << "\n";
   os << "#define AJ_TILE_Q " << k.config.tile_q << "\n#define AJ_TILE_K " << k.config.tile_k << "\n";
   os << "#define AJ_STAGES " << k.config.stages << "\n#define AJ_WARPS " << k.config.warps << "\n";
-  if (k.path != KernelPath::Simt && !forward) os << "#define AJ_BWD_SUB_MAX " << backward_sub_max(r) << "\n";
+  if (k.path != KernelPath::Simt && !forward) {
+    const BackwardSlices slices = backward_slices(r);
+    os << "#define AJ_BWD_SUB_MAX " << backward_sub_max(r) << "\n#define AJ_BWD_DQ_SUB_MAX " << backward_dq_sub_max(r)
+       << "\n#define AJ_BWD_SLICES " << slices.count
+       << "\n#define AJ_BWD_DK_COLS " << slices.dk_cols << "\n#define AJ_BWD_DV_COLS " << slices.dv_cols << "\n";
+  }
   if (k.path == KernelPath::Sm90Tma && !forward)  // bwd_sm90_tma.cuh
     os << "#define AJ_BWD_PRODUCER 1\n#define AJ_BWDT_DQ_PITCH " << kBwdTmaDqPitch << "\n";
   // fwd_sm80.cuh's softmax: the running maximum moves only past 8 (log2 units) above itself.
@@ -527,9 +535,20 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& request, con
 
 namespace attnjit {
 
+BackwardSlices backward_slices(const KernelRequest& r) {
+  // Up to 128 columns of dK and of dV in a warp's registers, as at head dim 128: past it, the
+  // columns are cut into `count` slices of whole 16-column blocks, the last one narrower where
+  // they do not divide (head dim 208: 112 and 96).
+  BackwardSlices s;
+  s.count = static_cast<int>((std::max(r.head_dim, r.head_dim_v) + 127) / 128);
+  const auto width = [&](int64_t d) { return static_cast<int>(16 * ((d / 16 + s.count - 1) / s.count)); };
+  s.dk_cols = width(r.head_dim), s.dv_cols = width(r.head_dim_v);
+  return s;
+}
+
 KernelPath choose_backward_path(const KernelRequest& r) {
-  // The tensor-core kernels keep a 16-row slice of dK and dV (or of dQ) in registers per warp;
-  // past head dim 128 that no longer fits, and the SIMT kernels take over.
+  // The tensor-core kernels keep 16 rows of dK and dV (or of dQ) in registers per warp; past head
+  // dim 128 the sm_80 kernels' _dkdv keeps a slice of their columns at a time (backward_slices).
   require(r.dtype != DType::E4M3, "--dtype fp8_e4m3", "has no backward: FP8 attention is forward only; train in bf16 or fp16");
   const KernelPath forward_path = choose_path(r);  // what no path supports is refused as for the forward
   // The Hopper forward's backward when asked for (head dims 64 and 128): bwd_sm90_tma.cuh's dK/dV
@@ -537,7 +556,7 @@ KernelPath choose_backward_path(const KernelRequest& r) {
   // else the sm_80 kernels, compiled for sm_90a.
   if (r.wgmma_backward && hopper(forward_path) && std::max(r.head_dim, r.head_dim_v) <= 128)
     return r.tma ? KernelPath::Sm90Tma : KernelPath::Sm90;
-  return forward_path != KernelPath::Simt && std::max(r.head_dim, r.head_dim_v) <= 128 ? KernelPath::Sm80 : KernelPath::Simt;
+  return forward_path != KernelPath::Simt ? KernelPath::Sm80 : KernelPath::Simt;
 }
 
 // The sm_90a backward's tiles are fixed: 64 x 64, two stages, four warps (one warpgroup of 64 key

@@ -139,7 +139,8 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r,
 // the forward plan, `dq_threads` per block), `dkdv` (over the key-major plan, `dkdv_threads` per
 // block) and `cvt` (fp32 workspaces to dK, dV); `pre` and `cvt` run `aux_threads` per block
 // (templates/bwd_common.cuh). `source.path` says which gradient kernels: the tensor-core ones
-// (templates/bwd_sm80.cuh) for fp16/bf16 on sm_80+ up to head dim 128, with dynamic shared memory
+// (templates/bwd_sm80.cuh) for fp16/bf16 on sm_80+ (past head dim 128 by column slices,
+// backward_slices), with dynamic shared memory
 // (`dq_shared_bytes`, `dkdv_shared_bytes`), else the SIMT ones (templates/bwd_simt.cuh, fp32
 // arithmetic, static shared memory). Its tiles are the backward's own (`source.config`: the
 // request's config when set, else the path's default), and the plans of a backward call are made
@@ -154,6 +155,15 @@ struct BackwardKernels {
   bool single_pass = false;
 };
 KernelPath choose_backward_path(const KernelRequest& r);
+// How the tensor-core _dkdv cuts dK's and dV's columns (AJ_BWD_SLICES, AJ_BWD_DK_COLS,
+// AJ_BWD_DV_COLS): one slice up to head dim 128; past it, `count` slices of at most 128 columns,
+// each a walk over the key tile's query tiles that recomputes S^T and dP^T over the whole head dim
+// and adds its columns of dK, dV (and, in the single pass, of dQ). Slice i holds columns
+// [i * dk_cols, min(head_dim, (i + 1) * dk_cols)) of dK, and likewise of dV.
+struct BackwardSlices {
+  int count = 1, dk_cols = 0, dv_cols = 0;
+};
+BackwardSlices backward_slices(const KernelRequest& r);
 // What a TMA backward (KernelPath::Sm90Tma) falls back to for calls whose query rows no tensor map
 // describes: the request for bwd_sm80.cuh's kernels at the same tiles, so the same backward plans.
 KernelRequest backward_fallback_request(KernelRequest r, const BackwardKernels& tma);

@@ -36,6 +36,7 @@ TEST_CASE("backward_add: the gradients added into fp32 accumulators match the re
   };
   std::vector<Path> paths = {{"sm80 single pass", 80, false, DType::BF16, 64, false},
                              {"sm80 two-pass", 80, false, DType::F16, 128, true},
+                             {"sm80 column slices (head dim 256)", 80, false, DType::BF16, 256, false},
                              {"simt", 80, false, DType::F32, 32, false},
                              {"simt deterministic", 80, false, DType::F32, 32, true}};
   if (gputest::target() == gputest::Target::Emu || (on_gpu() && device_info(0).cc_major == 9)) {

@@ -95,6 +95,17 @@ TEST_CASE("backward: a small subset for compute-sanitizer", "[gpu][grad][sanitiz
     CHECK(check_backward(persistent, p, s, DType::BF16, nullptr, 850 + n, n % 2 == 1) == "");
     ++n;
   }
+  // Head dim 256: the sm_80 kernels' _dkdv by column slices (its walks restage the first query
+  // tile), single pass and deterministic, on two examples.
+  int wide_cases = 0;
+  for (const auto& [file, p] : example_patterns()) {
+    if (wide_cases++ == 2) break;
+    Shape s;
+    s.batch = 1, s.seq_q = s.seq_k = 200, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 256;
+    INFO("head dim 256: " << file);
+    CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 870 + n, n % 2 == 1) == "");
+    ++n;
+  }
 }
 
 TEST_CASE("backward: Pascal's kernels (sm_61: SIMT, fp32 arithmetic on fp16/bf16) match the reference gradients",
@@ -301,6 +312,63 @@ TEST_CASE("backward: a NaN or inf in Q or K or dO reaches only the gradients the
       INFO(to_string(dt) << " head_dim " << d << " sm_" << arch << (deterministic ? " deterministic" : "") << ", non-finite "
                          << what);
       CHECK(check_backward(rt, p, s, dt, nullptr, 93, deterministic, nullptr, false, false, false, pokes) == "");
+    }
+  }
+}
+
+// Past head dim 128 the tensor-core _dkdv adds dK and dV (and, in the single pass, dQ) a column
+// slice at a time (compiler/codegen/codegen.hpp: backward_slices): two slices of 128 at head dim
+// 256, uneven ones at 208 (112 and 96 columns) and at 144 (80 and 64), head dims of q and v apart
+// (dV's slices of 32 columns beside dK's of 128), in the single pass and the two-pass form.
+TEST_CASE("backward: head dims past 128 (dK and dV by column slices) match the reference gradients", "[gpu][emu][grad][wide]") {
+  if (on_gpu()) shared_context(0).make_current();
+  RuntimeOptions ro;
+  ro.device = device_under_test();
+  Runtime rt(ro);
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(64).dilation(1).causal())
+                        .branch(BranchSpec().segment(128).dilation(2).offset(OffsetRule::HeadMod))
+                        .build();
+  for (const auto& [dt, d, dv, deterministic] : std::vector<std::tuple<DType, int64_t, int64_t, bool>>{
+           {DType::BF16, 256, 256, false}, {DType::BF16, 256, 256, true}, {DType::F16, 208, 208, false},
+           {DType::BF16, 144, 256, false}, {DType::BF16, 256, 64, true}}) {
+    Shape s;
+    s.seq_q = s.seq_k = on_gpu() ? 777 : 150, s.heads_q = 4, s.heads_kv = 2, s.head_dim = d, s.head_dim_v = dv;
+    INFO(to_string(dt) << " head dims " << d << " and " << dv << (deterministic ? ", deterministic" : ""));
+    CHECK(check_backward(rt, p, s, dt, nullptr, 260 + d + dv, deterministic) == "");
+  }
+}
+
+// ... and a NaN or inf in Q, K, dO or V in either slice's columns: the exact sums that stand in
+// for a product by a masked pair's zero (a key row's dK and dV, a dQ block) add the slice's
+// columns only.
+TEST_CASE("backward: past head dim 128, a NaN or inf in any column reaches only the reference's gradients", "[gpu][emu][grad][wide][nonfinite]") {
+  if (on_gpu()) shared_context(0).make_current();
+  RuntimeOptions ro;
+  ro.device = device_under_test();
+  Runtime rt(ro);
+  const Pattern p = PatternBuilder()
+                        .branch(BranchSpec().segment(64).dilation(1).causal())
+                        .branch(BranchSpec().segment(128).dilation(2).offset(OffsetRule::HeadMod).causal())
+                        .build();
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  constexpr int64_t d = 256;
+  Shape s;
+  s.seq_q = s.seq_k = 200, s.heads_q = 2, s.heads_kv = 1, s.head_dim = s.head_dim_v = d;
+  s.k_offset = 30;
+  auto at = [&](int64_t row, int64_t head, int64_t heads, int64_t dim) { return size_t((row * heads + head) * d + dim); };
+  // As in the test above at head dim 128: rows 10, 20, 5, 25 attend nothing, keys 180, 190 are
+  // attended by nobody; here columns 1 and 3 (the first slice) and 130 and 250 (the second).
+  const std::vector<std::pair<const char*, std::vector<Poke>>> cases = {
+      {"q", {{'q', at(10, 0, 2, 1), nan}, {'q', at(20, 1, 2, 250), inf}, {'q', at(100, 0, 2, 130), nan}}},
+      {"dO", {{'o', at(5, 1, 2, 130), nan}, {'o', at(25, 0, 2, 3), -inf}, {'o', at(120, 0, 2, 250), nan}}},
+      {"k", {{'k', at(180, 0, 1, 200), nan}, {'k', at(190, 0, 1, 1), inf}, {'k', at(60, 0, 1, 131), nan}}},
+      {"v", {{'v', at(40, 0, 1, 129), nan}, {'v', at(180, 0, 1, 0), nan}, {'v', at(195, 0, 1, 255), inf}}},
+  };
+  for (const bool deterministic : {false, true}) {
+    for (const auto& [what, pokes] : cases) {
+      INFO("non-finite " << what << (deterministic ? ", deterministic" : ""));
+      CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 95, deterministic, nullptr, false, false, false, pokes) == "");
     }
   }
 }
@@ -525,8 +593,9 @@ TEST_CASE("backward: every tile configuration the tuner can pick matches the ref
                         .branch(BranchSpec().segment(64).dilation(1).causal())
                         .branch(BranchSpec().segment(256).dilation(4).offset(OffsetRule::HeadMod))
                         .build();
-  // The emulator takes one head dim per path (each config is a compile); a GPU takes both.
-  std::vector<std::pair<DType, int>> kinds = {{DType::BF16, 64}, {DType::F32, 32}};
+  // The emulator takes one head dim per path (each config is a compile) and head dim 256 (column
+  // slices; on sm_80 one config fits); a GPU takes all.
+  std::vector<std::pair<DType, int>> kinds = {{DType::BF16, 64}, {DType::F32, 32}, {DType::BF16, 256}};
   if (on_gpu()) kinds.push_back({DType::F16, 128});
   int n = 0;
   for (const auto& [dt, d] : kinds) {

@@ -65,8 +65,10 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   // or key 180 (which head 1's rows before 180 and head 0's odd rows before it do not attend).
   // Apart: a NaN key poisons the LSE of most rows, and with it most of dK and dV.
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  if (nonfinite_in == 'q') q[size_t((150 * 2 + 1) * d + 5)] = nan;
-  if (nonfinite_in == 'k') k[size_t(180 * d + 7)] = nan;
+  // Past head dim 128 the columns lie in the last slice of dK and dV (dQ's too).
+  const int64_t col = d > 128 ? 128 : 0;
+  if (nonfinite_in == 'q') q[size_t((150 * 2 + 1) * d + col + 5)] = nan;
+  if (nonfinite_in == 'k') k[size_t(180 * d + col + 7)] = nan;
   // The exact sums after a non-finite value are for such inputs only: finite ones never take them,
   // and a NaN in V never needs the two-pass dQ's (the dQ kernel selects a masked pair's dS, so only
   // rows that attend the NaN, whose D is NaN and dQ NaN anyway, see one). Rare path 1:
@@ -156,7 +158,7 @@ std::string check_kernel(const std::shared_ptr<const TemplateSet>& templates, DT
   // The gradients: dO random, the forward's O and LSE as computed above, and a loss that uses the
   // LSE too (dlse random: it joins D in _pre).
   std::vector<float> dout = rounded(testing::random_tensor(nq, 4));
-  if (nonfinite_in == 'q') dout[size_t((41 * 2 + 1) * d + 2)] = nan;
+  if (nonfinite_in == 'q') dout[size_t((41 * 2 + 1) * d + col + 2)] = nan;
   std::vector<float> dlse = testing::random_tensor(size_t(2 * s.seq_q), 6);
   const ReferenceGradients g = reference_attention_backward(p, s, q.data(), k.data(), v.data(), dout.data(),
                                                             device_table ? &table : nullptr, 1, nullptr, dlse.data());

@@ -288,7 +288,7 @@ TEST_CASE("the cost model prunes configs computing over 1.5x the leanest one's p
   CHECK(real[1].rfind("pruned: computes ", 0) == 0);
 }
 
-TEST_CASE("backward candidates: the backward default first, powers-of-two tiles, SIMT past head dim 128", "[autotune][grad]") {
+TEST_CASE("backward candidates: the backward default first, powers-of-two tiles, SIMT for fp32", "[autotune][grad]") {
   KernelRequest r;  // bf16, d=128, sm_80
   r.head_dim = r.head_dim_v = 128;
   const std::vector<KernelConfig> c = candidate_backward_configs(r);
@@ -306,11 +306,32 @@ TEST_CASE("backward candidates: the backward default first, powers-of-two tiles,
     CHECK(k.stages == 2);
   }
   CHECK(c.size() > 3);
+  // Past head dim 128 the tensor-core backward still (dK and dV by column slices), with the tiles
+  // whose two kernels fit the arch's shared memory: on sm_80 (163 KB) 32 x 32 alone (_dq's two
+  // stages of 64 keys take 132 KB beside its query tile); on sm_90 (227 KB) from 64 x 64 on.
   KernelRequest wide = r;
-  wide.head_dim = wide.head_dim_v = 256;  // the SIMT backward
-  REQUIRE(choose_backward_path(wide) == KernelPath::Simt);
-  // Static shared memory holds K and V of 16 keys at most at d=256: tile_q {16, 32, 64} x 16.
-  CHECK(candidate_backward_configs(wide).size() == 3);
+  wide.head_dim = wide.head_dim_v = 256;
+  REQUIRE(choose_backward_path(wide) == KernelPath::Sm80);
+  const std::vector<KernelConfig> w80 = candidate_backward_configs(wide);
+  REQUIRE(w80.size() == 1);
+  CHECK(describe(w80[0]) == "32x32 s2 w2");
+  wide.arch = 90;
+  const std::vector<KernelConfig> w = candidate_backward_configs(wide);
+  REQUIRE(!w.empty());
+  CHECK(describe(w[0]) == "64x64 s2 w4");
+  CHECK(w.size() > 2);
+  for (const KernelConfig& k : w) {
+    INFO(describe(k));
+    wide.config = k;
+    CHECK(resolve_backward_config(wide) == k);
+  }
+  // fp32: the SIMT backward, whose static shared memory holds K and V of 16 keys at most at
+  // d=256: tile_q {16, 32, 64} x 16.
+  KernelRequest simt = r;
+  simt.head_dim = simt.head_dim_v = 256;
+  simt.dtype = DType::F32;
+  REQUIRE(choose_backward_path(simt) == KernelPath::Simt);
+  CHECK(candidate_backward_configs(simt).size() == 3);
 }
 
 TEST_CASE("backward tuning results are keyed apart from the forward's", "[autotune][grad]") {

@@ -208,8 +208,23 @@ const Mutation kMutations[] = {
      DType::BF16, true},
     {"backward: the lse output's gradient left out of D", "bwd_common.cuh",
      "    sum -= bp.dlse[b * bp.dlse_batch_stride + h * bp.dlse_head_stride + i];", "    ;", DType::BF16, true},
+    // Past head dim 128: dK, dV and the single pass's dQ a column slice at a time.
+    {"column slices: dK of every slice added at the first slice's columns", "bwd_sm80.cuh",
+     "      const int at = k0 + c * 8;\n      const float x0 = dk", "      const int at = c * 8;\n      const float x0 = dk", DType::BF16,
+     true, false, 256},
+    {"column slices: dV of every slice from the first slice's columns of dO", "bwd_sm80.cuh",
+     "st.dout + c0 * AJ_DVP + v0, lane, vcols", "st.dout + c0 * AJ_DVP, lane, vcols", DType::BF16, true, false, 256},
+    {"column slices: the single pass's dQ of every slice over the first slice's columns", "bwd_sm80.cuh",
+     "uc = k0 / 16 + u % col_blocks", "uc = u % col_blocks", DType::BF16, true, false, 256},
+    {"column slices: the next slice starts from a stale query stage", "bwd_sm80.cuh",
+     "    if (slice > 0 && ki.entry_begin < ki.entry_end) {", "    if (false) {", DType::BF16, true, false, 256},
+    {"column slices: the uneven last slice takes the full width", "bwd_sm80.cuh",
+     "AJ_HEAD_DIM - k0 < AJ_BWD_DK_COLS ? AJ_HEAD_DIM - k0 : AJ_BWD_DK_COLS;", "AJ_BWD_DK_COLS;", DType::BF16, true, false, 208},
+    {"column slices: a key row's exact sum reads the first slice's columns of Q", "bwd_sm80.cuh",
+     "qrow + (k0 + blk) * 8", "qrow + blk * 8", DType::BF16, true, false, 256, false, true, false, false, false, false, KernelConfig{},
+     false, false, 'q'},
     {"tensor-core backward, deterministic: the layered dV add stores instead of adding", "bwd_sm80.cuh",
-     "if (bp.plain_add) dva[c * 8] += x0, dva[c * 8 + 1] += x1;", "if (bp.plain_add) dva[c * 8] = x0, dva[c * 8 + 1] = x1;",
+     "if (bp.plain_add) dva[at] += x0, dva[at + 1] += x1;", "if (bp.plain_add) dva[at] = x0, dva[at + 1] = x1;",
      DType::BF16, true, true},
     {"sm_90a, cp.async: no fence.proxy.async between the cp.async copies and the wgmma that reads them", "fwd_sm90.cuh",
      "  aj_fence_proxy_async();\n  aj_syncthreads();\n}", "  aj_syncthreads();\n}", DType::BF16, false, false, 64, true, false},
@@ -557,6 +572,16 @@ TEST_CASE("the unmutated kernels pass the check the mutations must fail", "[emu]
   CHECK(check_kernel(embedded, DType::BF16, false, false, 128, false, true, false, false, false, false, KernelConfig{128, 64, 2, 4}) == "");
   // ... and with its single K and V buffers.
   CHECK(check_kernel(embedded, DType::BF16, false, false, 128, false, true, false, false, false, false, KernelConfig{128, 64, 1, 4}) == "");
+  // Past head dim 128 (dK and dV by column slices, two of 128 and uneven ones at 208), with a NaN
+  // in Q and dO or in K (in the second slice's columns) that masked pairs must keep from the others.
+  for (int d : {256, 208}) {
+    INFO("head dim " << d);
+    CHECK(check_kernel(embedded, DType::BF16, true, false, d) == "");
+  }
+  for (char in : {'q', 'k'}) {
+    INFO("head dim 256, a NaN in " << in);
+    CHECK(check_kernel(embedded, DType::BF16, true, false, 256, false, true, false, false, false, false, {}, false, false, in) == "");
+  }
   // A NaN and an inf in V at keys some rows mask (forward and backward), and extreme scores.
   for (const DType dt : {DType::BF16, DType::F32}) {
     INFO("non-finite V, " << to_string(dt));
