@@ -337,6 +337,18 @@ TEST_CASE("backward: head dims past 128 (dK and dV by column slices) match the r
     INFO(to_string(dt) << " head dims " << d << " and " << dv << (deterministic ? ", deterministic" : ""));
     CHECK(check_backward(rt, p, s, dt, nullptr, 260 + d + dv, deterministic) == "");
   }
+  // A Hopper's defaults (the emulator as sm_90a, or the GPU under test): the sm_80 kernels there,
+  // at the 64 x 64 tiles its shared memory fits (sm_80's takes 32 x 32), single pass and
+  // deterministic.
+  RuntimeOptions hro;
+  hro.device = gputest::target() == gputest::Target::Emu ? Device::emu(90, true) : device_under_test();
+  Runtime hopper(hro);
+  for (const bool deterministic : {false, true}) {
+    Shape s;
+    s.seq_q = s.seq_k = on_gpu() ? 777 : 150, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 256;
+    INFO("sm_90a defaults, head dim 256" << (deterministic ? ", deterministic" : ""));
+    CHECK(check_backward(hopper, p, s, DType::BF16, nullptr, 777, deterministic) == "");
+  }
 }
 
 // ... and a NaN or inf in Q, K, dO or V in either slice's columns: the exact sums that stand in
