@@ -81,31 +81,26 @@ TEST_CASE("backward: a small subset for compute-sanitizer", "[gpu][grad][sanitiz
       CHECK(check_backward(hopper_cp_async, p, s, DType::BF16, nullptr, 800 + n++) == "");
     }
   }
-  // The persistent TMA _dkdv (three blocks taking the key items in turn), single pass and
-  // deterministic, on two examples: its ring across items and its consumers' item barriers.
+  // Two examples, single pass then deterministic.
+  auto two_examples = [&](Runtime& on, int64_t batch, int64_t d, const char* what, uint64_t seed) {
+    int cases = 0;
+    for (const auto& [file, p] : example_patterns()) {
+      if (cases++ == 2) break;
+      Shape s;
+      s.batch = batch, s.seq_q = s.seq_k = 200, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = d;
+      INFO(what << ": " << file);
+      CHECK(check_backward(on, p, s, DType::BF16, nullptr, seed + n, n % 2 == 1) == "");
+      ++n;
+    }
+  };
+  // The persistent TMA _dkdv (three blocks taking the key items in turn): its ring across items
+  // and its consumers' item barriers.
   ro.tma = true;
   ro.persistent_blocks = 3;
   Runtime persistent(ro);
-  int persistent_cases = 0;
-  for (const auto& [file, p] : example_patterns()) {
-    if (persistent_cases++ == 2) break;
-    Shape s;
-    s.batch = 2, s.seq_q = s.seq_k = 200, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 64;
-    INFO("persistent wgmma backward: " << file);
-    CHECK(check_backward(persistent, p, s, DType::BF16, nullptr, 850 + n, n % 2 == 1) == "");
-    ++n;
-  }
-  // Head dim 256: the sm_80 kernels' _dkdv by column slices (its walks restage the first query
-  // tile), single pass and deterministic, on two examples.
-  int wide_cases = 0;
-  for (const auto& [file, p] : example_patterns()) {
-    if (wide_cases++ == 2) break;
-    Shape s;
-    s.batch = 1, s.seq_q = s.seq_k = 200, s.heads_q = 4, s.heads_kv = 2, s.head_dim = s.head_dim_v = 256;
-    INFO("head dim 256: " << file);
-    CHECK(check_backward(rt, p, s, DType::BF16, nullptr, 870 + n, n % 2 == 1) == "");
-    ++n;
-  }
+  two_examples(persistent, 2, 64, "persistent wgmma backward", 850);
+  // Head dim 256: the sm_80 kernels' _dkdv by column slices (its walks restage the first query tile).
+  two_examples(rt, 1, 256, "head dim 256", 870);
 }
 
 TEST_CASE("backward: Pascal's kernels (sm_61: SIMT, fp32 arithmetic on fp16/bf16) match the reference gradients",
