@@ -11,6 +11,8 @@ Systems (the cases are one table, `gpu_cases()`, most important first; --list pr
   ours           attnjit.attention on [B, S, H, D] tensors; backward through autograd
   sdpa-flash     torch SDPA, flash backend  (dense cases; "sdpa-flash-dense": dense stand-in for layouts)
   sdpa-cudnn     torch SDPA, cuDNN backend  (dense cases)
+  sdpa-fp8       torch's quantized SDPA on e4m3 inputs, cuDNN (per-tensor descales) or FlashAttention-3
+                 (per-head) where this PyTorch has either; else recorded with the reason (dense cases)
   torch-longnet  the strong PyTorch LongNet, as a user who read torchscale would write it: per branch one
                  strided view over every segment and head (each head's dilation residue by torch.gather),
                  one flash call per branch, the branches merged by their LSEs; exact gradients
@@ -90,7 +92,7 @@ from peers_report import Writer  # noqa: E402  (bench/, beside this script)
 from peers_timing import first_call, gpu_state, interleaved, peak_mb, summary, wall  # noqa: E402  (bench/)
 from peers_torch import (  # noqa: E402  (bench/, beside this script)
     dilated_terms, group_divisor, softmax_scale, mask_rows, reference_rows, reference_grads, max_err, torch_dilated,
-    torch_longnet, branch_count_fn, layout_block_layout, flex_system, window_bounds, FLEX_AUTOTUNE_MODE)
+    torch_longnet, branch_count_fn, layout_block_layout, flex_system, window_bounds, sdpa_fp8, FLEX_AUTOTUNE_MODE)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DENSE = {"attnjit": 1, "description": "dense", "branches": [{"segment": "full"}]}
@@ -119,7 +121,7 @@ def with_flex_autotune(case):
     return {**case, "systems": systems}
 
 
-DENSE_SYSTEMS = ["ours", "sdpa-flash", "sdpa-cudnn", "ours-fp8"]
+DENSE_SYSTEMS = ["ours", "sdpa-flash", "sdpa-cudnn", "ours-fp8", "sdpa-fp8"]
 DILATED_SYSTEMS = ["ours", "torch-longnet", "torch-dilated-pieces", "flex", "ours-fp8"]
 LAYOUT_SYSTEMS = ["ours", "flex", "sdpa-flash-dense"]
 
@@ -212,6 +214,7 @@ SYSTEMS = {
     "sdpa-flash": lambda c, p, dev: (sdpa_system(SDPBackend.FLASH_ATTENTION, bool(c["spec"].get("causal"))), "bhsd", None),
     "sdpa-cudnn": lambda c, p, dev: (sdpa_system(SDPBackend.CUDNN_ATTENTION, bool(c["spec"].get("causal"))), "bhsd", None),
     "sdpa-flash-dense": lambda c, p, dev: (sdpa_system(SDPBackend.FLASH_ATTENTION, False), "bhsd", c["H"] * c["S"] ** 2),
+    "sdpa-fp8": lambda c, p, dev: (sdpa_fp8(bool(c["spec"].get("causal"))), "bhsd", None),
     "torch-longnet": lambda c, p, dev: (torch_longnet(c["spec"], c["H"], c["S"], c["D"], dev), "bhsd", None),
     "torch-dilated-pieces": lambda c, p, dev: (torch_dilated(c["spec"], c["H"], c["S"], c["D"], dev), "bhsd", None),
     "flex": lambda c, p, dev: (flex_system(c, p, dev), "bhsd", None),
@@ -222,14 +225,17 @@ SYSTEMS = {
 MIN_SECONDS_LEFT = {"flex": 60, "flex-autotune": 240}
 # Systems with no backward, and systems whose forward is checked at another tolerance: FP8 inputs
 # carry e4m3's rounding of q, k and v (2^-4 relative each) against the reference on the unquantised ones.
-FORWARD_ONLY = {"ours-fp8"}
-TOLERANCE = {"ours-fp8": 0.15}
+FORWARD_ONLY = {"ours-fp8", "sdpa-fp8"}
+TOLERANCE = {"ours-fp8": 0.15, "sdpa-fp8": 0.15}
 NOTES = {
     "sdpa-flash-dense": "dense attention on the same shape (a different pattern: no error, TFLOP/s over all pairs)",
     "ours": "peak memory counts PyTorch's allocator only; the backward's workspaces come from the CUDA driver's "
             "stream-ordered pool and are not in it",
     "ours-fp8": "FP8 e4m3 inputs (quantised once, per-(batch, kv head) descales, outside the timed call), bf16 O; "
                 "forward only; checked against the fp64 reference on the unquantised inputs at tolerance 0.15",
+    "sdpa-fp8": "PyTorch's quantized SDPA on e4m3 inputs (quantised once, outside the timed call; bf16 O): cuDNN "
+                "with per-tensor descales, or FlashAttention-3 with per-(batch, head) ones where this PyTorch "
+                "has no cuDNN FP8 (the error says which it lacks); forward only, tolerance 0.15",
     "torch-longnet": "the strong PyTorch LongNet: per branch one strided view over every segment and head "
                      "(torch.gather of each head's dilation residue; segments padded to a multiple of the "
                      "dilation, the zero keys taken back out of the LSE), one flash call per branch, the "

@@ -535,3 +535,71 @@ def flex_system(case, pattern, device, block=128, mode=None):
         o = run(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
         return o / divisor if divisor != 1 else o
     return fwd
+
+
+# ---------------------------------------------------------------------------------------------
+# sdpa-fp8: PyTorch's own FP8 attention, where this PyTorch has one.
+
+E4M3_MAX = 448.0
+
+
+def fp8_quantize(x, per):
+    """x ([B, H, S, D], any float dtype) as float8_e4m3fn codes and the descales that undo them: one
+    for the tensor (per="tensor", shape (1, 1, 1, 1)) or one per (batch, head) (per="head", shape
+    (B, H)), each group's largest |x| mapped to e4m3's largest value, 448."""
+    dims = (0, 1, 2, 3) if per == "tensor" else (2, 3)
+    amax = x.float().abs().amax(dim=dims, keepdim=True).clamp(min=1e-12)
+    codes = (x.float() * (E4M3_MAX / amax)).to(torch.float8_e4m3fn)
+    descale = amax / E4M3_MAX
+    return codes, descale.reshape(1, 1, 1, 1) if per == "tensor" else descale.reshape(x.shape[0], x.shape[1])
+
+
+def sdpa_fp8(causal):
+    """Forward on [B, H, S, D]: PyTorch's experimental quantized SDPA (2.11+) on e4m3 codes of q, k, v
+    (quantised once per input, outside the timed call; bf16 O). cuDNN with per-tensor descales where
+    this PyTorch has them (DescaleType.PER_TENSOR); else the flash backend's FlashAttention-3 with
+    per-(batch, head) descales, where a provider registered it (activated for each call and
+    restored after, so the sdpa-flash peer keeps PyTorch's default); else a RuntimeError naming
+    what is missing."""
+    try:
+        from torch.nn.attention.experimental._scaled_dot_product_attention_quantized import (
+            DescaleType, _scaled_dot_product_attention_quantized as quantized)
+    except ImportError as e:
+        raise RuntimeError(f"PyTorch {torch.__version__} has no quantized SDPA "
+                           f"(torch.nn.attention.experimental, 2.11 and later): {e}") from None
+    import torch.nn.attention as attention
+    if hasattr(DescaleType, "PER_TENSOR"):
+        per, kind, fa3 = "tensor", DescaleType.PER_TENSOR, False
+    elif "FA3" in getattr(attention, "list_flash_attention_impls", lambda: [])():
+        per, kind, fa3 = "head", DescaleType.PER_HEAD, True
+        try:  # registered is not installed: its provider's module loads when it is activated
+            attention.activate_flash_attention_impl("FA3")
+            attention.restore_flash_attention_impl()
+        except Exception as e:  # noqa: BLE001 -- any failure to load is the reason to report
+            raise RuntimeError(f"PyTorch {torch.__version__}'s quantized SDPA has no cuDNN per-tensor descales "
+                               f"(DescaleType.PER_TENSOR), and its FlashAttention-3 does not load: "
+                               f"{type(e).__name__}: {e}") from None
+    else:
+        raise RuntimeError(f"PyTorch {torch.__version__}'s quantized SDPA has neither cuDNN's per-tensor descales "
+                           "(DescaleType.PER_TENSOR) nor a registered FlashAttention-3 (list_flash_attention_impls: "
+                           f"{getattr(attention, 'list_flash_attention_impls', lambda: [])()})")
+    cache = {}
+
+    def fwd(q, k, v):
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+        if key not in cache:
+            cache.clear()
+            cache[key] = [fp8_quantize(x, per) for x in (q, k, v)]
+        (qc, qd), (kc, kd), (vc, vd) = cache[key]
+        kw = dict(is_causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
+                  q_descale_type=kind, k_descale_type=kind, v_descale_type=kind)
+        if not fa3:
+            return quantized(qc, kc, vc, **kw)
+        attention.activate_flash_attention_impl("FA3")
+        try:
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+                return quantized(qc, kc, vc, **kw)
+        finally:
+            attention.restore_flash_attention_impl()
+    fwd.descales = per
+    return fwd
