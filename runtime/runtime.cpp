@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "attnjit/attnjit.hpp"
+#include "compiler/codegen/codegen.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/sha256.hpp"
 #include "compiler/pattern/mask.hpp"
@@ -233,8 +234,9 @@ KernelChoices kernel_choices(const RuntimeOptions& o, RandomLayouts random) {
 KernelConfig tuned_backward_config(const Pattern& pattern, const Problem& problem, const RuntimeOptions& o) {
   if (!(o.backward_config == KernelConfig{})) return o.backward_config;
   // The wgmma backward's tiles are fixed (a tuned entry is for the sm_80 kernels' tiles; asked for on
-  // another GPU, its sm_80 kernels take their default tiles).
-  if (wgmma_backward(o)) return {};
+  // another GPU, its sm_80 kernels take their default tiles). Past its head dims the sm_80 kernels
+  // run on a Hopper too, at their tuned tiles.
+  if (wgmma_backward(o) && wgmma_backward_head_dims(problem.head_dim, problem.head_dim_v)) return {};
   CudaDriver::get();  // without a driver, the plain "no GPU" error rather than a tuning one
   const TuningGpu gpu = tuning_gpu(o.device.index);
   const TuneKey key = tune_key_for(gpu, pattern, problem, {}, true);

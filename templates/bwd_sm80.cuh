@@ -77,7 +77,7 @@ __device__ __forceinline__ void aj_mma_xb(float (&acc)[COLS / 8][4], const float
     xa[3] = aj_pack2(x[2 * kk + 1][2], x[2 * kk + 1][3]);
 #pragma unroll
     for (int n = 0; n < COLS / 16; ++n) {
-      if (COLS > 16 && n * 16 >= cols) break;
+      if (n * 16 >= cols) break;  // (an empty slice: none; folds away where cols is COLS)
       aj_u32 bf[4];
       aj_ldmatrix_x4_trans(bf, b + (kk * 16 + b_row) * BPITCH + n * 16 + b_col);
       aj_mma(acc[2 * n], xa, bf[0], bf[1]);
@@ -615,11 +615,12 @@ __device__ __forceinline__ void aj_bwd_dkdv_store(const AjBwdParams& bp, const A
     // A NaN or inf in the Q or dO row of a query that masks this key reaches it through dK += dS^T Q
     // and dV += P^T dO (its dS = P = 0 times NaN): such a key row is summed again, exactly.
     bool bad = false;
-    // (Columns past the slice's count hold zeros.)
 #pragma unroll
-    for (int c = 0; c < NK; ++c) bad |= aj_nonfinite(dk[c][2 * half]) | aj_nonfinite(dk[c][2 * half + 1]);
+    for (int c = 0; c < NK; ++c)
+      if (c * 8 < kcols) bad |= aj_nonfinite(dk[c][2 * half]) | aj_nonfinite(dk[c][2 * half + 1]);
 #pragma unroll
-    for (int c = 0; c < NV; ++c) bad |= aj_nonfinite(dv[c][2 * half]) | aj_nonfinite(dv[c][2 * half + 1]);
+    for (int c = 0; c < NV; ++c)
+      if (c * 8 < vcols) bad |= aj_nonfinite(dv[c][2 * half]) | aj_nonfinite(dv[c][2 * half + 1]);
     if (bad) {
       aj_bwd_exact_key_row(bp, ki, b, kr, quad, k0 / 8, kcols / 8, v0 / 8, vcols / 8, [&](bool is_dk, int c, float x0, float x1) {
         float* dst = (is_dk ? dka : dva) + c * 8;
@@ -632,7 +633,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_store(const AjBwdParams& bp, const A
     }
 #pragma unroll
     for (int c = 0; c < NK; ++c) {
-      if (NK > 1 && c * 8 >= kcols) break;
+      if (c * 8 >= kcols) break;
       const int at = k0 + c * 8;
       const float x0 = dk[c][2 * half] * bp.scale, x1 = dk[c][2 * half + 1] * bp.scale;
       if (direct) *(aj_u32*)(dks + at) = aj_pack2(x0, x1);
@@ -641,7 +642,7 @@ __device__ __forceinline__ void aj_bwd_dkdv_store(const AjBwdParams& bp, const A
     }
 #pragma unroll
     for (int c = 0; c < NV; ++c) {
-      if (NV > 1 && c * 8 >= vcols) break;
+      if (c * 8 >= vcols) break;
       const int at = v0 + c * 8;
       const float x0 = dv[c][2 * half], x1 = dv[c][2 * half + 1];
       if (direct) *(aj_u32*)(dvs + at) = aj_pack2(x0, x1);

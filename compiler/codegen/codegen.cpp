@@ -169,9 +169,9 @@ int backward_dq_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
 // 32 past head dim 64, so that 16-row slices of S and dP fit beside the 16 x head-dim
 // accumulators without spilling.
 int backward_sub_max(const KernelRequest& r) { return r.head_dim > 64 || r.head_dim_v > 64 ? 32 : 64; }
-// ... and of _dq's S and dP (AJ_BWD_DQ_SUB_MAX): 16 past head dim 128, where its accumulator holds
-// every column of dQ (128 floats a thread at head dim 256) and no slices shrink it.
-int backward_dq_sub_max(const KernelRequest& r) { return r.head_dim > 128 || r.head_dim_v > 128 ? 16 : backward_sub_max(r); }
+// ... and of _dq's S and dP (AJ_BWD_DQ_SUB_MAX): 16 past head dim 128 (q's), where its accumulator
+// holds every column of dQ (128 floats a thread at head dim 256) and no slices shrink it.
+int backward_dq_sub_max(const KernelRequest& r) { return r.head_dim > 128 ? 16 : backward_sub_max(r); }
 
 // templates/bwd_sm90.cuh: K and V of the key tile, two stages of Q and dO, dS (64 x 64), two
 // stages of LSE and D (64 floats each); the swizzled tiles stay 1024-byte aligned (their sizes
@@ -546,6 +546,8 @@ BackwardSlices backward_slices(const KernelRequest& r) {
   return s;
 }
 
+bool wgmma_backward_head_dims(int64_t head_dim, int64_t head_dim_v) { return std::max(head_dim, head_dim_v) <= 128; }
+
 KernelPath choose_backward_path(const KernelRequest& r) {
   // The tensor-core kernels keep 16 rows of dK and dV (or of dQ) in registers per warp; past head
   // dim 128 the sm_80 kernels' _dkdv keeps a slice of their columns at a time (backward_slices).
@@ -554,7 +556,7 @@ KernelPath choose_backward_path(const KernelRequest& r) {
   // The Hopper forward's backward when asked for (head dims 64 and 128): bwd_sm90_tma.cuh's dK/dV
   // kernel (TMA, a producer warpgroup), or bwd_sm90.cuh's (cp.async) where the request says no TMA;
   // else the sm_80 kernels, compiled for sm_90a.
-  if (r.wgmma_backward && hopper(forward_path) && std::max(r.head_dim, r.head_dim_v) <= 128)
+  if (r.wgmma_backward && hopper(forward_path) && wgmma_backward_head_dims(r.head_dim, r.head_dim_v))
     return r.tma ? KernelPath::Sm90Tma : KernelPath::Sm90;
   return forward_path != KernelPath::Simt ? KernelPath::Sm80 : KernelPath::Simt;
 }

@@ -155,6 +155,9 @@ struct BackwardKernels {
   bool single_pass = false;
 };
 KernelPath choose_backward_path(const KernelRequest& r);
+// The head dims the Hopper backward's wgmma dK/dV kernels take (64 and 128, and any mix of them up
+// to 128): past them the sm_80 kernels run even where the wgmma backward is asked for.
+bool wgmma_backward_head_dims(int64_t head_dim, int64_t head_dim_v);
 // How the tensor-core _dkdv cuts dK's and dV's columns (AJ_BWD_SLICES, AJ_BWD_DK_COLS,
 // AJ_BWD_DV_COLS): one slice up to head dim 128; past it, `count` slices of at most 128 columns,
 // each a walk over the key tile's query tiles that recomputes S^T and dP^T over the whole head dim

@@ -15,6 +15,7 @@
 
 #include "attnjit/attnjit.hpp"
 #include "compiler/tune/autotune.hpp"
+#include "emulator/emu_api.hpp"
 #include "runtime/cuda/cuda_driver.hpp"
 #include "runtime/npy.hpp"
 #include "attnjit/reference.hpp"
@@ -320,7 +321,9 @@ TEST_CASE("backward: a NaN or inf in Q or K or dO reaches only the gradients the
 // Past head dim 128 the tensor-core _dkdv adds dK and dV (and, in the single pass, dQ) a column
 // slice at a time (compiler/codegen/codegen.hpp: backward_slices): two slices of 128 at head dim
 // 256, uneven ones at 208 (112 and 96 columns) and at 144 (80 and 64), head dims of q and v apart
-// (dV's slices of 32 columns beside dK's of 128), in the single pass and the two-pass form.
+// (dV's slices of 32 columns beside dK's of 128; at 256 and 16 dV's second slice is empty, and
+// at 16 and 256 dK's), in the single pass and the two-pass form. Finite inputs take no exact sum
+// (the emulator counts them): an empty slice must not read a neighbour's columns as its own.
 TEST_CASE("backward: head dims past 128 (dK and dV by column slices) match the reference gradients", "[gpu][emu][grad][wide]") {
   if (on_gpu()) shared_context(0).make_current();
   RuntimeOptions ro;
@@ -332,15 +335,18 @@ TEST_CASE("backward: head dims past 128 (dK and dV by column slices) match the r
                         .build();
   for (const auto& [dt, d, dv, deterministic] : std::vector<std::tuple<DType, int64_t, int64_t, bool>>{
            {DType::BF16, 256, 256, false}, {DType::BF16, 256, 256, true}, {DType::F16, 208, 208, false},
-           {DType::BF16, 144, 256, false}, {DType::BF16, 256, 64, true}}) {
+           {DType::BF16, 144, 256, false}, {DType::BF16, 256, 64, true}, {DType::BF16, 256, 16, false},
+           {DType::F16, 16, 256, true}}) {
     Shape s;
     s.seq_q = s.seq_k = on_gpu() ? 777 : 150, s.heads_q = 4, s.heads_kv = 2, s.head_dim = d, s.head_dim_v = dv;
     INFO(to_string(dt) << " head dims " << d << " and " << dv << (deterministic ? ", deterministic" : ""));
+    const uint64_t rare_before = emu::rare_paths_taken();
     CHECK(check_backward(rt, p, s, dt, nullptr, 260 + d + dv, deterministic) == "");
+    CHECK(emu::rare_paths_taken() == rare_before);
   }
-  // A Hopper's defaults (the emulator as sm_90a, or the GPU under test): the sm_80 kernels there,
-  // at the 64 x 64 tiles its shared memory fits (sm_80's takes 32 x 32), single pass and
-  // deterministic.
+  // A Hopper's defaults (the emulator as sm_90a; on a GPU, its own defaults, a Hopper's where it
+  // is one): the sm_80 kernels there, at the 64 x 64 tiles its shared memory fits (sm_80's takes
+  // 32 x 32), single pass and deterministic.
   RuntimeOptions hro;
   hro.device = gputest::target() == gputest::Target::Emu ? Device::emu(90, true) : device_under_test();
   Runtime hopper(hro);
