@@ -2,7 +2,8 @@
 // inputs: fwd_sm90_fp8.cuh (wgmma m64nNk32) and fwd_sm89_fp8.cuh (mma.sync m16n8k32). Both read
 // their 8-bit operands K-major: each thread's A register holds 4 consecutive bytes along K, and so
 // does its B register. So:
-// - S = Q K^T takes Q and K as they lie (rows of AJ_HEAD_DIM = 64 or 128 bytes);
+// - S = Q K^T takes Q and K as they lie (rows of AJ_HEAD_DIM = 64 or 128 bytes, and 256 for the
+//   sm_89 kernel, which reads them by ldmatrix only);
 // - O += P V needs V^T (for each output column, the tile's keys contiguous): each tile of V is
 //   transposed on its way to shared memory (four keys' 16 bytes become 16 words of V^T by byte
 //   permutes, aj_fp8_store_vt);
@@ -15,23 +16,26 @@
 // P is packed as e4m3 codes of 2^8 P (docs/spec.md, "FP8 inputs"); the epilogue takes the 2^-8
 // back with v_descale.
 
-#if (AJ_HEAD_DIM != 64 && AJ_HEAD_DIM != 128) || (AJ_HEAD_DIM_V != 64 && AJ_HEAD_DIM_V != 128) || \
-    (AJ_TILE_K != 64 && AJ_TILE_K != 128)
-#error "the FP8 tensor-core forward takes head dims 64 or 128 and 64- or 128-key tiles"
+#if (AJ_HEAD_DIM != 64 && AJ_HEAD_DIM != 128 && AJ_HEAD_DIM != 256) || \
+    (AJ_HEAD_DIM_V != 64 && AJ_HEAD_DIM_V != 128 && AJ_HEAD_DIM_V != 256) || (AJ_TILE_K != 64 && AJ_TILE_K != 128)
+#error "the FP8 tensor-core forward takes head dims 64, 128 or 256 and 64- or 128-key tiles"
 #endif
 
-// Q's and K's rows are AJ_HEAD_DIM bytes with the swizzle of that width (128 or 64 bytes); V^T's
-// rows are a tile's AJ_TILE_K keys (the swizzle of that width).
+// Q's and K's rows are AJ_HEAD_DIM bytes with the swizzle of that width (64, 128 or 256 bytes);
+// V^T's rows are a tile's AJ_TILE_K keys (the swizzle of that width).
 #define AJ_FP8_QK (AJ_HEAD_DIM)
 #define AJ_FP8_VT (AJ_TILE_K)
 
 // Byte offset of byte k of row r in a [rows][W B] tile with the W-byte swizzle (W = 64 or 128):
 // the address's bits [7, 7 + log2(W / 16)) XORed into its 16-byte chunk (the tiles start on
 // 1024-byte boundaries, so the offset stands for the address). wgmma reads this layout through
-// its descriptors; for ldmatrix it puts the 8 rows of a matrix on distinct banks.
+// its descriptors; for ldmatrix it puts the 8 rows of a matrix on distinct banks. Rows of 256
+// bytes (the sm_89 kernel at head dim 256; no wgmma mode has them) XOR the row within 8 into the
+// chunk's low three bits, which does the same for ldmatrix.
 template <int W>
 __device__ __forceinline__ int aj_fp8_at(int r, int k) {
   const int at = r * W + k;
+  if (W == 256) return at ^ ((r & 7) << 4);
   return at ^ (((at >> 7) & (W / 16 - 1)) << 4);
 }
 

@@ -8,7 +8,9 @@
 // The tiles are fwd_fp8.cuh's: Q and K as they lie, V transposed as it is loaded, P's keys
 // renumbered so that its A registers come from the thread's own S accumulators. ldmatrix (.b16,
 // no .trans) delivers the 8-bit fragments of Q, K and V^T: a register of 4 bytes along K is one
-// 16-bit pair's worth. Q's fragments stay in registers from the first tile on.
+// 16-bit pair's worth. Q's fragments stay in registers from the first tile on up to head dim 128;
+// at 256 (AJ_FP8_Q_REGS 0) they are read from the Q tile at each k32 step, so the 128 floats of O's
+// accumulators keep room beside S.
 //
 // Two stages (aj_fp8_tiles): the next tile's K copies and V loads are in flight through this
 // tile's products, and its V^T is stored after them. (With mma.sync a warp's softmax overlaps the
@@ -19,6 +21,7 @@
 #if AJ_TILE_K != 64 || (AJ_TILE_Q != 64 && AJ_TILE_Q != 128) || AJ_WARPS * 16 != AJ_TILE_Q
 #error "the FP8 sm_89 forward takes 64-key tiles and 16 query rows per warp (tile_q 64 or 128)"
 #endif
+#define AJ_FP8_Q_REGS (AJ_HEAD_DIM <= 128)
 
 // This lane's part of an ldmatrix .x4 of a [.][W B] swizzled tile, for rows r0 + 0..15 (r0 a
 // multiple of 8) and bytes k0 + 0..31 along K: the offset past r0 * W of row (lane % 8) + 8 ((lane /
@@ -46,7 +49,7 @@ __device__ __forceinline__ void aj_fwd_sm89_fp8(const AjParams& p) {
   float m[2] = {AJ_NEG_INF, AJ_NEG_INF}, l[2] = {0.0f, 0.0f}, c[2];
 #pragma unroll
   for (int j = 0; j < AJ_HEAD_DIM_V / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-  aj_u32 qa[AJ_HEAD_DIM / 32][4];  // Q's A fragments, a 32-byte step of the head dim each
+  aj_u32 qa[AJ_FP8_Q_REGS ? AJ_HEAD_DIM / 32 : 1][4];  // Q's A fragments, a 32-byte step of the head dim each
   int k_at[AJ_HEAD_DIM / 32], vt_at[AJ_TILE_K / 32];  // this lane's ldmatrix offsets in K and V^T
 #pragma unroll
   for (int ks = 0; ks < AJ_HEAD_DIM / 32; ++ks) k_at[ks] = aj_fp8_frag<AJ_FP8_QK, 2, 1>(ks * 32, lane);
@@ -57,9 +60,9 @@ __device__ __forceinline__ void aj_fwd_sm89_fp8(const AjParams& p) {
 
   bool first = true;
   aj_fp8_tiles(p, item, w.kb, w.vb, sh.k, sh.vt, [] {}, [&](const AjTile& t, int stage, auto store_next) {
-    if (first) {  // Q has landed with the first tile: its fragments to registers
+    if (AJ_FP8_Q_REGS && first) {  // Q has landed with the first tile: its fragments to registers
 #pragma unroll
-      for (int ks = 0; ks < AJ_HEAD_DIM / 32; ++ks)
+      for (int ks = 0; ks < (AJ_FP8_Q_REGS ? AJ_HEAD_DIM / 32 : 0); ++ks)
         aj_ldmatrix_x4(qa[ks], sh.q + warp * 16 * AJ_FP8_QK + aj_fp8_frag<AJ_FP8_QK, 1, 2>(ks * 32, lane));
       first = false;
     }
@@ -69,14 +72,18 @@ __device__ __forceinline__ void aj_fwd_sm89_fp8(const AjParams& p) {
 #pragma unroll
       for (int j = 0; j < AJ_TILE_K / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-      for (int ks = 0; ks < AJ_HEAD_DIM / 32; ++ks)
+      for (int ks = 0; ks < AJ_HEAD_DIM / 32; ++ks) {
+        if (!AJ_FP8_Q_REGS)  // this k32 step's fragments of Q from the Q tile
+          aj_ldmatrix_x4(qa[0], sh.q + warp * 16 * AJ_FP8_QK + aj_fp8_frag<AJ_FP8_QK, 1, 2>(ks * 32, lane));
+        const int qs = AJ_FP8_Q_REGS ? ks : 0;
 #pragma unroll
         for (int j = 0; j < AJ_TILE_K / 8; j += 2) {  // keys 8j .. 8j + 15: b0, b1 of n-tiles j and j + 1
           aj_u32 kf[4];
           aj_ldmatrix_x4(kf, k + 8 * j * AJ_FP8_QK + k_at[ks]);
-          aj_mma_e4m3(s[j], qa[ks], kf[0], kf[1]);
-          aj_mma_e4m3(s[j + 1], qa[ks], kf[2], kf[3]);
+          aj_mma_e4m3(s[j], qa[qs], kf[0], kf[1]);
+          aj_mma_e4m3(s[j + 1], qa[qs], kf[2], kf[3]);
         }
+      }
       if (!(t.full && t.count == AJ_TILE_K)) aj_sm80_mask(s, p, t, item.head, w.qpos, w.q_step8, w.k_origin, quad);
       aj_tc_softmax_scores(s, m, l, c, w.scale_log2);
       aj_tc_rescale(acc, c);

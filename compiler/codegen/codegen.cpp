@@ -324,11 +324,13 @@ KernelPath choose_path(const KernelRequest& r) {
   // does all arithmetic in fp32: sm_60/61 have no fast half arithmetic, and bf16 has none before sm_80.
   require(!r.arch_specific || r.arch == 90, "--arch " + arch_name(r), "attnjit has arch-specific kernels for sm_90a only");
   // FP8 at head dims 64 and 128: wgmma on e4m3 operands on sm_90a (fwd_sm90_fp8.cuh), mma.sync
-  // m16n8k32 on sm_89 and newer (fwd_sm89_fp8.cuh, the Sm80 path); elsewhere the SIMT kernel.
-  auto fp8_dim = [](int d) { return d == 64 || d == 128; };
-  if (r.dtype == DType::E4M3 && fp8_dim(r.head_dim) && fp8_dim(r.head_dim_v)) {
-    if (r.arch_specific) return KernelPath::Sm90;
-    if (r.arch >= 89) return KernelPath::Sm80;
+  // m16n8k32 on sm_89 and newer (fwd_sm89_fp8.cuh, the Sm80 path), which takes head dim 256 too
+  // (sm_90a's included: no wgmma swizzle has 256-byte rows); elsewhere the SIMT kernel.
+  auto fp8_dim = [](int64_t d) { return d == 64 || d == 128; };
+  auto fp8_sm89_dim = [&](int64_t d) { return fp8_dim(d) || d == 256; };
+  if (r.dtype == DType::E4M3) {
+    if (r.arch_specific && fp8_dim(r.head_dim) && fp8_dim(r.head_dim_v)) return KernelPath::Sm90;
+    if (r.arch >= 89 && fp8_sm89_dim(r.head_dim) && fp8_sm89_dim(r.head_dim_v)) return KernelPath::Sm80;
   }
   if (r.dtype != DType::F32 && r.dtype != DType::E4M3 && r.arch >= 80) {
     auto hopper_dim = [](int d) { return d == 64 || d == 128 || d == 256; };

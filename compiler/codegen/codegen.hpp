@@ -121,10 +121,10 @@ struct KernelSource {
 };
 
 // The path a request takes: tensor cores for fp16/bf16 on sm_80+, SIMT otherwise (fp32 arithmetic
-// on every dtype: fp16/bf16 are converted as they are loaded). FP8 inputs (fp8_e4m3) at head dims
-// 64 and 128 take tensor cores: KernelPath::Sm90 on sm_90a (templates/fwd_sm90_fp8.cuh, wgmma on
-// e4m3 operands), KernelPath::Sm80 on sm_89 and newer (templates/fwd_sm89_fp8.cuh, mma.sync
-// m16n8k32); the SIMT path elsewhere (codes decoded exactly). All round P to e4m3 alike
+// on every dtype: fp16/bf16 are converted as they are loaded). FP8 inputs (fp8_e4m3) take tensor
+// cores: KernelPath::Sm90 on sm_90a at head dims 64 and 128 (templates/fwd_sm90_fp8.cuh, wgmma on
+// e4m3 operands), KernelPath::Sm80 on sm_89 and newer at 64, 128 and 256 (templates/fwd_sm89_fp8.cuh,
+// mma.sync m16n8k32; sm_90a's head dim 256 too); the SIMT path elsewhere (codes decoded exactly). All round P to e4m3 alike
 // (docs/spec.md, "FP8 inputs"). Rejects what no path supports (head dims that are not multiples
 // of 16 on the tensor path, archs below sm_60) with a UserError naming the fix.
 KernelPath choose_path(const KernelRequest& r);

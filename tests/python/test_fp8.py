@@ -140,7 +140,8 @@ def test_fp8_lse_slack_still_catches_a_wrong_descale():
 
 
 @needs_gpu
-@pytest.mark.parametrize("d", [128, 64, 96])  # 128, 64: FP8 tensor cores (wgmma on Hopper); 96: the SIMT kernel
+# 128, 64: FP8 tensor cores (wgmma on Hopper); 256: the mma.sync kernel (on Hopper too); 96: the SIMT kernel
+@pytest.mark.parametrize("d", [128, 64, 256, 96])
 def test_fp8_on_the_gpu(d):
     check_on_the_gpu(d)
 

@@ -456,18 +456,22 @@ TEST_CASE("the kernels' e4m3 decoding and rounding equal the host's conversions"
 
 namespace {
 
-// The FP8 tensor-core kernels: where each runs (the emulated device), its key tile, its template.
+// The FP8 tensor-core kernels: where each runs (the emulated device), its key tile, its template,
+// and whether its sums are the warpgroup MMA's reduced-precision ones (docs/spec.md, "FP8 inputs").
 struct Fp8Kernel {
   const char* name;
   int arch;
   bool arch_specific;
   int tile_k;
   const char* file;
+  bool wgmma_sums;
 };
-const Fp8Kernel kHopper{"the FP8 Hopper kernel (wgmma)", 90, true, 128, "fwd_sm90_fp8.cuh"};
-const Fp8Kernel kSm89{"the FP8 sm_89 kernel (mma.sync)", 89, false, 64, "fwd_sm89_fp8.cuh"};
+const Fp8Kernel kHopper{"the FP8 Hopper kernel (wgmma)", 90, true, 128, "fwd_sm90_fp8.cuh", true};
+const Fp8Kernel kSm89{"the FP8 sm_89 kernel (mma.sync)", 89, false, 64, "fwd_sm89_fp8.cuh", false};
+// Head dim 256 on a Hopper: the sm_89 kernel compiled for sm_90a (no wgmma swizzle has 256-byte rows).
+const Fp8Kernel kSm89OnHopper{"the FP8 sm_89 kernel (mma.sync) on sm_90a", 90, true, 64, "fwd_sm89_fp8.cuh", false};
 
-// An FP8 tensor-core kernel on `p` at `shape` with head dims `d` and `dv` (64 or 128) and tiles
+// An FP8 tensor-core kernel on `p` at `shape` with head dims `d` and `dv` (64, 128; 256 on the sm_89 kernel) and tiles
 // `tile_q` x the kernel's: within the bound of the reference, and agreeing with the plan executor
 // at the same tiles. Empty when both hold, else what failed.
 std::string check_kernel(const Fp8Kernel& kernel, const Pattern& p, Shape s, uint64_t seed, int tile_q,
@@ -478,7 +482,7 @@ std::string check_kernel(const Fp8Kernel& kernel, const Pattern& p, Shape s, uin
   Runtime emu(ro);
   Fp8Call c = make_call(s, seed, seed % 2 == 0);
   const Fp8Result e = run(emu, p, c, seed % 3 == 0 ? DType::F16 : DType::BF16);
-  const bool tensor_core_sums = kernel.arch == 90 && kernel.arch_specific;  // the wgmma kernel
+  const bool tensor_core_sums = kernel.wgmma_sums;
   const Fp8Check k = check_against_reference(p, c, e, tensor_core_sums);
   if (!k.within) return k.first_failure;
   std::string failure;
@@ -517,19 +521,19 @@ void check_examples_and_sweep(const Fp8Kernel& kernel, uint64_t seed) {
 
 // Each defect must fail check_kernel (or fault in the emulator) on a causal dilated pattern whose
 // unmutated run passes; the dense branch's last rows visit 4 tiles of 128 keys (8 of 64), so every
-// stage of the pipelines is reused.
-void check_defects_fail(const Fp8Kernel& kernel, const std::vector<Defect>& defects) {
+// stage of the pipelines is reused. At head dim `d` (both q's and v's).
+void check_defects_fail(const Fp8Kernel& kernel, const std::vector<Defect>& defects, int head_dim = 128) {
   const Pattern p = PatternBuilder().causal().branch(BranchSpec().segment(512).dilation(1)).branch(BranchSpec().segment(512).dilation(2)).build();
   Shape s;
   s.batch = 1, s.seq_q = s.seq_k = 512, s.heads_q = 2, s.heads_kv = 1;
-  REQUIRE(check_kernel(kernel, p, s, 31, 128).empty());
+  REQUIRE(check_kernel(kernel, p, s, 31, 128, nullptr, head_dim, head_dim).empty());
   for (const Defect& d : defects) {
     INFO(kernel.name << ": " << d.name);
     auto t = attnjit::testing::mutated_templates(d.file, d.from, d.to);
     REQUIRE(t);
     std::string failure;
     try {
-      failure = check_kernel(kernel, p, s, 31, 128, t);
+      failure = check_kernel(kernel, p, s, 31, 128, t, head_dim, head_dim);
     } catch (const std::exception& e) {
       failure = e.what();  // a fault the emulator reports
     }
@@ -594,8 +598,8 @@ TEST_CASE("deliberately broken FP8 sm_89 kernels fail in the emulator", "[fp8][e
       {"Q's fragments read with K's matrix order", "fwd_sm89_fp8.cuh", "aj_fp8_frag<AJ_FP8_QK, 1, 2>(ks * 32, lane)", "aj_fp8_frag<AJ_FP8_QK, 2, 1>(ks * 32, lane)"},
       {"V^T's fragments of the second key chunk read from the first", "fwd_sm89_fp8.cuh", "vt_at[kc] = aj_fp8_frag<AJ_FP8_VT, 2, 1>(kc * 32, lane)",
        "vt_at[kc] = aj_fp8_frag<AJ_FP8_VT, 2, 1>(0, lane)"},
-      {"the second n-tile of a K load given the first's B registers", "fwd_sm89_fp8.cuh", "aj_mma_e4m3(s[j + 1], qa[ks], kf[2], kf[3]);",
-       "aj_mma_e4m3(s[j + 1], qa[ks], kf[0], kf[1]);"},
+      {"the second n-tile of a K load given the first's B registers", "fwd_sm89_fp8.cuh", "aj_mma_e4m3(s[j + 1], qa[qs], kf[2], kf[3]);",
+       "aj_mma_e4m3(s[j + 1], qa[qs], kf[0], kf[1]);"},
       {"the next tile loaded before every warp has read the stage it overwrites", "fwd_fp8.cuh",
        "    aj_syncthreads();  // tile j's stage has landed; tile j - 1's is read no more\n", ""},
       {"the next tile's K copied into the stage being read", "fwd_fp8.cuh", "sk + (stage ^ 1) * AJ_FP8_K_STAGE, kb", "sk + stage * AJ_FP8_K_STAGE, kb"},
@@ -604,6 +608,46 @@ TEST_CASE("deliberately broken FP8 sm_89 kernels fail in the emulator", "[fp8][e
       {"O without the 2^-8 of P's factor", "fwd_sm89_fp8.cuh", "acc, m, l, 0.00390625f,", "acc, m, l, 1.0f,"},
       {"O without its v descale", "fwd_sm89_fp8.cuh", "0.00390625f, aj_descale(p, 2, b, w.kvh)", "0.00390625f, 1.0f"},
   });
+}
+
+// Head dim 256: the sm_89 kernel alone (on sm_89, and compiled for sm_90a as a Hopper runs it), Q's
+// fragments read from its tile each k32 step, the tiles' rows of 256 bytes with their own
+// swizzle; both tiles, every example's shape at 200 tokens, and q's and v's head dims apart.
+TEST_CASE("the FP8 sm_89 kernel at head dim 256 matches the reference and the executor", "[fp8][emu]") {
+  int n = 0;
+  for (const Fp8Kernel& kernel : {kSm89, kSm89OnHopper}) {
+    for (const char* name : {"bigbird", "longnet", "sliding_window"}) {
+      const Pattern pattern = load_spec_file(std::string(ATTNJIT_EXAMPLES_DIR) + "/" + name + ".json");
+      Shape s;
+      s.batch = 1, s.seq_q = s.seq_k = 200, s.heads_q = 4, s.heads_kv = 2;
+      const int tile_q = n % 2 ? 64 : 128;
+      INFO(kernel.name << ": " << name << ", tile " << tile_q << "x64, head dim 256");
+      const std::string failure = check_kernel(kernel, pattern, s, 700 + n++, tile_q, nullptr, 256, 256);
+      INFO(failure);
+      CHECK(failure.empty());
+    }
+  }
+  const Pattern causal = PatternBuilder().causal().branch(BranchSpec().full()).build();
+  Shape s;
+  s.batch = 2, s.seq_q = s.seq_k = 150, s.heads_q = 2, s.heads_kv = 1;
+  for (const auto& [d, dv] : {std::pair<int, int>{256, 128}, {64, 256}}) {
+    INFO("head dims " << d << " and " << dv);
+    const std::string failure = check_kernel(kSm89, causal, s, 720 + d + dv, 128, nullptr, d, dv);
+    INFO(failure);
+    CHECK(failure.empty());
+  }
+}
+
+TEST_CASE("deliberately broken FP8 sm_89 kernels at head dim 256 fail in the emulator", "[fp8][emu][mutation]") {
+  check_defects_fail(kSm89, {
+      {"Q's fragments of every k32 step read from the first", "fwd_sm89_fp8.cuh",
+       "aj_ldmatrix_x4(qa[0], sh.q + warp * 16 * AJ_FP8_QK + aj_fp8_frag<AJ_FP8_QK, 1, 2>(ks * 32, lane));",
+       "aj_ldmatrix_x4(qa[0], sh.q + warp * 16 * AJ_FP8_QK + aj_fp8_frag<AJ_FP8_QK, 1, 2>(0, lane));"},
+      {"256-byte rows swizzled by the row within 32 (the fragments' offsets repeat every 16 rows)", "fwd_fp8.cuh",
+       "if (W == 256) return at ^ ((r & 7) << 4);", "if (W == 256) return at ^ (((r & 7) | (r & 16) >> 1) << 4);"},
+      {"K's fragments of the second half of each row read from the first", "fwd_sm89_fp8.cuh",
+       "k_at[ks] = aj_fp8_frag<AJ_FP8_QK, 2, 1>(ks * 32, lane);", "k_at[ks] = aj_fp8_frag<AJ_FP8_QK, 2, 1>(ks % 4 * 32, lane);"},
+  }, 256);
 }
 
 TEST_CASE("a NaN in V reaches only the rows that attend it in the FP8 tensor-core kernels", "[fp8][emu]") {
@@ -635,7 +679,7 @@ TEST_CASE("the tuner's FP8 candidates are the tiles the FP8 kernels take", "[fp8
   CHECK_THROWS_WITH(resolve_config(r), Catch::Contains("the FP8 sm_90a path takes 128-key tiles"));
 }
 
-TEST_CASE("FP8 on sm_89 and newer without wgmma takes mma.sync at head dims 64 and 128, the SIMT kernel elsewhere", "[fp8][autotune]") {
+TEST_CASE("FP8 on sm_89 and newer without wgmma takes mma.sync at head dims 64, 128 and 256, the SIMT kernel elsewhere", "[fp8][autotune]") {
   KernelRequest r;
   r.dtype = DType::E4M3;
   r.out_dtype = DType::BF16;
@@ -664,5 +708,15 @@ TEST_CASE("FP8 on sm_89 and newer without wgmma takes mma.sync at head dims 64 a
   r.arch = 86;  // no e4m3 tensor cores before sm_89
   CHECK(choose_path(r) == KernelPath::Simt);
   r.arch = 89, r.head_dim = r.head_dim_v = 96;
+  CHECK(choose_path(r) == KernelPath::Simt);
+  // Head dim 256: the mma.sync kernel, on a Hopper too (the wgmma one stops at 128).
+  r.head_dim = r.head_dim_v = 256;
+  for (const auto& [arch, specific] : {std::pair<int, bool>{89, false}, {90, false}, {90, true}, {120, false}}) {
+    INFO("sm_" << arch << (specific ? "a" : "") << ", head dim 256");
+    r.arch = arch, r.arch_specific = specific;
+    REQUIRE(choose_path(r) == KernelPath::Sm80);
+    CHECK(generate_kernel(full, r).source.find("aj_fwd_sm89_fp8(p);") != std::string::npos);
+  }
+  r.arch = 86;
   CHECK(choose_path(r) == KernelPath::Simt);
 }
