@@ -19,8 +19,8 @@ import attnjit
 from peers_report import clocks_text, ttfr_legend
 from peers_timing import JIT_KEYS, interleaved, jit_counters, jit_delta, parse_smi, summary
 from peers_torch import (branch_count_fn, dilated_block_layout, dilated_mods, dilated_terms, flex_setup, flex_system,
-                         fp8_quantize, group_divisor, layout_block_layout, mask_rows, max_err, reference_grads, reference_rows,
-                         softmax_scale, torch_dilated, torch_longnet)
+                         fp8_quantize, group_divisor, layout_block_layout, mask_rows, max_err, reference_grads,
+                         reference_rows, softmax_scale, torch_dilated, torch_longnet)
 
 # The benchmark script's module (bench/peers.py): its cases, systems and run loop, handed over by
 # smoke() rather than imported (this file is what peers.py --smoke runs).

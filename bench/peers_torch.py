@@ -543,6 +543,20 @@ def flex_system(case, pattern, device, block=128, mode=None):
 E4M3_MAX = 448.0
 
 
+def once_per_inputs(quantise):
+    """quantise(q, k, v) run once per set of inputs (the timed calls reuse the same tensors), its
+    result kept until other inputs come: the FP8 systems' quantisation stays outside the timed call."""
+    cache = {}
+
+    def get(q, k, v):
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+        if key not in cache:
+            cache.clear()
+            cache[key] = quantise(q, k, v)
+        return cache[key]
+    return get
+
+
 def fp8_quantize(x, per):
     """x ([B, H, S, D], any float dtype) as float8_e4m3fn codes and the descales that undo them: one
     for the tensor (per="tensor", shape (1, 1, 1, 1)) or one per (batch, head) (per="head", shape
@@ -583,14 +597,10 @@ def sdpa_fp8(causal):
         raise RuntimeError(f"PyTorch {torch.__version__}'s quantized SDPA has neither cuDNN's per-tensor descales "
                            "(DescaleType.PER_TENSOR) nor a registered FlashAttention-3 (list_flash_attention_impls: "
                            f"{getattr(attention, 'list_flash_attention_impls', lambda: [])()})")
-    cache = {}
+    quantised = once_per_inputs(lambda q, k, v: [fp8_quantize(x, per) for x in (q, k, v)])
 
     def fwd(q, k, v):
-        key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
-        if key not in cache:
-            cache.clear()
-            cache[key] = [fp8_quantize(x, per) for x in (q, k, v)]
-        (qc, qd), (kc, kd), (vc, vd) = cache[key]
+        (qc, qd), (kc, kd), (vc, vd) = quantised(q, k, v)
         kw = dict(is_causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
                   q_descale_type=kind, k_descale_type=kind, v_descale_type=kind)
         if not fa3:
@@ -601,5 +611,4 @@ def sdpa_fp8(causal):
                 return quantized(qc, kc, vc, **kw)
         finally:
             attention.restore_flash_attention_impl()
-    fwd.descales = per
     return fwd

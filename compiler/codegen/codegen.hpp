@@ -123,9 +123,9 @@ struct KernelSource {
 // The path a request takes: tensor cores for fp16/bf16 on sm_80+, SIMT otherwise (fp32 arithmetic
 // on every dtype: fp16/bf16 are converted as they are loaded). FP8 inputs (fp8_e4m3) take tensor
 // cores: KernelPath::Sm90 on sm_90a at head dims 64 and 128 (templates/fwd_sm90_fp8.cuh, wgmma on
-// e4m3 operands), KernelPath::Sm80 on sm_89 and newer at 64, 128 and 256 (templates/fwd_sm89_fp8.cuh,
-// mma.sync m16n8k32; sm_90a's head dim 256 too); the SIMT path elsewhere (codes decoded exactly). All round P to e4m3 alike
-// (docs/spec.md, "FP8 inputs"). Rejects what no path supports (head dims that are not multiples
+// e4m3 operands), KernelPath::Sm80 on sm_89 and newer at 64, 128 and 256
+// (templates/fwd_sm89_fp8.cuh, mma.sync m16n8k32; sm_90a's head dim 256 too); the SIMT path
+// elsewhere (codes decoded exactly). All round P to e4m3 alike (docs/spec.md, "FP8 inputs"). Rejects what no path supports (head dims that are not multiples
 // of 16 on the tensor path, archs below sm_60) with a UserError naming the fix.
 KernelPath choose_path(const KernelRequest& r);
 KernelConfig resolve_config(const KernelRequest& r);
@@ -140,9 +140,8 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& r,
 // block) and `cvt` (fp32 workspaces to dK, dV); `pre` and `cvt` run `aux_threads` per block
 // (templates/bwd_common.cuh). `source.path` says which gradient kernels: the tensor-core ones
 // (templates/bwd_sm80.cuh) for fp16/bf16 on sm_80+ (past head dim 128 by column slices,
-// backward_slices), with dynamic shared memory
-// (`dq_shared_bytes`, `dkdv_shared_bytes`), else the SIMT ones (templates/bwd_simt.cuh, fp32
-// arithmetic, static shared memory). Its tiles are the backward's own (`source.config`: the
+// backward_slices), with dynamic shared memory (`dq_shared_bytes`, `dkdv_shared_bytes`), else the
+// SIMT ones (templates/bwd_simt.cuh, fp32 arithmetic, static shared memory). Its tiles are the backward's own (`source.config`: the
 // request's config when set, else the path's default), and the plans of a backward call are made
 // with them.
 struct BackwardKernels {
