@@ -363,8 +363,9 @@ __device__ __forceinline__ void aj_mma_atb(float (&acc)[COLS / 8][4], const aj_e
 // The single pass's dQ rows c0 .. c0 + AJ_BWD_SUB_Q of query entry `qe`, columns k0 .. k0 + kcols
 // (the slice's): every warp has written its 16 key rows of dS^T (unscaled, masked pairs 0) into
 // `sdst` ([AJ_TILE_K][AJ_BWD_DSP]); the warps share the 16 x 16 blocks of dQ = dS K (K the tile in
-// shared memory, rows past the tile's count zero), each added, scaled, into the fp32 accumulator. The barrier before makes dS^T
-// complete when read; the caller's after it, that it is read before the next rows overwrite it.
+// shared memory, rows past the tile's count zero), each added, scaled, into the fp32 accumulator.
+// The barrier before makes dS^T complete when read; the caller's after it, that it is read before
+// the next rows overwrite it.
 #define AJ_BWD_DSP (AJ_BWD_SUB_Q + 8)
 
 // Whether acc may hold a NaN or inf: their sum is then not finite (a sum of finite values that
@@ -658,6 +659,12 @@ __device__ __forceinline__ void aj_bwd_dkdv_store(const AjBwdParams& bp, const A
   aj_bwd_dkdv_store(bp, ki, b, kr0, kr1, quad, 0, AJ_HEAD_DIM, 0, AJ_HEAD_DIM_V, dk, dv);
 }
 
+// How many of a head dim's `dim` columns the slice from column c0 holds, at most `width` (0 for a
+// slice past them: the slice widths are cut from the larger head dim).
+__device__ __forceinline__ int aj_bwd_slice_cols(int c0, int dim, int width) {
+  return c0 >= dim ? 0 : dim - c0 < width ? dim - c0 : width;
+}
+
 __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
   const AjParams& p = bp.fwd;
   AJ_DYNAMIC_SHARED(aj_smem);
@@ -691,8 +698,8 @@ __device__ __forceinline__ void aj_bwd_dkdv_sm80(const AjBwdParams& bp) {
 #pragma unroll 1
   for (int slice = 0; slice < AJ_BWD_SLICES; ++slice) {  // the columns of dK, dV (and dQ), a slice at a time
     const int k0 = slice * AJ_BWD_DK_COLS, v0 = slice * AJ_BWD_DV_COLS;
-    const int kcols = k0 >= AJ_HEAD_DIM ? 0 : AJ_HEAD_DIM - k0 < AJ_BWD_DK_COLS ? AJ_HEAD_DIM - k0 : AJ_BWD_DK_COLS;
-    const int vcols = v0 >= AJ_HEAD_DIM_V ? 0 : AJ_HEAD_DIM_V - v0 < AJ_BWD_DV_COLS ? AJ_HEAD_DIM_V - v0 : AJ_BWD_DV_COLS;
+    const int kcols = aj_bwd_slice_cols(k0, AJ_HEAD_DIM, AJ_BWD_DK_COLS);
+    const int vcols = aj_bwd_slice_cols(v0, AJ_HEAD_DIM_V, AJ_BWD_DV_COLS);
     // The first query tile again (K and V stay): every reader of both stages passed the last
     // barrier of the slice before.
     if (slice > 0 && ki.entry_begin < ki.entry_end) {
