@@ -16,7 +16,7 @@
 //          products per tile pair instead of the two-pass form's seven, and no second walk.
 //          Past head dim 128 the accumulators of dK and dV no longer fit beside S^T and dP^T: the
 //          block walks its query tiles once per column slice (AJ_BWD_SLICES of AJ_BWD_DK_COLS and
-//          AJ_BWD_DV_COLS columns, compiler/codegen/codegen.cpp: backward_slices), each walk
+//          AJ_BWD_DV_COLS columns, compiler/codegen/codegen_backward.cpp: backward_slices), each walk
 //          computing S^T and dP^T over the whole head dim and adding its columns of dK, dV and dQ.
 // The output scale f of the forward (O = f softmax(S) V) enters as dP -> f dP and dV -> f dV;
 // the softmax scale as dQ, dK -> scale dQ, scale dK. A query row that attends nothing has
@@ -25,7 +25,7 @@
 // _dq blocks have fwd_sm80.cuh's AJ_THREADS (16 query rows per warp); _dkdv blocks 16 key rows per warp.
 #define AJ_BWD_KV_THREADS (AJ_TILE_K / 16 * 32)
 // Columns of S (and dP) a warp holds at once: AJ_BWD_SUB_MAX in _dkdv, AJ_BWD_DQ_SUB_MAX in _dq,
-// defined by the generator (compiler/codegen/codegen.cpp: backward_sub_max, which the shared-memory
+// defined by the generator (compiler/codegen/codegen_backward.cpp: backward_sub_max, which the shared-memory
 // size uses too, and backward_dq_sub_max). Tiles are powers of two, so a tile is a whole number of
 // these.
 #define AJ_BWD_SUB_K (AJ_TILE_K > AJ_BWD_DQ_SUB_MAX ? AJ_BWD_DQ_SUB_MAX : AJ_TILE_K)
@@ -261,7 +261,7 @@ __device__ __forceinline__ void aj_bwd_dq_finish(const AjBwdParams& bp, const Aj
 
 // Dynamic shared memory: Q [AJ_TILE_Q][AJ_DP], dO [AJ_TILE_Q][AJ_DVP], then AJ_STAGES stages of
 // K [AJ_TILE_K][AJ_DP] (their padding holds the tiles in flight, fwd_sm80.cuh) and V
-// [AJ_TILE_K][AJ_DVP] (compiler/codegen/codegen.cpp: backward_dq_smem_bytes).
+// [AJ_TILE_K][AJ_DVP] (compiler/codegen/codegen_backward.cpp: backward_dq_smem_bytes).
 __device__ __forceinline__ void aj_bwd_dq_sm80(const AjBwdParams& bp) {
   const AjParams& p = bp.fwd;
   AJ_DYNAMIC_SHARED(aj_smem);

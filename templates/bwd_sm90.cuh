@@ -30,7 +30,7 @@
 
 // Dynamic shared memory from its first 1024-byte boundary, each piece 1024-byte aligned (the
 // swizzle's pattern): K, V, two stages of (Q, dO), dS [AJ_TILE_Q][128 B], then two stages of
-// (LSE, D) floats (compiler/codegen/codegen.cpp: backward_dkdv_sm90_smem_bytes).
+// (LSE, D) floats (compiler/codegen/codegen_backward.cpp: backward_dkdv_sm90_smem_bytes).
 struct AjBwd90Shared {
   unsigned char *k, *v, *ds, *stages;
   float* stats;  // per stage: LSE (exp2 domain) then D, AJ_TILE_Q floats each

@@ -31,7 +31,7 @@
 #define AJ_BWDQ_Q_BYTES (AJ_TILE_Q * AJ_HEAD_DIM * 2)
 #define AJ_BWDQ_DO_BYTES (AJ_TILE_Q * AJ_HEAD_DIM_V * 2)
 
-// Dynamic shared memory from its first 1024-byte boundary (compiler/codegen/codegen.cpp:
+// Dynamic shared memory from its first 1024-byte boundary (compiler/codegen/codegen_backward.cpp:
 // backward_dq_sm90_smem_bytes): Q, dO, then the K and V rings (fwd_sm90.cuh's AjSm90Shared). After
 // the last tile warpgroup 1's dQ sums (64 x head dim floats) take the start of the K ring.
 __device__ __forceinline__ void aj_bwd_dq_sm90(const AjBwdParams& bp) {

@@ -56,13 +56,13 @@
 // AJ_BWDT_DQ_PITCH floats (72: 32 bytes more than the data, so that the 8-byte pairs half a warp
 // stores fall on distinct banks), emitted by codegen, which sizes shared memory with it.
 #ifndef AJ_BWDT_DQ_PITCH
-#error "AJ_BWDT_DQ_PITCH: the dQ staging pitch comes from codegen (compiler/codegen/codegen.cpp)"
+#error "AJ_BWDT_DQ_PITCH: the dQ staging pitch comes from codegen (compiler/codegen/codegen_backward.cpp)"
 #endif
 #define AJ_BWDT_DQ_BYTES (AJ_TILE_Q * AJ_BWDT_DQ_PITCH * 4)
 // dQ's split between the warpgroups (above): by columns past head dim 64, by keys at 64.
 #define AJ_BWDT_DQ_BY_COLUMNS (AJ_HEAD_DIM > 64)
 
-// Dynamic shared memory from its first 1024-byte boundary (compiler/codegen/codegen.cpp:
+// Dynamic shared memory from its first 1024-byte boundary (compiler/codegen/codegen_backward.cpp:
 // backward_dkdv_sm90_tma_smem_bytes): K, V, AJ_STAGES stages of (Q, dO), two dS buffers, two
 // buffers of (LSE, D) floats, each consumer warpgroup's dQ block, then the mbarriers.
 struct AjBwdTmaShared {

@@ -1,5 +1,8 @@
-// Rendering kernels from templates: the instantiation header, the mask predicate, the entry point.
+// Rendering the forward kernels from templates (the instantiation header every source starts
+// with, the forward's shared memory and tiles, its entry point), and what the backward's and the
+// paged forward's generators share (codegen_internal.hpp; codegen_backward.cpp, codegen_paged.cpp).
 #include "compiler/codegen/codegen.hpp"
+#include "compiler/codegen/codegen_internal.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +12,6 @@
 #include <string_view>
 
 #include "compiler/support/sha256.hpp"
-#include "compiler/plan/paged_plan.hpp"
 #include "compiler/plan/plan.hpp"
 #include "compiler/support/error.hpp"
 #include "compiler/support/parse_int.hpp"
@@ -54,7 +56,7 @@ std::string gpu_arch_list() {
   return out;
 }
 
-namespace {
+namespace codegen_detail {
 
 // Shared memory a block may use on each arch (bytes, with the opt-in above 48 KB where it exists).
 // Hopper and datacenter Blackwell (sm_90, sm_100, sm_103, sm_110) have 228 KB per SM; consumer
@@ -67,11 +69,44 @@ int shared_limit(int arch) {
   return 48 * 1024;
 }
 
+std::string arch_name(int arch) { return "sm_" + std::to_string(arch); }
+
+bool hopper(KernelPath p) { return p == KernelPath::Sm90 || p == KernelPath::Sm90Tma; }
+
+bool fp8_sm89(KernelPath path, const KernelRequest& r) { return path == KernelPath::Sm80 && r.dtype == DType::E4M3; }
+
+void require(bool ok, const std::string& where, const std::string& message) {
+  if (!ok) throw UserError(where, message);
+}
+
+KernelConfig resolve_simt_config(const KernelRequest& r, KernelConfig c) {
+  if (!c.tile_q) c.tile_q = 32;
+  if (!c.tile_k) {
+    c.tile_k = 32;
+    while (c.tile_k > 1 && c.tile_k * (r.head_dim + r.head_dim_v) * 4 > 48 * 1024) c.tile_k /= 2;
+  }
+  c.stages = 1;
+  require(c.warps == 0 || c.warps == c.tile_q / 8, "warps",
+          "the SIMT path runs tile_q / 8 warps (4 threads per query row), so tile_q " + std::to_string(c.tile_q) +
+              " takes " + std::to_string(c.tile_q / 8) + ", got " + std::to_string(c.warps) + "; leave warps at 0");
+  c.warps = c.tile_q / 8;
+  require(c.tile_q >= 8 && c.tile_q <= 64 && c.tile_q % 8 == 0, "tile_q",
+          "the SIMT path needs tile_q in {8, 16, ..., 64}, got " + std::to_string(c.tile_q));
+  require(c.tile_k >= 1 && c.tile_k <= 64, "tile_k", "the SIMT path needs tile_k in [1, 64], got " + std::to_string(c.tile_k));
+  require(c.tile_k * (r.head_dim + r.head_dim_v) * 4 <= 48 * 1024, "tile_k",
+          "K and V tiles of " + std::to_string(c.tile_k) + " keys exceed 48 KB of static shared memory; use a smaller tile_k");
+  return c;
+}
+
+}  // namespace codegen_detail
+
+using namespace codegen_detail;
+
+namespace {
+
 // Shared memory of one SM, which the blocks resident on it share (each also takes 1 KB the system
 // reserves, on sm_80 and newer).
 int shared_per_sm(int arch) { return arch >= 75 ? shared_limit(arch) + 1024 : 64 * 1024; }
-
-std::string arch_name(int arch) { return "sm_" + std::to_string(arch); }
 
 // The tensor-core forward keeps its warp's Q fragments in registers when they take at most 32 of
 // them per thread (templates/fwd_sm80.cuh reads Q from shared memory at every tile otherwise).
@@ -125,131 +160,19 @@ int forward_o_staging_bytes(const KernelRequest& r, const KernelConfig& c) { ret
 bool forward_o_staged(const KernelRequest& r, const KernelConfig& c, bool persistent, int q_buffers) {
   return persistent && r.large_params && forward_sm90_smem_bytes(r, c, true, q_buffers) + forward_o_staging_bytes(r, c) <= shared_limit(r.arch);
 }
-bool hopper(KernelPath p) { return p == KernelPath::Sm90 || p == KernelPath::Sm90Tma; }
-
-bool fp8_sm89(KernelPath path, const KernelRequest& r) { return path == KernelPath::Sm80 && r.dtype == DType::E4M3; }
-
 int smem_bytes(KernelPath path, const KernelRequest& r, const KernelConfig& c) {
   if (path == KernelPath::Simt) return 0;  // static shared memory, checked by its own limit
   if (hopper(path) || fp8_sm89(path, r)) return forward_sm90_smem_bytes(r, c, path == KernelPath::Sm90Tma);
   return forward_sm80_smem_bytes(r, c, q_over_kv(r, c));
 }
 
-void require(bool ok, const std::string& where, const std::string& message) {
-  if (!ok) throw UserError(where, message);
-}
+}  // namespace
 
-KernelConfig resolve_simt_config(const KernelRequest& r, KernelConfig c) {
-  if (!c.tile_q) c.tile_q = 32;
-  if (!c.tile_k) {
-    c.tile_k = 32;
-    while (c.tile_k > 1 && c.tile_k * (r.head_dim + r.head_dim_v) * 4 > 48 * 1024) c.tile_k /= 2;
-  }
-  c.stages = 1;
-  require(c.warps == 0 || c.warps == c.tile_q / 8, "warps",
-          "the SIMT path runs tile_q / 8 warps (4 threads per query row), so tile_q " + std::to_string(c.tile_q) +
-              " takes " + std::to_string(c.tile_q / 8) + ", got " + std::to_string(c.warps) + "; leave warps at 0");
-  c.warps = c.tile_q / 8;
-  require(c.tile_q >= 8 && c.tile_q <= 64 && c.tile_q % 8 == 0, "tile_q",
-          "the SIMT path needs tile_q in {8, 16, ..., 64}, got " + std::to_string(c.tile_q));
-  require(c.tile_k >= 1 && c.tile_k <= 64, "tile_k", "the SIMT path needs tile_k in [1, 64], got " + std::to_string(c.tile_k));
-  require(c.tile_k * (r.head_dim + r.head_dim_v) * 4 <= 48 * 1024, "tile_k",
-          "K and V tiles of " + std::to_string(c.tile_k) + " keys exceed 48 KB of static shared memory; use a smaller tile_k");
-  return c;
-}
+namespace codegen_detail {
 
-// Dynamic shared memory of the tensor-core backward kernels (templates/bwd_sm80.cuh): _dq holds Q
-// and dO of its query tile and `stages` K/V tiles; _dkdv its K/V tile and two stages of Q, dO
-// (with each row's LSE and D as floats), then dS for the single pass's dQ.
-int backward_dq_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
-  const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
-  return 2 * (c.tile_q * (dp + dvp) + c.stages * c.tile_k * (dp + dvp));
-}
-// Columns of S (and dP) a warp of the tensor-core backward holds at once (AJ_BWD_SUB_MAX): 64, or
-// 32 past head dim 64, so that 16-row slices of S and dP fit beside the 16 x head-dim
-// accumulators without spilling.
-int backward_sub_max(const KernelRequest& r) { return r.head_dim > 64 || r.head_dim_v > 64 ? 32 : 64; }
-// ... and of _dq's S and dP (AJ_BWD_DQ_SUB_MAX): 16 past head dim 128 (q's), where its accumulator
-// holds every column of dQ (128 floats a thread at head dim 256) and no slices shrink it.
-int backward_dq_sub_max(const KernelRequest& r) { return r.head_dim > 128 ? 16 : backward_sub_max(r); }
-
-// templates/bwd_sm90.cuh: K and V of the key tile, two stages of Q and dO, dS (64 x 64), two
-// stages of LSE and D (64 floats each); the swizzled tiles stay 1024-byte aligned (their sizes
-// are multiples of 8 KiB), and 1024 bytes more let the kernel align the start.
-int backward_dkdv_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
-  return 2 * (c.tile_k * (r.head_dim + r.head_dim_v) + 2 * c.tile_q * (r.head_dim + r.head_dim_v) + c.tile_q * 64) +
-         2 * 2 * c.tile_q * 4 + 1024;
-}
-
-// templates/bwd_sm90_tma.cuh's dQ staging rows (AJ_BWDT_DQ_PITCH, emitted with the kernel): 64
-// floats of data and 8 more. A warp stores its block in 8-byte pairs, half a warp at a time: lanes
-// g * 4 + quad of a half put rows g (0..3 or 4..7) and columns quad * 2 on banks g * 8 + quad * 2
-// and + 1 (mod 32), all distinct, and the rows stay 16-byte aligned for the bulk reduce.
-constexpr int kBwdTmaDqPitch = 72;
-
-// templates/bwd_sm90_tma.cuh: K and V of the 128-key tile, `stages` stages of Q and dO, two dS
-// buffers (64 x 128), two buffers of LSE and D (64 floats each), each consumer warpgroup's dQ
-// block (64 rows of kBwdTmaDqPitch floats), a full and an empty mbarrier per stage, and 1024 bytes
-// to align the start.
-int backward_dkdv_sm90_tma_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
-  return 2 * (c.tile_k * (r.head_dim + r.head_dim_v) + c.stages * c.tile_q * (r.head_dim + r.head_dim_v) + 2 * c.tile_q * c.tile_k) +
-         2 * 2 * c.tile_q * 4 + 2 * c.tile_q * kBwdTmaDqPitch * 4 + 2 * 8 * c.stages + 1024;
-}
-
-// templates/bwd_sm90_dq.cuh: Q and dO of the 64-row query tile, `stages` K/V tiles (fwd_sm90.cuh's
-// swizzled layout: every piece a multiple of 8 KiB, so 1024-byte aligned), and 1024 bytes to align
-// the start. Warpgroup 1's dQ sums (64 x head dim floats) reuse the K ring at the end.
-int backward_dq_sm90_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
-  return 2 * (c.tile_q + c.stages * c.tile_k) * (r.head_dim + r.head_dim_v) + 1024;
-}
-
-int backward_dkdv_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
-  const int dp = r.head_dim + 8, dvp = r.head_dim_v + 8;
-  // dS^T of the tile's keys by AJ_BWD_SUB_Q query rows, for the single pass's dQ = dS K.
-  const int sub_q = std::min(c.tile_q, backward_sub_max(r));
-  return 2 * (c.tile_k + 2 * c.tile_q) * (dp + dvp) + 2 * 2 * c.tile_q * 4 + 2 * c.tile_k * (sub_q + 8);
-}
-
-// Tiles of the tensor-core backward: the request's when set (powers of two 16..128, 2-4 stages,
-// within the arch's shared memory), else 64 x 64 with two stages, halved (keys first) until both
-// kernels fit.
-KernelConfig resolve_backward_sm80_config(const KernelRequest& r) {
-  auto bytes = [&](const KernelConfig& c) { return std::max(backward_dq_smem_bytes(r, c), backward_dkdv_smem_bytes(r, c)); };
-  const auto pow2 = [](int t) { return t == 16 || t == 32 || t == 64 || t == 128; };
-  KernelConfig c = r.config;
-  if (!(c == KernelConfig{})) {
-    if (!c.stages) c.stages = 2;
-    require(c.warps == 0 || c.warps * 16 == c.tile_q, "backward warps",
-            "the tensor-core backward runs 16 query rows per warp, so tile_q " + std::to_string(c.tile_q) + " takes " +
-                std::to_string(c.tile_q / 16) + " warps, got " + std::to_string(c.warps) + "; leave warps at 0");
-    require(pow2(c.tile_q) && pow2(c.tile_k), "backward tile",
-            "the tensor-core backward needs tile_q and tile_k in {16, 32, 64, 128}, got " + std::to_string(c.tile_q) + "x" +
-                std::to_string(c.tile_k));
-    require(c.stages >= 2 && c.stages <= 4, "backward stages", "cp.async pipelines have 2 to 4 stages, got " + std::to_string(c.stages));
-    require(bytes(c) <= shared_limit(r.arch), "backward tile",
-            "backward tile " + std::to_string(c.tile_q) + "x" + std::to_string(c.tile_k) + " with " + std::to_string(c.stages) +
-                " stages needs " + std::to_string(bytes(c)) + " bytes of shared memory, over " + arch_name(r.arch) + "'s " +
-                std::to_string(shared_limit(r.arch)) + "; use smaller tiles");
-    c.warps = c.tile_q / 16;
-    return c;
-  }
-  c.tile_q = 64, c.tile_k = 64, c.stages = 2;
-  while (bytes(c) > shared_limit(r.arch) && (c.tile_k > 16 || c.tile_q > 16)) {
-    if (c.tile_k >= c.tile_q && c.tile_k > 16) c.tile_k /= 2;
-    else c.tile_q /= 2;
-  }
-  require(bytes(c) <= shared_limit(r.arch), "config",
-          "the backward kernels need " + std::to_string(bytes(c)) + " bytes of shared memory at their smallest tiles, over " +
-              arch_name(r.arch) + "'s " + std::to_string(shared_limit(r.arch)));
-  c.warps = c.tile_q / 16;
-  return c;
-}
-
-// The instantiation header (head dims, dtype, tiles, stages, arch as constants) and the shared
-// templates with the mask predicate, then `bodies`.
 std::string render_prefix(const char* kind, const KernelSource& k, const KernelRequest& r, const Pattern& p,
                           const std::string& predicate, const TemplateSet& templates, const std::vector<std::string>& bodies,
-                          bool forward = false, bool paged = false) {
+                          bool forward, bool paged) {
   std::ostringstream os;
   os << "// attnjit generated " << kind << ": path=" << to_string(k.path) << " arch=" << k.arch << " dtype=" << to_string(r.dtype)
      << (r.out_dtype && *r.out_dtype != r.dtype ? std::string(" out_dtype=") + to_string(*r.out_dtype) : "")
@@ -259,14 +182,7 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   os << "#define AJ_HEAD_DIM " << r.head_dim << "\n#define AJ_HEAD_DIM_V " << r.head_dim_v << "\n";
   os << "#define AJ_TILE_Q " << k.config.tile_q << "\n#define AJ_TILE_K " << k.config.tile_k << "\n";
   os << "#define AJ_STAGES " << k.config.stages << "\n#define AJ_WARPS " << k.config.warps << "\n";
-  if (k.path != KernelPath::Simt && !forward) {
-    const BackwardSlices slices = backward_slices(r);
-    os << "#define AJ_BWD_SUB_MAX " << backward_sub_max(r) << "\n#define AJ_BWD_DQ_SUB_MAX " << backward_dq_sub_max(r)
-       << "\n#define AJ_BWD_SLICES " << slices.count
-       << "\n#define AJ_BWD_DK_COLS " << slices.dk_cols << "\n#define AJ_BWD_DV_COLS " << slices.dv_cols << "\n";
-  }
-  if (k.path == KernelPath::Sm90Tma && !forward)  // bwd_sm90_tma.cuh
-    os << "#define AJ_BWD_PRODUCER 1\n#define AJ_BWDT_DQ_PITCH " << kBwdTmaDqPitch << "\n";
+  if (!forward) os << backward_defines(k, r);
   // fwd_sm80.cuh's softmax: the running maximum moves only past 8 (log2 units) above itself.
   // (Not for FP8: a maximum kept 2^8 below the row's would put 2^8 P past e4m3's 448.)
   if (r.lazy_rescale && forward && k.path != KernelPath::Simt && r.dtype != DType::E4M3) os << "#define AJ_LAZY_RESCALE 8.0f\n";
@@ -301,8 +217,6 @@ std::string render_prefix(const char* kind, const KernelSource& k, const KernelR
   return os.str();
 }
 
-// Names the kernel after the hash of its text: AJ_KERNEL_NAME becomes `prefix` + 12 hex digits
-// everywhere, so equal sources share a name and different ones never do.
 void name_by_hash(KernelSource& k, std::string source, const std::string& prefix) {
   k.name = prefix + sha256_hex(source).substr(0, 12);
   const std::string placeholder = "AJ_KERNEL_NAME";
@@ -311,7 +225,7 @@ void name_by_hash(KernelSource& k, std::string source, const std::string& prefix
   k.source_hash = sha256_hex(k.source);
 }
 
-}  // namespace
+}  // namespace codegen_detail
 
 KernelPath choose_path(const KernelRequest& r) {
   require(r.arch >= 60, "--arch " + arch_name(r.arch), "attnjit needs sm_60 or newer");
@@ -533,271 +447,5 @@ KernelSource generate_kernel(const Pattern& p, const KernelRequest& request, con
   return k;
 }
 
-}  // namespace attnjit
-
-namespace attnjit {
-
-BackwardSlices backward_slices(const KernelRequest& r) {
-  // Up to 128 columns of dK and of dV in a warp's registers, as at head dim 128: past it, the
-  // columns are cut into `count` slices of whole 16-column blocks, the last one narrower where
-  // they do not divide (head dim 208: 112 and 96).
-  BackwardSlices s;
-  s.count = static_cast<int>((std::max(r.head_dim, r.head_dim_v) + 127) / 128);
-  const auto width = [&](int64_t d) { return static_cast<int>(16 * ((d / 16 + s.count - 1) / s.count)); };
-  s.dk_cols = width(r.head_dim), s.dv_cols = width(r.head_dim_v);
-  return s;
-}
-
-bool wgmma_backward_head_dims(int64_t head_dim, int64_t head_dim_v) { return std::max(head_dim, head_dim_v) <= 128; }
-
-KernelPath choose_backward_path(const KernelRequest& r) {
-  // The tensor-core kernels keep 16 rows of dK and dV (or of dQ) in registers per warp; past head
-  // dim 128 the sm_80 kernels' _dkdv keeps a slice of their columns at a time (backward_slices).
-  require(r.dtype != DType::E4M3, "--dtype fp8_e4m3", "has no backward: FP8 attention is forward only; train in bf16 or fp16");
-  const KernelPath forward_path = choose_path(r);  // what no path supports is refused as for the forward
-  // The Hopper forward's backward when asked for (head dims 64 and 128): bwd_sm90_tma.cuh's dK/dV
-  // kernel (TMA, a producer warpgroup), or bwd_sm90.cuh's (cp.async) where the request says no TMA;
-  // else the sm_80 kernels, compiled for sm_90a.
-  if (r.wgmma_backward && hopper(forward_path) && wgmma_backward_head_dims(r.head_dim, r.head_dim_v))
-    return r.tma ? KernelPath::Sm90Tma : KernelPath::Sm90;
-  return forward_path != KernelPath::Simt ? KernelPath::Sm80 : KernelPath::Simt;
-}
-
-// The sm_90a backward's tiles are fixed: 64 x 64, two stages, four warps (one warpgroup of 64 key
-// rows, 64-row query tiles; bwd_sm90.cuh), which the two-pass form's _dq (bwd_sm90_dq.cuh) takes too.
-// The TMA kernel's are 64 x 128 (two consumer warpgroups of 64 key rows; bwd_sm90_tma.cuh), and
-// its two-pass form runs bwd_sm90_dq.cuh's _dq at those tiles.
-KernelConfig resolve_backward_sm90_config(const KernelRequest& r, bool tma) {
-  const KernelConfig fixed{64, tma ? 128 : 64, 2, 4};
-  KernelConfig c = r.config;
-  if (c == KernelConfig{}) return fixed;
-  if (!c.stages) c.stages = 2;
-  if (!c.warps) c.warps = 4;
-  require(c == fixed, "backward tile",
-          std::string("the sm_90a backward (wgmma") + (tma ? ", TMA) runs 64 x 128" : ") runs 64 x 64") +
-              " tiles with 2 stages and 4 warps, got " + std::to_string(c.tile_q) + "x" +
-              std::to_string(c.tile_k) + " s" + std::to_string(c.stages) + " w" + std::to_string(c.warps) +
-              "; leave the backward config at its default, or turn the wgmma backward off");
-  return c;
-}
-
-KernelRequest backward_fallback_request(KernelRequest r, const BackwardKernels& tma) {
-  r.wgmma_backward = false;
-  r.config = tma.source.config;
-  return r;
-}
-
-KernelConfig resolve_backward_config(const KernelRequest& r) {
-  switch (choose_backward_path(r)) {
-    case KernelPath::Sm90: return resolve_backward_sm90_config(r, false);
-    case KernelPath::Sm90Tma: return resolve_backward_sm90_config(r, true);
-    case KernelPath::Sm80: return resolve_backward_sm80_config(r);
-    default: return resolve_simt_config(r, r.config);
-  }
-}
-
-BackwardKernels generate_backward_kernels(const Pattern& p, const KernelRequest& r, const TemplateSet& templates) {
-  BackwardKernels out;
-  KernelSource& k = out.source;
-  k.path = choose_backward_path(r);
-  k.config = resolve_backward_config(r);
-  k.arch = arch_name(r);
-  k.template_hash = templates.hash();
-  const std::string predicate = generate_mask_predicate(p);
-  k.has_mask = pattern_has_mask(p);
-  k.seeks = kernel_seeks(p, r);
-  k.persistent = r.persistent && k.path == KernelPath::Sm90Tma && !k.seeks;  // bwd_sm90_tma.cuh's _dkdv
-  const char* body;       // _dq's (and _dkdv's unless dkdv_body says otherwise)
-  const char* dkdv_body = nullptr;
-  std::vector<std::string> bodies;
-  if (k.path == KernelPath::Sm80) {
-    out.dq_threads = k.config.tile_q * 2;
-    out.dkdv_threads = k.config.tile_k * 2;
-    out.dq_shared_bytes = backward_dq_smem_bytes(r, k.config);
-    out.dkdv_shared_bytes = backward_dkdv_smem_bytes(r, k.config);
-    out.single_pass = true;
-    bodies = {"fwd_sm80.cuh", "bwd_common.cuh", "bwd_sm80.cuh"};
-    body = "_sm80";
-  } else if (k.path == KernelPath::Sm90) {
-    out.dq_threads = 256;    // bwd_sm90_dq.cuh's _dq (the two-pass form): two warpgroups
-    out.dkdv_threads = 128;  // one warpgroup
-    out.dq_shared_bytes = backward_dq_sm90_smem_bytes(r, k.config);
-    out.dkdv_shared_bytes = backward_dkdv_sm90_smem_bytes(r, k.config);
-    out.single_pass = true;
-    bodies = {"fwd_sm80.cuh", "fwd_sm90.cuh", "bwd_common.cuh", "bwd_sm80.cuh", "bwd_sm90.cuh", "bwd_sm90_dq.cuh"};
-    body = "_sm90";
-  } else if (k.path == KernelPath::Sm90Tma) {
-    out.dq_threads = 256;    // bwd_sm90_dq.cuh's _dq (the two-pass form): two warpgroups
-    out.dkdv_threads = 384;  // two consumer warpgroups and the producer
-    out.dq_shared_bytes = backward_dq_sm90_smem_bytes(r, k.config);
-    out.dkdv_shared_bytes = backward_dkdv_sm90_tma_smem_bytes(r, k.config);
-    out.single_pass = true;
-    k.tma_maps = kTmaMaps;  // Q's and dO's, per query stride: _dkdv's second parameter
-    bodies = {"fwd_sm80.cuh",  "fwd_sm90.cuh", "fwd_sm90_tma.cuh", "bwd_common.cuh",
-              "bwd_sm80.cuh", "bwd_sm90.cuh", "bwd_sm90_tma.cuh", "bwd_sm90_dq.cuh"};
-    body = "_sm90";
-    dkdv_body = "_sm90_tma";
-  } else {
-    out.dq_threads = k.config.tile_q * 4;
-    out.dkdv_threads = k.config.tile_k * 4;
-    bodies = {"fwd_simt.cuh", "bwd_common.cuh", "bwd_simt.cuh"};
-    body = "";
-  }
-  k.threads = out.dq_threads;
-  k.shared_bytes = std::max(out.dq_shared_bytes, out.dkdv_shared_bytes);
-  std::ostringstream os;
-  os << render_prefix("backward kernels", k, r, p, predicate, templates, bodies);
-  os << "\n// ---- generated: entry points\n";
-  const std::tuple<const char*, int, const char*> entries[] = {{"pre", out.aux_threads, ""},
-                                                               {"dq", out.dq_threads, body},
-                                                               {"dkdv", out.dkdv_threads, dkdv_body ? dkdv_body : body},
-                                                               {"cvt", out.aux_threads, ""}};
-  for (const auto& [suffix, threads, impl] : entries) {
-    const bool maps = k.tma_maps && std::string(suffix) == "dkdv";  // the TMA kernel's maps
-    os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ", 1) AJ_KERNEL_NAME_" << suffix
-       << "(const AjBwdParams p" << (maps ? ", const __grid_constant__ AjTmaMaps maps" : "") << ") {\n  aj_bwd_" << suffix
-       << impl << (maps ? "(p, maps);" : "(p);") << "\n}\n";
-  }
-  name_by_hash(k, os.str(), "attnjit_bwd_");
-  out.pre = k.name + "_pre", out.dq = k.name + "_dq", out.dkdv = k.name + "_dkdv", out.cvt = k.name + "_cvt";
-  return out;
-}
-
-}  // namespace attnjit
-
-namespace attnjit {
-
-namespace {
-// Static shared memory of the paged forward (fwd_paged.cuh's AjPagedShared).
-int paged_smem_bytes(const KernelRequest& r, const KernelConfig& c) {
-  const int pitch = r.head_dim % 4 == 0 ? r.head_dim + 4 : r.head_dim + 1;  // fwd_paged.cuh's AJ_PG_KPITCH
-  return 4 * (c.tile_q * r.head_dim + c.tile_k * pitch + c.tile_k * r.head_dim_v + 4 * c.tile_k);
-}
-}  // namespace
-
-KernelPath choose_paged_path(const KernelRequest& r) {
-  const bool tiles = (r.config.tile_q == 0 || r.config.tile_q == 16) && (r.config.tile_k == 0 || r.config.tile_k == 64);
-  const bool dims = r.head_dim % 16 == 0 && r.head_dim_v % 16 == 0 && r.head_dim <= 128 && r.head_dim_v <= 128;
-  return r.arch >= 80 && (r.dtype == DType::F16 || r.dtype == DType::BF16) && dims && tiles ? KernelPath::Sm80 : KernelPath::Simt;
-}
-
-KernelConfig resolve_paged_config(const KernelRequest& r) {
-  require(r.arch >= 60, "--arch " + arch_name(r.arch), "attnjit needs sm_60 or newer");
-  require(r.head_dim >= 1 && r.head_dim_v >= 1 && r.head_dim <= 256 && r.head_dim_v <= 256, "--head-dim",
-          "the paged forward takes head dims 1 to 256, got " + std::to_string(r.head_dim) + " and " +
-              std::to_string(r.head_dim_v));
-  require(r.dtype != DType::E4M3, "--dtype fp8_e4m3",
-          "the paged forward's queries and output are fp32, fp16 or bf16; fp8_e4m3 is a KV cache dtype (kv_dtype)");
-  require(!r.kv_dtype || *r.kv_dtype == r.dtype || *r.kv_dtype == DType::E4M3, "kv_dtype",
-          std::string("the KV caches are the queries' dtype (") + to_string(r.dtype) + ") or fp8_e4m3, got " +
-              (r.kv_dtype ? to_string(*r.kv_dtype) : ""));
-  KernelConfig c = r.config;
-  if (choose_paged_path(r) == KernelPath::Sm80) {  // fwd_paged_tc.cuh: one m16 tile of rows, 16 keys per warp
-    require(c.stages == 0 || c.stages == 1, "stages", "the paged forward has one stage, got " + std::to_string(c.stages));
-    require(c.warps == 0 || c.warps == 4, "warps", "the paged forward runs 4 warps, got " + std::to_string(c.warps));
-    return KernelConfig{16, 64, 1, 4};
-  }
-  const bool default_q = c.tile_q == 0, default_k = c.tile_k == 0;
-  if (default_q) c.tile_q = 16;
-  if (default_k) c.tile_k = 32;
-  require(c.tile_q >= 1 && c.tile_q <= 64, "tile_q", "the paged forward takes 1 to 64 query rows per item, got " +
-                                                         std::to_string(c.tile_q));
-  require(c.tile_k == 16 || c.tile_k == 32 || c.tile_k == 64, "tile_k",
-          "the paged forward takes tile_k 16, 32 or 64, got " + std::to_string(c.tile_k));
-  // Past head dim 128 the default tiles shrink to fit: 16 keys, then 8 rows.
-  if (default_k && paged_smem_bytes(r, c) > 48 * 1024) c.tile_k = 16;
-  if (default_q && paged_smem_bytes(r, c) > 48 * 1024) c.tile_q = 8;
-  require(paged_smem_bytes(r, c) <= 48 * 1024, "config",
-          "the paged forward's tiles " + std::to_string(c.tile_q) + "x" + std::to_string(c.tile_k) + " need " +
-              std::to_string(paged_smem_bytes(r, c)) + " bytes of static shared memory, over 48 KB; use smaller tiles");
-  require(c.stages == 0 || c.stages == 1, "stages", "the paged forward has one stage, got " + std::to_string(c.stages));
-  require(c.warps == 0 || c.warps == 4, "warps", "the paged forward runs 4 warps, got " + std::to_string(c.warps));
-  c.stages = 1;
-  c.warps = 4;
-  return c;
-}
-
-namespace {
-// The device planner's tables (templates/plan_paged.cuh says what each holds).
-std::string paged_planner_tables(const Pattern& p, const PagedHeads& heads, int32_t tile_q) {
-  if (heads.heads_q < 1 || heads.heads_kv < 1 || heads.heads_q % heads.heads_kv)
-    throw UserError("heads", std::to_string(heads.heads_q) + " query heads over " + std::to_string(heads.heads_kv) +
-                                 " kv heads: both >= 1, and heads_kv must divide heads_q");
-  const std::vector<PagedHeadClass> classes = paged_head_classes(p, heads.heads_q, heads.heads_kv, tile_q);
-  std::ostringstream os;
-  auto list = [&](const char* type, const char* name, const auto& values, const char* what) {
-    os << "__device__ const " << type << " " << name << "[] = {";
-    for (size_t i = 0; i < values.size(); ++i) os << (i ? ", " : "") << values[i] << (std::string(type) == "aj_i64" ? "ll" : "");
-    os << "};  // " << what << "\n";
-  };
-  std::vector<int64_t> segment, dilation, left, right, offsets;
-  std::vector<int32_t> first, count;
-  for (const Branch& b : p.branches) {
-    segment.push_back(b.segment.value_or(0));
-    dilation.push_back(b.dilation);
-    left.push_back(b.window.left >= 0 ? b.window.left : -1);
-    const bool has_right = b.window.right >= 0 || b.causal;
-    right.push_back(!has_right ? -1 : b.causal ? std::min<int64_t>(b.window.right >= 0 ? b.window.right : 0, 0) : b.window.right);
-  }
-  for (const PagedHeadClass& c : classes) {
-    first.push_back(c.head);
-    count.push_back(c.heads);
-    offsets.insert(offsets.end(), c.offsets.begin(), c.offsets.end());
-  }
-  os << "// The device planner's pattern (templates/plan_paged.cuh), for " << heads.heads_q << " query heads over "
-     << heads.heads_kv << " kv heads\n";
-  os << "#define AJ_PG_NB " << p.branches.size() << "\n#define AJ_PG_CLASSES " << classes.size() << "\n";
-  list("aj_i64", "aj_pg_segment", segment, "per branch: segment length (0: none)");
-  list("aj_i64", "aj_pg_dilation", dilation, "dilation");
-  list("aj_i64", "aj_pg_left", left, "band: kpos >= qpos - left (-1: unbounded)");
-  list("aj_i64", "aj_pg_right", right, "band: kpos <= qpos + right (-1: unbounded)");
-  list("int", "aj_pg_class_head", first, "per class of heads: its first head");
-  list("int", "aj_pg_class_heads", count, "its heads");
-  list("aj_i64", "aj_pg_class_offset", offsets, "[class][branch]: the offset, -1: the branch does not apply");
-  return os.str();
-}
-}  // namespace
-
-PagedKernels generate_paged_kernels(const Pattern& p, const KernelRequest& request, const PagedHeads& heads,
-                                    const TemplateSet& templates) {
-  const KernelRequest r = for_pattern(request, p);
-  PagedKernels out;
-  KernelSource& k = out.source;
-  k.path = choose_paged_path(r);
-  k.config = resolve_paged_config(r);
-  k.arch = arch_name(r);
-  k.threads = out.threads;
-  k.template_hash = templates.hash();
-  k.has_mask = pattern_has_mask(p);
-  k.seeks = pattern_has_layout(p);  // the device planner leaves every layout to the forward
-  std::ostringstream os;
-  const std::string generated = generate_mask_predicate(p, true) + paged_planner_tables(p, heads, k.config.tile_q);
-  const bool tc = k.path == KernelPath::Sm80;
-  std::vector<std::string> bodies{"fwd_paged.cuh"};
-  if (tc) bodies.push_back("fwd_paged_tc.cuh");
-  bodies.push_back("plan_paged.cuh");
-  std::string prefix = render_prefix("paged forward", k, r, p, generated, templates, bodies, true, true);
-  if (r.kv_dtype && *r.kv_dtype == DType::E4M3) {  // before the templates: fwd_paged.cuh reads it
-    const std::string at = "#define AJ_DTYPE ";
-    std::string kv = "#define AJ_KV_DTYPE 3  // the caches: fp8 e4m3, scaled per kv head\n";
-    // sm_89 and newer decode the codes with cvt.rn.f16x2.e4m3x2 (exact, two at a time), older archs
-    // in software (exact too).
-    if (r.arch >= 89) kv += "#define AJ_KV_CVT 1\n";
-    prefix.insert(prefix.find(at), kv);
-  }
-  os << prefix;
-  os << "\n// ---- generated: entry points\n";
-  for (const auto& [entry, body] : {std::pair<const char*, const char*>{"fwd", tc ? "aj_fwd_paged_tc(p);" : "aj_fwd_paged(p);"},
-                                    {"merge", "aj_paged_merge(p);"},
-                                    {"plan", "aj_paged_plan(p);"}}) {
-    os << "extern \"C\" __global__ void __launch_bounds__(" << out.threads << ", 1) AJ_KERNEL_NAME_" << entry
-       << "(const AjPagedParams p) {\n  " << body << "\n}\n";
-  }
-  name_by_hash(k, os.str(), "attnjit_paged_");
-  out.forward = k.name + "_fwd";
-  out.merge = k.name + "_merge";
-  out.plan = k.name + "_plan";
-  return out;
-}
 
 }  // namespace attnjit
