@@ -4,6 +4,8 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
+#include <string>
 
 #include "emulator/emu_abi.h"
 #include "compiler/support/half.hpp"
@@ -66,10 +68,6 @@ MmaRowCol mma_a_element(int lane, int reg, int half) {
 MmaRowCol mma_b_element(int lane, int reg, int half) {
   const int g = lane / 4, t = lane % 4;
   return {2 * t + half + reg * 8, g};
-}
-MmaRowCol mma_cd_element(int lane, int index) {
-  const int g = lane / 4, t = lane % 4;
-  return {g + (index >> 1) * 8, 2 * t + (index & 1)};
 }
 
 namespace {
@@ -160,28 +158,6 @@ WgmmaDesc decode_wgmma_desc(uint64_t desc) {
   return d;
 }
 
-uint32_t wgmma_element_address(const WgmmaDesc& d, bool mn_major, int mn, int k, int elem_bytes) {
-  const uint32_t w = static_cast<uint32_t>(d.swizzle), eb = static_cast<uint32_t>(elem_bytes);
-  uint32_t off;
-  if (!mn_major) {
-    const uint32_t kb = eb * static_cast<uint32_t>(k);  // byte along K
-    const uint32_t m = static_cast<uint32_t>(mn);
-    off = w == 0 ? (m % 8) * 16 + (m / 8) * d.sbo + (kb / 16) * d.lbo + kb % 16 : (m % 8) * w + (m / 8) * d.sbo + kb;
-  } else {
-    const uint32_t mb = eb * static_cast<uint32_t>(mn);  // byte along M/N
-    const uint32_t kk = static_cast<uint32_t>(k);
-    off = w == 0 ? mb % 16 + (mb / 16) * d.sbo + (kk % 8) * 16 + (kk / 8) * d.lbo
-                 : mb % w + (mb / w) * d.lbo + (kk % 8) * w + (kk / 8) * d.sbo;
-  }
-  const uint32_t addr = d.start + off;
-  const uint32_t mask = w == 0 ? 0 : w / 16 - 1;
-  return addr ^ (((addr >> 7) & mask) << 4);
-}
-
-MmaRowCol wgmma_d_element(int thread, int index) {
-  const MmaRowCol e = mma_cd_element(thread % 32, index % 4);
-  return {16 * (thread / 32) + e.row, 8 * (index / 4) + e.col};
-}
 MmaRowCol wgmma_a_element(int thread, int reg, int half) {
   const MmaRowCol e = mma_a_element(thread % 32, reg, half);
   return {16 * (thread / 32) + e.row, e.col};
@@ -193,16 +169,31 @@ MmaRowCol wgmma_a_element_8bit(int thread, int reg, int byte) {
 }
 
 void wgmma_m64nNk(const double* a, const double* b, float* d, int n, int kk, bool scale_d) {
-  for (int r = 0; r < 64; ++r)
-    for (int c = 0; c < n; ++c) {
-      if (kk == 32) {  // e4m3: the tensor core's fused sum (ptx_semantics.hpp)
-        d[r * n + c] = e4m3_fused_dot_add(a + r * kk, 1, b + c, size_t(n), kk, d[r * n + c], scale_d);
-        continue;
+  if (kk == 32) {  // e4m3: the tensor core's fused sum (ptx_semantics.hpp)
+    for (int r = 0; r < 64; ++r)
+      for (int c = 0; c < n; ++c) d[r * n + c] = e4m3_fused_dot_add(a + r * kk, 1, b + c, size_t(n), kk, d[r * n + c], scale_d);
+    return;
+  }
+  // Each element's sum in k order, as written; eight columns at a time, their sums kept in registers
+  // side by side over k (which changes no element's order of additions).
+  if (n < 8 || n > 256 || n % 8)
+    throw std::invalid_argument("wgmma_m64nNk: n must be a multiple of 8 in 8..256, got " + std::to_string(n));
+  for (int r = 0; r < 64; ++r) {
+    const double* ar = a + r * kk;
+    for (int c0 = 0; c0 < n; c0 += 8) {
+      double sum[8];
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) sum[j] = scale_d ? d[r * n + c0 + j] : 0.0;
+      for (int k = 0; k < kk; ++k) {
+        const double x = ar[k];
+        const double* bk = b + k * n + c0;
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) sum[j] += x * bk[j];
       }
-      double sum = scale_d ? d[r * n + c] : 0.0;
-      for (int k = 0; k < kk; ++k) sum += a[r * kk + k] * b[k * n + c];
-      d[r * n + c] = static_cast<float>(sum);
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) d[r * n + c0 + j] = static_cast<float>(sum[j]);
     }
+  }
 }
 
 }  // namespace attnjit::emu

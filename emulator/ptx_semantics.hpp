@@ -54,7 +54,10 @@ struct MmaRowCol {
 };
 MmaRowCol mma_a_element(int lane, int reg, int half);  // element `half` (0 low, 1 high) of a[reg]
 MmaRowCol mma_b_element(int lane, int reg, int half);  // row = k, col = n
-MmaRowCol mma_cd_element(int lane, int index);
+inline MmaRowCol mma_cd_element(int lane, int index) {  // inline: the emulator's wgmma maps every accumulator
+  const int g = lane / 4, t = lane % 4;
+  return {g + (index >> 1) * 8, 2 * t + (index & 1)};
+}
 
 // One warp's mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32, D = A * B + C, with
 // C = D on entry (the kernels accumulate in place). Operands per lane: a[lane][4], b[lane][2],
@@ -118,11 +121,30 @@ WgmmaDesc decode_wgmma_desc(uint64_t desc);
 // 32 bytes along K within a swizzled row keeps addressing the same rows.
 // For 8-bit operands (e4m3: K = 32 per instruction, K-major only) the same layouts hold in bytes:
 // `elem_bytes` 1 makes element k the k-th byte along K (a 128-byte swizzled row holds 128 of them).
-uint32_t wgmma_element_address(const WgmmaDesc& d, bool mn_major, int mn, int k, int elem_bytes = 2);
+inline uint32_t wgmma_element_address(const WgmmaDesc& d, bool mn_major, int mn, int k, int elem_bytes = 2) {
+  const uint32_t w = static_cast<uint32_t>(d.swizzle), eb = static_cast<uint32_t>(elem_bytes);
+  uint32_t off;
+  if (!mn_major) {
+    const uint32_t kb = eb * static_cast<uint32_t>(k);  // byte along K
+    const uint32_t m = static_cast<uint32_t>(mn);
+    off = w == 0 ? (m % 8) * 16 + (m / 8) * d.sbo + (kb / 16) * d.lbo + kb % 16 : (m % 8) * w + (m / 8) * d.sbo + kb;
+  } else {
+    const uint32_t mb = eb * static_cast<uint32_t>(mn);  // byte along M/N
+    const uint32_t kk = static_cast<uint32_t>(k);
+    off = w == 0 ? mb % 16 + (mb / 16) * d.sbo + (kk % 8) * 16 + (kk / 8) * d.lbo
+                 : mb % w + (mb / w) * d.lbo + (kk % 8) * w + (kk / 8) * d.sbo;
+  }
+  const uint32_t addr = d.start + off;
+  const uint32_t mask = w == 0 ? 0 : w / 16 - 1;
+  return addr ^ (((addr >> 7) & mask) << 4);
+}
 // The thread (0..127) and register that hold an element of a warpgroup fragment ("Register
 // Fragments"): D (fp32, N/2 registers): warp w owns rows 16w..16w+15 and, in each 8-column block j,
 // d[4j + e] = mma.m16n8k16's C/D element e; A in registers: mma.m16n8k16's A fragment of warp w's rows.
-MmaRowCol wgmma_d_element(int thread, int index);
+inline MmaRowCol wgmma_d_element(int thread, int index) {
+  const MmaRowCol e = mma_cd_element(thread % 32, index % 4);
+  return {16 * (thread / 32) + e.row, 8 * (index / 4) + e.col};
+}
 MmaRowCol wgmma_a_element(int thread, int reg, int half);
 // A in registers for 8-bit inputs (m64nNk32, e4m3): byte `byte` of register `reg` of thread t
 // (warp w = t / 32, lane l) holds row 16w + l / 4 + 8 (reg % 2), column 4 (l % 4) + byte + 16
@@ -132,7 +154,7 @@ MmaRowCol wgmma_a_element_8bit(int thread, int reg, int byte);
 // imm-scale-a/-b applied): a[64][kk], b[kk][n], d[64][n], row-major; kk = 16 (16-bit inputs) or
 // 32 (e4m3). 16-bit inputs: as mma_m16n8k16, exact products, C and the kk products summed in
 // double, rounded once. e4m3: e4m3_fused_dot_add (compiler/support/half.hpp) per element, the
-// Hopper tensor core's own sum.
+// Hopper tensor core's own sum. n: the instruction's N, a multiple of 8 in 8..256.
 void wgmma_m64nNk(const double* a, const double* b, float* d, int n, int kk, bool scale_d);
 
 

@@ -203,6 +203,9 @@ void BlockExecutor::execute_wgmma(int wg) {
     fail("wgmma.mma_async at " + where(op->pc) + ": e4m3 operands are K-major only (no imm-trans for 8-bit types); "
          "transpose the operand in shared memory");
   std::vector<double> a(size_t(64 * kk)), b(size_t(kk) * size_t(n));
+  const size_t operands = size_t(kk) * size_t(n + (t0.a ? 0 : 64));
+  op->read_addrs.reserve(operands);
+  op->read_values.reserve(operands);
   if (t0.a) {
     for (int l = 0; l < 128; ++l)
       for (int reg = 0; reg < 4; ++reg) {
