@@ -45,7 +45,8 @@ def attention(q, k, v, pattern, *, scale=None, q_offset=0, k_offset=0, return_ls
     tensors the float64 reference (for gradcheck). Differentiable in q, k and v.
     FP8 inputs: torch.float8_e4m3fn q, k and v with `q_descale`, `k_descale`, `v_descale` (each a
     number, or an fp32 tensor on q's device of shape [] / [1] or [B, Hkv]: the input a code stands
-    for is its value times the factor, as FlashAttention-3's descales) and `out_dtype`
+    for is its value times the factor, as FlashAttention-3's descales; positive and finite, which is
+    checked where the factors are on the host) and `out_dtype`
     (torch.bfloat16, the default, or torch.float16). Forward only (no gradients, no weights); P is
     rounded to e4m3 for the P V product as the FP8 tensor cores take it, so O is within 2^-4 max|v|
     of exact attention on the quantised inputs (docs/spec.md, "FP8 inputs"). CPU tensors run the

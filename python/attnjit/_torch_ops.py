@@ -130,7 +130,8 @@ _FP8_OUT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 def fp8_attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, docs, descales, out_dtype):
     """FP8 inputs (torch.float8_e4m3fn q, k, v): the forward only (no autograd), O in `out_dtype`
     (bfloat16 by default, or float16), lse fp32. `descales`: (q_descale, k_descale, v_descale), each
-    a Python number or an fp32 tensor on q's device of shape [] / [1] (one factor) or [B, Hkv]."""
+    a Python number or an fp32 tensor on q's device of shape [] / [1] (one factor) or [B, Hkv], each
+    factor positive and finite (checked for numbers and CPU tensors; a GPU tensor's are not read)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.dtype != torch.float8_e4m3fn:
             what = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
@@ -158,11 +159,20 @@ def fp8_attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, docs, d
             if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, float, np.integer, np.floating)):
                 raise TypeError(f"{name}: expected a number or an fp32 tensor [] / [1] / [batch, heads_kv], got "
                                 f"{type(d).__name__} {d!r}")
-            d = torch.tensor(float(d), dtype=torch.float32, device=q.device)
+            value = float(d)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}: must be a positive finite number, got {value} (a code stands for code x "
+                                 "descale; 1.0 where the codes are the values)")
+            d = torch.tensor(value, dtype=torch.float32, device=q.device)
         if d.dtype != torch.float32:
             raise TypeError(f"{name}: expected an fp32 tensor, got {d.dtype}")
         if d.device != q.device:
             raise ValueError(f"{name}: is on {d.device} but q is on {q.device}")
+        # Factors on the host are checked (a GPU tensor's values are not: reading them would wait for the GPU).
+        if d.device.type == "cpu" and not bool(torch.all(torch.isfinite(d) & (d > 0))):
+            bad = d[~(torch.isfinite(d) & (d > 0))].flatten()[0].item()
+            raise ValueError(f"{name}: every factor must be a positive finite number, got {bad} (a code stands for "
+                             "code x descale)")
         if d.numel() == 1 and d.dim() <= 1:
             d = d.reshape(1, 1).expand(b, hkv)
         elif tuple(d.shape) != (b, hkv):

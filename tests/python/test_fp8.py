@@ -92,6 +92,11 @@ def test_fp8_refusals():
         attnjit.attention(q, q, q, pattern, out_dtype=torch.float32, **one)
     with pytest.raises(ValueError, match=r"k_descale: expected shape"):
         attnjit.attention(q, q, q, pattern, q_descale=1.0, k_descale=torch.ones(3), v_descale=1.0)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="v_descale: must be a positive finite number"):
+            attnjit.attention(q, q, q, pattern, q_descale=1.0, k_descale=1.0, v_descale=bad)
+    with pytest.raises(ValueError, match="q_descale: every factor must be a positive finite number, got 0.0"):
+        attnjit.attention(q, q, q, pattern, q_descale=torch.tensor([[1.0, 0.0]]), k_descale=1.0, v_descale=1.0)
     with pytest.raises(TypeError, match="k: FP8 attention takes torch.float8_e4m3fn"):
         attnjit.attention(q, q.to(torch.bfloat16), q, pattern, **one)
     with pytest.raises(TypeError, match="return_weights: not available for FP8"):
