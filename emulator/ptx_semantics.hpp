@@ -154,7 +154,8 @@ MmaRowCol wgmma_a_element_8bit(int thread, int reg, int byte);
 // imm-scale-a/-b applied): a[64][kk], b[kk][n], d[64][n], row-major; kk = 16 (16-bit inputs) or
 // 32 (e4m3). 16-bit inputs: as mma_m16n8k16, exact products, C and the kk products summed in
 // double, rounded once. e4m3: e4m3_fused_dot_add (compiler/support/half.hpp) per element, the
-// Hopper tensor core's own sum. n: the instruction's N, a multiple of 8 in 8..256.
+// Hopper tensor core's own sum. n: the instruction's N, a multiple of 8 in 8..256 (16-bit inputs:
+// std::invalid_argument otherwise).
 void wgmma_m64nNk(const double* a, const double* b, float* d, int n, int kk, bool scale_d);
 
 

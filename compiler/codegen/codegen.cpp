@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <tuple>
 #include <sstream>
 #include <string_view>
 
@@ -73,8 +72,6 @@ std::string arch_name(int arch) { return "sm_" + std::to_string(arch); }
 
 bool hopper(KernelPath p) { return p == KernelPath::Sm90 || p == KernelPath::Sm90Tma; }
 
-bool fp8_sm89(KernelPath path, const KernelRequest& r) { return path == KernelPath::Sm80 && r.dtype == DType::E4M3; }
-
 void require(bool ok, const std::string& where, const std::string& message) {
   if (!ok) throw UserError(where, message);
 }
@@ -103,6 +100,9 @@ KernelConfig resolve_simt_config(const KernelRequest& r, KernelConfig c) {
 using namespace codegen_detail;
 
 namespace {
+
+// The sm_89 FP8 kernel (templates/fwd_sm89_fp8.cuh): KernelPath::Sm80 on e4m3 inputs.
+bool fp8_sm89(KernelPath path, const KernelRequest& r) { return path == KernelPath::Sm80 && r.dtype == DType::E4M3; }
 
 // Shared memory of one SM, which the blocks resident on it share (each also takes 1 KB the system
 // reserves, on sm_80 and newer).

@@ -1,6 +1,7 @@
 // Rendering the backward kernels (templates/bwd_*.cuh): the path and tiles of a backward request,
 // the shared memory of each kernel, and the source with its four entry points.
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -107,8 +108,8 @@ KernelConfig resolve_backward_sm80_config(const KernelRequest& r) {
 
 namespace codegen_detail {
 
-// The backward kernels' constants (render_prefix's, for a backward source): how many columns of S
-// and dP a warp holds, the column slices of dK and dV, the TMA kernel's producer and dQ pitch.
+// How many columns of S and dP a warp holds, the column slices of dK and dV, the TMA kernel's
+// producer and dQ pitch.
 std::string backward_defines(const KernelSource& k, const KernelRequest& r) {
   std::ostringstream os;
   if (k.path != KernelPath::Simt) {
@@ -122,7 +123,6 @@ std::string backward_defines(const KernelSource& k, const KernelRequest& r) {
   return os.str();
 }
 }  // namespace codegen_detail
-
 
 BackwardSlices backward_slices(const KernelRequest& r) {
   // Up to 128 columns of dK and of dV in a warp's registers, as at head dim 128: past it, the

@@ -16,8 +16,6 @@ std::string arch_name(int arch);  // "sm_80"
 // A UserError naming `where` and the fix in `message` unless `ok`.
 void require(bool ok, const std::string& where, const std::string& message);
 bool hopper(KernelPath p);  // Sm90 or Sm90Tma
-// The sm_89 FP8 kernel (templates/fwd_sm89_fp8.cuh): KernelPath::Sm80 on e4m3 inputs.
-bool fp8_sm89(KernelPath path, const KernelRequest& r);
 // The SIMT kernels' tiles: `c` validated (a UserError naming the fix), zeros their defaults.
 KernelConfig resolve_simt_config(const KernelRequest& r, KernelConfig c);
 

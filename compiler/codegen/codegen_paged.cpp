@@ -1,8 +1,10 @@
 // Rendering the paged forward (templates/fwd_paged.cuh, fwd_paged_tc.cuh) and its device planner
 // (templates/plan_paged.cuh): path, tiles, the planner's tables, the source with its entry points.
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compiler/codegen/codegen.hpp"

@@ -159,11 +159,16 @@ def fp8_attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, docs, d
             if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, float, np.integer, np.floating)):
                 raise TypeError(f"{name}: expected a number or an fp32 tensor [] / [1] / [batch, heads_kv], got "
                                 f"{type(d).__name__} {d!r}")
-            value = float(d)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name}: must be a positive finite number, got {value} (a code stands for code x "
-                                 "descale; 1.0 where the codes are the values)")
-            d = torch.tensor(value, dtype=torch.float32, device=q.device)
+            try:
+                value = float(d)
+            except OverflowError:  # an int past a double's range
+                value = math.inf
+            d = torch.tensor(value, dtype=torch.float32)  # what the kernels read: 1e-50 is 0 there, 1e39 inf
+            if not (math.isfinite(d.item()) and d.item() > 0):
+                rounded = "" if d.item() == value else f" (in float32: {d.item()})"
+                raise ValueError(f"{name}: must be a positive finite float32 number, got {value}{rounded} (a code "
+                                 "stands for code x descale; 1.0 where the codes are the values)")
+            d = d.to(q.device)
         if d.dtype != torch.float32:
             raise TypeError(f"{name}: expected an fp32 tensor, got {d.dtype}")
         if d.device != q.device:

@@ -48,7 +48,8 @@ def _quantize(x, heads_kv):
     group = x.detach().to(torch.float32).reshape(b, s, heads_kv, h // heads_kv, d)
     finite = torch.isfinite(group)
     amax = torch.where(finite, group.abs(), 0.0).amax(dim=(1, 3, 4))  # [B, Hkv]
-    f = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    # (amax / 448 underflows below float32's smallest normal: the factor stays positive there)
+    f = torch.where(amax > 0, (amax / E4M3_MAX).clamp(min=torch.finfo(torch.float32).tiny), torch.ones_like(amax))
     scaled = torch.where(finite, group / f[:, None, :, None, None], float("nan"))
     return scaled.reshape(b, s, h, d).to(torch.float8_e4m3fn), f.contiguous()
 

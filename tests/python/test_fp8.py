@@ -92,8 +92,8 @@ def test_fp8_refusals():
         attnjit.attention(q, q, q, pattern, out_dtype=torch.float32, **one)
     with pytest.raises(ValueError, match=r"k_descale: expected shape"):
         attnjit.attention(q, q, q, pattern, q_descale=1.0, k_descale=torch.ones(3), v_descale=1.0)
-    for bad in (0.0, -1.0, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="v_descale: must be a positive finite number"):
+    for bad in (0.0, -1.0, float("nan"), float("inf"), 1e-50, 1e39, 10**400):  # 1e-50 and 1e39: 0 and inf in float32
+        with pytest.raises(ValueError, match="v_descale: must be a positive finite float32 number"):
             attnjit.attention(q, q, q, pattern, q_descale=1.0, k_descale=1.0, v_descale=bad)
     with pytest.raises(ValueError, match="q_descale: every factor must be a positive finite number, got 0.0"):
         attnjit.attention(q, q, q, pattern, q_descale=torch.tensor([[1.0, 0.0]]), k_descale=1.0, v_descale=1.0)
@@ -186,6 +186,18 @@ def test_quantize_round_trips_within_e4m3_precision():
     assert x.k.to(torch.float32).abs().max() <= 448  # nothing saturated: the largest maps to 448
     r = attnjit.fp8.rotation(64, seed=3)
     assert torch.allclose(r @ r.T, torch.eye(64, dtype=torch.float64), atol=1e-12)
+
+
+def test_quantize_keeps_factors_positive_on_subnormal_groups():
+    """A group whose largest magnitude is subnormal (amax / 448 underflows to 0 in float32) keeps a
+    positive factor, which attention accepts, and no code is NaN or past 448."""
+    tiny = torch.full((1, 4, 2, 16), 1e-44)
+    x = attnjit.fp8.quantize(tiny, tiny, tiny)
+    assert (x.q_descale > 0).all() and torch.isfinite(x.q_descale).all()
+    codes = x.q.to(torch.float32)
+    assert torch.isfinite(codes).all() and codes.abs().max() <= 448
+    o = attnjit.attention(x.q, x.k, x.v, {"attnjit": 1, "branches": [{"segment": "full"}]}, **x.descales)
+    assert torch.isfinite(o).all()
 
 
 def test_incoherent_processing_cuts_the_error_on_outlier_inputs():

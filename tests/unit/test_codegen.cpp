@@ -1,6 +1,8 @@
-// Code generation: every template variant compiles with NVRTC for every arch it targets, without
-// spills and within shared memory; tensor-core variants use HMMA; codegen is deterministic; a
-// changed template changes the key; a broken template shows numbered source and the log.
+// Code generation of the forward: every template variant compiles with NVRTC for every arch it
+// targets, without spills and within shared memory; tensor-core variants use HMMA; the tuner's
+// compile check; codegen is deterministic; a changed template changes the key; a broken template
+// shows numbered source and the log; the JIT's cache and counters. The backward's and the paged
+// forward's: test_codegen_backward.cpp, test_codegen_paged.cpp.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cstdlib>
@@ -22,7 +24,6 @@
 
 using namespace attnjit;
 using namespace attnjit::codegen_tests;
-
 
 TEST_CASE("the compile matrices' cover builds every pair of arch, dtype and head dim", "[codegen]") {
   for (const auto& [archs, dims] : {std::pair{kForwardArchs, kForwardDims}, {kForwardArchs, kPlainDims},
