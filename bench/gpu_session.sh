@@ -22,8 +22,8 @@
 #   form: its target is 85% of the default's speed), ATTNJIT_LAZY_RESCALE=1, ATTNJIT_POLY_EXP2=1,
 #   ATTNJIT_PERSISTENT=1 (forward and backward; with causal_local, whose short items should gain
 #   most, and the default on it too); OUTDIR/ab.txt; the bench reports each call's host time too)
-#   and Nsight Compute on the dense backward's dK/dV kernel
-#   (bench/ncu_profile.sh; its summary appended to ab.txt) with what is left.
+#   and Nsight Compute on the dense backward's dK/dV kernel, then on decode's paged forward
+#   (bench/ncu_profile.sh; their summaries appended to ab.txt) with what is left.
 # Everything else (logs, profiles, peers.png) in OUTDIR/session.tgz. At most 8 files come back from
 # a lent machine: check leaves dc/report.md, dc/report.json, dc.tgz; bench leaves peers/peers.md,
 # peers/peers.json, decode.md, ab.txt, session.tgz.
@@ -117,6 +117,15 @@ if (( $(left) > 110 )); then
   echo "ncu: exit $? ($SECONDS s)"
   { echo; echo "== Nsight Compute, the dK/dV kernel (bench/ncu_profile.sh)"; cat "$out/logs/ncu/summary.txt"; } >> "$out/ab.txt" 2>/dev/null
   rm -f "$out"/logs/ncu/*.ncu-rep  # the text exports stay; the reports are too big to bring back
+fi
+# 5. Nsight Compute on decode's paged forward (32 requests of 8K tokens), where 70 s are left.
+if (( $(left) > 70 )) && [ -d "$build/python/attnjit" ]; then
+  KERNELS=paged BUILD_DIR="$build" timeout 60 bash bench/ncu_profile.sh "$out/logs/ncu_decode" dense-b32-l8192 \
+    > "$out/logs/ncu_decode.out" 2>&1
+  echo "ncu decode: exit $? ($SECONDS s)"
+  { echo; echo "== Nsight Compute, decode's paged forward (bench/ncu_profile.sh, KERNELS=paged)"
+    cat "$out/logs/ncu_decode/summary.txt"; } >> "$out/ab.txt" 2>/dev/null
+  rm -f "$out"/logs/ncu_decode/*.ncu-rep
 fi
 mkdir -p "$out/peers"
 [ -f "$out/peers/peers.png" ] && mv "$out/peers/peers.png" "$out/logs/"

@@ -16,8 +16,12 @@
 # OUTDIR/<spec>_<kernel>.metrics.txt: the stall reasons (warps per issued instruction), the tensor
 # pipe's activity and the instructions issued per HMMA besides it (the sm_80 review's figure).
 #
-# Environment: BUILD_DIR (build-device), SEQ (16384), KERNELS ("fwd dq dkdv"), NCU (ncu on PATH or
-# /usr/local/cuda/bin/ncu).
+# KERNELS=paged: the paged forward's kernel of decode instead, each SPEC a case of
+# bench/decode_peers.py (dense-b32-l8192: 32 requests of 8K tokens, 32 query and 8 KV heads), run
+# by that script (its ours-device-plan system, a few runs) with the build's Python package.
+#
+# Environment: BUILD_DIR (build-device), SEQ (16384), KERNELS ("fwd dq dkdv", or "paged"), NCU (ncu
+# on PATH or /usr/local/cuda/bin/ncu).
 set -uo pipefail
 [ $# -ge 2 ] || { echo "usage: bash bench/ncu_profile.sh OUTDIR SPEC..." >&2; exit 2; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,18 +43,24 @@ for spec in "$@"; do
   name="$(basename "$spec" .json)"
   # The forward kernel by its name (from a run without ncu): the bench first launches a small
   # warm-up kernel that a name pattern would catch instead.
-  fwd_name="$("$bench" "${args[@]}" --no-backward "$spec" 2>/dev/null | sed -n 's/.*"kernel":"\(attnjit_fwd_[0-9a-f]*\)".*/\1/p' | head -n1)"
+  fwd_name=""
+  [[ " ${KERNELS:-fwd} " == *" fwd "* ]] &&
+    fwd_name="$("$bench" "${args[@]}" --no-backward "$spec" 2>/dev/null | sed -n 's/.*"kernel":"\(attnjit_fwd_[0-9a-f]*\)".*/\1/p' | head -n1)"
   for kernel in ${KERNELS:-fwd dq dkdv}; do
+    run=("$bench" "${args[@]}" "$spec")
     case "$kernel" in
       fwd) [ -n "$fwd_name" ] || { echo "   $name: the bench named no forward kernel"; status=1; continue; }
            filter="$fwd_name" ;;
       dq) filter='regex:^attnjit_bwd_.*_dq$' ;;
       dkdv) filter='regex:^attnjit_bwd_.*_dkdv$' ;;
+      paged) filter='regex:^attnjit_paged_.*_fwd$'
+             run=(env PYTHONPATH="$build/python" python3 "$root/bench/decode_peers.py" --out "$out/decode_run" --runs 3
+                  --budget 1 --cases "$spec" --systems ours-device-plan) ;;
+      *) echo "   unknown kernel '$kernel' (fwd, dq, dkdv or paged)"; status=1; continue ;;
     esac
     rep="$out/${name}_$kernel"
     echo "== $name $kernel"
-    if ! "$ncu" --set full --import-source no -k "$filter" -c 1 -f -o "$rep" \
-        "$bench" "${args[@]}" "$spec" > "$rep.log" 2>&1; then
+    if ! "$ncu" --set full --import-source no -k "$filter" -c 1 -f -o "$rep" "${run[@]}" > "$rep.log" 2>&1; then
       echo "   ncu failed: $(tail -n 3 "$rep.log" | tr '\n' ' ')"; status=1; continue
     fi
     "$ncu" -i "$rep.ncu-rep" --page details --print-units base > "$rep.txt" 2>&1 || status=1
