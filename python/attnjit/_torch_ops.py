@@ -155,29 +155,31 @@ def fp8_attention(q, k, v, spec: str, q_offset: int, k_offset: int, dyn, docs, d
                             "[] / [1] / [batch, heads_kv]; 1.0 where the codes are the values)")
         if isinstance(d, np.ndarray) and d.ndim == 0:
             d = d[()]  # a 0-d array: its number
-        if not isinstance(d, torch.Tensor):
+        number = not isinstance(d, torch.Tensor)
+        if number:
             if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, float, np.integer, np.floating)):
                 raise TypeError(f"{name}: expected a number or an fp32 tensor [] / [1] / [batch, heads_kv], got "
                                 f"{type(d).__name__} {d!r}")
             try:
-                value = float(d)
+                given = float(d)
             except OverflowError:  # an int past a double's range
-                value = math.inf
-            d = torch.tensor(value, dtype=torch.float32)  # what the kernels read: 1e-50 is 0 there, 1e39 inf
-            if not (math.isfinite(d.item()) and d.item() > 0):
-                rounded = "" if d.item() == value else f" (in float32: {d.item()})"
-                raise ValueError(f"{name}: must be a positive finite float32 number, got {value}{rounded} (a code "
-                                 "stands for code x descale; 1.0 where the codes are the values)")
-            d = d.to(q.device)
+                given = math.inf
+            d = torch.tensor(given, dtype=torch.float32)  # what the kernels read: 1e-50 is 0 there, 1e39 inf
         if d.dtype != torch.float32:
             raise TypeError(f"{name}: expected an fp32 tensor, got {d.dtype}")
+        # Factors on the host are checked, numbers included (a GPU tensor's values are not: reading
+        # them would wait for the GPU).
+        if d.device.type == "cpu":
+            ok = torch.isfinite(d) & (d > 0)
+            if not bool(ok.all()):
+                bad = d[~ok].flatten()[0].item()
+                got = f"{given} (in float32: {bad})" if number and str(given) != str(bad) else str(bad)
+                raise ValueError(f"{name}: every factor must be a positive finite float32 number, got {got} (a code "
+                                 "stands for code x descale; 1.0 where the codes are the values)")
+        if number:
+            d = d.to(q.device)
         if d.device != q.device:
             raise ValueError(f"{name}: is on {d.device} but q is on {q.device}")
-        # Factors on the host are checked (a GPU tensor's values are not: reading them would wait for the GPU).
-        if d.device.type == "cpu" and not bool(torch.all(torch.isfinite(d) & (d > 0))):
-            bad = d[~(torch.isfinite(d) & (d > 0))].flatten()[0].item()
-            raise ValueError(f"{name}: every factor must be a positive finite number, got {bad} (a code stands for "
-                             "code x descale)")
         if d.numel() == 1 and d.dim() <= 1:
             d = d.reshape(1, 1).expand(b, hkv)
         elif tuple(d.shape) != (b, hkv):

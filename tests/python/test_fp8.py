@@ -93,9 +93,12 @@ def test_fp8_refusals():
     with pytest.raises(ValueError, match=r"k_descale: expected shape"):
         attnjit.attention(q, q, q, pattern, q_descale=1.0, k_descale=torch.ones(3), v_descale=1.0)
     for bad in (0.0, -1.0, float("nan"), float("inf"), 1e-50, 1e39, 10**400):  # 1e-50 and 1e39: 0 and inf in float32
-        with pytest.raises(ValueError, match="v_descale: must be a positive finite float32 number"):
+        with pytest.raises(ValueError, match="v_descale: every factor must be a positive finite float32 number"):
             attnjit.attention(q, q, q, pattern, q_descale=1.0, k_descale=1.0, v_descale=bad)
-    with pytest.raises(ValueError, match="q_descale: every factor must be a positive finite number, got 0.0"):
+    with pytest.raises(ValueError, match=r"v_descale: every factor must be a positive finite float32 number, "
+                                         r"got 1e-50 \(in float32: 0.0\)"):
+        attnjit.attention(q, q, q, pattern, q_descale=1.0, k_descale=1.0, v_descale=1e-50)
+    with pytest.raises(ValueError, match="q_descale: every factor must be a positive finite float32 number, got 0.0"):
         attnjit.attention(q, q, q, pattern, q_descale=torch.tensor([[1.0, 0.0]]), k_descale=1.0, v_descale=1.0)
     with pytest.raises(TypeError, match="k: FP8 attention takes torch.float8_e4m3fn"):
         attnjit.attention(q, q.to(torch.bfloat16), q, pattern, **one)
